@@ -1,0 +1,150 @@
+//go:build ignore
+
+/*
+ * Attached to tcx ingress of the host-side veth: every packet the pod sends.
+ * Enforces the pod's source IP and MAC, short-cuts same-node pod-to-pod traffic
+ * with bpf_redirect_peer, and hands everything else to the kernel stack.
+ */
+#include "lib/endpoint.h"
+
+struct arp_eth {
+	__be16 hrd;
+	__be16 pro;
+	__u8 hln;
+	__u8 pln;
+	__be16 op;
+	__u8 sha[6];
+	__be32 spa;
+	__u8 tha[6];
+	__be32 tpa;
+} __attribute__((packed));
+
+static __always_inline int drop(__u32 ifindex, __u8 reason, __u32 len)
+{
+	count(ifindex, DIR_EGRESS, reason, len);
+	return TC_ACT_SHOT;
+}
+
+static __always_inline int pass(__u32 ifindex, __u32 len)
+{
+	count(ifindex, DIR_EGRESS, REASON_FORWARD, len);
+	return TC_ACT_OK;
+}
+
+static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth, void *data_end)
+{
+	struct iphdr *ip = (void *)(eth + 1);
+	__u32 ifindex = skb->ifindex;
+
+	if ((void *)(ip + 1) > data_end)
+		return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
+
+	struct ep_info *src = ep_lookup4(ip->saddr);
+	if (!src || src->ifindex != ifindex)
+		return drop(ifindex, REASON_DROP_SPOOF_IP, skb->len);
+	if (!mac_equal(eth->h_source, src->mac))
+		return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
+
+	struct ep_info *dst = ep_lookup4(ip->daddr);
+	if (!dst || ip->ttl <= 1)
+		return pass(ifindex, skb->len);
+
+	/* We route, so decrement TTL; incremental checksum update as ip_decrease_ttl. */
+	__u32 check = ip->check;
+	check += bpf_htons(0x0100);
+	ip->check = (__u16)(check + (check >= 0xFFFF));
+	ip->ttl--;
+
+	count(ifindex, DIR_EGRESS, REASON_REDIRECT, skb->len);
+	return redirect_to_endpoint(skb, eth, dst);
+}
+
+static __always_inline int is_link_local6(const struct in6_addr *a)
+{
+	/* fe80::/10, or :: as used by duplicate address detection. */
+	if ((a->in6_u.u6_addr8[0] == 0xfe) && ((a->in6_u.u6_addr8[1] & 0xc0) == 0x80))
+		return 1;
+	return (a->in6_u.u6_addr32[0] | a->in6_u.u6_addr32[1] |
+		a->in6_u.u6_addr32[2] | a->in6_u.u6_addr32[3]) == 0;
+}
+
+static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth, void *data_end)
+{
+	struct ipv6hdr *ip6 = (void *)(eth + 1);
+	__u32 ifindex = skb->ifindex;
+
+	if ((void *)(ip6 + 1) > data_end)
+		return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
+
+	if (is_link_local6(&ip6->saddr)) {
+		/* Neighbour discovery and friends: link scope, never routed. Only the MAC is ours to check. */
+		struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
+		if (!li)
+			return drop(ifindex, REASON_DROP_UNKNOWN, skb->len);
+		if (!mac_equal(eth->h_source, li->mac))
+			return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
+		return pass(ifindex, skb->len);
+	}
+
+	struct ep_info *src = ep_lookup6(&ip6->saddr);
+	if (!src || src->ifindex != ifindex)
+		return drop(ifindex, REASON_DROP_SPOOF_IP, skb->len);
+	if (!mac_equal(eth->h_source, src->mac))
+		return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
+
+	struct ep_info *dst = ep_lookup6(&ip6->daddr);
+	if (!dst || ip6->hop_limit <= 1)
+		return pass(ifindex, skb->len);
+
+	ip6->hop_limit--;
+	count(ifindex, DIR_EGRESS, REASON_REDIRECT, skb->len);
+	return redirect_to_endpoint(skb, eth, dst);
+}
+
+static __always_inline int handle_arp(struct __sk_buff *skb, struct ethhdr *eth, void *data_end)
+{
+	struct arp_eth *arp = (void *)(eth + 1);
+	__u32 ifindex = skb->ifindex;
+
+	if ((void *)(arp + 1) > data_end)
+		return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
+	if (arp->hrd != bpf_htons(1) || arp->pro != bpf_htons(ETH_P_IP) ||
+	    arp->hln != 6 || arp->pln != 4)
+		return drop(ifindex, REASON_DROP_PROTO, skb->len);
+
+	struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
+	if (!li)
+		return drop(ifindex, REASON_DROP_UNKNOWN, skb->len);
+	if (!mac_equal(eth->h_source, li->mac) || !mac_equal(arp->sha, li->mac))
+		return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
+	if (arp->spa != 0) { /* 0.0.0.0 is an address probe */
+		struct ep_info *src = ep_lookup4(arp->spa);
+		if (!src || src->ifindex != ifindex)
+			return drop(ifindex, REASON_DROP_SPOOF_IP, skb->len);
+	}
+	return pass(ifindex, skb->len);
+}
+
+SEC("tc")
+int cni_from_container(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+
+	if ((void *)(eth + 1) > data_end)
+		return drop(skb->ifindex, REASON_DROP_MALFORMED, skb->len);
+
+	switch (eth->h_proto) {
+	case bpf_htons(ETH_P_IP):
+		return handle_ipv4(skb, eth, data_end);
+	case bpf_htons(ETH_P_IPV6):
+		return handle_ipv6(skb, eth, data_end);
+	case bpf_htons(ETH_P_ARP):
+		return handle_arp(skb, eth, data_end);
+	default:
+		return drop(skb->ifindex, REASON_DROP_PROTO, skb->len);
+	}
+}
+
+char __license[] SEC("license") = "Dual BSD/GPL";

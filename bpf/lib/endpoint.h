@@ -1,0 +1,34 @@
+/* Endpoint lookups and the same-node fast path shared by the host-veth programs. */
+#pragma once
+
+#include "maps.h"
+
+static __always_inline struct ep_info *ep_lookup4(__be32 addr)
+{
+	struct ep_key k = { .family = AF_INET };
+
+	*(__be32 *)k.addr = addr;
+	return bpf_map_lookup_elem(&cni_endpoints, &k);
+}
+
+static __always_inline struct ep_info *ep_lookup6(const struct in6_addr *addr)
+{
+	struct ep_key k = { .family = AF_INET6 };
+
+	__builtin_memcpy(k.addr, addr, 16);
+	return bpf_map_lookup_elem(&cni_endpoints, &k);
+}
+
+/*
+ * Deliver straight into the destination pod's netns: rewrite MACs to what the
+ * pod would see from its gateway and skip the host stack.
+ */
+static __always_inline int redirect_to_endpoint(struct __sk_buff *skb, struct ethhdr *eth,
+						const struct ep_info *dst)
+{
+	mac_copy(eth->h_source, dst->host_mac);
+	mac_copy(eth->h_dest, dst->mac);
+	/* bpf_redirect_peer skips the destination host veth's egress hook: count here. */
+	count(dst->ifindex, DIR_INGRESS, REASON_REDIRECT, skb->len);
+	return bpf_redirect_peer(dst->ifindex, 0);
+}

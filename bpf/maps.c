@@ -1,0 +1,13 @@
+//go:build ignore
+
+/*
+ * Not a program: compiled only so bpf2go can emit the map specs and the Go twins
+ * of the structs in lib/maps.h into pkg/maps.
+ */
+#include "lib/maps.h"
+
+/* Reference the enums so they land in BTF and bpf2go generates Go constants. */
+enum cni_dir __dir_unused __attribute__((unused));
+enum cni_reason __reason_unused __attribute__((unused));
+
+char __license[] SEC("license") = "Dual BSD/GPL";

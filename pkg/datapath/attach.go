@@ -1,0 +1,242 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// AttachMode selects the kernel hook used on host veths.
+type AttachMode string
+
+const (
+	// AttachAuto uses tcx where the kernel has it, else clsact + cls_bpf.
+	AttachAuto AttachMode = "auto"
+	// AttachTCX requires tcx links (kernel 6.6+).
+	AttachTCX AttachMode = "tcx"
+	// AttachTC uses a clsact qdisc with direct-action cls_bpf filters.
+	AttachTC AttachMode = "tc"
+)
+
+// ParseAttachMode validates a configured mode; "" means auto.
+func ParseAttachMode(s string) (AttachMode, error) {
+	switch AttachMode(s) {
+	case "", AttachAuto:
+		return AttachAuto, nil
+	case AttachTCX, AttachTC:
+		return AttachMode(s), nil
+	}
+	return "", fmt.Errorf("unknown attach mode %q (want auto, tcx or tc)", s)
+}
+
+// hook is one attach point of a host veth.
+type hook struct {
+	dir      string // "ingress" or "egress", of the host veth
+	attach   ebpf.AttachType
+	tcParent uint32
+}
+
+var hooks = [2]hook{
+	{"ingress", ebpf.AttachTCXIngress, netlink.HANDLE_MIN_INGRESS},
+	{"egress", ebpf.AttachTCXEgress, netlink.HANDLE_MIN_EGRESS},
+}
+
+func (dp *Datapath) progFor(h hook) *ebpf.Program {
+	if h.attach == ebpf.AttachTCXIngress {
+		return dp.FromContainer
+	}
+	return dp.ToContainer
+}
+
+// LinkPinPath is where the tcx link of a host veth's hook is pinned.
+func LinkPinPath(pinRoot, hostIf, dir string) string {
+	return filepath.Join(pinRoot, "links", hostIf+"_"+dir)
+}
+
+// Attach attaches the datapath to both directions of a host veth. tcx links
+// are pinned so they outlive this process; with tc the filters live on the
+// device. Both hooks attach concurrently: each tcx attach waits out an RCU
+// grace period, and two waits overlap.
+func (dp *Datapath) Attach(ifindex int, hostIf string, mode AttachMode) (AttachMode, error) {
+	if mode == AttachAuto || mode == "" {
+		mode = AttachTCX
+		if haveTCX() != nil {
+			mode = AttachTC
+		}
+	}
+	if mode == AttachTC {
+		return mode, dp.attachTC(ifindex)
+	}
+	if err := os.MkdirAll(filepath.Join(dp.PinRoot, "links"), 0o700); err != nil {
+		return mode, fmt.Errorf("create link pin directory: %w", err)
+	}
+	errs := make(chan error, len(hooks))
+	for _, h := range hooks {
+		go func(h hook) { errs <- dp.attachTCX(ifindex, hostIf, h) }(h)
+	}
+	var err error
+	for range hooks {
+		err = errors.Join(err, <-errs)
+	}
+	if err != nil {
+		dp.Detach(hostIf)
+	}
+	return mode, err
+}
+
+func (dp *Datapath) attachTCX(ifindex int, hostIf string, h hook) error {
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: dp.progFor(h), Attach: h.attach})
+	if err != nil {
+		return fmt.Errorf("attach tcx %s program to %s: %w", h.dir, hostIf, err)
+	}
+	defer l.Close()
+	path := LinkPinPath(dp.PinRoot, hostIf, h.dir)
+	os.Remove(path) // a stale pin of an earlier veth of this name is detached already
+	if err := l.Pin(path); err != nil {
+		return fmt.Errorf("pin tcx link of %s at %s: %w", hostIf, path, err)
+	}
+	return nil
+}
+
+func (dp *Datapath) attachTC(ifindex int) error {
+	qdisc := &netlink.GenericQdisc{
+		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
+		QdiscType:  "clsact",
+	}
+	if err := netlink.QdiscReplace(qdisc); err != nil {
+		return fmt.Errorf("add clsact qdisc to ifindex %d: %w", ifindex, err)
+	}
+	for _, h := range hooks {
+		p := dp.progFor(h)
+		f := &netlink.BpfFilter{
+			FilterAttrs: netlink.FilterAttrs{
+				LinkIndex: ifindex, Parent: h.tcParent, Handle: 1,
+				Protocol: unix.ETH_P_ALL, Priority: 1,
+			},
+			Fd: p.FD(), Name: "ebpf-cni-" + h.dir, DirectAction: true,
+		}
+		if err := netlink.FilterReplace(f); err != nil {
+			return fmt.Errorf("attach tc %s filter to ifindex %d: %w", h.dir, ifindex, err)
+		}
+	}
+	return nil
+}
+
+// Detach removes the pinned tcx links of a host veth. It is idempotent and
+// works when the veth is already gone (the links are then defunct pins).
+// tc filters need no work: they go with the device.
+func (dp *Datapath) Detach(hostIf string) error {
+	var errs error
+	for _, h := range hooks {
+		path := LinkPinPath(dp.PinRoot, hostIf, h.dir)
+		l, err := link.LoadPinnedLink(path, nil)
+		if err != nil {
+			if errors.Is(err, os.ErrNotExist) {
+				continue
+			}
+			// Unreadable pin: removing the file still drops the reference.
+			if rmErr := os.Remove(path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
+				errs = errors.Join(errs, fmt.Errorf("remove link pin %s: %w", path, rmErr))
+			}
+			continue
+		}
+		if err := l.Unpin(); err != nil {
+			errs = errors.Join(errs, fmt.Errorf("unpin %s: %w", path, err))
+		}
+		l.Close() // last reference: the kernel detaches the program
+	}
+	return errs
+}
+
+// Attached checks that this datapath's programs are attached to both hooks of
+// a host veth, and names the first hook where they are not.
+func (dp *Datapath) Attached(ifindex int, hostIf string) error {
+	for _, h := range hooks {
+		want, err := progID(dp.progFor(h))
+		if err != nil {
+			return err
+		}
+		ok, err := tcxHas(ifindex, h, want)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			if ok, err = tcHas(ifindex, h, want); err != nil {
+				return err
+			}
+		}
+		if !ok {
+			return fmt.Errorf("program %s is not attached to %s %s", dp.progFor(h).String(), hostIf, h.dir)
+		}
+	}
+	return nil
+}
+
+func progID(p *ebpf.Program) (ebpf.ProgramID, error) {
+	info, err := p.Info()
+	if err != nil {
+		return 0, fmt.Errorf("read program info: %w", err)
+	}
+	id, ok := info.ID()
+	if !ok {
+		return 0, errors.New("kernel does not report program IDs")
+	}
+	return id, nil
+}
+
+func tcxHas(ifindex int, h hook, want ebpf.ProgramID) (bool, error) {
+	res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: h.attach})
+	if err != nil {
+		if errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL) {
+			return false, nil
+		}
+		return false, fmt.Errorf("query tcx %s programs of ifindex %d: %w", h.dir, ifindex, err)
+	}
+	for _, p := range res.Programs {
+		if p.ID == want {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func tcHas(ifindex int, h hook, want ebpf.ProgramID) (bool, error) {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return false, fmt.Errorf("find ifindex %d: %w", ifindex, err)
+	}
+	fs, err := netlink.FilterList(l, h.tcParent)
+	if err != nil {
+		return false, nil // no clsact qdisc
+	}
+	for _, f := range fs {
+		if bf, ok := f.(*netlink.BpfFilter); ok && ebpf.ProgramID(bf.Id) == want {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+var (
+	tcxOnce sync.Once
+	tcxErr  error
+)
+
+// haveTCX reports whether the kernel supports tcx. cilium/ebpf's probe is
+// internal; querying loopback's tcx egress is cheap and tells the same.
+func haveTCX() error {
+	tcxOnce.Do(func() {
+		_, err := link.QueryPrograms(link.QueryOptions{Target: 1, Attach: ebpf.AttachTCXEgress})
+		if err != nil && (errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL)) {
+			tcxErr = ebpf.ErrNotSupported
+		}
+	})
+	return tcxErr
+}
