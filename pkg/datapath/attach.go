@@ -240,3 +240,16 @@ func haveTCX() error {
 	})
 	return tcxErr
 }
+
+// RemoveLinkPins deletes the link pins of a host veth without opening the
+// datapath (used when the maps and programs are gone).
+func RemoveLinkPins(pinRoot, hostIf string) error {
+	var errs error
+	for _, h := range hooks {
+		p := LinkPinPath(pinRoot, hostIf, h.dir)
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = errors.Join(errs, fmt.Errorf("remove link pin %s: %w", p, err))
+		}
+	}
+	return errs
+}

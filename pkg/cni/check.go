@@ -1,0 +1,109 @@
+package cni
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cilium/ebpf"
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ip"
+	"github.com/containernetworking/plugins/pkg/ipam"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+)
+
+func checkError(format string, a ...any) error {
+	return types.NewError(types.ErrInternal, fmt.Sprintf(format, a...), "")
+}
+
+// Check is the CNI CHECK verb: the interfaces, addresses, routes, attached
+// programs and map entries must match prevResult. The error names the first
+// thing that does not.
+func Check(args *skel.CmdArgs) error {
+	conf, err := parseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if conf.IPAM.Type == "" {
+		return confError("ipam: missing")
+	}
+	prev, err := conf.prevResult()
+	if err != nil {
+		return err
+	}
+	if err := ipam.ExecCheck(conf.IPAM.Type, args.StdinData); err != nil {
+		return ipamError(conf.IPAM.Type, err)
+	}
+	netns, err := openNetns(args.Netns)
+	if err != nil {
+		return err
+	}
+	defer netns.Close()
+
+	var podIf *current.Interface
+	for _, i := range prev.Interfaces {
+		if i.Name == args.IfName && i.Sandbox != "" {
+			podIf = i
+		}
+	}
+	if podIf == nil {
+		return checkError("prevResult has no interface %s in a sandbox", args.IfName)
+	}
+
+	hostIf := HostIfName(args.ContainerID, args.IfName)
+	host, err := netlink.LinkByName(hostIf)
+	if err != nil {
+		return checkError("host veth %s: %v", hostIf, err)
+	}
+	ifindex := host.Attrs().Index
+
+	dp, err := datapath.Open(conf.PinDir)
+	if err != nil {
+		return types.NewError(errPluginNotAvailable, fmt.Sprintf("datapath at %s: %v", conf.PinDir, err), "")
+	}
+	defer dp.Close()
+	if err := dp.Attached(ifindex, hostIf); err != nil {
+		return checkError("%v", err)
+	}
+	if _, err := dp.Maps.LookupLink(ifindex); err != nil {
+		return checkError("map cni_links has no entry for %s (ifindex %d): %v", hostIf, ifindex, notExist(err))
+	}
+	for _, ipc := range prev.IPs {
+		a := ipc.Address.IP
+		e, err := dp.Maps.LookupEndpoint(a)
+		if err != nil {
+			return checkError("map cni_endpoints has no entry for %s: %v", a, notExist(err))
+		}
+		if int(e.Ifindex) != ifindex {
+			return checkError("map cni_endpoints sends %s to ifindex %d, not %s (%d)", a, e.Ifindex, hostIf, ifindex)
+		}
+	}
+
+	return netns.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(args.IfName)
+		if err != nil {
+			return checkError("interface %s in %s: %v", args.IfName, args.Netns, err)
+		}
+		if podIf.Mac != "" && l.Attrs().HardwareAddr.String() != podIf.Mac {
+			return checkError("interface %s has MAC %s, prevResult says %s", args.IfName, l.Attrs().HardwareAddr, podIf.Mac)
+		}
+		if err := ip.ValidateExpectedInterfaceIPs(args.IfName, prev.IPs); err != nil {
+			return checkError("%v", err)
+		}
+		if err := ip.ValidateExpectedRoute(prev.Routes); err != nil {
+			return checkError("%v", err)
+		}
+		return nil
+	})
+}
+
+func notExist(err error) error {
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return errors.New("missing")
+	}
+	return err
+}

@@ -1,0 +1,105 @@
+package cni
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/ipam"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+)
+
+// Del is the CNI DEL verb: best effort and idempotent. It needs neither the
+// netns nor the veth to exist, and succeeds when called again.
+func Del(args *skel.CmdArgs) error {
+	conf, err := parseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	rec, err := readRecord(conf.StateDir, conf.Name, args.ContainerID, args.IfName)
+	if err != nil {
+		// A corrupt record must not block DEL: fall back to what can be derived.
+		rec = nil
+	}
+	var errs error
+	if conf.IPAM.Type != "" {
+		if err := ipam.ExecDel(conf.IPAM.Type, args.StdinData); err != nil {
+			errs = errors.Join(errs, ipamError(conf.IPAM.Type, err))
+		}
+	}
+	if err := teardown(conf, args.ContainerID, args.IfName, rec); err != nil {
+		errs = errors.Join(errs, err)
+	}
+	if errs != nil {
+		var te *types.Error
+		if errors.As(errs, &te) {
+			return te
+		}
+		return types.NewError(types.ErrInternal, errs.Error(), "")
+	}
+	return nil
+}
+
+// teardown removes everything ADD made on the node except the IPAM
+// reservation: map entries, counters, link pins, the veth and the record.
+func teardown(conf *NetConf, containerID, ifname string, rec *Record) error {
+	hostIf := HostIfName(containerID, ifname)
+	ifindex := 0
+	if l, err := netlink.LinkByName(hostIf); err == nil {
+		ifindex = l.Attrs().Index
+	} else if rec != nil && rec.HostIfindex != 0 {
+		// The veth is gone; its old index is ours unless a new link took it.
+		if l, err := netlink.LinkByIndex(rec.HostIfindex); err != nil || l.Attrs().Name == hostIf {
+			ifindex = rec.HostIfindex
+		}
+	}
+
+	var errs error
+	dp, err := datapath.Open(conf.PinDir)
+	switch {
+	case err == nil:
+		defer dp.Close()
+		var ips []net.IP
+		if rec != nil {
+			for _, s := range rec.IPs {
+				if ip := net.ParseIP(s); ip != nil {
+					ips = append(ips, ip)
+				}
+			}
+		} else if ifindex != 0 {
+			// No record (ADD died before writing it): find the entries by interface.
+			eps, err := dp.Maps.ListEndpoints()
+			if err != nil {
+				errs = errors.Join(errs, err)
+			}
+			for _, e := range eps {
+				if int(e.Info.Ifindex) == ifindex {
+					ips = append(ips, e.IP)
+				}
+			}
+		}
+		if ifindex != 0 {
+			for _, ip := range ips {
+				errs = errors.Join(errs, dp.Maps.DeleteEndpoint(ip, ifindex))
+			}
+			errs = errors.Join(errs, dp.Maps.DeleteLink(ifindex), dp.Maps.ResetStats(ifindex))
+		}
+		errs = errors.Join(errs, dp.Detach(hostIf))
+	case errors.Is(err, os.ErrNotExist):
+		// No datapath pinned: nothing in maps; still drop any link pins.
+		errs = errors.Join(errs, datapath.RemoveLinkPins(conf.PinDir, hostIf))
+	default:
+		errs = errors.Join(errs, fmt.Errorf("open datapath at %s: %w", conf.PinDir, err))
+	}
+	errs = errors.Join(errs, deleteLink(hostIf))
+	if errs == nil {
+		// Keep the record while anything failed, so a retry or GC can finish.
+		errs = removeRecord(conf.StateDir, conf.Name, containerID, ifname)
+	}
+	return errs
+}
