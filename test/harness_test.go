@@ -492,4 +492,3 @@ func (e *env) assertClean() {
 		e.t.Fatalf("state left behind:\n  %s", strings.Join(l, "\n  "))
 	}
 }
-
