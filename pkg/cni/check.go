@@ -91,8 +91,23 @@ func Check(args *skel.CmdArgs) error {
 		if podIf.Mac != "" && l.Attrs().HardwareAddr.String() != podIf.Mac {
 			return checkError("interface %s has MAC %s, prevResult says %s", args.IfName, l.Attrs().HardwareAddr, podIf.Mac)
 		}
-		if err := ip.ValidateExpectedInterfaceIPs(args.IfName, prev.IPs); err != nil {
-			return checkError("%v", err)
+		// Not ip.ValidateExpectedInterfaceIPs: it wants the prefix route that
+		// ADD deliberately leaves out (all traffic goes via the gateway).
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			return checkError("list addresses of %s: %v", args.IfName, err)
+		}
+		for _, ipc := range prev.IPs {
+			found := false
+			for _, a := range addrs {
+				if a.IPNet.String() == ipc.Address.String() {
+					found = true
+					break
+				}
+			}
+			if !found {
+				return checkError("address %s is missing from %s", ipc.Address.String(), args.IfName)
+			}
 		}
 		if err := ip.ValidateExpectedRoute(prev.Routes); err != nil {
 			return checkError("%v", err)
