@@ -56,6 +56,8 @@ func ensureDatapath(conf *NetConf) (*datapath.Datapath, error) {
 
 // Add is the CNI ADD verb.
 func Add(args *skel.CmdArgs) (err error) {
+	tr := newTracer()
+	defer tr.done("ADD")
 	conf, err := parseConf(args.StdinData)
 	if err != nil {
 		return err
@@ -69,11 +71,13 @@ func Add(args *skel.CmdArgs) (err error) {
 	}
 	defer netns.Close()
 
+	tr.mark("parse")
 	dp, err := ensureDatapath(conf)
 	if err != nil {
 		return err
 	}
 	defer dp.Close()
+	tr.mark("datapath")
 
 	var u undo
 	defer func() {
@@ -110,9 +114,12 @@ func Add(args *skel.CmdArgs) (err error) {
 	if vethErr == nil {
 		u.push(func() { _ = deleteLink(hostIf) })
 		u.push(func() { _ = dp.Detach(hostIf) })
+		tr.mark("veth")
 		_, vethErr = dp.Attach(hostLink.Attrs().Index, hostIf, conf.attachMode)
+		tr.mark("attach")
 	}
 	out := <-ipamCh
+	tr.mark("ipam-wait")
 	if out.err != nil {
 		return ipamError(conf.IPAM.Type, out.err)
 	}
@@ -164,6 +171,7 @@ func Add(args *skel.CmdArgs) (err error) {
 		u.push(func() { _ = dp.Maps.DeleteEndpoint(ip, ifindex) })
 	}
 
+	tr.mark("maps")
 	if err := configureHost(full, hostLink); err != nil {
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
@@ -171,6 +179,7 @@ func Add(args *skel.CmdArgs) (err error) {
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
 
+	tr.mark("netlink")
 	rec := &Record{
 		ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns,
 		HostIf: hostIf, HostIfindex: ifindex, HostMAC: full.hostMAC.String(), PodMAC: full.podMAC.String(),

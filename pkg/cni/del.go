@@ -26,15 +26,25 @@ func Del(args *skel.CmdArgs) error {
 		// A corrupt record must not block DEL: fall back to what can be derived.
 		rec = nil
 	}
-	var errs error
-	if conf.IPAM.Type != "" {
-		if err := ipam.ExecDel(conf.IPAM.Type, args.StdinData); err != nil {
-			errs = errors.Join(errs, ipamError(conf.IPAM.Type, err))
+	tr := newTracer()
+	defer tr.done("DEL")
+	// The IPAM release is a separate process: run it while tearing down.
+	ipamErr := make(chan error, 1)
+	go func() {
+		if conf.IPAM.Type == "" {
+			ipamErr <- nil
+			return
 		}
-	}
-	if err := teardown(conf, args.ContainerID, args.IfName, rec); err != nil {
-		errs = errors.Join(errs, err)
-	}
+		if err := ipam.ExecDel(conf.IPAM.Type, args.StdinData); err != nil {
+			ipamErr <- ipamError(conf.IPAM.Type, err)
+			return
+		}
+		ipamErr <- nil
+	}()
+	errs := teardown(conf, args.ContainerID, args.IfName, rec, tr)
+	tr.mark("teardown")
+	errs = errors.Join(errs, <-ipamErr)
+	tr.mark("ipam-wait")
 	if errs != nil {
 		var te *types.Error
 		if errors.As(errs, &te) {
@@ -47,7 +57,7 @@ func Del(args *skel.CmdArgs) error {
 
 // teardown removes everything ADD made on the node except the IPAM
 // reservation: map entries, counters, link pins, the veth and the record.
-func teardown(conf *NetConf, containerID, ifname string, rec *Record) error {
+func teardown(conf *NetConf, containerID, ifname string, rec *Record, tr *tracer) error {
 	hostIf := HostIfName(containerID, ifname)
 	ifindex := 0
 	if l, err := netlink.LinkByName(hostIf); err == nil {
@@ -59,6 +69,7 @@ func teardown(conf *NetConf, containerID, ifname string, rec *Record) error {
 		}
 	}
 
+	tr.mark("lookup")
 	var errs error
 	dp, err := datapath.Open(conf.PinDir)
 	switch {
@@ -89,14 +100,21 @@ func teardown(conf *NetConf, containerID, ifname string, rec *Record) error {
 			}
 			errs = errors.Join(errs, dp.Maps.DeleteLink(ifindex), dp.Maps.ResetStats(ifindex))
 		}
-		errs = errors.Join(errs, dp.Detach(hostIf))
 	case errors.Is(err, os.ErrNotExist):
 		// No datapath pinned: nothing in maps; still drop any link pins.
 		errs = errors.Join(errs, datapath.RemoveLinkPins(conf.PinDir, hostIf))
 	default:
 		errs = errors.Join(errs, fmt.Errorf("open datapath at %s: %w", conf.PinDir, err))
 	}
+	// Delete the veth before dropping the link pins: unregistering the device
+	// detaches its tcx programs in the same RCU grace period, and releasing an
+	// already detached link costs nothing, whereas releasing an attached one
+	// waits out a grace period of its own, per hook.
+	tr.mark("maps")
 	errs = errors.Join(errs, deleteLink(hostIf))
+	tr.mark("veth")
+	errs = errors.Join(errs, datapath.RemoveLinkPins(conf.PinDir, hostIf))
+	tr.mark("pins")
 	if errs == nil {
 		// Keep the record while anything failed, so a retry or GC can finish.
 		errs = removeRecord(conf.StateDir, conf.Name, containerID, ifname)

@@ -42,7 +42,7 @@ func GC(args *skel.CmdArgs) error {
 				continue // keep the record so the next GC retries
 			}
 		}
-		if err := teardown(conf, r.ContainerID, r.IfName, r); err != nil {
+		if err := teardown(conf, r.ContainerID, r.IfName, r, newTracer()); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("tear down %s/%s: %w", r.ContainerID, r.IfName, err))
 		}
 	}
