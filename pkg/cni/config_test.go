@@ -1,0 +1,129 @@
+package cni
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+)
+
+func TestParseConfErrors(t *testing.T) {
+	cases := []struct {
+		name, conf string
+		code       uint
+		mention    string
+	}{
+		{"bad json", `{"name":`, types.ErrDecodingFailure, "decode"},
+		{"mtu", `{"name":"n","type":"ebpf-cni","mtu":20,"ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "mtu"},
+		{"pinDir", `{"name":"n","type":"ebpf-cni","pinDir":"rel","ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "pinDir"},
+		{"stateDir", `{"name":"n","type":"ebpf-cni","stateDir":"rel","ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "stateDir"},
+		{"attachMode", `{"name":"n","type":"ebpf-cni","attachMode":"xdp","ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "attachMode"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := parseConf([]byte(c.conf))
+			assertCNIError(t, err, c.code, c.mention)
+		})
+	}
+}
+
+func TestValidateIPAM(t *testing.T) {
+	cases := []struct {
+		name, conf string
+		mention    string // "" means valid
+	}{
+		{"ok", `{"ipam":{"type":"host-local","ranges":[[{"subnet":"10.0.0.0/24","gateway":"10.0.0.1"}]],"routes":[{"dst":"0.0.0.0/0"}]}}`, ""},
+		{"missing", `{}`, "ipam"},
+		{"bad subnet", `{"ipam":{"type":"host-local","ranges":[[{"subnet":"10.0.0.0/33"}]]}}`, "ipam.ranges[0][0].subnet"},
+		{"no subnet", `{"ipam":{"type":"host-local","ranges":[[{"gateway":"10.0.0.1"}]]}}`, "ipam.ranges[0][0].subnet"},
+		{"bad gateway", `{"ipam":{"type":"host-local","ranges":[[{"subnet":"10.0.0.0/24","gateway":"x"}]]}}`, "ipam.ranges[0][0].gateway"},
+		{"bad legacy subnet", `{"ipam":{"type":"host-local","subnet":"nope"}}`, "ipam.subnet"},
+		{"bad route", `{"ipam":{"type":"host-local","subnet":"10.0.0.0/24","routes":[{"dst":"1.2.3.4"}]}}`, "ipam.routes[0].dst"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			conf := &NetConf{}
+			if c.conf != "{}" {
+				conf.IPAM.Type = "host-local"
+			}
+			err := validateIPAM([]byte(c.conf), conf)
+			if c.mention == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				return
+			}
+			assertCNIError(t, err, types.ErrInvalidNetworkConfig, c.mention)
+		})
+	}
+}
+
+func assertCNIError(t *testing.T, err error, code uint, mention string) {
+	t.Helper()
+	var te *types.Error
+	if !errors.As(err, &te) {
+		t.Fatalf("want CNI error %d, got %v", code, err)
+	}
+	if te.Code != code {
+		t.Fatalf("want code %d, got %d (%s)", code, te.Code, te.Msg)
+	}
+	if !strings.Contains(te.Msg, mention) {
+		t.Fatalf("message %q does not name %q", te.Msg, mention)
+	}
+}
+
+func TestHostIfName(t *testing.T) {
+	a := HostIfName("abc", "eth0")
+	if len(a) != 15 || !strings.HasPrefix(a, "ebpf") {
+		t.Fatalf("bad name %q", a)
+	}
+	if a != HostIfName("abc", "eth0") {
+		t.Fatal("not deterministic")
+	}
+	if a == HostIfName("abc", "eth1") || a == HostIfName("abd", "eth0") {
+		t.Fatal("different attachments share a name")
+	}
+}
+
+func TestNewPlanRoutes(t *testing.T) {
+	_, n4, _ := net.ParseCIDR("10.0.0.5/24")
+	_, n6, _ := net.ParseCIDR("fd00::5/64")
+	_, extra, _ := net.ParseCIDR("192.168.0.0/16")
+	res := &current.Result{
+		IPs: []*current.IPConfig{
+			{Address: net.IPNet{IP: net.ParseIP("10.0.0.5").To4(), Mask: n4.Mask}, Gateway: net.ParseIP("10.0.0.1")},
+			{Address: net.IPNet{IP: net.ParseIP("fd00::5"), Mask: n6.Mask}}, // no gateway: fallback
+		},
+		Routes: []*types.Route{{Dst: *extra}},
+	}
+	p, err := newPlan(res, "ebpfx", "eth0", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, r := range p.routes {
+		got[r.dst.String()] = r.gw.String()
+	}
+	want := map[string]string{"192.168.0.0/16": "10.0.0.1", "0.0.0.0/0": "10.0.0.1", "::/0": "fe80::1"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("route %s via %q, want %q (all: %v)", k, got[k], v, got)
+		}
+	}
+	if len(p.gws) != 2 {
+		t.Errorf("want a gateway per family, got %v", p.gws)
+	}
+	if len(p.hostMAC) != 6 || p.hostMAC[0]&1 != 0 || p.hostMAC[0]&2 == 0 {
+		t.Errorf("host MAC %s is not unicast locally administered", p.hostMAC)
+	}
+}
+
+func TestPodIdentity(t *testing.T) {
+	ns, name := podIdentity("IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-1;K8S_POD_INFRA_CONTAINER_ID=x")
+	if ns != "kube-system" || name != "coredns-1" {
+		t.Fatalf("got %q %q", ns, name)
+	}
+}
