@@ -112,8 +112,15 @@ func Add(args *skel.CmdArgs) (err error) {
 	}
 	hostLink, vethErr := createVeth(p, netns)
 	if vethErr == nil {
-		u.push(func() { _ = deleteLink(hostIf) })
-		u.push(func() { _ = dp.Detach(hostIf) })
+		// Same order as DEL: the veth first (detaching the programs), then
+		// pins, link entry and counters, which in-flight packets could re-create.
+		idx := hostLink.Attrs().Index
+		u.push(func() {
+			_ = deleteLink(hostIf)
+			_ = datapath.RemoveLinkPins(conf.PinDir, hostIf)
+			_ = dp.Maps.DeleteLink(idx)
+			_ = dp.Maps.ResetStats(idx)
+		})
 		tr.mark("veth")
 		_, vethErr = dp.Attach(hostLink.Attrs().Index, hostIf, conf.attachMode)
 		tr.mark("attach")
@@ -161,7 +168,6 @@ func Add(args *skel.CmdArgs) (err error) {
 	if err := dp.Maps.PutLink(ifindex, maps.NewLinkInfo(full.podMAC, full.hostMAC)); err != nil {
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
-	u.push(func() { _ = dp.Maps.DeleteLink(ifindex); _ = dp.Maps.ResetStats(ifindex) })
 	info := maps.NewEndpointInfo(ifindex, full.podMAC, full.hostMAC)
 	for _, ipc := range res.IPs {
 		ip := ipc.Address.IP

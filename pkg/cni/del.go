@@ -75,6 +75,18 @@ func teardown(conf *NetConf, containerID, ifname string, rec *Record, tr *tracer
 	switch {
 	case err == nil:
 		defer dp.Close()
+	case errors.Is(err, os.ErrNotExist):
+		dp = nil // never set up: nothing in maps
+	default:
+		errs = errors.Join(errs, fmt.Errorf("open datapath at %s: %w", conf.PinDir, err))
+		dp = nil
+	}
+
+	// Order matters. 1: endpoint entries go first, so no other pod redirects
+	// into this one any more. 2: the veth goes, which detaches the programs;
+	// once it returns no program runs for this ifindex. 3: only now the link
+	// entry and counters: a packet in flight before 2 would re-create them.
+	if dp != nil && ifindex != 0 {
 		var ips []net.IP
 		if rec != nil {
 			for _, s := range rec.IPs {
@@ -82,37 +94,30 @@ func teardown(conf *NetConf, containerID, ifname string, rec *Record, tr *tracer
 					ips = append(ips, ip)
 				}
 			}
-		} else if ifindex != 0 {
+		} else {
 			// No record (ADD died before writing it): find the entries by interface.
 			eps, err := dp.Maps.ListEndpoints()
-			if err != nil {
-				errs = errors.Join(errs, err)
-			}
+			errs = errors.Join(errs, err)
 			for _, e := range eps {
 				if int(e.Info.Ifindex) == ifindex {
 					ips = append(ips, e.IP)
 				}
 			}
 		}
-		if ifindex != 0 {
-			for _, ip := range ips {
-				errs = errors.Join(errs, dp.Maps.DeleteEndpoint(ip, ifindex))
-			}
-			errs = errors.Join(errs, dp.Maps.DeleteLink(ifindex), dp.Maps.ResetStats(ifindex))
+		for _, ip := range ips {
+			errs = errors.Join(errs, dp.Maps.DeleteEndpoint(ip, ifindex))
 		}
-	case errors.Is(err, os.ErrNotExist):
-		// No datapath pinned: nothing in maps; still drop any link pins.
-		errs = errors.Join(errs, datapath.RemoveLinkPins(conf.PinDir, hostIf))
-	default:
-		errs = errors.Join(errs, fmt.Errorf("open datapath at %s: %w", conf.PinDir, err))
 	}
-	// Delete the veth before dropping the link pins: unregistering the device
-	// detaches its tcx programs in the same RCU grace period, and releasing an
-	// already detached link costs nothing, whereas releasing an attached one
-	// waits out a grace period of its own, per hook.
-	tr.mark("maps")
+	tr.mark("endpoints")
+	// Deleting the veth before dropping the link pins also saves time:
+	// unregistering the device detaches both tcx hooks, and releasing an
+	// already detached link is free, whereas releasing an attached one waits
+	// out an RCU grace period per hook.
 	errs = errors.Join(errs, deleteLink(hostIf))
 	tr.mark("veth")
+	if dp != nil && ifindex != 0 {
+		errs = errors.Join(errs, dp.Maps.DeleteLink(ifindex), dp.Maps.ResetStats(ifindex))
+	}
 	errs = errors.Join(errs, datapath.RemoveLinkPins(conf.PinDir, hostIf))
 	tr.mark("pins")
 	if errs == nil {
