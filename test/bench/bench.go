@@ -1,0 +1,816 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+const (
+	cniVersion = "1.0.0"
+	ifName     = "eth0"
+	// cniCacheDir is libcni's fixed result cache, which cnitool cannot move.
+	cniCacheDir = "/var/lib/cni"
+	// hostPort is the port mapping the chain configuration sets up.
+	hostPort = 18080
+)
+
+var nodeIP = "192.0.2.1/32"
+
+// binaries built into the temp bin dir; ebpf-cni from this tree, the rest at
+// the versions go.mod pins as tool dependencies.
+var binaries = []string{
+	"./cmd/ebpf-cni",
+	"github.com/containernetworking/plugins/plugins/ipam/host-local",
+	"github.com/containernetworking/plugins/plugins/main/ptp",
+	"github.com/containernetworking/plugins/plugins/meta/portmap",
+	"github.com/containernetworking/plugins/plugins/meta/bandwidth",
+	"github.com/containernetworking/plugins/plugins/main/loopback",
+	"github.com/containernetworking/cni/cnitool",
+}
+
+// config is one network configuration under test.
+type config struct {
+	key     string // ebpf, ptp, chain, loopback
+	label   string
+	netName string
+	subnet  *net.IPNet // nil for loopback
+	capArgs string     // CAP_ARGS for cnitool, "" for none
+	atScale bool
+	list    map[string]any
+}
+
+type bench struct {
+	opts    *options
+	id      string
+	root    string
+	binDir  string
+	confDir string
+	cache   string // bind-mounted over /var/lib/cni
+	state   string // ebpf-cni stateDir
+	ipamDir string // host-local dataDir
+	nsDir   string // network namespace mount points
+	pinDir  string
+
+	cacheMount string // where cache is mounted, "" when not mounted
+	node       ns.NetNS
+	pods       map[string]ns.NetNS // live pod namespaces by path
+	podSeq     int
+	// ebpf-cni's EBPF_CNI_TRACE phase timings of the last ADD and DEL.
+	addPhases, delPhases []phase
+	configs              []*config
+	res                  *results
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// newBench prepares everything; on error the returned bench (if non-nil)
+// holds what was created so far, for cleanup.
+func newBench(ctx context.Context, opts *options) (*bench, error) {
+	id := randHex(4)
+	root, err := os.MkdirTemp("", "ebpfbench-"+id+"-")
+	if err != nil {
+		return nil, err
+	}
+	b := &bench{
+		opts:    opts,
+		id:      id,
+		root:    root,
+		binDir:  filepath.Join(root, "bin"),
+		confDir: filepath.Join(root, "net.d"),
+		cache:   filepath.Join(root, "cni-cache"),
+		state:   filepath.Join(root, "ebpf-cni-state"),
+		ipamDir: filepath.Join(root, "host-local"),
+		nsDir:   filepath.Join(root, "netns"),
+		pinDir:  filepath.Join("/sys/fs/bpf", "ebpfbench-"+id),
+		pods:    map[string]ns.NetNS{},
+	}
+	logf("run %s: temp dir %s, pin dir %s", id, root, b.pinDir)
+	for _, d := range []string{b.binDir, b.confDir, b.cache, b.state, b.ipamDir, b.nsDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return b, err
+		}
+	}
+	b.res = newResults(opts)
+	if err := b.build(ctx); err != nil {
+		return b, err
+	}
+	if err := b.hideCNICache(); err != nil {
+		return b, err
+	}
+	if err := b.setupNode(); err != nil {
+		return b, err
+	}
+	if err := b.writeConfigs(); err != nil {
+		return b, err
+	}
+	return b, nil
+}
+
+// moduleRoot finds the directory of this repository's go.mod.
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("not inside a Go module: run from the ebpf-cni repository root")
+	}
+	data, err := os.ReadFile(gomod)
+	if err != nil {
+		return "", err
+	}
+	if !bytes.Contains(data, []byte("module github.com/ebpf-cni/ebpf-cni\n")) {
+		return "", fmt.Errorf("%s is not the ebpf-cni module: run from the repository root", gomod)
+	}
+	return filepath.Dir(gomod), nil
+}
+
+func (b *bench) build(ctx context.Context) error {
+	dir, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	logf("building %d binaries into %s", len(binaries), b.binDir)
+	start := time.Now()
+	args := append([]string{"build", "-o", b.binDir + "/"}, binaries...)
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	for _, p := range binaries {
+		if _, err := os.Stat(filepath.Join(b.binDir, filepath.Base(p))); err != nil {
+			return fmt.Errorf("build produced no %s: %w", filepath.Base(p), err)
+		}
+	}
+	logf("built in %s", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// hideCNICache bind-mounts our cache dir over /var/lib/cni in this process's
+// private mount namespace, so cnitool's result cache lands in the temp dir.
+func (b *bench) hideCNICache() error {
+	target := cniCacheDir
+	for {
+		if st, err := os.Stat(target); err == nil && st.IsDir() {
+			break
+		}
+		target = filepath.Dir(target)
+		if target == "/" {
+			return fmt.Errorf("no existing directory on the path of %s to mount over", cniCacheDir)
+		}
+	}
+	if target == cniCacheDir {
+		if err := unix.Mount(b.cache, target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind-mount %s over %s: %w", b.cache, target, err)
+		}
+	} else {
+		// /var/lib/cni does not exist: cover its nearest ancestor with an
+		// empty tmpfs rather than create it on the host.
+		if err := unix.Mount("tmpfs", target, "tmpfs", 0, "mode=0755"); err != nil {
+			return fmt.Errorf("mount tmpfs over %s: %w", target, err)
+		}
+		logf("%s does not exist; %s is covered by a private tmpfs for this run", cniCacheDir, target)
+	}
+	b.cacheMount = target
+	if err := os.MkdirAll(filepath.Join(cniCacheDir, "results"), 0o700); err != nil {
+		return err
+	}
+	// Prove the mount is ours: a marker written through /var/lib/cni must
+	// appear in the temp dir (or the tmpfs), never on the host.
+	marker := filepath.Join(cniCacheDir, ".ebpfbench-"+b.id)
+	if err := os.WriteFile(marker, nil, 0o600); err != nil {
+		return err
+	}
+	defer os.Remove(marker)
+	if target == cniCacheDir {
+		if _, err := os.Stat(filepath.Join(b.cache, ".ebpfbench-"+b.id)); err != nil {
+			return fmt.Errorf("bind mount over %s is not effective: %w", cniCacheDir, err)
+		}
+	}
+	return nil
+}
+
+func (b *bench) setupNode() error {
+	node, err := newNetNS(filepath.Join(b.nsDir, "node"))
+	if err != nil {
+		return fmt.Errorf("create node netns: %w", err)
+	}
+	b.node = node
+	return node.Do(func(ns.NetNS) error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(lo); err != nil {
+			return err
+		}
+		addr, err := netlink.ParseAddr(nodeIP)
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(lo, addr); err != nil {
+			return fmt.Errorf("add %s to lo: %w", nodeIP, err)
+		}
+		return nil
+	})
+}
+
+func mustCIDR(s string) *net.IPNet {
+	_, n, err := net.ParseCIDR(s)
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+func (b *bench) hostLocal(subnet *net.IPNet) map[string]any {
+	return map[string]any{
+		"type":    "host-local",
+		"dataDir": b.ipamDir,
+		"ranges":  [][]map[string]string{{{"subnet": subnet.String()}}},
+		// ebpf-cni adds a default route anyway; give ptp the same so both
+		// configure the same routes in the pod.
+		"routes": []map[string]string{{"dst": "0.0.0.0/0"}},
+	}
+}
+
+func (b *bench) writeConfigs() error {
+	ebpfNet := mustCIDR("10.250.0.0/16")
+	ptpNet := mustCIDR("10.251.0.0/16")
+	chainNet := mustCIDR("10.252.0.0/16")
+	ebpfTCNet := mustCIDR("10.253.0.0/16")
+	capArgs, err := json.Marshal(map[string]any{
+		"portMappings": []map[string]any{{"hostPort": hostPort, "containerPort": 80, "protocol": "tcp"}},
+		"bandwidth": map[string]any{
+			"ingressRate": 100_000_000, "ingressBurst": 1_000_000,
+			"egressRate": 100_000_000, "egressBurst": 1_000_000,
+		},
+	})
+	if err != nil {
+		return err
+	}
+	b.configs = []*config{
+		{
+			key: "ebpf", label: "ebpf-cni", netName: "bench-ebpf-cni", subnet: ebpfNet, atScale: true,
+			list: map[string]any{"plugins": []any{map[string]any{
+				"type": "ebpf-cni", "pinDir": b.pinDir, "stateDir": b.state, "ipam": b.hostLocal(ebpfNet),
+			}}},
+		},
+		{
+			key: "ebpf-tc", label: "ebpf-cni attachMode=tc", netName: "bench-ebpf-cni-tc", subnet: ebpfTCNet,
+			list: map[string]any{"plugins": []any{map[string]any{
+				"type": "ebpf-cni", "attachMode": "tc", "pinDir": b.pinDir, "stateDir": b.state, "ipam": b.hostLocal(ebpfTCNet),
+			}}},
+		},
+		{
+			key: "ptp", label: "ptp", netName: "bench-ptp", subnet: ptpNet, atScale: true,
+			list: map[string]any{"plugins": []any{map[string]any{
+				"type": "ptp", "ipMasq": false, "ipam": b.hostLocal(ptpNet),
+			}}},
+		},
+		{
+			key: "chain", label: "ptp+portmap+bandwidth", netName: "bench-chain", subnet: chainNet, capArgs: string(capArgs),
+			list: map[string]any{"plugins": []any{
+				map[string]any{"type": "ptp", "ipMasq": false, "ipam": b.hostLocal(chainNet)},
+				map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}},
+				map[string]any{"type": "bandwidth", "capabilities": map[string]bool{"bandwidth": true}},
+			}},
+		},
+		{
+			key: "loopback", label: "loopback (floor)", netName: "bench-loopback",
+			list: map[string]any{"plugins": []any{map[string]any{"type": "loopback"}}},
+		},
+	}
+	if !b.opts.attachTC {
+		b.configs = append(b.configs[:1], b.configs[2:]...)
+	}
+	for _, c := range b.configs {
+		c.list["cniVersion"] = cniVersion
+		c.list["name"] = c.netName
+		data, err := json.MarshalIndent(c.list, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(b.confDir, c.netName+".conflist"), data, 0o600); err != nil {
+			return err
+		}
+		b.res.addConfig(c, string(data))
+	}
+	return nil
+}
+
+// newPod creates a fresh pod network namespace (not timed).
+func (b *bench) newPod() (ns.NetNS, error) {
+	b.podSeq++
+	p, err := newNetNS(filepath.Join(b.nsDir, fmt.Sprintf("pod-%d", b.podSeq)))
+	if err != nil {
+		return nil, fmt.Errorf("create pod netns: %w", err)
+	}
+	b.pods[p.Path()] = p
+	return p, nil
+}
+
+func (b *bench) removePod(p ns.NetNS) error {
+	delete(b.pods, p.Path())
+	return removeNetNS(p)
+}
+
+// cnitool runs `cnitool VERB NET NETNS` in the node netns and returns its
+// wall time: process start to exit, as a runtime waiting on CNI sees it.
+func (b *bench) cnitool(c *config, verb string, pod ns.NetNS) (time.Duration, []byte, []byte, error) {
+	env := []string{
+		"PATH=" + os.Getenv("PATH"),
+		"NETCONFPATH=" + b.confDir,
+		"CNI_PATH=" + b.binDir,
+		"CNI_IFNAME=" + ifName,
+	}
+	if c.capArgs != "" {
+		env = append(env, "CAP_ARGS="+c.capArgs)
+	}
+	if strings.HasPrefix(c.key, "ebpf") && b.opts.phases {
+		// ebpf-cni prints one line of phase timings to stderr; cnitool
+		// passes plugin stderr through.
+		env = append(env, "EBPF_CNI_TRACE=1")
+	}
+	var stdout, stderr bytes.Buffer
+	var d time.Duration
+	var runErr error
+	err := b.node.Do(func(ns.NetNS) error {
+		// Forked from this goroutine's locked thread: born in the node netns.
+		cmd := exec.Command(filepath.Join(b.binDir, "cnitool"), verb, c.netName, pod.Path())
+		cmd.Env = env
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		start := time.Now()
+		runErr = cmd.Run()
+		d = time.Since(start)
+		return nil
+	})
+	if err == nil && runErr != nil {
+		err = fmt.Errorf("cnitool %s %s %s: %v\nstdout: %s\nstderr: %s", verb, c.netName, pod.Path(), runErr,
+			strings.TrimSpace(stdout.String()), strings.TrimSpace(stderr.String()))
+	}
+	return d, stdout.Bytes(), stderr.Bytes(), err
+}
+
+// addResult is the part of a CNI result the sanity checks read.
+type addResult struct {
+	CNIVersion string `json:"cniVersion"`
+	Interfaces []struct {
+		Name    string `json:"name"`
+		Sandbox string `json:"sandbox"`
+	} `json:"interfaces"`
+	IPs []struct {
+		Address   string `json:"address"`
+		Interface *int   `json:"interface"`
+	} `json:"ips"`
+}
+
+// checkAdd verifies the ADD result and that the pod really got it.
+func (b *bench) checkAdd(c *config, pod ns.NetNS, out []byte) error {
+	fail := func(format string, a ...any) error {
+		return fmt.Errorf("%s ADD in %s: %s\nresult: %s", c.label, pod.Path(), fmt.Sprintf(format, a...), bytes.TrimSpace(out))
+	}
+	var r addResult
+	if err := json.Unmarshal(out, &r); err != nil {
+		return fail("result is not JSON: %v", err)
+	}
+	if r.CNIVersion != cniVersion {
+		return fail("cniVersion %q, want %s", r.CNIVersion, cniVersion)
+	}
+	if len(r.IPs) == 0 {
+		return fail("no ips in the result")
+	}
+	var addrs []*net.IPNet
+	for _, ipc := range r.IPs {
+		ip, n, err := net.ParseCIDR(ipc.Address)
+		if err != nil {
+			return fail("ips: %q is not a CIDR", ipc.Address)
+		}
+		n.IP = ip
+		if c.subnet != nil && !c.subnet.Contains(ip) {
+			return fail("address %s is outside %s", ip, c.subnet)
+		}
+		if c.subnet == nil && !ip.IsLoopback() {
+			return fail("address %s is not a loopback address", ip)
+		}
+		addrs = append(addrs, n)
+	}
+	dev := ifName
+	if c.subnet == nil {
+		dev = "lo"
+	}
+	err := pod.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(dev)
+		if err != nil {
+			return fmt.Errorf("no %s in the pod: %v", dev, err)
+		}
+		if l.Attrs().Flags&net.FlagUp == 0 {
+			return fmt.Errorf("%s in the pod is down", dev)
+		}
+		have, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			return err
+		}
+		for _, want := range addrs {
+			found := false
+			for _, a := range have {
+				if a.IP.Equal(want.IP) {
+					found = true
+				}
+			}
+			if !found {
+				return fmt.Errorf("%s in the pod lacks %s", dev, want)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fail("%v", err)
+	}
+	if c.key == "chain" {
+		if err := b.checkChain(r); err != nil {
+			return fail("%v", err)
+		}
+	}
+	return nil
+}
+
+// checkChain proves portmap and bandwidth did their work: a DNAT rule for the
+// host port, and tbf qdiscs on the host veth and its ifb.
+func (b *bench) checkChain(r addResult) error {
+	hostIf := ""
+	for _, i := range r.Interfaces {
+		if i.Sandbox == "" {
+			hostIf = i.Name
+		}
+	}
+	if hostIf == "" {
+		return errors.New("no host interface in the result")
+	}
+	rules, err := b.nodeIptablesNAT()
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(rules, fmt.Sprintf("--dport %d", hostPort)) {
+		return fmt.Errorf("portmap: no rule for host port %d in the node's nat table:\n%s", hostPort, rules)
+	}
+	return b.node.Do(func(ns.NetNS) error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		tbfOn := map[string]bool{}
+		ifb := ""
+		for _, l := range links {
+			if l.Type() == "ifb" {
+				ifb = l.Attrs().Name
+			}
+			qs, err := netlink.QdiscList(l)
+			if err != nil {
+				return err
+			}
+			for _, q := range qs {
+				if q.Type() == "tbf" {
+					tbfOn[l.Attrs().Name] = true
+				}
+			}
+		}
+		if !tbfOn[hostIf] {
+			return fmt.Errorf("bandwidth: no tbf qdisc on host veth %s", hostIf)
+		}
+		if ifb == "" || !tbfOn[ifb] {
+			return errors.New("bandwidth: no ifb device with a tbf qdisc for the egress limit")
+		}
+		return nil
+	})
+}
+
+func (b *bench) nodeIptablesNAT() (string, error) {
+	var out []byte
+	err := b.node.Do(func(ns.NetNS) error {
+		var err error
+		out, err = exec.Command("iptables-save", "-t", "nat").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("iptables-save in the node netns: %v: %s", err, out)
+		}
+		return nil
+	})
+	return string(out), err
+}
+
+// checkDel verifies the pod interface is gone after DEL.
+func (b *bench) checkDel(c *config, pod ns.NetNS) error {
+	if c.subnet == nil {
+		return nil // loopback's DEL leaves lo as it is
+	}
+	return pod.Do(func(ns.NetNS) error {
+		if _, err := netlink.LinkByName(ifName); err == nil {
+			return fmt.Errorf("%s DEL in %s: %s still exists in the pod", c.label, pod.Path(), ifName)
+		}
+		return nil
+	})
+}
+
+// leftovers lists what a configuration left in the node after all DELs.
+func (b *bench) leftovers(c *config) ([]string, error) {
+	var out []string
+	err := b.node.Do(func(ns.NetNS) error {
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			if l.Attrs().Name != "lo" {
+				out = append(out, fmt.Sprintf("link %s (%s)", l.Attrs().Name, l.Type()))
+			}
+		}
+		if c.subnet == nil {
+			return nil
+		}
+		routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+		if err != nil {
+			return err
+		}
+		for _, r := range routes {
+			if r.Dst != nil && c.subnet.Contains(r.Dst.IP) {
+				out = append(out, "route "+r.Dst.String())
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	ents, _ := os.ReadDir(filepath.Join(b.ipamDir, c.netName))
+	for _, e := range ents {
+		if net.ParseIP(e.Name()) != nil {
+			out = append(out, "host-local reservation "+e.Name())
+		}
+	}
+	if strings.HasPrefix(c.key, "ebpf") {
+		recs, _ := os.ReadDir(filepath.Join(b.state, c.netName))
+		for _, r := range recs {
+			out = append(out, "ebpf-cni state record "+r.Name())
+		}
+		pins, _ := os.ReadDir(filepath.Join(b.pinDir, "links"))
+		for _, p := range pins {
+			out = append(out, "ebpf-cni link pin "+p.Name())
+		}
+	}
+	if c.key == "chain" {
+		rules, err := b.nodeIptablesNAT()
+		if err != nil {
+			return nil, err
+		}
+		if strings.Contains(rules, fmt.Sprintf("--dport %d", hostPort)) {
+			out = append(out, fmt.Sprintf("iptables rule for host port %d", hostPort))
+		}
+	}
+	return out, nil
+}
+
+func (b *bench) assertClean(c *config) error {
+	l, err := b.leftovers(c)
+	if err != nil {
+		return err
+	}
+	if len(l) > 0 {
+		return fmt.Errorf("%s left state behind after DEL:\n  %s", c.label, strings.Join(l, "\n  "))
+	}
+	return nil
+}
+
+// addPod runs a checked ADD of a new pod and returns it with the ADD time.
+func (b *bench) addPod(c *config) (ns.NetNS, time.Duration, error) {
+	pod, err := b.newPod()
+	if err != nil {
+		return nil, 0, err
+	}
+	d, out, stderr, err := b.cnitool(c, "add", pod)
+	if err != nil {
+		return pod, 0, fmt.Errorf("ADD failed: %w", err)
+	}
+	if err := b.checkAdd(c, pod, out); err != nil {
+		return pod, 0, err
+	}
+	b.addPhases = parsePhases(stderr, "ADD")
+	return pod, d, nil
+}
+
+// delPod runs a checked DEL and removes the pod netns; it returns the DEL time.
+func (b *bench) delPod(c *config, pod ns.NetNS) (time.Duration, error) {
+	d, _, stderr, err := b.cnitool(c, "del", pod)
+	if err != nil {
+		return 0, fmt.Errorf("DEL failed: %w", err)
+	}
+	b.delPhases = parsePhases(stderr, "DEL")
+	if err := b.checkDel(c, pod); err != nil {
+		return 0, err
+	}
+	if err := b.removePod(pod); err != nil {
+		return 0, err
+	}
+	return d, nil
+}
+
+// cycle is one timed ADD and DEL of a fresh pod, recorded with pods
+// present unless it is a warm-up (pods < 0).
+func (b *bench) cycle(c *config, pods int) (add, del time.Duration, err error) {
+	pod, add, err := b.addPod(c)
+	if err != nil {
+		return 0, 0, err
+	}
+	del, err = b.delPod(c, pod)
+	if err != nil {
+		return 0, 0, err
+	}
+	if pods >= 0 {
+		b.res.record(c, "ADD", pods, add, b.addPhases)
+		b.res.record(c, "DEL", pods, del, b.delPhases)
+	}
+	return add, del, nil
+}
+
+// parsePhases reads ebpf-cni's EBPF_CNI_TRACE line for verb, e.g.
+// "ebpf-cni ADD: total=12.34ms parse=0.50ms ...", into ordered phases.
+func parsePhases(stderr []byte, verb string) []phase {
+	prefix := "ebpf-cni " + verb + ":"
+	for _, line := range strings.Split(string(stderr), "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), prefix)
+		if !ok {
+			continue
+		}
+		var ps []phase
+		for _, f := range strings.Fields(rest) {
+			k, v, ok := strings.Cut(f, "=")
+			if !ok {
+				continue
+			}
+			var x float64
+			if _, err := fmt.Sscanf(strings.TrimSuffix(v, "ms"), "%g", &x); err == nil {
+				ps = append(ps, phase{k, x})
+			}
+		}
+		return ps
+	}
+	return nil
+}
+
+func (b *bench) run(ctx context.Context) error {
+	start := time.Now()
+	// Warm-up: page cache, and for ebpf-cni loading and pinning the datapath.
+	for _, c := range b.configs {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		add, del, err := b.cycle(c, -1)
+		if err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+		b.res.warmup(c, add, del, b.addPhases, b.delPhases)
+		logf("warm-up %-22s ADD %7.2f ms  DEL %7.2f ms", c.label, ms(add), ms(del))
+	}
+	if _, err := os.Stat(filepath.Join(b.pinDir, "progs")); err != nil {
+		return fmt.Errorf("ebpf-cni warm-up ADD did not pin the datapath in %s: %w", b.pinDir, err)
+	}
+
+	// Configurations interleaved, order rotated each round, so drift and
+	// background work (async netns teardown) hit all of them alike.
+	logf("latency: %d rounds of ADD+DEL over %d configurations", b.opts.n, len(b.configs))
+	for i := 0; i < b.opts.n; i++ {
+		for j := range b.configs {
+			c := b.configs[(i+j)%len(b.configs)]
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if _, _, err := b.cycle(c, 0); err != nil {
+				return err
+			}
+		}
+		if (i+1)%5 == 0 || i+1 == b.opts.n {
+			logf("  round %d/%d (%s)", i+1, b.opts.n, time.Since(start).Round(time.Second))
+		}
+	}
+	for _, c := range b.configs {
+		if err := b.assertClean(c); err != nil {
+			return err
+		}
+	}
+
+	if len(b.opts.scale) > 0 {
+		for _, c := range b.configs {
+			if c.atScale {
+				if err := b.runScale(ctx, c, start); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	b.res.Elapsed = time.Since(start).Round(time.Millisecond).String()
+	logf("measurements done in %s", time.Since(start).Round(time.Second))
+	return b.res.write(b.opts.outDir)
+}
+
+// runScale grows a population of pods of one configuration through each
+// scale point and times scaleReps more ADD+DEL at each.
+func (b *bench) runScale(ctx context.Context, c *config, start time.Time) error {
+	// On failure or interrupt the pods are left to cleanup, which removes
+	// their namespaces and the node's.
+	var present []ns.NetNS
+	for _, p := range b.opts.scale {
+		if len(present) < p {
+			logf("at scale %s: adding pods %d..%d", c.label, len(present)+1, p)
+		}
+		for len(present) < p {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			pod, _, err := b.addPod(c)
+			if err != nil {
+				return fmt.Errorf("at scale, pod %d: %w", len(present)+1, err)
+			}
+			present = append(present, pod)
+			if n := len(present); n%50 == 0 || n == p {
+				logf("  %s: %d/%d pods present (%s)", c.label, n, p, time.Since(start).Round(time.Second))
+			}
+		}
+		for i := 0; i < b.opts.scaleReps; i++ {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if _, _, err := b.cycle(c, p); err != nil {
+				return fmt.Errorf("at scale %d: %w", p, err)
+			}
+		}
+		logf("  %s: timed %d ADD+DEL with %d pods present", c.label, b.opts.scaleReps, p)
+	}
+	for _, p := range present {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if _, err := b.delPod(c, p); err != nil {
+			return fmt.Errorf("at scale teardown: %w", err)
+		}
+		present = present[1:]
+	}
+	return b.assertClean(c)
+}
+
+// cleanup removes everything the run created; it is safe on a partial setup.
+func (b *bench) cleanup() {
+	var errs []error
+	for path, p := range b.pods {
+		if err := removeNetNS(p); err != nil {
+			errs = append(errs, err)
+		}
+		delete(b.pods, path)
+	}
+	if b.node != nil {
+		if err := removeNetNS(b.node); err != nil {
+			errs = append(errs, err)
+		}
+		b.node = nil
+	}
+	if err := os.RemoveAll(b.pinDir); err != nil {
+		errs = append(errs, fmt.Errorf("remove pin dir: %w", err))
+	}
+	if b.cacheMount != "" {
+		if err := unix.Unmount(b.cacheMount, unix.MNT_DETACH); err != nil {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", b.cacheMount, err))
+		}
+		b.cacheMount = ""
+	}
+	if err := os.RemoveAll(b.root); err != nil {
+		errs = append(errs, fmt.Errorf("remove temp dir: %w", err))
+	}
+	if len(errs) > 0 {
+		logf("cleanup incomplete: %v", errors.Join(errs...))
+		return
+	}
+	logf("cleaned up: node and pod namespaces, %s, %s", b.pinDir, b.root)
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
