@@ -5,19 +5,7 @@
  * Enforces the pod's source IP and MAC, short-cuts same-node pod-to-pod traffic
  * with bpf_redirect_peer, and hands everything else to the kernel stack.
  */
-#include "lib/endpoint.h"
-
-struct arp_eth {
-	__be16 hrd;
-	__be16 pro;
-	__u8 hln;
-	__u8 pln;
-	__be16 op;
-	__u8 sha[6];
-	__be32 spa;
-	__u8 tha[6];
-	__be32 tpa;
-} __attribute__((packed));
+#include "lib/neigh.h"
 
 static __always_inline int drop(__u32 ifindex, __u8 reason, __u32 len)
 {
@@ -59,13 +47,16 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 	return redirect_to_endpoint(skb, eth, dst);
 }
 
-static __always_inline int is_link_local6(const struct in6_addr *a)
+/* Answers a neighbour solicitation for the pod's next hop, else passes to the stack. */
+static __always_inline int nd_or_pass(struct __sk_buff *skb, const struct link_info *li)
 {
-	/* fe80::/10, or :: as used by duplicate address detection. */
-	if ((a->in6_u.u6_addr8[0] == 0xfe) && ((a->in6_u.u6_addr8[1] & 0xc0) == 0x80))
-		return 1;
-	return (a->in6_u.u6_addr32[0] | a->in6_u.u6_addr32[1] |
-		a->in6_u.u6_addr32[2] | a->in6_u.u6_addr32[3]) == 0;
+	__u32 ifindex = skb->ifindex, len = skb->len;
+	int ret = ns_respond(skb, li);
+
+	if (ret < 0)
+		return pass(ifindex, len);
+	count(ifindex, DIR_EGRESS, REASON_NEIGH_REPLY, len);
+	return ret;
 }
 
 static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth, void *data_end)
@@ -76,14 +67,14 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 	if ((void *)(ip6 + 1) > data_end)
 		return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
 
-	if (is_link_local6(&ip6->saddr)) {
+	if (is_link_local6(&ip6->saddr) || is_unspecified6(&ip6->saddr)) {
 		/* Neighbour discovery and friends: link scope, never routed. Only the MAC is ours to check. */
 		struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
 		if (!li)
 			return drop(ifindex, REASON_DROP_UNKNOWN, skb->len);
 		if (!mac_equal(eth->h_source, li->mac))
 			return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
-		return pass(ifindex, skb->len);
+		return nd_or_pass(skb, li);
 	}
 
 	struct ep_info *src = ep_lookup6(&ip6->saddr);
@@ -91,6 +82,12 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 		return drop(ifindex, REASON_DROP_SPOOF_IP, skb->len);
 	if (!mac_equal(eth->h_source, src->mac))
 		return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
+	if (is_neigh_solicit(ip6, data_end)) {
+		/* Only ND needs the link entry; other traffic never looks it up. */
+		struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
+		if (li)
+			return nd_or_pass(skb, li);
+	}
 
 	struct ep_info *dst = ep_lookup6(&ip6->daddr);
 	if (!dst || ip6->hop_limit <= 1)
@@ -121,6 +118,15 @@ static __always_inline int handle_arp(struct __sk_buff *skb, struct ethhdr *eth,
 		struct ep_info *src = ep_lookup4(arp->spa);
 		if (!src || src->ifindex != ifindex)
 			return drop(ifindex, REASON_DROP_SPOOF_IP, skb->len);
+	}
+	if (arp->op == ARPOP_REQUEST_BE && arp->spa != 0 && arp->tpa != arp->spa) {
+		/* Not a probe nor a gratuitous ARP: answer for the next hop, unless the
+		 * pod asks for one of its own addresses. */
+		struct ep_info *own = ep_lookup4(arp->tpa);
+		if (!own || own->ifindex != ifindex) {
+			count(ifindex, DIR_EGRESS, REASON_NEIGH_REPLY, skb->len);
+			return arp_respond(skb, eth, arp, li);
+		}
 	}
 	return pass(ifindex, skb->len);
 }

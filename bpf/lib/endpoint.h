@@ -19,6 +19,17 @@ static __always_inline struct ep_info *ep_lookup6(const struct in6_addr *addr)
 	return bpf_map_lookup_elem(&cni_endpoints, &k);
 }
 
+static __always_inline int is_link_local6(const struct in6_addr *a)
+{
+	return a->in6_u.u6_addr8[0] == 0xfe && (a->in6_u.u6_addr8[1] & 0xc0) == 0x80;
+}
+
+static __always_inline int is_unspecified6(const struct in6_addr *a)
+{
+	return (a->in6_u.u6_addr32[0] | a->in6_u.u6_addr32[1] |
+		a->in6_u.u6_addr32[2] | a->in6_u.u6_addr32[3]) == 0;
+}
+
 /*
  * Deliver straight into the destination pod's netns: rewrite MACs to what the
  * pod would see from its gateway and skip the host stack.

@@ -14,7 +14,7 @@ enum cni_dir {
 	__DIR_MAX,
 };
 
-/* Why a packet was counted. Drops are >= REASON_DROP_FIRST. */
+/* Why a packet was counted. Drops are REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN. */
 enum cni_reason {
 	REASON_FORWARD = 0,       /* handed to the kernel stack */
 	REASON_REDIRECT = 1,      /* same-node pod to pod, bpf_redirect_peer */
@@ -23,9 +23,9 @@ enum cni_reason {
 	REASON_DROP_PROTO = 4,    /* ethertype the pod may not send */
 	REASON_DROP_MALFORMED = 5,/* truncated headers */
 	REASON_DROP_UNKNOWN = 6,  /* no endpoint record for this interface */
+	REASON_NEIGH_REPLY = 7,   /* ARP/NS for the next hop, answered by the program */
 	__REASON_MAX,
 };
-#define REASON_DROP_FIRST REASON_DROP_SPOOF_IP
 
 /* Key of cni_endpoints: one entry per pod IP. */
 struct ep_key {

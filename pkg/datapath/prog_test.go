@@ -33,6 +33,8 @@ var (
 	podIP   = net.ParseIP("10.9.0.2").To4()
 	dstIP   = net.ParseIP("10.9.0.3").To4()
 	podIP6  = net.ParseIP("fd00:9::2")
+	gwIP    = net.ParseIP("10.9.0.1").To4()
+	gwIP6   = net.ParseIP("fd00:9::1")
 )
 
 func testDatapath(t *testing.T) *Datapath {
@@ -112,8 +114,11 @@ func ipv6(src, dst net.IP) []byte {
 	return h
 }
 
-func arp(sha net.HardwareAddr, spa net.IP) []byte {
+func arp(sha net.HardwareAddr, spa net.IP, tpa ...net.IP) []byte {
 	b := make([]byte, 28)
+	if len(tpa) > 0 {
+		copy(b[24:28], tpa[0].To4())
+	}
 	binary.BigEndian.PutUint16(b[0:], 1)
 	binary.BigEndian.PutUint16(b[2:], 0x0800)
 	b[4], b[5] = 6, 4
@@ -166,7 +171,8 @@ func TestFromContainerVerdicts(t *testing.T) {
 		{"spoofed IPv6", append(eth(podMAC, 0x86dd), ipv6(net.ParseIP("fd00:9::99"), net.ParseIP("fd00:1::1"))...), actShot, maps.ReasonDropSpoofIP},
 		{"IPv6 link-local, own MAC", append(eth(podMAC, 0x86dd), ipv6(net.ParseIP("fe80::1"), net.ParseIP("ff02::2"))...), actOK, maps.ReasonForward},
 		{"IPv6 link-local, foreign MAC", append(eth(dstMAC, 0x86dd), ipv6(net.ParseIP("fe80::1"), net.ParseIP("ff02::2"))...), actShot, maps.ReasonDropSpoofMAC},
-		{"ARP for own IP", append(eth(podMAC, 0x0806), arp(podMAC, podIP)...), actOK, maps.ReasonForward},
+		{"gratuitous ARP", append(eth(podMAC, 0x0806), arp(podMAC, podIP, podIP)...), actOK, maps.ReasonForward},
+		{"ARP for the gateway", append(eth(podMAC, 0x0806), arp(podMAC, podIP, gwIP)...), actRedirect, maps.ReasonNeighReply},
 		{"ARP probe", append(eth(podMAC, 0x0806), arp(podMAC, net.IPv4zero)...), actOK, maps.ReasonForward},
 		{"ARP claiming another IP", append(eth(podMAC, 0x0806), arp(podMAC, dstIP)...), actShot, maps.ReasonDropSpoofIP},
 		{"ARP with foreign sender MAC", append(eth(podMAC, 0x0806), arp(dstMAC, podIP)...), actShot, maps.ReasonDropSpoofMAC},
@@ -248,5 +254,90 @@ func TestEnsureIsIdempotentAndRejectsForeignLayout(t *testing.T) {
 	must(t, m.Pin(filepath.Join(maps.PinDir(dir), "cni_endpoints")))
 	if _, err := Ensure(dir); err == nil {
 		t.Fatal("Ensure reused a pinned map of another layout")
+	}
+}
+
+func TestARPReply(t *testing.T) {
+	dp := testDatapath(t)
+	got, out := run(t, dp.FromContainer, append(eth(podMAC, 0x0806), arp(podMAC, podIP, gwIP)...))
+	if got != actRedirect {
+		t.Fatalf("verdict %d, want redirect back to the pod", got)
+	}
+	a := out[14:]
+	switch {
+	case net.HardwareAddr(out[0:6]).String() != podMAC.String() || net.HardwareAddr(out[6:12]).String() != hostMAC.String():
+		t.Fatalf("ethernet %s <- %s", net.HardwareAddr(out[0:6]), net.HardwareAddr(out[6:12]))
+	case binary.BigEndian.Uint16(a[6:]) != 2:
+		t.Fatalf("op %d, want reply", binary.BigEndian.Uint16(a[6:]))
+	case net.HardwareAddr(a[8:14]).String() != hostMAC.String() || !net.IP(a[14:18]).Equal(gwIP):
+		t.Fatalf("sender %s %s, want %s %s", net.HardwareAddr(a[8:14]), net.IP(a[14:18]), hostMAC, gwIP)
+	case net.HardwareAddr(a[18:24]).String() != podMAC.String() || !net.IP(a[24:28]).Equal(podIP):
+		t.Fatalf("target %s %s", net.HardwareAddr(a[18:24]), net.IP(a[24:28]))
+	}
+	// The pod asking for its own address (duplicate detection) gets no answer from us.
+	if got, _ := run(t, dp.FromContainer, append(eth(podMAC, 0x0806), arp(podMAC, net.IPv4zero, podIP)...)); got != actOK {
+		t.Fatalf("ARP probe for the pod's own IP: verdict %d, want pass", got)
+	}
+}
+
+// neighSolicit builds an NS from src for target with a source link-layer option.
+func neighSolicit(src, dst, target net.IP) []byte {
+	ip := make([]byte, 40+32)
+	ip[0] = 0x60
+	binary.BigEndian.PutUint16(ip[4:], 32)
+	ip[6] = 58
+	ip[7] = 255
+	copy(ip[8:24], src.To16())
+	copy(ip[24:40], dst.To16())
+	icmp := ip[40:]
+	icmp[0] = 135
+	copy(icmp[8:24], target.To16())
+	icmp[24], icmp[25] = 1, 1
+	copy(icmp[26:32], podMAC)
+	binary.BigEndian.PutUint16(icmp[2:], icmp6Checksum(src, dst, icmp))
+	return ip
+}
+
+func icmp6Checksum(src, dst net.IP, msg []byte) uint16 {
+	b := make([]byte, 0, 40+len(msg))
+	b = append(b, src.To16()...)
+	b = append(b, dst.To16()...)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(msg)))
+	b = append(b, 0, 0, 0, 58)
+	b = append(b, msg...)
+	return csum(b)
+}
+
+func TestNeighborAdvertisement(t *testing.T) {
+	dp := testDatapath(t)
+	ll := net.ParseIP("fe80::aa")
+	solicited := net.ParseIP("ff02::1:ff00:1")
+	for _, src := range []net.IP{ll, podIP6} {
+		frame := append(eth(podMAC, 0x86dd), neighSolicit(src, solicited, gwIP6)...)
+		got, out := run(t, dp.FromContainer, frame)
+		if got != actRedirect {
+			t.Fatalf("NS from %s: verdict %d, want redirect", src, got)
+		}
+		ip := out[14:]
+		na := ip[40:72]
+		switch {
+		case net.HardwareAddr(out[0:6]).String() != podMAC.String() || net.HardwareAddr(out[6:12]).String() != hostMAC.String():
+			t.Fatalf("ethernet %s <- %s", net.HardwareAddr(out[0:6]), net.HardwareAddr(out[6:12]))
+		case !net.IP(ip[8:24]).Equal(gwIP6) || !net.IP(ip[24:40]).Equal(src) || ip[7] != 255:
+			t.Fatalf("IPv6 %s -> %s hop limit %d", net.IP(ip[8:24]), net.IP(ip[24:40]), ip[7])
+		case na[0] != 136 || !net.IP(na[8:24]).Equal(gwIP6) || na[24] != 2 || net.HardwareAddr(na[26:32]).String() != hostMAC.String():
+			t.Fatalf("not an NA for %s with the host MAC: % x", gwIP6, na)
+		case na[4]&0x60 != 0x60:
+			t.Fatalf("NA flags %#x lack solicited+override", na[4])
+		case icmp6Checksum(gwIP6, src, na) != 0:
+			t.Fatalf("NA checksum does not verify")
+		}
+	}
+	// Duplicate address detection (source ::) and link-local targets are left to the kernel.
+	for _, c := range []struct{ src, target net.IP }{{net.IPv6unspecified, podIP6}, {ll, net.ParseIP("fe80::1")}, {podIP6, podIP6}} {
+		frame := append(eth(podMAC, 0x86dd), neighSolicit(c.src, solicited, c.target)...)
+		if got, _ := run(t, dp.FromContainer, frame); got != actOK {
+			t.Fatalf("NS from %s for %s: verdict %d, want pass", c.src, c.target, got)
+		}
 	}
 }

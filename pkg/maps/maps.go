@@ -40,6 +40,7 @@ const (
 	ReasonDropProto    = mapsObjCniReasonREASON_DROP_PROTO
 	ReasonDropMalform  = mapsObjCniReasonREASON_DROP_MALFORMED
 	ReasonDropUnknown  = mapsObjCniReasonREASON_DROP_UNKNOWN
+	ReasonNeighReply   = mapsObjCniReasonREASON_NEIGH_REPLY
 	numReasons         = int(mapsObjCniReasonREASON_MAX)
 )
 
@@ -69,12 +70,14 @@ func (r Reason) String() string {
 		return "drop_malformed"
 	case ReasonDropUnknown:
 		return "drop_unknown_endpoint"
+	case ReasonNeighReply:
+		return "neigh_reply"
 	}
 	return fmt.Sprintf("reason%d", uint32(r))
 }
 
 // IsDrop tells whether packets counted under r were dropped.
-func (r Reason) IsDrop() bool { return r >= ReasonDropSpoofIP }
+func (r Reason) IsDrop() bool { return r >= ReasonDropSpoofIP && r <= ReasonDropUnknown }
 
 // Names of the maps in the object, as C declares them.
 const (

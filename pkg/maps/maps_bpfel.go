@@ -31,7 +31,8 @@ const (
 	mapsObjCniReasonREASON_DROP_PROTO     mapsObjCniReason = 4
 	mapsObjCniReasonREASON_DROP_MALFORMED mapsObjCniReason = 5
 	mapsObjCniReasonREASON_DROP_UNKNOWN   mapsObjCniReason = 6
-	mapsObjCniReasonREASON_MAX            mapsObjCniReason = 7
+	mapsObjCniReasonREASON_NEIGH_REPLY    mapsObjCniReason = 7
+	mapsObjCniReasonREASON_MAX            mapsObjCniReason = 8
 )
 
 type mapsObjEpInfo struct {
