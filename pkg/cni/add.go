@@ -65,6 +65,9 @@ func Add(args *skel.CmdArgs) (err error) {
 	if err := validateIPAM(args.StdinData, conf); err != nil {
 		return err
 	}
+	if err := validateRuntimeConfig(conf); err != nil {
+		return err
+	}
 	netns, err := openNetns(args.Netns)
 	if err != nil {
 		return err

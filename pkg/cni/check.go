@@ -31,6 +31,9 @@ func Check(args *skel.CmdArgs) error {
 	if conf.IPAM.Type == "" {
 		return confError("ipam: missing")
 	}
+	if err := validateRuntimeConfig(conf); err != nil {
+		return err
+	}
 	prev, err := conf.prevResult()
 	if err != nil {
 		return err

@@ -32,6 +32,8 @@ type NetConf struct {
 	// AttachMode is auto (tcx, else tc), tcx or tc.
 	AttachMode string `json:"attachMode,omitempty"`
 
+	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
+
 	attachMode datapath.AttachMode
 }
 
@@ -153,6 +155,15 @@ func validateIPAM(stdin []byte, conf *NetConf) error {
 		}
 	}
 	return nil
+}
+
+// validateRuntimeConfig checks the capabilities the runtime passed. Only ADD
+// and CHECK call it: DEL must clean up whatever it is given.
+func validateRuntimeConfig(conf *NetConf) error {
+	if err := validateHostPorts(conf); err != nil {
+		return err
+	}
+	return validateBandwidth(conf)
 }
 
 // prevResult returns the previous result as the current result type.

@@ -123,7 +123,16 @@ func create(pinRoot string) (_ *Datapath, err error) {
 		if err != nil {
 			return nil, fmt.Errorf("parse embedded program %s: %w", p.name, err)
 		}
-		coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: m.Replacements()})
+		// Every map the program uses is the pinned one: programs never own maps.
+		repl := make(map[string]*ebpf.Map)
+		for name := range spec.Maps {
+			pinned := m.Map(name)
+			if pinned == nil {
+				return nil, fmt.Errorf("program %s uses map %s, which pkg/maps does not pin", p.name, name)
+			}
+			repl[name] = pinned
+		}
+		coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl})
 		if err != nil {
 			var ve *ebpf.VerifierError
 			if errors.As(err, &ve) {

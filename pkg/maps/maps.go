@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cilium/ebpf"
 )
@@ -79,7 +80,8 @@ func (r Reason) String() string {
 // IsDrop tells whether packets counted under r were dropped.
 func (r Reason) IsDrop() bool { return r >= ReasonDropSpoofIP && r <= ReasonDropUnknown }
 
-// Names of the maps in the object, as C declares them.
+// Names of the core maps, as C declares them. Feature maps name theirs in
+// their own files; every map in the embedded object is pinned and opened.
 const (
 	nameEndpoints = "cni_endpoints"
 	nameLinks     = "cni_links"
@@ -91,25 +93,33 @@ type Maps struct {
 	Endpoints *ebpf.Map
 	Links     *ebpf.Map
 	Stats     *ebpf.Map
+
+	byName map[string]*ebpf.Map
 }
 
-// Dir is where the maps of this layout are pinned below a pin root.
+// PinDir is where the maps of this layout are pinned below a pin root.
 func PinDir(pinRoot string) string {
 	return filepath.Join(pinRoot, fmt.Sprintf("maps_v%d", LayoutVersion))
 }
 
+// specs returns the spec of every map in the embedded object (not the
+// .bss/.rodata sections of maps.c, which exist only to carry BTF).
 func specs() (map[string]*ebpf.MapSpec, error) {
 	cs, err := loadMapsObj()
 	if err != nil {
 		return nil, fmt.Errorf("parse embedded map specs: %w", err)
 	}
 	out := make(map[string]*ebpf.MapSpec)
-	for _, n := range []string{nameEndpoints, nameLinks, nameStats} {
-		s, ok := cs.Maps[n]
-		if !ok {
-			return nil, fmt.Errorf("embedded object lacks map %s", n)
+	for n, s := range cs.Maps {
+		if strings.HasPrefix(n, ".") {
+			continue
 		}
 		out[n] = s
+	}
+	for _, n := range []string{nameEndpoints, nameLinks, nameStats} {
+		if _, ok := out[n]; !ok {
+			return nil, fmt.Errorf("embedded object lacks map %s", n)
+		}
 	}
 	return out, nil
 }
@@ -145,7 +155,8 @@ func Create(pinRoot string) (*Maps, error) {
 }
 
 // Open opens existing pinned maps under pinRoot and checks their layout.
-// It fails with an error wrapping os.ErrNotExist when the datapath was never set up.
+// It fails with an error wrapping os.ErrNotExist when the datapath was never
+// set up, or lacks a map this binary knows.
 func Open(pinRoot string) (*Maps, error) {
 	dir := PinDir(pinRoot)
 	ss, err := specs()
@@ -172,8 +183,11 @@ func Open(pinRoot string) (*Maps, error) {
 }
 
 func fromSet(s map[string]*ebpf.Map) *Maps {
-	return &Maps{Endpoints: s[nameEndpoints], Links: s[nameLinks], Stats: s[nameStats]}
+	return &Maps{Endpoints: s[nameEndpoints], Links: s[nameLinks], Stats: s[nameStats], byName: s}
 }
+
+// Map returns an open map by its C name, or nil.
+func (m *Maps) Map(name string) *ebpf.Map { return m.byName[name] }
 
 func closeAll(s map[string]*ebpf.Map) {
 	for _, m := range s {
@@ -183,17 +197,17 @@ func closeAll(s map[string]*ebpf.Map) {
 
 // Close releases the handles; the pins stay.
 func (m *Maps) Close() {
-	for _, x := range []*ebpf.Map{m.Endpoints, m.Links, m.Stats} {
-		if x != nil {
-			x.Close()
-		}
-	}
+	closeAll(m.byName)
 }
 
 // Replacements maps C map names to the open maps, for loading programs that
 // share them (ebpf.CollectionOptions.MapReplacements).
 func (m *Maps) Replacements() map[string]*ebpf.Map {
-	return map[string]*ebpf.Map{nameEndpoints: m.Endpoints, nameLinks: m.Links, nameStats: m.Stats}
+	out := make(map[string]*ebpf.Map, len(m.byName))
+	for k, v := range m.byName {
+		out[k] = v
+	}
+	return out
 }
 
 // KeyFor builds the endpoints key of an IP address.

@@ -1,0 +1,28 @@
+package cni
+
+import "encoding/json"
+
+// RuntimeConfig is what the runtime injects for the capabilities the
+// conflist declares ("capabilities": {"portMappings": true, "bandwidth": true}).
+type RuntimeConfig struct {
+	PortMappings []PortMapping  `json:"portMappings,omitempty"`
+	Bandwidth    *BandwidthConf `json:"bandwidth,omitempty"`
+}
+
+// PortMapping is one entry of the portMappings capability.
+type PortMapping struct {
+	HostPort      int    `json:"hostPort"`
+	ContainerPort int    `json:"containerPort"`
+	Protocol      string `json:"protocol"`
+	HostIP        string `json:"hostIP,omitempty"`
+}
+
+// BandwidthConf is the bandwidth capability, in bits per second and bits, as
+// the reference bandwidth plugin defines it (ingress = into the pod). Kept
+// as raw JSON numbers so validation can name a bad field exactly.
+type BandwidthConf struct {
+	IngressRate  json.Number `json:"ingressRate,omitempty"`
+	IngressBurst json.Number `json:"ingressBurst,omitempty"`
+	EgressRate   json.Number `json:"egressRate,omitempty"`
+	EgressBurst  json.Number `json:"egressBurst,omitempty"`
+}
