@@ -3,8 +3,9 @@
 package ebpfcni
 
 // Map specs and Go twins of the C structs in bpf/lib/maps.h.
-//go:generate go tool bpf2go -go-package maps -output-dir pkg/maps -output-stem maps -target bpfel -type ep_key -type ep_info -type link_info -type stats_key -type stats_val mapsObj bpf/maps.c -- -I/usr/include/x86_64-linux-gnu -Ibpf -O2 -Wall -Werror
+//go:generate go tool bpf2go -go-package maps -output-dir pkg/maps -output-stem maps -target bpfel -type ep_key -type ep_info -type link_info -type stats_key -type stats_val -type bw_key -type bw_state -type netns_info mapsObj bpf/maps.c -- -I/usr/include/x86_64-linux-gnu -Ibpf -O2 -Wall -Werror
 
 // One object per attach point.
 //go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem from_container -target bpfel -no-global-types fromContainer bpf/from_container.c -- -I/usr/include/x86_64-linux-gnu -Ibpf -O2 -Wall -Werror
 //go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem to_container -target bpfel -no-global-types toContainer bpf/to_container.c -- -I/usr/include/x86_64-linux-gnu -Ibpf -O2 -Wall -Werror
+//go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem sock_ops -target bpfel -no-global-types sockOps bpf/sock_ops.c -- -I/usr/include/x86_64-linux-gnu -Ibpf -O2 -Wall -Werror

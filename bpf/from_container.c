@@ -2,8 +2,9 @@
 
 /*
  * Attached to tcx ingress of the host-side veth: every packet the pod sends.
- * Enforces the pod's source IP and MAC, short-cuts same-node pod-to-pod traffic
- * with bpf_redirect_peer, and hands everything else to the kernel stack.
+ * Enforces the pod's source IP and MAC and its egress rate limit, short-cuts
+ * same-node pod-to-pod traffic with bpf_redirect_peer (applying the
+ * destination's ingress limit), and hands everything else to the kernel stack.
  */
 #include "lib/neigh.h"
 
@@ -32,6 +33,8 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 		return drop(ifindex, REASON_DROP_SPOOF_IP, skb->len);
 	if (!mac_equal(eth->h_source, src->mac))
 		return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
+	if ((src->flags & EP_F_BW_EGRESS) && !bw_admit(ifindex, DIR_EGRESS, skb->len))
+		return drop(ifindex, REASON_DROP_BANDWIDTH, skb->len);
 
 	struct ep_info *dst = ep_lookup4(ip->daddr);
 	if (!dst || ip->ttl <= 1)
@@ -88,6 +91,9 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 		if (li)
 			return nd_or_pass(skb, li);
 	}
+
+	if ((src->flags & EP_F_BW_EGRESS) && !bw_admit(ifindex, DIR_EGRESS, skb->len))
+		return drop(ifindex, REASON_DROP_BANDWIDTH, skb->len);
 
 	struct ep_info *dst = ep_lookup6(&ip6->daddr);
 	if (!dst || ip6->hop_limit <= 1)

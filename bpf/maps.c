@@ -5,6 +5,7 @@
  * of the structs in lib/maps.h into pkg/maps.
  */
 #include "lib/maps.h"
+#include "lib/bandwidth.h"
 
 /* Reference the enums so they land in BTF and bpf2go generates Go constants. */
 enum cni_dir __dir_unused __attribute__((unused));

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "maps.h"
+#include "bandwidth.h"
 
 static __always_inline struct ep_info *ep_lookup4(__be32 addr)
 {
@@ -37,9 +38,14 @@ static __always_inline int is_unspecified6(const struct in6_addr *a)
 static __always_inline int redirect_to_endpoint(struct __sk_buff *skb, struct ethhdr *eth,
 						const struct ep_info *dst)
 {
+	/* bpf_redirect_peer skips the destination host veth's egress hook, so its
+	 * ingress limit and counters are applied here. */
+	if ((dst->flags & EP_F_BW_INGRESS) && !bw_admit(dst->ifindex, DIR_INGRESS, skb->len)) {
+		count(dst->ifindex, DIR_INGRESS, REASON_DROP_BANDWIDTH, skb->len);
+		return TC_ACT_SHOT;
+	}
 	mac_copy(eth->h_source, dst->host_mac);
 	mac_copy(eth->h_dest, dst->mac);
-	/* bpf_redirect_peer skips the destination host veth's egress hook: count here. */
 	count(dst->ifindex, DIR_INGRESS, REASON_REDIRECT, skb->len);
 	return bpf_redirect_peer(dst->ifindex, 0);
 }

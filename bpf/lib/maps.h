@@ -14,7 +14,7 @@ enum cni_dir {
 	__DIR_MAX,
 };
 
-/* Why a packet was counted. Drops are REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN. */
+/* Why a packet was counted. Drops: REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN and REASON_DROP_BANDWIDTH. */
 enum cni_reason {
 	REASON_FORWARD = 0,       /* handed to the kernel stack */
 	REASON_REDIRECT = 1,      /* same-node pod to pod, bpf_redirect_peer */
@@ -24,6 +24,7 @@ enum cni_reason {
 	REASON_DROP_MALFORMED = 5,/* truncated headers */
 	REASON_DROP_UNKNOWN = 6,  /* no endpoint record for this interface */
 	REASON_NEIGH_REPLY = 7,   /* ARP/NS for the next hop, answered by the program */
+	REASON_DROP_BANDWIDTH = 8,/* over the pod's rate limit in this direction */
 	__REASON_MAX,
 };
 
@@ -33,6 +34,10 @@ struct ep_key {
 	__u8 family;   /* AF_INET or AF_INET6 */
 	__u8 pad[3];
 };
+
+/* ep_info.flags */
+#define EP_F_BW_EGRESS (1U << 0)  /* the pod has an egress limit: see bandwidth.h */
+#define EP_F_BW_INGRESS (1U << 1) /* the pod has an ingress limit */
 
 /* Value of cni_endpoints. */
 struct ep_info {

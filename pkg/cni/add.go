@@ -122,6 +122,7 @@ func Add(args *skel.CmdArgs) (err error) {
 			_ = deleteLink(hostIf)
 			_ = datapath.RemoveLinkPins(conf.PinDir, hostIf)
 			_ = dp.Maps.DeleteLink(idx)
+			_ = dp.Maps.DeleteLimits(idx)
 			_ = dp.Maps.ResetStats(idx)
 		})
 		tr.mark("veth")
@@ -171,7 +172,13 @@ func Add(args *skel.CmdArgs) (err error) {
 	if err := dp.Maps.PutLink(ifindex, maps.NewLinkInfo(full.podMAC, full.hostMAC)); err != nil {
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
-	info := maps.NewEndpointInfo(ifindex, full.podMAC, full.hostMAC)
+	// Limits before the endpoint entries whose flags point at them. Validated
+	// already; the undo of the veth removes them.
+	lim, _ := parseBandwidth(conf.RuntimeConfig.Bandwidth)
+	if err := lim.install(dp.Maps, ifindex); err != nil {
+		return types.NewError(types.ErrInternal, err.Error(), "")
+	}
+	info := maps.NewEndpointInfo(ifindex, full.podMAC, full.hostMAC, lim.endpointFlags())
 	for _, ipc := range res.IPs {
 		ip := ipc.Address.IP
 		if err := dp.Maps.PutEndpoint(ip, info); err != nil {
@@ -187,11 +194,28 @@ func Add(args *skel.CmdArgs) (err error) {
 	if err := configurePod(full, netns); err != nil {
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
+	// Every pod's netns is registered, so the sock_ops hook can pace its TCP
+	// towards rate-limited pods; the hook itself goes on with the first limit.
+	var egressBps uint64
+	if lim.egress != nil {
+		egressBps = lim.egress.RateBps
+	}
+	if err := dp.Maps.PutNetns(full.netnsCookie, egressBps, 0); err != nil {
+		return types.NewError(types.ErrInternal, err.Error(), "")
+	}
+	cookie := full.netnsCookie
+	u.push(func() { _ = dp.Maps.DeleteNetns(cookie) })
+	if lim.egress != nil || lim.ingress != nil {
+		if err := dp.EnsurePacing(conf.CgroupRoot); err != nil {
+			return types.NewError(types.ErrInternal, fmt.Sprintf("bandwidth: %v", err), "")
+		}
+	}
 
 	tr.mark("netlink")
 	rec := &Record{
 		ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns,
 		HostIf: hostIf, HostIfindex: ifindex, HostMAC: full.hostMAC.String(), PodMAC: full.podMAC.String(),
+		NetnsCookie: full.netnsCookie,
 	}
 	for _, ipc := range res.IPs {
 		rec.IPs = append(rec.IPs, ipc.Address.IP.String())

@@ -75,6 +75,10 @@ func Check(args *skel.CmdArgs) error {
 	if _, err := dp.Maps.LookupLink(ifindex); err != nil {
 		return checkError("map cni_links has no entry for %s (ifindex %d): %v", hostIf, ifindex, notExist(err))
 	}
+	lim, _ := parseBandwidth(conf.RuntimeConfig.Bandwidth)
+	if err := lim.check(dp.Maps, ifindex, hostIf); err != nil {
+		return checkError("%v", err)
+	}
 	for _, ipc := range prev.IPs {
 		a := ipc.Address.IP
 		e, err := dp.Maps.LookupEndpoint(a)

@@ -32,6 +32,10 @@ type NetConf struct {
 	// AttachMode is auto (tcx, else tc), tcx or tc.
 	AttachMode string `json:"attachMode,omitempty"`
 
+	// CgroupRoot is the cgroup2 mount the node-wide socket hooks attach to;
+	// empty: /sys/fs/cgroup or /sys/fs/cgroup/unified, whichever is cgroup2.
+	CgroupRoot string `json:"cgroupRoot,omitempty"`
+
 	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
 
 	attachMode datapath.AttachMode

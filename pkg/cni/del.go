@@ -108,6 +108,9 @@ func teardown(conf *NetConf, containerID, ifname string, rec *Record, tr *tracer
 			errs = errors.Join(errs, dp.Maps.DeleteEndpoint(ip, ifindex))
 		}
 	}
+	if dp != nil && rec != nil && rec.NetnsCookie != 0 {
+		errs = errors.Join(errs, dp.Maps.DeleteNetns(rec.NetnsCookie))
+	}
 	tr.mark("endpoints")
 	// Deleting the veth before dropping the link pins also saves time:
 	// unregistering the device detaches both tcx hooks, and releasing an
@@ -116,7 +119,7 @@ func teardown(conf *NetConf, containerID, ifname string, rec *Record, tr *tracer
 	errs = errors.Join(errs, deleteLink(hostIf))
 	tr.mark("veth")
 	if dp != nil && ifindex != 0 {
-		errs = errors.Join(errs, dp.Maps.DeleteLink(ifindex), dp.Maps.ResetStats(ifindex))
+		errs = errors.Join(errs, dp.Maps.DeleteLink(ifindex), dp.Maps.DeleteLimits(ifindex), dp.Maps.ResetStats(ifindex))
 	}
 	errs = errors.Join(errs, datapath.RemoveLinkPins(conf.PinDir, hostIf))
 	tr.mark("pins")

@@ -13,6 +13,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
 
 // HostIfName is the deterministic host-side veth name of an attachment, so
@@ -49,6 +51,8 @@ type plan struct {
 	ips     []*current.IPConfig
 	gws     []net.IP // one next hop per family present
 	routes  []*netlinkRoute
+
+	netnsCookie uint64 // filled by configurePod
 }
 
 type netlinkRoute struct {
@@ -193,7 +197,8 @@ func configurePod(p *plan, netns ns.NetNS) error {
 				return fmt.Errorf("add route %s via %s on %s: %w", rt.dst.String(), rt.gw, p.ifname, err)
 			}
 		}
-		return nil
+		p.netnsCookie, err = datapath.NetnsCookie()
+		return err
 	})
 }
 

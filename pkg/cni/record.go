@@ -20,6 +20,7 @@ type Record struct {
 	HostMAC      string   `json:"hostMAC"`
 	PodMAC       string   `json:"podMAC"`
 	IPs          []string `json:"ips"`
+	NetnsCookie  uint64   `json:"netnsCookie,omitempty"`
 	PodNamespace string   `json:"podNamespace,omitempty"`
 	PodName      string   `json:"podName,omitempty"`
 }

@@ -26,6 +26,7 @@ type Datapath struct {
 	Maps          *maps.Maps
 	FromContainer *ebpf.Program // host veth ingress: packets from the pod
 	ToContainer   *ebpf.Program // host veth egress: packets to the pod
+	SockOps       *ebpf.Program // cgroup2 root sock_ops: TCP pacing for rate limits
 }
 
 type progDef struct {
@@ -38,6 +39,7 @@ func programs() []progDef {
 	return []progDef{
 		{"cni_from_container", loadFromContainer, _FromContainerBytes},
 		{"cni_to_container", loadToContainer, _ToContainerBytes},
+		{"cni_sock_ops", loadSockOps, _SockOpsBytes},
 	}
 }
 
@@ -57,7 +59,7 @@ func Open(pinRoot string) (*Datapath, error) {
 	}
 	dp := &Datapath{PinRoot: pinRoot, Maps: m}
 	progs := programs()
-	out := []**ebpf.Program{&dp.FromContainer, &dp.ToContainer}
+	out := dp.progSlots()
 	for i, p := range progs {
 		prog, err := ebpf.LoadPinnedProgram(progPinPath(pinRoot, p), nil)
 		if err != nil {
@@ -112,7 +114,7 @@ func create(pinRoot string) (_ *Datapath, err error) {
 	if err := os.MkdirAll(filepath.Join(pinRoot, "progs"), 0o700); err != nil {
 		return nil, fmt.Errorf("create program pin directory: %w", err)
 	}
-	out := []**ebpf.Program{&dp.FromContainer, &dp.ToContainer}
+	out := dp.progSlots()
 	for i, p := range programs() {
 		path := progPinPath(pinRoot, p)
 		if prog, err := ebpf.LoadPinnedProgram(path, nil); err == nil {
@@ -154,14 +156,19 @@ func create(pinRoot string) (_ *Datapath, err error) {
 	return dp, nil
 }
 
+// progSlots are the fields programs() loads into, in the same order.
+func (dp *Datapath) progSlots() []**ebpf.Program {
+	return []**ebpf.Program{&dp.FromContainer, &dp.ToContainer, &dp.SockOps}
+}
+
 // Close releases the handles; pins stay.
 func (dp *Datapath) Close() {
 	if dp.Maps != nil {
 		dp.Maps.Close()
 	}
-	for _, p := range []*ebpf.Program{dp.FromContainer, dp.ToContainer} {
-		if p != nil {
-			p.Close()
+	for _, p := range dp.progSlots() {
+		if *p != nil {
+			(*p).Close()
 		}
 	}
 }

@@ -16,8 +16,10 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	fromContainerMapCniBandwidth      = "cni_bandwidth"
 	fromContainerMapCniEndpoints      = "cni_endpoints"
 	fromContainerMapCniLinks          = "cni_links"
+	fromContainerMapCniNetns          = "cni_netns"
 	fromContainerMapCniStats          = "cni_stats"
 	fromContainerProgCniFromContainer = "cni_from_container"
 )
@@ -71,8 +73,10 @@ type fromContainerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fromContainerMapSpecs struct {
+	CniBandwidth *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniEndpoints *ebpf.MapSpec `ebpf:"cni_endpoints"`
 	CniLinks     *ebpf.MapSpec `ebpf:"cni_links"`
+	CniNetns     *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniStats     *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
@@ -102,15 +106,19 @@ func (o *fromContainerObjects) Close() error {
 //
 // It can be passed to loadFromContainerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fromContainerMaps struct {
+	CniBandwidth *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniEndpoints *ebpf.Map `ebpf:"cni_endpoints"`
 	CniLinks     *ebpf.Map `ebpf:"cni_links"`
+	CniNetns     *ebpf.Map `ebpf:"cni_netns"`
 	CniStats     *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *fromContainerMaps) Close() error {
 	return _FromContainerClose(
+		m.CniBandwidth,
 		m.CniEndpoints,
 		m.CniLinks,
+		m.CniNetns,
 		m.CniStats,
 	)
 }

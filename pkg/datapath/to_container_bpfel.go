@@ -16,8 +16,10 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	toContainerMapCniBandwidth    = "cni_bandwidth"
 	toContainerMapCniEndpoints    = "cni_endpoints"
 	toContainerMapCniLinks        = "cni_links"
+	toContainerMapCniNetns        = "cni_netns"
 	toContainerMapCniStats        = "cni_stats"
 	toContainerProgCniToContainer = "cni_to_container"
 )
@@ -71,8 +73,10 @@ type toContainerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type toContainerMapSpecs struct {
+	CniBandwidth *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniEndpoints *ebpf.MapSpec `ebpf:"cni_endpoints"`
 	CniLinks     *ebpf.MapSpec `ebpf:"cni_links"`
+	CniNetns     *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniStats     *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
@@ -102,15 +106,19 @@ func (o *toContainerObjects) Close() error {
 //
 // It can be passed to loadToContainerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type toContainerMaps struct {
+	CniBandwidth *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniEndpoints *ebpf.Map `ebpf:"cni_endpoints"`
 	CniLinks     *ebpf.Map `ebpf:"cni_links"`
+	CniNetns     *ebpf.Map `ebpf:"cni_netns"`
 	CniStats     *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *toContainerMaps) Close() error {
 	return _ToContainerClose(
+		m.CniBandwidth,
 		m.CniEndpoints,
 		m.CniLinks,
+		m.CniNetns,
 		m.CniStats,
 	)
 }

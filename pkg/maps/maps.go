@@ -34,15 +34,16 @@ const (
 	DirIngress = mapsObjCniDirDIR_INGRESS
 	numDirs    = int(mapsObjCniDirDIR_MAX)
 
-	ReasonForward      = mapsObjCniReasonREASON_FORWARD
-	ReasonRedirect     = mapsObjCniReasonREASON_REDIRECT
-	ReasonDropSpoofIP  = mapsObjCniReasonREASON_DROP_SPOOF_IP
-	ReasonDropSpoofMAC = mapsObjCniReasonREASON_DROP_SPOOF_MAC
-	ReasonDropProto    = mapsObjCniReasonREASON_DROP_PROTO
-	ReasonDropMalform  = mapsObjCniReasonREASON_DROP_MALFORMED
-	ReasonDropUnknown  = mapsObjCniReasonREASON_DROP_UNKNOWN
-	ReasonNeighReply   = mapsObjCniReasonREASON_NEIGH_REPLY
-	numReasons         = int(mapsObjCniReasonREASON_MAX)
+	ReasonForward       = mapsObjCniReasonREASON_FORWARD
+	ReasonRedirect      = mapsObjCniReasonREASON_REDIRECT
+	ReasonDropSpoofIP   = mapsObjCniReasonREASON_DROP_SPOOF_IP
+	ReasonDropSpoofMAC  = mapsObjCniReasonREASON_DROP_SPOOF_MAC
+	ReasonDropProto     = mapsObjCniReasonREASON_DROP_PROTO
+	ReasonDropMalform   = mapsObjCniReasonREASON_DROP_MALFORMED
+	ReasonDropUnknown   = mapsObjCniReasonREASON_DROP_UNKNOWN
+	ReasonNeighReply    = mapsObjCniReasonREASON_NEIGH_REPLY
+	ReasonDropBandwidth = mapsObjCniReasonREASON_DROP_BANDWIDTH
+	numReasons          = int(mapsObjCniReasonREASON_MAX)
 )
 
 func (d Dir) String() string {
@@ -73,12 +74,16 @@ func (r Reason) String() string {
 		return "drop_unknown_endpoint"
 	case ReasonNeighReply:
 		return "neigh_reply"
+	case ReasonDropBandwidth:
+		return "drop_bandwidth"
 	}
 	return fmt.Sprintf("reason%d", uint32(r))
 }
 
 // IsDrop tells whether packets counted under r were dropped.
-func (r Reason) IsDrop() bool { return r >= ReasonDropSpoofIP && r <= ReasonDropUnknown }
+func (r Reason) IsDrop() bool {
+	return (r >= ReasonDropSpoofIP && r <= ReasonDropUnknown) || r == ReasonDropBandwidth
+}
 
 // Names of the core maps, as C declares them. Feature maps name theirs in
 // their own files; every map in the embedded object is pinned and opened.
@@ -234,10 +239,14 @@ func (k EndpointKey) IP() net.IP {
 	return net.IP(append([]byte(nil), k.Addr[:]...))
 }
 
-// NewEndpointInfo fills the value stored for each pod IP.
-func NewEndpointInfo(ifindex int, podMAC, hostMAC net.HardwareAddr) EndpointInfo {
+// NewEndpointInfo fills the value stored for each pod IP; flags are the
+// Flag* bits of the limits that apply.
+func NewEndpointInfo(ifindex int, podMAC, hostMAC net.HardwareAddr, flags ...uint32) EndpointInfo {
 	var v EndpointInfo
 	v.Ifindex = uint32(ifindex)
+	for _, f := range flags {
+		v.Flags |= f
+	}
 	copy(v.Mac[:], podMAC)
 	copy(v.HostMac[:], hostMAC)
 	return v

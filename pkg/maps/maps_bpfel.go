@@ -13,6 +13,27 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type mapsObjBwKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Dir     uint32
+}
+
+type mapsObjBwState struct {
+	_    structs.HostLayout
+	Lock struct {
+		_   structs.HostLayout
+		Val uint32
+	}
+	Pad       uint32
+	NsPerByte uint64
+	BurstNs   uint64
+	TokensNs  int64
+	LastNs    uint64
+	RateBps   uint64
+	BurstBits uint64
+}
+
 type mapsObjCniDir uint32
 
 const (
@@ -32,7 +53,8 @@ const (
 	mapsObjCniReasonREASON_DROP_MALFORMED mapsObjCniReason = 5
 	mapsObjCniReasonREASON_DROP_UNKNOWN   mapsObjCniReason = 6
 	mapsObjCniReasonREASON_NEIGH_REPLY    mapsObjCniReason = 7
-	mapsObjCniReasonREASON_MAX            mapsObjCniReason = 8
+	mapsObjCniReasonREASON_DROP_BANDWIDTH mapsObjCniReason = 8
+	mapsObjCniReasonREASON_MAX            mapsObjCniReason = 9
 )
 
 type mapsObjEpInfo struct {
@@ -57,6 +79,13 @@ type mapsObjLinkInfo struct {
 	Flags   uint32
 }
 
+type mapsObjNetnsInfo struct {
+	_          structs.HostLayout
+	EgressRate uint64
+	Flags      uint32
+	Pad        uint32
+}
+
 type mapsObjStatsKey struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -75,8 +104,10 @@ type mapsObjStatsVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	mapsObjMapCniBandwidth = "cni_bandwidth"
 	mapsObjMapCniEndpoints = "cni_endpoints"
 	mapsObjMapCniLinks     = "cni_links"
+	mapsObjMapCniNetns     = "cni_netns"
 	mapsObjMapCniStats     = "cni_stats"
 	mapsObjVarDirUnused    = "__dir_unused"
 	mapsObjVarReasonUnused = "__reason_unused"
@@ -130,8 +161,10 @@ type mapsObjProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type mapsObjMapSpecs struct {
+	CniBandwidth *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniEndpoints *ebpf.MapSpec `ebpf:"cni_endpoints"`
 	CniLinks     *ebpf.MapSpec `ebpf:"cni_links"`
+	CniNetns     *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniStats     *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
@@ -163,15 +196,19 @@ func (o *mapsObjObjects) Close() error {
 //
 // It can be passed to loadMapsObjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mapsObjMaps struct {
+	CniBandwidth *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniEndpoints *ebpf.Map `ebpf:"cni_endpoints"`
 	CniLinks     *ebpf.Map `ebpf:"cni_links"`
+	CniNetns     *ebpf.Map `ebpf:"cni_netns"`
 	CniStats     *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *mapsObjMaps) Close() error {
 	return _MapsObjClose(
+		m.CniBandwidth,
 		m.CniEndpoints,
 		m.CniLinks,
+		m.CniNetns,
 		m.CniStats,
 	)
 }

@@ -1,0 +1,111 @@
+//go:build ignore
+
+/*
+ * Attached once per node to the cgroup2 root as a sock_ops program: when a TCP
+ * connection is established in a pod with an egress limit, or towards a pod
+ * with an ingress limit, cap the socket's pacing rate at that limit. See
+ * lib/bandwidth.h for why.
+ */
+#include "lib/endpoint.h"
+
+#ifndef SOL_SOCKET
+#define SOL_SOCKET 1
+#endif
+#ifndef SO_MAX_PACING_RATE
+#define SO_MAX_PACING_RATE 47
+#endif
+
+/* The connection's addresses, read field by field: the verifier only allows
+ * context loads at constant offsets. */
+struct conn {
+	__u32 family;
+	__u32 remote[4];
+	__u32 local[4];
+};
+
+/* A context load clang cannot sink, merge or rebase: the verifier only allows
+ * loads at constant offsets from the context pointer itself. */
+#define ctx_barrier(p) asm volatile("" : "+r"(p))
+#define CTX_LOAD(ctx, field) ({ ctx_barrier(ctx); *(volatile __u32 *)&(ctx)->field; })
+
+static __always_inline void read_conn(struct bpf_sock_ops *skops, struct conn *c)
+{
+	c->family = CTX_LOAD(skops, family);
+	c->remote[0] = CTX_LOAD(skops, remote_ip4);
+	c->local[0] = CTX_LOAD(skops, local_ip4);
+	if (c->family == AF_INET)
+		return;
+	c->remote[0] = CTX_LOAD(skops, remote_ip6[0]);
+	c->remote[1] = CTX_LOAD(skops, remote_ip6[1]);
+	c->remote[2] = CTX_LOAD(skops, remote_ip6[2]);
+	c->remote[3] = CTX_LOAD(skops, remote_ip6[3]);
+	c->local[0] = CTX_LOAD(skops, local_ip6[0]);
+	c->local[1] = CTX_LOAD(skops, local_ip6[1]);
+	c->local[2] = CTX_LOAD(skops, local_ip6[2]);
+	c->local[3] = CTX_LOAD(skops, local_ip6[3]);
+}
+
+/* Traffic that never leaves the netns (loopback, or to its own address) is not limited. */
+static __always_inline int is_local(const struct conn *c)
+{
+	if (c->family == AF_INET)
+		return (bpf_ntohl(c->remote[0]) >> 24) == 127 || c->remote[0] == c->local[0];
+	if (c->remote[0] == 0 && c->remote[1] == 0 && c->remote[2] == 0 && c->remote[3] == bpf_htonl(1))
+		return 1;
+	return c->remote[0] == c->local[0] && c->remote[1] == c->local[1] && c->remote[2] == c->local[2] &&
+	       c->remote[3] == c->local[3];
+}
+
+/* Ingress limit of the pod at the remote end, in bytes per second; 0: none. */
+static __always_inline __u64 remote_ingress_rate(const struct conn *c)
+{
+	struct ep_key k = {};
+	struct ep_info *ep;
+
+	if (c->family == AF_INET) {
+		k.family = AF_INET;
+		*(__u32 *)k.addr = c->remote[0];
+	} else if (c->family == AF_INET6) {
+		k.family = AF_INET6;
+		__builtin_memcpy(k.addr, c->remote, 16);
+	} else {
+		return 0;
+	}
+	ep = bpf_map_lookup_elem(&cni_endpoints, &k);
+	if (!ep || !(ep->flags & EP_F_BW_INGRESS))
+		return 0;
+	struct bw_key bk = { .ifindex = ep->ifindex, .dir = DIR_INGRESS };
+	struct bw_state *s = bpf_map_lookup_elem(&cni_bandwidth, &bk);
+	return s ? s->rate_bps / 8 : 0;
+}
+
+SEC("sockops")
+int cni_sock_ops(struct bpf_sock_ops *skops)
+{
+	__u32 op = skops->op;
+
+	if (op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB)
+		return 1;
+
+	__u64 cookie = bpf_get_netns_cookie(skops);
+	struct netns_info *ns = bpf_map_lookup_elem(&cni_netns, &cookie);
+	if (!ns)
+		return 1;
+	struct conn c = {};
+	read_conn(skops, &c);
+	if (is_local(&c))
+		return 1;
+
+	__u64 rate = ns->egress_rate;
+	__u64 in = remote_ingress_rate(&c);
+	if (in && (!rate || in < rate))
+		rate = in;
+	if (rate) {
+		/* The kernel takes an int here: bytes per second, ~0U meaning none. */
+		__u32 r = rate < 0xfffffffeULL ? (__u32)rate : 0xfffffffe;
+		bpf_setsockopt(skops, SOL_SOCKET, SO_MAX_PACING_RATE, &r, sizeof(r));
+	}
+	return 1;
+}
+
+char __license[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,162 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// Go twins of bpf/lib/bandwidth.h.
+type (
+	BandwidthKey   = mapsObjBwKey
+	BandwidthState = mapsObjBwState
+)
+
+const nameBandwidth = "cni_bandwidth"
+
+// Endpoint flags (ep_info.flags): which limits apply to the pod.
+const (
+	FlagBandwidthEgress  uint32 = 1 << 0
+	FlagBandwidthIngress uint32 = 1 << 1
+)
+
+// Limit is one direction's token bucket as configured.
+type Limit struct {
+	RateBps   uint64 // bits per second
+	BurstBits uint64 // bucket depth, bits
+}
+
+// bucket fills the map value for a limit, full, as of now.
+func bucket(l Limit) (BandwidthState, error) {
+	var s BandwidthState
+	if l.RateBps == 0 {
+		return s, errors.New("rate is zero")
+	}
+	bytesPerSec := float64(l.RateBps) / 8
+	s.NsPerByte = uint64(math.Round(1e9 * 65536 / bytesPerSec))
+	s.BurstNs = uint64(float64(l.BurstBits) * 1e9 / float64(l.RateBps))
+	s.TokensNs = int64(s.BurstNs)
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return s, fmt.Errorf("read monotonic clock: %w", err)
+	}
+	s.LastNs = uint64(ts.Nano()) // bpf_ktime_get_ns() is CLOCK_MONOTONIC
+	s.RateBps = l.RateBps
+	s.BurstBits = l.BurstBits
+	return s, nil
+}
+
+func (m *Maps) bandwidth() *ebpf.Map { return m.byName[nameBandwidth] }
+
+// PutLimit installs a full token bucket for one direction of a host veth.
+func (m *Maps) PutLimit(ifindex int, dir Dir, l Limit) error {
+	s, err := bucket(l)
+	if err != nil {
+		return err
+	}
+	k := BandwidthKey{Ifindex: uint32(ifindex), Dir: uint32(dir)}
+	if err := m.bandwidth().Put(&k, &s); err != nil {
+		return fmt.Errorf("write %s limit of ifindex %d to %s: %w", dir, ifindex, nameBandwidth, err)
+	}
+	return nil
+}
+
+// LookupLimit returns the configured limit of one direction; ok is false when
+// the direction is unlimited.
+func (m *Maps) LookupLimit(ifindex int, dir Dir) (l Limit, ok bool, err error) {
+	var s BandwidthState
+	k := BandwidthKey{Ifindex: uint32(ifindex), Dir: uint32(dir)}
+	if err := m.bandwidth().Lookup(&k, &s); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return l, false, nil
+		}
+		return l, false, fmt.Errorf("read %s limit of ifindex %d: %w", dir, ifindex, err)
+	}
+	return Limit{RateBps: s.RateBps, BurstBits: s.BurstBits}, true, nil
+}
+
+// DeleteLimits removes both directions' buckets of a host veth; absent is fine.
+func (m *Maps) DeleteLimits(ifindex int) error {
+	var errs error
+	for _, d := range []Dir{DirEgress, DirIngress} {
+		k := BandwidthKey{Ifindex: uint32(ifindex), Dir: uint32(d)}
+		if err := m.bandwidth().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = errors.Join(errs, fmt.Errorf("delete %s limit of ifindex %d: %w", d, ifindex, err))
+		}
+	}
+	return errs
+}
+
+// LimitEntry is one bucket as the dump shows it.
+type LimitEntry struct {
+	Ifindex uint32
+	Dir     Dir
+	Limit   Limit
+	// TokensNs is the bucket's fill in ns of transmission at the rate, as of LastNs.
+	TokensNs int64
+}
+
+// ListLimits returns every configured bucket.
+func (m *Maps) ListLimits() ([]LimitEntry, error) {
+	var (
+		out []LimitEntry
+		k   BandwidthKey
+		s   BandwidthState
+	)
+	it := m.bandwidth().Iterate()
+	for it.Next(&k, &s) {
+		out = append(out, LimitEntry{Ifindex: k.Ifindex, Dir: Dir(k.Dir),
+			Limit: Limit{RateBps: s.RateBps, BurstBits: s.BurstBits}, TokensNs: s.TokensNs})
+	}
+	return out, it.Err()
+}
+
+// NetnsInfo is the Go twin of struct netns_info.
+type NetnsInfo = mapsObjNetnsInfo
+
+const nameNetns = "cni_netns"
+
+// FlagNetnsNode marks the node's own netns in cni_netns.
+const FlagNetnsNode uint32 = 1 << 0
+
+// PutNetns registers a netns (by cookie) as this node's: its pod's egress rate
+// in bits per second (0: none), or FlagNetnsNode for the node itself.
+func (m *Maps) PutNetns(cookie uint64, egressRateBps uint64, flags uint32) error {
+	v := NetnsInfo{EgressRate: egressRateBps / 8, Flags: flags}
+	if err := m.byName[nameNetns].Put(&cookie, &v); err != nil {
+		return fmt.Errorf("write netns %d to %s: %w", cookie, nameNetns, err)
+	}
+	return nil
+}
+
+// DeleteNetns forgets a netns; absent is fine.
+func (m *Maps) DeleteNetns(cookie uint64) error {
+	if err := m.byName[nameNetns].Delete(&cookie); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete netns %d from %s: %w", cookie, nameNetns, err)
+	}
+	return nil
+}
+
+// LookupNetns returns the entry of a netns.
+func (m *Maps) LookupNetns(cookie uint64) (NetnsInfo, error) {
+	var v NetnsInfo
+	err := m.byName[nameNetns].Lookup(&cookie, &v)
+	return v, err
+}
+
+// ListNetns returns every registered netns by cookie.
+func (m *Maps) ListNetns() (map[uint64]NetnsInfo, error) {
+	out := make(map[uint64]NetnsInfo)
+	var (
+		k uint64
+		v NetnsInfo
+	)
+	it := m.byName[nameNetns].Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	return out, it.Err()
+}
