@@ -472,10 +472,23 @@ func (e *env) leftovers() []string {
 		for idx := range all {
 			out = append(out, fmt.Sprintf("counters of ifindex %d", idx))
 		}
+		lims, _ := m.ListLimits()
+		for _, l := range lims {
+			out = append(out, fmt.Sprintf("%s limit of ifindex %d", l.Dir, l.Ifindex))
+		}
+		nss, _ := m.ListNetns()
+		for cookie, v := range nss {
+			if v.Flags&maps.FlagNetnsNode == 0 { // the node's own entry stays with the node
+				out = append(out, fmt.Sprintf("netns entry %d", cookie))
+			}
+		}
 		m.Close()
 	}
 	pins, _ := os.ReadDir(filepath.Join(e.pinDir, "links"))
 	for _, p := range pins {
+		if strings.HasPrefix(p.Name(), "node_") { // node-wide hooks outlive pods
+			continue
+		}
 		out = append(out, "link pin "+p.Name())
 	}
 	recs, _ := os.ReadDir(filepath.Join(e.stateDir, e.name))

@@ -2,6 +2,7 @@
 //
 //	ebpf-agent run                     own the pinned datapath until stopped
 //	ebpf-agent dump endpoints [-o json] print the endpoints map with counters
+//	ebpf-agent dump bandwidth [-o json] print per-pod rate limits and their drops
 package main
 
 import (
@@ -20,7 +21,7 @@ import (
 
 const usage = `usage:
   ebpf-agent run [--pin-dir DIR]
-  ebpf-agent dump endpoints [--pin-dir DIR] [--state-dir DIR] [-o table|json]
+  ebpf-agent dump endpoints|bandwidth [--pin-dir DIR] [--state-dir DIR] [-o table|json]
 `
 
 func main() {
@@ -58,7 +59,7 @@ func run(args []string) error {
 
 func dump(args []string) error {
 	if len(args) < 1 {
-		return fmt.Errorf("dump what? (endpoints)")
+		return fmt.Errorf("dump what? (endpoints or bandwidth)")
 	}
 	what := args[0]
 	fs := flag.NewFlagSet("dump", flag.ExitOnError)
@@ -73,6 +74,12 @@ func dump(args []string) error {
 			return err
 		}
 		return agent.WriteEndpoints(os.Stdout, rows, *format)
+	case "bandwidth":
+		rows, err := agent.Bandwidth(*pinDir, *stateDir)
+		if err != nil {
+			return err
+		}
+		return agent.WriteBandwidth(os.Stdout, rows, *format)
 	}
-	return fmt.Errorf("unknown dump %q (want endpoints)", what)
+	return fmt.Errorf("unknown dump %q (want endpoints or bandwidth)", what)
 }
