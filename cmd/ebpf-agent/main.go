@@ -1,28 +1,57 @@
 // Command ebpf-agent is the ebpf-cni node agent and inspection CLI.
-//
-//	ebpf-agent run                     own the pinned datapath until stopped
-//	ebpf-agent dump endpoints [-o json] print the endpoints map with counters
-//	ebpf-agent dump bandwidth [-o json] print per-pod rate limits and their drops
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"log"
 	"os"
 	"os/signal"
 	"syscall"
+	"text/tabwriter"
+	"time"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
 	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
 
-const usage = `usage:
-  ebpf-agent run [--pin-dir DIR]
-  ebpf-agent dump endpoints|bandwidth [--pin-dir DIR] [--state-dir DIR] [-o table|json]
+// Version is set at build time with -ldflags "-X main.Version=...".
+var Version = "dev"
+
+const usage = `usage: ebpf-agent COMMAND [flags]
+
+  run                 own the pinned datapath: upgrade programs in place, reconcile, serve metrics
+  status              datapath health, versions, attach points (read-only)
+  dump endpoints      pod IPs with interfaces, pods and counters (read-only)
+  dump bandwidth      per-pod rate limits with passed and dropped traffic (read-only)
+  dump stats          every counter by pod, direction and reason (read-only)
+  reconcile           remove state of pods that are gone (--dry-run lists it)
+  upgrade             swap every attachment to this build's programs in place (--force reloads them)
+
+common flags: --pin-dir DIR --state-dir DIR; dumps and status: -o table|json
 `
+
+type common struct {
+	pinDir, stateDir, confDir, binDir, format string
+}
+
+func flags(name string, args []string, extra func(fs *flag.FlagSet)) (*common, *flag.FlagSet) {
+	c := &common{}
+	fs := flag.NewFlagSet(name, flag.ExitOnError)
+	fs.StringVar(&c.pinDir, "pin-dir", datapath.DefaultPinRoot, "bpffs directory of the datapath")
+	fs.StringVar(&c.stateDir, "state-dir", cni.DefaultStateDir, "plugin state directory (attachment records)")
+	fs.StringVar(&c.confDir, "cni-conf-dir", "/etc/cni/net.d", "CNI configuration directory (networks to reconcile)")
+	fs.StringVar(&c.binDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory (IPAM plugins, to release addresses)")
+	fs.StringVar(&c.format, "o", "table", "output format: table or json")
+	if extra != nil {
+		extra(fs)
+	}
+	fs.Parse(args)
+	return c, fs
+}
 
 func main() {
 	if len(os.Args) < 2 {
@@ -30,11 +59,29 @@ func main() {
 		os.Exit(2)
 	}
 	var err error
+	args := os.Args[2:]
 	switch os.Args[1] {
 	case "run":
-		err = run(os.Args[2:])
+		err = run(args)
+	case "status":
+		c, _ := flags("status", args, nil)
+		r := agent.Status(c.pinDir, Version)
+		err = agent.WriteStatus(os.Stdout, r, c.format)
+		if err == nil && !r.Healthy {
+			os.Exit(1)
+		}
 	case "dump":
-		err = dump(os.Args[2:])
+		err = dump(args)
+	case "reconcile":
+		var dry bool
+		c, _ := flags("reconcile", args, func(fs *flag.FlagSet) { fs.BoolVar(&dry, "dry-run", false, "only list what would be removed") })
+		err = reconcile(c, dry)
+	case "upgrade":
+		var force bool
+		c, _ := flags("upgrade", args, func(fs *flag.FlagSet) {
+			fs.BoolVar(&force, "force", false, "reload this build's programs even if already pinned, and swap them in")
+		})
+		err = upgrade(c, force)
 	case "-h", "--help", "help":
 		fmt.Print(usage)
 		return
@@ -49,37 +96,91 @@ func main() {
 }
 
 func run(args []string) error {
-	fs := flag.NewFlagSet("run", flag.ExitOnError)
-	pinDir := fs.String("pin-dir", datapath.DefaultPinRoot, "bpffs directory of the datapath")
-	fs.Parse(args)
+	var (
+		metrics  string
+		interval time.Duration
+	)
+	c, _ := flags("run", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&metrics, "metrics-addr", "127.0.0.1:9964", "Prometheus metrics listener; empty disables it")
+		fs.DurationVar(&interval, "reconcile-interval", time.Minute, "how often to look for stale state")
+	})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return agent.Run(ctx, *pinDir, log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags))
+	return agent.Run(ctx, agent.Options{
+		PinRoot: c.pinDir, StateDir: c.stateDir, ConfDir: c.confDir, CNIPath: c.binDir,
+		MetricsAddr: metrics, ReconcileInterval: interval, Version: Version,
+		Logger: log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags),
+	})
 }
 
 func dump(args []string) error {
 	if len(args) < 1 {
-		return fmt.Errorf("dump what? (endpoints or bandwidth)")
+		return fmt.Errorf("dump what? (endpoints, bandwidth or stats)")
 	}
-	what := args[0]
-	fs := flag.NewFlagSet("dump", flag.ExitOnError)
-	pinDir := fs.String("pin-dir", datapath.DefaultPinRoot, "bpffs directory of the datapath")
-	stateDir := fs.String("state-dir", cni.DefaultStateDir, "plugin state directory (for container IDs and pod names)")
-	format := fs.String("o", "table", "output format: table or json")
-	fs.Parse(args[1:])
-	switch what {
+	c, _ := flags("dump", args[1:], nil)
+	switch args[0] {
 	case "endpoints":
-		rows, err := agent.Endpoints(*pinDir, *stateDir)
+		rows, err := agent.Endpoints(c.pinDir, c.stateDir)
 		if err != nil {
 			return err
 		}
-		return agent.WriteEndpoints(os.Stdout, rows, *format)
+		return agent.WriteEndpoints(os.Stdout, rows, c.format)
 	case "bandwidth":
-		rows, err := agent.Bandwidth(*pinDir, *stateDir)
+		rows, err := agent.Bandwidth(c.pinDir, c.stateDir)
 		if err != nil {
 			return err
 		}
-		return agent.WriteBandwidth(os.Stdout, rows, *format)
+		return agent.WriteBandwidth(os.Stdout, rows, c.format)
+	case "stats":
+		rows, err := agent.Stats(c.pinDir, c.stateDir)
+		if err != nil {
+			return err
+		}
+		return agent.WriteStats(os.Stdout, rows, c.format)
 	}
-	return fmt.Errorf("unknown dump %q (want endpoints or bandwidth)", what)
+	return fmt.Errorf("unknown dump %q (want endpoints, bandwidth or stats)", args[0])
+}
+
+func reconcile(c *common, dry bool) error {
+	st, err := agent.ReconcileAll(agent.Options{PinRoot: c.pinDir, StateDir: c.stateDir, ConfDir: c.confDir, CNIPath: c.binDir}, dry)
+	if c.format == "json" {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if e := enc.Encode(st); e != nil {
+			return e
+		}
+	} else {
+		verb := "removed"
+		if dry {
+			verb = "would remove"
+		}
+		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintf(tw, "KIND\t%s\n", map[bool]string{true: "WOULD REMOVE", false: "REMOVED"}[dry])
+		for _, s := range st {
+			fmt.Fprintf(tw, "%s\t%s\n", s.Kind, s.What)
+		}
+		tw.Flush()
+		fmt.Printf("%s %d items\n", verb, len(st))
+	}
+	return err
+}
+
+func upgrade(c *common, force bool) error {
+	dp, err := datapath.Ensure(c.pinDir)
+	if err != nil {
+		return err
+	}
+	defer dp.Close()
+	rep, err := dp.Upgrade(force)
+	if c.format == "json" {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if e := enc.Encode(rep); e != nil {
+			return e
+		}
+	} else {
+		fmt.Printf("links: %d, swapped in place: %d, defunct: %d, old program pins removed: %d\n",
+			rep.Links, rep.Replaced, len(rep.Defunct), len(rep.RemovedProgs))
+	}
+	return err
 }

@@ -1,30 +1,161 @@
 // Package agent is the node agent: it owns the pinned datapath while running
-// and answers the read-only inspection commands.
+// (upgrades programs in place, reconciles stale state, serves metrics) and
+// answers the read-only inspection commands.
 package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"time"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
-// Run makes sure bpffs and the pinned datapath exist, then stays up until ctx
-// ends. Pins outlive it: stopping or restarting the agent leaves pods alone.
-func Run(ctx context.Context, pinRoot string, logger *log.Logger) error {
-	dp, err := datapath.Ensure(pinRoot)
-	if err != nil {
-		return fmt.Errorf("ensure datapath at %s: %w", pinRoot, err)
+// Options configure `ebpf-agent run`.
+type Options struct {
+	PinRoot           string
+	StateDir          string
+	ConfDir           string // CNI configuration directory, for reconciling attachments
+	CNIPath           string // where the IPAM plugins are, for releasing addresses
+	MetricsAddr       string // "" disables the metrics listener
+	ReconcileInterval time.Duration
+	Version           string
+	Logger            *log.Logger
+}
+
+// CheckOwnership refuses a pin or state directory that is not root's alone:
+// whoever can write there can swap the programs every pod's packets run.
+func CheckOwnership(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil // created by us, 0700
+		}
+		return fmt.Errorf("stat %s: %w", dir, err)
 	}
-	defer dp.Close()
-	fi, _ := dp.FromContainer.Info()
-	ti, _ := dp.ToContainer.Info()
-	fid, _ := fi.ID()
-	tid, _ := ti.ID()
-	logger.Printf("datapath ready at %s (maps layout v%d, programs %s id %d, %s id %d)",
-		pinRoot, mapsLayout(), fi.Name, fid, ti.Name, tid)
-	<-ctx.Done()
-	logger.Printf("stopping; pinned datapath stays in place")
+	if st.Uid != uint32(os.Geteuid()) {
+		return fmt.Errorf("%s is owned by uid %d, not %d: refusing to use it", dir, st.Uid, os.Geteuid())
+	}
+	if st.Mode&0o022 != 0 {
+		return fmt.Errorf("%s is writable by group or others (mode %o): refusing to use it", dir, st.Mode&0o777)
+	}
 	return nil
+}
+
+// Run ensures bpffs and the pinned datapath, moves every attachment to this
+// build's programs in place, reconciles stale state now, periodically and
+// when a pod's veth disappears, and serves metrics until ctx ends. Pins
+// outlive it: stopping, killing or restarting the agent leaves pods alone.
+func Run(ctx context.Context, o Options) error {
+	lg := o.Logger
+	if err := datapath.EnsureBPFFS(o.PinRoot); err != nil {
+		return err
+	}
+	for _, d := range []string{o.PinRoot, o.StateDir} {
+		if err := CheckOwnership(d); err != nil {
+			return err
+		}
+	}
+	dp, err := datapath.Ensure(o.PinRoot)
+	if err != nil {
+		return fmt.Errorf("ensure datapath at %s: %w", o.PinRoot, err)
+	}
+	rep, err := dp.Upgrade(false)
+	dp.Close()
+	if err != nil {
+		lg.Printf("upgrade: %v", err)
+	}
+	lg.Printf("datapath ready at %s (map layout v%d); %d links, %d moved to this build's programs, %d old program pins removed",
+		o.PinRoot, maps.LayoutVersion, rep.Links, rep.Replaced, len(rep.RemovedProgs))
+
+	col := newCollector(o.PinRoot, o.StateDir, o.Version)
+	if o.MetricsAddr != "" {
+		ln, err := net.Listen("tcp", o.MetricsAddr)
+		if err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", metricsHandler(col))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go srv.Serve(ln)
+		defer srv.Close()
+		lg.Printf("metrics on http://%s/metrics", ln.Addr())
+	}
+
+	reconcile := func(why string) {
+		removed, err := ReconcileAll(o, false)
+		col.addRemoved(removed)
+		if len(removed) > 0 || err != nil {
+			counts := map[string]int{}
+			for _, s := range removed {
+				counts[s.Kind]++
+			}
+			lg.Printf("reconcile (%s): removed %v; errors: %v", why, counts, err)
+		}
+	}
+	reconcile("start")
+
+	// A deleted host veth is the usual sign of a pod gone without DEL.
+	updates := make(chan netlink.LinkUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	if err := netlink.LinkSubscribe(updates, done); err != nil {
+		lg.Printf("no link events (%v); reconciling on the timer only", err)
+	}
+	tick := time.NewTicker(o.ReconcileInterval)
+	defer tick.Stop()
+	var debounce <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			lg.Printf("stopping; the pinned datapath stays in place")
+			return nil
+		case u := <-updates:
+			if u.Header.Type == syscall.RTM_DELLINK && strings.HasPrefix(u.Attrs().Name, "ebpf") && debounce == nil {
+				debounce = time.After(2 * time.Second) // let a DEL in flight finish first
+			}
+		case <-debounce:
+			debounce = nil
+			reconcile("link deleted")
+		case <-tick.C:
+			reconcile("timer")
+		}
+	}
+}
+
+// ReconcileAll reconciles attachments of every ebpf-cni network in the CNI
+// configuration directory that uses this pin root, then the maps and pins.
+func ReconcileAll(o Options, dryRun bool) ([]Stale, error) {
+	var (
+		out  []Stale
+		errs error
+	)
+	nets, err := LoadNetworks(o.ConfDir, o.PinRoot)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = errors.Join(errs, err)
+	}
+	for _, n := range nets {
+		done, err := cni.Reconcile(n.Bytes, o.CNIPath, dryRun)
+		for _, d := range done {
+			out = append(out, Stale{Kind: "attachment", What: d})
+		}
+		errs = errors.Join(errs, err)
+	}
+	st, err := ReconcileMaps(o.PinRoot, o.StateDir, dryRun)
+	if errors.Is(err, os.ErrNotExist) {
+		err = nil // nothing pinned yet
+	}
+	return append(out, st...), errors.Join(errs, err)
 }

@@ -1,0 +1,180 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+)
+
+// Stale is one piece of state that belongs to no live pod.
+type Stale struct {
+	Kind string `json:"kind"` // endpoint, link-entry, counters, limit, netns, link-pin, attachment
+	What string `json:"what"`
+}
+
+// NetworkConf is an ebpf-cni network found in the CNI configuration
+// directory, as the runtime would pass it to the plugin.
+type NetworkConf struct {
+	Name  string
+	File  string
+	Bytes []byte
+}
+
+// LoadNetworks reads confDir for conflists and confs whose plugin of type
+// ebpf-cni uses pinRoot, and returns each as plugin configuration bytes with
+// the list's name and cniVersion injected (as libcni does).
+func LoadNetworks(confDir, pinRoot string) ([]NetworkConf, error) {
+	files, err := libcni.ConfFiles(confDir, []string{".conf", ".conflist", ".json"})
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(files)
+	var out []NetworkConf
+	for _, f := range files {
+		var list *libcni.NetworkConfigList
+		if strings.HasSuffix(f, ".conflist") {
+			list, err = libcni.ConfListFromFile(f)
+		} else {
+			var one *libcni.NetworkConfig
+			if one, err = libcni.ConfFromFile(f); err == nil {
+				list, err = libcni.ConfListFromConf(one)
+			}
+		}
+		if err != nil {
+			continue // not ours to judge; the runtime reports broken files
+		}
+		for _, p := range list.Plugins {
+			if p.Network.Type != "ebpf-cni" {
+				continue
+			}
+			var m map[string]any
+			if err := json.Unmarshal(p.Bytes, &m); err != nil {
+				continue
+			}
+			m["name"], m["cniVersion"] = list.Name, list.CNIVersion
+			b, _ := json.Marshal(m)
+			_, pin, _, err := cni.ConfDirs(b)
+			if err != nil || filepath.Clean(pin) != filepath.Clean(pinRoot) {
+				continue
+			}
+			out = append(out, NetworkConf{Name: list.Name, File: f, Bytes: b})
+		}
+	}
+	return out, nil
+}
+
+// linkExists tells whether an ifindex names a link in this netns.
+func linkExists(ifindex uint32) bool {
+	_, err := netlink.LinkByIndex(int(ifindex))
+	return err == nil
+}
+
+// ReconcileMaps finds, and unless dryRun removes, datapath state of pods
+// whose host veth is gone: endpoint and link entries, counters, limits, link
+// pins, and netns entries no attachment record refers to.
+func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
+	dp, err := datapath.Open(pinRoot)
+	if err != nil {
+		return nil, err
+	}
+	defer dp.Close()
+	m := dp.Maps
+	var (
+		out  []Stale
+		errs error
+	)
+	act := func(kind, what string, f func() error) {
+		out = append(out, Stale{kind, what})
+		if !dryRun {
+			errs = errors.Join(errs, f())
+		}
+	}
+
+	eps, err := m.ListEndpoints()
+	errs = errors.Join(errs, err)
+	for _, e := range eps {
+		if !linkExists(e.Info.Ifindex) {
+			ip, idx := e.IP, int(e.Info.Ifindex)
+			act("endpoint", fmt.Sprintf("%s -> ifindex %d", ip, idx), func() error { return m.DeleteEndpoint(ip, idx) })
+		}
+	}
+	var (
+		k  uint32
+		li maps.LinkInfo
+	)
+	var goneLinks []uint32
+	it := m.Links.Iterate()
+	for it.Next(&k, &li) {
+		if !linkExists(k) {
+			goneLinks = append(goneLinks, k)
+		}
+	}
+	errs = errors.Join(errs, it.Err())
+	for _, idx := range goneLinks {
+		idx := int(idx)
+		act("link-entry", fmt.Sprintf("ifindex %d", idx), func() error { return m.DeleteLink(idx) })
+	}
+	lims, err := m.ListLimits()
+	errs = errors.Join(errs, err)
+	for _, l := range lims {
+		if !linkExists(l.Ifindex) {
+			idx := int(l.Ifindex)
+			act("limit", fmt.Sprintf("%s of ifindex %d", l.Dir, idx), func() error { return m.DeleteLimits(idx) })
+		}
+	}
+	all, err := m.AllCounters()
+	errs = errors.Join(errs, err)
+	for idx := range all {
+		if !linkExists(idx) {
+			idx := int(idx)
+			act("counters", fmt.Sprintf("ifindex %d", idx), func() error { return m.ResetStats(idx) })
+		}
+	}
+
+	// netns entries: the node's stays; a pod's stays while a record names it.
+	known := make(map[uint64]bool)
+	files, _ := filepath.Glob(filepath.Join(stateDir, "*", "*.json"))
+	for _, f := range files {
+		var r cni.Record
+		if b, err := os.ReadFile(f); err == nil && json.Unmarshal(b, &r) == nil && r.NetnsCookie != 0 {
+			known[r.NetnsCookie] = true
+		}
+	}
+	nss, err := m.ListNetns()
+	errs = errors.Join(errs, err)
+	for cookie, v := range nss {
+		if v.Flags&maps.FlagNetnsNode == 0 && !known[cookie] {
+			c := cookie
+			act("netns", fmt.Sprintf("cookie %d", c), func() error { return m.DeleteNetns(c) })
+		}
+	}
+
+	// Link pins of devices that are gone (node-wide hooks are named node_*).
+	pins, _ := os.ReadDir(filepath.Join(pinRoot, "links"))
+	for _, p := range pins {
+		name := p.Name()
+		if strings.HasPrefix(name, "node_") {
+			continue
+		}
+		i := strings.LastIndexByte(name, '_')
+		if i <= 0 {
+			continue
+		}
+		if _, err := netlink.LinkByName(name[:i]); err != nil {
+			path := filepath.Join(pinRoot, "links", name)
+			act("link-pin", name, func() error { return os.Remove(path) })
+		}
+	}
+	return out, errs
+}

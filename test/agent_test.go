@@ -1,0 +1,428 @@
+package test
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
+	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
+)
+
+// agentProc is a running `ebpf-agent run` in the env's node netns.
+type agentProc struct {
+	cmd *exec.Cmd
+	log *strings.Builder
+}
+
+// writeConfDir puts the env's conflist where the agent looks for networks.
+func (e *env) writeConfDir() string {
+	e.t.Helper()
+	dir := e.t.TempDir()
+	b, _ := json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": e.name, "plugins": []any{e.pluginConf()}})
+	if err := os.WriteFile(filepath.Join(dir, "10-test.conflist"), b, 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	return dir
+}
+
+func (e *env) agentArgs(confDir string) []string {
+	return []string{"--pin-dir", e.pinDir, "--state-dir", e.stateDir, "--cni-conf-dir", confDir, "--cni-bin-dir", binDir}
+}
+
+// startAgent starts the agent and waits until it reports ready.
+func (e *env) startAgent(confDir string, extra ...string) *agentProc {
+	e.t.Helper()
+	a := &agentProc{log: &strings.Builder{}}
+	err := e.inNode(func() error {
+		a.cmd = exec.Command(filepath.Join(binDir, "ebpf-agent"), append(append([]string{"run"}, e.agentArgs(confDir)...), extra...)...)
+		stderr, err := a.cmd.StderrPipe()
+		if err != nil {
+			return err
+		}
+		if err := a.cmd.Start(); err != nil {
+			return err
+		}
+		ready := make(chan struct{})
+		go func() {
+			sc := bufio.NewScanner(stderr)
+			once := false
+			for sc.Scan() {
+				a.log.WriteString(sc.Text() + "\n")
+				if !once && strings.Contains(sc.Text(), "datapath ready") {
+					once = true
+					close(ready)
+				}
+			}
+		}()
+		select {
+		case <-ready:
+			return nil
+		case <-time.After(10 * time.Second):
+			return fmt.Errorf("agent not ready after 10s:\n%s", a.log)
+		}
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { a.cmd.Process.Kill(); a.cmd.Wait() })
+	return a
+}
+
+// agentCmd runs a one-shot agent command in the node netns.
+func (e *env) agentCmd(args ...string) (string, error) {
+	var out []byte
+	err := e.inNode(func() error {
+		var err error
+		out, err = exec.Command(filepath.Join(binDir, "ebpf-agent"), args...).CombinedOutput()
+		return err
+	})
+	return string(out), err
+}
+
+// progIDs returns the programs attached to both tcx hooks of a host veth.
+func (e *env) progIDs(ifindex int) []ebpf.ProgramID {
+	e.t.Helper()
+	var ids []ebpf.ProgramID
+	for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+		err := e.inNode(func() error {
+			r, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: at})
+			if err != nil {
+				return err
+			}
+			for _, p := range r.Programs {
+				ids = append(ids, p.ID)
+			}
+			return nil
+		})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	return ids
+}
+
+// TestAgentRestartAndUpgradeWithoutLoss: pings and a TCP stream between two
+// pods keep flowing, with zero loss, while the agent is started, killed with
+// -9, restarted, and the programs of every attachment are swapped in place.
+func TestAgentRestartAndUpgradeWithoutLoss(t *testing.T) {
+	e := newEnv(t)
+	a, b := e.newPod(), e.newPod()
+	e.cleanupDel(a, "a")
+	e.cleanupDel(b, "b")
+	e.add(a, "a")
+	rb := e.add(b, "b")
+	b4, _ := podIPs(t, rb)
+	confDir := e.writeConfDir()
+	_, idxA := e.hostVeth("a")
+	before := e.progIDs(idxA)
+
+	// 3000 echoes, 2 ms apart: ~6 s of traffic across every step below.
+	pingDone := make(chan string, 1)
+	go func() {
+		var out []byte
+		a.Do(func(ns.NetNS) error {
+			out, _ = exec.Command("ping", "-c", "3000", "-i", "0.002", "-W", "1", "-q", b4.String()).CombinedOutput()
+			return nil
+		})
+		pingDone <- string(out)
+	}()
+	tcpDone := make(chan error, 1)
+	go func() { tcpDone <- tcpTransfer(a, b, b4, 64<<20) }()
+
+	time.Sleep(300 * time.Millisecond)
+	ag := e.startAgent(confDir, "--metrics-addr", "")
+	time.Sleep(300 * time.Millisecond)
+	ag.cmd.Process.Signal(syscall.SIGKILL)
+	ag.cmd.Wait()
+	ag = e.startAgent(confDir, "--metrics-addr", "")
+	if out, err := e.agentCmd(append([]string{"upgrade", "--force"}, e.agentArgs(confDir)...)...); err != nil {
+		t.Fatalf("upgrade: %v\n%s", err, out)
+	} else if !strings.Contains(out, "swapped in place: 4") {
+		t.Errorf("upgrade did not swap the 4 host-veth links: %s", out)
+	}
+	ag.cmd.Process.Signal(syscall.SIGTERM)
+	ag.cmd.Wait()
+
+	out := <-pingDone
+	if !strings.Contains(out, " 0% packet loss") {
+		t.Errorf("packets lost across restart and upgrade:\n%s", out)
+	}
+	if err := <-tcpDone; err != nil {
+		t.Errorf("TCP stream across restart and upgrade: %v", err)
+	}
+	after := e.progIDs(idxA)
+	if len(after) != 2 || len(before) != 2 || after[0] == before[0] || after[1] == before[1] {
+		t.Errorf("programs were not swapped: before %v, after %v", before, after)
+	}
+	if err := ping(a, b4, 2); err != nil {
+		t.Errorf("after upgrade: %v", err)
+	}
+	if err := e.check(a, "a", "eth0"); err != nil {
+		t.Errorf("CHECK after upgrade: %v", err)
+	}
+	e.mustDel(a, "a")
+	e.mustDel(b, "b")
+	e.assertClean()
+}
+
+// TestAgentReconcile: a pod whose netns vanished without DEL leaves a record,
+// IPAM reservations, map entries, counters, a limit, a netns entry and link
+// pins; the dry run lists each and reconcile removes them all.
+func TestAgentReconcile(t *testing.T) {
+	e := newEnv(t)
+	keep, gone := e.newPod(), e.newPod()
+	e.cleanupDel(keep, "keep")
+	e.add(keep, "keep")
+	if _, err := e.addBW(gone, "gone", bandwidthArgs(5e6, 5e6)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ping(gone, nodeIP4, 1); err != nil { // counters
+		t.Fatal(err)
+	}
+	// The pod's netns disappears without a DEL (node crash, runtime bug): the veth goes with it.
+	gone.Close()
+	if err := unmountNS(gone); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, e, cni.HostIfName("gone", "eth0"))
+
+	confDir := e.writeConfDir()
+	out, err := e.agentCmd(append([]string{"reconcile", "--dry-run", "-o", "json"}, e.agentArgs(confDir)...)...)
+	if err != nil {
+		t.Fatalf("dry run: %v\n%s", err, out)
+	}
+	var st []agent.Stale
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("dry run JSON: %v\n%s", err, out)
+	}
+	kinds := map[string]bool{}
+	for _, s := range st {
+		kinds[s.Kind] = true
+	}
+	for _, k := range []string{"attachment"} {
+		if !kinds[k] {
+			t.Errorf("dry run lists no %s: %+v", k, st)
+		}
+	}
+	if len(e.leftovers()) == 0 {
+		t.Fatal("dry run removed state")
+	}
+
+	out, err = e.agentCmd(append([]string{"reconcile"}, e.agentArgs(confDir)...)...)
+	if err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, out)
+	}
+	t.Logf("reconcile:\n%s", out)
+	// Only the live pod remains, and it still works.
+	e.mustDel(keep, "keep")
+	e.assertClean()
+
+	// Map-level leftovers with no record at all (a crash between map write and
+	// record): an endpoint, counters, a limit and a netns entry of a device that
+	// does not exist, found and removed by the same command.
+	m := e.maps()
+	stale := e.add(e.newPod(), "crash")
+	_, idx := e.hostVeth("crash")
+	os.Remove(filepath.Join(e.stateDir, e.name, "crash_eth0.json"))
+	if err := m.PutNetns(424242, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	e.inNode(func() error { return deleteHostLink(cni.HostIfName("crash", "eth0")) })
+	out, err = e.agentCmd(append([]string{"reconcile", "-o", "json"}, e.agentArgs(confDir)...)...)
+	if err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, out)
+	}
+	st = nil
+	json.Unmarshal([]byte(out), &st)
+	kinds = map[string]bool{}
+	for _, s := range st {
+		kinds[s.Kind] = true
+	}
+	for _, k := range []string{"endpoint", "link-entry", "netns", "link-pin"} {
+		if !kinds[k] {
+			t.Errorf("reconcile removed no %s (ifindex %d, result %v): %s", k, idx, stale.IPs, out)
+		}
+	}
+	// host-local still holds the crashed pod's address: only a DEL or GC (with
+	// the container ID) can release that; the record was lost with the crash.
+	if err := e.del(nil, "crash", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	e.assertClean()
+}
+
+// TestAgentDumpsStatusAndMetrics: every dump and status as JSON, and a scrape
+// of the metrics endpoint, reflect two pods that exchanged traffic.
+func TestAgentDumpsStatusAndMetrics(t *testing.T) {
+	e := newEnv(t)
+	a, b := e.newPod(), e.newPod()
+	e.cleanupDel(a, "a")
+	e.cleanupDel(b, "b")
+	if _, err := e.addBW(a, "a", bandwidthArgs(50e6, 50e6)); err != nil {
+		t.Fatal(err)
+	}
+	rb := e.add(b, "b")
+	b4, _ := podIPs(t, rb)
+	if err := ping(a, b4, 3); err != nil {
+		t.Fatal(err)
+	}
+	confDir := e.writeConfDir()
+	hostA, idxA := e.hostVeth("a")
+
+	for _, c := range []struct {
+		args []string
+		into any
+		ok   func(any) bool
+	}{
+		{[]string{"dump", "endpoints"}, &[]agent.EndpointRow{}, func(v any) bool { return len(*v.(*[]agent.EndpointRow)) == 4 }},
+		{[]string{"dump", "bandwidth"}, &[]agent.BandwidthRow{}, func(v any) bool { return len(*v.(*[]agent.BandwidthRow)) == 2 }},
+		{[]string{"dump", "stats"}, &[]agent.StatsRow{}, func(v any) bool {
+			for _, r := range *v.(*[]agent.StatsRow) {
+				if r.Interface == hostA && r.Reason == "redirect" && r.Packets >= 3 {
+					return true
+				}
+			}
+			return false
+		}},
+		{[]string{"status"}, &agent.StatusReport{}, func(v any) bool {
+			s := v.(*agent.StatusReport)
+			return s.Healthy && s.Attachments.HostVethLinks == 4 && s.Maps["cni_endpoints"] == 4
+		}},
+	} {
+		out, err := e.agentCmd(append(append(c.args, "-o", "json"), e.agentArgs(confDir)...)...)
+		if err != nil {
+			t.Errorf("%v: %v\n%s", c.args, err, out)
+			continue
+		}
+		if err := json.Unmarshal([]byte(out), c.into); err != nil {
+			t.Errorf("%v: bad JSON: %v\n%s", c.args, err, out)
+			continue
+		}
+		if !c.ok(c.into) {
+			t.Errorf("%v: unexpected content:\n%s", c.args, out)
+		}
+	}
+
+	e.startAgent(confDir, "--metrics-addr", "127.0.0.1:9964")
+	var body string
+	err := e.inNode(func() error {
+		// Dial on this thread: net/http would dial from another goroutine,
+		// i.e. from the host netns.
+		var c net.Conn
+		var err error
+		for i := 0; i < 50; i++ { // the listener comes up just after "ready"
+			if c, err = net.Dial("tcp", "127.0.0.1:9964"); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		req, _ := http.NewRequest("GET", "http://127.0.0.1:9964/metrics", nil)
+		if err := req.Write(c); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		body = string(b)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	for _, want := range []string{
+		"ebpf_cni_datapath_healthy 1",
+		"ebpf_cni_endpoints 4",
+		fmt.Sprintf(`ebpf_cni_packets_total{container="a",direction="egress",interface="%s",pod="",reason="redirect"}`, hostA),
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q (ifindex %d):\n%s", want, idxA, body)
+		}
+	}
+	e.mustDel(a, "a")
+	e.mustDel(b, "b")
+	e.assertClean()
+}
+
+// TestAgentRefusesForeignPinDir: a pin directory someone else owns could hold
+// programs of theirs; the agent will not run against it.
+func TestAgentRefusesForeignPinDir(t *testing.T) {
+	e := newEnv(t)
+	if err := os.MkdirAll(e.pinDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(e.pinDir, 4242, 4242); err != nil {
+		t.Fatal(err)
+	}
+	out, err := e.agentCmd(append([]string{"run", "--metrics-addr", ""}, e.agentArgs(t.TempDir())...)...)
+	if err == nil || !strings.Contains(out, "owned by uid 4242") {
+		t.Fatalf("agent ran against a foreign pin dir: %v\n%s", err, out)
+	}
+	if err := os.Chown(e.pinDir, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(e.pinDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	out, err = e.agentCmd(append([]string{"run", "--metrics-addr", ""}, e.agentArgs(t.TempDir())...)...)
+	if err == nil || !strings.Contains(out, "writable by group or others") {
+		t.Fatalf("agent ran against a world-writable pin dir: %v\n%s", err, out)
+	}
+}
+
+func unmountNS(n ns.NetNS) error {
+	if err := unix.Unmount(n.Path(), unix.MNT_DETACH); err != nil {
+		return err
+	}
+	return os.Remove(n.Path())
+}
+
+func waitGone(t *testing.T, e *env, name string) {
+	t.Helper()
+	for i := 0; i < 100; i++ {
+		gone := false
+		e.inNode(func() error {
+			_, err := netlinkLinkByName(name)
+			gone = err != nil
+			return nil
+		})
+		if gone {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s still exists", name)
+}
+
+func netlinkLinkByName(name string) (any, error) { return netlink.LinkByName(name) }
+
+func deleteHostLink(name string) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	return netlink.LinkDel(l)
+}
