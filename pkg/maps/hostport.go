@@ -515,3 +515,40 @@ func deleteKeys[K any](m *ebpf.Map, keys []K) error {
 	}
 	return errs
 }
+
+// PruneHostPorts removes the mappings, flows and socket entries of pods
+// whose host veth is gone (live says which ifindexes still exist), for GC
+// after DELs that never came. It scans all three maps.
+func (m *Maps) PruneHostPorts(live func(ifindex int) bool) (int, error) {
+	n := 0
+	var hpKeys []HostPortKey
+	err := scan(m.byName[nameHostPorts], func(k *HostPortKey, v *HostPortVal) {
+		if !live(int(v.Ifindex)) {
+			hpKeys = append(hpKeys, *k)
+		}
+	})
+	if err == nil {
+		err = deleteKeys(m.byName[nameHostPorts], hpKeys)
+		n += len(hpKeys)
+	}
+	var ctKeys []CTKey
+	if serr := scan(m.byName[nameCT], func(k *CTKey, v *CTVal) {
+		if !live(int(v.Ifindex)) {
+			ctKeys = append(ctKeys, *k)
+		}
+	}); serr != nil {
+		return n, errors.Join(err, serr)
+	}
+	err = errors.Join(err, deleteKeys(m.byName[nameCT], ctKeys))
+	n += len(ctKeys)
+	var sKeys []SockRNATKey
+	if serr := scan(m.byName[nameSockRNAT], func(k *SockRNATKey, v *SockRNATVal) {
+		if !live(int(v.Ifindex)) {
+			sKeys = append(sKeys, *k)
+		}
+	}); serr != nil {
+		return n, errors.Join(err, serr)
+	}
+	err = errors.Join(err, deleteKeys(m.byName[nameSockRNAT], sKeys))
+	return n + len(sKeys), err
+}
