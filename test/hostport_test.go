@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
+	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
@@ -477,4 +478,291 @@ func TestHostPortRemote(t *testing.T) {
 	e.mustDel(p, "web")
 	e.assertClean()
 	e.assertNoHostPorts()
+}
+
+// TestHostPortFromNode: processes in the node's netns reach a hostPort on a
+// node address, 127.0.0.1 and ::1 (cgroup socket hooks, no route_localnet),
+// see the address they dialled (getpeername, UDP reply source), and other
+// namespaces of the machine are not affected by the root-cgroup hooks.
+func TestHostPortFromNode(t *testing.T) {
+	t.Parallel()
+	e := newHPEnv(t)
+	p := e.newPod()
+	e.mustAddHP(p, "web", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 8080, ContainerPort: 80, Protocol: "udp"})
+	serve(t, p, 80, "web")
+
+	for _, proto := range []string{"tcp", "udp"} {
+		for _, ip := range []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1"), nodeIP4, nodeIP6, uplinkIP4, uplinkIP6} {
+			expectServer(t, e.node, proto, hp(ip, 8080), "web")
+		}
+	}
+	// A connected UDP socket (connect + write/read) works too.
+	err := e.node.Do(func(ns.NetNS) error {
+		c, err := net.Dial("udp", "127.0.0.1:8080")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if c.RemoteAddr().String() != "127.0.0.1:8080" {
+			return fmt.Errorf("connected UDP: peer %s", c.RemoteAddr())
+		}
+		c.Write([]byte("x"))
+		c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		buf := make([]byte, 256)
+		n, err := c.Read(buf)
+		if err != nil || !strings.HasPrefix(string(buf[:n]), "web ") {
+			return fmt.Errorf("connected UDP: %q %v", buf[:n], err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	// The hooks sit on the machine's cgroup root: another netns with the same
+	// addresses and no hostPorts (here, the remote's loopback) is untouched.
+	expectNoServer(t, e.remote, "tcp", "127.0.0.1:8080")
+	expectNoServer(t, e.remote, "udp", "127.0.0.1:8080")
+
+	e.mustDel(p, "web")
+	for _, proto := range []string{"tcp", "udp"} {
+		expectNoServer(t, e.node, proto, "127.0.0.1:8080")
+	}
+	e.assertClean()
+	e.assertNoHostPorts()
+}
+
+// TestHostPortHairpin: a pod reaches its own hostPort and another pod's
+// through a node address, TCP and UDP, IPv4 and IPv6. Reaching itself, it
+// is SNATed to the dialled address (it must not see its own address as the
+// source); reaching another pod it is seen as itself.
+func TestHostPortHairpin(t *testing.T) {
+	t.Parallel()
+	e := newHPEnv(t)
+	a, b := e.newPod(), e.newPod()
+	ra := e.mustAddHP(a, "pod-a", pm{HostPort: 7001, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 7001, ContainerPort: 80, Protocol: "udp"})
+	e.mustAddHP(b, "pod-b", pm{HostPort: 7002, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 7002, ContainerPort: 80, Protocol: "udp"})
+	serve(t, a, 80, "pod-a")
+	serve(t, b, 80, "pod-b")
+	a4, a6 := podIPs(t, ra)
+
+	for _, proto := range []string{"tcp", "udp"} {
+		for _, ip := range []net.IP{nodeIP4, uplinkIP4, nodeIP6, uplinkIP6} {
+			self := expectServer(t, a, proto, hp(ip, 7001), "pod-a")
+			if host, _, _ := net.SplitHostPort(self.peer); host != ip.String() {
+				t.Errorf("%s hairpin to itself via %s: the pod saw %s as the client, want the dialled %s", proto, ip, self.peer, ip)
+			}
+			other := expectServer(t, a, proto, hp(ip, 7002), "pod-b")
+			want := a4
+			if ip.To4() == nil {
+				want = a6
+			}
+			if host, _, _ := net.SplitHostPort(other.peer); host != want.String() {
+				t.Errorf("%s hairpin to pod-b via %s: pod-b saw %s, want pod-a %s", proto, ip, other.peer, want)
+			}
+		}
+	}
+	m := e.maps()
+	stats, err := m.HostPortStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats["dnat_hairpin"] == 0 || stats["reply"] == 0 {
+		t.Errorf("hostPort counters %v: want hairpin DNATs and translated replies", stats)
+	}
+	e.mustDel(a, "pod-a")
+	e.mustDel(b, "pod-b")
+	e.assertClean()
+	e.assertNoHostPorts()
+}
+
+// TestHostPortHostIP: the same hostPort on different hostIPs and protocols
+// leads to different pods (the Kubernetes conformance case "no conflict
+// between pods with same hostPort but different hostIP and protocol",
+// 127.0.0.1 included), a hostIP mapping is not reachable on the node's other
+// addresses, and a specific hostIP wins over a wildcard on the same port.
+func TestHostPortHostIP(t *testing.T) {
+	t.Parallel()
+	e := newHPEnv(t)
+	pods := map[string]ns.NetNS{}
+	add := func(name string, pms ...pm) {
+		p := e.newPod()
+		pods[name] = p
+		e.mustAddHP(p, name, pms...)
+		serve(t, p, 80, name)
+	}
+	// Conformance: 127.0.0.1/tcp, node IP/tcp, node IP/udp.
+	add("local", pm{HostPort: 9000, ContainerPort: 80, Protocol: "tcp", HostIP: "127.0.0.1"})
+	add("node-tcp", pm{HostPort: 9000, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP4.String()})
+	add("node-udp", pm{HostPort: 9000, ContainerPort: 80, Protocol: "udp", HostIP: uplinkIP4.String()})
+	// IPv6: the same port on two node addresses, two pods.
+	add("v6-uplink", pm{HostPort: 9001, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP6.String()}, pm{HostPort: 9001, ContainerPort: 80, Protocol: "udp", HostIP: uplinkIP6.String()})
+	add("v6-lo", pm{HostPort: 9001, ContainerPort: 80, Protocol: "tcp", HostIP: nodeIP6.String()}, pm{HostPort: 9001, ContainerPort: 80, Protocol: "udp", HostIP: nodeIP6.String()})
+	// Wildcard and specific on one port: the specific one wins where it applies.
+	add("any", pm{HostPort: 9002, ContainerPort: 80, Protocol: "tcp"})
+	add("specific", pm{HostPort: 9002, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP4.String()})
+	// 0.0.0.0 is the IPv4 wildcard only.
+	add("any4", pm{HostPort: 9003, ContainerPort: 80, Protocol: "tcp", HostIP: "0.0.0.0"})
+
+	expectServer(t, e.node, "tcp", "127.0.0.1:9000", "local")
+	expectServer(t, e.node, "tcp", hp(uplinkIP4, 9000), "node-tcp")
+	expectServer(t, e.node, "udp", hp(uplinkIP4, 9000), "node-udp")
+	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 9000), "node-tcp")
+	expectServer(t, e.remote, "udp", hp(uplinkIP4, 9000), "node-udp")
+	expectNoServer(t, e.remote, "tcp", hp(nodeIP4, 9000))
+	expectNoServer(t, e.node, "udp", "127.0.0.1:9000")
+	for _, from := range []ns.NetNS{e.remote, e.node} {
+		for _, proto := range []string{"tcp", "udp"} {
+			expectServer(t, from, proto, hp(uplinkIP6, 9001), "v6-uplink")
+			expectServer(t, from, proto, hp(nodeIP6, 9001), "v6-lo")
+		}
+	}
+	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 9002), "specific")
+	expectServer(t, e.remote, "tcp", hp(nodeIP4, 9002), "any")
+	expectServer(t, e.remote, "tcp", hp(uplinkIP6, 9002), "any")
+	expectServer(t, e.node, "tcp", "127.0.0.1:9002", "any")
+	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 9003), "any4")
+	expectNoServer(t, e.remote, "tcp", hp(uplinkIP6, 9003))
+
+	for name, p := range pods {
+		e.mustDel(p, name)
+	}
+	e.assertClean()
+	e.assertNoHostPorts()
+}
+
+// TestHostPortTCPAndUDP: TCP and UDP on the same port number lead to
+// different pods at once, and each keeps working while the other is used.
+func TestHostPortTCPAndUDP(t *testing.T) {
+	t.Parallel()
+	e := newHPEnv(t)
+	tp, up := e.newPod(), e.newPod()
+	e.mustAddHP(tp, "tcp-pod", pm{HostPort: 5353, ContainerPort: 80, Protocol: "tcp"})
+	e.mustAddHP(up, "udp-pod", pm{HostPort: 5353, ContainerPort: 80, Protocol: "udp"})
+	serve(t, tp, 80, "tcp-pod")
+	serve(t, up, 80, "udp-pod")
+	for _, from := range []ns.NetNS{e.remote, e.node} {
+		for _, ip := range []net.IP{uplinkIP4, uplinkIP6} {
+			expectServer(t, from, "tcp", hp(ip, 5353), "tcp-pod")
+			expectServer(t, from, "udp", hp(ip, 5353), "udp-pod")
+		}
+	}
+	e.mustDel(tp, "tcp-pod")
+	expectNoServer(t, e.remote, "tcp", hp(uplinkIP4, 5353))
+	expectServer(t, e.remote, "udp", hp(uplinkIP4, 5353), "udp-pod")
+	e.mustDel(up, "udp-pod")
+	e.assertClean()
+	e.assertNoHostPorts()
+}
+
+// TestHostPortNoRules: ADD, traffic and DEL leave the iptables, ip6tables and
+// nftables rulesets of the node and of the host exactly as they were.
+func TestHostPortNoRules(t *testing.T) {
+	e := newHPEnv(t) // not parallel: the host's ruleset is shared
+	nodeBefore, hostBefore := rulesets(t, e.node), rulesets(t, nil)
+	p := e.newPod()
+	e.mustAddHP(p, "web", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 8080, ContainerPort: 80, Protocol: "udp"},
+		pm{HostPort: 8443, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP6.String()})
+	serve(t, p, 80, "web")
+	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 8080), "web")
+	expectServer(t, e.remote, "udp", hp(uplinkIP6, 8080), "web")
+	expectServer(t, e.remote, "tcp", hp(uplinkIP6, 8443), "web")
+	expectServer(t, e.node, "tcp", "127.0.0.1:8080", "web")
+	expectServer(t, p, "tcp", hp(nodeIP4, 8080), "web")
+	if got := rulesets(t, e.node); got != nodeBefore {
+		t.Errorf("ADD changed the node's ruleset:\nbefore:\n%s\nafter:\n%s", nodeBefore, got)
+	}
+	if got := rulesets(t, nil); got != hostBefore {
+		t.Errorf("ADD changed the host's ruleset:\nbefore:\n%s\nafter:\n%s", hostBefore, got)
+	}
+	e.mustDel(p, "web")
+	if got := rulesets(t, e.node); got != nodeBefore {
+		t.Errorf("DEL changed the node's ruleset:\nbefore:\n%s\nafter:\n%s", nodeBefore, got)
+	}
+	if got := rulesets(t, nil); got != hostBefore {
+		t.Errorf("DEL changed the host's ruleset:\nbefore:\n%s\nafter:\n%s", hostBefore, got)
+	}
+	e.assertClean()
+	e.assertNoHostPorts()
+}
+
+// TestHostPortConflict: an ADD asking for a hostPort another pod holds fails
+// with error 7 naming the entry, and leaves nothing: no veth, no IPAM
+// reservation, no record, none of its other mappings. Of pods racing for one
+// hostPort, exactly one wins.
+func TestHostPortConflict(t *testing.T) {
+	t.Parallel()
+	e := newHPEnv(t)
+	owner := e.newPod()
+	e.mustAddHP(owner, "owner", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
+	serve(t, owner, 80, "owner")
+
+	p := e.newPod()
+	e.cleanupDel(p, "late")
+	_, err := e.addHP(p, "late", pm{HostPort: 9090, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 8080, ContainerPort: 81, Protocol: "TCP"})
+	if code := errCode(err); code != codeInvalidConfig {
+		t.Fatalf("ADD of a taken hostPort: code %d (%v), want %d", code, err, codeInvalidConfig)
+	}
+	wantErrContains(t, "ADD of a taken hostPort", err, "runtimeConfig.portMappings[1]", "8080/tcp", "already mapped")
+	late := &attachment{pod: p, id: "late", ifname: "eth0", hostIf: cni.HostIfName("late", "eth0")}
+	e.assertGone(late)
+	m := e.maps()
+	hps, _ := m.ListHostPorts()
+	for _, h := range hps {
+		if h.HostPort == 9090 {
+			t.Errorf("the failed ADD left its other mapping %s", h.Listen())
+		}
+	}
+	// The owner is untouched.
+	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 8080), "owner")
+	if err := e.checkHP(owner, "owner", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}); err != nil {
+		t.Errorf("CHECK of the owner after the failed ADD: %v", err)
+	}
+	// A wildcard mapping does not conflict with a specific one (the more
+	// specific wins, as with sockets), but two on the same hostIP do.
+	s := e.newPod()
+	e.mustAddHP(s, "specific", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP4.String()})
+	s2 := e.newPod()
+	e.cleanupDel(s2, "specific-2")
+	_, err = e.addHP(s2, "specific-2", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP4.String()})
+	if code := errCode(err); code != codeInvalidConfig {
+		t.Errorf("second ADD of %s:8080/tcp: code %d (%v), want %d", uplinkIP4, code, err, codeInvalidConfig)
+	}
+
+	// Racing: N pods ADD the same hostPort at once.
+	const racers = 4
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		wins []string
+	)
+	for i := 0; i < racers; i++ {
+		id := fmt.Sprintf("racer-%d", i)
+		rp := e.newPod()
+		e.cleanupDel(rp, id)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := e.addHP(rp, id, pm{HostPort: 7777, ContainerPort: 80, Protocol: "udp"}); err == nil {
+				mu.Lock()
+				wins = append(wins, id)
+				mu.Unlock()
+			} else if errCode(err) != codeInvalidConfig {
+				t.Errorf("%s lost the race with %v, want error %d", id, err, codeInvalidConfig)
+			}
+		}()
+	}
+	wg.Wait()
+	if len(wins) != 1 {
+		t.Fatalf("%d of %d racing ADDs won hostPort 7777/udp (%v), want exactly 1", len(wins), racers, wins)
+	}
+	n := 0
+	hps, _ = m.ListHostPorts()
+	for _, h := range hps {
+		if h.HostPort == 7777 {
+			n++
+		}
+	}
+	if n != 2 { // IPv4 and IPv6 of the winner
+		t.Errorf("%d entries for 7777/udp after the race, want 2", n)
+	}
 }

@@ -2,6 +2,8 @@
 //
 //	ebpf-agent run                     own the pinned datapath until stopped
 //	ebpf-agent dump endpoints [-o json] print the endpoints map with counters
+//	ebpf-agent dump hostports [-o json] print the hostPort mappings
+//	ebpf-agent dump ct [-o json]        print translated hostPort flows and node sockets
 package main
 
 import (
@@ -19,8 +21,10 @@ import (
 )
 
 const usage = `usage:
-  ebpf-agent run [--pin-dir DIR]
+  ebpf-agent run [--pin-dir DIR] [--hostports=true|false] [--cgroup-root DIR]
   ebpf-agent dump endpoints [--pin-dir DIR] [--state-dir DIR] [-o table|json]
+  ebpf-agent dump hostports [--pin-dir DIR] [--state-dir DIR] [-o table|json]
+  ebpf-agent dump ct [--pin-dir DIR] [-o table|json]
 `
 
 func main() {
@@ -50,15 +54,21 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
 	pinDir := fs.String("pin-dir", datapath.DefaultPinRoot, "bpffs directory of the datapath")
+	hostPorts := fs.Bool("hostports", true, "own the node-level hostPort hooks (uplinks, cgroup socket hooks, node addresses)")
+	cgroupRoot := fs.String("cgroup-root", "", "cgroup2 directory for the hostPort socket hooks (default: the cgroup2 mount)")
 	fs.Parse(args)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return agent.Run(ctx, *pinDir, log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags))
+	var opts []agent.Option
+	if *hostPorts {
+		opts = append(opts, agent.WithHostPorts(*cgroupRoot))
+	}
+	return agent.Run(ctx, *pinDir, log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags), opts...)
 }
 
 func dump(args []string) error {
 	if len(args) < 1 {
-		return fmt.Errorf("dump what? (endpoints)")
+		return fmt.Errorf("dump what? (endpoints, hostports, ct)")
 	}
 	what := args[0]
 	fs := flag.NewFlagSet("dump", flag.ExitOnError)
@@ -73,6 +83,18 @@ func dump(args []string) error {
 			return err
 		}
 		return agent.WriteEndpoints(os.Stdout, rows, *format)
+	case "hostports":
+		rows, err := agent.HostPorts(*pinDir, *stateDir)
+		if err != nil {
+			return err
+		}
+		return agent.WriteHostPorts(os.Stdout, rows, *format)
+	case "ct":
+		d, err := agent.CT(*pinDir)
+		if err != nil {
+			return err
+		}
+		return agent.WriteCT(os.Stdout, d, *format)
 	}
-	return fmt.Errorf("unknown dump %q (want endpoints)", what)
+	return fmt.Errorf("unknown dump %q (want endpoints, hostports or ct)", what)
 }
