@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -24,7 +25,6 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
 	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
-	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
@@ -442,11 +442,7 @@ func (e *env) assertNoHostPorts() {
 	}
 }
 
-var _ = bytes.Equal
-var _ = json.Marshal
-var _ sync.Mutex
-var _ = agent.Endpoints
-var _ = datapath.NodeHookDir
+func removeFile(p string) error { return os.Remove(p) }
 
 // ---- tests -----------------------------------------------------------------
 
@@ -765,4 +761,448 @@ func TestHostPortConflict(t *testing.T) {
 	if n != 2 { // IPv4 and IPv6 of the winner
 		t.Errorf("%d entries for 7777/udp after the race, want 2", n)
 	}
+}
+
+// udpFlood sends a datagram every 20 ms from a fixed source in netns to addr
+// until stopped, and counts the answers by server.
+type udpFlood struct {
+	stop    chan struct{}
+	done    chan struct{}
+	mu      sync.Mutex
+	answers map[string]int
+}
+
+func startUDPFlood(t *testing.T, netns ns.NetNS, src *net.UDPAddr, addr string) *udpFlood {
+	t.Helper()
+	f := &udpFlood{stop: make(chan struct{}), done: make(chan struct{}), answers: map[string]int{}}
+	var c *net.UDPConn
+	err := netns.Do(func(ns.NetNS) error {
+		var err error
+		c, err = net.ListenUDP("udp", src)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("UDP flood socket: %v", err)
+	}
+	raddr, _ := net.ResolveUDPAddr("udp", addr)
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, _, err := c.ReadFromUDP(buf)
+			if err != nil {
+				return
+			}
+			if a, err := parseAnswer(string(buf[:n])); err == nil {
+				f.mu.Lock()
+				f.answers[a.server]++
+				f.mu.Unlock()
+			}
+		}
+	}()
+	go func() {
+		defer close(f.done)
+		tk := time.NewTicker(20 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-f.stop:
+				c.Close()
+				return
+			case <-tk.C:
+				c.WriteToUDP([]byte("flood"), raddr)
+			}
+		}
+	}()
+	stop := func() {
+		select {
+		case <-f.stop:
+		default:
+			close(f.stop)
+			<-f.done
+		}
+	}
+	t.Cleanup(stop)
+	return f
+}
+
+func (f *udpFlood) count(server string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.answers[server]
+}
+
+// countUDP counts datagrams arriving on port in netns during d.
+func countUDP(t *testing.T, netns ns.NetNS, port int, d time.Duration) int {
+	t.Helper()
+	var c net.PacketConn
+	err := netns.Do(func(ns.NetNS) error {
+		var err error
+		c, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", port))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listen UDP %d: %v", port, err)
+	}
+	defer c.Close()
+	n := 0
+	end := time.Now().Add(d)
+	buf := make([]byte, 512)
+	for time.Now().Before(end) {
+		c.SetReadDeadline(end)
+		if _, _, err := c.ReadFrom(buf); err == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// TestHostPortDelPurgesFlows: DEL removes the pod's mappings, every cni_ct
+// and socket entry made for it, and aborts node UDP sockets the hook had
+// connected to it. A new pod given the same IP receives none of the old
+// UDP flows: neither a remote client still sending to the hostPort nor a
+// node socket that had connected through it (the portmap failure where
+// stale conntrack entries keep delivering to the IP).
+func TestHostPortDelPurgesFlows(t *testing.T) {
+	t.Parallel()
+	e := newHPEnv(t)
+	// One address only, so the next pod gets the same one.
+	e.ipam = map[string]any{
+		"type": "host-local", "dataDir": e.dataDir,
+		"ranges": [][]map[string]string{{{"subnet": podSubnet4, "rangeStart": "10.250.0.50", "rangeEnd": "10.250.0.50"}}},
+	}
+	old := e.newPod()
+	r := e.mustAddHP(old, "old", pm{HostPort: 6000, ContainerPort: 80, Protocol: "udp"}, pm{HostPort: 6001, ContainerPort: 81, Protocol: "tcp"})
+	podIP, _ := resultIPs(r)
+	serve(t, old, 80, "old")
+	serve(t, old, 81, "old")
+	_, oldIdx := e.hostVeth("old")
+
+	flood := startUDPFlood(t, e.remote, &net.UDPAddr{IP: remoteIP4, Port: 40000}, hp(uplinkIP4, 6000))
+	// A node process with a connected UDP socket through the hostPort.
+	var nodeSock net.Conn
+	err := e.node.Do(func(ns.NetNS) error {
+		var err error
+		nodeSock, err = net.Dial("udp", "127.0.0.1:6000")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nodeSock.Close()
+	nodeSock.Write([]byte("hello"))
+	nodeSock.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if n, err := nodeSock.Read(make([]byte, 256)); err != nil || n == 0 {
+		t.Fatalf("node's connected UDP socket got no answer: %v", err)
+	}
+	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 6001), "old")
+	deadline := time.Now().Add(3 * time.Second)
+	for flood.count("old") < 5 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if flood.count("old") < 5 {
+		t.Fatalf("the remote UDP flow got %d answers from the old pod, want some", flood.count("old"))
+	}
+
+	m := e.maps()
+	flows := ctOf(t, m, oldIdx)
+	found := false
+	for _, f := range flows {
+		if f.Client.String() == hp(remoteIP4, 40000) && f.Dialled.String() == hp(uplinkIP4, 6000) && f.Pod.String() == hp(podIP, 80) {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("cni_ct lacks the remote UDP flow %s -> %s -> %s: %+v", hp(remoteIP4, 40000), hp(uplinkIP4, 6000), hp(podIP, 80), flows)
+	}
+	socks, _ := m.ListSockRNAT()
+	if len(socks) == 0 {
+		t.Fatalf("cni_sock_rnat has no entry for the node's socket")
+	}
+
+	e.mustDel(old, "old")
+	if l := ctOf(t, m, oldIdx); len(l) != 0 {
+		t.Errorf("DEL left %d cni_ct entries of the pod: %+v", len(l), l)
+	}
+	e.assertNoHostPorts()
+	// The node socket was aborted.
+	nodeSock.SetDeadline(time.Now().Add(time.Second))
+	_, werr := nodeSock.Write([]byte("still there?"))
+	_, rerr := nodeSock.Read(make([]byte, 64))
+	if werr == nil && rerr == nil {
+		t.Errorf("the node's UDP socket connected through the hostPort still works after DEL")
+	}
+
+	// A new pod with the same IP, no mappings, listening on the same ports.
+	fresh := e.newPod()
+	e.cleanupDel(fresh, "fresh")
+	rf, err := e.addHP(fresh, "fresh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ip, _ := resultIPs(rf); !ip.Equal(podIP) {
+		t.Fatalf("new pod got %s, want the old pod's %s", ip, podIP)
+	}
+	stopNode := make(chan struct{})
+	go func() { // the old node socket keeps trying
+		for {
+			select {
+			case <-stopNode:
+				return
+			case <-time.After(20 * time.Millisecond):
+				nodeSock.Write([]byte("stale"))
+			}
+		}
+	}()
+	n := countUDP(t, fresh, 80, 1500*time.Millisecond)
+	close(stopNode)
+	if n != 0 {
+		t.Errorf("the new pod with the old pod's IP received %d datagrams of the old flows", n)
+	}
+	e.mustDel(fresh, "fresh")
+	e.assertClean()
+	e.assertNoHostPorts()
+}
+
+// TestHostPortBadInput: malformed entries are error 7 naming the entry and
+// field, and nothing is kept; DEL accepts anything.
+func TestHostPortBadInput(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		pms  []pm
+		want []string
+	}{
+		{"hostPort 0", []pm{{HostPort: 0, ContainerPort: 80, Protocol: "tcp"}}, []string{"runtimeConfig.portMappings[0].hostPort", "0 is out of range"}},
+		{"hostPort too big", []pm{{HostPort: 80, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 70000, ContainerPort: 80, Protocol: "tcp"}},
+			[]string{"runtimeConfig.portMappings[1].hostPort", "70000 is out of range"}},
+		{"containerPort negative", []pm{{HostPort: 80, ContainerPort: -1, Protocol: "udp"}}, []string{"runtimeConfig.portMappings[0].containerPort", "-1"}},
+		{"unknown protocol", []pm{{HostPort: 80, ContainerPort: 80, Protocol: "icmp"}}, []string{"runtimeConfig.portMappings[0].protocol", "icmp"}},
+		{"sctp", []pm{{HostPort: 80, ContainerPort: 80, Protocol: "SCTP"}}, []string{"runtimeConfig.portMappings[0].protocol", "sctp", "not supported"}},
+		{"bad hostIP", []pm{{HostPort: 80, ContainerPort: 80, Protocol: "tcp", HostIP: "300.1.1.1"}}, []string{"runtimeConfig.portMappings[0].hostIP", "300.1.1.1"}},
+		{"multicast hostIP", []pm{{HostPort: 80, ContainerPort: 80, Protocol: "tcp", HostIP: "224.0.0.1"}}, []string{"runtimeConfig.portMappings[0].hostIP"}},
+		{"same hostPort twice", []pm{{HostPort: 80, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 80, ContainerPort: 81, Protocol: "tcp"}},
+			[]string{"runtimeConfig.portMappings[1].hostPort", "portMappings[0]"}},
+	}
+	e := newHPEnv(t)
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e.t = t
+			p := e.newPod()
+			id := fmt.Sprintf("bad-%d", i)
+			e.cleanupDel(p, id)
+			_, err := e.addHP(p, id, c.pms...)
+			if code := errCode(err); code != codeInvalidConfig {
+				t.Fatalf("ADD: code %d (%v), want %d", code, err, codeInvalidConfig)
+			}
+			wantErrContains(t, "ADD", err, c.want...)
+			e.assertClean()
+			e.assertNoHostPorts()
+			// DEL with the same bad entries still succeeds.
+			err = e.inNode(func() error {
+				return e.cni.DelNetworkList(context.Background(), e.confList("1.0.0"), e.rtHP(p, id, c.pms))
+			})
+			if err != nil {
+				t.Errorf("DEL with bad portMappings: %v", err)
+			}
+		})
+	}
+}
+
+// TestHostPortSingleStack: a wildcard mapping of an IPv4-only pod exists for
+// IPv4 only; a hostIP of a family the pod lacks is error 7 found after IPAM,
+// and the failed ADD undoes everything, the IPAM reservation included.
+func TestHostPortSingleStack(t *testing.T) {
+	t.Parallel()
+	e := newHPEnv(t)
+	e.ipam = map[string]any{"type": "host-local", "dataDir": e.dataDir, "ranges": [][]map[string]string{{{"subnet": podSubnet4}}}}
+	p := e.newPod()
+	e.mustAddHP(p, "v4", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
+	serve(t, p, 80, "v4")
+	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 8080), "v4")
+	expectNoServer(t, e.remote, "tcp", hp(uplinkIP6, 8080))
+	hps, _ := e.maps().ListHostPorts()
+	if len(hps) != 1 || hps[0].IPv6 {
+		t.Errorf("mappings of an IPv4-only pod: %+v, want one IPv4 entry", hps)
+	}
+
+	q := e.newPod()
+	e.cleanupDel(q, "v6-hostip")
+	_, err := e.addHP(q, "v6-hostip", pm{HostPort: 8081, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP6.String()})
+	if code := errCode(err); code != codeInvalidConfig {
+		t.Fatalf("IPv6 hostIP for an IPv4-only pod: code %d (%v), want %d", code, err, codeInvalidConfig)
+	}
+	wantErrContains(t, "IPv6 hostIP for an IPv4-only pod", err, "runtimeConfig.portMappings[0].hostIP", "no IPv6 address")
+	e.assertGone(&attachment{pod: q, id: "v6-hostip", ifname: "eth0", hostIf: cni.HostIfName("v6-hostip", "eth0")})
+
+	e.mustDel(p, "v4")
+	e.assertClean()
+	e.assertNoHostPorts()
+}
+
+// TestHostPortCheckAndGC: CHECK verifies the mappings and the node hooks
+// and names what is missing; GC removes the mappings and flows of a pod
+// whose veth is gone without a DEL, even with its state record lost.
+func TestHostPortCheckAndGC(t *testing.T) {
+	t.Parallel()
+	e := newHPEnv(t)
+	p := e.newPod()
+	pms := []pm{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 8080, ContainerPort: 80, Protocol: "udp", HostIP: uplinkIP4.String()}}
+	e.mustAddHP(p, "web", pms...)
+	if err := e.checkHP(p, "web", pms...); err != nil {
+		t.Fatalf("CHECK: %v", err)
+	}
+	m := e.maps()
+	if err := e.checkHP(p, "web", pm{HostPort: 8080, ContainerPort: 99, Protocol: "tcp"}); err == nil {
+		t.Errorf("CHECK with another containerPort passed")
+	}
+	// Remove the IPv6 wildcard entry by hand.
+	hps, _ := m.ListHostPorts()
+	for _, h := range hps {
+		if h.IPv6 {
+			h2 := h
+			if err := m.DeleteHostPort(h2); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	err := e.checkHP(p, "web", pms...)
+	wantErrContains(t, "CHECK with a mapping removed", err, "cni_hostports", "[*]:8080/tcp")
+
+	// A second pod whose netns disappears without DEL, record lost too.
+	q := e.newPod()
+	e.mustAddHP(q, "gone", pm{HostPort: 9000, ContainerPort: 80, Protocol: "udp"})
+	// No server (its sockets would keep the netns alive): a datagram is
+	// enough for a flow entry.
+	askUDP(e.remote, hp(uplinkIP4, 9000))
+	hostIf, goneIdx := e.hostVeth("gone")
+	if len(ctOf(t, m, goneIdx)) == 0 {
+		t.Fatalf("no flow entry for the datagram to %s", hp(uplinkIP4, 9000))
+	}
+	destroyPod(t, q)
+	e.waitLinkGone(hostIf)
+	if err := removeFile(e.recordPath("gone", "eth0")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.gc(types.GCAttachment{ContainerID: "web", IfName: "eth0"}); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	hps, _ = m.ListHostPorts()
+	for _, h := range hps {
+		if h.HostPort == 9000 {
+			t.Errorf("GC left the mapping %s of a pod whose veth is gone", h.Listen())
+		}
+	}
+	flows, _ := m.ListCT()
+	for _, f := range flows {
+		if f.Dialled.Port() == 9000 {
+			t.Errorf("GC left the flow %+v of a pod whose veth is gone", f)
+		}
+	}
+	// The live pod's remaining mapping is still there.
+	if err := e.checkHP(p, "web", pms[1]); err != nil {
+		t.Errorf("CHECK of the live pod after GC: %v", err)
+	}
+	e.mustDel(p, "web")
+	e.assertNoHostPorts()
+}
+
+// TestHostPortAgentDump: `ebpf-agent dump hostports` and `dump ct` show the
+// mappings and flows, as an aligned table and as JSON.
+func TestHostPortAgentDump(t *testing.T) {
+	t.Parallel()
+	e := newHPEnv(t)
+	p := e.newPod()
+	e.cleanupDel(p, "web")
+	rt := e.rtHP(p, "web", []pm{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 5353, ContainerPort: 53, Protocol: "udp", HostIP: uplinkIP4.String()}})
+	rt.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "default"}, {"K8S_POD_NAME", "web-0"}}
+	var res types.Result
+	err := e.inNode(func() error {
+		var err error
+		res, err = e.cni.AddNetworkList(context.Background(), e.confList("1.0.0"), rt)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := current.NewResultFromResult(res)
+	p4, _ := podIPs(t, r)
+	serve(t, p, 80, "web")
+	serve(t, p, 53, "web")
+	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 8080), "web")
+	expectServer(t, e.remote, "udp", hp(uplinkIP4, 5353), "web")
+	expectServer(t, e.node, "tcp", "127.0.0.1:8080", "web")
+
+	dump := func(what string, args ...string) []byte {
+		t.Helper()
+		var out []byte
+		err := e.inNode(func() error {
+			cmd := exec.Command(binDir+"/ebpf-agent", append([]string{"dump", what, "--pin-dir", e.pinDir, "--state-dir", e.stateDir}, args...)...)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			var err error
+			if out, err = cmd.Output(); err != nil {
+				return fmt.Errorf("ebpf-agent dump %s %v: %v\n%s", what, args, err, stderr.Bytes())
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	var rows []agent.HostPortRow
+	js := dump("hostports", "-o", "json")
+	if err := json.Unmarshal(js, &rows); err != nil {
+		t.Fatalf("decode: %v\n%s", err, js)
+	}
+	if len(rows) != 3 { // tcp *:8080 v4+v6, udp hostIP:5353
+		t.Errorf("%d hostport rows, want 3:\n%s", len(rows), js)
+	}
+	hostIf, idx := e.hostVeth("web")
+	for _, row := range rows {
+		if row.Pod != "default/web-0" || row.Interface != hostIf || row.Ifindex != idx {
+			t.Errorf("row %+v: want pod default/web-0 on %s (%d)", row, hostIf, idx)
+		}
+		if row.HostPort == 5353 && (row.HostIP != uplinkIP4.String() || row.Protocol != "udp" || row.PodIP != p4.String() || row.ContainerPort != 53) {
+			t.Errorf("row %+v: want %s:5353/udp -> %s:53", row, uplinkIP4, p4)
+		}
+	}
+	table := string(dump("hostports"))
+	lines := strings.Split(strings.TrimSpace(table), "\n")
+	if len(lines) != 4 || !strings.HasPrefix(lines[0], "HOST IP") || !strings.Contains(table, "default/web-0") {
+		t.Errorf("hostports table:\n%s", table)
+	}
+
+	var ct agent.CTDump
+	js = dump("ct", "-o", "json")
+	if err := json.Unmarshal(js, &ct); err != nil {
+		t.Fatalf("decode: %v\n%s", err, js)
+	}
+	var nat, sock int
+	for _, f := range ct.Flows {
+		switch f.Kind {
+		case "nat":
+			nat++
+			if !strings.HasPrefix(f.Client, remoteIP4.String()+":") || f.Interface != hostIf {
+				t.Errorf("nat flow %+v: want a client at %s and interface %s", f, remoteIP4, hostIf)
+			}
+		case "socket":
+			sock++
+			if f.Dialled != "127.0.0.1:8080" || f.Pod != hp(p4, 80) {
+				t.Errorf("socket entry %+v: want 127.0.0.1:8080 -> %s", f, hp(p4, 80))
+			}
+		}
+	}
+	if nat < 2 || sock < 1 {
+		t.Errorf("ct dump has %d nat flows and %d sockets, want >= 2 and >= 1:\n%s", nat, sock, js)
+	}
+	if ct.Counters["dnat_uplink"] == 0 || ct.Counters["sock_rewrite"] == 0 {
+		t.Errorf("counters %v", ct.Counters)
+	}
+	table = string(dump("ct"))
+	if !strings.HasPrefix(table, "KIND") || !strings.Contains(table, hp(uplinkIP4, 5353)) || !strings.Contains(table, "counters:") {
+		t.Errorf("ct table:\n%s", table)
+	}
+	e.mustDel(p, "web")
+	e.assertNoHostPorts()
 }
