@@ -1206,3 +1206,143 @@ func TestHostPortAgentDump(t *testing.T) {
 	e.mustDel(p, "web")
 	e.assertNoHostPorts()
 }
+
+// TestHostPortNodeFlowsKept: the node's own connections whose local port
+// happens to be a hostPort number keep their return traffic (TCP: only a
+// SYN opens a translated flow; UDP: a connected node socket owns its flow),
+// while new clients on that port still reach the pod.
+func TestHostPortNodeFlowsKept(t *testing.T) {
+	t.Parallel()
+	e := newHPEnv(t)
+	p := e.newPod()
+	e.mustAddHP(p, "web", pm{HostPort: 7100, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 7100, ContainerPort: 80, Protocol: "udp"})
+	serve(t, p, 80, "web")
+	serve(t, e.remote, 5000, "remote")
+
+	// TCP from the node's port 7100 to the remote server.
+	err := e.node.Do(func(ns.NetNS) error {
+		d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: &net.TCPAddr{IP: uplinkIP4, Port: 7100}}
+		c, err := d.Dial("tcp", hp(remoteIP4, 5000))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, "remote ") {
+			return fmt.Errorf("answer %q, %v", line, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Errorf("node TCP connection from local port 7100 (a hostPort): %v", err)
+	}
+	// UDP, connected, from the node's port 7100.
+	err = e.node.Do(func(ns.NetNS) error {
+		c, err := net.DialUDP("udp", &net.UDPAddr{IP: uplinkIP4, Port: 7100}, &net.UDPAddr{IP: remoteIP4, Port: 5000})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 256)
+		for try := 0; try < 3; try++ {
+			c.Write([]byte("q"))
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			n, err := c.Read(buf)
+			if err == nil && strings.HasPrefix(string(buf[:n]), "remote ") {
+				return nil
+			}
+		}
+		return fmt.Errorf("no answer")
+	})
+	if err != nil {
+		t.Errorf("node connected UDP socket on local port 7100 (a hostPort): %v", err)
+	}
+	// Everyone else still reaches the pod.
+	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 7100), "web")
+	expectServer(t, e.remote, "udp", hp(uplinkIP4, 7100), "web")
+	e.mustDel(p, "web")
+	e.assertNoHostPorts()
+}
+
+// TestHostPortAgent: `ebpf-agent run` sets up the node-level hooks before any
+// ADD (the plugin then finds them in place), and follows the node's
+// addresses: one added later is a hostPort address within moments.
+func TestHostPortAgent(t *testing.T) {
+	t.Parallel()
+	e := newHPEnv(t)
+	var (
+		cmd  *exec.Cmd
+		logs bytes.Buffer
+		mu   sync.Mutex
+	)
+	err := e.inNode(func() error {
+		cmd = exec.Command(binDir+"/ebpf-agent", "run", "--pin-dir", e.pinDir)
+		w := &lockedWriter{mu: &mu, w: &logs}
+		cmd.Stdout, cmd.Stderr = w, w
+		return cmd.Start()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(unix.SIGTERM)
+		cmd.Wait()
+	})
+	agentLog := func() string { mu.Lock(); defer mu.Unlock(); return logs.String() }
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 10s; agent log:\n%s", what, agentLog())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	waitFor("agent sets up the hostPort hooks", func() bool { return strings.Contains(agentLog(), "hostPort hooks (start): cgroup") })
+	for _, n := range []string{"cgroup_connect4", "cgroup_getpeername6", "uplink_uplink0"} {
+		if _, err := os.Stat(e.pinDir + "/node/" + n); err != nil {
+			t.Errorf("agent did not pin %s: %v", n, err)
+		}
+	}
+
+	p := e.newPod()
+	e.mustAddHP(p, "web", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
+	serve(t, p, 80, "web")
+	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 8080), "web")
+	expectServer(t, e.node, "tcp", "127.0.0.1:8080", "web")
+
+	extra := net.ParseIP("198.51.100.9").To4()
+	err = e.inNode(func() error {
+		l, err := netlink.LinkByName("uplink0")
+		if err != nil {
+			return err
+		}
+		a, _ := netlink.ParseAddr(extra.String() + "/24")
+		return netlink.AddrAdd(l, a)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := e.maps()
+	waitFor("agent adds the new address to cni_node_ips", func() bool {
+		ips, _ := m.NodeIPs()
+		_, ok := ips[extra.String()]
+		return ok
+	})
+	expectServer(t, e.remote, "tcp", hp(extra, 8080), "web")
+	e.mustDel(p, "web")
+	e.assertNoHostPorts()
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}

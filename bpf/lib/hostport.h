@@ -111,7 +111,7 @@ enum hp_stat {
 	HP_STAT_REPLY = 2,        /* reply translated back (host veth ingress) */
 	HP_STAT_SOCK = 3,         /* node socket's destination rewritten (connect/sendmsg) */
 	HP_STAT_CT_NEW = 4,       /* flow recorded in cni_ct */
-	HP_STAT_NO_FLOW = 5,      /* TCP non-SYN to a hostPort with no known flow: left alone */
+	HP_STAT_NO_FLOW = 5,      /* to a hostPort but not ours: TCP non-SYN of no known flow, or a node socket's UDP flow */
 	HP_STAT_NO_ROUTE = 6,     /* translated reply with no FIB route: dropped */
 	HP_STAT_ERROR = 7,        /* a rewrite or map update failed: dropped */
 	__HP_STAT_MAX,

@@ -140,13 +140,52 @@ static __always_inline int nat_rewrite(struct __sk_buff *skb, struct flow *f, in
 	return 0;
 }
 
+#ifndef BPF_TCP_ESTABLISHED
+#define BPF_TCP_ESTABLISHED 1
+#endif
+
+/*
+ * Whether a connected UDP socket of the node owns this exact flow: a node
+ * process talking from a port that happens to be a UDP hostPort (say, a
+ * resolver's ephemeral port) keeps its replies. Sockets merely bound to the
+ * port do not count: a hostPort wins over them, as portmap's DNAT does.
+ * TCP needs no such check: only SYNs open a translated flow.
+ */
+static __always_inline int node_owns_udp_flow(struct __sk_buff *skb, const struct flow *f)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u32 len;
+
+	if (f->family == AF_INET) {
+		t.ipv4.saddr = *(const __be32 *)f->saddr;
+		t.ipv4.daddr = *(const __be32 *)f->daddr;
+		t.ipv4.sport = f->sport;
+		t.ipv4.dport = f->dport;
+		len = sizeof(t.ipv4);
+	} else {
+		__builtin_memcpy(t.ipv6.saddr, f->saddr, 16);
+		__builtin_memcpy(t.ipv6.daddr, f->daddr, 16);
+		t.ipv6.sport = f->sport;
+		t.ipv6.dport = f->dport;
+		len = sizeof(t.ipv6);
+	}
+	sk = bpf_sk_lookup_udp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	int owned = sk->state == BPF_TCP_ESTABLISHED;
+	bpf_sk_release(sk);
+	return owned;
+}
+
 /*
  * DNATs a packet that matched hostport v to the pod, remembering the flow
  * in cni_ct. snat_to_dialled rewrites the source to the dialled address too
  * (a pod reaching its own hostPort: its reply must come back through the
  * host veth). TCP packets other than a SYN are translated only while their
- * flow is known, so a node's own connection that happens to use a hostPort
- * number as its local port never has its return traffic stolen.
+ * flow is known, and a UDP flow only if no connected node socket owns it,
+ * so a node's own connection that happens to use a hostPort number as its
+ * local port never has its return traffic stolen.
  * Returns 0 when translated, 1 when the packet must go on untouched, -1 on
  * error.
  */
@@ -176,6 +215,9 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
 	    addr_equal(cur->client_addr, nv.client_addr, f->family)) {
 		/* Known flow. */
 	} else if (f->proto == IPPROTO_TCP && !f->syn_only) {
+		hp_count(HP_STAT_NO_FLOW);
+		return 1;
+	} else if (f->proto == IPPROTO_UDP && node_owns_udp_flow(skb, f)) {
 		hp_count(HP_STAT_NO_FLOW);
 		return 1;
 	} else {

@@ -34,7 +34,7 @@ func WithHostPorts(cgroupRoot string) Option {
 
 // runHostPorts is Run's hostPort loop; it returns when ctx ends.
 func runHostPorts(ctx context.Context, dp *datapath.Datapath, c *runConfig, logger *log.Logger) {
-	opts := datapath.HostPortOptions{CgroupRoot: c.cgroupRoot}
+	opts := datapath.HostPortOptions{CgroupRoot: c.cgroupRoot, MustRefresh: true}
 	sync := func(why string) {
 		h, err := dp.EnsureHostPorts(opts)
 		if err != nil {

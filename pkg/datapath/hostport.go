@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -36,6 +37,10 @@ type HostPortOptions struct {
 	// CgroupRoot is the cgroup2 directory the socket hooks attach to; ""
 	// takes the first cgroup2 mount of DefaultCgroupRoots.
 	CgroupRoot string
+	// MustRefresh makes a call on a node already set up fail rather than skip
+	// the address refresh when the address dump keeps being interrupted (the
+	// agent, whose job the refresh is, retries; an ADD just goes on).
+	MustRefresh bool
 }
 
 // NodeHooks describes the node-level hostPort hooks as set up.
@@ -120,6 +125,8 @@ func CgroupRoot(configured string) (string, error) {
 	return "", fmt.Errorf("no cgroup2 mount at %s (set cgroupRoot)", strings.Join(DefaultCgroupRoots, " or "))
 }
 
+var errDumpBusy = errors.New("list node addresses: the address dump kept being interrupted by changes")
+
 // nodeView is what discovery found in the current netns.
 type nodeView struct {
 	addrs   map[string]int // node address -> ifindex
@@ -131,8 +138,27 @@ type nodeView struct {
 // the socket hooks know those) and link-local ones, so pods' host veths
 // (link-local only) drop out by themselves. Uplinks are the Ethernet links
 // other than lo holding any of them.
-func discoverNode() (*nodeView, error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+//
+// A dump is interrupted when addresses change meanwhile, which pods coming
+// and going (their veths' link-local addresses) do all the time on a busy
+// node: it is retried up to attempts times, then errDumpBusy is returned.
+func discoverNode(attempts int) (*nodeView, error) {
+	var (
+		addrs []netlink.Addr
+		err   error
+	)
+	for i := 0; i < attempts; i++ {
+		if i > 0 {
+			time.Sleep(time.Duration(i) * 5 * time.Millisecond)
+		}
+		addrs, err = netlink.AddrList(nil, netlink.FAMILY_ALL)
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	if errors.Is(err, netlink.ErrDumpInterrupted) {
+		return nil, errDumpBusy
+	}
 	if err != nil {
 		return nil, fmt.Errorf("list node addresses: %w", err)
 	}
@@ -178,16 +204,10 @@ func (dp *Datapath) EnsureHostPorts(opts HostPortOptions) (*NodeHooks, error) {
 	if err != nil {
 		return nil, err
 	}
-	view, err := discoverNode()
-	if err != nil {
-		return nil, err
-	}
 	root, err := CgroupRoot(opts.CgroupRoot)
 	if err != nil {
 		return nil, err
 	}
-	hooks := &NodeHooks{NetnsCookie: cookie, CgroupRoot: root, Uplinks: view.uplinkNames(), NodeIPs: view.addrs}
-
 	cfg, err := dp.Maps.HostPortConfig()
 	if err != nil {
 		return nil, fmt.Errorf("read hostPort config: %w", err)
@@ -196,7 +216,21 @@ func (dp *Datapath) EnsureHostPorts(opts HostPortOptions) (*NodeHooks, error) {
 		return nil, fmt.Errorf("pin directory %s serves another network namespace (cookie %d, this one is %d): each node needs its own pinDir",
 			dp.PinRoot, cfg.NetnsCookie, cookie)
 	}
-	if cfg.Enabled() && cfg.HooksId == hooksID() && dp.pinsPresent(view) {
+	ready := cfg.Enabled() && cfg.HooksId == hooksID() && dp.cgroupPinsPresent()
+	attempts := 20
+	if ready && !opts.MustRefresh {
+		attempts = 3
+	}
+	view, err := discoverNode(attempts)
+	if errors.Is(err, errDumpBusy) && ready && !opts.MustRefresh {
+		// Set up already; the addresses are refreshed by the next ADD or the agent.
+		return &NodeHooks{NetnsCookie: cookie, CgroupRoot: root}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	hooks := &NodeHooks{NetnsCookie: cookie, CgroupRoot: root, Uplinks: view.uplinkNames(), NodeIPs: view.addrs}
+	if ready && dp.uplinkPinsPresent(view) {
 		// Fast path: only the addresses can have changed.
 		if err := dp.Maps.SyncNodeIPs(view.addrs); err != nil {
 			return nil, err
@@ -211,6 +245,11 @@ func (dp *Datapath) EnsureHostPorts(opts HostPortOptions) (*NodeHooks, error) {
 	defer unlock()
 	if err := dp.Maps.SyncNodeIPs(view.addrs); err != nil {
 		return nil, err
+	}
+	// Whoever held the lock before may have done it all.
+	if cfg, err = dp.Maps.HostPortConfig(); err == nil && cfg.Enabled() && cfg.NetnsCookie == cookie &&
+		cfg.HooksId == hooksID() && dp.cgroupPinsPresent() && dp.uplinkPinsPresent(view) {
+		return hooks, nil
 	}
 	progs, err := dp.nodePrograms()
 	if err != nil {
@@ -238,13 +277,18 @@ func (dp *Datapath) EnsureHostPorts(opts HostPortOptions) (*NodeHooks, error) {
 	return hooks, nil
 }
 
-// pinsPresent is the fast path's check: every hook pin exists.
-func (dp *Datapath) pinsPresent(view *nodeView) bool {
+// cgroupPinsPresent and uplinkPinsPresent are the fast path's check: every
+// hook pin exists.
+func (dp *Datapath) cgroupPinsPresent() bool {
 	for _, h := range sockHooks {
 		if _, err := os.Stat(cgroupPinPath(dp.PinRoot, h.pin)); err != nil {
 			return false
 		}
 	}
+	return true
+}
+
+func (dp *Datapath) uplinkPinsPresent(view *nodeView) bool {
 	for name := range view.uplinks {
 		if _, err := os.Stat(uplinkPinPath(dp.PinRoot, name)); err != nil {
 			return false
@@ -463,7 +507,7 @@ func (dp *Datapath) CheckHostPorts(opts HostPortOptions) error {
 			return fmt.Errorf("socket hook %s is not attached to a cgroup", h.pin)
 		}
 	}
-	view, err := discoverNode()
+	view, err := discoverNode(20)
 	if err != nil {
 		return err
 	}

@@ -73,7 +73,7 @@ func (s HostPortStat) String() string {
 	case mapsObjHpStatHP_STAT_CT_NEW:
 		return "ct_new"
 	case mapsObjHpStatHP_STAT_NO_FLOW:
-		return "tcp_no_flow"
+		return "not_ours"
 	case mapsObjHpStatHP_STAT_NO_ROUTE:
 		return "drop_no_route"
 	case mapsObjHpStatHP_STAT_ERROR:
