@@ -2,11 +2,14 @@
 
 /*
  * Attached to tcx ingress of the host-side veth: every packet the pod sends.
- * Enforces the pod's source IP and MAC and its egress rate limit, short-cuts
- * same-node pod-to-pod traffic with bpf_redirect_peer (applying the
- * destination's ingress limit), and hands everything else to the kernel stack.
+ * Enforces the pod's source IP and MAC and its egress rate limit, translates
+ * hostPort traffic (replies back to what the client dialled, hairpin to a node
+ * address:hostPort), short-cuts same-node pod-to-pod traffic with
+ * bpf_redirect_peer (applying the destination's ingress limit), and hands
+ * everything else to the kernel stack.
  */
 #include "lib/neigh.h"
+#include "lib/nat.h"
 
 static __always_inline int drop(__u32 ifindex, __u8 reason, __u32 len)
 {
@@ -18,6 +21,95 @@ static __always_inline int pass(__u32 ifindex, __u32 len)
 {
 	count(ifindex, DIR_EGRESS, REASON_FORWARD, len);
 	return TC_ACT_OK;
+}
+
+#define HP_CONTINUE -1
+
+/*
+ * hostPort work on a packet whose source checked out: a reply of a translated
+ * flow (only pods with mappings have any) gets its source set back to what
+ * the client dialled; a packet to a node address:hostPort (hairpin; dst_is_pod
+ * rules that out) is DNATed to the mapping's pod. Returns the verdict of a
+ * translated packet, or HP_CONTINUE, the packet untouched, for the normal path.
+ */
+static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family, __u32 src_flags, int dst_is_pod)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u32 ifindex = skb->ifindex;
+	struct flow f = {};
+	int rc = 0;
+
+	if (family == AF_INET) {
+		struct iphdr *ip = data + ETH_HLEN;
+
+		if ((void *)(ip + 1) > data_end || flow_parse4(skb, ip, &f))
+			return HP_CONTINUE;
+	} else {
+		struct ipv6hdr *ip6 = data + ETH_HLEN;
+
+		if ((void *)(ip6 + 1) > data_end || flow_parse6(skb, ip6, &f))
+			return HP_CONTINUE;
+	}
+
+	if (src_flags & EP_F_HOSTPORT) {
+		rc = hostport_reverse(skb, &f, ifindex);
+		if (rc < 0)
+			goto error;
+		if (rc)
+			hp_count(HP_STAT_REPLY);
+	}
+	if (!rc) {
+		if (dst_is_pod)
+			return HP_CONTINUE;
+		struct hostport_val *v = hostport_lookup(f.daddr, f.family, f.proto, f.dport, 0);
+		if (!v)
+			return HP_CONTINUE;
+		/* Reaching its own hostPort, the pod must not see its own address
+		 * as the source: SNAT to the dialled address. */
+		rc = hostport_dnat(skb, &f, v, v->ifindex == ifindex);
+		if (rc < 0)
+			goto error;
+		if (rc)
+			return HP_CONTINUE;
+		hp_count(HP_STAT_DNAT_HAIRPIN);
+	}
+
+	/* Translated. A pod of this node gets it directly; anything else leaves
+	 * through the FIB's device (its source is a node address now, which the
+	 * stack would take for a martian coming in from a veth). */
+	struct ep_info *dst = ep_lookup_addr(f.daddr, f.family);
+	if (!dst) {
+		__u32 len = skb->len;
+
+		rc = fib_redirect(skb, ifindex);
+		if (rc != TC_ACT_SHOT)
+			count(ifindex, DIR_EGRESS, REASON_FORWARD, len);
+		return rc;
+	}
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end)
+		goto error;
+	if (family == AF_INET) {
+		struct iphdr *ip = (void *)(eth + 1);
+
+		if ((void *)(ip + 1) > data_end || ip->ttl <= 1)
+			goto error;
+		ttl_dec4(ip);
+	} else {
+		struct ipv6hdr *ip6 = (void *)(eth + 1);
+
+		if ((void *)(ip6 + 1) > data_end || ip6->hop_limit <= 1)
+			goto error;
+		ip6->hop_limit--;
+	}
+	count(ifindex, DIR_EGRESS, REASON_REDIRECT, skb->len);
+	return redirect_to_endpoint(skb, eth, dst);
+error:
+	hp_count(HP_STAT_ERROR);
+	return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
 }
 
 static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth, void *data_end)
@@ -37,6 +129,17 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 		return drop(ifindex, REASON_DROP_BANDWIDTH, skb->len);
 
 	struct ep_info *dst = ep_lookup4(ip->daddr);
+	if (hostports_enabled() && ((src->flags & EP_F_HOSTPORT) || !dst)) {
+		int rc = hostport_from_pod(skb, AF_INET, src->flags, dst != NULL);
+
+		if (rc != HP_CONTINUE)
+			return rc;
+		data_end = (void *)(long)skb->data_end;
+		eth = (void *)(long)skb->data;
+		ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > data_end)
+			return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
+	}
 	if (!dst || ip->ttl <= 1)
 		return pass(ifindex, skb->len);
 
@@ -96,6 +199,17 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 		return drop(ifindex, REASON_DROP_BANDWIDTH, skb->len);
 
 	struct ep_info *dst = ep_lookup6(&ip6->daddr);
+	if (hostports_enabled() && ((src->flags & EP_F_HOSTPORT) || !dst)) {
+		int rc = hostport_from_pod(skb, AF_INET6, src->flags, dst != NULL);
+
+		if (rc != HP_CONTINUE)
+			return rc;
+		data_end = (void *)(long)skb->data_end;
+		eth = (void *)(long)skb->data;
+		ip6 = (void *)(eth + 1);
+		if ((void *)(ip6 + 1) > data_end)
+			return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
+	}
 	if (!dst || ip6->hop_limit <= 1)
 		return pass(ifindex, skb->len);
 

@@ -38,6 +38,7 @@ struct ep_key {
 /* ep_info.flags */
 #define EP_F_BW_EGRESS (1U << 0)  /* the pod has an egress limit: see bandwidth.h */
 #define EP_F_BW_INGRESS (1U << 1) /* the pod has an ingress limit */
+#define EP_F_HOSTPORT (1U << 2)   /* the pod has hostPort mappings: see hostport.h */
 
 /* Value of cni_endpoints. */
 struct ep_info {

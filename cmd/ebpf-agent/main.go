@@ -28,6 +28,8 @@ const usage = `usage: ebpf-agent COMMAND [flags]
   dump endpoints      pod IPs with interfaces, pods and counters (read-only)
   dump bandwidth      per-pod rate limits with passed and dropped traffic (read-only)
   dump stats          every counter by pod, direction and reason (read-only)
+  dump hostports      hostPort mappings with their pods (read-only)
+  dump ct             translated hostPort flows and node sockets (read-only)
   reconcile           remove state of pods that are gone (--dry-run lists it)
   upgrade             swap every attachment to this build's programs in place (--force reloads them)
 
@@ -97,25 +99,30 @@ func main() {
 
 func run(args []string) error {
 	var (
-		metrics  string
-		interval time.Duration
+		metrics    string
+		interval   time.Duration
+		hostPorts  bool
+		cgroupRoot string
 	)
 	c, _ := flags("run", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&metrics, "metrics-addr", "127.0.0.1:9964", "Prometheus metrics listener; empty disables it")
 		fs.DurationVar(&interval, "reconcile-interval", time.Minute, "how often to look for stale state")
+		fs.BoolVar(&hostPorts, "hostports", true, "own the node-level hostPort hooks (uplinks, cgroup socket hooks, node addresses)")
+		fs.StringVar(&cgroupRoot, "cgroup-root", "", "cgroup2 directory for the node-wide socket hooks (default: the cgroup2 mount)")
 	})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	return agent.Run(ctx, agent.Options{
 		PinRoot: c.pinDir, StateDir: c.stateDir, ConfDir: c.confDir, CNIPath: c.binDir,
 		MetricsAddr: metrics, ReconcileInterval: interval, Version: Version,
+		HostPorts: hostPorts, CgroupRoot: cgroupRoot,
 		Logger: log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags),
 	})
 }
 
 func dump(args []string) error {
 	if len(args) < 1 {
-		return fmt.Errorf("dump what? (endpoints, bandwidth or stats)")
+		return fmt.Errorf("dump what? (endpoints, bandwidth, stats, hostports or ct)")
 	}
 	c, _ := flags("dump", args[1:], nil)
 	switch args[0] {
@@ -137,8 +144,20 @@ func dump(args []string) error {
 			return err
 		}
 		return agent.WriteStats(os.Stdout, rows, c.format)
+	case "hostports":
+		rows, err := agent.HostPorts(c.pinDir, c.stateDir)
+		if err != nil {
+			return err
+		}
+		return agent.WriteHostPorts(os.Stdout, rows, c.format)
+	case "ct":
+		d, err := agent.CT(c.pinDir)
+		if err != nil {
+			return err
+		}
+		return agent.WriteCT(os.Stdout, d, c.format)
 	}
-	return fmt.Errorf("unknown dump %q (want endpoints, bandwidth or stats)", args[0])
+	return fmt.Errorf("unknown dump %q (want endpoints, bandwidth, stats, hostports or ct)", args[0])
 }
 
 func reconcile(c *common, dry bool) error {

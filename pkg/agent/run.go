@@ -33,6 +33,8 @@ type Options struct {
 	ReconcileInterval time.Duration
 	Version           string
 	Logger            *log.Logger
+	HostPorts         bool   // own the node-level hostPort hooks (uplinks, socket hooks, node addresses)
+	CgroupRoot        string // cgroup2 mount for the socket hooks; "" finds it
 }
 
 // CheckOwnership refuses a pin or state directory that is not root's alone:
@@ -106,6 +108,15 @@ func Run(ctx context.Context, o Options) error {
 		}
 	}
 	reconcile("start")
+
+	if o.HostPorts {
+		hdp, err := datapath.Open(o.PinRoot)
+		if err != nil {
+			return err
+		}
+		defer hdp.Close()
+		go runHostPorts(ctx, hdp, &runConfig{hostPorts: true, cgroupRoot: o.CgroupRoot}, lg)
+	}
 
 	// A deleted host veth is the usual sign of a pod gone without DEL.
 	updates := make(chan netlink.LinkUpdate, 64)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"text/tabwriter"
 
@@ -69,25 +70,11 @@ func Status(pinRoot, version string) StatusReport {
 		}
 	} else {
 		defer dp.Close()
-		for _, name := range []string{"cni_endpoints", "cni_links", "cni_stats", "cni_bandwidth", "cni_netns"} {
-			if mp := dp.Maps.Map(name); mp != nil {
-				r.Maps[name] = countEntries(mp)
-			}
+		for _, name := range dp.Maps.Names() {
+			r.Maps[name] = countEntries(dp.Maps.Map(name))
 		}
 	}
-	current := map[ebpf.ProgramID]bool{}
-	if dp != nil {
-		for _, p := range []*ebpf.Program{dp.FromContainer, dp.ToContainer, dp.SockOps} {
-			if p == nil {
-				continue
-			}
-			if info, err := p.Info(); err == nil {
-				if id, ok := info.ID(); ok {
-					current[id] = true
-				}
-			}
-		}
-	}
+	current := datapath.CurrentProgramPins()
 	progs, _ := filepath.Glob(filepath.Join(pinRoot, "progs", "*"))
 	for _, p := range progs {
 		prog, err := ebpf.LoadPinnedProgram(p, &ebpf.LoadPinOptions{ReadOnly: true})
@@ -95,11 +82,13 @@ func Status(pinRoot, version string) StatusReport {
 			problem("program pin %s: %v", p, err)
 			continue
 		}
-		ps := ProgramStatus{Pin: filepath.Base(p)}
+		ps := ProgramStatus{Pin: filepath.Base(p), Current: current[filepath.Base(p)]}
 		if info, err := prog.Info(); err == nil {
 			id, _ := info.ID()
 			ps.ID = uint32(id)
-			ps.Current = current[id]
+		}
+		if !ps.Current {
+			problem("program pin %s is not this build's (run `ebpf-agent upgrade`)", ps.Pin)
 		}
 		prog.Close()
 		r.Programs = append(r.Programs, ps)
@@ -167,10 +156,13 @@ func WriteStatus(w io.Writer, r StatusReport, format string) error {
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "\nMAP\tENTRIES")
-	for _, name := range []string{"cni_endpoints", "cni_links", "cni_stats", "cni_bandwidth", "cni_netns"} {
-		if n, ok := r.Maps[name]; ok {
-			fmt.Fprintf(tw, "%s\t%d\n", name, n)
-		}
+	names := make([]string, 0, len(r.Maps))
+	for name := range r.Maps {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		fmt.Fprintf(tw, "%s\t%d\n", name, r.Maps[name])
 	}
 	fmt.Fprintln(tw, "\nPROGRAM PIN\tID\tTHIS BUILD")
 	for _, p := range r.Programs {

@@ -3,7 +3,9 @@ package cni
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
+	"sync"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -81,6 +83,26 @@ func Add(args *skel.CmdArgs) (err error) {
 	}
 	defer dp.Close()
 	tr.mark("datapath")
+
+	// Node-level hostPort hooks: set up the first time (an RCU wait per
+	// uplink), else only the node addresses are refreshed; either way in
+	// parallel with the veth and IPAM below.
+	hooksWait := func() error { return nil }
+	if len(conf.portMappings) > 0 {
+		ch := make(chan error, 1)
+		go func() {
+			_, e := dp.EnsureHostPorts(hostPortOptions(conf))
+			ch <- e
+		}()
+		var once sync.Once
+		var hooksErr error
+		hooksWait = func() error {
+			once.Do(func() { hooksErr = <-ch })
+			return hooksErr
+		}
+		// Never exit with the setup half done.
+		defer hooksWait()
+	}
 
 	var u undo
 	defer func() {
@@ -166,6 +188,14 @@ func Add(args *skel.CmdArgs) (err error) {
 	// Map entries first: the programs are attached already and drop what they
 	// do not know.
 	ifindex := hostLink.Attrs().Index
+	var podIPs []net.IP
+	for _, ipc := range res.IPs {
+		podIPs = append(podIPs, ipc.Address.IP)
+	}
+	hps, err := planHostPorts(conf.portMappings, podIPs, ifindex)
+	if err != nil {
+		return err
+	}
 	if err := dp.Maps.ResetStats(ifindex); err != nil {
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
@@ -179,6 +209,9 @@ func Add(args *skel.CmdArgs) (err error) {
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
 	info := maps.NewEndpointInfo(ifindex, full.podMAC, full.hostMAC, lim.endpointFlags())
+	if len(hps) > 0 {
+		info.Flags |= maps.EndpointFlagHostPort
+	}
 	for _, ipc := range res.IPs {
 		ip := ipc.Address.IP
 		if err := dp.Maps.PutEndpoint(ip, info); err != nil {
@@ -186,8 +219,24 @@ func Add(args *skel.CmdArgs) (err error) {
 		}
 		u.push(func() { _ = dp.Maps.DeleteEndpoint(ip, ifindex) })
 	}
-
 	tr.mark("maps")
+
+	if len(hps) > 0 {
+		if err := hooksWait(); err != nil {
+			return types.NewError(errPluginNotAvailable, fmt.Sprintf("hostPort hooks at %s: %v", conf.PinDir, err), "")
+		}
+		tr.mark("hostport-hooks")
+		// BPF_NOEXIST: of two ADDs racing for a hostPort exactly one wins,
+		// and the loser undoes everything, mappings it did get included.
+		for _, h := range hps {
+			if err := dp.Maps.InsertHostPort(h); err != nil {
+				return hostPortError(conf.portMappings, h, err)
+			}
+			u.push(func() { _ = dp.Maps.DeleteHostPort(h) })
+		}
+		tr.mark("hostports")
+	}
+
 	if err := configureHost(full, hostLink); err != nil {
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
@@ -219,6 +268,9 @@ func Add(args *skel.CmdArgs) (err error) {
 	}
 	for _, ipc := range res.IPs {
 		rec.IPs = append(rec.IPs, ipc.Address.IP.String())
+	}
+	if len(hps) > 0 {
+		rec.HostPorts = recordHostPorts(hps)
 	}
 	rec.PodNamespace, rec.PodName = podIdentity(args.Args)
 	if err := writeRecord(conf.StateDir, conf.Name, rec); err != nil {

@@ -3,6 +3,7 @@ package cni
 import (
 	"errors"
 	"fmt"
+	"net"
 
 	"github.com/cilium/ebpf"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -14,6 +15,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 func checkError(format string, a ...any) error {
@@ -87,6 +89,35 @@ func Check(args *skel.CmdArgs) error {
 		}
 		if int(e.Ifindex) != ifindex {
 			return checkError("map cni_endpoints sends %s to ifindex %d, not %s (%d)", a, e.Ifindex, hostIf, ifindex)
+		}
+	}
+
+	if len(conf.portMappings) > 0 {
+		var ips []net.IP
+		for _, ipc := range prev.IPs {
+			ips = append(ips, ipc.Address.IP)
+		}
+		hps, err := planHostPorts(conf.portMappings, ips, ifindex)
+		if err != nil {
+			return err
+		}
+		for _, h := range hps {
+			got, err := dp.Maps.LookupHostPort(h)
+			if err != nil {
+				return checkError("map cni_hostports has no entry for %s: %v", h.Listen(), notExist(err))
+			}
+			if !got.PodIP.Equal(h.PodIP) || got.PodPort != h.PodPort || got.Ifindex != ifindex {
+				return checkError("map cni_hostports sends %s to %s:%d (ifindex %d), not this pod (%s:%d, ifindex %d)",
+					h.Listen(), got.PodIP, got.PodPort, got.Ifindex, h.PodIP, h.PodPort, ifindex)
+			}
+		}
+		for _, ip := range ips {
+			if e, err := dp.Maps.LookupEndpoint(ip); err == nil && e.Flags&maps.EndpointFlagHostPort == 0 {
+				return checkError("map cni_endpoints entry of %s lacks the hostPort flag", ip)
+			}
+		}
+		if err := dp.CheckHostPorts(hostPortOptions(conf)); err != nil {
+			return checkError("hostPort hooks: %v", err)
 		}
 	}
 

@@ -31,14 +31,15 @@ type NetConf struct {
 	StateDir string `json:"stateDir,omitempty"`
 	// AttachMode is auto (tcx, else tc), tcx or tc.
 	AttachMode string `json:"attachMode,omitempty"`
-
-	// CgroupRoot is the cgroup2 mount the node-wide socket hooks attach to;
-	// empty: /sys/fs/cgroup or /sys/fs/cgroup/unified, whichever is cgroup2.
+	// CgroupRoot is the cgroup2 directory of the node-wide socket hooks
+	// (hostPort, TCP pacing); "" finds the cgroup2 mount (/sys/fs/cgroup,
+	// /sys/fs/cgroup/unified).
 	CgroupRoot string `json:"cgroupRoot,omitempty"`
 
 	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
 
-	attachMode datapath.AttachMode
+	attachMode   datapath.AttachMode
+	portMappings []portMapping // validated runtimeConfig.portMappings
 }
 
 // Error codes the spec defines that the types package does not name.
@@ -70,6 +71,9 @@ func parseConf(stdin []byte) (*NetConf, error) {
 	}
 	if !filepath.IsAbs(conf.StateDir) {
 		return nil, confError("stateDir %q must be an absolute path", conf.StateDir)
+	}
+	if conf.CgroupRoot != "" && !filepath.IsAbs(conf.CgroupRoot) {
+		return nil, confError("cgroupRoot %q must be an absolute path", conf.CgroupRoot)
 	}
 	mode, err := datapath.ParseAttachMode(conf.AttachMode)
 	if err != nil {

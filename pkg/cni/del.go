@@ -82,10 +82,22 @@ func teardown(conf *NetConf, containerID, ifname string, rec *Record, tr *tracer
 		dp = nil
 	}
 
-	// Order matters. 1: endpoint entries go first, so no other pod redirects
+	// Order matters. 0: hostPort mappings, so no new flow is translated to
+	// the pod. 1: endpoint entries go first, so no other pod redirects
 	// into this one any more. 2: the veth goes, which detaches the programs;
 	// once it returns no program runs for this ifindex. 3: only now the link
 	// entry and counters: a packet in flight before 2 would re-create them.
+	// The pod's hostPort flows (which only 0 could add to) are purged while
+	// the veth is being deleted.
+	var purge chan error
+	if dp != nil {
+		errs = errors.Join(errs, removeHostPorts(dp, rec, ifindex))
+		if ifindex != 0 && (rec == nil || len(rec.HostPorts) > 0) {
+			purge = make(chan error, 1)
+			go func() { purge <- purgeHostPortFlows(dp, ifindex) }()
+		}
+	}
+	tr.mark("hostports")
 	if dp != nil && ifindex != 0 {
 		var ips []net.IP
 		if rec != nil {
@@ -118,6 +130,10 @@ func teardown(conf *NetConf, containerID, ifname string, rec *Record, tr *tracer
 	// out an RCU grace period per hook.
 	errs = errors.Join(errs, deleteLink(hostIf))
 	tr.mark("veth")
+	if purge != nil {
+		errs = errors.Join(errs, <-purge)
+		tr.mark("hostport-flows")
+	}
 	if dp != nil && ifindex != 0 {
 		errs = errors.Join(errs, dp.Maps.DeleteLink(ifindex), dp.Maps.DeleteLimits(ifindex), dp.Maps.ResetStats(ifindex))
 	}

@@ -47,6 +47,7 @@ func GC(args *skel.CmdArgs) error {
 		}
 	}
 	errs = errors.Join(errs, removeOrphanLinkPins(conf.PinDir))
+	errs = errors.Join(errs, pruneHostPorts(conf.PinDir))
 	if conf.IPAM.Type != "" {
 		// The IPAM plugin may hold reservations we have no record of.
 		if err := invoke.DelegateGC(context.TODO(), conf.IPAM.Type, args.StdinData, nil); err != nil {
@@ -111,4 +112,24 @@ func Status(args *skel.CmdArgs) error {
 		}
 	}
 	return nil
+}
+
+// pruneHostPorts drops hostPort mappings and flows of host veths that no
+// longer exist. A pod being added has its veth before its mappings, so a
+// concurrent ADD never loses its entries to this.
+func pruneHostPorts(pinRoot string) error {
+	dp, err := datapath.Open(pinRoot)
+	if err != nil {
+		return nil // never set up
+	}
+	defer dp.Close()
+	_, err = dp.Maps.PruneHostPorts(func(ifindex int) bool {
+		if ifindex == 0 {
+			return false
+		}
+		_, err := netlink.LinkByIndex(ifindex)
+		var nf netlink.LinkNotFoundError
+		return !errors.As(err, &nf)
+	})
+	return err
 }

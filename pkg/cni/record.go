@@ -23,6 +23,8 @@ type Record struct {
 	NetnsCookie  uint64   `json:"netnsCookie,omitempty"`
 	PodNamespace string   `json:"podNamespace,omitempty"`
 	PodName      string   `json:"podName,omitempty"`
+	// HostPorts are the pod's hostPort map entries; nil when it has none.
+	HostPorts []hostPortRecord `json:"hostPorts,omitempty"`
 }
 
 func recordDir(stateDir, network string) string {

@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,26 +11,6 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
-
-// CgroupRoot returns the cgroup2 mount the node-wide socket hooks attach to:
-// the configured path, else /sys/fs/cgroup (unified hierarchy) or
-// /sys/fs/cgroup/unified (hybrid hierarchy).
-func CgroupRoot(configured string) (string, error) {
-	cands := []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}
-	if configured != "" {
-		cands = []string{configured}
-	}
-	for _, c := range cands {
-		var st unix.Statfs_t
-		if err := unix.Statfs(c, &st); err == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
-			return c, nil
-		}
-	}
-	if configured != "" {
-		return "", fmt.Errorf("cgroupRoot %s is not a cgroup2 mount", configured)
-	}
-	return "", errors.New("no cgroup2 mount at /sys/fs/cgroup or /sys/fs/cgroup/unified")
-}
 
 // pacingLinkPath is the pin of the node's sock_ops link.
 func pacingLinkPath(pinRoot string) string {

@@ -150,10 +150,7 @@ func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
 	}
 
 	// Program pins of other builds are no longer referenced by any link we own.
-	current := make(map[string]bool)
-	for _, p := range programs() {
-		current[filepath.Base(progPinPath(dp.PinRoot, p))] = true
-	}
+	current := CurrentProgramPins()
 	pents, _ := os.ReadDir(filepath.Join(dp.PinRoot, "progs"))
 	for _, e := range pents {
 		if current[e.Name()] || strings.HasPrefix(e.Name(), ".") {
@@ -166,4 +163,18 @@ func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
 		}
 	}
 	return rep, errs
+}
+
+// CurrentProgramPins names the program pins (base names under <pinDir>/progs)
+// of this build: host-veth, sock_ops, uplink and socket-hook programs.
+func CurrentProgramPins() map[string]bool {
+	out := make(map[string]bool)
+	for _, p := range programs() {
+		out[filepath.Base(progPinPath("", p))] = true
+	}
+	out[filepath.Base(progPinPath("", progDef{uplinkProg, loadFromUplink, _FromUplinkBytes}))] = true
+	for _, h := range sockHooks {
+		out[filepath.Base(progPinPath("", progDef{h.prog, loadSock, _SockBytes}))] = true
+	}
+	return out
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -189,6 +190,16 @@ func Open(pinRoot string) (*Maps, error) {
 
 func fromSet(s map[string]*ebpf.Map) *Maps {
 	return &Maps{Endpoints: s[nameEndpoints], Links: s[nameLinks], Stats: s[nameStats], byName: s}
+}
+
+// Names lists the maps by C name, sorted.
+func (m *Maps) Names() []string {
+	out := make([]string, 0, len(m.byName))
+	for n := range m.byName {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Map returns an open map by its C name, or nil.

@@ -57,6 +57,29 @@ const (
 	mapsObjCniReasonREASON_MAX            mapsObjCniReason = 9
 )
 
+type mapsObjCtKey struct {
+	_        structs.HostLayout
+	PodAddr  [16]uint8
+	PeerAddr [16]uint8
+	PodPort  uint16
+	PeerPort uint16
+	Family   uint8
+	Proto    uint8
+	Pad      uint16
+}
+
+type mapsObjCtVal struct {
+	_          structs.HostLayout
+	OrigAddr   [16]uint8
+	ClientAddr [16]uint8
+	OrigPort   uint16
+	ClientPort uint16
+	Ifindex    uint32
+	Flags      uint32
+	Pad        uint32
+	CreatedNs  uint64
+}
+
 type mapsObjEpInfo struct {
 	_       structs.HostLayout
 	Ifindex uint32
@@ -72,6 +95,43 @@ type mapsObjEpKey struct {
 	Pad    [3]uint8
 }
 
+type mapsObjHostportKey struct {
+	_      structs.HostLayout
+	Addr   [16]uint8
+	Family uint8
+	Proto  uint8
+	Port   uint16
+}
+
+type mapsObjHostportVal struct {
+	_       structs.HostLayout
+	PodAddr [16]uint8
+	PodPort uint16
+	Pad     uint16
+	Ifindex uint32
+}
+
+type mapsObjHpConfig struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Flags       uint32
+	HooksId     uint32
+}
+
+type mapsObjHpStat uint32
+
+const (
+	mapsObjHpStatHP_STAT_DNAT_UPLINK  mapsObjHpStat = 0
+	mapsObjHpStatHP_STAT_DNAT_HAIRPIN mapsObjHpStat = 1
+	mapsObjHpStatHP_STAT_REPLY        mapsObjHpStat = 2
+	mapsObjHpStatHP_STAT_SOCK         mapsObjHpStat = 3
+	mapsObjHpStatHP_STAT_CT_NEW       mapsObjHpStat = 4
+	mapsObjHpStatHP_STAT_NO_FLOW      mapsObjHpStat = 5
+	mapsObjHpStatHP_STAT_NO_ROUTE     mapsObjHpStat = 6
+	mapsObjHpStatHP_STAT_ERROR        mapsObjHpStat = 7
+	mapsObjHpStatHP_STAT_MAX          mapsObjHpStat = 8
+)
+
 type mapsObjLinkInfo struct {
 	_       structs.HostLayout
 	Mac     [6]uint8
@@ -84,6 +144,24 @@ type mapsObjNetnsInfo struct {
 	EgressRate uint64
 	Flags      uint32
 	Pad        uint32
+}
+
+type mapsObjSockRnatKey struct {
+	_      structs.HostLayout
+	Cookie uint64
+	Addr   [16]uint8
+	Port   uint16
+	Family uint8
+	Pad    uint8
+	Pad2   uint32
+}
+
+type mapsObjSockRnatVal struct {
+	_       structs.HostLayout
+	Addr    [16]uint8
+	Port    uint16
+	Pad     uint16
+	Ifindex uint32
 }
 
 type mapsObjStatsKey struct {
@@ -105,11 +183,18 @@ type mapsObjStatsVal struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	mapsObjMapCniBandwidth = "cni_bandwidth"
+	mapsObjMapCniCt        = "cni_ct"
 	mapsObjMapCniEndpoints = "cni_endpoints"
+	mapsObjMapCniHostports = "cni_hostports"
+	mapsObjMapCniHpConfig  = "cni_hp_config"
+	mapsObjMapCniHpStats   = "cni_hp_stats"
 	mapsObjMapCniLinks     = "cni_links"
 	mapsObjMapCniNetns     = "cni_netns"
+	mapsObjMapCniNodeIps   = "cni_node_ips"
+	mapsObjMapCniSockRnat  = "cni_sock_rnat"
 	mapsObjMapCniStats     = "cni_stats"
 	mapsObjVarDirUnused    = "__dir_unused"
+	mapsObjVarHpStatUnused = "__hp_stat_unused"
 	mapsObjVarReasonUnused = "__reason_unused"
 )
 
@@ -162,9 +247,15 @@ type mapsObjProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type mapsObjMapSpecs struct {
 	CniBandwidth *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniCt        *ebpf.MapSpec `ebpf:"cni_ct"`
 	CniEndpoints *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniHostports *ebpf.MapSpec `ebpf:"cni_hostports"`
+	CniHpConfig  *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpStats   *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks     *ebpf.MapSpec `ebpf:"cni_links"`
 	CniNetns     *ebpf.MapSpec `ebpf:"cni_netns"`
+	CniNodeIps   *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniSockRnat  *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
 	CniStats     *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
@@ -173,6 +264,7 @@ type mapsObjMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type mapsObjVariableSpecs struct {
 	DirUnused    *ebpf.VariableSpec `ebpf:"__dir_unused"`
+	HpStatUnused *ebpf.VariableSpec `ebpf:"__hp_stat_unused"`
 	ReasonUnused *ebpf.VariableSpec `ebpf:"__reason_unused"`
 }
 
@@ -197,18 +289,30 @@ func (o *mapsObjObjects) Close() error {
 // It can be passed to loadMapsObjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mapsObjMaps struct {
 	CniBandwidth *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniCt        *ebpf.Map `ebpf:"cni_ct"`
 	CniEndpoints *ebpf.Map `ebpf:"cni_endpoints"`
+	CniHostports *ebpf.Map `ebpf:"cni_hostports"`
+	CniHpConfig  *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpStats   *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks     *ebpf.Map `ebpf:"cni_links"`
 	CniNetns     *ebpf.Map `ebpf:"cni_netns"`
+	CniNodeIps   *ebpf.Map `ebpf:"cni_node_ips"`
+	CniSockRnat  *ebpf.Map `ebpf:"cni_sock_rnat"`
 	CniStats     *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *mapsObjMaps) Close() error {
 	return _MapsObjClose(
 		m.CniBandwidth,
+		m.CniCt,
 		m.CniEndpoints,
+		m.CniHostports,
+		m.CniHpConfig,
+		m.CniHpStats,
 		m.CniLinks,
 		m.CniNetns,
+		m.CniNodeIps,
+		m.CniSockRnat,
 		m.CniStats,
 	)
 }
@@ -218,6 +322,7 @@ func (m *mapsObjMaps) Close() error {
 // It can be passed to loadMapsObjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mapsObjVariables struct {
 	DirUnused    *ebpf.Variable `ebpf:"__dir_unused"`
+	HpStatUnused *ebpf.Variable `ebpf:"__hp_stat_unused"`
 	ReasonUnused *ebpf.Variable `ebpf:"__reason_unused"`
 }
 

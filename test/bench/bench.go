@@ -18,6 +18,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 const (
@@ -51,7 +53,10 @@ type config struct {
 	subnet  *net.IPNet // nil for loopback
 	capArgs string     // CAP_ARGS for cnitool, "" for none
 	atScale bool
-	list    map[string]any
+	// hostPorts: a configuration of the hostPort benchmark (hostport.go),
+	// not of the latency rounds.
+	hostPorts bool
+	list      map[string]any
 }
 
 type bench struct {
@@ -73,6 +78,8 @@ type bench struct {
 	// ebpf-cni's EBPF_CNI_TRACE phase timings of the last ADD and DEL.
 	addPhases, delPhases []phase
 	configs              []*config
+	hpCfgs               []*config // the hostPort benchmark's
+	hp                   *hpEnv
 	res                  *results
 }
 
@@ -120,6 +127,16 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 	}
 	if err := b.setupNode(); err != nil {
 		return b, err
+	}
+	if len(opts.hpScale) > 0 {
+		if err := b.setupHostPort(); err != nil {
+			return b, err
+		}
+		for _, n := range []ns.NetNS{b.hp.remote, b.hp.rawClient} {
+			if err := raiseClientLimits(n); err != nil {
+				return b, err
+			}
+		}
 	}
 	if err := b.writeConfigs(); err != nil {
 		return b, err
@@ -307,7 +324,13 @@ func (b *bench) writeConfigs() error {
 	if !b.opts.attachTC {
 		b.configs = append(b.configs[:1], b.configs[2:]...)
 	}
-	for _, c := range b.configs {
+	if b.opts.hpOnly {
+		b.configs = nil
+	}
+	if len(b.opts.hpScale) > 0 {
+		b.hpCfgs = b.hpConfigs()
+	}
+	for _, c := range append(append([]*config(nil), b.configs...), b.hpCfgs...) {
 		c.list["cniVersion"] = cniVersion
 		c.list["name"] = c.netName
 		data, err := json.MarshalIndent(c.list, "", "  ")
@@ -341,14 +364,19 @@ func (b *bench) removePod(p ns.NetNS) error {
 // cnitool runs `cnitool VERB NET NETNS` in the node netns and returns its
 // wall time: process start to exit, as a runtime waiting on CNI sees it.
 func (b *bench) cnitool(c *config, verb string, pod ns.NetNS) (time.Duration, []byte, []byte, error) {
+	return b.cnitoolCap(c, verb, pod, c.capArgs)
+}
+
+// cnitoolCap is cnitool with the CAP_ARGS (capability arguments) given.
+func (b *bench) cnitoolCap(c *config, verb string, pod ns.NetNS, capArgs string) (time.Duration, []byte, []byte, error) {
 	env := []string{
 		"PATH=" + os.Getenv("PATH"),
 		"NETCONFPATH=" + b.confDir,
 		"CNI_PATH=" + b.binDir,
 		"CNI_IFNAME=" + ifName,
 	}
-	if c.capArgs != "" {
-		env = append(env, "CAP_ARGS="+c.capArgs)
+	if capArgs != "" {
+		env = append(env, "CAP_ARGS="+capArgs)
 	}
 	if strings.HasPrefix(c.key, "ebpf") && b.opts.phases {
 		// ebpf-cni prints one line of phase timings to stderr; cnitool
@@ -543,7 +571,7 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 			return err
 		}
 		for _, l := range links {
-			if l.Attrs().Name != "lo" {
+			if n := l.Attrs().Name; n != "lo" && n != "uplink0" {
 				out = append(out, fmt.Sprintf("link %s (%s)", l.Attrs().Name, l.Type()))
 			}
 		}
@@ -578,6 +606,25 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 		pins, _ := os.ReadDir(filepath.Join(b.pinDir, "links"))
 		for _, p := range pins {
 			out = append(out, "ebpf-cni link pin "+p.Name())
+		}
+	}
+	if c.key == "ptp-portmap" {
+		rules, err := b.nodeIptablesNAT()
+		if err != nil {
+			return nil, err
+		}
+		if strings.Contains(rules, "CNI-DN-") {
+			out = append(out, "portmap's per-pod CNI-DN- chains")
+		}
+	}
+	if c.key == "ebpf-hostport" {
+		if m, err := maps.Open(b.pinDir); err == nil {
+			hps, _ := m.ListHostPorts()
+			flows, _ := m.ListCT()
+			m.Close()
+			if len(hps) > 0 || len(flows) > 0 {
+				out = append(out, fmt.Sprintf("%d hostPort mappings and %d flows in the maps", len(hps), len(flows)))
+			}
 		}
 	}
 	if c.key == "chain" {
@@ -681,6 +728,24 @@ func parsePhases(stderr []byte, verb string) []phase {
 
 func (b *bench) run(ctx context.Context) error {
 	start := time.Now()
+	if len(b.configs) > 0 {
+		if err := b.runLatency(ctx, start); err != nil {
+			return err
+		}
+	}
+	if len(b.hpCfgs) > 0 {
+		if err := b.runHostPort(ctx, start); err != nil {
+			return fmt.Errorf("hostPort benchmark: %w", err)
+		}
+	}
+	b.res.Elapsed = time.Since(start).Round(time.Millisecond).String()
+	logf("measurements done in %s", time.Since(start).Round(time.Second))
+	return b.res.write(b.opts.outDir)
+}
+
+// runLatency is the ADD/DEL latency benchmark: warm-up, interleaved rounds,
+// then the at-scale runs.
+func (b *bench) runLatency(ctx context.Context, start time.Time) error {
 	// Warm-up: page cache, and for ebpf-cni loading and pinning the datapath.
 	for _, c := range b.configs {
 		if err := ctx.Err(); err != nil {
@@ -729,9 +794,7 @@ func (b *bench) run(ctx context.Context) error {
 			}
 		}
 	}
-	b.res.Elapsed = time.Since(start).Round(time.Millisecond).String()
-	logf("measurements done in %s", time.Since(start).Round(time.Second))
-	return b.res.write(b.opts.outDir)
+	return nil
 }
 
 // runScale grows a population of pods of one configuration through each
@@ -787,6 +850,16 @@ func (b *bench) cleanup() {
 			errs = append(errs, err)
 		}
 		delete(b.pods, path)
+	}
+	if b.hp != nil {
+		for _, n := range []ns.NetNS{b.hp.remote, b.hp.rawClient, b.hp.rawServer} {
+			if n != nil {
+				if err := removeNetNS(n); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+		b.hp = nil
 	}
 	if b.node != nil {
 		if err := removeNetNS(b.node); err != nil {

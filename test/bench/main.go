@@ -5,9 +5,11 @@
 //
 // Run from the repository root, as root:
 //
-//	go run ./test/bench              # n=20, scale 1,200 (about a minute on 2 cores)
-//	go run ./test/bench -quick       # n=10, scale 1,50
+//	go run ./test/bench              # n=20, scale 1,200, then hostPort at 1,200,1000 pods (about 8 minutes on 2 cores)
+//	go run ./test/bench -quick       # n=10, scale 1,50, hostPort at 1,100 (about 2 minutes)
 //	go run ./test/bench -attach-tc   # also ebpf-cni with attachMode tc
+//	go run ./test/bench -hostport-only                 # only the hostPort benchmark
+//	go run ./test/bench -hostport-scale ""             # skip it
 //
 // The process re-executes itself in a private mount namespace where a temp
 // directory is bind-mounted over /var/lib/cni: cnitool has no way to move
@@ -29,6 +31,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -51,6 +54,12 @@ type options struct {
 	attachTC bool
 	// scaleReps is how many ADD+DEL are timed at each scale point.
 	scaleReps int
+
+	// hostPort benchmark (hostport.go)
+	hpScale  []int
+	hpOnly   bool
+	connSecs float64
+	workers  int
 }
 
 func parseFlags(args []string) (*options, error) {
@@ -60,6 +69,10 @@ func parseFlags(args []string) (*options, error) {
 	quick := fs.Bool("quick", false, "quick run: n=10, scale 1,50 (explicit -n/-scale still win)")
 	out := fs.String("out", "results", "directory for latency-<date>.md and .json")
 	attachTC := fs.Bool("attach-tc", false, "also measure ebpf-cni with attachMode tc (clsact + cls_bpf instead of tcx links), without the at-scale runs")
+	hpScale := fs.String("hostport-scale", "1,200,1000", "pods with hostPorts at which to measure ADD latency and connections/s through a hostPort, ebpf-cni beside ptp+portmap (\"\" to skip)")
+	hpOnly := fs.Bool("hostport-only", false, "run only the hostPort benchmark")
+	connSecs := fs.Float64("conn-seconds", 3, "seconds of connections per measurement of the hostPort benchmark")
+	workers := fs.Int("conn-workers", 4, "parallel client connections of the hostPort benchmark")
 	phases := fs.Bool("phases", true, "set EBPF_CNI_TRACE=1 for ebpf-cni and report its own phase timings (costs a few time.Now calls and one stderr line)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./test/bench [flags]   (as root, from the repository root)\n")
@@ -73,7 +86,8 @@ func parseFlags(args []string) (*options, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	o := &options{n: *n, quick: *quick, outDir: *out, phases: *phases, attachTC: *attachTC, scaleReps: 10}
+	o := &options{n: *n, quick: *quick, outDir: *out, phases: *phases, attachTC: *attachTC, scaleReps: 10,
+		hpOnly: *hpOnly, connSecs: *connSecs, workers: *workers}
 	if o.quick {
 		if !set["n"] {
 			o.n = 10
@@ -81,31 +95,52 @@ func parseFlags(args []string) (*options, error) {
 		if !set["scale"] {
 			*scale = "1,50"
 		}
+		if !set["hostport-scale"] {
+			*hpScale = "1,100"
+		}
+		if !set["conn-seconds"] {
+			o.connSecs = 2
+		}
+	}
+	if o.connSecs <= 0 || o.workers < 1 {
+		return nil, fmt.Errorf("-conn-seconds and -conn-workers must be positive")
+	}
+	var err error
+	if o.hpScale, err = parseScale(*hpScale, "-hostport-scale"); err != nil {
+		return nil, err
+	}
+	if o.hpOnly && len(o.hpScale) == 0 {
+		return nil, fmt.Errorf("-hostport-only with an empty -hostport-scale measures nothing")
 	}
 	if o.n < 1 {
 		return nil, fmt.Errorf("-n must be at least 1")
 	}
+	if o.scale, err = parseScale(*scale, "-scale"); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// parseScale reads a comma-separated list of pod counts, sorted, without duplicates.
+func parseScale(s, flagName string) ([]int, error) {
+	var out []int
 	seen := map[int]bool{}
-	for _, f := range strings.Split(*scale, ",") {
+	for _, f := range strings.Split(s, ",") {
 		f = strings.TrimSpace(f)
 		if f == "" {
 			continue
 		}
 		p, err := strconv.Atoi(f)
 		if err != nil || p < 0 || p > 60000 {
-			return nil, fmt.Errorf("-scale: %q is not a pod count (0-60000)", f)
+			return nil, fmt.Errorf("%s: %q is not a pod count (0-60000)", flagName, f)
 		}
 		if p > 0 && !seen[p] {
 			seen[p] = true
-			o.scale = append(o.scale, p)
+			out = append(out, p)
 		}
 	}
-	for i := 1; i < len(o.scale); i++ { // insertion sort, the list is tiny
-		for j := i; j > 0 && o.scale[j] < o.scale[j-1]; j-- {
-			o.scale[j], o.scale[j-1] = o.scale[j-1], o.scale[j]
-		}
-	}
-	return o, nil
+	sort.Ints(out)
+	return out, nil
 }
 
 func main() {

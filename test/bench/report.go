@@ -31,6 +31,7 @@ type results struct {
 	Configs   []configInfo   `json:"configs"`
 	Warmup    []warmupSample `json:"warmup"`
 	Series    []*series      `json:"series"`
+	HostPort  *hpResults     `json:"hostPort,omitempty"`
 
 	started time.Time
 	labels  map[string]string
@@ -220,6 +221,9 @@ func (r *results) markdown() string {
 	fmt.Fprintf(&b, "- commit: %s\n", r.Commit)
 	fmt.Fprintf(&b, "- command: `%s`\n", r.Command)
 	fmt.Fprintf(&b, "- load average (1/5/15 min) at start: %s; at end: %s\n", r.LoadStart, r.LoadEnd)
+	if len(r.Series) == 0 {
+		return b.String()
+	}
 	scale := "none"
 	if len(r.Scale) > 0 {
 		var ps []string
@@ -301,7 +305,7 @@ func (r *results) write(dir string) error {
 		s.summarize()
 	}
 	r.sortSeries()
-	md := r.markdown()
+	md := r.markdown() + r.hostPortMarkdown()
 	fmt.Print(md)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err

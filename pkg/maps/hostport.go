@@ -1,0 +1,554 @@
+package maps
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// Go twins of the hostPort structs in bpf/lib/hostport.h, generated from BTF.
+type (
+	HostPortKey    = mapsObjHostportKey
+	HostPortVal    = mapsObjHostportVal
+	CTKey          = mapsObjCtKey
+	CTVal          = mapsObjCtVal
+	HostPortConfig = mapsObjHpConfig
+	SockRNATKey    = mapsObjSockRnatKey
+	SockRNATVal    = mapsObjSockRnatVal
+	HostPortStat   = mapsObjHpStat
+)
+
+// Names of the hostPort maps, as bpf/lib/hostport.h declares them.
+const (
+	nameHostPorts = "cni_hostports"
+	nameCT        = "cni_ct"
+	nameNodeIPs   = "cni_node_ips"
+	nameHPConfig  = "cni_hp_config"
+	nameSockRNAT  = "cni_sock_rnat"
+	nameHPStats   = "cni_hp_stats"
+)
+
+// Flag values shared with the C side (#defines there, so not in BTF).
+const (
+	// EndpointFlagHostPort is EP_F_HOSTPORT in ep_info.flags: the pod has
+	// mappings, so from_container looks its replies up in cni_ct.
+	EndpointFlagHostPort = 1 << 2
+	ctFlagSNAT           = 1 // CT_F_SNAT
+	hpConfigEnabled      = 1 // HP_CFG_ENABLED
+)
+
+// Protocols a mapping may use (IPPROTO_*).
+const (
+	ProtoTCP uint8 = unix.IPPROTO_TCP
+	ProtoUDP uint8 = unix.IPPROTO_UDP
+)
+
+// ProtoName is "tcp" or "udp".
+func ProtoName(p uint8) string {
+	switch p {
+	case ProtoTCP:
+		return "tcp"
+	case ProtoUDP:
+		return "udp"
+	}
+	return fmt.Sprintf("proto%d", p)
+}
+
+func (s HostPortStat) String() string {
+	switch s {
+	case mapsObjHpStatHP_STAT_DNAT_UPLINK:
+		return "dnat_uplink"
+	case mapsObjHpStatHP_STAT_DNAT_HAIRPIN:
+		return "dnat_hairpin"
+	case mapsObjHpStatHP_STAT_REPLY:
+		return "reply"
+	case mapsObjHpStatHP_STAT_SOCK:
+		return "sock_rewrite"
+	case mapsObjHpStatHP_STAT_CT_NEW:
+		return "ct_new"
+	case mapsObjHpStatHP_STAT_NO_FLOW:
+		return "not_ours"
+	case mapsObjHpStatHP_STAT_NO_ROUTE:
+		return "drop_no_route"
+	case mapsObjHpStatHP_STAT_ERROR:
+		return "drop_error"
+	}
+	return fmt.Sprintf("stat%d", uint32(s))
+}
+
+const numHPStats = int(mapsObjHpStatHP_STAT_MAX)
+
+// family numbers as the maps store them.
+const (
+	afInet  = unix.AF_INET
+	afInet6 = unix.AF_INET6
+)
+
+func familyOf(ip net.IP) uint8 {
+	if ip.To4() != nil {
+		return afInet
+	}
+	return afInet6
+}
+
+func putAddr(dst *[16]uint8, ip net.IP) {
+	if v4 := ip.To4(); v4 != nil {
+		copy(dst[:], v4)
+		return
+	}
+	copy(dst[:], ip.To16())
+}
+
+func getAddr(a [16]uint8, family uint8) net.IP {
+	if family == afInet {
+		return net.IP(append([]byte(nil), a[:4]...))
+	}
+	return net.IP(append([]byte(nil), a[:]...))
+}
+
+// htons turns a port into the in-memory value of a __be16 field.
+func htons(p uint16) uint16 {
+	var b [2]byte
+	binary.BigEndian.PutUint16(b[:], p)
+	return binary.NativeEndian.Uint16(b[:])
+}
+
+func ntohs(p uint16) uint16 { return htons(p) }
+
+func addrPort(a [16]uint8, family uint8, port uint16) netip.AddrPort {
+	var ip netip.Addr
+	if family == afInet {
+		ip = netip.AddrFrom4([4]byte(a[:4]))
+	} else {
+		ip = netip.AddrFrom16(a)
+	}
+	return netip.AddrPortFrom(ip, ntohs(port))
+}
+
+// HostPort is one entry of cni_hostports, decoded.
+type HostPort struct {
+	// HostIP is the address the mapping listens on; nil means every node
+	// address of Family (and, for the node's own sockets, 127.0.0.0/8 or ::1).
+	HostIP   net.IP
+	IPv6     bool
+	Proto    uint8
+	HostPort uint16
+	PodIP    net.IP
+	PodPort  uint16
+	Ifindex  int // host veth of the pod
+}
+
+func (h HostPort) family() uint8 {
+	if h.IPv6 {
+		return afInet6
+	}
+	return afInet
+}
+
+// Key is the map key of the mapping.
+func (h HostPort) Key() HostPortKey {
+	k := HostPortKey{Family: h.family(), Proto: h.Proto, Port: htons(h.HostPort)}
+	if h.HostIP != nil {
+		putAddr(&k.Addr, h.HostIP)
+	}
+	return k
+}
+
+// Val is the map value of the mapping.
+func (h HostPort) Val() HostPortVal {
+	v := HostPortVal{PodPort: htons(h.PodPort), Ifindex: uint32(h.Ifindex)}
+	putAddr(&v.PodAddr, h.PodIP)
+	return v
+}
+
+// Listen names where the mapping listens: "10.0.0.1:80/tcp", "*:80/tcp", "[*]:80/udp".
+func (h HostPort) Listen() string {
+	host := "*"
+	if h.HostIP != nil {
+		host = h.HostIP.String()
+	}
+	if h.IPv6 {
+		host = "[" + host + "]"
+	}
+	return fmt.Sprintf("%s:%d/%s", host, h.HostPort, ProtoName(h.Proto))
+}
+
+func decodeHostPort(k HostPortKey, v HostPortVal) HostPort {
+	h := HostPort{
+		IPv6: k.Family == afInet6, Proto: k.Proto, HostPort: ntohs(k.Port),
+		PodIP: getAddr(v.PodAddr, k.Family), PodPort: ntohs(v.PodPort), Ifindex: int(v.Ifindex),
+	}
+	if k.Addr != ([16]uint8{}) {
+		h.HostIP = getAddr(k.Addr, k.Family)
+	}
+	return h
+}
+
+// HostPortTakenError is returned by InsertHostPort when another pod holds the key.
+type HostPortTakenError struct {
+	Owner HostPort
+}
+
+func (e *HostPortTakenError) Error() string {
+	return fmt.Sprintf("hostPort %s is already mapped to %s", e.Owner.Listen(),
+		net.JoinHostPort(e.Owner.PodIP.String(), fmt.Sprint(e.Owner.PodPort)))
+}
+
+// InsertHostPort adds a mapping only if its key is free (BPF_NOEXIST, so of
+// two concurrent ADDs exactly one wins). A taken key is a *HostPortTakenError.
+func (m *Maps) InsertHostPort(h HostPort) error {
+	mp := m.byName[nameHostPorts]
+	k, v := h.Key(), h.Val()
+	err := mp.Update(&k, &v, ebpf.UpdateNoExist)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ebpf.ErrKeyExist) {
+		var cur HostPortVal
+		if lerr := mp.Lookup(&k, &cur); lerr == nil {
+			return &HostPortTakenError{Owner: decodeHostPort(k, cur)}
+		}
+		return &HostPortTakenError{Owner: h}
+	}
+	return fmt.Errorf("write hostPort %s to %s: %w", h.Listen(), nameHostPorts, err)
+}
+
+// LookupHostPort returns the mapping stored under h's key; the error wraps
+// ebpf.ErrKeyNotExist when there is none.
+func (m *Maps) LookupHostPort(h HostPort) (HostPort, error) {
+	k := h.Key()
+	var v HostPortVal
+	if err := m.byName[nameHostPorts].Lookup(&k, &v); err != nil {
+		return HostPort{}, err
+	}
+	return decodeHostPort(k, v), nil
+}
+
+// DeleteHostPort removes h's key if it still leads to h's pod (same pod IP
+// and host veth): another pod may own the key by now.
+func (m *Maps) DeleteHostPort(h HostPort) error {
+	mp := m.byName[nameHostPorts]
+	k := h.Key()
+	var cur HostPortVal
+	if err := mp.Lookup(&k, &cur); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		return fmt.Errorf("read hostPort %s: %w", h.Listen(), err)
+	}
+	want := h.Val()
+	if cur.PodAddr != want.PodAddr || (h.Ifindex != 0 && cur.Ifindex != want.Ifindex) {
+		return nil
+	}
+	if err := mp.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete hostPort %s from %s: %w", h.Listen(), nameHostPorts, err)
+	}
+	return nil
+}
+
+// ListHostPorts returns every mapping of the node.
+func (m *Maps) ListHostPorts() ([]HostPort, error) {
+	var out []HostPort
+	err := scan(m.byName[nameHostPorts], func(k *HostPortKey, v *HostPortVal) {
+		out = append(out, decodeHostPort(*k, *v))
+	})
+	return out, err
+}
+
+// Flow is one entry of cni_ct, decoded: a translated connection.
+type Flow struct {
+	Proto   uint8
+	IPv6    bool
+	Client  netip.AddrPort // who connected
+	Dialled netip.AddrPort // what it connected to (node address or hostIP : hostPort)
+	Pod     netip.AddrPort // where it went
+	// Peer is whom the pod sees: the client, or (SNAT, a pod reaching its
+	// own hostPort) the dialled address.
+	Peer    netip.AddrPort
+	SNAT    bool
+	Ifindex int
+	Age     time.Duration
+}
+
+func monotonicNow() uint64 {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) != nil {
+		return 0
+	}
+	return uint64(ts.Nano())
+}
+
+func decodeFlow(k CTKey, v CTVal, now uint64) Flow {
+	f := Flow{
+		Proto: k.Proto, IPv6: k.Family == afInet6,
+		Client:  addrPort(v.ClientAddr, k.Family, v.ClientPort),
+		Dialled: addrPort(v.OrigAddr, k.Family, v.OrigPort),
+		Pod:     addrPort(k.PodAddr, k.Family, k.PodPort),
+		Peer:    addrPort(k.PeerAddr, k.Family, k.PeerPort),
+		SNAT:    v.Flags&ctFlagSNAT != 0,
+		Ifindex: int(v.Ifindex),
+	}
+	if now > v.CreatedNs && v.CreatedNs != 0 {
+		f.Age = time.Duration(now - v.CreatedNs)
+	}
+	return f
+}
+
+// ListCT returns every translated flow the node remembers.
+func (m *Maps) ListCT() ([]Flow, error) {
+	now := monotonicNow()
+	var out []Flow
+	err := scan(m.byName[nameCT], func(k *CTKey, v *CTVal) {
+		out = append(out, decodeFlow(*k, *v, now))
+	})
+	return out, err
+}
+
+// PutCT writes a flow entry (tests and tools; the programs create them).
+func (m *Maps) PutCT(k CTKey, v CTVal) error {
+	return m.byName[nameCT].Put(&k, &v)
+}
+
+// DeleteCTOf removes every cni_ct entry created for the pod behind the host
+// veth ifindex, and returns how many. Entries are keyed by flow, so this
+// scans the map: cost grows with the flows the node tracks (at most
+// MAX_CT), never with the number of mappings. Each entry also carries the
+// ifindex, and the programs ignore one whose ifindex is not the packet's,
+// so a new pod given the same IP cannot use an entry this scan missed.
+func (m *Maps) DeleteCTOf(ifindex int) (int, error) {
+	var keys []CTKey
+	err := scan(m.byName[nameCT], func(k *CTKey, v *CTVal) {
+		if int(v.Ifindex) == ifindex {
+			keys = append(keys, *k)
+		}
+	})
+	if err != nil {
+		return 0, fmt.Errorf("scan %s: %w", nameCT, err)
+	}
+	return len(keys), deleteKeys(m.byName[nameCT], keys)
+}
+
+// SockFlow is one entry of cni_sock_rnat: a node socket sent to a pod through a hostPort.
+type SockFlow struct {
+	Cookie  uint64
+	Pod     netip.AddrPort // what the socket really talks to
+	Dialled netip.AddrPort // what the process asked for
+	IPv6    bool           // the socket's family (IPv4-mapped addresses count as IPv6)
+	Ifindex int
+}
+
+// DeleteSockRNATOf removes the socket entries leading to the pod behind
+// ifindex and returns them (their sockets may need closing).
+func (m *Maps) DeleteSockRNATOf(ifindex int) ([]SockFlow, error) {
+	var (
+		keys []SockRNATKey
+		out  []SockFlow
+	)
+	err := scan(m.byName[nameSockRNAT], func(k *SockRNATKey, v *SockRNATVal) {
+		if int(v.Ifindex) == ifindex {
+			keys = append(keys, *k)
+			out = append(out, decodeSockFlow(*k, *v))
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scan %s: %w", nameSockRNAT, err)
+	}
+	return out, deleteKeys(m.byName[nameSockRNAT], keys)
+}
+
+func decodeSockFlow(k SockRNATKey, v SockRNATVal) SockFlow {
+	return SockFlow{
+		Cookie:  k.Cookie,
+		Pod:     addrPort(k.Addr, k.Family, k.Port),
+		Dialled: addrPort(v.Addr, k.Family, v.Port),
+		IPv6:    k.Family == afInet6,
+		Ifindex: int(v.Ifindex),
+	}
+}
+
+// ListSockRNAT returns every socket entry.
+func (m *Maps) ListSockRNAT() ([]SockFlow, error) {
+	var out []SockFlow
+	err := scan(m.byName[nameSockRNAT], func(k *SockRNATKey, v *SockRNATVal) {
+		out = append(out, decodeSockFlow(*k, *v))
+	})
+	return out, err
+}
+
+// NodeIPs returns the addresses the programs take for the node's own.
+func (m *Maps) NodeIPs() (map[string]int, error) {
+	out := make(map[string]int)
+	err := scan(m.byName[nameNodeIPs], func(k *EndpointKey, v *uint32) {
+		out[k.IP().String()] = int(*v)
+	})
+	return out, err
+}
+
+// SyncNodeIPs makes cni_node_ips hold exactly want (address -> ifindex).
+func (m *Maps) SyncNodeIPs(want map[string]int) error {
+	mp := m.byName[nameNodeIPs]
+	have, err := m.NodeIPs()
+	if err != nil {
+		return fmt.Errorf("read %s: %w", nameNodeIPs, err)
+	}
+	for s, idx := range want {
+		if cur, ok := have[s]; ok && cur == idx {
+			continue
+		}
+		k, err := KeyFor(net.ParseIP(s))
+		if err != nil {
+			return err
+		}
+		v := uint32(idx)
+		if err := mp.Put(&k, &v); err != nil {
+			return fmt.Errorf("write node address %s to %s: %w", s, nameNodeIPs, err)
+		}
+	}
+	for s := range have {
+		if _, ok := want[s]; ok {
+			continue
+		}
+		k, err := KeyFor(net.ParseIP(s))
+		if err != nil {
+			continue
+		}
+		if err := mp.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete node address %s from %s: %w", s, nameNodeIPs, err)
+		}
+	}
+	return nil
+}
+
+// HostPortConfig reads cni_hp_config.
+func (m *Maps) HostPortConfig() (HostPortConfig, error) {
+	var c HostPortConfig
+	zero := uint32(0)
+	err := m.byName[nameHPConfig].Lookup(&zero, &c)
+	return c, err
+}
+
+// HostPortsEnabled tells whether the config says the node hooks are set up.
+func (c HostPortConfig) Enabled() bool { return c.Flags&hpConfigEnabled != 0 }
+
+// EnableHostPorts records the node's netns cookie and the build of its hooks,
+// and turns the hostPort paths on.
+func (m *Maps) EnableHostPorts(netnsCookie uint64, hooksID uint32) error {
+	c := HostPortConfig{NetnsCookie: netnsCookie, Flags: hpConfigEnabled, HooksId: hooksID}
+	zero := uint32(0)
+	if err := m.byName[nameHPConfig].Put(&zero, &c); err != nil {
+		return fmt.Errorf("write %s: %w", nameHPConfig, err)
+	}
+	return nil
+}
+
+// HostPortStats returns the hostPort programs' counters, summed over CPUs.
+func (m *Maps) HostPortStats() (map[string]uint64, error) {
+	out := make(map[string]uint64)
+	for i := 0; i < numHPStats; i++ {
+		k := uint32(i)
+		var per []uint64
+		if err := m.byName[nameHPStats].Lookup(&k, &per); err != nil {
+			return nil, fmt.Errorf("read %s: %w", nameHPStats, err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		out[HostPortStat(i).String()] = sum
+	}
+	return out, nil
+}
+
+// scan calls fn for every entry of a hash map, in batches where the kernel
+// supports them (one syscall per 4096 entries rather than two per entry).
+func scan[K, V any](m *ebpf.Map, fn func(*K, *V)) error {
+	const chunk = 4096
+	var cursor ebpf.MapBatchCursor
+	keys := make([]K, chunk)
+	vals := make([]V, chunk)
+	for {
+		n, err := m.BatchLookup(&cursor, keys, vals, nil)
+		for i := 0; i < n; i++ {
+			fn(&keys[i], &vals[i])
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil
+		}
+		if errors.Is(err, ebpf.ErrNotSupported) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	var (
+		k K
+		v V
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		fn(&k, &v)
+	}
+	return it.Err()
+}
+
+// deleteKeys removes keys in batches; keys already gone are fine.
+func deleteKeys[K any](m *ebpf.Map, keys []K) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	if _, err := m.BatchDelete(keys, nil); err == nil {
+		return nil
+	}
+	// A batch stops at the first missing key (LRU eviction): delete one by one.
+	var errs error
+	for i := range keys {
+		if err := m.Delete(&keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = errors.Join(errs, err)
+		}
+	}
+	return errs
+}
+
+// PruneHostPorts removes the mappings, flows and socket entries of pods
+// whose host veth is gone (live says which ifindexes still exist), for GC
+// after DELs that never came. It scans all three maps.
+func (m *Maps) PruneHostPorts(live func(ifindex int) bool) (int, error) {
+	n := 0
+	var hpKeys []HostPortKey
+	err := scan(m.byName[nameHostPorts], func(k *HostPortKey, v *HostPortVal) {
+		if !live(int(v.Ifindex)) {
+			hpKeys = append(hpKeys, *k)
+		}
+	})
+	if err == nil {
+		err = deleteKeys(m.byName[nameHostPorts], hpKeys)
+		n += len(hpKeys)
+	}
+	var ctKeys []CTKey
+	if serr := scan(m.byName[nameCT], func(k *CTKey, v *CTVal) {
+		if !live(int(v.Ifindex)) {
+			ctKeys = append(ctKeys, *k)
+		}
+	}); serr != nil {
+		return n, errors.Join(err, serr)
+	}
+	err = errors.Join(err, deleteKeys(m.byName[nameCT], ctKeys))
+	n += len(ctKeys)
+	var sKeys []SockRNATKey
+	if serr := scan(m.byName[nameSockRNAT], func(k *SockRNATKey, v *SockRNATVal) {
+		if !live(int(v.Ifindex)) {
+			sKeys = append(sKeys, *k)
+		}
+	}); serr != nil {
+		return n, errors.Join(err, serr)
+	}
+	err = errors.Join(err, deleteKeys(m.byName[nameSockRNAT], sKeys))
+	return n + len(sKeys), err
+}
