@@ -67,6 +67,16 @@ install: build
 demo: deps
 	bash test/demo.sh
 
+# End to end under a real runtime: its own containerd + runc driven by crictl
+# (test/e2e/run.sh; installs containerd and runc from apt; needs root). The
+# short variant (one pod, reachable, clean removal) is the one for CI.
+.PHONY: e2e e2e-short
+e2e:
+	bash test/e2e/run.sh
+
+e2e-short:
+	bash test/e2e/run.sh --short
+
 bench: deps-bench
 	$(GO) run ./test/bench
 
