@@ -37,9 +37,12 @@ func runHostPorts(ctx context.Context, dp *datapath.Datapath, c *runConfig, logg
 	opts := datapath.HostPortOptions{CgroupRoot: c.cgroupRoot, MustRefresh: true}
 	sync := func(why string) {
 		h, err := dp.EnsureHostPorts(opts)
-		if err != nil {
+		if h == nil {
 			logger.Printf("hostPort hooks (%s): %v", why, err)
 			return
+		}
+		if err != nil { // uplinks set up; the socket hooks could not be
+			logger.Printf("hostPort hooks (%s): %v", why, err)
 		}
 		logger.Printf("hostPort hooks (%s): cgroup %s, uplinks %v, %d node addresses", why, h.CgroupRoot, h.Uplinks, len(h.NodeIPs))
 	}

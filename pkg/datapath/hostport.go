@@ -190,9 +190,12 @@ func (dp *Datapath) EnsureHostPorts(opts HostPortOptions) (*NodeHooks, error) {
 	if err != nil {
 		return nil, err
 	}
-	root, err := CgroupRoot(opts.CgroupRoot)
-	if err != nil {
-		return nil, err
+	// Without a cgroup2 mount the socket hooks (node-local clients) cannot be
+	// attached, but remote clients via the uplinks still can be served: set
+	// those up and report the rest.
+	root, rootErr := CgroupRoot(opts.CgroupRoot)
+	if rootErr != nil {
+		rootErr = fmt.Errorf("hostPort socket hooks for node-local clients not attached: %w", rootErr)
 	}
 	cfg, err := dp.Maps.HostPortConfig()
 	if err != nil {
@@ -253,6 +256,9 @@ func (dp *Datapath) EnsureHostPorts(opts HostPortOptions) (*NodeHooks, error) {
 		return nil, err
 	}
 	for _, h := range sockHooks {
+		if rootErr != nil {
+			break
+		}
 		if err := ensureCgroupHook(dp.PinRoot, root, h, progs[h.prog]); err != nil {
 			return nil, err
 		}
@@ -260,7 +266,7 @@ func (dp *Datapath) EnsureHostPorts(opts HostPortOptions) (*NodeHooks, error) {
 	if err := dp.Maps.EnableHostPorts(cookie, hooksID()); err != nil {
 		return nil, err
 	}
-	return hooks, nil
+	return hooks, rootErr
 }
 
 // cgroupPinsPresent and uplinkPinsPresent are the fast path's check: every

@@ -768,7 +768,12 @@ if [ "$MODE" = full ]; then
 				ip route add default via 10.198.$OCT.1 && ip -6 route add default via fd00:198:$OCT::1" ||
 			fail "remote namespace wiring"
 		client() { nsenter --net="/proc/$CLIENT_PID/ns/net" -- "$@"; }
-		check "hostPort from another namespace routed to the node ($NODE_IP:$HP_A)" want_host e2e-a client curl -sS --fail -m 5 "http://$NODE_IP:$HP_A/"
+		# The uplink towards the new namespace appeared just now: the agent
+		# attaches the hostPort program to it on the link/address event
+		# (debounced 200 ms). Give it a few seconds, as a real node's uplinks
+		# exist long before its pods.
+		retry() { local i; for i in $(seq 1 25); do "$@" && return 0; sleep 0.2; done; "$@"; }
+		check "hostPort from another namespace routed to the node ($NODE_IP:$HP_A)" want_host e2e-a retry client curl -sS --fail -m 5 "http://$NODE_IP:$HP_A/"
 		check "hostPort from another namespace, second pod ($NODE_IP:$HP_B)" want_host e2e-b client curl -sS --fail -m 5 "http://$NODE_IP:$HP_B/"
 		if [ -n "$NODE_IP6" ]; then
 			check "hostPort from another namespace over IPv6 ([$NODE_IP6]:$HP_A)" want_host e2e-a client curl -sS --fail -m 5 -g "http://[$NODE_IP6]:$HP_A/"
