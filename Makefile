@@ -83,5 +83,9 @@ bench: deps-bench
 bench-quick: deps-bench
 	$(GO) run ./test/bench -quick
 
+# Bandwidth accuracy and latency under load, ebpf-cni beside ptp + bandwidth.
+bench-bandwidth: deps-bench
+	$(GO) run ./test/bwbench
+
 clean:
 	rm -rf $(BIN)
