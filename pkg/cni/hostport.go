@@ -236,7 +236,7 @@ func hostPortOptions(conf *NetConf) datapath.HostPortOptions {
 // pod, and the node's connected UDP sockets the hook had pointed at it.
 func removeHostPorts(dp *datapath.Datapath, rec *Record, ifindex int) error {
 	var errs error
-	if rec != nil && rec.HostPorts != nil {
+	if rec != nil {
 		for _, r := range rec.HostPorts {
 			h, ok := r.hostPort(ifindex)
 			if !ok {
