@@ -698,7 +698,7 @@ func TestHostPortConflict(t *testing.T) {
 	if code := errCode(err); code != codeInvalidConfig {
 		t.Fatalf("ADD of a taken hostPort: code %d (%v), want %d", code, err, codeInvalidConfig)
 	}
-	wantErrContains(t, "ADD of a taken hostPort", err, "runtimeConfig.portMappings[1]", "8080/tcp", "already mapped")
+	wantErrContains(t, "ADD of a taken hostPort", err, "runtimeConfig.portMappings[1]", "*:8080/tcp", "already mapped", "container owner")
 	late := &attachment{pod: p, id: "late", ifname: "eth0", hostIf: cni.HostIfName("late", "eth0")}
 	e.assertGone(late)
 	m := e.maps()

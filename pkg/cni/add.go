@@ -230,7 +230,7 @@ func Add(args *skel.CmdArgs) (err error) {
 		// and the loser undoes everything, mappings it did get included.
 		for _, h := range hps {
 			if err := dp.Maps.InsertHostPort(h); err != nil {
-				return hostPortError(conf.portMappings, h, err)
+				return hostPortError(conf, h, err)
 			}
 			u.push(func() { _ = dp.Maps.DeleteHostPort(h) })
 		}

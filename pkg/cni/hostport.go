@@ -164,10 +164,12 @@ func planHostPorts(pms []portMapping, podIPs []net.IP, ifindex int) ([]maps.Host
 	return out, nil
 }
 
-// hostPortError turns a failed insert into the CNI error naming the entry.
-func hostPortError(pms []portMapping, h maps.HostPort, err error) error {
+// hostPortError turns a failed insert into the CNI error naming the entry
+// and, for a taken hostPort, the attachment holding it (looked up in the
+// state records: a scan, but only on this error path).
+func hostPortError(conf *NetConf, h maps.HostPort, err error) error {
 	idx := 0
-	for _, p := range pms {
+	for _, p := range conf.portMappings {
 		if p.proto == h.Proto && p.hostPort == h.HostPort && p.hostIP.Equal(h.HostIP) {
 			idx = p.index
 			break
@@ -175,8 +177,19 @@ func hostPortError(pms []portMapping, h maps.HostPort, err error) error {
 	}
 	var taken *maps.HostPortTakenError
 	if errors.As(err, &taken) {
-		return confError("runtimeConfig.portMappings[%d]: %v (hostPort %d/%s on %s is taken)",
-			idx, err, h.HostPort, maps.ProtoName(h.Proto), ipOrAny(h.HostIP))
+		owner := ""
+		if recs, rerr := ListRecords(conf.StateDir, conf.Name); rerr == nil {
+			for _, r := range recs {
+				if r.HostIfindex == taken.Owner.Ifindex {
+					owner = fmt.Sprintf(" (container %s", r.ContainerID)
+					if r.PodName != "" {
+						owner += fmt.Sprintf(", pod %s/%s", r.PodNamespace, r.PodName)
+					}
+					owner += ")"
+				}
+			}
+		}
+		return confError("runtimeConfig.portMappings[%d]: %v%s", idx, err, owner)
 	}
 	return types.NewError(types.ErrInternal, fmt.Sprintf("runtimeConfig.portMappings[%d]: %v", idx, err), "")
 }
@@ -229,14 +242,14 @@ func hostPortOptions(conf *NetConf) datapath.HostPortOptions {
 	return datapath.HostPortOptions{CgroupRoot: conf.CgroupRoot}
 }
 
-// teardownHostPorts removes what ADD made for the pod's mappings, in two
-// steps around the veth's deletion. Before it (removeHostPorts): the
+// removeHostPorts and purgeHostPortFlows undo what ADD made for the pod's
+// mappings, in two steps around the veth's deletion. Before it (removeHostPorts): the
 // mappings, so no new flow is translated to the pod. After it
 // (purgeHostPortFlows): every cni_ct and cni_sock_rnat entry made for the
 // pod, and the node's connected UDP sockets the hook had pointed at it.
 func removeHostPorts(dp *datapath.Datapath, rec *Record, ifindex int) error {
 	var errs error
-	if rec != nil && rec.HostPorts != nil {
+	if rec != nil {
 		for _, r := range rec.HostPorts {
 			h, ok := r.hostPort(ifindex)
 			if !ok {
