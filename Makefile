@@ -8,8 +8,9 @@ CNI_CONF  ?= /etc/cni/net.d
 VERSION   ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.Version=$(VERSION)
 
-# Debian packages: test/demo need ping and iproute2; generate needs clang & co.
-RUNTIME_PKGS  := iproute2 iputils-ping
+# Debian packages: tests and demo need ping and iproute2, and the hostPort tests
+# compare iptables/nftables rulesets; generate needs clang & co.
+RUNTIME_PKGS  := iproute2 iputils-ping iptables nftables
 GENERATE_PKGS := clang llvm libbpf-dev linux-libc-dev
 BENCH_PKGS    := iproute2 iputils-ping iptables iperf3
 
@@ -22,7 +23,8 @@ build:
 
 # Installs Debian packages only when a command is missing, so repeated runs are fast.
 deps:
-	@command -v ping >/dev/null && command -v ip >/dev/null || \
+	@command -v ping >/dev/null && command -v ip >/dev/null && command -v iptables-save >/dev/null && \
+		command -v ip6tables-save >/dev/null && command -v nft >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(RUNTIME_PKGS))
 
 deps-generate:
