@@ -30,6 +30,7 @@ const usage = `usage: ebpf-agent COMMAND [flags]
   dump stats          every counter by pod, direction and reason (read-only)
   dump hostports      hostPort mappings with their pods (read-only)
   dump ct             translated hostPort flows and node sockets (read-only)
+  dump nat            masqueraded (ipMasq) flows, cluster CIDRs, counters (read-only)
   reconcile           remove state of pods that are gone (--dry-run lists it)
   upgrade             swap every attachment to this build's programs in place (--force reloads them)
 
@@ -122,7 +123,7 @@ func run(args []string) error {
 
 func dump(args []string) error {
 	if len(args) < 1 {
-		return fmt.Errorf("dump what? (endpoints, bandwidth, stats, hostports or ct)")
+		return fmt.Errorf("dump what? (endpoints, bandwidth, stats, hostports, ct or nat)")
 	}
 	c, _ := flags("dump", args[1:], nil)
 	switch args[0] {
@@ -156,8 +157,14 @@ func dump(args []string) error {
 			return err
 		}
 		return agent.WriteCT(os.Stdout, d, c.format)
+	case "nat":
+		d, err := agent.NAT(c.pinDir)
+		if err != nil {
+			return err
+		}
+		return agent.WriteNAT(os.Stdout, d, c.format)
 	}
-	return fmt.Errorf("unknown dump %q (want endpoints, bandwidth, stats, hostports or ct)", args[0])
+	return fmt.Errorf("unknown dump %q (want endpoints, bandwidth, stats, hostports, ct or nat)", args[0])
 }
 
 func reconcile(c *common, dry bool) error {
