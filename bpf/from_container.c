@@ -147,7 +147,8 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 		if (rc != MASQ_CONTINUE) {
 			if (rc == TC_ACT_SHOT)
 				return drop(ifindex, REASON_DROP_MALFORMED, len);
-			return pass(ifindex, len);
+			count(ifindex, DIR_EGRESS, REASON_FORWARD, len);
+			return rc;
 		}
 		data_end = (void *)(long)skb->data_end;
 		eth = (void *)(long)skb->data;

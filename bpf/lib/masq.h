@@ -7,8 +7,9 @@
  * delivered straight into the pod. No iptables, no kernel conntrack.
  *
  *   - host veth tcx ingress (from_container.c): masq_from_pod() looks the
- *     flow up in cni_snat (forward entry), or allocates a port: a hash of the
- *     flow picks the first candidate in [MASQ_PORT_MIN, MASQ_PORT_MAX], up to
+ *     flow up in cni_snat (forward entry), or allocates a port: the pod's own
+ *     port, or a hash of the flow, is the first candidate in
+ *     [MASQ_PORT_MIN, MASQ_PORT_MAX], up to
  *     MASQ_PROBES candidates are tried with a BPF_NOEXIST insert of the
  *     reverse entry (the translated tuple: that insert is what makes a port
  *     ours, so two pods racing for one never both get it); then the packet
@@ -243,8 +244,12 @@ static __always_inline __be16 snat_alloc(const struct flow *f, __be32 node, __u3
 	*(__u32 *)rk.peer_addr = *(__u32 *)f->daddr;
 	*(__u32 *)rv.addr = *(__u32 *)f->saddr;
 	for (__u32 i = 0; i < MASQ_PROBES; i++) {
-		/* A stride coprime with the range walks distinct ports. */
+		/* The pod's own port first when it is in the range (as MASQUERADE
+		 * keeps ports where it can), then a stride coprime with the range
+		 * from the hash walks distinct ports. */
 		__u16 port = MASQ_PORT_MIN + (h + i * 2053) % range;
+		if (i == 0 && bpf_ntohs(f->sport) >= MASQ_PORT_MIN)
+			port = bpf_ntohs(f->sport);
 
 		rk.port = bpf_htons(port);
 		struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &rk);
