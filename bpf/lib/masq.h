@@ -19,8 +19,8 @@
  *     bpf_redirect_peer's it into the pod.
  *
  * Entries live in an LRU map and carry the last time they were used: an
- * entry idle for longer than its protocol's timeout is treated as absent
- * (and its port reused). DEL scans cni_snat for the pod's host veth.
+ * entry idle for longer than its protocol's timeout (10 s once a TCP FIN or
+ * RST was seen) is treated as absent (and its port reused). DEL scans cni_snat for the pod's host veth.
  */
 #pragma once
 
@@ -57,11 +57,13 @@ struct snat_key {
 	__u8 pad;
 };
 
+#define SNAT_F_CLOSING 1 /* TCP FIN or RST seen: expires MASQ_TIMEOUT_CLOSING after the last packet */
+
 /* Value of cni_snat: the other side of the translation. */
 struct snat_val {
 	__u8 addr[16]; /* forward: node address; reverse: pod address */
 	__be16 port;   /* forward: allocated port; reverse: pod's port */
-	__u16 pad;
+	__u16 flags;   /* SNAT_F_* */
 	__u32 ifindex;    /* host veth of the pod */
 	__u64 created_ns; /* bpf_ktime_get_ns() */
 	__u64 seen_ns;    /* last use, refreshed at most once a second */
@@ -88,6 +90,9 @@ enum masq_stat {
 #define MASQ_TIMEOUT_TCP (3600 * NSEC)
 #define MASQ_TIMEOUT_UDP (120 * NSEC)
 #define MASQ_TIMEOUT_ICMP (30 * NSEC)
+#define MASQ_TIMEOUT_CLOSING (10 * NSEC)
+#define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_RST 0x04
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -130,7 +135,28 @@ static __always_inline __u64 masq_timeout(__u8 proto)
 
 static __always_inline int snat_expired(const struct snat_val *v, __u8 proto, __u64 now)
 {
-	return now > v->seen_ns && now - v->seen_ns > masq_timeout(proto);
+	__u64 timeout = (v->flags & SNAT_F_CLOSING) ? MASQ_TIMEOUT_CLOSING : masq_timeout(proto);
+
+	return now > v->seen_ns && now - v->seen_ns > timeout;
+}
+
+/*
+ * Whether this packet changes the flow's state: a TCP FIN or RST marks it
+ * closing (short timeout, so a closed connection's port is free again in
+ * seconds, not after the established timeout), a SYN opens it again. 0: no
+ * change; else the new flags.
+ */
+static __always_inline int snat_state(const struct flow *f, __u16 cur, __u16 *next)
+{
+	if (f->proto != IPPROTO_TCP)
+		return 0;
+	if (f->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
+		*next = cur | SNAT_F_CLOSING;
+	else if (f->syn_only)
+		*next = cur & ~SNAT_F_CLOSING;
+	else
+		return 0;
+	return *next != cur;
 }
 
 static __always_inline int in_cluster4(__be32 addr)
@@ -215,13 +241,15 @@ static __always_inline __u32 mix32(__u32 h)
 	return h;
 }
 
-/* Refreshes the other direction's entry (at most once a second per flow). */
-static __always_inline void snat_touch(struct snat_key *k, __u64 now)
+/* Refreshes the other direction's entry and its state flags. */
+static __always_inline void snat_touch(struct snat_key *k, __u64 now, __u16 flags)
 {
 	struct snat_val *v = bpf_map_lookup_elem(&cni_snat, k);
 
-	if (v)
+	if (v) {
 		v->seen_ns = now;
+		v->flags = flags;
+	}
 }
 
 /*
@@ -328,14 +356,18 @@ static __always_inline int masq_from_pod(struct __sk_buff *skb, __u32 ifindex)
 	*(__u32 *)fk.peer_addr = *(__u32 *)f.daddr;
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
 	if (fv && fv->ifindex == ifindex && *(__be32 *)fv->addr == p.ipv4_src && !snat_expired(fv, f.proto, now)) {
+		__u16 fl = fv->flags;
+		int changed = snat_state(&f, fv->flags, &fl);
+
 		port = fv->port;
-		if (now - fv->seen_ns > NSEC) {
+		if (changed || now - fv->seen_ns > NSEC) {
 			fv->seen_ns = now;
+			fv->flags = fl;
 			struct snat_key rk = { .family = AF_INET, .proto = f.proto, .dir = SNAT_DIR_REV,
 					       .port = port, .peer_port = f.dport };
 			*(__be32 *)rk.addr = p.ipv4_src;
 			*(__u32 *)rk.peer_addr = *(__u32 *)f.daddr;
-			snat_touch(&rk, now);
+			snat_touch(&rk, now, fl);
 		}
 	} else {
 		/* Only what opens a flow allocates: a pod answering a client that
@@ -407,13 +439,16 @@ static __always_inline int masq_reverse(struct __sk_buff *skb)
 	struct ep_info *ep = ep_lookup_addr(v.addr, AF_INET);
 	if (!ep || ep->ifindex != v.ifindex)
 		return MASQ_CONTINUE; /* the pod is gone */
-	if (now - v.seen_ns > NSEC) {
+	__u16 fl = v.flags;
+	int changed = snat_state(&f, v.flags, &fl);
+	if (changed || now - v.seen_ns > NSEC) {
 		rv->seen_ns = now;
+		rv->flags = fl;
 		struct snat_key fk = { .family = AF_INET, .proto = f.proto, .dir = SNAT_DIR_FWD,
 				       .port = v.port, .peer_port = f.sport };
 		*(__u32 *)fk.addr = *(__u32 *)v.addr;
 		*(__u32 *)fk.peer_addr = *(__u32 *)f.saddr;
-		snat_touch(&fk, now);
+		snat_touch(&fk, now, fl);
 	}
 
 	if (masq_rewrite4(skb, &f, 0, *(__be32 *)v.addr, v.port)) {

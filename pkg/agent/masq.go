@@ -23,6 +23,8 @@ type NATRow struct {
 	IdleSecs  float64 `json:"idleSeconds"`
 	// ReverseOnly: the forward entry was evicted or deleted.
 	ReverseOnly bool `json:"reverseOnly,omitempty"`
+	// Closing: a TCP FIN or RST was seen; the entry expires 10 s after the last packet.
+	Closing bool `json:"closing,omitempty"`
 }
 
 // NATDump is what `dump nat` shows.
@@ -63,7 +65,7 @@ func NAT(pinRoot string) (*NATDump, error) {
 		d.Flows = append(d.Flows, NATRow{
 			Protocol: maps.ProtoName(f.Proto), Pod: f.Pod.String(), Node: f.Node.String(), Peer: f.Peer.String(),
 			Ifindex: f.Ifindex, Interface: names[f.Ifindex], AgeSecs: f.Age.Round(time.Millisecond).Seconds(),
-			IdleSecs: f.Idle.Round(time.Millisecond).Seconds(), ReverseOnly: f.Reverse,
+			IdleSecs: f.Idle.Round(time.Millisecond).Seconds(), ReverseOnly: f.Reverse, Closing: f.Closing,
 		})
 	}
 	sort.SliceStable(d.Flows, func(i, j int) bool {
@@ -88,6 +90,9 @@ func WriteNAT(w io.Writer, d *NATDump, format string) error {
 			node := r.Node
 			if r.ReverseOnly {
 				node += " (reverse only)"
+			}
+			if r.Closing {
+				node += " (closing)"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.Protocol, r.Pod, node, r.Peer, r.Ifindex, dash(r.Interface),
 				secs(r.AgeSecs), secs(r.IdleSecs))

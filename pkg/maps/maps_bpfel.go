@@ -182,7 +182,7 @@ type mapsObjSnatVal struct {
 	_         structs.HostLayout
 	Addr      [16]uint8
 	Port      uint16
-	Pad       uint16
+	Flags     uint16
 	Ifindex   uint32
 	CreatedNs uint64
 	SeenNs    uint64

@@ -28,6 +28,7 @@ const (
 	EndpointFlagMasq = 1 << 3
 	snatDirFwd       = 0 // SNAT_DIR_FWD
 	snatDirRev       = 1 // SNAT_DIR_REV
+	snatFlagClosing  = 1 // SNAT_F_CLOSING
 	// ProtoICMP is IPPROTO_ICMP: masquerade translates echo requests (the id is the port).
 	ProtoICMP uint8 = 1
 )
@@ -115,6 +116,7 @@ type SNATFlow struct {
 	Age     time.Duration // since creation
 	Idle    time.Duration // since last use (second granularity)
 	Reverse bool          // a reverse entry whose forward entry is gone
+	Closing bool          // TCP FIN or RST seen: expires 10 s after the last packet
 }
 
 // ListSNAT returns the masqueraded flows (forward entries, plus reverse
@@ -145,6 +147,7 @@ func (m *Maps) ListSNAT() ([]SNATFlow, error) {
 		f := SNATFlow{
 			Proto: e.k.Proto, Pod: addrPort(e.k.Addr, e.k.Family, e.k.Port), Peer: addrPort(e.k.PeerAddr, e.k.Family, e.k.PeerPort),
 			Node: addrPort(e.v.Addr, e.k.Family, e.v.Port), Ifindex: int(e.v.Ifindex), Age: age(e.v.CreatedNs), Idle: age(e.v.SeenNs),
+			Closing: e.v.Flags&snatFlagClosing != 0,
 		}
 		fwd[[3]netip.AddrPort{f.Node, f.Peer, f.Pod}] = true
 		out = append(out, f)
@@ -156,7 +159,7 @@ func (m *Maps) ListSNAT() ([]SNATFlow, error) {
 		f := SNATFlow{
 			Proto: e.k.Proto, Node: addrPort(e.k.Addr, e.k.Family, e.k.Port), Peer: addrPort(e.k.PeerAddr, e.k.Family, e.k.PeerPort),
 			Pod: addrPort(e.v.Addr, e.k.Family, e.v.Port), Ifindex: int(e.v.Ifindex), Age: age(e.v.CreatedNs), Idle: age(e.v.SeenNs),
-			Reverse: true,
+			Reverse: true, Closing: e.v.Flags&snatFlagClosing != 0,
 		}
 		if !fwd[[3]netip.AddrPort{f.Node, f.Peer, f.Pod}] {
 			out = append(out, f)
