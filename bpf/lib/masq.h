@@ -282,8 +282,19 @@ static __always_inline __be16 snat_alloc(const struct flow *f, __be32 node, __u3
 		rk.port = bpf_htons(port);
 		struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &rk);
 		if (cur) {
-			if (!snat_expired(cur, f->proto, now))
+			/* Free: an expired flow, or (as conntrack reuses TIME_WAIT and
+			 * CLOSE tuples) a closed TCP flow quiet for a second. */
+			if (!snat_expired(cur, f->proto, now) &&
+			    !((cur->flags & SNAT_F_CLOSING) && now - cur->seen_ns > NSEC))
 				continue;
+			/* The old flow's forward entry goes too, if it still maps here. */
+			struct snat_key ok = { .family = AF_INET, .proto = f->proto, .dir = SNAT_DIR_FWD,
+					       .port = cur->port, .peer_port = f->dport };
+			*(__u32 *)ok.addr = *(__u32 *)cur->addr;
+			*(__u32 *)ok.peer_addr = *(__u32 *)f->daddr;
+			struct snat_val *ov = bpf_map_lookup_elem(&cni_snat, &ok);
+			if (ov && ov->port == rk.port && *(__be32 *)ov->addr == node)
+				bpf_map_delete_elem(&cni_snat, &ok);
 			bpf_map_delete_elem(&cni_snat, &rk);
 		}
 		if (f->proto != IPPROTO_ICMP && hostport_lookup(&node, AF_INET, f->proto, rk.port, 0))
