@@ -19,8 +19,8 @@
  *     bpf_redirect_peer's it into the pod.
  *
  * Entries live in an LRU map and carry the last time they were used: an
- * entry idle for longer than its protocol's timeout (10 s once a TCP FIN or
- * RST was seen) is treated as absent (and its port reused). DEL scans cni_snat for the pod's host veth.
+ * entry idle for longer than its protocol's timeout (10 s once a TCP RST or
+ * a FIN each way was seen) is treated as absent (and its port reused). DEL scans cni_snat for the pod's host veth.
  */
 #pragma once
 
@@ -57,7 +57,9 @@ struct snat_key {
 	__u8 pad;
 };
 
-#define SNAT_F_CLOSING 1 /* TCP FIN or RST seen: expires MASQ_TIMEOUT_CLOSING after the last packet */
+#define SNAT_F_CLOSING 1 /* TCP RST, or FIN both ways, seen: expires MASQ_TIMEOUT_CLOSING after the last packet */
+#define SNAT_F_FIN_OUT 2 /* TCP FIN from the pod */
+#define SNAT_F_FIN_IN 4  /* TCP FIN from the peer */
 
 /* Value of cni_snat: the other side of the translation. */
 struct snat_val {
@@ -82,7 +84,7 @@ enum masq_stat {
 
 #define MASQ_PORT_MIN 61000 /* above the default ip_local_port_range (32768-60999) */
 #define MASQ_PORT_MAX 65535
-#define MASQ_PROBES 32
+#define MASQ_PROBES 32 /* more makes the verifier walk too many states */
 #define MAX_SNAT 131072 /* two entries per flow */
 #define MAX_CLUSTER_CIDRS 256
 
@@ -91,6 +93,7 @@ enum masq_stat {
 #define MASQ_TIMEOUT_UDP (120 * NSEC)
 #define MASQ_TIMEOUT_ICMP (30 * NSEC)
 #define MASQ_TIMEOUT_CLOSING (10 * NSEC)
+#define MASQ_REUSE_CLOSED (NSEC / 2) /* a closed flow quiet this long gives its port up */
 #define TCP_FLAG_FIN 0x01
 #define TCP_FLAG_RST 0x04
 
@@ -141,22 +144,29 @@ static __always_inline int snat_expired(const struct snat_val *v, __u8 proto, __
 }
 
 /*
- * Whether this packet changes the flow's state: a TCP FIN or RST marks it
- * closing (short timeout, so a closed connection's port is free again in
- * seconds, not after the established timeout), a SYN opens it again. 0: no
- * change; else the new flags.
+ * Whether this packet changes the flow's state: a TCP RST, or the second
+ * direction's FIN, marks it closing (short timeout, so a closed connection's
+ * port is free again in seconds, not after the established timeout; a
+ * half-closed connection keeps the long one), a SYN opens it again. fin_bit
+ * is SNAT_F_FIN_OUT or SNAT_F_FIN_IN, the packet's direction. Returns
+ * whether the flags change, and the new ones in *next.
  */
-static __always_inline int snat_state(const struct flow *f, __u16 cur, __u16 *next)
+static __always_inline int snat_state(const struct flow *f, __u16 cur, __u16 *next, __u16 fin_bit)
 {
+	__u16 n = cur;
+
 	if (f->proto != IPPROTO_TCP)
 		return 0;
-	if (f->tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST))
-		*next = cur | SNAT_F_CLOSING;
+	if (f->tcp_flags & TCP_FLAG_RST)
+		n |= SNAT_F_CLOSING;
+	else if (f->tcp_flags & TCP_FLAG_FIN)
+		n |= fin_bit;
 	else if (f->syn_only)
-		*next = cur & ~SNAT_F_CLOSING;
-	else
-		return 0;
-	return *next != cur;
+		n = 0;
+	if ((n & SNAT_F_FIN_OUT) && (n & SNAT_F_FIN_IN))
+		n |= SNAT_F_CLOSING;
+	*next = n;
+	return n != cur;
 }
 
 static __always_inline int in_cluster4(__be32 addr)
@@ -254,9 +264,9 @@ static __always_inline void snat_touch(struct snat_key *k, __u64 now, __u16 flag
 
 /*
  * Allocates a node port for the flow f (pod's view) towards node address
- * node: the first candidate is a hash of the flow, then MASQ_PROBES - 1
- * more, skipping ports held by a live flow to the same destination and the
- * node's hostPorts. Inserts the reverse entry (BPF_NOEXIST: the port is ours
+ * node: the first candidate is the pod's own port if it is in the range,
+ * else a hash of the flow, then MASQ_PROBES - 1 more, skipping ports held by
+ * a live flow to the same destination and the node's hostPorts. Inserts the reverse entry (BPF_NOEXIST: the port is ours
  * only if the insert succeeds) and the forward one. Returns the port (network
  * order) or 0 when every candidate was taken.
  */
@@ -283,9 +293,9 @@ static __always_inline __be16 snat_alloc(const struct flow *f, __be32 node, __u3
 		struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &rk);
 		if (cur) {
 			/* Free: an expired flow, or (as conntrack reuses TIME_WAIT and
-			 * CLOSE tuples) a closed TCP flow quiet for a second. */
+			 * CLOSE tuples) a closed TCP flow quiet for MASQ_REUSE_CLOSED. */
 			if (!snat_expired(cur, f->proto, now) &&
-			    !((cur->flags & SNAT_F_CLOSING) && now - cur->seen_ns > NSEC))
+			    !((cur->flags & SNAT_F_CLOSING) && now - cur->seen_ns > MASQ_REUSE_CLOSED))
 				continue;
 			/* The old flow's forward entry goes too, if it still maps here. */
 			struct snat_key ok = { .family = AF_INET, .proto = f->proto, .dir = SNAT_DIR_FWD,
@@ -368,7 +378,7 @@ static __always_inline int masq_from_pod(struct __sk_buff *skb, __u32 ifindex)
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
 	if (fv && fv->ifindex == ifindex && *(__be32 *)fv->addr == p.ipv4_src && !snat_expired(fv, f.proto, now)) {
 		__u16 fl = fv->flags;
-		int changed = snat_state(&f, fv->flags, &fl);
+		int changed = snat_state(&f, fv->flags, &fl, SNAT_F_FIN_OUT);
 
 		port = fv->port;
 		if (changed || now - fv->seen_ns > NSEC) {
@@ -451,7 +461,7 @@ static __always_inline int masq_reverse(struct __sk_buff *skb)
 	if (!ep || ep->ifindex != v.ifindex)
 		return MASQ_CONTINUE; /* the pod is gone */
 	__u16 fl = v.flags;
-	int changed = snat_state(&f, v.flags, &fl);
+	int changed = snat_state(&f, v.flags, &fl, SNAT_F_FIN_IN);
 	if (changed || now - v.seen_ns > NSEC) {
 		rv->seen_ns = now;
 		rv->flags = fl;

@@ -23,7 +23,7 @@ type NATRow struct {
 	IdleSecs  float64 `json:"idleSeconds"`
 	// ReverseOnly: the forward entry was evicted or deleted.
 	ReverseOnly bool `json:"reverseOnly,omitempty"`
-	// Closing: a TCP FIN or RST was seen; the entry expires 10 s after the last packet.
+	// Closing: a TCP RST, or a FIN each way, was seen; the entry expires 10 s after the last packet.
 	Closing bool `json:"closing,omitempty"`
 }
 

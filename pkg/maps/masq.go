@@ -116,7 +116,7 @@ type SNATFlow struct {
 	Age     time.Duration // since creation
 	Idle    time.Duration // since last use (second granularity)
 	Reverse bool          // a reverse entry whose forward entry is gone
-	Closing bool          // TCP FIN or RST seen: expires 10 s after the last packet
+	Closing bool          // TCP RST, or a FIN each way, seen: expires 10 s after the last packet
 }
 
 // ListSNAT returns the masqueraded flows (forward entries, plus reverse
