@@ -89,11 +89,16 @@ func Add(args *skel.CmdArgs) (err error) {
 	// uplink), else only the node addresses are refreshed; either way in
 	// parallel with the veth and IPAM below.
 	hooksWait := func() error { return nil }
+	// Set before the error is sent: the uplink programs are attached even
+	// when the error only concerns the socket hooks (no cgroup2 visible),
+	// which ipMasq does not need.
+	var uplinksReady bool
 	// ipMasq needs the uplink program for the replies.
 	if len(conf.portMappings) > 0 || conf.IPMasq {
 		ch := make(chan error, 1)
 		go func() {
-			_, e := dp.EnsureHostPorts(hostPortOptions(conf))
+			h, e := dp.EnsureHostPorts(hostPortOptions(conf))
+			uplinksReady = h != nil
 			ch <- e
 		}()
 		var once sync.Once
@@ -216,7 +221,7 @@ func Add(args *skel.CmdArgs) (err error) {
 	}
 	if conf.IPMasq {
 		// Hooks and cluster CIDRs before the flag that makes the pod use them.
-		if err := hooksWait(); err != nil {
+		if err := hooksWait(); err != nil && !uplinksReady {
 			return types.NewError(errPluginNotAvailable, fmt.Sprintf("ipMasq uplink hooks at %s: %v", conf.PinDir, err), "")
 		}
 		if err := dp.Maps.AddClusterCIDRs(clusterCIDRs(conf, res)); err != nil {
