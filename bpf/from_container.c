@@ -9,7 +9,7 @@
  * everything else to the kernel stack.
  */
 #include "lib/neigh.h"
-#include "lib/nat.h"
+#include "lib/masq.h"
 
 static __always_inline int drop(__u32 ifindex, __u8 reason, __u32 len)
 {
@@ -134,6 +134,22 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 
 		if (rc != HP_CONTINUE)
 			return rc;
+		data_end = (void *)(long)skb->data_end;
+		eth = (void *)(long)skb->data;
+		ip = (void *)(eth + 1);
+		if ((void *)(ip + 1) > data_end)
+			return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
+	}
+	if (!dst && (src->flags & EP_F_MASQ)) {
+		__u32 len = skb->len;
+		int rc = masq_from_pod(skb, ifindex);
+
+		if (rc != MASQ_CONTINUE) {
+			if (rc == TC_ACT_SHOT)
+				return drop(ifindex, REASON_DROP_MALFORMED, len);
+			count(ifindex, DIR_EGRESS, REASON_FORWARD, len);
+			return rc;
+		}
 		data_end = (void *)(long)skb->data_end;
 		eth = (void *)(long)skb->data;
 		ip = (void *)(eth + 1);

@@ -8,7 +8,7 @@
  * translates those back), and delivered straight into the pod with
  * bpf_redirect_peer. Everything else goes on to the stack untouched.
  */
-#include "lib/nat.h"
+#include "lib/masq.h"
 
 static __always_inline int dnat(struct __sk_buff *skb, struct flow *f)
 {
@@ -63,7 +63,17 @@ int cni_from_uplink(struct __sk_buff *skb)
 		struct iphdr *ip = (void *)(eth + 1);
 
 		/* TTL 1: not ours to forward; the stack answers. */
-		if ((void *)(ip + 1) > data_end || ip->ttl <= 1 || flow_parse4(skb, ip, &f))
+		if ((void *)(ip + 1) > data_end || ip->ttl <= 1)
+			return TC_ACT_OK;
+		/* Replies of masqueraded flows first: their ports were allocated
+		 * around the node's hostPorts. */
+		int rc = masq_reverse(skb);
+		if (rc != MASQ_CONTINUE)
+			return rc;
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+		ip = data + ETH_HLEN;
+		if ((void *)(ip + 1) > data_end || flow_parse4(skb, ip, &f))
 			return TC_ACT_OK;
 	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);

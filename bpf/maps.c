@@ -7,10 +7,12 @@
 #include "lib/maps.h"
 #include "lib/bandwidth.h"
 #include "lib/hostport.h"
+#include "lib/masq.h"
 
 /* Reference the enums so they land in BTF and bpf2go generates Go constants. */
 enum cni_dir __dir_unused __attribute__((unused));
 enum cni_reason __reason_unused __attribute__((unused));
 enum hp_stat __hp_stat_unused __attribute__((unused));
+enum masq_stat __masq_stat_unused __attribute__((unused));
 
 char __license[] SEC("license") = "Dual BSD/GPL";

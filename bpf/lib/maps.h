@@ -39,6 +39,7 @@ struct ep_key {
 #define EP_F_BW_EGRESS (1U << 0)  /* the pod has an egress limit: see bandwidth.h */
 #define EP_F_BW_INGRESS (1U << 1) /* the pod has an ingress limit */
 #define EP_F_HOSTPORT (1U << 2)   /* the pod has hostPort mappings: see hostport.h */
+#define EP_F_MASQ (1U << 3)       /* ipMasq: IPv4 leaving the cluster CIDRs is SNATed, see masq.h */
 
 /* Value of cni_endpoints. */
 struct ep_info {

@@ -26,7 +26,7 @@ struct flow {
 	__u8 family;
 	__u8 proto;
 	__u8 syn_only; /* TCP SYN without ACK: a new connection */
-	__u8 pad;
+	__u8 tcp_flags;
 	__u32 l4off;   /* offset of the L4 header from skb->data */
 };
 
@@ -48,6 +48,7 @@ static __always_inline int flow_load_l4(struct __sk_buff *skb, struct flow *f)
 		if (bpf_skb_load_bytes(skb, f->l4off + TCP_FLAGS_OFF, &fl, 1))
 			return -1;
 		f->syn_only = (fl & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+		f->tcp_flags = fl;
 	}
 	return 0;
 }

@@ -30,6 +30,8 @@ const usage = `usage: ebpf-agent COMMAND [flags]
   dump stats          every counter by pod, direction and reason (read-only)
   dump hostports      hostPort mappings with their pods (read-only)
   dump ct             translated hostPort flows and node sockets (read-only)
+  dump nat            masqueraded (ipMasq) flows, cluster CIDRs, counters (read-only)
+  peers --peers FILE  install routes to other nodes' pod CIDRs via their node IPs once (run does it at every reconcile)
   reconcile           remove state of pods that are gone (--dry-run lists it)
   upgrade             swap every attachment to this build's programs in place (--force reloads them)
 
@@ -74,6 +76,10 @@ func main() {
 		}
 	case "dump":
 		err = dump(args)
+	case "peers":
+		var file string
+		c, _ := flags("peers", args, func(fs *flag.FlagSet) { fs.StringVar(&file, "peers", "", "JSON file [{nodeIP, podCIDRs}]") })
+		err = syncPeers(c, file)
 	case "reconcile":
 		var dry bool
 		c, _ := flags("reconcile", args, func(fs *flag.FlagSet) { fs.BoolVar(&dry, "dry-run", false, "only list what would be removed") })
@@ -103,8 +109,10 @@ func run(args []string) error {
 		interval   time.Duration
 		hostPorts  bool
 		cgroupRoot string
+		peersFile  string
 	)
 	c, _ := flags("run", args, func(fs *flag.FlagSet) {
+		fs.StringVar(&peersFile, "peers", "", "JSON file [{nodeIP, podCIDRs}] of the other nodes: routes to their pod CIDRs via their node IPs (host-gw)")
 		fs.StringVar(&metrics, "metrics-addr", "127.0.0.1:9964", "Prometheus metrics listener; empty disables it")
 		fs.DurationVar(&interval, "reconcile-interval", time.Minute, "how often to look for stale state")
 		fs.BoolVar(&hostPorts, "hostports", true, "own the node-level hostPort hooks (uplinks, cgroup socket hooks, node addresses)")
@@ -115,14 +123,14 @@ func run(args []string) error {
 	return agent.Run(ctx, agent.Options{
 		PinRoot: c.pinDir, StateDir: c.stateDir, ConfDir: c.confDir, CNIPath: c.binDir,
 		MetricsAddr: metrics, ReconcileInterval: interval, Version: Version,
-		HostPorts: hostPorts, CgroupRoot: cgroupRoot,
+		HostPorts: hostPorts, CgroupRoot: cgroupRoot, PeersFile: peersFile,
 		Logger: log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags),
 	})
 }
 
 func dump(args []string) error {
 	if len(args) < 1 {
-		return fmt.Errorf("dump what? (endpoints, bandwidth, stats, hostports or ct)")
+		return fmt.Errorf("dump what? (endpoints, bandwidth, stats, hostports, ct or nat)")
 	}
 	c, _ := flags("dump", args[1:], nil)
 	switch args[0] {
@@ -156,8 +164,14 @@ func dump(args []string) error {
 			return err
 		}
 		return agent.WriteCT(os.Stdout, d, c.format)
+	case "nat":
+		d, err := agent.NAT(c.pinDir)
+		if err != nil {
+			return err
+		}
+		return agent.WriteNAT(os.Stdout, d, c.format)
 	}
-	return fmt.Errorf("unknown dump %q (want endpoints, bandwidth, stats, hostports or ct)", args[0])
+	return fmt.Errorf("unknown dump %q (want endpoints, bandwidth, stats, hostports, ct or nat)", args[0])
 }
 
 func reconcile(c *common, dry bool) error {
@@ -200,6 +214,32 @@ func upgrade(c *common, force bool) error {
 	} else {
 		fmt.Printf("links: %d, swapped in place: %d, defunct: %d, old program pins removed: %d\n",
 			rep.Links, rep.Replaced, len(rep.Defunct), len(rep.RemovedProgs))
+	}
+	return err
+}
+
+func syncPeers(c *common, file string) error {
+	if file == "" {
+		return fmt.Errorf("peers: --peers FILE is required")
+	}
+	ps, err := agent.LoadPeers(file)
+	if err != nil {
+		return err
+	}
+	rs, err := agent.SyncPeerRoutes(ps)
+	if c.format == "json" {
+		if rs == nil {
+			rs = []agent.PeerRoute{}
+		}
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if e := enc.Encode(rs); e != nil {
+			return e
+		}
+	} else {
+		for _, r := range rs {
+			fmt.Printf("%s via %s\n", r.Dst, r.Via)
+		}
 	}
 	return err
 }

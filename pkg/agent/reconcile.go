@@ -82,7 +82,7 @@ func linkExists(ifindex uint32) bool {
 
 // ReconcileMaps finds, and unless dryRun removes, datapath state of pods
 // whose host veth is gone: endpoint and link entries, counters, limits, link
-// pins, and netns entries no attachment record refers to.
+// pins, masquerade entries, and netns entries no attachment record refers to.
 func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	dp, err := datapath.Open(pinRoot)
 	if err != nil {
@@ -140,6 +140,21 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 			idx := int(idx)
 			act("counters", fmt.Sprintf("ifindex %d", idx), func() error { return m.ResetStats(idx) })
 		}
+	}
+
+	// Masquerade entries of gone veths (DEL removes them; this catches pods
+	// that vanished without one). The programs ignore them anyway.
+	snat, err := m.ListSNAT()
+	errs = errors.Join(errs, err)
+	goneNAT := map[int]int{}
+	for _, f := range snat {
+		if !linkExists(uint32(f.Ifindex)) {
+			goneNAT[f.Ifindex]++
+		}
+	}
+	for idx, n := range goneNAT {
+		idx := idx
+		act("nat", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.DeleteSNATOf(idx); return err })
 	}
 
 	// netns entries: the node's stays; a pod's stays while a record names it.

@@ -35,6 +35,9 @@ type Options struct {
 	Logger            *log.Logger
 	HostPorts         bool   // own the node-level hostPort hooks (uplinks, socket hooks, node addresses)
 	CgroupRoot        string // cgroup2 mount for the socket hooks; "" finds it
+	// PeersFile lists the other nodes and their pod CIDRs (host-gw routes,
+	// see SyncPeerRoutes); re-read at every reconcile. "" installs none.
+	PeersFile string
 }
 
 // CheckOwnership refuses a pin or state directory that is not root's alone:
@@ -109,6 +112,24 @@ func Run(ctx context.Context, o Options) error {
 	}
 	reconcile("start")
 
+	peers := func() {
+		if o.PeersFile == "" {
+			return
+		}
+		ps, err := LoadPeers(o.PeersFile)
+		if err == nil {
+			var rs []PeerRoute
+			rs, err = SyncPeerRoutes(ps)
+			if err == nil {
+				lg.Printf("peer routes: %d", len(rs))
+			}
+		}
+		if err != nil {
+			lg.Printf("peer routes: %v", err)
+		}
+	}
+	peers()
+
 	if o.HostPorts {
 		hdp, err := datapath.Open(o.PinRoot)
 		if err != nil {
@@ -142,6 +163,7 @@ func Run(ctx context.Context, o Options) error {
 			reconcile("link deleted")
 		case <-tick.C:
 			reconcile("timer")
+			peers()
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 
@@ -88,10 +89,16 @@ func Add(args *skel.CmdArgs) (err error) {
 	// uplink), else only the node addresses are refreshed; either way in
 	// parallel with the veth and IPAM below.
 	hooksWait := func() error { return nil }
-	if len(conf.portMappings) > 0 {
+	// Set before the error is sent: the uplink programs are attached even
+	// when the error only concerns the socket hooks (no cgroup2 visible),
+	// which ipMasq does not need.
+	var uplinksReady bool
+	// ipMasq needs the uplink program for the replies.
+	if len(conf.portMappings) > 0 || conf.IPMasq {
 		ch := make(chan error, 1)
 		go func() {
-			_, e := dp.EnsureHostPorts(hostPortOptions(conf))
+			h, e := dp.EnsureHostPorts(hostPortOptions(conf))
+			uplinksReady = h != nil
 			ch <- e
 		}()
 		var once sync.Once
@@ -212,6 +219,17 @@ func Add(args *skel.CmdArgs) (err error) {
 	if len(hps) > 0 {
 		info.Flags |= maps.EndpointFlagHostPort
 	}
+	if conf.IPMasq {
+		// Hooks and cluster CIDRs before the flag that makes the pod use them.
+		if err := hooksWait(); err != nil && !uplinksReady {
+			return types.NewError(errPluginNotAvailable, fmt.Sprintf("ipMasq uplink hooks at %s: %v", conf.PinDir, err), "")
+		}
+		if err := dp.Maps.AddClusterCIDRs(clusterCIDRs(conf, res)); err != nil {
+			return types.NewError(types.ErrInternal, err.Error(), "")
+		}
+		info.Flags |= maps.EndpointFlagMasq
+		tr.mark("masq")
+	}
 	for _, ipc := range res.IPs {
 		ip := ipc.Address.IP
 		if err := dp.Maps.PutEndpoint(ip, info); err != nil {
@@ -272,6 +290,7 @@ func Add(args *skel.CmdArgs) (err error) {
 	if len(hps) > 0 {
 		rec.HostPorts = recordHostPorts(hps)
 	}
+	rec.Masq = conf.IPMasq
 	rec.PodNamespace, rec.PodName = podIdentity(args.Args)
 	if err := writeRecord(conf.StateDir, conf.Name, rec); err != nil {
 		return types.NewError(types.ErrIOFailure, err.Error(), "")
@@ -320,4 +339,26 @@ func podIdentity(cniArgs string) (namespace, name string) {
 		}
 	}
 	return namespace, name
+}
+
+// clusterCIDRs are the configured clusterCIDRs, else the subnets of the
+// pod's addresses as the IPAM result gives them.
+func clusterCIDRs(conf *NetConf, res *current.Result) []netip.Prefix {
+	if len(conf.clusterCIDRs) > 0 {
+		return conf.clusterCIDRs
+	}
+	var out []netip.Prefix
+	for _, ipc := range res.IPs {
+		ones, _ := ipc.Address.Mask.Size()
+		a, ok := netip.AddrFromSlice(ipc.Address.IP)
+		if !ok {
+			continue
+		}
+		a = a.Unmap()
+		if a.Is4() && ones > 32 {
+			ones -= 96
+		}
+		out = append(out, netip.PrefixFrom(a, ones).Masked())
+	}
+	return out
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"path/filepath"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -35,11 +36,19 @@ type NetConf struct {
 	// (hostPort, TCP pacing); "" finds the cgroup2 mount (/sys/fs/cgroup,
 	// /sys/fs/cgroup/unified).
 	CgroupRoot string `json:"cgroupRoot,omitempty"`
+	// IPMasq (as ptp and bridge name it): the pod's IPv4 traffic to
+	// destinations outside ClusterCIDRs leaves with the node's address,
+	// translated in BPF.
+	IPMasq bool `json:"ipMasq,omitempty"`
+	// ClusterCIDRs are never masqueraded; default: the subnets of the
+	// pod's addresses as the IPAM result gives them.
+	ClusterCIDRs []string `json:"clusterCIDRs,omitempty"`
 
 	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
 
 	attachMode   datapath.AttachMode
 	portMappings []portMapping // validated runtimeConfig.portMappings
+	clusterCIDRs []netip.Prefix
 }
 
 // Error codes the spec defines that the types package does not name.
@@ -80,6 +89,13 @@ func parseConf(stdin []byte) (*NetConf, error) {
 		return nil, confError("attachMode: %v", err)
 	}
 	conf.attachMode = mode
+	for i, c := range conf.ClusterCIDRs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, confError("clusterCIDRs[%d]: %q is not a CIDR", i, c)
+		}
+		conf.clusterCIDRs = append(conf.clusterCIDRs, p.Masked())
+	}
 	if err := version.ParsePrevResult(&conf.NetConf); err != nil {
 		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode prevResult: %v", err), "")
 	}

@@ -21,6 +21,7 @@ func TestParseConfErrors(t *testing.T) {
 		{"pinDir", `{"name":"n","type":"ebpf-cni","pinDir":"rel","ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "pinDir"},
 		{"stateDir", `{"name":"n","type":"ebpf-cni","stateDir":"rel","ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "stateDir"},
 		{"attachMode", `{"name":"n","type":"ebpf-cni","attachMode":"xdp","ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "attachMode"},
+		{"clusterCIDRs", `{"name":"n","type":"ebpf-cni","ipMasq":true,"clusterCIDRs":["10.0.0.0/16","10.1.0.0/33"],"ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "clusterCIDRs[1]"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -125,5 +126,31 @@ func TestPodIdentity(t *testing.T) {
 	ns, name := podIdentity("IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-1;K8S_POD_INFRA_CONTAINER_ID=x")
 	if ns != "kube-system" || name != "coredns-1" {
 		t.Fatalf("got %q %q", ns, name)
+	}
+}
+
+func TestClusterCIDRs(t *testing.T) {
+	res := &current.Result{IPs: []*current.IPConfig{
+		{Address: net.IPNet{IP: net.ParseIP("10.244.1.7"), Mask: net.CIDRMask(24, 32)}},
+		{Address: net.IPNet{IP: net.ParseIP("10.244.2.7").To16(), Mask: net.CIDRMask(120, 128)}}, // v4 in 16 bytes
+		{Address: net.IPNet{IP: net.ParseIP("fd00::7"), Mask: net.CIDRMask(64, 128)}},
+	}}
+	conf, err := parseConf([]byte(`{"name":"n","type":"ebpf-cni","ipMasq":true,"ipam":{"type":"host-local"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range clusterCIDRs(conf, res) {
+		got = append(got, p.String())
+	}
+	if want := "10.244.1.0/24 10.244.2.0/24 fd00::/64"; strings.Join(got, " ") != want {
+		t.Fatalf("default cluster CIDRs %v, want %s", got, want)
+	}
+	conf, err = parseConf([]byte(`{"name":"n","type":"ebpf-cni","ipMasq":true,"clusterCIDRs":["10.244.9.9/16"],"ipam":{"type":"host-local"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := clusterCIDRs(conf, res); len(got) != 1 || got[0].String() != "10.244.0.0/16" {
+		t.Fatalf("configured cluster CIDRs %v", got)
 	}
 }

@@ -92,9 +92,21 @@ func teardown(conf *NetConf, containerID, ifname string, rec *Record, tr *tracer
 	var purge chan error
 	if dp != nil {
 		errs = errors.Join(errs, removeHostPorts(dp, rec, ifindex))
-		if ifindex != 0 && (rec == nil || len(rec.HostPorts) > 0) {
+		hp := rec == nil || len(rec.HostPorts) > 0
+		masq := rec == nil || rec.Masq
+		if ifindex != 0 && (hp || masq) {
 			purge = make(chan error, 1)
-			go func() { purge <- purgeHostPortFlows(dp, ifindex) }()
+			go func() {
+				var err error
+				if hp {
+					err = purgeHostPortFlows(dp, ifindex)
+				}
+				if masq {
+					_, merr := dp.Maps.DeleteSNATOf(ifindex)
+					err = errors.Join(err, merr)
+				}
+				purge <- err
+			}()
 		}
 	}
 	tr.mark("hostports")

@@ -25,6 +25,8 @@ type Record struct {
 	PodName      string   `json:"podName,omitempty"`
 	// HostPorts are the pod's hostPort map entries; nil when it has none.
 	HostPorts []hostPortRecord `json:"hostPorts,omitempty"`
+	// Masq: the pod's traffic is masqueraded (DEL purges its cni_snat entries).
+	Masq bool `json:"masq,omitempty"`
 }
 
 func recordDir(stateDir, network string) string {

@@ -16,18 +16,21 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	fromUplinkMapCniBandwidth   = "cni_bandwidth"
-	fromUplinkMapCniCt          = "cni_ct"
-	fromUplinkMapCniEndpoints   = "cni_endpoints"
-	fromUplinkMapCniHostports   = "cni_hostports"
-	fromUplinkMapCniHpConfig    = "cni_hp_config"
-	fromUplinkMapCniHpStats     = "cni_hp_stats"
-	fromUplinkMapCniLinks       = "cni_links"
-	fromUplinkMapCniNetns       = "cni_netns"
-	fromUplinkMapCniNodeIps     = "cni_node_ips"
-	fromUplinkMapCniSockRnat    = "cni_sock_rnat"
-	fromUplinkMapCniStats       = "cni_stats"
-	fromUplinkProgCniFromUplink = "cni_from_uplink"
+	fromUplinkMapCniBandwidth    = "cni_bandwidth"
+	fromUplinkMapCniClusterCidrs = "cni_cluster_cidrs"
+	fromUplinkMapCniCt           = "cni_ct"
+	fromUplinkMapCniEndpoints    = "cni_endpoints"
+	fromUplinkMapCniHostports    = "cni_hostports"
+	fromUplinkMapCniHpConfig     = "cni_hp_config"
+	fromUplinkMapCniHpStats      = "cni_hp_stats"
+	fromUplinkMapCniLinks        = "cni_links"
+	fromUplinkMapCniMasqStats    = "cni_masq_stats"
+	fromUplinkMapCniNetns        = "cni_netns"
+	fromUplinkMapCniNodeIps      = "cni_node_ips"
+	fromUplinkMapCniSnat         = "cni_snat"
+	fromUplinkMapCniSockRnat     = "cni_sock_rnat"
+	fromUplinkMapCniStats        = "cni_stats"
+	fromUplinkProgCniFromUplink  = "cni_from_uplink"
 )
 
 // loadFromUplink returns the embedded CollectionSpec for fromUplink.
@@ -79,17 +82,20 @@ type fromUplinkProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fromUplinkMapSpecs struct {
-	CniBandwidth *ebpf.MapSpec `ebpf:"cni_bandwidth"`
-	CniCt        *ebpf.MapSpec `ebpf:"cni_ct"`
-	CniEndpoints *ebpf.MapSpec `ebpf:"cni_endpoints"`
-	CniHostports *ebpf.MapSpec `ebpf:"cni_hostports"`
-	CniHpConfig  *ebpf.MapSpec `ebpf:"cni_hp_config"`
-	CniHpStats   *ebpf.MapSpec `ebpf:"cni_hp_stats"`
-	CniLinks     *ebpf.MapSpec `ebpf:"cni_links"`
-	CniNetns     *ebpf.MapSpec `ebpf:"cni_netns"`
-	CniNodeIps   *ebpf.MapSpec `ebpf:"cni_node_ips"`
-	CniSockRnat  *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
-	CniStats     *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
+	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
+	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniHostports    *ebpf.MapSpec `ebpf:"cni_hostports"`
+	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
+	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
+	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
+	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
+	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
+	CniStats        *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
 // fromUplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -118,30 +124,36 @@ func (o *fromUplinkObjects) Close() error {
 //
 // It can be passed to loadFromUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fromUplinkMaps struct {
-	CniBandwidth *ebpf.Map `ebpf:"cni_bandwidth"`
-	CniCt        *ebpf.Map `ebpf:"cni_ct"`
-	CniEndpoints *ebpf.Map `ebpf:"cni_endpoints"`
-	CniHostports *ebpf.Map `ebpf:"cni_hostports"`
-	CniHpConfig  *ebpf.Map `ebpf:"cni_hp_config"`
-	CniHpStats   *ebpf.Map `ebpf:"cni_hp_stats"`
-	CniLinks     *ebpf.Map `ebpf:"cni_links"`
-	CniNetns     *ebpf.Map `ebpf:"cni_netns"`
-	CniNodeIps   *ebpf.Map `ebpf:"cni_node_ips"`
-	CniSockRnat  *ebpf.Map `ebpf:"cni_sock_rnat"`
-	CniStats     *ebpf.Map `ebpf:"cni_stats"`
+	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
+	CniCt           *ebpf.Map `ebpf:"cni_ct"`
+	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
+	CniHostports    *ebpf.Map `ebpf:"cni_hostports"`
+	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
+	CniLinks        *ebpf.Map `ebpf:"cni_links"`
+	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
+	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
+	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
+	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
+	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
+	CniStats        *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *fromUplinkMaps) Close() error {
 	return _FromUplinkClose(
 		m.CniBandwidth,
+		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,
 		m.CniHostports,
 		m.CniHpConfig,
 		m.CniHpStats,
 		m.CniLinks,
+		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,
+		m.CniSnat,
 		m.CniSockRnat,
 		m.CniStats,
 	)

@@ -56,6 +56,8 @@ func ProtoName(p uint8) string {
 		return "tcp"
 	case ProtoUDP:
 		return "udp"
+	case ProtoICMP:
+		return "icmp"
 	}
 	return fmt.Sprintf("proto%d", p)
 }

@@ -34,6 +34,14 @@ type mapsObjBwState struct {
 	BurstBits uint64
 }
 
+type mapsObjCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Family    uint8
+	Pad       [3]uint8
+	Addr      [16]uint8
+}
+
 type mapsObjCniDir uint32
 
 const (
@@ -139,11 +147,45 @@ type mapsObjLinkInfo struct {
 	Flags   uint32
 }
 
+type mapsObjMasqStat uint32
+
+const (
+	mapsObjMasqStatMASQ_STAT_SNAT      mapsObjMasqStat = 0
+	mapsObjMasqStatMASQ_STAT_REVERSE   mapsObjMasqStat = 1
+	mapsObjMasqStatMASQ_STAT_NEW       mapsObjMasqStat = 2
+	mapsObjMasqStatMASQ_STAT_EXHAUSTED mapsObjMasqStat = 3
+	mapsObjMasqStatMASQ_STAT_NOT_NEW   mapsObjMasqStat = 4
+	mapsObjMasqStatMASQ_STAT_ERROR     mapsObjMasqStat = 5
+	mapsObjMasqStatMASQ_STAT_MAX       mapsObjMasqStat = 6
+)
+
 type mapsObjNetnsInfo struct {
 	_          structs.HostLayout
 	EgressRate uint64
 	Flags      uint32
 	Pad        uint32
+}
+
+type mapsObjSnatKey struct {
+	_        structs.HostLayout
+	Addr     [16]uint8
+	PeerAddr [16]uint8
+	Port     uint16
+	PeerPort uint16
+	Family   uint8
+	Proto    uint8
+	Dir      uint8
+	Pad      uint8
+}
+
+type mapsObjSnatVal struct {
+	_         structs.HostLayout
+	Addr      [16]uint8
+	Port      uint16
+	Flags     uint16
+	Ifindex   uint32
+	CreatedNs uint64
+	SeenNs    uint64
 }
 
 type mapsObjSockRnatKey struct {
@@ -182,20 +224,24 @@ type mapsObjStatsVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	mapsObjMapCniBandwidth = "cni_bandwidth"
-	mapsObjMapCniCt        = "cni_ct"
-	mapsObjMapCniEndpoints = "cni_endpoints"
-	mapsObjMapCniHostports = "cni_hostports"
-	mapsObjMapCniHpConfig  = "cni_hp_config"
-	mapsObjMapCniHpStats   = "cni_hp_stats"
-	mapsObjMapCniLinks     = "cni_links"
-	mapsObjMapCniNetns     = "cni_netns"
-	mapsObjMapCniNodeIps   = "cni_node_ips"
-	mapsObjMapCniSockRnat  = "cni_sock_rnat"
-	mapsObjMapCniStats     = "cni_stats"
-	mapsObjVarDirUnused    = "__dir_unused"
-	mapsObjVarHpStatUnused = "__hp_stat_unused"
-	mapsObjVarReasonUnused = "__reason_unused"
+	mapsObjMapCniBandwidth    = "cni_bandwidth"
+	mapsObjMapCniClusterCidrs = "cni_cluster_cidrs"
+	mapsObjMapCniCt           = "cni_ct"
+	mapsObjMapCniEndpoints    = "cni_endpoints"
+	mapsObjMapCniHostports    = "cni_hostports"
+	mapsObjMapCniHpConfig     = "cni_hp_config"
+	mapsObjMapCniHpStats      = "cni_hp_stats"
+	mapsObjMapCniLinks        = "cni_links"
+	mapsObjMapCniMasqStats    = "cni_masq_stats"
+	mapsObjMapCniNetns        = "cni_netns"
+	mapsObjMapCniNodeIps      = "cni_node_ips"
+	mapsObjMapCniSnat         = "cni_snat"
+	mapsObjMapCniSockRnat     = "cni_sock_rnat"
+	mapsObjMapCniStats        = "cni_stats"
+	mapsObjVarDirUnused       = "__dir_unused"
+	mapsObjVarHpStatUnused    = "__hp_stat_unused"
+	mapsObjVarMasqStatUnused  = "__masq_stat_unused"
+	mapsObjVarReasonUnused    = "__reason_unused"
 )
 
 // loadMapsObj returns the embedded CollectionSpec for mapsObj.
@@ -246,26 +292,30 @@ type mapsObjProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type mapsObjMapSpecs struct {
-	CniBandwidth *ebpf.MapSpec `ebpf:"cni_bandwidth"`
-	CniCt        *ebpf.MapSpec `ebpf:"cni_ct"`
-	CniEndpoints *ebpf.MapSpec `ebpf:"cni_endpoints"`
-	CniHostports *ebpf.MapSpec `ebpf:"cni_hostports"`
-	CniHpConfig  *ebpf.MapSpec `ebpf:"cni_hp_config"`
-	CniHpStats   *ebpf.MapSpec `ebpf:"cni_hp_stats"`
-	CniLinks     *ebpf.MapSpec `ebpf:"cni_links"`
-	CniNetns     *ebpf.MapSpec `ebpf:"cni_netns"`
-	CniNodeIps   *ebpf.MapSpec `ebpf:"cni_node_ips"`
-	CniSockRnat  *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
-	CniStats     *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
+	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
+	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniHostports    *ebpf.MapSpec `ebpf:"cni_hostports"`
+	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
+	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
+	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
+	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
+	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
+	CniStats        *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
 // mapsObjVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type mapsObjVariableSpecs struct {
-	DirUnused    *ebpf.VariableSpec `ebpf:"__dir_unused"`
-	HpStatUnused *ebpf.VariableSpec `ebpf:"__hp_stat_unused"`
-	ReasonUnused *ebpf.VariableSpec `ebpf:"__reason_unused"`
+	DirUnused      *ebpf.VariableSpec `ebpf:"__dir_unused"`
+	HpStatUnused   *ebpf.VariableSpec `ebpf:"__hp_stat_unused"`
+	MasqStatUnused *ebpf.VariableSpec `ebpf:"__masq_stat_unused"`
+	ReasonUnused   *ebpf.VariableSpec `ebpf:"__reason_unused"`
 }
 
 // mapsObjObjects contains all objects after they have been loaded into the kernel.
@@ -288,30 +338,36 @@ func (o *mapsObjObjects) Close() error {
 //
 // It can be passed to loadMapsObjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mapsObjMaps struct {
-	CniBandwidth *ebpf.Map `ebpf:"cni_bandwidth"`
-	CniCt        *ebpf.Map `ebpf:"cni_ct"`
-	CniEndpoints *ebpf.Map `ebpf:"cni_endpoints"`
-	CniHostports *ebpf.Map `ebpf:"cni_hostports"`
-	CniHpConfig  *ebpf.Map `ebpf:"cni_hp_config"`
-	CniHpStats   *ebpf.Map `ebpf:"cni_hp_stats"`
-	CniLinks     *ebpf.Map `ebpf:"cni_links"`
-	CniNetns     *ebpf.Map `ebpf:"cni_netns"`
-	CniNodeIps   *ebpf.Map `ebpf:"cni_node_ips"`
-	CniSockRnat  *ebpf.Map `ebpf:"cni_sock_rnat"`
-	CniStats     *ebpf.Map `ebpf:"cni_stats"`
+	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
+	CniCt           *ebpf.Map `ebpf:"cni_ct"`
+	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
+	CniHostports    *ebpf.Map `ebpf:"cni_hostports"`
+	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
+	CniLinks        *ebpf.Map `ebpf:"cni_links"`
+	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
+	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
+	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
+	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
+	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
+	CniStats        *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *mapsObjMaps) Close() error {
 	return _MapsObjClose(
 		m.CniBandwidth,
+		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,
 		m.CniHostports,
 		m.CniHpConfig,
 		m.CniHpStats,
 		m.CniLinks,
+		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,
+		m.CniSnat,
 		m.CniSockRnat,
 		m.CniStats,
 	)
@@ -321,9 +377,10 @@ func (m *mapsObjMaps) Close() error {
 //
 // It can be passed to loadMapsObjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mapsObjVariables struct {
-	DirUnused    *ebpf.Variable `ebpf:"__dir_unused"`
-	HpStatUnused *ebpf.Variable `ebpf:"__hp_stat_unused"`
-	ReasonUnused *ebpf.Variable `ebpf:"__reason_unused"`
+	DirUnused      *ebpf.Variable `ebpf:"__dir_unused"`
+	HpStatUnused   *ebpf.Variable `ebpf:"__hp_stat_unused"`
+	MasqStatUnused *ebpf.Variable `ebpf:"__masq_stat_unused"`
+	ReasonUnused   *ebpf.Variable `ebpf:"__reason_unused"`
 }
 
 // mapsObjPrograms contains all programs after they have been loaded into the kernel.

@@ -1,0 +1,488 @@
+/*
+ * Egress masquerade (the ptp/bridge "ipMasq"), IPv4: a pod flagged
+ * EP_F_MASQ sending to a destination outside the cluster CIDRs
+ * (cni_cluster_cidrs) that the FIB routes out of the node leaves with the
+ * node address the FIB prefers as its source and a port (ICMP echo: an id)
+ * allocated here; replies arriving on an uplink are translated back and
+ * delivered straight into the pod. No iptables, no kernel conntrack.
+ *
+ *   - host veth tcx ingress (from_container.c): masq_from_pod() looks the
+ *     flow up in cni_snat (forward entry), or allocates a port: the pod's own
+ *     port, or a hash of the flow, is the first candidate in
+ *     [MASQ_PORT_MIN, MASQ_PORT_MAX], up to
+ *     MASQ_PROBES candidates are tried with a BPF_NOEXIST insert of the
+ *     reverse entry (the translated tuple: that insert is what makes a port
+ *     ours, so two pods racing for one never both get it); then the packet
+ *     goes out of the FIB's device with bpf_redirect / bpf_redirect_neigh.
+ *   - uplink tcx ingress (from_uplink.c): masq_reverse() finds the reverse
+ *     entry of a reply, rewrites its destination back to the pod and
+ *     bpf_redirect_peer's it into the pod.
+ *
+ * Entries live in an LRU map and carry the last time they were used: an
+ * entry idle for longer than its protocol's timeout (10 s once a TCP RST or
+ * a FIN each way was seen) is treated as absent (and its port reused). DEL scans cni_snat for the pod's host veth.
+ */
+#pragma once
+
+#include "nat.h"
+
+#ifndef IPPROTO_ICMP
+#define IPPROTO_ICMP 1
+#endif
+
+#define ICMP_ECHOREPLY_T 0
+#define ICMP_ECHO_T 8
+
+/* Key of cni_cluster_cidrs (LPM trie): prefixlen counts the family byte and
+ * its padding (32 bits) plus the CIDR's bits. */
+struct cidr_key {
+	__u32 prefixlen;
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+#define SNAT_DIR_FWD 0 /* pod's view: addr/port = pod, peer = destination */
+#define SNAT_DIR_REV 1 /* wire view of replies: addr/port = node, peer = destination */
+
+/* Key of cni_snat. ICMP echo: port is the echo id, peer_port 0. */
+struct snat_key {
+	__u8 addr[16];
+	__u8 peer_addr[16];
+	__be16 port;
+	__be16 peer_port;
+	__u8 family;
+	__u8 proto;
+	__u8 dir; /* SNAT_DIR_* */
+	__u8 pad;
+};
+
+#define SNAT_F_CLOSING 1 /* TCP RST, or FIN both ways, seen: expires MASQ_TIMEOUT_CLOSING after the last packet */
+#define SNAT_F_FIN_OUT 2 /* TCP FIN from the pod */
+#define SNAT_F_FIN_IN 4  /* TCP FIN from the peer */
+
+/* Value of cni_snat: the other side of the translation. */
+struct snat_val {
+	__u8 addr[16]; /* forward: node address; reverse: pod address */
+	__be16 port;   /* forward: allocated port; reverse: pod's port */
+	__u16 flags;   /* SNAT_F_* */
+	__u32 ifindex;    /* host veth of the pod */
+	__u64 created_ns; /* bpf_ktime_get_ns() */
+	__u64 seen_ns;    /* last use, refreshed at most once a second */
+};
+
+/* Index of cni_masq_stats. */
+enum masq_stat {
+	MASQ_STAT_SNAT = 0,      /* pod -> outside, translated */
+	MASQ_STAT_REVERSE = 1,   /* reply translated back to the pod */
+	MASQ_STAT_NEW = 2,       /* port allocated, entries created */
+	MASQ_STAT_EXHAUSTED = 3, /* no free port among the candidates: dropped */
+	MASQ_STAT_NOT_NEW = 4,   /* TCP non-SYN / ICMP non-request of no known flow: passed untranslated */
+	MASQ_STAT_ERROR = 5,     /* rewrite or map update failed: dropped */
+	__MASQ_STAT_MAX,
+};
+
+#define MASQ_PORT_MIN 61000 /* above the default ip_local_port_range (32768-60999) */
+#define MASQ_PORT_MAX 65535
+#define MASQ_PROBES 32 /* more makes the verifier walk too many states */
+#define MAX_SNAT 131072 /* two entries per flow */
+#define MAX_CLUSTER_CIDRS 256
+
+#define NSEC 1000000000ULL
+#define MASQ_TIMEOUT_TCP (3600 * NSEC)
+#define MASQ_TIMEOUT_UDP (120 * NSEC)
+#define MASQ_TIMEOUT_ICMP (30 * NSEC)
+#define MASQ_TIMEOUT_CLOSING (10 * NSEC)
+#define MASQ_REUSE_CLOSED (NSEC / 2) /* a closed flow quiet this long gives its port up */
+#define TCP_FLAG_FIN 0x01
+#define TCP_FLAG_RST 0x04
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_SNAT);
+	__type(key, struct snat_key);
+	__type(value, struct snat_val);
+} cni_snat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, MAX_CLUSTER_CIDRS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct cidr_key);
+	__type(value, __u32);
+} cni_cluster_cidrs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, __MASQ_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} cni_masq_stats SEC(".maps");
+
+static __always_inline void masq_count(__u32 what)
+{
+	__u64 *c = bpf_map_lookup_elem(&cni_masq_stats, &what);
+
+	if (c)
+		*c += 1;
+}
+
+static __always_inline __u64 masq_timeout(__u8 proto)
+{
+	if (proto == IPPROTO_TCP)
+		return MASQ_TIMEOUT_TCP;
+	if (proto == IPPROTO_UDP)
+		return MASQ_TIMEOUT_UDP;
+	return MASQ_TIMEOUT_ICMP;
+}
+
+static __always_inline int snat_expired(const struct snat_val *v, __u8 proto, __u64 now)
+{
+	__u64 timeout = (v->flags & SNAT_F_CLOSING) ? MASQ_TIMEOUT_CLOSING : masq_timeout(proto);
+
+	return now > v->seen_ns && now - v->seen_ns > timeout;
+}
+
+/*
+ * Whether this packet changes the flow's state: a TCP RST, or the second
+ * direction's FIN, marks it closing (short timeout, so a closed connection's
+ * port is free again in seconds, not after the established timeout; a
+ * half-closed connection keeps the long one), a SYN opens it again. fin_bit
+ * is SNAT_F_FIN_OUT or SNAT_F_FIN_IN, the packet's direction. Returns
+ * whether the flags change, and the new ones in *next.
+ */
+static __always_inline int snat_state(const struct flow *f, __u16 cur, __u16 *next, __u16 fin_bit)
+{
+	__u16 n = cur;
+
+	if (f->proto != IPPROTO_TCP)
+		return 0;
+	if (f->tcp_flags & TCP_FLAG_RST)
+		n |= SNAT_F_CLOSING;
+	else if (f->tcp_flags & TCP_FLAG_FIN)
+		n |= fin_bit;
+	else if (f->syn_only)
+		n = 0;
+	if ((n & SNAT_F_FIN_OUT) && (n & SNAT_F_FIN_IN))
+		n |= SNAT_F_CLOSING;
+	*next = n;
+	return n != cur;
+}
+
+static __always_inline int in_cluster4(__be32 addr)
+{
+	struct cidr_key k = { .prefixlen = 64, .family = AF_INET };
+
+	*(__be32 *)k.addr = addr;
+	return bpf_map_lookup_elem(&cni_cluster_cidrs, &k) != NULL;
+}
+
+/*
+ * Fills f from an IPv4 packet for masquerade: TCP and UDP as flow_parse4, and
+ * ICMP echo of type icmp_type, whose id goes in sport (requests from the pod)
+ * or dport (replies to the node), the other port 0. Returns 0 or -1.
+ */
+static __always_inline int masq_parse4(struct __sk_buff *skb, const struct iphdr *ip, struct flow *f, __u8 icmp_type)
+{
+	if (ip->protocol != IPPROTO_ICMP)
+		return flow_parse4(skb, ip, f);
+
+	__u32 ihl = ip->ihl * 4;
+	__u8 hdr[8];
+
+	if (ihl < sizeof(*ip) || (ip->frag_off & bpf_htons(0x3fff)))
+		return -1;
+	f->family = AF_INET;
+	f->proto = IPPROTO_ICMP;
+	f->l4off = ETH_HLEN + ihl;
+	*(__be32 *)f->saddr = ip->saddr;
+	*(__be32 *)f->daddr = ip->daddr;
+	if (bpf_skb_load_bytes(skb, f->l4off, hdr, sizeof(hdr)) || hdr[0] != icmp_type || hdr[1] != 0)
+		return -1;
+	__be16 id = *(__be16 *)&hdr[4];
+	if (icmp_type == ICMP_ECHO_T) {
+		f->sport = id;
+		f->dport = 0;
+	} else {
+		f->sport = 0;
+		f->dport = id;
+	}
+	f->syn_only = 0;
+	return 0;
+}
+
+/* Rewrites the IPv4 source (is_src) or destination address and port (ICMP:
+ * the echo id) with incremental checksum updates, and updates f. */
+static __always_inline int masq_rewrite4(struct __sk_buff *skb, struct flow *f, int is_src, __be32 addr, __be16 port)
+{
+	if (f->proto != IPPROTO_ICMP)
+		return nat_rewrite(skb, f, is_src, (const __u8 *)&addr, port);
+
+	__be32 from = *(__be32 *)(is_src ? f->saddr : f->daddr);
+	__be16 *cur_port = is_src ? &f->sport : &f->dport;
+
+	if (from != addr) {
+		__u32 off = ETH_HLEN + (is_src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr));
+
+		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), from, addr, sizeof(addr)))
+			return -1;
+		if (bpf_skb_store_bytes(skb, off, &addr, sizeof(addr), 0))
+			return -1;
+		*(__be32 *)(is_src ? f->saddr : f->daddr) = addr;
+	}
+	if (*cur_port != port) {
+		/* ICMP's checksum has no pseudo-header: only the id changes it. */
+		if (bpf_l4_csum_replace(skb, f->l4off + 2, *cur_port, port, sizeof(port)))
+			return -1;
+		if (bpf_skb_store_bytes(skb, f->l4off + 4, &port, sizeof(port), 0))
+			return -1;
+		*cur_port = port;
+	}
+	return 0;
+}
+
+static __always_inline __u32 mix32(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6b;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35;
+	h ^= h >> 16;
+	return h;
+}
+
+/* Refreshes the other direction's entry and its state flags. */
+static __always_inline void snat_touch(struct snat_key *k, __u64 now, __u16 flags)
+{
+	struct snat_val *v = bpf_map_lookup_elem(&cni_snat, k);
+
+	if (v) {
+		v->seen_ns = now;
+		v->flags = flags;
+	}
+}
+
+/*
+ * Allocates a node port for the flow f (pod's view) towards node address
+ * node: the first candidate is the pod's own port if it is in the range,
+ * else a hash of the flow, then MASQ_PROBES - 1 more, skipping ports held by
+ * a live flow to the same destination and the node's hostPorts. Inserts the reverse entry (BPF_NOEXIST: the port is ours
+ * only if the insert succeeds) and the forward one. Returns the port (network
+ * order) or 0 when every candidate was taken.
+ */
+static __always_inline __be16 snat_alloc(const struct flow *f, __be32 node, __u32 ifindex, __u64 now)
+{
+	struct snat_key rk = { .family = AF_INET, .proto = f->proto, .dir = SNAT_DIR_REV, .peer_port = f->dport };
+	struct snat_val rv = { .port = f->sport, .ifindex = ifindex, .created_ns = now, .seen_ns = now };
+	const __u32 range = MASQ_PORT_MAX - MASQ_PORT_MIN + 1;
+	__u32 h = mix32(*(__u32 *)f->saddr ^ mix32(*(__u32 *)f->daddr) ^
+			(((__u32)f->sport << 16) | f->dport) ^ f->proto);
+
+	*(__be32 *)rk.addr = node;
+	*(__u32 *)rk.peer_addr = *(__u32 *)f->daddr;
+	*(__u32 *)rv.addr = *(__u32 *)f->saddr;
+	for (__u32 i = 0; i < MASQ_PROBES; i++) {
+		/* The pod's own port first when it is in the range (as MASQUERADE
+		 * keeps ports where it can), then a stride coprime with the range
+		 * from the hash walks distinct ports. */
+		__u16 port = MASQ_PORT_MIN + (h + i * 2053) % range;
+		if (i == 0 && bpf_ntohs(f->sport) >= MASQ_PORT_MIN)
+			port = bpf_ntohs(f->sport);
+
+		rk.port = bpf_htons(port);
+		struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &rk);
+		if (cur) {
+			/* Free: an expired flow, or (as conntrack reuses TIME_WAIT and
+			 * CLOSE tuples) a closed TCP flow quiet for MASQ_REUSE_CLOSED. */
+			if (!snat_expired(cur, f->proto, now) &&
+			    !((cur->flags & SNAT_F_CLOSING) && now - cur->seen_ns > MASQ_REUSE_CLOSED))
+				continue;
+			/* The old flow's forward entry goes too, if it still maps here. */
+			struct snat_key ok = { .family = AF_INET, .proto = f->proto, .dir = SNAT_DIR_FWD,
+					       .port = cur->port, .peer_port = f->dport };
+			*(__u32 *)ok.addr = *(__u32 *)cur->addr;
+			*(__u32 *)ok.peer_addr = *(__u32 *)f->daddr;
+			struct snat_val *ov = bpf_map_lookup_elem(&cni_snat, &ok);
+			if (ov && ov->port == rk.port && *(__be32 *)ov->addr == node)
+				bpf_map_delete_elem(&cni_snat, &ok);
+			bpf_map_delete_elem(&cni_snat, &rk);
+		}
+		if (f->proto != IPPROTO_ICMP && hostport_lookup(&node, AF_INET, f->proto, rk.port, 0))
+			continue;
+		if (bpf_map_update_elem(&cni_snat, &rk, &rv, BPF_NOEXIST))
+			continue; /* another CPU took it just now */
+
+		struct snat_key fk = { .family = AF_INET, .proto = f->proto, .dir = SNAT_DIR_FWD,
+				       .port = f->sport, .peer_port = f->dport };
+		struct snat_val fv = { .port = rk.port, .ifindex = ifindex, .created_ns = now, .seen_ns = now };
+
+		*(__u32 *)fk.addr = *(__u32 *)f->saddr;
+		*(__u32 *)fk.peer_addr = *(__u32 *)f->daddr;
+		*(__be32 *)fv.addr = node;
+		if (bpf_map_update_elem(&cni_snat, &fk, &fv, BPF_ANY)) {
+			bpf_map_delete_elem(&cni_snat, &rk);
+			return 0;
+		}
+		return rk.port;
+	}
+	return 0;
+}
+
+#define MASQ_CONTINUE -1
+
+/*
+ * A packet of a masquerading pod to a destination that is not a pod of this
+ * node (the caller checked). Returns the verdict of a translated packet, or
+ * MASQ_CONTINUE (the packet untouched) for the normal path: destinations in
+ * the cluster CIDRs, node-local ones, what the FIB cannot forward, and what
+ * is not TCP/UDP/ICMP echo.
+ */
+static __always_inline int masq_from_pod(struct __sk_buff *skb, __u32 ifindex)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct bpf_fib_lookup p = {};
+	struct flow f = {};
+	__u64 now;
+	__be16 port;
+	int rc;
+
+	if ((void *)(ip + 1) > data_end || ip->ttl <= 1)
+		return MASQ_CONTINUE;
+	if (in_cluster4(ip->daddr))
+		return MASQ_CONTINUE;
+	if (masq_parse4(skb, ip, &f, ICMP_ECHO_T))
+		return MASQ_CONTINUE;
+
+	p.family = AF_INET;
+	p.ifindex = ifindex;
+	p.tos = ip->tos;
+	p.l4_protocol = ip->protocol;
+	p.ipv4_src = ip->saddr;
+	p.ipv4_dst = ip->daddr;
+	/* BPF_FIB_LOOKUP_SRC: the source the node would pick for this route.
+	 * Local destinations give NOT_FWDED and stay with the stack. */
+	rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SRC);
+	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || !p.ipv4_src)
+		return MASQ_CONTINUE;
+	if (bpf_map_lookup_elem(&cni_links, &p.ifindex))
+		return MASQ_CONTINUE; /* routed to a pod veth: not leaving the node */
+
+	now = bpf_ktime_get_ns();
+	struct snat_key fk = { .family = AF_INET, .proto = f.proto, .dir = SNAT_DIR_FWD,
+			       .port = f.sport, .peer_port = f.dport };
+	*(__u32 *)fk.addr = *(__u32 *)f.saddr;
+	*(__u32 *)fk.peer_addr = *(__u32 *)f.daddr;
+	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
+	if (fv && fv->ifindex == ifindex && *(__be32 *)fv->addr == p.ipv4_src && !snat_expired(fv, f.proto, now)) {
+		__u16 fl = fv->flags;
+		int changed = snat_state(&f, fv->flags, &fl, SNAT_F_FIN_OUT);
+
+		port = fv->port;
+		if (changed || now - fv->seen_ns > NSEC) {
+			fv->seen_ns = now;
+			fv->flags = fl;
+			struct snat_key rk = { .family = AF_INET, .proto = f.proto, .dir = SNAT_DIR_REV,
+					       .port = port, .peer_port = f.dport };
+			*(__be32 *)rk.addr = p.ipv4_src;
+			*(__u32 *)rk.peer_addr = *(__u32 *)f.daddr;
+			snat_touch(&rk, now, fl);
+		}
+	} else {
+		/* Only what opens a flow allocates: a pod answering a client that
+		 * reached it directly (host-gw, routes to the pod) is not rewritten. */
+		if (f.proto == IPPROTO_TCP && !f.syn_only) {
+			masq_count(MASQ_STAT_NOT_NEW);
+			return MASQ_CONTINUE;
+		}
+		port = snat_alloc(&f, p.ipv4_src, ifindex, now);
+		if (!port) {
+			masq_count(MASQ_STAT_EXHAUSTED);
+			return TC_ACT_SHOT;
+		}
+		masq_count(MASQ_STAT_NEW);
+	}
+
+	if (masq_rewrite4(skb, &f, 1, p.ipv4_src, port)) {
+		masq_count(MASQ_STAT_ERROR);
+		return TC_ACT_SHOT;
+	}
+
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end)
+		return TC_ACT_SHOT;
+	ttl_dec4(ip);
+	masq_count(MASQ_STAT_SNAT);
+	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
+		struct bpf_redir_neigh nh = { .nh_family = AF_INET, .ipv4_nh = p.ipv4_dst };
+
+		return bpf_redirect_neigh(p.ifindex, &nh, sizeof(nh), 0);
+	}
+	__builtin_memcpy(eth->h_dest, p.dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, p.smac, ETH_ALEN);
+	return bpf_redirect(p.ifindex, 0);
+}
+
+/*
+ * A packet arriving on an uplink: if it answers a masqueraded flow, rewrite
+ * its destination back to the pod and deliver it. Returns the verdict, or
+ * MASQ_CONTINUE when it is not ours.
+ */
+static __always_inline int masq_reverse(struct __sk_buff *skb)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct flow f = {};
+
+	if ((void *)(ip + 1) > data_end || ip->ttl <= 1)
+		return MASQ_CONTINUE;
+	if (masq_parse4(skb, ip, &f, ICMP_ECHOREPLY_T))
+		return MASQ_CONTINUE;
+
+	struct snat_key rk = { .family = AF_INET, .proto = f.proto, .dir = SNAT_DIR_REV,
+			       .port = f.dport, .peer_port = f.sport };
+	*(__u32 *)rk.addr = *(__u32 *)f.daddr;
+	*(__u32 *)rk.peer_addr = *(__u32 *)f.saddr;
+	struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &rk);
+	if (!rv)
+		return MASQ_CONTINUE;
+	__u64 now = bpf_ktime_get_ns();
+	if (snat_expired(rv, f.proto, now))
+		return MASQ_CONTINUE;
+	struct snat_val v = *rv;
+	struct ep_info *ep = ep_lookup_addr(v.addr, AF_INET);
+	if (!ep || ep->ifindex != v.ifindex)
+		return MASQ_CONTINUE; /* the pod is gone */
+	__u16 fl = v.flags;
+	int changed = snat_state(&f, v.flags, &fl, SNAT_F_FIN_IN);
+	if (changed || now - v.seen_ns > NSEC) {
+		rv->seen_ns = now;
+		rv->flags = fl;
+		struct snat_key fk = { .family = AF_INET, .proto = f.proto, .dir = SNAT_DIR_FWD,
+				       .port = v.port, .peer_port = f.sport };
+		*(__u32 *)fk.addr = *(__u32 *)v.addr;
+		*(__u32 *)fk.peer_addr = *(__u32 *)f.saddr;
+		snat_touch(&fk, now, fl);
+	}
+
+	if (masq_rewrite4(skb, &f, 0, *(__be32 *)v.addr, v.port)) {
+		masq_count(MASQ_STAT_ERROR);
+		return TC_ACT_SHOT;
+	}
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end)
+		return TC_ACT_SHOT;
+	ttl_dec4(ip);
+	masq_count(MASQ_STAT_REVERSE);
+	return redirect_to_endpoint(skb, eth, ep);
+}

@@ -1,0 +1,228 @@
+package maps
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"time"
+)
+
+// Go twins of the masquerade structs in bpf/lib/masq.h, generated from BTF.
+type (
+	CIDRKey  = mapsObjCidrKey
+	SNATKey  = mapsObjSnatKey
+	SNATVal  = mapsObjSnatVal
+	MasqStat = mapsObjMasqStat
+)
+
+// Names of the masquerade maps, as bpf/lib/masq.h declares them.
+const (
+	nameSNAT         = "cni_snat"
+	nameClusterCIDRs = "cni_cluster_cidrs"
+	nameMasqStats    = "cni_masq_stats"
+)
+
+const (
+	// EndpointFlagMasq is EP_F_MASQ in ep_info.flags: the pod's IPv4 traffic
+	// to destinations outside the cluster CIDRs is masqueraded.
+	EndpointFlagMasq = 1 << 3
+	snatDirFwd       = 0 // SNAT_DIR_FWD
+	snatDirRev       = 1 // SNAT_DIR_REV
+	snatFlagClosing  = 1 // SNAT_F_CLOSING
+	// ProtoICMP is IPPROTO_ICMP: masquerade translates echo requests (the id is the port).
+	ProtoICMP uint8 = 1
+)
+
+func (s MasqStat) String() string {
+	switch s {
+	case mapsObjMasqStatMASQ_STAT_SNAT:
+		return "snat"
+	case mapsObjMasqStatMASQ_STAT_REVERSE:
+		return "reverse"
+	case mapsObjMasqStatMASQ_STAT_NEW:
+		return "new"
+	case mapsObjMasqStatMASQ_STAT_EXHAUSTED:
+		return "drop_exhausted"
+	case mapsObjMasqStatMASQ_STAT_NOT_NEW:
+		return "not_new"
+	case mapsObjMasqStatMASQ_STAT_ERROR:
+		return "drop_error"
+	}
+	return fmt.Sprintf("stat%d", uint32(s))
+}
+
+// cidrKey builds the LPM key of a prefix (the family byte and its padding
+// count as 32 bits of the prefix).
+func cidrKey(p netip.Prefix) CIDRKey {
+	k := CIDRKey{Prefixlen: uint32(32 + p.Bits()), Family: afInet}
+	a := p.Masked().Addr()
+	if a.Is4() {
+		b := a.As4()
+		copy(k.Addr[:], b[:])
+	} else {
+		k.Family = afInet6
+		b := a.As16()
+		copy(k.Addr[:], b[:])
+	}
+	return k
+}
+
+// AddClusterCIDRs adds prefixes to cni_cluster_cidrs (idempotent):
+// destinations inside them are never masqueraded.
+func (m *Maps) AddClusterCIDRs(prefixes []netip.Prefix) error {
+	for _, p := range prefixes {
+		k := cidrKey(p)
+		one := uint32(1)
+		if err := m.byName[nameClusterCIDRs].Put(&k, &one); err != nil {
+			return fmt.Errorf("write %s %s: %w", nameClusterCIDRs, p, err)
+		}
+	}
+	return nil
+}
+
+// DeleteClusterCIDR removes one prefix (tools and tests).
+func (m *Maps) DeleteClusterCIDR(p netip.Prefix) error {
+	k := cidrKey(p)
+	return m.byName[nameClusterCIDRs].Delete(&k)
+}
+
+// ClusterCIDRs lists cni_cluster_cidrs.
+func (m *Maps) ClusterCIDRs() ([]netip.Prefix, error) {
+	var (
+		out []netip.Prefix
+		k   CIDRKey
+		v   uint32
+	)
+	it := m.byName[nameClusterCIDRs].Iterate()
+	for it.Next(&k, &v) {
+		var a netip.Addr
+		if k.Family == afInet {
+			a = netip.AddrFrom4([4]byte(k.Addr[:4]))
+		} else {
+			a = netip.AddrFrom16(k.Addr)
+		}
+		out = append(out, netip.PrefixFrom(a, int(k.Prefixlen)-32))
+	}
+	return out, it.Err()
+}
+
+// SNATFlow is one masqueraded flow, decoded from its forward entry of cni_snat.
+type SNATFlow struct {
+	Proto   uint8
+	Pod     netip.AddrPort // the pod's address and port (ICMP: echo id)
+	Node    netip.AddrPort // what the peer sees
+	Peer    netip.AddrPort
+	Ifindex int
+	Age     time.Duration // since creation
+	Idle    time.Duration // since last use (second granularity)
+	Reverse bool          // a reverse entry whose forward entry is gone
+	Closing bool          // TCP RST, or a FIN each way, seen: expires 10 s after the last packet
+}
+
+// ListSNAT returns the masqueraded flows (forward entries, plus reverse
+// entries without one).
+func (m *Maps) ListSNAT() ([]SNATFlow, error) {
+	now := monotonicNow()
+	type ent struct {
+		k SNATKey
+		v SNATVal
+	}
+	var all []ent
+	err := scan(m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) { all = append(all, ent{*k, *v}) })
+	if err != nil {
+		return nil, err
+	}
+	age := func(t uint64) time.Duration {
+		if t == 0 || now < t {
+			return 0
+		}
+		return time.Duration(now - t)
+	}
+	fwd := map[[3]netip.AddrPort]bool{}
+	var out []SNATFlow
+	for _, e := range all {
+		if e.k.Dir != snatDirFwd {
+			continue
+		}
+		f := SNATFlow{
+			Proto: e.k.Proto, Pod: addrPort(e.k.Addr, e.k.Family, e.k.Port), Peer: addrPort(e.k.PeerAddr, e.k.Family, e.k.PeerPort),
+			Node: addrPort(e.v.Addr, e.k.Family, e.v.Port), Ifindex: int(e.v.Ifindex), Age: age(e.v.CreatedNs), Idle: age(e.v.SeenNs),
+			Closing: e.v.Flags&snatFlagClosing != 0,
+		}
+		fwd[[3]netip.AddrPort{f.Node, f.Peer, f.Pod}] = true
+		out = append(out, f)
+	}
+	for _, e := range all {
+		if e.k.Dir != snatDirRev {
+			continue
+		}
+		f := SNATFlow{
+			Proto: e.k.Proto, Node: addrPort(e.k.Addr, e.k.Family, e.k.Port), Peer: addrPort(e.k.PeerAddr, e.k.Family, e.k.PeerPort),
+			Pod: addrPort(e.v.Addr, e.k.Family, e.v.Port), Ifindex: int(e.v.Ifindex), Age: age(e.v.CreatedNs), Idle: age(e.v.SeenNs),
+			Reverse: true, Closing: e.v.Flags&snatFlagClosing != 0,
+		}
+		if !fwd[[3]netip.AddrPort{f.Node, f.Peer, f.Pod}] {
+			out = append(out, f)
+		}
+	}
+	return out, nil
+}
+
+// CountSNATOf counts cni_snat entries (both directions) of the pod behind ifindex.
+func (m *Maps) CountSNATOf(ifindex int) (int, error) {
+	n := 0
+	err := scan(m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) {
+		if int(v.Ifindex) == ifindex {
+			n++
+		}
+	})
+	return n, err
+}
+
+// CountSNATOfIP counts cni_snat entries (both directions) of a pod address.
+func (m *Maps) CountSNATOfIP(ip net.IP) (int, error) {
+	want := [16]uint8{}
+	putAddr(&want, ip)
+	n := 0
+	err := scan(m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) {
+		if (k.Dir == snatDirFwd && k.Addr == want) || (k.Dir == snatDirRev && v.Addr == want) {
+			n++
+		}
+	})
+	return n, err
+}
+
+// DeleteSNATOf removes every cni_snat entry (both directions) made for the
+// pod behind the host veth ifindex, and returns how many. A scan, as
+// DeleteCTOf: the cost grows with the node's masqueraded flows, and the
+// programs never use an entry whose ifindex is not the pod's anyway.
+func (m *Maps) DeleteSNATOf(ifindex int) (int, error) {
+	var keys []SNATKey
+	err := scan(m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) {
+		if int(v.Ifindex) == ifindex {
+			keys = append(keys, *k)
+		}
+	})
+	if err != nil {
+		return 0, fmt.Errorf("scan %s: %w", nameSNAT, err)
+	}
+	return len(keys), deleteKeys(m.byName[nameSNAT], keys)
+}
+
+// MasqStats returns the masquerade counters, summed over CPUs.
+func (m *Maps) MasqStats() (map[string]uint64, error) {
+	out := make(map[string]uint64)
+	for i := 0; i < int(mapsObjMasqStatMASQ_STAT_MAX); i++ {
+		k := uint32(i)
+		var per []uint64
+		if err := m.byName[nameMasqStats].Lookup(&k, &per); err != nil {
+			return nil, fmt.Errorf("read %s: %w", nameMasqStats, err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		out[MasqStat(i).String()] = sum
+	}
+	return out, nil
+}
