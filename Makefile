@@ -85,6 +85,10 @@ bench: deps-bench
 bench-quick: deps-bench
 	$(GO) run ./test/bench -quick
 
+# BPF masquerade beside ptp's iptables MASQUERADE: throughput and new connections/s.
+bench-masq: deps-bench
+	$(GO) test -tags masqbench -count=1 -run TestMasqBench -v ./test/
+
 # Bandwidth accuracy and latency under load, ebpf-cni beside ptp + bandwidth.
 bench-bandwidth: deps-bench
 	$(GO) run ./test/bwbench
