@@ -1178,12 +1178,16 @@ func TestDatapathDelUnderTraffic(t *testing.T) {
 		// Everything else of this pod is gone too (the peer stays).
 		var left []string
 		for _, l := range e.leftovers() {
-			for _, mark := range []string{" " + p4.String(), " " + p6.String(), hostIf, id + "_",
-				fmt.Sprintf("ifindex %d", idx), fmt.Sprintf("entry %d", idx)} {
-				if strings.Contains(l, mark) {
+			// Addresses and indexes must match whole ("ifindex 3" is not "ifindex 30").
+			for _, mark := range []string{" " + p4.String(), " " + p6.String(),
+				fmt.Sprintf("ifindex %d", idx), fmt.Sprintf("links map entry %d", idx)} {
+				if hasToken(l, mark) {
 					left = append(left, l)
 					break
 				}
+			}
+			if strings.Contains(l, hostIf) || strings.Contains(l, id+"_") {
+				left = append(left, l)
 			}
 		}
 		if len(left) > 0 {
@@ -1192,4 +1196,20 @@ func TestDatapathDelUnderTraffic(t *testing.T) {
 	}
 	e.mustDel(peer, "peer")
 	e.assertClean()
+}
+
+// hasToken reports whether mark occurs in s not followed by another digit or
+// address character ("ifindex 3" must not match "ifindex 30", nor 10.0.0.1 10.0.0.12).
+func hasToken(s, mark string) bool {
+	for i := 0; ; {
+		j := strings.Index(s[i:], mark)
+		if j < 0 {
+			return false
+		}
+		end := i + j + len(mark)
+		if end == len(s) || !strings.ContainsRune("0123456789abcdef:.", rune(s[end])) {
+			return true
+		}
+		i = i + j + 1
+	}
 }
