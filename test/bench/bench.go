@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,13 +18,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
 const (
 	cniVersion = "1.0.0"
 	ifName     = "eth0"
-	// cniCacheDir is libcni's fixed result cache, which cnitool cannot move.
-	cniCacheDir = "/var/lib/cni"
 	// hostPort is the port mapping the chain configuration sets up.
 	hostPort = 18080
 )
@@ -83,18 +80,10 @@ type bench struct {
 	res                  *results
 }
 
-func randHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b)
-}
-
 // newBench prepares everything; on error the returned bench (if non-nil)
 // holds what was created so far, for cleanup.
 func newBench(ctx context.Context, opts *options) (*bench, error) {
-	id := randHex(4)
+	id := benchkit.RandHex(4)
 	root, err := os.MkdirTemp("", "ebpfbench-"+id+"-")
 	if err != nil {
 		return nil, err
@@ -119,10 +108,10 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 		}
 	}
 	b.res = newResults(opts)
-	if err := b.build(ctx); err != nil {
+	if err := benchkit.Build(ctx, b.binDir, binaries, logf); err != nil {
 		return b, err
 	}
-	if err := b.hideCNICache(); err != nil {
+	if b.cacheMount, err = benchkit.HideCNICache(b.cache, ".ebpfbench-"+b.id, logf); err != nil {
 		return b, err
 	}
 	if err := b.setupNode(); err != nil {
@@ -144,115 +133,13 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 	return b, nil
 }
 
-// moduleRoot finds the directory of this repository's go.mod.
-func moduleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("not inside a Go module: run from the ebpf-cni repository root")
-	}
-	data, err := os.ReadFile(gomod)
-	if err != nil {
-		return "", err
-	}
-	if !bytes.Contains(data, []byte("module github.com/ebpf-cni/ebpf-cni\n")) {
-		return "", fmt.Errorf("%s is not the ebpf-cni module: run from the repository root", gomod)
-	}
-	return filepath.Dir(gomod), nil
-}
-
-func (b *bench) build(ctx context.Context) error {
-	dir, err := moduleRoot()
-	if err != nil {
-		return err
-	}
-	logf("building %d binaries into %s", len(binaries), b.binDir)
-	start := time.Now()
-	args := append([]string{"build", "-o", b.binDir + "/"}, binaries...)
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = dir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	for _, p := range binaries {
-		if _, err := os.Stat(filepath.Join(b.binDir, filepath.Base(p))); err != nil {
-			return fmt.Errorf("build produced no %s: %w", filepath.Base(p), err)
-		}
-	}
-	logf("built in %s", time.Since(start).Round(time.Millisecond))
-	return nil
-}
-
-// hideCNICache bind-mounts our cache dir over /var/lib/cni in this process's
-// private mount namespace, so cnitool's result cache lands in the temp dir.
-func (b *bench) hideCNICache() error {
-	target := cniCacheDir
-	for {
-		if st, err := os.Stat(target); err == nil && st.IsDir() {
-			break
-		}
-		target = filepath.Dir(target)
-		if target == "/" {
-			return fmt.Errorf("no existing directory on the path of %s to mount over", cniCacheDir)
-		}
-	}
-	if target == cniCacheDir {
-		if err := unix.Mount(b.cache, target, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind-mount %s over %s: %w", b.cache, target, err)
-		}
-	} else {
-		// /var/lib/cni does not exist: cover its nearest ancestor with an
-		// empty tmpfs rather than create it on the host.
-		if err := unix.Mount("tmpfs", target, "tmpfs", 0, "mode=0755"); err != nil {
-			return fmt.Errorf("mount tmpfs over %s: %w", target, err)
-		}
-		logf("%s does not exist; %s is covered by a private tmpfs for this run", cniCacheDir, target)
-	}
-	b.cacheMount = target
-	if err := os.MkdirAll(filepath.Join(cniCacheDir, "results"), 0o700); err != nil {
-		return err
-	}
-	// Prove the mount is ours: a marker written through /var/lib/cni must
-	// appear in the temp dir (or the tmpfs), never on the host.
-	marker := filepath.Join(cniCacheDir, ".ebpfbench-"+b.id)
-	if err := os.WriteFile(marker, nil, 0o600); err != nil {
-		return err
-	}
-	defer os.Remove(marker)
-	if target == cniCacheDir {
-		if _, err := os.Stat(filepath.Join(b.cache, ".ebpfbench-"+b.id)); err != nil {
-			return fmt.Errorf("bind mount over %s is not effective: %w", cniCacheDir, err)
-		}
-	}
-	return nil
-}
-
 func (b *bench) setupNode() error {
-	node, err := newNetNS(filepath.Join(b.nsDir, "node"))
+	node, err := benchkit.NewNetNS(filepath.Join(b.nsDir, "node"))
 	if err != nil {
 		return fmt.Errorf("create node netns: %w", err)
 	}
 	b.node = node
-	return node.Do(func(ns.NetNS) error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			return err
-		}
-		addr, err := netlink.ParseAddr(nodeIP)
-		if err != nil {
-			return err
-		}
-		if err := netlink.AddrAdd(lo, addr); err != nil {
-			return fmt.Errorf("add %s to lo: %w", nodeIP, err)
-		}
-		return nil
-	})
+	return benchkit.SetupNode(node, nodeIP)
 }
 
 func mustCIDR(s string) *net.IPNet {
@@ -348,7 +235,7 @@ func (b *bench) writeConfigs() error {
 // newPod creates a fresh pod network namespace (not timed).
 func (b *bench) newPod() (ns.NetNS, error) {
 	b.podSeq++
-	p, err := newNetNS(filepath.Join(b.nsDir, fmt.Sprintf("pod-%d", b.podSeq)))
+	p, err := benchkit.NewNetNS(filepath.Join(b.nsDir, fmt.Sprintf("pod-%d", b.podSeq)))
 	if err != nil {
 		return nil, fmt.Errorf("create pod netns: %w", err)
 	}
@@ -358,7 +245,7 @@ func (b *bench) newPod() (ns.NetNS, error) {
 
 func (b *bench) removePod(p ns.NetNS) error {
 	delete(b.pods, p.Path())
-	return removeNetNS(p)
+	return benchkit.RemoveNetNS(p)
 }
 
 // cnitool runs `cnitool VERB NET NETNS` in the node netns and returns its
@@ -846,7 +733,7 @@ func (b *bench) runScale(ctx context.Context, c *config, start time.Time) error 
 func (b *bench) cleanup() {
 	var errs []error
 	for path, p := range b.pods {
-		if err := removeNetNS(p); err != nil {
+		if err := benchkit.RemoveNetNS(p); err != nil {
 			errs = append(errs, err)
 		}
 		delete(b.pods, path)
@@ -854,7 +741,7 @@ func (b *bench) cleanup() {
 	if b.hp != nil {
 		for _, n := range []ns.NetNS{b.hp.remote, b.hp.rawClient, b.hp.rawServer} {
 			if n != nil {
-				if err := removeNetNS(n); err != nil {
+				if err := benchkit.RemoveNetNS(n); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -862,7 +749,7 @@ func (b *bench) cleanup() {
 		b.hp = nil
 	}
 	if b.node != nil {
-		if err := removeNetNS(b.node); err != nil {
+		if err := benchkit.RemoveNetNS(b.node); err != nil {
 			errs = append(errs, err)
 		}
 		b.node = nil

@@ -29,7 +29,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
 const (
@@ -80,62 +81,23 @@ func (b *bench) setupHostPort() error {
 	var err error
 	h := &hpEnv{}
 	b.hp = h
-	if h.remote, err = newNetNS(filepath.Join(b.nsDir, "remote")); err != nil {
+	if h.remote, err = benchkit.NewNetNS(filepath.Join(b.nsDir, "remote")); err != nil {
 		return err
 	}
-	if h.rawClient, err = newNetNS(filepath.Join(b.nsDir, "raw-client")); err != nil {
+	if h.rawClient, err = benchkit.NewNetNS(filepath.Join(b.nsDir, "raw-client")); err != nil {
 		return err
 	}
-	if h.rawServer, err = newNetNS(filepath.Join(b.nsDir, "raw-server")); err != nil {
+	if h.rawServer, err = benchkit.NewNetNS(filepath.Join(b.nsDir, "raw-server")); err != nil {
 		return err
 	}
-	if err := vethBetween(b.node, "uplink0", benchUplink4, h.remote, "eth0", benchRemote4); err != nil {
+	if err := benchkit.VethBetween(b.node, "uplink0", benchUplink4, h.remote, "eth0", benchRemote4); err != nil {
 		return fmt.Errorf("node uplink: %w", err)
 	}
-	if err := vethBetween(h.rawClient, "eth0", rawClient4, h.rawServer, "eth0", rawServer4); err != nil {
+	if err := benchkit.VethBetween(h.rawClient, "eth0", rawClient4, h.rawServer, "eth0", rawServer4); err != nil {
 		return fmt.Errorf("raw veth pair: %w", err)
 	}
 	// The remote reaches every node address via the uplink.
-	return h.remote.Do(func(ns.NetNS) error {
-		l, err := netlink.LinkByName("eth0")
-		if err != nil {
-			return err
-		}
-		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: benchUplink4})
-	})
-}
-
-// vethBetween joins two namespaces with a veth pair, a /24 on each end.
-func vethBetween(a ns.NetNS, aName string, aIP net.IP, z ns.NetNS, zName string, zIP net.IP) error {
-	up := func(name string, ip net.IP) error {
-		for _, n := range []string{"lo", name} {
-			l, err := netlink.LinkByName(n)
-			if err != nil {
-				return err
-			}
-			if n == name {
-				addr, _ := netlink.ParseAddr(ip.String() + "/24")
-				if err := netlink.AddrAdd(l, addr); err != nil {
-					return err
-				}
-			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	err := a.Do(func(ns.NetNS) error {
-		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: aName}, PeerName: zName, PeerNamespace: netlink.NsFd(int(z.Fd()))}
-		if err := netlink.LinkAdd(v); err != nil {
-			return err
-		}
-		return up(aName, aIP)
-	})
-	if err != nil {
-		return err
-	}
-	return z.Do(func(ns.NetNS) error { return up(zName, zIP) })
+	return benchkit.RouteVia(h.remote, "eth0", benchUplink4)
 }
 
 func (b *bench) hpCapArgs(port int) string {
@@ -368,7 +330,7 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 			}
 			rates, raws = append(rates, rate), append(raws, rawRate)
 		}
-		rate, rawRate := median(rates), median(raws)
+		rate, rawRate := benchkit.Median(rates), benchkit.Median(raws)
 		pt := hpPoint{Config: c.key, Pods: p, ConnsPerSec: rate, ConnErrors: failed, RawPerSec: rawRate, VsRaw: rate / rawRate,
 			ConnSamples: rates, RawSamples: raws}
 
@@ -401,7 +363,7 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 			}
 			adds, dels = append(adds, ms(add)), append(dels, ms(del))
 		}
-		pt.AddMedianMs, pt.AddP90Ms, pt.DelMedianMs = median(adds), p90(adds), median(dels)
+		pt.AddMedianMs, pt.AddP90Ms, pt.DelMedianMs = benchkit.Median(adds), benchkit.P90(adds), benchkit.Median(dels)
 		b.res.HostPort.Points = append(b.res.HostPort.Points, pt)
 		logf("  hostPort %-24s %4d pods: %7.0f conn/s (raw %7.0f, %.2fx, %d failed), ADD %.1f ms, DEL %.1f ms (%s)",
 			c.label, p, rate, rawRate, pt.VsRaw, failed, pt.AddMedianMs, pt.DelMedianMs, time.Since(start).Round(time.Second))
@@ -422,19 +384,6 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 		return err
 	}
 	return b.assertClean(c)
-}
-
-func p90(v []float64) float64 {
-	v = append([]float64(nil), v...)
-	sort.Float64s(v)
-	if len(v) == 0 {
-		return 0
-	}
-	i := int(0.9*float64(len(v))+0.999999) - 1
-	if i < 0 {
-		i = 0
-	}
-	return v[i]
 }
 
 // hostPortMarkdown renders the hostPort section of the report.

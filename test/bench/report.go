@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
 // results is everything a run measured, as written to the JSON file.
@@ -78,16 +79,16 @@ func newResults(o *options) *results {
 	now := time.Now().UTC()
 	r := &results{
 		Date:      now.Format(time.RFC3339),
-		Kernel:    kernelRelease(),
-		Go:        goVersion(),
-		Commit:    gitCommit(),
+		Kernel:    benchkit.KernelRelease(),
+		Go:        benchkit.GoVersion(),
+		Commit:    benchkit.GitCommit(),
 		Command:   os.Getenv(cmdlineEnv),
 		CPUs:      runtime.NumCPU(),
 		N:         o.n,
 		Scale:     o.scale,
 		ScaleReps: o.scaleReps,
 		started:   now,
-		LoadStart: loadavg(),
+		LoadStart: benchkit.Loadavg(),
 		Phases:    o.phases,
 		labels:    map[string]string{},
 	}
@@ -98,44 +99,6 @@ func newResults(o *options) *results {
 		r.Scale = []int{}
 	}
 	return r
-}
-
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}
-
-func kernelRelease() string {
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		return strings.TrimSpace(string(b))
-	}
-	return "unknown"
-}
-
-func goVersion() string {
-	if out, err := exec.Command("go", "version").Output(); err == nil {
-		return strings.TrimPrefix(strings.TrimSpace(string(out)), "go version ")
-	}
-	return runtime.Version()
-}
-
-func gitCommit() string {
-	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
-	if err != nil {
-		return "unknown (not a git checkout)"
-	}
-	c := strings.TrimSpace(string(out))
-	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(strings.TrimSpace(string(st))) > 0 {
-		c += " (tracked files modified)"
-	}
-	return c
 }
 
 func (r *results) addConfig(c *config, conflist string) {
@@ -159,22 +122,12 @@ func (r *results) record(c *config, op string, pods int, d time.Duration, phases
 	}
 }
 
-func median(v []float64) float64 {
-	v = append([]float64(nil), v...)
-	sort.Float64s(v)
-	n := len(v)
-	if n%2 == 1 {
-		return v[n/2]
-	}
-	return (v[n/2-1] + v[n/2]) / 2
-}
-
 func (s *series) summarize() {
 	v := append([]float64(nil), s.Samples...)
 	sort.Float64s(v)
 	n := len(v)
 	s.Min, s.Max = v[0], v[n-1]
-	s.Median = median(v)
+	s.Median = benchkit.Median(v)
 	// Nearest-rank percentile.
 	s.P90 = v[int(math.Ceil(0.9*float64(n)))-1]
 
@@ -191,7 +144,7 @@ func (s *series) summarize() {
 	}
 	s.PhaseMedians = nil
 	for _, n := range names {
-		s.PhaseMedians = append(s.PhaseMedians, phase{n, median(byName[n])})
+		s.PhaseMedians = append(s.PhaseMedians, phase{n, benchkit.Median(byName[n])})
 	}
 }
 
@@ -300,7 +253,7 @@ func (r *results) sortSeries() {
 
 // write prints the table and stores latency-<date>.md and .json in dir.
 func (r *results) write(dir string) error {
-	r.LoadEnd = loadavg()
+	r.LoadEnd = benchkit.Loadavg()
 	for _, s := range r.Series {
 		s.summarize()
 	}

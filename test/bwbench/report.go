@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
 // Targets of the issue: the average over the run within 5% of the rate, every
@@ -118,16 +119,16 @@ func newResults(o *options) *results {
 	now := time.Now().UTC()
 	r := &results{
 		Date:          now.Format(time.RFC3339),
-		Kernel:        kernelRelease(),
-		Go:            goVersion(),
-		Iperf3:        iperfVersion(),
-		Commit:        gitCommit(),
+		Kernel:        benchkit.KernelRelease(),
+		Go:            benchkit.GoVersion(),
+		Iperf3:        benchkit.IperfVersion(),
+		Commit:        benchkit.GitCommit(),
 		Command:       os.Getenv(cmdlineEnv),
 		CPUs:          runtime.NumCPU(),
 		RatesMbps:     o.ratesMb,
 		SecondsPerRun: int(o.duration / time.Second),
 		Burst:         containerdBurst,
-		LoadStart:     loadavg(),
+		LoadStart:     benchkit.Loadavg(),
 		Runs:          []*run{},
 		started:       now,
 		labels:        map[string]string{},
@@ -136,53 +137,6 @@ func newResults(o *options) *results {
 		r.Command = strings.Join(os.Args, " ")
 	}
 	return r
-}
-
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}
-
-func kernelRelease() string {
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		return strings.TrimSpace(string(b))
-	}
-	return "unknown"
-}
-
-func goVersion() string {
-	if out, err := exec.Command("go", "version").Output(); err == nil {
-		return strings.TrimPrefix(strings.TrimSpace(string(out)), "go version ")
-	}
-	return runtime.Version()
-}
-
-func iperfVersion() string {
-	out, _ := exec.Command("iperf3", "--version").Output()
-	line, _, _ := strings.Cut(string(out), "\n")
-	if line = strings.TrimSpace(line); line != "" {
-		return line
-	}
-	return "unknown"
-}
-
-func gitCommit() string {
-	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
-	if err != nil {
-		return "unknown (not a git checkout)"
-	}
-	c := strings.TrimSpace(string(out))
-	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(strings.TrimSpace(string(st))) > 0 {
-		c += " (tracked files modified)"
-	}
-	return c
 }
 
 func (r *results) addConfig(c *config, conflist string) {
@@ -392,7 +346,7 @@ func (r *results) pings(idle bool) int {
 
 // write prints the tables and stores bandwidth-<date>.md and .json in dir.
 func (r *results) write(dir string) error {
-	r.LoadEnd = loadavg()
+	r.LoadEnd = benchkit.Loadavg()
 	md := r.markdown()
 	fmt.Print(md)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
