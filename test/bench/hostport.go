@@ -48,6 +48,7 @@ var (
 // hpResults is the hostPort part of the JSON results.
 type hpResults struct {
 	Scale    []int     `json:"scale"`
+	RefScale []int     `json:"referenceScale"`
 	ConnSecs float64   `json:"connSeconds"`
 	Workers  int       `json:"workers"`
 	Reps     int       `json:"timedRepsPerPoint"`
@@ -66,6 +67,10 @@ type hpPoint struct {
 	VsRaw       float64   `json:"vsRaw"`
 	ConnSamples []float64 `json:"connsPerSecSamples"`
 	RawSamples  []float64 `json:"rawConnsPerSecSamples"`
+	AddSamples  []float64 `json:"addSamplesMs"`
+	DelSamples  []float64 `json:"delSamplesMs"`
+	// Load1 is the 1-minute load average when the point was measured.
+	Load1 float64 `json:"load1"`
 }
 
 // connRounds is how many times each point alternates hostPort and raw runs.
@@ -216,7 +221,7 @@ func (b *bench) hpConfigs() []*config {
 // uplink program would then see portmap's packets too.
 func (b *bench) runHostPort(ctx context.Context, start time.Time) error {
 	o := b.opts
-	b.res.HostPort = &hpResults{Scale: o.hpScale, ConnSecs: o.connSecs, Workers: o.workers, Reps: o.scaleReps}
+	b.res.HostPort = &hpResults{Scale: o.hpScale, RefScale: o.hpRefScale, ConnSecs: o.connSecs, Workers: o.workers, Reps: o.scaleReps}
 	d := time.Duration(o.connSecs * float64(time.Second))
 	rawSrv, err := startServer(b.hp.rawServer)
 	if err != nil {
@@ -280,7 +285,11 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 	}
 	var mu sync.Mutex
 	seq := 0
-	for _, p := range o.hpScale {
+	points := o.hpScale
+	if c.key == "ptp-portmap" {
+		points = o.hpRefScale
+	}
+	for _, p := range points {
 		if len(present) < p {
 			logf("hostPort %s: adding pods %d..%d", c.label, len(present)+1, p)
 		}
@@ -364,6 +373,7 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 			adds, dels = append(adds, ms(add)), append(dels, ms(del))
 		}
 		pt.AddMedianMs, pt.AddP90Ms, pt.DelMedianMs = benchkit.Median(adds), benchkit.P90(adds), benchkit.Median(dels)
+		pt.AddSamples, pt.DelSamples, pt.Load1 = adds, dels, benchkit.Load1()
 		b.res.HostPort.Points = append(b.res.HostPort.Points, pt)
 		logf("  hostPort %-24s %4d pods: %7.0f conn/s (raw %7.0f, %.2fx, %d failed), ADD %.1f ms, DEL %.1f ms (%s)",
 			c.label, p, rate, rawRate, pt.VsRaw, failed, pt.AddMedianMs, pt.DelMedianMs, time.Since(start).Round(time.Second))

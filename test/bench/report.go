@@ -33,9 +33,23 @@ type results struct {
 	Warmup    []warmupSample `json:"warmup"`
 	Series    []*series      `json:"series"`
 	HostPort  *hpResults     `json:"hostPort,omitempty"`
+	// Throughput, Memory: throughput.go, memory.go.
+	Throughput *tputResults `json:"throughput,omitempty"`
+	Memory     *memResults  `json:"memory,omitempty"`
+	Iperf3     string       `json:"iperf3"`
+	Parts      []string     `json:"parts"`
+	PartTimes  []partTime   `json:"partTimes"`
+	// Rows is the summary table: every figure with its spread and its
+	// ratio to the reference (test/benchall merges these).
+	Rows []benchkit.Row `json:"rows"`
 
 	started time.Time
 	labels  map[string]string
+}
+
+type partTime struct {
+	Part    string `json:"part"`
+	Elapsed string `json:"elapsed"`
 }
 
 type configInfo struct {
@@ -90,7 +104,13 @@ func newResults(o *options) *results {
 		started:   now,
 		LoadStart: benchkit.Loadavg(),
 		Phases:    o.phases,
+		Iperf3:    benchkit.IperfVersion(),
 		labels:    map[string]string{},
+	}
+	for _, p := range allParts {
+		if o.parts[p] {
+			r.Parts = append(r.Parts, p)
+		}
 	}
 	if r.Command == "" {
 		r.Command = strings.Join(os.Args, " ")
@@ -167,16 +187,23 @@ func ratio(s, ref *series) string {
 // markdown renders the header and the table.
 func (r *results) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# ebpf-cni CNI ADD/DEL latency\n\n")
+	fmt.Fprintf(&b, "# ebpf-cni beside the reference plugins\n\n")
 	fmt.Fprintf(&b, "- date: %s\n", r.Date)
 	fmt.Fprintf(&b, "- kernel: %s (%d CPUs)\n", r.Kernel, r.CPUs)
 	fmt.Fprintf(&b, "- go: %s\n", r.Go)
 	fmt.Fprintf(&b, "- commit: %s\n", r.Commit)
 	fmt.Fprintf(&b, "- command: `%s`\n", r.Command)
 	fmt.Fprintf(&b, "- load average (1/5/15 min) at start: %s; at end: %s\n", r.LoadStart, r.LoadEnd)
+	fmt.Fprintf(&b, "- parts: %s;", strings.Join(r.Parts, ", "))
+	for _, p := range r.PartTimes {
+		fmt.Fprintf(&b, " %s %s;", p.Part, p.Elapsed)
+	}
+	fmt.Fprintf(&b, " total %s\n", r.Elapsed)
+	fmt.Fprintf(&b, "\n## Summary\n\n%s", benchkit.RowsMarkdown(r.Rows))
 	if len(r.Series) == 0 {
 		return b.String()
 	}
+	fmt.Fprintf(&b, "\n## ADD/DEL latency\n\n")
 	scale := "none"
 	if len(r.Scale) > 0 {
 		var ps []string
@@ -258,12 +285,13 @@ func (r *results) write(dir string) error {
 		s.summarize()
 	}
 	r.sortSeries()
-	md := r.markdown() + r.hostPortMarkdown()
+	r.Rows = r.rows()
+	md := r.markdown() + r.hostPortMarkdown() + r.throughputMarkdown() + r.memoryMarkdown()
 	fmt.Print(md)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	base := filepath.Join(dir, "latency-"+r.started.Format("2006-01-02T150405Z"))
+	base := filepath.Join(dir, "cni-"+r.started.Format("2006-01-02T150405Z"))
 	js, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err

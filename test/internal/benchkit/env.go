@@ -182,3 +182,53 @@ func GitCommit() string {
 	}
 	return c
 }
+
+// ProcsRunning is the number of runnable tasks (procs_running of /proc/stat,
+// the reader included), or -1.
+func ProcsRunning() int {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "procs_running "); ok {
+			var n int
+			if _, err := fmt.Sscanf(v, "%d", &n); err == nil {
+				return n
+			}
+		}
+	}
+	return -1
+}
+
+// SampleRunnable samples ProcsRunning every 200 ms until the returned
+// function is called, which returns the mean.
+func SampleRunnable() func() float64 {
+	stop := make(chan struct{})
+	res := make(chan float64, 1)
+	go func() {
+		var sum, n float64
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				if n == 0 {
+					res <- -1
+				} else {
+					res <- sum / n
+				}
+				return
+			case <-t.C:
+				if v := ProcsRunning(); v >= 0 {
+					sum += float64(v)
+					n++
+				}
+			}
+		}
+	}()
+	return func() float64 {
+		close(stop)
+		return <-res
+	}
+}
