@@ -39,6 +39,8 @@ type results struct {
 	Configs       []configInfo   `json:"configs"`
 	Limiters      []limiterEntry `json:"limiters"`
 	Runs          []*run         `json:"runs"`
+	// Rows is the summary table (test/benchall merges these).
+	Rows []benchkit.Row `json:"rows"`
 
 	started time.Time
 	labels  map[string]string
@@ -268,6 +270,8 @@ func (r *results) markdown() string {
 		fmt.Fprintf(&b, "  - %s, %s: %s\n", r.labels[l.Config], rateLabel(l.RateBps), l.Info)
 	}
 
+	fmt.Fprintf(&b, "\n## Summary\n\n%s", benchkit.RowsMarkdown(r.Rows))
+
 	// Side by side.
 	fmt.Fprintf(&b, "\n## Side by side (%% of the limit; ping in ms)\n\n")
 	fmt.Fprintf(&b, "| rate | direction |")
@@ -347,6 +351,7 @@ func (r *results) pings(idle bool) int {
 // write prints the tables and stores bandwidth-<date>.md and .json in dir.
 func (r *results) write(dir string) error {
 	r.LoadEnd = benchkit.Loadavg()
+	r.Rows = r.rows()
 	md := r.markdown()
 	fmt.Print(md)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -365,4 +370,59 @@ func (r *results) write(dir string) error {
 	}
 	logf("wrote %s.md and %s.json", base, base)
 	return nil
+}
+
+// rows is the summary table: per rate and direction, each configuration's
+// 1 s intervals as % of the limit and its ping RTTs under load, ebpf-cni's
+// against ptp+bandwidth's.
+func (r *results) rows() []benchkit.Row {
+	var rows []benchkit.Row
+	ref := "chain"
+	for _, rate := range r.RatesMbps {
+		for _, dir := range []string{"egress", "ingress"} {
+			for _, k := range r.order {
+				x := r.find(k, rate*1e6, dir)
+				if x == nil {
+					continue
+				}
+				pcts := intervalPcts(x)
+				cond := fmt.Sprintf("%s %s, burst %d", rateLabel(rate*1e6), dir, r.Burst)
+				acc := benchkit.NewRow("bandwidth accuracy", r.labels[k], "% of limit, 1 s intervals", cond, "%", pcts)
+				acc.Load = x.LoadAvg
+				if f := strings.Fields(x.LoadAvg); len(f) > 0 {
+					acc.Load = f[0]
+				}
+				acc.Goal(fmt.Sprintf("issue 4: %d s avg %.1f%% within ±%.0f%%, every 1 s within ±%.0f%%", x.Seconds, x.AvgPct, avgTolerancePct, intervalTolerancePct),
+					x.MeetsAvg && x.MeetsIntervals)
+				var lat benchkit.Row
+				if x.PingLoad != nil {
+					lat = benchkit.NewRow("latency under load", r.labels[k], "ping RTT under load", cond+fmt.Sprintf("; idle median %s ms", fmtMs(x.PingIdle.MedianMs)), "ms", x.PingLoad.RTTsMs)
+					lat.Load = acc.Load
+				}
+				if k != ref {
+					if y := r.find(ref, rate*1e6, dir); y != nil {
+						acc.Against(r.labels[ref], benchkit.Median(intervalPcts(y)))
+						if y.PingLoad != nil && x.PingLoad != nil {
+							lat.Against(r.labels[ref], y.PingLoad.MedianMs)
+						}
+					}
+				}
+				rows = append(rows, acc)
+				if x.PingLoad != nil {
+					rows = append(rows, lat)
+				}
+			}
+		}
+	}
+	return rows
+}
+
+func intervalPcts(x *run) []float64 {
+	var v []float64
+	for _, iv := range x.ReceiverIntervals {
+		if iv.Seconds >= fullInterval {
+			v = append(v, iv.Bps/float64(x.RateBps)*100)
+		}
+	}
+	return v
 }
