@@ -71,6 +71,9 @@ type hpPoint struct {
 	DelSamples  []float64 `json:"delSamplesMs"`
 	// Load1 is the 1-minute load average when the point was measured.
 	Load1 float64 `json:"load1"`
+	// ebpf-cni's own phase timings (EBPF_CNI_TRACE), medians.
+	AddPhases []phase `json:"addPhaseMediansMs,omitempty"`
+	DelPhases []phase `json:"delPhaseMediansMs,omitempty"`
 }
 
 // connRounds is how many times each point alternates hostPort and raw runs.
@@ -344,6 +347,7 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 			ConnSamples: rates, RawSamples: raws}
 
 		var adds, dels []float64
+		var addPh, delPh [][]phase
 		for i := 0; i < o.scaleReps; i++ {
 			if err := ctx.Err(); err != nil {
 				return err
@@ -356,16 +360,22 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 			}
 			capArgs := b.hpCapArgs(hostPortTimed + seq)
 			seq++
-			add, out, _, err := b.cnitoolCap(c, "add", pod, capArgs)
+			add, out, addErr, err := b.cnitoolCap(c, "add", pod, capArgs)
 			if err != nil {
 				return err
 			}
 			if err := b.checkAdd(c, pod, out); err != nil {
 				return err
 			}
-			del, _, _, err := b.cnitoolCap(c, "del", pod, capArgs)
+			del, _, delErr, err := b.cnitoolCap(c, "del", pod, capArgs)
 			if err != nil {
 				return err
+			}
+			if ph := parsePhases(addErr, "ADD"); ph != nil {
+				addPh = append(addPh, ph)
+			}
+			if ph := parsePhases(delErr, "DEL"); ph != nil {
+				delPh = append(delPh, ph)
 			}
 			if err := b.removePod(pod); err != nil {
 				return err
@@ -374,6 +384,7 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 		}
 		pt.AddMedianMs, pt.AddP90Ms, pt.DelMedianMs = benchkit.Median(adds), benchkit.P90(adds), benchkit.Median(dels)
 		pt.AddSamples, pt.DelSamples, pt.Load1 = adds, dels, benchkit.Load1()
+		pt.AddPhases, pt.DelPhases = phaseMedians(addPh), phaseMedians(delPh)
 		b.res.HostPort.Points = append(b.res.HostPort.Points, pt)
 		logf("  hostPort %-24s %4d pods: %7.0f conn/s (raw %7.0f, %.2fx, %d failed), ADD %.1f ms, DEL %.1f ms (%s)",
 			c.label, p, rate, rawRate, pt.VsRaw, failed, pt.AddMedianMs, pt.DelMedianMs, time.Since(start).Round(time.Second))
@@ -417,6 +428,25 @@ func (r *results) hostPortMarkdown() string {
 	for _, p := range pts {
 		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f | %.0f | %.0f | %.2f× | %d |\n",
 			r.labels[p.Config], p.Pods, p.AddMedianMs, p.AddP90Ms, p.DelMedianMs, p.ConnsPerSec, p.RawPerSec, p.VsRaw, p.ConnErrors)
+	}
+	var phased []string
+	for _, p := range pts {
+		for _, x := range []struct {
+			op string
+			ph []phase
+		}{{"ADD", p.AddPhases}, {"DEL", p.DelPhases}} {
+			if len(x.ph) == 0 {
+				continue
+			}
+			var parts []string
+			for _, ph := range x.ph {
+				parts = append(parts, fmt.Sprintf("%s %.2f", ph.Name, ph.Ms))
+			}
+			phased = append(phased, fmt.Sprintf("- %s %s, %d pods with hostPorts: %s", r.labels[p.Config], x.op, p.Pods, strings.Join(parts, ", ")))
+		}
+	}
+	if len(phased) > 0 {
+		fmt.Fprintf(&b, "\nebpf-cni's own phase timings (EBPF_CNI_TRACE, medians in ms, inside the plugin):\n\n%s\n", strings.Join(phased, "\n"))
 	}
 	return b.String()
 }

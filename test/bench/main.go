@@ -18,7 +18,7 @@
 //
 // Run from the repository root, as root:
 //
-//	go run ./test/bench              # everything: n=20, scale 1,200, hostPort 1,200,1000 (ptp+portmap at 1,200), throughput 10 s runs (2 rounds 1 stream, 1 round 4 streams), memory at 200 pods
+//	go run ./test/bench              # everything: n=20, scale 1,200, hostPort 1,200,1000 (ptp+portmap at 1,200), throughput 10 s runs (3 rounds 1 stream, 1 round 4 streams), memory at 200 pods
 //	go run ./test/bench -quick       # n=10, scale 1,50, hostPort 1,100, throughput 1 round of 5 s runs, memory at 50 pods
 //	go run ./test/bench -attach-tc   # also ebpf-cni with attachMode tc in the latency rounds
 //	go run ./test/bench -parts throughput,memory       # some parts only
@@ -106,7 +106,7 @@ func parseFlags(args []string) (*options, error) {
 	out := fs.String("out", "results", "directory for bench-<date>.md and .json")
 	parts := fs.String("parts", strings.Join(allParts, ","), "comma-separated parts to run: "+strings.Join(allParts, ", "))
 	tputSecs := fs.Int("tput-seconds", 10, "seconds per iperf3 run of the throughput benchmark")
-	tputRounds := fs.Int("tput-rounds", 2, "rounds of the throughput benchmark, each measuring every path with 1 stream")
+	tputRounds := fs.Int("tput-rounds", 3, "rounds of the throughput benchmark, each measuring every path with 1 stream")
 	tputReruns := fs.Int("tput-reruns", 3, "throughput runs measured again when other work competed for the CPUs during them (at most this many)")
 	tputRoundsMulti := fs.Int("tput-rounds-4", 1, "how many of those rounds also measure every path with 4 streams")
 	memPods := fs.Int("mem-pods", 200, "pods present for the memory benchmark's map memory and agent RSS")

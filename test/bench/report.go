@@ -151,10 +151,14 @@ func (s *series) summarize() {
 	// Nearest-rank percentile.
 	s.P90 = v[int(math.Ceil(0.9*float64(n)))-1]
 
-	// Phase medians, in the order phases first appear.
+	s.PhaseMedians = phaseMedians(s.Phases)
+}
+
+// phaseMedians is the median of each phase, in the order phases first appear.
+func phaseMedians(all [][]phase) []phase {
 	var names []string
 	byName := map[string][]float64{}
-	for _, ps := range s.Phases {
+	for _, ps := range all {
 		for _, p := range ps {
 			if _, ok := byName[p.Name]; !ok {
 				names = append(names, p.Name)
@@ -162,10 +166,11 @@ func (s *series) summarize() {
 			byName[p.Name] = append(byName[p.Name], p.Ms)
 		}
 	}
-	s.PhaseMedians = nil
+	var out []phase
 	for _, n := range names {
-		s.PhaseMedians = append(s.PhaseMedians, phase{n, benchkit.Median(byName[n])})
+		out = append(out, phase{n, benchkit.Median(byName[n])})
 	}
+	return out
 }
 
 func (r *results) find(cfg, op string, pods int) *series {

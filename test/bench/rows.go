@@ -178,7 +178,7 @@ func (r *results) throughputRows() []benchkit.Row {
 			}
 			row := benchkit.NewRow("throughput (iperf3 TCP)", t.Labels[i], plural(streams, "stream"),
 				fmt.Sprintf("%d s per run, no limit", t.Seconds), "Gbit/s", v)
-			row.Load = fmt.Sprintf("%.1f other runnable", others)
+			row.Load = fmt.Sprintf("%.2f other runnable", others)
 			if p != "raw" {
 				row.Against("raw veth pair", benchkit.Median(raw))
 				if strings.HasPrefix(p, "ebpf") && streams == 1 {
@@ -258,7 +258,7 @@ func (r *results) throughputMarkdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n## Throughput\n\n")
 	fmt.Fprintf(&b, "iperf3 TCP, IPv4, MTU 1500, %d s per run; %d round(s) of every path with 1 stream, %d of them also with 4 streams (`-P 4`), path order rotated per round; the figure is the receiver's (end.sum_received). Raw = a bare veth pair between two namespaces. Pod to pod: two pods on one node. Remote to hostPort: a remote netns routed to the node over a veth, dialling node-address:%d mapped to the server pod's :%d. Each plugin has its own node netns. Limits: %s. BPF run-time statistics: %s; \"BPF %% of a CPU\" is the run time of ebpf-cni's programs over the run's wall time.\n\n", t.Seconds, t.Rounds, t.Rounds4, tputHostPort, tputPort, t.NoLimit, t.BPFStats)
-	fmt.Fprintf(&b, "Other runnable: the mean of /proc/stat procs_running sampled every 200 ms during the run, less iperf3's client and server and the sampler; a run with %.0f or more was disturbed by other work and measured again at the end (at most a few); the less disturbed of the two counts, the other is marked superseded.\n\n", disturbedOthers)
+	fmt.Fprintf(&b, "iperf3's client runs on CPU 0 and its server on CPU 1 (`-A`). Other runnable: the mean number of user threads in state R that belong to neither iperf3 nor the benchmark, sampled every 500 ms during the run from /proc/*/task/*/stat (other sessions' work; kernel threads are not counted, as softirq and kworker threads also carry the benchmark's packets); a run with %.1f or more was disturbed and measured again at the end (at most -tput-reruns of them), and the less disturbed of the two counts, the other is marked superseded.\n\n", disturbedOthers)
 	fmt.Fprintf(&b, "| path | streams | round | Gbit/s | retransmits | client CPU %% | server CPU %% | BPF %% of a CPU | BPF ns per run (runs) | load (1 min) | other runnable | |\n|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|\n")
 	label := map[string]string{}
 	for i, p := range t.Paths {
@@ -291,7 +291,7 @@ func (r *results) throughputMarkdown() string {
 		if x.Superseded {
 			note = strings.TrimSpace(note + " superseded")
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %.2f | %d | %.0f | %.0f | %s | %s | %.1f | %.1f | %s |\n", label[x.Path], x.Streams, x.Round, x.Bps/1e9, x.Retransmits, x.CPUClient, x.CPUServer, bpf, strings.Join(progs, ", "), x.Load1, x.Others, note)
+		fmt.Fprintf(&b, "| %s | %d | %d | %.2f | %d | %.0f | %.0f | %s | %s | %.1f | %.2f | %s |\n", label[x.Path], x.Streams, x.Round, x.Bps/1e9, x.Retransmits, x.CPUClient, x.CPUServer, bpf, strings.Join(progs, ", "), x.Load1, x.Others, note)
 	}
 	return b.String()
 }

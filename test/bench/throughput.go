@@ -19,7 +19,8 @@ package main
 // Rounds: each round measures every path with 1, then 4 streams, the order
 // of the paths rotated per round, so drift and background load hit all
 // alike. A measurement is a fresh `iperf3 -s -1` in the receiver and
-// `iperf3 -c -t SECS -P STREAMS -J` in the sender; the figure is the
+// `iperf3 -c -t SECS -P STREAMS -J` in the sender (client pinned to CPU 0,
+// server to CPU 1 with iperf3 -A); the figure is the
 // receiver's (end.sum_received of the client's JSON, which iperf3 fills in
 // from the server). iperf3's own CPU figures (client host_total, server
 // remote_total) are kept, with the 1-minute load average at the start.
@@ -31,6 +32,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -102,23 +104,23 @@ type tputRun struct {
 	BPF []progStat `json:"bpfPrograms,omitempty"`
 	// BPFCPUPct is their total run time over the run's wall time.
 	BPFCPUPct float64 `json:"bpfCpuPct,omitempty"`
-	// Runnable is the mean of /proc/stat procs_running during the run;
-	// Others what is left after iperf3's client and server and the
-	// sampler itself: other work competing for the CPUs. A run with
-	// Others >= 1 is disturbed and measured again at the end of the part
-	// (within -tput-reruns); the less disturbed of the two counts, the
-	// other is kept here marked superseded.
-	Runnable   float64 `json:"runnableMean"`
+	// Others is the mean number of other user tasks runnable during the
+	// run (benchkit.SampleOthers: threads in state R of processes other
+	// than this benchmark and the two iperf3), i.e. other work competing
+	// for the CPUs. A run with Others >= disturbedOthers is disturbed and
+	// measured again at the end of the part (within -tput-reruns); the
+	// less disturbed of the two counts, the other is kept here marked
+	// superseded.
 	Others     float64 `json:"otherRunnable"`
 	Disturbed  bool    `json:"disturbed"`
 	Rerun      bool    `json:"rerun,omitempty"`
 	Superseded bool    `json:"superseded,omitempty"`
 }
 
-// disturbedOthers is the mean number of other runnable tasks from which a
-// throughput run counts as disturbed: on 2 CPUs, one busy task more than
-// iperf3's two takes a CPU share from them.
-const disturbedOthers = 1.0
+// disturbedOthers is the mean number of other runnable user tasks from
+// which a throughput run counts as disturbed: another task runnable half
+// of the time takes a share of a CPU from iperf3 on a small machine.
+const disturbedOthers = 0.5
 
 // progStat is one program's share of a run: BPF_ENABLE_STATS counters.
 type progStat struct {
@@ -384,7 +386,15 @@ func (b *bench) teardownThroughput(e *tputEnv) error {
 // iperf runs one measurement over a path.
 func (b *bench) iperf(ctx context.Context, p *tputPath, streams int) (*tputRun, error) {
 	run := &tputRun{Path: p.key, Streams: streams, Load1: benchkit.Load1()}
-	srv, err := b.procs.Start(ctx, p.server, "iperf3", "-s", "-1", "-J", "-p", strconv.Itoa(tputPort))
+	// Client and server on CPUs of their own, the same for every path
+	// (the receive path's softirq runs on the sender's CPU with veths).
+	srvArgs := []string{"-s", "-1", "-J", "-p", strconv.Itoa(tputPort)}
+	var cliAff []string
+	if runtime.NumCPU() >= 2 {
+		srvArgs = append(srvArgs, "-A", "1")
+		cliAff = []string{"-A", "0"}
+	}
+	srv, err := b.procs.Start(ctx, p.server, "iperf3", srvArgs...)
 	if err != nil {
 		return nil, err
 	}
@@ -394,16 +404,15 @@ func (b *bench) iperf(ctx context.Context, p *tputPath, streams int) (*tputRun, 
 	}
 	host, port, _ := net.SplitHostPort(p.addr)
 	secs := b.opts.tputSecs
-	cli, err := b.procs.Start(ctx, p.client, "iperf3", "-c", host, "-p", port, "-t", strconv.Itoa(secs),
-		"-P", strconv.Itoa(streams), "-J", "--connect-timeout", "5000")
+	cli, err := b.procs.Start(ctx, p.client, "iperf3", append([]string{"-c", host, "-p", port, "-t", strconv.Itoa(secs),
+		"-P", strconv.Itoa(streams), "-J", "--connect-timeout", "5000"}, cliAff...)...)
 	if err != nil {
 		return nil, err
 	}
 	defer cli.Kill()
-	runnable := benchkit.SampleRunnable()
+	others := benchkit.SampleOthers(srv.Pid(), cli.Pid())
 	err = cli.Wait(time.Duration(secs)*time.Second + 30*time.Second)
-	run.Runnable = runnable()
-	run.Others = max(0, run.Runnable-3)
+	run.Others = others()
 	run.Disturbed = run.Others >= disturbedOthers
 	if err != nil {
 		return nil, fmt.Errorf("iperf3 client: %w", err)
@@ -484,7 +493,7 @@ func (run *tputRun) log(label string, start time.Time) {
 	if run.Rerun {
 		d += " (rerun)"
 	}
-	logf("  %-32s %d stream(s): %6.2f Gbit/s (retr %d, cpu client %.0f%% server %.0f%%, bpf %.1f%%, load %.1f, other runnable %.1f%s) (%s)",
+	logf("  %-32s %d stream(s): %6.2f Gbit/s (retr %d, cpu client %.0f%% server %.0f%%, bpf %.1f%%, load %.1f, other runnable %.2f%s) (%s)",
 		label, run.Streams, run.Bps/1e9, run.Retransmits, run.CPUClient, run.CPUServer, run.BPFCPUPct, run.Load1, run.Others, d,
 		time.Since(start).Round(time.Second))
 }
@@ -516,12 +525,12 @@ func (b *bench) rerunDisturbed(ctx context.Context, e *tputEnv, r *tputResults, 
 	for _, i := range idx {
 		old := &r.Runs[i]
 		for t := 0; t < 10; t++ {
-			calm := benchkit.SampleRunnable()
-			if err := benchkit.SleepCtx(ctx, time.Second); err != nil {
+			calm := benchkit.SampleOthers()
+			if err := benchkit.SleepCtx(ctx, 1100*time.Millisecond); err != nil {
 				calm()
 				return err
 			}
-			if calm() < 2 {
+			if calm() < disturbedOthers/2 {
 				break
 			}
 		}

@@ -388,12 +388,16 @@ func (r *results) rows() []benchkit.Row {
 				pcts := intervalPcts(x)
 				cond := fmt.Sprintf("%s %s, burst %d", rateLabel(rate*1e6), dir, r.Burst)
 				acc := benchkit.NewRow("bandwidth accuracy", r.labels[k], "% of limit, 1 s intervals", cond, "%", pcts)
-				acc.Load = x.LoadAvg
 				if f := strings.Fields(x.LoadAvg); len(f) > 0 {
-					acc.Load = f[0]
+					acc.Load = f[0] // the 1-minute figure
 				}
-				acc.Goal(fmt.Sprintf("issue 4: %d s avg %.1f%% within ±%.0f%%, every 1 s within ±%.0f%%", x.Seconds, x.AvgPct, avgTolerancePct, intervalTolerancePct),
-					x.MeetsAvg && x.MeetsIntervals)
+				if k == ref {
+					// The reference is not judged; its average is what to compare.
+					acc.Target = fmt.Sprintf("%d s avg %.1f%%", x.Seconds, x.AvgPct)
+				} else {
+					acc.Goal(fmt.Sprintf("issue 4: %d s avg %.1f%% within ±%.0f%%, every 1 s within ±%.0f%%", x.Seconds, x.AvgPct, avgTolerancePct, intervalTolerancePct),
+						x.MeetsAvg && x.MeetsIntervals)
+				}
 				var lat benchkit.Row
 				if x.PingLoad != nil {
 					lat = benchkit.NewRow("latency under load", r.labels[k], "ping RTT under load", cond+fmt.Sprintf("; idle median %s ms", fmtMs(x.PingIdle.MedianMs)), "ms", x.PingLoad.RTTsMs)

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -183,32 +184,65 @@ func GitCommit() string {
 	return c
 }
 
-// ProcsRunning is the number of runnable tasks (procs_running of /proc/stat,
-// the reader included), or -1.
-func ProcsRunning() int {
-	b, err := os.ReadFile("/proc/stat")
+// OtherRunnable counts the user tasks (threads) in state R, not kernel
+// threads, whose process is not in ours: work of others competing for the
+// CPUs. Kernel threads are left out: softirq and kworker threads also do
+// the benchmark's own packet processing.
+func OtherRunnable(ours map[int]bool) int {
+	procs, err := os.ReadDir("/proc")
 	if err != nil {
 		return -1
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "procs_running "); ok {
-			var n int
-			if _, err := fmt.Sscanf(v, "%d", &n); err == nil {
-				return n
+	n := 0
+	for _, p := range procs {
+		tgid, err := strconv.Atoi(p.Name())
+		if err != nil || ours[tgid] {
+			continue
+		}
+		tasks, err := os.ReadDir("/proc/" + p.Name() + "/task")
+		if err != nil {
+			continue
+		}
+		for _, t := range tasks {
+			b, err := os.ReadFile("/proc/" + p.Name() + "/task/" + t.Name() + "/stat")
+			if err != nil {
+				continue
 			}
+			// pid (comm) state ppid pgrp session tty_nr tpgid flags ...
+			i := bytes.LastIndexByte(b, ')')
+			if i < 0 {
+				continue
+			}
+			f := strings.Fields(string(b[i+1:]))
+			if len(f) < 7 || f[0] != "R" {
+				continue
+			}
+			flags, err := strconv.ParseUint(f[6], 10, 64)
+			if err != nil || flags&pfKthread != 0 {
+				continue
+			}
+			n++
 		}
 	}
-	return -1
+	return n
 }
 
-// SampleRunnable samples ProcsRunning every 200 ms until the returned
-// function is called, which returns the mean.
-func SampleRunnable() func() float64 {
+// pfKthread is PF_KTHREAD of the task flags.
+const pfKthread = 0x00200000
+
+// SampleOthers samples OtherRunnable every 500 ms (ours: this process and
+// the pids given) until the returned function is called, which returns the
+// mean (-1 without samples).
+func SampleOthers(pids ...int) func() float64 {
+	ours := map[int]bool{os.Getpid(): true}
+	for _, p := range pids {
+		ours[p] = true
+	}
 	stop := make(chan struct{})
 	res := make(chan float64, 1)
 	go func() {
 		var sum, n float64
-		t := time.NewTicker(200 * time.Millisecond)
+		t := time.NewTicker(500 * time.Millisecond)
 		defer t.Stop()
 		for {
 			select {
@@ -220,7 +254,7 @@ func SampleRunnable() func() float64 {
 				}
 				return
 			case <-t.C:
-				if v := ProcsRunning(); v >= 0 {
+				if v := OtherRunnable(ours); v >= 0 {
 					sum += float64(v)
 					n++
 				}
