@@ -87,7 +87,7 @@ type options struct {
 	parts map[string]bool
 }
 
-// The parts of the benchmark, in the order they run.
+// The parts of the benchmark; throughput runs first (bench.run).
 const (
 	partLatency    = "latency"
 	partScale      = "scale"

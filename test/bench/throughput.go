@@ -83,6 +83,7 @@ type tputResults struct {
 	Paths   []string `json:"paths"`
 	Labels  []string `json:"labels"`
 	NoLimit string   `json:"noLimitCheck"`
+	Calm    string   `json:"calm"`
 	// BPFStats says whether BPF run-time statistics were on (they cost
 	// two clock reads per program run, on every path alike).
 	BPFStats string    `json:"bpfStats"`
@@ -297,7 +298,17 @@ func (b *bench) runThroughput(ctx context.Context, start time.Time) error {
 	if err != nil {
 		return err
 	}
-	r := &tputResults{Seconds: o.tputSecs, Rounds: o.tputRounds, Rounds4: o.tputRoundsMulti, NoLimit: noLimit, Runs: []tputRun{}}
+	maxWait := 30 * time.Second
+	if o.quick {
+		maxWait = 10 * time.Second
+	}
+	waited, calm := benchkit.WaitCalm(ctx, maxWait)
+	calmNote := fmt.Sprintf("waited %s for no other runnable task (kernel threads included) before the first run", waited.Round(100*time.Millisecond))
+	if !calm {
+		calmNote = fmt.Sprintf("the machine was still busy after waiting %s", waited.Round(100*time.Millisecond))
+	}
+	logf("throughput: %s", calmNote)
+	r := &tputResults{Seconds: o.tputSecs, Rounds: o.tputRounds, Rounds4: o.tputRoundsMulti, NoLimit: noLimit, Calm: calmNote, Runs: []tputRun{}}
 	for _, p := range e.paths {
 		r.Paths = append(r.Paths, p.key)
 		r.Labels = append(r.Labels, p.label)
@@ -500,7 +511,7 @@ func (run *tputRun) log(label string, start time.Time) {
 
 // rerunDisturbed measures disturbed runs again, single-stream runs first,
 // within the -tput-reruns budget, each after waiting (up to 10 s) for the
-// machine to calm down.
+// machine to calm down (benchkit.WaitCalm).
 func (b *bench) rerunDisturbed(ctx context.Context, e *tputEnv, r *tputResults, start time.Time) error {
 	var idx []int
 	for i, x := range r.Runs {
@@ -524,15 +535,8 @@ func (b *bench) rerunDisturbed(ctx context.Context, e *tputEnv, r *tputResults, 
 	}
 	for _, i := range idx {
 		old := &r.Runs[i]
-		for t := 0; t < 10; t++ {
-			calm := benchkit.SampleOthers()
-			if err := benchkit.SleepCtx(ctx, 1100*time.Millisecond); err != nil {
-				calm()
-				return err
-			}
-			if calm() < disturbedOthers/2 {
-				break
-			}
+		if _, _ = benchkit.WaitCalm(ctx, 10*time.Second); ctx.Err() != nil {
+			return ctx.Err()
 		}
 		p := byKey[old.Path]
 		var before map[string]ebpf.ProgramStats

@@ -36,6 +36,7 @@ type results struct {
 	Elapsed       string         `json:"elapsed"`
 	LoadStart     string         `json:"loadavgStart"`
 	LoadEnd       string         `json:"loadavgEnd"`
+	Calm          string         `json:"calm"`
 	Configs       []configInfo   `json:"configs"`
 	Limiters      []limiterEntry `json:"limiters"`
 	Runs          []*run         `json:"runs"`
@@ -254,7 +255,7 @@ func (r *results) markdown() string {
 	fmt.Fprintf(&b, "- go: %s; %s\n", r.Go, r.Iperf3)
 	fmt.Fprintf(&b, "- commit: %s\n", r.Commit)
 	fmt.Fprintf(&b, "- command: `%s`\n", r.Command)
-	fmt.Fprintf(&b, "- load average (1/5/15 min) at start: %s; at end: %s; total %s\n", r.LoadStart, r.LoadEnd, r.Elapsed)
+	fmt.Fprintf(&b, "- load average (1/5/15 min) at start: %s; at end: %s; total %s; %s\n", r.LoadStart, r.LoadEnd, r.Elapsed, r.Calm)
 	fmt.Fprintf(&b, "- method: per configuration a node netns and an unlimited peer pod; per rate a fresh limited pod, "+
 		"ADDed through `cnitool` with CAP_ARGS `{\"bandwidth\": {ingressRate, egressRate: the rate; ingressBurst, egressBurst: %d}}` "+
 		"(containerd's burst). Same-node pod to pod, IPv4, MTU 1500. One TCP stream, `iperf3 -J -i 1 -t %d`: "+

@@ -188,7 +188,11 @@ func GitCommit() string {
 // threads, whose process is not in ours: work of others competing for the
 // CPUs. Kernel threads are left out: softirq and kworker threads also do
 // the benchmark's own packet processing.
-func OtherRunnable(ours map[int]bool) int {
+func OtherRunnable(ours map[int]bool) int { return runnable(ours, false) }
+
+// runnable counts tasks in state R outside ours, kernel threads too if
+// kthreads.
+func runnable(ours map[int]bool, kthreads bool) int {
 	procs, err := os.ReadDir("/proc")
 	if err != nil {
 		return -1
@@ -218,7 +222,7 @@ func OtherRunnable(ours map[int]bool) int {
 				continue
 			}
 			flags, err := strconv.ParseUint(f[6], 10, 64)
-			if err != nil || flags&pfKthread != 0 {
+			if err != nil || (!kthreads && flags&pfKthread != 0) {
 				continue
 			}
 			n++
@@ -264,5 +268,32 @@ func SampleOthers(pids ...int) func() float64 {
 	return func() float64 {
 		close(stop)
 		return <-res
+	}
+}
+
+// WaitCalm waits until no task outside this process, kernel threads
+// included, was runnable in more than a fifth of 10 samples over a second
+// (asynchronous network namespace teardown, for one, runs in kworkers for
+// a while after many namespaces went), or until max. It returns how long
+// it waited and whether the machine was calm.
+func WaitCalm(ctx context.Context, max time.Duration) (time.Duration, bool) {
+	start := time.Now()
+	ours := map[int]bool{os.Getpid(): true}
+	for {
+		busy := 0
+		for i := 0; i < 10; i++ {
+			if runnable(ours, true) > 0 {
+				busy++
+			}
+			if SleepCtx(ctx, 100*time.Millisecond) != nil {
+				return time.Since(start), false
+			}
+		}
+		if busy <= 2 {
+			return time.Since(start), true
+		}
+		if time.Since(start) >= max {
+			return time.Since(start), false
+		}
 	}
 }
