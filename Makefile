@@ -12,9 +12,9 @@ LDFLAGS   := -X main.Version=$(VERSION)
 # compare iptables/nftables rulesets; generate needs clang & co.
 RUNTIME_PKGS  := iproute2 iputils-ping iptables nftables
 GENERATE_PKGS := clang llvm libbpf-dev linux-libc-dev
-BENCH_PKGS    := iproute2 iputils-ping iptables iperf3
+BENCH_PKGS    := iproute2 iputils-ping iptables iperf3 time
 
-.PHONY: all build generate check-generate test unit-test lint install demo bench deps deps-generate clean
+.PHONY: all build generate check-generate test unit-test lint install demo bench bench-quick bench-cni bench-bandwidth bench-masq deps deps-bench deps-generate clean
 
 all: build
 
@@ -32,7 +32,7 @@ deps-generate:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(GENERATE_PKGS))
 
 deps-bench:
-	@command -v iperf3 >/dev/null && command -v iptables >/dev/null && command -v ping >/dev/null || \
+	@command -v iperf3 >/dev/null && command -v iptables >/dev/null && command -v ping >/dev/null && test -x /usr/bin/time || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(BENCH_PKGS))
 
 # Rebuilds the committed bpf2go output (Go files and .o objects) from bpf/.
@@ -79,17 +79,26 @@ e2e:
 e2e-short:
 	bash test/e2e/run.sh --short
 
+# The whole suite beside the reference plugins, one combined table in
+# results/bench-<date>.{md,json} (test/benchall runs test/bench, then
+# test/bwbench): full under 15 minutes on 2 cores, quick about 4.
 bench: deps-bench
-	$(GO) run ./test/bench
+	$(GO) run ./test/benchall
 
 bench-quick: deps-bench
-	$(GO) run ./test/bench -quick
+	$(GO) run ./test/benchall -quick
 
 # BPF masquerade beside ptp's iptables MASQUERADE: throughput and new connections/s.
 bench-masq: deps-bench
 	$(GO) test -tags masqbench -count=1 -run TestMasqBench -v ./test/
 
 # Bandwidth accuracy and latency under load, ebpf-cni beside ptp + bandwidth.
+# Parts on their own: latency, scale, hostPort, throughput and memory
+# (-parts, -quick: see go run ./test/bench -h) ...
+bench-cni: deps-bench
+	$(GO) run ./test/bench
+
+# ... and bandwidth accuracy and latency under load, ebpf-cni beside ptp + bandwidth.
 bench-bandwidth: deps-bench
 	$(GO) run ./test/bwbench
 

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -20,13 +19,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
 const (
 	cniVersion = "1.0.0"
 	ifName     = "eth0"
-	// cniCacheDir is libcni's fixed result cache, which cnitool cannot move.
-	cniCacheDir = "/var/lib/cni"
 	// hostPort is the port mapping the chain configuration sets up.
 	hostPort = 18080
 )
@@ -37,6 +35,7 @@ var nodeIP = "192.0.2.1/32"
 // the versions go.mod pins as tool dependencies.
 var binaries = []string{
 	"./cmd/ebpf-cni",
+	"./cmd/ebpf-agent",
 	"github.com/containernetworking/plugins/plugins/ipam/host-local",
 	"github.com/containernetworking/plugins/plugins/main/ptp",
 	"github.com/containernetworking/plugins/plugins/meta/portmap",
@@ -57,6 +56,37 @@ type config struct {
 	// not of the latency rounds.
 	hostPorts bool
 	list      map[string]any
+
+	// node is the configuration's node netns (nil: the shared b.node);
+	// pinDir its ebpf-cni pin directory ("" : b.pinDir). A pin directory
+	// serves one node netns: configurations in a node of their own have
+	// their own pin directory.
+	node   ns.NetNS
+	pinDir string
+	// stateDir is ebpf-cni's stateDir ("": b.state).
+	stateDir string
+	// cniPath overrides CNI_PATH (the memory benchmark's wrappers).
+	cniPath string
+	// confDir, when set, also receives the conflist (the agent's view).
+	confDir string
+}
+
+// isEBPF is true for ebpf-cni configurations.
+func (c *config) isEBPF() bool {
+	return strings.HasPrefix(c.key, "ebpf") || strings.HasPrefix(c.key, "tput-ebpf") || strings.HasPrefix(c.key, "mem-ebpf")
+}
+
+// mapsPorts is true for ebpf-cni configurations with the portMappings capability.
+func (c *config) mapsPorts() bool {
+	if !c.isEBPF() {
+		return false
+	}
+	for _, p := range c.list["plugins"].([]any) {
+		if caps, ok := p.(map[string]any)["capabilities"].(map[string]bool); ok && caps["portMappings"] {
+			return true
+		}
+	}
+	return false
 }
 
 type bench struct {
@@ -73,8 +103,16 @@ type bench struct {
 
 	cacheMount string // where cache is mounted, "" when not mounted
 	node       ns.NetNS
-	pods       map[string]ns.NetNS // live pod namespaces by path
-	podSeq     int
+	fullNode   ns.NetNS // ebpf-cni +hostPort+bandwidth's node (latency)
+	// netnses are the namespaces other than b.node and pods (extra nodes,
+	// remotes, raw pairs), pinDirs the pin directories other than b.pinDir,
+	// procs the processes started in namespaces: all removed at cleanup.
+	netnses map[string]ns.NetNS
+	pinDirs []string
+	procs   *benchkit.Procs
+	pods    map[string]ns.NetNS // live pod namespaces by path
+	podSeq  int
+	podMu   sync.Mutex // pods and podSeq, for parallel ADDs
 	// ebpf-cni's EBPF_CNI_TRACE phase timings of the last ADD and DEL.
 	addPhases, delPhases []phase
 	configs              []*config
@@ -83,18 +121,10 @@ type bench struct {
 	res                  *results
 }
 
-func randHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b)
-}
-
 // newBench prepares everything; on error the returned bench (if non-nil)
 // holds what was created so far, for cleanup.
 func newBench(ctx context.Context, opts *options) (*bench, error) {
-	id := randHex(4)
+	id := benchkit.RandHex(4)
 	root, err := os.MkdirTemp("", "ebpfbench-"+id+"-")
 	if err != nil {
 		return nil, err
@@ -111,6 +141,8 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 		nsDir:   filepath.Join(root, "netns"),
 		pinDir:  filepath.Join("/sys/fs/bpf", "ebpfbench-"+id),
 		pods:    map[string]ns.NetNS{},
+		netnses: map[string]ns.NetNS{},
+		procs:   benchkit.NewProcs(),
 	}
 	logf("run %s: temp dir %s, pin dir %s", id, root, b.pinDir)
 	for _, d := range []string{b.binDir, b.confDir, b.cache, b.state, b.ipamDir, b.nsDir} {
@@ -119,16 +151,24 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 		}
 	}
 	b.res = newResults(opts)
-	if err := b.build(ctx); err != nil {
+	if err := benchkit.Build(ctx, b.binDir, binaries, logf); err != nil {
 		return b, err
 	}
-	if err := b.hideCNICache(); err != nil {
+	if b.cacheMount, err = benchkit.HideCNICache(b.cache, ".ebpfbench-"+b.id, logf); err != nil {
 		return b, err
 	}
 	if err := b.setupNode(); err != nil {
 		return b, err
 	}
-	if len(opts.hpScale) > 0 {
+	if opts.parts[partLatency] {
+		// ebpf-cni with hostPort + bandwidth, in a node of its own: its
+		// hostPort hooks would otherwise also see the hostPort
+		// benchmark's portmap traffic on the shared node's uplink.
+		if b.fullNode, err = b.newNode("node-full"); err != nil {
+			return b, err
+		}
+	}
+	if opts.parts[partHostPort] {
 		if err := b.setupHostPort(); err != nil {
 			return b, err
 		}
@@ -144,115 +184,73 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 	return b, nil
 }
 
-// moduleRoot finds the directory of this repository's go.mod.
-func moduleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("not inside a Go module: run from the ebpf-cni repository root")
-	}
-	data, err := os.ReadFile(gomod)
-	if err != nil {
-		return "", err
-	}
-	if !bytes.Contains(data, []byte("module github.com/ebpf-cni/ebpf-cni\n")) {
-		return "", fmt.Errorf("%s is not the ebpf-cni module: run from the repository root", gomod)
-	}
-	return filepath.Dir(gomod), nil
-}
-
-func (b *bench) build(ctx context.Context) error {
-	dir, err := moduleRoot()
-	if err != nil {
-		return err
-	}
-	logf("building %d binaries into %s", len(binaries), b.binDir)
-	start := time.Now()
-	args := append([]string{"build", "-o", b.binDir + "/"}, binaries...)
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = dir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	for _, p := range binaries {
-		if _, err := os.Stat(filepath.Join(b.binDir, filepath.Base(p))); err != nil {
-			return fmt.Errorf("build produced no %s: %w", filepath.Base(p), err)
-		}
-	}
-	logf("built in %s", time.Since(start).Round(time.Millisecond))
-	return nil
-}
-
-// hideCNICache bind-mounts our cache dir over /var/lib/cni in this process's
-// private mount namespace, so cnitool's result cache lands in the temp dir.
-func (b *bench) hideCNICache() error {
-	target := cniCacheDir
-	for {
-		if st, err := os.Stat(target); err == nil && st.IsDir() {
-			break
-		}
-		target = filepath.Dir(target)
-		if target == "/" {
-			return fmt.Errorf("no existing directory on the path of %s to mount over", cniCacheDir)
-		}
-	}
-	if target == cniCacheDir {
-		if err := unix.Mount(b.cache, target, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind-mount %s over %s: %w", b.cache, target, err)
-		}
-	} else {
-		// /var/lib/cni does not exist: cover its nearest ancestor with an
-		// empty tmpfs rather than create it on the host.
-		if err := unix.Mount("tmpfs", target, "tmpfs", 0, "mode=0755"); err != nil {
-			return fmt.Errorf("mount tmpfs over %s: %w", target, err)
-		}
-		logf("%s does not exist; %s is covered by a private tmpfs for this run", cniCacheDir, target)
-	}
-	b.cacheMount = target
-	if err := os.MkdirAll(filepath.Join(cniCacheDir, "results"), 0o700); err != nil {
-		return err
-	}
-	// Prove the mount is ours: a marker written through /var/lib/cni must
-	// appear in the temp dir (or the tmpfs), never on the host.
-	marker := filepath.Join(cniCacheDir, ".ebpfbench-"+b.id)
-	if err := os.WriteFile(marker, nil, 0o600); err != nil {
-		return err
-	}
-	defer os.Remove(marker)
-	if target == cniCacheDir {
-		if _, err := os.Stat(filepath.Join(b.cache, ".ebpfbench-"+b.id)); err != nil {
-			return fmt.Errorf("bind mount over %s is not effective: %w", cniCacheDir, err)
-		}
-	}
-	return nil
-}
-
 func (b *bench) setupNode() error {
-	node, err := newNetNS(filepath.Join(b.nsDir, "node"))
+	node, err := benchkit.NewNetNS(filepath.Join(b.nsDir, "node"))
 	if err != nil {
 		return fmt.Errorf("create node netns: %w", err)
 	}
 	b.node = node
-	return node.Do(func(ns.NetNS) error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
+	return benchkit.SetupNode(node, nodeIP)
+}
+
+// newNetNS creates a namespace nsDir/name tracked for cleanup.
+func (b *bench) newNetNS(name string) (ns.NetNS, error) {
+	n, err := benchkit.NewNetNS(filepath.Join(b.nsDir, name))
+	if err != nil {
+		return nil, fmt.Errorf("create netns %s: %w", name, err)
+	}
+	b.netnses[n.Path()] = n
+	return n, nil
+}
+
+// newNode creates another node netns (lo up, the node address on lo).
+func (b *bench) newNode(name string) (ns.NetNS, error) {
+	n, err := b.newNetNS(name)
+	if err != nil {
+		return nil, err
+	}
+	return n, benchkit.SetupNode(n, nodeIP)
+}
+
+// newPinDir names another pin directory of this run, removed at cleanup.
+func (b *bench) newPinDir(suffix string) string {
+	p := b.pinDir + "-" + suffix
+	b.pinDirs = append(b.pinDirs, p)
+	return p
+}
+
+func (b *bench) nodeOf(c *config) ns.NetNS {
+	if c.node != nil {
+		return c.node
+	}
+	return b.node
+}
+
+func (b *bench) stateOf(c *config) string {
+	if c.stateDir != "" {
+		return c.stateDir
+	}
+	return b.state
+}
+
+// ebpfPlugin is an ebpf-cni plugin entry with the given capabilities.
+func (b *bench) ebpfPlugin(subnet *net.IPNet, pinDir, stateDir string, caps ...string) map[string]any {
+	p := map[string]any{"type": "ebpf-cni", "pinDir": pinDir, "stateDir": stateDir, "ipam": b.hostLocal(subnet)}
+	if len(caps) > 0 {
+		cm := map[string]bool{}
+		for _, c := range caps {
+			cm[c] = true
 		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			return err
-		}
-		addr, err := netlink.ParseAddr(nodeIP)
-		if err != nil {
-			return err
-		}
-		if err := netlink.AddrAdd(lo, addr); err != nil {
-			return fmt.Errorf("add %s to lo: %w", nodeIP, err)
-		}
-		return nil
-	})
+		p["capabilities"] = cm
+	}
+	return p
+}
+
+func (b *bench) pinOf(c *config) string {
+	if c.pinDir != "" {
+		return c.pinDir
+	}
+	return b.pinDir
 }
 
 func mustCIDR(s string) *net.IPNet {
@@ -274,11 +272,9 @@ func (b *bench) hostLocal(subnet *net.IPNet) map[string]any {
 	}
 }
 
-func (b *bench) writeConfigs() error {
-	ebpfNet := mustCIDR("10.250.0.0/16")
-	ptpNet := mustCIDR("10.251.0.0/16")
-	chainNet := mustCIDR("10.252.0.0/16")
-	ebpfTCNet := mustCIDR("10.253.0.0/16")
+// chainCapArgs is what a runtime passes for a pod with one hostPort and a
+// 100 Mbit/s limit each way.
+func chainCapArgs() string {
 	capArgs, err := json.Marshal(map[string]any{
 		"portMappings": []map[string]any{{"hostPort": hostPort, "containerPort": 80, "protocol": "tcp"}},
 		"bandwidth": map[string]any{
@@ -287,9 +283,23 @@ func (b *bench) writeConfigs() error {
 		},
 	})
 	if err != nil {
-		return err
+		panic(err)
 	}
+	return string(capArgs)
+}
+
+func (b *bench) writeConfigs() error {
+	ebpfNet := mustCIDR("10.250.0.0/16")
+	ptpNet := mustCIDR("10.251.0.0/16")
+	chainNet := mustCIDR("10.252.0.0/16")
+	ebpfTCNet := mustCIDR("10.253.0.0/16")
+	fullNet := mustCIDR("10.247.0.0/16")
+	capArgs := chainCapArgs()
 	b.configs = []*config{
+		{
+			key: "ebpf-full", label: "ebpf-cni +hostPort+bandwidth", netName: "bench-ebpf-full", subnet: fullNet, capArgs: capArgs,
+			node: b.fullNode, pinDir: b.newPinDir("full"),
+		},
 		{
 			key: "ebpf", label: "ebpf-cni", netName: "bench-ebpf-cni", subnet: ebpfNet, atScale: true,
 			list: map[string]any{"plugins": []any{map[string]any{
@@ -309,7 +319,7 @@ func (b *bench) writeConfigs() error {
 			}}},
 		},
 		{
-			key: "chain", label: "ptp+portmap+bandwidth", netName: "bench-chain", subnet: chainNet, capArgs: string(capArgs),
+			key: "chain", label: "ptp+portmap+bandwidth", netName: "bench-chain", subnet: chainNet, capArgs: capArgs,
 			list: map[string]any{"plugins": []any{
 				map[string]any{"type": "ptp", "ipMasq": false, "ipam": b.hostLocal(chainNet)},
 				map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}},
@@ -321,44 +331,78 @@ func (b *bench) writeConfigs() error {
 			list: map[string]any{"plugins": []any{map[string]any{"type": "loopback"}}},
 		},
 	}
+	full := b.configs[0]
+	full.list = map[string]any{"plugins": []any{b.ebpfPlugin(fullNet, full.pinDir, b.state, "portMappings", "bandwidth")}}
 	if !b.opts.attachTC {
-		b.configs = append(b.configs[:1], b.configs[2:]...)
+		b.configs = append(b.configs[:2], b.configs[3:]...)
 	}
-	if b.opts.hpOnly {
+	switch {
+	case b.opts.parts[partLatency]:
+	case b.opts.parts[partScale]:
+		// Only the configurations measured at scale.
+		var keep []*config
+		for _, c := range b.configs {
+			if c.atScale {
+				keep = append(keep, c)
+			}
+		}
+		b.configs = keep
+	default:
 		b.configs = nil
 	}
-	if len(b.opts.hpScale) > 0 {
+	if b.opts.parts[partHostPort] {
 		b.hpCfgs = b.hpConfigs()
 	}
 	for _, c := range append(append([]*config(nil), b.configs...), b.hpCfgs...) {
-		c.list["cniVersion"] = cniVersion
-		c.list["name"] = c.netName
-		data, err := json.MarshalIndent(c.list, "", "  ")
-		if err != nil {
+		if err := b.register(c); err != nil {
 			return err
 		}
-		if err := os.WriteFile(filepath.Join(b.confDir, c.netName+".conflist"), data, 0o600); err != nil {
-			return err
-		}
-		b.res.addConfig(c, string(data))
 	}
+	return nil
+}
+
+// register writes a configuration's conflist where cnitool (and, with
+// c.confDir, the agent) finds it, and records it in the results.
+func (b *bench) register(c *config) error {
+	c.list["cniVersion"] = cniVersion
+	c.list["name"] = c.netName
+	data, err := json.MarshalIndent(c.list, "", "  ")
+	if err != nil {
+		return err
+	}
+	for _, dir := range []string{b.confDir, c.confDir} {
+		if dir == "" {
+			continue
+		}
+		if err := os.WriteFile(filepath.Join(dir, c.netName+".conflist"), data, 0o600); err != nil {
+			return err
+		}
+	}
+	b.res.addConfig(c, string(data))
 	return nil
 }
 
 // newPod creates a fresh pod network namespace (not timed).
 func (b *bench) newPod() (ns.NetNS, error) {
+	b.podMu.Lock()
 	b.podSeq++
-	p, err := newNetNS(filepath.Join(b.nsDir, fmt.Sprintf("pod-%d", b.podSeq)))
+	path := filepath.Join(b.nsDir, fmt.Sprintf("pod-%d", b.podSeq))
+	b.podMu.Unlock()
+	p, err := benchkit.NewNetNS(path)
 	if err != nil {
 		return nil, fmt.Errorf("create pod netns: %w", err)
 	}
+	b.podMu.Lock()
 	b.pods[p.Path()] = p
+	b.podMu.Unlock()
 	return p, nil
 }
 
 func (b *bench) removePod(p ns.NetNS) error {
+	b.podMu.Lock()
 	delete(b.pods, p.Path())
-	return removeNetNS(p)
+	b.podMu.Unlock()
+	return benchkit.RemoveNetNS(p)
 }
 
 // cnitool runs `cnitool VERB NET NETNS` in the node netns and returns its
@@ -369,16 +413,20 @@ func (b *bench) cnitool(c *config, verb string, pod ns.NetNS) (time.Duration, []
 
 // cnitoolCap is cnitool with the CAP_ARGS (capability arguments) given.
 func (b *bench) cnitoolCap(c *config, verb string, pod ns.NetNS, capArgs string) (time.Duration, []byte, []byte, error) {
+	cniPath := b.binDir
+	if c.cniPath != "" {
+		cniPath = c.cniPath
+	}
 	env := []string{
 		"PATH=" + os.Getenv("PATH"),
 		"NETCONFPATH=" + b.confDir,
-		"CNI_PATH=" + b.binDir,
+		"CNI_PATH=" + cniPath,
 		"CNI_IFNAME=" + ifName,
 	}
 	if capArgs != "" {
 		env = append(env, "CAP_ARGS="+capArgs)
 	}
-	if strings.HasPrefix(c.key, "ebpf") && b.opts.phases {
+	if c.isEBPF() && b.opts.phases {
 		// ebpf-cni prints one line of phase timings to stderr; cnitool
 		// passes plugin stderr through.
 		env = append(env, "EBPF_CNI_TRACE=1")
@@ -386,7 +434,7 @@ func (b *bench) cnitoolCap(c *config, verb string, pod ns.NetNS, capArgs string)
 	var stdout, stderr bytes.Buffer
 	var d time.Duration
 	var runErr error
-	err := b.node.Do(func(ns.NetNS) error {
+	err := b.nodeOf(c).Do(func(ns.NetNS) error {
 		// Forked from this goroutine's locked thread: born in the node netns.
 		cmd := exec.Command(filepath.Join(b.binDir, "cnitool"), verb, c.netName, pod.Path())
 		cmd.Env = env
@@ -479,7 +527,7 @@ func (b *bench) checkAdd(c *config, pod ns.NetNS, out []byte) error {
 		return fail("%v", err)
 	}
 	if c.key == "chain" {
-		if err := b.checkChain(r); err != nil {
+		if err := b.checkChain(c, r); err != nil {
 			return fail("%v", err)
 		}
 	}
@@ -488,7 +536,7 @@ func (b *bench) checkAdd(c *config, pod ns.NetNS, out []byte) error {
 
 // checkChain proves portmap and bandwidth did their work: a DNAT rule for the
 // host port, and tbf qdiscs on the host veth and its ifb.
-func (b *bench) checkChain(r addResult) error {
+func (b *bench) checkChain(c *config, r addResult) error {
 	hostIf := ""
 	for _, i := range r.Interfaces {
 		if i.Sandbox == "" {
@@ -498,14 +546,14 @@ func (b *bench) checkChain(r addResult) error {
 	if hostIf == "" {
 		return errors.New("no host interface in the result")
 	}
-	rules, err := b.nodeIptablesNAT()
+	rules, err := nodeIptablesNAT(b.nodeOf(c))
 	if err != nil {
 		return err
 	}
 	if !strings.Contains(rules, fmt.Sprintf("--dport %d", hostPort)) {
 		return fmt.Errorf("portmap: no rule for host port %d in the node's nat table:\n%s", hostPort, rules)
 	}
-	return b.node.Do(func(ns.NetNS) error {
+	return b.nodeOf(c).Do(func(ns.NetNS) error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return err
@@ -536,9 +584,9 @@ func (b *bench) checkChain(r addResult) error {
 	})
 }
 
-func (b *bench) nodeIptablesNAT() (string, error) {
+func nodeIptablesNAT(node ns.NetNS) (string, error) {
 	var out []byte
-	err := b.node.Do(func(ns.NetNS) error {
+	err := node.Do(func(ns.NetNS) error {
 		var err error
 		out, err = exec.Command("iptables-save", "-t", "nat").CombinedOutput()
 		if err != nil {
@@ -565,7 +613,7 @@ func (b *bench) checkDel(c *config, pod ns.NetNS) error {
 // leftovers lists what a configuration left in the node after all DELs.
 func (b *bench) leftovers(c *config) ([]string, error) {
 	var out []string
-	err := b.node.Do(func(ns.NetNS) error {
+	err := b.nodeOf(c).Do(func(ns.NetNS) error {
 		links, err := netlink.LinkList()
 		if err != nil {
 			return err
@@ -598,23 +646,38 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 			out = append(out, "host-local reservation "+e.Name())
 		}
 	}
-	if strings.HasPrefix(c.key, "ebpf") {
-		recs, _ := os.ReadDir(filepath.Join(b.state, c.netName))
+	if c.isEBPF() {
+		recs, _ := os.ReadDir(filepath.Join(b.stateOf(c), c.netName))
 		for _, r := range recs {
 			out = append(out, "ebpf-cni state record "+r.Name())
 		}
-		pins, _ := os.ReadDir(filepath.Join(b.pinDir, "links"))
+		pins, _ := os.ReadDir(filepath.Join(b.pinOf(c), "links"))
 		for _, p := range pins {
-			out = append(out, "ebpf-cni link pin "+p.Name())
+			// node_sock_ops is the node's TCP pacing hook, not a pod's.
+			if !strings.HasPrefix(p.Name(), "node_") {
+				out = append(out, "ebpf-cni link pin "+p.Name())
+			}
 		}
 	}
 	if c.key == "ptp-portmap" {
-		rules, err := b.nodeIptablesNAT()
+		rules, err := nodeIptablesNAT(b.nodeOf(c))
 		if err != nil {
 			return nil, err
 		}
 		if strings.Contains(rules, "CNI-DN-") {
 			out = append(out, "portmap's per-pod CNI-DN- chains")
+		}
+	}
+	if c.mapsPorts() && c.pinDir != "" {
+		// A pin directory of its own: every mapping, flow and limit left is this configuration's.
+		if m, err := maps.Open(c.pinDir); err == nil {
+			hps, _ := m.ListHostPorts()
+			flows, _ := m.ListCT()
+			limits, _ := m.ListLimits()
+			m.Close()
+			if len(hps) > 0 || len(flows) > 0 || len(limits) > 0 {
+				out = append(out, fmt.Sprintf("%d hostPort mappings, %d flows and %d bandwidth limits in the maps", len(hps), len(flows), len(limits)))
+			}
 		}
 	}
 	if c.key == "ebpf-hostport" {
@@ -628,7 +691,7 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 		}
 	}
 	if c.key == "chain" {
-		rules, err := b.nodeIptablesNAT()
+		rules, err := nodeIptablesNAT(b.nodeOf(c))
 		if err != nil {
 			return nil, err
 		}
@@ -728,14 +791,35 @@ func parsePhases(stderr []byte, verb string) []phase {
 
 func (b *bench) run(ctx context.Context) error {
 	start := time.Now()
+	part := func(name string, f func() error) error {
+		t := time.Now()
+		if err := f(); err != nil {
+			return err
+		}
+		b.res.PartTimes = append(b.res.PartTimes, partTime{name, time.Since(t).Round(time.Second).String()})
+		return nil
+	}
+	// Throughput first: before the other parts have created and deleted
+	// hundreds of namespaces, whose teardown the kernel finishes in the
+	// background for a while.
+	if b.opts.parts[partThroughput] {
+		if err := part("throughput", func() error { return b.runThroughput(ctx, start) }); err != nil {
+			return fmt.Errorf("throughput benchmark: %w", err)
+		}
+	}
 	if len(b.configs) > 0 {
-		if err := b.runLatency(ctx, start); err != nil {
+		if err := part("latency and scale", func() error { return b.runLatency(ctx, start) }); err != nil {
 			return err
 		}
 	}
 	if len(b.hpCfgs) > 0 {
-		if err := b.runHostPort(ctx, start); err != nil {
+		if err := part("hostPort", func() error { return b.runHostPort(ctx, start) }); err != nil {
 			return fmt.Errorf("hostPort benchmark: %w", err)
+		}
+	}
+	if b.opts.parts[partMemory] {
+		if err := part("memory", func() error { return b.runMemory(ctx, start) }); err != nil {
+			return fmt.Errorf("memory benchmark: %w", err)
 		}
 	}
 	b.res.Elapsed = time.Since(start).Round(time.Millisecond).String()
@@ -746,6 +830,25 @@ func (b *bench) run(ctx context.Context) error {
 // runLatency is the ADD/DEL latency benchmark: warm-up, interleaved rounds,
 // then the at-scale runs.
 func (b *bench) runLatency(ctx context.Context, start time.Time) error {
+	if b.opts.parts[partLatency] {
+		if err := b.runRounds(ctx, start); err != nil {
+			return err
+		}
+	}
+	if b.opts.parts[partScale] {
+		for _, c := range b.configs {
+			if c.atScale {
+				if err := b.runScale(ctx, c, start); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// runRounds is the ADD/DEL latency of one pod: warm-up, then interleaved rounds.
+func (b *bench) runRounds(ctx context.Context, start time.Time) error {
 	// Warm-up: page cache, and for ebpf-cni loading and pinning the datapath.
 	for _, c := range b.configs {
 		if err := ctx.Err(); err != nil {
@@ -782,16 +885,6 @@ func (b *bench) runLatency(ctx context.Context, start time.Time) error {
 	for _, c := range b.configs {
 		if err := b.assertClean(c); err != nil {
 			return err
-		}
-	}
-
-	if len(b.opts.scale) > 0 {
-		for _, c := range b.configs {
-			if c.atScale {
-				if err := b.runScale(ctx, c, start); err != nil {
-					return err
-				}
-			}
 		}
 	}
 	return nil
@@ -845,8 +938,11 @@ func (b *bench) runScale(ctx context.Context, c *config, start time.Time) error 
 // cleanup removes everything the run created; it is safe on a partial setup.
 func (b *bench) cleanup() {
 	var errs []error
+	if n := b.procs.KillAll(); n > 0 {
+		logf("killed %d leftover processes (iperf3, ebpf-agent)", n)
+	}
 	for path, p := range b.pods {
-		if err := removeNetNS(p); err != nil {
+		if err := benchkit.RemoveNetNS(p); err != nil {
 			errs = append(errs, err)
 		}
 		delete(b.pods, path)
@@ -854,21 +950,29 @@ func (b *bench) cleanup() {
 	if b.hp != nil {
 		for _, n := range []ns.NetNS{b.hp.remote, b.hp.rawClient, b.hp.rawServer} {
 			if n != nil {
-				if err := removeNetNS(n); err != nil {
+				if err := benchkit.RemoveNetNS(n); err != nil {
 					errs = append(errs, err)
 				}
 			}
 		}
 		b.hp = nil
 	}
+	for path, n := range b.netnses {
+		if err := benchkit.RemoveNetNS(n); err != nil {
+			errs = append(errs, err)
+		}
+		delete(b.netnses, path)
+	}
 	if b.node != nil {
-		if err := removeNetNS(b.node); err != nil {
+		if err := benchkit.RemoveNetNS(b.node); err != nil {
 			errs = append(errs, err)
 		}
 		b.node = nil
 	}
-	if err := os.RemoveAll(b.pinDir); err != nil {
-		errs = append(errs, fmt.Errorf("remove pin dir: %w", err))
+	for _, p := range append([]string{b.pinDir}, b.pinDirs...) {
+		if err := os.RemoveAll(p); err != nil {
+			errs = append(errs, fmt.Errorf("remove pin dir: %w", err))
+		}
 	}
 	if b.cacheMount != "" {
 		if err := unix.Unmount(b.cacheMount, unix.MNT_DETACH); err != nil {
@@ -883,7 +987,7 @@ func (b *bench) cleanup() {
 		logf("cleanup incomplete: %v", errors.Join(errs...))
 		return
 	}
-	logf("cleaned up: node and pod namespaces, %s, %s", b.pinDir, b.root)
+	logf("cleaned up: processes, node and pod namespaces, %s, %s", strings.Join(append([]string{b.pinDir}, b.pinDirs...), ", "), b.root)
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

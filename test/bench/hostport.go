@@ -29,7 +29,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
 const (
@@ -47,6 +48,7 @@ var (
 // hpResults is the hostPort part of the JSON results.
 type hpResults struct {
 	Scale    []int     `json:"scale"`
+	RefScale []int     `json:"referenceScale"`
 	ConnSecs float64   `json:"connSeconds"`
 	Workers  int       `json:"workers"`
 	Reps     int       `json:"timedRepsPerPoint"`
@@ -65,16 +67,13 @@ type hpPoint struct {
 	VsRaw       float64   `json:"vsRaw"`
 	ConnSamples []float64 `json:"connsPerSecSamples"`
 	RawSamples  []float64 `json:"rawConnsPerSecSamples"`
-	// ebpf-cni's own phase medians (EBPF_CNI_TRACE) of the timed cycles.
+	AddSamples  []float64 `json:"addSamplesMs"`
+	DelSamples  []float64 `json:"delSamplesMs"`
+	// Load1 is the 1-minute load average when the point was measured.
+	Load1 float64 `json:"load1"`
+	// ebpf-cni's own phase timings (EBPF_CNI_TRACE), medians.
 	AddPhases []phase `json:"addPhaseMediansMs,omitempty"`
 	DelPhases []phase `json:"delPhaseMediansMs,omitempty"`
-}
-
-// phaseMedians is the median of each phase, in the order phases first appear.
-func phaseMedians(samples [][]phase) []phase {
-	s := series{Samples: []float64{0}, Phases: samples}
-	s.summarize()
-	return s.PhaseMedians
 }
 
 // connRounds is how many times each point alternates hostPort and raw runs.
@@ -90,62 +89,23 @@ func (b *bench) setupHostPort() error {
 	var err error
 	h := &hpEnv{}
 	b.hp = h
-	if h.remote, err = newNetNS(filepath.Join(b.nsDir, "remote")); err != nil {
+	if h.remote, err = benchkit.NewNetNS(filepath.Join(b.nsDir, "remote")); err != nil {
 		return err
 	}
-	if h.rawClient, err = newNetNS(filepath.Join(b.nsDir, "raw-client")); err != nil {
+	if h.rawClient, err = benchkit.NewNetNS(filepath.Join(b.nsDir, "raw-client")); err != nil {
 		return err
 	}
-	if h.rawServer, err = newNetNS(filepath.Join(b.nsDir, "raw-server")); err != nil {
+	if h.rawServer, err = benchkit.NewNetNS(filepath.Join(b.nsDir, "raw-server")); err != nil {
 		return err
 	}
-	if err := vethBetween(b.node, "uplink0", benchUplink4, h.remote, "eth0", benchRemote4); err != nil {
+	if err := benchkit.VethBetween(b.node, "uplink0", benchUplink4, h.remote, "eth0", benchRemote4); err != nil {
 		return fmt.Errorf("node uplink: %w", err)
 	}
-	if err := vethBetween(h.rawClient, "eth0", rawClient4, h.rawServer, "eth0", rawServer4); err != nil {
+	if err := benchkit.VethBetween(h.rawClient, "eth0", rawClient4, h.rawServer, "eth0", rawServer4); err != nil {
 		return fmt.Errorf("raw veth pair: %w", err)
 	}
 	// The remote reaches every node address via the uplink.
-	return h.remote.Do(func(ns.NetNS) error {
-		l, err := netlink.LinkByName("eth0")
-		if err != nil {
-			return err
-		}
-		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: benchUplink4})
-	})
-}
-
-// vethBetween joins two namespaces with a veth pair, a /24 on each end.
-func vethBetween(a ns.NetNS, aName string, aIP net.IP, z ns.NetNS, zName string, zIP net.IP) error {
-	up := func(name string, ip net.IP) error {
-		for _, n := range []string{"lo", name} {
-			l, err := netlink.LinkByName(n)
-			if err != nil {
-				return err
-			}
-			if n == name {
-				addr, _ := netlink.ParseAddr(ip.String() + "/24")
-				if err := netlink.AddrAdd(l, addr); err != nil {
-					return err
-				}
-			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	err := a.Do(func(ns.NetNS) error {
-		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: aName}, PeerName: zName, PeerNamespace: netlink.NsFd(int(z.Fd()))}
-		if err := netlink.LinkAdd(v); err != nil {
-			return err
-		}
-		return up(aName, aIP)
-	})
-	if err != nil {
-		return err
-	}
-	return z.Do(func(ns.NetNS) error { return up(zName, zIP) })
+	return benchkit.RouteVia(h.remote, "eth0", benchUplink4)
 }
 
 func (b *bench) hpCapArgs(port int) string {
@@ -264,7 +224,7 @@ func (b *bench) hpConfigs() []*config {
 // uplink program would then see portmap's packets too.
 func (b *bench) runHostPort(ctx context.Context, start time.Time) error {
 	o := b.opts
-	b.res.HostPort = &hpResults{Scale: o.hpScale, ConnSecs: o.connSecs, Workers: o.workers, Reps: o.scaleReps}
+	b.res.HostPort = &hpResults{Scale: o.hpScale, RefScale: o.hpRefScale, ConnSecs: o.connSecs, Workers: o.workers, Reps: o.scaleReps}
 	d := time.Duration(o.connSecs * float64(time.Second))
 	rawSrv, err := startServer(b.hp.rawServer)
 	if err != nil {
@@ -328,7 +288,11 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 	}
 	var mu sync.Mutex
 	seq := 0
-	for _, p := range o.hpScale {
+	points := o.hpScale
+	if c.key == "ptp-portmap" {
+		points = o.hpRefScale
+	}
+	for _, p := range points {
 		if len(present) < p {
 			logf("hostPort %s: adding pods %d..%d", c.label, len(present)+1, p)
 		}
@@ -383,7 +347,7 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 			}
 			rates, raws = append(rates, rate), append(raws, rawRate)
 		}
-		rate, rawRate := median(rates), median(raws)
+		rate, rawRate := benchkit.Median(rates), benchkit.Median(raws)
 		pt := hpPoint{Config: c.key, Pods: p, ConnsPerSec: rate, ConnErrors: failed, RawPerSec: rawRate, VsRaw: rate / rawRate,
 			ConnSamples: rates, RawSamples: raws}
 
@@ -423,7 +387,8 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 			}
 			adds, dels = append(adds, ms(add)), append(dels, ms(del))
 		}
-		pt.AddMedianMs, pt.AddP90Ms, pt.DelMedianMs = median(adds), p90(adds), median(dels)
+		pt.AddMedianMs, pt.AddP90Ms, pt.DelMedianMs = benchkit.Median(adds), benchkit.P90(adds), benchkit.Median(dels)
+		pt.AddSamples, pt.DelSamples, pt.Load1 = adds, dels, benchkit.Load1()
 		pt.AddPhases, pt.DelPhases = phaseMedians(addPh), phaseMedians(delPh)
 		b.res.HostPort.Points = append(b.res.HostPort.Points, pt)
 		logf("  hostPort %-24s %4d pods: %7.0f conn/s (raw %7.0f, %.2fx, %d failed), ADD %.1f ms, DEL %.1f ms (%s)",
@@ -445,19 +410,6 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 		return err
 	}
 	return b.assertClean(c)
-}
-
-func p90(v []float64) float64 {
-	v = append([]float64(nil), v...)
-	sort.Float64s(v)
-	if len(v) == 0 {
-		return 0
-	}
-	i := int(0.9*float64(len(v))+0.999999) - 1
-	if i < 0 {
-		i = 0
-	}
-	return v[i]
 }
 
 // hostPortMarkdown renders the hostPort section of the report.
@@ -482,7 +434,7 @@ func (r *results) hostPortMarkdown() string {
 		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f | %.0f | %.0f | %.2f× | %d |\n",
 			r.labels[p.Config], p.Pods, p.AddMedianMs, p.AddP90Ms, p.DelMedianMs, p.ConnsPerSec, p.RawPerSec, p.VsRaw, p.ConnErrors)
 	}
-	first := true
+	var phased []string
 	for _, p := range pts {
 		for _, x := range []struct {
 			op string
@@ -491,16 +443,15 @@ func (r *results) hostPortMarkdown() string {
 			if len(x.ph) == 0 {
 				continue
 			}
-			if first {
-				fmt.Fprintf(&b, "\nebpf-cni's own phase medians (EBPF_CNI_TRACE, ms) of the timed cycles:\n\n")
-				first = false
-			}
 			var parts []string
-			for _, f := range x.ph {
-				parts = append(parts, fmt.Sprintf("%s %.2f", f.Name, f.Ms))
+			for _, ph := range x.ph {
+				parts = append(parts, fmt.Sprintf("%s %.2f", ph.Name, ph.Ms))
 			}
-			fmt.Fprintf(&b, "- %s, %d pods with hostPorts: %s\n", x.op, p.Pods, strings.Join(parts, ", "))
+			phased = append(phased, fmt.Sprintf("- %s %s, %d pods with hostPorts: %s", r.labels[p.Config], x.op, p.Pods, strings.Join(parts, ", ")))
 		}
+	}
+	if len(phased) > 0 {
+		fmt.Fprintf(&b, "\nebpf-cni's own phase timings (EBPF_CNI_TRACE, medians in ms, inside the plugin):\n\n%s\n", strings.Join(phased, "\n"))
 	}
 	return b.String()
 }

@@ -1,24 +1,40 @@
-// Command bench measures CNI ADD and DEL latency of ebpf-cni next to the
-// reference plugins (ptp, ptp+portmap+bandwidth, loopback), driving every
-// plugin through cnitool exactly as a runtime would, inside a throwaway node
-// network namespace.
+// Command bench measures ebpf-cni next to the reference plugins
+// (containernetworking/plugins ptp, portmap, bandwidth, loopback at the
+// versions go.mod pins), driving every plugin through cnitool exactly as a
+// runtime would, inside throwaway node network namespaces:
+//
+//   - latency: ADD and DEL of one pod, ebpf-cni with hostPort + bandwidth
+//     beside ptp+portmap+bandwidth, plain ebpf-cni beside ptp, a loopback floor;
+//   - scale: ADD and DEL with 1, 200 pods of the same configuration present;
+//   - hostport: ADD/DEL with 1, 200, 1000 pods holding hostPorts, and new TCP
+//     connections/s through a hostPort beside a raw veth pair (hostport.go);
+//   - throughput: iperf3, 1 and 4 streams, pod to pod and remote to hostPort,
+//     beside ptp(+portmap), as ratios to a raw veth pair (throughput.go);
+//   - memory: plugin peak RSS per ADD, agent RSS, BPF map memory per pod
+//     (memory.go).
+//
+// Bandwidth accuracy is test/bwbench; test/benchall (make bench) runs both
+// and writes one combined table.
 //
 // Run from the repository root, as root:
 //
-//	go run ./test/bench              # n=20, scale 1,200, then hostPort at 1,200,1000 pods (about 8 minutes on 2 cores)
-//	go run ./test/bench -quick       # n=10, scale 1,50, hostPort at 1,100 (about 2 minutes)
-//	go run ./test/bench -attach-tc   # also ebpf-cni with attachMode tc
-//	go run ./test/bench -hostport-only                 # only the hostPort benchmark
-//	go run ./test/bench -hostport-scale ""             # skip it
+//	go run ./test/bench              # everything: n=20, scale 1,200, hostPort 1,200,1000 (ptp+portmap at 1,200), throughput 10 s runs (3 rounds 1 stream, 1 round 4 streams), memory at 200 pods
+//	go run ./test/bench -quick       # n=10, scale 1,50, hostPort 1,100, throughput 1 round of 5 s runs, memory at 50 pods
+//	go run ./test/bench -attach-tc   # also ebpf-cni with attachMode tc in the latency rounds
+//	go run ./test/bench -parts throughput,memory       # some parts only
+//	go run ./test/bench -hostport-only                 # = -parts hostport
+//	go run ./test/bench -hostport-scale ""             # skip the hostPort part
 //
 // The process re-executes itself in a private mount namespace where a temp
 // directory is bind-mounted over /var/lib/cni: cnitool has no way to move
 // libcni's result cache, and the host's /var/lib/cni must stay untouched.
 // Network namespaces are bind-mounted under the temp directory, so they too
 // are invisible to the host and vanish with the process. The only host-visible
-// objects are the temp directory and the bpffs pin directory
-// /sys/fs/bpf/ebpfbench-<rand>; both are removed on exit, on failure and on
-// SIGINT/SIGTERM.
+// objects are the temp directory and the bpffs pin directories
+// /sys/fs/bpf/ebpfbench-<rand>[-<part>]; all are removed, and every iperf3
+// and ebpf-agent process killed, on exit, on failure and on SIGINT/SIGTERM.
+// /etc/cni, /opt/cni, /var/lib/cni and the host's iptables are never touched
+// (portmap's rules live in the node namespaces).
 package main
 
 import (
@@ -27,16 +43,12 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"os/signal"
-	"path/filepath"
-	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
 // innerEnv marks the re-executed process running in the private mount namespace.
@@ -56,20 +68,52 @@ type options struct {
 	scaleReps int
 
 	// hostPort benchmark (hostport.go)
-	hpScale  []int
-	hpOnly   bool
-	connSecs float64
-	workers  int
+	hpScale []int
+	// hpRefScale: the points at which ptp+portmap is measured too.
+	hpRefScale []int
+	connSecs   float64
+	workers    int
+
+	// throughput benchmark (throughput.go)
+	tputSecs        int
+	tputRounds      int
+	tputRoundsMulti int
+	tputReruns      int
+
+	// memory benchmark (memory.go)
+	memPods   int
+	agentSecs float64
+
+	parts map[string]bool
 }
+
+// The parts of the benchmark; throughput runs first (bench.run).
+const (
+	partLatency    = "latency"
+	partScale      = "scale"
+	partHostPort   = "hostport"
+	partThroughput = "throughput"
+	partMemory     = "memory"
+)
+
+var allParts = []string{partLatency, partScale, partHostPort, partThroughput, partMemory}
 
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	n := fs.Int("n", 20, "timed ADD/DEL repetitions per configuration")
 	scale := fs.String("scale", "1,200", "comma-separated numbers of pods present for the at-scale runs (\"\" or \"0\" to skip)")
-	quick := fs.Bool("quick", false, "quick run: n=10, scale 1,50 (explicit -n/-scale still win)")
-	out := fs.String("out", "results", "directory for latency-<date>.md and .json")
+	quick := fs.Bool("quick", false, "quick run: n=10, scale 1,50, hostPort 1,100, conn 2 s, throughput 1 round of 5 s, memory at 50 pods (explicit flags still win)")
+	out := fs.String("out", "results", "directory for bench-<date>.md and .json")
+	parts := fs.String("parts", strings.Join(allParts, ","), "comma-separated parts to run: "+strings.Join(allParts, ", "))
+	tputSecs := fs.Int("tput-seconds", 10, "seconds per iperf3 run of the throughput benchmark")
+	tputRounds := fs.Int("tput-rounds", 3, "rounds of the throughput benchmark, each measuring every path with 1 stream")
+	tputReruns := fs.Int("tput-reruns", 3, "throughput runs measured again when other work competed for the CPUs during them (at most this many)")
+	tputRoundsMulti := fs.Int("tput-rounds-4", 1, "how many of those rounds also measure every path with 4 streams")
+	memPods := fs.Int("mem-pods", 200, "pods present for the memory benchmark's map memory and agent RSS")
+	agentSecs := fs.Float64("agent-seconds", 4, "seconds the agent runs (after loading the datapath) before its RSS is read")
 	attachTC := fs.Bool("attach-tc", false, "also measure ebpf-cni with attachMode tc (clsact + cls_bpf instead of tcx links), without the at-scale runs")
 	hpScale := fs.String("hostport-scale", "1,200,1000", "pods with hostPorts at which to measure ADD latency and connections/s through a hostPort, ebpf-cni beside ptp+portmap (\"\" to skip)")
+	hpRefScale := fs.String("hostport-ref-scale", "1,200", "the -hostport-scale points at which ptp+portmap is measured too (portmap's ADD and DEL rewrite the whole iptables ruleset: 1000 of them take minutes)")
 	hpOnly := fs.Bool("hostport-only", false, "run only the hostPort benchmark")
 	connSecs := fs.Float64("conn-seconds", 3, "seconds of connections per measurement of the hostPort benchmark")
 	workers := fs.Int("conn-workers", 4, "parallel client connections of the hostPort benchmark")
@@ -87,7 +131,8 @@ func parseFlags(args []string) (*options, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	o := &options{n: *n, quick: *quick, outDir: *out, phases: *phases, attachTC: *attachTC, scaleReps: 10,
-		hpOnly: *hpOnly, connSecs: *connSecs, workers: *workers}
+		connSecs: *connSecs, workers: *workers, tputSecs: *tputSecs, tputRounds: *tputRounds, tputRoundsMulti: *tputRoundsMulti, tputReruns: *tputReruns,
+		memPods: *memPods, agentSecs: *agentSecs, parts: map[string]bool{}}
 	if o.quick {
 		if !set["n"] {
 			o.n = 10
@@ -98,9 +143,46 @@ func parseFlags(args []string) (*options, error) {
 		if !set["hostport-scale"] {
 			*hpScale = "1,100"
 		}
+		if !set["hostport-ref-scale"] {
+			*hpRefScale = "1,100"
+		}
 		if !set["conn-seconds"] {
 			o.connSecs = 2
 		}
+		if !set["tput-seconds"] {
+			o.tputSecs = 5
+		}
+		if !set["tput-rounds"] {
+			o.tputRounds = 1
+		}
+		if !set["tput-reruns"] {
+			o.tputReruns = 1
+		}
+		if !set["mem-pods"] {
+			o.memPods = 50
+		}
+		if !set["agent-seconds"] {
+			o.agentSecs = 3
+		}
+	}
+	if o.tputSecs < 2 || o.tputSecs > 120 || o.tputRounds < 1 || o.tputRoundsMulti < 0 || o.tputRoundsMulti > o.tputRounds {
+		return nil, fmt.Errorf("-tput-seconds must be 2-120, -tput-rounds at least 1, -tput-rounds-4 between 0 and -tput-rounds")
+	}
+	if o.memPods < 1 || o.memPods > 10000 || o.agentSecs <= 0 {
+		return nil, fmt.Errorf("-mem-pods must be 1-10000 and -agent-seconds positive")
+	}
+	for _, p := range strings.Split(*parts, ",") {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		if !slices.Contains(allParts, p) {
+			return nil, fmt.Errorf("-parts: unknown part %q (have %s)", p, strings.Join(allParts, ", "))
+		}
+		o.parts[p] = true
+	}
+	if *hpOnly {
+		o.parts = map[string]bool{partHostPort: true}
 	}
 	if o.connSecs <= 0 || o.workers < 1 {
 		return nil, fmt.Errorf("-conn-seconds and -conn-workers must be positive")
@@ -109,14 +191,32 @@ func parseFlags(args []string) (*options, error) {
 	if o.hpScale, err = parseScale(*hpScale, "-hostport-scale"); err != nil {
 		return nil, err
 	}
-	if o.hpOnly && len(o.hpScale) == 0 {
+	if *hpOnly && len(o.hpScale) == 0 {
 		return nil, fmt.Errorf("-hostport-only with an empty -hostport-scale measures nothing")
+	}
+	if len(o.hpScale) == 0 {
+		delete(o.parts, partHostPort)
+	}
+	ref, err := parseScale(*hpRefScale, "-hostport-ref-scale")
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range ref {
+		if slices.Contains(o.hpScale, p) {
+			o.hpRefScale = append(o.hpRefScale, p)
+		}
 	}
 	if o.n < 1 {
 		return nil, fmt.Errorf("-n must be at least 1")
 	}
 	if o.scale, err = parseScale(*scale, "-scale"); err != nil {
 		return nil, err
+	}
+	if len(o.scale) == 0 {
+		delete(o.parts, partScale)
+	}
+	if len(o.parts) == 0 {
+		return nil, errors.New("nothing to measure")
 	}
 	return o, nil
 }
@@ -157,122 +257,26 @@ func main() {
 		os.Exit(1)
 	}
 	if os.Getenv(innerEnv) == "" {
-		os.Exit(outer())
+		os.Exit(benchkit.Outer("bench", innerEnv, cmdlineEnv))
 	}
 	os.Exit(inner(opts))
 }
 
-// outer mounts bpffs if needed and re-executes this program in a private mount
-// namespace, relaying signals and the exit code.
-func outer() int {
-	if err := datapath.EnsureBPFFS(datapath.BPFFSRoot); err != nil {
-		fmt.Fprintln(os.Stderr, "bench:", err)
-		return 1
-	}
-	self, err := os.Executable()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench: find own executable:", err)
-		return 1
-	}
-	// Pdeathsig is delivered when the forking thread dies: keep it alive.
-	runtime.LockOSThread()
-	cmd := exec.Command(self, os.Args[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), innerEnv+"=1", cmdlineEnv+"="+commandLine())
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		// Go makes the new mount namespace's mounts private (MS_REC|MS_PRIVATE on /).
-		Unshareflags: syscall.CLONE_NEWNS,
-		Pdeathsig:    syscall.SIGTERM,
-	}
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "bench: start in a private mount namespace:", err)
-		return 1
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	for {
-		select {
-		case s := <-sigs:
-			// A terminal's SIGINT reaches the child too; the child treats
-			// repeats as one. Others (kill PID) only reach us: pass them on.
-			_ = cmd.Process.Signal(s)
-		case err := <-done:
-			var ee *exec.ExitError
-			if errors.As(err, &ee) {
-				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-					return 128 + int(ws.Signal())
-				}
-				return ee.ExitCode()
-			}
-			if err != nil {
-				fmt.Fprintln(os.Stderr, "bench:", err)
-				return 1
-			}
-			return 0
-		}
-	}
-}
-
-// commandLine is the command the user typed: the go command's when this
-// runs under `go run`, else our own argv.
-func commandLine() string {
-	args := os.Args
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", os.Getppid())); err == nil {
-		pa := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if len(pa) >= 2 && filepath.Base(pa[0]) == "go" && pa[1] == "run" {
-			args = pa
-		}
-	}
-	q := make([]string, len(args))
-	for i, a := range args {
-		if a == "" || strings.ContainsAny(a, " \t\"'$\\") {
-			a = strconv.Quote(a)
-		}
-		q[i] = a
-	}
-	return strings.Join(q, " ")
-}
-
 // inner runs the benchmark; every exit path goes through the cleanup.
 func inner(opts *options) int {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	var got os.Signal
-	sigSeen := make(chan struct{})
-	go func() {
-		s := <-sigs
-		got = s
-		logf("received %v: stopping and cleaning up", s)
-		close(sigSeen)
-		cancel()
-		for range sigs { // repeats: cleanup is already under way
+	var b *bench
+	return benchkit.Inner("bench", logf, func(ctx context.Context) error {
+		var err error
+		b, err = newBench(ctx, opts)
+		if err != nil {
+			return err
 		}
-	}()
-
-	b, err := newBench(ctx, opts)
-	if err == nil {
-		err = b.run(ctx)
-	}
-	if b != nil {
-		b.cleanup()
-	}
-	select {
-	case <-sigSeen:
-		if s, ok := got.(syscall.Signal); ok {
-			return 128 + int(s)
+		return b.run(ctx)
+	}, func() {
+		if b != nil {
+			b.cleanup()
 		}
-		return 130
-	default:
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bench: FAILED:", err)
-		return 1
-	}
-	return 0
+	})
 }
 
 func logf(format string, a ...any) {

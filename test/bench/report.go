@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
 // results is everything a run measured, as written to the JSON file.
@@ -32,9 +33,23 @@ type results struct {
 	Warmup    []warmupSample `json:"warmup"`
 	Series    []*series      `json:"series"`
 	HostPort  *hpResults     `json:"hostPort,omitempty"`
+	// Throughput, Memory: throughput.go, memory.go.
+	Throughput *tputResults `json:"throughput,omitempty"`
+	Memory     *memResults  `json:"memory,omitempty"`
+	Iperf3     string       `json:"iperf3"`
+	Parts      []string     `json:"parts"`
+	PartTimes  []partTime   `json:"partTimes"`
+	// Rows is the summary table: every figure with its spread and its
+	// ratio to the reference (test/benchall merges these).
+	Rows []benchkit.Row `json:"rows"`
 
 	started time.Time
 	labels  map[string]string
+}
+
+type partTime struct {
+	Part    string `json:"part"`
+	Elapsed string `json:"elapsed"`
 }
 
 type configInfo struct {
@@ -78,18 +93,24 @@ func newResults(o *options) *results {
 	now := time.Now().UTC()
 	r := &results{
 		Date:      now.Format(time.RFC3339),
-		Kernel:    kernelRelease(),
-		Go:        goVersion(),
-		Commit:    gitCommit(),
+		Kernel:    benchkit.KernelRelease(),
+		Go:        benchkit.GoVersion(),
+		Commit:    benchkit.GitCommit(),
 		Command:   os.Getenv(cmdlineEnv),
 		CPUs:      runtime.NumCPU(),
 		N:         o.n,
 		Scale:     o.scale,
 		ScaleReps: o.scaleReps,
 		started:   now,
-		LoadStart: loadavg(),
+		LoadStart: benchkit.Loadavg(),
 		Phases:    o.phases,
+		Iperf3:    benchkit.IperfVersion(),
 		labels:    map[string]string{},
+	}
+	for _, p := range allParts {
+		if o.parts[p] {
+			r.Parts = append(r.Parts, p)
+		}
 	}
 	if r.Command == "" {
 		r.Command = strings.Join(os.Args, " ")
@@ -98,44 +119,6 @@ func newResults(o *options) *results {
 		r.Scale = []int{}
 	}
 	return r
-}
-
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}
-
-func kernelRelease() string {
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		return strings.TrimSpace(string(b))
-	}
-	return "unknown"
-}
-
-func goVersion() string {
-	if out, err := exec.Command("go", "version").Output(); err == nil {
-		return strings.TrimPrefix(strings.TrimSpace(string(out)), "go version ")
-	}
-	return runtime.Version()
-}
-
-func gitCommit() string {
-	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
-	if err != nil {
-		return "unknown (not a git checkout)"
-	}
-	c := strings.TrimSpace(string(out))
-	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(strings.TrimSpace(string(st))) > 0 {
-		c += " (tracked files modified)"
-	}
-	return c
 }
 
 func (r *results) addConfig(c *config, conflist string) {
@@ -159,29 +142,23 @@ func (r *results) record(c *config, op string, pods int, d time.Duration, phases
 	}
 }
 
-func median(v []float64) float64 {
-	v = append([]float64(nil), v...)
-	sort.Float64s(v)
-	n := len(v)
-	if n%2 == 1 {
-		return v[n/2]
-	}
-	return (v[n/2-1] + v[n/2]) / 2
-}
-
 func (s *series) summarize() {
 	v := append([]float64(nil), s.Samples...)
 	sort.Float64s(v)
 	n := len(v)
 	s.Min, s.Max = v[0], v[n-1]
-	s.Median = median(v)
+	s.Median = benchkit.Median(v)
 	// Nearest-rank percentile.
 	s.P90 = v[int(math.Ceil(0.9*float64(n)))-1]
 
-	// Phase medians, in the order phases first appear.
+	s.PhaseMedians = phaseMedians(s.Phases)
+}
+
+// phaseMedians is the median of each phase, in the order phases first appear.
+func phaseMedians(all [][]phase) []phase {
 	var names []string
 	byName := map[string][]float64{}
-	for _, ps := range s.Phases {
+	for _, ps := range all {
 		for _, p := range ps {
 			if _, ok := byName[p.Name]; !ok {
 				names = append(names, p.Name)
@@ -189,10 +166,11 @@ func (s *series) summarize() {
 			byName[p.Name] = append(byName[p.Name], p.Ms)
 		}
 	}
-	s.PhaseMedians = nil
+	var out []phase
 	for _, n := range names {
-		s.PhaseMedians = append(s.PhaseMedians, phase{n, median(byName[n])})
+		out = append(out, phase{n, benchkit.Median(byName[n])})
 	}
+	return out
 }
 
 func (r *results) find(cfg, op string, pods int) *series {
@@ -214,16 +192,23 @@ func ratio(s, ref *series) string {
 // markdown renders the header and the table.
 func (r *results) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# ebpf-cni CNI ADD/DEL latency\n\n")
+	fmt.Fprintf(&b, "# ebpf-cni beside the reference plugins\n\n")
 	fmt.Fprintf(&b, "- date: %s\n", r.Date)
 	fmt.Fprintf(&b, "- kernel: %s (%d CPUs)\n", r.Kernel, r.CPUs)
 	fmt.Fprintf(&b, "- go: %s\n", r.Go)
 	fmt.Fprintf(&b, "- commit: %s\n", r.Commit)
 	fmt.Fprintf(&b, "- command: `%s`\n", r.Command)
 	fmt.Fprintf(&b, "- load average (1/5/15 min) at start: %s; at end: %s\n", r.LoadStart, r.LoadEnd)
+	fmt.Fprintf(&b, "- parts: %s;", strings.Join(r.Parts, ", "))
+	for _, p := range r.PartTimes {
+		fmt.Fprintf(&b, " %s %s;", p.Part, p.Elapsed)
+	}
+	fmt.Fprintf(&b, " total %s\n", r.Elapsed)
+	fmt.Fprintf(&b, "\n## Summary\n\n%s", benchkit.RowsMarkdown(r.Rows))
 	if len(r.Series) == 0 {
 		return b.String()
 	}
+	fmt.Fprintf(&b, "\n## ADD/DEL latency\n\n")
 	scale := "none"
 	if len(r.Scale) > 0 {
 		var ps []string
@@ -300,17 +285,18 @@ func (r *results) sortSeries() {
 
 // write prints the table and stores latency-<date>.md and .json in dir.
 func (r *results) write(dir string) error {
-	r.LoadEnd = loadavg()
+	r.LoadEnd = benchkit.Loadavg()
 	for _, s := range r.Series {
 		s.summarize()
 	}
 	r.sortSeries()
-	md := r.markdown() + r.hostPortMarkdown()
+	r.Rows = r.rows()
+	md := r.markdown() + r.hostPortMarkdown() + r.throughputMarkdown() + r.memoryMarkdown()
 	fmt.Print(md)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	base := filepath.Join(dir, "latency-"+r.started.Format("2006-01-02T150405Z"))
+	base := filepath.Join(dir, "cni-"+r.started.Format("2006-01-02T150405Z"))
 	js, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
 		return err

@@ -34,15 +34,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
-	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
 // innerEnv marks the re-executed process running in the private mount namespace.
@@ -134,8 +130,8 @@ func main() {
 	os.Exit(inner(opts))
 }
 
-// outer mounts bpffs if needed and re-executes this program in a private mount
-// namespace, relaying signals and the exit code.
+// outer checks the tools and re-executes this program in a private mount
+// namespace (benchkit.Outer).
 func outer() int {
 	for _, tool := range []string{"iperf3", "ping", "go"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -143,114 +139,24 @@ func outer() int {
 			return 1
 		}
 	}
-	if err := datapath.EnsureBPFFS(datapath.BPFFSRoot); err != nil {
-		fmt.Fprintln(os.Stderr, "bwbench:", err)
-		return 1
-	}
-	self, err := os.Executable()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bwbench: find own executable:", err)
-		return 1
-	}
-	// Pdeathsig is delivered when the forking thread dies: keep it alive.
-	runtime.LockOSThread()
-	cmd := exec.Command(self, os.Args[1:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), innerEnv+"=1", cmdlineEnv+"="+commandLine())
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		// Go makes the new mount namespace's mounts private (MS_REC|MS_PRIVATE on /).
-		Unshareflags: syscall.CLONE_NEWNS,
-		Pdeathsig:    syscall.SIGTERM,
-	}
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, "bwbench: start in a private mount namespace:", err)
-		return 1
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	for {
-		select {
-		case s := <-sigs:
-			// A terminal's SIGINT reaches the child too; the child treats
-			// repeats as one. Others (kill PID) only reach us: pass them on.
-			_ = cmd.Process.Signal(s)
-		case err := <-done:
-			var ee *exec.ExitError
-			if errors.As(err, &ee) {
-				if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-					return 128 + int(ws.Signal())
-				}
-				return ee.ExitCode()
-			}
-			if err != nil {
-				fmt.Fprintln(os.Stderr, "bwbench:", err)
-				return 1
-			}
-			return 0
-		}
-	}
-}
-
-// commandLine is the command the user typed: the go command's when this
-// runs under `go run`, else our own argv.
-func commandLine() string {
-	args := os.Args
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", os.Getppid())); err == nil {
-		pa := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if len(pa) >= 2 && filepath.Base(pa[0]) == "go" && pa[1] == "run" {
-			args = pa
-		}
-	}
-	q := make([]string, len(args))
-	for i, a := range args {
-		if a == "" || strings.ContainsAny(a, " \t\"'$\\") {
-			a = strconv.Quote(a)
-		}
-		q[i] = a
-	}
-	return strings.Join(q, " ")
+	return benchkit.Outer("bwbench", innerEnv, cmdlineEnv)
 }
 
 // inner runs the benchmark; every exit path goes through the cleanup.
 func inner(opts *options) int {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	var got os.Signal
-	sigSeen := make(chan struct{})
-	go func() {
-		s := <-sigs
-		got = s
-		logf("received %v: stopping and cleaning up", s)
-		close(sigSeen)
-		cancel()
-		for range sigs { // repeats: cleanup is already under way
+	var b *bench
+	return benchkit.Inner("bwbench", logf, func(ctx context.Context) error {
+		var err error
+		b, err = newBench(ctx, opts)
+		if err != nil {
+			return err
 		}
-	}()
-
-	b, err := newBench(ctx, opts)
-	if err == nil {
-		err = b.run(ctx)
-	}
-	if b != nil {
-		b.cleanup()
-	}
-	select {
-	case <-sigSeen:
-		if s, ok := got.(syscall.Signal); ok {
-			return 128 + int(s)
+		return b.run(ctx)
+	}, func() {
+		if b != nil {
+			b.cleanup()
 		}
-		return 130
-	default:
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "bwbench: FAILED:", err)
-		return 1
-	}
-	return 0
+	})
 }
 
 func logf(format string, a ...any) {

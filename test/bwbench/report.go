@@ -5,12 +5,13 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
 // Targets of the issue: the average over the run within 5% of the rate, every
@@ -35,9 +36,12 @@ type results struct {
 	Elapsed       string         `json:"elapsed"`
 	LoadStart     string         `json:"loadavgStart"`
 	LoadEnd       string         `json:"loadavgEnd"`
+	Calm          string         `json:"calm"`
 	Configs       []configInfo   `json:"configs"`
 	Limiters      []limiterEntry `json:"limiters"`
 	Runs          []*run         `json:"runs"`
+	// Rows is the summary table (test/benchall merges these).
+	Rows []benchkit.Row `json:"rows"`
 
 	started time.Time
 	labels  map[string]string
@@ -118,16 +122,16 @@ func newResults(o *options) *results {
 	now := time.Now().UTC()
 	r := &results{
 		Date:          now.Format(time.RFC3339),
-		Kernel:        kernelRelease(),
-		Go:            goVersion(),
-		Iperf3:        iperfVersion(),
-		Commit:        gitCommit(),
+		Kernel:        benchkit.KernelRelease(),
+		Go:            benchkit.GoVersion(),
+		Iperf3:        benchkit.IperfVersion(),
+		Commit:        benchkit.GitCommit(),
 		Command:       os.Getenv(cmdlineEnv),
 		CPUs:          runtime.NumCPU(),
 		RatesMbps:     o.ratesMb,
 		SecondsPerRun: int(o.duration / time.Second),
 		Burst:         containerdBurst,
-		LoadStart:     loadavg(),
+		LoadStart:     benchkit.Loadavg(),
 		Runs:          []*run{},
 		started:       now,
 		labels:        map[string]string{},
@@ -136,53 +140,6 @@ func newResults(o *options) *results {
 		r.Command = strings.Join(os.Args, " ")
 	}
 	return r
-}
-
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "unknown"
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return "unknown"
-	}
-	return strings.Join(f[:3], " ")
-}
-
-func kernelRelease() string {
-	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
-		return strings.TrimSpace(string(b))
-	}
-	return "unknown"
-}
-
-func goVersion() string {
-	if out, err := exec.Command("go", "version").Output(); err == nil {
-		return strings.TrimPrefix(strings.TrimSpace(string(out)), "go version ")
-	}
-	return runtime.Version()
-}
-
-func iperfVersion() string {
-	out, _ := exec.Command("iperf3", "--version").Output()
-	line, _, _ := strings.Cut(string(out), "\n")
-	if line = strings.TrimSpace(line); line != "" {
-		return line
-	}
-	return "unknown"
-}
-
-func gitCommit() string {
-	out, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
-	if err != nil {
-		return "unknown (not a git checkout)"
-	}
-	c := strings.TrimSpace(string(out))
-	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(strings.TrimSpace(string(st))) > 0 {
-		c += " (tracked files modified)"
-	}
-	return c
 }
 
 func (r *results) addConfig(c *config, conflist string) {
@@ -298,7 +255,7 @@ func (r *results) markdown() string {
 	fmt.Fprintf(&b, "- go: %s; %s\n", r.Go, r.Iperf3)
 	fmt.Fprintf(&b, "- commit: %s\n", r.Commit)
 	fmt.Fprintf(&b, "- command: `%s`\n", r.Command)
-	fmt.Fprintf(&b, "- load average (1/5/15 min) at start: %s; at end: %s; total %s\n", r.LoadStart, r.LoadEnd, r.Elapsed)
+	fmt.Fprintf(&b, "- load average (1/5/15 min) at start: %s; at end: %s; total %s; %s\n", r.LoadStart, r.LoadEnd, r.Elapsed, r.Calm)
 	fmt.Fprintf(&b, "- method: per configuration a node netns and an unlimited peer pod; per rate a fresh limited pod, "+
 		"ADDed through `cnitool` with CAP_ARGS `{\"bandwidth\": {ingressRate, egressRate: the rate; ingressBurst, egressBurst: %d}}` "+
 		"(containerd's burst). Same-node pod to pod, IPv4, MTU 1500. One TCP stream, `iperf3 -J -i 1 -t %d`: "+
@@ -313,6 +270,8 @@ func (r *results) markdown() string {
 	for _, l := range r.Limiters {
 		fmt.Fprintf(&b, "  - %s, %s: %s\n", r.labels[l.Config], rateLabel(l.RateBps), l.Info)
 	}
+
+	fmt.Fprintf(&b, "\n## Summary\n\n%s", benchkit.RowsMarkdown(r.Rows))
 
 	// Side by side.
 	fmt.Fprintf(&b, "\n## Side by side (%% of the limit; ping in ms)\n\n")
@@ -392,7 +351,8 @@ func (r *results) pings(idle bool) int {
 
 // write prints the tables and stores bandwidth-<date>.md and .json in dir.
 func (r *results) write(dir string) error {
-	r.LoadEnd = loadavg()
+	r.LoadEnd = benchkit.Loadavg()
+	r.Rows = r.rows()
 	md := r.markdown()
 	fmt.Print(md)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -411,4 +371,63 @@ func (r *results) write(dir string) error {
 	}
 	logf("wrote %s.md and %s.json", base, base)
 	return nil
+}
+
+// rows is the summary table: per rate and direction, each configuration's
+// 1 s intervals as % of the limit and its ping RTTs under load, ebpf-cni's
+// against ptp+bandwidth's.
+func (r *results) rows() []benchkit.Row {
+	var rows []benchkit.Row
+	ref := "chain"
+	for _, rate := range r.RatesMbps {
+		for _, dir := range []string{"egress", "ingress"} {
+			for _, k := range r.order {
+				x := r.find(k, rate*1e6, dir)
+				if x == nil {
+					continue
+				}
+				pcts := intervalPcts(x)
+				cond := fmt.Sprintf("%s %s, burst %d", rateLabel(rate*1e6), dir, r.Burst)
+				acc := benchkit.NewRow("bandwidth accuracy", r.labels[k], "% of limit, 1 s intervals", cond, "%", pcts)
+				if f := strings.Fields(x.LoadAvg); len(f) > 0 {
+					acc.Load = f[0] // the 1-minute figure
+				}
+				if k == ref {
+					// The reference is not judged; its average is what to compare.
+					acc.Target = fmt.Sprintf("%d s avg %.1f%%", x.Seconds, x.AvgPct)
+				} else {
+					acc.Goal(fmt.Sprintf("issue 4: %d s avg %.1f%% within ±%.0f%%, every 1 s within ±%.0f%%", x.Seconds, x.AvgPct, avgTolerancePct, intervalTolerancePct),
+						x.MeetsAvg && x.MeetsIntervals)
+				}
+				var lat benchkit.Row
+				if x.PingLoad != nil {
+					lat = benchkit.NewRow("latency under load", r.labels[k], "ping RTT under load", cond+fmt.Sprintf("; idle median %s ms", fmtMs(x.PingIdle.MedianMs)), "ms", x.PingLoad.RTTsMs)
+					lat.Load = acc.Load
+				}
+				if k != ref {
+					if y := r.find(ref, rate*1e6, dir); y != nil {
+						acc.Against(r.labels[ref], benchkit.Median(intervalPcts(y)))
+						if y.PingLoad != nil && x.PingLoad != nil {
+							lat.Against(r.labels[ref], y.PingLoad.MedianMs)
+						}
+					}
+				}
+				rows = append(rows, acc)
+				if x.PingLoad != nil {
+					rows = append(rows, lat)
+				}
+			}
+		}
+	}
+	return rows
+}
+
+func intervalPcts(x *run) []float64 {
+	var v []float64
+	for _, iv := range x.ReceiverIntervals {
+		if iv.Seconds >= fullInterval {
+			v = append(v, iv.Bps/float64(x.RateBps)*100)
+		}
+	}
+	return v
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
 // run measures every rate and direction for every configuration. Rates are
@@ -12,6 +14,14 @@ import (
 // background load hit both alike.
 func (b *bench) run(ctx context.Context) error {
 	start := time.Now()
+	// Namespaces deleted just before (by an earlier benchmark) are torn down
+	// by kernel threads for a while: let that finish first.
+	waited, calm := benchkit.WaitCalm(ctx, 30*time.Second)
+	b.res.Calm = fmt.Sprintf("waited %s for no other runnable task before measuring", waited.Round(100*time.Millisecond))
+	if !calm {
+		b.res.Calm = fmt.Sprintf("the machine was still busy after waiting %s", waited.Round(100*time.Millisecond))
+	}
+	logf("%s", b.res.Calm)
 	for _, c := range b.configs {
 		p, err := b.addPod(c, "peer", "")
 		if p != nil {

@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,20 +11,18 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
 const (
 	cniVersion = "1.0.0"
 	ifName     = "eth0"
-	// cniCacheDir is libcni's fixed result cache, which cnitool cannot move.
-	cniCacheDir = "/var/lib/cni"
 	// containerdBurst is what containerd 1.6 passes as burst whatever the rate.
 	containerdBurst = 4294967295
 	nodeIP          = "192.0.2.1/32"
@@ -78,23 +74,15 @@ type bench struct {
 	cacheMount string // where cache is mounted, "" when not mounted
 	netnses    map[string]ns.NetNS
 	configs    []*config
-	procs      *procs
+	procs      *benchkit.Procs
 	maps       *maps.Maps // ebpf-cni's pinned maps, opened after its first ADD
 	res        *results
-}
-
-func randHex(n int) string {
-	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		panic(err)
-	}
-	return hex.EncodeToString(b)
 }
 
 // newBench prepares everything; on error the returned bench (if non-nil)
 // holds what was created so far, for cleanup.
 func newBench(ctx context.Context, opts *options) (*bench, error) {
-	id := randHex(4)
+	id := benchkit.RandHex(4)
 	root, err := os.MkdirTemp("", "ebpfbwbench-"+id+"-")
 	if err != nil {
 		return nil, err
@@ -111,7 +99,7 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 		nsDir:   filepath.Join(root, "netns"),
 		pinDir:  filepath.Join("/sys/fs/bpf", "ebpfbwbench-"+id),
 		netnses: map[string]ns.NetNS{},
-		procs:   newProcs(),
+		procs:   benchkit.NewProcs(),
 	}
 	logf("run %s: temp dir %s, pin dir %s", id, root, b.pinDir)
 	for _, d := range []string{b.binDir, b.confDir, b.cache, b.state, b.ipamDir, b.nsDir} {
@@ -120,10 +108,10 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 		}
 	}
 	b.res = newResults(opts)
-	if err := b.build(ctx); err != nil {
+	if err := benchkit.Build(ctx, b.binDir, binaries, logf); err != nil {
 		return b, err
 	}
-	if err := b.hideCNICache(); err != nil {
+	if b.cacheMount, err = benchkit.HideCNICache(b.cache, ".ebpfbwbench-"+b.id, logf); err != nil {
 		return b, err
 	}
 	if err := b.writeConfigs(); err != nil {
@@ -137,95 +125,9 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 	return b, nil
 }
 
-// moduleRoot finds the directory of this repository's go.mod.
-func moduleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("not inside a Go module: run from the ebpf-cni repository root")
-	}
-	data, err := os.ReadFile(gomod)
-	if err != nil {
-		return "", err
-	}
-	if !bytes.Contains(data, []byte("module github.com/ebpf-cni/ebpf-cni\n")) {
-		return "", fmt.Errorf("%s is not the ebpf-cni module: run from the repository root", gomod)
-	}
-	return filepath.Dir(gomod), nil
-}
-
-func (b *bench) build(ctx context.Context) error {
-	dir, err := moduleRoot()
-	if err != nil {
-		return err
-	}
-	logf("building %d binaries into %s", len(binaries), b.binDir)
-	start := time.Now()
-	args := append([]string{"build", "-o", b.binDir + "/"}, binaries...)
-	cmd := exec.CommandContext(ctx, "go", args...)
-	cmd.Dir = dir
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	for _, p := range binaries {
-		if _, err := os.Stat(filepath.Join(b.binDir, filepath.Base(p))); err != nil {
-			return fmt.Errorf("build produced no %s: %w", filepath.Base(p), err)
-		}
-	}
-	logf("built in %s", time.Since(start).Round(time.Millisecond))
-	return nil
-}
-
-// hideCNICache bind-mounts our cache dir over /var/lib/cni in this process's
-// private mount namespace, so cnitool's result cache lands in the temp dir.
-func (b *bench) hideCNICache() error {
-	target := cniCacheDir
-	for {
-		if st, err := os.Stat(target); err == nil && st.IsDir() {
-			break
-		}
-		target = filepath.Dir(target)
-		if target == "/" {
-			return fmt.Errorf("no existing directory on the path of %s to mount over", cniCacheDir)
-		}
-	}
-	if target == cniCacheDir {
-		if err := unix.Mount(b.cache, target, "", unix.MS_BIND, ""); err != nil {
-			return fmt.Errorf("bind-mount %s over %s: %w", b.cache, target, err)
-		}
-	} else {
-		// /var/lib/cni does not exist: cover its nearest ancestor with an
-		// empty tmpfs rather than create it on the host.
-		if err := unix.Mount("tmpfs", target, "tmpfs", 0, "mode=0755"); err != nil {
-			return fmt.Errorf("mount tmpfs over %s: %w", target, err)
-		}
-		logf("%s does not exist; %s is covered by a private tmpfs for this run", cniCacheDir, target)
-	}
-	b.cacheMount = target
-	if err := os.MkdirAll(filepath.Join(cniCacheDir, "results"), 0o700); err != nil {
-		return err
-	}
-	// Prove the mount is ours: a marker written through /var/lib/cni must
-	// appear in the temp dir (or the tmpfs), never on the host.
-	marker := filepath.Join(cniCacheDir, ".ebpfbwbench-"+b.id)
-	if err := os.WriteFile(marker, nil, 0o600); err != nil {
-		return err
-	}
-	defer os.Remove(marker)
-	if target == cniCacheDir {
-		if _, err := os.Stat(filepath.Join(b.cache, ".ebpfbwbench-"+b.id)); err != nil {
-			return fmt.Errorf("bind mount over %s is not effective: %w", cniCacheDir, err)
-		}
-	}
-	return nil
-}
-
 // createNetNS makes a namespace at nsDir/name and tracks it for cleanup.
 func (b *bench) createNetNS(name string) (ns.NetNS, error) {
-	n, err := newNetNS(filepath.Join(b.nsDir, name))
+	n, err := benchkit.NewNetNS(filepath.Join(b.nsDir, name))
 	if err != nil {
 		return nil, fmt.Errorf("create netns %s: %w", name, err)
 	}
@@ -235,7 +137,7 @@ func (b *bench) createNetNS(name string) (ns.NetNS, error) {
 
 func (b *bench) removeNetNS(n ns.NetNS) error {
 	delete(b.netnses, n.Path())
-	return removeNetNS(n)
+	return benchkit.RemoveNetNS(n)
 }
 
 // newNode creates a node netns: lo up with the node address on it.
@@ -244,23 +146,7 @@ func (b *bench) newNode(key string) (ns.NetNS, error) {
 	if err != nil {
 		return nil, err
 	}
-	return node, node.Do(func(ns.NetNS) error {
-		lo, err := netlink.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		if err := netlink.LinkSetUp(lo); err != nil {
-			return err
-		}
-		addr, err := netlink.ParseAddr(nodeIP)
-		if err != nil {
-			return err
-		}
-		if err := netlink.AddrAdd(lo, addr); err != nil {
-			return fmt.Errorf("add %s to lo: %w", nodeIP, err)
-		}
-		return nil
-	})
+	return node, benchkit.SetupNode(node, nodeIP)
 }
 
 func mustCIDR(s string) *net.IPNet {
@@ -575,7 +461,7 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 // cleanup removes everything the run created; it is safe on a partial setup.
 func (b *bench) cleanup() {
 	var errs []error
-	if n := b.procs.killAll(); n > 0 {
+	if n := b.procs.KillAll(); n > 0 {
 		logf("killed %d leftover iperf3/ping processes", n)
 	}
 	if b.maps != nil {
@@ -583,7 +469,7 @@ func (b *bench) cleanup() {
 		b.maps = nil
 	}
 	for path, n := range b.netnses {
-		if err := removeNetNS(n); err != nil {
+		if err := benchkit.RemoveNetNS(n); err != nil {
 			errs = append(errs, err)
 		}
 		delete(b.netnses, path)

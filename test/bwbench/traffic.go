@@ -1,21 +1,15 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
 const (
@@ -31,170 +25,7 @@ const (
 	fullInterval = 0.5
 )
 
-// procs tracks every process started in a pod, so cleanup can kill them.
-type procs struct {
-	mu sync.Mutex
-	m  map[*proc]struct{}
-}
-
-type proc struct {
-	desc           string
-	cmd            *exec.Cmd
-	stdout, stderr bytes.Buffer
-	done           chan struct{}
-	err            error
-}
-
-func newProcs() *procs { return &procs{m: map[*proc]struct{}{}} }
-
-// start runs a command in a network namespace: it is forked from the
-// goroutine's locked thread inside n.Do, so it is born in n.
-func (ps *procs) start(ctx context.Context, n ns.NetNS, name string, args ...string) (*proc, error) {
-	p := &proc{desc: name + " " + strings.Join(args, " "), done: make(chan struct{})}
-	p.cmd = exec.CommandContext(ctx, name, args...)
-	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
-	// Killed if we die without cleaning up (the forking thread stays alive
-	// as long as the process does: ns.Do returns it to the scheduler).
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	var startErr error
-	if err := n.Do(func(ns.NetNS) error {
-		startErr = p.cmd.Start()
-		return nil
-	}); err != nil {
-		return nil, err
-	}
-	if startErr != nil {
-		return nil, fmt.Errorf("start %s: %w", p.desc, startErr)
-	}
-	ps.m[p] = struct{}{}
-	go func() {
-		p.err = p.cmd.Wait()
-		ps.mu.Lock()
-		delete(ps.m, p)
-		ps.mu.Unlock()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-// wait waits for the process to exit, killing it after timeout.
-func (p *proc) wait(timeout time.Duration) error {
-	select {
-	case <-p.done:
-	case <-time.After(timeout):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		return fmt.Errorf("%s: still running after %s, killed\nstdout: %s\nstderr: %s", p.desc, timeout,
-			tail(p.stdout.String()), tail(p.stderr.String()))
-	}
-	if p.err != nil {
-		return fmt.Errorf("%s: %v\nstdout: %s\nstderr: %s", p.desc, p.err, tail(p.stdout.String()), tail(p.stderr.String()))
-	}
-	return nil
-}
-
-func (p *proc) kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
-// killAll kills every process still running and waits for them.
-func (ps *procs) killAll() int {
-	ps.mu.Lock()
-	var all []*proc
-	for p := range ps.m {
-		all = append(all, p)
-	}
-	ps.mu.Unlock()
-	for _, p := range all {
-		p.kill()
-	}
-	return len(all)
-}
-
-func tail(s string) string {
-	s = strings.TrimSpace(s)
-	if len(s) > 2000 {
-		s = "..." + s[len(s)-2000:]
-	}
-	return s
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
-// waitListen waits until the process has a listening IPv4 TCP socket on port,
-// read from its own /proc/PID/net/tcp (its netns's table), so the server is
-// never probed with a connection that would count as its one test.
-func waitListen(p *proc, port int) error {
-	want := fmt.Sprintf(":%04X", port)
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-p.done:
-			return fmt.Errorf("%s exited before listening: %v\nstdout: %s\nstderr: %s", p.desc, p.err,
-				tail(p.stdout.String()), tail(p.stderr.String()))
-		default:
-		}
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/tcp", p.cmd.Process.Pid))
-		if err == nil {
-			sc := bufio.NewScanner(bytes.NewReader(data))
-			for sc.Scan() {
-				f := strings.Fields(sc.Text())
-				if len(f) > 3 && strings.HasSuffix(f[1], want) && f[3] == "0A" {
-					return nil
-				}
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("%s: not listening on port %d after 5 s", p.desc, port)
-}
-
-// iperfJSON is the part of iperf3 -J output the benchmark reads.
-type iperfJSON struct {
-	Intervals []struct {
-		Sum iperfSum `json:"sum"`
-	} `json:"intervals"`
-	End struct {
-		SumSent     iperfSum `json:"sum_sent"`
-		SumReceived iperfSum `json:"sum_received"`
-	} `json:"end"`
-	Error string `json:"error"`
-}
-
-type iperfSum struct {
-	Start         float64 `json:"start"`
-	End           float64 `json:"end"`
-	Seconds       float64 `json:"seconds"`
-	Bytes         uint64  `json:"bytes"`
-	BitsPerSecond float64 `json:"bits_per_second"`
-	Retransmits   *int64  `json:"retransmits"`
-	Sender        bool    `json:"sender"`
-}
-
-func parseIperf(out []byte, who string) (*iperfJSON, error) {
-	var j iperfJSON
-	if err := json.Unmarshal(out, &j); err != nil {
-		return nil, fmt.Errorf("%s: output is not iperf3 JSON: %v\n%s", who, err, tail(string(out)))
-	}
-	if j.Error != "" {
-		return nil, fmt.Errorf("%s: iperf3 error: %s", who, j.Error)
-	}
-	return &j, nil
-}
-
-func intervals(j *iperfJSON) []interval {
+func intervals(j *benchkit.IperfJSON) []interval {
 	var out []interval
 	for _, iv := range j.Intervals {
 		s := iv.Sum
@@ -206,21 +37,21 @@ func intervals(j *iperfJSON) []interval {
 
 // ping sends count pings from one pod to an address and returns the RTTs.
 func (b *bench) ping(ctx context.Context, from *pod, to net.IP, count int) (*pingStats, error) {
-	p, err := b.procs.start(ctx, from.ns, "ping", "-n", "-c", strconv.Itoa(count),
+	p, err := b.procs.Start(ctx, from.ns, "ping", "-n", "-c", strconv.Itoa(count),
 		"-i", fmt.Sprintf("%.1f", pingInterval.Seconds()), "-W", "2", to.String())
 	if err != nil {
 		return nil, err
 	}
 	timeout := time.Duration(count)*pingInterval + 10*time.Second
-	err = p.wait(timeout)
+	err = p.Wait(timeout)
 	// ping exits 1 when some replies are missing: that is a result, not a failure.
-	if ee, ok := p.err.(*exec.ExitError); ok && ee.ExitCode() == 1 && ctx.Err() == nil {
+	if ee, ok := p.Err().(*exec.ExitError); ok && ee.ExitCode() == 1 && ctx.Err() == nil {
 		err = nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	return parsePing(p.stdout.String(), count)
+	return parsePing(p.Stdout.String(), count)
 }
 
 func parsePing(out string, count int) (*pingStats, error) {
@@ -262,42 +93,42 @@ func (b *bench) measure(ctx context.Context, c *config, limited *pod, rateBps ui
 		Sender:   fmt.Sprintf("%s %s", sender.name, sender.ip),
 		Receiver: fmt.Sprintf("%s %s", receiver.name, receiver.ip),
 		Started:  time.Now().UTC().Format(time.RFC3339),
-		LoadAvg:  loadavg(),
+		LoadAvg:  benchkit.Loadavg(),
 	}
-	srv, err := b.procs.start(ctx, receiver.ns, "iperf3", "-s", "-1", "-J", "-i", "1",
+	srv, err := b.procs.Start(ctx, receiver.ns, "iperf3", "-s", "-1", "-J", "-i", "1",
 		"-B", receiver.ip.String(), "-p", strconv.Itoa(iperfPort))
 	if err != nil {
 		return nil, err
 	}
-	defer srv.kill() // no-op once it exited
-	if err := waitListen(srv, iperfPort); err != nil {
+	defer srv.Kill() // no-op once it exited
+	if err := benchkit.WaitListen(srv, iperfPort); err != nil {
 		return nil, err
 	}
 	drops0, err := b.limiterDrops(c)
 	if err != nil {
 		return nil, err
 	}
-	cli, err := b.procs.start(ctx, sender.ns, "iperf3", "-c", receiver.ip.String(), "-p", strconv.Itoa(iperfPort),
+	cli, err := b.procs.Start(ctx, sender.ns, "iperf3", "-c", receiver.ip.String(), "-p", strconv.Itoa(iperfPort),
 		"-t", strconv.Itoa(secs), "-i", "1", "-J", "--connect-timeout", "5000")
 	if err != nil {
 		return nil, err
 	}
-	defer cli.kill()
+	defer cli.Kill()
 
 	// Pings from the peer to the limited pod while the stream runs: from
 	// loadPingDelay until about half a second before the end.
 	n := int((b.opts.duration - loadPingDelay - 500*time.Millisecond) / pingInterval)
 	n = min(n, b.opts.loadPings)
 	var pingErr error
-	if err := sleepCtx(ctx, loadPingDelay); err != nil {
+	if err := benchkit.SleepCtx(ctx, loadPingDelay); err != nil {
 		return nil, err
 	}
 	r.PingLoad, pingErr = b.ping(ctx, c.peer, limited.ip, n)
 
-	if err := cli.wait(b.opts.duration + 30*time.Second); err != nil {
+	if err := cli.Wait(b.opts.duration + 30*time.Second); err != nil {
 		return nil, fmt.Errorf("iperf3 client: %w", err)
 	}
-	if err := srv.wait(15 * time.Second); err != nil {
+	if err := srv.Wait(15 * time.Second); err != nil {
 		return nil, fmt.Errorf("iperf3 server: %w", err)
 	}
 	if pingErr != nil {
@@ -309,11 +140,11 @@ func (b *bench) measure(ctx context.Context, c *config, limited *pod, rateBps ui
 	}
 	r.LimiterDrops = drops1 - drops0
 
-	sj, err := parseIperf(srv.stdout.Bytes(), "iperf3 server (receiver)")
+	sj, err := benchkit.ParseIperf(srv.Stdout.Bytes(), "iperf3 server (receiver)")
 	if err != nil {
 		return nil, err
 	}
-	cj, err := parseIperf(cli.stdout.Bytes(), "iperf3 client (sender)")
+	cj, err := benchkit.ParseIperf(cli.Stdout.Bytes(), "iperf3 client (sender)")
 	if err != nil {
 		return nil, err
 	}
@@ -327,7 +158,7 @@ func (b *bench) measure(ctx context.Context, c *config, limited *pod, rateBps ui
 		r.Retransmits = *cj.End.SumSent.Retransmits
 	}
 	if r.ReceivedBytes == 0 || len(r.ReceiverIntervals) == 0 {
-		return nil, fmt.Errorf("iperf3 server received nothing:\n%s", tail(srv.stdout.String()))
+		return nil, fmt.Errorf("iperf3 server received nothing:\n%s", benchkit.Tail(srv.Stdout.String()))
 	}
 	r.evaluate()
 	return r, nil

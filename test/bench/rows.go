@@ -1,0 +1,330 @@
+package main
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+)
+
+// Targets of issue 6 (goals, not assertions).
+const (
+	targetAddVsChain = 0.35 // ADD <= 0.35x the reference chain
+	targetFlat       = 1.10 // "ADD flat from 1 to 1000 pods": within 10% of the 1-pod median
+	targetTput       = 0.97 // pod-to-pod and hostPort single stream >= 0.97x raw veth
+	targetConns      = 0.85 // hostPort connections >= 0.85x raw at 200 pods
+	targetConnsPods  = 200
+)
+
+func loadStr(l float64) string {
+	if l < 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.1f", l)
+}
+
+// rows is the summary table of everything this run measured.
+func (r *results) rows() []benchkit.Row {
+	var rows []benchkit.Row
+	rows = append(rows, r.latencyRows()...)
+	rows = append(rows, r.scaleRows()...)
+	rows = append(rows, r.hostPortRows()...)
+	rows = append(rows, r.throughputRows()...)
+	rows = append(rows, r.memoryRows()...)
+	return rows
+}
+
+func (r *results) latencyRows() []benchkit.Row {
+	const sec = "latency, 1 pod"
+	ref := map[string]string{"ebpf-full": "chain", "ebpf": "ptp", "ebpf-tc": "ptp", "ptp": "chain", "loopback": "chain"}
+	var rows []benchkit.Row
+	for _, op := range []string{"ADD", "DEL"} {
+		for _, c := range r.Configs {
+			s := r.find(c.Key, op, 0)
+			if s == nil {
+				continue
+			}
+			row := benchkit.NewRow(sec, c.Label, op, "0 pods present", "ms", s.Samples)
+			if rk := ref[c.Key]; rk != "" {
+				if rs := r.find(rk, op, 0); rs != nil {
+					row.Against(r.labels[rk], rs.Median)
+				}
+			}
+			if c.Key == "ebpf-full" && op == "ADD" && row.Reference != "" {
+				row.Goal(fmt.Sprintf("≤ %.2f× chain", targetAddVsChain), row.Ratio <= targetAddVsChain)
+			}
+			rows = append(rows, row)
+		}
+	}
+	return rows
+}
+
+func (r *results) scaleRows() []benchkit.Row {
+	const sec = "latency at scale"
+	var rows []benchkit.Row
+	for _, op := range []string{"ADD", "DEL"} {
+		for _, c := range r.Configs {
+			for _, p := range r.Scale {
+				s := r.find(c.Key, op, p)
+				if s == nil {
+					continue
+				}
+				row := benchkit.NewRow(sec, c.Label, op, plural(p, "pod")+" present", "ms", s.Samples)
+				if c.Key != "ptp" {
+					if rs := r.find("ptp", op, p); rs != nil {
+						row.Against(r.labels["ptp"], rs.Median)
+					}
+				}
+				if one := r.find(c.Key, op, r.Scale[0]); one != nil && op == "ADD" && c.Key == "ebpf" && p != r.Scale[0] {
+					f := s.Median / one.Median
+					row.Goal(fmt.Sprintf("flat: %.2f× of %s, ≤ %.2f×", f, plural(r.Scale[0], "pod"), targetFlat), f <= targetFlat)
+				}
+				rows = append(rows, row)
+			}
+		}
+	}
+	return rows
+}
+
+func (r *results) hostPortRows() []benchkit.Row {
+	h := r.HostPort
+	if h == nil || len(h.Points) == 0 {
+		return nil
+	}
+	find := func(cfg string, pods int) *hpPoint {
+		for i := range h.Points {
+			if h.Points[i].Config == cfg && h.Points[i].Pods == pods {
+				return &h.Points[i]
+			}
+		}
+		return nil
+	}
+	cfgs := []string{"ebpf-hostport", "ptp-portmap"}
+	var rows []benchkit.Row
+	for _, op := range []string{"ADD", "DEL"} {
+		for _, cfg := range cfgs {
+			for _, p := range h.Scale {
+				pt := find(cfg, p)
+				if pt == nil {
+					continue
+				}
+				samples := pt.AddSamples
+				if op == "DEL" {
+					samples = pt.DelSamples
+				}
+				row := benchkit.NewRow("hostPort latency at scale", r.labels[cfg], op, plural(p, "pod")+" with hostPorts", "ms", samples)
+				row.Load = loadStr(pt.Load1)
+				if cfg == "ebpf-hostport" {
+					if ref := find("ptp-portmap", p); ref != nil {
+						rs := ref.AddSamples
+						if op == "DEL" {
+							rs = ref.DelSamples
+						}
+						row.Against(r.labels["ptp-portmap"], benchkit.Median(rs))
+					}
+					if one := find(cfg, h.Scale[0]); one != nil && op == "ADD" && p != h.Scale[0] {
+						f := row.Median / benchkit.Median(one.AddSamples)
+						row.Goal(fmt.Sprintf("flat: %.2f× of %s, ≤ %.2f×", f, plural(h.Scale[0], "pod"), targetFlat), f <= targetFlat)
+					}
+				}
+				rows = append(rows, row)
+			}
+		}
+	}
+	for _, cfg := range cfgs {
+		for _, p := range h.Scale {
+			pt := find(cfg, p)
+			if pt == nil {
+				continue
+			}
+			row := benchkit.NewRow("new connections/s via hostPort", r.labels[cfg], "conn/s", fmt.Sprintf("%s with hostPorts, %d clients, %.0f s", plural(p, "pod"), h.Workers, h.ConnSecs), "conn/s", pt.ConnSamples)
+			row.Against("raw veth pair", benchkit.Median(pt.RawSamples))
+			row.Load = loadStr(pt.Load1)
+			if cfg == "ebpf-hostport" && p == targetConnsPods {
+				row.Goal(fmt.Sprintf("≥ %.2f× raw at %d pods", targetConns, targetConnsPods), row.Ratio >= targetConns)
+			}
+			rows = append(rows, row)
+		}
+	}
+	return rows
+}
+
+// tputSamples is the Gbit/s of one path and stream count, and the max load.
+func (t *tputResults) samples(path string, streams int) ([]float64, float64) {
+	var v []float64
+	load := -1.0
+	for _, x := range t.Runs {
+		if x.Path == path && x.Streams == streams && !x.Superseded {
+			v = append(v, x.Bps/1e9)
+			load = max(load, x.Others)
+		}
+	}
+	return v, load
+}
+
+func (r *results) throughputRows() []benchkit.Row {
+	t := r.Throughput
+	if t == nil {
+		return nil
+	}
+	var rows []benchkit.Row
+	for _, streams := range []int{1, 4} {
+		raw, _ := t.samples("raw", streams)
+		for i, p := range t.Paths {
+			v, others := t.samples(p, streams)
+			if len(v) == 0 {
+				continue
+			}
+			row := benchkit.NewRow("throughput (iperf3 TCP)", t.Labels[i], plural(streams, "stream"),
+				fmt.Sprintf("%d s per run, no limit", t.Seconds), "Gbit/s", v)
+			row.Load = fmt.Sprintf("%.2f other runnable", others)
+			if p != "raw" {
+				row.Against("raw veth pair", benchkit.Median(raw))
+				if strings.HasPrefix(p, "ebpf") && streams == 1 {
+					row.Goal(fmt.Sprintf("≥ %.2f× raw", targetTput), row.Ratio >= targetTput)
+				}
+			}
+			rows = append(rows, row)
+		}
+	}
+	return rows
+}
+
+// chainRSS is the reference chain's peak RSS per ADD: the largest of its
+// plugins in each ADD (they run one after another).
+func (m *memResults) chainRSS(verb string) []float64 {
+	ptp, pm, bw := m.rssOf("ptp", verb), m.rssOf("portmap", verb), m.rssOf("bandwidth", verb)
+	n := min(len(ptp), len(pm), len(bw))
+	out := make([]float64, n)
+	for i := range n {
+		out[i] = max(ptp[i], pm[i], bw[i])
+	}
+	return out
+}
+
+func mib(v []float64) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = x / 1024
+	}
+	return out
+}
+
+func (r *results) memoryRows() []benchkit.Row {
+	m := r.Memory
+	if m == nil {
+		return nil
+	}
+	const sec = "memory"
+	var rows []benchkit.Row
+	chain := mib(m.chainRSS("ADD"))
+	e := benchkit.NewRow(sec, "ebpf-cni +hostPort+bandwidth", "plugin peak RSS per ADD", "ru_maxrss incl. the host-local it execs", "MiB", mib(m.rssOf("ebpf-cni", "ADD")))
+	e.Against("ptp+portmap+bandwidth", benchkit.Median(chain))
+	rows = append(rows, e, benchkit.NewRow(sec, "ptp+portmap+bandwidth", "plugin peak RSS per ADD", "largest of the chain's plugins per ADD", "MiB", chain))
+	for _, bin := range []string{"ptp", "portmap", "bandwidth", "host-local"} {
+		if v := m.rssOf(bin, "ADD"); len(v) > 0 {
+			cond := "that binary alone"
+			if bin == "ptp" {
+				cond = "incl. the host-local it execs"
+			}
+			rows = append(rows, benchkit.NewRow(sec, bin, "plugin peak RSS per ADD", cond, "MiB", mib(v)))
+		}
+	}
+	for _, a := range m.Agent {
+		v := make([]float64, len(a.Samples))
+		for i, x := range a.Samples {
+			v[i] = float64(x) / 1024
+		}
+		row := benchkit.NewRow(sec, "ebpf-agent run", "VmRSS", fmt.Sprintf("%d pods, %.0f s after ready (VmHWM %.1f MiB)", a.Pods, a.Seconds, float64(a.VmHWMKB)/1024), "MiB", v)
+		rows = append(rows, row)
+	}
+	one := func(metric, cond, unit string, v float64) benchkit.Row {
+		return benchkit.NewRow(sec, "ebpf-cni datapath", metric, cond, unit, []float64{v})
+	}
+	rows = append(rows,
+		one("BPF map memory, fixed", "sum of memlock of every pinned map at 0 pods", "MiB", float64(m.FixedBytes)/(1<<20)),
+		one("BPF map memory per pod", fmt.Sprintf("(memlock at %d pods - at 0) / %d", m.Pods, m.Pods), "bytes", m.PerPodBytes),
+		one("map entries per pod", "key+value bytes of the entries a pod adds (inside the preallocated space)", "bytes", m.PerPodEntryBytes))
+	return rows
+}
+
+// throughputMarkdown renders every iperf3 run.
+func (r *results) throughputMarkdown() string {
+	t := r.Throughput
+	if t == nil {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n## Throughput\n\n")
+	fmt.Fprintf(&b, "iperf3 TCP, IPv4, MTU 1500, %d s per run; %d round(s) of every path with 1 stream, %d of them also with 4 streams (`-P 4`), path order rotated per round; the figure is the receiver's (end.sum_received). Raw = a bare veth pair between two namespaces. Pod to pod: two pods on one node. Remote to hostPort: a remote netns routed to the node over a veth, dialling node-address:%d mapped to the server pod's :%d. Each plugin has its own node netns. Limits: %s. This part runs first, before the others create and delete hundreds of namespaces; %s. BPF run-time statistics: %s; \"BPF %% of a CPU\" is the run time of ebpf-cni's programs over the run's wall time.\n\n", t.Seconds, t.Rounds, t.Rounds4, tputHostPort, tputPort, t.NoLimit, t.Calm, t.BPFStats)
+	fmt.Fprintf(&b, "iperf3's client runs on CPU 0 and its server on CPU 1 (`-A`). Other runnable: the mean number of user threads in state R that belong to neither iperf3 nor the benchmark, sampled every 500 ms during the run from /proc/*/task/*/stat (other sessions' work; kernel threads are not counted, as softirq and kworker threads also carry the benchmark's packets); a run with %.1f or more was disturbed and measured again at the end (at most -tput-reruns of them), and the less disturbed of the two counts, the other is marked superseded.\n\n", disturbedOthers)
+	fmt.Fprintf(&b, "| path | streams | round | Gbit/s | retransmits | client CPU %% | server CPU %% | BPF %% of a CPU | BPF ns per run (runs) | load (1 min) | other runnable | |\n|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|\n")
+	label := map[string]string{}
+	for i, p := range t.Paths {
+		label[p] = t.Labels[i]
+	}
+	runs := append([]tputRun(nil), t.Runs...)
+	sort.SliceStable(runs, func(i, j int) bool {
+		if runs[i].Streams != runs[j].Streams {
+			return runs[i].Streams < runs[j].Streams
+		}
+		return indexOf(t.Paths, runs[i].Path) < indexOf(t.Paths, runs[j].Path)
+	})
+	for _, x := range runs {
+		var progs []string
+		for _, p := range x.BPF {
+			name := p.Program
+			if i := strings.LastIndex(name, "_"); i > 0 {
+				name = name[:i] // the object hash
+			}
+			progs = append(progs, fmt.Sprintf("%s %.0f (%d)", name, p.NsPerRun, p.Runs))
+		}
+		bpf := "–"
+		if len(x.BPF) > 0 {
+			bpf = fmt.Sprintf("%.1f", x.BPFCPUPct)
+		}
+		note := ""
+		if x.Rerun {
+			note = "rerun"
+		}
+		if x.Superseded {
+			note = strings.TrimSpace(note + " superseded")
+		}
+		fmt.Fprintf(&b, "| %s | %d | %d | %.2f | %d | %.0f | %.0f | %s | %s | %.1f | %.2f | %s |\n", label[x.Path], x.Streams, x.Round, x.Bps/1e9, x.Retransmits, x.CPUClient, x.CPUServer, bpf, strings.Join(progs, ", "), x.Load1, x.Others, note)
+	}
+	return b.String()
+}
+
+func indexOf(v []string, s string) int {
+	for i, x := range v {
+		if x == s {
+			return i
+		}
+	}
+	return len(v)
+}
+
+// memoryMarkdown renders the per-map figures.
+func (r *results) memoryMarkdown() string {
+	m := r.Memory
+	if m == nil {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n## Memory\n\n")
+	fmt.Fprintf(&b, "Plugin RSS: every plugin binary reached through a wrapper that runs `/usr/bin/time -f %%M` on it (ru_maxrss from wait4: the larger of the process's own peak and the peaks of the children it waited for, so ebpf-cni's and ptp's figures include the host-local they exec; host-local is wrapped too and reported on its own). %d ADDs of ebpf-cni with a hostPort and a 100 Mbit/s limit, %d of ptp+portmap+bandwidth with the same runtimeConfig, each in its own node netns. Agent: `ebpf-agent run --metrics-addr \"\"` in the ebpf-cni node netns, VmRSS sampled every 250 ms from its \"datapath ready\" log line on, VmHWM at the end. Maps: memlock from fdinfo of every map pinned in the node's pin directory (cilium/ebpf MapInfo.Memlock; on kernels since 6.4 the map's actual memory use), at 0 pods (after the agent pinned the datapath) and at %d pods. The hash maps are preallocated (no BPF_F_NO_PREALLOC): their memory is spent when the datapath is pinned, whatever the pod count.\n\n", m.Pods, m.RefPods, m.Pods)
+	fmt.Fprintf(&b, "| map | type | key | value | max entries | memlock at 0 pods | at %d pods | entries at 0 | at %d |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n", m.Pods, m.Pods)
+	for _, x := range m.Maps {
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %d | %d |\n", x.Name, x.Type, x.KeySize, x.ValueSize, x.MaxEntries, x.Memlock0, x.MemlockN, x.Entries0, x.EntriesN)
+	}
+	fmt.Fprintf(&b, "| total | | | | | %d (%.1f MiB) | %d | | |\n", m.FixedBytes, float64(m.FixedBytes)/(1<<20), m.TotalBytesN)
+	return b.String()
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return fmt.Sprintf("1 %s", what)
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}
