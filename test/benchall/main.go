@@ -143,7 +143,11 @@ func run(quick bool, out string, benchArgs, bwArgs []string) int {
 		s.Elapsed = time.Since(t).Round(time.Second).String()
 		s.LoadEnd = benchkit.Loadavg()
 		if code != 0 {
-			logf("%s failed (exit %d) after %s; partial reports are in %s", s.Name, code, s.Elapsed, runDir)
+			if os.Remove(runDir) == nil { // empty: nothing to keep
+				logf("%s failed (exit %d) after %s", s.Name, code, s.Elapsed)
+			} else {
+				logf("%s failed (exit %d) after %s; the reports written so far are in %s", s.Name, code, s.Elapsed, runDir)
+			}
 			return code
 		}
 		logf("%s done in %s", s.Name, s.Elapsed)
