@@ -1,13 +1,10 @@
 package agent
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
 	"text/tabwriter"
-
-	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
@@ -43,15 +40,9 @@ func Bandwidth(pinRoot, stateDir string) ([]BandwidthRow, error) {
 	rows := make([]BandwidthRow, 0, len(lims))
 	for _, l := range lims {
 		r := BandwidthRow{Ifindex: l.Ifindex, Direction: l.Dir.String(), RateBps: l.Limit.RateBps, BurstBits: l.Limit.BurstBits}
-		if link, err := netlink.LinkByIndex(int(l.Ifindex)); err == nil {
-			r.Interface = link.Attrs().Name
-		}
-		if rec, ok := recs[l.Ifindex]; ok {
-			r.Container = rec.ContainerID
-			if rec.PodName != "" {
-				r.Pod = rec.PodNamespace + "/" + rec.PodName
-			}
-		}
+		r.Interface = ifName(int(l.Ifindex))
+		rec := recs[l.Ifindex]
+		r.Container, r.Pod = rec.ContainerID, rec.name()
 		cs, err := m.Counters(int(l.Ifindex))
 		if err != nil {
 			return nil, err
@@ -83,18 +74,12 @@ func Bandwidth(pinRoot, stateDir string) ([]BandwidthRow, error) {
 func WriteBandwidth(w io.Writer, rows []BandwidthRow, format string) error {
 	switch format {
 	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rows)
+		return writeJSON(w, rows)
 	case "", "table":
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "IFINDEX\tINTERFACE\tPOD\tDIRECTION\tRATE\tBURST\tPACKETS\tBYTES\tDROPPED PKTS\tDROPPED BYTES")
 		for _, r := range rows {
-			pod := r.Pod
-			if pod == "" {
-				pod = short(r.Container)
-			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", r.Ifindex, dash(r.Interface), dash(pod), r.Direction,
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", r.Ifindex, dash(r.Interface), podLabel(r.Pod, r.Container), r.Direction,
 				humanBits(r.RateBps, "bit/s"), humanBits(r.BurstBits, "bit"), r.Packets, r.Bytes, r.DropPackets, r.DropBytes)
 		}
 		return tw.Flush()

@@ -10,12 +10,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/vishvananda/netlink"
-
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
-
-func mapsLayout() int { return maps.LayoutVersion }
 
 // EndpointRow is one pod IP as the endpoints map and the counters see it.
 type EndpointRow struct {
@@ -40,6 +36,23 @@ type podRecord struct {
 	HostIfindex  int    `json:"hostIfindex"`
 	PodNamespace string `json:"podNamespace"`
 	PodName      string `json:"podName"`
+}
+
+// name is "namespace/name" when the runtime passed K8S_POD_*, else "".
+func (r podRecord) name() string {
+	if r.PodName == "" {
+		return ""
+	}
+	return r.PodNamespace + "/" + r.PodName
+}
+
+// podLabel is what the tables show for a pod: its name, else the start of
+// its container ID, else "-".
+func podLabel(pod, container string) string {
+	if pod != "" {
+		return pod
+	}
+	return dash(short(container))
 }
 
 // records reads the plugin's per-attachment records of every network, keyed
@@ -85,15 +98,9 @@ func Endpoints(pinRoot, stateDir string) ([]EndpointRow, error) {
 			HostMAC: macString(ep.Info.HostMac),
 			Drops:   map[string]uint64{},
 		}
-		if l, err := netlink.LinkByIndex(int(ep.Info.Ifindex)); err == nil {
-			r.Interface = l.Attrs().Name
-		}
-		if rec, ok := recs[ep.Info.Ifindex]; ok {
-			r.Container = rec.ContainerID
-			if rec.PodName != "" {
-				r.Pod = rec.PodNamespace + "/" + rec.PodName
-			}
-		}
+		r.Interface = ifName(int(ep.Info.Ifindex))
+		rec := recs[ep.Info.Ifindex]
+		r.Container, r.Pod = rec.ContainerID, rec.name()
 		for k, c := range counters[ep.Info.Ifindex] {
 			switch {
 			case k.Reason.IsDrop():
@@ -125,19 +132,13 @@ func macString(b [6]uint8) string {
 func WriteEndpoints(w io.Writer, rows []EndpointRow, format string) error {
 	switch format {
 	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rows)
+		return writeJSON(w, rows)
 	case "", "table":
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "IP\tIFINDEX\tINTERFACE\tPOD MAC\tPOD\tRX PKTS\tRX BYTES\tTX PKTS\tTX BYTES\tDROPS")
 		for _, r := range rows {
-			pod := r.Pod
-			if pod == "" {
-				pod = short(r.Container)
-			}
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", r.IP, r.Ifindex, dash(r.Interface), r.PodMAC,
-				dash(pod), r.RxPackets, r.RxBytes, r.TxPackets, r.TxBytes, drops(r.Drops))
+				podLabel(r.Pod, r.Container), r.RxPackets, r.RxBytes, r.TxPackets, r.TxBytes, drops(r.Drops))
 		}
 		return tw.Flush()
 	}

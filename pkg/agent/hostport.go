@@ -63,12 +63,8 @@ func HostPorts(pinRoot, stateDir string) ([]HostPortRow, error) {
 		if h.HostIP != nil {
 			r.HostIP = h.HostIP.String()
 		}
-		if rec, ok := recs[uint32(h.Ifindex)]; ok {
-			r.Container = rec.ContainerID
-			if rec.PodName != "" {
-				r.Pod = rec.PodNamespace + "/" + rec.PodName
-			}
-		}
+		rec := recs[uint32(h.Ifindex)]
+		r.Container, r.Pod = rec.ContainerID, rec.name()
 		rows = append(rows, r)
 	}
 	sort.Slice(rows, func(i, j int) bool {
@@ -103,12 +99,8 @@ func WriteHostPorts(w io.Writer, rows []HostPortRow, format string) error {
 					host = "[*]"
 				}
 			}
-			pod := r.Pod
-			if pod == "" {
-				pod = short(r.Container)
-			}
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", host, r.HostPort, r.Protocol, r.PodIP,
-				r.ContainerPort, r.Ifindex, dash(r.Interface), dash(pod))
+				r.ContainerPort, r.Ifindex, dash(r.Interface), podLabel(r.Pod, r.Container))
 		}
 		return tw.Flush()
 	}
@@ -229,6 +221,7 @@ func WriteCT(w io.Writer, d *CTDump, format string) error {
 	return fmt.Errorf("unknown output format %q (want table or json)", format)
 }
 
+// writeJSON is the -o json form of every dump.
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

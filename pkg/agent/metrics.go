@@ -6,7 +6,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
@@ -79,15 +78,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	recs := records(c.stateDir)
 	for idx, cs := range all {
-		name := ""
-		if l, err := netlink.LinkByIndex(int(idx)); err == nil {
-			name = l.Attrs().Name
-		}
-		rec := recs[idx]
-		pod := ""
-		if rec.PodName != "" {
-			pod = rec.PodNamespace + "/" + rec.PodName
-		}
+		name, rec := ifName(int(idx)), recs[idx]
+		pod := rec.name()
 		for k, v := range cs {
 			lv := []string{name, pod, rec.ContainerID, k.Dir.String(), k.Reason.String()}
 			ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(v.Packets), lv...)

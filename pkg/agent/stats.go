@@ -1,13 +1,10 @@
 package agent
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
 	"text/tabwriter"
-
-	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
@@ -39,15 +36,8 @@ func Stats(pinRoot, stateDir string) ([]StatsRow, error) {
 	recs := records(stateDir)
 	var rows []StatsRow
 	for idx, cs := range all {
-		name := ""
-		if l, err := netlink.LinkByIndex(int(idx)); err == nil {
-			name = l.Attrs().Name
-		}
-		rec := recs[idx]
-		pod := ""
-		if rec.PodName != "" {
-			pod = rec.PodNamespace + "/" + rec.PodName
-		}
+		name, rec := ifName(int(idx)), recs[idx]
+		pod := rec.name()
 		for k, c := range cs {
 			rows = append(rows, StatsRow{Ifindex: idx, Interface: name, Container: rec.ContainerID, Pod: pod,
 				Direction: k.Dir.String(), Reason: k.Reason.String(), Drop: k.Reason.IsDrop(), Packets: c.Packets, Bytes: c.Bytes})
@@ -70,18 +60,12 @@ func Stats(pinRoot, stateDir string) ([]StatsRow, error) {
 func WriteStats(w io.Writer, rows []StatsRow, format string) error {
 	switch format {
 	case "json":
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rows)
+		return writeJSON(w, rows)
 	case "", "table":
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		fmt.Fprintln(tw, "IFINDEX\tINTERFACE\tPOD\tDIRECTION\tREASON\tPACKETS\tBYTES")
 		for _, r := range rows {
-			pod := r.Pod
-			if pod == "" {
-				pod = short(r.Container)
-			}
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\n", r.Ifindex, dash(r.Interface), dash(pod), r.Direction, r.Reason, r.Packets, r.Bytes)
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\n", r.Ifindex, dash(r.Interface), podLabel(r.Pod, r.Container), r.Direction, r.Reason, r.Packets, r.Bytes)
 		}
 		return tw.Flush()
 	}

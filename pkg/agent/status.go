@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -138,9 +137,7 @@ func countEntries(m *ebpf.Map) int {
 // WriteStatus prints the report as text or JSON.
 func WriteStatus(w io.Writer, r StatusReport, format string) error {
 	if format == "json" {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(r)
+		return writeJSON(w, r)
 	}
 	if format != "" && format != "table" {
 		return fmt.Errorf("unknown output format %q (want table or json)", format)

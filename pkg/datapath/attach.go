@@ -86,7 +86,7 @@ func (dp *Datapath) Attach(ifindex int, hostIf string, mode AttachMode) (AttachM
 		err = errors.Join(err, <-errs)
 	}
 	if err != nil {
-		dp.Detach(hostIf)
+		_ = RemoveLinkPins(dp.PinRoot, hostIf) // this process holds no link fd: the pins are the last references
 	}
 	return mode, err
 }
@@ -127,32 +127,6 @@ func (dp *Datapath) attachTC(ifindex int) error {
 		}
 	}
 	return nil
-}
-
-// Detach removes the pinned tcx links of a host veth. It is idempotent and
-// works when the veth is already gone (the links are then defunct pins).
-// tc filters need no work: they go with the device.
-func (dp *Datapath) Detach(hostIf string) error {
-	var errs error
-	for _, h := range hooks {
-		path := LinkPinPath(dp.PinRoot, hostIf, h.dir)
-		l, err := link.LoadPinnedLink(path, nil)
-		if err != nil {
-			if errors.Is(err, os.ErrNotExist) {
-				continue
-			}
-			// Unreadable pin: removing the file still drops the reference.
-			if rmErr := os.Remove(path); rmErr != nil && !errors.Is(rmErr, os.ErrNotExist) {
-				errs = errors.Join(errs, fmt.Errorf("remove link pin %s: %w", path, rmErr))
-			}
-			continue
-		}
-		if err := l.Unpin(); err != nil {
-			errs = errors.Join(errs, fmt.Errorf("unpin %s: %w", path, err))
-		}
-		l.Close() // last reference: the kernel detaches the program
-	}
-	return errs
 }
 
 // Attached checks that this datapath's programs are attached to both hooks of
@@ -241,8 +215,10 @@ func haveTCX() error {
 	return tcxErr
 }
 
-// RemoveLinkPins deletes the link pins of a host veth without opening the
-// datapath (used when the maps and programs are gone).
+// RemoveLinkPins deletes the tcx link pins of a host veth; idempotent. A pin
+// is the link's last reference, so removing it detaches a live link; DEL
+// deletes the veth first, so it only drops defunct links (no grace period).
+// tc filters need no work: they go with the device.
 func RemoveLinkPins(pinRoot, hostIf string) error {
 	var errs error
 	for _, h := range hooks {
