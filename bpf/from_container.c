@@ -9,7 +9,7 @@
  * everything else to the kernel stack.
  */
 #include "lib/neigh.h"
-#include "lib/masq.h"
+#include "lib/stackflow.h"
 
 static __always_inline int drop(__u32 ifindex, __u8 reason, __u32 len)
 {
@@ -65,6 +65,16 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 		struct hostport_val *v = hostport_lookup(f.daddr, f.family, f.proto, f.dport, 0);
 		if (!v)
 			return HP_CONTINUE;
+		if (f.proto == IPPROTO_UDP) {
+			/* The pod answering a node address whose flow the stack
+			 * delivered (a node socket, a masqueraded client) on a port
+			 * that happens to be a hostPort: not a hairpin. */
+			struct sf_key k;
+
+			sf_key_sent(&k, &f);
+			if (sf_lookup(&k, ifindex))
+				return HP_CONTINUE;
+		}
 		/* Reaching its own hostPort, the pod must not see its own address
 		 * as the source: SNAT to the dialled address. */
 		rc = hostport_dnat(skb, &f, v, v->ifindex == ifindex);
@@ -140,24 +150,13 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 		if ((void *)(ip + 1) > data_end)
 			return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
 	}
-	if (!dst && (src->flags & EP_F_MASQ)) {
-		__u32 len = skb->len;
-		int rc = masq_from_pod(skb, ifindex);
-
-		if (rc != MASQ_CONTINUE) {
-			if (rc == TC_ACT_SHOT)
-				return drop(ifindex, REASON_DROP_MALFORMED, len);
-			count(ifindex, DIR_EGRESS, REASON_FORWARD, len);
-			return rc;
-		}
-		data_end = (void *)(long)skb->data_end;
-		eth = (void *)(long)skb->data;
-		ip = (void *)(eth + 1);
-		if ((void *)(ip + 1) > data_end)
-			return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
-	}
-	if (!dst || ip->ttl <= 1)
+	if (!dst || ip->ttl <= 1 || stack_flow_reply(skb, AF_INET, ifindex))
 		return pass(ifindex, skb->len);
+	data_end = (void *)(long)skb->data_end;
+	eth = (void *)(long)skb->data;
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end)
+		return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
 
 	/* We route, so decrement TTL; incremental checksum update as ip_decrease_ttl. */
 	__u32 check = ip->check;
@@ -226,8 +225,13 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 		if ((void *)(ip6 + 1) > data_end)
 			return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
 	}
-	if (!dst || ip6->hop_limit <= 1)
+	if (!dst || ip6->hop_limit <= 1 || stack_flow_reply(skb, AF_INET6, ifindex))
 		return pass(ifindex, skb->len);
+	data_end = (void *)(long)skb->data_end;
+	eth = (void *)(long)skb->data;
+	ip6 = (void *)(eth + 1);
+	if ((void *)(ip6 + 1) > data_end)
+		return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
 
 	ip6->hop_limit--;
 	count(ifindex, DIR_EGRESS, REASON_REDIRECT, skb->len);

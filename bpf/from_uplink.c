@@ -2,11 +2,18 @@
 
 /*
  * Attached to tcx ingress of the node's uplinks (links holding node
- * addresses; see pkg/datapath/hostport.go): traffic from other hosts. A
- * packet to a node address (or a mapping's hostIP) : hostPort is DNATed to
- * the pod, its flow recorded in cni_ct for the replies (from_container.c
- * translates those back), and delivered straight into the pod with
- * bpf_redirect_peer. Everything else goes on to the stack untouched.
+ * addresses; see pkg/datapath/hostport.go): traffic from other hosts.
+ *
+ *   - A reply of a masqueraded flow gets its destination set back to the pod
+ *     and goes on to the stack, which delivers it (lib/masq.h).
+ *   - A packet to a node address (or a mapping's hostIP) : hostPort is DNATed
+ *     to the pod, its flow recorded in cni_ct for the replies (from_container.c
+ *     translates those back), and delivered straight into the pod with
+ *     bpf_redirect_peer.
+ *
+ * Everything else goes on untouched to the next tcx program of the link (the
+ * stack when there is none): TCX_NEXT, never TC_ACT_OK, which would end the
+ * chain for another tool's programs.
  */
 #include "lib/masq.h"
 
@@ -14,10 +21,10 @@ static __always_inline int dnat(struct __sk_buff *skb, struct flow *f)
 {
 	struct hostport_val *v = hostport_lookup(f->daddr, f->family, f->proto, f->dport, 0);
 	if (!v)
-		return TC_ACT_OK;
+		return TCX_NEXT;
 	struct ep_info *ep = ep_lookup_addr(v->pod_addr, f->family);
 	if (!ep || ep->ifindex != v->ifindex)
-		return TC_ACT_OK; /* the pod is going away */
+		return TCX_NEXT; /* the pod is going away */
 
 	int rc = hostport_dnat(skb, f, v, 0);
 	if (rc < 0) {
@@ -25,7 +32,7 @@ static __always_inline int dnat(struct __sk_buff *skb, struct flow *f)
 		return TC_ACT_SHOT;
 	}
 	if (rc)
-		return TC_ACT_OK;
+		return TCX_NEXT;
 
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -58,13 +65,8 @@ int cni_from_uplink(struct __sk_buff *skb)
 	struct flow f = {};
 
 	if (!hostports_enabled() || (void *)(eth + 1) > data_end)
-		return TC_ACT_OK;
+		return TCX_NEXT;
 	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip = (void *)(eth + 1);
-
-		/* TTL 1: not ours to forward; the stack answers. */
-		if ((void *)(ip + 1) > data_end || ip->ttl <= 1)
-			return TC_ACT_OK;
 		/* Replies of masqueraded flows first: their ports were allocated
 		 * around the node's hostPorts. */
 		int rc = masq_reverse(skb);
@@ -72,16 +74,18 @@ int cni_from_uplink(struct __sk_buff *skb)
 			return rc;
 		data = (void *)(long)skb->data;
 		data_end = (void *)(long)skb->data_end;
-		ip = data + ETH_HLEN;
-		if ((void *)(ip + 1) > data_end || flow_parse4(skb, ip, &f))
-			return TC_ACT_OK;
+		struct iphdr *ip = data + ETH_HLEN;
+
+		/* TTL 1: not ours to forward; the stack answers. */
+		if ((void *)(ip + 1) > data_end || ip->ttl <= 1 || flow_parse4(skb, ip, &f))
+			return TCX_NEXT;
 	} else if (eth->h_proto == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
 
 		if ((void *)(ip6 + 1) > data_end || ip6->hop_limit <= 1 || flow_parse6(skb, ip6, &f))
-			return TC_ACT_OK;
+			return TCX_NEXT;
 	} else {
-		return TC_ACT_OK;
+		return TCX_NEXT;
 	}
 	return dnat(skb, &f);
 }

@@ -8,6 +8,7 @@
 #include "lib/bandwidth.h"
 #include "lib/hostport.h"
 #include "lib/masq.h"
+#include "lib/stackflow.h"
 
 /* Reference the enums so they land in BTF and bpf2go generates Go constants. */
 enum cni_dir __dir_unused __attribute__((unused));

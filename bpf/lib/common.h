@@ -21,6 +21,12 @@
 #define ETH_P_ARP 0x0806
 #endif
 
+/* tcx: hand the packet to the next program of the hook (the stack when none
+ * follows). TC_ACT_OK would end the chain. Older uapi headers lack it. */
+#ifndef TCX_NEXT
+#define TCX_NEXT -1
+#endif
+
 static __always_inline int mac_equal(const __u8 *a, const __u8 *b)
 {
 	/* 4+2 byte compares instead of a loop: the verifier sees straight-line code. */

@@ -1,22 +1,28 @@
 /*
  * Egress masquerade (the ptp/bridge "ipMasq"), IPv4: a pod flagged
  * EP_F_MASQ sending to a destination outside the cluster CIDRs
- * (cni_cluster_cidrs) that the FIB routes out of the node leaves with the
- * node address the FIB prefers as its source and a port (ICMP echo: an id)
- * allocated here; replies arriving on an uplink are translated back and
- * delivered straight into the pod. No iptables, no kernel conntrack.
+ * (cni_cluster_cidrs) leaves the node with the node address the FIB prefers
+ * as its source and a port (ICMP echo: an id) allocated here; replies
+ * arriving on an uplink are translated back. No iptables rule.
  *
- *   - host veth tcx ingress (from_container.c): masq_from_pod() looks the
- *     flow up in cni_snat (forward entry), or allocates a port: the pod's own
- *     port, or a hash of the flow, is the first candidate in
- *     [MASQ_PORT_MIN, MASQ_PORT_MAX], up to
- *     MASQ_PROBES candidates are tried with a BPF_NOEXIST insert of the
+ * The pod's packets take the kernel stack like any routed packet (PREROUTING
+ * with kube-proxy's Service DNAT, FORWARD, POSTROUTING), and are translated
+ * only as they leave:
+ *
+ *   - uplink tcx egress (to_uplink.c): masq_egress() takes packets the stack
+ *     forwarded from a masquerading pod's host veth whose source is still the
+ *     pod's (the stack did not SNAT it already), looks the flow up in cni_snat
+ *     (forward entry), or allocates a port: the pod's own port, or a hash of
+ *     the flow, is the first candidate in [MASQ_PORT_MIN, MASQ_PORT_MAX], up
+ *     to MASQ_PROBES candidates are tried with a BPF_NOEXIST insert of the
  *     reverse entry (the translated tuple: that insert is what makes a port
- *     ours, so two pods racing for one never both get it); then the packet
- *     goes out of the FIB's device with bpf_redirect / bpf_redirect_neigh.
+ *     ours, so two pods racing for one never both get it), and rewrites the
+ *     source address and port.
  *   - uplink tcx ingress (from_uplink.c): masq_reverse() finds the reverse
- *     entry of a reply, rewrites its destination back to the pod and
- *     bpf_redirect_peer's it into the pod.
+ *     entry of a reply and rewrites its destination back to the pod; the
+ *     stack then delivers it, so conntrack sees both directions of the flow
+ *     (kube-proxy drops what it finds INVALID) and reverses its own
+ *     translations (a Service whose endpoint is outside the cluster).
  *
  * Entries live in an LRU map and carry the last time they were used: an
  * entry idle for longer than its protocol's timeout (10 s once a TCP RST or
@@ -24,7 +30,7 @@
  */
 #pragma once
 
-#include "nat.h"
+#include "stackflow.h"
 
 #ifndef IPPROTO_ICMP
 #define IPPROTO_ICMP 1
@@ -77,7 +83,7 @@ enum masq_stat {
 	MASQ_STAT_REVERSE = 1,   /* reply translated back to the pod */
 	MASQ_STAT_NEW = 2,       /* port allocated, entries created */
 	MASQ_STAT_EXHAUSTED = 3, /* no free port among the candidates: dropped */
-	MASQ_STAT_NOT_NEW = 4,   /* TCP non-SYN / ICMP non-request of no known flow: passed untranslated */
+	MASQ_STAT_NOT_NEW = 4,   /* TCP non-SYN of no known flow, or a UDP reply to a host that came in directly: passed untranslated */
 	MASQ_STAT_ERROR = 5,     /* rewrite or map update failed: dropped */
 	__MASQ_STAT_MAX,
 };
@@ -331,73 +337,94 @@ static __always_inline __be16 snat_alloc(const struct flow *f, __be32 node, __u3
 #define MASQ_CONTINUE -1
 
 /*
- * A packet of a masquerading pod to a destination that is not a pod of this
- * node (the caller checked). Returns the verdict of a translated packet, or
- * MASQ_CONTINUE (the packet untouched) for the normal path: destinations in
- * the cluster CIDRs, node-local ones, what the FIB cannot forward, and what
- * is not TCP/UDP/ICMP echo.
+ * Whether the pod's UDP packet f answers a host that reached the pod
+ * directly (its flow came in through the stack, SF_INBOUND): such replies
+ * leave with the pod's address, as they would without masquerade.
  */
-static __always_inline int masq_from_pod(struct __sk_buff *skb, __u32 ifindex)
+static __always_inline int masq_inbound_reply(const struct flow *f, __u32 ifindex, __u64 now)
+{
+	struct sf_key k;
+
+	if (f->proto != IPPROTO_UDP)
+		return 0;
+	sf_key_sent(&k, f);
+	struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, &k);
+	if (!v || v->ifindex != ifindex || !(v->flags & SF_INBOUND) ||
+	    (now > v->seen_ns && now - v->seen_ns > MASQ_TIMEOUT_UDP))
+		return 0;
+	if (now - v->seen_ns > NSEC)
+		v->seen_ns = now;
+	return 1;
+}
+
+/*
+ * A packet leaving the node through an uplink, forwarded from the host veth
+ * of the masquerading pod ep with the pod's address as its source (the
+ * caller checked). Returns MASQ_CONTINUE after translating it or leaving it
+ * alone (destinations in the cluster CIDRs, what is not TCP/UDP/ICMP echo, a
+ * TCP segment of no known flow, a UDP reply to a host that came in
+ * directly), or TC_ACT_SHOT.
+ */
+static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_info *ep)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	struct iphdr *ip = (void *)(eth + 1);
-	struct bpf_fib_lookup p = {};
+	struct iphdr *ip = data + ETH_HLEN;
 	struct flow f = {};
-	__u64 now;
+	__be32 node;
 	__be16 port;
-	int rc;
 
-	if ((void *)(ip + 1) > data_end || ip->ttl <= 1)
+	if ((void *)(ip + 1) > data_end)
 		return MASQ_CONTINUE;
 	if (in_cluster4(ip->daddr))
 		return MASQ_CONTINUE;
 	if (masq_parse4(skb, ip, &f, ICMP_ECHO_T))
 		return MASQ_CONTINUE;
 
-	p.family = AF_INET;
-	p.ifindex = ifindex;
-	p.tos = ip->tos;
-	p.l4_protocol = ip->protocol;
-	p.ipv4_src = ip->saddr;
-	p.ipv4_dst = ip->daddr;
-	/* BPF_FIB_LOOKUP_SRC: the source the node would pick for this route.
-	 * Local destinations give NOT_FWDED and stay with the stack. */
-	rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SRC);
-	if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || !p.ipv4_src)
-		return MASQ_CONTINUE;
-	if (bpf_map_lookup_elem(&cni_links, &p.ifindex))
-		return MASQ_CONTINUE; /* routed to a pod veth: not leaving the node */
-
-	now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_ns();
 	struct snat_key fk = { .family = AF_INET, .proto = f.proto, .dir = SNAT_DIR_FWD,
 			       .port = f.sport, .peer_port = f.dport };
 	*(__u32 *)fk.addr = *(__u32 *)f.saddr;
 	*(__u32 *)fk.peer_addr = *(__u32 *)f.daddr;
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
-	if (fv && fv->ifindex == ifindex && *(__be32 *)fv->addr == p.ipv4_src && !snat_expired(fv, f.proto, now)) {
+	/* A known flow keeps its node address while the node has it. */
+	if (fv && fv->ifindex == ep->ifindex && !snat_expired(fv, f.proto, now) && is_node_ip(fv->addr, AF_INET)) {
 		__u16 fl = fv->flags;
 		int changed = snat_state(&f, fv->flags, &fl, SNAT_F_FIN_OUT);
 
+		node = *(__be32 *)fv->addr;
 		port = fv->port;
 		if (changed || now - fv->seen_ns > NSEC) {
 			fv->seen_ns = now;
 			fv->flags = fl;
 			struct snat_key rk = { .family = AF_INET, .proto = f.proto, .dir = SNAT_DIR_REV,
 					       .port = port, .peer_port = f.dport };
-			*(__be32 *)rk.addr = p.ipv4_src;
+			*(__be32 *)rk.addr = node;
 			*(__u32 *)rk.peer_addr = *(__u32 *)f.daddr;
 			snat_touch(&rk, now, fl);
 		}
 	} else {
 		/* Only what opens a flow allocates: a pod answering a client that
 		 * reached it directly (host-gw, routes to the pod) is not rewritten. */
-		if (f.proto == IPPROTO_TCP && !f.syn_only) {
+		if ((f.proto == IPPROTO_TCP && !f.syn_only) || masq_inbound_reply(&f, ep->ifindex, now)) {
 			masq_count(MASQ_STAT_NOT_NEW);
 			return MASQ_CONTINUE;
 		}
-		port = snat_alloc(&f, p.ipv4_src, ifindex, now);
+		/* BPF_FIB_LOOKUP_SRC: the source the node would pick for this
+		 * route, as MASQUERADE picks the outgoing link's address. */
+		struct bpf_fib_lookup p = {
+			.family = AF_INET,
+			.ifindex = ep->ifindex,
+			.tos = ip->tos,
+			.l4_protocol = ip->protocol,
+			.ipv4_src = ip->saddr,
+			.ipv4_dst = ip->daddr,
+		};
+		int rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SRC);
+		if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || !p.ipv4_src)
+			return MASQ_CONTINUE;
+		node = p.ipv4_src;
+		port = snat_alloc(&f, node, ep->ifindex, now);
 		if (!port) {
 			masq_count(MASQ_STAT_EXHAUSTED);
 			return TC_ACT_SHOT;
@@ -405,33 +432,18 @@ static __always_inline int masq_from_pod(struct __sk_buff *skb, __u32 ifindex)
 		masq_count(MASQ_STAT_NEW);
 	}
 
-	if (masq_rewrite4(skb, &f, 1, p.ipv4_src, port)) {
+	if (masq_rewrite4(skb, &f, 1, node, port)) {
 		masq_count(MASQ_STAT_ERROR);
 		return TC_ACT_SHOT;
 	}
-
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-	eth = data;
-	ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > data_end)
-		return TC_ACT_SHOT;
-	ttl_dec4(ip);
 	masq_count(MASQ_STAT_SNAT);
-	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
-		struct bpf_redir_neigh nh = { .nh_family = AF_INET, .ipv4_nh = p.ipv4_dst };
-
-		return bpf_redirect_neigh(p.ifindex, &nh, sizeof(nh), 0);
-	}
-	__builtin_memcpy(eth->h_dest, p.dmac, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, p.smac, ETH_ALEN);
-	return bpf_redirect(p.ifindex, 0);
+	return MASQ_CONTINUE;
 }
 
 /*
  * A packet arriving on an uplink: if it answers a masqueraded flow, rewrite
- * its destination back to the pod and deliver it. Returns the verdict, or
- * MASQ_CONTINUE when it is not ours.
+ * its destination back to the pod. Returns the verdict (TCX_NEXT: on to the
+ * stack), or MASQ_CONTINUE when it is not ours.
  */
 static __always_inline int masq_reverse(struct __sk_buff *skb)
 {
@@ -441,7 +453,7 @@ static __always_inline int masq_reverse(struct __sk_buff *skb)
 	struct iphdr *ip = (void *)(eth + 1);
 	struct flow f = {};
 
-	if ((void *)(ip + 1) > data_end || ip->ttl <= 1)
+	if ((void *)(ip + 1) > data_end)
 		return MASQ_CONTINUE;
 	if (masq_parse4(skb, ip, &f, ICMP_ECHOREPLY_T))
 		return MASQ_CONTINUE;
@@ -476,13 +488,7 @@ static __always_inline int masq_reverse(struct __sk_buff *skb)
 		masq_count(MASQ_STAT_ERROR);
 		return TC_ACT_SHOT;
 	}
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-	eth = data;
-	ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > data_end)
-		return TC_ACT_SHOT;
-	ttl_dec4(ip);
 	masq_count(MASQ_STAT_REVERSE);
-	return redirect_to_endpoint(skb, eth, ep);
+	/* On to the stack, which forwards it to the pod. */
+	return TCX_NEXT;
 }

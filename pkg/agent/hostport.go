@@ -107,9 +107,14 @@ func WriteHostPorts(w io.Writer, rows []HostPortRow, format string) error {
 	return fmt.Errorf("unknown output format %q (want table or json)", format)
 }
 
-// CTRow is one translated flow (cni_ct) or node socket (cni_sock_rnat).
+// CTRow is one translated flow (cni_ct), node socket (cni_sock_rnat), or
+// flow the kernel stack delivered to a pod (cni_stack_flows).
 type CTRow struct {
-	Kind      string  `json:"kind"` // "nat": packets translated; "socket": a node socket's destination rewritten
+	// "nat": packets translated; "socket": a node socket's destination
+	// rewritten; "stack/pod", "stack/node", "stack/inbound": replies go
+	// back through the stack (the peer is a pod of the node, a node
+	// address, or a host that reached a masquerading pod directly).
+	Kind      string  `json:"kind"`
 	Protocol  string  `json:"protocol,omitempty"`
 	Client    string  `json:"client,omitempty"` // who connected (nat)
 	Cookie    uint64  `json:"socketCookie,omitempty"`
@@ -120,6 +125,7 @@ type CTRow struct {
 	Ifindex   int     `json:"ifindex"`
 	Interface string  `json:"interface,omitempty"`
 	AgeSecs   float64 `json:"ageSeconds,omitempty"`
+	IdleSecs  float64 `json:"idleSeconds,omitempty"` // stack flows: since the stack last delivered a packet
 }
 
 // CTDump is what `dump ct` shows: flows, node sockets and counters.
@@ -128,7 +134,7 @@ type CTDump struct {
 	Counters map[string]uint64 `json:"counters"`
 }
 
-// CT reads the hostPort flow table, socket table and counters under pinRoot.
+// CT reads the hostPort flow table, socket table, stack flows and counters under pinRoot.
 func CT(pinRoot string) (*CTDump, error) {
 	m, err := maps.Open(pinRoot)
 	if err != nil {
@@ -160,6 +166,17 @@ func CT(pinRoot string) (*CTDump, error) {
 			Kind: "nat", Protocol: maps.ProtoName(f.Proto), Client: f.Client.String(), Dialled: f.Dialled.String(),
 			Pod: f.Pod.String(), PodSees: f.Peer.String(), SNAT: f.SNAT, Ifindex: f.Ifindex, Interface: name(f.Ifindex),
 			AgeSecs: f.Age.Round(time.Millisecond).Seconds(),
+		})
+	}
+	sflows, err := m.ListStackFlows()
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range sflows {
+		d.Flows = append(d.Flows, CTRow{
+			Kind: "stack/" + f.Kind(), Protocol: maps.ProtoName(f.Proto), Client: f.Peer.String(), Pod: f.Pod.String(),
+			PodSees: f.Peer.String(), Ifindex: f.Ifindex, Interface: name(f.Ifindex),
+			IdleSecs: f.Idle.Round(time.Millisecond).Seconds(),
 		})
 	}
 	for _, s := range socks {
@@ -199,6 +216,9 @@ func WriteCT(w io.Writer, d *CTDump, format string) error {
 			}
 			if r.AgeSecs > 0 {
 				age = (time.Duration(r.AgeSecs * float64(time.Second))).Round(time.Second).String()
+			}
+			if strings.HasPrefix(r.Kind, "stack/") {
+				age = "idle " + (time.Duration(r.IdleSecs * float64(time.Second))).Round(time.Second).String()
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Kind, dash(proto), client, r.Dialled, r.Pod,
 				dash(sees), r.Ifindex, dash(r.Interface), age)

@@ -19,7 +19,7 @@ import (
 
 // Stale is one piece of state that belongs to no live pod.
 type Stale struct {
-	Kind string `json:"kind"` // endpoint, link-entry, counters, limit, netns, link-pin, attachment
+	Kind string `json:"kind"` // endpoint, link-entry, counters, limit, nat, stack-flows, netns, link-pin, attachment
 	What string `json:"what"`
 }
 
@@ -82,7 +82,8 @@ func linkExists(ifindex uint32) bool {
 
 // ReconcileMaps finds, and unless dryRun removes, datapath state of pods
 // whose host veth is gone: endpoint and link entries, counters, limits, link
-// pins, masquerade entries, and netns entries no attachment record refers to.
+// pins, masquerade and stack-flow entries, and netns entries no attachment
+// record refers to.
 func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	dp, err := datapath.Open(pinRoot)
 	if err != nil {
@@ -155,6 +156,20 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	for idx, n := range goneNAT {
 		idx := idx
 		act("nat", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.DeleteSNATOf(idx); return err })
+	}
+
+	// Stack flows of gone veths, likewise.
+	sflows, err := m.ListStackFlows()
+	errs = errors.Join(errs, err)
+	goneSF := map[int]int{}
+	for _, f := range sflows {
+		if !linkExists(uint32(f.Ifindex)) {
+			goneSF[f.Ifindex]++
+		}
+	}
+	for idx, n := range goneSF {
+		idx := idx
+		act("stack-flows", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.DeleteStackFlowsOf(idx); return err })
 	}
 
 	// netns entries: the node's stays; a pod's stays while a record names it.

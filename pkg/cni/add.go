@@ -153,6 +153,7 @@ func Add(args *skel.CmdArgs) (err error) {
 			_ = dp.Maps.DeleteLink(idx)
 			_ = dp.Maps.DeleteLimits(idx)
 			_ = dp.Maps.ResetStats(idx)
+			_, _ = dp.Maps.DeleteStackFlowsOf(idx)
 		})
 		tr.mark("veth")
 		_, vethErr = dp.Attach(hostLink.Attrs().Index, hostIf, conf.attachMode)

@@ -87,19 +87,20 @@ func teardown(conf *NetConf, containerID, ifname string, rec *Record, tr *tracer
 	// into this one any more. 2: the veth goes, which detaches the programs;
 	// once it returns no program runs for this ifindex. 3: only now the link
 	// entry and counters: a packet in flight before 2 would re-create them.
-	// The pod's hostPort flows (which only 0 could add to) are purged while
-	// the veth is being deleted.
+	// The pod's hostPort, masquerade and stack flows are purged while the
+	// veth is being deleted.
 	var purge chan error
 	if dp != nil {
 		errs = errors.Join(errs, removeHostPorts(dp, rec, ifindex))
 		hp := rec == nil || len(rec.HostPorts) > 0
 		masq := rec == nil || rec.Masq
-		if ifindex != 0 && (hp || masq) {
+		if ifindex != 0 {
 			purge = make(chan error, 1)
 			go func() {
-				var err error
+				// Any pod may have flows the stack delivered to it (a Service's backend).
+				_, err := dp.Maps.DeleteStackFlowsOf(ifindex)
 				if hp {
-					err = purgeHostPortFlows(dp, ifindex)
+					err = errors.Join(err, purgeHostPortFlows(dp, ifindex))
 				}
 				if masq {
 					_, merr := dp.Maps.DeleteSNATOf(ifindex)

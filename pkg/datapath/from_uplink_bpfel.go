@@ -29,6 +29,7 @@ const (
 	fromUplinkMapCniNodeIps      = "cni_node_ips"
 	fromUplinkMapCniSnat         = "cni_snat"
 	fromUplinkMapCniSockRnat     = "cni_sock_rnat"
+	fromUplinkMapCniStackFlows   = "cni_stack_flows"
 	fromUplinkMapCniStats        = "cni_stats"
 	fromUplinkProgCniFromUplink  = "cni_from_uplink"
 )
@@ -95,6 +96,7 @@ type fromUplinkMapSpecs struct {
 	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
 	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
 	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
+	CniStackFlows   *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats        *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
@@ -137,6 +139,7 @@ type fromUplinkMaps struct {
 	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
 	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
 	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
+	CniStackFlows   *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats        *ebpf.Map `ebpf:"cni_stats"`
 }
 
@@ -155,6 +158,7 @@ func (m *fromUplinkMaps) Close() error {
 		m.CniNodeIps,
 		m.CniSnat,
 		m.CniSockRnat,
+		m.CniStackFlows,
 		m.CniStats,
 	)
 }

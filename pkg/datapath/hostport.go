@@ -22,8 +22,9 @@ import (
 // first (an ADD with portMappings, or the agent) and pinned under
 // <pinRoot>/node so they outlive that process:
 //
-//   - cni_from_uplink on tcx ingress of every uplink: the links holding a
-//     node address (not lo, not a pod's host veth), Ethernet only;
+//   - cni_from_uplink on tcx ingress and cni_to_uplink on tcx egress of every
+//     uplink: the links holding a node address (not lo, not a pod's host
+//     veth), Ethernet only;
 //   - eight cgroup sock_addr programs on the cgroup2 root, for connections
 //     the node's own processes make. A root hook sees every netns of the
 //     machine; the programs act only in the netns whose cookie
@@ -47,7 +48,7 @@ type HostPortOptions struct {
 type NodeHooks struct {
 	NetnsCookie uint64
 	CgroupRoot  string
-	Uplinks     []string       // names of the links carrying cni_from_uplink
+	Uplinks     []string       // names of the links carrying the uplink programs
 	NodeIPs     map[string]int // address -> ifindex, as in cni_node_ips
 }
 
@@ -68,7 +69,17 @@ var sockHooks = []sockHook{
 	{"cni_sock_peer6", ebpf.AttachCgroupInet6GetPeername, "getpeername6"},
 }
 
-const uplinkProg = "cni_from_uplink"
+// uplinkHook is one attach point of every uplink.
+type uplinkHook struct {
+	prog   string // C function name
+	attach ebpf.AttachType
+	pin    string // prefix of the link pin's name, before the interface name
+}
+
+var uplinkHooks = []uplinkHook{
+	{"cni_from_uplink", ebpf.AttachTCXIngress, "uplink_"},
+	{"cni_to_uplink", ebpf.AttachTCXEgress, "uplink-egress_"},
+}
 
 // NodeHookDir is where the node-level hook links are pinned (not under
 // links/, whose entries GC matches to host veths).
@@ -78,8 +89,8 @@ func cgroupPinPath(pinRoot, name string) string {
 	return filepath.Join(NodeHookDir(pinRoot), "cgroup_"+name)
 }
 
-func uplinkPinPath(pinRoot, ifname string) string {
-	return filepath.Join(NodeHookDir(pinRoot), "uplink_"+ifname)
+func uplinkPinPath(pinRoot string, h uplinkHook, ifname string) string {
+	return filepath.Join(NodeHookDir(pinRoot), h.pin+ifname)
 }
 
 // hooksID identifies this build's node programs, so a node whose hooks a
@@ -87,6 +98,7 @@ func uplinkPinPath(pinRoot, ifname string) string {
 func hooksID() uint32 {
 	h := sha256.New()
 	h.Write(_FromUplinkBytes)
+	h.Write(_ToUplinkBytes)
 	h.Write(_SockBytes)
 	return binary.LittleEndian.Uint32(h.Sum(nil))
 }
@@ -205,7 +217,7 @@ func (dp *Datapath) EnsureHostPorts(opts HostPortOptions) (*NodeHooks, error) {
 		return nil, fmt.Errorf("pin directory %s serves another network namespace (cookie %d, this one is %d): each node needs its own pinDir",
 			dp.PinRoot, cfg.NetnsCookie, cookie)
 	}
-	ready := cfg.Enabled() && cfg.HooksId == hooksID() && dp.cgroupPinsPresent()
+	ready := cfg.Enabled() && cfg.HooksId == hooksID() && dp.cgroupHooksLive(rootErr == nil)
 	attempts := 20
 	if ready && !opts.MustRefresh {
 		attempts = 3
@@ -213,18 +225,18 @@ func (dp *Datapath) EnsureHostPorts(opts HostPortOptions) (*NodeHooks, error) {
 	view, err := discoverNode(attempts)
 	if errors.Is(err, errDumpBusy) && ready && !opts.MustRefresh {
 		// Set up already; the addresses are refreshed by the next ADD or the agent.
-		return &NodeHooks{NetnsCookie: cookie, CgroupRoot: root}, nil
+		return &NodeHooks{NetnsCookie: cookie, CgroupRoot: root}, rootErr
 	}
 	if err != nil {
 		return nil, err
 	}
 	hooks := &NodeHooks{NetnsCookie: cookie, CgroupRoot: root, Uplinks: view.uplinkNames(), NodeIPs: view.addrs}
-	if ready && dp.uplinkPinsPresent(view) {
+	if ready && dp.uplinkHooksLive(view) {
 		// Fast path: only the addresses can have changed.
 		if err := dp.Maps.SyncNodeIPs(view.addrs); err != nil {
 			return nil, err
 		}
-		return hooks, nil
+		return hooks, rootErr
 	}
 
 	unlock, err := lockDir(dp.PinRoot)
@@ -237,8 +249,8 @@ func (dp *Datapath) EnsureHostPorts(opts HostPortOptions) (*NodeHooks, error) {
 	}
 	// Whoever held the lock before may have done it all.
 	if cfg, err = dp.Maps.HostPortConfig(); err == nil && cfg.Enabled() && cfg.NetnsCookie == cookie &&
-		cfg.HooksId == hooksID() && dp.cgroupPinsPresent() && dp.uplinkPinsPresent(view) {
-		return hooks, nil
+		cfg.HooksId == hooksID() && dp.cgroupHooksLive(rootErr == nil) && dp.uplinkHooksLive(view) {
+		return hooks, rootErr
 	}
 	progs, err := dp.nodePrograms()
 	if err != nil {
@@ -252,7 +264,7 @@ func (dp *Datapath) EnsureHostPorts(opts HostPortOptions) (*NodeHooks, error) {
 	if err := os.MkdirAll(NodeHookDir(dp.PinRoot), 0o700); err != nil {
 		return nil, fmt.Errorf("create %s: %w", NodeHookDir(dp.PinRoot), err)
 	}
-	if err := syncUplinks(dp.PinRoot, progs[uplinkProg], view.uplinks); err != nil {
+	if err := syncUplinks(dp.PinRoot, progs, view.uplinks); err != nil {
 		return nil, err
 	}
 	for _, h := range sockHooks {
@@ -269,24 +281,46 @@ func (dp *Datapath) EnsureHostPorts(opts HostPortOptions) (*NodeHooks, error) {
 	return hooks, rootErr
 }
 
-// cgroupPinsPresent and uplinkPinsPresent are the fast path's check: every
-// hook pin exists.
-func (dp *Datapath) cgroupPinsPresent() bool {
+// cgroupHooksLive and uplinkHooksLive are the fast path's check, made on
+// the kernel's objects, never on the pin files alone: every hook's pinned
+// link is still attached, an uplink's to the device that has that name now
+// (a re-created uplink has a new ifindex and needs its programs again).
+// Without a cgroup2 mount (want false) the socket hooks cannot be there.
+func (dp *Datapath) cgroupHooksLive(want bool) bool {
+	if !want {
+		return true
+	}
 	for _, h := range sockHooks {
-		if _, err := os.Stat(cgroupPinPath(dp.PinRoot, h.pin)); err != nil {
+		info, err := pinnedLinkInfo(cgroupPinPath(dp.PinRoot, h.pin))
+		if err != nil {
+			return false
+		}
+		if c := info.Cgroup(); c == nil || c.CgroupId == 0 {
 			return false
 		}
 	}
 	return true
 }
 
-func (dp *Datapath) uplinkPinsPresent(view *nodeView) bool {
-	for name := range view.uplinks {
-		if _, err := os.Stat(uplinkPinPath(dp.PinRoot, name)); err != nil {
-			return false
+func (dp *Datapath) uplinkHooksLive(view *nodeView) bool {
+	for name, idx := range view.uplinks {
+		for _, h := range uplinkHooks {
+			info, err := pinnedLinkInfo(uplinkPinPath(dp.PinRoot, h, name))
+			if err != nil || info.TCX() == nil || int(info.TCX().Ifindex) != idx {
+				return false
+			}
 		}
 	}
 	return true
+}
+
+func pinnedLinkInfo(path string) (*link.Info, error) {
+	l, err := link.LoadPinnedLink(path, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	return l.Info()
 }
 
 // nodePrograms opens (loading and pinning on first use) the uplink and
@@ -298,7 +332,8 @@ func (dp *Datapath) nodePrograms() (map[string]*ebpf.Program, error) {
 		obj   []byte
 		names []string
 	}{
-		{loadFromUplink, _FromUplinkBytes, []string{uplinkProg}},
+		{loadFromUplink, _FromUplinkBytes, []string{"cni_from_uplink"}},
+		{loadToUplink, _ToUplinkBytes, []string{"cni_to_uplink"}},
 		{loadSock, _SockBytes, func() []string {
 			var n []string
 			for _, h := range sockHooks {
@@ -406,55 +441,109 @@ func ensureCgroupHook(pinRoot, cgroupRoot string, h sockHook, prog *ebpf.Program
 	return nil
 }
 
-// syncUplinks makes cni_from_uplink run on tcx ingress of exactly the
-// given links (name -> ifindex), each as a pinned link.
-func syncUplinks(pinRoot string, prog *ebpf.Program, uplinks map[string]int) error {
+// syncUplinks makes the uplink programs run on tcx ingress and egress of
+// exactly the given links (name -> ifindex), each as a pinned link.
+func syncUplinks(pinRoot string, progs map[string]*ebpf.Program, uplinks map[string]int) error {
+	// Drop pins of links that are gone or no longer uplinks.
+	ents, _ := os.ReadDir(NodeHookDir(pinRoot))
+	for _, e := range ents {
+		for _, h := range uplinkHooks {
+			name, ok := strings.CutPrefix(e.Name(), h.pin)
+			if !ok {
+				continue
+			}
+			if _, keep := uplinks[name]; !keep {
+				dropLinkPin(filepath.Join(NodeHookDir(pinRoot), e.Name()))
+			}
+		}
+	}
+	for name, idx := range uplinks {
+		for _, h := range uplinkHooks {
+			if err := ensureUplinkHook(pinRoot, h, progs[h.prog], name, idx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ensureUplinkHook makes the pinned link of hook h of uplink name run prog
+// on the device that has that name now (ifindex idx).
+func ensureUplinkHook(pinRoot string, h uplinkHook, prog *ebpf.Program, name string, idx int) error {
 	want, err := progID(prog)
 	if err != nil {
 		return err
 	}
-	// Drop pins of links that are gone or no longer uplinks.
-	ents, _ := os.ReadDir(NodeHookDir(pinRoot))
-	for _, e := range ents {
-		name, ok := strings.CutPrefix(e.Name(), "uplink_")
-		if !ok {
+	path := uplinkPinPath(pinRoot, h, name)
+	ours := want
+	if l, err := link.LoadPinnedLink(path, nil); err == nil {
+		info, ierr := l.Info()
+		if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == idx {
+			if info.Program == want {
+				l.Close()
+				return nil
+			}
+			if err := l.Update(prog); err == nil {
+				l.Close()
+				return nil
+			}
+			ours = info.Program
+		}
+		// A link of an earlier device of this name, or unusable.
+		l.Unpin()
+		l.Close()
+	} else {
+		os.Remove(path)
+	}
+	if err := foreignUplinkProgram(h, idx, name, want, ours); err != nil {
+		return err
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: idx, Program: prog, Attach: h.attach})
+	if err != nil {
+		return fmt.Errorf("attach %s to tcx %s of uplink %s: %w", h.prog, h.attach, name, err)
+	}
+	err = l.Pin(path)
+	l.Close()
+	if err != nil {
+		return fmt.Errorf("pin uplink link %s: %w", path, err)
+	}
+	return nil
+}
+
+// foreignUplinkProgram refuses a second pin directory in one network
+// namespace: its uplink programs would keep their own hostPorts and
+// masquerade ports, and answer for flows of the other. An uplink hook
+// already running a program of ours by name that is neither this build's
+// (want) nor the one our pinned link ran (ours) belongs to another pinDir.
+func foreignUplinkProgram(h uplinkHook, idx int, name string, want, ours ebpf.ProgramID) error {
+	res, err := link.QueryPrograms(link.QueryOptions{Target: idx, Attach: h.attach})
+	if err != nil {
+		return fmt.Errorf("list tcx %s programs of uplink %s: %w", h.attach, name, err)
+	}
+	for _, p := range res.Programs {
+		if p.ID == want || p.ID == ours {
 			continue
 		}
-		if _, keep := uplinks[name]; !keep {
-			dropLinkPin(filepath.Join(NodeHookDir(pinRoot), e.Name()))
-		}
-	}
-	for name, idx := range uplinks {
-		path := uplinkPinPath(pinRoot, name)
-		if l, err := link.LoadPinnedLink(path, nil); err == nil {
-			info, ierr := l.Info()
-			if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == idx {
-				if info.Program == want {
-					l.Close()
-					continue
-				}
-				if err := l.Update(prog); err == nil {
-					l.Close()
-					continue
-				}
-			}
-			// A link of an earlier device of this name, or unusable.
-			l.Unpin()
-			l.Close()
-		} else {
-			os.Remove(path)
-		}
-		l, err := link.AttachTCX(link.TCXOptions{Interface: idx, Program: prog, Attach: ebpf.AttachTCXIngress})
+		prog, err := ebpf.NewProgramFromID(p.ID)
 		if err != nil {
-			return fmt.Errorf("attach %s to tcx ingress of uplink %s: %w", uplinkProg, name, err)
+			continue // gone meanwhile
 		}
-		err = l.Pin(path)
-		l.Close()
-		if err != nil {
-			return fmt.Errorf("pin uplink link %s: %w", path, err)
+		info, err := prog.Info()
+		prog.Close()
+		if err == nil && info.Name == kernelProgName(h.prog) {
+			return fmt.Errorf("uplink %s already runs %s (program id %d) of another pin directory: "+
+				"one pinDir serves a network namespace (give every network of this node the same pinDir)", name, h.prog, p.ID)
 		}
 	}
 	return nil
+}
+
+// kernelProgName is the name the kernel keeps of a program (BPF_OBJ_NAME_LEN).
+func kernelProgName(n string) string {
+	if len(n) > 15 {
+		return n[:15]
+	}
+	return n
 }
 
 func dropLinkPin(path string) {
@@ -504,14 +593,14 @@ func (dp *Datapath) CheckHostPorts(opts HostPortOptions) error {
 		return err
 	}
 	for name, idx := range view.uplinks {
-		l, err := link.LoadPinnedLink(uplinkPinPath(dp.PinRoot, name), nil)
-		if err != nil {
-			return fmt.Errorf("uplink %s has no hostPort program: %w", name, err)
-		}
-		info, err := l.Info()
-		l.Close()
-		if err != nil || info.TCX() == nil || int(info.TCX().Ifindex) != idx {
-			return fmt.Errorf("uplink %s: the hostPort program is not attached to it", name)
+		for _, h := range uplinkHooks {
+			info, err := pinnedLinkInfo(uplinkPinPath(dp.PinRoot, h, name))
+			if err != nil {
+				return fmt.Errorf("uplink %s has no %s program: %w", name, h.prog, err)
+			}
+			if info.TCX() == nil || int(info.TCX().Ifindex) != idx {
+				return fmt.Errorf("uplink %s: %s is not attached to it", name, h.prog)
+			}
 		}
 	}
 	return nil

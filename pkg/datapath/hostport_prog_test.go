@@ -65,7 +65,7 @@ func uplinkProgram(t *testing.T, dp *Datapath) *ebpf.Program {
 			p.Close()
 		}
 	})
-	return progs[uplinkProg]
+	return progs["cni_from_uplink"]
 }
 
 // l4 builds a TCP (flags) or UDP header with payload and a valid checksum
@@ -252,8 +252,8 @@ func TestUplinkLeavesOthersAlone(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ret, out := run(t, up, c.frame)
-			if ret != actOK {
-				t.Fatalf("verdict %d, want pass to the stack", ret)
+			if ret != actNext {
+				t.Fatalf("verdict %d, want TCX_NEXT (the next program, or the stack)", ret)
 			}
 			if string(out) != string(c.frame) {
 				t.Fatalf("the frame was modified")
@@ -270,8 +270,8 @@ func TestUplinkLeavesOthersAlone(t *testing.T) {
 	// Switched off (no hostPorts on the node): nothing is translated.
 	zero := uint32(0)
 	must(t, dp.Maps.Map("cni_hp_config").Put(&zero, &maps.HostPortConfig{}))
-	if ret, _ := run(t, up, packet(remoteMAC, protoTCP, clientIP, nodeIP, 40002, 8080, synFlag)); ret != actOK {
-		t.Fatalf("hostPorts disabled: verdict %d, want pass", ret)
+	if ret, _ := run(t, up, packet(remoteMAC, protoTCP, clientIP, nodeIP, 40002, 8080, synFlag)); ret != actNext {
+		t.Fatalf("hostPorts disabled: verdict %d, want TCX_NEXT", ret)
 	}
 }
 

@@ -172,7 +172,8 @@ func CurrentProgramPins() map[string]bool {
 	for _, p := range programs() {
 		out[filepath.Base(progPinPath("", p))] = true
 	}
-	out[filepath.Base(progPinPath("", progDef{uplinkProg, loadFromUplink, _FromUplinkBytes}))] = true
+	out[filepath.Base(progPinPath("", progDef{"cni_from_uplink", loadFromUplink, _FromUplinkBytes}))] = true
+	out[filepath.Base(progPinPath("", progDef{"cni_to_uplink", loadToUplink, _ToUplinkBytes}))] = true
 	for _, h := range sockHooks {
 		out[filepath.Base(progPinPath("", progDef{h.prog, loadSock, _SockBytes}))] = true
 	}

@@ -58,6 +58,10 @@ func ProtoName(p uint8) string {
 		return "udp"
 	case ProtoICMP:
 		return "icmp"
+	case 58:
+		return "icmpv6"
+	case 132:
+		return "sctp"
 	}
 	return fmt.Sprintf("proto%d", p)
 }

@@ -166,6 +166,24 @@ type mapsObjNetnsInfo struct {
 	Pad        uint32
 }
 
+type mapsObjSfKey struct {
+	_        structs.HostLayout
+	Addr     [16]uint8
+	PeerAddr [16]uint8
+	Port     uint16
+	PeerPort uint16
+	Family   uint8
+	Proto    uint8
+	Pad      uint16
+}
+
+type mapsObjSfVal struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Flags   uint32
+	SeenNs  uint64
+}
+
 type mapsObjSnatKey struct {
 	_        structs.HostLayout
 	Addr     [16]uint8
@@ -237,6 +255,7 @@ const (
 	mapsObjMapCniNodeIps      = "cni_node_ips"
 	mapsObjMapCniSnat         = "cni_snat"
 	mapsObjMapCniSockRnat     = "cni_sock_rnat"
+	mapsObjMapCniStackFlows   = "cni_stack_flows"
 	mapsObjMapCniStats        = "cni_stats"
 	mapsObjVarDirUnused       = "__dir_unused"
 	mapsObjVarHpStatUnused    = "__hp_stat_unused"
@@ -305,6 +324,7 @@ type mapsObjMapSpecs struct {
 	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
 	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
 	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
+	CniStackFlows   *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats        *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
@@ -351,6 +371,7 @@ type mapsObjMaps struct {
 	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
 	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
 	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
+	CniStackFlows   *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats        *ebpf.Map `ebpf:"cni_stats"`
 }
 
@@ -369,6 +390,7 @@ func (m *mapsObjMaps) Close() error {
 		m.CniNodeIps,
 		m.CniSnat,
 		m.CniSockRnat,
+		m.CniStackFlows,
 		m.CniStats,
 	)
 }

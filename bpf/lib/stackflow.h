@@ -1,0 +1,272 @@
+/*
+ * Flows the kernel stack delivered to a pod, so that their replies go back
+ * through the stack and whatever it translated (kube-proxy's Service DNAT,
+ * portmap, a user's rules) is translated back by conntrack.
+ *
+ *   - host veth tcx egress (to_container.c): a packet the stack hands to a
+ *     pod is recorded in cni_stack_flows, keyed as the pod's replies will
+ *     look, when its source is a pod of this node (SF_PEER_POD), a node
+ *     address (SF_PEER_NODE, UDP), or, for a masquerading pod, a host outside
+ *     that reached it directly (SF_INBOUND, UDP). Plain same-node pod-to-pod
+ *     traffic never passes there (bpf_redirect_peer skips the hook), so it
+ *     is never recorded.
+ *   - host veth tcx ingress (from_container.c): before a packet is redirected
+ *     to a pod of this node, a hit on its tuple sends it to the stack instead
+ *     (the reply of a flow the stack NATed must meet conntrack), and a TCP
+ *     SYN or ICMP echo request (a new direct flow) drops a stale record of
+ *     its tuple, so a flow never goes half through the stack and half around
+ *     it (kube-proxy drops what conntrack finds INVALID).
+ *   - uplink tcx egress (to_uplink.c): a masquerading pod's UDP reply to a
+ *     host that reached it directly (SF_INBOUND) is not masqueraded.
+ *
+ * Entries live in an LRU map: active flows keep theirs (every packet the
+ * stack delivers refreshes it, every lookup touches it). Each carries the
+ * host veth of the pod it was made for: DEL scans for it, and an entry of
+ * an earlier pod with the same address is never used.
+ */
+#pragma once
+
+#include "nat.h"
+
+#ifndef IPPROTO_ICMP
+#define IPPROTO_ICMP 1
+#endif
+#ifndef IPPROTO_SCTP
+#define IPPROTO_SCTP 132
+#endif
+
+#define SF_PEER_POD 1  /* the peer is a pod of this node */
+#define SF_PEER_NODE 2 /* the peer is a node address (UDP): the pod's replies are no hostPort hairpin */
+#define SF_INBOUND 4   /* the peer reached a masquerading pod directly (UDP): replies leave untranslated */
+
+/* Key of cni_stack_flows: the flow as the pod sends its replies. ICMP echo:
+ * port is the echo id, peer_port 0. Protocols without ports: both 0. */
+struct sf_key {
+	__u8 addr[16];      /* the pod the stack delivered to */
+	__u8 peer_addr[16]; /* the source it came from */
+	__be16 port;
+	__be16 peer_port;
+	__u8 family;
+	__u8 proto;
+	__u16 pad;
+};
+
+struct sf_val {
+	__u32 ifindex; /* host veth of the pod */
+	__u32 flags;   /* SF_* */
+	__u64 seen_ns; /* last packet the stack delivered, refreshed at most once a second */
+};
+
+#define MAX_STACK_FLOWS 65536
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_STACK_FLOWS);
+	__type(key, struct sf_key);
+	__type(value, struct sf_val);
+} cni_stack_flows SEC(".maps");
+
+/* What a packet is to this table. */
+#define SF_PKT_FLOW 0   /* keyed by its own header */
+#define SF_PKT_OPEN 1   /* TCP SYN or ICMP echo request: opens a flow */
+#define SF_PKT_ERROR 2  /* ICMP error: keyed by the packet it quotes (f holds that one) */
+#define SF_PKT_OPAQUE 3 /* fragment, extension header, quote unreadable: cannot be keyed */
+
+#define ICMP6_ECHO_REQUEST 128
+#define ICMP6_ECHO_REPLY 129
+
+/* Ports of an ICMP(v6) echo: the responder's port is the id. */
+static __always_inline void sf_echo_ports(struct flow *f, __be16 id, int request)
+{
+	f->sport = request ? 0 : id;
+	f->dport = request ? id : 0;
+}
+
+/* Ports (or echo id) of the L4 header at off, into f. Returns SF_PKT_*. */
+static __always_inline int sf_l4(struct __sk_buff *skb, struct flow *f, __u32 off)
+{
+	__u8 h[14];
+
+	f->sport = 0;
+	f->dport = 0;
+	if (f->proto == IPPROTO_TCP) {
+		if (bpf_skb_load_bytes(skb, off, h, 14))
+			return SF_PKT_OPAQUE;
+		f->sport = *(__be16 *)&h[0];
+		f->dport = *(__be16 *)&h[2];
+		return (h[13] & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN ? SF_PKT_OPEN : SF_PKT_FLOW;
+	}
+	if (f->proto == IPPROTO_UDP || f->proto == IPPROTO_SCTP) {
+		if (bpf_skb_load_bytes(skb, off, h, 4))
+			return SF_PKT_OPAQUE;
+		f->sport = *(__be16 *)&h[0];
+		f->dport = *(__be16 *)&h[2];
+		return SF_PKT_FLOW;
+	}
+	if (f->proto == IPPROTO_ICMP || f->proto == IPPROTO_ICMPV6) {
+		if (bpf_skb_load_bytes(skb, off, h, 8))
+			return SF_PKT_OPAQUE;
+		__u8 req = f->proto == IPPROTO_ICMP ? 8 : ICMP6_ECHO_REQUEST;
+		__u8 rep = f->proto == IPPROTO_ICMP ? 0 : ICMP6_ECHO_REPLY;
+		if (h[0] == req || h[0] == rep) {
+			sf_echo_ports(f, *(__be16 *)&h[4], h[0] == req);
+			return h[0] == req ? SF_PKT_OPEN : SF_PKT_FLOW;
+		}
+		if (f->proto == IPPROTO_ICMP ? (h[0] == 3 || h[0] == 11 || h[0] == 12) : (h[0] >= 1 && h[0] <= 4))
+			return SF_PKT_ERROR;
+		return SF_PKT_FLOW; /* other ICMP: addresses only */
+	}
+	return SF_PKT_FLOW; /* no ports (GRE, ESP, ...): addresses only */
+}
+
+/*
+ * Parses the packet an ICMP error quotes (at byte off) into f: the packet the
+ * pod received, cut short. Returns SF_PKT_ERROR, or SF_PKT_OPAQUE when it
+ * cannot be keyed (errors are never sent about errors).
+ */
+static __always_inline int sf_parse_quote(struct __sk_buff *skb, struct flow *f, __u8 family, __u32 off)
+{
+	int kind;
+
+	if (family == AF_INET) {
+		struct iphdr ip;
+
+		/* A quoted first fragment has ports; a later one has none. */
+		if (bpf_skb_load_bytes(skb, off, &ip, sizeof(ip)) || ip.ihl < 5 || (ip.frag_off & bpf_htons(0x1fff)))
+			return SF_PKT_OPAQUE;
+		f->proto = ip.protocol;
+		*(__be32 *)f->saddr = ip.saddr;
+		*(__be32 *)f->daddr = ip.daddr;
+		kind = sf_l4(skb, f, off + ip.ihl * 4);
+	} else {
+		struct ipv6hdr ip6;
+
+		if (bpf_skb_load_bytes(skb, off, &ip6, sizeof(ip6)))
+			return SF_PKT_OPAQUE;
+		f->proto = ip6.nexthdr;
+		if (f->proto != IPPROTO_TCP && f->proto != IPPROTO_UDP && f->proto != IPPROTO_SCTP &&
+		    f->proto != IPPROTO_ICMPV6)
+			return SF_PKT_OPAQUE;
+		__builtin_memcpy(f->saddr, &ip6.saddr, 16);
+		__builtin_memcpy(f->daddr, &ip6.daddr, 16);
+		kind = sf_l4(skb, f, off + sizeof(ip6));
+	}
+	return kind == SF_PKT_OPAQUE || kind == SF_PKT_ERROR ? SF_PKT_OPAQUE : SF_PKT_ERROR;
+}
+
+/*
+ * Parses a packet (IP header at ETH_HLEN) for this table into f; for an ICMP
+ * error, f is the quoted packet. Returns SF_PKT_*.
+ */
+static __always_inline int sf_parse(struct __sk_buff *skb, struct flow *f, __u8 family)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u32 l4;
+
+	f->family = family;
+	if (family == AF_INET) {
+		struct iphdr *ip = data + ETH_HLEN;
+
+		if ((void *)(ip + 1) > data_end || ip->ihl < 5 || (ip->frag_off & bpf_htons(0x3fff)))
+			return SF_PKT_OPAQUE; /* a fragment: only the first has ports */
+		f->proto = ip->protocol;
+		*(__be32 *)f->saddr = ip->saddr;
+		*(__be32 *)f->daddr = ip->daddr;
+		l4 = ETH_HLEN + ip->ihl * 4;
+	} else {
+		struct ipv6hdr *ip6 = data + ETH_HLEN;
+
+		if ((void *)(ip6 + 1) > data_end)
+			return SF_PKT_OPAQUE;
+		f->proto = ip6->nexthdr;
+		/* An extension header (a fragment one, say) first: not keyed. */
+		if (f->proto != IPPROTO_TCP && f->proto != IPPROTO_UDP && f->proto != IPPROTO_SCTP &&
+		    f->proto != IPPROTO_ICMPV6)
+			return SF_PKT_OPAQUE;
+		__builtin_memcpy(f->saddr, &ip6->saddr, 16);
+		__builtin_memcpy(f->daddr, &ip6->daddr, 16);
+		l4 = ETH_HLEN + sizeof(*ip6);
+	}
+	int kind = sf_l4(skb, f, l4);
+	if (kind != SF_PKT_ERROR)
+		return kind;
+	return sf_parse_quote(skb, f, family, l4 + 8);
+}
+
+/* Key of a packet the stack delivers to a pod (pod = destination). */
+static __always_inline void sf_key_delivered(struct sf_key *k, const struct flow *f)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->family = f->family;
+	k->proto = f->proto;
+	addr_copy(k->addr, f->daddr, f->family);
+	addr_copy(k->peer_addr, f->saddr, f->family);
+	k->port = f->dport;
+	k->peer_port = f->sport;
+}
+
+/* Key of a packet a pod sends (pod = source). */
+static __always_inline void sf_key_sent(struct sf_key *k, const struct flow *f)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->family = f->family;
+	k->proto = f->proto;
+	addr_copy(k->addr, f->saddr, f->family);
+	addr_copy(k->peer_addr, f->daddr, f->family);
+	k->port = f->sport;
+	k->peer_port = f->dport;
+}
+
+/* The record of k if it was made for the pod behind ifindex (one of another
+ * pod, left by an earlier owner of the address, is deleted). */
+static __always_inline struct sf_val *sf_lookup(struct sf_key *k, __u32 ifindex)
+{
+	struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, k);
+
+	if (v && v->ifindex != ifindex) {
+		bpf_map_delete_elem(&cni_stack_flows, k);
+		return NULL;
+	}
+	return v;
+}
+
+static __always_inline void sf_forget(struct sf_key *k)
+{
+	if (bpf_map_lookup_elem(&cni_stack_flows, k))
+		bpf_map_delete_elem(&cni_stack_flows, k);
+}
+
+/*
+ * A packet the pod behind ifindex sends to another pod of this node: 1 if it
+ * must go through the stack (the reply of a flow the stack delivered to the
+ * pod, an ICMP error about one, or a packet that cannot be keyed), 0 for the
+ * fast path.
+ */
+static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, __u32 ifindex)
+{
+	struct flow f = {};
+	struct sf_key k;
+	int kind = sf_parse(skb, &f, family);
+
+	switch (kind) {
+	case SF_PKT_OPAQUE:
+		return 1;
+	case SF_PKT_ERROR:
+		sf_key_delivered(&k, &f);
+		return sf_lookup(&k, ifindex) != NULL;
+	case SF_PKT_OPEN:
+		/* A new direct flow: a record of this tuple is left from an
+		 * earlier, translated one. Half of this flow through the stack
+		 * would be INVALID to conntrack. */
+		sf_key_delivered(&k, &f);
+		sf_forget(&k);
+		if (f.proto == IPPROTO_TCP) {
+			sf_key_sent(&k, &f);
+			sf_forget(&k);
+		}
+		return 0;
+	}
+	sf_key_sent(&k, &f);
+	return sf_lookup(&k, ifindex) != NULL;
+}
