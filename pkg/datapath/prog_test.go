@@ -22,7 +22,7 @@ const (
 	actShot     = 2
 	actRedirect = 7
 	actNext     = 0xffffffff // TCX_NEXT (-1): on to the next tcx program, or the stack
-	loIfindex   = 1 // test runs need a real device; the endpoint "lives" on lo
+	loIfindex   = 1          // test runs need a real device; the endpoint "lives" on lo
 	dstIfindex  = 4242
 )
 
