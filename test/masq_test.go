@@ -167,10 +167,14 @@ func v4Of(t *testing.T, r *current.Result) net.IP {
 // askFrom is askTCP / askUDP from a fixed local port (0: any).
 func askFrom(netns ns.NetNS, proto, addr string, lport int) (answer, error) {
 	var a answer
+	fam := "4"
+	if h, _, _ := net.SplitHostPort(addr); net.ParseIP(h).To4() == nil {
+		fam = "6"
+	}
 	err := netns.Do(func(ns.NetNS) error {
 		if proto == "tcp" {
 			d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: &net.TCPAddr{Port: lport}}
-			c, err := d.Dial("tcp4", addr)
+			c, err := d.Dial("tcp"+fam, addr)
 			if err != nil {
 				return err
 			}
@@ -183,11 +187,11 @@ func askFrom(netns ns.NetNS, proto, addr string, lport int) (answer, error) {
 			a, err = parseAnswer(line)
 			return err
 		}
-		raddr, err := net.ResolveUDPAddr("udp4", addr)
+		raddr, err := net.ResolveUDPAddr("udp"+fam, addr)
 		if err != nil {
 			return err
 		}
-		c, err := net.ListenUDP("udp4", &net.UDPAddr{Port: lport})
+		c, err := net.ListenUDP("udp"+fam, &net.UDPAddr{Port: lport})
 		if err != nil {
 			return err
 		}
