@@ -59,6 +59,16 @@ func newHPEnv(t *testing.T) *hpEnv {
 		r.Close()
 		testutils.UnmountNS(r)
 	})
+	if err := h.plugUplink(); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// plugUplink connects the node and the remote host with a veth, uplink0 on
+// the node (uplinkIP4/6) and eth0 on the remote host (remoteIP4/6, default
+// routes via the node).
+func (h *hpEnv) plugUplink() error {
 	addr := func(l netlink.Link, cidr string) error {
 		a, err := netlink.ParseAddr(cidr)
 		if err != nil {
@@ -67,10 +77,10 @@ func newHPEnv(t *testing.T) *hpEnv {
 		a.Flags = unix.IFA_F_NODAD
 		return netlink.AddrAdd(l, a)
 	}
-	err = e.inNode(func() error {
+	err := h.inNode(func() error {
 		veth := &netlink.Veth{
 			LinkAttrs: netlink.LinkAttrs{Name: "uplink0"},
-			PeerName:  "eth0", PeerNamespace: netlink.NsFd(int(r.Fd())),
+			PeerName:  "eth0", PeerNamespace: netlink.NsFd(int(h.remote.Fd())),
 		}
 		if err := netlink.LinkAdd(veth); err != nil {
 			return fmt.Errorf("add uplink veth: %w", err)
@@ -87,9 +97,9 @@ func newHPEnv(t *testing.T) *hpEnv {
 		return netlink.LinkSetUp(l)
 	})
 	if err != nil {
-		t.Fatalf("node uplink: %v", err)
+		return fmt.Errorf("node uplink: %w", err)
 	}
-	err = r.Do(func(ns.NetNS) error {
+	err = h.remote.Do(func(ns.NetNS) error {
 		for _, n := range []string{"lo", "eth0"} {
 			l, err := netlink.LinkByName(n)
 			if err != nil {
@@ -113,9 +123,9 @@ func newHPEnv(t *testing.T) *hpEnv {
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("remote netns: %v", err)
+		return fmt.Errorf("remote netns: %w", err)
 	}
-	return h
+	return nil
 }
 
 // pm is one portMappings entry as a runtime passes it.
