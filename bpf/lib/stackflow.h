@@ -188,6 +188,19 @@ static __always_inline int sf_parse(struct __sk_buff *skb, struct flow *f, __u8 
 		__builtin_memcpy(f->daddr, &ip6->daddr, 16);
 		l4 = ETH_HLEN + sizeof(*ip6);
 	}
+	/* The common case, a TCP or UDP header in the linear data, is read in
+	 * place: this runs for every same-node pod-to-pod packet. */
+	__u8 *h = data + l4;
+	if (f->proto == IPPROTO_TCP && (void *)(h + 14) <= data_end) {
+		f->sport = *(__be16 *)&h[0];
+		f->dport = *(__be16 *)&h[2];
+		return (h[13] & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN ? SF_PKT_OPEN : SF_PKT_FLOW;
+	}
+	if (f->proto == IPPROTO_UDP && (void *)(h + 4) <= data_end) {
+		f->sport = *(__be16 *)&h[0];
+		f->dport = *(__be16 *)&h[2];
+		return SF_PKT_FLOW;
+	}
 	int kind = sf_l4(skb, f, l4);
 	if (kind != SF_PKT_ERROR)
 		return kind;

@@ -38,7 +38,7 @@ var (
 	gwIP6   = net.ParseIP("fd00:9::1")
 )
 
-func testDatapath(t *testing.T) *Datapath {
+func testDatapath(t testing.TB) *Datapath {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
@@ -66,7 +66,7 @@ func testDatapath(t *testing.T) *Datapath {
 	return dp
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
