@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -49,7 +50,8 @@ func testDatapath(t testing.TB) *Datapath {
 	if err := EnsureBPFFS(BPFFSRoot); err != nil {
 		t.Fatal(err)
 	}
-	dir := filepath.Join(BPFFSRoot, fmt.Sprintf("ebpf-cni-unit-%s-%d", t.Name(), os.Getpid()))
+	// One flat directory, also for subtests ("/" in the name).
+	dir := filepath.Join(BPFFSRoot, fmt.Sprintf("ebpf-cni-unit-%s-%d", strings.ReplaceAll(t.Name(), "/", "_"), os.Getpid()))
 	os.RemoveAll(dir)
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	dp, err := Ensure(dir)
