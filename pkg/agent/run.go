@@ -77,6 +77,14 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("ensure datapath at %s: %w", o.PinRoot, err)
 	}
+	if o.HostPorts {
+		// The node hooks first: this build's host veth programs leave the
+		// masquerade to the uplink's egress program, which must be there
+		// before they are (old host veth programs work with the new hooks).
+		if _, err := dp.EnsureHostPorts(datapath.HostPortOptions{CgroupRoot: o.CgroupRoot}); err != nil {
+			lg.Printf("hostPort hooks before the upgrade: %v", err)
+		}
+	}
 	rep, err := dp.Upgrade(false)
 	dp.Close()
 	if err != nil {
