@@ -80,7 +80,9 @@ func Run(ctx context.Context, o Options) error {
 	if o.HostPorts {
 		// The node hooks first: this build's host veth programs leave the
 		// masquerade to the uplink's egress program, which must be there
-		// before they are (old host veth programs work with the new hooks).
+		// before they run. (Old host veth programs still masquerade
+		// themselves meanwhile; where conntrack drops INVALID packets, the
+		// first reply of a TCP flow they open in between is lost and resent.)
 		if _, err := dp.EnsureHostPorts(datapath.HostPortOptions{CgroupRoot: o.CgroupRoot}); err != nil {
 			lg.Printf("hostPort hooks before the upgrade: %v", err)
 		}
