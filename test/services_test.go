@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
@@ -350,4 +353,78 @@ func (l *svcLab) teardown(t *testing.T) {
 	}
 	l.assertClean()
 	l.assertNoHostPorts()
+}
+
+// TestServicesStackFlowsReconciled: the stack flows of a pod that vanished
+// with no DEL and no record (a crash) are found by ebpf-agent reconcile and
+// removed; a live pod's stay.
+func TestServicesStackFlowsReconciled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	a, b, c := e.newPod(), e.newPod(), e.newPod()
+	for id, p := range map[string]ns.NetNS{"a": a, "b": b, "c": c} {
+		e.cleanupDel(p, id)
+	}
+	e.add(a, "a")
+	b4, _ := podIPs(t, e.add(b, "b"))
+	c4, _ := podIPs(t, e.add(c, "c"))
+	serve(t, b, 8080, "b")
+	serve(t, c, 8080, "c")
+	svc := func(name string, ip, backend net.IP) svcPort {
+		return svcPort{name: name, proto: "tcp", clusterIP: ip, port: 80, backend: backend, target: 8080}
+	}
+	restore(t, e.node, "nft", nftRules(4, podSubnet4, []net.IP{nodeIP4},
+		[]svcPort{svc("b", svcWeb[4], b4), svc("c", svcLocal[4], c4)}), "-f", "-")
+	want(t, a, "tcp", svcWeb[4], 80, "b", nil, nil)
+	want(t, a, "tcp", svcLocal[4], 80, "c", nil, nil)
+
+	_, bIdx := e.hostVeth("b")
+	_, cIdx := e.hostVeth("c")
+	m := e.maps()
+	of := func(idx int) int {
+		flows, err := m.ListStackFlows()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, f := range flows {
+			if f.Ifindex == idx {
+				n++
+			}
+		}
+		return n
+	}
+	if of(bIdx) == 0 || of(cIdx) == 0 {
+		t.Fatalf("no stack flows recorded for b (%d) or c (%d)", of(bIdx), of(cIdx))
+	}
+	// b crashes: its record is lost and its veth goes, no DEL.
+	os.Remove(filepath.Join(e.stateDir, e.name, "b_eth0.json"))
+	if err := e.inNode(func() error { return deleteHostLink(cni.HostIfName("b", "eth0")) }); err != nil {
+		t.Fatal(err)
+	}
+	out, err := e.agentCmd(append([]string{"reconcile", "-o", "json"}, e.agentArgs(e.writeConfDir())...)...)
+	if err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, `"stack-flows"`) {
+		t.Errorf("reconcile removed no stack flows:\n%s", out)
+	}
+	if n := of(bIdx); n != 0 {
+		t.Errorf("%d stack flows of the vanished pod left", n)
+	}
+	if of(cIdx) == 0 {
+		t.Errorf("reconcile removed the live pod's stack flows")
+	}
+	want(t, a, "tcp", svcLocal[4], 80, "c", nil, nil)
+	for id, p := range map[string]ns.NetNS{"a": a, "b": b, "c": c} {
+		if err := e.del(p, id, "eth0"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(e.leftovers()); n != 0 {
+		t.Fatalf("left: %v", e.leftovers())
+	}
+	if flows, _ := m.ListStackFlows(); len(flows) != 0 {
+		t.Errorf("stack flows left: %+v", flows)
+	}
 }
