@@ -152,11 +152,6 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 	}
 	if (!dst || ip->ttl <= 1 || stack_flow_reply(skb, AF_INET, ifindex))
 		return pass(ifindex, skb->len);
-	data_end = (void *)(long)skb->data_end;
-	eth = (void *)(long)skb->data;
-	ip = (void *)(eth + 1);
-	if ((void *)(ip + 1) > data_end)
-		return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
 
 	/* We route, so decrement TTL; incremental checksum update as ip_decrease_ttl. */
 	__u32 check = ip->check;
@@ -227,11 +222,6 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 	}
 	if (!dst || ip6->hop_limit <= 1 || stack_flow_reply(skb, AF_INET6, ifindex))
 		return pass(ifindex, skb->len);
-	data_end = (void *)(long)skb->data_end;
-	eth = (void *)(long)skb->data;
-	ip6 = (void *)(eth + 1);
-	if ((void *)(ip6 + 1) > data_end)
-		return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
 
 	ip6->hop_limit--;
 	count(ifindex, DIR_EGRESS, REASON_REDIRECT, skb->len);
