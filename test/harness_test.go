@@ -376,10 +376,15 @@ func ping(netns ns.NetNS, ip net.IP, count int) error {
 // tcpTransfer sends n random bytes from src to a listener in dst on ip and
 // checks that the same bytes arrive.
 func tcpTransfer(src, dst ns.NetNS, ip net.IP, n int) error {
+	return tcpTransferPort(src, dst, ip, 0, n)
+}
+
+// tcpTransferPort is tcpTransfer to a listener on port (0: any).
+func tcpTransferPort(src, dst ns.NetNS, ip net.IP, lport, n int) error {
 	var ln net.Listener
 	err := dst.Do(func(ns.NetNS) error {
 		var err error
-		ln, err = net.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
+		ln, err = net.Listen("tcp", net.JoinHostPort(ip.String(), fmt.Sprint(lport)))
 		return err
 	})
 	if err != nil {

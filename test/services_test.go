@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -271,21 +272,44 @@ func (l *svcLab) cases(t *testing.T) {
 		}
 	})
 	t.Run("plain-pod-to-pod-keeps-fast-path", func(t *testing.T) {
-		_, aIdx := l.hostVeth("a")
+		// After all of the above, a direct transfer between a and b still
+		// takes bpf_redirect_peer both ways: a probe in the node's forward
+		// hook counts the transfer's packets the stack forwarded (none).
+		const port = 9099
+		restore(t, l.node, "nft", fmt.Sprintf(`add table inet probe
+add chain inet probe pfwd { type filter hook forward priority 10 ; }
+add rule inet probe pfwd meta l4proto tcp th sport %d counter
+add rule inet probe pfwd meta l4proto tcp th dport %d counter
+`, port, port), "-f", "-")
 		_, bIdx := l.hostVeth("b")
 		m := l.maps()
 		for _, fam := range []int{4, 6} {
-			fwdA := counter(t, m, aIdx, maps.DirIngress, maps.ReasonForward)
-			redB := counter(t, m, bIdx, maps.DirIngress, maps.ReasonRedirect)
-			if err := tcpTransfer(l.a, l.b, ip("b", fam), 1<<20); err != nil {
+			red := counter(t, m, bIdx, maps.DirIngress, maps.ReasonRedirect)
+			if err := tcpTransferPort(l.a, l.b, ip("b", fam), port, 1<<20); err != nil {
 				t.Fatal(err)
 			}
-			if d := counter(t, m, bIdx, maps.DirIngress, maps.ReasonRedirect).Packets - redB.Packets; d < 10 {
+			if d := counter(t, m, bIdx, maps.DirIngress, maps.ReasonRedirect).Packets - red.Packets; d < 10 {
 				t.Errorf("IPv%d a -> b: %d packets redirected into b, want the transfer's", fam, d)
 			}
-			if d := counter(t, m, aIdx, maps.DirIngress, maps.ReasonForward).Packets - fwdA.Packets; d != 0 {
-				t.Errorf("IPv%d a -> b: %d of b's packets reached a through the stack, want none", fam, d)
-			}
+		}
+		probe := func() string {
+			var out string
+			l.node.Do(func(ns.NetNS) error {
+				b, err := exec.Command("nft", "list", "chain", "inet", "probe", "pfwd").CombinedOutput()
+				out = string(b)
+				return err
+			})
+			return out
+		}
+		if out := probe(); strings.Count(out, "counter packets 0 ") != 2 {
+			t.Errorf("the stack forwarded packets of a direct a <-> b transfer:\n%s", out)
+		}
+		// The probe does see what the stack forwards: the remote host to b.
+		if err := tcpTransferPort(l.remote, l.b, ip("b", 4), port, 1<<16); err != nil {
+			t.Fatal(err)
+		}
+		if out := probe(); strings.Count(out, "counter packets 0 ") != 0 {
+			t.Errorf("the probe missed packets the stack forwarded:\n%s", out)
 		}
 	})
 }
