@@ -1,6 +1,7 @@
 package test
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
 	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
@@ -269,6 +271,23 @@ func (l *svcLab) cases(t *testing.T) {
 		}
 		if len(seen) != 4 {
 			t.Errorf("pod b's stack flows from pods: %v, want tcp and udp of both families; all: %+v", seen, flows)
+		}
+		js, err := l.masqAgent("dump", "ct", "-o", "json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var d agent.CTDump
+		if err := json.Unmarshal(js, &d); err != nil {
+			t.Fatalf("dump ct -o json: %v\n%s", err, js)
+		}
+		rows := 0
+		for _, r := range d.Flows {
+			if r.Kind == "stack/pod" && r.Interface != "" && strings.HasSuffix(r.Pod, ":8080") {
+				rows++
+			}
+		}
+		if rows < 4 {
+			t.Errorf("dump ct shows %d stack/pod rows of b:8080, want one per flow:\n%s", rows, js)
 		}
 	})
 	t.Run("plain-pod-to-pod-keeps-fast-path", func(t *testing.T) {
