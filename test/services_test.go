@@ -247,7 +247,8 @@ func (l *svcLab) cases(t *testing.T) {
 		// The same client port first through web, then straight to b: the
 		// direct flow must not go half through the stack (conntrack still
 		// holds the first flow; kube-proxy drops INVALID packets).
-		lport := 40000 + fam*100
+		// Above the ephemeral range (32768-60999): no earlier connection of a holds it.
+		lport := 61200 + fam*10
 		for i := 0; i < 3; i++ {
 			if err := askReset(l.a, hp(svcWeb[fam], 80), lport, "b"); err != nil {
 				t.Fatal(err)
