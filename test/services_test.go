@@ -362,7 +362,16 @@ func (l *svcLab) refused(ip net.IP, port int) error {
 // a RST (no TIME_WAIT: the next call may reuse the port at once).
 func askReset(netns ns.NetNS, addr string, lport int, server string) error {
 	return netns.Do(func(ns.NetNS) error {
-		d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: &net.TCPAddr{Port: lport}}
+		// SO_REUSEADDR: a socket just closed with a RST may still hold its
+		// explicitly bound port for a moment.
+		reuse := func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			err := rc.Control(func(fd uintptr) {
+				serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1)
+			})
+			return errors.Join(err, serr)
+		}
+		d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: &net.TCPAddr{Port: lport}, Control: reuse}
 		c, err := d.Dial("tcp", addr)
 		if err != nil {
 			return fmt.Errorf("connect %s from port %d: %w", addr, lport, err)
