@@ -5,36 +5,80 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ipam"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
 )
 
 // undo is a stack of cleanups run when ADD fails part way.
-type undo []func()
+type undo []func() error
 
-func (u *undo) push(f func()) { *u = append(*u, f) }
-func (u *undo) run() {
+func (u *undo) push(f func() error) { *u = append(*u, f) }
+
+// run undoes in reverse order and says whether anything could not be undone.
+func (u *undo) run() error {
+	var errs error
 	for i := len(*u) - 1; i >= 0; i-- {
-		(*u)[i]()
+		errs = errors.Join(errs, (*u)[i]())
 	}
+	return errs
 }
 
+// nsGetNstype is NS_GET_NSTYPE from linux/nsfs.h: _IO(0xb7, 0x3).
+const nsGetNstype = 0xb703
+
+// openNetns opens CNI_NETNS and refuses anything but a network namespace
+// other than the one the plugin runs in (the node's): configuring the node's
+// own netns as a pod would replace its default route.
 func openNetns(path string) (ns.NetNS, error) {
+	envErr := func(format string, a ...any) error {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %q: ", path)+fmt.Sprintf(format, a...), "")
+	}
 	netns, err := ns.GetNS(path)
 	if err != nil {
-		return nil, types.NewError(types.ErrInvalidEnvironmentVariables,
-			fmt.Sprintf("CNI_NETNS %q: cannot open network namespace: %v", path, err), "")
+		return nil, envErr("cannot open network namespace: %v", err)
+	}
+	fd := int(netns.Fd())
+	typ, err := unix.IoctlRetInt(fd, nsGetNstype)
+	if err != nil || typ != unix.CLONE_NEWNET {
+		netns.Close()
+		return nil, envErr("is not a network namespace")
+	}
+	var pod, self unix.Stat_t
+	if unix.Fstat(fd, &pod) == nil && unix.Stat("/proc/self/ns/net", &self) == nil &&
+		pod.Dev == self.Dev && pod.Ino == self.Ino {
+		netns.Close()
+		return nil, envErr("is the node's own network namespace (the one the plugin runs in), not a pod's")
 	}
 	return netns, nil
+}
+
+// checkDirs refuses a pin or state directory that another user owns or may
+// write to (see safedir), before anything in them is read or written.
+func checkDirs(conf *NetConf) error {
+	if err := safedir.Check(conf.PinDir); err != nil {
+		return confError("pinDir: %v", err)
+	}
+	if err := safedir.Check(conf.StateDir); err != nil {
+		return confError("stateDir: %v", err)
+	}
+	if err := safedir.Check(recordDir(conf.StateDir, conf.Name)); err != nil {
+		return confError("stateDir: %v", err)
+	}
+	return nil
 }
 
 // ipamError keeps the IPAM plugin's error code and says who failed.
@@ -76,14 +120,54 @@ func Add(args *skel.CmdArgs) (err error) {
 		return err
 	}
 	defer netns.Close()
+	if err := checkDirs(conf); err != nil {
+		return err
+	}
+	var cookie uint64
+	if err := netns.Do(func(ns.NetNS) (e error) { cookie, e = datapath.NetnsCookie(); return e }); err != nil {
+		return types.NewError(types.ErrInternal, fmt.Sprintf("CNI_NETNS %q: %v", args.Netns, err), "")
+	}
 
 	tr.mark("parse")
 	dp, err := ensureDatapath(conf)
 	if err != nil {
 		return err
 	}
-	defer dp.Close()
+	defer dp.Close() // after the undo below, which uses the maps
 	tr.mark("datapath")
+
+	// Claim the attachment before creating anything: a second ADD of it (a
+	// runtime retrying, two ADDs racing) is refused here and touches nothing
+	// of the first, its IPAM reservation least of all. The claim is the
+	// provisional record, so an ADD killed from here on is findable.
+	hostIf := HostIfName(args.ContainerID, args.IfName)
+	rec := &Record{
+		ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns, HostIf: hostIf,
+		NetnsCookie: cookie, Provisional: true, Pid: os.Getpid(), Created: time.Now().UTC(),
+	}
+	rec.PodNamespace, rec.PodName = podIdentity(args.Args)
+	claim, err := claimAttachment(conf, rec)
+	if err != nil {
+		return err
+	}
+	defer claim.Close() // the lock: held until the complete record replaces the provisional one
+	var u undo
+	defer func() {
+		if err == nil {
+			return
+		}
+		// The provisional record goes last, and only if everything else
+		// did: what could not be undone stays findable by DEL and GC.
+		if u.run() == nil {
+			_ = removeRecord(conf.StateDir, conf.Name, args.ContainerID, args.IfName)
+		}
+	}()
+	crashpoint("claimed")
+	if _, lerr := netlink.LinkByName(hostIf); lerr == nil {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
+			"CNI_CONTAINERID %q, CNI_IFNAME %q: the host veth %s of this attachment exists already (its record in %s is missing): DEL it before adding it again",
+			args.ContainerID, args.IfName, hostIf, recordDir(conf.StateDir, conf.Name)), "")
+	}
 
 	// Node-level hostPort hooks: set up the first time (an RCU wait per
 	// uplink), else only the node addresses are refreshed; either way in
@@ -111,13 +195,6 @@ func Add(args *skel.CmdArgs) (err error) {
 		defer hooksWait()
 	}
 
-	var u undo
-	defer func() {
-		if err != nil {
-			u.run()
-		}
-	}()
-
 	// IPAM runs in its own process: start it now and create and attach the
 	// veth meanwhile, so the tcx attach's RCU wait overlaps the exec.
 	type ipamOut struct {
@@ -129,12 +206,7 @@ func Add(args *skel.CmdArgs) (err error) {
 		r, e := ipam.ExecAdd(conf.IPAM.Type, args.StdinData)
 		ipamCh <- ipamOut{r, e}
 	}()
-	u.push(func() {
-		// Also on failure: the IPAM plugin may have reserved before failing.
-		_ = ipam.ExecDel(conf.IPAM.Type, args.StdinData)
-	})
 
-	hostIf := HostIfName(args.ContainerID, args.IfName)
 	p := &plan{hostIf: hostIf, ifname: args.IfName, mtu: conf.MTU}
 	if p.hostMAC, err = randomMAC(); err == nil {
 		p.podMAC, err = randomMAC()
@@ -147,12 +219,9 @@ func Add(args *skel.CmdArgs) (err error) {
 		// Same order as DEL: the veth first (detaching the programs), then
 		// pins, link entry and counters, which in-flight packets could re-create.
 		idx := hostLink.Attrs().Index
-		u.push(func() {
-			_ = deleteLink(hostIf)
-			_ = datapath.RemoveLinkPins(conf.PinDir, hostIf)
-			_ = dp.Maps.DeleteLink(idx)
-			_ = dp.Maps.DeleteLimits(idx)
-			_ = dp.Maps.ResetStats(idx)
+		u.push(func() error {
+			return errors.Join(deleteLink(hostIf), datapath.RemoveLinkPins(conf.PinDir, hostIf),
+				dp.Maps.DeleteLink(idx), dp.Maps.DeleteLimits(idx), dp.Maps.ResetStats(idx))
 		})
 		tr.mark("veth")
 		_, vethErr = dp.Attach(hostLink.Attrs().Index, hostIf, conf.attachMode)
@@ -161,8 +230,13 @@ func Add(args *skel.CmdArgs) (err error) {
 	out := <-ipamCh
 	tr.mark("ipam-wait")
 	if out.err != nil {
+		// Not undone: only this ADD's own reservation may be released, and
+		// a failed IPAM ADD made none (the runtime's DEL covers a plugin
+		// that reserved and then failed).
 		return ipamError(conf.IPAM.Type, out.err)
 	}
+	u.push(func() error { return ipam.ExecDel(conf.IPAM.Type, args.StdinData) })
+	crashpoint("ipam")
 	if vethErr != nil {
 		return types.NewError(types.ErrInternal, vethErr.Error(), "")
 	}
@@ -207,13 +281,13 @@ func Add(args *skel.CmdArgs) (err error) {
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
 	if err := dp.Maps.PutLink(ifindex, maps.NewLinkInfo(full.podMAC, full.hostMAC)); err != nil {
-		return types.NewError(types.ErrInternal, err.Error(), "")
+		return mapError(err)
 	}
 	// Limits before the endpoint entries whose flags point at them. Validated
 	// already; the undo of the veth removes them.
 	lim, _ := parseBandwidth(conf.RuntimeConfig.Bandwidth)
 	if err := lim.install(dp.Maps, ifindex); err != nil {
-		return types.NewError(types.ErrInternal, err.Error(), "")
+		return mapError(err)
 	}
 	info := maps.NewEndpointInfo(ifindex, full.podMAC, full.hostMAC, lim.endpointFlags())
 	if len(hps) > 0 {
@@ -225,19 +299,28 @@ func Add(args *skel.CmdArgs) (err error) {
 			return types.NewError(errPluginNotAvailable, fmt.Sprintf("ipMasq uplink hooks at %s: %v", conf.PinDir, err), "")
 		}
 		if err := dp.Maps.AddClusterCIDRs(clusterCIDRs(conf, res)); err != nil {
-			return types.NewError(types.ErrInternal, err.Error(), "")
+			return mapError(err)
 		}
 		info.Flags |= maps.EndpointFlagMasq
 		tr.mark("masq")
 	}
+	// BPF_NOEXIST: an address has one owner. Another live attachment holding
+	// it (two networks with overlapping ranges, an IPAM bug) refuses this ADD;
+	// a leftover of a vanished veth does not.
 	for _, ipc := range res.IPs {
 		ip := ipc.Address.IP
-		if err := dp.Maps.PutEndpoint(ip, info); err != nil {
-			return types.NewError(types.ErrInternal, err.Error(), "")
+		if err := dp.Maps.InsertEndpoint(ip, info, linkAlive); err != nil {
+			var taken *maps.EndpointTakenError
+			if errors.As(err, &taken) {
+				return confError("pod address %s from ipam plugin %q is already %s's: an address has one owner (overlapping ranges of two networks?); nothing of it was changed",
+					ip, conf.IPAM.Type, holderOf(taken.Ifindex))
+			}
+			return mapError(err)
 		}
-		u.push(func() { _ = dp.Maps.DeleteEndpoint(ip, ifindex) })
+		u.push(func() error { return dp.Maps.DeleteEndpoint(ip, ifindex) })
 	}
 	tr.mark("maps")
+	crashpoint("endpoints")
 
 	if len(hps) > 0 {
 		if err := hooksWait(); err != nil {
@@ -250,16 +333,27 @@ func Add(args *skel.CmdArgs) (err error) {
 			if err := dp.Maps.InsertHostPort(h); err != nil {
 				return hostPortError(conf, h, err)
 			}
-			u.push(func() { _ = dp.Maps.DeleteHostPort(h) })
+			u.push(func() error { return dp.Maps.DeleteHostPort(h) })
 		}
 		tr.mark("hostports")
 	}
 
-	if err := configureHost(full, hostLink); err != nil {
-		return types.NewError(types.ErrInternal, err.Error(), "")
+	if err := configureHost(full, hostLink, ownerAlias(conf.Name, args.ContainerID, args.IfName)); err != nil {
+		return netlinkError(err)
 	}
+	crashpoint("host")
+	// The pod's rules outlive its interface: the undo of the veth does not
+	// remove them.
+	u.push(func() error {
+		return netns.Do(func(ns.NetNS) error {
+			if full.table != 0 {
+				deleteRules(full.table)
+			}
+			return nil
+		})
+	})
 	if err := configurePod(full, netns); err != nil {
-		return types.NewError(types.ErrInternal, err.Error(), "")
+		return netlinkError(err)
 	}
 	// Every pod's netns is registered, so the sock_ops hook can pace its TCP
 	// towards rate-limited pods; the hook itself goes on with the first limit.
@@ -267,23 +361,23 @@ func Add(args *skel.CmdArgs) (err error) {
 	if lim.egress != nil {
 		egressBps = lim.egress.RateBps
 	}
-	if err := dp.Maps.PutNetns(full.netnsCookie, egressBps, 0); err != nil {
-		return types.NewError(types.ErrInternal, err.Error(), "")
+	created, err := dp.Maps.EnsureNetns(cookie, egressBps)
+	if err != nil {
+		return mapError(err)
 	}
-	cookie := full.netnsCookie
-	u.push(func() { _ = dp.Maps.DeleteNetns(cookie) })
+	if created {
+		u.push(func() error { return dp.Maps.DeleteNetns(cookie) })
+	}
 	if lim.egress != nil || lim.ingress != nil {
 		if err := dp.EnsurePacing(conf.CgroupRoot); err != nil {
 			return types.NewError(types.ErrInternal, fmt.Sprintf("bandwidth: %v", err), "")
 		}
 	}
+	crashpoint("pod")
 
 	tr.mark("netlink")
-	rec := &Record{
-		ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns,
-		HostIf: hostIf, HostIfindex: ifindex, HostMAC: full.hostMAC.String(), PodMAC: full.podMAC.String(),
-		NetnsCookie: full.netnsCookie,
-	}
+	rec.Provisional, rec.Pid = false, 0
+	rec.HostIfindex, rec.HostMAC, rec.PodMAC = ifindex, full.hostMAC.String(), full.podMAC.String()
 	for _, ipc := range res.IPs {
 		rec.IPs = append(rec.IPs, ipc.Address.IP.String())
 	}
@@ -291,13 +385,77 @@ func Add(args *skel.CmdArgs) (err error) {
 		rec.HostPorts = recordHostPorts(hps)
 	}
 	rec.Masq = conf.IPMasq
-	rec.PodNamespace, rec.PodName = podIdentity(args.Args)
+	rec.PodTable = full.table
 	if err := writeRecord(conf.StateDir, conf.Name, rec); err != nil {
 		return types.NewError(types.ErrIOFailure, err.Error(), "")
 	}
-	u.push(func() { _ = removeRecord(conf.StateDir, conf.Name, args.ContainerID, args.IfName) })
+	crashpoint("recorded")
 
 	return types.PrintResult(buildResult(conf, res, full, args), conf.CNIVersion)
+}
+
+// mapError is a failed map write as a CNI error: a full map is code 11 (it
+// has room again once pods go), anything else internal.
+func mapError(err error) error {
+	if errors.Is(err, maps.ErrFull) {
+		return types.NewError(types.ErrTryAgainLater, err.Error(), "")
+	}
+	return types.NewError(types.ErrInternal, err.Error(), "")
+}
+
+// netlinkError: a route another interface holds is code 7 (two networks
+// configured to overlap), anything else internal.
+func netlinkError(err error) error {
+	var c *conflictError
+	if errors.As(err, &c) {
+		return confError("%s", c.msg)
+	}
+	return types.NewError(types.ErrInternal, err.Error(), "")
+}
+
+// claimAttachment writes the provisional record of the attachment, or
+// refuses the ADD when the attachment has a record already.
+func claimAttachment(conf *NetConf, rec *Record) (*os.File, error) {
+	for try := 0; ; try++ {
+		f, err := claimRecord(conf.StateDir, conf.Name, rec)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, errClaimed) {
+			return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("stateDir: %v", err), "")
+		}
+		old, rerr := readRecord(conf.StateDir, conf.Name, rec.ContainerID, rec.IfName)
+		if rerr != nil {
+			return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("stateDir: record of %s/%s: %v", rec.ContainerID, rec.IfName, rerr), "")
+		}
+		if old == nil && try < 3 {
+			continue // removed by a DEL meanwhile: claim again
+		}
+		return nil, retryError(conf, rec, old)
+	}
+}
+
+// retryError refuses an ADD of an attachment that has a record: the CNI spec
+// forbids a second ADD without a DEL in between. Code 4: the CNI_CONTAINERID
+// and CNI_IFNAME the runtime passed name an attachment that exists, the one
+// variable-level mistake the runtime can act on (DEL first); 11 while
+// another ADD of it is still running, which ends by itself.
+func retryError(conf *NetConf, rec, old *Record) error {
+	who := fmt.Sprintf("CNI_CONTAINERID %q, CNI_IFNAME %q on network %q", rec.ContainerID, rec.IfName, conf.Name)
+	switch {
+	case old == nil:
+		return types.NewError(types.ErrTryAgainLater, who+": its record keeps changing (a DEL and an ADD racing); try again", "")
+	case !old.Provisional:
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
+			"%s: this attachment exists already (host veth %s, IPs %s, added %s): ADD may not be repeated without a DEL; the attachment is left as it is",
+			who, old.HostIf, strings.Join(old.IPs, ", "), old.Created.Format(time.RFC3339)), "")
+	case recordBusy(conf.StateDir, conf.Name, old):
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
+			"%s: another ADD of this attachment is in progress (pid %d)", who, old.Pid), "")
+	default:
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
+			"%s: an earlier ADD of this attachment (pid %d) did not finish and left it half made: DEL it first", who, old.Pid), "")
+	}
 }
 
 func buildResult(conf *NetConf, ipamRes *current.Result, p *plan, args *skel.CmdArgs) *current.Result {
@@ -318,7 +476,7 @@ func buildResult(conf *NetConf, ipamRes *current.Result, p *plan, args *skel.Cmd
 		c.Interface = &ctr
 		r.IPs = append(r.IPs, &c)
 	}
-	for _, rt := range p.routes {
+	for _, rt := range p.mainRoutes {
 		r.Routes = append(r.Routes, &types.Route{Dst: *rt.dst, GW: rt.gw})
 	}
 	return r

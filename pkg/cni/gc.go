@@ -23,6 +23,9 @@ func GC(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	if err := checkDirs(conf); err != nil {
+		return err
+	}
 	valid := make(map[string]bool)
 	for _, a := range conf.ValidAttachments {
 		valid[a.ContainerID+"/"+a.IfName] = true
@@ -33,8 +36,8 @@ func GC(args *skel.CmdArgs) error {
 	}
 	var errs error
 	for _, r := range recs {
-		if valid[r.ContainerID+"/"+r.IfName] {
-			continue
+		if valid[r.ContainerID+"/"+r.IfName] || recordBusy(conf.StateDir, conf.Name, r) {
+			continue // in use, or an ADD is still making it
 		}
 		if conf.IPAM.Type != "" {
 			if err := ipamDelFor(conf, args, r); err != nil {
@@ -42,7 +45,7 @@ func GC(args *skel.CmdArgs) error {
 				continue // keep the record so the next GC retries
 			}
 		}
-		if err := teardown(conf, r.ContainerID, r.IfName, r, newTracer()); err != nil {
+		if err := teardown(conf, r.ContainerID, r.IfName, r.Netns, r, newTracer()); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("tear down %s/%s: %w", r.ContainerID, r.IfName, err))
 		}
 	}
@@ -99,6 +102,9 @@ func removeOrphanLinkPins(pinRoot string) error {
 func Status(args *skel.CmdArgs) error {
 	conf, err := parseConf(args.StdinData)
 	if err != nil {
+		return err
+	}
+	if err := checkDirs(conf); err != nil {
 		return err
 	}
 	dp, err := datapath.Ensure(conf.PinDir)
