@@ -8,6 +8,7 @@ package test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,10 +24,13 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 // ---- helpers of this file --------------------------------------------------
@@ -472,4 +476,514 @@ func TestIntegrityInFlightAdd(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.assertClean()
+}
+
+// ---- networks beside the env's own ------------------------------------------
+
+// netList is the conflist of another network on the env's node.
+func (e *env) netList(name string, plugins ...map[string]any) *libcni.NetworkConfigList {
+	e.t.Helper()
+	ps := make([]any, len(plugins))
+	for i, p := range plugins {
+		ps[i] = p
+	}
+	b, err := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": name, "plugins": ps})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	l, err := libcni.ConfListFromBytes(b)
+	if err != nil {
+		e.t.Fatalf("parse conflist: %v", err)
+	}
+	return l
+}
+
+func (e *env) addList(l *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (*current.Result, error) {
+	var res types.Result
+	err := e.inNode(func() error {
+		var err error
+		res, err = e.cni.AddNetworkList(context.Background(), l, rt)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return current.NewResultFromResult(res)
+}
+
+func (e *env) delList(l *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
+	return e.inNode(func() error { return e.cni.DelNetworkList(context.Background(), l, rt) })
+}
+
+func (e *env) checkList(l *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
+	return e.inNode(func() error { return e.cni.CheckNetworkList(context.Background(), l, rt) })
+}
+
+// hostRoutesTo lists the node's routes to a pod address, by link.
+func (e *env) hostRoutesTo(ip net.IP) []netlink.Route {
+	e.t.Helper()
+	bits := 128
+	fam := netlink.FAMILY_V6
+	if ip.To4() != nil {
+		bits, fam = 32, netlink.FAMILY_V4
+	}
+	var out []netlink.Route
+	e.inNode(func() error {
+		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Dst: &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}}, netlink.RT_FILTER_DST)
+		out = rs
+		return err
+	})
+	return out
+}
+
+// assertOwns fails unless every address of a is a's alone on the node: its
+// endpoint entry and the node's one route to it lead to a's host veth.
+func (e *env) assertOwns(t *testing.T, a *attachment) {
+	t.Helper()
+	m := e.maps()
+	for _, ip := range a.ips {
+		ep, err := m.LookupEndpoint(ip)
+		if err != nil || int(ep.Ifindex) != a.ifindex {
+			t.Errorf("cni_endpoints entry of %s: %+v (err %v), want ifindex %d (%s)", ip, ep, err, a.ifindex, a.id)
+		}
+		rs := e.hostRoutesTo(ip)
+		if len(rs) != 1 || rs[0].LinkIndex != a.ifindex {
+			t.Errorf("node routes to %s: %v, want one, via ifindex %d (%s)", ip, rs, a.ifindex, a.id)
+		}
+	}
+}
+
+// ---- 2. One owner per address ----------------------------------------------
+
+// TestIntegrityAddressOwner: two networks on one node hand out the same
+// address (overlapping ranges). The second ADD is refused with code 7 naming
+// the holder (container, interface, network), whether the networks share the
+// pin directory (the endpoint entry is taken) or not (the node's route is),
+// and whatever their state directories; the owner keeps its entries, routes
+// and traffic, also after the refused attachment's DEL. Before, the second
+// ADD overwrote the entry and replaced the route, and its DEL then removed
+// both: the first pod was unreachable.
+func TestIntegrityAddressOwner(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name    string
+		samePin bool
+		v6      bool
+	}{
+		{"shared pinDir v4", true, false},
+		{"shared pinDir v6", true, true},
+		{"own pinDir v4", false, false},
+		{"own pinDir v6", false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := newEnv(t)
+			rng := map[string]string{"subnet": podSubnet4, "rangeStart": "10.250.0.5", "rangeEnd": "10.250.0.5"}
+			want := net.ParseIP("10.250.0.5")
+			if c.v6 {
+				rng = map[string]string{"subnet": podSubnet6, "rangeStart": "fd00:250::5", "rangeEnd": "fd00:250::5"}
+				want = net.ParseIP("fd00:250::5")
+			}
+			e.ipam = map[string]any{"type": "host-local", "dataDir": e.dataDir, "ranges": [][]map[string]string{{rng}}}
+			ownerPod := e.newPod()
+			e.cleanupDel(ownerPod, "owner")
+			owner := e.addAttachment(ownerPod, "owner")
+			if len(owner.ips) != 1 || !owner.ips[0].Equal(want) {
+				t.Fatalf("owner got %v, want %s", owner.ips, want)
+			}
+
+			pinB := e.pinDir
+			if !c.samePin {
+				pinB = e.pinDir + "-b"
+				t.Cleanup(func() { os.RemoveAll(pinB) })
+			}
+			stateB := t.TempDir()
+			netB := e.netList(randName("netb"), map[string]any{
+				"type": "ebpf-cni", "pinDir": pinB, "stateDir": stateB,
+				"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{{rng}}},
+			})
+			podB := e.newPod()
+			rtB := &libcni.RuntimeConf{ContainerID: "intruder", NetNS: podB.Path(), IfName: "eth0"}
+			t.Cleanup(func() { e.delList(netB, rtB) })
+			_, err := e.addList(netB, rtB)
+			if err == nil {
+				// Go on: what follows shows what the accepted ADD broke.
+				t.Errorf("ADD of an address another network's pod holds succeeded, want error %d", codeInvalidConfig)
+			} else {
+				libcniErr(t, "ADD of an address another network's pod holds", err, codeInvalidConfig,
+					want.String(), "container owner", "interface eth0", e.name)
+			}
+
+			check := func(when string) {
+				t.Helper()
+				e.assertOwns(t, owner)
+				if err := e.check(ownerPod, "owner", "eth0"); err != nil {
+					t.Errorf("CHECK of the owner %s: %v", when, err)
+				}
+				if err := ping(e.node, want, 2); err != nil {
+					t.Errorf("owner %s: %v", when, err)
+				}
+				if err := ping(ownerPod, nodeIP4, 1); !c.v6 && err != nil {
+					t.Errorf("owner %s: %v", when, err)
+				}
+				if err := ping(ownerPod, nodeIP6, 1); c.v6 && err != nil {
+					t.Errorf("owner %s: %v", when, err)
+				}
+			}
+			check("after the refused ADD")
+			if ents, _ := os.ReadDir(filepath.Join(stateB, netB.Name)); len(ents) != 0 {
+				t.Errorf("the refused ADD left records: %v", ents)
+			}
+			if e.nodeLinkExists(cni.HostIfName("intruder", "eth0")) {
+				t.Error("the refused ADD left its host veth")
+			}
+			if err := e.delList(netB, rtB); err != nil {
+				t.Fatalf("DEL of the refused attachment: %v", err)
+			}
+			check("after the refused attachment's DEL")
+
+			e.mustDel(ownerPod, "owner")
+			e.assertClean()
+			// With the owner gone, the address is free for the other network.
+			if _, err := e.addList(netB, rtB); err != nil {
+				t.Fatalf("ADD of the freed address: %v", err)
+			}
+			if err := ping(e.node, want, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.delList(netB, rtB); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+
+	// A leftover entry of a veth that no longer exists is no owner.
+	t.Run("leftover entry", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		e.ipam = map[string]any{"type": "host-local", "dataDir": e.dataDir, "ranges": [][]map[string]string{{
+			{"subnet": podSubnet4, "rangeStart": "10.250.0.5", "rangeEnd": "10.250.0.5"}}}}
+		first := e.addAttachment(e.newPod(), "first") // creates the maps
+		e.mustDel(first.pod, "first")
+		m := e.maps()
+		if err := m.PutEndpoint(net.ParseIP("10.250.0.5"), maps.NewEndpointInfo(1<<30, nil, nil)); err != nil {
+			t.Fatal(err)
+		}
+		p := e.addAttachment(e.newPod(), "second")
+		e.assertOwns(t, p)
+		if err := ping(p.pod, nodeIP4, 1); err != nil {
+			t.Fatal(err)
+		}
+		e.mustDel(p.pod, "second")
+		e.assertClean()
+	})
+}
+
+// ---- 3. Several interfaces per pod -----------------------------------------
+
+// podDefaults names the interface of the pod's default route per family.
+func podDefaults(t *testing.T, pod ns.NetNS) (v4, v6 string) {
+	t.Helper()
+	pod.Do(func(ns.NetNS) error {
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			rs, _ := netlink.RouteList(nil, fam)
+			for _, r := range rs {
+				if r.Dst != nil {
+					if ones, _ := r.Dst.Mask.Size(); ones != 0 {
+						continue
+					}
+				}
+				name := fmt.Sprintf("ifindex %d", r.LinkIndex)
+				if l, err := netlink.LinkByIndex(r.LinkIndex); err == nil {
+					name = l.Attrs().Name
+				}
+				if fam == netlink.FAMILY_V4 {
+					v4 += name + " "
+				} else {
+					v6 += name + " "
+				}
+			}
+		}
+		return nil
+	})
+	return strings.TrimSpace(v4), strings.TrimSpace(v6)
+}
+
+// podRules lists the pod's policy routing rules other than the kernel's own.
+func podRules(t *testing.T, pod ns.NetNS) []string {
+	t.Helper()
+	var out []string
+	pod.Do(func(ns.NetNS) error {
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			rs, _ := netlink.RuleList(fam)
+			for _, r := range rs {
+				if r.Table == 253 || r.Table == 254 || r.Table == 255 {
+					continue // default, main, local
+				}
+				out = append(out, r.String())
+			}
+		}
+		return nil
+	})
+	return out
+}
+
+// staticIPAM is the static IPAM plugin's config: no gateway, so ebpf-cni uses
+// its fallback next hops (169.254.1.1, fe80::1) for every interface.
+func staticIPAM(addrs ...string) map[string]any {
+	var as []map[string]string
+	for _, a := range addrs {
+		as = append(as, map[string]string{"address": a})
+	}
+	return map[string]any{"type": "static", "addresses": as}
+}
+
+// TestIntegrityTwoInterfaces: eth0 and net1 of one pod from two ebpf-cni
+// networks with the same next hop (169.254.1.1, fe80::1). Adding net1 keeps
+// eth0's default routes; replies from each interface's address leave through
+// it (else the other host veth would drop them as spoofed); DEL of net1
+// leaves eth0 with all it had. Before, net1's ADD replaced eth0's default and
+// gateway routes: the node could no longer reach eth0's address.
+func TestIntegrityTwoInterfaces(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.ipam = staticIPAM("10.250.0.10/24", "fd00:250::10/64")
+	pod := e.newPod()
+	e.cleanupDel(pod, "multi")
+	eth0 := e.addAttachment(pod, "multi")
+	stateB := t.TempDir()
+	netB := e.netList(randName("netb"), map[string]any{
+		"type": "ebpf-cni", "pinDir": e.pinDir, "stateDir": stateB,
+		"ipam": staticIPAM("10.251.0.10/24", "fd00:251::10/64"),
+	})
+	rtB := &libcni.RuntimeConf{ContainerID: "multi", NetNS: pod.Path(), IfName: "net1"}
+	t.Cleanup(func() { e.delList(netB, rtB) })
+	rB, err := e.addList(netB, rtB)
+	if err != nil {
+		t.Fatalf("ADD net1: %v", err)
+	}
+	net1IPs := []net.IP{net.ParseIP("10.251.0.10"), net.ParseIP("fd00:251::10")}
+	for _, r := range rB.Routes {
+		if ones, _ := r.Dst.Mask.Size(); ones == 0 {
+			t.Errorf("net1's result claims the pod's default route %s via %s, which stays eth0's", r.Dst.String(), r.GW)
+		}
+	}
+	if v4, v6 := podDefaults(t, pod); v4 != "eth0" || v6 != "eth0" {
+		t.Fatalf("pod default routes after net1's ADD: v4 %q, v6 %q; want eth0 only", v4, v6)
+	}
+	net1Idx := e.hostIfindex(cni.HostIfName("multi", "net1"))
+	m := e.maps()
+	both := func(when string) {
+		t.Helper()
+		// The node reaches both addresses: each reply leaves through its own
+		// interface (counted on that host veth) and passes its checks.
+		for _, ip := range eth0.ips {
+			if err := ping(e.node, ip, 2); err != nil {
+				t.Errorf("%s: node to eth0's %s: %v", when, ip, err)
+			}
+		}
+		before := counter(t, m, net1Idx, maps.DirEgress, maps.ReasonForward).Packets
+		for _, ip := range net1IPs {
+			if err := ping(e.node, ip, 2); err != nil {
+				t.Errorf("%s: node to net1's %s: %v\n  net1: %s", when, ip, err, dumpCounters(m, net1Idx))
+			}
+		}
+		if got := counter(t, m, net1Idx, maps.DirEgress, maps.ReasonForward).Packets - before; got < 4 {
+			t.Errorf("%s: net1's host veth forwarded %d packets from the pod for 4 echo replies", when, got)
+		}
+		// Traffic the pod starts leaves by eth0, or by net1 from net1's address.
+		if err := ping(pod, nodeIP4, 1); err != nil {
+			t.Errorf("%s: pod to node: %v", when, err)
+		}
+		if err := pingFrom(pod, net1IPs[0], nodeIP4, 1); err != nil {
+			t.Errorf("%s: %v", when, err)
+		}
+		if err := pingFrom(pod, net1IPs[1], nodeIP6, 1); err != nil {
+			t.Errorf("%s: %v", when, err)
+		}
+		if err := e.check(pod, "multi", "eth0"); err != nil {
+			t.Errorf("%s: CHECK eth0: %v", when, err)
+		}
+	}
+	both("with eth0 and net1")
+	if err := e.checkList(netB, rtB); err != nil {
+		t.Errorf("CHECK net1: %v", err)
+	}
+	rulesBoth := podRules(t, pod)
+
+	if err := e.delList(netB, rtB); err != nil {
+		t.Fatalf("DEL net1: %v", err)
+	}
+	if v4, v6 := podDefaults(t, pod); v4 != "eth0" || v6 != "eth0" {
+		t.Errorf("pod default routes after net1's DEL: v4 %q, v6 %q; want eth0", v4, v6)
+	}
+	rules := podRules(t, pod)
+	if len(rules) != 2 || len(rulesBoth) != 4 {
+		t.Errorf("pod rules: %d with both interfaces (%v), %d after net1's DEL (%v); want 4 then eth0's 2", len(rulesBoth), rulesBoth, len(rules), rules)
+	}
+	for _, r := range rules {
+		for _, ip := range net1IPs {
+			if strings.Contains(r, ip.String()) {
+				t.Errorf("net1's rule survived its DEL: %s", r)
+			}
+		}
+	}
+	if ents, _ := os.ReadDir(filepath.Join(stateB, netB.Name)); len(ents) != 0 {
+		t.Errorf("net1's DEL left records: %v", ents)
+	}
+	if _, err := m.LookupNetns(e.netnsCookieOf(pod)); err != nil {
+		t.Errorf("net1's DEL removed the pod's netns entry, which eth0 still uses: %v", err)
+	}
+	for _, ip := range eth0.ips {
+		if err := ping(e.node, ip, 1); err != nil {
+			t.Errorf("after net1's DEL: %v", err)
+		}
+	}
+	if err := ping(pod, nodeIP6, 1); err != nil {
+		t.Errorf("after net1's DEL: %v", err)
+	}
+	if err := e.check(pod, "multi", "eth0"); err != nil {
+		t.Errorf("CHECK eth0 after net1's DEL: %v", err)
+	}
+	e.mustDel(pod, "multi")
+	if r := podRules(t, pod); len(r) != 0 {
+		t.Errorf("pod rules after both DELs: %v", r)
+	}
+	e.assertClean()
+}
+
+// netnsCookieOf returns the netns cookie of a pod.
+func (e *env) netnsCookieOf(pod ns.NetNS) uint64 {
+	e.t.Helper()
+	var c uint64
+	err := pod.Do(func(ns.NetNS) error {
+		var err error
+		c, err = datapath.NetnsCookie()
+		return err
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+// TestIntegrityOtherPluginInterface: the pod's other interface is another
+// plugin's, as with Multus: ptp's eth0 (with its default route) and then
+// ebpf-cni's net1, or ebpf-cni's eth0 and then a veth made by hand. ebpf-cni
+// takes no default route and replaces no route of the other interface, and
+// its own interface answers from its own address.
+func TestIntegrityOtherPluginInterface(t *testing.T) {
+	t.Parallel()
+	t.Run("ptp eth0, ebpf-cni net1", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		pod := e.newPod()
+		ptp := e.netList(randName("ptp"), map[string]any{
+			"type": "ptp",
+			"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(),
+				"ranges": [][]map[string]string{{{"subnet": "10.253.0.0/24"}}},
+				"routes": []map[string]string{{"dst": "0.0.0.0/0"}}},
+		})
+		rtP := &libcni.RuntimeConf{ContainerID: "mixed", NetNS: pod.Path(), IfName: "eth0"}
+		t.Cleanup(func() { e.delList(ptp, rtP) })
+		rP, err := e.addList(ptp, rtP)
+		if err != nil {
+			t.Fatalf("ptp ADD: %v", err)
+		}
+		ptpIP := rP.IPs[0].Address.IP
+		e.cleanupDel(pod, "mixed")
+		rtE := e.rt(pod, "mixed", "net1")
+		var res types.Result
+		err = e.inNode(func() error {
+			var err error
+			res, err = e.cni.AddNetworkList(context.Background(), e.confList("1.1.0"), rtE)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("ebpf-cni ADD of net1: %v", err)
+		}
+		r, _ := current.NewResultFromResult(res)
+		v4, v6 := podIPs(t, r)
+		if d4, d6 := podDefaults(t, pod); d4 != "eth0" || d6 != "net1" {
+			t.Fatalf("pod default routes: v4 %q, v6 %q; want ptp's eth0 for v4, net1 for v6 (eth0 has none)", d4, d6)
+		}
+		// ptp's eth0 still works (its default route is intact) ...
+		if err := ping(e.node, ptpIP, 2); err != nil {
+			t.Errorf("node to ptp's eth0 %s: %v", ptpIP, err)
+		}
+		// ... and so does net1, both ways, replies by net1.
+		for _, ip := range []net.IP{v4, v6} {
+			if err := ping(e.node, ip, 2); err != nil {
+				t.Errorf("node to net1's %s: %v", ip, err)
+			}
+		}
+		if err := pingFrom(pod, v4, nodeIP4, 1); err != nil {
+			t.Error(err)
+		}
+		if err := e.check(pod, "mixed", "net1"); err != nil {
+			t.Errorf("CHECK net1: %v", err)
+		}
+		if err := e.del(pod, "mixed", "net1"); err != nil {
+			t.Fatal(err)
+		}
+		if d4, _ := podDefaults(t, pod); d4 != "eth0" {
+			t.Errorf("ptp's default route after net1's DEL: %q", d4)
+		}
+		if err := ping(e.node, ptpIP, 1); err != nil {
+			t.Errorf("ptp's eth0 after net1's DEL: %v", err)
+		}
+		if err := e.delList(ptp, rtP); err != nil {
+			t.Fatal(err)
+		}
+		e.assertClean()
+	})
+
+	t.Run("ebpf-cni eth0, hand-made net1", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		pod := e.newPod()
+		e.cleanupDel(pod, "byhand")
+		a := e.addAttachment(pod, "byhand")
+		// net1: a veth pair with the peer in the node, an address and a
+		// route of its own, as another plugin would leave it.
+		peer := randName("hand")
+		err := e.inNode(func() error {
+			return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: peer}, PeerName: "net1",
+				PeerNamespace: netlink.NsFd(int(pod.Fd()))})
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.inNode(func() error { return deleteHostLink(peer) }) })
+		err = pod.Do(func(ns.NetNS) error {
+			l, err := netlink.LinkByName("net1")
+			if err != nil {
+				return err
+			}
+			addr, _ := netlink.ParseAddr("10.254.0.2/24")
+			if err := netlink.AddrAdd(l, addr); err != nil {
+				return err
+			}
+			return netlink.LinkSetUp(l)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d4, d6 := podDefaults(t, pod); d4 != "eth0" || d6 != "eth0" {
+			t.Errorf("pod default routes: %q %q, want eth0's", d4, d6)
+		}
+		e.podReachable(t, pod, a.ips)
+		if err := e.check(pod, "byhand", "eth0"); err != nil {
+			t.Errorf("CHECK eth0 beside a hand-made net1: %v", err)
+		}
+		// DEL of eth0 keeps the hand-made interface.
+		e.mustDel(pod, "byhand")
+		pod.Do(func(ns.NetNS) error {
+			if _, err := netlink.LinkByName("net1"); err != nil {
+				t.Errorf("eth0's DEL removed the hand-made net1: %v", err)
+			}
+			return nil
+		})
+		e.assertClean()
+	})
 }
