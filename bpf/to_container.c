@@ -2,7 +2,8 @@
 
 /*
  * Attached to tcx egress of the host-side veth: every packet the kernel stack
- * sends to the pod. Applies the pod's ingress rate limit. Same-node traffic redirected with bpf_redirect_peer never
+ * sends to the pod. Addresses it to the pod's current MAC and applies the
+ * pod's ingress rate limit. Same-node traffic redirected with bpf_redirect_peer never
  * passes here; from_container counts it for the destination instead.
  */
 #include "lib/bandwidth.h"
@@ -10,6 +11,20 @@
 SEC("tc")
 int cni_to_container(struct __sk_buff *skb)
 {
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	__u32 ifindex = skb->ifindex;
+
+	/* The node addresses the pod with the MAC its neighbour entry had at ADD
+	 * time; the pod may have another by now (see learn_mac). Group
+	 * destinations (broadcast ARP, ND multicast) are left alone. */
+	if ((void *)(eth + 1) <= data_end && !(eth->h_dest[0] & 1)) {
+		struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
+
+		if (li && !mac_equal(eth->h_dest, li->mac))
+			mac_copy(eth->h_dest, li->mac);
+	}
 	if (!bw_admit(skb->ifindex, DIR_INGRESS, skb->len)) {
 		count(skb->ifindex, DIR_INGRESS, REASON_DROP_BANDWIDTH, skb->len);
 		return TC_ACT_SHOT;

@@ -115,6 +115,10 @@ func Add(args *skel.CmdArgs) (err error) {
 	if err := validateRuntimeConfig(conf); err != nil {
 		return err
 	}
+	podMAC, err := requestedMAC(conf, args.Args)
+	if err != nil {
+		return err
+	}
 	netns, err := openNetns(args.Netns)
 	if err != nil {
 		return err
@@ -207,8 +211,8 @@ func Add(args *skel.CmdArgs) (err error) {
 		ipamCh <- ipamOut{r, e}
 	}()
 
-	p := &plan{hostIf: hostIf, ifname: args.IfName, mtu: conf.MTU}
-	if p.hostMAC, err = randomMAC(); err == nil {
+	p := &plan{hostIf: hostIf, ifname: args.IfName, mtu: conf.MTU, podMAC: podMAC}
+	if p.hostMAC, err = randomMAC(); err == nil && p.podMAC == nil {
 		p.podMAC, err = randomMAC()
 	}
 	if err != nil {
@@ -482,21 +486,49 @@ func buildResult(conf *NetConf, ipamRes *current.Result, p *plan, args *skel.Cmd
 	return r
 }
 
-// podIdentity pulls K8S_POD_NAMESPACE and K8S_POD_NAME out of CNI_ARGS.
-func podIdentity(cniArgs string) (namespace, name string) {
+// cniArg returns the value of one key of CNI_ARGS ("K1=V1;K2=V2").
+func cniArg(cniArgs, key string) string {
 	for _, kv := range strings.Split(cniArgs, ";") {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			continue
-		}
-		switch k {
-		case "K8S_POD_NAMESPACE":
-			namespace = v
-		case "K8S_POD_NAME":
-			name = v
+		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
+			return v
 		}
 	}
-	return namespace, name
+	return ""
+}
+
+// podIdentity pulls K8S_POD_NAMESPACE and K8S_POD_NAME out of CNI_ARGS.
+func podIdentity(cniArgs string) (namespace, name string) {
+	return cniArg(cniArgs, "K8S_POD_NAMESPACE"), cniArg(cniArgs, "K8S_POD_NAME")
+}
+
+// requestedMAC is the MAC the runtime asks the pod interface to have: the
+// "mac" capability (runtimeConfig.mac), else CNI_ARGS MAC, as the tuning
+// plugin reads them; nil for a random one. It must be a unicast Ethernet
+// address: the datapath never learns a group address as a pod's.
+func requestedMAC(conf *NetConf, cniArgs string) (net.HardwareAddr, error) {
+	check := func(v string, bad func(format string, a ...any) error) (net.HardwareAddr, error) {
+		mac, err := net.ParseMAC(v)
+		switch {
+		case err != nil || len(mac) != 6:
+			return nil, bad("%q is not an Ethernet MAC address", v)
+		case mac[0]&1 != 0:
+			return nil, bad("%s is a group (multicast) address, not an interface's", mac)
+		case mac.String() == "00:00:00:00:00:00":
+			return nil, bad("%s is not an interface's address", mac)
+		}
+		return mac, nil
+	}
+	if v := conf.RuntimeConfig.Mac; v != "" {
+		return check(v, func(format string, a ...any) error {
+			return confError("runtimeConfig.mac: "+format, a...)
+		})
+	}
+	if v := cniArg(cniArgs, "MAC"); v != "" {
+		return check(v, func(format string, a ...any) error {
+			return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS MAC: "+format, a...), "")
+		})
+	}
+	return nil, nil
 }
 
 // clusterCIDRs are the configured clusterCIDRs, else the subnets of the

@@ -7,6 +7,8 @@ import "encoding/json"
 type RuntimeConfig struct {
 	PortMappings []PortMapping  `json:"portMappings,omitempty"`
 	Bandwidth    *BandwidthConf `json:"bandwidth,omitempty"`
+	// Mac is the "mac" capability: the pod interface is created with it.
+	Mac string `json:"mac,omitempty"`
 }
 
 // PortMapping is one entry of the portMappings capability.

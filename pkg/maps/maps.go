@@ -57,6 +57,7 @@ const (
 	ReasonDropUnknown   = mapsObjCniReasonREASON_DROP_UNKNOWN
 	ReasonNeighReply    = mapsObjCniReasonREASON_NEIGH_REPLY
 	ReasonDropBandwidth = mapsObjCniReasonREASON_DROP_BANDWIDTH
+	ReasonDropRouterMsg = mapsObjCniReasonREASON_DROP_ROUTER_MSG
 	numReasons          = int(mapsObjCniReasonREASON_MAX)
 )
 
@@ -90,13 +91,15 @@ func (r Reason) String() string {
 		return "neigh_reply"
 	case ReasonDropBandwidth:
 		return "drop_bandwidth"
+	case ReasonDropRouterMsg:
+		return "drop_router_msg"
 	}
 	return fmt.Sprintf("reason%d", uint32(r))
 }
 
 // IsDrop tells whether packets counted under r were dropped.
 func (r Reason) IsDrop() bool {
-	return (r >= ReasonDropSpoofIP && r <= ReasonDropUnknown) || r == ReasonDropBandwidth
+	return (r >= ReasonDropSpoofIP && r <= ReasonDropUnknown) || r == ReasonDropBandwidth || r == ReasonDropRouterMsg
 }
 
 // Names of the core maps, as C declares them. Feature maps name theirs in
