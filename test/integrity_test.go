@@ -1386,3 +1386,405 @@ func icmp4(b []byte) []byte {
 	b[2], b[3] = byte(c>>8), byte(c)
 	return b
 }
+
+// ---- 5. CHECK sees what breaks a pod ---------------------------------------
+
+// TestIntegrityCheck: CHECK passes right after ADD and names each thing that
+// cuts a pod off or misroutes it: the node's route to it, its host veth
+// down, an MTU that differs between the ends or from the network's, the
+// pod's MAC no longer the one the datapath delivers to, its interface's
+// rule or table. Before, CHECK passed with the route deleted or the veth down.
+func TestIntegrityCheck(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.extra = map[string]any{"mtu": 1400}
+	inNode := func(t *testing.T, f func() error) {
+		t.Helper()
+		if err := e.inNode(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	inPod := func(t *testing.T, p *attachment, f func() error) {
+		t.Helper()
+		if err := p.pod.Do(func(ns.NetNS) error { return f() }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cases := []struct {
+		name   string
+		damage func(t *testing.T, p *attachment)
+		want   func(p *attachment) []string
+	}{
+		{"node route to the pod deleted", func(t *testing.T, p *attachment) {
+			inNode(t, func() error {
+				return netlink.RouteDel(&netlink.Route{LinkIndex: p.ifindex, Scope: netlink.SCOPE_LINK, Dst: &net.IPNet{IP: p.ips[0], Mask: net.CIDRMask(32, 32)}})
+			})
+		}, func(p *attachment) []string { return []string{"no route", p.ips[0].String(), p.hostIf} }},
+		{"node route to the pod moved to another link", func(t *testing.T, p *attachment) {
+			r := &netlink.Route{Dst: &net.IPNet{IP: p.ips[1], Mask: net.CIDRMask(128, 128)}}
+			inNode(t, func() error {
+				lo, _ := netlink.LinkByName("lo")
+				r.LinkIndex = lo.Attrs().Index
+				return netlink.RouteReplace(r)
+			})
+			t.Cleanup(func() { e.inNode(func() error { return netlink.RouteDel(r) }) })
+		}, func(p *attachment) []string { return []string{p.ips[1].String(), "link lo", p.hostIf} }},
+		{"host veth down", func(t *testing.T, p *attachment) {
+			inNode(t, func() error {
+				l, err := netlink.LinkByName(p.hostIf)
+				if err != nil {
+					return err
+				}
+				return netlink.LinkSetDown(l)
+			})
+		}, func(p *attachment) []string { return []string{p.hostIf, "down"} }},
+		{"host veth MTU changed", func(t *testing.T, p *attachment) {
+			inNode(t, func() error {
+				l, err := netlink.LinkByName(p.hostIf)
+				if err != nil {
+					return err
+				}
+				return netlink.LinkSetMTU(l, 1300)
+			})
+		}, func(p *attachment) []string { return []string{p.hostIf, "MTU 1300", "1400"} }},
+		{"pod MTU changed", func(t *testing.T, p *attachment) {
+			inPod(t, p, func() error {
+				l, err := netlink.LinkByName("eth0")
+				if err != nil {
+					return err
+				}
+				return netlink.LinkSetMTU(l, 1280)
+			})
+		}, func(p *attachment) []string { return []string{"eth0", "MTU 1280", p.hostIf} }},
+		{"pod MAC changed silently", func(t *testing.T, p *attachment) {
+			inPod(t, p, func() error {
+				for _, f := range []string{"/proc/sys/net/ipv4/conf/eth0/arp_notify", "/proc/sys/net/ipv6/conf/eth0/ndisc_notify"} {
+					if err := os.WriteFile(f, []byte("0"), 0o644); err != nil {
+						return err
+					}
+				}
+				// While up (down and up again would send DAD and router
+				// solicitations the datapath learns from), idle after.
+				l, err := netlink.LinkByName("eth0")
+				if err != nil {
+					return err
+				}
+				mac, _ := net.ParseMAC("02:99:99:99:99:99")
+				return netlink.LinkSetHardwareAddr(l, mac)
+			})
+		}, func(p *attachment) []string { return []string{"eth0", "02:99:99:99:99:99", "cni_links"} }},
+		{"pod rule deleted", func(t *testing.T, p *attachment) {
+			inPod(t, p, func() error {
+				rs, err := netlink.RuleList(netlink.FAMILY_V4)
+				if err != nil {
+					return err
+				}
+				for _, r := range rs {
+					if r.Src != nil && r.Src.IP.Equal(p.ips[0]) {
+						return netlink.RuleDel(&r)
+					}
+				}
+				return errors.New("no rule from the pod's address")
+			})
+		}, func(p *attachment) []string { return []string{"rule", p.ips[0].String(), "missing"} }},
+		{"program detached", func(t *testing.T, p *attachment) {
+			if err := os.Remove(datapath.LinkPinPath(e.pinDir, p.hostIf, "egress")); err != nil {
+				t.Fatal(err)
+			}
+		}, func(p *attachment) []string { return []string{"not attached", p.hostIf, "egress"} }},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			id := fmt.Sprintf("chk-%d", i)
+			pod := e.newPod()
+			e.cleanupDel(pod, id)
+			p := e.addAttachment(pod, id)
+			if err := e.check(pod, id, "eth0"); err != nil {
+				t.Fatalf("CHECK right after ADD: %v", err)
+			}
+			c.damage(t, p)
+			err := e.check(pod, id, "eth0")
+			wantErrContains(t, "CHECK after: "+c.name, err, c.want(p)...)
+			if err := e.del(pod, id, "eth0"); err != nil {
+				t.Fatalf("DEL of the damaged pod: %v", err)
+			}
+		})
+	}
+	e.assertClean()
+}
+
+// ---- 8. Files --------------------------------------------------------------
+
+// TestIntegrityFiles: the plugin refuses a state or pin directory (or a
+// parent of one) another user owns or may write to, as the agent does; a
+// symlink planted where a record goes is never followed; container IDs of
+// any length work (long ones hashed in file names, the record keeps the ID).
+func TestIntegrityFiles(t *testing.T) {
+	t.Parallel()
+	add := func(e *env, id string) ([]byte, error) {
+		return e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("ADD", id, e.newPod(), "eth0"), e.stdinConf(nil))
+	}
+
+	for _, c := range []struct {
+		name  string
+		setup func(t *testing.T, e *env) string // returns the directory named in the error
+		field string
+		msg   string
+	}{
+		{"stateDir owned by another user", func(t *testing.T, e *env) string {
+			must(t, os.Chown(e.stateDir, 4242, 4242))
+			return e.stateDir
+		}, "stateDir", "owned by uid 4242"},
+		{"stateDir writable by others", func(t *testing.T, e *env) string {
+			must(t, os.Chmod(e.stateDir, 0o777))
+			return e.stateDir
+		}, "stateDir", "writable by group or others"},
+		{"network directory writable by group", func(t *testing.T, e *env) string {
+			d := filepath.Join(e.stateDir, e.name)
+			must(t, os.Mkdir(d, 0o770))
+			must(t, os.Chmod(d, 0o770))
+			return d
+		}, "stateDir", "writable by group or others"},
+		{"parent of stateDir writable by others", func(t *testing.T, e *env) string {
+			open := filepath.Join(t.TempDir(), "open")
+			must(t, os.Mkdir(open, 0o777))
+			must(t, os.Chmod(open, 0o777))
+			e.stateDir = filepath.Join(open, "state")
+			return open
+		}, "stateDir", "a parent of"},
+		{"pinDir writable by others", func(t *testing.T, e *env) string {
+			must(t, os.Mkdir(e.pinDir, 0o777))
+			must(t, os.Chmod(e.pinDir, 0o777))
+			return e.pinDir
+		}, "pinDir", "writable by group or others"},
+		{"pinDir owned by another user", func(t *testing.T, e *env) string {
+			must(t, os.Mkdir(e.pinDir, 0o700))
+			must(t, os.Chown(e.pinDir, 4242, 4242))
+			return e.pinDir
+		}, "pinDir", "owned by uid 4242"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			dir := c.setup(t, e)
+			out, err := add(e, "files")
+			wantPluginError(t, "ADD", out, err, codeInvalidConfig, c.field, dir, c.msg)
+			out, err = e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("DEL", "files", nil, "eth0"), e.stdinConf(nil))
+			wantPluginError(t, "DEL", out, err, codeInvalidConfig, c.field, c.msg)
+			e.assertClean()
+			if _, err := os.Stat(filepath.Join(e.pinDir, "maps_v1")); err == nil {
+				t.Errorf("the refused ADD set up the datapath in %s", e.pinDir)
+			}
+		})
+	}
+
+	t.Run("planted symlinks", func(t *testing.T) {
+		e := newEnv(t)
+		victim := filepath.Join(t.TempDir(), "victim")
+		must(t, os.WriteFile(victim, []byte("precious"), 0o600))
+		dir := filepath.Join(e.stateDir, e.name)
+		must(t, os.MkdirAll(dir, 0o700))
+		// Where the record of "a" goes, and where a predictable temp file
+		// of "b"'s record would go.
+		must(t, os.Symlink(victim, filepath.Join(dir, "a_eth0.json")))
+		must(t, os.Symlink(victim, filepath.Join(dir, "b_eth0.json.tmp")))
+		if out, err := add(e, "b"); err != nil {
+			t.Fatalf("ADD beside a planted temp-name symlink: %v\n%s", err, out)
+		}
+		if b, _ := os.ReadFile(victim); string(b) != "precious" {
+			t.Fatalf("a planted symlink was followed: the victim now holds %q", b)
+		}
+		out, err := add(e, "a")
+		wantPluginError(t, "ADD over a symlink in the record's place", out, err, types.ErrIOFailure, "symlink")
+		if b, _ := os.ReadFile(victim); string(b) != "precious" {
+			t.Fatalf("a planted symlink was followed: the victim now holds %q", b)
+		}
+		if fi, err := os.Lstat(filepath.Join(dir, "b_eth0.json")); err != nil || !fi.Mode().IsRegular() {
+			t.Errorf("b's record: %v %v", fi, err)
+		}
+		if out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("DEL", "b", nil, "eth0"), e.stdinConf(nil)); err != nil {
+			t.Fatalf("DEL b: %v\n%s", err, out)
+		}
+		os.Remove(filepath.Join(dir, "a_eth0.json"))
+		os.Remove(filepath.Join(dir, "b_eth0.json.tmp"))
+		e.assertClean()
+	})
+
+	t.Run("long container IDs", func(t *testing.T) {
+		e := newEnv(t)
+		long := strings.Repeat("c0ffee", 50) // 300 characters
+		ids := []string{long + "-a", long + "-b", strings.Repeat("d", 5000)}
+		pods := map[string]ns.NetNS{}
+		for _, id := range ids {
+			pods[id] = e.newPod()
+			out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("ADD", id, pods[id], "eth0"), e.stdinConf(nil))
+			if err != nil {
+				t.Fatalf("ADD with a %d-character container ID: %v\n%s", len(id), err, out)
+			}
+		}
+		recs, err := cni.ListRecords(e.stateDir, e.name)
+		if err != nil || len(recs) != len(ids) {
+			t.Fatalf("records: %d (%v), want %d", len(recs), err, len(ids))
+		}
+		got := map[string]bool{}
+		for _, r := range recs {
+			got[r.ContainerID] = true
+		}
+		for _, id := range ids {
+			if !got[id] {
+				t.Errorf("no record keeps the %d-character ID %.20s...", len(id), id)
+			}
+		}
+		// The claim works with hashed names too: a repeated ADD is refused.
+		out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("ADD", ids[0], pods[ids[0]], "eth0"), e.stdinConf(nil))
+		wantPluginError(t, "repeated ADD of a long ID", out, err, codeInvalidEnv, "exists already")
+		if err := ping(pods[ids[2]], nodeIP4, 1); err != nil {
+			t.Error(err)
+		}
+		for _, id := range ids {
+			if out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("DEL", id, pods[id], "eth0"), e.stdinConf(nil)); err != nil {
+				t.Fatalf("DEL of a %d-character ID: %v\n%s", len(id), err, out)
+			}
+		}
+		e.assertClean()
+	})
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ---- 10. Errors ------------------------------------------------------------
+
+// failingIPAM writes IPAM plugins that fail without a CNI error: one killed
+// by a signal, one exiting 1 with nothing on stdout. Returns their directory.
+func failingIPAM(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(dir, "crashing-ipam"), []byte("#!/bin/sh\nkill -SEGV $$\n"), 0o755))
+	must(t, os.WriteFile(filepath.Join(dir, "silent-ipam"), []byte("#!/bin/sh\nexit 1\n"), 0o755))
+	return dir
+}
+
+// TestIntegrityErrors: failures that used to come back as code 0 (which
+// means success), as the wrong code, or only after work was done: each is
+// the spec's code, names what is wrong, and leaves nothing.
+func TestIntegrityErrors(t *testing.T) {
+	t.Parallel()
+	add := func(e *env, id string) ([]byte, error) {
+		return e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("ADD", id, e.newPod(), "eth0"), e.stdinConf(nil))
+	}
+	bad := failingIPAM(t)
+	cases := []struct {
+		name    string
+		conf    func(e *env, c map[string]any)
+		envEdit func(e *env, envv map[string]string)
+		code    uint
+		msg     []string
+		noPins  bool // refused before the datapath is touched
+		ipamDel bool // the IPAM plugin refuses the DEL itself
+	}{
+		{name: "IPAM plugin killed by a signal",
+			conf:    func(e *env, c map[string]any) { c["ipam"] = map[string]any{"type": "crashing-ipam"} },
+			envEdit: func(e *env, envv map[string]string) { envv["CNI_PATH"] = bad + ":" + binDir },
+			code:    types.ErrInternal, msg: []string{"crashing-ipam"}, ipamDel: true},
+		{name: "IPAM plugin exits with no error",
+			conf:    func(e *env, c map[string]any) { c["ipam"] = map[string]any{"type": "silent-ipam"} },
+			envEdit: func(e *env, envv map[string]string) { envv["CNI_PATH"] = bad + ":" + binDir },
+			code:    types.ErrInternal, msg: []string{"silent-ipam"}, ipamDel: true},
+		{name: "CNI_NETNS is the node's netns",
+			envEdit: func(e *env, envv map[string]string) { envv["CNI_NETNS"] = e.node.Path() },
+			code:    codeInvalidEnv, msg: []string{"CNI_NETNS", "node's own"}, noPins: true, ipamDel: true},
+		{name: "CNI_NETNS is a regular file",
+			envEdit: func(e *env, envv map[string]string) {
+				f := filepath.Join(e.t.TempDir(), "not-a-netns")
+				os.WriteFile(f, nil, 0o600)
+				envv["CNI_NETNS"] = f
+			},
+			code: codeInvalidEnv, msg: []string{"CNI_NETNS"}, noPins: true},
+		{name: "CNI_NETNS is another kind of namespace",
+			envEdit: func(e *env, envv map[string]string) { envv["CNI_NETNS"] = "/proc/self/ns/uts" },
+			code:    codeInvalidEnv, msg: []string{"CNI_NETNS", "not a network namespace"}, noPins: true},
+		{name: "mtu below IPv6's minimum with an IPv6 range",
+			conf: func(e *env, c map[string]any) { c["mtu"] = 1000 },
+			code: codeInvalidConfig, msg: []string{"mtu 1000", "1280", "ipam.ranges[1][0].subnet"}, noPins: true},
+		{name: "bandwidth rate as a JSON string",
+			conf: func(e *env, c map[string]any) {
+				c["runtimeConfig"] = map[string]any{"bandwidth": map[string]any{"ingressRate": "1000000"}}
+			},
+			code: codeInvalidConfig, msg: []string{"runtimeConfig.bandwidth.ingressRate", "string"}, noPins: true},
+		{name: "bandwidth rate as a non-numeric string",
+			conf: func(e *env, c map[string]any) {
+				c["runtimeConfig"] = map[string]any{"bandwidth": map[string]any{"egressRate": "fast"}}
+			},
+			code: codeInvalidConfig, msg: []string{"runtimeConfig.bandwidth.egressRate"}, noPins: true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			pod := e.newPod()
+			envv := pluginEnv("ADD", "errs", pod, "eth0")
+			if c.envEdit != nil {
+				c.envEdit(e, envv)
+			}
+			stdin := e.stdinConf(func(m map[string]any) {
+				if c.conf != nil {
+					c.conf(e, m)
+				}
+			})
+			var nodeRoutes []netlink.Route
+			e.inNode(func() error { nodeRoutes, _ = netlink.RouteList(nil, netlink.FAMILY_ALL); return nil })
+			out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), envv, stdin)
+			wantPluginError(t, "ADD", out, err, c.code, c.msg...)
+			e.assertClean()
+			var after []netlink.Route
+			e.inNode(func() error { after, _ = netlink.RouteList(nil, netlink.FAMILY_ALL); return nil })
+			if fmt.Sprint(after) != fmt.Sprint(nodeRoutes) {
+				t.Errorf("the failed ADD changed the node's routes:\n  before %v\n  after  %v", nodeRoutes, after)
+			}
+			if c.noPins {
+				if _, err := os.Stat(e.pinDir); err == nil {
+					t.Errorf("the refused ADD created the pin directory")
+				}
+			}
+			// DEL of the failed attachment, with the same input, succeeds
+			// (unless the IPAM plugin refuses its part: host-local will not
+			// run with the node's netns, the broken ones fail as ever).
+			envv["CNI_COMMAND"] = "DEL"
+			if out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), envv, stdin); err != nil && !c.ipamDel {
+				t.Errorf("DEL after the refused ADD: %v\n%s", err, out)
+			}
+			e.assertClean()
+		})
+	}
+
+	// A full map names itself and its size; code 11: it has room again
+	// once pods go.
+	t.Run("full endpoints map", func(t *testing.T) {
+		e := newEnv(t)
+		first := e.addAttachment(e.newPod(), "first") // sets up the datapath
+		e.mustDel(first.pod, "first")
+		m := e.maps()
+		n := int(m.Endpoints.MaxEntries())
+		keys := make([]maps.EndpointKey, n)
+		vals := make([]maps.EndpointInfo, n)
+		for i := range keys {
+			k, _ := maps.KeyFor(net.IPv4(100, byte(i>>16), byte(i>>8), byte(i)))
+			keys[i], vals[i] = k, maps.NewEndpointInfo(1<<30, nil, nil)
+		}
+		if _, err := m.Endpoints.BatchUpdate(keys, vals, nil); err != nil {
+			t.Fatalf("fill cni_endpoints: %v", err)
+		}
+		out, err := add(e, "no-room")
+		wantPluginError(t, "ADD with cni_endpoints full", out, err, types.ErrTryAgainLater, "cni_endpoints", "full", fmt.Sprint(n))
+		if _, err := m.Endpoints.BatchDelete(keys, nil); err != nil {
+			t.Fatalf("empty cni_endpoints: %v", err)
+		}
+		if out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("DEL", "no-room", nil, "eth0"), e.stdinConf(nil)); err != nil {
+			t.Fatalf("DEL: %v\n%s", err, out)
+		}
+		e.assertClean()
+	})
+}

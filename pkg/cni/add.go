@@ -57,13 +57,18 @@ func openNetns(path string) (ns.NetNS, error) {
 		netns.Close()
 		return nil, envErr("is not a network namespace")
 	}
-	var pod, self unix.Stat_t
-	if unix.Fstat(fd, &pod) == nil && unix.Stat("/proc/self/ns/net", &self) == nil &&
-		pod.Dev == self.Dev && pod.Ino == self.Ino {
+	if isOwnNetns(fd) {
 		netns.Close()
 		return nil, envErr("is the node's own network namespace (the one the plugin runs in), not a pod's")
 	}
 	return netns, nil
+}
+
+// isOwnNetns tells whether a netns fd is the plugin's own netns (the node's).
+func isOwnNetns(fd int) bool {
+	var pod, self unix.Stat_t
+	return unix.Fstat(fd, &pod) == nil && unix.Stat("/proc/self/ns/net", &self) == nil &&
+		pod.Dev == self.Dev && pod.Ino == self.Ino
 }
 
 // checkDirs refuses a pin or state directory that another user owns or may
@@ -81,11 +86,17 @@ func checkDirs(conf *NetConf) error {
 	return nil
 }
 
-// ipamError keeps the IPAM plugin's error code and says who failed.
+// ipamError keeps the IPAM plugin's error code and says who failed. A plugin
+// that crashed or printed no error has no code (libcni reports 0, which is
+// success's): that is an internal error.
 func ipamError(plugin string, err error) error {
 	var te *types.Error
 	if errors.As(err, &te) {
-		return types.NewError(te.Code, fmt.Sprintf("ipam plugin %q: %s", plugin, te.Msg), te.Details)
+		code := te.Code
+		if code == 0 {
+			code = types.ErrInternal
+		}
+		return types.NewError(code, fmt.Sprintf("ipam plugin %q: %s", plugin, te.Msg), te.Details)
 	}
 	if strings.Contains(err.Error(), "failed to find plugin") {
 		return confError("ipam.type: %v (is it in CNI_PATH?)", err)
@@ -265,6 +276,11 @@ func Add(args *skel.CmdArgs) (err error) {
 		} else {
 			v6 = true
 		}
+	}
+	if v6 && conf.MTU != 0 && conf.MTU < minMTU6 {
+		// validateIPAM catches it when the ranges show it; other IPAM
+		// plugins reveal the family only now.
+		return confError("mtu %d is below %d, the least IPv6 works with, and ipam plugin %q gave an IPv6 address", conf.MTU, minMTU6, conf.IPAM.Type)
 	}
 	if err := enableForwarding(v4, v6); err != nil {
 		return types.NewError(types.ErrInternal, err.Error(), "")

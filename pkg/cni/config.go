@@ -51,6 +51,10 @@ type NetConf struct {
 	clusterCIDRs []netip.Prefix
 }
 
+// minMTU6 is the least MTU a link may have for IPv6 (RFC 8200); the kernel
+// disables IPv6 on a smaller one.
+const minMTU6 = 1280
+
 // Error codes the spec defines that the types package does not name.
 const (
 	errPluginNotAvailable uint = 50
@@ -132,8 +136,12 @@ func validateIPAM(stdin []byte, conf *NetConf) error {
 		if v == "" {
 			return nil
 		}
-		if _, _, err := net.ParseCIDR(v); err != nil {
+		ip, _, err := net.ParseCIDR(v)
+		if err != nil {
 			return confError("%s: %q is not a CIDR", field, v)
+		}
+		if ip.To4() == nil && conf.MTU != 0 && conf.MTU < minMTU6 {
+			return confError("mtu %d is below %d, the least IPv6 works with, and %s %s is IPv6", conf.MTU, minMTU6, field, v)
 		}
 		return nil
 	}

@@ -21,6 +21,9 @@ func podTeardown(netnsPath, ifname string, recCookie uint64, hostIfindex, table 
 		return recCookie // the netns is gone, and with it whoever used the entry
 	}
 	defer netns.Close()
+	if isOwnNetns(int(netns.Fd())) {
+		return recCookie // a DEL naming the node's netns: no pod's rules there
+	}
 	_ = netns.Do(func(ns.NetNS) error {
 		cookie, err := datapath.NetnsCookie()
 		if err != nil {
