@@ -32,11 +32,11 @@ var (
 	dstHost = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x22}
 	// groupMAC has the group bit: no host sends from it.
 	groupMAC = net.HardwareAddr{0x03, 0, 0, 0, 0, 0xcc}
-	podIP   = net.ParseIP("10.9.0.2").To4()
-	dstIP   = net.ParseIP("10.9.0.3").To4()
-	podIP6  = net.ParseIP("fd00:9::2")
-	gwIP    = net.ParseIP("10.9.0.1").To4()
-	gwIP6   = net.ParseIP("fd00:9::1")
+	podIP    = net.ParseIP("10.9.0.2").To4()
+	dstIP    = net.ParseIP("10.9.0.3").To4()
+	podIP6   = net.ParseIP("fd00:9::2")
+	gwIP     = net.ParseIP("10.9.0.1").To4()
+	gwIP6    = net.ParseIP("fd00:9::1")
 )
 
 func testDatapath(t *testing.T) *Datapath {
