@@ -852,6 +852,59 @@ func TestIntegrityTwoInterfaces(t *testing.T) {
 	e.assertClean()
 }
 
+// TestIntegrityInterfaceRouteConflict: two interfaces of one pod whose IPAM
+// routes name the same destination. The second ADD is refused with code 7
+// naming the route and the interface holding it, and the first keeps it.
+func TestIntegrityInterfaceRouteConflict(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	route := []map[string]string{{"dst": "10.96.0.0/12"}}
+	e.ipam = map[string]any{"type": "host-local", "dataDir": e.dataDir, "routes": route,
+		"ranges": [][]map[string]string{{{"subnet": podSubnet4}}}}
+	pod := e.newPod()
+	e.cleanupDel(pod, "rc")
+	eth0 := e.addAttachment(pod, "rc")
+	netB := e.netList(randName("netb"), map[string]any{
+		"type": "ebpf-cni", "pinDir": e.pinDir, "stateDir": t.TempDir(),
+		"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(), "routes": route,
+			"ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}}},
+	})
+	rtB := &libcni.RuntimeConf{ContainerID: "rc", NetNS: pod.Path(), IfName: "net1"}
+	t.Cleanup(func() { e.delList(netB, rtB) })
+	_, err := e.addList(netB, rtB)
+	libcniErr(t, "net1 with eth0's route", err, codeInvalidConfig, "10.96.0.0/12", "eth0")
+	if err := e.delList(netB, rtB); err != nil {
+		t.Fatalf("DEL of the refused net1: %v", err)
+	}
+	var via string
+	pod.Do(func(ns.NetNS) error {
+		_, dst, _ := net.ParseCIDR("10.96.0.0/12")
+		rs, _ := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
+		for _, r := range rs {
+			via += linkNameIn(r.LinkIndex) + " "
+		}
+		return nil
+	})
+	if strings.TrimSpace(via) != "eth0" {
+		t.Errorf("10.96.0.0/12 in the pod goes via %q, want eth0", via)
+	}
+	if err := e.check(pod, "rc", "eth0"); err != nil {
+		t.Errorf("CHECK eth0: %v", err)
+	}
+	if err := ping(e.node, eth0.ips[0], 1); err != nil {
+		t.Error(err)
+	}
+	e.mustDel(pod, "rc")
+	e.assertClean()
+}
+
+func linkNameIn(idx int) string {
+	if l, err := netlink.LinkByIndex(idx); err == nil {
+		return l.Attrs().Name
+	}
+	return fmt.Sprint(idx)
+}
+
 // netnsCookieOf returns the netns cookie of a pod.
 func (e *env) netnsCookieOf(pod ns.NetNS) uint64 {
 	e.t.Helper()
@@ -1030,6 +1083,14 @@ func TestIntegrityMACChange(t *testing.T) {
 	if got := podMACOf(t, pod, "eth0"); got.String() != newMAC.String() {
 		t.Fatalf("tuning did not set the MAC: eth0 has %s", got)
 	}
+	pod.Do(func(ns.NetNS) error {
+		for _, f := range []string{"/proc/sys/net/ipv4/conf/eth0/arp_notify", "/proc/sys/net/ipv6/conf/eth0/ndisc_notify"} {
+			if b, err := os.ReadFile(f); err != nil || strings.TrimSpace(string(b)) != "1" {
+				t.Errorf("%s in the pod: %q (%v), want 1: the pod would not announce a MAC change", f, b, err)
+			}
+		}
+		return nil
+	})
 	v4, v6 := podIPs(t, r)
 	hostIf, idx := e.hostVeth("tuned")
 	m := e.maps()
@@ -1606,6 +1667,23 @@ func TestIntegrityFiles(t *testing.T) {
 		}
 		os.Remove(filepath.Join(dir, "a_eth0.json"))
 		os.Remove(filepath.Join(dir, "b_eth0.json.tmp"))
+		e.assertClean()
+	})
+
+	// The network name names a directory under stateDir.
+	t.Run("network name leaving stateDir", func(t *testing.T) {
+		e := newEnv(t)
+		escape := filepath.Join(t.TempDir(), "escape")
+		rel, err := filepath.Rel(e.stateDir, escape)
+		must(t, err)
+		stdin := e.stdinConf(func(c map[string]any) { c["name"] = rel })
+		pod := e.newPod()
+		out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("ADD", "esc", pod, "eth0"), stdin)
+		wantPluginError(t, "ADD with network name "+rel, out, err, codeInvalidConfig, "name", rel)
+		if _, err := os.Stat(escape); err == nil {
+			t.Errorf("the ADD wrote %s, outside stateDir", escape)
+		}
+		e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("DEL", "esc", pod, "eth0"), stdin)
 		e.assertClean()
 	})
 

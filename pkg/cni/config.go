@@ -8,8 +8,10 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/utils"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 
@@ -69,6 +71,10 @@ func parseConf(stdin []byte) (*NetConf, error) {
 	conf := &NetConf{}
 	if err := json.Unmarshal(stdin, conf); err != nil {
 		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network config: %v", err), "")
+	}
+	// The name is a directory under stateDir: "../x" must not leave it.
+	if err := utils.ValidateNetworkName(conf.Name); err != nil {
+		return nil, confError("name %q: %s", conf.Name, strings.TrimSuffix(err.Msg, ":"))
 	}
 	if conf.MTU != 0 && (conf.MTU < 68 || conf.MTU > 65535) {
 		return nil, confError("mtu %d is out of range (68-65535)", conf.MTU)
