@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -120,10 +121,10 @@ func (e *env) podReachable(t *testing.T, pod ns.NetNS, ips []net.IP) {
 			t.Fatalf("node to pod %s: %v", ip, err)
 		}
 	}
-	if err := ping(pod, nodeIP4, 1); err != nil {
+	if err := ping(pod, nodeIP4, 2); err != nil {
 		t.Fatalf("pod to node: %v", err)
 	}
-	if err := ping(pod, nodeIP6, 1); err != nil {
+	if err := ping(pod, nodeIP6, 2); err != nil {
 		t.Fatalf("pod to node: %v", err)
 	}
 }
@@ -226,7 +227,7 @@ func TestIntegrityRacingAdds(t *testing.T) {
 	if err := e.check(pod, "race", "eth0"); err != nil {
 		t.Fatalf("CHECK of the winner: %v", err)
 	}
-	if err := ping(pod, nodeIP4, 1); err != nil {
+	if err := ping(pod, nodeIP4, 2); err != nil {
 		t.Fatal(err)
 	}
 	e.mustDel(pod, "race")
@@ -375,7 +376,7 @@ func TestIntegrityKilledAdd(t *testing.T) {
 				}
 				// The attachment can be made again.
 				p := e.addAttachment(pod, "killed")
-				if err := ping(pod, nodeIP4, 1); err != nil {
+				if err := ping(pod, nodeIP4, 2); err != nil {
 					t.Fatal(err)
 				}
 				if err := e.del(pod, p.id, "eth0"); err != nil {
@@ -408,7 +409,7 @@ func TestIntegrityKilledAdd(t *testing.T) {
 						// Complete and live, only the result was never
 						// printed: reconcile keeps it, DEL and GC remove it.
 						e.cleanupBy(t, how, "crash", pod, binDir)
-						if err := ping(pod, nodeIP4, 1); err != nil {
+						if err := ping(pod, nodeIP4, 2); err != nil {
 							t.Fatalf("reconcile broke a complete attachment: %v", err)
 						}
 						how = "DEL"
@@ -623,10 +624,10 @@ func TestIntegrityAddressOwner(t *testing.T) {
 				if err := ping(e.node, want, 2); err != nil {
 					t.Errorf("owner %s: %v", when, err)
 				}
-				if err := ping(ownerPod, nodeIP4, 1); !c.v6 && err != nil {
+				if err := ping(ownerPod, nodeIP4, 2); !c.v6 && err != nil {
 					t.Errorf("owner %s: %v", when, err)
 				}
-				if err := ping(ownerPod, nodeIP6, 1); c.v6 && err != nil {
+				if err := ping(ownerPod, nodeIP6, 2); c.v6 && err != nil {
 					t.Errorf("owner %s: %v", when, err)
 				}
 			}
@@ -648,7 +649,7 @@ func TestIntegrityAddressOwner(t *testing.T) {
 			if _, err := e.addList(netB, rtB); err != nil {
 				t.Fatalf("ADD of the freed address: %v", err)
 			}
-			if err := ping(e.node, want, 1); err != nil {
+			if err := ping(e.node, want, 2); err != nil {
 				t.Fatal(err)
 			}
 			if err := e.delList(netB, rtB); err != nil {
@@ -671,7 +672,7 @@ func TestIntegrityAddressOwner(t *testing.T) {
 		}
 		p := e.addAttachment(e.newPod(), "second")
 		e.assertOwns(t, p)
-		if err := ping(p.pod, nodeIP4, 1); err != nil {
+		if err := ping(p.pod, nodeIP4, 2); err != nil {
 			t.Fatal(err)
 		}
 		e.mustDel(p.pod, "second")
@@ -792,13 +793,13 @@ func TestIntegrityTwoInterfaces(t *testing.T) {
 			t.Errorf("%s: net1's host veth forwarded %d packets from the pod for 4 echo replies", when, got)
 		}
 		// Traffic the pod starts leaves by eth0, or by net1 from net1's address.
-		if err := ping(pod, nodeIP4, 1); err != nil {
+		if err := ping(pod, nodeIP4, 2); err != nil {
 			t.Errorf("%s: pod to node: %v", when, err)
 		}
-		if err := pingFrom(pod, net1IPs[0], nodeIP4, 1); err != nil {
+		if err := pingFrom(pod, net1IPs[0], nodeIP4, 2); err != nil {
 			t.Errorf("%s: %v", when, err)
 		}
-		if err := pingFrom(pod, net1IPs[1], nodeIP6, 1); err != nil {
+		if err := pingFrom(pod, net1IPs[1], nodeIP6, 2); err != nil {
 			t.Errorf("%s: %v", when, err)
 		}
 		if err := e.check(pod, "multi", "eth0"); err != nil {
@@ -835,11 +836,11 @@ func TestIntegrityTwoInterfaces(t *testing.T) {
 		t.Errorf("net1's DEL removed the pod's netns entry, which eth0 still uses: %v", err)
 	}
 	for _, ip := range eth0.ips {
-		if err := ping(e.node, ip, 1); err != nil {
+		if err := ping(e.node, ip, 2); err != nil {
 			t.Errorf("after net1's DEL: %v", err)
 		}
 	}
-	if err := ping(pod, nodeIP6, 1); err != nil {
+	if err := ping(pod, nodeIP6, 2); err != nil {
 		t.Errorf("after net1's DEL: %v", err)
 	}
 	if err := e.check(pod, "multi", "eth0"); err != nil {
@@ -891,7 +892,7 @@ func TestIntegrityInterfaceRouteConflict(t *testing.T) {
 	if err := e.check(pod, "rc", "eth0"); err != nil {
 		t.Errorf("CHECK eth0: %v", err)
 	}
-	if err := ping(e.node, eth0.ips[0], 1); err != nil {
+	if err := ping(e.node, eth0.ips[0], 2); err != nil {
 		t.Error(err)
 	}
 	e.mustDel(pod, "rc")
@@ -970,7 +971,7 @@ func TestIntegrityOtherPluginInterface(t *testing.T) {
 				t.Errorf("node to net1's %s: %v", ip, err)
 			}
 		}
-		if err := pingFrom(pod, v4, nodeIP4, 1); err != nil {
+		if err := pingFrom(pod, v4, nodeIP4, 2); err != nil {
 			t.Error(err)
 		}
 		if err := e.check(pod, "mixed", "net1"); err != nil {
@@ -982,7 +983,7 @@ func TestIntegrityOtherPluginInterface(t *testing.T) {
 		if d4, _ := podDefaults(t, pod); d4 != "eth0" {
 			t.Errorf("ptp's default route after net1's DEL: %q", d4)
 		}
-		if err := ping(e.node, ptpIP, 1); err != nil {
+		if err := ping(e.node, ptpIP, 2); err != nil {
 			t.Errorf("ptp's eth0 after net1's DEL: %v", err)
 		}
 		if err := e.delList(ptp, rtP); err != nil {
@@ -1155,7 +1156,7 @@ func TestIntegrityMACChange(t *testing.T) {
 	if li, _ := m.LookupLink(idx); net.HardwareAddr(li.Mac[:]).String() != mine.String() {
 		t.Errorf("a group source MAC was learned: %v", net.HardwareAddr(li.Mac[:]))
 	}
-	if err := ping(pod, nodeIP6, 1); err != nil {
+	if err := ping(pod, nodeIP6, 2); err != nil {
 		t.Errorf("pod after the group-MAC frame: %v", err)
 	}
 
@@ -1229,7 +1230,7 @@ func TestIntegrityRequestedMAC(t *testing.T) {
 					t.Errorf("result reports %s for %s, want %s", i.Mac, i.Name, c.want)
 				}
 			}
-			if err := ping(pod, nodeIP4, 1); err != nil {
+			if err := ping(pod, nodeIP4, 2); err != nil {
 				t.Error(err)
 			}
 			if err := e.delList(e.confList("1.1.0"), rt); err != nil {
@@ -1549,7 +1550,12 @@ func TestIntegrityCheck(t *testing.T) {
 			})
 		}, func(p *attachment) []string { return []string{"rule", p.ips[0].String(), "missing"} }},
 		{"program detached", func(t *testing.T, p *attachment) {
-			if err := os.Remove(datapath.LinkPinPath(e.pinDir, p.hostIf, "egress")); err != nil {
+			l, err := link.LoadPinnedLink(datapath.LinkPinPath(e.pinDir, p.hostIf, "egress"), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			if err := l.Detach(); err != nil { // at once; dropping the pin detaches later
 				t.Fatal(err)
 			}
 		}, func(p *attachment) []string { return []string{"not attached", p.hostIf, "egress"} }},
@@ -1715,7 +1721,7 @@ func TestIntegrityFiles(t *testing.T) {
 		// The claim works with hashed names too: a repeated ADD is refused.
 		out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("ADD", ids[0], pods[ids[0]], "eth0"), e.stdinConf(nil))
 		wantPluginError(t, "repeated ADD of a long ID", out, err, codeInvalidEnv, "exists already")
-		if err := ping(pods[ids[2]], nodeIP4, 1); err != nil {
+		if err := ping(pods[ids[2]], nodeIP4, 2); err != nil {
 			t.Error(err)
 		}
 		for _, id := range ids {

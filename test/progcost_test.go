@@ -143,3 +143,36 @@ func stream(src, dst ns.NetNS, ip net.IP, d time.Duration) error {
 	}
 	return <-done
 }
+
+// TestVerbLatency measures ADD and DEL through libcni (the exec included),
+// one pod at a time on a node with 10 other pods: what issue 12's record
+// claim, directory checks, host veth alias, per-interface table and rules
+// and the pod-side DEL cost. Medians of n.
+func TestVerbLatency(t *testing.T) {
+	const n = 30
+	e := newEnv(t)
+	for i := 0; i < 10; i++ {
+		id := fmt.Sprintf("bystander-%d", i)
+		p := e.newPod()
+		e.cleanupDel(p, id)
+		e.add(p, id)
+	}
+	var adds, dels []float64
+	for i := 0; i < n; i++ {
+		p := e.newPod()
+		id := fmt.Sprintf("lat-%d", i)
+		start := time.Now()
+		e.add(p, id)
+		adds = append(adds, float64(time.Since(start).Microseconds())/1000)
+		start = time.Now()
+		e.mustDel(p, id)
+		dels = append(dels, float64(time.Since(start).Microseconds())/1000)
+	}
+	for _, c := range []struct {
+		name string
+		v    []float64
+	}{{"ADD", adds}, {"DEL", dels}} {
+		sort.Float64s(c.v)
+		t.Logf("%s: median %.1f ms (p10 %.1f, p90 %.1f, n %d)", c.name, c.v[n/2], c.v[n/10], c.v[n*9/10], n)
+	}
+}

@@ -177,6 +177,7 @@ func Add(args *skel.CmdArgs) (err error) {
 			_ = removeRecord(conf.StateDir, conf.Name, args.ContainerID, args.IfName)
 		}
 	}()
+	tr.mark("claim")
 	crashpoint("claimed")
 	if _, lerr := netlink.LinkByName(hostIf); lerr == nil {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(

@@ -74,8 +74,10 @@ func recordPath(stateDir, network, containerID, ifname string) string {
 // writeRecord writes (or replaces) the record of an attachment.
 func writeRecord(stateDir, network string, r *Record) error {
 	dir := recordDir(stateDir, network)
-	if err := safedir.MkdirAll(dir); err != nil {
-		return err
+	if _, err := os.Stat(dir); err != nil { // else checked already (checkDirs)
+		if err := safedir.MkdirAll(dir); err != nil {
+			return err
+		}
 	}
 	b, err := json.Marshal(r)
 	if err != nil {
@@ -95,8 +97,10 @@ var errClaimed = errors.New("attachment has a record")
 // the process dying). errClaimed when a record exists.
 func claimRecord(stateDir, network string, r *Record) (*os.File, error) {
 	dir := recordDir(stateDir, network)
-	if err := safedir.MkdirAll(dir); err != nil {
-		return nil, err
+	if _, err := os.Stat(dir); err != nil { // checked already when it exists (checkDirs)
+		if err := safedir.MkdirAll(dir); err != nil {
+			return nil, err
+		}
 	}
 	b, err := json.Marshal(r)
 	if err != nil {
