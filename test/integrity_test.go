@@ -672,10 +672,29 @@ func TestIntegrityAddressOwner(t *testing.T) {
 		}
 		p := e.addAttachment(e.newPod(), "second")
 		e.assertOwns(t, p)
+		e.mustDel(p.pod, "second")
+
+		// A leftover whose ifindex the next veth reuses (ifindexes of a
+		// netns are handed out in order): replaced by the new pod's entry,
+		// not kept with its stale MAC and flags.
+		next := p.ifindex + 1
+		if err := m.PutEndpoint(net.ParseIP("10.250.0.5"), maps.NewEndpointInfo(next, net.HardwareAddr{2, 0, 0, 0, 0, 1}, nil, maps.EndpointFlagHostPort)); err != nil {
+			t.Fatal(err)
+		}
+		p = e.addAttachment(e.newPod(), "third")
+		if p.ifindex != next {
+			t.Fatalf("the third veth got ifindex %d, not the %d this case needs", p.ifindex, next)
+		}
+		ep, err := m.LookupEndpoint(p.ips[0])
+		mac := podMACOf(t, p.pod, "eth0")
+		if err != nil || ep.Flags != 0 || net.HardwareAddr(ep.Mac[:]).String() != mac.String() {
+			t.Errorf("entry of %s: %+v (%v), want the new pod's MAC %s and no flags", p.ips[0], ep, err, mac)
+		}
+		p.id = "third"
 		if err := ping(p.pod, nodeIP4, 2); err != nil {
 			t.Fatal(err)
 		}
-		e.mustDel(p.pod, "second")
+		e.mustDel(p.pod, "third")
 		e.assertClean()
 	})
 }
@@ -1690,6 +1709,29 @@ func TestIntegrityFiles(t *testing.T) {
 			t.Errorf("the ADD wrote %s, outside stateDir", escape)
 		}
 		e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("DEL", "esc", pod, "eth0"), stdin)
+		e.assertClean()
+	})
+
+	// A record write killed between creating its temp file and renaming it
+	// leaves the temp file; GC removes it once it is a minute old.
+	t.Run("temp file of a killed write", func(t *testing.T) {
+		e := newEnv(t)
+		dir := filepath.Join(e.stateDir, e.name)
+		must(t, os.MkdirAll(dir, 0o700))
+		old, fresh := filepath.Join(dir, ".x_eth0.json.0123456789abcdef.tmp"), filepath.Join(dir, ".y_eth0.json.0123456789abcdef.tmp")
+		must(t, os.WriteFile(old, []byte("{"), 0o600))
+		must(t, os.WriteFile(fresh, []byte("{"), 0o600))
+		must(t, os.Chtimes(old, time.Now().Add(-2*time.Minute), time.Now().Add(-2*time.Minute)))
+		if err := e.gc(); err != nil {
+			t.Fatalf("GC: %v", err)
+		}
+		if _, err := os.Stat(old); err == nil {
+			t.Error("GC left a 2-minute-old temp file")
+		}
+		if _, err := os.Stat(fresh); err != nil {
+			t.Errorf("GC removed a fresh temp file (a write in progress): %v", err)
+		}
+		os.Remove(fresh)
 		e.assertClean()
 	})
 

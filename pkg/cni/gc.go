@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -49,6 +50,7 @@ func GC(args *skel.CmdArgs) error {
 			errs = errors.Join(errs, fmt.Errorf("tear down %s/%s: %w", r.ContainerID, r.IfName, err))
 		}
 	}
+	errs = errors.Join(errs, removeStaleTemps(recordDir(conf.StateDir, conf.Name)))
 	errs = errors.Join(errs, removeOrphanLinkPins(conf.PinDir))
 	errs = errors.Join(errs, pruneHostPorts(conf.PinDir))
 	if conf.IPAM.Type != "" {
@@ -73,6 +75,29 @@ func ipamDelFor(conf *NetConf, args *skel.CmdArgs, r *Record) error {
 	}
 	a := &invoke.Args{Command: "DEL", ContainerID: r.ContainerID, IfName: r.IfName, Path: args.Path, NetNS: r.Netns}
 	return invoke.ExecPluginWithoutResult(context.TODO(), plugin, args.StdinData, a, nil)
+}
+
+// removeStaleTemps drops the temp files of record writes that a killed
+// plugin left between creating and renaming them (seconds old at most
+// while a plugin is alive).
+func removeStaleTemps(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var errs error
+	for _, e := range ents {
+		name := e.Name()
+		if !strings.HasPrefix(name, ".") || !strings.HasSuffix(name, ".tmp") {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > time.Minute {
+			if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = errors.Join(errs, err)
+			}
+		}
+	}
+	return errs
 }
 
 // removeOrphanLinkPins drops link pins whose host veth no longer exists.

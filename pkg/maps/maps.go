@@ -336,7 +336,12 @@ func (m *Maps) InsertEndpoint(ip net.IP, info EndpointInfo, alive func(ifindex i
 			return fmt.Errorf("read endpoint %s from %s: %w", ip, nameEndpoints, err)
 		}
 		if cur.Ifindex == info.Ifindex {
-			return nil // ours already
+			// Ours, or left by an earlier link of this (reused) ifindex:
+			// the caller's veth has it now.
+			if err := m.Endpoints.Update(&k, &info, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return writeErr(m.Endpoints, nameEndpoints, "endpoint "+ip.String(), err)
+			}
+			return nil
 		}
 		if alive(int(cur.Ifindex)) || try >= 3 {
 			return &EndpointTakenError{IP: ip, Ifindex: int(cur.Ifindex)}
