@@ -1914,3 +1914,41 @@ func TestIntegrityErrors(t *testing.T) {
 		e.assertClean()
 	})
 }
+
+// TestIntegrityCheckOlderPod: a pod added by a build before per-interface
+// tables (its record has no podTable, the pod no rule) still passes CHECK
+// after the upgrade, and DEL cleans it up.
+func TestIntegrityCheckOlderPod(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	pod := e.newPod()
+	e.cleanupDel(pod, "older")
+	e.addAttachment(pod, "older")
+	path := e.recordPath("older", "eth0")
+	b, err := os.ReadFile(path)
+	must(t, err)
+	var rec map[string]any
+	must(t, json.Unmarshal(b, &rec))
+	delete(rec, "podTable")
+	b, _ = json.Marshal(rec)
+	must(t, os.WriteFile(path, b, 0o600))
+	err = pod.Do(func(ns.NetNS) error {
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			rs, _ := netlink.RuleList(fam)
+			for _, r := range rs {
+				if r.Table >= 10000 {
+					if err := netlink.RuleDel(&r); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return nil
+	})
+	must(t, err)
+	if err := e.check(pod, "older", "eth0"); err != nil {
+		t.Fatalf("CHECK of a pod of the older layout: %v", err)
+	}
+	e.mustDel(pod, "older")
+	e.assertClean()
+}
