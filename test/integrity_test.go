@@ -1539,13 +1539,18 @@ func TestIntegrityCheck(t *testing.T) {
 		}, func(p *attachment) []string { return []string{"eth0", "MTU 1280", p.hostIf} }},
 		{"pod MAC changed silently", func(t *testing.T, p *attachment) {
 			inPod(t, p, func() error {
-				for _, f := range []string{"/proc/sys/net/ipv4/conf/eth0/arp_notify", "/proc/sys/net/ipv6/conf/eth0/ndisc_notify"} {
-					if err := os.WriteFile(f, []byte("0"), 0o644); err != nil {
+				// No announcement, and no IPv6 (a young interface sends
+				// router solicitations and MLD reports the datapath would
+				// learn from); while up (down and up would send more).
+				for _, f := range []string{"/proc/sys/net/ipv4/conf/eth0/arp_notify", "/proc/sys/net/ipv6/conf/eth0/disable_ipv6"} {
+					v := "0"
+					if strings.HasSuffix(f, "disable_ipv6") {
+						v = "1"
+					}
+					if err := os.WriteFile(f, []byte(v), 0o644); err != nil {
 						return err
 					}
 				}
-				// While up (down and up again would send DAD and router
-				// solicitations the datapath learns from), idle after.
 				l, err := netlink.LinkByName("eth0")
 				if err != nil {
 					return err
