@@ -1011,6 +1011,44 @@ func TestIntegrityOtherPluginInterface(t *testing.T) {
 		e.assertClean()
 	})
 
+	t.Run("ebpf-cni eth0, ptp net1", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(t)
+		pod := e.newPod()
+		e.cleanupDel(pod, "mixed2")
+		a := e.addAttachment(pod, "mixed2")
+		ptp := e.netList(randName("ptp"), map[string]any{
+			"type": "ptp",
+			"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(),
+				"ranges": [][]map[string]string{{{"subnet": "10.253.0.0/24"}}}},
+		})
+		rtP := &libcni.RuntimeConf{ContainerID: "mixed2", NetNS: pod.Path(), IfName: "net1"}
+		t.Cleanup(func() { e.delList(ptp, rtP) })
+		rP, err := e.addList(ptp, rtP)
+		if err != nil {
+			t.Fatalf("ptp ADD of net1: %v", err)
+		}
+		if d4, d6 := podDefaults(t, pod); d4 != "eth0" || d6 != "eth0" {
+			t.Errorf("pod default routes with ptp's net1: %q %q, want eth0's", d4, d6)
+		}
+		e.podReachable(t, pod, a.ips)
+		if err := ping(e.node, rP.IPs[0].Address.IP, 2); err != nil {
+			t.Errorf("node to ptp's net1: %v", err)
+		}
+		if err := e.check(pod, "mixed2", "eth0"); err != nil {
+			t.Errorf("CHECK eth0 beside ptp's net1: %v", err)
+		}
+		if err := e.delList(ptp, rtP); err != nil {
+			t.Fatal(err)
+		}
+		e.podReachable(t, pod, a.ips)
+		if err := e.check(pod, "mixed2", "eth0"); err != nil {
+			t.Errorf("CHECK eth0 after ptp's DEL of net1: %v", err)
+		}
+		e.mustDel(pod, "mixed2")
+		e.assertClean()
+	})
+
 	t.Run("ebpf-cni eth0, hand-made net1", func(t *testing.T) {
 		t.Parallel()
 		e := newEnv(t)
