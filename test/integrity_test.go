@@ -181,6 +181,15 @@ func TestIntegrityRetriedAdd(t *testing.T) {
 	}
 	e.podReachable(t, pod, live.ips)
 
+	// Another network attaching the same container ID and interface name:
+	// refused, naming the network that has it.
+	netB := e.netList(randName("netb"), map[string]any{"type": "ebpf-cni", "pinDir": e.pinDir, "stateDir": t.TempDir(),
+		"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}}}})
+	_, err = e.addList(netB, e.rt(pod, "retried", "eth0"))
+	libcniErr(t, "another network's ADD of the same container and interface", err, codeInvalidEnv,
+		"exists already", "network "+fmt.Sprintf("%q", e.name), live.hostIf)
+	e.podReachable(t, pod, live.ips)
+
 	e.mustDel(pod, "retried")
 	e.mustDel(next, "next")
 	e.assertClean()

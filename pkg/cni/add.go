@@ -179,10 +179,12 @@ func Add(args *skel.CmdArgs) (err error) {
 	}()
 	tr.mark("claim")
 	crashpoint("claimed")
-	if _, lerr := netlink.LinkByName(hostIf); lerr == nil {
+	// The veth without our record: this network's record was lost, or
+	// another network attached the same container ID and interface name.
+	if l, lerr := netlink.LinkByName(hostIf); lerr == nil {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
-			"CNI_CONTAINERID %q, CNI_IFNAME %q: the host veth %s of this attachment exists already (its record in %s is missing): DEL it before adding it again",
-			args.ContainerID, args.IfName, hostIf, recordDir(conf.StateDir, conf.Name)), "")
+			"CNI_CONTAINERID %q, CNI_IFNAME %q: the host veth of this attachment exists already, as %s, with no record in %s: DEL it before adding it again",
+			args.ContainerID, args.IfName, holderOf(l.Attrs().Index), recordDir(conf.StateDir, conf.Name)), "")
 	}
 
 	// Node-level hostPort hooks: set up the first time (an RCU wait per
