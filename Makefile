@@ -14,7 +14,7 @@ RUNTIME_PKGS  := iproute2 iputils-ping iptables nftables
 GENERATE_PKGS := clang llvm libbpf-dev linux-libc-dev
 BENCH_PKGS    := iproute2 iputils-ping iptables iperf3 time
 
-.PHONY: all build generate check-generate test unit-test lint install demo bench bench-quick bench-cni bench-bandwidth bench-masq deps deps-bench deps-generate clean
+.PHONY: all build generate check-generate check-tidy test unit-test race lint install demo bench bench-quick bench-cni bench-bandwidth bench-masq deps deps-bench deps-generate clean
 
 all: build
 
@@ -39,14 +39,29 @@ deps-bench:
 generate: deps-generate
 	$(GO) generate .
 
-# Fails when the committed bpf2go output differs from what bpf/ compiles to.
+# Fails when the committed bpf2go output differs from what bpf/ compiles to,
+# or when generate wrote an output file git does not track (a new program or
+# map object nobody committed).
+GENERATED := ':(glob)pkg/**/*_bpfel.go' ':(glob)pkg/**/*_bpfel.o'
 check-generate: generate
-	@git diff --exit-code --stat -- pkg/ || \
-		(echo "bpf2go output is stale: run 'make generate' and commit the result" >&2; exit 1)
+	@git diff --exit-code --stat -- $(GENERATED) && \
+		test -z "$$(git status --porcelain --untracked-files=all -- $(GENERATED))" || \
+		(git status --short --untracked-files=all -- $(GENERATED); \
+		 echo "bpf2go output is stale or untracked: run 'make generate' and commit the result" >&2; exit 1)
+
+# go.mod and go.sum as `go mod tidy` leaves them (direct dependencies not
+# marked indirect).
+check-tidy:
+	$(GO) mod tidy -diff
+
+# Build tags of the test files that are not built by default (benchmarks,
+# the crash-injection build): vet covers them too.
+TEST_TAGS := masqbench,latbench,progcost,crashpoint
 
 lint:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed on:"; gofmt -l .; exit 1)
 	$(GO) vet ./...
+	$(GO) vet -tags $(TEST_TAGS) ./...
 
 # Unit and integration tests. Integration tests need root; as root they run
 # the real plugin in network namespaces they create.
@@ -55,6 +70,12 @@ test: deps lint
 
 unit-test:
 	$(GO) test -count=1 ./pkg/...
+
+# The race detector over the packages whose tests need no root (no BPF, no
+# namespaces): they run anywhere, CI included.
+RACE_PKGS := ./pkg/cni/... ./deploy/...
+race:
+	$(GO) test -race -count=1 $(RACE_PKGS)
 
 install: build
 	install -d $(CNI_BIN) $(CNI_CONF)
