@@ -22,7 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
-	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // agentProc is a running `ebpf-agent run` in the env's node netns.
@@ -201,7 +201,7 @@ func TestAgentReconcile(t *testing.T) {
 	if err := unmountNS(gone); err != nil {
 		t.Fatal(err)
 	}
-	waitGone(t, e, cni.HostIfName("gone", "eth0"))
+	waitGone(t, e, state.HostIfName("gone", "eth0"))
 
 	confDir := e.writeConfDir()
 	out, err := e.agentCmd(append([]string{"reconcile", "--dry-run", "-o", "json"}, e.agentArgs(confDir)...)...)
@@ -244,7 +244,7 @@ func TestAgentReconcile(t *testing.T) {
 	if err := m.PutNetns(424242, 0, 0); err != nil {
 		t.Fatal(err)
 	}
-	e.inNode(func() error { return deleteHostLink(cni.HostIfName("crash", "eth0")) })
+	e.inNode(func() error { return deleteHostLink(state.HostIfName("crash", "eth0")) })
 	out, err = e.agentCmd(append([]string{"reconcile", "-o", "json"}, e.agentArgs(confDir)...)...)
 	if err != nil {
 		t.Fatalf("reconcile: %v\n%s", err, out)
@@ -300,6 +300,17 @@ func TestAgentDumpsStatusAndMetrics(t *testing.T) {
 				}
 			}
 			return false
+		}},
+		{[]string{"dump", "attachments"}, &[]agent.AttachmentRow{}, func(v any) bool {
+			rows := *v.(*[]agent.AttachmentRow)
+			found := 0
+			for _, r := range rows {
+				if r.Network == e.name && r.IfName == "eth0" && !r.Provisional && len(r.IPs) == 2 &&
+					r.HostIf == state.HostIfName(r.ContainerID, "eth0") && (r.ContainerID == "a" || r.ContainerID == "b") {
+					found++
+				}
+			}
+			return len(rows) == 2 && found == 2
 		}},
 		{[]string{"status"}, &agent.StatusReport{}, func(v any) bool {
 			s := v.(*agent.StatusReport)

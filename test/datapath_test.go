@@ -22,8 +22,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
-	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // ---- helpers of this file --------------------------------------------------
@@ -31,7 +31,7 @@ import (
 // hostVeth returns the name and node-netns ifindex of a pod's host veth.
 func (e *env) hostVeth(containerID string) (string, int) {
 	e.t.Helper()
-	name := cni.HostIfName(containerID, "eth0")
+	name := state.HostIfName(containerID, "eth0")
 	return name, e.hostIfindex(name)
 }
 
@@ -645,7 +645,7 @@ func TestDatapathCNIVersions(t *testing.T) {
 				t.Fatalf("result of %s has unexpected type %T", v, res)
 			}
 
-			hostIf := cni.HostIfName(id, "eth0")
+			hostIf := state.HostIfName(id, "eth0")
 			if len(ifs) != 2 || ifs[0].name != hostIf || ifs[0].sandbox != "" ||
 				ifs[1].name != "eth0" || ifs[1].sandbox != p.Path() {
 				t.Fatalf("interfaces = %+v, want [%s (host), eth0 in %s]", ifs, hostIf, p.Path())
@@ -751,7 +751,7 @@ func TestDatapathAttachModeTC(t *testing.T) {
 	b4, b6 := podIPs(t, rb)
 
 	for _, id := range []string{"pod-a", "pod-b"} {
-		name := cni.HostIfName(id, "eth0")
+		name := state.HostIfName(id, "eth0")
 		err := e.inNode(func() error {
 			l, err := netlink.LinkByName(name)
 			if err != nil {
@@ -835,7 +835,7 @@ func TestDatapathMTU(t *testing.T) {
 		pod ns.NetNS
 		res *current.Result
 	}{{"pod-a", a, ra}, {"pod-b", b, rb}} {
-		name := cni.HostIfName(c.id, "eth0")
+		name := state.HostIfName(c.id, "eth0")
 		var hostMTU, podMTU int
 		e.inNode(func() error {
 			l, err := netlink.LinkByName(name)

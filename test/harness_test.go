@@ -29,6 +29,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // binDir holds the freshly built plugin and the IPAM plugin it delegates to.
@@ -316,6 +317,9 @@ func errCode(err error) uint {
 	}
 	return 0
 }
+
+// store is the env's network's attachment records, as the plugin keeps them.
+func (e *env) store() state.Store { return state.Store{Root: e.stateDir, Network: e.name} }
 
 // maps opens the env's pinned maps.
 func (e *env) maps() *maps.Maps {

@@ -24,8 +24,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
-	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // ---- helpers of this file --------------------------------------------------
@@ -709,7 +709,7 @@ func TestHostPortConflict(t *testing.T) {
 		t.Fatalf("ADD of a taken hostPort: code %d (%v), want %d", code, err, codeInvalidConfig)
 	}
 	wantErrContains(t, "ADD of a taken hostPort", err, "runtimeConfig.portMappings[1]", "*:8080/tcp", "already mapped", "container owner")
-	late := &attachment{pod: p, id: "late", ifname: "eth0", hostIf: cni.HostIfName("late", "eth0")}
+	late := &attachment{pod: p, id: "late", ifname: "eth0", hostIf: state.HostIfName("late", "eth0")}
 	e.assertGone(late)
 	m := e.maps()
 	hps, _ := m.ListHostPorts()
@@ -1042,7 +1042,7 @@ func TestHostPortSingleStack(t *testing.T) {
 		t.Fatalf("IPv6 hostIP for an IPv4-only pod: code %d (%v), want %d", code, err, codeInvalidConfig)
 	}
 	wantErrContains(t, "IPv6 hostIP for an IPv4-only pod", err, "runtimeConfig.portMappings[0].hostIP", "no IPv6 address")
-	e.assertGone(&attachment{pod: q, id: "v6-hostip", ifname: "eth0", hostIf: cni.HostIfName("v6-hostip", "eth0")})
+	e.assertGone(&attachment{pod: q, id: "v6-hostip", ifname: "eth0", hostIf: state.HostIfName("v6-hostip", "eth0")})
 
 	e.mustDel(p, "v4")
 	e.assertClean()

@@ -29,9 +29,9 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // ---- helpers of this file --------------------------------------------------
@@ -355,7 +355,7 @@ func TestIntegrityKilledAdd(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				hostIf := cni.HostIfName("killed", "eth0")
+				hostIf := state.HostIfName("killed", "eth0")
 				deadline := time.Now().Add(10 * time.Second)
 				for {
 					_, rerr := os.Stat(block + ".reserved")
@@ -644,7 +644,7 @@ func TestIntegrityAddressOwner(t *testing.T) {
 			if ents, _ := os.ReadDir(filepath.Join(stateB, netB.Name)); len(ents) != 0 {
 				t.Errorf("the refused ADD left records: %v", ents)
 			}
-			if e.nodeLinkExists(cni.HostIfName("intruder", "eth0")) {
+			if e.nodeLinkExists(state.HostIfName("intruder", "eth0")) {
 				t.Error("the refused ADD left its host veth")
 			}
 			if err := e.delList(netB, rtB); err != nil {
@@ -800,7 +800,7 @@ func TestIntegrityTwoInterfaces(t *testing.T) {
 	if v4, v6 := podDefaults(t, pod); v4 != "eth0" || v6 != "eth0" {
 		t.Fatalf("pod default routes after net1's ADD: v4 %q, v6 %q; want eth0 only", v4, v6)
 	}
-	net1Idx := e.hostIfindex(cni.HostIfName("multi", "net1"))
+	net1Idx := e.hostIfindex(state.HostIfName("multi", "net1"))
 	m := e.maps()
 	both := func(when string) {
 		t.Helper()
@@ -1799,7 +1799,7 @@ func TestIntegrityFiles(t *testing.T) {
 				t.Fatalf("ADD with a %d-character container ID: %v\n%s", len(id), err, out)
 			}
 		}
-		recs, err := cni.ListRecords(e.stateDir, e.name)
+		recs, err := e.store().List()
 		if err != nil || len(recs) != len(ids) {
 			t.Fatalf("records: %d (%v), want %d", len(recs), err, len(ids))
 		}

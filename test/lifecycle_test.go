@@ -20,9 +20,9 @@ import (
 	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // CNI error codes of the spec (SPEC.md, "Error"), as the types package names them.
@@ -50,7 +50,7 @@ type attachment struct {
 func (e *env) addAttachment(pod ns.NetNS, containerID string) *attachment {
 	e.t.Helper()
 	r := e.add(pod, containerID)
-	a := &attachment{pod: pod, id: containerID, ifname: "eth0", hostIf: cni.HostIfName(containerID, "eth0")}
+	a := &attachment{pod: pod, id: containerID, ifname: "eth0", hostIf: state.HostIfName(containerID, "eth0")}
 	a.ifindex = e.hostIfindex(a.hostIf)
 	for _, ipc := range r.IPs {
 		a.ips = append(a.ips, ipc.Address.IP)
@@ -92,7 +92,7 @@ func (e *env) reservationsOf(containerID string) []string {
 
 // recordPath is where ADD keeps the state record of an attachment.
 func (e *env) recordPath(containerID, ifname string) string {
-	return filepath.Join(e.stateDir, e.name, containerID+"_"+ifname+".json")
+	return e.store().Path(containerID, ifname)
 }
 
 // traces lists everything of one attachment still present on the node: its
@@ -881,7 +881,7 @@ func TestLifecycleFailedAdd(t *testing.T) {
 			t.Fatal("second ADD into a one-address range succeeded")
 		}
 		t.Logf("second ADD: %v", err)
-		second := &attachment{pod: pod2, id: "no-room", ifname: "eth0", hostIf: cni.HostIfName("no-room", "eth0")}
+		second := &attachment{pod: pod2, id: "no-room", ifname: "eth0", hostIf: state.HostIfName("no-room", "eth0")}
 		e.assertGone(second)
 		// Exactly the first pod's state is left.
 		eps, err := e.maps().ListEndpoints()

@@ -16,8 +16,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
-	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // Services of the kube-proxy lab, per family: ClusterIPs, NodePorts and the
@@ -452,7 +452,7 @@ func TestServicesStackFlowsReconciled(t *testing.T) {
 	}
 	// b crashes: its record is lost and its veth goes, no DEL.
 	os.Remove(filepath.Join(e.stateDir, e.name, "b_eth0.json"))
-	if err := e.inNode(func() error { return deleteHostLink(cni.HostIfName("b", "eth0")) }); err != nil {
+	if err := e.inNode(func() error { return deleteHostLink(state.HostIfName("b", "eth0")) }); err != nil {
 		t.Fatal(err)
 	}
 	out, err := e.agentCmd(append([]string{"reconcile", "-o", "json"}, e.agentArgs(e.writeConfDir())...)...)

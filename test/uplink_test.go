@@ -13,9 +13,9 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // The node-level uplink hooks (issue 12, item 7): checked against the
@@ -228,7 +228,7 @@ func TestUplinkSecondPinDirRefused(t *testing.T) {
 func (e *env) assertNothingOf(containerID string) {
 	e.t.Helper()
 	if err := e.inNode(func() error {
-		_, err := netlink.LinkByName(cni.HostIfName(containerID, "eth0"))
+		_, err := netlink.LinkByName(state.HostIfName(containerID, "eth0"))
 		return err
 	}); err == nil {
 		e.t.Errorf("veth of %s left", containerID)

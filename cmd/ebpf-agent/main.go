@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
-	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // Version is set at build time with -ldflags "-X main.Version=...".
@@ -31,6 +31,7 @@ const usage = `usage: ebpf-agent COMMAND [flags]
   dump hostports      hostPort mappings with their pods (read-only)
   dump ct             translated hostPort flows and node sockets (read-only)
   dump nat            masqueraded (ipMasq) flows, cluster CIDRs, counters (read-only)
+  dump attachments    the plugin's attachment records: container, interface, host veth, IPs (read-only)
   peers --peers FILE  install routes to other nodes' pod CIDRs via their node IPs once (run does it at every reconcile)
   reconcile           remove state of pods that are gone (--dry-run lists it)
   upgrade             swap every attachment to this build's programs in place (--force reloads them)
@@ -46,7 +47,7 @@ func flags(name string, args []string, extra func(fs *flag.FlagSet)) (*common, *
 	c := &common{}
 	fs := flag.NewFlagSet(name, flag.ExitOnError)
 	fs.StringVar(&c.pinDir, "pin-dir", datapath.DefaultPinRoot, "bpffs directory of the datapath")
-	fs.StringVar(&c.stateDir, "state-dir", cni.DefaultStateDir, "plugin state directory (attachment records)")
+	fs.StringVar(&c.stateDir, "state-dir", state.DefaultDir, "plugin state directory (attachment records)")
 	fs.StringVar(&c.confDir, "cni-conf-dir", "/etc/cni/net.d", "CNI configuration directory (networks to reconcile)")
 	fs.StringVar(&c.binDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory (IPAM plugins, to release addresses)")
 	fs.StringVar(&c.format, "o", "table", "output format: table or json")
@@ -130,7 +131,7 @@ func run(args []string) error {
 
 func dump(args []string) error {
 	if len(args) < 1 {
-		return fmt.Errorf("dump what? (endpoints, bandwidth, stats, hostports, ct or nat)")
+		return fmt.Errorf("dump what? (endpoints, bandwidth, stats, hostports, ct, nat or attachments)")
 	}
 	c, _ := flags("dump", args[1:], nil)
 	switch args[0] {
@@ -170,8 +171,14 @@ func dump(args []string) error {
 			return err
 		}
 		return agent.WriteNAT(os.Stdout, d, c.format)
+	case "attachments":
+		rows, err := agent.Attachments(c.stateDir)
+		if err != nil {
+			return err
+		}
+		return agent.WriteAttachments(os.Stdout, rows, c.format)
 	}
-	return fmt.Errorf("unknown dump %q (want endpoints, bandwidth, stats, hostports, ct or nat)", args[0])
+	return fmt.Errorf("unknown dump %q (want endpoints, bandwidth, stats, hostports, ct, nat or attachments)", args[0])
 }
 
 func reconcile(c *common, dry bool) error {

@@ -42,7 +42,7 @@ func Bandwidth(pinRoot, stateDir string) ([]BandwidthRow, error) {
 		r := BandwidthRow{Ifindex: l.Ifindex, Direction: l.Dir.String(), RateBps: l.Limit.RateBps, BurstBits: l.Limit.BurstBits}
 		r.Interface = ifName(int(l.Ifindex))
 		rec := recs[l.Ifindex]
-		r.Container, r.Pod = rec.ContainerID, rec.name()
+		r.Container, r.Pod = rec.ContainerID, rec.PodLabel()
 		cs, err := m.Counters(int(l.Ifindex))
 		if err != nil {
 			return nil, err

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // EndpointRow is one pod IP as the endpoints map and the counters see it.
@@ -28,22 +28,6 @@ type EndpointRow struct {
 	Drops     map[string]uint64 `json:"drops"`
 }
 
-// podRecord is the part of the plugin's state record the dump shows.
-type podRecord struct {
-	ContainerID  string `json:"containerID"`
-	HostIfindex  int    `json:"hostIfindex"`
-	PodNamespace string `json:"podNamespace"`
-	PodName      string `json:"podName"`
-}
-
-// name is "namespace/name" when the runtime passed K8S_POD_*, else "".
-func (r podRecord) name() string {
-	if r.PodName == "" {
-		return ""
-	}
-	return r.PodNamespace + "/" + r.PodName
-}
-
 // podLabel is what the tables show for a pod: its name, else the start of
 // its container ID, else "-".
 func podLabel(pod, container string) string {
@@ -55,14 +39,11 @@ func podLabel(pod, container string) string {
 
 // records reads the plugin's per-attachment records of every network, keyed
 // by host ifindex. A missing or unreadable directory just means no names.
-func records(stateDir string) map[uint32]podRecord {
-	out := make(map[uint32]podRecord)
-	recs, _ := cni.ListAllRecords(stateDir)
-	for _, r := range recs {
-		if r.HostIfindex > 0 {
-			out[uint32(r.HostIfindex)] = podRecord{ContainerID: r.ContainerID, HostIfindex: r.HostIfindex,
-				PodNamespace: r.PodNamespace, PodName: r.PodName}
-		}
+func records(stateDir string) map[uint32]state.Record {
+	out := make(map[uint32]state.Record)
+	recs, _ := state.ListAll(stateDir)
+	for idx, r := range state.ByHostIfindex(recs) {
+		out[uint32(idx)] = *r
 	}
 	return out
 }
@@ -94,7 +75,7 @@ func Endpoints(pinRoot, stateDir string) ([]EndpointRow, error) {
 		}
 		r.Interface = ifName(int(ep.Info.Ifindex))
 		rec := recs[ep.Info.Ifindex]
-		r.Container, r.Pod = rec.ContainerID, rec.name()
+		r.Container, r.Pod = rec.ContainerID, rec.PodLabel()
 		for k, c := range counters[ep.Info.Ifindex] {
 			switch {
 			case k.Reason.IsDrop():

@@ -64,7 +64,7 @@ func HostPorts(pinRoot, stateDir string) ([]HostPortRow, error) {
 			r.HostIP = h.HostIP.String()
 		}
 		rec := recs[uint32(h.Ifindex)]
-		r.Container, r.Pod = rec.ContainerID, rec.name()
+		r.Container, r.Pod = rec.ContainerID, rec.PodLabel()
 		rows = append(rows, r)
 	}
 	sort.Slice(rows, func(i, j int) bool {

@@ -79,7 +79,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	recs := records(c.stateDir)
 	for idx, cs := range all {
 		name, rec := ifName(int(idx)), recs[idx]
-		pod := rec.name()
+		pod := rec.PodLabel()
 		for k, v := range cs {
 			lv := []string{name, pod, rec.ContainerID, k.Dir.String(), k.Reason.String()}
 			ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(v.Packets), lv...)

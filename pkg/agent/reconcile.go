@@ -15,6 +15,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // Stale is one piece of state that belongs to no live pod.
@@ -174,7 +175,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 
 	// netns entries: the node's stays; a pod's stays while a record names it.
 	known := make(map[uint64]bool)
-	recs, _ := cni.ListAllRecords(stateDir)
+	recs, _ := state.ListAll(stateDir)
 	for _, r := range recs {
 		if r.NetnsCookie != 0 {
 			known[r.NetnsCookie] = true

@@ -37,7 +37,7 @@ func Stats(pinRoot, stateDir string) ([]StatsRow, error) {
 	var rows []StatsRow
 	for idx, cs := range all {
 		name, rec := ifName(int(idx)), recs[idx]
-		pod := rec.name()
+		pod := rec.PodLabel()
 		for k, c := range cs {
 			rows = append(rows, StatsRow{Ifindex: idx, Interface: name, Container: rec.ContainerID, Pod: pod,
 				Direction: k.Dir.String(), Reason: k.Reason.String(), Drop: k.Reason.IsDrop(), Packets: c.Packets, Bytes: c.Bytes})

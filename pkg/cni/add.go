@@ -21,6 +21,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // undo is a stack of cleanups run when ADD fails part way.
@@ -80,7 +81,7 @@ func checkDirs(conf *NetConf) error {
 	if err := safedir.Check(conf.StateDir); err != nil {
 		return confError("stateDir: %v", err)
 	}
-	if err := safedir.Check(recordDir(conf.StateDir, conf.Name)); err != nil {
+	if err := safedir.Check(conf.store().Dir()); err != nil {
 		return confError("stateDir: %v", err)
 	}
 	return nil
@@ -155,8 +156,8 @@ func Add(args *skel.CmdArgs) (err error) {
 	// runtime retrying, two ADDs racing) is refused here and touches nothing
 	// of the first, its IPAM reservation least of all. The claim is the
 	// provisional record, so an ADD killed from here on is findable.
-	hostIf := HostIfName(args.ContainerID, args.IfName)
-	rec := &Record{
+	hostIf := state.HostIfName(args.ContainerID, args.IfName)
+	rec := &state.Record{
 		ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns, HostIf: hostIf,
 		NetnsCookie: cookie, Provisional: true, Pid: os.Getpid(), Created: time.Now().UTC(),
 	}
@@ -174,7 +175,7 @@ func Add(args *skel.CmdArgs) (err error) {
 		// The provisional record goes last, and only if everything else
 		// did: what could not be undone stays findable by DEL and GC.
 		if u.run() == nil {
-			_ = removeRecord(conf.StateDir, conf.Name, args.ContainerID, args.IfName)
+			_ = conf.store().Remove(args.ContainerID, args.IfName)
 		}
 	}()
 	tr.mark("claim")
@@ -184,7 +185,7 @@ func Add(args *skel.CmdArgs) (err error) {
 	if l, lerr := netlink.LinkByName(hostIf); lerr == nil {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
 			"CNI_CONTAINERID %q, CNI_IFNAME %q: the host veth of this attachment exists already, as %s, with no record in %s: DEL it before adding it again",
-			args.ContainerID, args.IfName, holderOf(l.Attrs().Index), recordDir(conf.StateDir, conf.Name)), "")
+			args.ContainerID, args.IfName, holderOf(l.Attrs().Index), conf.store().Dir()), "")
 	}
 
 	// Node-level hostPort hooks: set up the first time (an RCU wait per
@@ -410,7 +411,7 @@ func Add(args *skel.CmdArgs) (err error) {
 	}
 	rec.Masq = conf.IPMasq
 	rec.PodTable = full.table
-	if err := writeRecord(conf.StateDir, conf.Name, rec); err != nil {
+	if err := conf.store().Write(rec); err != nil {
 		return types.NewError(types.ErrIOFailure, err.Error(), "")
 	}
 	crashpoint("recorded")
@@ -439,16 +440,16 @@ func netlinkError(err error) error {
 
 // claimAttachment writes the provisional record of the attachment, or
 // refuses the ADD when the attachment has a record already.
-func claimAttachment(conf *NetConf, rec *Record) (*os.File, error) {
+func claimAttachment(conf *NetConf, rec *state.Record) (*os.File, error) {
 	for try := 0; ; try++ {
-		f, err := claimRecord(conf.StateDir, conf.Name, rec)
+		f, err := conf.store().Claim(rec)
 		if err == nil {
 			return f, nil
 		}
-		if !errors.Is(err, errClaimed) {
+		if !errors.Is(err, state.ErrClaimed) {
 			return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("stateDir: %v", err), "")
 		}
-		old, rerr := readRecord(conf.StateDir, conf.Name, rec.ContainerID, rec.IfName)
+		old, rerr := conf.store().Read(rec.ContainerID, rec.IfName)
 		if rerr != nil {
 			return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("stateDir: record of %s/%s: %v", rec.ContainerID, rec.IfName, rerr), "")
 		}
@@ -464,7 +465,7 @@ func claimAttachment(conf *NetConf, rec *Record) (*os.File, error) {
 // and CNI_IFNAME the runtime passed name an attachment that exists, the one
 // variable-level mistake the runtime can act on (DEL first); 11 while
 // another ADD of it is still running, which ends by itself.
-func retryError(conf *NetConf, rec, old *Record) error {
+func retryError(conf *NetConf, rec, old *state.Record) error {
 	who := fmt.Sprintf("CNI_CONTAINERID %q, CNI_IFNAME %q on network %q", rec.ContainerID, rec.IfName, conf.Name)
 	switch {
 	case old == nil:
@@ -473,7 +474,7 @@ func retryError(conf *NetConf, rec, old *Record) error {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
 			"%s: this attachment exists already (host veth %s, IPs %s, added %s): ADD may not be repeated without a DEL; the attachment is left as it is",
 			who, old.HostIf, strings.Join(old.IPs, ", "), old.Created.Format(time.RFC3339)), "")
-	case recordBusy(conf.StateDir, conf.Name, old):
+	case conf.store().Busy(old):
 		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
 			"%s: another ADD of this attachment is in progress (pid %d)", who, old.Pid), "")
 	default:

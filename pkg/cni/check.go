@@ -16,6 +16,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 func checkError(format string, a ...any) error {
@@ -62,8 +63,8 @@ func Check(args *skel.CmdArgs) error {
 	if err := checkDirs(conf); err != nil {
 		return err
 	}
-	rec, _ := readRecord(conf.StateDir, conf.Name, args.ContainerID, args.IfName)
-	hostIf := HostIfName(args.ContainerID, args.IfName)
+	rec, _ := conf.store().Read(args.ContainerID, args.IfName)
+	hostIf := state.HostIfName(args.ContainerID, args.IfName)
 	host, err := netlink.LinkByName(hostIf)
 	if err != nil {
 		return checkError("host veth %s: %v", hostIf, err)

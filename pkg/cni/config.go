@@ -16,11 +16,8 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
-
-// DefaultStateDir keeps one record per attachment; it survives reboots like
-// host-local's reservations, so GC after a reboot can release them.
-const DefaultStateDir = "/var/lib/cni/ebpf-cni"
 
 // NetConf is the network configuration of the plugin.
 type NetConf struct {
@@ -51,6 +48,11 @@ type NetConf struct {
 	attachMode   datapath.AttachMode
 	portMappings []portMapping // validated runtimeConfig.portMappings
 	clusterCIDRs []netip.Prefix
+}
+
+// store is where the network's attachment records live.
+func (c *NetConf) store() state.Store {
+	return state.Store{Root: c.StateDir, Network: c.Name}
 }
 
 // minMTU6 is the least MTU a link may have for IPv6 (RFC 8200); the kernel
@@ -86,7 +88,7 @@ func parseConf(stdin []byte) (*NetConf, error) {
 		return nil, confError("pinDir %q must be an absolute path", conf.PinDir)
 	}
 	if conf.StateDir == "" {
-		conf.StateDir = DefaultStateDir
+		conf.StateDir = state.DefaultDir
 	}
 	if !filepath.IsAbs(conf.StateDir) {
 		return nil, confError("stateDir %q must be an absolute path", conf.StateDir)

@@ -76,19 +76,6 @@ func assertCNIError(t *testing.T, err error, code uint, mention string) {
 	}
 }
 
-func TestHostIfName(t *testing.T) {
-	a := HostIfName("abc", "eth0")
-	if len(a) != 15 || !strings.HasPrefix(a, "ebpf") {
-		t.Fatalf("bad name %q", a)
-	}
-	if a != HostIfName("abc", "eth0") {
-		t.Fatal("not deterministic")
-	}
-	if a == HostIfName("abc", "eth1") || a == HostIfName("abd", "eth0") {
-		t.Fatal("different attachments share a name")
-	}
-}
-
 func TestNewPlanRoutes(t *testing.T) {
 	_, n4, _ := net.ParseCIDR("10.0.0.5/24")
 	_, n6, _ := net.ParseCIDR("fd00::5/64")

@@ -13,7 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
-	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // Del is the CNI DEL verb: best effort and idempotent. It needs neither the
@@ -26,19 +26,20 @@ func Del(args *skel.CmdArgs) error {
 	if err := checkDirs(conf); err != nil {
 		return err
 	}
-	rec, err := readRecord(conf.StateDir, conf.Name, args.ContainerID, args.IfName)
+	store := conf.store()
+	rec, err := store.Read(args.ContainerID, args.IfName)
 	if err != nil {
 		// A corrupt record must not block DEL: fall back to what can be derived.
 		rec = nil
 	}
-	if rec != nil && recordBusy(conf.StateDir, conf.Name, rec) {
+	if rec != nil && store.Busy(rec) {
 		// An ADD of this attachment is still at work: tear down what it
 		// ends with, not what it has made so far.
-		if !safedir.WaitUnlocked(recordPath(conf.StateDir, conf.Name, args.ContainerID, args.IfName), addWait) {
+		if !store.WaitIdle(args.ContainerID, args.IfName, addWait) {
 			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
 				"an ADD of CNI_CONTAINERID %q, CNI_IFNAME %q (pid %d) is still running after %s", args.ContainerID, args.IfName, rec.Pid, addWait), "")
 		}
-		if rec, err = readRecord(conf.StateDir, conf.Name, args.ContainerID, args.IfName); err != nil {
+		if rec, err = store.Read(args.ContainerID, args.IfName); err != nil {
 			rec = nil
 		}
 	}
@@ -78,12 +79,12 @@ const addWait = 30 * time.Second
 // reservation: map entries, counters, link pins, the veth and the record.
 // A provisional record (ADD killed part way) names the attachment but not
 // its addresses or hostPorts: those are found by the host veth's ifindex.
-func teardown(conf *NetConf, containerID, ifname, netnsPath string, rec *Record, tr *tracer) error {
+func teardown(conf *NetConf, containerID, ifname, netnsPath string, rec *state.Record, tr *tracer) error {
 	full := rec
 	if rec != nil && rec.Provisional {
 		full = nil
 	}
-	hostIf := HostIfName(containerID, ifname)
+	hostIf := state.HostIfName(containerID, ifname)
 	ifindex := 0
 	if l, err := netlink.LinkByName(hostIf); err == nil {
 		ifindex = l.Attrs().Index
@@ -196,7 +197,7 @@ func teardown(conf *NetConf, containerID, ifname, netnsPath string, rec *Record,
 	tr.mark("pins")
 	if errs == nil {
 		// Keep the record while anything failed, so a retry or GC can finish.
-		errs = removeRecord(conf.StateDir, conf.Name, containerID, ifname)
+		errs = conf.store().Remove(containerID, ifname)
 	}
 	return errs
 }

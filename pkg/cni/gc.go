@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -15,6 +14,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // GC is the CNI GC verb: every attachment of this network that has a record
@@ -31,13 +31,13 @@ func GC(args *skel.CmdArgs) error {
 	for _, a := range conf.ValidAttachments {
 		valid[a.ContainerID+"/"+a.IfName] = true
 	}
-	recs, err := ListRecords(conf.StateDir, conf.Name)
+	recs, err := conf.store().List()
 	if err != nil {
 		return types.NewError(types.ErrIOFailure, fmt.Sprintf("read state directory %s: %v", conf.StateDir, err), "")
 	}
 	var errs error
 	for _, r := range recs {
-		if valid[r.ContainerID+"/"+r.IfName] || recordBusy(conf.StateDir, conf.Name, r) {
+		if valid[r.ContainerID+"/"+r.IfName] || conf.store().Busy(r) {
 			continue // in use, or an ADD is still making it
 		}
 		if conf.IPAM.Type != "" {
@@ -50,7 +50,7 @@ func GC(args *skel.CmdArgs) error {
 			errs = errors.Join(errs, fmt.Errorf("tear down %s/%s: %w", r.ContainerID, r.IfName, err))
 		}
 	}
-	errs = errors.Join(errs, removeStaleTemps(recordDir(conf.StateDir, conf.Name)))
+	errs = errors.Join(errs, conf.store().RemoveStaleTemps())
 	errs = errors.Join(errs, removeOrphanLinkPins(conf.PinDir))
 	errs = errors.Join(errs, pruneHostPorts(conf.PinDir))
 	if conf.IPAM.Type != "" {
@@ -67,7 +67,7 @@ func GC(args *skel.CmdArgs) error {
 
 // ipamDelFor runs the IPAM plugin's DEL for an attachment other than the
 // (absent) one in the environment of a GC call.
-func ipamDelFor(conf *NetConf, args *skel.CmdArgs, r *Record) error {
+func ipamDelFor(conf *NetConf, args *skel.CmdArgs, r *state.Record) error {
 	paths := filepath.SplitList(args.Path)
 	plugin, err := invoke.FindInPath(conf.IPAM.Type, paths)
 	if err != nil {
@@ -75,29 +75,6 @@ func ipamDelFor(conf *NetConf, args *skel.CmdArgs, r *Record) error {
 	}
 	a := &invoke.Args{Command: "DEL", ContainerID: r.ContainerID, IfName: r.IfName, Path: args.Path, NetNS: r.Netns}
 	return invoke.ExecPluginWithoutResult(context.TODO(), plugin, args.StdinData, a, nil)
-}
-
-// removeStaleTemps drops the temp files of record writes that a killed
-// plugin left between creating and renaming them (seconds old at most
-// while a plugin is alive).
-func removeStaleTemps(dir string) error {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return nil
-	}
-	var errs error
-	for _, e := range ents {
-		name := e.Name()
-		if !strings.HasPrefix(name, ".") || !strings.HasSuffix(name, ".tmp") {
-			continue
-		}
-		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > time.Minute {
-			if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = errors.Join(errs, err)
-			}
-		}
-	}
-	return errs
 }
 
 // removeOrphanLinkPins drops link pins whose host veth no longer exists.

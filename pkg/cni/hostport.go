@@ -10,6 +10,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // portMapping is a validated runtimeConfig.portMappings entry.
@@ -178,7 +179,7 @@ func hostPortError(conf *NetConf, h maps.HostPort, err error) error {
 	var taken *maps.HostPortTakenError
 	if errors.As(err, &taken) {
 		owner := ""
-		if recs, rerr := ListRecords(conf.StateDir, conf.Name); rerr == nil {
+		if recs, rerr := conf.store().List(); rerr == nil {
 			for _, r := range recs {
 				if r.HostIfindex == taken.Owner.Ifindex {
 					owner = fmt.Sprintf(" (container %s", r.ContainerID)
@@ -194,20 +195,11 @@ func hostPortError(conf *NetConf, h maps.HostPort, err error) error {
 	return types.NewError(types.ErrInternal, fmt.Sprintf("runtimeConfig.portMappings[%d]: %v", idx, err), "")
 }
 
-// hostPortRecord is a mapping as the state record keeps it, for DEL and GC.
-type hostPortRecord struct {
-	HostIP        string `json:"hostIP,omitempty"`
-	IPv6          bool   `json:"ipv6,omitempty"`
-	Protocol      string `json:"protocol"`
-	HostPort      uint16 `json:"hostPort"`
-	PodIP         string `json:"podIP"`
-	ContainerPort uint16 `json:"containerPort"`
-}
-
-func recordHostPorts(hps []maps.HostPort) []hostPortRecord {
-	out := make([]hostPortRecord, 0, len(hps))
+// recordHostPorts is how the state record keeps the pod's mappings.
+func recordHostPorts(hps []maps.HostPort) []state.HostPort {
+	out := make([]state.HostPort, 0, len(hps))
 	for _, h := range hps {
-		r := hostPortRecord{IPv6: h.IPv6, Protocol: maps.ProtoName(h.Proto), HostPort: h.HostPort,
+		r := state.HostPort{IPv6: h.IPv6, Protocol: maps.ProtoName(h.Proto), HostPort: h.HostPort,
 			PodIP: h.PodIP.String(), ContainerPort: h.PodPort}
 		if h.HostIP != nil {
 			r.HostIP = h.HostIP.String()
@@ -217,7 +209,8 @@ func recordHostPorts(hps []maps.HostPort) []hostPortRecord {
 	return out
 }
 
-func (r hostPortRecord) hostPort(ifindex int) (maps.HostPort, bool) {
+// recordedHostPort is the map entry of a recorded mapping of the pod behind ifindex.
+func recordedHostPort(r state.HostPort, ifindex int) (maps.HostPort, bool) {
 	h := maps.HostPort{IPv6: r.IPv6, HostPort: r.HostPort, PodIP: net.ParseIP(r.PodIP), PodPort: r.ContainerPort, Ifindex: ifindex}
 	switch r.Protocol {
 	case "tcp":
@@ -247,11 +240,11 @@ func hostPortOptions(conf *NetConf) datapath.HostPortOptions {
 // mappings, so no new flow is translated to the pod. After it
 // (purgeHostPortFlows): every cni_ct and cni_sock_rnat entry made for the
 // pod, and the node's connected UDP sockets the hook had pointed at it.
-func removeHostPorts(dp *datapath.Datapath, rec *Record, ifindex int) error {
+func removeHostPorts(dp *datapath.Datapath, rec *state.Record, ifindex int) error {
 	var errs error
 	if rec != nil {
 		for _, r := range rec.HostPorts {
-			h, ok := r.hostPort(ifindex)
+			h, ok := recordedHostPort(r, ifindex)
 			if !ok {
 				continue
 			}

@@ -91,7 +91,7 @@ func TestHostPortRecordRoundTrip(t *testing.T) {
 		{HostIP: net.ParseIP("fd00::1"), IPv6: true, Proto: maps.ProtoUDP, HostPort: 53, PodIP: net.ParseIP("fd00:1::5"), PodPort: 53, Ifindex: 3},
 	}
 	for i, r := range recordHostPorts(in) {
-		got, ok := r.hostPort(3)
+		got, ok := recordedHostPort(r, 3)
 		if !ok || got.Listen() != in[i].Listen() || !got.PodIP.Equal(in[i].PodIP) || got.PodPort != in[i].PodPort || got.Key() != in[i].Key() {
 			t.Errorf("round trip of %+v: %+v %v", in[i], got, ok)
 		}

@@ -2,8 +2,6 @@ package cni
 
 import (
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -15,13 +13,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
-
-// HostIfName is the deterministic host-side veth name of an attachment, so
-// DEL finds it with no state: "ebpf" + 11 hex digits (15 chars, IFNAMSIZ-1).
-func HostIfName(containerID, ifname string) string {
-	h := sha256.Sum256([]byte(containerID + "/" + ifname))
-	return "ebpf" + hex.EncodeToString(h[:])[:11]
-}
 
 // randomMAC returns a unicast, locally administered MAC.
 func randomMAC() (net.HardwareAddr, error) {

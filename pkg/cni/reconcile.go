@@ -6,6 +6,8 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // Reconcile finds the attachments of a network whose host veth no longer
@@ -21,7 +23,7 @@ func Reconcile(conf []byte, cniPath string, dryRun bool) ([]string, error) {
 	if err := checkDirs(c); err != nil {
 		return nil, err
 	}
-	recs, err := ListRecords(c.StateDir, c.Name)
+	recs, err := c.store().List()
 	if err != nil {
 		return nil, fmt.Errorf("read state directory %s: %w", c.StateDir, err)
 	}
@@ -33,13 +35,13 @@ func Reconcile(conf []byte, cniPath string, dryRun bool) ([]string, error) {
 		what := fmt.Sprintf("attachment %s/%s of network %s (veth gone; IPs %v)", r.ContainerID, r.IfName, c.Name, r.IPs)
 		switch {
 		case r.Provisional:
-			if recordBusy(c.StateDir, c.Name, r) {
+			if c.store().Busy(r) {
 				continue // an ADD is making it
 			}
 			// Its ADD died part way (the lock went with the process).
 			what = fmt.Sprintf("attachment %s/%s of network %s (half made by an ADD that did not finish, pid %d)", r.ContainerID, r.IfName, c.Name, r.Pid)
 		default:
-			if _, err := netlink.LinkByName(HostIfName(r.ContainerID, r.IfName)); err == nil {
+			if _, err := netlink.LinkByName(state.HostIfName(r.ContainerID, r.IfName)); err == nil {
 				continue
 			} else {
 				var nf netlink.LinkNotFoundError

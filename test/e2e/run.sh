@@ -186,7 +186,7 @@ cleanup() {
 	ip link del "e2eup$ID" 2>/dev/null
 	# Host veths of our pods are gone with their netns; delete any straggler.
 	for s in "${SANDBOXES[@]}"; do
-		ip link del "$(hostif "$s")" 2>/dev/null
+		[ -n "$(hostif "$s")" ] && ip link del "$(hostif "$s")" 2>/dev/null
 	done
 	find /sys/fs/cgroup -maxdepth 3 -depth -type d -name "$CGPARENT" 2>/dev/null | while read -r d; do
 		find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
@@ -218,8 +218,18 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo; echo "interrupted"; FAIL=$((FAIL + 1)); FAILED+=("interrupted"); exit 130' INT TERM
 
-# hostif CONTAINERID: the plugin's host veth name for eth0 of a sandbox.
-hostif() { printf 'ebpf%s' "$(printf '%s/eth0' "$1" | sha256sum | cut -c1-11)"; }
+# hostif SANDBOX: the host veth of the sandbox's eth0, as the plugin's state
+# record named it when the sandbox was created (remembered by run_pod: the
+# record goes with the pod, the leak checks need the name after). The plugin
+# names veths; the script never re-derives the name.
+declare -A HOSTIFS=()
+hostif() { echo "${HOSTIFS[$1]:-}"; }
+# record_hostif SANDBOX: the host veth the plugin's record names, read with
+# `ebpf-agent dump attachments` (the one parser of records).
+record_hostif() {
+	"$BIN/ebpf-agent" dump attachments --state-dir "$STATE" -o json |
+		jq -r --arg id "$1" '.[] | select(.containerID == $id and .ifname == "eth0") | .hostIf'
+}
 
 # ---------------------------------------------------------------- tools
 
@@ -585,6 +595,8 @@ run_pod() {
 	ns=$(jq -r '.info.runtimeSpec.linux.namespaces[] | select(.type == "network") | .path' <<<"$insp")
 	printf -v "POD_$var" %s "$pod"; printf -v "NS_$var" %s "$ns"
 	printf -v "IP4_$var" %s "$ip4"; printf -v "IP6_$var" %s "$ip6"
+	HOSTIFS[$pod]=$(record_hostif "$pod")
+	[ -n "${HOSTIFS[$pod]}" ] || { fail "runp $name: the plugin's record of sandbox ${pod:0:13}" "$("$BIN/ebpf-agent" dump attachments --state-dir "$STATE" 2>&1)"; return 1; }
 	pass "runp $name: sandbox ${pod:0:13}, $ip4 $ip6, host veth $(hostif "$pod")"
 	if ! c=$(cri create "$pod" "$cj" "$pj" 2>&1) || ! out=$(cri start "$c" 2>&1); then
 		fail "create+start httpd in $name" "$c $out"; return 1
@@ -843,7 +855,7 @@ pods_left() { cri pods -q; }
 veths_left() {
 	local s n
 	for s in "${SANDBOXES[@]}"; do
-		n=$(hostif "$s"); ip link show "$n" >/dev/null 2>&1 && echo "$n"
+		n=$(hostif "$s"); [ -n "$n" ] && ip link show "$n" >/dev/null 2>&1 && echo "$n"
 	done
 }
 endpoints_left() { local d; d=$(dump) || { echo "dump failed"; return; }; [ "$(jq length <<<"$d")" = 0 ] || echo "$d"; }
