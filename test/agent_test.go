@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
@@ -118,6 +120,47 @@ func (e *env) progIDs(ifindex int) []ebpf.ProgramID {
 	return ids
 }
 
+// nodeHookProgIDs returns the program each pinned node hook link runs,
+// and checks that it is the hook's own: an upgrade once swapped
+// cni_sock_connect4's link to cni_sock_connect6 (the kernel keeps 15
+// characters of a name).
+func (e *env) nodeHookProgIDs() map[string]ebpf.ProgramID {
+	e.t.Helper()
+	want := map[string]string{
+		"cgroup_connect4": "cni_sock_connect4", "cgroup_connect6": "cni_sock_connect6",
+		"cgroup_sendmsg4": "cni_sock_sendmsg4", "cgroup_sendmsg6": "cni_sock_sendmsg6",
+		"cgroup_recvmsg4": "cni_sock_recvmsg4", "cgroup_recvmsg6": "cni_sock_recvmsg6",
+		"cgroup_getpeername4": "cni_sock_peer4", "cgroup_getpeername6": "cni_sock_peer6",
+		"cgroup_sock_ops": "cni_sock_ops",
+	}
+	out := map[string]ebpf.ProgramID{}
+	for _, p := range datapath.NodeHookPins(e.pinDir) {
+		l, err := link.LoadPinnedLink(p.Path, nil)
+		if err != nil {
+			e.t.Fatalf("node hook %s: %v", p.Name, err)
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil {
+			e.t.Fatalf("node hook %s: %v", p.Name, err)
+		}
+		out[p.Name] = info.Program
+		prog, err := ebpf.NewProgramFromID(info.Program)
+		if err != nil {
+			e.t.Fatalf("program of node hook %s: %v", p.Name, err)
+		}
+		pi, err := prog.Info()
+		prog.Close()
+		if err != nil {
+			e.t.Fatalf("program of node hook %s: %v", p.Name, err)
+		}
+		if w, ok := want[p.Name]; ok && pi.Name != w {
+			e.t.Errorf("node hook %s runs %s, want %s", p.Name, pi.Name, w)
+		}
+	}
+	return out
+}
+
 // TestAgentRestartAndUpgradeWithoutLoss: pings and a TCP stream between two
 // pods keep flowing, with zero loss, while the agent is started, killed with
 // -9, restarted, and the programs of every attachment are swapped in place.
@@ -152,10 +195,21 @@ func TestAgentRestartAndUpgradeWithoutLoss(t *testing.T) {
 	ag.cmd.Process.Signal(syscall.SIGKILL)
 	ag.cmd.Wait()
 	ag = e.startAgent(confDir, "--metrics-addr", "")
+	// The agent attached the node's socket hooks (node/): upgrade moves
+	// them along with the host veths' links.
+	hooksBefore := e.nodeHookProgIDs()
+	if len(hooksBefore) != 8 {
+		t.Errorf("node hooks before the upgrade: %v, want the 8 socket hooks", hooksBefore)
+	}
 	if out, err := e.agentCmd(append([]string{"upgrade", "--force"}, e.agentArgs(confDir)...)...); err != nil {
 		t.Fatalf("upgrade: %v\n%s", err, out)
-	} else if !strings.Contains(out, "swapped in place: 4") {
-		t.Errorf("upgrade did not swap the 4 host-veth links: %s", out)
+	} else if !strings.Contains(out, "swapped in place: 12") {
+		t.Errorf("upgrade did not swap the 4 host-veth links and the 8 socket hooks: %s", out)
+	}
+	for name, id := range e.nodeHookProgIDs() {
+		if hooksBefore[name] == id {
+			t.Errorf("node hook %s still runs program %d after upgrade --force", name, id)
+		}
 	}
 	ag.cmd.Process.Signal(syscall.SIGTERM)
 	ag.cmd.Wait()
@@ -314,7 +368,9 @@ func TestAgentDumpsStatusAndMetrics(t *testing.T) {
 		}},
 		{[]string{"status"}, &agent.StatusReport{}, func(v any) bool {
 			s := v.(*agent.StatusReport)
-			return s.Healthy && s.Attachments.HostVethLinks == 4 && s.Maps["cni_endpoints"] == 4
+			// The bandwidth limit attached the pacing hook, a node hook.
+			return s.Healthy && s.Attachments.HostVethLinks == 4 && s.Maps["cni_endpoints"] == 4 &&
+				slices.Contains(s.Attachments.NodeHooks, "cgroup_sock_ops")
 		}},
 	} {
 		out, err := e.agentCmd(append(append(c.args, "-o", "json"), e.agentArgs(confDir)...)...)

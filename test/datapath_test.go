@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
@@ -791,7 +791,7 @@ func TestDatapathAttachModeTC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if pins, _ := os.ReadDir(filepath.Join(e.pinDir, "links")); len(pins) != 0 {
+	if pins := datapath.VethLinkPins(e.pinDir); len(pins) != 0 {
 		t.Errorf("tc mode pinned tcx links: %v", pins)
 	}
 

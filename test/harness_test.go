@@ -324,7 +324,7 @@ func (e *env) store() state.Store { return state.Store{Root: e.stateDir, Network
 // maps opens the env's pinned maps.
 func (e *env) maps() *maps.Maps {
 	e.t.Helper()
-	m, err := maps.Open(e.pinDir)
+	m, err := datapath.OpenMaps(e.pinDir)
 	if err != nil {
 		e.t.Fatalf("open pinned maps: %v", err)
 	}
@@ -470,7 +470,7 @@ func (e *env) leftovers() []string {
 			out = append(out, "ipam reservation "+en.Name())
 		}
 	}
-	if m, err := maps.Open(e.pinDir); err == nil {
+	if m, err := datapath.OpenMaps(e.pinDir); err == nil {
 		eps, _ := m.ListEndpoints()
 		for _, ep := range eps {
 			out = append(out, "endpoint map entry "+ep.IP.String())
@@ -497,12 +497,9 @@ func (e *env) leftovers() []string {
 		}
 		m.Close()
 	}
-	pins, _ := os.ReadDir(filepath.Join(e.pinDir, "links"))
-	for _, p := range pins {
-		if strings.HasPrefix(p.Name(), "node_") { // node-wide hooks outlive pods
-			continue
-		}
-		out = append(out, "link pin "+p.Name())
+	// Host veths' links; the node's (node/) outlive pods.
+	for _, p := range datapath.VethLinkPins(e.pinDir) {
+		out = append(out, "link pin "+filepath.Base(p.Path))
 	}
 	recs, _ := os.ReadDir(filepath.Join(e.stateDir, e.name))
 	for _, r := range recs {

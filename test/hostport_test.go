@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
@@ -424,7 +426,7 @@ func ctOf(t *testing.T, m *maps.Maps, ifindex int) []maps.Flow {
 
 // hostPortLeftovers lists hostPort state of the env that DEL should remove.
 func (e *env) hostPortLeftovers() []string {
-	m, err := maps.Open(e.pinDir)
+	m, err := datapath.OpenMaps(e.pinDir)
 	if err != nil {
 		return nil
 	}
@@ -1311,9 +1313,16 @@ func TestHostPortAgent(t *testing.T) {
 		}
 	}
 	waitFor("agent sets up the hostPort hooks", func() bool { return strings.Contains(agentLog(), "hostPort hooks (start): cgroup") })
-	for _, n := range []string{"cgroup_connect4", "cgroup_getpeername6", "uplink_uplink0"} {
-		if _, err := os.Stat(e.pinDir + "/node/" + n); err != nil {
-			t.Errorf("agent did not pin %s: %v", n, err)
+	// status shows the node hooks the agent pinned: socket hooks on the
+	// cgroup root, the uplink programs on uplink0.
+	out, err := e.agentCmd("status", "-o", "json", "--pin-dir", e.pinDir)
+	var st agent.StatusReport
+	if jerr := json.Unmarshal([]byte(out), &st); jerr != nil {
+		t.Fatalf("status: %v, %v\n%s", err, jerr, out)
+	}
+	for _, n := range []string{"cgroup_connect4", "cgroup_getpeername6", "uplink_uplink0", "uplink-egress_uplink0"} {
+		if !slices.Contains(st.Attachments.NodeHooks, n) {
+			t.Errorf("status does not show the node hook %s the agent pinned: %v", n, st.Attachments.NodeHooks)
 		}
 	}
 

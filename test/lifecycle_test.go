@@ -896,7 +896,7 @@ func TestLifecycleFailedAdd(t *testing.T) {
 				t.Errorf("links map has an entry for ifindex %d besides the first pod's %d", k, first.ifindex)
 			}
 		}
-		if pins, _ := os.ReadDir(filepath.Join(e.pinDir, "links")); len(pins) != 2 {
+		if pins := datapath.VethLinkPins(e.pinDir); len(pins) != 2 {
 			t.Errorf("link pins after the failed ADD: %d, want the first pod's 2", len(pins))
 		}
 		if recs, _ := os.ReadDir(filepath.Join(e.stateDir, e.name)); len(recs) != 1 {

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -16,6 +14,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
 
 // TestProgCost measures what the host-veth programs cost per run (the
@@ -42,11 +42,10 @@ func TestProgCost(t *testing.T) {
 	}
 	defer st.Close()
 	progs := map[string]*ebpf.Program{}
-	ents, _ := os.ReadDir(filepath.Join(e.pinDir, "progs"))
-	for _, en := range ents {
+	for _, en := range datapath.ProgramPins(e.pinDir) {
 		for _, want := range []string{"cni_from_container", "cni_to_container"} {
-			if strings.HasPrefix(en.Name(), want) {
-				p, err := ebpf.LoadPinnedProgram(filepath.Join(e.pinDir, "progs", en.Name()), nil)
+			if strings.HasPrefix(en.Name, want) {
+				p, err := ebpf.LoadPinnedProgram(en.Path, nil)
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -14,7 +14,6 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
@@ -243,7 +242,7 @@ func (e *env) assertNothingOf(containerID string) {
 			}
 		}
 	}
-	if m, err := maps.Open(e.pinDir); err == nil {
+	if m, err := datapath.OpenMaps(e.pinDir); err == nil {
 		defer m.Close()
 		if eps, _ := m.ListEndpoints(); len(eps) != 0 {
 			e.t.Errorf("endpoint entries left: %+v", eps)

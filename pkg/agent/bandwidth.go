@@ -6,6 +6,7 @@ import (
 	"sort"
 	"text/tabwriter"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
@@ -27,7 +28,7 @@ type BandwidthRow struct {
 
 // Bandwidth reads the cni_bandwidth buckets and their counters under pinRoot.
 func Bandwidth(pinRoot, stateDir string) ([]BandwidthRow, error) {
-	m, err := maps.Open(pinRoot)
+	m, err := datapath.OpenMaps(pinRoot)
 	if err != nil {
 		return nil, err
 	}

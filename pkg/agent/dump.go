@@ -7,6 +7,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
@@ -50,7 +51,7 @@ func records(stateDir string) map[uint32]state.Record {
 
 // Endpoints reads the endpoints and counters maps under pinRoot.
 func Endpoints(pinRoot, stateDir string) ([]EndpointRow, error) {
-	m, err := maps.Open(pinRoot)
+	m, err := datapath.OpenMaps(pinRoot)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
@@ -44,7 +45,7 @@ func family(v6 bool) string {
 
 // HostPorts reads the hostPort mappings of the node under pinRoot.
 func HostPorts(pinRoot, stateDir string) ([]HostPortRow, error) {
-	m, err := maps.Open(pinRoot)
+	m, err := datapath.OpenMaps(pinRoot)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +137,7 @@ type CTDump struct {
 
 // CT reads the hostPort flow table, socket table, stack flows and counters under pinRoot.
 func CT(pinRoot string) (*CTDump, error) {
-	m, err := maps.Open(pinRoot)
+	m, err := datapath.OpenMaps(pinRoot)
 	if err != nil {
 		return nil, err
 	}

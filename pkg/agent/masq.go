@@ -8,6 +8,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
@@ -36,7 +37,7 @@ type NATDump struct {
 
 // NAT reads the masquerade table, cluster CIDRs and counters under pinRoot.
 func NAT(pinRoot string) (*NATDump, error) {
-	m, err := maps.Open(pinRoot)
+	m, err := datapath.OpenMaps(pinRoot)
 	if err != nil {
 		return nil, err
 	}

@@ -7,7 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
 
 // collector reads the pinned maps at every scrape: the kernel keeps the
@@ -64,7 +64,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	c.mu.Unlock()
 
-	m, err := maps.Open(c.pinRoot)
+	m, err := datapath.OpenMaps(c.pinRoot)
 	if err != nil {
 		return
 	}

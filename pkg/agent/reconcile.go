@@ -190,21 +190,10 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		}
 	}
 
-	// Link pins of devices that are gone (node-wide hooks are named node_*).
-	pins, _ := os.ReadDir(filepath.Join(pinRoot, "links"))
-	for _, p := range pins {
-		name := p.Name()
-		if strings.HasPrefix(name, "node_") {
-			continue
-		}
-		i := strings.LastIndexByte(name, '_')
-		if i <= 0 {
-			continue
-		}
-		if _, err := netlink.LinkByName(name[:i]); err != nil {
-			path := filepath.Join(pinRoot, "links", name)
-			act("link-pin", name, func() error { return os.Remove(path) })
-		}
+	// Link pins of host veths that are gone.
+	for _, p := range datapath.OrphanVethLinkPins(pinRoot) {
+		path := p.Path
+		act("link-pin", filepath.Base(path), func() error { return os.Remove(path) })
 	}
 	return out, errs
 }

@@ -64,7 +64,7 @@ func Run(ctx context.Context, o Options) error {
 		// before they run. (Old host veth programs still masquerade
 		// themselves meanwhile; where conntrack drops INVALID packets, the
 		// first reply of a TCP flow they open in between is lost and resent.)
-		if _, err := dp.EnsureHostPorts(datapath.HostPortOptions{CgroupRoot: o.CgroupRoot}); err != nil {
+		if _, err := dp.EnsureNodeHooks(datapath.NodeHookOptions{CgroupRoot: o.CgroupRoot}); err != nil {
 			lg.Printf("hostPort hooks before the upgrade: %v", err)
 		}
 	}

@@ -34,9 +34,9 @@ func WithHostPorts(cgroupRoot string) Option {
 
 // runHostPorts is Run's hostPort loop; it returns when ctx ends.
 func runHostPorts(ctx context.Context, dp *datapath.Datapath, c *runConfig, logger *log.Logger) {
-	opts := datapath.HostPortOptions{CgroupRoot: c.cgroupRoot, MustRefresh: true}
+	opts := datapath.NodeHookOptions{CgroupRoot: c.cgroupRoot, MustRefresh: true}
 	sync := func(why string) {
-		h, err := dp.EnsureHostPorts(opts)
+		h, err := dp.EnsureNodeHooks(opts)
 		if h == nil {
 			logger.Printf("hostPort hooks (%s): %v", why, err)
 			return

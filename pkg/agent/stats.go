@@ -6,7 +6,7 @@ import (
 	"sort"
 	"text/tabwriter"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
 
 // StatsRow is one counter of one pod.
@@ -24,7 +24,7 @@ type StatsRow struct {
 
 // Stats reads every counter of cni_stats, summed over CPUs.
 func Stats(pinRoot, stateDir string) ([]StatsRow, error) {
-	m, err := maps.Open(pinRoot)
+	m, err := datapath.OpenMaps(pinRoot)
 	if err != nil {
 		return nil, err
 	}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -73,15 +72,13 @@ func Status(pinRoot, version string) StatusReport {
 			r.Maps[name] = countEntries(dp.Maps.Map(name))
 		}
 	}
-	current := datapath.CurrentProgramPins()
-	progs, _ := filepath.Glob(filepath.Join(pinRoot, "progs", "*"))
-	for _, p := range progs {
-		prog, err := ebpf.LoadPinnedProgram(p, &ebpf.LoadPinOptions{ReadOnly: true})
+	for _, p := range datapath.ProgramPins(pinRoot) {
+		prog, err := ebpf.LoadPinnedProgram(p.Path, &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil {
-			problem("program pin %s: %v", p, err)
+			problem("program pin %s: %v", p.Path, err)
 			continue
 		}
-		ps := ProgramStatus{Pin: filepath.Base(p), Current: current[filepath.Base(p)]}
+		ps := ProgramStatus{Pin: p.Name, Current: p.Current}
 		if info, err := prog.Info(); err == nil {
 			id, _ := info.ID()
 			ps.ID = uint32(id)
@@ -92,15 +89,12 @@ func Status(pinRoot, version string) StatusReport {
 		prog.Close()
 		r.Programs = append(r.Programs, ps)
 	}
-	links, _ := filepath.Glob(filepath.Join(pinRoot, "links", "*"))
-	for _, p := range links {
-		name := filepath.Base(p)
-		if strings.HasPrefix(name, "node_") {
-			r.Attachments.NodeHooks = append(r.Attachments.NodeHooks, name)
-			continue
-		}
+	for _, p := range datapath.NodeHookPins(pinRoot) {
+		r.Attachments.NodeHooks = append(r.Attachments.NodeHooks, p.Name)
+	}
+	for _, p := range datapath.VethLinkPins(pinRoot) {
 		r.Attachments.HostVethLinks++
-		if l, err := link.LoadPinnedLink(p, &ebpf.LoadPinOptions{ReadOnly: true}); err == nil {
+		if l, err := link.LoadPinnedLink(p.Path, &ebpf.LoadPinOptions{ReadOnly: true}); err == nil {
 			if info, err := l.Info(); err == nil {
 				if tcx := info.TCX(); tcx != nil && tcx.Ifindex == 0 {
 					r.Attachments.Defunct++

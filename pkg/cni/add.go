@@ -200,7 +200,7 @@ func Add(args *skel.CmdArgs) (err error) {
 	if len(conf.portMappings) > 0 || conf.IPMasq {
 		ch := make(chan error, 1)
 		go func() {
-			h, e := dp.EnsureHostPorts(hostPortOptions(conf))
+			h, e := dp.EnsureNodeHooks(nodeHookOptions(conf))
 			uplinksReady = h != nil
 			ch <- e
 		}()

@@ -134,7 +134,7 @@ func Check(args *skel.CmdArgs) error {
 				return checkError("map cni_endpoints entry of %s lacks the hostPort flag", ip)
 			}
 		}
-		if err := dp.CheckHostPorts(hostPortOptions(conf)); err != nil {
+		if err := dp.CheckNodeHooks(nodeHookOptions(conf)); err != nil {
 			return checkError("hostPort hooks: %v", err)
 		}
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -79,22 +78,10 @@ func ipamDelFor(conf *NetConf, args *skel.CmdArgs, r *state.Record) error {
 
 // removeOrphanLinkPins drops link pins whose host veth no longer exists.
 func removeOrphanLinkPins(pinRoot string) error {
-	ents, err := os.ReadDir(filepath.Join(pinRoot, "links"))
-	if err != nil {
-		return nil
-	}
 	var errs error
-	for _, e := range ents {
-		name := e.Name()
-		i := strings.LastIndexByte(name, '_')
-		if i <= 0 {
-			continue
-		}
-		if _, err := netlink.LinkByName(name[:i]); err != nil {
-			var nf netlink.LinkNotFoundError
-			if errors.As(err, &nf) {
-				errs = errors.Join(errs, datapath.RemoveLinkPins(pinRoot, name[:i]))
-			}
+	for _, p := range datapath.OrphanVethLinkPins(pinRoot) {
+		if err := os.Remove(p.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = errors.Join(errs, err)
 		}
 	}
 	return errs

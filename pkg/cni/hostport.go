@@ -231,8 +231,8 @@ func recordedHostPort(r state.HostPort, ifindex int) (maps.HostPort, bool) {
 	return h, h.PodIP != nil
 }
 
-func hostPortOptions(conf *NetConf) datapath.HostPortOptions {
-	return datapath.HostPortOptions{CgroupRoot: conf.CgroupRoot}
+func nodeHookOptions(conf *NetConf) datapath.NodeHookOptions {
+	return datapath.NodeHookOptions{CgroupRoot: conf.CgroupRoot}
 }
 
 // removeHostPorts and purgeHostPortFlows undo what ADD made for the pod's

@@ -119,11 +119,6 @@ type Maps struct {
 	byName map[string]*ebpf.Map
 }
 
-// PinDir is where the maps of this layout are pinned below a pin root.
-func PinDir(pinRoot string) string {
-	return filepath.Join(pinRoot, fmt.Sprintf("maps_v%d", LayoutVersion))
-}
-
 // specs returns the spec of every map in the embedded object (not the
 // .bss/.rodata sections of maps.c, which exist only to carry BTF).
 func specs() (map[string]*ebpf.MapSpec, error) {
@@ -146,11 +141,11 @@ func specs() (map[string]*ebpf.MapSpec, error) {
 	return out, nil
 }
 
-// Create opens the pinned maps under pinRoot, creating and pinning the ones that
-// are missing. A pin whose layout differs from this binary's is an error, never
-// reused. Callers serialise Create across processes (see datapath.Ensure).
-func Create(pinRoot string) (*Maps, error) {
-	dir := PinDir(pinRoot)
+// Create opens the maps pinned in dir (datapath.MapsDir: one directory per
+// LayoutVersion), creating and pinning the ones that are missing. A pin
+// whose layout differs from this binary's is an error, never reused.
+// Callers serialise Create across processes (see datapath.Ensure).
+func Create(dir string) (*Maps, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create map pin directory %s: %w", dir, err)
 	}
@@ -176,11 +171,10 @@ func Create(pinRoot string) (*Maps, error) {
 	return fromSet(open), nil
 }
 
-// Open opens existing pinned maps under pinRoot and checks their layout.
-// It fails with an error wrapping os.ErrNotExist when the datapath was never
-// set up, or lacks a map this binary knows.
-func Open(pinRoot string) (*Maps, error) {
-	dir := PinDir(pinRoot)
+// Open opens the maps pinned in dir and checks their layout. It fails with
+// an error wrapping os.ErrNotExist when the datapath was never set up, or
+// lacks a map this binary knows.
+func Open(dir string) (*Maps, error) {
 	ss, err := specs()
 	if err != nil {
 		return nil, err

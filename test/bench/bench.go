@@ -18,7 +18,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
@@ -651,12 +651,8 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 		for _, r := range recs {
 			out = append(out, "ebpf-cni state record "+r.Name())
 		}
-		pins, _ := os.ReadDir(filepath.Join(b.pinOf(c), "links"))
-		for _, p := range pins {
-			// node_sock_ops is the node's TCP pacing hook, not a pod's.
-			if !strings.HasPrefix(p.Name(), "node_") {
-				out = append(out, "ebpf-cni link pin "+p.Name())
-			}
+		for _, p := range datapath.VethLinkPins(b.pinOf(c)) {
+			out = append(out, "ebpf-cni link pin "+filepath.Base(p.Path))
 		}
 	}
 	if c.key == "ptp-portmap" {
@@ -670,7 +666,7 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 	}
 	if c.mapsPorts() && c.pinDir != "" {
 		// A pin directory of its own: every mapping, flow and limit left is this configuration's.
-		if m, err := maps.Open(c.pinDir); err == nil {
+		if m, err := datapath.OpenMaps(c.pinDir); err == nil {
 			hps, _ := m.ListHostPorts()
 			flows, _ := m.ListCT()
 			limits, _ := m.ListLimits()
@@ -681,7 +677,7 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 		}
 	}
 	if c.key == "ebpf-hostport" {
-		if m, err := maps.Open(b.pinDir); err == nil {
+		if m, err := datapath.OpenMaps(b.pinDir); err == nil {
 			hps, _ := m.ListHostPorts()
 			flows, _ := m.ListCT()
 			m.Close()
@@ -861,8 +857,8 @@ func (b *bench) runRounds(ctx context.Context, start time.Time) error {
 		b.res.warmup(c, add, del, b.addPhases, b.delPhases)
 		logf("warm-up %-22s ADD %7.2f ms  DEL %7.2f ms", c.label, ms(add), ms(del))
 	}
-	if _, err := os.Stat(filepath.Join(b.pinDir, "progs")); err != nil {
-		return fmt.Errorf("ebpf-cni warm-up ADD did not pin the datapath in %s: %w", b.pinDir, err)
+	if len(datapath.ProgramPins(b.pinDir)) == 0 {
+		return fmt.Errorf("ebpf-cni warm-up ADD did not pin the datapath in %s", b.pinDir)
 	}
 
 	// Configurations interleaved, order rotated each round, so drift and

@@ -30,8 +30,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -44,7 +42,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
 
@@ -250,7 +248,7 @@ func resultIP(out []byte) (net.IP, error) {
 
 // checkNoLimit proves no pod of the throughput benchmark is rate limited.
 func (b *bench) checkNoLimit(e *tputEnv) (string, error) {
-	m, err := maps.Open(e.ebpf.pinDir)
+	m, err := datapath.OpenMaps(e.ebpf.pinDir)
 	if err != nil {
 		return "", fmt.Errorf("open ebpf-cni maps: %w", err)
 	}
@@ -448,19 +446,19 @@ func (b *bench) iperf(ctx context.Context, p *tputPath, streams int) (*tputRun, 
 	return run, nil
 }
 
-// pinnedProgs opens every program pinned under pinDir/progs.
+// pinnedProgs opens every program pinned under pinDir.
 func pinnedProgs(pinDir string) (map[string]*ebpf.Program, error) {
-	ents, err := os.ReadDir(filepath.Join(pinDir, "progs"))
-	if err != nil {
-		return nil, err
+	pins := datapath.ProgramPins(pinDir)
+	if len(pins) == 0 {
+		return nil, fmt.Errorf("no programs pinned under %s", pinDir)
 	}
 	out := map[string]*ebpf.Program{}
-	for _, e := range ents {
-		p, err := ebpf.LoadPinnedProgram(filepath.Join(pinDir, "progs", e.Name()), nil)
+	for _, e := range pins {
+		p, err := ebpf.LoadPinnedProgram(e.Path, nil)
 		if err != nil {
 			continue
 		}
-		out[e.Name()] = p
+		out[e.Name] = p
 	}
 	return out, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
 )
@@ -340,11 +341,11 @@ func (b *bench) limiterInfo(c *config, p *pod, rateBps uint64) (string, error) {
 		}
 		return strings.Join(qdiscs, "; "), nil
 	}
-	if _, err := os.Stat(filepath.Join(b.pinDir, "links", "node_sock_ops")); err != nil {
+	if _, err := os.Stat(datapath.PacingLinkPin(b.pinDir)); err != nil {
 		return "", fmt.Errorf("ebpf-cni: TCP pacing hook not attached: %w", err)
 	}
 	if b.maps == nil {
-		if b.maps, err = maps.Open(b.pinDir); err != nil {
+		if b.maps, err = datapath.OpenMaps(b.pinDir); err != nil {
 			return "", err
 		}
 	}

@@ -860,7 +860,7 @@ veths_left() {
 }
 endpoints_left() { local d; d=$(dump) || { echo "dump failed"; return; }; [ "$(jq length <<<"$d")" = 0 ] || echo "$d"; }
 ipam_left() { find "$IPAMDIR" -type f ! -name lock ! -name 'last_reserved_ip.*'; }
-pins_left() { find "$PIN/links" -name 'ebpf*' 2>/dev/null; } # per-pod link pins: <host veth>_<dir>
+pins_left() { find "$PIN/links" -mindepth 1 2>/dev/null; } # links/ holds per-pod link pins only (node-wide ones are under node/)
 records_left() { find "$STATE" -type f; }
 routes_left() {
 	ip -4 route show | grep -F "10.199.$OCT."

@@ -1,13 +1,10 @@
 package datapath
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -16,25 +13,29 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
-// Node-level hostPort hooks, attached once per node by whoever needs them
-// first (an ADD with portMappings, or the agent) and pinned under
-// <pinRoot>/node so they outlive that process:
+// Node hooks, attached once per node by whoever needs them first (an ADD
+// with portMappings or ipMasq, or the agent) and pinned under node/ so they
+// outlive that process:
 //
 //   - cni_from_uplink on tcx ingress and cni_to_uplink on tcx egress of every
 //     uplink: the links holding a node address (not lo, not a pod's host
 //     veth), Ethernet only;
-//   - eight cgroup sock_addr programs on the cgroup2 root, for connections
-//     the node's own processes make. A root hook sees every netns of the
-//     machine; the programs act only in the netns whose cookie
-//     cni_hp_config holds, the one the attaching process runs in.
+//   - eight cgroup sock_addr programs on the cgroup2 root, for hostPort
+//     connections the node's own processes make. A root hook sees every
+//     netns of the machine; the programs act only in the netns whose cookie
+//     cni_hp_config holds, the one the attaching process runs in;
+//   - the sock_ops pacing program on the cgroup2 root (EnsurePacing), with
+//     the first bandwidth limit.
 
 // DefaultCgroupRoots are tried in order when no cgroup root is configured.
 var DefaultCgroupRoots = []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}
 
-// HostPortOptions configure the node-level hostPort hooks.
-type HostPortOptions struct {
+// NodeHookOptions configure the node hooks.
+type NodeHookOptions struct {
 	// CgroupRoot is the cgroup2 directory the socket hooks attach to; ""
 	// takes the first cgroup2 mount of DefaultCgroupRoots.
 	CgroupRoot string
@@ -44,63 +45,12 @@ type HostPortOptions struct {
 	MustRefresh bool
 }
 
-// NodeHooks describes the node-level hostPort hooks as set up.
+// NodeHooks describes the node hooks as set up.
 type NodeHooks struct {
 	NetnsCookie uint64
 	CgroupRoot  string
 	Uplinks     []string       // names of the links carrying the uplink programs
 	NodeIPs     map[string]int // address -> ifindex, as in cni_node_ips
-}
-
-type sockHook struct {
-	prog   string // C function name in bpf/sock.c
-	attach ebpf.AttachType
-	pin    string
-}
-
-var sockHooks = []sockHook{
-	{"cni_sock_connect4", ebpf.AttachCGroupInet4Connect, "connect4"},
-	{"cni_sock_sendmsg4", ebpf.AttachCGroupUDP4Sendmsg, "sendmsg4"},
-	{"cni_sock_recvmsg4", ebpf.AttachCGroupUDP4Recvmsg, "recvmsg4"},
-	{"cni_sock_peer4", ebpf.AttachCgroupInet4GetPeername, "getpeername4"},
-	{"cni_sock_connect6", ebpf.AttachCGroupInet6Connect, "connect6"},
-	{"cni_sock_sendmsg6", ebpf.AttachCGroupUDP6Sendmsg, "sendmsg6"},
-	{"cni_sock_recvmsg6", ebpf.AttachCGroupUDP6Recvmsg, "recvmsg6"},
-	{"cni_sock_peer6", ebpf.AttachCgroupInet6GetPeername, "getpeername6"},
-}
-
-// uplinkHook is one attach point of every uplink.
-type uplinkHook struct {
-	prog   string // C function name
-	attach ebpf.AttachType
-	pin    string // prefix of the link pin's name, before the interface name
-}
-
-var uplinkHooks = []uplinkHook{
-	{"cni_from_uplink", ebpf.AttachTCXIngress, "uplink_"},
-	{"cni_to_uplink", ebpf.AttachTCXEgress, "uplink-egress_"},
-}
-
-// NodeHookDir is where the node-level hook links are pinned (not under
-// links/, whose entries GC matches to host veths).
-func NodeHookDir(pinRoot string) string { return filepath.Join(pinRoot, "node") }
-
-func cgroupPinPath(pinRoot, name string) string {
-	return filepath.Join(NodeHookDir(pinRoot), "cgroup_"+name)
-}
-
-func uplinkPinPath(pinRoot string, h uplinkHook, ifname string) string {
-	return filepath.Join(NodeHookDir(pinRoot), h.pin+ifname)
-}
-
-// hooksID identifies this build's node programs, so a node whose hooks a
-// different build attached takes the slow path and updates them.
-func hooksID() uint32 {
-	h := sha256.New()
-	h.Write(_FromUplinkBytes)
-	h.Write(_ToUplinkBytes)
-	h.Write(_SockBytes)
-	return binary.LittleEndian.Uint32(h.Sum(nil))
 }
 
 // CgroupRoot resolves the cgroup2 directory for the socket hooks.
@@ -193,11 +143,11 @@ func (v *nodeView) uplinkNames() []string {
 	return out
 }
 
-// EnsureHostPorts sets up the node-level hostPort hooks if they are not
-// (idempotent, safe from concurrent processes) and refreshes cni_node_ips.
+// EnsureNodeHooks sets up the node hooks if they are not (idempotent, safe
+// from concurrent processes) and refreshes cni_node_ips.
 // It must run in the node's network namespace. Once set up, a call costs
 // an address listing and a few stats.
-func (dp *Datapath) EnsureHostPorts(opts HostPortOptions) (*NodeHooks, error) {
+func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 	cookie, err := NetnsCookie()
 	if err != nil {
 		return nil, err
@@ -252,26 +202,19 @@ func (dp *Datapath) EnsureHostPorts(opts HostPortOptions) (*NodeHooks, error) {
 		cfg.HooksId == hooksID() && dp.cgroupHooksLive(rootErr == nil) && dp.uplinkHooksLive(view) {
 		return hooks, rootErr
 	}
-	progs, err := dp.nodePrograms()
+	progs, err := loadPrograms(dp.PinRoot, dp.Maps, nodeHookPrograms(), loadMissing)
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		for _, p := range progs {
-			p.Close()
-		}
-	}()
-	if err := os.MkdirAll(NodeHookDir(dp.PinRoot), 0o700); err != nil {
-		return nil, fmt.Errorf("create %s: %w", NodeHookDir(dp.PinRoot), err)
-	}
+	defer closePrograms(progs)
 	if err := syncUplinks(dp.PinRoot, progs, view.uplinks); err != nil {
 		return nil, err
 	}
-	for _, h := range sockHooks {
+	for _, p := range socketPrograms() {
 		if rootErr != nil {
 			break
 		}
-		if err := ensureCgroupHook(dp.PinRoot, root, h, progs[h.prog]); err != nil {
+		if err := ensureCgroupHook(dp.PinRoot, root, p, progs[p.Name]); err != nil {
 			return nil, err
 		}
 	}
@@ -290,8 +233,8 @@ func (dp *Datapath) cgroupHooksLive(want bool) bool {
 	if !want {
 		return true
 	}
-	for _, h := range sockHooks {
-		info, err := pinnedLinkInfo(cgroupPinPath(dp.PinRoot, h.pin))
+	for _, p := range socketPrograms() {
+		info, err := pinnedLinkInfo(nodePin(dp.PinRoot, p, ""))
 		if err != nil {
 			return false
 		}
@@ -304,8 +247,8 @@ func (dp *Datapath) cgroupHooksLive(want bool) bool {
 
 func (dp *Datapath) uplinkHooksLive(view *nodeView) bool {
 	for name, idx := range view.uplinks {
-		for _, h := range uplinkHooks {
-			info, err := pinnedLinkInfo(uplinkPinPath(dp.PinRoot, h, name))
+		for _, p := range uplinkPrograms() {
+			info, err := pinnedLinkInfo(nodePin(dp.PinRoot, p, name))
 			if err != nil || info.TCX() == nil || int(info.TCX().Ifindex) != idx {
 				return false
 			}
@@ -323,93 +266,9 @@ func pinnedLinkInfo(path string) (*link.Info, error) {
 	return l.Info()
 }
 
-// nodePrograms opens (loading and pinning on first use) the uplink and
-// socket programs. Call with the pin directory locked.
-func (dp *Datapath) nodePrograms() (map[string]*ebpf.Program, error) {
-	out := map[string]*ebpf.Program{}
-	objs := []struct {
-		load  func() (*ebpf.CollectionSpec, error)
-		obj   []byte
-		names []string
-	}{
-		{loadFromUplink, _FromUplinkBytes, []string{"cni_from_uplink"}},
-		{loadToUplink, _ToUplinkBytes, []string{"cni_to_uplink"}},
-		{loadSock, _SockBytes, func() []string {
-			var n []string
-			for _, h := range sockHooks {
-				n = append(n, h.prog)
-			}
-			return n
-		}()},
-	}
-	closeAll := func() {
-		for _, p := range out {
-			p.Close()
-		}
-	}
-	if err := os.MkdirAll(filepath.Join(dp.PinRoot, "progs"), 0o700); err != nil {
-		return nil, fmt.Errorf("create program pin directory: %w", err)
-	}
-	for _, o := range objs {
-		var missing []string
-		for _, n := range o.names {
-			p, err := ebpf.LoadPinnedProgram(progPinPath(dp.PinRoot, progDef{n, o.load, o.obj}), nil)
-			if err != nil {
-				missing = append(missing, n)
-				continue
-			}
-			out[n] = p
-		}
-		if len(missing) == 0 {
-			continue
-		}
-		spec, err := o.load()
-		if err != nil {
-			closeAll()
-			return nil, fmt.Errorf("parse embedded program %s: %w", missing[0], err)
-		}
-		repl := make(map[string]*ebpf.Map)
-		for name := range spec.Maps {
-			pinned := dp.Maps.Map(name)
-			if pinned == nil {
-				closeAll()
-				return nil, fmt.Errorf("program %s uses map %s, which pkg/maps does not pin", missing[0], name)
-			}
-			repl[name] = pinned
-		}
-		coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl})
-		if err != nil {
-			closeAll()
-			var ve *ebpf.VerifierError
-			if errors.As(err, &ve) {
-				return nil, fmt.Errorf("load program %s: %+v", missing[0], ve)
-			}
-			return nil, fmt.Errorf("load program %s: %w", missing[0], err)
-		}
-		for _, n := range missing {
-			p := coll.DetachProgram(n)
-			if p == nil {
-				coll.Close()
-				closeAll()
-				return nil, fmt.Errorf("embedded object lacks program %s", n)
-			}
-			path := progPinPath(dp.PinRoot, progDef{n, o.load, o.obj})
-			if err := p.Pin(path); err != nil {
-				p.Close()
-				coll.Close()
-				closeAll()
-				return nil, fmt.Errorf("pin program %s at %s: %w", n, path, err)
-			}
-			out[n] = p
-		}
-		coll.Close()
-	}
-	return out, nil
-}
-
-// ensureCgroupHook makes the pinned cgroup link of h run prog.
-func ensureCgroupHook(pinRoot, cgroupRoot string, h sockHook, prog *ebpf.Program) error {
-	path := cgroupPinPath(pinRoot, h.pin)
+// ensureCgroupHook makes the pinned cgroup link of p run prog.
+func ensureCgroupHook(pinRoot, cgroupRoot string, p Program, prog *ebpf.Program) error {
+	path := nodePin(pinRoot, p, "")
 	want, err := progID(prog)
 	if err != nil {
 		return err
@@ -430,9 +289,12 @@ func ensureCgroupHook(pinRoot, cgroupRoot string, h sockHook, prog *ebpf.Program
 	} else if !errors.Is(err, os.ErrNotExist) {
 		os.Remove(path)
 	}
-	l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroupRoot, Attach: h.attach, Program: prog})
+	if err := mkdirFor(path); err != nil {
+		return err
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroupRoot, Attach: p.Attach, Program: prog})
 	if err != nil {
-		return fmt.Errorf("attach %s to cgroup %s: %w", h.prog, cgroupRoot, err)
+		return fmt.Errorf("attach %s to cgroup %s: %w", p.Name, cgroupRoot, err)
 	}
 	defer l.Close()
 	if err := l.Pin(path); err != nil {
@@ -444,22 +306,17 @@ func ensureCgroupHook(pinRoot, cgroupRoot string, h sockHook, prog *ebpf.Program
 // syncUplinks makes the uplink programs run on tcx ingress and egress of
 // exactly the given links (name -> ifindex), each as a pinned link.
 func syncUplinks(pinRoot string, progs map[string]*ebpf.Program, uplinks map[string]int) error {
-	// Drop pins of links that are gone or no longer uplinks.
-	ents, _ := os.ReadDir(NodeHookDir(pinRoot))
-	for _, e := range ents {
-		for _, h := range uplinkHooks {
-			name, ok := strings.CutPrefix(e.Name(), h.pin)
-			if !ok {
-				continue
-			}
+	for _, p := range uplinkPrograms() {
+		// Drop pins of links that are gone or no longer uplinks.
+		for name, path := range uplinkPins(pinRoot, p) {
 			if _, keep := uplinks[name]; !keep {
-				dropLinkPin(filepath.Join(NodeHookDir(pinRoot), e.Name()))
+				dropLinkPin(path)
 			}
 		}
 	}
 	for name, idx := range uplinks {
-		for _, h := range uplinkHooks {
-			if err := ensureUplinkHook(pinRoot, h, progs[h.prog], name, idx); err != nil {
+		for _, p := range uplinkPrograms() {
+			if err := ensureUplinkHook(pinRoot, p, progs[p.Name], name, idx); err != nil {
 				return err
 			}
 		}
@@ -467,14 +324,14 @@ func syncUplinks(pinRoot string, progs map[string]*ebpf.Program, uplinks map[str
 	return nil
 }
 
-// ensureUplinkHook makes the pinned link of hook h of uplink name run prog
+// ensureUplinkHook makes the pinned link of hook p of uplink name run prog
 // on the device that has that name now (ifindex idx).
-func ensureUplinkHook(pinRoot string, h uplinkHook, prog *ebpf.Program, name string, idx int) error {
+func ensureUplinkHook(pinRoot string, p Program, prog *ebpf.Program, name string, idx int) error {
 	want, err := progID(prog)
 	if err != nil {
 		return err
 	}
-	path := uplinkPinPath(pinRoot, h, name)
+	path := nodePin(pinRoot, p, name)
 	ours := want
 	if l, err := link.LoadPinnedLink(path, nil); err == nil {
 		info, ierr := l.Info()
@@ -495,12 +352,15 @@ func ensureUplinkHook(pinRoot string, h uplinkHook, prog *ebpf.Program, name str
 	} else {
 		os.Remove(path)
 	}
-	if err := foreignUplinkProgram(h, idx, name, want, ours); err != nil {
+	if err := foreignUplinkProgram(p, idx, name, want, ours); err != nil {
 		return err
 	}
-	l, err := link.AttachTCX(link.TCXOptions{Interface: idx, Program: prog, Attach: h.attach})
+	if err := mkdirFor(path); err != nil {
+		return err
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: idx, Program: prog, Attach: p.Attach})
 	if err != nil {
-		return fmt.Errorf("attach %s to tcx %s of uplink %s: %w", h.prog, h.attach, name, err)
+		return fmt.Errorf("attach %s to tcx %s of uplink %s: %w", p.Name, p.Attach, name, err)
 	}
 	err = l.Pin(path)
 	l.Close()
@@ -515,50 +375,33 @@ func ensureUplinkHook(pinRoot string, h uplinkHook, prog *ebpf.Program, name str
 // masquerade ports, and answer for flows of the other. An uplink hook
 // already running a program of ours by name that is neither this build's
 // (want) nor the one our pinned link ran (ours) belongs to another pinDir.
-func foreignUplinkProgram(h uplinkHook, idx int, name string, want, ours ebpf.ProgramID) error {
-	res, err := link.QueryPrograms(link.QueryOptions{Target: idx, Attach: h.attach})
+func foreignUplinkProgram(p Program, idx int, name string, want, ours ebpf.ProgramID) error {
+	res, err := link.QueryPrograms(link.QueryOptions{Target: idx, Attach: p.Attach})
 	if err != nil {
-		return fmt.Errorf("list tcx %s programs of uplink %s: %w", h.attach, name, err)
+		return fmt.Errorf("list tcx %s programs of uplink %s: %w", p.Attach, name, err)
 	}
-	for _, p := range res.Programs {
-		if p.ID == want || p.ID == ours {
+	for _, q := range res.Programs {
+		if q.ID == want || q.ID == ours {
 			continue
 		}
-		prog, err := ebpf.NewProgramFromID(p.ID)
+		prog, err := ebpf.NewProgramFromID(q.ID)
 		if err != nil {
 			continue // gone meanwhile
 		}
 		info, err := prog.Info()
 		prog.Close()
-		if err == nil && info.Name == kernelProgName(h.prog) {
+		if err == nil && info.Name == kernelProgName(p.Name) {
 			return fmt.Errorf("uplink %s already runs %s (program id %d) of another pin directory: "+
-				"one pinDir serves a network namespace (give every network of this node the same pinDir)", name, h.prog, p.ID)
+				"one pinDir serves a network namespace (give every network of this node the same pinDir)", name, p.Name, q.ID)
 		}
 	}
 	return nil
 }
 
-// kernelProgName is the name the kernel keeps of a program (BPF_OBJ_NAME_LEN).
-func kernelProgName(n string) string {
-	if len(n) > 15 {
-		return n[:15]
-	}
-	return n
-}
-
-func dropLinkPin(path string) {
-	if l, err := link.LoadPinnedLink(path, nil); err == nil {
-		l.Unpin()
-		l.Close()
-		return
-	}
-	os.Remove(path)
-}
-
-// CheckHostPorts verifies that the node-level hooks are in place: enabled
-// for this netns, every socket hook attached to the cgroup root, and the
-// uplink program on every uplink. The error names the first problem.
-func (dp *Datapath) CheckHostPorts(opts HostPortOptions) error {
+// CheckNodeHooks verifies that the node hooks are in place: enabled for
+// this netns, every socket hook attached to the cgroup root, and the
+// uplink programs on every uplink. The error names the first problem.
+func (dp *Datapath) CheckNodeHooks(opts NodeHookOptions) error {
 	cookie, err := NetnsCookie()
 	if err != nil {
 		return err
@@ -573,19 +416,13 @@ func (dp *Datapath) CheckHostPorts(opts HostPortOptions) error {
 	if cfg.NetnsCookie != cookie {
 		return fmt.Errorf("hostPort hooks serve netns cookie %d, not this netns (%d)", cfg.NetnsCookie, cookie)
 	}
-	for _, h := range sockHooks {
-		path := cgroupPinPath(dp.PinRoot, h.pin)
-		l, err := link.LoadPinnedLink(path, nil)
+	for _, p := range socketPrograms() {
+		info, err := pinnedLinkInfo(nodePin(dp.PinRoot, p, ""))
 		if err != nil {
-			return fmt.Errorf("socket hook %s: %w", h.pin, err)
-		}
-		info, err := l.Info()
-		l.Close()
-		if err != nil {
-			return fmt.Errorf("socket hook %s: %w", h.pin, err)
+			return fmt.Errorf("socket hook %s: %w", p.Link, err)
 		}
 		if c := info.Cgroup(); c == nil || c.CgroupId == 0 {
-			return fmt.Errorf("socket hook %s is not attached to a cgroup", h.pin)
+			return fmt.Errorf("socket hook %s is not attached to a cgroup", p.Link)
 		}
 	}
 	view, err := discoverNode(20)
@@ -593,15 +430,75 @@ func (dp *Datapath) CheckHostPorts(opts HostPortOptions) error {
 		return err
 	}
 	for name, idx := range view.uplinks {
-		for _, h := range uplinkHooks {
-			info, err := pinnedLinkInfo(uplinkPinPath(dp.PinRoot, h, name))
+		for _, p := range uplinkPrograms() {
+			info, err := pinnedLinkInfo(nodePin(dp.PinRoot, p, name))
 			if err != nil {
-				return fmt.Errorf("uplink %s has no %s program: %w", name, h.prog, err)
+				return fmt.Errorf("uplink %s has no %s program: %w", name, p.Name, err)
 			}
 			if info.TCX() == nil || int(info.TCX().Ifindex) != idx {
-				return fmt.Errorf("uplink %s: %s is not attached to it", name, h.prog)
+				return fmt.Errorf("uplink %s: %s is not attached to it", name, p.Name)
 			}
 		}
+	}
+	return nil
+}
+
+// NetnsCookie returns the cookie of the calling thread's network namespace.
+func NetnsCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("socket for netns cookie: %w", err)
+	}
+	defer unix.Close(fd)
+	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return 0, fmt.Errorf("read netns cookie: %w", err)
+	}
+	return c, nil
+}
+
+// EnsurePacing attaches the sock_ops program to the cgroup2 root once per
+// node (a pinned link, so it outlives the process) and registers the calling
+// thread's netns as the node's. Cheap when already done: one stat.
+func (dp *Datapath) EnsurePacing(cgroupRoot string) error {
+	path := PacingLinkPin(dp.PinRoot)
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	unlock, err := lockDir(dp.PinRoot)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	// A node an older build set up has the link under links/: moved, not
+	// attached twice.
+	if err := migratePacingPin(dp.PinRoot); err != nil {
+		return err
+	}
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	root, err := CgroupRoot(cgroupRoot)
+	if err != nil {
+		return err
+	}
+	cookie, err := NetnsCookie()
+	if err != nil {
+		return err
+	}
+	if err := dp.Maps.PutNetns(cookie, 0, maps.FlagNetnsNode); err != nil {
+		return err
+	}
+	if err := mkdirFor(path); err != nil {
+		return err
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: progSockOps.Attach, Program: dp.SockOps})
+	if err != nil {
+		return fmt.Errorf("attach sock_ops to cgroup %s: %w", root, err)
+	}
+	defer l.Close()
+	if err := l.Pin(path); err != nil {
+		return fmt.Errorf("pin sock_ops link at %s: %w", path, err)
 	}
 	return nil
 }
