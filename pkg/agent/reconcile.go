@@ -12,8 +12,8 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
@@ -30,6 +30,7 @@ type NetworkConf struct {
 	Name  string
 	File  string
 	Bytes []byte
+	Net   *endpoint.Network
 }
 
 // LoadNetworks reads confDir for conflists and confs whose plugin of type
@@ -65,11 +66,11 @@ func LoadNetworks(confDir, pinRoot string) ([]NetworkConf, error) {
 			}
 			m["name"], m["cniVersion"] = list.Name, list.CNIVersion
 			b, _ := json.Marshal(m)
-			_, pin, _, err := cni.ConfDirs(b)
-			if err != nil || filepath.Clean(pin) != filepath.Clean(pinRoot) {
+			n, err := endpoint.ParseNetwork(b)
+			if err != nil || filepath.Clean(n.PinDir) != filepath.Clean(pinRoot) {
 				continue
 			}
-			out = append(out, NetworkConf{Name: list.Name, File: f, Bytes: b})
+			out = append(out, NetworkConf{Name: list.Name, File: f, Bytes: b, Net: n})
 		}
 	}
 	return out, nil

@@ -17,8 +17,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
 )
@@ -171,7 +171,7 @@ func ReconcileAll(o Options, dryRun bool) ([]Stale, error) {
 		errs = errors.Join(errs, err)
 	}
 	for _, n := range nets {
-		done, err := cni.Reconcile(n.Bytes, o.CNIPath, dryRun)
+		done, err := endpoint.Reconcile(n.Net, n.Bytes, o.CNIPath, dryRun)
 		for _, d := range done {
 			out = append(out, Stale{Kind: "attachment", What: d})
 		}

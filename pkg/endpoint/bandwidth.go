@@ -1,4 +1,4 @@
-package cni
+package endpoint
 
 import (
 	"encoding/json"
@@ -9,6 +9,66 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
+
+// BandwidthConf is the bandwidth capability, in bits per second and bits, as
+// the reference bandwidth plugin defines it (ingress = into the pod). Kept
+// as raw JSON so that decoding never fails (DEL must clean up whatever it is
+// given) and validation names a bad field exactly: a string, even "1000", is
+// not a number (the reference plugin refuses it too).
+type BandwidthConf struct {
+	IngressRate  json.RawMessage `json:"ingressRate,omitempty"`
+	IngressBurst json.RawMessage `json:"ingressBurst,omitempty"`
+	EgressRate   json.RawMessage `json:"egressRate,omitempty"`
+	EgressBurst  json.RawMessage `json:"egressBurst,omitempty"`
+}
+
+// bandwidth is the Feature of per-pod rate limits (bpf/lib/bandwidth.h):
+// a token bucket per direction of the host veth, and TCP pacing by the
+// node's sock_ops hook.
+type bandwidth struct {
+	conf   *BandwidthConf
+	limits limits // set by Validate
+}
+
+func (b *bandwidth) Validate() (err error) {
+	b.limits, err = parseBandwidth(b.conf)
+	return err
+}
+
+// Install puts the buckets before the endpoint entries whose flags point
+// at them, and the pacing hook on the node with the first limit.
+func (b *bandwidth) Install(a *Attachment) error {
+	l := b.limits
+	if l.egress == nil && l.ingress == nil {
+		return nil
+	}
+	idx, m := a.Ifindex, a.DP.Maps
+	a.OnUndo(func() error { return m.DeleteLimits(idx) })
+	if err := l.install(m, idx); err != nil {
+		return mapError(err)
+	}
+	a.Flags |= l.endpointFlags()
+	if l.egress != nil {
+		a.EgressRateBps = l.egress.RateBps
+	}
+	if err := a.DP.EnsurePacing(a.Net.CgroupRoot); err != nil {
+		return internal("bandwidth: %v", err)
+	}
+	a.Trace.Mark("bandwidth")
+	return nil
+}
+
+func (b *bandwidth) Check(a *Attachment) error {
+	if err := b.limits.check(a.DP.Maps, a.Ifindex, a.HostIf); err != nil {
+		return checkError("%v", err)
+	}
+	return nil
+}
+
+// Teardown drops the buckets of the host veth, limited or not.
+func (b *bandwidth) Teardown(t *Teardown) {
+	t.WithVeth(func() error { return t.DP.Maps.DeleteLimits(t.Ifindex) })
+}
 
 // Burst policy. Runtimes pass absurd bursts (containerd 1.6 sends 4294967295
 // bits whatever the rate), which would let a 10 Mbit/s pod send at line rate
@@ -51,17 +111,17 @@ func parseBits(field string, raw json.RawMessage) (uint64, error) {
 	case n == "" || n == "null":
 		return 0, nil
 	case n[0] == '"':
-		return 0, confError("runtimeConfig.bandwidth.%s: %s is a JSON string; give a number", field, n)
+		return 0, ConfError("runtimeConfig.bandwidth.%s: %s is a JSON string; give a number", field, n)
 	}
 	v, ok := new(big.Int).SetString(n, 10)
 	if !ok {
-		return 0, confError("runtimeConfig.bandwidth.%s: %s is not a whole number", field, n)
+		return 0, ConfError("runtimeConfig.bandwidth.%s: %s is not a whole number", field, n)
 	}
 	if v.Sign() < 0 {
-		return 0, confError("runtimeConfig.bandwidth.%s: %s is negative", field, n)
+		return 0, ConfError("runtimeConfig.bandwidth.%s: %s is negative", field, n)
 	}
 	if !v.IsUint64() {
-		return 0, confError("runtimeConfig.bandwidth.%s: %s does not fit in 64 bits", field, n)
+		return 0, ConfError("runtimeConfig.bandwidth.%s: %s does not fit in 64 bits", field, n)
 	}
 	return v.Uint64(), nil
 }
@@ -79,11 +139,11 @@ func parseLimit(dir string, rateN, burstN json.RawMessage) (*maps.Limit, error) 
 	case rate == 0 && burst == 0:
 		return nil, nil
 	case rate == 0:
-		return nil, confError("runtimeConfig.bandwidth.%sBurst: %d given without %sRate", dir, burst, dir)
+		return nil, ConfError("runtimeConfig.bandwidth.%sBurst: %d given without %sRate", dir, burst, dir)
 	case rate < minRateBps:
-		return nil, confError("runtimeConfig.bandwidth.%sRate: %d bit/s is below the minimum of %d", dir, rate, minRateBps)
+		return nil, ConfError("runtimeConfig.bandwidth.%sRate: %d bit/s is below the minimum of %d", dir, rate, minRateBps)
 	case rate > maxRateBps:
-		return nil, confError("runtimeConfig.bandwidth.%sRate: %d bit/s is above the maximum of %d (1 Tbit/s)", dir, rate, maxRateBps)
+		return nil, ConfError("runtimeConfig.bandwidth.%sRate: %d bit/s is above the maximum of %d (1 Tbit/s)", dir, rate, maxRateBps)
 	}
 	return &maps.Limit{RateBps: rate, BurstBits: effectiveBurst(rate, burst)}, nil
 }
@@ -145,10 +205,4 @@ func (l limits) check(m *maps.Maps, ifindex int, hostIf string) error {
 		}
 	}
 	return nil
-}
-
-// validateBandwidth checks runtimeConfig.bandwidth.
-func validateBandwidth(conf *NetConf) error {
-	_, err := parseBandwidth(conf.RuntimeConfig.Bandwidth)
-	return err
 }

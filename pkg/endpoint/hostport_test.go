@@ -1,4 +1,4 @@
-package cni
+package endpoint
 
 import (
 	"net"
@@ -8,12 +8,6 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
-
-func confWith(pms ...PortMapping) *NetConf {
-	c := &NetConf{}
-	c.RuntimeConfig.PortMappings = pms
-	return c
-}
 
 func TestParsePortMappingsErrors(t *testing.T) {
 	cases := []struct {
@@ -33,20 +27,20 @@ func TestParsePortMappingsErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := parsePortMappings(confWith(c.pms...))
+			_, err := parsePortMappings(c.pms)
 			assertCNIError(t, err, types.ErrInvalidNetworkConfig, c.mention)
 		})
 	}
 }
 
 func TestParsePortMappings(t *testing.T) {
-	pms, err := parsePortMappings(confWith(
-		PortMapping{HostPort: 80, ContainerPort: 8080},                                     // tcp, both families
-		PortMapping{HostPort: 80, ContainerPort: 8080, Protocol: "UDP", HostIP: "0.0.0.0"}, // udp, IPv4 only
-		PortMapping{HostPort: 53, ContainerPort: 53, Protocol: "udp", HostIP: "fd00::1"},
-		PortMapping{HostPort: 80, ContainerPort: 8080, Protocol: "tcp"},    // duplicate of [0]: merged
-		PortMapping{HostPort: 80, ContainerPort: 8081, HostIP: "10.0.0.1"}, // specific beside wildcard: fine
-	))
+	pms, err := parsePortMappings([]PortMapping{
+		{HostPort: 80, ContainerPort: 8080},                                     // tcp, both families
+		{HostPort: 80, ContainerPort: 8080, Protocol: "UDP", HostIP: "0.0.0.0"}, // udp, IPv4 only
+		{HostPort: 53, ContainerPort: 53, Protocol: "udp", HostIP: "fd00::1"},
+		{HostPort: 80, ContainerPort: 8080, Protocol: "tcp"},    // duplicate of [0]: merged
+		{HostPort: 80, ContainerPort: 8081, HostIP: "10.0.0.1"}, // specific beside wildcard: fine
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

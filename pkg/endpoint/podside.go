@@ -1,4 +1,4 @@
-package cni
+package endpoint
 
 import (
 	"github.com/containernetworking/plugins/pkg/ns"

@@ -1,4 +1,4 @@
-package cni
+package endpoint
 
 import (
 	"fmt"
@@ -7,23 +7,25 @@ import (
 	"time"
 )
 
-// tracer prints how long each phase of a verb took to stderr when
+// Tracer prints how long each phase of a verb took to stderr when
 // EBPF_CNI_TRACE is set; runtimes ignore the plugin's stderr, so it is safe
 // to leave on while profiling a node.
-type tracer struct {
+type Tracer struct {
 	on    bool
 	start time.Time
 	last  time.Time
 	parts []string
 }
 
-func newTracer() *tracer {
+// NewTracer starts timing a verb.
+func NewTracer() *Tracer {
 	now := time.Now()
-	return &tracer{on: os.Getenv("EBPF_CNI_TRACE") != "", start: now, last: now}
+	return &Tracer{on: os.Getenv("EBPF_CNI_TRACE") != "", start: now, last: now}
 }
 
-func (t *tracer) mark(phase string) {
-	if !t.on {
+// Mark ends a phase; nil is a tracer that records nothing.
+func (t *Tracer) Mark(phase string) {
+	if t == nil || !t.on {
 		return
 	}
 	now := time.Now()
@@ -31,8 +33,9 @@ func (t *tracer) mark(phase string) {
 	t.last = now
 }
 
-func (t *tracer) done(verb string) {
-	if !t.on {
+// Done prints the verb's phases.
+func (t *Tracer) Done(verb string) {
+	if t == nil || !t.on {
 		return
 	}
 	fmt.Fprintf(os.Stderr, "ebpf-cni %s: total=%.2fms %s\n", verb,

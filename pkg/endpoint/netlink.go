@@ -1,4 +1,4 @@
-package cni
+package endpoint
 
 import (
 	"crypto/rand"
@@ -167,12 +167,6 @@ func isDefault(dst *net.IPNet) bool {
 	ones, _ := dst.Mask.Size()
 	return ones == 0
 }
-
-// conflictError: the pod or the node already routes what this ADD needs to
-// another interface; nothing of that interface is touched.
-type conflictError struct{ msg string }
-
-func (e *conflictError) Error() string { return e.msg }
 
 // configurePod sets addresses, neighbours, routes and rules inside the pod netns.
 func configurePod(p *plan, netns ns.NetNS) error {
