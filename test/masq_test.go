@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 // The masquerade lab: two nodes whose uplinks sit on one L2 segment (a
@@ -415,4 +417,51 @@ func TestMasq(t *testing.T) {
 		// a2 still leaves masqueraded.
 		mustAsk(t, pa2, "tcp", out, 0, "outside", labNodeA)
 	})
+}
+
+// TestMasqCheck: CHECK of a masquerading pod finds the pieces ipMasq needs
+// missing: the flag on its endpoint entries (without it the uplink leaves
+// its traffic untranslated) and its cluster CIDRs (without them traffic to
+// other pods would be masqueraded). CHECK used to look at neither.
+func TestMasqCheck(t *testing.T) {
+	e := newEnv(t)
+	e.extra = map[string]any{"ipMasq": true}
+	p := e.newPod()
+	e.cleanupDel(p, "m")
+	r := e.add(p, "m")
+	if err := e.check(p, "m", "eth0"); err != nil {
+		t.Fatalf("CHECK of a fresh masquerading pod: %v", err)
+	}
+	m := e.maps()
+	ip := v4Of(t, r)
+	ep, err := m.LookupEndpoint(ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cleared := ep
+	cleared.Flags &^= maps.EndpointFlagMasq
+	if err := m.PutEndpoint(ip, cleared); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.check(p, "m", "eth0"); err == nil || !strings.Contains(err.Error(), "ipMasq flag") {
+		t.Errorf("CHECK with the ipMasq flag cleared: %v, want an error naming the flag", err)
+	}
+	if err := m.PutEndpoint(ip, ep); err != nil {
+		t.Fatal(err)
+	}
+	sub := netip.MustParsePrefix(podSubnet4)
+	if err := m.DeleteClusterCIDR(sub); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.check(p, "m", "eth0"); err == nil || !strings.Contains(err.Error(), "cni_cluster_cidrs lacks "+podSubnet4) {
+		t.Errorf("CHECK with the pod's subnet gone from the cluster CIDRs: %v, want an error naming it", err)
+	}
+	if err := m.AddClusterCIDRs([]netip.Prefix{sub}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.check(p, "m", "eth0"); err != nil {
+		t.Errorf("CHECK once repaired: %v", err)
+	}
+	e.mustDel(p, "m")
+	e.assertClean()
 }

@@ -55,8 +55,32 @@ func (m *masq) Install(a *Attachment) error {
 	return nil
 }
 
-// Check: nothing of masquerade is checked yet.
-func (m *masq) Check(a *Attachment) error { return nil }
+// Check: the pod's endpoint entries carry the flag, and its cluster CIDRs
+// are never masqueraded.
+func (m *masq) Check(a *Attachment) error {
+	if !m.on {
+		return nil
+	}
+	for _, ip := range a.PodIPs() {
+		if e, err := a.DP.Maps.LookupEndpoint(ip); err == nil && e.Flags&maps.EndpointFlagMasq == 0 {
+			return checkError("map cni_endpoints entry of %s lacks the ipMasq flag", ip)
+		}
+	}
+	have, err := a.DP.Maps.ClusterCIDRs()
+	if err != nil {
+		return checkError("read map cni_cluster_cidrs: %v", err)
+	}
+	for _, want := range m.cidrs(a) {
+		found := false
+		for _, p := range have {
+			found = found || p == want
+		}
+		if !found {
+			return checkError("map cni_cluster_cidrs lacks %s: the pod's traffic to it would be masqueraded", want)
+		}
+	}
+	return nil
+}
 
 // Teardown purges the pod's masqueraded flows while its veth goes (a
 // record without ipMasq has none; with no complete record, a scan).
