@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
@@ -345,18 +346,18 @@ func TestAgentDumpsStatusAndMetrics(t *testing.T) {
 		into any
 		ok   func(any) bool
 	}{
-		{[]string{"dump", "endpoints"}, &[]agent.EndpointRow{}, func(v any) bool { return len(*v.(*[]agent.EndpointRow)) == 4 }},
-		{[]string{"dump", "bandwidth"}, &[]agent.BandwidthRow{}, func(v any) bool { return len(*v.(*[]agent.BandwidthRow)) == 2 }},
-		{[]string{"dump", "stats"}, &[]agent.StatsRow{}, func(v any) bool {
-			for _, r := range *v.(*[]agent.StatsRow) {
+		{[]string{"dump", "endpoints"}, &[]inspect.EndpointRow{}, func(v any) bool { return len(*v.(*[]inspect.EndpointRow)) == 4 }},
+		{[]string{"dump", "bandwidth"}, &[]inspect.BandwidthRow{}, func(v any) bool { return len(*v.(*[]inspect.BandwidthRow)) == 2 }},
+		{[]string{"dump", "stats"}, &[]inspect.StatsRow{}, func(v any) bool {
+			for _, r := range *v.(*[]inspect.StatsRow) {
 				if r.Interface == hostA && r.Reason == "redirect" && r.Packets >= 3 {
 					return true
 				}
 			}
 			return false
 		}},
-		{[]string{"dump", "attachments"}, &[]agent.AttachmentRow{}, func(v any) bool {
-			rows := *v.(*[]agent.AttachmentRow)
+		{[]string{"dump", "attachments"}, &[]inspect.AttachmentRow{}, func(v any) bool {
+			rows := *v.(*[]inspect.AttachmentRow)
 			found := 0
 			for _, r := range rows {
 				if r.Network == e.name && r.IfName == "eth0" && !r.Provisional && len(r.IPs) == 2 &&
@@ -366,8 +367,8 @@ func TestAgentDumpsStatusAndMetrics(t *testing.T) {
 			}
 			return len(rows) == 2 && found == 2
 		}},
-		{[]string{"status"}, &agent.StatusReport{}, func(v any) bool {
-			s := v.(*agent.StatusReport)
+		{[]string{"status"}, &inspect.StatusReport{}, func(v any) bool {
+			s := v.(*inspect.StatusReport)
 			// The bandwidth limit attached the pacing hook, a node hook.
 			return s.Healthy && s.Attachments.HostVethLinks == 4 && s.Maps["cni_endpoints"] == 4 &&
 				slices.Contains(s.Attachments.NodeHooks, "cgroup_sock_ops")

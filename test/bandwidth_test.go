@@ -16,7 +16,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
@@ -251,7 +251,7 @@ func TestBandwidthCheckAndDump(t *testing.T) {
 		t.Fatalf("CHECK right after ADD: %v", err)
 	}
 
-	var rows []agent.BandwidthRow
+	var rows []inspect.BandwidthRow
 	err := e.inNode(func() error {
 		out, err := exec.Command(filepath.Join(binDir, "ebpf-agent"), "dump", "bandwidth",
 			"--pin-dir", e.pinDir, "--state-dir", e.stateDir, "-o", "json").Output()

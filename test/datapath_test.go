@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"os/exec"
@@ -20,7 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -56,26 +55,6 @@ func dumpCounters(m *maps.Maps, ifindex int) string {
 		parts = append(parts, fmt.Sprintf("%s/%s=%dp,%dB", k.Dir, k.Reason, c.Packets, c.Bytes))
 	}
 	return strings.Join(parts, " ")
-}
-
-// pingExpectFail pings and returns an error if any echo is answered.
-func pingExpectFail(netns ns.NetNS, ip net.IP, count int) error {
-	return netns.Do(func(ns.NetNS) error {
-		args := []string{"-c", fmt.Sprint(count), "-i", "0.2", "-W", "1", ip.String()}
-		if ip.To4() == nil {
-			args = append([]string{"-6"}, args...)
-		}
-		out, err := exec.Command("ping", args...).CombinedOutput()
-		if err == nil {
-			return fmt.Errorf("ping %s succeeded, want no replies:\n%s", ip, out)
-		}
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 1 {
-			// 1 is "no reply"; anything else is ping failing for another reason.
-			return fmt.Errorf("ping %s: %v (want exit status 1, no reply)\n%s", ip, err, out)
-		}
-		return nil
-	})
 }
 
 // pingFrom pings from a given source address.
@@ -1000,7 +979,7 @@ func TestDatapathAgentDump(t *testing.T) {
 		return out
 	}
 
-	var rows []agent.EndpointRow
+	var rows []inspect.EndpointRow
 	js := dump("-o", "json")
 	if err := json.Unmarshal(js, &rows); err != nil {
 		t.Fatalf("decode dump JSON: %v\n%s", err, js)
@@ -1008,7 +987,7 @@ func TestDatapathAgentDump(t *testing.T) {
 	if len(rows) != 4 {
 		t.Errorf("dump has %d rows, want 4 (two IPs per pod):\n%s", len(rows), js)
 	}
-	byIP := map[string]agent.EndpointRow{}
+	byIP := map[string]inspect.EndpointRow{}
 	for _, r := range rows {
 		byIP[r.IP] = r
 	}

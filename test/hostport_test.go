@@ -24,7 +24,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -1162,7 +1162,7 @@ func TestHostPortAgentDump(t *testing.T) {
 		}
 		return out
 	}
-	var rows []agent.HostPortRow
+	var rows []inspect.HostPortRow
 	js := dump("hostports", "-o", "json")
 	if err := json.Unmarshal(js, &rows); err != nil {
 		t.Fatalf("decode: %v\n%s", err, js)
@@ -1185,7 +1185,7 @@ func TestHostPortAgentDump(t *testing.T) {
 		t.Errorf("hostports table:\n%s", table)
 	}
 
-	var ct agent.CTDump
+	var ct inspect.CTDump
 	js = dump("ct", "-o", "json")
 	if err := json.Unmarshal(js, &ct); err != nil {
 		t.Fatalf("decode: %v\n%s", err, js)
@@ -1312,11 +1312,11 @@ func TestHostPortAgent(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	waitFor("agent sets up the hostPort hooks", func() bool { return strings.Contains(agentLog(), "hostPort hooks (start): cgroup") })
+	waitFor("agent sets up the hostPort hooks", func() bool { return strings.Contains(agentLog(), "node hooks (start): cgroup") })
 	// status shows the node hooks the agent pinned: socket hooks on the
 	// cgroup root, the uplink programs on uplink0.
 	out, err := e.agentCmd("status", "-o", "json", "--pin-dir", e.pinDir)
-	var st agent.StatusReport
+	var st inspect.StatusReport
 	if jerr := json.Unmarshal([]byte(out), &st); jerr != nil {
 		t.Fatalf("status: %v, %v\n%s", err, jerr, out)
 	}

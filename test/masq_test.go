@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
@@ -368,7 +369,7 @@ func TestMasq(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var d agent.NATDump
+		var d inspect.NATDump
 		if err := json.Unmarshal(js, &d); err != nil {
 			t.Fatalf("dump nat -o json: %v\n%s", err, js)
 		}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
@@ -277,7 +277,7 @@ func (l *svcLab) cases(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var d agent.CTDump
+		var d inspect.CTDump
 		if err := json.Unmarshal(js, &d); err != nil {
 			t.Fatalf("dump ct -o json: %v\n%s", err, js)
 		}

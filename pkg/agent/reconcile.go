@@ -12,6 +12,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/vishvananda/netlink"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
@@ -22,6 +23,32 @@ import (
 type Stale struct {
 	Kind string `json:"kind"` // endpoint, link-entry, counters, limit, nat, stack-flows, netns, link-pin, attachment
 	What string `json:"what"`
+}
+
+// Reconciled is what `reconcile` removed (or, DryRun, would remove).
+type Reconciled struct {
+	Stale  []Stale
+	DryRun bool
+}
+
+// MarshalJSON is the list itself.
+func (r Reconciled) MarshalJSON() ([]byte, error) {
+	if r.Stale == nil {
+		return []byte("[]"), nil
+	}
+	return json.Marshal(r.Stale)
+}
+
+func (r Reconciled) Tables() []inspect.Table {
+	col, verb := "REMOVED", "removed"
+	if r.DryRun {
+		col, verb = "WOULD REMOVE", "would remove"
+	}
+	t := inspect.Table{Header: []string{"KIND", col}, Footer: fmt.Sprintf("%s %d items", verb, len(r.Stale))}
+	for _, s := range r.Stale {
+		t.Rows = append(t.Rows, []string{s.Kind, s.What})
+	}
+	return []inspect.Table{t}
 }
 
 // NetworkConf is an ebpf-cni network found in the CNI configuration
@@ -197,4 +224,29 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		act("link-pin", filepath.Base(path), func() error { return os.Remove(path) })
 	}
 	return out, errs
+}
+
+// ReconcileAll reconciles attachments of every ebpf-cni network in the CNI
+// configuration directory that uses this pin root, then the maps and pins.
+func ReconcileAll(o Options, dryRun bool) ([]Stale, error) {
+	var (
+		out  []Stale
+		errs error
+	)
+	nets, err := LoadNetworks(o.ConfDir, o.PinRoot)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = errors.Join(errs, err)
+	}
+	for _, n := range nets {
+		done, err := endpoint.Reconcile(n.Net, n.Bytes, o.CNIPath, dryRun)
+		for _, d := range done {
+			out = append(out, Stale{Kind: "attachment", What: d})
+		}
+		errs = errors.Join(errs, err)
+	}
+	st, err := ReconcileMaps(o.PinRoot, o.StateDir, dryRun)
+	if errors.Is(err, os.ErrNotExist) {
+		err = nil // nothing pinned yet
+	}
+	return append(out, st...), errors.Join(errs, err)
 }

@@ -1,10 +1,7 @@
-package agent
+package inspect
 
 import (
-	"fmt"
-	"io"
 	"sort"
-	"text/tabwriter"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
@@ -22,9 +19,12 @@ type StatsRow struct {
 	Bytes     uint64 `json:"bytes"`
 }
 
-// Stats reads every counter of cni_stats, summed over CPUs.
-func Stats(pinRoot, stateDir string) ([]StatsRow, error) {
-	m, err := datapath.OpenMaps(pinRoot)
+// Stats is `dump stats`: every counter of cni_stats, summed over CPUs.
+type Stats []StatsRow
+
+// ReadStats reads cni_stats.
+func ReadStats(src Source) (Stats, error) {
+	m, err := datapath.OpenMaps(src.PinDir)
 	if err != nil {
 		return nil, err
 	}
@@ -33,13 +33,12 @@ func Stats(pinRoot, stateDir string) ([]StatsRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	recs := records(stateDir)
-	var rows []StatsRow
+	names := NewNames(src.StateDir)
+	var rows Stats
 	for idx, cs := range all {
-		name, rec := ifName(int(idx)), recs[idx]
-		pod := rec.PodLabel()
+		container, pod := names.Pod(int(idx))
 		for k, c := range cs {
-			rows = append(rows, StatsRow{Ifindex: idx, Interface: name, Container: rec.ContainerID, Pod: pod,
+			rows = append(rows, StatsRow{Ifindex: idx, Interface: names.Interface(int(idx)), Container: container, Pod: pod,
 				Direction: k.Dir.String(), Reason: k.Reason.String(), Drop: k.Reason.IsDrop(), Packets: c.Packets, Bytes: c.Bytes})
 		}
 	}
@@ -56,18 +55,11 @@ func Stats(pinRoot, stateDir string) ([]StatsRow, error) {
 	return rows, nil
 }
 
-// WriteStats prints rows as a table or JSON.
-func WriteStats(w io.Writer, rows []StatsRow, format string) error {
-	switch format {
-	case "json":
-		return writeJSON(w, rows)
-	case "", "table":
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "IFINDEX\tINTERFACE\tPOD\tDIRECTION\tREASON\tPACKETS\tBYTES")
-		for _, r := range rows {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\n", r.Ifindex, dash(r.Interface), podLabel(r.Pod, r.Container), r.Direction, r.Reason, r.Packets, r.Bytes)
-		}
-		return tw.Flush()
+func (rows Stats) Tables() []Table {
+	t := Table{Header: []string{"IFINDEX", "INTERFACE", "POD", "DIRECTION", "REASON", "PACKETS", "BYTES"}}
+	for _, r := range rows {
+		t.Rows = append(t.Rows, []string{itoa(r.Ifindex), dash(r.Interface), podLabel(r.Pod, r.Container), r.Direction, r.Reason,
+			itoa(r.Packets), itoa(r.Bytes)})
 	}
-	return fmt.Errorf("unknown output format %q (want table or json)", format)
+	return []Table{t}
 }

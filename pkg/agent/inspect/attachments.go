@@ -1,11 +1,8 @@
-package agent
+package inspect
 
 import (
-	"fmt"
-	"io"
 	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -26,15 +23,19 @@ type AttachmentRow struct {
 	Created     string `json:"created,omitempty"`
 }
 
-// Attachments lists the records of every network under stateDir.
-func Attachments(stateDir string) ([]AttachmentRow, error) {
-	nets, err := state.Networks(stateDir)
+// Attachments is `dump attachments`: the plugin's records, one per
+// attachment, complete or provisional.
+type Attachments []AttachmentRow
+
+// ReadAttachments lists the records of every network under the state directory.
+func ReadAttachments(src Source) (Attachments, error) {
+	nets, err := state.Networks(src.StateDir)
 	if err != nil {
 		return nil, err
 	}
-	rows := []AttachmentRow{}
+	rows := Attachments{}
 	for _, n := range nets {
-		recs, err := state.Store{Root: stateDir, Network: n}.List()
+		recs, err := state.Store{Root: src.StateDir, Network: n}.List()
 		if err != nil {
 			return nil, err
 		}
@@ -63,23 +64,15 @@ func Attachments(stateDir string) ([]AttachmentRow, error) {
 	return rows, nil
 }
 
-// WriteAttachments prints rows as an aligned table or JSON.
-func WriteAttachments(w io.Writer, rows []AttachmentRow, format string) error {
-	switch format {
-	case "json":
-		return writeJSON(w, rows)
-	case "", "table":
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "NETWORK\tCONTAINER\tIFNAME\tHOST VETH\tIFINDEX\tIPS\tPOD\tSTATE")
-		for _, r := range rows {
-			st := "complete"
-			if r.Provisional {
-				st = "provisional"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.Network, short(r.ContainerID), r.IfName, r.HostIf,
-				r.HostIfindex, dash(strings.Join(r.IPs, ",")), dash(r.Pod), st)
+func (rows Attachments) Tables() []Table {
+	t := Table{Header: []string{"NETWORK", "CONTAINER", "IFNAME", "HOST VETH", "IFINDEX", "IPS", "POD", "STATE"}}
+	for _, r := range rows {
+		st := "complete"
+		if r.Provisional {
+			st = "provisional"
 		}
-		return tw.Flush()
+		t.Rows = append(t.Rows, []string{r.Network, short(r.ContainerID), r.IfName, r.HostIf, itoa(r.HostIfindex),
+			dash(strings.Join(r.IPs, ",")), dash(r.Pod), st})
 	}
-	return fmt.Errorf("unknown output format %q (want table or json)", format)
+	return []Table{t}
 }

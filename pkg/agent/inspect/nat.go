@@ -1,11 +1,9 @@
-package agent
+package inspect
 
 import (
 	"fmt"
-	"io"
 	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
@@ -28,16 +26,17 @@ type NATRow struct {
 	Closing bool `json:"closing,omitempty"`
 }
 
-// NATDump is what `dump nat` shows.
+// NATDump is `dump nat`: masqueraded flows, the cluster CIDRs (never
+// masqueraded) and the masquerade counters.
 type NATDump struct {
 	Flows        []NATRow          `json:"flows"`
 	ClusterCIDRs []string          `json:"clusterCIDRs"`
 	Counters     map[string]uint64 `json:"counters"`
 }
 
-// NAT reads the masquerade table, cluster CIDRs and counters under pinRoot.
-func NAT(pinRoot string) (*NATDump, error) {
-	m, err := datapath.OpenMaps(pinRoot)
+// ReadNAT reads the masquerade table, cluster CIDRs and counters.
+func ReadNAT(src Source) (*NATDump, error) {
+	m, err := datapath.OpenMaps(src.PinDir)
 	if err != nil {
 		return nil, err
 	}
@@ -58,14 +57,11 @@ func NAT(pinRoot string) (*NATDump, error) {
 		d.ClusterCIDRs = append(d.ClusterCIDRs, c.String())
 	}
 	sort.Strings(d.ClusterCIDRs)
-	names := map[int]string{}
+	names := NewNames(src.StateDir)
 	for _, f := range flows {
-		if _, ok := names[f.Ifindex]; !ok {
-			names[f.Ifindex] = ifName(f.Ifindex)
-		}
 		d.Flows = append(d.Flows, NATRow{
 			Protocol: maps.ProtoName(f.Proto), Pod: f.Pod.String(), Node: f.Node.String(), Peer: f.Peer.String(),
-			Ifindex: f.Ifindex, Interface: names[f.Ifindex], AgeSecs: f.Age.Round(time.Millisecond).Seconds(),
+			Ifindex: f.Ifindex, Interface: names.Interface(f.Ifindex), AgeSecs: f.Age.Round(time.Millisecond).Seconds(),
 			IdleSecs: f.Idle.Round(time.Millisecond).Seconds(), ReverseOnly: f.Reverse, Closing: f.Closing,
 		})
 	}
@@ -79,44 +75,19 @@ func NAT(pinRoot string) (*NATDump, error) {
 	return d, nil
 }
 
-// WriteNAT prints the dump as an aligned table or JSON.
-func WriteNAT(w io.Writer, d *NATDump, format string) error {
-	switch format {
-	case "json":
-		return writeJSON(w, d)
-	case "", "table":
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "PROTO\tPOD\tNODE (PEER SEES)\tPEER\tIFINDEX\tINTERFACE\tAGE\tIDLE")
-		for _, r := range d.Flows {
-			node := r.Node
-			if r.ReverseOnly {
-				node += " (reverse only)"
-			}
-			if r.Closing {
-				node += " (closing)"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.Protocol, r.Pod, node, r.Peer, r.Ifindex, dash(r.Interface),
-				secs(r.AgeSecs), secs(r.IdleSecs))
+func (d *NATDump) Tables() []Table {
+	t := Table{Header: []string{"PROTO", "POD", "NODE (PEER SEES)", "PEER", "IFINDEX", "INTERFACE", "AGE", "IDLE"}}
+	for _, r := range d.Flows {
+		node := r.Node
+		if r.ReverseOnly {
+			node += " (reverse only)"
 		}
-		if err := tw.Flush(); err != nil {
-			return err
+		if r.Closing {
+			node += " (closing)"
 		}
-		keys := make([]string, 0, len(d.Counters))
-		for k := range d.Counters {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		parts := make([]string, 0, len(keys))
-		for _, k := range keys {
-			parts = append(parts, fmt.Sprintf("%s=%d", k, d.Counters[k]))
-		}
-		_, err := fmt.Fprintf(w, "\n%d flows; cluster CIDRs (not masqueraded): %s; counters: %s\n", len(d.Flows),
-			dash(strings.Join(d.ClusterCIDRs, ",")), strings.Join(parts, " "))
-		return err
+		t.Rows = append(t.Rows, []string{r.Protocol, r.Pod, node, r.Peer, itoa(r.Ifindex), dash(r.Interface), secs(r.AgeSecs), secs(r.IdleSecs)})
 	}
-	return fmt.Errorf("unknown output format %q (want table or json)", format)
-}
-
-func secs(s float64) string {
-	return (time.Duration(s * float64(time.Second))).Round(time.Second).String()
+	t.Footer = fmt.Sprintf("%d flows; cluster CIDRs (not masqueraded): %s; counters: %s", len(d.Flows),
+		dash(strings.Join(d.ClusterCIDRs, ",")), counters(d.Counters, " "))
+	return []Table{t}
 }

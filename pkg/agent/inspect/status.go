@@ -1,13 +1,11 @@
-package agent
+package inspect
 
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"sort"
 	"strings"
-	"text/tabwriter"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -44,9 +42,10 @@ type AttachmentSummary struct {
 	NodeHooks     []string `json:"nodeHooks"`
 }
 
-// Status inspects the pinned datapath read-only.
-func Status(pinRoot, version string) StatusReport {
-	r := StatusReport{Version: version, PinDir: pinRoot, MapLayout: maps.LayoutVersion, Maps: map[string]int{}}
+// Status inspects the pinned datapath read-only: `status`.
+func Status(src Source, version string) *StatusReport {
+	pinRoot := src.PinDir
+	r := &StatusReport{Version: version, PinDir: pinRoot, MapLayout: maps.LayoutVersion, Maps: map[string]int{}}
 	var uts unix.Utsname
 	if unix.Uname(&uts) == nil {
 		r.Kernel = unix.ByteSliceToString(uts.Release[:])
@@ -128,39 +127,34 @@ func countEntries(m *ebpf.Map) int {
 	return n
 }
 
-// WriteStatus prints the report as text or JSON.
-func WriteStatus(w io.Writer, r StatusReport, format string) error {
-	if format == "json" {
-		return writeJSON(w, r)
-	}
-	if format != "" && format != "table" {
-		return fmt.Errorf("unknown output format %q (want table or json)", format)
-	}
+func (r *StatusReport) Tables() []Table {
 	health := "healthy"
 	if !r.Healthy {
 		health = "UNHEALTHY"
 	}
-	fmt.Fprintf(w, "datapath:   %s\nversion:    %s\nkernel:     %s\npin dir:    %s (map layout v%d)\n",
-		health, r.Version, r.Kernel, r.PinDir, r.MapLayout)
+	sum := Table{Lines: []string{
+		"datapath:   " + health,
+		"version:    " + r.Version,
+		"kernel:     " + r.Kernel,
+		fmt.Sprintf("pin dir:    %s (map layout v%d)", r.PinDir, r.MapLayout),
+	}}
 	for _, p := range r.Problems {
-		fmt.Fprintf(w, "problem:    %s\n", p)
+		sum.Lines = append(sum.Lines, "problem:    "+p)
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nMAP\tENTRIES")
+	ms := Table{Header: []string{"MAP", "ENTRIES"}}
 	names := make([]string, 0, len(r.Maps))
 	for name := range r.Maps {
 		names = append(names, name)
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		fmt.Fprintf(tw, "%s\t%d\n", name, r.Maps[name])
+		ms.Rows = append(ms.Rows, []string{name, itoa(r.Maps[name])})
 	}
-	fmt.Fprintln(tw, "\nPROGRAM PIN\tID\tTHIS BUILD")
+	ps := Table{Header: []string{"PROGRAM PIN", "ID", "THIS BUILD"}}
 	for _, p := range r.Programs {
-		fmt.Fprintf(tw, "%s\t%d\t%v\n", p.Pin, p.ID, p.Current)
+		ps.Rows = append(ps.Rows, []string{p.Pin, itoa(p.ID), fmt.Sprint(p.Current)})
 	}
-	tw.Flush()
-	fmt.Fprintf(w, "\nhost veth links: %d (%d defunct); node hooks: %s\n", r.Attachments.HostVethLinks,
+	ps.Footer = fmt.Sprintf("host veth links: %d (%d defunct); node hooks: %s", r.Attachments.HostVethLinks,
 		r.Attachments.Defunct, dash(strings.Join(r.Attachments.NodeHooks, ", ")))
-	return nil
+	return []Table{sum, ms, ps}
 }
