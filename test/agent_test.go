@@ -25,6 +25,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
@@ -190,9 +191,16 @@ func TestAgentRestartAndUpgradeWithoutLoss(t *testing.T) {
 	tcpDone := make(chan error, 1)
 	go func() { tcpDone <- tcpTransfer(a, b, b4, 64<<20) }()
 
-	time.Sleep(300 * time.Millisecond)
+	// Start, kill and restart the agent while both flows are under way.
+	m := e.maps()
+	deadline := time.Now().Add(5 * time.Second)
+	for counter(t, m, idxA, maps.DirEgress, maps.ReasonRedirect).Packets < 100 {
+		if time.Now().After(deadline) {
+			t.Fatalf("traffic between the pods is not flowing: %s", dumpCounters(m, idxA))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	ag := e.startAgent(confDir, "--metrics-addr", "")
-	time.Sleep(300 * time.Millisecond)
 	ag.cmd.Process.Signal(syscall.SIGKILL)
 	ag.cmd.Wait()
 	ag = e.startAgent(confDir, "--metrics-addr", "")

@@ -353,7 +353,16 @@ func TestLifecycleDelUnderTraffic(t *testing.T) {
 		pod := e.newPod()
 		p := e.addAttachment(pod, fmt.Sprintf("del-busy-%d", i))
 		stop := flood(t, pod, nodeIP4)
-		time.Sleep(100 * time.Millisecond)
+		// DEL while the datapath is counting the flood, not before it starts.
+		m := e.maps()
+		deadline := time.Now().Add(5 * time.Second)
+		for counter(t, m, p.ifindex, maps.DirEgress, maps.ReasonForward).Packets < 100 {
+			if time.Now().After(deadline) {
+				stop()
+				t.Fatalf("the flood is not flowing: %s", dumpCounters(m, p.ifindex))
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
 		delErr := e.del(pod, p.id, "eth0")
 		stop()
 		if delErr != nil {
