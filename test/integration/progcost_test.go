@@ -1,6 +1,6 @@
 //go:build progcost
 
-package test
+package integration
 
 import (
 	"fmt"
@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // TestProgCost measures what the host-veth programs cost per run (the
@@ -28,13 +29,13 @@ import (
 // message check against e383872.
 func TestProgCost(t *testing.T) {
 	const rounds, secs = 5, 3
-	e := newEnv(t)
-	a, b := e.newPod(), e.newPod()
-	e.cleanupDel(a, "cost-a")
-	e.cleanupDel(b, "cost-b")
-	e.add(a, "cost-a")
-	rb := e.add(b, "cost-b")
-	b4, _ := podIPs(t, rb)
+	e := testenv.New(t)
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "cost-a")
+	e.CleanupDel(b, "cost-b")
+	e.Add(a, "cost-a")
+	rb := e.Add(b, "cost-b")
+	b4, _ := testenv.PodIPs(t, rb)
 
 	st, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 	if err != nil {
@@ -42,7 +43,7 @@ func TestProgCost(t *testing.T) {
 	}
 	defer st.Close()
 	progs := map[string]*ebpf.Program{}
-	for _, en := range datapath.ProgramPins(e.pinDir) {
+	for _, en := range datapath.ProgramPins(e.PinDir) {
 		for _, want := range []string{"cni_from_container", "cni_to_container"} {
 			if strings.HasPrefix(en.Name, want) {
 				p, err := ebpf.LoadPinnedProgram(en.Path, nil)
@@ -69,7 +70,7 @@ func TestProgCost(t *testing.T) {
 	for _, path := range []struct {
 		name     string
 		src, dst ns.NetNS
-	}{{"pod to pod", a, b}, {"node to pod", e.node, b}} {
+	}{{"pod to pod", a, b}, {"node to pod", e.Node, b}} {
 		for r := 0; r < rounds; r++ {
 			before := snap()
 			if err := stream(path.src, path.dst, b4, secs*time.Second); err != nil {
@@ -97,8 +98,8 @@ func TestProgCost(t *testing.T) {
 		sort.Float64s(v)
 		t.Logf("%-40s median %.0f ns/run (min %.0f, max %.0f, %d rounds of %d s)", k, v[len(v)/2], v[0], v[len(v)-1], len(v), secs)
 	}
-	e.mustDel(a, "cost-a")
-	e.mustDel(b, "cost-b")
+	e.MustDel(a, "cost-a")
+	e.MustDel(b, "cost-b")
 }
 
 // stream sends TCP data from src to a listener in dst for d.
@@ -149,22 +150,22 @@ func stream(src, dst ns.NetNS, ip net.IP, d time.Duration) error {
 // and the pod-side DEL cost. Medians of n.
 func TestVerbLatency(t *testing.T) {
 	const n = 30
-	e := newEnv(t)
+	e := testenv.New(t)
 	for i := 0; i < 10; i++ {
 		id := fmt.Sprintf("bystander-%d", i)
-		p := e.newPod()
-		e.cleanupDel(p, id)
-		e.add(p, id)
+		p := e.NewPod()
+		e.CleanupDel(p, id)
+		e.Add(p, id)
 	}
 	var adds, dels []float64
 	for i := 0; i < n; i++ {
-		p := e.newPod()
+		p := e.NewPod()
 		id := fmt.Sprintf("lat-%d", i)
 		start := time.Now()
-		e.add(p, id)
+		e.Add(p, id)
 		adds = append(adds, float64(time.Since(start).Microseconds())/1000)
 		start = time.Now()
-		e.mustDel(p, id)
+		e.MustDel(p, id)
 		dels = append(dels, float64(time.Since(start).Microseconds())/1000)
 	}
 	for _, c := range []struct {

@@ -1,7 +1,6 @@
-package test
+package integration
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,11 +12,11 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
-	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // containerdBurst is what containerd 1.6 passes as burst whatever the rate.
@@ -33,34 +32,6 @@ func bandwidthArgs(ingressRate, egressRate uint64) map[string]any {
 		bw["egressRate"], bw["egressBurst"] = egressRate, containerdBurst
 	}
 	return bw
-}
-
-// addBW adds a pod with the bandwidth capability, as a runtime would.
-func (e *env) addBW(pod ns.NetNS, containerID string, bw map[string]any) (*current.Result, error) {
-	if e.extra == nil {
-		e.extra = map[string]any{}
-	}
-	e.extra["capabilities"] = map[string]bool{"bandwidth": true}
-	var res types.Result
-	err := e.inNode(func() error {
-		rt := e.rt(pod, containerID, "eth0")
-		rt.CapabilityArgs = map[string]any{"bandwidth": bw}
-		var err error
-		res, err = e.cni.AddNetworkList(context.Background(), e.confList("1.0.0"), rt)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return current.NewResultFromResult(res)
-}
-
-func (e *env) checkBW(pod ns.NetNS, containerID string, bw map[string]any) error {
-	return e.inNode(func() error {
-		rt := e.rt(pod, containerID, "eth0")
-		rt.CapabilityArgs = map[string]any{"bandwidth": bw}
-		return e.cni.CheckNetworkList(context.Background(), e.confList("1.0.0"), rt)
-	})
 }
 
 // tcpRate streams from src to a listener in dst for about d and returns the
@@ -135,53 +106,53 @@ func assertRate(t *testing.T, what string, got, want float64) {
 // its limit, with the absurd burst containerd sends.
 func TestBandwidthTCP(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	a, b := e.newPod(), e.newPod()
-	e.cleanupDel(a, "limited")
-	e.cleanupDel(b, "free")
+	e := testenv.New(t)
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "limited")
+	e.CleanupDel(b, "free")
 	const egress, ingress = 40e6, 20e6
-	ra, err := e.addBW(a, "limited", bandwidthArgs(ingress, egress))
+	ra, err := e.AddBW(a, "limited", bandwidthArgs(ingress, egress))
 	if err != nil {
 		t.Fatalf("ADD with bandwidth: %v", err)
 	}
-	rb, err := e.addBW(b, "free", map[string]any{})
+	rb, err := e.AddBW(b, "free", map[string]any{})
 	if err != nil {
 		t.Fatalf("ADD without limits: %v", err)
 	}
-	a4, a6 := podIPs(t, ra)
-	b4, _ := podIPs(t, rb)
+	a4, a6 := testenv.PodIPs(t, ra)
+	b4, _ := testenv.PodIPs(t, rb)
 
 	d := 2 * time.Second
 	assertRate(t, "pod to pod, egress limit", tcpRate(t, a, b, b4, d), egress)
 	assertRate(t, "pod to pod, ingress limit", tcpRate(t, b, a, a4, d), ingress)
-	assertRate(t, "node to pod, ingress limit", tcpRate(t, e.node, a, a4, d), ingress)
-	assertRate(t, "node to pod over IPv6, ingress limit", tcpRate(t, e.node, a, a6, d), ingress)
-	assertRate(t, "pod to node, egress limit", tcpRate(t, a, e.node, nodeIP4, d), egress)
+	assertRate(t, "node to pod, ingress limit", tcpRate(t, e.Node, a, a4, d), ingress)
+	assertRate(t, "node to pod over IPv6, ingress limit", tcpRate(t, e.Node, a, a6, d), ingress)
+	assertRate(t, "pod to node, egress limit", tcpRate(t, a, e.Node, testenv.NodeIP4, d), egress)
 	// The unlimited pod is not held back by its neighbour's limits.
-	if got := tcpRate(t, e.node, b, b4, time.Second); got < 4*egress {
+	if got := tcpRate(t, e.Node, b, b4, time.Second); got < 4*egress {
 		t.Errorf("unlimited pod got only %.1f Mbit/s", got/1e6)
 	}
 
-	e.mustDel(a, "limited")
-	e.mustDel(b, "free")
-	e.assertClean()
+	e.MustDel(a, "limited")
+	e.MustDel(b, "free")
+	e.AssertClean()
 }
 
 // TestBandwidthUDPIsPoliced: UDP has no pacing; the token bucket drops what
 // exceeds the rate and counts it.
 func TestBandwidthUDPIsPoliced(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	a := e.newPod()
-	e.cleanupDel(a, "udp")
+	e := testenv.New(t)
+	a := e.NewPod()
+	e.CleanupDel(a, "udp")
 	const rate = 20e6
-	if _, err := e.addBW(a, "udp", bandwidthArgs(0, rate)); err != nil {
+	if _, err := e.AddBW(a, "udp", bandwidthArgs(0, rate)); err != nil {
 		t.Fatal(err)
 	}
 	var ln *net.UDPConn
-	if err := e.node.Do(func(ns.NetNS) error {
+	if err := e.Node.Do(func(ns.NetNS) error {
 		var err error
-		ln, err = net.ListenUDP("udp", &net.UDPAddr{IP: nodeIP4})
+		ln, err = net.ListenUDP("udp", &net.UDPAddr{IP: testenv.NodeIP4})
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -228,33 +199,33 @@ func TestBandwidthUDPIsPoliced(t *testing.T) {
 	if float64(got) < 0.5*limit {
 		t.Errorf("received only %d bytes of %d allowed", got, int64(limit))
 	}
-	_, idx := e.hostVeth("udp")
-	if c := counter(t, e.maps(), idx, maps.DirEgress, maps.ReasonDropBandwidth); c.Packets == 0 {
+	_, idx := e.HostVeth("udp")
+	if c := counter(t, e.Maps(), idx, maps.DirEgress, maps.ReasonDropBandwidth); c.Packets == 0 {
 		t.Errorf("drop_bandwidth counter did not move")
 	}
-	e.mustDel(a, "udp")
-	e.assertClean()
+	e.MustDel(a, "udp")
+	e.AssertClean()
 }
 
 // TestBandwidthCheckAndDump: CHECK sees a changed or missing limit; the agent
 // shows the limits with the burst capped at 50 ms of the rate.
 func TestBandwidthCheckAndDump(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	a := e.newPod()
-	e.cleanupDel(a, "chk")
+	e := testenv.New(t)
+	a := e.NewPod()
+	e.CleanupDel(a, "chk")
 	bw := bandwidthArgs(10e6, 30e6)
-	if _, err := e.addBW(a, "chk", bw); err != nil {
+	if _, err := e.AddBW(a, "chk", bw); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.checkBW(a, "chk", bw); err != nil {
+	if err := e.CheckBW(a, "chk", bw); err != nil {
 		t.Fatalf("CHECK right after ADD: %v", err)
 	}
 
 	var rows []inspect.BandwidthRow
-	err := e.inNode(func() error {
-		out, err := exec.Command(filepath.Join(binDir, "ebpf-agent"), "dump", "bandwidth",
-			"--pin-dir", e.pinDir, "--state-dir", e.stateDir, "-o", "json").Output()
+	err := e.InNode(func() error {
+		out, err := exec.Command(filepath.Join(testenv.BinDir, "ebpf-agent"), "dump", "bandwidth",
+			"--pin-dir", e.PinDir, "--state-dir", e.StateDir, "-o", "json").Output()
 		if err != nil {
 			return err
 		}
@@ -274,29 +245,29 @@ func TestBandwidthCheckAndDump(t *testing.T) {
 		}
 	}
 
-	m := e.maps()
-	_, idx := e.hostVeth("chk")
+	m := e.Maps()
+	_, idx := e.HostVeth("chk")
 	if err := m.PutLimit(idx, maps.DirEgress, maps.Limit{RateBps: 1e6, BurstBits: 5e4}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.checkBW(a, "chk", bw); err == nil || !strings.Contains(err.Error(), "cni_bandwidth") {
+	if err := e.CheckBW(a, "chk", bw); err == nil || !strings.Contains(err.Error(), "cni_bandwidth") {
 		t.Errorf("CHECK with a changed limit: %v", err)
 	}
 	if err := m.DeleteLimits(idx); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.checkBW(a, "chk", bw); err == nil || !strings.Contains(err.Error(), "no egress limit") {
+	if err := e.CheckBW(a, "chk", bw); err == nil || !strings.Contains(err.Error(), "no egress limit") {
 		t.Errorf("CHECK with the limits gone: %v", err)
 	}
-	e.mustDel(a, "chk")
-	e.assertClean()
+	e.MustDel(a, "chk")
+	e.AssertClean()
 }
 
 // TestBandwidthBadValues: every bad value is error 7 naming the field, and
 // nothing is left behind.
 func TestBandwidthBadValues(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := testenv.New(t)
 	cases := []struct {
 		name, bw, field string
 	}{
@@ -310,22 +281,22 @@ func TestBandwidthBadValues(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			pod := e.newPod()
+			pod := e.NewPod()
 			conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":%q,"type":"ebpf-cni","pinDir":%q,"stateDir":%q,
 				"ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":%q}]]},
-				"runtimeConfig":{"bandwidth":%s}}`, e.name, e.pinDir, e.stateDir, e.dataDir, podSubnet4, c.bw)
-			out, err := e.execPlugin(map[string]string{
+				"runtimeConfig":{"bandwidth":%s}}`, e.Name, e.PinDir, e.StateDir, e.DataDir, testenv.PodSubnet4, c.bw)
+			out, err := e.ExecPlugin(map[string]string{
 				"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "bad", "CNI_NETNS": pod.Path(),
-				"CNI_IFNAME": "eth0", "CNI_PATH": binDir,
+				"CNI_IFNAME": "eth0", "CNI_PATH": testenv.BinDir,
 			}, []byte(conf))
 			if err == nil {
 				t.Fatalf("ADD succeeded: %s", out)
 			}
-			te := pluginError(t, out)
+			te := testenv.PluginError(t, out)
 			if te.Code != types.ErrInvalidNetworkConfig || !strings.Contains(te.Msg, c.field) {
 				t.Fatalf("got code %d %q, want code 7 naming %s", te.Code, te.Msg, c.field)
 			}
-			e.assertClean()
+			e.AssertClean()
 		})
 	}
 }

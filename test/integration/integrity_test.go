@@ -1,4 +1,4 @@
-package test
+package integration
 
 // Hostile review: what a runtime, a second network, a chained plugin or a
 // local user can do to a node, and what the plugin must still guarantee (one
@@ -32,53 +32,20 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // ---- helpers of this file --------------------------------------------------
 
-// stdinConf is the plugin config a runtime would pipe to the plugin.
-func (e *env) stdinConf(edit func(c map[string]any)) []byte {
-	e.t.Helper()
-	c := e.pluginConf()
-	c["cniVersion"], c["name"] = "1.1.0", e.name
-	if edit != nil {
-		edit(c)
-	}
-	b, err := json.Marshal(c)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return b
-}
-
 // pluginEnv is the environment a runtime sets for one verb.
 func pluginEnv(cmd, containerID string, pod ns.NetNS, ifname string) map[string]string {
 	m := map[string]string{
-		"CNI_COMMAND": cmd, "CNI_CONTAINERID": containerID, "CNI_IFNAME": ifname, "CNI_PATH": binDir,
+		"CNI_COMMAND": cmd, "CNI_CONTAINERID": containerID, "CNI_IFNAME": ifname, "CNI_PATH": testenv.BinDir,
 	}
 	if pod != nil {
 		m["CNI_NETNS"] = pod.Path()
 	}
 	return m
-}
-
-// runPlugin runs a plugin binary in the node netns and returns its stdout and
-// exit error (an *exec.ExitError for a failure or a signal).
-func (e *env) runPlugin(bin string, envv map[string]string, stdin []byte) ([]byte, error) {
-	var out []byte
-	err := e.inNode(func() error {
-		cmd := exec.Command(bin)
-		for k, v := range envv {
-			cmd.Env = append(cmd.Env, k+"="+v)
-		}
-		cmd.Stdin = bytes.NewReader(stdin)
-		var b bytes.Buffer
-		cmd.Stdout = &b
-		err := cmd.Run()
-		out = b.Bytes()
-		return err
-	})
-	return out, err
 }
 
 // wantPluginError fails unless the plugin exited non-zero with a CNI error of
@@ -89,7 +56,7 @@ func wantPluginError(t *testing.T, what string, out []byte, err error, code uint
 	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
 		t.Fatalf("%s: exit %v, want a failure; stdout: %s", what, err, out)
 	}
-	perr := pluginError(t, out)
+	perr := testenv.PluginError(t, out)
 	if perr.Code != code {
 		t.Errorf("%s: error code %d (%q), want %d", what, perr.Code, perr.Msg, code)
 	}
@@ -107,29 +74,11 @@ func libcniErr(t *testing.T, what string, err error, code uint, subs ...string) 
 	if err == nil {
 		t.Fatalf("%s: succeeded, want error %d", what, code)
 	}
-	if got := errCode(err); got != code {
+	if got := testenv.ErrCode(err); got != code {
 		t.Errorf("%s: error code %d (%v), want %d", what, got, err, code)
 	}
 	wantErrContains(t, what, err, subs...)
 }
-
-// podReachable proves a pod still works both ways over both families.
-func (e *env) podReachable(t *testing.T, pod ns.NetNS, ips []net.IP) {
-	t.Helper()
-	for _, ip := range ips {
-		if err := ping(e.node, ip, 2); err != nil {
-			t.Fatalf("node to pod %s: %v", ip, err)
-		}
-	}
-	if err := ping(pod, nodeIP4, 2); err != nil {
-		t.Fatalf("pod to node: %v", err)
-	}
-	if err := ping(pod, nodeIP6, 2); err != nil {
-		t.Fatalf("pod to node: %v", err)
-	}
-}
-
-// ---- 1. Retried ADD --------------------------------------------------------
 
 // TestIntegrityRetriedAdd: a second ADD of a live (container ID, ifname) is
 // refused with code 4 naming it, and the live pod keeps everything: its
@@ -137,62 +86,62 @@ func (e *env) podReachable(t *testing.T, pod ns.NetNS, ips []net.IP) {
 // ADD's undo released it and the next pod got the live pod's address).
 func TestIntegrityRetriedAdd(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	pod := e.newPod()
-	e.cleanupDel(pod, "retried")
-	live := e.addAttachment(pod, "retried")
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "retried")
+	live := e.AddAttachment(pod, "retried")
 
 	for i := 0; i < 2; i++ {
-		_, err := e.addV("1.1.0", pod, "retried", "eth0")
+		_, err := e.AddV("1.1.0", pod, "retried", "eth0")
 		libcniErr(t, "second ADD of a live attachment", err, codeInvalidEnv,
-			"CNI_CONTAINERID", "retried", "eth0", e.name, "exists already", live.hostIf)
+			"CNI_CONTAINERID", "retried", "eth0", e.Name, "exists already", live.HostIf)
 	}
-	if got := e.reservationsOf("retried"); len(got) != 2 {
+	if got := e.ReservationsOf("retried"); len(got) != 2 {
 		t.Fatalf("the live pod's reservations after the refused ADDs: %v, want its 2", got)
 	}
-	if err := e.check(pod, "retried", "eth0"); err != nil {
+	if err := e.Check(pod, "retried", "eth0"); err != nil {
 		t.Fatalf("CHECK of the live pod after the refused ADDs: %v", err)
 	}
-	e.podReachable(t, pod, live.ips)
+	e.PodReachable(t, pod, live.IPs)
 
 	// The next pod does not get the live pod's address.
-	next := e.newPod()
-	e.cleanupDel(next, "next")
-	n := e.addAttachment(next, "next")
-	for _, a := range n.ips {
-		for _, b := range live.ips {
+	next := e.NewPod()
+	e.CleanupDel(next, "next")
+	n := e.AddAttachment(next, "next")
+	for _, a := range n.IPs {
+		for _, b := range live.IPs {
 			if a.Equal(b) {
 				t.Fatalf("the next pod got the live pod's address %s", a)
 			}
 		}
 	}
-	e.podReachable(t, pod, live.ips)
-	e.podReachable(t, next, n.ips)
+	e.PodReachable(t, pod, live.IPs)
+	e.PodReachable(t, next, n.IPs)
 
 	// The record was lost (state directory wiped), the veth is still there:
 	// refused as well, naming the veth.
-	if err := os.Remove(e.recordPath("retried", "eth0")); err != nil {
+	if err := os.Remove(e.RecordPath("retried", "eth0")); err != nil {
 		t.Fatal(err)
 	}
-	_, err := e.addV("1.1.0", pod, "retried", "eth0")
-	libcniErr(t, "ADD of a live attachment whose record is gone", err, codeInvalidEnv, live.hostIf, "exists already")
-	if got := e.reservationsOf("retried"); len(got) != 2 {
+	_, err := e.AddV("1.1.0", pod, "retried", "eth0")
+	libcniErr(t, "ADD of a live attachment whose record is gone", err, codeInvalidEnv, live.HostIf, "exists already")
+	if got := e.ReservationsOf("retried"); len(got) != 2 {
 		t.Fatalf("the live pod's reservations after the refused record-less ADD: %v", got)
 	}
-	e.podReachable(t, pod, live.ips)
+	e.PodReachable(t, pod, live.IPs)
 
 	// Another network attaching the same container ID and interface name:
 	// refused, naming the network that has it.
-	netB := e.netList(randName("netb"), map[string]any{"type": "ebpf-cni", "pinDir": e.pinDir, "stateDir": t.TempDir(),
+	netB := e.NetList(testenv.RandName("netb"), map[string]any{"type": "ebpf-cni", "pinDir": e.PinDir, "stateDir": t.TempDir(),
 		"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}}}})
-	_, err = e.addList(netB, e.rt(pod, "retried", "eth0"))
+	_, err = e.AddList(netB, e.RuntimeConf(pod, "retried", "eth0"))
 	libcniErr(t, "another network's ADD of the same container and interface", err, codeInvalidEnv,
-		"exists already", "network "+fmt.Sprintf("%q", e.name), live.hostIf)
-	e.podReachable(t, pod, live.ips)
+		"exists already", "network "+fmt.Sprintf("%q", e.Name), live.HostIf)
+	e.PodReachable(t, pod, live.IPs)
 
-	e.mustDel(pod, "retried")
-	e.mustDel(next, "next")
-	e.assertClean()
+	e.MustDel(pod, "retried")
+	e.MustDel(next, "next")
+	e.AssertClean()
 }
 
 // TestIntegrityRacingAdds: ADDs of one attachment racing each other: exactly
@@ -200,9 +149,9 @@ func TestIntegrityRetriedAdd(t *testing.T) {
 // and take nothing from the winner.
 func TestIntegrityRacingAdds(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	pod := e.newPod()
-	e.cleanupDel(pod, "race")
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "race")
 	const n = 4
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -212,7 +161,7 @@ func TestIntegrityRacingAdds(t *testing.T) {
 		go func(i int) {
 			defer wg.Done()
 			<-start
-			_, errs[i] = e.addV("1.1.0", pod, "race", "eth0")
+			_, errs[i] = e.AddV("1.1.0", pod, "race", "eth0")
 		}(i)
 	}
 	close(start)
@@ -222,25 +171,25 @@ func TestIntegrityRacingAdds(t *testing.T) {
 		switch {
 		case err == nil:
 			wins++
-		case errCode(err) == codeInvalidEnv || errCode(err) == types.ErrTryAgainLater:
+		case testenv.ErrCode(err) == codeInvalidEnv || testenv.ErrCode(err) == types.ErrTryAgainLater:
 		default:
-			t.Errorf("racing ADD failed with %v (code %d), want code 4 or 11", err, errCode(err))
+			t.Errorf("racing ADD failed with %v (code %d), want code 4 or 11", err, testenv.ErrCode(err))
 		}
 	}
 	if wins != 1 {
 		t.Fatalf("%d racing ADDs of one attachment succeeded, want exactly 1: %v", wins, errs)
 	}
-	if got := e.reservationsOf("race"); len(got) != 2 {
+	if got := e.ReservationsOf("race"); len(got) != 2 {
 		t.Fatalf("reservations after the race: %v, want the winner's 2", got)
 	}
-	if err := e.check(pod, "race", "eth0"); err != nil {
+	if err := e.Check(pod, "race", "eth0"); err != nil {
 		t.Fatalf("CHECK of the winner: %v", err)
 	}
-	if err := ping(pod, nodeIP4, 2); err != nil {
+	if err := testenv.Ping(pod, testenv.NodeIP4, 2); err != nil {
 		t.Fatal(err)
 	}
-	e.mustDel(pod, "race")
-	e.assertClean()
+	e.MustDel(pod, "race")
+	e.AssertClean()
 }
 
 // ---- 6. Killed ADD ---------------------------------------------------------
@@ -256,9 +205,8 @@ var (
 func crashBinary(t *testing.T) string {
 	t.Helper()
 	crashOnce.Do(func() {
-		dir := filepath.Join(binDir, "crash")
+		dir := filepath.Join(testenv.BinDir, "crash")
 		cmd := exec.Command("go", "build", "-tags", "crashpoint", "-o", dir+"/", "github.com/ebpf-cni/ebpf-cni/cmd/ebpf-cni")
-		cmd.Dir = ".."
 		if out, err := cmd.CombinedOutput(); err != nil {
 			crashErr = fmt.Errorf("build crashpoint plugin: %v\n%s", err, out)
 			return
@@ -286,34 +234,11 @@ if [ "$CNI_COMMAND" = ADD ] && [ -n "$BLOCK_FILE" ]; then
 fi
 printf '%%s' "$out"
 exit $rc
-`, filepath.Join(binDir, "host-local"))
+`, filepath.Join(testenv.BinDir, "host-local"))
 	if err := os.WriteFile(filepath.Join(dir, "blocking-ipam"), []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	return dir
-}
-
-// cleanupBy removes a half-made attachment the way a node would: the
-// runtime's DEL (no prevResult: the ADD failed), GC with no valid
-// attachments, or `ebpf-agent reconcile`.
-func (e *env) cleanupBy(t *testing.T, how, id string, pod ns.NetNS, cniPath string) {
-	t.Helper()
-	switch how {
-	case "DEL":
-		if err := e.del(pod, id, "eth0"); err != nil {
-			t.Fatalf("DEL after the killed ADD: %v", err)
-		}
-	case "GC":
-		if err := e.gc(); err != nil {
-			t.Fatalf("GC after the killed ADD: %v", err)
-		}
-	case "reconcile":
-		out, err := e.agentCmd("reconcile", "--pin-dir", e.pinDir, "--state-dir", e.stateDir,
-			"--cni-conf-dir", e.writeConfDir(), "--cni-bin-dir", cniPath)
-		if err != nil {
-			t.Fatalf("ebpf-agent reconcile after the killed ADD: %v\n%s", err, out)
-		}
-	}
 }
 
 // TestIntegrityKilledAdd: an ADD killed with SIGKILL at any step, and never
@@ -329,23 +254,23 @@ func TestIntegrityKilledAdd(t *testing.T) {
 	t.Run("during IPAM", func(t *testing.T) {
 		for _, how := range cleanups {
 			t.Run(how, func(t *testing.T) {
-				e := newEnv(t)
+				e := testenv.New(t)
 				ipamDir := blockingIPAM(t)
-				cniPath := ipamDir + string(os.PathListSeparator) + binDir
-				e.cni = libcni.NewCNIConfigWithCacheDir([]string{ipamDir, binDir}, e.cacheDir, nil)
-				e.ipam = map[string]any{"type": "blocking-ipam", "dataDir": e.dataDir,
-					"ranges": [][]map[string]string{{{"subnet": podSubnet4}}, {{"subnet": podSubnet6}}}}
-				pod := e.newPod()
+				cniPath := ipamDir + string(os.PathListSeparator) + testenv.BinDir
+				e.CNI = libcni.NewCNIConfigWithCacheDir([]string{ipamDir, testenv.BinDir}, e.CacheDir, nil)
+				e.IPAM = map[string]any{"type": "blocking-ipam", "dataDir": e.DataDir,
+					"ranges": [][]map[string]string{{{"subnet": testenv.PodSubnet4}}, {{"subnet": testenv.PodSubnet6}}}}
+				pod := e.NewPod()
 				block := filepath.Join(t.TempDir(), "block")
 				if err := os.WriteFile(block, nil, 0o600); err != nil {
 					t.Fatal(err)
 				}
 				envv := pluginEnv("ADD", "killed", pod, "eth0")
 				envv["CNI_PATH"], envv["BLOCK_FILE"] = cniPath, block
-				stdin := e.stdinConf(nil)
+				stdin := e.StdinConf(nil)
 				var cmd *exec.Cmd
-				err := e.inNode(func() error {
-					cmd = exec.Command(filepath.Join(binDir, "ebpf-cni"))
+				err := e.InNode(func() error {
+					cmd = exec.Command(filepath.Join(testenv.BinDir, "ebpf-cni"))
 					for k, v := range envv {
 						cmd.Env = append(cmd.Env, k+"="+v)
 					}
@@ -359,7 +284,7 @@ func TestIntegrityKilledAdd(t *testing.T) {
 				deadline := time.Now().Add(10 * time.Second)
 				for {
 					_, rerr := os.Stat(block + ".reserved")
-					if rerr == nil && e.nodeLinkExists(hostIf) {
+					if rerr == nil && e.NodeLinkExists(hostIf) {
 						break
 					}
 					if time.Now().After(deadline) {
@@ -373,25 +298,25 @@ func TestIntegrityKilledAdd(t *testing.T) {
 				cmd.Process.Signal(syscall.SIGKILL)
 				cmd.Wait()
 				os.Remove(block) // lets the orphaned IPAM exec end
-				if len(e.leftovers()) == 0 {
+				if len(e.Leftovers()) == 0 {
 					t.Fatal("the killed ADD left nothing; the test would prove nothing")
 				}
-				_, err = e.addV("1.1.0", pod, "killed", "eth0")
+				_, err = e.AddV("1.1.0", pod, "killed", "eth0")
 				libcniErr(t, "ADD again over the killed one's remains", err, codeInvalidEnv, "did not finish", "DEL it first")
 
-				e.cleanupBy(t, how, "killed", pod, cniPath)
-				if l := e.leftovers(); len(l) > 0 {
+				e.CleanupBy(t, how, "killed", pod, cniPath)
+				if l := e.Leftovers(); len(l) > 0 {
 					t.Fatalf("after %s of the killed ADD:\n  %s", how, strings.Join(l, "\n  "))
 				}
 				// The attachment can be made again.
-				p := e.addAttachment(pod, "killed")
-				if err := ping(pod, nodeIP4, 2); err != nil {
+				p := e.AddAttachment(pod, "killed")
+				if err := testenv.Ping(pod, testenv.NodeIP4, 2); err != nil {
 					t.Fatal(err)
 				}
-				if err := e.del(pod, p.id, "eth0"); err != nil {
+				if err := e.Del(pod, p.ID, "eth0"); err != nil {
 					t.Fatal(err)
 				}
-				e.assertClean()
+				e.AssertClean()
 			})
 		}
 	})
@@ -402,29 +327,29 @@ func TestIntegrityKilledAdd(t *testing.T) {
 			bin := crashBinary(t)
 			for _, how := range cleanups {
 				t.Run(how, func(t *testing.T) {
-					e := newEnv(t)
-					pod := e.newPod()
+					e := testenv.New(t)
+					pod := e.NewPod()
 					envv := pluginEnv("ADD", "crash", pod, "eth0")
 					envv["EBPF_CNI_CRASH_AT"] = step
-					out, err := e.runPlugin(bin, envv, e.stdinConf(nil))
+					out, err := e.RunPlugin(bin, envv, e.StdinConf(nil))
 					var ee *exec.ExitError
 					if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 						t.Fatalf("ADD with EBPF_CNI_CRASH_AT=%s: %v, want killed by SIGKILL; stdout %s", step, err, out)
 					}
-					if len(e.leftovers()) == 0 {
+					if len(e.Leftovers()) == 0 {
 						t.Fatal("the killed ADD left nothing; the test would prove nothing")
 					}
 					if step == "recorded" && how == "reconcile" {
 						// Complete and live, only the result was never
 						// printed: reconcile keeps it, DEL and GC remove it.
-						e.cleanupBy(t, how, "crash", pod, binDir)
-						if err := ping(pod, nodeIP4, 2); err != nil {
+						e.CleanupBy(t, how, "crash", pod, testenv.BinDir)
+						if err := testenv.Ping(pod, testenv.NodeIP4, 2); err != nil {
 							t.Fatalf("reconcile broke a complete attachment: %v", err)
 						}
 						how = "DEL"
 					}
-					e.cleanupBy(t, how, "crash", pod, binDir)
-					if l := e.leftovers(); len(l) > 0 {
+					e.CleanupBy(t, how, "crash", pod, testenv.BinDir)
+					if l := e.Leftovers(); len(l) > 0 {
 						t.Fatalf("after %s of the ADD killed at %q:\n  %s", how, step, strings.Join(l, "\n  "))
 					}
 					pod.Do(func(ns.NetNS) error {
@@ -442,13 +367,13 @@ func TestIntegrityKilledAdd(t *testing.T) {
 // TestIntegrityInFlightAdd: GC and reconcile leave an ADD that is still at
 // work alone, and a DEL racing it waits for it instead of tearing down half.
 func TestIntegrityInFlightAdd(t *testing.T) {
-	e := newEnv(t)
+	e := testenv.New(t)
 	ipamDir := blockingIPAM(t)
-	cniPath := ipamDir + string(os.PathListSeparator) + binDir
-	e.cni = libcni.NewCNIConfigWithCacheDir([]string{ipamDir, binDir}, e.cacheDir, nil)
-	e.ipam = map[string]any{"type": "blocking-ipam", "dataDir": e.dataDir,
-		"ranges": [][]map[string]string{{{"subnet": podSubnet4}}, {{"subnet": podSubnet6}}}}
-	pod := e.newPod()
+	cniPath := ipamDir + string(os.PathListSeparator) + testenv.BinDir
+	e.CNI = libcni.NewCNIConfigWithCacheDir([]string{ipamDir, testenv.BinDir}, e.CacheDir, nil)
+	e.IPAM = map[string]any{"type": "blocking-ipam", "dataDir": e.DataDir,
+		"ranges": [][]map[string]string{{{"subnet": testenv.PodSubnet4}}, {{"subnet": testenv.PodSubnet6}}}}
+	pod := e.NewPod()
 	block := filepath.Join(t.TempDir(), "block")
 	os.WriteFile(block, nil, 0o600)
 	t.Cleanup(func() { os.Remove(block) })
@@ -458,7 +383,7 @@ func TestIntegrityInFlightAdd(t *testing.T) {
 	var out []byte
 	go func() {
 		var err error
-		out, err = e.runPlugin(filepath.Join(binDir, "ebpf-cni"), envv, e.stdinConf(nil))
+		out, err = e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), envv, e.StdinConf(nil))
 		done <- err
 	}()
 	deadline := time.Now().Add(10 * time.Second)
@@ -471,99 +396,24 @@ func TestIntegrityInFlightAdd(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err := e.gc(); err != nil {
+	if err := e.GC(); err != nil {
 		t.Fatalf("GC during an ADD: %v", err)
 	}
-	e.cleanupBy(t, "reconcile", "inflight", pod, cniPath)
+	e.CleanupBy(t, "reconcile", "inflight", pod, cniPath)
 	os.Remove(block)
 	if err := <-done; err != nil {
 		t.Fatalf("the ADD that GC and reconcile ran beside: %v\n%s", err, out)
 	}
-	if err := ping(pod, nodeIP4, 2); err != nil {
+	if err := testenv.Ping(pod, testenv.NodeIP4, 2); err != nil {
 		t.Fatalf("pod added while GC and reconcile ran: %v", err)
 	}
-	if err := e.del(pod, "inflight", "eth0"); err != nil {
+	if err := e.Del(pod, "inflight", "eth0"); err != nil {
 		t.Fatal(err)
 	}
-	e.assertClean()
+	e.AssertClean()
 }
 
 // ---- networks beside the env's own ------------------------------------------
-
-// netList is the conflist of another network on the env's node.
-func (e *env) netList(name string, plugins ...map[string]any) *libcni.NetworkConfigList {
-	e.t.Helper()
-	ps := make([]any, len(plugins))
-	for i, p := range plugins {
-		ps[i] = p
-	}
-	b, err := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": name, "plugins": ps})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	l, err := libcni.ConfListFromBytes(b)
-	if err != nil {
-		e.t.Fatalf("parse conflist: %v", err)
-	}
-	return l
-}
-
-func (e *env) addList(l *libcni.NetworkConfigList, rt *libcni.RuntimeConf) (*current.Result, error) {
-	var res types.Result
-	err := e.inNode(func() error {
-		var err error
-		res, err = e.cni.AddNetworkList(context.Background(), l, rt)
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return current.NewResultFromResult(res)
-}
-
-func (e *env) delList(l *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
-	return e.inNode(func() error { return e.cni.DelNetworkList(context.Background(), l, rt) })
-}
-
-func (e *env) checkList(l *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
-	return e.inNode(func() error { return e.cni.CheckNetworkList(context.Background(), l, rt) })
-}
-
-// hostRoutesTo lists the node's routes to a pod address, by link.
-func (e *env) hostRoutesTo(ip net.IP) []netlink.Route {
-	e.t.Helper()
-	bits := 128
-	fam := netlink.FAMILY_V6
-	if ip.To4() != nil {
-		bits, fam = 32, netlink.FAMILY_V4
-	}
-	var out []netlink.Route
-	e.inNode(func() error {
-		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Dst: &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}}, netlink.RT_FILTER_DST)
-		out = rs
-		return err
-	})
-	return out
-}
-
-// assertOwns fails unless every address of a is a's alone on the node: its
-// endpoint entry and the node's one route to it lead to a's host veth.
-func (e *env) assertOwns(t *testing.T, a *attachment) {
-	t.Helper()
-	m := e.maps()
-	for _, ip := range a.ips {
-		ep, err := m.LookupEndpoint(ip)
-		if err != nil || int(ep.Ifindex) != a.ifindex {
-			t.Errorf("cni_endpoints entry of %s: %+v (err %v), want ifindex %d (%s)", ip, ep, err, a.ifindex, a.id)
-		}
-		rs := e.hostRoutesTo(ip)
-		if len(rs) != 1 || rs[0].LinkIndex != a.ifindex {
-			t.Errorf("node routes to %s: %v, want one, via ifindex %d (%s)", ip, rs, a.ifindex, a.id)
-		}
-	}
-}
-
-// ---- 2. One owner per address ----------------------------------------------
 
 // TestIntegrityAddressOwner: two networks on one node hand out the same
 // address (overlapping ranges). The second ADD is refused with code 7 naming
@@ -587,56 +437,56 @@ func TestIntegrityAddressOwner(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t)
-			rng := map[string]string{"subnet": podSubnet4, "rangeStart": "10.250.0.5", "rangeEnd": "10.250.0.5"}
+			e := testenv.New(t)
+			rng := map[string]string{"subnet": testenv.PodSubnet4, "rangeStart": "10.250.0.5", "rangeEnd": "10.250.0.5"}
 			want := net.ParseIP("10.250.0.5")
 			if c.v6 {
-				rng = map[string]string{"subnet": podSubnet6, "rangeStart": "fd00:250::5", "rangeEnd": "fd00:250::5"}
+				rng = map[string]string{"subnet": testenv.PodSubnet6, "rangeStart": "fd00:250::5", "rangeEnd": "fd00:250::5"}
 				want = net.ParseIP("fd00:250::5")
 			}
-			e.ipam = map[string]any{"type": "host-local", "dataDir": e.dataDir, "ranges": [][]map[string]string{{rng}}}
-			ownerPod := e.newPod()
-			e.cleanupDel(ownerPod, "owner")
-			owner := e.addAttachment(ownerPod, "owner")
-			if len(owner.ips) != 1 || !owner.ips[0].Equal(want) {
-				t.Fatalf("owner got %v, want %s", owner.ips, want)
+			e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{{rng}}}
+			ownerPod := e.NewPod()
+			e.CleanupDel(ownerPod, "owner")
+			owner := e.AddAttachment(ownerPod, "owner")
+			if len(owner.IPs) != 1 || !owner.IPs[0].Equal(want) {
+				t.Fatalf("owner got %v, want %s", owner.IPs, want)
 			}
 
-			pinB := e.pinDir
+			pinB := e.PinDir
 			if !c.samePin {
-				pinB = e.pinDir + "-b"
+				pinB = e.PinDir + "-b"
 				t.Cleanup(func() { os.RemoveAll(pinB) })
 			}
 			stateB := t.TempDir()
-			netB := e.netList(randName("netb"), map[string]any{
+			netB := e.NetList(testenv.RandName("netb"), map[string]any{
 				"type": "ebpf-cni", "pinDir": pinB, "stateDir": stateB,
 				"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{{rng}}},
 			})
-			podB := e.newPod()
+			podB := e.NewPod()
 			rtB := &libcni.RuntimeConf{ContainerID: "intruder", NetNS: podB.Path(), IfName: "eth0"}
-			t.Cleanup(func() { e.delList(netB, rtB) })
-			_, err := e.addList(netB, rtB)
+			t.Cleanup(func() { e.DelList(netB, rtB) })
+			_, err := e.AddList(netB, rtB)
 			if err == nil {
 				// Go on: what follows shows what the accepted ADD broke.
 				t.Errorf("ADD of an address another network's pod holds succeeded, want error %d", codeInvalidConfig)
 			} else {
 				libcniErr(t, "ADD of an address another network's pod holds", err, codeInvalidConfig,
-					want.String(), "container owner", "interface eth0", e.name)
+					want.String(), "container owner", "interface eth0", e.Name)
 			}
 
 			check := func(when string) {
 				t.Helper()
-				e.assertOwns(t, owner)
-				if err := e.check(ownerPod, "owner", "eth0"); err != nil {
+				e.AssertOwns(t, owner)
+				if err := e.Check(ownerPod, "owner", "eth0"); err != nil {
 					t.Errorf("CHECK of the owner %s: %v", when, err)
 				}
-				if err := ping(e.node, want, 2); err != nil {
+				if err := testenv.Ping(e.Node, want, 2); err != nil {
 					t.Errorf("owner %s: %v", when, err)
 				}
-				if err := ping(ownerPod, nodeIP4, 2); !c.v6 && err != nil {
+				if err := testenv.Ping(ownerPod, testenv.NodeIP4, 2); !c.v6 && err != nil {
 					t.Errorf("owner %s: %v", when, err)
 				}
-				if err := ping(ownerPod, nodeIP6, 2); c.v6 && err != nil {
+				if err := testenv.Ping(ownerPod, testenv.NodeIP6, 2); c.v6 && err != nil {
 					t.Errorf("owner %s: %v", when, err)
 				}
 			}
@@ -644,24 +494,24 @@ func TestIntegrityAddressOwner(t *testing.T) {
 			if ents, _ := os.ReadDir(filepath.Join(stateB, netB.Name)); len(ents) != 0 {
 				t.Errorf("the refused ADD left records: %v", ents)
 			}
-			if e.nodeLinkExists(state.HostIfName("intruder", "eth0")) {
+			if e.NodeLinkExists(state.HostIfName("intruder", "eth0")) {
 				t.Error("the refused ADD left its host veth")
 			}
-			if err := e.delList(netB, rtB); err != nil {
+			if err := e.DelList(netB, rtB); err != nil {
 				t.Fatalf("DEL of the refused attachment: %v", err)
 			}
 			check("after the refused attachment's DEL")
 
-			e.mustDel(ownerPod, "owner")
-			e.assertClean()
+			e.MustDel(ownerPod, "owner")
+			e.AssertClean()
 			// With the owner gone, the address is free for the other network.
-			if _, err := e.addList(netB, rtB); err != nil {
+			if _, err := e.AddList(netB, rtB); err != nil {
 				t.Fatalf("ADD of the freed address: %v", err)
 			}
-			if err := ping(e.node, want, 2); err != nil {
+			if err := testenv.Ping(e.Node, want, 2); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.delList(netB, rtB); err != nil {
+			if err := e.DelList(netB, rtB); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -670,41 +520,41 @@ func TestIntegrityAddressOwner(t *testing.T) {
 	// A leftover entry of a veth that no longer exists is no owner.
 	t.Run("leftover entry", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t)
-		e.ipam = map[string]any{"type": "host-local", "dataDir": e.dataDir, "ranges": [][]map[string]string{{
-			{"subnet": podSubnet4, "rangeStart": "10.250.0.5", "rangeEnd": "10.250.0.5"}}}}
-		first := e.addAttachment(e.newPod(), "first") // creates the maps
-		e.mustDel(first.pod, "first")
-		m := e.maps()
+		e := testenv.New(t)
+		e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{{
+			{"subnet": testenv.PodSubnet4, "rangeStart": "10.250.0.5", "rangeEnd": "10.250.0.5"}}}}
+		first := e.AddAttachment(e.NewPod(), "first") // creates the maps
+		e.MustDel(first.Pod, "first")
+		m := e.Maps()
 		if err := m.PutEndpoint(net.ParseIP("10.250.0.5"), maps.NewEndpointInfo(1<<30, nil, nil)); err != nil {
 			t.Fatal(err)
 		}
-		p := e.addAttachment(e.newPod(), "second")
-		e.assertOwns(t, p)
-		e.mustDel(p.pod, "second")
+		p := e.AddAttachment(e.NewPod(), "second")
+		e.AssertOwns(t, p)
+		e.MustDel(p.Pod, "second")
 
 		// A leftover whose ifindex the next veth reuses (ifindexes of a
 		// netns are handed out in order): replaced by the new pod's entry,
 		// not kept with its stale MAC and flags.
-		next := p.ifindex + 1
+		next := p.Ifindex + 1
 		if err := m.PutEndpoint(net.ParseIP("10.250.0.5"), maps.NewEndpointInfo(next, net.HardwareAddr{2, 0, 0, 0, 0, 1}, nil, maps.EndpointFlagHostPort)); err != nil {
 			t.Fatal(err)
 		}
-		p = e.addAttachment(e.newPod(), "third")
-		if p.ifindex != next {
-			t.Fatalf("the third veth got ifindex %d, not the %d this case needs", p.ifindex, next)
+		p = e.AddAttachment(e.NewPod(), "third")
+		if p.Ifindex != next {
+			t.Fatalf("the third veth got ifindex %d, not the %d this case needs", p.Ifindex, next)
 		}
-		ep, err := m.LookupEndpoint(p.ips[0])
-		mac := podMACOf(t, p.pod, "eth0")
+		ep, err := m.LookupEndpoint(p.IPs[0])
+		mac := podMACOf(t, p.Pod, "eth0")
 		if err != nil || ep.Flags != 0 || net.HardwareAddr(ep.Mac[:]).String() != mac.String() {
-			t.Errorf("entry of %s: %+v (%v), want the new pod's MAC %s and no flags", p.ips[0], ep, err, mac)
+			t.Errorf("entry of %s: %+v (%v), want the new pod's MAC %s and no flags", p.IPs[0], ep, err, mac)
 		}
-		p.id = "third"
-		if err := ping(p.pod, nodeIP4, 2); err != nil {
+		p.ID = "third"
+		if err := testenv.Ping(p.Pod, testenv.NodeIP4, 2); err != nil {
 			t.Fatal(err)
 		}
-		e.mustDel(p.pod, "third")
-		e.assertClean()
+		e.MustDel(p.Pod, "third")
+		e.AssertClean()
 	})
 }
 
@@ -775,19 +625,19 @@ func staticIPAM(addrs ...string) map[string]any {
 // gateway routes: the node could no longer reach eth0's address.
 func TestIntegrityTwoInterfaces(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	e.ipam = staticIPAM("10.250.0.10/24", "fd00:250::10/64")
-	pod := e.newPod()
-	e.cleanupDel(pod, "multi")
-	eth0 := e.addAttachment(pod, "multi")
+	e := testenv.New(t)
+	e.IPAM = staticIPAM("10.250.0.10/24", "fd00:250::10/64")
+	pod := e.NewPod()
+	e.CleanupDel(pod, "multi")
+	eth0 := e.AddAttachment(pod, "multi")
 	stateB := t.TempDir()
-	netB := e.netList(randName("netb"), map[string]any{
-		"type": "ebpf-cni", "pinDir": e.pinDir, "stateDir": stateB,
+	netB := e.NetList(testenv.RandName("netb"), map[string]any{
+		"type": "ebpf-cni", "pinDir": e.PinDir, "stateDir": stateB,
 		"ipam": staticIPAM("10.251.0.10/24", "fd00:251::10/64"),
 	})
 	rtB := &libcni.RuntimeConf{ContainerID: "multi", NetNS: pod.Path(), IfName: "net1"}
-	t.Cleanup(func() { e.delList(netB, rtB) })
-	rB, err := e.addList(netB, rtB)
+	t.Cleanup(func() { e.DelList(netB, rtB) })
+	rB, err := e.AddList(netB, rtB)
 	if err != nil {
 		t.Fatalf("ADD net1: %v", err)
 	}
@@ -800,20 +650,20 @@ func TestIntegrityTwoInterfaces(t *testing.T) {
 	if v4, v6 := podDefaults(t, pod); v4 != "eth0" || v6 != "eth0" {
 		t.Fatalf("pod default routes after net1's ADD: v4 %q, v6 %q; want eth0 only", v4, v6)
 	}
-	net1Idx := e.hostIfindex(state.HostIfName("multi", "net1"))
-	m := e.maps()
+	net1Idx := e.HostIfindex(state.HostIfName("multi", "net1"))
+	m := e.Maps()
 	both := func(when string) {
 		t.Helper()
 		// The node reaches both addresses: each reply leaves through its own
 		// interface (counted on that host veth) and passes its checks.
-		for _, ip := range eth0.ips {
-			if err := ping(e.node, ip, 2); err != nil {
+		for _, ip := range eth0.IPs {
+			if err := testenv.Ping(e.Node, ip, 2); err != nil {
 				t.Errorf("%s: node to eth0's %s: %v", when, ip, err)
 			}
 		}
 		before := counter(t, m, net1Idx, maps.DirEgress, maps.ReasonForward).Packets
 		for _, ip := range net1IPs {
-			if err := ping(e.node, ip, 2); err != nil {
+			if err := testenv.Ping(e.Node, ip, 2); err != nil {
 				t.Errorf("%s: node to net1's %s: %v\n  net1: %s", when, ip, err, dumpCounters(m, net1Idx))
 			}
 		}
@@ -821,26 +671,26 @@ func TestIntegrityTwoInterfaces(t *testing.T) {
 			t.Errorf("%s: net1's host veth forwarded %d packets from the pod for 4 echo replies", when, got)
 		}
 		// Traffic the pod starts leaves by eth0, or by net1 from net1's address.
-		if err := ping(pod, nodeIP4, 2); err != nil {
+		if err := testenv.Ping(pod, testenv.NodeIP4, 2); err != nil {
 			t.Errorf("%s: pod to node: %v", when, err)
 		}
-		if err := pingFrom(pod, net1IPs[0], nodeIP4, 2); err != nil {
+		if err := pingFrom(pod, net1IPs[0], testenv.NodeIP4, 2); err != nil {
 			t.Errorf("%s: %v", when, err)
 		}
-		if err := pingFrom(pod, net1IPs[1], nodeIP6, 2); err != nil {
+		if err := pingFrom(pod, net1IPs[1], testenv.NodeIP6, 2); err != nil {
 			t.Errorf("%s: %v", when, err)
 		}
-		if err := e.check(pod, "multi", "eth0"); err != nil {
+		if err := e.Check(pod, "multi", "eth0"); err != nil {
 			t.Errorf("%s: CHECK eth0: %v", when, err)
 		}
 	}
 	both("with eth0 and net1")
-	if err := e.checkList(netB, rtB); err != nil {
+	if err := e.CheckList(netB, rtB); err != nil {
 		t.Errorf("CHECK net1: %v", err)
 	}
 	rulesBoth := podRules(t, pod)
 
-	if err := e.delList(netB, rtB); err != nil {
+	if err := e.DelList(netB, rtB); err != nil {
 		t.Fatalf("DEL net1: %v", err)
 	}
 	if v4, v6 := podDefaults(t, pod); v4 != "eth0" || v6 != "eth0" {
@@ -860,25 +710,25 @@ func TestIntegrityTwoInterfaces(t *testing.T) {
 	if ents, _ := os.ReadDir(filepath.Join(stateB, netB.Name)); len(ents) != 0 {
 		t.Errorf("net1's DEL left records: %v", ents)
 	}
-	if _, err := m.LookupNetns(e.netnsCookieOf(pod)); err != nil {
+	if _, err := m.LookupNetns(e.NetnsCookieOf(pod)); err != nil {
 		t.Errorf("net1's DEL removed the pod's netns entry, which eth0 still uses: %v", err)
 	}
-	for _, ip := range eth0.ips {
-		if err := ping(e.node, ip, 2); err != nil {
+	for _, ip := range eth0.IPs {
+		if err := testenv.Ping(e.Node, ip, 2); err != nil {
 			t.Errorf("after net1's DEL: %v", err)
 		}
 	}
-	if err := ping(pod, nodeIP6, 2); err != nil {
+	if err := testenv.Ping(pod, testenv.NodeIP6, 2); err != nil {
 		t.Errorf("after net1's DEL: %v", err)
 	}
-	if err := e.check(pod, "multi", "eth0"); err != nil {
+	if err := e.Check(pod, "multi", "eth0"); err != nil {
 		t.Errorf("CHECK eth0 after net1's DEL: %v", err)
 	}
-	e.mustDel(pod, "multi")
+	e.MustDel(pod, "multi")
 	if r := podRules(t, pod); len(r) != 0 {
 		t.Errorf("pod rules after both DELs: %v", r)
 	}
-	e.assertClean()
+	e.AssertClean()
 }
 
 // TestIntegrityInterfaceRouteConflict: two interfaces of one pod whose IPAM
@@ -886,23 +736,23 @@ func TestIntegrityTwoInterfaces(t *testing.T) {
 // naming the route and the interface holding it, and the first keeps it.
 func TestIntegrityInterfaceRouteConflict(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := testenv.New(t)
 	route := []map[string]string{{"dst": "10.96.0.0/12"}}
-	e.ipam = map[string]any{"type": "host-local", "dataDir": e.dataDir, "routes": route,
-		"ranges": [][]map[string]string{{{"subnet": podSubnet4}}}}
-	pod := e.newPod()
-	e.cleanupDel(pod, "rc")
-	eth0 := e.addAttachment(pod, "rc")
-	netB := e.netList(randName("netb"), map[string]any{
-		"type": "ebpf-cni", "pinDir": e.pinDir, "stateDir": t.TempDir(),
+	e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "routes": route,
+		"ranges": [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}}
+	pod := e.NewPod()
+	e.CleanupDel(pod, "rc")
+	eth0 := e.AddAttachment(pod, "rc")
+	netB := e.NetList(testenv.RandName("netb"), map[string]any{
+		"type": "ebpf-cni", "pinDir": e.PinDir, "stateDir": t.TempDir(),
 		"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(), "routes": route,
 			"ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}}},
 	})
 	rtB := &libcni.RuntimeConf{ContainerID: "rc", NetNS: pod.Path(), IfName: "net1"}
-	t.Cleanup(func() { e.delList(netB, rtB) })
-	_, err := e.addList(netB, rtB)
+	t.Cleanup(func() { e.DelList(netB, rtB) })
+	_, err := e.AddList(netB, rtB)
 	libcniErr(t, "net1 with eth0's route", err, codeInvalidConfig, "10.96.0.0/12", "eth0")
-	if err := e.delList(netB, rtB); err != nil {
+	if err := e.DelList(netB, rtB); err != nil {
 		t.Fatalf("DEL of the refused net1: %v", err)
 	}
 	var via string
@@ -917,14 +767,14 @@ func TestIntegrityInterfaceRouteConflict(t *testing.T) {
 	if strings.TrimSpace(via) != "eth0" {
 		t.Errorf("10.96.0.0/12 in the pod goes via %q, want eth0", via)
 	}
-	if err := e.check(pod, "rc", "eth0"); err != nil {
+	if err := e.Check(pod, "rc", "eth0"); err != nil {
 		t.Errorf("CHECK eth0: %v", err)
 	}
-	if err := ping(e.node, eth0.ips[0], 2); err != nil {
+	if err := testenv.Ping(e.Node, eth0.IPs[0], 2); err != nil {
 		t.Error(err)
 	}
-	e.mustDel(pod, "rc")
-	e.assertClean()
+	e.MustDel(pod, "rc")
+	e.AssertClean()
 }
 
 func linkNameIn(idx int) string {
@@ -932,21 +782,6 @@ func linkNameIn(idx int) string {
 		return l.Attrs().Name
 	}
 	return fmt.Sprint(idx)
-}
-
-// netnsCookieOf returns the netns cookie of a pod.
-func (e *env) netnsCookieOf(pod ns.NetNS) uint64 {
-	e.t.Helper()
-	var c uint64
-	err := pod.Do(func(ns.NetNS) error {
-		var err error
-		c, err = datapath.NetnsCookie()
-		return err
-	})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return c
 }
 
 // TestIntegrityOtherPluginInterface: the pod's other interface is another
@@ -958,123 +793,123 @@ func TestIntegrityOtherPluginInterface(t *testing.T) {
 	t.Parallel()
 	t.Run("ptp eth0, ebpf-cni net1", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t)
-		pod := e.newPod()
-		ptp := e.netList(randName("ptp"), map[string]any{
+		e := testenv.New(t)
+		pod := e.NewPod()
+		ptp := e.NetList(testenv.RandName("ptp"), map[string]any{
 			"type": "ptp",
 			"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(),
 				"ranges": [][]map[string]string{{{"subnet": "10.253.0.0/24"}}},
 				"routes": []map[string]string{{"dst": "0.0.0.0/0"}}},
 		})
 		rtP := &libcni.RuntimeConf{ContainerID: "mixed", NetNS: pod.Path(), IfName: "eth0"}
-		t.Cleanup(func() { e.delList(ptp, rtP) })
-		rP, err := e.addList(ptp, rtP)
+		t.Cleanup(func() { e.DelList(ptp, rtP) })
+		rP, err := e.AddList(ptp, rtP)
 		if err != nil {
 			t.Fatalf("ptp ADD: %v", err)
 		}
 		ptpIP := rP.IPs[0].Address.IP
-		e.cleanupDel(pod, "mixed")
-		rtE := e.rt(pod, "mixed", "net1")
+		e.CleanupDel(pod, "mixed")
+		rtE := e.RuntimeConf(pod, "mixed", "net1")
 		var res types.Result
-		err = e.inNode(func() error {
+		err = e.InNode(func() error {
 			var err error
-			res, err = e.cni.AddNetworkList(context.Background(), e.confList("1.1.0"), rtE)
+			res, err = e.CNI.AddNetworkList(context.Background(), e.ConfList("1.1.0"), rtE)
 			return err
 		})
 		if err != nil {
 			t.Fatalf("ebpf-cni ADD of net1: %v", err)
 		}
 		r, _ := current.NewResultFromResult(res)
-		v4, v6 := podIPs(t, r)
+		v4, v6 := testenv.PodIPs(t, r)
 		if d4, d6 := podDefaults(t, pod); d4 != "eth0" || d6 != "net1" {
 			t.Fatalf("pod default routes: v4 %q, v6 %q; want ptp's eth0 for v4, net1 for v6 (eth0 has none)", d4, d6)
 		}
 		// ptp's eth0 still works (its default route is intact) ...
-		if err := ping(e.node, ptpIP, 2); err != nil {
+		if err := testenv.Ping(e.Node, ptpIP, 2); err != nil {
 			t.Errorf("node to ptp's eth0 %s: %v", ptpIP, err)
 		}
 		// ... and so does net1, both ways, replies by net1.
 		for _, ip := range []net.IP{v4, v6} {
-			if err := ping(e.node, ip, 2); err != nil {
+			if err := testenv.Ping(e.Node, ip, 2); err != nil {
 				t.Errorf("node to net1's %s: %v", ip, err)
 			}
 		}
-		if err := pingFrom(pod, v4, nodeIP4, 2); err != nil {
+		if err := pingFrom(pod, v4, testenv.NodeIP4, 2); err != nil {
 			t.Error(err)
 		}
-		if err := e.check(pod, "mixed", "net1"); err != nil {
+		if err := e.Check(pod, "mixed", "net1"); err != nil {
 			t.Errorf("CHECK net1: %v", err)
 		}
-		if err := e.del(pod, "mixed", "net1"); err != nil {
+		if err := e.Del(pod, "mixed", "net1"); err != nil {
 			t.Fatal(err)
 		}
 		if d4, _ := podDefaults(t, pod); d4 != "eth0" {
 			t.Errorf("ptp's default route after net1's DEL: %q", d4)
 		}
-		if err := ping(e.node, ptpIP, 2); err != nil {
+		if err := testenv.Ping(e.Node, ptpIP, 2); err != nil {
 			t.Errorf("ptp's eth0 after net1's DEL: %v", err)
 		}
-		if err := e.delList(ptp, rtP); err != nil {
+		if err := e.DelList(ptp, rtP); err != nil {
 			t.Fatal(err)
 		}
-		e.assertClean()
+		e.AssertClean()
 	})
 
 	t.Run("ebpf-cni eth0, ptp net1", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t)
-		pod := e.newPod()
-		e.cleanupDel(pod, "mixed2")
-		a := e.addAttachment(pod, "mixed2")
-		ptp := e.netList(randName("ptp"), map[string]any{
+		e := testenv.New(t)
+		pod := e.NewPod()
+		e.CleanupDel(pod, "mixed2")
+		a := e.AddAttachment(pod, "mixed2")
+		ptp := e.NetList(testenv.RandName("ptp"), map[string]any{
 			"type": "ptp",
 			"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(),
 				"ranges": [][]map[string]string{{{"subnet": "10.253.0.0/24"}}}},
 		})
 		rtP := &libcni.RuntimeConf{ContainerID: "mixed2", NetNS: pod.Path(), IfName: "net1"}
-		t.Cleanup(func() { e.delList(ptp, rtP) })
-		rP, err := e.addList(ptp, rtP)
+		t.Cleanup(func() { e.DelList(ptp, rtP) })
+		rP, err := e.AddList(ptp, rtP)
 		if err != nil {
 			t.Fatalf("ptp ADD of net1: %v", err)
 		}
 		if d4, d6 := podDefaults(t, pod); d4 != "eth0" || d6 != "eth0" {
 			t.Errorf("pod default routes with ptp's net1: %q %q, want eth0's", d4, d6)
 		}
-		e.podReachable(t, pod, a.ips)
-		if err := ping(e.node, rP.IPs[0].Address.IP, 2); err != nil {
+		e.PodReachable(t, pod, a.IPs)
+		if err := testenv.Ping(e.Node, rP.IPs[0].Address.IP, 2); err != nil {
 			t.Errorf("node to ptp's net1: %v", err)
 		}
-		if err := e.check(pod, "mixed2", "eth0"); err != nil {
+		if err := e.Check(pod, "mixed2", "eth0"); err != nil {
 			t.Errorf("CHECK eth0 beside ptp's net1: %v", err)
 		}
-		if err := e.delList(ptp, rtP); err != nil {
+		if err := e.DelList(ptp, rtP); err != nil {
 			t.Fatal(err)
 		}
-		e.podReachable(t, pod, a.ips)
-		if err := e.check(pod, "mixed2", "eth0"); err != nil {
+		e.PodReachable(t, pod, a.IPs)
+		if err := e.Check(pod, "mixed2", "eth0"); err != nil {
 			t.Errorf("CHECK eth0 after ptp's DEL of net1: %v", err)
 		}
-		e.mustDel(pod, "mixed2")
-		e.assertClean()
+		e.MustDel(pod, "mixed2")
+		e.AssertClean()
 	})
 
 	t.Run("ebpf-cni eth0, hand-made net1", func(t *testing.T) {
 		t.Parallel()
-		e := newEnv(t)
-		pod := e.newPod()
-		e.cleanupDel(pod, "byhand")
-		a := e.addAttachment(pod, "byhand")
+		e := testenv.New(t)
+		pod := e.NewPod()
+		e.CleanupDel(pod, "byhand")
+		a := e.AddAttachment(pod, "byhand")
 		// net1: a veth pair with the peer in the node, an address and a
 		// route of its own, as another plugin would leave it.
-		peer := randName("hand")
-		err := e.inNode(func() error {
+		peer := testenv.RandName("hand")
+		err := e.InNode(func() error {
 			return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: peer}, PeerName: "net1",
 				PeerNamespace: netlink.NsFd(int(pod.Fd()))})
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { e.inNode(func() error { return deleteHostLink(peer) }) })
+		t.Cleanup(func() { e.InNode(func() error { return deleteHostLink(peer) }) })
 		err = pod.Do(func(ns.NetNS) error {
 			l, err := netlink.LinkByName("net1")
 			if err != nil {
@@ -1092,19 +927,19 @@ func TestIntegrityOtherPluginInterface(t *testing.T) {
 		if d4, d6 := podDefaults(t, pod); d4 != "eth0" || d6 != "eth0" {
 			t.Errorf("pod default routes: %q %q, want eth0's", d4, d6)
 		}
-		e.podReachable(t, pod, a.ips)
-		if err := e.check(pod, "byhand", "eth0"); err != nil {
+		e.PodReachable(t, pod, a.IPs)
+		if err := e.Check(pod, "byhand", "eth0"); err != nil {
 			t.Errorf("CHECK eth0 beside a hand-made net1: %v", err)
 		}
 		// DEL of eth0 keeps the hand-made interface.
-		e.mustDel(pod, "byhand")
+		e.MustDel(pod, "byhand")
 		pod.Do(func(ns.NetNS) error {
 			if _, err := netlink.LinkByName("net1"); err != nil {
 				t.Errorf("eth0's DEL removed the hand-made net1: %v", err)
 			}
 			return nil
 		})
-		e.assertClean()
+		e.AssertClean()
 	})
 }
 
@@ -1136,14 +971,14 @@ func podMACOf(t *testing.T, pod ns.NetNS, ifname string) net.HardwareAddr {
 // every packet of the pod was dropped as drop_spoof_mac.
 func TestIntegrityMACChange(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	e := testenv.New(t)
 	newMAC, _ := net.ParseMAC("02:42:ac:11:00:99")
-	list := e.netList(e.name, e.pluginConf(), map[string]any{"type": "tuning", "mac": newMAC.String(), "dataDir": t.TempDir()})
-	pod, other := e.newPod(), e.newPod()
-	rt := e.rt(pod, "tuned", "eth0")
-	t.Cleanup(func() { e.delList(list, rt) })
-	e.cleanupDel(other, "other")
-	r, err := e.addList(list, rt)
+	list := e.NetList(e.Name, e.PluginConf(), map[string]any{"type": "tuning", "mac": newMAC.String(), "dataDir": t.TempDir()})
+	pod, other := e.NewPod(), e.NewPod()
+	rt := e.RuntimeConf(pod, "tuned", "eth0")
+	t.Cleanup(func() { e.DelList(list, rt) })
+	e.CleanupDel(other, "other")
+	r, err := e.AddList(list, rt)
 	if err != nil {
 		t.Fatalf("ADD ebpf-cni + tuning: %v", err)
 	}
@@ -1158,22 +993,22 @@ func TestIntegrityMACChange(t *testing.T) {
 		}
 		return nil
 	})
-	v4, v6 := podIPs(t, r)
-	hostIf, idx := e.hostVeth("tuned")
-	m := e.maps()
+	v4, v6 := testenv.PodIPs(t, r)
+	hostIf, idx := e.HostVeth("tuned")
+	m := e.Maps()
 	// The node first: a server pod that never spoke must answer.
 	for _, ip := range []net.IP{v4, v6} {
-		if err := tcpTransfer(e.node, pod, ip, 64<<10); err != nil {
+		if err := testenv.TCPTransfer(e.Node, pod, ip, 64<<10); err != nil {
 			t.Errorf("node to the retuned pod %s: %v\n  %s: %s", ip, err, hostIf, dumpCounters(m, idx))
 		}
 	}
-	o := e.add(other, "other")
-	o4, o6 := podIPs(t, o)
+	o := e.Add(other, "other")
+	o4, o6 := testenv.PodIPs(t, o)
 	for _, c := range []struct {
 		src, dst ns.NetNS
 		ip       net.IP
 	}{{other, pod, v4}, {other, pod, v6}, {pod, other, o4}, {pod, other, o6}} {
-		if err := tcpTransfer(c.src, c.dst, c.ip, 64<<10); err != nil {
+		if err := testenv.TCPTransfer(c.src, c.dst, c.ip, 64<<10); err != nil {
 			t.Errorf("pod to pod %s: %v\n  %s: %s", c.ip, err, hostIf, dumpCounters(m, idx))
 		}
 	}
@@ -1183,7 +1018,7 @@ func TestIntegrityMACChange(t *testing.T) {
 	if c := counter(t, m, idx, maps.DirEgress, maps.ReasonDropSpoofMAC); c.Packets != 0 {
 		t.Errorf("%d packets of the retuned pod dropped as drop_spoof_mac", c.Packets)
 	}
-	if err := e.checkList(list, rt); err != nil {
+	if err := e.CheckList(list, rt); err != nil {
 		t.Errorf("CHECK of ebpf-cni + tuning: %v", err)
 	}
 
@@ -1205,10 +1040,10 @@ func TestIntegrityMACChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ping(pod, nodeIP4, 2); err != nil {
+	if err := testenv.Ping(pod, testenv.NodeIP4, 2); err != nil {
 		t.Errorf("pod after changing its MAC: %v", err)
 	}
-	if err := tcpTransfer(other, pod, v6, 64<<10); err != nil {
+	if err := testenv.TCPTransfer(other, pod, v6, 64<<10); err != nil {
 		t.Errorf("to the pod over IPv6 after it spoke IPv4 only: %v", err)
 	}
 	if li, _ := m.LookupLink(idx); net.HardwareAddr(li.Mac[:]).String() != mine.String() {
@@ -1217,20 +1052,20 @@ func TestIntegrityMACChange(t *testing.T) {
 	// A group address is no host's: such a source is dropped, never learned.
 	before := counter(t, m, idx, maps.DirEgress, maps.ReasonDropSpoofMAC).Packets
 	group, _ := net.ParseMAC("03:00:5e:00:00:01")
-	podRaw(t, pod, "eth0", ipv4UDPFrame(group, hostMACOf(m, idx), v4, nodeIP4))
+	podRaw(t, pod, "eth0", ipv4UDPFrame(group, hostMACOf(m, idx), v4, testenv.NodeIP4))
 	waitCounter(t, m, idx, maps.ReasonDropSpoofMAC, before+1)
 	if li, _ := m.LookupLink(idx); net.HardwareAddr(li.Mac[:]).String() != mine.String() {
 		t.Errorf("a group source MAC was learned: %v", net.HardwareAddr(li.Mac[:]))
 	}
-	if err := ping(pod, nodeIP6, 2); err != nil {
+	if err := testenv.Ping(pod, testenv.NodeIP6, 2); err != nil {
 		t.Errorf("pod after the group-MAC frame: %v", err)
 	}
 
-	if err := e.delList(list, rt); err != nil {
+	if err := e.DelList(list, rt); err != nil {
 		t.Fatal(err)
 	}
-	e.mustDel(other, "other")
-	e.assertClean()
+	e.MustDel(other, "other")
+	e.AssertClean()
 }
 
 // hostMACOf is the host veth MAC the datapath stored for an ifindex.
@@ -1261,9 +1096,9 @@ func waitCounter(t *testing.T, m *maps.Maps, idx int, r maps.Reason, want uint64
 // a malformed or group address is refused (7, 4) and leaves nothing.
 func TestIntegrityRequestedMAC(t *testing.T) {
 	t.Parallel()
-	newMACEnv := func(t *testing.T) *env {
-		e := newEnv(t)
-		e.extra = map[string]any{"capabilities": map[string]bool{"mac": true}}
+	newMACEnv := func(t *testing.T) *testenv.Env {
+		e := testenv.New(t)
+		e.Extra = map[string]any{"capabilities": map[string]bool{"mac": true}}
 		return e
 	}
 	for _, c := range []struct {
@@ -1275,16 +1110,16 @@ func TestIntegrityRequestedMAC(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newMACEnv(t)
-			pod := e.newPod()
-			rt := e.rt(pod, "mac", "eth0")
+			pod := e.NewPod()
+			rt := e.RuntimeConf(pod, "mac", "eth0")
 			if c.capMAC != "" {
 				rt.CapabilityArgs = map[string]any{"mac": c.capMAC}
 			}
 			if c.argMAC != "" {
 				rt.Args = [][2]string{{"IgnoreUnknown", "1"}, {"MAC", c.argMAC}}
 			}
-			t.Cleanup(func() { e.delList(e.confList("1.1.0"), rt) })
-			r, err := e.addList(e.confList("1.1.0"), rt)
+			t.Cleanup(func() { e.DelList(e.ConfList("1.1.0"), rt) })
+			r, err := e.AddList(e.ConfList("1.1.0"), rt)
 			if err != nil {
 				t.Fatalf("ADD: %v", err)
 			}
@@ -1296,13 +1131,13 @@ func TestIntegrityRequestedMAC(t *testing.T) {
 					t.Errorf("result reports %s for %s, want %s", i.Mac, i.Name, c.want)
 				}
 			}
-			if err := ping(pod, nodeIP4, 2); err != nil {
+			if err := testenv.Ping(pod, testenv.NodeIP4, 2); err != nil {
 				t.Error(err)
 			}
-			if err := e.delList(e.confList("1.1.0"), rt); err != nil {
+			if err := e.DelList(e.ConfList("1.1.0"), rt); err != nil {
 				t.Fatal(err)
 			}
-			e.assertClean()
+			e.AssertClean()
 		})
 	}
 	for _, c := range []struct {
@@ -1319,19 +1154,19 @@ func TestIntegrityRequestedMAC(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newMACEnv(t)
-			pod := e.newPod()
+			pod := e.NewPod()
 			envv := pluginEnv("ADD", "badmac", pod, "eth0")
 			if c.argMAC != "" {
 				envv["CNI_ARGS"] = "IgnoreUnknown=1;MAC=" + c.argMAC
 			}
-			stdin := e.stdinConf(func(m map[string]any) {
+			stdin := e.StdinConf(func(m map[string]any) {
 				if c.capMAC != "" {
 					m["runtimeConfig"] = map[string]any{"mac": c.capMAC}
 				}
 			})
-			out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), envv, stdin)
+			out, err := e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), envv, stdin)
 			wantPluginError(t, c.name, out, err, c.code, c.msg)
-			e.assertClean()
+			e.AssertClean()
 		})
 	}
 }
@@ -1435,23 +1270,6 @@ func routerAdvert(mac net.HardwareAddr) []byte {
 
 // ---- 9. Pods cannot reconfigure the node -----------------------------------
 
-// nodeV6Defaults lists the node's IPv6 default routes through a link.
-func (e *env) nodeV6Defaults(ifindex int) []netlink.Route {
-	var out []netlink.Route
-	e.inNode(func() error {
-		rs, _ := netlink.RouteList(nil, netlink.FAMILY_V6)
-		for _, r := range rs {
-			if r.LinkIndex == ifindex && (r.Dst == nil || isDefaultNet(r.Dst)) {
-				out = append(out, r)
-			}
-		}
-		return nil
-	})
-	return out
-}
-
-func isDefaultNet(n *net.IPNet) bool { ones, _ := n.Mask.Size(); return ones == 0 }
-
 // TestIntegrityRouterAdvert: a pod's router advertisements and redirects
 // never reach the node: on a node whose host veth accepts RAs even while
 // forwarding (accept_ra=2), a pod's RA installed a default route through the
@@ -1460,19 +1278,19 @@ func isDefaultNet(n *net.IPNet) bool { ones, _ := n.Mask.Size(); return ones == 
 // drop_router_msg, and the pod's other traffic flows.
 func TestIntegrityRouterAdvert(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	pod := e.newPod()
-	e.cleanupDel(pod, "ra")
-	r := e.add(pod, "ra")
-	v4, v6 := podIPs(t, r)
-	hostIf, idx := e.hostVeth("ra")
-	err := e.inNode(func() error {
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "ra")
+	r := e.Add(pod, "ra")
+	v4, v6 := testenv.PodIPs(t, r)
+	hostIf, idx := e.HostVeth("ra")
+	err := e.InNode(func() error {
 		return os.WriteFile("/proc/sys/net/ipv6/conf/"+hostIf+"/accept_ra", []byte("2"), 0o644)
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := e.maps()
+	m := e.Maps()
 	podMAC := podMACOf(t, pod, "eth0")
 	hostMAC := hostMACOf(m, idx)
 	allNodes, _ := net.ParseMAC("33:33:00:00:00:01")
@@ -1490,8 +1308,8 @@ func TestIntegrityRouterAdvert(t *testing.T) {
 			[][]byte{{0, 0xff, 0, 0, 0, 0, 0, 7}}, ra)},
 		{"RA from the pod's global address", ipv6Frame(podMAC, allNodes, v6, net.ParseIP("ff02::1"), 255, nil, ra)},
 		{"ICMPv6 redirect", ipv6Frame(podMAC, hostMAC, ll, net.ParseIP("fe80::1"), 255, nil,
-			append([]byte{137, 0, 0, 0, 0, 0, 0, 0}, append(net.ParseIP("fe80::42").To16(), nodeIP6.To16()...)...))},
-		{"ICMP redirect", ipv4Frame(podMAC, hostMAC, v4, nodeIP4, 1,
+			append([]byte{137, 0, 0, 0, 0, 0, 0, 0}, append(net.ParseIP("fe80::42").To16(), testenv.NodeIP6.To16()...)...))},
+		{"ICMP redirect", ipv4Frame(podMAC, hostMAC, v4, testenv.NodeIP4, 1,
 			icmp4([]byte{5, 1, 0, 0, 10, 250, 0, 99, 0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 192, 0, 2, 1, 10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0}))},
 	}
 	for _, c := range cases {
@@ -1501,12 +1319,12 @@ func TestIntegrityRouterAdvert(t *testing.T) {
 	}
 	// Each frame was counted as dropped by the pod's host veth program, so
 	// the node never received it: its routes are checked as they are.
-	if rs := e.nodeV6Defaults(idx); len(rs) > 0 {
+	if rs := e.NodeV6Defaults(idx); len(rs) > 0 {
 		t.Errorf("the pod's RA gave the node a default route: %v", rs)
 	}
-	e.podReachable(t, pod, []net.IP{v4, v6})
-	e.mustDel(pod, "ra")
-	e.assertClean()
+	e.PodReachable(t, pod, []net.IP{v4, v6})
+	e.MustDel(pod, "ra")
+	e.AssertClean()
 }
 
 // icmp4 fills in an ICMP message's checksum.
@@ -1525,58 +1343,58 @@ func icmp4(b []byte) []byte {
 // rule or table. Before, CHECK passed with the route deleted or the veth down.
 func TestIntegrityCheck(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	e.extra = map[string]any{"mtu": 1400}
+	e := testenv.New(t)
+	e.Extra = map[string]any{"mtu": 1400}
 	inNode := func(t *testing.T, f func() error) {
 		t.Helper()
-		if err := e.inNode(f); err != nil {
+		if err := e.InNode(f); err != nil {
 			t.Fatal(err)
 		}
 	}
-	inPod := func(t *testing.T, p *attachment, f func() error) {
+	inPod := func(t *testing.T, p *testenv.Attachment, f func() error) {
 		t.Helper()
-		if err := p.pod.Do(func(ns.NetNS) error { return f() }); err != nil {
+		if err := p.Pod.Do(func(ns.NetNS) error { return f() }); err != nil {
 			t.Fatal(err)
 		}
 	}
 	cases := []struct {
 		name   string
-		damage func(t *testing.T, p *attachment)
-		want   func(p *attachment) []string
+		damage func(t *testing.T, p *testenv.Attachment)
+		want   func(p *testenv.Attachment) []string
 	}{
-		{"node route to the pod deleted", func(t *testing.T, p *attachment) {
+		{"node route to the pod deleted", func(t *testing.T, p *testenv.Attachment) {
 			inNode(t, func() error {
-				return netlink.RouteDel(&netlink.Route{LinkIndex: p.ifindex, Scope: netlink.SCOPE_LINK, Dst: &net.IPNet{IP: p.ips[0], Mask: net.CIDRMask(32, 32)}})
+				return netlink.RouteDel(&netlink.Route{LinkIndex: p.Ifindex, Scope: netlink.SCOPE_LINK, Dst: &net.IPNet{IP: p.IPs[0], Mask: net.CIDRMask(32, 32)}})
 			})
-		}, func(p *attachment) []string { return []string{"no route", p.ips[0].String(), p.hostIf} }},
-		{"node route to the pod moved to another link", func(t *testing.T, p *attachment) {
-			r := &netlink.Route{Dst: &net.IPNet{IP: p.ips[1], Mask: net.CIDRMask(128, 128)}}
+		}, func(p *testenv.Attachment) []string { return []string{"no route", p.IPs[0].String(), p.HostIf} }},
+		{"node route to the pod moved to another link", func(t *testing.T, p *testenv.Attachment) {
+			r := &netlink.Route{Dst: &net.IPNet{IP: p.IPs[1], Mask: net.CIDRMask(128, 128)}}
 			inNode(t, func() error {
 				lo, _ := netlink.LinkByName("lo")
 				r.LinkIndex = lo.Attrs().Index
 				return netlink.RouteReplace(r)
 			})
-			t.Cleanup(func() { e.inNode(func() error { return netlink.RouteDel(r) }) })
-		}, func(p *attachment) []string { return []string{p.ips[1].String(), "link lo", p.hostIf} }},
-		{"host veth down", func(t *testing.T, p *attachment) {
+			t.Cleanup(func() { e.InNode(func() error { return netlink.RouteDel(r) }) })
+		}, func(p *testenv.Attachment) []string { return []string{p.IPs[1].String(), "link lo", p.HostIf} }},
+		{"host veth down", func(t *testing.T, p *testenv.Attachment) {
 			inNode(t, func() error {
-				l, err := netlink.LinkByName(p.hostIf)
+				l, err := netlink.LinkByName(p.HostIf)
 				if err != nil {
 					return err
 				}
 				return netlink.LinkSetDown(l)
 			})
-		}, func(p *attachment) []string { return []string{p.hostIf, "down"} }},
-		{"host veth MTU changed", func(t *testing.T, p *attachment) {
+		}, func(p *testenv.Attachment) []string { return []string{p.HostIf, "down"} }},
+		{"host veth MTU changed", func(t *testing.T, p *testenv.Attachment) {
 			inNode(t, func() error {
-				l, err := netlink.LinkByName(p.hostIf)
+				l, err := netlink.LinkByName(p.HostIf)
 				if err != nil {
 					return err
 				}
 				return netlink.LinkSetMTU(l, 1300)
 			})
-		}, func(p *attachment) []string { return []string{p.hostIf, "MTU 1300", "1400"} }},
-		{"pod MTU changed", func(t *testing.T, p *attachment) {
+		}, func(p *testenv.Attachment) []string { return []string{p.HostIf, "MTU 1300", "1400"} }},
+		{"pod MTU changed", func(t *testing.T, p *testenv.Attachment) {
 			inPod(t, p, func() error {
 				l, err := netlink.LinkByName("eth0")
 				if err != nil {
@@ -1584,8 +1402,8 @@ func TestIntegrityCheck(t *testing.T) {
 				}
 				return netlink.LinkSetMTU(l, 1280)
 			})
-		}, func(p *attachment) []string { return []string{"eth0", "MTU 1280", p.hostIf} }},
-		{"pod MAC changed silently", func(t *testing.T, p *attachment) {
+		}, func(p *testenv.Attachment) []string { return []string{"eth0", "MTU 1280", p.HostIf} }},
+		{"pod MAC changed silently", func(t *testing.T, p *testenv.Attachment) {
 			inPod(t, p, func() error {
 				// No announcement, and no IPv6 (a young interface sends
 				// router solicitations and MLD reports the datapath would
@@ -1606,23 +1424,23 @@ func TestIntegrityCheck(t *testing.T) {
 				mac, _ := net.ParseMAC("02:99:99:99:99:99")
 				return netlink.LinkSetHardwareAddr(l, mac)
 			})
-		}, func(p *attachment) []string { return []string{"eth0", "02:99:99:99:99:99", "cni_links"} }},
-		{"pod rule deleted", func(t *testing.T, p *attachment) {
+		}, func(p *testenv.Attachment) []string { return []string{"eth0", "02:99:99:99:99:99", "cni_links"} }},
+		{"pod rule deleted", func(t *testing.T, p *testenv.Attachment) {
 			inPod(t, p, func() error {
 				rs, err := netlink.RuleList(netlink.FAMILY_V4)
 				if err != nil {
 					return err
 				}
 				for _, r := range rs {
-					if r.Src != nil && r.Src.IP.Equal(p.ips[0]) {
+					if r.Src != nil && r.Src.IP.Equal(p.IPs[0]) {
 						return netlink.RuleDel(&r)
 					}
 				}
 				return errors.New("no rule from the pod's address")
 			})
-		}, func(p *attachment) []string { return []string{"rule", p.ips[0].String(), "missing"} }},
-		{"program detached", func(t *testing.T, p *attachment) {
-			l, err := link.LoadPinnedLink(datapath.LinkPinPath(e.pinDir, p.hostIf, "egress"), nil)
+		}, func(p *testenv.Attachment) []string { return []string{"rule", p.IPs[0].String(), "missing"} }},
+		{"program detached", func(t *testing.T, p *testenv.Attachment) {
+			l, err := link.LoadPinnedLink(datapath.LinkPinPath(e.PinDir, p.HostIf, "egress"), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1630,26 +1448,26 @@ func TestIntegrityCheck(t *testing.T) {
 			if err := l.Detach(); err != nil { // at once; dropping the pin detaches later
 				t.Fatal(err)
 			}
-		}, func(p *attachment) []string { return []string{"not attached", p.hostIf, "egress"} }},
+		}, func(p *testenv.Attachment) []string { return []string{"not attached", p.HostIf, "egress"} }},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			id := fmt.Sprintf("chk-%d", i)
-			pod := e.newPod()
-			e.cleanupDel(pod, id)
-			p := e.addAttachment(pod, id)
-			if err := e.check(pod, id, "eth0"); err != nil {
+			pod := e.NewPod()
+			e.CleanupDel(pod, id)
+			p := e.AddAttachment(pod, id)
+			if err := e.Check(pod, id, "eth0"); err != nil {
 				t.Fatalf("CHECK right after ADD: %v", err)
 			}
 			c.damage(t, p)
-			err := e.check(pod, id, "eth0")
+			err := e.Check(pod, id, "eth0")
 			wantErrContains(t, "CHECK after: "+c.name, err, c.want(p)...)
-			if err := e.del(pod, id, "eth0"); err != nil {
+			if err := e.Del(pod, id, "eth0"); err != nil {
 				t.Fatalf("DEL of the damaged pod: %v", err)
 			}
 		})
 	}
-	e.assertClean()
+	e.AssertClean()
 }
 
 // ---- 8. Files --------------------------------------------------------------
@@ -1660,67 +1478,67 @@ func TestIntegrityCheck(t *testing.T) {
 // any length work (long ones hashed in file names, the record keeps the ID).
 func TestIntegrityFiles(t *testing.T) {
 	t.Parallel()
-	add := func(e *env, id string) ([]byte, error) {
-		return e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("ADD", id, e.newPod(), "eth0"), e.stdinConf(nil))
+	add := func(e *testenv.Env, id string) ([]byte, error) {
+		return e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), pluginEnv("ADD", id, e.NewPod(), "eth0"), e.StdinConf(nil))
 	}
 
 	for _, c := range []struct {
 		name  string
-		setup func(t *testing.T, e *env) string // returns the directory named in the error
+		setup func(t *testing.T, e *testenv.Env) string // returns the directory named in the error
 		field string
 		msg   string
 	}{
-		{"stateDir owned by another user", func(t *testing.T, e *env) string {
-			must(t, os.Chown(e.stateDir, 4242, 4242))
-			return e.stateDir
+		{"stateDir owned by another user", func(t *testing.T, e *testenv.Env) string {
+			must(t, os.Chown(e.StateDir, 4242, 4242))
+			return e.StateDir
 		}, "stateDir", "owned by uid 4242"},
-		{"stateDir writable by others", func(t *testing.T, e *env) string {
-			must(t, os.Chmod(e.stateDir, 0o777))
-			return e.stateDir
+		{"stateDir writable by others", func(t *testing.T, e *testenv.Env) string {
+			must(t, os.Chmod(e.StateDir, 0o777))
+			return e.StateDir
 		}, "stateDir", "writable by group or others"},
-		{"network directory writable by group", func(t *testing.T, e *env) string {
-			d := filepath.Join(e.stateDir, e.name)
+		{"network directory writable by group", func(t *testing.T, e *testenv.Env) string {
+			d := filepath.Join(e.StateDir, e.Name)
 			must(t, os.Mkdir(d, 0o770))
 			must(t, os.Chmod(d, 0o770))
 			return d
 		}, "stateDir", "writable by group or others"},
-		{"parent of stateDir writable by others", func(t *testing.T, e *env) string {
+		{"parent of stateDir writable by others", func(t *testing.T, e *testenv.Env) string {
 			open := filepath.Join(t.TempDir(), "open")
 			must(t, os.Mkdir(open, 0o777))
 			must(t, os.Chmod(open, 0o777))
-			e.stateDir = filepath.Join(open, "state")
+			e.StateDir = filepath.Join(open, "state")
 			return open
 		}, "stateDir", "a parent of"},
-		{"pinDir writable by others", func(t *testing.T, e *env) string {
-			must(t, os.Mkdir(e.pinDir, 0o777))
-			must(t, os.Chmod(e.pinDir, 0o777))
-			return e.pinDir
+		{"pinDir writable by others", func(t *testing.T, e *testenv.Env) string {
+			must(t, os.Mkdir(e.PinDir, 0o777))
+			must(t, os.Chmod(e.PinDir, 0o777))
+			return e.PinDir
 		}, "pinDir", "writable by group or others"},
-		{"pinDir owned by another user", func(t *testing.T, e *env) string {
-			must(t, os.Mkdir(e.pinDir, 0o700))
-			must(t, os.Chown(e.pinDir, 4242, 4242))
-			return e.pinDir
+		{"pinDir owned by another user", func(t *testing.T, e *testenv.Env) string {
+			must(t, os.Mkdir(e.PinDir, 0o700))
+			must(t, os.Chown(e.PinDir, 4242, 4242))
+			return e.PinDir
 		}, "pinDir", "owned by uid 4242"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t)
+			e := testenv.New(t)
 			dir := c.setup(t, e)
 			out, err := add(e, "files")
 			wantPluginError(t, "ADD", out, err, codeInvalidConfig, c.field, dir, c.msg)
-			out, err = e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("DEL", "files", nil, "eth0"), e.stdinConf(nil))
+			out, err = e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), pluginEnv("DEL", "files", nil, "eth0"), e.StdinConf(nil))
 			wantPluginError(t, "DEL", out, err, codeInvalidConfig, c.field, c.msg)
-			e.assertClean()
-			if _, err := os.Stat(datapath.MapsDir(e.pinDir)); err == nil {
-				t.Errorf("the refused ADD set up the datapath in %s", e.pinDir)
+			e.AssertClean()
+			if _, err := os.Stat(datapath.MapsDir(e.PinDir)); err == nil {
+				t.Errorf("the refused ADD set up the datapath in %s", e.PinDir)
 			}
 		})
 	}
 
 	t.Run("planted symlinks", func(t *testing.T) {
-		e := newEnv(t)
+		e := testenv.New(t)
 		victim := filepath.Join(t.TempDir(), "victim")
 		must(t, os.WriteFile(victim, []byte("precious"), 0o600))
-		dir := filepath.Join(e.stateDir, e.name)
+		dir := filepath.Join(e.StateDir, e.Name)
 		must(t, os.MkdirAll(dir, 0o700))
 		// Where the record of "a" goes, and where a predictable temp file
 		// of "b"'s record would go.
@@ -1740,42 +1558,42 @@ func TestIntegrityFiles(t *testing.T) {
 		if fi, err := os.Lstat(filepath.Join(dir, "b_eth0.json")); err != nil || !fi.Mode().IsRegular() {
 			t.Errorf("b's record: %v %v", fi, err)
 		}
-		if out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("DEL", "b", nil, "eth0"), e.stdinConf(nil)); err != nil {
+		if out, err := e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), pluginEnv("DEL", "b", nil, "eth0"), e.StdinConf(nil)); err != nil {
 			t.Fatalf("DEL b: %v\n%s", err, out)
 		}
 		os.Remove(filepath.Join(dir, "a_eth0.json"))
 		os.Remove(filepath.Join(dir, "b_eth0.json.tmp"))
-		e.assertClean()
+		e.AssertClean()
 	})
 
 	// The network name names a directory under stateDir.
 	t.Run("network name leaving stateDir", func(t *testing.T) {
-		e := newEnv(t)
+		e := testenv.New(t)
 		escape := filepath.Join(t.TempDir(), "escape")
-		rel, err := filepath.Rel(e.stateDir, escape)
+		rel, err := filepath.Rel(e.StateDir, escape)
 		must(t, err)
-		stdin := e.stdinConf(func(c map[string]any) { c["name"] = rel })
-		pod := e.newPod()
-		out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("ADD", "esc", pod, "eth0"), stdin)
+		stdin := e.StdinConf(func(c map[string]any) { c["name"] = rel })
+		pod := e.NewPod()
+		out, err := e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), pluginEnv("ADD", "esc", pod, "eth0"), stdin)
 		wantPluginError(t, "ADD with network name "+rel, out, err, codeInvalidConfig, "name", rel)
 		if _, err := os.Stat(escape); err == nil {
 			t.Errorf("the ADD wrote %s, outside stateDir", escape)
 		}
-		e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("DEL", "esc", pod, "eth0"), stdin)
-		e.assertClean()
+		e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), pluginEnv("DEL", "esc", pod, "eth0"), stdin)
+		e.AssertClean()
 	})
 
 	// A record write killed between creating its temp file and renaming it
 	// leaves the temp file; GC removes it once it is a minute old.
 	t.Run("temp file of a killed write", func(t *testing.T) {
-		e := newEnv(t)
-		dir := filepath.Join(e.stateDir, e.name)
+		e := testenv.New(t)
+		dir := filepath.Join(e.StateDir, e.Name)
 		must(t, os.MkdirAll(dir, 0o700))
 		old, fresh := filepath.Join(dir, ".x_eth0.json.0123456789abcdef.tmp"), filepath.Join(dir, ".y_eth0.json.0123456789abcdef.tmp")
 		must(t, os.WriteFile(old, []byte("{"), 0o600))
 		must(t, os.WriteFile(fresh, []byte("{"), 0o600))
 		must(t, os.Chtimes(old, time.Now().Add(-2*time.Minute), time.Now().Add(-2*time.Minute)))
-		if err := e.gc(); err != nil {
+		if err := e.GC(); err != nil {
 			t.Fatalf("GC: %v", err)
 		}
 		if _, err := os.Stat(old); err == nil {
@@ -1785,22 +1603,22 @@ func TestIntegrityFiles(t *testing.T) {
 			t.Errorf("GC removed a fresh temp file (a write in progress): %v", err)
 		}
 		os.Remove(fresh)
-		e.assertClean()
+		e.AssertClean()
 	})
 
 	t.Run("long container IDs", func(t *testing.T) {
-		e := newEnv(t)
+		e := testenv.New(t)
 		long := strings.Repeat("c0ffee", 50) // 300 characters
 		ids := []string{long + "-a", long + "-b", strings.Repeat("d", 5000)}
 		pods := map[string]ns.NetNS{}
 		for _, id := range ids {
-			pods[id] = e.newPod()
-			out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("ADD", id, pods[id], "eth0"), e.stdinConf(nil))
+			pods[id] = e.NewPod()
+			out, err := e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), pluginEnv("ADD", id, pods[id], "eth0"), e.StdinConf(nil))
 			if err != nil {
 				t.Fatalf("ADD with a %d-character container ID: %v\n%s", len(id), err, out)
 			}
 		}
-		recs, err := e.store().List()
+		recs, err := e.Store().List()
 		if err != nil || len(recs) != len(ids) {
 			t.Fatalf("records: %d (%v), want %d", len(recs), err, len(ids))
 		}
@@ -1814,17 +1632,17 @@ func TestIntegrityFiles(t *testing.T) {
 			}
 		}
 		// The claim works with hashed names too: a repeated ADD is refused.
-		out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("ADD", ids[0], pods[ids[0]], "eth0"), e.stdinConf(nil))
+		out, err := e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), pluginEnv("ADD", ids[0], pods[ids[0]], "eth0"), e.StdinConf(nil))
 		wantPluginError(t, "repeated ADD of a long ID", out, err, codeInvalidEnv, "exists already")
-		if err := ping(pods[ids[2]], nodeIP4, 2); err != nil {
+		if err := testenv.Ping(pods[ids[2]], testenv.NodeIP4, 2); err != nil {
 			t.Error(err)
 		}
 		for _, id := range ids {
-			if out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("DEL", id, pods[id], "eth0"), e.stdinConf(nil)); err != nil {
+			if out, err := e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), pluginEnv("DEL", id, pods[id], "eth0"), e.StdinConf(nil)); err != nil {
 				t.Fatalf("DEL of a %d-character ID: %v\n%s", len(id), err, out)
 			}
 		}
-		e.assertClean()
+		e.AssertClean()
 	})
 }
 
@@ -1852,79 +1670,79 @@ func failingIPAM(t *testing.T) string {
 // the spec's code, names what is wrong, and leaves nothing.
 func TestIntegrityErrors(t *testing.T) {
 	t.Parallel()
-	add := func(e *env, id string) ([]byte, error) {
-		return e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("ADD", id, e.newPod(), "eth0"), e.stdinConf(nil))
+	add := func(e *testenv.Env, id string) ([]byte, error) {
+		return e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), pluginEnv("ADD", id, e.NewPod(), "eth0"), e.StdinConf(nil))
 	}
 	bad := failingIPAM(t)
 	cases := []struct {
 		name    string
-		conf    func(e *env, c map[string]any)
-		envEdit func(e *env, envv map[string]string)
+		conf    func(e *testenv.Env, c map[string]any)
+		envEdit func(e *testenv.Env, envv map[string]string)
 		code    uint
 		msg     []string
 		noPins  bool // refused before the datapath is touched
 		ipamDel bool // the IPAM plugin refuses the DEL itself
 	}{
 		{name: "IPAM plugin killed by a signal",
-			conf:    func(e *env, c map[string]any) { c["ipam"] = map[string]any{"type": "crashing-ipam"} },
-			envEdit: func(e *env, envv map[string]string) { envv["CNI_PATH"] = bad + ":" + binDir },
+			conf:    func(e *testenv.Env, c map[string]any) { c["ipam"] = map[string]any{"type": "crashing-ipam"} },
+			envEdit: func(e *testenv.Env, envv map[string]string) { envv["CNI_PATH"] = bad + ":" + testenv.BinDir },
 			code:    types.ErrInternal, msg: []string{"crashing-ipam"}, ipamDel: true},
 		{name: "IPAM plugin exits with no error",
-			conf:    func(e *env, c map[string]any) { c["ipam"] = map[string]any{"type": "silent-ipam"} },
-			envEdit: func(e *env, envv map[string]string) { envv["CNI_PATH"] = bad + ":" + binDir },
+			conf:    func(e *testenv.Env, c map[string]any) { c["ipam"] = map[string]any{"type": "silent-ipam"} },
+			envEdit: func(e *testenv.Env, envv map[string]string) { envv["CNI_PATH"] = bad + ":" + testenv.BinDir },
 			code:    types.ErrInternal, msg: []string{"silent-ipam"}, ipamDel: true},
 		{name: "CNI_NETNS is the node's netns",
-			envEdit: func(e *env, envv map[string]string) { envv["CNI_NETNS"] = e.node.Path() },
+			envEdit: func(e *testenv.Env, envv map[string]string) { envv["CNI_NETNS"] = e.Node.Path() },
 			code:    codeInvalidEnv, msg: []string{"CNI_NETNS", "node's own"}, noPins: true, ipamDel: true},
 		{name: "CNI_NETNS is a regular file",
-			envEdit: func(e *env, envv map[string]string) {
-				f := filepath.Join(e.t.TempDir(), "not-a-netns")
+			envEdit: func(e *testenv.Env, envv map[string]string) {
+				f := filepath.Join(e.T.TempDir(), "not-a-netns")
 				os.WriteFile(f, nil, 0o600)
 				envv["CNI_NETNS"] = f
 			},
 			code: codeInvalidEnv, msg: []string{"CNI_NETNS"}, noPins: true},
 		{name: "CNI_NETNS is another kind of namespace",
-			envEdit: func(e *env, envv map[string]string) { envv["CNI_NETNS"] = "/proc/self/ns/uts" },
+			envEdit: func(e *testenv.Env, envv map[string]string) { envv["CNI_NETNS"] = "/proc/self/ns/uts" },
 			code:    codeInvalidEnv, msg: []string{"CNI_NETNS", "not a network namespace"}, noPins: true},
 		{name: "mtu below IPv6's minimum with an IPv6 range",
-			conf: func(e *env, c map[string]any) { c["mtu"] = 1000 },
+			conf: func(e *testenv.Env, c map[string]any) { c["mtu"] = 1000 },
 			code: codeInvalidConfig, msg: []string{"mtu 1000", "1280", "ipam.ranges[1][0].subnet"}, noPins: true},
 		{name: "bandwidth rate as a JSON string",
-			conf: func(e *env, c map[string]any) {
+			conf: func(e *testenv.Env, c map[string]any) {
 				c["runtimeConfig"] = map[string]any{"bandwidth": map[string]any{"ingressRate": "1000000"}}
 			},
 			code: codeInvalidConfig, msg: []string{"runtimeConfig.bandwidth.ingressRate", "string"}, noPins: true},
 		{name: "bandwidth rate as a non-numeric string",
-			conf: func(e *env, c map[string]any) {
+			conf: func(e *testenv.Env, c map[string]any) {
 				c["runtimeConfig"] = map[string]any{"bandwidth": map[string]any{"egressRate": "fast"}}
 			},
 			code: codeInvalidConfig, msg: []string{"runtimeConfig.bandwidth.egressRate"}, noPins: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			e := newEnv(t)
-			pod := e.newPod()
+			e := testenv.New(t)
+			pod := e.NewPod()
 			envv := pluginEnv("ADD", "errs", pod, "eth0")
 			if c.envEdit != nil {
 				c.envEdit(e, envv)
 			}
-			stdin := e.stdinConf(func(m map[string]any) {
+			stdin := e.StdinConf(func(m map[string]any) {
 				if c.conf != nil {
 					c.conf(e, m)
 				}
 			})
 			var nodeRoutes []netlink.Route
-			e.inNode(func() error { nodeRoutes, _ = netlink.RouteList(nil, netlink.FAMILY_ALL); return nil })
-			out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), envv, stdin)
+			e.InNode(func() error { nodeRoutes, _ = netlink.RouteList(nil, netlink.FAMILY_ALL); return nil })
+			out, err := e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), envv, stdin)
 			wantPluginError(t, "ADD", out, err, c.code, c.msg...)
-			e.assertClean()
+			e.AssertClean()
 			var after []netlink.Route
-			e.inNode(func() error { after, _ = netlink.RouteList(nil, netlink.FAMILY_ALL); return nil })
+			e.InNode(func() error { after, _ = netlink.RouteList(nil, netlink.FAMILY_ALL); return nil })
 			if fmt.Sprint(after) != fmt.Sprint(nodeRoutes) {
 				t.Errorf("the failed ADD changed the node's routes:\n  before %v\n  after  %v", nodeRoutes, after)
 			}
 			if c.noPins {
-				if _, err := os.Stat(e.pinDir); err == nil {
+				if _, err := os.Stat(e.PinDir); err == nil {
 					t.Errorf("the refused ADD created the pin directory")
 				}
 			}
@@ -1932,20 +1750,20 @@ func TestIntegrityErrors(t *testing.T) {
 			// (unless the IPAM plugin refuses its part: host-local will not
 			// run with the node's netns, the broken ones fail as ever).
 			envv["CNI_COMMAND"] = "DEL"
-			if out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), envv, stdin); err != nil && !c.ipamDel {
+			if out, err := e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), envv, stdin); err != nil && !c.ipamDel {
 				t.Errorf("DEL after the refused ADD: %v\n%s", err, out)
 			}
-			e.assertClean()
+			e.AssertClean()
 		})
 	}
 
 	// A full map names itself and its size; code 11: it has room again
 	// once pods go.
 	t.Run("full endpoints map", func(t *testing.T) {
-		e := newEnv(t)
-		first := e.addAttachment(e.newPod(), "first") // sets up the datapath
-		e.mustDel(first.pod, "first")
-		m := e.maps()
+		e := testenv.New(t)
+		first := e.AddAttachment(e.NewPod(), "first") // sets up the datapath
+		e.MustDel(first.Pod, "first")
+		m := e.Maps()
 		n := int(m.Endpoints.MaxEntries())
 		keys := make([]maps.EndpointKey, n)
 		vals := make([]maps.EndpointInfo, n)
@@ -1961,10 +1779,10 @@ func TestIntegrityErrors(t *testing.T) {
 		if _, err := m.Endpoints.BatchDelete(keys, nil); err != nil {
 			t.Fatalf("empty cni_endpoints: %v", err)
 		}
-		if out, err := e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("DEL", "no-room", nil, "eth0"), e.stdinConf(nil)); err != nil {
+		if out, err := e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), pluginEnv("DEL", "no-room", nil, "eth0"), e.StdinConf(nil)); err != nil {
 			t.Fatalf("DEL: %v\n%s", err, out)
 		}
-		e.assertClean()
+		e.AssertClean()
 	})
 }
 
@@ -1973,11 +1791,11 @@ func TestIntegrityErrors(t *testing.T) {
 // after the upgrade, and DEL cleans it up.
 func TestIntegrityCheckOlderPod(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	pod := e.newPod()
-	e.cleanupDel(pod, "older")
-	e.addAttachment(pod, "older")
-	path := e.recordPath("older", "eth0")
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "older")
+	e.AddAttachment(pod, "older")
+	path := e.RecordPath("older", "eth0")
 	b, err := os.ReadFile(path)
 	must(t, err)
 	var rec map[string]any
@@ -1999,9 +1817,9 @@ func TestIntegrityCheckOlderPod(t *testing.T) {
 		return nil
 	})
 	must(t, err)
-	if err := e.check(pod, "older", "eth0"); err != nil {
+	if err := e.Check(pod, "older", "eth0"); err != nil {
 		t.Fatalf("CHECK of a pod of the older layout: %v", err)
 	}
-	e.mustDel(pod, "older")
-	e.assertClean()
+	e.MustDel(pod, "older")
+	e.AssertClean()
 }

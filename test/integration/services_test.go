@@ -1,4 +1,4 @@
-package test
+package integration
 
 import (
 	"encoding/json"
@@ -18,6 +18,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // Services of the kube-proxy lab, per family: ClusterIPs, NodePorts and the
@@ -30,8 +31,8 @@ var (
 	svcDNS   = map[int]net.IP{4: net.ParseIP("10.96.0.53").To4(), 6: net.ParseIP("fd00:96::53")}
 	uplinkIP = map[int]net.IP{4: uplinkIP4, 6: uplinkIP6}
 	remoteIP = map[int]net.IP{4: remoteIP4, 6: remoteIP6}
-	nodeIP   = map[int]net.IP{4: nodeIP4, 6: nodeIP6}
-	cluster  = map[int]string{4: podSubnet4, 6: podSubnet6}
+	nodeIP   = map[int]net.IP{4: testenv.NodeIP4, 6: testenv.NodeIP6}
+	cluster  = map[int]string{4: testenv.PodSubnet4, 6: testenv.PodSubnet6}
 )
 
 const (
@@ -58,33 +59,33 @@ func newSvcLab(t *testing.T, mode proxyMode, masq bool) *svcLab {
 	t.Helper()
 	h := newHPEnv(t)
 	if masq {
-		h.extra["ipMasq"] = true
+		h.Extra["ipMasq"] = true
 	}
 	l := &svcLab{hpEnv: h, masq: masq, ip: map[string]map[int]net.IP{}}
 	// A node's default route (a first route is what OUTPUT DNAT needs), and
 	// the pod routes a host-gw or BGP peer would give the remote host.
 	for _, fam := range []int{4, 6} {
-		routeVia(t, h.node, "", remoteIP[fam])
+		routeVia(t, h.Node, "", remoteIP[fam])
 		routeVia(t, h.remote, cluster[fam], uplinkIP[fam])
 	}
-	l.a, l.b, l.h = h.newPod(), h.newPod(), h.newPod()
+	l.a, l.b, l.h = h.NewPod(), h.NewPod(), h.NewPod()
 	for _, p := range []struct {
 		id  string
 		pod ns.NetNS
 	}{{"a", l.a}, {"b", l.b}} {
-		h.cleanupDel(p.pod, p.id)
-		v4, v6 := podIPs(t, h.add(p.pod, p.id))
+		h.CleanupDel(p.pod, p.id)
+		v4, v6 := testenv.PodIPs(t, h.Add(p.pod, p.id))
 		l.ip[p.id] = map[int]net.IP{4: v4, 6: v6}
 	}
-	v4, v6 := podIPs(t, h.mustAddHP(l.h, "h", pm{HostPort: hostPortH, ContainerPort: 80, Protocol: "tcp"},
-		pm{HostPort: hostPortH, ContainerPort: 80, Protocol: "udp"}))
+	v4, v6 := testenv.PodIPs(t, h.MustAddHP(l.h, "h", testenv.PM{HostPort: hostPortH, ContainerPort: 80, Protocol: "tcp"},
+		testenv.PM{HostPort: hostPortH, ContainerPort: 80, Protocol: "udp"}))
 	l.ip["h"] = map[int]net.IP{4: v4, 6: v6}
 	serve(t, l.b, 8080, "b")
 	serve(t, l.b, 53, "dns")
 	serve(t, l.h, 80, "h")
 	serve(t, h.remote, 7000, "remote")
 	for _, fam := range []int{4, 6} {
-		mode.install(t, h.node, fam, cluster[fam], []net.IP{uplinkIP[fam], nodeIP[fam]}, l.services(fam))
+		mode.install(t, h.Node, fam, cluster[fam], []net.IP{uplinkIP[fam], nodeIP[fam]}, l.services(fam))
 	}
 	return l
 }
@@ -183,7 +184,7 @@ func (l *svcLab) cases(t *testing.T) {
 		want(t, l.b, p, svcWeb[fam], 80, "b", nil, ip("b", fam))
 	})
 	each("node-clusterip-pod", both, func(t *testing.T, fam int, p string) {
-		want(t, l.node, p, svcWeb[fam], 80, "b", nil, nil)
+		want(t, l.Node, p, svcWeb[fam], 80, "b", nil, nil)
 	})
 	each("remote-nodeport-pod", both, func(t *testing.T, fam int, p string) {
 		// Cluster policy: masqueraded by kube-proxy; the reply leaves with
@@ -210,7 +211,7 @@ func (l *svcLab) cases(t *testing.T) {
 		want(t, l.a, p, svcHP[fam], 80, "h", ip("a", fam), nil)
 		want(t, l.remote, p, uplinkIP[fam], npHP, "h", nil, nil)
 		want(t, l.a, p, uplinkIP[fam], hostPortH, "h", nil, nil)
-		want(t, l.node, p, uplinkIP[fam], hostPortH, "h", nil, nil)
+		want(t, l.Node, p, uplinkIP[fam], hostPortH, "h", nil, nil)
 	})
 	each("service-endpoint-off-node", both, func(t *testing.T, fam int, p string) {
 		// DNAT to the remote host, then (ipMasq, IPv4) the BPF SNAT on the
@@ -235,7 +236,7 @@ func (l *svcLab) cases(t *testing.T) {
 		// A node socket bound to port 8081 (h's UDP hostPort) asks dns,
 		// which kube-proxy does not masquerade: the answer to
 		// uplink:8081 is the socket's, not a hostPort hairpin to h.
-		a, err := askFrom(l.node, "udp", hp(svcDNS[fam], 53), hostPortH)
+		a, err := askFrom(l.Node, "udp", hp(svcDNS[fam], 53), hostPortH)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -259,8 +260,8 @@ func (l *svcLab) cases(t *testing.T) {
 		}
 	})
 	t.Run("stack-flows-recorded", func(t *testing.T) {
-		_, bIdx := l.hostVeth("b")
-		flows, err := l.maps().ListStackFlows()
+		_, bIdx := l.HostVeth("b")
+		flows, err := l.Maps().ListStackFlows()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -273,7 +274,7 @@ func (l *svcLab) cases(t *testing.T) {
 		if len(seen) != 4 {
 			t.Errorf("pod b's stack flows from pods: %v, want tcp and udp of both families; all: %+v", seen, flows)
 		}
-		js, err := l.masqAgent("dump", "ct", "-o", "json")
+		js, err := l.MasqAgent("dump", "ct", "-o", "json")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -296,16 +297,16 @@ func (l *svcLab) cases(t *testing.T) {
 		// takes bpf_redirect_peer both ways: a probe in the node's forward
 		// hook counts the transfer's packets the stack forwarded (none).
 		const port = 9099
-		restore(t, l.node, "nft", fmt.Sprintf(`add table inet probe
+		restore(t, l.Node, "nft", fmt.Sprintf(`add table inet probe
 add chain inet probe pfwd { type filter hook forward priority 10 ; }
 add rule inet probe pfwd meta l4proto tcp th sport %d counter
 add rule inet probe pfwd meta l4proto tcp th dport %d counter
 `, port, port), "-f", "-")
-		_, bIdx := l.hostVeth("b")
-		m := l.maps()
+		_, bIdx := l.HostVeth("b")
+		m := l.Maps()
 		for _, fam := range []int{4, 6} {
 			red := counter(t, m, bIdx, maps.DirIngress, maps.ReasonRedirect)
-			if err := tcpTransferPort(l.a, l.b, ip("b", fam), port, 1<<20); err != nil {
+			if err := testenv.TCPTransferPort(l.a, l.b, ip("b", fam), port, 1<<20); err != nil {
 				t.Fatal(err)
 			}
 			if d := counter(t, m, bIdx, maps.DirIngress, maps.ReasonRedirect).Packets - red.Packets; d < 10 {
@@ -314,7 +315,7 @@ add rule inet probe pfwd meta l4proto tcp th dport %d counter
 		}
 		probe := func() string {
 			var out string
-			l.node.Do(func(ns.NetNS) error {
+			l.Node.Do(func(ns.NetNS) error {
 				b, err := exec.Command("nft", "list", "chain", "inet", "probe", "pfwd").CombinedOutput()
 				out = string(b)
 				return err
@@ -325,7 +326,7 @@ add rule inet probe pfwd meta l4proto tcp th dport %d counter
 			t.Errorf("the stack forwarded packets of a direct a <-> b transfer:\n%s", out)
 		}
 		// The probe does see what the stack forwards: the remote host to b.
-		if err := tcpTransferPort(l.remote, l.b, ip("b", 4), port, 1<<16); err != nil {
+		if err := testenv.TCPTransferPort(l.remote, l.b, ip("b", 4), port, 1<<16); err != nil {
 			t.Fatal(err)
 		}
 		if out := probe(); strings.Count(out, "counter packets 0 ") != 0 {
@@ -395,17 +396,17 @@ func askReset(netns ns.NetNS, addr string, lport int, server string) error {
 func (l *svcLab) teardown(t *testing.T) {
 	for _, id := range []string{"a", "b", "h"} {
 		pod := map[string]ns.NetNS{"a": l.a, "b": l.b, "h": l.h}[id]
-		l.mustDel(pod, id)
+		l.MustDel(pod, id)
 	}
-	flows, err := l.maps().ListStackFlows()
+	flows, err := l.Maps().ListStackFlows()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(flows) != 0 {
 		t.Errorf("stack flows left after DEL: %+v", flows)
 	}
-	l.assertClean()
-	l.assertNoHostPorts()
+	l.AssertClean()
+	l.AssertNoHostPorts()
 }
 
 // TestServicesStackFlowsReconciled: the stack flows of a pod that vanished
@@ -413,27 +414,27 @@ func (l *svcLab) teardown(t *testing.T) {
 // removed; a live pod's stay.
 func TestServicesStackFlowsReconciled(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	a, b, c := e.newPod(), e.newPod(), e.newPod()
+	e := testenv.New(t)
+	a, b, c := e.NewPod(), e.NewPod(), e.NewPod()
 	for id, p := range map[string]ns.NetNS{"a": a, "b": b, "c": c} {
-		e.cleanupDel(p, id)
+		e.CleanupDel(p, id)
 	}
-	e.add(a, "a")
-	b4, _ := podIPs(t, e.add(b, "b"))
-	c4, _ := podIPs(t, e.add(c, "c"))
+	e.Add(a, "a")
+	b4, _ := testenv.PodIPs(t, e.Add(b, "b"))
+	c4, _ := testenv.PodIPs(t, e.Add(c, "c"))
 	serve(t, b, 8080, "b")
 	serve(t, c, 8080, "c")
 	svc := func(name string, ip, backend net.IP) svcPort {
 		return svcPort{name: name, proto: "tcp", clusterIP: ip, port: 80, backend: backend, target: 8080}
 	}
-	restore(t, e.node, "nft", nftRules(4, podSubnet4, []net.IP{nodeIP4},
+	restore(t, e.Node, "nft", nftRules(4, testenv.PodSubnet4, []net.IP{testenv.NodeIP4},
 		[]svcPort{svc("b", svcWeb[4], b4), svc("c", svcLocal[4], c4)}), "-f", "-")
 	want(t, a, "tcp", svcWeb[4], 80, "b", nil, nil)
 	want(t, a, "tcp", svcLocal[4], 80, "c", nil, nil)
 
-	_, bIdx := e.hostVeth("b")
-	_, cIdx := e.hostVeth("c")
-	m := e.maps()
+	_, bIdx := e.HostVeth("b")
+	_, cIdx := e.HostVeth("c")
+	m := e.Maps()
 	of := func(idx int) int {
 		flows, err := m.ListStackFlows()
 		if err != nil {
@@ -451,11 +452,11 @@ func TestServicesStackFlowsReconciled(t *testing.T) {
 		t.Fatalf("no stack flows recorded for b (%d) or c (%d)", of(bIdx), of(cIdx))
 	}
 	// b crashes: its record is lost and its veth goes, no DEL.
-	os.Remove(filepath.Join(e.stateDir, e.name, "b_eth0.json"))
-	if err := e.inNode(func() error { return deleteHostLink(state.HostIfName("b", "eth0")) }); err != nil {
+	os.Remove(filepath.Join(e.StateDir, e.Name, "b_eth0.json"))
+	if err := e.InNode(func() error { return deleteHostLink(state.HostIfName("b", "eth0")) }); err != nil {
 		t.Fatal(err)
 	}
-	out, err := e.agentCmd(append([]string{"reconcile", "-o", "json"}, e.agentArgs(e.writeConfDir())...)...)
+	out, err := e.AgentCmd(append([]string{"reconcile", "-o", "json"}, e.AgentArgs(e.WriteConfDir())...)...)
 	if err != nil {
 		t.Fatalf("reconcile: %v\n%s", err, out)
 	}
@@ -470,12 +471,12 @@ func TestServicesStackFlowsReconciled(t *testing.T) {
 	}
 	want(t, a, "tcp", svcLocal[4], 80, "c", nil, nil)
 	for id, p := range map[string]ns.NetNS{"a": a, "b": b, "c": c} {
-		if err := e.del(p, id, "eth0"); err != nil {
+		if err := e.Del(p, id, "eth0"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := len(e.leftovers()); n != 0 {
-		t.Fatalf("left: %v", e.leftovers())
+	if n := len(e.Leftovers()); n != 0 {
+		t.Fatalf("left: %v", e.Leftovers())
 	}
 	if flows, _ := m.ListStackFlows(); len(flows) != 0 {
 		t.Errorf("stack flows left: %+v", flows)

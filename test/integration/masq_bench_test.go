@@ -1,6 +1,6 @@
 //go:build masqbench
 
-package test
+package integration
 
 import (
 	"bufio"
@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // TestMasqBench compares egress masquerade in BPF (ebpf-cni ipMasq, node A
@@ -25,19 +27,18 @@ func TestMasqBench(t *testing.T) {
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		t.Fatal("iperf3 not installed (make bench-masq installs it)")
 	}
-	cmd := exec.Command("go", "build", "-o", binDir+"/", "github.com/containernetworking/plugins/plugins/main/ptp")
-	cmd.Dir = ".."
+	cmd := exec.Command("go", "build", "-o", testenv.BinDir+"/", "github.com/containernetworking/plugins/plugins/main/ptp")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build ptp: %v\n%s", err, out)
 	}
 	lab := newMasqLab(t)
-	lab.b.extra = map[string]any{"type": "ptp", "ipMasq": true}
-	lab.b.ipam["routes"] = []map[string]string{{"dst": "0.0.0.0/0"}} // ebpf-cni adds the default route itself
-	pa, pb := lab.a.newPod(), lab.b.newPod()
-	lab.a.cleanupDel(pa, "bench-a")
-	lab.a.add(pa, "bench-a")
-	lab.b.cleanupDel(pb, "bench-b")
-	lab.b.add(pb, "bench-b")
+	lab.b.Extra = map[string]any{"type": "ptp", "ipMasq": true}
+	lab.b.IPAM["routes"] = []map[string]string{{"dst": "0.0.0.0/0"}} // ebpf-cni adds the default route itself
+	pa, pb := lab.a.NewPod(), lab.b.NewPod()
+	lab.a.CleanupDel(pa, "bench-a")
+	lab.a.Add(pa, "bench-a")
+	lab.b.CleanupDel(pb, "bench-b")
+	lab.b.Add(pb, "bench-b")
 
 	serve(t, lab.out, 7000, "outside")
 	var srv *exec.Cmd
@@ -137,7 +138,7 @@ func TestMasqBench(t *testing.T) {
 			best(r.cps), r.cps[0], r.cps[1])
 	}
 	t.Log(sb.String())
-	if out, err := lab.a.masqAgent("dump", "nat", "-o", "json"); err == nil {
+	if out, err := lab.a.MasqAgent("dump", "nat", "-o", "json"); err == nil {
 		var d struct {
 			Flows []struct {
 				Closing bool `json:"closing"`

@@ -1,20 +1,16 @@
-package test
+package integration
 
 import (
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
-	"github.com/containernetworking/cni/libcni"
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
-	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // The node-level uplink hooks (issue 12, item 7): checked against the
@@ -27,9 +23,9 @@ import (
 func TestUplinkRecreated(t *testing.T) {
 	t.Parallel()
 	e := newHPEnv(t)
-	e.extra["ipMasq"] = true
-	p1, p2 := e.newPod(), e.newPod()
-	e.mustAddHP(p1, "p1", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 8080, ContainerPort: 80, Protocol: "udp"})
+	e.Extra["ipMasq"] = true
+	p1, p2 := e.NewPod(), e.NewPod()
+	e.MustAddHP(p1, "p1", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "udp"})
 	serve(t, p1, 80, "p1")
 	serve(t, p2, 80, "p2")
 	serve(t, e.remote, 7000, "remote")
@@ -37,8 +33,8 @@ func TestUplinkRecreated(t *testing.T) {
 		expectServer(t, e.remote, proto, hp(uplinkIP4, 8080), "p1")
 	}
 
-	before := e.hostIfindex("uplink0")
-	if err := e.inNode(func() error {
+	before := e.HostIfindex("uplink0")
+	if err := e.InNode(func() error {
 		l, err := netlink.LinkByName("uplink0")
 		if err != nil {
 			return err
@@ -50,18 +46,18 @@ func TestUplinkRecreated(t *testing.T) {
 	if err := e.plugUplink(); err != nil {
 		t.Fatal(err)
 	}
-	if after := e.hostIfindex("uplink0"); after == before {
+	if after := e.HostIfindex("uplink0"); after == before {
 		t.Fatalf("the new uplink0 has the old ifindex %d", before)
 	}
 
 	// The next ADD that needs the uplink programs attaches them.
-	e.mustAddHP(p2, "p2", pm{HostPort: 8082, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 8082, ContainerPort: 80, Protocol: "udp"})
+	e.MustAddHP(p2, "p2", testenv.PM{HostPort: 8082, ContainerPort: 80, Protocol: "tcp"}, testenv.PM{HostPort: 8082, ContainerPort: 80, Protocol: "udp"})
 	for _, proto := range []string{"tcp", "udp"} {
 		expectServer(t, e.remote, proto, hp(uplinkIP4, 8080), "p1")
 		expectServer(t, e.remote, proto, hp(uplinkIP4, 8082), "p2")
 		mustAsk(t, p2, proto, hp(remoteIP4, 7000), 0, "remote", uplinkIP4)
 	}
-	if err := e.checkHP(p1, "p1", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 8080, ContainerPort: 80, Protocol: "udp"}); err != nil {
+	if err := e.CheckHP(p1, "p1", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "udp"}); err != nil {
 		t.Errorf("CHECK after the uplink came back: %v", err)
 	}
 }
@@ -115,17 +111,17 @@ func readCount(t *testing.T, m *ebpf.Map) uint64 {
 func TestUplinkNextProgramRuns(t *testing.T) {
 	t.Parallel()
 	e := newHPEnv(t)
-	e.extra["ipMasq"] = true
-	p := e.newPod()
-	e.mustAddHP(p, "p", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
+	e.Extra["ipMasq"] = true
+	p := e.NewPod()
+	e.MustAddHP(p, "p", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
 	serve(t, e.remote, 7000, "remote")
 
-	idx := e.hostIfindex("uplink0")
+	idx := e.HostIfindex("uplink0")
 	counters := map[ebpf.AttachType]*ebpf.Map{}
 	for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
 		prog, m := countingProgram(t)
 		var l link.Link
-		if err := e.inNode(func() error {
+		if err := e.InNode(func() error {
 			var err error
 			l, err = link.AttachTCX(link.TCXOptions{Interface: idx, Program: prog, Attach: at, Anchor: link.Tail()})
 			return err
@@ -135,10 +131,10 @@ func TestUplinkNextProgramRuns(t *testing.T) {
 		t.Cleanup(func() { l.Close() })
 		counters[at] = m
 	}
-	if err := ping(e.remote, uplinkIP4, 3); err != nil {
+	if err := testenv.Ping(e.remote, uplinkIP4, 3); err != nil {
 		t.Fatal(err)
 	}
-	if err := ping(e.remote, uplinkIP6, 3); err != nil {
+	if err := testenv.Ping(e.remote, uplinkIP6, 3); err != nil {
 		t.Fatal(err)
 	}
 	if n := readCount(t, counters[ebpf.AttachTCXIngress]); n < 6 {
@@ -155,21 +151,6 @@ func TestUplinkNextProgramRuns(t *testing.T) {
 	}
 }
 
-// sibling is a second network on e's node with a pin directory of its own
-// (and its own state, IPAM range and cache).
-func (e *env) sibling(t *testing.T) *env {
-	s := &env{t: t, name: randName("net"), node: e.node, extra: map[string]any{}}
-	s.pinDir = filepath.Join(datapath.BPFFSRoot, randName("ebpf-cni-test-"))
-	t.Cleanup(func() { os.RemoveAll(s.pinDir) })
-	s.stateDir, s.dataDir, s.cacheDir = t.TempDir(), t.TempDir(), t.TempDir()
-	s.cni = libcni.NewCNIConfigWithCacheDir([]string{binDir}, s.cacheDir, nil)
-	s.ipam = map[string]any{
-		"type": "host-local", "dataDir": s.dataDir,
-		"ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}, {{"subnet": "fd00:251::/64"}}},
-	}
-	return s
-}
-
 // TestUplinkSecondPinDirRefused: a second pin directory serving the same
 // netns would attach uplink programs of its own beside the first's, with
 // hostPorts and masquerade ports of its own: its ADDs that need them fail
@@ -178,74 +159,46 @@ func (e *env) sibling(t *testing.T) *env {
 func TestUplinkSecondPinDirRefused(t *testing.T) {
 	t.Parallel()
 	e := newHPEnv(t)
-	p := e.newPod()
-	e.mustAddHP(p, "p", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
+	p := e.NewPod()
+	e.MustAddHP(p, "p", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
 	serve(t, p, 80, "p")
 
-	y := e.sibling(t)
+	y := e.Sibling(t)
 	for _, c := range []struct {
 		name  string
 		extra map[string]any
-		pms   []pm
+		pms   []testenv.PM
 	}{
-		{"portMappings", map[string]any{"capabilities": map[string]bool{"portMappings": true}}, []pm{{HostPort: 9090, ContainerPort: 80, Protocol: "tcp"}}},
+		{"portMappings", map[string]any{"capabilities": map[string]bool{"portMappings": true}}, []testenv.PM{{HostPort: 9090, ContainerPort: 80, Protocol: "tcp"}}},
 		{"ipMasq", map[string]any{"ipMasq": true}, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			y.extra = c.extra
-			q := e.newPod()
+			y.Extra = c.extra
+			q := e.NewPod()
 			id := "y-" + c.name
-			y.cleanupDel(q, id)
-			_, err := y.addHP(q, id, c.pms...)
+			y.CleanupDel(q, id)
+			_, err := y.AddHP(q, id, c.pms...)
 			if err == nil {
 				t.Fatalf("ADD on a second pinDir of the netns succeeded")
 			}
-			if errCode(err) != 50 || !strings.Contains(err.Error(), "another pin directory") {
-				t.Fatalf("error %d %q, want 50 naming the other pin directory", errCode(err), err)
+			if testenv.ErrCode(err) != 50 || !strings.Contains(err.Error(), "another pin directory") {
+				t.Fatalf("error %d %q, want 50 naming the other pin directory", testenv.ErrCode(err), err)
 			}
-			y.assertNothingOf(id)
+			y.AssertNothingOf(id)
 		})
 	}
 	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 8080), "p")
 
-	y.extra = nil
-	q1, q2 := e.newPod(), e.newPod()
-	y.cleanupDel(q1, "y1")
-	y.cleanupDel(q2, "y2")
-	y.add(q1, "y1")
-	r2 := y.add(q2, "y2")
-	v4, v6 := podIPs(t, r2)
+	y.Extra = nil
+	q1, q2 := e.NewPod(), e.NewPod()
+	y.CleanupDel(q1, "y1")
+	y.CleanupDel(q2, "y2")
+	y.Add(q1, "y1")
+	r2 := y.Add(q2, "y2")
+	v4, v6 := testenv.PodIPs(t, r2)
 	for _, ip := range []net.IP{v4, v6} {
-		if err := ping(q1, ip, 2); err != nil {
+		if err := testenv.Ping(q1, ip, 2); err != nil {
 			t.Error(err)
-		}
-	}
-}
-
-// assertNothingOf fails when anything of a failed ADD of containerID is
-// left: its veth, record, IPAM reservation, endpoint entries.
-func (e *env) assertNothingOf(containerID string) {
-	e.t.Helper()
-	if err := e.inNode(func() error {
-		_, err := netlink.LinkByName(state.HostIfName(containerID, "eth0"))
-		return err
-	}); err == nil {
-		e.t.Errorf("veth of %s left", containerID)
-	}
-	if recs, _ := os.ReadDir(filepath.Join(e.stateDir, e.name)); len(recs) != 0 {
-		e.t.Errorf("records left: %v", recs)
-	}
-	if ents, _ := os.ReadDir(filepath.Join(e.dataDir, e.name)); len(ents) != 0 {
-		for _, en := range ents {
-			if net.ParseIP(en.Name()) != nil {
-				e.t.Errorf("IPAM reservation %s left", en.Name())
-			}
-		}
-	}
-	if m, err := datapath.OpenMaps(e.pinDir); err == nil {
-		defer m.Close()
-		if eps, _ := m.ListEndpoints(); len(eps) != 0 {
-			e.t.Errorf("endpoint entries left: %+v", eps)
 		}
 	}
 }

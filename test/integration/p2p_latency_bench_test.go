@@ -1,6 +1,6 @@
 //go:build latbench
 
-package test
+package integration
 
 import (
 	"fmt"
@@ -19,23 +19,24 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // TestP2PLatencyBench measures same-node pod-to-pod request/response
 // latency through ebpf-cni's fast path: a TCP client in one pod sends one
 // byte and waits for the server in the other pod to echo it, LAT_ROUNDS
-// (default 20000) times per round, LAT_REPEAT (default 3) rounds; and ping
+// (default 20000) times per round, LAT_REPEAT (default 3) rounds; and Ping
 // RTTs; with the kernel's BPF run-time statistics on, the mean time
 // cni_from_container takes per packet. Run with: go test -tags latbench -count=1 -run TestP2PLatencyBench -v ./test/
 func TestP2PLatencyBench(t *testing.T) {
 	rounds := envInt("LAT_ROUNDS", 20000)
 	repeat := envInt("LAT_REPEAT", 3)
-	e := newEnv(t)
-	a, b := e.newPod(), e.newPod()
-	e.cleanupDel(a, "a")
-	e.cleanupDel(b, "b")
-	e.add(a, "a")
-	bIP, _ := podIPs(t, e.add(b, "b"))
+	e := testenv.New(t)
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "a")
+	e.CleanupDel(b, "b")
+	e.Add(a, "a")
+	bIP, _ := testenv.PodIPs(t, e.Add(b, "b"))
 
 	var ln net.Listener
 	if err := b.Do(func(ns.NetNS) error {
@@ -63,7 +64,7 @@ func TestP2PLatencyBench(t *testing.T) {
 		t.Fatalf("enable BPF statistics: %v", err)
 	}
 	defer stats.Close()
-	dp, err := datapath.Open(e.pinDir)
+	dp, err := datapath.Open(e.PinDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,8 +113,8 @@ func TestP2PLatencyBench(t *testing.T) {
 			float64(rt1-rt0)/float64(n1-n0), n1-n0)
 	}
 	if err := a.Do(func(ns.NetNS) error {
-		out, err := execOut("ping", "-q", "-c", fmt.Sprint(rounds/4), "-i", "0", bIP.String())
-		t.Logf("ping: %s", lastLine(out))
+		out, err := execOut("Ping", "-q", "-c", fmt.Sprint(rounds/4), "-i", "0", bIP.String())
+		t.Logf("Ping: %s", lastLine(out))
 		return err
 	}); err != nil {
 		t.Fatal(err)

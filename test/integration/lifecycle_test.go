@@ -1,4 +1,4 @@
-package test
+package integration
 
 import (
 	"encoding/json"
@@ -23,6 +23,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // CNI error codes of the spec (SPEC.md, "Error"), as the types package names them.
@@ -36,122 +37,6 @@ const (
 
 // --- helpers local to this file -------------------------------------------
 
-// attachment is what a test remembers of one ADD to look for its traces later.
-type attachment struct {
-	pod     ns.NetNS
-	id      string
-	ifname  string
-	hostIf  string
-	ifindex int
-	ips     []net.IP
-}
-
-// addAttachment adds a pod and remembers everything needed to find its traces.
-func (e *env) addAttachment(pod ns.NetNS, containerID string) *attachment {
-	e.t.Helper()
-	r := e.add(pod, containerID)
-	a := &attachment{pod: pod, id: containerID, ifname: "eth0", hostIf: state.HostIfName(containerID, "eth0")}
-	a.ifindex = e.hostIfindex(a.hostIf)
-	for _, ipc := range r.IPs {
-		a.ips = append(a.ips, ipc.Address.IP)
-	}
-	return a
-}
-
-// nodeLinkExists reports whether a link of that name exists in the node netns.
-func (e *env) nodeLinkExists(name string) bool {
-	found := false
-	e.inNode(func() error {
-		_, err := netlink.LinkByName(name)
-		found = err == nil
-		return nil
-	})
-	return found
-}
-
-// reservationsOf lists host-local reservation files held by a container ID
-// (host-local writes "<containerID>\r\n<ifname>" into the file named by the IP).
-func (e *env) reservationsOf(containerID string) []string {
-	var out []string
-	dir := filepath.Join(e.dataDir, e.name)
-	ents, _ := os.ReadDir(dir)
-	for _, en := range ents {
-		if net.ParseIP(en.Name()) == nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(dir, en.Name()))
-		if err != nil {
-			continue
-		}
-		if first, _, _ := strings.Cut(string(b), "\n"); strings.TrimSpace(first) == containerID {
-			out = append(out, en.Name())
-		}
-	}
-	return out
-}
-
-// recordPath is where ADD keeps the state record of an attachment.
-func (e *env) recordPath(containerID, ifname string) string {
-	return e.store().Path(containerID, ifname)
-}
-
-// traces lists everything of one attachment still present on the node: its
-// host veth, link pins, state record, IPAM reservations (by IP and by owner),
-// endpoint map entries (by IP and by ifindex), links map entry and counters.
-func (e *env) traces(a *attachment) []string {
-	e.t.Helper()
-	var out []string
-	if e.nodeLinkExists(a.hostIf) {
-		out = append(out, "host veth "+a.hostIf)
-	}
-	for _, dir := range []string{"ingress", "egress"} {
-		p := datapath.LinkPinPath(e.pinDir, a.hostIf, dir)
-		if _, err := os.Stat(p); err == nil {
-			out = append(out, "link pin "+p)
-		}
-	}
-	if _, err := os.Stat(e.recordPath(a.id, a.ifname)); err == nil {
-		out = append(out, "state record of "+a.id)
-	}
-	for _, ip := range a.ips {
-		if _, err := os.Stat(filepath.Join(e.dataDir, e.name, ip.String())); err == nil {
-			out = append(out, "ipam reservation "+ip.String())
-		}
-	}
-	for _, r := range e.reservationsOf(a.id) {
-		out = append(out, "ipam reservation owned by "+a.id+": "+r)
-	}
-	m := e.maps()
-	for _, ip := range a.ips {
-		if _, err := m.LookupEndpoint(ip); err == nil {
-			out = append(out, "endpoint map entry "+ip.String())
-		}
-	}
-	if a.ifindex != 0 {
-		eps, _ := m.ListEndpoints()
-		for _, ep := range eps {
-			if int(ep.Info.Ifindex) == a.ifindex {
-				out = append(out, fmt.Sprintf("endpoint map entry %s -> ifindex %d", ep.IP, a.ifindex))
-			}
-		}
-		if _, err := m.LookupLink(a.ifindex); err == nil {
-			out = append(out, fmt.Sprintf("links map entry %d", a.ifindex))
-		}
-		if c, _ := m.Counters(a.ifindex); len(c) > 0 {
-			out = append(out, fmt.Sprintf("counters of ifindex %d: %v", a.ifindex, c))
-		}
-	}
-	return out
-}
-
-// assertGone fails the test if anything of the attachment is left.
-func (e *env) assertGone(a *attachment) {
-	e.t.Helper()
-	if tr := e.traces(a); len(tr) > 0 {
-		e.t.Errorf("%s/%s left behind:\n  %s", a.id, a.ifname, strings.Join(tr, "\n  "))
-	}
-}
-
 // destroyPod closes and unmounts a pod netns, so the kernel destroys it and
 // the pod end of the veth (and with it the host end) goes away.
 func destroyPod(t *testing.T, pod ns.NetNS) {
@@ -161,19 +46,6 @@ func destroyPod(t *testing.T, pod ns.NetNS) {
 	}
 	if err := testutils.UnmountNS(pod); err != nil {
 		t.Fatalf("unmount pod netns: %v", err)
-	}
-}
-
-// waitLinkGone waits until the kernel has removed a node link (netns
-// destruction runs asynchronously).
-func (e *env) waitLinkGone(name string) {
-	e.t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for e.nodeLinkExists(name) {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("%s still exists 5s after its pod netns was destroyed", name)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -198,21 +70,21 @@ func wantErrContains(t *testing.T, what string, err error, subs ...string) {
 // the pod netns, nor the host veth, nor an earlier ADD.
 func TestLifecycleDel(t *testing.T) {
 	t.Run("two pods then clean", func(t *testing.T) {
-		e := newEnv(t)
-		a, b := e.newPod(), e.newPod()
-		pa := e.addAttachment(a, "del-a")
-		pb := e.addAttachment(b, "del-b")
-		if len(e.leftovers()) == 0 {
+		e := testenv.New(t)
+		a, b := e.NewPod(), e.NewPod()
+		pa := e.AddAttachment(a, "del-a")
+		pb := e.AddAttachment(b, "del-b")
+		if len(e.Leftovers()) == 0 {
 			t.Fatal("leftovers() sees nothing after two ADDs; the clean check would prove nothing")
 		}
-		for _, p := range []*attachment{pa, pb} {
-			if err := e.del(p.pod, p.id, "eth0"); err != nil {
-				t.Fatalf("DEL %s: %v", p.id, err)
+		for _, p := range []*testenv.Attachment{pa, pb} {
+			if err := e.Del(p.Pod, p.ID, "eth0"); err != nil {
+				t.Fatalf("DEL %s: %v", p.ID, err)
 			}
 		}
-		e.assertGone(pa)
-		e.assertGone(pb)
-		e.assertClean()
+		e.AssertGone(pa)
+		e.AssertGone(pb)
+		e.AssertClean()
 		// The pod side is gone too.
 		err := a.Do(func(ns.NetNS) error {
 			if _, err := netlink.LinkByName("eth0"); err == nil {
@@ -225,81 +97,81 @@ func TestLifecycleDel(t *testing.T) {
 		}
 
 		// DEL again: success, still clean.
-		for _, p := range []*attachment{pa, pb} {
-			if err := e.del(p.pod, p.id, "eth0"); err != nil {
-				t.Fatalf("second DEL %s: %v", p.id, err)
+		for _, p := range []*testenv.Attachment{pa, pb} {
+			if err := e.Del(p.Pod, p.ID, "eth0"); err != nil {
+				t.Fatalf("second DEL %s: %v", p.ID, err)
 			}
 		}
-		e.assertClean()
+		e.AssertClean()
 	})
 
 	t.Run("pod netns gone", func(t *testing.T) {
-		e := newEnv(t)
-		pod := e.newPod()
-		p := e.addAttachment(pod, "del-nonetns")
+		e := testenv.New(t)
+		pod := e.NewPod()
+		p := e.AddAttachment(pod, "del-nonetns")
 		destroyPod(t, pod)
-		if err := e.del(pod, p.id, "eth0"); err != nil {
+		if err := e.Del(pod, p.ID, "eth0"); err != nil {
 			t.Fatalf("DEL after the pod netns is gone: %v", err)
 		}
 		// Whatever the kernel had not yet reaped, DEL removed; wait for the
 		// kernel's side anyway so nothing can appear after the check.
-		e.waitLinkGone(p.hostIf)
-		e.assertGone(p)
-		e.assertClean()
-		if err := e.del(pod, p.id, "eth0"); err != nil {
+		e.WaitLinkGone(p.HostIf)
+		e.AssertGone(p)
+		e.AssertClean()
+		if err := e.Del(pod, p.ID, "eth0"); err != nil {
 			t.Fatalf("second DEL after the pod netns is gone: %v", err)
 		}
-		e.assertClean()
+		e.AssertClean()
 	})
 
 	t.Run("host veth deleted by hand", func(t *testing.T) {
-		e := newEnv(t)
-		pod := e.newPod()
-		p := e.addAttachment(pod, "del-noveth")
-		err := e.inNode(func() error {
-			l, err := netlink.LinkByName(p.hostIf)
+		e := testenv.New(t)
+		pod := e.NewPod()
+		p := e.AddAttachment(pod, "del-noveth")
+		err := e.InNode(func() error {
+			l, err := netlink.LinkByName(p.HostIf)
 			if err != nil {
 				return err
 			}
 			return netlink.LinkDel(l)
 		})
 		if err != nil {
-			t.Fatalf("delete %s by hand: %v", p.hostIf, err)
+			t.Fatalf("delete %s by hand: %v", p.HostIf, err)
 		}
-		if err := e.del(pod, p.id, "eth0"); err != nil {
+		if err := e.Del(pod, p.ID, "eth0"); err != nil {
 			t.Fatalf("DEL after the host veth was deleted: %v", err)
 		}
-		e.assertGone(p)
-		e.assertClean()
+		e.AssertGone(p)
+		e.AssertClean()
 	})
 
 	t.Run("never added", func(t *testing.T) {
 		// On a node whose datapath was never set up...
-		e := newEnv(t)
-		pod := e.newPod()
-		if err := e.del(pod, "never-added", "eth0"); err != nil {
+		e := testenv.New(t)
+		pod := e.NewPod()
+		if err := e.Del(pod, "never-added", "eth0"); err != nil {
 			t.Fatalf("DEL of a never-added container on an empty node: %v", err)
 		}
-		if err := e.del(nil, "never-added", "eth0"); err != nil {
+		if err := e.Del(nil, "never-added", "eth0"); err != nil {
 			t.Fatalf("DEL without netns of a never-added container: %v", err)
 		}
-		e.assertClean()
+		e.AssertClean()
 
 		// ...and on one that has other pods, which must not be touched.
-		other := e.addAttachment(e.newPod(), "del-bystander")
-		if err := e.del(pod, "never-added", "eth0"); err != nil {
+		other := e.AddAttachment(e.NewPod(), "del-bystander")
+		if err := e.Del(pod, "never-added", "eth0"); err != nil {
 			t.Fatalf("DEL of a never-added container next to a pod: %v", err)
 		}
-		if err := e.check(other.pod, other.id, "eth0"); err != nil {
+		if err := e.Check(other.Pod, other.ID, "eth0"); err != nil {
 			t.Fatalf("CHECK of the bystander after an unrelated DEL: %v", err)
 		}
-		if err := ping(other.pod, nodeIP4, 1); err != nil {
+		if err := testenv.Ping(other.Pod, testenv.NodeIP4, 1); err != nil {
 			t.Fatalf("bystander after an unrelated DEL: %v", err)
 		}
-		if err := e.del(other.pod, other.id, "eth0"); err != nil {
+		if err := e.Del(other.Pod, other.ID, "eth0"); err != nil {
 			t.Fatal(err)
 		}
-		e.assertClean()
+		e.AssertClean()
 	})
 }
 
@@ -348,28 +220,28 @@ func flood(t *testing.T, pod ns.NetNS, dst net.IP) (stop func()) {
 // must leave nothing behind, counters included: nothing may re-create map
 // state after DEL has cleared it.
 func TestLifecycleDelUnderTraffic(t *testing.T) {
-	e := newEnv(t)
+	e := testenv.New(t)
 	for i := 0; i < 3; i++ {
-		pod := e.newPod()
-		p := e.addAttachment(pod, fmt.Sprintf("del-busy-%d", i))
-		stop := flood(t, pod, nodeIP4)
+		pod := e.NewPod()
+		p := e.AddAttachment(pod, fmt.Sprintf("del-busy-%d", i))
+		stop := flood(t, pod, testenv.NodeIP4)
 		// DEL while the datapath is counting the flood, not before it starts.
-		m := e.maps()
+		m := e.Maps()
 		deadline := time.Now().Add(5 * time.Second)
-		for counter(t, m, p.ifindex, maps.DirEgress, maps.ReasonForward).Packets < 100 {
+		for counter(t, m, p.Ifindex, maps.DirEgress, maps.ReasonForward).Packets < 100 {
 			if time.Now().After(deadline) {
 				stop()
-				t.Fatalf("the flood is not flowing: %s", dumpCounters(m, p.ifindex))
+				t.Fatalf("the flood is not flowing: %s", dumpCounters(m, p.Ifindex))
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		delErr := e.del(pod, p.id, "eth0")
+		delErr := e.Del(pod, p.ID, "eth0")
 		stop()
 		if delErr != nil {
 			t.Fatalf("DEL of a busy pod: %v", delErr)
 		}
-		e.assertGone(p)
-		e.assertClean()
+		e.AssertGone(p)
+		e.AssertClean()
 	}
 }
 
@@ -378,16 +250,16 @@ func TestLifecycleDelUnderTraffic(t *testing.T) {
 // TestLifecycleCheck: CHECK passes right after ADD and names each kind of
 // damage: a missing route in the pod, a detached program, a missing map entry.
 func TestLifecycleCheck(t *testing.T) {
-	e := newEnv(t)
+	e := testenv.New(t)
 	cases := []struct {
 		name   string
-		damage func(t *testing.T, p *attachment)
-		want   func(p *attachment) []string // substrings of the CHECK error
+		damage func(t *testing.T, p *testenv.Attachment)
+		want   func(p *testenv.Attachment) []string // substrings of the CHECK error
 	}{
 		{
 			name: "default route removed in pod",
-			damage: func(t *testing.T, p *attachment) {
-				err := p.pod.Do(func(ns.NetNS) error {
+			damage: func(t *testing.T, p *testenv.Attachment) {
+				err := p.Pod.Do(func(ns.NetNS) error {
 					routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
 					if err != nil {
 						return err
@@ -405,52 +277,52 @@ func TestLifecycleCheck(t *testing.T) {
 					t.Fatalf("delete default route: %v", err)
 				}
 			},
-			want: func(*attachment) []string { return []string{"route", "0.0.0.0", "not found"} },
+			want: func(*testenv.Attachment) []string { return []string{"route", "0.0.0.0", "not found"} },
 		},
 		{
 			name: "ingress program detached",
-			damage: func(t *testing.T, p *attachment) {
-				l, err := link.LoadPinnedLink(datapath.LinkPinPath(e.pinDir, p.hostIf, "ingress"), nil)
+			damage: func(t *testing.T, p *testenv.Attachment) {
+				l, err := link.LoadPinnedLink(datapath.LinkPinPath(e.PinDir, p.HostIf, "ingress"), nil)
 				if err != nil {
-					t.Fatalf("load pinned ingress link of %s: %v", p.hostIf, err)
+					t.Fatalf("load pinned ingress link of %s: %v", p.HostIf, err)
 				}
 				defer l.Close()
 				if err := l.Detach(); err != nil {
-					t.Fatalf("detach ingress link of %s: %v", p.hostIf, err)
+					t.Fatalf("detach ingress link of %s: %v", p.HostIf, err)
 				}
 			},
-			want: func(p *attachment) []string { return []string{"not attached", p.hostIf, "ingress"} },
+			want: func(p *testenv.Attachment) []string { return []string{"not attached", p.HostIf, "ingress"} },
 		},
 		{
 			name: "endpoint map entry deleted",
-			damage: func(t *testing.T, p *attachment) {
-				if err := e.maps().DeleteEndpoint(p.ips[0], 0); err != nil {
-					t.Fatalf("delete endpoint %s: %v", p.ips[0], err)
+			damage: func(t *testing.T, p *testenv.Attachment) {
+				if err := e.Maps().DeleteEndpoint(p.IPs[0], 0); err != nil {
+					t.Fatalf("delete endpoint %s: %v", p.IPs[0], err)
 				}
 			},
-			want: func(p *attachment) []string { return []string{"cni_endpoints", p.ips[0].String()} },
+			want: func(p *testenv.Attachment) []string { return []string{"cni_endpoints", p.IPs[0].String()} },
 		},
 	}
-	var added []*attachment
+	var added []*testenv.Attachment
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p := e.addAttachment(e.newPod(), fmt.Sprintf("check-%d", i))
+			p := e.AddAttachment(e.NewPod(), fmt.Sprintf("check-%d", i))
 			added = append(added, p)
-			if err := e.check(p.pod, p.id, "eth0"); err != nil {
+			if err := e.Check(p.Pod, p.ID, "eth0"); err != nil {
 				t.Fatalf("CHECK right after ADD: %v", err)
 			}
 			c.damage(t, p)
-			err := e.check(p.pod, p.id, "eth0")
+			err := e.Check(p.Pod, p.ID, "eth0")
 			wantErrContains(t, "CHECK after damage", err, c.want(p)...)
 		})
 	}
 	// Damaged or not, DEL cleans up.
 	for _, p := range added {
-		if err := e.del(p.pod, p.id, "eth0"); err != nil {
-			t.Fatalf("DEL %s: %v", p.id, err)
+		if err := e.Del(p.Pod, p.ID, "eth0"); err != nil {
+			t.Fatalf("DEL %s: %v", p.ID, err)
 		}
 	}
-	e.assertClean()
+	e.AssertClean()
 }
 
 func maskOnes(n *net.IPNet) (int, int) {
@@ -474,39 +346,39 @@ func TestLifecycleGC(t *testing.T) {
 			name = "plugin records only"
 		}
 		t.Run(name, func(t *testing.T) {
-			e := newEnv(t)
-			var ps []*attachment
+			e := testenv.New(t)
+			var ps []*testenv.Attachment
 			for i := 0; i < 3; i++ {
-				ps = append(ps, e.addAttachment(e.newPod(), fmt.Sprintf("gc-%d", i)))
+				ps = append(ps, e.AddAttachment(e.NewPod(), fmt.Sprintf("gc-%d", i)))
 			}
-			keep, stale := ps[1], []*attachment{ps[0], ps[2]}
+			keep, stale := ps[1], []*testenv.Attachment{ps[0], ps[2]}
 			if lostCache {
-				if err := os.RemoveAll(e.cacheDir); err != nil {
+				if err := os.RemoveAll(e.CacheDir); err != nil {
 					t.Fatal(err)
 				}
-				if err := os.MkdirAll(e.cacheDir, 0o700); err != nil {
+				if err := os.MkdirAll(e.CacheDir, 0o700); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if err := e.gc(types.GCAttachment{ContainerID: keep.id, IfName: "eth0"}); err != nil {
+			if err := e.GC(types.GCAttachment{ContainerID: keep.ID, IfName: "eth0"}); err != nil {
 				t.Fatalf("GC: %v", err)
 			}
 			for _, p := range stale {
-				e.assertGone(p)
+				e.AssertGone(p)
 			}
 			// Everything of the valid attachment is still in place.
 			have := map[string]bool{}
-			for _, tr := range e.traces(keep) {
+			for _, tr := range e.Traces(keep) {
 				have[tr] = true
 			}
 			want := []string{
-				"host veth " + keep.hostIf,
-				"link pin " + datapath.LinkPinPath(e.pinDir, keep.hostIf, "ingress"),
-				"link pin " + datapath.LinkPinPath(e.pinDir, keep.hostIf, "egress"),
-				"state record of " + keep.id,
-				fmt.Sprintf("links map entry %d", keep.ifindex),
+				"host veth " + keep.HostIf,
+				"link pin " + datapath.LinkPinPath(e.PinDir, keep.HostIf, "ingress"),
+				"link pin " + datapath.LinkPinPath(e.PinDir, keep.HostIf, "egress"),
+				"state record of " + keep.ID,
+				fmt.Sprintf("links map entry %d", keep.Ifindex),
 			}
-			for _, ip := range keep.ips {
+			for _, ip := range keep.IPs {
 				want = append(want, "ipam reservation "+ip.String(), "endpoint map entry "+ip.String())
 			}
 			for _, w := range want {
@@ -514,26 +386,26 @@ func TestLifecycleGC(t *testing.T) {
 					t.Errorf("GC removed %s of the valid attachment", w)
 				}
 			}
-			if err := ping(keep.pod, nodeIP4, 2); err != nil {
+			if err := testenv.Ping(keep.Pod, testenv.NodeIP4, 2); err != nil {
 				t.Fatalf("valid pod after GC: %v", err)
 			}
 			if !lostCache {
 				// libcni's cached result is still there only in this variant.
-				if err := e.check(keep.pod, keep.id, "eth0"); err != nil {
+				if err := e.Check(keep.Pod, keep.ID, "eth0"); err != nil {
 					t.Fatalf("CHECK of the valid pod after GC: %v", err)
 				}
 			}
 			// A second GC changes nothing.
-			if err := e.gc(types.GCAttachment{ContainerID: keep.id, IfName: "eth0"}); err != nil {
+			if err := e.GC(types.GCAttachment{ContainerID: keep.ID, IfName: "eth0"}); err != nil {
 				t.Fatalf("second GC: %v", err)
 			}
-			if err := ping(keep.pod, nodeIP4, 1); err != nil {
+			if err := testenv.Ping(keep.Pod, testenv.NodeIP4, 1); err != nil {
 				t.Fatalf("valid pod after second GC: %v", err)
 			}
-			if err := e.del(keep.pod, keep.id, "eth0"); err != nil {
+			if err := e.Del(keep.Pod, keep.ID, "eth0"); err != nil {
 				t.Fatal(err)
 			}
-			e.assertClean()
+			e.AssertClean()
 		})
 	}
 }
@@ -545,14 +417,14 @@ func TestLifecycleGC(t *testing.T) {
 // with distinct addresses; the pods talk; 20 DELs at once leave nothing.
 func TestLifecycleConcurrent(t *testing.T) {
 	const n = 20
-	e := newEnv(t)
-	if _, err := os.Stat(e.pinDir); !errors.Is(err, os.ErrNotExist) {
+	e := testenv.New(t)
+	if _, err := os.Stat(e.PinDir); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("pin directory should not exist yet: %v", err)
 	}
 	pods := make([]ns.NetNS, n)
 	ids := make([]string, n)
 	for i := range pods {
-		pods[i] = e.newPod()
+		pods[i] = e.NewPod()
 		ids[i] = fmt.Sprintf("conc-%02d", i)
 	}
 	results := make([]*current.Result, n)
@@ -564,7 +436,7 @@ func TestLifecycleConcurrent(t *testing.T) {
 		go func(i int) {
 			defer wg.Done()
 			<-start
-			res, err := e.addV("1.1.0", pods[i], ids[i], "eth0")
+			res, err := e.AddV("1.1.0", pods[i], ids[i], "eth0")
 			if err == nil {
 				results[i], err = current.NewResultFromResult(res)
 			}
@@ -585,7 +457,7 @@ func TestLifecycleConcurrent(t *testing.T) {
 	}
 	seen := map[string]string{}
 	for i, r := range results {
-		v4, v6 := podIPs(t, r)
+		v4, v6 := testenv.PodIPs(t, r)
 		for _, ip := range []net.IP{v4, v6} {
 			if other, dup := seen[ip.String()]; dup {
 				t.Errorf("%s and %s both got %s", other, ids[i], ip)
@@ -593,14 +465,14 @@ func TestLifecycleConcurrent(t *testing.T) {
 			seen[ip.String()] = ids[i]
 		}
 	}
-	if eps, err := e.maps().ListEndpoints(); err != nil || len(eps) != 2*n {
+	if eps, err := e.Maps().ListEndpoints(); err != nil || len(eps) != 2*n {
 		t.Errorf("endpoints map has %d entries (err %v), want %d", len(eps), err, 2*n)
 	}
-	b4, b6 := podIPs(t, results[n-1])
-	if err := ping(pods[0], b4, 2); err != nil {
+	b4, b6 := testenv.PodIPs(t, results[n-1])
+	if err := testenv.Ping(pods[0], b4, 2); err != nil {
 		t.Fatal(err)
 	}
-	if err := ping(pods[0], b6, 2); err != nil {
+	if err := testenv.Ping(pods[0], b6, 2); err != nil {
 		t.Fatal(err)
 	}
 
@@ -608,7 +480,7 @@ func TestLifecycleConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			errs[i] = e.del(pods[i], ids[i], "eth0")
+			errs[i] = e.Del(pods[i], ids[i], "eth0")
 		}(i)
 	}
 	wg.Wait()
@@ -617,7 +489,7 @@ func TestLifecycleConcurrent(t *testing.T) {
 			t.Errorf("concurrent DEL %s: %v", ids[i], err)
 		}
 	}
-	e.assertClean()
+	e.AssertClean()
 }
 
 // TestLifecycleBootstrapRace repeats the cold start many times: every ADD
@@ -625,10 +497,10 @@ func TestLifecycleConcurrent(t *testing.T) {
 func TestLifecycleBootstrapRace(t *testing.T) {
 	const rounds, n = 5, 6
 	for r := 0; r < rounds; r++ {
-		e := newEnv(t)
+		e := testenv.New(t)
 		pods := make([]ns.NetNS, n)
 		for i := range pods {
-			pods[i] = e.newPod()
+			pods[i] = e.NewPod()
 		}
 		errs := make([]error, n)
 		var wg sync.WaitGroup
@@ -638,7 +510,7 @@ func TestLifecycleBootstrapRace(t *testing.T) {
 			go func(i int) {
 				defer wg.Done()
 				<-start
-				_, errs[i] = e.addV("1.1.0", pods[i], fmt.Sprintf("boot-%d", i), "eth0")
+				_, errs[i] = e.AddV("1.1.0", pods[i], fmt.Sprintf("boot-%d", i), "eth0")
 			}(i)
 		}
 		close(start)
@@ -649,19 +521,19 @@ func TestLifecycleBootstrapRace(t *testing.T) {
 			}
 		}
 		for i := 0; i < n; i++ {
-			if err := e.check(pods[i], fmt.Sprintf("boot-%d", i), "eth0"); err != nil {
+			if err := e.Check(pods[i], fmt.Sprintf("boot-%d", i), "eth0"); err != nil {
 				t.Fatalf("round %d: CHECK %d after cold start: %v", r, i, err)
 			}
 		}
-		if err := ping(pods[0], nodeIP4, 1); err != nil {
+		if err := testenv.Ping(pods[0], testenv.NodeIP4, 1); err != nil {
 			t.Fatalf("round %d: %v", r, err)
 		}
 		for i := 0; i < n; i++ {
-			if err := e.del(pods[i], fmt.Sprintf("boot-%d", i), "eth0"); err != nil {
+			if err := e.Del(pods[i], fmt.Sprintf("boot-%d", i), "eth0"); err != nil {
 				t.Fatalf("round %d: DEL %d: %v", r, i, err)
 			}
 		}
-		e.assertClean()
+		e.AssertClean()
 	}
 }
 
@@ -673,8 +545,8 @@ func TestLifecycleBootstrapRace(t *testing.T) {
 func TestLifecycleBadInput(t *testing.T) {
 	type tc struct {
 		name     string
-		conf     func(e *env, c map[string]any) // edit the otherwise valid config
-		stdin    string                         // raw stdin instead of the config
+		conf     func(e *testenv.Env, c map[string]any) // edit the otherwise valid config
+		stdin    string                                 // raw stdin instead of the config
 		envEdit  func(envv map[string]string)
 		wantCode uint
 		wantMsg  []string
@@ -683,14 +555,14 @@ func TestLifecycleBadInput(t *testing.T) {
 		{name: "bad JSON", stdin: `{"cniVersion": "1.1.0", "name": "x", "type": "ebpf-cni", `, wantCode: codeDecoding},
 		{
 			name:     "missing ipam",
-			conf:     func(e *env, c map[string]any) { delete(c, "ipam") },
+			conf:     func(e *testenv.Env, c map[string]any) { delete(c, "ipam") },
 			wantCode: codeInvalidConfig, wantMsg: []string{"ipam"},
 		},
 		{
 			name: "bad CIDR in ipam.ranges subnet",
-			conf: func(e *env, c map[string]any) {
+			conf: func(e *testenv.Env, c map[string]any) {
 				c["ipam"] = map[string]any{
-					"type": "host-local", "dataDir": e.dataDir,
+					"type": "host-local", "dataDir": e.DataDir,
 					"ranges": [][]map[string]string{{{"subnet": "10.250.0.0/33"}}},
 				}
 			},
@@ -698,22 +570,22 @@ func TestLifecycleBadInput(t *testing.T) {
 		},
 		{
 			name:     "mtu out of range",
-			conf:     func(e *env, c map[string]any) { c["mtu"] = 10 },
+			conf:     func(e *testenv.Env, c map[string]any) { c["mtu"] = 10 },
 			wantCode: codeInvalidConfig, wantMsg: []string{"mtu"},
 		},
 		{
 			name:     "relative pinDir",
-			conf:     func(e *env, c map[string]any) { c["pinDir"] = "relative/pins" },
+			conf:     func(e *testenv.Env, c map[string]any) { c["pinDir"] = "relative/pins" },
 			wantCode: codeInvalidConfig, wantMsg: []string{"pinDir"},
 		},
 		{
 			name:     "unknown attachMode",
-			conf:     func(e *env, c map[string]any) { c["attachMode"] = "xdp" },
+			conf:     func(e *testenv.Env, c map[string]any) { c["attachMode"] = "xdp" },
 			wantCode: codeInvalidConfig, wantMsg: []string{"attachMode"},
 		},
 		{
 			name:     "unsupported cniVersion",
-			conf:     func(e *env, c map[string]any) { c["cniVersion"] = "9.9.9" },
+			conf:     func(e *testenv.Env, c map[string]any) { c["cniVersion"] = "9.9.9" },
 			wantCode: codeIncompatibleVersion,
 		},
 		{
@@ -728,24 +600,24 @@ func TestLifecycleBadInput(t *testing.T) {
 		},
 		{
 			name:     "nonexistent netns",
-			envEdit:  func(envv map[string]string) { envv["CNI_NETNS"] = "/var/run/netns/" + randName("absent-") },
+			envEdit:  func(envv map[string]string) { envv["CNI_NETNS"] = "/var/run/netns/" + testenv.RandName("absent-") },
 			wantCode: codeInvalidEnv, wantMsg: []string{"CNI_NETNS"},
 		},
 	}
 
-	setup := func(t *testing.T) (*env, ns.NetNS, map[string]string, map[string]any) {
-		e := newEnv(t)
-		pod := e.newPod()
+	setup := func(t *testing.T) (*testenv.Env, ns.NetNS, map[string]string, map[string]any) {
+		e := testenv.New(t)
+		pod := e.NewPod()
 		envv := map[string]string{
 			"CNI_COMMAND":     "ADD",
-			"CNI_CONTAINERID": randName("bad-"),
+			"CNI_CONTAINERID": testenv.RandName("bad-"),
 			"CNI_NETNS":       pod.Path(),
 			"CNI_IFNAME":      "eth0",
-			"CNI_PATH":        binDir,
+			"CNI_PATH":        testenv.BinDir,
 		}
-		c := e.pluginConf()
+		c := e.PluginConf()
 		c["cniVersion"] = "1.1.0"
-		c["name"] = e.name
+		c["name"] = e.Name
 		return e, pod, envv, c
 	}
 
@@ -754,15 +626,15 @@ func TestLifecycleBadInput(t *testing.T) {
 	t.Run("control", func(t *testing.T) {
 		e, _, envv, c := setup(t)
 		stdin, _ := json.Marshal(c)
-		out, err := e.execPlugin(envv, stdin)
+		out, err := e.ExecPlugin(envv, stdin)
 		if err != nil {
 			t.Fatalf("ADD with the base config: %v\n%s", err, out)
 		}
 		envv["CNI_COMMAND"] = "DEL"
-		if out, err := e.execPlugin(envv, stdin); err != nil {
+		if out, err := e.ExecPlugin(envv, stdin); err != nil {
 			t.Fatalf("DEL with the base config: %v\n%s", err, out)
 		}
-		e.assertClean()
+		e.AssertClean()
 	})
 
 	for _, c := range cases {
@@ -780,12 +652,12 @@ func TestLifecycleBadInput(t *testing.T) {
 			if c.envEdit != nil {
 				c.envEdit(envv)
 			}
-			out, err := e.execPlugin(envv, stdin)
+			out, err := e.ExecPlugin(envv, stdin)
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() == 0 {
 				t.Fatalf("plugin exit: %v, want a non-zero exit status; stdout: %s", err, out)
 			}
-			perr := pluginError(t, out)
+			perr := testenv.PluginError(t, out)
 			if perr.Code != c.wantCode {
 				t.Errorf("error code %d (%q), want %d", perr.Code, perr.Msg, c.wantCode)
 			}
@@ -794,15 +666,15 @@ func TestLifecycleBadInput(t *testing.T) {
 					t.Errorf("error %q (details %q) does not mention %q", perr.Msg, perr.Details, s)
 				}
 			}
-			e.assertClean()
+			e.AssertClean()
 			pod.Do(func(ns.NetNS) error {
 				if _, err := netlink.LinkByName("eth0"); err == nil {
 					t.Error("the failed ADD left eth0 in the pod")
 				}
 				return nil
 			})
-			if _, err := os.Stat(e.pinDir); err == nil {
-				t.Errorf("the failed ADD created the pin directory %s", e.pinDir)
+			if _, err := os.Stat(e.PinDir); err == nil {
+				t.Errorf("the failed ADD created the pin directory %s", e.PinDir)
 			}
 		})
 	}
@@ -814,18 +686,18 @@ func TestLifecycleBadInput(t *testing.T) {
 // or because IPAM is exhausted, leaves nothing of its own.
 func TestLifecycleFailedAdd(t *testing.T) {
 	t.Run("eth0 exists in pod", func(t *testing.T) {
-		e := newEnv(t)
-		pod := e.newPod()
+		e := testenv.New(t)
+		pod := e.NewPod()
 		err := pod.Do(func(ns.NetNS) error {
 			return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0"})
 		})
 		if err != nil {
 			t.Fatalf("create eth0 in the pod: %v", err)
 		}
-		_, err = e.addV("1.1.0", pod, "fail-eth0", "eth0")
+		_, err = e.AddV("1.1.0", pod, "fail-eth0", "eth0")
 		wantErrContains(t, "ADD into a pod that has eth0", err, "eth0", "exists")
-		e.assertClean()
-		if r := e.reservationsOf("fail-eth0"); len(r) > 0 {
+		e.AssertClean()
+		if r := e.ReservationsOf("fail-eth0"); len(r) > 0 {
 			t.Errorf("IPAM reservations left: %v", r)
 		}
 		// The pod's own interfaces are untouched.
@@ -846,10 +718,10 @@ func TestLifecycleFailedAdd(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The runtime's DEL after a failed ADD succeeds and keeps the pod's links.
-		if err := e.del(pod, "fail-eth0", "eth0"); err != nil {
+		if err := e.Del(pod, "fail-eth0", "eth0"); err != nil {
 			t.Fatalf("DEL after the failed ADD: %v", err)
 		}
-		e.assertClean()
+		e.AssertClean()
 		// Nothing stale blocks a retry once the conflict is gone.
 		err = pod.Do(func(ns.NetNS) error {
 			l, err := netlink.LinkByName("eth0")
@@ -861,57 +733,57 @@ func TestLifecycleFailedAdd(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p := e.addAttachment(pod, "fail-eth0")
-		if err := ping(pod, nodeIP4, 1); err != nil {
+		p := e.AddAttachment(pod, "fail-eth0")
+		if err := testenv.Ping(pod, testenv.NodeIP4, 1); err != nil {
 			t.Fatal(err)
 		}
-		if err := e.del(pod, p.id, "eth0"); err != nil {
+		if err := e.Del(pod, p.ID, "eth0"); err != nil {
 			t.Fatal(err)
 		}
-		e.assertClean()
+		e.AssertClean()
 	})
 
 	t.Run("ipam exhausted", func(t *testing.T) {
-		e := newEnv(t)
-		e.ipam = map[string]any{
+		e := testenv.New(t)
+		e.IPAM = map[string]any{
 			"type":    "host-local",
-			"dataDir": e.dataDir,
+			"dataDir": e.DataDir,
 			"ranges": [][]map[string]string{{{
 				"subnet": "10.250.0.0/30", "rangeStart": "10.250.0.2", "rangeEnd": "10.250.0.2",
 			}}},
 		}
-		first := e.addAttachment(e.newPod(), "only-one")
-		if len(first.ips) != 1 || !first.ips[0].Equal(net.ParseIP("10.250.0.2")) {
-			t.Fatalf("first pod got %v, want [10.250.0.2]", first.ips)
+		first := e.AddAttachment(e.NewPod(), "only-one")
+		if len(first.IPs) != 1 || !first.IPs[0].Equal(net.ParseIP("10.250.0.2")) {
+			t.Fatalf("first pod got %v, want [10.250.0.2]", first.IPs)
 		}
-		pod2 := e.newPod()
-		_, err := e.addV("1.1.0", pod2, "no-room", "eth0")
+		pod2 := e.NewPod()
+		_, err := e.AddV("1.1.0", pod2, "no-room", "eth0")
 		if err == nil {
 			t.Fatal("second ADD into a one-address range succeeded")
 		}
 		t.Logf("second ADD: %v", err)
-		second := &attachment{pod: pod2, id: "no-room", ifname: "eth0", hostIf: state.HostIfName("no-room", "eth0")}
-		e.assertGone(second)
+		second := &testenv.Attachment{Pod: pod2, ID: "no-room", IfName: "eth0", HostIf: state.HostIfName("no-room", "eth0")}
+		e.AssertGone(second)
 		// Exactly the first pod's state is left.
-		eps, err := e.maps().ListEndpoints()
-		if err != nil || len(eps) != 1 || !eps[0].IP.Equal(first.ips[0]) || int(eps[0].Info.Ifindex) != first.ifindex {
-			t.Errorf("endpoints map after the failed ADD: %+v (err %v), want only %s -> %d", eps, err, first.ips[0], first.ifindex)
+		eps, err := e.Maps().ListEndpoints()
+		if err != nil || len(eps) != 1 || !eps[0].IP.Equal(first.IPs[0]) || int(eps[0].Info.Ifindex) != first.Ifindex {
+			t.Errorf("endpoints map after the failed ADD: %+v (err %v), want only %s -> %d", eps, err, first.IPs[0], first.Ifindex)
 		}
 		var k uint32
 		var v maps.LinkInfo
-		it := e.maps().Links.Iterate()
+		it := e.Maps().Links.Iterate()
 		for it.Next(&k, &v) {
-			if int(k) != first.ifindex {
-				t.Errorf("links map has an entry for ifindex %d besides the first pod's %d", k, first.ifindex)
+			if int(k) != first.Ifindex {
+				t.Errorf("links map has an entry for ifindex %d besides the first pod's %d", k, first.Ifindex)
 			}
 		}
-		if pins := datapath.VethLinkPins(e.pinDir); len(pins) != 2 {
+		if pins := datapath.VethLinkPins(e.PinDir); len(pins) != 2 {
 			t.Errorf("link pins after the failed ADD: %d, want the first pod's 2", len(pins))
 		}
-		if recs, _ := os.ReadDir(filepath.Join(e.stateDir, e.name)); len(recs) != 1 {
+		if recs, _ := os.ReadDir(filepath.Join(e.StateDir, e.Name)); len(recs) != 1 {
 			t.Errorf("state records after the failed ADD: %d, want the first pod's 1", len(recs))
 		}
-		if r := e.reservationsOf(first.id); len(r) != 1 {
+		if r := e.ReservationsOf(first.ID); len(r) != 1 {
 			t.Errorf("first pod's reservation after the failed ADD: %v", r)
 		}
 		pod2.Do(func(ns.NetNS) error {
@@ -920,25 +792,25 @@ func TestLifecycleFailedAdd(t *testing.T) {
 			}
 			return nil
 		})
-		if err := ping(first.pod, nodeIP4, 1); err != nil {
+		if err := testenv.Ping(first.Pod, testenv.NodeIP4, 1); err != nil {
 			t.Fatalf("first pod after the failed ADD: %v", err)
 		}
-		if err := e.del(pod2, "no-room", "eth0"); err != nil {
+		if err := e.Del(pod2, "no-room", "eth0"); err != nil {
 			t.Fatalf("DEL after the failed ADD: %v", err)
 		}
-		if err := e.check(first.pod, first.id, "eth0"); err != nil {
+		if err := e.Check(first.Pod, first.ID, "eth0"); err != nil {
 			t.Fatalf("first pod after DEL of the failed one: %v", err)
 		}
-		if err := e.del(first.pod, first.id, "eth0"); err != nil {
+		if err := e.Del(first.Pod, first.ID, "eth0"); err != nil {
 			t.Fatal(err)
 		}
-		e.assertClean()
+		e.AssertClean()
 		// With the address free again, an ADD succeeds.
-		again := e.addAttachment(pod2, "no-room")
-		if err := e.del(pod2, again.id, "eth0"); err != nil {
+		again := e.AddAttachment(pod2, "no-room")
+		if err := e.Del(pod2, again.ID, "eth0"); err != nil {
 			t.Fatal(err)
 		}
-		e.assertClean()
+		e.AssertClean()
 	})
 }
 
@@ -947,25 +819,25 @@ func TestLifecycleFailedAdd(t *testing.T) {
 // TestLifecycleStatus: STATUS succeeds on a usable node and is error 50 when
 // the pin directory is not on bpffs; ADD then fails the same way, cleanly.
 func TestLifecycleStatus(t *testing.T) {
-	e := newEnv(t)
-	if err := e.status(); err != nil {
+	e := testenv.New(t)
+	if err := e.Status(); err != nil {
 		t.Fatalf("STATUS on a good config: %v", err)
 	}
 
-	bad := newEnv(t)
-	bad.pinDir = t.TempDir()
-	err := bad.status()
-	if errCode(err) != codePluginNotAvailable {
-		t.Fatalf("STATUS with pinDir %s off bpffs: %v (code %d), want code %d", bad.pinDir, err, errCode(err), codePluginNotAvailable)
+	bad := testenv.New(t)
+	bad.PinDir = t.TempDir()
+	err := bad.Status()
+	if testenv.ErrCode(err) != codePluginNotAvailable {
+		t.Fatalf("STATUS with pinDir %s off bpffs: %v (code %d), want code %d", bad.PinDir, err, testenv.ErrCode(err), codePluginNotAvailable)
 	}
-	wantErrContains(t, "STATUS off bpffs", err, bad.pinDir)
+	wantErrContains(t, "STATUS off bpffs", err, bad.PinDir)
 
-	_, err = bad.addV("1.1.0", bad.newPod(), "off-bpffs", "eth0")
-	if errCode(err) != codePluginNotAvailable {
-		t.Fatalf("ADD with pinDir off bpffs: %v (code %d), want code %d", err, errCode(err), codePluginNotAvailable)
+	_, err = bad.AddV("1.1.0", bad.NewPod(), "off-bpffs", "eth0")
+	if testenv.ErrCode(err) != codePluginNotAvailable {
+		t.Fatalf("ADD with pinDir off bpffs: %v (code %d), want code %d", err, testenv.ErrCode(err), codePluginNotAvailable)
 	}
-	bad.assertClean()
-	if ents, _ := os.ReadDir(bad.pinDir); len(ents) > 0 {
-		t.Errorf("ADD off bpffs wrote into %s: %v", bad.pinDir, ents)
+	bad.AssertClean()
+	if ents, _ := os.ReadDir(bad.PinDir); len(ents) > 0 {
+		t.Errorf("ADD off bpffs wrote into %s: %v", bad.PinDir, ents)
 	}
 }

@@ -1,4 +1,4 @@
-package test
+package integration
 
 import (
 	"bufio"
@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -25,9 +24,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
-	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // ---- helpers of this file --------------------------------------------------
@@ -43,15 +42,15 @@ var (
 
 // hpEnv is a node with hostPorts enabled in its conflist and a remote host.
 type hpEnv struct {
-	*env
+	*testenv.Env
 	remote ns.NetNS
 }
 
 func newHPEnv(t *testing.T) *hpEnv {
 	t.Helper()
-	e := newEnv(t)
-	e.extra = map[string]any{"capabilities": map[string]bool{"portMappings": true}}
-	h := &hpEnv{env: e}
+	e := testenv.New(t)
+	e.Extra = map[string]any{"capabilities": map[string]bool{"portMappings": true}}
+	h := &hpEnv{Env: e}
 	r, err := testutils.NewNS()
 	if err != nil {
 		t.Fatalf("create remote netns: %v", err)
@@ -79,7 +78,7 @@ func (h *hpEnv) plugUplink() error {
 		a.Flags = unix.IFA_F_NODAD
 		return netlink.AddrAdd(l, a)
 	}
-	err := h.inNode(func() error {
+	err := h.InNode(func() error {
 		veth := &netlink.Veth{
 			LinkAttrs: netlink.LinkAttrs{Name: "uplink0"},
 			PeerName:  "eth0", PeerNamespace: netlink.NsFd(int(h.remote.Fd())),
@@ -128,52 +127,6 @@ func (h *hpEnv) plugUplink() error {
 		return fmt.Errorf("remote netns: %w", err)
 	}
 	return nil
-}
-
-// pm is one portMappings entry as a runtime passes it.
-type pm struct {
-	HostPort      int    `json:"hostPort"`
-	ContainerPort int    `json:"containerPort"`
-	Protocol      string `json:"protocol"`
-	HostIP        string `json:"hostIP,omitempty"`
-}
-
-func (e *env) rtHP(pod ns.NetNS, containerID string, pms []pm) *libcni.RuntimeConf {
-	rt := e.rt(pod, containerID, "eth0")
-	if pms != nil {
-		rt.CapabilityArgs = map[string]any{"portMappings": pms}
-	}
-	return rt
-}
-
-// addHP adds a pod with port mappings at CNI 1.0.0 (what containerd sends).
-func (e *env) addHP(pod ns.NetNS, containerID string, pms ...pm) (*current.Result, error) {
-	var res types.Result
-	err := e.inNode(func() error {
-		var err error
-		res, err = e.cni.AddNetworkList(context.Background(), e.confList("1.0.0"), e.rtHP(pod, containerID, pms))
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return current.NewResultFromResult(res)
-}
-
-func (e *env) mustAddHP(pod ns.NetNS, containerID string, pms ...pm) *current.Result {
-	e.t.Helper()
-	e.cleanupDel(pod, containerID)
-	r, err := e.addHP(pod, containerID, pms...)
-	if err != nil {
-		e.t.Fatalf("ADD %s with %+v: %v", containerID, pms, err)
-	}
-	return r
-}
-
-func (e *env) checkHP(pod ns.NetNS, containerID string, pms ...pm) error {
-	return e.inNode(func() error {
-		return e.cni.CheckNetworkList(context.Background(), e.confList("1.0.0"), e.rtHP(pod, containerID, pms))
-	})
 }
 
 // serve runs TCP and UDP servers on port in netns (IPv4 and IPv6) until the
@@ -424,36 +377,6 @@ func ctOf(t *testing.T, m *maps.Maps, ifindex int) []maps.Flow {
 	return out
 }
 
-// hostPortLeftovers lists hostPort state of the env that DEL should remove.
-func (e *env) hostPortLeftovers() []string {
-	m, err := datapath.OpenMaps(e.pinDir)
-	if err != nil {
-		return nil
-	}
-	defer m.Close()
-	var out []string
-	hps, _ := m.ListHostPorts()
-	for _, h := range hps {
-		out = append(out, "hostport "+h.Listen())
-	}
-	flows, _ := m.ListCT()
-	for _, f := range flows {
-		out = append(out, fmt.Sprintf("ct %s -> %s -> %s", f.Client, f.Dialled, f.Pod))
-	}
-	socks, _ := m.ListSockRNAT()
-	for _, s := range socks {
-		out = append(out, fmt.Sprintf("sock rnat %d %s -> %s", s.Cookie, s.Dialled, s.Pod))
-	}
-	return out
-}
-
-func (e *env) assertNoHostPorts() {
-	e.t.Helper()
-	if l := e.hostPortLeftovers(); len(l) > 0 {
-		e.t.Fatalf("hostPort state left behind:\n  %s", strings.Join(l, "\n  "))
-	}
-}
-
 func removeFile(p string) error { return os.Remove(p) }
 
 // ---- tests -----------------------------------------------------------------
@@ -464,12 +387,12 @@ func removeFile(p string) error { return os.Remove(p) }
 func TestHostPortRemote(t *testing.T) {
 	t.Parallel()
 	e := newHPEnv(t)
-	p := e.newPod()
-	e.mustAddHP(p, "web", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 8080, ContainerPort: 80, Protocol: "UDP"})
+	p := e.NewPod()
+	e.MustAddHP(p, "web", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "UDP"})
 	serve(t, p, 80, "web")
 
 	for _, proto := range []string{"tcp", "udp"} {
-		for _, ip := range []net.IP{uplinkIP4, nodeIP4, uplinkIP6, nodeIP6} {
+		for _, ip := range []net.IP{uplinkIP4, testenv.NodeIP4, uplinkIP6, testenv.NodeIP6} {
 			a := expectServer(t, e.remote, proto, hp(ip, 8080), "web")
 			want := remoteIP4
 			if ip.To4() == nil {
@@ -483,9 +406,9 @@ func TestHostPortRemote(t *testing.T) {
 	// No other port is mapped.
 	expectNoServer(t, e.remote, "tcp", hp(uplinkIP4, 8081))
 
-	e.mustDel(p, "web")
-	e.assertClean()
-	e.assertNoHostPorts()
+	e.MustDel(p, "web")
+	e.AssertClean()
+	e.AssertNoHostPorts()
 }
 
 // TestHostPortFromNode: processes in the node's netns reach a hostPort on a
@@ -495,17 +418,17 @@ func TestHostPortRemote(t *testing.T) {
 func TestHostPortFromNode(t *testing.T) {
 	t.Parallel()
 	e := newHPEnv(t)
-	p := e.newPod()
-	e.mustAddHP(p, "web", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 8080, ContainerPort: 80, Protocol: "udp"})
+	p := e.NewPod()
+	e.MustAddHP(p, "web", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "udp"})
 	serve(t, p, 80, "web")
 
 	for _, proto := range []string{"tcp", "udp"} {
-		for _, ip := range []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1"), nodeIP4, nodeIP6, uplinkIP4, uplinkIP6} {
-			expectServer(t, e.node, proto, hp(ip, 8080), "web")
+		for _, ip := range []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1"), testenv.NodeIP4, testenv.NodeIP6, uplinkIP4, uplinkIP6} {
+			expectServer(t, e.Node, proto, hp(ip, 8080), "web")
 		}
 	}
 	// A connected UDP socket (connect + write/read) works too.
-	err := e.node.Do(func(ns.NetNS) error {
+	err := e.Node.Do(func(ns.NetNS) error {
 		c, err := net.Dial("udp", "127.0.0.1:8080")
 		if err != nil {
 			return err
@@ -531,12 +454,12 @@ func TestHostPortFromNode(t *testing.T) {
 	expectNoServer(t, e.remote, "tcp", "127.0.0.1:8080")
 	expectNoServer(t, e.remote, "udp", "127.0.0.1:8080")
 
-	e.mustDel(p, "web")
+	e.MustDel(p, "web")
 	for _, proto := range []string{"tcp", "udp"} {
-		expectNoServer(t, e.node, proto, "127.0.0.1:8080")
+		expectNoServer(t, e.Node, proto, "127.0.0.1:8080")
 	}
-	e.assertClean()
-	e.assertNoHostPorts()
+	e.AssertClean()
+	e.AssertNoHostPorts()
 }
 
 // TestHostPortHairpin: a pod reaches its own hostPort and another pod's
@@ -546,15 +469,15 @@ func TestHostPortFromNode(t *testing.T) {
 func TestHostPortHairpin(t *testing.T) {
 	t.Parallel()
 	e := newHPEnv(t)
-	a, b := e.newPod(), e.newPod()
-	ra := e.mustAddHP(a, "pod-a", pm{HostPort: 7001, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 7001, ContainerPort: 80, Protocol: "udp"})
-	e.mustAddHP(b, "pod-b", pm{HostPort: 7002, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 7002, ContainerPort: 80, Protocol: "udp"})
+	a, b := e.NewPod(), e.NewPod()
+	ra := e.MustAddHP(a, "pod-a", testenv.PM{HostPort: 7001, ContainerPort: 80, Protocol: "tcp"}, testenv.PM{HostPort: 7001, ContainerPort: 80, Protocol: "udp"})
+	e.MustAddHP(b, "pod-b", testenv.PM{HostPort: 7002, ContainerPort: 80, Protocol: "tcp"}, testenv.PM{HostPort: 7002, ContainerPort: 80, Protocol: "udp"})
 	serve(t, a, 80, "pod-a")
 	serve(t, b, 80, "pod-b")
-	a4, a6 := podIPs(t, ra)
+	a4, a6 := testenv.PodIPs(t, ra)
 
 	for _, proto := range []string{"tcp", "udp"} {
-		for _, ip := range []net.IP{nodeIP4, uplinkIP4, nodeIP6, uplinkIP6} {
+		for _, ip := range []net.IP{testenv.NodeIP4, uplinkIP4, testenv.NodeIP6, uplinkIP6} {
 			self := expectServer(t, a, proto, hp(ip, 7001), "pod-a")
 			if host, _, _ := net.SplitHostPort(self.peer); host != ip.String() {
 				t.Errorf("%s hairpin to itself via %s: the pod saw %s as the client, want the dialled %s", proto, ip, self.peer, ip)
@@ -569,7 +492,7 @@ func TestHostPortHairpin(t *testing.T) {
 			}
 		}
 	}
-	m := e.maps()
+	m := e.Maps()
 	stats, err := m.HostPortStats()
 	if err != nil {
 		t.Fatal(err)
@@ -577,10 +500,10 @@ func TestHostPortHairpin(t *testing.T) {
 	if stats["dnat_hairpin"] == 0 || stats["reply"] == 0 {
 		t.Errorf("hostPort counters %v: want hairpin DNATs and translated replies", stats)
 	}
-	e.mustDel(a, "pod-a")
-	e.mustDel(b, "pod-b")
-	e.assertClean()
-	e.assertNoHostPorts()
+	e.MustDel(a, "pod-a")
+	e.MustDel(b, "pod-b")
+	e.AssertClean()
+	e.AssertNoHostPorts()
 }
 
 // TestHostPortHostIP: the same hostPort on different hostIPs and protocols
@@ -592,50 +515,50 @@ func TestHostPortHostIP(t *testing.T) {
 	t.Parallel()
 	e := newHPEnv(t)
 	pods := map[string]ns.NetNS{}
-	add := func(name string, pms ...pm) {
-		p := e.newPod()
+	add := func(name string, pms ...testenv.PM) {
+		p := e.NewPod()
 		pods[name] = p
-		e.mustAddHP(p, name, pms...)
+		e.MustAddHP(p, name, pms...)
 		serve(t, p, 80, name)
 	}
 	// Conformance: 127.0.0.1/tcp, node IP/tcp, node IP/udp.
-	add("local", pm{HostPort: 9000, ContainerPort: 80, Protocol: "tcp", HostIP: "127.0.0.1"})
-	add("node-tcp", pm{HostPort: 9000, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP4.String()})
-	add("node-udp", pm{HostPort: 9000, ContainerPort: 80, Protocol: "udp", HostIP: uplinkIP4.String()})
+	add("local", testenv.PM{HostPort: 9000, ContainerPort: 80, Protocol: "tcp", HostIP: "127.0.0.1"})
+	add("node-tcp", testenv.PM{HostPort: 9000, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP4.String()})
+	add("node-udp", testenv.PM{HostPort: 9000, ContainerPort: 80, Protocol: "udp", HostIP: uplinkIP4.String()})
 	// IPv6: the same port on two node addresses, two pods.
-	add("v6-uplink", pm{HostPort: 9001, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP6.String()}, pm{HostPort: 9001, ContainerPort: 80, Protocol: "udp", HostIP: uplinkIP6.String()})
-	add("v6-lo", pm{HostPort: 9001, ContainerPort: 80, Protocol: "tcp", HostIP: nodeIP6.String()}, pm{HostPort: 9001, ContainerPort: 80, Protocol: "udp", HostIP: nodeIP6.String()})
+	add("v6-uplink", testenv.PM{HostPort: 9001, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP6.String()}, testenv.PM{HostPort: 9001, ContainerPort: 80, Protocol: "udp", HostIP: uplinkIP6.String()})
+	add("v6-lo", testenv.PM{HostPort: 9001, ContainerPort: 80, Protocol: "tcp", HostIP: testenv.NodeIP6.String()}, testenv.PM{HostPort: 9001, ContainerPort: 80, Protocol: "udp", HostIP: testenv.NodeIP6.String()})
 	// Wildcard and specific on one port: the specific one wins where it applies.
-	add("any", pm{HostPort: 9002, ContainerPort: 80, Protocol: "tcp"})
-	add("specific", pm{HostPort: 9002, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP4.String()})
+	add("any", testenv.PM{HostPort: 9002, ContainerPort: 80, Protocol: "tcp"})
+	add("specific", testenv.PM{HostPort: 9002, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP4.String()})
 	// 0.0.0.0 is the IPv4 wildcard only.
-	add("any4", pm{HostPort: 9003, ContainerPort: 80, Protocol: "tcp", HostIP: "0.0.0.0"})
+	add("any4", testenv.PM{HostPort: 9003, ContainerPort: 80, Protocol: "tcp", HostIP: "0.0.0.0"})
 
-	expectServer(t, e.node, "tcp", "127.0.0.1:9000", "local")
-	expectServer(t, e.node, "tcp", hp(uplinkIP4, 9000), "node-tcp")
-	expectServer(t, e.node, "udp", hp(uplinkIP4, 9000), "node-udp")
+	expectServer(t, e.Node, "tcp", "127.0.0.1:9000", "local")
+	expectServer(t, e.Node, "tcp", hp(uplinkIP4, 9000), "node-tcp")
+	expectServer(t, e.Node, "udp", hp(uplinkIP4, 9000), "node-udp")
 	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 9000), "node-tcp")
 	expectServer(t, e.remote, "udp", hp(uplinkIP4, 9000), "node-udp")
-	expectNoServer(t, e.remote, "tcp", hp(nodeIP4, 9000))
-	expectNoServer(t, e.node, "udp", "127.0.0.1:9000")
-	for _, from := range []ns.NetNS{e.remote, e.node} {
+	expectNoServer(t, e.remote, "tcp", hp(testenv.NodeIP4, 9000))
+	expectNoServer(t, e.Node, "udp", "127.0.0.1:9000")
+	for _, from := range []ns.NetNS{e.remote, e.Node} {
 		for _, proto := range []string{"tcp", "udp"} {
 			expectServer(t, from, proto, hp(uplinkIP6, 9001), "v6-uplink")
-			expectServer(t, from, proto, hp(nodeIP6, 9001), "v6-lo")
+			expectServer(t, from, proto, hp(testenv.NodeIP6, 9001), "v6-lo")
 		}
 	}
 	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 9002), "specific")
-	expectServer(t, e.remote, "tcp", hp(nodeIP4, 9002), "any")
+	expectServer(t, e.remote, "tcp", hp(testenv.NodeIP4, 9002), "any")
 	expectServer(t, e.remote, "tcp", hp(uplinkIP6, 9002), "any")
-	expectServer(t, e.node, "tcp", "127.0.0.1:9002", "any")
+	expectServer(t, e.Node, "tcp", "127.0.0.1:9002", "any")
 	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 9003), "any4")
 	expectNoServer(t, e.remote, "tcp", hp(uplinkIP6, 9003))
 
 	for name, p := range pods {
-		e.mustDel(p, name)
+		e.MustDel(p, name)
 	}
-	e.assertClean()
-	e.assertNoHostPorts()
+	e.AssertClean()
+	e.AssertNoHostPorts()
 }
 
 // TestHostPortTCPAndUDP: TCP and UDP on the same port number lead to
@@ -643,54 +566,54 @@ func TestHostPortHostIP(t *testing.T) {
 func TestHostPortTCPAndUDP(t *testing.T) {
 	t.Parallel()
 	e := newHPEnv(t)
-	tp, up := e.newPod(), e.newPod()
-	e.mustAddHP(tp, "tcp-pod", pm{HostPort: 5353, ContainerPort: 80, Protocol: "tcp"})
-	e.mustAddHP(up, "udp-pod", pm{HostPort: 5353, ContainerPort: 80, Protocol: "udp"})
+	tp, up := e.NewPod(), e.NewPod()
+	e.MustAddHP(tp, "tcp-pod", testenv.PM{HostPort: 5353, ContainerPort: 80, Protocol: "tcp"})
+	e.MustAddHP(up, "udp-pod", testenv.PM{HostPort: 5353, ContainerPort: 80, Protocol: "udp"})
 	serve(t, tp, 80, "tcp-pod")
 	serve(t, up, 80, "udp-pod")
-	for _, from := range []ns.NetNS{e.remote, e.node} {
+	for _, from := range []ns.NetNS{e.remote, e.Node} {
 		for _, ip := range []net.IP{uplinkIP4, uplinkIP6} {
 			expectServer(t, from, "tcp", hp(ip, 5353), "tcp-pod")
 			expectServer(t, from, "udp", hp(ip, 5353), "udp-pod")
 		}
 	}
-	e.mustDel(tp, "tcp-pod")
+	e.MustDel(tp, "tcp-pod")
 	expectNoServer(t, e.remote, "tcp", hp(uplinkIP4, 5353))
 	expectServer(t, e.remote, "udp", hp(uplinkIP4, 5353), "udp-pod")
-	e.mustDel(up, "udp-pod")
-	e.assertClean()
-	e.assertNoHostPorts()
+	e.MustDel(up, "udp-pod")
+	e.AssertClean()
+	e.AssertNoHostPorts()
 }
 
 // TestHostPortNoRules: ADD, traffic and DEL leave the iptables, ip6tables and
 // nftables rulesets of the node and of the host exactly as they were.
 func TestHostPortNoRules(t *testing.T) {
 	e := newHPEnv(t) // not parallel: the host's ruleset is shared
-	nodeBefore, hostBefore := rulesets(t, e.node), rulesets(t, nil)
-	p := e.newPod()
-	e.mustAddHP(p, "web", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 8080, ContainerPort: 80, Protocol: "udp"},
-		pm{HostPort: 8443, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP6.String()})
+	nodeBefore, hostBefore := rulesets(t, e.Node), rulesets(t, nil)
+	p := e.NewPod()
+	e.MustAddHP(p, "web", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "udp"},
+		testenv.PM{HostPort: 8443, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP6.String()})
 	serve(t, p, 80, "web")
 	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 8080), "web")
 	expectServer(t, e.remote, "udp", hp(uplinkIP6, 8080), "web")
 	expectServer(t, e.remote, "tcp", hp(uplinkIP6, 8443), "web")
-	expectServer(t, e.node, "tcp", "127.0.0.1:8080", "web")
-	expectServer(t, p, "tcp", hp(nodeIP4, 8080), "web")
-	if got := rulesets(t, e.node); got != nodeBefore {
+	expectServer(t, e.Node, "tcp", "127.0.0.1:8080", "web")
+	expectServer(t, p, "tcp", hp(testenv.NodeIP4, 8080), "web")
+	if got := rulesets(t, e.Node); got != nodeBefore {
 		t.Errorf("ADD changed the node's ruleset:\nbefore:\n%s\nafter:\n%s", nodeBefore, got)
 	}
 	if got := rulesets(t, nil); got != hostBefore {
 		t.Errorf("ADD changed the host's ruleset:\nbefore:\n%s\nafter:\n%s", hostBefore, got)
 	}
-	e.mustDel(p, "web")
-	if got := rulesets(t, e.node); got != nodeBefore {
+	e.MustDel(p, "web")
+	if got := rulesets(t, e.Node); got != nodeBefore {
 		t.Errorf("DEL changed the node's ruleset:\nbefore:\n%s\nafter:\n%s", nodeBefore, got)
 	}
 	if got := rulesets(t, nil); got != hostBefore {
 		t.Errorf("DEL changed the host's ruleset:\nbefore:\n%s\nafter:\n%s", hostBefore, got)
 	}
-	e.assertClean()
-	e.assertNoHostPorts()
+	e.AssertClean()
+	e.AssertNoHostPorts()
 }
 
 // TestHostPortConflict: an ADD asking for a hostPort another pod holds fails
@@ -700,20 +623,20 @@ func TestHostPortNoRules(t *testing.T) {
 func TestHostPortConflict(t *testing.T) {
 	t.Parallel()
 	e := newHPEnv(t)
-	owner := e.newPod()
-	e.mustAddHP(owner, "owner", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
+	owner := e.NewPod()
+	e.MustAddHP(owner, "owner", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
 	serve(t, owner, 80, "owner")
 
-	p := e.newPod()
-	e.cleanupDel(p, "late")
-	_, err := e.addHP(p, "late", pm{HostPort: 9090, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 8080, ContainerPort: 81, Protocol: "TCP"})
-	if code := errCode(err); code != codeInvalidConfig {
+	p := e.NewPod()
+	e.CleanupDel(p, "late")
+	_, err := e.AddHP(p, "late", testenv.PM{HostPort: 9090, ContainerPort: 80, Protocol: "tcp"}, testenv.PM{HostPort: 8080, ContainerPort: 81, Protocol: "TCP"})
+	if code := testenv.ErrCode(err); code != codeInvalidConfig {
 		t.Fatalf("ADD of a taken hostPort: code %d (%v), want %d", code, err, codeInvalidConfig)
 	}
 	wantErrContains(t, "ADD of a taken hostPort", err, "runtimeConfig.portMappings[1]", "*:8080/tcp", "already mapped", "container owner")
-	late := &attachment{pod: p, id: "late", ifname: "eth0", hostIf: state.HostIfName("late", "eth0")}
-	e.assertGone(late)
-	m := e.maps()
+	late := &testenv.Attachment{Pod: p, ID: "late", IfName: "eth0", HostIf: state.HostIfName("late", "eth0")}
+	e.AssertGone(late)
+	m := e.Maps()
 	hps, _ := m.ListHostPorts()
 	for _, h := range hps {
 		if h.HostPort == 9090 {
@@ -722,17 +645,17 @@ func TestHostPortConflict(t *testing.T) {
 	}
 	// The owner is untouched.
 	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 8080), "owner")
-	if err := e.checkHP(owner, "owner", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}); err != nil {
+	if err := e.CheckHP(owner, "owner", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}); err != nil {
 		t.Errorf("CHECK of the owner after the failed ADD: %v", err)
 	}
 	// A wildcard mapping does not conflict with a specific one (the more
 	// specific wins, as with sockets), but two on the same hostIP do.
-	s := e.newPod()
-	e.mustAddHP(s, "specific", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP4.String()})
-	s2 := e.newPod()
-	e.cleanupDel(s2, "specific-2")
-	_, err = e.addHP(s2, "specific-2", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP4.String()})
-	if code := errCode(err); code != codeInvalidConfig {
+	s := e.NewPod()
+	e.MustAddHP(s, "specific", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP4.String()})
+	s2 := e.NewPod()
+	e.CleanupDel(s2, "specific-2")
+	_, err = e.AddHP(s2, "specific-2", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP4.String()})
+	if code := testenv.ErrCode(err); code != codeInvalidConfig {
 		t.Errorf("second ADD of %s:8080/tcp: code %d (%v), want %d", uplinkIP4, code, err, codeInvalidConfig)
 	}
 
@@ -745,16 +668,16 @@ func TestHostPortConflict(t *testing.T) {
 	)
 	for i := 0; i < racers; i++ {
 		id := fmt.Sprintf("racer-%d", i)
-		rp := e.newPod()
-		e.cleanupDel(rp, id)
+		rp := e.NewPod()
+		e.CleanupDel(rp, id)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := e.addHP(rp, id, pm{HostPort: 7777, ContainerPort: 80, Protocol: "udp"}); err == nil {
+			if _, err := e.AddHP(rp, id, testenv.PM{HostPort: 7777, ContainerPort: 80, Protocol: "udp"}); err == nil {
 				mu.Lock()
 				wins = append(wins, id)
 				mu.Unlock()
-			} else if errCode(err) != codeInvalidConfig {
+			} else if testenv.ErrCode(err) != codeInvalidConfig {
 				t.Errorf("%s lost the race with %v, want error %d", id, err, codeInvalidConfig)
 			}
 		}()
@@ -878,21 +801,21 @@ func TestHostPortDelPurgesFlows(t *testing.T) {
 	t.Parallel()
 	e := newHPEnv(t)
 	// One address only, so the next pod gets the same one.
-	e.ipam = map[string]any{
-		"type": "host-local", "dataDir": e.dataDir,
-		"ranges": [][]map[string]string{{{"subnet": podSubnet4, "rangeStart": "10.250.0.50", "rangeEnd": "10.250.0.50"}}},
+	e.IPAM = map[string]any{
+		"type": "host-local", "dataDir": e.DataDir,
+		"ranges": [][]map[string]string{{{"subnet": testenv.PodSubnet4, "rangeStart": "10.250.0.50", "rangeEnd": "10.250.0.50"}}},
 	}
-	old := e.newPod()
-	r := e.mustAddHP(old, "old", pm{HostPort: 6000, ContainerPort: 80, Protocol: "udp"}, pm{HostPort: 6001, ContainerPort: 81, Protocol: "tcp"})
+	old := e.NewPod()
+	r := e.MustAddHP(old, "old", testenv.PM{HostPort: 6000, ContainerPort: 80, Protocol: "udp"}, testenv.PM{HostPort: 6001, ContainerPort: 81, Protocol: "tcp"})
 	podIP, _ := resultIPs(r)
 	serve(t, old, 80, "old")
 	serve(t, old, 81, "old")
-	_, oldIdx := e.hostVeth("old")
+	_, oldIdx := e.HostVeth("old")
 
 	flood := startUDPFlood(t, e.remote, &net.UDPAddr{IP: remoteIP4, Port: 40000}, hp(uplinkIP4, 6000))
 	// A node process with a connected UDP socket through the hostPort.
 	var nodeSock net.Conn
-	err := e.node.Do(func(ns.NetNS) error {
+	err := e.Node.Do(func(ns.NetNS) error {
 		var err error
 		nodeSock, err = net.Dial("udp", "127.0.0.1:6000")
 		return err
@@ -915,7 +838,7 @@ func TestHostPortDelPurgesFlows(t *testing.T) {
 		t.Fatalf("the remote UDP flow got %d answers from the old pod, want some", flood.count("old"))
 	}
 
-	m := e.maps()
+	m := e.Maps()
 	flows := ctOf(t, m, oldIdx)
 	found := false
 	for _, f := range flows {
@@ -931,11 +854,11 @@ func TestHostPortDelPurgesFlows(t *testing.T) {
 		t.Fatalf("cni_sock_rnat has no entry for the node's socket")
 	}
 
-	e.mustDel(old, "old")
+	e.MustDel(old, "old")
 	if l := ctOf(t, m, oldIdx); len(l) != 0 {
 		t.Errorf("DEL left %d cni_ct entries of the pod: %+v", len(l), l)
 	}
-	e.assertNoHostPorts()
+	e.AssertNoHostPorts()
 	// The node socket was aborted.
 	nodeSock.SetDeadline(time.Now().Add(time.Second))
 	_, werr := nodeSock.Write([]byte("still there?"))
@@ -945,9 +868,9 @@ func TestHostPortDelPurgesFlows(t *testing.T) {
 	}
 
 	// A new pod with the same IP, no mappings, listening on the same ports.
-	fresh := e.newPod()
-	e.cleanupDel(fresh, "fresh")
-	rf, err := e.addHP(fresh, "fresh")
+	fresh := e.NewPod()
+	e.CleanupDel(fresh, "fresh")
+	rf, err := e.AddHP(fresh, "fresh")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -970,9 +893,9 @@ func TestHostPortDelPurgesFlows(t *testing.T) {
 	if n != 0 {
 		t.Errorf("the new pod with the old pod's IP received %d datagrams of the old flows", n)
 	}
-	e.mustDel(fresh, "fresh")
-	e.assertClean()
-	e.assertNoHostPorts()
+	e.MustDel(fresh, "fresh")
+	e.AssertClean()
+	e.AssertNoHostPorts()
 }
 
 // TestHostPortBadInput: malformed entries are error 7 naming the entry and
@@ -981,37 +904,37 @@ func TestHostPortBadInput(t *testing.T) {
 	t.Parallel()
 	cases := []struct {
 		name string
-		pms  []pm
+		pms  []testenv.PM
 		want []string
 	}{
-		{"hostPort 0", []pm{{HostPort: 0, ContainerPort: 80, Protocol: "tcp"}}, []string{"runtimeConfig.portMappings[0].hostPort", "0 is out of range"}},
-		{"hostPort too big", []pm{{HostPort: 80, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 70000, ContainerPort: 80, Protocol: "tcp"}},
+		{"hostPort 0", []testenv.PM{{HostPort: 0, ContainerPort: 80, Protocol: "tcp"}}, []string{"runtimeConfig.portMappings[0].hostPort", "0 is out of range"}},
+		{"hostPort too big", []testenv.PM{{HostPort: 80, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 70000, ContainerPort: 80, Protocol: "tcp"}},
 			[]string{"runtimeConfig.portMappings[1].hostPort", "70000 is out of range"}},
-		{"containerPort negative", []pm{{HostPort: 80, ContainerPort: -1, Protocol: "udp"}}, []string{"runtimeConfig.portMappings[0].containerPort", "-1"}},
-		{"unknown protocol", []pm{{HostPort: 80, ContainerPort: 80, Protocol: "icmp"}}, []string{"runtimeConfig.portMappings[0].protocol", "icmp"}},
-		{"sctp", []pm{{HostPort: 80, ContainerPort: 80, Protocol: "SCTP"}}, []string{"runtimeConfig.portMappings[0].protocol", "sctp", "not supported"}},
-		{"bad hostIP", []pm{{HostPort: 80, ContainerPort: 80, Protocol: "tcp", HostIP: "300.1.1.1"}}, []string{"runtimeConfig.portMappings[0].hostIP", "300.1.1.1"}},
-		{"multicast hostIP", []pm{{HostPort: 80, ContainerPort: 80, Protocol: "tcp", HostIP: "224.0.0.1"}}, []string{"runtimeConfig.portMappings[0].hostIP"}},
-		{"same hostPort twice", []pm{{HostPort: 80, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 80, ContainerPort: 81, Protocol: "tcp"}},
+		{"containerPort negative", []testenv.PM{{HostPort: 80, ContainerPort: -1, Protocol: "udp"}}, []string{"runtimeConfig.portMappings[0].containerPort", "-1"}},
+		{"unknown protocol", []testenv.PM{{HostPort: 80, ContainerPort: 80, Protocol: "icmp"}}, []string{"runtimeConfig.portMappings[0].protocol", "icmp"}},
+		{"sctp", []testenv.PM{{HostPort: 80, ContainerPort: 80, Protocol: "SCTP"}}, []string{"runtimeConfig.portMappings[0].protocol", "sctp", "not supported"}},
+		{"bad hostIP", []testenv.PM{{HostPort: 80, ContainerPort: 80, Protocol: "tcp", HostIP: "300.1.1.1"}}, []string{"runtimeConfig.portMappings[0].hostIP", "300.1.1.1"}},
+		{"multicast hostIP", []testenv.PM{{HostPort: 80, ContainerPort: 80, Protocol: "tcp", HostIP: "224.0.0.1"}}, []string{"runtimeConfig.portMappings[0].hostIP"}},
+		{"same hostPort twice", []testenv.PM{{HostPort: 80, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 80, ContainerPort: 81, Protocol: "tcp"}},
 			[]string{"runtimeConfig.portMappings[1].hostPort", "portMappings[0]"}},
 	}
 	e := newHPEnv(t)
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			e.t = t
-			p := e.newPod()
+			e.T = t
+			p := e.NewPod()
 			id := fmt.Sprintf("bad-%d", i)
-			e.cleanupDel(p, id)
-			_, err := e.addHP(p, id, c.pms...)
-			if code := errCode(err); code != codeInvalidConfig {
+			e.CleanupDel(p, id)
+			_, err := e.AddHP(p, id, c.pms...)
+			if code := testenv.ErrCode(err); code != codeInvalidConfig {
 				t.Fatalf("ADD: code %d (%v), want %d", code, err, codeInvalidConfig)
 			}
 			wantErrContains(t, "ADD", err, c.want...)
-			e.assertClean()
-			e.assertNoHostPorts()
+			e.AssertClean()
+			e.AssertNoHostPorts()
 			// DEL with the same bad entries still succeeds.
-			err = e.inNode(func() error {
-				return e.cni.DelNetworkList(context.Background(), e.confList("1.0.0"), e.rtHP(p, id, c.pms))
+			err = e.InNode(func() error {
+				return e.CNI.DelNetworkList(context.Background(), e.ConfList("1.0.0"), e.RuntimeConfHP(p, id, c.pms))
 			})
 			if err != nil {
 				t.Errorf("DEL with bad portMappings: %v", err)
@@ -1026,29 +949,29 @@ func TestHostPortBadInput(t *testing.T) {
 func TestHostPortSingleStack(t *testing.T) {
 	t.Parallel()
 	e := newHPEnv(t)
-	e.ipam = map[string]any{"type": "host-local", "dataDir": e.dataDir, "ranges": [][]map[string]string{{{"subnet": podSubnet4}}}}
-	p := e.newPod()
-	e.mustAddHP(p, "v4", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
+	e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}}
+	p := e.NewPod()
+	e.MustAddHP(p, "v4", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
 	serve(t, p, 80, "v4")
 	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 8080), "v4")
 	expectNoServer(t, e.remote, "tcp", hp(uplinkIP6, 8080))
-	hps, _ := e.maps().ListHostPorts()
+	hps, _ := e.Maps().ListHostPorts()
 	if len(hps) != 1 || hps[0].IPv6 {
 		t.Errorf("mappings of an IPv4-only pod: %+v, want one IPv4 entry", hps)
 	}
 
-	q := e.newPod()
-	e.cleanupDel(q, "v6-hostip")
-	_, err := e.addHP(q, "v6-hostip", pm{HostPort: 8081, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP6.String()})
-	if code := errCode(err); code != codeInvalidConfig {
+	q := e.NewPod()
+	e.CleanupDel(q, "v6-hostip")
+	_, err := e.AddHP(q, "v6-hostip", testenv.PM{HostPort: 8081, ContainerPort: 80, Protocol: "tcp", HostIP: uplinkIP6.String()})
+	if code := testenv.ErrCode(err); code != codeInvalidConfig {
 		t.Fatalf("IPv6 hostIP for an IPv4-only pod: code %d (%v), want %d", code, err, codeInvalidConfig)
 	}
 	wantErrContains(t, "IPv6 hostIP for an IPv4-only pod", err, "runtimeConfig.portMappings[0].hostIP", "no IPv6 address")
-	e.assertGone(&attachment{pod: q, id: "v6-hostip", ifname: "eth0", hostIf: state.HostIfName("v6-hostip", "eth0")})
+	e.AssertGone(&testenv.Attachment{Pod: q, ID: "v6-hostip", IfName: "eth0", HostIf: state.HostIfName("v6-hostip", "eth0")})
 
-	e.mustDel(p, "v4")
-	e.assertClean()
-	e.assertNoHostPorts()
+	e.MustDel(p, "v4")
+	e.AssertClean()
+	e.AssertNoHostPorts()
 }
 
 // TestHostPortCheckAndGC: CHECK verifies the mappings and the node hooks
@@ -1057,14 +980,14 @@ func TestHostPortSingleStack(t *testing.T) {
 func TestHostPortCheckAndGC(t *testing.T) {
 	t.Parallel()
 	e := newHPEnv(t)
-	p := e.newPod()
-	pms := []pm{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 8080, ContainerPort: 80, Protocol: "udp", HostIP: uplinkIP4.String()}}
-	e.mustAddHP(p, "web", pms...)
-	if err := e.checkHP(p, "web", pms...); err != nil {
+	p := e.NewPod()
+	pms := []testenv.PM{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 8080, ContainerPort: 80, Protocol: "udp", HostIP: uplinkIP4.String()}}
+	e.MustAddHP(p, "web", pms...)
+	if err := e.CheckHP(p, "web", pms...); err != nil {
 		t.Fatalf("CHECK: %v", err)
 	}
-	m := e.maps()
-	if err := e.checkHP(p, "web", pm{HostPort: 8080, ContainerPort: 99, Protocol: "tcp"}); err == nil {
+	m := e.Maps()
+	if err := e.CheckHP(p, "web", testenv.PM{HostPort: 8080, ContainerPort: 99, Protocol: "tcp"}); err == nil {
 		t.Errorf("CHECK with another containerPort passed")
 	}
 	// Remove the IPv6 wildcard entry by hand.
@@ -1077,25 +1000,25 @@ func TestHostPortCheckAndGC(t *testing.T) {
 			}
 		}
 	}
-	err := e.checkHP(p, "web", pms...)
+	err := e.CheckHP(p, "web", pms...)
 	wantErrContains(t, "CHECK with a mapping removed", err, "cni_hostports", "[*]:8080/tcp")
 
 	// A second pod whose netns disappears without DEL, record lost too.
-	q := e.newPod()
-	e.mustAddHP(q, "gone", pm{HostPort: 9000, ContainerPort: 80, Protocol: "udp"})
+	q := e.NewPod()
+	e.MustAddHP(q, "gone", testenv.PM{HostPort: 9000, ContainerPort: 80, Protocol: "udp"})
 	// No server (its sockets would keep the netns alive): a datagram is
 	// enough for a flow entry.
 	askUDP(e.remote, hp(uplinkIP4, 9000))
-	hostIf, goneIdx := e.hostVeth("gone")
+	hostIf, goneIdx := e.HostVeth("gone")
 	if len(ctOf(t, m, goneIdx)) == 0 {
 		t.Fatalf("no flow entry for the datagram to %s", hp(uplinkIP4, 9000))
 	}
 	destroyPod(t, q)
-	e.waitLinkGone(hostIf)
-	if err := removeFile(e.recordPath("gone", "eth0")); err != nil {
+	e.WaitLinkGone(hostIf)
+	if err := removeFile(e.RecordPath("gone", "eth0")); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.gc(types.GCAttachment{ContainerID: "web", IfName: "eth0"}); err != nil {
+	if err := e.GC(types.GCAttachment{ContainerID: "web", IfName: "eth0"}); err != nil {
 		t.Fatalf("GC: %v", err)
 	}
 	hps, _ = m.ListHostPorts()
@@ -1111,11 +1034,11 @@ func TestHostPortCheckAndGC(t *testing.T) {
 		}
 	}
 	// The live pod's remaining mapping is still there.
-	if err := e.checkHP(p, "web", pms[1]); err != nil {
+	if err := e.CheckHP(p, "web", pms[1]); err != nil {
 		t.Errorf("CHECK of the live pod after GC: %v", err)
 	}
-	e.mustDel(p, "web")
-	e.assertNoHostPorts()
+	e.MustDel(p, "web")
+	e.AssertNoHostPorts()
 }
 
 // TestHostPortAgentDump: `ebpf-agent dump hostports` and `dump ct` show the
@@ -1123,32 +1046,32 @@ func TestHostPortCheckAndGC(t *testing.T) {
 func TestHostPortAgentDump(t *testing.T) {
 	t.Parallel()
 	e := newHPEnv(t)
-	p := e.newPod()
-	e.cleanupDel(p, "web")
-	rt := e.rtHP(p, "web", []pm{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 5353, ContainerPort: 53, Protocol: "udp", HostIP: uplinkIP4.String()}})
+	p := e.NewPod()
+	e.CleanupDel(p, "web")
+	rt := e.RuntimeConfHP(p, "web", []testenv.PM{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, {HostPort: 5353, ContainerPort: 53, Protocol: "udp", HostIP: uplinkIP4.String()}})
 	rt.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "default"}, {"K8S_POD_NAME", "web-0"}}
 	var res types.Result
-	err := e.inNode(func() error {
+	err := e.InNode(func() error {
 		var err error
-		res, err = e.cni.AddNetworkList(context.Background(), e.confList("1.0.0"), rt)
+		res, err = e.CNI.AddNetworkList(context.Background(), e.ConfList("1.0.0"), rt)
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r, _ := current.NewResultFromResult(res)
-	p4, _ := podIPs(t, r)
+	p4, _ := testenv.PodIPs(t, r)
 	serve(t, p, 80, "web")
 	serve(t, p, 53, "web")
 	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 8080), "web")
 	expectServer(t, e.remote, "udp", hp(uplinkIP4, 5353), "web")
-	expectServer(t, e.node, "tcp", "127.0.0.1:8080", "web")
+	expectServer(t, e.Node, "tcp", "127.0.0.1:8080", "web")
 
 	dump := func(what string, args ...string) []byte {
 		t.Helper()
 		var out []byte
-		err := e.inNode(func() error {
-			cmd := exec.Command(binDir+"/ebpf-agent", append([]string{"dump", what, "--pin-dir", e.pinDir, "--state-dir", e.stateDir}, args...)...)
+		err := e.InNode(func() error {
+			cmd := exec.Command(testenv.BinDir+"/ebpf-agent", append([]string{"dump", what, "--pin-dir", e.PinDir, "--state-dir", e.StateDir}, args...)...)
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
 			var err error
@@ -1170,7 +1093,7 @@ func TestHostPortAgentDump(t *testing.T) {
 	if len(rows) != 3 { // tcp *:8080 v4+v6, udp hostIP:5353
 		t.Errorf("%d hostport rows, want 3:\n%s", len(rows), js)
 	}
-	hostIf, idx := e.hostVeth("web")
+	hostIf, idx := e.HostVeth("web")
 	for _, row := range rows {
 		if row.Pod != "default/web-0" || row.Interface != hostIf || row.Ifindex != idx {
 			t.Errorf("row %+v: want pod default/web-0 on %s (%d)", row, hostIf, idx)
@@ -1215,8 +1138,8 @@ func TestHostPortAgentDump(t *testing.T) {
 	if !strings.HasPrefix(table, "KIND") || !strings.Contains(table, hp(uplinkIP4, 5353)) || !strings.Contains(table, "counters:") {
 		t.Errorf("ct table:\n%s", table)
 	}
-	e.mustDel(p, "web")
-	e.assertNoHostPorts()
+	e.MustDel(p, "web")
+	e.AssertNoHostPorts()
 }
 
 // TestHostPortNodeFlowsKept: the node's own connections whose local port
@@ -1226,13 +1149,13 @@ func TestHostPortAgentDump(t *testing.T) {
 func TestHostPortNodeFlowsKept(t *testing.T) {
 	t.Parallel()
 	e := newHPEnv(t)
-	p := e.newPod()
-	e.mustAddHP(p, "web", pm{HostPort: 7100, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 7100, ContainerPort: 80, Protocol: "udp"})
+	p := e.NewPod()
+	e.MustAddHP(p, "web", testenv.PM{HostPort: 7100, ContainerPort: 80, Protocol: "tcp"}, testenv.PM{HostPort: 7100, ContainerPort: 80, Protocol: "udp"})
 	serve(t, p, 80, "web")
 	serve(t, e.remote, 5000, "remote")
 
 	// TCP from the node's port 7100 to the remote server.
-	err := e.node.Do(func(ns.NetNS) error {
+	err := e.Node.Do(func(ns.NetNS) error {
 		d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: &net.TCPAddr{IP: uplinkIP4, Port: 7100}}
 		c, err := d.Dial("tcp", hp(remoteIP4, 5000))
 		if err != nil {
@@ -1250,7 +1173,7 @@ func TestHostPortNodeFlowsKept(t *testing.T) {
 		t.Errorf("node TCP connection from local port 7100 (a hostPort): %v", err)
 	}
 	// UDP, connected, from the node's port 7100.
-	err = e.node.Do(func(ns.NetNS) error {
+	err = e.Node.Do(func(ns.NetNS) error {
 		c, err := net.DialUDP("udp", &net.UDPAddr{IP: uplinkIP4, Port: 7100}, &net.UDPAddr{IP: remoteIP4, Port: 5000})
 		if err != nil {
 			return err
@@ -1273,8 +1196,8 @@ func TestHostPortNodeFlowsKept(t *testing.T) {
 	// Everyone else still reaches the pod.
 	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 7100), "web")
 	expectServer(t, e.remote, "udp", hp(uplinkIP4, 7100), "web")
-	e.mustDel(p, "web")
-	e.assertNoHostPorts()
+	e.MustDel(p, "web")
+	e.AssertNoHostPorts()
 }
 
 // TestHostPortAgent: `ebpf-agent run` sets up the node-level hooks before any
@@ -1288,8 +1211,8 @@ func TestHostPortAgent(t *testing.T) {
 		logs bytes.Buffer
 		mu   sync.Mutex
 	)
-	err := e.inNode(func() error {
-		cmd = exec.Command(binDir+"/ebpf-agent", "run", "--pin-dir", e.pinDir)
+	err := e.InNode(func() error {
+		cmd = exec.Command(testenv.BinDir+"/ebpf-agent", "run", "--pin-dir", e.PinDir)
 		w := &lockedWriter{mu: &mu, w: &logs}
 		cmd.Stdout, cmd.Stderr = w, w
 		return cmd.Start()
@@ -1315,7 +1238,7 @@ func TestHostPortAgent(t *testing.T) {
 	waitFor("agent sets up the hostPort hooks", func() bool { return strings.Contains(agentLog(), "node hooks (start): cgroup") })
 	// status shows the node hooks the agent pinned: socket hooks on the
 	// cgroup root, the uplink programs on uplink0.
-	out, err := e.agentCmd("status", "-o", "json", "--pin-dir", e.pinDir)
+	out, err := e.AgentCmd("status", "-o", "json", "--pin-dir", e.PinDir)
 	var st inspect.StatusReport
 	if jerr := json.Unmarshal([]byte(out), &st); jerr != nil {
 		t.Fatalf("status: %v, %v\n%s", err, jerr, out)
@@ -1326,14 +1249,14 @@ func TestHostPortAgent(t *testing.T) {
 		}
 	}
 
-	p := e.newPod()
-	e.mustAddHP(p, "web", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
+	p := e.NewPod()
+	e.MustAddHP(p, "web", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
 	serve(t, p, 80, "web")
 	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 8080), "web")
-	expectServer(t, e.node, "tcp", "127.0.0.1:8080", "web")
+	expectServer(t, e.Node, "tcp", "127.0.0.1:8080", "web")
 
 	extra := net.ParseIP("198.51.100.9").To4()
-	err = e.inNode(func() error {
+	err = e.InNode(func() error {
 		l, err := netlink.LinkByName("uplink0")
 		if err != nil {
 			return err
@@ -1344,15 +1267,15 @@ func TestHostPortAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := e.maps()
+	m := e.Maps()
 	waitFor("agent adds the new address to cni_node_ips", func() bool {
 		ips, _ := m.NodeIPs()
 		_, ok := ips[extra.String()]
 		return ok
 	})
 	expectServer(t, e.remote, "tcp", hp(extra, 8080), "web")
-	e.mustDel(p, "web")
-	e.assertNoHostPorts()
+	e.MustDel(p, "web")
+	e.AssertNoHostPorts()
 }
 
 type lockedWriter struct {

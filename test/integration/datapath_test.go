@@ -1,8 +1,7 @@
-package test
+package integration
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -23,16 +22,10 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // ---- helpers of this file --------------------------------------------------
-
-// hostVeth returns the name and node-netns ifindex of a pod's host veth.
-func (e *env) hostVeth(containerID string) (string, int) {
-	e.t.Helper()
-	name := state.HostIfName(containerID, "eth0")
-	return name, e.hostIfindex(name)
-}
 
 // counter returns one counter of a host veth (zero when absent).
 func counter(t *testing.T, m *maps.Maps, ifindex int, dir maps.Dir, reason maps.Reason) maps.Counter {
@@ -161,55 +154,6 @@ func resultIPs(r *current.Result) (v4, v6 net.IP) {
 	return v4, v6
 }
 
-// delV deletes with the conflist at the CNI version the attachment was added with.
-func (e *env) delV(version string, pod ns.NetNS, containerID, ifname string) error {
-	return e.inNode(func() error {
-		return e.cni.DelNetworkList(context.Background(), e.confList(version), e.rt(pod, containerID, ifname))
-	})
-}
-
-// checkV runs CHECK with the conflist at the given CNI version.
-func (e *env) checkV(version string, pod ns.NetNS, containerID, ifname string) error {
-	return e.inNode(func() error {
-		return e.cni.CheckNetworkList(context.Background(), e.confList(version), e.rt(pod, containerID, ifname))
-	})
-}
-
-// addK8s adds a pod at CNI 1.1.0 with the CNI_ARGS a kubelet passes.
-func (e *env) addK8s(pod ns.NetNS, containerID, podNS, podName string) *current.Result {
-	e.t.Helper()
-	rt := e.rt(pod, containerID, "eth0")
-	rt.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", podNS}, {"K8S_POD_NAME", podName}}
-	var res types.Result
-	err := e.inNode(func() error {
-		var err error
-		res, err = e.cni.AddNetworkList(context.Background(), e.confList("1.1.0"), rt)
-		return err
-	})
-	if err != nil {
-		e.t.Fatalf("ADD %s: %v", containerID, err)
-	}
-	r, err := current.NewResultFromResult(res)
-	if err != nil {
-		e.t.Fatalf("ADD %s result: %v", containerID, err)
-	}
-	return r
-}
-
-// mustDel deletes a pod and fails the test on error.
-func (e *env) mustDel(pod ns.NetNS, containerID string) {
-	e.t.Helper()
-	if err := e.del(pod, containerID, "eth0"); err != nil {
-		e.t.Fatalf("DEL %s: %v", containerID, err)
-	}
-}
-
-// cleanupDel registers a best-effort DEL so a failing test leaves nothing
-// attached; DEL is idempotent, so it is harmless after the test's own DEL.
-func (e *env) cleanupDel(pod ns.NetNS, containerID string) {
-	e.t.Cleanup(func() { _ = e.del(pod, containerID, "eth0") })
-}
-
 // podLink runs f on the pod's eth0.
 func podLink(t *testing.T, pod ns.NetNS, f func(l netlink.Link) error) {
 	t.Helper()
@@ -262,29 +206,29 @@ func neighState(s int) string {
 // and that it takes the bpf_redirect_peer short cut, counted on both veths.
 func TestDatapathPodToPod(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	a, b := e.newPod(), e.newPod()
-	e.cleanupDel(a, "pod-a")
-	e.cleanupDel(b, "pod-b")
-	ra := e.add(a, "pod-a")
-	rb := e.add(b, "pod-b")
-	a4, a6 := podIPs(t, ra)
-	b4, b6 := podIPs(t, rb)
-	_, aIdx := e.hostVeth("pod-a")
-	_, bIdx := e.hostVeth("pod-b")
-	m := e.maps()
+	e := testenv.New(t)
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "pod-a")
+	e.CleanupDel(b, "pod-b")
+	ra := e.Add(a, "pod-a")
+	rb := e.Add(b, "pod-b")
+	a4, a6 := testenv.PodIPs(t, ra)
+	b4, b6 := testenv.PodIPs(t, rb)
+	_, aIdx := e.HostVeth("pod-a")
+	_, bIdx := e.HostVeth("pod-b")
+	m := e.Maps()
 
 	const size = 4 << 20
 	for _, dst := range []net.IP{b4, b6} {
-		if err := ping(a, dst, 3); err != nil {
+		if err := testenv.Ping(a, dst, 3); err != nil {
 			t.Fatal(err)
 		}
-		if err := tcpTransfer(a, b, dst, size); err != nil {
+		if err := testenv.TCPTransfer(a, b, dst, size); err != nil {
 			t.Fatalf("TCP a->b %s: %v", dst, err)
 		}
 	}
 	for _, dst := range []net.IP{a4, a6} {
-		if err := ping(b, dst, 2); err != nil {
+		if err := testenv.Ping(b, dst, 2); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -320,35 +264,35 @@ func TestDatapathPodToPod(t *testing.T) {
 		}
 	}
 
-	e.mustDel(a, "pod-a")
-	e.mustDel(b, "pod-b")
-	e.assertClean()
+	e.MustDel(a, "pod-a")
+	e.MustDel(b, "pod-b")
+	e.AssertClean()
 }
 
 // TestDatapathNodeToPod proves node <-> pod traffic both ways over both
 // families: it leaves through the kernel stack (forward) in both directions.
 func TestDatapathNodeToPod(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	p := e.newPod()
-	e.cleanupDel(p, "pod")
-	r := e.add(p, "pod")
-	p4, p6 := podIPs(t, r)
-	_, idx := e.hostVeth("pod")
-	m := e.maps()
+	e := testenv.New(t)
+	p := e.NewPod()
+	e.CleanupDel(p, "pod")
+	r := e.Add(p, "pod")
+	p4, p6 := testenv.PodIPs(t, r)
+	_, idx := e.HostVeth("pod")
+	m := e.Maps()
 
 	const size = 2 << 20
-	for _, c := range []struct{ pod, node net.IP }{{p4, nodeIP4}, {p6, nodeIP6}} {
-		if err := ping(e.node, c.pod, 2); err != nil {
+	for _, c := range []struct{ pod, node net.IP }{{p4, testenv.NodeIP4}, {p6, testenv.NodeIP6}} {
+		if err := testenv.Ping(e.Node, c.pod, 2); err != nil {
 			t.Errorf("node -> pod: %v", err)
 		}
-		if err := ping(p, c.node, 2); err != nil {
+		if err := testenv.Ping(p, c.node, 2); err != nil {
 			t.Errorf("pod -> node: %v", err)
 		}
-		if err := tcpTransfer(e.node, p, c.pod, size); err != nil {
+		if err := testenv.TCPTransfer(e.Node, p, c.pod, size); err != nil {
 			t.Errorf("TCP node -> pod %s: %v", c.pod, err)
 		}
-		if err := tcpTransfer(p, e.node, c.node, size); err != nil {
+		if err := testenv.TCPTransfer(p, e.Node, c.node, size); err != nil {
 			t.Errorf("TCP pod -> node %s: %v", c.node, err)
 		}
 	}
@@ -364,8 +308,8 @@ func TestDatapathNodeToPod(t *testing.T) {
 		t.Errorf("node-bound traffic was redirected: %+v", c)
 	}
 
-	e.mustDel(p, "pod")
-	e.assertClean()
+	e.MustDel(p, "pod")
+	e.AssertClean()
 }
 
 // TestDatapathAntiSpoofIP sends UDP from inside a pod with source addresses
@@ -374,16 +318,16 @@ func TestDatapathNodeToPod(t *testing.T) {
 // the pod's own traffic still flows.
 func TestDatapathAntiSpoofIP(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	a, b := e.newPod(), e.newPod()
-	e.cleanupDel(a, "pod-a")
-	e.cleanupDel(b, "pod-b")
-	ra := e.add(a, "pod-a")
-	rb := e.add(b, "pod-b")
-	a4, a6 := podIPs(t, ra)
-	b4, b6 := podIPs(t, rb)
-	_, aIdx := e.hostVeth("pod-a")
-	m := e.maps()
+	e := testenv.New(t)
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "pod-a")
+	e.CleanupDel(b, "pod-b")
+	ra := e.Add(a, "pod-a")
+	rb := e.Add(b, "pod-b")
+	a4, a6 := testenv.PodIPs(t, ra)
+	b4, b6 := testenv.PodIPs(t, rb)
+	_, aIdx := e.HostVeth("pod-a")
+	m := e.Maps()
 
 	cases := []struct {
 		name        string
@@ -391,16 +335,16 @@ func TestDatapathAntiSpoofIP(t *testing.T) {
 		node        net.IP
 		addr        string // to add to the pod's eth0 first; "" when already there
 	}{
-		{"v4 foreign", net.ParseIP("10.250.0.200"), a4, nodeIP4, "10.250.0.200/32"},
-		{"v4 other pod", b4, a4, nodeIP4, b4.String() + "/32"},
-		{"v6 foreign", net.ParseIP("fd00:250::200"), a6, nodeIP6, "fd00:250::200/128"},
-		{"v6 other pod", b6, a6, nodeIP6, b6.String() + "/128"},
+		{"v4 foreign", net.ParseIP("10.250.0.200"), a4, testenv.NodeIP4, "10.250.0.200/32"},
+		{"v4 other pod", b4, a4, testenv.NodeIP4, b4.String() + "/32"},
+		{"v6 foreign", net.ParseIP("fd00:250::200"), a6, testenv.NodeIP6, "fd00:250::200/128"},
+		{"v6 other pod", b6, a6, testenv.NodeIP6, b6.String() + "/128"},
 	}
 	const n = 20
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			podAddrAdd(t, a, c.addr)
-			ln := udpSocket(t, e.node, c.node)
+			ln := udpSocket(t, e.Node, c.node)
 			dst := ln.LocalAddr().(*net.UDPAddr)
 			spoofed := udpSocket(t, a, c.spoof)
 			legit := udpSocket(t, a, c.real)
@@ -437,16 +381,16 @@ func TestDatapathAntiSpoofIP(t *testing.T) {
 		})
 	}
 	// The spoofed pod-b addresses must not have diverted pod-b's traffic.
-	if err := ping(e.node, b4, 1); err != nil {
+	if err := testenv.Ping(e.Node, b4, 1); err != nil {
 		t.Error(err)
 	}
-	if err := ping(e.node, b6, 1); err != nil {
+	if err := testenv.Ping(e.Node, b6, 1); err != nil {
 		t.Error(err)
 	}
 
-	e.mustDel(a, "pod-a")
-	e.mustDel(b, "pod-b")
-	e.assertClean()
+	e.MustDel(a, "pod-a")
+	e.MustDel(b, "pod-b")
+	e.AssertClean()
 }
 
 // TestDatapathMACLearned changes the pod's MAC, first leaving the kernel to
@@ -459,12 +403,12 @@ func TestDatapathAntiSpoofIP(t *testing.T) {
 // TestIntegrityMACChange.)
 func TestDatapathMACLearned(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	p := e.newPod()
-	e.cleanupDel(p, "pod")
-	e.add(p, "pod")
-	_, idx := e.hostVeth("pod")
-	m := e.maps()
+	e := testenv.New(t)
+	p := e.NewPod()
+	e.CleanupDel(p, "pod")
+	e.Add(p, "pod")
+	_, idx := e.HostVeth("pod")
+	m := e.Maps()
 
 	var orig net.HardwareAddr
 	podLink(t, p, func(l netlink.Link) error { orig = l.Attrs().HardwareAddr; return nil })
@@ -507,8 +451,8 @@ func TestDatapathMACLearned(t *testing.T) {
 		restore bool
 	}{{first, false}, {second, true}, {orig, true}} {
 		setMAC(c.mac, c.restore)
-		for _, ip := range []net.IP{nodeIP4, nodeIP6} {
-			if err := ping(p, ip, 2); err != nil {
+		for _, ip := range []net.IP{testenv.NodeIP4, testenv.NodeIP6} {
+			if err := testenv.Ping(p, ip, 2); err != nil {
 				t.Errorf("MAC %s (gateway neighbours restored: %v): %v\n  %s", c.mac, c.restore, err, dumpCounters(m, idx))
 			}
 		}
@@ -520,8 +464,8 @@ func TestDatapathMACLearned(t *testing.T) {
 		t.Errorf("drop_spoof_mac counted %d packets of a pod that only changed its MAC", got)
 	}
 
-	e.mustDel(p, "pod")
-	e.assertClean()
+	e.MustDel(p, "pod")
+	e.AssertClean()
 }
 
 // TestDatapathGatewayResolvable: a pod whose neighbour table lost the static
@@ -532,10 +476,10 @@ func TestDatapathMACLearned(t *testing.T) {
 // its MAC changes; changing it and changing it back is the trigger here.
 func TestDatapathGatewayResolvable(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	p := e.newPod()
-	e.cleanupDel(p, "pod")
-	e.add(p, "pod")
+	e := testenv.New(t)
+	p := e.NewPod()
+	e.CleanupDel(p, "pod")
+	e.Add(p, "pod")
 
 	podLink(t, p, func(l netlink.Link) error {
 		orig := l.Attrs().HardwareAddr
@@ -551,10 +495,10 @@ func TestDatapathGatewayResolvable(t *testing.T) {
 			t.Logf("note: permanent neighbour %s survived the MAC change", n.IP)
 		}
 	}
-	_, idx := e.hostVeth("pod")
-	m := e.maps()
-	for _, ip := range []net.IP{nodeIP4, nodeIP6} {
-		if err := ping(p, ip, 2); err != nil {
+	_, idx := e.HostVeth("pod")
+	m := e.Maps()
+	for _, ip := range []net.IP{testenv.NodeIP4, testenv.NodeIP6} {
+		if err := testenv.Ping(p, ip, 2); err != nil {
 			var ns []string
 			for _, n := range podNeighs(t, p) {
 				ns = append(ns, fmt.Sprintf("%s %s %s", n.IP, neighState(n.State), n.HardwareAddr))
@@ -564,8 +508,8 @@ func TestDatapathGatewayResolvable(t *testing.T) {
 		}
 	}
 
-	e.mustDel(p, "pod")
-	e.assertClean()
+	e.MustDel(p, "pod")
+	e.AssertClean()
 }
 
 // TestDatapathCNIVersions runs ADD, CHECK and DEL at every supported spec
@@ -575,11 +519,11 @@ func TestDatapathCNIVersions(t *testing.T) {
 	for _, v := range []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
 		t.Run(v, func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t)
-			p := e.newPod()
+			e := testenv.New(t)
+			p := e.NewPod()
 			id := "pod-" + strings.ReplaceAll(v, ".", "")
-			t.Cleanup(func() { _ = e.delV(v, p, id, "eth0") })
-			res, err := e.addV(v, p, id, "eth0")
+			t.Cleanup(func() { _ = e.DelV(v, p, id, "eth0") })
+			res, err := e.AddV(v, p, id, "eth0")
 			if err != nil {
 				t.Fatalf("ADD at %s: %v", v, err)
 			}
@@ -699,20 +643,20 @@ func TestDatapathCNIVersions(t *testing.T) {
 				t.Errorf("routes %v lack a default route per family", routes)
 			}
 
-			for _, ip := range []net.IP{nodeIP4, nodeIP6} {
-				if err := ping(p, ip, 2); err != nil {
+			for _, ip := range []net.IP{testenv.NodeIP4, testenv.NodeIP6} {
+				if err := testenv.Ping(p, ip, 2); err != nil {
 					t.Error(err)
 				}
 			}
 			if v != "0.3.0" && v != "0.3.1" {
-				if err := e.checkV(v, p, id, "eth0"); err != nil {
+				if err := e.CheckV(v, p, id, "eth0"); err != nil {
 					t.Errorf("CHECK at %s: %v", v, err)
 				}
 			}
-			if err := e.delV(v, p, id, "eth0"); err != nil {
+			if err := e.DelV(v, p, id, "eth0"); err != nil {
 				t.Fatalf("DEL at %s: %v", v, err)
 			}
-			e.assertClean()
+			e.AssertClean()
 		})
 	}
 }
@@ -720,18 +664,18 @@ func TestDatapathCNIVersions(t *testing.T) {
 // TestDatapathAttachModeTC forces clsact + cls_bpf instead of tcx.
 func TestDatapathAttachModeTC(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	e.extra = map[string]any{"attachMode": "tc"}
-	a, b := e.newPod(), e.newPod()
-	e.cleanupDel(a, "pod-a")
-	e.cleanupDel(b, "pod-b")
-	e.add(a, "pod-a")
-	rb := e.add(b, "pod-b")
-	b4, b6 := podIPs(t, rb)
+	e := testenv.New(t)
+	e.Extra = map[string]any{"attachMode": "tc"}
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "pod-a")
+	e.CleanupDel(b, "pod-b")
+	e.Add(a, "pod-a")
+	rb := e.Add(b, "pod-b")
+	b4, b6 := testenv.PodIPs(t, rb)
 
 	for _, id := range []string{"pod-a", "pod-b"} {
 		name := state.HostIfName(id, "eth0")
-		err := e.inNode(func() error {
+		err := e.InNode(func() error {
 			l, err := netlink.LinkByName(name)
 			if err != nil {
 				return err
@@ -770,20 +714,20 @@ func TestDatapathAttachModeTC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if pins := datapath.VethLinkPins(e.pinDir); len(pins) != 0 {
+	if pins := datapath.VethLinkPins(e.PinDir); len(pins) != 0 {
 		t.Errorf("tc mode pinned tcx links: %v", pins)
 	}
 
 	for _, ip := range []net.IP{b4, b6} {
-		if err := ping(a, ip, 2); err != nil {
+		if err := testenv.Ping(a, ip, 2); err != nil {
 			t.Error(err)
 		}
 	}
-	if err := ping(a, nodeIP4, 1); err != nil {
+	if err := testenv.Ping(a, testenv.NodeIP4, 1); err != nil {
 		t.Error(err)
 	}
-	m := e.maps()
-	_, aIdx := e.hostVeth("pod-a")
+	m := e.Maps()
+	_, aIdx := e.HostVeth("pod-a")
 	if c := counter(t, m, aIdx, maps.DirEgress, maps.ReasonRedirect); c.Packets == 0 {
 		t.Errorf("tc mode: no redirect counted on pod-a's veth: %s", dumpCounters(m, aIdx))
 	}
@@ -791,23 +735,23 @@ func TestDatapathAttachModeTC(t *testing.T) {
 		t.Errorf("tc mode: egress filter never ran on pod-a's veth: %s", dumpCounters(m, aIdx))
 	}
 
-	e.mustDel(a, "pod-a")
-	e.mustDel(b, "pod-b")
-	e.assertClean()
+	e.MustDel(a, "pod-a")
+	e.MustDel(b, "pod-b")
+	e.AssertClean()
 }
 
 // TestDatapathMTU sets mtu 1400: both veth ends carry it and full-size
 // unfragmentable packets cross pod to pod.
 func TestDatapathMTU(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	e.extra = map[string]any{"mtu": 1400}
-	a, b := e.newPod(), e.newPod()
-	e.cleanupDel(a, "pod-a")
-	e.cleanupDel(b, "pod-b")
-	ra := e.add(a, "pod-a")
-	rb := e.add(b, "pod-b")
-	b4, b6 := podIPs(t, rb)
+	e := testenv.New(t)
+	e.Extra = map[string]any{"mtu": 1400}
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "pod-a")
+	e.CleanupDel(b, "pod-b")
+	ra := e.Add(a, "pod-a")
+	rb := e.Add(b, "pod-b")
+	b4, b6 := testenv.PodIPs(t, rb)
 
 	for _, c := range []struct {
 		id  string
@@ -816,7 +760,7 @@ func TestDatapathMTU(t *testing.T) {
 	}{{"pod-a", a, ra}, {"pod-b", b, rb}} {
 		name := state.HostIfName(c.id, "eth0")
 		var hostMTU, podMTU int
-		e.inNode(func() error {
+		e.InNode(func() error {
 			l, err := netlink.LinkByName(name)
 			if err == nil {
 				hostMTU = l.Attrs().MTU
@@ -847,9 +791,9 @@ func TestDatapathMTU(t *testing.T) {
 		t.Error(err)
 	}
 
-	e.mustDel(a, "pod-a")
-	e.mustDel(b, "pod-b")
-	e.assertClean()
+	e.MustDel(a, "pod-a")
+	e.MustDel(b, "pod-b")
+	e.AssertClean()
 }
 
 // TestDatapathSingleStack runs with IPv4-only and IPv6-only IPAM.
@@ -859,20 +803,20 @@ func TestDatapathSingleStack(t *testing.T) {
 		name   string
 		subnet string
 		v4     bool
-	}{{"ipv4-only", podSubnet4, true}, {"ipv6-only", podSubnet6, false}} {
+	}{{"ipv4-only", testenv.PodSubnet4, true}, {"ipv6-only", testenv.PodSubnet6, false}} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			e := newEnv(t)
-			e.ipam = map[string]any{
+			e := testenv.New(t)
+			e.IPAM = map[string]any{
 				"type":    "host-local",
-				"dataDir": e.dataDir,
+				"dataDir": e.DataDir,
 				"ranges":  [][]map[string]string{{{"subnet": c.subnet}}},
 			}
-			a, b := e.newPod(), e.newPod()
-			e.cleanupDel(a, "pod-a")
-			e.cleanupDel(b, "pod-b")
-			ra := e.add(a, "pod-a")
-			rb := e.add(b, "pod-b")
+			a, b := e.NewPod(), e.NewPod()
+			e.CleanupDel(a, "pod-a")
+			e.CleanupDel(b, "pod-b")
+			ra := e.Add(a, "pod-a")
+			rb := e.Add(b, "pod-b")
 			for _, r := range []*current.Result{ra, rb} {
 				v4, v6 := resultIPs(r)
 				if len(r.IPs) != 1 || (c.v4 && v4 == nil) || (!c.v4 && v6 == nil) {
@@ -906,31 +850,31 @@ func TestDatapathSingleStack(t *testing.T) {
 			})
 
 			b4, b6 := resultIPs(rb)
-			dst, node := b4, nodeIP4
+			dst, node := b4, testenv.NodeIP4
 			if !c.v4 {
-				dst, node = b6, nodeIP6
+				dst, node = b6, testenv.NodeIP6
 			}
-			if err := ping(a, dst, 2); err != nil {
+			if err := testenv.Ping(a, dst, 2); err != nil {
 				t.Error(err)
 			}
-			if err := ping(a, node, 2); err != nil {
+			if err := testenv.Ping(a, node, 2); err != nil {
 				t.Error(err)
 			}
 			a4, a6 := resultIPs(ra)
 			if c.v4 {
-				if err := ping(e.node, a4, 1); err != nil {
+				if err := testenv.Ping(e.Node, a4, 1); err != nil {
 					t.Error(err)
 				}
-			} else if err := ping(e.node, a6, 1); err != nil {
+			} else if err := testenv.Ping(e.Node, a6, 1); err != nil {
 				t.Error(err)
 			}
-			if err := tcpTransfer(a, b, dst, 1<<20); err != nil {
+			if err := testenv.TCPTransfer(a, b, dst, 1<<20); err != nil {
 				t.Error(err)
 			}
 
-			e.mustDel(a, "pod-a")
-			e.mustDel(b, "pod-b")
-			e.assertClean()
+			e.MustDel(a, "pod-a")
+			e.MustDel(b, "pod-b")
+			e.AssertClean()
 		})
 	}
 }
@@ -939,21 +883,21 @@ func TestDatapathSingleStack(t *testing.T) {
 // two pods that exchanged traffic.
 func TestDatapathAgentDump(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	a, b := e.newPod(), e.newPod()
-	e.cleanupDel(a, "pod-a")
-	e.cleanupDel(b, "pod-b")
-	ra := e.addK8s(a, "pod-a", "default", "web-a")
-	rb := e.addK8s(b, "pod-b", "default", "web-b")
-	a4, a6 := podIPs(t, ra)
-	b4, b6 := podIPs(t, rb)
-	for _, ip := range []net.IP{b4, b6, nodeIP4, nodeIP6} {
-		if err := ping(a, ip, 1); err != nil {
+	e := testenv.New(t)
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "pod-a")
+	e.CleanupDel(b, "pod-b")
+	ra := e.AddK8s(a, "pod-a", "default", "web-a")
+	rb := e.AddK8s(b, "pod-b", "default", "web-b")
+	a4, a6 := testenv.PodIPs(t, ra)
+	b4, b6 := testenv.PodIPs(t, rb)
+	for _, ip := range []net.IP{b4, b6, testenv.NodeIP4, testenv.NodeIP6} {
+		if err := testenv.Ping(a, ip, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, ip := range []net.IP{a4, a6, nodeIP4, nodeIP6} {
-		if err := ping(b, ip, 1); err != nil {
+	for _, ip := range []net.IP{a4, a6, testenv.NodeIP4, testenv.NodeIP6} {
+		if err := testenv.Ping(b, ip, 1); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -961,9 +905,9 @@ func TestDatapathAgentDump(t *testing.T) {
 	dump := func(args ...string) []byte {
 		t.Helper()
 		var out []byte
-		err := e.inNode(func() error {
-			cmd := exec.Command(filepath.Join(binDir, "ebpf-agent"), append([]string{"dump", "endpoints",
-				"--pin-dir", e.pinDir, "--state-dir", e.stateDir}, args...)...)
+		err := e.InNode(func() error {
+			cmd := exec.Command(filepath.Join(testenv.BinDir, "ebpf-agent"), append([]string{"dump", "endpoints",
+				"--pin-dir", e.PinDir, "--state-dir", e.StateDir}, args...)...)
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
 			var err error
@@ -996,7 +940,7 @@ func TestDatapathAgentDump(t *testing.T) {
 		res     *current.Result
 		ips     []net.IP
 	}{{"pod-a", "default/web-a", ra, []net.IP{a4, a6}}, {"pod-b", "default/web-b", rb, []net.IP{b4, b6}}} {
-		name, idx := e.hostVeth(c.id)
+		name, idx := e.HostVeth(c.id)
 		var podMAC, hostMAC string
 		for _, i := range c.res.Interfaces {
 			if i.Name == "eth0" {
@@ -1055,9 +999,9 @@ func TestDatapathAgentDump(t *testing.T) {
 		}
 	}
 
-	e.mustDel(a, "pod-a")
-	e.mustDel(b, "pod-b")
-	e.assertClean()
+	e.MustDel(a, "pod-a")
+	e.MustDel(b, "pod-b")
+	e.AssertClean()
 }
 
 // TestDatapathDelUnderTraffic deletes pods while packets flow to and from
@@ -1067,21 +1011,21 @@ func TestDatapathAgentDump(t *testing.T) {
 // Several rounds, as the window is a race.
 func TestDatapathDelUnderTraffic(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
-	peer := e.newPod()
-	e.cleanupDel(peer, "peer")
-	e.add(peer, "peer")
+	e := testenv.New(t)
+	peer := e.NewPod()
+	e.CleanupDel(peer, "peer")
+	e.Add(peer, "peer")
 	fromPeer := udpSocket(t, peer, nil)
-	fromNode := udpSocket(t, e.node, nil)
-	m := e.maps()
+	fromNode := udpSocket(t, e.Node, nil)
+	m := e.Maps()
 
 	for round := 0; round < 5; round++ {
 		id := fmt.Sprintf("pod-%d", round)
-		p := e.newPod()
-		e.cleanupDel(p, id)
-		r := e.add(p, id)
-		p4, p6 := podIPs(t, r)
-		hostIf, idx := e.hostVeth(id)
+		p := e.NewPod()
+		e.CleanupDel(p, id)
+		r := e.Add(p, id)
+		p4, p6 := testenv.PodIPs(t, r)
+		hostIf, idx := e.HostVeth(id)
 		fromPod := udpSocket(t, p, nil)
 
 		stop := make(chan struct{})
@@ -1095,8 +1039,8 @@ func TestDatapathDelUnderTraffic(t *testing.T) {
 					return
 				default:
 				}
-				fromPod.WriteToUDP([]byte("x"), &net.UDPAddr{IP: nodeIP4, Port: 9})
-				fromPod.WriteToUDP([]byte("x"), &net.UDPAddr{IP: nodeIP6, Port: 9})
+				fromPod.WriteToUDP([]byte("x"), &net.UDPAddr{IP: testenv.NodeIP4, Port: 9})
+				fromPod.WriteToUDP([]byte("x"), &net.UDPAddr{IP: testenv.NodeIP6, Port: 9})
 				fromNode.WriteToUDP([]byte("y"), &net.UDPAddr{IP: p4, Port: 9})
 				fromNode.WriteToUDP([]byte("y"), &net.UDPAddr{IP: p6, Port: 9})
 				fromPeer.WriteToUDP([]byte("z"), &net.UDPAddr{IP: p4, Port: 9})
@@ -1120,7 +1064,7 @@ func TestDatapathDelUnderTraffic(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
-		err := e.del(p, id, "eth0")
+		err := e.Del(p, id, "eth0")
 		close(stop)
 		sent := <-done
 		if err != nil {
@@ -1137,7 +1081,7 @@ func TestDatapathDelUnderTraffic(t *testing.T) {
 		}
 		// Everything else of this pod is gone too (the peer stays).
 		var left []string
-		for _, l := range e.leftovers() {
+		for _, l := range e.Leftovers() {
 			// Addresses and indexes must match whole ("ifindex 3" is not "ifindex 30").
 			for _, mark := range []string{" " + p4.String(), " " + p6.String(),
 				fmt.Sprintf("ifindex %d", idx), fmt.Sprintf("links map entry %d", idx)} {
@@ -1154,8 +1098,8 @@ func TestDatapathDelUnderTraffic(t *testing.T) {
 			t.Fatalf("round %d: DEL of %s under traffic left:\n  %s", round, id, strings.Join(left, "\n  "))
 		}
 	}
-	e.mustDel(peer, "peer")
-	e.assertClean()
+	e.MustDel(peer, "peer")
+	e.AssertClean()
 }
 
 // hasToken reports whether mark occurs in s not followed by another digit or

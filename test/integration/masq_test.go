@@ -1,14 +1,12 @@
-package test
+package integration
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,6 +21,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // The masquerade lab: two nodes whose uplinks sit on one L2 segment (a
@@ -44,7 +43,7 @@ const (
 )
 
 type masqLab struct {
-	a, b *env
+	a, b *testenv.Env
 	out  ns.NetNS
 }
 
@@ -97,15 +96,15 @@ func newMasqLab(t *testing.T) *masqLab {
 		t.Fatalf("outside netns: %v", err)
 	}
 	lab := &masqLab{out: out}
-	mk := func(peerName string, up net.IP, ipam map[string]any) *env {
-		e := newEnv(t)
-		e.extra = map[string]any{
+	mk := func(peerName string, up net.IP, ipam map[string]any) *testenv.Env {
+		e := testenv.New(t)
+		e.Extra = map[string]any{
 			"ipMasq":       true,
 			"clusterCIDRs": []string{labCluster},
 			"capabilities": map[string]bool{"portMappings": true},
 		}
-		e.ipam = ipam
-		err := e.inNode(func() error {
+		e.IPAM = ipam
+		err := e.InNode(func() error {
 			veth := &netlink.Veth{
 				LinkAttrs: netlink.LinkAttrs{Name: "uplink0"},
 				PeerName:  peerName, PeerNamespace: netlink.NsFd(int(out.Fd())),
@@ -149,8 +148,8 @@ func newMasqLab(t *testing.T) *masqLab {
 	}
 	lab.a = mk("a0", labNodeA, nil)
 	lab.b = mk("b0", labNodeB, nil)
-	lab.b.ipam = map[string]any{
-		"type": "host-local", "dataDir": lab.b.dataDir,
+	lab.b.IPAM = map[string]any{
+		"type": "host-local", "dataDir": lab.b.DataDir,
 		"ranges": [][]map[string]string{{{"subnet": labPodsB}}},
 	}
 	return lab
@@ -249,22 +248,6 @@ func mustAsk(t *testing.T, from ns.NetNS, proto, addr string, lport int, server 
 	return p
 }
 
-func (e *env) masqAgent(args ...string) ([]byte, error) {
-	var out []byte
-	err := e.inNode(func() error {
-		cmd := exec.Command(binDir+"/ebpf-agent", append(args, "--pin-dir", e.pinDir, "--state-dir", e.stateDir)...)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		var err error
-		out, err = cmd.Output()
-		if err != nil {
-			return fmt.Errorf("ebpf-agent %s: %v: %s", strings.Join(args, " "), err, stderr.String())
-		}
-		return nil
-	})
-	return out, err
-}
-
 // TestMasq: pods on node A reach the outside with A's address (TCP, UDP,
 // ping), two pods using one source port both work, pod A <-> pod B goes
 // over host-gw routes unmasqueraded, a hostPort on A answers a pod on B,
@@ -274,7 +257,7 @@ func TestMasq(t *testing.T) {
 	t.Parallel()
 	lab := newMasqLab(t)
 	a, b := lab.a, lab.b
-	rulesA, rulesB := rulesets(t, a.node), rulesets(t, b.node)
+	rulesA, rulesB := rulesets(t, a.Node), rulesets(t, b.Node)
 
 	// host-gw: each node gets the list of both; a node skips itself.
 	peers := filepath.Join(t.TempDir(), "peers.json")
@@ -285,8 +268,8 @@ func TestMasq(t *testing.T) {
 	if err := os.WriteFile(peers, pj, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range []*env{a, b} {
-		out, err := e.masqAgent("peers", "--peers", peers)
+	for _, e := range []*testenv.Env{a, b} {
+		out, err := e.MasqAgent("peers", "--peers", peers)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -295,12 +278,12 @@ func TestMasq(t *testing.T) {
 		}
 	}
 
-	pa1, pa2, pb1 := a.newPod(), a.newPod(), b.newPod()
-	a.cleanupDel(pa1, "a1")
-	ra1 := a.add(pa1, "a1")
-	ra2 := a.mustAddHP(pa2, "a2", pm{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, pm{HostPort: 8080, ContainerPort: 80, Protocol: "udp"})
-	b.cleanupDel(pb1, "b1")
-	rb1 := b.add(pb1, "b1")
+	pa1, pa2, pb1 := a.NewPod(), a.NewPod(), b.NewPod()
+	a.CleanupDel(pa1, "a1")
+	ra1 := a.Add(pa1, "a1")
+	ra2 := a.MustAddHP(pa2, "a2", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}, testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "udp"})
+	b.CleanupDel(pb1, "b1")
+	rb1 := b.Add(pb1, "b1")
 	a1, a2, b1 := v4Of(t, ra1), v4Of(t, ra2), v4Of(t, rb1)
 
 	serve(t, lab.out, 7000, "outside")
@@ -313,10 +296,10 @@ func TestMasq(t *testing.T) {
 			mustAsk(t, pa1, proto, out, 0, "outside", labNodeA)
 			mustAsk(t, pb1, proto, out, 0, "outside", labNodeB)
 		}
-		if err := ping(pa1, outsideIP, 3); err != nil {
+		if err := testenv.Ping(pa1, outsideIP, 3); err != nil {
 			t.Fatal(err)
 		}
-		if err := ping(pb1, outsideIP, 2); err != nil {
+		if err := testenv.Ping(pb1, outsideIP, 2); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -338,13 +321,13 @@ func TestMasq(t *testing.T) {
 		for _, proto := range []string{"tcp", "udp"} {
 			mustAsk(t, pa1, proto, hp(b1, 7001), 0, "b1", a1)
 		}
-		if err := ping(pa1, b1, 2); err != nil {
+		if err := testenv.Ping(pa1, b1, 2); err != nil {
 			t.Fatal(err)
 		}
-		if err := ping(pb1, a1, 2); err != nil {
+		if err := testenv.Ping(pb1, a1, 2); err != nil {
 			t.Fatal(err)
 		}
-		if err := tcpTransfer(pa1, pb1, b1, 1<<20); err != nil {
+		if err := testenv.TCPTransfer(pa1, pb1, b1, 1<<20); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -356,7 +339,7 @@ func TestMasq(t *testing.T) {
 		}
 	})
 	t.Run("dump", func(t *testing.T) {
-		tab, err := a.masqAgent("dump", "nat")
+		tab, err := a.MasqAgent("dump", "nat")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -365,7 +348,7 @@ func TestMasq(t *testing.T) {
 				t.Errorf("dump nat lacks %q:\n%s", want, tab)
 			}
 		}
-		js, err := a.masqAgent("dump", "nat", "-o", "json")
+		js, err := a.MasqAgent("dump", "nat", "-o", "json")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -393,20 +376,20 @@ func TestMasq(t *testing.T) {
 		t.Logf("dump nat:\n%s", tab)
 	})
 	t.Run("no-rules", func(t *testing.T) {
-		if got := rulesets(t, a.node); got != rulesA {
+		if got := rulesets(t, a.Node); got != rulesA {
 			t.Errorf("node A rules changed:\nbefore:\n%s\nafter:\n%s", rulesA, got)
 		}
-		if got := rulesets(t, b.node); got != rulesB {
+		if got := rulesets(t, b.Node); got != rulesB {
 			t.Errorf("node B rules changed:\nbefore:\n%s\nafter:\n%s", rulesB, got)
 		}
 	})
 	t.Run("del", func(t *testing.T) {
-		m := a.maps()
+		m := a.Maps()
 		n, err := m.CountSNATOfIP(a1)
 		if err != nil || n == 0 {
 			t.Fatalf("before DEL: %d entries of %s (%v), want some", n, a1, err)
 		}
-		if err := a.del(pa1, "a1", "eth0"); err != nil {
+		if err := a.Del(pa1, "a1", "eth0"); err != nil {
 			t.Fatal(err)
 		}
 		if n, err := m.CountSNATOfIP(a1); err != nil || n != 0 {
@@ -425,15 +408,15 @@ func TestMasq(t *testing.T) {
 // its traffic untranslated) and its cluster CIDRs (without them traffic to
 // other pods would be masqueraded). CHECK used to look at neither.
 func TestMasqCheck(t *testing.T) {
-	e := newEnv(t)
-	e.extra = map[string]any{"ipMasq": true}
-	p := e.newPod()
-	e.cleanupDel(p, "m")
-	r := e.add(p, "m")
-	if err := e.check(p, "m", "eth0"); err != nil {
+	e := testenv.New(t)
+	e.Extra = map[string]any{"ipMasq": true}
+	p := e.NewPod()
+	e.CleanupDel(p, "m")
+	r := e.Add(p, "m")
+	if err := e.Check(p, "m", "eth0"); err != nil {
 		t.Fatalf("CHECK of a fresh masquerading pod: %v", err)
 	}
-	m := e.maps()
+	m := e.Maps()
 	ip := v4Of(t, r)
 	ep, err := m.LookupEndpoint(ip)
 	if err != nil {
@@ -444,25 +427,25 @@ func TestMasqCheck(t *testing.T) {
 	if err := m.PutEndpoint(ip, cleared); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.check(p, "m", "eth0"); err == nil || !strings.Contains(err.Error(), "ipMasq flag") {
+	if err := e.Check(p, "m", "eth0"); err == nil || !strings.Contains(err.Error(), "ipMasq flag") {
 		t.Errorf("CHECK with the ipMasq flag cleared: %v, want an error naming the flag", err)
 	}
 	if err := m.PutEndpoint(ip, ep); err != nil {
 		t.Fatal(err)
 	}
-	sub := netip.MustParsePrefix(podSubnet4)
+	sub := netip.MustParsePrefix(testenv.PodSubnet4)
 	if err := m.DeleteClusterCIDR(sub); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.check(p, "m", "eth0"); err == nil || !strings.Contains(err.Error(), "cni_cluster_cidrs lacks "+podSubnet4) {
+	if err := e.Check(p, "m", "eth0"); err == nil || !strings.Contains(err.Error(), "cni_cluster_cidrs lacks "+testenv.PodSubnet4) {
 		t.Errorf("CHECK with the pod's subnet gone from the cluster CIDRs: %v, want an error naming it", err)
 	}
 	if err := m.AddClusterCIDRs([]netip.Prefix{sub}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.check(p, "m", "eth0"); err != nil {
+	if err := e.Check(p, "m", "eth0"); err != nil {
 		t.Errorf("CHECK once repaired: %v", err)
 	}
-	e.mustDel(p, "m")
-	e.assertClean()
+	e.MustDel(p, "m")
+	e.AssertClean()
 }
