@@ -100,28 +100,29 @@ e2e:
 e2e-short:
 	bash test/e2e/run.sh --short
 
-# The whole suite beside the reference plugins, one combined table in
-# results/bench-<date>.{md,json} (test/benchall runs test/bench, then
-# test/bwbench): full under 15 minutes on 2 cores, quick about 4.
+# The benchmarks, beside the reference plugins: one command with parts
+# (latency, scale, hostport, throughput, memory, bandwidth; see
+# go run ./test/bench -h), each part's detailed report and one combined table
+# in results/bench-<date>.{md,json}: full under 15 minutes on 2 cores, quick
+# about 4.
 bench: deps-bench
-	$(GO) run ./test/benchall
+	$(GO) run ./test/bench -attach-tc
 
 bench-quick: deps-bench
-	$(GO) run ./test/benchall -quick
+	$(GO) run ./test/bench -attach-tc -quick
 
-# BPF masquerade beside ptp's iptables MASQUERADE: throughput and new connections/s.
-bench-masq: deps-bench
-	$(GO) test -tags masqbench -count=1 -run TestMasqBench -v ./test/
-
-# Bandwidth accuracy and latency under load, ebpf-cni beside ptp + bandwidth.
-# Parts on their own: latency, scale, hostPort, throughput and memory
-# (-parts, -quick: see go run ./test/bench -h) ...
+# The plugin parts only (ADD/DEL latency, at scale, hostPort, throughput, memory) ...
 bench-cni: deps-bench
-	$(GO) run ./test/bench
+	$(GO) run ./test/bench -parts latency,scale,hostport,throughput,memory
 
 # ... and bandwidth accuracy and latency under load, ebpf-cni beside ptp + bandwidth.
 bench-bandwidth: deps-bench
-	$(GO) run ./test/bwbench
+	$(GO) run ./test/bench -parts bandwidth
+
+# BPF masquerade beside ptp's iptables MASQUERADE: throughput and new
+# connections/s, in the two-node lab of the masquerade tests.
+bench-masq: deps-bench
+	$(GO) test -tags masqbench -count=1 -run TestMasqBench -v ./test/integration/
 
 clean:
 	rm -rf $(BIN)

@@ -1,3 +1,6 @@
+// The agent: restart and upgrade without loss, reconcile, the dumps, status
+// and metrics, a foreign pin directory refused.
+
 package integration
 
 import (
@@ -25,6 +28,10 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+
+	"bytes"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
 )
 
 // TestAgentRestartAndUpgradeWithoutLoss: pings and a TCP stream between two
@@ -365,4 +372,129 @@ func deleteHostLink(name string) error {
 		return err
 	}
 	return netlink.LinkDel(l)
+}
+
+// TestDatapathAgentDump runs `ebpf-agent dump endpoints` against a node with
+// two pods that exchanged traffic.
+func TestDatapathAgentDump(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "pod-a")
+	e.CleanupDel(b, "pod-b")
+	ra := e.AddK8s(a, "pod-a", "default", "web-a")
+	rb := e.AddK8s(b, "pod-b", "default", "web-b")
+	a4, a6 := testenv.PodIPs(t, ra)
+	b4, b6 := testenv.PodIPs(t, rb)
+	for _, ip := range []net.IP{b4, b6, testenv.NodeIP4, testenv.NodeIP6} {
+		if err := testenv.Ping(a, ip, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ip := range []net.IP{a4, a6, testenv.NodeIP4, testenv.NodeIP6} {
+		if err := testenv.Ping(b, ip, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	dump := func(args ...string) []byte {
+		t.Helper()
+		var out []byte
+		err := e.InNode(func() error {
+			cmd := exec.Command(filepath.Join(testenv.BinDir, "ebpf-agent"), append([]string{"dump", "endpoints",
+				"--pin-dir", e.PinDir, "--state-dir", e.StateDir}, args...)...)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			var err error
+			out, err = cmd.Output()
+			if err != nil {
+				return fmt.Errorf("ebpf-agent dump endpoints %v: %v\n%s", args, err, stderr.Bytes())
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+
+	var rows []inspect.EndpointRow
+	js := dump("-o", "json")
+	if err := json.Unmarshal(js, &rows); err != nil {
+		t.Fatalf("decode dump JSON: %v\n%s", err, js)
+	}
+	if len(rows) != 4 {
+		t.Errorf("dump has %d rows, want 4 (two IPs per pod):\n%s", len(rows), js)
+	}
+	byIP := map[string]inspect.EndpointRow{}
+	for _, r := range rows {
+		byIP[r.IP] = r
+	}
+	for _, c := range []struct {
+		id, pod string
+		res     *current.Result
+		ips     []net.IP
+	}{{"pod-a", "default/web-a", ra, []net.IP{a4, a6}}, {"pod-b", "default/web-b", rb, []net.IP{b4, b6}}} {
+		name, idx := e.HostVeth(c.id)
+		var podMAC, hostMAC string
+		for _, i := range c.res.Interfaces {
+			if i.Name == "eth0" {
+				podMAC = i.Mac
+			} else {
+				hostMAC = i.Mac
+			}
+		}
+		for _, ip := range c.ips {
+			r, ok := byIP[ip.String()]
+			if !ok {
+				t.Errorf("%s: IP %s missing from dump:\n%s", c.id, ip, js)
+				continue
+			}
+			if r.Interface != name || r.Ifindex != uint32(idx) {
+				t.Errorf("%s %s: interface %q ifindex %d, want %q %d", c.id, ip, r.Interface, r.Ifindex, name, idx)
+			}
+			if r.Container != c.id || r.Pod != c.pod {
+				t.Errorf("%s %s: container %q pod %q, want %q %q", c.id, ip, r.Container, r.Pod, c.id, c.pod)
+			}
+			if r.PodMAC != podMAC || r.HostMAC != hostMAC {
+				t.Errorf("%s %s: MACs pod %s host %s, want %s %s", c.id, ip, r.PodMAC, r.HostMAC, podMAC, hostMAC)
+			}
+			if r.TxPackets == 0 || r.RxPackets == 0 || r.TxBytes == 0 || r.RxBytes == 0 {
+				t.Errorf("%s %s: tx %d/%d rx %d/%d, want traffic both ways", c.id, ip, r.TxPackets, r.TxBytes, r.RxPackets, r.RxBytes)
+			}
+			for k, v := range r.Drops {
+				if v != 0 {
+					t.Errorf("%s %s: drops %s=%d, want none", c.id, ip, k, v)
+				}
+			}
+		}
+	}
+
+	table := string(dump())
+	lines := strings.Split(strings.TrimRight(table, "\n"), "\n")
+	if len(lines) != 5 {
+		t.Errorf("table has %d lines, want header + 4:\n%s", len(lines), table)
+	}
+	if f := strings.Fields(lines[0]); len(f) == 0 || f[0] != "IP" || !strings.Contains(lines[0], "INTERFACE") ||
+		!strings.Contains(lines[0], "RX PKTS") || !strings.Contains(lines[0], "TX PKTS") {
+		t.Errorf("table header %q, want IP ... INTERFACE ... RX PKTS ... TX PKTS", lines[0])
+	}
+	for _, ip := range []net.IP{a4, a6, b4, b6} {
+		found := false
+		for _, l := range lines[1:] {
+			if f := strings.Fields(l); len(f) > 0 && f[0] == ip.String() {
+				found = true
+				if !strings.Contains(l, "default/web-") {
+					t.Errorf("table row of %s lacks the pod name: %q", ip, l)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("table lacks a row for %s:\n%s", ip, table)
+		}
+	}
+
+	e.MustDel(a, "pod-a")
+	e.MustDel(b, "pod-b")
+	e.AssertClean()
 }

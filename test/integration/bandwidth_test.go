@@ -1,3 +1,5 @@
+// Bandwidth limits: TCP and UDP held to the rate, CHECK and the dump, bad values.
+
 package integration
 
 import (

@@ -1,3 +1,5 @@
+// kube-proxy's rules (iptables and nftables modes), as the Services tests load them.
+
 package integration
 
 import (

@@ -1,70 +1,27 @@
+// The attachment's life: DEL (also under traffic), GC, concurrent ADDs and
+// DELs, the first ADDs racing to set the node up, STATUS.
+
 package integration
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
-	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
-
-// CNI error codes of the spec (SPEC.md, "Error"), as the types package names them.
-const (
-	codeIncompatibleVersion = types.ErrIncompatibleCNIVersion      // 1
-	codeInvalidEnv          = types.ErrInvalidEnvironmentVariables // 4
-	codeDecoding            = types.ErrDecodingFailure             // 6
-	codeInvalidConfig       = types.ErrInvalidNetworkConfig        // 7
-	codePluginNotAvailable  = uint(50)
-)
-
-// --- helpers local to this file -------------------------------------------
-
-// destroyPod closes and unmounts a pod netns, so the kernel destroys it and
-// the pod end of the veth (and with it the host end) goes away.
-func destroyPod(t *testing.T, pod ns.NetNS) {
-	t.Helper()
-	if err := pod.Close(); err != nil {
-		t.Fatalf("close pod netns: %v", err)
-	}
-	if err := testutils.UnmountNS(pod); err != nil {
-		t.Fatalf("unmount pod netns: %v", err)
-	}
-}
-
-// wantErrContains fails unless err is non-nil and its message contains every
-// substring (case-insensitive).
-func wantErrContains(t *testing.T, what string, err error, subs ...string) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("%s: succeeded, want an error", what)
-	}
-	msg := strings.ToLower(err.Error())
-	for _, s := range subs {
-		if !strings.Contains(msg, strings.ToLower(s)) {
-			t.Errorf("%s: error %q does not mention %q", what, err, s)
-		}
-	}
-}
-
-// --- 1. DEL -----------------------------------------------------------------
 
 // TestLifecycleDel: DEL removes every trace, is idempotent, and needs neither
 // the pod netns, nor the host veth, nor an earlier ADD.
@@ -175,47 +132,6 @@ func TestLifecycleDel(t *testing.T) {
 	})
 }
 
-// flood sends UDP datagrams from inside pod to dst as fast as it can until
-// the returned stop is called. The socket is created in the pod netns, so the
-// packets leave through the pod's veth; send errors (the veth going away, ICMP
-// port unreachable) are ignored. It also stops when the test ends.
-func flood(t *testing.T, pod ns.NetNS, dst net.IP) (stop func()) {
-	t.Helper()
-	var conn net.Conn
-	err := pod.Do(func(ns.NetNS) error {
-		var err error
-		conn, err = net.Dial("udp", net.JoinHostPort(dst.String(), "9"))
-		return err
-	})
-	if err != nil {
-		t.Fatalf("open flood socket in pod: %v", err)
-	}
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		buf := make([]byte, 64)
-		for {
-			select {
-			case <-done:
-				return
-			default:
-			}
-			conn.Write(buf)
-		}
-	}()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			close(done)
-			<-finished
-			conn.Close()
-		})
-	}
-	t.Cleanup(stop)
-	return stop
-}
-
 // TestLifecycleDelUnderTraffic: a pod that is busy sending when it is deleted
 // must leave nothing behind, counters included: nothing may re-create map
 // state after DEL has cleared it.
@@ -244,95 +160,6 @@ func TestLifecycleDelUnderTraffic(t *testing.T) {
 		e.AssertClean()
 	}
 }
-
-// --- 2. CHECK ---------------------------------------------------------------
-
-// TestLifecycleCheck: CHECK passes right after ADD and names each kind of
-// damage: a missing route in the pod, a detached program, a missing map entry.
-func TestLifecycleCheck(t *testing.T) {
-	e := testenv.New(t)
-	cases := []struct {
-		name   string
-		damage func(t *testing.T, p *testenv.Attachment)
-		want   func(p *testenv.Attachment) []string // substrings of the CHECK error
-	}{
-		{
-			name: "default route removed in pod",
-			damage: func(t *testing.T, p *testenv.Attachment) {
-				err := p.Pod.Do(func(ns.NetNS) error {
-					routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
-					if err != nil {
-						return err
-					}
-					for _, r := range routes {
-						if r.Dst == nil || r.Dst.IP.Equal(net.IPv4zero) {
-							if ones, _ := maskOnes(r.Dst); ones == 0 {
-								return netlink.RouteDel(&r)
-							}
-						}
-					}
-					return errors.New("pod has no IPv4 default route")
-				})
-				if err != nil {
-					t.Fatalf("delete default route: %v", err)
-				}
-			},
-			want: func(*testenv.Attachment) []string { return []string{"route", "0.0.0.0", "not found"} },
-		},
-		{
-			name: "ingress program detached",
-			damage: func(t *testing.T, p *testenv.Attachment) {
-				l, err := link.LoadPinnedLink(datapath.LinkPinPath(e.PinDir, p.HostIf, "ingress"), nil)
-				if err != nil {
-					t.Fatalf("load pinned ingress link of %s: %v", p.HostIf, err)
-				}
-				defer l.Close()
-				if err := l.Detach(); err != nil {
-					t.Fatalf("detach ingress link of %s: %v", p.HostIf, err)
-				}
-			},
-			want: func(p *testenv.Attachment) []string { return []string{"not attached", p.HostIf, "ingress"} },
-		},
-		{
-			name: "endpoint map entry deleted",
-			damage: func(t *testing.T, p *testenv.Attachment) {
-				if err := e.Maps().DeleteEndpoint(p.IPs[0], 0); err != nil {
-					t.Fatalf("delete endpoint %s: %v", p.IPs[0], err)
-				}
-			},
-			want: func(p *testenv.Attachment) []string { return []string{"cni_endpoints", p.IPs[0].String()} },
-		},
-	}
-	var added []*testenv.Attachment
-	for i, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			p := e.AddAttachment(e.NewPod(), fmt.Sprintf("check-%d", i))
-			added = append(added, p)
-			if err := e.Check(p.Pod, p.ID, "eth0"); err != nil {
-				t.Fatalf("CHECK right after ADD: %v", err)
-			}
-			c.damage(t, p)
-			err := e.Check(p.Pod, p.ID, "eth0")
-			wantErrContains(t, "CHECK after damage", err, c.want(p)...)
-		})
-	}
-	// Damaged or not, DEL cleans up.
-	for _, p := range added {
-		if err := e.Del(p.Pod, p.ID, "eth0"); err != nil {
-			t.Fatalf("DEL %s: %v", p.ID, err)
-		}
-	}
-	e.AssertClean()
-}
-
-func maskOnes(n *net.IPNet) (int, int) {
-	if n == nil {
-		return 0, 0
-	}
-	return n.Mask.Size()
-}
-
-// --- 3. GC ------------------------------------------------------------------
 
 // TestLifecycleGC: GC with one valid attachment removes the two others
 // completely and leaves the valid one working. Run once through libcni as a
@@ -409,8 +236,6 @@ func TestLifecycleGC(t *testing.T) {
 		})
 	}
 }
-
-// --- 4. Concurrency ---------------------------------------------------------
 
 // TestLifecycleConcurrent: 20 ADDs at once on a node whose pin directory is
 // still empty (so they also race on bootstrapping the datapath) all succeed
@@ -537,285 +362,6 @@ func TestLifecycleBootstrapRace(t *testing.T) {
 	}
 }
 
-// --- 5. Bad input -----------------------------------------------------------
-
-// TestLifecycleBadInput runs the plugin binary with broken environments and
-// configs: each must fail with the spec's error code, a message naming the
-// problem, and leave nothing behind.
-func TestLifecycleBadInput(t *testing.T) {
-	type tc struct {
-		name     string
-		conf     func(e *testenv.Env, c map[string]any) // edit the otherwise valid config
-		stdin    string                                 // raw stdin instead of the config
-		envEdit  func(envv map[string]string)
-		wantCode uint
-		wantMsg  []string
-	}
-	cases := []tc{
-		{name: "bad JSON", stdin: `{"cniVersion": "1.1.0", "name": "x", "type": "ebpf-cni", `, wantCode: codeDecoding},
-		{
-			name:     "missing ipam",
-			conf:     func(e *testenv.Env, c map[string]any) { delete(c, "ipam") },
-			wantCode: codeInvalidConfig, wantMsg: []string{"ipam"},
-		},
-		{
-			name: "bad CIDR in ipam.ranges subnet",
-			conf: func(e *testenv.Env, c map[string]any) {
-				c["ipam"] = map[string]any{
-					"type": "host-local", "dataDir": e.DataDir,
-					"ranges": [][]map[string]string{{{"subnet": "10.250.0.0/33"}}},
-				}
-			},
-			wantCode: codeInvalidConfig, wantMsg: []string{"ipam.ranges[0][0].subnet", "10.250.0.0/33"},
-		},
-		{
-			name:     "mtu out of range",
-			conf:     func(e *testenv.Env, c map[string]any) { c["mtu"] = 10 },
-			wantCode: codeInvalidConfig, wantMsg: []string{"mtu"},
-		},
-		{
-			name:     "relative pinDir",
-			conf:     func(e *testenv.Env, c map[string]any) { c["pinDir"] = "relative/pins" },
-			wantCode: codeInvalidConfig, wantMsg: []string{"pinDir"},
-		},
-		{
-			name:     "unknown attachMode",
-			conf:     func(e *testenv.Env, c map[string]any) { c["attachMode"] = "xdp" },
-			wantCode: codeInvalidConfig, wantMsg: []string{"attachMode"},
-		},
-		{
-			name:     "unsupported cniVersion",
-			conf:     func(e *testenv.Env, c map[string]any) { c["cniVersion"] = "9.9.9" },
-			wantCode: codeIncompatibleVersion,
-		},
-		{
-			name:     "missing CNI_NETNS",
-			envEdit:  func(envv map[string]string) { delete(envv, "CNI_NETNS") },
-			wantCode: codeInvalidEnv, wantMsg: []string{"CNI_NETNS"},
-		},
-		{
-			name:     "ifname too long",
-			envEdit:  func(envv map[string]string) { envv["CNI_IFNAME"] = "eth0123456789abcdef" },
-			wantCode: codeInvalidEnv, wantMsg: []string{"interface name"},
-		},
-		{
-			name:     "nonexistent netns",
-			envEdit:  func(envv map[string]string) { envv["CNI_NETNS"] = "/var/run/netns/" + testenv.RandName("absent-") },
-			wantCode: codeInvalidEnv, wantMsg: []string{"CNI_NETNS"},
-		},
-	}
-
-	setup := func(t *testing.T) (*testenv.Env, ns.NetNS, map[string]string, map[string]any) {
-		e := testenv.New(t)
-		pod := e.NewPod()
-		envv := map[string]string{
-			"CNI_COMMAND":     "ADD",
-			"CNI_CONTAINERID": testenv.RandName("bad-"),
-			"CNI_NETNS":       pod.Path(),
-			"CNI_IFNAME":      "eth0",
-			"CNI_PATH":        testenv.BinDir,
-		}
-		c := e.PluginConf()
-		c["cniVersion"] = "1.1.0"
-		c["name"] = e.Name
-		return e, pod, envv, c
-	}
-
-	// Control: the unedited config and environment work, so each failure
-	// below is caused by its one edit.
-	t.Run("control", func(t *testing.T) {
-		e, _, envv, c := setup(t)
-		stdin, _ := json.Marshal(c)
-		out, err := e.ExecPlugin(envv, stdin)
-		if err != nil {
-			t.Fatalf("ADD with the base config: %v\n%s", err, out)
-		}
-		envv["CNI_COMMAND"] = "DEL"
-		if out, err := e.ExecPlugin(envv, stdin); err != nil {
-			t.Fatalf("DEL with the base config: %v\n%s", err, out)
-		}
-		e.AssertClean()
-	})
-
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			e, pod, envv, conf := setup(t)
-			var stdin []byte
-			if c.stdin != "" {
-				stdin = []byte(c.stdin)
-			} else {
-				if c.conf != nil {
-					c.conf(e, conf)
-				}
-				stdin, _ = json.Marshal(conf)
-			}
-			if c.envEdit != nil {
-				c.envEdit(envv)
-			}
-			out, err := e.ExecPlugin(envv, stdin)
-			var ee *exec.ExitError
-			if !errors.As(err, &ee) || ee.ExitCode() == 0 {
-				t.Fatalf("plugin exit: %v, want a non-zero exit status; stdout: %s", err, out)
-			}
-			perr := testenv.PluginError(t, out)
-			if perr.Code != c.wantCode {
-				t.Errorf("error code %d (%q), want %d", perr.Code, perr.Msg, c.wantCode)
-			}
-			for _, s := range c.wantMsg {
-				if !strings.Contains(perr.Msg+" "+perr.Details, s) {
-					t.Errorf("error %q (details %q) does not mention %q", perr.Msg, perr.Details, s)
-				}
-			}
-			e.AssertClean()
-			pod.Do(func(ns.NetNS) error {
-				if _, err := netlink.LinkByName("eth0"); err == nil {
-					t.Error("the failed ADD left eth0 in the pod")
-				}
-				return nil
-			})
-			if _, err := os.Stat(e.PinDir); err == nil {
-				t.Errorf("the failed ADD created the pin directory %s", e.PinDir)
-			}
-		})
-	}
-}
-
-// --- 6. Failed ADD part way -------------------------------------------------
-
-// TestLifecycleFailedAdd: an ADD that fails after IPAM reserved an address,
-// or because IPAM is exhausted, leaves nothing of its own.
-func TestLifecycleFailedAdd(t *testing.T) {
-	t.Run("eth0 exists in pod", func(t *testing.T) {
-		e := testenv.New(t)
-		pod := e.NewPod()
-		err := pod.Do(func(ns.NetNS) error {
-			return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "peer0"})
-		})
-		if err != nil {
-			t.Fatalf("create eth0 in the pod: %v", err)
-		}
-		_, err = e.AddV("1.1.0", pod, "fail-eth0", "eth0")
-		wantErrContains(t, "ADD into a pod that has eth0", err, "eth0", "exists")
-		e.AssertClean()
-		if r := e.ReservationsOf("fail-eth0"); len(r) > 0 {
-			t.Errorf("IPAM reservations left: %v", r)
-		}
-		// The pod's own interfaces are untouched.
-		err = pod.Do(func(ns.NetNS) error {
-			for _, n := range []string{"eth0", "peer0"} {
-				l, err := netlink.LinkByName(n)
-				if err != nil {
-					return fmt.Errorf("the failed ADD removed the pod's own %s: %w", n, err)
-				}
-				addrs, _ := netlink.AddrList(l, netlink.FAMILY_V4)
-				if len(addrs) > 0 {
-					return fmt.Errorf("the failed ADD left addresses on the pod's %s: %v", n, addrs)
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The runtime's DEL after a failed ADD succeeds and keeps the pod's links.
-		if err := e.Del(pod, "fail-eth0", "eth0"); err != nil {
-			t.Fatalf("DEL after the failed ADD: %v", err)
-		}
-		e.AssertClean()
-		// Nothing stale blocks a retry once the conflict is gone.
-		err = pod.Do(func(ns.NetNS) error {
-			l, err := netlink.LinkByName("eth0")
-			if err != nil {
-				return err
-			}
-			return netlink.LinkDel(l)
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := e.AddAttachment(pod, "fail-eth0")
-		if err := testenv.Ping(pod, testenv.NodeIP4, 1); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.Del(pod, p.ID, "eth0"); err != nil {
-			t.Fatal(err)
-		}
-		e.AssertClean()
-	})
-
-	t.Run("ipam exhausted", func(t *testing.T) {
-		e := testenv.New(t)
-		e.IPAM = map[string]any{
-			"type":    "host-local",
-			"dataDir": e.DataDir,
-			"ranges": [][]map[string]string{{{
-				"subnet": "10.250.0.0/30", "rangeStart": "10.250.0.2", "rangeEnd": "10.250.0.2",
-			}}},
-		}
-		first := e.AddAttachment(e.NewPod(), "only-one")
-		if len(first.IPs) != 1 || !first.IPs[0].Equal(net.ParseIP("10.250.0.2")) {
-			t.Fatalf("first pod got %v, want [10.250.0.2]", first.IPs)
-		}
-		pod2 := e.NewPod()
-		_, err := e.AddV("1.1.0", pod2, "no-room", "eth0")
-		if err == nil {
-			t.Fatal("second ADD into a one-address range succeeded")
-		}
-		t.Logf("second ADD: %v", err)
-		second := &testenv.Attachment{Pod: pod2, ID: "no-room", IfName: "eth0", HostIf: state.HostIfName("no-room", "eth0")}
-		e.AssertGone(second)
-		// Exactly the first pod's state is left.
-		eps, err := e.Maps().ListEndpoints()
-		if err != nil || len(eps) != 1 || !eps[0].IP.Equal(first.IPs[0]) || int(eps[0].Info.Ifindex) != first.Ifindex {
-			t.Errorf("endpoints map after the failed ADD: %+v (err %v), want only %s -> %d", eps, err, first.IPs[0], first.Ifindex)
-		}
-		var k uint32
-		var v maps.LinkInfo
-		it := e.Maps().Links.Iterate()
-		for it.Next(&k, &v) {
-			if int(k) != first.Ifindex {
-				t.Errorf("links map has an entry for ifindex %d besides the first pod's %d", k, first.Ifindex)
-			}
-		}
-		if pins := datapath.VethLinkPins(e.PinDir); len(pins) != 2 {
-			t.Errorf("link pins after the failed ADD: %d, want the first pod's 2", len(pins))
-		}
-		if recs, _ := os.ReadDir(filepath.Join(e.StateDir, e.Name)); len(recs) != 1 {
-			t.Errorf("state records after the failed ADD: %d, want the first pod's 1", len(recs))
-		}
-		if r := e.ReservationsOf(first.ID); len(r) != 1 {
-			t.Errorf("first pod's reservation after the failed ADD: %v", r)
-		}
-		pod2.Do(func(ns.NetNS) error {
-			if _, err := netlink.LinkByName("eth0"); err == nil {
-				t.Error("the failed ADD left eth0 in its pod")
-			}
-			return nil
-		})
-		if err := testenv.Ping(first.Pod, testenv.NodeIP4, 1); err != nil {
-			t.Fatalf("first pod after the failed ADD: %v", err)
-		}
-		if err := e.Del(pod2, "no-room", "eth0"); err != nil {
-			t.Fatalf("DEL after the failed ADD: %v", err)
-		}
-		if err := e.Check(first.Pod, first.ID, "eth0"); err != nil {
-			t.Fatalf("first pod after DEL of the failed one: %v", err)
-		}
-		if err := e.Del(first.Pod, first.ID, "eth0"); err != nil {
-			t.Fatal(err)
-		}
-		e.AssertClean()
-		// With the address free again, an ADD succeeds.
-		again := e.AddAttachment(pod2, "no-room")
-		if err := e.Del(pod2, again.ID, "eth0"); err != nil {
-			t.Fatal(err)
-		}
-		e.AssertClean()
-	})
-}
-
-// --- 7. STATUS --------------------------------------------------------------
-
 // TestLifecycleStatus: STATUS succeeds on a usable node and is error 50 when
 // the pin directory is not on bpffs; ADD then fails the same way, cleanly.
 func TestLifecycleStatus(t *testing.T) {
@@ -840,4 +386,102 @@ func TestLifecycleStatus(t *testing.T) {
 	if ents, _ := os.ReadDir(bad.PinDir); len(ents) > 0 {
 		t.Errorf("ADD off bpffs wrote into %s: %v", bad.PinDir, ents)
 	}
+}
+
+// TestDatapathDelUnderTraffic deletes pods while packets flow to and from
+// them over both families: pod -> node, node -> pod (kernel stack) and a peer
+// pod -> pod (bpf_redirect_peer, counted for the destination by the peer's
+// program). DEL must still leave no trace of the pod, counters included.
+// Several rounds, as the window is a race.
+func TestDatapathDelUnderTraffic(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	peer := e.NewPod()
+	e.CleanupDel(peer, "peer")
+	e.Add(peer, "peer")
+	fromPeer := udpSocket(t, peer, nil)
+	fromNode := udpSocket(t, e.Node, nil)
+	m := e.Maps()
+
+	for round := 0; round < 5; round++ {
+		id := fmt.Sprintf("pod-%d", round)
+		p := e.NewPod()
+		e.CleanupDel(p, id)
+		r := e.Add(p, id)
+		p4, p6 := testenv.PodIPs(t, r)
+		hostIf, idx := e.HostVeth(id)
+		fromPod := udpSocket(t, p, nil)
+
+		stop := make(chan struct{})
+		done := make(chan int, 1)
+		go func() {
+			n := 0
+			for {
+				select {
+				case <-stop:
+					done <- n
+					return
+				default:
+				}
+				fromPod.WriteToUDP([]byte("x"), &net.UDPAddr{IP: testenv.NodeIP4, Port: 9})
+				fromPod.WriteToUDP([]byte("x"), &net.UDPAddr{IP: testenv.NodeIP6, Port: 9})
+				fromNode.WriteToUDP([]byte("y"), &net.UDPAddr{IP: p4, Port: 9})
+				fromNode.WriteToUDP([]byte("y"), &net.UDPAddr{IP: p6, Port: 9})
+				fromPeer.WriteToUDP([]byte("z"), &net.UDPAddr{IP: p4, Port: 9})
+				fromPeer.WriteToUDP([]byte("z"), &net.UDPAddr{IP: p6, Port: 9})
+				n++
+			}
+		}()
+		// Wait until every kind of traffic is seen on the pod's veth.
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			cs, _ := m.Counters(idx)
+			if cs[maps.CounterKey{Dir: maps.DirEgress, Reason: maps.ReasonForward}].Packets > 0 &&
+				cs[maps.CounterKey{Dir: maps.DirIngress, Reason: maps.ReasonForward}].Packets > 0 &&
+				cs[maps.CounterKey{Dir: maps.DirIngress, Reason: maps.ReasonRedirect}].Packets > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				close(stop)
+				<-done
+				t.Fatalf("round %d: traffic not flowing before DEL: %s", round, dumpCounters(m, idx))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		err := e.Del(p, id, "eth0")
+		close(stop)
+		sent := <-done
+		if err != nil {
+			t.Fatalf("DEL %s under traffic: %v", id, err)
+		}
+		all, _ := m.AllCounters()
+		if cs, ok := all[uint32(idx)]; ok {
+			var parts []string
+			for k, c := range cs {
+				parts = append(parts, fmt.Sprintf("%s/%s=%dp", k.Dir, k.Reason, c.Packets))
+			}
+			t.Errorf("round %d: after DEL of %s (host ifindex %d, %d send rounds during the test) the counters map still holds %s",
+				round, id, idx, sent, strings.Join(parts, " "))
+		}
+		// Everything else of this pod is gone too (the peer stays).
+		var left []string
+		for _, l := range e.Leftovers() {
+			// Addresses and indexes must match whole ("ifindex 3" is not "ifindex 30").
+			for _, mark := range []string{" " + p4.String(), " " + p6.String(),
+				fmt.Sprintf("ifindex %d", idx), fmt.Sprintf("links map entry %d", idx)} {
+				if hasToken(l, mark) {
+					left = append(left, l)
+					break
+				}
+			}
+			if strings.Contains(l, hostIf) || strings.Contains(l, id+"_") {
+				left = append(left, l)
+			}
+		}
+		if len(left) > 0 {
+			t.Fatalf("round %d: DEL of %s under traffic left:\n  %s", round, id, strings.Join(left, "\n  "))
+		}
+	}
+	e.MustDel(peer, "peer")
+	e.AssertClean()
 }

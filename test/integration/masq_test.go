@@ -1,3 +1,6 @@
+// Masquerade (ipMasq) between two nodes and an outside host, and CHECK of a
+// masquerading pod.
+
 package integration
 
 import (

@@ -1,3 +1,5 @@
+// Services: kube-proxy's NAT beside the fast path, replies through the stack.
+
 package integration
 
 import (

@@ -1,3 +1,6 @@
+// Uplinks: re-created uplinks, other programs on the hook, a second pin
+// directory in one netns refused.
+
 package integration
 
 import (

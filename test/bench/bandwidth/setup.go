@@ -1,4 +1,4 @@
-package main
+package bandwidth
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 const (
@@ -61,7 +61,7 @@ type pod struct {
 }
 
 type bench struct {
-	opts    *options
+	opts    *Options
 	id      string
 	root    string
 	binDir  string
@@ -75,15 +75,15 @@ type bench struct {
 	cacheMount string // where cache is mounted, "" when not mounted
 	netnses    map[string]ns.NetNS
 	configs    []*config
-	procs      *benchkit.Procs
+	procs      *testenv.Procs
 	maps       *maps.Maps // ebpf-cni's pinned maps, opened after its first ADD
 	res        *results
 }
 
 // newBench prepares everything; on error the returned bench (if non-nil)
 // holds what was created so far, for cleanup.
-func newBench(ctx context.Context, opts *options) (*bench, error) {
-	id := benchkit.RandHex(4)
+func newBench(ctx context.Context, opts *Options) (*bench, error) {
+	id := testenv.RandHex(4)
 	root, err := os.MkdirTemp("", "ebpfbwbench-"+id+"-")
 	if err != nil {
 		return nil, err
@@ -100,7 +100,7 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 		nsDir:   filepath.Join(root, "netns"),
 		pinDir:  filepath.Join("/sys/fs/bpf", "ebpfbwbench-"+id),
 		netnses: map[string]ns.NetNS{},
-		procs:   benchkit.NewProcs(),
+		procs:   testenv.NewProcs(),
 	}
 	logf("run %s: temp dir %s, pin dir %s", id, root, b.pinDir)
 	for _, d := range []string{b.binDir, b.confDir, b.cache, b.state, b.ipamDir, b.nsDir} {
@@ -109,10 +109,10 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 		}
 	}
 	b.res = newResults(opts)
-	if err := benchkit.Build(ctx, b.binDir, binaries, logf); err != nil {
+	if err := testenv.Build(ctx, b.binDir, binaries, logf); err != nil {
 		return b, err
 	}
-	if b.cacheMount, err = benchkit.HideCNICache(b.cache, ".ebpfbwbench-"+b.id, logf); err != nil {
+	if b.cacheMount, err = testenv.HideCNICache(b.cache, ".ebpfbwbench-"+b.id, logf); err != nil {
 		return b, err
 	}
 	if err := b.writeConfigs(); err != nil {
@@ -128,7 +128,7 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 
 // createNetNS makes a namespace at nsDir/name and tracks it for cleanup.
 func (b *bench) createNetNS(name string) (ns.NetNS, error) {
-	n, err := benchkit.NewNetNS(filepath.Join(b.nsDir, name))
+	n, err := testenv.NewNetNS(filepath.Join(b.nsDir, name))
 	if err != nil {
 		return nil, fmt.Errorf("create netns %s: %w", name, err)
 	}
@@ -138,7 +138,7 @@ func (b *bench) createNetNS(name string) (ns.NetNS, error) {
 
 func (b *bench) removeNetNS(n ns.NetNS) error {
 	delete(b.netnses, n.Path())
-	return benchkit.RemoveNetNS(n)
+	return testenv.RemoveNetNS(n)
 }
 
 // newNode creates a node netns: lo up with the node address on it.
@@ -147,7 +147,7 @@ func (b *bench) newNode(key string) (ns.NetNS, error) {
 	if err != nil {
 		return nil, err
 	}
-	return node, benchkit.SetupNode(node, nodeIP)
+	return node, testenv.SetupNode(node, nodeIP)
 }
 
 func mustCIDR(s string) *net.IPNet {
@@ -470,7 +470,7 @@ func (b *bench) cleanup() {
 		b.maps = nil
 	}
 	for path, n := range b.netnses {
-		if err := benchkit.RemoveNetNS(n); err != nil {
+		if err := testenv.RemoveNetNS(n); err != nil {
 			errs = append(errs, err)
 		}
 		delete(b.netnses, path)

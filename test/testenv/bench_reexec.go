@@ -1,4 +1,4 @@
-package benchkit
+package testenv
 
 import (
 	"context"
@@ -14,6 +14,13 @@ import (
 	"syscall"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+)
+
+// The environment of the benchmark command's re-executed process: InnerEnv
+// marks it, CmdlineEnv carries the command the user ran (for the reports).
+const (
+	InnerEnv   = "EBPFBENCH_INNER"
+	CmdlineEnv = "EBPFBENCH_CMDLINE"
 )
 
 // Outer mounts bpffs if needed and re-executes this program in a private

@@ -1,4 +1,4 @@
-package main
+package bandwidth
 
 import (
 	"context"
@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // run measures every rate and direction for every configuration. Rates are
@@ -16,7 +16,7 @@ func (b *bench) run(ctx context.Context) error {
 	start := time.Now()
 	// Namespaces deleted just before (by an earlier benchmark) are torn down
 	// by kernel threads for a while: let that finish first.
-	waited, calm := benchkit.WaitCalm(ctx, 30*time.Second)
+	waited, calm := testenv.WaitCalm(ctx, 30*time.Second)
 	b.res.Calm = fmt.Sprintf("waited %s for no other runnable task before measuring", waited.Round(100*time.Millisecond))
 	if !calm {
 		b.res.Calm = fmt.Sprintf("the machine was still busy after waiting %s", waited.Round(100*time.Millisecond))

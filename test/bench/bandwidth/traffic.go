@@ -1,4 +1,4 @@
-package main
+package bandwidth
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 const (
@@ -25,7 +25,7 @@ const (
 	fullInterval = 0.5
 )
 
-func intervals(j *benchkit.IperfJSON) []interval {
+func intervals(j *testenv.IperfJSON) []interval {
 	var out []interval
 	for _, iv := range j.Intervals {
 		s := iv.Sum
@@ -93,7 +93,7 @@ func (b *bench) measure(ctx context.Context, c *config, limited *pod, rateBps ui
 		Sender:   fmt.Sprintf("%s %s", sender.name, sender.ip),
 		Receiver: fmt.Sprintf("%s %s", receiver.name, receiver.ip),
 		Started:  time.Now().UTC().Format(time.RFC3339),
-		LoadAvg:  benchkit.Loadavg(),
+		LoadAvg:  testenv.Loadavg(),
 	}
 	srv, err := b.procs.Start(ctx, receiver.ns, "iperf3", "-s", "-1", "-J", "-i", "1",
 		"-B", receiver.ip.String(), "-p", strconv.Itoa(iperfPort))
@@ -101,7 +101,7 @@ func (b *bench) measure(ctx context.Context, c *config, limited *pod, rateBps ui
 		return nil, err
 	}
 	defer srv.Kill() // no-op once it exited
-	if err := benchkit.WaitListen(srv, iperfPort); err != nil {
+	if err := testenv.WaitListen(srv, iperfPort); err != nil {
 		return nil, err
 	}
 	drops0, err := b.limiterDrops(c)
@@ -120,7 +120,7 @@ func (b *bench) measure(ctx context.Context, c *config, limited *pod, rateBps ui
 	n := int((b.opts.duration - loadPingDelay - 500*time.Millisecond) / pingInterval)
 	n = min(n, b.opts.loadPings)
 	var pingErr error
-	if err := benchkit.SleepCtx(ctx, loadPingDelay); err != nil {
+	if err := testenv.SleepCtx(ctx, loadPingDelay); err != nil {
 		return nil, err
 	}
 	r.PingLoad, pingErr = b.ping(ctx, c.peer, limited.ip, n)
@@ -140,11 +140,11 @@ func (b *bench) measure(ctx context.Context, c *config, limited *pod, rateBps ui
 	}
 	r.LimiterDrops = drops1 - drops0
 
-	sj, err := benchkit.ParseIperf(srv.Stdout.Bytes(), "iperf3 server (receiver)")
+	sj, err := testenv.ParseIperf(srv.Stdout.Bytes(), "iperf3 server (receiver)")
 	if err != nil {
 		return nil, err
 	}
-	cj, err := benchkit.ParseIperf(cli.Stdout.Bytes(), "iperf3 client (sender)")
+	cj, err := testenv.ParseIperf(cli.Stdout.Bytes(), "iperf3 client (sender)")
 	if err != nil {
 		return nil, err
 	}
@@ -158,7 +158,7 @@ func (b *bench) measure(ctx context.Context, c *config, limited *pod, rateBps ui
 		r.Retransmits = *cj.End.SumSent.Retransmits
 	}
 	if r.ReceivedBytes == 0 || len(r.ReceiverIntervals) == 0 {
-		return nil, fmt.Errorf("iperf3 server received nothing:\n%s", benchkit.Tail(srv.Stdout.String()))
+		return nil, fmt.Errorf("iperf3 server received nothing:\n%s", testenv.Tail(srv.Stdout.String()))
 	}
 	r.evaluate()
 	return r, nil

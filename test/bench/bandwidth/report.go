@@ -1,4 +1,4 @@
-package main
+package bandwidth
 
 import (
 	"encoding/json"
@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // Targets of the issue: the average over the run within 5% of the rate, every
@@ -41,7 +41,7 @@ type results struct {
 	Limiters      []limiterEntry `json:"limiters"`
 	Runs          []*run         `json:"runs"`
 	// Rows is the summary table (test/benchall merges these).
-	Rows []benchkit.Row `json:"rows"`
+	Rows []testenv.Row `json:"rows"`
 
 	started time.Time
 	labels  map[string]string
@@ -118,20 +118,20 @@ type run struct {
 	MeetsIntervals    bool    `json:"meetsIntervalTarget"`
 }
 
-func newResults(o *options) *results {
+func newResults(o *Options) *results {
 	now := time.Now().UTC()
 	r := &results{
 		Date:          now.Format(time.RFC3339),
-		Kernel:        benchkit.KernelRelease(),
-		Go:            benchkit.GoVersion(),
-		Iperf3:        benchkit.IperfVersion(),
-		Commit:        benchkit.GitCommit(),
-		Command:       os.Getenv(cmdlineEnv),
+		Kernel:        testenv.KernelRelease(),
+		Go:            testenv.GoVersion(),
+		Iperf3:        testenv.IperfVersion(),
+		Commit:        testenv.GitCommit(),
+		Command:       os.Getenv(testenv.CmdlineEnv),
 		CPUs:          runtime.NumCPU(),
 		RatesMbps:     o.ratesMb,
 		SecondsPerRun: int(o.duration / time.Second),
 		Burst:         containerdBurst,
-		LoadStart:     benchkit.Loadavg(),
+		LoadStart:     testenv.Loadavg(),
 		Runs:          []*run{},
 		started:       now,
 		labels:        map[string]string{},
@@ -271,7 +271,7 @@ func (r *results) markdown() string {
 		fmt.Fprintf(&b, "  - %s, %s: %s\n", r.labels[l.Config], rateLabel(l.RateBps), l.Info)
 	}
 
-	fmt.Fprintf(&b, "\n## Summary\n\n%s", benchkit.RowsMarkdown(r.Rows))
+	fmt.Fprintf(&b, "\n## Summary\n\n%s", testenv.RowsMarkdown(r.Rows))
 
 	// Side by side.
 	fmt.Fprintf(&b, "\n## Side by side (%% of the limit; ping in ms)\n\n")
@@ -351,7 +351,7 @@ func (r *results) pings(idle bool) int {
 
 // write prints the tables and stores bandwidth-<date>.md and .json in dir.
 func (r *results) write(dir string) error {
-	r.LoadEnd = benchkit.Loadavg()
+	r.LoadEnd = testenv.Loadavg()
 	r.Rows = r.rows()
 	md := r.markdown()
 	fmt.Print(md)
@@ -376,8 +376,8 @@ func (r *results) write(dir string) error {
 // rows is the summary table: per rate and direction, each configuration's
 // 1 s intervals as % of the limit and its ping RTTs under load, ebpf-cni's
 // against ptp+bandwidth's.
-func (r *results) rows() []benchkit.Row {
-	var rows []benchkit.Row
+func (r *results) rows() []testenv.Row {
+	var rows []testenv.Row
 	ref := "chain"
 	for _, rate := range r.RatesMbps {
 		for _, dir := range []string{"egress", "ingress"} {
@@ -388,7 +388,7 @@ func (r *results) rows() []benchkit.Row {
 				}
 				pcts := intervalPcts(x)
 				cond := fmt.Sprintf("%s %s, burst %d", rateLabel(rate*1e6), dir, r.Burst)
-				acc := benchkit.NewRow("bandwidth accuracy", r.labels[k], "% of limit, 1 s intervals", cond, "%", pcts)
+				acc := testenv.NewRow("bandwidth accuracy", r.labels[k], "% of limit, 1 s intervals", cond, "%", pcts)
 				if f := strings.Fields(x.LoadAvg); len(f) > 0 {
 					acc.Load = f[0] // the 1-minute figure
 				}
@@ -399,14 +399,14 @@ func (r *results) rows() []benchkit.Row {
 					acc.Goal(fmt.Sprintf("issue 4: %d s avg %.1f%% within ±%.0f%%, every 1 s within ±%.0f%%", x.Seconds, x.AvgPct, avgTolerancePct, intervalTolerancePct),
 						x.MeetsAvg && x.MeetsIntervals)
 				}
-				var lat benchkit.Row
+				var lat testenv.Row
 				if x.PingLoad != nil {
-					lat = benchkit.NewRow("latency under load", r.labels[k], "ping RTT under load", cond+fmt.Sprintf("; idle median %s ms", fmtMs(x.PingIdle.MedianMs)), "ms", x.PingLoad.RTTsMs)
+					lat = testenv.NewRow("latency under load", r.labels[k], "ping RTT under load", cond+fmt.Sprintf("; idle median %s ms", fmtMs(x.PingIdle.MedianMs)), "ms", x.PingLoad.RTTsMs)
 					lat.Load = acc.Load
 				}
 				if k != ref {
 					if y := r.find(ref, rate*1e6, dir); y != nil {
-						acc.Against(r.labels[ref], benchkit.Median(intervalPcts(y)))
+						acc.Against(r.labels[ref], testenv.Median(intervalPcts(y)))
 						if y.PingLoad != nil && x.PingLoad != nil {
 							lat.Against(r.labels[ref], y.PingLoad.MedianMs)
 						}

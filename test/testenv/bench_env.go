@@ -1,4 +1,4 @@
-package benchkit
+package testenv
 
 import (
 	"bytes"
