@@ -40,7 +40,13 @@ func Open(pinRoot string) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	progs, err := loadPrograms(pinRoot, m, corePrograms, openPinned)
+	return withPrograms(pinRoot, m, openPinned)
+}
+
+// withPrograms opens (mode openPinned) or loads (loadMissing) the core
+// programs over the maps m; on error m is closed.
+func withPrograms(pinRoot string, m *maps.Maps, mode loadMode) (*Datapath, error) {
+	progs, err := loadPrograms(pinRoot, m, corePrograms, mode)
 	if err != nil {
 		m.Close()
 		return nil, err
@@ -80,14 +86,7 @@ func Ensure(pinRoot string) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	progs, err := loadPrograms(pinRoot, m, corePrograms, loadMissing)
-	if err != nil {
-		m.Close()
-		return nil, err
-	}
-	dp := &Datapath{PinRoot: pinRoot, Maps: m}
-	dp.setCore(progs)
-	return dp, nil
+	return withPrograms(pinRoot, m, loadMissing)
 }
 
 // Close releases the handles; pins stay.

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
@@ -53,20 +51,8 @@ func (c *combined) add(rows []testenv.Row) { c.Rows = append(c.Rows, rows...) }
 func (c *combined) write(dir string) error {
 	c.Elapsed = time.Since(c.started).Round(time.Second).String()
 	c.LoadEnd = testenv.Loadavg()
-	md := c.markdown()
-	fmt.Print(md)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	base := filepath.Join(dir, "bench-"+c.started.Format("2006-01-02T150405Z"))
-	js, err := json.MarshalIndent(c, "", "  ")
+	base, err := testenv.WriteReport(dir, "bench", c.started, c.markdown(), c)
 	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(base+".md", []byte(md), 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(base+".json", append(js, '\n'), 0o644); err != nil {
 		return err
 	}
 	logf("wrote %s.md and %s.json in %s", base, base, c.Elapsed)

@@ -1,6 +1,6 @@
 package main
 
-// The hostPort scale benchmark (issue 3, "Scale"): ADD latency and the rate
+// The hostPort scale benchmark: ADD latency and the rate
 // of new TCP connections through a hostPort, from a remote host, with 1, 200
 // and 1000 pods holding hostPorts, for ebpf-cni and for the reference
 // ptp+portmap chain in the same run, beside a raw veth pair.

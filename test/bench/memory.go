@@ -1,6 +1,6 @@
 package main
 
-// The memory benchmark (issue 6):
+// The memory benchmark:
 //
 //   - plugin peak RSS per ADD (and DEL): every plugin binary is reached
 //     through a wrapper script in a CNI_PATH of its own, which execs

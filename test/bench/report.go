@@ -1,11 +1,9 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
@@ -40,7 +38,7 @@ type results struct {
 	Parts      []string     `json:"parts"`
 	PartTimes  []partTime   `json:"partTimes"`
 	// Rows is the summary table: every figure with its spread and its
-	// ratio to the reference (test/benchall merges these).
+	// ratio to the reference (the bench command merges these into its combined table).
 	Rows []testenv.Row `json:"rows"`
 
 	started time.Time
@@ -292,19 +290,8 @@ func (r *results) write(dir string) error {
 	r.sortSeries()
 	r.Rows = r.rows()
 	md := r.markdown() + r.hostPortMarkdown() + r.throughputMarkdown() + r.memoryMarkdown()
-	fmt.Print(md)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	base := filepath.Join(dir, "cni-"+r.started.Format("2006-01-02T150405Z"))
-	js, err := json.MarshalIndent(r, "", "  ")
+	base, err := testenv.WriteReport(dir, "cni", r.started, md, r)
 	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(base+".md", []byte(md), 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(base+".json", append(js, '\n'), 0o644); err != nil {
 		return err
 	}
 	logf("wrote %s.md and %s.json", base, base)

@@ -8,7 +8,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
-// Targets of issue 6 (goals, not assertions).
+// Performance targets (goals, not assertions).
 const (
 	targetAddVsChain = 0.35 // ADD <= 0.35x the reference chain
 	targetFlat       = 1.10 // "ADD flat from 1 to 1000 pods": within 10% of the 1-pod median

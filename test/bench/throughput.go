@@ -1,6 +1,6 @@
 package main
 
-// The throughput benchmark (issue 6): iperf3 TCP throughput with 1 and 4
+// The throughput benchmark: iperf3 TCP throughput with 1 and 4
 // parallel streams over
 //
 //   - raw: a bare veth pair between two namespaces (the physical limit: no

@@ -145,7 +145,7 @@ func stream(src, dst ns.NetNS, ip net.IP, d time.Duration) error {
 }
 
 // TestVerbLatency measures ADD and DEL through libcni (the exec included),
-// one pod at a time on a node with 10 other pods: what issue 12's record
+// one pod at a time on a node with 10 other pods: what the record
 // claim, directory checks, host veth alias, per-interface table and rules
 // and the pod-side DEL cost. Medians of n.
 func TestVerbLatency(t *testing.T) {

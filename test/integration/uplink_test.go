@@ -16,7 +16,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
-// The node-level uplink hooks (issue 12, item 7): checked against the
+// The node-level uplink hooks: checked against the
 // kernel's links, cooperative with other tcx programs, one pinDir per netns.
 
 // TestUplinkRecreated: an uplink deleted and created again under its name

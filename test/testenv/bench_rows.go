@@ -1,9 +1,13 @@
 package testenv
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
+	"time"
 )
 
 // Row is one line of the combined results table: a figure of one
@@ -24,7 +28,7 @@ type Row struct {
 	Reference string  `json:"reference,omitempty"`
 	RefMedian float64 `json:"referenceMedian,omitempty"`
 	Ratio     float64 `json:"ratio,omitempty"`
-	// Target is the goal of issue 6 this row is judged by, with the verdict.
+	// Target is the performance goal this row is judged by, with the verdict.
 	Target string `json:"target,omitempty"`
 	Met    *bool  `json:"met,omitempty"`
 	// Load is how busy the machine was while it was measured: the 1-minute
@@ -90,4 +94,25 @@ func RowsMarkdown(rows []Row) string {
 			ratio, ref, r.Target, r.Load)
 	}
 	return b.String()
+}
+
+// WriteReport prints a report's markdown and stores it as <dir>/<name>-<date>.md
+// beside its JSON (v), returning the path without extension.
+func WriteReport(dir, name string, started time.Time, md string, v any) (string, error) {
+	fmt.Print(md)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	base := filepath.Join(dir, name+"-"+started.Format("2006-01-02T150405Z"))
+	js, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(base+".md", []byte(md), 0o644); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(base+".json", append(js, '\n'), 0o644); err != nil {
+		return "", err
+	}
+	return base, nil
 }

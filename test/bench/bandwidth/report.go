@@ -1,11 +1,9 @@
 package bandwidth
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
@@ -40,7 +38,7 @@ type results struct {
 	Configs       []configInfo   `json:"configs"`
 	Limiters      []limiterEntry `json:"limiters"`
 	Runs          []*run         `json:"runs"`
-	// Rows is the summary table (test/benchall merges these).
+	// Rows is the summary table (the bench command merges these into its combined table).
 	Rows []testenv.Row `json:"rows"`
 
 	started time.Time
@@ -264,7 +262,7 @@ func (r *results) markdown() string {
 		"as %% of the configured rate; the average is over the receiver's own duration, which exceeds the sender's when a queue drains after the sender stops; min/max over the receiver's 1 s intervals, each over its own length (a trailing stub shorter than %.1f s is ignored); "+
 		"retransmits are the sender's (client end.sum_sent); limiter drops: ebpf-cni's drop_bandwidth counters, or the tbf qdiscs' drops, during the run. "+
 		"Ping: from the peer to the limited pod, `-i 0.2`, %d pings from 1 s into the stream, median / p90 (nearest rank); "+
-		"idle: %d pings just before, same path. Targets (issue 4): %d s average within %.0f%% of the rate, every 1 s interval within %.0f%%.\n",
+		"idle: %d pings just before, same path. Targets: %d s average within %.0f%% of the rate, every 1 s interval within %.0f%%.\n",
 		r.Burst, secs, fullInterval, r.pings(false), r.pings(true), secs, avgTolerancePct, intervalTolerancePct)
 	fmt.Fprintf(&b, "- limiters as installed (burst after each plugin's own policy):\n")
 	for _, l := range r.Limiters {
@@ -354,19 +352,8 @@ func (r *results) write(dir string) error {
 	r.LoadEnd = testenv.Loadavg()
 	r.Rows = r.rows()
 	md := r.markdown()
-	fmt.Print(md)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	base := filepath.Join(dir, "bandwidth-"+r.started.Format("2006-01-02T150405Z"))
-	js, err := json.MarshalIndent(r, "", "  ")
+	base, err := testenv.WriteReport(dir, "bandwidth", r.started, md, r)
 	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(base+".md", []byte(md), 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(base+".json", append(js, '\n'), 0o644); err != nil {
 		return err
 	}
 	logf("wrote %s.md and %s.json", base, base)
@@ -396,7 +383,7 @@ func (r *results) rows() []testenv.Row {
 					// The reference is not judged; its average is what to compare.
 					acc.Target = fmt.Sprintf("%d s avg %.1f%%", x.Seconds, x.AvgPct)
 				} else {
-					acc.Goal(fmt.Sprintf("issue 4: %d s avg %.1f%% within ±%.0f%%, every 1 s within ±%.0f%%", x.Seconds, x.AvgPct, avgTolerancePct, intervalTolerancePct),
+					acc.Goal(fmt.Sprintf("%d s avg %.1f%% within ±%.0f%%, every 1 s within ±%.0f%%", x.Seconds, x.AvgPct, avgTolerancePct, intervalTolerancePct),
 						x.MeetsAvg && x.MeetsIntervals)
 				}
 				var lat testenv.Row
