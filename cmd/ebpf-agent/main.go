@@ -17,6 +17,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
@@ -33,6 +34,19 @@ type opts struct {
 	hostPorts                      bool
 	// reconcile, upgrade
 	dryRun, force bool
+	// run, upgrade: the node's map sizing (0 and -1: from the CNI config)
+	maxPods, hostPortsPerPod int
+}
+
+// sizingFlags are the flags of the commands that may create the maps.
+func sizingFlags(fs *flag.FlagSet, o *opts) {
+	fs.IntVar(&o.maxPods, "max-pods", 0, "pods the node's maps are sized for (default: the ebpf-cni networks' maxPods in --cni-conf-dir, else 110); must agree with them")
+	fs.IntVar(&o.hostPortsPerPod, "max-hostports-per-pod", -1, "portMappings a pod may have (default: the networks' maxHostPortsPerPod, else 32); must agree with them")
+}
+
+// sizing resolves the flags against the CNI configuration.
+func (o *opts) sizing() (maps.Sizing, error) {
+	return agent.ResolveSizing(o.confDir, o.pinDir, o.maxPods, o.hostPortsPerPod)
 }
 
 func (o *opts) source() inspect.Source { return inspect.Source{PinDir: o.pinDir, StateDir: o.stateDir} }
@@ -80,6 +94,7 @@ var commands = []command{
 	{name: "upgrade", help: "swap every attachment to this build's programs in place (--force reloads them)",
 		flags: func(fs *flag.FlagSet, o *opts) {
 			fs.BoolVar(&o.force, "force", false, "reload this build's programs even if already pinned, and swap them in")
+			sizingFlags(fs, o)
 		}, run: upgrade},
 }
 
@@ -151,6 +166,7 @@ func runFlags(fs *flag.FlagSet, o *opts) {
 	fs.DurationVar(&o.interval, "reconcile-interval", time.Minute, "how often to look for stale state")
 	fs.BoolVar(&o.hostPorts, "hostports", true, "own the node hooks hostPort and ipMasq need (uplinks, cgroup socket hooks, node addresses)")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup2 directory for the node-wide socket hooks (default: the cgroup2 mount)")
+	sizingFlags(fs, o)
 }
 
 func run(o *opts) error {
@@ -160,6 +176,11 @@ func run(o *opts) error {
 	ao.MetricsAddr, ao.ReconcileInterval, ao.Version = o.metrics, o.interval, Version
 	ao.HostPorts, ao.CgroupRoot, ao.PeersFile = o.hostPorts, o.cgroupRoot, o.peersFile
 	ao.Logger = log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags)
+	s, err := o.sizing()
+	if err != nil {
+		return err
+	}
+	ao.Sizing = s
 	return agent.Run(ctx, ao)
 }
 
@@ -220,7 +241,11 @@ func (u upgraded) Tables() []inspect.Table {
 }
 
 func upgrade(o *opts) error {
-	dp, err := datapath.Ensure(o.pinDir)
+	s, err := o.sizing()
+	if err != nil {
+		return err
+	}
+	dp, err := datapath.Ensure(o.pinDir, s)
 	if err != nil {
 		return err
 	}

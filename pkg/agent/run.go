@@ -37,6 +37,8 @@ type Options struct {
 	// PeersFile lists the other nodes and their pod CIDRs (host-gw routes,
 	// see SyncPeerRoutes); re-read at every reconcile. "" installs none.
 	PeersFile string
+	// Sizing is what the node's maps are sized for (see ResolveSizing).
+	Sizing maps.Sizing
 }
 
 // Run ensures bpffs and the pinned datapath, moves every attachment to this
@@ -53,7 +55,7 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 	}
-	dp, err := datapath.Ensure(o.PinRoot)
+	dp, err := datapath.Ensure(o.PinRoot, o.Sizing)
 	if err != nil {
 		return fmt.Errorf("ensure datapath at %s: %w", o.PinRoot, err)
 	}
@@ -72,8 +74,8 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		lg.Printf("upgrade: %v", err)
 	}
-	lg.Printf("datapath ready at %s (map layout v%d); %d links, %d moved to this build's programs, %d old program pins removed",
-		o.PinRoot, maps.LayoutVersion, rep.Links, rep.Replaced, len(rep.RemovedProgs))
+	lg.Printf("datapath ready at %s (map layout v%d, sized for %s); %d links, %d moved to this build's programs, %d old program pins removed",
+		o.PinRoot, maps.LayoutVersion, o.Sizing, rep.Links, rep.Replaced, len(rep.RemovedProgs))
 
 	col := newCollector(o.PinRoot, o.StateDir, o.Version)
 	if o.MetricsAddr != "" {

@@ -61,12 +61,17 @@ func linkAttachType(info *link.Info) ebpf.AttachType {
 // programs first even when they are pinned already (new program IDs), which
 // exercises the same swap.
 func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
-	var rep UpgradeReport
 	unlock, err := lockDir(dp.PinRoot)
 	if err != nil {
-		return rep, err
+		return UpgradeReport{}, err
 	}
 	defer unlock()
+	return dp.upgradeLocked(force)
+}
+
+// upgradeLocked is Upgrade with the pin directory locked.
+func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
+	var rep UpgradeReport
 	if err := migratePacingPin(dp.PinRoot); err != nil {
 		return rep, err
 	}

@@ -22,6 +22,10 @@ type masq struct {
 // network's, not the attachment's).
 func newMasq(on bool, clusterCIDRs []string) (*masq, error) {
 	m := &masq{on: on}
+	if len(clusterCIDRs) > maps.MaxClusterCIDRsPerNetwork {
+		return nil, ConfError("clusterCIDRs: %d entries, more than the %d a network may have (cni_cluster_cidrs holds %d node-wide)",
+			len(clusterCIDRs), maps.MaxClusterCIDRsPerNetwork, maps.MaxClusterCIDRs)
+	}
 	for i, c := range clusterCIDRs {
 		p, err := netip.ParsePrefix(c)
 		if err != nil {
@@ -46,9 +50,13 @@ func (m *masq) Install(a *Attachment) error {
 	if uplinks, err := a.NodeHooks(); err != nil && !uplinks {
 		return types.NewError(ErrPluginNotAvailable, fmt.Sprintf("ipMasq uplink hooks at %s: %v", a.Net.PinDir, err), "")
 	}
-	if err := a.DP.Maps.AddClusterCIDRs(m.cidrs(a)); err != nil {
+	// The attachment is a user of its cluster CIDRs: they stay while any
+	// user does, and go with the last (Teardown).
+	owner := cidrOwner(a.Net, a.ID.ContainerID, a.ID.IfName)
+	if err := a.DP.Maps.AcquireClusterCIDRs(owner, m.cidrs(a)); err != nil {
 		return mapError(err)
 	}
+	a.OnUndo(func() error { _, err := a.DP.Maps.ReleaseClusterCIDRs(owner); return err })
 	a.Flags |= maps.EndpointFlagMasq
 	a.Record.Masq = true
 	a.Trace.Mark("masq")
@@ -79,6 +87,15 @@ func (m *masq) Check(a *Attachment) error {
 			return checkError("map cni_cluster_cidrs lacks %s: the pod's traffic to it would be masqueraded", want)
 		}
 	}
+	mine, err := a.DP.Maps.ClusterCIDRsOf(cidrOwner(a.Net, a.ID.ContainerID, a.ID.IfName))
+	if err != nil {
+		return checkError("read map cni_cidr_refs: %v", err)
+	}
+	for _, want := range m.cidrs(a) {
+		if !mine[want] {
+			return checkError("map cni_cidr_refs does not list this attachment as a user of %s: another attachment's DEL would remove it", want)
+		}
+	}
 	return nil
 }
 
@@ -90,7 +107,18 @@ func (m *masq) Teardown(t *Teardown) {
 			_, err := t.DP.Maps.DeleteSNATOf(t.Ifindex)
 			return err
 		})
+		// The attachment no longer uses its cluster CIDRs; those no other
+		// attachment uses go (by its identity: the veth may be long gone).
+		t.BeforeEndpoints(func() error {
+			_, err := t.DP.Maps.ReleaseClusterCIDRs(cidrOwner(t.Net, t.ContainerID, t.IfName))
+			return err
+		})
 	}
+}
+
+// cidrOwner names an attachment as a user of cluster CIDRs.
+func cidrOwner(n *Network, containerID, ifname string) uint64 {
+	return maps.CIDROwner(n.StateDir, n.Name, containerID, ifname)
 }
 
 // cidrs are the configured clusterCIDRs, else the subnets of the pod's

@@ -18,23 +18,29 @@ import (
 // opens pins of the old layout, and the new fingerprint recorded here.
 var layouts = map[int]string{
 	1: "9948a12e1789aaaf",
+	2: "3d5f4bdb115d7479",
 }
 
 func TestLayoutVersion(t *testing.T) {
-	ss, err := specs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := make([]string, 0, len(ss))
-	for n := range ss {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	// The sizes are part of the layout: the rule that derives them from
+	// the sizing, seen at the defaults and at another sizing.
 	var b strings.Builder
-	for _, n := range names {
-		s := ss[n]
-		fmt.Fprintf(&b, "%s %s key=%d value=%d max=%d flags=%d key:%s value:%s\n", n, s.Type, s.KeySize, s.ValueSize,
-			s.MaxEntries, s.Flags, layoutOf(s.Key), layoutOf(s.Value))
+	for _, sz := range []Sizing{DefaultSizing, {MaxPods: 250, HostPortsPerPod: 4}} {
+		ss, err := sized(sz)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := make([]string, 0, len(ss))
+		for n := range ss {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		fmt.Fprintf(&b, "sizing %s\n", sz)
+		for _, n := range names {
+			s := ss[n]
+			fmt.Fprintf(&b, "%s %s key=%d value=%d max=%d flags=%d key:%s value:%s\n", n, s.Type, s.KeySize, s.ValueSize,
+				s.MaxEntries, s.Flags, layoutOf(s.Key), layoutOf(s.Value))
+		}
 	}
 	sum := sha256.Sum256([]byte(b.String()))
 	got := hex.EncodeToString(sum[:8])

@@ -1,24 +1,32 @@
 package maps
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"time"
+
+	"github.com/cilium/ebpf"
 )
 
 // Go twins of the masquerade structs in bpf/lib/types.h, generated from BTF.
 type (
-	CIDRKey  = mapsObjCidrKey
-	SNATKey  = mapsObjSnatKey
-	SNATVal  = mapsObjSnatVal
-	MasqStat = mapsObjMasqStat
+	CIDRKey    = mapsObjCidrKey
+	CIDRRefKey = mapsObjCidrRefKey
+	SNATKey    = mapsObjSnatKey
+	SNATVal    = mapsObjSnatVal
+	MasqStat   = mapsObjMasqStat
 )
 
 // Names of the masquerade maps, as bpf/lib/maps.h declares them.
 const (
 	nameSNAT         = "cni_snat"
 	nameClusterCIDRs = "cni_cluster_cidrs"
+	nameClusterRefs  = "cni_cidr_refs"
 	nameMasqStats    = "cni_masq_stats"
 )
 
@@ -67,15 +75,193 @@ func cidrKey(p netip.Prefix) CIDRKey {
 	return k
 }
 
-// AddClusterCIDRs adds prefixes to cni_cluster_cidrs (idempotent):
-// destinations inside them are never masqueraded.
-func (m *Maps) AddClusterCIDRs(prefixes []netip.Prefix) error {
+func (k CIDRKey) prefix() netip.Prefix {
+	var a netip.Addr
+	if k.Family == afInet {
+		a = netip.AddrFrom4([4]byte(k.Addr[:4]))
+	} else {
+		a = netip.AddrFrom16(k.Addr)
+	}
+	return netip.PrefixFrom(a, int(k.Prefixlen)-32)
+}
+
+// CIDROwner names a user of cluster CIDRs (an attachment) by a hash of
+// what identifies it; never 0, which stands for CIDRs inherited from an
+// older layout.
+func CIDROwner(parts ...string) uint64 {
+	h := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
+	if o := binary.LittleEndian.Uint64(h[:8]); o != 0 {
+		return o
+	}
+	return 1
+}
+
+// ClusterCIDRCapacity is how many CIDRs cni_cluster_cidrs holds node-wide.
+func (m *Maps) ClusterCIDRCapacity() int { return int(m.byName[nameClusterCIDRs].MaxEntries()) }
+
+// AcquireClusterCIDRs makes owner a user of prefixes, inserting into
+// cni_cluster_cidrs the ones it lacks (destinations inside them are never
+// masqueraded). All or nothing: when cni_cluster_cidrs (or cni_cidr_refs)
+// has no room, the error wraps ErrFull, names the map and its size, and
+// whatever this call added is gone again. Idempotent for an owner. Runs
+// under a lock on the map directory, as ReleaseClusterCIDRs, so a CIDR
+// one process adds is never removed by another releasing its last user.
+func (m *Maps) AcquireClusterCIDRs(owner uint64, prefixes []netip.Prefix) (err error) {
+	unlock, err := m.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	trie, refs := m.byName[nameClusterCIDRs], m.byName[nameClusterRefs]
+	have, err := m.ClusterCIDRs()
+	if err != nil {
+		return fmt.Errorf("read %s: %w", nameClusterCIDRs, err)
+	}
+	present := map[netip.Prefix]bool{}
+	for _, p := range have {
+		present[p] = true
+	}
+	var keys []CIDRKey
+	missing := 0
+	seen := map[netip.Prefix]bool{}
 	for _, p := range prefixes {
-		k := cidrKey(p)
-		one := uint32(1)
-		if err := m.byName[nameClusterCIDRs].Put(&k, &one); err != nil {
-			return writeErr(m.byName[nameClusterCIDRs], nameClusterCIDRs, p.String(), err)
+		p = p.Masked()
+		if seen[p] {
+			continue
 		}
+		seen[p] = true
+		keys = append(keys, cidrKey(p))
+		if !present[p] {
+			missing++
+		}
+	}
+	if len(have)+missing > int(trie.MaxEntries()) {
+		return fmt.Errorf("add %d cluster CIDRs to %s: %w: %s holds at most %d entries and has %d",
+			missing, nameClusterCIDRs, ErrFull, nameClusterCIDRs, trie.MaxEntries(), len(have))
+	}
+	// Undo what this call added if anything fails: its refs, and the CIDRs
+	// nobody else uses.
+	var added []CIDRRefKey
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, m.dropRefs(added))
+		}
+	}()
+	one := uint32(1)
+	for _, k := range keys {
+		// The ref first: a process killed in between leaves a ref (its
+		// attachment's teardown drops it), never a CIDR nobody holds.
+		rk := CIDRRefKey{Cidr: k, Owner: owner}
+		switch err := refs.Update(&rk, &one, ebpf.UpdateNoExist); {
+		case err == nil:
+			added = append(added, rk)
+		case errors.Is(err, ebpf.ErrKeyExist):
+		default:
+			return writeErr(refs, nameClusterRefs, "user of "+k.prefix().String(), err)
+		}
+		if err := trie.Update(&k, &one, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			return writeErr(trie, nameClusterCIDRs, k.prefix().String(), err)
+		}
+	}
+	return nil
+}
+
+// ReleaseClusterCIDRs drops every use owner made of cluster CIDRs and
+// removes from cni_cluster_cidrs those no user holds any more; it returns
+// them. Idempotent: an owner with no uses costs one scan of cni_cidr_refs
+// and no lock.
+func (m *Maps) ReleaseClusterCIDRs(owner uint64) ([]netip.Prefix, error) {
+	mine, err := m.refsOf(owner)
+	if err != nil || len(mine) == 0 {
+		return nil, err
+	}
+	unlock, err := m.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if mine, err = m.refsOf(owner); err != nil {
+		return nil, err
+	}
+	var gone []netip.Prefix
+	before, _ := m.ClusterCIDRs()
+	err = m.dropRefs(mine)
+	after, aerr := m.ClusterCIDRs()
+	if aerr == nil {
+		left := map[netip.Prefix]bool{}
+		for _, p := range after {
+			left[p] = true
+		}
+		for _, p := range before {
+			if !left[p] {
+				gone = append(gone, p)
+			}
+		}
+	}
+	return gone, err
+}
+
+// refsOf lists owner's entries of cni_cidr_refs.
+func (m *Maps) refsOf(owner uint64) ([]CIDRRefKey, error) {
+	var out []CIDRRefKey
+	err := scan(m.byName[nameClusterRefs], func(k *CIDRRefKey, _ *uint32) {
+		if k.Owner == owner {
+			out = append(out, *k)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scan %s: %w", nameClusterRefs, err)
+	}
+	return out, nil
+}
+
+// dropRefs deletes refs, then every CIDR among theirs that no ref holds
+// any more. Call with the lock held.
+func (m *Maps) dropRefs(refs []CIDRRefKey) error {
+	if len(refs) == 0 {
+		return nil
+	}
+	err := deleteKeys(m.byName[nameClusterRefs], refs)
+	used := map[CIDRKey]bool{}
+	if serr := scan(m.byName[nameClusterRefs], func(k *CIDRRefKey, _ *uint32) { used[k.Cidr] = true }); serr != nil {
+		return errors.Join(err, fmt.Errorf("scan %s: %w", nameClusterRefs, serr))
+	}
+	for _, r := range refs {
+		if used[r.Cidr] {
+			continue
+		}
+		k := r.Cidr
+		if derr := m.byName[nameClusterCIDRs].Delete(&k); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
+			err = errors.Join(err, fmt.Errorf("delete %s from %s: %w", k.prefix(), nameClusterCIDRs, derr))
+		}
+		used[r.Cidr] = true // once
+	}
+	return err
+}
+
+// ClusterCIDRsOf lists the cluster CIDRs owner uses.
+func (m *Maps) ClusterCIDRsOf(owner uint64) (map[netip.Prefix]bool, error) {
+	refs, err := m.refsOf(owner)
+	out := map[netip.Prefix]bool{}
+	for _, r := range refs {
+		out[r.Cidr.prefix()] = true
+	}
+	return out, err
+}
+
+// ClusterCIDRUsers counts the users of each cluster CIDR (0: inherited
+// from an older layout counts as one).
+func (m *Maps) ClusterCIDRUsers() (map[netip.Prefix]int, error) {
+	out := map[netip.Prefix]int{}
+	err := scan(m.byName[nameClusterRefs], func(k *CIDRRefKey, _ *uint32) { out[k.Cidr.prefix()]++ })
+	return out, err
+}
+
+// PutClusterCIDR inserts one prefix with no user (tools and tests).
+func (m *Maps) PutClusterCIDR(p netip.Prefix) error {
+	k, one := cidrKey(p), uint32(1)
+	if err := m.byName[nameClusterCIDRs].Put(&k, &one); err != nil {
+		return writeErr(m.byName[nameClusterCIDRs], nameClusterCIDRs, p.String(), err)
 	}
 	return nil
 }
@@ -95,13 +281,7 @@ func (m *Maps) ClusterCIDRs() ([]netip.Prefix, error) {
 	)
 	it := m.byName[nameClusterCIDRs].Iterate()
 	for it.Next(&k, &v) {
-		var a netip.Addr
-		if k.Family == afInet {
-			a = netip.AddrFrom4([4]byte(k.Addr[:4]))
-		} else {
-			a = netip.AddrFrom16(k.Addr)
-		}
-		out = append(out, netip.PrefixFrom(a, int(k.Prefixlen)-32))
+		out = append(out, k.prefix())
 	}
 	return out, it.Err()
 }

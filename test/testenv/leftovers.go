@@ -69,6 +69,14 @@ func (e *Env) Leftovers() []string {
 		for _, l := range lims {
 			out = append(out, fmt.Sprintf("%s limit of ifindex %d", l.Dir, l.Ifindex))
 		}
+		cidrs, _ := m.ClusterCIDRs()
+		for _, c := range cidrs {
+			out = append(out, "cluster CIDR "+c.String())
+		}
+		users, _ := m.ClusterCIDRUsers()
+		for c, n := range users {
+			out = append(out, fmt.Sprintf("%d users of cluster CIDR %s", n, c))
+		}
 		nss, _ := m.ListNetns()
 		for cookie, v := range nss {
 			if v.Flags&maps.FlagNetnsNode == 0 { // the node's own entry stays with the node
