@@ -42,6 +42,8 @@ type Capabilities struct {
 	PortMappings []PortMapping  // runtimeConfig.portMappings
 	IPMasq       bool           // ipMasq
 	ClusterCIDRs []string       // clusterCIDRs
+	// MaxHostPorts is the network's maxHostPortsPerPod (Network.Sizing).
+	MaxHostPorts int
 }
 
 // Features is the table of capabilities, in the order ADD installs them.
@@ -54,7 +56,7 @@ func (c Capabilities) Features() ([]Feature, error) {
 	}
 	return []Feature{
 		&bandwidth{conf: c.Bandwidth},
-		&hostPorts{conf: c.PortMappings},
+		&hostPorts{conf: c.PortMappings, limit: c.MaxHostPorts},
 		m,
 	}, nil
 }
