@@ -27,7 +27,11 @@ var ErrFull = errors.New("map is full")
 // for map", or ENOSPC from an LPM trie).
 func writeErr(m *ebpf.Map, name, what string, err error) error {
 	if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) {
-		return fmt.Errorf("write %s to %s: %w: %s holds at most %d entries", what, name, ErrFull, name, m.MaxEntries())
+		hint := ""
+		if _, sized := DefaultSizing.entries()[name]; sized && name != nameClusterRefs {
+			hint = " (its size follows maxPods)"
+		}
+		return fmt.Errorf("write %s to %s: %w: %s holds at most %d entries%s", what, name, ErrFull, name, m.MaxEntries(), hint)
 	}
 	return fmt.Errorf("write %s to %s: %w", what, name, err)
 }
