@@ -285,7 +285,7 @@ func hostPortError(n *Network, mappings []portMapping, h maps.HostPort, err erro
 		}
 		return ConfError("runtimeConfig.portMappings[%d]: %v%s", idx, err, owner)
 	}
-	return types.NewError(types.ErrInternal, fmt.Sprintf("runtimeConfig.portMappings[%d]: %v", idx, err), "")
+	return mapError(fmt.Errorf("runtimeConfig.portMappings[%d]: %w", idx, err))
 }
 
 // recordHostPorts is how the state record keeps the pod's mappings.
