@@ -35,6 +35,10 @@ func olderLayouts(pinRoot string) []oldLayout {
 	return out
 }
 
+// HasOlderLayout tells whether an older build's maps are pinned in pinRoot
+// (Ensure migrates them).
+func HasOlderLayout(pinRoot string) bool { return len(olderLayouts(pinRoot)) > 0 }
+
 // migrateLayout moves a node from an older map layout to this build's, in
 // one go, under the pin directory's lock (called by Ensure: the first ADD
 // of the new build, its first DEL, or the agent's start, whichever comes
@@ -57,7 +61,7 @@ func olderLayouts(pinRoot string) []oldLayout {
 // starts over with; the old maps are untouched until step 4.
 func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout) (_ *Datapath, err error) {
 	final := MapsDir(pinRoot)
-	staging := final + ".new"
+	staging := final + "_staging" // bpffs refuses names with a dot
 	if err := os.RemoveAll(staging); err != nil {
 		return nil, fmt.Errorf("remove the staging directory of a migration killed part way, %s: %w", staging, err)
 	}

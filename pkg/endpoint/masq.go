@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -91,8 +92,14 @@ func (m *masq) Check(a *Attachment) error {
 	if err != nil {
 		return checkError("read map cni_cidr_refs: %v", err)
 	}
+	// An attachment of an older layout's build holds its CIDRs through
+	// what that layout left (owner 0).
+	inherited, err := a.DP.Maps.ClusterCIDRsOf(0)
+	if err != nil {
+		return checkError("read map cni_cidr_refs: %v", err)
+	}
 	for _, want := range m.cidrs(a) {
-		if !mine[want] {
+		if !mine[want] && !inherited[want] {
 			return checkError("map cni_cidr_refs does not list this attachment as a user of %s: another attachment's DEL would remove it", want)
 		}
 	}
@@ -102,18 +109,25 @@ func (m *masq) Check(a *Attachment) error {
 // Teardown purges the pod's masqueraded flows while its veth goes (a
 // record without ipMasq has none; with no complete record, a scan).
 func (m *masq) Teardown(t *Teardown) {
-	if t.Complete == nil || t.Complete.Masq {
+	masq := t.Complete == nil || t.Complete.Masq
+	if masq {
 		t.WithVeth(func() error {
 			_, err := t.DP.Maps.DeleteSNATOf(t.Ifindex)
 			return err
 		})
-		// The attachment no longer uses its cluster CIDRs; those no other
-		// attachment uses go (by its identity: the veth may be long gone).
-		t.BeforeEndpoints(func() error {
-			_, err := t.DP.Maps.ReleaseClusterCIDRs(cidrOwner(t.Net, t.ContainerID, t.IfName))
-			return err
-		})
 	}
+	t.BeforeEndpoints(func() error {
+		var err error
+		if masq {
+			// The attachment no longer uses its cluster CIDRs; those no
+			// other attachment uses go (by its identity: the veth may be
+			// long gone).
+			_, err = t.DP.Maps.ReleaseClusterCIDRs(cidrOwner(t.Net, t.ContainerID, t.IfName))
+		}
+		// The node's last attachment takes the CIDRs an older layout left.
+		_, ierr := t.DP.Maps.ReleaseInheritedClusterCIDRs(t.Ifindex)
+		return errors.Join(err, ierr)
+	})
 }
 
 // cidrOwner names an attachment as a user of cluster CIDRs.

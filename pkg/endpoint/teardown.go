@@ -67,6 +67,11 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 
 	var errs error
 	dp, err := datapath.Open(n.PinDir)
+	if errors.Is(err, os.ErrNotExist) && datapath.HasOlderLayout(n.PinDir) {
+		// An older build's maps: move the node to this layout first, so
+		// the attachment's entries go from the maps its programs use.
+		dp, err = datapath.Ensure(n.PinDir, n.Sizing())
+	}
 	switch {
 	case err == nil:
 		defer dp.Close()

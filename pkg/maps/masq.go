@@ -201,6 +201,34 @@ func (m *Maps) ReleaseClusterCIDRs(owner uint64) ([]netip.Prefix, error) {
 	return gone, err
 }
 
+// ReleaseInheritedClusterCIDRs drops the cluster CIDRs an older layout
+// left (owner 0, see MigrateFrom) once no attachment that could use them
+// is left: cni_links, node-wide, has no entry but exceptIfindex's (the
+// attachment being torn down; 0 for none). Those of attachments made since
+// keep their own users. It returns whether it dropped any.
+func (m *Maps) ReleaseInheritedClusterCIDRs(exceptIfindex int) (bool, error) {
+	inherited, err := m.refsOf(0)
+	if err != nil || len(inherited) == 0 {
+		return false, err
+	}
+	unlock, err := m.lock()
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	busy := false
+	if err := scan(m.Links, func(k *uint32, _ *LinkInfo) { busy = busy || int(*k) != exceptIfindex }); err != nil {
+		return false, fmt.Errorf("scan %s: %w", nameLinks, err)
+	}
+	if busy {
+		return false, nil
+	}
+	if inherited, err = m.refsOf(0); err != nil {
+		return false, err
+	}
+	return len(inherited) > 0, m.dropRefs(inherited)
+}
+
 // refsOf lists owner's entries of cni_cidr_refs.
 func (m *Maps) refsOf(owner uint64) ([]CIDRRefKey, error) {
 	var out []CIDRRefKey

@@ -1,0 +1,155 @@
+// A node set up by the build of the previous map layout, upgraded to this
+// one by its first ADD.
+
+package integration
+
+import (
+	"context"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// TestUpgradeFromLayout1: pods attached by the last build of map layout 1
+// (a plain one, one with a hostPort and an egress limit, both
+// masquerading) keep working while the first ADD of this build moves the
+// node to layout 2: their entries, limit, hostPort, counters and cluster
+// CIDR are copied into the new maps, their links swapped to this build's
+// programs, the old maps and programs unpinned. A ping between them loses
+// nothing across it; afterwards this build CHECKs and DELs them, and the
+// new pod reaches them.
+func TestUpgradeFromLayout1(t *testing.T) {
+	oldBin := testenv.BuildAt(t, testenv.LayoutV1Commit)
+	e := testenv.New(t)
+	e.Extra = map[string]any{"ipMasq": true, "capabilities": map[string]bool{"portMappings": true, "bandwidth": true}}
+	newCNI := e.CNI
+	e.CNI = libcni.NewCNIConfigWithCacheDir([]string{oldBin}, e.CacheDir, nil)
+
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "a")
+	e.CleanupDel(b, "b")
+	ra := e.Add(a, "a")
+	rt := e.RuntimeConfHP(b, "b", []testenv.PM{{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}})
+	rt.CapabilityArgs["bandwidth"] = bandwidthArgs(50e6, 50e6)
+	var rb *current.Result
+	must(t, e.InNode(func() error {
+		res, err := e.CNI.AddNetworkList(context.Background(), e.ConfList("1.0.0"), rt)
+		if err == nil {
+			rb, err = current.NewResultFromResult(res)
+		}
+		return err
+	}))
+	a4, _ := testenv.PodIPs(t, ra)
+	b4, _ := testenv.PodIPs(t, rb)
+	old := filepath.Join(e.PinDir, "maps_v1")
+	if _, err := os.Stat(old); err != nil {
+		t.Fatalf("the layout 1 build pinned no maps_v1: %v", err)
+	}
+	_, idxA := e.HostVeth("a")
+	_, idxB := e.HostVeth("b")
+	progsA := e.ProgIDs(idxA)
+	serve(t, b, 80, "b")
+	expectServer(t, e.Node, "tcp", "127.0.0.1:8080", "b")
+	must(t, testenv.Ping(a, b4, 3))
+
+	// 1500 echoes 4 ms apart (6 s) across the upgrade.
+	pingDone := make(chan string, 1)
+	go func() {
+		var out []byte
+		a.Do(func(ns.NetNS) error {
+			out, _ = exec.Command("ping", "-c", "1500", "-i", "0.004", "-W", "1", "-q", b4.String()).CombinedOutput()
+			return nil
+		})
+		pingDone <- string(out)
+	}()
+	waitPings(t, a, b4)
+
+	e.CNI = newCNI
+	d := e.NewPod()
+	e.CleanupDel(d, "d")
+	rd := e.Add(d, "d")
+	d4, _ := testenv.PodIPs(t, rd)
+	if out := <-pingDone; !strings.Contains(out, " 0% packet loss") {
+		t.Errorf("the ping between two pods of the old build lost packets across the upgrade:\n%s", out)
+	}
+
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("the layout 1 maps are still pinned: %v", err)
+	}
+	if _, err := os.Stat(datapath.MapsDir(e.PinDir) + "_staging"); !os.IsNotExist(err) {
+		t.Errorf("the staging directory of the migration is left: %v", err)
+	}
+	for _, p := range datapath.ProgramPins(e.PinDir) {
+		if !p.Current {
+			t.Errorf("program pin of the old build left: %s", p.Name)
+		}
+	}
+	if now := e.ProgIDs(idxA); len(now) != 2 || now[0] == progsA[0] || now[1] == progsA[1] {
+		t.Errorf("a's host veth runs programs %v, before the upgrade %v: not this build's", now, progsA)
+	}
+	m := e.Maps()
+	if l, ok, err := m.LookupLimit(idxB, maps.DirEgress); err != nil || !ok || l.RateBps != 50e6 {
+		t.Errorf("b's egress limit in the new maps: %+v %v %v", l, ok, err)
+	}
+	// Counters carry on from the old ones (what the old programs counted
+	// in the milliseconds between the copy and the swap is not carried).
+	if c := counter(t, m, idxA, maps.DirEgress, maps.ReasonRedirect); c.Packets < 1400 {
+		t.Errorf("a's redirect counter in the new maps: %d packets, want about its old count and the pings since (1500+)", c.Packets)
+	}
+	users, err := m.ClusterCIDRUsers()
+	must(t, err)
+	if n := users[netip.MustParsePrefix(testenv.PodSubnet4)]; n != 2 {
+		t.Errorf("%s has %d users, want 2: the old build's pods (inherited) and d", testenv.PodSubnet4, n)
+	}
+	st := status(t, e)
+	if !st.Healthy || st.MapLayout != 2 {
+		t.Errorf("status after the upgrade: healthy %v, layout %d, problems %v", st.Healthy, st.MapLayout, st.Problems)
+	}
+
+	expectServer(t, e.Node, "tcp", "127.0.0.1:8080", "b")
+	must(t, testenv.Ping(d, a4, 2))
+	must(t, testenv.Ping(a, d4, 2))
+	must(t, testenv.Ping(b, a4, 2))
+	for _, p := range []struct {
+		pod ns.NetNS
+		id  string
+	}{{a, "a"}, {d, "d"}} {
+		if err := e.Check(p.pod, p.id, "eth0"); err != nil {
+			t.Errorf("CHECK of %s after the upgrade: %v", p.id, err)
+		}
+	}
+	// d's DEL leaves the subnet to the old pods; the last DEL takes it.
+	e.MustDel(d, "d")
+	if !clusterCIDRSet(t, m)[testenv.PodSubnet4] {
+		t.Errorf("d's DEL removed %s, which the old build's pods still use", testenv.PodSubnet4)
+	}
+	must(t, testenv.Ping(a, b4, 2))
+	e.MustDel(a, "a")
+	e.MustDel(b, "b")
+	e.AssertNoHostPorts()
+	e.AssertClean()
+}
+
+// waitPings waits until a's ping to ip has its first reply.
+func waitPings(t *testing.T, a ns.NetNS, ip net.IP) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for testenv.Ping(a, ip, 1) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("no ping to %s", ip)
+		}
+	}
+}
