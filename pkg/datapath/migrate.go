@@ -4,36 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
-
-// oldLayout is a map directory an older build pinned.
-type oldLayout struct {
-	dir     string
-	version int
-}
-
-// olderLayouts lists the map directories of layouts before this build's,
-// oldest first.
-func olderLayouts(pinRoot string) []oldLayout {
-	ents, _ := os.ReadDir(pinRoot)
-	var out []oldLayout
-	for _, e := range ents {
-		v, ok := strings.CutPrefix(e.Name(), "maps_v")
-		n, err := strconv.Atoi(v)
-		if !ok || err != nil || !e.IsDir() || n >= maps.LayoutVersion {
-			continue
-		}
-		out = append(out, oldLayout{filepath.Join(pinRoot, e.Name()), n})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
-	return out
-}
 
 // HasOlderLayout tells whether an older build's maps are pinned in pinRoot
 // (Ensure migrates them).
@@ -60,8 +33,7 @@ func HasOlderLayout(pinRoot string) bool { return len(olderLayouts(pinRoot)) > 0
 // A killed migration leaves the staging directory, which the next one
 // starts over with; the old maps are untouched until step 4.
 func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout) (_ *Datapath, err error) {
-	final := MapsDir(pinRoot)
-	staging := final + "_staging" // bpffs refuses names with a dot
+	final, staging := MapsDir(pinRoot), stagingMapsDir(pinRoot)
 	if err := os.RemoveAll(staging); err != nil {
 		return nil, fmt.Errorf("remove the staging directory of a migration killed part way, %s: %w", staging, err)
 	}
