@@ -109,8 +109,8 @@ func usageOf(t *testing.T, st *inspect.StatusReport, name string) maps.Usage {
 }
 
 // TestResourcesMapsFull: with maxPods 1 (two attachments, four addresses)
-// the third dual-stack pod finds cni_links full; pre-filled limits and
-// hostPort tables refuse the pod that needs them. Each error is code 11
+// the third dual-stack pod finds cni_links full; pre-filled endpoint, limit
+// and hostPort tables refuse the pod that needs them. Each error is code 11
 // naming the map and its size, and the refused ADD leaves nothing: no veth,
 // record, address, map entry, limit or hostPort of its own. status warns
 // about a map above 90% full and the metrics export every map's fill.
@@ -158,9 +158,25 @@ func TestResourcesMapsFull(t *testing.T) {
 	}
 	e.MustDel(nil, "b")
 
-	// Room for one pod again, but its limit and hostPort tables are full
-	// (entries of interfaces that do not exist, as a leak would leave).
+	// Room for one pod again in cni_links, but cni_endpoints is full (two
+	// entries of another network's pod behind lo, alive): the pod's link
+	// entry goes with the refused ADD.
 	m := e.Maps()
+	for _, ip := range []string{"10.98.0.1", "fd00:98::1"} {
+		must(t, m.InsertEndpoint(net.ParseIP(ip), maps.NewEndpointInfo(1, nil, nil), func(int) bool { return true }))
+	}
+	_, err = e.AddV("1.1.0", c, "c", "eth0")
+	libcniErr(t, "ADD, cni_endpoints full", err, 11, "cni_endpoints holds at most 4 entries (its size follows maxPods)")
+	e.AssertNothingOfPod("c", 4)
+	if n := countLinks(t, m); n != 1 {
+		t.Errorf("%d entries in cni_links, want a's alone", n)
+	}
+	for _, ip := range []string{"10.98.0.1", "fd00:98::1"} {
+		must(t, m.DeleteEndpoint(net.ParseIP(ip), 1))
+	}
+
+	// The limit and hostPort tables full (entries of interfaces that do
+	// not exist, as a leak would leave).
 	for i := 0; m.PutLimit(100000+i, maps.DirEgress, maps.Limit{RateBps: 1e6, BurstBits: 1e5}) == nil; i++ {
 	}
 	_, err = e.AddBW(c, "c", bandwidthArgs(5e6, 5e6))
@@ -199,6 +215,21 @@ func TestResourcesMapsFull(t *testing.T) {
 	}
 	e.MustDel(nil, "a")
 	e.AssertClean()
+}
+
+func countLinks(t *testing.T, m *maps.Maps) int {
+	t.Helper()
+	n := 0
+	var (
+		k uint32
+		v maps.LinkInfo
+	)
+	it := m.Links.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	must(t, it.Err())
+	return n
 }
 
 func mustLimits(t *testing.T, m *maps.Maps) []maps.LimitEntry {
