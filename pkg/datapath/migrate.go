@@ -12,6 +12,15 @@ import (
 // (Ensure migrates them).
 func HasOlderLayout(pinRoot string) bool { return len(olderLayouts(pinRoot)) > 0 }
 
+// OlderLayoutDirs lists the map directories of older layouts in pinRoot.
+func OlderLayoutDirs(pinRoot string) []string {
+	var out []string
+	for _, o := range olderLayouts(pinRoot) {
+		out = append(out, o.dir)
+	}
+	return out
+}
+
 // migrateLayout moves a node from an older map layout to this build's, in
 // one go, under the pin directory's lock (called by Ensure: the first ADD
 // of the new build, its first DEL, or the agent's start, whichever comes
@@ -70,6 +79,7 @@ func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout) (_ *Datapat
 	}
 	_, upErr := dp.upgradeLocked(false)
 	dp.Close()
+	os.Remove(final) // an empty directory in the way; a full one makes Rename fail
 	if err := os.Rename(staging, final); err != nil {
 		return nil, fmt.Errorf("move the migrated maps %s to %s: %w", staging, final, err)
 	}

@@ -12,10 +12,11 @@ import (
 
 // UpgradeReport says what Upgrade did.
 type UpgradeReport struct {
-	Links        int      `json:"links"`        // pinned links looked at
-	Replaced     int      `json:"replaced"`     // links now running this build's program
-	Defunct      []string `json:"defunct"`      // link pins whose device is gone (left for reconcile)
-	RemovedProgs []string `json:"removedProgs"` // program pins of other builds, unpinned
+	Links        int      `json:"links"`                 // pinned links looked at
+	Replaced     int      `json:"replaced"`              // links now running this build's program
+	Defunct      []string `json:"defunct"`               // link pins whose device is gone (left for reconcile)
+	RemovedProgs []string `json:"removedProgs"`          // program pins of other builds, unpinned
+	RemovedMaps  []string `json:"removedMaps,omitempty"` // map directories of older layouts, unpinned
 }
 
 // pinnedLink is a link Upgrade may have to move.
@@ -66,7 +67,19 @@ func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
 		return UpgradeReport{}, err
 	}
 	defer unlock()
-	return dp.upgradeLocked(force)
+	rep, err := dp.upgradeLocked(force)
+	if err == nil {
+		// Maps of an older layout left by a migration that stopped before
+		// unpinning them: no link runs a program of theirs any more.
+		for _, o := range olderLayouts(dp.PinRoot) {
+			if rerr := os.RemoveAll(o.dir); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("remove the maps of layout v%d at %s: %w", o.version, o.dir, rerr))
+			} else {
+				rep.RemovedMaps = append(rep.RemovedMaps, filepath.Base(o.dir))
+			}
+		}
+	}
+	return rep, err
 }
 
 // upgradeLocked is Upgrade with the pin directory locked.

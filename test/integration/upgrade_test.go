@@ -10,10 +10,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -117,6 +119,23 @@ func TestUpgradeFromLayout1(t *testing.T) {
 	st := status(t, e)
 	if !st.Healthy || st.MapLayout != 2 {
 		t.Errorf("status after the upgrade: healthy %v, layout %d, problems %v", st.Healthy, st.MapLayout, st.Problems)
+	}
+
+	// A migration stopped before it unpinned the old maps (killed): status
+	// says so, and `ebpf-agent upgrade` removes them once every link moved.
+	must(t, os.Mkdir(old, 0o700))
+	leftover, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	must(t, err)
+	must(t, leftover.Pin(filepath.Join(old, "cni_links")))
+	leftover.Close()
+	if st := status(t, e); st.Healthy || !slices.ContainsFunc(st.Problems, func(p string) bool { return strings.Contains(p, "maps of an older layout are still pinned at "+old) }) {
+		t.Errorf("status with layout 1 maps left: healthy %v, problems %v", st.Healthy, st.Problems)
+	}
+	if out, err := e.AgentCmd("upgrade", "--pin-dir", e.PinDir, "--cni-conf-dir", e.WriteConfDir()); err != nil || !strings.Contains(out, "old map directories removed: 1") {
+		t.Errorf("upgrade with layout 1 maps left: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("upgrade left the layout 1 maps: %v", err)
 	}
 
 	expectServer(t, e.Node, "tcp", "127.0.0.1:8080", "b")

@@ -100,6 +100,9 @@ func Status(src Source, version string) *StatusReport {
 			}
 		}
 	}
+	for _, d := range datapath.OlderLayoutDirs(pinRoot) {
+		problem("maps of an older layout are still pinned at %s (run `ebpf-agent upgrade`)", d)
+	}
 	for _, p := range datapath.ProgramPins(pinRoot) {
 		prog, err := ebpf.LoadPinnedProgram(p.Path, &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil {
