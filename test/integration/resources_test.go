@@ -494,6 +494,7 @@ func TestResourcesSizing(t *testing.T) {
 	libcniErr(t, "ADD asking for maxPods 110 of a datapath sized for 250", err, 7,
 		"sized for maxPods 250, maxHostPortsPerPod 32", "asks for maxPods 110, maxHostPortsPerPod 32", "must agree")
 	e.AssertNothingOfPod("b", 2)
+	libcniErr(t, "CHECK with maxPods 110 of a datapath sized for 250", e.Check(a, "a", "eth0"), 7, "sized for maxPods 250")
 	if err := e.Del(a, "a", "eth0"); err != nil { // DEL works whatever the network's sizing says
 		t.Errorf("DEL with another maxPods: %v", err)
 	}
