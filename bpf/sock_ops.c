@@ -14,6 +14,24 @@
 #ifndef SO_MAX_PACING_RATE
 #define SO_MAX_PACING_RATE 47
 #endif
+#ifndef SOL_TCP
+#define SOL_TCP 6
+#endif
+#ifndef TCP_WINDOW_CLAMP
+#define TCP_WINDOW_CLAMP 10
+#endif
+#ifndef SO_RCVBUF
+#define SO_RCVBUF 8
+#endif
+
+/* Bounds the receive window: the clamp for the window itself, SO_RCVBUF
+ * (which locks the buffer) so that receive-buffer autotuning does not lift
+ * the clamp again. */
+static __always_inline void clamp_window(struct bpf_sock_ops *skops, int w)
+{
+	bpf_setsockopt(skops, SOL_SOCKET, SO_RCVBUF, &w, sizeof(w));
+	bpf_setsockopt(skops, SOL_TCP, TCP_WINDOW_CLAMP, &w, sizeof(w));
+}
 
 /* The connection's addresses, read field by field: the verifier only allows
  * context loads at constant offsets. */
@@ -84,17 +102,31 @@ int cni_sock_ops(struct bpf_sock_ops *skops)
 {
 	__u32 op = skops->op;
 
-	if (op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB)
+	if (op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB &&
+	    op != BPF_SOCK_OPS_TCP_LISTEN_CB && op != BPF_SOCK_OPS_TCP_CONNECT_CB)
 		return 1;
 
 	__u64 cookie = bpf_get_netns_cookie(skops);
 	struct netns_info *ns = bpf_map_lookup_elem(&cni_netns, &cookie);
 	if (!ns)
 		return 1;
+	if (op == BPF_SOCK_OPS_TCP_LISTEN_CB) {
+		if (ns->ingress_wnd)
+			clamp_window(skops, ns->ingress_wnd);
+		return 1;
+	}
 	struct conn c = {};
 	read_conn(skops, &c);
-	if (is_local(&c))
+	if (is_local(&c)) {
+		if (op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB && ns->ingress_wnd)
+			clamp_window(skops, 4 << 20);
 		return 1;
+	}
+	if (op == BPF_SOCK_OPS_TCP_CONNECT_CB) {
+		if (ns->ingress_wnd)
+			clamp_window(skops, ns->ingress_wnd);
+		return 1;
+	}
 
 	__u64 rate = ns->egress_rate;
 	__u64 in = remote_ingress_rate(&c);

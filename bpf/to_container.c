@@ -67,10 +67,13 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 SEC("tc")
 int cni_to_container(struct __sk_buff *skb)
 {
-	if (!bw_admit(skb->ifindex, DIR_INGRESS, skb->len)) {
+	int adm = bw_admit_mark(skb->ifindex, DIR_INGRESS, skb->len);
+	if (!adm) {
 		count(skb->ifindex, DIR_INGRESS, REASON_DROP_BANDWIDTH, skb->len);
 		return TC_ACT_SHOT;
 	}
+	if (adm == 2)
+		bpf_skb_ecn_set_ce(skb);
 	if (skb->protocol == bpf_htons(ETH_P_IP))
 		stack_flow_record(skb, AF_INET);
 	else if (skb->protocol == bpf_htons(ETH_P_IPV6))

@@ -22,7 +22,7 @@ struct bw_key {
 
 struct bw_state {
 	struct bpf_spin_lock lock;
-	__u32 pad;
+	__u32 mark_us; /* PROTOTYPE: CE-mark ECT packets once this much backlog (us) is queued; 0: never */
 	__u64 ns_per_byte; /* 16.16 fixed point: (1e9 << 16) / bytes per second */
 	__u64 burst_ns;    /* bucket depth, in ns at the rate */
 	__s64 tokens_ns;   /* current fill; negative while paying off a packet */
@@ -38,8 +38,9 @@ struct {
 	__type(value, struct bw_state);
 } cni_bandwidth SEC(".maps");
 
-/* Returns 1 to admit the packet, 0 to drop it. Unlimited interfaces admit. */
-static __always_inline int bw_admit(__u32 ifindex, __u32 dir, __u32 len)
+/* Returns 1 to admit the packet, 0 to drop it, 2 to admit and CE-mark it.
+ * Unlimited interfaces admit. */
+static __always_inline int bw_admit_mark(__u32 ifindex, __u32 dir, __u32 len)
 {
 	struct bw_key k = { .ifindex = ifindex, .dir = dir };
 	struct bw_state *s = bpf_map_lookup_elem(&cni_bandwidth, &k);
@@ -60,8 +61,15 @@ static __always_inline int bw_admit(__u32 ifindex, __u32 dir, __u32 len)
 	if (ok)
 		t -= cost;
 	s->tokens_ns = t;
+	if (ok && s->mark_us && (__s64)s->burst_ns - t > (__s64)s->mark_us * 1000)
+		ok = 2;
 	bpf_spin_unlock(&s->lock);
 	return ok;
+}
+
+static __always_inline int bw_admit(__u32 ifindex, __u32 dir, __u32 len)
+{
+	return bw_admit_mark(ifindex, dir, len) != 0;
 }
 
 /*
@@ -80,7 +88,7 @@ static __always_inline int bw_admit(__u32 ifindex, __u32 dir, __u32 len)
 struct netns_info {
 	__u64 egress_rate; /* bytes per second the netns' pod may send; 0: none */
 	__u32 flags;
-	__u32 pad;
+	__u32 ingress_wnd; /* receive window clamp of the pod's TCP sockets, bytes; 0: none */
 };
 
 struct {

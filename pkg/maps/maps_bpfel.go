@@ -25,7 +25,7 @@ type mapsObjBwState struct {
 		_   structs.HostLayout
 		Val uint32
 	}
-	Pad       uint32
+	MarkUs    uint32
 	NsPerByte uint64
 	BurstNs   uint64
 	TokensNs  int64
@@ -163,7 +163,7 @@ type mapsObjNetnsInfo struct {
 	_          structs.HostLayout
 	EgressRate uint64
 	Flags      uint32
-	Pad        uint32
+	IngressWnd uint32
 }
 
 type mapsObjSfKey struct {
