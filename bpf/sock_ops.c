@@ -30,7 +30,6 @@
 static __always_inline void clamp_window(struct bpf_sock_ops *skops, int w)
 {
 	bpf_setsockopt(skops, SOL_SOCKET, SO_RCVBUF, &w, sizeof(w));
-	bpf_setsockopt(skops, SOL_TCP, TCP_WINDOW_CLAMP, &w, sizeof(w));
 }
 
 /* The connection's addresses, read field by field: the verifier only allows

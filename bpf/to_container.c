@@ -74,6 +74,7 @@ int cni_to_container(struct __sk_buff *skb)
 	}
 	if (adm == 2)
 		bpf_skb_ecn_set_ce(skb);
+
 	if (skb->protocol == bpf_htons(ETH_P_IP))
 		stack_flow_record(skb, AF_INET);
 	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
