@@ -29,8 +29,10 @@ tool (
 	github.com/cilium/ebpf/cmd/bpf2go
 	github.com/containernetworking/cni/cnitool
 	github.com/containernetworking/plugins/plugins/ipam/host-local
+	github.com/containernetworking/plugins/plugins/ipam/static
 	github.com/containernetworking/plugins/plugins/main/loopback
 	github.com/containernetworking/plugins/plugins/main/ptp
 	github.com/containernetworking/plugins/plugins/meta/bandwidth
 	github.com/containernetworking/plugins/plugins/meta/portmap
+	github.com/containernetworking/plugins/plugins/meta/tuning
 )

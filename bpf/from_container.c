@@ -2,7 +2,8 @@
 
 /*
  * Attached to tcx ingress of the host-side veth: every packet the pod sends.
- * Enforces the pod's source IP and MAC and its egress rate limit, translates
+ * Enforces the pod's source IP, learns its MAC (see learn_mac), enforces its
+ * egress rate limit, drops router advertisements and redirects, translates
  * hostPort traffic (replies back to what the client dialled, hairpin to a node
  * address:hostPort), short-cuts same-node pod-to-pod traffic with
  * bpf_redirect_peer (applying the destination's ingress limit), and hands
@@ -133,8 +134,10 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 	struct ep_info *src = ep_lookup4(ip->saddr);
 	if (!src || src->ifindex != ifindex)
 		return drop(ifindex, REASON_DROP_SPOOF_IP, skb->len);
-	if (!mac_equal(eth->h_source, src->mac))
+	if (!mac_equal(eth->h_source, src->mac) && !learn_mac(ifindex, src, eth->h_source))
 		return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
+	if (ip->protocol == IPPROTO_ICMP && router_msg4(skb, ip))
+		return drop(ifindex, REASON_DROP_ROUTER_MSG, skb->len);
 	if ((src->flags & EP_F_BW_EGRESS) && !bw_admit(ifindex, DIR_EGRESS, skb->len))
 		return drop(ifindex, REASON_DROP_BANDWIDTH, skb->len);
 
@@ -188,16 +191,21 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 		struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
 		if (!li)
 			return drop(ifindex, REASON_DROP_UNKNOWN, skb->len);
-		if (!mac_equal(eth->h_source, li->mac))
+		if (!mac_equal(eth->h_source, li->mac) && !learn_mac(ifindex, NULL, eth->h_source))
 			return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
+		if (router_msg6(skb, ip6->nexthdr))
+			return drop(ifindex, REASON_DROP_ROUTER_MSG, skb->len);
 		return nd_or_pass(skb, li);
 	}
 
 	struct ep_info *src = ep_lookup6(&ip6->saddr);
 	if (!src || src->ifindex != ifindex)
 		return drop(ifindex, REASON_DROP_SPOOF_IP, skb->len);
-	if (!mac_equal(eth->h_source, src->mac))
+	if (!mac_equal(eth->h_source, src->mac) && !learn_mac(ifindex, src, eth->h_source))
 		return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
+	/* TCP and UDP, the bulk, skip the header walk. */
+	if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP && router_msg6(skb, ip6->nexthdr))
+		return drop(ifindex, REASON_DROP_ROUTER_MSG, skb->len);
 	if (is_neigh_solicit(ip6, data_end)) {
 		/* Only ND needs the link entry; other traffic never looks it up. */
 		struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
@@ -242,13 +250,17 @@ static __always_inline int handle_arp(struct __sk_buff *skb, struct ethhdr *eth,
 	struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
 	if (!li)
 		return drop(ifindex, REASON_DROP_UNKNOWN, skb->len);
-	if (!mac_equal(eth->h_source, li->mac) || !mac_equal(arp->sha, li->mac))
+	/* The MAC the pod claims in ARP is the one it sends from. */
+	if (!mac_equal(arp->sha, eth->h_source))
 		return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
+	struct ep_info *src = NULL;
 	if (arp->spa != 0) { /* 0.0.0.0 is an address probe */
-		struct ep_info *src = ep_lookup4(arp->spa);
+		src = ep_lookup4(arp->spa);
 		if (!src || src->ifindex != ifindex)
 			return drop(ifindex, REASON_DROP_SPOOF_IP, skb->len);
 	}
+	if (!mac_equal(eth->h_source, li->mac) && !learn_mac(ifindex, src, eth->h_source))
+		return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
 	if (arp->op == ARPOP_REQUEST_BE && arp->spa != 0 && arp->tpa != arp->spa) {
 		/* Not a probe nor a gratuitous ARP: answer for the next hop, unless the
 		 * pod asks for one of its own addresses. */

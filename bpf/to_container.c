@@ -2,9 +2,10 @@
 
 /*
  * Attached to tcx egress of the host-side veth: every packet the kernel stack
- * sends to the pod. Applies the pod's ingress rate limit, and records flows
- * the stack delivered whose replies must go back through it (see
- * lib/stackflow.h). Same-node traffic redirected with bpf_redirect_peer never
+ * sends to the pod. Addresses it to the pod's current MAC, applies the pod's
+ * ingress rate limit, and records flows the stack delivered whose replies
+ * must go back through it (see lib/stackflow.h). Same-node traffic
+ * redirected with bpf_redirect_peer never
  * passes here; from_container counts it for the destination instead.
  */
 #include "lib/masq.h"
@@ -67,6 +68,20 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 SEC("tc")
 int cni_to_container(struct __sk_buff *skb)
 {
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	__u32 ifindex = skb->ifindex;
+
+	/* The node addresses the pod with the MAC its neighbour entry had at ADD
+	 * time; the pod may have another by now (see learn_mac). Group
+	 * destinations (broadcast ARP, ND multicast) are left alone. */
+	if ((void *)(eth + 1) <= data_end && !(eth->h_dest[0] & 1)) {
+		struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
+
+		if (li && !mac_equal(eth->h_dest, li->mac))
+			mac_copy(eth->h_dest, li->mac);
+	}
 	int adm = bw_admit_mark(skb->ifindex, DIR_INGRESS, skb->len);
 	if (!adm) {
 		count(skb->ifindex, DIR_INGRESS, REASON_DROP_BANDWIDTH, skb->len);

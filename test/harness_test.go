@@ -75,13 +75,17 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// buildBinaries builds the plugin from this tree and host-local at the
-// version go.mod pins, as a runtime would find them in CNI_PATH.
+// buildBinaries builds the plugin from this tree, and the reference plugins
+// the tests chain or combine it with (host-local and static IPAM, ptp,
+// tuning) at the version go.mod pins, as a runtime would find them in CNI_PATH.
 func buildBinaries(dir string) error {
 	for _, pkg := range []string{
 		"github.com/ebpf-cni/ebpf-cni/cmd/ebpf-cni",
 		"github.com/ebpf-cni/ebpf-cni/cmd/ebpf-agent",
 		"github.com/containernetworking/plugins/plugins/ipam/host-local",
+		"github.com/containernetworking/plugins/plugins/ipam/static",
+		"github.com/containernetworking/plugins/plugins/main/ptp",
+		"github.com/containernetworking/plugins/plugins/meta/tuning",
 	} {
 		cmd := exec.Command("go", "build", "-o", dir+"/", pkg)
 		cmd.Dir = ".."

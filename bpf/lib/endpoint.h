@@ -32,6 +32,33 @@ static __always_inline int is_unspecified6(const struct in6_addr *a)
 }
 
 /*
+ * The pod's MAC is whatever the pod sends from. On a veth it authenticates
+ * nothing (the source IP is checked against the ingress interface), and it
+ * changes under us: a chained tuning plugin, a runtime, the workload. So the
+ * datapath learns it from the pod's own frames (and from the gratuitous ARP
+ * and unsolicited NAs the pod's kernel sends on a change, see ADD): cni_links
+ * holds the pod's current MAC, each cni_endpoints entry the MAC its address
+ * was last seen from. The per-packet check compares with the entry already
+ * looked up (no extra lookup), only a change writes. Delivery: the stack's
+ * packets get the cni_links MAC in to_container; redirected ones the entry's
+ * (no lookup), which the receiving end of bpf_redirect_peer does not check:
+ * an entry one change behind still delivered when this was built. A group
+ * (multicast) source MAC is never a host's: such frames are dropped, not
+ * learned.
+ */
+static __always_inline int learn_mac(__u32 ifindex, struct ep_info *ep, const __u8 *mac)
+{
+	if (mac[0] & 1)
+		return 0;
+	if (ep)
+		mac_copy(ep->mac, mac);
+	struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
+	if (li)
+		mac_copy(li->mac, mac);
+	return 1;
+}
+
+/*
  * Deliver straight into the destination pod's netns: rewrite MACs to what the
  * pod would see from its gateway and skip the host stack.
  */
@@ -48,4 +75,71 @@ static __always_inline int redirect_to_endpoint(struct __sk_buff *skb, struct et
 	mac_copy(eth->h_dest, dst->mac);
 	count(dst->ifindex, DIR_INGRESS, REASON_REDIRECT, skb->len);
 	return bpf_redirect_peer(dst->ifindex, 0);
+}
+
+/*
+ * Router advertisements and redirects are how a router reconfigures the hosts
+ * of its link. A pod is no router: its RA would give the node (accept_ra=2, or
+ * a node that is no router) a default route or prefix through the pod, its
+ * redirect would reroute the node's traffic. Both are dropped, whatever
+ * extension headers they hide behind; a chain of more extension headers than
+ * any pod needs is dropped too, rather than left unread.
+ */
+#define ICMP6_ROUTER_ADVERT 134
+#define ICMP6_REDIRECT 137
+#define ICMP_REDIRECT 5
+#define MAX_EXT_HEADERS 8
+
+static __always_inline int router_msg6(struct __sk_buff *skb, __u8 nexthdr)
+{
+	__u32 off = ETH_HLEN + sizeof(struct ipv6hdr);
+
+#pragma unroll
+	for (int i = 0; i < MAX_EXT_HEADERS; i++) {
+		switch (nexthdr) {
+		case IPPROTO_ICMPV6: {
+			__u8 type;
+
+			if (bpf_skb_load_bytes(skb, off, &type, 1))
+				return 0;
+			return type == ICMP6_ROUTER_ADVERT || type == ICMP6_REDIRECT;
+		}
+		case IPPROTO_HOPOPTS:
+		case IPPROTO_ROUTING:
+		case IPPROTO_DSTOPTS: {
+			__u8 h[2]; /* next header, length in 8 bytes beyond the first 8 */
+
+			if (bpf_skb_load_bytes(skb, off, h, 2))
+				return 0;
+			nexthdr = h[0];
+			off += ((__u32)h[1] + 1) * 8;
+			break;
+		}
+		case IPPROTO_FRAGMENT: {
+			__u8 h[4]; /* next header, reserved, offset and flags */
+
+			if (bpf_skb_load_bytes(skb, off, h, 4))
+				return 0;
+			if ((h[2] << 5 | h[3] >> 3) != 0)
+				return 0; /* not the first fragment: no ICMPv6 header here */
+			nexthdr = h[0];
+			off += 8;
+			break;
+		}
+		default:
+			return 0;
+		}
+	}
+	return 1;
+}
+
+static __always_inline int router_msg4(struct __sk_buff *skb, const struct iphdr *ip)
+{
+	__u8 type;
+
+	if (ip->protocol != IPPROTO_ICMP || (ip->frag_off & bpf_htons(0x1fff)))
+		return 0;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + ip->ihl * 4, &type, 1))
+		return 0;
+	return type == ICMP_REDIRECT;
 }

@@ -14,7 +14,7 @@ enum cni_dir {
 	__DIR_MAX,
 };
 
-/* Why a packet was counted. Drops: REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN and REASON_DROP_BANDWIDTH. */
+/* Why a packet was counted. Drops: REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN, REASON_DROP_BANDWIDTH and REASON_DROP_ROUTER_MSG. */
 enum cni_reason {
 	REASON_FORWARD = 0,       /* handed to the kernel stack */
 	REASON_REDIRECT = 1,      /* same-node pod to pod, bpf_redirect_peer */
@@ -25,6 +25,7 @@ enum cni_reason {
 	REASON_DROP_UNKNOWN = 6,  /* no endpoint record for this interface */
 	REASON_NEIGH_REPLY = 7,   /* ARP/NS for the next hop, answered by the program */
 	REASON_DROP_BANDWIDTH = 8,/* over the pod's rate limit in this direction */
+	REASON_DROP_ROUTER_MSG = 9,/* a router advertisement or redirect (ICMPv6 134, 137; ICMP 5): pods do not configure the node */
 	__REASON_MAX,
 };
 

@@ -1,15 +1,13 @@
 package agent
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"text/tabwriter"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
@@ -59,15 +57,11 @@ func podLabel(pod, container string) string {
 // by host ifindex. A missing or unreadable directory just means no names.
 func records(stateDir string) map[uint32]podRecord {
 	out := make(map[uint32]podRecord)
-	files, _ := filepath.Glob(filepath.Join(stateDir, "*", "*.json"))
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		var r podRecord
-		if json.Unmarshal(b, &r) == nil && r.HostIfindex > 0 {
-			out[uint32(r.HostIfindex)] = r
+	recs, _ := cni.ListAllRecords(stateDir)
+	for _, r := range recs {
+		if r.HostIfindex > 0 {
+			out[uint32(r.HostIfindex)] = podRecord{ContainerID: r.ContainerID, HostIfindex: r.HostIfindex,
+				PodNamespace: r.PodNamespace, PodName: r.PodName}
 		}
 	}
 	return out

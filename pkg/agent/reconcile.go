@@ -174,10 +174,9 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 
 	// netns entries: the node's stays; a pod's stays while a record names it.
 	known := make(map[uint64]bool)
-	files, _ := filepath.Glob(filepath.Join(stateDir, "*", "*.json"))
-	for _, f := range files {
-		var r cni.Record
-		if b, err := os.ReadFile(f); err == nil && json.Unmarshal(b, &r) == nil && r.NetnsCookie != 0 {
+	recs, _ := cni.ListAllRecords(stateDir)
+	for _, r := range recs {
+		if r.NetnsCookie != 0 {
 			known[r.NetnsCookie] = true
 		}
 	}

@@ -16,11 +16,11 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
 )
 
 // Options configure `ebpf-agent run`.
@@ -40,25 +40,6 @@ type Options struct {
 	PeersFile string
 }
 
-// CheckOwnership refuses a pin or state directory that is not root's alone:
-// whoever can write there can swap the programs every pod's packets run.
-func CheckOwnership(dir string) error {
-	var st unix.Stat_t
-	if err := unix.Stat(dir, &st); err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil // created by us, 0700
-		}
-		return fmt.Errorf("stat %s: %w", dir, err)
-	}
-	if st.Uid != uint32(os.Geteuid()) {
-		return fmt.Errorf("%s is owned by uid %d, not %d: refusing to use it", dir, st.Uid, os.Geteuid())
-	}
-	if st.Mode&0o022 != 0 {
-		return fmt.Errorf("%s is writable by group or others (mode %o): refusing to use it", dir, st.Mode&0o777)
-	}
-	return nil
-}
-
 // Run ensures bpffs and the pinned datapath, moves every attachment to this
 // build's programs in place, reconciles stale state now, periodically and
 // when a pod's veth disappears, and serves metrics until ctx ends. Pins
@@ -69,7 +50,7 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	for _, d := range []string{o.PinRoot, o.StateDir} {
-		if err := CheckOwnership(d); err != nil {
+		if err := safedir.Check(d); err != nil {
 			return err
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/big"
+	"strings"
 	"time"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
@@ -44,24 +45,28 @@ func parseBandwidth(b *BandwidthConf) (limits, error) {
 	return out, nil
 }
 
-func parseBits(field string, n json.Number) (uint64, error) {
-	if n == "" {
+func parseBits(field string, raw json.RawMessage) (uint64, error) {
+	n := strings.TrimSpace(string(raw))
+	switch {
+	case n == "" || n == "null":
 		return 0, nil
+	case n[0] == '"':
+		return 0, confError("runtimeConfig.bandwidth.%s: %s is a JSON string; give a number", field, n)
 	}
-	v, ok := new(big.Int).SetString(n.String(), 10)
+	v, ok := new(big.Int).SetString(n, 10)
 	if !ok {
-		return 0, confError("runtimeConfig.bandwidth.%s: %q is not a whole number", field, n.String())
+		return 0, confError("runtimeConfig.bandwidth.%s: %s is not a whole number", field, n)
 	}
 	if v.Sign() < 0 {
-		return 0, confError("runtimeConfig.bandwidth.%s: %s is negative", field, n.String())
+		return 0, confError("runtimeConfig.bandwidth.%s: %s is negative", field, n)
 	}
 	if !v.IsUint64() {
-		return 0, confError("runtimeConfig.bandwidth.%s: %s does not fit in 64 bits", field, n.String())
+		return 0, confError("runtimeConfig.bandwidth.%s: %s does not fit in 64 bits", field, n)
 	}
 	return v.Uint64(), nil
 }
 
-func parseLimit(dir string, rateN, burstN json.Number) (*maps.Limit, error) {
+func parseLimit(dir string, rateN, burstN json.RawMessage) (*maps.Limit, error) {
 	rate, err := parseBits(dir+"Rate", rateN)
 	if err != nil {
 		return nil, err

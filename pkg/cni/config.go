@@ -8,9 +8,11 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
@@ -51,6 +53,10 @@ type NetConf struct {
 	clusterCIDRs []netip.Prefix
 }
 
+// minMTU6 is the least MTU a link may have for IPv6 (RFC 8200); the kernel
+// disables IPv6 on a smaller one.
+const minMTU6 = 1280
+
 // Error codes the spec defines that the types package does not name.
 const (
 	errPluginNotAvailable uint = 50
@@ -65,6 +71,10 @@ func parseConf(stdin []byte) (*NetConf, error) {
 	conf := &NetConf{}
 	if err := json.Unmarshal(stdin, conf); err != nil {
 		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network config: %v", err), "")
+	}
+	// The name is a directory under stateDir: "../x" must not leave it.
+	if err := utils.ValidateNetworkName(conf.Name); err != nil {
+		return nil, confError("name %q: %s", conf.Name, strings.TrimSuffix(err.Msg, ":"))
 	}
 	if conf.MTU != 0 && (conf.MTU < 68 || conf.MTU > 65535) {
 		return nil, confError("mtu %d is out of range (68-65535)", conf.MTU)
@@ -132,8 +142,12 @@ func validateIPAM(stdin []byte, conf *NetConf) error {
 		if v == "" {
 			return nil
 		}
-		if _, _, err := net.ParseCIDR(v); err != nil {
+		ip, _, err := net.ParseCIDR(v)
+		if err != nil {
 			return confError("%s: %q is not a CIDR", field, v)
+		}
+		if ip.To4() == nil && conf.MTU != 0 && conf.MTU < minMTU6 {
+			return confError("mtu %d is below %d, the least IPv6 works with, and %s %s is IPv6", conf.MTU, minMTU6, field, v)
 		}
 		return nil
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -12,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
 )
 
 // Del is the CNI DEL verb: best effort and idempotent. It needs neither the
@@ -21,10 +23,24 @@ func Del(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	if err := checkDirs(conf); err != nil {
+		return err
+	}
 	rec, err := readRecord(conf.StateDir, conf.Name, args.ContainerID, args.IfName)
 	if err != nil {
 		// A corrupt record must not block DEL: fall back to what can be derived.
 		rec = nil
+	}
+	if rec != nil && recordBusy(conf.StateDir, conf.Name, rec) {
+		// An ADD of this attachment is still at work: tear down what it
+		// ends with, not what it has made so far.
+		if !safedir.WaitUnlocked(recordPath(conf.StateDir, conf.Name, args.ContainerID, args.IfName), addWait) {
+			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
+				"an ADD of CNI_CONTAINERID %q, CNI_IFNAME %q (pid %d) is still running after %s", args.ContainerID, args.IfName, rec.Pid, addWait), "")
+		}
+		if rec, err = readRecord(conf.StateDir, conf.Name, args.ContainerID, args.IfName); err != nil {
+			rec = nil
+		}
 	}
 	tr := newTracer()
 	defer tr.done("DEL")
@@ -41,7 +57,7 @@ func Del(args *skel.CmdArgs) error {
 		}
 		ipamErr <- nil
 	}()
-	errs := teardown(conf, args.ContainerID, args.IfName, rec, tr)
+	errs := teardown(conf, args.ContainerID, args.IfName, args.Netns, rec, tr)
 	tr.mark("teardown")
 	errs = errors.Join(errs, <-ipamErr)
 	tr.mark("ipam-wait")
@@ -55,9 +71,18 @@ func Del(args *skel.CmdArgs) error {
 	return nil
 }
 
+// addWait is how long DEL waits for an ADD of the same attachment to end.
+const addWait = 30 * time.Second
+
 // teardown removes everything ADD made on the node except the IPAM
 // reservation: map entries, counters, link pins, the veth and the record.
-func teardown(conf *NetConf, containerID, ifname string, rec *Record, tr *tracer) error {
+// A provisional record (ADD killed part way) names the attachment but not
+// its addresses or hostPorts: those are found by the host veth's ifindex.
+func teardown(conf *NetConf, containerID, ifname, netnsPath string, rec *Record, tr *tracer) error {
+	full := rec
+	if rec != nil && rec.Provisional {
+		full = nil
+	}
 	hostIf := HostIfName(containerID, ifname)
 	ifindex := 0
 	if l, err := netlink.LinkByName(hostIf); err == nil {
@@ -91,9 +116,9 @@ func teardown(conf *NetConf, containerID, ifname string, rec *Record, tr *tracer
 	// veth is being deleted.
 	var purge chan error
 	if dp != nil {
-		errs = errors.Join(errs, removeHostPorts(dp, rec, ifindex))
-		hp := rec == nil || len(rec.HostPorts) > 0
-		masq := rec == nil || rec.Masq
+		errs = errors.Join(errs, removeHostPorts(dp, full, ifindex))
+		hp := full == nil || len(full.HostPorts) > 0
+		masq := full == nil || full.Masq
 		if ifindex != 0 {
 			purge = make(chan error, 1)
 			go func() {
@@ -113,8 +138,8 @@ func teardown(conf *NetConf, containerID, ifname string, rec *Record, tr *tracer
 	tr.mark("hostports")
 	if dp != nil && ifindex != 0 {
 		var ips []net.IP
-		if rec != nil {
-			for _, s := range rec.IPs {
+		if full != nil {
+			for _, s := range full.IPs {
 				if ip := net.ParseIP(s); ip != nil {
 					ips = append(ips, ip)
 				}
@@ -133,8 +158,25 @@ func teardown(conf *NetConf, containerID, ifname string, rec *Record, tr *tracer
 			errs = errors.Join(errs, dp.Maps.DeleteEndpoint(ip, ifindex))
 		}
 	}
-	if dp != nil && rec != nil && rec.NetnsCookie != 0 {
-		errs = errors.Join(errs, dp.Maps.DeleteNetns(rec.NetnsCookie))
+	// Inside the pod: the interface's rules go; the pod's netns entry goes
+	// unless another interface of the pod still uses it.
+	var recCookie uint64
+	table := 0
+	if rec != nil {
+		recCookie, table = rec.NetnsCookie, rec.PodTable
+		if netnsPath == "" {
+			netnsPath = rec.Netns
+		}
+	}
+	isOurs := func(idx int) bool {
+		if dp == nil {
+			return false
+		}
+		_, err := dp.Maps.LookupLink(idx)
+		return err == nil
+	}
+	if cookie := podTeardown(netnsPath, ifname, recCookie, ifindex, table, isOurs); cookie != 0 && dp != nil {
+		errs = errors.Join(errs, dp.Maps.DeleteNetns(cookie))
 	}
 	tr.mark("endpoints")
 	// Deleting the veth before dropping the link pins also saves time:

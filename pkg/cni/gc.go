@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -23,6 +24,9 @@ func GC(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	if err := checkDirs(conf); err != nil {
+		return err
+	}
 	valid := make(map[string]bool)
 	for _, a := range conf.ValidAttachments {
 		valid[a.ContainerID+"/"+a.IfName] = true
@@ -33,8 +37,8 @@ func GC(args *skel.CmdArgs) error {
 	}
 	var errs error
 	for _, r := range recs {
-		if valid[r.ContainerID+"/"+r.IfName] {
-			continue
+		if valid[r.ContainerID+"/"+r.IfName] || recordBusy(conf.StateDir, conf.Name, r) {
+			continue // in use, or an ADD is still making it
 		}
 		if conf.IPAM.Type != "" {
 			if err := ipamDelFor(conf, args, r); err != nil {
@@ -42,10 +46,11 @@ func GC(args *skel.CmdArgs) error {
 				continue // keep the record so the next GC retries
 			}
 		}
-		if err := teardown(conf, r.ContainerID, r.IfName, r, newTracer()); err != nil {
+		if err := teardown(conf, r.ContainerID, r.IfName, r.Netns, r, newTracer()); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("tear down %s/%s: %w", r.ContainerID, r.IfName, err))
 		}
 	}
+	errs = errors.Join(errs, removeStaleTemps(recordDir(conf.StateDir, conf.Name)))
 	errs = errors.Join(errs, removeOrphanLinkPins(conf.PinDir))
 	errs = errors.Join(errs, pruneHostPorts(conf.PinDir))
 	if conf.IPAM.Type != "" {
@@ -70,6 +75,29 @@ func ipamDelFor(conf *NetConf, args *skel.CmdArgs, r *Record) error {
 	}
 	a := &invoke.Args{Command: "DEL", ContainerID: r.ContainerID, IfName: r.IfName, Path: args.Path, NetNS: r.Netns}
 	return invoke.ExecPluginWithoutResult(context.TODO(), plugin, args.StdinData, a, nil)
+}
+
+// removeStaleTemps drops the temp files of record writes that a killed
+// plugin left between creating and renaming them (seconds old at most
+// while a plugin is alive).
+func removeStaleTemps(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var errs error
+	for _, e := range ents {
+		name := e.Name()
+		if !strings.HasPrefix(name, ".") || !strings.HasSuffix(name, ".tmp") {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > time.Minute {
+			if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = errors.Join(errs, err)
+			}
+		}
+	}
+	return errs
 }
 
 // removeOrphanLinkPins drops link pins whose host veth no longer exists.
@@ -99,6 +127,9 @@ func removeOrphanLinkPins(pinRoot string) error {
 func Status(args *skel.CmdArgs) error {
 	conf, err := parseConf(args.StdinData)
 	if err != nil {
+		return err
+	}
+	if err := checkDirs(conf); err != nil {
 		return err
 	}
 	dp, err := datapath.Ensure(conf.PinDir)

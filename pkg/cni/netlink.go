@@ -8,13 +8,12 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
-
-	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
 
 // HostIfName is the deterministic host-side veth name of an attachment, so
@@ -49,10 +48,11 @@ type plan struct {
 	hostMAC net.HardwareAddr
 	podMAC  net.HardwareAddr
 	ips     []*current.IPConfig
-	gws     []net.IP // one next hop per family present
-	routes  []*netlinkRoute
+	gws     []net.IP        // one next hop per family present
+	routes  []*netlinkRoute // the interface's: all in its own table
+	table   int             // that table, set by configurePod
 
-	netnsCookie uint64 // filled by configurePod
+	mainRoutes []*netlinkRoute // those configurePod put in the main table too
 }
 
 type netlinkRoute struct {
@@ -153,7 +153,37 @@ func createVeth(p *plan, netns ns.NetNS) (netlink.Link, error) {
 	return l, nil
 }
 
-// configurePod sets addresses, neighbours and routes inside the pod netns.
+// A pod may have several interfaces (eth0 from one network, net1 from
+// another, as Multus makes them; ours or another plugin's). Each of ours gets
+// its own routing table in the pod, with its routes and a default route via
+// its gateway, and a "from <address> lookup <table>" rule per address, so
+// whatever leaves with an interface's address leaves through that interface
+// (anything else would be dropped as spoofed by the other interface's host
+// veth). The main table gets the IPAM routes of every interface and a default
+// route per family only from the first interface of that family (whichever
+// plugin made it): a second interface never takes the pod's default route.
+// Gateways are "onlink", so every interface can have the same one
+// (169.254.1.1) without a /32 route to it that a second interface would steal.
+const (
+	podTableBase    = 10000 // + the interface's ifindex in the pod
+	podRulePriority = 1000  // after local (0), before main (32766)
+)
+
+// podTable is the routing table of the pod interface with that ifindex.
+func podTable(ifindex int) int { return podTableBase + ifindex }
+
+func isDefault(dst *net.IPNet) bool {
+	ones, _ := dst.Mask.Size()
+	return ones == 0
+}
+
+// conflictError: the pod or the node already routes what this ADD needs to
+// another interface; nothing of that interface is touched.
+type conflictError struct{ msg string }
+
+func (e *conflictError) Error() string { return e.msg }
+
+// configurePod sets addresses, neighbours, routes and rules inside the pod netns.
 func configurePod(p *plan, netns ns.NetNS) error {
 	return netns.Do(func(ns.NetNS) error {
 		l, err := netlink.LinkByName(p.ifname)
@@ -161,6 +191,8 @@ func configurePod(p *plan, netns ns.NetNS) error {
 			return fmt.Errorf("find %s in pod: %w", p.ifname, err)
 		}
 		idx := l.Attrs().Index
+		p.table = podTable(idx)
+		announceMACChanges(p.ifname)
 		for _, ipc := range p.ips {
 			// No prefix route: every destination, same subnet or not, goes via the
 			// gateway and so through the host veth's programs. No DAD: the address
@@ -182,24 +214,118 @@ func configurePod(p *plan, netns ns.NetNS) error {
 			if err := netlink.NeighSet(n); err != nil {
 				return fmt.Errorf("add neighbour %s on %s: %w", gw, p.ifname, err)
 			}
-			bits := 32
-			if !isV4(gw) {
-				bits = 128
-			}
-			r := &netlink.Route{LinkIndex: idx, Dst: &net.IPNet{IP: gw, Mask: net.CIDRMask(bits, bits)}, Scope: netlink.SCOPE_LINK}
-			if err := netlink.RouteReplace(r); err != nil {
-				return fmt.Errorf("add route to gateway %s on %s: %w", gw, p.ifname, err)
-			}
+		}
+		hasDefault, err := defaultRoutes()
+		if err != nil {
+			return err
 		}
 		for _, rt := range p.routes {
-			r := &netlink.Route{LinkIndex: idx, Dst: rt.dst, Gw: rt.gw}
-			if err := netlink.RouteReplace(r); err != nil {
-				return fmt.Errorf("add route %s via %s on %s: %w", rt.dst.String(), rt.gw, p.ifname, err)
+			r := &netlink.Route{LinkIndex: idx, Dst: rt.dst, Gw: rt.gw, Flags: int(netlink.FLAG_ONLINK), Table: p.table}
+			if err := netlink.RouteAdd(r); err != nil && !errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("add route %s via %s on %s to table %d: %w", rt.dst, rt.gw, p.ifname, p.table, err)
+			}
+			v4 := isV4(rt.dst.IP)
+			if isDefault(rt.dst) && hasDefault[v4] != "" {
+				continue // the pod's default route is another interface's
+			}
+			r.Table = 0
+			if err := netlink.RouteAdd(r); err != nil {
+				if errors.Is(err, unix.EEXIST) {
+					return &conflictError{fmt.Sprintf("route %s via %s on %s: the pod already routes %s via %s; a route of another interface is never replaced",
+						rt.dst, rt.gw, p.ifname, rt.dst, routeHolder(rt.dst))}
+				}
+				return fmt.Errorf("add route %s via %s on %s: %w", rt.dst, rt.gw, p.ifname, err)
+			}
+			p.mainRoutes = append(p.mainRoutes, rt)
+			if isDefault(rt.dst) {
+				hasDefault[v4] = p.ifname
 			}
 		}
-		p.netnsCookie, err = datapath.NetnsCookie()
-		return err
+		for _, ipc := range p.ips {
+			if err := netlink.RuleAdd(podRule(ipc.Address.IP, p.table)); err != nil && !errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("add rule from %s lookup %d: %w", ipc.Address.IP, p.table, err)
+			}
+		}
+		return nil
 	})
+}
+
+func podRule(ip net.IP, table int) *netlink.Rule {
+	r := netlink.NewRule()
+	bits := 128
+	r.Family = netlink.FAMILY_V6
+	if isV4(ip) {
+		bits, r.Family = 32, netlink.FAMILY_V4
+		ip = ip.To4()
+	}
+	r.Src = &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}
+	r.Table = table
+	r.Priority = podRulePriority
+	return r
+}
+
+// deleteRules removes the rules of the calling thread's netns that point at
+// a table (the rules of a pod interface outlive it).
+func deleteRules(table int) {
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rules, err := netlink.RuleListFiltered(fam, &netlink.Rule{Table: table}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			continue
+		}
+		for i := range rules {
+			_ = netlink.RuleDel(&rules[i])
+		}
+	}
+}
+
+// defaultRoutes names, per family (true: IPv4), the interface holding the
+// default route of the calling thread's netns, "" when there is none.
+func defaultRoutes() (map[bool]string, error) {
+	out := map[bool]string{}
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		routes, err := netlink.RouteList(nil, fam)
+		if err != nil {
+			return nil, fmt.Errorf("list routes: %w", err)
+		}
+		for _, r := range routes {
+			if r.Dst == nil || isDefault(r.Dst) {
+				out[fam == netlink.FAMILY_V4] = linkName(r.LinkIndex)
+			}
+		}
+	}
+	return out, nil
+}
+
+func linkName(ifindex int) string {
+	if l, err := netlink.LinkByIndex(ifindex); err == nil {
+		return l.Attrs().Name
+	}
+	return fmt.Sprintf("ifindex %d", ifindex)
+}
+
+// routeHolder names the link of the main-table route to dst.
+func routeHolder(dst *net.IPNet) string {
+	fam := netlink.FAMILY_V6
+	if isV4(dst.IP) {
+		fam = netlink.FAMILY_V4
+	}
+	routes, _ := netlink.RouteList(nil, fam)
+	for _, r := range routes {
+		if (r.Dst == nil && isDefault(dst)) || (r.Dst != nil && r.Dst.String() == dst.String()) {
+			return linkName(r.LinkIndex)
+		}
+	}
+	return "another route"
+}
+
+// announceMACChanges makes the pod's kernel tell the host veth when the
+// interface's MAC changes (a chained tuning plugin, the workload): a
+// gratuitous ARP and unsolicited neighbour advertisements, from which the
+// datapath learns the new MAC at once instead of at the pod's next packet.
+func announceMACChanges(ifname string) {
+	for _, f := range []string{"/proc/sys/net/ipv4/conf/" + ifname + "/arp_notify", "/proc/sys/net/ipv6/conf/" + ifname + "/ndisc_notify"} {
+		_ = os.WriteFile(f, []byte("1"), 0o644) // absent with the family disabled
+	}
 }
 
 func family(ip net.IP) int {
@@ -209,9 +335,48 @@ func family(ip net.IP) int {
 	return netlink.FAMILY_V6
 }
 
+// ownerAlias is the alias ADD gives a host veth, so whoever finds the link
+// (a conflicting ADD of any network, sharing this node's pins or not; a human
+// with ip link) learns whose it is.
+func ownerAlias(network, containerID, ifname string) string {
+	if max := 200 - len(network) - len(ifname); len(containerID) > max {
+		containerID = containerID[:max] + "..."
+	}
+	return aliasPrefix + network + "/" + containerID + "/" + ifname
+}
+
+const aliasPrefix = "ebpf-cni:"
+
+// holderOf names what holds a node link: the attachment its alias names,
+// else the link itself.
+func holderOf(ifindex int) string {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return fmt.Sprintf("ifindex %d", ifindex)
+	}
+	a := l.Attrs()
+	if rest, ok := strings.CutPrefix(a.Alias, aliasPrefix); ok {
+		if parts := strings.SplitN(rest, "/", 3); len(parts) == 3 {
+			return fmt.Sprintf("container %s, interface %s of network %q (host veth %s)", parts[1], parts[2], parts[0], a.Name)
+		}
+	}
+	return fmt.Sprintf("link %s (ifindex %d)", a.Name, ifindex)
+}
+
+// linkAlive tells whether an ifindex names a link of the calling thread's netns.
+func linkAlive(ifindex int) bool {
+	_, err := netlink.LinkByIndex(ifindex)
+	var nf netlink.LinkNotFoundError
+	return !errors.As(err, &nf)
+}
+
 // configureHost brings the host veth up and routes the pod's IPs to it, with
-// static neighbours so the node never resolves a pod it created.
-func configureHost(p *plan, host netlink.Link) error {
+// static neighbours so the node never resolves a pod it created. A route to
+// a pod IP that exists already is another interface's: refused, not replaced.
+func configureHost(p *plan, host netlink.Link, alias string) error {
+	if err := netlink.LinkSetAlias(host, alias); err != nil {
+		return fmt.Errorf("set alias of %s: %w", p.hostIf, err)
+	}
 	if err := netlink.LinkSetUp(host); err != nil {
 		return fmt.Errorf("set %s up: %w", p.hostIf, err)
 	}
@@ -226,12 +391,33 @@ func configureHost(p *plan, host netlink.Link) error {
 		if !isV4(ip) {
 			bits = 128
 		}
-		r := &netlink.Route{LinkIndex: idx, Dst: &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}, Scope: netlink.SCOPE_LINK}
-		if err := netlink.RouteReplace(r); err != nil {
+		dst := &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}
+		r := &netlink.Route{LinkIndex: idx, Dst: dst, Scope: netlink.SCOPE_LINK}
+		if err := netlink.RouteAdd(r); err != nil {
+			if errors.Is(err, unix.EEXIST) {
+				return &conflictError{fmt.Sprintf("pod address %s: the node already routes %s to %s; an address has one owner (overlapping ranges of two networks?)",
+					ip, dst, nodeRouteHolder(dst))}
+			}
 			return fmt.Errorf("add route to %s via %s: %w", ip, p.hostIf, err)
 		}
 	}
 	return nil
+}
+
+// nodeRouteHolder names the holder of the node's main-table route to dst.
+func nodeRouteHolder(dst *net.IPNet) string {
+	fam := netlink.FAMILY_V6
+	if isV4(dst.IP) {
+		fam = netlink.FAMILY_V4
+	}
+	routes, _ := netlink.RouteListFiltered(fam, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
+	for _, r := range routes {
+		if r.LinkIndex != 0 {
+			return holderOf(r.LinkIndex)
+		}
+		return fmt.Sprintf("a route of type %d", r.Type)
+	}
+	return "another route"
 }
 
 // enableForwarding turns on IP forwarding for pods to leave the node, as ptp

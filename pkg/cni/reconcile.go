@@ -18,6 +18,9 @@ func Reconcile(conf []byte, cniPath string, dryRun bool) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkDirs(c); err != nil {
+		return nil, err
+	}
 	recs, err := ListRecords(c.StateDir, c.Name)
 	if err != nil {
 		return nil, fmt.Errorf("read state directory %s: %w", c.StateDir, err)
@@ -27,16 +30,25 @@ func Reconcile(conf []byte, cniPath string, dryRun bool) ([]string, error) {
 		errs error
 	)
 	for _, r := range recs {
-		if _, err := netlink.LinkByName(HostIfName(r.ContainerID, r.IfName)); err == nil {
-			continue
-		} else {
-			var nf netlink.LinkNotFoundError
-			if !errors.As(err, &nf) {
-				errs = errors.Join(errs, err)
+		what := fmt.Sprintf("attachment %s/%s of network %s (veth gone; IPs %v)", r.ContainerID, r.IfName, c.Name, r.IPs)
+		switch {
+		case r.Provisional:
+			if recordBusy(c.StateDir, c.Name, r) {
+				continue // an ADD is making it
+			}
+			// Its ADD died part way (the lock went with the process).
+			what = fmt.Sprintf("attachment %s/%s of network %s (half made by an ADD that did not finish, pid %d)", r.ContainerID, r.IfName, c.Name, r.Pid)
+		default:
+			if _, err := netlink.LinkByName(HostIfName(r.ContainerID, r.IfName)); err == nil {
 				continue
+			} else {
+				var nf netlink.LinkNotFoundError
+				if !errors.As(err, &nf) {
+					errs = errors.Join(errs, err)
+					continue
+				}
 			}
 		}
-		what := fmt.Sprintf("attachment %s/%s of network %s (veth gone; IPs %v)", r.ContainerID, r.IfName, c.Name, r.IPs)
 		if dryRun {
 			done = append(done, what)
 			continue
@@ -48,7 +60,7 @@ func Reconcile(conf []byte, cniPath string, dryRun bool) ([]string, error) {
 				continue
 			}
 		}
-		if err := teardown(c, r.ContainerID, r.IfName, r, newTracer()); err != nil {
+		if err := teardown(c, r.ContainerID, r.IfName, r.Netns, r, newTracer()); err != nil {
 			errs = errors.Join(errs, err)
 			continue
 		}

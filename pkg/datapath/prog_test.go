@@ -32,11 +32,13 @@ var (
 	hostMAC = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x11}
 	dstMAC  = net.HardwareAddr{0x02, 0, 0, 0, 0, 0xbb}
 	dstHost = net.HardwareAddr{0x02, 0, 0, 0, 0, 0x22}
-	podIP   = net.ParseIP("10.9.0.2").To4()
-	dstIP   = net.ParseIP("10.9.0.3").To4()
-	podIP6  = net.ParseIP("fd00:9::2")
-	gwIP    = net.ParseIP("10.9.0.1").To4()
-	gwIP6   = net.ParseIP("fd00:9::1")
+	// groupMAC has the group bit: no host sends from it.
+	groupMAC = net.HardwareAddr{0x03, 0, 0, 0, 0, 0xcc}
+	podIP    = net.ParseIP("10.9.0.2").To4()
+	dstIP    = net.ParseIP("10.9.0.3").To4()
+	podIP6   = net.ParseIP("fd00:9::2")
+	gwIP     = net.ParseIP("10.9.0.1").To4()
+	gwIP6    = net.ParseIP("fd00:9::1")
 )
 
 func testDatapath(t testing.TB) *Datapath {
@@ -117,6 +119,37 @@ func ipv6(src, dst net.IP) []byte {
 	return h
 }
 
+// icmp6 is an IPv6 header, the extension headers whose types ext lists
+// (8 bytes each; 0 hop-by-hop, 60 destination options), and an ICMPv6
+// message of the given type (checksum not filled: the program does not check it).
+func icmp6(src net.IP, ext []byte, typ byte) []byte {
+	h := make([]byte, 40)
+	h[0], h[7] = 0x60, 255
+	copy(h[8:24], src.To16())
+	copy(h[24:40], net.ParseIP("ff02::1").To16())
+	next := &h[6]
+	for _, e := range ext {
+		*next = e
+		x := make([]byte, 8)
+		h = append(h, x...)
+		next = &h[len(h)-8]
+	}
+	*next = 58
+	h = append(h, typ, 0, 0, 0, 0, 0, 0, 0)
+	binary.BigEndian.PutUint16(h[4:], uint16(len(h)-40))
+	return h
+}
+
+// icmp4 is an IPv4 header and an ICMP message of the given type.
+func icmp4(src, dst net.IP, typ byte) []byte {
+	h := ipv4(src, dst, 64)
+	h[9] = 1
+	binary.BigEndian.PutUint16(h[10:], 0)
+	binary.BigEndian.PutUint16(h[10:], csum(h[:20]))
+	h[20] = typ
+	return h
+}
+
 func arp(sha net.HardwareAddr, spa net.IP, tpa ...net.IP) []byte {
 	b := make([]byte, 28)
 	if len(tpa) > 0 {
@@ -169,11 +202,17 @@ func TestFromContainerVerdicts(t *testing.T) {
 		{"own IPv4 to the stack", append(eth(podMAC, 0x0800), ipv4(podIP, other, 64)...), actOK, maps.ReasonForward},
 		{"spoofed IPv4 source", append(eth(podMAC, 0x0800), ipv4(net.ParseIP("10.9.0.99"), other, 64)...), actShot, maps.ReasonDropSpoofIP},
 		{"another pod's IPv4 source", append(eth(podMAC, 0x0800), ipv4(dstIP, other, 64)...), actShot, maps.ReasonDropSpoofIP},
-		{"spoofed MAC", append(eth(dstMAC, 0x0800), ipv4(podIP, other, 64)...), actShot, maps.ReasonDropSpoofMAC},
+		{"group source MAC", append(eth(groupMAC, 0x0800), ipv4(podIP, other, 64)...), actShot, maps.ReasonDropSpoofMAC},
 		{"own IPv6", append(eth(podMAC, 0x86dd), ipv6(podIP6, net.ParseIP("fd00:1::1"))...), actOK, maps.ReasonForward},
 		{"spoofed IPv6", append(eth(podMAC, 0x86dd), ipv6(net.ParseIP("fd00:9::99"), net.ParseIP("fd00:1::1"))...), actShot, maps.ReasonDropSpoofIP},
 		{"IPv6 link-local, own MAC", append(eth(podMAC, 0x86dd), ipv6(net.ParseIP("fe80::1"), net.ParseIP("ff02::2"))...), actOK, maps.ReasonForward},
-		{"IPv6 link-local, foreign MAC", append(eth(dstMAC, 0x86dd), ipv6(net.ParseIP("fe80::1"), net.ParseIP("ff02::2"))...), actShot, maps.ReasonDropSpoofMAC},
+		{"IPv6 link-local, group source MAC", append(eth(groupMAC, 0x86dd), ipv6(net.ParseIP("fe80::1"), net.ParseIP("ff02::2"))...), actShot, maps.ReasonDropSpoofMAC},
+		{"router advertisement", append(eth(podMAC, 0x86dd), icmp6(net.ParseIP("fe80::1"), nil, 134)...), actShot, maps.ReasonDropRouterMsg},
+		{"router advertisement behind two option headers", append(eth(podMAC, 0x86dd), icmp6(net.ParseIP("fe80::1"), []byte{0, 60}, 134)...), actShot, maps.ReasonDropRouterMsg},
+		{"redirect from the pod's address", append(eth(podMAC, 0x86dd), icmp6(podIP6, nil, 137)...), actShot, maps.ReasonDropRouterMsg},
+		{"neighbour advertisement", append(eth(podMAC, 0x86dd), icmp6(net.ParseIP("fe80::1"), []byte{60}, 136)...), actOK, maps.ReasonForward},
+		{"ICMP redirect", append(eth(podMAC, 0x0800), icmp4(podIP, other, 5)...), actShot, maps.ReasonDropRouterMsg},
+		{"ICMP echo", append(eth(podMAC, 0x0800), icmp4(podIP, other, 8)...), actOK, maps.ReasonForward},
 		{"gratuitous ARP", append(eth(podMAC, 0x0806), arp(podMAC, podIP, podIP)...), actOK, maps.ReasonForward},
 		{"ARP for the gateway", append(eth(podMAC, 0x0806), arp(podMAC, podIP, gwIP)...), actRedirect, maps.ReasonNeighReply},
 		{"ARP probe", append(eth(podMAC, 0x0806), arp(podMAC, net.IPv4zero)...), actOK, maps.ReasonForward},
@@ -236,6 +275,57 @@ func TestToContainerCounts(t *testing.T) {
 	if after := counter(t, dp, maps.DirIngress, maps.ReasonForward); after != before+1 {
 		t.Fatalf("counter went %d -> %d", before, after)
 	}
+}
+
+// TestMACLearned: a pod sending from another MAC is followed, not dropped:
+// the links entry and the address's entry take the new MAC; the other
+// address's entry keeps the MAC it was last seen from; link-local traffic
+// updates the links entry; to_container addresses the stack's packets to
+// the links entry's MAC and leaves group destinations alone.
+func TestMACLearned(t *testing.T) {
+	dp := testDatapath(t)
+	newMAC := net.HardwareAddr{0x02, 0, 0, 0, 0, 0xdd}
+	macs := func() (link, ep4, ep6 string) {
+		li, err := dp.Maps.LookupLink(loIfindex)
+		must(t, err)
+		e4, err := dp.Maps.LookupEndpoint(podIP)
+		must(t, err)
+		e6, err := dp.Maps.LookupEndpoint(podIP6)
+		must(t, err)
+		return net.HardwareAddr(li.Mac[:]).String(), net.HardwareAddr(e4.Mac[:]).String(), net.HardwareAddr(e6.Mac[:]).String()
+	}
+	if got, _ := run(t, dp.FromContainer, append(eth(newMAC, 0x0800), ipv4(podIP, net.ParseIP("192.0.2.9"), 64)...)); got != actOK {
+		t.Fatalf("IPv4 from a new MAC: verdict %d, want pass", got)
+	}
+	if l, e4, e6 := macs(); l != newMAC.String() || e4 != newMAC.String() || e6 != podMAC.String() {
+		t.Fatalf("after IPv4 from %s: links %s, IPv4 entry %s, IPv6 entry %s", newMAC, l, e4, e6)
+	}
+	// The stack's packets go to the learned MAC, whatever the node's neighbour said.
+	_, out := run(t, dp.ToContainer, append(ethTo(podMAC, hostMAC, 0x0800), ipv4(net.ParseIP("192.0.2.1"), podIP, 64)...))
+	if got := net.HardwareAddr(out[0:6]); got.String() != newMAC.String() {
+		t.Errorf("to_container sent to %s, want the learned %s", got, newMAC)
+	}
+	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+	_, out = run(t, dp.ToContainer, append(ethTo(bcast, hostMAC, 0x0806), arp(hostMAC, net.ParseIP("192.0.2.1"), podIP)...))
+	if got := net.HardwareAddr(out[0:6]); got.String() != bcast.String() {
+		t.Errorf("to_container rewrote a broadcast destination to %s", got)
+	}
+	// Link-local traffic (neighbour discovery) moves the links entry only.
+	if got, _ := run(t, dp.FromContainer, append(eth(podMAC, 0x86dd), ipv6(net.ParseIP("fe80::1"), net.ParseIP("ff02::2"))...)); got != actOK {
+		t.Fatalf("link-local from the first MAC again: verdict %d", got)
+	}
+	if l, e4, _ := macs(); l != podMAC.String() || e4 != newMAC.String() {
+		t.Fatalf("after link-local from %s: links %s, IPv4 entry %s", podMAC, l, e4)
+	}
+	if c := counter(t, dp, maps.DirEgress, maps.ReasonDropSpoofMAC); c != 0 {
+		t.Errorf("drop_spoof_mac counted %d", c)
+	}
+}
+
+func ethTo(dst, src net.HardwareAddr, proto uint16) []byte {
+	b := eth(src, proto)
+	copy(b[0:6], dst)
+	return b
 }
 
 func TestEnsureIsIdempotentAndRejectsForeignLayout(t *testing.T) {

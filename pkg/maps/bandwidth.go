@@ -59,7 +59,7 @@ func (m *Maps) PutLimit(ifindex int, dir Dir, l Limit) error {
 	}
 	k := BandwidthKey{Ifindex: uint32(ifindex), Dir: uint32(dir)}
 	if err := m.bandwidth().Put(&k, &s); err != nil {
-		return fmt.Errorf("write %s limit of ifindex %d to %s: %w", dir, ifindex, nameBandwidth, err)
+		return writeErr(m.bandwidth(), nameBandwidth, fmt.Sprintf("%s limit of ifindex %d", dir, ifindex), err)
 	}
 	return nil
 }
@@ -127,9 +127,43 @@ const FlagNetnsNode uint32 = 1 << 0
 func (m *Maps) PutNetns(cookie uint64, egressRateBps uint64, flags uint32) error {
 	v := NetnsInfo{EgressRate: egressRateBps / 8, Flags: flags}
 	if err := m.byName[nameNetns].Put(&cookie, &v); err != nil {
-		return fmt.Errorf("write netns %d to %s: %w", cookie, nameNetns, err)
+		return writeErr(m.byName[nameNetns], nameNetns, fmt.Sprintf("netns %d", cookie), err)
 	}
 	return nil
+}
+
+// EnsureNetns registers a pod's netns unless it is already (a pod with a
+// second interface): the entry is the pod's, so a second interface only
+// adds an egress rate where the pod had none. created tells whether this
+// call made the entry (an ADD that fails removes only what it made).
+func (m *Maps) EnsureNetns(cookie uint64, egressRateBps uint64) (created bool, err error) {
+	mp := m.byName[nameNetns]
+	for try := 0; ; try++ {
+		var cur NetnsInfo
+		err := mp.Lookup(&cookie, &cur)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			v := NetnsInfo{EgressRate: egressRateBps / 8}
+			err = mp.Update(&cookie, &v, ebpf.UpdateNoExist)
+			if err == nil {
+				return true, nil
+			}
+			if errors.Is(err, ebpf.ErrKeyExist) && try < 3 {
+				continue
+			}
+			return false, writeErr(mp, nameNetns, fmt.Sprintf("netns %d", cookie), err)
+		}
+		if err != nil {
+			return false, fmt.Errorf("read netns %d from %s: %w", cookie, nameNetns, err)
+		}
+		if cur.EgressRate != 0 || egressRateBps == 0 {
+			return false, nil
+		}
+		cur.EgressRate = egressRateBps / 8
+		if err := mp.Update(&cookie, &cur, ebpf.UpdateExist); err != nil {
+			return false, writeErr(mp, nameNetns, fmt.Sprintf("netns %d", cookie), err)
+		}
+		return false, nil
+	}
 }
 
 // DeleteNetns forgets a netns; absent is fine.

@@ -222,7 +222,7 @@ func (m *Maps) InsertHostPort(h HostPort) error {
 		}
 		return &HostPortTakenError{Owner: h}
 	}
-	return fmt.Errorf("write hostPort %s to %s: %w", h.Listen(), nameHostPorts, err)
+	return writeErr(mp, nameHostPorts, "hostPort "+h.Listen(), err)
 }
 
 // LookupHostPort returns the mapping stored under h's key; the error wraps

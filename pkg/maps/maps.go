@@ -13,7 +13,20 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
+
+// ErrFull is wrapped by a write refused because the map has no room left.
+var ErrFull = errors.New("map is full")
+
+// writeErr words a failed map write; a full map says which and how big (the
+// kernel's E2BIG, which cilium/ebpf reports as "key too big for map").
+func writeErr(m *ebpf.Map, name, what string, err error) error {
+	if errors.Is(err, unix.E2BIG) {
+		return fmt.Errorf("write %s to %s: %w: %s holds at most %d entries", what, name, ErrFull, name, m.MaxEntries())
+	}
+	return fmt.Errorf("write %s to %s: %w", what, name, err)
+}
 
 // LayoutVersion names the pin directory of the maps. Bump it with any change to
 // bpf/lib/maps.h so an upgraded binary never reuses a pin of another layout.
@@ -44,6 +57,7 @@ const (
 	ReasonDropUnknown   = mapsObjCniReasonREASON_DROP_UNKNOWN
 	ReasonNeighReply    = mapsObjCniReasonREASON_NEIGH_REPLY
 	ReasonDropBandwidth = mapsObjCniReasonREASON_DROP_BANDWIDTH
+	ReasonDropRouterMsg = mapsObjCniReasonREASON_DROP_ROUTER_MSG
 	numReasons          = int(mapsObjCniReasonREASON_MAX)
 )
 
@@ -77,13 +91,15 @@ func (r Reason) String() string {
 		return "neigh_reply"
 	case ReasonDropBandwidth:
 		return "drop_bandwidth"
+	case ReasonDropRouterMsg:
+		return "drop_router_msg"
 	}
 	return fmt.Sprintf("reason%d", uint32(r))
 }
 
 // IsDrop tells whether packets counted under r were dropped.
 func (r Reason) IsDrop() bool {
-	return (r >= ReasonDropSpoofIP && r <= ReasonDropUnknown) || r == ReasonDropBandwidth
+	return (r >= ReasonDropSpoofIP && r <= ReasonDropUnknown) || r == ReasonDropBandwidth || r == ReasonDropRouterMsg
 }
 
 // Names of the core maps, as C declares them. Feature maps name theirs in
@@ -271,16 +287,69 @@ func NewLinkInfo(podMAC, hostMAC net.HardwareAddr) LinkInfo {
 	return v
 }
 
-// PutEndpoint records that ip lives behind the host veth in info.
+// PutEndpoint records that ip lives behind the host veth in info, replacing
+// whatever entry it had (tests and tools; ADD uses InsertEndpoint).
 func (m *Maps) PutEndpoint(ip net.IP, info EndpointInfo) error {
 	k, err := KeyFor(ip)
 	if err != nil {
 		return err
 	}
 	if err := m.Endpoints.Put(&k, &info); err != nil {
-		return fmt.Errorf("write endpoint %s to %s: %w", ip, nameEndpoints, err)
+		return writeErr(m.Endpoints, nameEndpoints, "endpoint "+ip.String(), err)
 	}
 	return nil
+}
+
+// EndpointTakenError is returned by InsertEndpoint when another host veth
+// holds the address.
+type EndpointTakenError struct {
+	IP      net.IP
+	Ifindex int // the holder's host veth
+}
+
+func (e *EndpointTakenError) Error() string {
+	return fmt.Sprintf("%s already has %s, for ifindex %d", nameEndpoints, e.IP, e.Ifindex)
+}
+
+// InsertEndpoint adds ip only if no other entry holds it (BPF_NOEXIST, so of
+// two ADDs racing for one address exactly one wins); a taken address is an
+// *EndpointTakenError naming the holder. An entry whose host veth no longer
+// exists (alive tells) is a leftover, not a holder: it is replaced.
+func (m *Maps) InsertEndpoint(ip net.IP, info EndpointInfo, alive func(ifindex int) bool) error {
+	k, err := KeyFor(ip)
+	if err != nil {
+		return err
+	}
+	for try := 0; ; try++ {
+		err := m.Endpoints.Update(&k, &info, ebpf.UpdateNoExist)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, ebpf.ErrKeyExist) {
+			return writeErr(m.Endpoints, nameEndpoints, "endpoint "+ip.String(), err)
+		}
+		var cur EndpointInfo
+		if err := m.Endpoints.Lookup(&k, &cur); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) && try < 3 {
+				continue // the holder went meanwhile
+			}
+			return fmt.Errorf("read endpoint %s from %s: %w", ip, nameEndpoints, err)
+		}
+		if cur.Ifindex == info.Ifindex {
+			// Ours, or left by an earlier link of this (reused) ifindex:
+			// the caller's veth has it now.
+			if err := m.Endpoints.Update(&k, &info, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return writeErr(m.Endpoints, nameEndpoints, "endpoint "+ip.String(), err)
+			}
+			return nil
+		}
+		if alive(int(cur.Ifindex)) || try >= 3 {
+			return &EndpointTakenError{IP: ip, Ifindex: int(cur.Ifindex)}
+		}
+		if err := m.DeleteEndpoint(ip, int(cur.Ifindex)); err != nil {
+			return err
+		}
+	}
 }
 
 // LookupEndpoint returns the entry of ip; the error wraps ebpf.ErrKeyNotExist when absent.
@@ -343,7 +412,7 @@ func (m *Maps) ListEndpoints() ([]Endpoint, error) {
 func (m *Maps) PutLink(ifindex int, li LinkInfo) error {
 	k := uint32(ifindex)
 	if err := m.Links.Put(&k, &li); err != nil {
-		return fmt.Errorf("write link %d to %s: %w", ifindex, nameLinks, err)
+		return writeErr(m.Links, nameLinks, fmt.Sprintf("link %d", ifindex), err)
 	}
 	return nil
 }

@@ -53,16 +53,17 @@ const (
 type mapsObjCniReason uint32
 
 const (
-	mapsObjCniReasonREASON_FORWARD        mapsObjCniReason = 0
-	mapsObjCniReasonREASON_REDIRECT       mapsObjCniReason = 1
-	mapsObjCniReasonREASON_DROP_SPOOF_IP  mapsObjCniReason = 2
-	mapsObjCniReasonREASON_DROP_SPOOF_MAC mapsObjCniReason = 3
-	mapsObjCniReasonREASON_DROP_PROTO     mapsObjCniReason = 4
-	mapsObjCniReasonREASON_DROP_MALFORMED mapsObjCniReason = 5
-	mapsObjCniReasonREASON_DROP_UNKNOWN   mapsObjCniReason = 6
-	mapsObjCniReasonREASON_NEIGH_REPLY    mapsObjCniReason = 7
-	mapsObjCniReasonREASON_DROP_BANDWIDTH mapsObjCniReason = 8
-	mapsObjCniReasonREASON_MAX            mapsObjCniReason = 9
+	mapsObjCniReasonREASON_FORWARD         mapsObjCniReason = 0
+	mapsObjCniReasonREASON_REDIRECT        mapsObjCniReason = 1
+	mapsObjCniReasonREASON_DROP_SPOOF_IP   mapsObjCniReason = 2
+	mapsObjCniReasonREASON_DROP_SPOOF_MAC  mapsObjCniReason = 3
+	mapsObjCniReasonREASON_DROP_PROTO      mapsObjCniReason = 4
+	mapsObjCniReasonREASON_DROP_MALFORMED  mapsObjCniReason = 5
+	mapsObjCniReasonREASON_DROP_UNKNOWN    mapsObjCniReason = 6
+	mapsObjCniReasonREASON_NEIGH_REPLY     mapsObjCniReason = 7
+	mapsObjCniReasonREASON_DROP_BANDWIDTH  mapsObjCniReason = 8
+	mapsObjCniReasonREASON_DROP_ROUTER_MSG mapsObjCniReason = 9
+	mapsObjCniReasonREASON_MAX             mapsObjCniReason = 10
 )
 
 type mapsObjCtKey struct {

@@ -74,7 +74,7 @@ func (m *Maps) AddClusterCIDRs(prefixes []netip.Prefix) error {
 		k := cidrKey(p)
 		one := uint32(1)
 		if err := m.byName[nameClusterCIDRs].Put(&k, &one); err != nil {
-			return fmt.Errorf("write %s %s: %w", nameClusterCIDRs, p, err)
+			return writeErr(m.byName[nameClusterCIDRs], nameClusterCIDRs, p.String(), err)
 		}
 	}
 	return nil
