@@ -3,8 +3,9 @@
 /*
  * Attached once per node to the cgroup2 root as a sock_ops program: when a TCP
  * connection is established in a pod with an egress limit, or towards a pod
- * with an ingress limit, cap the socket's pacing rate at that limit. See
- * lib/bandwidth.h for why.
+ * with an ingress limit, cap the socket's pacing rate at that limit; before a
+ * pod with an ingress limit listens or connects, bound its receive buffer (so
+ * its window). See lib/bandwidth.h for why.
  */
 #include "lib/endpoint.h"
 
@@ -14,22 +15,14 @@
 #ifndef SO_MAX_PACING_RATE
 #define SO_MAX_PACING_RATE 47
 #endif
-#ifndef SOL_TCP
-#define SOL_TCP 6
-#endif
-#ifndef TCP_WINDOW_CLAMP
-#define TCP_WINDOW_CLAMP 10
-#endif
 #ifndef SO_RCVBUF
 #define SO_RCVBUF 8
 #endif
 
-/* Bounds the receive window: the clamp for the window itself, SO_RCVBUF
- * (which locks the buffer) so that receive-buffer autotuning does not lift
- * the clamp again. */
-static __always_inline void clamp_window(struct bpf_sock_ops *skops, int w)
+/* SO_RCVBUF; the kernel caps it at net.core.rmem_max. */
+static __always_inline void set_rcvbuf(struct bpf_sock_ops *skops, int bytes)
 {
-	bpf_setsockopt(skops, SOL_SOCKET, SO_RCVBUF, &w, sizeof(w));
+	bpf_setsockopt(skops, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
 }
 
 /* The connection's addresses, read field by field: the verifier only allows
@@ -109,21 +102,25 @@ int cni_sock_ops(struct bpf_sock_ops *skops)
 	struct netns_info *ns = bpf_map_lookup_elem(&cni_netns, &cookie);
 	if (!ns)
 		return 1;
+	/* The pod's receive buffer: set on the listener, which its connections
+	 * inherit with the window of their SYN-ACK, and before a connect's SYN. */
 	if (op == BPF_SOCK_OPS_TCP_LISTEN_CB) {
-		if (ns->ingress_wnd)
-			clamp_window(skops, ns->ingress_wnd);
+		if (ns->rcvbuf)
+			set_rcvbuf(skops, ns->rcvbuf);
 		return 1;
 	}
 	struct conn c = {};
 	read_conn(skops, &c);
 	if (is_local(&c)) {
-		if (op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB && ns->ingress_wnd)
-			clamp_window(skops, 4 << 20);
+		/* No limit applies inside the pod: an accepted loopback connection
+		 * gets the largest buffer back. */
+		if (op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB && ns->rcvbuf)
+			set_rcvbuf(skops, 0x7fffffff);
 		return 1;
 	}
 	if (op == BPF_SOCK_OPS_TCP_CONNECT_CB) {
-		if (ns->ingress_wnd)
-			clamp_window(skops, ns->ingress_wnd);
+		if (ns->rcvbuf)
+			set_rcvbuf(skops, ns->rcvbuf);
 		return 1;
 	}
 

@@ -1709,7 +1709,7 @@ func TestIntegrityFiles(t *testing.T) {
 			out, err = e.runPlugin(filepath.Join(binDir, "ebpf-cni"), pluginEnv("DEL", "files", nil, "eth0"), e.stdinConf(nil))
 			wantPluginError(t, "DEL", out, err, codeInvalidConfig, c.field, c.msg)
 			e.assertClean()
-			if _, err := os.Stat(filepath.Join(e.pinDir, "maps_v1")); err == nil {
+			if _, err := os.Stat(filepath.Join(e.pinDir, fmt.Sprintf("maps_v%d", maps.LayoutVersion))); err == nil {
 				t.Errorf("the refused ADD set up the datapath in %s", e.pinDir)
 			}
 		})

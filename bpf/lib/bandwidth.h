@@ -1,8 +1,6 @@
 /*
  * Per-pod rate limits: a token bucket per (host veth, direction), enforced by
- * the host-veth programs with no qdisc. This kernel has no sch_fq, so EDT
- * (setting skb->tstamp) would be ignored; a bucket that drops early keeps
- * latency low instead of queueing.
+ * the host-veth programs.
  *
  * Tokens are kept as nanoseconds of transmission time at the configured rate,
  * so the per-packet cost is a multiply and a shift: ns_per_byte is computed
@@ -10,6 +8,20 @@
  * then charged in full, so a 64 KiB GSO packet passes even when the bucket is
  * smaller than it; the rate over any interval stays exact and the overshoot is
  * bounded by the burst plus one packet.
+ *
+ * Ingress queue. A bucket alone starves TCP from senders this node cannot
+ * pace (other hosts): at sub-millisecond RTTs no window slows a flow to the
+ * rate, so it only learns from bursts of drops (0.3x of the limit measured,
+ * docs/bandwidth.md). Where the kernel has HTB, ADD therefore puts a queue on
+ * the host veth: an HTB class at the ingress rate that counts bytes as this
+ * bucket does (skb->len, through a size table), fed after this program. The
+ * bucket then mirrors the queue: burst_ns - tokens_ns is its backlog in ns.
+ * The program decides what enters it: within burst_ns (the queue's capacity)
+ * a packet is admitted, beyond it dropped; over mark_ns of backlog ECN-capable
+ * packets are marked CE instead of waiting for a drop. TCP senders that do
+ * not use ECN are held back by the pod's receive window (sock_ops.c), so the
+ * queue stays at a few milliseconds. Without HTB mark_ns is 0 and the bucket
+ * polices alone, as before.
  */
 #pragma once
 
@@ -22,13 +34,14 @@ struct bw_key {
 
 struct bw_state {
 	struct bpf_spin_lock lock;
-	__u32 mark_us; /* PROTOTYPE: CE-mark ECT packets once this much backlog (us) is queued; 0: never */
+	__u32 pad;
 	__u64 ns_per_byte; /* 16.16 fixed point: (1e9 << 16) / bytes per second */
-	__u64 burst_ns;    /* bucket depth, in ns at the rate */
+	__u64 burst_ns;    /* bucket depth, in ns at the rate (with a queue: its capacity) */
 	__s64 tokens_ns;   /* current fill; negative while paying off a packet */
 	__u64 last_ns;     /* bpf_ktime_get_ns() of the last refill */
 	__u64 rate_bps;    /* configured rate, bits per second (for dumps and CHECK) */
 	__u64 burst_bits;  /* effective burst, bits (for dumps and CHECK) */
+	__u64 mark_ns;     /* backlog above which ECN-capable packets are marked CE; 0: no queue, never */
 };
 
 struct {
@@ -38,38 +51,43 @@ struct {
 	__type(value, struct bw_state);
 } cni_bandwidth SEC(".maps");
 
-/* Returns 1 to admit the packet, 0 to drop it, 2 to admit and CE-mark it.
- * Unlimited interfaces admit. */
-static __always_inline int bw_admit_mark(__u32 ifindex, __u32 dir, __u32 len)
+enum bw_verdict {
+	BW_DROP = 0,
+	BW_PASS = 1,
+	BW_MARK = 2, /* pass, and mark CE if the packet is ECN-capable */
+};
+
+/* Charges a packet to a bucket. Unlimited interfaces pass. */
+static __always_inline enum bw_verdict bw_charge(__u32 ifindex, __u32 dir, __u32 len)
 {
 	struct bw_key k = { .ifindex = ifindex, .dir = dir };
 	struct bw_state *s = bpf_map_lookup_elem(&cni_bandwidth, &k);
 
 	if (!s)
-		return 1;
+		return BW_PASS;
 
 	__u64 now = bpf_ktime_get_ns(); /* no helper calls under the lock */
 	__s64 cost = (__s64)(((__u64)len * s->ns_per_byte) >> 16);
-	int ok;
+	enum bw_verdict v = BW_DROP;
 
 	bpf_spin_lock(&s->lock);
 	__s64 t = s->tokens_ns + (__s64)(now - s->last_ns);
 	if (t > (__s64)s->burst_ns)
 		t = s->burst_ns;
 	s->last_ns = now;
-	ok = t >= 0;
-	if (ok)
+	if (t >= 0) {
 		t -= cost;
+		v = s->mark_ns && (__s64)s->burst_ns - t > (__s64)s->mark_ns ? BW_MARK : BW_PASS;
+	}
 	s->tokens_ns = t;
-	if (ok && s->mark_us && (__s64)s->burst_ns - t > (__s64)s->mark_us * 1000)
-		ok = 2;
 	bpf_spin_unlock(&s->lock);
-	return ok;
+	return v;
 }
 
+/* Returns 1 to admit the packet, 0 to drop it (paths with no queue behind). */
 static __always_inline int bw_admit(__u32 ifindex, __u32 dir, __u32 len)
 {
-	return bw_admit_mark(ifindex, dir, len) != 0;
+	return bw_charge(ifindex, dir, len) != BW_DROP;
 }
 
 /*
@@ -80,6 +98,15 @@ static __always_inline int bw_admit(__u32 ifindex, __u32 dir, __u32 len)
  * applies to; TCP paces itself (internal pacing, no fq needed) and the bucket
  * above stays the hard limit for everything else (UDP, senders on other hosts).
  *
+ * Receive window. Senders on other hosts are not ours to pace; what bounds
+ * their flight, and so the ingress queue above, is the window the pod
+ * advertises. The same program sets SO_RCVBUF (which also stops the kernel's
+ * receive-buffer autotuning) on the TCP sockets of a pod with an ingress
+ * limit before their SYN or SYN-ACK goes out: about 1.5 ms of the rate. The
+ * kernel keeps the window near the buffer's payload share (TCP_WINDOW_CLAMP
+ * alone is reset by the kernel whenever the segment size changes). Loopback
+ * connections inside the pod are given the largest buffer back.
+ *
  * The root-cgroup hook sees sockets of every netns on the machine, so it acts
  * only on the netns this node's pods and the node itself live in.
  */
@@ -88,7 +115,7 @@ static __always_inline int bw_admit(__u32 ifindex, __u32 dir, __u32 len)
 struct netns_info {
 	__u64 egress_rate; /* bytes per second the netns' pod may send; 0: none */
 	__u32 flags;
-	__u32 ingress_wnd; /* receive window clamp of the pod's TCP sockets, bytes; 0: none */
+	__u32 rcvbuf; /* SO_RCVBUF of the pod's TCP sockets (ingress limit); 0: the kernel's */
 };
 
 struct {

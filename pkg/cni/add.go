@@ -310,6 +310,9 @@ func Add(args *skel.CmdArgs) (err error) {
 	// Limits before the endpoint entries whose flags point at them. Validated
 	// already; the undo of the veth removes them.
 	lim, _ := parseBandwidth(conf.RuntimeConfig.Bandwidth)
+	if err := lim.queueIngress(hostLink); err != nil {
+		return netlinkError(err)
+	}
 	if err := lim.install(dp.Maps, ifindex); err != nil {
 		return mapError(err)
 	}
@@ -385,7 +388,7 @@ func Add(args *skel.CmdArgs) (err error) {
 	if lim.egress != nil {
 		egressBps = lim.egress.RateBps
 	}
-	created, err := dp.Maps.EnsureNetns(cookie, egressBps)
+	created, err := dp.Maps.EnsureNetns(cookie, egressBps, lim.rcvbuf())
 	if err != nil {
 		return mapError(err)
 	}

@@ -2,13 +2,19 @@ package cni
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/big"
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
+
+// ethHeaderLen is what a frame adds to the MTU.
+const ethHeaderLen = 14
 
 // Burst policy. Runtimes pass absurd bursts (containerd 1.6 sends 4294967295
 // bits whatever the rate), which would let a 10 Mbit/s pod send at line rate
@@ -109,6 +115,32 @@ func (l limits) endpointFlags() uint32 {
 	return f
 }
 
+// queueIngress puts the ingress queue on the host veth and makes the ingress
+// bucket the queue's (bandwidth_queue.go). A kernel without HTB keeps the
+// bucket alone.
+func (l *limits) queueIngress(host netlink.Link) error {
+	if l.ingress == nil {
+		return nil
+	}
+	q, queued := planIngressQueue(*l.ingress, host.Attrs().MTU+ethHeaderLen)
+	switch err := installIngressQueue(host, q); {
+	case errors.Is(err, errNoQueue):
+		return nil
+	case err != nil:
+		return err
+	}
+	l.ingress = &queued
+	return nil
+}
+
+// rcvbuf is the SO_RCVBUF of the pod's TCP sockets; 0: the kernel's.
+func (l limits) rcvbuf() uint32 {
+	if l.ingress == nil {
+		return 0
+	}
+	return podRcvbuf(l.ingress.RateBps)
+}
+
 // install writes the buckets of a host veth.
 func (l limits) install(m *maps.Maps, ifindex int) error {
 	if l.egress != nil {
@@ -120,6 +152,37 @@ func (l limits) install(m *maps.Maps, ifindex int) error {
 		if err := m.PutLimit(ifindex, maps.DirIngress, *l.ingress); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkQueue compares the ingress queue of the host veth with the limit and
+// makes l expect the bucket of the queue the veth has.
+func (l *limits) checkQueue(m *maps.Maps, host netlink.Link) error {
+	var inMap *maps.Limit
+	if got, ok, err := m.LookupLimit(host.Attrs().Index, maps.DirIngress); err != nil {
+		return err
+	} else if ok {
+		inMap = &got
+	}
+	name := host.Attrs().Name
+	if l.ingress == nil {
+		if root, err := readRootQdisc(host.Attrs().Index); err != nil {
+			return fmt.Errorf("read the qdiscs of %s: %w", name, err)
+		} else if root != nil && root.kind == "htb" && root.handle == queueHandle {
+			return fmt.Errorf("host veth %s has an htb ingress queue, but no ingress limit is configured", name)
+		}
+		return nil
+	}
+	q, queued := planIngressQueue(*l.ingress, host.Attrs().MTU+ethHeaderLen)
+	has, err := checkIngressQueue(host, q)
+	if err != nil {
+		return err
+	}
+	if has {
+		l.ingress = &queued
+	} else if inMap != nil && inMap.MarkNs != 0 {
+		return fmt.Errorf("host veth %s has lost its ingress queue (htb %s): map cni_bandwidth still expects it", name, netlink.HandleStr(queueHandle))
 	}
 	return nil
 }
@@ -140,8 +203,8 @@ func (l limits) check(m *maps.Maps, ifindex int, hostIf string) error {
 		case d.want != nil && !ok:
 			return fmt.Errorf("map cni_bandwidth has no %s limit for %s (want %d bit/s)", d.dir, hostIf, d.want.RateBps)
 		case d.want != nil && got != *d.want:
-			return fmt.Errorf("map cni_bandwidth limits %s %s to %d bit/s burst %d bits, want %d bit/s burst %d bits",
-				hostIf, d.dir, got.RateBps, got.BurstBits, d.want.RateBps, d.want.BurstBits)
+			return fmt.Errorf("map cni_bandwidth limits %s %s to %d bit/s burst %d bits mark %d ns, want %d bit/s burst %d bits mark %d ns",
+				hostIf, d.dir, got.RateBps, got.BurstBits, got.MarkNs, d.want.RateBps, d.want.BurstBits, d.want.MarkNs)
 		}
 	}
 	return nil

@@ -95,6 +95,9 @@ func Check(args *skel.CmdArgs) error {
 	}
 	mapMAC := net.HardwareAddr(li.Mac[:]).String()
 	lim, _ := parseBandwidth(conf.RuntimeConfig.Bandwidth)
+	if err := lim.checkQueue(dp.Maps, host); err != nil {
+		return checkError("%v", err)
+	}
 	if err := lim.check(dp.Maps, ifindex, hostIf); err != nil {
 		return checkError("%v", err)
 	}

@@ -25,13 +25,14 @@ type mapsObjBwState struct {
 		_   structs.HostLayout
 		Val uint32
 	}
-	MarkUs    uint32
+	Pad       uint32
 	NsPerByte uint64
 	BurstNs   uint64
 	TokensNs  int64
 	LastNs    uint64
 	RateBps   uint64
 	BurstBits uint64
+	MarkNs    uint64
 }
 
 type mapsObjCidrKey struct {
@@ -164,7 +165,7 @@ type mapsObjNetnsInfo struct {
 	_          structs.HostLayout
 	EgressRate uint64
 	Flags      uint32
-	IngressWnd uint32
+	Rcvbuf     uint32
 }
 
 type mapsObjSfKey struct {
