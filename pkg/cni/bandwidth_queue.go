@@ -138,7 +138,7 @@ func htbOptions() *nl.RtAttr {
 // table: the qdisc then counts skb->len.
 func sizeTable() *nl.RtAttr {
 	const tcaStabBase = 1
-	spec := make([]byte, 24) // cell_log, size_log, cell_align, overhead, linklayer, mpu, mtu, tsize
+	spec := make([]byte, 24)                   // cell_log, size_log, cell_align, overhead, linklayer, mpu, mtu, tsize
 	binary.NativeEndian.PutUint32(spec[8:], 1) // TC_LINKLAYER_ETHERNET
 	stab := nl.NewRtAttr(nl.TCA_STAB, nil)
 	stab.AddRtAttr(tcaStabBase, spec)
