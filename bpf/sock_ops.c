@@ -66,11 +66,10 @@ static __always_inline int is_local(const struct conn *c)
 	       c->remote[3] == c->local[3];
 }
 
-/* Ingress limit of the pod at the remote end, in bytes per second; 0: none. */
-static __always_inline __u64 remote_ingress_rate(const struct conn *c)
+/* The pod of this node at the remote end, if any. */
+static __always_inline struct ep_info *remote_pod(const struct conn *c)
 {
 	struct ep_key k = {};
-	struct ep_info *ep;
 
 	if (c->family == AF_INET) {
 		k.family = AF_INET;
@@ -79,9 +78,14 @@ static __always_inline __u64 remote_ingress_rate(const struct conn *c)
 		k.family = AF_INET6;
 		__builtin_memcpy(k.addr, c->remote, 16);
 	} else {
-		return 0;
+		return NULL;
 	}
-	ep = bpf_map_lookup_elem(&cni_endpoints, &k);
+	return bpf_map_lookup_elem(&cni_endpoints, &k);
+}
+
+/* Ingress limit of a pod, in bytes per second; 0: none. */
+static __always_inline __u64 ingress_rate(const struct ep_info *ep)
+{
 	if (!ep || !(ep->flags & EP_F_BW_INGRESS))
 		return 0;
 	struct bw_key bk = { .ifindex = ep->ifindex, .dir = DIR_INGRESS };
@@ -111,21 +115,23 @@ int cni_sock_ops(struct bpf_sock_ops *skops)
 	}
 	struct conn c = {};
 	read_conn(skops, &c);
-	if (is_local(&c)) {
-		/* No limit applies inside the pod: an accepted loopback connection
-		 * gets the largest buffer back. */
-		if (op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB && ns->rcvbuf)
-			set_rcvbuf(skops, 0x7fffffff);
-		return 1;
-	}
+	int local = is_local(&c);
+	struct ep_info *peer = local ? NULL : remote_pod(&c);
+	/* No small window towards the pod itself (loopback) or a pod of this
+	 * node: this program paces those senders and their packets skip the
+	 * ingress queue. An accepted connection gets the largest buffer back. */
 	if (op == BPF_SOCK_OPS_TCP_CONNECT_CB) {
-		if (ns->rcvbuf)
+		if (ns->rcvbuf && !local && !peer)
 			set_rcvbuf(skops, ns->rcvbuf);
 		return 1;
 	}
+	if (op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB && ns->rcvbuf && (local || peer))
+		set_rcvbuf(skops, 0x7fffffff);
+	if (local)
+		return 1;
 
 	__u64 rate = ns->egress_rate;
-	__u64 in = remote_ingress_rate(&c);
+	__u64 in = ingress_rate(peer);
 	if (in && (!rate || in < rate))
 		rate = in;
 	if (rate) {

@@ -85,7 +85,7 @@ int cni_to_container(struct __sk_buff *skb)
 	}
 	/* The ingress queue's admission (lib/bandwidth.h); the helper marks only
 	 * ECN-capable packets. */
-	enum bw_verdict v = bw_charge(skb->ifindex, DIR_INGRESS, skb->len);
+	enum bw_verdict v = bw_charge(skb->ifindex, DIR_INGRESS, skb->len, 1);
 	if (v == BW_DROP) {
 		count(skb->ifindex, DIR_INGRESS, REASON_DROP_BANDWIDTH, skb->len);
 		return TC_ACT_SHOT;

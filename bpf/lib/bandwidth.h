@@ -16,12 +16,14 @@
  * the host veth: an HTB class at the ingress rate that counts bytes as this
  * bucket does (skb->len, through a size table), fed after this program. The
  * bucket then mirrors the queue: burst_ns - tokens_ns is its backlog in ns.
- * The program decides what enters it: within burst_ns (the queue's capacity)
- * a packet is admitted, beyond it dropped; over mark_ns of backlog ECN-capable
- * packets are marked CE instead of waiting for a drop. TCP senders that do
- * not use ECN are held back by the pod's receive window (sock_ops.c), so the
- * queue stays at a few milliseconds. Without HTB mark_ns is 0 and the bucket
- * polices alone, as before.
+ * The program decides what enters it: a packet is admitted while the backlog
+ * is within queue_ns (the queue's capacity), dropped beyond; over mark_ns of
+ * backlog ECN-capable packets are marked CE instead of waiting for a drop.
+ * TCP senders that do not use ECN are held back by the pod's receive window
+ * (sock_ops.c), so the queue stays at a few milliseconds. Packets that do
+ * not enter the queue (same-node traffic redirected into the pod) are only
+ * charged, against the burst as before. Without HTB queue_ns is 0 and the
+ * bucket polices alone.
  */
 #pragma once
 
@@ -36,12 +38,13 @@ struct bw_state {
 	struct bpf_spin_lock lock;
 	__u32 pad;
 	__u64 ns_per_byte; /* 16.16 fixed point: (1e9 << 16) / bytes per second */
-	__u64 burst_ns;    /* bucket depth, in ns at the rate (with a queue: its capacity) */
+	__u64 burst_ns;    /* bucket depth, in ns at the rate */
 	__s64 tokens_ns;   /* current fill; negative while paying off a packet */
 	__u64 last_ns;     /* bpf_ktime_get_ns() of the last refill */
 	__u64 rate_bps;    /* configured rate, bits per second (for dumps and CHECK) */
 	__u64 burst_bits;  /* effective burst, bits (for dumps and CHECK) */
-	__u64 mark_ns;     /* backlog above which ECN-capable packets are marked CE; 0: no queue, never */
+	__u64 queue_ns;    /* the ingress queue's capacity (backlog admitted into it); 0: no queue */
+	__u64 mark_ns;     /* backlog above which packets entering the queue are marked CE if ECN-capable */
 };
 
 struct {
@@ -57,8 +60,10 @@ enum bw_verdict {
 	BW_MARK = 2, /* pass, and mark CE if the packet is ECN-capable */
 };
 
-/* Charges a packet to a bucket. Unlimited interfaces pass. */
-static __always_inline enum bw_verdict bw_charge(__u32 ifindex, __u32 dir, __u32 len)
+/* Charges a packet to a bucket. queued: the packet goes on into the host
+ * veth's queue (if it has one), else straight into the pod. Unlimited
+ * interfaces pass. */
+static __always_inline enum bw_verdict bw_charge(__u32 ifindex, __u32 dir, __u32 len, int queued)
 {
 	struct bw_key k = { .ifindex = ifindex, .dir = dir };
 	struct bw_state *s = bpf_map_lookup_elem(&cni_bandwidth, &k);
@@ -75,9 +80,13 @@ static __always_inline enum bw_verdict bw_charge(__u32 ifindex, __u32 dir, __u32
 	if (t > (__s64)s->burst_ns)
 		t = s->burst_ns;
 	s->last_ns = now;
-	if (t >= 0) {
+	/* The least fill that still admits: not in debt, or for the queue its
+	 * capacity of backlog (which may reach below zero when the requested
+	 * burst is shorter). */
+	__s64 floor = queued && s->queue_ns ? (__s64)s->burst_ns - (__s64)s->queue_ns : 0;
+	if (t >= floor) {
 		t -= cost;
-		v = s->mark_ns && (__s64)s->burst_ns - t > (__s64)s->mark_ns ? BW_MARK : BW_PASS;
+		v = queued && s->queue_ns && (__s64)s->burst_ns - t > (__s64)s->mark_ns ? BW_MARK : BW_PASS;
 	}
 	s->tokens_ns = t;
 	bpf_spin_unlock(&s->lock);
@@ -87,7 +96,7 @@ static __always_inline enum bw_verdict bw_charge(__u32 ifindex, __u32 dir, __u32
 /* Returns 1 to admit the packet, 0 to drop it (paths with no queue behind). */
 static __always_inline int bw_admit(__u32 ifindex, __u32 dir, __u32 len)
 {
-	return bw_charge(ifindex, dir, len) != BW_DROP;
+	return bw_charge(ifindex, dir, len, 0) != BW_DROP;
 }
 
 /*

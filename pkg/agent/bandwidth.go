@@ -5,6 +5,7 @@ import (
 	"io"
 	"sort"
 	"text/tabwriter"
+	"time"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
@@ -12,13 +13,19 @@ import (
 // BandwidthRow is one direction's limit of one pod, with what passed and what
 // was dropped for exceeding it.
 type BandwidthRow struct {
-	Ifindex     uint32 `json:"ifindex"`
-	Interface   string `json:"interface,omitempty"`
-	Container   string `json:"containerID,omitempty"`
-	Pod         string `json:"pod,omitempty"`
-	Direction   string `json:"direction"` // ingress: into the pod
-	RateBps     uint64 `json:"rateBitsPerSecond"`
-	BurstBits   uint64 `json:"burstBits"`
+	Ifindex   uint32 `json:"ifindex"`
+	Interface string `json:"interface,omitempty"`
+	Container string `json:"containerID,omitempty"`
+	Pod       string `json:"pod,omitempty"`
+	Direction string `json:"direction"` // ingress: into the pod
+	RateBps   uint64 `json:"rateBitsPerSecond"`
+	BurstBits uint64 `json:"burstBits"`
+	// Queue is "htb" when an ingress queue drains the bucket, "" when the
+	// bucket polices alone; QueueNs its capacity, MarkNs the backlog over
+	// which ECN-capable packets entering it are marked CE.
+	Queue       string `json:"queue,omitempty"`
+	QueueNs     uint64 `json:"queueNs,omitempty"`
+	MarkNs      uint64 `json:"markNs,omitempty"`
 	Packets     uint64 `json:"packets"`
 	Bytes       uint64 `json:"bytes"`
 	DropPackets uint64 `json:"dropPackets"`
@@ -39,7 +46,11 @@ func Bandwidth(pinRoot, stateDir string) ([]BandwidthRow, error) {
 	recs := records(stateDir)
 	rows := make([]BandwidthRow, 0, len(lims))
 	for _, l := range lims {
-		r := BandwidthRow{Ifindex: l.Ifindex, Direction: l.Dir.String(), RateBps: l.Limit.RateBps, BurstBits: l.Limit.BurstBits}
+		r := BandwidthRow{Ifindex: l.Ifindex, Direction: l.Dir.String(), RateBps: l.Limit.RateBps, BurstBits: l.Limit.BurstBits,
+			QueueNs: l.Limit.QueueNs, MarkNs: l.Limit.MarkNs}
+		if r.QueueNs != 0 {
+			r.Queue = "htb"
+		}
 		r.Interface = ifName(int(l.Ifindex))
 		rec := recs[l.Ifindex]
 		r.Container, r.Pod = rec.ContainerID, rec.name()
@@ -77,10 +88,14 @@ func WriteBandwidth(w io.Writer, rows []BandwidthRow, format string) error {
 		return writeJSON(w, rows)
 	case "", "table":
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "IFINDEX\tINTERFACE\tPOD\tDIRECTION\tRATE\tBURST\tPACKETS\tBYTES\tDROPPED PKTS\tDROPPED BYTES")
+		fmt.Fprintln(tw, "IFINDEX\tINTERFACE\tPOD\tDIRECTION\tRATE\tBURST\tQUEUE\tPACKETS\tBYTES\tDROPPED PKTS\tDROPPED BYTES")
 		for _, r := range rows {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", r.Ifindex, dash(r.Interface), podLabel(r.Pod, r.Container), r.Direction,
-				humanBits(r.RateBps, "bit/s"), humanBits(r.BurstBits, "bit"), r.Packets, r.Bytes, r.DropPackets, r.DropBytes)
+			queue := "-"
+			if r.Queue != "" {
+				queue = fmt.Sprintf("%s %s, CE over %s", r.Queue, time.Duration(r.QueueNs), time.Duration(r.MarkNs))
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\n", r.Ifindex, dash(r.Interface), podLabel(r.Pod, r.Container), r.Direction,
+				humanBits(r.RateBps, "bit/s"), humanBits(r.BurstBits, "bit"), queue, r.Packets, r.Bytes, r.DropPackets, r.DropBytes)
 		}
 		return tw.Flush()
 	}

@@ -181,7 +181,7 @@ func (l *limits) checkQueue(m *maps.Maps, host netlink.Link) error {
 	}
 	if has {
 		l.ingress = &queued
-	} else if inMap != nil && inMap.MarkNs != 0 {
+	} else if inMap != nil && inMap.QueueNs != 0 {
 		return fmt.Errorf("host veth %s has lost its ingress queue (htb %s): map cni_bandwidth still expects it", name, netlink.HandleStr(queueHandle))
 	}
 	return nil
@@ -203,8 +203,8 @@ func (l limits) check(m *maps.Maps, ifindex int, hostIf string) error {
 		case d.want != nil && !ok:
 			return fmt.Errorf("map cni_bandwidth has no %s limit for %s (want %d bit/s)", d.dir, hostIf, d.want.RateBps)
 		case d.want != nil && got != *d.want:
-			return fmt.Errorf("map cni_bandwidth limits %s %s to %d bit/s burst %d bits mark %d ns, want %d bit/s burst %d bits mark %d ns",
-				hostIf, d.dir, got.RateBps, got.BurstBits, got.MarkNs, d.want.RateBps, d.want.BurstBits, d.want.MarkNs)
+			return fmt.Errorf("map cni_bandwidth limits %s %s to %d bit/s burst %d bits queue %d ns mark %d ns, want %d bit/s burst %d bits queue %d ns mark %d ns",
+				hostIf, d.dir, got.RateBps, got.BurstBits, got.QueueNs, got.MarkNs, d.want.RateBps, d.want.BurstBits, d.want.QueueNs, d.want.MarkNs)
 		}
 	}
 	return nil

@@ -22,8 +22,9 @@ import (
 //     and TCP pacing do (by default it counts every GSO segment's headers,
 //     about 4% more, and the bucket would then see a backlog that is not
 //     there, or miss one that is);
-//   - the bucket's depth is the queue's capacity: the program drops what would
-//     queue longer than that, marks ECN-capable packets CE beyond markDelay;
+//   - the program admits into the queue what would wait at most its capacity
+//     (queueDelay and the class's burst), drops the rest, and marks
+//     ECN-capable packets CE beyond markDelay of backlog;
 //   - the leaf's byte limit is only a backstop the bucket never lets fill.
 const (
 	queueHandle = 0x0001_0000 // 1:
@@ -66,18 +67,16 @@ func planIngressQueue(l maps.Limit, frame int) (ingressQueue, maps.Limit) {
 	f := uint64(frame)
 	// The class's burst: at most the requested (capped) burst, at least two
 	// frames (HTB sends whole packets).
-	burst := min(bytesIn(l.RateBps, classBurst), l.BurstBits/8)
-	burst = max(burst, 2*f)
-	capacity := max(bytesIn(l.RateBps, queueDelay), 4*f)
+	burst := max(min(bytesIn(l.RateBps, classBurst), l.BurstBits/8), 2*f)
+	// The bucket also covers what the class sends at line rate.
+	capacity := max(bytesIn(l.RateBps, queueDelay), 4*f) + burst
 	mark := max(bytesIn(l.RateBps, markDelay), 2*f)
-	depth := burst + capacity // the bucket also covers what the class sends at line rate
-	// A GSO packet admitted while the bucket is just not in debt can add 64 KiB.
-	limit := min(depth+64<<10, math.MaxUint32)
-	queued := maps.Limit{
-		RateBps:   l.RateBps,
-		BurstBits: depth * 8,
-		MarkNs:    uint64(float64(mark) * 8 / float64(l.RateBps) * 1e9),
-	}
+	// A GSO packet admitted while the backlog is just within the capacity
+	// can add 64 KiB.
+	limit := min(capacity+64<<10, math.MaxUint32)
+	ns := func(bytes uint64) uint64 { return uint64(float64(bytes) * 8 * 1e9 / float64(l.RateBps)) }
+	queued := l
+	queued.QueueNs, queued.MarkNs = ns(capacity), ns(mark)
 	return ingressQueue{rateBps: l.RateBps, burstBytes: uint32(min(burst, math.MaxUint32)), limitBytes: uint32(limit)}, queued
 }
 

@@ -26,10 +26,11 @@ const (
 // Limit is one direction's token bucket as configured.
 type Limit struct {
 	RateBps   uint64 // bits per second
-	BurstBits uint64 // bucket depth, bits (with an ingress queue: its capacity)
-	// MarkNs is the backlog of the ingress queue above which ECN-capable
-	// packets are marked CE; 0 when no queue drains the bucket.
-	MarkNs uint64
+	BurstBits uint64 // bucket depth, bits
+	// QueueNs is the capacity of the ingress queue that drains the bucket,
+	// in ns at the rate; 0: no queue. MarkNs is the backlog over which
+	// packets entering it are marked CE if ECN-capable.
+	QueueNs, MarkNs uint64
 }
 
 // bucket fills the map value for a limit, full, as of now.
@@ -49,6 +50,7 @@ func bucket(l Limit) (BandwidthState, error) {
 	s.LastNs = uint64(ts.Nano()) // bpf_ktime_get_ns() is CLOCK_MONOTONIC
 	s.RateBps = l.RateBps
 	s.BurstBits = l.BurstBits
+	s.QueueNs = l.QueueNs
 	s.MarkNs = l.MarkNs
 	return s, nil
 }
@@ -79,7 +81,7 @@ func (m *Maps) LookupLimit(ifindex int, dir Dir) (l Limit, ok bool, err error) {
 		}
 		return l, false, fmt.Errorf("read %s limit of ifindex %d: %w", dir, ifindex, err)
 	}
-	return Limit{RateBps: s.RateBps, BurstBits: s.BurstBits, MarkNs: s.MarkNs}, true, nil
+	return Limit{RateBps: s.RateBps, BurstBits: s.BurstBits, QueueNs: s.QueueNs, MarkNs: s.MarkNs}, true, nil
 }
 
 // DeleteLimits removes both directions' buckets of a host veth; absent is fine.
@@ -113,7 +115,7 @@ func (m *Maps) ListLimits() ([]LimitEntry, error) {
 	it := m.bandwidth().Iterate()
 	for it.Next(&k, &s) {
 		out = append(out, LimitEntry{Ifindex: k.Ifindex, Dir: Dir(k.Dir),
-			Limit: Limit{RateBps: s.RateBps, BurstBits: s.BurstBits, MarkNs: s.MarkNs}, TokensNs: s.TokensNs})
+			Limit: Limit{RateBps: s.RateBps, BurstBits: s.BurstBits, QueueNs: s.QueueNs, MarkNs: s.MarkNs}, TokensNs: s.TokensNs})
 	}
 	return out, it.Err()
 }

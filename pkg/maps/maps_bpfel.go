@@ -32,6 +32,7 @@ type mapsObjBwState struct {
 	LastNs    uint64
 	RateBps   uint64
 	BurstBits uint64
+	QueueNs   uint64
 	MarkNs    uint64
 }
 
