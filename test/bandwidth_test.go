@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os/exec"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -542,6 +543,67 @@ func TestBandwidthRemoteTCP(t *testing.T) {
 	}
 	e.mustDel(a, "remote-tcp")
 	e.assertClean()
+}
+
+// TestBandwidthOtherNodeTCP: the same for a pod on a second ebpf-cni node
+// over host-gw routes: that node does not pace towards a pod it does not
+// hold, so its stream meets the ingress queue as a remote host's does.
+func TestBandwidthOtherNodeTCP(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	a, b := lab.a, lab.b
+	peers := filepath.Join(t.TempDir(), "peers.json")
+	pj, _ := json.Marshal([]agent.Peer{
+		{NodeIP: labNodeA.String(), PodCIDRs: []string{labPodsA}},
+		{NodeIP: labNodeB.String(), PodCIDRs: []string{labPodsB}},
+	})
+	if err := os.WriteFile(peers, pj, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []*env{a, b} {
+		if _, err := e.masqAgent("peers", "--peers", peers); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pa, pb := a.newPod(), b.newPod()
+	a.cleanupDel(pa, "limited")
+	b.cleanupDel(pb, "sender")
+	const rate = 20e6
+	ra, err := a.addBW(pa, "limited", bandwidthArgs(rate, 0))
+	if err != nil {
+		t.Fatalf("ADD with bandwidth on node A: %v", err)
+	}
+	// The sender is limited too (its egress well above), so node B's pacing
+	// hook is attached and sees the stream's socket.
+	if _, err := b.addBW(pb, "sender", bandwidthArgs(0, 10*rate)); err != nil {
+		t.Fatalf("ADD on node B: %v", err)
+	}
+	a4 := v4Of(t, ra)
+	s := tcpStream(t, pb, pa, a4, 5*time.Second)
+	var worst float64
+	for _, bps := range s.intervals {
+		worst = max(worst, bps)
+	}
+	t.Logf("pod on another node at a %.0f Mbit/s limit: mean %.3fx, 1 s intervals %s, %d retransmitted segments",
+		rate/1e6, s.mean/rate, ratios(s.intervals, rate), s.retrans)
+	if s.mean < 0.85*rate || s.mean > 1.05*rate {
+		t.Errorf("mean %.1f Mbit/s, want %.1f-%.1f (0.85x-1.05x of the limit)", s.mean/1e6, 0.85*rate/1e6, 1.05*rate/1e6)
+	}
+	if worst > 1.10*rate {
+		t.Errorf("a 1 s interval carried %.1f Mbit/s, over 1.10x of the limit", worst/1e6)
+	}
+	a.mustDel(pa, "limited")
+	b.mustDel(pb, "sender")
+	// The host-gw routes are the agent's: an empty peers file removes them.
+	if err := os.WriteFile(peers, []byte("[]"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range []*env{a, b} {
+		if _, err := e.masqAgent("peers", "--peers", peers); err != nil {
+			t.Fatal(err)
+		}
+		e.assertClean()
+	}
 }
 
 func ratios(bps []float64, rate float64) string {
