@@ -3,9 +3,9 @@
 /*
  * Attached once per node to the cgroup2 root as a sock_ops program: when a TCP
  * connection is established in a pod with an egress limit, or towards a pod
- * with an ingress limit, cap the socket's pacing rate at that limit; before a
- * pod with an ingress limit listens or connects, bound its receive buffer (so
- * its window). See lib/bandwidth.h for why.
+ * with an ingress limit, cap the socket's pacing rate at that limit; when a
+ * pod with an ingress limit connects to, or accepts from, a peer this node does
+ * not pace, clamp its receive window. See lib/bandwidth.h for why.
  */
 #include "lib/endpoint.h"
 
@@ -15,14 +15,16 @@
 #ifndef SO_MAX_PACING_RATE
 #define SO_MAX_PACING_RATE 47
 #endif
-#ifndef SO_RCVBUF
-#define SO_RCVBUF 8
+#ifndef SOL_TCP
+#define SOL_TCP 6
+#endif
+#ifndef TCP_WINDOW_CLAMP
+#define TCP_WINDOW_CLAMP 10
 #endif
 
-/* SO_RCVBUF; the kernel caps it at net.core.rmem_max. */
-static __always_inline void set_rcvbuf(struct bpf_sock_ops *skops, int bytes)
+static __always_inline void clamp_window(struct bpf_sock_ops *skops, int bytes)
 {
-	bpf_setsockopt(skops, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof(bytes));
+	bpf_setsockopt(skops, SOL_TCP, TCP_WINDOW_CLAMP, &bytes, sizeof(bytes));
 }
 
 /* The connection's addresses, read field by field: the verifier only allows
@@ -99,36 +101,41 @@ int cni_sock_ops(struct bpf_sock_ops *skops)
 	__u32 op = skops->op;
 
 	if (op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB &&
-	    op != BPF_SOCK_OPS_TCP_LISTEN_CB && op != BPF_SOCK_OPS_TCP_CONNECT_CB)
+	    op != BPF_SOCK_OPS_TCP_CONNECT_CB && op != BPF_SOCK_OPS_HDR_OPT_LEN_CB)
 		return 1;
 
 	__u64 cookie = bpf_get_netns_cookie(skops);
 	struct netns_info *ns = bpf_map_lookup_elem(&cni_netns, &cookie);
 	if (!ns)
 		return 1;
-	/* The pod's receive buffer: set on the listener, which its connections
-	 * inherit with the window of their SYN-ACK, and before a connect's SYN. */
-	if (op == BPF_SOCK_OPS_TCP_LISTEN_CB) {
-		if (ns->rcvbuf)
-			set_rcvbuf(skops, ns->rcvbuf);
+	/* The kernel lifts a window clamp again: to the receive buffer's size
+	 * when the received segment size changes (the first full segment, at
+	 * least), and with the buffer when it autotunes it. So the clamp is
+	 * put back on every segment the socket sends (it has this callback only
+	 * while clamped, and the kernel does nothing when the clamp is already
+	 * in place): the window field is filled in after this callback. */
+	if (op == BPF_SOCK_OPS_HDR_OPT_LEN_CB) {
+		if (ns->rcv_wnd)
+			clamp_window(skops, ns->rcv_wnd);
 		return 1;
 	}
 	struct conn c = {};
 	read_conn(skops, &c);
-	int local = is_local(&c);
-	struct ep_info *peer = local ? NULL : remote_pod(&c);
-	/* No small window towards the pod itself (loopback) or a pod of this
-	 * node: this program paces those senders and their packets skip the
-	 * ingress queue. An accepted connection gets the largest buffer back. */
+	if (is_local(&c))
+		return 1;
+	struct ep_info *peer = remote_pod(&c);
+	/* No clamp towards pods of this node: this program paces them and their
+	 * packets skip the ingress queue. Before a connect's SYN, so that its
+	 * window starts small too. */
 	if (op == BPF_SOCK_OPS_TCP_CONNECT_CB) {
-		if (ns->rcvbuf && !local && !peer)
-			set_rcvbuf(skops, ns->rcvbuf);
+		if (ns->rcv_wnd && !peer)
+			clamp_window(skops, ns->rcv_wnd);
 		return 1;
 	}
-	if (op == BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB && ns->rcvbuf && (local || peer))
-		set_rcvbuf(skops, 0x7fffffff);
-	if (local)
-		return 1;
+	if (ns->rcv_wnd && !peer) {
+		clamp_window(skops, ns->rcv_wnd);
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+	}
 
 	__u64 rate = ns->egress_rate;
 	__u64 in = ingress_rate(peer);

@@ -701,9 +701,8 @@ func TestBandwidthRemoteUDPIsPoliced(t *testing.T) {
 	e.assertClean()
 }
 
-// rcvbufOf returns SO_RCVBUF of a connection (the kernel reports twice what
-// was set).
-func rcvbufOf(t *testing.T, c net.Conn) int {
+// sockOpt returns an integer socket option of a connection.
+func sockOpt(t *testing.T, c net.Conn, level, opt int) int {
 	t.Helper()
 	raw, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
@@ -711,7 +710,7 @@ func rcvbufOf(t *testing.T, c net.Conn) int {
 	}
 	var v int
 	var gerr error
-	if err := raw.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF) }); err != nil {
+	if err := raw.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), level, opt) }); err != nil {
 		t.Fatal(err)
 	}
 	if gerr != nil {
@@ -750,21 +749,22 @@ func acceptedFrom(t *testing.T, src, dst ns.NetNS, ip net.IP) (net.Conn, net.Con
 	return s, c
 }
 
-// TestBandwidthPodReceiveBuffer: the TCP sockets of a pod with an ingress
-// limit get a receive buffer of about 1.5 ms of the rate towards peers the
-// node does not pace (here the node's address stands for them), whether they
-// accept or connect, so that those keep little in flight; loopback
-// connections inside the pod, connections with pods of the same node (paced,
-// and outside the ingress queue) and pods without an ingress limit keep the
-// kernel's buffers.
-func TestBandwidthPodReceiveBuffer(t *testing.T) {
+// TestBandwidthPodReceiveWindow: the TCP sockets of a pod with an ingress
+// limit get their receive window clamped to about 2 ms of the rate towards
+// peers the node does not pace (here the node's address stands for them),
+// whether they accept or connect, and keep it through a transfer (the kernel
+// lifts the clamp, the hook puts it back); the receive buffer is left to the
+// kernel. Loopback connections inside the pod, connections with pods of the
+// same node (paced, and outside the ingress queue) and pods without an
+// ingress limit are not clamped.
+func TestBandwidthPodReceiveWindow(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	a, b := e.newPod(), e.newPod()
-	e.cleanupDel(a, "rcvbuf")
+	e.cleanupDel(a, "rcvwnd")
 	e.cleanupDel(b, "free")
 	const rate = 100e6
-	ra, err := e.addBW(a, "rcvbuf", bandwidthArgs(rate, 0))
+	ra, err := e.addBW(a, "rcvwnd", bandwidthArgs(rate, 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -783,14 +783,35 @@ func TestBandwidthPodReceiveBuffer(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	// 1.5 ms at 100 Mbit/s is 18750 bytes; the kernel reports it doubled.
-	const small = 2 * 18750
-	fromNode, _ := acceptedFrom(t, e.node, a, a4)
+	clamp := func(c net.Conn) int { return sockOpt(t, c, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP) }
+	const wnd = 100_000_000 / 8 * 2 / 1000 // 2 ms at 100 Mbit/s
+	fromNode, nodeEnd := acceptedFrom(t, e.node, a, a4)
 	_, toNode := acceptedFrom(t, a, e.node, nodeIP4)
 	for what, c := range map[string]net.Conn{"accepted from the node": fromNode, "connected to the node": toNode} {
-		if got := rcvbufOf(t, c); got != small {
-			t.Errorf("limited pod, %s: SO_RCVBUF %d, want %d", what, got, small)
+		if got := clamp(c); got != wnd {
+			t.Errorf("limited pod, %s: TCP_WINDOW_CLAMP %d, want %d", what, got, wnd)
 		}
+	}
+	// 4 MB through the accepted connection: the kernel lifts the clamp on
+	// the first full segment and as the buffer grows.
+	go func() {
+		buf := make([]byte, 64<<10)
+		for i := 0; i < 64; i++ {
+			if _, err := nodeEnd.Write(buf); err != nil {
+				return
+			}
+		}
+		nodeEnd.Close()
+	}()
+	fromNode.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if n, err := io.Copy(io.Discard, fromNode); err != nil || n != 4<<20 {
+		t.Fatalf("transfer into the limited pod: %d bytes, %v", n, err)
+	}
+	if got := clamp(fromNode); got != wnd {
+		t.Errorf("limited pod, after 4 MB from the node: TCP_WINDOW_CLAMP %d, want %d", got, wnd)
+	}
+	if got := sockOpt(t, fromNode, unix.SOL_SOCKET, unix.SO_RCVBUF); got < 64<<10 {
+		t.Errorf("limited pod, after 4 MB from the node: SO_RCVBUF %d: the buffer is the kernel's to size", got)
 	}
 	fromPod, _ := acceptedFrom(t, b, a, a4)
 	_, toPod := acceptedFrom(t, a, b, b4)
@@ -801,11 +822,12 @@ func TestBandwidthPodReceiveBuffer(t *testing.T) {
 		"limited pod, loopback accepted": loopS, "limited pod, loopback connected": loopC,
 		"unlimited pod, accepted from the limited one": free,
 	} {
-		if got := rcvbufOf(t, c); got <= small {
-			t.Errorf("%s: SO_RCVBUF %d, want the kernel's (over %d)", what, got, small)
+		// A fresh connection's own clamp is about 64 KiB, the initial window.
+		if got := clamp(c); got <= 2*wnd {
+			t.Errorf("%s: TCP_WINDOW_CLAMP %d, want the kernel's (over %d)", what, got, 2*wnd)
 		}
 	}
-	e.mustDel(a, "rcvbuf")
+	e.mustDel(a, "rcvwnd")
 	e.mustDel(b, "free")
 	e.assertClean()
 }

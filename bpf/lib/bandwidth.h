@@ -109,12 +109,12 @@ static __always_inline int bw_admit(__u32 ifindex, __u32 dir, __u32 len)
  *
  * Receive window. Senders on other hosts are not ours to pace; what bounds
  * their flight, and so the ingress queue above, is the window the pod
- * advertises. The same program sets SO_RCVBUF (which also stops the kernel's
- * receive-buffer autotuning) on the TCP sockets of a pod with an ingress
- * limit before their SYN or SYN-ACK goes out: about 1.5 ms of the rate. The
- * kernel keeps the window near the buffer's payload share (TCP_WINDOW_CLAMP
- * alone is reset by the kernel whenever the segment size changes). Loopback
- * connections inside the pod are given the largest buffer back.
+ * advertises. The same program clamps the receive window (TCP_WINDOW_CLAMP,
+ * about 2 ms of the rate) of the TCP sockets of a pod with an ingress limit,
+ * on connections with peers it does not pace, and puts the clamp back on the
+ * socket's every outgoing segment because the kernel lifts it. The receive
+ * buffer itself is left to the kernel's autotuning, so a reader that stalls
+ * for a while does not close the window.
  *
  * The root-cgroup hook sees sockets of every netns on the machine, so it acts
  * only on the netns this node's pods and the node itself live in.
@@ -124,7 +124,7 @@ static __always_inline int bw_admit(__u32 ifindex, __u32 dir, __u32 len)
 struct netns_info {
 	__u64 egress_rate; /* bytes per second the netns' pod may send; 0: none */
 	__u32 flags;
-	__u32 rcvbuf; /* SO_RCVBUF of the pod's TCP sockets (ingress limit); 0: the kernel's */
+	__u32 rcv_wnd; /* receive window clamp of the pod's TCP sockets (ingress limit), bytes; 0: none */
 };
 
 struct {

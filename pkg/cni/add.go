@@ -388,7 +388,7 @@ func Add(args *skel.CmdArgs) (err error) {
 	if lim.egress != nil {
 		egressBps = lim.egress.RateBps
 	}
-	created, err := dp.Maps.EnsureNetns(cookie, egressBps, lim.rcvbuf())
+	created, err := dp.Maps.EnsureNetns(cookie, egressBps, lim.rcvWnd(hostLink.Attrs().MTU))
 	if err != nil {
 		return mapError(err)
 	}

@@ -133,12 +133,12 @@ func (l *limits) queueIngress(host netlink.Link) error {
 	return nil
 }
 
-// rcvbuf is the SO_RCVBUF of the pod's TCP sockets; 0: the kernel's.
-func (l limits) rcvbuf() uint32 {
+// rcvWnd is the receive window clamp of the pod's TCP sockets; 0: none.
+func (l limits) rcvWnd(mtu int) uint32 {
 	if l.ingress == nil {
 		return 0
 	}
-	return podRcvbuf(l.ingress.RateBps)
+	return podRcvWnd(l.ingress.RateBps, mtu)
 }
 
 // install writes the buckets of a host veth.

@@ -40,13 +40,13 @@ const (
 	// markDelay is the backlog over which ECN-capable packets are marked CE,
 	// so that ECN senders slow down before anything queues for long.
 	markDelay = 2 * time.Millisecond
-	// rcvbufDelay sizes the pod's TCP receive buffer: senders the node does
-	// not pace keep about this much of the rate in flight, which is the
-	// queue they build (the window is about 1.5 times the SO_RCVBUF value).
-	rcvbufDelay = 1500 * time.Microsecond
-	// minRcvbuf keeps a window of two to three full segments at low rates,
-	// below which TCP only recovers from losses by timeouts.
-	minRcvbuf = 3000
+	// windowDelay sizes the pod's TCP receive window towards peers the node
+	// does not pace: they keep that much of the rate in flight, which is the
+	// queue they build.
+	windowDelay = 2 * time.Millisecond
+	// minWindowFrames keeps the window at three full segments at low rates:
+	// below that, TCP recovers from a loss only by a timeout.
+	minWindowFrames = 3
 )
 
 // ingressQueue is the qdisc set of one host veth.
@@ -80,10 +80,10 @@ func planIngressQueue(l maps.Limit, frame int) (ingressQueue, maps.Limit) {
 	return ingressQueue{rateBps: l.RateBps, burstBytes: uint32(min(burst, math.MaxUint32)), limitBytes: uint32(limit)}, queued
 }
 
-// podRcvbuf is the SO_RCVBUF for the TCP sockets of a pod with this ingress
-// rate.
-func podRcvbuf(rateBps uint64) uint32 {
-	return uint32(min(max(bytesIn(rateBps, rcvbufDelay), minRcvbuf), math.MaxInt32))
+// podRcvWnd is the receive window clamp of the TCP sockets of a pod with this
+// ingress rate; mtu is its interface's.
+func podRcvWnd(rateBps uint64, mtu int) uint32 {
+	return uint32(min(max(bytesIn(rateBps, windowDelay), minWindowFrames*uint64(mtu)), math.MaxInt32))
 }
 
 // errNoQueue: the kernel has no HTB (or no qdiscs); the bucket polices alone.

@@ -63,12 +63,16 @@ func TestPlanIngressQueue(t *testing.T) {
 
 const containerdBurstBits = 4294967295
 
-func TestPodRcvbuf(t *testing.T) {
-	for _, c := range []struct{ rate, want uint64 }{
-		{1e3, minRcvbuf}, {10e6, minRcvbuf}, {20e6, 3750}, {1e9, 187500}, {2e13, math.MaxInt32},
+func TestPodRcvWnd(t *testing.T) {
+	for _, c := range []struct {
+		rate uint64
+		mtu  int
+		want uint64
+	}{
+		{1e3, 1500, 4500}, {10e6, 1500, 4500}, {20e6, 1500, 5000}, {1e9, 1500, 250000}, {10e6, 9000, 27000}, {2e13, 1500, math.MaxInt32},
 	} {
-		if got := podRcvbuf(c.rate); uint64(got) != c.want {
-			t.Errorf("podRcvbuf(%d) = %d, want %d", c.rate, got, c.want)
+		if got := podRcvWnd(c.rate, c.mtu); uint64(got) != c.want {
+			t.Errorf("podRcvWnd(%d, %d) = %d, want %d", c.rate, c.mtu, got, c.want)
 		}
 	}
 }

@@ -140,17 +140,17 @@ func (m *Maps) PutNetns(cookie uint64, egressRateBps uint64, flags uint32) error
 
 // EnsureNetns registers a pod's netns unless it is already (a pod with a
 // second interface): the entry is the pod's, so a second interface only
-// adds an egress rate or a receive buffer where the pod had none. rcvbuf is
-// the SO_RCVBUF in bytes of the pod's TCP sockets (0: the kernel's). created
-// tells whether this call made the entry (an ADD that fails removes only what
-// it made).
-func (m *Maps) EnsureNetns(cookie uint64, egressRateBps uint64, rcvbuf uint32) (created bool, err error) {
+// adds an egress rate or a receive window where the pod had none. rcvWnd is
+// the receive window clamp in bytes of the pod's TCP sockets towards peers
+// the node does not pace (0: none). created tells whether this call made the
+// entry (an ADD that fails removes only what it made).
+func (m *Maps) EnsureNetns(cookie uint64, egressRateBps uint64, rcvWnd uint32) (created bool, err error) {
 	mp := m.byName[nameNetns]
 	for try := 0; ; try++ {
 		var cur NetnsInfo
 		err := mp.Lookup(&cookie, &cur)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			v := NetnsInfo{EgressRate: egressRateBps / 8, Rcvbuf: rcvbuf}
+			v := NetnsInfo{EgressRate: egressRateBps / 8, RcvWnd: rcvWnd}
 			err = mp.Update(&cookie, &v, ebpf.UpdateNoExist)
 			if err == nil {
 				return true, nil
@@ -167,8 +167,8 @@ func (m *Maps) EnsureNetns(cookie uint64, egressRateBps uint64, rcvbuf uint32) (
 		if cur.EgressRate == 0 && egressRateBps != 0 {
 			cur.EgressRate, changed = egressRateBps/8, true
 		}
-		if cur.Rcvbuf == 0 && rcvbuf != 0 {
-			cur.Rcvbuf, changed = rcvbuf, true
+		if cur.RcvWnd == 0 && rcvWnd != 0 {
+			cur.RcvWnd, changed = rcvWnd, true
 		}
 		if !changed {
 			return false, nil

@@ -166,7 +166,7 @@ type mapsObjNetnsInfo struct {
 	_          structs.HostLayout
 	EgressRate uint64
 	Flags      uint32
-	Rcvbuf     uint32
+	RcvWnd     uint32
 }
 
 type mapsObjSfKey struct {
