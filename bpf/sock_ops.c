@@ -101,7 +101,7 @@ int cni_sock_ops(struct bpf_sock_ops *skops)
 	__u32 op = skops->op;
 
 	if (op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB &&
-	    op != BPF_SOCK_OPS_TCP_CONNECT_CB && op != BPF_SOCK_OPS_HDR_OPT_LEN_CB)
+	    op != BPF_SOCK_OPS_RWND_INIT && op != BPF_SOCK_OPS_HDR_OPT_LEN_CB)
 		return 1;
 
 	__u64 cookie = bpf_get_netns_cookie(skops);
@@ -125,11 +125,13 @@ int cni_sock_ops(struct bpf_sock_ops *skops)
 		return 1;
 	struct ep_info *peer = remote_pod(&c);
 	/* No clamp towards pods of this node: this program paces them and their
-	 * packets skip the ingress queue. Before a connect's SYN, so that its
-	 * window starts small too. */
-	if (op == BPF_SOCK_OPS_TCP_CONNECT_CB) {
+	 * packets skip the ingress queue. The window of the SYN or SYN-ACK
+	 * (whose right edge the kernel never takes back) is as small, in full
+	 * segments: unlike a clamp on the listener it leaves the window scale
+	 * alone. */
+	if (op == BPF_SOCK_OPS_RWND_INIT) {
 		if (ns->rcv_wnd && !peer)
-			clamp_window(skops, ns->rcv_wnd);
+			skops->reply = ns->rcv_wnd / 1460 > 2 ? ns->rcv_wnd / 1460 : 2;
 		return 1;
 	}
 	if (ns->rcv_wnd && !peer) {
