@@ -786,10 +786,28 @@ func TestBandwidthPodReceiveWindow(t *testing.T) {
 	clamp := func(c net.Conn) int { return sockOpt(t, c, unix.IPPROTO_TCP, unix.TCP_WINDOW_CLAMP) }
 	const wnd = 100_000_000 / 8 * 2 / 1000 // 2 ms at 100 Mbit/s
 	fromNode, nodeEnd := acceptedFrom(t, e.node, a, a4)
-	_, toNode := acceptedFrom(t, a, e.node, nodeIP4)
+	nodeAccepted, toNode := acceptedFrom(t, a, e.node, nodeIP4)
 	for what, c := range map[string]net.Conn{"accepted from the node": fromNode, "connected to the node": toNode} {
 		if got := clamp(c); got != wnd {
 			t.Errorf("limited pod, %s: TCP_WINDOW_CLAMP %d, want %d", what, got, wnd)
+		}
+	}
+	// The window of the pod's SYN-ACK or SYN, as the node's end saw it
+	// before any data: no larger than the clamp either (rounded up to the
+	// window scale's unit, at most 1 KiB here).
+	for what, c := range map[string]net.Conn{"SYN-ACK to the node": nodeEnd, "SYN to the node": nodeAccepted} {
+		var info *unix.TCPInfo
+		raw, err := c.(*net.TCPConn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var gerr error
+		raw.Control(func(fd uintptr) { info, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
+		if gerr != nil {
+			t.Fatal(gerr)
+		}
+		if info.Snd_wnd == 0 || info.Snd_wnd > wnd+1024 {
+			t.Errorf("limited pod, window of its %s: %d, want at most %d", what, info.Snd_wnd, wnd+1024)
 		}
 	}
 	// 4 MB through the accepted connection: the kernel lifts the clamp on
