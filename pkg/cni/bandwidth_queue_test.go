@@ -69,7 +69,7 @@ func TestPodRcvWnd(t *testing.T) {
 		mtu  int
 		want uint64
 	}{
-		{1e3, 1500, 4500}, {10e6, 1500, 4500}, {20e6, 1500, 5000}, {1e9, 1500, 250000}, {10e6, 9000, 27000}, {2e13, 1500, math.MaxInt32},
+		{1e3, 1500, 3000}, {10e6, 1500, 3000}, {20e6, 1500, 5000}, {1e9, 1500, 250000}, {10e6, 9000, 18000}, {2e13, 1500, math.MaxInt32},
 	} {
 		if got := podRcvWnd(c.rate, c.mtu); uint64(got) != c.want {
 			t.Errorf("podRcvWnd(%d, %d) = %d, want %d", c.rate, c.mtu, got, c.want)
