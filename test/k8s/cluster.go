@@ -362,6 +362,10 @@ func (c *cluster) nodeMounts(n *node) error {
 	}
 	script.WriteString("mount -t bpf bpffs /sys/fs/bpf\n")
 	script.WriteString("mkdir -p /etc/cni/net.d /opt/cni/bin /var/lib/cni /var/lib/kubelet /var/log/pods\n")
+	// Shared inside the node (new peer groups: nothing propagates to the
+	// host), as on a systemd host: kubelet accepts HostToContainer and
+	// Bidirectional volume mounts only from shared or slave mounts.
+	script.WriteString("mount --make-rshared /\n")
 	if err := os.MkdirAll(n.dir, 0o755); err != nil {
 		return err
 	}
@@ -434,6 +438,9 @@ func (c *cluster) controlPlane(ctx context.Context) error {
 		"--kubelet-client-key", p.path("apiserver-kubelet-client.key"),
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file", p.path("sa.pub"), "--service-account-signing-key-file", p.path("sa.key"),
+		// Node names resolve nowhere (no DNS outside the cluster): reach
+		// kubelets by their InternalIP.
+		"--kubelet-preferred-address-types", "InternalIP",
 		"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
 		"--allow-privileged", "--profiling=false", "--v=1"); err != nil {
 		return err
@@ -452,7 +459,9 @@ func (c *cluster) controlPlane(ctx context.Context) error {
 		"--root-ca-file", p.path("ca.crt"), "--service-account-private-key-file", p.path("sa.key"),
 		"--use-service-account-credentials",
 		"--cluster-signing-cert-file", p.path("ca.crt"), "--cluster-signing-key-file", p.path("ca.key"),
-		"--controllers", "*,bootstrapsigner,tokencleaner", "--v=1"); err != nil {
+		"--controllers", "*,bootstrapsigner,tokencleaner",
+		// Its default is under /usr/libexec on the host, which it would create.
+		"--flex-volume-plugin-dir", filepath.Join(c.work, "flexvolume"), "--v=1"); err != nil {
 		return err
 	}
 	_, err = c.start("kube-scheduler", c.cp, false, "cp", c.a.path("kube-scheduler"),

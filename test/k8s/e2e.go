@@ -25,11 +25,11 @@ func (c *cluster) runE2E(ctx context.Context) (*results, error) {
 	if err := os.MkdirAll(repDir, 0o755); err != nil {
 		return nil, err
 	}
-	junit := filepath.Join(c.o.out, "junit.xml")
+	junit := filepath.Join(c.o.out, "junit.xml") // ginkgo writes it under --output-dir
 	args := []string{"nsenter", "-t", strconv.Itoa(c.cp.cmd.Process.Pid), "-n", "--",
 		c.a.path("ginkgo"), "--procs", strconv.Itoa(c.o.procs), "--timeout", c.o.timeout.String(),
 		"--focus", c.o.focus, "--skip", c.o.skip, "--no-color", "-v",
-		"--junit-report", junit, "--output-dir", c.o.out,
+		"--junit-report", filepath.Base(junit), "--output-dir", c.o.out,
 		c.a.path("e2e.test"), "--",
 		"--kubeconfig", c.admin, "--provider", "skeleton", "--num-nodes", strconv.Itoa(numNodes),
 		"--kubectl-path", c.a.path("kubectl"), "--report-dir", repDir, "--e2e-output-dir", repDir,
@@ -53,10 +53,17 @@ func (c *cluster) runE2E(ctx context.Context) (*results, error) {
 		// The log whole; on the terminal, ginkgo's one line per finished spec.
 		sc := bufio.NewScanner(pr)
 		sc.Buffer(make([]byte, 1<<20), 1<<24)
+		mark := "" // "• [FAILED] [2.1 seconds]": the spec's name is the next line
 		for sc.Scan() {
 			l := sc.Text()
 			fmt.Fprintln(lf, l)
-			if strings.HasPrefix(l, "• ") || strings.HasPrefix(l, "Ran ") || strings.HasPrefix(l, "  [FAIL]") {
+			switch {
+			case mark != "":
+				logf("  %s %s", mark, l)
+				mark = ""
+			case strings.HasPrefix(l, "• "):
+				mark = l
+			case strings.HasPrefix(l, "Ran "):
 				logf("  %s", l)
 			}
 		}
