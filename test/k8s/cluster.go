@@ -58,6 +58,8 @@ type cluster struct {
 	sysctls  map[string]string // machine-wide values kubelet may change, as found
 	netnsIDs []string          // inode ids of the run's namespaces (leak check)
 	admin    string            // admin kubeconfig
+
+	cgProgsDuring map[string]bool // cgroup2 root hooks just before teardown
 }
 
 func newCluster(o options, a *artifacts) *cluster {
@@ -117,8 +119,8 @@ func (c *cluster) cgroupDirs(sub string) ([]string, error) {
 	return dirs, nil
 }
 
-// start runs args inside the namespaces of holder (network; mount too when
-// mnt), in the cgroup k8se-<id>/<cg>, logging to logs/<name>.log. A nil
+// start runs args inside the namespaces of holder (network; mount and UTS
+// too when mnt), in the cgroup k8se-<id>/<cg>, logging to logs/<name>.log. A nil
 // holder runs it in the host's namespaces (only the holders themselves).
 func (c *cluster) start(name string, holder *proc, mnt bool, cg string, args ...string) (*proc, error) {
 	dirs, err := c.cgroupDirs(cg)
@@ -136,7 +138,7 @@ func (c *cluster) start(name string, holder *proc, mnt bool, cg string, args ...
 	if holder != nil {
 		ns := []string{"nsenter", "-t", strconv.Itoa(holder.cmd.Process.Pid), "-n"}
 		if mnt {
-			ns = append(ns, "-m")
+			ns = append(ns, "-m", "-u")
 		}
 		full = append(full, append(ns, "--")...)
 	}
@@ -183,7 +185,7 @@ func sh(args ...string) (string, error) {
 func in(holder *proc, mnt bool, args ...string) (string, error) {
 	ns := []string{"nsenter", "-t", strconv.Itoa(holder.cmd.Process.Pid), "-n"}
 	if mnt {
-		ns = append(ns, "-m")
+		ns = append(ns, "-m", "-u")
 	}
 	return sh(append(append(ns, "--"), args...)...)
 }
@@ -280,7 +282,7 @@ func (c *cluster) network() error {
 	}
 	for _, n := range c.nodes {
 		if n.holder, err = c.start("netns-"+n.name, nil, false, n.name,
-			"unshare", "--net", "--mount", "--propagation", "private", "--", "sleep", "infinity"); err != nil {
+			"unshare", "--net", "--mount", "--uts", "--propagation", "private", "--", "sleep", "infinity"); err != nil {
 			return err
 		}
 	}
@@ -326,6 +328,10 @@ func (c *cluster) network() error {
 			if _, err := in(c.cp, false, s...); err != nil {
 				return err
 			}
+		}
+		// Its own hostname: hostNetwork pods report the node's.
+		if _, err := in(n.holder, true, "hostname", n.name); err != nil {
+			return err
 		}
 		for _, s := range [][]string{
 			{"ip", "link", "set", "lo", "up"},

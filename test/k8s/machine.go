@@ -81,6 +81,7 @@ type state struct {
 	hostDirs map[string]bool // paths a careless node would create on the host
 	pins     map[string]bool // /sys/fs/bpf entries
 	rules    map[string]string
+	cgProgs  map[string]bool // socket hooks on the cgroup2 root
 }
 
 var hostPaths = []string{
@@ -129,7 +130,7 @@ func rulesets() map[string]string {
 }
 
 func snapshot(c *cluster) (*state, error) {
-	s := &state{sysctls: readSysctls(), mounts: mountPoints(), hostDirs: map[string]bool{}, pins: map[string]bool{}, rules: rulesets()}
+	s := &state{sysctls: readSysctls(), mounts: mountPoints(), hostDirs: map[string]bool{}, pins: map[string]bool{}, rules: rulesets(), cgProgs: cgroupRootProgs()}
 	for _, p := range hostPaths {
 		if _, err := os.Lstat(p); err == nil {
 			s.hostDirs[p] = true
@@ -174,6 +175,15 @@ func compare(before *state, c *cluster) []string {
 	for _, ns := range c.liveNetns() {
 		add("network namespace %s still referenced", ns)
 	}
+	// Hooks that appeared while the cluster ran and are still attached
+	// (another session's tests attach their own too; ours are among those
+	// only if a node's pinned link outlived it).
+	now := cgroupRootProgs()
+	for p := range c.cgProgsDuring {
+		if !before.cgProgs[p] && now[p] {
+			add("socket hook %s attached to the cgroup2 root during the run is still attached", p)
+		}
+	}
 	after2 := rulesets()
 	for k, v := range before.rules {
 		if after2[k] != v {
@@ -207,6 +217,11 @@ func lineDiff(a, b string) string {
 		out = append(out[:20], "    ...")
 	}
 	return strings.Join(out, "\n")
+}
+
+func isCgroup2(p string) bool {
+	var st syscall.Statfs_t
+	return syscall.Statfs(p, &st) == nil && st.Type == 0x63677270 // CGROUP2_SUPER_MAGIC
 }
 
 func cmdline(pid int) string {

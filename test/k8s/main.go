@@ -159,6 +159,7 @@ func run(o options) int {
 		logf("error: %v", runErr)
 	}
 	c.collectLogs()
+	c.cgProgsDuring = cgroupRootProgs()
 	t = time.Now()
 	c.down()
 	leaks := compare(before, c)
