@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -36,7 +37,7 @@ func (c *cluster) installCNI(ctx context.Context) error {
 	if err := c.apply(string(b)); err != nil {
 		return err
 	}
-	return c.waitFor(ctx, "ebpf-cni DaemonSet ready on every node", 3*time.Minute, func() error {
+	if err := c.waitFor(ctx, "ebpf-cni DaemonSet ready on every node", 3*time.Minute, func() error {
 		out, err := c.kubectl("-n", "kube-system", "get", "daemonset", "ebpf-cni", "-o",
 			"jsonpath={.status.numberReady}/{.status.desiredNumberScheduled}")
 		if err != nil {
@@ -46,7 +47,76 @@ func (c *cluster) installCNI(ctx context.Context) error {
 			return fmt.Errorf("ready/desired %s", out)
 		}
 		return nil
-	})
+	}); err != nil {
+		return err
+	}
+	return c.checkAgents()
+}
+
+// agentCaps: the capabilities deploy/ebpf-cni.yaml gives the agent
+// (CAP_NET_ADMIN 12, CAP_PERFMON 38, CAP_BPF 39), and nothing else.
+const agentCaps = 1<<12 | 1<<38 | 1<<39
+
+// checkAgents proves the DaemonSet's agent runs on each node as the
+// manifest declares: exactly its capabilities in effect, the node's bpffs
+// (the pins are in the node's private bpffs) and the cgroup2 hierarchy
+// seen from inside the container (it attached the socket hooks itself).
+func (c *cluster) checkAgents() error {
+	for _, n := range c.nodes {
+		pid, err := c.agentPid(n)
+		if err != nil {
+			return err
+		}
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			return err
+		}
+		var capEff uint64
+		for _, l := range strings.Split(string(st), "\n") {
+			if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+				fmt.Sscanf(strings.TrimSpace(v), "%x", &capEff)
+			}
+		}
+		if capEff != agentCaps {
+			return fmt.Errorf("%s: agent (pid %d) has capabilities %#x, the manifest declares %#x", n.name, pid, capEff, agentCaps)
+		}
+		if _, err := in(n.holder, true, "test", "-d", "/sys/fs/bpf/ebpf-cni/maps_v1"); err != nil {
+			return fmt.Errorf("%s: no maps pinned in the node's bpffs: %w", n.name, err)
+		}
+		pod, err := c.kubectl("-n", "kube-system", "get", "pods", "-l", "app.kubernetes.io/name=ebpf-cni",
+			"--field-selector", "spec.nodeName="+n.name, "-o", "jsonpath={.items[0].metadata.name}")
+		if err != nil {
+			return err
+		}
+		logs, err := c.kubectl("-n", "kube-system", "logs", pod, "-c", "agent")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(logs, "hostPort hooks (start): cgroup /sys/fs/cgroup") {
+			return fmt.Errorf("%s: the agent did not attach the socket hooks to cgroup2:\n%s", n.name, tail(logs, 10))
+		}
+		logf("%s: agent pid %d, capabilities exactly NET_ADMIN BPF PERFMON, pins in the node's bpffs, socket hooks on cgroup2", n.name, pid)
+	}
+	return nil
+}
+
+// agentPid: the `ebpf-agent run` process in the node's pod cgroups.
+func (c *cluster) agentPid(n *node) (int, error) {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if !strings.Contains(cmdline(pid), "ebpf-agent run") {
+			continue
+		}
+		cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if strings.Contains(string(cg), "/"+c.cgName+"/"+n.name+"-pods/") {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("%s: no ebpf-agent process in the node's pods", n.name)
 }
 
 func (c *cluster) installReference(n *node) error {
