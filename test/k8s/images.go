@@ -246,27 +246,7 @@ func resolveDeps(ctx context.Context, pkgs []string) ([]string, error) {
 		if err != nil {
 			return nil, fmt.Errorf("apt-cache depends: %w (run apt-get update?)", err)
 		}
-		sc := bufio.NewScanner(bytes.NewReader(out))
-		altOfPrevious := false
-		for sc.Scan() {
-			l := sc.Text()
-			if !strings.HasPrefix(l, " ") {
-				altOfPrevious = false
-				continue
-			}
-			t := strings.TrimSpace(l)
-			isAlt := strings.HasPrefix(t, "|")
-			t = strings.TrimPrefix(t, "|")
-			kind, name, ok := strings.Cut(t, ": ")
-			if !ok || (kind != "Depends" && kind != "PreDepends") {
-				altOfPrevious = false
-				continue
-			}
-			if !altOfPrevious && !strings.HasPrefix(name, "<") {
-				queue = append(queue, strings.TrimSuffix(name, ":any"))
-			}
-			altOfPrevious = isAlt
-		}
+		queue = parseDepends(out)
 	}
 	var all []string
 	for p := range seen {
@@ -274,4 +254,33 @@ func resolveDeps(ctx context.Context, pkgs []string) ([]string, error) {
 	}
 	sort.Strings(all)
 	return all, nil
+}
+
+// parseDepends reads `apt-cache depends` output: the Depends and
+// PreDepends of each package, first alternative only (a line starting with
+// "|" says the next line is its alternative), no virtual "<name>".
+func parseDepends(out []byte) []string {
+	var deps []string
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	altOfPrevious := false
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasPrefix(l, " ") {
+			altOfPrevious = false
+			continue
+		}
+		t := strings.TrimSpace(l)
+		isAlt := strings.HasPrefix(t, "|")
+		t = strings.TrimPrefix(t, "|")
+		kind, name, ok := strings.Cut(t, ": ")
+		if !ok || (kind != "Depends" && kind != "PreDepends") {
+			altOfPrevious = false
+			continue
+		}
+		if !altOfPrevious && !strings.HasPrefix(name, "<") {
+			deps = append(deps, strings.TrimSuffix(name, ":any"))
+		}
+		altOfPrevious = isAlt
+	}
+	return deps
 }

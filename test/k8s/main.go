@@ -93,7 +93,15 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Hour, "suite timeout")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (configs, certificates) after teardown")
 	flag.BoolVar(&o.buildOnly, "build-only", false, "build binaries and images into the cache, then stop")
+	cmp := flag.String("compare", "", "comma-separated results.json files: print one markdown table of them and exit")
 	flag.Parse()
+	if *cmp != "" {
+		if err := compareResults(os.Stdout, strings.Split(*cmp, ",")); err != nil {
+			fmt.Fprintln(os.Stderr, "k8s-e2e:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *quick {
 		o.focus = quickFocus
 	}
