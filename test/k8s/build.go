@@ -23,6 +23,7 @@ const (
 	busyboxImage   = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"
 	dnsutilsImage  = "registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7"
 	corednsImage   = "registry.k8s.io/coredns/coredns:" + corednsVersion
+	iptablesImage  = "registry.k8s.io/build-image/distroless-iptables:v0.7.14"
 	// deploy/ebpf-cni.yaml names "ebpf-cni/ebpf-cni:dev"; the kubelet asks
 	// containerd for its normalized form.
 	ebpfCNIImage = "docker.io/ebpf-cni/ebpf-cni:dev"
@@ -31,6 +32,7 @@ const (
 // artifacts: paths of everything the cluster needs.
 type artifacts struct {
 	k8sVersion string
+	k8sSrc     string            // k8s.io/kubernetes in the module cache (agnhost's porter certificate)
 	bin        map[string]string // name -> path (kube-*, kubectl, kubelet, etcd, e2e.test, ginkgo, coredns, CNI plugins, ebpf-*)
 	images     []string          // OCI archives to import into every node
 }
@@ -72,6 +74,13 @@ func buildAll(ctx context.Context, o options) (*artifacts, error) {
 	}); err != nil {
 		return nil, err
 	}
+	list := exec.CommandContext(ctx, "go", "list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes")
+	list.Dir, list.Env = toolsDir, append(os.Environ(), "GOTOOLCHAIN=local")
+	dir, err := list.Output()
+	if err != nil {
+		return nil, fmt.Errorf("locate k8s.io/kubernetes in the module cache: %w", err)
+	}
+	a.k8sSrc = strings.TrimSpace(string(dir))
 	for _, b := range append(append([]string{}, k8sBins...), "etcd", "e2e.test", "agnhost", "ginkgo") {
 		a.bin[b] = filepath.Join(kdir, b)
 	}

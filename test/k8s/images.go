@@ -24,6 +24,7 @@ import (
 var toolPackages = []string{
 	"dash", "bash", "coreutils", "netcat-openbsd", "curl", "wget", "iproute2", "iputils-ping",
 	"bind9-dnsutils", "grep", "sed", "mawk", "findutils", "procps", "libc-bin", "hostname", "base-passwd",
+	"conntrack", "iptables", // distroless-iptables: conntrack -L in a hostNetwork pod
 }
 
 // Packages never unpacked into an image: maintainer-script machinery the
@@ -39,6 +40,13 @@ var rootfsLinks = map[string]string{
 	"/bin/sh":      "dash",
 	"/usr/bin/awk": "mawk",
 	"/bin/nc":      "nc.openbsd",
+	// iptables-nft, Debian's default backend and this machine's.
+	"/usr/sbin/iptables":          "iptables-nft",
+	"/usr/sbin/iptables-save":     "iptables-nft-save",
+	"/usr/sbin/iptables-restore":  "iptables-nft-restore",
+	"/usr/sbin/ip6tables":         "ip6tables-nft",
+	"/usr/sbin/ip6tables-save":    "ip6tables-nft-save",
+	"/usr/sbin/ip6tables-restore": "ip6tables-nft-restore",
 }
 
 func buildImages(ctx context.Context, o options, a *artifacts) error {
@@ -73,6 +81,13 @@ func buildImages(ctx context.Context, o options, a *artifacts) error {
 				func() error { return im.File("/agnhost", a.path("agnhost")) },
 				func() error { return im.Symlink("/agnhost-2", "agnhost") },
 				func() error { return im.Dir("/uploads", 0o755) },
+				// porter's TLS ports serve the certificate shipped beside it.
+				func() error {
+					return im.File("/localhost.crt", filepath.Join(a.k8sSrc, "test/images/agnhost/porter/localhost.crt"))
+				},
+				func() error {
+					return im.File("/localhost.key", filepath.Join(a.k8sSrc, "test/images/agnhost/porter/localhost.key"))
+				},
 			} {
 				if err := s(); err != nil {
 					return err
@@ -83,6 +98,14 @@ func buildImages(ctx context.Context, o options, a *artifacts) error {
 		{"jessie-dnsutils.tar", func(out string) error {
 			// dig and the shell tools; the DNS specs' probe pods run sh -c scripts.
 			im := ociimage.New(dnsutilsImage, arch)
+			im.Entrypoint = []string{"/bin/sh"}
+			if err := im.Tree("/", root); err != nil {
+				return err
+			}
+			return im.Write(out)
+		}},
+		{"distroless-iptables.tar", func(out string) error {
+			im := ociimage.New(iptablesImage, arch)
 			im.Entrypoint = []string{"/bin/sh"}
 			if err := im.Tree("/", root); err != nil {
 				return err
