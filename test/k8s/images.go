@@ -80,6 +80,9 @@ func buildImages(ctx context.Context, o options, a *artifacts) error {
 			for _, s := range []func() error{
 				func() error { return im.File("/agnhost", a.path("agnhost")) },
 				func() error { return im.Symlink("/agnhost-2", "agnhost") },
+				// Upstream's image carries a CoreDNS (1.6.2) as /coredns: the
+				// DNS specs with a custom resolv.conf run it as their server.
+				func() error { return im.File("/coredns", a.path("coredns")) },
 				func() error { return im.Dir("/uploads", 0o755) },
 				// porter's TLS ports serve the certificate shipped beside it.
 				func() error {
