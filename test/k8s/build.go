@@ -17,13 +17,14 @@ import (
 // Versions. Kubernetes and what it pins (etcd, ginkgo) come from
 // test/k8s/tools/go.mod; the rest are named here.
 const (
-	corednsVersion = "v1.12.1"
-	pauseImage     = "registry.k8s.io/pause:3.10.1"
-	agnhostImage   = "registry.k8s.io/e2e-test-images/agnhost:2.56"
-	busyboxImage   = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"
-	dnsutilsImage  = "registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7"
-	corednsImage   = "registry.k8s.io/coredns/coredns:" + corednsVersion
-	iptablesImage  = "registry.k8s.io/build-image/distroless-iptables:v0.7.14"
+	corednsVersion  = "v1.12.1"
+	pauseImage      = "registry.k8s.io/pause:3.10.1"
+	agnhostImage    = "registry.k8s.io/e2e-test-images/agnhost:2.56"
+	busyboxImage    = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"
+	dnsutilsImage   = "registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7"
+	corednsImage    = "registry.k8s.io/coredns/coredns:" + corednsVersion
+	iptablesImage   = "registry.k8s.io/build-image/distroless-iptables:v0.7.14"
+	regressionImage = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.2"
 	// deploy/ebpf-cni.yaml names "ebpf-cni/ebpf-cni:dev"; the kubelet asks
 	// containerd for its normalized form.
 	ebpfCNIImage = "docker.io/ebpf-cni/ebpf-cni:dev"
@@ -47,6 +48,9 @@ func (a *artifacts) path(name string) string {
 
 var k8sBins = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl"}
 
+// Test images' programs built from k8s.io/kubernetes/test/images.
+var k8sTestBins = []string{"agnhost", "regression-issue-74839"}
+
 // buildAll builds or reuses every binary and image.
 func buildAll(ctx context.Context, o options) (*artifacts, error) {
 	a := &artifacts{bin: map[string]string{}}
@@ -64,8 +68,9 @@ func buildAll(ctx context.Context, o options) (*artifacts, error) {
 		return nil, fmt.Errorf("%s/go.mod: no `require k8s.io/kubernetes vX` line", toolsDir)
 	}
 	a.k8sVersion = string(m[1])
-	// The key: the version, and a hash of go.sum so a changed pin rebuilds.
-	sum := sha256.Sum256(append(gomod, gosum...))
+	// The key: the version, and a hash of go.mod, go.sum and what is built
+	// from them, so a changed pin or a new binary rebuilds.
+	sum := sha256.Sum256(append(append(gomod, gosum...), strings.Join(k8sTestBins, ",")...))
 	key := a.k8sVersion + "-" + hex.EncodeToString(sum[:4])
 
 	kdir := filepath.Join(o.cache, "k8s-"+key)
@@ -81,7 +86,10 @@ func buildAll(ctx context.Context, o options) (*artifacts, error) {
 		return nil, fmt.Errorf("locate k8s.io/kubernetes in the module cache: %w", err)
 	}
 	a.k8sSrc = strings.TrimSpace(string(dir))
-	for _, b := range append(append([]string{}, k8sBins...), "etcd", "e2e.test", "agnhost", "ginkgo") {
+	for _, b := range append(append([]string{}, k8sBins...), "etcd", "e2e.test", "ginkgo") {
+		a.bin[b] = filepath.Join(kdir, b)
+	}
+	for _, b := range k8sTestBins {
 		a.bin[b] = filepath.Join(kdir, b)
 	}
 
@@ -180,10 +188,12 @@ func buildKubernetes(ctx context.Context, toolsDir, out, version string) error {
 	}
 	steps := [][]string{
 		append([]string{"build", "-trimpath", "-ldflags", ldflags, "-o", out + "/"}, pkgs...),
-		{"build", "-trimpath", "-ldflags", ldflags, "-o", out + "/agnhost", "k8s.io/kubernetes/test/images/agnhost"},
 		{"build", "-trimpath", "-o", out + "/etcd", "go.etcd.io/etcd/server/v3"},
 		{"build", "-trimpath", "-o", out + "/ginkgo", "github.com/onsi/ginkgo/v2/ginkgo"},
 		{"test", "-c", "-trimpath", "-ldflags", ldflags, "-o", out + "/e2e.test", "k8s.io/kubernetes/test/e2e"},
+	}
+	for _, b := range k8sTestBins {
+		steps = append(steps, []string{"build", "-trimpath", "-o", out + "/" + b, "k8s.io/kubernetes/test/images/" + b})
 	}
 	for _, s := range steps {
 		if err := goCmd(ctx, toolsDir, env, s...); err != nil {

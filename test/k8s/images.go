@@ -115,6 +115,15 @@ func buildImages(ctx context.Context, o options, a *artifacts) error {
 			}
 			return im.Write(out)
 		}},
+		{"regression-issue-74839.tar", func(out string) error {
+			// The conntrack invalid-state spec's server (raw sockets).
+			im := ociimage.New(regressionImage, arch)
+			im.Entrypoint = []string{"/regression-issue-74839"}
+			if err := im.File("/regression-issue-74839", a.path("regression-issue-74839")); err != nil {
+				return err
+			}
+			return im.Write(out)
+		}},
 		{"busybox.tar", func(out string) error {
 			// The specs run busybox as a plain shell (sh -c, sleep, wget, nc).
 			im := ociimage.New(busyboxImage, arch)
