@@ -2,7 +2,11 @@ package main
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -47,4 +51,45 @@ func cgroupRootProgs() map[string]bool {
 		}
 	}
 	return m
+}
+
+// ourCgroupProgs: the programs of the cgroup links pinned in the nodes'
+// private bpffs (read through /proc/<holder>/root, the node's mount
+// namespace), by ID. Other sessions' tests attach the same programs to the
+// same cgroup2 root, so only these IDs tell the run's own hooks apart.
+func (c *cluster) ourCgroupProgs() map[uint32]bool {
+	ids := map[uint32]bool{}
+	for _, n := range c.nodes {
+		if n.holder == nil || n.holder.exited() {
+			continue
+		}
+		root := fmt.Sprintf("/proc/%d/root/sys/fs/bpf", n.holder.cmd.Process.Pid)
+		filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return nil
+			}
+			l, err := link.LoadPinnedLink(p, nil)
+			if err != nil {
+				return nil // a map or program pin
+			}
+			defer l.Close()
+			if info, err := l.Info(); err == nil && info.Type == link.CgroupType {
+				ids[uint32(info.Program)] = true
+			}
+			return nil
+		})
+	}
+	return ids
+}
+
+// attachedIDs: the IDs in cgroupRootProgs' "type/id" keys.
+func attachedIDs() map[uint32]bool {
+	ids := map[uint32]bool{}
+	for k := range cgroupRootProgs() {
+		_, id, _ := strings.Cut(k, "/")
+		if n, err := strconv.ParseUint(id, 10, 32); err == nil {
+			ids[uint32(n)] = true
+		}
+	}
+	return ids
 }

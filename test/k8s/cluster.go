@@ -59,7 +59,7 @@ type cluster struct {
 	netnsIDs []string          // inode ids of the run's namespaces (leak check)
 	admin    string            // admin kubeconfig
 
-	cgProgsDuring map[string]bool // cgroup2 root hooks just before teardown
+	cgProgsOurs map[uint32]bool // programs of the cgroup links the nodes pinned
 }
 
 func newCluster(o options, a *artifacts) *cluster {

@@ -81,7 +81,6 @@ type state struct {
 	hostDirs map[string]bool // paths a careless node would create on the host
 	pins     map[string]bool // /sys/fs/bpf entries
 	rules    map[string]string
-	cgProgs  map[string]bool // socket hooks on the cgroup2 root
 }
 
 var hostPaths = []string{
@@ -130,7 +129,7 @@ func rulesets() map[string]string {
 }
 
 func snapshot(c *cluster) (*state, error) {
-	s := &state{sysctls: readSysctls(), mounts: mountPoints(), hostDirs: map[string]bool{}, pins: map[string]bool{}, rules: rulesets(), cgProgs: cgroupRootProgs()}
+	s := &state{sysctls: readSysctls(), mounts: mountPoints(), hostDirs: map[string]bool{}, pins: map[string]bool{}, rules: rulesets()}
 	for _, p := range hostPaths {
 		if _, err := os.Lstat(p); err == nil {
 			s.hostDirs[p] = true
@@ -175,13 +174,11 @@ func compare(before *state, c *cluster) []string {
 	for _, ns := range c.liveNetns() {
 		add("network namespace %s still referenced", ns)
 	}
-	// Hooks that appeared while the cluster ran and are still attached
-	// (another session's tests attach their own too; ours are among those
-	// only if a node's pinned link outlived it).
-	now := cgroupRootProgs()
-	for p := range c.cgProgsDuring {
-		if !before.cgProgs[p] && now[p] {
-			add("socket hook %s attached to the cgroup2 root during the run is still attached", p)
+	// The socket hooks the nodes pinned must be detached with them.
+	now := attachedIDs()
+	for id := range c.cgProgsOurs {
+		if now[id] {
+			add("socket hook program %d, pinned by a node of the run, is still attached to the cgroup2 root", id)
 		}
 	}
 	after2 := rulesets()

@@ -167,7 +167,10 @@ func run(o options) int {
 		logf("error: %v", runErr)
 	}
 	c.collectLogs()
-	c.cgProgsDuring = cgroupRootProgs()
+	c.cgProgsOurs = c.ourCgroupProgs()
+	if c.o.cni == "ebpf-cni" && len(c.cgProgsOurs) == 0 && runErr == nil {
+		runErr = fmt.Errorf("no socket hook pinned in the nodes' bpffs: the leak check of the cgroup2 root would prove nothing")
+	}
 	t = time.Now()
 	c.down()
 	leaks := compare(before, c)
