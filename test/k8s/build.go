@@ -74,7 +74,7 @@ func buildAll(ctx context.Context, o options) (*artifacts, error) {
 	key := a.k8sVersion + "-" + hex.EncodeToString(sum[:4])
 
 	kdir := filepath.Join(o.cache, "k8s-"+key)
-	if err := cached(ctx, kdir, "Kubernetes "+a.k8sVersion+" (first time: ~15 min on 2 cores)", func(tmp string) error {
+	if err := cached(ctx, kdir, "Kubernetes "+a.k8sVersion+" (first time: ~12 min on 2 cores)", func(tmp string) error {
 		return buildKubernetes(ctx, toolsDir, tmp, a.k8sVersion)
 	}); err != nil {
 		return nil, err
