@@ -7,7 +7,7 @@
  * pod with an ingress limit connects to, or accepts from, a peer this node does
  * not pace, clamp its receive window. See lib/bandwidth.h for why.
  */
-#include "lib/endpoint.h"
+#include "lib/bandwidth.h"
 
 #ifndef SOL_SOCKET
 #define SOL_SOCKET 1
@@ -68,33 +68,6 @@ static __always_inline int is_local(const struct conn *c)
 	       c->remote[3] == c->local[3];
 }
 
-/* The pod of this node at the remote end, if any. */
-static __always_inline struct ep_info *remote_pod(const struct conn *c)
-{
-	struct ep_key k = {};
-
-	if (c->family == AF_INET) {
-		k.family = AF_INET;
-		*(__u32 *)k.addr = c->remote[0];
-	} else if (c->family == AF_INET6) {
-		k.family = AF_INET6;
-		__builtin_memcpy(k.addr, c->remote, 16);
-	} else {
-		return NULL;
-	}
-	return bpf_map_lookup_elem(&cni_endpoints, &k);
-}
-
-/* Ingress limit of a pod, in bytes per second; 0: none. */
-static __always_inline __u64 ingress_rate(const struct ep_info *ep)
-{
-	if (!ep || !(ep->flags & EP_F_BW_INGRESS))
-		return 0;
-	struct bw_key bk = { .ifindex = ep->ifindex, .dir = DIR_INGRESS };
-	struct bw_state *s = bpf_map_lookup_elem(&cni_bandwidth, &bk);
-	return s ? s->rate_bps / 8 : 0;
-}
-
 SEC("sockops")
 int cni_sock_ops(struct bpf_sock_ops *skops)
 {
@@ -123,26 +96,23 @@ int cni_sock_ops(struct bpf_sock_ops *skops)
 	read_conn(skops, &c);
 	if (is_local(&c))
 		return 1;
-	struct ep_info *peer = remote_pod(&c);
 	/* No clamp towards pods of this node: this program paces them and their
 	 * packets skip the ingress queue. The window of the SYN or SYN-ACK
 	 * (whose right edge the kernel never takes back) is as small, in full
 	 * segments: unlike a clamp on the listener it leaves the window scale
 	 * alone. */
+	int unpaced = ns->rcv_wnd && !bw_pod_at(c.family, c.remote);
 	if (op == BPF_SOCK_OPS_RWND_INIT) {
-		if (ns->rcv_wnd && !peer)
+		if (unpaced)
 			skops->reply = ns->rcv_wnd / 1460 > 2 ? ns->rcv_wnd / 1460 : 2;
 		return 1;
 	}
-	if (ns->rcv_wnd && !peer) {
+	if (unpaced) {
 		clamp_window(skops, ns->rcv_wnd);
 		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
 	}
 
-	__u64 rate = ns->egress_rate;
-	__u64 in = ingress_rate(peer);
-	if (in && (!rate || in < rate))
-		rate = in;
+	__u64 rate = bw_pacing_rate(ns, c.family, c.remote);
 	if (rate) {
 		/* The kernel takes an int here: bytes per second, ~0U meaning none. */
 		__u32 r = rate < 0xfffffffeULL ? (__u32)rate : 0xfffffffe;

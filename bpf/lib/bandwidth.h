@@ -9,50 +9,29 @@
  * smaller than it; the rate over any interval stays exact and the overshoot is
  * bounded by the burst plus one packet.
  *
+ * Pods with a limit carry EP_F_BW_EGRESS / EP_F_BW_INGRESS in their endpoint
+ * entries, so unlimited pods never look the bucket up on the redirect path.
+ *
  * Ingress queue. A bucket alone starves TCP from senders this node cannot
  * pace (other hosts): at sub-millisecond RTTs no window slows a flow to the
  * rate, so it only learns from bursts of drops (0.3x of the limit measured,
  * docs/bandwidth.md). Where the kernel has HTB, ADD therefore puts a queue on
  * the host veth: an HTB class at the ingress rate that counts bytes as this
- * bucket does (skb->len, through a size table), fed after this program. The
- * bucket then mirrors the queue: burst_ns - tokens_ns is its backlog in ns.
- * The program decides what enters it: a packet is admitted while the backlog
- * is within queue_ns (the queue's capacity), dropped beyond; over mark_ns of
- * backlog ECN-capable packets are marked CE instead of waiting for a drop.
- * TCP senders that do not use ECN are held back by the pod's receive window
- * (sock_ops.c), so the queue stays at a few milliseconds. Packets that do
- * not enter the queue (same-node traffic redirected into the pod) are only
- * charged, against the burst as before. Without HTB queue_ns is 0 and the
- * bucket polices alone.
+ * bucket does (skb->len, through a size table), fed after the to-pod
+ * program. The bucket then mirrors the queue: burst_ns - tokens_ns is its
+ * backlog in ns. The program decides what enters it: a packet is admitted
+ * while the backlog is within queue_ns (the queue's capacity), dropped
+ * beyond; over mark_ns of backlog ECN-capable packets are marked CE instead
+ * of waiting for a drop. TCP senders that do not use ECN are held back by
+ * the pod's receive window (below), so the queue stays at a few
+ * milliseconds. Packets that do not enter the queue (same-node traffic
+ * redirected into the pod) are only charged, against the burst as before.
+ * Without HTB queue_ns is 0 and the bucket polices alone. EDT (skb->tstamp)
+ * would need sch_fq on the device, which a node may not have.
  */
 #pragma once
 
 #include "maps.h"
-
-struct bw_key {
-	__u32 ifindex; /* host veth */
-	__u32 dir;     /* enum cni_dir */
-};
-
-struct bw_state {
-	struct bpf_spin_lock lock;
-	__u32 pad;
-	__u64 ns_per_byte; /* 16.16 fixed point: (1e9 << 16) / bytes per second */
-	__u64 burst_ns;    /* bucket depth, in ns at the rate */
-	__s64 tokens_ns;   /* current fill; negative while paying off a packet */
-	__u64 last_ns;     /* bpf_ktime_get_ns() of the last refill */
-	__u64 rate_bps;    /* configured rate, bits per second (for dumps and CHECK) */
-	__u64 burst_bits;  /* effective burst, bits (for dumps and CHECK) */
-	__u64 queue_ns;    /* the ingress queue's capacity (backlog admitted into it); 0: no queue */
-	__u64 mark_ns;     /* backlog above which packets entering the queue are marked CE if ECN-capable */
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_ENDPOINTS * 2);
-	__type(key, struct bw_key);
-	__type(value, struct bw_state);
-} cni_bandwidth SEC(".maps");
 
 enum bw_verdict {
 	BW_DROP = 0,
@@ -117,19 +96,50 @@ static __always_inline int bw_admit(__u32 ifindex, __u32 dir, __u32 len)
  * for a while does not close the window.
  *
  * The root-cgroup hook sees sockets of every netns on the machine, so it acts
- * only on the netns this node's pods and the node itself live in.
+ * only on the netns this node's pods and the node itself live in (cni_netns).
  */
-#define NETNS_F_NODE (1U << 0) /* the node's own netns (pods are reached from it) */
 
-struct netns_info {
-	__u64 egress_rate; /* bytes per second the netns' pod may send; 0: none */
-	__u32 flags;
-	__u32 rcv_wnd; /* receive window clamp of the pod's TCP sockets (ingress limit), bytes; 0: none */
-};
+/* The pod of this node at addr (family AF_INET or AF_INET6; IPv4 in the
+ * first 4 bytes), if any. */
+static __always_inline struct ep_info *bw_pod_at(__u32 family, const __u32 *addr)
+{
+	struct ep_key k = {};
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_ENDPOINTS + 1);
-	__type(key, __u64); /* netns cookie */
-	__type(value, struct netns_info);
-} cni_netns SEC(".maps");
+	if (family == AF_INET) {
+		k.family = AF_INET;
+		*(__u32 *)k.addr = addr[0];
+	} else if (family == AF_INET6) {
+		k.family = AF_INET6;
+		__builtin_memcpy(k.addr, addr, 16);
+	} else {
+		return NULL;
+	}
+	return bpf_map_lookup_elem(&cni_endpoints, &k);
+}
+
+/* Ingress limit of the pod at addr, in bytes per second; 0: none. */
+static __always_inline __u64 bw_ingress_rate(__u32 family, const __u32 *addr)
+{
+	struct ep_info *ep = bw_pod_at(family, addr);
+
+	if (!ep || !(ep->flags & EP_F_BW_INGRESS))
+		return 0;
+	struct bw_key bk = { .ifindex = ep->ifindex, .dir = DIR_INGRESS };
+	struct bw_state *s = bpf_map_lookup_elem(&cni_bandwidth, &bk);
+	return s ? s->rate_bps / 8 : 0;
+}
+
+/*
+ * The pacing rate of a TCP connection of a netns of this node (ns, its
+ * cni_netns entry) to the remote address, in bytes per second: the lower of
+ * the netns' pod's egress limit and the remote pod's ingress limit; 0: none.
+ */
+static __always_inline __u64 bw_pacing_rate(const struct netns_info *ns, __u32 family, const __u32 *remote)
+{
+	__u64 rate = ns->egress_rate;
+	__u64 in = bw_ingress_rate(family, remote);
+
+	if (in && (!rate || in < rate))
+		rate = in;
+	return rate;
+}
