@@ -1,6 +1,7 @@
 package maps
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -10,10 +11,51 @@ import (
 )
 
 // Layout 1 pinned the same key and value structs as this layout under the
-// same names; what changed is sizes and flags (maps sized from maxPods,
-// cni_stats no longer preallocated) and cni_cidr_refs, which it lacked. So
-// its entries are copied as they are. A later layout that changes a struct
-// adds its conversion here.
+// same names but one: bw_state gained queue_ns and mark_ns (the ingress
+// queue), which a layout 1 bucket lacks (0: it polices alone, as it did).
+// netns_info's pad became rcv_wnd, 0 in a layout 1 entry (no clamp). The
+// rest changed in sizes and flags (maps sized from maxPods, cni_stats no
+// longer preallocated) and cni_cidr_refs, which it lacked. So every other
+// entry is copied as it is. A later layout that changes a struct adds its
+// conversion here.
+
+// bwStateV1 is bw_state of layout 1.
+type bwStateV1 struct {
+	Lock      uint32
+	Pad       uint32
+	NsPerByte uint64
+	BurstNs   uint64
+	TokensNs  int64
+	LastNs    uint64
+	RateBps   uint64
+	BurstBits uint64
+}
+
+// copyBandwidthV1 copies layout 1's buckets, with no ingress queue.
+func copyBandwidthV1(from, to *ebpf.Map, name string) (int, error) {
+	var (
+		k BandwidthKey
+		v bwStateV1
+		n int
+	)
+	it := from.Iterate()
+	for it.Next(&k, &v) {
+		nv := BandwidthState{NsPerByte: v.NsPerByte, BurstNs: v.BurstNs, TokensNs: v.TokensNs, LastNs: v.LastNs,
+			RateBps: v.RateBps, BurstBits: v.BurstBits}
+		err := to.Update(&k, &nv, ebpf.UpdateNoExist)
+		switch {
+		case err == nil:
+			n++
+		case errors.Is(err, ebpf.ErrKeyExist):
+		default:
+			return n, writeErr(to, name, "an entry of the older layout", err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return n, fmt.Errorf("read %s of the older layout: %w", name, err)
+	}
+	return n, nil
+}
 
 // MigrateFrom copies into m the entries of the maps an older build pinned
 // in dir with layout version, so the attachments it made keep working once
@@ -32,24 +74,25 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 	out := map[string]int{}
 	var errs error
 	for _, c := range []struct {
-		name string
-		copy func(from, to *ebpf.Map, name string) (int, error)
+		name      string
+		copy      func(from, to *ebpf.Map, name string) (int, error)
+		valueSize uint32 // of the older layout, where it differs from this one's
 	}{
-		{nameEndpoints, copyHash[EndpointKey, EndpointInfo]},
-		{nameLinks, copyHash[uint32, LinkInfo]},
-		{nameStats, copyHash[StatsKey, []StatsVal]},
-		{nameBandwidth, copyHash[BandwidthKey, BandwidthState]},
-		{nameNetns, copyHash[uint64, NetnsInfo]},
-		{nameHostPorts, copyHash[HostPortKey, HostPortVal]},
-		{nameCT, copyHash[CTKey, CTVal]},
-		{nameNodeIPs, copyHash[EndpointKey, uint32]},
-		{nameHPConfig, copyArray[HostPortConfig]},
-		{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal]},
-		{nameHPStats, copyPerCPUArray},
-		{nameSNAT, copyHash[SNATKey, SNATVal]},
-		{nameClusterCIDRs, copyHash[CIDRKey, uint32]},
-		{nameMasqStats, copyPerCPUArray},
-		{nameStackFlows, copyHash[StackFlowKey, StackFlowVal]},
+		{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
+		{nameLinks, copyHash[uint32, LinkInfo], 0},
+		{nameStats, copyHash[StatsKey, []StatsVal], 0},
+		{nameBandwidth, copyBandwidthV1, uint32(binary.Size(bwStateV1{}))},
+		{nameNetns, copyHash[uint64, NetnsInfo], 0},
+		{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
+		{nameCT, copyHash[CTKey, CTVal], 0},
+		{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
+		{nameHPConfig, copyArray[HostPortConfig], 0},
+		{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
+		{nameHPStats, copyPerCPUArray, 0},
+		{nameSNAT, copyHash[SNATKey, SNATVal], 0},
+		{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
+		{nameMasqStats, copyPerCPUArray, 0},
+		{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
 	} {
 		p := filepath.Join(dir, c.name)
 		from, err := ebpf.LoadPinnedMap(p, &ebpf.LoadPinOptions{ReadOnly: true})
@@ -61,7 +104,11 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 			continue
 		}
 		to := m.byName[c.name]
-		if from.KeySize() != to.KeySize() || from.ValueSize() != to.ValueSize() || from.Type() != to.Type() {
+		wantValue := to.ValueSize()
+		if c.valueSize != 0 {
+			wantValue = c.valueSize
+		}
+		if from.KeySize() != to.KeySize() || from.ValueSize() != wantValue || from.Type() != to.Type() {
 			from.Close()
 			errs = errors.Join(errs, fmt.Errorf("%s of layout v%d is not what layout v%d expects of it (%s, key %d, value %d)",
 				p, version, version, from.Type(), from.KeySize(), from.ValueSize()))

@@ -26,7 +26,7 @@ import (
 )
 
 // TestUpgradeFromLayout1: pods attached by the last build of map layout 1
-// (a plain one, one with a hostPort and an egress limit, both
+// (a plain one, one with a hostPort and ingress and egress limits, both
 // masquerading) keep working while the first ADD of this build moves the
 // node to layout 2: their entries, limit, hostPort, counters and cluster
 // CIDR are copied into the new maps, their links swapped to this build's
@@ -103,8 +103,12 @@ func TestUpgradeFromLayout1(t *testing.T) {
 		t.Errorf("a's host veth runs programs %v, before the upgrade %v: not this build's", now, progsA)
 	}
 	m := e.Maps()
-	if l, ok, err := m.LookupLimit(idxB, maps.DirEgress); err != nil || !ok || l.RateBps != 50e6 {
-		t.Errorf("b's egress limit in the new maps: %+v %v %v", l, ok, err)
+	// b's buckets, converted from layout 1's bw_state (no ingress queue:
+	// queue_ns 0, the bucket polices alone as it did).
+	for _, dir := range []maps.Dir{maps.DirEgress, maps.DirIngress} {
+		if l, ok, err := m.LookupLimit(idxB, dir); err != nil || !ok || l.RateBps != 50e6 || l.BurstBits == 0 || l.QueueNs != 0 {
+			t.Errorf("b's %s limit in the new maps: %+v %v %v", dir, l, ok, err)
+		}
 	}
 	// Counters carry on from the old ones (what the old programs counted
 	// in the milliseconds between the copy and the swap is not carried).
@@ -142,6 +146,13 @@ func TestUpgradeFromLayout1(t *testing.T) {
 	must(t, testenv.Ping(d, a4, 2))
 	must(t, testenv.Ping(a, d4, 2))
 	must(t, testenv.Ping(b, a4, 2))
+	// b's limit still holds: a stream from b runs at about 50 Mbit/s, not
+	// at the veth's gigabits (loose bounds: the machine is shared).
+	if r := tcpRate(t, b, d, d4, 3*time.Second); r > 1.25*50e6 || r < 0.5*50e6 {
+		t.Errorf("b's egress after the upgrade: %.1f Mbit/s, want about its 50 Mbit/s limit", r/1e6)
+	} else {
+		t.Logf("b's egress after the upgrade: %.1f Mbit/s (limit 50)", r/1e6)
+	}
 	for _, p := range []struct {
 		pod ns.NetNS
 		id  string
@@ -149,6 +160,13 @@ func TestUpgradeFromLayout1(t *testing.T) {
 		if err := e.Check(p.pod, p.id, "eth0"); err != nil {
 			t.Errorf("CHECK of %s after the upgrade: %v", p.id, err)
 		}
+	}
+	// b's CHECK with its hostPort and limits: the buckets without a queue
+	// are what a host veth without one expects.
+	if err := e.InNode(func() error {
+		return e.CNI.CheckNetworkList(context.Background(), e.ConfList("1.1.0"), rt)
+	}); err != nil {
+		t.Errorf("CHECK of b (hostPort, limits) after the upgrade: %v", err)
 	}
 	// d's DEL leaves the subnet to the old pods; the last DEL takes it.
 	e.MustDel(d, "d")
