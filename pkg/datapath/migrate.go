@@ -72,6 +72,7 @@ func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout) (_ *Datapat
 		os.RemoveAll(staging)
 		return nil, &MigrationError{Err: err}
 	}
+	crashpoint("migrate-copied")
 	dp, err := withPrograms(pinRoot, m, loadMissing)
 	if err != nil {
 		os.RemoveAll(staging)
@@ -79,10 +80,12 @@ func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout) (_ *Datapat
 	}
 	_, upErr := dp.upgradeLocked(false)
 	dp.Close()
+	crashpoint("migrate-swapped")
 	os.Remove(final) // an empty directory in the way; a full one makes Rename fail
 	if err := os.Rename(staging, final); err != nil {
 		return nil, fmt.Errorf("move the migrated maps %s to %s: %w", staging, final, err)
 	}
+	crashpoint("migrate-renamed")
 	dp, err = Open(pinRoot)
 	if err != nil {
 		return nil, err

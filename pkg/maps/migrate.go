@@ -110,7 +110,7 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 		}
 		if from.KeySize() != to.KeySize() || from.ValueSize() != wantValue || from.Type() != to.Type() {
 			from.Close()
-			errs = errors.Join(errs, fmt.Errorf("%s of layout v%d is not what layout v%d expects of it (%s, key %d, value %d)",
+			errs = errors.Join(errs, fmt.Errorf("%s of layout v%d is not what this build expects of a layout v%d map (%s, key %d, value %d)",
 				p, version, version, from.Type(), from.KeySize(), from.ValueSize()))
 			continue
 		}

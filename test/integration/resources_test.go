@@ -505,6 +505,15 @@ func TestResourcesSizing(t *testing.T) {
 	if err == nil || !strings.Contains(out, "the agent's flags size the datapath") || !strings.Contains(out, "maxPods 250") {
 		t.Errorf("agent with --max-pods 100 beside networks of 250: %v\n%s", err, out)
 	}
+	// An agent with no network to follow, whose flags disagree with the
+	// pins: refused naming both; the pins keep their size.
+	out, err = e.AgentCmd(append([]string{"run", "--metrics-addr", "", "--max-pods", "100"}, e.AgentArgs(t.TempDir())...)...)
+	if err == nil || !strings.Contains(out, "was sized for maxPods 250") || !strings.Contains(out, "asks for maxPods 100") {
+		t.Errorf("agent with --max-pods 100 and no network, over pins of 250: %v\n%s", err, out)
+	}
+	if u := usageOf(t, status(t, e), "cni_links"); u.MaxEntries != 500 {
+		t.Errorf("cni_links holds %d entries after the refused agent, want 500", u.MaxEntries)
+	}
 	ag := e.StartAgent(confDir, "--metrics-addr", "")
 	if !strings.Contains(ag.Log.String(), "sized for maxPods 250, maxHostPortsPerPod 32") {
 		t.Errorf("the agent did not take the networks' sizing:\n%s", ag.Log)

@@ -5,13 +5,16 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -189,4 +192,124 @@ func waitPings(t *testing.T, a ns.NetNS, ip net.IP) {
 			t.Fatalf("no ping to %s", ip)
 		}
 	}
+}
+
+// TestUpgradeKilledMidMigration: the first ADD of this build is killed
+// (SIGKILL) at each step of the migration from layout 1 in turn, after
+// the copy into the staging maps, after the links moved to this build's
+// programs, and after the staging maps were renamed into place. Each
+// next process starts the migration over (or, after the rename, finds
+// it done); the old build's pods keep their traffic throughout, and in
+// the end the node is on layout 2 with their entries and limit, and
+// `ebpf-agent upgrade` removes what the last kill left of layout 1.
+func TestUpgradeKilledMidMigration(t *testing.T) {
+	oldBin := testenv.BuildAt(t, testenv.LayoutV1Commit)
+	crash := crashBinary(t)
+	e := testenv.New(t)
+	e.Extra = map[string]any{"ipMasq": true, "capabilities": map[string]bool{"bandwidth": true}}
+	newCNI := e.CNI
+	e.CNI = libcni.NewCNIConfigWithCacheDir([]string{oldBin}, e.CacheDir, nil)
+
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "a")
+	e.CleanupDel(b, "b")
+	e.Add(a, "a")
+	rt := e.RuntimeConf(b, "b", "eth0")
+	rt.CapabilityArgs = map[string]any{"bandwidth": bandwidthArgs(0, 50e6)}
+	var rb *current.Result
+	must(t, e.InNode(func() error {
+		res, err := e.CNI.AddNetworkList(context.Background(), e.ConfList("1.0.0"), rt)
+		if err == nil {
+			rb, err = current.NewResultFromResult(res)
+		}
+		return err
+	}))
+	b4, _ := testenv.PodIPs(t, rb)
+	_, idxB := e.HostVeth("b")
+	old := filepath.Join(e.PinDir, "maps_v1")
+	staging := datapath.MapsDir(e.PinDir) + "_staging"
+
+	// Echoes 5 ms apart for 15 s, across every kill.
+	pingDone := make(chan string, 1)
+	go func() {
+		var out []byte
+		a.Do(func(ns.NetNS) error {
+			out, _ = exec.Command("ping", "-c", "3000", "-i", "0.005", "-W", "1", "-q", b4.String()).CombinedOutput()
+			return nil
+		})
+		pingDone <- string(out)
+	}()
+	waitPings(t, a, b4)
+
+	// No DEL between the kills: this build's DEL migrates too.
+	e.CNI = newCNI
+	var killed []struct {
+		pod ns.NetNS
+		id  string
+	}
+	for i, step := range []string{"migrate-copied", "migrate-swapped", "migrate-renamed"} {
+		c := e.NewPod()
+		id := "killed" + strconv.Itoa(i)
+		e.CleanupDel(c, id)
+		envv := pluginEnv("ADD", id, c, "eth0")
+		envv["EBPF_CNI_CRASH_AT"] = step
+		out, err := e.RunPlugin(crash, envv, e.StdinConf(nil))
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			t.Fatalf("ADD with EBPF_CNI_CRASH_AT=%s: %v, want killed by SIGKILL; stdout %s", step, err, out)
+		}
+		_, errOld := os.Stat(old)
+		_, errStaging := os.Stat(staging)
+		_, errFinal := os.Stat(datapath.MapsDir(e.PinDir))
+		switch {
+		case errOld != nil:
+			t.Fatalf("killed at %s: the layout 1 maps are gone already: %v", step, errOld)
+		case step != "migrate-renamed" && (errStaging != nil || errFinal == nil):
+			t.Fatalf("killed at %s: want the staging maps and no %s: %v, %v", step, datapath.MapsDir(e.PinDir), errStaging, errFinal)
+		case step == "migrate-renamed" && (errStaging == nil || errFinal != nil):
+			t.Fatalf("killed at %s: want %s and no staging maps: %v, %v", step, datapath.MapsDir(e.PinDir), errFinal, errStaging)
+		}
+		if err := testenv.Ping(a, b4, 2); err != nil {
+			t.Fatalf("after the migration was killed at %s: %v", step, err)
+		}
+		killed = append(killed, struct {
+			pod ns.NetNS
+			id  string
+		}{c, id})
+	}
+
+	d := e.NewPod()
+	e.CleanupDel(d, "d")
+	rd := e.Add(d, "d")
+	d4, _ := testenv.PodIPs(t, rd)
+	if out := <-pingDone; !strings.Contains(out, " 0% packet loss") {
+		t.Errorf("the ping between two pods of the old build lost packets across the killed migrations:\n%s", out)
+	}
+	m := e.Maps()
+	if l, ok, err := m.LookupLimit(idxB, maps.DirEgress); err != nil || !ok || l.RateBps != 50e6 {
+		t.Errorf("b's egress limit in the layout 2 maps: %+v %v %v", l, ok, err)
+	}
+	if st := status(t, e); st.Healthy || !slices.ContainsFunc(st.Problems, func(p string) bool { return strings.Contains(p, old) }) {
+		t.Errorf("status with the layout 1 maps the last kill left: healthy %v, problems %v", st.Healthy, st.Problems)
+	}
+	if out, err := e.AgentCmd("upgrade", "--pin-dir", e.PinDir, "--cni-conf-dir", e.WriteConfDir()); err != nil || !strings.Contains(out, "old map directories removed: 1") {
+		t.Errorf("upgrade after the killed migrations: %v\n%s", err, out)
+	}
+	for _, p := range datapath.ProgramPins(e.PinDir) {
+		if !p.Current {
+			t.Errorf("program pin of the old build left: %s", p.Name)
+		}
+	}
+	if st := status(t, e); !st.Healthy || st.MapLayout != 2 {
+		t.Errorf("status after upgrade: healthy %v, layout %d, problems %v", st.Healthy, st.MapLayout, st.Problems)
+	}
+	must(t, testenv.Ping(d, b4, 2))
+	must(t, testenv.Ping(b, d4, 2))
+	e.MustDel(d, "d")
+	for _, k := range killed { // whatever the killed ADDs left
+		e.MustDel(k.pod, k.id)
+	}
+	e.MustDel(a, "a")
+	e.MustDel(b, "b")
+	e.AssertClean()
 }
