@@ -27,6 +27,31 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
+// TestResourcesHostPortLimitDefault: at the default settings (no sizing
+// keys in the network) a pod asking for 1000 hostPorts is refused with 7
+// naming the default limit, and leaves nothing; one with 32 gets them.
+func TestResourcesHostPortLimitDefault(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	e.Extra = map[string]any{"capabilities": map[string]bool{"portMappings": true}}
+	greedy := e.NewPod()
+	e.CleanupDel(greedy, "greedy")
+	var pms []testenv.PM
+	for p := 20000; p < 21000; p++ {
+		pms = append(pms, testenv.PM{HostPort: p, ContainerPort: 80, Protocol: "tcp"})
+	}
+	_, err := e.AddHP(greedy, "greedy", pms...)
+	libcniErr(t, "ADD mapping 1000 hostPorts at the defaults", err, 7, "runtimeConfig.portMappings", "1000 mappings",
+		fmt.Sprintf("maxHostPortsPerPod (%d)", maps.DefaultHostPortsPerPod))
+	e.AssertNothingOf("greedy")
+	if _, err := e.AddHP(greedy, "greedy", pms[:maps.DefaultHostPortsPerPod]...); err != nil {
+		t.Fatalf("ADD with %d hostPorts at the defaults: %v", maps.DefaultHostPortsPerPod, err)
+	}
+	e.MustDel(greedy, "greedy")
+	e.AssertNoHostPorts()
+	e.AssertClean()
+}
+
 // TestResourcesHostPortLimit: a pod mapping hostPorts 1-65535 used to fill
 // cni_hostports for the whole node. Now a pod gets maxHostPortsPerPod
 // mappings and the map is sized so maxPods honest pods with that many each
