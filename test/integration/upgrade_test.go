@@ -313,3 +313,64 @@ func TestUpgradeKilledMidMigration(t *testing.T) {
 	e.MustDel(b, "b")
 	e.AssertClean()
 }
+
+// TestUpgradeTooSmall: the first ADD of this build on a node of layout 1
+// asks for sizes the old build's pods do not fit in (maxPods 1: cni_links
+// holds 2 host veths, the old build attached 3 pods). It is refused with 7
+// naming the map, its size and maxPods, and changes nothing: the old maps
+// and programs stay, the old pods keep running them and reach each other.
+// An ADD with a maxPods they fit in then migrates the node.
+func TestUpgradeTooSmall(t *testing.T) {
+	oldBin := testenv.BuildAt(t, testenv.LayoutV1Commit)
+	e := testenv.New(t)
+	newCNI := e.CNI
+	e.CNI = libcni.NewCNIConfigWithCacheDir([]string{oldBin}, e.CacheDir, nil)
+	var (
+		pods []ns.NetNS
+		ips  []net.IP
+	)
+	for _, id := range []string{"a", "b", "c"} {
+		p := e.NewPod()
+		e.CleanupDel(p, id)
+		ip, _ := testenv.PodIPs(t, e.Add(p, id))
+		pods, ips = append(pods, p), append(ips, ip)
+	}
+	_, idxA := e.HostVeth("a")
+	progsA := e.ProgIDs(idxA)
+	old := filepath.Join(e.PinDir, "maps_v1")
+
+	e.CNI = newCNI
+	e.Extra = map[string]any{"maxPods": 1}
+	d := e.NewPod()
+	e.CleanupDel(d, "d")
+	_, err := e.AddV("1.1.0", d, "d", "eth0")
+	libcniErr(t, "ADD with maxPods 1 over 3 pods of layout 1", err, 7, "cni_links holds at most 2 entries", "maxPods 1 is too small")
+	e.AssertNothingOfPod("d", 1)
+	if _, err := os.Stat(old); err != nil {
+		t.Errorf("the refused migration removed the layout 1 maps: %v", err)
+	}
+	for _, dir := range []string{datapath.MapsDir(e.PinDir), datapath.MapsDir(e.PinDir) + "_staging"} {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("the refused migration left %s: %v", dir, err)
+		}
+	}
+	if now := e.ProgIDs(idxA); !slices.Equal(now, progsA) {
+		t.Errorf("a's host veth runs %v after the refused migration, before %v", now, progsA)
+	}
+	must(t, testenv.Ping(pods[0], ips[2], 2))
+	must(t, testenv.Ping(pods[2], ips[1], 2))
+
+	e.Extra = nil
+	rd := e.Add(d, "d")
+	d4, _ := testenv.PodIPs(t, rd)
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("the layout 1 maps are still pinned after the migration: %v", err)
+	}
+	must(t, testenv.Ping(pods[0], d4, 2))
+	must(t, testenv.Ping(d, ips[1], 2))
+	e.MustDel(d, "d")
+	for i, id := range []string{"a", "b", "c"} {
+		e.MustDel(pods[i], id)
+	}
+	e.AssertClean()
+}
