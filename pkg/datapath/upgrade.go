@@ -67,11 +67,31 @@ func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
 		return UpgradeReport{}, err
 	}
 	defer unlock()
+	// Maps of an older layout left by a migration that stopped before
+	// unpinning them: links may still run the old programs over them (an
+	// older build's ADD in flight, or one after the kill), so what they
+	// hold is copied in before the links move and again after (what the
+	// old programs wrote meanwhile), as the migration does.
+	older := olderLayouts(dp.PinRoot)
+	copyOld := func() error {
+		var errs error
+		for _, o := range older {
+			if _, err := dp.Maps.MigrateFrom(o.dir, o.version); err != nil {
+				errs = errors.Join(errs, fmt.Errorf("copy the maps of layout v%d at %s: %w", o.version, o.dir, err))
+			}
+		}
+		return errs
+	}
+	if err := copyOld(); err != nil {
+		return UpgradeReport{}, &MigrationError{Err: err}
+	}
 	rep, err := dp.upgradeLocked(force)
 	if err == nil {
-		// Maps of an older layout left by a migration that stopped before
-		// unpinning them: no link runs a program of theirs any more.
-		for _, o := range olderLayouts(dp.PinRoot) {
+		err = copyOld()
+	}
+	if err == nil {
+		// No link runs a program of the older layouts' any more.
+		for _, o := range older {
 			if rerr := os.RemoveAll(o.dir); rerr != nil {
 				err = errors.Join(err, fmt.Errorf("remove the maps of layout v%d at %s: %w", o.version, o.dir, rerr))
 			} else {

@@ -5,6 +5,7 @@ package integration
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"net"
 	"net/netip"
@@ -131,7 +132,7 @@ func TestUpgradeFromLayout1(t *testing.T) {
 	// A migration stopped before it unpinned the old maps (killed): status
 	// says so, and `ebpf-agent upgrade` removes them once every link moved.
 	must(t, os.Mkdir(old, 0o700))
-	leftover, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	leftover, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: uint32(binary.Size(maps.LinkInfo{})), MaxEntries: 1})
 	must(t, err)
 	must(t, leftover.Pin(filepath.Join(old, "cni_links")))
 	leftover.Close()
@@ -278,6 +279,15 @@ func TestUpgradeKilledMidMigration(t *testing.T) {
 		}{c, id})
 	}
 
+	// The last kill left the old maps and programs pinned: an ADD of the
+	// old build still in flight then (or a rollback) attaches pod f over
+	// them, its entries in layout 1's maps only.
+	e.CNI = libcni.NewCNIConfigWithCacheDir([]string{oldBin}, e.CacheDir, nil)
+	f := e.NewPod()
+	e.CleanupDel(f, "f")
+	f4, _ := testenv.PodIPs(t, e.Add(f, "f"))
+	e.CNI = newCNI
+
 	d := e.NewPod()
 	e.CleanupDel(d, "d")
 	rd := e.Add(d, "d")
@@ -303,8 +313,18 @@ func TestUpgradeKilledMidMigration(t *testing.T) {
 	if st := status(t, e); !st.Healthy || st.MapLayout != 2 {
 		t.Errorf("status after upgrade: healthy %v, layout %d, problems %v", st.Healthy, st.MapLayout, st.Problems)
 	}
+	// upgrade finished the migration: f's entries were copied before its
+	// link moved to this build's programs.
+	if ep, err := m.LookupEndpoint(f4); err != nil {
+		t.Errorf("f (attached by the old build after the last kill) has no endpoint in the layout 2 maps: %v", err)
+	} else if _, idxF := e.HostVeth("f"); int(ep.Ifindex) != idxF {
+		t.Errorf("f's endpoint in the layout 2 maps: ifindex %d, its host veth %d", ep.Ifindex, idxF)
+	}
 	must(t, testenv.Ping(d, b4, 2))
 	must(t, testenv.Ping(b, d4, 2))
+	must(t, testenv.Ping(f, d4, 2))
+	must(t, testenv.Ping(d, f4, 2))
+	e.MustDel(f, "f")
 	e.MustDel(d, "d")
 	for _, k := range killed { // whatever the killed ADDs left
 		e.MustDel(k.pod, k.id)
