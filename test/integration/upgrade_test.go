@@ -15,12 +15,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 
@@ -339,7 +341,7 @@ func TestUpgradeKilledMidMigration(t *testing.T) {
 // holds 2 host veths, the old build attached 3 pods). It is refused with 7
 // naming the map, its size and maxPods, and changes nothing: the old maps
 // and programs stay, the old pods keep running them and reach each other.
-// An ADD with a maxPods they fit in then migrates the node.
+// Two ADDs with a maxPods they fit in, at once, then migrate the node.
 func TestUpgradeTooSmall(t *testing.T) {
 	oldBin := testenv.BuildAt(t, testenv.LayoutV1Commit)
 	e := testenv.New(t)
@@ -380,14 +382,38 @@ func TestUpgradeTooSmall(t *testing.T) {
 	must(t, testenv.Ping(pods[0], ips[2], 2))
 	must(t, testenv.Ping(pods[2], ips[1], 2))
 
+	// Two ADDs with room at once: one migrates, the other waits for it
+	// and finds the node migrated.
 	e.Extra = nil
+	g := e.NewPod()
+	e.CleanupDel(g, "g")
+	var (
+		resG types.Result
+		errG error
+		wg   sync.WaitGroup
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		resG, errG = e.AddV("1.1.0", g, "g", "eth0")
+	}()
 	rd := e.Add(d, "d")
+	wg.Wait()
+	must(t, errG)
+	rg, err := current.NewResultFromResult(resG)
+	must(t, err)
 	d4, _ := testenv.PodIPs(t, rd)
-	if _, err := os.Stat(old); !os.IsNotExist(err) {
-		t.Errorf("the layout 1 maps are still pinned after the migration: %v", err)
+	g4, _ := testenv.PodIPs(t, rg)
+	for _, dir := range []string{old, datapath.MapsDir(e.PinDir) + "_staging"} {
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("%s is still pinned after the migration: %v", dir, err)
+		}
 	}
 	must(t, testenv.Ping(pods[0], d4, 2))
 	must(t, testenv.Ping(d, ips[1], 2))
+	must(t, testenv.Ping(g, d4, 2))
+	must(t, testenv.Ping(pods[2], g4, 2))
+	e.MustDel(g, "g")
 	e.MustDel(d, "d")
 	for i, id := range []string{"a", "b", "c"} {
 		e.MustDel(pods[i], id)
