@@ -18,6 +18,7 @@ import (
 // opens pins of the old layout, and the new fingerprint recorded here.
 var layouts = map[int]string{
 	1: "9948a12e1789aaaf",
+	2: "840b6c47cd9f146a",
 }
 
 func TestLayoutVersion(t *testing.T) {
