@@ -216,10 +216,10 @@ func (l *svcLab) cases(t *testing.T) {
 		want(t, l.Node, p, uplinkIP[fam], hostPortH, "h", nil, nil)
 	})
 	each("service-endpoint-off-node", both, func(t *testing.T, fam int, p string) {
-		// DNAT to the remote host, then (ipMasq, IPv4) the BPF SNAT on the
-		// way out: both translations undone on the way back.
+		// DNAT to the remote host, then (ipMasq) the BPF SNAT on the way
+		// out: both translations undone on the way back.
 		seen := ip("a", fam)
-		if l.masq && fam == 4 {
+		if l.masq {
 			seen = uplinkIP[fam]
 		}
 		want(t, l.a, p, svcExt[fam], 80, "remote", seen, nil)
