@@ -162,7 +162,8 @@ func Run(ctx context.Context, o Options) error {
 // hooks up at start (as an ADD with portMappings or ipMasq would), follows
 // the node's addresses and links (cni_node_ips, uplinks), and every prune
 // interval drops the hostPort mappings and flows of pods whose host veth
-// is gone. It returns when ctx ends.
+// is gone; every 10 s it deletes the hostPort flows idle past their timeout
+// that no timer deleted. It returns when ctx ends.
 func runNodeHooks(ctx context.Context, dp *datapath.Datapath, cgroupRoot string, prune time.Duration, logger *log.Logger) {
 	opts := datapath.NodeHookOptions{CgroupRoot: cgroupRoot, MustRefresh: true}
 	sync := func(why string) {
@@ -190,6 +191,9 @@ func runNodeHooks(ctx context.Context, dp *datapath.Datapath, cgroupRoot string,
 	}
 	tick := time.NewTicker(prune)
 	defer tick.Stop()
+	// Backstop for flow timers the kernel could not allocate (maps.ExpireCT).
+	sweep := time.NewTicker(maps.FlowTimeoutClosing)
+	defer sweep.Stop()
 	var debounce <-chan time.Time
 	for {
 		select {
@@ -207,6 +211,10 @@ func runNodeHooks(ctx context.Context, dp *datapath.Datapath, cgroupRoot string,
 		case <-debounce:
 			debounce = nil
 			sync("addresses or links changed")
+		case <-sweep.C:
+			if _, err := dp.Maps.ExpireCT(); err != nil {
+				logger.Printf("hostPort: expire flows: %v", err)
+			}
 		case <-tick.C:
 			n, err := endpoint.PruneHostPorts(dp.Maps)
 			if err != nil {
