@@ -319,10 +319,16 @@ func isDefault(n *net.IPNet) bool { ones, _ := n.Mask.Size(); return ones == 0 }
 // tcpPull serves n random bytes from a listener on port in server and
 // reads them from client, which dials addr.
 func tcpPull(client, server ns.NetNS, port int, addr string, n int) error {
+	// An explicit family: Go probes IPv6 support once per process, maybe in
+	// a netns without it, and "tcp" would then listen on IPv4 only.
+	fam := "tcp4"
+	if h, _, _ := net.SplitHostPort(addr); net.ParseIP(h).To4() == nil {
+		fam = "tcp6"
+	}
 	var ln net.Listener
 	err := server.Do(func(ns.NetNS) error {
 		var err error
-		ln, err = net.Listen("tcp", fmt.Sprintf(":%d", port))
+		ln, err = net.Listen(fam, fmt.Sprintf(":%d", port))
 		return err
 	})
 	if err != nil {
