@@ -42,7 +42,7 @@ const (
 	cmdlineEnv = "STEPBENCH_CMDLINE"
 )
 
-var allParts = []string{"steps", "parallel", "contention", "state", "memory"}
+var allParts = []string{"steps", "parallel", "contention", "state"}
 
 type options struct {
 	n        int
@@ -108,8 +108,6 @@ func main() {
 				err = e.runContention(ctx)
 			case "state":
 				err = e.runState()
-			case "memory":
-				err = e.runMemory(o.parallel)
 			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", p, err)
