@@ -73,7 +73,8 @@ type config struct {
 
 // isEBPF is true for ebpf-cni configurations.
 func (c *config) isEBPF() bool {
-	return strings.HasPrefix(c.key, "ebpf") || strings.HasPrefix(c.key, "tput-ebpf") || strings.HasPrefix(c.key, "mem-ebpf")
+	return strings.HasPrefix(c.key, "ebpf") || strings.HasPrefix(c.key, "tput-ebpf") || strings.HasPrefix(c.key, "mem-ebpf") ||
+		strings.HasPrefix(c.key, "burst-ebpf")
 }
 
 // mapsPorts is true for ebpf-cni configurations with the portMappings capability.
@@ -820,6 +821,16 @@ func (b *bench) run(ctx context.Context) error {
 	if b.opts.parts[partMemory] {
 		if err := part("memory", func() error { return b.runMemory(ctx, start) }); err != nil {
 			return fmt.Errorf("memory benchmark: %w", err)
+		}
+	}
+	if b.opts.parts[partBurst] {
+		if err := part("burst", func() error { return b.runBurst(ctx, start) }); err != nil {
+			return fmt.Errorf("burst benchmark: %w", err)
+		}
+	}
+	if b.opts.parts[partColdStart] {
+		if err := part("coldstart", func() error { return b.runColdStart(ctx, start) }); err != nil {
+			return fmt.Errorf("coldstart benchmark: %w", err)
 		}
 	}
 	b.res.Elapsed = time.Since(start).Round(time.Millisecond).String()

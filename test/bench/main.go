@@ -11,7 +11,10 @@
 //   - throughput: iperf3, 1 and 4 streams, pod to pod and remote to hostPort,
 //     beside ptp(+portmap), as ratios to a raw veth pair (throughput.go);
 //   - memory: plugin peak RSS per ADD, agent RSS, BPF map memory per pod
-//     (memory.go).
+//     (memory.go);
+//   - burst: 100 pods ADDed at the same instant, then DELed, beside ptp;
+//     coldstart: the first ADD on a node with and without the agent
+//     having loaded the datapath (burst.go).
 //
 // Bandwidth accuracy is test/bwbench; test/benchall (make bench) runs both
 // and writes one combined table.
@@ -84,6 +87,11 @@ type options struct {
 	memPods   int
 	agentSecs float64
 
+	// burst and coldstart (burst.go)
+	burstPods   int
+	burstRounds int
+	coldRounds  int
+
 	parts map[string]bool
 }
 
@@ -94,9 +102,11 @@ const (
 	partHostPort   = "hostport"
 	partThroughput = "throughput"
 	partMemory     = "memory"
+	partBurst      = "burst"
+	partColdStart  = "coldstart"
 )
 
-var allParts = []string{partLatency, partScale, partHostPort, partThroughput, partMemory}
+var allParts = []string{partLatency, partScale, partHostPort, partThroughput, partMemory, partBurst, partColdStart}
 
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -117,6 +127,9 @@ func parseFlags(args []string) (*options, error) {
 	hpOnly := fs.Bool("hostport-only", false, "run only the hostPort benchmark")
 	connSecs := fs.Float64("conn-seconds", 3, "seconds of connections per measurement of the hostPort benchmark")
 	workers := fs.Int("conn-workers", 4, "parallel client connections of the hostPort benchmark")
+	burstPods := fs.Int("burst-pods", 100, "pods ADDed (then DELed) at the same instant in the burst part")
+	burstRounds := fs.Int("burst-rounds", 3, "rounds of the burst part (each configuration once per round)")
+	coldRounds := fs.Int("cold-rounds", 5, "rounds of the coldstart part (each a first ADD without and one with the agent)")
 	phases := fs.Bool("phases", true, "set EBPF_CNI_TRACE=1 for ebpf-cni and report its own phase timings (costs a few time.Now calls and one stderr line)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./test/bench [flags]   (as root, from the repository root)\n")
@@ -132,7 +145,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	o := &options{n: *n, quick: *quick, outDir: *out, phases: *phases, attachTC: *attachTC, scaleReps: 10,
 		connSecs: *connSecs, workers: *workers, tputSecs: *tputSecs, tputRounds: *tputRounds, tputRoundsMulti: *tputRoundsMulti, tputReruns: *tputReruns,
-		memPods: *memPods, agentSecs: *agentSecs, parts: map[string]bool{}}
+		memPods: *memPods, agentSecs: *agentSecs, burstPods: *burstPods, burstRounds: *burstRounds, coldRounds: *coldRounds,
+		parts: map[string]bool{}}
 	if o.quick {
 		if !set["n"] {
 			o.n = 10
@@ -164,9 +178,18 @@ func parseFlags(args []string) (*options, error) {
 		if !set["agent-seconds"] {
 			o.agentSecs = 3
 		}
+		if !set["burst-rounds"] {
+			o.burstRounds = 1
+		}
+		if !set["cold-rounds"] {
+			o.coldRounds = 2
+		}
 	}
 	if o.tputSecs < 2 || o.tputSecs > 120 || o.tputRounds < 1 || o.tputRoundsMulti < 0 || o.tputRoundsMulti > o.tputRounds {
 		return nil, fmt.Errorf("-tput-seconds must be 2-120, -tput-rounds at least 1, -tput-rounds-4 between 0 and -tput-rounds")
+	}
+	if o.burstPods < 1 || o.burstPods > 1000 || o.burstRounds < 1 || o.coldRounds < 1 {
+		return nil, fmt.Errorf("-burst-pods must be 1-1000, -burst-rounds and -cold-rounds at least 1")
 	}
 	if o.memPods < 1 || o.memPods > 10000 || o.agentSecs <= 0 {
 		return nil, fmt.Errorf("-mem-pods must be 1-10000 and -agent-seconds positive")

@@ -32,6 +32,7 @@ func (r *results) rows() []benchkit.Row {
 	rows = append(rows, r.hostPortRows()...)
 	rows = append(rows, r.throughputRows()...)
 	rows = append(rows, r.memoryRows()...)
+	rows = append(rows, r.burstRows()...)
 	return rows
 }
 
