@@ -2,7 +2,7 @@
 // directives that compile bpf/ with bpf2go. Run `make generate` (needs clang).
 package ebpfcni
 
-// Map specs and Go twins of the C structs in bpf/lib/maps.h, bpf/lib/bandwidth.h, bpf/lib/hostport.h, bpf/lib/masq.h and bpf/lib/stackflow.h.
+// Map specs of bpf/lib/maps.h and Go twins of the C structs in bpf/lib/types.h.
 //go:generate go tool bpf2go -go-package maps -output-dir pkg/maps -output-stem maps -target bpfel -type ep_key -type ep_info -type link_info -type stats_key -type stats_val -type bw_key -type bw_state -type netns_info -type hostport_key -type hostport_val -type ct_key -type ct_val -type hp_config -type sock_rnat_key -type sock_rnat_val -type cidr_key -type snat_key -type snat_val -type sf_key -type sf_val mapsObj bpf/maps.c -- -I/usr/include/x86_64-linux-gnu -Ibpf -O2 -Wall -Werror
 
 // One object per attach point.
@@ -10,7 +10,7 @@ package ebpfcni
 //go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem to_container -target bpfel -no-global-types toContainer bpf/to_container.c -- -I/usr/include/x86_64-linux-gnu -Ibpf -O2 -Wall -Werror
 //go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem sock_ops -target bpfel -no-global-types sockOps bpf/sock_ops.c -- -I/usr/include/x86_64-linux-gnu -Ibpf -O2 -Wall -Werror
 
-// hostPort and masquerade: uplink tcx ingress and egress, and the cgroup sock_addr hooks for the node's own sockets.
+// Node hooks (hostPort and masquerade): uplink tcx ingress and egress, and the cgroup sock_addr hooks for the node's own sockets.
 //go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem from_uplink -target bpfel -no-global-types fromUplink bpf/from_uplink.c -- -I/usr/include/x86_64-linux-gnu -Ibpf -O2 -Wall -Werror
 //go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem to_uplink -target bpfel -no-global-types toUplink bpf/to_uplink.c -- -I/usr/include/x86_64-linux-gnu -Ibpf -O2 -Wall -Werror
 //go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem sock -target bpfel -no-global-types sock bpf/sock.c -- -I/usr/include/x86_64-linux-gnu -Ibpf -O2 -Wall -Werror

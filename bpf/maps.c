@@ -1,14 +1,10 @@
 //go:build ignore
 
 /*
- * Not a program: compiled only so bpf2go can emit the map specs and the Go twins
- * of the structs in lib/maps.h into pkg/maps.
+ * Not a program: compiled only so bpf2go can emit the map specs of
+ * lib/maps.h and the Go twins of the structs in lib/types.h into pkg/maps.
  */
 #include "lib/maps.h"
-#include "lib/bandwidth.h"
-#include "lib/hostport.h"
-#include "lib/masq.h"
-#include "lib/stackflow.h"
 
 /* Reference the enums so they land in BTF and bpf2go generates Go constants. */
 enum cni_dir __dir_unused __attribute__((unused));

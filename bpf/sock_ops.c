@@ -6,7 +6,7 @@
  * with an ingress limit, cap the socket's pacing rate at that limit. See
  * lib/bandwidth.h for why.
  */
-#include "lib/endpoint.h"
+#include "lib/bandwidth.h"
 
 #ifndef SOL_SOCKET
 #define SOL_SOCKET 1
@@ -56,29 +56,6 @@ static __always_inline int is_local(const struct conn *c)
 	       c->remote[3] == c->local[3];
 }
 
-/* Ingress limit of the pod at the remote end, in bytes per second; 0: none. */
-static __always_inline __u64 remote_ingress_rate(const struct conn *c)
-{
-	struct ep_key k = {};
-	struct ep_info *ep;
-
-	if (c->family == AF_INET) {
-		k.family = AF_INET;
-		*(__u32 *)k.addr = c->remote[0];
-	} else if (c->family == AF_INET6) {
-		k.family = AF_INET6;
-		__builtin_memcpy(k.addr, c->remote, 16);
-	} else {
-		return 0;
-	}
-	ep = bpf_map_lookup_elem(&cni_endpoints, &k);
-	if (!ep || !(ep->flags & EP_F_BW_INGRESS))
-		return 0;
-	struct bw_key bk = { .ifindex = ep->ifindex, .dir = DIR_INGRESS };
-	struct bw_state *s = bpf_map_lookup_elem(&cni_bandwidth, &bk);
-	return s ? s->rate_bps / 8 : 0;
-}
-
 SEC("sockops")
 int cni_sock_ops(struct bpf_sock_ops *skops)
 {
@@ -96,10 +73,7 @@ int cni_sock_ops(struct bpf_sock_ops *skops)
 	if (is_local(&c))
 		return 1;
 
-	__u64 rate = ns->egress_rate;
-	__u64 in = remote_ingress_rate(&c);
-	if (in && (!rate || in < rate))
-		rate = in;
+	__u64 rate = bw_pacing_rate(ns, c.family, c.remote);
 	if (rate) {
 		/* The kernel takes an int here: bytes per second, ~0U meaning none. */
 		__u32 r = rate < 0xfffffffeULL ? (__u32)rate : 0xfffffffe;

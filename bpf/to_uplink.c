@@ -18,11 +18,9 @@ int cni_to_uplink(struct __sk_buff *skb)
 	if (!from || skb->protocol != bpf_htons(ETH_P_IP))
 		return TCX_NEXT;
 
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct iphdr *ip = data + ETH_HLEN;
+	struct iphdr *ip = pkt_ip4(skb);
 
-	if ((void *)(ip + 1) > data_end)
+	if (!ip)
 		return TCX_NEXT;
 	/* Forwarded from the pod's own host veth, with its address: the
 	 * source was checked there (from_container.c). */

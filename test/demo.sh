@@ -104,8 +104,8 @@ say "ebpf-agent dump endpoints (straight from the pinned maps)"
 innode "$WORK/bin/ebpf-agent" dump endpoints --pin-dir "$PIN" --state-dir "$WORK/state"
 
 if command -v bpftool >/dev/null; then
-	say "bpftool map dump pinned $PIN/maps_v1/cni_links"
-	bpftool map dump pinned "$PIN/maps_v1/cni_links"
+	say "bpftool map dump pinned $PIN/maps_v*/cni_links"
+	bpftool map dump pinned "$PIN"/maps_v*/cni_links
 fi
 
 say "cnitool del, then nothing is left"

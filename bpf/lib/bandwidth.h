@@ -1,7 +1,7 @@
 /*
  * Per-pod rate limits: a token bucket per (host veth, direction), enforced by
- * the host-veth programs with no qdisc. This kernel has no sch_fq, so EDT
- * (setting skb->tstamp) would be ignored; a bucket that drops early keeps
+ * the host-veth programs with no qdisc. EDT (setting skb->tstamp) needs sch_fq
+ * on the device, which a node may not have; a bucket that drops early keeps
  * latency low instead of queueing.
  *
  * Tokens are kept as nanoseconds of transmission time at the configured rate,
@@ -10,33 +10,13 @@
  * then charged in full, so a 64 KiB GSO packet passes even when the bucket is
  * smaller than it; the rate over any interval stays exact and the overshoot is
  * bounded by the burst plus one packet.
+ *
+ * Pods with a limit carry EP_F_BW_EGRESS / EP_F_BW_INGRESS in their endpoint
+ * entries, so unlimited pods never look the bucket up on the redirect path.
  */
 #pragma once
 
 #include "maps.h"
-
-struct bw_key {
-	__u32 ifindex; /* host veth */
-	__u32 dir;     /* enum cni_dir */
-};
-
-struct bw_state {
-	struct bpf_spin_lock lock;
-	__u32 pad;
-	__u64 ns_per_byte; /* 16.16 fixed point: (1e9 << 16) / bytes per second */
-	__u64 burst_ns;    /* bucket depth, in ns at the rate */
-	__s64 tokens_ns;   /* current fill; negative while paying off a packet */
-	__u64 last_ns;     /* bpf_ktime_get_ns() of the last refill */
-	__u64 rate_bps;    /* configured rate, bits per second (for dumps and CHECK) */
-	__u64 burst_bits;  /* effective burst, bits (for dumps and CHECK) */
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_ENDPOINTS * 2);
-	__type(key, struct bw_key);
-	__type(value, struct bw_state);
-} cni_bandwidth SEC(".maps");
 
 /* Returns 1 to admit the packet, 0 to drop it. Unlimited interfaces admit. */
 static __always_inline int bw_admit(__u32 ifindex, __u32 dir, __u32 len)
@@ -73,19 +53,44 @@ static __always_inline int bw_admit(__u32 ifindex, __u32 dir, __u32 len)
  * above stays the hard limit for everything else (UDP, senders on other hosts).
  *
  * The root-cgroup hook sees sockets of every netns on the machine, so it acts
- * only on the netns this node's pods and the node itself live in.
+ * only on the netns this node's pods and the node itself live in (cni_netns).
  */
-#define NETNS_F_NODE (1U << 0) /* the node's own netns (pods are reached from it) */
 
-struct netns_info {
-	__u64 egress_rate; /* bytes per second the netns' pod may send; 0: none */
-	__u32 flags;
-	__u32 pad;
-};
+/* Ingress limit of the pod at addr (family AF_INET or AF_INET6; IPv4 in the
+ * first 4 bytes), in bytes per second; 0: none. */
+static __always_inline __u64 bw_ingress_rate(__u32 family, const __u32 *addr)
+{
+	struct ep_key k = {};
+	struct ep_info *ep;
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_ENDPOINTS + 1);
-	__type(key, __u64); /* netns cookie */
-	__type(value, struct netns_info);
-} cni_netns SEC(".maps");
+	if (family == AF_INET) {
+		k.family = AF_INET;
+		*(__u32 *)k.addr = addr[0];
+	} else if (family == AF_INET6) {
+		k.family = AF_INET6;
+		__builtin_memcpy(k.addr, addr, 16);
+	} else {
+		return 0;
+	}
+	ep = bpf_map_lookup_elem(&cni_endpoints, &k);
+	if (!ep || !(ep->flags & EP_F_BW_INGRESS))
+		return 0;
+	struct bw_key bk = { .ifindex = ep->ifindex, .dir = DIR_INGRESS };
+	struct bw_state *s = bpf_map_lookup_elem(&cni_bandwidth, &bk);
+	return s ? s->rate_bps / 8 : 0;
+}
+
+/*
+ * The pacing rate of a TCP connection of a netns of this node (ns, its
+ * cni_netns entry) to the remote address, in bytes per second: the lower of
+ * the netns' pod's egress limit and the remote pod's ingress limit; 0: none.
+ */
+static __always_inline __u64 bw_pacing_rate(const struct netns_info *ns, __u32 family, const __u32 *remote)
+{
+	__u64 rate = ns->egress_rate;
+	__u64 in = bw_ingress_rate(family, remote);
+
+	if (in && (!rate || in < rate))
+		rate = in;
+	return rate;
+}

@@ -1,8 +1,42 @@
-/* Endpoint lookups and the same-node fast path shared by the host-veth programs. */
+/*
+ * A pod's endpoint: its addresses (cni_endpoints), its host veth
+ * (cni_links) and counters (cni_stats). Anti-spoofing, MAC learning, the
+ * same-node fast path (bpf_redirect_peer) and the router messages a pod may
+ * not send.
+ */
 #pragma once
 
 #include "maps.h"
+#include "pkt.h"
 #include "bandwidth.h"
+
+static __always_inline void count(__u32 ifindex, __u8 dir, __u8 reason, __u32 len)
+{
+	struct stats_key k = { .ifindex = ifindex, .dir = dir, .reason = reason };
+	struct stats_val *v = bpf_map_lookup_elem(&cni_stats, &k);
+
+	if (v) {
+		/* Per-CPU value: no atomics needed. */
+		v->packets++;
+		v->bytes += len;
+		return;
+	}
+	struct stats_val nv = { .packets = 1, .bytes = len };
+	bpf_map_update_elem(&cni_stats, &k, &nv, BPF_NOEXIST);
+}
+
+/* Verdicts on a packet from the pod (host veth ingress), counted. */
+static __always_inline int drop(__u32 ifindex, __u8 reason, __u32 len)
+{
+	count(ifindex, DIR_EGRESS, reason, len);
+	return TC_ACT_SHOT;
+}
+
+static __always_inline int pass(__u32 ifindex, __u32 len)
+{
+	count(ifindex, DIR_EGRESS, REASON_FORWARD, len);
+	return TC_ACT_OK;
+}
 
 static __always_inline struct ep_info *ep_lookup4(__be32 addr)
 {
@@ -20,15 +54,12 @@ static __always_inline struct ep_info *ep_lookup6(const struct in6_addr *addr)
 	return bpf_map_lookup_elem(&cni_endpoints, &k);
 }
 
-static __always_inline int is_link_local6(const struct in6_addr *a)
+static __always_inline struct ep_info *ep_lookup_addr(const __u8 *addr, __u8 family)
 {
-	return a->in6_u.u6_addr8[0] == 0xfe && (a->in6_u.u6_addr8[1] & 0xc0) == 0x80;
-}
+	struct ep_key k = { .family = family };
 
-static __always_inline int is_unspecified6(const struct in6_addr *a)
-{
-	return (a->in6_u.u6_addr32[0] | a->in6_u.u6_addr32[1] |
-		a->in6_u.u6_addr32[2] | a->in6_u.u6_addr32[3]) == 0;
+	addr_copy(k.addr, addr, family);
+	return bpf_map_lookup_elem(&cni_endpoints, &k);
 }
 
 /*

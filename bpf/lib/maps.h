@@ -1,75 +1,22 @@
 /*
- * Every pinned map of the datapath and the structs stored in them.
- * pkg/maps holds the Go twins, generated from this file by bpf2go (see generate.go);
- * change a layout here and bump maps.LayoutVersion so old pins are never reused.
+ * Every pinned map of the datapath, and nothing else: the structs are in
+ * types.h, the code that reads and writes them in the feature headers.
+ * pkg/maps pins and opens each one (by name), so a map added here is pinned
+ * on the next setup; bump maps.LayoutVersion with any change.
  */
 #pragma once
 
-#include "common.h"
-
-/* Direction, from the pod's point of view (as the CNI bandwidth capability names it). */
-enum cni_dir {
-	DIR_EGRESS = 0,  /* leaving the pod: host veth tcx ingress */
-	DIR_INGRESS = 1, /* entering the pod: host veth tcx egress, or redirected to it */
-	__DIR_MAX,
-};
-
-/* Why a packet was counted. Drops: REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN, REASON_DROP_BANDWIDTH and REASON_DROP_ROUTER_MSG. */
-enum cni_reason {
-	REASON_FORWARD = 0,       /* handed to the kernel stack */
-	REASON_REDIRECT = 1,      /* same-node pod to pod, bpf_redirect_peer */
-	REASON_DROP_SPOOF_IP = 2, /* source IP is not one of the pod's */
-	REASON_DROP_SPOOF_MAC = 3,/* source MAC is not the pod's */
-	REASON_DROP_PROTO = 4,    /* ethertype the pod may not send */
-	REASON_DROP_MALFORMED = 5,/* truncated headers */
-	REASON_DROP_UNKNOWN = 6,  /* no endpoint record for this interface */
-	REASON_NEIGH_REPLY = 7,   /* ARP/NS for the next hop, answered by the program */
-	REASON_DROP_BANDWIDTH = 8,/* over the pod's rate limit in this direction */
-	REASON_DROP_ROUTER_MSG = 9,/* a router advertisement or redirect (ICMPv6 134, 137; ICMP 5): pods do not configure the node */
-	__REASON_MAX,
-};
-
-/* Key of cni_endpoints: one entry per pod IP. */
-struct ep_key {
-	__u8 addr[16]; /* IPv4 in the first 4 bytes, rest zero */
-	__u8 family;   /* AF_INET or AF_INET6 */
-	__u8 pad[3];
-};
-
-/* ep_info.flags */
-#define EP_F_BW_EGRESS (1U << 0)  /* the pod has an egress limit: see bandwidth.h */
-#define EP_F_BW_INGRESS (1U << 1) /* the pod has an ingress limit */
-#define EP_F_HOSTPORT (1U << 2)   /* the pod has hostPort mappings: see hostport.h */
-#define EP_F_MASQ (1U << 3)       /* ipMasq: IPv4 leaving the cluster CIDRs is SNATed, see masq.h */
-
-/* Value of cni_endpoints. */
-struct ep_info {
-	__u32 ifindex;     /* host-side veth */
-	__u8 mac[6];       /* pod's MAC */
-	__u8 host_mac[6];  /* host veth's MAC, the pod's next hop */
-	__u32 flags;
-};
-
-/* Value of cni_links, keyed by host veth ifindex: what an interface's pod may send as. */
-struct link_info {
-	__u8 mac[6];      /* pod's MAC */
-	__u8 host_mac[6]; /* host veth's MAC */
-	__u32 flags;
-};
-
-struct stats_key {
-	__u32 ifindex; /* host veth */
-	__u8 dir;      /* enum cni_dir */
-	__u8 reason;   /* enum cni_reason */
-	__u16 pad;
-};
-
-struct stats_val {
-	__u64 packets;
-	__u64 bytes;
-};
+#include "types.h"
 
 #define MAX_ENDPOINTS 65536
+#define MAX_HOSTPORTS 65536
+#define MAX_CT 65536
+#define MAX_NODE_IPS 1024
+#define MAX_SNAT 131072 /* two entries per flow */
+#define MAX_CLUSTER_CIDRS 256
+#define MAX_STACK_FLOWS 65536
+
+/* ------------------------------------------------------------- endpoints */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -92,17 +39,96 @@ struct {
 	__type(value, struct stats_val);
 } cni_stats SEC(".maps");
 
-static __always_inline void count(__u32 ifindex, __u8 dir, __u8 reason, __u32 len)
-{
-	struct stats_key k = { .ifindex = ifindex, .dir = dir, .reason = reason };
-	struct stats_val *v = bpf_map_lookup_elem(&cni_stats, &k);
+/* ------------------------------------------------------------- bandwidth */
 
-	if (v) {
-		/* Per-CPU value: no atomics needed. */
-		v->packets++;
-		v->bytes += len;
-		return;
-	}
-	struct stats_val nv = { .packets = 1, .bytes = len };
-	bpf_map_update_elem(&cni_stats, &k, &nv, BPF_NOEXIST);
-}
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_ENDPOINTS * 2);
+	__type(key, struct bw_key);
+	__type(value, struct bw_state);
+} cni_bandwidth SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_ENDPOINTS + 1);
+	__type(key, __u64); /* netns cookie */
+	__type(value, struct netns_info);
+} cni_netns SEC(".maps");
+
+/* ---------------------------------------------- hostPort and node hooks */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_HOSTPORTS);
+	__type(key, struct hostport_key);
+	__type(value, struct hostport_val);
+} cni_hostports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_CT);
+	__type(key, struct ct_key);
+	__type(value, struct ct_val);
+} cni_ct SEC(".maps");
+
+/* The node's own addresses (key as cni_endpoints'); value: ifindex holding it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_NODE_IPS);
+	__type(key, struct ep_key);
+	__type(value, __u32);
+} cni_node_ips SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct hp_config);
+} cni_hp_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_CT);
+	__type(key, struct sock_rnat_key);
+	__type(value, struct sock_rnat_val);
+} cni_sock_rnat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, __HP_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} cni_hp_stats SEC(".maps");
+
+/* ------------------------------------------------------------ masquerade */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_SNAT);
+	__type(key, struct snat_key);
+	__type(value, struct snat_val);
+} cni_snat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, MAX_CLUSTER_CIDRS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct cidr_key);
+	__type(value, __u32);
+} cni_cluster_cidrs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, __MASQ_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} cni_masq_stats SEC(".maps");
+
+/* ----------------------------------------------------------- stack flows */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_STACK_FLOWS);
+	__type(key, struct sf_key);
+	__type(value, struct sf_val);
+} cni_stack_flows SEC(".maps");

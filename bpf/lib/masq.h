@@ -26,104 +26,25 @@
  *
  * Entries live in an LRU map and carry the last time they were used: an
  * entry idle for longer than its protocol's timeout (10 s once a TCP RST or
- * a FIN each way was seen) is treated as absent (and its port reused). DEL scans cni_snat for the pod's host veth.
+ * a FIN each way was seen) is treated as absent (and its port reused). DEL
+ * scans cni_snat for the pod's host veth.
  */
 #pragma once
 
-#include "stackflow.h"
-
-#ifndef IPPROTO_ICMP
-#define IPPROTO_ICMP 1
-#endif
+#include "hostport.h"
 
 #define ICMP_ECHOREPLY_T 0
 #define ICMP_ECHO_T 8
 
-/* Key of cni_cluster_cidrs (LPM trie): prefixlen counts the family byte and
- * its padding (32 bits) plus the CIDR's bits. */
-struct cidr_key {
-	__u32 prefixlen;
-	__u8 family;
-	__u8 pad[3];
-	__u8 addr[16];
-};
-
-#define SNAT_DIR_FWD 0 /* pod's view: addr/port = pod, peer = destination */
-#define SNAT_DIR_REV 1 /* wire view of replies: addr/port = node, peer = destination */
-
-/* Key of cni_snat. ICMP echo: port is the echo id, peer_port 0. */
-struct snat_key {
-	__u8 addr[16];
-	__u8 peer_addr[16];
-	__be16 port;
-	__be16 peer_port;
-	__u8 family;
-	__u8 proto;
-	__u8 dir; /* SNAT_DIR_* */
-	__u8 pad;
-};
-
-#define SNAT_F_CLOSING 1 /* TCP RST, or FIN both ways, seen: expires MASQ_TIMEOUT_CLOSING after the last packet */
-#define SNAT_F_FIN_OUT 2 /* TCP FIN from the pod */
-#define SNAT_F_FIN_IN 4  /* TCP FIN from the peer */
-
-/* Value of cni_snat: the other side of the translation. */
-struct snat_val {
-	__u8 addr[16]; /* forward: node address; reverse: pod address */
-	__be16 port;   /* forward: allocated port; reverse: pod's port */
-	__u16 flags;   /* SNAT_F_* */
-	__u32 ifindex;    /* host veth of the pod */
-	__u64 created_ns; /* bpf_ktime_get_ns() */
-	__u64 seen_ns;    /* last use, refreshed at most once a second */
-};
-
-/* Index of cni_masq_stats. */
-enum masq_stat {
-	MASQ_STAT_SNAT = 0,      /* pod -> outside, translated */
-	MASQ_STAT_REVERSE = 1,   /* reply translated back to the pod */
-	MASQ_STAT_NEW = 2,       /* port allocated, entries created */
-	MASQ_STAT_EXHAUSTED = 3, /* no free port among the candidates: dropped */
-	MASQ_STAT_NOT_NEW = 4,   /* TCP non-SYN of no known flow, or a UDP reply to a host that came in directly: passed untranslated */
-	MASQ_STAT_ERROR = 5,     /* rewrite or map update failed: dropped */
-	__MASQ_STAT_MAX,
-};
-
 #define MASQ_PORT_MIN 61000 /* above the default ip_local_port_range (32768-60999) */
 #define MASQ_PORT_MAX 65535
 #define MASQ_PROBES 32 /* more makes the verifier walk too many states */
-#define MAX_SNAT 131072 /* two entries per flow */
-#define MAX_CLUSTER_CIDRS 256
 
-#define NSEC 1000000000ULL
 #define MASQ_TIMEOUT_TCP (3600 * NSEC)
 #define MASQ_TIMEOUT_UDP (120 * NSEC)
 #define MASQ_TIMEOUT_ICMP (30 * NSEC)
 #define MASQ_TIMEOUT_CLOSING (10 * NSEC)
 #define MASQ_REUSE_CLOSED (NSEC / 2) /* a closed flow quiet this long gives its port up */
-#define TCP_FLAG_FIN 0x01
-#define TCP_FLAG_RST 0x04
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MAX_SNAT);
-	__type(key, struct snat_key);
-	__type(value, struct snat_val);
-} cni_snat SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
-	__uint(max_entries, MAX_CLUSTER_CIDRS);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct cidr_key);
-	__type(value, __u32);
-} cni_cluster_cidrs SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, __MASQ_STAT_MAX);
-	__type(key, __u32);
-	__type(value, __u64);
-} cni_masq_stats SEC(".maps");
 
 static __always_inline void masq_count(__u32 what)
 {
@@ -222,29 +143,8 @@ static __always_inline int masq_parse4(struct __sk_buff *skb, const struct iphdr
 static __always_inline int masq_rewrite4(struct __sk_buff *skb, struct flow *f, int is_src, __be32 addr, __be16 port)
 {
 	if (f->proto != IPPROTO_ICMP)
-		return nat_rewrite(skb, f, is_src, (const __u8 *)&addr, port);
-
-	__be32 from = *(__be32 *)(is_src ? f->saddr : f->daddr);
-	__be16 *cur_port = is_src ? &f->sport : &f->dport;
-
-	if (from != addr) {
-		__u32 off = ETH_HLEN + (is_src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr));
-
-		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), from, addr, sizeof(addr)))
-			return -1;
-		if (bpf_skb_store_bytes(skb, off, &addr, sizeof(addr), 0))
-			return -1;
-		*(__be32 *)(is_src ? f->saddr : f->daddr) = addr;
-	}
-	if (*cur_port != port) {
-		/* ICMP's checksum has no pseudo-header: only the id changes it. */
-		if (bpf_l4_csum_replace(skb, f->l4off + 2, *cur_port, port, sizeof(port)))
-			return -1;
-		if (bpf_skb_store_bytes(skb, f->l4off + 4, &port, sizeof(port), 0))
-			return -1;
-		*cur_port = port;
-	}
-	return 0;
+		return pkt_rewrite(skb, f, is_src, (const __u8 *)&addr, port);
+	return pkt_rewrite_echo4(skb, f, is_src, addr, port);
 }
 
 static __always_inline __u32 mix32(__u32 h)
@@ -367,14 +267,12 @@ static __always_inline int masq_inbound_reply(const struct flow *f, __u32 ifinde
  */
 static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_info *ep)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct iphdr *ip = data + ETH_HLEN;
+	struct iphdr *ip = pkt_ip4(skb);
 	struct flow f = {};
 	__be32 node;
 	__be16 port;
 
-	if ((void *)(ip + 1) > data_end)
+	if (!ip)
 		return MASQ_CONTINUE;
 	if (in_cluster4(ip->daddr))
 		return MASQ_CONTINUE;
@@ -447,13 +345,10 @@ static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_in
  */
 static __always_inline int masq_reverse(struct __sk_buff *skb)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct ethhdr *eth = data;
-	struct iphdr *ip = (void *)(eth + 1);
+	struct iphdr *ip = pkt_ip4(skb);
 	struct flow f = {};
 
-	if ((void *)(ip + 1) > data_end)
+	if (!ip)
 		return MASQ_CONTINUE;
 	if (masq_parse4(skb, ip, &f, ICMP_ECHOREPLY_T))
 		return MASQ_CONTINUE;

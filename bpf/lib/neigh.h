@@ -10,7 +10,6 @@
  */
 #pragma once
 
-#include <linux/icmpv6.h>
 #include "endpoint.h"
 
 struct arp_eth {
@@ -59,23 +58,6 @@ struct nd_na {
 
 #define ND_NS_LEN 24 /* type, code, cksum, reserved, target */
 #define NA_FRAME_LEN (sizeof(struct ethhdr) + sizeof(struct ipv6hdr) + sizeof(struct nd_na))
-
-static __always_inline __u32 csum_add_words(const void *p, int words, __u32 sum)
-{
-	const __u16 *w = p;
-
-#pragma unroll
-	for (int i = 0; i < words; i++)
-		sum += w[i];
-	return sum;
-}
-
-static __always_inline __sum16 csum_fold32(__u32 sum)
-{
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	return (__sum16)~sum;
-}
 
 static __always_inline int is_neigh_solicit(const struct ipv6hdr *ip6, const void *data_end)
 {
@@ -156,4 +138,55 @@ static __always_inline int ns_respond(struct __sk_buff *skb, const struct link_i
 	na->cksum = csum_fold32(sum);
 
 	return bpf_redirect(skb->ifindex, 0);
+}
+
+/* Answers a neighbour solicitation for the pod's next hop, else passes to the stack. */
+static __always_inline int nd_or_pass(struct __sk_buff *skb, const struct link_info *li)
+{
+	__u32 ifindex = skb->ifindex, len = skb->len;
+	int ret = ns_respond(skb, li);
+
+	if (ret < 0)
+		return pass(ifindex, len);
+	count(ifindex, DIR_EGRESS, REASON_NEIGH_REPLY, len);
+	return ret;
+}
+
+/* An ARP frame from the pod: checked like its IP packets (its MAC, its
+ * address), answered when it asks for the next hop, else passed. */
+static __always_inline int neigh_from_pod_arp(struct __sk_buff *skb, struct ethhdr *eth, void *data_end)
+{
+	struct arp_eth *arp = (void *)(eth + 1);
+	__u32 ifindex = skb->ifindex;
+
+	if ((void *)(arp + 1) > data_end)
+		return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
+	if (arp->hrd != bpf_htons(1) || arp->pro != bpf_htons(ETH_P_IP) ||
+	    arp->hln != 6 || arp->pln != 4)
+		return drop(ifindex, REASON_DROP_PROTO, skb->len);
+
+	struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
+	if (!li)
+		return drop(ifindex, REASON_DROP_UNKNOWN, skb->len);
+	/* The MAC the pod claims in ARP is the one it sends from. */
+	if (!mac_equal(arp->sha, eth->h_source))
+		return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
+	struct ep_info *src = NULL;
+	if (arp->spa != 0) { /* 0.0.0.0 is an address probe */
+		src = ep_lookup4(arp->spa);
+		if (!src || src->ifindex != ifindex)
+			return drop(ifindex, REASON_DROP_SPOOF_IP, skb->len);
+	}
+	if (!mac_equal(eth->h_source, li->mac) && !learn_mac(ifindex, src, eth->h_source))
+		return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
+	if (arp->op == ARPOP_REQUEST_BE && arp->spa != 0 && arp->tpa != arp->spa) {
+		/* Not a probe nor a gratuitous ARP: answer for the next hop, unless the
+		 * pod asks for one of its own addresses. */
+		struct ep_info *own = ep_lookup4(arp->tpa);
+		if (!own || own->ifindex != ifindex) {
+			count(ifindex, DIR_EGRESS, REASON_NEIGH_REPLY, skb->len);
+			return arp_respond(skb, eth, arp, li);
+		}
+	}
+	return pass(ifindex, skb->len);
 }

@@ -26,45 +26,8 @@
  */
 #pragma once
 
-#include "nat.h"
-
-#ifndef IPPROTO_ICMP
-#define IPPROTO_ICMP 1
-#endif
-#ifndef IPPROTO_SCTP
-#define IPPROTO_SCTP 132
-#endif
-
-#define SF_PEER_POD 1  /* the peer is a pod of this node */
-#define SF_PEER_NODE 2 /* the peer is a node address (UDP): the pod's replies are no hostPort hairpin */
-#define SF_INBOUND 4   /* the peer reached a masquerading pod directly (UDP): replies leave untranslated */
-
-/* Key of cni_stack_flows: the flow as the pod sends its replies. ICMP echo:
- * port is the echo id, peer_port 0. Protocols without ports: both 0. */
-struct sf_key {
-	__u8 addr[16];      /* the pod the stack delivered to */
-	__u8 peer_addr[16]; /* the source it came from */
-	__be16 port;
-	__be16 peer_port;
-	__u8 family;
-	__u8 proto;
-	__u16 pad;
-};
-
-struct sf_val {
-	__u32 ifindex; /* host veth of the pod */
-	__u32 flags;   /* SF_* */
-	__u64 seen_ns; /* last packet the stack delivered, refreshed at most once a second */
-};
-
-#define MAX_STACK_FLOWS 65536
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MAX_STACK_FLOWS);
-	__type(key, struct sf_key);
-	__type(value, struct sf_val);
-} cni_stack_flows SEC(".maps");
+#include "endpoint.h"
+#include "node.h"
 
 /* What a packet is to this table. */
 #define SF_PKT_FLOW 0   /* keyed by its own header */
@@ -282,4 +245,65 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 	}
 	sf_key_sent(&k, &f);
 	return sf_lookup(&k, ifindex) != NULL;
+}
+
+/* Whether a masqueraded flow of the pod has this tuple (a forward entry of
+ * cni_snat, see masq.h): the packet is the reply the uplink translated
+ * back, not a flow that came in. */
+static __always_inline int masq_flow_exists(const struct flow *f)
+{
+	struct snat_key fk = { .family = AF_INET, .proto = f->proto, .dir = SNAT_DIR_FWD,
+			       .port = f->dport, .peer_port = f->sport };
+
+	*(__u32 *)fk.addr = *(const __u32 *)f->daddr;
+	*(__u32 *)fk.peer_addr = *(const __u32 *)f->saddr;
+	return bpf_map_lookup_elem(&cni_snat, &fk) != NULL;
+}
+
+/*
+ * A packet the stack hands to the pod behind skb->ifindex: record its flow
+ * (keyed as the pod's replies will look) when its replies must go back
+ * through the stack.
+ */
+static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family)
+{
+	struct flow f = {};
+	int kind = sf_parse(skb, &f, family);
+
+	if (kind != SF_PKT_FLOW && kind != SF_PKT_OPEN)
+		return;
+	/* ICMP: only echo requests open something the pod answers. */
+	if ((f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6) && kind != SF_PKT_OPEN)
+		return;
+
+	__u32 flags = 0;
+	if (ep_lookup_addr(f.saddr, family)) {
+		flags = SF_PEER_POD;
+	} else if (f.proto == IPPROTO_UDP) {
+		if (node_hooks_enabled() && is_node_ip(f.saddr, family)) {
+			flags = SF_PEER_NODE;
+		} else if (family == AF_INET) {
+			struct ep_info *dst = ep_lookup_addr(f.daddr, family);
+
+			if (dst && (dst->flags & EP_F_MASQ) && dst->ifindex == skb->ifindex && !masq_flow_exists(&f))
+				flags = SF_INBOUND;
+		}
+	}
+	if (!flags)
+		return;
+
+	struct sf_key k;
+	__u64 now = bpf_ktime_get_ns();
+
+	sf_key_delivered(&k, &f);
+	struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, &k);
+	if (v && v->ifindex == skb->ifindex) {
+		if ((v->flags & flags) != flags || now - v->seen_ns > NSEC) {
+			v->flags |= flags;
+			v->seen_ns = now;
+		}
+		return;
+	}
+	struct sf_val nv = { .ifindex = skb->ifindex, .flags = flags, .seen_ns = now };
+	bpf_map_update_elem(&cni_stack_flows, &k, &nv, BPF_ANY);
 }

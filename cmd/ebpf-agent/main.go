@@ -3,243 +3,228 @@ package main
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
-	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // Version is set at build time with -ldflags "-X main.Version=...".
 var Version = "dev"
 
-const usage = `usage: ebpf-agent COMMAND [flags]
-
-  run                 own the pinned datapath: upgrade programs in place, reconcile, serve metrics
-  status              datapath health, versions, attach points (read-only)
-  dump endpoints      pod IPs with interfaces, pods and counters (read-only)
-  dump bandwidth      per-pod rate limits with passed and dropped traffic (read-only)
-  dump stats          every counter by pod, direction and reason (read-only)
-  dump hostports      hostPort mappings with their pods (read-only)
-  dump ct             translated hostPort flows and node sockets (read-only)
-  dump nat            masqueraded (ipMasq) flows, cluster CIDRs, counters (read-only)
-  peers --peers FILE  install routes to other nodes' pod CIDRs via their node IPs once (run does it at every reconcile)
-  reconcile           remove state of pods that are gone (--dry-run lists it)
-  upgrade             swap every attachment to this build's programs in place (--force reloads them)
-
-common flags: --pin-dir DIR --state-dir DIR; dumps and status: -o table|json
-`
-
-type common struct {
+// opts are the flags of every command, and the extra ones a command adds.
+type opts struct {
 	pinDir, stateDir, confDir, binDir, format string
+
+	// run, peers
+	metrics, cgroupRoot, peersFile string
+	interval                       time.Duration
+	hostPorts                      bool
+	// reconcile, upgrade
+	dryRun, force bool
 }
 
-func flags(name string, args []string, extra func(fs *flag.FlagSet)) (*common, *flag.FlagSet) {
-	c := &common{}
-	fs := flag.NewFlagSet(name, flag.ExitOnError)
-	fs.StringVar(&c.pinDir, "pin-dir", datapath.DefaultPinRoot, "bpffs directory of the datapath")
-	fs.StringVar(&c.stateDir, "state-dir", cni.DefaultStateDir, "plugin state directory (attachment records)")
-	fs.StringVar(&c.confDir, "cni-conf-dir", "/etc/cni/net.d", "CNI configuration directory (networks to reconcile)")
-	fs.StringVar(&c.binDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory (IPAM plugins, to release addresses)")
-	fs.StringVar(&c.format, "o", "table", "output format: table or json")
-	if extra != nil {
-		extra(fs)
+func (o *opts) source() inspect.Source { return inspect.Source{PinDir: o.pinDir, StateDir: o.stateDir} }
+
+func (o *opts) agentOptions() agent.Options {
+	return agent.Options{PinRoot: o.pinDir, StateDir: o.stateDir, ConfDir: o.confDir, CNIPath: o.binDir}
+}
+
+// command is one row of the table: its name (one or two words), its help
+// line, the flags it adds, and what it does.
+type command struct {
+	name  string
+	help  string
+	flags func(*flag.FlagSet, *opts)
+	run   func(*opts) error
+}
+
+var commands = []command{
+	{name: "run", help: "own the pinned datapath: upgrade programs in place, reconcile, serve metrics",
+		flags: runFlags, run: run},
+	{name: "status", help: "datapath health, versions, attach points (read-only; exit 1 when unhealthy)",
+		run: status},
+	{name: "dump endpoints", help: "pod IPs with interfaces, pods and counters (read-only)",
+		run: dump(func(s inspect.Source) (inspect.Report, error) { return inspect.ReadEndpoints(s) })},
+	{name: "dump bandwidth", help: "per-pod rate limits with passed and dropped traffic (read-only)",
+		run: dump(func(s inspect.Source) (inspect.Report, error) { return inspect.ReadBandwidth(s) })},
+	{name: "dump stats", help: "every counter by pod, direction and reason (read-only)",
+		run: dump(func(s inspect.Source) (inspect.Report, error) { return inspect.ReadStats(s) })},
+	{name: "dump hostports", help: "hostPort mappings with their pods (read-only)",
+		run: dump(func(s inspect.Source) (inspect.Report, error) { return inspect.ReadHostPorts(s) })},
+	{name: "dump ct", help: "translated hostPort flows, node sockets and stack flows (read-only)",
+		run: dump(func(s inspect.Source) (inspect.Report, error) { return inspect.ReadCT(s) })},
+	{name: "dump nat", help: "masqueraded (ipMasq) flows, cluster CIDRs, counters (read-only)",
+		run: dump(func(s inspect.Source) (inspect.Report, error) { return inspect.ReadNAT(s) })},
+	{name: "dump attachments", help: "the plugin's attachment records: container, interface, host veth, IPs (read-only)",
+		run: dump(func(s inspect.Source) (inspect.Report, error) { return inspect.ReadAttachments(s) })},
+	{name: "peers", help: "install routes to other nodes' pod CIDRs via their node IPs once (run does it at every reconcile)",
+		flags: func(fs *flag.FlagSet, o *opts) {
+			fs.StringVar(&o.peersFile, "peers", "", "JSON file [{nodeIP, podCIDRs}] (required)")
+		}, run: peers},
+	{name: "reconcile", help: "remove state of pods that are gone (--dry-run lists it)",
+		flags: func(fs *flag.FlagSet, o *opts) {
+			fs.BoolVar(&o.dryRun, "dry-run", false, "only list what would be removed")
+		}, run: reconcile},
+	{name: "upgrade", help: "swap every attachment to this build's programs in place (--force reloads them)",
+		flags: func(fs *flag.FlagSet, o *opts) {
+			fs.BoolVar(&o.force, "force", false, "reload this build's programs even if already pinned, and swap them in")
+		}, run: upgrade},
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: ebpf-agent COMMAND [flags]")
+	fmt.Fprintln(w)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-18s  %s\n", c.name, c.help)
 	}
-	fs.Parse(args)
-	return c, fs
+	fmt.Fprintln(w, "\ncommon flags: --pin-dir DIR --state-dir DIR --cni-conf-dir DIR --cni-bin-dir DIR; dumps, status and reports: -o table|json")
+	fmt.Fprintln(w, "ebpf-agent COMMAND -h lists a command's flags")
+}
+
+// find matches the arguments to a command: its name is one or two words.
+func find(args []string) (*command, []string) {
+	for i := range commands {
+		words := strings.Fields(commands[i].name)
+		if len(args) >= len(words) && strings.Join(args[:len(words)], " ") == commands[i].name {
+			return &commands[i], args[len(words):]
+		}
+	}
+	return nil, nil
 }
 
 func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprint(os.Stderr, usage)
+	args := os.Args[1:]
+	if len(args) == 0 {
+		usage(os.Stderr)
 		os.Exit(2)
 	}
-	var err error
-	args := os.Args[2:]
-	switch os.Args[1] {
-	case "run":
-		err = run(args)
-	case "status":
-		c, _ := flags("status", args, nil)
-		r := agent.Status(c.pinDir, Version)
-		err = agent.WriteStatus(os.Stdout, r, c.format)
-		if err == nil && !r.Healthy {
-			os.Exit(1)
-		}
-	case "dump":
-		err = dump(args)
-	case "peers":
-		var file string
-		c, _ := flags("peers", args, func(fs *flag.FlagSet) { fs.StringVar(&file, "peers", "", "JSON file [{nodeIP, podCIDRs}]") })
-		err = syncPeers(c, file)
-	case "reconcile":
-		var dry bool
-		c, _ := flags("reconcile", args, func(fs *flag.FlagSet) { fs.BoolVar(&dry, "dry-run", false, "only list what would be removed") })
-		err = reconcile(c, dry)
-	case "upgrade":
-		var force bool
-		c, _ := flags("upgrade", args, func(fs *flag.FlagSet) {
-			fs.BoolVar(&force, "force", false, "reload this build's programs even if already pinned, and swap them in")
-		})
-		err = upgrade(c, force)
-	case "-h", "--help", "help":
-		fmt.Print(usage)
+	if args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(os.Stdout)
 		return
-	default:
-		fmt.Fprintf(os.Stderr, "unknown command %q\n%s", os.Args[1], usage)
+	}
+	c, rest := find(args)
+	if c == nil {
+		fmt.Fprintf(os.Stderr, "ebpf-agent: unknown command %q\n\n", strings.Join(args, " "))
+		usage(os.Stderr)
 		os.Exit(2)
 	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "ebpf-agent:", err)
+	o := &opts{}
+	fs := flag.NewFlagSet(c.name, flag.ExitOnError)
+	fs.StringVar(&o.pinDir, "pin-dir", datapath.DefaultPinRoot, "bpffs directory of the datapath")
+	fs.StringVar(&o.stateDir, "state-dir", state.DefaultDir, "plugin state directory (attachment records)")
+	fs.StringVar(&o.confDir, "cni-conf-dir", "/etc/cni/net.d", "CNI configuration directory (networks to reconcile)")
+	fs.StringVar(&o.binDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory (IPAM plugins, to release addresses)")
+	fs.StringVar(&o.format, "o", "table", "output format: table or json")
+	if c.flags != nil {
+		c.flags(fs, o)
+	}
+	fs.Parse(rest)
+	if err := c.run(o); err != nil {
+		var unhealthy errUnhealthy
+		if !errors.As(err, &unhealthy) {
+			fmt.Fprintln(os.Stderr, "ebpf-agent:", err)
+		}
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
-	var (
-		metrics    string
-		interval   time.Duration
-		hostPorts  bool
-		cgroupRoot string
-		peersFile  string
-	)
-	c, _ := flags("run", args, func(fs *flag.FlagSet) {
-		fs.StringVar(&peersFile, "peers", "", "JSON file [{nodeIP, podCIDRs}] of the other nodes: routes to their pod CIDRs via their node IPs (host-gw)")
-		fs.StringVar(&metrics, "metrics-addr", "127.0.0.1:9964", "Prometheus metrics listener; empty disables it")
-		fs.DurationVar(&interval, "reconcile-interval", time.Minute, "how often to look for stale state")
-		fs.BoolVar(&hostPorts, "hostports", true, "own the node-level hostPort hooks (uplinks, cgroup socket hooks, node addresses)")
-		fs.StringVar(&cgroupRoot, "cgroup-root", "", "cgroup2 directory for the node-wide socket hooks (default: the cgroup2 mount)")
-	})
+// errUnhealthy: status printed an unhealthy report; the exit status says so.
+type errUnhealthy struct{}
+
+func (errUnhealthy) Error() string { return "datapath unhealthy" }
+
+func runFlags(fs *flag.FlagSet, o *opts) {
+	fs.StringVar(&o.peersFile, "peers", "", "JSON file [{nodeIP, podCIDRs}] of the other nodes: routes to their pod CIDRs via their node IPs (host-gw)")
+	fs.StringVar(&o.metrics, "metrics-addr", "127.0.0.1:9964", "Prometheus metrics listener; empty disables it")
+	fs.DurationVar(&o.interval, "reconcile-interval", time.Minute, "how often to look for stale state")
+	fs.BoolVar(&o.hostPorts, "hostports", true, "own the node hooks hostPort and ipMasq need (uplinks, cgroup socket hooks, node addresses)")
+	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup2 directory for the node-wide socket hooks (default: the cgroup2 mount)")
+}
+
+func run(o *opts) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return agent.Run(ctx, agent.Options{
-		PinRoot: c.pinDir, StateDir: c.stateDir, ConfDir: c.confDir, CNIPath: c.binDir,
-		MetricsAddr: metrics, ReconcileInterval: interval, Version: Version,
-		HostPorts: hostPorts, CgroupRoot: cgroupRoot, PeersFile: peersFile,
-		Logger: log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags),
-	})
+	ao := o.agentOptions()
+	ao.MetricsAddr, ao.ReconcileInterval, ao.Version = o.metrics, o.interval, Version
+	ao.HostPorts, ao.CgroupRoot, ao.PeersFile = o.hostPorts, o.cgroupRoot, o.peersFile
+	ao.Logger = log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags)
+	return agent.Run(ctx, ao)
 }
 
-func dump(args []string) error {
-	if len(args) < 1 {
-		return fmt.Errorf("dump what? (endpoints, bandwidth, stats, hostports, ct or nat)")
-	}
-	c, _ := flags("dump", args[1:], nil)
-	switch args[0] {
-	case "endpoints":
-		rows, err := agent.Endpoints(c.pinDir, c.stateDir)
-		if err != nil {
-			return err
-		}
-		return agent.WriteEndpoints(os.Stdout, rows, c.format)
-	case "bandwidth":
-		rows, err := agent.Bandwidth(c.pinDir, c.stateDir)
-		if err != nil {
-			return err
-		}
-		return agent.WriteBandwidth(os.Stdout, rows, c.format)
-	case "stats":
-		rows, err := agent.Stats(c.pinDir, c.stateDir)
-		if err != nil {
-			return err
-		}
-		return agent.WriteStats(os.Stdout, rows, c.format)
-	case "hostports":
-		rows, err := agent.HostPorts(c.pinDir, c.stateDir)
-		if err != nil {
-			return err
-		}
-		return agent.WriteHostPorts(os.Stdout, rows, c.format)
-	case "ct":
-		d, err := agent.CT(c.pinDir)
-		if err != nil {
-			return err
-		}
-		return agent.WriteCT(os.Stdout, d, c.format)
-	case "nat":
-		d, err := agent.NAT(c.pinDir)
-		if err != nil {
-			return err
-		}
-		return agent.WriteNAT(os.Stdout, d, c.format)
-	}
-	return fmt.Errorf("unknown dump %q (want endpoints, bandwidth, stats, hostports, ct or nat)", args[0])
-}
-
-func reconcile(c *common, dry bool) error {
-	st, err := agent.ReconcileAll(agent.Options{PinRoot: c.pinDir, StateDir: c.stateDir, ConfDir: c.confDir, CNIPath: c.binDir}, dry)
-	if c.format == "json" {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if e := enc.Encode(st); e != nil {
-			return e
-		}
-	} else {
-		verb := "removed"
-		if dry {
-			verb = "would remove"
-		}
-		tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(tw, "KIND\t%s\n", map[bool]string{true: "WOULD REMOVE", false: "REMOVED"}[dry])
-		for _, s := range st {
-			fmt.Fprintf(tw, "%s\t%s\n", s.Kind, s.What)
-		}
-		tw.Flush()
-		fmt.Printf("%s %d items\n", verb, len(st))
-	}
-	return err
-}
-
-func upgrade(c *common, force bool) error {
-	dp, err := datapath.Ensure(c.pinDir)
-	if err != nil {
+func status(o *opts) error {
+	r := inspect.Status(o.source(), Version)
+	if err := inspect.Write(os.Stdout, r, o.format); err != nil {
 		return err
 	}
-	defer dp.Close()
-	rep, err := dp.Upgrade(force)
-	if c.format == "json" {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if e := enc.Encode(rep); e != nil {
-			return e
+	if !r.Healthy {
+		return errUnhealthy{}
+	}
+	return nil
+}
+
+// dump is a read-only command printing one report.
+func dump(read func(inspect.Source) (inspect.Report, error)) func(*opts) error {
+	return func(o *opts) error {
+		r, err := read(o.source())
+		if err != nil {
+			return err
 		}
-	} else {
-		fmt.Printf("links: %d, swapped in place: %d, defunct: %d, old program pins removed: %d\n",
-			rep.Links, rep.Replaced, len(rep.Defunct), len(rep.RemovedProgs))
+		return inspect.Write(os.Stdout, r, o.format)
+	}
+}
+
+// report prints r even when err is set (what was done before the failure),
+// then returns err.
+func report(o *opts, r inspect.Report, err error) error {
+	if werr := inspect.Write(os.Stdout, r, o.format); werr != nil {
+		return werr
 	}
 	return err
 }
 
-func syncPeers(c *common, file string) error {
-	if file == "" {
-		return fmt.Errorf("peers: --peers FILE is required")
+func peers(o *opts) error {
+	if o.peersFile == "" {
+		return errors.New("peers: --peers FILE is required")
 	}
-	ps, err := agent.LoadPeers(file)
+	ps, err := agent.LoadPeers(o.peersFile)
 	if err != nil {
 		return err
 	}
 	rs, err := agent.SyncPeerRoutes(ps)
-	if c.format == "json" {
-		if rs == nil {
-			rs = []agent.PeerRoute{}
-		}
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if e := enc.Encode(rs); e != nil {
-			return e
-		}
-	} else {
-		for _, r := range rs {
-			fmt.Printf("%s via %s\n", r.Dst, r.Via)
-		}
+	return report(o, rs, err)
+}
+
+func reconcile(o *opts) error {
+	st, err := agent.ReconcileAll(o.agentOptions(), o.dryRun)
+	return report(o, agent.Reconciled{Stale: st, DryRun: o.dryRun}, err)
+}
+
+// upgraded is upgrade's report.
+type upgraded struct{ datapath.UpgradeReport }
+
+func (u upgraded) Tables() []inspect.Table {
+	return []inspect.Table{{Lines: []string{fmt.Sprintf("links: %d, swapped in place: %d, defunct: %d, old program pins removed: %d",
+		u.Links, u.Replaced, len(u.Defunct), len(u.RemovedProgs))}}}
+}
+
+func upgrade(o *opts) error {
+	dp, err := datapath.Ensure(o.pinDir)
+	if err != nil {
+		return err
 	}
-	return err
+	defer dp.Close()
+	rep, err := dp.Upgrade(o.force)
+	return report(o, upgraded{rep}, err)
 }

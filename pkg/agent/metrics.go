@@ -7,7 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
 
 // collector reads the pinned maps at every scrape: the kernel keeps the
@@ -52,7 +53,8 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.info, prometheus.GaugeValue, 1, c.version)
-	st := Status(c.pinRoot, c.version)
+	src := inspect.Source{PinDir: c.pinRoot, StateDir: c.stateDir}
+	st := inspect.Status(src, c.version)
 	h := 0.0
 	if st.Healthy {
 		h = 1
@@ -64,7 +66,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	c.mu.Unlock()
 
-	m, err := maps.Open(c.pinRoot)
+	m, err := datapath.OpenMaps(src.PinDir)
 	if err != nil {
 		return
 	}
@@ -76,12 +78,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		return
 	}
-	recs := records(c.stateDir)
+	names := inspect.NewNames(src.StateDir)
 	for idx, cs := range all {
-		name, rec := ifName(int(idx)), recs[idx]
-		pod := rec.name()
+		name := names.Interface(int(idx))
+		container, pod := names.Pod(int(idx))
 		for k, v := range cs {
-			lv := []string{name, pod, rec.ContainerID, k.Dir.String(), k.Reason.String()}
+			lv := []string{name, pod, container, k.Dir.String(), k.Reason.String()}
 			ch <- prometheus.MustNewConstMetric(c.packets, prometheus.CounterValue, float64(v.Packets), lv...)
 			ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(v.Bytes), lv...)
 		}

@@ -10,6 +10,8 @@ import (
 	"sort"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 )
 
 // RouteProtocol marks the routes the agent installs to other nodes' pod
@@ -54,13 +56,32 @@ type PeerRoute struct {
 	Via string `json:"via"`
 }
 
+// PeerRoutes is what `peers` installed.
+type PeerRoutes []PeerRoute
+
+// MarshalJSON is the list, empty rather than null.
+func (rs PeerRoutes) MarshalJSON() ([]byte, error) {
+	if rs == nil {
+		return []byte("[]"), nil
+	}
+	return json.Marshal([]PeerRoute(rs))
+}
+
+func (rs PeerRoutes) Tables() []inspect.Table {
+	t := inspect.Table{}
+	for _, r := range rs {
+		t.Lines = append(t.Lines, r.Dst+" via "+r.Via)
+	}
+	return []inspect.Table{t}
+}
+
 // SyncPeerRoutes makes the routes of RouteProtocol in the current netns
 // exactly one per pod CIDR of every peer (host-gw: "podCIDR via nodeIP",
 // the node IP must be on a link of this node): it replaces what changed and
 // removes routes of peers no longer listed. Peers whose nodeIP is an
 // address of this node are this node itself and skipped. Returns the routes
 // wanted.
-func SyncPeerRoutes(peers []Peer) ([]PeerRoute, error) {
+func SyncPeerRoutes(peers []Peer) (PeerRoutes, error) {
 	local := map[string]bool{}
 	if addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL); err == nil {
 		for _, a := range addrs {
@@ -68,7 +89,7 @@ func SyncPeerRoutes(peers []Peer) ([]PeerRoute, error) {
 		}
 	}
 	want := map[string]netlink.Route{}
-	var out []PeerRoute
+	var out PeerRoutes
 	var errs error
 	for _, p := range peers {
 		gw := net.ParseIP(p.NodeIP)

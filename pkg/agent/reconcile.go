@@ -12,9 +12,11 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // Stale is one piece of state that belongs to no live pod.
@@ -23,12 +25,39 @@ type Stale struct {
 	What string `json:"what"`
 }
 
+// Reconciled is what `reconcile` removed (or, DryRun, would remove).
+type Reconciled struct {
+	Stale  []Stale
+	DryRun bool
+}
+
+// MarshalJSON is the list itself.
+func (r Reconciled) MarshalJSON() ([]byte, error) {
+	if r.Stale == nil {
+		return []byte("[]"), nil
+	}
+	return json.Marshal(r.Stale)
+}
+
+func (r Reconciled) Tables() []inspect.Table {
+	col, verb := "REMOVED", "removed"
+	if r.DryRun {
+		col, verb = "WOULD REMOVE", "would remove"
+	}
+	t := inspect.Table{Header: []string{"KIND", col}, Footer: fmt.Sprintf("%s %d items", verb, len(r.Stale))}
+	for _, s := range r.Stale {
+		t.Rows = append(t.Rows, []string{s.Kind, s.What})
+	}
+	return []inspect.Table{t}
+}
+
 // NetworkConf is an ebpf-cni network found in the CNI configuration
 // directory, as the runtime would pass it to the plugin.
 type NetworkConf struct {
 	Name  string
 	File  string
 	Bytes []byte
+	Net   *endpoint.Network
 }
 
 // LoadNetworks reads confDir for conflists and confs whose plugin of type
@@ -64,11 +93,11 @@ func LoadNetworks(confDir, pinRoot string) ([]NetworkConf, error) {
 			}
 			m["name"], m["cniVersion"] = list.Name, list.CNIVersion
 			b, _ := json.Marshal(m)
-			_, pin, _, err := cni.ConfDirs(b)
-			if err != nil || filepath.Clean(pin) != filepath.Clean(pinRoot) {
+			n, err := endpoint.ParseNetwork(b)
+			if err != nil || filepath.Clean(n.PinDir) != filepath.Clean(pinRoot) {
 				continue
 			}
-			out = append(out, NetworkConf{Name: list.Name, File: f, Bytes: b})
+			out = append(out, NetworkConf{Name: list.Name, File: f, Bytes: b, Net: n})
 		}
 	}
 	return out, nil
@@ -174,7 +203,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 
 	// netns entries: the node's stays; a pod's stays while a record names it.
 	known := make(map[uint64]bool)
-	recs, _ := cni.ListAllRecords(stateDir)
+	recs, _ := state.ListAll(stateDir)
 	for _, r := range recs {
 		if r.NetnsCookie != 0 {
 			known[r.NetnsCookie] = true
@@ -189,21 +218,35 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		}
 	}
 
-	// Link pins of devices that are gone (node-wide hooks are named node_*).
-	pins, _ := os.ReadDir(filepath.Join(pinRoot, "links"))
-	for _, p := range pins {
-		name := p.Name()
-		if strings.HasPrefix(name, "node_") {
-			continue
-		}
-		i := strings.LastIndexByte(name, '_')
-		if i <= 0 {
-			continue
-		}
-		if _, err := netlink.LinkByName(name[:i]); err != nil {
-			path := filepath.Join(pinRoot, "links", name)
-			act("link-pin", name, func() error { return os.Remove(path) })
-		}
+	// Link pins of host veths that are gone.
+	for _, p := range datapath.OrphanVethLinkPins(pinRoot) {
+		path := p.Path
+		act("link-pin", filepath.Base(path), func() error { return os.Remove(path) })
 	}
 	return out, errs
+}
+
+// ReconcileAll reconciles attachments of every ebpf-cni network in the CNI
+// configuration directory that uses this pin root, then the maps and pins.
+func ReconcileAll(o Options, dryRun bool) ([]Stale, error) {
+	var (
+		out  []Stale
+		errs error
+	)
+	nets, err := LoadNetworks(o.ConfDir, o.PinRoot)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = errors.Join(errs, err)
+	}
+	for _, n := range nets {
+		done, err := endpoint.Reconcile(n.Net, n.Bytes, o.CNIPath, dryRun)
+		for _, d := range done {
+			out = append(out, Stale{Kind: "attachment", What: d})
+		}
+		errs = errors.Join(errs, err)
+	}
+	st, err := ReconcileMaps(o.PinRoot, o.StateDir, dryRun)
+	if errors.Is(err, os.ErrNotExist) {
+		err = nil // nothing pinned yet
+	}
+	return append(out, st...), errors.Join(errs, err)
 }

@@ -5,22 +5,21 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/cni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // Options configure `ebpf-agent run`.
@@ -33,7 +32,7 @@ type Options struct {
 	ReconcileInterval time.Duration
 	Version           string
 	Logger            *log.Logger
-	HostPorts         bool   // own the node-level hostPort hooks (uplinks, socket hooks, node addresses)
+	HostPorts         bool   // own the node hooks (uplinks, socket hooks, node addresses) hostPort and ipMasq need
 	CgroupRoot        string // cgroup2 mount for the socket hooks; "" finds it
 	// PeersFile lists the other nodes and their pod CIDRs (host-gw routes,
 	// see SyncPeerRoutes); re-read at every reconcile. "" installs none.
@@ -64,8 +63,8 @@ func Run(ctx context.Context, o Options) error {
 		// before they run. (Old host veth programs still masquerade
 		// themselves meanwhile; where conntrack drops INVALID packets, the
 		// first reply of a TCP flow they open in between is lost and resent.)
-		if _, err := dp.EnsureHostPorts(datapath.HostPortOptions{CgroupRoot: o.CgroupRoot}); err != nil {
-			lg.Printf("hostPort hooks before the upgrade: %v", err)
+		if _, err := dp.EnsureNodeHooks(datapath.NodeHookOptions{CgroupRoot: o.CgroupRoot}); err != nil {
+			lg.Printf("node hooks before the upgrade: %v", err)
 		}
 	}
 	rep, err := dp.Upgrade(false)
@@ -127,7 +126,7 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 		defer hdp.Close()
-		go runHostPorts(ctx, hdp, &runConfig{hostPorts: true, cgroupRoot: o.CgroupRoot}, lg)
+		go runNodeHooks(ctx, hdp, o.CgroupRoot, time.Minute, lg)
 	}
 
 	// A deleted host veth is the usual sign of a pod gone without DEL.
@@ -146,7 +145,7 @@ func Run(ctx context.Context, o Options) error {
 			lg.Printf("stopping; the pinned datapath stays in place")
 			return nil
 		case u := <-updates:
-			if u.Header.Type == syscall.RTM_DELLINK && strings.HasPrefix(u.Attrs().Name, "ebpf") && debounce == nil {
+			if u.Header.Type == syscall.RTM_DELLINK && strings.HasPrefix(u.Attrs().Name, state.HostIfPrefix) && debounce == nil {
 				debounce = time.After(2 * time.Second) // let a DEL in flight finish first
 			}
 		case <-debounce:
@@ -159,27 +158,63 @@ func Run(ctx context.Context, o Options) error {
 	}
 }
 
-// ReconcileAll reconciles attachments of every ebpf-cni network in the CNI
-// configuration directory that uses this pin root, then the maps and pins.
-func ReconcileAll(o Options, dryRun bool) ([]Stale, error) {
-	var (
-		out  []Stale
-		errs error
-	)
-	nets, err := LoadNetworks(o.ConfDir, o.PinRoot)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = errors.Join(errs, err)
-	}
-	for _, n := range nets {
-		done, err := cni.Reconcile(n.Bytes, o.CNIPath, dryRun)
-		for _, d := range done {
-			out = append(out, Stale{Kind: "attachment", What: d})
+// runNodeHooks is Run's node hook loop (Options.HostPorts): it sets the
+// hooks up at start (as an ADD with portMappings or ipMasq would), follows
+// the node's addresses and links (cni_node_ips, uplinks), and every prune
+// interval drops the hostPort mappings and flows of pods whose host veth
+// is gone. It returns when ctx ends.
+func runNodeHooks(ctx context.Context, dp *datapath.Datapath, cgroupRoot string, prune time.Duration, logger *log.Logger) {
+	opts := datapath.NodeHookOptions{CgroupRoot: cgroupRoot, MustRefresh: true}
+	sync := func(why string) {
+		h, err := dp.EnsureNodeHooks(opts)
+		if h == nil {
+			logger.Printf("node hooks (%s): %v", why, err)
+			return
 		}
-		errs = errors.Join(errs, err)
+		if err != nil { // uplinks set up; the socket hooks could not be
+			logger.Printf("node hooks (%s): %v", why, err)
+		}
+		logger.Printf("node hooks (%s): cgroup %s, uplinks %v, %d node addresses", why, h.CgroupRoot, h.Uplinks, len(h.NodeIPs))
 	}
-	st, err := ReconcileMaps(o.PinRoot, o.StateDir, dryRun)
-	if errors.Is(err, os.ErrNotExist) {
-		err = nil // nothing pinned yet
+	sync("start")
+
+	addrs := make(chan netlink.AddrUpdate, 64)
+	links := make(chan netlink.LinkUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	if err := netlink.AddrSubscribe(addrs, done); err != nil {
+		logger.Printf("hostPort: no address notifications (%v); relying on ADDs and the periodic sync", err)
 	}
-	return append(out, st...), errors.Join(errs, err)
+	if err := netlink.LinkSubscribe(links, done); err != nil {
+		logger.Printf("hostPort: no link notifications (%v); relying on ADDs and the periodic sync", err)
+	}
+	tick := time.NewTicker(prune)
+	defer tick.Stop()
+	var debounce <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u := <-addrs:
+			if !u.LinkAddress.IP.IsLinkLocalUnicast() {
+				debounce = time.After(200 * time.Millisecond)
+			}
+		case u := <-links:
+			// Host veths ("ebpf" + hash) come and go with pods; only other links matter.
+			if u.Link == nil || !strings.HasPrefix(u.Link.Attrs().Name, state.HostIfPrefix) {
+				debounce = time.After(200 * time.Millisecond)
+			}
+		case <-debounce:
+			debounce = nil
+			sync("addresses or links changed")
+		case <-tick.C:
+			n, err := endpoint.PruneHostPorts(dp.Maps)
+			if err != nil {
+				logger.Printf("hostPort: prune: %v", err)
+			} else if n > 0 {
+				logger.Printf("hostPort: pruned %d entries of pods whose host veth is gone", n)
+			}
+			sync("periodic")
+		}
+	}
 }

@@ -2,12 +2,10 @@ package cni
 
 import (
 	"errors"
-	"net"
 	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
-	current "github.com/containernetworking/cni/pkg/types/100"
 )
 
 func TestParseConfErrors(t *testing.T) {
@@ -46,11 +44,11 @@ func TestValidateIPAM(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			conf := &NetConf{}
+			ipamType := ""
 			if c.conf != "{}" {
-				conf.IPAM.Type = "host-local"
+				ipamType = "host-local"
 			}
-			err := validateIPAM([]byte(c.conf), conf)
+			err := validateIPAM([]byte(c.conf), ipamType, 0)
 			if c.mention == "" {
 				if err != nil {
 					t.Fatalf("unexpected error: %v", err)
@@ -73,84 +71,5 @@ func assertCNIError(t *testing.T, err error, code uint, mention string) {
 	}
 	if !strings.Contains(te.Msg, mention) {
 		t.Fatalf("message %q does not name %q", te.Msg, mention)
-	}
-}
-
-func TestHostIfName(t *testing.T) {
-	a := HostIfName("abc", "eth0")
-	if len(a) != 15 || !strings.HasPrefix(a, "ebpf") {
-		t.Fatalf("bad name %q", a)
-	}
-	if a != HostIfName("abc", "eth0") {
-		t.Fatal("not deterministic")
-	}
-	if a == HostIfName("abc", "eth1") || a == HostIfName("abd", "eth0") {
-		t.Fatal("different attachments share a name")
-	}
-}
-
-func TestNewPlanRoutes(t *testing.T) {
-	_, n4, _ := net.ParseCIDR("10.0.0.5/24")
-	_, n6, _ := net.ParseCIDR("fd00::5/64")
-	_, extra, _ := net.ParseCIDR("192.168.0.0/16")
-	res := &current.Result{
-		IPs: []*current.IPConfig{
-			{Address: net.IPNet{IP: net.ParseIP("10.0.0.5").To4(), Mask: n4.Mask}, Gateway: net.ParseIP("10.0.0.1")},
-			{Address: net.IPNet{IP: net.ParseIP("fd00::5"), Mask: n6.Mask}}, // no gateway: fallback
-		},
-		Routes: []*types.Route{{Dst: *extra}},
-	}
-	p, err := newPlan(res, "ebpfx", "eth0", 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]string{}
-	for _, r := range p.routes {
-		got[r.dst.String()] = r.gw.String()
-	}
-	want := map[string]string{"192.168.0.0/16": "10.0.0.1", "0.0.0.0/0": "10.0.0.1", "::/0": "fe80::1"}
-	for k, v := range want {
-		if got[k] != v {
-			t.Errorf("route %s via %q, want %q (all: %v)", k, got[k], v, got)
-		}
-	}
-	if len(p.gws) != 2 {
-		t.Errorf("want a gateway per family, got %v", p.gws)
-	}
-	if len(p.hostMAC) != 6 || p.hostMAC[0]&1 != 0 || p.hostMAC[0]&2 == 0 {
-		t.Errorf("host MAC %s is not unicast locally administered", p.hostMAC)
-	}
-}
-
-func TestPodIdentity(t *testing.T) {
-	ns, name := podIdentity("IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-1;K8S_POD_INFRA_CONTAINER_ID=x")
-	if ns != "kube-system" || name != "coredns-1" {
-		t.Fatalf("got %q %q", ns, name)
-	}
-}
-
-func TestClusterCIDRs(t *testing.T) {
-	res := &current.Result{IPs: []*current.IPConfig{
-		{Address: net.IPNet{IP: net.ParseIP("10.244.1.7"), Mask: net.CIDRMask(24, 32)}},
-		{Address: net.IPNet{IP: net.ParseIP("10.244.2.7").To16(), Mask: net.CIDRMask(120, 128)}}, // v4 in 16 bytes
-		{Address: net.IPNet{IP: net.ParseIP("fd00::7"), Mask: net.CIDRMask(64, 128)}},
-	}}
-	conf, err := parseConf([]byte(`{"name":"n","type":"ebpf-cni","ipMasq":true,"ipam":{"type":"host-local"}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, p := range clusterCIDRs(conf, res) {
-		got = append(got, p.String())
-	}
-	if want := "10.244.1.0/24 10.244.2.0/24 fd00::/64"; strings.Join(got, " ") != want {
-		t.Fatalf("default cluster CIDRs %v, want %s", got, want)
-	}
-	conf, err = parseConf([]byte(`{"name":"n","type":"ebpf-cni","ipMasq":true,"clusterCIDRs":["10.244.9.9/16"],"ipam":{"type":"host-local"}}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := clusterCIDRs(conf, res); len(got) != 1 || got[0].String() != "10.244.0.0/16" {
-		t.Fatalf("configured cluster CIDRs %v", got)
 	}
 }

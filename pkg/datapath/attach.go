@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -36,28 +35,20 @@ func ParseAttachMode(s string) (AttachMode, error) {
 	return "", fmt.Errorf("unknown attach mode %q (want auto, tcx or tc)", s)
 }
 
-// hook is one attach point of a host veth.
-type hook struct {
-	dir      string // "ingress" or "egress", of the host veth
-	attach   ebpf.AttachType
-	tcParent uint32
-}
-
-var hooks = [2]hook{
-	{"ingress", ebpf.AttachTCXIngress, netlink.HANDLE_MIN_INGRESS},
-	{"egress", ebpf.AttachTCXEgress, netlink.HANDLE_MIN_EGRESS},
-}
-
-func (dp *Datapath) progFor(h hook) *ebpf.Program {
-	if h.attach == ebpf.AttachTCXIngress {
+// progFor is the open program of a host veth hook.
+func (dp *Datapath) progFor(p Program) *ebpf.Program {
+	if p.Name == progFromContainer.Name {
 		return dp.FromContainer
 	}
 	return dp.ToContainer
 }
 
-// LinkPinPath is where the tcx link of a host veth's hook is pinned.
-func LinkPinPath(pinRoot, hostIf, dir string) string {
-	return filepath.Join(pinRoot, "links", hostIf+"_"+dir)
+// tcParent is the clsact parent of a host veth hook in tc mode.
+func tcParent(p Program) uint32 {
+	if p.Attach == ebpf.AttachTCXIngress {
+		return netlink.HANDLE_MIN_INGRESS
+	}
+	return netlink.HANDLE_MIN_EGRESS
 }
 
 // Attach attaches the datapath to both directions of a host veth. tcx links
@@ -74,15 +65,15 @@ func (dp *Datapath) Attach(ifindex int, hostIf string, mode AttachMode) (AttachM
 	if mode == AttachTC {
 		return mode, dp.attachTC(ifindex)
 	}
-	if err := os.MkdirAll(filepath.Join(dp.PinRoot, "links"), 0o700); err != nil {
-		return mode, fmt.Errorf("create link pin directory: %w", err)
+	if err := mkdirFor(LinkPinPath(dp.PinRoot, hostIf, DirIngress)); err != nil {
+		return mode, err
 	}
-	errs := make(chan error, len(hooks))
-	for _, h := range hooks {
-		go func(h hook) { errs <- dp.attachTCX(ifindex, hostIf, h) }(h)
+	errs := make(chan error, len(hostVethPrograms))
+	for _, p := range hostVethPrograms {
+		go func(p Program) { errs <- dp.attachTCX(ifindex, hostIf, p) }(p)
 	}
 	var err error
-	for range hooks {
+	for range hostVethPrograms {
 		err = errors.Join(err, <-errs)
 	}
 	if err != nil {
@@ -91,13 +82,13 @@ func (dp *Datapath) Attach(ifindex int, hostIf string, mode AttachMode) (AttachM
 	return mode, err
 }
 
-func (dp *Datapath) attachTCX(ifindex int, hostIf string, h hook) error {
-	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: dp.progFor(h), Attach: h.attach})
+func (dp *Datapath) attachTCX(ifindex int, hostIf string, p Program) error {
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: dp.progFor(p), Attach: p.Attach})
 	if err != nil {
-		return fmt.Errorf("attach tcx %s program to %s: %w", h.dir, hostIf, err)
+		return fmt.Errorf("attach tcx %s program to %s: %w", p.Link, hostIf, err)
 	}
 	defer l.Close()
-	path := LinkPinPath(dp.PinRoot, hostIf, h.dir)
+	path := LinkPinPath(dp.PinRoot, hostIf, p.Link)
 	os.Remove(path) // a stale pin of an earlier veth of this name is detached already
 	if err := l.Pin(path); err != nil {
 		return fmt.Errorf("pin tcx link of %s at %s: %w", hostIf, path, err)
@@ -113,17 +104,16 @@ func (dp *Datapath) attachTC(ifindex int) error {
 	if err := netlink.QdiscReplace(qdisc); err != nil {
 		return fmt.Errorf("add clsact qdisc to ifindex %d: %w", ifindex, err)
 	}
-	for _, h := range hooks {
-		p := dp.progFor(h)
+	for _, p := range hostVethPrograms {
 		f := &netlink.BpfFilter{
 			FilterAttrs: netlink.FilterAttrs{
-				LinkIndex: ifindex, Parent: h.tcParent, Handle: 1,
+				LinkIndex: ifindex, Parent: tcParent(p), Handle: 1,
 				Protocol: unix.ETH_P_ALL, Priority: 1,
 			},
-			Fd: p.FD(), Name: "ebpf-cni-" + h.dir, DirectAction: true,
+			Fd: dp.progFor(p).FD(), Name: "ebpf-cni-" + p.Link, DirectAction: true,
 		}
 		if err := netlink.FilterReplace(f); err != nil {
-			return fmt.Errorf("attach tc %s filter to ifindex %d: %w", h.dir, ifindex, err)
+			return fmt.Errorf("attach tc %s filter to ifindex %d: %w", p.Link, ifindex, err)
 		}
 	}
 	return nil
@@ -132,22 +122,22 @@ func (dp *Datapath) attachTC(ifindex int) error {
 // Attached checks that this datapath's programs are attached to both hooks of
 // a host veth, and names the first hook where they are not.
 func (dp *Datapath) Attached(ifindex int, hostIf string) error {
-	for _, h := range hooks {
-		want, err := progID(dp.progFor(h))
+	for _, p := range hostVethPrograms {
+		want, err := progID(dp.progFor(p))
 		if err != nil {
 			return err
 		}
-		ok, err := tcxHas(ifindex, h, want)
+		ok, err := tcxHas(ifindex, p, want)
 		if err != nil {
 			return err
 		}
 		if !ok {
-			if ok, err = tcHas(ifindex, h, want); err != nil {
+			if ok, err = tcHas(ifindex, p, want); err != nil {
 				return err
 			}
 		}
 		if !ok {
-			return fmt.Errorf("program %s is not attached to %s %s", dp.progFor(h).String(), hostIf, h.dir)
+			return fmt.Errorf("program %s is not attached to %s %s", dp.progFor(p).String(), hostIf, p.Link)
 		}
 	}
 	return nil
@@ -165,13 +155,13 @@ func progID(p *ebpf.Program) (ebpf.ProgramID, error) {
 	return id, nil
 }
 
-func tcxHas(ifindex int, h hook, want ebpf.ProgramID) (bool, error) {
-	res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: h.attach})
+func tcxHas(ifindex int, p Program, want ebpf.ProgramID) (bool, error) {
+	res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: p.Attach})
 	if err != nil {
 		if errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL) {
 			return false, nil
 		}
-		return false, fmt.Errorf("query tcx %s programs of ifindex %d: %w", h.dir, ifindex, err)
+		return false, fmt.Errorf("query tcx %s programs of ifindex %d: %w", p.Link, ifindex, err)
 	}
 	for _, p := range res.Programs {
 		if p.ID == want {
@@ -181,12 +171,12 @@ func tcxHas(ifindex int, h hook, want ebpf.ProgramID) (bool, error) {
 	return false, nil
 }
 
-func tcHas(ifindex int, h hook, want ebpf.ProgramID) (bool, error) {
+func tcHas(ifindex int, p Program, want ebpf.ProgramID) (bool, error) {
 	l, err := netlink.LinkByIndex(ifindex)
 	if err != nil {
 		return false, fmt.Errorf("find ifindex %d: %w", ifindex, err)
 	}
-	fs, err := netlink.FilterList(l, h.tcParent)
+	fs, err := netlink.FilterList(l, tcParent(p))
 	if err != nil {
 		return false, nil // no clsact qdisc
 	}
@@ -213,19 +203,4 @@ func haveTCX() error {
 		}
 	})
 	return tcxErr
-}
-
-// RemoveLinkPins deletes the tcx link pins of a host veth; idempotent. A pin
-// is the link's last reference, so removing it detaches a live link; DEL
-// deletes the veth first, so it only drops defunct links (no grace period).
-// tc filters need no work: they go with the device.
-func RemoveLinkPins(pinRoot, hostIf string) error {
-	var errs error
-	for _, h := range hooks {
-		p := LinkPinPath(pinRoot, hostIf, h.dir)
-		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = errors.Join(errs, fmt.Errorf("remove link pin %s: %w", p, err))
-		}
-	}
-	return errs
 }

@@ -4,12 +4,9 @@
 package datapath
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -29,45 +26,33 @@ type Datapath struct {
 	SockOps       *ebpf.Program // cgroup2 root sock_ops: TCP pacing for rate limits
 }
 
-type progDef struct {
-	name string // C function name
-	load func() (*ebpf.CollectionSpec, error)
-	obj  []byte
-}
-
-func programs() []progDef {
-	return []progDef{
-		{"cni_from_container", loadFromContainer, _FromContainerBytes},
-		{"cni_to_container", loadToContainer, _ToContainerBytes},
-		{"cni_sock_ops", loadSockOps, _SockOpsBytes},
-	}
-}
-
-// ProgPinPath is where a program is pinned: the name carries a hash of the
-// object, so a new build never picks up an older build's program.
-func progPinPath(pinRoot string, p progDef) string {
-	h := sha256.Sum256(p.obj)
-	return filepath.Join(pinRoot, "progs", fmt.Sprintf("%s_%s", p.name, hex.EncodeToString(h[:6])))
+// setCore fills the program fields from loadPrograms' result.
+func (dp *Datapath) setCore(progs map[string]*ebpf.Program) {
+	dp.FromContainer = progs[progFromContainer.Name]
+	dp.ToContainer = progs[progToContainer.Name]
+	dp.SockOps = progs[progSockOps.Name]
 }
 
 // Open opens an existing pinned datapath without creating anything. The error
 // wraps os.ErrNotExist when it was never set up (or by another build).
 func Open(pinRoot string) (*Datapath, error) {
-	m, err := maps.Open(pinRoot)
+	m, err := OpenMaps(pinRoot)
 	if err != nil {
 		return nil, err
 	}
-	dp := &Datapath{PinRoot: pinRoot, Maps: m}
-	progs := programs()
-	out := dp.progSlots()
-	for i, p := range progs {
-		prog, err := ebpf.LoadPinnedProgram(progPinPath(pinRoot, p), nil)
-		if err != nil {
-			dp.Close()
-			return nil, fmt.Errorf("open pinned program %s: %w", progPinPath(pinRoot, p), err)
-		}
-		*out[i] = prog
+	return withPrograms(pinRoot, m, openPinned)
+}
+
+// withPrograms opens (mode openPinned) or loads (loadMissing) the core
+// programs over the maps m; on error m is closed.
+func withPrograms(pinRoot string, m *maps.Maps, mode loadMode) (*Datapath, error) {
+	progs, err := loadPrograms(pinRoot, m, corePrograms, mode)
+	if err != nil {
+		m.Close()
+		return nil, err
 	}
+	dp := &Datapath{PinRoot: pinRoot, Maps: m}
+	dp.setCore(progs)
 	return dp, nil
 }
 
@@ -97,68 +82,11 @@ func Ensure(pinRoot string) (*Datapath, error) {
 	if dp, err := Open(pinRoot); err == nil {
 		return dp, nil
 	}
-	return create(pinRoot)
-}
-
-func create(pinRoot string) (_ *Datapath, err error) {
-	m, err := maps.Create(pinRoot)
+	m, err := maps.Create(MapsDir(pinRoot))
 	if err != nil {
 		return nil, err
 	}
-	dp := &Datapath{PinRoot: pinRoot, Maps: m}
-	defer func() {
-		if err != nil {
-			dp.Close()
-		}
-	}()
-	if err := os.MkdirAll(filepath.Join(pinRoot, "progs"), 0o700); err != nil {
-		return nil, fmt.Errorf("create program pin directory: %w", err)
-	}
-	out := dp.progSlots()
-	for i, p := range programs() {
-		path := progPinPath(pinRoot, p)
-		if prog, err := ebpf.LoadPinnedProgram(path, nil); err == nil {
-			*out[i] = prog
-			continue
-		}
-		spec, err := p.load()
-		if err != nil {
-			return nil, fmt.Errorf("parse embedded program %s: %w", p.name, err)
-		}
-		// Every map the program uses is the pinned one: programs never own maps.
-		repl := make(map[string]*ebpf.Map)
-		for name := range spec.Maps {
-			pinned := m.Map(name)
-			if pinned == nil {
-				return nil, fmt.Errorf("program %s uses map %s, which pkg/maps does not pin", p.name, name)
-			}
-			repl[name] = pinned
-		}
-		coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl})
-		if err != nil {
-			var ve *ebpf.VerifierError
-			if errors.As(err, &ve) {
-				return nil, fmt.Errorf("load program %s: %+v", p.name, ve)
-			}
-			return nil, fmt.Errorf("load program %s: %w", p.name, err)
-		}
-		prog := coll.DetachProgram(p.name)
-		coll.Close()
-		if prog == nil {
-			return nil, fmt.Errorf("embedded object lacks program %s", p.name)
-		}
-		if err := prog.Pin(path); err != nil {
-			prog.Close()
-			return nil, fmt.Errorf("pin program %s at %s: %w", p.name, path, err)
-		}
-		*out[i] = prog
-	}
-	return dp, nil
-}
-
-// progSlots are the fields programs() loads into, in the same order.
-func (dp *Datapath) progSlots() []**ebpf.Program {
-	return []**ebpf.Program{&dp.FromContainer, &dp.ToContainer, &dp.SockOps}
+	return withPrograms(pinRoot, m, loadMissing)
 }
 
 // Close releases the handles; pins stay.
@@ -166,9 +94,9 @@ func (dp *Datapath) Close() {
 	if dp.Maps != nil {
 		dp.Maps.Close()
 	}
-	for _, p := range dp.progSlots() {
-		if *p != nil {
-			(*p).Close()
+	for _, p := range []*ebpf.Program{dp.FromContainer, dp.ToContainer, dp.SockOps} {
+		if p != nil {
+			p.Close()
 		}
 	}
 }

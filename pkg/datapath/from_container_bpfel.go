@@ -17,14 +17,17 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	fromContainerMapCniBandwidth      = "cni_bandwidth"
+	fromContainerMapCniClusterCidrs   = "cni_cluster_cidrs"
 	fromContainerMapCniCt             = "cni_ct"
 	fromContainerMapCniEndpoints      = "cni_endpoints"
 	fromContainerMapCniHostports      = "cni_hostports"
 	fromContainerMapCniHpConfig       = "cni_hp_config"
 	fromContainerMapCniHpStats        = "cni_hp_stats"
 	fromContainerMapCniLinks          = "cni_links"
+	fromContainerMapCniMasqStats      = "cni_masq_stats"
 	fromContainerMapCniNetns          = "cni_netns"
 	fromContainerMapCniNodeIps        = "cni_node_ips"
+	fromContainerMapCniSnat           = "cni_snat"
 	fromContainerMapCniSockRnat       = "cni_sock_rnat"
 	fromContainerMapCniStackFlows     = "cni_stack_flows"
 	fromContainerMapCniStats          = "cni_stats"
@@ -80,18 +83,21 @@ type fromContainerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fromContainerMapSpecs struct {
-	CniBandwidth  *ebpf.MapSpec `ebpf:"cni_bandwidth"`
-	CniCt         *ebpf.MapSpec `ebpf:"cni_ct"`
-	CniEndpoints  *ebpf.MapSpec `ebpf:"cni_endpoints"`
-	CniHostports  *ebpf.MapSpec `ebpf:"cni_hostports"`
-	CniHpConfig   *ebpf.MapSpec `ebpf:"cni_hp_config"`
-	CniHpStats    *ebpf.MapSpec `ebpf:"cni_hp_stats"`
-	CniLinks      *ebpf.MapSpec `ebpf:"cni_links"`
-	CniNetns      *ebpf.MapSpec `ebpf:"cni_netns"`
-	CniNodeIps    *ebpf.MapSpec `ebpf:"cni_node_ips"`
-	CniSockRnat   *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
-	CniStackFlows *ebpf.MapSpec `ebpf:"cni_stack_flows"`
-	CniStats      *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
+	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
+	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniHostports    *ebpf.MapSpec `ebpf:"cni_hostports"`
+	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
+	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
+	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
+	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
+	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
+	CniStackFlows   *ebpf.MapSpec `ebpf:"cni_stack_flows"`
+	CniStats        *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
 // fromContainerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -120,31 +126,37 @@ func (o *fromContainerObjects) Close() error {
 //
 // It can be passed to loadFromContainerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fromContainerMaps struct {
-	CniBandwidth  *ebpf.Map `ebpf:"cni_bandwidth"`
-	CniCt         *ebpf.Map `ebpf:"cni_ct"`
-	CniEndpoints  *ebpf.Map `ebpf:"cni_endpoints"`
-	CniHostports  *ebpf.Map `ebpf:"cni_hostports"`
-	CniHpConfig   *ebpf.Map `ebpf:"cni_hp_config"`
-	CniHpStats    *ebpf.Map `ebpf:"cni_hp_stats"`
-	CniLinks      *ebpf.Map `ebpf:"cni_links"`
-	CniNetns      *ebpf.Map `ebpf:"cni_netns"`
-	CniNodeIps    *ebpf.Map `ebpf:"cni_node_ips"`
-	CniSockRnat   *ebpf.Map `ebpf:"cni_sock_rnat"`
-	CniStackFlows *ebpf.Map `ebpf:"cni_stack_flows"`
-	CniStats      *ebpf.Map `ebpf:"cni_stats"`
+	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
+	CniCt           *ebpf.Map `ebpf:"cni_ct"`
+	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
+	CniHostports    *ebpf.Map `ebpf:"cni_hostports"`
+	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
+	CniLinks        *ebpf.Map `ebpf:"cni_links"`
+	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
+	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
+	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
+	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
+	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
+	CniStackFlows   *ebpf.Map `ebpf:"cni_stack_flows"`
+	CniStats        *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *fromContainerMaps) Close() error {
 	return _FromContainerClose(
 		m.CniBandwidth,
+		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,
 		m.CniHostports,
 		m.CniHpConfig,
 		m.CniHpStats,
 		m.CniLinks,
+		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,
+		m.CniSnat,
 		m.CniSockRnat,
 		m.CniStackFlows,
 		m.CniStats,

@@ -56,15 +56,11 @@ func hpDatapath(t *testing.T) *Datapath {
 
 func uplinkProgram(t *testing.T, dp *Datapath) *ebpf.Program {
 	t.Helper()
-	progs, err := dp.nodePrograms()
+	progs, err := loadPrograms(dp.PinRoot, dp.Maps, nodeHookPrograms(), loadMissing)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		for _, p := range progs {
-			p.Close()
-		}
-	})
+	t.Cleanup(func() { closePrograms(progs) })
 	return progs["cni_from_uplink"]
 }
 

@@ -340,11 +340,11 @@ func TestEnsureIsIdempotentAndRejectsForeignLayout(t *testing.T) {
 	dir := filepath.Join(BPFFSRoot, fmt.Sprintf("ebpf-cni-unit-foreign-%d", os.Getpid()))
 	os.RemoveAll(dir)
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	must(t, os.MkdirAll(maps.PinDir(dir), 0o700))
+	must(t, os.MkdirAll(MapsDir(dir), 0o700))
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
 	must(t, err)
 	defer m.Close()
-	must(t, m.Pin(filepath.Join(maps.PinDir(dir), "cni_endpoints")))
+	must(t, m.Pin(filepath.Join(MapsDir(dir), "cni_endpoints")))
 	if _, err := Ensure(dir); err == nil {
 		t.Fatal("Ensure reused a pinned map of another layout")
 	}

@@ -16,14 +16,20 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	sockMapCniBandwidth     = "cni_bandwidth"
+	sockMapCniClusterCidrs  = "cni_cluster_cidrs"
 	sockMapCniCt            = "cni_ct"
 	sockMapCniEndpoints     = "cni_endpoints"
 	sockMapCniHostports     = "cni_hostports"
 	sockMapCniHpConfig      = "cni_hp_config"
 	sockMapCniHpStats       = "cni_hp_stats"
 	sockMapCniLinks         = "cni_links"
+	sockMapCniMasqStats     = "cni_masq_stats"
+	sockMapCniNetns         = "cni_netns"
 	sockMapCniNodeIps       = "cni_node_ips"
+	sockMapCniSnat          = "cni_snat"
 	sockMapCniSockRnat      = "cni_sock_rnat"
+	sockMapCniStackFlows    = "cni_stack_flows"
 	sockMapCniStats         = "cni_stats"
 	sockProgCniSockConnect4 = "cni_sock_connect4"
 	sockProgCniSockConnect6 = "cni_sock_connect6"
@@ -91,15 +97,21 @@ type sockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
-	CniCt        *ebpf.MapSpec `ebpf:"cni_ct"`
-	CniEndpoints *ebpf.MapSpec `ebpf:"cni_endpoints"`
-	CniHostports *ebpf.MapSpec `ebpf:"cni_hostports"`
-	CniHpConfig  *ebpf.MapSpec `ebpf:"cni_hp_config"`
-	CniHpStats   *ebpf.MapSpec `ebpf:"cni_hp_stats"`
-	CniLinks     *ebpf.MapSpec `ebpf:"cni_links"`
-	CniNodeIps   *ebpf.MapSpec `ebpf:"cni_node_ips"`
-	CniSockRnat  *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
-	CniStats     *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
+	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
+	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniHostports    *ebpf.MapSpec `ebpf:"cni_hostports"`
+	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
+	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
+	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
+	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
+	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
+	CniStackFlows   *ebpf.MapSpec `ebpf:"cni_stack_flows"`
+	CniStats        *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -128,27 +140,39 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
-	CniCt        *ebpf.Map `ebpf:"cni_ct"`
-	CniEndpoints *ebpf.Map `ebpf:"cni_endpoints"`
-	CniHostports *ebpf.Map `ebpf:"cni_hostports"`
-	CniHpConfig  *ebpf.Map `ebpf:"cni_hp_config"`
-	CniHpStats   *ebpf.Map `ebpf:"cni_hp_stats"`
-	CniLinks     *ebpf.Map `ebpf:"cni_links"`
-	CniNodeIps   *ebpf.Map `ebpf:"cni_node_ips"`
-	CniSockRnat  *ebpf.Map `ebpf:"cni_sock_rnat"`
-	CniStats     *ebpf.Map `ebpf:"cni_stats"`
+	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
+	CniCt           *ebpf.Map `ebpf:"cni_ct"`
+	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
+	CniHostports    *ebpf.Map `ebpf:"cni_hostports"`
+	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
+	CniLinks        *ebpf.Map `ebpf:"cni_links"`
+	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
+	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
+	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
+	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
+	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
+	CniStackFlows   *ebpf.Map `ebpf:"cni_stack_flows"`
+	CniStats        *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *sockMaps) Close() error {
 	return _SockClose(
+		m.CniBandwidth,
+		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,
 		m.CniHostports,
 		m.CniHpConfig,
 		m.CniHpStats,
 		m.CniLinks,
+		m.CniMasqStats,
+		m.CniNetns,
 		m.CniNodeIps,
+		m.CniSnat,
 		m.CniSockRnat,
+		m.CniStackFlows,
 		m.CniStats,
 	)
 }

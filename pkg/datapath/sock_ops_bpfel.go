@@ -16,12 +16,22 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockOpsMapCniBandwidth = "cni_bandwidth"
-	sockOpsMapCniEndpoints = "cni_endpoints"
-	sockOpsMapCniLinks     = "cni_links"
-	sockOpsMapCniNetns     = "cni_netns"
-	sockOpsMapCniStats     = "cni_stats"
-	sockOpsProgCniSockOps  = "cni_sock_ops"
+	sockOpsMapCniBandwidth    = "cni_bandwidth"
+	sockOpsMapCniClusterCidrs = "cni_cluster_cidrs"
+	sockOpsMapCniCt           = "cni_ct"
+	sockOpsMapCniEndpoints    = "cni_endpoints"
+	sockOpsMapCniHostports    = "cni_hostports"
+	sockOpsMapCniHpConfig     = "cni_hp_config"
+	sockOpsMapCniHpStats      = "cni_hp_stats"
+	sockOpsMapCniLinks        = "cni_links"
+	sockOpsMapCniMasqStats    = "cni_masq_stats"
+	sockOpsMapCniNetns        = "cni_netns"
+	sockOpsMapCniNodeIps      = "cni_node_ips"
+	sockOpsMapCniSnat         = "cni_snat"
+	sockOpsMapCniSockRnat     = "cni_sock_rnat"
+	sockOpsMapCniStackFlows   = "cni_stack_flows"
+	sockOpsMapCniStats        = "cni_stats"
+	sockOpsProgCniSockOps     = "cni_sock_ops"
 )
 
 // loadSockOps returns the embedded CollectionSpec for sockOps.
@@ -73,11 +83,21 @@ type sockOpsProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockOpsMapSpecs struct {
-	CniBandwidth *ebpf.MapSpec `ebpf:"cni_bandwidth"`
-	CniEndpoints *ebpf.MapSpec `ebpf:"cni_endpoints"`
-	CniLinks     *ebpf.MapSpec `ebpf:"cni_links"`
-	CniNetns     *ebpf.MapSpec `ebpf:"cni_netns"`
-	CniStats     *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
+	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
+	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniHostports    *ebpf.MapSpec `ebpf:"cni_hostports"`
+	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
+	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
+	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
+	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
+	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
+	CniStackFlows   *ebpf.MapSpec `ebpf:"cni_stack_flows"`
+	CniStats        *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
 // sockOpsVariableSpecs contains global variables before they are loaded into the kernel.
@@ -106,19 +126,39 @@ func (o *sockOpsObjects) Close() error {
 //
 // It can be passed to loadSockOpsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockOpsMaps struct {
-	CniBandwidth *ebpf.Map `ebpf:"cni_bandwidth"`
-	CniEndpoints *ebpf.Map `ebpf:"cni_endpoints"`
-	CniLinks     *ebpf.Map `ebpf:"cni_links"`
-	CniNetns     *ebpf.Map `ebpf:"cni_netns"`
-	CniStats     *ebpf.Map `ebpf:"cni_stats"`
+	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
+	CniCt           *ebpf.Map `ebpf:"cni_ct"`
+	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
+	CniHostports    *ebpf.Map `ebpf:"cni_hostports"`
+	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
+	CniLinks        *ebpf.Map `ebpf:"cni_links"`
+	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
+	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
+	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
+	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
+	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
+	CniStackFlows   *ebpf.Map `ebpf:"cni_stack_flows"`
+	CniStats        *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *sockOpsMaps) Close() error {
 	return _SockOpsClose(
 		m.CniBandwidth,
+		m.CniClusterCidrs,
+		m.CniCt,
 		m.CniEndpoints,
+		m.CniHostports,
+		m.CniHpConfig,
+		m.CniHpStats,
 		m.CniLinks,
+		m.CniMasqStats,
 		m.CniNetns,
+		m.CniNodeIps,
+		m.CniSnat,
+		m.CniSockRnat,
+		m.CniStackFlows,
 		m.CniStats,
 	)
 }

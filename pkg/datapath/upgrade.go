@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -19,61 +18,48 @@ type UpgradeReport struct {
 	RemovedProgs []string `json:"removedProgs"` // program pins of other builds, unpinned
 }
 
-// programsByName maps the kernel's (possibly truncated) program names to this
-// build's programs.
-func (dp *Datapath) programsByName() map[string]*ebpf.Program {
-	out := make(map[string]*ebpf.Program)
-	for i, p := range programs() {
-		prog := *dp.progSlots()[i]
-		if prog == nil {
-			continue
-		}
-		// The kernel keeps 15 characters (BPF_OBJ_NAME_LEN); cilium/ebpf
-		// recovers the full name from BTF where it can. Know both.
-		out[p.name] = prog
-		if len(p.name) > 15 {
-			out[p.name[:15]] = prog
-		}
-	}
-	return out
+// pinnedLink is a link Upgrade may have to move.
+type pinnedLink struct {
+	l    link.Link
+	name string // base name of its pin
+	prog Program
 }
 
-// reload loads fresh instances of this build's programs (new program IDs)
-// and re-pins them, for Upgrade(force).
-func (dp *Datapath) reload() error {
-	for i, p := range programs() {
-		spec, err := p.load()
-		if err != nil {
-			return fmt.Errorf("parse embedded program %s: %w", p.name, err)
+// programOf finds the catalogue's program a link runs, by the name the
+// kernel reports (cilium/ebpf recovers the full name from BTF where it can;
+// else the kernel's first 15 characters, which cni_sock_connect4 and
+// cni_sock_connect6 share: the link's attach type tells them apart).
+func programOf(name string, attach ebpf.AttachType) (Program, bool) {
+	for _, p := range catalog {
+		if p.Name == name {
+			return p, true
 		}
-		repl := make(map[string]*ebpf.Map)
-		for name := range spec.Maps {
-			repl[name] = dp.Maps.Map(name)
-		}
-		coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl})
-		if err != nil {
-			return fmt.Errorf("load program %s: %w", p.name, err)
-		}
-		prog := coll.DetachProgram(p.name)
-		coll.Close()
-		path := progPinPath(dp.PinRoot, p)
-		os.Remove(path)
-		if err := prog.Pin(path); err != nil {
-			prog.Close()
-			return fmt.Errorf("pin program %s: %w", path, err)
-		}
-		slot := dp.progSlots()[i]
-		(*slot).Close()
-		*slot = prog
 	}
-	return nil
+	for _, p := range catalog {
+		if kernelProgName(p.Name) == name && p.Attach == attach {
+			return p, true
+		}
+	}
+	return Program{}, false
 }
 
-// Upgrade makes every pinned link of the node run this build's programs,
-// swapping each in place with link.Update: the kernel replaces the program of
-// a live tcx or cgroup link atomically, so no packet sees a detached hook.
-// force reloads this build's programs first even when they are pinned
-// already (new program IDs), which exercises the same swap.
+// linkAttachType is the hook of a tcx or cgroup link.
+func linkAttachType(info *link.Info) ebpf.AttachType {
+	if t := info.TCX(); t != nil {
+		return ebpf.AttachType(t.AttachType)
+	}
+	if c := info.Cgroup(); c != nil {
+		return ebpf.AttachType(c.AttachType)
+	}
+	return ebpf.AttachNone
+}
+
+// Upgrade makes every pinned link of the node (host veths' and the node
+// hooks') run this build's programs, swapping each in place with
+// link.Update: the kernel replaces the program of a live tcx or cgroup link
+// atomically, so no packet sees a detached hook. force reloads this build's
+// programs first even when they are pinned already (new program IDs), which
+// exercises the same swap.
 func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
 	var rep UpgradeReport
 	unlock, err := lockDir(dp.PinRoot)
@@ -81,26 +67,29 @@ func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
 		return rep, err
 	}
 	defer unlock()
-	if force {
-		if err := dp.reload(); err != nil {
-			return rep, err
-		}
-	}
-	byName := dp.programsByName()
-	wanted := make(map[ebpf.ProgramID]bool)
-	for _, p := range byName {
-		if id, err := progID(p); err == nil {
-			wanted[id] = true
-		}
-	}
-
-	ents, err := os.ReadDir(filepath.Join(dp.PinRoot, "links"))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := migratePacingPin(dp.PinRoot); err != nil {
 		return rep, err
 	}
-	var errs error
-	for _, e := range ents {
-		path := filepath.Join(dp.PinRoot, "links", e.Name())
+	paths, err := pinnedLinks(dp.PinRoot)
+	if err != nil {
+		return rep, err
+	}
+	// Which links run which of our programs, and which programs that takes.
+	var (
+		links []pinnedLink
+		errs  error
+	)
+	defer func() {
+		for _, pl := range links {
+			pl.l.Close()
+		}
+	}()
+	need := map[string]bool{}
+	for _, p := range corePrograms {
+		need[p.Name] = true
+	}
+	for _, path := range paths {
+		name := filepath.Base(path)
 		l, err := link.LoadPinnedLink(path, nil)
 		if err != nil {
 			errs = errors.Join(errs, fmt.Errorf("open link pin %s: %w", path, err))
@@ -110,22 +99,18 @@ func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
 		info, err := l.Info()
 		if err != nil {
 			l.Close()
-			errs = errors.Join(errs, fmt.Errorf("link %s: %w", e.Name(), err))
+			errs = errors.Join(errs, fmt.Errorf("link %s: %w", name, err))
 			continue
 		}
 		if tcx := info.TCX(); tcx != nil && tcx.Ifindex == 0 {
-			rep.Defunct = append(rep.Defunct, e.Name()) // device gone
-			l.Close()
-			continue
-		}
-		if wanted[info.Program] {
+			rep.Defunct = append(rep.Defunct, name) // device gone
 			l.Close()
 			continue
 		}
 		old, err := ebpf.NewProgramFromID(info.Program)
 		if err != nil {
 			l.Close()
-			errs = errors.Join(errs, fmt.Errorf("program of link %s: %w", e.Name(), err))
+			errs = errors.Join(errs, fmt.Errorf("program of link %s: %w", name, err))
 			continue
 		}
 		oi, err := old.Info()
@@ -135,47 +120,73 @@ func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
 			errs = errors.Join(errs, err)
 			continue
 		}
-		next, ok := byName[oi.Name]
+		p, ok := programOf(oi.Name, linkAttachType(info))
 		if !ok {
 			l.Close()
-			errs = errors.Join(errs, fmt.Errorf("link %s runs %q, which this build does not have", e.Name(), oi.Name))
+			errs = errors.Join(errs, fmt.Errorf("link %s runs %q, which this build does not have", name, oi.Name))
 			continue
 		}
-		if err := l.Update(next); err != nil {
-			errs = errors.Join(errs, fmt.Errorf("update link %s: %w", e.Name(), err))
+		need[p.Name] = true
+		links = append(links, pinnedLink{l, name, p})
+	}
+
+	var progs []Program
+	for _, p := range catalog {
+		if need[p.Name] {
+			progs = append(progs, p)
+		}
+	}
+	mode := loadMissing
+	if force {
+		mode = reloadAll
+	}
+	loaded, err := loadPrograms(dp.PinRoot, dp.Maps, progs, mode)
+	if err != nil {
+		return rep, errors.Join(errs, err)
+	}
+	// dp runs this build's core programs from now on (fresh instances
+	// after force); the others are closed when done.
+	old := []*ebpf.Program{dp.FromContainer, dp.ToContainer, dp.SockOps}
+	dp.setCore(loaded)
+	for _, p := range old {
+		p.Close()
+	}
+	defer func() {
+		for _, p := range progs {
+			if p.Scope != ScopeHostVeth && p.Name != progSockOps.Name {
+				loaded[p.Name].Close()
+			}
+		}
+	}()
+
+	for _, pl := range links {
+		next := loaded[pl.prog.Name]
+		want, err := progID(next)
+		if err != nil {
+			errs = errors.Join(errs, err)
+			continue
+		}
+		info, err := pl.l.Info()
+		if err == nil && info.Program == want {
+			continue
+		}
+		if err := pl.l.Update(next); err != nil {
+			errs = errors.Join(errs, fmt.Errorf("update link %s: %w", pl.name, err))
 		} else {
 			rep.Replaced++
 		}
-		l.Close()
 	}
 
-	// Program pins of other builds are no longer referenced by any link we own.
-	current := CurrentProgramPins()
-	pents, _ := os.ReadDir(filepath.Join(dp.PinRoot, "progs"))
-	for _, e := range pents {
-		if current[e.Name()] || strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		if errs == nil { // keep old programs pinned while any link could not be moved
-			if err := os.Remove(filepath.Join(dp.PinRoot, "progs", e.Name())); err == nil {
-				rep.RemovedProgs = append(rep.RemovedProgs, e.Name())
+	// Program pins of other builds are no longer referenced by any link we
+	// own; they stay while any link could not be moved.
+	if errs == nil {
+		for _, p := range ProgramPins(dp.PinRoot) {
+			if !p.Current {
+				if err := os.Remove(p.Path); err == nil {
+					rep.RemovedProgs = append(rep.RemovedProgs, p.Name)
+				}
 			}
 		}
 	}
 	return rep, errs
-}
-
-// CurrentProgramPins names the program pins (base names under <pinDir>/progs)
-// of this build: host-veth, sock_ops, uplink and socket-hook programs.
-func CurrentProgramPins() map[string]bool {
-	out := make(map[string]bool)
-	for _, p := range programs() {
-		out[filepath.Base(progPinPath("", p))] = true
-	}
-	out[filepath.Base(progPinPath("", progDef{"cni_from_uplink", loadFromUplink, _FromUplinkBytes}))] = true
-	out[filepath.Base(progPinPath("", progDef{"cni_to_uplink", loadToUplink, _ToUplinkBytes}))] = true
-	for _, h := range sockHooks {
-		out[filepath.Base(progPinPath("", progDef{h.prog, loadSock, _SockBytes}))] = true
-	}
-	return out
 }

@@ -9,7 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Go twins of bpf/lib/bandwidth.h.
+// Go twins of the bandwidth structs in bpf/lib/types.h.
 type (
 	BandwidthKey   = mapsObjBwKey
 	BandwidthState = mapsObjBwState

@@ -1,7 +1,6 @@
 package maps
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -12,7 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Go twins of the hostPort structs in bpf/lib/hostport.h, generated from BTF.
+// Go twins of the hostPort structs in bpf/lib/types.h, generated from BTF.
 type (
 	HostPortKey    = mapsObjHostportKey
 	HostPortVal    = mapsObjHostportVal
@@ -24,7 +23,7 @@ type (
 	HostPortStat   = mapsObjHpStat
 )
 
-// Names of the hostPort maps, as bpf/lib/hostport.h declares them.
+// Names of the hostPort maps, as bpf/lib/maps.h declares them.
 const (
 	nameHostPorts = "cni_hostports"
 	nameCT        = "cni_ct"
@@ -89,53 +88,6 @@ func (s HostPortStat) String() string {
 }
 
 const numHPStats = int(mapsObjHpStatHP_STAT_MAX)
-
-// family numbers as the maps store them.
-const (
-	afInet  = unix.AF_INET
-	afInet6 = unix.AF_INET6
-)
-
-func familyOf(ip net.IP) uint8 {
-	if ip.To4() != nil {
-		return afInet
-	}
-	return afInet6
-}
-
-func putAddr(dst *[16]uint8, ip net.IP) {
-	if v4 := ip.To4(); v4 != nil {
-		copy(dst[:], v4)
-		return
-	}
-	copy(dst[:], ip.To16())
-}
-
-func getAddr(a [16]uint8, family uint8) net.IP {
-	if family == afInet {
-		return net.IP(append([]byte(nil), a[:4]...))
-	}
-	return net.IP(append([]byte(nil), a[:]...))
-}
-
-// htons turns a port into the in-memory value of a __be16 field.
-func htons(p uint16) uint16 {
-	var b [2]byte
-	binary.BigEndian.PutUint16(b[:], p)
-	return binary.NativeEndian.Uint16(b[:])
-}
-
-func ntohs(p uint16) uint16 { return htons(p) }
-
-func addrPort(a [16]uint8, family uint8, port uint16) netip.AddrPort {
-	var ip netip.Addr
-	if family == afInet {
-		ip = netip.AddrFrom4([4]byte(a[:4]))
-	} else {
-		ip = netip.AddrFrom16(a)
-	}
-	return netip.AddrPortFrom(ip, ntohs(port))
-}
 
 // HostPort is one entry of cni_hostports, decoded.
 type HostPort struct {
@@ -469,57 +421,6 @@ func (m *Maps) HostPortStats() (map[string]uint64, error) {
 		out[HostPortStat(i).String()] = sum
 	}
 	return out, nil
-}
-
-// scan calls fn for every entry of a hash map, in batches where the kernel
-// supports them (one syscall per 4096 entries rather than two per entry).
-func scan[K, V any](m *ebpf.Map, fn func(*K, *V)) error {
-	const chunk = 4096
-	var cursor ebpf.MapBatchCursor
-	keys := make([]K, chunk)
-	vals := make([]V, chunk)
-	for {
-		n, err := m.BatchLookup(&cursor, keys, vals, nil)
-		for i := 0; i < n; i++ {
-			fn(&keys[i], &vals[i])
-		}
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			return nil
-		}
-		if errors.Is(err, ebpf.ErrNotSupported) {
-			break
-		}
-		if err != nil {
-			return err
-		}
-	}
-	var (
-		k K
-		v V
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		fn(&k, &v)
-	}
-	return it.Err()
-}
-
-// deleteKeys removes keys in batches; keys already gone are fine.
-func deleteKeys[K any](m *ebpf.Map, keys []K) error {
-	if len(keys) == 0 {
-		return nil
-	}
-	if _, err := m.BatchDelete(keys, nil); err == nil {
-		return nil
-	}
-	// A batch stops at the first missing key (LRU eviction): delete one by one.
-	var errs error
-	for i := range keys {
-		if err := m.Delete(&keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = errors.Join(errs, err)
-		}
-	}
-	return errs
 }
 
 // PruneHostPorts removes the mappings, flows and socket entries of pods

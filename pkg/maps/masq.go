@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Go twins of the masquerade structs in bpf/lib/masq.h, generated from BTF.
+// Go twins of the masquerade structs in bpf/lib/types.h, generated from BTF.
 type (
 	CIDRKey  = mapsObjCidrKey
 	SNATKey  = mapsObjSnatKey
@@ -15,7 +15,7 @@ type (
 	MasqStat = mapsObjMasqStat
 )
 
-// Names of the masquerade maps, as bpf/lib/masq.h declares them.
+// Names of the masquerade maps, as bpf/lib/maps.h declares them.
 const (
 	nameSNAT         = "cni_snat"
 	nameClusterCIDRs = "cni_cluster_cidrs"
@@ -166,17 +166,6 @@ func (m *Maps) ListSNAT() ([]SNATFlow, error) {
 		}
 	}
 	return out, nil
-}
-
-// CountSNATOf counts cni_snat entries (both directions) of the pod behind ifindex.
-func (m *Maps) CountSNATOf(ifindex int) (int, error) {
-	n := 0
-	err := scan(m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) {
-		if int(v.Ifindex) == ifindex {
-			n++
-		}
-	})
-	return n, err
 }
 
 // CountSNATOfIP counts cni_snat entries (both directions) of a pod address.

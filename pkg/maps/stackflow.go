@@ -6,16 +6,16 @@ import (
 	"time"
 )
 
-// Go twins of the structs in bpf/lib/stackflow.h, generated from BTF.
+// Go twins of the stack-flow structs in bpf/lib/types.h, generated from BTF.
 type (
 	StackFlowKey = mapsObjSfKey
 	StackFlowVal = mapsObjSfVal
 )
 
-// nameStackFlows is cni_stack_flows, as bpf/lib/stackflow.h declares it.
+// nameStackFlows is cni_stack_flows, as bpf/lib/maps.h declares it.
 const nameStackFlows = "cni_stack_flows"
 
-// Flags of a stack flow (SF_* in bpf/lib/stackflow.h): who the peer is.
+// Flags of a stack flow (SF_* in bpf/lib/types.h): who the peer is.
 const (
 	StackFlowPeerPod  = 1 // a pod of this node: its replies go through the stack
 	StackFlowPeerNode = 2 // a node address (UDP): the pod's replies are no hostPort hairpin

@@ -18,8 +18,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 const (
@@ -110,7 +110,7 @@ type bench struct {
 	// procs the processes started in namespaces: all removed at cleanup.
 	netnses map[string]ns.NetNS
 	pinDirs []string
-	procs   *benchkit.Procs
+	procs   *testenv.Procs
 	pods    map[string]ns.NetNS // live pod namespaces by path
 	podSeq  int
 	podMu   sync.Mutex // pods and podSeq, for parallel ADDs
@@ -125,7 +125,7 @@ type bench struct {
 // newBench prepares everything; on error the returned bench (if non-nil)
 // holds what was created so far, for cleanup.
 func newBench(ctx context.Context, opts *options) (*bench, error) {
-	id := benchkit.RandHex(4)
+	id := testenv.RandHex(4)
 	root, err := os.MkdirTemp("", "ebpfbench-"+id+"-")
 	if err != nil {
 		return nil, err
@@ -143,7 +143,7 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 		pinDir:  filepath.Join("/sys/fs/bpf", "ebpfbench-"+id),
 		pods:    map[string]ns.NetNS{},
 		netnses: map[string]ns.NetNS{},
-		procs:   benchkit.NewProcs(),
+		procs:   testenv.NewProcs(),
 	}
 	logf("run %s: temp dir %s, pin dir %s", id, root, b.pinDir)
 	for _, d := range []string{b.binDir, b.confDir, b.cache, b.state, b.ipamDir, b.nsDir} {
@@ -152,10 +152,10 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 		}
 	}
 	b.res = newResults(opts)
-	if err := benchkit.Build(ctx, b.binDir, binaries, logf); err != nil {
+	if err := testenv.Build(ctx, b.binDir, binaries, logf); err != nil {
 		return b, err
 	}
-	if b.cacheMount, err = benchkit.HideCNICache(b.cache, ".ebpfbench-"+b.id, logf); err != nil {
+	if b.cacheMount, err = testenv.HideCNICache(b.cache, ".ebpfbench-"+b.id, logf); err != nil {
 		return b, err
 	}
 	if err := b.setupNode(); err != nil {
@@ -186,17 +186,17 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 }
 
 func (b *bench) setupNode() error {
-	node, err := benchkit.NewNetNS(filepath.Join(b.nsDir, "node"))
+	node, err := testenv.NewNetNS(filepath.Join(b.nsDir, "node"))
 	if err != nil {
 		return fmt.Errorf("create node netns: %w", err)
 	}
 	b.node = node
-	return benchkit.SetupNode(node, nodeIP)
+	return testenv.SetupNode(node, nodeIP)
 }
 
 // newNetNS creates a namespace nsDir/name tracked for cleanup.
 func (b *bench) newNetNS(name string) (ns.NetNS, error) {
-	n, err := benchkit.NewNetNS(filepath.Join(b.nsDir, name))
+	n, err := testenv.NewNetNS(filepath.Join(b.nsDir, name))
 	if err != nil {
 		return nil, fmt.Errorf("create netns %s: %w", name, err)
 	}
@@ -210,7 +210,7 @@ func (b *bench) newNode(name string) (ns.NetNS, error) {
 	if err != nil {
 		return nil, err
 	}
-	return n, benchkit.SetupNode(n, nodeIP)
+	return n, testenv.SetupNode(n, nodeIP)
 }
 
 // newPinDir names another pin directory of this run, removed at cleanup.
@@ -389,7 +389,7 @@ func (b *bench) newPod() (ns.NetNS, error) {
 	b.podSeq++
 	path := filepath.Join(b.nsDir, fmt.Sprintf("pod-%d", b.podSeq))
 	b.podMu.Unlock()
-	p, err := benchkit.NewNetNS(path)
+	p, err := testenv.NewNetNS(path)
 	if err != nil {
 		return nil, fmt.Errorf("create pod netns: %w", err)
 	}
@@ -403,7 +403,7 @@ func (b *bench) removePod(p ns.NetNS) error {
 	b.podMu.Lock()
 	delete(b.pods, p.Path())
 	b.podMu.Unlock()
-	return benchkit.RemoveNetNS(p)
+	return testenv.RemoveNetNS(p)
 }
 
 // cnitool runs `cnitool VERB NET NETNS` in the node netns and returns its
@@ -652,12 +652,8 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 		for _, r := range recs {
 			out = append(out, "ebpf-cni state record "+r.Name())
 		}
-		pins, _ := os.ReadDir(filepath.Join(b.pinOf(c), "links"))
-		for _, p := range pins {
-			// node_sock_ops is the node's TCP pacing hook, not a pod's.
-			if !strings.HasPrefix(p.Name(), "node_") {
-				out = append(out, "ebpf-cni link pin "+p.Name())
-			}
+		for _, p := range datapath.VethLinkPins(b.pinOf(c)) {
+			out = append(out, "ebpf-cni link pin "+filepath.Base(p.Path))
 		}
 	}
 	if c.key == "ptp-portmap" {
@@ -671,7 +667,7 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 	}
 	if c.mapsPorts() && c.pinDir != "" {
 		// A pin directory of its own: every mapping, flow and limit left is this configuration's.
-		if m, err := maps.Open(c.pinDir); err == nil {
+		if m, err := datapath.OpenMaps(c.pinDir); err == nil {
 			hps, _ := m.ListHostPorts()
 			flows, _ := m.ListCT()
 			limits, _ := m.ListLimits()
@@ -682,7 +678,7 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 		}
 	}
 	if c.key == "ebpf-hostport" {
-		if m, err := maps.Open(b.pinDir); err == nil {
+		if m, err := datapath.OpenMaps(b.pinDir); err == nil {
 			hps, _ := m.ListHostPorts()
 			flows, _ := m.ListCT()
 			m.Close()
@@ -872,8 +868,8 @@ func (b *bench) runRounds(ctx context.Context, start time.Time) error {
 		b.res.warmup(c, add, del, b.addPhases, b.delPhases)
 		logf("warm-up %-22s ADD %7.2f ms  DEL %7.2f ms", c.label, ms(add), ms(del))
 	}
-	if _, err := os.Stat(filepath.Join(b.pinDir, "progs")); err != nil {
-		return fmt.Errorf("ebpf-cni warm-up ADD did not pin the datapath in %s: %w", b.pinDir, err)
+	if len(datapath.ProgramPins(b.pinDir)) == 0 {
+		return fmt.Errorf("ebpf-cni warm-up ADD did not pin the datapath in %s", b.pinDir)
 	}
 
 	// Configurations interleaved, order rotated each round, so drift and
@@ -953,7 +949,7 @@ func (b *bench) cleanup() {
 		logf("killed %d leftover processes (iperf3, ebpf-agent)", n)
 	}
 	for path, p := range b.pods {
-		if err := benchkit.RemoveNetNS(p); err != nil {
+		if err := testenv.RemoveNetNS(p); err != nil {
 			errs = append(errs, err)
 		}
 		delete(b.pods, path)
@@ -961,7 +957,7 @@ func (b *bench) cleanup() {
 	if b.hp != nil {
 		for _, n := range []ns.NetNS{b.hp.remote, b.hp.rawClient, b.hp.rawServer} {
 			if n != nil {
-				if err := benchkit.RemoveNetNS(n); err != nil {
+				if err := testenv.RemoveNetNS(n); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -969,13 +965,13 @@ func (b *bench) cleanup() {
 		b.hp = nil
 	}
 	for path, n := range b.netnses {
-		if err := benchkit.RemoveNetNS(n); err != nil {
+		if err := testenv.RemoveNetNS(n); err != nil {
 			errs = append(errs, err)
 		}
 		delete(b.netnses, path)
 	}
 	if b.node != nil {
-		if err := benchkit.RemoveNetNS(b.node); err != nil {
+		if err := testenv.RemoveNetNS(b.node); err != nil {
 			errs = append(errs, err)
 		}
 		b.node = nil

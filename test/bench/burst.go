@@ -19,7 +19,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // targetBurst: 100 parallel ADDs finish within 1.5x the wall time of 100
@@ -116,7 +116,7 @@ func (b *bench) runBurst(ctx context.Context, start time.Time) error {
 // burstRound ADDs n fresh pods at once, checks them, DELs them at once and
 // checks nothing is left.
 func (b *bench) burstRound(c *config, n int) (burstPoint, error) {
-	pt := burstPoint{Config: c.key, Load1: benchkit.Load1()}
+	pt := burstPoint{Config: c.key, Load1: testenv.Load1()}
 	pods := make([]ns.NetNS, n)
 	for i := range pods {
 		p, err := b.newPod()
@@ -202,14 +202,14 @@ func (b *bench) runColdStart(ctx context.Context, start time.Time) error {
 }
 
 func (b *bench) coldRound(ctx context.Context, i int, agent, full bool) (coldSample, error) {
-	s := coldSample{Agent: agent, Full: full, Load1: benchkit.Load1()}
+	s := coldSample{Agent: agent, Full: full, Load1: testenv.Load1()}
 	node, err := b.newNode(fmt.Sprintf("node-cold-%d", i))
 	if err != nil {
 		return s, err
 	}
 	defer func() {
 		delete(b.netnses, node.Path())
-		_ = benchkit.RemoveNetNS(node)
+		_ = testenv.RemoveNetNS(node)
 	}()
 	pin := b.newPinDir(fmt.Sprintf("cold%d", i))
 	defer os.RemoveAll(pin)
@@ -240,11 +240,11 @@ func (b *bench) coldRound(ctx context.Context, i int, agent, full bool) (coldSam
 		for !strings.Contains(p.Stderr.String(), "datapath ready") {
 			select {
 			case <-p.Done():
-				return s, fmt.Errorf("ebpf-agent exited: %v\n%s", p.Err(), benchkit.Tail(p.Stderr.String()))
+				return s, fmt.Errorf("ebpf-agent exited: %v\n%s", p.Err(), testenv.Tail(p.Stderr.String()))
 			case <-time.After(time.Millisecond):
 			}
 			if time.Since(t) > 30*time.Second {
-				return s, fmt.Errorf("ebpf-agent not ready after 30 s:\n%s", benchkit.Tail(p.Stderr.String()))
+				return s, fmt.Errorf("ebpf-agent not ready after 30 s:\n%s", testenv.Tail(p.Stderr.String()))
 			}
 		}
 		s.AgentReadyMs = ms(time.Since(t))
@@ -281,12 +281,12 @@ func (b *bench) coldRound(ctx context.Context, i int, agent, full bool) (coldSam
 	return s, nil
 }
 
-func (r *results) burstRows() []benchkit.Row {
+func (r *results) burstRows() []testenv.Row {
 	br := r.Burst
 	if br == nil {
 		return nil
 	}
-	var rows []benchkit.Row
+	var rows []testenv.Row
 	if len(br.Points) > 0 {
 		walls := map[string]map[string][]float64{"ADD": {}, "DEL": {}}
 		var order []string
@@ -301,15 +301,15 @@ func (r *results) burstRows() []benchkit.Row {
 		}
 		for _, op := range []string{"ADD", "DEL"} {
 			for _, cfg := range order {
-				row := benchkit.NewRow(fmt.Sprintf("%d pods at once", br.Pods), r.labels[cfg], op+" wall time",
+				row := testenv.NewRow(fmt.Sprintf("%d pods at once", br.Pods), r.labels[cfg], op+" wall time",
 					fmt.Sprintf("%d cnitool %s started together, 0 pods present", br.Pods, op), "ms", walls[op][cfg])
 				if cfg != "burst-ptp" {
-					row.Against("ptp", benchkit.Median(walls[op]["burst-ptp"]))
+					row.Against("ptp", testenv.Median(walls[op]["burst-ptp"]))
 					if cfg == "burst-ebpf" && op == "ADD" {
 						row.Goal(fmt.Sprintf("≤ %.1f× ptp", targetBurst), row.Ratio <= targetBurst)
 					}
 				}
-				row.Load = loadStr(benchkit.Median(load))
+				row.Load = loadStr(testenv.Median(load))
 				rows = append(rows, row)
 			}
 		}
@@ -335,15 +335,15 @@ func (r *results) burstRows() []benchkit.Row {
 		if full {
 			cfg, hp = "ebpf-cni +hostPort+bandwidth", "true"
 		}
-		l := loadStr(benchkit.Median(load))
-		row := benchkit.NewRow("first pod on a node", cfg, "ADD", "no agent: the ADD loads and pins the datapath", "ms", first)
+		l := loadStr(testenv.Median(load))
+		row := testenv.NewRow("first pod on a node", cfg, "ADD", "no agent: the ADD loads and pins the datapath", "ms", first)
 		row.Load = l
 		rows = append(rows, row)
 		if len(firstAgent) > 0 {
-			row := benchkit.NewRow("first pod on a node", cfg, "ADD", "after ebpf-agent run loaded it", "ms", firstAgent)
-			row.Against("first ADD without agent", benchkit.Median(first))
+			row := testenv.NewRow("first pod on a node", cfg, "ADD", "after ebpf-agent run loaded it", "ms", firstAgent)
+			row.Against("first ADD without agent", testenv.Median(first))
 			row.Load = l
-			rr := benchkit.NewRow("first pod on a node", "ebpf-agent run --hostports="+hp, "start to datapath ready", "empty pin directory", "ms", ready)
+			rr := testenv.NewRow("first pod on a node", "ebpf-agent run --hostports="+hp, "start to datapath ready", "empty pin directory", "ms", ready)
 			rr.Load = l
 			rows = append(rows, row, rr)
 		}

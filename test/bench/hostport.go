@@ -1,6 +1,6 @@
 package main
 
-// The hostPort scale benchmark (issue 3, "Scale"): ADD latency and the rate
+// The hostPort scale benchmark: ADD latency and the rate
 // of new TCP connections through a hostPort, from a remote host, with 1, 200
 // and 1000 pods holding hostPorts, for ebpf-cni and for the reference
 // ptp+portmap chain in the same run, beside a raw veth pair.
@@ -30,7 +30,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 const (
@@ -89,23 +89,23 @@ func (b *bench) setupHostPort() error {
 	var err error
 	h := &hpEnv{}
 	b.hp = h
-	if h.remote, err = benchkit.NewNetNS(filepath.Join(b.nsDir, "remote")); err != nil {
+	if h.remote, err = testenv.NewNetNS(filepath.Join(b.nsDir, "remote")); err != nil {
 		return err
 	}
-	if h.rawClient, err = benchkit.NewNetNS(filepath.Join(b.nsDir, "raw-client")); err != nil {
+	if h.rawClient, err = testenv.NewNetNS(filepath.Join(b.nsDir, "raw-client")); err != nil {
 		return err
 	}
-	if h.rawServer, err = benchkit.NewNetNS(filepath.Join(b.nsDir, "raw-server")); err != nil {
+	if h.rawServer, err = testenv.NewNetNS(filepath.Join(b.nsDir, "raw-server")); err != nil {
 		return err
 	}
-	if err := benchkit.VethBetween(b.node, "uplink0", benchUplink4, h.remote, "eth0", benchRemote4); err != nil {
+	if err := testenv.VethBetween(b.node, "uplink0", benchUplink4, h.remote, "eth0", benchRemote4); err != nil {
 		return fmt.Errorf("node uplink: %w", err)
 	}
-	if err := benchkit.VethBetween(h.rawClient, "eth0", rawClient4, h.rawServer, "eth0", rawServer4); err != nil {
+	if err := testenv.VethBetween(h.rawClient, "eth0", rawClient4, h.rawServer, "eth0", rawServer4); err != nil {
 		return fmt.Errorf("raw veth pair: %w", err)
 	}
 	// The remote reaches every node address via the uplink.
-	return benchkit.RouteVia(h.remote, "eth0", benchUplink4)
+	return testenv.RouteVia(h.remote, "eth0", benchUplink4)
 }
 
 func (b *bench) hpCapArgs(port int) string {
@@ -347,7 +347,7 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 			}
 			rates, raws = append(rates, rate), append(raws, rawRate)
 		}
-		rate, rawRate := benchkit.Median(rates), benchkit.Median(raws)
+		rate, rawRate := testenv.Median(rates), testenv.Median(raws)
 		pt := hpPoint{Config: c.key, Pods: p, ConnsPerSec: rate, ConnErrors: failed, RawPerSec: rawRate, VsRaw: rate / rawRate,
 			ConnSamples: rates, RawSamples: raws}
 
@@ -387,8 +387,8 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 			}
 			adds, dels = append(adds, ms(add)), append(dels, ms(del))
 		}
-		pt.AddMedianMs, pt.AddP90Ms, pt.DelMedianMs = benchkit.Median(adds), benchkit.P90(adds), benchkit.Median(dels)
-		pt.AddSamples, pt.DelSamples, pt.Load1 = adds, dels, benchkit.Load1()
+		pt.AddMedianMs, pt.AddP90Ms, pt.DelMedianMs = testenv.Median(adds), testenv.P90(adds), testenv.Median(dels)
+		pt.AddSamples, pt.DelSamples, pt.Load1 = adds, dels, testenv.Load1()
 		pt.AddPhases, pt.DelPhases = phaseMedians(addPh), phaseMedians(delPh)
 		b.res.HostPort.Points = append(b.res.HostPort.Points, pt)
 		logf("  hostPort %-24s %4d pods: %7.0f conn/s (raw %7.0f, %.2fx, %d failed), ADD %.1f ms, DEL %.1f ms (%s)",

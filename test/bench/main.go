@@ -5,19 +5,28 @@
 //
 //   - latency: ADD and DEL of one pod, ebpf-cni with hostPort + bandwidth
 //     beside ptp+portmap+bandwidth, plain ebpf-cni beside ptp, a loopback floor;
+//
 //   - scale: ADD and DEL with 1, 200 pods of the same configuration present;
+//
 //   - hostport: ADD/DEL with 1, 200, 1000 pods holding hostPorts, and new TCP
 //     connections/s through a hostPort beside a raw veth pair (hostport.go);
+//
 //   - throughput: iperf3, 1 and 4 streams, pod to pod and remote to hostPort,
 //     beside ptp(+portmap), as ratios to a raw veth pair (throughput.go);
+//
 //   - memory: plugin peak RSS per ADD, agent RSS, BPF map memory per pod
 //     (memory.go);
+//
 //   - burst: 100 pods ADDed at the same instant, then DELed, beside ptp;
 //     coldstart: the first ADD on a node with and without the agent
-//     having loaded the datapath (burst.go).
+//     having loaded the datapath (burst.go);
 //
-// Bandwidth accuracy is test/bwbench; test/benchall (make bench) runs both
-// and writes one combined table.
+//   - bandwidth: how accurately pod rate limits hold, and latency under
+//     load, beside ptp + bandwidth (test/bench/bandwidth).
+//
+// Every part's figures also go to one combined table, bench-<date>.md and
+// .json, each with its spread and its ratio to the reference measured in
+// the same run (make bench: all parts, full under 15 minutes on 2 cores).
 //
 // Run from the repository root, as root:
 //
@@ -25,6 +34,7 @@
 //	go run ./test/bench -quick       # n=10, scale 1,50, hostPort 1,100, throughput 1 round of 5 s runs, memory at 50 pods
 //	go run ./test/bench -attach-tc   # also ebpf-cni with attachMode tc in the latency rounds
 //	go run ./test/bench -parts throughput,memory       # some parts only
+//	go run ./test/bench -parts bandwidth -bw-rates 10  # bandwidth accuracy at 10 Mbit/s
 //	go run ./test/bench -hostport-only                 # = -parts hostport
 //	go run ./test/bench -hostport-scale ""             # skip the hostPort part
 //
@@ -51,13 +61,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
-)
-
-// innerEnv marks the re-executed process running in the private mount namespace.
-const (
-	innerEnv   = "EBPFBENCH_INNER"
-	cmdlineEnv = "EBPFBENCH_CMDLINE"
+	"github.com/ebpf-cni/ebpf-cni/test/bench/bandwidth"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 type options struct {
@@ -92,6 +97,9 @@ type options struct {
 	burstRounds int
 	coldRounds  int
 
+	// bandwidth part (test/bench/bandwidth)
+	bw *bandwidth.Options
+
 	parts map[string]bool
 }
 
@@ -104,9 +112,10 @@ const (
 	partMemory     = "memory"
 	partBurst      = "burst"
 	partColdStart  = "coldstart"
+	partBandwidth  = "bandwidth"
 )
 
-var allParts = []string{partLatency, partScale, partHostPort, partThroughput, partMemory, partBurst, partColdStart}
+var allParts = []string{partLatency, partScale, partHostPort, partThroughput, partMemory, partBurst, partColdStart, partBandwidth}
 
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -130,6 +139,8 @@ func parseFlags(args []string) (*options, error) {
 	burstPods := fs.Int("burst-pods", 100, "pods ADDed (then DELed) at the same instant in the burst part")
 	burstRounds := fs.Int("burst-rounds", 3, "rounds of the burst part (each configuration once per round)")
 	coldRounds := fs.Int("cold-rounds", 5, "rounds of the coldstart part (each a first ADD without and one with the agent)")
+	bwRates := fs.String("bw-rates", "", "bandwidth part: comma-separated rates in Mbit/s (default 10,100,1000; -quick 10,100)")
+	bwSecs := fs.Int("bw-seconds", 0, "bandwidth part: seconds per iperf3 run (default 10; -quick 5)")
 	phases := fs.Bool("phases", true, "set EBPF_CNI_TRACE=1 for ebpf-cni and report its own phase timings (costs a few time.Now calls and one stderr line)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./test/bench [flags]   (as root, from the repository root)\n")
@@ -241,6 +252,11 @@ func parseFlags(args []string) (*options, error) {
 	if len(o.parts) == 0 {
 		return nil, errors.New("nothing to measure")
 	}
+	if o.parts[partBandwidth] {
+		if o.bw, err = bandwidth.NewOptions(o.quick, o.outDir, *bwRates, *bwSecs); err != nil {
+			return nil, err
+		}
+	}
 	return o, nil
 }
 
@@ -279,27 +295,66 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench: must run as root (network namespaces, BPF, mounts)")
 		os.Exit(1)
 	}
-	if os.Getenv(innerEnv) == "" {
-		os.Exit(benchkit.Outer("bench", innerEnv, cmdlineEnv))
+	if os.Getenv(testenv.InnerEnv) == "" {
+		os.Exit(testenv.Outer("bench", testenv.InnerEnv, testenv.CmdlineEnv))
 	}
 	os.Exit(inner(opts))
 }
 
-// inner runs the benchmark; every exit path goes through the cleanup.
+// inner runs the parts; every exit path goes through the cleanup. The
+// plugin parts (bench.run) go first, then bandwidth, each cleaned up before
+// the next starts; then the combined table.
 func inner(opts *options) int {
-	var b *bench
-	return benchkit.Inner("bench", logf, func(ctx context.Context) error {
-		var err error
-		b, err = newBench(ctx, opts)
-		if err != nil {
-			return err
-		}
-		return b.run(ctx)
-	}, func() {
+	var (
+		b  *bench
+		bw *bandwidth.Bench
+	)
+	cleanup := func() {
 		if b != nil {
 			b.cleanup()
+			b = nil
 		}
-	})
+		if bw != nil {
+			bw.Cleanup()
+			bw = nil
+		}
+	}
+	return testenv.Inner("bench", logf, func(ctx context.Context) error {
+		c := newCombined(opts)
+		if opts.cniParts() {
+			var err error
+			if b, err = newBench(ctx, opts); err != nil {
+				return err
+			}
+			if err := b.run(ctx); err != nil {
+				return err
+			}
+			c.add(b.res.Rows)
+			cleanup()
+		}
+		if opts.parts[partBandwidth] {
+			var err error
+			if bw, err = bandwidth.New(ctx, opts.bw); err != nil {
+				return err
+			}
+			if err := bw.Run(ctx); err != nil {
+				return err
+			}
+			c.add(bw.Rows())
+			cleanup()
+		}
+		return c.write(opts.outDir)
+	}, cleanup)
+}
+
+// cniParts tells whether a part measured by bench.run was asked for.
+func (o *options) cniParts() bool {
+	for p := range o.parts {
+		if p != partBandwidth {
+			return true
+		}
+	}
+	return false
 }
 
 func logf(format string, a ...any) {

@@ -1,6 +1,6 @@
 package main
 
-// The memory benchmark (issue 6):
+// The memory benchmark:
 //
 //   - plugin peak RSS per ADD (and DEL): every plugin binary is reached
 //     through a wrapper script in a CNI_PATH of its own, which execs
@@ -43,7 +43,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 const (
@@ -293,13 +293,13 @@ func (b *bench) agentRSS(ctx context.Context, c *config, pods int) (agentSample,
 	for !strings.Contains(p.Stderr.String(), "datapath ready") {
 		select {
 		case <-p.Done():
-			return s, fmt.Errorf("ebpf-agent exited: %v\n%s", p.Err(), benchkit.Tail(p.Stderr.String()))
+			return s, fmt.Errorf("ebpf-agent exited: %v\n%s", p.Err(), testenv.Tail(p.Stderr.String()))
 		case <-ctx.Done():
 			return s, ctx.Err()
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return s, fmt.Errorf("ebpf-agent not ready after 30 s:\n%s", benchkit.Tail(p.Stderr.String()))
+			return s, fmt.Errorf("ebpf-agent not ready after 30 s:\n%s", testenv.Tail(p.Stderr.String()))
 		}
 	}
 	end := time.Now().Add(time.Duration(b.opts.agentSecs * float64(time.Second)))
@@ -310,7 +310,7 @@ func (b *bench) agentRSS(ctx context.Context, c *config, pods int) (agentSample,
 		}
 		s.Samples = append(s.Samples, rss)
 		s.VmRSSKB, s.VmHWMKB = rss, hwm
-		if err := benchkit.SleepCtx(ctx, 250*time.Millisecond); err != nil {
+		if err := testenv.SleepCtx(ctx, 250*time.Millisecond); err != nil {
 			return s, err
 		}
 	}
@@ -321,7 +321,7 @@ func (b *bench) agentRSS(ctx context.Context, c *config, pods int) (agentSample,
 	// logs a reconcile only when it removed something or failed: neither
 	// may happen to live pods.
 	if log := p.Stderr.String(); strings.Contains(log, "reconcile (") {
-		return s, fmt.Errorf("ebpf-agent reconciled something away or failed to:\n%s", benchkit.Tail(log))
+		return s, fmt.Errorf("ebpf-agent reconciled something away or failed to:\n%s", testenv.Tail(log))
 	}
 	return s, nil
 }
@@ -495,9 +495,9 @@ func (r *memResults) summarizeRSS() []string {
 		if len(v) == 0 {
 			continue
 		}
-		lo, hi := benchkit.MinMax(v)
+		lo, hi := testenv.MinMax(v)
 		out = append(out, fmt.Sprintf("%-10s ADD peak RSS median %.1f MiB (min %.1f, max %.1f, %d runs)",
-			bin, benchkit.Median(v)/1024, lo/1024, hi/1024, len(v)))
+			bin, testenv.Median(v)/1024, lo/1024, hi/1024, len(v)))
 	}
 	return out
 }

@@ -1,17 +1,15 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"runtime"
 	"sort"
 	"strings"
 	"time"
 
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // results is everything a run measured, as written to the JSON file.
@@ -41,8 +39,8 @@ type results struct {
 	Parts      []string      `json:"parts"`
 	PartTimes  []partTime    `json:"partTimes"`
 	// Rows is the summary table: every figure with its spread and its
-	// ratio to the reference (test/benchall merges these).
-	Rows []benchkit.Row `json:"rows"`
+	// ratio to the reference (the bench command merges these into its combined table).
+	Rows []testenv.Row `json:"rows"`
 
 	started time.Time
 	labels  map[string]string
@@ -94,18 +92,18 @@ func newResults(o *options) *results {
 	now := time.Now().UTC()
 	r := &results{
 		Date:      now.Format(time.RFC3339),
-		Kernel:    benchkit.KernelRelease(),
-		Go:        benchkit.GoVersion(),
-		Commit:    benchkit.GitCommit(),
-		Command:   os.Getenv(cmdlineEnv),
+		Kernel:    testenv.KernelRelease(),
+		Go:        testenv.GoVersion(),
+		Commit:    testenv.GitCommit(),
+		Command:   os.Getenv(testenv.CmdlineEnv),
 		CPUs:      runtime.NumCPU(),
 		N:         o.n,
 		Scale:     o.scale,
 		ScaleReps: o.scaleReps,
 		started:   now,
-		LoadStart: benchkit.Loadavg(),
+		LoadStart: testenv.Loadavg(),
 		Phases:    o.phases,
-		Iperf3:    benchkit.IperfVersion(),
+		Iperf3:    testenv.IperfVersion(),
 		labels:    map[string]string{},
 	}
 	for _, p := range allParts {
@@ -148,7 +146,7 @@ func (s *series) summarize() {
 	sort.Float64s(v)
 	n := len(v)
 	s.Min, s.Max = v[0], v[n-1]
-	s.Median = benchkit.Median(v)
+	s.Median = testenv.Median(v)
 	// Nearest-rank percentile.
 	s.P90 = v[int(math.Ceil(0.9*float64(n)))-1]
 
@@ -169,7 +167,7 @@ func phaseMedians(all [][]phase) []phase {
 	}
 	var out []phase
 	for _, n := range names {
-		out = append(out, phase{n, benchkit.Median(byName[n])})
+		out = append(out, phase{n, testenv.Median(byName[n])})
 	}
 	return out
 }
@@ -205,7 +203,7 @@ func (r *results) markdown() string {
 		fmt.Fprintf(&b, " %s %s;", p.Part, p.Elapsed)
 	}
 	fmt.Fprintf(&b, " total %s\n", r.Elapsed)
-	fmt.Fprintf(&b, "\n## Summary\n\n%s", benchkit.RowsMarkdown(r.Rows))
+	fmt.Fprintf(&b, "\n## Summary\n\n%s", testenv.RowsMarkdown(r.Rows))
 	if len(r.Series) == 0 {
 		return b.String()
 	}
@@ -286,26 +284,15 @@ func (r *results) sortSeries() {
 
 // write prints the table and stores latency-<date>.md and .json in dir.
 func (r *results) write(dir string) error {
-	r.LoadEnd = benchkit.Loadavg()
+	r.LoadEnd = testenv.Loadavg()
 	for _, s := range r.Series {
 		s.summarize()
 	}
 	r.sortSeries()
 	r.Rows = r.rows()
 	md := r.markdown() + r.hostPortMarkdown() + r.throughputMarkdown() + r.memoryMarkdown()
-	fmt.Print(md)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	base := filepath.Join(dir, "cni-"+r.started.Format("2006-01-02T150405Z"))
-	js, err := json.MarshalIndent(r, "", "  ")
+	base, err := testenv.WriteReport(dir, "cni", r.started, md, r)
 	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(base+".md", []byte(md), 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(base+".json", append(js, '\n'), 0o644); err != nil {
 		return err
 	}
 	logf("wrote %s.md and %s.json", base, base)

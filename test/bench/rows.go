@@ -5,10 +5,10 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
-// Targets of issue 6 (goals, not assertions).
+// Performance targets (goals, not assertions).
 const (
 	targetAddVsChain = 0.35 // ADD <= 0.35x the reference chain
 	targetFlat       = 1.10 // "ADD flat from 1 to 1000 pods": within 10% of the 1-pod median
@@ -25,8 +25,8 @@ func loadStr(l float64) string {
 }
 
 // rows is the summary table of everything this run measured.
-func (r *results) rows() []benchkit.Row {
-	var rows []benchkit.Row
+func (r *results) rows() []testenv.Row {
+	var rows []testenv.Row
 	rows = append(rows, r.latencyRows()...)
 	rows = append(rows, r.scaleRows()...)
 	rows = append(rows, r.hostPortRows()...)
@@ -36,17 +36,17 @@ func (r *results) rows() []benchkit.Row {
 	return rows
 }
 
-func (r *results) latencyRows() []benchkit.Row {
+func (r *results) latencyRows() []testenv.Row {
 	const sec = "latency, 1 pod"
 	ref := map[string]string{"ebpf-full": "chain", "ebpf": "ptp", "ebpf-tc": "ptp", "ptp": "chain", "loopback": "chain"}
-	var rows []benchkit.Row
+	var rows []testenv.Row
 	for _, op := range []string{"ADD", "DEL"} {
 		for _, c := range r.Configs {
 			s := r.find(c.Key, op, 0)
 			if s == nil {
 				continue
 			}
-			row := benchkit.NewRow(sec, c.Label, op, "0 pods present", "ms", s.Samples)
+			row := testenv.NewRow(sec, c.Label, op, "0 pods present", "ms", s.Samples)
 			if rk := ref[c.Key]; rk != "" {
 				if rs := r.find(rk, op, 0); rs != nil {
 					row.Against(r.labels[rk], rs.Median)
@@ -61,9 +61,9 @@ func (r *results) latencyRows() []benchkit.Row {
 	return rows
 }
 
-func (r *results) scaleRows() []benchkit.Row {
+func (r *results) scaleRows() []testenv.Row {
 	const sec = "latency at scale"
-	var rows []benchkit.Row
+	var rows []testenv.Row
 	for _, op := range []string{"ADD", "DEL"} {
 		for _, c := range r.Configs {
 			for _, p := range r.Scale {
@@ -71,7 +71,7 @@ func (r *results) scaleRows() []benchkit.Row {
 				if s == nil {
 					continue
 				}
-				row := benchkit.NewRow(sec, c.Label, op, plural(p, "pod")+" present", "ms", s.Samples)
+				row := testenv.NewRow(sec, c.Label, op, plural(p, "pod")+" present", "ms", s.Samples)
 				if c.Key != "ptp" {
 					if rs := r.find("ptp", op, p); rs != nil {
 						row.Against(r.labels["ptp"], rs.Median)
@@ -88,7 +88,7 @@ func (r *results) scaleRows() []benchkit.Row {
 	return rows
 }
 
-func (r *results) hostPortRows() []benchkit.Row {
+func (r *results) hostPortRows() []testenv.Row {
 	h := r.HostPort
 	if h == nil || len(h.Points) == 0 {
 		return nil
@@ -102,7 +102,7 @@ func (r *results) hostPortRows() []benchkit.Row {
 		return nil
 	}
 	cfgs := []string{"ebpf-hostport", "ptp-portmap"}
-	var rows []benchkit.Row
+	var rows []testenv.Row
 	for _, op := range []string{"ADD", "DEL"} {
 		for _, cfg := range cfgs {
 			for _, p := range h.Scale {
@@ -114,7 +114,7 @@ func (r *results) hostPortRows() []benchkit.Row {
 				if op == "DEL" {
 					samples = pt.DelSamples
 				}
-				row := benchkit.NewRow("hostPort latency at scale", r.labels[cfg], op, plural(p, "pod")+" with hostPorts", "ms", samples)
+				row := testenv.NewRow("hostPort latency at scale", r.labels[cfg], op, plural(p, "pod")+" with hostPorts", "ms", samples)
 				row.Load = loadStr(pt.Load1)
 				if cfg == "ebpf-hostport" {
 					if ref := find("ptp-portmap", p); ref != nil {
@@ -122,10 +122,10 @@ func (r *results) hostPortRows() []benchkit.Row {
 						if op == "DEL" {
 							rs = ref.DelSamples
 						}
-						row.Against(r.labels["ptp-portmap"], benchkit.Median(rs))
+						row.Against(r.labels["ptp-portmap"], testenv.Median(rs))
 					}
 					if one := find(cfg, h.Scale[0]); one != nil && op == "ADD" && p != h.Scale[0] {
-						f := row.Median / benchkit.Median(one.AddSamples)
+						f := row.Median / testenv.Median(one.AddSamples)
 						row.Goal(fmt.Sprintf("flat: %.2f× of %s, ≤ %.2f×", f, plural(h.Scale[0], "pod"), targetFlat), f <= targetFlat)
 					}
 				}
@@ -139,8 +139,8 @@ func (r *results) hostPortRows() []benchkit.Row {
 			if pt == nil {
 				continue
 			}
-			row := benchkit.NewRow("new connections/s via hostPort", r.labels[cfg], "conn/s", fmt.Sprintf("%s with hostPorts, %d clients, %.0f s", plural(p, "pod"), h.Workers, h.ConnSecs), "conn/s", pt.ConnSamples)
-			row.Against("raw veth pair", benchkit.Median(pt.RawSamples))
+			row := testenv.NewRow("new connections/s via hostPort", r.labels[cfg], "conn/s", fmt.Sprintf("%s with hostPorts, %d clients, %.0f s", plural(p, "pod"), h.Workers, h.ConnSecs), "conn/s", pt.ConnSamples)
+			row.Against("raw veth pair", testenv.Median(pt.RawSamples))
 			row.Load = loadStr(pt.Load1)
 			if cfg == "ebpf-hostport" && p == targetConnsPods {
 				row.Goal(fmt.Sprintf("≥ %.2f× raw at %d pods", targetConns, targetConnsPods), row.Ratio >= targetConns)
@@ -164,12 +164,12 @@ func (t *tputResults) samples(path string, streams int) ([]float64, float64) {
 	return v, load
 }
 
-func (r *results) throughputRows() []benchkit.Row {
+func (r *results) throughputRows() []testenv.Row {
 	t := r.Throughput
 	if t == nil {
 		return nil
 	}
-	var rows []benchkit.Row
+	var rows []testenv.Row
 	for _, streams := range []int{1, 4} {
 		raw, _ := t.samples("raw", streams)
 		for i, p := range t.Paths {
@@ -177,11 +177,11 @@ func (r *results) throughputRows() []benchkit.Row {
 			if len(v) == 0 {
 				continue
 			}
-			row := benchkit.NewRow("throughput (iperf3 TCP)", t.Labels[i], plural(streams, "stream"),
+			row := testenv.NewRow("throughput (iperf3 TCP)", t.Labels[i], plural(streams, "stream"),
 				fmt.Sprintf("%d s per run, no limit", t.Seconds), "Gbit/s", v)
 			row.Load = fmt.Sprintf("%.2f other runnable", others)
 			if p != "raw" {
-				row.Against("raw veth pair", benchkit.Median(raw))
+				row.Against("raw veth pair", testenv.Median(raw))
 				if strings.HasPrefix(p, "ebpf") && streams == 1 {
 					row.Goal(fmt.Sprintf("≥ %.2f× raw", targetTput), row.Ratio >= targetTput)
 				}
@@ -212,24 +212,24 @@ func mib(v []float64) []float64 {
 	return out
 }
 
-func (r *results) memoryRows() []benchkit.Row {
+func (r *results) memoryRows() []testenv.Row {
 	m := r.Memory
 	if m == nil {
 		return nil
 	}
 	const sec = "memory"
-	var rows []benchkit.Row
+	var rows []testenv.Row
 	chain := mib(m.chainRSS("ADD"))
-	e := benchkit.NewRow(sec, "ebpf-cni +hostPort+bandwidth", "plugin peak RSS per ADD", "ru_maxrss incl. the host-local it execs", "MiB", mib(m.rssOf("ebpf-cni", "ADD")))
-	e.Against("ptp+portmap+bandwidth", benchkit.Median(chain))
-	rows = append(rows, e, benchkit.NewRow(sec, "ptp+portmap+bandwidth", "plugin peak RSS per ADD", "largest of the chain's plugins per ADD", "MiB", chain))
+	e := testenv.NewRow(sec, "ebpf-cni +hostPort+bandwidth", "plugin peak RSS per ADD", "ru_maxrss incl. the host-local it execs", "MiB", mib(m.rssOf("ebpf-cni", "ADD")))
+	e.Against("ptp+portmap+bandwidth", testenv.Median(chain))
+	rows = append(rows, e, testenv.NewRow(sec, "ptp+portmap+bandwidth", "plugin peak RSS per ADD", "largest of the chain's plugins per ADD", "MiB", chain))
 	for _, bin := range []string{"ptp", "portmap", "bandwidth", "host-local"} {
 		if v := m.rssOf(bin, "ADD"); len(v) > 0 {
 			cond := "that binary alone"
 			if bin == "ptp" {
 				cond = "incl. the host-local it execs"
 			}
-			rows = append(rows, benchkit.NewRow(sec, bin, "plugin peak RSS per ADD", cond, "MiB", mib(v)))
+			rows = append(rows, testenv.NewRow(sec, bin, "plugin peak RSS per ADD", cond, "MiB", mib(v)))
 		}
 	}
 	for _, a := range m.Agent {
@@ -237,11 +237,11 @@ func (r *results) memoryRows() []benchkit.Row {
 		for i, x := range a.Samples {
 			v[i] = float64(x) / 1024
 		}
-		row := benchkit.NewRow(sec, "ebpf-agent run", "VmRSS", fmt.Sprintf("%d pods, %.0f s after ready (VmHWM %.1f MiB)", a.Pods, a.Seconds, float64(a.VmHWMKB)/1024), "MiB", v)
+		row := testenv.NewRow(sec, "ebpf-agent run", "VmRSS", fmt.Sprintf("%d pods, %.0f s after ready (VmHWM %.1f MiB)", a.Pods, a.Seconds, float64(a.VmHWMKB)/1024), "MiB", v)
 		rows = append(rows, row)
 	}
-	one := func(metric, cond, unit string, v float64) benchkit.Row {
-		return benchkit.NewRow(sec, "ebpf-cni datapath", metric, cond, unit, []float64{v})
+	one := func(metric, cond, unit string, v float64) testenv.Row {
+		return testenv.NewRow(sec, "ebpf-cni datapath", metric, cond, unit, []float64{v})
 	}
 	rows = append(rows,
 		one("BPF map memory, fixed", "sum of memlock of every pinned map at 0 pods", "MiB", float64(m.FixedBytes)/(1<<20)),

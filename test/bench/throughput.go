@@ -1,6 +1,6 @@
 package main
 
-// The throughput benchmark (issue 6): iperf3 TCP throughput with 1 and 4
+// The throughput benchmark: iperf3 TCP throughput with 1 and 4
 // parallel streams over
 //
 //   - raw: a bare veth pair between two namespaces (the physical limit: no
@@ -30,8 +30,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -44,8 +42,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 const (
@@ -106,7 +104,7 @@ type tputRun struct {
 	// BPFCPUPct is their total run time over the run's wall time.
 	BPFCPUPct float64 `json:"bpfCpuPct,omitempty"`
 	// Others is the mean number of other user tasks runnable during the
-	// run (benchkit.SampleOthers: threads in state R of processes other
+	// run (testenv.SampleOthers: threads in state R of processes other
 	// than this benchmark and the two iperf3), i.e. other work competing
 	// for the CPUs. A run with Others >= disturbedOthers is disturbed and
 	// measured again at the end of the part (within -tput-reruns); the
@@ -143,7 +141,7 @@ func (b *bench) setupThroughput() (*tputEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := benchkit.VethBetween(rawA, "eth0", tputRawA, rawB, "eth0", tputRawB); err != nil {
+	if err := testenv.VethBetween(rawA, "eth0", tputRawA, rawB, "eth0", tputRawB); err != nil {
 		return nil, fmt.Errorf("raw veth pair: %w", err)
 	}
 	e.paths = append(e.paths, &tputPath{key: "raw", label: "raw veth pair", client: rawA, server: rawB,
@@ -177,10 +175,10 @@ func (b *bench) setupThroughput() (*tputEnv, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := benchkit.VethBetween(node, "uplink0", benchUplink4, remote, "eth0", benchRemote4); err != nil {
+		if err := testenv.VethBetween(node, "uplink0", benchUplink4, remote, "eth0", benchRemote4); err != nil {
 			return nil, fmt.Errorf("%s node uplink: %w", pl.name, err)
 		}
-		if err := benchkit.RouteVia(remote, "eth0", benchUplink4); err != nil {
+		if err := testenv.RouteVia(remote, "eth0", benchUplink4); err != nil {
 			return nil, err
 		}
 		c := &config{key: "tput-" + pl.name, netName: "bench-tput-" + pl.name, subnet: pl.subnet, node: node}
@@ -250,7 +248,7 @@ func resultIP(out []byte) (net.IP, error) {
 
 // checkNoLimit proves no pod of the throughput benchmark is rate limited.
 func (b *bench) checkNoLimit(e *tputEnv) (string, error) {
-	m, err := maps.Open(e.ebpf.pinDir)
+	m, err := datapath.OpenMaps(e.ebpf.pinDir)
 	if err != nil {
 		return "", fmt.Errorf("open ebpf-cni maps: %w", err)
 	}
@@ -302,7 +300,7 @@ func (b *bench) runThroughput(ctx context.Context, start time.Time) error {
 	if o.quick {
 		maxWait = 10 * time.Second
 	}
-	waited, calm := benchkit.WaitCalm(ctx, maxWait)
+	waited, calm := testenv.WaitCalm(ctx, maxWait)
 	calmNote := fmt.Sprintf("waited %s for no other runnable task (kernel threads included) before the first run", waited.Round(100*time.Millisecond))
 	if !calm {
 		calmNote = fmt.Sprintf("the machine was still busy after waiting %s", waited.Round(100*time.Millisecond))
@@ -396,7 +394,7 @@ func (b *bench) teardownThroughput(e *tputEnv) error {
 
 // iperf runs one measurement over a path.
 func (b *bench) iperf(ctx context.Context, p *tputPath, streams int) (*tputRun, error) {
-	run := &tputRun{Path: p.key, Streams: streams, Load1: benchkit.Load1()}
+	run := &tputRun{Path: p.key, Streams: streams, Load1: testenv.Load1()}
 	// Client and server on CPUs of their own, the same for every path
 	// (the receive path's softirq runs on the sender's CPU with veths).
 	srvArgs := []string{"-s", "-1", "-J", "-p", strconv.Itoa(tputPort)}
@@ -410,7 +408,7 @@ func (b *bench) iperf(ctx context.Context, p *tputPath, streams int) (*tputRun, 
 		return nil, err
 	}
 	defer srv.Kill() // no-op once it exited
-	if err := benchkit.WaitListen(srv, tputPort); err != nil {
+	if err := testenv.WaitListen(srv, tputPort); err != nil {
 		return nil, err
 	}
 	host, port, _ := net.SplitHostPort(p.addr)
@@ -421,7 +419,7 @@ func (b *bench) iperf(ctx context.Context, p *tputPath, streams int) (*tputRun, 
 		return nil, err
 	}
 	defer cli.Kill()
-	others := benchkit.SampleOthers(srv.Pid(), cli.Pid())
+	others := testenv.SampleOthers(srv.Pid(), cli.Pid())
 	err = cli.Wait(time.Duration(secs)*time.Second + 30*time.Second)
 	run.Others = others()
 	run.Disturbed = run.Others >= disturbedOthers
@@ -431,7 +429,7 @@ func (b *bench) iperf(ctx context.Context, p *tputPath, streams int) (*tputRun, 
 	if err := srv.Wait(15 * time.Second); err != nil {
 		return nil, fmt.Errorf("iperf3 server: %w", err)
 	}
-	j, err := benchkit.ParseIperf(cli.Stdout.Bytes(), "iperf3 client")
+	j, err := testenv.ParseIperf(cli.Stdout.Bytes(), "iperf3 client")
 	if err != nil {
 		return nil, err
 	}
@@ -443,24 +441,24 @@ func (b *bench) iperf(ctx context.Context, p *tputPath, streams int) (*tputRun, 
 	run.CPUClient = j.End.CPUUtilization.HostTotal
 	run.CPUServer = j.End.CPUUtilization.RemoteTotal
 	if run.Bps <= 0 {
-		return nil, fmt.Errorf("iperf3 received nothing:\n%s", benchkit.Tail(cli.Stdout.String()))
+		return nil, fmt.Errorf("iperf3 received nothing:\n%s", testenv.Tail(cli.Stdout.String()))
 	}
 	return run, nil
 }
 
-// pinnedProgs opens every program pinned under pinDir/progs.
+// pinnedProgs opens every program pinned under pinDir.
 func pinnedProgs(pinDir string) (map[string]*ebpf.Program, error) {
-	ents, err := os.ReadDir(filepath.Join(pinDir, "progs"))
-	if err != nil {
-		return nil, err
+	pins := datapath.ProgramPins(pinDir)
+	if len(pins) == 0 {
+		return nil, fmt.Errorf("no programs pinned under %s", pinDir)
 	}
 	out := map[string]*ebpf.Program{}
-	for _, e := range ents {
-		p, err := ebpf.LoadPinnedProgram(filepath.Join(pinDir, "progs", e.Name()), nil)
+	for _, e := range pins {
+		p, err := ebpf.LoadPinnedProgram(e.Path, nil)
 		if err != nil {
 			continue
 		}
-		out[e.Name()] = p
+		out[e.Name] = p
 	}
 	return out, nil
 }
@@ -511,7 +509,7 @@ func (run *tputRun) log(label string, start time.Time) {
 
 // rerunDisturbed measures disturbed runs again, single-stream runs first,
 // within the -tput-reruns budget, each after waiting (up to 10 s) for the
-// machine to calm down (benchkit.WaitCalm).
+// machine to calm down (testenv.WaitCalm).
 func (b *bench) rerunDisturbed(ctx context.Context, e *tputEnv, r *tputResults, start time.Time) error {
 	var idx []int
 	for i, x := range r.Runs {
@@ -535,7 +533,7 @@ func (b *bench) rerunDisturbed(ctx context.Context, e *tputEnv, r *tputResults, 
 	}
 	for _, i := range idx {
 		old := &r.Runs[i]
-		if _, _ = benchkit.WaitCalm(ctx, 10*time.Second); ctx.Err() != nil {
+		if _, _ = testenv.WaitCalm(ctx, 10*time.Second); ctx.Err() != nil {
 			return ctx.Err()
 		}
 		p := byKey[old.Path]

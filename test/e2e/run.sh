@@ -25,11 +25,13 @@
 # failure or Ctrl-C. Last line: "e2e: N passed, M failed[, K skipped]"; the exit
 # status is non-zero when anything failed.
 #
-# Capabilities the plugin may not have yet are probed before the run: an ADD
-# with runtimeConfig.portMappings (or .bandwidth) against a scratch netns;
-# rejected with CNI error 2 (unsupported field) => those checks are skipped
-# with the plugin's message. Override: EBPF_E2E_HOSTPORT=0|1,
-# EBPF_E2E_BANDWIDTH=0|1 (unset = detect). EBPF_E2E_KEEP=1 keeps the
+# The plugin's capabilities are probed before the run: an ADD with
+# runtimeConfig.portMappings (or .bandwidth) against a scratch netns. A
+# capability the conflist declares (deploy/: the ConfigMap, else
+# 10-ebpf-cni.conflist) that the plugin rejects fails each of its checks
+# with the plugin's message: a regression never passes as a skip. Override:
+# EBPF_E2E_HOSTPORT=0|1, EBPF_E2E_BANDWIDTH=0|1 (unset = detect; 0 skips
+# those checks, as asked). EBPF_E2E_KEEP=1 keeps the
 # temporary directory (logs, configs) for inspection; everything else is still
 # cleaned.
 set -uo pipefail
@@ -186,7 +188,7 @@ cleanup() {
 	ip link del "e2eup$ID" 2>/dev/null
 	# Host veths of our pods are gone with their netns; delete any straggler.
 	for s in "${SANDBOXES[@]}"; do
-		ip link del "$(hostif "$s")" 2>/dev/null
+		[ -n "$(hostif "$s")" ] && ip link del "$(hostif "$s")" 2>/dev/null
 	done
 	find /sys/fs/cgroup -maxdepth 3 -depth -type d -name "$CGPARENT" 2>/dev/null | while read -r d; do
 		find "$d" -depth -type d -exec rmdir {} + 2>/dev/null
@@ -218,8 +220,18 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo; echo "interrupted"; FAIL=$((FAIL + 1)); FAILED+=("interrupted"); exit 130' INT TERM
 
-# hostif CONTAINERID: the plugin's host veth name for eth0 of a sandbox.
-hostif() { printf 'ebpf%s' "$(printf '%s/eth0' "$1" | sha256sum | cut -c1-11)"; }
+# hostif SANDBOX: the host veth of the sandbox's eth0, as the plugin's state
+# record named it when the sandbox was created (remembered by run_pod: the
+# record goes with the pod, the leak checks need the name after). The plugin
+# names veths; the script never re-derives the name.
+declare -A HOSTIFS=()
+hostif() { echo "${HOSTIFS[$1]:-}"; }
+# record_hostif SANDBOX: the host veth the plugin's record names, read with
+# `ebpf-agent dump attachments` (the one parser of records).
+record_hostif() {
+	"$BIN/ebpf-agent" dump attachments --state-dir "$STATE" -o json |
+		jq -r --arg id "$1" '.[] | select(.containerID == $id and .ifname == "eth0") | .hostIf'
+}
 
 # ---------------------------------------------------------------- tools
 
@@ -400,6 +412,25 @@ if [ "$MODE" = full ]; then
 		;;
 	esac
 fi
+
+# DECLARED: the conflist whose capabilities the product declares (the
+# ConfigMap's when deploycheck extracted it, else the shipped one).
+DECLARED=$ROOT/deploy/10-ebpf-cni.conflist
+[ -s "$WORK/deploy.conflist" ] && DECLARED=$WORK/deploy.conflist
+declared() { jq -e --arg c "$1" '.plugins[0].capabilities[$c] // false' "$DECLARED" >/dev/null; }
+# unavailable CAP WHY CHECK...: the checks of a capability the plugin does
+# not provide. Declared by the conflist: each fails (a pod asking for it
+# would fail); left out on purpose (EBPF_E2E_*=0): each is skipped.
+unavailable() {
+	local cap=$1 why=$2 c; shift 2
+	for c in "$@"; do
+		if declared "$cap" && [[ $why != disabled* ]]; then
+			fail "$c" "$(basename "$DECLARED") declares $cap, the plugin does not provide it: $why"
+		else
+			skip "$c" "$why"
+		fi
+	done
+}
 
 # The conflist. Full mode: the ConfigMap's, as deployed (its "__PODCIDR__"
 # range is filled in by install-cni), with this run's network name, pins,
@@ -585,6 +616,8 @@ run_pod() {
 	ns=$(jq -r '.info.runtimeSpec.linux.namespaces[] | select(.type == "network") | .path' <<<"$insp")
 	printf -v "POD_$var" %s "$pod"; printf -v "NS_$var" %s "$ns"
 	printf -v "IP4_$var" %s "$ip4"; printf -v "IP6_$var" %s "$ip6"
+	HOSTIFS[$pod]=$(record_hostif "$pod")
+	[ -n "${HOSTIFS[$pod]}" ] || { fail "runp $name: the plugin's record of sandbox ${pod:0:13}" "$("$BIN/ebpf-agent" dump attachments --state-dir "$STATE" 2>&1)"; return 1; }
 	pass "runp $name: sandbox ${pod:0:13}, $ip4 $ip6, host veth $(hostif "$pod")"
 	if ! c=$(cri create "$pod" "$cj" "$pj" 2>&1) || ! out=$(cri start "$c" 2>&1); then
 		fail "create+start httpd in $name" "$c $out"; return 1
@@ -749,10 +782,10 @@ if [ "$MODE" = full ]; then
 	NODE_IP=$(ip -4 -o addr show dev "${NODE_IF:-lo}" scope global 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}')
 	NODE_IP6=$(ip -6 -o addr show dev "${NODE_IF:-lo}" scope global 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}')
 	if [ "$HOSTPORT" != yes ] && [ "$HOSTPORT" != reference ]; then
-		for c in "from another namespace routed to the node" "from another namespace, second pod" "from another namespace over IPv6" "from the node to its address" "from the node to 127.0.0.1" \
-			"from the node to [::1]" "from a pod to its own hostPort (hairpin)" "from a pod to another pod's hostPort"; do
-			skip "hostPort $c" "${HOSTPORT_WHY:-not supported}"
-		done
+		unavailable portMappings "${HOSTPORT_WHY:-not supported}" \
+			"hostPort from another namespace routed to the node" "hostPort from another namespace, second pod" "hostPort from another namespace over IPv6" \
+			"hostPort from the node to its address" "hostPort from the node to 127.0.0.1" "hostPort from the node to [::1]" \
+			"hostPort from a pod to its own hostPort (hairpin)" "hostPort from a pod to another pod's hostPort"
 	elif [ -z "$NODE_IP" ]; then
 		skip "hostPort checks" "the node has no global IPv4 address on its default route's interface"
 	else
@@ -804,9 +837,8 @@ if [ "$MODE" = full ]; then
 	say "bandwidth (pod e2e-b: egress 10M, ingress 20M; pod e2e-a unlimited)"
 	N_EG=3750000 N_IN=7500000   # ~3 s each at the limit
 	if [ "$BANDWIDTH" != yes ]; then
-		for c in "egress limit (download from the pod)" "ingress limit (upload to the pod)" "egress limit pod to pod"; do
-			skip "bandwidth $c" "${BANDWIDTH_WHY:-not supported}"
-		done
+		unavailable bandwidth "${BANDWIDTH_WHY:-not supported}" \
+			"bandwidth egress limit (download from the pod)" "bandwidth ingress limit (upload to the pod)" "bandwidth egress limit pod to pod"
 	else
 		head -c "$N_IN" /dev/zero >"$WORK/upload.bin"
 		fmt='%{size_download} %{time_total}\n'
@@ -843,12 +875,12 @@ pods_left() { cri pods -q; }
 veths_left() {
 	local s n
 	for s in "${SANDBOXES[@]}"; do
-		n=$(hostif "$s"); ip link show "$n" >/dev/null 2>&1 && echo "$n"
+		n=$(hostif "$s"); [ -n "$n" ] && ip link show "$n" >/dev/null 2>&1 && echo "$n"
 	done
 }
 endpoints_left() { local d; d=$(dump) || { echo "dump failed"; return; }; [ "$(jq length <<<"$d")" = 0 ] || echo "$d"; }
 ipam_left() { find "$IPAMDIR" -type f ! -name lock ! -name 'last_reserved_ip.*'; }
-pins_left() { find "$PIN/links" -name 'ebpf*' 2>/dev/null; } # per-pod link pins: <host veth>_<dir>
+pins_left() { find "$PIN/links" -mindepth 1 2>/dev/null; } # links/ holds per-pod link pins only (node-wide ones are under node/)
 records_left() { find "$STATE" -type f; }
 routes_left() {
 	ip -4 route show | grep -F "10.199.$OCT."

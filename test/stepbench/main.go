@@ -34,7 +34,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 const (
@@ -81,16 +81,16 @@ func main() {
 		os.Exit(1)
 	}
 	if os.Getenv(innerEnv) == "" {
-		os.Exit(benchkit.Outer("stepbench", innerEnv, cmdlineEnv))
+		os.Exit(testenv.Outer("stepbench", innerEnv, cmdlineEnv))
 	}
 	var e *env
-	os.Exit(benchkit.Inner("stepbench", logf, func(ctx context.Context) error {
+	os.Exit(testenv.Inner("stepbench", logf, func(ctx context.Context) error {
 		var err error
 		if e, err = newEnv(); err != nil {
 			return err
 		}
-		fmt.Printf("# stepbench: kernel %s, %s, load %s, command: %s\n", benchkit.KernelRelease(), benchkit.GoVersion(),
-			benchkit.Loadavg(), os.Getenv(cmdlineEnv))
+		fmt.Printf("# stepbench: kernel %s, %s, load %s, command: %s\n", testenv.KernelRelease(), testenv.GoVersion(),
+			testenv.Loadavg(), os.Getenv(cmdlineEnv))
 		for _, p := range allParts {
 			if !o.parts[p] {
 				continue
@@ -136,7 +136,7 @@ type env struct {
 }
 
 func newEnv() (*env, error) {
-	id := benchkit.RandHex(4)
+	id := testenv.RandHex(4)
 	root, err := os.MkdirTemp("", "stepbench-"+id+"-")
 	if err != nil {
 		return nil, err
@@ -145,10 +145,10 @@ func newEnv() (*env, error) {
 	if err := os.MkdirAll(e.pinDir, 0o700); err != nil {
 		return e, err
 	}
-	if e.node, err = benchkit.NewNetNS(filepath.Join(root, "node")); err != nil {
+	if e.node, err = testenv.NewNetNS(filepath.Join(root, "node")); err != nil {
 		return e, err
 	}
-	if err := benchkit.SetupNode(e.node, "192.0.2.1/32"); err != nil {
+	if err := testenv.SetupNode(e.node, "192.0.2.1/32"); err != nil {
 		return e, err
 	}
 	e.prog, err = ebpf.NewProgram(&ebpf.ProgramSpec{
@@ -168,7 +168,7 @@ func (e *env) newPod() (ns.NetNS, error) {
 	e.seq++
 	path := filepath.Join(e.root, fmt.Sprintf("pod-%d", e.seq))
 	e.mu.Unlock()
-	p, err := benchkit.NewNetNS(path)
+	p, err := testenv.NewNetNS(path)
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +182,7 @@ func (e *env) removePod(p ns.NetNS) error {
 	e.mu.Lock()
 	delete(e.pods, p.Path())
 	e.mu.Unlock()
-	return benchkit.RemoveNetNS(p)
+	return testenv.RemoveNetNS(p)
 }
 
 // name returns a unique interface name with a prefix (at most 15 bytes).
@@ -196,11 +196,11 @@ func (e *env) name(prefix string) string {
 func (e *env) cleanup() {
 	var errs []error
 	for _, p := range e.pods {
-		errs = append(errs, benchkit.RemoveNetNS(p))
+		errs = append(errs, testenv.RemoveNetNS(p))
 	}
 	if e.node != nil {
 		// The node's veths, with their tcx links, go with it.
-		errs = append(errs, benchkit.RemoveNetNS(e.node))
+		errs = append(errs, testenv.RemoveNetNS(e.node))
 	}
 	if e.prog != nil {
 		e.prog.Close()
@@ -250,11 +250,11 @@ func pct(v []float64, p float64) float64 {
 
 // print writes the table of a part.
 func (s *samples) print(title, loadBefore string) {
-	fmt.Printf("\n## %s (load before %s, after %s)\n\n", title, loadBefore, benchkit.Loadavg())
+	fmt.Printf("\n## %s (load before %s, after %s)\n\n", title, loadBefore, testenv.Loadavg())
 	fmt.Println("| step | n | median ms | p10 | p90 |")
 	fmt.Println("|---|---|---|---|---|")
 	for _, k := range s.order {
 		v := s.ms[k]
-		fmt.Printf("| %s | %d | %.2f | %.2f | %.2f |\n", k, len(v), benchkit.Median(v), pct(v, 0.1), pct(v, 0.9))
+		fmt.Printf("| %s | %d | %.2f | %.2f | %.2f |\n", k, len(v), testenv.Median(v), pct(v, 0.1), pct(v, 0.9))
 	}
 }

@@ -17,7 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // ---- parallel: n pods set up at once ----
@@ -84,7 +84,7 @@ var variants = []variant{
 }
 
 func (e *env) runParallel(ctx context.Context, n int) error {
-	fmt.Printf("\n## Parallel: %d pods set up at once, then torn down at once (load before %s)\n\n", n, benchkit.Loadavg())
+	fmt.Printf("\n## Parallel: %d pods set up at once, then torn down at once (load before %s)\n\n", n, testenv.Loadavg())
 	fmt.Println("| variant | ADD wall ms | ADD per pod p50 | p90 | max | DEL wall ms | DEL per pod p50 | p90 | load after |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for vi, v := range variants {
@@ -123,8 +123,8 @@ func (e *env) runParallel(ctx context.Context, n int) error {
 		if err != nil {
 			return fmt.Errorf("%s DEL: %w", v.name, err)
 		}
-		fmt.Printf("| %s | %.0f | %.1f | %.1f | %.1f | %.0f | %.1f | %.1f | %s |\n", v.name, addWall, benchkit.Median(addMs), pct(addMs, 0.9),
-			pct(addMs, 1), delWall, benchkit.Median(delMs), pct(delMs, 0.9), benchkit.Loadavg())
+		fmt.Printf("| %s | %.0f | %.1f | %.1f | %.1f | %.0f | %.1f | %.1f | %s |\n", v.name, addWall, testenv.Median(addMs), pct(addMs, 0.9),
+			pct(addMs, 1), delWall, testenv.Median(delMs), pct(delMs, 0.9), testenv.Loadavg())
 		// Untimed: what was handed off, and the pods.
 		if err := e.deleteHandedOff(); err != nil {
 			return err
@@ -198,7 +198,7 @@ func (e *env) clearPins() error {
 // ---- contention: an ADD's kernel work while background work holds RTNL ----
 
 func (e *env) runContention(ctx context.Context) error {
-	load := benchkit.Loadavg()
+	load := testenv.Loadavg()
 	s := newSamples()
 	var inFlight atomic.Int32
 	type bg struct {

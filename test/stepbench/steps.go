@@ -11,7 +11,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-cni/ebpf-cni/test/internal/benchkit"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // A scenario is one pod's life through one way of doing ADD and DEL; it
@@ -34,7 +34,7 @@ var scenarios = []scenario{
 }
 
 func (e *env) runSteps(ctx context.Context, n int) error {
-	load := benchkit.Loadavg()
+	load := testenv.Loadavg()
 	s := newSamples()
 	// Warm-up: one of each, not recorded.
 	for i, sc := range scenarios {

@@ -1,0 +1,302 @@
+/*
+ * Every key and value struct of the pinned maps, the enums and flags stored
+ * in them, and the constants every program shares. pkg/maps holds the Go
+ * twins, generated from this file by bpf2go (see generate.go): change a
+ * layout here and bump maps.LayoutVersion so old pins are never reused.
+ */
+#pragma once
+
+#include <stddef.h>
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/in.h>
+#include <linux/icmpv6.h>
+#include <linux/tcp.h>
+#include <linux/udp.h>
+#include <linux/pkt_cls.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
+#ifndef ETH_P_ARP
+#define ETH_P_ARP 0x0806
+#endif
+#ifndef IPPROTO_ICMP
+#define IPPROTO_ICMP 1
+#endif
+#ifndef IPPROTO_SCTP
+#define IPPROTO_SCTP 132
+#endif
+
+/* tcx: hand the packet to the next program of the hook (the stack when none
+ * follows). TC_ACT_OK would end the chain. Older uapi headers lack it. */
+#ifndef TCX_NEXT
+#define TCX_NEXT -1
+#endif
+
+#define NSEC 1000000000ULL
+
+/* ------------------------------------------------------------- endpoints */
+
+/* Direction, from the pod's point of view (as the CNI bandwidth capability names it). */
+enum cni_dir {
+	DIR_EGRESS = 0,  /* leaving the pod: host veth tcx ingress */
+	DIR_INGRESS = 1, /* entering the pod: host veth tcx egress, or redirected to it */
+	__DIR_MAX,
+};
+
+/* Why a packet was counted. Drops: REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN, REASON_DROP_BANDWIDTH and REASON_DROP_ROUTER_MSG. */
+enum cni_reason {
+	REASON_FORWARD = 0,       /* handed to the kernel stack */
+	REASON_REDIRECT = 1,      /* same-node pod to pod, bpf_redirect_peer */
+	REASON_DROP_SPOOF_IP = 2, /* source IP is not one of the pod's */
+	REASON_DROP_SPOOF_MAC = 3,/* source MAC is not the pod's */
+	REASON_DROP_PROTO = 4,    /* ethertype the pod may not send */
+	REASON_DROP_MALFORMED = 5,/* truncated headers */
+	REASON_DROP_UNKNOWN = 6,  /* no endpoint record for this interface */
+	REASON_NEIGH_REPLY = 7,   /* ARP/NS for the next hop, answered by the program */
+	REASON_DROP_BANDWIDTH = 8,/* over the pod's rate limit in this direction */
+	REASON_DROP_ROUTER_MSG = 9,/* a router advertisement or redirect (ICMPv6 134, 137; ICMP 5): pods do not configure the node */
+	__REASON_MAX,
+};
+
+/* Key of cni_endpoints: one entry per pod IP. Also the key of cni_node_ips. */
+struct ep_key {
+	__u8 addr[16]; /* IPv4 in the first 4 bytes, rest zero */
+	__u8 family;   /* AF_INET or AF_INET6 */
+	__u8 pad[3];
+};
+
+/* ep_info.flags: the pod's capabilities, so the per-packet path looks up
+ * only what applies to it. */
+#define EP_F_BW_EGRESS (1U << 0)  /* the pod has an egress limit: see bandwidth.h */
+#define EP_F_BW_INGRESS (1U << 1) /* the pod has an ingress limit */
+#define EP_F_HOSTPORT (1U << 2)   /* the pod has hostPort mappings: see hostport.h */
+#define EP_F_MASQ (1U << 3)       /* ipMasq: IPv4 leaving the cluster CIDRs is SNATed, see masq.h */
+
+/* Value of cni_endpoints. */
+struct ep_info {
+	__u32 ifindex;     /* host-side veth */
+	__u8 mac[6];       /* pod's MAC */
+	__u8 host_mac[6];  /* host veth's MAC, the pod's next hop */
+	__u32 flags;
+};
+
+/* Value of cni_links, keyed by host veth ifindex: what an interface's pod may send as. */
+struct link_info {
+	__u8 mac[6];      /* pod's MAC */
+	__u8 host_mac[6]; /* host veth's MAC */
+	__u32 flags;
+};
+
+struct stats_key {
+	__u32 ifindex; /* host veth */
+	__u8 dir;      /* enum cni_dir */
+	__u8 reason;   /* enum cni_reason */
+	__u16 pad;
+};
+
+struct stats_val {
+	__u64 packets;
+	__u64 bytes;
+};
+
+/* ------------------------------------------------------------- bandwidth */
+
+struct bw_key {
+	__u32 ifindex; /* host veth */
+	__u32 dir;     /* enum cni_dir */
+};
+
+struct bw_state {
+	struct bpf_spin_lock lock;
+	__u32 pad;
+	__u64 ns_per_byte; /* 16.16 fixed point: (1e9 << 16) / bytes per second */
+	__u64 burst_ns;    /* bucket depth, in ns at the rate */
+	__s64 tokens_ns;   /* current fill; negative while paying off a packet */
+	__u64 last_ns;     /* bpf_ktime_get_ns() of the last refill */
+	__u64 rate_bps;    /* configured rate, bits per second (for dumps and CHECK) */
+	__u64 burst_bits;  /* effective burst, bits (for dumps and CHECK) */
+};
+
+#define NETNS_F_NODE (1U << 0) /* the node's own netns (pods are reached from it) */
+
+/* Value of cni_netns, keyed by netns cookie. */
+struct netns_info {
+	__u64 egress_rate; /* bytes per second the netns' pod may send; 0: none */
+	__u32 flags;
+	__u32 pad;
+};
+
+/* -------------------------------------------------------------- hostPort */
+
+/*
+ * Key of cni_hostports. addr all zero means "any node address" (the node's
+ * addresses are in cni_node_ips; the socket hooks add 127.0.0.0/8 and ::1).
+ * A key with a specific addr wins over the wildcard of the same port.
+ */
+struct hostport_key {
+	__u8 addr[16]; /* hostIP; IPv4 in the first 4 bytes; zero = any */
+	__u8 family;   /* AF_INET or AF_INET6 */
+	__u8 proto;    /* IPPROTO_TCP or IPPROTO_UDP */
+	__be16 port;   /* hostPort, network order */
+};
+
+/* Value of cni_hostports: where the mapping leads. */
+struct hostport_val {
+	__u8 pod_addr[16]; /* pod IP, same family as the key */
+	__be16 pod_port;   /* containerPort, network order */
+	__u16 pad;
+	__u32 ifindex; /* host veth of the pod: CT entries carry it */
+};
+
+/*
+ * Key of cni_ct: a translated flow as the pod sends its replies, i.e. the
+ * pod's address and port first, then the peer the pod sees (the client, or
+ * for a pod reaching its own hostPort the dialled address it was SNATed to).
+ */
+struct ct_key {
+	__u8 pod_addr[16];
+	__u8 peer_addr[16];
+	__be16 pod_port;
+	__be16 peer_port;
+	__u8 family;
+	__u8 proto;
+	__u16 pad;
+};
+
+#define CT_F_SNAT 1 /* the client's source was rewritten too (hairpin to itself) */
+
+/* Value of cni_ct: how to translate a reply back. */
+struct ct_val {
+	__u8 orig_addr[16];   /* what the client dialled: the reply's source */
+	__u8 client_addr[16]; /* the client: the reply's destination */
+	__be16 orig_port;     /* the hostPort */
+	__be16 client_port;
+	__u32 ifindex; /* host veth of the pod the flow was translated for */
+	__u32 flags;   /* CT_F_* */
+	__u32 pad;
+	__u64 created_ns; /* bpf_ktime_get_ns() at creation */
+};
+
+/* Value of cni_hp_config[0]: the node hooks (hostPort and masquerade). */
+struct hp_config {
+	__u64 netns_cookie; /* the node's netns: socket hooks act only there */
+	__u32 flags;        /* HP_CFG_* */
+	__u32 hooks_id;     /* which build attached the node hooks (for a fast check) */
+};
+
+#define HP_CFG_ENABLED 1 /* the node hooks were set up on this node */
+
+/* Key of cni_sock_rnat: a socket and the pod address it was sent to. */
+struct sock_rnat_key {
+	__u64 cookie; /* bpf_get_socket_cookie */
+	__u8 addr[16];
+	__be16 port;
+	__u8 family; /* family of the hook (v4-mapped stays AF_INET6) */
+	__u8 pad;
+	__u32 pad2;
+};
+
+/* Value of cni_sock_rnat: what the socket asked for. */
+struct sock_rnat_val {
+	__u8 addr[16];
+	__be16 port;
+	__u16 pad;
+	__u32 ifindex; /* host veth of the pod, so DEL finds the entries */
+};
+
+/* Index of cni_hp_stats: what the hostPort programs did, per CPU. */
+enum hp_stat {
+	HP_STAT_DNAT_UPLINK = 0,  /* remote client -> pod (uplink ingress) */
+	HP_STAT_DNAT_HAIRPIN = 1, /* pod -> node address:hostPort (host veth ingress) */
+	HP_STAT_REPLY = 2,        /* reply translated back (host veth ingress) */
+	HP_STAT_SOCK = 3,         /* node socket's destination rewritten (connect/sendmsg) */
+	HP_STAT_CT_NEW = 4,       /* flow recorded in cni_ct */
+	HP_STAT_NO_FLOW = 5,      /* to a hostPort but not ours: TCP non-SYN of no known flow, or a node socket's UDP flow */
+	HP_STAT_NO_ROUTE = 6,     /* translated reply with no FIB route: dropped */
+	HP_STAT_ERROR = 7,        /* a rewrite or map update failed: dropped */
+	__HP_STAT_MAX,
+};
+
+/* ------------------------------------------------------------ masquerade */
+
+/* Key of cni_cluster_cidrs (LPM trie): prefixlen counts the family byte and
+ * its padding (32 bits) plus the CIDR's bits. */
+struct cidr_key {
+	__u32 prefixlen;
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16];
+};
+
+#define SNAT_DIR_FWD 0 /* pod's view: addr/port = pod, peer = destination */
+#define SNAT_DIR_REV 1 /* wire view of replies: addr/port = node, peer = destination */
+
+/* Key of cni_snat. ICMP echo: port is the echo id, peer_port 0. */
+struct snat_key {
+	__u8 addr[16];
+	__u8 peer_addr[16];
+	__be16 port;
+	__be16 peer_port;
+	__u8 family;
+	__u8 proto;
+	__u8 dir; /* SNAT_DIR_* */
+	__u8 pad;
+};
+
+#define SNAT_F_CLOSING 1 /* TCP RST, or FIN both ways, seen: expires MASQ_TIMEOUT_CLOSING after the last packet */
+#define SNAT_F_FIN_OUT 2 /* TCP FIN from the pod */
+#define SNAT_F_FIN_IN 4  /* TCP FIN from the peer */
+
+/* Value of cni_snat: the other side of the translation. */
+struct snat_val {
+	__u8 addr[16]; /* forward: node address; reverse: pod address */
+	__be16 port;   /* forward: allocated port; reverse: pod's port */
+	__u16 flags;   /* SNAT_F_* */
+	__u32 ifindex;    /* host veth of the pod */
+	__u64 created_ns; /* bpf_ktime_get_ns() */
+	__u64 seen_ns;    /* last use, refreshed at most once a second */
+};
+
+/* Index of cni_masq_stats. */
+enum masq_stat {
+	MASQ_STAT_SNAT = 0,      /* pod -> outside, translated */
+	MASQ_STAT_REVERSE = 1,   /* reply translated back to the pod */
+	MASQ_STAT_NEW = 2,       /* port allocated, entries created */
+	MASQ_STAT_EXHAUSTED = 3, /* no free port among the candidates: dropped */
+	MASQ_STAT_NOT_NEW = 4,   /* TCP non-SYN of no known flow, or a UDP reply to a host that came in directly: passed untranslated */
+	MASQ_STAT_ERROR = 5,     /* rewrite or map update failed: dropped */
+	__MASQ_STAT_MAX,
+};
+
+/* ----------------------------------------------------------- stack flows */
+
+#define SF_PEER_POD 1  /* the peer is a pod of this node */
+#define SF_PEER_NODE 2 /* the peer is a node address (UDP): the pod's replies are no hostPort hairpin */
+#define SF_INBOUND 4   /* the peer reached a masquerading pod directly (UDP): replies leave untranslated */
+
+/* Key of cni_stack_flows: the flow as the pod sends its replies. ICMP echo:
+ * port is the echo id, peer_port 0. Protocols without ports: both 0. */
+struct sf_key {
+	__u8 addr[16];      /* the pod the stack delivered to */
+	__u8 peer_addr[16]; /* the source it came from */
+	__be16 port;
+	__be16 peer_port;
+	__u8 family;
+	__u8 proto;
+	__u16 pad;
+};
+
+struct sf_val {
+	__u32 ifindex; /* host veth of the pod */
+	__u32 flags;   /* SF_* */
+	__u64 seen_ns; /* last packet the stack delivered, refreshed at most once a second */
+};

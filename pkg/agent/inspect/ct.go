@@ -1,0 +1,117 @@
+package inspect
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+)
+
+// CTRow is one translated flow (cni_ct), node socket (cni_sock_rnat), or
+// flow the kernel stack delivered to a pod (cni_stack_flows).
+type CTRow struct {
+	// "nat": packets translated; "socket": a node socket's destination
+	// rewritten; "stack/pod", "stack/node", "stack/inbound": replies go
+	// back through the stack (the peer is a pod of the node, a node
+	// address, or a host that reached a masquerading pod directly).
+	Kind      string  `json:"kind"`
+	Protocol  string  `json:"protocol,omitempty"`
+	Client    string  `json:"client,omitempty"` // who connected (nat)
+	Cookie    uint64  `json:"socketCookie,omitempty"`
+	Dialled   string  `json:"dialled"`           // what the client asked for
+	Pod       string  `json:"pod"`               // where it goes
+	PodSees   string  `json:"podSees,omitempty"` // the peer the pod sees (nat)
+	SNAT      bool    `json:"snat,omitempty"`
+	Ifindex   int     `json:"ifindex"`
+	Interface string  `json:"interface,omitempty"`
+	AgeSecs   float64 `json:"ageSeconds,omitempty"`
+	IdleSecs  float64 `json:"idleSeconds,omitempty"` // stack flows: since the stack last delivered a packet
+}
+
+// CTDump is `dump ct`: flows, node sockets and the hostPort counters.
+type CTDump struct {
+	Flows    []CTRow           `json:"flows"`
+	Counters map[string]uint64 `json:"counters"`
+}
+
+// ReadCT reads the hostPort flow table, socket table, stack flows and counters.
+func ReadCT(src Source) (*CTDump, error) {
+	m, err := datapath.OpenMaps(src.PinDir)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	flows, err := m.ListCT()
+	if err != nil {
+		return nil, fmt.Errorf("read ct: %w", err)
+	}
+	socks, err := m.ListSockRNAT()
+	if err != nil {
+		return nil, fmt.Errorf("read socket table: %w", err)
+	}
+	sflows, err := m.ListStackFlows()
+	if err != nil {
+		return nil, err
+	}
+	d := &CTDump{Flows: []CTRow{}}
+	if d.Counters, err = m.HostPortStats(); err != nil {
+		return nil, err
+	}
+	names := NewNames(src.StateDir)
+	for _, f := range flows {
+		d.Flows = append(d.Flows, CTRow{
+			Kind: "nat", Protocol: maps.ProtoName(f.Proto), Client: f.Client.String(), Dialled: f.Dialled.String(),
+			Pod: f.Pod.String(), PodSees: f.Peer.String(), SNAT: f.SNAT, Ifindex: f.Ifindex, Interface: names.Interface(f.Ifindex),
+			AgeSecs: f.Age.Round(time.Millisecond).Seconds(),
+		})
+	}
+	for _, f := range sflows {
+		d.Flows = append(d.Flows, CTRow{
+			Kind: "stack/" + f.Kind(), Protocol: maps.ProtoName(f.Proto), Client: f.Peer.String(), Pod: f.Pod.String(),
+			PodSees: f.Peer.String(), Ifindex: f.Ifindex, Interface: names.Interface(f.Ifindex),
+			IdleSecs: f.Idle.Round(time.Millisecond).Seconds(),
+		})
+	}
+	for _, s := range socks {
+		d.Flows = append(d.Flows, CTRow{
+			Kind: "socket", Cookie: s.Cookie, Dialled: s.Dialled.String(), Pod: s.Pod.String(),
+			Ifindex: s.Ifindex, Interface: names.Interface(s.Ifindex),
+		})
+	}
+	sort.SliceStable(d.Flows, func(i, j int) bool {
+		a, b := d.Flows[i], d.Flows[j]
+		if a.Kind != b.Kind {
+			return a.Kind < b.Kind
+		}
+		if a.Pod != b.Pod {
+			return a.Pod < b.Pod
+		}
+		return a.Client < b.Client
+	})
+	return d, nil
+}
+
+func (d *CTDump) Tables() []Table {
+	t := Table{Header: []string{"KIND", "PROTO", "CLIENT", "DIALLED", "POD", "POD SEES", "IFINDEX", "INTERFACE", "AGE"}}
+	for _, r := range d.Flows {
+		client, sees, age := r.Client, r.PodSees, "-"
+		if r.Kind == "socket" {
+			client = fmt.Sprintf("socket %d", r.Cookie)
+		}
+		if r.SNAT {
+			sees += " (snat)"
+		}
+		if r.AgeSecs > 0 {
+			age = secs(r.AgeSecs)
+		}
+		if strings.HasPrefix(r.Kind, "stack/") {
+			age = "idle " + secs(r.IdleSecs)
+		}
+		t.Rows = append(t.Rows, []string{r.Kind, dash(r.Protocol), client, r.Dialled, r.Pod, dash(sees), itoa(r.Ifindex), dash(r.Interface), age})
+	}
+	t.Footer = fmt.Sprintf("%d entries; counters: %s", len(d.Flows), counters(d.Counters, " "))
+	return []Table{t}
+}

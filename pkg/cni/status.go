@@ -1,0 +1,35 @@
+package cni
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
+)
+
+// Status is the CNI STATUS verb: error 50 when the datapath cannot be used.
+func Status(args *skel.CmdArgs) error {
+	conf, err := parseConf(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if err := conf.net.CheckDirs(); err != nil {
+		return err
+	}
+	dp, err := datapath.Ensure(conf.net.PinDir)
+	if err != nil {
+		return types.NewError(endpoint.ErrPluginNotAvailable, fmt.Sprintf("datapath at %s is not usable: %v", conf.net.PinDir, err), "")
+	}
+	dp.Close()
+	if conf.IPAM.Type != "" {
+		if err := invoke.DelegateStatus(context.TODO(), conf.IPAM.Type, args.StdinData, nil); err != nil {
+			return endpoint.IPAMError(conf.IPAM.Type, err)
+		}
+	}
+	return nil
+}

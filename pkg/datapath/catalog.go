@@ -1,0 +1,136 @@
+package datapath
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+
+	"github.com/cilium/ebpf"
+)
+
+// object is one embedded BPF object: one entry-point file of bpf/, as
+// bpf2go compiled it (see generate.go).
+type object struct {
+	name  string
+	load  func() (*ebpf.CollectionSpec, error)
+	bytes []byte
+}
+
+var (
+	objFromContainer = &object{"from_container", loadFromContainer, _FromContainerBytes}
+	objToContainer   = &object{"to_container", loadToContainer, _ToContainerBytes}
+	objSockOps       = &object{"sock_ops", loadSockOps, _SockOpsBytes}
+	objFromUplink    = &object{"from_uplink", loadFromUplink, _FromUplinkBytes}
+	objToUplink      = &object{"to_uplink", loadToUplink, _ToUplinkBytes}
+	objSock          = &object{"sock", loadSock, _SockBytes}
+)
+
+// Scope is where a program is attached.
+type Scope int
+
+const (
+	// ScopeHostVeth: both directions of every pod's host veth, attached by ADD.
+	ScopeHostVeth Scope = iota
+	// ScopeUplink: every uplink (the links holding node addresses), once
+	// per node by whoever needs the node hooks first (ADD, the agent).
+	ScopeUplink
+	// ScopeCgroup: the cgroup2 root, once per node; sees every socket of
+	// the machine.
+	ScopeCgroup
+)
+
+// Program is one row of the catalogue: every program of the datapath, the
+// object it is in, and where it runs.
+type Program struct {
+	Name   string          // C function name; the program's pin starts with it
+	obj    *object         // the embedded object holding it
+	Scope  Scope           // host veth, uplink or cgroup
+	Attach ebpf.AttachType // the hook
+	// Link names its pinned link (see pins.go): host veth: the direction
+	// suffix ("ingress": links/<veth>_ingress); uplink: the prefix of
+	// node/<prefix><uplink>; cgroup: node/<Link>.
+	Link string
+}
+
+// Host veth direction names, as Program.Link and the link pins spell them.
+const (
+	DirIngress = "ingress" // host veth ingress: packets from the pod
+	DirEgress  = "egress"  // host veth egress: packets to the pod
+)
+
+var (
+	progFromContainer = Program{"cni_from_container", objFromContainer, ScopeHostVeth, ebpf.AttachTCXIngress, DirIngress}
+	progToContainer   = Program{"cni_to_container", objToContainer, ScopeHostVeth, ebpf.AttachTCXEgress, DirEgress}
+	// TCP pacing for rate limits (bpf/lib/bandwidth.h), attached with the
+	// first limit.
+	progSockOps = Program{"cni_sock_ops", objSockOps, ScopeCgroup, ebpf.AttachCGroupSockOps, "cgroup_sock_ops"}
+)
+
+// catalog is every program of the datapath. hostPort and masquerade need
+// the uplink programs (replies of masqueraded flows, DNAT of remote
+// clients); hostPort the socket hooks (the node's own clients).
+var catalog = []Program{
+	progFromContainer,
+	progToContainer,
+	progSockOps,
+	{"cni_from_uplink", objFromUplink, ScopeUplink, ebpf.AttachTCXIngress, "uplink_"},
+	{"cni_to_uplink", objToUplink, ScopeUplink, ebpf.AttachTCXEgress, "uplink-egress_"},
+	{"cni_sock_connect4", objSock, ScopeCgroup, ebpf.AttachCGroupInet4Connect, "cgroup_connect4"},
+	{"cni_sock_sendmsg4", objSock, ScopeCgroup, ebpf.AttachCGroupUDP4Sendmsg, "cgroup_sendmsg4"},
+	{"cni_sock_recvmsg4", objSock, ScopeCgroup, ebpf.AttachCGroupUDP4Recvmsg, "cgroup_recvmsg4"},
+	{"cni_sock_peer4", objSock, ScopeCgroup, ebpf.AttachCgroupInet4GetPeername, "cgroup_getpeername4"},
+	{"cni_sock_connect6", objSock, ScopeCgroup, ebpf.AttachCGroupInet6Connect, "cgroup_connect6"},
+	{"cni_sock_sendmsg6", objSock, ScopeCgroup, ebpf.AttachCGroupUDP6Sendmsg, "cgroup_sendmsg6"},
+	{"cni_sock_recvmsg6", objSock, ScopeCgroup, ebpf.AttachCGroupUDP6Recvmsg, "cgroup_recvmsg6"},
+	{"cni_sock_peer6", objSock, ScopeCgroup, ebpf.AttachCgroupInet6GetPeername, "cgroup_getpeername6"},
+}
+
+// corePrograms are pinned by the first ADD (Ensure): the host veth programs
+// and the pacing hook.
+var corePrograms = []Program{progFromContainer, progToContainer, progSockOps}
+
+// hostVethPrograms are the programs of a pod's host veth, ingress first.
+var hostVethPrograms = []Program{progFromContainer, progToContainer}
+
+// uplinkPrograms run on every uplink.
+func uplinkPrograms() []Program {
+	return filter(func(p Program) bool { return p.Scope == ScopeUplink })
+}
+
+// socketPrograms are hostPort's cgroup sock_addr hooks (bpf/sock.c).
+func socketPrograms() []Program { return filter(func(p Program) bool { return p.obj == objSock }) }
+
+// nodeHookPrograms are what EnsureNodeHooks attaches: the uplink and socket
+// hooks (sock_ops is EnsurePacing's).
+func nodeHookPrograms() []Program { return append(uplinkPrograms(), socketPrograms()...) }
+
+func filter(keep func(Program) bool) []Program {
+	var out []Program
+	for _, p := range catalog {
+		if keep(p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// hooksID identifies this build's node hook programs, so a node whose hooks
+// a different build attached takes the slow path and updates them.
+func hooksID() uint32 {
+	h := sha256.New()
+	seen := map[*object]bool{}
+	for _, p := range nodeHookPrograms() {
+		if !seen[p.obj] {
+			seen[p.obj] = true
+			h.Write(p.obj.bytes)
+		}
+	}
+	return binary.LittleEndian.Uint32(h.Sum(nil))
+}
+
+// kernelProgName is the name the kernel keeps of a program (BPF_OBJ_NAME_LEN).
+func kernelProgName(n string) string {
+	if len(n) > 15 {
+		return n[:15]
+	}
+	return n
+}

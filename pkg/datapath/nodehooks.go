@@ -1,0 +1,504 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+)
+
+// Node hooks, attached once per node by whoever needs them first (an ADD
+// with portMappings or ipMasq, or the agent) and pinned under node/ so they
+// outlive that process:
+//
+//   - cni_from_uplink on tcx ingress and cni_to_uplink on tcx egress of every
+//     uplink: the links holding a node address (not lo, not a pod's host
+//     veth), Ethernet only;
+//   - eight cgroup sock_addr programs on the cgroup2 root, for hostPort
+//     connections the node's own processes make. A root hook sees every
+//     netns of the machine; the programs act only in the netns whose cookie
+//     cni_hp_config holds, the one the attaching process runs in;
+//   - the sock_ops pacing program on the cgroup2 root (EnsurePacing), with
+//     the first bandwidth limit.
+
+// DefaultCgroupRoots are tried in order when no cgroup root is configured.
+var DefaultCgroupRoots = []string{"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}
+
+// NodeHookOptions configure the node hooks.
+type NodeHookOptions struct {
+	// CgroupRoot is the cgroup2 directory the socket hooks attach to; ""
+	// takes the first cgroup2 mount of DefaultCgroupRoots.
+	CgroupRoot string
+	// MustRefresh makes a call on a node already set up fail rather than skip
+	// the address refresh when the address dump keeps being interrupted (the
+	// agent, whose job the refresh is, retries; an ADD just goes on).
+	MustRefresh bool
+}
+
+// NodeHooks describes the node hooks as set up.
+type NodeHooks struct {
+	NetnsCookie uint64
+	CgroupRoot  string
+	Uplinks     []string       // names of the links carrying the uplink programs
+	NodeIPs     map[string]int // address -> ifindex, as in cni_node_ips
+}
+
+// CgroupRoot resolves the cgroup2 directory for the socket hooks.
+func CgroupRoot(configured string) (string, error) {
+	isV2 := func(p string) bool {
+		var st unix.Statfs_t
+		return unix.Statfs(p, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC
+	}
+	if configured != "" {
+		if !isV2(configured) {
+			return "", fmt.Errorf("cgroupRoot %s is not a cgroup2 directory", configured)
+		}
+		return configured, nil
+	}
+	for _, p := range DefaultCgroupRoots {
+		if isV2(p) {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("no cgroup2 mount at %s (set cgroupRoot)", strings.Join(DefaultCgroupRoots, " or "))
+}
+
+var errDumpBusy = errors.New("list node addresses: the address dump kept being interrupted by changes")
+
+// nodeView is what discovery found in the current netns.
+type nodeView struct {
+	addrs   map[string]int // node address -> ifindex
+	uplinks map[string]int // uplink name -> ifindex
+}
+
+// discoverNode lists the node's addresses as the hostPort programs need
+// them: every address of every link, but loopback (127.0.0.0/8 and ::1:
+// the socket hooks know those) and link-local ones, so pods' host veths
+// (link-local only) drop out by themselves. Uplinks are the Ethernet links
+// other than lo holding any of them.
+//
+// A dump is interrupted when addresses change meanwhile, which pods coming
+// and going (their veths' link-local addresses) do all the time on a busy
+// node: it is retried up to attempts times, then errDumpBusy is returned.
+func discoverNode(attempts int) (*nodeView, error) {
+	var (
+		addrs []netlink.Addr
+		err   error
+	)
+	for i := 0; i < attempts; i++ {
+		if i > 0 {
+			time.Sleep(time.Duration(i) * 5 * time.Millisecond)
+		}
+		addrs, err = netlink.AddrList(nil, netlink.FAMILY_ALL)
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
+	if errors.Is(err, netlink.ErrDumpInterrupted) {
+		return nil, errDumpBusy
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list node addresses: %w", err)
+	}
+	v := &nodeView{addrs: map[string]int{}, uplinks: map[string]int{}}
+	candidates := map[int]bool{}
+	for _, a := range addrs {
+		ip := a.IP
+		if ip == nil || ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsMulticast() || ip.IsUnspecified() {
+			continue
+		}
+		v.addrs[ip.String()] = a.LinkIndex
+		candidates[a.LinkIndex] = true
+	}
+	for idx := range candidates {
+		l, err := netlink.LinkByIndex(idx)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		at := l.Attrs()
+		if at.Flags&net.FlagLoopback != 0 || at.EncapType != "ether" {
+			continue
+		}
+		v.uplinks[at.Name] = idx
+	}
+	return v, nil
+}
+
+func (v *nodeView) uplinkNames() []string {
+	out := make([]string, 0, len(v.uplinks))
+	for n := range v.uplinks {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// EnsureNodeHooks sets up the node hooks if they are not (idempotent, safe
+// from concurrent processes) and refreshes cni_node_ips.
+// It must run in the node's network namespace. Once set up, a call costs
+// an address listing and a few stats.
+func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
+	cookie, err := NetnsCookie()
+	if err != nil {
+		return nil, err
+	}
+	// Without a cgroup2 mount the socket hooks (node-local clients) cannot be
+	// attached, but remote clients via the uplinks still can be served: set
+	// those up and report the rest.
+	root, rootErr := CgroupRoot(opts.CgroupRoot)
+	if rootErr != nil {
+		rootErr = fmt.Errorf("hostPort socket hooks for node-local clients not attached: %w", rootErr)
+	}
+	cfg, err := dp.Maps.HostPortConfig()
+	if err != nil {
+		return nil, fmt.Errorf("read hostPort config: %w", err)
+	}
+	if cfg.Enabled() && cfg.NetnsCookie != cookie {
+		return nil, fmt.Errorf("pin directory %s serves another network namespace (cookie %d, this one is %d): each node needs its own pinDir",
+			dp.PinRoot, cfg.NetnsCookie, cookie)
+	}
+	ready := cfg.Enabled() && cfg.HooksId == hooksID() && dp.cgroupHooksLive(rootErr == nil)
+	attempts := 20
+	if ready && !opts.MustRefresh {
+		attempts = 3
+	}
+	view, err := discoverNode(attempts)
+	if errors.Is(err, errDumpBusy) && ready && !opts.MustRefresh {
+		// Set up already; the addresses are refreshed by the next ADD or the agent.
+		return &NodeHooks{NetnsCookie: cookie, CgroupRoot: root}, rootErr
+	}
+	if err != nil {
+		return nil, err
+	}
+	hooks := &NodeHooks{NetnsCookie: cookie, CgroupRoot: root, Uplinks: view.uplinkNames(), NodeIPs: view.addrs}
+	if ready && dp.uplinkHooksLive(view) {
+		// Fast path: only the addresses can have changed.
+		if err := dp.Maps.SyncNodeIPs(view.addrs); err != nil {
+			return nil, err
+		}
+		return hooks, rootErr
+	}
+
+	unlock, err := lockDir(dp.PinRoot)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := dp.Maps.SyncNodeIPs(view.addrs); err != nil {
+		return nil, err
+	}
+	// Whoever held the lock before may have done it all.
+	if cfg, err = dp.Maps.HostPortConfig(); err == nil && cfg.Enabled() && cfg.NetnsCookie == cookie &&
+		cfg.HooksId == hooksID() && dp.cgroupHooksLive(rootErr == nil) && dp.uplinkHooksLive(view) {
+		return hooks, rootErr
+	}
+	progs, err := loadPrograms(dp.PinRoot, dp.Maps, nodeHookPrograms(), loadMissing)
+	if err != nil {
+		return nil, err
+	}
+	defer closePrograms(progs)
+	if err := syncUplinks(dp.PinRoot, progs, view.uplinks); err != nil {
+		return nil, err
+	}
+	for _, p := range socketPrograms() {
+		if rootErr != nil {
+			break
+		}
+		if err := ensureCgroupHook(dp.PinRoot, root, p, progs[p.Name]); err != nil {
+			return nil, err
+		}
+	}
+	if err := dp.Maps.EnableHostPorts(cookie, hooksID()); err != nil {
+		return nil, err
+	}
+	return hooks, rootErr
+}
+
+// cgroupHooksLive and uplinkHooksLive are the fast path's check, made on
+// the kernel's objects, never on the pin files alone: every hook's pinned
+// link is still attached, an uplink's to the device that has that name now
+// (a re-created uplink has a new ifindex and needs its programs again).
+// Without a cgroup2 mount (want false) the socket hooks cannot be there.
+func (dp *Datapath) cgroupHooksLive(want bool) bool {
+	if !want {
+		return true
+	}
+	for _, p := range socketPrograms() {
+		info, err := pinnedLinkInfo(nodePin(dp.PinRoot, p, ""))
+		if err != nil {
+			return false
+		}
+		if c := info.Cgroup(); c == nil || c.CgroupId == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (dp *Datapath) uplinkHooksLive(view *nodeView) bool {
+	for name, idx := range view.uplinks {
+		for _, p := range uplinkPrograms() {
+			info, err := pinnedLinkInfo(nodePin(dp.PinRoot, p, name))
+			if err != nil || info.TCX() == nil || int(info.TCX().Ifindex) != idx {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func pinnedLinkInfo(path string) (*link.Info, error) {
+	l, err := link.LoadPinnedLink(path, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	return l.Info()
+}
+
+// ensureCgroupHook makes the pinned cgroup link of p run prog.
+func ensureCgroupHook(pinRoot, cgroupRoot string, p Program, prog *ebpf.Program) error {
+	path := nodePin(pinRoot, p, "")
+	want, err := progID(prog)
+	if err != nil {
+		return err
+	}
+	if l, err := link.LoadPinnedLink(path, nil); err == nil {
+		defer l.Close()
+		info, err := l.Info()
+		if err == nil && info.Program == want {
+			return nil
+		}
+		if err == nil {
+			if err := l.Update(prog); err == nil {
+				return nil
+			}
+		}
+		// Unusable: drop it and attach afresh.
+		_ = l.Unpin()
+	} else if !errors.Is(err, os.ErrNotExist) {
+		os.Remove(path)
+	}
+	if err := mkdirFor(path); err != nil {
+		return err
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroupRoot, Attach: p.Attach, Program: prog})
+	if err != nil {
+		return fmt.Errorf("attach %s to cgroup %s: %w", p.Name, cgroupRoot, err)
+	}
+	defer l.Close()
+	if err := l.Pin(path); err != nil {
+		return fmt.Errorf("pin cgroup link %s: %w", path, err)
+	}
+	return nil
+}
+
+// syncUplinks makes the uplink programs run on tcx ingress and egress of
+// exactly the given links (name -> ifindex), each as a pinned link.
+func syncUplinks(pinRoot string, progs map[string]*ebpf.Program, uplinks map[string]int) error {
+	for _, p := range uplinkPrograms() {
+		// Drop pins of links that are gone or no longer uplinks.
+		for name, path := range uplinkPins(pinRoot, p) {
+			if _, keep := uplinks[name]; !keep {
+				dropLinkPin(path)
+			}
+		}
+	}
+	for name, idx := range uplinks {
+		for _, p := range uplinkPrograms() {
+			if err := ensureUplinkHook(pinRoot, p, progs[p.Name], name, idx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// ensureUplinkHook makes the pinned link of hook p of uplink name run prog
+// on the device that has that name now (ifindex idx).
+func ensureUplinkHook(pinRoot string, p Program, prog *ebpf.Program, name string, idx int) error {
+	want, err := progID(prog)
+	if err != nil {
+		return err
+	}
+	path := nodePin(pinRoot, p, name)
+	ours := want
+	if l, err := link.LoadPinnedLink(path, nil); err == nil {
+		info, ierr := l.Info()
+		if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == idx {
+			if info.Program == want {
+				l.Close()
+				return nil
+			}
+			if err := l.Update(prog); err == nil {
+				l.Close()
+				return nil
+			}
+			ours = info.Program
+		}
+		// A link of an earlier device of this name, or unusable.
+		l.Unpin()
+		l.Close()
+	} else {
+		os.Remove(path)
+	}
+	if err := foreignUplinkProgram(p, idx, name, want, ours); err != nil {
+		return err
+	}
+	if err := mkdirFor(path); err != nil {
+		return err
+	}
+	l, err := link.AttachTCX(link.TCXOptions{Interface: idx, Program: prog, Attach: p.Attach})
+	if err != nil {
+		return fmt.Errorf("attach %s to tcx %s of uplink %s: %w", p.Name, p.Attach, name, err)
+	}
+	err = l.Pin(path)
+	l.Close()
+	if err != nil {
+		return fmt.Errorf("pin uplink link %s: %w", path, err)
+	}
+	return nil
+}
+
+// foreignUplinkProgram refuses a second pin directory in one network
+// namespace: its uplink programs would keep their own hostPorts and
+// masquerade ports, and answer for flows of the other. An uplink hook
+// already running a program of ours by name that is neither this build's
+// (want) nor the one our pinned link ran (ours) belongs to another pinDir.
+func foreignUplinkProgram(p Program, idx int, name string, want, ours ebpf.ProgramID) error {
+	res, err := link.QueryPrograms(link.QueryOptions{Target: idx, Attach: p.Attach})
+	if err != nil {
+		return fmt.Errorf("list tcx %s programs of uplink %s: %w", p.Attach, name, err)
+	}
+	for _, q := range res.Programs {
+		if q.ID == want || q.ID == ours {
+			continue
+		}
+		prog, err := ebpf.NewProgramFromID(q.ID)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		info, err := prog.Info()
+		prog.Close()
+		if err == nil && info.Name == kernelProgName(p.Name) {
+			return fmt.Errorf("uplink %s already runs %s (program id %d) of another pin directory: "+
+				"one pinDir serves a network namespace (give every network of this node the same pinDir)", name, p.Name, q.ID)
+		}
+	}
+	return nil
+}
+
+// CheckNodeHooks verifies that the node hooks are in place: enabled for
+// this netns, every socket hook attached to the cgroup root, and the
+// uplink programs on every uplink. The error names the first problem.
+func (dp *Datapath) CheckNodeHooks(opts NodeHookOptions) error {
+	cookie, err := NetnsCookie()
+	if err != nil {
+		return err
+	}
+	cfg, err := dp.Maps.HostPortConfig()
+	if err != nil {
+		return fmt.Errorf("read hostPort config: %w", err)
+	}
+	if !cfg.Enabled() {
+		return errors.New("hostPort hooks are not set up on this node")
+	}
+	if cfg.NetnsCookie != cookie {
+		return fmt.Errorf("hostPort hooks serve netns cookie %d, not this netns (%d)", cfg.NetnsCookie, cookie)
+	}
+	for _, p := range socketPrograms() {
+		info, err := pinnedLinkInfo(nodePin(dp.PinRoot, p, ""))
+		if err != nil {
+			return fmt.Errorf("socket hook %s: %w", p.Link, err)
+		}
+		if c := info.Cgroup(); c == nil || c.CgroupId == 0 {
+			return fmt.Errorf("socket hook %s is not attached to a cgroup", p.Link)
+		}
+	}
+	view, err := discoverNode(20)
+	if err != nil {
+		return err
+	}
+	for name, idx := range view.uplinks {
+		for _, p := range uplinkPrograms() {
+			info, err := pinnedLinkInfo(nodePin(dp.PinRoot, p, name))
+			if err != nil {
+				return fmt.Errorf("uplink %s has no %s program: %w", name, p.Name, err)
+			}
+			if info.TCX() == nil || int(info.TCX().Ifindex) != idx {
+				return fmt.Errorf("uplink %s: %s is not attached to it", name, p.Name)
+			}
+		}
+	}
+	return nil
+}
+
+// NetnsCookie returns the cookie of the calling thread's network namespace.
+func NetnsCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("socket for netns cookie: %w", err)
+	}
+	defer unix.Close(fd)
+	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return 0, fmt.Errorf("read netns cookie: %w", err)
+	}
+	return c, nil
+}
+
+// EnsurePacing attaches the sock_ops program to the cgroup2 root once per
+// node (a pinned link, so it outlives the process) and registers the calling
+// thread's netns as the node's. Cheap when already done: one stat.
+func (dp *Datapath) EnsurePacing(cgroupRoot string) error {
+	path := PacingLinkPin(dp.PinRoot)
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	unlock, err := lockDir(dp.PinRoot)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	// A node an older build set up has the link under links/: moved, not
+	// attached twice.
+	if err := migratePacingPin(dp.PinRoot); err != nil {
+		return err
+	}
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	root, err := CgroupRoot(cgroupRoot)
+	if err != nil {
+		return err
+	}
+	cookie, err := NetnsCookie()
+	if err != nil {
+		return err
+	}
+	if err := dp.Maps.PutNetns(cookie, 0, maps.FlagNetnsNode); err != nil {
+		return err
+	}
+	if err := mkdirFor(path); err != nil {
+		return err
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: progSockOps.Attach, Program: dp.SockOps})
+	if err != nil {
+		return fmt.Errorf("attach sock_ops to cgroup %s: %w", root, err)
+	}
+	defer l.Close()
+	if err := l.Pin(path); err != nil {
+		return fmt.Errorf("pin sock_ops link at %s: %w", path, err)
+	}
+	return nil
+}

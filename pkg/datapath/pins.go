@@ -1,0 +1,243 @@
+package datapath
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+)
+
+// The layout of a pin directory. This file is the only code that builds
+// paths below it:
+//
+//	<pinDir>/maps_v<N>/<map>                   maps of layout N (maps.LayoutVersion)
+//	<pinDir>/progs/<program>_<object hash>     programs, by build (see progPin)
+//	<pinDir>/links/<host veth>_<ingress|egress> tcx links of pods' host veths
+//	<pinDir>/node/<hook>                       node-wide hook links (catalog: Program.Link)
+//
+// links/ holds nothing but host veth links, so anything there whose veth is
+// gone is an orphan; node/ holds the links that outlive every pod.
+const (
+	progsDir = "progs"
+	linksDir = "links"
+	nodeDir  = "node"
+)
+
+// MapsDir is where the maps of this build's layout are pinned.
+func MapsDir(pinRoot string) string {
+	return filepath.Join(pinRoot, fmt.Sprintf("maps_v%d", maps.LayoutVersion))
+}
+
+// OpenMaps opens the pinned maps of this build's layout (read-only users:
+// dumps, metrics, tests). The error wraps os.ErrNotExist when the datapath
+// was never set up.
+func OpenMaps(pinRoot string) (*maps.Maps, error) { return maps.Open(MapsDir(pinRoot)) }
+
+// progPin is where a program is pinned: the name carries a hash of its
+// object, so a new build never picks up an older build's program.
+func progPin(pinRoot string, p Program) string {
+	return filepath.Join(pinRoot, progsDir, progPinName(p))
+}
+
+func progPinName(p Program) string {
+	h := sha256.Sum256(p.obj.bytes)
+	return fmt.Sprintf("%s_%s", p.Name, hex.EncodeToString(h[:6]))
+}
+
+// LinkPinPath is where the tcx link of a host veth's hook is pinned; dir
+// is "ingress" or "egress" (Program.Link of the host veth programs).
+func LinkPinPath(pinRoot, hostIf, dir string) string {
+	return filepath.Join(pinRoot, linksDir, hostIf+"_"+dir)
+}
+
+// nodePin is where a node-wide hook's link is pinned: a cgroup hook under
+// its Link name, an uplink hook under its Link prefix and the uplink's name.
+func nodePin(pinRoot string, p Program, ifname string) string {
+	return filepath.Join(pinRoot, nodeDir, p.Link+ifname)
+}
+
+// uplinkPins are the pinned links of uplink hook p, by uplink name.
+func uplinkPins(pinRoot string, p Program) map[string]string {
+	out := map[string]string{}
+	ents, _ := os.ReadDir(filepath.Join(pinRoot, nodeDir))
+	for _, e := range ents {
+		if name, ok := strings.CutPrefix(e.Name(), p.Link); ok {
+			out[name] = filepath.Join(pinRoot, nodeDir, e.Name())
+		}
+	}
+	return out
+}
+
+// PacingLinkPin is where the node's sock_ops (TCP pacing) link is pinned.
+func PacingLinkPin(pinRoot string) string { return nodePin(pinRoot, progSockOps, "") }
+
+// legacyPacingPin is where builds before node/ held the sock_ops link; see
+// migratePacingPin.
+func legacyPacingPin(pinRoot string) string { return filepath.Join(pinRoot, linksDir, "node_sock_ops") }
+
+// ProgramPin is one pinned program.
+type ProgramPin struct {
+	Name    string // base name under progs/
+	Path    string
+	Current bool // one of this build's programs
+}
+
+// ProgramPins lists the pinned programs, this build's and others'.
+func ProgramPins(pinRoot string) []ProgramPin {
+	current := map[string]bool{}
+	for _, p := range catalog {
+		current[progPinName(p)] = true
+	}
+	ents, _ := os.ReadDir(filepath.Join(pinRoot, progsDir))
+	var out []ProgramPin
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		out = append(out, ProgramPin{Name: e.Name(), Path: filepath.Join(pinRoot, progsDir, e.Name()), Current: current[e.Name()]})
+	}
+	return out
+}
+
+// VethLinkPin is one pinned tcx link of a host veth.
+type VethLinkPin struct {
+	HostIf string
+	Dir    string // ingress or egress
+	Path   string
+}
+
+// VethLinkPins lists the link pins of host veths; names of any other shape
+// (none are made) are not reported.
+func VethLinkPins(pinRoot string) []VethLinkPin {
+	dirs := map[string]bool{}
+	for _, p := range catalog {
+		if p.Scope == ScopeHostVeth {
+			dirs[p.Link] = true
+		}
+	}
+	ents, _ := os.ReadDir(filepath.Join(pinRoot, linksDir))
+	var out []VethLinkPin
+	for _, e := range ents {
+		name := e.Name()
+		i := strings.LastIndexByte(name, '_')
+		if i <= 0 || !dirs[name[i+1:]] {
+			continue
+		}
+		out = append(out, VethLinkPin{HostIf: name[:i], Dir: name[i+1:], Path: filepath.Join(pinRoot, linksDir, name)})
+	}
+	return out
+}
+
+// OrphanVethLinkPins are the host veth link pins whose veth no longer
+// exists in this netns (a pod gone without DEL, a DEL that failed part way).
+func OrphanVethLinkPins(pinRoot string) []VethLinkPin {
+	var out []VethLinkPin
+	for _, p := range VethLinkPins(pinRoot) {
+		_, err := netlink.LinkByName(p.HostIf)
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// RemoveLinkPins deletes the tcx link pins of a host veth; idempotent. A pin
+// is the link's last reference, so removing it detaches a live link; DEL
+// deletes the veth first, so it only drops defunct links (no grace period).
+// tc filters need no work: they go with the device.
+func RemoveLinkPins(pinRoot, hostIf string) error {
+	var errs error
+	for _, p := range catalog {
+		if p.Scope != ScopeHostVeth {
+			continue
+		}
+		path := LinkPinPath(pinRoot, hostIf, p.Link)
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = errors.Join(errs, fmt.Errorf("remove link pin %s: %w", path, err))
+		}
+	}
+	return errs
+}
+
+// NodeHookPin is one pinned node-wide hook link.
+type NodeHookPin struct {
+	Name string // base name under node/: cgroup_<hook>, uplink_<if>, uplink-egress_<if>
+	Path string
+}
+
+// NodeHookPins lists the pinned node-wide hook links.
+func NodeHookPins(pinRoot string) []NodeHookPin {
+	ents, _ := os.ReadDir(filepath.Join(pinRoot, nodeDir))
+	var out []NodeHookPin
+	for _, e := range ents {
+		out = append(out, NodeHookPin{Name: e.Name(), Path: filepath.Join(pinRoot, nodeDir, e.Name())})
+	}
+	return out
+}
+
+// pinnedLinks lists every pinned link of the datapath, host veths' and the
+// node's, for Upgrade.
+func pinnedLinks(pinRoot string) ([]string, error) {
+	var out []string
+	for _, d := range []string{linksDir, nodeDir} {
+		ents, err := os.ReadDir(filepath.Join(pinRoot, d))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		for _, e := range ents {
+			out = append(out, filepath.Join(pinRoot, d, e.Name()))
+		}
+	}
+	return out, nil
+}
+
+// mkdirFor creates the directory a pin goes into.
+func mkdirFor(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("create pin directory %s: %w", filepath.Dir(path), err)
+	}
+	return nil
+}
+
+// migratePacingPin moves the sock_ops link an older build pinned in links/
+// to node/, where node-wide links live now (a rename keeps the link
+// attached). Call with the pin directory locked.
+func migratePacingPin(pinRoot string) error {
+	old := legacyPacingPin(pinRoot)
+	if _, err := os.Stat(old); err != nil {
+		return nil
+	}
+	to := PacingLinkPin(pinRoot)
+	if _, err := os.Stat(to); err == nil {
+		// Both: the old one is a second sock_ops link; drop it.
+		dropLinkPin(old)
+		return nil
+	}
+	if err := mkdirFor(to); err != nil {
+		return err
+	}
+	if err := os.Rename(old, to); err != nil {
+		return fmt.Errorf("move sock_ops link pin %s to %s: %w", old, to, err)
+	}
+	return nil
+}
+
+// dropLinkPin detaches and unpins a pinned link (or removes whatever file
+// is there).
+func dropLinkPin(path string) {
+	if l, err := link.LoadPinnedLink(path, nil); err == nil {
+		l.Unpin()
+		l.Close()
+		return
+	}
+	os.Remove(path)
+}

@@ -1,0 +1,188 @@
+package endpoint
+
+import (
+	"fmt"
+	"net"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ip"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+)
+
+// Check verifies an attachment against prevResult, the result of its ADD:
+// the host veth, its routes and programs, the map entries, each feature's
+// part, and inside the pod the interface, its addresses, routes and rules.
+// The error names the first thing that does not match.
+func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
+	netns, err := OpenNetns(id.Netns)
+	if err != nil {
+		return err
+	}
+	defer netns.Close()
+
+	var podIf *current.Interface
+	for _, i := range prev.Interfaces {
+		if i.Name == id.IfName && i.Sandbox != "" {
+			podIf = i
+		}
+	}
+	if podIf == nil {
+		return checkError("prevResult has no interface %s in a sandbox", id.IfName)
+	}
+	if err := n.CheckDirs(); err != nil {
+		return err
+	}
+	rec, _ := n.Store().Read(id.ContainerID, id.IfName)
+	a := &Attachment{Net: n, ID: id, HostIf: state.HostIfName(id.ContainerID, id.IfName), IPs: prev.IPs, features: features}
+	host, err := netlink.LinkByName(a.HostIf)
+	if err != nil {
+		return checkError("host veth %s: %v", a.HostIf, err)
+	}
+	a.Ifindex = host.Attrs().Index
+	if host.Attrs().Flags&net.FlagUp == 0 {
+		return checkError("host veth %s is down: the pod is cut off", a.HostIf)
+	}
+	if n.MTU != 0 && host.Attrs().MTU != n.MTU {
+		return checkError("host veth %s has MTU %d, the network's mtu is %d", a.HostIf, host.Attrs().MTU, n.MTU)
+	}
+	for _, ipc := range prev.IPs {
+		if err := checkHostRoute(ipc.Address.IP, a.Ifindex, a.HostIf); err != nil {
+			return err
+		}
+	}
+
+	if a.DP, err = datapath.Open(n.PinDir); err != nil {
+		return types.NewError(ErrPluginNotAvailable, fmt.Sprintf("datapath at %s: %v", n.PinDir, err), "")
+	}
+	defer a.DP.Close()
+	if err := a.DP.Attached(a.Ifindex, a.HostIf); err != nil {
+		return checkError("%v", err)
+	}
+	li, err := a.DP.Maps.LookupLink(a.Ifindex)
+	if err != nil {
+		return checkError("map cni_links has no entry for %s (ifindex %d): %v", a.HostIf, a.Ifindex, notExist(err))
+	}
+	mapMAC := net.HardwareAddr(li.Mac[:]).String()
+	for _, ip := range a.PodIPs() {
+		e, err := a.DP.Maps.LookupEndpoint(ip)
+		if err != nil {
+			return checkError("map cni_endpoints has no entry for %s: %v", ip, notExist(err))
+		}
+		if int(e.Ifindex) != a.Ifindex {
+			return checkError("map cni_endpoints sends %s to ifindex %d, not %s (%d)", ip, e.Ifindex, a.HostIf, a.Ifindex)
+		}
+	}
+	for _, f := range features {
+		if err := f.Check(a); err != nil {
+			return err
+		}
+	}
+
+	return netns.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(id.IfName)
+		if err != nil {
+			return checkError("interface %s in %s: %v", id.IfName, id.Netns, err)
+		}
+		at := l.Attrs()
+		if at.HardwareAddr.String() != mapMAC {
+			return checkError("interface %s has MAC %s, the datapath delivers to %s (cni_links of %s): the pod has not sent from its new MAC yet",
+				id.IfName, at.HardwareAddr, mapMAC, a.HostIf)
+		}
+		if podIf.Mac != "" && at.HardwareAddr.String() != podIf.Mac {
+			return checkError("interface %s has MAC %s, prevResult says %s", id.IfName, at.HardwareAddr, podIf.Mac)
+		}
+		if at.Flags&net.FlagUp == 0 {
+			return checkError("interface %s in %s is down", id.IfName, id.Netns)
+		}
+		if at.MTU != host.Attrs().MTU {
+			return checkError("interface %s has MTU %d, its host veth %s %d: packets between them would be dropped", id.IfName, at.MTU, a.HostIf, host.Attrs().MTU)
+		}
+		if at.ParentIndex != a.Ifindex {
+			return checkError("interface %s is not the peer of host veth %s", id.IfName, a.HostIf)
+		}
+		// Not ip.ValidateExpectedInterfaceIPs: it wants the prefix route that
+		// ADD deliberately leaves out (all traffic goes via the gateway).
+		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			return checkError("list addresses of %s: %v", id.IfName, err)
+		}
+		for _, ipc := range prev.IPs {
+			found := false
+			for _, ad := range addrs {
+				if ad.IPNet.String() == ipc.Address.String() {
+					found = true
+					break
+				}
+			}
+			if !found {
+				return checkError("address %s is missing from %s", ipc.Address.String(), id.IfName)
+			}
+		}
+		if err := ip.ValidateExpectedRoute(prev.Routes); err != nil {
+			return checkError("%v", err)
+		}
+		if rec != nil && rec.PodTable == 0 {
+			return nil // added by a build before per-interface tables
+		}
+		return checkPodTable(id.IfName, at.Index, prev.IPs)
+	})
+}
+
+// checkHostRoute: the node routes a pod address to its host veth, and only there.
+func checkHostRoute(ip net.IP, ifindex int, hostIf string) error {
+	bits, fam := 128, netlink.FAMILY_V6
+	if isV4(ip) {
+		bits, fam = 32, netlink.FAMILY_V4
+	}
+	dst := &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}
+	routes, err := netlink.RouteListFiltered(fam, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
+	if err != nil {
+		return checkError("list the node's routes to %s: %v", dst, err)
+	}
+	if len(routes) == 0 {
+		return checkError("the node has no route to %s (host veth %s): the pod is unreachable", dst, hostIf)
+	}
+	for _, r := range routes {
+		if r.LinkIndex != ifindex {
+			return checkError("the node routes %s to %s, not to host veth %s", dst, holderOf(r.LinkIndex), hostIf)
+		}
+	}
+	return nil
+}
+
+// checkPodTable: the interface's own table has its default routes and every
+// address has its rule (see configurePod), in the calling thread's netns.
+func checkPodTable(ifname string, ifindex int, ips []*current.IPConfig) error {
+	table := podTable(ifindex)
+	for _, ipc := range ips {
+		want := podRule(ipc.Address.IP, table)
+		rules, err := netlink.RuleListFiltered(want.Family, &netlink.Rule{Table: table}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return checkError("list rules: %v", err)
+		}
+		found := false
+		for _, r := range rules {
+			found = found || (r.Src != nil && r.Src.String() == want.Src.String())
+		}
+		if !found {
+			return checkError("rule \"from %s lookup %d\" of %s is missing: replies from %s would leave by another interface", want.Src, table, ifname, ipc.Address.IP)
+		}
+		routes, err := netlink.RouteListFiltered(want.Family, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			return checkError("list routes of table %d: %v", table, err)
+		}
+		found = false
+		for _, r := range routes {
+			found = found || (r.LinkIndex == ifindex && (r.Dst == nil || isDefault(r.Dst)))
+		}
+		if !found {
+			return checkError("table %d of %s has no default route for %s", table, ifname, ipc.Address.IP)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,477 @@
+// Package endpoint owns one attachment of a pod to the node's datapath:
+// its setup (ADD), check (CHECK) and teardown (DEL, GC, the agent's
+// reconcile). The core is the veth pair, addresses, routes, neighbours and
+// the endpoint's map entries; each further capability (bandwidth, hostPort,
+// masquerade) is a Feature beside it.
+package endpoint
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+)
+
+// ID names an attachment as the runtime passed it.
+type ID struct {
+	ContainerID string // CNI_CONTAINERID
+	IfName      string // CNI_IFNAME, the interface inside the pod
+	Netns       string // CNI_NETNS
+	Args        string // CNI_ARGS (K8S_POD_NAMESPACE, K8S_POD_NAME, MAC)
+}
+
+// Attachment is one pod interface while ADD makes it (or CHECK checks it).
+// Features read it and add to it: endpoint flags, the egress rate the pod's
+// netns entry carries, their part of the record, their undo steps.
+type Attachment struct {
+	Net    *Network
+	ID     ID
+	HostIf string             // the host veth, state.HostIfName
+	DP     *datapath.Datapath // the node's datapath, open
+	Trace  *Tracer
+
+	// Known once the veth exists and IPAM answered (ADD), or from
+	// prevResult (CHECK).
+	Ifindex int                 // the host veth's
+	IPs     []*current.IPConfig // the pod's addresses
+
+	// Set by the features' Install.
+	Flags         uint32        // ep_info flags (maps.Flag*, maps.EndpointFlag*)
+	EgressRateBps uint64        // the pod's egress limit: its netns entry paces its TCP
+	Record        *state.Record // the record being written; features add their part
+
+	features []Feature
+	netns    ns.NetNS
+	cookie   uint64 // the pod netns'
+	claim    *os.File
+	undo     []func() error
+	hostLink netlink.Link
+	plan     *plan
+	res      *current.Result
+
+	hooksOnce  sync.Once
+	hooksCh    chan error
+	hooksErr   error
+	hooksReady bool // the uplink programs are attached, even if the socket hooks are not
+}
+
+// Claim starts the ADD of an attachment: it checks the pod's netns and the
+// directories, opens the node's datapath (setting it up on first use) and
+// claims the attachment with a provisional record before anything is made,
+// so a second ADD of it (a runtime retrying, two ADDs racing) is refused
+// and touches nothing of the first, and an ADD killed from here on is
+// findable by DEL, GC and the agent. Close releases what Claim holds.
+func Claim(n *Network, id ID, features []Feature, tr *Tracer) (_ *Attachment, err error) {
+	a := &Attachment{Net: n, ID: id, HostIf: state.HostIfName(id.ContainerID, id.IfName), Trace: tr, features: features}
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+	if a.netns, err = OpenNetns(id.Netns); err != nil {
+		return nil, err
+	}
+	if err := n.CheckDirs(); err != nil {
+		return nil, err
+	}
+	if err := a.netns.Do(func(ns.NetNS) (e error) { a.cookie, e = datapath.NetnsCookie(); return e }); err != nil {
+		return nil, internal("CNI_NETNS %q: %v", id.Netns, err)
+	}
+	tr.Mark("parse")
+	if a.DP, err = n.ensureDatapath(); err != nil {
+		return nil, err
+	}
+	tr.Mark("datapath")
+
+	a.Record = &state.Record{
+		ContainerID: id.ContainerID, IfName: id.IfName, Netns: id.Netns, HostIf: a.HostIf,
+		NetnsCookie: a.cookie, Provisional: true, Pid: os.Getpid(), Created: time.Now().UTC(),
+	}
+	a.Record.PodNamespace, a.Record.PodName = PodIdentity(id.Args)
+	if a.claim, err = claimRecord(n, a.Record); err != nil {
+		return nil, err
+	}
+	tr.Mark("claim")
+	Crashpoint("claimed")
+	// The veth without our record: this network's record was lost, or
+	// another network attached the same container ID and interface name.
+	if l, lerr := netlink.LinkByName(a.HostIf); lerr == nil {
+		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
+			"CNI_CONTAINERID %q, CNI_IFNAME %q: the host veth of this attachment exists already, as %s, with no record in %s: DEL it before adding it again",
+			id.ContainerID, id.IfName, holderOf(l.Attrs().Index), n.Store().Dir()), "")
+	}
+	a.startNodeHooks()
+	return a, nil
+}
+
+// startNodeHooks sets up the node hooks, or only refreshes the node
+// addresses (the usual case), when a feature needs them: in parallel with
+// the veth and IPAM, since the first setup waits out an RCU grace period
+// per uplink.
+func (a *Attachment) startNodeHooks() {
+	need := false
+	for _, f := range a.features {
+		if u, ok := f.(nodeHooksUser); ok && u.NeedsNodeHooks() {
+			need = true
+		}
+	}
+	if !need {
+		return
+	}
+	a.hooksCh = make(chan error, 1)
+	go func() {
+		h, err := a.DP.EnsureNodeHooks(a.Net.nodeHookOptions())
+		// Set before the error is sent: the uplink programs are attached
+		// even when the error only concerns the socket hooks (no cgroup2
+		// visible), which masquerade does not need.
+		a.hooksReady = h != nil
+		a.hooksCh <- err
+	}()
+}
+
+// NodeHooks waits for the node hooks started by Claim. uplinks tells
+// whether the uplink programs are in place even when err is set (it then
+// concerns the socket hooks only).
+func (a *Attachment) NodeHooks() (uplinks bool, err error) {
+	if a.hooksCh == nil {
+		return false, errors.New("no feature asked for the node hooks")
+	}
+	a.hooksOnce.Do(func() { a.hooksErr = <-a.hooksCh })
+	return a.hooksReady, a.hooksErr
+}
+
+// OnUndo pushes a step that undoes something this ADD made; Abort runs
+// them in reverse order.
+func (a *Attachment) OnUndo(f func() error) { a.undo = append(a.undo, f) }
+
+// Abort undoes a failed ADD. The provisional record goes last, and only if
+// everything else did: what could not be undone stays findable by DEL and GC.
+func (a *Attachment) Abort() {
+	if a.hooksCh != nil {
+		a.NodeHooks() // never undo beside a node hook setup still at work
+	}
+	var errs error
+	for i := len(a.undo) - 1; i >= 0; i-- {
+		errs = errors.Join(errs, a.undo[i]())
+	}
+	if errs == nil && a.claim != nil {
+		_ = a.Net.Store().Remove(a.ID.ContainerID, a.ID.IfName)
+	}
+}
+
+// Close releases what the attachment holds: the claim's lock (held until
+// the complete record replaced the provisional one), the netns, the
+// datapath. It waits for the node hooks first: never exit with their setup
+// half done.
+func (a *Attachment) Close() {
+	if a.hooksCh != nil {
+		a.NodeHooks()
+	}
+	if a.claim != nil {
+		a.claim.Close()
+	}
+	if a.netns != nil {
+		a.netns.Close()
+	}
+	if a.DP != nil {
+		a.DP.Close()
+	}
+}
+
+// claimRecord writes the provisional record of the attachment, or refuses
+// the ADD when the attachment has a record already.
+func claimRecord(n *Network, rec *state.Record) (*os.File, error) {
+	store := n.Store()
+	for try := 0; ; try++ {
+		f, err := store.Claim(rec)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, state.ErrClaimed) {
+			return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("stateDir: %v", err), "")
+		}
+		old, rerr := store.Read(rec.ContainerID, rec.IfName)
+		if rerr != nil {
+			return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("stateDir: record of %s/%s: %v", rec.ContainerID, rec.IfName, rerr), "")
+		}
+		if old == nil && try < 3 {
+			continue // removed by a DEL meanwhile: claim again
+		}
+		return nil, retryError(n, rec, old)
+	}
+}
+
+// retryError refuses an ADD of an attachment that has a record: the CNI spec
+// forbids a second ADD without a DEL in between. Code 4: the CNI_CONTAINERID
+// and CNI_IFNAME the runtime passed name an attachment that exists, the one
+// variable-level mistake the runtime can act on (DEL first); 11 while
+// another ADD of it is still running, which ends by itself.
+func retryError(n *Network, rec, old *state.Record) error {
+	who := fmt.Sprintf("CNI_CONTAINERID %q, CNI_IFNAME %q on network %q", rec.ContainerID, rec.IfName, n.Name)
+	switch {
+	case old == nil:
+		return types.NewError(types.ErrTryAgainLater, who+": its record keeps changing (a DEL and an ADD racing); try again", "")
+	case !old.Provisional:
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
+			"%s: this attachment exists already (host veth %s, IPs %s, added %s): ADD may not be repeated without a DEL; the attachment is left as it is",
+			who, old.HostIf, strings.Join(old.IPs, ", "), old.Created.Format(time.RFC3339)), "")
+	case n.Store().Busy(old):
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
+			"%s: another ADD of this attachment is in progress (pid %d)", who, old.Pid), "")
+	default:
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
+			"%s: an earlier ADD of this attachment (pid %d) did not finish and left it half made: DEL it first", who, old.Pid), "")
+	}
+}
+
+// CreateVeth creates the veth pair, the pod's end born in its netns under
+// its final name, and attaches the host end's programs. podMAC nil is a
+// random one. It runs while IPAM does.
+func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
+	p := &plan{hostIf: a.HostIf, ifname: a.ID.IfName, mtu: a.Net.MTU, podMAC: podMAC}
+	var err error
+	if p.hostMAC, err = randomMAC(); err == nil && p.podMAC == nil {
+		p.podMAC, err = randomMAC()
+	}
+	if err != nil {
+		return internalErr(err)
+	}
+	a.plan = p
+	a.hostLink, err = createVeth(p, a.netns)
+	if err != nil {
+		return internalErr(err)
+	}
+	// Same order as DEL: the veth first (detaching the programs), then
+	// pins, link entry and counters, which in-flight packets could re-create.
+	idx := a.hostLink.Attrs().Index
+	a.Ifindex = idx
+	a.OnUndo(func() error {
+		_, sfErr := a.DP.Maps.DeleteStackFlowsOf(idx)
+		return errors.Join(deleteLink(a.HostIf), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
+			a.DP.Maps.DeleteLink(idx), a.DP.Maps.ResetStats(idx), sfErr)
+	})
+	a.Trace.Mark("veth")
+	_, err = a.DP.Attach(idx, a.HostIf, a.Net.attachMode)
+	a.Trace.Mark("attach")
+	if err != nil {
+		return internalErr(err)
+	}
+	return nil
+}
+
+// Plan takes the IPAM result: the pod's addresses, gateways and routes.
+func (a *Attachment) Plan(ipamType string, r types.Result) error {
+	res, err := current.NewResultFromResult(r)
+	if err != nil {
+		return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("ipam plugin %q result: %v", ipamType, err), "")
+	}
+	if len(res.IPs) == 0 {
+		return internal("ipam plugin %q returned no IP addresses", ipamType)
+	}
+	full, err := newPlan(res, a.HostIf, a.ID.IfName, a.Net.MTU)
+	if err != nil {
+		return internalErr(err)
+	}
+	full.hostMAC, full.podMAC = a.plan.hostMAC, a.plan.podMAC
+	a.plan, a.res, a.IPs = full, res, res.IPs
+
+	var v4, v6 bool
+	for _, ipc := range res.IPs {
+		if isV4(ipc.Address.IP) {
+			v4 = true
+		} else {
+			v6 = true
+		}
+	}
+	if v6 && a.Net.MTU != 0 && a.Net.MTU < MinMTU6 {
+		// The ranges show the family before ADD (see cni's validateIPAM);
+		// other IPAM plugins reveal it only now.
+		return ConfError("mtu %d is below %d, the least IPv6 works with, and ipam plugin %q gave an IPv6 address", a.Net.MTU, MinMTU6, ipamType)
+	}
+	if err := enableForwarding(v4, v6); err != nil {
+		return internalErr(err)
+	}
+	return nil
+}
+
+// PodIPs are the pod's addresses.
+func (a *Attachment) PodIPs() []net.IP {
+	out := make([]net.IP, 0, len(a.IPs))
+	for _, ipc := range a.IPs {
+		out = append(out, ipc.Address.IP)
+	}
+	return out
+}
+
+// Install runs the features' Install, in order.
+func (a *Attachment) Install() error {
+	for _, f := range a.features {
+		if err := f.Install(a); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Publish makes the attachment live: the link and endpoint entries (the
+// programs are attached already and drop what they do not know), then the
+// host side (routes, neighbours) and the pod side (addresses, routes,
+// rules), then the pod's netns entry.
+func (a *Attachment) Publish() error {
+	m, idx, p := a.DP.Maps, a.Ifindex, a.plan
+	if err := m.ResetStats(idx); err != nil {
+		return internalErr(err)
+	}
+	if err := m.PutLink(idx, maps.NewLinkInfo(p.podMAC, p.hostMAC)); err != nil {
+		return mapError(err)
+	}
+	info := maps.NewEndpointInfo(idx, p.podMAC, p.hostMAC, a.Flags)
+	// BPF_NOEXIST: an address has one owner. Another live attachment holding
+	// it (two networks with overlapping ranges, an IPAM bug) refuses this ADD;
+	// a leftover of a vanished veth does not.
+	for _, ip := range a.PodIPs() {
+		if err := m.InsertEndpoint(ip, info, linkAlive); err != nil {
+			var taken *maps.EndpointTakenError
+			if errors.As(err, &taken) {
+				return ConfError("pod address %s from ipam plugin %q is already %s's: an address has one owner (overlapping ranges of two networks?); nothing of it was changed",
+					ip, a.Net.IPAMType, holderOf(taken.Ifindex))
+			}
+			return mapError(err)
+		}
+		a.OnUndo(func() error { return m.DeleteEndpoint(ip, idx) })
+	}
+	a.Trace.Mark("maps")
+	Crashpoint("endpoints")
+
+	if err := configureHost(p, a.hostLink, ownerAlias(a.Net.Name, a.ID.ContainerID, a.ID.IfName)); err != nil {
+		return netlinkError(err)
+	}
+	Crashpoint("host")
+	// The pod's rules outlive its interface: the undo of the veth does not
+	// remove them.
+	a.OnUndo(func() error {
+		return a.netns.Do(func(ns.NetNS) error {
+			if p.table != 0 {
+				deleteRules(p.table)
+			}
+			return nil
+		})
+	})
+	if err := configurePod(p, a.netns); err != nil {
+		return netlinkError(err)
+	}
+	// Every pod's netns is registered, so the sock_ops hook can pace its
+	// TCP towards rate-limited pods.
+	created, err := m.EnsureNetns(a.cookie, a.EgressRateBps)
+	if err != nil {
+		return mapError(err)
+	}
+	if created {
+		a.OnUndo(func() error { return m.DeleteNetns(a.cookie) })
+	}
+	Crashpoint("pod")
+	a.Trace.Mark("netlink")
+	return nil
+}
+
+// Commit replaces the provisional record with the complete one: the
+// attachment exists.
+func (a *Attachment) Commit() error {
+	r, p := a.Record, a.plan
+	r.Provisional, r.Pid = false, 0
+	r.HostIfindex, r.HostMAC, r.PodMAC = a.Ifindex, p.hostMAC.String(), p.podMAC.String()
+	r.IPs = nil
+	for _, ip := range a.PodIPs() {
+		r.IPs = append(r.IPs, ip.String())
+	}
+	r.PodTable = p.table
+	if err := a.Net.Store().Write(r); err != nil {
+		return types.NewError(types.ErrIOFailure, err.Error(), "")
+	}
+	Crashpoint("recorded")
+	return nil
+}
+
+// Result is the CNI result of the ADD: both interfaces, the IPAM addresses
+// on the pod's, the routes put in the pod's main table; DNS from IPAM,
+// else from the network configuration.
+func (a *Attachment) Result(dns types.DNS) *current.Result {
+	ctr, p := 1, a.plan
+	r := &current.Result{
+		CNIVersion: current.ImplementedSpecVersion,
+		Interfaces: []*current.Interface{
+			{Name: p.hostIf, Mac: p.hostMAC.String()},
+			{Name: p.ifname, Mac: p.podMAC.String(), Sandbox: a.ID.Netns, Mtu: p.mtu},
+		},
+		DNS: dns,
+	}
+	if d := a.res.DNS; d.Nameservers != nil || d.Domain != "" || d.Search != nil || d.Options != nil {
+		r.DNS = d
+	}
+	for _, ipc := range a.res.IPs {
+		c := *ipc
+		c.Interface = &ctr
+		r.IPs = append(r.IPs, &c)
+	}
+	for _, rt := range p.mainRoutes {
+		r.Routes = append(r.Routes, &types.Route{Dst: *rt.dst, GW: rt.gw})
+	}
+	return r
+}
+
+// cniArg returns the value of one key of CNI_ARGS ("K1=V1;K2=V2").
+func cniArg(cniArgs, key string) string {
+	for _, kv := range strings.Split(cniArgs, ";") {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+// PodIdentity pulls K8S_POD_NAMESPACE and K8S_POD_NAME out of CNI_ARGS.
+func PodIdentity(cniArgs string) (namespace, name string) {
+	return cniArg(cniArgs, "K8S_POD_NAMESPACE"), cniArg(cniArgs, "K8S_POD_NAME")
+}
+
+// RequestedMAC is the MAC the runtime asks the pod interface to have: the
+// "mac" capability (runtimeConfig.mac), else CNI_ARGS MAC, as the tuning
+// plugin reads them; nil for a random one. It must be a unicast Ethernet
+// address: the datapath never learns a group address as a pod's.
+func RequestedMAC(runtimeMAC, cniArgs string) (net.HardwareAddr, error) {
+	check := func(v string, bad func(format string, a ...any) error) (net.HardwareAddr, error) {
+		mac, err := net.ParseMAC(v)
+		switch {
+		case err != nil || len(mac) != 6:
+			return nil, bad("%q is not an Ethernet MAC address", v)
+		case mac[0]&1 != 0:
+			return nil, bad("%s is a group (multicast) address, not an interface's", mac)
+		case mac.String() == "00:00:00:00:00:00":
+			return nil, bad("%s is not an interface's address", mac)
+		}
+		return mac, nil
+	}
+	if runtimeMAC != "" {
+		return check(runtimeMAC, func(format string, a ...any) error {
+			return ConfError("runtimeConfig.mac: "+format, a...)
+		})
+	}
+	if v := cniArg(cniArgs, "MAC"); v != "" {
+		return check(v, func(format string, a ...any) error {
+			return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS MAC: "+format, a...), "")
+		})
+	}
+	return nil, nil
+}

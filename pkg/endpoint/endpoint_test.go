@@ -1,0 +1,91 @@
+package endpoint
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+)
+
+func assertCNIError(t *testing.T, err error, code uint, mention string) {
+	t.Helper()
+	var te *types.Error
+	if !errors.As(err, &te) {
+		t.Fatalf("want CNI error %d, got %v", code, err)
+	}
+	if te.Code != code {
+		t.Fatalf("want code %d, got %d (%s)", code, te.Code, te.Msg)
+	}
+	if !strings.Contains(te.Msg, mention) {
+		t.Fatalf("message %q does not name %q", te.Msg, mention)
+	}
+}
+
+func TestNewPlanRoutes(t *testing.T) {
+	_, n4, _ := net.ParseCIDR("10.0.0.5/24")
+	_, n6, _ := net.ParseCIDR("fd00::5/64")
+	_, extra, _ := net.ParseCIDR("192.168.0.0/16")
+	res := &current.Result{
+		IPs: []*current.IPConfig{
+			{Address: net.IPNet{IP: net.ParseIP("10.0.0.5").To4(), Mask: n4.Mask}, Gateway: net.ParseIP("10.0.0.1")},
+			{Address: net.IPNet{IP: net.ParseIP("fd00::5"), Mask: n6.Mask}}, // no gateway: fallback
+		},
+		Routes: []*types.Route{{Dst: *extra}},
+	}
+	p, err := newPlan(res, "ebpfx", "eth0", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, r := range p.routes {
+		got[r.dst.String()] = r.gw.String()
+	}
+	want := map[string]string{"192.168.0.0/16": "10.0.0.1", "0.0.0.0/0": "10.0.0.1", "::/0": "fe80::1"}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("route %s via %q, want %q (all: %v)", k, got[k], v, got)
+		}
+	}
+	if len(p.gws) != 2 {
+		t.Errorf("want a gateway per family, got %v", p.gws)
+	}
+	if len(p.hostMAC) != 6 || p.hostMAC[0]&1 != 0 || p.hostMAC[0]&2 == 0 {
+		t.Errorf("host MAC %s is not unicast locally administered", p.hostMAC)
+	}
+}
+
+func TestPodIdentity(t *testing.T) {
+	ns, name := PodIdentity("IgnoreUnknown=1;K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=coredns-1;K8S_POD_INFRA_CONTAINER_ID=x")
+	if ns != "kube-system" || name != "coredns-1" {
+		t.Fatalf("got %q %q", ns, name)
+	}
+}
+
+func TestClusterCIDRs(t *testing.T) {
+	res := &current.Result{IPs: []*current.IPConfig{
+		{Address: net.IPNet{IP: net.ParseIP("10.244.1.7"), Mask: net.CIDRMask(24, 32)}},
+		{Address: net.IPNet{IP: net.ParseIP("10.244.2.7").To16(), Mask: net.CIDRMask(120, 128)}}, // v4 in 16 bytes
+		{Address: net.IPNet{IP: net.ParseIP("fd00::7"), Mask: net.CIDRMask(64, 128)}},
+	}}
+	a := &Attachment{IPs: res.IPs}
+	m, err := newMasq(true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range m.cidrs(a) {
+		got = append(got, p.String())
+	}
+	if want := "10.244.1.0/24 10.244.2.0/24 fd00::/64"; strings.Join(got, " ") != want {
+		t.Fatalf("default cluster CIDRs %v, want %s", got, want)
+	}
+	if m, err = newMasq(true, []string{"10.244.9.9/16"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.cidrs(a); len(got) != 1 || got[0].String() != "10.244.0.0/16" {
+		t.Fatalf("configured cluster CIDRs %v", got)
+	}
+}

@@ -1,0 +1,448 @@
+package endpoint
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// randomMAC returns a unicast, locally administered MAC.
+func randomMAC() (net.HardwareAddr, error) {
+	m := make(net.HardwareAddr, 6)
+	if _, err := rand.Read(m); err != nil {
+		return nil, err
+	}
+	m[0] = (m[0] | 0x02) &^ 0x01
+	return m, nil
+}
+
+// Fallback next hops when IPAM names no gateway: the pod only needs an address
+// to hang a static neighbour entry on.
+var (
+	fallbackGW4 = net.IPv4(169, 254, 1, 1).To4()
+	fallbackGW6 = net.ParseIP("fe80::1")
+)
+
+// plan is what ADD configures, worked out once from the IPAM result.
+type plan struct {
+	hostIf  string
+	ifname  string
+	mtu     int
+	hostMAC net.HardwareAddr
+	podMAC  net.HardwareAddr
+	ips     []*current.IPConfig
+	gws     []net.IP        // one next hop per family present
+	routes  []*netlinkRoute // the interface's: all in its own table
+	table   int             // that table, set by configurePod
+
+	mainRoutes []*netlinkRoute // those configurePod put in the main table too
+}
+
+type netlinkRoute struct {
+	dst *net.IPNet
+	gw  net.IP
+}
+
+func isV4(ip net.IP) bool { return ip.To4() != nil }
+
+// newPlan derives gateways and routes from the IPAM result: a default route per
+// family the pod has an address in, plus IPAM's routes, all via the gateway.
+func newPlan(res *current.Result, hostIf, ifname string, mtu int) (*plan, error) {
+	p := &plan{hostIf: hostIf, ifname: ifname, mtu: mtu, ips: res.IPs}
+	var err error
+	if p.hostMAC, err = randomMAC(); err != nil {
+		return nil, err
+	}
+	if p.podMAC, err = randomMAC(); err != nil {
+		return nil, err
+	}
+	var gw4, gw6 net.IP
+	for _, ipc := range res.IPs {
+		v4 := isV4(ipc.Address.IP)
+		gw := ipc.Gateway
+		if gw == nil {
+			if v4 {
+				gw = fallbackGW4
+			} else {
+				gw = fallbackGW6
+			}
+		}
+		if v4 && gw4 == nil {
+			gw4 = gw.To4()
+			ipc.Gateway = gw4
+		} else if !v4 && gw6 == nil {
+			gw6 = gw
+			ipc.Gateway = gw6
+		}
+	}
+	if gw4 == nil && gw6 == nil {
+		return nil, errors.New("ipam returned no IP addresses")
+	}
+	haveDefault := map[bool]bool{}
+	for _, r := range res.Routes {
+		v4 := isV4(r.Dst.IP)
+		gw := r.GW
+		if gw == nil {
+			gw = gw4
+			if !v4 {
+				gw = gw6
+			}
+		}
+		if gw == nil {
+			return nil, fmt.Errorf("ipam route %s has no gateway and the pod has no address of its family", r.Dst.String())
+		}
+		if ones, _ := r.Dst.Mask.Size(); ones == 0 {
+			haveDefault[v4] = true
+		}
+		p.routes = append(p.routes, &netlinkRoute{dst: &net.IPNet{IP: r.Dst.IP, Mask: r.Dst.Mask}, gw: gw})
+	}
+	if gw4 != nil {
+		p.gws = append(p.gws, gw4)
+		if !haveDefault[true] {
+			p.routes = append(p.routes, &netlinkRoute{dst: &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}, gw: gw4})
+		}
+	}
+	if gw6 != nil {
+		p.gws = append(p.gws, gw6)
+		if !haveDefault[false] {
+			p.routes = append(p.routes, &netlinkRoute{dst: &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}, gw: gw6})
+		}
+	}
+	return p, nil
+}
+
+// createVeth creates the pair in the host netns with the peer born inside the
+// pod's netns under its final name: no rename, no move.
+func createVeth(p *plan, netns ns.NetNS) (netlink.Link, error) {
+	veth := &netlink.Veth{
+		LinkAttrs:        netlink.LinkAttrs{Name: p.hostIf, HardwareAddr: p.hostMAC, MTU: p.mtu},
+		PeerName:         p.ifname,
+		PeerHardwareAddr: p.podMAC,
+		PeerNamespace:    netlink.NsFd(int(netns.Fd())),
+	}
+	if p.mtu > 0 {
+		veth.PeerMTU = uint32(p.mtu)
+	}
+	if err := netlink.LinkAdd(veth); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("create veth %s/%s: an interface of that name already exists (host %s, or %s in the pod)", p.hostIf, p.ifname, p.hostIf, p.ifname)
+		}
+		return nil, fmt.Errorf("create veth %s (pod end %s): %w", p.hostIf, p.ifname, err)
+	}
+	l, err := netlink.LinkByName(p.hostIf)
+	if err != nil {
+		return nil, fmt.Errorf("find new veth %s: %w", p.hostIf, err)
+	}
+	return l, nil
+}
+
+// A pod may have several interfaces (eth0 from one network, net1 from
+// another, as Multus makes them; ours or another plugin's). Each of ours gets
+// its own routing table in the pod, with its routes and a default route via
+// its gateway, and a "from <address> lookup <table>" rule per address, so
+// whatever leaves with an interface's address leaves through that interface
+// (anything else would be dropped as spoofed by the other interface's host
+// veth). The main table gets the IPAM routes of every interface and a default
+// route per family only from the first interface of that family (whichever
+// plugin made it): a second interface never takes the pod's default route.
+// Gateways are "onlink", so every interface can have the same one
+// (169.254.1.1) without a /32 route to it that a second interface would steal.
+const (
+	podTableBase    = 10000 // + the interface's ifindex in the pod
+	podRulePriority = 1000  // after local (0), before main (32766)
+)
+
+// podTable is the routing table of the pod interface with that ifindex.
+func podTable(ifindex int) int { return podTableBase + ifindex }
+
+func isDefault(dst *net.IPNet) bool {
+	ones, _ := dst.Mask.Size()
+	return ones == 0
+}
+
+// configurePod sets addresses, neighbours, routes and rules inside the pod netns.
+func configurePod(p *plan, netns ns.NetNS) error {
+	return netns.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(p.ifname)
+		if err != nil {
+			return fmt.Errorf("find %s in pod: %w", p.ifname, err)
+		}
+		idx := l.Attrs().Index
+		p.table = podTable(idx)
+		announceMACChanges(p.ifname)
+		for _, ipc := range p.ips {
+			// No prefix route: every destination, same subnet or not, goes via the
+			// gateway and so through the host veth's programs. No DAD: the address
+			// is ours alone on a point-to-point link.
+			a := &netlink.Addr{IPNet: &ipc.Address, Flags: unix.IFA_F_NOPREFIXROUTE}
+			if !isV4(ipc.Address.IP) {
+				a.Flags |= unix.IFA_F_NODAD
+			}
+			if err := netlink.AddrAdd(l, a); err != nil {
+				return fmt.Errorf("add address %s to %s: %w", ipc.Address.String(), p.ifname, err)
+			}
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return fmt.Errorf("set %s up: %w", p.ifname, err)
+		}
+		for _, gw := range p.gws {
+			// Static neighbour: the pod never ARPs/NDs for its gateway.
+			n := &netlink.Neigh{LinkIndex: idx, IP: gw, HardwareAddr: p.hostMAC, State: netlink.NUD_PERMANENT, Family: family(gw)}
+			if err := netlink.NeighSet(n); err != nil {
+				return fmt.Errorf("add neighbour %s on %s: %w", gw, p.ifname, err)
+			}
+		}
+		hasDefault, err := defaultRoutes()
+		if err != nil {
+			return err
+		}
+		for _, rt := range p.routes {
+			r := &netlink.Route{LinkIndex: idx, Dst: rt.dst, Gw: rt.gw, Flags: int(netlink.FLAG_ONLINK), Table: p.table}
+			if err := netlink.RouteAdd(r); err != nil && !errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("add route %s via %s on %s to table %d: %w", rt.dst, rt.gw, p.ifname, p.table, err)
+			}
+			v4 := isV4(rt.dst.IP)
+			if isDefault(rt.dst) && hasDefault[v4] != "" {
+				continue // the pod's default route is another interface's
+			}
+			r.Table = 0
+			if err := netlink.RouteAdd(r); err != nil {
+				if errors.Is(err, unix.EEXIST) {
+					return &conflictError{fmt.Sprintf("route %s via %s on %s: the pod already routes %s via %s; a route of another interface is never replaced",
+						rt.dst, rt.gw, p.ifname, rt.dst, routeHolder(rt.dst))}
+				}
+				return fmt.Errorf("add route %s via %s on %s: %w", rt.dst, rt.gw, p.ifname, err)
+			}
+			p.mainRoutes = append(p.mainRoutes, rt)
+			if isDefault(rt.dst) {
+				hasDefault[v4] = p.ifname
+			}
+		}
+		for _, ipc := range p.ips {
+			if err := netlink.RuleAdd(podRule(ipc.Address.IP, p.table)); err != nil && !errors.Is(err, unix.EEXIST) {
+				return fmt.Errorf("add rule from %s lookup %d: %w", ipc.Address.IP, p.table, err)
+			}
+		}
+		return nil
+	})
+}
+
+func podRule(ip net.IP, table int) *netlink.Rule {
+	r := netlink.NewRule()
+	bits := 128
+	r.Family = netlink.FAMILY_V6
+	if isV4(ip) {
+		bits, r.Family = 32, netlink.FAMILY_V4
+		ip = ip.To4()
+	}
+	r.Src = &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}
+	r.Table = table
+	r.Priority = podRulePriority
+	return r
+}
+
+// deleteRules removes the rules of the calling thread's netns that point at
+// a table (the rules of a pod interface outlive it).
+func deleteRules(table int) {
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rules, err := netlink.RuleListFiltered(fam, &netlink.Rule{Table: table}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			continue
+		}
+		for i := range rules {
+			_ = netlink.RuleDel(&rules[i])
+		}
+	}
+}
+
+// defaultRoutes names, per family (true: IPv4), the interface holding the
+// default route of the calling thread's netns, "" when there is none.
+func defaultRoutes() (map[bool]string, error) {
+	out := map[bool]string{}
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		routes, err := netlink.RouteList(nil, fam)
+		if err != nil {
+			return nil, fmt.Errorf("list routes: %w", err)
+		}
+		for _, r := range routes {
+			if r.Dst == nil || isDefault(r.Dst) {
+				out[fam == netlink.FAMILY_V4] = linkName(r.LinkIndex)
+			}
+		}
+	}
+	return out, nil
+}
+
+func linkName(ifindex int) string {
+	if l, err := netlink.LinkByIndex(ifindex); err == nil {
+		return l.Attrs().Name
+	}
+	return fmt.Sprintf("ifindex %d", ifindex)
+}
+
+// routeHolder names the link of the main-table route to dst.
+func routeHolder(dst *net.IPNet) string {
+	fam := netlink.FAMILY_V6
+	if isV4(dst.IP) {
+		fam = netlink.FAMILY_V4
+	}
+	routes, _ := netlink.RouteList(nil, fam)
+	for _, r := range routes {
+		if (r.Dst == nil && isDefault(dst)) || (r.Dst != nil && r.Dst.String() == dst.String()) {
+			return linkName(r.LinkIndex)
+		}
+	}
+	return "another route"
+}
+
+// announceMACChanges makes the pod's kernel tell the host veth when the
+// interface's MAC changes (a chained tuning plugin, the workload): a
+// gratuitous ARP and unsolicited neighbour advertisements, from which the
+// datapath learns the new MAC at once instead of at the pod's next packet.
+func announceMACChanges(ifname string) {
+	for _, f := range []string{"/proc/sys/net/ipv4/conf/" + ifname + "/arp_notify", "/proc/sys/net/ipv6/conf/" + ifname + "/ndisc_notify"} {
+		_ = os.WriteFile(f, []byte("1"), 0o644) // absent with the family disabled
+	}
+}
+
+func family(ip net.IP) int {
+	if isV4(ip) {
+		return netlink.FAMILY_V4
+	}
+	return netlink.FAMILY_V6
+}
+
+// ownerAlias is the alias ADD gives a host veth, so whoever finds the link
+// (a conflicting ADD of any network, sharing this node's pins or not; a human
+// with ip link) learns whose it is.
+func ownerAlias(network, containerID, ifname string) string {
+	if max := 200 - len(network) - len(ifname); len(containerID) > max {
+		containerID = containerID[:max] + "..."
+	}
+	return aliasPrefix + network + "/" + containerID + "/" + ifname
+}
+
+const aliasPrefix = "ebpf-cni:"
+
+// holderOf names what holds a node link: the attachment its alias names,
+// else the link itself.
+func holderOf(ifindex int) string {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return fmt.Sprintf("ifindex %d", ifindex)
+	}
+	a := l.Attrs()
+	if rest, ok := strings.CutPrefix(a.Alias, aliasPrefix); ok {
+		if parts := strings.SplitN(rest, "/", 3); len(parts) == 3 {
+			return fmt.Sprintf("container %s, interface %s of network %q (host veth %s)", parts[1], parts[2], parts[0], a.Name)
+		}
+	}
+	return fmt.Sprintf("link %s (ifindex %d)", a.Name, ifindex)
+}
+
+// linkAlive tells whether an ifindex names a link of the calling thread's netns.
+func linkAlive(ifindex int) bool {
+	_, err := netlink.LinkByIndex(ifindex)
+	var nf netlink.LinkNotFoundError
+	return !errors.As(err, &nf)
+}
+
+// configureHost brings the host veth up and routes the pod's IPs to it, with
+// static neighbours so the node never resolves a pod it created. A route to
+// a pod IP that exists already is another interface's: refused, not replaced.
+func configureHost(p *plan, host netlink.Link, alias string) error {
+	if err := netlink.LinkSetAlias(host, alias); err != nil {
+		return fmt.Errorf("set alias of %s: %w", p.hostIf, err)
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		return fmt.Errorf("set %s up: %w", p.hostIf, err)
+	}
+	idx := host.Attrs().Index
+	for _, ipc := range p.ips {
+		ip := ipc.Address.IP
+		n := &netlink.Neigh{LinkIndex: idx, IP: ip, HardwareAddr: p.podMAC, State: netlink.NUD_PERMANENT, Family: family(ip)}
+		if err := netlink.NeighSet(n); err != nil {
+			return fmt.Errorf("add neighbour %s on %s: %w", ip, p.hostIf, err)
+		}
+		bits := 32
+		if !isV4(ip) {
+			bits = 128
+		}
+		dst := &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}
+		r := &netlink.Route{LinkIndex: idx, Dst: dst, Scope: netlink.SCOPE_LINK}
+		if err := netlink.RouteAdd(r); err != nil {
+			if errors.Is(err, unix.EEXIST) {
+				return &conflictError{fmt.Sprintf("pod address %s: the node already routes %s to %s; an address has one owner (overlapping ranges of two networks?)",
+					ip, dst, nodeRouteHolder(dst))}
+			}
+			return fmt.Errorf("add route to %s via %s: %w", ip, p.hostIf, err)
+		}
+	}
+	return nil
+}
+
+// nodeRouteHolder names the holder of the node's main-table route to dst.
+func nodeRouteHolder(dst *net.IPNet) string {
+	fam := netlink.FAMILY_V6
+	if isV4(dst.IP) {
+		fam = netlink.FAMILY_V4
+	}
+	routes, _ := netlink.RouteListFiltered(fam, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
+	for _, r := range routes {
+		if r.LinkIndex != 0 {
+			return holderOf(r.LinkIndex)
+		}
+		return fmt.Sprintf("a route of type %d", r.Type)
+	}
+	return "another route"
+}
+
+// enableForwarding turns on IP forwarding for pods to leave the node, as ptp
+// does; reading first keeps the common case to one read.
+func enableForwarding(v4, v6 bool) error {
+	set := func(path string) error {
+		b, err := os.ReadFile(path)
+		if err == nil && len(b) > 0 && b[0] == '1' {
+			return nil
+		}
+		if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("enable forwarding (%s): %w", path, err)
+		}
+		return nil
+	}
+	if v4 {
+		if err := set("/proc/sys/net/ipv4/ip_forward"); err != nil {
+			return err
+		}
+	}
+	if v6 {
+		if err := set("/proc/sys/net/ipv6/conf/all/forwarding"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deleteLink removes a host veth (its peer and routes go with it); absent is fine.
+func deleteLink(name string) error {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		var nf netlink.LinkNotFoundError
+		if errors.As(err, &nf) {
+			return nil
+		}
+		return fmt.Errorf("find %s: %w", name, err)
+	}
+	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	return nil
+}

@@ -1,0 +1,63 @@
+package endpoint
+
+import (
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+)
+
+// podTeardown is the part of DEL inside the pod's netns: it removes the
+// interface's policy routing rules (rules outlive the interface they were
+// made for) and tells which cni_netns entry DEL may delete: none while the
+// pod keeps another interface on this node's datapath (isOurs(peer ifindex)),
+// since the entry is the pod's, not the interface's.
+func podTeardown(netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool) (deleteCookie uint64) {
+	if netnsPath == "" {
+		return recCookie
+	}
+	netns, err := ns.GetNS(netnsPath)
+	if err != nil {
+		return recCookie // the netns is gone, and with it whoever used the entry
+	}
+	defer netns.Close()
+	if isOwnNetns(int(netns.Fd())) {
+		return recCookie // a DEL naming the node's netns: no pod's rules there
+	}
+	_ = netns.Do(func(ns.NetNS) error {
+		cookie, err := datapath.NetnsCookie()
+		if err != nil {
+			deleteCookie = recCookie
+			return nil
+		}
+		if recCookie != 0 && cookie != recCookie {
+			// The path names another netns now: the recorded one is gone.
+			deleteCookie = recCookie
+			return nil
+		}
+		links, _ := netlink.LinkList()
+		if table == 0 && hostIfindex != 0 {
+			for _, l := range links {
+				if l.Attrs().Name == ifname && l.Attrs().ParentIndex == hostIfindex {
+					table = podTable(l.Attrs().Index)
+				}
+			}
+		}
+		if table != 0 {
+			deleteRules(table)
+		}
+		deleteCookie = cookie
+		for _, l := range links {
+			p := l.Attrs().ParentIndex // a veth's peer, in the node's netns
+			if l.Type() != "veth" || p == 0 || (hostIfindex != 0 && p == hostIfindex) {
+				continue // not a veth, or the interface being deleted
+			}
+			if isOurs(p) {
+				deleteCookie = 0 // another attachment of the pod still uses it
+				break
+			}
+		}
+		return nil
+	})
+	return deleteCookie
+}

@@ -1,0 +1,85 @@
+package endpoint
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+)
+
+// ReleaseIPAM runs the IPAM plugin's DEL for a recorded attachment, as its
+// DEL would, for callers that have no CNI_* of it (GC, the agent). conf is
+// the network configuration the IPAM plugin reads on stdin; cniPath is
+// where it is found (CNI_PATH).
+func ReleaseIPAM(n *Network, conf []byte, cniPath string, r *state.Record) error {
+	if n.IPAMType == "" {
+		return nil
+	}
+	plugin, err := invoke.FindInPath(n.IPAMType, filepath.SplitList(cniPath))
+	if err != nil {
+		return err
+	}
+	a := &invoke.Args{Command: "DEL", ContainerID: r.ContainerID, IfName: r.IfName, Path: cniPath, NetNS: r.Netns}
+	return invoke.ExecPluginWithoutResult(context.TODO(), plugin, conf, a, nil)
+}
+
+// Reconcile finds the attachments of a network whose host veth no longer
+// exists in this netns (the pod's netns went away without a DEL reaching
+// us, say), or that an ADD killed part way left, and tears each down as
+// DEL would, IPAM release included. conf is the network configuration as
+// a runtime would pass it; cniPath finds the IPAM plugin. With dryRun it
+// only lists what it would remove.
+func Reconcile(n *Network, conf []byte, cniPath string, dryRun bool) ([]string, error) {
+	if err := n.CheckDirs(); err != nil {
+		return nil, err
+	}
+	store := n.Store()
+	recs, err := store.List()
+	if err != nil {
+		return nil, fmt.Errorf("read state directory %s: %w", n.StateDir, err)
+	}
+	var (
+		done []string
+		errs error
+	)
+	for _, r := range recs {
+		what := fmt.Sprintf("attachment %s/%s of network %s (veth gone; IPs %v)", r.ContainerID, r.IfName, n.Name, r.IPs)
+		switch {
+		case r.Provisional:
+			if store.Busy(r) {
+				continue // an ADD is making it
+			}
+			// Its ADD died part way (the lock went with the process).
+			what = fmt.Sprintf("attachment %s/%s of network %s (half made by an ADD that did not finish, pid %d)", r.ContainerID, r.IfName, n.Name, r.Pid)
+		default:
+			if _, err := netlink.LinkByName(state.HostIfName(r.ContainerID, r.IfName)); err == nil {
+				continue
+			} else {
+				var nf netlink.LinkNotFoundError
+				if !errors.As(err, &nf) {
+					errs = errors.Join(errs, err)
+					continue
+				}
+			}
+		}
+		if dryRun {
+			done = append(done, what)
+			continue
+		}
+		if err := ReleaseIPAM(n, conf, cniPath, r); err != nil {
+			errs = errors.Join(errs, fmt.Errorf("release IPs of %s/%s: %w", r.ContainerID, r.IfName, err))
+			continue
+		}
+		if err := Remove(n, r.ContainerID, r.IfName, r.Netns, r, AllFeatures(), nil); err != nil {
+			errs = errors.Join(errs, err)
+			continue
+		}
+		done = append(done, what)
+	}
+	return done, errs
+}

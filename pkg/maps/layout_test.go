@@ -1,0 +1,83 @@
+package maps
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf/btf"
+)
+
+// layouts holds the fingerprint of the map layout each LayoutVersion stands
+// for. A change to bpf/lib/types.h or bpf/lib/maps.h that alters a map
+// (type, sizes, flags) or a key or value struct (fields, offsets) changes
+// the fingerprint: then LayoutVersion must be bumped, so a new build never
+// opens pins of the old layout, and the new fingerprint recorded here.
+var layouts = map[int]string{
+	1: "9948a12e1789aaaf",
+}
+
+func TestLayoutVersion(t *testing.T) {
+	ss, err := specs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, 0, len(ss))
+	for n := range ss {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, n := range names {
+		s := ss[n]
+		fmt.Fprintf(&b, "%s %s key=%d value=%d max=%d flags=%d key:%s value:%s\n", n, s.Type, s.KeySize, s.ValueSize,
+			s.MaxEntries, s.Flags, layoutOf(s.Key), layoutOf(s.Value))
+	}
+	sum := sha256.Sum256([]byte(b.String()))
+	got := hex.EncodeToString(sum[:8])
+	want, ok := layouts[LayoutVersion]
+	switch {
+	case !ok || want == "":
+		t.Fatalf("no fingerprint recorded for LayoutVersion %d: add %d: %q to layouts\n%s", LayoutVersion, LayoutVersion, got, b.String())
+	case got != want:
+		t.Fatalf("the map layout changed (fingerprint %s, LayoutVersion %d has %s): bump LayoutVersion and record %q for it\n%s",
+			got, LayoutVersion, want, got, b.String())
+	}
+}
+
+// layoutOf prints a BTF type as what the layout depends on: sizes, field
+// names and offsets.
+func layoutOf(t btf.Type) string {
+	switch v := t.(type) {
+	case nil:
+		return "-"
+	case *btf.Struct:
+		return "struct" + members(v.Size, v.Members)
+	case *btf.Union:
+		return "union" + members(v.Size, v.Members)
+	case *btf.Int:
+		return fmt.Sprintf("%s%d", map[bool]string{true: "s", false: "u"}[v.Encoding == btf.Signed], v.Size*8)
+	case *btf.Array:
+		return fmt.Sprintf("[%d]%s", v.Nelems, layoutOf(v.Type))
+	case *btf.Typedef:
+		return layoutOf(v.Type)
+	case *btf.Volatile:
+		return layoutOf(v.Type)
+	case *btf.Const:
+		return layoutOf(v.Type)
+	case *btf.Enum:
+		return fmt.Sprintf("enum%d", v.Size*8)
+	}
+	return fmt.Sprintf("%T", t)
+}
+
+func members(size uint32, ms []btf.Member) string {
+	parts := make([]string, 0, len(ms))
+	for _, m := range ms {
+		parts = append(parts, fmt.Sprintf("%s@%d:%s", m.Name, m.Offset.Bytes(), layoutOf(m.Type)))
+	}
+	return fmt.Sprintf("%d{%s}", size, strings.Join(parts, " "))
+}

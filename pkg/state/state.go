@@ -1,0 +1,309 @@
+// Package state owns what ebpf-cni keeps on disk per attachment: the record
+// ADD writes so DEL, GC, CHECK and the agent can find and undo an attachment
+// without prevResult, netns or veth, and the host veth's name, which DEL
+// derives with no state at all. It is the one parser of records: the plugin,
+// the agent and the tests read them through it.
+//
+// Layout: <stateDir>/<network>/<containerID>_<ifname>.json, one file per
+// attachment, written through safedir (no symlink is ever followed, every
+// write is a fresh temp file renamed into place).
+package state
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
+)
+
+// DefaultDir keeps one record per attachment; it survives reboots like
+// host-local's reservations, so GC after a reboot can release them.
+const DefaultDir = "/var/lib/cni/ebpf-cni"
+
+// Record is what ADD leaves on disk for one attachment.
+//
+// ADD claims the attachment with a provisional record before it creates
+// anything (veth, IPAM reservation, map entries) and holds an flock on it
+// while it works; the complete record replaces it at the end. A provisional
+// record nobody holds is what a killed ADD left: DEL, GC and the agent's
+// reconcile tear it down. A second ADD of the same attachment finds the
+// record and is refused before it touches anything.
+type Record struct {
+	ContainerID  string   `json:"containerID"`
+	IfName       string   `json:"ifname"`
+	Netns        string   `json:"netns"`
+	HostIf       string   `json:"hostIf"`
+	HostIfindex  int      `json:"hostIfindex"`
+	HostMAC      string   `json:"hostMAC"`
+	PodMAC       string   `json:"podMAC"`
+	IPs          []string `json:"ips"`
+	NetnsCookie  uint64   `json:"netnsCookie,omitempty"`
+	PodNamespace string   `json:"podNamespace,omitempty"`
+	PodName      string   `json:"podName,omitempty"`
+	// HostPorts are the pod's hostPort map entries; nil when it has none.
+	HostPorts []HostPort `json:"hostPorts,omitempty"`
+	// Masq: the pod's traffic is masqueraded (DEL purges its cni_snat entries).
+	Masq bool `json:"masq,omitempty"`
+	// PodTable is the routing table of the interface inside the pod; DEL
+	// removes the pod's rules that point at it. 0 in records of builds
+	// before per-interface tables.
+	PodTable int `json:"podTable,omitempty"`
+
+	// Provisional: written by an ADD that has not finished (or was killed).
+	Provisional bool `json:"provisional,omitempty"`
+	// Pid of the ADD that wrote a provisional record, for messages.
+	Pid int `json:"pid,omitempty"`
+	// Created is when ADD claimed the attachment.
+	Created time.Time `json:"created,omitzero"`
+}
+
+// HostPort is one hostPort map entry as the record keeps it, for DEL and GC.
+type HostPort struct {
+	HostIP        string `json:"hostIP,omitempty"`
+	IPv6          bool   `json:"ipv6,omitempty"`
+	Protocol      string `json:"protocol"`
+	HostPort      uint16 `json:"hostPort"`
+	PodIP         string `json:"podIP"`
+	ContainerPort uint16 `json:"containerPort"`
+}
+
+// PodLabel is "namespace/name" when the runtime passed K8S_POD_*, else "".
+func (r Record) PodLabel() string {
+	if r.PodName == "" {
+		return ""
+	}
+	return r.PodNamespace + "/" + r.PodName
+}
+
+// HostIfName is the deterministic host-side veth name of an attachment, so
+// DEL finds it with no state: "ebpf" + 11 hex digits (15 chars, IFNAMSIZ-1).
+func HostIfName(containerID, ifname string) string {
+	h := sha256.Sum256([]byte(containerID + "/" + ifname))
+	return "ebpf" + hex.EncodeToString(h[:])[:11]
+}
+
+// HostIfPrefix starts every host veth name (see HostIfName).
+const HostIfPrefix = "ebpf"
+
+// Store is the records of one network under a state directory.
+type Store struct {
+	Root    string // the configured stateDir
+	Network string // the network name: a directory under Root
+}
+
+// Dir is the directory holding the network's records.
+func (s Store) Dir() string { return filepath.Join(s.Root, s.Network) }
+
+// fileName is containerID_ifname.json. The spec puts no limit on the length
+// of a container ID, a file name is at most 255 bytes: long IDs are hashed
+// (the record inside keeps the real one).
+func fileName(containerID, ifname string) string {
+	name := containerID + "_" + ifname + ".json"
+	if len(name) <= 200 { // room for the temp file's prefix and suffix
+		return name
+	}
+	h := sha256.Sum256([]byte(containerID))
+	return "sha256-" + hex.EncodeToString(h[:]) + "_" + ifname + ".json"
+}
+
+// Path is the record file of an attachment.
+func (s Store) Path(containerID, ifname string) string {
+	return filepath.Join(s.Dir(), fileName(containerID, ifname))
+}
+
+// ensureDir creates the network's directory when missing; an existing one
+// is checked by the caller's safedir.Check (once per verb, not per write).
+func (s Store) ensureDir() error {
+	dir := s.Dir()
+	if _, err := os.Stat(dir); err == nil {
+		return nil
+	}
+	return safedir.MkdirAll(dir)
+}
+
+// Write writes (or replaces) the record of an attachment.
+func (s Store) Write(r *Record) error {
+	if err := s.ensureDir(); err != nil {
+		return err
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	if err := safedir.WriteFile(s.Dir(), fileName(r.ContainerID, r.IfName), b); err != nil {
+		return fmt.Errorf("write state record: %w", err)
+	}
+	return nil
+}
+
+// ErrClaimed: a record of the attachment exists already.
+var ErrClaimed = errors.New("attachment has a record")
+
+// Claim writes the provisional record of an attachment only if it has none,
+// and returns it locked (closing the file releases the lock; so does the
+// process dying). ErrClaimed when a record exists.
+func (s Store) Claim(r *Record) (*os.File, error) {
+	if err := s.ensureDir(); err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	f, err := safedir.Claim(s.Dir(), fileName(r.ContainerID, r.IfName), b)
+	if errors.Is(err, safedir.ErrExist) {
+		return nil, ErrClaimed
+	}
+	return f, err
+}
+
+// Read returns the record of an attachment; nil, nil when there is none.
+func (s Store) Read(containerID, ifname string) (*Record, error) {
+	return ReadFile(s.Path(containerID, ifname))
+}
+
+// ReadFile reads one record file; nil, nil when it does not exist.
+func ReadFile(path string) (*Record, error) {
+	b, err := safedir.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	r := &Record{}
+	if err := json.Unmarshal(b, r); err != nil {
+		return nil, fmt.Errorf("decode state record %s: %w", path, err)
+	}
+	return r, nil
+}
+
+// Busy tells whether an ADD is still working on a provisional record.
+func (s Store) Busy(r *Record) bool {
+	if !r.Provisional {
+		return false
+	}
+	locked, err := safedir.Locked(s.Path(r.ContainerID, r.IfName))
+	return err == nil && locked
+}
+
+// WaitIdle waits up to timeout for the ADD holding an attachment's record
+// to end; true when it did (or nobody held it).
+func (s Store) WaitIdle(containerID, ifname string, timeout time.Duration) bool {
+	return safedir.WaitUnlocked(s.Path(containerID, ifname), timeout)
+}
+
+// Remove deletes the record of an attachment; absent is fine.
+func (s Store) Remove(containerID, ifname string) error {
+	err := os.Remove(s.Path(containerID, ifname))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// List returns every record of the network; unreadable ones are left out
+// (DEL of their attachment falls back to what it can derive).
+func (s Store) List() ([]*Record, error) {
+	dir := s.Dir()
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []*Record
+	for _, e := range ents {
+		if !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
+			continue // temp files of writes in progress (or killed)
+		}
+		r, err := ReadFile(filepath.Join(dir, e.Name()))
+		if err == nil && r != nil {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// StaleTempAge is how old a record write's temp file must be before GC
+// takes it for one a killed plugin left: a live plugin renames its temp
+// file within milliseconds.
+const StaleTempAge = time.Minute
+
+// RemoveStaleTemps drops the temp files of record writes that a killed
+// plugin left between creating and renaming them.
+func (s Store) RemoveStaleTemps() error {
+	dir := s.Dir()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	var errs error
+	for _, e := range ents {
+		name := e.Name()
+		if !strings.HasPrefix(name, ".") || !strings.HasSuffix(name, ".tmp") {
+			continue
+		}
+		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > StaleTempAge {
+			if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = errors.Join(errs, err)
+			}
+		}
+	}
+	return errs
+}
+
+// Networks lists the networks that have a record directory under root.
+func Networks(root string) ([]string, error) {
+	ents, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+// ListAll returns the records of every network under a state directory.
+func ListAll(root string) ([]*Record, error) {
+	nets, err := Networks(root)
+	if err != nil {
+		return nil, err
+	}
+	var out []*Record
+	for _, n := range nets {
+		rs, err := Store{Root: root, Network: n}.List()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rs...)
+	}
+	return out, nil
+}
+
+// ByHostIfindex indexes complete records by their host veth's ifindex, for
+// the dumps and metrics that name a map entry's pod.
+func ByHostIfindex(recs []*Record) map[int]*Record {
+	out := make(map[int]*Record, len(recs))
+	for _, r := range recs {
+		if r.HostIfindex > 0 {
+			out[r.HostIfindex] = r
+		}
+	}
+	return out
+}

@@ -1,0 +1,166 @@
+package state
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestHostIfName(t *testing.T) {
+	a := HostIfName("abc", "eth0")
+	if len(a) != 15 || !strings.HasPrefix(a, HostIfPrefix) {
+		t.Fatalf("bad name %q", a)
+	}
+	if a != HostIfName("abc", "eth0") {
+		t.Fatal("not deterministic")
+	}
+	if a == HostIfName("abc", "eth1") || a == HostIfName("abd", "eth0") {
+		t.Fatal("different attachments share a name")
+	}
+}
+
+func testStore(t *testing.T) Store {
+	return Store{Root: t.TempDir(), Network: "net1"}
+}
+
+func TestStoreWriteReadListRemove(t *testing.T) {
+	s := testStore(t)
+	if r, err := s.Read("c1", "eth0"); r != nil || err != nil {
+		t.Fatalf("read of a missing record: %v, %v; want nil, nil", r, err)
+	}
+	want := &Record{ContainerID: "c1", IfName: "eth0", HostIf: HostIfName("c1", "eth0"), HostIfindex: 7,
+		IPs: []string{"10.0.0.2", "fd00::2"}, PodNamespace: "ns", PodName: "p",
+		HostPorts: []HostPort{{Protocol: "tcp", HostPort: 80, PodIP: "10.0.0.2", ContainerPort: 8080}}}
+	if err := s.Write(want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Read("c1", "eth0")
+	if err != nil || got == nil {
+		t.Fatalf("read: %v, %v", got, err)
+	}
+	if got.HostIf != want.HostIf || got.HostIfindex != 7 || len(got.IPs) != 2 || len(got.HostPorts) != 1 ||
+		got.HostPorts[0].ContainerPort != 8080 || got.PodLabel() != "ns/p" {
+		t.Fatalf("read back %+v, wrote %+v", got, want)
+	}
+	if err := s.Write(&Record{ContainerID: "c2", IfName: "net1"}); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := s.List()
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("list: %d records, %v; want 2", len(recs), err)
+	}
+	byIdx := ByHostIfindex(recs)
+	if len(byIdx) != 1 || byIdx[7].ContainerID != "c1" {
+		t.Fatalf("by ifindex: %v; want only c1 (c2 has no ifindex)", byIdx)
+	}
+	all, err := ListAll(s.Root)
+	if err != nil || len(all) != 2 {
+		t.Fatalf("list all: %d, %v", len(all), err)
+	}
+	for _, a := range [][2]string{{"c1", "eth0"}, {"c2", "net1"}, {"c3", "eth0"}} { // c3 never existed: fine
+		if err := s.Remove(a[0], a[1]); err != nil {
+			t.Fatalf("remove %s/%s: %v", a[0], a[1], err)
+		}
+	}
+	if recs, _ := s.List(); len(recs) != 0 {
+		t.Fatalf("records after removing all: %d", len(recs))
+	}
+}
+
+func TestClaimIsExclusiveAndLocked(t *testing.T) {
+	s := testStore(t)
+	r := &Record{ContainerID: "c1", IfName: "eth0", Provisional: true, Pid: os.Getpid()}
+	f, err := s.Claim(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.Busy(r) {
+		t.Fatal("a claimed record is not busy while its claim is held")
+	}
+	if _, err := s.Claim(r); !errors.Is(err, ErrClaimed) {
+		t.Fatalf("second claim: %v, want ErrClaimed", err)
+	}
+	if s.WaitIdle("c1", "eth0", 20*time.Millisecond) {
+		t.Fatal("WaitIdle returned while the claim was held")
+	}
+	f.Close()
+	if s.Busy(r) {
+		t.Fatal("busy after the claim was released")
+	}
+	if !s.WaitIdle("c1", "eth0", time.Second) {
+		t.Fatal("WaitIdle timed out after the claim was released")
+	}
+	// A complete record is never busy, even while a file handle is open.
+	r.Provisional = false
+	if s.Busy(r) {
+		t.Fatal("a complete record is busy")
+	}
+}
+
+func TestLongContainerIDIsHashed(t *testing.T) {
+	s := testStore(t)
+	id := strings.Repeat("a", 300)
+	if err := s.Write(&Record{ContainerID: id, IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(filepath.Base(s.Path(id, "eth0"))); n > 200 {
+		t.Fatalf("record file name is %d bytes long", n)
+	}
+	recs, err := s.List()
+	if err != nil || len(recs) != 1 || recs[0].ContainerID != id {
+		t.Fatalf("list: %v, %v; want the record with the full ID", recs, err)
+	}
+}
+
+func TestReadRefusesSymlink(t *testing.T) {
+	s := testStore(t)
+	if err := os.MkdirAll(s.Dir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(t.TempDir(), "elsewhere.json")
+	if err := os.WriteFile(target, []byte(`{"containerID":"x"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, s.Path("c1", "eth0")); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Read("c1", "eth0"); err == nil || !strings.Contains(err.Error(), "symlink") {
+		t.Fatalf("read through a symlink: %v, %v; want an error naming the symlink", r, err)
+	}
+	if recs, _ := s.List(); len(recs) != 0 {
+		t.Fatalf("list followed a symlink: %v", recs)
+	}
+}
+
+func TestStaleTempsRemovedFreshKept(t *testing.T) {
+	s := testStore(t)
+	if err := os.MkdirAll(s.Dir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	fresh := filepath.Join(s.Dir(), ".c1_eth0.json.0011.tmp")
+	stale := filepath.Join(s.Dir(), ".c2_eth0.json.0022.tmp")
+	for _, p := range []string{fresh, stale} {
+		if err := os.WriteFile(p, []byte("{"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-2 * StaleTempAge)
+	if err := os.Chtimes(stale, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if recs, err := s.List(); err != nil || len(recs) != 0 {
+		t.Fatalf("list read temp files: %v, %v", recs, err)
+	}
+	if err := s.RemoveStaleTemps(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale temp file kept: %v", err)
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("fresh temp file (a write in progress) removed: %v", err)
+	}
+}

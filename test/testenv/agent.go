@@ -1,0 +1,168 @@
+package testenv
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+)
+
+// AgentProc is a running `ebpf-agent run` in the env's node netns.
+type AgentProc struct {
+	Cmd *exec.Cmd
+	Log *strings.Builder
+}
+
+// WriteConfDir puts the env's conflist where the agent looks for networks.
+func (e *Env) WriteConfDir() string {
+	e.T.Helper()
+	dir := e.T.TempDir()
+	b, _ := json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": e.Name, "plugins": []any{e.PluginConf()}})
+	if err := os.WriteFile(filepath.Join(dir, "10-test.conflist"), b, 0o600); err != nil {
+		e.T.Fatal(err)
+	}
+	return dir
+}
+
+func (e *Env) AgentArgs(confDir string) []string {
+	return []string{"--pin-dir", e.PinDir, "--state-dir", e.StateDir, "--cni-conf-dir", confDir, "--cni-bin-dir", BinDir}
+}
+
+// StartAgent starts the agent and waits until it reports ready.
+func (e *Env) StartAgent(confDir string, extra ...string) *AgentProc {
+	e.T.Helper()
+	a := &AgentProc{Log: &strings.Builder{}}
+	err := e.InNode(func() error {
+		a.Cmd = exec.Command(filepath.Join(BinDir, "ebpf-agent"), append(append([]string{"run"}, e.AgentArgs(confDir)...), extra...)...)
+		stderr, err := a.Cmd.StderrPipe()
+		if err != nil {
+			return err
+		}
+		if err := a.Cmd.Start(); err != nil {
+			return err
+		}
+		ready := make(chan struct{})
+		go func() {
+			sc := bufio.NewScanner(stderr)
+			once := false
+			for sc.Scan() {
+				a.Log.WriteString(sc.Text() + "\n")
+				if !once && strings.Contains(sc.Text(), "datapath ready") {
+					once = true
+					close(ready)
+				}
+			}
+		}()
+		select {
+		case <-ready:
+			return nil
+		case <-time.After(10 * time.Second):
+			return fmt.Errorf("agent not ready after 10s:\n%s", a.Log)
+		}
+	})
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	e.T.Cleanup(func() { a.Cmd.Process.Kill(); a.Cmd.Wait() })
+	return a
+}
+
+// AgentCmd runs a one-shot agent command in the node netns.
+func (e *Env) AgentCmd(args ...string) (string, error) {
+	var out []byte
+	err := e.InNode(func() error {
+		var err error
+		out, err = exec.Command(filepath.Join(BinDir, "ebpf-agent"), args...).CombinedOutput()
+		return err
+	})
+	return string(out), err
+}
+
+// ProgIDs returns the programs attached to both tcx hooks of a host veth.
+func (e *Env) ProgIDs(ifindex int) []ebpf.ProgramID {
+	e.T.Helper()
+	var ids []ebpf.ProgramID
+	for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+		err := e.InNode(func() error {
+			r, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: at})
+			if err != nil {
+				return err
+			}
+			for _, p := range r.Programs {
+				ids = append(ids, p.ID)
+			}
+			return nil
+		})
+		if err != nil {
+			e.T.Fatal(err)
+		}
+	}
+	return ids
+}
+
+// NodeHookProgIDs returns the program each pinned node hook link runs,
+// and checks that it is the hook's own: an upgrade once swapped
+// cni_sock_connect4's link to cni_sock_connect6 (the kernel keeps 15
+// characters of a name).
+func (e *Env) NodeHookProgIDs() map[string]ebpf.ProgramID {
+	e.T.Helper()
+	want := map[string]string{
+		"cgroup_connect4": "cni_sock_connect4", "cgroup_connect6": "cni_sock_connect6",
+		"cgroup_sendmsg4": "cni_sock_sendmsg4", "cgroup_sendmsg6": "cni_sock_sendmsg6",
+		"cgroup_recvmsg4": "cni_sock_recvmsg4", "cgroup_recvmsg6": "cni_sock_recvmsg6",
+		"cgroup_getpeername4": "cni_sock_peer4", "cgroup_getpeername6": "cni_sock_peer6",
+		"cgroup_sock_ops": "cni_sock_ops",
+	}
+	out := map[string]ebpf.ProgramID{}
+	for _, p := range datapath.NodeHookPins(e.PinDir) {
+		l, err := link.LoadPinnedLink(p.Path, nil)
+		if err != nil {
+			e.T.Fatalf("node hook %s: %v", p.Name, err)
+		}
+		info, err := l.Info()
+		l.Close()
+		if err != nil {
+			e.T.Fatalf("node hook %s: %v", p.Name, err)
+		}
+		out[p.Name] = info.Program
+		prog, err := ebpf.NewProgramFromID(info.Program)
+		if err != nil {
+			e.T.Fatalf("program of node hook %s: %v", p.Name, err)
+		}
+		pi, err := prog.Info()
+		prog.Close()
+		if err != nil {
+			e.T.Fatalf("program of node hook %s: %v", p.Name, err)
+		}
+		if w, ok := want[p.Name]; ok && pi.Name != w {
+			e.T.Errorf("node hook %s runs %s, want %s", p.Name, pi.Name, w)
+		}
+	}
+	return out
+}
+
+func (e *Env) MasqAgent(args ...string) ([]byte, error) {
+	var out []byte
+	err := e.InNode(func() error {
+		cmd := exec.Command(BinDir+"/ebpf-agent", append(args, "--pin-dir", e.PinDir, "--state-dir", e.StateDir)...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		var err error
+		out, err = cmd.Output()
+		if err != nil {
+			return fmt.Errorf("ebpf-agent %s: %v: %s", strings.Join(args, " "), err, stderr.String())
+		}
+		return nil
+	})
+	return out, err
+}

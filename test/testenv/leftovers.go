@@ -1,0 +1,284 @@
+package testenv
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+)
+
+// Leftovers lists every trace of ebpf-cni in the env: veths, routes to pods,
+// IPAM reservations, map entries, link pins and state records.
+func (e *Env) Leftovers() []string {
+	e.T.Helper()
+	var out []string
+	e.InNode(func() error {
+		links, _ := netlink.LinkList()
+		for _, l := range links {
+			if strings.HasPrefix(l.Attrs().Name, "ebpf") {
+				out = append(out, "link "+l.Attrs().Name)
+			}
+		}
+		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+			routes, _ := netlink.RouteList(nil, fam)
+			for _, r := range routes {
+				if r.Dst == nil {
+					continue
+				}
+				for _, s := range []string{PodSubnet4, PodSubnet6} {
+					_, sn, _ := net.ParseCIDR(s)
+					if sn.Contains(r.Dst.IP) {
+						out = append(out, "route "+r.Dst.String())
+					}
+				}
+			}
+		}
+		return nil
+	})
+	ents, _ := os.ReadDir(filepath.Join(e.DataDir, e.Name))
+	for _, en := range ents {
+		if net.ParseIP(en.Name()) != nil {
+			out = append(out, "ipam reservation "+en.Name())
+		}
+	}
+	if m, err := datapath.OpenMaps(e.PinDir); err == nil {
+		eps, _ := m.ListEndpoints()
+		for _, ep := range eps {
+			out = append(out, "endpoint map entry "+ep.IP.String())
+		}
+		var k uint32
+		var v maps.LinkInfo
+		it := m.Links.Iterate()
+		for it.Next(&k, &v) {
+			out = append(out, fmt.Sprintf("links map entry %d", k))
+		}
+		all, _ := m.AllCounters()
+		for idx := range all {
+			out = append(out, fmt.Sprintf("counters of ifindex %d", idx))
+		}
+		lims, _ := m.ListLimits()
+		for _, l := range lims {
+			out = append(out, fmt.Sprintf("%s limit of ifindex %d", l.Dir, l.Ifindex))
+		}
+		nss, _ := m.ListNetns()
+		for cookie, v := range nss {
+			if v.Flags&maps.FlagNetnsNode == 0 { // the node's own entry stays with the node
+				out = append(out, fmt.Sprintf("netns entry %d", cookie))
+			}
+		}
+		m.Close()
+	}
+	// Host veths' links; the node's (node/) outlive pods.
+	for _, p := range datapath.VethLinkPins(e.PinDir) {
+		out = append(out, "link pin "+filepath.Base(p.Path))
+	}
+	recs, _ := os.ReadDir(filepath.Join(e.StateDir, e.Name))
+	for _, r := range recs {
+		out = append(out, "state record "+r.Name())
+	}
+	return out
+}
+
+// AssertClean fails the test if anything of ebpf-cni is left.
+func (e *Env) AssertClean() {
+	e.T.Helper()
+	if l := e.Leftovers(); len(l) > 0 {
+		e.T.Fatalf("state left behind:\n  %s", strings.Join(l, "\n  "))
+	}
+}
+
+// HostPortLeftovers lists hostPort state of the env that DEL should remove.
+func (e *Env) HostPortLeftovers() []string {
+	m, err := datapath.OpenMaps(e.PinDir)
+	if err != nil {
+		return nil
+	}
+	defer m.Close()
+	var out []string
+	hps, _ := m.ListHostPorts()
+	for _, h := range hps {
+		out = append(out, "hostport "+h.Listen())
+	}
+	flows, _ := m.ListCT()
+	for _, f := range flows {
+		out = append(out, fmt.Sprintf("ct %s -> %s -> %s", f.Client, f.Dialled, f.Pod))
+	}
+	socks, _ := m.ListSockRNAT()
+	for _, s := range socks {
+		out = append(out, fmt.Sprintf("sock rnat %d %s -> %s", s.Cookie, s.Dialled, s.Pod))
+	}
+	return out
+}
+
+func (e *Env) AssertNoHostPorts() {
+	e.T.Helper()
+	if l := e.HostPortLeftovers(); len(l) > 0 {
+		e.T.Fatalf("hostPort state left behind:\n  %s", strings.Join(l, "\n  "))
+	}
+}
+
+// Attachment is what a test remembers of one ADD to look for its traces later.
+type Attachment struct {
+	Pod     ns.NetNS
+	ID      string
+	IfName  string
+	HostIf  string
+	Ifindex int
+	IPs     []net.IP
+}
+
+// AddAttachment adds a pod and remembers everything needed to find its traces.
+func (e *Env) AddAttachment(pod ns.NetNS, containerID string) *Attachment {
+	e.T.Helper()
+	r := e.Add(pod, containerID)
+	a := &Attachment{Pod: pod, ID: containerID, IfName: "eth0", HostIf: state.HostIfName(containerID, "eth0")}
+	a.Ifindex = e.HostIfindex(a.HostIf)
+	for _, ipc := range r.IPs {
+		a.IPs = append(a.IPs, ipc.Address.IP)
+	}
+	return a
+}
+
+// NodeLinkExists reports whether a link of that name exists in the node netns.
+func (e *Env) NodeLinkExists(name string) bool {
+	found := false
+	e.InNode(func() error {
+		_, err := netlink.LinkByName(name)
+		found = err == nil
+		return nil
+	})
+	return found
+}
+
+// ReservationsOf lists host-local reservation files held by a container ID
+// (host-local writes "<containerID>\r\n<ifname>" into the file named by the IP).
+func (e *Env) ReservationsOf(containerID string) []string {
+	var out []string
+	dir := filepath.Join(e.DataDir, e.Name)
+	ents, _ := os.ReadDir(dir)
+	for _, en := range ents {
+		if net.ParseIP(en.Name()) == nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, en.Name()))
+		if err != nil {
+			continue
+		}
+		if first, _, _ := strings.Cut(string(b), "\n"); strings.TrimSpace(first) == containerID {
+			out = append(out, en.Name())
+		}
+	}
+	return out
+}
+
+// RecordPath is where ADD keeps the state record of an attachment.
+func (e *Env) RecordPath(containerID, ifname string) string {
+	return e.Store().Path(containerID, ifname)
+}
+
+// Traces lists everything of one attachment still present on the node: its
+// host veth, link pins, state record, IPAM reservations (by IP and by owner),
+// endpoint map entries (by IP and by ifindex), links map entry and counters.
+func (e *Env) Traces(a *Attachment) []string {
+	e.T.Helper()
+	var out []string
+	if e.NodeLinkExists(a.HostIf) {
+		out = append(out, "host veth "+a.HostIf)
+	}
+	for _, dir := range []string{"ingress", "egress"} {
+		p := datapath.LinkPinPath(e.PinDir, a.HostIf, dir)
+		if _, err := os.Stat(p); err == nil {
+			out = append(out, "link pin "+p)
+		}
+	}
+	if _, err := os.Stat(e.RecordPath(a.ID, a.IfName)); err == nil {
+		out = append(out, "state record of "+a.ID)
+	}
+	for _, ip := range a.IPs {
+		if _, err := os.Stat(filepath.Join(e.DataDir, e.Name, ip.String())); err == nil {
+			out = append(out, "ipam reservation "+ip.String())
+		}
+	}
+	for _, r := range e.ReservationsOf(a.ID) {
+		out = append(out, "ipam reservation owned by "+a.ID+": "+r)
+	}
+	m := e.Maps()
+	for _, ip := range a.IPs {
+		if _, err := m.LookupEndpoint(ip); err == nil {
+			out = append(out, "endpoint map entry "+ip.String())
+		}
+	}
+	if a.Ifindex != 0 {
+		eps, _ := m.ListEndpoints()
+		for _, ep := range eps {
+			if int(ep.Info.Ifindex) == a.Ifindex {
+				out = append(out, fmt.Sprintf("endpoint map entry %s -> ifindex %d", ep.IP, a.Ifindex))
+			}
+		}
+		if _, err := m.LookupLink(a.Ifindex); err == nil {
+			out = append(out, fmt.Sprintf("links map entry %d", a.Ifindex))
+		}
+		if c, _ := m.Counters(a.Ifindex); len(c) > 0 {
+			out = append(out, fmt.Sprintf("counters of ifindex %d: %v", a.Ifindex, c))
+		}
+	}
+	return out
+}
+
+// AssertGone fails the test if anything of the attachment is left.
+func (e *Env) AssertGone(a *Attachment) {
+	e.T.Helper()
+	if tr := e.Traces(a); len(tr) > 0 {
+		e.T.Errorf("%s/%s left behind:\n  %s", a.ID, a.IfName, strings.Join(tr, "\n  "))
+	}
+}
+
+// WaitLinkGone waits until the kernel has removed a node link (netns
+// destruction runs asynchronously).
+func (e *Env) WaitLinkGone(name string) {
+	e.T.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for e.NodeLinkExists(name) {
+		if time.Now().After(deadline) {
+			e.T.Fatalf("%s still exists 5s after its pod netns was destroyed", name)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// AssertNothingOf fails when anything of a failed ADD of containerID is
+// left: its veth, record, IPAM reservation, endpoint entries.
+func (e *Env) AssertNothingOf(containerID string) {
+	e.T.Helper()
+	if err := e.InNode(func() error {
+		_, err := netlink.LinkByName(state.HostIfName(containerID, "eth0"))
+		return err
+	}); err == nil {
+		e.T.Errorf("veth of %s left", containerID)
+	}
+	if recs, _ := os.ReadDir(filepath.Join(e.StateDir, e.Name)); len(recs) != 0 {
+		e.T.Errorf("records left: %v", recs)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(e.DataDir, e.Name)); len(ents) != 0 {
+		for _, en := range ents {
+			if net.ParseIP(en.Name()) != nil {
+				e.T.Errorf("IPAM reservation %s left", en.Name())
+			}
+		}
+	}
+	if m, err := datapath.OpenMaps(e.PinDir); err == nil {
+		defer m.Close()
+		if eps, _ := m.ListEndpoints(); len(eps) != 0 {
+			e.T.Errorf("endpoint entries left: %+v", eps)
+		}
+	}
+}
