@@ -40,9 +40,11 @@ type Options struct {
 }
 
 // Run ensures bpffs and the pinned datapath, moves every attachment to this
-// build's programs in place, reconciles stale state now, periodically and
-// when a pod's veth disappears, and serves metrics until ctx ends. Pins
-// outlive it: stopping, killing or restarting the agent leaves pods alone.
+// build's programs in place, takes on the verbs' background work (moving
+// pods to tcx, deleting handed-off veths: background.go), reconciles stale
+// state now, periodically and when a pod's veth disappears, and serves
+// metrics until ctx ends. Pins outlive it: stopping, killing or restarting
+// the agent leaves pods alone, and the next agent finishes what it left.
 func Run(ctx context.Context, o Options) error {
 	lg := o.Logger
 	if err := datapath.EnsureBPFFS(o.PinRoot); err != nil {
@@ -72,6 +74,16 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		lg.Printf("upgrade: %v", err)
 	}
+	// From here on the verbs leave their slow kernel work to this agent
+	// (background.go): take the agent lock, then start the worker.
+	if err := datapath.HoldAgent(ctx, o.PinRoot, func() { lg.Printf("another agent runs on %s; waiting for it to end", o.PinRoot) }); err != nil {
+		return fmt.Errorf("agent lock: %w", err)
+	}
+	bg, err := newBackground(o.PinRoot, lg)
+	if err != nil {
+		return err
+	}
+	go bg.run(ctx)
 	lg.Printf("datapath ready at %s (map layout v%d); %d links, %d moved to this build's programs, %d old program pins removed",
 		o.PinRoot, maps.LayoutVersion, rep.Links, rep.Replaced, len(rep.RemovedProgs))
 
@@ -145,6 +157,7 @@ func Run(ctx context.Context, o Options) error {
 			lg.Printf("stopping; the pinned datapath stays in place")
 			return nil
 		case u := <-updates:
+			bg.linkEvent(u.Attrs().Name)
 			if u.Header.Type == syscall.RTM_DELLINK && strings.HasPrefix(u.Attrs().Name, state.HostIfPrefix) && debounce == nil {
 				debounce = time.After(2 * time.Second) // let a DEL in flight finish first
 			}

@@ -82,6 +82,9 @@ func Ensure(pinRoot string) (*Datapath, error) {
 	if dp, err := Open(pinRoot); err == nil {
 		return dp, nil
 	}
+	if err := ensureLocks(pinRoot); err != nil {
+		return nil, err
+	}
 	m, err := maps.Create(MapsDir(pinRoot))
 	if err != nil {
 		return nil, err
