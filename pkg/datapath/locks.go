@@ -109,15 +109,24 @@ func HoldAgent(ctx context.Context, pinRoot string, waiting func()) error {
 // process's end). It never blocks and never fails the verb: without the
 // lock (no datapath yet, the agent just testing it) the verb runs anyway.
 func MarkBusy(pinRoot string) (release func()) {
-	fd, err := openLock(pinRoot, lockBusy, false)
+	release, err := TryMarkBusy(pinRoot)
 	if err != nil {
 		return func() {}
 	}
-	if unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB) != nil {
-		unix.Close(fd)
-		return func() {}
+	return release
+}
+
+// TryMarkBusy is MarkBusy that says why it could not take the lock.
+func TryMarkBusy(pinRoot string) (release func(), err error) {
+	fd, err := openLock(pinRoot, lockBusy, false)
+	if err != nil {
+		return nil, err
 	}
-	return func() { unix.Close(fd) }
+	if err := unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", lockPath(pinRoot, lockBusy), err)
+	}
+	return func() { unix.Close(fd) }, nil
 }
 
 // Idle is the agent's side of the busy lock.

@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // TCFilter is one of our cls_bpf filters on a host veth.
@@ -84,9 +85,9 @@ func ourFilter(l netlink.Link, p Program) (TCFilter, bool) {
 }
 
 // Migrate moves a host veth whose cls_bpf filters wait for tcx to pinned
-// tcx links running the same programs, then deletes its clsact qdisc. Each
-// of the three steps waits out RCU grace periods under RTNL, so before is
-// called ahead of each, with its name (ingress, egress, clsact): the agent
+// tcx links running the same programs, then deletes the filters. Each of
+// the three steps waits out RCU grace periods under RTNL, so before is
+// called ahead of each, with its name (ingress, egress, filters): the agent
 // waits there until no CNI verb runs. A
 // packet meets exactly one of our programs throughout: a tcx program's
 // verdict (ours never answer TCX_NEXT) ends the hook before cls_bpf runs.
@@ -105,25 +106,37 @@ func Migrate(ctx context.Context, pinRoot string, v TCVeth, before func(ctx cont
 			return err
 		}
 	}
-	if err := before(ctx, "clsact"); err != nil {
+	if err := before(ctx, "filters"); err != nil {
 		return err
 	}
 	_, err := underLinksLock(pinRoot, v, func() error {
 		for _, p := range hostVethPrograms {
 			if !tcxPinnedOn(pinRoot, v.Name, p, v.Ifindex) {
-				return fmt.Errorf("%s: tcx %s link missing after the move; clsact kept", v.Name, p.Link)
+				return fmt.Errorf("%s: tcx %s link missing after the move; filters kept", v.Name, p.Link)
 			}
 		}
-		err := netlink.QdiscDel(&netlink.GenericQdisc{
-			QdiscAttrs: netlink.QdiscAttrs{LinkIndex: v.Ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
-			QdiscType:  "clsact",
-		})
-		if err != nil {
-			return fmt.Errorf("delete clsact of %s: %w", v.Name, err)
+		// The filters go, the (then empty) clsact qdisc stays: deleting a
+		// root qdisc of a live device deactivates its queues for a grace
+		// period, dropping what it sends meanwhile. An empty clsact costs
+		// packets nothing: tcx gives the verdict before it would run.
+		var errs error
+		for _, f := range v.Filters {
+			errs = errors.Join(errs, deleteFilter(v.Ifindex, f.Prog))
 		}
-		return nil
+		return errs
 	})
 	return err
+}
+
+// deleteFilter removes our cls_bpf filter from hook p of a link.
+func deleteFilter(ifindex int, p Program) error {
+	err := netlink.FilterDel(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{
+		LinkIndex: ifindex, Parent: tcParent(p), Handle: 1, Protocol: unix.ETH_P_ALL, Priority: 1,
+	}})
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("delete tc %s filter of ifindex %d: %w", p.Link, ifindex, err)
+	}
+	return nil
 }
 
 // underLinksLock runs step with the links lock held if the veth is still
@@ -161,7 +174,7 @@ func migrateHook(pinRoot string, v TCVeth, f TCFilter) error {
 // tcxPinnedOn tells whether hostIf's link pin of hook p is a tcx link
 // attached to ifindex.
 func tcxPinnedOn(pinRoot, hostIf string, p Program, ifindex int) bool {
-	l, err := link.LoadPinnedLink(LinkPinPath(pinRoot, hostIf, p.Link), &ebpf.LoadPinOptions{ReadOnly: true})
+	l, err := link.LoadPinnedLink(LinkPinPath(pinRoot, hostIf, p.Link), nil)
 	if err != nil {
 		return false
 	}

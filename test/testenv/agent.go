@@ -9,10 +9,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
@@ -165,4 +167,49 @@ func (e *Env) MasqAgent(args ...string) ([]byte, error) {
 		return nil
 	})
 	return out, err
+}
+
+// HoldVerbs takes the busy lock as a running CNI verb does, so the agent
+// leaves its background work (moving pods to tcx, deleting handed-off
+// veths) until the returned release; released at the end of the test too.
+func (e *Env) HoldVerbs() (release func()) {
+	e.T.Helper()
+	rel, err := datapath.TryMarkBusy(e.PinDir)
+	if err != nil {
+		e.T.Fatalf("hold the busy lock: %v", err)
+	}
+	var once sync.Once
+	release = func() { once.Do(rel) }
+	e.T.Cleanup(release)
+	return release
+}
+
+// AttachState is how a host veth's hooks are attached (datapath.State*).
+func (e *Env) AttachState(hostIf string) string {
+	e.T.Helper()
+	st := datapath.StateNone
+	e.InNode(func() error {
+		if l, err := netlink.LinkByName(hostIf); err == nil {
+			st = datapath.AttachmentOf(e.PinDir, l.Attrs().Index, hostIf)
+		}
+		return nil
+	})
+	return st
+}
+
+// WaitAttachState waits up to timeout for a host veth to reach a state and
+// returns how long it took.
+func (e *Env) WaitAttachState(hostIf, want string, timeout time.Duration) time.Duration {
+	e.T.Helper()
+	start := time.Now()
+	for {
+		st := e.AttachState(hostIf)
+		if st == want {
+			return time.Since(start)
+		}
+		if time.Since(start) > timeout {
+			e.T.Fatalf("%s is %q after %s, want %q", hostIf, st, timeout, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
