@@ -215,8 +215,8 @@ func reconcile(o *opts) error {
 type upgraded struct{ datapath.UpgradeReport }
 
 func (u upgraded) Tables() []inspect.Table {
-	return []inspect.Table{{Lines: []string{fmt.Sprintf("links: %d, swapped in place: %d, defunct: %d, old program pins removed: %d",
-		u.Links, u.Replaced, len(u.Defunct), len(u.RemovedProgs))}}}
+	return []inspect.Table{{Lines: []string{fmt.Sprintf("links: %d, swapped in place: %d, defunct: %d, old program pins removed: %d; tc filters: %d, swapped in place: %d",
+		u.Links, u.Replaced, len(u.Defunct), len(u.RemovedProgs), u.Filters, u.FiltersSwap)}}}
 }
 
 func upgrade(o *opts) error {

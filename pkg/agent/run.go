@@ -84,8 +84,8 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	go bg.run(ctx)
-	lg.Printf("datapath ready at %s (map layout v%d); %d links, %d moved to this build's programs, %d old program pins removed",
-		o.PinRoot, maps.LayoutVersion, rep.Links, rep.Replaced, len(rep.RemovedProgs))
+	lg.Printf("datapath ready at %s (map layout v%d); %d links and %d tc filters, %d moved to this build's programs, %d old program pins removed",
+		o.PinRoot, maps.LayoutVersion, rep.Links, rep.Filters, rep.Replaced+rep.FiltersSwap, len(rep.RemovedProgs))
 
 	col := newCollector(o.PinRoot, o.StateDir, o.Version)
 	if o.MetricsAddr != "" {

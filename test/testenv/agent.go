@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -22,7 +23,11 @@ import (
 // AgentProc is a running `ebpf-agent run` in the env's node netns.
 type AgentProc struct {
 	Cmd *exec.Cmd
-	Log *strings.Builder
+	Log *strings.Builder // see Logs
+
+	mu     sync.Mutex
+	exited chan struct{}
+	err    error // of Cmd.Wait, once exited
 }
 
 // WriteConfDir puts the env's conflist where the agent looks for networks.
@@ -43,9 +48,20 @@ func (e *Env) AgentArgs(confDir string) []string {
 // StartAgent starts the agent and waits until it reports ready.
 func (e *Env) StartAgent(confDir string, extra ...string) *AgentProc {
 	e.T.Helper()
-	a := &AgentProc{Log: &strings.Builder{}}
+	return e.StartAgentBin("", nil, confDir, extra...)
+}
+
+// StartAgentBin is StartAgent with another agent binary ("" for the
+// build's) and extra environment variables.
+func (e *Env) StartAgentBin(bin string, env []string, confDir string, extra ...string) *AgentProc {
+	e.T.Helper()
+	if bin == "" {
+		bin = filepath.Join(BinDir, "ebpf-agent")
+	}
+	a := &AgentProc{Log: &strings.Builder{}, exited: make(chan struct{})}
 	err := e.InNode(func() error {
-		a.Cmd = exec.Command(filepath.Join(BinDir, "ebpf-agent"), append(append([]string{"run"}, e.AgentArgs(confDir)...), extra...)...)
+		a.Cmd = exec.Command(bin, append(append([]string{"run"}, e.AgentArgs(confDir)...), extra...)...)
+		a.Cmd.Env = append(os.Environ(), env...)
 		stderr, err := a.Cmd.StderrPipe()
 		if err != nil {
 			return err
@@ -58,12 +74,16 @@ func (e *Env) StartAgent(confDir string, extra ...string) *AgentProc {
 			sc := bufio.NewScanner(stderr)
 			once := false
 			for sc.Scan() {
+				a.mu.Lock()
 				a.Log.WriteString(sc.Text() + "\n")
+				a.mu.Unlock()
 				if !once && strings.Contains(sc.Text(), "datapath ready") {
 					once = true
 					close(ready)
 				}
 			}
+			a.err = a.Cmd.Wait()
+			close(a.exited)
 		}()
 		select {
 		case <-ready:
@@ -75,8 +95,40 @@ func (e *Env) StartAgent(confDir string, extra ...string) *AgentProc {
 	if err != nil {
 		e.T.Fatal(err)
 	}
-	e.T.Cleanup(func() { a.Cmd.Process.Kill(); a.Cmd.Wait() })
+	e.T.Cleanup(func() { a.Stop() })
 	return a
+}
+
+// Logs is what the agent wrote so far.
+func (a *AgentProc) Logs() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.Log.String()
+}
+
+// Exited waits up to timeout for the agent to end by itself and returns
+// how it ended; ok false when it still runs.
+func (a *AgentProc) Exited(timeout time.Duration) (err error, ok bool) {
+	select {
+	case <-a.exited:
+		return a.err, true
+	case <-time.After(timeout):
+		return nil, false
+	}
+}
+
+// Stop ends the agent (SIGTERM, then SIGKILL after 5 s) and waits for it.
+func (a *AgentProc) Stop() {
+	select {
+	case <-a.exited:
+		return
+	default:
+	}
+	a.Cmd.Process.Signal(syscall.SIGTERM)
+	if _, ok := a.Exited(5 * time.Second); !ok {
+		a.Cmd.Process.Kill()
+		<-a.exited
+	}
 }
 
 // AgentCmd runs a one-shot agent command in the node netns.
