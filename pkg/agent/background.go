@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -28,12 +30,27 @@ type background struct {
 	every   time.Duration // a pass even without a kick
 }
 
-func newBackground(pinRoot string, lg *log.Logger) (*background, error) {
+// newBackground readies the worker; its link events are subscribed before
+// it returns, so no ADD or DEL after the agent reports ready goes unseen.
+func newBackground(ctx context.Context, pinRoot string, lg *log.Logger) (*background, error) {
 	idle, err := datapath.OpenIdle(pinRoot)
 	if err != nil {
 		return nil, err
 	}
-	return &background{pinRoot: pinRoot, lg: lg, idle: idle, kick: make(chan struct{}, 1), every: 10 * time.Second}, nil
+	b := &background{pinRoot: pinRoot, lg: lg, idle: idle, kick: make(chan struct{}, 1), every: 10 * time.Second}
+	updates := make(chan netlink.LinkUpdate, 256)
+	if err := netlink.LinkSubscribeWithOptions(updates, ctx.Done(), netlink.LinkSubscribeOptions{
+		ErrorCallback: func(err error) { lg.Printf("background: link events: %v", err) },
+	}); err != nil {
+		lg.Printf("background: no link events (%v); a pass every %s only", err, b.every)
+		return b, nil
+	}
+	go func() {
+		for u := range updates {
+			b.linkEvent(u.Attrs().Name)
+		}
+	}()
+	return b, nil
 }
 
 // wake asks for a pass soon; never blocks.

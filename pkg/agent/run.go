@@ -79,7 +79,7 @@ func Run(ctx context.Context, o Options) error {
 	if err := datapath.HoldAgent(ctx, o.PinRoot, func() { lg.Printf("another agent runs on %s; waiting for it to end", o.PinRoot) }); err != nil {
 		return fmt.Errorf("agent lock: %w", err)
 	}
-	bg, err := newBackground(o.PinRoot, lg)
+	bg, err := newBackground(ctx, o.PinRoot, lg)
 	if err != nil {
 		return err
 	}
@@ -157,7 +157,6 @@ func Run(ctx context.Context, o Options) error {
 			lg.Printf("stopping; the pinned datapath stays in place")
 			return nil
 		case u := <-updates:
-			bg.linkEvent(u.Attrs().Name)
 			if u.Header.Type == syscall.RTM_DELLINK && strings.HasPrefix(u.Attrs().Name, state.HostIfPrefix) && debounce == nil {
 				debounce = time.After(2 * time.Second) // let a DEL in flight finish first
 			}
