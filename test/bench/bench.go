@@ -111,7 +111,8 @@ type bench struct {
 	netnses map[string]ns.NetNS
 	pinDirs []string
 	procs   *testenv.Procs
-	pods    map[string]ns.NetNS // live pod namespaces by path
+	agents  map[string]*testenv.Proc // ebpf-agent run, by pin directory (agent.go)
+	pods    map[string]ns.NetNS      // live pod namespaces by path
 	podSeq  int
 	podMu   sync.Mutex // pods and podSeq, for parallel ADDs
 	// ebpf-cni's EBPF_CNI_TRACE phase timings of the last ADD and DEL.
@@ -144,6 +145,7 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 		pods:    map[string]ns.NetNS{},
 		netnses: map[string]ns.NetNS{},
 		procs:   testenv.NewProcs(),
+		agents:  map[string]*testenv.Proc{},
 	}
 	logf("run %s: temp dir %s, pin dir %s", id, root, b.pinDir)
 	for _, d := range []string{b.binDir, b.confDir, b.cache, b.state, b.ipamDir, b.nsDir} {
@@ -700,6 +702,9 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 }
 
 func (b *bench) assertClean(c *config) error {
+	if _, err := b.settle(c); err != nil {
+		return err
+	}
 	l, err := b.leftovers(c)
 	if err != nil {
 		return err
@@ -744,9 +749,18 @@ func (b *bench) delPod(c *config, pod ns.NetNS) (time.Duration, error) {
 }
 
 // cycle is one timed ADD and DEL of a fresh pod, recorded with pods
-// present unless it is a warm-up (pods < 0).
+// present unless it is a warm-up (pods < 0). With an agent running, each
+// verb starts once the agent's background work is done, and that work's
+// time after each verb is recorded too (agent.go).
 func (b *bench) cycle(c *config, pods int) (add, del time.Duration, err error) {
+	if _, err := b.settle(c); err != nil {
+		return 0, 0, err
+	}
 	pod, add, err := b.addPod(c)
+	if err != nil {
+		return 0, 0, err
+	}
+	addBg, err := b.settle(c)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -754,12 +768,26 @@ func (b *bench) cycle(c *config, pods int) (add, del time.Duration, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
+	delBg, err := b.settle(c)
+	if err != nil {
+		return 0, 0, err
+	}
 	if pods >= 0 {
 		b.res.record(c, "ADD", pods, add, b.addPhases)
 		b.res.record(c, "DEL", pods, del, b.delPhases)
+		if b.hasAgent(c) {
+			b.res.record(c, opAddBg, pods, addBg, nil)
+			b.res.record(c, opDelBg, pods, delBg, nil)
+		}
 	}
 	return add, del, nil
 }
+
+// The agent's background work after a verb, recorded as series of these ops.
+const (
+	opAddBg = "ADD background"
+	opDelBg = "DEL background"
+)
 
 // parsePhases reads ebpf-cni's EBPF_CNI_TRACE line for verb, e.g.
 // "ebpf-cni ADD: total=12.34ms parse=0.50ms ...", into ordered phases.
@@ -837,6 +865,20 @@ func (b *bench) run(ctx context.Context) error {
 // runLatency is the ADD/DEL latency benchmark: warm-up, interleaved rounds,
 // then the at-scale runs.
 func (b *bench) runLatency(ctx context.Context, start time.Time) error {
+	if b.opts.agent {
+		// An agent per node with ebpf-cni pods, as a node would have it.
+		nodes := map[string]ns.NetNS{}
+		for _, c := range b.configs {
+			if c.isEBPF() {
+				nodes[b.pinOf(c)] = b.nodeOf(c)
+			}
+		}
+		for pin, node := range nodes {
+			if _, _, err := b.startAgent(ctx, node, pin, b.confDir, true); err != nil {
+				return err
+			}
+		}
+	}
 	if b.opts.parts[partLatency] {
 		if err := b.runRounds(ctx, start); err != nil {
 			return err

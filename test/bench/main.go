@@ -92,6 +92,10 @@ type options struct {
 	memPods   int
 	agentSecs float64
 
+	// agent: ebpf-agent run on the ebpf-cni nodes of the latency, scale
+	// and burst parts (agent.go)
+	agent bool
+
 	// burst and coldstart (burst.go)
 	burstPods   int
 	burstRounds int
@@ -137,10 +141,11 @@ func parseFlags(args []string) (*options, error) {
 	connSecs := fs.Float64("conn-seconds", 3, "seconds of connections per measurement of the hostPort benchmark")
 	workers := fs.Int("conn-workers", 4, "parallel client connections of the hostPort benchmark")
 	burstPods := fs.Int("burst-pods", 100, "pods ADDed (then DELed) at the same instant in the burst part")
-	burstRounds := fs.Int("burst-rounds", 3, "rounds of the burst part (each configuration once per round)")
+	burstRounds := fs.Int("burst-rounds", 20, "rounds of the burst part (each configuration once per round)")
 	coldRounds := fs.Int("cold-rounds", 5, "rounds of the coldstart part (each a first ADD without and one with the agent)")
 	bwRates := fs.String("bw-rates", "", "bandwidth part: comma-separated rates in Mbit/s (default 10,100,1000; -quick 10,100)")
 	bwSecs := fs.Int("bw-seconds", 0, "bandwidth part: seconds per iperf3 run (default 10; -quick 5)")
+	withAgent := fs.Bool("agent", true, "run ebpf-agent on the ebpf-cni nodes of the latency, scale and burst parts, as a node would have it (ADD then attaches cls_bpf and DEL hands the veth off; the agent's background work is timed apart)")
 	phases := fs.Bool("phases", true, "set EBPF_CNI_TRACE=1 for ebpf-cni and report its own phase timings (costs a few time.Now calls and one stderr line)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./test/bench [flags]   (as root, from the repository root)\n")
@@ -156,7 +161,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	o := &options{n: *n, quick: *quick, outDir: *out, phases: *phases, attachTC: *attachTC, scaleReps: 10,
 		connSecs: *connSecs, workers: *workers, tputSecs: *tputSecs, tputRounds: *tputRounds, tputRoundsMulti: *tputRoundsMulti, tputReruns: *tputReruns,
-		memPods: *memPods, agentSecs: *agentSecs, burstPods: *burstPods, burstRounds: *burstRounds, coldRounds: *coldRounds,
+		memPods: *memPods, agentSecs: *agentSecs, burstPods: *burstPods, burstRounds: *burstRounds, coldRounds: *coldRounds, agent: *withAgent,
 		parts: map[string]bool{}}
 	if o.quick {
 		if !set["n"] {
@@ -190,7 +195,7 @@ func parseFlags(args []string) (*options, error) {
 			o.agentSecs = 3
 		}
 		if !set["burst-rounds"] {
-			o.burstRounds = 1
+			o.burstRounds = 3
 		}
 		if !set["cold-rounds"] {
 			o.coldRounds = 2
