@@ -35,13 +35,6 @@ func ParseAttachMode(s string) (AttachMode, error) {
 	return "", fmt.Errorf("unknown attach mode %q (want auto, tcx or tc)", s)
 }
 
-// progFor is the open program of a host veth hook.
-func (dp *Datapath) progFor(p Program) *ebpf.Program {
-	if p.Name == progFromContainer.Name {
-		return dp.FromContainer
-	}
-	return dp.ToContainer
-}
 
 // tcParent is the clsact parent of a host veth hook in tc mode.
 func tcParent(p Program) uint32 {
@@ -72,6 +65,11 @@ func (dp *Datapath) Attach(ifindex int, hostIf string, mode AttachMode, deferTCX
 	if err := mkdirFor(LinkPinPath(dp.PinRoot, hostIf, DirIngress)); err != nil {
 		return mode, err
 	}
+	for _, p := range hostVethPrograms { // opened before the goroutines: program is not safe for concurrent use
+		if _, err := dp.program(p); err != nil {
+			return mode, err
+		}
+	}
 	errs := make(chan error, len(hostVethPrograms))
 	for _, p := range hostVethPrograms {
 		go func(p Program) { errs <- dp.attachTCX(ifindex, hostIf, p) }(p)
@@ -87,7 +85,11 @@ func (dp *Datapath) Attach(ifindex int, hostIf string, mode AttachMode, deferTCX
 }
 
 func (dp *Datapath) attachTCX(ifindex int, hostIf string, p Program) error {
-	return attachTCXProg(dp.PinRoot, ifindex, hostIf, p, dp.progFor(p))
+	prog, err := dp.program(p)
+	if err != nil {
+		return err
+	}
+	return attachTCXProg(dp.PinRoot, ifindex, hostIf, p, prog)
 }
 
 // attachTCXProg attaches prog to hook p of a host veth as a tcx link and
@@ -130,7 +132,11 @@ func (dp *Datapath) attachTC(ifindex int, pending bool) error {
 		return fmt.Errorf("add clsact qdisc to ifindex %d: %w", ifindex, err)
 	}
 	for _, p := range hostVethPrograms {
-		if err := replaceFilter(ifindex, p, dp.progFor(p), tcFilterName(p, pending)); err != nil {
+		fd, err := dp.progFD(p)
+		if err != nil {
+			return err
+		}
+		if err := replaceFilter(ifindex, p, fd, tcFilterName(p, pending)); err != nil {
 			return err
 		}
 	}
@@ -140,13 +146,13 @@ func (dp *Datapath) attachTC(ifindex int, pending bool) error {
 // replaceFilter puts prog on hook p of a host veth as its cls_bpf filter
 // (handle 1, priority 1): added, or swapped in place for the one there
 // (the kernel replaces a filter's program atomically).
-func replaceFilter(ifindex int, p Program, prog *ebpf.Program, name string) error {
+func replaceFilter(ifindex int, p Program, progFD int, name string) error {
 	f := &netlink.BpfFilter{
 		FilterAttrs: netlink.FilterAttrs{
 			LinkIndex: ifindex, Parent: tcParent(p), Handle: 1,
 			Protocol: unix.ETH_P_ALL, Priority: 1,
 		},
-		Fd: prog.FD(), Name: name, DirectAction: true,
+		Fd: progFD, Name: name, DirectAction: true,
 	}
 	if err := netlink.FilterReplace(f); err != nil {
 		return fmt.Errorf("attach tc %s filter to ifindex %d: %w", p.Link, ifindex, err)
@@ -158,7 +164,11 @@ func replaceFilter(ifindex int, p Program, prog *ebpf.Program, name string) erro
 // a host veth, and names the first hook where they are not.
 func (dp *Datapath) Attached(ifindex int, hostIf string) error {
 	for _, p := range hostVethPrograms {
-		want, err := progID(dp.progFor(p))
+		prog, err := dp.program(p)
+		if err != nil {
+			return err
+		}
+		want, err := progID(prog)
 		if err != nil {
 			return err
 		}
@@ -172,7 +182,7 @@ func (dp *Datapath) Attached(ifindex int, hostIf string) error {
 			}
 		}
 		if !ok {
-			return fmt.Errorf("program %s is not attached to %s %s", dp.progFor(p).String(), hostIf, p.Link)
+			return fmt.Errorf("program %s is not attached to %s %s", prog.String(), hostIf, p.Link)
 		}
 	}
 	return nil

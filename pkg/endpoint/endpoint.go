@@ -327,6 +327,12 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 	if err != nil {
 		return internalErr(err)
 	}
+	// Attached while down (a qdisc added to a live device would wait out
+	// a grace period); up from here.
+	if err := readyHost(a.HostIf, a.hostLink, ownerAlias(a.Net.Name, a.ID.ContainerID, a.ID.IfName)); err != nil {
+		return netlinkError(err)
+	}
+	a.Trace.Mark("host-up")
 	return nil
 }
 
@@ -414,10 +420,6 @@ func (a *Attachment) Publish() error {
 	a.Trace.Mark("maps")
 	Crashpoint("endpoints")
 
-	if err := configureHost(p, a.hostLink, ownerAlias(a.Net.Name, a.ID.ContainerID, a.ID.IfName)); err != nil {
-		return netlinkError(err)
-	}
-	Crashpoint("host")
 	// The pod's rules outlive its interface: the undo of the veth does not
 	// remove them.
 	a.OnUndo(func() error {
@@ -428,7 +430,13 @@ func (a *Attachment) Publish() error {
 			return nil
 		})
 	})
-	if err := configurePod(p, a.netns); err != nil {
+	// The pod's side in its netns (a thread of its own) while the node's
+	// side is routed here: neither needs the other.
+	podErr := make(chan error, 1)
+	go func() { podErr <- configurePod(p, a.netns) }()
+	hostErr := routeHost(p, a.hostLink)
+	Crashpoint("host")
+	if err := errors.Join(hostErr, <-podErr); err != nil {
 		return netlinkError(err)
 	}
 	// Every pod's netns is registered, so the sock_ops hook can pace its
