@@ -59,13 +59,16 @@ func (b *bench) hasAgent(c *config) bool {
 const settleTimeout = 60 * time.Second
 
 // settle waits until the agent of c's node has no background work left (no
-// pod waiting for tcx, no handed-off veth) and returns how long that took;
-// 0 at once without an agent.
+// pod waiting for tcx, no handed-off veth) and returns how long that took
+// from the end of the last verb; 0 at once without an agent.
 func (b *bench) settle(c *config) (time.Duration, error) {
 	if !b.hasAgent(c) {
 		return 0, nil
 	}
 	start := time.Now()
+	b.podMu.Lock()
+	verbEnd := b.verbEnd
+	b.podMu.Unlock()
 	pinDir := b.pinOf(c)
 	for {
 		var busy int
@@ -87,7 +90,7 @@ func (b *bench) settle(c *config) (time.Duration, error) {
 			return 0, err
 		}
 		if busy == 0 {
-			return time.Since(start), nil
+			return time.Since(verbEnd), nil
 		}
 		if time.Since(start) > settleTimeout {
 			p := b.agents[pinDir]

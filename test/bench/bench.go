@@ -112,6 +112,7 @@ type bench struct {
 	pinDirs []string
 	procs   *testenv.Procs
 	agents  map[string]*testenv.Proc // ebpf-agent run, by pin directory (agent.go)
+	verbEnd time.Time                // when the last cnitool ended (podMu)
 	pods    map[string]ns.NetNS      // live pod namespaces by path
 	podSeq  int
 	podMu   sync.Mutex // pods and podSeq, for parallel ADDs
@@ -444,7 +445,13 @@ func (b *bench) cnitoolCap(c *config, verb string, pod ns.NetNS, capArgs string)
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		start := time.Now()
 		runErr = cmd.Run()
-		d = time.Since(start)
+		end := time.Now()
+		d = end.Sub(start)
+		b.podMu.Lock()
+		if end.After(b.verbEnd) {
+			b.verbEnd = end
+		}
+		b.podMu.Unlock()
 		return nil
 	})
 	if err == nil && runErr != nil {
