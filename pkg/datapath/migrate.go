@@ -42,30 +42,67 @@ func (v TCVeth) Pending() bool {
 // one dump of the qdiscs finds the clsact holders, then two filter dumps
 // each.
 func TCVeths() ([]TCVeth, error) {
-	qs, err := netlink.QdiscList(nil)
+	hs, err := ClsactHolders()
 	if err != nil {
-		return nil, fmt.Errorf("list qdiscs: %w", err)
+		return nil, err
 	}
 	var out []TCVeth
-	for _, q := range qs {
-		if q.Type() != "clsact" {
-			continue
-		}
-		l, err := netlink.LinkByIndex(q.Attrs().LinkIndex)
-		if err != nil {
-			continue // gone meanwhile
-		}
-		v := TCVeth{Ifindex: l.Attrs().Index, Name: l.Attrs().Name}
-		for _, p := range hostVethPrograms {
-			if f, ok := ourFilter(l, p); ok {
-				v.Filters = append(v.Filters, f)
-			}
-		}
-		if len(v.Filters) > 0 {
+	for _, h := range hs {
+		if v, ok := TCVethOf(h.Ifindex, h.Name); ok {
 			out = append(out, v)
 		}
 	}
 	return out, nil
+}
+
+// Link is a link of this netns by index and name.
+type Link struct {
+	Ifindex int
+	Name    string
+}
+
+// ClsactHolders lists the links of this netns with a clsact qdisc (ours
+// carry one from ADD on, empty once moved to tcx): one qdisc dump, one
+// link dump.
+func ClsactHolders() ([]Link, error) {
+	qs, err := netlink.QdiscList(nil)
+	if err != nil {
+		return nil, fmt.Errorf("list qdiscs: %w", err)
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	names := make(map[int]string, len(links))
+	for _, l := range links {
+		names[l.Attrs().Index] = l.Attrs().Name
+	}
+	var out []Link
+	for _, q := range qs {
+		if q.Type() != "clsact" {
+			continue
+		}
+		if name, ok := names[q.Attrs().LinkIndex]; ok {
+			out = append(out, Link{q.Attrs().LinkIndex, name})
+		}
+	}
+	return out, nil
+}
+
+// TCVethOf reads our cls_bpf filters of one link (two filter dumps); ok
+// false when it has none (or is gone).
+func TCVethOf(ifindex int, name string) (TCVeth, bool) {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil || l.Attrs().Name != name {
+		return TCVeth{}, false
+	}
+	v := TCVeth{Ifindex: ifindex, Name: name}
+	for _, p := range hostVethPrograms {
+		if f, ok := ourFilter(l, p); ok {
+			v.Filters = append(v.Filters, f)
+		}
+	}
+	return v, len(v.Filters) > 0
 }
 
 // ourFilter finds our filter on hook p of link l.
