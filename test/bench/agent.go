@@ -13,11 +13,13 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
@@ -58,44 +60,113 @@ func (b *bench) hasAgent(c *config) bool {
 // settleTimeout bounds the wait for the agent's background work.
 const settleTimeout = 60 * time.Second
 
-// settle waits until the agent of c's node has no background work left (no
-// pod waiting for tcx, no handed-off veth) and returns how long that took
-// from the end of the last verb; 0 at once without an agent.
-func (b *bench) settle(c *config) (time.Duration, error) {
-	if !b.hasAgent(c) {
+// bgWork is what the agent is to do after verbs of the bench: move the
+// host veths of new pods to tcx, delete the veths DEL handed off.
+type bgWork struct {
+	hostIfs   []string // host veths of pods just added
+	handedOff []int    // ifindexes of the host veths of pods just deleted
+}
+
+// wantsTCX tells whether the agent moves a configuration's pods to tcx
+// (not in attachMode tc).
+func (c *config) wantsTCX() bool {
+	for _, p := range c.list["plugins"].([]any) {
+		if m := p.(map[string]any); m["type"] == "ebpf-cni" {
+			return m["attachMode"] != "tc"
+		}
+	}
+	return false
+}
+
+// settle waits until the agent of c's node has done w, and returns how
+// long that took from the end of the last verb (an upper bound: it is seen
+// by polling); 0 at once without an agent. It looks at w's links and pins
+// only, so the wait costs the same with 1000 pods present as with one.
+func (b *bench) settle(c *config, w bgWork) (time.Duration, error) {
+	if !b.hasAgent(c) || (len(w.hostIfs) == 0 && len(w.handedOff) == 0) {
 		return 0, nil
 	}
-	start := time.Now()
 	b.podMu.Lock()
 	verbEnd := b.verbEnd
 	b.podMu.Unlock()
 	pinDir := b.pinOf(c)
-	for {
-		var busy int
-		err := b.nodeOf(c).Do(func(ns.NetNS) error {
-			vs, err := datapath.TCVeths()
-			if err != nil {
-				return err
-			}
-			for _, v := range vs {
-				if v.Pending() && strings.HasPrefix(v.Name, state.HostIfPrefix) {
-					busy++
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	todo := func() (left []string) {
+		b.nodeOf(c).Do(func(ns.NetNS) error {
+			for _, h := range w.hostIfs {
+				if c.wantsTCX() && (!exists(datapath.LinkPinPath(pinDir, h, datapath.DirIngress)) || !exists(datapath.LinkPinPath(pinDir, h, datapath.DirEgress))) {
+					left = append(left, h+" not on tcx")
 				}
 			}
-			hs, err := endpoint.ListHandedOff(pinDir)
-			busy += len(hs)
+			for _, idx := range w.handedOff {
+				g := state.HandedOffName(idx)
+				if _, err := netlink.LinkByName(g); err == nil || exists(datapath.LinkPinPath(pinDir, g, datapath.DirIngress)) {
+					left = append(left, g+" not deleted")
+				}
+			}
+			return nil
+		})
+		return left
+	}
+	for start := time.Now(); ; time.Sleep(2 * time.Millisecond) {
+		left := todo()
+		if len(left) == 0 {
+			break
+		}
+		if time.Since(start) > settleTimeout {
+			return 0, fmt.Errorf("the agent of %s has not done its background work after %s: %s\n%s", pinDir, settleTimeout,
+				strings.Join(left, ", "), testenv.Tail(b.agents[pinDir].Stderr.String()))
+		}
+	}
+	took := time.Since(verbEnd)
+	// The move ends with the filters' deletion, after the pins: check it.
+	var errs []string
+	b.nodeOf(c).Do(func(ns.NetNS) error {
+		for _, h := range w.hostIfs {
+			l, err := netlink.LinkByName(h)
+			if err != nil {
+				continue // deleted meanwhile
+			}
+			for start := time.Now(); ; time.Sleep(time.Millisecond) {
+				st := datapath.AttachmentOf(pinDir, l.Attrs().Index, h)
+				if want := map[bool]string{true: datapath.StateTCX, false: datapath.StateTC}[c.wantsTCX()]; st == want {
+					break
+				} else if time.Since(start) > 5*time.Second {
+					errs = append(errs, fmt.Sprintf("%s is %q, want %q", h, st, want))
+					break
+				}
+			}
+		}
+		return nil
+	})
+	if len(errs) > 0 {
+		return 0, fmt.Errorf("after the agent's background work: %s", strings.Join(errs, "; "))
+	}
+	return took, nil
+}
+
+// settleAll waits until no handed-off veth of c's node is left (a part's
+// end, before its leftovers are checked).
+func (b *bench) settleAll(c *config) error {
+	if !b.hasAgent(c) {
+		return nil
+	}
+	pinDir := b.pinOf(c)
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		var hs []endpoint.HandedOff
+		err := b.nodeOf(c).Do(func(ns.NetNS) error {
+			var err error
+			hs, err = endpoint.ListHandedOff(pinDir)
 			return err
 		})
 		if err != nil {
-			return 0, err
+			return err
 		}
-		if busy == 0 {
-			return time.Since(verbEnd), nil
+		if len(hs) == 0 {
+			return nil
 		}
 		if time.Since(start) > settleTimeout {
-			p := b.agents[pinDir]
-			return 0, fmt.Errorf("the agent of %s still has %d pods to move or veths to delete after %s:\n%s", pinDir, busy, settleTimeout, testenv.Tail(p.Stderr.String()))
+			return fmt.Errorf("the agent of %s left %d handed-off veths after %s:\n%s", pinDir, len(hs), settleTimeout, testenv.Tail(b.agents[pinDir].Stderr.String()))
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -113,6 +113,8 @@ type bench struct {
 	procs   *testenv.Procs
 	agents  map[string]*testenv.Proc // ebpf-agent run, by pin directory (agent.go)
 	verbEnd time.Time                // when the last cnitool ended (podMu)
+	// lastHostIf is the host veth of the last addPod's pod.
+	lastHostIf string
 	pods    map[string]ns.NetNS      // live pod namespaces by path
 	podSeq  int
 	podMu   sync.Mutex // pods and podSeq, for parallel ADDs
@@ -709,7 +711,7 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 }
 
 func (b *bench) assertClean(c *config) error {
-	if _, err := b.settle(c); err != nil {
+	if err := b.settleAll(c); err != nil {
 		return err
 	}
 	l, err := b.leftovers(c)
@@ -736,7 +738,34 @@ func (b *bench) addPod(c *config) (ns.NetNS, time.Duration, error) {
 		return pod, 0, err
 	}
 	b.addPhases = parsePhases(stderr, "ADD")
+	b.lastHostIf = hostIfOf(out)
 	return pod, d, nil
+}
+
+// hostIfOf is the host-side interface of an ADD result (the one without a
+// sandbox), "" for none.
+func hostIfOf(out []byte) string {
+	var r addResult
+	if json.Unmarshal(out, &r) == nil {
+		for _, i := range r.Interfaces {
+			if i.Sandbox == "" {
+				return i.Name
+			}
+		}
+	}
+	return ""
+}
+
+// ifindexOf is a node link's ifindex, 0 when there is none.
+func (b *bench) ifindexOf(c *config, name string) int {
+	idx := 0
+	b.nodeOf(c).Do(func(ns.NetNS) error {
+		if l, err := netlink.LinkByName(name); err == nil {
+			idx = l.Attrs().Index
+		}
+		return nil
+	})
+	return idx
 }
 
 // delPod runs a checked DEL and removes the pod netns; it returns the DEL time.
@@ -760,22 +789,21 @@ func (b *bench) delPod(c *config, pod ns.NetNS) (time.Duration, error) {
 // verb starts once the agent's background work is done, and that work's
 // time after each verb is recorded too (agent.go).
 func (b *bench) cycle(c *config, pods int) (add, del time.Duration, err error) {
-	if _, err := b.settle(c); err != nil {
-		return 0, 0, err
-	}
 	pod, add, err := b.addPod(c)
 	if err != nil {
 		return 0, 0, err
 	}
-	addBg, err := b.settle(c)
+	host := b.lastHostIf
+	addBg, err := b.settle(c, bgWork{hostIfs: []string{host}})
 	if err != nil {
 		return 0, 0, err
 	}
+	idx := b.ifindexOf(c, host)
 	del, err = b.delPod(c, pod)
 	if err != nil {
 		return 0, 0, err
 	}
-	delBg, err := b.settle(c)
+	delBg, err := b.settle(c, bgWork{handedOff: []int{idx}})
 	if err != nil {
 		return 0, 0, err
 	}
@@ -951,7 +979,10 @@ func (b *bench) runRounds(ctx context.Context, start time.Time) error {
 func (b *bench) runScale(ctx context.Context, c *config, start time.Time) error {
 	// On failure or interrupt the pods are left to cleanup, which removes
 	// their namespaces and the node's.
-	var present []ns.NetNS
+	var (
+		present []ns.NetNS
+		hosts   bgWork // their host veths, for the agent's background work
+	)
 	for _, p := range b.opts.scale {
 		if len(present) < p {
 			logf("at scale %s: adding pods %d..%d", c.label, len(present)+1, p)
@@ -965,9 +996,15 @@ func (b *bench) runScale(ctx context.Context, c *config, start time.Time) error 
 				return fmt.Errorf("at scale, pod %d: %w", len(present)+1, err)
 			}
 			present = append(present, pod)
+			hosts.hostIfs = append(hosts.hostIfs, b.lastHostIf)
 			if n := len(present); n%50 == 0 || n == p {
 				logf("  %s: %d/%d pods present (%s)", c.label, n, p, time.Since(start).Round(time.Second))
 			}
+		}
+		if bg, err := b.settle(c, hosts); err != nil {
+			return err
+		} else if bg > 0 {
+			logf("  %s: the agent moved the pods to tcx %s after the last ADD", c.label, bg.Round(time.Millisecond))
 		}
 		for i := 0; i < b.opts.scaleReps; i++ {
 			if err := ctx.Err(); err != nil {

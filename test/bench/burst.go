@@ -140,11 +140,19 @@ func (b *bench) burstRound(c *config, n int) (burstPoint, error) {
 	if err != nil {
 		return pt, err
 	}
-	bg, err := b.settle(c)
+	var w bgWork
+	for _, out := range outs {
+		w.hostIfs = append(w.hostIfs, hostIfOf(out))
+	}
+	bg, err := b.settle(c, w)
 	if err != nil {
 		return pt, err
 	}
 	pt.AddBgMs = ms(bg)
+	var gone bgWork
+	for _, h := range w.hostIfs {
+		gone.handedOff = append(gone.handedOff, b.ifindexOf(c, h))
+	}
 	for i, p := range pods {
 		if err := b.checkAdd(c, p, outs[i]); err != nil {
 			return pt, err
@@ -157,7 +165,7 @@ func (b *bench) burstRound(c *config, n int) (burstPoint, error) {
 	if err != nil {
 		return pt, err
 	}
-	if bg, err = b.settle(c); err != nil {
+	if bg, err = b.settle(c, gone); err != nil {
 		return pt, err
 	}
 	pt.DelBgMs = ms(bg)
