@@ -105,22 +105,31 @@ func EnsureLean(pinRoot string) (*Datapath, error) {
 	if err := EnsureBPFFS(pinRoot); err != nil {
 		return nil, err
 	}
-	m, err := OpenMaps(pinRoot)
+	dp, err := OpenLean(pinRoot)
 	if err == nil {
-		for _, p := range corePrograms {
-			if _, err = os.Stat(progPin(pinRoot, p)); err != nil {
-				break
-			}
-		}
-		if err == nil {
-			return &Datapath{PinRoot: pinRoot, Maps: m}, nil
-		}
-		m.Close()
+		return dp, nil
 	}
 	if !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	return Ensure(pinRoot) // first use on this node: set it up
+}
+
+// OpenLean is Open with the programs left to first use (see EnsureLean):
+// for DEL, which needs none of them. The error wraps os.ErrNotExist when
+// the datapath was never set up (or by another build).
+func OpenLean(pinRoot string) (*Datapath, error) {
+	m, err := OpenMaps(pinRoot)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range corePrograms {
+		if _, err := os.Stat(progPin(pinRoot, p)); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("program %s: %w", p.Name, err)
+		}
+	}
+	return &Datapath{PinRoot: pinRoot, Maps: m}, nil
 }
 
 // program is one of the core programs, opened now if a lean open left it

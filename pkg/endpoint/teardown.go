@@ -67,7 +67,7 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 	tr.Mark("lookup")
 
 	var errs error
-	dp, err := datapath.Open(n.PinDir)
+	dp, err := datapath.OpenLean(n.PinDir) // teardown needs the maps only
 	switch {
 	case err == nil:
 		defer dp.Close()
