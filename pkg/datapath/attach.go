@@ -35,7 +35,6 @@ func ParseAttachMode(s string) (AttachMode, error) {
 	return "", fmt.Errorf("unknown attach mode %q (want auto, tcx or tc)", s)
 }
 
-
 // tcParent is the clsact parent of a host veth hook in tc mode.
 func tcParent(p Program) uint32 {
 	if p.Attach == ebpf.AttachTCXIngress {

@@ -115,9 +115,9 @@ type bench struct {
 	verbEnd time.Time                // when the last cnitool ended (podMu)
 	// lastHostIf is the host veth of the last addPod's pod.
 	lastHostIf string
-	pods    map[string]ns.NetNS      // live pod namespaces by path
-	podSeq  int
-	podMu   sync.Mutex // pods and podSeq, for parallel ADDs
+	pods       map[string]ns.NetNS // live pod namespaces by path
+	podSeq     int
+	podMu      sync.Mutex // pods and podSeq, for parallel ADDs
 	// ebpf-cni's EBPF_CNI_TRACE phase timings of the last ADD and DEL.
 	addPhases, delPhases []phase
 	configs              []*config

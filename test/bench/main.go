@@ -124,7 +124,7 @@ var allParts = []string{partLatency, partScale, partHostPort, partThroughput, pa
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	n := fs.Int("n", 20, "timed ADD/DEL repetitions per configuration")
-	scale := fs.String("scale", "1,200", "comma-separated numbers of pods present for the at-scale runs (\"\" or \"0\" to skip)")
+	scale := fs.String("scale", "1,200,1000", "comma-separated numbers of pods present for the at-scale runs (\"\" or \"0\" to skip)")
 	quick := fs.Bool("quick", false, "quick run: n=10, scale 1,50, hostPort 1,100, conn 2 s, throughput 1 round of 5 s, memory at 50 pods (explicit flags still win)")
 	out := fs.String("out", "results", "directory for bench-<date>.md and .json")
 	parts := fs.String("parts", strings.Join(allParts, ","), "comma-separated parts to run: "+strings.Join(allParts, ", "))
