@@ -130,7 +130,10 @@ func TryMarkBusy(pinRoot string) (release func(), err error) {
 }
 
 // Idle is the agent's side of the busy lock.
-type Idle struct{ fd int }
+type Idle struct {
+	fd      int
+	maxWait time.Duration // 0: MaxPoliteWait
+}
 
 // OpenIdle opens the busy lock for Wait.
 func OpenIdle(pinRoot string) (*Idle, error) {
@@ -138,17 +141,27 @@ func OpenIdle(pinRoot string) (*Idle, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Idle{fd}, nil
+	return &Idle{fd: fd}, nil
 }
 
-// Wait returns once no verb runs, or ctx ends. It polls (a verb is never
-// made to wait for the agent), and takes the lock exclusive only to test
-// it, letting go at once, so a verb starting right after is not held up.
+// MaxPoliteWait bounds Wait: a verb that never ends (an IPAM plugin hung,
+// say) or verbs that never pause must not keep the agent from its work for
+// good; after this long it does one step anyway.
+const MaxPoliteWait = 5 * time.Second
+
+// Wait returns once no verb runs (or after MaxPoliteWait), or when ctx
+// ends. It polls (a verb is never made to wait for the agent), and takes
+// the lock exclusive only to test it, letting go at once, so a verb
+// starting right after is not held up.
 func (i *Idle) Wait(ctx context.Context) error {
 	delay := time.Millisecond
+	deadline := time.Now().Add(i.max())
 	for {
 		if unix.Flock(i.fd, unix.LOCK_EX|unix.LOCK_NB) == nil {
 			unix.Flock(i.fd, unix.LOCK_UN)
+			return nil
+		}
+		if time.Now().After(deadline) {
 			return nil
 		}
 		select {
@@ -160,6 +173,13 @@ func (i *Idle) Wait(ctx context.Context) error {
 			delay *= 2
 		}
 	}
+}
+
+func (i *Idle) max() time.Duration {
+	if i.maxWait > 0 {
+		return i.maxWait
+	}
+	return MaxPoliteWait
 }
 
 // Close releases the lock's fd.

@@ -52,6 +52,13 @@ func TestLocks(t *testing.T) {
 	if err := idle.Wait(short); err == nil {
 		t.Fatal("Wait returned while a verb runs")
 	}
+	// A verb that never ends holds the agent up for maxWait at most.
+	idle.maxWait = 150 * time.Millisecond
+	t0 := time.Now()
+	if err := idle.Wait(ctx); err != nil || time.Since(t0) < 150*time.Millisecond {
+		t.Fatalf("Wait with a verb running: %v after %s, want nil after the bound", err, time.Since(t0))
+	}
+	idle.maxWait = 0
 	release()
 	done := make(chan error, 1)
 	go func() { done <- idle.Wait(ctx) }()
