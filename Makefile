@@ -100,6 +100,22 @@ e2e:
 e2e-short:
 	bash test/e2e/run.sh --short
 
+# Upstream Kubernetes sig-network e2e on a real 2-node cluster on this machine
+# (test/k8s: network namespaces, own containerd + kubelet + kube-proxy per
+# node, nothing leaves the machine). CNI=ebpf-cni (deploy/ applied with kubectl)
+# or CNI=reference (ptp + portmap + bandwidth). Builds Kubernetes v1.34 & co.
+# into $(K8S_CACHE) the first time; results in results/k8s-e2e-<cni>-<time>/.
+# K8S_E2E_ARGS passes more flags (e.g. -focus RE, -procs N; see -h).
+CNI       ?= ebpf-cni
+K8S_CACHE ?= /var/cache/ebpf-cni-k8s
+.PHONY: k8s-e2e k8s-e2e-quick
+k8s-e2e:
+	EBPF_CNI_K8S_CACHE=$(K8S_CACHE) $(GO) run ./test/k8s -cni $(CNI) $(K8S_E2E_ARGS)
+
+# HostPort, Networking Granular Checks (Pods, Services), a few Services and DNS specs.
+k8s-e2e-quick:
+	EBPF_CNI_K8S_CACHE=$(K8S_CACHE) $(GO) run ./test/k8s -cni $(CNI) -quick $(K8S_E2E_ARGS)
+
 # The benchmarks, beside the reference plugins: one command with parts
 # (latency, scale, hostport, throughput, memory, bandwidth; see
 # go run ./test/bench -h), each part's detailed report and one combined table

@@ -1,0 +1,272 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+)
+
+// installCNI puts the CNI under test on every node.
+//
+//   - reference: ptp + portmap + bandwidth (with host-local and loopback) from
+//     containernetworking/plugins at the version go.mod pins, written into
+//     each node's /opt/cni/bin and /etc/cni/net.d with the node's pod CIDR.
+//   - ebpf-cni: deploy/ebpf-cni.yaml applied with kubectl as it is (the image
+//     it names is imported into each node's containerd); its DaemonSet's
+//     install-cni renders the node's pod CIDR into the conflist.
+//
+// Either way the routes between nodes' pod CIDRs are the static host-gw
+// routes podCIDRRoutes added (the same for both, so the comparison is fair).
+func (c *cluster) installCNI(ctx context.Context) error {
+	if c.o.cni == "reference" {
+		for _, n := range c.nodes {
+			if err := c.installReference(n); err != nil {
+				return fmt.Errorf("%s: %w", n.name, err)
+			}
+		}
+		return nil
+	}
+	b, err := os.ReadFile(filepath.Join(c.o.repo, "deploy/ebpf-cni.yaml"))
+	if err != nil {
+		return err
+	}
+	if err := c.apply(string(b)); err != nil {
+		return err
+	}
+	if err := c.waitFor(ctx, "ebpf-cni DaemonSet ready on every node", 3*time.Minute, func() error {
+		out, err := c.kubectl("-n", "kube-system", "get", "daemonset", "ebpf-cni", "-o",
+			"jsonpath={.status.numberReady}/{.status.desiredNumberScheduled}")
+		if err != nil {
+			return err
+		}
+		if out != fmt.Sprintf("%d/%d", numNodes, numNodes) {
+			return fmt.Errorf("ready/desired %s", out)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	return c.checkAgents()
+}
+
+// agentCaps: the capabilities deploy/ebpf-cni.yaml gives the agent
+// (CAP_NET_ADMIN 12, CAP_PERFMON 38, CAP_BPF 39), and nothing else.
+const agentCaps = 1<<12 | 1<<38 | 1<<39
+
+// checkAgents proves the DaemonSet's agent runs on each node as the
+// manifest declares: exactly its capabilities in effect, the node's bpffs
+// (the pins are in the node's private bpffs) and the cgroup2 hierarchy
+// seen from inside the container (it attached the socket hooks itself).
+func (c *cluster) checkAgents() error {
+	for _, n := range c.nodes {
+		pid, err := c.agentPid(n)
+		if err != nil {
+			return err
+		}
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			return err
+		}
+		var capEff uint64
+		for _, l := range strings.Split(string(st), "\n") {
+			if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+				fmt.Sscanf(strings.TrimSpace(v), "%x", &capEff)
+			}
+		}
+		if capEff != agentCaps {
+			return fmt.Errorf("%s: agent (pid %d) has capabilities %#x, the manifest declares %#x", n.name, pid, capEff, agentCaps)
+		}
+		if _, err := in(n.holder, true, "test", "-d", fmt.Sprintf("/sys/fs/bpf/ebpf-cni/maps_v%d", maps.LayoutVersion)); err != nil {
+			return fmt.Errorf("%s: no maps pinned in the node's bpffs: %w", n.name, err)
+		}
+		pod, err := c.kubectl("-n", "kube-system", "get", "pods", "-l", "app.kubernetes.io/name=ebpf-cni",
+			"--field-selector", "spec.nodeName="+n.name, "-o", "jsonpath={.items[0].metadata.name}")
+		if err != nil {
+			return err
+		}
+		logs, err := c.kubectl("-n", "kube-system", "logs", pod, "-c", "agent")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(logs, "hostPort hooks (start): cgroup /sys/fs/cgroup") {
+			return fmt.Errorf("%s: the agent did not attach the socket hooks to cgroup2:\n%s", n.name, tail(logs, 10))
+		}
+		logf("%s: agent pid %d, capabilities exactly NET_ADMIN BPF PERFMON, pins in the node's bpffs, socket hooks on cgroup2", n.name, pid)
+	}
+	return nil
+}
+
+// agentPid: the `ebpf-agent run` process in the node's pod cgroups.
+func (c *cluster) agentPid(n *node) (int, error) {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if !strings.Contains(cmdline(pid), "ebpf-agent run") {
+			continue
+		}
+		cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if strings.Contains(string(cg), "/"+c.cgName+"/"+n.name+"-pods/") {
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("%s: no ebpf-agent process in the node's pods", n.name)
+}
+
+func (c *cluster) installReference(n *node) error {
+	conf := fmt.Sprintf(`{
+  "cniVersion": "1.0.0",
+  "name": "reference",
+  "plugins": [
+    {
+      "type": "ptp",
+      "mtu": 1500,
+      "ipam": {
+        "type": "host-local",
+        "ranges": [[{ "subnet": %q }]],
+        "routes": [{ "dst": "0.0.0.0/0" }]
+      }
+    },
+    { "type": "portmap", "capabilities": { "portMappings": true } },
+    { "type": "bandwidth", "capabilities": { "bandwidth": true } }
+  ]
+}
+`, n.podCIDR)
+	staged := filepath.Join(n.dir, "10-reference.conflist")
+	if err := os.WriteFile(staged, []byte(conf), 0o644); err != nil {
+		return err
+	}
+	var bins []string
+	for _, b := range []string{"ptp", "portmap", "bandwidth", "host-local", "loopback"} {
+		bins = append(bins, c.a.path(b))
+	}
+	// Binaries first, the conflist last (through a rename): the runtime
+	// reports the network ready as soon as it sees a conflist.
+	script := fmt.Sprintf("set -e\ncp %s /opt/cni/bin/\ncp %s /etc/cni/net.d/.10-reference.conflist.tmp\nmv /etc/cni/net.d/.10-reference.conflist.tmp /etc/cni/net.d/10-reference.conflist\n",
+		strings.Join(bins, " "), staged)
+	_, err := in(n.holder, true, "/bin/sh", "-c", script)
+	return err
+}
+
+// coreDNSManifest: CoreDNS as the cluster DNS (kube-dns Service at
+// dnsServiceIP), answering for cluster.local and reverse zones only: no
+// forward plugin, so no query ever goes upstream.
+func coreDNSManifest() string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: ServiceAccount
+metadata: {name: coredns, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: "system:coredns"}
+rules:
+- apiGroups: [""]
+  resources: [endpoints, services, pods, namespaces]
+  verbs: [list, watch]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: "system:coredns"}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: "system:coredns"}
+subjects:
+- {kind: ServiceAccount, name: coredns, namespace: kube-system}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: coredns, namespace: kube-system}
+data:
+  Corefile: |
+    .:53 {
+        errors
+        health {
+            lameduck 5s
+        }
+        ready
+        kubernetes cluster.local in-addr.arpa ip6.arpa {
+            pods insecure
+            fallthrough in-addr.arpa ip6.arpa
+            ttl 30
+        }
+        cache 30
+        loop
+        reload
+        loadbalance
+    }
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: coredns
+  namespace: kube-system
+  labels: {k8s-app: kube-dns}
+spec:
+  replicas: 2
+  selector:
+    matchLabels: {k8s-app: kube-dns}
+  template:
+    metadata:
+      labels: {k8s-app: kube-dns}
+    spec:
+      serviceAccountName: coredns
+      priorityClassName: system-cluster-critical
+      dnsPolicy: Default
+      tolerations:
+      - {key: node.kubernetes.io/not-ready, operator: Exists, effect: NoSchedule}
+      affinity:
+        podAntiAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+          - weight: 100
+            podAffinityTerm:
+              labelSelector:
+                matchLabels: {k8s-app: kube-dns}
+              topologyKey: kubernetes.io/hostname
+      containers:
+      - name: coredns
+        image: %s
+        imagePullPolicy: IfNotPresent
+        args: ["-conf", "/etc/coredns/Corefile"]
+        ports:
+        - {name: dns, containerPort: 53, protocol: UDP}
+        - {name: dns-tcp, containerPort: 53, protocol: TCP}
+        - {name: metrics, containerPort: 9153, protocol: TCP}
+        securityContext:
+          allowPrivilegeEscalation: false
+          readOnlyRootFilesystem: true
+          capabilities: {add: [NET_BIND_SERVICE], drop: [ALL]}
+        livenessProbe:
+          httpGet: {path: /health, port: 8080}
+          initialDelaySeconds: 10
+        readinessProbe:
+          httpGet: {path: /ready, port: 8181}
+        volumeMounts:
+        - {name: config, mountPath: /etc/coredns, readOnly: true}
+      volumes:
+      - name: config
+        configMap: {name: coredns}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: kube-dns
+  namespace: kube-system
+  labels: {k8s-app: kube-dns, kubernetes.io/name: CoreDNS}
+spec:
+  selector: {k8s-app: kube-dns}
+  clusterIP: %s
+  ports:
+  - {name: dns, port: 53, protocol: UDP}
+  - {name: dns-tcp, port: 53, protocol: TCP}
+  - {name: metrics, port: 9153, protocol: TCP}
+`, corednsImage, dnsServiceIP)
+}

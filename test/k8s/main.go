@@ -1,0 +1,252 @@
+// Command k8s runs the upstream Kubernetes sig-network e2e suite against a
+// real 2-node cluster on this machine, with the CNI under test
+// (make k8s-e2e, make k8s-e2e CNI=reference):
+//
+//	go run ./test/k8s [-cni ebpf-cni|reference] [-focus RE] [-skip RE] [-quick]
+//
+// Everything comes from the Go module proxy and Debian's apt: Kubernetes
+// v1.34 (test/k8s/tools pins it), etcd, CoreDNS, e2e.test, agnhost and
+// ginkgo are built into a cache (-cache, $EBPF_CNI_K8S_CACHE, default
+// /var/cache/ebpf-cni-k8s; kept between runs, keyed by version), images are
+// written as OCI archives (test/internal/ociimage, Debian packages unpacked
+// for the shell tools the tests exec) and imported into each node's
+// containerd. Nothing is pulled.
+//
+// The cluster: a control-plane network namespace (etcd, kube-apiserver,
+// kube-controller-manager with --allocate-node-cidrs, kube-scheduler, and
+// e2e.test) holding a bridge, and two node namespaces on it, each with its
+// own mount namespace (overlays on /etc, /opt, /run, /var/lib, /var/log and
+// a private bpffs, so the node's /etc/cni, /opt/cni/bin, /var/lib/cni and
+// pins are its own) running containerd, kubelet and kube-proxy (iptables).
+// None of these namespaces has a link to the host's network namespace, a
+// default route or an upstream resolver: nothing can leave the machine, and
+// that is checked before the suite starts.
+//
+// Results go to -out (default results/k8s-e2e-<cni>-<time>): summary.md (a
+// per-spec table), results.json, junit.xml, the e2e log and the daemons'
+// logs. The machine is snapshotted before the cluster starts (network
+// namespaces, host links, mounts, processes, cgroups, bpffs pins, sysctls,
+// the host's iptables and nftables rulesets); teardown kills everything the
+// run started, restores the sysctls kubelet changed, and compares. An
+// interrupt (SIGINT, SIGTERM) tears down the same way. The last line is
+// "k8s-e2e: N passed, M failed[, K skipped]".
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The suite's defaults. Skipped beyond the usual
+// Slow|Serial|Disruptive|Flaky|Feature|LoadBalancer|cloud (each needs
+// something a 2-node offline cluster does not have):
+var skipReasons = []struct{ re, why string }{
+	{`\[Slow\]`, "slow specs (upstream's own fast lane skips them)"},
+	{`\[Serial\]`, "specs that must run alone"},
+	{`\[Disruptive\]`, "specs that break nodes or the control plane"},
+	{`\[Flaky\]`, "known flaky upstream"},
+	{`\[Feature:`, "optional features a default cluster does not enable"},
+	{`LoadBalancer`, "no load-balancer implementation"},
+	{`[Cc]loud|\[Provider:`, "no cloud provider"},
+}
+
+const quickFocus = `\[sig-network\] (HostPort|Networking Granular Checks: (Pods|Services)|Services should (serve a basic endpoint|serve multiport|be able to create a functioning NodePort|have session affinity work for service with type clusterIP|create endpoints for unready pods|be able to switch session affinity for service with type clusterIP)|DNS should (provide DNS for the cluster|provide DNS for services|resolve DNS of partial qualified names))`
+
+func defaultSkip() string {
+	var res []string
+	for _, s := range skipReasons {
+		res = append(res, s.re)
+	}
+	return strings.Join(res, "|")
+}
+
+type options struct {
+	cni       string
+	focus     string
+	skip      string
+	cache     string
+	out       string
+	procs     int
+	timeout   time.Duration
+	keep      bool
+	buildOnly bool
+	repo      string
+}
+
+func main() {
+	o := options{}
+	flag.StringVar(&o.cni, "cni", "ebpf-cni", "CNI under test: ebpf-cni (deploy/ applied with kubectl) or reference (ptp + portmap + bandwidth)")
+	flag.StringVar(&o.focus, "focus", `\[sig-network\]`, "ginkgo focus regexp")
+	flag.StringVar(&o.skip, "skip", defaultSkip(), "ginkgo skip regexp")
+	quick := flag.Bool("quick", false, "focus on HostPort, Networking Granular Checks (Pods, Services), a few Services and DNS specs")
+	flag.StringVar(&o.cache, "cache", envOr("EBPF_CNI_K8S_CACHE", "/var/cache/ebpf-cni-k8s"), "build cache (binaries, Debian packages, images)")
+	flag.StringVar(&o.out, "out", "", "results directory (default results/k8s-e2e-<cni>-<time>)")
+	flag.IntVar(&o.procs, "procs", 4, "parallel ginkgo processes")
+	flag.DurationVar(&o.timeout, "timeout", 3*time.Hour, "suite timeout")
+	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (configs, certificates) after teardown")
+	flag.BoolVar(&o.buildOnly, "build-only", false, "build binaries and images into the cache, then stop")
+	cmp := flag.String("compare", "", "comma-separated results.json files: print one markdown table of them and exit")
+	flag.Parse()
+	if *cmp != "" {
+		if err := compareResults(os.Stdout, strings.Split(*cmp, ",")); err != nil {
+			fmt.Fprintln(os.Stderr, "k8s-e2e:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if *quick {
+		o.focus = quickFocus
+	}
+	if o.cni != "ebpf-cni" && o.cni != "reference" {
+		fatalf("-cni %q: want ebpf-cni or reference", o.cni)
+	}
+	if os.Geteuid() != 0 {
+		fatalf("run as root (network namespaces, containerd, kubelet)")
+	}
+	wd, _ := os.Getwd()
+	o.repo = findRepo(wd)
+	if o.out == "" {
+		o.out = filepath.Join(o.repo, "results", fmt.Sprintf("k8s-e2e-%s-%s", o.cni, time.Now().Format("20060102-150405")))
+	}
+	os.Exit(run(o))
+}
+
+func run(o options) int {
+	start := time.Now()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer stop()
+
+	logf("cache %s, %d CPUs, %s", o.cache, runtime.NumCPU(), runtime.Version())
+	if err := preflight(ctx); err != nil {
+		return finish(start, nil, fmt.Errorf("preflight: %w", err))
+	}
+	t := time.Now()
+	arts, err := buildAll(ctx, o)
+	if err != nil {
+		return finish(start, nil, fmt.Errorf("build: %w", err))
+	}
+	logf("build and images: %s", since(t))
+	if o.buildOnly {
+		fmt.Println("k8s-e2e: build only, 0 passed, 0 failed")
+		return 0
+	}
+	if err := os.MkdirAll(o.out, 0o755); err != nil {
+		return finish(start, nil, err)
+	}
+
+	c := newCluster(o, arts)
+	before, err := snapshot(c)
+	if err != nil {
+		return finish(start, nil, fmt.Errorf("snapshot the machine: %w", err))
+	}
+	var res *results
+	runErr := func() error {
+		t := time.Now()
+		if err := c.up(ctx); err != nil {
+			return fmt.Errorf("cluster up: %w", err)
+		}
+		logf("cluster up with %s: %s", o.cni, since(t))
+		if err := c.checkOffline(); err != nil {
+			return fmt.Errorf("offline check: %w", err)
+		}
+		t = time.Now()
+		var err error
+		res, err = c.runE2E(ctx)
+		logf("e2e: %s", since(t))
+		return err
+	}()
+	if runErr != nil {
+		logf("error: %v", runErr)
+	}
+	c.collectLogs()
+	c.cgProgsOurs = c.ourCgroupProgs()
+	if c.o.cni == "ebpf-cni" && len(c.cgProgsOurs) == 0 && runErr == nil {
+		runErr = fmt.Errorf("no socket hook pinned in the nodes' bpffs: the leak check of the cgroup2 root would prove nothing")
+	}
+	t = time.Now()
+	c.down()
+	leaks := compare(before, c)
+	logf("teardown: %s", since(t))
+	if len(leaks) > 0 {
+		logf("LEAKED after teardown:")
+		for _, l := range leaks {
+			logf("  %s", l)
+		}
+		if runErr == nil {
+			runErr = fmt.Errorf("%d leftovers after teardown", len(leaks))
+		}
+	} else {
+		logf("teardown left nothing behind (namespaces, links, mounts, processes, cgroups, pins, sysctls, rulesets)")
+	}
+	if res != nil {
+		res.leaks = leaks
+		if err := res.write(o, c, time.Since(start)); err != nil {
+			logf("write results: %v", err)
+		}
+	}
+	return finish(start, res, runErr)
+}
+
+func finish(start time.Time, res *results, err error) int {
+	rc := 0
+	if err != nil {
+		logf("FAILED: %v", err)
+		rc = 1
+	}
+	p, f, s := 0, 0, 0
+	if res != nil {
+		p, f, s = res.counts()
+		if f > 0 {
+			rc = 1
+		}
+	}
+	if err != nil && res == nil {
+		f = 1
+	}
+	logf("total %s", since(start))
+	line := fmt.Sprintf("k8s-e2e: %d passed, %d failed", p, f)
+	if s > 0 {
+		line += fmt.Sprintf(", %d skipped", s)
+	}
+	fmt.Println(line)
+	return rc
+}
+
+func findRepo(dir string) string {
+	for d := dir; d != "/"; d = filepath.Dir(d) {
+		if b, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil && strings.Contains(string(b), "module github.com/ebpf-cni/ebpf-cni\n") {
+			return d
+		}
+	}
+	fatalf("run from inside the ebpf-cni repository")
+	return ""
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func since(t time.Time) string { return time.Since(t).Round(time.Second).String() }
+
+var t0 = time.Now()
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "[%6s] %s\n", time.Since(t0).Round(time.Second), fmt.Sprintf(format, args...))
+}
+
+func fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "k8s-e2e: "+format+"\n", args...)
+	fmt.Println("k8s-e2e: 0 passed, 1 failed")
+	os.Exit(1)
+}
