@@ -44,8 +44,8 @@ type background struct {
 
 // newBackground readies the worker; its link events are subscribed before
 // it returns, so no ADD or DEL after the agent reports ready goes unseen.
-func newBackground(ctx context.Context, pinRoot string, lg *log.Logger) (*background, error) {
-	idle, err := datapath.OpenIdle(pinRoot)
+func newBackground(ctx context.Context, pinRoot string, politeWait time.Duration, lg *log.Logger) (*background, error) {
+	idle, err := datapath.OpenIdle(pinRoot, politeWait)
 	if err != nil {
 		return nil, err
 	}

@@ -37,6 +37,9 @@ type Options struct {
 	// PeersFile lists the other nodes and their pod CIDRs (host-gw routes,
 	// see SyncPeerRoutes); re-read at every reconcile. "" installs none.
 	PeersFile string
+	// PoliteWait is how long the background work waits for the CNI verbs
+	// to pause before it does a step anyway (0: datapath.MaxPoliteWait).
+	PoliteWait time.Duration
 }
 
 // Run ensures bpffs and the pinned datapath, moves every attachment to this
@@ -79,7 +82,7 @@ func Run(ctx context.Context, o Options) error {
 	if err := datapath.HoldAgent(ctx, o.PinRoot, func() { lg.Printf("another agent runs on %s; waiting for it to end", o.PinRoot) }); err != nil {
 		return fmt.Errorf("agent lock: %w", err)
 	}
-	bg, err := newBackground(ctx, o.PinRoot, lg)
+	bg, err := newBackground(ctx, o.PinRoot, o.PoliteWait, lg)
 	if err != nil {
 		return err
 	}

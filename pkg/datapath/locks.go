@@ -135,13 +135,14 @@ type Idle struct {
 	maxWait time.Duration // 0: MaxPoliteWait
 }
 
-// OpenIdle opens the busy lock for Wait.
-func OpenIdle(pinRoot string) (*Idle, error) {
+// OpenIdle opens the busy lock for Wait; maxWait bounds each Wait (0:
+// MaxPoliteWait).
+func OpenIdle(pinRoot string, maxWait time.Duration) (*Idle, error) {
 	fd, err := openLock(pinRoot, lockBusy, true)
 	if err != nil {
 		return nil, err
 	}
-	return &Idle{fd: fd}, nil
+	return &Idle{fd: fd, maxWait: maxWait}, nil
 }
 
 // MaxPoliteWait bounds Wait: a verb that never ends (an IPAM plugin hung,

@@ -34,7 +34,7 @@ func TestLocks(t *testing.T) {
 		t.Fatalf("second agent: %v, told %d times; want to wait (told once) until its context ends", err, told)
 	}
 
-	idle, err := OpenIdle(pin)
+	idle, err := OpenIdle(pin, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

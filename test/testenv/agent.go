@@ -60,7 +60,9 @@ func (e *Env) StartAgentBin(bin string, env []string, confDir string, extra ...s
 	}
 	a := &AgentProc{Log: &strings.Builder{}, exited: make(chan struct{})}
 	err := e.InNode(func() error {
-		a.Cmd = exec.Command(bin, append(append([]string{"run"}, e.AgentArgs(confDir)...), extra...)...)
+		// Tests hold the verbs (HoldVerbs) as long as they need a state.
+		args := append([]string{"run", "--polite-wait", "10m"}, e.AgentArgs(confDir)...)
+		a.Cmd = exec.Command(bin, append(args, extra...)...)
 		a.Cmd.Env = append(os.Environ(), env...)
 		stderr, err := a.Cmd.StderrPipe()
 		if err != nil {
