@@ -274,3 +274,39 @@ func TestReAddRacesReap(t *testing.T) {
 	e.MustDel(pod, "r")
 	e.AssertClean()
 }
+
+// TestAgentKilledBeforeFiltersDeleted: an agent killed with SIGKILL after
+// both tcx links of a move are pinned, before it deleted the cls_bpf
+// filters, leaves a pod that works and passes CHECK with both attached;
+// the next agent reuses the pinned links (no second attach) and deletes
+// the filters.
+func TestAgentKilledBeforeFiltersDeleted(t *testing.T) {
+	e := testenv.New(t)
+	confDir := e.WriteConfDir()
+	pod := e.NewPod()
+	e.CleanupDel(pod, "f")
+	var r *current.Result
+	killedAt(t, e, confDir, "agent-filters", func() { r = e.Add(pod, "f") })
+	hostIf, idx := e.HostVeth("f")
+	if st := e.AttachState(hostIf); st != datapath.StateMoving {
+		t.Fatalf("after the kill before the filters went %s is %q, want %q", hostIf, st, datapath.StateMoving)
+	}
+	ips := []net.IP{r.IPs[0].Address.IP, r.IPs[1].Address.IP}
+	e.PodReachable(t, pod, ips)
+	if err := e.Check(pod, "f", "eth0"); err != nil {
+		t.Errorf("CHECK with tcx links and filters both attached: %v", err)
+	}
+	before := e.ProgIDs(idx)
+	ag := e.StartAgent(confDir, "--metrics-addr", "")
+	e.WaitAttachState(hostIf, datapath.StateTCX, 10*time.Second)
+	if after := e.ProgIDs(idx); len(after) != 2 {
+		t.Errorf("programs on %s after the next agent: %v (before: %v), want the two tcx links only", hostIf, after, before)
+	}
+	e.PodReachable(t, pod, ips)
+	if err := e.Check(pod, "f", "eth0"); err != nil {
+		t.Errorf("CHECK after the next agent finished the move: %v", err)
+	}
+	e.MustDel(pod, "f")
+	e.AssertClean()
+	ag.Stop()
+}
