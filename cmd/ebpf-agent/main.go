@@ -29,7 +29,7 @@ type opts struct {
 
 	// run, peers
 	metrics, cgroupRoot, peersFile string
-	interval                       time.Duration
+	interval, politeWait           time.Duration
 	hostPorts                      bool
 	// reconcile, upgrade
 	dryRun, force bool
@@ -150,6 +150,7 @@ func runFlags(fs *flag.FlagSet, o *opts) {
 	fs.StringVar(&o.metrics, "metrics-addr", "127.0.0.1:9964", "Prometheus metrics listener; empty disables it")
 	fs.DurationVar(&o.interval, "reconcile-interval", time.Minute, "how often to look for stale state")
 	fs.BoolVar(&o.hostPorts, "hostports", true, "own the node hooks hostPort and ipMasq need (uplinks, cgroup socket hooks, node addresses)")
+	fs.DurationVar(&o.politeWait, "polite-wait", datapath.MaxPoliteWait, "longest the background work (moving pods to tcx, deleting handed-off veths) waits for CNI verbs to pause before doing a step anyway")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup2 directory for the node-wide socket hooks (default: the cgroup2 mount)")
 }
 
@@ -159,6 +160,7 @@ func run(o *opts) error {
 	ao := o.agentOptions()
 	ao.MetricsAddr, ao.ReconcileInterval, ao.Version = o.metrics, o.interval, Version
 	ao.HostPorts, ao.CgroupRoot, ao.PeersFile = o.hostPorts, o.cgroupRoot, o.peersFile
+	ao.PoliteWait = o.politeWait
 	ao.Logger = log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags)
 	return agent.Run(ctx, ao)
 }
@@ -215,8 +217,8 @@ func reconcile(o *opts) error {
 type upgraded struct{ datapath.UpgradeReport }
 
 func (u upgraded) Tables() []inspect.Table {
-	return []inspect.Table{{Lines: []string{fmt.Sprintf("links: %d, swapped in place: %d, defunct: %d, old program pins removed: %d",
-		u.Links, u.Replaced, len(u.Defunct), len(u.RemovedProgs))}}}
+	return []inspect.Table{{Lines: []string{fmt.Sprintf("links: %d, swapped in place: %d, defunct: %d, old program pins removed: %d; tc filters: %d, swapped in place: %d",
+		u.Links, u.Replaced, len(u.Defunct), len(u.RemovedProgs), u.Filters, u.FiltersSwap)}}}
 }
 
 func upgrade(o *opts) error {

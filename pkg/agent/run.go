@@ -37,12 +37,17 @@ type Options struct {
 	// PeersFile lists the other nodes and their pod CIDRs (host-gw routes,
 	// see SyncPeerRoutes); re-read at every reconcile. "" installs none.
 	PeersFile string
+	// PoliteWait is how long the background work waits for the CNI verbs
+	// to pause before it does a step anyway (0: datapath.MaxPoliteWait).
+	PoliteWait time.Duration
 }
 
 // Run ensures bpffs and the pinned datapath, moves every attachment to this
-// build's programs in place, reconciles stale state now, periodically and
-// when a pod's veth disappears, and serves metrics until ctx ends. Pins
-// outlive it: stopping, killing or restarting the agent leaves pods alone.
+// build's programs in place, takes on the verbs' background work (moving
+// pods to tcx, deleting handed-off veths: background.go), reconciles stale
+// state now, periodically and when a pod's veth disappears, and serves
+// metrics until ctx ends. Pins outlive it: stopping, killing or restarting
+// the agent leaves pods alone, and the next agent finishes what it left.
 func Run(ctx context.Context, o Options) error {
 	lg := o.Logger
 	if err := datapath.EnsureBPFFS(o.PinRoot); err != nil {
@@ -72,8 +77,18 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		lg.Printf("upgrade: %v", err)
 	}
-	lg.Printf("datapath ready at %s (map layout v%d); %d links, %d moved to this build's programs, %d old program pins removed",
-		o.PinRoot, maps.LayoutVersion, rep.Links, rep.Replaced, len(rep.RemovedProgs))
+	// From here on the verbs leave their slow kernel work to this agent
+	// (background.go): take the agent lock, then start the worker.
+	if err := datapath.HoldAgent(ctx, o.PinRoot, func() { lg.Printf("another agent runs on %s; waiting for it to end", o.PinRoot) }); err != nil {
+		return fmt.Errorf("agent lock: %w", err)
+	}
+	bg, err := newBackground(ctx, o.PinRoot, o.PoliteWait, lg)
+	if err != nil {
+		return err
+	}
+	go bg.run(ctx)
+	lg.Printf("datapath ready at %s (map layout v%d); %d links and %d tc filters, %d moved to this build's programs, %d old program pins removed",
+		o.PinRoot, maps.LayoutVersion, rep.Links, rep.Filters, rep.Replaced+rep.FiltersSwap, len(rep.RemovedProgs))
 
 	col := newCollector(o.PinRoot, o.StateDir, o.Version)
 	if o.MetricsAddr != "" {
