@@ -35,9 +35,6 @@
 #define SF_PKT_ERROR 2  /* ICMP error: keyed by the packet it quotes (f holds that one) */
 #define SF_PKT_OPAQUE 3 /* fragment, extension header, quote unreadable: cannot be keyed */
 
-#define ICMP6_ECHO_REQUEST 128
-#define ICMP6_ECHO_REPLY 129
-
 /* Ports of an ICMP(v6) echo: the responder's port is the id. */
 static __always_inline void sf_echo_ports(struct flow *f, __be16 id, int request)
 {
@@ -252,11 +249,11 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
  * back, not a flow that came in. */
 static __always_inline int masq_flow_exists(const struct flow *f)
 {
-	struct snat_key fk = { .family = AF_INET, .proto = f->proto, .dir = SNAT_DIR_FWD,
+	struct snat_key fk = { .family = f->family, .proto = f->proto, .dir = SNAT_DIR_FWD,
 			       .port = f->dport, .peer_port = f->sport };
 
-	*(__u32 *)fk.addr = *(const __u32 *)f->daddr;
-	*(__u32 *)fk.peer_addr = *(const __u32 *)f->saddr;
+	addr_copy(fk.addr, f->daddr, f->family);
+	addr_copy(fk.peer_addr, f->saddr, f->family);
 	return bpf_map_lookup_elem(&cni_snat, &fk) != NULL;
 }
 
@@ -282,7 +279,7 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 	} else if (f.proto == IPPROTO_UDP) {
 		if (node_hooks_enabled() && is_node_ip(f.saddr, family)) {
 			flags = SF_PEER_NODE;
-		} else if (family == AF_INET) {
+		} else {
 			struct ep_info *dst = ep_lookup_addr(f.daddr, family);
 
 			if (dst && (dst->flags & EP_F_MASQ) && dst->ifindex == skb->ifindex && !masq_flow_exists(&f))

@@ -30,7 +30,7 @@ type opts struct {
 
 	// run, peers
 	metrics, cgroupRoot, peersFile string
-	interval                       time.Duration
+	interval, politeWait           time.Duration
 	hostPorts                      bool
 	// reconcile, upgrade
 	dryRun, force bool
@@ -165,6 +165,7 @@ func runFlags(fs *flag.FlagSet, o *opts) {
 	fs.StringVar(&o.metrics, "metrics-addr", "127.0.0.1:9964", "Prometheus metrics listener; empty disables it")
 	fs.DurationVar(&o.interval, "reconcile-interval", time.Minute, "how often to look for stale state")
 	fs.BoolVar(&o.hostPorts, "hostports", true, "own the node hooks hostPort and ipMasq need (uplinks, cgroup socket hooks, node addresses)")
+	fs.DurationVar(&o.politeWait, "polite-wait", datapath.MaxPoliteWait, "longest the background work (moving pods to tcx, deleting handed-off veths) waits for CNI verbs to pause before doing a step anyway")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup2 directory for the node-wide socket hooks (default: the cgroup2 mount)")
 	sizingFlags(fs, o)
 }
@@ -175,6 +176,7 @@ func run(o *opts) error {
 	ao := o.agentOptions()
 	ao.MetricsAddr, ao.ReconcileInterval, ao.Version = o.metrics, o.interval, Version
 	ao.HostPorts, ao.CgroupRoot, ao.PeersFile = o.hostPorts, o.cgroupRoot, o.peersFile
+	ao.PoliteWait = o.politeWait
 	ao.Logger = log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags)
 	s, err := o.sizing()
 	if err != nil {
@@ -236,8 +238,8 @@ func reconcile(o *opts) error {
 type upgraded struct{ datapath.UpgradeReport }
 
 func (u upgraded) Tables() []inspect.Table {
-	return []inspect.Table{{Lines: []string{fmt.Sprintf("links: %d, swapped in place: %d, defunct: %d, old program pins removed: %d, old map directories removed: %d",
-		u.Links, u.Replaced, len(u.Defunct), len(u.RemovedProgs), len(u.RemovedMaps))}}}
+	return []inspect.Table{{Lines: []string{fmt.Sprintf("links: %d, swapped in place: %d, defunct: %d, old program pins removed: %d, old map directories removed: %d; tc filters: %d, swapped in place: %d",
+		u.Links, u.Replaced, len(u.Defunct), len(u.RemovedProgs), len(u.RemovedMaps), u.Filters, u.FiltersSwap)}}}
 }
 
 func upgrade(o *opts) error {

@@ -355,16 +355,24 @@ func linkAlive(ifindex int) bool {
 	return !errors.As(err, &nf)
 }
 
-// configureHost brings the host veth up and routes the pod's IPs to it, with
-// static neighbours so the node never resolves a pod it created. A route to
-// a pod IP that exists already is another interface's: refused, not replaced.
-func configureHost(p *plan, host netlink.Link, alias string) error {
+// readyHost names the host veth's owner in its alias and brings it up:
+// before the addresses are known, while IPAM runs (the programs attached
+// drop what the maps do not know yet, and with the pod's end down it has
+// no carrier).
+func readyHost(hostIf string, host netlink.Link, alias string) error {
 	if err := netlink.LinkSetAlias(host, alias); err != nil {
-		return fmt.Errorf("set alias of %s: %w", p.hostIf, err)
+		return fmt.Errorf("set alias of %s: %w", hostIf, err)
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
-		return fmt.Errorf("set %s up: %w", p.hostIf, err)
+		return fmt.Errorf("set %s up: %w", hostIf, err)
 	}
+	return nil
+}
+
+// routeHost routes the pod's IPs to the host veth, with static neighbours
+// so the node never resolves a pod it created. A route to a pod IP that
+// exists already is another interface's: refused, not replaced.
+func routeHost(p *plan, host netlink.Link) error {
 	idx := host.Attrs().Index
 	for _, ipc := range p.ips {
 		ip := ipc.Address.IP

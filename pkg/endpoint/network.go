@@ -150,9 +150,10 @@ func (n *Network) Sizing() maps.Sizing { return n.sizing }
 // ensureDatapath opens the node's datapath, setting it up on first use. A
 // datapath sized otherwise than this network says, or an older layout too
 // big for these sizes, is a configuration error (7); anything else means
-// the datapath cannot be used (50).
+// the datapath cannot be used (50). Programs are opened as ADD needs them
+// (datapath.EnsureLean).
 func (n *Network) ensureDatapath() (*datapath.Datapath, error) {
-	dp, err := datapath.Ensure(n.PinDir, n.sizing)
+	dp, err := datapath.EnsureLean(n.PinDir, n.sizing)
 	if err != nil {
 		var mig *datapath.MigrationError
 		switch {

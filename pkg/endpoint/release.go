@@ -12,6 +12,10 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
+// afterList is a test seam: it runs between Reconcile's listing of the
+// records and its look at each.
+var afterList = func() {}
+
 // ReleaseIPAM runs the IPAM plugin's DEL for a recorded attachment, as its
 // DEL would, for callers that have no CNI_* of it (GC, the agent). conf is
 // the network configuration the IPAM plugin reads on stdin; cniPath is
@@ -47,7 +51,22 @@ func Reconcile(n *Network, conf []byte, cniPath string, dryRun bool) ([]string, 
 		done []string
 		errs error
 	)
+	afterList()
 	for _, r := range recs {
+		if r.Provisional && !store.Busy(r) {
+			// List may have read it before its ADD ended: the final
+			// record then replaced the file (unlocked), or a failed ADD
+			// removed it. Only what is still provisional is half made.
+			now, err := store.Read(r.ContainerID, r.IfName)
+			if err != nil {
+				errs = errors.Join(errs, err)
+				continue
+			}
+			if now == nil {
+				continue
+			}
+			r = now
+		}
 		what := fmt.Sprintf("attachment %s/%s of network %s (veth gone; IPs %v)", r.ContainerID, r.IfName, n.Name, r.IPs)
 		switch {
 		case r.Provisional:

@@ -55,8 +55,11 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 		t.Complete = nil
 	}
 	hostIf := state.HostIfName(containerID, ifname)
+	handOff := false
 	if l, err := netlink.LinkByName(hostIf); err == nil {
 		t.Ifindex = l.Attrs().Index
+		// With the agent alive the veth is handed off to it (handoff.go).
+		handOff = datapath.AgentAlive(n.PinDir)
 	} else if rec != nil && rec.HostIfindex != 0 {
 		// The veth is gone; its old index is ours unless a new link took it.
 		if l, err := netlink.LinkByIndex(rec.HostIfindex); err != nil || l.Attrs().Name == hostIf {
@@ -66,7 +69,7 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 	tr.Mark("lookup")
 
 	var errs error
-	dp, err := datapath.Open(n.PinDir)
+	dp, err := datapath.OpenLean(n.PinDir) // teardown needs the maps only
 	if errors.Is(err, os.ErrNotExist) && datapath.HasOlderLayout(n.PinDir) {
 		// An older build's maps: move the node to this layout first, so
 		// the attachment's entries go from the maps its programs use.
@@ -126,16 +129,24 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 		_, err := t.DP.Maps.LookupLink(idx)
 		return err == nil
 	}
-	if cookie := podTeardown(netnsPath, ifname, recCookie, t.Ifindex, table, isOurs); cookie != 0 && t.DP != nil {
+	if cookie := podTeardown(netnsPath, ifname, recCookie, t.Ifindex, table, isOurs, handOff); cookie != 0 && t.DP != nil {
 		errs = errors.Join(errs, t.DP.Maps.DeleteNetns(cookie))
 	}
 	tr.Mark("endpoints")
 	// Deleting the veth before dropping the link pins also saves time:
 	// unregistering the device detaches both tcx hooks, and releasing an
 	// already detached link is free, whereas releasing an attached one waits
-	// out an RCU grace period per hook.
-	errs = errors.Join(errs, deleteLink(hostIf))
-	tr.Mark("veth")
+	// out an RCU grace period per hook. Handed off, the agent deletes it.
+	if handOff {
+		if err := handOffHost(n.PinDir, hostIf, t.Ifindex); err != nil {
+			// Not handed off: delete it here after all.
+			errs = errors.Join(errs, deleteLink(hostIf), datapath.RemoveLinkPins(n.PinDir, state.HandedOffName(t.Ifindex)))
+		}
+		tr.Mark("hand-off")
+	} else {
+		errs = errors.Join(errs, deleteLink(hostIf))
+		tr.Mark("veth")
+	}
 	if with != nil {
 		errs = errors.Join(errs, <-with)
 		tr.Mark("with-veth")

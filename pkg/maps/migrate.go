@@ -11,8 +11,11 @@ import (
 )
 
 // Layout 1 pinned the same key and value structs as this layout under the
-// same names but one: bw_state gained queue_ns and mark_ns (the ingress
-// queue), which a layout 1 bucket lacks (0: it polices alone, as it did).
+// same names but three: bw_state gained queue_ns and mark_ns (the ingress
+// queue), which a layout 1 bucket lacks (0: it polices alone, as it did);
+// ct_val gained seen_ns and a timer, snat_val a timer (flows copied with
+// their timers unarmed, left to the agent's sweep). cni_masq_share (the
+// per-pod port counts) starts empty: flows of layout 1 count for nobody.
 // netns_info's pad became rcv_wnd, 0 in a layout 1 entry (no clamp). The
 // rest changed in sizes and flags (maps sized from maxPods, cni_stats no
 // longer preallocated) and cni_cidr_refs, which it lacked. So every other
@@ -33,15 +36,57 @@ type bwStateV1 struct {
 
 // copyBandwidthV1 copies layout 1's buckets, with no ingress queue.
 func copyBandwidthV1(from, to *ebpf.Map, name string) (int, error) {
+	return copyConverted[BandwidthKey](from, to, name, func(v bwStateV1) BandwidthState {
+		return BandwidthState{NsPerByte: v.NsPerByte, BurstNs: v.BurstNs, TokensNs: v.TokensNs, LastNs: v.LastNs,
+			RateBps: v.RateBps, BurstBits: v.BurstBits}
+	})
+}
+
+// ctValV1 is ct_val of layout 1: no seen_ns, no timer.
+type ctValV1 struct {
+	OrigAddr, ClientAddr [16]uint8
+	OrigPort, ClientPort uint16
+	Ifindex, Flags, Pad  uint32
+	CreatedNs            uint64
+}
+
+// snatValV1 is snat_val of layout 1: no timer.
+type snatValV1 struct {
+	Addr              [16]uint8
+	Port, Flags       uint16
+	Ifindex           uint32
+	CreatedNs, SeenNs uint64
+}
+
+// copyCTV1 copies layout 1's hostPort flows as seen now (the agent's
+// sweep, ExpireCT, ends them once idle past their timeout; the timer of a
+// copied entry is not armed).
+func copyCTV1(from, to *ebpf.Map, name string) (int, error) {
+	now := monotonicNow()
+	return copyConverted[CTKey](from, to, name, func(v ctValV1) CTVal {
+		return CTVal{OrigAddr: v.OrigAddr, ClientAddr: v.ClientAddr, OrigPort: v.OrigPort, ClientPort: v.ClientPort,
+			Ifindex: v.Ifindex, Flags: v.Flags, CreatedNs: v.CreatedNs, SeenNs: now}
+	})
+}
+
+// copySNATV1 copies layout 1's masqueraded flows (timer not armed).
+func copySNATV1(from, to *ebpf.Map, name string) (int, error) {
+	return copyConverted[SNATKey](from, to, name, func(v snatValV1) SNATVal {
+		return SNATVal{Addr: v.Addr, Port: v.Port, Flags: v.Flags, Ifindex: v.Ifindex, CreatedNs: v.CreatedNs, SeenNs: v.SeenNs}
+	})
+}
+
+// copyConverted copies every entry of a hash map of an older layout the
+// target lacks, converting its value.
+func copyConverted[K, O, N any](from, to *ebpf.Map, name string, conv func(O) N) (int, error) {
 	var (
-		k BandwidthKey
-		v bwStateV1
+		k K
+		v O
 		n int
 	)
 	it := from.Iterate()
 	for it.Next(&k, &v) {
-		nv := BandwidthState{NsPerByte: v.NsPerByte, BurstNs: v.BurstNs, TokensNs: v.TokensNs, LastNs: v.LastNs,
-			RateBps: v.RateBps, BurstBits: v.BurstBits}
+		nv := conv(v)
 		err := to.Update(&k, &nv, ebpf.UpdateNoExist)
 		switch {
 		case err == nil:
@@ -84,12 +129,12 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 		{nameBandwidth, copyBandwidthV1, uint32(binary.Size(bwStateV1{}))},
 		{nameNetns, copyHash[uint64, NetnsInfo], 0},
 		{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
-		{nameCT, copyHash[CTKey, CTVal], 0},
+		{nameCT, copyCTV1, uint32(binary.Size(ctValV1{}))},
 		{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
 		{nameHPConfig, copyArray[HostPortConfig], 0},
 		{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
 		{nameHPStats, copyPerCPUArray, 0},
-		{nameSNAT, copyHash[SNATKey, SNATVal], 0},
+		{nameSNAT, copySNATV1, uint32(binary.Size(snatValV1{}))},
 		{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
 		{nameMasqStats, copyPerCPUArray, 0},
 		{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},

@@ -89,6 +89,7 @@ func (s Sizing) entries() map[string]uint32 {
 		nameCT:          uint32(s.MaxPods * flowsPerPod),
 		nameSockRNAT:    uint32(s.MaxPods * sockFlowsPerPod),
 		nameSNAT:        uint32(s.MaxPods * flowsPerPod * 2), // two entries per flow
+		nameMasqShare:   uint32(s.MaxPods * flowsPerPod),     // a (pod, destination) has a flow at least
 		nameStackFlows:  uint32(s.MaxPods * flowsPerPod),
 		nameClusterRefs: uint32(att * MaxClusterCIDRsPerNetwork),
 	}

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -91,6 +92,30 @@ func HostIfName(containerID, ifname string) string {
 
 // HostIfPrefix starts every host veth name (see HostIfName).
 const HostIfPrefix = "ebpf"
+
+// HandedOffPrefix starts the name of a host veth that DEL handed off to the
+// agent (see HandedOffName).
+const HandedOffPrefix = "ebpz"
+
+// HandedOffName is what DEL renames a host veth (and its pod end) to when
+// it hands the pair off to the agent for deletion: "ebpz" + the host end's
+// ifindex, unique on the node while that link exists, so the attachment's
+// own name is free at once for a new ADD of the same pod (which may be
+// handed off again before the first pair is gone).
+func HandedOffName(ifindex int) string { return HandedOffPrefix + strconv.Itoa(ifindex) }
+
+// HandedOffIfindex is the host ifindex a HandedOffName carries.
+func HandedOffIfindex(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, HandedOffPrefix)
+	if !ok || rest == "" {
+		return 0, false
+	}
+	n, err := strconv.Atoi(rest)
+	if err != nil || n <= 0 || strconv.Itoa(n) != rest {
+		return 0, false
+	}
+	return n, true
+}
 
 // Store is the records of one network under a state directory.
 type Store struct {

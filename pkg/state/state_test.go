@@ -164,3 +164,23 @@ func TestStaleTempsRemovedFreshKept(t *testing.T) {
 		t.Errorf("fresh temp file (a write in progress) removed: %v", err)
 	}
 }
+
+func TestHandedOffName(t *testing.T) {
+	for _, idx := range []int{1, 42, 2147483647} {
+		name := HandedOffName(idx)
+		if len(name) > 15 {
+			t.Errorf("HandedOffName(%d) = %q: longer than IFNAMSIZ-1", idx, name)
+		}
+		if got, ok := HandedOffIfindex(name); !ok || got != idx {
+			t.Errorf("HandedOffIfindex(%q) = %d, %v; want %d", name, got, ok, idx)
+		}
+		if strings.HasPrefix(name, HostIfPrefix) {
+			t.Errorf("%q looks like a live host veth", name)
+		}
+	}
+	for _, bad := range []string{"ebpz", "ebpz0", "ebpz-1", "ebpz01", "ebpzab", "ebpf12", "eth0"} {
+		if _, ok := HandedOffIfindex(bad); ok {
+			t.Errorf("HandedOffIfindex(%q) accepted", bad)
+		}
+	}
+}

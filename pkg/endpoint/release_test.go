@@ -1,0 +1,96 @@
+package endpoint
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+)
+
+// TestReconcileAddEndsAfterList: an ADD that ends between Reconcile's
+// listing of the records (its record still provisional, locked) and its
+// look at that record is not taken for one that died part way: its pod is
+// alive (the agent's timer once tore down 59 pods of a burst of ADDs so).
+func TestReconcileAddEndsAfterList(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root; CI runs as root")
+		}
+		t.Skip("needs root (a netns and a veth)")
+	}
+	node, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		node.Close()
+		testutils.UnmountNS(node)
+	}()
+	dir := t.TempDir()
+	conf := []byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"recon","type":"ebpf-cni","pinDir":%q,"stateDir":%q}`,
+		filepath.Join(dir, "pins"), filepath.Join(dir, "state")))
+	n, err := ParseNetwork(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{n.PinDir, n.Store().Dir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store := n.Store()
+	rec := &state.Record{ContainerID: "c1", IfName: "eth0", HostIf: state.HostIfName("c1", "eth0"), Provisional: true, Pid: os.Getpid()}
+	claim, err := store.Claim(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer claim.Close()
+	err = node.Do(func(ns.NetNS) error {
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: rec.HostIf}, PeerName: "peer-c1"}
+		return netlink.LinkAdd(veth)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	afterList = func() {
+		// The ADD ends: its final record replaces the provisional one.
+		final := *rec
+		final.Provisional = false
+		if err := store.Write(&final); err != nil {
+			t.Error(err)
+		}
+		claim.Close()
+	}
+	defer func() { afterList = func() {} }()
+	var done []string
+	err = node.Do(func(ns.NetNS) error {
+		var err error
+		done, err = Reconcile(n, conf, "", true)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(done) > 0 {
+		t.Errorf("Reconcile would remove a pod whose ADD just ended: %v", done)
+	}
+	// Still provisional and no longer locked: that ADD died; it goes.
+	afterList = func() {}
+	if err := store.Write(rec); err != nil {
+		t.Fatal(err)
+	}
+	err = node.Do(func(ns.NetNS) error {
+		var err error
+		done, err = Reconcile(n, conf, "", true)
+		return err
+	})
+	if err != nil || len(done) != 1 {
+		t.Errorf("Reconcile of a record an ADD left half made: %v, %v; want it listed", done, err)
+	}
+}
