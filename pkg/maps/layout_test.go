@@ -18,7 +18,7 @@ import (
 // opens pins of the old layout, and the new fingerprint recorded here.
 var layouts = map[int]string{
 	1: "9948a12e1789aaaf",
-	2: "630d43f12bfacd83", // NAT (flow timers and state in cni_ct/cni_snat, cni_masq_config, cni_masq_share, IPv6 masquerade, ICMP error counters), bandwidth (bw_state.queue_ns, mark_ns; netns_info.rcv_wnd), node resources (sizes from maxPods, cni_stats not preallocated, cni_cidr_refs)
+	2: "b84671b938a29b9c", // NAT (flow timers and state in cni_ct/cni_snat, cni_masq_config, cni_masq_share, IPv6 masquerade, ICMP error counters), bandwidth (bw_state.queue_ns, mark_ns; netns_info.rcv_wnd), node resources (sizes from maxPods, cni_stats not preallocated, cni_cidr_refs)
 }
 
 func TestLayoutVersion(t *testing.T) {

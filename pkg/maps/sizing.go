@@ -53,6 +53,13 @@ const (
 	addrsPerAttachment = 2   // IPv4 and IPv6
 	flowsPerPod        = 256 // translated flows (hostPort, Services, masquerade) per pod, on average
 	sockFlowsPerPod    = 64  // node sockets reaching a pod through a hostPort
+	// minCT is cni_ct's least size: a hostPort pod taking 8000 short
+	// connections a second keeps tens of thousands of closing flows there
+	// until they time out, and at maxPods x flowsPerPod (28160 at the
+	// defaults) an idle long-lived flow of the node is the one the LRU
+	// evicts (TestHostPortFlowLifeCycle); 49152 keeps it and keeps every map
+	// full within 32 MiB on 64 CPUs (TestFootprint).
+	minCT = 49152
 )
 
 // Validate checks the bounds; field names are the network configuration's.
@@ -86,7 +93,7 @@ func (s Sizing) entries() map[string]uint32 {
 		nameBandwidth:   uint32(att * numDirs),
 		nameNetns:       uint32(att + 1), // the pods' and the node's
 		nameHostPorts:   uint32(hp),
-		nameCT:          uint32(s.MaxPods * flowsPerPod),
+		nameCT:          uint32(max(s.MaxPods*flowsPerPod, minCT)),
 		nameSockRNAT:    uint32(s.MaxPods * sockFlowsPerPod),
 		nameSNAT:        uint32(s.MaxPods * flowsPerPod * 2), // two entries per flow
 		nameMasqShare:   uint32(s.MaxPods * flowsPerPod),     // a (pod, destination) has a flow at least
