@@ -1,0 +1,159 @@
+// Hostile review: attacks on the stack-flow table and the integrity of
+// attachments that earlier tests did not cover.
+
+package integration
+
+import (
+	"bufio"
+	"encoding/binary"
+	"net"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// csum16 is the Internet checksum of b.
+func csum16(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s>>16 != 0 {
+		s = s&0xffff + s>>16
+	}
+	return ^uint16(s)
+}
+
+// forgedUnreach4 is an ICMP host unreachable quoting a TCP segment
+// src:sport -> dst:dport that the sender never received.
+func forgedUnreach4(src net.IP, sport int, dst net.IP, dport int) []byte {
+	q := make([]byte, 40)
+	q[0], q[8], q[9] = 0x45, 64, syscall.IPPROTO_TCP
+	binary.BigEndian.PutUint16(q[2:], 40)
+	copy(q[12:16], src.To4())
+	copy(q[16:20], dst.To4())
+	binary.BigEndian.PutUint16(q[10:], csum16(q[:20]))
+	binary.BigEndian.PutUint16(q[20:], uint16(sport))
+	binary.BigEndian.PutUint16(q[22:], uint16(dport))
+	q[32], q[33] = 5<<4, 0x10 // data offset, ACK
+	m := append([]byte{3, 1, 0, 0, 0, 0, 0, 0}, q...)
+	binary.BigEndian.PutUint16(m[2:], csum16(m))
+	return m
+}
+
+// sendICMP4 sends the ICMP message m from netns to dst over a raw socket.
+func sendICMP4(t *testing.T, netns ns.NetNS, dst net.IP, m []byte, n int) {
+	t.Helper()
+	err := netns.Do(func(ns.NetNS) error {
+		fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_ICMP)
+		if err != nil {
+			return err
+		}
+		defer syscall.Close(fd)
+		sa := &syscall.SockaddrInet4{}
+		copy(sa.Addr[:], dst.To4())
+		for i := 0; i < n; i++ {
+			if err := syscall.Sendto(fd, m, 0, sa); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("send forged ICMP: %v", err)
+	}
+}
+
+// TestReviewForgedICMPErrorKeepsStackFlows: pod x, which has nothing to do
+// with a's connection through a ClusterIP to b, sends ICMP errors quoting a
+// segment a -> b of that connection. The record that sends b's replies
+// through the stack (so conntrack un-DNATs them) must survive: x may not
+// delete another pod's records. Without it b's next segment bypasses
+// conntrack, reaches a from b's own address, and a answers with a reset.
+func TestReviewForgedICMPErrorKeepsStackFlows(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	a, b, x := e.NewPod(), e.NewPod(), e.NewPod()
+	for id, p := range map[string]ns.NetNS{"a": a, "b": b, "x": x} {
+		e.CleanupDel(p, id)
+	}
+	e.Add(a, "a")
+	b4, _ := testenv.PodIPs(t, e.Add(b, "b"))
+	e.Add(x, "x")
+	restore(t, e.Node, "nft", nftRules(4, testenv.PodSubnet4, []net.IP{testenv.NodeIP4},
+		[]svcPort{{name: "web", proto: "tcp", clusterIP: svcWeb[4], port: 80, backend: b4, target: 8080}}), "-f", "-")
+
+	var ln net.Listener
+	if err := b.Do(func(ns.NetNS) (err error) { ln, err = net.Listen("tcp4", ":8080"); return }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			accepted <- c
+		}
+	}()
+	var cli net.Conn
+	if err := a.Do(func(ns.NetNS) (err error) {
+		cli, err = net.DialTimeout("tcp4", hp(svcWeb[4], 80), 5*time.Second)
+		return
+	}); err != nil {
+		t.Fatalf("a -> ClusterIP: %v", err)
+	}
+	defer cli.Close()
+	var srv net.Conn
+	select {
+	case srv = <-accepted:
+	case <-time.After(5 * time.Second):
+		t.Fatal("b accepted nothing")
+	}
+	defer srv.Close()
+	if _, err := cli.Write([]byte("ping\n")); err != nil {
+		t.Fatal(err)
+	}
+	srv.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := bufio.NewReader(srv).ReadString('\n'); err != nil {
+		t.Fatalf("b read: %v", err)
+	}
+	la := cli.LocalAddr().(*net.TCPAddr)
+	_, bIdx := e.HostVeth("b")
+	record := func() bool {
+		flows, err := e.Maps().ListStackFlows()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range flows {
+			if f.Ifindex == bIdx && f.Peer.Addr().String() == la.IP.String() && int(f.Peer.Port()) == la.Port {
+				return true
+			}
+		}
+		return false
+	}
+	if !record() {
+		t.Fatalf("no stack flow recorded for b's replies to %s", la)
+	}
+
+	// x knows (or guesses) the tuple and sprays errors about it at b.
+	sendICMP4(t, x, b4, forgedUnreach4(la.IP, la.Port, b4, 8080), 20)
+	time.Sleep(100 * time.Millisecond)
+	if !record() {
+		t.Errorf("pod x's forged ICMP errors deleted b's stack flow record")
+	}
+	// b speaks first now: a must get it from the ClusterIP.
+	if _, err := srv.Write([]byte("pong\n")); err != nil {
+		t.Fatal(err)
+	}
+	cli.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if got, err := bufio.NewReader(cli).ReadString('\n'); err != nil || got != "pong\n" {
+		t.Errorf("a's connection through the ClusterIP after x's forged errors: read %q, %v", got, err)
+	}
+}
