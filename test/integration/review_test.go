@@ -8,15 +8,16 @@ import (
 	"encoding/binary"
 	"net"
 	"os"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
@@ -211,4 +212,42 @@ func TestReviewDelRacingAdd(t *testing.T) {
 		}
 		e.AssertNothingOf(id)
 	}
+}
+
+// TestReviewOtherNetworksDelKeepsOwner: network B's ADD of a container ID and
+// interface name that network A attached is refused; the runtime then DELs
+// B's failed attachment, as runtimes do after a failed ADD. That DEL must
+// remove nothing of A's pod: not its veth, not its map entries.
+func TestReviewOtherNetworksDelKeepsOwner(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "shared")
+	live := e.AddAttachment(pod, "shared")
+	for _, same := range []bool{true, false} {
+		pinDir := e.PinDir
+		if !same {
+			pinDir = filepath.Join(datapath.BPFFSRoot, testenv.RandName("ebpf-cni-test-"))
+			t.Cleanup(func() { os.RemoveAll(pinDir) })
+		}
+		netB := e.NetList(testenv.RandName("netb"), map[string]any{"type": "ebpf-cni", "pinDir": pinDir, "stateDir": t.TempDir(),
+			"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}}}})
+		rt := e.RuntimeConf(pod, "shared", "eth0")
+		if _, err := e.AddList(netB, rt); err == nil {
+			t.Fatalf("network B's ADD of network A's attachment succeeded")
+		}
+		if err := e.DelList(netB, rt); err != nil {
+			t.Errorf("network B's DEL of its refused attachment: %v", err)
+		}
+		if !e.NodeLinkExists(live.HostIf) {
+			t.Fatalf("network B's DEL (same pinDir: %v) deleted network A's host veth %s", same, live.HostIf)
+		}
+		e.AssertOwns(t, live)
+		if err := e.Check(pod, "shared", "eth0"); err != nil {
+			t.Errorf("CHECK of network A's pod after network B's DEL (same pinDir: %v): %v", same, err)
+		}
+		e.PodReachable(t, pod, live.IPs)
+	}
+	e.MustDel(pod, "shared")
+	e.AssertClean()
 }
