@@ -5,6 +5,7 @@ package integration
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"net"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -230,11 +232,25 @@ func TestReviewOtherNetworksDelKeepsOwner(t *testing.T) {
 			pinDir = filepath.Join(datapath.BPFFSRoot, testenv.RandName("ebpf-cni-test-"))
 			t.Cleanup(func() { os.RemoveAll(pinDir) })
 		}
-		netB := e.NetList(testenv.RandName("netb"), map[string]any{"type": "ebpf-cni", "pinDir": pinDir, "stateDir": t.TempDir(),
+		stateB := t.TempDir()
+		netB := e.NetList(testenv.RandName("netb"), map[string]any{"type": "ebpf-cni", "pinDir": pinDir, "stateDir": stateB,
 			"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}}}})
 		rt := e.RuntimeConf(pod, "shared", "eth0")
 		if _, err := e.AddList(netB, rt); err == nil {
 			t.Fatalf("network B's ADD of network A's attachment succeeded")
+		}
+		// The refused ADD leaves no record: GC and the agent would take it
+		// for a killed ADD of network B and tear down "its" veth.
+		if recs, _ := os.ReadDir(filepath.Join(stateB, netB.Name)); len(recs) != 0 {
+			t.Errorf("network B's refused ADD left records: %v", recs)
+		}
+		if err := e.InNode(func() error {
+			return e.CNI.GCNetworkList(context.Background(), netB, &libcni.GCArgs{})
+		}); err != nil {
+			t.Errorf("network B's GC: %v", err)
+		}
+		if !e.NodeLinkExists(live.HostIf) {
+			t.Fatalf("network B's GC (same pinDir: %v) deleted network A's host veth %s", same, live.HostIf)
 		}
 		if err := e.DelList(netB, rt); err != nil {
 			t.Errorf("network B's DEL of its refused attachment: %v", err)
