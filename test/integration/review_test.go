@@ -5,11 +5,14 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -301,6 +304,50 @@ func TestReviewBandwidthBoundaries(t *testing.T) {
 		if err := e.Del(pod, id, "eth0"); err != nil {
 			t.Errorf("rate %d, mtu %d: DEL: %v", c.rate, c.mtu, err)
 		}
+		e.AssertClean()
+	}
+}
+
+// TestReviewKilledFirstAdd: the first ADD on a node (it sets up the pinned
+// maps and programs) killed with SIGKILL after a varying delay, anywhere in
+// that setup or later. The runtime's DEL cleans up whatever it left, and the
+// next ADD sets the node up and works.
+func TestReviewKilledFirstAdd(t *testing.T) {
+	t.Parallel()
+	for _, d := range []time.Duration{5, 40, 70, 90, 110, 130, 150, 170, 200, 250, 300} {
+		d *= time.Millisecond
+		e := testenv.New(t)
+		pod := e.NewPod()
+		e.CleanupDel(pod, "killed")
+		var cmd *exec.Cmd
+		err := e.InNode(func() error {
+			cmd = exec.Command(filepath.Join(testenv.BinDir, "ebpf-cni"))
+			for k, v := range pluginEnv("ADD", "killed", pod, "eth0") {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+			cmd.Stdin = bytes.NewReader(e.StdinConf(nil))
+			return cmd.Start()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(d)
+		cmd.Process.Signal(syscall.SIGKILL)
+		werr := cmd.Wait()
+		pins, _ := os.ReadDir(e.PinDir)
+		t.Logf("killed after %s: %v; left %d things, pin dir %d entries", d, werr, len(e.Leftovers()), len(pins))
+		if err := e.Del(pod, "killed", "eth0"); err != nil {
+			t.Errorf("killed after %s: DEL: %v", d, err)
+		}
+		if l := e.Leftovers(); len(l) > 0 {
+			t.Errorf("killed after %s: left after DEL:\n  %s", d, strings.Join(l, "\n  "))
+		}
+		p := e.AddAttachment(pod, "again")
+		e.PodReachable(t, pod, p.IPs)
+		if err := e.Check(pod, "again", "eth0"); err != nil {
+			t.Errorf("killed after %s: CHECK of the next ADD: %v", d, err)
+		}
+		e.MustDel(pod, "again")
 		e.AssertClean()
 	}
 }
