@@ -351,3 +351,44 @@ func TestReviewKilledFirstAdd(t *testing.T) {
 		e.AssertClean()
 	}
 }
+
+// TestReviewConcurrentInterfaces: eth0 and net1 of one pod from two ebpf-cni
+// networks, added at the same time (containerd's go-cni sets up the networks
+// of a pod in parallel). Both ADDs succeed, as they do one after the other,
+// and the pod has one default route per family, through one interface.
+func TestReviewConcurrentInterfaces(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	netB := e.NetList(testenv.RandName("netb"), map[string]any{
+		"type": "ebpf-cni", "pinDir": e.PinDir, "stateDir": t.TempDir(),
+		"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(),
+			"ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}, {{"subnet": "fd00:251::/64"}}}},
+	})
+	for i := 0; i < 6; i++ {
+		pod := e.NewPod()
+		id := testenv.RandName("multi")
+		rtB := &libcni.RuntimeConf{ContainerID: id, NetNS: pod.Path(), IfName: "net1"}
+		e.CleanupDel(pod, id)
+		t.Cleanup(func() { e.DelList(netB, rtB) })
+		errA, errB := make(chan error, 1), make(chan error, 1)
+		go func() { _, err := e.AddV("1.1.0", pod, id, "eth0"); errA <- err }()
+		go func() { _, err := e.AddList(netB, rtB); errB <- err }()
+		if err := <-errA; err != nil {
+			t.Errorf("round %d: ADD eth0 beside net1: %v", i, err)
+		}
+		if err := <-errB; err != nil {
+			t.Errorf("round %d: ADD net1 beside eth0: %v", i, err)
+		}
+		v4, v6 := podDefaults(t, pod)
+		if strings.Contains(v4, " ") || v4 == "" || strings.Contains(v6, " ") || v6 == "" || strings.HasPrefix(v6, "ifindex") {
+			t.Errorf("round %d: pod default routes v4 %q, v6 %q; want one interface each", i, v4, v6)
+		}
+		if err := e.DelList(netB, rtB); err != nil {
+			t.Errorf("round %d: DEL net1: %v", i, err)
+		}
+		if err := e.Del(pod, id, "eth0"); err != nil {
+			t.Errorf("round %d: DEL eth0: %v", i, err)
+		}
+	}
+	e.AssertClean()
+}
