@@ -124,3 +124,21 @@ func TestReviewReproStackFlowEviction(t *testing.T) {
 		t.Errorf("a's idle connection through the ClusterIP after x's flood: read %q, %v", got, err)
 	}
 }
+
+// TestReviewReproForwardRulesBypassed: the node's firewall says pod a may not
+// reach pod b (a FORWARD drop, as an iptables NetworkPolicy engine such as
+// kube-router writes them; with ptp it holds). Same-node pod-to-pod traffic
+// is redirected into b before netfilter sees it.
+func TestReviewReproForwardRulesBypassed(t *testing.T) {
+	e := testenv.New(t)
+	a, b := e.NewPod(), e.NewPod()
+	for id, p := range map[string]ns.NetNS{"a": a, "b": b} {
+		e.CleanupDel(p, id)
+	}
+	a4, _ := testenv.PodIPs(t, e.Add(a, "a"))
+	b4, _ := testenv.PodIPs(t, e.Add(b, "b"))
+	restore(t, e.Node, "iptables-nft-restore", "*filter\n:FORWARD ACCEPT [0:0]\n-A FORWARD -s "+a4.String()+"/32 -d "+b4.String()+"/32 -j DROP\nCOMMIT\n")
+	if err := testenv.Ping(a, b4, 2); err == nil {
+		t.Errorf("pod a reached pod b despite the node's FORWARD rule dropping a -> b")
+	}
+}
