@@ -44,34 +44,61 @@ func csum16(b []byte) uint16 {
 	return ^uint16(s)
 }
 
-// forgedUnreach4 is an ICMP host unreachable quoting a TCP segment
-// src:sport -> dst:dport that the sender never received.
-func forgedUnreach4(src net.IP, sport int, dst net.IP, dport int) []byte {
-	q := make([]byte, 40)
-	q[0], q[8], q[9] = 0x45, 64, syscall.IPPROTO_TCP
-	binary.BigEndian.PutUint16(q[2:], 40)
-	copy(q[12:16], src.To4())
-	copy(q[16:20], dst.To4())
-	binary.BigEndian.PutUint16(q[10:], csum16(q[:20]))
-	binary.BigEndian.PutUint16(q[20:], uint16(sport))
-	binary.BigEndian.PutUint16(q[22:], uint16(dport))
-	q[32], q[33] = 5<<4, 0x10 // data offset, ACK
-	m := append([]byte{3, 1, 0, 0, 0, 0, 0, 0}, q...)
-	binary.BigEndian.PutUint16(m[2:], csum16(m))
-	return m
+// forgedUnreach is an ICMP(v6) destination unreachable quoting a TCP segment
+// src:sport -> dst:dport that its sender never received. The ICMPv6
+// checksum is the kernel's (raw ICMPv6 sockets compute it).
+func forgedUnreach(src net.IP, sport int, dst net.IP, dport int) []byte {
+	var q []byte
+	if src.To4() != nil {
+		q = make([]byte, 40)
+		q[0], q[8], q[9] = 0x45, 64, syscall.IPPROTO_TCP
+		binary.BigEndian.PutUint16(q[2:], 40)
+		copy(q[12:16], src.To4())
+		copy(q[16:20], dst.To4())
+		binary.BigEndian.PutUint16(q[10:], csum16(q[:20]))
+	} else {
+		q = make([]byte, 60)
+		q[0], q[6], q[7] = 0x60, syscall.IPPROTO_TCP, 64
+		binary.BigEndian.PutUint16(q[4:], 20)
+		copy(q[8:24], src.To16())
+		copy(q[24:40], dst.To16())
+	}
+	tcp := q[len(q)-20:]
+	binary.BigEndian.PutUint16(tcp[0:], uint16(sport))
+	binary.BigEndian.PutUint16(tcp[2:], uint16(dport))
+	tcp[12], tcp[13] = 5<<4, 0x10 // data offset, ACK
+	if src.To4() != nil {
+		m := append([]byte{3, 1, 0, 0, 0, 0, 0, 0}, q...)
+		binary.BigEndian.PutUint16(m[2:], csum16(m))
+		return m
+	}
+	return append([]byte{1, 3, 0, 0, 0, 0, 0, 0}, q...)
 }
 
-// sendICMP4 sends the ICMP message m from netns to dst over a raw socket.
-func sendICMP4(t *testing.T, netns ns.NetNS, dst net.IP, m []byte, n int) {
+// sendICMP sends the ICMP(v6) message m n times from netns to dst over a raw socket.
+func sendICMP(t *testing.T, netns ns.NetNS, dst net.IP, m []byte, n int) {
 	t.Helper()
 	err := netns.Do(func(ns.NetNS) error {
-		fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_ICMP)
+		var (
+			fd  int
+			err error
+			sa  syscall.Sockaddr
+		)
+		if dst.To4() != nil {
+			fd, err = syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_ICMP)
+			a := &syscall.SockaddrInet4{}
+			copy(a.Addr[:], dst.To4())
+			sa = a
+		} else {
+			fd, err = syscall.Socket(syscall.AF_INET6, syscall.SOCK_RAW, syscall.IPPROTO_ICMPV6)
+			a := &syscall.SockaddrInet6{}
+			copy(a.Addr[:], dst.To16())
+			sa = a
+		}
 		if err != nil {
 			return err
 		}
 		defer syscall.Close(fd)
-		sa := &syscall.SockaddrInet4{}
-		copy(sa.Addr[:], dst.To4())
 		for i := 0; i < n; i++ {
 			if err := syscall.Sendto(fd, m, 0, sa); err != nil {
 				return err
@@ -90,6 +117,7 @@ func sendICMP4(t *testing.T, netns ns.NetNS, dst net.IP, m []byte, n int) {
 // through the stack (so conntrack un-DNATs them) must survive: x may not
 // delete another pod's records. Without it b's next segment bypasses
 // conntrack, reaches a from b's own address, and a answers with a reset.
+// IPv4 and IPv6.
 func TestReviewForgedICMPErrorKeepsStackFlows(t *testing.T) {
 	t.Parallel()
 	e := testenv.New(t)
@@ -98,76 +126,80 @@ func TestReviewForgedICMPErrorKeepsStackFlows(t *testing.T) {
 		e.CleanupDel(p, id)
 	}
 	e.Add(a, "a")
-	b4, _ := testenv.PodIPs(t, e.Add(b, "b"))
+	b4, b6 := testenv.PodIPs(t, e.Add(b, "b"))
 	e.Add(x, "x")
-	restore(t, e.Node, "nft", nftRules(4, testenv.PodSubnet4, []net.IP{testenv.NodeIP4},
-		[]svcPort{{name: "web", proto: "tcp", clusterIP: svcWeb[4], port: 80, backend: b4, target: 8080}}), "-f", "-")
-
-	var ln net.Listener
-	if err := b.Do(func(ns.NetNS) (err error) { ln, err = net.Listen("tcp4", ":8080"); return }); err != nil {
-		t.Fatal(err)
+	bIP := map[int]net.IP{4: b4, 6: b6}
+	for _, fam := range []int{4, 6} {
+		restore(t, e.Node, "nft", nftRules(fam, cluster[fam], []net.IP{nodeIP[fam]},
+			[]svcPort{{name: "web", proto: "tcp", clusterIP: svcWeb[fam], port: 80, backend: bIP[fam], target: 8080}}), "-f", "-")
 	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			accepted <- c
-		}
-	}()
-	var cli net.Conn
-	if err := a.Do(func(ns.NetNS) (err error) {
-		cli, err = net.DialTimeout("tcp4", hp(svcWeb[4], 80), 5*time.Second)
-		return
-	}); err != nil {
-		t.Fatalf("a -> ClusterIP: %v", err)
-	}
-	defer cli.Close()
-	var srv net.Conn
-	select {
-	case srv = <-accepted:
-	case <-time.After(5 * time.Second):
-		t.Fatal("b accepted nothing")
-	}
-	defer srv.Close()
-	if _, err := cli.Write([]byte("ping\n")); err != nil {
-		t.Fatal(err)
-	}
-	srv.SetReadDeadline(time.Now().Add(5 * time.Second))
-	if _, err := bufio.NewReader(srv).ReadString('\n'); err != nil {
-		t.Fatalf("b read: %v", err)
-	}
-	la := cli.LocalAddr().(*net.TCPAddr)
 	_, bIdx := e.HostVeth("b")
-	record := func() bool {
-		flows, err := e.Maps().ListStackFlows()
-		if err != nil {
+	for _, fam := range []int{4, 6} {
+		network := fmt.Sprintf("tcp%d", fam)
+		var ln net.Listener
+		if err := b.Do(func(ns.NetNS) (err error) { ln, err = net.Listen(network, ":8080"); return }); err != nil {
 			t.Fatal(err)
 		}
-		for _, f := range flows {
-			if f.Ifindex == bIdx && f.Peer.Addr().String() == la.IP.String() && int(f.Peer.Port()) == la.Port {
-				return true
+		defer ln.Close()
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				accepted <- c
 			}
+		}()
+		var cli net.Conn
+		if err := a.Do(func(ns.NetNS) (err error) {
+			cli, err = net.DialTimeout(network, hp(svcWeb[fam], 80), 5*time.Second)
+			return
+		}); err != nil {
+			t.Fatalf("a -> ClusterIP %s: %v", svcWeb[fam], err)
 		}
-		return false
-	}
-	if !record() {
-		t.Fatalf("no stack flow recorded for b's replies to %s", la)
-	}
+		defer cli.Close()
+		var srv net.Conn
+		select {
+		case srv = <-accepted:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("IPv%d: b accepted nothing", fam)
+		}
+		defer srv.Close()
+		if _, err := cli.Write([]byte("ping\n")); err != nil {
+			t.Fatal(err)
+		}
+		srv.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := bufio.NewReader(srv).ReadString('\n'); err != nil {
+			t.Fatalf("IPv%d: b read: %v", fam, err)
+		}
+		la := cli.LocalAddr().(*net.TCPAddr)
+		record := func() bool {
+			flows, err := e.Maps().ListStackFlows()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range flows {
+				if f.Ifindex == bIdx && f.Peer.Addr().Unmap().String() == la.IP.String() && int(f.Peer.Port()) == la.Port {
+					return true
+				}
+			}
+			return false
+		}
+		if !record() {
+			t.Fatalf("IPv%d: no stack flow recorded for b's replies to %s", fam, la)
+		}
 
-	// x knows (or guesses) the tuple and sprays errors about it at b.
-	sendICMP4(t, x, b4, forgedUnreach4(la.IP, la.Port, b4, 8080), 20)
-	time.Sleep(100 * time.Millisecond)
-	if !record() {
-		t.Errorf("pod x's forged ICMP errors deleted b's stack flow record")
-	}
-	// b speaks first now: a must get it from the ClusterIP.
-	if _, err := srv.Write([]byte("pong\n")); err != nil {
-		t.Fatal(err)
-	}
-	cli.SetReadDeadline(time.Now().Add(3 * time.Second))
-	if got, err := bufio.NewReader(cli).ReadString('\n'); err != nil || got != "pong\n" {
-		t.Errorf("a's connection through the ClusterIP after x's forged errors: read %q, %v", got, err)
+		// x knows (or guesses) the tuple and sprays errors about it at b.
+		sendICMP(t, x, bIP[fam], forgedUnreach(la.IP, la.Port, bIP[fam], 8080), 20)
+		time.Sleep(100 * time.Millisecond)
+		if !record() {
+			t.Errorf("IPv%d: pod x's forged ICMP errors deleted b's stack flow record", fam)
+		}
+		// b speaks first now: a must get it from the ClusterIP.
+		if _, err := srv.Write([]byte("pong\n")); err != nil {
+			t.Fatal(err)
+		}
+		cli.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if got, err := bufio.NewReader(cli).ReadString('\n'); err != nil || got != "pong\n" {
+			t.Errorf("IPv%d: a's connection through the ClusterIP after x's forged errors: read %q, %v", fam, got, err)
+		}
 	}
 }
 
