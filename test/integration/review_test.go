@@ -467,3 +467,54 @@ func TestReviewGarbageConfig(t *testing.T) {
 		e.AssertNothingOf("garbage")
 	}
 }
+
+// TestReviewKilledDel: a DEL killed with SIGKILL after a varying delay; the
+// runtime retries it. The retry succeeds and leaves nothing, and a pod added
+// meanwhile never shares the half-deleted pod's address.
+func TestReviewKilledDel(t *testing.T) {
+	t.Parallel()
+	for _, d := range []time.Duration{2, 8, 15, 25, 40, 60, 90} {
+		d *= time.Millisecond
+		e := testenv.New(t)
+		pod, next := e.NewPod(), e.NewPod()
+		e.CleanupDel(pod, "victim")
+		e.CleanupDel(next, "next")
+		v := e.AddAttachment(pod, "victim")
+		var cmd *exec.Cmd
+		err := e.InNode(func() error {
+			cmd = exec.Command(filepath.Join(testenv.BinDir, "ebpf-cni"))
+			for k, val := range pluginEnv("DEL", "victim", pod, "eth0") {
+				cmd.Env = append(cmd.Env, k+"="+val)
+			}
+			cmd.Stdin = bytes.NewReader(e.StdinConf(nil))
+			return cmd.Start()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(d)
+		cmd.Process.Signal(syscall.SIGKILL)
+		werr := cmd.Wait()
+		left := e.Traces(v)
+		t.Logf("DEL killed after %s: %v; left %d traces", d, werr, len(left))
+		// A pod added meanwhile gets an address of its own, or is refused.
+		if r, err := e.AddV("1.1.0", next, "next", "eth0"); err == nil {
+			n, _ := current.NewResultFromResult(r)
+			for _, ipc := range n.IPs {
+				for _, ip := range v.IPs {
+					if ipc.Address.IP.Equal(ip) {
+						t.Errorf("DEL killed after %s: the next pod got the half-deleted pod's %s", d, ip)
+					}
+				}
+			}
+		}
+		if err := e.Del(pod, "victim", "eth0"); err != nil {
+			t.Errorf("DEL killed after %s: retried DEL: %v", d, err)
+		}
+		e.AssertGone(v)
+		if err := e.Del(next, "next", "eth0"); err != nil {
+			t.Errorf("DEL of the next pod: %v", err)
+		}
+		e.AssertClean()
+	}
+}
