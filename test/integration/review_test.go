@@ -23,6 +23,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -517,4 +518,65 @@ func TestReviewKilledDel(t *testing.T) {
 		}
 		e.AssertClean()
 	}
+}
+
+// TestReviewIfnameTaken: the pod already has an eth0 of another plugin's
+// making (a second network with the same ifname, a misconfigured runtime).
+// ADD fails naming it and leaves nothing; the runtime's DEL of the failed
+// ADD keeps the other eth0, its address and its routes.
+func TestReviewIfnameTaken(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "taken")
+	peer := testenv.RandName("hand")
+	if err := e.InNode(func() error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: peer}, PeerName: "eth0",
+			PeerNamespace: netlink.NsFd(int(pod.Fd()))})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.InNode(func() error { return deleteHostLink(peer) }) })
+	addr, _ := netlink.ParseAddr("10.254.0.2/24")
+	if err := pod.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP("10.254.0.1")})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.AddV("1.1.0", pod, "taken", "eth0")
+	if err == nil {
+		t.Fatal("ADD over the pod's existing eth0 succeeded")
+	}
+	t.Logf("ADD: %v", err)
+	if !strings.Contains(err.Error(), "eth0") {
+		t.Errorf("ADD's error does not name eth0: %v", err)
+	}
+	e.AssertNothingOf("taken")
+	if err := e.Del(pod, "taken", "eth0"); err != nil {
+		t.Errorf("DEL of the failed ADD: %v", err)
+	}
+	pod.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			t.Fatalf("the other plugin's eth0 is gone: %v", err)
+		}
+		if as, _ := netlink.AddrList(l, netlink.FAMILY_V4); len(as) != 1 || !as[0].IP.Equal(addr.IP) {
+			t.Errorf("the other eth0's addresses: %v", as)
+		}
+		if v4, _ := podDefaults(t, pod); v4 != "eth0" {
+			t.Errorf("the pod's IPv4 default route: %q, want the other eth0's", v4)
+		}
+		return nil
+	})
+	e.AssertClean()
 }
