@@ -332,6 +332,14 @@ func ownerAlias(network, containerID, ifname string) string {
 
 const aliasPrefix = "ebpf-cni:"
 
+// foreignLink tells whether a node link's alias names an attachment other
+// than network's containerID/ifname (a link with no alias of ours, say one
+// an ADD killed before it set the alias, is not foreign).
+func foreignLink(l netlink.Link, network, containerID, ifname string) bool {
+	alias := l.Attrs().Alias
+	return strings.HasPrefix(alias, aliasPrefix) && alias != ownerAlias(network, containerID, ifname)
+}
+
 // holderOf names what holds a node link: the attachment its alias names,
 // else the link itself.
 func holderOf(ifindex int) string {
