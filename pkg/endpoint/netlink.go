@@ -215,6 +215,11 @@ func configurePod(p *plan, netns ns.NetNS) error {
 			}
 			r.Table = 0
 			if err := netlink.RouteAdd(r); err != nil {
+				if errors.Is(err, unix.EEXIST) && isDefault(rt.dst) {
+					// Another interface's ADD, running beside ours, took the
+					// default route after we looked: it keeps it.
+					continue
+				}
 				if errors.Is(err, unix.EEXIST) {
 					return &conflictError{fmt.Sprintf("route %s via %s on %s: the pod already routes %s via %s; a route of another interface is never replaced",
 						rt.dst, rt.gw, p.ifname, rt.dst, routeHolder(rt.dst))}
