@@ -225,9 +225,15 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 	switch (kind) {
 	case SF_PKT_OPAQUE:
 		return 1;
-	case SF_PKT_ERROR:
+	case SF_PKT_ERROR: {
+		/* The quoted packet is whatever the pod wrote: a record of
+		 * another pod only fails to match, it is never deleted (a pod
+		 * would otherwise erase any Service flow's record by quoting
+		 * its tuple). */
 		sf_key_delivered(&k, &f);
-		return sf_lookup(&k, ifindex) != NULL;
+		struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, &k);
+		return v && v->ifindex == ifindex;
+	}
 	case SF_PKT_OPEN:
 		/* A new direct flow: a record of this tuple is left from an
 		 * earlier, translated one. Half of this flow through the stack

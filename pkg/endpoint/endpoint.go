@@ -114,6 +114,9 @@ func Claim(n *Network, id ID, features []Feature, tr *Tracer) (_ *Attachment, er
 	// The veth without our record: this network's record was lost, or
 	// another network attached the same container ID and interface name.
 	if l, lerr := netlink.LinkByName(a.HostIf); lerr == nil {
+		// The provisional record just written goes too: GC and the agent
+		// would take it for a killed ADD and tear down that veth.
+		_ = n.Store().Remove(id.ContainerID, id.IfName)
 		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
 			"CNI_CONTAINERID %q, CNI_IFNAME %q: the host veth of this attachment exists already, as %s, with no record in %s: DEL it before adding it again",
 			id.ContainerID, id.IfName, holderOf(l.Attrs().Index), n.Store().Dir()), "")

@@ -215,6 +215,11 @@ func configurePod(p *plan, netns ns.NetNS) error {
 			}
 			r.Table = 0
 			if err := netlink.RouteAdd(r); err != nil {
+				if errors.Is(err, unix.EEXIST) && isDefault(rt.dst) {
+					// Another interface's ADD, running beside ours, took the
+					// default route after we looked: it keeps it.
+					continue
+				}
 				if errors.Is(err, unix.EEXIST) {
 					return &conflictError{fmt.Sprintf("route %s via %s on %s: the pod already routes %s via %s; a route of another interface is never replaced",
 						rt.dst, rt.gw, p.ifname, rt.dst, routeHolder(rt.dst))}
@@ -331,6 +336,14 @@ func ownerAlias(network, containerID, ifname string) string {
 }
 
 const aliasPrefix = "ebpf-cni:"
+
+// foreignLink tells whether a node link's alias names an attachment other
+// than network's containerID/ifname (a link with no alias of ours, say one
+// an ADD killed before it set the alias, is not foreign).
+func foreignLink(l netlink.Link, network, containerID, ifname string) bool {
+	alias := l.Attrs().Alias
+	return strings.HasPrefix(alias, aliasPrefix) && alias != ownerAlias(network, containerID, ifname)
+}
 
 // holderOf names what holds a node link: the attachment its alias names,
 // else the link itself.
