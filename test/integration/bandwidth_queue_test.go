@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -30,14 +29,7 @@ import (
 // veth (hostport_test.go's plugUplink), whose TCP the node cannot pace.
 func withRemote(t *testing.T, e *testenv.Env) ns.NetNS {
 	t.Helper()
-	r, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("create remote netns: %v", err)
-	}
-	t.Cleanup(func() {
-		r.Close()
-		testutils.UnmountNS(r)
-	})
+	r := testenv.NewNS(t)
 	if err := (&hpEnv{Env: e, remote: r}).plugUplink(); err != nil {
 		t.Fatal(err)
 	}

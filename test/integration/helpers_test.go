@@ -15,7 +15,6 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -225,11 +224,8 @@ const (
 // the pod end of the veth (and with it the host end) goes away.
 func destroyPod(t *testing.T, pod ns.NetNS) {
 	t.Helper()
-	if err := pod.Close(); err != nil {
-		t.Fatalf("close pod netns: %v", err)
-	}
-	if err := testutils.UnmountNS(pod); err != nil {
-		t.Fatalf("unmount pod netns: %v", err)
+	if err := testenv.RemoveNS(pod); err != nil {
+		t.Fatalf("remove pod netns: %v", err)
 	}
 }
 

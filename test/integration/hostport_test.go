@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -40,15 +39,7 @@ func newHPEnv(t *testing.T) *hpEnv {
 	e := testenv.New(t)
 	e.Extra = map[string]any{"capabilities": map[string]bool{"portMappings": true}}
 	h := &hpEnv{Env: e}
-	r, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("create remote netns: %v", err)
-	}
-	h.remote = r
-	t.Cleanup(func() {
-		r.Close()
-		testutils.UnmountNS(r)
-	})
+	h.remote = testenv.NewNS(t)
 	if err := h.plugUplink(); err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,6 @@ import (
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -69,15 +68,8 @@ func labAddr(l netlink.Link, cidr string) error {
 
 func newMasqLab(t *testing.T) *masqLab {
 	t.Helper()
-	out, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("create outside netns: %v", err)
-	}
-	t.Cleanup(func() {
-		out.Close()
-		testutils.UnmountNS(out)
-	})
-	err = out.Do(func(ns.NetNS) error {
+	out := testenv.NewNS(t)
+	err := out.Do(func(ns.NetNS) error {
 		lo, err := netlink.LinkByName("lo")
 		if err != nil {
 			return err

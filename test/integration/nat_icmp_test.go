@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -51,14 +50,7 @@ func newPMTULab(t *testing.T) (*hpEnv, ns.NetNS) {
 	e := newHPEnv(t)
 	e.Extra["ipMasq"] = true
 	e.Extra["mtu"] = podMTU
-	far, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		far.Close()
-		testutils.UnmountNS(far)
-	})
+	far := testenv.NewNS(t)
 	addr := func(l netlink.Link, ip net.IP, bits int) error {
 		a := &netlink.Addr{IPNet: &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, len(ip)*8)}, Flags: unix.IFA_F_NODAD}
 		return netlink.AddrAdd(l, a)
@@ -67,7 +59,7 @@ func newPMTULab(t *testing.T) (*hpEnv, ns.NetNS) {
 	if err := far.Do(func(ns.NetNS) error { return os.WriteFile(noDAD, []byte("0"), 0o644) }); err != nil {
 		t.Fatal(err)
 	}
-	err = e.remote.Do(func(ns.NetNS) error {
+	err := e.remote.Do(func(ns.NetNS) error {
 		// A router: forwarding on, and no way to the pods but through NAT.
 		for f, v := range map[string]string{"/proc/sys/net/ipv4/ip_forward": "1", "/proc/sys/net/ipv6/conf/all/forwarding": "1", noDAD: "0"} {
 			if err := os.WriteFile(f, []byte(v), 0o644); err != nil {

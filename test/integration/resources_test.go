@@ -475,8 +475,9 @@ func TestResourcesClusterCIDRsConcurrent(t *testing.T) {
 				if out, err := e.RunPlugin(testenv.BinDir+"/ebpf-cni", pluginEnv("DEL", id, pod, "eth0"), conf(g)); err != nil {
 					fail("%s: DEL: %v: %s", id, err, out)
 				}
-				pod.Close()
-				testutils.UnmountNS(pod)
+				if err := testenv.RemoveNS(pod); err != nil {
+					fail("%s: %v", id, err)
+				}
 			}
 		}(w)
 	}

@@ -27,7 +27,6 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
@@ -125,16 +124,9 @@ type Env struct {
 func New(t *testing.T) *Env {
 	t.Helper()
 	e := &Env{T: t, Name: RandName("net")}
-	node, err := testutils.NewNS()
-	if err != nil {
-		t.Fatalf("create node netns: %v", err)
-	}
+	node := NewNS(t)
 	e.Node = node
-	t.Cleanup(func() {
-		node.Close()
-		testutils.UnmountNS(node)
-	})
-	err = node.Do(func(ns.NetNS) error {
+	err := node.Do(func(ns.NetNS) error {
 		lo, err := netlink.LinkByName("lo")
 		if err != nil {
 			return err
@@ -165,15 +157,7 @@ func New(t *testing.T) *Env {
 // NewPod creates a pod network namespace removed at the end of the test.
 func (e *Env) NewPod() ns.NetNS {
 	e.T.Helper()
-	p, err := testutils.NewNS()
-	if err != nil {
-		e.T.Fatalf("create pod netns: %v", err)
-	}
-	e.T.Cleanup(func() {
-		p.Close()
-		testutils.UnmountNS(p)
-	})
-	return p
+	return NewNS(e.T)
 }
 
 // PluginConf is the ebpf-cni entry of the conflist.

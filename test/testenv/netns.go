@@ -1,0 +1,47 @@
+package testenv
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"golang.org/x/sys/unix"
+)
+
+// NewNS creates a named network namespace (under /var/run/netns) that is
+// closed, unmounted and removed when the test ends, whatever its outcome.
+func NewNS(t testing.TB) ns.NetNS {
+	t.Helper()
+	n, err := testutils.NewNS()
+	if err != nil {
+		t.Fatalf("create netns: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := RemoveNS(n); err != nil {
+			t.Errorf("netns left behind: %v", err)
+		}
+	})
+	return n
+}
+
+// RemoveNS closes, unmounts and removes a namespace NewNS (or testutils)
+// made. A plain unmount can fail while the mount is busy (a mount namespace
+// created meanwhile, a process entering it); the lazy one cannot.
+func RemoveNS(n ns.NetNS) error {
+	path := n.Path()
+	n.Close()
+	err := unix.Unmount(path, 0)
+	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		err = unix.Unmount(path, unix.MNT_DETACH)
+	}
+	if err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", path, err)
+	}
+	return nil
+}
