@@ -202,6 +202,11 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	}
 
 	// netns entries: the node's stays; a pod's stays while a record names it.
+	// The entries are listed before the records: an ADD writes its record
+	// (with the cookie) before the entry, so an entry listed here has its
+	// record on disk by the time the records are read.
+	nss, err := m.ListNetns()
+	errs = errors.Join(errs, err)
 	known := make(map[uint64]bool)
 	recs, _ := state.ListAll(stateDir)
 	for _, r := range recs {
@@ -209,8 +214,6 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 			known[r.NetnsCookie] = true
 		}
 	}
-	nss, err := m.ListNetns()
-	errs = errors.Join(errs, err)
 	for cookie, v := range nss {
 		if v.Flags&maps.FlagNetnsNode == 0 && !known[cookie] {
 			c := cookie
