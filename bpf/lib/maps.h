@@ -109,6 +109,8 @@ struct {
 	__type(value, struct snat_val);
 } cni_snat SEC(".maps");
 
+/* Value: who added the prefix (1 an ADD's configuration, 2 the agent); the
+ * datapath reads only the key. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__uint(max_entries, MAX_CLUSTER_CIDRS);

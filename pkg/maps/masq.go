@@ -1,10 +1,14 @@
 package maps
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"sort"
 	"time"
+
+	"github.com/cilium/ebpf"
 )
 
 // Go twins of the masquerade structs in bpf/lib/types.h, generated from BTF.
@@ -67,17 +71,66 @@ func cidrKey(p netip.Prefix) CIDRKey {
 	return k
 }
 
-// AddClusterCIDRs adds prefixes to cni_cluster_cidrs (idempotent):
-// destinations inside them are never masqueraded.
+// Who put an entry into cni_cluster_cidrs: its value (the datapath reads
+// only the key).
+const (
+	// ClusterCIDRByConfig: an ADD with ipMasq (its clusterCIDRs, or the
+	// pod's subnets). Never removed: other pods of the network rely on it.
+	ClusterCIDRByConfig uint32 = 1
+	// ClusterCIDRByAgent: the agent (--cluster-cidrs, or every Node's pod
+	// CIDRs), which removes its own entries when they are no longer wanted.
+	ClusterCIDRByAgent uint32 = 2
+)
+
+// AddClusterCIDRs adds prefixes to cni_cluster_cidrs (idempotent), as
+// configuration: destinations inside them are never masqueraded.
 func (m *Maps) AddClusterCIDRs(prefixes []netip.Prefix) error {
 	for _, p := range prefixes {
 		k := cidrKey(p)
-		one := uint32(1)
-		if err := m.byName[nameClusterCIDRs].Put(&k, &one); err != nil {
+		v := ClusterCIDRByConfig
+		if err := m.byName[nameClusterCIDRs].Put(&k, &v); err != nil {
 			return writeErr(m.byName[nameClusterCIDRs], nameClusterCIDRs, p.String(), err)
 		}
 	}
 	return nil
+}
+
+// SyncAgentClusterCIDRs makes the agent's entries of cni_cluster_cidrs
+// exactly want: it adds what is missing (an entry the configuration put
+// there already stays the configuration's) and removes its own entries
+// not in want, never one the configuration put there.
+func (m *Maps) SyncAgentClusterCIDRs(want []netip.Prefix) (added, removed []netip.Prefix, err error) {
+	cc := m.byName[nameClusterCIDRs]
+	wanted := map[netip.Prefix]bool{}
+	for _, p := range want {
+		p = p.Masked()
+		if wanted[p] {
+			continue
+		}
+		wanted[p] = true
+		k, v := cidrKey(p), ClusterCIDRByAgent
+		switch err := cc.Update(&k, &v, ebpf.UpdateNoExist); {
+		case err == nil:
+			added = append(added, p)
+		case !errors.Is(err, ebpf.ErrKeyExist):
+			return added, removed, writeErr(cc, nameClusterCIDRs, p.String(), err)
+		}
+	}
+	have, err := m.clusterCIDRs()
+	if err != nil {
+		return added, removed, err
+	}
+	for p, owner := range have {
+		if owner != ClusterCIDRByAgent || wanted[p] {
+			continue
+		}
+		k := cidrKey(p)
+		if err := cc.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return added, removed, fmt.Errorf("map %s: remove %s: %w", nameClusterCIDRs, p, err)
+		}
+		removed = append(removed, p)
+	}
+	return added, removed, nil
 }
 
 // DeleteClusterCIDR removes one prefix (tools and tests).
@@ -88,8 +141,22 @@ func (m *Maps) DeleteClusterCIDR(p netip.Prefix) error {
 
 // ClusterCIDRs lists cni_cluster_cidrs.
 func (m *Maps) ClusterCIDRs() ([]netip.Prefix, error) {
+	have, err := m.clusterCIDRs()
+	out := make([]netip.Prefix, 0, len(have))
+	for p := range have {
+		out = append(out, p)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
+	return out, err
+}
+
+// ClusterCIDROwners is cni_cluster_cidrs with who put each entry there
+// (ClusterCIDRByConfig, ClusterCIDRByAgent).
+func (m *Maps) ClusterCIDROwners() (map[netip.Prefix]uint32, error) { return m.clusterCIDRs() }
+
+func (m *Maps) clusterCIDRs() (map[netip.Prefix]uint32, error) {
 	var (
-		out []netip.Prefix
+		out = map[netip.Prefix]uint32{}
 		k   CIDRKey
 		v   uint32
 	)
@@ -101,7 +168,7 @@ func (m *Maps) ClusterCIDRs() ([]netip.Prefix, error) {
 		} else {
 			a = netip.AddrFrom16(k.Addr)
 		}
-		out = append(out, netip.PrefixFrom(a, int(k.Prefixlen)-32))
+		out[netip.PrefixFrom(a, int(k.Prefixlen)-32)] = v
 	}
 	return out, it.Err()
 }
