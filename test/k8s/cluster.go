@@ -550,8 +550,11 @@ func (c *cluster) startAPIServer(ctx context.Context) error {
 
 // stopAPIServer kills kube-apiserver (the agent tests' outage); etcd keeps
 // the cluster's state for startAPIServer.
-func (c *cluster) stopAPIServer() {
-	p := c.apiserver
+func (c *cluster) stopAPIServer() { c.stop(c.apiserver) }
+
+// stop kills one of the run's processes and forgets it (waitFor fails when
+// one of them exits).
+func (c *cluster) stop(p *proc) {
 	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	<-p.done
 	for i, q := range c.procs {
