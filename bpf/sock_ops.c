@@ -3,8 +3,9 @@
 /*
  * Attached once per node to the cgroup2 root as a sock_ops program: when a TCP
  * connection is established in a pod with an egress limit, or towards a pod
- * with an ingress limit, cap the socket's pacing rate at that limit. See
- * lib/bandwidth.h for why.
+ * with an ingress limit, cap the socket's pacing rate at that limit; when a
+ * pod with an ingress limit connects to, or accepts from, a peer this node does
+ * not pace, clamp its receive window. See lib/bandwidth.h for why.
  */
 #include "lib/bandwidth.h"
 
@@ -14,6 +15,17 @@
 #ifndef SO_MAX_PACING_RATE
 #define SO_MAX_PACING_RATE 47
 #endif
+#ifndef SOL_TCP
+#define SOL_TCP 6
+#endif
+#ifndef TCP_WINDOW_CLAMP
+#define TCP_WINDOW_CLAMP 10
+#endif
+
+static __always_inline void clamp_window(struct bpf_sock_ops *skops, int bytes)
+{
+	bpf_setsockopt(skops, SOL_TCP, TCP_WINDOW_CLAMP, &bytes, sizeof(bytes));
+}
 
 /* The connection's addresses, read field by field: the verifier only allows
  * context loads at constant offsets. */
@@ -61,17 +73,44 @@ int cni_sock_ops(struct bpf_sock_ops *skops)
 {
 	__u32 op = skops->op;
 
-	if (op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB)
+	if (op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB &&
+	    op != BPF_SOCK_OPS_RWND_INIT && op != BPF_SOCK_OPS_HDR_OPT_LEN_CB)
 		return 1;
 
 	__u64 cookie = bpf_get_netns_cookie(skops);
 	struct netns_info *ns = bpf_map_lookup_elem(&cni_netns, &cookie);
 	if (!ns)
 		return 1;
+	/* The kernel lifts a window clamp again: to the receive buffer's size
+	 * when the received segment size changes (the first full segment, at
+	 * least), and with the buffer when it autotunes it. So the clamp is
+	 * put back on every segment the socket sends (it has this callback only
+	 * while clamped, and the kernel does nothing when the clamp is already
+	 * in place): the window field is filled in after this callback. */
+	if (op == BPF_SOCK_OPS_HDR_OPT_LEN_CB) {
+		if (ns->rcv_wnd)
+			clamp_window(skops, ns->rcv_wnd);
+		return 1;
+	}
 	struct conn c = {};
 	read_conn(skops, &c);
 	if (is_local(&c))
 		return 1;
+	/* No clamp towards pods of this node: this program paces them and their
+	 * packets skip the ingress queue. The window of the SYN or SYN-ACK
+	 * (whose right edge the kernel never takes back) is as small, in full
+	 * segments: unlike a clamp on the listener it leaves the window scale
+	 * alone. */
+	int unpaced = ns->rcv_wnd && !bw_pod_at(c.family, c.remote);
+	if (op == BPF_SOCK_OPS_RWND_INIT) {
+		if (unpaced)
+			skops->reply = ns->rcv_wnd / 1460 > 2 ? ns->rcv_wnd / 1460 : 2;
+		return 1;
+	}
+	if (unpaced) {
+		clamp_window(skops, ns->rcv_wnd);
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_WRITE_HDR_OPT_CB_FLAG);
+	}
 
 	__u64 rate = bw_pacing_rate(ns, c.family, c.remote);
 	if (rate) {

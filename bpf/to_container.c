@@ -2,8 +2,9 @@
 
 /*
  * Attached to tcx egress of the host-side veth: every packet the kernel stack
- * sends to the pod. Addresses it to the pod's current MAC, applies the pod's
- * ingress rate limit, and records flows the stack delivered whose replies
+ * sends to the pod, before the host veth's qdisc (a limited pod's ingress
+ * queue). Addresses it to the pod's current MAC, applies the pod's ingress
+ * rate limit, and records flows the stack delivered whose replies
  * must go back through it (see lib/stackflow.h). Same-node traffic
  * redirected with bpf_redirect_peer never passes here; from_container
  * counts it for the destination instead.
@@ -27,10 +28,16 @@ int cni_to_container(struct __sk_buff *skb)
 		if (li && !mac_equal(eth->h_dest, li->mac))
 			mac_copy(eth->h_dest, li->mac);
 	}
-	if (!bw_admit(skb->ifindex, DIR_INGRESS, skb->len)) {
+	/* The ingress queue's admission (lib/bandwidth.h); the helper marks only
+	 * ECN-capable packets. */
+	enum bw_verdict v = bw_charge(skb->ifindex, DIR_INGRESS, skb->len, 1);
+	if (v == BW_DROP) {
 		count(skb->ifindex, DIR_INGRESS, REASON_DROP_BANDWIDTH, skb->len);
 		return TC_ACT_SHOT;
 	}
+	if (v == BW_MARK)
+		bpf_skb_ecn_set_ce(skb);
+
 	if (skb->protocol == bpf_htons(ETH_P_IP))
 		stack_flow_record(skb, AF_INET);
 	else if (skb->protocol == bpf_htons(ETH_P_IPV6))

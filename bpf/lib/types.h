@@ -124,6 +124,8 @@ struct bw_state {
 	__u64 last_ns;     /* bpf_ktime_get_ns() of the last refill */
 	__u64 rate_bps;    /* configured rate, bits per second (for dumps and CHECK) */
 	__u64 burst_bits;  /* effective burst, bits (for dumps and CHECK) */
+	__u64 queue_ns;    /* the ingress queue's capacity (backlog admitted into it); 0: no queue */
+	__u64 mark_ns;     /* backlog above which packets entering the queue are marked CE if ECN-capable */
 };
 
 #define NETNS_F_NODE (1U << 0) /* the node's own netns (pods are reached from it) */
@@ -132,7 +134,7 @@ struct bw_state {
 struct netns_info {
 	__u64 egress_rate; /* bytes per second the netns' pod may send; 0: none */
 	__u32 flags;
-	__u32 pad;
+	__u32 rcv_wnd; /* receive window clamp of the pod's TCP sockets (ingress limit), bytes; 0: none */
 };
 
 /* -------------------------------------------------------------- hostPort */

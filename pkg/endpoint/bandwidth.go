@@ -2,13 +2,19 @@ package endpoint
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/big"
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
+
+// ethHeaderLen is what a frame adds to the MTU.
+const ethHeaderLen = 14
 
 // BandwidthConf is the bandwidth capability, in bits per second and bits, as
 // the reference bandwidth plugin defines it (ingress = into the pod). Kept
@@ -23,8 +29,9 @@ type BandwidthConf struct {
 }
 
 // bandwidth is the Feature of per-pod rate limits (bpf/lib/bandwidth.h):
-// a token bucket per direction of the host veth, and TCP pacing by the
-// node's sock_ops hook.
+// a token bucket per direction of the host veth, TCP pacing by the node's
+// sock_ops hook, and for an ingress limit a queue on the host veth with the
+// pod's receive window clamped (bandwidth_queue.go).
 type bandwidth struct {
 	conf   *BandwidthConf
 	limits limits // set by Validate
@@ -35,14 +42,18 @@ func (b *bandwidth) Validate() (err error) {
 	return err
 }
 
-// Install puts the buckets before the endpoint entries whose flags point
-// at them, and the pacing hook on the node with the first limit.
+// Install puts the ingress queue on the host veth, the buckets before the
+// endpoint entries whose flags point at them, and the pacing hook on the
+// node with the first limit. The veth's deletion removes the queue.
 func (b *bandwidth) Install(a *Attachment) error {
 	l := b.limits
 	if l.egress == nil && l.ingress == nil {
 		return nil
 	}
 	idx, m := a.Ifindex, a.DP.Maps
+	if err := l.queueIngress(a.hostLink); err != nil {
+		return netlinkError(err)
+	}
 	a.OnUndo(func() error { return m.DeleteLimits(idx) })
 	if err := l.install(m, idx); err != nil {
 		return mapError(err)
@@ -51,6 +62,7 @@ func (b *bandwidth) Install(a *Attachment) error {
 	if l.egress != nil {
 		a.EgressRateBps = l.egress.RateBps
 	}
+	a.RcvWnd = l.rcvWnd(a.hostLink.Attrs().MTU)
 	if err := a.DP.EnsurePacing(a.Net.CgroupRoot); err != nil {
 		return internal("bandwidth: %v", err)
 	}
@@ -59,7 +71,15 @@ func (b *bandwidth) Install(a *Attachment) error {
 }
 
 func (b *bandwidth) Check(a *Attachment) error {
-	if err := b.limits.check(a.DP.Maps, a.Ifindex, a.HostIf); err != nil {
+	l := b.limits
+	host, err := netlink.LinkByIndex(a.Ifindex)
+	if err != nil {
+		return checkError("host veth %s: %v", a.HostIf, err)
+	}
+	if err := l.checkQueue(a.DP.Maps, host); err != nil {
+		return checkError("%v", err)
+	}
+	if err := l.check(a.DP.Maps, a.Ifindex, a.HostIf); err != nil {
 		return checkError("%v", err)
 	}
 	return nil
@@ -169,6 +189,32 @@ func (l limits) endpointFlags() uint32 {
 	return f
 }
 
+// queueIngress puts the ingress queue on the host veth and makes the ingress
+// bucket the queue's (bandwidth_queue.go). A kernel without HTB keeps the
+// bucket alone.
+func (l *limits) queueIngress(host netlink.Link) error {
+	if l.ingress == nil {
+		return nil
+	}
+	q, queued := planIngressQueue(*l.ingress, host.Attrs().MTU+ethHeaderLen)
+	switch err := installIngressQueue(host, q); {
+	case errors.Is(err, errNoQueue):
+		return nil
+	case err != nil:
+		return err
+	}
+	l.ingress = &queued
+	return nil
+}
+
+// rcvWnd is the receive window clamp of the pod's TCP sockets; 0: none.
+func (l limits) rcvWnd(mtu int) uint32 {
+	if l.ingress == nil {
+		return 0
+	}
+	return podRcvWnd(l.ingress.RateBps, mtu)
+}
+
 // install writes the buckets of a host veth.
 func (l limits) install(m *maps.Maps, ifindex int) error {
 	if l.egress != nil {
@@ -180,6 +226,37 @@ func (l limits) install(m *maps.Maps, ifindex int) error {
 		if err := m.PutLimit(ifindex, maps.DirIngress, *l.ingress); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// checkQueue compares the ingress queue of the host veth with the limit and
+// makes l expect the bucket of the queue the veth has.
+func (l *limits) checkQueue(m *maps.Maps, host netlink.Link) error {
+	var inMap *maps.Limit
+	if got, ok, err := m.LookupLimit(host.Attrs().Index, maps.DirIngress); err != nil {
+		return err
+	} else if ok {
+		inMap = &got
+	}
+	name := host.Attrs().Name
+	if l.ingress == nil {
+		if root, err := readRootQdisc(host.Attrs().Index); err != nil {
+			return fmt.Errorf("read the qdiscs of %s: %w", name, err)
+		} else if root != nil && root.kind == "htb" && root.handle == queueHandle {
+			return fmt.Errorf("host veth %s has an htb ingress queue, but no ingress limit is configured", name)
+		}
+		return nil
+	}
+	q, queued := planIngressQueue(*l.ingress, host.Attrs().MTU+ethHeaderLen)
+	has, err := checkIngressQueue(host, q)
+	if err != nil {
+		return err
+	}
+	if has {
+		l.ingress = &queued
+	} else if inMap != nil && inMap.QueueNs != 0 {
+		return fmt.Errorf("host veth %s has lost its ingress queue (htb %s): map cni_bandwidth still expects it", name, netlink.HandleStr(queueHandle))
 	}
 	return nil
 }
@@ -200,8 +277,8 @@ func (l limits) check(m *maps.Maps, ifindex int, hostIf string) error {
 		case d.want != nil && !ok:
 			return fmt.Errorf("map cni_bandwidth has no %s limit for %s (want %d bit/s)", d.dir, hostIf, d.want.RateBps)
 		case d.want != nil && got != *d.want:
-			return fmt.Errorf("map cni_bandwidth limits %s %s to %d bit/s burst %d bits, want %d bit/s burst %d bits",
-				hostIf, d.dir, got.RateBps, got.BurstBits, d.want.RateBps, d.want.BurstBits)
+			return fmt.Errorf("map cni_bandwidth limits %s %s to %d bit/s burst %d bits queue %d ns mark %d ns, want %d bit/s burst %d bits queue %d ns mark %d ns",
+				hostIf, d.dir, got.RateBps, got.BurstBits, got.QueueNs, got.MarkNs, d.want.RateBps, d.want.BurstBits, d.want.QueueNs, d.want.MarkNs)
 		}
 	}
 	return nil

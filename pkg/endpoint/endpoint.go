@@ -50,6 +50,7 @@ type Attachment struct {
 	// Set by the features' Install.
 	Flags         uint32        // ep_info flags (maps.Flag*, maps.EndpointFlag*)
 	EgressRateBps uint64        // the pod's egress limit: its netns entry paces its TCP
+	RcvWnd        uint32        // the pod's receive window clamp (ingress limit): its netns entry
 	Record        *state.Record // the record being written; features add their part
 
 	features []Feature
@@ -373,8 +374,9 @@ func (a *Attachment) Publish() error {
 		return netlinkError(err)
 	}
 	// Every pod's netns is registered, so the sock_ops hook can pace its
-	// TCP towards rate-limited pods.
-	created, err := m.EnsureNetns(a.cookie, a.EgressRateBps)
+	// TCP towards rate-limited pods (and clamp its window, with an ingress
+	// limit).
+	created, err := m.EnsureNetns(a.cookie, a.EgressRateBps, a.RcvWnd)
 	if err != nil {
 		return mapError(err)
 	}

@@ -27,6 +27,10 @@ const (
 type Limit struct {
 	RateBps   uint64 // bits per second
 	BurstBits uint64 // bucket depth, bits
+	// QueueNs is the capacity of the ingress queue that drains the bucket,
+	// in ns at the rate; 0: no queue. MarkNs is the backlog over which
+	// packets entering it are marked CE if ECN-capable.
+	QueueNs, MarkNs uint64
 }
 
 // bucket fills the map value for a limit, full, as of now.
@@ -46,6 +50,8 @@ func bucket(l Limit) (BandwidthState, error) {
 	s.LastNs = uint64(ts.Nano()) // bpf_ktime_get_ns() is CLOCK_MONOTONIC
 	s.RateBps = l.RateBps
 	s.BurstBits = l.BurstBits
+	s.QueueNs = l.QueueNs
+	s.MarkNs = l.MarkNs
 	return s, nil
 }
 
@@ -75,7 +81,7 @@ func (m *Maps) LookupLimit(ifindex int, dir Dir) (l Limit, ok bool, err error) {
 		}
 		return l, false, fmt.Errorf("read %s limit of ifindex %d: %w", dir, ifindex, err)
 	}
-	return Limit{RateBps: s.RateBps, BurstBits: s.BurstBits}, true, nil
+	return Limit{RateBps: s.RateBps, BurstBits: s.BurstBits, QueueNs: s.QueueNs, MarkNs: s.MarkNs}, true, nil
 }
 
 // DeleteLimits removes both directions' buckets of a host veth; absent is fine.
@@ -109,7 +115,7 @@ func (m *Maps) ListLimits() ([]LimitEntry, error) {
 	it := m.bandwidth().Iterate()
 	for it.Next(&k, &s) {
 		out = append(out, LimitEntry{Ifindex: k.Ifindex, Dir: Dir(k.Dir),
-			Limit: Limit{RateBps: s.RateBps, BurstBits: s.BurstBits}, TokensNs: s.TokensNs})
+			Limit: Limit{RateBps: s.RateBps, BurstBits: s.BurstBits, QueueNs: s.QueueNs, MarkNs: s.MarkNs}, TokensNs: s.TokensNs})
 	}
 	return out, it.Err()
 }
@@ -134,15 +140,17 @@ func (m *Maps) PutNetns(cookie uint64, egressRateBps uint64, flags uint32) error
 
 // EnsureNetns registers a pod's netns unless it is already (a pod with a
 // second interface): the entry is the pod's, so a second interface only
-// adds an egress rate where the pod had none. created tells whether this
-// call made the entry (an ADD that fails removes only what it made).
-func (m *Maps) EnsureNetns(cookie uint64, egressRateBps uint64) (created bool, err error) {
+// adds an egress rate or a receive window where the pod had none. rcvWnd is
+// the receive window clamp in bytes of the pod's TCP sockets towards peers
+// the node does not pace (0: none). created tells whether this call made the
+// entry (an ADD that fails removes only what it made).
+func (m *Maps) EnsureNetns(cookie uint64, egressRateBps uint64, rcvWnd uint32) (created bool, err error) {
 	mp := m.byName[nameNetns]
 	for try := 0; ; try++ {
 		var cur NetnsInfo
 		err := mp.Lookup(&cookie, &cur)
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			v := NetnsInfo{EgressRate: egressRateBps / 8}
+			v := NetnsInfo{EgressRate: egressRateBps / 8, RcvWnd: rcvWnd}
 			err = mp.Update(&cookie, &v, ebpf.UpdateNoExist)
 			if err == nil {
 				return true, nil
@@ -155,10 +163,16 @@ func (m *Maps) EnsureNetns(cookie uint64, egressRateBps uint64) (created bool, e
 		if err != nil {
 			return false, fmt.Errorf("read netns %d from %s: %w", cookie, nameNetns, err)
 		}
-		if cur.EgressRate != 0 || egressRateBps == 0 {
+		changed := false
+		if cur.EgressRate == 0 && egressRateBps != 0 {
+			cur.EgressRate, changed = egressRateBps/8, true
+		}
+		if cur.RcvWnd == 0 && rcvWnd != 0 {
+			cur.RcvWnd, changed = rcvWnd, true
+		}
+		if !changed {
 			return false, nil
 		}
-		cur.EgressRate = egressRateBps / 8
 		if err := mp.Update(&cookie, &cur, ebpf.UpdateExist); err != nil {
 			return false, writeErr(mp, nameNetns, fmt.Sprintf("netns %d", cookie), err)
 		}

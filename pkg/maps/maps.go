@@ -34,7 +34,7 @@ func writeErr(m *ebpf.Map, name, what string, err error) error {
 // LayoutVersion names the pin directory of the maps. Bump it with any change to
 // bpf/lib/types.h or bpf/lib/maps.h so an upgraded binary never reuses a pin
 // of another layout (TestLayoutVersion holds the layout it stands for).
-const LayoutVersion = 1
+const LayoutVersion = 2
 
 // Go twins of the C structs, generated from BTF.
 type (

@@ -32,6 +32,8 @@ type mapsObjBwState struct {
 	LastNs    uint64
 	RateBps   uint64
 	BurstBits uint64
+	QueueNs   uint64
+	MarkNs    uint64
 }
 
 type mapsObjCidrKey struct {
@@ -164,7 +166,7 @@ type mapsObjNetnsInfo struct {
 	_          structs.HostLayout
 	EgressRate uint64
 	Flags      uint32
-	Pad        uint32
+	RcvWnd     uint32
 }
 
 type mapsObjSfKey struct {

@@ -236,14 +236,20 @@ func TestBandwidthCheckAndDump(t *testing.T) {
 	if err != nil {
 		t.Fatalf("dump bandwidth: %v", err)
 	}
-	want := map[string][2]uint64{"ingress": {10e6, 10e6 / 20}, "egress": {30e6, 30e6 / 20}}
+	// The burst capped at 50 ms of the rate. Ingress also has a queue: its
+	// capacity is 10 ms of the rate plus the class's burst, CE marks over 2
+	// ms of backlog; the burst and the mark at least two full frames.
+	want := map[string]inspect.BandwidthRow{
+		"ingress": {RateBps: 10e6, BurstBits: 10e6 / 20, Queue: "htb", QueueNs: 10e6 + 2*1514*8*1e9/10e6, MarkNs: 2 * 1514 * 8 * 1e9 / 10e6},
+		"egress":  {RateBps: 30e6, BurstBits: 30e6 / 20},
+	}
 	if len(rows) != 2 {
 		t.Fatalf("dump has %d rows, want 2: %+v", len(rows), rows)
 	}
 	for _, r := range rows {
 		w := want[r.Direction]
-		if r.RateBps != w[0] || r.BurstBits != w[1] || r.Container != "chk" {
-			t.Errorf("dump row %+v, want rate %d burst %d", r, w[0], w[1])
+		if r.RateBps != w.RateBps || r.BurstBits != w.BurstBits || r.Queue != w.Queue || r.QueueNs != w.QueueNs || r.MarkNs != w.MarkNs || r.Container != "chk" {
+			t.Errorf("dump row %+v, want rate %d burst %d queue %q %d ns mark %d ns", r, w.RateBps, w.BurstBits, w.Queue, w.QueueNs, w.MarkNs)
 		}
 	}
 

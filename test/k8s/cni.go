@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 // installCNI puts the CNI under test on every node.
@@ -81,7 +83,7 @@ func (c *cluster) checkAgents(ctx context.Context) error {
 		if capEff != agentCaps {
 			return fmt.Errorf("%s: agent (pid %d) has capabilities %#x, the manifest declares %#x", n.name, pid, capEff, agentCaps)
 		}
-		if _, err := in(n.holder, true, "test", "-d", "/sys/fs/bpf/ebpf-cni/maps_v1"); err != nil {
+		if _, err := in(n.holder, true, "test", "-d", fmt.Sprintf("/sys/fs/bpf/ebpf-cni/maps_v%d", maps.LayoutVersion)); err != nil {
 			return fmt.Errorf("%s: no maps pinned in the node's bpffs: %w", n.name, err)
 		}
 		pod, err := c.kubectl("-n", "kube-system", "get", "pods", "-l", "app.kubernetes.io/name=ebpf-cni",

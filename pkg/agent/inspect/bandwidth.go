@@ -3,6 +3,7 @@ package inspect
 import (
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
@@ -11,13 +12,19 @@ import (
 // BandwidthRow is one direction's limit of one pod, with what passed and what
 // was dropped for exceeding it.
 type BandwidthRow struct {
-	Ifindex     uint32 `json:"ifindex"`
-	Interface   string `json:"interface,omitempty"`
-	Container   string `json:"containerID,omitempty"`
-	Pod         string `json:"pod,omitempty"`
-	Direction   string `json:"direction"` // ingress: into the pod
-	RateBps     uint64 `json:"rateBitsPerSecond"`
-	BurstBits   uint64 `json:"burstBits"`
+	Ifindex   uint32 `json:"ifindex"`
+	Interface string `json:"interface,omitempty"`
+	Container string `json:"containerID,omitempty"`
+	Pod       string `json:"pod,omitempty"`
+	Direction string `json:"direction"` // ingress: into the pod
+	RateBps   uint64 `json:"rateBitsPerSecond"`
+	BurstBits uint64 `json:"burstBits"`
+	// Queue is "htb" when an ingress queue drains the bucket, "" when the
+	// bucket polices alone; QueueNs its capacity, MarkNs the backlog over
+	// which ECN-capable packets entering it are marked CE.
+	Queue       string `json:"queue,omitempty"`
+	QueueNs     uint64 `json:"queueNs,omitempty"`
+	MarkNs      uint64 `json:"markNs,omitempty"`
 	Packets     uint64 `json:"packets"`
 	Bytes       uint64 `json:"bytes"`
 	DropPackets uint64 `json:"dropPackets"`
@@ -44,7 +51,10 @@ func ReadBandwidth(src Source) (Bandwidth, error) {
 	for _, l := range lims {
 		idx := int(l.Ifindex)
 		r := BandwidthRow{Ifindex: l.Ifindex, Interface: names.Interface(idx), Direction: l.Dir.String(),
-			RateBps: l.Limit.RateBps, BurstBits: l.Limit.BurstBits}
+			RateBps: l.Limit.RateBps, BurstBits: l.Limit.BurstBits, QueueNs: l.Limit.QueueNs, MarkNs: l.Limit.MarkNs}
+		if r.QueueNs != 0 {
+			r.Queue = "htb"
+		}
 		r.Container, r.Pod = names.Pod(idx)
 		cs, err := m.Counters(idx)
 		if err != nil {
@@ -74,10 +84,14 @@ func ReadBandwidth(src Source) (Bandwidth, error) {
 }
 
 func (rows Bandwidth) Tables() []Table {
-	t := Table{Header: []string{"IFINDEX", "INTERFACE", "POD", "DIRECTION", "RATE", "BURST", "PACKETS", "BYTES", "DROPPED PKTS", "DROPPED BYTES"}}
+	t := Table{Header: []string{"IFINDEX", "INTERFACE", "POD", "DIRECTION", "RATE", "BURST", "QUEUE", "PACKETS", "BYTES", "DROPPED PKTS", "DROPPED BYTES"}}
 	for _, r := range rows {
+		queue := "-"
+		if r.Queue != "" {
+			queue = fmt.Sprintf("%s %s, CE over %s", r.Queue, time.Duration(r.QueueNs), time.Duration(r.MarkNs))
+		}
 		t.Rows = append(t.Rows, []string{itoa(r.Ifindex), dash(r.Interface), podLabel(r.Pod, r.Container), r.Direction,
-			humanBits(r.RateBps, "bit/s"), humanBits(r.BurstBits, "bit"), itoa(r.Packets), itoa(r.Bytes), itoa(r.DropPackets), itoa(r.DropBytes)})
+			humanBits(r.RateBps, "bit/s"), humanBits(r.BurstBits, "bit"), queue, itoa(r.Packets), itoa(r.Bytes), itoa(r.DropPackets), itoa(r.DropBytes)})
 	}
 	return []Table{t}
 }

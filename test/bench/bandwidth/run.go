@@ -62,6 +62,11 @@ func (b *bench) run(ctx context.Context) error {
 	return b.res.write(b.opts.outDir)
 }
 
+// directions: egress = the limited pod sends to the peer pod; ingress = the
+// peer pod sends to it (same node, paced); remote = the remote host sends to
+// it through the node's uplink (not paced: issue 15).
+var directions = []string{"egress", "ingress", "remote"}
+
 // measureRate adds a pod limited to rate in both directions, measures idle
 // latency, then both directions under load, and deletes the pod.
 func (b *bench) measureRate(ctx context.Context, c *config, rate uint64) error {
@@ -95,7 +100,14 @@ func (b *bench) measurePod(ctx context.Context, c *config, limited *pod, rate ui
 	if idle.Received == 0 {
 		return fmt.Errorf("idle ping: no reply from %s", limited.ip)
 	}
-	for _, dir := range []string{"egress", "ingress"} {
+	idleRemote, err := b.ping(ctx, c.remote, limited.ip, b.opts.idlePings)
+	if err != nil {
+		return fmt.Errorf("idle ping from the remote host: %w", err)
+	}
+	if idleRemote.Received == 0 {
+		return fmt.Errorf("idle ping: no reply from %s to the remote host", limited.ip)
+	}
+	for _, dir := range directions {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
@@ -104,6 +116,9 @@ func (b *bench) measurePod(ctx context.Context, c *config, limited *pod, rate ui
 			return fmt.Errorf("%s: %w", dir, err)
 		}
 		r.PingIdle = idle
+		if dir == "remote" {
+			r.PingIdle = idleRemote
+		}
 		b.res.Runs = append(b.res.Runs, r)
 		logf("  %-13s %4d Mbit/s %-7s %s", c.label, rate/1_000_000, dir, r.summary())
 	}

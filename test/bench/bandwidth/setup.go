@@ -29,6 +29,13 @@ const (
 	nodeIP          = "192.0.2.1/32"
 )
 
+// The remote host of each configuration: a netns routed to its node over an
+// uplink veth, whose TCP the node cannot pace (issue 15).
+var (
+	uplinkIP = net.ParseIP("198.51.100.1").To4()
+	remoteIP = net.ParseIP("198.51.100.2").To4()
+)
+
 // binaries built into the temp bin dir; ebpf-cni from this tree, the rest at
 // the versions go.mod pins as tool dependencies.
 var binaries = []string{
@@ -47,8 +54,9 @@ type config struct {
 	subnet  *net.IPNet
 	list    map[string]any
 
-	node ns.NetNS
-	peer *pod
+	node   ns.NetNS
+	peer   *pod
+	remote *pod // another host, behind the node's uplink
 }
 
 // pod is a pod network namespace and what its ADD gave it.
@@ -122,8 +130,51 @@ func newBench(ctx context.Context, opts *Options) (*bench, error) {
 		if c.node, err = b.newNode(c.key); err != nil {
 			return b, err
 		}
+		if c.remote, err = b.newRemote(c); err != nil {
+			return b, err
+		}
 	}
+	b.res.SchFq = b.probeFq(b.configs[0])
 	return b, nil
+}
+
+// newRemote creates the configuration's remote host: uplink0 in the node,
+// eth0 in the remote netns, the remote's default route via the node.
+func (b *bench) newRemote(c *config) (*pod, error) {
+	n, err := b.createNetNS("remote-" + c.key)
+	if err != nil {
+		return nil, err
+	}
+	if err := testenv.VethBetween(c.node, "uplink0", uplinkIP, n, "eth0", remoteIP); err != nil {
+		return nil, fmt.Errorf("%s: uplink to the remote host: %w", c.label, err)
+	}
+	if err := testenv.RouteVia(n, "eth0", uplinkIP); err != nil {
+		return nil, fmt.Errorf("%s: remote host's default route: %w", c.label, err)
+	}
+	return &pod{name: "remote", ns: n, ip: remoteIP}, nil
+}
+
+// probeFq tells whether the kernel has sch_fq, which EDT (skb->tstamp set by
+// a BPF program) needs: ebpf-cni's queue is HTB because this one may not.
+func (b *bench) probeFq(c *config) string {
+	var res string
+	_ = c.node.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("uplink0")
+		if err != nil {
+			res = "unknown: " + err.Error()
+			return nil
+		}
+		q := &netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: l.Attrs().Index, Parent: netlink.HANDLE_ROOT,
+			Handle: netlink.MakeHandle(0x77, 0)}, QdiscType: "fq"}
+		if err := netlink.QdiscAdd(q); err != nil {
+			res = "absent (" + err.Error() + ")"
+			return nil
+		}
+		_ = netlink.QdiscDel(q)
+		res = "present"
+		return nil
+	})
+	return res
 }
 
 // createNetNS makes a namespace at nsDir/name and tracks it for cleanup.
@@ -358,33 +409,66 @@ func (b *bench) limiterInfo(c *config, p *pod, rateBps uint64) (string, error) {
 		if !ok || l.RateBps != rateBps {
 			return "", fmt.Errorf("ebpf-cni: no %s limit of %d bit/s for %s (found %v, %+v)", d, rateBps, p.hostIf, ok, l)
 		}
-		parts = append(parts, fmt.Sprintf("%s bucket on %s: rate %d bit/s, burst %d bits (%.1f ms at the rate)",
-			d, p.hostIf, l.RateBps, l.BurstBits, float64(l.BurstBits)/float64(l.RateBps)*1000))
+		part := fmt.Sprintf("%s bucket on %s: rate %d bit/s, burst %d bits (%.1f ms at the rate)",
+			d, p.hostIf, l.RateBps, l.BurstBits, float64(l.BurstBits)/float64(l.RateBps)*1000)
+		if l.QueueNs != 0 {
+			part += fmt.Sprintf(", ingress queue %.1f ms, CE marks over %.1f ms", float64(l.QueueNs)/1e6, float64(l.MarkNs)/1e6)
+		}
+		parts = append(parts, part)
 	}
-	return strings.Join(parts, "; ") + "; TCP pacing hook attached", nil
+	var queue []string
+	err = c.node.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(p.hostIf)
+		if err != nil {
+			return err
+		}
+		qs, err := netlink.QdiscList(l)
+		if err != nil {
+			return err
+		}
+		for _, q := range qs {
+			queue = append(queue, q.Type())
+		}
+		cs, err := netlink.ClassList(l, netlink.MakeHandle(1, 0))
+		if err != nil {
+			return err
+		}
+		for _, cl := range cs {
+			if h, ok := cl.(*netlink.HtbClass); ok {
+				queue = append(queue, fmt.Sprintf("htb class %s at %d bit/s", netlink.HandleStr(h.Handle), h.Rate*8))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return "", err
+	}
+	parts = append(parts, "qdiscs on "+p.hostIf+": "+strings.Join(queue, ", "))
+	return strings.Join(parts, "; ") + "; TCP pacing and receive-window hook attached", nil
 }
 
 // limiterDrops is the number of packets the configuration's limiters have
-// dropped so far in its node: ebpf-cni's drop_bandwidth counters, or the
-// drops of every tbf qdisc.
+// dropped so far in its node: ebpf-cni's drop_bandwidth counters and the
+// drops of its ingress queues (htb and its bfifo), or the drops of every tbf
+// qdisc.
 func (b *bench) limiterDrops(c *config) (uint64, error) {
 	var n uint64
+	kinds := map[string]bool{"tbf": true}
 	if c.key == "ebpf" {
-		if b.maps == nil {
-			return 0, nil
-		}
-		all, err := b.maps.AllCounters()
-		if err != nil {
-			return 0, err
-		}
-		for _, cs := range all {
-			for k, v := range cs {
-				if k.Reason == maps.ReasonDropBandwidth {
-					n += v.Packets
+		kinds = map[string]bool{"htb": true, "bfifo": true}
+		if b.maps != nil {
+			all, err := b.maps.AllCounters()
+			if err != nil {
+				return 0, err
+			}
+			for _, cs := range all {
+				for k, v := range cs {
+					if k.Reason == maps.ReasonDropBandwidth {
+						n += v.Packets
+					}
 				}
 			}
 		}
-		return n, nil
 	}
 	err := c.node.Do(func(ns.NetNS) error {
 		links, err := netlink.LinkList()
@@ -397,12 +481,12 @@ func (b *bench) limiterDrops(c *config) (uint64, error) {
 				return err
 			}
 			for _, q := range qs {
-				if q.Type() != "tbf" {
+				if !kinds[q.Type()] {
 					continue
 				}
 				st := q.Attrs().Statistics
 				if st == nil || st.Queue == nil {
-					return fmt.Errorf("tbf on %s: the kernel returned no queue statistics", l.Attrs().Name)
+					return fmt.Errorf("%s on %s: the kernel returned no queue statistics", q.Type(), l.Attrs().Name)
 				}
 				n += uint64(st.Queue.Drops)
 			}
@@ -421,8 +505,8 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 			return err
 		}
 		for _, l := range links {
-			if l.Attrs().Name != "lo" {
-				out = append(out, fmt.Sprintf("link %s (%s)", l.Attrs().Name, l.Type()))
+			if n := l.Attrs().Name; n != "lo" && n != "uplink0" {
+				out = append(out, fmt.Sprintf("link %s (%s)", n, l.Type()))
 			}
 		}
 		routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)

@@ -81,11 +81,20 @@ func parsePing(out string, count int) (*pingStats, error) {
 }
 
 // measure runs one TCP stream through the limited pod in one direction,
-// with pings from the peer to the limited pod while it runs.
+// with pings to the limited pod while it runs.
 func (b *bench) measure(ctx context.Context, c *config, limited *pod, rateBps uint64, dir string) (*run, error) {
 	sender, receiver := limited, c.peer
-	if dir == "ingress" {
+	switch dir {
+	case "ingress":
 		sender, receiver = c.peer, limited
+	case "remote":
+		sender, receiver = c.remote, limited
+	}
+	// Pings travel the stream's path: from the remote host for remote
+	// streams, else from the peer pod to the limited one.
+	pinger := c.peer
+	if dir == "remote" {
+		pinger = c.remote
 	}
 	secs := int(b.opts.duration / time.Second)
 	r := &run{
@@ -123,7 +132,7 @@ func (b *bench) measure(ctx context.Context, c *config, limited *pod, rateBps ui
 	if err := testenv.SleepCtx(ctx, loadPingDelay); err != nil {
 		return nil, err
 	}
-	r.PingLoad, pingErr = b.ping(ctx, c.peer, limited.ip, n)
+	r.PingLoad, pingErr = b.ping(ctx, pinger, limited.ip, n)
 
 	if err := cli.Wait(b.opts.duration + 30*time.Second); err != nil {
 		return nil, fmt.Errorf("iperf3 client: %w", err)
