@@ -28,6 +28,10 @@ func ReleaseIPAM(n *Network, conf []byte, cniPath string, r *state.Record) error
 	return invoke.ExecPluginWithoutResult(context.TODO(), plugin, conf, a, nil)
 }
 
+// reconcileListed runs after Reconcile read the records: tests make an ADD
+// finish there.
+var reconcileListed = func() {}
+
 // Reconcile finds the attachments of a network whose host veth no longer
 // exists in this netns (the pod's netns went away without a DEL reaching
 // us, say), or that an ADD killed part way left, and tears each down as
@@ -43,11 +47,28 @@ func Reconcile(n *Network, conf []byte, cniPath string, dryRun bool) ([]string, 
 	if err != nil {
 		return nil, fmt.Errorf("read state directory %s: %w", n.StateDir, err)
 	}
+	reconcileListed()
 	var (
 		done []string
 		errs error
 	)
 	for _, r := range recs {
+		if r.Provisional && !store.Busy(r) {
+			// Unlocked now: its ADD died part way (the lock went with
+			// the process), or it finished since List read the record
+			// (Commit renames the complete record over the locked one,
+			// so the file at the path is another, unlocked one). Only
+			// the record as it is now tells which.
+			cur, err := store.Read(r.ContainerID, r.IfName)
+			if err != nil {
+				errs = errors.Join(errs, err)
+				continue
+			}
+			if cur == nil {
+				continue // a DEL removed it meanwhile
+			}
+			r = cur
+		}
 		what := fmt.Sprintf("attachment %s/%s of network %s (veth gone; IPs %v)", r.ContainerID, r.IfName, n.Name, r.IPs)
 		switch {
 		case r.Provisional:
