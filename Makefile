@@ -127,9 +127,9 @@ bench: deps-bench
 bench-quick: deps-bench
 	$(GO) run ./test/bench -attach-tc -quick
 
-# The plugin parts only (ADD/DEL latency, at scale, hostPort, throughput, memory) ...
+# The plugin parts only (ADD/DEL latency, at scale, hostPort, throughput, memory, burst, coldstart) ...
 bench-cni: deps-bench
-	$(GO) run ./test/bench -parts latency,scale,hostport,throughput,memory
+	$(GO) run ./test/bench -parts latency,scale,hostport,throughput,memory,burst,coldstart
 
 # ... and bandwidth accuracy and latency under load, ebpf-cni beside ptp + bandwidth.
 bench-bandwidth: deps-bench

@@ -2,11 +2,14 @@
 
 /*
  * Attached to tcx egress of the node's uplinks, beside from_uplink.c: the
- * masquerade SNAT (lib/masq.h). It runs after the stack routed, filtered and
- * NATed the packet (POSTROUTING), so kube-proxy's Service DNAT and its own
- * masquerade have happened already: a packet whose source is no longer a
- * pod's is left alone. The node's own packets (no ingress interface) cost one
- * field read. Everything goes on to the next tcx program of the link.
+ * masquerade SNAT (lib/masq.h), IPv4 and IPv6. It runs after the stack
+ * routed, filtered and NATed the packet (POSTROUTING), so kube-proxy's
+ * Service DNAT and its own masquerade have happened already: a packet whose
+ * source is no longer a pod's is left alone. Of the node's own packets (no
+ * ingress interface) only ICMP errors are looked at: one about a reply the
+ * node could not forward to a masquerading pod quotes the pod's address,
+ * which the peer must see as the node's. Everything goes on to the next tcx
+ * program of the link.
  */
 #include "lib/masq.h"
 
@@ -14,22 +17,44 @@ SEC("tc")
 int cni_to_uplink(struct __sk_buff *skb)
 {
 	__u32 from = skb->ingress_ifindex;
+	struct ep_info *ep;
+	__u8 family;
 
-	if (!from || skb->protocol != bpf_htons(ETH_P_IP))
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = pkt_ip4(skb);
+
+		if (!ip)
+			return TCX_NEXT;
+		if (!from) {
+			if (ip->protocol == IPPROTO_ICMP && node_hooks_enabled() &&
+			    masq_icmp_error_out(skb, AF_INET, 0) == TC_ACT_SHOT)
+				return TC_ACT_SHOT;
+			return TCX_NEXT;
+		}
+		family = AF_INET;
+		ep = ep_lookup4(ip->saddr);
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = pkt_ip6(skb);
+
+		if (!ip6)
+			return TCX_NEXT;
+		if (!from) {
+			if (ip6->nexthdr == IPPROTO_ICMPV6 && node_hooks_enabled() &&
+			    masq_icmp_error_out(skb, AF_INET6, 0) == TC_ACT_SHOT)
+				return TC_ACT_SHOT;
+			return TCX_NEXT;
+		}
+		family = AF_INET6;
+		ep = ep_lookup6(&ip6->saddr);
+	} else {
 		return TCX_NEXT;
-
-	struct iphdr *ip = pkt_ip4(skb);
-
-	if (!ip)
-		return TCX_NEXT;
+	}
 	/* Forwarded from the pod's own host veth, with its address: the
 	 * source was checked there (from_container.c). */
-	struct ep_info *ep = ep_lookup4(ip->saddr);
 	if (!ep || !(ep->flags & EP_F_MASQ) || ep->ifindex != from)
 		return TCX_NEXT;
-	int rc = masq_egress(skb, ep);
-	if (rc == TC_ACT_SHOT)
-		return rc;
+	if (masq_egress(skb, ep, family) == TC_ACT_SHOT)
+		return TC_ACT_SHOT;
 	return TCX_NEXT;
 }
 

@@ -20,13 +20,19 @@
  *     (cni_sock_rnat).
  *
  * A pod with mappings carries EP_F_HOSTPORT, so only its replies are looked
- * up in cni_ct.
+ * up in cni_ct. Each flow keeps its state and a timer (flowlife.h): closed
+ * and idle flows leave cni_ct by themselves. ICMP errors about a flow are
+ * translated both ways (icmp.h): from outside about the pod's replies
+ * (hostport_icmp_error_in), and the pod's about a client's packets
+ * (hostport_icmp_error_out).
  */
 #pragma once
 
 #include "endpoint.h"
 #include "node.h"
 #include "stackflow.h"
+#include "flowlife.h"
+#include "icmp.h"
 
 static __always_inline void hp_count(__u32 what)
 {
@@ -100,6 +106,44 @@ static __always_inline int node_owns_udp_flow(struct __sk_buff *skb, const struc
 	return owned;
 }
 
+/* A flow's timer ran out: the entry goes unless a packet came meanwhile. */
+static int ct_expire(void *map, struct ct_key *k, struct ct_val *v)
+{
+	__u64 left = flow_time_left(v->flags, k->proto, v->seen_ns, bpf_ktime_get_ns());
+
+	if (left) {
+		bpf_timer_start(&v->timer, left, 0);
+		return 0;
+	}
+	bpf_map_delete_elem(map, k);
+	hp_count(HP_STAT_EXPIRED);
+	return 0;
+}
+
+/* (Re)starts the timer of a cni_ct entry to run in ns (an update of an
+ * entry replaces it, timer and all: arm it after every write). */
+static __always_inline void ct_arm(struct ct_val *v, __u64 ns)
+{
+	bpf_timer_init(&v->timer, &cni_ct, CLOCK_MONOTONIC); /* -EBUSY when done already */
+	bpf_timer_set_callback(&v->timer, ct_expire);
+	bpf_timer_start(&v->timer, ns, 0);
+}
+
+/* Records packet f (reply: the pod's) in its flow's entry: the state, the
+ * last use at most once a second; a flow that closes expires in seconds. */
+static __always_inline void ct_track(struct ct_val *v, const struct flow *f, int reply, __u64 now)
+{
+	__u32 cur = v->flags;
+	__u32 n = flow_next(cur, f, reply, v->created_ns, now);
+
+	if (n == cur && now - v->seen_ns < NSEC)
+		return;
+	v->flags = n;
+	v->seen_ns = now;
+	if ((n & FLOW_F_CLOSING) && !(cur & FLOW_F_CLOSING))
+		ct_arm(v, FLOW_TIMEOUT_CLOSING);
+}
+
 /*
  * DNATs a packet that matched hostport v to the pod, remembering the flow
  * in cni_ct. snat_to_dialled rewrites the source to the dialled address too
@@ -118,6 +162,7 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
 	struct ct_val nv = { .orig_port = f->dport, .client_port = f->sport, .ifindex = v->ifindex };
 	struct ct_val *cur;
 	__u8 dialled[16];
+	__u64 now = bpf_ktime_get_ns();
 
 	addr_copy(k.pod_addr, v->pod_addr, f->family);
 	addr_copy(nv.orig_addr, f->daddr, f->family);
@@ -132,10 +177,11 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
 	k.peer_port = f->sport;
 
 	cur = bpf_map_lookup_elem(&cni_ct, &k);
-	if (cur && cur->ifindex == v->ifindex && cur->orig_port == nv.orig_port && cur->flags == nv.flags &&
-	    addr_equal(cur->orig_addr, nv.orig_addr, f->family) &&
-	    addr_equal(cur->client_addr, nv.client_addr, f->family)) {
-		/* Known flow. */
+	if (cur && cur->ifindex == v->ifindex && cur->orig_port == nv.orig_port &&
+	    (cur->flags & CT_F_SNAT) == nv.flags && addr_equal(cur->orig_addr, nv.orig_addr, f->family) &&
+	    addr_equal(cur->client_addr, nv.client_addr, f->family) &&
+	    !flow_expired(cur->flags, f->proto, cur->seen_ns, now)) {
+		ct_track(cur, f, 0, now);
 	} else if (f->proto == IPPROTO_TCP && !f->syn_only) {
 		hp_count(HP_STAT_NO_FLOW);
 		return 1;
@@ -143,9 +189,14 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
 		hp_count(HP_STAT_NO_FLOW);
 		return 1;
 	} else {
-		nv.created_ns = bpf_ktime_get_ns();
+		nv.created_ns = now;
+		nv.seen_ns = now;
+		nv.flags |= flow_next(0, f, 0, now, now);
 		if (bpf_map_update_elem(&cni_ct, &k, &nv, BPF_ANY))
 			return -1;
+		cur = bpf_map_lookup_elem(&cni_ct, &k);
+		if (cur)
+			ct_arm(cur, flow_timeout(nv.flags, f->proto));
 		hp_count(HP_STAT_CT_NEW);
 	}
 
@@ -176,11 +227,19 @@ static __always_inline int hostport_reverse(struct __sk_buff *skb, struct flow *
 		bpf_map_delete_elem(&cni_ct, &k);
 		return 0;
 	}
+	__u64 now = bpf_ktime_get_ns();
+	if (flow_expired(ct->flags, f->proto, ct->seen_ns, now))
+		return 0;
+	ct_track(ct, f, 1, now);
 	/* Copy before rewriting: the entry may be evicted meanwhile. */
-	struct ct_val v = *ct;
-	if (pkt_rewrite(skb, f, 1, v.orig_addr, v.orig_port))
+	__u8 orig[16], client[16];
+	__be16 orig_port = ct->orig_port, client_port = ct->client_port;
+	__u32 flags = ct->flags;
+	__builtin_memcpy(orig, ct->orig_addr, 16);
+	__builtin_memcpy(client, ct->client_addr, 16);
+	if (pkt_rewrite(skb, f, 1, orig, orig_port))
 		return -1;
-	if ((v.flags & CT_F_SNAT) && pkt_rewrite(skb, f, 0, v.client_addr, v.client_port))
+	if ((flags & CT_F_SNAT) && pkt_rewrite(skb, f, 0, client, client_port))
 		return -1;
 	return 1;
 }
@@ -254,11 +313,74 @@ no_route:
 #define HP_CONTINUE -1
 
 /*
+ * Delivers a packet the hostPort path translated, from the pod behind
+ * ifindex, to daddr: a pod of this node gets it directly; anything else
+ * leaves through the FIB's device (its source is a node address now, which
+ * the stack would take for a martian coming in from a veth).
+ */
+static __always_inline int hostport_deliver(struct __sk_buff *skb, __u8 family, const __u8 *daddr, __u32 ifindex)
+{
+	struct ep_info *dst = ep_lookup_addr(daddr, family);
+
+	if (!dst) {
+		__u32 len = skb->len;
+		int rc = fib_redirect(skb, ifindex);
+
+		if (rc != TC_ACT_SHOT)
+			count(ifindex, DIR_EGRESS, REASON_FORWARD, len);
+		return rc;
+	}
+	struct ethhdr *eth = pkt_forward(skb, family);
+	if (!eth) {
+		hp_count(HP_STAT_ERROR);
+		return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
+	}
+	count(ifindex, DIR_EGRESS, REASON_REDIRECT, skb->len);
+	return redirect_to_endpoint(skb, eth, dst);
+}
+
+/*
+ * An ICMP error the pod behind ifindex sends about a packet of a hostPort
+ * flow (a port unreachable, say): the packet it quotes went client ->
+ * pod, so the quote's destination goes back to what the client dialled
+ * (and its source to the client, for a pod that reached its own hostPort),
+ * as does the error's source. Returns the verdict, or HP_CONTINUE when the
+ * packet is no such error.
+ */
+static __always_inline int hostport_icmp_error_out(struct __sk_buff *skb, __u8 family, __u32 ifindex)
+{
+	struct icmp_err e = {};
+
+	if (icmp_err_parse(skb, family, &e) || (e.q.proto != IPPROTO_TCP && e.q.proto != IPPROTO_UDP))
+		return HP_CONTINUE;
+	struct ct_key k = { .family = family, .proto = e.q.proto, .pod_port = e.q.dport, .peer_port = e.q.sport };
+	addr_copy(k.pod_addr, e.q.daddr, family);
+	addr_copy(k.peer_addr, e.q.saddr, family);
+	struct ct_val *ct = bpf_map_lookup_elem(&cni_ct, &k);
+	if (!ct || ct->ifindex != ifindex || flow_expired(ct->flags, k.proto, ct->seen_ns, bpf_ktime_get_ns()))
+		return HP_CONTINUE;
+	__u8 orig[16], client[16];
+	__be16 orig_port = ct->orig_port, client_port = ct->client_port;
+	__u32 flags = ct->flags;
+	__builtin_memcpy(orig, ct->orig_addr, 16);
+	__builtin_memcpy(client, ct->client_addr, 16);
+	if (icmp_err_rewrite(skb, &e, 0, orig, orig_port) ||
+	    ((flags & CT_F_SNAT) && icmp_err_rewrite(skb, &e, 1, client, client_port))) {
+		hp_count(HP_STAT_ERROR);
+		return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
+	}
+	hp_count(HP_STAT_ICMP_ERR_OUT);
+	/* An error goes back to the quoted packet's sender. */
+	return hostport_deliver(skb, family, e.q.saddr, ifindex);
+}
+
+/*
  * hostPort work on a packet whose source checked out: a reply of a translated
  * flow (only pods with mappings have any) gets its source set back to what
- * the client dialled; a packet to a node address:hostPort (hairpin; dst_is_pod
- * rules that out) is DNATed to the mapping's pod. Returns the verdict of a
- * translated packet, or HP_CONTINUE, the packet untouched, for the normal path.
+ * the client dialled, as does an ICMP error about one of its flows; a packet
+ * to a node address:hostPort (hairpin; dst_is_pod rules that out) is DNATed
+ * to the mapping's pod. Returns the verdict of a translated packet, or
+ * HP_CONTINUE, the packet untouched, for the normal path.
  */
 static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family, __u32 src_flags, int dst_is_pod)
 {
@@ -269,12 +391,20 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 	if (family == AF_INET) {
 		struct iphdr *ip = pkt_ip4(skb);
 
-		if (!ip || flow_parse4(skb, ip, &f))
+		if (!ip)
+			return HP_CONTINUE;
+		if (ip->protocol == IPPROTO_ICMP)
+			return (src_flags & EP_F_HOSTPORT) ? hostport_icmp_error_out(skb, AF_INET, ifindex) : HP_CONTINUE;
+		if (flow_parse4(skb, ip, &f, FLOW_NO_ECHO))
 			return HP_CONTINUE;
 	} else {
 		struct ipv6hdr *ip6 = pkt_ip6(skb);
 
-		if (!ip6 || flow_parse6(skb, ip6, &f))
+		if (!ip6)
+			return HP_CONTINUE;
+		if (ip6->nexthdr == IPPROTO_ICMPV6)
+			return (src_flags & EP_F_HOSTPORT) ? hostport_icmp_error_out(skb, AF_INET6, ifindex) : HP_CONTINUE;
+		if (flow_parse6(skb, ip6, &f, FLOW_NO_ECHO))
 			return HP_CONTINUE;
 	}
 
@@ -310,24 +440,7 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 			return HP_CONTINUE;
 		hp_count(HP_STAT_DNAT_HAIRPIN);
 	}
-
-	/* Translated. A pod of this node gets it directly; anything else leaves
-	 * through the FIB's device (its source is a node address now, which the
-	 * stack would take for a martian coming in from a veth). */
-	struct ep_info *dst = ep_lookup_addr(f.daddr, f.family);
-	if (!dst) {
-		__u32 len = skb->len;
-
-		rc = fib_redirect(skb, ifindex);
-		if (rc != TC_ACT_SHOT)
-			count(ifindex, DIR_EGRESS, REASON_FORWARD, len);
-		return rc;
-	}
-	struct ethhdr *eth = pkt_forward(skb, family);
-	if (!eth)
-		goto error;
-	count(ifindex, DIR_EGRESS, REASON_REDIRECT, skb->len);
-	return redirect_to_endpoint(skb, eth, dst);
+	return hostport_deliver(skb, family, f.daddr, ifindex);
 error:
 	hp_count(HP_STAT_ERROR);
 	return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
@@ -359,6 +472,51 @@ static __always_inline int hostport_from_uplink(struct __sk_buff *skb, struct fl
 	if (!eth)
 		return TC_ACT_SHOT;
 	hp_count(HP_STAT_DNAT_UPLINK);
+	return redirect_to_endpoint(skb, eth, ep);
+}
+
+/*
+ * An ICMP error from another host (uplink tcx ingress, parsed into e) about
+ * a pod's reply: the quote is node address:hostPort -> client. Its source
+ * goes back to the pod's address and port, as does the error's destination,
+ * and the error goes into the pod, which learns the path MTU (or that the
+ * client is gone) for its connection. Returns the verdict, or HP_CONTINUE
+ * when the error is about no hostPort flow (the caller checked TTL).
+ */
+static __always_inline int hostport_icmp_error_in(struct __sk_buff *skb, struct icmp_err *e)
+{
+	__u8 family = e->family;
+
+	if (e->q.proto != IPPROTO_TCP && e->q.proto != IPPROTO_UDP)
+		return HP_CONTINUE;
+	struct hostport_val *v = hostport_lookup(e->q.saddr, family, e->q.proto, e->q.sport, 0);
+	if (!v)
+		return HP_CONTINUE;
+	__u8 pod[16];
+	__be16 pod_port = v->pod_port;
+	__u32 ifindex = v->ifindex;
+	__builtin_memcpy(pod, v->pod_addr, 16);
+
+	struct ct_key k = { .family = family, .proto = e->q.proto, .pod_port = pod_port, .peer_port = e->q.dport };
+	addr_copy(k.pod_addr, pod, family);
+	addr_copy(k.peer_addr, e->q.daddr, family);
+	struct ct_val *ct = bpf_map_lookup_elem(&cni_ct, &k);
+	if (!ct || ct->ifindex != ifindex || (ct->flags & CT_F_SNAT) || ct->orig_port != e->q.sport ||
+	    !addr_equal(ct->orig_addr, e->q.saddr, family) ||
+	    flow_expired(ct->flags, k.proto, ct->seen_ns, bpf_ktime_get_ns()))
+		return HP_CONTINUE;
+	struct ep_info *ep = ep_lookup_addr(pod, family);
+	if (!ep || ep->ifindex != ifindex)
+		return HP_CONTINUE;
+
+	if (icmp_err_rewrite(skb, e, 1, pod, pod_port)) {
+		hp_count(HP_STAT_ERROR);
+		return TC_ACT_SHOT;
+	}
+	struct ethhdr *eth = pkt_forward(skb, family);
+	if (!eth)
+		return TC_ACT_SHOT;
+	hp_count(HP_STAT_ICMP_ERR_IN);
 	return redirect_to_endpoint(skb, eth, ep);
 }
 

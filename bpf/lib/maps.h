@@ -126,6 +126,21 @@ struct {
 	__type(value, __u64);
 } cni_masq_stats SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct masq_config);
+} cni_masq_config SEC(".maps");
+
+/* Ports each pod holds towards each destination (the pod limit's count). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_SNAT / 2);
+	__type(key, struct masq_share_key);
+	__type(value, __u32);
+} cni_masq_share SEC(".maps");
+
 /* ----------------------------------------------------------- stack flows */
 
 struct {

@@ -1,5 +1,5 @@
 /*
- * Egress masquerade (the ptp/bridge "ipMasq"), IPv4: a pod flagged
+ * Egress masquerade (the ptp/bridge "ipMasq"), IPv4 and IPv6: a pod flagged
  * EP_F_MASQ sending to a destination outside the cluster CIDRs
  * (cni_cluster_cidrs) leaves the node with the node address the FIB prefers
  * as its source and a port (ICMP echo: an id) allocated here; replies
@@ -12,38 +12,39 @@
  *   - uplink tcx egress (to_uplink.c): masq_egress() takes packets the stack
  *     forwarded from a masquerading pod's host veth whose source is still the
  *     pod's (the stack did not SNAT it already), looks the flow up in cni_snat
- *     (forward entry), or allocates a port: the pod's own port, or a hash of
- *     the flow, is the first candidate in [MASQ_PORT_MIN, MASQ_PORT_MAX], up
- *     to MASQ_PROBES candidates are tried with a BPF_NOEXIST insert of the
- *     reverse entry (the translated tuple: that insert is what makes a port
- *     ours, so two pods racing for one never both get it), and rewrites the
- *     source address and port.
+ *     (forward entry), or allocates a port (snat_alloc), and rewrites the
+ *     source address and port. An ICMP error the pod (or the node) sends
+ *     about a reply it got is translated too (masq_icmp_error_out).
  *   - uplink tcx ingress (from_uplink.c): masq_reverse() finds the reverse
- *     entry of a reply and rewrites its destination back to the pod; the
- *     stack then delivers it, so conntrack sees both directions of the flow
- *     (kube-proxy drops what it finds INVALID) and reverses its own
- *     translations (a Service whose endpoint is outside the cluster).
+ *     entry of a reply and rewrites its destination back to the pod, as
+ *     masq_icmp_error_in() does for an ICMP error about the pod's packets
+ *     (fragmentation needed, packet too big, unreachable, time exceeded);
+ *     the stack then delivers it, so conntrack sees both directions of the
+ *     flow (kube-proxy drops what it finds INVALID; an error is RELATED) and
+ *     reverses its own translations (a Service whose endpoint is outside
+ *     the cluster).
  *
- * Entries live in an LRU map and carry the last time they were used: an
- * entry idle for longer than its protocol's timeout (10 s once a TCP RST or
- * a FIN each way was seen) is treated as absent (and its port reused). DEL
- * scans cni_snat for the pod's host veth.
+ * Ports (cni_masq_config, written at ADD): up to MASQ_RANGES ranges, by
+ * default every port from 1024 but the node's ip_local_port_range and the
+ * NodePort range, so the node's own connections never collide with a
+ * masqueraded flow; a port with a node socket bound to it is skipped too. A
+ * pod holds at most pod_limit ports towards one destination (address, port,
+ * protocol; counted in cni_masq_share): at its limit it takes back the
+ * quietest of its own, never another pod's, so no pod can starve the others
+ * of ports to a busy server (a DNS server's :53).
+ *
+ * Entries carry the flow's state and the reverse one a timer (flowlife.h):
+ * a flow idle past its timeout (10 s once closed, 30 s for UDP that is no
+ * stream) is deleted, and treated as absent meanwhile. DEL scans cni_snat
+ * for the pod's host veth.
  */
 #pragma once
 
 #include "hostport.h"
 
-#define ICMP_ECHOREPLY_T 0
-#define ICMP_ECHO_T 8
-
-#define MASQ_PORT_MIN 61000 /* above the default ip_local_port_range (32768-60999) */
+#define MASQ_PORT_MIN 61000 /* without a configuration: above the default ip_local_port_range */
 #define MASQ_PORT_MAX 65535
-#define MASQ_PROBES 32 /* more makes the verifier walk too many states */
-
-#define MASQ_TIMEOUT_TCP (3600 * NSEC)
-#define MASQ_TIMEOUT_UDP (120 * NSEC)
-#define MASQ_TIMEOUT_ICMP (30 * NSEC)
-#define MASQ_TIMEOUT_CLOSING (10 * NSEC)
+#define MASQ_PROBES 64
 #define MASQ_REUSE_CLOSED (NSEC / 2) /* a closed flow quiet this long gives its port up */
 
 static __always_inline void masq_count(__u32 what)
@@ -54,97 +55,12 @@ static __always_inline void masq_count(__u32 what)
 		*c += 1;
 }
 
-static __always_inline __u64 masq_timeout(__u8 proto)
+static __always_inline int in_cluster(const __u8 *addr, __u8 family)
 {
-	if (proto == IPPROTO_TCP)
-		return MASQ_TIMEOUT_TCP;
-	if (proto == IPPROTO_UDP)
-		return MASQ_TIMEOUT_UDP;
-	return MASQ_TIMEOUT_ICMP;
-}
+	struct cidr_key k = { .prefixlen = family == AF_INET ? 64 : 160, .family = family };
 
-static __always_inline int snat_expired(const struct snat_val *v, __u8 proto, __u64 now)
-{
-	__u64 timeout = (v->flags & SNAT_F_CLOSING) ? MASQ_TIMEOUT_CLOSING : masq_timeout(proto);
-
-	return now > v->seen_ns && now - v->seen_ns > timeout;
-}
-
-/*
- * Whether this packet changes the flow's state: a TCP RST, or the second
- * direction's FIN, marks it closing (short timeout, so a closed connection's
- * port is free again in seconds, not after the established timeout; a
- * half-closed connection keeps the long one), a SYN opens it again. fin_bit
- * is SNAT_F_FIN_OUT or SNAT_F_FIN_IN, the packet's direction. Returns
- * whether the flags change, and the new ones in *next.
- */
-static __always_inline int snat_state(const struct flow *f, __u16 cur, __u16 *next, __u16 fin_bit)
-{
-	__u16 n = cur;
-
-	if (f->proto != IPPROTO_TCP)
-		return 0;
-	if (f->tcp_flags & TCP_FLAG_RST)
-		n |= SNAT_F_CLOSING;
-	else if (f->tcp_flags & TCP_FLAG_FIN)
-		n |= fin_bit;
-	else if (f->syn_only)
-		n = 0;
-	if ((n & SNAT_F_FIN_OUT) && (n & SNAT_F_FIN_IN))
-		n |= SNAT_F_CLOSING;
-	*next = n;
-	return n != cur;
-}
-
-static __always_inline int in_cluster4(__be32 addr)
-{
-	struct cidr_key k = { .prefixlen = 64, .family = AF_INET };
-
-	*(__be32 *)k.addr = addr;
+	addr_copy(k.addr, addr, family);
 	return bpf_map_lookup_elem(&cni_cluster_cidrs, &k) != NULL;
-}
-
-/*
- * Fills f from an IPv4 packet for masquerade: TCP and UDP as flow_parse4, and
- * ICMP echo of type icmp_type, whose id goes in sport (requests from the pod)
- * or dport (replies to the node), the other port 0. Returns 0 or -1.
- */
-static __always_inline int masq_parse4(struct __sk_buff *skb, const struct iphdr *ip, struct flow *f, __u8 icmp_type)
-{
-	if (ip->protocol != IPPROTO_ICMP)
-		return flow_parse4(skb, ip, f);
-
-	__u32 ihl = ip->ihl * 4;
-	__u8 hdr[8];
-
-	if (ihl < sizeof(*ip) || (ip->frag_off & bpf_htons(0x3fff)))
-		return -1;
-	f->family = AF_INET;
-	f->proto = IPPROTO_ICMP;
-	f->l4off = ETH_HLEN + ihl;
-	*(__be32 *)f->saddr = ip->saddr;
-	*(__be32 *)f->daddr = ip->daddr;
-	if (bpf_skb_load_bytes(skb, f->l4off, hdr, sizeof(hdr)) || hdr[0] != icmp_type || hdr[1] != 0)
-		return -1;
-	__be16 id = *(__be16 *)&hdr[4];
-	if (icmp_type == ICMP_ECHO_T) {
-		f->sport = id;
-		f->dport = 0;
-	} else {
-		f->sport = 0;
-		f->dport = id;
-	}
-	f->syn_only = 0;
-	return 0;
-}
-
-/* Rewrites the IPv4 source (is_src) or destination address and port (ICMP:
- * the echo id) with incremental checksum updates, and updates f. */
-static __always_inline int masq_rewrite4(struct __sk_buff *skb, struct flow *f, int is_src, __be32 addr, __be16 port)
-{
-	if (f->proto != IPPROTO_ICMP)
-		return pkt_rewrite(skb, f, is_src, (const __u8 *)&addr, port);
-	return pkt_rewrite_echo4(skb, f, is_src, addr, port);
 }
 
 static __always_inline __u32 mix32(__u32 h)
@@ -157,82 +73,315 @@ static __always_inline __u32 mix32(__u32 h)
 	return h;
 }
 
-/* Refreshes the other direction's entry and its state flags. */
-static __always_inline void snat_touch(struct snat_key *k, __u64 now, __u16 flags)
+static __always_inline void snat_key_of(struct snat_key *k, __u8 dir, const __u8 *addr, __be16 port,
+					const __u8 *peer, __be16 peer_port, __u8 family, __u8 proto)
 {
-	struct snat_val *v = bpf_map_lookup_elem(&cni_snat, k);
+	__builtin_memset(k, 0, sizeof(*k));
+	k->family = family;
+	k->proto = proto;
+	k->dir = dir;
+	k->port = port;
+	k->peer_port = peer_port;
+	addr_copy(k->addr, addr, family);
+	addr_copy(k->peer_addr, peer, family);
+}
 
-	if (v) {
-		v->seen_ns = now;
-		v->flags = flags;
+/* -------------------------------------------------- shares and life cycle */
+
+static __always_inline void share_key_of(struct masq_share_key *k, const struct snat_key *rk, __u32 ifindex)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	addr_copy(k->peer_addr, rk->peer_addr, rk->family);
+	k->peer_port = rk->peer_port;
+	k->family = rk->family;
+	k->proto = rk->proto;
+	k->ifindex = ifindex;
+}
+
+/* The count of ports the pod behind ifindex holds towards rk's destination. */
+static __always_inline __u32 *share_of(const struct snat_key *rk, __u32 ifindex)
+{
+	struct masq_share_key k;
+	__u32 zero = 0;
+
+	share_key_of(&k, rk, ifindex);
+	__u32 *n = bpf_map_lookup_elem(&cni_masq_share, &k);
+	if (n)
+		return n;
+	bpf_map_update_elem(&cni_masq_share, &k, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&cni_masq_share, &k);
+}
+
+static __always_inline void share_release(const struct snat_key *rk, __u32 ifindex)
+{
+	struct masq_share_key k;
+
+	share_key_of(&k, rk, ifindex);
+	__u32 *n = bpf_map_lookup_elem(&cni_masq_share, &k);
+	if (n && *n > 0)
+		__sync_fetch_and_add(n, -1);
+}
+
+/*
+ * Deletes the flow whose reverse entry is rk (its pod's address and port,
+ * and host veth, given): the forward entry if it still maps to rk, the
+ * reverse one, and the port from the pod's share (only by whoever deleted
+ * it, so two CPUs never release it twice).
+ */
+static __always_inline void snat_forget(const struct snat_key *rk, const __u8 *pod, __be16 pod_port, __u32 ifindex)
+{
+	struct snat_key fk;
+
+	snat_key_of(&fk, SNAT_DIR_FWD, pod, pod_port, rk->peer_addr, rk->peer_port, rk->family, rk->proto);
+	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
+	if (fv && fv->port == rk->port && addr_equal(fv->addr, rk->addr, rk->family))
+		bpf_map_delete_elem(&cni_snat, &fk);
+	if (bpf_map_delete_elem(&cni_snat, rk) == 0)
+		share_release(rk, ifindex);
+}
+
+/* A reverse entry's timer ran out: the flow goes unless a packet came meanwhile. */
+static int snat_expire(void *map, struct snat_key *key, struct snat_val *v)
+{
+	struct snat_key rk = *key;
+	__u64 left = flow_time_left(v->flags, rk.proto, v->seen_ns, bpf_ktime_get_ns());
+
+	if (rk.dir != SNAT_DIR_REV)
+		return 0;
+	if (left) {
+		bpf_timer_start(&v->timer, left, 0);
+		return 0;
 	}
+	__u8 pod[16];
+	__be16 pod_port = v->port;
+	__u32 ifindex = v->ifindex;
+	__builtin_memcpy(pod, v->addr, 16);
+	snat_forget(&rk, pod, pod_port, ifindex);
+	masq_count(MASQ_STAT_EXPIRED);
+	return 0;
+}
+
+/* (Re)starts a reverse entry's timer to run in ns (after every write of it). */
+static __always_inline void snat_arm(struct snat_val *v, __u64 ns)
+{
+	bpf_timer_init(&v->timer, &cni_snat, CLOCK_MONOTONIC); /* -EBUSY when done already */
+	bpf_timer_set_callback(&v->timer, snat_expire);
+	bpf_timer_start(&v->timer, ns, 0);
+}
+
+/* Records a state change or a use in an entry (rev: the reverse one, whose
+ * timer shortens when the flow closes). */
+static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now, int rev)
+{
+	__u16 cur = v->flags;
+
+	v->flags = next;
+	v->seen_ns = now;
+	if (rev && (next & FLOW_F_CLOSING) && !(cur & FLOW_F_CLOSING))
+		snat_arm(v, FLOW_TIMEOUT_CLOSING);
+}
+
+/* ------------------------------------------------------------ allocation */
+
+#ifndef BPF_TCP_LISTEN
+#define BPF_TCP_LISTEN 10
+#endif
+
+/* Whether a node socket has node:port for the reply of rk's flow: a TCP
+ * listener or connection, a bound or connected UDP socket. Such ports are
+ * left to the node. */
+static __always_inline int node_port_taken(struct __sk_buff *skb, const struct snat_key *rk)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk = NULL;
+	__u32 len;
+
+	if (rk->family == AF_INET) {
+		t.ipv4.saddr = *(const __be32 *)rk->peer_addr;
+		t.ipv4.daddr = *(const __be32 *)rk->addr;
+		t.ipv4.sport = rk->peer_port;
+		t.ipv4.dport = rk->port;
+		len = sizeof(t.ipv4);
+	} else {
+		__builtin_memcpy(t.ipv6.saddr, rk->peer_addr, 16);
+		__builtin_memcpy(t.ipv6.daddr, rk->addr, 16);
+		t.ipv6.sport = rk->peer_port;
+		t.ipv6.dport = rk->port;
+		len = sizeof(t.ipv6);
+	}
+	if (rk->proto == IPPROTO_TCP)
+		sk = bpf_skc_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+	else if (rk->proto == IPPROTO_UDP)
+		sk = bpf_sk_lookup_udp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	bpf_sk_release(sk);
+	return 1;
+}
+
+/* What snat_alloc's probes share (bpf_loop: the verifier walks one probe). */
+struct alloc_ctx {
+	struct snat_key rk; /* the reverse entry tried; rk.port is the candidate */
+	struct snat_val rv; /* what it gets */
+	struct masq_config cfg;
+	struct __sk_buff *skb;
+	__u64 take_seen;
+	__u32 h;
+	__u32 stride;
+	__u32 ifindex;
+	__u16 own;   /* the pod's own port, when one of ours: the first candidate */
+	__be16 port; /* the port got */
+	__be16 take; /* at the limit: the pod's own quietest port seen */
+	__u8 over;   /* the pod is at its limit towards this destination */
+};
+
+static __always_inline __u16 masq_port_at(const struct masq_config *c, __u32 idx)
+{
+#pragma unroll
+	for (int r = 0; r < MASQ_RANGES; r++) {
+		if (idx < c->len[r])
+			return c->lo[r] + idx;
+		idx -= c->len[r];
+	}
+	return 0;
+}
+
+static __always_inline int masq_port_ours(const struct masq_config *c, __u16 port)
+{
+#pragma unroll
+	for (int r = 0; r < MASQ_RANGES; r++) {
+		if (port >= c->lo[r] && port - c->lo[r] < c->len[r])
+			return 1;
+	}
+	return 0;
+}
+
+/* One candidate: returns 1 (stop) when c->port got it. */
+static long alloc_probe(__u32 i, struct alloc_ctx *c)
+{
+	__u16 p = c->own;
+
+	if (i > 0 || !p)
+		p = masq_port_at(&c->cfg, (c->h + i * c->stride) % c->cfg.total);
+	if (!p)
+		return 0;
+	c->rk.port = bpf_htons(p);
+	struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &c->rk);
+	if (cur) {
+		/* Free: an expired flow, or (as conntrack reuses TIME_WAIT and
+		 * CLOSE tuples) a closed TCP flow quiet for MASQ_REUSE_CLOSED. */
+		__u64 seen = cur->seen_ns, now = c->rv.seen_ns;
+		int dead = flow_expired(cur->flags, c->rk.proto, seen, now) ||
+			   ((cur->flags & FLOW_F_CLOSING) && now - seen > MASQ_REUSE_CLOSED);
+		__u32 owner = cur->ifindex;
+		if (!dead) {
+			if (c->over && owner == c->ifindex && (!c->take || seen < c->take_seen)) {
+				c->take = c->rk.port;
+				c->take_seen = seen;
+			}
+			return 0;
+		}
+		snat_forget(&c->rk, cur->addr, cur->port, owner);
+		if (c->over && owner != c->ifindex)
+			return 0; /* freed for the others, not for a pod at its limit */
+	} else if (c->over) {
+		return 0;
+	}
+	if (c->rk.proto != IPPROTO_ICMP && c->rk.proto != IPPROTO_ICMPV6 &&
+	    (hostport_lookup(c->rk.addr, c->rk.family, c->rk.proto, c->rk.port, 0) || node_port_taken(c->skb, &c->rk)))
+		return 0;
+	/* The insert is what makes the port ours: of two CPUs, one wins. */
+	if (bpf_map_update_elem(&cni_snat, &c->rk, &c->rv, BPF_NOEXIST))
+		return 0;
+	c->port = c->rk.port;
+	return 1;
 }
 
 /*
  * Allocates a node port for the flow f (pod's view) towards node address
- * node: the first candidate is the pod's own port if it is in the range,
- * else a hash of the flow, then MASQ_PROBES - 1 more, skipping ports held by
- * a live flow to the same destination and the node's hostPorts. Inserts the reverse entry (BPF_NOEXIST: the port is ours
- * only if the insert succeeds) and the forward one. Returns the port (network
- * order) or 0 when every candidate was taken.
+ * node, and inserts both entries. Candidates: the pod's own port when it is
+ * one of ours, then MASQ_PROBES - 1 more from a hash of the flow, walked
+ * with a stride coprime with the ports' count. A pod at its limit towards
+ * f's destination takes no free port: it takes back its own quietest one
+ * among the candidates. Returns the port (network order), or 0 with *why
+ * the counter that says why none. Not inlined: its probes' stack comes on
+ * top of the caller's.
  */
-static __always_inline __be16 snat_alloc(const struct flow *f, __be32 node, __u32 ifindex, __u64 now)
+static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f, const __u8 *node, __u32 ifindex,
+				    __u32 *why)
 {
-	struct snat_key rk = { .family = AF_INET, .proto = f->proto, .dir = SNAT_DIR_REV, .peer_port = f->dport };
-	struct snat_val rv = { .port = f->sport, .ifindex = ifindex, .created_ns = now, .seen_ns = now };
-	const __u32 range = MASQ_PORT_MAX - MASQ_PORT_MIN + 1;
-	__u32 h = mix32(*(__u32 *)f->saddr ^ mix32(*(__u32 *)f->daddr) ^
-			(((__u32)f->sport << 16) | f->dport) ^ f->proto);
+	__u64 now = bpf_ktime_get_ns();
+	__u32 zero = 0;
+	struct alloc_ctx c = {};
+	struct masq_config *cfg = bpf_map_lookup_elem(&cni_masq_config, &zero);
 
-	*(__be32 *)rk.addr = node;
-	*(__u32 *)rk.peer_addr = *(__u32 *)f->daddr;
-	*(__u32 *)rv.addr = *(__u32 *)f->saddr;
-	for (__u32 i = 0; i < MASQ_PROBES; i++) {
-		/* The pod's own port first when it is in the range (as MASQUERADE
-		 * keeps ports where it can), then a stride coprime with the range
-		 * from the hash walks distinct ports. */
-		__u16 port = MASQ_PORT_MIN + (h + i * 2053) % range;
-		if (i == 0 && bpf_ntohs(f->sport) >= MASQ_PORT_MIN)
-			port = bpf_ntohs(f->sport);
-
-		rk.port = bpf_htons(port);
-		struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &rk);
-		if (cur) {
-			/* Free: an expired flow, or (as conntrack reuses TIME_WAIT and
-			 * CLOSE tuples) a closed TCP flow quiet for MASQ_REUSE_CLOSED. */
-			if (!snat_expired(cur, f->proto, now) &&
-			    !((cur->flags & SNAT_F_CLOSING) && now - cur->seen_ns > MASQ_REUSE_CLOSED))
-				continue;
-			/* The old flow's forward entry goes too, if it still maps here. */
-			struct snat_key ok = { .family = AF_INET, .proto = f->proto, .dir = SNAT_DIR_FWD,
-					       .port = cur->port, .peer_port = f->dport };
-			*(__u32 *)ok.addr = *(__u32 *)cur->addr;
-			*(__u32 *)ok.peer_addr = *(__u32 *)f->daddr;
-			struct snat_val *ov = bpf_map_lookup_elem(&cni_snat, &ok);
-			if (ov && ov->port == rk.port && *(__be32 *)ov->addr == node)
-				bpf_map_delete_elem(&cni_snat, &ok);
-			bpf_map_delete_elem(&cni_snat, &rk);
-		}
-		if (f->proto != IPPROTO_ICMP && hostport_lookup(&node, AF_INET, f->proto, rk.port, 0))
-			continue;
-		if (bpf_map_update_elem(&cni_snat, &rk, &rv, BPF_NOEXIST))
-			continue; /* another CPU took it just now */
-
-		struct snat_key fk = { .family = AF_INET, .proto = f->proto, .dir = SNAT_DIR_FWD,
-				       .port = f->sport, .peer_port = f->dport };
-		struct snat_val fv = { .port = rk.port, .ifindex = ifindex, .created_ns = now, .seen_ns = now };
-
-		*(__u32 *)fk.addr = *(__u32 *)f->saddr;
-		*(__u32 *)fk.peer_addr = *(__u32 *)f->daddr;
-		*(__be32 *)fv.addr = node;
-		if (bpf_map_update_elem(&cni_snat, &fk, &fv, BPF_ANY)) {
-			bpf_map_delete_elem(&cni_snat, &rk);
-			return 0;
-		}
-		return rk.port;
+	if (cfg && cfg->total) {
+		c.cfg = *cfg;
+	} else {
+		c.cfg.lo[0] = MASQ_PORT_MIN;
+		c.cfg.len[0] = MASQ_PORT_MAX - MASQ_PORT_MIN + 1;
+		c.cfg.total = c.cfg.len[0];
 	}
-	return 0;
+	snat_key_of(&c.rk, SNAT_DIR_REV, node, 0, f->daddr, f->dport, f->family, f->proto);
+	addr_copy(c.rv.addr, f->saddr, f->family);
+	c.rv.port = f->sport;
+	c.rv.ifindex = ifindex;
+	c.rv.created_ns = now;
+	c.rv.seen_ns = now;
+	c.skb = skb;
+	c.ifindex = ifindex;
+	c.stride = c.cfg.total % 2053 ? 2053 : 2063; /* primes: one of them is coprime with the count */
+	__u32 a = ((const __u32 *)f->saddr)[0] ^ ((const __u32 *)f->saddr)[3];
+	__u32 b = ((const __u32 *)f->daddr)[0] ^ ((const __u32 *)f->daddr)[3];
+	c.h = mix32(a ^ mix32(b) ^ (((__u32)f->sport << 16) | f->dport) ^ f->proto);
+	/* The pod's own port first when it is one of ours (as MASQUERADE keeps
+	 * ports where it can); an echo's id likewise. */
+	if (masq_port_ours(&c.cfg, bpf_ntohs(f->sport)))
+		c.own = bpf_ntohs(f->sport);
+
+	__u32 *share = share_of(&c.rk, ifindex);
+	c.over = share && c.cfg.pod_limit && *share >= c.cfg.pod_limit;
+
+	bpf_loop(MASQ_PROBES, alloc_probe, &c, 0);
+
+	if (!c.port && c.take) {
+		/* At the limit: the quietest of the pod's own flows gives its port up. */
+		c.rk.port = c.take;
+		struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &c.rk);
+		if (cur && cur->ifindex == ifindex) {
+			snat_forget(&c.rk, cur->addr, cur->port, ifindex);
+			if (!bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_NOEXIST)) {
+				c.port = c.take;
+				masq_count(MASQ_STAT_RECYCLED);
+			}
+		}
+	}
+	if (!c.port) {
+		*why = c.over ? MASQ_STAT_POD_LIMIT : MASQ_STAT_EXHAUSTED;
+		return 0;
+	}
+	share = share_of(&c.rk, ifindex);
+	if (share)
+		__sync_fetch_and_add(share, 1);
+	struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &c.rk);
+	if (rv)
+		snat_arm(rv, flow_timeout(0, f->proto));
+
+	/* The forward entry, in c.rk and c.rv, which the reverse one is done with. */
+	snat_key_of(&c.rk, SNAT_DIR_FWD, f->saddr, f->sport, f->daddr, f->dport, f->family, f->proto);
+	addr_copy(c.rv.addr, node, f->family);
+	c.rv.port = c.port;
+	if (bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_ANY)) {
+		snat_key_of(&c.rk, SNAT_DIR_REV, node, c.port, f->daddr, f->dport, f->family, f->proto);
+		if (bpf_map_delete_elem(&cni_snat, &c.rk) == 0)
+			share_release(&c.rk, ifindex);
+		*why = MASQ_STAT_ERROR;
+		return 0;
+	}
+	return c.port;
 }
+
+/* ---------------------------------------------------------------- packets */
 
 #define MASQ_CONTINUE -1
 
@@ -241,8 +390,9 @@ static __always_inline __be16 snat_alloc(const struct flow *f, __be32 node, __u3
  * directly (its flow came in through the stack, SF_INBOUND): such replies
  * leave with the pod's address, as they would without masquerade.
  */
-static __always_inline int masq_inbound_reply(const struct flow *f, __u32 ifindex, __u64 now)
+static __noinline int masq_inbound_reply(const struct flow *f, __u32 ifindex)
 {
+	__u64 now = bpf_ktime_get_ns();
 	struct sf_key k;
 
 	if (f->proto != IPPROTO_UDP)
@@ -250,7 +400,7 @@ static __always_inline int masq_inbound_reply(const struct flow *f, __u32 ifinde
 	sf_key_sent(&k, f);
 	struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, &k);
 	if (!v || v->ifindex != ifindex || !(v->flags & SF_INBOUND) ||
-	    (now > v->seen_ns && now - v->seen_ns > MASQ_TIMEOUT_UDP))
+	    (now > v->seen_ns && now - v->seen_ns > FLOW_TIMEOUT_UDP_STREAM))
 		return 0;
 	if (now - v->seen_ns > NSEC)
 		v->seen_ns = now;
@@ -258,79 +408,153 @@ static __always_inline int masq_inbound_reply(const struct flow *f, __u32 ifinde
 }
 
 /*
+ * An ICMP error about a reply a masquerading pod got (the quote: peer ->
+ * pod), leaving through an uplink: sent by the pod behind ifindex (a port
+ * unreachable), or by the node itself (ifindex 0: a reply it could not
+ * forward to the pod, say for the pod's smaller MTU). The quote's
+ * destination goes to the flow's node address and port, as does the
+ * error's source when it is the pod. Returns MASQ_CONTINUE or TC_ACT_SHOT.
+ */
+static __noinline int masq_icmp_error_out(struct __sk_buff *skb, __u8 family, __u32 ifindex)
+{
+	struct icmp_err e = {};
+
+	if (icmp_err_parse(skb, family, &e) || (e.q.proto != IPPROTO_TCP && e.q.proto != IPPROTO_UDP) ||
+	    in_cluster(e.q.saddr, family))
+		return MASQ_CONTINUE;
+	struct snat_key fk;
+	snat_key_of(&fk, SNAT_DIR_FWD, e.q.daddr, e.q.dport, e.q.saddr, e.q.sport, family, e.q.proto);
+	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
+	if (!fv || flow_expired(fv->flags, fk.proto, fv->seen_ns, bpf_ktime_get_ns()))
+		return MASQ_CONTINUE;
+	__u8 node[16];
+	__be16 port = fv->port;
+	__u32 owner = fv->ifindex;
+	__builtin_memcpy(node, fv->addr, 16);
+	if (ifindex) {
+		if (owner != ifindex)
+			return MASQ_CONTINUE;
+	} else {
+		struct ep_info *ep = ep_lookup_addr(e.q.daddr, family);
+
+		if (!ep || !(ep->flags & EP_F_MASQ) || ep->ifindex != owner)
+			return MASQ_CONTINUE;
+	}
+	if (icmp_err_rewrite(skb, &e, 0, node, port)) {
+		masq_count(MASQ_STAT_ERROR);
+		return TC_ACT_SHOT;
+	}
+	masq_count(MASQ_STAT_ICMP_ERR_OUT);
+	return MASQ_CONTINUE;
+}
+
+/* The source the node would pick for f's route (BPF_FIB_LOOKUP_SRC), as
+ * MASQUERADE picks the outgoing link's address. Returns 0 or -1. */
+static __noinline int masq_source(struct __sk_buff *skb, const struct flow *f, __u32 ifindex, __u8 *node)
+{
+	struct bpf_fib_lookup p = { .family = f->family, .ifindex = ifindex, .l4_protocol = f->proto };
+
+	if (f->family == AF_INET) {
+		__u8 tos = 0;
+
+		bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct iphdr, tos), &tos, 1);
+		p.tos = tos;
+		p.ipv4_src = *(const __be32 *)f->saddr;
+		p.ipv4_dst = *(const __be32 *)f->daddr;
+	} else {
+		__builtin_memcpy(p.ipv6_src, f->saddr, 16);
+		__builtin_memcpy(p.ipv6_dst, f->daddr, 16);
+	}
+	int rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SRC);
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return -1;
+	if (f->family == AF_INET) {
+		if (!p.ipv4_src)
+			return -1;
+		*(__be32 *)node = p.ipv4_src;
+		return 0;
+	}
+	if (is_unspecified6((struct in6_addr *)p.ipv6_src))
+		return -1;
+	__builtin_memcpy(node, p.ipv6_src, 16);
+	return 0;
+}
+
+/*
+ * The pod's packet f of a flow it has: *node and *port get what it leaves
+ * with, its entries the packet's state. Returns 1, or 0 for a new flow. A
+ * known flow keeps its node address while the node has it. Not inlined:
+ * its stack is not on top of snat_alloc's.
+ */
+static __noinline int masq_known(const struct flow *f, __u32 ifindex, __u8 *node, __be16 *port)
+{
+	__u64 now = bpf_ktime_get_ns();
+	struct snat_key k;
+
+	snat_key_of(&k, SNAT_DIR_FWD, f->saddr, f->sport, f->daddr, f->dport, f->family, f->proto);
+	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &k);
+	if (!fv || fv->ifindex != ifindex || flow_expired(fv->flags, f->proto, fv->seen_ns, now) ||
+	    !is_node_ip(fv->addr, f->family))
+		return 0;
+	__u16 fl = flow_next(fv->flags, f, 0, fv->created_ns, now);
+
+	addr_copy(node, fv->addr, f->family);
+	*port = fv->port;
+	if (fl != fv->flags || now - fv->seen_ns > NSEC) {
+		snat_note(fv, fl, now, 0);
+		snat_key_of(&k, SNAT_DIR_REV, node, *port, f->daddr, f->dport, f->family, f->proto);
+		struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
+		if (rv)
+			snat_note(rv, fl, now, 1);
+	}
+	return 1;
+}
+
+/*
  * A packet leaving the node through an uplink, forwarded from the host veth
  * of the masquerading pod ep with the pod's address as its source (the
  * caller checked). Returns MASQ_CONTINUE after translating it or leaving it
- * alone (destinations in the cluster CIDRs, what is not TCP/UDP/ICMP echo, a
- * TCP segment of no known flow, a UDP reply to a host that came in
- * directly), or TC_ACT_SHOT.
+ * alone (destinations in the cluster CIDRs, what is not TCP/UDP/ICMP echo or
+ * an ICMP error about a masqueraded flow, a TCP segment of no known flow, a
+ * UDP reply to a host that came in directly), or TC_ACT_SHOT.
  */
-static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_info *ep)
+static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_info *ep, __u8 family)
 {
-	struct iphdr *ip = pkt_ip4(skb);
 	struct flow f = {};
-	__be32 node;
+	__u8 node[16] = {};
 	__be16 port;
 
-	if (!ip)
+	if (flow_parse(skb, family, &f, FLOW_ECHO_REQUEST)) {
+		__u8 proto = 0;
+
+		bpf_skb_load_bytes(skb, ETH_HLEN + (family == AF_INET ? offsetof(struct iphdr, protocol)
+								       : offsetof(struct ipv6hdr, nexthdr)), &proto, 1);
+		if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6)
+			return masq_icmp_error_out(skb, family, ep->ifindex);
 		return MASQ_CONTINUE;
-	if (in_cluster4(ip->daddr))
-		return MASQ_CONTINUE;
-	if (masq_parse4(skb, ip, &f, ICMP_ECHO_T))
+	}
+	if (in_cluster(f.daddr, family))
 		return MASQ_CONTINUE;
 
-	__u64 now = bpf_ktime_get_ns();
-	struct snat_key fk = { .family = AF_INET, .proto = f.proto, .dir = SNAT_DIR_FWD,
-			       .port = f.sport, .peer_port = f.dport };
-	*(__u32 *)fk.addr = *(__u32 *)f.saddr;
-	*(__u32 *)fk.peer_addr = *(__u32 *)f.daddr;
-	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
-	/* A known flow keeps its node address while the node has it. */
-	if (fv && fv->ifindex == ep->ifindex && !snat_expired(fv, f.proto, now) && is_node_ip(fv->addr, AF_INET)) {
-		__u16 fl = fv->flags;
-		int changed = snat_state(&f, fv->flags, &fl, SNAT_F_FIN_OUT);
-
-		node = *(__be32 *)fv->addr;
-		port = fv->port;
-		if (changed || now - fv->seen_ns > NSEC) {
-			fv->seen_ns = now;
-			fv->flags = fl;
-			struct snat_key rk = { .family = AF_INET, .proto = f.proto, .dir = SNAT_DIR_REV,
-					       .port = port, .peer_port = f.dport };
-			*(__be32 *)rk.addr = node;
-			*(__u32 *)rk.peer_addr = *(__u32 *)f.daddr;
-			snat_touch(&rk, now, fl);
-		}
-	} else {
+	if (!masq_known(&f, ep->ifindex, node, &port)) {
 		/* Only what opens a flow allocates: a pod answering a client that
 		 * reached it directly (host-gw, routes to the pod) is not rewritten. */
-		if ((f.proto == IPPROTO_TCP && !f.syn_only) || masq_inbound_reply(&f, ep->ifindex, now)) {
+		if ((f.proto == IPPROTO_TCP && !f.syn_only) || masq_inbound_reply(&f, ep->ifindex)) {
 			masq_count(MASQ_STAT_NOT_NEW);
 			return MASQ_CONTINUE;
 		}
-		/* BPF_FIB_LOOKUP_SRC: the source the node would pick for this
-		 * route, as MASQUERADE picks the outgoing link's address. */
-		struct bpf_fib_lookup p = {
-			.family = AF_INET,
-			.ifindex = ep->ifindex,
-			.tos = ip->tos,
-			.l4_protocol = ip->protocol,
-			.ipv4_src = ip->saddr,
-			.ipv4_dst = ip->daddr,
-		};
-		int rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SRC);
-		if ((rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH) || !p.ipv4_src)
+		if (masq_source(skb, &f, ep->ifindex, node))
 			return MASQ_CONTINUE;
-		node = p.ipv4_src;
-		port = snat_alloc(&f, node, ep->ifindex, now);
+		__u32 why = MASQ_STAT_EXHAUSTED;
+		port = snat_alloc(skb, &f, node, ep->ifindex, &why);
 		if (!port) {
-			masq_count(MASQ_STAT_EXHAUSTED);
+			masq_count(why);
 			return TC_ACT_SHOT;
 		}
 		masq_count(MASQ_STAT_NEW);
 	}
 
-	if (masq_rewrite4(skb, &f, 1, node, port)) {
+	if (pkt_rewrite(skb, &f, 1, node, port)) {
 		masq_count(MASQ_STAT_ERROR);
 		return TC_ACT_SHOT;
 	}
@@ -343,47 +567,75 @@ static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_in
  * its destination back to the pod. Returns the verdict (TCX_NEXT: on to the
  * stack), or MASQ_CONTINUE when it is not ours.
  */
-static __always_inline int masq_reverse(struct __sk_buff *skb)
+static __always_inline int masq_reverse(struct __sk_buff *skb, __u8 family)
 {
-	struct iphdr *ip = pkt_ip4(skb);
 	struct flow f = {};
 
-	if (!ip)
-		return MASQ_CONTINUE;
-	if (masq_parse4(skb, ip, &f, ICMP_ECHOREPLY_T))
+	if (flow_parse(skb, family, &f, FLOW_ECHO_REPLY))
 		return MASQ_CONTINUE;
 
-	struct snat_key rk = { .family = AF_INET, .proto = f.proto, .dir = SNAT_DIR_REV,
-			       .port = f.dport, .peer_port = f.sport };
-	*(__u32 *)rk.addr = *(__u32 *)f.daddr;
-	*(__u32 *)rk.peer_addr = *(__u32 *)f.saddr;
+	struct snat_key rk;
+	snat_key_of(&rk, SNAT_DIR_REV, f.daddr, f.dport, f.saddr, f.sport, family, f.proto);
 	struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &rk);
 	if (!rv)
 		return MASQ_CONTINUE;
 	__u64 now = bpf_ktime_get_ns();
-	if (snat_expired(rv, f.proto, now))
+	if (flow_expired(rv->flags, f.proto, rv->seen_ns, now))
 		return MASQ_CONTINUE;
-	struct snat_val v = *rv;
-	struct ep_info *ep = ep_lookup_addr(v.addr, AF_INET);
-	if (!ep || ep->ifindex != v.ifindex)
+	__u8 pod[16];
+	__be16 pod_port = rv->port;
+	__u32 ifindex = rv->ifindex;
+	__builtin_memcpy(pod, rv->addr, 16);
+	struct ep_info *ep = ep_lookup_addr(pod, family);
+	if (!ep || ep->ifindex != ifindex)
 		return MASQ_CONTINUE; /* the pod is gone */
-	__u16 fl = v.flags;
-	int changed = snat_state(&f, v.flags, &fl, SNAT_F_FIN_IN);
-	if (changed || now - v.seen_ns > NSEC) {
-		rv->seen_ns = now;
-		rv->flags = fl;
-		struct snat_key fk = { .family = AF_INET, .proto = f.proto, .dir = SNAT_DIR_FWD,
-				       .port = v.port, .peer_port = f.sport };
-		*(__u32 *)fk.addr = *(__u32 *)v.addr;
-		*(__u32 *)fk.peer_addr = *(__u32 *)f.saddr;
-		snat_touch(&fk, now, fl);
+	__u16 fl = flow_next(rv->flags, &f, 1, rv->created_ns, now);
+	if (fl != rv->flags || now - rv->seen_ns > NSEC) {
+		snat_note(rv, fl, now, 1);
+		struct snat_key fk;
+		snat_key_of(&fk, SNAT_DIR_FWD, pod, pod_port, f.saddr, f.sport, family, f.proto);
+		struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
+		if (fv)
+			snat_note(fv, fl, now, 0);
 	}
 
-	if (masq_rewrite4(skb, &f, 0, *(__be32 *)v.addr, v.port)) {
+	if (pkt_rewrite(skb, &f, 0, pod, pod_port)) {
 		masq_count(MASQ_STAT_ERROR);
 		return TC_ACT_SHOT;
 	}
 	masq_count(MASQ_STAT_REVERSE);
 	/* On to the stack, which forwards it to the pod. */
+	return TCX_NEXT;
+}
+
+/*
+ * An ICMP error from another host (parsed into e) about a packet a
+ * masquerading pod sent: the quote is node:port -> peer. Its source goes
+ * back to the pod's address and port, as does the error's destination, and
+ * the stack delivers it to the pod (conntrack finds it RELATED to the pod's
+ * flow). Returns TCX_NEXT, TC_ACT_SHOT, or MASQ_CONTINUE when it is not
+ * about a masqueraded flow.
+ */
+static __always_inline int masq_icmp_error_in(struct __sk_buff *skb, struct icmp_err *e)
+{
+	__u8 family = e->family;
+	struct snat_key rk;
+
+	snat_key_of(&rk, SNAT_DIR_REV, e->q.saddr, e->q.sport, e->q.daddr, e->q.dport, family, e->q.proto);
+	struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &rk);
+	if (!rv || flow_expired(rv->flags, rk.proto, rv->seen_ns, bpf_ktime_get_ns()))
+		return MASQ_CONTINUE;
+	__u8 pod[16];
+	__be16 pod_port = rv->port;
+	__u32 ifindex = rv->ifindex;
+	__builtin_memcpy(pod, rv->addr, 16);
+	struct ep_info *ep = ep_lookup_addr(pod, family);
+	if (!ep || ep->ifindex != ifindex)
+		return MASQ_CONTINUE;
+	if (icmp_err_rewrite(skb, e, 1, pod, pod_port)) {
+		masq_count(MASQ_STAT_ERROR);
+		return TC_ACT_SHOT;
+	}
+	masq_count(MASQ_STAT_ICMP_ERR_IN);
 	return TCX_NEXT;
 }

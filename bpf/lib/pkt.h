@@ -145,8 +145,8 @@ static __always_inline struct ethhdr *pkt_forward(struct __sk_buff *skb, __u8 fa
 struct flow {
 	__u8 saddr[16];
 	__u8 daddr[16];
-	__be16 sport;
-	__be16 dport;
+	__be16 sport; /* ICMP(v6) echo: the id, for a request */
+	__be16 dport; /* ICMP(v6) echo: the id, for a reply */
 	__u8 family;
 	__u8 proto;
 	__u8 syn_only; /* TCP SYN without ACK: a new connection */
@@ -154,31 +154,51 @@ struct flow {
 	__u32 l4off;   /* offset of the L4 header from skb->data */
 };
 
-/* Loads ports (and TCP flags) at f->l4off. Returns 0, or -1 if not NATable. */
-static __always_inline int flow_load_l4(struct __sk_buff *skb, struct flow *f)
-{
-	__be16 ports[2];
+#define ICMP_ECHOREPLY_T 0
+#define ICMP_ECHO_T 8
+#define ICMP6_ECHO_REQUEST 128
+#define ICMP6_ECHO_REPLY 129
 
+/* Which ICMP echo messages a parse takes, and where their id goes. */
+#define FLOW_NO_ECHO 0
+#define FLOW_ECHO_REQUEST 1 /* the id is the source port */
+#define FLOW_ECHO_REPLY 2   /* the id is the destination port */
+
+/* Loads ports (and TCP flags), or an echo's id, at f->l4off. Returns 0, or -1 if not NATable. */
+static __always_inline int flow_load_l4(struct __sk_buff *skb, struct flow *f, int echo)
+{
+	__u8 h[14];
+
+	f->syn_only = 0;
+	f->tcp_flags = 0;
+	if (f->proto == IPPROTO_ICMP || f->proto == IPPROTO_ICMPV6) {
+		if (echo == FLOW_NO_ECHO || bpf_skb_load_bytes(skb, f->l4off, h, 8) || h[1] != 0)
+			return -1;
+		int v4 = f->proto == IPPROTO_ICMP;
+		__u8 want = echo == FLOW_ECHO_REQUEST ? (v4 ? ICMP_ECHO_T : ICMP6_ECHO_REQUEST)
+						      : (v4 ? ICMP_ECHOREPLY_T : ICMP6_ECHO_REPLY);
+		if (h[0] != want)
+			return -1;
+		__be16 id = *(__be16 *)&h[4];
+		f->sport = echo == FLOW_ECHO_REQUEST ? id : 0;
+		f->dport = echo == FLOW_ECHO_REQUEST ? 0 : id;
+		return 0;
+	}
 	if (f->proto != IPPROTO_TCP && f->proto != IPPROTO_UDP)
 		return -1;
-	if (bpf_skb_load_bytes(skb, f->l4off, ports, sizeof(ports)))
+	if (bpf_skb_load_bytes(skb, f->l4off, h, f->proto == IPPROTO_TCP ? 14 : 4))
 		return -1;
-	f->sport = ports[0];
-	f->dport = ports[1];
-	f->syn_only = 0;
+	f->sport = *(__be16 *)&h[0];
+	f->dport = *(__be16 *)&h[2];
 	if (f->proto == IPPROTO_TCP) {
-		__u8 fl;
-
-		if (bpf_skb_load_bytes(skb, f->l4off + TCP_FLAGS_OFF, &fl, 1))
-			return -1;
-		f->syn_only = (fl & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
-		f->tcp_flags = fl;
+		f->tcp_flags = h[13];
+		f->syn_only = (h[13] & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
 	}
 	return 0;
 }
 
 /* Fills f from an IPv4 header at ETH_HLEN. Fragments are not translated. */
-static __always_inline int flow_parse4(struct __sk_buff *skb, const struct iphdr *ip, struct flow *f)
+static __always_inline int flow_parse4(struct __sk_buff *skb, const struct iphdr *ip, struct flow *f, int echo)
 {
 	__u32 ihl = ip->ihl * 4;
 
@@ -189,43 +209,68 @@ static __always_inline int flow_parse4(struct __sk_buff *skb, const struct iphdr
 	f->l4off = ETH_HLEN + ihl;
 	*(__be32 *)f->saddr = ip->saddr;
 	*(__be32 *)f->daddr = ip->daddr;
-	return flow_load_l4(skb, f);
+	return flow_load_l4(skb, f, echo);
 }
 
 /* Fills f from an IPv6 header at ETH_HLEN (no extension headers). */
-static __always_inline int flow_parse6(struct __sk_buff *skb, const struct ipv6hdr *ip6, struct flow *f)
+static __always_inline int flow_parse6(struct __sk_buff *skb, const struct ipv6hdr *ip6, struct flow *f, int echo)
 {
 	f->family = AF_INET6;
 	f->proto = ip6->nexthdr;
 	f->l4off = ETH_HLEN + sizeof(*ip6);
 	__builtin_memcpy(f->saddr, &ip6->saddr, 16);
 	__builtin_memcpy(f->daddr, &ip6->daddr, 16);
-	return flow_load_l4(skb, f);
+	return flow_load_l4(skb, f, echo);
+}
+
+/* flow_parse4 or flow_parse6 of the packet's IP header. */
+static __always_inline int flow_parse(struct __sk_buff *skb, __u8 family, struct flow *f, int echo)
+{
+	if (family == AF_INET) {
+		struct iphdr *ip = pkt_ip4(skb);
+
+		return ip ? flow_parse4(skb, ip, f, echo) : -1;
+	}
+	struct ipv6hdr *ip6 = pkt_ip6(skb);
+
+	return ip6 ? flow_parse6(skb, ip6, f, echo) : -1;
 }
 
 /* --------------------------------------------------------------- rewrites */
 
 /*
- * Rewrites the source (is_src) or destination address and port of the TCP
- * or UDP packet described by f to addr:port, fixing the IPv4 header
- * checksum and the L4 checksum (pseudo-header included), and updates f to
- * match. Invalidates packet pointers.
+ * Rewrites the source (is_src) or destination address and port of the TCP,
+ * UDP or ICMP(v6) echo packet described by f to addr:port (an echo's id
+ * stands for the port of either side), fixing the IPv4 header checksum and
+ * the L4 checksum (pseudo-header included, which ICMPv4 has none of), and
+ * updates f to match. Invalidates packet pointers.
  */
 static __always_inline int pkt_rewrite(struct __sk_buff *skb, struct flow *f, int is_src, const __u8 *addr,
 				       __be16 port)
 {
-	__u32 csum_off = f->l4off + (f->proto == IPPROTO_TCP ? TCP_CSUM_OFF : UDP_CSUM_OFF);
-	/* A UDP/IPv4 checksum of 0 means none: keep it so. */
-	__u64 mangled = f->proto == IPPROTO_UDP ? BPF_F_MARK_MANGLED_0 : 0;
+	__u32 csum_off = f->l4off + TCP_CSUM_OFF;
+	__u32 port_off = f->l4off + (is_src ? 0 : 2);
+	__u64 mangled = 0, pseudo = BPF_F_PSEUDO_HDR;
 	__u8 *cur = is_src ? f->saddr : f->daddr;
 	__be16 *cur_port = is_src ? &f->sport : &f->dport;
+
+	if (f->proto == IPPROTO_UDP) {
+		csum_off = f->l4off + UDP_CSUM_OFF;
+		/* A UDP/IPv4 checksum of 0 means none: keep it so. */
+		mangled = BPF_F_MARK_MANGLED_0;
+	} else if (f->proto == IPPROTO_ICMP || f->proto == IPPROTO_ICMPV6) {
+		csum_off = f->l4off + 2;
+		port_off = f->l4off + 4;
+		if (f->proto == IPPROTO_ICMP)
+			pseudo = 0;
+	}
 
 	if (f->family == AF_INET) {
 		__be32 from = *(__be32 *)cur, to = *(const __be32 *)addr;
 		__u32 off = ETH_HLEN + (is_src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr));
 
 		if (from != to) {
-			if (bpf_l4_csum_replace(skb, csum_off, from, to, mangled | BPF_F_PSEUDO_HDR | sizeof(to)))
+			if (pseudo && bpf_l4_csum_replace(skb, csum_off, from, to, mangled | pseudo | sizeof(to)))
 				return -1;
 			if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), from, to, sizeof(to)))
 				return -1;
@@ -235,55 +280,59 @@ static __always_inline int pkt_rewrite(struct __sk_buff *skb, struct flow *f, in
 		}
 	} else {
 		__u32 off = ETH_HLEN + (is_src ? offsetof(struct ipv6hdr, saddr) : offsetof(struct ipv6hdr, daddr));
-		__u8 from[16], to[16];
 
-		__builtin_memcpy(from, cur, 16);
-		__builtin_memcpy(to, addr, 16);
-		if (!addr_equal(from, to, AF_INET6)) {
-			__s64 diff = bpf_csum_diff((__be32 *)from, 16, (__be32 *)to, 16, 0);
+		if (!addr_equal(cur, addr, AF_INET6)) {
+			__s64 diff = bpf_csum_diff((__be32 *)cur, 16, (__be32 *)addr, 16, 0);
 
 			if (bpf_l4_csum_replace(skb, csum_off, 0, diff, mangled | BPF_F_PSEUDO_HDR))
 				return -1;
-			if (bpf_skb_store_bytes(skb, off, to, 16, 0))
+			if (bpf_skb_store_bytes(skb, off, addr, 16, 0))
 				return -1;
-			__builtin_memcpy(cur, to, 16);
+			__builtin_memcpy(cur, addr, 16);
 		}
 	}
 	if (*cur_port != port) {
 		if (bpf_l4_csum_replace(skb, csum_off, *cur_port, port, mangled | sizeof(port)))
 			return -1;
-		if (bpf_skb_store_bytes(skb, f->l4off + (is_src ? 0 : 2), &port, sizeof(port), 0))
+		if (bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0))
 			return -1;
 		*cur_port = port;
 	}
 	return 0;
 }
 
-/* pkt_rewrite for an IPv4 ICMP echo, whose id stands for the port. */
-static __always_inline int pkt_rewrite_echo4(struct __sk_buff *skb, struct flow *f, int is_src, __be32 addr,
-					     __be16 port)
+/* ------------------------------------------------------------- checksums */
+
+/* Folds a 32-bit one's complement sum to 16 bits. */
+static __always_inline __u32 csum_fold16(__u32 s)
 {
-	__be32 from = *(__be32 *)(is_src ? f->saddr : f->daddr);
-	__be16 *cur_port = is_src ? &f->sport : &f->dport;
+	s = (s & 0xffff) + (s >> 16);
+	s = (s & 0xffff) + (s >> 16);
+	return s;
+}
 
-	if (from != addr) {
-		__u32 off = ETH_HLEN + (is_src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr));
+/* The one's complement sum of an address's 16-bit words (4 or 16 bytes). */
+static __always_inline __u32 addr_sum(const __u8 *a, __u8 family)
+{
+	const __u16 *w = (const __u16 *)a;
+	__u32 s = (__u32)w[0] + w[1];
 
-		if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), from, addr, sizeof(addr)))
-			return -1;
-		if (bpf_skb_store_bytes(skb, off, &addr, sizeof(addr), 0))
-			return -1;
-		*(__be32 *)(is_src ? f->saddr : f->daddr) = addr;
-	}
-	if (*cur_port != port) {
-		/* ICMP's checksum has no pseudo-header: only the id changes it. */
-		if (bpf_l4_csum_replace(skb, f->l4off + 2, *cur_port, port, sizeof(port)))
-			return -1;
-		if (bpf_skb_store_bytes(skb, f->l4off + 4, &port, sizeof(port), 0))
-			return -1;
-		*cur_port = port;
-	}
-	return 0;
+	if (family == AF_INET6)
+		s += (__u32)w[2] + w[3] + w[4] + w[5] + w[6] + w[7];
+	return s;
+}
+
+/* What a one's complement sum changes by when words summing to from are
+ * replaced by words summing to to (RFC 1624: ~m + m'), to add to others. */
+static __always_inline __u32 csum_delta(__u32 from, __u32 to)
+{
+	return (0xffff - csum_fold16(from)) + csum_fold16(to);
+}
+
+/* A checksum field after the data it covers changed by delta (csum_delta sums). */
+static __always_inline __u16 csum_apply(__u16 check, __u32 delta)
+{
+	return (__u16)~csum_fold16((__u32)(__u16)~check + csum_fold16(delta));
 }
 
 /* Internet checksum of a buffer of 16-bit words, for messages the programs write whole. */

@@ -35,9 +35,6 @@
 #define SF_PKT_ERROR 2  /* ICMP error: keyed by the packet it quotes (f holds that one) */
 #define SF_PKT_OPAQUE 3 /* fragment, extension header, quote unreadable: cannot be keyed */
 
-#define ICMP6_ECHO_REQUEST 128
-#define ICMP6_ECHO_REPLY 129
-
 /* Ports of an ICMP(v6) echo: the responder's port is the id. */
 static __always_inline void sf_echo_ports(struct flow *f, __be16 id, int request)
 {
@@ -228,9 +225,15 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 	switch (kind) {
 	case SF_PKT_OPAQUE:
 		return 1;
-	case SF_PKT_ERROR:
+	case SF_PKT_ERROR: {
+		/* The quoted packet is whatever the pod wrote: a record of
+		 * another pod only fails to match, it is never deleted (a pod
+		 * would otherwise erase any Service flow's record by quoting
+		 * its tuple). */
 		sf_key_delivered(&k, &f);
-		return sf_lookup(&k, ifindex) != NULL;
+		struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, &k);
+		return v && v->ifindex == ifindex;
+	}
 	case SF_PKT_OPEN:
 		/* A new direct flow: a record of this tuple is left from an
 		 * earlier, translated one. Half of this flow through the stack
@@ -252,11 +255,11 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
  * back, not a flow that came in. */
 static __always_inline int masq_flow_exists(const struct flow *f)
 {
-	struct snat_key fk = { .family = AF_INET, .proto = f->proto, .dir = SNAT_DIR_FWD,
+	struct snat_key fk = { .family = f->family, .proto = f->proto, .dir = SNAT_DIR_FWD,
 			       .port = f->dport, .peer_port = f->sport };
 
-	*(__u32 *)fk.addr = *(const __u32 *)f->daddr;
-	*(__u32 *)fk.peer_addr = *(const __u32 *)f->saddr;
+	addr_copy(fk.addr, f->daddr, f->family);
+	addr_copy(fk.peer_addr, f->saddr, f->family);
 	return bpf_map_lookup_elem(&cni_snat, &fk) != NULL;
 }
 
@@ -282,7 +285,7 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 	} else if (f.proto == IPPROTO_UDP) {
 		if (node_hooks_enabled() && is_node_ip(f.saddr, family)) {
 			flags = SF_PEER_NODE;
-		} else if (family == AF_INET) {
+		} else {
 			struct ep_info *dst = ep_lookup_addr(f.daddr, family);
 
 			if (dst && (dst->flags & EP_F_MASQ) && dst->ifindex == skb->ifindex && !masq_flow_exists(&f))

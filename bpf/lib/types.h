@@ -79,7 +79,7 @@ struct ep_key {
 #define EP_F_BW_EGRESS (1U << 0)  /* the pod has an egress limit: see bandwidth.h */
 #define EP_F_BW_INGRESS (1U << 1) /* the pod has an ingress limit */
 #define EP_F_HOSTPORT (1U << 2)   /* the pod has hostPort mappings: see hostport.h */
-#define EP_F_MASQ (1U << 3)       /* ipMasq: IPv4 leaving the cluster CIDRs is SNATed, see masq.h */
+#define EP_F_MASQ (1U << 3)       /* ipMasq: traffic leaving the cluster CIDRs is SNATed, see masq.h */
 
 /* Value of cni_endpoints. */
 struct ep_info {
@@ -137,6 +137,20 @@ struct netns_info {
 	__u32 rcv_wnd; /* receive window clamp of the pod's TCP sockets (ingress limit), bytes; 0: none */
 };
 
+/* ------------------------------------------------------ translated flows */
+
+/*
+ * State of a translated flow (ct_val.flags, snat_val.flags), from the
+ * packets seen: what decides when it expires (lib/flowlife.h). The
+ * originator is the client for cni_ct, the pod for cni_snat.
+ */
+#define FLOW_F_REPLIED (1U << 1)   /* a packet of the reply direction was seen */
+#define FLOW_F_ASSURED (1U << 2)   /* TCP: the originator answered the reply (the handshake completed) */
+#define FLOW_F_STREAM (1U << 3)    /* UDP: replied, and still in use 2 s after it began */
+#define FLOW_F_FIN_ORIG (1U << 4)  /* TCP FIN from the originator */
+#define FLOW_F_FIN_REPLY (1U << 5) /* TCP FIN from the other side */
+#define FLOW_F_CLOSING (1U << 6)   /* TCP RST, or a FIN each way */
+
 /* -------------------------------------------------------------- hostPort */
 
 /*
@@ -183,9 +197,11 @@ struct ct_val {
 	__be16 orig_port;     /* the hostPort */
 	__be16 client_port;
 	__u32 ifindex; /* host veth of the pod the flow was translated for */
-	__u32 flags;   /* CT_F_* */
+	__u32 flags;   /* CT_F_SNAT, FLOW_F_* (the client is the originator) */
 	__u32 pad;
 	__u64 created_ns; /* bpf_ktime_get_ns() at creation */
+	__u64 seen_ns;    /* last packet, refreshed at most once a second and at every state change */
+	struct bpf_timer timer; /* deletes the entry once it expired (flowlife.h) */
 };
 
 /* Value of cni_hp_config[0]: the node hooks (hostPort and masquerade). */
@@ -225,6 +241,9 @@ enum hp_stat {
 	HP_STAT_NO_FLOW = 5,      /* to a hostPort but not ours: TCP non-SYN of no known flow, or a node socket's UDP flow */
 	HP_STAT_NO_ROUTE = 6,     /* translated reply with no FIB route: dropped */
 	HP_STAT_ERROR = 7,        /* a rewrite or map update failed: dropped */
+	HP_STAT_ICMP_ERR_IN = 8,  /* an ICMP error about a pod's reply (quoting node:hostPort) translated into the pod */
+	HP_STAT_ICMP_ERR_OUT = 9, /* the pod's ICMP error about a client's packet translated back to the dialled address */
+	HP_STAT_EXPIRED = 10,     /* a flow deleted by its timer (closed, or idle past its timeout) */
 	__HP_STAT_MAX,
 };
 
@@ -254,18 +273,34 @@ struct snat_key {
 	__u8 pad;
 };
 
-#define SNAT_F_CLOSING 1 /* TCP RST, or FIN both ways, seen: expires MASQ_TIMEOUT_CLOSING after the last packet */
-#define SNAT_F_FIN_OUT 2 /* TCP FIN from the pod */
-#define SNAT_F_FIN_IN 4  /* TCP FIN from the peer */
-
 /* Value of cni_snat: the other side of the translation. */
 struct snat_val {
 	__u8 addr[16]; /* forward: node address; reverse: pod address */
 	__be16 port;   /* forward: allocated port; reverse: pod's port */
-	__u16 flags;   /* SNAT_F_* */
+	__u16 flags;   /* FLOW_F_* (the pod is the originator) */
 	__u32 ifindex;    /* host veth of the pod */
 	__u64 created_ns; /* bpf_ktime_get_ns() */
-	__u64 seen_ns;    /* last use, refreshed at most once a second */
+	__u64 seen_ns;    /* last use, refreshed at most once a second and at every state change */
+	struct bpf_timer timer; /* reverse entries: deletes the flow (both entries) once it expired */
+};
+
+#define MASQ_RANGES 4 /* port ranges of masq_config */
+
+/* Value of cni_masq_config[0]: the node's masquerade ports (written at ADD). */
+struct masq_config {
+	__u16 lo[MASQ_RANGES];  /* first port of each range */
+	__u16 len[MASQ_RANGES]; /* ports in each range; 0: unused */
+	__u32 total;            /* ports in all ranges; 0: not configured (61000-65535) */
+	__u32 pod_limit;        /* most ports one pod holds towards one destination; 0: no limit */
+};
+
+/* Key of cni_masq_share: one pod and one destination (address, port or 0, protocol). */
+struct masq_share_key {
+	__u8 peer_addr[16];
+	__be16 peer_port;
+	__u8 family;
+	__u8 proto;
+	__u32 ifindex; /* host veth of the pod */
 };
 
 /* Index of cni_masq_stats. */
@@ -276,6 +311,11 @@ enum masq_stat {
 	MASQ_STAT_EXHAUSTED = 3, /* no free port among the candidates: dropped */
 	MASQ_STAT_NOT_NEW = 4,   /* TCP non-SYN of no known flow, or a UDP reply to a host that came in directly: passed untranslated */
 	MASQ_STAT_ERROR = 5,     /* rewrite or map update failed: dropped */
+	MASQ_STAT_ICMP_ERR_IN = 6,  /* an ICMP error about a masqueraded flow translated to the pod */
+	MASQ_STAT_ICMP_ERR_OUT = 7, /* an ICMP error (the pod's, or the node's) about a reply translated to the node's address */
+	MASQ_STAT_RECYCLED = 8,  /* a pod at its limit towards a destination took one of its own ports back */
+	MASQ_STAT_POD_LIMIT = 9, /* a pod at its limit had none of its own ports among the candidates: dropped */
+	MASQ_STAT_EXPIRED = 10,  /* a flow deleted by its timer (closed, or idle past its timeout) */
 	__MASQ_STAT_MAX,
 };
 

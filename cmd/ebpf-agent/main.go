@@ -30,7 +30,7 @@ type opts struct {
 
 	// run, peers
 	metrics, cgroupRoot, peersFile string
-	interval                       time.Duration
+	interval, politeWait           time.Duration
 	hostPorts                      bool
 	// run: Node-following, the conflist, cluster CIDRs
 	kubeconfig, nodeName, confTemplate, clusterCIDRs string
@@ -153,6 +153,7 @@ func runFlags(fs *flag.FlagSet, o *opts) {
 	fs.StringVar(&o.metrics, "metrics-addr", "127.0.0.1:9964", "Prometheus metrics listener; empty disables it")
 	fs.DurationVar(&o.interval, "reconcile-interval", time.Minute, "how often to look for stale state")
 	fs.BoolVar(&o.hostPorts, "hostports", true, "own the node hooks hostPort and ipMasq need (uplinks, cgroup socket hooks, node addresses)")
+	fs.DurationVar(&o.politeWait, "polite-wait", datapath.MaxPoliteWait, "longest the background work (moving pods to tcx, deleting handed-off veths) waits for CNI verbs to pause before doing a step anyway")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup2 directory for the node-wide socket hooks (default: the cgroup2 mount)")
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's Node object: follow the cluster's Nodes (routes to other nodes' pod CIDRs, this node's pod CIDRs in the conflist, cluster CIDRs); empty: no Kubernetes")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for Node-following (default: the pod's in-cluster service account)")
@@ -182,6 +183,7 @@ func run(o *opts) error {
 		}
 		ao.ClusterCIDRs = append(ao.ClusterCIDRs, p.Masked())
 	}
+	ao.PoliteWait = o.politeWait
 	ao.Logger = log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags)
 	return agent.Run(ctx, ao)
 }
@@ -238,8 +240,8 @@ func reconcile(o *opts) error {
 type upgraded struct{ datapath.UpgradeReport }
 
 func (u upgraded) Tables() []inspect.Table {
-	return []inspect.Table{{Lines: []string{fmt.Sprintf("links: %d, swapped in place: %d, defunct: %d, old program pins removed: %d",
-		u.Links, u.Replaced, len(u.Defunct), len(u.RemovedProgs))}}}
+	return []inspect.Table{{Lines: []string{fmt.Sprintf("links: %d, swapped in place: %d, defunct: %d, old program pins removed: %d; tc filters: %d, swapped in place: %d",
+		u.Links, u.Replaced, len(u.Defunct), len(u.RemovedProgs), u.Filters, u.FiltersSwap)}}}
 }
 
 func upgrade(o *opts) error {

@@ -53,12 +53,17 @@ type Options struct {
 	// ClusterCIDRs are never masqueraded by ipMasq (cni_cluster_cidrs, as
 	// the agent's entries); none with Kube: every node's pod CIDRs.
 	ClusterCIDRs []netip.Prefix
+	// PoliteWait is how long the background work waits for the CNI verbs
+	// to pause before it does a step anyway (0: datapath.MaxPoliteWait).
+	PoliteWait time.Duration
 }
 
 // Run ensures bpffs and the pinned datapath, moves every attachment to this
-// build's programs in place, reconciles stale state now, periodically and
-// when a pod's veth disappears, and serves metrics until ctx ends. Pins
-// outlive it: stopping, killing or restarting the agent leaves pods alone.
+// build's programs in place, takes on the verbs' background work (moving
+// pods to tcx, deleting handed-off veths: background.go), reconciles stale
+// state now, periodically and when a pod's veth disappears, and serves
+// metrics until ctx ends. Pins outlive it: stopping, killing or restarting
+// the agent leaves pods alone, and the next agent finishes what it left.
 func Run(ctx context.Context, o Options) error {
 	lg := o.Logger
 	if o.Kube != nil && o.PeersFile != "" {
@@ -110,8 +115,18 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		lg.Printf("upgrade: %v", err)
 	}
-	lg.Printf("datapath ready at %s (map layout v%d); %d links, %d moved to this build's programs, %d old program pins removed",
-		o.PinRoot, maps.LayoutVersion, rep.Links, rep.Replaced, len(rep.RemovedProgs))
+	// From here on the verbs leave their slow kernel work to this agent
+	// (background.go): take the agent lock, then start the worker.
+	if err := datapath.HoldAgent(ctx, o.PinRoot, func() { lg.Printf("another agent runs on %s; waiting for it to end", o.PinRoot) }); err != nil {
+		return fmt.Errorf("agent lock: %w", err)
+	}
+	bg, err := newBackground(ctx, o.PinRoot, o.PoliteWait, lg)
+	if err != nil {
+		return err
+	}
+	go bg.run(ctx)
+	lg.Printf("datapath ready at %s (map layout v%d); %d links and %d tc filters, %d moved to this build's programs, %d old program pins removed",
+		o.PinRoot, maps.LayoutVersion, rep.Links, rep.Filters, rep.Replaced+rep.FiltersSwap, len(rep.RemovedProgs))
 
 	col := newCollector(o.PinRoot, o.StateDir, o.Version)
 	if o.MetricsAddr != "" {
@@ -232,7 +247,8 @@ func Run(ctx context.Context, o Options) error {
 // hooks up at start (as an ADD with portMappings or ipMasq would), follows
 // the node's addresses and links (cni_node_ips, uplinks), and every prune
 // interval drops the hostPort mappings and flows of pods whose host veth
-// is gone. It returns when ctx ends.
+// is gone; every 10 s it deletes the hostPort flows idle past their timeout
+// that no timer deleted. It returns when ctx ends.
 func runNodeHooks(ctx context.Context, dp *datapath.Datapath, cgroupRoot string, prune time.Duration, logger *log.Logger) {
 	opts := datapath.NodeHookOptions{CgroupRoot: cgroupRoot, MustRefresh: true}
 	sync := func(why string) {
@@ -260,6 +276,9 @@ func runNodeHooks(ctx context.Context, dp *datapath.Datapath, cgroupRoot string,
 	}
 	tick := time.NewTicker(prune)
 	defer tick.Stop()
+	// Backstop for flow timers the kernel could not allocate (maps.ExpireCT).
+	sweep := time.NewTicker(maps.FlowTimeoutClosing)
+	defer sweep.Stop()
 	var debounce <-chan time.Time
 	for {
 		select {
@@ -277,6 +296,10 @@ func runNodeHooks(ctx context.Context, dp *datapath.Datapath, cgroupRoot string,
 		case <-debounce:
 			debounce = nil
 			sync("addresses or links changed")
+		case <-sweep.C:
+			if _, err := dp.Maps.ExpireCT(); err != nil {
+				logger.Printf("hostPort: expire flows: %v", err)
+			}
 		case <-tick.C:
 			n, err := endpoint.PruneHostPorts(dp.Maps)
 			if err != nil {

@@ -8,8 +8,9 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 )
 
-// Add is the CNI ADD verb: IPAM runs in its own process while the endpoint
-// creates and attaches the veth; then the features install their part, the
+// Add is the CNI ADD verb: once the attachment is claimed, IPAM runs in its
+// own process while the endpoint opens the datapath and creates and
+// attaches the veth; then the features install their part, the
 // endpoint publishes the attachment and its record is written. A failure
 // undoes everything this ADD made (the IPAM reservation only if this ADD's
 // IPAM call made it) and is a CNI error naming the cause.
@@ -42,32 +43,23 @@ func Add(args *skel.CmdArgs) (err error) {
 		}
 	}()
 
-	// IPAM runs in its own process: start it now and create and attach the
-	// veth meanwhile, so the tcx attach's RCU wait overlaps the exec.
-	type ipamOut struct {
-		res types.Result
-		err error
+	// IPAM runs in its own process and is the longest step: start it now,
+	// and open the datapath and create and attach the veth meanwhile.
+	a.StartIPAM(func() (types.Result, error) { return ipam.ExecAdd(conf.IPAM.Type, args.StdinData) },
+		func() error { return ipam.ExecDel(conf.IPAM.Type, args.StdinData) })
+	if err := a.OpenDatapath(); err != nil {
+		return err
 	}
-	ipamCh := make(chan ipamOut, 1)
-	go func() {
-		r, e := ipam.ExecAdd(conf.IPAM.Type, args.StdinData)
-		ipamCh <- ipamOut{r, e}
-	}()
 	vethErr := a.CreateVeth(podMAC)
-	out := <-ipamCh
-	tr.Mark("ipam-wait")
-	if out.err != nil {
-		// Not undone: only this ADD's own reservation may be released, and
-		// a failed IPAM ADD made none (the runtime's DEL covers a plugin
-		// that reserved and then failed).
-		return endpoint.IPAMError(conf.IPAM.Type, out.err)
+	res, ipamErr := a.WaitIPAM()
+	if ipamErr != nil {
+		return endpoint.IPAMError(conf.IPAM.Type, ipamErr)
 	}
-	a.OnUndo(func() error { return ipam.ExecDel(conf.IPAM.Type, args.StdinData) })
 	endpoint.Crashpoint("ipam")
 	if vethErr != nil {
 		return vethErr
 	}
-	if err := a.Plan(conf.IPAM.Type, out.res); err != nil {
+	if err := a.Plan(conf.IPAM.Type, res); err != nil {
 		return err
 	}
 	if err := a.Install(); err != nil {

@@ -22,13 +22,20 @@ import (
 type NetConf struct {
 	types.NetConf
 
-	// IPMasq (as ptp and bridge name it): the pod's IPv4 traffic to
-	// destinations outside ClusterCIDRs leaves with the node's address,
+	// IPMasq (as ptp and bridge name it): the pod's IPv4 and IPv6 traffic
+	// to destinations outside ClusterCIDRs leaves with the node's address,
 	// translated in BPF.
 	IPMasq bool `json:"ipMasq,omitempty"`
 	// ClusterCIDRs are never masqueraded; default: the subnets of the
-	// pod's addresses as the IPAM result gives them.
+	// pod's addresses as the IPAM result gives them. When set, they must
+	// cover each family the pod has an address of.
 	ClusterCIDRs []string `json:"clusterCIDRs,omitempty"`
+	// IPMasqPortRange ("first-last") are the node ports masquerade uses;
+	// default: 1024-65535 but the node's ip_local_port_range and 30000-32767.
+	IPMasqPortRange string `json:"ipMasqPortRange,omitempty"`
+	// IPMasqPodPortLimit is the most ports one pod holds towards one
+	// destination (address, port, protocol); default: an eighth of them.
+	IPMasqPodPortLimit int `json:"ipMasqPodPortLimit,omitempty"`
 
 	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
 
@@ -60,6 +67,7 @@ func parseConf(stdin []byte) (*NetConf, error) {
 	caps := endpoint.Capabilities{
 		Bandwidth: conf.RuntimeConfig.Bandwidth, PortMappings: conf.RuntimeConfig.PortMappings,
 		IPMasq: conf.IPMasq, ClusterCIDRs: conf.ClusterCIDRs,
+		IPMasqPortRange: conf.IPMasqPortRange, IPMasqPodPortLimit: conf.IPMasqPodPortLimit,
 	}
 	if conf.features, err = caps.Features(); err != nil {
 		return nil, err

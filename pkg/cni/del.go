@@ -9,6 +9,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ipam"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 )
 
@@ -26,6 +27,7 @@ func Del(args *skel.CmdArgs) error {
 	if err := n.CheckDirs(); err != nil {
 		return err
 	}
+	defer datapath.MarkBusy(n.PinDir)() // the agent's background work waits
 	store := n.Store()
 	rec, err := store.Read(args.ContainerID, args.IfName)
 	if err != nil {

@@ -17,8 +17,9 @@ import (
 // GC is the CNI GC verb: every attachment of this network that has a record
 // but is not in cni.dev/valid-attachments is torn down and its IPs released;
 // then what no attachment owns any more: temp files of killed record
-// writes, link pins and hostPort entries of veths that are gone, and the
-// IPAM plugin's own garbage.
+// writes, veths handed off to an agent that is no longer running, link pins
+// and hostPort entries of veths that are gone, and the IPAM plugin's own
+// garbage.
 func GC(args *skel.CmdArgs) error {
 	conf, err := parseConf(args.StdinData)
 	if err != nil {
@@ -51,6 +52,11 @@ func GC(args *skel.CmdArgs) error {
 		}
 	}
 	errs = errors.Join(errs, store.RemoveStaleTemps())
+	if !datapath.AgentAlive(n.PinDir) {
+		// Veths handed off to an agent that is gone (see endpoint.Reap).
+		_, err := endpoint.ReapAll(context.TODO(), n.PinDir, nil)
+		errs = errors.Join(errs, err)
+	}
 	for _, p := range datapath.OrphanVethLinkPins(n.PinDir) {
 		if err := os.Remove(p.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = errors.Join(errs, err)

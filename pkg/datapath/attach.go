@@ -35,14 +35,6 @@ func ParseAttachMode(s string) (AttachMode, error) {
 	return "", fmt.Errorf("unknown attach mode %q (want auto, tcx or tc)", s)
 }
 
-// progFor is the open program of a host veth hook.
-func (dp *Datapath) progFor(p Program) *ebpf.Program {
-	if p.Name == progFromContainer.Name {
-		return dp.FromContainer
-	}
-	return dp.ToContainer
-}
-
 // tcParent is the clsact parent of a host veth hook in tc mode.
 func tcParent(p Program) uint32 {
 	if p.Attach == ebpf.AttachTCXIngress {
@@ -54,19 +46,28 @@ func tcParent(p Program) uint32 {
 // Attach attaches the datapath to both directions of a host veth. tcx links
 // are pinned so they outlive this process; with tc the filters live on the
 // device. Both hooks attach concurrently: each tcx attach waits out an RCU
-// grace period, and two waits overlap.
-func (dp *Datapath) Attach(ifindex int, hostIf string, mode AttachMode) (AttachMode, error) {
+// grace period under RTNL, and two waits overlap. deferTCX (the agent is
+// alive) attaches cls_bpf filters instead where the mode is tcx, marked as
+// waiting for tcx: the agent moves them to pinned tcx links when no verb
+// runs (Migrate), so the verb pays no grace period. It returns the mode
+// the veth has now.
+func (dp *Datapath) Attach(ifindex int, hostIf string, mode AttachMode, deferTCX bool) (AttachMode, error) {
 	if mode == AttachAuto || mode == "" {
 		mode = AttachTCX
 		if haveTCX() != nil {
 			mode = AttachTC
 		}
 	}
-	if mode == AttachTC {
-		return mode, dp.attachTC(ifindex)
+	if mode == AttachTC || deferTCX {
+		return AttachTC, dp.attachTC(ifindex, mode == AttachTCX)
 	}
 	if err := mkdirFor(LinkPinPath(dp.PinRoot, hostIf, DirIngress)); err != nil {
 		return mode, err
+	}
+	for _, p := range hostVethPrograms { // opened before the goroutines: program is not safe for concurrent use
+		if _, err := dp.program(p); err != nil {
+			return mode, err
+		}
 	}
 	errs := make(chan error, len(hostVethPrograms))
 	for _, p := range hostVethPrograms {
@@ -83,12 +84,22 @@ func (dp *Datapath) Attach(ifindex int, hostIf string, mode AttachMode) (AttachM
 }
 
 func (dp *Datapath) attachTCX(ifindex int, hostIf string, p Program) error {
-	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: dp.progFor(p), Attach: p.Attach})
+	prog, err := dp.program(p)
+	if err != nil {
+		return err
+	}
+	return attachTCXProg(dp.PinRoot, ifindex, hostIf, p, prog)
+}
+
+// attachTCXProg attaches prog to hook p of a host veth as a tcx link and
+// pins it under the veth's name.
+func attachTCXProg(pinRoot string, ifindex int, hostIf string, p Program, prog *ebpf.Program) error {
+	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: p.Attach})
 	if err != nil {
 		return fmt.Errorf("attach tcx %s program to %s: %w", p.Link, hostIf, err)
 	}
 	defer l.Close()
-	path := LinkPinPath(dp.PinRoot, hostIf, p.Link)
+	path := LinkPinPath(pinRoot, hostIf, p.Link)
 	os.Remove(path) // a stale pin of an earlier veth of this name is detached already
 	if err := l.Pin(path); err != nil {
 		return fmt.Errorf("pin tcx link of %s at %s: %w", hostIf, path, err)
@@ -96,7 +107,22 @@ func (dp *Datapath) attachTCX(ifindex int, hostIf string, p Program) error {
 	return nil
 }
 
-func (dp *Datapath) attachTC(ifindex int) error {
+// tcFilterName names a host veth's cls_bpf filter: "ebpf-cni-<dir>" where
+// the attachment's mode is tc, "ebpf-cni-tcx-<dir>" where it waits to be
+// moved to tcx (Attach with deferTCX).
+func tcFilterName(p Program, pending bool) string {
+	if pending {
+		return tcPendingPrefix + p.Link
+	}
+	return tcFilterPrefix + p.Link
+}
+
+const (
+	tcFilterPrefix  = "ebpf-cni-"
+	tcPendingPrefix = "ebpf-cni-tcx-"
+)
+
+func (dp *Datapath) attachTC(ifindex int, pending bool) error {
 	qdisc := &netlink.GenericQdisc{
 		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
 		QdiscType:  "clsact",
@@ -105,16 +131,30 @@ func (dp *Datapath) attachTC(ifindex int) error {
 		return fmt.Errorf("add clsact qdisc to ifindex %d: %w", ifindex, err)
 	}
 	for _, p := range hostVethPrograms {
-		f := &netlink.BpfFilter{
-			FilterAttrs: netlink.FilterAttrs{
-				LinkIndex: ifindex, Parent: tcParent(p), Handle: 1,
-				Protocol: unix.ETH_P_ALL, Priority: 1,
-			},
-			Fd: dp.progFor(p).FD(), Name: "ebpf-cni-" + p.Link, DirectAction: true,
+		fd, err := dp.progFD(p)
+		if err != nil {
+			return err
 		}
-		if err := netlink.FilterReplace(f); err != nil {
-			return fmt.Errorf("attach tc %s filter to ifindex %d: %w", p.Link, ifindex, err)
+		if err := replaceFilter(ifindex, p, fd, tcFilterName(p, pending)); err != nil {
+			return err
 		}
+	}
+	return nil
+}
+
+// replaceFilter puts prog on hook p of a host veth as its cls_bpf filter
+// (handle 1, priority 1): added, or swapped in place for the one there
+// (the kernel replaces a filter's program atomically).
+func replaceFilter(ifindex int, p Program, progFD int, name string) error {
+	f := &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: ifindex, Parent: tcParent(p), Handle: 1,
+			Protocol: unix.ETH_P_ALL, Priority: 1,
+		},
+		Fd: progFD, Name: name, DirectAction: true,
+	}
+	if err := netlink.FilterReplace(f); err != nil {
+		return fmt.Errorf("attach tc %s filter to ifindex %d: %w", p.Link, ifindex, err)
 	}
 	return nil
 }
@@ -123,7 +163,11 @@ func (dp *Datapath) attachTC(ifindex int) error {
 // a host veth, and names the first hook where they are not.
 func (dp *Datapath) Attached(ifindex int, hostIf string) error {
 	for _, p := range hostVethPrograms {
-		want, err := progID(dp.progFor(p))
+		prog, err := dp.program(p)
+		if err != nil {
+			return err
+		}
+		want, err := progID(prog)
 		if err != nil {
 			return err
 		}
@@ -137,7 +181,7 @@ func (dp *Datapath) Attached(ifindex int, hostIf string) error {
 			}
 		}
 		if !ok {
-			return fmt.Errorf("program %s is not attached to %s %s", dp.progFor(p).String(), hostIf, p.Link)
+			return fmt.Errorf("program %s is not attached to %s %s", prog.String(), hostIf, p.Link)
 		}
 	}
 	return nil

@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -58,4 +60,25 @@ func onBPFFS(p string) (bool, error) {
 		}
 		p = parent
 	}
+}
+
+// bpfObjGet opens a pinned BPF object and returns its bare fd
+// (BPF_OBJ_GET): what a netlink cls_bpf filter takes, without the info and
+// BTF cilium/ebpf reads back to build an *ebpf.Program.
+func bpfObjGet(path string) (int, error) {
+	p, err := unix.BytePtrFromString(path)
+	if err != nil {
+		return -1, err
+	}
+	attr := struct {
+		pathname  uint64
+		bpfFD     uint32
+		fileFlags uint32
+	}{pathname: uint64(uintptr(unsafe.Pointer(p)))}
+	fd, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_OBJ_GET, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+	runtime.KeepAlive(p)
+	if errno != 0 {
+		return -1, errno
+	}
+	return int(fd), nil // the kernel sets O_CLOEXEC on BPF fds
 }

@@ -24,6 +24,10 @@ type Datapath struct {
 	FromContainer *ebpf.Program // host veth ingress: packets from the pod
 	ToContainer   *ebpf.Program // host veth egress: packets to the pod
 	SockOps       *ebpf.Program // cgroup2 root sock_ops: TCP pacing for rate limits
+
+	// After EnsureLean the programs above are nil until first needed
+	// (program); fds holds bare fds of pinned programs (progFD).
+	fds map[string]int
 }
 
 // setCore fills the program fields from loadPrograms' result.
@@ -82,11 +86,102 @@ func Ensure(pinRoot string) (*Datapath, error) {
 	if dp, err := Open(pinRoot); err == nil {
 		return dp, nil
 	}
+	if err := ensureLocks(pinRoot); err != nil {
+		return nil, err
+	}
 	m, err := maps.Create(MapsDir(pinRoot))
 	if err != nil {
 		return nil, err
 	}
 	return withPrograms(pinRoot, m, loadMissing)
+}
+
+// EnsureLean is Ensure for a pod's ADD: it opens the maps but none of
+// the programs, which are opened when first needed (program, progFD).
+// Opening a pinned program as an *ebpf.Program reads its BTF back from
+// the kernel (about 0.15 ms each, three of them, in every ADD's process);
+// attaching cls_bpf filters needs only an fd.
+func EnsureLean(pinRoot string) (*Datapath, error) {
+	if err := EnsureBPFFS(pinRoot); err != nil {
+		return nil, err
+	}
+	dp, err := OpenLean(pinRoot)
+	if err == nil {
+		return dp, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	return Ensure(pinRoot) // first use on this node: set it up
+}
+
+// OpenLean is Open with the programs left to first use (see EnsureLean):
+// for DEL, which needs none of them. The error wraps os.ErrNotExist when
+// the datapath was never set up (or by another build).
+func OpenLean(pinRoot string) (*Datapath, error) {
+	m, err := OpenMaps(pinRoot)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range corePrograms {
+		if _, err := os.Stat(progPin(pinRoot, p)); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("program %s: %w", p.Name, err)
+		}
+	}
+	return &Datapath{PinRoot: pinRoot, Maps: m}, nil
+}
+
+// program is one of the core programs, opened now if a lean open left it
+// out.
+func (dp *Datapath) program(p Program) (*ebpf.Program, error) {
+	field := map[string]**ebpf.Program{
+		progFromContainer.Name: &dp.FromContainer, progToContainer.Name: &dp.ToContainer, progSockOps.Name: &dp.SockOps,
+	}[p.Name]
+	if field == nil {
+		return nil, fmt.Errorf("%s is not a core program", p.Name)
+	}
+	if *field == nil {
+		progs, err := loadPrograms(dp.PinRoot, dp.Maps, []Program{p}, openPinned)
+		if err != nil {
+			return nil, err
+		}
+		*field = progs[p.Name]
+	}
+	return *field, nil
+}
+
+// progFD is an fd of a core program: the open program's, or a bare one
+// from its pin (bpfObjGet) when a lean open did not open it.
+func (dp *Datapath) progFD(p Program) (int, error) {
+	if prog, _ := dp.loaded(p); prog != nil {
+		return prog.FD(), nil
+	}
+	if fd, ok := dp.fds[p.Name]; ok {
+		return fd, nil
+	}
+	fd, err := bpfObjGet(progPin(dp.PinRoot, p))
+	if err != nil {
+		return -1, fmt.Errorf("open pinned program %s: %w", progPin(dp.PinRoot, p), err)
+	}
+	if dp.fds == nil {
+		dp.fds = map[string]int{}
+	}
+	dp.fds[p.Name] = fd
+	return fd, nil
+}
+
+// loaded is a core program if it is open.
+func (dp *Datapath) loaded(p Program) (*ebpf.Program, bool) {
+	switch p.Name {
+	case progFromContainer.Name:
+		return dp.FromContainer, dp.FromContainer != nil
+	case progToContainer.Name:
+		return dp.ToContainer, dp.ToContainer != nil
+	case progSockOps.Name:
+		return dp.SockOps, dp.SockOps != nil
+	}
+	return nil, false
 }
 
 // Close releases the handles; pins stay.
@@ -98,6 +193,9 @@ func (dp *Datapath) Close() {
 		if p != nil {
 			p.Close()
 		}
+	}
+	for _, fd := range dp.fds {
+		unix.Close(fd)
 	}
 }
 

@@ -492,7 +492,11 @@ func (dp *Datapath) EnsurePacing(cgroupRoot string) error {
 	if err := mkdirFor(path); err != nil {
 		return err
 	}
-	l, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: progSockOps.Attach, Program: dp.SockOps})
+	prog, err := dp.program(progSockOps)
+	if err != nil {
+		return err
+	}
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: root, Attach: progSockOps.Attach, Program: prog})
 	if err != nil {
 		return fmt.Errorf("attach sock_ops to cgroup %s: %w", root, err)
 	}

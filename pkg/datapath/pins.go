@@ -22,14 +22,20 @@ import (
 //	<pinDir>/progs/<program>_<object hash>     programs, by build (see progPin)
 //	<pinDir>/links/<host veth>_<ingress|egress> tcx links of pods' host veths
 //	<pinDir>/node/<hook>                       node-wide hook links (catalog: Program.Link)
+//	<pinDir>/locks/<agent|busy|links>          flocked directories (locks.go)
 //
 // links/ holds nothing but host veth links, so anything there whose veth is
-// gone is an orphan; node/ holds the links that outlive every pod.
+// gone is an orphan; a handed-off veth's pins are renamed with it
+// (state.HandedOffName). node/ holds the links that outlive every pod.
 const (
 	progsDir = "progs"
 	linksDir = "links"
 	nodeDir  = "node"
+	locksDir = "locks"
 )
+
+// lockPath is the directory of one of the locks of locks.go.
+func lockPath(pinRoot, name string) string { return filepath.Join(pinRoot, locksDir, name) }
 
 // MapsDir is where the maps of this build's layout are pinned.
 func MapsDir(pinRoot string) string {
@@ -163,6 +169,20 @@ func RemoveLinkPins(pinRoot, hostIf string) error {
 		path := LinkPinPath(pinRoot, hostIf, p.Link)
 		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = errors.Join(errs, fmt.Errorf("remove link pin %s: %w", path, err))
+		}
+	}
+	return errs
+}
+
+// MoveLinkPins renames the tcx link pins of host veth from to those of
+// to (a rename keeps the links attached); missing pins are fine. Call it
+// with the links lock held (LockLinks).
+func MoveLinkPins(pinRoot, from, to string) error {
+	var errs error
+	for _, p := range hostVethPrograms {
+		src, dst := LinkPinPath(pinRoot, from, p.Link), LinkPinPath(pinRoot, to, p.Link)
+		if err := os.Rename(src, dst); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = errors.Join(errs, fmt.Errorf("move link pin %s to %s: %w", src, dst, err))
 		}
 	}
 	return errs

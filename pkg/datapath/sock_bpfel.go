@@ -24,6 +24,8 @@ const (
 	sockMapCniHpConfig      = "cni_hp_config"
 	sockMapCniHpStats       = "cni_hp_stats"
 	sockMapCniLinks         = "cni_links"
+	sockMapCniMasqConfig    = "cni_masq_config"
+	sockMapCniMasqShare     = "cni_masq_share"
 	sockMapCniMasqStats     = "cni_masq_stats"
 	sockMapCniNetns         = "cni_netns"
 	sockMapCniNodeIps       = "cni_node_ips"
@@ -105,6 +107,8 @@ type sockMapSpecs struct {
 	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
 	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqConfig   *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqShare    *ebpf.MapSpec `ebpf:"cni_masq_share"`
 	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
@@ -148,6 +152,8 @@ type sockMaps struct {
 	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
 	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks        *ebpf.Map `ebpf:"cni_links"`
+	CniMasqConfig   *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqShare    *ebpf.Map `ebpf:"cni_masq_share"`
 	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
@@ -167,6 +173,8 @@ func (m *sockMaps) Close() error {
 		m.CniHpConfig,
 		m.CniHpStats,
 		m.CniLinks,
+		m.CniMasqConfig,
+		m.CniMasqShare,
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,

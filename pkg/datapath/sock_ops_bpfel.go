@@ -24,6 +24,8 @@ const (
 	sockOpsMapCniHpConfig     = "cni_hp_config"
 	sockOpsMapCniHpStats      = "cni_hp_stats"
 	sockOpsMapCniLinks        = "cni_links"
+	sockOpsMapCniMasqConfig   = "cni_masq_config"
+	sockOpsMapCniMasqShare    = "cni_masq_share"
 	sockOpsMapCniMasqStats    = "cni_masq_stats"
 	sockOpsMapCniNetns        = "cni_netns"
 	sockOpsMapCniNodeIps      = "cni_node_ips"
@@ -91,6 +93,8 @@ type sockOpsMapSpecs struct {
 	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
 	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqConfig   *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqShare    *ebpf.MapSpec `ebpf:"cni_masq_share"`
 	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
@@ -134,6 +138,8 @@ type sockOpsMaps struct {
 	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
 	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks        *ebpf.Map `ebpf:"cni_links"`
+	CniMasqConfig   *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqShare    *ebpf.Map `ebpf:"cni_masq_share"`
 	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
@@ -153,6 +159,8 @@ func (m *sockOpsMaps) Close() error {
 		m.CniHpConfig,
 		m.CniHpStats,
 		m.CniLinks,
+		m.CniMasqConfig,
+		m.CniMasqShare,
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,

@@ -24,6 +24,8 @@ const (
 	toContainerMapCniHpConfig     = "cni_hp_config"
 	toContainerMapCniHpStats      = "cni_hp_stats"
 	toContainerMapCniLinks        = "cni_links"
+	toContainerMapCniMasqConfig   = "cni_masq_config"
+	toContainerMapCniMasqShare    = "cni_masq_share"
 	toContainerMapCniMasqStats    = "cni_masq_stats"
 	toContainerMapCniNetns        = "cni_netns"
 	toContainerMapCniNodeIps      = "cni_node_ips"
@@ -91,6 +93,8 @@ type toContainerMapSpecs struct {
 	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
 	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqConfig   *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqShare    *ebpf.MapSpec `ebpf:"cni_masq_share"`
 	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
@@ -134,6 +138,8 @@ type toContainerMaps struct {
 	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
 	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks        *ebpf.Map `ebpf:"cni_links"`
+	CniMasqConfig   *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqShare    *ebpf.Map `ebpf:"cni_masq_share"`
 	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
@@ -153,6 +159,8 @@ func (m *toContainerMaps) Close() error {
 		m.CniHpConfig,
 		m.CniHpStats,
 		m.CniLinks,
+		m.CniMasqConfig,
+		m.CniMasqShare,
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,

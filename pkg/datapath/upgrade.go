@@ -12,10 +12,12 @@ import (
 
 // UpgradeReport says what Upgrade did.
 type UpgradeReport struct {
-	Links        int      `json:"links"`        // pinned links looked at
-	Replaced     int      `json:"replaced"`     // links now running this build's program
-	Defunct      []string `json:"defunct"`      // link pins whose device is gone (left for reconcile)
-	RemovedProgs []string `json:"removedProgs"` // program pins of other builds, unpinned
+	Links        int      `json:"links"`          // pinned links looked at
+	Replaced     int      `json:"replaced"`       // links now running this build's program
+	Filters      int      `json:"filters"`        // cls_bpf filters of host veths in tc mode (or waiting for tcx) looked at
+	FiltersSwap  int      `json:"filtersSwapped"` // of those, swapped to this build's program
+	Defunct      []string `json:"defunct"`        // link pins whose device is gone (left for reconcile)
+	RemovedProgs []string `json:"removedProgs"`   // program pins of other builds, unpinned
 }
 
 // pinnedLink is a link Upgrade may have to move.
@@ -55,9 +57,11 @@ func linkAttachType(info *link.Info) ebpf.AttachType {
 }
 
 // Upgrade makes every pinned link of the node (host veths' and the node
-// hooks') run this build's programs, swapping each in place with
-// link.Update: the kernel replaces the program of a live tcx or cgroup link
-// atomically, so no packet sees a detached hook. force reloads this build's
+// hooks') and every cls_bpf filter of a host veth (attachMode tc, or
+// waiting for the agent to move it to tcx) run this build's programs,
+// swapping each in place: link.Update for links, a filter replace for
+// filters; the kernel replaces the program of a live tcx or cgroup link
+// and of a cls_bpf filter atomically, so no packet sees a detached hook. force reloads this build's
 // programs first even when they are pinned already (new program IDs), which
 // exercises the same swap.
 func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
@@ -159,6 +163,13 @@ func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
 		}
 	}()
 
+	// The swaps run under the links lock: the agent moving a veth to tcx
+	// attaches the program its filter runs, which must not change under it.
+	unlockLinks, err := LockLinks(dp.PinRoot)
+	if err != nil {
+		return rep, errors.Join(errs, err)
+	}
+	defer unlockLinks()
 	for _, pl := range links {
 		next := loaded[pl.prog.Name]
 		want, err := progID(next)
@@ -177,8 +188,12 @@ func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
 		}
 	}
 
-	// Program pins of other builds are no longer referenced by any link we
-	// own; they stay while any link could not be moved.
+	var ferr error
+	rep.Filters, rep.FiltersSwap, ferr = upgradeFilters(loaded)
+	errs = errors.Join(errs, ferr)
+
+	// Program pins of other builds are no longer referenced by any link or
+	// filter we own; they stay while any could not be moved.
 	if errs == nil {
 		for _, p := range ProgramPins(dp.PinRoot) {
 			if !p.Current {

@@ -77,7 +77,19 @@ func planIngressQueue(l maps.Limit, frame int) (ingressQueue, maps.Limit) {
 	ns := func(bytes uint64) uint64 { return uint64(float64(bytes) * 8 * 1e9 / float64(l.RateBps)) }
 	queued := l
 	queued.QueueNs, queued.MarkNs = ns(capacity), ns(mark)
-	return ingressQueue{rateBps: l.RateBps, burstBytes: uint32(min(burst, math.MaxUint32)), limitBytes: uint32(limit)}, queued
+	return ingressQueue{rateBps: htbRate(l.RateBps), burstBytes: uint32(min(burst, math.MaxUint32)), limitBytes: uint32(limit)}, queued
+}
+
+// htbRate is the class rate for a limit of rateBps. The netlink library
+// writes the low 32 bits of the rate in bytes/s into the legacy field beside
+// TCA_HTB_RATE64, and the kernel refuses a class whose legacy rate is 0: an
+// exact multiple of 2^32 bytes/s (32 Gibit/s, 64 Gibit/s, ...) runs one
+// byte/s faster instead.
+func htbRate(rateBps uint64) uint64 {
+	if (rateBps/8)%(1<<32) == 0 {
+		return rateBps + 8
+	}
+	return rateBps
 }
 
 // podRcvWnd is the receive window clamp of the TCP sockets of a pod with this

@@ -91,3 +91,16 @@ func TestQueueUnsupported(t *testing.T) {
 		}
 	}
 }
+
+// The class rate never has a legacy 32-bit rate of 0 (the kernel refuses the
+// class): exact multiples of 2^32 bytes/s move by one byte/s, others stay.
+func TestHTBRate(t *testing.T) {
+	for _, c := range []struct{ in, want uint64 }{
+		{1e3, 1e3}, {1e9, 1e9}, {1e12, 1e12},
+		{8 << 32, 8<<32 + 8}, {16 << 32, 16<<32 + 8}, {8<<32 + 8, 8<<32 + 8},
+	} {
+		if got := htbRate(c.in); got != c.want || uint32(got/8) == 0 {
+			t.Errorf("htbRate(%d) = %d, want %d", c.in, got, c.want)
+		}
+	}
+}

@@ -37,6 +37,7 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 	if err := n.CheckDirs(); err != nil {
 		return err
 	}
+	defer datapath.MarkBusy(n.PinDir)() // the agent's background work waits
 	rec, _ := n.Store().Read(id.ContainerID, id.IfName)
 	a := &Attachment{Net: n, ID: id, HostIf: state.HostIfName(id.ContainerID, id.IfName), IPs: prev.IPs, features: features}
 	host, err := netlink.LinkByName(a.HostIf)

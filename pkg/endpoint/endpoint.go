@@ -57,6 +57,10 @@ type Attachment struct {
 	netns    ns.NetNS
 	cookie   uint64 // the pod netns'
 	claim    *os.File
+	busy     func() // releases the busy lock (datapath.MarkBusy)
+	deferTCX bool   // the agent is alive: attach cls_bpf, the agent moves it to tcx
+	ipam     chan ipamOut
+	ipamOut  *ipamOut
 	undo     []func() error
 	hostLink netlink.Link
 	plan     *plan
@@ -69,11 +73,12 @@ type Attachment struct {
 }
 
 // Claim starts the ADD of an attachment: it checks the pod's netns and the
-// directories, opens the node's datapath (setting it up on first use) and
-// claims the attachment with a provisional record before anything is made,
-// so a second ADD of it (a runtime retrying, two ADDs racing) is refused
-// and touches nothing of the first, and an ADD killed from here on is
-// findable by DEL, GC and the agent. Close releases what Claim holds.
+// directories and claims the attachment with a provisional record before
+// anything is made, so a second ADD of it (a runtime retrying, two ADDs
+// racing) is refused and touches nothing of the first, and an ADD killed
+// from here on is findable by DEL, GC and the agent. The IPAM plugin can
+// start right after (StartIPAM); OpenDatapath follows. Close releases what
+// Claim holds.
 func Claim(n *Network, id ID, features []Feature, tr *Tracer) (_ *Attachment, err error) {
 	a := &Attachment{Net: n, ID: id, HostIf: state.HostIfName(id.ContainerID, id.IfName), Trace: tr, features: features}
 	defer func() {
@@ -87,14 +92,14 @@ func Claim(n *Network, id ID, features []Feature, tr *Tracer) (_ *Attachment, er
 	if err := n.CheckDirs(); err != nil {
 		return nil, err
 	}
+	// The agent waits with its background work while a verb runs; when it
+	// is alive it also takes the tcx attach off this ADD.
+	a.busy = datapath.MarkBusy(n.PinDir)
+	a.deferTCX = datapath.AgentAlive(n.PinDir)
 	if err := a.netns.Do(func(ns.NetNS) (e error) { a.cookie, e = datapath.NetnsCookie(); return e }); err != nil {
 		return nil, internal("CNI_NETNS %q: %v", id.Netns, err)
 	}
 	tr.Mark("parse")
-	if a.DP, err = n.ensureDatapath(); err != nil {
-		return nil, err
-	}
-	tr.Mark("datapath")
 
 	a.Record = &state.Record{
 		ContainerID: id.ContainerID, IfName: id.IfName, Netns: id.Netns, HostIf: a.HostIf,
@@ -109,12 +114,65 @@ func Claim(n *Network, id ID, features []Feature, tr *Tracer) (_ *Attachment, er
 	// The veth without our record: this network's record was lost, or
 	// another network attached the same container ID and interface name.
 	if l, lerr := netlink.LinkByName(a.HostIf); lerr == nil {
+		// The provisional record just written goes too: GC and the agent
+		// would take it for a killed ADD and tear down that veth.
+		_ = n.Store().Remove(id.ContainerID, id.IfName)
 		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
 			"CNI_CONTAINERID %q, CNI_IFNAME %q: the host veth of this attachment exists already, as %s, with no record in %s: DEL it before adding it again",
 			id.ContainerID, id.IfName, holderOf(l.Attrs().Index), n.Store().Dir()), "")
 	}
-	a.startNodeHooks()
 	return a, nil
+}
+
+type ipamOut struct {
+	res types.Result
+	err error
+}
+
+// StartIPAM runs the IPAM plugin's ADD (add) in the background: it is the
+// longest step of a plain ADD, so it starts as soon as the attachment is
+// claimed and everything else runs meanwhile. If the ADD fails, Abort waits
+// for it and releases what it reserved (del); a failed IPAM ADD reserved
+// nothing of ours to release (the runtime's DEL covers a plugin that
+// reserved and then failed).
+func (a *Attachment) StartIPAM(add func() (types.Result, error), del func() error) {
+	a.ipam = make(chan ipamOut, 1)
+	go func() {
+		r, err := add()
+		a.ipam <- ipamOut{r, err}
+	}()
+	a.OnUndo(func() error {
+		if out := a.waitIPAM(); out.err == nil {
+			return del()
+		}
+		return nil
+	})
+}
+
+// WaitIPAM waits for the IPAM plugin started by StartIPAM.
+func (a *Attachment) WaitIPAM() (types.Result, error) {
+	out := a.waitIPAM()
+	a.Trace.Mark("ipam-wait")
+	return out.res, out.err
+}
+
+func (a *Attachment) waitIPAM() ipamOut {
+	if a.ipamOut == nil {
+		out := <-a.ipam
+		a.ipamOut = &out
+	}
+	return *a.ipamOut
+}
+
+// OpenDatapath opens the node's datapath (setting it up on first use) and
+// starts the node hooks' setup when a feature needs them.
+func (a *Attachment) OpenDatapath() (err error) {
+	if a.DP, err = a.Net.ensureDatapath(); err != nil {
+		return err
+	}
+	a.Trace.Mark("datapath")
+	a.startNodeHooks()
+	return nil
 }
 
 // startNodeHooks sets up the node hooks, or only refreshes the node
@@ -174,8 +232,8 @@ func (a *Attachment) Abort() {
 
 // Close releases what the attachment holds: the claim's lock (held until
 // the complete record replaced the provisional one), the netns, the
-// datapath. It waits for the node hooks first: never exit with their setup
-// half done.
+// datapath, the busy lock. It waits for the node hooks first: never exit
+// with their setup half done.
 func (a *Attachment) Close() {
 	if a.hooksCh != nil {
 		a.NodeHooks()
@@ -188,6 +246,9 @@ func (a *Attachment) Close() {
 	}
 	if a.DP != nil {
 		a.DP.Close()
+	}
+	if a.busy != nil {
+		a.busy()
 	}
 }
 
@@ -238,8 +299,9 @@ func retryError(n *Network, rec, old *state.Record) error {
 }
 
 // CreateVeth creates the veth pair, the pod's end born in its netns under
-// its final name, and attaches the host end's programs. podMAC nil is a
-// random one. It runs while IPAM does.
+// its final name, and attaches the host end's programs (cls_bpf for the
+// agent to move to tcx when it is alive, see datapath.Attach). podMAC nil
+// is a random one. It runs while IPAM does.
 func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 	p := &plan{hostIf: a.HostIf, ifname: a.ID.IfName, mtu: a.Net.MTU, podMAC: podMAC}
 	var err error
@@ -264,11 +326,17 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 			a.DP.Maps.DeleteLink(idx), a.DP.Maps.ResetStats(idx), sfErr)
 	})
 	a.Trace.Mark("veth")
-	_, err = a.DP.Attach(idx, a.HostIf, a.Net.attachMode)
+	_, err = a.DP.Attach(idx, a.HostIf, a.Net.attachMode, a.deferTCX)
 	a.Trace.Mark("attach")
 	if err != nil {
 		return internalErr(err)
 	}
+	// Attached while down (a qdisc added to a live device would wait out
+	// a grace period); up from here.
+	if err := readyHost(a.HostIf, a.hostLink, ownerAlias(a.Net.Name, a.ID.ContainerID, a.ID.IfName)); err != nil {
+		return netlinkError(err)
+	}
+	a.Trace.Mark("host-up")
 	return nil
 }
 
@@ -356,10 +424,6 @@ func (a *Attachment) Publish() error {
 	a.Trace.Mark("maps")
 	Crashpoint("endpoints")
 
-	if err := configureHost(p, a.hostLink, ownerAlias(a.Net.Name, a.ID.ContainerID, a.ID.IfName)); err != nil {
-		return netlinkError(err)
-	}
-	Crashpoint("host")
 	// The pod's rules outlive its interface: the undo of the veth does not
 	// remove them.
 	a.OnUndo(func() error {
@@ -370,7 +434,13 @@ func (a *Attachment) Publish() error {
 			return nil
 		})
 	})
-	if err := configurePod(p, a.netns); err != nil {
+	// The pod's side in its netns (a thread of its own) while the node's
+	// side is routed here: neither needs the other.
+	podErr := make(chan error, 1)
+	go func() { podErr <- configurePod(p, a.netns) }()
+	hostErr := routeHost(p, a.hostLink)
+	Crashpoint("host")
+	if err := errors.Join(hostErr, <-podErr); err != nil {
 		return netlinkError(err)
 	}
 	// Every pod's netns is registered, so the sock_ops hook can pace its

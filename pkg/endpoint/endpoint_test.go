@@ -71,7 +71,7 @@ func TestClusterCIDRs(t *testing.T) {
 		{Address: net.IPNet{IP: net.ParseIP("fd00::7"), Mask: net.CIDRMask(64, 128)}},
 	}}
 	a := &Attachment{IPs: res.IPs}
-	m, err := newMasq(true, nil)
+	m, err := newMasq(true, nil, "", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,10 +82,21 @@ func TestClusterCIDRs(t *testing.T) {
 	if want := "10.244.1.0/24 10.244.2.0/24 fd00::/64"; strings.Join(got, " ") != want {
 		t.Fatalf("default cluster CIDRs %v, want %s", got, want)
 	}
-	if m, err = newMasq(true, []string{"10.244.9.9/16"}); err != nil {
+	if m, err = newMasq(true, []string{"10.244.9.9/16"}, "", 0); err != nil {
 		t.Fatal(err)
 	}
 	if got := m.cidrs(a); len(got) != 1 || got[0].String() != "10.244.0.0/16" {
 		t.Fatalf("configured cluster CIDRs %v", got)
+	}
+	// Configured CIDRs must cover each family the pod has: a dual-stack pod
+	// with IPv4 ones only would masquerade its IPv6 to other nodes' pods.
+	if err := m.coversFamilies(a); err == nil || !strings.Contains(err.Error(), "no IPv6 prefix") || !strings.Contains(err.Error(), "fd00::7") {
+		t.Fatalf("IPv4-only clusterCIDRs for a dual-stack pod: %v, want an error naming the IPv6 address", err)
+	}
+	if m, err = newMasq(true, []string{"10.244.0.0/16", "::/0"}, "", 0); err != nil || m.coversFamilies(a) != nil {
+		t.Fatalf("both families covered: %v %v", err, m.coversFamilies(a))
+	}
+	if m, err = newMasq(true, nil, "", 0); err != nil || m.coversFamilies(a) != nil {
+		t.Fatalf("default clusterCIDRs: %v %v", err, m.coversFamilies(a))
 	}
 }

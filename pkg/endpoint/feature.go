@@ -42,13 +42,17 @@ type Capabilities struct {
 	PortMappings []PortMapping  // runtimeConfig.portMappings
 	IPMasq       bool           // ipMasq
 	ClusterCIDRs []string       // clusterCIDRs
+	// IPMasqPortRange ("first-last") and IPMasqPodPortLimit: the node ports
+	// masquerade uses, the most one pod holds per destination.
+	IPMasqPortRange    string
+	IPMasqPodPortLimit int
 }
 
 // Features is the table of capabilities, in the order ADD installs them.
 // An error (7, naming the field) is a network key that does not parse; the
 // runtime's part is checked by Validate.
 func (c Capabilities) Features() ([]Feature, error) {
-	m, err := newMasq(c.IPMasq, c.ClusterCIDRs)
+	m, err := newMasq(c.IPMasq, c.ClusterCIDRs, c.IPMasqPortRange, c.IPMasqPodPortLimit)
 	if err != nil {
 		return nil, err
 	}

@@ -9,25 +9,37 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
-// masq is the Feature of ipMasq (bpf/lib/masq.h): the pod's IPv4 traffic
-// to destinations outside the cluster CIDRs leaves with the node's address,
-// translated on the uplink's egress; replies are translated back on its
-// ingress.
+// masq is the Feature of ipMasq (bpf/lib/masq.h): the pod's IPv4 and IPv6
+// traffic to destinations outside the cluster CIDRs leaves with the node's
+// address, translated on the uplink's egress; replies are translated back
+// on its ingress.
 type masq struct {
 	on           bool
 	clusterCIDRs []netip.Prefix // configured; none: the pod's subnets
+	portRange    *[2]uint16     // ipMasqPortRange; nil: the default (masqports.go)
+	podLimit     int            // ipMasqPodPortLimit; 0: the default
 }
 
 // newMasq validates the network's ipMasq keys (every verb: they are the
 // network's, not the attachment's).
-func newMasq(on bool, clusterCIDRs []string) (*masq, error) {
-	m := &masq{on: on}
+func newMasq(on bool, clusterCIDRs []string, portRange string, podLimit int) (*masq, error) {
+	m := &masq{on: on, podLimit: podLimit}
 	for i, c := range clusterCIDRs {
 		p, err := netip.ParsePrefix(c)
 		if err != nil {
 			return nil, ConfError("clusterCIDRs[%d]: %q is not a CIDR", i, c)
 		}
 		m.clusterCIDRs = append(m.clusterCIDRs, p.Masked())
+	}
+	if portRange != "" {
+		r, err := parsePortRange(portRange)
+		if err != nil {
+			return nil, err
+		}
+		m.portRange = &r
+	}
+	if podLimit < 0 {
+		return nil, ConfError("%s: %d is negative", masqPodLimitKey, podLimit)
 	}
 	return m, nil
 }
@@ -43,8 +55,19 @@ func (m *masq) Install(a *Attachment) error {
 	if !m.on {
 		return nil
 	}
+	if err := m.coversFamilies(a); err != nil {
+		return err
+	}
+	ports, err := m.ports()
+	if err != nil {
+		return err
+	}
 	if uplinks, err := a.NodeHooks(); err != nil && !uplinks {
 		return types.NewError(ErrPluginNotAvailable, fmt.Sprintf("ipMasq uplink hooks at %s: %v", a.Net.PinDir, err), "")
+	}
+	// Node-wide: networks sharing a pin directory share the ports too.
+	if err := a.DP.Maps.SetMasqConfig(ports); err != nil {
+		return internalErr(err)
 	}
 	if err := a.DP.Maps.AddClusterCIDRs(m.cidrs(a)); err != nil {
 		return mapError(err)
@@ -65,6 +88,15 @@ func (m *masq) Check(a *Attachment) error {
 		if e, err := a.DP.Maps.LookupEndpoint(ip); err == nil && e.Flags&maps.EndpointFlagMasq == 0 {
 			return checkError("map cni_endpoints entry of %s lacks the ipMasq flag", ip)
 		}
+	}
+	want, err := m.ports()
+	if err != nil {
+		return err
+	}
+	if got, err := a.DP.Maps.MasqConfig(); err != nil {
+		return checkError("%v", err)
+	} else if got.String() != want.String() || got.PodLimit != want.PodLimit {
+		return checkError("map cni_masq_config holds ports %q with pod limit %d, want %q with %d", got, got.PodLimit, want, want.PodLimit)
 	}
 	have, err := a.DP.Maps.ClusterCIDRs()
 	if err != nil {
@@ -91,6 +123,39 @@ func (m *masq) Teardown(t *Teardown) {
 			return err
 		})
 	}
+}
+
+// ports is the node's masquerade configuration for this network: its
+// keys, checked against the node's ip_local_port_range.
+func (m *masq) ports() (maps.MasqPorts, error) {
+	eph, err := nodeEphemeralPorts()
+	if err != nil {
+		return maps.MasqPorts{}, internal("ipMasq: read the node's ephemeral ports: %v", err)
+	}
+	return masqPorts(m.portRange, m.podLimit, eph)
+}
+
+// coversFamilies refuses configured clusterCIDRs that lack a family the
+// pod has an address of: every destination of that family would be
+// outside the cluster, other nodes' pods included, and masqueraded.
+func (m *masq) coversFamilies(a *Attachment) error {
+	if len(m.clusterCIDRs) == 0 {
+		return nil
+	}
+	var has4, has6 bool
+	for _, p := range m.clusterCIDRs {
+		has4 = has4 || p.Addr().Is4()
+		has6 = has6 || p.Addr().Is6()
+	}
+	for _, ip := range a.PodIPs() {
+		switch {
+		case ip.To4() != nil && !has4:
+			return ConfError("clusterCIDRs has no IPv4 prefix, and the pod has IPv4 address %s: its traffic to other nodes' pods would be masqueraded; list the cluster's IPv4 pod range (or 0.0.0.0/0 to masquerade no IPv4)", ip)
+		case ip.To4() == nil && !has6:
+			return ConfError("clusterCIDRs has no IPv6 prefix, and the pod has IPv6 address %s: ipMasq masquerades IPv6 too, and would masquerade its traffic to other nodes' pods; list the cluster's IPv6 pod range (or ::/0 to masquerade no IPv6)", ip)
+		}
+	}
+	return nil
 }
 
 // cidrs are the configured clusterCIDRs, else the subnets of the pod's

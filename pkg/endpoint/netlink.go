@@ -215,6 +215,11 @@ func configurePod(p *plan, netns ns.NetNS) error {
 			}
 			r.Table = 0
 			if err := netlink.RouteAdd(r); err != nil {
+				if errors.Is(err, unix.EEXIST) && isDefault(rt.dst) {
+					// Another interface's ADD, running beside ours, took the
+					// default route after we looked: it keeps it.
+					continue
+				}
 				if errors.Is(err, unix.EEXIST) {
 					return &conflictError{fmt.Sprintf("route %s via %s on %s: the pod already routes %s via %s; a route of another interface is never replaced",
 						rt.dst, rt.gw, p.ifname, rt.dst, routeHolder(rt.dst))}
@@ -332,6 +337,14 @@ func ownerAlias(network, containerID, ifname string) string {
 
 const aliasPrefix = "ebpf-cni:"
 
+// foreignLink tells whether a node link's alias names an attachment other
+// than network's containerID/ifname (a link with no alias of ours, say one
+// an ADD killed before it set the alias, is not foreign).
+func foreignLink(l netlink.Link, network, containerID, ifname string) bool {
+	alias := l.Attrs().Alias
+	return strings.HasPrefix(alias, aliasPrefix) && alias != ownerAlias(network, containerID, ifname)
+}
+
 // holderOf names what holds a node link: the attachment its alias names,
 // else the link itself.
 func holderOf(ifindex int) string {
@@ -355,16 +368,24 @@ func linkAlive(ifindex int) bool {
 	return !errors.As(err, &nf)
 }
 
-// configureHost brings the host veth up and routes the pod's IPs to it, with
-// static neighbours so the node never resolves a pod it created. A route to
-// a pod IP that exists already is another interface's: refused, not replaced.
-func configureHost(p *plan, host netlink.Link, alias string) error {
+// readyHost names the host veth's owner in its alias and brings it up:
+// before the addresses are known, while IPAM runs (the programs attached
+// drop what the maps do not know yet, and with the pod's end down it has
+// no carrier).
+func readyHost(hostIf string, host netlink.Link, alias string) error {
 	if err := netlink.LinkSetAlias(host, alias); err != nil {
-		return fmt.Errorf("set alias of %s: %w", p.hostIf, err)
+		return fmt.Errorf("set alias of %s: %w", hostIf, err)
 	}
 	if err := netlink.LinkSetUp(host); err != nil {
-		return fmt.Errorf("set %s up: %w", p.hostIf, err)
+		return fmt.Errorf("set %s up: %w", hostIf, err)
 	}
+	return nil
+}
+
+// routeHost routes the pod's IPs to the host veth, with static neighbours
+// so the node never resolves a pod it created. A route to a pod IP that
+// exists already is another interface's: refused, not replaced.
+func routeHost(p *plan, host netlink.Link) error {
 	idx := host.Attrs().Index
 	for _, ipc := range p.ips {
 		ip := ipc.Address.IP

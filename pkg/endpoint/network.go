@@ -124,9 +124,10 @@ func (n *Network) nodeHookOptions() datapath.NodeHookOptions {
 	return datapath.NodeHookOptions{CgroupRoot: n.CgroupRoot}
 }
 
-// ensureDatapath opens the node's datapath, setting it up on first use.
+// ensureDatapath opens the node's datapath, setting it up on first use;
+// programs are opened as ADD needs them (datapath.EnsureLean).
 func (n *Network) ensureDatapath() (*datapath.Datapath, error) {
-	dp, err := datapath.Ensure(n.PinDir)
+	dp, err := datapath.EnsureLean(n.PinDir)
 	if err != nil {
 		return nil, types.NewError(ErrPluginNotAvailable, fmt.Sprintf("datapath at %s: %v", n.PinDir, err), "")
 	}

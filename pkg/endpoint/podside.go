@@ -11,8 +11,9 @@ import (
 // interface's policy routing rules (rules outlive the interface they were
 // made for) and tells which cni_netns entry DEL may delete: none while the
 // pod keeps another interface on this node's datapath (isOurs(peer ifindex)),
-// since the entry is the pod's, not the interface's.
-func podTeardown(netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool) (deleteCookie uint64) {
+// since the entry is the pod's, not the interface's. handOff takes the
+// interface out of service for the agent to delete (handoff.go).
+func podTeardown(netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool, handOff bool) (deleteCookie uint64) {
 	if netnsPath == "" {
 		return recCookie
 	}
@@ -36,10 +37,15 @@ func podTeardown(netnsPath, ifname string, recCookie uint64, hostIfindex, table 
 			return nil
 		}
 		links, _ := netlink.LinkList()
-		if table == 0 && hostIfindex != 0 {
+		if hostIfindex != 0 {
 			for _, l := range links {
 				if l.Attrs().Name == ifname && l.Attrs().ParentIndex == hostIfindex {
-					table = podTable(l.Attrs().Index)
+					if table == 0 {
+						table = podTable(l.Attrs().Index)
+					}
+					if handOff {
+						handOffPod(l, hostIfindex)
+					}
 				}
 			}
 		}

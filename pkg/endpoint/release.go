@@ -12,6 +12,10 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
+// afterList is a test seam: it runs between Reconcile's listing of the
+// records and its look at each.
+var afterList = func() {}
+
 // ReleaseIPAM runs the IPAM plugin's DEL for a recorded attachment, as its
 // DEL would, for callers that have no CNI_* of it (GC, the agent). conf is
 // the network configuration the IPAM plugin reads on stdin; cniPath is
@@ -28,10 +32,6 @@ func ReleaseIPAM(n *Network, conf []byte, cniPath string, r *state.Record) error
 	return invoke.ExecPluginWithoutResult(context.TODO(), plugin, conf, a, nil)
 }
 
-// reconcileListed runs after Reconcile read the records: tests make an ADD
-// finish there.
-var reconcileListed = func() {}
-
 // Reconcile finds the attachments of a network whose host veth no longer
 // exists in this netns (the pod's netns went away without a DEL reaching
 // us, say), or that an ADD killed part way left, and tears each down as
@@ -47,27 +47,25 @@ func Reconcile(n *Network, conf []byte, cniPath string, dryRun bool) ([]string, 
 	if err != nil {
 		return nil, fmt.Errorf("read state directory %s: %w", n.StateDir, err)
 	}
-	reconcileListed()
 	var (
 		done []string
 		errs error
 	)
+	afterList()
 	for _, r := range recs {
 		if r.Provisional && !store.Busy(r) {
-			// Unlocked now: its ADD died part way (the lock went with
-			// the process), or it finished since List read the record
-			// (Commit renames the complete record over the locked one,
-			// so the file at the path is another, unlocked one). Only
-			// the record as it is now tells which.
-			cur, err := store.Read(r.ContainerID, r.IfName)
+			// List may have read it before its ADD ended: the final
+			// record then replaced the file (unlocked), or a failed ADD
+			// removed it. Only what is still provisional is half made.
+			now, err := store.Read(r.ContainerID, r.IfName)
 			if err != nil {
 				errs = errors.Join(errs, err)
 				continue
 			}
-			if cur == nil {
-				continue // a DEL removed it meanwhile
+			if now == nil {
+				continue
 			}
-			r = cur
+			r = now
 		}
 		what := fmt.Sprintf("attachment %s/%s of network %s (veth gone; IPs %v)", r.ContainerID, r.IfName, n.Name, r.IPs)
 		switch {

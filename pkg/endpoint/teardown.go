@@ -53,8 +53,18 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 		t.Complete = nil
 	}
 	hostIf := state.HostIfName(containerID, ifname)
+	// The veth of another network's attachment of the same container and
+	// interface name (its ADD refused ours, and the runtime DELs ours):
+	// neither it, nor its pins, entries or pod rules are ours to remove.
+	foreign := false
+	handOff := false
 	if l, err := netlink.LinkByName(hostIf); err == nil {
-		t.Ifindex = l.Attrs().Index
+		foreign = foreignLink(l, n.Name, containerID, ifname)
+		if !foreign {
+			t.Ifindex = l.Attrs().Index
+			// With the agent alive the veth is handed off to it (handoff.go).
+			handOff = datapath.AgentAlive(n.PinDir)
+		}
 	} else if rec != nil && rec.HostIfindex != 0 {
 		// The veth is gone; its old index is ours unless a new link took it.
 		if l, err := netlink.LinkByIndex(rec.HostIfindex); err != nil || l.Attrs().Name == hostIf {
@@ -64,7 +74,7 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 	tr.Mark("lookup")
 
 	var errs error
-	dp, err := datapath.Open(n.PinDir)
+	dp, err := datapath.OpenLean(n.PinDir) // teardown needs the maps only
 	switch {
 	case err == nil:
 		defer dp.Close()
@@ -119,16 +129,29 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 		_, err := t.DP.Maps.LookupLink(idx)
 		return err == nil
 	}
-	if cookie := podTeardown(netnsPath, ifname, recCookie, t.Ifindex, table, isOurs); cookie != 0 && t.DP != nil {
+	if foreign {
+		netnsPath = "" // the pod's interface of that name is the other network's
+	}
+	if cookie := podTeardown(netnsPath, ifname, recCookie, t.Ifindex, table, isOurs, handOff); cookie != 0 && t.DP != nil {
 		errs = errors.Join(errs, t.DP.Maps.DeleteNetns(cookie))
 	}
 	tr.Mark("endpoints")
 	// Deleting the veth before dropping the link pins also saves time:
 	// unregistering the device detaches both tcx hooks, and releasing an
 	// already detached link is free, whereas releasing an attached one waits
-	// out an RCU grace period per hook.
-	errs = errors.Join(errs, deleteLink(hostIf))
-	tr.Mark("veth")
+	// out an RCU grace period per hook. Handed off, the agent deletes it.
+	switch {
+	case foreign:
+	case handOff:
+		if err := handOffHost(n.PinDir, hostIf, t.Ifindex); err != nil {
+			// Not handed off: delete it here after all.
+			errs = errors.Join(errs, deleteLink(hostIf), datapath.RemoveLinkPins(n.PinDir, state.HandedOffName(t.Ifindex)))
+		}
+		tr.Mark("hand-off")
+	default:
+		errs = errors.Join(errs, deleteLink(hostIf))
+		tr.Mark("veth")
+	}
 	if with != nil {
 		errs = errors.Join(errs, <-with)
 		tr.Mark("with-veth")
@@ -136,7 +159,9 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 	if t.DP != nil && t.Ifindex != 0 {
 		errs = errors.Join(errs, t.DP.Maps.DeleteLink(t.Ifindex), t.DP.Maps.ResetStats(t.Ifindex))
 	}
-	errs = errors.Join(errs, datapath.RemoveLinkPins(n.PinDir, hostIf))
+	if !foreign {
+		errs = errors.Join(errs, datapath.RemoveLinkPins(n.PinDir, hostIf))
+	}
 	tr.Mark("pins")
 	if errs == nil {
 		// Keep the record while anything failed, so a retry or GC can finish.

@@ -89,6 +89,11 @@ type mapsObjCtVal struct {
 	Flags      uint32
 	Pad        uint32
 	CreatedNs  uint64
+	SeenNs     uint64
+	Timer      struct {
+		_ structs.HostLayout
+		_ [16]byte
+	}
 }
 
 type mapsObjEpInfo struct {
@@ -140,7 +145,10 @@ const (
 	mapsObjHpStatHP_STAT_NO_FLOW      mapsObjHpStat = 5
 	mapsObjHpStatHP_STAT_NO_ROUTE     mapsObjHpStat = 6
 	mapsObjHpStatHP_STAT_ERROR        mapsObjHpStat = 7
-	mapsObjHpStatHP_STAT_MAX          mapsObjHpStat = 8
+	mapsObjHpStatHP_STAT_ICMP_ERR_IN  mapsObjHpStat = 8
+	mapsObjHpStatHP_STAT_ICMP_ERR_OUT mapsObjHpStat = 9
+	mapsObjHpStatHP_STAT_EXPIRED      mapsObjHpStat = 10
+	mapsObjHpStatHP_STAT_MAX          mapsObjHpStat = 11
 )
 
 type mapsObjLinkInfo struct {
@@ -150,16 +158,38 @@ type mapsObjLinkInfo struct {
 	Flags   uint32
 }
 
+type mapsObjMasqConfig struct {
+	_        structs.HostLayout
+	Lo       [4]uint16
+	Len      [4]uint16
+	Total    uint32
+	PodLimit uint32
+}
+
+type mapsObjMasqShareKey struct {
+	_        structs.HostLayout
+	PeerAddr [16]uint8
+	PeerPort uint16
+	Family   uint8
+	Proto    uint8
+	Ifindex  uint32
+}
+
 type mapsObjMasqStat uint32
 
 const (
-	mapsObjMasqStatMASQ_STAT_SNAT      mapsObjMasqStat = 0
-	mapsObjMasqStatMASQ_STAT_REVERSE   mapsObjMasqStat = 1
-	mapsObjMasqStatMASQ_STAT_NEW       mapsObjMasqStat = 2
-	mapsObjMasqStatMASQ_STAT_EXHAUSTED mapsObjMasqStat = 3
-	mapsObjMasqStatMASQ_STAT_NOT_NEW   mapsObjMasqStat = 4
-	mapsObjMasqStatMASQ_STAT_ERROR     mapsObjMasqStat = 5
-	mapsObjMasqStatMASQ_STAT_MAX       mapsObjMasqStat = 6
+	mapsObjMasqStatMASQ_STAT_SNAT         mapsObjMasqStat = 0
+	mapsObjMasqStatMASQ_STAT_REVERSE      mapsObjMasqStat = 1
+	mapsObjMasqStatMASQ_STAT_NEW          mapsObjMasqStat = 2
+	mapsObjMasqStatMASQ_STAT_EXHAUSTED    mapsObjMasqStat = 3
+	mapsObjMasqStatMASQ_STAT_NOT_NEW      mapsObjMasqStat = 4
+	mapsObjMasqStatMASQ_STAT_ERROR        mapsObjMasqStat = 5
+	mapsObjMasqStatMASQ_STAT_ICMP_ERR_IN  mapsObjMasqStat = 6
+	mapsObjMasqStatMASQ_STAT_ICMP_ERR_OUT mapsObjMasqStat = 7
+	mapsObjMasqStatMASQ_STAT_RECYCLED     mapsObjMasqStat = 8
+	mapsObjMasqStatMASQ_STAT_POD_LIMIT    mapsObjMasqStat = 9
+	mapsObjMasqStatMASQ_STAT_EXPIRED      mapsObjMasqStat = 10
+	mapsObjMasqStatMASQ_STAT_MAX          mapsObjMasqStat = 11
 )
 
 type mapsObjNetnsInfo struct {
@@ -207,6 +237,10 @@ type mapsObjSnatVal struct {
 	Ifindex   uint32
 	CreatedNs uint64
 	SeenNs    uint64
+	Timer     struct {
+		_ structs.HostLayout
+		_ [16]byte
+	}
 }
 
 type mapsObjSockRnatKey struct {
@@ -253,6 +287,8 @@ const (
 	mapsObjMapCniHpConfig     = "cni_hp_config"
 	mapsObjMapCniHpStats      = "cni_hp_stats"
 	mapsObjMapCniLinks        = "cni_links"
+	mapsObjMapCniMasqConfig   = "cni_masq_config"
+	mapsObjMapCniMasqShare    = "cni_masq_share"
 	mapsObjMapCniMasqStats    = "cni_masq_stats"
 	mapsObjMapCniNetns        = "cni_netns"
 	mapsObjMapCniNodeIps      = "cni_node_ips"
@@ -322,6 +358,8 @@ type mapsObjMapSpecs struct {
 	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
 	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqConfig   *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqShare    *ebpf.MapSpec `ebpf:"cni_masq_share"`
 	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
@@ -369,6 +407,8 @@ type mapsObjMaps struct {
 	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
 	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks        *ebpf.Map `ebpf:"cni_links"`
+	CniMasqConfig   *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqShare    *ebpf.Map `ebpf:"cni_masq_share"`
 	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
@@ -388,6 +428,8 @@ func (m *mapsObjMaps) Close() error {
 		m.CniHpConfig,
 		m.CniHpStats,
 		m.CniLinks,
+		m.CniMasqConfig,
+		m.CniMasqShare,
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -13,10 +14,12 @@ import (
 
 // Go twins of the masquerade structs in bpf/lib/types.h, generated from BTF.
 type (
-	CIDRKey  = mapsObjCidrKey
-	SNATKey  = mapsObjSnatKey
-	SNATVal  = mapsObjSnatVal
-	MasqStat = mapsObjMasqStat
+	CIDRKey      = mapsObjCidrKey
+	SNATKey      = mapsObjSnatKey
+	SNATVal      = mapsObjSnatVal
+	MasqStat     = mapsObjMasqStat
+	MasqConfig   = mapsObjMasqConfig
+	MasqShareKey = mapsObjMasqShareKey
 )
 
 // Names of the masquerade maps, as bpf/lib/maps.h declares them.
@@ -24,17 +27,21 @@ const (
 	nameSNAT         = "cni_snat"
 	nameClusterCIDRs = "cni_cluster_cidrs"
 	nameMasqStats    = "cni_masq_stats"
+	nameMasqConfig   = "cni_masq_config"
+	nameMasqShare    = "cni_masq_share"
 )
 
 const (
-	// EndpointFlagMasq is EP_F_MASQ in ep_info.flags: the pod's IPv4 traffic
-	// to destinations outside the cluster CIDRs is masqueraded.
+	// EndpointFlagMasq is EP_F_MASQ in ep_info.flags: the pod's traffic to
+	// destinations outside the cluster CIDRs is masqueraded.
 	EndpointFlagMasq = 1 << 3
 	snatDirFwd       = 0 // SNAT_DIR_FWD
 	snatDirRev       = 1 // SNAT_DIR_REV
-	snatFlagClosing  = 1 // SNAT_F_CLOSING
-	// ProtoICMP is IPPROTO_ICMP: masquerade translates echo requests (the id is the port).
-	ProtoICMP uint8 = 1
+	// ProtoICMP and ProtoICMPv6: masquerade translates echo requests (the id is the port).
+	ProtoICMP   uint8 = 1
+	ProtoICMPv6 uint8 = 58
+	// MasqRanges is MASQ_RANGES: how many port ranges cni_masq_config holds.
+	MasqRanges = 4
 )
 
 func (s MasqStat) String() string {
@@ -51,6 +58,16 @@ func (s MasqStat) String() string {
 		return "not_new"
 	case mapsObjMasqStatMASQ_STAT_ERROR:
 		return "drop_error"
+	case mapsObjMasqStatMASQ_STAT_ICMP_ERR_IN:
+		return "icmp_error_in"
+	case mapsObjMasqStatMASQ_STAT_ICMP_ERR_OUT:
+		return "icmp_error_out"
+	case mapsObjMasqStatMASQ_STAT_RECYCLED:
+		return "recycled"
+	case mapsObjMasqStatMASQ_STAT_POD_LIMIT:
+		return "drop_pod_limit"
+	case mapsObjMasqStatMASQ_STAT_EXPIRED:
+		return "expired"
 	}
 	return fmt.Sprintf("stat%d", uint32(s))
 }
@@ -184,6 +201,8 @@ type SNATFlow struct {
 	Idle    time.Duration // since last use (second granularity)
 	Reverse bool          // a reverse entry whose forward entry is gone
 	Closing bool          // TCP RST, or a FIN each way, seen: expires 10 s after the last packet
+	State   string        // FlowState's name: the flow is deleted once idle for FlowTimeout of it
+	Flags   uint32
 }
 
 // ListSNAT returns the masqueraded flows (forward entries, plus reverse
@@ -199,12 +218,7 @@ func (m *Maps) ListSNAT() ([]SNATFlow, error) {
 	if err != nil {
 		return nil, err
 	}
-	age := func(t uint64) time.Duration {
-		if t == 0 || now < t {
-			return 0
-		}
-		return time.Duration(now - t)
-	}
+	age := func(t uint64) time.Duration { return sinceNs(now, t) }
 	fwd := map[[3]netip.AddrPort]bool{}
 	var out []SNATFlow
 	for _, e := range all {
@@ -214,7 +228,7 @@ func (m *Maps) ListSNAT() ([]SNATFlow, error) {
 		f := SNATFlow{
 			Proto: e.k.Proto, Pod: addrPort(e.k.Addr, e.k.Family, e.k.Port), Peer: addrPort(e.k.PeerAddr, e.k.Family, e.k.PeerPort),
 			Node: addrPort(e.v.Addr, e.k.Family, e.v.Port), Ifindex: int(e.v.Ifindex), Age: age(e.v.CreatedNs), Idle: age(e.v.SeenNs),
-			Closing: e.v.Flags&snatFlagClosing != 0,
+			Closing: e.v.Flags&flowClosing != 0, State: FlowState(e.k.Proto, uint32(e.v.Flags)), Flags: uint32(e.v.Flags),
 		}
 		fwd[[3]netip.AddrPort{f.Node, f.Peer, f.Pod}] = true
 		out = append(out, f)
@@ -226,7 +240,7 @@ func (m *Maps) ListSNAT() ([]SNATFlow, error) {
 		f := SNATFlow{
 			Proto: e.k.Proto, Node: addrPort(e.k.Addr, e.k.Family, e.k.Port), Peer: addrPort(e.k.PeerAddr, e.k.Family, e.k.PeerPort),
 			Pod: addrPort(e.v.Addr, e.k.Family, e.v.Port), Ifindex: int(e.v.Ifindex), Age: age(e.v.CreatedNs), Idle: age(e.v.SeenNs),
-			Reverse: true, Closing: e.v.Flags&snatFlagClosing != 0,
+			Reverse: true, Closing: e.v.Flags&flowClosing != 0, State: FlowState(e.k.Proto, uint32(e.v.Flags)), Flags: uint32(e.v.Flags),
 		}
 		if !fwd[[3]netip.AddrPort{f.Node, f.Peer, f.Pod}] {
 			out = append(out, f)
@@ -249,9 +263,10 @@ func (m *Maps) CountSNATOfIP(ip net.IP) (int, error) {
 }
 
 // DeleteSNATOf removes every cni_snat entry (both directions) made for the
-// pod behind the host veth ifindex, and returns how many. A scan, as
-// DeleteCTOf: the cost grows with the node's masqueraded flows, and the
-// programs never use an entry whose ifindex is not the pod's anyway.
+// pod behind the host veth ifindex, and its port counts in cni_masq_share,
+// and returns how many flow entries. A scan, as DeleteCTOf: the cost grows
+// with the node's masqueraded flows, and the programs never use an entry
+// whose ifindex is not the pod's anyway.
 func (m *Maps) DeleteSNATOf(ifindex int) (int, error) {
 	var keys []SNATKey
 	err := scan(m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) {
@@ -262,7 +277,121 @@ func (m *Maps) DeleteSNATOf(ifindex int) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("scan %s: %w", nameSNAT, err)
 	}
-	return len(keys), deleteKeys(m.byName[nameSNAT], keys)
+	if err := deleteKeys(m.byName[nameSNAT], keys); err != nil {
+		return 0, fmt.Errorf("delete from %s: %w", nameSNAT, err)
+	}
+	var shares []MasqShareKey
+	err = scan(m.byName[nameMasqShare], func(k *MasqShareKey, v *uint32) {
+		if int(k.Ifindex) == ifindex {
+			shares = append(shares, *k)
+		}
+	})
+	if err != nil {
+		return len(keys), fmt.Errorf("scan %s: %w", nameMasqShare, err)
+	}
+	return len(keys), deleteKeys(m.byName[nameMasqShare], shares)
+}
+
+// MasqPorts is cni_masq_config: the node ports masquerade allocates from
+// (inclusive ranges) and the most of them one pod holds towards one
+// destination (0: no limit).
+type MasqPorts struct {
+	Ranges   [][2]uint16 `json:"ranges"`
+	PodLimit uint32      `json:"podLimit"`
+}
+
+// Size is how many ports the ranges hold.
+func (p MasqPorts) Size() int {
+	n := 0
+	for _, r := range p.Ranges {
+		n += int(r[1]) - int(r[0]) + 1
+	}
+	return n
+}
+
+func (p MasqPorts) String() string {
+	var b strings.Builder
+	for i, r := range p.Ranges {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%d-%d", r[0], r[1])
+	}
+	return b.String()
+}
+
+func (p MasqPorts) value() (MasqConfig, error) {
+	var c MasqConfig
+	if len(p.Ranges) == 0 || len(p.Ranges) > MasqRanges {
+		return c, fmt.Errorf("masquerade ports: %d ranges, want 1 to %d", len(p.Ranges), MasqRanges)
+	}
+	for i, r := range p.Ranges {
+		if r[0] == 0 || r[1] < r[0] {
+			return c, fmt.Errorf("masquerade ports: bad range %d-%d", r[0], r[1])
+		}
+		c.Lo[i] = r[0]
+		c.Len[i] = uint16(int(r[1]) - int(r[0]) + 1) // at most 65535 ports
+		c.Total += uint32(c.Len[i])
+	}
+	c.PodLimit = p.PodLimit
+	return c, nil
+}
+
+// MasqConfig reads cni_masq_config; a node never configured has no ranges
+// (the programs then use 61000-65535 without a pod limit).
+func (m *Maps) MasqConfig() (MasqPorts, error) {
+	var c MasqConfig
+	zero := uint32(0)
+	if err := m.byName[nameMasqConfig].Lookup(&zero, &c); err != nil {
+		return MasqPorts{}, fmt.Errorf("read %s: %w", nameMasqConfig, err)
+	}
+	p := MasqPorts{PodLimit: c.PodLimit}
+	for i := range c.Lo {
+		if c.Len[i] != 0 {
+			p.Ranges = append(p.Ranges, [2]uint16{c.Lo[i], uint16(int(c.Lo[i]) + int(c.Len[i]) - 1)})
+		}
+	}
+	return p, nil
+}
+
+// SetMasqConfig writes cni_masq_config when it differs from p.
+func (m *Maps) SetMasqConfig(p MasqPorts) error {
+	want, err := p.value()
+	if err != nil {
+		return err
+	}
+	var cur MasqConfig
+	zero := uint32(0)
+	mp := m.byName[nameMasqConfig]
+	if err := mp.Lookup(&zero, &cur); err == nil && cur == want {
+		return nil
+	}
+	if err := mp.Put(&zero, &want); err != nil {
+		return fmt.Errorf("write %s: %w", nameMasqConfig, err)
+	}
+	return nil
+}
+
+// MasqShare is how many ports one pod holds towards one destination.
+type MasqShare struct {
+	Proto       uint8
+	Destination netip.AddrPort // port 0 for ICMP
+	Ifindex     int
+	Ports       int
+}
+
+// ListMasqShares returns the non-zero counts of cni_masq_share.
+func (m *Maps) ListMasqShares() ([]MasqShare, error) {
+	var out []MasqShare
+	err := scan(m.byName[nameMasqShare], func(k *MasqShareKey, v *uint32) {
+		if n := int32(*v); n > 0 {
+			out = append(out, MasqShare{Proto: k.Proto, Destination: addrPort(k.PeerAddr, k.Family, k.PeerPort), Ifindex: int(k.Ifindex), Ports: int(n)})
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scan %s: %w", nameMasqShare, err)
+	}
+	return out, nil
 }
 
 // MasqStats returns the masquerade counters, summed over CPUs.

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -92,6 +93,30 @@ func HostIfName(containerID, ifname string) string {
 // HostIfPrefix starts every host veth name (see HostIfName).
 const HostIfPrefix = "ebpf"
 
+// HandedOffPrefix starts the name of a host veth that DEL handed off to the
+// agent (see HandedOffName).
+const HandedOffPrefix = "ebpz"
+
+// HandedOffName is what DEL renames a host veth (and its pod end) to when
+// it hands the pair off to the agent for deletion: "ebpz" + the host end's
+// ifindex, unique on the node while that link exists, so the attachment's
+// own name is free at once for a new ADD of the same pod (which may be
+// handed off again before the first pair is gone).
+func HandedOffName(ifindex int) string { return HandedOffPrefix + strconv.Itoa(ifindex) }
+
+// HandedOffIfindex is the host ifindex a HandedOffName carries.
+func HandedOffIfindex(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, HandedOffPrefix)
+	if !ok || rest == "" {
+		return 0, false
+	}
+	n, err := strconv.Atoi(rest)
+	if err != nil || n <= 0 || strconv.Itoa(n) != rest {
+		return 0, false
+	}
+	return n, true
+}
+
 // Store is the records of one network under a state directory.
 type Store struct {
 	Root    string // the configured stateDir
@@ -103,19 +128,46 @@ func (s Store) Dir() string { return filepath.Join(s.Root, s.Network) }
 
 // fileName is containerID_ifname.json. The spec puts no limit on the length
 // of a container ID, a file name is at most 255 bytes: long IDs are hashed
-// (the record inside keeps the real one).
+// (the record inside keeps the real one). So are IDs with a "_", which an
+// interface name may hold too: (pod_x, eth0) and (pod, x_eth0) would share
+// a file.
 func fileName(containerID, ifname string) string {
-	name := containerID + "_" + ifname + ".json"
-	if len(name) <= 200 { // room for the temp file's prefix and suffix
+	if name := legacyFileName(containerID, ifname); name != "" && !strings.Contains(containerID, "_") {
 		return name
 	}
 	h := sha256.Sum256([]byte(containerID))
 	return "sha256-" + hex.EncodeToString(h[:]) + "_" + ifname + ".json"
 }
 
+// legacyFileName is the name earlier builds gave every record short
+// enough, "" for a long one: Read and Remove also look there, and use what
+// they find only when the record inside is the attachment's.
+func legacyFileName(containerID, ifname string) string {
+	if name := containerID + "_" + ifname + ".json"; len(name) <= 200 { // room for the temp file's prefix and suffix
+		return name
+	}
+	return ""
+}
+
 // Path is the record file of an attachment.
 func (s Store) Path(containerID, ifname string) string {
 	return filepath.Join(s.Dir(), fileName(containerID, ifname))
+}
+
+// paths are the files that may hold the record of an attachment: its own,
+// then the name an earlier build gave it.
+func (s Store) paths(containerID, ifname string) []string {
+	out := []string{s.Path(containerID, ifname)}
+	if l := legacyFileName(containerID, ifname); l != "" && l != fileName(containerID, ifname) {
+		out = append(out, filepath.Join(s.Dir(), l))
+	}
+	return out
+}
+
+// owns tells whether r, read from one of an attachment's paths, is that
+// attachment's record (and not another's under an ambiguous legacy name).
+func owns(r *Record, containerID, ifname string) bool {
+	return r.ContainerID == containerID && r.IfName == ifname
 }
 
 // ensureDir creates the network's directory when missing; an existing one
@@ -166,7 +218,16 @@ func (s Store) Claim(r *Record) (*os.File, error) {
 
 // Read returns the record of an attachment; nil, nil when there is none.
 func (s Store) Read(containerID, ifname string) (*Record, error) {
-	return ReadFile(s.Path(containerID, ifname))
+	for _, p := range s.paths(containerID, ifname) {
+		r, err := ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		if r != nil && owns(r, containerID, ifname) {
+			return r, nil
+		}
+	}
+	return nil, nil
 }
 
 // ReadFile reads one record file; nil, nil when it does not exist.
@@ -200,11 +261,16 @@ func (s Store) WaitIdle(containerID, ifname string, timeout time.Duration) bool 
 	return safedir.WaitUnlocked(s.Path(containerID, ifname), timeout)
 }
 
-// Remove deletes the record of an attachment; absent is fine.
+// Remove deletes the record of an attachment; absent is fine. A file of its
+// names holding another attachment's record stays; an unreadable one goes.
 func (s Store) Remove(containerID, ifname string) error {
-	err := os.Remove(s.Path(containerID, ifname))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
+	for _, p := range s.paths(containerID, ifname) {
+		if r, err := ReadFile(p); err == nil && r != nil && !owns(r, containerID, ifname) {
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
 	}
 	return nil
 }

@@ -164,3 +164,73 @@ func TestStaleTempsRemovedFreshKept(t *testing.T) {
 		t.Errorf("fresh temp file (a write in progress) removed: %v", err)
 	}
 }
+
+func TestHandedOffName(t *testing.T) {
+	for _, idx := range []int{1, 42, 2147483647} {
+		name := HandedOffName(idx)
+		if len(name) > 15 {
+			t.Errorf("HandedOffName(%d) = %q: longer than IFNAMSIZ-1", idx, name)
+		}
+		if got, ok := HandedOffIfindex(name); !ok || got != idx {
+			t.Errorf("HandedOffIfindex(%q) = %d, %v; want %d", name, got, ok, idx)
+		}
+		if strings.HasPrefix(name, HostIfPrefix) {
+			t.Errorf("%q looks like a live host veth", name)
+		}
+	}
+	for _, bad := range []string{"ebpz", "ebpz0", "ebpz-1", "ebpz01", "ebpzab", "ebpf12", "eth0"} {
+		if _, ok := HandedOffIfindex(bad); ok {
+			t.Errorf("HandedOffIfindex(%q) accepted", bad)
+		}
+	}
+}
+
+// Container IDs and interface names may both hold "_": (pod_x, eth0) and
+// (pod, x_eth0) keep records of their own, and a record an earlier build
+// wrote under the ambiguous name is found and removed only by its owner.
+func TestStoreUnderscores(t *testing.T) {
+	s := testStore(t)
+	a := &Record{ContainerID: "pod_x", IfName: "eth0", HostIfindex: 1}
+	b := &Record{ContainerID: "pod", IfName: "x_eth0", HostIfindex: 2}
+	for _, r := range []*Record{a, b} {
+		if err := s.Write(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range []*Record{a, b} {
+		got, err := s.Read(r.ContainerID, r.IfName)
+		if err != nil || got == nil || got.HostIfindex != r.HostIfindex {
+			t.Fatalf("read %s/%s: %+v, %v", r.ContainerID, r.IfName, got, err)
+		}
+	}
+	if err := s.Remove("pod", "x_eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.Read("pod_x", "eth0"); got == nil {
+		t.Fatal("removing (pod, x_eth0) removed (pod_x, eth0)'s record")
+	}
+	if err := s.Remove("pod_x", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+
+	// An earlier build's record of (pod_x, eth0), at pod_x_eth0.json.
+	legacy := filepath.Join(s.Dir(), "pod_x_eth0.json")
+	if err := os.WriteFile(legacy, []byte(`{"containerID":"pod_x","ifName":"eth0","hostIfindex":1}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Read("pod", "x_eth0"); got != nil || err != nil {
+		t.Fatalf("(pod, x_eth0) read (pod_x, eth0)'s legacy record: %+v, %v", got, err)
+	}
+	if err := s.Remove("pod", "x_eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Read("pod_x", "eth0"); err != nil || got == nil || got.HostIfindex != 1 {
+		t.Fatalf("(pod_x, eth0)'s legacy record after (pod, x_eth0)'s Remove: %+v, %v", got, err)
+	}
+	if err := s.Remove("pod_x", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(legacy); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("(pod_x, eth0)'s legacy record left by its own Remove: %v", err)
+	}
+}

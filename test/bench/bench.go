@@ -73,7 +73,8 @@ type config struct {
 
 // isEBPF is true for ebpf-cni configurations.
 func (c *config) isEBPF() bool {
-	return strings.HasPrefix(c.key, "ebpf") || strings.HasPrefix(c.key, "tput-ebpf") || strings.HasPrefix(c.key, "mem-ebpf")
+	return strings.HasPrefix(c.key, "ebpf") || strings.HasPrefix(c.key, "tput-ebpf") || strings.HasPrefix(c.key, "mem-ebpf") ||
+		strings.HasPrefix(c.key, "burst-ebpf")
 }
 
 // mapsPorts is true for ebpf-cni configurations with the portMappings capability.
@@ -110,9 +111,13 @@ type bench struct {
 	netnses map[string]ns.NetNS
 	pinDirs []string
 	procs   *testenv.Procs
-	pods    map[string]ns.NetNS // live pod namespaces by path
-	podSeq  int
-	podMu   sync.Mutex // pods and podSeq, for parallel ADDs
+	agents  map[string]*testenv.Proc // ebpf-agent run, by pin directory (agent.go)
+	verbEnd time.Time                // when the last cnitool ended (podMu)
+	// lastHostIf is the host veth of the last addPod's pod.
+	lastHostIf string
+	pods       map[string]ns.NetNS // live pod namespaces by path
+	podSeq     int
+	podMu      sync.Mutex // pods and podSeq, for parallel ADDs
 	// ebpf-cni's EBPF_CNI_TRACE phase timings of the last ADD and DEL.
 	addPhases, delPhases []phase
 	configs              []*config
@@ -143,6 +148,7 @@ func newBench(ctx context.Context, opts *options) (*bench, error) {
 		pods:    map[string]ns.NetNS{},
 		netnses: map[string]ns.NetNS{},
 		procs:   testenv.NewProcs(),
+		agents:  map[string]*testenv.Proc{},
 	}
 	logf("run %s: temp dir %s, pin dir %s", id, root, b.pinDir)
 	for _, d := range []string{b.binDir, b.confDir, b.cache, b.state, b.ipamDir, b.nsDir} {
@@ -441,7 +447,13 @@ func (b *bench) cnitoolCap(c *config, verb string, pod ns.NetNS, capArgs string)
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
 		start := time.Now()
 		runErr = cmd.Run()
-		d = time.Since(start)
+		end := time.Now()
+		d = end.Sub(start)
+		b.podMu.Lock()
+		if end.After(b.verbEnd) {
+			b.verbEnd = end
+		}
+		b.podMu.Unlock()
 		return nil
 	})
 	if err == nil && runErr != nil {
@@ -699,6 +711,9 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 }
 
 func (b *bench) assertClean(c *config) error {
+	if err := b.settleAll(c); err != nil {
+		return err
+	}
 	l, err := b.leftovers(c)
 	if err != nil {
 		return err
@@ -723,7 +738,34 @@ func (b *bench) addPod(c *config) (ns.NetNS, time.Duration, error) {
 		return pod, 0, err
 	}
 	b.addPhases = parsePhases(stderr, "ADD")
+	b.lastHostIf = hostIfOf(out)
 	return pod, d, nil
+}
+
+// hostIfOf is the host-side interface of an ADD result (the one without a
+// sandbox), "" for none.
+func hostIfOf(out []byte) string {
+	var r addResult
+	if json.Unmarshal(out, &r) == nil {
+		for _, i := range r.Interfaces {
+			if i.Sandbox == "" {
+				return i.Name
+			}
+		}
+	}
+	return ""
+}
+
+// ifindexOf is a node link's ifindex, 0 when there is none.
+func (b *bench) ifindexOf(c *config, name string) int {
+	idx := 0
+	b.nodeOf(c).Do(func(ns.NetNS) error {
+		if l, err := netlink.LinkByName(name); err == nil {
+			idx = l.Attrs().Index
+		}
+		return nil
+	})
+	return idx
 }
 
 // delPod runs a checked DEL and removes the pod netns; it returns the DEL time.
@@ -743,22 +785,44 @@ func (b *bench) delPod(c *config, pod ns.NetNS) (time.Duration, error) {
 }
 
 // cycle is one timed ADD and DEL of a fresh pod, recorded with pods
-// present unless it is a warm-up (pods < 0).
+// present unless it is a warm-up (pods < 0). With an agent running, each
+// verb starts once the agent's background work is done, and that work's
+// time after each verb is recorded too (agent.go).
 func (b *bench) cycle(c *config, pods int) (add, del time.Duration, err error) {
 	pod, add, err := b.addPod(c)
 	if err != nil {
 		return 0, 0, err
 	}
+	host := b.lastHostIf
+	addBg, err := b.settle(c, bgWork{hostIfs: []string{host}})
+	if err != nil {
+		return 0, 0, err
+	}
+	idx := b.ifindexOf(c, host)
 	del, err = b.delPod(c, pod)
+	if err != nil {
+		return 0, 0, err
+	}
+	delBg, err := b.settle(c, bgWork{handedOff: []int{idx}})
 	if err != nil {
 		return 0, 0, err
 	}
 	if pods >= 0 {
 		b.res.record(c, "ADD", pods, add, b.addPhases)
 		b.res.record(c, "DEL", pods, del, b.delPhases)
+		if b.hasAgent(c) {
+			b.res.record(c, opAddBg, pods, addBg, nil)
+			b.res.record(c, opDelBg, pods, delBg, nil)
+		}
 	}
 	return add, del, nil
 }
+
+// The agent's background work after a verb, recorded as series of these ops.
+const (
+	opAddBg = "ADD background"
+	opDelBg = "DEL background"
+)
 
 // parsePhases reads ebpf-cni's EBPF_CNI_TRACE line for verb, e.g.
 // "ebpf-cni ADD: total=12.34ms parse=0.50ms ...", into ordered phases.
@@ -818,6 +882,16 @@ func (b *bench) run(ctx context.Context) error {
 			return fmt.Errorf("memory benchmark: %w", err)
 		}
 	}
+	if b.opts.parts[partBurst] {
+		if err := part("burst", func() error { return b.runBurst(ctx, start) }); err != nil {
+			return fmt.Errorf("burst benchmark: %w", err)
+		}
+	}
+	if b.opts.parts[partColdStart] {
+		if err := part("coldstart", func() error { return b.runColdStart(ctx, start) }); err != nil {
+			return fmt.Errorf("coldstart benchmark: %w", err)
+		}
+	}
 	b.res.Elapsed = time.Since(start).Round(time.Millisecond).String()
 	logf("measurements done in %s", time.Since(start).Round(time.Second))
 	return b.res.write(b.opts.outDir)
@@ -826,6 +900,20 @@ func (b *bench) run(ctx context.Context) error {
 // runLatency is the ADD/DEL latency benchmark: warm-up, interleaved rounds,
 // then the at-scale runs.
 func (b *bench) runLatency(ctx context.Context, start time.Time) error {
+	if b.opts.agent {
+		// An agent per node with ebpf-cni pods, as a node would have it.
+		nodes := map[string]ns.NetNS{}
+		for _, c := range b.configs {
+			if c.isEBPF() {
+				nodes[b.pinOf(c)] = b.nodeOf(c)
+			}
+		}
+		for pin, node := range nodes {
+			if _, _, err := b.startAgent(ctx, node, pin, b.confDir, true); err != nil {
+				return err
+			}
+		}
+	}
 	if b.opts.parts[partLatency] {
 		if err := b.runRounds(ctx, start); err != nil {
 			return err
@@ -891,7 +979,10 @@ func (b *bench) runRounds(ctx context.Context, start time.Time) error {
 func (b *bench) runScale(ctx context.Context, c *config, start time.Time) error {
 	// On failure or interrupt the pods are left to cleanup, which removes
 	// their namespaces and the node's.
-	var present []ns.NetNS
+	var (
+		present []ns.NetNS
+		hosts   bgWork // their host veths, for the agent's background work
+	)
 	for _, p := range b.opts.scale {
 		if len(present) < p {
 			logf("at scale %s: adding pods %d..%d", c.label, len(present)+1, p)
@@ -905,9 +996,15 @@ func (b *bench) runScale(ctx context.Context, c *config, start time.Time) error 
 				return fmt.Errorf("at scale, pod %d: %w", len(present)+1, err)
 			}
 			present = append(present, pod)
+			hosts.hostIfs = append(hosts.hostIfs, b.lastHostIf)
 			if n := len(present); n%50 == 0 || n == p {
 				logf("  %s: %d/%d pods present (%s)", c.label, n, p, time.Since(start).Round(time.Second))
 			}
+		}
+		if bg, err := b.settle(c, hosts); err != nil {
+			return err
+		} else if bg > 0 {
+			logf("  %s: the agent moved the pods to tcx %s after the last ADD", c.label, bg.Round(time.Millisecond))
 		}
 		for i := 0; i < b.opts.scaleReps; i++ {
 			if err := ctx.Err(); err != nil {

@@ -15,7 +15,11 @@
 //     beside ptp(+portmap), as ratios to a raw veth pair (throughput.go);
 //
 //   - memory: plugin peak RSS per ADD, agent RSS, BPF map memory per pod
-//     (memory.go).
+//     (memory.go);
+//
+//   - burst: 100 pods ADDed at the same instant, then DELed, beside ptp;
+//     coldstart: the first ADD on a node with and without the agent
+//     having loaded the datapath (burst.go);
 //
 //   - bandwidth: how accurately pod rate limits hold, and latency under
 //     load, beside ptp + bandwidth (test/bench/bandwidth).
@@ -88,6 +92,15 @@ type options struct {
 	memPods   int
 	agentSecs float64
 
+	// agent: ebpf-agent run on the ebpf-cni nodes of the latency, scale
+	// and burst parts (agent.go)
+	agent bool
+
+	// burst and coldstart (burst.go)
+	burstPods   int
+	burstRounds int
+	coldRounds  int
+
 	// bandwidth part (test/bench/bandwidth)
 	bw *bandwidth.Options
 
@@ -101,15 +114,17 @@ const (
 	partHostPort   = "hostport"
 	partThroughput = "throughput"
 	partMemory     = "memory"
+	partBurst      = "burst"
+	partColdStart  = "coldstart"
 	partBandwidth  = "bandwidth"
 )
 
-var allParts = []string{partLatency, partScale, partHostPort, partThroughput, partMemory, partBandwidth}
+var allParts = []string{partLatency, partScale, partHostPort, partThroughput, partMemory, partBurst, partColdStart, partBandwidth}
 
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	n := fs.Int("n", 20, "timed ADD/DEL repetitions per configuration")
-	scale := fs.String("scale", "1,200", "comma-separated numbers of pods present for the at-scale runs (\"\" or \"0\" to skip)")
+	scale := fs.String("scale", "1,200,1000", "comma-separated numbers of pods present for the at-scale runs (\"\" or \"0\" to skip)")
 	quick := fs.Bool("quick", false, "quick run: n=10, scale 1,50, hostPort 1,100, conn 2 s, throughput 1 round of 5 s, memory at 50 pods (explicit flags still win)")
 	out := fs.String("out", "results", "directory for bench-<date>.md and .json")
 	parts := fs.String("parts", strings.Join(allParts, ","), "comma-separated parts to run: "+strings.Join(allParts, ", "))
@@ -125,8 +140,12 @@ func parseFlags(args []string) (*options, error) {
 	hpOnly := fs.Bool("hostport-only", false, "run only the hostPort benchmark")
 	connSecs := fs.Float64("conn-seconds", 3, "seconds of connections per measurement of the hostPort benchmark")
 	workers := fs.Int("conn-workers", 4, "parallel client connections of the hostPort benchmark")
+	burstPods := fs.Int("burst-pods", 100, "pods ADDed (then DELed) at the same instant in the burst part")
+	burstRounds := fs.Int("burst-rounds", 20, "rounds of the burst part (each configuration once per round)")
+	coldRounds := fs.Int("cold-rounds", 5, "rounds of the coldstart part (each a first ADD without and one with the agent)")
 	bwRates := fs.String("bw-rates", "", "bandwidth part: comma-separated rates in Mbit/s (default 10,100,1000; -quick 10,100)")
 	bwSecs := fs.Int("bw-seconds", 0, "bandwidth part: seconds per iperf3 run (default 10; -quick 5)")
+	withAgent := fs.Bool("agent", true, "run ebpf-agent on the ebpf-cni nodes of the latency, scale and burst parts, as a node would have it (ADD then attaches cls_bpf and DEL hands the veth off; the agent's background work is timed apart)")
 	phases := fs.Bool("phases", true, "set EBPF_CNI_TRACE=1 for ebpf-cni and report its own phase timings (costs a few time.Now calls and one stderr line)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./test/bench [flags]   (as root, from the repository root)\n")
@@ -142,7 +161,8 @@ func parseFlags(args []string) (*options, error) {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	o := &options{n: *n, quick: *quick, outDir: *out, phases: *phases, attachTC: *attachTC, scaleReps: 10,
 		connSecs: *connSecs, workers: *workers, tputSecs: *tputSecs, tputRounds: *tputRounds, tputRoundsMulti: *tputRoundsMulti, tputReruns: *tputReruns,
-		memPods: *memPods, agentSecs: *agentSecs, parts: map[string]bool{}}
+		memPods: *memPods, agentSecs: *agentSecs, burstPods: *burstPods, burstRounds: *burstRounds, coldRounds: *coldRounds, agent: *withAgent,
+		parts: map[string]bool{}}
 	if o.quick {
 		if !set["n"] {
 			o.n = 10
@@ -174,9 +194,18 @@ func parseFlags(args []string) (*options, error) {
 		if !set["agent-seconds"] {
 			o.agentSecs = 3
 		}
+		if !set["burst-rounds"] {
+			o.burstRounds = 3
+		}
+		if !set["cold-rounds"] {
+			o.coldRounds = 2
+		}
 	}
 	if o.tputSecs < 2 || o.tputSecs > 120 || o.tputRounds < 1 || o.tputRoundsMulti < 0 || o.tputRoundsMulti > o.tputRounds {
 		return nil, fmt.Errorf("-tput-seconds must be 2-120, -tput-rounds at least 1, -tput-rounds-4 between 0 and -tput-rounds")
+	}
+	if o.burstPods < 1 || o.burstPods > 1000 || o.burstRounds < 1 || o.coldRounds < 1 {
+		return nil, fmt.Errorf("-burst-pods must be 1-1000, -burst-rounds and -cold-rounds at least 1")
 	}
 	if o.memPods < 1 || o.memPods > 10000 || o.agentSecs <= 0 {
 		return nil, fmt.Errorf("-mem-pods must be 1-10000 and -agent-seconds positive")

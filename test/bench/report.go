@@ -32,11 +32,12 @@ type results struct {
 	Series    []*series      `json:"series"`
 	HostPort  *hpResults     `json:"hostPort,omitempty"`
 	// Throughput, Memory: throughput.go, memory.go.
-	Throughput *tputResults `json:"throughput,omitempty"`
-	Memory     *memResults  `json:"memory,omitempty"`
-	Iperf3     string       `json:"iperf3"`
-	Parts      []string     `json:"parts"`
-	PartTimes  []partTime   `json:"partTimes"`
+	Throughput *tputResults  `json:"throughput,omitempty"`
+	Memory     *memResults   `json:"memory,omitempty"`
+	Burst      *burstResults `json:"burst,omitempty"`
+	Iperf3     string        `json:"iperf3"`
+	Parts      []string      `json:"parts"`
+	PartTimes  []partTime    `json:"partTimes"`
 	// Rows is the summary table: every figure with its spread and its
 	// ratio to the reference (the bench command merges these into its combined table).
 	Rows []testenv.Row `json:"rows"`

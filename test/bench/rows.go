@@ -11,6 +11,8 @@ import (
 // Performance targets (goals, not assertions).
 const (
 	targetAddVsChain = 0.35 // ADD <= 0.35x the reference chain
+	targetAddVsPtp   = 1.10 // plain ADD <= 1.1x ptp
+	targetDelVsPtp   = 1.00 // plain DEL <= 1.0x ptp
 	targetFlat       = 1.10 // "ADD flat from 1 to 1000 pods": within 10% of the 1-pod median
 	targetTput       = 0.97 // pod-to-pod and hostPort single stream >= 0.97x raw veth
 	targetConns      = 0.85 // hostPort connections >= 0.85x raw at 200 pods
@@ -32,6 +34,7 @@ func (r *results) rows() []testenv.Row {
 	rows = append(rows, r.hostPortRows()...)
 	rows = append(rows, r.throughputRows()...)
 	rows = append(rows, r.memoryRows()...)
+	rows = append(rows, r.burstRows()...)
 	return rows
 }
 
@@ -54,7 +57,41 @@ func (r *results) latencyRows() []testenv.Row {
 			if c.Key == "ebpf-full" && op == "ADD" && row.Reference != "" {
 				row.Goal(fmt.Sprintf("≤ %.2f× chain", targetAddVsChain), row.Ratio <= targetAddVsChain)
 			}
+			ptpGoal(&row, c.Key, op)
 			rows = append(rows, row)
+		}
+	}
+	return append(rows, r.backgroundRows(sec, 0)...)
+}
+
+// ptpGoal sets the goals of plain ebpf-cni against ptp on a row.
+func ptpGoal(row *testenv.Row, key, op string) {
+	if key != "ebpf" || row.Reference == "" {
+		return
+	}
+	switch op {
+	case "ADD":
+		row.Goal(fmt.Sprintf("≤ %.1f× ptp", targetAddVsPtp), row.Ratio <= targetAddVsPtp)
+	case "DEL":
+		row.Goal(fmt.Sprintf("≤ %.1f× ptp", targetDelVsPtp), row.Ratio <= targetDelVsPtp)
+	}
+}
+
+// bgWhat names the agent's background work after each verb.
+var bgWhat = map[string]string{opAddBg: "moving the pod to tcx", opDelBg: "deleting the handed-off veth"}
+
+// backgroundRows are the agent's background work after the verbs of each
+// configuration with pods present (agent.go).
+func (r *results) backgroundRows(sec string, pods int) []testenv.Row {
+	var rows []testenv.Row
+	for _, op := range []string{opAddBg, opDelBg} {
+		for _, c := range r.Configs {
+			s := r.find(c.Key, op, pods)
+			if s == nil {
+				continue
+			}
+			rows = append(rows, testenv.NewRow(sec, c.Label, "agent "+bgWhat[op],
+				fmt.Sprintf("%s present; after the %s returned, waited for by no verb", plural(pods, "pod"), strings.Fields(op)[0]), "ms", s.Samples))
 		}
 	}
 	return rows
@@ -76,13 +113,22 @@ func (r *results) scaleRows() []testenv.Row {
 						row.Against(r.labels["ptp"], rs.Median)
 					}
 				}
+				ptpGoal(&row, c.Key, op)
+				rows = append(rows, row)
 				if one := r.find(c.Key, op, r.Scale[0]); one != nil && op == "ADD" && c.Key == "ebpf" && p != r.Scale[0] {
 					f := s.Median / one.Median
-					row.Goal(fmt.Sprintf("flat: %.2f× of %s, ≤ %.2f×", f, plural(r.Scale[0], "pod"), targetFlat), f <= targetFlat)
+					flat := testenv.NewRow(sec, c.Label, "ADD growth", plural(p, "pod")+" present vs "+plural(r.Scale[0], "pod"), "×", []float64{f})
+					if ref, refOne := r.find("ptp", op, p), r.find("ptp", op, r.Scale[0]); ref != nil && refOne != nil {
+						flat.Against("ptp's growth", ref.Median/refOne.Median)
+					}
+					flat.Goal(fmt.Sprintf("flat: ≤ %.2f× of %s", targetFlat, plural(r.Scale[0], "pod")), f <= targetFlat)
+					rows = append(rows, flat)
 				}
-				rows = append(rows, row)
 			}
 		}
+	}
+	for _, p := range r.Scale {
+		rows = append(rows, r.backgroundRows(sec, p)...)
 	}
 	return rows
 }

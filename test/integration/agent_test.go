@@ -73,7 +73,7 @@ func TestAgentRestartAndUpgradeWithoutLoss(t *testing.T) {
 	}
 	ag := e.StartAgent(confDir, "--metrics-addr", "")
 	ag.Cmd.Process.Signal(syscall.SIGKILL)
-	ag.Cmd.Wait()
+	ag.Exited(10 * time.Second)
 	ag = e.StartAgent(confDir, "--metrics-addr", "")
 	// The agent attached the node's socket hooks (node/): upgrade moves
 	// them along with the host veths' links.
@@ -91,8 +91,7 @@ func TestAgentRestartAndUpgradeWithoutLoss(t *testing.T) {
 			t.Errorf("node hook %s still runs program %d after upgrade --force", name, id)
 		}
 	}
-	ag.Cmd.Process.Signal(syscall.SIGTERM)
-	ag.Cmd.Wait()
+	ag.Stop()
 
 	out := <-pingDone
 	if !strings.Contains(out, " 0% packet loss") {

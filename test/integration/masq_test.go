@@ -29,19 +29,27 @@ import (
 
 // The masquerade lab: two nodes whose uplinks sit on one L2 segment (a
 // bridge in the "outside" netns, which is also the nodes' default gateway)
-// and a server behind it on outsideIP. The outside has no route to any pod:
-// a reply reaches a pod only if its request was masqueraded.
+// and a server behind it on outsideIP (outsideIP6). The outside has no route
+// to any pod: a reply reaches a pod only if its request was masqueraded.
+// Both families; the pods are dual-stack.
 var (
-	labGW     = net.ParseIP("203.0.113.254").To4()
-	labNodeA  = net.ParseIP("203.0.113.1").To4()
-	labNodeB  = net.ParseIP("203.0.113.2").To4()
-	outsideIP = net.ParseIP("198.18.0.1").To4()
+	labGW      = net.ParseIP("203.0.113.254").To4()
+	labNodeA   = net.ParseIP("203.0.113.1").To4()
+	labNodeB   = net.ParseIP("203.0.113.2").To4()
+	outsideIP  = net.ParseIP("198.18.0.1").To4()
+	labGW6     = net.ParseIP("fd00:203::fe")
+	labNodeA6  = net.ParseIP("fd00:203::1")
+	labNodeB6  = net.ParseIP("fd00:203::2")
+	outsideIP6 = net.ParseIP("fd00:198::1")
 )
 
 const (
 	labCluster  = "10.250.0.0/16"
 	labPodsA    = "10.250.0.0/24" // = podSubnet4, the default IPAM range
 	labPodsB    = "10.250.1.0/24"
+	labCluster6 = "fd00:250::/48"
+	labPodsA6   = "fd00:250::/64" // = podSubnet6
+	labPodsB6   = "fd00:250:1::/64"
 	masqSrcPort = 62000 // in the SNAT range: the first pod keeps it, the second collides
 )
 
@@ -80,11 +88,17 @@ func newMasqLab(t *testing.T) *masqLab {
 		if err := labAddr(lo, outsideIP.String()+"/32"); err != nil {
 			return err
 		}
+		if err := labAddr(lo, outsideIP6.String()+"/128"); err != nil {
+			return err
+		}
 		br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
 		if err := netlink.LinkAdd(br); err != nil {
 			return fmt.Errorf("add bridge: %w", err)
 		}
 		if err := labAddr(br, labGW.String()+"/24"); err != nil {
+			return err
+		}
+		if err := labAddr(br, labGW6.String()+"/64"); err != nil {
 			return err
 		}
 		if err := netlink.LinkSetUp(br); err != nil {
@@ -93,17 +107,21 @@ func newMasqLab(t *testing.T) *masqLab {
 		// The servers' unconnected UDP replies must come from outsideIP, the
 		// address the pods dialled, not from the bridge's.
 		_, seg, _ := net.ParseCIDR(labGW.String() + "/24")
-		return netlink.RouteReplace(&netlink.Route{LinkIndex: br.Attrs().Index, Dst: seg, Src: outsideIP, Scope: netlink.SCOPE_LINK, Protocol: unix.RTPROT_KERNEL})
+		if err := netlink.RouteReplace(&netlink.Route{LinkIndex: br.Attrs().Index, Dst: seg, Src: outsideIP, Scope: netlink.SCOPE_LINK, Protocol: unix.RTPROT_KERNEL}); err != nil {
+			return err
+		}
+		_, seg6, _ := net.ParseCIDR(labGW6.String() + "/64")
+		return netlink.RouteReplace(&netlink.Route{LinkIndex: br.Attrs().Index, Dst: seg6, Src: outsideIP6, Protocol: unix.RTPROT_KERNEL, Priority: 256})
 	})
 	if err != nil {
 		t.Fatalf("outside netns: %v", err)
 	}
 	lab := &masqLab{out: out}
-	mk := func(peerName string, up net.IP, ipam map[string]any) *testenv.Env {
+	mk := func(peerName string, up, up6 net.IP, ipam map[string]any) *testenv.Env {
 		e := testenv.New(t)
 		e.Extra = map[string]any{
 			"ipMasq":       true,
-			"clusterCIDRs": []string{labCluster},
+			"clusterCIDRs": []string{labCluster, labCluster6},
 			"capabilities": map[string]bool{"portMappings": true},
 		}
 		e.IPAM = ipam
@@ -122,7 +140,13 @@ func newMasqLab(t *testing.T) *masqLab {
 			if err := labAddr(l, up.String()+"/24"); err != nil {
 				return err
 			}
+			if err := labAddr(l, up6.String()+"/64"); err != nil {
+				return err
+			}
 			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: labGW6}); err != nil {
 				return err
 			}
 			return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: labGW})
@@ -149,11 +173,11 @@ func newMasqLab(t *testing.T) *masqLab {
 		}
 		return e
 	}
-	lab.a = mk("a0", labNodeA, nil)
-	lab.b = mk("b0", labNodeB, nil)
+	lab.a = mk("a0", labNodeA, labNodeA6, nil)
+	lab.b = mk("b0", labNodeB, labNodeB6, nil)
 	lab.b.IPAM = map[string]any{
 		"type": "host-local", "dataDir": lab.b.DataDir,
-		"ranges": [][]map[string]string{{{"subnet": labPodsB}}},
+		"ranges": [][]map[string]string{{{"subnet": labPodsB}}, {{"subnet": labPodsB6}}},
 	}
 	return lab
 }

@@ -216,10 +216,10 @@ func (l *svcLab) cases(t *testing.T) {
 		want(t, l.Node, p, uplinkIP[fam], hostPortH, "h", nil, nil)
 	})
 	each("service-endpoint-off-node", both, func(t *testing.T, fam int, p string) {
-		// DNAT to the remote host, then (ipMasq, IPv4) the BPF SNAT on the
-		// way out: both translations undone on the way back.
+		// DNAT to the remote host, then (ipMasq) the BPF SNAT on the way
+		// out: both translations undone on the way back.
 		seen := ip("a", fam)
-		if l.masq && fam == 4 {
+		if l.masq {
 			seen = uplinkIP[fam]
 		}
 		want(t, l.a, p, svcExt[fam], 80, "remote", seen, nil)
@@ -228,6 +228,11 @@ func (l *svcLab) cases(t *testing.T) {
 		// No Service: a host routed to the pod. Its replies keep the pod's
 		// address, masquerading pod or not.
 		want(t, l.remote, p, ip("b", fam), 8080, "b", remoteIP[fam], nil)
+		if p == "udp" { // and ICMP echo, once per family
+			if err := pingReplyFrom(l.remote, ip("b", fam)); err != nil {
+				t.Error(err)
+			}
+		}
 	})
 	each("icmp-error-of-service-flow", []string{"udp"}, func(t *testing.T, fam int, _ string) {
 		if err := l.refused(svcWeb[fam], closedPort); err != nil {
@@ -483,4 +488,23 @@ func TestServicesStackFlowsReconciled(t *testing.T) {
 	if flows, _ := m.ListStackFlows(); len(flows) != 0 {
 		t.Errorf("stack flows left: %+v", flows)
 	}
+}
+
+// pingReplyFrom pings ip from netns and checks the replies come from ip itself
+// (ping counts a reply by its echo id, whatever its source).
+func pingReplyFrom(netns ns.NetNS, ip net.IP) error {
+	return netns.Do(func(ns.NetNS) error {
+		args := []string{"-c", "2", "-i", "0.2", "-W", "2", ip.String()}
+		if ip.To4() == nil {
+			args = append([]string{"-6"}, args...)
+		}
+		out, err := exec.Command("ping", args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ping %s: %v\n%s", ip, err, out)
+		}
+		if !strings.Contains(string(out), "bytes from "+ip.String()+":") {
+			return fmt.Errorf("ping %s: replies not from %s:\n%s", ip, ip, out)
+		}
+		return nil
+	})
 }

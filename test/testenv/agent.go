@@ -9,10 +9,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
@@ -20,7 +23,11 @@ import (
 // AgentProc is a running `ebpf-agent run` in the env's node netns.
 type AgentProc struct {
 	Cmd *exec.Cmd
-	Log *strings.Builder
+	Log *strings.Builder // see Logs
+
+	mu     sync.Mutex
+	exited chan struct{}
+	err    error // of Cmd.Wait, once exited
 }
 
 // WriteConfDir puts the env's conflist where the agent looks for networks.
@@ -41,9 +48,22 @@ func (e *Env) AgentArgs(confDir string) []string {
 // StartAgent starts the agent and waits until it reports ready.
 func (e *Env) StartAgent(confDir string, extra ...string) *AgentProc {
 	e.T.Helper()
-	a := &AgentProc{Log: &strings.Builder{}}
+	return e.StartAgentBin("", nil, confDir, extra...)
+}
+
+// StartAgentBin is StartAgent with another agent binary ("" for the
+// build's) and extra environment variables.
+func (e *Env) StartAgentBin(bin string, env []string, confDir string, extra ...string) *AgentProc {
+	e.T.Helper()
+	if bin == "" {
+		bin = filepath.Join(BinDir, "ebpf-agent")
+	}
+	a := &AgentProc{Log: &strings.Builder{}, exited: make(chan struct{})}
 	err := e.InNode(func() error {
-		a.Cmd = exec.Command(filepath.Join(BinDir, "ebpf-agent"), append(append([]string{"run"}, e.AgentArgs(confDir)...), extra...)...)
+		// Tests hold the verbs (HoldVerbs) as long as they need a state.
+		args := append([]string{"run", "--polite-wait", "10m"}, e.AgentArgs(confDir)...)
+		a.Cmd = exec.Command(bin, append(args, extra...)...)
+		a.Cmd.Env = append(os.Environ(), env...)
 		stderr, err := a.Cmd.StderrPipe()
 		if err != nil {
 			return err
@@ -56,12 +76,16 @@ func (e *Env) StartAgent(confDir string, extra ...string) *AgentProc {
 			sc := bufio.NewScanner(stderr)
 			once := false
 			for sc.Scan() {
+				a.mu.Lock()
 				a.Log.WriteString(sc.Text() + "\n")
+				a.mu.Unlock()
 				if !once && strings.Contains(sc.Text(), "datapath ready") {
 					once = true
 					close(ready)
 				}
 			}
+			a.err = a.Cmd.Wait()
+			close(a.exited)
 		}()
 		select {
 		case <-ready:
@@ -73,8 +97,40 @@ func (e *Env) StartAgent(confDir string, extra ...string) *AgentProc {
 	if err != nil {
 		e.T.Fatal(err)
 	}
-	e.T.Cleanup(func() { a.Cmd.Process.Kill(); a.Cmd.Wait() })
+	e.T.Cleanup(func() { a.Stop() })
 	return a
+}
+
+// Logs is what the agent wrote so far.
+func (a *AgentProc) Logs() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.Log.String()
+}
+
+// Exited waits up to timeout for the agent to end by itself and returns
+// how it ended; ok false when it still runs.
+func (a *AgentProc) Exited(timeout time.Duration) (err error, ok bool) {
+	select {
+	case <-a.exited:
+		return a.err, true
+	case <-time.After(timeout):
+		return nil, false
+	}
+}
+
+// Stop ends the agent (SIGTERM, then SIGKILL after 5 s) and waits for it.
+func (a *AgentProc) Stop() {
+	select {
+	case <-a.exited:
+		return
+	default:
+	}
+	a.Cmd.Process.Signal(syscall.SIGTERM)
+	if _, ok := a.Exited(5 * time.Second); !ok {
+		a.Cmd.Process.Kill()
+		<-a.exited
+	}
 }
 
 // AgentCmd runs a one-shot agent command in the node netns.
@@ -165,4 +221,49 @@ func (e *Env) MasqAgent(args ...string) ([]byte, error) {
 		return nil
 	})
 	return out, err
+}
+
+// HoldVerbs takes the busy lock as a running CNI verb does, so the agent
+// leaves its background work (moving pods to tcx, deleting handed-off
+// veths) until the returned release; released at the end of the test too.
+func (e *Env) HoldVerbs() (release func()) {
+	e.T.Helper()
+	rel, err := datapath.TryMarkBusy(e.PinDir)
+	if err != nil {
+		e.T.Fatalf("hold the busy lock: %v", err)
+	}
+	var once sync.Once
+	release = func() { once.Do(rel) }
+	e.T.Cleanup(release)
+	return release
+}
+
+// AttachState is how a host veth's hooks are attached (datapath.State*).
+func (e *Env) AttachState(hostIf string) string {
+	e.T.Helper()
+	st := datapath.StateNone
+	e.InNode(func() error {
+		if l, err := netlink.LinkByName(hostIf); err == nil {
+			st = datapath.AttachmentOf(e.PinDir, l.Attrs().Index, hostIf)
+		}
+		return nil
+	})
+	return st
+}
+
+// WaitAttachState waits up to timeout for a host veth to reach a state and
+// returns how long it took.
+func (e *Env) WaitAttachState(hostIf, want string, timeout time.Duration) time.Duration {
+	e.T.Helper()
+	start := time.Now()
+	for {
+		st := e.AttachState(hostIf)
+		if st == want {
+			return time.Since(start)
+		}
+		if time.Since(start) > timeout {
+			e.T.Fatalf("%s is %q after %s, want %q", hostIf, st, timeout, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -24,8 +24,8 @@ func (e *Env) Leftovers() []string {
 	e.InNode(func() error {
 		links, _ := netlink.LinkList()
 		for _, l := range links {
-			if strings.HasPrefix(l.Attrs().Name, "ebpf") {
-				out = append(out, "link "+l.Attrs().Name)
+			if n := l.Attrs().Name; strings.HasPrefix(n, state.HostIfPrefix) || strings.HasPrefix(n, state.HandedOffPrefix) {
+				out = append(out, "link "+n)
 			}
 		}
 		for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
@@ -88,12 +88,33 @@ func (e *Env) Leftovers() []string {
 	return out
 }
 
-// AssertClean fails the test if anything of ebpf-cni is left.
+// AssertClean fails the test if anything of ebpf-cni is left. Veths a DEL
+// handed off to a running agent (and their pins) are given HandOffWait
+// to go: the agent deletes them when no verb runs.
 func (e *Env) AssertClean() {
 	e.T.Helper()
-	if l := e.Leftovers(); len(l) > 0 {
+	l := e.Leftovers()
+	for deadline := time.Now().Add(HandOffWait); len(l) > 0 && onlyHandedOff(l) && time.Now().Before(deadline); l = e.Leftovers() {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if len(l) > 0 {
 		e.T.Fatalf("state left behind:\n  %s", strings.Join(l, "\n  "))
 	}
+}
+
+// HandOffWait bounds how long a running agent may take to delete the veths
+// DEL handed off (each deletion waits for a moment without a verb, then
+// out RCU grace periods).
+const HandOffWait = 10 * time.Second
+
+// onlyHandedOff tells whether every leftover is a handed-off veth or pin.
+func onlyHandedOff(l []string) bool {
+	for _, s := range l {
+		if !strings.HasPrefix(s, "link "+state.HandedOffPrefix) && !strings.HasPrefix(s, "link pin "+state.HandedOffPrefix) {
+			return false
+		}
+	}
+	return true
 }
 
 // HostPortLeftovers lists hostPort state of the env that DEL should remove.

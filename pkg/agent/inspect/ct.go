@@ -28,7 +28,12 @@ type CTRow struct {
 	Ifindex   int     `json:"ifindex"`
 	Interface string  `json:"interface,omitempty"`
 	AgeSecs   float64 `json:"ageSeconds,omitempty"`
-	IdleSecs  float64 `json:"idleSeconds,omitempty"` // stack flows: since the stack last delivered a packet
+	IdleSecs  float64 `json:"idleSeconds,omitempty"` // nat: since the last packet; stack flows: since the stack last delivered one
+	// State (nat): syn-sent, syn-recv, established, fin-wait, closing
+	// (TCP); unreplied, replied, stream (UDP). ExpiresSecs: the idle time
+	// left before the flow is deleted.
+	State       string  `json:"state,omitempty"`
+	ExpiresSecs float64 `json:"expiresSeconds,omitempty"`
 }
 
 // CTDump is `dump ct`: flows, node sockets and the hostPort counters.
@@ -62,10 +67,12 @@ func ReadCT(src Source) (*CTDump, error) {
 	}
 	names := NewNames(src.StateDir)
 	for _, f := range flows {
+		left := max(0, maps.FlowTimeout(f.Proto, f.Flags)-f.Idle)
 		d.Flows = append(d.Flows, CTRow{
 			Kind: "nat", Protocol: maps.ProtoName(f.Proto), Client: f.Client.String(), Dialled: f.Dialled.String(),
 			Pod: f.Pod.String(), PodSees: f.Peer.String(), SNAT: f.SNAT, Ifindex: f.Ifindex, Interface: names.Interface(f.Ifindex),
-			AgeSecs: f.Age.Round(time.Millisecond).Seconds(),
+			AgeSecs: f.Age.Round(time.Millisecond).Seconds(), IdleSecs: f.Idle.Round(time.Millisecond).Seconds(),
+			State: f.State, ExpiresSecs: left.Round(time.Millisecond).Seconds(),
 		})
 	}
 	for _, f := range sflows {
@@ -95,9 +102,9 @@ func ReadCT(src Source) (*CTDump, error) {
 }
 
 func (d *CTDump) Tables() []Table {
-	t := Table{Header: []string{"KIND", "PROTO", "CLIENT", "DIALLED", "POD", "POD SEES", "IFINDEX", "INTERFACE", "AGE"}}
+	t := Table{Header: []string{"KIND", "PROTO", "CLIENT", "DIALLED", "POD", "POD SEES", "IFINDEX", "INTERFACE", "STATE", "AGE"}}
 	for _, r := range d.Flows {
-		client, sees, age := r.Client, r.PodSees, "-"
+		client, sees, age, state := r.Client, r.PodSees, "-", dash(r.State)
 		if r.Kind == "socket" {
 			client = fmt.Sprintf("socket %d", r.Cookie)
 		}
@@ -110,7 +117,10 @@ func (d *CTDump) Tables() []Table {
 		if strings.HasPrefix(r.Kind, "stack/") {
 			age = "idle " + secs(r.IdleSecs)
 		}
-		t.Rows = append(t.Rows, []string{r.Kind, dash(r.Protocol), client, r.Dialled, r.Pod, dash(sees), itoa(r.Ifindex), dash(r.Interface), age})
+		if r.State != "" {
+			state += fmt.Sprintf(" (idle %s, expires in %s)", secs(r.IdleSecs), secs(r.ExpiresSecs))
+		}
+		t.Rows = append(t.Rows, []string{r.Kind, dash(r.Protocol), client, r.Dialled, r.Pod, dash(sees), itoa(r.Ifindex), dash(r.Interface), state, age})
 	}
 	t.Footer = fmt.Sprintf("%d entries; counters: %s", len(d.Flows), counters(d.Counters, " "))
 	return []Table{t}

@@ -17,6 +17,9 @@ type EndpointRow struct {
 	HostMAC   string `json:"hostMAC"`
 	Container string `json:"containerID,omitempty"`
 	Pod       string `json:"pod,omitempty"`
+	// Attach is how the host veth's hooks are attached (datapath.State*):
+	// tcx, tc, "tc, tcx pending" (the agent moves it when no verb runs).
+	Attach string `json:"attach"`
 
 	RxPackets uint64            `json:"rxPackets"` // into the pod
 	RxBytes   uint64            `json:"rxBytes"`
@@ -52,6 +55,7 @@ func ReadEndpoints(src Source) (Endpoints, error) {
 			PodMAC: macString(ep.Info.Mac), HostMAC: macString(ep.Info.HostMac), Drops: map[string]uint64{},
 		}
 		r.Container, r.Pod = names.Pod(idx)
+		r.Attach = names.Attach(src.PinDir, idx)
 		for k, c := range counters[ep.Info.Ifindex] {
 			switch {
 			case k.Reason.IsDrop():
@@ -76,13 +80,13 @@ func ReadEndpoints(src Source) (Endpoints, error) {
 }
 
 func (rows Endpoints) Tables() []Table {
-	t := Table{Header: []string{"IP", "IFINDEX", "INTERFACE", "POD MAC", "POD", "RX PKTS", "RX BYTES", "TX PKTS", "TX BYTES", "DROPS"}}
+	t := Table{Header: []string{"IP", "IFINDEX", "INTERFACE", "ATTACH", "POD MAC", "POD", "RX PKTS", "RX BYTES", "TX PKTS", "TX BYTES", "DROPS"}}
 	for _, r := range rows {
 		drops := "0"
 		if len(r.Drops) > 0 {
 			drops = counters(r.Drops, ",")
 		}
-		t.Rows = append(t.Rows, []string{r.IP, itoa(r.Ifindex), dash(r.Interface), r.PodMAC, podLabel(r.Pod, r.Container),
+		t.Rows = append(t.Rows, []string{r.IP, itoa(r.Ifindex), dash(r.Interface), r.Attach, r.PodMAC, podLabel(r.Pod, r.Container),
 			itoa(r.RxPackets), itoa(r.RxBytes), itoa(r.TxPackets), itoa(r.TxBytes), drops})
 	}
 	return []Table{t}

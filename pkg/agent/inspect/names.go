@@ -8,21 +8,34 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // Names resolves what the maps know by a host veth's ifindex: the veth's
 // name in this netns and the pod of the attachment's record.
 type Names struct {
-	recs map[int]*state.Record
-	ifs  map[int]string
+	recs    map[int]*state.Record
+	ifs     map[int]string
+	attachs map[int]string
 }
 
 // NewNames reads the records of every network under stateDir; a missing or
 // unreadable directory just means no pod names.
 func NewNames(stateDir string) *Names {
 	recs, _ := state.ListAll(stateDir)
-	return &Names{recs: state.ByHostIfindex(recs), ifs: map[int]string{}}
+	return &Names{recs: state.ByHostIfindex(recs), ifs: map[int]string{}, attachs: map[int]string{}}
+}
+
+// Attach is how the hooks of the host veth with that ifindex are attached
+// (datapath.AttachmentOf).
+func (n *Names) Attach(pinDir string, idx int) string {
+	if a, ok := n.attachs[idx]; ok {
+		return a
+	}
+	a := datapath.AttachmentOf(pinDir, idx, n.Interface(idx))
+	n.attachs[idx] = a
+	return a
 }
 
 // Interface is the name of the link with that ifindex, "" when there is none.

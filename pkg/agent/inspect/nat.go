@@ -24,13 +24,31 @@ type NATRow struct {
 	ReverseOnly bool `json:"reverseOnly,omitempty"`
 	// Closing: a TCP RST, or a FIN each way, was seen; the entry expires 10 s after the last packet.
 	Closing bool `json:"closing,omitempty"`
+	// State: syn-sent, syn-recv, established, fin-wait, closing (TCP);
+	// unreplied, replied, stream (UDP, ICMP). ExpiresSecs: the idle time
+	// left before the flow is deleted.
+	State       string  `json:"state"`
+	ExpiresSecs float64 `json:"expiresSeconds"`
+}
+
+// ShareRow is how many ports one pod holds towards one destination.
+type ShareRow struct {
+	Protocol    string `json:"protocol"`
+	Destination string `json:"destination"`
+	Ifindex     int    `json:"ifindex"`
+	Interface   string `json:"interface,omitempty"`
+	Ports       int    `json:"ports"`
 }
 
 // NATDump is `dump nat`: masqueraded flows, the cluster CIDRs (never
-// masqueraded) and the masquerade counters.
+// masqueraded), the ports and the pod limit, each pod's ports per
+// destination, and the masquerade counters.
 type NATDump struct {
 	Flows        []NATRow          `json:"flows"`
 	ClusterCIDRs []string          `json:"clusterCIDRs"`
+	Ports        string            `json:"ports"`    // ranges; "" until an ipMasq ADD configured them
+	PodLimit     uint32            `json:"podLimit"` // most ports a pod holds per destination
+	Shares       []ShareRow        `json:"shares"`
 	Counters     map[string]uint64 `json:"counters"`
 }
 
@@ -57,14 +75,31 @@ func ReadNAT(src Source) (*NATDump, error) {
 		d.ClusterCIDRs = append(d.ClusterCIDRs, c.String())
 	}
 	sort.Strings(d.ClusterCIDRs)
+	cfg, err := m.MasqConfig()
+	if err != nil {
+		return nil, err
+	}
+	d.Ports, d.PodLimit = cfg.String(), cfg.PodLimit
 	names := NewNames(src.StateDir)
 	for _, f := range flows {
+		left := max(0, maps.FlowTimeout(f.Proto, f.Flags)-f.Idle)
 		d.Flows = append(d.Flows, NATRow{
 			Protocol: maps.ProtoName(f.Proto), Pod: f.Pod.String(), Node: f.Node.String(), Peer: f.Peer.String(),
 			Ifindex: f.Ifindex, Interface: names.Interface(f.Ifindex), AgeSecs: f.Age.Round(time.Millisecond).Seconds(),
 			IdleSecs: f.Idle.Round(time.Millisecond).Seconds(), ReverseOnly: f.Reverse, Closing: f.Closing,
+			State: f.State, ExpiresSecs: left.Round(time.Millisecond).Seconds(),
 		})
 	}
+	shares, err := m.ListMasqShares()
+	if err != nil {
+		return nil, err
+	}
+	d.Shares = []ShareRow{}
+	for _, sh := range shares {
+		d.Shares = append(d.Shares, ShareRow{Protocol: maps.ProtoName(sh.Proto), Destination: sh.Destination.String(),
+			Ifindex: sh.Ifindex, Interface: names.Interface(sh.Ifindex), Ports: sh.Ports})
+	}
+	sort.Slice(d.Shares, func(i, j int) bool { return d.Shares[i].Ports > d.Shares[j].Ports })
 	sort.SliceStable(d.Flows, func(i, j int) bool {
 		a, b := d.Flows[i], d.Flows[j]
 		if a.Pod != b.Pod {
@@ -76,18 +111,21 @@ func ReadNAT(src Source) (*NATDump, error) {
 }
 
 func (d *NATDump) Tables() []Table {
-	t := Table{Header: []string{"PROTO", "POD", "NODE (PEER SEES)", "PEER", "IFINDEX", "INTERFACE", "AGE", "IDLE"}}
+	t := Table{Header: []string{"PROTO", "POD", "NODE (PEER SEES)", "PEER", "IFINDEX", "INTERFACE", "STATE", "AGE", "IDLE", "EXPIRES"}}
 	for _, r := range d.Flows {
 		node := r.Node
 		if r.ReverseOnly {
 			node += " (reverse only)"
 		}
-		if r.Closing {
-			node += " (closing)"
-		}
-		t.Rows = append(t.Rows, []string{r.Protocol, r.Pod, node, r.Peer, itoa(r.Ifindex), dash(r.Interface), secs(r.AgeSecs), secs(r.IdleSecs)})
+		t.Rows = append(t.Rows, []string{r.Protocol, r.Pod, node, r.Peer, itoa(r.Ifindex), dash(r.Interface), r.State,
+			secs(r.AgeSecs), secs(r.IdleSecs), secs(r.ExpiresSecs)})
 	}
-	t.Footer = fmt.Sprintf("%d flows; cluster CIDRs (not masqueraded): %s; counters: %s", len(d.Flows),
-		dash(strings.Join(d.ClusterCIDRs, ",")), counters(d.Counters, " "))
-	return []Table{t}
+	t.Footer = fmt.Sprintf("%d flows; cluster CIDRs (not masqueraded): %s; ports %s, at most %d per pod and destination; counters: %s",
+		len(d.Flows), dash(strings.Join(d.ClusterCIDRs, ",")), dash(d.Ports), d.PodLimit, counters(d.Counters, " "))
+	s := Table{Header: []string{"PROTO", "DESTINATION", "IFINDEX", "INTERFACE", "PORTS HELD"}}
+	for _, r := range d.Shares {
+		s.Rows = append(s.Rows, []string{r.Protocol, r.Destination, itoa(r.Ifindex), dash(r.Interface), itoa(r.Ports)})
+	}
+	s.Footer = fmt.Sprintf("%d pods and destinations", len(d.Shares))
+	return []Table{t, s}
 }

@@ -12,7 +12,8 @@ import (
 // is an error naming it.
 func TestWrite(t *testing.T) {
 	r := &CTDump{
-		Flows:    []CTRow{{Kind: "nat", Protocol: "tcp", Client: "192.0.2.9:4000", Dialled: "192.0.2.1:80", Pod: "10.0.0.2:8080", PodSees: "192.0.2.9:4000", Ifindex: 7}},
+		Flows: []CTRow{{Kind: "nat", Protocol: "tcp", Client: "192.0.2.9:4000", Dialled: "192.0.2.1:80", Pod: "10.0.0.2:8080", PodSees: "192.0.2.9:4000", Ifindex: 7,
+			State: "established", IdleSecs: 2, ExpiresSecs: 3598}},
 		Counters: map[string]uint64{"reply": 2, "ct_new": 1},
 	}
 	var b bytes.Buffer
@@ -21,8 +22,8 @@ func TestWrite(t *testing.T) {
 	}
 	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
 	want := []string{
-		"KIND  PROTO  CLIENT          DIALLED       POD            POD SEES        IFINDEX  INTERFACE  AGE",
-		"nat   tcp    192.0.2.9:4000  192.0.2.1:80  10.0.0.2:8080  192.0.2.9:4000  7        -          -",
+		"KIND  PROTO  CLIENT          DIALLED       POD            POD SEES        IFINDEX  INTERFACE  STATE                                     AGE",
+		"nat   tcp    192.0.2.9:4000  192.0.2.1:80  10.0.0.2:8080  192.0.2.9:4000  7        -          established (idle 2s, expires in 59m58s)  -",
 		"",
 		"1 entries; counters: ct_new=1 reply=2",
 	}

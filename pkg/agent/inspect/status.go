@@ -9,10 +9,13 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // StatusReport is the datapath's health as `ebpf-agent status` prints it.
@@ -35,11 +38,21 @@ type ProgramStatus struct {
 	Current bool   `json:"current"` // this build's program
 }
 
-// AttachmentSummary counts the pinned links.
+// AttachmentSummary counts the pinned links and the host veths by how
+// their hooks are attached.
 type AttachmentSummary struct {
 	HostVethLinks int      `json:"hostVethLinks"`
 	Defunct       int      `json:"defunct"` // device gone, pin left
 	NodeHooks     []string `json:"nodeHooks"`
+	// Host veths by datapath.AttachmentOf: tcx, tc, "tc, tcx pending"
+	// (ADD attached cls_bpf while the agent ran; it moves them when no
+	// verb runs), "tc+tcx, moving", none.
+	HostVeths map[string]int `json:"hostVeths"`
+	// HandedOff are the veths DEL handed off that the agent has not
+	// deleted yet (or their link pins, the veth gone with its pod's netns).
+	HandedOff []string `json:"handedOff"`
+	// AgentRunning: an agent holds the node's agent lock.
+	AgentRunning bool `json:"agentRunning"`
 }
 
 // Status inspects the pinned datapath read-only: `status`.
@@ -102,6 +115,26 @@ func Status(src Source, version string) *StatusReport {
 			l.Close()
 		}
 	}
+	r.Attachments.AgentRunning = datapath.AgentAlive(pinRoot)
+	r.Attachments.HostVeths = map[string]int{}
+	if links, err := netlink.LinkList(); err == nil {
+		for _, l := range links {
+			if a := l.Attrs(); strings.HasPrefix(a.Name, state.HostIfPrefix) && l.Type() == "veth" {
+				r.Attachments.HostVeths[datapath.AttachmentOf(pinRoot, a.Index, a.Name)]++
+			}
+		}
+	}
+	if hs, err := endpoint.ListHandedOff(pinRoot); err == nil {
+		for _, h := range hs {
+			r.Attachments.HandedOff = append(r.Attachments.HandedOff, h.Name)
+		}
+	}
+	if n := len(r.Attachments.HandedOff); n > 0 && !r.Attachments.AgentRunning {
+		problem("%d veths handed off by DEL and no agent running to delete them (start it, or a CNI GC deletes them)", n)
+	}
+	if n := r.Attachments.HostVeths[datapath.StateTCPending]; n > 0 && !r.Attachments.AgentRunning {
+		problem("%d pods attached with cls_bpf wait for an agent to move them to tcx", n)
+	}
 	if r.Attachments.Defunct > 0 {
 		problem("%d link pins of deleted devices (run `ebpf-agent reconcile`)", r.Attachments.Defunct)
 	}
@@ -156,5 +189,17 @@ func (r *StatusReport) Tables() []Table {
 	}
 	ps.Footer = fmt.Sprintf("host veth links: %d (%d defunct); node hooks: %s", r.Attachments.HostVethLinks,
 		r.Attachments.Defunct, dash(strings.Join(r.Attachments.NodeHooks, ", ")))
+	var states []string
+	for st, n := range r.Attachments.HostVeths {
+		states = append(states, fmt.Sprintf("%s %d", st, n))
+	}
+	sort.Strings(states)
+	agent := "not running"
+	if r.Attachments.AgentRunning {
+		agent = "running"
+	}
+	sum.Lines = append(sum.Lines,
+		"host veths: "+dash(strings.Join(states, ", ")),
+		fmt.Sprintf("handed off: %d waiting for deletion (agent %s)", len(r.Attachments.HandedOff), agent))
 	return []Table{sum, ms, ps}
 }

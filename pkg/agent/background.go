@@ -1,0 +1,246 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"log"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+)
+
+// background is the kernel work the verbs leave to the agent while it runs
+// (it holds the agent lock, datapath.HoldAgent): deleting the veths DEL
+// handed off, and moving pods whose ADD attached cls_bpf to pinned tcx
+// links. Each step waits out RCU grace periods under RTNL, so each starts
+// only when no CNI verb runs (datapath.Idle), one at a time.
+//
+// Its work is found in the kernel alone (handed-off names and pins,
+// filters waiting for tcx), so whatever an agent killed part way left, the
+// next one finishes. Link events point a pass at the links that changed; a
+// full pass over every link runs at start, when events were lost, and
+// every fullEvery, and skips the veths it already knows to be done, so a
+// node of 1000 pods costs a pass no more than one of 10.
+type background struct {
+	pinRoot   string
+	lg        *log.Logger
+	idle      *datapath.Idle
+	kick      chan struct{}
+	fullEvery time.Duration
+
+	mu      sync.Mutex
+	full    bool           // the next pass looks at every link
+	fresh   map[int]string // host veths new or changed since the last pass
+	gone    map[int]string // handed-off veths (renamed to, or deleted as, state.HandedOffName)
+	settled map[int]string // host veths seen with nothing left to do (full passes skip them)
+}
+
+// newBackground readies the worker; its link events are subscribed before
+// it returns, so no ADD or DEL after the agent reports ready goes unseen.
+func newBackground(ctx context.Context, pinRoot string, politeWait time.Duration, lg *log.Logger) (*background, error) {
+	idle, err := datapath.OpenIdle(pinRoot, politeWait)
+	if err != nil {
+		return nil, err
+	}
+	b := &background{pinRoot: pinRoot, lg: lg, idle: idle, kick: make(chan struct{}, 1), fullEvery: time.Minute,
+		full: true, fresh: map[int]string{}, gone: map[int]string{}, settled: map[int]string{}}
+	updates := make(chan netlink.LinkUpdate, 1024)
+	err = netlink.LinkSubscribeWithOptions(updates, ctx.Done(), netlink.LinkSubscribeOptions{
+		ErrorCallback: func(err error) {
+			// ENOBUFS: events were lost; look at everything.
+			b.mu.Lock()
+			b.full = true
+			b.mu.Unlock()
+			b.wake()
+		},
+	})
+	if err != nil {
+		lg.Printf("background: no link events (%v); a full pass every %s only", err, b.fullEvery)
+		return b, nil
+	}
+	go func() {
+		for u := range updates {
+			b.linkEvent(u)
+		}
+	}()
+	return b, nil
+}
+
+// wake asks for a pass soon; never blocks.
+func (b *background) wake() {
+	select {
+	case b.kick <- struct{}{}:
+	default:
+	}
+}
+
+// linkEvent notes a link that may carry work: a new or changed host veth
+// (cls_bpf waiting for tcx), a veth handed off (renamed) or gone with its
+// pod's netns while handed off (its pins).
+func (b *background) linkEvent(u netlink.LinkUpdate) {
+	name, idx := u.Attrs().Name, u.Attrs().Index
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case strings.HasPrefix(name, state.HostIfPrefix):
+		if u.Header.Type == syscall.RTM_DELLINK {
+			delete(b.settled, idx)
+			delete(b.fresh, idx)
+			return
+		}
+		if b.settled[idx] == name {
+			return // attributes changing on a veth already done
+		}
+		b.fresh[idx] = name
+	case strings.HasPrefix(name, state.HandedOffPrefix):
+		delete(b.settled, idx)
+		delete(b.fresh, idx)
+		b.gone[idx] = name
+	default:
+		return
+	}
+	b.wake()
+}
+
+// run does passes until ctx ends.
+func (b *background) run(ctx context.Context) {
+	defer b.idle.Close()
+	tick := time.NewTicker(b.fullEvery)
+	defer tick.Stop()
+	for {
+		if err := b.pass(ctx); err != nil && ctx.Err() == nil {
+			b.lg.Printf("background: %v", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-b.kick:
+		case <-tick.C:
+			b.mu.Lock()
+			b.full = true
+			b.mu.Unlock()
+		}
+	}
+}
+
+// before is called ahead of each step: it waits until no verb runs.
+func (b *background) before(ctx context.Context, step string) error {
+	if err := b.idle.Wait(ctx); err != nil {
+		return err
+	}
+	endpoint.Crashpoint("agent-" + step)
+	return nil
+}
+
+// pass reaps the handed-off veths first (they hold names and ifindexes
+// nobody uses), then moves the pods waiting for tcx.
+func (b *background) pass(ctx context.Context) error {
+	b.mu.Lock()
+	full, fresh, gone := b.full, b.fresh, b.gone
+	b.full, b.fresh, b.gone = false, map[int]string{}, map[int]string{}
+	b.mu.Unlock()
+	if !full && len(fresh) == 0 && len(gone) == 0 {
+		return nil
+	}
+	// Even the look-around dumps take RTNL: wait for a quiet moment.
+	if err := b.idle.Wait(ctx); err != nil {
+		return err
+	}
+	start := time.Now()
+	reaped, errs := b.reap(ctx, full, gone)
+	moved, err := b.migrate(ctx, full, fresh)
+	errs = errors.Join(errs, err)
+	if reaped > 0 || moved > 0 {
+		b.lg.Printf("background: deleted %d handed-off veths, moved %d pods to tcx in %s", reaped, moved, time.Since(start).Round(time.Millisecond))
+	}
+	if errs != nil && ctx.Err() == nil {
+		// Try again at the next full pass rather than at every event.
+		b.mu.Lock()
+		b.full = true
+		b.mu.Unlock()
+	}
+	return errs
+}
+
+// reap deletes the handed-off veths: every one on a full pass, else those
+// the events named.
+func (b *background) reap(ctx context.Context, full bool, gone map[int]string) (int, error) {
+	before := func(ctx context.Context) error { return b.before(ctx, "reap") }
+	if full {
+		return endpoint.ReapAll(ctx, b.pinRoot, before)
+	}
+	m, err := datapath.OpenMaps(b.pinRoot)
+	if err != nil {
+		m = nil // never set up: only links and pins to remove
+	} else {
+		defer m.Close()
+	}
+	n := 0
+	var errs error
+	for idx, name := range gone {
+		h := endpoint.HandedOff{Name: name, Ifindex: idx}
+		if l, err := netlink.LinkByIndex(idx); err == nil && l.Attrs().Name == name {
+			h.Link = l
+			if err := before(ctx); err != nil {
+				return n, errors.Join(errs, err)
+			}
+		}
+		if err := endpoint.Reap(b.pinRoot, m, h); err != nil {
+			errs = errors.Join(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errs
+}
+
+// migrate moves the pods waiting for tcx: on a full pass every host veth
+// with a clsact qdisc not known to be done, else those the events named.
+func (b *background) migrate(ctx context.Context, full bool, fresh map[int]string) (int, error) {
+	if full {
+		hs, err := datapath.ClsactHolders()
+		if err != nil {
+			return 0, err
+		}
+		b.mu.Lock()
+		for _, h := range hs {
+			if strings.HasPrefix(h.Name, state.HostIfPrefix) && b.settled[h.Ifindex] != h.Name {
+				fresh[h.Ifindex] = h.Name
+			}
+		}
+		b.mu.Unlock()
+	}
+	moved := 0
+	var errs error
+	for idx, name := range fresh {
+		// Each look is two filter dumps under RTNL: one veth at a time,
+		// in quiet moments only.
+		if err := b.idle.Wait(ctx); err != nil {
+			return moved, errors.Join(errs, err)
+		}
+		v, ok := datapath.TCVethOf(idx, name)
+		if ok && v.Pending() {
+			if err := datapath.Migrate(ctx, b.pinRoot, v, b.before); err != nil {
+				errs = errors.Join(errs, err)
+				continue
+			}
+			moved++
+		}
+		// Done for good only on tcx, or on tc by configuration; a veth
+		// caught before its ADD attached anything is looked at again.
+		st := datapath.AttachmentOf(b.pinRoot, idx, name)
+		b.mu.Lock()
+		if _, changed := b.fresh[idx]; !changed && (st == datapath.StateTCX || st == datapath.StateTC) {
+			b.settled[idx] = name
+		}
+		b.mu.Unlock()
+	}
+	return moved, errs
+}

@@ -1,0 +1,200 @@
+package datapath
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The locks between the CNI verbs and the agent are flocks on directories
+// under <pinDir>/locks (bpffs holds no regular files; a directory fd
+// carries a flock). A lock goes with the process holding it, killed or not.
+//
+//   - agent: held exclusive by `ebpf-agent run` for its whole life. A verb
+//     that finds it held (AgentAlive) leaves the work that waits out RCU
+//     grace periods under RTNL to the agent: ADD attaches cls_bpf filters
+//     that the agent later moves to tcx links, DEL hands the veth off for
+//     the agent to delete.
+//   - busy: held shared by every ADD, DEL and CHECK while it runs, never
+//     waited for (a verb that cannot take it runs anyway). The agent starts
+//     each piece of that background work only when it can take the lock
+//     exclusive (WaitIdle), so it never holds RTNL while a verb wants it.
+//   - links: serialises what binds a host veth's name to its link pins:
+//     DEL's hand-off (pins and veth renamed), the agent pinning tcx links
+//     of a veth it found under that name, Upgrade.
+const (
+	lockAgent = "agent"
+	lockBusy  = "busy"
+	lockLinks = "links"
+)
+
+// openLock opens a lock directory; create makes it when missing (the
+// datapath's setup, the agent), else a missing one is os.ErrNotExist.
+func openLock(pinRoot, name string, create bool) (int, error) {
+	path := lockPath(pinRoot, name)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) && create {
+		if err := os.MkdirAll(path, 0o700); err != nil {
+			return -1, fmt.Errorf("create lock directory %s: %w", path, err)
+		}
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return -1, os.ErrNotExist
+		}
+		return -1, fmt.Errorf("open lock %s: %w", path, err)
+	}
+	return fd, nil
+}
+
+// ensureLocks creates the lock directories (the datapath's setup).
+func ensureLocks(pinRoot string) error {
+	for _, n := range []string{lockAgent, lockBusy, lockLinks} {
+		fd, err := openLock(pinRoot, n, true)
+		if err != nil {
+			return err
+		}
+		unix.Close(fd)
+	}
+	return nil
+}
+
+// AgentAlive tells whether an agent holds the node's agent lock.
+func AgentAlive(pinRoot string) bool {
+	fd, err := openLock(pinRoot, lockAgent, false)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	return errors.Is(unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB), unix.EWOULDBLOCK)
+}
+
+// HoldAgent takes the agent lock for the life of the process; waiting is
+// called once if another agent holds it, and HoldAgent then waits for it
+// (or ctx) to end.
+func HoldAgent(ctx context.Context, pinRoot string, waiting func()) error {
+	fd, err := openLock(pinRoot, lockAgent, true)
+	if err != nil {
+		return err
+	}
+	told := false
+	for {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return nil // the fd stays open: the lock is released at exit
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			unix.Close(fd)
+			return fmt.Errorf("lock %s: %w", lockPath(pinRoot, lockAgent), err)
+		}
+		if !told && waiting != nil {
+			waiting()
+			told = true
+		}
+		select {
+		case <-ctx.Done():
+			unix.Close(fd)
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// MarkBusy tells the agent a CNI verb is running, until release (or the
+// process's end). It never blocks and never fails the verb: without the
+// lock (no datapath yet, the agent just testing it) the verb runs anyway.
+func MarkBusy(pinRoot string) (release func()) {
+	release, err := TryMarkBusy(pinRoot)
+	if err != nil {
+		return func() {}
+	}
+	return release
+}
+
+// TryMarkBusy is MarkBusy that says why it could not take the lock.
+func TryMarkBusy(pinRoot string) (release func(), err error) {
+	fd, err := openLock(pinRoot, lockBusy, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", lockPath(pinRoot, lockBusy), err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
+// Idle is the agent's side of the busy lock.
+type Idle struct {
+	fd      int
+	maxWait time.Duration // 0: MaxPoliteWait
+}
+
+// OpenIdle opens the busy lock for Wait; maxWait bounds each Wait (0:
+// MaxPoliteWait).
+func OpenIdle(pinRoot string, maxWait time.Duration) (*Idle, error) {
+	fd, err := openLock(pinRoot, lockBusy, true)
+	if err != nil {
+		return nil, err
+	}
+	return &Idle{fd: fd, maxWait: maxWait}, nil
+}
+
+// MaxPoliteWait bounds Wait: a verb that never ends (an IPAM plugin hung,
+// say) or verbs that never pause must not keep the agent from its work for
+// good; after this long it does one step anyway.
+const MaxPoliteWait = 5 * time.Second
+
+// Wait returns once no verb runs (or after MaxPoliteWait), or when ctx
+// ends. It polls (a verb is never made to wait for the agent), and takes
+// the lock exclusive only to test it, letting go at once, so a verb
+// starting right after is not held up.
+func (i *Idle) Wait(ctx context.Context) error {
+	delay := time.Millisecond
+	deadline := time.Now().Add(i.max())
+	for {
+		if unix.Flock(i.fd, unix.LOCK_EX|unix.LOCK_NB) == nil {
+			unix.Flock(i.fd, unix.LOCK_UN)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		if delay < 10*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+func (i *Idle) max() time.Duration {
+	if i.maxWait > 0 {
+		return i.maxWait
+	}
+	return MaxPoliteWait
+}
+
+// Close releases the lock's fd.
+func (i *Idle) Close() { unix.Close(i.fd) }
+
+// LockLinks takes the links lock (see above) until unlock.
+func LockLinks(pinRoot string) (unlock func(), err error) {
+	fd, err := openLock(pinRoot, lockLinks, true)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", lockPath(pinRoot, lockLinks), err)
+	}
+	return func() { unix.Close(fd) }, nil
+}

@@ -1,0 +1,312 @@
+// The agent's background work against what else happens to a pod at the
+// same time: the ingress queue of a limited pod in either attach state, a
+// DEL and a retried ADD of the same pod in the middle of a move, a retried
+// ADD racing the deletion of its handed-off pair.
+
+package integration
+
+import (
+	"context"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// rootQdiscKind is the kind of a node link's root qdisc ("" for none).
+func rootQdiscKind(t *testing.T, e *testenv.Env, idx int) string {
+	t.Helper()
+	kind := ""
+	e.InNode(func() error {
+		l, err := netlink.LinkByIndex(idx)
+		if err != nil {
+			t.Fatalf("ifindex %d: %v", idx, err)
+		}
+		qs, err := netlink.QdiscList(l)
+		if err != nil {
+			t.Fatalf("qdiscs of %s: %v", l.Attrs().Name, err)
+		}
+		for _, q := range qs {
+			if q.Attrs().Parent == netlink.HANDLE_ROOT {
+				kind = q.Type()
+			}
+		}
+		return nil
+	})
+	return kind
+}
+
+// TestBandwidthQueueInEveryAttachState: a pod ADDed with an ingress limit
+// while the agent runs (cls_bpf filters waiting for tcx) gets its ingress
+// queue (HTB on the host veth), the agent's move to tcx keeps it, and a
+// remote TCP stream holds the limit in both states; re-ADDed while its old
+// pair waits handed off, the pod gets a queue on its new veth.
+func TestBandwidthQueueInEveryAttachState(t *testing.T) {
+	e := testenv.New(t)
+	remote := withRemote(t, e)
+	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", ag.Logs())
+		}
+	})
+	pod := e.NewPod()
+	e.CleanupDel(pod, "bwq")
+	const rate = 20e6
+	bw := bandwidthArgs(rate, 0)
+
+	release := e.HoldVerbs()
+	r, err := e.AddBW(pod, "bwq", bw)
+	if err != nil {
+		t.Fatalf("ADD with an ingress limit: %v", err)
+	}
+	ip4, _ := testenv.PodIPs(t, r)
+	hostIf, idx := e.HostVeth("bwq")
+	stream := func(when string, hostIf string, idx int) {
+		t.Helper()
+		if k := rootQdiscKind(t, e, idx); k != "htb" {
+			t.Errorf("%s: root qdisc of %s is %q, want htb", when, hostIf, k)
+		}
+		if err := e.CheckBW(pod, "bwq", bw); err != nil {
+			t.Errorf("%s: CHECK: %v", when, err)
+		}
+		s := tcpStream(t, remote, pod, ip4, 4*time.Second)
+		t.Logf("%s: remote TCP at a %.0f Mbit/s limit: mean %.3fx, 1 s intervals %s", when, rate/1e6, s.mean/rate, ratios(s.intervals, rate))
+		if s.mean < 0.85*rate || s.mean > 1.05*rate {
+			t.Errorf("%s: mean %.1f Mbit/s, want %.1f-%.1f (0.85x-1.05x of the limit)", when, s.mean/1e6, 0.85*rate/1e6, 1.05*rate/1e6)
+		}
+	}
+	if st := e.AttachState(hostIf); st != datapath.StateTCPending {
+		t.Fatalf("%s is %q after ADD with the agent running, want %q", hostIf, st, datapath.StateTCPending)
+	}
+	stream("cls_bpf, waiting for tcx", hostIf, idx)
+
+	release()
+	e.WaitAttachState(hostIf, datapath.StateTCX, 10*time.Second)
+	stream("moved to tcx", hostIf, idx)
+
+	release = e.HoldVerbs()
+	e.MustDel(pod, "bwq")
+	if !e.NodeLinkExists(state.HandedOffName(idx)) {
+		t.Fatalf("DEL did not hand %s off", hostIf)
+	}
+	r, err = e.AddBW(pod, "bwq", bw)
+	if err != nil {
+		t.Fatalf("re-ADD while the old pair waits: %v", err)
+	}
+	ip4, _ = testenv.PodIPs(t, r)
+	hostIf2, idx2 := e.HostVeth("bwq")
+	stream("re-added beside the handed-off pair", hostIf2, idx2)
+	release()
+	e.WaitAttachState(hostIf2, datapath.StateTCX, 10*time.Second)
+	if err := e.CheckBW(pod, "bwq", bw); err != nil {
+		t.Errorf("CHECK after the move: %v", err)
+	}
+	e.MustDel(pod, "bwq")
+	e.AssertClean()
+}
+
+// holdAgentLock takes the node's agent lock as a running agent does, so the
+// verbs leave their background work to the test; released by the returned
+// func and at the end of the test.
+func holdAgentLock(t *testing.T, e *testenv.Env) (release func()) {
+	t.Helper()
+	// The agent creates the lock files; stopped, it leaves them.
+	e.StartAgent(e.WriteConfDir(), "--metrics-addr", "").Stop()
+	fd, err := unix.Open(filepath.Join(e.PinDir, "locks", "agent"), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("open the agent lock: %v", err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		t.Fatalf("take the agent lock: %v", err)
+	}
+	done := false
+	release = func() {
+		if !done {
+			done = true
+			unix.Close(fd)
+		}
+	}
+	t.Cleanup(release)
+	if !datapath.AgentAlive(e.PinDir) {
+		t.Fatal("the verbs do not see the lock held")
+	}
+	return release
+}
+
+// TestMoveRacesDelAndReAdd: a DEL and a retried ADD of the same pod (same
+// host veth name, same address) land between the two tcx attaches of the
+// agent's move. The move ends there without touching the new veth; the
+// first hook's tcx link leaves with the handed-off pair, the new pod works,
+// passes CHECK and waits for its own move, and nothing is left once an
+// agent ran.
+func TestMoveRacesDelAndReAdd(t *testing.T) {
+	e := testenv.New(t)
+	// One address per family: the re-ADD only works if DEL freed them.
+	e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{
+		{{"subnet": testenv.PodSubnet4, "rangeStart": "10.250.0.10", "rangeEnd": "10.250.0.10"}},
+		{{"subnet": testenv.PodSubnet6, "rangeStart": "fd00:250::10", "rangeEnd": "fd00:250::10"}},
+	}}
+	releaseAgent := holdAgentLock(t, e)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "m")
+	e.Add(pod, "m")
+	hostIf, idx := e.HostVeth("m")
+	if st := e.AttachState(hostIf); st != datapath.StateTCPending {
+		t.Fatalf("%s is %q, want %q", hostIf, st, datapath.StateTCPending)
+	}
+
+	var r2idx int
+	var r *current.Result
+	steps := []string{}
+	err := e.InNode(func() error {
+		v, ok := datapath.TCVethOf(idx, hostIf)
+		if !ok || !v.Pending() {
+			t.Fatalf("%s has no filters waiting for tcx", hostIf)
+		}
+		return datapath.Migrate(context.Background(), e.PinDir, v, func(_ context.Context, step string) error {
+			steps = append(steps, step)
+			if step == datapath.DirEgress {
+				// The ingress hook is on tcx now; the pod goes and comes back.
+				if st := datapath.AttachmentOf(e.PinDir, idx, hostIf); st != datapath.StateMoving {
+					t.Errorf("between the attaches %s is %q, want %q", hostIf, st, datapath.StateMoving)
+				}
+				e.MustDel(pod, "m")
+				r = e.Add(pod, "m")
+				_, r2idx = e.HostVeth("m")
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatalf("the move: %v", err)
+	}
+	if strings.Join(steps, ",") != datapath.DirIngress+","+datapath.DirEgress {
+		t.Errorf("move steps %v, want it to stop at the egress step once the veth was handed off", steps)
+	}
+	if r2idx == idx || r2idx == 0 {
+		t.Fatalf("re-ADD ifindex %d (old %d)", r2idx, idx)
+	}
+	if st := e.AttachState(hostIf); st != datapath.StateTCPending {
+		t.Errorf("the re-added %s is %q, want %q (nothing of the old move on it)", hostIf, st, datapath.StateTCPending)
+	}
+	gone := state.HandedOffName(idx)
+	if st := e.AttachState(gone); st != datapath.StateMoving {
+		t.Errorf("the handed-off pair %s is %q, want its ingress tcx link pinned under its new name (%q)", gone, st, datapath.StateMoving)
+	}
+	e.PodReachable(t, pod, []net.IP{r.IPs[0].Address.IP, r.IPs[1].Address.IP})
+	if err := e.Check(pod, "m", "eth0"); err != nil {
+		t.Errorf("CHECK of the re-added pod: %v", err)
+	}
+
+	// A real agent takes over: reaps the pair, moves the new pod.
+	releaseAgent()
+	e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
+	e.WaitAttachState(hostIf, datapath.StateTCX, 10*time.Second)
+	waitGone(t, e, gone)
+	e.PodReachable(t, pod, []net.IP{r.IPs[0].Address.IP, r.IPs[1].Address.IP})
+	if err := e.Check(pod, "m", "eth0"); err != nil {
+		t.Errorf("CHECK after the agent's move: %v", err)
+	}
+	e.MustDel(pod, "m")
+	e.AssertClean()
+}
+
+// TestReAddRacesReap: a pod DELed and ADDed again (same name, same
+// addresses) in a loop while the agent deletes the pairs handed off by the
+// previous rounds: every ADD works, and once the pairs are gone (their
+// IPv4 addresses still sat on the pod ends, down, in the pod's netns) the
+// pod is reachable and passes CHECK.
+func TestReAddRacesReap(t *testing.T) {
+	e := testenv.New(t)
+	e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{
+		{{"subnet": testenv.PodSubnet4, "rangeStart": "10.250.0.10", "rangeEnd": "10.250.0.10"}},
+		{{"subnet": testenv.PodSubnet6, "rangeStart": "fd00:250::10", "rangeEnd": "fd00:250::10"}},
+	}}
+	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", ag.Logs())
+		}
+	})
+	pod := e.NewPod()
+	e.CleanupDel(pod, "r")
+	r := e.Add(pod, "r")
+	var handedOff []string
+	for i := 0; i < 8; i++ {
+		_, idx := e.HostVeth("r")
+		handedOff = append(handedOff, state.HandedOffName(idx))
+		e.MustDel(pod, "r")
+		// The agent starts on the pair as soon as DEL ends; ADD runs into it.
+		r = e.Add(pod, "r")
+		time.Sleep(time.Duration(i*7) * time.Millisecond)
+	}
+	for _, g := range handedOff {
+		waitGone(t, e, g)
+	}
+	hostIf, _ := e.HostVeth("r")
+	e.WaitAttachState(hostIf, datapath.StateTCX, 10*time.Second)
+	ips := []net.IP{r.IPs[0].Address.IP, r.IPs[1].Address.IP}
+	e.PodReachable(t, pod, ips)
+	if err := e.Check(pod, "r", "eth0"); err != nil {
+		t.Errorf("CHECK once the old pairs are gone: %v", err)
+	}
+	pod.Do(func(ns.NetNS) error {
+		ls, _ := netlink.LinkList()
+		for _, l := range ls {
+			if strings.HasPrefix(l.Attrs().Name, state.HandedOffPrefix) {
+				t.Errorf("pod end %s left in the pod", l.Attrs().Name)
+			}
+		}
+		return nil
+	})
+	e.MustDel(pod, "r")
+	e.AssertClean()
+}
+
+// TestAgentKilledBeforeFiltersDeleted: an agent killed with SIGKILL after
+// both tcx links of a move are pinned, before it deleted the cls_bpf
+// filters, leaves a pod that works and passes CHECK with both attached;
+// the next agent reuses the pinned links (no second attach) and deletes
+// the filters.
+func TestAgentKilledBeforeFiltersDeleted(t *testing.T) {
+	e := testenv.New(t)
+	confDir := e.WriteConfDir()
+	pod := e.NewPod()
+	e.CleanupDel(pod, "f")
+	var r *current.Result
+	killedAt(t, e, confDir, "agent-filters", func() { r = e.Add(pod, "f") })
+	hostIf, idx := e.HostVeth("f")
+	if st := e.AttachState(hostIf); st != datapath.StateMoving {
+		t.Fatalf("after the kill before the filters went %s is %q, want %q", hostIf, st, datapath.StateMoving)
+	}
+	ips := []net.IP{r.IPs[0].Address.IP, r.IPs[1].Address.IP}
+	e.PodReachable(t, pod, ips)
+	if err := e.Check(pod, "f", "eth0"); err != nil {
+		t.Errorf("CHECK with tcx links and filters both attached: %v", err)
+	}
+	before := e.ProgIDs(idx)
+	ag := e.StartAgent(confDir, "--metrics-addr", "")
+	e.WaitAttachState(hostIf, datapath.StateTCX, 10*time.Second)
+	if after := e.ProgIDs(idx); len(after) != 2 {
+		t.Errorf("programs on %s after the next agent: %v (before: %v), want the two tcx links only", hostIf, after, before)
+	}
+	e.PodReachable(t, pod, ips)
+	if err := e.Check(pod, "f", "eth0"); err != nil {
+		t.Errorf("CHECK after the next agent finished the move: %v", err)
+	}
+	e.MustDel(pod, "f")
+	e.AssertClean()
+	ag.Stop()
+}

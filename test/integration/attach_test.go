@@ -1,0 +1,707 @@
+// How a pod's hooks are attached and its veth deleted while the agent runs:
+// ADD attaches cls_bpf and the agent moves the pod to tcx links when no
+// verb runs; DEL hands the veth off and the agent deletes it. Without the
+// agent, ADD attaches tcx and DEL deletes, as they always did.
+
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// quietV4 makes the env IPv4-only with IPv6 off in the node and in every
+// netns passed, so the only packets on the pods' veths are the test's own
+// (no DAD, MLD or router solicitations to blur exact counts).
+func quietV4(t *testing.T, e *testenv.Env, pods ...ns.NetNS) {
+	t.Helper()
+	e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}}
+	for _, n := range append([]ns.NetNS{e.Node}, pods...) {
+		err := n.Do(func(ns.NetNS) error {
+			for _, f := range []string{"/proc/sys/net/ipv6/conf/all/disable_ipv6", "/proc/sys/net/ipv6/conf/default/disable_ipv6"} {
+				if err := os.WriteFile(f, []byte("1"), 0o644); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// pingStats runs ping in netns and returns packets transmitted and received.
+func pingStats(netns ns.NetNS, ip net.IP, count int, interval string) (tx, rx int, out string, err error) {
+	netns.Do(func(ns.NetNS) error {
+		var b []byte
+		b, err = exec.Command("ping", "-c", strconv.Itoa(count), "-i", interval, "-W", "1", "-q", ip.String()).CombinedOutput()
+		out = string(b)
+		return nil
+	})
+	m := regexp.MustCompile(`(\d+) packets transmitted, (\d+) received`).FindStringSubmatch(out)
+	if m == nil {
+		return 0, 0, out, fmt.Errorf("ping %s: %v: %s", ip, err, out)
+	}
+	tx, _ = strconv.Atoi(m[1])
+	rx, _ = strconv.Atoi(m[2])
+	return tx, rx, out, nil
+}
+
+// TestAgentMovesPodsToTCXUnderTraffic: with the agent running, ADD attaches
+// cls_bpf filters waiting for tcx, and the agent leaves them while a verb
+// runs. Released, it moves both pods to pinned tcx links while pings flow
+// pod to pod (host veth ingress of both) and node to pod (host veth egress):
+// no echo is lost and the datapath counts every packet exactly once.
+func TestAgentMovesPodsToTCXUnderTraffic(t *testing.T) {
+	e := testenv.New(t)
+	a, b := e.NewPod(), e.NewPod()
+	quietV4(t, e, a, b)
+	e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
+	release := e.HoldVerbs()
+	e.CleanupDel(a, "a")
+	e.CleanupDel(b, "b")
+	ra, rb := e.Add(a, "a"), e.Add(b, "b")
+	a4, b4 := ra.IPs[0].Address.IP, rb.IPs[0].Address.IP
+	hostA, idxA := e.HostVeth("a")
+	hostB, idxB := e.HostVeth("b")
+	time.Sleep(300 * time.Millisecond) // the agent is idle, but a verb "runs"
+	for _, h := range []string{hostA, hostB} {
+		if st := e.AttachState(h); st != datapath.StateTCPending {
+			t.Fatalf("%s is %q after ADD with the agent running and a verb in progress, want %q", h, st, datapath.StateTCPending)
+		}
+	}
+	if err := e.Check(a, "a", "eth0"); err != nil {
+		t.Errorf("CHECK of a pod waiting for tcx: %v", err)
+	}
+
+	m := e.Maps()
+	type ctr struct {
+		idx    int
+		dir    maps.Dir
+		reason maps.Reason
+	}
+	watch := []ctr{
+		{idxA, maps.DirEgress, maps.ReasonRedirect}, // a -> b requests (a's ingress hook)
+		{idxB, maps.DirEgress, maps.ReasonRedirect}, // b -> a replies (b's ingress hook)
+		{idxA, maps.DirIngress, maps.ReasonForward}, // node -> a requests (a's egress hook)
+		{idxA, maps.DirEgress, maps.ReasonForward},  // a -> node replies (a's ingress hook)
+	}
+	before := make([]uint64, len(watch))
+	for i, c := range watch {
+		before[i] = counter(t, m, c.idx, c.dir, c.reason).Packets
+	}
+
+	const n = 2500 // 2 ms apart: 5 s or more of traffic
+	type res struct {
+		tx, rx int
+		out    string
+		err    error
+	}
+	podPing, nodePing := make(chan res, 1), make(chan res, 1)
+	go func() {
+		var r res
+		r.tx, r.rx, r.out, r.err = pingStats(a, b4, n, "0.002")
+		podPing <- r
+	}()
+	go func() {
+		var r res
+		r.tx, r.rx, r.out, r.err = pingStats(e.Node, a4, n, "0.002")
+		nodePing <- r
+	}()
+	for deadline := time.Now().Add(5 * time.Second); counter(t, m, idxA, maps.DirEgress, maps.ReasonRedirect).Packets < before[0]+50; {
+		if time.Now().After(deadline) {
+			t.Fatalf("traffic is not flowing: %s", dumpCounters(m, idxA))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	release()
+	took := e.WaitAttachState(hostA, datapath.StateTCX, 4*time.Second)
+	e.WaitAttachState(hostB, datapath.StateTCX, 4*time.Second)
+	var still bool
+	select {
+	case r := <-podPing:
+		podPing <- r
+	default:
+		still = true
+	}
+	if !still {
+		t.Fatalf("the pings ended before both pods were on tcx (%s): the switch was not under traffic", took)
+	}
+	t.Logf("both pods on tcx %s after the verbs ended, traffic running", took)
+
+	pp, np := <-podPing, <-nodePing
+	for what, r := range map[string]res{"pod to pod": pp, "node to pod": np} {
+		if r.err != nil || r.tx != n || r.rx != n {
+			t.Errorf("%s: %d sent, %d answered of %d (%v):\n%s", what, r.tx, r.rx, n, r.err, r.out)
+		}
+	}
+	names := []string{"a's ingress hook, redirected to b", "b's ingress hook, redirected to a", "a's egress hook, from the node", "a's ingress hook, to the node"}
+	for i, c := range watch {
+		if got := counter(t, m, c.idx, c.dir, c.reason).Packets - before[i]; got != n {
+			t.Errorf("%s: counted %d packets, want %d (each echo exactly once)", names[i], got, n)
+		}
+	}
+	for _, h := range []string{hostA, hostB} {
+		for _, dir := range []string{datapath.DirIngress, datapath.DirEgress} {
+			if _, err := os.Stat(datapath.LinkPinPath(e.PinDir, h, dir)); err != nil {
+				t.Errorf("%s %s tcx link pin: %v", h, dir, err)
+			}
+		}
+	}
+	if err := e.Check(a, "a", "eth0"); err != nil {
+		t.Errorf("CHECK after the move to tcx: %v", err)
+	}
+	e.MustDel(a, "a")
+	e.MustDel(b, "b")
+	e.AssertClean()
+}
+
+// TestDelHandsOffToAgent: with the agent running, DEL returns with the
+// pod's interface name, the host veth's name, the node's routes and
+// neighbours to the pod and its addresses all free, the pair down and
+// renamed for the agent to delete; an ADD of the same pod right after gets
+// the same address and works; the agent then deletes the pair.
+func TestDelHandsOffToAgent(t *testing.T) {
+	e := testenv.New(t)
+	// One address per family: a new ADD can only work if DEL freed it.
+	e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{
+		{{"subnet": testenv.PodSubnet4, "rangeStart": "10.250.0.10", "rangeEnd": "10.250.0.10"}},
+		{{"subnet": testenv.PodSubnet6, "rangeStart": "fd00:250::10", "rangeEnd": "fd00:250::10"}},
+	}}
+	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", ag.Logs())
+		}
+	})
+	pod := e.NewPod()
+	e.CleanupDel(pod, "c")
+	r1 := e.Add(pod, "c")
+	hostIf, idx := e.HostVeth("c")
+	e.WaitAttachState(hostIf, datapath.StateTCX, 5*time.Second)
+	release := e.HoldVerbs() // the agent must not delete the pair before we look
+	e.MustDel(pod, "c")
+
+	gone := state.HandedOffName(idx)
+	if e.NodeLinkExists(hostIf) {
+		t.Errorf("host veth %s still exists under its name after DEL", hostIf)
+	}
+	e.InNode(func() error {
+		l, err := netlink.LinkByName(gone)
+		switch {
+		case err != nil:
+			t.Errorf("no handed-off veth %s after DEL (with the agent running): %v", gone, err)
+		case l.Attrs().Index != idx || l.Attrs().Flags&net.FlagUp != 0:
+			t.Errorf("handed-off veth %s: ifindex %d (want %d), flags %v (want down)", gone, l.Attrs().Index, idx, l.Attrs().Flags)
+		}
+		for _, ipc := range r1.IPs {
+			fam := netlink.FAMILY_V6
+			if ipc.Address.IP.To4() != nil {
+				fam = netlink.FAMILY_V4
+			}
+			neighs, _ := netlink.NeighList(0, fam)
+			for _, n := range neighs {
+				if n.IP.Equal(ipc.Address.IP) {
+					t.Errorf("the node still has a neighbour entry for %s after DEL: %+v", ipc.Address.IP, n)
+				}
+			}
+		}
+		return nil
+	})
+	for _, ipc := range r1.IPs {
+		if rs := e.HostRoutesTo(ipc.Address.IP); len(rs) > 0 {
+			t.Errorf("the node still routes %s after DEL: %v", ipc.Address.IP, rs)
+		}
+	}
+	for _, dir := range []string{datapath.DirIngress, datapath.DirEgress} {
+		if _, err := os.Stat(datapath.LinkPinPath(e.PinDir, hostIf, dir)); err == nil {
+			t.Errorf("link pin %s_%s still under the attachment's name", hostIf, dir)
+		}
+		if _, err := os.Stat(datapath.LinkPinPath(e.PinDir, gone, dir)); err != nil {
+			t.Errorf("link pin of the handed-off veth: %v", err)
+		}
+	}
+	pod.Do(func(ns.NetNS) error {
+		if _, err := netlink.LinkByName("eth0"); err == nil {
+			t.Errorf("eth0 still in the pod after DEL")
+		}
+		l, err := netlink.LinkByName(gone)
+		if err != nil {
+			t.Errorf("pod end of the handed-off pair not renamed %s: %v", gone, err)
+		} else if l.Attrs().Flags&net.FlagUp != 0 {
+			t.Errorf("pod end %s is up", gone)
+		}
+		return nil
+	})
+	if rs := e.ReservationsOf("c"); len(rs) > 0 {
+		t.Errorf("IPAM still holds %v after DEL", rs)
+	}
+	if eps, _ := e.Maps().ListEndpoints(); len(eps) > 0 {
+		t.Errorf("endpoint entries left after DEL: %v", eps)
+	}
+
+	// The same pod again, at once, while the old pair still waits.
+	r2 := e.Add(pod, "c")
+	for i := range r1.IPs {
+		if !r1.IPs[i].Address.IP.Equal(r2.IPs[i].Address.IP) {
+			t.Fatalf("re-ADD got %s, want %s", r2.IPs[i].Address.IP, r1.IPs[i].Address.IP)
+		}
+	}
+	e.PodReachable(t, pod, []net.IP{r2.IPs[0].Address.IP, r2.IPs[1].Address.IP})
+	if err := e.Check(pod, "c", "eth0"); err != nil {
+		t.Errorf("CHECK of the re-added pod: %v", err)
+	}
+	// Twice handed off before the agent got to either pair.
+	_, idx2 := e.HostVeth("c")
+	e.MustDel(pod, "c")
+	e.MustDel(pod, "c") // idempotent
+	for _, g := range []string{gone, state.HandedOffName(idx2)} {
+		if !e.NodeLinkExists(g) {
+			t.Errorf("handed-off veth %s missing while the agent waits", g)
+		}
+	}
+	release()
+	e.AssertClean()
+}
+
+// TestWithoutAgentADDAttachesTCXAndDELDeletes: with no agent (never
+// started, or stopped), ADD attaches pinned tcx links and DEL deletes the
+// veth before it returns, as before the agent took that work.
+func TestWithoutAgentADDAttachesTCXAndDELDeletes(t *testing.T) {
+	e := testenv.New(t)
+	confDir := e.WriteConfDir()
+	for _, round := range []string{"no agent yet", "agent stopped"} {
+		pod := e.NewPod()
+		e.CleanupDel(pod, "p")
+		e.Add(pod, "p")
+		hostIf, _ := e.HostVeth("p")
+		if st := e.AttachState(hostIf); st != datapath.StateTCX {
+			t.Errorf("%s: ADD left %s %q, want %q", round, hostIf, st, datapath.StateTCX)
+		}
+		e.MustDel(pod, "p")
+		if l := e.Leftovers(); len(l) > 0 {
+			t.Errorf("%s: DEL returned with state left: %v", round, l)
+		}
+		if round == "no agent yet" {
+			e.StartAgent(confDir, "--metrics-addr", "").Stop()
+		}
+	}
+}
+
+// crashAgent builds the agent with -tags crashpoint: EBPF_CNI_CRASH_AT=<step>
+// makes it SIGKILL itself at that step of its background work.
+func crashAgent(t *testing.T) string {
+	t.Helper()
+	crashAgentOnce.Do(func() {
+		dir := filepath.Join(testenv.BinDir, "crash-agent")
+		cmd := exec.Command("go", "build", "-tags", "crashpoint", "-o", dir+"/", "github.com/ebpf-cni/ebpf-cni/cmd/ebpf-agent")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			crashAgentErr = fmt.Errorf("build crashpoint agent: %v\n%s", err, out)
+			return
+		}
+		crashAgentBin = filepath.Join(dir, "ebpf-agent")
+	})
+	if crashAgentErr != nil {
+		t.Fatal(crashAgentErr)
+	}
+	return crashAgentBin
+}
+
+var (
+	crashAgentOnce sync.Once
+	crashAgentBin  string
+	crashAgentErr  error
+)
+
+// killedAt starts the crashpoint agent set to die at step, runs act, and
+// waits for the agent to have killed itself there.
+func killedAt(t *testing.T, e *testenv.Env, confDir, step string, act func()) {
+	t.Helper()
+	ag := e.StartAgentBin(crashAgent(t), []string{"EBPF_CNI_CRASH_AT=" + step}, confDir, "--metrics-addr", "")
+	act()
+	err, ok := ag.Exited(10 * time.Second)
+	if !ok {
+		t.Fatalf("the agent did not reach %s:\n%s", step, ag.Logs())
+	}
+	if err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Fatalf("the agent ended with %v, want killed at %s:\n%s", err, step, ag.Logs())
+	}
+}
+
+// TestAgentKilledMidWorkIsRecovered: an agent killed with SIGKILL between
+// the two tcx attaches of a move, right after deleting a handed-off veth
+// (before its pins), or before deleting one, leaves a pod that works and
+// passes CHECK; the next agent finishes the move and the deletion, and
+// without any agent a CNI GC deletes what was handed off.
+func TestAgentKilledMidWorkIsRecovered(t *testing.T) {
+	e := testenv.New(t)
+	confDir := e.WriteConfDir()
+	pod := e.NewPod()
+	e.CleanupDel(pod, "p")
+
+	var r *current.Result
+	killedAt(t, e, confDir, "agent-egress", func() { r = e.Add(pod, "p") })
+	hostIf, idx := e.HostVeth("p")
+	if st := e.AttachState(hostIf); st != datapath.StateMoving {
+		t.Errorf("after the kill between the two tcx attaches %s is %q, want %q", hostIf, st, datapath.StateMoving)
+	}
+	ips := []net.IP{r.IPs[0].Address.IP, r.IPs[1].Address.IP}
+	e.PodReachable(t, pod, ips)
+	if err := e.Check(pod, "p", "eth0"); err != nil {
+		t.Errorf("CHECK half way to tcx: %v", err)
+	}
+	ag := e.StartAgent(confDir, "--metrics-addr", "")
+	e.WaitAttachState(hostIf, datapath.StateTCX, 5*time.Second)
+	e.PodReachable(t, pod, ips)
+	if err := e.Check(pod, "p", "eth0"); err != nil {
+		t.Errorf("CHECK after the next agent finished the move: %v", err)
+	}
+	ag.Stop()
+
+	// Killed after deleting the handed-off veth, before its link pins.
+	gone := state.HandedOffName(idx)
+	killedAt(t, e, confDir, "reap-veth-deleted", func() { e.MustDel(pod, "p") })
+	if e.NodeLinkExists(gone) {
+		t.Errorf("%s not deleted before the kill", gone)
+	}
+	if l := e.Leftovers(); !slices.Contains(l, "link pin "+gone+"_ingress") {
+		t.Errorf("no orphaned pins of %s to recover: %v", gone, l)
+	}
+	ag = e.StartAgent(confDir, "--metrics-addr", "")
+	e.AssertClean()
+	ag.Stop()
+
+	// Killed before deleting a handed-off veth; no agent after it: GC.
+	e.Add(pod, "p")
+	_, idx = e.HostVeth("p")
+	gone = state.HandedOffName(idx)
+	killedAt(t, e, confDir, "agent-reap", func() { e.MustDel(pod, "p") })
+	if !e.NodeLinkExists(gone) {
+		t.Fatalf("handed-off veth %s gone although the agent died before deleting it", gone)
+	}
+	if err := e.GC(); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if l := e.Leftovers(); len(l) > 0 {
+		t.Errorf("GC with no agent left %v", l)
+	}
+}
+
+// TestHandedOffVethNetnsDestroyed: a pod's netns destroyed while its veth
+// waits for the agent takes the pair with it; the pins and map state the
+// pair left are removed by the agent all the same.
+func TestHandedOffVethNetnsDestroyed(t *testing.T) {
+	e := testenv.New(t)
+	e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
+	pod := e.NewPod()
+	e.Add(pod, "p")
+	hostIf, idx := e.HostVeth("p")
+	e.WaitAttachState(hostIf, datapath.StateTCX, 5*time.Second)
+	if err := testenv.Ping(pod, testenv.NodeIP4, 1); err != nil { // counters
+		t.Fatal(err)
+	}
+	release := e.HoldVerbs()
+	e.MustDel(pod, "p")
+	gone := state.HandedOffName(idx)
+	if !e.NodeLinkExists(gone) {
+		t.Fatalf("no handed-off veth %s", gone)
+	}
+	pod.Close()
+	if err := unmountNS(pod); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, e, gone)
+	if l := e.Leftovers(); !slices.Contains(l, "link pin "+gone+"_egress") {
+		t.Errorf("the pins of %s went with it? %v", gone, l)
+	}
+	release()
+	e.AssertClean()
+}
+
+// filterProgIDs are the programs of our cls_bpf filters on a host veth,
+// ingress then egress (0 where there is none).
+func filterProgIDs(t *testing.T, e *testenv.Env, idx int) []ebpf.ProgramID {
+	t.Helper()
+	out := []ebpf.ProgramID{0, 0}
+	e.InNode(func() error {
+		l, err := netlink.LinkByIndex(idx)
+		if err != nil {
+			t.Fatalf("ifindex %d: %v", idx, err)
+		}
+		for i, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			fs, _ := netlink.FilterList(l, parent)
+			for _, f := range fs {
+				if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(bf.Name, "ebpf-cni-") {
+					out[i] = ebpf.ProgramID(bf.Id)
+				}
+			}
+		}
+		return nil
+	})
+	return out
+}
+
+// TestUpgradeSwapsEveryAttachState: `ebpf-agent upgrade --force` swaps the
+// programs of a pod on tcx links, of one whose cls_bpf filters wait for
+// tcx, and of one in attachMode tc, in place, while its traffic flows;
+// each passes CHECK after; the waiting pod then moves to tcx with the new
+// programs and the tc one stays on tc.
+func TestUpgradeSwapsEveryAttachState(t *testing.T) {
+	e := testenv.New(t)
+	s := e.Sibling(t)
+	s.PinDir, s.Extra["attachMode"] = e.PinDir, "tc"
+	confDir := e.WriteConfDir()
+	e.StartAgent(confDir, "--metrics-addr", "")
+	px, pp, pt := e.NewPod(), e.NewPod(), e.NewPod()
+	e.CleanupDel(px, "x")
+	e.CleanupDel(pp, "p")
+	s.CleanupDel(pt, "t")
+	e.Add(px, "x")
+	hostX, idxX := e.HostVeth("x")
+	e.WaitAttachState(hostX, datapath.StateTCX, 5*time.Second)
+	release := e.HoldVerbs()
+	rp := e.Add(pp, "p")
+	s.Add(pt, "t")
+	hostP, idxP := e.HostVeth("p")
+	hostT, idxT := s.HostVeth("t")
+	if st := e.AttachState(hostP); st != datapath.StateTCPending {
+		t.Fatalf("%s is %q, want %q", hostP, st, datapath.StateTCPending)
+	}
+	if st := e.AttachState(hostT); st != datapath.StateTC {
+		t.Fatalf("%s (attachMode tc) is %q, want %q", hostT, st, datapath.StateTC)
+	}
+	beforeX, beforeP, beforeT := e.ProgIDs(idxX), filterProgIDs(t, e, idxP), filterProgIDs(t, e, idxT)
+
+	p4 := rp.IPs[0].Address.IP
+	pingDone := make(chan string, 1)
+	go func() {
+		_, _, out, _ := pingStats(e.Node, p4, 1000, "0.002")
+		pingDone <- out
+	}()
+	time.Sleep(200 * time.Millisecond)
+	out, err := e.AgentCmd(append([]string{"upgrade", "--force"}, e.AgentArgs(confDir)...)...)
+	if err != nil {
+		t.Fatalf("upgrade: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "tc filters: 4, swapped in place: 4") {
+		t.Errorf("upgrade did not swap the 4 filters: %s", out)
+	}
+	if out := <-pingDone; !strings.Contains(out, " 0% packet loss") {
+		t.Errorf("echoes lost across the upgrade of a pod waiting for tcx:\n%s", out)
+	}
+	afterX, afterP, afterT := e.ProgIDs(idxX), filterProgIDs(t, e, idxP), filterProgIDs(t, e, idxT)
+	for i := range 2 {
+		if afterX[i] == beforeX[i] || afterP[i] == beforeP[i] || afterT[i] == beforeT[i] {
+			t.Errorf("hook %d not swapped: tcx %d -> %d, waiting %d -> %d, tc %d -> %d", i, beforeX[i], afterX[i], beforeP[i], afterP[i], beforeT[i], afterT[i])
+		}
+		if afterP[i] != afterX[i] || afterT[i] != afterX[i] {
+			t.Errorf("hook %d runs different programs after the upgrade: tcx %d, waiting %d, tc %d", i, afterX[i], afterP[i], afterT[i])
+		}
+	}
+	for _, c := range []struct {
+		e   *testenv.Env
+		pod ns.NetNS
+		id  string
+	}{{e, px, "x"}, {e, pp, "p"}, {s, pt, "t"}} {
+		if err := c.e.Check(c.pod, c.id, "eth0"); err != nil {
+			t.Errorf("CHECK of %s after the upgrade: %v", c.id, err)
+		}
+	}
+	release()
+	e.WaitAttachState(hostP, datapath.StateTCX, 5*time.Second)
+	if got := e.ProgIDs(idxP); !slices.Equal(got, afterX) {
+		t.Errorf("the waiting pod moved to tcx with programs %v, want this build's %v", got, afterX)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if st := e.AttachState(hostT); st != datapath.StateTC {
+		t.Errorf("the agent moved a pod of attachMode tc: %q", st)
+	}
+	e.MustDel(px, "x")
+	e.MustDel(pp, "p")
+	s.MustDel(pt, "t")
+	e.AssertClean()
+	s.AssertClean()
+}
+
+// TestCheckInEveryAttachState: CHECK passes for a pod waiting for tcx and
+// for one on tcx, and names the hook when the program is missing in
+// either state.
+func TestCheckInEveryAttachState(t *testing.T) {
+	e := testenv.New(t)
+	e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
+	px, pp := e.NewPod(), e.NewPod()
+	e.CleanupDel(px, "x")
+	e.CleanupDel(pp, "p")
+	e.Add(px, "x")
+	hostX, idxX := e.HostVeth("x")
+	e.WaitAttachState(hostX, datapath.StateTCX, 5*time.Second)
+	e.HoldVerbs()
+	e.Add(pp, "p")
+	hostP, idxP := e.HostVeth("p")
+	if st := e.AttachState(hostP); st != datapath.StateTCPending {
+		t.Fatalf("%s is %q, want %q", hostP, st, datapath.StateTCPending)
+	}
+	for _, id := range []string{"x", "p"} {
+		if err := e.Check(map[string]ns.NetNS{"x": px, "p": pp}[id], id, "eth0"); err != nil {
+			t.Errorf("CHECK of %s: %v", id, err)
+		}
+	}
+	// The egress program goes: the tcx link's pin, the cls_bpf filter.
+	os.Remove(datapath.LinkPinPath(e.PinDir, hostX, datapath.DirEgress))
+	e.InNode(func() error {
+		return netlink.FilterDel(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: idxP, Parent: netlink.HANDLE_MIN_EGRESS, Handle: 1, Protocol: 0x0003, Priority: 1}})
+	})
+	// The last reference of a link gone, the kernel detaches it a moment later.
+	for deadline := time.Now().Add(5 * time.Second); len(e.ProgIDs(idxX)) > 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the tcx egress link of %s stays attached without its pin", hostX)
+		}
+	}
+	for id, hostIf := range map[string]string{"x": hostX, "p": hostP} {
+		err := e.Check(map[string]ns.NetNS{"x": px, "p": pp}[id], id, "eth0")
+		if err == nil || !strings.Contains(err.Error(), hostIf+" egress") {
+			t.Errorf("CHECK of %s without its egress program: %v, want the hook named", id, err)
+		}
+	}
+}
+
+// TestGCAndReconcileInEveryAttachState: GC tears down attachments not in
+// the valid list whether they wait for tcx or are on it (handing the veths
+// to the running agent), and the agent reconciles pods in either state
+// whose netns vanished without a DEL.
+func TestGCAndReconcileInEveryAttachState(t *testing.T) {
+	e := testenv.New(t)
+	e.StartAgent(e.WriteConfDir(), "--metrics-addr", "", "--reconcile-interval", "1s")
+	pods := map[string]ns.NetNS{}
+	for _, id := range []string{"gc-tcx", "gone-tcx", "keep"} {
+		pods[id] = e.NewPod()
+		e.CleanupDel(pods[id], id)
+		e.Add(pods[id], id)
+		h, _ := e.HostVeth(id)
+		e.WaitAttachState(h, datapath.StateTCX, 5*time.Second)
+	}
+	release := e.HoldVerbs()
+	for _, id := range []string{"gc-tc", "gone-tc"} {
+		pods[id] = e.NewPod()
+		e.CleanupDel(pods[id], id)
+		e.Add(pods[id], id)
+		if h, _ := e.HostVeth(id); e.AttachState(h) != datapath.StateTCPending {
+			t.Fatalf("%s: %q", id, e.AttachState(h))
+		}
+	}
+	if err := e.GC(
+		types.GCAttachment{ContainerID: "keep", IfName: "eth0"},
+		types.GCAttachment{ContainerID: "gone-tcx", IfName: "eth0"},
+		types.GCAttachment{ContainerID: "gone-tc", IfName: "eth0"},
+	); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	for _, id := range []string{"gc-tcx", "gc-tc"} {
+		if l := e.Traces(&testenv.Attachment{ID: id, IfName: "eth0", HostIf: state.HostIfName(id, "eth0")}); len(l) > 0 {
+			t.Errorf("GC left %s: %v", id, l)
+		}
+	}
+	// Pods vanish without DEL: their veths go with their netns.
+	for _, id := range []string{"gone-tcx", "gone-tc"} {
+		pods[id].Close()
+		if err := unmountNS(pods[id]); err != nil {
+			t.Fatal(err)
+		}
+		waitGone(t, e, state.HostIfName(id, "eth0"))
+	}
+	release()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, id := range []string{"gone-tcx", "gone-tc"} {
+		for len(e.ReservationsOf(id)) > 0 || e.Store().Path(id, "eth0") != "" && fileExists(e.Store().Path(id, "eth0")) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the agent did not reconcile %s: reservations %v", id, e.ReservationsOf(id))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	e.MustDel(pods["keep"], "keep")
+	e.AssertClean()
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// TestStatusShowsAttachStates: `ebpf-agent status` counts the host veths by
+// attach state and lists the handed-off veths; `dump endpoints` shows each
+// pod's state.
+func TestStatusShowsAttachStates(t *testing.T) {
+	e := testenv.New(t)
+	e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
+	px, pp, pd := e.NewPod(), e.NewPod(), e.NewPod()
+	for id, p := range map[string]ns.NetNS{"x": px, "p": pp, "d": pd} {
+		e.CleanupDel(p, id)
+	}
+	e.Add(px, "x")
+	hostX, _ := e.HostVeth("x")
+	e.WaitAttachState(hostX, datapath.StateTCX, 5*time.Second)
+	e.HoldVerbs()
+	rp := e.Add(pp, "p")
+	e.Add(pd, "d")
+	_, idxD := e.HostVeth("d")
+	e.MustDel(pd, "d")
+
+	out, err := e.MasqAgent("status", "-o", "json")
+	if err != nil && !strings.Contains(err.Error(), "exit status 1") {
+		t.Fatal(err)
+	}
+	var st inspect.StatusReport
+	if err := json.Unmarshal(out, &st); err != nil {
+		t.Fatalf("status JSON: %v\n%s", err, out)
+	}
+	a := st.Attachments
+	if !a.AgentRunning || a.HostVeths[datapath.StateTCX] != 1 || a.HostVeths[datapath.StateTCPending] != 1 ||
+		!slices.Equal(a.HandedOff, []string{state.HandedOffName(idxD)}) {
+		t.Errorf("status attachments: %+v, want the agent running, 1 on tcx, 1 waiting, %s handed off", a, state.HandedOffName(idxD))
+	}
+	out, err = e.MasqAgent("dump", "endpoints", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var eps inspect.Endpoints
+	if err := json.Unmarshal(out, &eps); err != nil {
+		t.Fatalf("dump endpoints JSON: %v\n%s", err, out)
+	}
+	want := map[string]string{}
+	for _, ipc := range rp.IPs {
+		want[ipc.Address.IP.String()] = datapath.StateTCPending
+	}
+	for _, ep := range eps {
+		if w, ok := want[ep.IP]; ok && ep.Attach != w {
+			t.Errorf("dump endpoints: %s attach %q, want %q", ep.IP, ep.Attach, w)
+		} else if !ok && ep.Attach != datapath.StateTCX {
+			t.Errorf("dump endpoints: %s attach %q, want %q", ep.IP, ep.Attach, datapath.StateTCX)
+		}
+	}
+	if len(eps) != 4 {
+		t.Errorf("dump endpoints lists %d addresses, want 4: %+v", len(eps), eps)
+	}
+}

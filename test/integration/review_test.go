@@ -1,0 +1,605 @@
+// Hostile review: attacks on the stack-flow table and the integrity of
+// attachments that earlier tests did not cover.
+
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// csum16 is the Internet checksum of b.
+func csum16(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s>>16 != 0 {
+		s = s&0xffff + s>>16
+	}
+	return ^uint16(s)
+}
+
+// forgedUnreach is an ICMP(v6) destination unreachable quoting a TCP segment
+// src:sport -> dst:dport that its sender never received. The ICMPv6
+// checksum is the kernel's (raw ICMPv6 sockets compute it).
+func forgedUnreach(src net.IP, sport int, dst net.IP, dport int) []byte {
+	var q []byte
+	if src.To4() != nil {
+		q = make([]byte, 40)
+		q[0], q[8], q[9] = 0x45, 64, syscall.IPPROTO_TCP
+		binary.BigEndian.PutUint16(q[2:], 40)
+		copy(q[12:16], src.To4())
+		copy(q[16:20], dst.To4())
+		binary.BigEndian.PutUint16(q[10:], csum16(q[:20]))
+	} else {
+		q = make([]byte, 60)
+		q[0], q[6], q[7] = 0x60, syscall.IPPROTO_TCP, 64
+		binary.BigEndian.PutUint16(q[4:], 20)
+		copy(q[8:24], src.To16())
+		copy(q[24:40], dst.To16())
+	}
+	tcp := q[len(q)-20:]
+	binary.BigEndian.PutUint16(tcp[0:], uint16(sport))
+	binary.BigEndian.PutUint16(tcp[2:], uint16(dport))
+	tcp[12], tcp[13] = 5<<4, 0x10 // data offset, ACK
+	if src.To4() != nil {
+		m := append([]byte{3, 1, 0, 0, 0, 0, 0, 0}, q...)
+		binary.BigEndian.PutUint16(m[2:], csum16(m))
+		return m
+	}
+	return append([]byte{1, 3, 0, 0, 0, 0, 0, 0}, q...)
+}
+
+// sendICMP sends the ICMP(v6) message m n times from netns to dst over a raw socket.
+func sendICMP(t *testing.T, netns ns.NetNS, dst net.IP, m []byte, n int) {
+	t.Helper()
+	err := netns.Do(func(ns.NetNS) error {
+		var (
+			fd  int
+			err error
+			sa  syscall.Sockaddr
+		)
+		if dst.To4() != nil {
+			fd, err = syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_ICMP)
+			a := &syscall.SockaddrInet4{}
+			copy(a.Addr[:], dst.To4())
+			sa = a
+		} else {
+			fd, err = syscall.Socket(syscall.AF_INET6, syscall.SOCK_RAW, syscall.IPPROTO_ICMPV6)
+			a := &syscall.SockaddrInet6{}
+			copy(a.Addr[:], dst.To16())
+			sa = a
+		}
+		if err != nil {
+			return err
+		}
+		defer syscall.Close(fd)
+		for i := 0; i < n; i++ {
+			if err := syscall.Sendto(fd, m, 0, sa); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("send forged ICMP: %v", err)
+	}
+}
+
+// TestReviewForgedICMPErrorKeepsStackFlows: pod x, which has nothing to do
+// with a's connection through a ClusterIP to b, sends ICMP errors quoting a
+// segment a -> b of that connection. The record that sends b's replies
+// through the stack (so conntrack un-DNATs them) must survive: x may not
+// delete another pod's records. Without it b's next segment bypasses
+// conntrack, reaches a from b's own address, and a answers with a reset.
+// IPv4 and IPv6.
+func TestReviewForgedICMPErrorKeepsStackFlows(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	a, b, x := e.NewPod(), e.NewPod(), e.NewPod()
+	for id, p := range map[string]ns.NetNS{"a": a, "b": b, "x": x} {
+		e.CleanupDel(p, id)
+	}
+	e.Add(a, "a")
+	b4, b6 := testenv.PodIPs(t, e.Add(b, "b"))
+	e.Add(x, "x")
+	bIP := map[int]net.IP{4: b4, 6: b6}
+	for _, fam := range []int{4, 6} {
+		restore(t, e.Node, "nft", nftRules(fam, cluster[fam], []net.IP{nodeIP[fam]},
+			[]svcPort{{name: "web", proto: "tcp", clusterIP: svcWeb[fam], port: 80, backend: bIP[fam], target: 8080}}), "-f", "-")
+	}
+	_, bIdx := e.HostVeth("b")
+	for _, fam := range []int{4, 6} {
+		network := fmt.Sprintf("tcp%d", fam)
+		var ln net.Listener
+		if err := b.Do(func(ns.NetNS) (err error) { ln, err = net.Listen(network, ":8080"); return }); err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				accepted <- c
+			}
+		}()
+		var cli net.Conn
+		if err := a.Do(func(ns.NetNS) (err error) {
+			cli, err = net.DialTimeout(network, hp(svcWeb[fam], 80), 5*time.Second)
+			return
+		}); err != nil {
+			t.Fatalf("a -> ClusterIP %s: %v", svcWeb[fam], err)
+		}
+		defer cli.Close()
+		var srv net.Conn
+		select {
+		case srv = <-accepted:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("IPv%d: b accepted nothing", fam)
+		}
+		defer srv.Close()
+		if _, err := cli.Write([]byte("ping\n")); err != nil {
+			t.Fatal(err)
+		}
+		srv.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := bufio.NewReader(srv).ReadString('\n'); err != nil {
+			t.Fatalf("IPv%d: b read: %v", fam, err)
+		}
+		la := cli.LocalAddr().(*net.TCPAddr)
+		record := func() bool {
+			flows, err := e.Maps().ListStackFlows()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range flows {
+				if f.Ifindex == bIdx && f.Peer.Addr().Unmap().String() == la.IP.String() && int(f.Peer.Port()) == la.Port {
+					return true
+				}
+			}
+			return false
+		}
+		if !record() {
+			t.Fatalf("IPv%d: no stack flow recorded for b's replies to %s", fam, la)
+		}
+
+		// x knows (or guesses) the tuple and sprays errors about it at b.
+		sendICMP(t, x, bIP[fam], forgedUnreach(la.IP, la.Port, bIP[fam], 8080), 20)
+		time.Sleep(100 * time.Millisecond)
+		if !record() {
+			t.Errorf("IPv%d: pod x's forged ICMP errors deleted b's stack flow record", fam)
+		}
+		// b speaks first now: a must get it from the ClusterIP.
+		if _, err := srv.Write([]byte("pong\n")); err != nil {
+			t.Fatal(err)
+		}
+		cli.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if got, err := bufio.NewReader(cli).ReadString('\n'); err != nil || got != "pong\n" {
+			t.Errorf("IPv%d: a's connection through the ClusterIP after x's forged errors: read %q, %v", fam, got, err)
+		}
+	}
+}
+
+// TestReviewDelRacingAdd: a DEL of an attachment started while its ADD is
+// under way (a runtime giving up on a slow ADD; the spec forbids it, runtimes
+// still do it). Whatever the interleaving, the node ends as one of the two
+// serial orders left it: the attachment complete and working (DEL first),
+// or nothing of it (ADD first) - never a veth without its lease or record.
+func TestReviewDelRacingAdd(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	for i := 0; i < 8; i++ {
+		pod := e.NewPod()
+		id := testenv.RandName("race")
+		e.CleanupDel(pod, id)
+		delay := time.Duration(i) * 4 * time.Millisecond
+		type addOut struct {
+			res types.Result
+			err error
+		}
+		addCh, delCh := make(chan addOut, 1), make(chan error, 1)
+		go func() { r, err := e.AddV("1.1.0", pod, id, "eth0"); addCh <- addOut{r, err} }()
+		go func() { time.Sleep(delay); delCh <- e.Del(pod, id, "eth0") }()
+		ao, derr := <-addCh, <-delCh
+		t.Logf("round %d (DEL after %s): ADD %v, DEL %v", i, delay, ao.err, derr)
+		hostIf := state.HostIfName(id, "eth0")
+		if e.NodeLinkExists(hostIf) {
+			if ao.err != nil {
+				t.Errorf("round %d: ADD failed (%v) but its veth %s is left", i, ao.err, hostIf)
+			} else if r, err := current.NewResultFromResult(ao.res); err != nil {
+				t.Fatal(err)
+			} else {
+				v4, _ := testenv.PodIPs(t, r)
+				if _, err := os.Stat(e.RecordPath(id, "eth0")); err != nil {
+					t.Errorf("round %d: veth %s of %s left without its record: %v", i, hostIf, v4, err)
+				}
+				if len(e.ReservationsOf(id)) == 0 {
+					t.Errorf("round %d: veth %s of %s left, its address not reserved in IPAM (the next pod gets it)", i, hostIf, v4)
+				}
+				if err := testenv.Ping(e.Node, v4, 1); err != nil {
+					t.Errorf("round %d: the attachment left (%s) does not answer: %v", i, v4, err)
+				}
+			}
+		} else {
+			e.AssertNothingOf(id)
+		}
+		if err := e.Del(pod, id, "eth0"); err != nil {
+			t.Errorf("round %d: final DEL: %v", i, err)
+		}
+		e.AssertNothingOf(id)
+	}
+}
+
+// TestReviewOtherNetworksDelKeepsOwner: network B's ADD of a container ID and
+// interface name that network A attached is refused; the runtime then DELs
+// B's failed attachment, as runtimes do after a failed ADD. That DEL must
+// remove nothing of A's pod: not its veth, not its map entries.
+func TestReviewOtherNetworksDelKeepsOwner(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "shared")
+	live := e.AddAttachment(pod, "shared")
+	for _, same := range []bool{true, false} {
+		pinDir := e.PinDir
+		if !same {
+			pinDir = filepath.Join(datapath.BPFFSRoot, testenv.RandName("ebpf-cni-test-"))
+			t.Cleanup(func() { os.RemoveAll(pinDir) })
+		}
+		stateB := t.TempDir()
+		netB := e.NetList(testenv.RandName("netb"), map[string]any{"type": "ebpf-cni", "pinDir": pinDir, "stateDir": stateB,
+			"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}}}})
+		rt := e.RuntimeConf(pod, "shared", "eth0")
+		if _, err := e.AddList(netB, rt); err == nil {
+			t.Fatalf("network B's ADD of network A's attachment succeeded")
+		}
+		// The refused ADD leaves no record: GC and the agent would take it
+		// for a killed ADD of network B and tear down "its" veth.
+		if recs, _ := os.ReadDir(filepath.Join(stateB, netB.Name)); len(recs) != 0 {
+			t.Errorf("network B's refused ADD left records: %v", recs)
+		}
+		if err := e.InNode(func() error {
+			return e.CNI.GCNetworkList(context.Background(), netB, &libcni.GCArgs{})
+		}); err != nil {
+			t.Errorf("network B's GC: %v", err)
+		}
+		if !e.NodeLinkExists(live.HostIf) {
+			t.Fatalf("network B's GC (same pinDir: %v) deleted network A's host veth %s", same, live.HostIf)
+		}
+		if err := e.DelList(netB, rt); err != nil {
+			t.Errorf("network B's DEL of its refused attachment: %v", err)
+		}
+		if !e.NodeLinkExists(live.HostIf) {
+			t.Fatalf("network B's DEL (same pinDir: %v) deleted network A's host veth %s", same, live.HostIf)
+		}
+		e.AssertOwns(t, live)
+		if err := e.Check(pod, "shared", "eth0"); err != nil {
+			t.Errorf("CHECK of network A's pod after network B's DEL (same pinDir: %v): %v", same, err)
+		}
+		e.PodReachable(t, pod, live.IPs)
+	}
+	e.MustDel(pod, "shared")
+	e.AssertClean()
+}
+
+// TestReviewBandwidthBoundaries: the least and the greatest rates the plugin
+// accepts, at the least and the greatest MTU, with the runtime's absurd
+// burst: ADD installs them (queue included), CHECK passes, and the pod
+// answers; DEL leaves nothing.
+func TestReviewBandwidthBoundaries(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		rate uint64
+		mtu  int
+	}{{1_000, 1500}, {1_000, 9000}, {1_000, 65535}, {1_000_000_000_000, 1500}, {1_000_000_000_000, 65535}, {34_359_738_368, 1500}} {
+		e := testenv.New(t)
+		e.Extra = map[string]any{"mtu": c.mtu}
+		pod := e.NewPod()
+		id := testenv.RandName("bw")
+		e.CleanupDel(pod, id)
+		bw := map[string]any{"ingressRate": c.rate, "ingressBurst": uint64(4294967295), "egressRate": c.rate, "egressBurst": uint64(4294967295)}
+		r, err := e.AddBW(pod, id, bw)
+		if err != nil {
+			t.Errorf("rate %d, mtu %d: ADD: %v", c.rate, c.mtu, err)
+			continue
+		}
+		if err := e.CheckBW(pod, id, bw); err != nil {
+			t.Errorf("rate %d, mtu %d: CHECK: %v", c.rate, c.mtu, err)
+		}
+		if c.rate > 1_000_000 {
+			v4, _ := testenv.PodIPs(t, r)
+			if err := testenv.Ping(e.Node, v4, 2); err != nil {
+				t.Errorf("rate %d, mtu %d: ping: %v", c.rate, c.mtu, err)
+			}
+		}
+		if err := e.Del(pod, id, "eth0"); err != nil {
+			t.Errorf("rate %d, mtu %d: DEL: %v", c.rate, c.mtu, err)
+		}
+		e.AssertClean()
+	}
+}
+
+// TestReviewKilledFirstAdd: the first ADD on a node (it sets up the pinned
+// maps and programs) killed with SIGKILL after a varying delay, anywhere in
+// that setup or later. The runtime's DEL cleans up whatever it left, and the
+// next ADD sets the node up and works.
+func TestReviewKilledFirstAdd(t *testing.T) {
+	t.Parallel()
+	for _, d := range []time.Duration{5, 40, 70, 90, 110, 130, 150, 170, 200, 250, 300} {
+		d *= time.Millisecond
+		e := testenv.New(t)
+		pod := e.NewPod()
+		e.CleanupDel(pod, "killed")
+		var cmd *exec.Cmd
+		err := e.InNode(func() error {
+			cmd = exec.Command(filepath.Join(testenv.BinDir, "ebpf-cni"))
+			for k, v := range pluginEnv("ADD", "killed", pod, "eth0") {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+			cmd.Stdin = bytes.NewReader(e.StdinConf(nil))
+			return cmd.Start()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(d)
+		cmd.Process.Signal(syscall.SIGKILL)
+		werr := cmd.Wait()
+		pins, _ := os.ReadDir(e.PinDir)
+		t.Logf("killed after %s: %v; left %d things, pin dir %d entries", d, werr, len(e.Leftovers()), len(pins))
+		if err := e.Del(pod, "killed", "eth0"); err != nil {
+			t.Errorf("killed after %s: DEL: %v", d, err)
+		}
+		if l := e.Leftovers(); len(l) > 0 {
+			t.Errorf("killed after %s: left after DEL:\n  %s", d, strings.Join(l, "\n  "))
+		}
+		p := e.AddAttachment(pod, "again")
+		e.PodReachable(t, pod, p.IPs)
+		if err := e.Check(pod, "again", "eth0"); err != nil {
+			t.Errorf("killed after %s: CHECK of the next ADD: %v", d, err)
+		}
+		e.MustDel(pod, "again")
+		e.AssertClean()
+	}
+}
+
+// TestReviewConcurrentInterfaces: eth0 and net1 of one pod from two ebpf-cni
+// networks, added at the same time (containerd's go-cni sets up the networks
+// of a pod in parallel). Both ADDs succeed, as they do one after the other,
+// and the pod has one default route per family, through one interface.
+func TestReviewConcurrentInterfaces(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	netB := e.NetList(testenv.RandName("netb"), map[string]any{
+		"type": "ebpf-cni", "pinDir": e.PinDir, "stateDir": t.TempDir(),
+		"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(),
+			"ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}, {{"subnet": "fd00:251::/64"}}}},
+	})
+	for i := 0; i < 6; i++ {
+		pod := e.NewPod()
+		id := testenv.RandName("multi")
+		rtB := &libcni.RuntimeConf{ContainerID: id, NetNS: pod.Path(), IfName: "net1"}
+		e.CleanupDel(pod, id)
+		t.Cleanup(func() { e.DelList(netB, rtB) })
+		errA, errB := make(chan error, 1), make(chan error, 1)
+		go func() { _, err := e.AddV("1.1.0", pod, id, "eth0"); errA <- err }()
+		go func() { _, err := e.AddList(netB, rtB); errB <- err }()
+		if err := <-errA; err != nil {
+			t.Errorf("round %d: ADD eth0 beside net1: %v", i, err)
+		}
+		if err := <-errB; err != nil {
+			t.Errorf("round %d: ADD net1 beside eth0: %v", i, err)
+		}
+		v4, v6 := podDefaults(t, pod)
+		if strings.Contains(v4, " ") || v4 == "" || strings.Contains(v6, " ") || v6 == "" || strings.HasPrefix(v6, "ifindex") {
+			t.Errorf("round %d: pod default routes v4 %q, v6 %q; want one interface each", i, v4, v6)
+		}
+		if err := e.DelList(netB, rtB); err != nil {
+			t.Errorf("round %d: DEL net1: %v", i, err)
+		}
+		if err := e.Del(pod, id, "eth0"); err != nil {
+			t.Errorf("round %d: DEL eth0: %v", i, err)
+		}
+	}
+	e.AssertClean()
+}
+
+// TestReviewGarbageConfig: configurations a runtime or a human may hand the
+// plugin, each refused by ADD with the spec's code naming the field, leaving
+// nothing.
+func TestReviewGarbageConfig(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	pod := e.NewPod()
+	bw := func(k string, v any) func(c map[string]any) {
+		return func(c map[string]any) {
+			c["runtimeConfig"] = map[string]any{"bandwidth": map[string]any{k: json.RawMessage(fmt.Sprint(v))}}
+		}
+	}
+	for _, c := range []struct {
+		name string
+		edit func(c map[string]any)
+		code uint
+		subs []string
+	}{
+		{"negative rate", bw("ingressRate", -1), codeInvalidConfig, []string{"ingressRate", "negative"}},
+		{"rate beyond 64 bits", bw("egressRate", "18446744073709551616"), codeInvalidConfig, []string{"egressRate", "64 bits"}},
+		{"rate in exponent notation", bw("ingressRate", "1e6"), codeInvalidConfig, []string{"ingressRate", "whole number"}},
+		{"rate below the minimum", bw("ingressRate", 999), codeInvalidConfig, []string{"ingressRate", "minimum"}},
+		{"rate beyond 1 Tbit/s", bw("ingressRate", "1000000000001"), codeInvalidConfig, []string{"ingressRate", "maximum"}},
+		{"burst without rate", bw("egressBurst", 1000), codeInvalidConfig, []string{"egressBurst", "egressRate"}},
+		{"bandwidth not an object", func(c map[string]any) { c["runtimeConfig"] = map[string]any{"bandwidth": 5} }, codeDecoding, []string{"bandwidth"}},
+		{"negative mtu", func(c map[string]any) { c["mtu"] = -1 }, codeInvalidConfig, []string{"mtu"}},
+		{"mtu as a string", func(c map[string]any) { c["mtu"] = "1500" }, codeDecoding, []string{"mtu"}},
+		{"missing name", func(c map[string]any) { delete(c, "name") }, codeInvalidConfig, []string{"name"}},
+		{"name with a slash", func(c map[string]any) { c["name"] = "../x" }, codeInvalidConfig, []string{"name"}},
+		{"ipam without type", func(c map[string]any) { c["ipam"] = map[string]any{"subnet": "10.250.0.0/24"} }, codeInvalidConfig, []string{"ipam"}},
+		{"portMappings port 0", func(c map[string]any) {
+			c["runtimeConfig"] = map[string]any{"portMappings": []map[string]any{{"hostPort": 0, "containerPort": 80, "protocol": "tcp"}}}
+		}, codeInvalidConfig, []string{"portMappings[0]"}},
+	} {
+		stdin := e.StdinConf(c.edit)
+		out, err := e.ExecPlugin(pluginEnv("ADD", "garbage", pod, "eth0"), stdin)
+		wantPluginError(t, c.name, out, err, c.code, c.subs...)
+		e.AssertNothingOf("garbage")
+	}
+}
+
+// TestReviewKilledDel: a DEL killed with SIGKILL after a varying delay; the
+// runtime retries it. The retry succeeds and leaves nothing, and a pod added
+// meanwhile never shares the half-deleted pod's address.
+func TestReviewKilledDel(t *testing.T) {
+	t.Parallel()
+	for _, d := range []time.Duration{2, 8, 15, 25, 40, 60, 90} {
+		d *= time.Millisecond
+		e := testenv.New(t)
+		pod, next := e.NewPod(), e.NewPod()
+		e.CleanupDel(pod, "victim")
+		e.CleanupDel(next, "next")
+		v := e.AddAttachment(pod, "victim")
+		var cmd *exec.Cmd
+		err := e.InNode(func() error {
+			cmd = exec.Command(filepath.Join(testenv.BinDir, "ebpf-cni"))
+			for k, val := range pluginEnv("DEL", "victim", pod, "eth0") {
+				cmd.Env = append(cmd.Env, k+"="+val)
+			}
+			cmd.Stdin = bytes.NewReader(e.StdinConf(nil))
+			return cmd.Start()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(d)
+		cmd.Process.Signal(syscall.SIGKILL)
+		werr := cmd.Wait()
+		left := e.Traces(v)
+		t.Logf("DEL killed after %s: %v; left %d traces", d, werr, len(left))
+		// A pod added meanwhile gets an address of its own, or is refused.
+		if r, err := e.AddV("1.1.0", next, "next", "eth0"); err == nil {
+			n, _ := current.NewResultFromResult(r)
+			for _, ipc := range n.IPs {
+				for _, ip := range v.IPs {
+					if ipc.Address.IP.Equal(ip) {
+						t.Errorf("DEL killed after %s: the next pod got the half-deleted pod's %s", d, ip)
+					}
+				}
+			}
+		}
+		if err := e.Del(pod, "victim", "eth0"); err != nil {
+			t.Errorf("DEL killed after %s: retried DEL: %v", d, err)
+		}
+		e.AssertGone(v)
+		if err := e.Del(next, "next", "eth0"); err != nil {
+			t.Errorf("DEL of the next pod: %v", err)
+		}
+		e.AssertClean()
+	}
+}
+
+// TestReviewIfnameTaken: the pod already has an eth0 of another plugin's
+// making (a second network with the same ifname, a misconfigured runtime).
+// ADD fails naming it and leaves nothing; the runtime's DEL of the failed
+// ADD keeps the other eth0, its address and its routes.
+func TestReviewIfnameTaken(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "taken")
+	peer := testenv.RandName("hand")
+	if err := e.InNode(func() error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: peer}, PeerName: "eth0",
+			PeerNamespace: netlink.NsFd(int(pod.Fd()))})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.InNode(func() error { return deleteHostLink(peer) }) })
+	addr, _ := netlink.ParseAddr("10.254.0.2/24")
+	if err := pod.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP("10.254.0.1")})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.AddV("1.1.0", pod, "taken", "eth0")
+	if err == nil {
+		t.Fatal("ADD over the pod's existing eth0 succeeded")
+	}
+	t.Logf("ADD: %v", err)
+	if !strings.Contains(err.Error(), "eth0") {
+		t.Errorf("ADD's error does not name eth0: %v", err)
+	}
+	e.AssertNothingOf("taken")
+	if err := e.Del(pod, "taken", "eth0"); err != nil {
+		t.Errorf("DEL of the failed ADD: %v", err)
+	}
+	pod.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			t.Fatalf("the other plugin's eth0 is gone: %v", err)
+		}
+		if as, _ := netlink.AddrList(l, netlink.FAMILY_V4); len(as) != 1 || !as[0].IP.Equal(addr.IP) {
+			t.Errorf("the other eth0's addresses: %v", as)
+		}
+		if v4, _ := podDefaults(t, pod); v4 != "eth0" {
+			t.Errorf("the pod's IPv4 default route: %q, want the other eth0's", v4)
+		}
+		return nil
+	})
+	e.AssertClean()
+}
+
+// TestReviewRecordNameCollision: container IDs and interface names may both
+// hold "_". Attachments (pod_x, eth0) and (pod, x_eth0) are two: both ADDs
+// succeed, and the DEL of one leaves the other's record. Before, they shared
+// the record file pod_x_eth0.json: the second ADD was refused as a retry of
+// the first, and the DEL the runtime then sent deleted the first's record.
+func TestReviewRecordNameCollision(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "pod_x")
+	e.AddAttachment(pod, "pod_x")
+	t.Cleanup(func() { e.Del(pod, "pod", "x_eth0") })
+	if _, err := e.AddV("1.1.0", pod, "pod", "x_eth0"); err != nil {
+		t.Errorf("ADD of (pod, x_eth0) beside (pod_x, eth0): %v", err)
+	}
+	if err := e.Del(pod, "pod", "x_eth0"); err != nil {
+		t.Errorf("DEL of (pod, x_eth0): %v", err)
+	}
+	if _, err := os.Stat(e.RecordPath("pod_x", "eth0")); err != nil {
+		t.Errorf("(pod_x, eth0) lost its record to the DEL of (pod, x_eth0): %v", err)
+	}
+}
