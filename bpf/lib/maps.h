@@ -3,38 +3,41 @@
  * types.h, the code that reads and writes them in the feature headers.
  * pkg/maps pins and opens each one (by name), so a map added here is pinned
  * on the next setup; bump maps.LayoutVersion with any change.
+ *
+ * Maps whose max_entries is SIZED are sized when the datapath is first
+ * pinned, from the node's maxPods (pkg/maps/sizing.go holds the rule): the
+ * value here is a placeholder the loader replaces. The others are fixed.
  */
 #pragma once
 
 #include "types.h"
 
-#define MAX_ENDPOINTS 65536
-#define MAX_HOSTPORTS 65536
-#define MAX_CT 65536
+#define SIZED 0 /* max_entries set at pin time (pkg/maps/sizing.go); 0 fails if forgotten */
 #define MAX_NODE_IPS 1024
-#define MAX_SNAT 131072 /* two entries per flow */
 #define MAX_CLUSTER_CIDRS 256
-#define MAX_STACK_FLOWS 65536
 
 /* ------------------------------------------------------------- endpoints */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_ENDPOINTS);
+	__uint(max_entries, SIZED);
 	__type(key, struct ep_key);
 	__type(value, struct ep_info);
 } cni_endpoints SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_ENDPOINTS);
+	__uint(max_entries, SIZED);
 	__type(key, __u32);
 	__type(value, struct link_info);
 } cni_links SEC(".maps");
 
+/* Per-CPU, so not preallocated: an entry costs its value times the CPUs,
+ * and only (interface, direction, reason) that saw a packet have one. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, MAX_ENDPOINTS * 4);
+	__uint(max_entries, SIZED);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct stats_key);
 	__type(value, struct stats_val);
 } cni_stats SEC(".maps");
@@ -43,14 +46,14 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_ENDPOINTS * 2);
+	__uint(max_entries, SIZED);
 	__type(key, struct bw_key);
 	__type(value, struct bw_state);
 } cni_bandwidth SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_ENDPOINTS + 1);
+	__uint(max_entries, SIZED);
 	__type(key, __u64); /* netns cookie */
 	__type(value, struct netns_info);
 } cni_netns SEC(".maps");
@@ -59,14 +62,14 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_HOSTPORTS);
+	__uint(max_entries, SIZED);
 	__type(key, struct hostport_key);
 	__type(value, struct hostport_val);
 } cni_hostports SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MAX_CT);
+	__uint(max_entries, SIZED);
 	__type(key, struct ct_key);
 	__type(value, struct ct_val);
 } cni_ct SEC(".maps");
@@ -88,7 +91,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MAX_CT);
+	__uint(max_entries, SIZED);
 	__type(key, struct sock_rnat_key);
 	__type(value, struct sock_rnat_val);
 } cni_sock_rnat SEC(".maps");
@@ -104,13 +107,11 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MAX_SNAT);
+	__uint(max_entries, SIZED); /* two entries per flow */
 	__type(key, struct snat_key);
 	__type(value, struct snat_val);
 } cni_snat SEC(".maps");
 
-/* Value: who added the prefix (1 an ADD's configuration, 2 the agent); the
- * datapath reads only the key. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
 	__uint(max_entries, MAX_CLUSTER_CIDRS);
@@ -118,6 +119,17 @@ struct {
 	__type(key, struct cidr_key);
 	__type(value, __u32);
 } cni_cluster_cidrs SEC(".maps");
+
+/* Who holds each entry of cni_cluster_cidrs (userspace only): one entry per
+ * (CIDR, attachment), so a CIDR goes with its last user, whichever process
+ * adds or deletes (pkg/maps/masq.go, under a lock on the map directory). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SIZED);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct cidr_ref_key);
+	__type(value, __u32);
+} cni_cidr_refs SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -136,7 +148,7 @@ struct {
 /* Ports each pod holds towards each destination (the pod limit's count). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MAX_SNAT / 2);
+	__uint(max_entries, SIZED); /* one entry per (pod, destination) of cni_snat flows at most */
 	__type(key, struct masq_share_key);
 	__type(value, __u32);
 } cni_masq_share SEC(".maps");
@@ -145,7 +157,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MAX_STACK_FLOWS);
+	__uint(max_entries, SIZED);
 	__type(key, struct sf_key);
 	__type(value, struct sf_val);
 } cni_stack_flows SEC(".maps");

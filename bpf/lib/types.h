@@ -258,6 +258,14 @@ struct cidr_key {
 	__u8 addr[16];
 };
 
+/* Key of cni_cidr_refs: a CIDR of cni_cluster_cidrs and one of its users
+ * (an attachment, by a hash of its identity; 0: inherited from an older
+ * layout, never released). */
+struct cidr_ref_key {
+	struct cidr_key cidr;
+	__u64 owner;
+};
+
 #define SNAT_DIR_FWD 0 /* pod's view: addr/port = pod, peer = destination */
 #define SNAT_DIR_REV 1 /* wire view of replies: addr/port = node, peer = destination */
 

@@ -18,6 +18,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
@@ -36,6 +37,19 @@ type opts struct {
 	kubeconfig, nodeName, confTemplate, clusterCIDRs string
 	// reconcile, upgrade
 	dryRun, force bool
+	// run, upgrade: the node's map sizing (0 and -1: from the CNI config)
+	maxPods, hostPortsPerPod int
+}
+
+// sizingFlags are the flags of the commands that may create the maps.
+func sizingFlags(fs *flag.FlagSet, o *opts) {
+	fs.IntVar(&o.maxPods, "max-pods", 0, "pods the node's maps are sized for (default: the ebpf-cni networks' maxPods in --cni-conf-dir, else 110); must agree with them")
+	fs.IntVar(&o.hostPortsPerPod, "max-hostports-per-pod", -1, "portMappings a pod may have (default: the networks' maxHostPortsPerPod, else 32); must agree with them")
+}
+
+// sizing resolves the flags against the CNI configuration.
+func (o *opts) sizing() (maps.Sizing, error) {
+	return agent.ResolveSizing(o.confDir, o.confTemplate, o.pinDir, o.maxPods, o.hostPortsPerPod)
 }
 
 func (o *opts) source() inspect.Source { return inspect.Source{PinDir: o.pinDir, StateDir: o.stateDir} }
@@ -83,6 +97,7 @@ var commands = []command{
 	{name: "upgrade", help: "swap every attachment to this build's programs in place (--force reloads them)",
 		flags: func(fs *flag.FlagSet, o *opts) {
 			fs.BoolVar(&o.force, "force", false, "reload this build's programs even if already pinned, and swap them in")
+			sizingFlags(fs, o)
 		}, run: upgrade},
 }
 
@@ -159,6 +174,7 @@ func runFlags(fs *flag.FlagSet, o *opts) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for Node-following (default: the pod's in-cluster service account)")
 	fs.StringVar(&o.confTemplate, "cni-conf-template", "", "conflist to write into --cni-conf-dir and keep current; its \"__PODCIDR__\" ranges become this node's spec.podCIDRs")
 	fs.StringVar(&o.clusterCIDRs, "cluster-cidrs", "", "comma-separated CIDRs ipMasq never masquerades (default with --node-name: every node's pod CIDRs)")
+	sizingFlags(fs, o)
 }
 
 func run(o *opts) error {
@@ -185,6 +201,11 @@ func run(o *opts) error {
 	}
 	ao.PoliteWait = o.politeWait
 	ao.Logger = log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags)
+	s, err := o.sizing()
+	if err != nil {
+		return err
+	}
+	ao.Sizing = s
 	return agent.Run(ctx, ao)
 }
 
@@ -240,12 +261,16 @@ func reconcile(o *opts) error {
 type upgraded struct{ datapath.UpgradeReport }
 
 func (u upgraded) Tables() []inspect.Table {
-	return []inspect.Table{{Lines: []string{fmt.Sprintf("links: %d, swapped in place: %d, defunct: %d, old program pins removed: %d; tc filters: %d, swapped in place: %d",
-		u.Links, u.Replaced, len(u.Defunct), len(u.RemovedProgs), u.Filters, u.FiltersSwap)}}}
+	return []inspect.Table{{Lines: []string{fmt.Sprintf("links: %d, swapped in place: %d, defunct: %d, old program pins removed: %d, old map directories removed: %d; tc filters: %d, swapped in place: %d",
+		u.Links, u.Replaced, len(u.Defunct), len(u.RemovedProgs), len(u.RemovedMaps), u.Filters, u.FiltersSwap)}}}
 }
 
 func upgrade(o *opts) error {
-	dp, err := datapath.Ensure(o.pinDir)
+	s, err := o.sizing()
+	if err != nil {
+		return err
+	}
+	dp, err := datapath.Ensure(o.pinDir, s)
 	if err != nil {
 		return err
 	}

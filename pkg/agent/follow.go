@@ -60,12 +60,10 @@ func (f *follower) once(key, format string, args ...any) {
 }
 
 // static is the configuration without Kubernetes: the cluster CIDRs given
-// and a template without placeholder. Run calls it at start and on every
-// tick.
+// (none: the agent releases those an earlier run of it held) and a
+// template without placeholder. Run calls it at start and on every tick.
 func (f *follower) static() {
-	if len(f.o.ClusterCIDRs) > 0 {
-		f.clusterCIDRs(f.o.ClusterCIDRs)
-	}
+	f.clusterCIDRs(f.o.ClusterCIDRs)
 	if f.o.ConfTemplate != "" {
 		f.conflist(nil)
 	}
@@ -124,13 +122,21 @@ func (f *follower) reapply() {
 	}
 }
 
+// agentCIDROwner is the agent as a user of cluster CIDRs (cni_cidr_refs),
+// beside the attachments whose configuration holds theirs: a CIDR both
+// want stays until both let go. One per map directory, as the agent is:
+// not named after the node, so that a run under another name still
+// releases what an earlier run held.
+var agentCIDROwner = maps.CIDROwner("ebpf-agent")
+
+// clusterCIDRs makes the agent a user of exactly want.
 func (f *follower) clusterCIDRs(want []netip.Prefix) {
 	if f.m == nil {
 		return
 	}
-	added, removed, err := f.m.SyncAgentClusterCIDRs(want)
-	if len(added) > 0 || len(removed) > 0 || err != nil {
-		f.logf("cluster CIDRs (never masqueraded): added %v, removed %v%s", added, removed, errSuffix(err))
+	gained, dropped, err := f.m.SetClusterCIDRs(agentCIDROwner, want)
+	if len(gained) > 0 || len(dropped) > 0 || err != nil {
+		f.logf("cluster CIDRs (never masqueraded) the agent holds: added %v, released %v%s", gained, dropped, errSuffix(err))
 	}
 }
 

@@ -18,6 +18,8 @@ type collector struct {
 
 	packets, bytes, endpoints, healthy, info *prometheus.Desc
 
+	mapEntries, mapMax, mapFill, mapMemlock, memFull *prometheus.Desc
+
 	mu          sync.Mutex
 	removed     map[string]float64 // reconcile removals by kind, since start
 	removedDesc *prometheus.Desc
@@ -33,6 +35,11 @@ func newCollector(pinRoot, stateDir, version string) *collector {
 		healthy:     prometheus.NewDesc("ebpf_cni_datapath_healthy", "1 when the pinned datapath is usable and has no defunct attachments.", nil, nil),
 		info:        prometheus.NewDesc("ebpf_cni_agent_info", "Agent build.", []string{"version"}, nil),
 		removedDesc: prometheus.NewDesc("ebpf_cni_reconcile_removed_total", "Stale state removed by reconciliation, by kind.", []string{"kind"}, nil),
+		mapEntries:  prometheus.NewDesc("ebpf_cni_map_entries", "Entries in use in each pinned map (hash maps and the LPM trie; arrays are always full and not reported).", []string{"map"}, nil),
+		mapMax:      prometheus.NewDesc("ebpf_cni_map_max_entries", "Capacity of each pinned map.", []string{"map"}, nil),
+		mapFill:     prometheus.NewDesc("ebpf_cni_map_fill_ratio", "Entries over capacity of each pinned map (0-1); status warns above 0.9.", []string{"map"}, nil),
+		mapMemlock:  prometheus.NewDesc("ebpf_cni_map_memlock_bytes", "Kernel memory of each pinned map as the kernel accounts it (fdinfo memlock).", []string{"map"}, nil),
+		memFull:     prometheus.NewDesc("ebpf_cni_maps_memlock_full_bytes", "Kernel memory all maps would take with every map full, on this node's CPUs.", nil, nil),
 		removed:     map[string]float64{},
 	}
 }
@@ -46,7 +53,8 @@ func (c *collector) addRemoved(st []Stale) {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.endpoints, c.healthy, c.info, c.removedDesc} {
+	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.endpoints, c.healthy, c.info, c.removedDesc,
+		c.mapEntries, c.mapMax, c.mapFill, c.mapMemlock, c.memFull} {
 		ch <- d
 	}
 }
@@ -60,6 +68,17 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		h = 1
 	}
 	ch <- prometheus.MustNewConstMetric(c.healthy, prometheus.GaugeValue, h)
+	for _, u := range st.Maps {
+		ch <- prometheus.MustNewConstMetric(c.mapMax, prometheus.GaugeValue, float64(u.MaxEntries), u.Name)
+		ch <- prometheus.MustNewConstMetric(c.mapMemlock, prometheus.GaugeValue, float64(u.Memlock), u.Name)
+		if u.Entries >= 0 {
+			ch <- prometheus.MustNewConstMetric(c.mapEntries, prometheus.GaugeValue, float64(u.Entries), u.Name)
+			ch <- prometheus.MustNewConstMetric(c.mapFill, prometheus.GaugeValue, u.Fill(), u.Name)
+		}
+	}
+	if st.Memory.CPUs > 0 {
+		ch <- prometheus.MustNewConstMetric(c.memFull, prometheus.GaugeValue, float64(st.Memory.FullBytes))
+	}
 	c.mu.Lock()
 	for k, v := range c.removed {
 		ch <- prometheus.MustNewConstMetric(c.removedDesc, prometheus.CounterValue, v, k)

@@ -50,9 +50,12 @@ type Options struct {
 	// name) and keeps current; its "__PODCIDR__" ranges become this node's
 	// pod CIDRs, which needs Kube. "" writes none.
 	ConfTemplate string
-	// ClusterCIDRs are never masqueraded by ipMasq (cni_cluster_cidrs, as
-	// the agent's entries); none with Kube: every node's pod CIDRs.
+	// ClusterCIDRs are never masqueraded by ipMasq (cni_cluster_cidrs,
+	// with the agent as their user, agentCIDROwner); none with Kube: every
+	// node's pod CIDRs.
 	ClusterCIDRs []netip.Prefix
+	// Sizing is what the node's maps are sized for (see ResolveSizing).
+	Sizing maps.Sizing
 	// PoliteWait is how long the background work waits for the CNI verbs
 	// to pause before it does a step anyway (0: datapath.MaxPoliteWait).
 	PoliteWait time.Duration
@@ -96,7 +99,7 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 	}
-	dp, err := datapath.Ensure(o.PinRoot)
+	dp, err := datapath.Ensure(o.PinRoot, o.Sizing)
 	if err != nil {
 		return fmt.Errorf("ensure datapath at %s: %w", o.PinRoot, err)
 	}
@@ -125,8 +128,8 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	go bg.run(ctx)
-	lg.Printf("datapath ready at %s (map layout v%d); %d links and %d tc filters, %d moved to this build's programs, %d old program pins removed",
-		o.PinRoot, maps.LayoutVersion, rep.Links, rep.Filters, rep.Replaced+rep.FiltersSwap, len(rep.RemovedProgs))
+	lg.Printf("datapath ready at %s (map layout v%d, sized for %s); %d links and %d tc filters, %d moved to this build's programs, %d old program pins removed, %d old map directories removed",
+		o.PinRoot, maps.LayoutVersion, o.Sizing, rep.Links, rep.Filters, rep.Replaced+rep.FiltersSwap, len(rep.RemovedProgs), len(rep.RemovedMaps))
 
 	col := newCollector(o.PinRoot, o.StateDir, o.Version)
 	if o.MetricsAddr != "" {

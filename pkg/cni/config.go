@@ -66,7 +66,7 @@ func parseConf(stdin []byte) (*NetConf, error) {
 	conf.net = n
 	caps := endpoint.Capabilities{
 		Bandwidth: conf.RuntimeConfig.Bandwidth, PortMappings: conf.RuntimeConfig.PortMappings,
-		IPMasq: conf.IPMasq, ClusterCIDRs: conf.ClusterCIDRs,
+		IPMasq: conf.IPMasq, ClusterCIDRs: conf.ClusterCIDRs, MaxHostPorts: n.Sizing().HostPortsPerPod,
 		IPMasqPortRange: conf.IPMasqPortRange, IPMasqPodPortLimit: conf.IPMasqPodPortLimit,
 	}
 	if conf.features, err = caps.Features(); err != nil {

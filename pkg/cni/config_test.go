@@ -20,6 +20,11 @@ func TestParseConfErrors(t *testing.T) {
 		{"stateDir", `{"name":"n","type":"ebpf-cni","stateDir":"rel","ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "stateDir"},
 		{"attachMode", `{"name":"n","type":"ebpf-cni","attachMode":"xdp","ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "attachMode"},
 		{"clusterCIDRs", `{"name":"n","type":"ebpf-cni","ipMasq":true,"clusterCIDRs":["10.0.0.0/16","10.1.0.0/33"],"ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "clusterCIDRs[1]"},
+		{"too many clusterCIDRs", `{"name":"n","type":"ebpf-cni","ipMasq":true,"clusterCIDRs":[` + strings.Repeat(`"10.0.0.0/16",`, 32) + `"10.1.0.0/16"],"ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "clusterCIDRs: 33 entries, more than the 32"},
+		{"maxPods", `{"name":"n","type":"ebpf-cni","maxPods":9000,"ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "maxPods 9000 is out of range (1-8192)"},
+		{"negative maxPods", `{"name":"n","type":"ebpf-cni","maxPods":-1,"ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "maxPods -1"},
+		{"maxHostPortsPerPod", `{"name":"n","type":"ebpf-cni","maxHostPortsPerPod":-1,"ipam":{"type":"host-local"}}`, types.ErrInvalidNetworkConfig, "maxHostPortsPerPod -1 is out of range (0-1024)"},
+		{"maxPods not a number", `{"name":"n","type":"ebpf-cni","maxPods":"110","ipam":{"type":"host-local"}}`, types.ErrDecodingFailure, "maxPods"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -71,5 +76,24 @@ func assertCNIError(t *testing.T, err error, code uint, mention string) {
 	}
 	if !strings.Contains(te.Msg, mention) {
 		t.Fatalf("message %q does not name %q", te.Msg, mention)
+	}
+}
+
+// The sizing defaults to kubelet's (110 pods) and 32 hostPorts a pod; an
+// explicit 0 hostPorts is kept (no pod may map any).
+func TestSizing(t *testing.T) {
+	for conf, want := range map[string][2]int{
+		`{"name":"n","type":"ebpf-cni","ipam":{"type":"host-local"}}`:                                       {110, 32},
+		`{"name":"n","type":"ebpf-cni","maxPods":250,"ipam":{"type":"host-local"}}`:                         {250, 32},
+		`{"name":"n","type":"ebpf-cni","maxPods":250,"maxHostPortsPerPod":0,"ipam":{"type":"host-local"}}`:  {250, 0},
+		`{"name":"n","type":"ebpf-cni","maxPods":0,"maxHostPortsPerPod":1024,"ipam":{"type":"host-local"}}`: {110, 1024},
+	} {
+		c, err := parseConf([]byte(conf))
+		if err != nil {
+			t.Fatalf("%s: %v", conf, err)
+		}
+		if s := c.net.Sizing(); s.MaxPods != want[0] || s.HostPortsPerPod != want[1] {
+			t.Errorf("%s: sized for %s, want %v", conf, s, want)
+		}
 	}
 }

@@ -21,7 +21,7 @@ func Status(args *skel.CmdArgs) error {
 	if err := conf.net.CheckDirs(); err != nil {
 		return err
 	}
-	dp, err := datapath.Ensure(conf.net.PinDir)
+	dp, err := datapath.Ensure(conf.net.PinDir, conf.net.Sizing())
 	if err != nil {
 		return types.NewError(endpoint.ErrPluginNotAvailable, fmt.Sprintf("datapath at %s is not usable: %v", conf.net.PinDir, err), "")
 	}

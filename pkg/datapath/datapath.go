@@ -60,15 +60,17 @@ func withPrograms(pinRoot string, m *maps.Maps, mode loadMode) (*Datapath, error
 	return dp, nil
 }
 
-// Ensure opens the node's datapath, creating and pinning maps and programs
-// first when they are missing. Safe to call from many processes at once: the
-// slow path runs under an exclusive lock on the pin directory.
-func Ensure(pinRoot string) (*Datapath, error) {
+// Ensure opens the node's datapath, creating and pinning maps (sized by s)
+// and programs first when they are missing, and migrating the attachments
+// of an older map layout (see migrateLayout). Safe to call from many
+// processes at once: the slow path runs under an exclusive lock on the pin
+// directory. Datapath pinned with another sizing is a *maps.SizingError.
+func Ensure(pinRoot string, s maps.Sizing) (*Datapath, error) {
 	if err := EnsureBPFFS(pinRoot); err != nil {
 		return nil, err
 	}
 	if dp, err := Open(pinRoot); err == nil {
-		return dp, nil
+		return checkSizing(dp, s)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
@@ -84,16 +86,27 @@ func Ensure(pinRoot string) (*Datapath, error) {
 
 	// Another process may have finished while we waited for the lock.
 	if dp, err := Open(pinRoot); err == nil {
-		return dp, nil
+		return checkSizing(dp, s)
 	}
 	if err := ensureLocks(pinRoot); err != nil {
 		return nil, err
 	}
-	m, err := maps.Create(MapsDir(pinRoot))
+	if older := olderLayouts(pinRoot); len(older) > 0 {
+		return migrateLayout(pinRoot, s, older)
+	}
+	m, err := maps.Create(MapsDir(pinRoot), s)
 	if err != nil {
 		return nil, err
 	}
 	return withPrograms(pinRoot, m, loadMissing)
+}
+
+func checkSizing(dp *Datapath, s maps.Sizing) (*Datapath, error) {
+	if err := dp.Maps.CheckSizing(s); err != nil {
+		dp.Close()
+		return nil, err
+	}
+	return dp, nil
 }
 
 // EnsureLean is Ensure for a pod's ADD: it opens the maps but none of
@@ -101,18 +114,18 @@ func Ensure(pinRoot string) (*Datapath, error) {
 // Opening a pinned program as an *ebpf.Program reads its BTF back from
 // the kernel (about 0.15 ms each, three of them, in every ADD's process);
 // attaching cls_bpf filters needs only an fd.
-func EnsureLean(pinRoot string) (*Datapath, error) {
+func EnsureLean(pinRoot string, s maps.Sizing) (*Datapath, error) {
 	if err := EnsureBPFFS(pinRoot); err != nil {
 		return nil, err
 	}
 	dp, err := OpenLean(pinRoot)
 	if err == nil {
-		return dp, nil
+		return checkSizing(dp, s)
 	}
 	if !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	return Ensure(pinRoot) // first use on this node: set it up
+	return Ensure(pinRoot, s) // first use on this node: set it up
 }
 
 // OpenLean is Open with the programs left to first use (see EnsureLean):

@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	fromContainerMapCniBandwidth      = "cni_bandwidth"
+	fromContainerMapCniCidrRefs       = "cni_cidr_refs"
 	fromContainerMapCniClusterCidrs   = "cni_cluster_cidrs"
 	fromContainerMapCniCt             = "cni_ct"
 	fromContainerMapCniEndpoints      = "cni_endpoints"
@@ -86,6 +87,7 @@ type fromContainerProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type fromContainerMapSpecs struct {
 	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniCidrRefs     *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
 	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
 	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
@@ -131,6 +133,7 @@ func (o *fromContainerObjects) Close() error {
 // It can be passed to loadFromContainerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fromContainerMaps struct {
 	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniCidrRefs     *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
 	CniCt           *ebpf.Map `ebpf:"cni_ct"`
 	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
@@ -152,6 +155,7 @@ type fromContainerMaps struct {
 func (m *fromContainerMaps) Close() error {
 	return _FromContainerClose(
 		m.CniBandwidth,
+		m.CniCidrRefs,
 		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,

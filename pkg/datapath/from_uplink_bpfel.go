@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	fromUplinkMapCniBandwidth    = "cni_bandwidth"
+	fromUplinkMapCniCidrRefs     = "cni_cidr_refs"
 	fromUplinkMapCniClusterCidrs = "cni_cluster_cidrs"
 	fromUplinkMapCniCt           = "cni_ct"
 	fromUplinkMapCniEndpoints    = "cni_endpoints"
@@ -86,6 +87,7 @@ type fromUplinkProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type fromUplinkMapSpecs struct {
 	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniCidrRefs     *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
 	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
 	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
@@ -131,6 +133,7 @@ func (o *fromUplinkObjects) Close() error {
 // It can be passed to loadFromUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fromUplinkMaps struct {
 	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniCidrRefs     *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
 	CniCt           *ebpf.Map `ebpf:"cni_ct"`
 	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
@@ -152,6 +155,7 @@ type fromUplinkMaps struct {
 func (m *fromUplinkMaps) Close() error {
 	return _FromUplinkClose(
 		m.CniBandwidth,
+		m.CniCidrRefs,
 		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,

@@ -69,11 +69,13 @@ func loadObject(pinRoot string, m *maps.Maps, o *object, progs []Program, replac
 	}
 	pinned := m.Replacements()
 	repl := make(map[string]*ebpf.Map, len(spec.Maps))
-	for name := range spec.Maps {
+	for name, ms := range spec.Maps {
 		if pinned[name] == nil {
 			return fmt.Errorf("object %s uses map %s, which pkg/maps does not pin", o.name, name)
 		}
 		repl[name] = pinned[name]
+		// The node's sizing, not the object's placeholder (SIZED in maps.h).
+		ms.MaxEntries = pinned[name].MaxEntries()
 	}
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl})
 	if err != nil {

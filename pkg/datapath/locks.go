@@ -122,11 +122,19 @@ func TryMarkBusy(pinRoot string) (release func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("lock %s: %w", lockPath(pinRoot, lockBusy), err)
+	// The agent holds the lock exclusive only for the instant of its test
+	// (Idle.Wait): a verb meeting that instant tries again.
+	for try := 0; ; try++ {
+		err = unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB)
+		if err == nil {
+			return func() { unix.Close(fd) }, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) || try == 100 {
+			unix.Close(fd)
+			return nil, fmt.Errorf("lock %s: %w", lockPath(pinRoot, lockBusy), err)
+		}
+		time.Sleep(100 * time.Microsecond)
 	}
-	return func() { unix.Close(fd) }, nil
 }
 
 // Idle is the agent's side of the busy lock.

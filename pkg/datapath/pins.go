@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/cilium/ebpf/link"
@@ -19,6 +21,7 @@ import (
 // paths below it:
 //
 //	<pinDir>/maps_v<N>/<map>                   maps of layout N (maps.LayoutVersion)
+//	<pinDir>/maps_v<N>_staging/<map>           maps being migrated from an older layout (migrate.go)
 //	<pinDir>/progs/<program>_<object hash>     programs, by build (see progPin)
 //	<pinDir>/links/<host veth>_<ingress|egress> tcx links of pods' host veths
 //	<pinDir>/node/<hook>                       node-wide hook links (catalog: Program.Link)
@@ -40,6 +43,33 @@ func lockPath(pinRoot, name string) string { return filepath.Join(pinRoot, locks
 // MapsDir is where the maps of this build's layout are pinned.
 func MapsDir(pinRoot string) string {
 	return filepath.Join(pinRoot, fmt.Sprintf("maps_v%d", maps.LayoutVersion))
+}
+
+// stagingMapsDir is where the maps of this build's layout are made while
+// an older layout's are migrated (bpffs refuses names with a dot).
+func stagingMapsDir(pinRoot string) string { return MapsDir(pinRoot) + "_staging" }
+
+// oldLayout is a map directory an older build pinned.
+type oldLayout struct {
+	dir     string
+	version int
+}
+
+// olderLayouts lists the map directories of layouts before this build's,
+// oldest first.
+func olderLayouts(pinRoot string) []oldLayout {
+	ents, _ := os.ReadDir(pinRoot)
+	var out []oldLayout
+	for _, e := range ents {
+		v, ok := strings.CutPrefix(e.Name(), "maps_v")
+		n, err := strconv.Atoi(v)
+		if !ok || err != nil || !e.IsDir() || n >= maps.LayoutVersion {
+			continue
+		}
+		out = append(out, oldLayout{filepath.Join(pinRoot, e.Name()), n})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].version < out[j].version })
+	return out
 }
 
 // OpenMaps opens the pinned maps of this build's layout (read-only users:

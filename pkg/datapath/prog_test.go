@@ -56,7 +56,7 @@ func testDatapath(t testing.TB) *Datapath {
 	dir := filepath.Join(BPFFSRoot, fmt.Sprintf("ebpf-cni-unit-%s-%d", strings.ReplaceAll(t.Name(), "/", "_"), os.Getpid()))
 	os.RemoveAll(dir)
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	dp, err := Ensure(dir)
+	dp, err := Ensure(dir, maps.DefaultSizing)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,7 +330,7 @@ func ethTo(dst, src net.HardwareAddr, proto uint16) []byte {
 
 func TestEnsureIsIdempotentAndRejectsForeignLayout(t *testing.T) {
 	dp := testDatapath(t)
-	again, err := Ensure(dp.PinRoot)
+	again, err := Ensure(dp.PinRoot, maps.DefaultSizing)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +345,7 @@ func TestEnsureIsIdempotentAndRejectsForeignLayout(t *testing.T) {
 	must(t, err)
 	defer m.Close()
 	must(t, m.Pin(filepath.Join(MapsDir(dir), "cni_endpoints")))
-	if _, err := Ensure(dir); err == nil {
+	if _, err := Ensure(dir, maps.DefaultSizing); err == nil {
 		t.Fatal("Ensure reused a pinned map of another layout")
 	}
 }

@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	sockMapCniBandwidth     = "cni_bandwidth"
+	sockMapCniCidrRefs      = "cni_cidr_refs"
 	sockMapCniClusterCidrs  = "cni_cluster_cidrs"
 	sockMapCniCt            = "cni_ct"
 	sockMapCniEndpoints     = "cni_endpoints"
@@ -100,6 +101,7 @@ type sockProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
 	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniCidrRefs     *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
 	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
 	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
@@ -145,6 +147,7 @@ func (o *sockObjects) Close() error {
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
 	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniCidrRefs     *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
 	CniCt           *ebpf.Map `ebpf:"cni_ct"`
 	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
@@ -166,6 +169,7 @@ type sockMaps struct {
 func (m *sockMaps) Close() error {
 	return _SockClose(
 		m.CniBandwidth,
+		m.CniCidrRefs,
 		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,

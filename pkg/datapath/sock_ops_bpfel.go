@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	sockOpsMapCniBandwidth    = "cni_bandwidth"
+	sockOpsMapCniCidrRefs     = "cni_cidr_refs"
 	sockOpsMapCniClusterCidrs = "cni_cluster_cidrs"
 	sockOpsMapCniCt           = "cni_ct"
 	sockOpsMapCniEndpoints    = "cni_endpoints"
@@ -86,6 +87,7 @@ type sockOpsProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockOpsMapSpecs struct {
 	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniCidrRefs     *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
 	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
 	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
@@ -131,6 +133,7 @@ func (o *sockOpsObjects) Close() error {
 // It can be passed to loadSockOpsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockOpsMaps struct {
 	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniCidrRefs     *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
 	CniCt           *ebpf.Map `ebpf:"cni_ct"`
 	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
@@ -152,6 +155,7 @@ type sockOpsMaps struct {
 func (m *sockOpsMaps) Close() error {
 	return _SockOpsClose(
 		m.CniBandwidth,
+		m.CniCidrRefs,
 		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,

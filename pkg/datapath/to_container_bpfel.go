@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	toContainerMapCniBandwidth    = "cni_bandwidth"
+	toContainerMapCniCidrRefs     = "cni_cidr_refs"
 	toContainerMapCniClusterCidrs = "cni_cluster_cidrs"
 	toContainerMapCniCt           = "cni_ct"
 	toContainerMapCniEndpoints    = "cni_endpoints"
@@ -86,6 +87,7 @@ type toContainerProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type toContainerMapSpecs struct {
 	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniCidrRefs     *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
 	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
 	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
@@ -131,6 +133,7 @@ func (o *toContainerObjects) Close() error {
 // It can be passed to loadToContainerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type toContainerMaps struct {
 	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniCidrRefs     *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
 	CniCt           *ebpf.Map `ebpf:"cni_ct"`
 	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
@@ -152,6 +155,7 @@ type toContainerMaps struct {
 func (m *toContainerMaps) Close() error {
 	return _ToContainerClose(
 		m.CniBandwidth,
+		m.CniCidrRefs,
 		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,

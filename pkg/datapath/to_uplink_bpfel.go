@@ -17,6 +17,7 @@ import (
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	toUplinkMapCniBandwidth    = "cni_bandwidth"
+	toUplinkMapCniCidrRefs     = "cni_cidr_refs"
 	toUplinkMapCniClusterCidrs = "cni_cluster_cidrs"
 	toUplinkMapCniCt           = "cni_ct"
 	toUplinkMapCniEndpoints    = "cni_endpoints"
@@ -86,6 +87,7 @@ type toUplinkProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type toUplinkMapSpecs struct {
 	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniCidrRefs     *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
 	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
 	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
@@ -131,6 +133,7 @@ func (o *toUplinkObjects) Close() error {
 // It can be passed to loadToUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type toUplinkMaps struct {
 	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniCidrRefs     *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
 	CniCt           *ebpf.Map `ebpf:"cni_ct"`
 	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
@@ -152,6 +155,7 @@ type toUplinkMaps struct {
 func (m *toUplinkMaps) Close() error {
 	return _ToUplinkClose(
 		m.CniBandwidth,
+		m.CniCidrRefs,
 		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,

@@ -12,12 +12,13 @@ import (
 
 // UpgradeReport says what Upgrade did.
 type UpgradeReport struct {
-	Links        int      `json:"links"`          // pinned links looked at
-	Replaced     int      `json:"replaced"`       // links now running this build's program
-	Filters      int      `json:"filters"`        // cls_bpf filters of host veths in tc mode (or waiting for tcx) looked at
-	FiltersSwap  int      `json:"filtersSwapped"` // of those, swapped to this build's program
-	Defunct      []string `json:"defunct"`        // link pins whose device is gone (left for reconcile)
-	RemovedProgs []string `json:"removedProgs"`   // program pins of other builds, unpinned
+	Links        int      `json:"links"`                 // pinned links looked at
+	Replaced     int      `json:"replaced"`              // links now running this build's program
+	Filters      int      `json:"filters"`               // cls_bpf filters of host veths in tc mode (or waiting for tcx) looked at
+	FiltersSwap  int      `json:"filtersSwapped"`        // of those, swapped to this build's program
+	Defunct      []string `json:"defunct"`               // link pins whose device is gone (left for reconcile)
+	RemovedProgs []string `json:"removedProgs"`          // program pins of other builds, unpinned
+	RemovedMaps  []string `json:"removedMaps,omitempty"` // map directories of older layouts, unpinned
 }
 
 // pinnedLink is a link Upgrade may have to move.
@@ -65,12 +66,49 @@ func linkAttachType(info *link.Info) ebpf.AttachType {
 // programs first even when they are pinned already (new program IDs), which
 // exercises the same swap.
 func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
-	var rep UpgradeReport
 	unlock, err := lockDir(dp.PinRoot)
 	if err != nil {
-		return rep, err
+		return UpgradeReport{}, err
 	}
 	defer unlock()
+	// Maps of an older layout left by a migration that stopped before
+	// unpinning them: links may still run the old programs over them (an
+	// older build's ADD in flight, or one after the kill), so what they
+	// hold is copied in before the links move and again after (what the
+	// old programs wrote meanwhile), as the migration does.
+	older := olderLayouts(dp.PinRoot)
+	copyOld := func() error {
+		var errs error
+		for _, o := range older {
+			if _, err := dp.Maps.MigrateFrom(o.dir, o.version); err != nil {
+				errs = errors.Join(errs, fmt.Errorf("copy the maps of layout v%d at %s: %w", o.version, o.dir, err))
+			}
+		}
+		return errs
+	}
+	if err := copyOld(); err != nil {
+		return UpgradeReport{}, &MigrationError{Err: err}
+	}
+	rep, err := dp.upgradeLocked(force)
+	if err == nil {
+		err = copyOld()
+	}
+	if err == nil {
+		// No link runs a program of the older layouts' any more.
+		for _, o := range older {
+			if rerr := os.RemoveAll(o.dir); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("remove the maps of layout v%d at %s: %w", o.version, o.dir, rerr))
+			} else {
+				rep.RemovedMaps = append(rep.RemovedMaps, filepath.Base(o.dir))
+			}
+		}
+	}
+	return rep, err
+}
+
+// upgradeLocked is Upgrade with the pin directory locked.
+func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
+	var rep UpgradeReport
 	if err := migratePacingPin(dp.PinRoot); err != nil {
 		return rep, err
 	}

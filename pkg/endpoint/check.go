@@ -61,6 +61,9 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 		return types.NewError(ErrPluginNotAvailable, fmt.Sprintf("datapath at %s: %v", n.PinDir, err), "")
 	}
 	defer a.DP.Close()
+	if err := a.DP.Maps.CheckSizing(n.sizing); err != nil {
+		return ConfError("pinDir %s: %v", n.PinDir, err)
+	}
 	if err := a.DP.Attached(a.Ifindex, a.HostIf); err != nil {
 		return checkError("%v", err)
 	}

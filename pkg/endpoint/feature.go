@@ -42,6 +42,8 @@ type Capabilities struct {
 	PortMappings []PortMapping  // runtimeConfig.portMappings
 	IPMasq       bool           // ipMasq
 	ClusterCIDRs []string       // clusterCIDRs
+	// MaxHostPorts is the network's maxHostPortsPerPod (Network.Sizing).
+	MaxHostPorts int
 	// IPMasqPortRange ("first-last") and IPMasqPodPortLimit: the node ports
 	// masquerade uses, the most one pod holds per destination.
 	IPMasqPortRange    string
@@ -58,7 +60,7 @@ func (c Capabilities) Features() ([]Feature, error) {
 	}
 	return []Feature{
 		&bandwidth{conf: c.Bandwidth},
-		&hostPorts{conf: c.PortMappings},
+		&hostPorts{conf: c.PortMappings, limit: c.MaxHostPorts},
 		m,
 	}, nil
 }

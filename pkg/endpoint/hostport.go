@@ -26,14 +26,23 @@ type PortMapping struct {
 // translate by, and the node hooks.
 type hostPorts struct {
 	conf     []PortMapping
+	limit    int           // the network's maxHostPortsPerPod
 	mappings []portMapping // set by Validate
 }
 
 func (h *hostPorts) NeedsNodeHooks() bool { return len(h.conf) > 0 }
 
+// Validate parses the mappings and holds the pod to its share of
+// cni_hostports: the map is sized for maxPods pods with maxHostPortsPerPod
+// mappings each, so no pod can take the node's hostPorts from the others.
 func (h *hostPorts) Validate() (err error) {
-	h.mappings, err = parsePortMappings(h.conf)
-	return err
+	if h.mappings, err = parsePortMappings(h.conf); err != nil {
+		return err
+	}
+	if len(h.mappings) > h.limit {
+		return ConfError("runtimeConfig.portMappings: %d mappings, more than maxHostPortsPerPod (%d) allows a pod", len(h.mappings), h.limit)
+	}
+	return nil
 }
 
 // Install inserts the pod's mappings (BPF_NOEXIST: of two ADDs racing for
@@ -276,7 +285,7 @@ func hostPortError(n *Network, mappings []portMapping, h maps.HostPort, err erro
 		}
 		return ConfError("runtimeConfig.portMappings[%d]: %v%s", idx, err, owner)
 	}
-	return types.NewError(types.ErrInternal, fmt.Sprintf("runtimeConfig.portMappings[%d]: %v", idx, err), "")
+	return mapError(fmt.Errorf("runtimeConfig.portMappings[%d]: %w", idx, err))
 }
 
 // recordHostPorts is how the state record keeps the pod's mappings.

@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -24,6 +25,10 @@ type masq struct {
 // network's, not the attachment's).
 func newMasq(on bool, clusterCIDRs []string, portRange string, podLimit int) (*masq, error) {
 	m := &masq{on: on, podLimit: podLimit}
+	if len(clusterCIDRs) > maps.MaxClusterCIDRsPerNetwork {
+		return nil, ConfError("clusterCIDRs: %d entries, more than the %d a network may have (cni_cluster_cidrs holds %d node-wide)",
+			len(clusterCIDRs), maps.MaxClusterCIDRsPerNetwork, maps.MaxClusterCIDRs)
+	}
 	for i, c := range clusterCIDRs {
 		p, err := netip.ParsePrefix(c)
 		if err != nil {
@@ -69,9 +74,13 @@ func (m *masq) Install(a *Attachment) error {
 	if err := a.DP.Maps.SetMasqConfig(ports); err != nil {
 		return internalErr(err)
 	}
-	if err := a.DP.Maps.AddClusterCIDRs(m.cidrs(a)); err != nil {
+	// The attachment is a user of its cluster CIDRs: they stay while any
+	// user does, and go with the last (Teardown).
+	owner := cidrOwner(a.Net, a.ID.ContainerID, a.ID.IfName)
+	if err := a.DP.Maps.AcquireClusterCIDRs(owner, m.cidrs(a)); err != nil {
 		return mapError(err)
 	}
+	a.OnUndo(func() error { _, err := a.DP.Maps.ReleaseClusterCIDRs(owner); return err })
 	a.Flags |= maps.EndpointFlagMasq
 	a.Record.Masq = true
 	a.Trace.Mark("masq")
@@ -111,18 +120,51 @@ func (m *masq) Check(a *Attachment) error {
 			return checkError("map cni_cluster_cidrs lacks %s: the pod's traffic to it would be masqueraded", want)
 		}
 	}
+	mine, err := a.DP.Maps.ClusterCIDRsOf(cidrOwner(a.Net, a.ID.ContainerID, a.ID.IfName))
+	if err != nil {
+		return checkError("read map cni_cidr_refs: %v", err)
+	}
+	// An attachment of an older layout's build holds its CIDRs through
+	// what that layout left (owner 0).
+	inherited, err := a.DP.Maps.ClusterCIDRsOf(0)
+	if err != nil {
+		return checkError("read map cni_cidr_refs: %v", err)
+	}
+	for _, want := range m.cidrs(a) {
+		if !mine[want] && !inherited[want] {
+			return checkError("map cni_cidr_refs does not list this attachment as a user of %s: another attachment's DEL would remove it", want)
+		}
+	}
 	return nil
 }
 
 // Teardown purges the pod's masqueraded flows while its veth goes (a
 // record without ipMasq has none; with no complete record, a scan).
 func (m *masq) Teardown(t *Teardown) {
-	if t.Complete == nil || t.Complete.Masq {
+	masq := t.Complete == nil || t.Complete.Masq
+	if masq {
 		t.WithVeth(func() error {
 			_, err := t.DP.Maps.DeleteSNATOf(t.Ifindex)
 			return err
 		})
 	}
+	t.BeforeEndpoints(func() error {
+		var err error
+		if masq {
+			// The attachment no longer uses its cluster CIDRs; those no
+			// other attachment uses go (by its identity: the veth may be
+			// long gone).
+			_, err = t.DP.Maps.ReleaseClusterCIDRs(cidrOwner(t.Net, t.ContainerID, t.IfName))
+		}
+		// The node's last attachment takes the CIDRs an older layout left.
+		_, ierr := t.DP.Maps.ReleaseInheritedClusterCIDRs(t.Ifindex)
+		return errors.Join(err, ierr)
+	})
+}
+
+// cidrOwner names an attachment as a user of cluster CIDRs.
+func cidrOwner(n *Network, containerID, ifname string) uint64 {
+	return maps.CIDROwner(n.StateDir, n.Name, containerID, ifname)
 }
 
 // ports is the node's masquerade configuration for this network: its

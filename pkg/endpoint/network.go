@@ -2,6 +2,7 @@ package endpoint
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/utils"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
@@ -36,8 +38,16 @@ type Network struct {
 	// /sys/fs/cgroup/unified).
 	CgroupRoot string `json:"cgroupRoot,omitempty"`
 
+	// MaxPods and MaxHostPortsPerPod size the node's maps (maps.Sizing):
+	// they must be the same in every network sharing PinDir and in the
+	// agent's flags. 0 takes the default (110 and 32).
+	MaxPods            int  `json:"maxPods,omitempty"`
+	MaxHostPortsPerPod *int `json:"maxHostPortsPerPod,omitempty"`
+
 	// IPAMType is the IPAM plugin (the standard ipam.type); "" for none.
 	IPAMType string `json:"-"`
+
+	sizing maps.Sizing
 
 	attachMode datapath.AttachMode
 }
@@ -93,6 +103,16 @@ func (n *Network) Complete(name, ipamType string) error {
 	if n.CgroupRoot != "" && !filepath.IsAbs(n.CgroupRoot) {
 		return ConfError("cgroupRoot %q must be an absolute path", n.CgroupRoot)
 	}
+	n.sizing = maps.DefaultSizing
+	if n.MaxPods != 0 {
+		n.sizing.MaxPods = n.MaxPods
+	}
+	if n.MaxHostPortsPerPod != nil {
+		n.sizing.HostPortsPerPod = *n.MaxHostPortsPerPod
+	}
+	if err := n.sizing.Validate(); err != nil {
+		return ConfError("%v", err)
+	}
 	mode, err := datapath.ParseAttachMode(n.AttachMode)
 	if err != nil {
 		return ConfError("attachMode: %v", err)
@@ -124,11 +144,24 @@ func (n *Network) nodeHookOptions() datapath.NodeHookOptions {
 	return datapath.NodeHookOptions{CgroupRoot: n.CgroupRoot}
 }
 
-// ensureDatapath opens the node's datapath, setting it up on first use;
-// programs are opened as ADD needs them (datapath.EnsureLean).
+// Sizing is what the network says the node's maps are sized for.
+func (n *Network) Sizing() maps.Sizing { return n.sizing }
+
+// ensureDatapath opens the node's datapath, setting it up on first use. A
+// datapath sized otherwise than this network says, or an older layout too
+// big for these sizes, is a configuration error (7); anything else means
+// the datapath cannot be used (50). Programs are opened as ADD needs them
+// (datapath.EnsureLean).
 func (n *Network) ensureDatapath() (*datapath.Datapath, error) {
-	dp, err := datapath.EnsureLean(n.PinDir)
+	dp, err := datapath.EnsureLean(n.PinDir, n.sizing)
 	if err != nil {
+		var mig *datapath.MigrationError
+		switch {
+		case maps.IsSizingError(err):
+			return nil, ConfError("pinDir %s: %v", n.PinDir, err)
+		case errors.As(err, &mig) && errors.Is(err, maps.ErrFull):
+			return nil, ConfError("pinDir %s: %v (maxPods %d is too small for the pods the older build attached)", n.PinDir, err, n.sizing.MaxPods)
+		}
 		return nil, types.NewError(ErrPluginNotAvailable, fmt.Sprintf("datapath at %s: %v", n.PinDir, err), "")
 	}
 	return dp, nil

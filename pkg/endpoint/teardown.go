@@ -26,6 +26,8 @@ import (
 // for the pod: scans of their maps) run while the veth is being deleted.
 type Teardown struct {
 	Net *Network
+	// ContainerID and IfName identify the attachment (CNI_CONTAINERID, CNI_IFNAME).
+	ContainerID, IfName string
 	// Record is the attachment's record; nil when there is none (lost, or
 	// never written). Complete is Record unless it is provisional (an ADD
 	// killed part way): then the addresses and mappings are found by the
@@ -48,7 +50,7 @@ func (t *Teardown) WithVeth(f func() error) { t.with = append(t.with, f) }
 // takes the record's. features are every capability (see Capabilities):
 // teardown does not depend on how the attachment was configured.
 func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record, features []Feature, tr *Tracer) error {
-	t := &Teardown{Net: n, Record: rec, Complete: rec}
+	t := &Teardown{Net: n, ContainerID: containerID, IfName: ifname, Record: rec, Complete: rec}
 	if rec != nil && rec.Provisional {
 		t.Complete = nil
 	}
@@ -75,6 +77,11 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 
 	var errs error
 	dp, err := datapath.OpenLean(n.PinDir) // teardown needs the maps only
+	if errors.Is(err, os.ErrNotExist) && datapath.HasOlderLayout(n.PinDir) {
+		// An older build's maps: move the node to this layout first, so
+		// the attachment's entries go from the maps its programs use.
+		dp, err = datapath.Ensure(n.PinDir, n.Sizing())
+	}
 	switch {
 	case err == nil:
 		defer dp.Close()

@@ -386,7 +386,7 @@ func (m *Maps) SyncNodeIPs(want map[string]int) error {
 		}
 		v := uint32(idx)
 		if err := mp.Put(&k, &v); err != nil {
-			return fmt.Errorf("write node address %s to %s: %w", s, nameNodeIPs, err)
+			return writeErr(mp, nameNodeIPs, "node address "+s, err)
 		}
 	}
 	for s := range have {

@@ -18,24 +18,29 @@ import (
 // opens pins of the old layout, and the new fingerprint recorded here.
 var layouts = map[int]string{
 	1: "9948a12e1789aaaf",
-	2: "4fbff4afb9c78f9b", // NAT (flow timers and state in cni_ct/cni_snat, cni_masq_config, cni_masq_share, IPv6 masquerade, ICMP error counters) and bandwidth (bw_state.queue_ns, mark_ns; netns_info.rcv_wnd)
+	2: "b84671b938a29b9c", // NAT (flow timers and state in cni_ct/cni_snat, cni_masq_config, cni_masq_share, IPv6 masquerade, ICMP error counters), bandwidth (bw_state.queue_ns, mark_ns; netns_info.rcv_wnd), node resources (sizes from maxPods, cni_stats not preallocated, cni_cidr_refs)
 }
 
 func TestLayoutVersion(t *testing.T) {
-	ss, err := specs()
-	if err != nil {
-		t.Fatal(err)
-	}
-	names := make([]string, 0, len(ss))
-	for n := range ss {
-		names = append(names, n)
-	}
-	sort.Strings(names)
+	// The sizes are part of the layout: the rule that derives them from
+	// the sizing, seen at the defaults and at another sizing.
 	var b strings.Builder
-	for _, n := range names {
-		s := ss[n]
-		fmt.Fprintf(&b, "%s %s key=%d value=%d max=%d flags=%d key:%s value:%s\n", n, s.Type, s.KeySize, s.ValueSize,
-			s.MaxEntries, s.Flags, layoutOf(s.Key), layoutOf(s.Value))
+	for _, sz := range []Sizing{DefaultSizing, {MaxPods: 250, HostPortsPerPod: 4}} {
+		ss, err := sized(sz)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := make([]string, 0, len(ss))
+		for n := range ss {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		fmt.Fprintf(&b, "sizing %s\n", sz)
+		for _, n := range names {
+			s := ss[n]
+			fmt.Fprintf(&b, "%s %s key=%d value=%d max=%d flags=%d key:%s value:%s\n", n, s.Type, s.KeySize, s.ValueSize,
+				s.MaxEntries, s.Flags, layoutOf(s.Key), layoutOf(s.Value))
+		}
 	}
 	sum := sha256.Sum256([]byte(b.String()))
 	got := hex.EncodeToString(sum[:8])

@@ -22,11 +22,19 @@ import (
 // ErrFull is wrapped by a write refused because the map has no room left.
 var ErrFull = errors.New("map is full")
 
+// IsFull tells whether err is a write refused by a full map.
+func IsFull(err error) bool { return errors.Is(err, ErrFull) }
+
 // writeErr words a failed map write; a full map says which and how big (the
-// kernel's E2BIG, which cilium/ebpf reports as "key too big for map").
+// kernel's E2BIG from a hash map, which cilium/ebpf reports as "key too big
+// for map", or ENOSPC from an LPM trie).
 func writeErr(m *ebpf.Map, name, what string, err error) error {
-	if errors.Is(err, unix.E2BIG) {
-		return fmt.Errorf("write %s to %s: %w: %s holds at most %d entries", what, name, ErrFull, name, m.MaxEntries())
+	if errors.Is(err, unix.E2BIG) || errors.Is(err, unix.ENOSPC) {
+		hint := ""
+		if _, sized := DefaultSizing.entries()[name]; sized && name != nameClusterRefs {
+			hint = " (its size follows maxPods)"
+		}
+		return fmt.Errorf("write %s to %s: %w: %s holds at most %d entries%s", what, name, ErrFull, name, m.MaxEntries(), hint)
 	}
 	return fmt.Errorf("write %s to %s: %w", what, name, err)
 }
@@ -121,6 +129,7 @@ type Maps struct {
 	Stats     *ebpf.Map
 
 	byName map[string]*ebpf.Map
+	dir    string
 }
 
 // specs returns the spec of every map in the embedded object (not the
@@ -146,38 +155,56 @@ func specs() (map[string]*ebpf.MapSpec, error) {
 }
 
 // Create opens the maps pinned in dir (datapath.MapsDir: one directory per
-// LayoutVersion), creating and pinning the ones that are missing. A pin
-// whose layout differs from this binary's is an error, never reused.
+// LayoutVersion), creating and pinning the ones that are missing, sized by
+// s. A pin whose layout differs from this binary's is an error, never
+// reused; one sized otherwise is a *SizingError.
 // Callers serialise Create across processes (see datapath.Ensure).
-func Create(dir string) (*Maps, error) {
+func Create(dir string, s Sizing) (*Maps, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create map pin directory %s: %w", dir, err)
 	}
-	ss, err := specs()
+	ss, err := sized(s)
 	if err != nil {
 		return nil, err
 	}
 	open := make(map[string]*ebpf.Map)
-	for name, s := range ss {
-		s = s.Copy()
-		s.Pinning = ebpf.PinByName
-		m, err := ebpf.NewMapWithOptions(s, ebpf.MapOptions{PinPath: dir})
-		if err != nil {
-			closeAll(open)
-			if errors.Is(err, ebpf.ErrMapIncompatible) {
-				return nil, fmt.Errorf("pinned map %s has another layout than this binary expects (layout v%d): %w",
-					filepath.Join(dir, name), LayoutVersion, err)
+	for name, spec := range ss {
+		p := filepath.Join(dir, name)
+		m, err := ebpf.LoadPinnedMap(p, nil)
+		switch {
+		case err == nil:
+			// Pinned already (a setup killed part way): its own size is
+			// compared with s below.
+			if err := compatible(spec, m); err != nil {
+				m.Close()
+				closeAll(open)
+				return nil, fmt.Errorf("pinned map %s has another layout than this binary expects (layout v%d): %w", p, LayoutVersion, err)
 			}
-			return nil, fmt.Errorf("create pinned map %s: %w", filepath.Join(dir, name), err)
+		case errors.Is(err, os.ErrNotExist):
+			spec = spec.Copy()
+			spec.Pinning = ebpf.PinByName
+			if m, err = ebpf.NewMapWithOptions(spec, ebpf.MapOptions{PinPath: dir}); err != nil {
+				closeAll(open)
+				return nil, fmt.Errorf("create pinned map %s: %w", p, err)
+			}
+		default:
+			closeAll(open)
+			return nil, fmt.Errorf("open pinned map %s: %w", p, err)
 		}
 		open[name] = m
 	}
-	return fromSet(open), nil
+	out := fromSet(dir, open)
+	if err := out.checkSized(s); err != nil {
+		out.Close()
+		return nil, err
+	}
+	return out, nil
 }
 
-// Open opens the maps pinned in dir and checks their layout. It fails with
-// an error wrapping os.ErrNotExist when the datapath was never set up, or
-// lacks a map this binary knows.
+// Open opens the maps pinned in dir and checks their layout, whatever
+// their sizing (see SizingOf). It fails with an error wrapping
+// os.ErrNotExist when the datapath was never set up, or lacks a map this
+// binary knows.
 func Open(dir string) (*Maps, error) {
 	ss, err := specs()
 	if err != nil {
@@ -191,7 +218,7 @@ func Open(dir string) (*Maps, error) {
 			closeAll(open)
 			return nil, fmt.Errorf("open pinned map %s: %w", p, err)
 		}
-		if err := s.Compatible(m); err != nil {
+		if err := compatible(s, m); err != nil {
 			m.Close()
 			closeAll(open)
 			return nil, fmt.Errorf("pinned map %s has another layout than this binary expects (layout v%d): %w",
@@ -199,11 +226,51 @@ func Open(dir string) (*Maps, error) {
 		}
 		open[name] = m
 	}
-	return fromSet(open), nil
+	return fromSet(dir, open), nil
 }
 
-func fromSet(s map[string]*ebpf.Map) *Maps {
-	return &Maps{Endpoints: s[nameEndpoints], Links: s[nameLinks], Stats: s[nameStats], byName: s}
+// compatible checks a pinned map against its spec; the size of a map the
+// sizing decides is the pin's own (SizingOf reads it).
+func compatible(s *ebpf.MapSpec, m *ebpf.Map) error {
+	if _, ok := DefaultSizing.entries()[s.Name]; ok {
+		s = s.Copy()
+		s.MaxEntries = m.MaxEntries()
+	}
+	return s.Compatible(m)
+}
+
+// checkSized fails with a *SizingError unless every sized map has the size s gives it.
+func (m *Maps) checkSized(s Sizing) error {
+	for name, want := range s.entries() {
+		if got := m.byName[name].MaxEntries(); got != want {
+			return &SizingError{Dir: m.dir, Pinned: SizingOf(m), Asked: s,
+				Detail: fmt.Sprintf("%s holds %d entries, %s needs %d", name, got, s, want)}
+		}
+	}
+	return nil
+}
+
+func fromSet(dir string, s map[string]*ebpf.Map) *Maps {
+	return &Maps{Endpoints: s[nameEndpoints], Links: s[nameLinks], Stats: s[nameStats], byName: s, dir: dir}
+}
+
+// Dir is the directory the maps are pinned in.
+func (m *Maps) Dir() string { return m.dir }
+
+// lock takes an exclusive flock on the map directory, for read-modify-write
+// sequences several processes may run at once (cluster CIDR users). It is
+// not the pin directory's lock (datapath.Ensure's), so neither waits on the
+// other.
+func (m *Maps) lock() (func(), error) {
+	fd, err := unix.Open(m.dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s for locking: %w", m.dir, err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", m.dir, err)
+	}
+	return func() { unix.Close(fd) }, nil
 }
 
 // Names lists the maps by C name, sorted.

@@ -44,6 +44,12 @@ type mapsObjCidrKey struct {
 	Addr      [16]uint8
 }
 
+type mapsObjCidrRefKey struct {
+	_     structs.HostLayout
+	Cidr  mapsObjCidrKey
+	Owner uint64
+}
+
 type mapsObjCniDir uint32
 
 const (
@@ -280,6 +286,7 @@ type mapsObjStatsVal struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	mapsObjMapCniBandwidth    = "cni_bandwidth"
+	mapsObjMapCniCidrRefs     = "cni_cidr_refs"
 	mapsObjMapCniClusterCidrs = "cni_cluster_cidrs"
 	mapsObjMapCniCt           = "cni_ct"
 	mapsObjMapCniEndpoints    = "cni_endpoints"
@@ -351,6 +358,7 @@ type mapsObjProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type mapsObjMapSpecs struct {
 	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniCidrRefs     *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
 	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
 	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
@@ -400,6 +408,7 @@ func (o *mapsObjObjects) Close() error {
 // It can be passed to loadMapsObjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mapsObjMaps struct {
 	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniCidrRefs     *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
 	CniCt           *ebpf.Map `ebpf:"cni_ct"`
 	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
@@ -421,6 +430,7 @@ type mapsObjMaps struct {
 func (m *mapsObjMaps) Close() error {
 	return _MapsObjClose(
 		m.CniBandwidth,
+		m.CniCidrRefs,
 		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,

@@ -1,6 +1,8 @@
 package maps
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +17,7 @@ import (
 // Go twins of the masquerade structs in bpf/lib/types.h, generated from BTF.
 type (
 	CIDRKey      = mapsObjCidrKey
+	CIDRRefKey   = mapsObjCidrRefKey
 	SNATKey      = mapsObjSnatKey
 	SNATVal      = mapsObjSnatVal
 	MasqStat     = mapsObjMasqStat
@@ -26,6 +29,7 @@ type (
 const (
 	nameSNAT         = "cni_snat"
 	nameClusterCIDRs = "cni_cluster_cidrs"
+	nameClusterRefs  = "cni_cidr_refs"
 	nameMasqStats    = "cni_masq_stats"
 	nameMasqConfig   = "cni_masq_config"
 	nameMasqShare    = "cni_masq_share"
@@ -88,66 +92,282 @@ func cidrKey(p netip.Prefix) CIDRKey {
 	return k
 }
 
-// Who put an entry into cni_cluster_cidrs: its value (the datapath reads
-// only the key).
-const (
-	// ClusterCIDRByConfig: an ADD with ipMasq (its clusterCIDRs, or the
-	// pod's subnets). Never removed: other pods of the network rely on it.
-	ClusterCIDRByConfig uint32 = 1
-	// ClusterCIDRByAgent: the agent (--cluster-cidrs, or every Node's pod
-	// CIDRs), which removes its own entries when they are no longer wanted.
-	ClusterCIDRByAgent uint32 = 2
-)
+func (k CIDRKey) prefix() netip.Prefix {
+	var a netip.Addr
+	if k.Family == afInet {
+		a = netip.AddrFrom4([4]byte(k.Addr[:4]))
+	} else {
+		a = netip.AddrFrom16(k.Addr)
+	}
+	return netip.PrefixFrom(a, int(k.Prefixlen)-32)
+}
 
-// AddClusterCIDRs adds prefixes to cni_cluster_cidrs (idempotent), as
-// configuration: destinations inside them are never masqueraded.
-func (m *Maps) AddClusterCIDRs(prefixes []netip.Prefix) error {
+// CIDROwner names a user of cluster CIDRs (an attachment) by a hash of
+// what identifies it; never 0, which stands for CIDRs inherited from an
+// older layout.
+func CIDROwner(parts ...string) uint64 {
+	h := sha256.Sum256([]byte(strings.Join(parts, "\x00")))
+	if o := binary.LittleEndian.Uint64(h[:8]); o != 0 {
+		return o
+	}
+	return 1
+}
+
+func (m *Maps) refs() *ebpf.Map { return m.byName[nameClusterRefs] }
+
+// ClusterCIDRCapacity is how many CIDRs cni_cluster_cidrs holds node-wide.
+func (m *Maps) ClusterCIDRCapacity() int { return int(m.byName[nameClusterCIDRs].MaxEntries()) }
+
+// AcquireClusterCIDRs makes owner a user of prefixes, inserting into
+// cni_cluster_cidrs the ones it lacks (destinations inside them are never
+// masqueraded). All or nothing: when cni_cluster_cidrs (or cni_cidr_refs)
+// has no room, the error wraps ErrFull, names the map and its size, and
+// whatever this call added is gone again. Idempotent for an owner. Runs
+// under a lock on the map directory, as ReleaseClusterCIDRs, so a CIDR
+// one process adds is never removed by another releasing its last user.
+func (m *Maps) AcquireClusterCIDRs(owner uint64, prefixes []netip.Prefix) error {
+	unlock, err := m.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return m.acquire(owner, prefixes)
+}
+
+// acquire is AcquireClusterCIDRs with the lock held.
+func (m *Maps) acquire(owner uint64, prefixes []netip.Prefix) (err error) {
+	trie, refs := m.byName[nameClusterCIDRs], m.byName[nameClusterRefs]
+	have, err := m.ClusterCIDRs()
+	if err != nil {
+		return fmt.Errorf("read %s: %w", nameClusterCIDRs, err)
+	}
+	present := map[netip.Prefix]bool{}
+	for _, p := range have {
+		present[p] = true
+	}
+	var keys []CIDRKey
+	missing := 0
+	seen := map[netip.Prefix]bool{}
 	for _, p := range prefixes {
-		k := cidrKey(p)
-		v := ClusterCIDRByConfig
-		if err := m.byName[nameClusterCIDRs].Put(&k, &v); err != nil {
-			return writeErr(m.byName[nameClusterCIDRs], nameClusterCIDRs, p.String(), err)
+		p = p.Masked()
+		if seen[p] {
+			continue
+		}
+		seen[p] = true
+		keys = append(keys, cidrKey(p))
+		if !present[p] {
+			missing++
+		}
+	}
+	if len(have)+missing > int(trie.MaxEntries()) {
+		return fmt.Errorf("add %d cluster CIDRs to %s: %w: %s holds at most %d entries and has %d",
+			missing, nameClusterCIDRs, ErrFull, nameClusterCIDRs, trie.MaxEntries(), len(have))
+	}
+	// Undo what this call added if anything fails: its refs, and the CIDRs
+	// nobody else uses.
+	var added []CIDRRefKey
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, m.dropRefs(added))
+		}
+	}()
+	one := uint32(1)
+	for _, k := range keys {
+		// The ref first: a process killed in between leaves a ref (its
+		// attachment's teardown drops it), never a CIDR nobody holds.
+		rk := CIDRRefKey{Cidr: k, Owner: owner}
+		switch err := refs.Update(&rk, &one, ebpf.UpdateNoExist); {
+		case err == nil:
+			added = append(added, rk)
+		case errors.Is(err, ebpf.ErrKeyExist):
+		default:
+			return writeErr(refs, nameClusterRefs, "user of "+k.prefix().String(), err)
+		}
+		if err := trie.Update(&k, &one, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			return writeErr(trie, nameClusterCIDRs, k.prefix().String(), err)
 		}
 	}
 	return nil
 }
 
-// SyncAgentClusterCIDRs makes the agent's entries of cni_cluster_cidrs
-// exactly want: it adds what is missing (an entry the configuration put
-// there already stays the configuration's) and removes its own entries
-// not in want, never one the configuration put there.
-func (m *Maps) SyncAgentClusterCIDRs(want []netip.Prefix) (added, removed []netip.Prefix, err error) {
-	cc := m.byName[nameClusterCIDRs]
-	wanted := map[netip.Prefix]bool{}
-	for _, p := range want {
-		p = p.Masked()
-		if wanted[p] {
-			continue
-		}
-		wanted[p] = true
-		k, v := cidrKey(p), ClusterCIDRByAgent
-		switch err := cc.Update(&k, &v, ebpf.UpdateNoExist); {
-		case err == nil:
-			added = append(added, p)
-		case !errors.Is(err, ebpf.ErrKeyExist):
-			return added, removed, writeErr(cc, nameClusterCIDRs, p.String(), err)
-		}
+// SetClusterCIDRs makes owner a user of exactly want, for a user whose
+// wishes change (the agent following the cluster's nodes): it drops the
+// uses not in want first (the CIDRs no other user holds go, making room),
+// then acquires want, all or nothing as AcquireClusterCIDRs. It returns
+// the CIDRs owner came to use and those it no longer uses. A CIDR another
+// user (an attachment's configuration) holds stays whatever owner wants.
+func (m *Maps) SetClusterCIDRs(owner uint64, want []netip.Prefix) (gained, dropped []netip.Prefix, err error) {
+	mine, err := m.refsOf(owner)
+	if err != nil || (len(mine) == 0 && len(want) == 0) {
+		return nil, nil, err // nothing held, nothing wanted: no lock
 	}
-	have, err := m.clusterCIDRs()
+	unlock, err := m.lock()
 	if err != nil {
-		return added, removed, err
+		return nil, nil, err
 	}
-	for p, owner := range have {
-		if owner != ClusterCIDRByAgent || wanted[p] {
+	defer unlock()
+	if mine, err = m.refsOf(owner); err != nil {
+		return nil, nil, err
+	}
+	wanted, held := map[netip.Prefix]bool{}, map[netip.Prefix]bool{}
+	for _, p := range want {
+		wanted[p.Masked()] = true
+	}
+	var stale []CIDRRefKey
+	for _, r := range mine {
+		p := r.Cidr.prefix()
+		held[p] = true
+		if !wanted[p] {
+			stale = append(stale, r)
+			dropped = append(dropped, p)
+		}
+	}
+	if err := m.dropRefs(stale); err != nil {
+		return nil, dropped, err
+	}
+	if err := m.acquire(owner, want); err != nil {
+		return nil, dropped, err
+	}
+	for p := range wanted {
+		if !held[p] {
+			gained = append(gained, p)
+		}
+	}
+	sortPrefixes(gained)
+	sortPrefixes(dropped)
+	return gained, dropped, nil
+}
+
+func sortPrefixes(ps []netip.Prefix) {
+	sort.Slice(ps, func(i, j int) bool { return ps[i].String() < ps[j].String() })
+}
+
+// ReleaseClusterCIDRs drops every use owner made of cluster CIDRs and
+// removes from cni_cluster_cidrs those no user holds any more; it returns
+// them. Idempotent: an owner with no uses costs one scan of cni_cidr_refs
+// and no lock.
+func (m *Maps) ReleaseClusterCIDRs(owner uint64) ([]netip.Prefix, error) {
+	mine, err := m.refsOf(owner)
+	if err != nil || len(mine) == 0 {
+		return nil, err
+	}
+	unlock, err := m.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if mine, err = m.refsOf(owner); err != nil {
+		return nil, err
+	}
+	var gone []netip.Prefix
+	before, _ := m.ClusterCIDRs()
+	err = m.dropRefs(mine)
+	after, aerr := m.ClusterCIDRs()
+	if aerr == nil {
+		left := map[netip.Prefix]bool{}
+		for _, p := range after {
+			left[p] = true
+		}
+		for _, p := range before {
+			if !left[p] {
+				gone = append(gone, p)
+			}
+		}
+	}
+	return gone, err
+}
+
+// ReleaseInheritedClusterCIDRs drops the cluster CIDRs an older layout
+// left (owner 0, see MigrateFrom) once no attachment that could use them
+// is left: cni_links, node-wide, has no entry but exceptIfindex's (the
+// attachment being torn down; 0 for none). Those of attachments made since
+// keep their own users. It returns whether it dropped any.
+func (m *Maps) ReleaseInheritedClusterCIDRs(exceptIfindex int) (bool, error) {
+	inherited, err := m.refsOf(0)
+	if err != nil || len(inherited) == 0 {
+		return false, err
+	}
+	unlock, err := m.lock()
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	busy := false
+	if err := scan(m.Links, func(k *uint32, _ *LinkInfo) { busy = busy || int(*k) != exceptIfindex }); err != nil {
+		return false, fmt.Errorf("scan %s: %w", nameLinks, err)
+	}
+	if busy {
+		return false, nil
+	}
+	if inherited, err = m.refsOf(0); err != nil {
+		return false, err
+	}
+	return len(inherited) > 0, m.dropRefs(inherited)
+}
+
+// refsOf lists owner's entries of cni_cidr_refs.
+func (m *Maps) refsOf(owner uint64) ([]CIDRRefKey, error) {
+	var out []CIDRRefKey
+	err := scan(m.byName[nameClusterRefs], func(k *CIDRRefKey, _ *uint32) {
+		if k.Owner == owner {
+			out = append(out, *k)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scan %s: %w", nameClusterRefs, err)
+	}
+	return out, nil
+}
+
+// dropRefs deletes refs, then every CIDR among theirs that no ref holds
+// any more. Call with the lock held.
+func (m *Maps) dropRefs(refs []CIDRRefKey) error {
+	if len(refs) == 0 {
+		return nil
+	}
+	err := deleteKeys(m.byName[nameClusterRefs], refs)
+	used := map[CIDRKey]bool{}
+	if serr := scan(m.byName[nameClusterRefs], func(k *CIDRRefKey, _ *uint32) { used[k.Cidr] = true }); serr != nil {
+		return errors.Join(err, fmt.Errorf("scan %s: %w", nameClusterRefs, serr))
+	}
+	for _, r := range refs {
+		if used[r.Cidr] {
 			continue
 		}
-		k := cidrKey(p)
-		if err := cc.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return added, removed, fmt.Errorf("map %s: remove %s: %w", nameClusterCIDRs, p, err)
+		k := r.Cidr
+		if derr := m.byName[nameClusterCIDRs].Delete(&k); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
+			err = errors.Join(err, fmt.Errorf("delete %s from %s: %w", k.prefix(), nameClusterCIDRs, derr))
 		}
-		removed = append(removed, p)
+		used[r.Cidr] = true // once
 	}
-	return added, removed, nil
+	return err
+}
+
+// ClusterCIDRsOf lists the cluster CIDRs owner uses.
+func (m *Maps) ClusterCIDRsOf(owner uint64) (map[netip.Prefix]bool, error) {
+	refs, err := m.refsOf(owner)
+	out := map[netip.Prefix]bool{}
+	for _, r := range refs {
+		out[r.Cidr.prefix()] = true
+	}
+	return out, err
+}
+
+// ClusterCIDRUsers counts the users of each cluster CIDR (0: inherited
+// from an older layout counts as one).
+func (m *Maps) ClusterCIDRUsers() (map[netip.Prefix]int, error) {
+	out := map[netip.Prefix]int{}
+	err := scan(m.byName[nameClusterRefs], func(k *CIDRRefKey, _ *uint32) { out[k.Cidr.prefix()]++ })
+	return out, err
+}
+
+// PutClusterCIDR inserts one prefix with no user (tools and tests).
+func (m *Maps) PutClusterCIDR(p netip.Prefix) error {
+	k, one := cidrKey(p), uint32(1)
+	if err := m.byName[nameClusterCIDRs].Put(&k, &one); err != nil {
+		return writeErr(m.byName[nameClusterCIDRs], nameClusterCIDRs, p.String(), err)
+	}
+	return nil
 }
 
 // DeleteClusterCIDR removes one prefix (tools and tests).
@@ -158,34 +378,14 @@ func (m *Maps) DeleteClusterCIDR(p netip.Prefix) error {
 
 // ClusterCIDRs lists cni_cluster_cidrs.
 func (m *Maps) ClusterCIDRs() ([]netip.Prefix, error) {
-	have, err := m.clusterCIDRs()
-	out := make([]netip.Prefix, 0, len(have))
-	for p := range have {
-		out = append(out, p)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].String() < out[j].String() })
-	return out, err
-}
-
-// ClusterCIDROwners is cni_cluster_cidrs with who put each entry there
-// (ClusterCIDRByConfig, ClusterCIDRByAgent).
-func (m *Maps) ClusterCIDROwners() (map[netip.Prefix]uint32, error) { return m.clusterCIDRs() }
-
-func (m *Maps) clusterCIDRs() (map[netip.Prefix]uint32, error) {
 	var (
-		out = map[netip.Prefix]uint32{}
+		out []netip.Prefix
 		k   CIDRKey
 		v   uint32
 	)
 	it := m.byName[nameClusterCIDRs].Iterate()
 	for it.Next(&k, &v) {
-		var a netip.Addr
-		if k.Family == afInet {
-			a = netip.AddrFrom4([4]byte(k.Addr[:4]))
-		} else {
-			a = netip.AddrFrom16(k.Addr)
-		}
-		out[netip.PrefixFrom(a, int(k.Prefixlen)-32)] = v
+		out = append(out, k.prefix())
 	}
 	return out, it.Err()
 }

@@ -132,7 +132,7 @@ func parseFlags(args []string) (*options, error) {
 	tputRounds := fs.Int("tput-rounds", 3, "rounds of the throughput benchmark, each measuring every path with 1 stream")
 	tputReruns := fs.Int("tput-reruns", 3, "throughput runs measured again when other work competed for the CPUs during them (at most this many)")
 	tputRoundsMulti := fs.Int("tput-rounds-4", 1, "how many of those rounds also measure every path with 4 streams")
-	memPods := fs.Int("mem-pods", 200, "pods present for the memory benchmark's map memory and agent RSS")
+	memPods := fs.Int("mem-pods", 110, "pods present for the memory benchmark's map memory and agent RSS (the default maxPods the maps are sized for; more than twice it does not fit)")
 	agentSecs := fs.Float64("agent-seconds", 4, "seconds the agent runs (after loading the datapath) before its RSS is read")
 	attachTC := fs.Bool("attach-tc", false, "also measure ebpf-cni with attachMode tc (clsact + cls_bpf instead of tcx links), without the at-scale runs")
 	hpScale := fs.String("hostport-scale", "1,200,1000", "pods with hostPorts at which to measure ADD latency and connections/s through a hostPort, ebpf-cni beside ptp+portmap (\"\" to skip)")

@@ -18,19 +18,21 @@ package main
 //   - map memory: every map pinned in the node's pin directory is opened and
 //     its memlock read from fdinfo (cilium/ebpf MapInfo.Memlock; since kernel
 //     6.4 this is the map's actual memory use, map_mem_usage), with 0 pods
-//     (after the agent pinned the datapath) and with N pods. Fixed cost = the
-//     sum at 0 pods; per pod = (sum at N - sum at 0) / N. Hash maps are
-//     preallocated (no BPF_F_NO_PREALLOC), so their memory is spent up front
-//     and the increment is ~0: the entries a pod occupies in that space
-//     (entries at N - at 0, times key + value size, value per CPU for per-CPU
-//     maps) are reported beside.
+//     (after the agent pinned the datapath) and with N pods, the maps sized
+//     for the default maxPods. Fixed cost = the sum at 0 pods; per pod = (sum
+//     at N - sum at 0) / N: the maps that are not preallocated (cni_stats,
+//     cni_cidr_refs, the LPM trie) grow with their entries, the others are
+//     spent up front (the entries a pod occupies in them, key + value size,
+//     value per CPU for per-CPU maps, are reported beside). And the sum
+//     extrapolated to 64 and 192 possible CPUs, with the entries of N pods
+//     and with every map full, by pkg/maps' model of the kernel's
+//     accounting (which TestFootprint checks against the kernel to the byte).
 
 import (
 	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -43,6 +45,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -65,6 +69,16 @@ type memResults struct {
 	// PerPodEntryBytes is the key+value bytes of the entries a pod adds.
 	PerPodEntryBytes float64 `json:"entryBytesPerPod"`
 	CPUs             int     `json:"possibleCPUs"`
+	// Projected is the maps' memlock on nodes of other CPU counts.
+	Projected []cpuProjection `json:"projected"`
+}
+
+// cpuProjection is the sum of the maps' memlock on a node with CPUs
+// possible CPUs: with the entries of the N pods, and with every map full.
+type cpuProjection struct {
+	CPUs      int    `json:"possibleCPUs"`
+	AtNBytes  uint64 `json:"bytesAtN"`
+	FullBytes uint64 `json:"bytesFull"`
 }
 
 type rssSample struct {
@@ -194,6 +208,9 @@ func (b *bench) runMemory(ctx context.Context, start time.Time) error {
 	}
 	atN, err := mapMemory(e.ebpf.pinDir)
 	if err != nil {
+		return err
+	}
+	if r.Projected, err = projectMaps(e.ebpf.pinDir, r.CPUs); err != nil {
 		return err
 	}
 	aN, err := b.agentRSS(ctx, e.ebpf, o.memPods)
@@ -357,62 +374,28 @@ func procStatusKB(pid int) (rss, hwm int64, err error) {
 	return rss, hwm, sc.Err()
 }
 
-// mapMemory opens every map pinned under pinDir and reads its memlock and
-// entry count.
+// mapMemory reads the memlock and entry count of every pinned map of the
+// datapath (pkg/maps' Usage: fdinfo memlock; arrays count as full).
 func mapMemory(pinDir string) (map[string]mapMem, error) {
+	m, err := datapath.OpenMaps(pinDir)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	us, err := m.Usage()
+	if err != nil {
+		return nil, err
+	}
 	out := map[string]mapMem{}
-	err := filepath.WalkDir(pinDir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
+	for _, u := range us {
+		n := u.Entries
+		if n < 0 {
+			n = int(u.MaxEntries)
 		}
-		m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
-		if err != nil {
-			return nil // a program or link pin
-		}
-		defer m.Close()
-		info, err := m.Info()
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		mem, ok := info.Memlock()
-		if !ok {
-			return fmt.Errorf("%s: the kernel reports no memlock for the map", path)
-		}
-		rel, _ := filepath.Rel(pinDir, path)
-		mm := mapMem{Name: rel, Type: info.Type.String(), KeySize: info.KeySize, ValueSize: info.ValueSize,
-			MaxEntries: info.MaxEntries, Flags: info.Flags, Memlock0: mem, Entries0: -1}
-		mm.Entries0, err = countEntries(m, info)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		out[rel] = mm
-		return nil
-	})
-	return out, err
-}
-
-// countEntries walks a hash map's keys; arrays count as full.
-func countEntries(m *ebpf.Map, info *ebpf.MapInfo) (int, error) {
-	switch info.Type {
-	case ebpf.Array, ebpf.PerCPUArray, ebpf.ProgramArray, ebpf.ArrayOfMaps:
-		return int(info.MaxEntries), nil
+		out[u.Name] = mapMem{Name: u.Name, Type: u.Type, KeySize: u.KeySize, ValueSize: u.ValueSize,
+			MaxEntries: u.MaxEntries, Flags: u.Flags, Memlock0: u.Memlock, Entries0: n}
 	}
-	key := make([]byte, info.KeySize)
-	next := make([]byte, info.KeySize)
-	var cur any // nil: the first key
-	n := 0
-	for n <= int(info.MaxEntries) {
-		if err := m.NextKey(cur, next); err != nil {
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
-				return n, nil
-			}
-			return 0, err
-		}
-		n++
-		copy(key, next)
-		cur = key
-	}
-	return n, nil
+	return out, nil
 }
 
 func possibleCPUs() int {
@@ -451,6 +434,27 @@ func (r *memResults) summarizeMaps(at0, atN map[string]mapMem) {
 	}
 	r.PerPodBytes = (float64(r.TotalBytesN) - float64(r.FixedBytes)) / float64(r.Pods)
 	r.PerPodEntryBytes = entryBytes / float64(r.Pods)
+}
+
+// projectMaps extrapolates the pinned maps' memlock to this node's, 64 and
+// 192 CPUs (pkg/maps' model of the kernel's accounting).
+func projectMaps(pinDir string, cpus int) ([]cpuProjection, error) {
+	m, err := datapath.OpenMaps(pinDir)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	us, err := m.Usage()
+	if err != nil {
+		return nil, err
+	}
+	var out []cpuProjection
+	for _, c := range []int{cpus, 64, 192} {
+		now, full := maps.Footprint(us, c)
+		out = append(out, cpuProjection{CPUs: c, AtNBytes: now, FullBytes: full})
+		logf("memory: maps on %d CPUs: %.1f MiB with these pods, %.1f MiB with every map full", c, float64(now)/(1<<20), float64(full)/(1<<20))
+	}
+	return out, nil
 }
 
 // readRSSLog parses the wrappers' "rss BINARY VERB KB" lines.

@@ -291,7 +291,12 @@ func (r *results) memoryRows() []testenv.Row {
 	rows = append(rows,
 		one("BPF map memory, fixed", "sum of memlock of every pinned map at 0 pods", "MiB", float64(m.FixedBytes)/(1<<20)),
 		one("BPF map memory per pod", fmt.Sprintf("(memlock at %d pods - at 0) / %d", m.Pods, m.Pods), "bytes", m.PerPodBytes),
-		one("map entries per pod", "key+value bytes of the entries a pod adds (inside the preallocated space)", "bytes", m.PerPodEntryBytes))
+		one("map entries per pod", "key+value bytes of the entries a pod adds", "bytes", m.PerPodEntryBytes))
+	for _, p := range m.Projected {
+		rows = append(rows,
+			one("BPF map memory", fmt.Sprintf("%d possible CPUs, %d pods (memlock model; measured on %d)", p.CPUs, m.Pods, m.CPUs), "MiB", float64(p.AtNBytes)/(1<<20)),
+			one("BPF map memory", fmt.Sprintf("%d possible CPUs, every map full (memlock model; measured on %d)", p.CPUs, m.CPUs), "MiB", float64(p.FullBytes)/(1<<20)))
+	}
 	return rows
 }
 
@@ -359,12 +364,18 @@ func (r *results) memoryMarkdown() string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n## Memory\n\n")
-	fmt.Fprintf(&b, "Plugin RSS: every plugin binary reached through a wrapper that runs `/usr/bin/time -f %%M` on it (ru_maxrss from wait4: the larger of the process's own peak and the peaks of the children it waited for, so ebpf-cni's and ptp's figures include the host-local they exec; host-local is wrapped too and reported on its own). %d ADDs of ebpf-cni with a hostPort and a 100 Mbit/s limit, %d of ptp+portmap+bandwidth with the same runtimeConfig, each in its own node netns. Agent: `ebpf-agent run --metrics-addr \"\"` in the ebpf-cni node netns, VmRSS sampled every 250 ms from its \"datapath ready\" log line on, VmHWM at the end. Maps: memlock from fdinfo of every map pinned in the node's pin directory (cilium/ebpf MapInfo.Memlock; on kernels since 6.4 the map's actual memory use), at 0 pods (after the agent pinned the datapath) and at %d pods. The hash maps are preallocated (no BPF_F_NO_PREALLOC): their memory is spent when the datapath is pinned, whatever the pod count.\n\n", m.Pods, m.RefPods, m.Pods)
+	fmt.Fprintf(&b, "Plugin RSS: every plugin binary reached through a wrapper that runs `/usr/bin/time -f %%M` on it (ru_maxrss from wait4: the larger of the process's own peak and the peaks of the children it waited for, so ebpf-cni's and ptp's figures include the host-local they exec; host-local is wrapped too and reported on its own). %d ADDs of ebpf-cni with a hostPort and a 100 Mbit/s limit, %d of ptp+portmap+bandwidth with the same runtimeConfig, each in its own node netns. Agent: `ebpf-agent run --metrics-addr \"\"` in the ebpf-cni node netns, VmRSS sampled every 250 ms from its \"datapath ready\" log line on, VmHWM at the end. Maps: memlock from fdinfo of every map pinned in the node's pin directory (cilium/ebpf MapInfo.Memlock; on kernels since 6.4 the map's actual memory use), at 0 pods (after the agent pinned the datapath) and at %d pods. The maps are sized for the default maxPods (110); cni_stats, cni_cidr_refs and the LPM trie are not preallocated and grow with their entries, the others are spent when the datapath is pinned.\n\n", m.Pods, m.RefPods, m.Pods)
 	fmt.Fprintf(&b, "| map | type | key | value | max entries | memlock at 0 pods | at %d pods | entries at 0 | at %d |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n", m.Pods, m.Pods)
 	for _, x := range m.Maps {
 		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %d | %d |\n", x.Name, x.Type, x.KeySize, x.ValueSize, x.MaxEntries, x.Memlock0, x.MemlockN, x.Entries0, x.EntriesN)
 	}
 	fmt.Fprintf(&b, "| total | | | | | %d (%.1f MiB) | %d | | |\n", m.FixedBytes, float64(m.FixedBytes)/(1<<20), m.TotalBytesN)
+	if len(m.Projected) > 0 {
+		fmt.Fprintf(&b, "\nOn other nodes (pkg/maps' model of the kernel's accounting, from the maps measured here on %d CPUs):\n\n| possible CPUs | at %d pods | every map full |\n|---:|---:|---:|\n", m.CPUs, m.Pods)
+		for _, p := range m.Projected {
+			fmt.Fprintf(&b, "| %d | %.1f MiB | %.1f MiB |\n", p.CPUs, float64(p.AtNBytes)/(1<<20), float64(p.FullBytes)/(1<<20))
+		}
+	}
 	return b.String()
 }
 

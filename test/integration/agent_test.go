@@ -248,7 +248,8 @@ func TestAgentDumpsStatusAndMetrics(t *testing.T) {
 		{[]string{"status"}, &inspect.StatusReport{}, func(v any) bool {
 			s := v.(*inspect.StatusReport)
 			// The bandwidth limit attached the pacing hook, a node hook.
-			return s.Healthy && s.Attachments.HostVethLinks == 4 && s.Maps["cni_endpoints"] == 4 &&
+			eps := slices.IndexFunc(s.Maps, func(u maps.Usage) bool { return u.Name == "cni_endpoints" })
+			return s.Healthy && s.Attachments.HostVethLinks == 4 && eps >= 0 && s.Maps[eps].Entries == 4 &&
 				slices.Contains(s.Attachments.NodeHooks, "cgroup_sock_ops")
 		}},
 	} {

@@ -335,6 +335,8 @@ func libcniErr(t *testing.T, what string, err error, code uint, subs ...string) 
 	}
 	if got := testenv.ErrCode(err); got != code {
 		t.Errorf("%s: error code %d (%v), want %d", what, got, err, code)
+	} else {
+		t.Logf("%s: %d %v", what, got, err) // the message as a runtime shows it (-v)
 	}
 	wantErrContains(t, what, err, subs...)
 }

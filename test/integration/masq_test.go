@@ -467,7 +467,7 @@ func TestMasqCheck(t *testing.T) {
 	if err := e.Check(p, "m", "eth0"); err == nil || !strings.Contains(err.Error(), "cni_cluster_cidrs lacks "+testenv.PodSubnet4) {
 		t.Errorf("CHECK with the pod's subnet gone from the cluster CIDRs: %v, want an error naming it", err)
 	}
-	if err := m.AddClusterCIDRs([]netip.Prefix{sub}); err != nil {
+	if err := m.PutClusterCIDR(sub); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Check(p, "m", "eth0"); err != nil {

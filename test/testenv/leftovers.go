@@ -69,6 +69,14 @@ func (e *Env) Leftovers() []string {
 		for _, l := range lims {
 			out = append(out, fmt.Sprintf("%s limit of ifindex %d", l.Dir, l.Ifindex))
 		}
+		cidrs, _ := m.ClusterCIDRs()
+		for _, c := range cidrs {
+			out = append(out, "cluster CIDR "+c.String())
+		}
+		users, _ := m.ClusterCIDRUsers()
+		for c, n := range users {
+			out = append(out, fmt.Sprintf("%d users of cluster CIDR %s", n, c))
+		}
 		nss, _ := m.ListNetns()
 		for cookie, v := range nss {
 			if v.Flags&maps.FlagNetnsNode == 0 { // the node's own entry stays with the node
@@ -300,6 +308,34 @@ func (e *Env) AssertNothingOf(containerID string) {
 		defer m.Close()
 		if eps, _ := m.ListEndpoints(); len(eps) != 0 {
 			e.T.Errorf("endpoint entries left: %+v", eps)
+		}
+	}
+}
+
+// AssertNothingOfPod fails when anything of a refused ADD of containerID
+// is left beside other pods: its veth, record, IPAM reservations, link
+// pins; endpoint entries beyond the others' (endpoints: how many they hold).
+func (e *Env) AssertNothingOfPod(containerID string, endpoints int) {
+	e.T.Helper()
+	hostIf := state.HostIfName(containerID, "eth0")
+	if e.NodeLinkExists(hostIf) {
+		e.T.Errorf("veth of %s left", containerID)
+	}
+	if _, err := os.Stat(e.RecordPath(containerID, "eth0")); err == nil {
+		e.T.Errorf("record of %s left", containerID)
+	}
+	if r := e.ReservationsOf(containerID); len(r) > 0 {
+		e.T.Errorf("IPAM reservations of %s left: %v", containerID, r)
+	}
+	for _, dir := range []string{"ingress", "egress"} {
+		if _, err := os.Stat(datapath.LinkPinPath(e.PinDir, hostIf, dir)); err == nil {
+			e.T.Errorf("%s link pin of %s left", dir, containerID)
+		}
+	}
+	if m, err := datapath.OpenMaps(e.PinDir); err == nil {
+		defer m.Close()
+		if eps, _ := m.ListEndpoints(); len(eps) != endpoints {
+			e.T.Errorf("%d endpoint entries, want the other pods' %d: %+v", len(eps), endpoints, eps)
 		}
 	}
 }

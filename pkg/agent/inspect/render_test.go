@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 // Every report renders through Write: tables aligned, blocks apart, the
@@ -40,12 +42,21 @@ func TestWrite(t *testing.T) {
 		t.Errorf("json round trip: %v %+v\n%s", err, back, b.String())
 	}
 
-	st := &StatusReport{Healthy: true, Version: "v", PinDir: "/p", MapLayout: 1, Maps: map[string]int{"cni_links": 2}}
+	st := &StatusReport{Healthy: true, Version: "v", PinDir: "/p", MapLayout: 1, Sizing: &maps.Sizing{MaxPods: 110, HostPortsPerPod: 32},
+		Maps: []maps.Usage{
+			{Name: "cni_links", Type: "Hash", Entries: 2, MaxEntries: 220, Memlock: 30 << 10},
+			{Name: "cni_hp_stats", Type: "PerCPUArray", Entries: -1, MaxEntries: 8, Memlock: 504},
+		},
+		Memory:   MemorySummary{CPUs: 2, MemlockBytes: 30<<10 + 504, FullBytes: 3 << 20},
+		Warnings: []string{"map cni_links is 95% full"}}
 	b.Reset()
 	if err := Write(&b, st, ""); err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []string{"datapath:   healthy\n", "\n\nMAP        ENTRIES\ncni_links  2\n\nPROGRAM PIN", "node hooks: -\n"} {
+	for _, s := range []string{"datapath:   healthy\n", "sized for:  maxPods 110, maxHostPortsPerPod 32\n",
+		"warning:    map cni_links is 95% full\n",
+		"\n\nMAP           TYPE         ENTRIES  MAX  FILL  MEMLOCK\ncni_links     Hash         2        220  1%    30.0 KiB\ncni_hp_stats  PerCPUArray  -        8    -     0.5 KiB\n",
+		"map memory (memlock): 30.5 KiB now, 3.0 MiB with every map full (2 possible CPUs)\n\nPROGRAM PIN", "node hooks: -\n"} {
 		if !strings.Contains(b.String(), s) {
 			t.Errorf("status lacks %q:\n%s", s, b.String())
 		}

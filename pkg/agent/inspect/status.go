@@ -26,9 +26,21 @@ type StatusReport struct {
 	Kernel      string            `json:"kernel"`
 	PinDir      string            `json:"pinDir"`
 	MapLayout   int               `json:"mapLayout"`
-	Maps        map[string]int    `json:"maps"`     // name -> entries
+	Sizing      *maps.Sizing      `json:"sizing,omitempty"` // what the pinned maps are sized for
+	Maps        []maps.Usage      `json:"maps"`
+	Memory      MemorySummary     `json:"memory"`
 	Programs    []ProgramStatus   `json:"programs"` // pinned programs
 	Attachments AttachmentSummary `json:"attachments"`
+	// Warnings do not make the datapath unhealthy: maps above 90% full.
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// MemorySummary is the kernel memory of the maps (memlock, as the kernel
+// accounts it) on this node.
+type MemorySummary struct {
+	CPUs         int    `json:"possibleCPUs"`
+	MemlockBytes uint64 `json:"memlockBytes"` // now
+	FullBytes    uint64 `json:"fullBytes"`    // with every map full (maps not preallocated grow)
 }
 
 // ProgramStatus is one pinned program.
@@ -58,7 +70,7 @@ type AttachmentSummary struct {
 // Status inspects the pinned datapath read-only: `status`.
 func Status(src Source, version string) *StatusReport {
 	pinRoot := src.PinDir
-	r := &StatusReport{Version: version, PinDir: pinRoot, MapLayout: maps.LayoutVersion, Maps: map[string]int{}}
+	r := &StatusReport{Version: version, PinDir: pinRoot, MapLayout: maps.LayoutVersion}
 	var uts unix.Utsname
 	if unix.Uname(&uts) == nil {
 		r.Kernel = unix.ByteSliceToString(uts.Release[:])
@@ -80,9 +92,30 @@ func Status(src Source, version string) *StatusReport {
 		}
 	} else {
 		defer dp.Close()
-		for _, name := range dp.Maps.Names() {
-			r.Maps[name] = countEntries(dp.Maps.Map(name))
+		sz := maps.SizingOf(dp.Maps)
+		r.Sizing = &sz
+		us, err := dp.Maps.Usage()
+		if err != nil {
+			problem("read the maps: %v", err)
 		}
+		r.Maps = us
+		if len(us) > 0 {
+			r.Memory.CPUs = us[0].CPUs
+			r.Memory.MemlockBytes, r.Memory.FullBytes = maps.Footprint(us, us[0].CPUs)
+		}
+		for _, u := range us {
+			if u.Fill() > maps.FullWarn {
+				what := "ADDs or flows that need another entry fail"
+				if strings.HasPrefix(u.Type, "LRU") {
+					what = "the least recently used flows are evicted"
+				}
+				r.Warnings = append(r.Warnings, fmt.Sprintf("map %s is %.0f%% full (%d of %d entries): %s",
+					u.Name, 100*u.Fill(), u.Entries, u.MaxEntries, what))
+			}
+		}
+	}
+	for _, d := range datapath.OlderLayoutDirs(pinRoot) {
+		problem("maps of an older layout are still pinned at %s (run `ebpf-agent upgrade`)", d)
 	}
 	for _, p := range datapath.ProgramPins(pinRoot) {
 		prog, err := ebpf.LoadPinnedProgram(p.Path, &ebpf.LoadPinOptions{ReadOnly: true})
@@ -142,24 +175,6 @@ func Status(src Source, version string) *StatusReport {
 	return r
 }
 
-func countEntries(m *ebpf.Map) int {
-	n := 0
-	k := make([]byte, m.KeySize())
-	it := m.Iterate()
-	var v []byte
-	if m.Type() == ebpf.PerCPUHash || m.Type() == ebpf.PerCPUArray {
-		var pv [][]byte
-		for it.Next(&k, &pv) {
-			n++
-		}
-		return n
-	}
-	for it.Next(&k, &v) {
-		n++
-	}
-	return n
-}
-
 func (r *StatusReport) Tables() []Table {
 	health := "healthy"
 	if !r.Healthy {
@@ -171,17 +186,26 @@ func (r *StatusReport) Tables() []Table {
 		"kernel:     " + r.Kernel,
 		fmt.Sprintf("pin dir:    %s (map layout v%d)", r.PinDir, r.MapLayout),
 	}}
+	if r.Sizing != nil {
+		sum.Lines = append(sum.Lines, "sized for:  "+r.Sizing.String())
+	}
 	for _, p := range r.Problems {
 		sum.Lines = append(sum.Lines, "problem:    "+p)
 	}
-	ms := Table{Header: []string{"MAP", "ENTRIES"}}
-	names := make([]string, 0, len(r.Maps))
-	for name := range r.Maps {
-		names = append(names, name)
+	for _, w := range r.Warnings {
+		sum.Lines = append(sum.Lines, "warning:    "+w)
 	}
-	sort.Strings(names)
-	for _, name := range names {
-		ms.Rows = append(ms.Rows, []string{name, itoa(r.Maps[name])})
+	ms := Table{Header: []string{"MAP", "TYPE", "ENTRIES", "MAX", "FILL", "MEMLOCK"}}
+	for _, u := range r.Maps {
+		entries, fill := "-", "-"
+		if u.Entries >= 0 {
+			entries, fill = itoa(u.Entries), fmt.Sprintf("%.0f%%", 100*u.Fill())
+		}
+		ms.Rows = append(ms.Rows, []string{u.Name, u.Type, entries, itoa(u.MaxEntries), fill, humanBytes(u.Memlock)})
+	}
+	if r.Memory.CPUs > 0 {
+		ms.Footer = fmt.Sprintf("map memory (memlock): %s now, %s with every map full (%d possible CPUs)",
+			humanBytes(r.Memory.MemlockBytes), humanBytes(r.Memory.FullBytes), r.Memory.CPUs)
 	}
 	ps := Table{Header: []string{"PROGRAM PIN", "ID", "THIS BUILD"}}
 	for _, p := range r.Programs {
@@ -202,4 +226,12 @@ func (r *StatusReport) Tables() []Table {
 		"host veths: "+dash(strings.Join(states, ", ")),
 		fmt.Sprintf("handed off: %d waiting for deletion (agent %s)", len(r.Attachments.HandedOff), agent))
 	return []Table{sum, ms, ps}
+}
+
+// humanBytes is a byte count in KiB or MiB.
+func humanBytes(b uint64) string {
+	if b >= 1<<20 {
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	}
+	return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
 }

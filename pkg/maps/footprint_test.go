@@ -1,0 +1,130 @@
+package maps
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
+
+// needRoot skips without root, except under CI, which runs as root.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root; CI runs as root")
+		}
+		t.Skip("needs root (creates BPF maps)")
+	}
+}
+
+// testMaps creates the maps of sizing s in a pin directory of the test's own.
+func testMaps(t *testing.T, s Sizing) *Maps {
+	t.Helper()
+	needRoot(t)
+	dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("ebpf-cni-unit-%s-%d", t.Name(), os.Getpid()))
+	os.RemoveAll(dir)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	m, err := Create(dir, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return m
+}
+
+// fixedBase is the kernel's memlock of the map's own struct (struct
+// bpf_htab, bpf_array, ...), which the model leaves out: read from an
+// empty map of the same type, flags and sizes with one entry.
+func fixedBase(t *testing.T, u Usage) uint64 {
+	t.Helper()
+	p, err := ebpf.NewMap(&ebpf.MapSpec{Type: u.typ, KeySize: u.KeySize, ValueSize: u.ValueSize, MaxEntries: 1, Flags: u.Flags})
+	if err != nil {
+		t.Fatalf("probe map like %s: %v", u.Name, err)
+	}
+	defer p.Close()
+	pu, err := usageOf("probe", p, u.CPUs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pu.Memlock - pu.model(pu.CPUs, max(pu.Entries, 0))
+}
+
+// TestFootprint reads the memlock of every map, sized as a node gets them
+// by default, from the kernel (fdinfo), with entries in the maps that are
+// not preallocated; checks that the model of the kernel's accounting
+// reproduces each figure to the byte on this machine's CPU count; and
+// checks that, extrapolated by that model to a 64-CPU node with every map
+// full, all maps together stay within 32 MiB.
+func TestFootprint(t *testing.T) {
+	m := testMaps(t, DefaultSizing)
+	// Entries where they cost (not preallocated): counters of 50
+	// interfaces, a cluster CIDR with two users.
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 50; i++ {
+		k := StatsKey{Ifindex: uint32(100 + i), Dir: 1, Reason: 2}
+		if err := m.Stats.Put(&k, make([]StatsVal, cpus)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, owner := range []uint64{1, 2} {
+		if err := m.AcquireClusterCIDRs(owner, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.PutEndpoint(net.ParseIP("10.0.0.2"), NewEndpointInfo(3, nil, nil)); err != nil {
+		t.Fatal(err)
+	}
+
+	us, err := m.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(us) != len(m.Names()) {
+		t.Fatalf("usage of %d maps, %d pinned", len(us), len(m.Names()))
+	}
+	for _, u := range us {
+		if want := fixedBase(t, u) + u.model(u.CPUs, max(u.Entries, 0)); u.Memlock != want {
+			t.Errorf("%s (%s, %d entries of %d, flags %d): the kernel charges %d bytes, the model says %d",
+				u.Name, u.Type, u.Entries, u.MaxEntries, u.Flags, u.Memlock, want)
+		}
+	}
+	if us := byName(us); us[nameStats].Entries != 50 || us[nameClusterRefs].Entries != 2 || us[nameEndpoints].Entries != 1 {
+		t.Errorf("entries counted: stats %d, refs %d, endpoints %d; want 50, 2, 1",
+			us[nameStats].Entries, us[nameClusterRefs].Entries, us[nameEndpoints].Entries)
+	}
+
+	const budget = 32 << 20
+	for _, c := range []int{cpus, 64, 192} {
+		now, full := Footprint(us, c)
+		t.Logf("%3d CPUs: %6.2f MiB with these entries, %6.2f MiB with every map full", c, mib(now), mib(full))
+		if testing.Verbose() && c != cpus {
+			for _, u := range us {
+				t.Logf("  %-18s %8.2f MiB full", u.Name, mib(u.Projected(c, true)))
+			}
+		}
+		if c == 64 && full > budget {
+			for _, u := range us {
+				t.Logf("  %-18s %8.2f MiB full at 64 CPUs", u.Name, mib(u.Projected(64, true)))
+			}
+			t.Errorf("all maps full on a 64-CPU node: %.2f MiB, over the %d MiB budget", mib(full), budget>>20)
+		}
+	}
+}
+
+func byName(us []Usage) map[string]Usage {
+	out := map[string]Usage{}
+	for _, u := range us {
+		out[u.Name] = u
+	}
+	return out
+}
+
+func mib(b uint64) float64 { return float64(b) / (1 << 20) }

@@ -1,0 +1,257 @@
+package maps
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+)
+
+// Layout 1 pinned the same key and value structs as this layout under the
+// same names but three: bw_state gained queue_ns and mark_ns (the ingress
+// queue), which a layout 1 bucket lacks (0: it polices alone, as it did);
+// ct_val gained seen_ns and a timer, snat_val a timer (flows copied with
+// their timers unarmed, left to the agent's sweep). cni_masq_share (the
+// per-pod port counts) starts empty: flows of layout 1 count for nobody.
+// netns_info's pad became rcv_wnd, 0 in a layout 1 entry (no clamp). The
+// rest changed in sizes and flags (maps sized from maxPods, cni_stats no
+// longer preallocated) and cni_cidr_refs, which it lacked. So every other
+// entry is copied as it is. A later layout that changes a struct adds its
+// conversion here.
+
+// bwStateV1 is bw_state of layout 1.
+type bwStateV1 struct {
+	Lock      uint32
+	Pad       uint32
+	NsPerByte uint64
+	BurstNs   uint64
+	TokensNs  int64
+	LastNs    uint64
+	RateBps   uint64
+	BurstBits uint64
+}
+
+// copyBandwidthV1 copies layout 1's buckets, with no ingress queue.
+func copyBandwidthV1(from, to *ebpf.Map, name string) (int, error) {
+	return copyConverted[BandwidthKey](from, to, name, func(v bwStateV1) BandwidthState {
+		return BandwidthState{NsPerByte: v.NsPerByte, BurstNs: v.BurstNs, TokensNs: v.TokensNs, LastNs: v.LastNs,
+			RateBps: v.RateBps, BurstBits: v.BurstBits}
+	})
+}
+
+// ctValV1 is ct_val of layout 1: no seen_ns, no timer.
+type ctValV1 struct {
+	OrigAddr, ClientAddr [16]uint8
+	OrigPort, ClientPort uint16
+	Ifindex, Flags, Pad  uint32
+	CreatedNs            uint64
+}
+
+// snatValV1 is snat_val of layout 1: no timer.
+type snatValV1 struct {
+	Addr              [16]uint8
+	Port, Flags       uint16
+	Ifindex           uint32
+	CreatedNs, SeenNs uint64
+}
+
+// copyCTV1 copies layout 1's hostPort flows as seen now (the agent's
+// sweep, ExpireCT, ends them once idle past their timeout; the timer of a
+// copied entry is not armed).
+func copyCTV1(from, to *ebpf.Map, name string) (int, error) {
+	now := monotonicNow()
+	return copyConverted[CTKey](from, to, name, func(v ctValV1) CTVal {
+		return CTVal{OrigAddr: v.OrigAddr, ClientAddr: v.ClientAddr, OrigPort: v.OrigPort, ClientPort: v.ClientPort,
+			Ifindex: v.Ifindex, Flags: v.Flags, CreatedNs: v.CreatedNs, SeenNs: now}
+	})
+}
+
+// copySNATV1 copies layout 1's masqueraded flows (timer not armed).
+func copySNATV1(from, to *ebpf.Map, name string) (int, error) {
+	return copyConverted[SNATKey](from, to, name, func(v snatValV1) SNATVal {
+		return SNATVal{Addr: v.Addr, Port: v.Port, Flags: v.Flags, Ifindex: v.Ifindex, CreatedNs: v.CreatedNs, SeenNs: v.SeenNs}
+	})
+}
+
+// copyConverted copies every entry of a hash map of an older layout the
+// target lacks, converting its value.
+func copyConverted[K, O, N any](from, to *ebpf.Map, name string, conv func(O) N) (int, error) {
+	var (
+		k K
+		v O
+		n int
+	)
+	it := from.Iterate()
+	for it.Next(&k, &v) {
+		nv := conv(v)
+		err := to.Update(&k, &nv, ebpf.UpdateNoExist)
+		switch {
+		case err == nil:
+			n++
+		case errors.Is(err, ebpf.ErrKeyExist):
+		default:
+			return n, writeErr(to, name, "an entry of the older layout", err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return n, fmt.Errorf("read %s of the older layout: %w", name, err)
+	}
+	return n, nil
+}
+
+// MigrateFrom copies into m the entries of the maps an older build pinned
+// in dir with layout version, so the attachments it made keep working once
+// their links run this build's programs (see datapath.Ensure). An entry m
+// has already is kept (this build's state wins), so it can run twice: once
+// before the links move and once after, for what the old programs wrote
+// meanwhile. Counters (per-CPU arrays) are copied only into a zero slot,
+// never added twice. The cluster CIDRs of the old layout get owner 0: no
+// attachment's teardown removes them. A map of the new layout too small
+// for the old entries is an error wrapping ErrFull that names it and its
+// size. It returns how many entries it copied per map.
+func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
+	if version != 1 {
+		return nil, fmt.Errorf("migrate maps of layout v%d at %s: this build (layout v%d) knows how to migrate layout v1 only", version, dir, LayoutVersion)
+	}
+	out := map[string]int{}
+	var errs error
+	for _, c := range []struct {
+		name      string
+		copy      func(from, to *ebpf.Map, name string) (int, error)
+		valueSize uint32 // of the older layout, where it differs from this one's
+	}{
+		{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
+		{nameLinks, copyHash[uint32, LinkInfo], 0},
+		{nameStats, copyHash[StatsKey, []StatsVal], 0},
+		{nameBandwidth, copyBandwidthV1, uint32(binary.Size(bwStateV1{}))},
+		{nameNetns, copyHash[uint64, NetnsInfo], 0},
+		{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
+		{nameCT, copyCTV1, uint32(binary.Size(ctValV1{}))},
+		{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
+		{nameHPConfig, copyArray[HostPortConfig], 0},
+		{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
+		{nameHPStats, copyPerCPUArray, 0},
+		{nameSNAT, copySNATV1, uint32(binary.Size(snatValV1{}))},
+		{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
+		{nameMasqStats, copyPerCPUArray, 0},
+		{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
+	} {
+		p := filepath.Join(dir, c.name)
+		from, err := ebpf.LoadPinnedMap(p, &ebpf.LoadPinOptions{ReadOnly: true})
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = errors.Join(errs, fmt.Errorf("open %s: %w", p, err))
+			continue
+		}
+		to := m.byName[c.name]
+		wantValue := to.ValueSize()
+		if c.valueSize != 0 {
+			wantValue = c.valueSize
+		}
+		if from.KeySize() != to.KeySize() || from.ValueSize() != wantValue || from.Type() != to.Type() {
+			from.Close()
+			errs = errors.Join(errs, fmt.Errorf("%s of layout v%d is not what this build expects of a layout v%d map (%s, key %d, value %d)",
+				p, version, version, from.Type(), from.KeySize(), from.ValueSize()))
+			continue
+		}
+		n, err := c.copy(from, to, c.name)
+		from.Close()
+		out[c.name] = n
+		errs = errors.Join(errs, err)
+	}
+	// The old layout's cluster CIDRs: nobody's in particular.
+	cidrs, err := m.ClusterCIDRs()
+	errs = errors.Join(errs, err)
+	refs := m.byName[nameClusterRefs]
+	one := uint32(1)
+	for _, p := range cidrs {
+		k := CIDRRefKey{Cidr: cidrKey(p), Owner: 0}
+		if err := refs.Update(&k, &one, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			errs = errors.Join(errs, writeErr(refs, nameClusterRefs, "user of "+p.String(), err))
+		}
+	}
+	return out, errs
+}
+
+// copyHash copies every entry of a hash map (or LPM trie) the target lacks.
+func copyHash[K, V any](from, to *ebpf.Map, name string) (int, error) {
+	var (
+		k K
+		v V
+		n int
+	)
+	it := from.Iterate()
+	for it.Next(&k, &v) {
+		err := to.Update(&k, v, ebpf.UpdateNoExist)
+		switch {
+		case err == nil:
+			n++
+		case errors.Is(err, ebpf.ErrKeyExist):
+		default:
+			return n, writeErr(to, name, "an entry of the older layout", err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return n, fmt.Errorf("read %s of the older layout: %w", name, err)
+	}
+	return n, nil
+}
+
+// copyArray copies the slots of an array whose target slot is still zero.
+func copyArray[V comparable](from, to *ebpf.Map, name string) (int, error) {
+	n := 0
+	var zero V
+	for i := uint32(0); i < from.MaxEntries() && i < to.MaxEntries(); i++ {
+		var old, cur V
+		if err := from.Lookup(&i, &old); err != nil {
+			return n, fmt.Errorf("read %s[%d] of the older layout: %w", name, i, err)
+		}
+		if err := to.Lookup(&i, &cur); err != nil {
+			return n, fmt.Errorf("read %s[%d]: %w", name, i, err)
+		}
+		if cur != zero || old == zero {
+			continue
+		}
+		if err := to.Put(&i, &old); err != nil {
+			return n, writeErr(to, name, fmt.Sprintf("slot %d", i), err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+// copyPerCPUArray copies the per-CPU counters of each slot whose target
+// counters are all zero.
+func copyPerCPUArray(from, to *ebpf.Map, name string) (int, error) {
+	n := 0
+	for i := uint32(0); i < from.MaxEntries() && i < to.MaxEntries(); i++ {
+		var old, cur []uint64
+		if err := from.Lookup(&i, &old); err != nil {
+			return n, fmt.Errorf("read %s[%d] of the older layout: %w", name, i, err)
+		}
+		if err := to.Lookup(&i, &cur); err != nil {
+			return n, fmt.Errorf("read %s[%d]: %w", name, i, err)
+		}
+		if sum(cur) != 0 || sum(old) == 0 {
+			continue
+		}
+		if err := to.Put(&i, old); err != nil {
+			return n, writeErr(to, name, fmt.Sprintf("slot %d", i), err)
+		}
+		n++
+	}
+	return n, nil
+}
+
+func sum(v []uint64) uint64 {
+	var s uint64
+	for _, x := range v {
+		s += x
+	}
+	return s
+}
