@@ -196,6 +196,7 @@ func (m *Maps) acquire(owner uint64, prefixes []netip.Prefix) (err error) {
 // then acquires want, all or nothing as AcquireClusterCIDRs. It returns
 // the CIDRs owner came to use and those it no longer uses. A CIDR another
 // user (an attachment's configuration) holds stays whatever owner wants.
+// An owner holding none and wanting none costs one scan and no lock.
 func (m *Maps) SetClusterCIDRs(owner uint64, want []netip.Prefix) (gained, dropped []netip.Prefix, err error) {
 	mine, err := m.refsOf(owner)
 	if err != nil || (len(mine) == 0 && len(want) == 0) {
