@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strings"
@@ -32,6 +33,8 @@ type opts struct {
 	metrics, cgroupRoot, peersFile string
 	interval, politeWait           time.Duration
 	hostPorts                      bool
+	// run: Node-following, the conflist, cluster CIDRs
+	kubeconfig, nodeName, confTemplate, clusterCIDRs string
 	// reconcile, upgrade
 	dryRun, force bool
 	// run, upgrade: the node's map sizing (0 and -1: from the CNI config)
@@ -46,7 +49,7 @@ func sizingFlags(fs *flag.FlagSet, o *opts) {
 
 // sizing resolves the flags against the CNI configuration.
 func (o *opts) sizing() (maps.Sizing, error) {
-	return agent.ResolveSizing(o.confDir, o.pinDir, o.maxPods, o.hostPortsPerPod)
+	return agent.ResolveSizing(o.confDir, o.confTemplate, o.pinDir, o.maxPods, o.hostPortsPerPod)
 }
 
 func (o *opts) source() inspect.Source { return inspect.Source{PinDir: o.pinDir, StateDir: o.stateDir} }
@@ -167,6 +170,10 @@ func runFlags(fs *flag.FlagSet, o *opts) {
 	fs.BoolVar(&o.hostPorts, "hostports", true, "own the node hooks hostPort and ipMasq need (uplinks, cgroup socket hooks, node addresses)")
 	fs.DurationVar(&o.politeWait, "polite-wait", datapath.MaxPoliteWait, "longest the background work (moving pods to tcx, deleting handed-off veths) waits for CNI verbs to pause before doing a step anyway")
 	fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup2 directory for the node-wide socket hooks (default: the cgroup2 mount)")
+	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's Node object: follow the cluster's Nodes (routes to other nodes' pod CIDRs, this node's pod CIDRs in the conflist, cluster CIDRs); empty: no Kubernetes")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for Node-following (default: the pod's in-cluster service account)")
+	fs.StringVar(&o.confTemplate, "cni-conf-template", "", "conflist to write into --cni-conf-dir and keep current; its \"__PODCIDR__\" ranges become this node's spec.podCIDRs")
+	fs.StringVar(&o.clusterCIDRs, "cluster-cidrs", "", "comma-separated CIDRs ipMasq never masquerades (default with --node-name: every node's pod CIDRs)")
 	sizingFlags(fs, o)
 }
 
@@ -176,6 +183,22 @@ func run(o *opts) error {
 	ao := o.agentOptions()
 	ao.MetricsAddr, ao.ReconcileInterval, ao.Version = o.metrics, o.interval, Version
 	ao.HostPorts, ao.CgroupRoot, ao.PeersFile = o.hostPorts, o.cgroupRoot, o.peersFile
+	ao.ConfTemplate = o.confTemplate
+	if o.nodeName != "" {
+		ao.Kube = &agent.Kube{Kubeconfig: o.kubeconfig, NodeName: o.nodeName}
+	} else if o.kubeconfig != "" {
+		return errors.New("run: --kubeconfig needs --node-name (or $NODE_NAME)")
+	}
+	for _, c := range strings.Split(o.clusterCIDRs, ",") {
+		if c = strings.TrimSpace(c); c == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return fmt.Errorf("run: --cluster-cidrs: %q is not a CIDR", c)
+		}
+		ao.ClusterCIDRs = append(ao.ClusterCIDRs, p.Masked())
+	}
 	ao.PoliteWait = o.politeWait
 	ao.Logger = log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags)
 	s, err := o.sizing()

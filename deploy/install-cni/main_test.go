@@ -1,85 +1,10 @@
 package main
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
-	"reflect"
-	"strings"
 	"testing"
 )
-
-const placeholderConf = `{
-  "cniVersion": "1.0.0",
-  "name": "ebpf-cni",
-  "plugins": [{
-    "type": "ebpf-cni",
-    "ipam": {"type": "host-local", "ranges": [[{"subnet": "__PODCIDR__"}]]}
-  }]
-}`
-
-func ranges(t *testing.T, out []byte) any {
-	t.Helper()
-	var c struct {
-		Plugins []struct {
-			IPAM struct {
-				Ranges any `json:"ranges"`
-			} `json:"ipam"`
-		} `json:"plugins"`
-	}
-	if err := json.Unmarshal(out, &c); err != nil {
-		t.Fatal(err)
-	}
-	return c.Plugins[0].IPAM.Ranges
-}
-
-func TestRenderPlaceholderDualStack(t *testing.T) {
-	out, err := Render([]byte(placeholderConf), []string{"10.244.3.0/24", "fd00:10:244:3::/64"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []any{
-		[]any{map[string]any{"subnet": "10.244.3.0/24"}},
-		[]any{map[string]any{"subnet": "fd00:10:244:3::/64"}},
-	}
-	if got := ranges(t, out); !reflect.DeepEqual(got, want) {
-		t.Fatalf("ranges = %v, want %v", got, want)
-	}
-	if strings.Contains(string(out), Placeholder) {
-		t.Fatal("placeholder left in output")
-	}
-}
-
-func TestRenderWithoutPlaceholderKeepsRanges(t *testing.T) {
-	conf := strings.ReplaceAll(placeholderConf, Placeholder, "10.9.0.0/24")
-	out, err := Render([]byte(conf), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []any{[]any{map[string]any{"subnet": "10.9.0.0/24"}}}
-	if got := ranges(t, out); !reflect.DeepEqual(got, want) {
-		t.Fatalf("ranges = %v, want %v", got, want)
-	}
-}
-
-func TestRenderErrors(t *testing.T) {
-	for name, tc := range map[string]struct {
-		conf  string
-		cidrs []string
-		want  string
-	}{
-		"placeholder without CIDRs": {placeholderConf, nil, "needs the node's pod CIDRs"},
-		"bad CIDR":                  {placeholderConf, []string{"10.0.0.0/33"}, `pod CIDR "10.0.0.0/33"`},
-		"not JSON":                  {"{", nil, "not JSON"},
-		"not a conflist":            {`{"cniVersion":"1.0.0","name":"x","type":"ebpf-cni"}`, nil, "plugins"},
-		"no name":                   {`{"cniVersion":"1.0.0","plugins":[{"type":"ebpf-cni"}]}`, nil, "name"},
-	} {
-		_, err := Render([]byte(tc.conf), tc.cidrs)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: err = %v, want it to mention %q", name, err, tc.want)
-		}
-	}
-}
 
 func TestInstallBinariesAtomicAndIdempotent(t *testing.T) {
 	src, dst := t.TempDir(), filepath.Join(t.TempDir(), "bin")

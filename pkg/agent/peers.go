@@ -8,8 +8,10 @@ import (
 	"net/netip"
 	"os"
 	"sort"
+	"strings"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 )
@@ -19,13 +21,26 @@ import (
 // remove the ones whose peer is gone without touching anyone else's.
 const RouteProtocol netlink.RouteProtocol = 199
 
-// Peer is another node: its address and the pod CIDRs behind it. In
-// Kubernetes, one Peer per Node object: NodeIP from .status.addresses
-// (InternalIP), PodCIDRs from .spec.podCIDRs.
+// Peer is another node: its address (one per family on a dual-stack node)
+// and the pod CIDRs behind it. In Kubernetes, one Peer per Node object (see
+// follow.go): NodeIPs from .status.addresses (InternalIP), PodCIDRs from
+// .spec.podCIDRs.
 type Peer struct {
-	NodeIP   string   `json:"nodeIP"`
+	NodeIP   string   `json:"nodeIP,omitempty"`
+	NodeIPs  []string `json:"nodeIPs,omitempty"` // more addresses: an IPv6 one beside an IPv4 nodeIP
 	PodCIDRs []string `json:"podCIDRs"`
 }
+
+// ips: NodeIP and NodeIPs.
+func (p Peer) ips() []string {
+	if p.NodeIP == "" {
+		return p.NodeIPs
+	}
+	return append([]string{p.NodeIP}, p.NodeIPs...)
+}
+
+// name: how errors name the peer.
+func (p Peer) name() string { return strings.Join(p.ips(), ",") }
 
 // LoadPeers reads a JSON array of peers.
 func LoadPeers(path string) ([]Peer, error) {
@@ -38,8 +53,16 @@ func LoadPeers(path string) ([]Peer, error) {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	for i, p := range ps {
-		if _, err := netip.ParseAddr(p.NodeIP); err != nil {
+		if len(p.ips()) == 0 {
+			return nil, fmt.Errorf("%s: [%d]: nodeIP missing", path, i)
+		}
+		if _, err := netip.ParseAddr(p.NodeIP); p.NodeIP != "" && err != nil {
 			return nil, fmt.Errorf("%s: [%d].nodeIP: %q is not an IP address", path, i, p.NodeIP)
+		}
+		for j, a := range p.NodeIPs {
+			if _, err := netip.ParseAddr(a); err != nil {
+				return nil, fmt.Errorf("%s: [%d].nodeIPs[%d]: %q is not an IP address", path, i, j, a)
+			}
 		}
 		for j, c := range p.PodCIDRs {
 			if _, err := netip.ParsePrefix(c); err != nil {
@@ -76,11 +99,11 @@ func (rs PeerRoutes) Tables() []inspect.Table {
 }
 
 // SyncPeerRoutes makes the routes of RouteProtocol in the current netns
-// exactly one per pod CIDR of every peer (host-gw: "podCIDR via nodeIP",
-// the node IP must be on a link of this node): it replaces what changed and
-// removes routes of peers no longer listed. Peers whose nodeIP is an
-// address of this node are this node itself and skipped. Returns the routes
-// wanted.
+// exactly one per pod CIDR of every peer (host-gw: "podCIDR via nodeIP" of
+// the CIDR's family; the node IP must be on a link of this node): it
+// replaces what changed and removes routes of peers no longer listed.
+// Peers one of whose node IPs is an address of this node are this node
+// itself and skipped. Returns the routes wanted.
 func SyncPeerRoutes(peers []Peer) (PeerRoutes, error) {
 	local := map[string]bool{}
 	if addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL); err == nil {
@@ -91,27 +114,65 @@ func SyncPeerRoutes(peers []Peer) (PeerRoutes, error) {
 	want := map[string]netlink.Route{}
 	var out PeerRoutes
 	var errs error
+peers:
 	for _, p := range peers {
-		gw := net.ParseIP(p.NodeIP)
-		if gw == nil || local[gw.String()] {
-			continue
+		var gws []net.IP
+		for _, a := range p.ips() {
+			gw := net.ParseIP(a)
+			if gw == nil {
+				errs = errors.Join(errs, fmt.Errorf("peer %s: %q is not an IP address", p.name(), a))
+				continue
+			}
+			if local[gw.String()] {
+				continue peers
+			}
+			gws = append(gws, gw)
 		}
 		for _, c := range p.PodCIDRs {
 			_, dst, err := net.ParseCIDR(c)
 			if err != nil {
-				errs = errors.Join(errs, fmt.Errorf("peer %s: podCIDR %q: %w", p.NodeIP, c, err))
+				errs = errors.Join(errs, fmt.Errorf("peer %s: podCIDR %q: %w", p.name(), c, err))
 				continue
 			}
-			if (dst.IP.To4() == nil) != (gw.To4() == nil) {
-				errs = errors.Join(errs, fmt.Errorf("peer %s: podCIDR %s is of another family than the node IP", p.NodeIP, c))
+			var gw net.IP
+			for _, g := range gws {
+				if (g.To4() == nil) == (dst.IP.To4() == nil) {
+					gw = g
+					break
+				}
+			}
+			if gw == nil {
+				errs = errors.Join(errs, fmt.Errorf("peer %s: no node IP of podCIDR %s's family", p.name(), c))
 				continue
 			}
-			r := netlink.Route{Dst: dst, Gw: gw, Protocol: RouteProtocol}
-			want[dst.String()] = r
+			if o, dup := want[dst.String()]; dup && !o.Gw.Equal(gw) {
+				errs = errors.Join(errs, fmt.Errorf("podCIDR %s: claimed by peers %s and %s; routed via %s", dst, o.Gw, gw, o.Gw))
+				continue
+			}
+			want[dst.String()] = netlink.Route{Dst: dst, Gw: gw, Protocol: RouteProtocol}
+		}
+	}
+	// Another owner's route to a pod CIDR (a static one, another agent's)
+	// is left alone: replacing it would take it over.
+	foreign := map[string]netlink.Route{}
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		if err != nil {
+			errs = errors.Join(errs, err)
+			continue
+		}
+		for _, r := range rs {
+			if r.Dst != nil && r.Protocol != RouteProtocol {
+				foreign[r.Dst.String()] = r
+			}
 		}
 	}
 	for _, r := range want {
 		r := r
+		if f, ok := foreign[r.Dst.String()]; ok {
+			errs = errors.Join(errs, fmt.Errorf("route %s via %s: a route to %s of protocol %s exists (not the agent's %d): left alone", r.Dst, r.Gw, r.Dst, f.Protocol, RouteProtocol))
+			continue
+		}
 		if err := netlink.RouteReplace(&r); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("route %s via %s: %w", r.Dst, r.Gw, err))
 			continue

@@ -71,34 +71,49 @@ func LoadNetworks(confDir, pinRoot string) ([]NetworkConf, error) {
 	sort.Strings(files)
 	var out []NetworkConf
 	for _, f := range files {
-		var list *libcni.NetworkConfigList
-		if strings.HasSuffix(f, ".conflist") {
-			list, err = libcni.ConfListFromFile(f)
-		} else {
-			var one *libcni.NetworkConfig
-			if one, err = libcni.ConfFromFile(f); err == nil {
-				list, err = libcni.ConfListFromConf(one)
-			}
-		}
+		nets, err := LoadNetworkFile(f, pinRoot)
 		if err != nil {
 			continue // not ours to judge; the runtime reports broken files
 		}
-		for _, p := range list.Plugins {
-			if p.Network.Type != "ebpf-cni" {
-				continue
-			}
-			var m map[string]any
-			if err := json.Unmarshal(p.Bytes, &m); err != nil {
-				continue
-			}
-			m["name"], m["cniVersion"] = list.Name, list.CNIVersion
-			b, _ := json.Marshal(m)
-			n, err := endpoint.ParseNetwork(b)
-			if err != nil || filepath.Clean(n.PinDir) != filepath.Clean(pinRoot) {
-				continue
-			}
-			out = append(out, NetworkConf{Name: list.Name, File: f, Bytes: b, Net: n})
+		out = append(out, nets...)
+	}
+	return out, nil
+}
+
+// LoadNetworkFile is LoadNetworks for one file; a file libcni cannot read
+// is an error.
+func LoadNetworkFile(f, pinRoot string) ([]NetworkConf, error) {
+	var (
+		list *libcni.NetworkConfigList
+		err  error
+	)
+	if strings.HasSuffix(f, ".conflist") {
+		list, err = libcni.ConfListFromFile(f)
+	} else {
+		var one *libcni.NetworkConfig
+		if one, err = libcni.ConfFromFile(f); err == nil {
+			list, err = libcni.ConfListFromConf(one)
 		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	var out []NetworkConf
+	for _, p := range list.Plugins {
+		if p.Network.Type != "ebpf-cni" {
+			continue
+		}
+		var m map[string]any
+		if err := json.Unmarshal(p.Bytes, &m); err != nil {
+			continue
+		}
+		m["name"], m["cniVersion"] = list.Name, list.CNIVersion
+		b, _ := json.Marshal(m)
+		n, err := endpoint.ParseNetwork(b)
+		if err != nil || filepath.Clean(n.PinDir) != filepath.Clean(pinRoot) {
+			continue
+		}
+		out = append(out, NetworkConf{Name: list.Name, File: f, Bytes: b, Net: n})
 	}
 	return out, nil
 }

@@ -9,15 +9,20 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"net/netip"
+	"os"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
+	"k8s.io/client-go/rest"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/conflist"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/nodes"
 	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
@@ -37,6 +42,18 @@ type Options struct {
 	// PeersFile lists the other nodes and their pod CIDRs (host-gw routes,
 	// see SyncPeerRoutes); re-read at every reconcile. "" installs none.
 	PeersFile string
+	// Kube follows the cluster's Node objects (follow.go): routes to other
+	// nodes, this node's pod CIDRs in the conflist, cluster CIDRs. nil:
+	// no Kubernetes. Exclusive with PeersFile.
+	Kube *Kube
+	// ConfTemplate is a conflist the agent writes into ConfDir (same base
+	// name) and keeps current; its "__PODCIDR__" ranges become this node's
+	// pod CIDRs, which needs Kube. "" writes none.
+	ConfTemplate string
+	// ClusterCIDRs are never masqueraded by ipMasq (cni_cluster_cidrs,
+	// with the agent as their user, agentCIDROwner); none with Kube: every
+	// node's pod CIDRs.
+	ClusterCIDRs []netip.Prefix
 	// Sizing is what the node's maps are sized for (see ResolveSizing).
 	Sizing maps.Sizing
 	// PoliteWait is how long the background work waits for the CNI verbs
@@ -52,6 +69,28 @@ type Options struct {
 // the agent leaves pods alone, and the next agent finishes what it left.
 func Run(ctx context.Context, o Options) error {
 	lg := o.Logger
+	if o.Kube != nil && o.PeersFile != "" {
+		return fmt.Errorf("a peers file and Node-following both install routes to other nodes: use one")
+	}
+	if o.Kube != nil && o.Kube.NodeName == "" {
+		return fmt.Errorf("Node-following needs this node's name (--node-name, $NODE_NAME)")
+	}
+	if o.ConfTemplate != "" && o.Kube == nil {
+		raw, err := os.ReadFile(o.ConfTemplate)
+		if err != nil {
+			return fmt.Errorf("conflist template: %w", err)
+		}
+		if conflist.UsesPlaceholder(raw) {
+			return fmt.Errorf("conflist template %s: its %s ranges need the node's pod CIDRs from its Node object (--node-name, in a cluster or with --kubeconfig)", o.ConfTemplate, conflist.Placeholder)
+		}
+	}
+	var kubeCfg *rest.Config
+	if o.Kube != nil {
+		var err error
+		if kubeCfg, err = nodes.Config(o.Kube.Kubeconfig); err != nil {
+			return err
+		}
+	}
 	if err := datapath.EnsureBPFFS(o.PinRoot); err != nil {
 		return err
 	}
@@ -137,6 +176,31 @@ func Run(ctx context.Context, o Options) error {
 	}
 	peers()
 
+	fdp, err := datapath.Open(o.PinRoot)
+	if err != nil {
+		return err
+	}
+	defer fdp.Close()
+	fol := newFollower(o, fdp.Maps)
+	views := make(chan nodes.View, 1)
+	if o.Kube != nil {
+		lg.Printf("nodes: following Node objects as %s; routes, the conflist and cluster CIDRs wait for the first complete list", o.Kube.NodeName)
+		go func() {
+			err := nodes.Follow(ctx, kubeCfg, o.Kube.NodeName, 200*time.Millisecond, func(v nodes.View) {
+				select { // the newest view replaces one not yet applied
+				case <-views:
+				default:
+				}
+				views <- v
+			}, lg.Printf)
+			if err != nil && ctx.Err() == nil {
+				lg.Printf("nodes: %v", err)
+			}
+		}()
+	} else {
+		fol.static()
+	}
+
 	if o.HostPorts {
 		hdp, err := datapath.Open(o.PinRoot)
 		if err != nil {
@@ -168,9 +232,16 @@ func Run(ctx context.Context, o Options) error {
 		case <-debounce:
 			debounce = nil
 			reconcile("link deleted")
+		case v := <-views:
+			fol.apply(v)
 		case <-tick.C:
 			reconcile("timer")
 			peers()
+			if o.Kube != nil {
+				fol.reapply()
+			} else {
+				fol.static()
+			}
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"sort"
 	"strings"
 	"time"
 
@@ -124,12 +125,17 @@ func (m *Maps) ClusterCIDRCapacity() int { return int(m.byName[nameClusterCIDRs]
 // whatever this call added is gone again. Idempotent for an owner. Runs
 // under a lock on the map directory, as ReleaseClusterCIDRs, so a CIDR
 // one process adds is never removed by another releasing its last user.
-func (m *Maps) AcquireClusterCIDRs(owner uint64, prefixes []netip.Prefix) (err error) {
+func (m *Maps) AcquireClusterCIDRs(owner uint64, prefixes []netip.Prefix) error {
 	unlock, err := m.lock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	return m.acquire(owner, prefixes)
+}
+
+// acquire is AcquireClusterCIDRs with the lock held.
+func (m *Maps) acquire(owner uint64, prefixes []netip.Prefix) (err error) {
 	trie, refs := m.byName[nameClusterCIDRs], m.byName[nameClusterRefs]
 	have, err := m.ClusterCIDRs()
 	if err != nil {
@@ -182,6 +188,59 @@ func (m *Maps) AcquireClusterCIDRs(owner uint64, prefixes []netip.Prefix) (err e
 		}
 	}
 	return nil
+}
+
+// SetClusterCIDRs makes owner a user of exactly want, for a user whose
+// wishes change (the agent following the cluster's nodes): it drops the
+// uses not in want first (the CIDRs no other user holds go, making room),
+// then acquires want, all or nothing as AcquireClusterCIDRs. It returns
+// the CIDRs owner came to use and those it no longer uses. A CIDR another
+// user (an attachment's configuration) holds stays whatever owner wants.
+// An owner holding none and wanting none costs one scan and no lock.
+func (m *Maps) SetClusterCIDRs(owner uint64, want []netip.Prefix) (gained, dropped []netip.Prefix, err error) {
+	mine, err := m.refsOf(owner)
+	if err != nil || (len(mine) == 0 && len(want) == 0) {
+		return nil, nil, err // nothing held, nothing wanted: no lock
+	}
+	unlock, err := m.lock()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer unlock()
+	if mine, err = m.refsOf(owner); err != nil {
+		return nil, nil, err
+	}
+	wanted, held := map[netip.Prefix]bool{}, map[netip.Prefix]bool{}
+	for _, p := range want {
+		wanted[p.Masked()] = true
+	}
+	var stale []CIDRRefKey
+	for _, r := range mine {
+		p := r.Cidr.prefix()
+		held[p] = true
+		if !wanted[p] {
+			stale = append(stale, r)
+			dropped = append(dropped, p)
+		}
+	}
+	if err := m.dropRefs(stale); err != nil {
+		return nil, dropped, err
+	}
+	if err := m.acquire(owner, want); err != nil {
+		return nil, dropped, err
+	}
+	for p := range wanted {
+		if !held[p] {
+			gained = append(gained, p)
+		}
+	}
+	sortPrefixes(gained)
+	sortPrefixes(dropped)
+	return gained, dropped, nil
+}
+
+func sortPrefixes(ps []netip.Prefix) {
+	sort.Slice(ps, func(i, j int) bool { return ps[i].String() < ps[j].String() })
 }
 
 // ReleaseClusterCIDRs drops every use owner made of cluster CIDRs and

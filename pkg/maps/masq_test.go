@@ -3,6 +3,7 @@ package maps
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -139,5 +140,61 @@ func TestClusterCIDRUsersConcurrent(t *testing.T) {
 	}
 	if ps, _ := m.ClusterCIDRs(); len(ps) != 0 {
 		t.Errorf("every user gone, CIDRs left: %v", ps)
+	}
+}
+
+// A user whose wishes change (the agent following nodes) sets its CIDRs:
+// what it no longer wants goes unless another user holds it, what it newly
+// wants comes, and a set that does not fit changes nothing it still wants
+// but drops what it no longer wants.
+func TestSetClusterCIDRs(t *testing.T) {
+	m := testMaps(t, Sizing{MaxPods: 20, HostPortsPerPod: 1})
+	const agent, pod = 100, 7
+	set := func() string {
+		ps, err := m.ClusterCIDRs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sortPrefixes(ps)
+		return fmt.Sprint(ps)
+	}
+	step := func(want []netip.Prefix, gained, dropped, trie string) {
+		t.Helper()
+		g, d, err := m.SetClusterCIDRs(agent, want)
+		if err != nil {
+			t.Fatalf("set %v: %v", want, err)
+		}
+		if fmt.Sprint(g) != gained || fmt.Sprint(d) != dropped || set() != trie {
+			t.Fatalf("set %v: gained %v dropped %v, trie %s; want gained %s dropped %s, trie %s", want, g, d, set(), gained, dropped, trie)
+		}
+	}
+	if err := m.AcquireClusterCIDRs(pod, prefixes("10.244.0.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	step(prefixes("10.244.0.0/24", "10.244.1.0/24", "10.244.1.0/24"), "[10.244.0.0/24 10.244.1.0/24]", "[]", "[10.244.0.0/24 10.244.1.0/24]")
+	step(prefixes("10.244.1.0/24", "10.244.2.0/24"), "[10.244.2.0/24]", "[10.244.0.0/24]", "[10.244.0.0/24 10.244.1.0/24 10.244.2.0/24]")
+	step(prefixes("10.244.1.0/24", "10.244.2.0/24"), "[]", "[]", "[10.244.0.0/24 10.244.1.0/24 10.244.2.0/24]")
+	// The pod's CIDR stays the pod's: it goes with the pod's release only.
+	step(nil, "[]", "[10.244.1.0/24 10.244.2.0/24]", "[10.244.0.0/24]")
+	if gone, err := m.ReleaseClusterCIDRs(pod); err != nil || fmt.Sprint(gone) != "[10.244.0.0/24]" {
+		t.Fatalf("the pod's release: %v %v", gone, err)
+	}
+
+	// More than the trie holds: refused, naming the map; what the agent no
+	// longer wants is gone all the same, and nothing of the new set came.
+	step(prefixes("10.244.3.0/24"), "[10.244.3.0/24]", "[]", "[10.244.3.0/24]")
+	var many []netip.Prefix
+	for i := 0; i <= MaxClusterCIDRs; i++ {
+		many = append(many, netip.MustParsePrefix(fmt.Sprintf("172.%d.%d.0/24", 16+i/256, i%256)))
+	}
+	_, d, err := m.SetClusterCIDRs(agent, many)
+	if !IsFull(err) || !strings.Contains(err.Error(), "cni_cluster_cidrs holds at most 256") || fmt.Sprint(d) != "[10.244.3.0/24]" {
+		t.Fatalf("set beyond the trie: dropped %v, %v; want 10.244.3.0/24 dropped and a full cni_cluster_cidrs", d, err)
+	}
+	if s := set(); s != "[]" {
+		t.Fatalf("a refused set left %s", s)
+	}
+	if mine, _ := m.ClusterCIDRsOf(agent); len(mine) != 0 {
+		t.Fatalf("a refused set left uses: %v", mine)
 	}
 }

@@ -55,24 +55,10 @@ var k8sTestBins = []string{"agnhost", "regression-issue-74839"}
 func buildAll(ctx context.Context, o options) (*artifacts, error) {
 	a := &artifacts{bin: map[string]string{}}
 	toolsDir := filepath.Join(o.repo, "test/k8s/tools")
-	gomod, err := os.ReadFile(filepath.Join(toolsDir, "go.mod"))
+	key, err := k8sKey(toolsDir, a)
 	if err != nil {
 		return nil, err
 	}
-	gosum, err := os.ReadFile(filepath.Join(toolsDir, "go.sum"))
-	if err != nil {
-		return nil, err
-	}
-	m := regexp.MustCompile(`(?m)^\s*(?:require\s+)?k8s\.io/kubernetes (v\S+)`).FindSubmatch(gomod)
-	if m == nil {
-		return nil, fmt.Errorf("%s/go.mod: no `require k8s.io/kubernetes vX` line", toolsDir)
-	}
-	a.k8sVersion = string(m[1])
-	// The key: the version, and a hash of go.mod, go.sum and what is built
-	// from them, so a changed pin or a new binary rebuilds.
-	sum := sha256.Sum256(append(append(gomod, gosum...), strings.Join(k8sTestBins, ",")...))
-	key := a.k8sVersion + "-" + hex.EncodeToString(sum[:4])
-
 	kdir := filepath.Join(o.cache, "k8s-"+key)
 	if err := cached(ctx, kdir, "Kubernetes "+a.k8sVersion+" (first time: ~12 min on 2 cores)", func(tmp string) error {
 		return buildKubernetes(ctx, toolsDir, tmp, a.k8sVersion)
@@ -143,6 +129,54 @@ func buildAll(ctx context.Context, o options) (*artifacts, error) {
 	return a, nil
 }
 
+// k8sKey: the Kubernetes version test/k8s/tools pins (into a), and the
+// cache key: the version and a hash of go.mod, go.sum and what is built
+// from them, so a changed pin or a new binary rebuilds.
+func k8sKey(toolsDir string, a *artifacts) (string, error) {
+	gomod, err := os.ReadFile(filepath.Join(toolsDir, "go.mod"))
+	if err != nil {
+		return "", err
+	}
+	gosum, err := os.ReadFile(filepath.Join(toolsDir, "go.sum"))
+	if err != nil {
+		return "", err
+	}
+	m := regexp.MustCompile(`(?m)^\s*(?:require\s+)?k8s\.io/kubernetes (v\S+)`).FindSubmatch(gomod)
+	if m == nil {
+		return "", fmt.Errorf("%s/go.mod: no `require k8s.io/kubernetes vX` line", toolsDir)
+	}
+	a.k8sVersion = string(m[1])
+	sum := sha256.Sum256(append(append(gomod, gosum...), strings.Join(k8sTestBins, ",")...))
+	return a.k8sVersion + "-" + hex.EncodeToString(sum[:4]), nil
+}
+
+// apiServerBins: etcd, kube-apiserver and kubectl, all the agent's
+// Node-following tests need: from the full build when it is cached, else
+// built alone (their compiled packages are then in the Go build cache for
+// the full build).
+func apiServerBins(ctx context.Context, o options) (*artifacts, error) {
+	a := &artifacts{bin: map[string]string{}}
+	toolsDir := filepath.Join(o.repo, "test/k8s/tools")
+	key, err := k8sKey(toolsDir, a)
+	if err != nil {
+		return nil, err
+	}
+	bins := []string{"etcd", "kube-apiserver", "kubectl"}
+	dir := filepath.Join(o.cache, "k8s-"+key)
+	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+		dir = filepath.Join(o.cache, "apiserver-"+key)
+		if err := cached(ctx, dir, "etcd, kube-apiserver, kubectl "+a.k8sVersion, func(tmp string) error {
+			return buildKubernetesSubset(ctx, toolsDir, tmp, a.k8sVersion, []string{"kube-apiserver", "kubectl"}, true, false)
+		}); err != nil {
+			return nil, err
+		}
+	}
+	for _, b := range bins {
+		a.bin[b] = filepath.Join(dir, b)
+	}
+	return a, nil
+}
+
 // cached runs build into a temporary directory beside dir and renames it to
 // dir when it succeeds; an existing dir is reused as it is.
 func cached(ctx context.Context, dir, what string, build func(tmp string) error) error {
@@ -173,6 +207,12 @@ func cached(ctx context.Context, dir, what string, build func(tmp string) error)
 // framework reads, then e2e.test, agnhost, etcd and ginkgo, all from the
 // wrapper module.
 func buildKubernetes(ctx context.Context, toolsDir, out, version string) error {
+	return buildKubernetesSubset(ctx, toolsDir, out, version, k8sBins, true, true)
+}
+
+// buildKubernetesSubset builds the commands named (of k8sBins), etcd when
+// asked, and ginkgo, e2e.test and the test images' programs with e2e.
+func buildKubernetesSubset(ctx context.Context, toolsDir, out, version string, cmds []string, etcd, e2e bool) error {
 	major, minor, _ := strings.Cut(strings.TrimPrefix(version, "v"), ".")
 	minor, _, _ = strings.Cut(minor, ".")
 	ld := []string{"-s", "-w"}
@@ -183,17 +223,20 @@ func buildKubernetes(ctx context.Context, toolsDir, out, version string) error {
 	ldflags := strings.Join(ld, " ")
 	env := []string{"CGO_ENABLED=0"}
 	var pkgs []string
-	for _, b := range k8sBins {
+	for _, b := range cmds {
 		pkgs = append(pkgs, "k8s.io/kubernetes/cmd/"+b)
 	}
-	steps := [][]string{
-		append([]string{"build", "-trimpath", "-ldflags", ldflags, "-o", out + "/"}, pkgs...),
-		{"build", "-trimpath", "-o", out + "/etcd", "go.etcd.io/etcd/server/v3"},
-		{"build", "-trimpath", "-o", out + "/ginkgo", "github.com/onsi/ginkgo/v2/ginkgo"},
-		{"test", "-c", "-trimpath", "-ldflags", ldflags, "-o", out + "/e2e.test", "k8s.io/kubernetes/test/e2e"},
+	steps := [][]string{append([]string{"build", "-trimpath", "-ldflags", ldflags, "-o", out + "/"}, pkgs...)}
+	if etcd {
+		steps = append(steps, []string{"build", "-trimpath", "-o", out + "/etcd", "go.etcd.io/etcd/server/v3"})
 	}
-	for _, b := range k8sTestBins {
-		steps = append(steps, []string{"build", "-trimpath", "-o", out + "/" + b, "k8s.io/kubernetes/test/images/" + b})
+	if e2e {
+		steps = append(steps,
+			[]string{"build", "-trimpath", "-o", out + "/ginkgo", "github.com/onsi/ginkgo/v2/ginkgo"},
+			[]string{"test", "-c", "-trimpath", "-ldflags", ldflags, "-o", out + "/e2e.test", "k8s.io/kubernetes/test/e2e"})
+		for _, b := range k8sTestBins {
+			steps = append(steps, []string{"build", "-trimpath", "-o", out + "/" + b, "k8s.io/kubernetes/test/images/" + b})
+		}
 	}
 	for _, s := range steps {
 		if err := goCmd(ctx, toolsDir, env, s...); err != nil {

@@ -26,6 +26,11 @@ const (
 	apiServiceIP = "10.96.0.1"
 	dnsServiceIP = "10.96.0.10"
 	numNodes     = 2
+
+	// Dual-stack mode (-dual-stack) adds an IPv6 family to each.
+	fabricPrefix6 = "fd00:255::" // bridge ::1, nodes ::11, ::12
+	clusterCIDR6  = "fd00:10:244::/56"
+	serviceCIDR6  = "fd00:10:96::/112"
 )
 
 type proc struct {
@@ -36,28 +41,60 @@ type proc struct {
 }
 
 type node struct {
-	name    string
-	ip      string
-	dir     string
-	holder  *proc // sleeps in the node's network and mount namespaces
-	podCIDR string
+	name     string
+	ip       string
+	ip6      string // dual-stack mode only
+	dir      string
+	holder   *proc    // sleeps in the node's network and mount namespaces
+	podCIDRs []string // as the controller manager allocated them
+}
+
+// ips: the node's addresses, IPv4 first.
+func (n *node) ips() []string {
+	if n.ip6 == "" {
+		return []string{n.ip}
+	}
+	return []string{n.ip, n.ip6}
+}
+
+// via: the node's address of a CIDR's family.
+func (n *node) via(cidr string) string {
+	if strings.Contains(cidr, ":") {
+		return n.ip6
+	}
+	return n.ip
+}
+
+func (c *cluster) clusterCIDRs() string {
+	if c.o.dualStack {
+		return clusterCIDR + "," + clusterCIDR6
+	}
+	return clusterCIDR
+}
+
+func (c *cluster) serviceCIDRs() string {
+	if c.o.dualStack {
+		return serviceCIDR + "," + serviceCIDR6
+	}
+	return serviceCIDR
 }
 
 type cluster struct {
-	o        options
-	a        *artifacts
-	id       string
-	work     string // configs, certificates, state (removed at teardown)
-	logs     string // daemon logs (kept in the results)
-	cgName   string // cgroup directory name, in every hierarchy
-	cp       *proc  // holder of the control-plane network namespace
-	cpIP     string
-	nodes    []*node
-	procs    []*proc
-	pki      *pki
-	sysctls  map[string]string // machine-wide values kubelet may change, as found
-	netnsIDs []string          // inode ids of the run's namespaces (leak check)
-	admin    string            // admin kubeconfig
+	o         options
+	a         *artifacts
+	id        string
+	work      string // configs, certificates, state (removed at teardown)
+	logs      string // daemon logs (kept in the results)
+	cgName    string // cgroup directory name, in every hierarchy
+	cp        *proc  // holder of the control-plane network namespace
+	cpIP      string
+	nodes     []*node
+	procs     []*proc
+	pki       *pki
+	sysctls   map[string]string // machine-wide values kubelet may change, as found
+	netnsIDs  []string          // inode ids of the run's namespaces (leak check)
+	admin     string            // admin kubeconfig
+	apiserver *proc
 
 	cgProgsOurs map[uint32]bool // programs of the cgroup links the nodes pinned
 }
@@ -70,6 +107,9 @@ func newCluster(o options, a *artifacts) *cluster {
 		cgName: "k8se-" + id, cpIP: fabricPrefix + ".1"}
 	for i := 1; i <= numNodes; i++ {
 		n := &node{name: fmt.Sprintf("node%d", i), ip: fmt.Sprintf("%s.%d", fabricPrefix, 10+i)}
+		if o.dualStack {
+			n.ip6 = fmt.Sprintf("%s%d", fabricPrefix6, 10+i)
+		}
 		n.dir = filepath.Join(c.work, n.name)
 		c.nodes = append(c.nodes, n)
 	}
@@ -314,6 +354,9 @@ func (c *cluster) network() error {
 		{"ip", "addr", "add", c.cpIP + "/24", "dev", "br0"},
 		{"ip", "link", "set", "br0", "up"},
 	}
+	if c.o.dualStack {
+		steps = append(steps, []string{"ip", "addr", "add", fabricPrefix6 + "1/64", "dev", "br0", "nodad"})
+	}
 	for _, s := range steps {
 		if _, err := in(c.cp, false, s...); err != nil {
 			return err
@@ -333,7 +376,7 @@ func (c *cluster) network() error {
 		if _, err := in(n.holder, true, "hostname", n.name); err != nil {
 			return err
 		}
-		for _, s := range [][]string{
+		steps := [][]string{
 			{"ip", "link", "set", "lo", "up"},
 			{"ip", "addr", "add", n.ip + "/24", "dev", "eth0"},
 			{"ip", "link", "set", "eth0", "up"},
@@ -341,7 +384,14 @@ func (c *cluster) network() error {
 			// kube-proxy's DNAT: a link route for the Service range.
 			{"ip", "route", "add", serviceCIDR, "dev", "eth0"},
 			{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
-		} {
+		}
+		if c.o.dualStack {
+			steps = append(steps,
+				[]string{"ip", "addr", "add", n.ip6 + "/64", "dev", "eth0", "nodad"},
+				[]string{"ip", "-6", "route", "add", serviceCIDR6, "dev", "eth0"},
+				[]string{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"})
+		}
+		for _, s := range steps {
 			if _, err := in(n.holder, false, s...); err != nil {
 				return err
 			}
@@ -380,6 +430,48 @@ func (c *cluster) nodeMounts(n *node) error {
 }
 
 func (c *cluster) controlPlane(ctx context.Context) error {
+	if err := c.apiServer(ctx); err != nil {
+		return err
+	}
+	p := c.pki
+	kc := func(name string) (string, error) {
+		path := filepath.Join(c.work, name+".kubeconfig")
+		return path, p.kubeconfig(path, name, "https://"+c.cpIP+":6443")
+	}
+	cmKC, err := kc("controller-manager")
+	if err != nil {
+		return err
+	}
+	schedKC, err := kc("scheduler")
+	if err != nil {
+		return err
+	}
+	cidrFlags := []string{"--allocate-node-cidrs", "--cluster-cidr", c.clusterCIDRs(), "--node-cidr-mask-size-ipv4", "24"}
+	if c.o.dualStack {
+		cidrFlags = append(cidrFlags, "--node-cidr-mask-size-ipv6", "64")
+	}
+	if _, err := c.start("kube-controller-manager", c.cp, false, "cp", append(append([]string{c.a.path("kube-controller-manager"),
+		"--kubeconfig", cmKC, "--authentication-kubeconfig", cmKC, "--authorization-kubeconfig", cmKC,
+		"--bind-address", "127.0.0.1", "--leader-elect=false"}, cidrFlags...),
+		"--service-cluster-ip-range", c.serviceCIDRs(),
+		"--root-ca-file", p.path("ca.crt"), "--service-account-private-key-file", p.path("sa.key"),
+		"--use-service-account-credentials",
+		"--cluster-signing-cert-file", p.path("ca.crt"), "--cluster-signing-key-file", p.path("ca.key"),
+		"--controllers", "*,bootstrapsigner,tokencleaner",
+		// Its default is under /usr/libexec on the host, which it would create.
+		"--flex-volume-plugin-dir", filepath.Join(c.work, "flexvolume"), "--v=1")...); err != nil {
+		return err
+	}
+	_, err = c.start("kube-scheduler", c.cp, false, "cp", c.a.path("kube-scheduler"),
+		"--kubeconfig", schedKC, "--authentication-kubeconfig", schedKC, "--authorization-kubeconfig", schedKC,
+		"--bind-address", "127.0.0.1", "--leader-elect=false", "--v=1")
+	return err
+}
+
+// apiServer starts etcd and kube-apiserver in the control-plane namespace
+// (with the cluster's PKI and the admin kubeconfig) and waits until the API
+// server is ready. It is all the agent's Node-following tests need.
+func (c *cluster) apiServer(ctx context.Context) error {
 	var err error
 	if c.pki, err = newPKI(filepath.Join(c.work, "pki")); err != nil {
 		return err
@@ -418,15 +510,6 @@ func (c *cluster) controlPlane(ctx context.Context) error {
 	if c.admin, err = kc("admin"); err != nil {
 		return err
 	}
-	cmKC, err := kc("controller-manager")
-	if err != nil {
-		return err
-	}
-	schedKC, err := kc("scheduler")
-	if err != nil {
-		return err
-	}
-
 	if _, err := c.start("etcd", c.cp, false, "cp", c.a.path("etcd"),
 		"--name", "e2e", "--data-dir", filepath.Join(c.work, "etcd"),
 		"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
@@ -434,10 +517,18 @@ func (c *cluster) controlPlane(ctx context.Context) error {
 		"--initial-cluster", "e2e=http://127.0.0.1:2380", "--unsafe-no-fsync", "--log-level", "warn"); err != nil {
 		return err
 	}
-	if _, err := c.start("kube-apiserver", c.cp, false, "cp", c.a.path("kube-apiserver"),
+	return c.startAPIServer(ctx)
+}
+
+// startAPIServer starts kube-apiserver (again, after stopAPIServer) and
+// waits until it is ready.
+func (c *cluster) startAPIServer(ctx context.Context) error {
+	p := c.pki
+	var err error
+	if c.apiserver, err = c.start("kube-apiserver", c.cp, false, "cp", c.a.path("kube-apiserver"),
 		"--etcd-servers", "http://127.0.0.1:2379",
 		"--advertise-address", c.cpIP, "--bind-address", "0.0.0.0", "--secure-port", "6443",
-		"--service-cluster-ip-range", serviceCIDR,
+		"--service-cluster-ip-range", c.serviceCIDRs(),
 		"--client-ca-file", p.path("ca.crt"),
 		"--tls-cert-file", p.path("apiserver.crt"), "--tls-private-key-file", p.path("apiserver.key"),
 		"--kubelet-client-certificate", p.path("apiserver-kubelet-client.crt"),
@@ -451,29 +542,27 @@ func (c *cluster) controlPlane(ctx context.Context) error {
 		"--allow-privileged", "--profiling=false", "--v=1"); err != nil {
 		return err
 	}
-	if err := c.waitFor(ctx, "kube-apiserver ready", 3*time.Minute, func() error {
+	return c.waitFor(ctx, "kube-apiserver ready", 3*time.Minute, func() error {
 		_, err := c.kubectl("get", "--raw", "/readyz")
 		return err
-	}); err != nil {
-		return err
+	})
+}
+
+// stopAPIServer kills kube-apiserver (the agent tests' outage); etcd keeps
+// the cluster's state for startAPIServer.
+func (c *cluster) stopAPIServer() { c.stop(c.apiserver) }
+
+// stop kills one of the run's processes and forgets it (waitFor fails when
+// one of them exits).
+func (c *cluster) stop(p *proc) {
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+	for i, q := range c.procs {
+		if q == p {
+			c.procs = append(c.procs[:i], c.procs[i+1:]...)
+			break
+		}
 	}
-	if _, err := c.start("kube-controller-manager", c.cp, false, "cp", c.a.path("kube-controller-manager"),
-		"--kubeconfig", cmKC, "--authentication-kubeconfig", cmKC, "--authorization-kubeconfig", cmKC,
-		"--bind-address", "127.0.0.1", "--leader-elect=false",
-		"--allocate-node-cidrs", "--cluster-cidr", clusterCIDR, "--node-cidr-mask-size", "24",
-		"--service-cluster-ip-range", serviceCIDR,
-		"--root-ca-file", p.path("ca.crt"), "--service-account-private-key-file", p.path("sa.key"),
-		"--use-service-account-credentials",
-		"--cluster-signing-cert-file", p.path("ca.crt"), "--cluster-signing-key-file", p.path("ca.key"),
-		"--controllers", "*,bootstrapsigner,tokencleaner",
-		// Its default is under /usr/libexec on the host, which it would create.
-		"--flex-volume-plugin-dir", filepath.Join(c.work, "flexvolume"), "--v=1"); err != nil {
-		return err
-	}
-	_, err = c.start("kube-scheduler", c.cp, false, "cp", c.a.path("kube-scheduler"),
-		"--kubeconfig", schedKC, "--authentication-kubeconfig", schedKC, "--authorization-kubeconfig", schedKC,
-		"--bind-address", "127.0.0.1", "--leader-elect=false", "--v=1")
-	return err
 }
 
 func (c *cluster) startNode(ctx context.Context, n *node) error {
@@ -558,7 +647,7 @@ bindAddress: 0.0.0.0
 healthzBindAddress: 0.0.0.0:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack: {maxPerCore: 0, min: 0}
-`, proxyKC, clusterCIDR, n.name),
+`, proxyKC, c.clusterCIDRs(), n.name),
 	}
 	for name, s := range files {
 		if err := os.WriteFile(filepath.Join(n.dir, name), []byte(s), 0o644); err != nil {
@@ -585,7 +674,7 @@ conntrack: {maxPerCore: 0, min: 0}
 	}
 	if _, err := c.start(n.name+"-kubelet", n.holder, true, n.name, c.a.path("kubelet"),
 		"--config", filepath.Join(n.dir, "kubelet.yaml"), "--kubeconfig", kubeletKC,
-		"--hostname-override", n.name, "--node-ip", n.ip,
+		"--hostname-override", n.name, "--node-ip", strings.Join(n.ips(), ","),
 		"--root-dir", filepath.Join(n.dir, "kubelet"), "--cert-dir", filepath.Join(n.dir, "kubelet-pki"), "--v=1"); err != nil {
 		return err
 	}
@@ -595,9 +684,12 @@ conntrack: {maxPerCore: 0, min: 0}
 }
 
 // podCIDRRoutes waits for the controller-manager to give every node its pod
-// range, then routes each range via its node: on the other nodes (host-gw,
-// what the later Node-following agent will do) and in the control-plane
-// namespace (so the API server reaches pods, for webhooks and proxying).
+// ranges, then routes each range via its node in the control-plane
+// namespace (not a node: it runs no agent; the API server and e2e.test
+// reach pods through these routes) and, for the reference plugins, on the
+// other nodes (host-gw, as flannel's would: ptp installs none). With
+// ebpf-cni the nodes get theirs from the agent's Node-following
+// (checkAgents proves it).
 func (c *cluster) podCIDRRoutes(ctx context.Context) error {
 	if err := c.waitFor(ctx, "nodes registered with pod CIDRs", 3*time.Minute, func() error {
 		out, err := c.kubectl("get", "nodes", "-o", "json")
@@ -607,35 +699,40 @@ func (c *cluster) podCIDRRoutes(ctx context.Context) error {
 		var l struct {
 			Items []struct {
 				Metadata struct{ Name string }
-				Spec     struct{ PodCIDR string }
+				Spec     struct{ PodCIDRs []string }
 			}
 		}
 		if err := json.Unmarshal([]byte(out), &l); err != nil {
 			return err
 		}
-		got := map[string]string{}
+		got := map[string][]string{}
 		for _, it := range l.Items {
-			got[it.Metadata.Name] = it.Spec.PodCIDR
+			got[it.Metadata.Name] = it.Spec.PodCIDRs
 		}
 		for _, n := range c.nodes {
-			if got[n.name] == "" {
-				return fmt.Errorf("%s has no podCIDR yet (%v)", n.name, got)
+			if len(got[n.name]) != len(n.ips()) {
+				return fmt.Errorf("%s has pod CIDRs %v, want one per family of %v", n.name, got[n.name], n.ips())
 			}
-			n.podCIDR = got[n.name]
+			n.podCIDRs = got[n.name]
 		}
 		return nil
 	}); err != nil {
 		return err
 	}
 	for _, n := range c.nodes {
-		logf("%s: %s, pod CIDR %s", n.name, n.ip, n.podCIDR)
-		if _, err := in(c.cp, false, "ip", "route", "add", n.podCIDR, "via", n.ip); err != nil {
-			return err
-		}
-		for _, m := range c.nodes {
-			if m != n {
-				if _, err := in(m.holder, false, "ip", "route", "add", n.podCIDR, "via", n.ip); err != nil {
-					return err
+		logf("%s: %v, pod CIDRs %v", n.name, n.ips(), n.podCIDRs)
+		for _, cidr := range n.podCIDRs {
+			if _, err := in(c.cp, false, "ip", "route", "add", cidr, "via", n.via(cidr)); err != nil {
+				return err
+			}
+			if c.o.cni != "reference" {
+				continue
+			}
+			for _, m := range c.nodes {
+				if m != n {
+					if _, err := in(m.holder, false, "ip", "route", "add", cidr, "via", n.via(cidr)); err != nil {
+						return err
+					}
 				}
 			}
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -18,11 +19,11 @@ import (
 //     containernetworking/plugins at the version go.mod pins, written into
 //     each node's /opt/cni/bin and /etc/cni/net.d with the node's pod CIDR.
 //   - ebpf-cni: deploy/ebpf-cni.yaml applied with kubectl as it is (the image
-//     it names is imported into each node's containerd); its DaemonSet's
-//     install-cni renders the node's pod CIDR into the conflist.
+//     it names is imported into each node's containerd); its agent writes
+//     the conflist with the node's pod CIDRs and routes the other nodes'.
 //
-// Either way the routes between nodes' pod CIDRs are the static host-gw
-// routes podCIDRRoutes added (the same for both, so the comparison is fair).
+// Routes between the nodes' pod CIDRs: for the reference, the static
+// host-gw routes podCIDRRoutes added; for ebpf-cni, the agent's.
 func (c *cluster) installCNI(ctx context.Context) error {
 	if c.o.cni == "reference" {
 		for _, n := range c.nodes {
@@ -52,7 +53,7 @@ func (c *cluster) installCNI(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	return c.checkAgents()
+	return c.checkAgents(ctx)
 }
 
 // agentCaps: the capabilities deploy/ebpf-cni.yaml gives the agent
@@ -63,7 +64,7 @@ const agentCaps = 1<<12 | 1<<38 | 1<<39
 // manifest declares: exactly its capabilities in effect, the node's bpffs
 // (the pins are in the node's private bpffs) and the cgroup2 hierarchy
 // seen from inside the container (it attached the socket hooks itself).
-func (c *cluster) checkAgents() error {
+func (c *cluster) checkAgents(ctx context.Context) error {
 	for _, n := range c.nodes {
 		pid, err := c.agentPid(n)
 		if err != nil {
@@ -94,10 +95,61 @@ func (c *cluster) checkAgents() error {
 		if err != nil {
 			return err
 		}
-		if !strings.Contains(logs, "hostPort hooks (start): cgroup /sys/fs/cgroup") {
+		if !strings.Contains(logs, "node hooks (start): cgroup /sys/fs/cgroup") {
 			return fmt.Errorf("%s: the agent did not attach the socket hooks to cgroup2:\n%s", n.name, tail(logs, 10))
 		}
 		logf("%s: agent pid %d, capabilities exactly NET_ADMIN BPF PERFMON, pins in the node's bpffs, socket hooks on cgroup2", n.name, pid)
+	}
+	return c.checkAgentRoutes(ctx)
+}
+
+// checkAgentRoutes waits until every node routes every other node's pod
+// CIDRs via that node's address with the agent's route protocol, and has
+// the conflist with its own pod CIDRs: nothing else routes pods between
+// ebpf-cni nodes.
+func (c *cluster) checkAgentRoutes(ctx context.Context) error {
+	for _, n := range c.nodes {
+		var want []string
+		for _, m := range c.nodes {
+			if m == n {
+				continue
+			}
+			for _, cidr := range m.podCIDRs {
+				want = append(want, cidr+" via "+m.via(cidr))
+			}
+		}
+		if err := c.waitFor(ctx, n.name+": the agent's routes to the other nodes' pods", time.Minute, func() error {
+			var have []string
+			for _, fam := range []string{"-4", "-6"} {
+				out, err := in(n.holder, false, "ip", fam, "route", "show", "proto", "199")
+				if err != nil {
+					return err
+				}
+				for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+					if f := strings.Fields(l); len(f) >= 3 && f[1] == "via" {
+						have = append(have, strings.Join(f[:3], " "))
+					}
+				}
+			}
+			sort.Strings(have)
+			sort.Strings(want)
+			if strings.Join(have, ",") != strings.Join(want, ",") {
+				return fmt.Errorf("routes of proto 199: %v, want %v", have, want)
+			}
+			conf, err := in(n.holder, true, "cat", "/etc/cni/net.d/10-ebpf-cni.conflist")
+			if err != nil {
+				return err
+			}
+			for _, cidr := range n.podCIDRs {
+				if !strings.Contains(conf, fmt.Sprintf("%q", cidr)) {
+					return fmt.Errorf("the conflist lacks the node's pod CIDR %s:\n%s", cidr, conf)
+				}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		logf("%s: the agent routes %s and wrote the conflist with %v", n.name, strings.Join(want, ", "), n.podCIDRs)
 	}
 	return nil
 }
@@ -122,6 +174,15 @@ func (c *cluster) agentPid(n *node) (int, error) {
 }
 
 func (c *cluster) installReference(n *node) error {
+	var ranges, routes []string
+	for _, cidr := range n.podCIDRs {
+		ranges = append(ranges, fmt.Sprintf("[{ \"subnet\": %q }]", cidr))
+		dst := "0.0.0.0/0"
+		if strings.Contains(cidr, ":") {
+			dst = "::/0"
+		}
+		routes = append(routes, fmt.Sprintf("{ \"dst\": %q }", dst))
+	}
 	conf := fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "reference",
@@ -131,15 +192,15 @@ func (c *cluster) installReference(n *node) error {
       "mtu": 1500,
       "ipam": {
         "type": "host-local",
-        "ranges": [[{ "subnet": %q }]],
-        "routes": [{ "dst": "0.0.0.0/0" }]
+        "ranges": [%s],
+        "routes": [%s]
       }
     },
     { "type": "portmap", "capabilities": { "portMappings": true } },
     { "type": "bandwidth", "capabilities": { "bandwidth": true } }
   ]
 }
-`, n.podCIDR)
+`, strings.Join(ranges, ", "), strings.Join(routes, ", "))
 	staged := filepath.Join(n.dir, "10-reference.conflist")
 	if err := os.WriteFile(staged, []byte(conf), 0o644); err != nil {
 		return err

@@ -396,24 +396,26 @@ func (c *cluster) checkOffline() error {
 		holders = append(holders, n.holder)
 	}
 	// Addresses that must be unreachable: public ones and the host's own.
-	targets := []string{"1.1.1.1", "8.8.8.8", "192.0.2.1", "172.16.0.1", "192.168.0.1"}
-	if out, err := sh("ip", "-4", "-o", "addr", "show", "scope", "global"); err == nil {
+	targets := []string{"1.1.1.1", "8.8.8.8", "192.0.2.1", "172.16.0.1", "192.168.0.1", "2001:4860:4860::8888", "2606:4700::1111"}
+	if out, err := sh("ip", "-o", "addr", "show", "scope", "global"); err == nil {
 		for _, l := range strings.Split(out, "\n") {
 			f := strings.Fields(l)
 			if len(f) > 3 {
-				if a, _, ok := strings.Cut(f[3], "/"); ok && !strings.HasPrefix(a, fabricPrefix+".") {
+				if a, _, ok := strings.Cut(f[3], "/"); ok && !strings.HasPrefix(a, fabricPrefix+".") && !strings.HasPrefix(a, fabricPrefix6) {
 					targets = append(targets, a)
 				}
 			}
 		}
 	}
 	for _, h := range holders {
-		routes, err := in(h, false, "ip", "route", "show", "default")
-		if err != nil {
-			return err
-		}
-		if strings.TrimSpace(routes) != "" {
-			return fmt.Errorf("%s has a default route: %s", h.name, routes)
+		for _, fam := range []string{"-4", "-6"} {
+			routes, err := in(h, false, "ip", fam, "route", "show", "default")
+			if err != nil {
+				return err
+			}
+			if strings.TrimSpace(routes) != "" {
+				return fmt.Errorf("%s has a default route: %s", h.name, routes)
+			}
 		}
 		for _, t := range targets {
 			if out, err := in(h, false, "ip", "route", "get", t); err == nil {

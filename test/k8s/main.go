@@ -60,6 +60,20 @@ var skipReasons = []struct{ re, why string }{
 
 const quickFocus = `\[sig-network\] (HostPort|Networking Granular Checks: (Pods|Services)|Services should (serve a basic endpoint|serve multiport|be able to create a functioning NodePort|have session affinity work for service with type clusterIP|create endpoints for unready pods|be able to switch session affinity for service with type clusterIP)|DNS should (provide DNS for the cluster|provide DNS for services|resolve DNS of partial qualified names))`
 
+// dualStackSkip is defaultSkip but for the dual-stack feature's specs
+// (RE2 has no lookahead: every [Feature: tag but [Feature:IPv6DualStack]).
+func dualStackSkip() string {
+	var res []string
+	for _, s := range skipReasons {
+		if s.re == `\[Feature:` {
+			res = append(res, `\[Feature:([^I]|I[^P]|IP[^v]|IPv[^6]|IPv6[^D])`)
+			continue
+		}
+		res = append(res, s.re)
+	}
+	return strings.Join(res, "|")
+}
+
 func defaultSkip() string {
 	var res []string
 	for _, s := range skipReasons {
@@ -78,6 +92,7 @@ type options struct {
 	timeout   time.Duration
 	keep      bool
 	buildOnly bool
+	dualStack bool
 	repo      string
 }
 
@@ -93,6 +108,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 3*time.Hour, "suite timeout")
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (configs, certificates) after teardown")
 	flag.BoolVar(&o.buildOnly, "build-only", false, "build binaries and images into the cache, then stop")
+	flag.BoolVar(&o.dualStack, "dual-stack", false, "IPv4 and IPv6 pod, Service and node addresses (and the [Feature:IPv6DualStack] specs, unless -skip is given)")
 	cmp := flag.String("compare", "", "comma-separated results.json files: print one markdown table of them and exit")
 	flag.Parse()
 	if *cmp != "" {
@@ -104,6 +120,11 @@ func main() {
 	}
 	if *quick {
 		o.focus = quickFocus
+	}
+	skipSet := false
+	flag.Visit(func(f *flag.Flag) { skipSet = skipSet || f.Name == "skip" })
+	if o.dualStack && !skipSet {
+		o.skip = dualStackSkip()
 	}
 	if o.cni != "ebpf-cni" && o.cni != "reference" {
 		fatalf("-cni %q: want ebpf-cni or reference", o.cni)

@@ -249,33 +249,20 @@ func TestDaemonSetRules(t *testing.T) {
 		return nil
 	}
 
-	// install-cni: no capability at all, the node's CNI dirs, the ConfigMap.
+	// install-cni: no capability at all, the node's CNI bin dir; the
+	// conflist is the agent's (-conf-src "").
 	inst := container(t, spec.InitContainers, "install-cni")
 	if !slices.Equal(inst.Command, []string{installPath}) {
 		t.Errorf("install-cni command %v, want [%s]", inst.Command, installPath)
 	}
+	if !slices.Equal(inst.Args, []string{"-conf-src", ""}) {
+		t.Errorf("install-cni args %q, want [-conf-src \"\"] (the agent writes the conflist)", inst.Args)
+	}
 	if c := inst.SecurityContext.Capabilities; c != nil && len(c.Add) > 0 {
 		t.Errorf("install-cni adds capabilities %v: it needs none", c.Add)
 	}
-	for mount, host := range map[string]string{"/host/opt/cni/bin": "/opt/cni/bin", "/host/etc/cni/net.d": "/etc/cni/net.d"} {
-		if vm := mountOf(inst, mount); vm != nil && hostPath(vm.Name) != host {
-			t.Errorf("install-cni %s: hostPath %q, want %s", mount, hostPath(vm.Name), host)
-		}
-	}
-	if vm := mountOf(inst, "/etc/ebpf-cni"); vm != nil {
-		v := vols[vm.Name]
-		if v.ConfigMap == nil || v.ConfigMap.Name != m.configMap.Name {
-			t.Errorf("install-cni /etc/ebpf-cni: want the ConfigMap %s", m.configMap.Name)
-		}
-	}
-	nodeName := false
-	for _, e := range inst.Env {
-		if e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName" {
-			nodeName = true
-		}
-	}
-	if !nodeName {
-		t.Error("install-cni: NODE_NAME from spec.nodeName missing (pod CIDR lookup)")
+	if vm := mountOf(inst, "/host/opt/cni/bin"); vm != nil && hostPath(vm.Name) != "/opt/cni/bin" {
+		t.Errorf("install-cni /host/opt/cni/bin: hostPath %q, want /opt/cni/bin", hostPath(vm.Name))
 	}
 
 	// agent: exactly the measured capabilities, host bpffs and cgroup2.
@@ -309,11 +296,39 @@ func TestDaemonSetRules(t *testing.T) {
 			t.Error("agent /sys/fs/cgroup: want the host's /sys/fs/cgroup, read-only")
 		}
 	}
-	pin := defaultPin
-	for i, a := range agent.Args {
-		if a == "--pin-dir" && i+1 < len(agent.Args) {
-			pin = agent.Args[i+1]
+	// Node-following: this node's name, the ConfigMap's conflist as the
+	// template, the node's conf dir writable.
+	arg := func(name, def string) string {
+		for i, a := range agent.Args {
+			if v, ok := strings.CutPrefix(a, name+"="); ok {
+				return v
+			}
+			if a == name && i+1 < len(agent.Args) {
+				return agent.Args[i+1]
+			}
 		}
+		return def
+	}
+	pin := arg("--pin-dir", defaultPin)
+	nodeName := false
+	for _, e := range agent.Env {
+		if e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName" {
+			nodeName = true
+		}
+	}
+	if !nodeName {
+		t.Error("agent: NODE_NAME from spec.nodeName missing (Node-following)")
+	}
+	if tmpl := arg("--cni-conf-template", ""); tmpl != filepath.Join("/etc/ebpf-cni", conflistKey) {
+		t.Errorf("agent --cni-conf-template %q, want /etc/ebpf-cni/%s (the ConfigMap)", tmpl, conflistKey)
+	}
+	if vm := mountOf(agent, "/etc/ebpf-cni"); vm != nil {
+		if v := vols[vm.Name]; v.ConfigMap == nil || v.ConfigMap.Name != m.configMap.Name {
+			t.Errorf("agent /etc/ebpf-cni: want the ConfigMap %s", m.configMap.Name)
+		}
+	}
+	if vm := mountOf(agent, "/etc/cni/net.d"); vm != nil && vm.ReadOnly {
+		t.Error("agent /etc/cni/net.d: read-only, but the agent writes the conflist there")
 	}
 
 	// The conflist: what containerd 1.6 accepts, the plugin first, same pins as the agent.
@@ -359,10 +374,11 @@ func TestDaemonSetRules(t *testing.T) {
 		}
 	}
 
-	// RBAC: get nodes, bound to this service account, nothing more.
+	// RBAC: list and watch nodes (the agent's informer), bound to this
+	// service account, nothing more.
 	if len(m.role.Rules) != 1 || !slices.Equal(m.role.Rules[0].Resources, []string{"nodes"}) ||
-		!slices.Equal(m.role.Rules[0].Verbs, []string{"get"}) {
-		t.Errorf("ClusterRole rules %+v: want exactly get on nodes", m.role.Rules)
+		!slices.Equal(m.role.Rules[0].Verbs, []string{"list", "watch"}) {
+		t.Errorf("ClusterRole rules %+v: want exactly list and watch on nodes", m.role.Rules)
 	}
 	if m.binding.RoleRef.Name != m.role.Name || len(m.binding.Subjects) != 1 ||
 		m.binding.Subjects[0].Name != m.sa.Name || m.binding.Subjects[0].Namespace != namespace {

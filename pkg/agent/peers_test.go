@@ -1,0 +1,42 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestLoadPeers(t *testing.T) {
+	dir := t.TempDir()
+	write := func(s string) string {
+		p := filepath.Join(dir, "peers.json")
+		if err := os.WriteFile(p, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	ps, err := LoadPeers(write(`[{"nodeIP": "10.0.0.2", "nodeIPs": ["fd00::2"], "podCIDRs": ["10.244.1.0/24", "fd00:10:244:1::/64"]},
+		{"nodeIPs": ["fd00::3"], "podCIDRs": ["fd00:10:244:3::/64"]}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ps[0].ips(); !reflect.DeepEqual(got, []string{"10.0.0.2", "fd00::2"}) {
+		t.Fatalf("ips of the dual-stack peer: %v", got)
+	}
+	if got := ps[1].ips(); !reflect.DeepEqual(got, []string{"fd00::3"}) {
+		t.Fatalf("ips of the IPv6 peer: %v", got)
+	}
+	for in, want := range map[string]string{
+		`[{"podCIDRs": ["10.244.1.0/24"]}]`:                          "[0]: nodeIP missing",
+		`[{"nodeIP": "x", "podCIDRs": []}]`:                          `[0].nodeIP: "x" is not an IP address`,
+		`[{"nodeIP": "10.0.0.2", "nodeIPs": ["y"], "podCIDRs": []}]`: `[0].nodeIPs[0]: "y" is not an IP address`,
+		`[{"nodeIP": "10.0.0.2", "podCIDRs": ["10.244.1.0/33"]}]`:    `[0].podCIDRs[0]: "10.244.1.0/33" is not a CIDR`,
+		`{"nodeIP": "10.0.0.2"}`:                                     "cannot unmarshal",
+	} {
+		if _, err := LoadPeers(write(in)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: err %v, want it to say %q", in, err, want)
+		}
+	}
+}
