@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -218,6 +219,17 @@ func (b *bench) newNode(name string) (ns.NetNS, error) {
 	return n, testenv.SetupNode(n, nodeIP)
 }
 
+// maxPods sizes the maps of b.pinDir, which every network on it must name
+// alike: the largest population of the scale and hostPort parts, the pods
+// timed on top of it, and room for the latency rounds' leftovers.
+func (b *bench) maxPods() int {
+	n := 0
+	for _, p := range append(slices.Clone(b.opts.scale), b.opts.hpScale...) {
+		n = max(n, p)
+	}
+	return max(110, n+b.opts.scaleReps+64)
+}
+
 // newPinDir names another pin directory of this run, removed at cleanup.
 func (b *bench) newPinDir(suffix string) string {
 	p := b.pinDir + "-" + suffix
@@ -309,13 +321,13 @@ func (b *bench) writeConfigs() error {
 		{
 			key: "ebpf", label: "ebpf-cni", netName: "bench-ebpf-cni", subnet: ebpfNet, atScale: true,
 			list: map[string]any{"plugins": []any{map[string]any{
-				"type": "ebpf-cni", "pinDir": b.pinDir, "stateDir": b.state, "ipam": b.hostLocal(ebpfNet),
+				"type": "ebpf-cni", "pinDir": b.pinDir, "stateDir": b.state, "ipam": b.hostLocal(ebpfNet), "maxPods": b.maxPods(),
 			}}},
 		},
 		{
 			key: "ebpf-tc", label: "ebpf-cni attachMode=tc", netName: "bench-ebpf-cni-tc", subnet: ebpfTCNet,
 			list: map[string]any{"plugins": []any{map[string]any{
-				"type": "ebpf-cni", "attachMode": "tc", "pinDir": b.pinDir, "stateDir": b.state, "ipam": b.hostLocal(ebpfTCNet),
+				"type": "ebpf-cni", "attachMode": "tc", "pinDir": b.pinDir, "stateDir": b.state, "ipam": b.hostLocal(ebpfTCNet), "maxPods": b.maxPods(),
 			}}},
 		},
 		{

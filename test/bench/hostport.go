@@ -212,7 +212,7 @@ func (b *bench) hpConfigs() []*config {
 		{
 			key: "ebpf-hostport", label: "ebpf-cni (portMappings)", netName: "bench-ebpf-hostport", subnet: ebpfNet, hostPorts: true,
 			list: map[string]any{"plugins": []any{map[string]any{
-				"type": "ebpf-cni", "pinDir": b.pinDir, "stateDir": b.state, "ipam": b.hostLocal(ebpfNet),
+				"type": "ebpf-cni", "pinDir": b.pinDir, "stateDir": b.state, "ipam": b.hostLocal(ebpfNet), "maxPods": b.maxPods(),
 				"capabilities": map[string]bool{"portMappings": true},
 			}}},
 		},
