@@ -304,57 +304,10 @@ func TestBandwidthRemoteUDPIsPoliced(t *testing.T) {
 		t.Fatal(err)
 	}
 	a4, _ := testenv.PodIPs(t, ra)
-	var ln *net.UDPConn
-	if err := a.Do(func(ns.NetNS) error {
-		var err error
-		ln, err = net.ListenUDP("udp", &net.UDPAddr{IP: a4})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	received := make(chan int64, 1)
-	go func() {
-		var n int64
-		buf := make([]byte, 2048)
-		ln.SetReadDeadline(time.Now().Add(4 * time.Second))
-		for {
-			k, err := ln.Read(buf)
-			if err != nil {
-				received <- n
-				return
-			}
-			n += int64(k)
-		}
-	}()
+	// Three times the rate, spread out: a burst the sender's own buffers
+	// dropped would prove nothing about the pod's limit.
 	const sendFor = 2 * time.Second
-	var sent int64
-	if err := remote.Do(func(ns.NetNS) error {
-		c, err := net.DialUDP("udp", nil, ln.LocalAddr().(*net.UDPAddr))
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		buf := make([]byte, 1400)
-		// Three times the rate, spread out: a burst the sender's own
-		// buffers dropped would prove nothing about the pod's limit.
-		offered := 3.0 * rate // bit/s
-		gap := time.Duration(1400 * 8 / offered * float64(time.Second))
-		next := time.Now()
-		for end := next.Add(sendFor); time.Now().Before(end); {
-			if n, err := c.Write(buf); err == nil {
-				sent += int64(n)
-			}
-			next = next.Add(gap)
-			if d := time.Until(next); d > 0 {
-				time.Sleep(d)
-			}
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	got := <-received
+	sent, got := udpBlast(t, remote, a, a4, sendFor, 4*time.Second, 3*rate)
 	// The rate, plus what the queue held when the sender stopped (its
 	// capacity is at most 10 ms and the class's burst; 50 ms is generous).
 	limit := rate/8*sendFor.Seconds() + rate/8*0.05

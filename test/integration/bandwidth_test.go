@@ -151,48 +151,8 @@ func TestBandwidthUDPIsPoliced(t *testing.T) {
 	if _, err := e.AddBW(a, "udp", bandwidthArgs(0, rate)); err != nil {
 		t.Fatal(err)
 	}
-	var ln *net.UDPConn
-	if err := e.Node.Do(func(ns.NetNS) error {
-		var err error
-		ln, err = net.ListenUDP("udp", &net.UDPAddr{IP: testenv.NodeIP4})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	received := make(chan int64, 1)
-	go func() {
-		var n int64
-		buf := make([]byte, 2048)
-		ln.SetReadDeadline(time.Now().Add(3 * time.Second))
-		for {
-			k, err := ln.Read(buf)
-			if err != nil {
-				received <- n
-				return
-			}
-			n += int64(k)
-		}
-	}()
 	const sendFor = time.Second
-	var sent int64
-	if err := a.Do(func(ns.NetNS) error {
-		c, err := net.DialUDP("udp", nil, ln.LocalAddr().(*net.UDPAddr))
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		buf := make([]byte, 1400)
-		for end := time.Now().Add(sendFor); time.Now().Before(end); {
-			if n, err := c.Write(buf); err == nil {
-				sent += int64(n)
-			}
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	got := <-received
+	sent, got := udpBlast(t, a, e.Node, testenv.NodeIP4, sendFor, 3*time.Second, 0)
 	limit := rate/8*sendFor.Seconds() + rate/8*0.05 // the rate plus the 50 ms bucket
 	t.Logf("sent %.1f MB, received %.2f MB, limit %.2f MB", float64(sent)/1e6, float64(got)/1e6, limit/1e6)
 	if float64(got) > 1.1*limit {

@@ -390,3 +390,62 @@ func linkNameIn(idx int) string {
 	}
 	return fmt.Sprint(idx)
 }
+
+// udpBlast sends 1400-byte UDP datagrams from one namespace to a listener
+// on dst in another for sendFor (paced to offered bit/s, or as fast as
+// the sender can with 0) and counts what arrives until readFor has passed
+// since the start: bytes sent and received.
+func udpBlast(t *testing.T, from, to ns.NetNS, dst net.IP, sendFor, readFor time.Duration, offered float64) (sent, received int64) {
+	t.Helper()
+	var ln *net.UDPConn
+	if err := to.Do(func(ns.NetNS) error {
+		var err error
+		ln, err = net.ListenUDP("udp", &net.UDPAddr{IP: dst})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	got := make(chan int64, 1)
+	go func() {
+		var n int64
+		buf := make([]byte, 2048)
+		ln.SetReadDeadline(time.Now().Add(readFor))
+		for {
+			k, err := ln.Read(buf)
+			if err != nil {
+				got <- n
+				return
+			}
+			n += int64(k)
+		}
+	}()
+	if err := from.Do(func(ns.NetNS) error {
+		c, err := net.DialUDP("udp", nil, ln.LocalAddr().(*net.UDPAddr))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 1400)
+		var gap time.Duration
+		if offered > 0 {
+			gap = time.Duration(float64(len(buf)*8) / offered * float64(time.Second))
+		}
+		next := time.Now()
+		for end := next.Add(sendFor); time.Now().Before(end); {
+			if n, err := c.Write(buf); err == nil {
+				sent += int64(n)
+			}
+			if gap > 0 {
+				next = next.Add(gap)
+				if d := time.Until(next); d > 0 {
+					time.Sleep(d)
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return sent, <-got
+}
