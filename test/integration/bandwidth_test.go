@@ -155,6 +155,9 @@ func TestBandwidthUDPIsPoliced(t *testing.T) {
 	sent, got := udpBlast(t, a, e.Node, testenv.NodeIP4, sendFor, 3*time.Second, 0)
 	limit := rate/8*sendFor.Seconds() + rate/8*0.05 // the rate plus the 50 ms bucket
 	t.Logf("sent %.1f MB, received %.2f MB, limit %.2f MB", float64(sent)/1e6, float64(got)/1e6, limit/1e6)
+	if float64(sent) < 2*limit {
+		t.Fatalf("the sender managed only %.2f MB: not enough to test the limit", float64(sent)/1e6)
+	}
 	if float64(got) > 1.1*limit {
 		t.Errorf("received %d bytes in %v at %v bit/s: the limit did not hold", got, sendFor, rate)
 	}

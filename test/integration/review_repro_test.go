@@ -22,7 +22,7 @@ import (
 // TestReviewReproStackFlowEviction: pod x, with no privilege, sends UDP to a
 // ClusterIP from 40000 source ports to 2 ports. Each is a flow the stack delivered to
 // the Service's backend b, so each takes an entry of the node-wide LRU
-// cni_stack_flows (65536): a's idle connection through another ClusterIP to
+// cni_stack_flows (maxPods x 256: 28160 by default): a's idle connection through another ClusterIP to
 // b loses its record, and b's next segment bypasses conntrack's un-DNAT.
 func TestReviewReproStackFlowEviction(t *testing.T) {
 	e := testenv.New(t)

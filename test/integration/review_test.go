@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -349,6 +350,7 @@ func TestReviewBandwidthBoundaries(t *testing.T) {
 // next ADD sets the node up and works.
 func TestReviewKilledFirstAdd(t *testing.T) {
 	t.Parallel()
+	killed := 0
 	for _, d := range []time.Duration{5, 40, 70, 90, 110, 130, 150, 170, 200, 250, 300} {
 		d *= time.Millisecond
 		e := testenv.New(t)
@@ -369,6 +371,9 @@ func TestReviewKilledFirstAdd(t *testing.T) {
 		time.Sleep(d)
 		cmd.Process.Signal(syscall.SIGKILL)
 		werr := cmd.Wait()
+		if wasKilled(werr) {
+			killed++
+		}
 		pins, _ := os.ReadDir(e.PinDir)
 		t.Logf("killed after %s: %v; left %d things, pin dir %d entries", d, werr, len(e.Leftovers()), len(pins))
 		if err := e.Del(pod, "killed", "eth0"); err != nil {
@@ -384,6 +389,9 @@ func TestReviewKilledFirstAdd(t *testing.T) {
 		}
 		e.MustDel(pod, "again")
 		e.AssertClean()
+	}
+	if killed == 0 {
+		t.Error("no SIGKILL landed before the ADD finished: nothing was interrupted")
 	}
 }
 
@@ -474,6 +482,7 @@ func TestReviewGarbageConfig(t *testing.T) {
 // meanwhile never shares the half-deleted pod's address.
 func TestReviewKilledDel(t *testing.T) {
 	t.Parallel()
+	killed := 0
 	for _, d := range []time.Duration{2, 8, 15, 25, 40, 60, 90} {
 		d *= time.Millisecond
 		e := testenv.New(t)
@@ -496,6 +505,9 @@ func TestReviewKilledDel(t *testing.T) {
 		time.Sleep(d)
 		cmd.Process.Signal(syscall.SIGKILL)
 		werr := cmd.Wait()
+		if wasKilled(werr) {
+			killed++
+		}
 		left := e.Traces(v)
 		t.Logf("DEL killed after %s: %v; left %d traces", d, werr, len(left))
 		// A pod added meanwhile gets an address of its own, or is refused.
@@ -517,6 +529,9 @@ func TestReviewKilledDel(t *testing.T) {
 			t.Errorf("DEL of the next pod: %v", err)
 		}
 		e.AssertClean()
+	}
+	if killed == 0 {
+		t.Error("no SIGKILL landed before the DEL finished: nothing was interrupted")
 	}
 }
 
@@ -602,4 +617,15 @@ func TestReviewRecordNameCollision(t *testing.T) {
 	if _, err := os.Stat(e.RecordPath("pod_x", "eth0")); err != nil {
 		t.Errorf("(pod_x, eth0) lost its record to the DEL of (pod, x_eth0): %v", err)
 	}
+}
+
+// wasKilled tells whether a plugin process ended by a signal (the test's
+// SIGKILL landed before it finished).
+func wasKilled(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled()
 }
