@@ -37,17 +37,23 @@ const (
 	locksDir = "locks"
 )
 
-// lockPath is the directory of one of the locks of locks.go.
+// lockPath is the file of one of the locks of locks.go.
 func lockPath(pinRoot, name string) string { return filepath.Join(pinRoot, locksDir, name) }
 
+// AgentLockPath is the lock a running agent holds (locks.go).
+func AgentLockPath(pinRoot string) string { return lockPath(pinRoot, lockAgent) }
+
 // MapsDir is where the maps of this build's layout are pinned.
-func MapsDir(pinRoot string) string {
-	return filepath.Join(pinRoot, fmt.Sprintf("maps_v%d", maps.LayoutVersion))
+func MapsDir(pinRoot string) string { return LayoutMapsDir(pinRoot, maps.LayoutVersion) }
+
+// LayoutMapsDir is where the maps of map layout v are (or were) pinned.
+func LayoutMapsDir(pinRoot string, v int) string {
+	return filepath.Join(pinRoot, fmt.Sprintf("maps_v%d", v))
 }
 
-// stagingMapsDir is where the maps of this build's layout are made while
+// StagingMapsDir is where the maps of this build's layout are made while
 // an older layout's are migrated (bpffs refuses names with a dot).
-func stagingMapsDir(pinRoot string) string { return MapsDir(pinRoot) + "_staging" }
+func StagingMapsDir(pinRoot string) string { return MapsDir(pinRoot) + "_staging" }
 
 // oldLayout is a map directory an older build pinned.
 type oldLayout struct {

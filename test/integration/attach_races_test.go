@@ -8,7 +8,6 @@ package integration
 import (
 	"context"
 	"net"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -123,7 +122,7 @@ func holdAgentLock(t *testing.T, e *testenv.Env) (release func()) {
 	t.Helper()
 	// The agent creates the lock files; stopped, it leaves them.
 	e.StartAgent(e.WriteConfDir(), "--metrics-addr", "").Stop()
-	fd, err := unix.Open(filepath.Join(e.PinDir, "locks", "agent"), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fd, err := unix.Open(datapath.AgentLockPath(e.PinDir), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		t.Fatalf("open the agent lock: %v", err)
 	}

@@ -62,7 +62,7 @@ func TestUpgradeFromLayout1(t *testing.T) {
 	}))
 	a4, _ := testenv.PodIPs(t, ra)
 	b4, _ := testenv.PodIPs(t, rb)
-	old := filepath.Join(e.PinDir, "maps_v1")
+	old := datapath.LayoutMapsDir(e.PinDir, 1)
 	if _, err := os.Stat(old); err != nil {
 		t.Fatalf("the layout 1 build pinned no maps_v1: %v", err)
 	}
@@ -97,7 +97,7 @@ func TestUpgradeFromLayout1(t *testing.T) {
 	if _, err := os.Stat(old); !os.IsNotExist(err) {
 		t.Errorf("the layout 1 maps are still pinned: %v", err)
 	}
-	if _, err := os.Stat(datapath.MapsDir(e.PinDir) + "_staging"); !os.IsNotExist(err) {
+	if _, err := os.Stat(datapath.StagingMapsDir(e.PinDir)); !os.IsNotExist(err) {
 		t.Errorf("the staging directory of the migration is left: %v", err)
 	}
 	for _, p := range datapath.ProgramPins(e.PinDir) {
@@ -229,8 +229,8 @@ func TestUpgradeKilledMidMigration(t *testing.T) {
 	}))
 	b4, _ := testenv.PodIPs(t, rb)
 	_, idxB := e.HostVeth("b")
-	old := filepath.Join(e.PinDir, "maps_v1")
-	staging := datapath.MapsDir(e.PinDir) + "_staging"
+	old := datapath.LayoutMapsDir(e.PinDir, 1)
+	staging := datapath.StagingMapsDir(e.PinDir)
 
 	// Echoes 5 ms apart for 15 s, across every kill.
 	pingDone := make(chan string, 1)
@@ -359,7 +359,7 @@ func TestUpgradeTooSmall(t *testing.T) {
 	}
 	_, idxA := e.HostVeth("a")
 	progsA := e.ProgIDs(idxA)
-	old := filepath.Join(e.PinDir, "maps_v1")
+	old := datapath.LayoutMapsDir(e.PinDir, 1)
 
 	e.CNI = newCNI
 	e.Extra = map[string]any{"maxPods": 1}
@@ -371,7 +371,7 @@ func TestUpgradeTooSmall(t *testing.T) {
 	if _, err := os.Stat(old); err != nil {
 		t.Errorf("the refused migration removed the layout 1 maps: %v", err)
 	}
-	for _, dir := range []string{datapath.MapsDir(e.PinDir), datapath.MapsDir(e.PinDir) + "_staging"} {
+	for _, dir := range []string{datapath.MapsDir(e.PinDir), datapath.StagingMapsDir(e.PinDir)} {
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {
 			t.Errorf("the refused migration left %s: %v", dir, err)
 		}
@@ -404,7 +404,7 @@ func TestUpgradeTooSmall(t *testing.T) {
 	must(t, err)
 	d4, _ := testenv.PodIPs(t, rd)
 	g4, _ := testenv.PodIPs(t, rg)
-	for _, dir := range []string{old, datapath.MapsDir(e.PinDir) + "_staging"} {
+	for _, dir := range []string{old, datapath.StagingMapsDir(e.PinDir)} {
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {
 			t.Errorf("%s is still pinned after the migration: %v", dir, err)
 		}

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
 
 // installCNI puts the CNI under test on every node.
@@ -83,7 +83,7 @@ func (c *cluster) checkAgents(ctx context.Context) error {
 		if capEff != agentCaps {
 			return fmt.Errorf("%s: agent (pid %d) has capabilities %#x, the manifest declares %#x", n.name, pid, capEff, agentCaps)
 		}
-		if _, err := in(n.holder, true, "test", "-d", fmt.Sprintf("/sys/fs/bpf/ebpf-cni/maps_v%d", maps.LayoutVersion)); err != nil {
+		if _, err := in(n.holder, true, "test", "-d", datapath.MapsDir(datapath.DefaultPinRoot)); err != nil {
 			return fmt.Errorf("%s: no maps pinned in the node's bpffs: %w", n.name, err)
 		}
 		pod, err := c.kubectl("-n", "kube-system", "get", "pods", "-l", "app.kubernetes.io/name=ebpf-cni",
