@@ -349,11 +349,10 @@ func (a *Attachment) Plan(ipamType string, r types.Result) error {
 	if len(res.IPs) == 0 {
 		return internal("ipam plugin %q returned no IP addresses", ipamType)
 	}
-	full, err := newPlan(res, a.HostIf, a.ID.IfName, a.Net.MTU)
+	full, err := newPlan(res, a.plan)
 	if err != nil {
 		return internalErr(err)
 	}
-	full.hostMAC, full.podMAC = a.plan.hostMAC, a.plan.podMAC
 	a.plan, a.res, a.IPs = full, res, res.IPs
 
 	var v4, v6 bool

@@ -35,7 +35,7 @@ func TestNewPlanRoutes(t *testing.T) {
 		},
 		Routes: []*types.Route{{Dst: *extra}},
 	}
-	p, err := newPlan(res, "ebpfx", "eth0", 0)
+	p, err := newPlan(res, &plan{hostIf: "ebpfx", ifname: "eth0"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,17 +53,11 @@ type netlinkRoute struct {
 
 func isV4(ip net.IP) bool { return ip.To4() != nil }
 
-// newPlan derives gateways and routes from the IPAM result: a default route per
-// family the pod has an address in, plus IPAM's routes, all via the gateway.
-func newPlan(res *current.Result, hostIf, ifname string, mtu int) (*plan, error) {
-	p := &plan{hostIf: hostIf, ifname: ifname, mtu: mtu, ips: res.IPs}
-	var err error
-	if p.hostMAC, err = randomMAC(); err != nil {
-		return nil, err
-	}
-	if p.podMAC, err = randomMAC(); err != nil {
-		return nil, err
-	}
+// newPlan completes the plan the veth was made with (names, MTU, MACs)
+// with gateways and routes from the IPAM result: a default route per family
+// the pod has an address in, plus IPAM's routes, all via the gateway.
+func newPlan(res *current.Result, veth *plan) (*plan, error) {
+	p := &plan{hostIf: veth.hostIf, ifname: veth.ifname, mtu: veth.mtu, hostMAC: veth.hostMAC, podMAC: veth.podMAC, ips: res.IPs}
 	var gw4, gw6 net.IP
 	for _, ipc := range res.IPs {
 		v4 := isV4(ipc.Address.IP)
