@@ -42,7 +42,7 @@ func OlderLayoutDirs(pinRoot string) []string {
 // A killed migration leaves the staging directory, which the next one
 // starts over with; the old maps are untouched until step 4.
 func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout) (_ *Datapath, err error) {
-	final, staging := MapsDir(pinRoot), stagingMapsDir(pinRoot)
+	final, staging := MapsDir(pinRoot), StagingMapsDir(pinRoot)
 	if err := os.RemoveAll(staging); err != nil {
 		return nil, fmt.Errorf("remove the staging directory of a migration killed part way, %s: %w", staging, err)
 	}
