@@ -35,7 +35,11 @@ func TestNewPlanRoutes(t *testing.T) {
 		},
 		Routes: []*types.Route{{Dst: *extra}},
 	}
-	p, err := newPlan(res, &plan{hostIf: "ebpfx", ifname: "eth0"})
+	hostMAC, err := randomMAC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := newPlan(res, &plan{hostIf: "ebpfx", ifname: "eth0", hostMAC: hostMAC})
 	if err != nil {
 		t.Fatal(err)
 	}
