@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
@@ -41,6 +42,11 @@ func serve(t *testing.T, netns ns.NetNS, port int, name string) {
 			pc, err := net.ListenPacket("udp"+fam, fmt.Sprintf(":%d", port))
 			if err != nil {
 				return err
+			}
+			// A large receive buffer: a test flooding the server (the
+			// masquerade port flood) measures the NAT, not this socket.
+			if rc, err := pc.(*net.UDPConn).SyscallConn(); err == nil {
+				rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20) })
 			}
 			pcs = append(pcs, pc)
 		}
