@@ -3,6 +3,7 @@ package cni
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // addWait is how long DEL waits for an ADD of the same attachment to end.
@@ -33,6 +35,20 @@ func Del(args *skel.CmdArgs) error {
 	if err != nil {
 		// A corrupt record must not block DEL: fall back to what can be derived.
 		rec = nil
+	} else if rec == nil {
+		// No record: hold one for this DEL's duration, so an ADD of the
+		// attachment starting meanwhile is refused (11) instead of having
+		// its fresh IPAM lease released by this DEL. Teardown removes it.
+		claim := &state.Record{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns,
+			Provisional: true, Pid: os.Getpid(), Created: time.Now().UTC()}
+		if f, cerr := store.Claim(claim); cerr == nil {
+			defer f.Close()
+		} else if errors.Is(cerr, state.ErrClaimed) {
+			// An ADD claimed it just now: wait for it below.
+			if rec, err = store.Read(args.ContainerID, args.IfName); err != nil {
+				rec = nil
+			}
+		}
 	}
 	if rec != nil && store.Busy(rec) {
 		// An ADD of this attachment is still at work: tear down what it
