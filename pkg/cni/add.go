@@ -21,7 +21,7 @@ func Add(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := validateIPAM(args.StdinData, conf.IPAM.Type, conf.net.MTU); err != nil {
+	if conf.net.IPv4Only, err = validateIPAM(args.StdinData, conf.IPAM.Type, conf.net.MTU); err != nil {
 		return err
 	}
 	if err := conf.validateFeatures(); err != nil {

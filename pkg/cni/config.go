@@ -91,10 +91,11 @@ func (c *NetConf) validateFeatures() error {
 
 // validateIPAM checks that an ipam block exists and that the address fields
 // common to IPAM plugins parse, so a typo is error 7 naming the field rather
-// than an opaque failure deep in the IPAM plugin.
-func validateIPAM(stdin []byte, ipamType string, mtu int) error {
+// than an opaque failure deep in the IPAM plugin. v4Only tells that the
+// plugin (host-local) can give IPv4 addresses only.
+func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err error) {
 	if ipamType == "" {
-		return endpoint.ConfError("ipam: missing (need an \"ipam\" object with a \"type\", e.g. host-local)")
+		return false, endpoint.ConfError("ipam: missing (need an \"ipam\" object with a \"type\", e.g. host-local)")
 	}
 	var raw struct {
 		IPAM struct {
@@ -113,7 +114,7 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) error {
 		} `json:"ipam"`
 	}
 	if err := json.Unmarshal(stdin, &raw); err != nil {
-		return endpoint.ConfError("ipam: %v", err)
+		return false, endpoint.ConfError("ipam: %v", err)
 	}
 	cidr := func(field, v string) error {
 		if v == "" {
@@ -136,23 +137,23 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) error {
 	}
 	ip := raw.IPAM
 	if err := cidr("ipam.subnet", ip.Subnet); err != nil {
-		return err
+		return false, err
 	}
 	if err := addr("ipam.gateway", ip.Gateway); err != nil {
-		return err
+		return false, err
 	}
 	for i, set := range ip.Ranges {
 		for j, r := range set {
 			f := fmt.Sprintf("ipam.ranges[%d][%d]", i, j)
 			if r.Subnet == "" {
-				return endpoint.ConfError("%s.subnet: missing", f)
+				return false, endpoint.ConfError("%s.subnet: missing", f)
 			}
 			if err := cidr(f+".subnet", r.Subnet); err != nil {
-				return err
+				return false, err
 			}
 			for name, v := range map[string]string{"rangeStart": r.RangeStart, "rangeEnd": r.RangeEnd, "gateway": r.Gateway} {
 				if err := addr(f+"."+name, v); err != nil {
-					return err
+					return false, err
 				}
 			}
 		}
@@ -160,16 +161,33 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) error {
 	for i, r := range ip.Routes {
 		f := fmt.Sprintf("ipam.routes[%d]", i)
 		if r.Dst == "" {
-			return endpoint.ConfError("%s.dst: missing", f)
+			return false, endpoint.ConfError("%s.dst: missing", f)
 		}
 		if err := cidr(f+".dst", r.Dst); err != nil {
-			return err
+			return false, err
 		}
 		if err := addr(f+".gw", r.GW); err != nil {
-			return err
+			return false, err
 		}
 	}
-	return nil
+	// host-local gives addresses of these subnets only: all IPv4, the
+	// pods' host veths need no IPv6 (see endpoint.Network.IPv4Only).
+	subnets := []string{ip.Subnet}
+	for _, set := range ip.Ranges {
+		for _, r := range set {
+			subnets = append(subnets, r.Subnet)
+		}
+	}
+	v4Only = ipamType == "host-local"
+	seen := false
+	for _, s := range subnets {
+		if s != "" {
+			_, n, _ := net.ParseCIDR(s)
+			seen = true
+			v4Only = v4Only && len(n.Mask) == net.IPv4len // written as IPv4, not v4-mapped IPv6
+		}
+	}
+	return v4Only && seen, nil
 }
 
 // prevResult returns the previous result as the current result type.

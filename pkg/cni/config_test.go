@@ -53,7 +53,7 @@ func TestValidateIPAM(t *testing.T) {
 			if c.conf != "{}" {
 				ipamType = "host-local"
 			}
-			err := validateIPAM([]byte(c.conf), ipamType, 0)
+			_, err := validateIPAM([]byte(c.conf), ipamType, 0)
 			if c.mention == "" {
 				if err != nil {
 					t.Fatalf("unexpected error: %v", err)
@@ -62,6 +62,30 @@ func TestValidateIPAM(t *testing.T) {
 			}
 			assertCNIError(t, err, types.ErrInvalidNetworkConfig, c.mention)
 		})
+	}
+}
+
+// TestValidateIPAMv4Only: only a host-local configuration whose subnets are
+// all IPv4 lets the host veths go without IPv6; any IPv6 range, or an IPAM
+// plugin whose addresses the configuration does not show, keeps it.
+func TestValidateIPAMv4Only(t *testing.T) {
+	for _, c := range []struct {
+		name, ipam, conf string
+		want             bool
+	}{
+		{"legacy subnet", "host-local", `{"ipam":{"type":"host-local","subnet":"10.0.0.0/24"}}`, true},
+		{"v4 ranges", "host-local", `{"ipam":{"type":"host-local","ranges":[[{"subnet":"10.0.0.0/24"}],[{"subnet":"10.1.0.0/24"}]]}}`, true},
+		{"v4-mapped v6 is v6", "host-local", `{"ipam":{"type":"host-local","ranges":[[{"subnet":"::ffff:0:0/96"}]]}}`, false},
+		{"dual-stack", "host-local", `{"ipam":{"type":"host-local","ranges":[[{"subnet":"10.0.0.0/24"}],[{"subnet":"fd00::/64"}]]}}`, false},
+		{"v6 in the same range set", "host-local", `{"ipam":{"type":"host-local","ranges":[[{"subnet":"10.0.0.0/24"},{"subnet":"fd00::/64"}]]}}`, false},
+		{"v6 only", "host-local", `{"ipam":{"type":"host-local","subnet":"fd00::/64"}}`, false},
+		{"no subnet shown", "host-local", `{"ipam":{"type":"host-local"}}`, false},
+		{"other ipam", "dhcp", `{"ipam":{"type":"dhcp","subnet":"10.0.0.0/24"}}`, false},
+	} {
+		got, err := validateIPAM([]byte(c.conf), c.ipam, 0)
+		if err != nil || got != c.want {
+			t.Errorf("%s: v4Only %v (err %v), want %v", c.name, got, err, c.want)
+		}
 	}
 }
 

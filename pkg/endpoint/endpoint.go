@@ -325,6 +325,11 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 		return errors.Join(deleteLink(a.HostIf), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
 			a.DP.Maps.DeleteLink(idx), a.DP.Maps.ResetStats(idx), sfErr)
 	})
+	if a.Net.IPv4Only {
+		if err := disableIPv6(a.HostIf); err != nil {
+			return internal("host veth %s: switch IPv6 off: %v", a.HostIf, err)
+		}
+	}
 	a.Trace.Mark("veth")
 	_, err = a.DP.Attach(idx, a.HostIf, a.Net.attachMode, a.deferTCX)
 	a.Trace.Mark("attach")
@@ -367,6 +372,10 @@ func (a *Attachment) Plan(ipamType string, r types.Result) error {
 		// The ranges show the family before ADD (see cni's validateIPAM);
 		// other IPAM plugins reveal it only now.
 		return ConfError("mtu %d is below %d, the least IPv6 works with, and ipam plugin %q gave an IPv6 address", a.Net.MTU, MinMTU6, ipamType)
+	}
+	if v6 && a.Net.IPv4Only {
+		// The configuration promised IPv4 only (see disableIPv6).
+		return internal("ipam plugin %q gave an IPv6 address though its configuration has IPv4 subnets only", ipamType)
 	}
 	if err := enableForwarding(v4, v6); err != nil {
 		return internalErr(err)

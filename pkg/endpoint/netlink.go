@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -171,7 +170,13 @@ func configurePod(p *plan, netns ns.NetNS) error {
 		}
 		idx := l.Attrs().Index
 		p.table = podTable(idx)
-		announceMACChanges(p.ifname)
+		hasV4 := false
+		for _, ipc := range p.ips {
+			hasV4 = hasV4 || isV4(ipc.Address.IP)
+		}
+		if err := announceMACChanges(idx, p.ifname, hasV4); err != nil {
+			return err
+		}
 		for _, ipc := range p.ips {
 			// No prefix route: every destination, same subnet or not, goes via the
 			// gateway and so through the host veth's programs. No DAD: the address
@@ -302,16 +307,6 @@ func routeHolder(dst *net.IPNet) string {
 	return "another route"
 }
 
-// announceMACChanges makes the pod's kernel tell the host veth when the
-// interface's MAC changes (a chained tuning plugin, the workload): a
-// gratuitous ARP and unsolicited neighbour advertisements, from which the
-// datapath learns the new MAC at once instead of at the pod's next packet.
-func announceMACChanges(ifname string) {
-	for _, f := range []string{"/proc/sys/net/ipv4/conf/" + ifname + "/arp_notify", "/proc/sys/net/ipv6/conf/" + ifname + "/ndisc_notify"} {
-		_ = os.WriteFile(f, []byte("1"), 0o644) // absent with the family disabled
-	}
-}
-
 func family(ip net.IP) int {
 	if isV4(ip) {
 		return netlink.FAMILY_V4
@@ -420,31 +415,6 @@ func nodeRouteHolder(dst *net.IPNet) string {
 	return "another route"
 }
 
-// enableForwarding turns on IP forwarding for pods to leave the node, as ptp
-// does; reading first keeps the common case to one read.
-func enableForwarding(v4, v6 bool) error {
-	set := func(path string) error {
-		b, err := os.ReadFile(path)
-		if err == nil && len(b) > 0 && b[0] == '1' {
-			return nil
-		}
-		if err := os.WriteFile(path, []byte("1"), 0o644); err != nil {
-			return fmt.Errorf("enable forwarding (%s): %w", path, err)
-		}
-		return nil
-	}
-	if v4 {
-		if err := set("/proc/sys/net/ipv4/ip_forward"); err != nil {
-			return err
-		}
-	}
-	if v6 {
-		if err := set("/proc/sys/net/ipv6/conf/all/forwarding"); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // deleteLink removes a host veth (its peer and routes go with it); absent is fine.
 func deleteLink(name string) error {

@@ -46,6 +46,10 @@ type Network struct {
 
 	// IPAMType is the IPAM plugin (the standard ipam.type); "" for none.
 	IPAMType string `json:"-"`
+	// IPv4Only: the IPAM configuration gives IPv4 addresses only (the
+	// plugin knows it of host-local's subnet and ranges); the host veths
+	// then carry no IPv6 (see disableIPv6).
+	IPv4Only bool `json:"-"`
 
 	sizing maps.Sizing
 

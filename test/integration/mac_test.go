@@ -41,14 +41,9 @@ func TestIntegrityMACChange(t *testing.T) {
 	if got := podMACOf(t, pod, "eth0"); got.String() != newMAC.String() {
 		t.Fatalf("tuning did not set the MAC: eth0 has %s", got)
 	}
-	pod.Do(func(ns.NetNS) error {
-		for _, f := range []string{"/proc/sys/net/ipv4/conf/eth0/arp_notify", "/proc/sys/net/ipv6/conf/eth0/ndisc_notify"} {
-			if b, err := os.ReadFile(f); err != nil || strings.TrimSpace(string(b)) != "1" {
-				t.Errorf("%s in the pod: %q (%v), want 1: the pod would not announce a MAC change", f, b, err)
-			}
-		}
-		return nil
-	})
+	// With an IPv4 address the gratuitous ARP announces the link's MAC for
+	// both families.
+	assertPodSysctl(t, pod, "/proc/sys/net/ipv4/conf/eth0/arp_notify", "1")
 	v4, v6 := testenv.PodIPs(t, r)
 	hostIf, idx := e.HostVeth("tuned")
 	m := e.Maps()
@@ -122,6 +117,87 @@ func TestIntegrityMACChange(t *testing.T) {
 	}
 	e.MustDel(other, "other")
 	e.AssertClean()
+}
+
+// TestIntegrityMACChangeOneFamily: as TestIntegrityMACChange, for a pod of
+// one family: an IPv4-only pod announces by gratuitous ARP (arp_notify,
+// set by netlink) and its host veth carries no IPv6; an IPv6-only pod
+// announces by unsolicited neighbour advertisements (ndisc_notify) and its
+// host veth keeps IPv6. Either way the node reaches the retuned pod before
+// the pod has sent anything of its own.
+func TestIntegrityMACChangeOneFamily(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name, subnet, sysctl string
+		nodeIP               net.IP
+		hostV6               bool
+	}{
+		{"v4", testenv.PodSubnet4, "/proc/sys/net/ipv4/conf/eth0/arp_notify", testenv.NodeIP4, false},
+		{"v6", testenv.PodSubnet6, "/proc/sys/net/ipv6/conf/eth0/ndisc_notify", testenv.NodeIP6, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := testenv.New(t)
+			e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{{{"subnet": c.subnet}}}}
+			newMAC, _ := net.ParseMAC("02:42:ac:11:00:98")
+			list := e.NetList(e.Name, e.PluginConf(), map[string]any{"type": "tuning", "mac": newMAC.String(), "dataDir": t.TempDir()})
+			pod := e.NewPod()
+			rt := e.RuntimeConf(pod, "tuned", "eth0")
+			t.Cleanup(func() { e.DelList(list, rt) })
+			r, err := e.AddList(list, rt)
+			if err != nil {
+				t.Fatalf("ADD ebpf-cni + tuning: %v", err)
+			}
+			assertPodSysctl(t, pod, c.sysctl, "1")
+			hostIf, idx := e.HostVeth("tuned")
+			var hostV6 bool
+			e.Node.Do(func(ns.NetNS) error {
+				b, err := os.ReadFile("/proc/sys/net/ipv6/conf/" + hostIf + "/disable_ipv6")
+				if err != nil {
+					t.Errorf("host veth %s: %v", hostIf, err)
+				}
+				hostV6 = strings.TrimSpace(string(b)) == "0"
+				if l, err := netlink.LinkByName(hostIf); err == nil {
+					if a, _ := netlink.AddrList(l, netlink.FAMILY_V6); len(a) > 0 != c.hostV6 {
+						t.Errorf("host veth %s has IPv6 addresses %v, want some: %v", hostIf, a, c.hostV6)
+					}
+				}
+				return nil
+			})
+			if hostV6 != c.hostV6 {
+				t.Errorf("host veth %s: IPv6 on %v, want %v", hostIf, hostV6, c.hostV6)
+			}
+			ip := r.IPs[0].Address.IP
+			m := e.Maps()
+			if err := testenv.TCPTransfer(e.Node, pod, ip, 64<<10); err != nil {
+				t.Errorf("node to the retuned pod %s: %v\n  %s: %s", ip, err, hostIf, dumpCounters(m, idx))
+			}
+			if err := testenv.Ping(pod, c.nodeIP, 2); err != nil {
+				t.Errorf("retuned pod to the node: %v", err)
+			}
+			if li, err := m.LookupLink(idx); err != nil || net.HardwareAddr(li.Mac[:]).String() != newMAC.String() {
+				t.Errorf("cni_links entry of %s: %v (err %v), want the pod's MAC %s", hostIf, net.HardwareAddr(li.Mac[:]), err, newMAC)
+			}
+			if err := e.CheckList(list, rt); err != nil {
+				t.Errorf("CHECK of ebpf-cni + tuning: %v", err)
+			}
+			if err := e.DelList(list, rt); err != nil {
+				t.Fatal(err)
+			}
+			e.AssertClean()
+		})
+	}
+}
+
+// assertPodSysctl checks a sysctl of the pod's netns.
+func assertPodSysctl(t *testing.T, pod ns.NetNS, path, want string) {
+	t.Helper()
+	pod.Do(func(ns.NetNS) error {
+		if b, err := os.ReadFile(path); err != nil || strings.TrimSpace(string(b)) != want {
+			t.Errorf("%s in the pod: %q (%v), want %s: the pod would not announce a MAC change", path, b, err, want)
+		}
+		return nil
+	})
 }
 
 // TestIntegrityRequestedMAC: the runtime's mac capability and CNI_ARGS MAC

@@ -1,0 +1,95 @@
+package endpoint
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// TestNetconf: forwarding reads what /proc/sys says, per family, and
+// enableForwarding turns it on; announceMACChanges sets arp_notify by
+// netlink. In a fresh netns, where forwarding starts off.
+func TestNetconf(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root; CI runs as root")
+		}
+		t.Skip("needs root (a netns)")
+	}
+	netns, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		netns.Close()
+		testutils.UnmountNS(netns)
+	}()
+	read := func(path string) string {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	err = netns.Do(func(ns.NetNS) error {
+		for _, f := range []struct {
+			family uint8
+			path   string
+		}{{unix.AF_INET, "/proc/sys/net/ipv4/ip_forward"}, {unix.AF_INET6, "/proc/sys/net/ipv6/conf/all/forwarding"}} {
+			for _, want := range []string{"0", "1", "0"} {
+				if err := os.WriteFile(f.path, []byte(want), 0o644); err != nil {
+					return err
+				}
+				on, err := forwarding(f.family)
+				if err != nil {
+					t.Fatalf("forwarding(%d): %v", f.family, err)
+				}
+				if on != (want == "1") {
+					t.Errorf("forwarding(%d) = %v with %s = %s", f.family, on, f.path, want)
+				}
+			}
+		}
+		if err := enableForwarding(true, false); err != nil {
+			return err
+		}
+		if read("/proc/sys/net/ipv4/ip_forward") != "1" || read("/proc/sys/net/ipv6/conf/all/forwarding") != "0" {
+			t.Errorf("enableForwarding(v4 only): ip_forward %s, ipv6 forwarding %s; want 1, 0",
+				read("/proc/sys/net/ipv4/ip_forward"), read("/proc/sys/net/ipv6/conf/all/forwarding"))
+		}
+		if err := enableForwarding(true, true); err != nil {
+			return err
+		}
+		if read("/proc/sys/net/ipv6/conf/all/forwarding") != "1" {
+			t.Errorf("enableForwarding(v6): ipv6 forwarding %s", read("/proc/sys/net/ipv6/conf/all/forwarding"))
+		}
+
+		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "nc0"}, PeerName: "nc1"}); err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName("nc0")
+		if err != nil {
+			return err
+		}
+		if got := read("/proc/sys/net/ipv4/conf/nc0/arp_notify"); got != "0" {
+			t.Fatalf("arp_notify of a new veth: %s", got)
+		}
+		if err := announceMACChanges(l.Attrs().Index, "nc0", true); err != nil {
+			return err
+		}
+		if got := read("/proc/sys/net/ipv4/conf/nc0/arp_notify"); got != "1" {
+			t.Errorf("arp_notify after announceMACChanges: %s, want 1", got)
+		}
+		if got := read("/proc/sys/net/ipv4/conf/nc1/arp_notify"); got != "0" {
+			t.Errorf("arp_notify of the other end: %s, want 0", got)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
