@@ -415,7 +415,6 @@ func nodeRouteHolder(dst *net.IPNet) string {
 	return "another route"
 }
 
-
 // deleteLink removes a host veth (its peer and routes go with it); absent is fine.
 func deleteLink(name string) error {
 	l, err := netlink.LinkByName(name)
