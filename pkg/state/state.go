@@ -287,6 +287,7 @@ func (s Store) Recheck(r *Record) (Status, *Record, error) {
 	if s.Busy(r) {
 		return Adding, r, nil
 	}
+	recheckStep("reread")
 	now, err := s.Read(r.ContainerID, r.IfName)
 	switch {
 	case err != nil:
@@ -295,11 +296,30 @@ func (s Store) Recheck(r *Record) (Status, *Record, error) {
 		return Gone, nil, nil
 	case !now.Provisional:
 		return Completed, now, nil
-	case s.Busy(now):
+	}
+	recheckStep("relock")
+	if s.Busy(now) {
 		return Adding, now, nil // a new ADD claimed it after a DEL
 	}
-	return Abandoned, now, nil
+	// The same race once more: the claim just read may be a new ADD's that
+	// ended before that look at its lock. Abandoned only if the file still
+	// holds that very claim.
+	again, err := s.Read(r.ContainerID, r.IfName)
+	switch {
+	case err != nil:
+		return Gone, nil, err
+	case again == nil:
+		return Gone, nil, nil
+	case !again.Provisional:
+		return Completed, again, nil
+	case again.Pid != now.Pid || !again.Created.Equal(now.Created):
+		return Adding, again, nil // yet another claim: the next look decides
+	}
+	return Abandoned, again, nil
 }
+
+// recheckStep is a test seam: Recheck calls it before each of its looks.
+var recheckStep = func(step string) {}
 
 // WaitIdle waits up to timeout for the ADD holding an attachment's record
 // to end; true when it did (or nobody held it).
