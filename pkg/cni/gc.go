@@ -12,7 +12,12 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
+
+// afterList is a test seam: it runs between GC's listing of the records and
+// its look at each.
+var afterList = func() {}
 
 // GC is the CNI GC verb: every attachment of this network that has a record
 // but is not in cni.dev/valid-attachments is torn down and its IPs released;
@@ -39,10 +44,25 @@ func GC(args *skel.CmdArgs) error {
 		return types.NewError(types.ErrIOFailure, fmt.Sprintf("read state directory %s: %v", n.StateDir, err), "")
 	}
 	var errs error
+	afterList()
 	for _, r := range recs {
-		if valid[r.ContainerID+"/"+r.IfName] || store.Busy(r) {
-			continue // in use, or an ADD is still making it
+		if valid[r.ContainerID+"/"+r.IfName] {
+			continue
 		}
+		st, now, err := store.Recheck(r)
+		if err != nil {
+			errs = errors.Join(errs, err)
+			continue
+		}
+		switch st {
+		case state.Adding, state.Gone:
+			continue
+		case state.Completed:
+			// Its ADD ended during this GC: the runtime's valid list,
+			// made before, cannot name it. The next GC decides.
+			continue
+		}
+		r = now // Complete and not valid, or Abandoned: half made by an ADD that died
 		if err := endpoint.ReleaseIPAM(n, args.StdinData, args.Path, r); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("release IPs of %s/%s: %w", r.ContainerID, r.IfName, err))
 			continue // keep the record so the next GC retries

@@ -53,29 +53,23 @@ func Reconcile(n *Network, conf []byte, cniPath string, dryRun bool) ([]string, 
 	)
 	afterList()
 	for _, r := range recs {
-		if r.Provisional && !store.Busy(r) {
-			// List may have read it before its ADD ended: the final
-			// record then replaced the file (unlocked), or a failed ADD
-			// removed it. Only what is still provisional is half made.
-			now, err := store.Read(r.ContainerID, r.IfName)
-			if err != nil {
-				errs = errors.Join(errs, err)
-				continue
-			}
-			if now == nil {
-				continue
-			}
-			r = now
+		st, now, err := store.Recheck(r)
+		if err != nil {
+			errs = errors.Join(errs, err)
+			continue
 		}
+		switch st {
+		case state.Adding, state.Gone:
+			continue
+		}
+		r = now
 		what := fmt.Sprintf("attachment %s/%s of network %s (veth gone; IPs %v)", r.ContainerID, r.IfName, n.Name, r.IPs)
-		switch {
-		case r.Provisional:
-			if store.Busy(r) {
-				continue // an ADD is making it
-			}
+		if st == state.Abandoned {
 			// Its ADD died part way (the lock went with the process).
 			what = fmt.Sprintf("attachment %s/%s of network %s (half made by an ADD that did not finish, pid %d)", r.ContainerID, r.IfName, n.Name, r.Pid)
-		default:
+		} else {
+			// Complete, or Completed (its ADD ended after the listing):
+			// gone only when its veth is.
 			if _, err := netlink.LinkByName(state.HostIfName(r.ContainerID, r.IfName)); err == nil {
 				continue
 			} else {

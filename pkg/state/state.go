@@ -255,6 +255,72 @@ func (s Store) Busy(r *Record) bool {
 	return err == nil && locked
 }
 
+// Status is what a listed record stands for now, as GC and the agent's
+// reconcile must judge it before they tear its attachment down.
+type Status int
+
+const (
+	// Complete: a final record (as listed): its ADD succeeded.
+	Complete Status = iota
+	// Adding: provisional and locked: an ADD is making it.
+	Adding
+	// Abandoned: provisional and nobody holds it: its ADD died part way.
+	Abandoned
+	// Completed: provisional when listed, final now: its ADD ended after
+	// the listing. Whatever the caller decided before the listing (GC's
+	// valid attachments) does not know it.
+	Completed
+	// Gone: no record any more (its ADD failed, or a DEL ran).
+	Gone
+)
+
+// Recheck tells what a record List returned stands for now, and returns
+// the record as it is now (nil when Gone). A provisional record found
+// unlocked is read again: the ADD that held it may have ended after the
+// listing, its final record replacing the file (and so the lock), and its
+// pod is alive then; only what is still provisional and unlocked is half
+// made.
+func (s Store) Recheck(r *Record) (Status, *Record, error) {
+	if !r.Provisional {
+		return Complete, r, nil
+	}
+	if s.Busy(r) {
+		return Adding, r, nil
+	}
+	recheckStep("reread")
+	now, err := s.Read(r.ContainerID, r.IfName)
+	switch {
+	case err != nil:
+		return Gone, nil, err
+	case now == nil:
+		return Gone, nil, nil
+	case !now.Provisional:
+		return Completed, now, nil
+	}
+	recheckStep("relock")
+	if s.Busy(now) {
+		return Adding, now, nil // a new ADD claimed it after a DEL
+	}
+	// The same race once more: the claim just read may be a new ADD's that
+	// ended before that look at its lock. Abandoned only if the file still
+	// holds that very claim.
+	again, err := s.Read(r.ContainerID, r.IfName)
+	switch {
+	case err != nil:
+		return Gone, nil, err
+	case again == nil:
+		return Gone, nil, nil
+	case !again.Provisional:
+		return Completed, again, nil
+	case again.Pid != now.Pid || !again.Created.Equal(now.Created):
+		return Adding, again, nil // yet another claim: the next look decides
+	}
+	return Abandoned, again, nil
+}
+
+// recheckStep is a test seam: Recheck calls it before each of its looks.
+var recheckStep = func(step string) {}
+
 // WaitIdle waits up to timeout for the ADD holding an attachment's record
 // to end; true when it did (or nobody held it).
 func (s Store) WaitIdle(containerID, ifname string, timeout time.Duration) bool {

@@ -234,3 +234,61 @@ func TestStoreUnderscores(t *testing.T) {
 		t.Fatalf("(pod_x, eth0)'s legacy record left by its own Remove: %v", err)
 	}
 }
+
+// TestRecheckNewAddEndsBetweenReadAndLock: a record found unlocked (its
+// ADD died) is removed by a DEL and claimed by a new ADD before Recheck
+// reads it again; that ADD ends before Recheck looks at its lock. Its
+// stale provisional copy is not taken for one an ADD left half made: the
+// new ADD's pod is alive.
+func TestRecheckNewAddEndsBetweenReadAndLock(t *testing.T) {
+	s := testStore(t)
+	dead := &Record{ContainerID: "c1", IfName: "eth0", Provisional: true, Pid: 1, Created: time.Now().UTC()}
+	if err := s.Write(dead); err != nil {
+		t.Fatal(err)
+	}
+	listed, err := s.List()
+	if err != nil || len(listed) != 1 {
+		t.Fatalf("List: %v, %v", listed, err)
+	}
+	next := &Record{ContainerID: "c1", IfName: "eth0", Provisional: true, Pid: os.Getpid(), Created: dead.Created.Add(time.Second)}
+	var claim *os.File
+	defer func() {
+		recheckStep = func(string) {}
+		if claim != nil {
+			claim.Close()
+		}
+	}()
+	recheckStep = func(step string) {
+		var err error
+		switch step {
+		case "reread": // a DEL of the dead claim, then a new ADD claims it
+			if err = s.Remove("c1", "eth0"); err == nil {
+				claim, err = s.Claim(next)
+			}
+		case "relock": // the new ADD ends
+			final := *next
+			final.Provisional = false
+			if err = s.Write(&final); err == nil {
+				err = claim.Close()
+			}
+		}
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	st, now, err := s.Recheck(listed[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st != Completed || now == nil || now.Provisional {
+		t.Fatalf("Recheck: status %d, record %+v; want Completed (%d) with the final record", st, now, Completed)
+	}
+	// Without any of that, an unlocked claim is what a dead ADD left.
+	recheckStep = func(string) {}
+	if err := s.Write(dead); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, err := s.Recheck(dead); st != Abandoned || err != nil {
+		t.Fatalf("Recheck of a dead ADD's claim: status %d, %v; want Abandoned (%d)", st, err, Abandoned)
+	}
+}

@@ -1,0 +1,132 @@
+package cni
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+)
+
+// TestGCAddEndsAfterList: an ADD that ends between GC's listing of the
+// records (its record still provisional, locked) and its look at that
+// record is not taken for one that died part way: the runtime's valid list
+// predates that ADD, and its pod is alive. In the same GC a record an ADD
+// left half made (provisional, unlocked) and a final record not in the
+// valid list are torn down; a valid one and one an ADD holds stay.
+func TestGCAddEndsAfterList(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root; CI runs as root")
+		}
+		t.Skip("needs root (a netns and veths)")
+	}
+	node, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		node.Close()
+		testutils.UnmountNS(node)
+	}()
+	dir := t.TempDir()
+	conf := []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"gcrace","type":"ebpf-cni","pinDir":%q,"stateDir":%q,`+
+		`"cni.dev/valid-attachments":[{"containerID":"valid","ifname":"eth0"}]}`,
+		filepath.Join(dir, "pins"), filepath.Join(dir, "state")))
+	n, err := endpoint.ParseNetwork(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{n.PinDir, n.Store().Dir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store := n.Store()
+	rec := func(id string, provisional bool) *state.Record {
+		return &state.Record{ContainerID: id, IfName: "eth0", HostIf: state.HostIfName(id, "eth0"), Provisional: provisional, Pid: os.Getpid()}
+	}
+	racing := rec("racing", true)   // its ADD ends after the listing
+	adding := rec("adding", true)   // its ADD runs through the GC
+	died := rec("died", true)       // its ADD was killed
+	stale := rec("stale", false)    // not in the valid list
+	validRec := rec("valid", false) // in the valid list
+	claim, err := store.Claim(racing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer claim.Close()
+	hold, err := store.Claim(adding)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close()
+	for _, r := range []*state.Record{died, stale, validRec} {
+		if err := store.Write(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all := []*state.Record{racing, adding, died, stale, validRec}
+	err = node.Do(func(ns.NetNS) error {
+		for i, r := range all {
+			veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: r.HostIf}, PeerName: fmt.Sprintf("gcpeer%d", i)}
+			if err := netlink.LinkAdd(veth); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	afterList = func() {
+		// The ADD ends: its final record replaces the provisional one.
+		final := *racing
+		final.Provisional = false
+		if err := store.Write(&final); err != nil {
+			t.Error(err)
+		}
+		claim.Close()
+	}
+	defer func() { afterList = func() {} }()
+	err = node.Do(func(ns.NetNS) error {
+		return GC(&skel.CmdArgs{StdinData: conf})
+	})
+	if err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	for _, c := range []struct {
+		r    *state.Record
+		kept bool
+		why  string
+	}{
+		{racing, true, "its ADD ended during the GC"},
+		{adding, true, "an ADD holds it"},
+		{validRec, true, "it is in the valid list"},
+		{died, false, "its ADD died part way"},
+		{stale, false, "it is final and not in the valid list"},
+	} {
+		now, err := store.Read(c.r.ContainerID, c.r.IfName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var linkErr error
+		_ = node.Do(func(ns.NetNS) error {
+			_, linkErr = netlink.LinkByName(c.r.HostIf)
+			return nil
+		})
+		switch {
+		case c.kept && (now == nil || linkErr != nil):
+			t.Errorf("%s torn down (record %v, veth: %v); want kept: %s", c.r.ContainerID, now != nil, linkErr, c.why)
+		case !c.kept && (now != nil || linkErr == nil):
+			t.Errorf("%s kept (record %v, veth: %v); want torn down: %s", c.r.ContainerID, now != nil, linkErr, c.why)
+		}
+	}
+}
