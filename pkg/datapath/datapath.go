@@ -132,7 +132,7 @@ func EnsureLean(pinRoot string, s maps.Sizing) (*Datapath, error) {
 // for DEL, which needs none of them. The error wraps os.ErrNotExist when
 // the datapath was never set up (or by another build).
 func OpenLean(pinRoot string) (*Datapath, error) {
-	m, err := OpenMaps(pinRoot)
+	m, err := maps.OpenPinned(MapsDir(pinRoot))
 	if err != nil {
 		return nil, err
 	}

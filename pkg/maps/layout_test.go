@@ -87,3 +87,22 @@ func members(size uint32, ms []btf.Member) string {
 	}
 	return fmt.Sprintf("%d{%s}", size, strings.Join(parts, " "))
 }
+
+// TestMapNames: OpenPinned opens by the generated struct's tags exactly the
+// maps the embedded object has.
+func TestMapNames(t *testing.T) {
+	ss, err := specs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for n := range ss {
+		want = append(want, n)
+	}
+	got := append([]string(nil), mapNames...)
+	sort.Strings(want)
+	sort.Strings(got)
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("mapNames %v, the object's maps %v", got, want)
+	}
+}
