@@ -112,6 +112,13 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 				GW  string `json:"gw"`
 			} `json:"routes"`
 		} `json:"ipam"`
+		// host-local prepends the runtime's ranges (the "ipRanges"
+		// capability) to the configured ones.
+		RuntimeConfig struct {
+			IPRanges [][]struct {
+				Subnet string `json:"subnet"`
+			} `json:"ipRanges"`
+		} `json:"runtimeConfig"`
 	}
 	if err := json.Unmarshal(stdin, &raw); err != nil {
 		return false, endpoint.ConfError("ipam: %v", err)
@@ -185,6 +192,14 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 			_, n, _ := net.ParseCIDR(s)
 			seen = true
 			v4Only = v4Only && len(n.Mask) == net.IPv4len // written as IPv4, not v4-mapped IPv6
+		}
+	}
+	for _, set := range raw.RuntimeConfig.IPRanges {
+		for _, r := range set {
+			// Not validated here (host-local does): anything but an IPv4
+			// subnet may give IPv6.
+			_, n, err := net.ParseCIDR(r.Subnet)
+			v4Only = v4Only && err == nil && len(n.Mask) == net.IPv4len
 		}
 	}
 	return v4Only && seen, nil
