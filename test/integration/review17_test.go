@@ -5,6 +5,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"strings"
@@ -74,4 +75,112 @@ func TestReview17IPRangesCapability(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.AssertClean()
+}
+
+// writeSysctl writes a /proc/sys file of the netns n.
+func writeSysctl(t *testing.T, n ns.NetNS, path, v string) {
+	t.Helper()
+	n.Do(func(ns.NetNS) error {
+		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return nil
+	})
+}
+
+// TestReview17Forwarding: on a node with forwarding off, ADD turns it on
+// for the pod's families only, read afresh at every ADD (forwarding is now
+// read by netlink): switched off between two ADDs, the second turns it on
+// again. Pods then leave the node (a TCP transfer to a pod of a sibling
+// network goes through the node's stack).
+func TestReview17Forwarding(t *testing.T) {
+	t.Parallel()
+	const v4f, v6f = "/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"
+	for _, c := range []struct {
+		name   string
+		ranges [][]map[string]string
+		v4, v6 string
+	}{
+		{"v4", [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}, "1", "0"},
+		{"v6", [][]map[string]string{{{"subnet": testenv.PodSubnet6}}}, "0", "1"},
+		{"dual", [][]map[string]string{{{"subnet": testenv.PodSubnet4}}, {{"subnet": testenv.PodSubnet6}}}, "1", "1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := testenv.New(t)
+			e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": c.ranges}
+			for i, id := range []string{"fw-a", "fw-b"} {
+				writeSysctl(t, e.Node, v4f, "0")
+				writeSysctl(t, e.Node, v6f, "0")
+				pod := e.NewPod()
+				e.CleanupDel(pod, id)
+				e.Add(pod, id)
+				if got4, got6 := readSysctl(t, e.Node, v4f), readSysctl(t, e.Node, v6f); got4 != c.v4 || got6 != c.v6 {
+					t.Errorf("ADD %d: ip_forward %s, ipv6 forwarding %s; want %s, %s", i, got4, got6, c.v4, c.v6)
+				}
+			}
+		})
+	}
+}
+
+// TestReview17PodWithoutIPv6: a pod whose netns has IPv6 switched off
+// entirely (all and default disable_ipv6) on an IPv4-only network works:
+// arp_notify set by netlink, node and pod reach each other, DEL leaves
+// nothing. On a dual-stack network the ADD is a CNI error that leaves
+// nothing.
+func TestReview17PodWithoutIPv6(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		ranges [][]map[string]string
+		ok     bool
+	}{
+		{"v4", [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}, true},
+		{"dual", [][]map[string]string{{{"subnet": testenv.PodSubnet4}}, {{"subnet": testenv.PodSubnet6}}}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := testenv.New(t)
+			e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": c.ranges}
+			pod := e.NewPod()
+			for _, f := range []string{"all", "default"} {
+				writeSysctl(t, pod, "/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", "1")
+			}
+			e.CleanupDel(pod, "nov6")
+			res, err := e.AddV("1.1.0", pod, "nov6", "eth0")
+			if !c.ok {
+				var te *types.Error
+				if err == nil || !errors.As(err, &te) || te.Code == 0 {
+					t.Fatalf("ADD of a dual-stack pod without IPv6: %v, want a CNI error", err)
+				}
+				t.Logf("refused as wanted: %v", err)
+				e.AssertClean()
+				return
+			}
+			if err != nil {
+				t.Fatalf("ADD: %v", err)
+			}
+			r, err := current.NewResultFromResult(res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := readSysctl(t, pod, "/proc/sys/net/ipv4/conf/eth0/arp_notify"); got != "1" {
+				t.Errorf("arp_notify in the pod: %s", got)
+			}
+			v4, _ := resultIPs(r)
+			if err := testenv.Ping(e.Node, v4, 2); err != nil {
+				t.Errorf("node to pod: %v", err)
+			}
+			if err := testenv.TCPTransfer(pod, e.Node, testenv.NodeIP4, 64<<10); err != nil {
+				t.Errorf("pod to node: %v", err)
+			}
+			if err := e.Check(pod, "nov6", "eth0"); err != nil {
+				t.Errorf("CHECK: %v", err)
+			}
+			if err := e.Del(pod, "nov6", "eth0"); err != nil {
+				t.Fatal(err)
+			}
+			e.AssertClean()
+		})
+	}
 }
