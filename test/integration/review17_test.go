@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -237,6 +238,65 @@ func TestReview17MACChangeAnnouncedByARP(t *testing.T) {
 	}
 	if err := e.DelList(list, rt); err != nil {
 		t.Fatal(err)
+	}
+	e.AssertClean()
+}
+
+// TestReview17RequestedIPv6OnV4Network: an IPv6 address requested from an
+// IPv4-only host-local network (CNI_ARGS IP=, the "ips" capability) cannot
+// sneak past the v4Only inference: host-local refuses it, the ADD fails
+// with a CNI error and leaves nothing; a requested IPv4 address works.
+func TestReview17RequestedIPv6OnV4Network(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}}
+	e.Extra = map[string]any{"capabilities": map[string]bool{"ips": true}}
+	for _, c := range []struct {
+		name string
+		set  func(rt *libcni.RuntimeConf)
+		ok   bool
+	}{
+		{"cni-args-v6", func(rt *libcni.RuntimeConf) { rt.Args = [][2]string{{"IgnoreUnknown", "1"}, {"IP", "fd00:250::5"}} }, false},
+		{"ips-v6", func(rt *libcni.RuntimeConf) { rt.CapabilityArgs = map[string]any{"ips": []string{"fd00:250::5/64"}} }, false},
+		{"ips-v4-and-v6", func(rt *libcni.RuntimeConf) {
+			rt.CapabilityArgs = map[string]any{"ips": []string{"10.250.0.7/24", "fd00:250::5/64"}}
+		}, false},
+		{"ips-v4", func(rt *libcni.RuntimeConf) { rt.CapabilityArgs = map[string]any{"ips": []string{"10.250.0.7/24"}} }, true},
+	} {
+		pod := e.NewPod()
+		id := "req-" + c.name
+		e.CleanupDel(pod, id)
+		rt := e.RuntimeConf(pod, id, "eth0")
+		c.set(rt)
+		var res types.Result
+		err := e.InNode(func() error {
+			var err error
+			res, err = e.CNI.AddNetworkList(context.Background(), e.ConfList("1.1.0"), rt)
+			return err
+		})
+		if !c.ok {
+			var te *types.Error
+			if err == nil || !errors.As(err, &te) || te.Code == 0 {
+				t.Errorf("%s: ADD %v (%v), want a CNI error", c.name, res, err)
+			}
+			e.AssertNothingOf(id)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		r, _ := current.NewResultFromResult(res)
+		if len(r.IPs) != 1 || !r.IPs[0].Address.IP.Equal(net.ParseIP("10.250.0.7")) {
+			t.Errorf("%s: IPs %v, want 10.250.0.7", c.name, r.IPs)
+		}
+		if err := testenv.Ping(e.Node, net.ParseIP("10.250.0.7"), 1); err != nil {
+			t.Errorf("%s: %v", c.name, err)
+		}
+		if err := e.InNode(func() error {
+			return e.CNI.DelNetworkList(context.Background(), e.ConfList("1.1.0"), rt)
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	e.AssertClean()
 }
