@@ -112,13 +112,6 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 				GW  string `json:"gw"`
 			} `json:"routes"`
 		} `json:"ipam"`
-		// host-local prepends the runtime's ranges (the "ipRanges"
-		// capability) to the configured ones.
-		RuntimeConfig struct {
-			IPRanges [][]struct {
-				Subnet string `json:"subnet"`
-			} `json:"ipRanges"`
-		} `json:"runtimeConfig"`
 	}
 	if err := json.Unmarshal(stdin, &raw); err != nil {
 		return false, endpoint.ConfError("ipam: %v", err)
@@ -194,10 +187,21 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 			v4Only = v4Only && len(n.Mask) == net.IPv4len // written as IPv4, not v4-mapped IPv6
 		}
 	}
-	for _, set := range raw.RuntimeConfig.IPRanges {
+	// host-local prepends the runtime's ranges (the "ipRanges" capability)
+	// to the configured ones. Not validated here (host-local does): any
+	// but IPv4 subnets, or a runtimeConfig that does not parse, may give IPv6.
+	var rt struct {
+		RuntimeConfig struct {
+			IPRanges [][]struct {
+				Subnet string `json:"subnet"`
+			} `json:"ipRanges"`
+		} `json:"runtimeConfig"`
+	}
+	if json.Unmarshal(stdin, &rt) != nil {
+		return false, nil
+	}
+	for _, set := range rt.RuntimeConfig.IPRanges {
 		for _, r := range set {
-			// Not validated here (host-local does): anything but an IPv4
-			// subnet may give IPv6.
 			_, n, err := net.ParseCIDR(r.Subnet)
 			v4Only = v4Only && err == nil && len(n.Mask) == net.IPv4len
 		}
