@@ -56,6 +56,7 @@ func TestReview17IPRangesCapability(t *testing.T) {
 		return err
 	})
 	if err != nil {
+		e.AssertNothingOf("ranges")
 		t.Fatalf("ADD with a runtime IPv6 range: %v", err)
 	}
 	r, err := current.NewResultFromResult(res)
