@@ -187,6 +187,25 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 			v4Only = v4Only && len(n.Mask) == net.IPv4len // written as IPv4, not v4-mapped IPv6
 		}
 	}
+	// host-local prepends the runtime's ranges (the "ipRanges" capability)
+	// to the configured ones. Not validated here (host-local does): any
+	// but IPv4 subnets, or a runtimeConfig that does not parse, may give IPv6.
+	var rt struct {
+		RuntimeConfig struct {
+			IPRanges [][]struct {
+				Subnet string `json:"subnet"`
+			} `json:"ipRanges"`
+		} `json:"runtimeConfig"`
+	}
+	if json.Unmarshal(stdin, &rt) != nil {
+		return false, nil
+	}
+	for _, set := range rt.RuntimeConfig.IPRanges {
+		for _, r := range set {
+			_, n, err := net.ParseCIDR(r.Subnet)
+			v4Only = v4Only && err == nil && len(n.Mask) == net.IPv4len
+		}
+	}
 	return v4Only && seen, nil
 }
 

@@ -80,6 +80,10 @@ func TestValidateIPAMv4Only(t *testing.T) {
 		{"v6 in the same range set", "host-local", `{"ipam":{"type":"host-local","ranges":[[{"subnet":"10.0.0.0/24"},{"subnet":"fd00::/64"}]]}}`, false},
 		{"v6 only", "host-local", `{"ipam":{"type":"host-local","subnet":"fd00::/64"}}`, false},
 		{"no subnet shown", "host-local", `{"ipam":{"type":"host-local"}}`, false},
+		{"runtime ipRanges v6", "host-local", `{"ipam":{"type":"host-local","subnet":"10.0.0.0/24"},"runtimeConfig":{"ipRanges":[[{"subnet":"fd00::/64"}]]}}`, false},
+		{"runtime ipRanges v4", "host-local", `{"ipam":{"type":"host-local","subnet":"10.0.0.0/24"},"runtimeConfig":{"ipRanges":[[{"subnet":"10.1.0.0/24"}]]}}`, true},
+		{"runtime ipRanges bad", "host-local", `{"ipam":{"type":"host-local","subnet":"10.0.0.0/24"},"runtimeConfig":{"ipRanges":[[{"subnet":"nonsense"}]]}}`, false},
+		{"runtime ipRanges malformed", "host-local", `{"ipam":{"type":"host-local","subnet":"10.0.0.0/24"},"runtimeConfig":{"ipRanges":"fd00::/64"}}`, false},
 		{"other ipam", "dhcp", `{"ipam":{"type":"dhcp","subnet":"10.0.0.0/24"}}`, false},
 	} {
 		got, err := validateIPAM([]byte(c.conf), c.ipam, 0)

@@ -53,17 +53,27 @@ const (
 type svcLab struct {
 	*hpEnv
 	masq    bool
+	fams    []int // the pods' families: 4 and 6, or 4 only (an IPv4-only network)
 	a, b, h ns.NetNS
 	ip      map[string]map[int]net.IP // pod -> family -> address
 }
 
 func newSvcLab(t *testing.T, mode proxyMode, masq bool) *svcLab {
 	t.Helper()
+	return newSvcLabFams(t, mode, masq, []int{4, 6})
+}
+
+// newSvcLabFams is newSvcLab with pods of the families fams only.
+func newSvcLabFams(t *testing.T, mode proxyMode, masq bool, fams []int) *svcLab {
+	t.Helper()
 	h := newHPEnv(t)
 	if masq {
 		h.Extra["ipMasq"] = true
 	}
-	l := &svcLab{hpEnv: h, masq: masq, ip: map[string]map[int]net.IP{}}
+	if len(fams) == 1 {
+		h.IPAM = map[string]any{"type": "host-local", "dataDir": h.DataDir, "ranges": [][]map[string]string{{{"subnet": cluster[fams[0]]}}}}
+	}
+	l := &svcLab{hpEnv: h, masq: masq, fams: fams, ip: map[string]map[int]net.IP{}}
 	// A node's default route (a first route is what OUTPUT DNAT needs), and
 	// the pod routes a host-gw or BGP peer would give the remote host.
 	for _, fam := range []int{4, 6} {
@@ -76,17 +86,17 @@ func newSvcLab(t *testing.T, mode proxyMode, masq bool) *svcLab {
 		pod ns.NetNS
 	}{{"a", l.a}, {"b", l.b}} {
 		h.CleanupDel(p.pod, p.id)
-		v4, v6 := testenv.PodIPs(t, h.Add(p.pod, p.id))
+		v4, v6 := resultIPs(h.Add(p.pod, p.id))
 		l.ip[p.id] = map[int]net.IP{4: v4, 6: v6}
 	}
-	v4, v6 := testenv.PodIPs(t, h.MustAddHP(l.h, "h", testenv.PM{HostPort: hostPortH, ContainerPort: 80, Protocol: "tcp"},
+	v4, v6 := resultIPs(h.MustAddHP(l.h, "h", testenv.PM{HostPort: hostPortH, ContainerPort: 80, Protocol: "tcp"},
 		testenv.PM{HostPort: hostPortH, ContainerPort: 80, Protocol: "udp"}))
 	l.ip["h"] = map[int]net.IP{4: v4, 6: v6}
 	serve(t, l.b, 8080, "b")
 	serve(t, l.b, 53, "dns")
 	serve(t, l.h, 80, "h")
 	serve(t, h.remote, 7000, "remote")
-	for _, fam := range []int{4, 6} {
+	for _, fam := range fams {
 		mode.install(t, h.Node, fam, cluster[fam], []net.IP{uplinkIP[fam], nodeIP[fam]}, l.services(fam))
 	}
 	return l
@@ -165,7 +175,7 @@ func runServices(t *testing.T, mode proxyMode) {
 func (l *svcLab) cases(t *testing.T) {
 	each := func(name string, protos []string, f func(t *testing.T, fam int, proto string)) {
 		t.Run(name, func(t *testing.T) {
-			for _, fam := range []int{4, 6} {
+			for _, fam := range l.fams {
 				for _, p := range protos {
 					f(t, fam, p)
 				}
@@ -278,7 +288,7 @@ func (l *svcLab) cases(t *testing.T) {
 				seen[maps.ProtoName(f.Proto)+fmt.Sprint(f.Pod.Addr().Is4())] = true
 			}
 		}
-		if len(seen) != 4 {
+		if len(seen) != 2*len(l.fams) {
 			t.Errorf("pod b's stack flows from pods: %v, want tcp and udp of both families; all: %+v", seen, flows)
 		}
 		js, err := l.MasqAgent("dump", "ct", "-o", "json")
@@ -295,7 +305,7 @@ func (l *svcLab) cases(t *testing.T) {
 				rows++
 			}
 		}
-		if rows < 4 {
+		if rows < 2*len(l.fams) {
 			t.Errorf("dump ct shows %d stack/pod rows of b:8080, want one per flow:\n%s", rows, js)
 		}
 	})
@@ -311,7 +321,7 @@ add rule inet probe pfwd meta l4proto tcp th dport %d counter
 `, port, port), "-f", "-")
 		_, bIdx := l.HostVeth("b")
 		m := l.Maps()
-		for _, fam := range []int{4, 6} {
+		for _, fam := range l.fams {
 			red := counter(t, m, bIdx, maps.DirIngress, maps.ReasonRedirect)
 			if err := testenv.TCPTransferPort(l.a, l.b, ip("b", fam), port, 1<<20); err != nil {
 				t.Fatal(err)

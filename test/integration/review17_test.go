@@ -1,0 +1,303 @@
+// Review of "ADD flat at 1000 pods" (IPv6 off on host veths of IPv4-only
+// networks, arp_notify and forwarding by netlink).
+
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// readSysctl reads a /proc/sys file of the netns n.
+func readSysctl(t *testing.T, n ns.NetNS, path string) string {
+	t.Helper()
+	var s string
+	n.Do(func(ns.NetNS) error {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Errorf("%s: %v", path, err)
+		}
+		s = strings.TrimSpace(string(b))
+		return nil
+	})
+	return s
+}
+
+// TestReview17IPRangesCapability: host-local takes ranges from the runtime
+// too (the "ipRanges" capability, runtimeConfig.ipRanges, prepended to the
+// configured ones), so an IPv4-only ipam block does not make an IPv4-only
+// network. A runtime giving an IPv6 range gets a working dual-stack pod
+// whose host veth carries IPv6, as before the change.
+func TestReview17IPRangesCapability(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}}
+	e.Extra = map[string]any{"capabilities": map[string]bool{"ipRanges": true}}
+	pod := e.NewPod()
+	e.CleanupDel(pod, "ranges")
+	rt := e.RuntimeConf(pod, "ranges", "eth0")
+	rt.CapabilityArgs = map[string]any{"ipRanges": [][]map[string]string{{{"subnet": testenv.PodSubnet6}}}}
+	var res types.Result
+	err := e.InNode(func() error {
+		var err error
+		res, err = e.CNI.AddNetworkList(context.Background(), e.ConfList("1.1.0"), rt)
+		return err
+	})
+	if err != nil {
+		e.AssertNothingOf("ranges")
+		t.Fatalf("ADD with a runtime IPv6 range: %v", err)
+	}
+	r, err := current.NewResultFromResult(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v4, v6 := resultIPs(r)
+	if v4 == nil || v6 == nil {
+		t.Fatalf("result IPs %v, want one of each family", r.IPs)
+	}
+	hostIf, _ := e.HostVeth("ranges")
+	if got := readSysctl(t, e.Node, "/proc/sys/net/ipv6/conf/"+hostIf+"/disable_ipv6"); got != "0" {
+		t.Errorf("host veth %s of a dual-stack pod: disable_ipv6 %s", hostIf, got)
+	}
+	e.PodReachable(t, pod, []net.IP{v4, v6})
+	if err := e.InNode(func() error {
+		return e.CNI.DelNetworkList(context.Background(), e.ConfList("1.1.0"), rt)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.AssertClean()
+}
+
+// writeSysctl writes a /proc/sys file of the netns n.
+func writeSysctl(t *testing.T, n ns.NetNS, path, v string) {
+	t.Helper()
+	n.Do(func(ns.NetNS) error {
+		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return nil
+	})
+}
+
+// TestReview17Forwarding: on a node with forwarding off, ADD turns it on
+// for the pod's families only, read afresh at every ADD (forwarding is now
+// read by netlink): switched off between two ADDs, the second turns it on
+// again. Pods then leave the node (a TCP transfer to a pod of a sibling
+// network goes through the node's stack).
+func TestReview17Forwarding(t *testing.T) {
+	t.Parallel()
+	const v4f, v6f = "/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"
+	for _, c := range []struct {
+		name   string
+		ranges [][]map[string]string
+		v4, v6 string
+	}{
+		{"v4", [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}, "1", "0"},
+		{"v6", [][]map[string]string{{{"subnet": testenv.PodSubnet6}}}, "0", "1"},
+		{"dual", [][]map[string]string{{{"subnet": testenv.PodSubnet4}}, {{"subnet": testenv.PodSubnet6}}}, "1", "1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := testenv.New(t)
+			e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": c.ranges}
+			for i, id := range []string{"fw-a", "fw-b"} {
+				writeSysctl(t, e.Node, v4f, "0")
+				writeSysctl(t, e.Node, v6f, "0")
+				pod := e.NewPod()
+				e.CleanupDel(pod, id)
+				e.Add(pod, id)
+				if got4, got6 := readSysctl(t, e.Node, v4f), readSysctl(t, e.Node, v6f); got4 != c.v4 || got6 != c.v6 {
+					t.Errorf("ADD %d: ip_forward %s, ipv6 forwarding %s; want %s, %s", i, got4, got6, c.v4, c.v6)
+				}
+			}
+		})
+	}
+}
+
+// TestReview17PodWithoutIPv6: a pod whose netns has IPv6 switched off
+// entirely (all and default disable_ipv6) on an IPv4-only network works:
+// arp_notify set by netlink, node and pod reach each other, DEL leaves
+// nothing. On a dual-stack network the ADD is a CNI error that leaves
+// nothing.
+func TestReview17PodWithoutIPv6(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		ranges [][]map[string]string
+		ok     bool
+	}{
+		{"v4", [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}, true},
+		{"dual", [][]map[string]string{{{"subnet": testenv.PodSubnet4}}, {{"subnet": testenv.PodSubnet6}}}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := testenv.New(t)
+			e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": c.ranges}
+			pod := e.NewPod()
+			for _, f := range []string{"all", "default"} {
+				writeSysctl(t, pod, "/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", "1")
+			}
+			e.CleanupDel(pod, "nov6")
+			res, err := e.AddV("1.1.0", pod, "nov6", "eth0")
+			if !c.ok {
+				var te *types.Error
+				if err == nil || !errors.As(err, &te) || te.Code == 0 {
+					t.Fatalf("ADD of a dual-stack pod without IPv6: %v, want a CNI error", err)
+				}
+				t.Logf("refused as wanted: %v", err)
+				e.AssertClean()
+				return
+			}
+			if err != nil {
+				t.Fatalf("ADD: %v", err)
+			}
+			r, err := current.NewResultFromResult(res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := readSysctl(t, pod, "/proc/sys/net/ipv4/conf/eth0/arp_notify"); got != "1" {
+				t.Errorf("arp_notify in the pod: %s", got)
+			}
+			v4, _ := resultIPs(r)
+			if err := testenv.Ping(e.Node, v4, 2); err != nil {
+				t.Errorf("node to pod: %v", err)
+			}
+			if err := testenv.TCPTransfer(pod, e.Node, testenv.NodeIP4, 64<<10); err != nil {
+				t.Errorf("pod to node: %v", err)
+			}
+			if err := e.Check(pod, "nov6", "eth0"); err != nil {
+				t.Errorf("CHECK: %v", err)
+			}
+			if err := e.Del(pod, "nov6", "eth0"); err != nil {
+				t.Fatal(err)
+			}
+			e.AssertClean()
+		})
+	}
+}
+
+// TestReview17ServicesV4Only: every Service path of the kube-proxy lab
+// (iptables mode, ipMasq off and on; hostPort, NodePort, hairpin, endpoint
+// off node, ICMP errors, stack flows, the fast path) on an IPv4-only
+// network, whose host veths carry no IPv6.
+func TestReview17ServicesV4Only(t *testing.T) {
+	t.Parallel()
+	for _, masq := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ipMasq=%v", masq), func(t *testing.T) {
+			t.Parallel()
+			l := newSvcLabFams(t, proxyModes[0], masq, []int{4})
+			hostIf, _ := l.HostVeth("b")
+			if got := readSysctl(t, l.Node, "/proc/sys/net/ipv6/conf/"+hostIf+"/disable_ipv6"); got != "1" {
+				t.Fatalf("host veth %s of an IPv4-only network: disable_ipv6 %s, want 1", hostIf, got)
+			}
+			l.cases(t)
+			l.teardown(t)
+		})
+	}
+}
+
+// TestReview17MACChangeAnnouncedByARP: the gratuitous ARP (arp_notify,
+// now set by netlink) is what teaches the datapath a tuned MAC. In a pod
+// with IPv6 on, its own IPv6 chatter at the MAC change (DAD, MLD) teaches
+// it anyway, which hides a missing announcement; here the pod's netns has
+// IPv6 off, so only the ARP can: the node reaches the retuned pod before
+// the pod has sent anything of its own.
+func TestReview17MACChangeAnnouncedByARP(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}}
+	newMAC, _ := net.ParseMAC("02:42:ac:11:00:97")
+	list := e.NetList(e.Name, e.PluginConf(), map[string]any{"type": "tuning", "mac": newMAC.String(), "dataDir": t.TempDir()})
+	pod := e.NewPod()
+	for _, f := range []string{"all", "default"} {
+		writeSysctl(t, pod, "/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", "1")
+	}
+	rt := e.RuntimeConf(pod, "tunedarp", "eth0")
+	t.Cleanup(func() { e.DelList(list, rt) })
+	r, err := e.AddList(list, rt)
+	if err != nil {
+		t.Fatalf("ADD ebpf-cni + tuning: %v", err)
+	}
+	if got := podMACOf(t, pod, "eth0"); got.String() != newMAC.String() {
+		t.Fatalf("tuning did not set the MAC: eth0 has %s", got)
+	}
+	v4, _ := resultIPs(r)
+	if err := testenv.TCPTransfer(e.Node, pod, v4, 64<<10); err != nil {
+		t.Errorf("node to the retuned pod %s: %v", v4, err)
+	}
+	if err := e.DelList(list, rt); err != nil {
+		t.Fatal(err)
+	}
+	e.AssertClean()
+}
+
+// TestReview17RequestedIPv6OnV4Network: an IPv6 address requested from an
+// IPv4-only host-local network (CNI_ARGS IP=, the "ips" capability) cannot
+// sneak past the v4Only inference: host-local refuses it, the ADD fails
+// with a CNI error and leaves nothing; a requested IPv4 address works.
+func TestReview17RequestedIPv6OnV4Network(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}}
+	e.Extra = map[string]any{"capabilities": map[string]bool{"ips": true}}
+	for _, c := range []struct {
+		name string
+		set  func(rt *libcni.RuntimeConf)
+		ok   bool
+	}{
+		{"cni-args-v6", func(rt *libcni.RuntimeConf) { rt.Args = [][2]string{{"IgnoreUnknown", "1"}, {"IP", "fd00:250::5"}} }, false},
+		{"ips-v6", func(rt *libcni.RuntimeConf) { rt.CapabilityArgs = map[string]any{"ips": []string{"fd00:250::5/64"}} }, false},
+		{"ips-v4-and-v6", func(rt *libcni.RuntimeConf) {
+			rt.CapabilityArgs = map[string]any{"ips": []string{"10.250.0.7/24", "fd00:250::5/64"}}
+		}, false},
+		{"ips-v4", func(rt *libcni.RuntimeConf) { rt.CapabilityArgs = map[string]any{"ips": []string{"10.250.0.7/24"}} }, true},
+	} {
+		pod := e.NewPod()
+		id := "req-" + c.name
+		e.CleanupDel(pod, id)
+		rt := e.RuntimeConf(pod, id, "eth0")
+		c.set(rt)
+		var res types.Result
+		err := e.InNode(func() error {
+			var err error
+			res, err = e.CNI.AddNetworkList(context.Background(), e.ConfList("1.1.0"), rt)
+			return err
+		})
+		if !c.ok {
+			var te *types.Error
+			if err == nil || !errors.As(err, &te) || te.Code == 0 {
+				t.Errorf("%s: ADD %v (%v), want a CNI error", c.name, res, err)
+			}
+			e.AssertNothingOf(id)
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		r, _ := current.NewResultFromResult(res)
+		if len(r.IPs) != 1 || !r.IPs[0].Address.IP.Equal(net.ParseIP("10.250.0.7")) {
+			t.Errorf("%s: IPs %v, want 10.250.0.7", c.name, r.IPs)
+		}
+		if err := testenv.Ping(e.Node, net.ParseIP("10.250.0.7"), 1); err != nil {
+			t.Errorf("%s: %v", c.name, err)
+		}
+		if err := e.InNode(func() error {
+			return e.CNI.DelNetworkList(context.Background(), e.ConfList("1.1.0"), rt)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.AssertClean()
+}
