@@ -326,9 +326,9 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 			a.DP.Maps.DeleteLink(idx), a.DP.Maps.ResetStats(idx), sfErr)
 	})
 	if a.Net.IPv4Only {
-		if err := disableIPv6(a.HostIf); err != nil {
-			return internal("host veth %s: switch IPv6 off: %v", a.HostIf, err)
-		}
+		// Saves the node work only: a /proc/sys that refuses the write
+		// (mounted read-only) costs speed, not the pod.
+		_ = disableIPv6(a.HostIf)
 	}
 	a.Trace.Mark("veth")
 	_, err = a.DP.Attach(idx, a.HostIf, a.Net.attachMode, a.deferTCX)

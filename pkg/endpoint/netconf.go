@@ -119,7 +119,8 @@ func announceMACChanges(ifindex int, ifname string, hasV4 bool) error {
 // none). Nothing is lost: a pod without an IPv6 address has no IPv6 to
 // route, and the node none to send it.
 // The kernel offers no netlink attribute for it: /proc/sys it is, in the
-// node's netns (one "net" dentry, see above).
+// node's netns (one "net" dentry, see above). Writing 0 to the node's
+// net.ipv6.conf.all.disable_ipv6 switches it back on for every link.
 func disableIPv6(hostIf string) error {
 	err := os.WriteFile("/proc/sys/net/ipv6/conf/"+hostIf+"/disable_ipv6", []byte("1"), 0o644)
 	if errors.Is(err, os.ErrNotExist) {
