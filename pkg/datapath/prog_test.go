@@ -434,3 +434,52 @@ func TestNeighborAdvertisement(t *testing.T) {
 		}
 	}
 }
+
+// TestLeanOpenRefusesForeignLayout: the verbs' open (OpenLean, EnsureLean)
+// refuses a map of another shape pinned where one of ours belongs (a
+// hostile or buggy process, a build of another layout left in this
+// layout's directory), as Ensure does, rather than handing the verb a map
+// its writes would fail on part way or silently misuse.
+func TestLeanOpenRefusesForeignLayout(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		foreign func(ours *ebpf.Map) *ebpf.MapSpec
+	}{
+		{"key_size", func(*ebpf.Map) *ebpf.MapSpec {
+			return &ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1}
+		}},
+		// Same key and value sizes, another type (entries evicted behind
+		// the datapath's back): nothing but a shape check sees it.
+		{"type", func(ours *ebpf.Map) *ebpf.MapSpec {
+			return &ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: ours.KeySize(), ValueSize: ours.ValueSize(), MaxEntries: ours.MaxEntries()}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dp := testDatapath(t)
+			spec := c.foreign(dp.Maps.Endpoints)
+			p := filepath.Join(MapsDir(dp.PinRoot), "cni_endpoints")
+			must(t, os.Remove(p))
+			m, err := ebpf.NewMap(spec)
+			must(t, err)
+			must(t, m.Pin(p))
+			m.Close()
+			for _, v := range []struct {
+				verb string
+				open func() (*Datapath, error)
+			}{
+				{"OpenLean", func() (*Datapath, error) { return OpenLean(dp.PinRoot) }},
+				{"EnsureLean", func() (*Datapath, error) { return EnsureLean(dp.PinRoot, maps.DefaultSizing) }},
+			} {
+				got, err := v.open()
+				if err == nil {
+					got.Close()
+					t.Errorf("%s opened a cni_endpoints of type %s, key %d, value %d pinned at %s", v.verb, spec.Type, spec.KeySize, spec.ValueSize, p)
+					continue
+				}
+				if !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "another layout") {
+					t.Errorf("%s: %v; want an error naming %s and its other layout", v.verb, err, p)
+				}
+			}
+		})
+	}
+}

@@ -88,21 +88,35 @@ func members(size uint32, ms []btf.Member) string {
 	return fmt.Sprintf("%d{%s}", size, strings.Join(parts, " "))
 }
 
-// TestMapNames: OpenPinned opens by the generated struct's tags exactly the
-// maps the embedded object has.
-func TestMapNames(t *testing.T) {
+// TestPinnedShapes: OpenPinned checks exactly the maps the embedded object
+// has, each against its spec's type, sizes and flags (and entries, where no
+// sizing decides them).
+func TestPinnedShapes(t *testing.T) {
 	ss, err := specs()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var want []string
-	for n := range ss {
+	var want, got []string
+	for n, s := range ss {
 		want = append(want, n)
+		p, ok := pinnedShapes[n]
+		if !ok {
+			continue
+		}
+		if _, sized := DefaultSizing.entries()[n]; sized {
+			p.MaxEntries = s.MaxEntries
+		}
+		if p.Type != s.Type || p.KeySize != s.KeySize || p.ValueSize != s.ValueSize || p.MaxEntries != s.MaxEntries || p.Flags != s.Flags {
+			t.Errorf("pinnedShapes[%s] is %s key %d value %d max %d flags %d; the object's is %s key %d value %d max %d flags %d",
+				n, p.Type, p.KeySize, p.ValueSize, p.MaxEntries, p.Flags, s.Type, s.KeySize, s.ValueSize, s.MaxEntries, s.Flags)
+		}
 	}
-	got := append([]string(nil), mapNames...)
+	for n := range pinnedShapes {
+		got = append(got, n)
+	}
 	sort.Strings(want)
 	sort.Strings(got)
 	if strings.Join(got, ",") != strings.Join(want, ",") {
-		t.Errorf("mapNames %v, the object's maps %v", got, want)
+		t.Errorf("pinnedShapes has %v, the object's maps are %v", got, want)
 	}
 }

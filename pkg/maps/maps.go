@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"reflect"
 	"sort"
 	"strings"
 
@@ -230,36 +229,62 @@ func Open(dir string) (*Maps, error) {
 	return fromSet(dir, open), nil
 }
 
-// OpenPinned opens the maps pinned in dir without checking them against
-// this binary's specs: the CNI verbs' path (datapath.OpenLean), where
-// parsing the embedded object cost 0.2-0.3 ms of each verb. The
-// directory's layout version stands for the layout (TestLayoutVersion
-// keeps a changed layout from keeping its version); whoever sets up or
-// migrates the node, the agent and the inspection commands open with Open,
-// which checks every map.
+// OpenPinned opens the maps pinned in dir without parsing the embedded
+// object: the CNI verbs' path (datapath.OpenLean), where that parse cost
+// 0.2-0.3 ms of each verb. Each pin is checked against pinnedShapes, as
+// Open checks it against the object's specs (the kernel's answer for a pin
+// carries type, sizes and flags, so the check costs no syscall): a map of
+// another layout, or one a hostile or buggy process pinned in our place,
+// is refused by name rather than written to. The directory's layout
+// version stands for the key and value structs (TestLayoutVersion keeps a
+// changed layout from keeping its version); whoever sets up or migrates
+// the node, the agent and the inspection commands open with Open.
 func OpenPinned(dir string) (*Maps, error) {
-	open := make(map[string]*ebpf.Map, len(mapNames))
-	for _, name := range mapNames {
+	open := make(map[string]*ebpf.Map, len(pinnedShapes))
+	for name, shape := range pinnedShapes {
 		p := filepath.Join(dir, name)
 		m, err := ebpf.LoadPinnedMap(p, nil)
 		if err != nil {
 			closeAll(open)
 			return nil, fmt.Errorf("open pinned map %s: %w", p, err)
 		}
+		if err := compatible(&shape, m); err != nil {
+			m.Close()
+			closeAll(open)
+			return nil, fmt.Errorf("pinned map %s has another layout than this binary expects (layout v%d): %w",
+				p, LayoutVersion, err)
+		}
 		open[name] = m
 	}
 	return fromSet(dir, open), nil
 }
 
-// mapNames are the C names of the layout's maps, from the tags of the
-// generated mapsObjMapSpecs: no parse of the embedded object.
-var mapNames = func() []string {
-	var out []string
-	t := reflect.TypeOf(mapsObjMapSpecs{})
-	for i := 0; i < t.NumField(); i++ {
-		if n := t.Field(i).Tag.Get("ebpf"); n != "" {
-			out = append(out, n)
-		}
+// pinnedShapes is what OpenPinned checks each map against: the embedded
+// object's specs without their BTF (TestPinnedShapes holds them equal).
+// MaxEntries 0: the sizing decides it (see compatible).
+var pinnedShapes = func() map[string]ebpf.MapSpec {
+	out := map[string]ebpf.MapSpec{}
+	for _, s := range []ebpf.MapSpec{
+		{Name: "cni_bandwidth", Type: ebpf.Hash, KeySize: 8, ValueSize: 72},
+		{Name: "cni_cidr_refs", Type: ebpf.Hash, KeySize: 32, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
+		{Name: "cni_cluster_cidrs", Type: ebpf.LPMTrie, KeySize: 24, ValueSize: 4, MaxEntries: 256, Flags: unix.BPF_F_NO_PREALLOC},
+		{Name: "cni_ct", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 80},
+		{Name: nameEndpoints, Type: ebpf.Hash, KeySize: 20, ValueSize: 20},
+		{Name: "cni_hostports", Type: ebpf.Hash, KeySize: 20, ValueSize: 24},
+		{Name: "cni_hp_config", Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1},
+		{Name: "cni_hp_stats", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
+		{Name: nameLinks, Type: ebpf.Hash, KeySize: 4, ValueSize: 16},
+		{Name: "cni_masq_config", Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 1},
+		{Name: "cni_masq_share", Type: ebpf.LRUHash, KeySize: 24, ValueSize: 4},
+		{Name: "cni_masq_stats", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
+		{Name: "cni_netns", Type: ebpf.Hash, KeySize: 8, ValueSize: 16},
+		{Name: "cni_node_ips", Type: ebpf.Hash, KeySize: 20, ValueSize: 4, MaxEntries: 1024},
+		{Name: "cni_snat", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 56},
+		{Name: "cni_sock_rnat", Type: ebpf.LRUHash, KeySize: 32, ValueSize: 24},
+		{Name: "cni_stack_flows", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 16},
+		{Name: nameStats, Type: ebpf.PerCPUHash, KeySize: 8, ValueSize: 16, Flags: unix.BPF_F_NO_PREALLOC},
+	} {
+		out[s.Name] = s
 	}
 	return out
 }()
