@@ -19,6 +19,10 @@ import (
 // its look at each.
 var afterList = func() {}
 
+// beforeTeardown is a test seam: it runs when GC has judged a record and is
+// about to release its IPs and tear it down.
+var beforeTeardown = func(*state.Record) {}
+
 // GC is the CNI GC verb: every attachment of this network that has a record
 // but is not in cni.dev/valid-attachments is torn down and its IPs released;
 // then what no attachment owns any more: temp files of killed record
@@ -63,13 +67,7 @@ func GC(args *skel.CmdArgs) error {
 			continue
 		}
 		r = now // Complete and not valid, or Abandoned: half made by an ADD that died
-		if err := endpoint.ReleaseIPAM(n, args.StdinData, args.Path, r); err != nil {
-			errs = errors.Join(errs, fmt.Errorf("release IPs of %s/%s: %w", r.ContainerID, r.IfName, err))
-			continue // keep the record so the next GC retries
-		}
-		if err := endpoint.Remove(n, r.ContainerID, r.IfName, r.Netns, r, endpoint.AllFeatures(), nil); err != nil {
-			errs = errors.Join(errs, fmt.Errorf("tear down %s/%s: %w", r.ContainerID, r.IfName, err))
-		}
+		errs = errors.Join(errs, gcOne(n, store, st, r, args))
 	}
 	errs = errors.Join(errs, store.RemoveStaleTemps())
 	if !datapath.AgentAlive(n.PinDir) {
@@ -95,6 +93,27 @@ func GC(args *skel.CmdArgs) error {
 	}
 	if errs != nil {
 		return types.NewError(types.ErrInternal, errs.Error(), "")
+	}
+	return nil
+}
+
+// gcOne releases the IPs of an attachment GC judged gone and tears it down;
+// an abandoned claim is held meanwhile (state.Store.Hold), so a DEL and a
+// new ADD of the attachment cannot come between and lose the new one.
+func gcOne(n *endpoint.Network, store state.Store, st state.Status, r *state.Record, args *skel.CmdArgs) error {
+	if st == state.Abandoned {
+		release, ok, err := store.Hold(r)
+		if err != nil || !ok {
+			return err // someone else's now: the next GC decides
+		}
+		defer release()
+	}
+	beforeTeardown(r)
+	if err := endpoint.ReleaseIPAM(n, args.StdinData, args.Path, r); err != nil {
+		return fmt.Errorf("release IPs of %s/%s: %w", r.ContainerID, r.IfName, err) // the record stays: the next GC retries
+	}
+	if err := endpoint.Remove(n, r.ContainerID, r.IfName, r.Netns, r, endpoint.AllFeatures(), nil); err != nil {
+		return fmt.Errorf("tear down %s/%s: %w", r.ContainerID, r.IfName, err)
 	}
 	return nil
 }

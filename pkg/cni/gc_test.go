@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -128,5 +129,111 @@ func TestGCAddEndsAfterList(t *testing.T) {
 		case !c.kept && (now != nil || linkErr == nil):
 			t.Errorf("%s kept (record %v, veth: %v); want torn down: %s", c.r.ContainerID, now != nil, linkErr, c.why)
 		}
+	}
+}
+
+// TestGCAbandonedReclaimed: between GC's verdict on a claim an ADD left half
+// made and its teardown, a DEL of the attachment and a new ADD of it may
+// run (the runtime retrying the pod). GC must not then tear down the new
+// ADD's attachment: while it tears the abandoned claim down it holds it as
+// an ADD at work would, so the DEL waits and the new ADD is refused (11)
+// until GC is done. The seam does what del.go and claimRecord do: DEL
+// removes a record only when no one holds it; ADD claims only a free one.
+func TestGCAbandonedReclaimed(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root; CI runs as root")
+		}
+		t.Skip("needs root (a netns and veths)")
+	}
+	node, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		node.Close()
+		testutils.UnmountNS(node)
+	}()
+	dir := t.TempDir()
+	conf := []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"gcreclaim","type":"ebpf-cni","pinDir":%q,"stateDir":%q,`+
+		`"cni.dev/valid-attachments":[]}`, filepath.Join(dir, "pins"), filepath.Join(dir, "state")))
+	n, err := endpoint.ParseNetwork(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{n.PinDir, n.Store().Dir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store := n.Store()
+	hostIf := state.HostIfName("retried", "eth0")
+	died := &state.Record{ContainerID: "retried", IfName: "eth0", HostIf: hostIf, Provisional: true, Pid: 1, Created: time.Now().UTC()}
+	if err := store.Write(died); err != nil {
+		t.Fatal(err)
+	}
+	veth := func() error {
+		return node.Do(func(ns.NetNS) error {
+			return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostIf}, PeerName: "gcpeer"})
+		})
+	}
+	if err := veth(); err != nil {
+		t.Fatal(err)
+	}
+	var newAdd *state.Record
+	beforeTeardown = func(r *state.Record) {
+		// DEL of the attachment: only a record nobody holds is its to remove.
+		if rec, err := store.Read(r.ContainerID, r.IfName); err != nil || rec == nil || store.Busy(rec) {
+			return
+		}
+		if err := store.Remove(r.ContainerID, r.IfName); err != nil {
+			t.Error(err)
+			return
+		}
+		_ = node.Do(func(ns.NetNS) error {
+			if l, err := netlink.LinkByName(hostIf); err == nil {
+				return netlink.LinkDel(l)
+			}
+			return nil
+		})
+		// The runtime's new ADD claims it, makes its veth and ends.
+		next := &state.Record{ContainerID: r.ContainerID, IfName: r.IfName, HostIf: hostIf, Provisional: true, Pid: os.Getpid(), Created: time.Now().UTC()}
+		claim, err := store.Claim(next)
+		if err != nil {
+			return // refused: GC holds it
+		}
+		defer claim.Close()
+		if err := veth(); err != nil {
+			t.Error(err)
+			return
+		}
+		final := *next
+		final.Provisional = false
+		if err := store.Write(&final); err != nil {
+			t.Error(err)
+		}
+		newAdd = &final
+	}
+	defer func() { beforeTeardown = func(*state.Record) {} }()
+	err = node.Do(func(ns.NetNS) error {
+		return GC(&skel.CmdArgs{StdinData: conf})
+	})
+	if err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	now, err := store.Read("retried", "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var linkErr error
+	_ = node.Do(func(ns.NetNS) error {
+		_, linkErr = netlink.LinkByName(hostIf)
+		return nil
+	})
+	switch {
+	case newAdd != nil && (now == nil || linkErr != nil):
+		t.Errorf("GC tore down the attachment a new ADD made while GC was at its abandoned claim (record %v, veth: %v)", now != nil, linkErr)
+	case newAdd == nil && (now != nil || linkErr == nil):
+		t.Errorf("the abandoned claim kept (record %v, veth: %v); want torn down", now != nil, linkErr)
 	}
 }

@@ -84,15 +84,32 @@ func Reconcile(n *Network, conf []byte, cniPath string, dryRun bool) ([]string, 
 			done = append(done, what)
 			continue
 		}
-		if err := ReleaseIPAM(n, conf, cniPath, r); err != nil {
-			errs = errors.Join(errs, fmt.Errorf("release IPs of %s/%s: %w", r.ContainerID, r.IfName, err))
-			continue
-		}
-		if err := Remove(n, r.ContainerID, r.IfName, r.Netns, r, AllFeatures(), nil); err != nil {
+		if ok, err := reconcileOne(n, store, st, r, conf, cniPath); err != nil {
 			errs = errors.Join(errs, err)
-			continue
+		} else if ok {
+			done = append(done, what)
 		}
-		done = append(done, what)
 	}
 	return done, errs
+}
+
+// reconcileOne releases the IPs of an attachment Reconcile judged gone and
+// tears it down; false when an abandoned claim is someone else's by now.
+// The claim is held meanwhile (state.Store.Hold): a DEL and a new ADD of
+// the attachment cannot come between and lose the new one.
+func reconcileOne(n *Network, store state.Store, st state.Status, r *state.Record, conf []byte, cniPath string) (bool, error) {
+	if st == state.Abandoned {
+		release, ok, err := store.Hold(r)
+		if err != nil || !ok {
+			return false, err
+		}
+		defer release()
+	}
+	if err := ReleaseIPAM(n, conf, cniPath, r); err != nil {
+		return false, fmt.Errorf("release IPs of %s/%s: %w", r.ContainerID, r.IfName, err)
+	}
+	if err := Remove(n, r.ContainerID, r.IfName, r.Netns, r, AllFeatures(), nil); err != nil {
+		return false, err
+	}
+	return true, nil
 }

@@ -245,6 +245,41 @@ func Locked(path string) (bool, error) {
 	return false, err
 }
 
+// TryLock takes the exclusive flock of the file at path without waiting
+// and returns it open, with the file's bytes as read under the lock; nil,
+// nil, nil when someone else holds it. The caller checks the bytes: path
+// may have been replaced since (by a rename), so what it opened is
+// compared with what path names now, and a file no longer under path is
+// ErrNotExist.
+func TryLock(path string) (*os.File, []byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, nil, nil
+		}
+		return nil, nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	var held, named unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &held); err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	if err := unix.Lstat(path, &named); err != nil || named.Ino != held.Ino || named.Dev != held.Dev {
+		f.Close()
+		return nil, nil, fmt.Errorf("%s was replaced while being locked: %w", path, os.ErrNotExist)
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, b, nil
+}
+
 // WaitUnlocked waits up to timeout for the flock on path to go; true when it
 // went (or the file did).
 func WaitUnlocked(path string, timeout time.Duration) bool {

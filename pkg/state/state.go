@@ -318,6 +318,37 @@ func (s Store) Recheck(r *Record) (Status, *Record, error) {
 	return Abandoned, again, nil
 }
 
+// Hold takes the lock of a claim Recheck found Abandoned, as the ADD that
+// died held it, so that while the caller (GC, the agent's reconcile) tears
+// it down no DEL or ADD of the attachment runs: a new ADD is refused with
+// 11, a DEL waits (see Busy). ok is false, and nothing held, when someone
+// else holds it or the file no longer holds that very claim (a DEL and a
+// new ADD came between): the next look decides. release drops the lock.
+func (s Store) Hold(r *Record) (release func(), ok bool, err error) {
+	for _, p := range s.paths(r.ContainerID, r.IfName) {
+		f, b, err := safedir.TryLock(p)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			continue
+		case err != nil:
+			return nil, false, err
+		case f == nil:
+			return nil, false, nil // someone holds it
+		}
+		held := &Record{}
+		if err := json.Unmarshal(b, held); err != nil || !owns(held, r.ContainerID, r.IfName) {
+			f.Close()
+			continue // not this attachment's (an ambiguous legacy name)
+		}
+		if !held.Provisional || held.Pid != r.Pid || !held.Created.Equal(r.Created) {
+			f.Close()
+			return nil, false, nil
+		}
+		return func() { f.Close() }, true, nil
+	}
+	return nil, false, nil
+}
+
 // recheckStep is a test seam: Recheck calls it before each of its looks.
 var recheckStep = func(step string) {}
 

@@ -292,3 +292,42 @@ func TestRecheckNewAddEndsBetweenReadAndLock(t *testing.T) {
 		t.Fatalf("Recheck of a dead ADD's claim: status %d, %v; want Abandoned (%d)", st, err, Abandoned)
 	}
 }
+
+// TestHoldAbandonedClaim: a held abandoned claim reads as an ADD at work
+// (Busy: DEL waits) and keeps a new ADD from claiming the attachment; a
+// second Hold, or one of a claim the file no longer holds, gets nothing.
+func TestHoldAbandonedClaim(t *testing.T) {
+	s := testStore(t)
+	dead := &Record{ContainerID: "c1", IfName: "eth0", Provisional: true, Pid: 1, Created: time.Now().UTC()}
+	if err := s.Write(dead); err != nil {
+		t.Fatal(err)
+	}
+	release, ok, err := s.Hold(dead)
+	if err != nil || !ok {
+		t.Fatalf("Hold of an abandoned claim: %v, %v", ok, err)
+	}
+	if !s.Busy(dead) {
+		t.Error("a held claim is not Busy: a DEL would not wait for its teardown")
+	}
+	if _, err := s.Claim(&Record{ContainerID: "c1", IfName: "eth0", Provisional: true, Pid: os.Getpid()}); !errors.Is(err, ErrClaimed) {
+		t.Errorf("Claim of a held attachment: %v, want ErrClaimed", err)
+	}
+	if _, ok, err := s.Hold(dead); ok || err != nil {
+		t.Errorf("second Hold: %v, %v; want nothing held", ok, err)
+	}
+	release()
+	if s.Busy(dead) {
+		t.Error("released claim still Busy")
+	}
+	other := *dead
+	other.Pid = 2
+	if _, ok, err := s.Hold(&other); ok || err != nil {
+		t.Errorf("Hold of a claim the file does not hold: %v, %v; want nothing held", ok, err)
+	}
+	if err := s.Remove("c1", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := s.Hold(dead); ok || err != nil {
+		t.Errorf("Hold of a removed claim: %v, %v; want nothing held", ok, err)
+	}
+}
