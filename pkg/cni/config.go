@@ -112,6 +112,8 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 				GW  string `json:"gw"`
 			} `json:"routes"`
 		} `json:"ipam"`
+		// Decoded apart below: a malformed one is host-local's to refuse.
+		RuntimeConfig json.RawMessage `json:"runtimeConfig"`
 	}
 	if err := json.Unmarshal(stdin, &raw); err != nil {
 		return false, endpoint.ConfError("ipam: %v", err)
@@ -191,16 +193,14 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 	// to the configured ones. Not validated here (host-local does): any
 	// but IPv4 subnets, or a runtimeConfig that does not parse, may give IPv6.
 	var rt struct {
-		RuntimeConfig struct {
-			IPRanges [][]struct {
-				Subnet string `json:"subnet"`
-			} `json:"ipRanges"`
-		} `json:"runtimeConfig"`
+		IPRanges [][]struct {
+			Subnet string `json:"subnet"`
+		} `json:"ipRanges"`
 	}
-	if json.Unmarshal(stdin, &rt) != nil {
+	if len(raw.RuntimeConfig) > 0 && json.Unmarshal(raw.RuntimeConfig, &rt) != nil {
 		return false, nil
 	}
-	for _, set := range rt.RuntimeConfig.IPRanges {
+	for _, set := range rt.IPRanges {
 		for _, r := range set {
 			_, n, err := net.ParseCIDR(r.Subnet)
 			v4Only = v4Only && err == nil && len(n.Mask) == net.IPv4len

@@ -84,6 +84,8 @@ func TestValidateIPAMv4Only(t *testing.T) {
 		{"runtime ipRanges v4", "host-local", `{"ipam":{"type":"host-local","subnet":"10.0.0.0/24"},"runtimeConfig":{"ipRanges":[[{"subnet":"10.1.0.0/24"}]]}}`, true},
 		{"runtime ipRanges bad", "host-local", `{"ipam":{"type":"host-local","subnet":"10.0.0.0/24"},"runtimeConfig":{"ipRanges":[[{"subnet":"nonsense"}]]}}`, false},
 		{"runtime ipRanges malformed", "host-local", `{"ipam":{"type":"host-local","subnet":"10.0.0.0/24"},"runtimeConfig":{"ipRanges":"fd00::/64"}}`, false},
+		{"runtime config null", "host-local", `{"ipam":{"type":"host-local","subnet":"10.0.0.0/24"},"runtimeConfig":null}`, true},
+		{"runtime config not an object", "host-local", `{"ipam":{"type":"host-local","subnet":"10.0.0.0/24"},"runtimeConfig":"fd00::/64"}`, false},
 		{"other ipam", "dhcp", `{"ipam":{"type":"dhcp","subnet":"10.0.0.0/24"}}`, false},
 	} {
 		got, err := validateIPAM([]byte(c.conf), c.ipam, 0)
