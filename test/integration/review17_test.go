@@ -94,8 +94,8 @@ func writeSysctl(t *testing.T, n ns.NetNS, path, v string) {
 // TestReview17Forwarding: on a node with forwarding off, ADD turns it on
 // for the pod's families only, read afresh at every ADD (forwarding is now
 // read by netlink): switched off between two ADDs, the second turns it on
-// again. Pods then leave the node (a TCP transfer to a pod of a sibling
-// network goes through the node's stack).
+// again. (It reads the sysctls only; that forwarding carries pods' packets
+// off the node is the masquerade and Service tests' to show.)
 func TestReview17Forwarding(t *testing.T) {
 	t.Parallel()
 	const v4f, v6f = "/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"
