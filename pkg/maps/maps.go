@@ -248,7 +248,10 @@ func OpenPinned(dir string) (*Maps, error) {
 			closeAll(open)
 			return nil, fmt.Errorf("open pinned map %s: %w", p, err)
 		}
-		if err := compatible(&shape, m); err != nil {
+		if shape.MaxEntries == 0 {
+			shape.MaxEntries = m.MaxEntries() // the sizing's (see compatible)
+		}
+		if err := shape.Compatible(m); err != nil {
 			m.Close()
 			closeAll(open)
 			return nil, fmt.Errorf("pinned map %s has another layout than this binary expects (layout v%d): %w",
