@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -93,6 +94,9 @@ func Ensure(pinRoot string, s maps.Sizing) (*Datapath, error) {
 	}
 	if older := olderLayouts(pinRoot); len(older) > 0 {
 		return migrateLayout(pinRoot, s, older)
+	}
+	if err := readoptMaps(pinRoot); err != nil {
+		return nil, err
 	}
 	m, err := maps.Create(MapsDir(pinRoot), s)
 	if err != nil {
@@ -224,4 +228,70 @@ func lockDir(dir string) (func(), error) {
 		return nil, fmt.Errorf("lock %s: %w", dir, err)
 	}
 	return func() { unix.Close(fd) }, nil
+}
+
+// readoptMaps pins again, from this build's pinned programs, each map of
+// the layout whose pin is gone (removed by hand or by another tool) while
+// those programs still use it. Created anew instead (maps.Create), it
+// would take the verbs' writes where no program reads. Only this build's
+// programs (their pins carry its objects' hash) are asked: they were
+// loaded with this layout's maps.
+func readoptMaps(pinRoot string) error {
+	dir := MapsDir(pinRoot)
+	missing := map[string]string{} // the kernel's (truncated) name: the pin's
+	for _, name := range maps.PinnedNames() {
+		if _, err := os.Lstat(filepath.Join(dir, name)); errors.Is(err, os.ErrNotExist) {
+			missing[kernelProgName(name)] = name // maps' names are cut alike
+		}
+	}
+	for _, p := range catalog {
+		if len(missing) == 0 {
+			return nil
+		}
+		prog, err := ebpf.LoadPinnedProgram(progPin(pinRoot, p), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("open pinned program %s: %w", progPin(pinRoot, p), err)
+		}
+		info, err := prog.Info()
+		prog.Close()
+		if err != nil {
+			return fmt.Errorf("program %s: %w", progPin(pinRoot, p), err)
+		}
+		ids, _ := info.MapIDs()
+		for _, id := range ids {
+			if err := readopt(dir, id, missing); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// readopt pins the map id under dir if it is one of missing (and strikes
+// it off).
+func readopt(dir string, id ebpf.MapID, missing map[string]string) error {
+	m, err := ebpf.NewMapFromID(id)
+	if err != nil {
+		return nil // gone meanwhile
+	}
+	defer m.Close()
+	info, err := m.Info()
+	if err != nil {
+		return err
+	}
+	name, ok := missing[info.Name]
+	if !ok {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := m.Pin(filepath.Join(dir, name)); err != nil {
+		return fmt.Errorf("pin again map %s, which the pinned programs use: %w", filepath.Join(dir, name), err)
+	}
+	delete(missing, info.Name)
+	return nil
 }

@@ -483,3 +483,34 @@ func TestLeanOpenRefusesForeignLayout(t *testing.T) {
 		})
 	}
 }
+
+// TestMissingMapPinReadopted: a map pin removed by hand (or another tool)
+// while this build's pinned programs still use the map is pinned again
+// from them by the next Ensure, not created anew: a new map would take the
+// verbs' writes (a pod's link, endpoint) where no program reads.
+func TestMissingMapPinReadopted(t *testing.T) {
+	dp := testDatapath(t)
+	p := filepath.Join(MapsDir(dp.PinRoot), "cni_links")
+	info, err := dp.Maps.Links.Info()
+	must(t, err)
+	want, _ := info.ID()
+	must(t, os.Remove(p))
+	for _, v := range []struct {
+		verb string
+		open func() (*Datapath, error)
+	}{
+		{"EnsureLean", func() (*Datapath, error) { return EnsureLean(dp.PinRoot, maps.DefaultSizing) }},
+		{"Ensure", func() (*Datapath, error) { return Ensure(dp.PinRoot, maps.DefaultSizing) }},
+	} {
+		again, err := v.open()
+		if err != nil {
+			t.Fatalf("%s: %v", v.verb, err)
+		}
+		info, err := again.Maps.Links.Info()
+		must(t, err)
+		if got, _ := info.ID(); got != want {
+			t.Errorf("%s: cni_links pinned anew (map %d); the programs use map %d", v.verb, got, want)
+		}
+		again.Close()
+	}
+}

@@ -262,6 +262,16 @@ func OpenPinned(dir string) (*Maps, error) {
 	return fromSet(dir, open), nil
 }
 
+// PinnedNames are the names of the maps pinned per layout directory.
+func PinnedNames() []string {
+	out := make([]string, 0, len(pinnedShapes))
+	for n := range pinnedShapes {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
 // pinnedShapes is what OpenPinned checks each map against: the embedded
 // object's specs without their BTF (TestPinnedShapes holds them equal).
 // MaxEntries 0: the sizing decides it (see compatible).
