@@ -67,7 +67,8 @@ func GC(args *skel.CmdArgs) error {
 			continue
 		}
 		r = now // Complete and not valid, or Abandoned: half made by an ADD that died
-		errs = errors.Join(errs, gcOne(n, store, st, r, args))
+		_, err = endpoint.TearDownJudged(n, st, r, args.StdinData, args.Path, beforeTeardown)
+		errs = errors.Join(errs, err)
 	}
 	errs = errors.Join(errs, store.RemoveStaleTemps())
 	if !datapath.AgentAlive(n.PinDir) {
@@ -93,27 +94,6 @@ func GC(args *skel.CmdArgs) error {
 	}
 	if errs != nil {
 		return types.NewError(types.ErrInternal, errs.Error(), "")
-	}
-	return nil
-}
-
-// gcOne releases the IPs of an attachment GC judged gone and tears it down;
-// an abandoned claim is held meanwhile (state.Store.Hold), so a DEL and a
-// new ADD of the attachment cannot come between and lose the new one.
-func gcOne(n *endpoint.Network, store state.Store, st state.Status, r *state.Record, args *skel.CmdArgs) error {
-	if st == state.Abandoned {
-		release, ok, err := store.Hold(r)
-		if err != nil || !ok {
-			return err // someone else's now: the next GC decides
-		}
-		defer release()
-	}
-	beforeTeardown(r)
-	if err := endpoint.ReleaseIPAM(n, args.StdinData, args.Path, r); err != nil {
-		return fmt.Errorf("release IPs of %s/%s: %w", r.ContainerID, r.IfName, err) // the record stays: the next GC retries
-	}
-	if err := endpoint.Remove(n, r.ContainerID, r.IfName, r.Netns, r, endpoint.AllFeatures(), nil); err != nil {
-		return fmt.Errorf("tear down %s/%s: %w", r.ContainerID, r.IfName, err)
 	}
 	return nil
 }

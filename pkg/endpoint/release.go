@@ -84,7 +84,7 @@ func Reconcile(n *Network, conf []byte, cniPath string, dryRun bool) ([]string, 
 			done = append(done, what)
 			continue
 		}
-		if ok, err := reconcileOne(n, store, st, r, conf, cniPath); err != nil {
+		if ok, err := TearDownJudged(n, st, r, conf, cniPath, nil); err != nil {
 			errs = errors.Join(errs, err)
 		} else if ok {
 			done = append(done, what)
@@ -93,23 +93,28 @@ func Reconcile(n *Network, conf []byte, cniPath string, dryRun bool) ([]string, 
 	return done, errs
 }
 
-// reconcileOne releases the IPs of an attachment Reconcile judged gone and
-// tears it down; false when an abandoned claim is someone else's by now.
-// The claim is held meanwhile (state.Store.Hold): a DEL and a new ADD of
-// the attachment cannot come between and lose the new one.
-func reconcileOne(n *Network, store state.Store, st state.Status, r *state.Record, conf []byte, cniPath string) (bool, error) {
+// TearDownJudged releases the IPs of an attachment GC or Reconcile judged
+// gone (st from state.Store.Recheck) and tears it down; false when an
+// abandoned claim is someone else's by now. The claim is held meanwhile
+// (state.Store.Hold): a DEL and a new ADD of the attachment cannot come
+// between and lose the new one. before, if set, runs once it is held (a
+// test seam).
+func TearDownJudged(n *Network, st state.Status, r *state.Record, conf []byte, cniPath string, before func(*state.Record)) (bool, error) {
 	if st == state.Abandoned {
-		release, ok, err := store.Hold(r)
+		release, ok, err := n.Store().Hold(r)
 		if err != nil || !ok {
 			return false, err
 		}
 		defer release()
 	}
+	if before != nil {
+		before(r)
+	}
 	if err := ReleaseIPAM(n, conf, cniPath, r); err != nil {
-		return false, fmt.Errorf("release IPs of %s/%s: %w", r.ContainerID, r.IfName, err)
+		return false, fmt.Errorf("release IPs of %s/%s: %w", r.ContainerID, r.IfName, err) // the record stays: the next look retries
 	}
 	if err := Remove(n, r.ContainerID, r.IfName, r.Netns, r, AllFeatures(), nil); err != nil {
-		return false, err
+		return false, fmt.Errorf("tear down %s/%s: %w", r.ContainerID, r.IfName, err)
 	}
 	return true, nil
 }
