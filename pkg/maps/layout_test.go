@@ -99,10 +99,11 @@ func TestPinnedShapes(t *testing.T) {
 	var want, got []string
 	for n, s := range ss {
 		want = append(want, n)
-		p, ok := pinnedShapes[n]
+		shape, ok := pinnedShapes[n]
 		if !ok {
 			continue
 		}
+		p := *shape // a copy: the table stays as OpenPinned reads it
 		if _, sized := DefaultSizing.entries()[n]; sized {
 			p.MaxEntries = s.MaxEntries
 		}

@@ -201,17 +201,34 @@ func Create(dir string, s Sizing) (*Maps, error) {
 	return out, nil
 }
 
-// Open opens the maps pinned in dir and checks their layout, whatever
-// their sizing (see SizingOf). It fails with an error wrapping
-// os.ErrNotExist when the datapath was never set up, or lacks a map this
-// binary knows.
+// Open opens the maps pinned in dir and checks their layout against the
+// embedded object's specs, whatever their sizing (see SizingOf). It fails
+// with an error wrapping os.ErrNotExist when the datapath was never set
+// up, or lacks a map this binary knows.
 func Open(dir string) (*Maps, error) {
 	ss, err := specs()
 	if err != nil {
 		return nil, err
 	}
-	open := make(map[string]*ebpf.Map)
-	for name, s := range ss {
+	return openPins(dir, ss)
+}
+
+// OpenPinned is Open checking each pin against pinnedShapes instead of
+// parsing the embedded object: the CNI verbs' path (datapath.OpenLean),
+// where that parse cost 0.2-0.3 ms of each verb. The kernel's answer for a
+// pin carries type, sizes and flags, so the check costs no syscall: a map
+// of another layout, or one a hostile or buggy process pinned in our
+// place, is refused by name rather than written to. The directory's layout
+// version stands for the key and value structs (TestLayoutVersion keeps a
+// changed layout from keeping its version); whoever sets up or migrates
+// the node, the agent and the inspection commands open with Open.
+func OpenPinned(dir string) (*Maps, error) { return openPins(dir, pinnedShapes) }
+
+// openPins opens the pin of each map of specs under dir and checks it
+// against its spec (see compatible).
+func openPins(dir string, specs map[string]*ebpf.MapSpec) (*Maps, error) {
+	open := make(map[string]*ebpf.Map, len(specs))
+	for name, s := range specs {
 		p := filepath.Join(dir, name)
 		m, err := ebpf.LoadPinnedMap(p, nil)
 		if err != nil {
@@ -219,39 +236,6 @@ func Open(dir string) (*Maps, error) {
 			return nil, fmt.Errorf("open pinned map %s: %w", p, err)
 		}
 		if err := compatible(s, m); err != nil {
-			m.Close()
-			closeAll(open)
-			return nil, fmt.Errorf("pinned map %s has another layout than this binary expects (layout v%d): %w",
-				p, LayoutVersion, err)
-		}
-		open[name] = m
-	}
-	return fromSet(dir, open), nil
-}
-
-// OpenPinned opens the maps pinned in dir without parsing the embedded
-// object: the CNI verbs' path (datapath.OpenLean), where that parse cost
-// 0.2-0.3 ms of each verb. Each pin is checked against pinnedShapes, as
-// Open checks it against the object's specs (the kernel's answer for a pin
-// carries type, sizes and flags, so the check costs no syscall): a map of
-// another layout, or one a hostile or buggy process pinned in our place,
-// is refused by name rather than written to. The directory's layout
-// version stands for the key and value structs (TestLayoutVersion keeps a
-// changed layout from keeping its version); whoever sets up or migrates
-// the node, the agent and the inspection commands open with Open.
-func OpenPinned(dir string) (*Maps, error) {
-	open := make(map[string]*ebpf.Map, len(pinnedShapes))
-	for name, shape := range pinnedShapes {
-		p := filepath.Join(dir, name)
-		m, err := ebpf.LoadPinnedMap(p, nil)
-		if err != nil {
-			closeAll(open)
-			return nil, fmt.Errorf("open pinned map %s: %w", p, err)
-		}
-		if shape.MaxEntries == 0 {
-			shape.MaxEntries = m.MaxEntries() // the sizing's (see compatible)
-		}
-		if err := shape.Compatible(m); err != nil {
 			m.Close()
 			closeAll(open)
 			return nil, fmt.Errorf("pinned map %s has another layout than this binary expects (layout v%d): %w",
@@ -275,8 +259,8 @@ func PinnedNames() []string {
 // pinnedShapes is what OpenPinned checks each map against: the embedded
 // object's specs without their BTF (TestPinnedShapes holds them equal).
 // MaxEntries 0: the sizing decides it (see compatible).
-var pinnedShapes = func() map[string]ebpf.MapSpec {
-	out := map[string]ebpf.MapSpec{}
+var pinnedShapes = func() map[string]*ebpf.MapSpec {
+	out := map[string]*ebpf.MapSpec{}
 	for _, s := range []ebpf.MapSpec{
 		{Name: "cni_bandwidth", Type: ebpf.Hash, KeySize: 8, ValueSize: 72},
 		{Name: "cni_cidr_refs", Type: ebpf.Hash, KeySize: 32, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
@@ -297,7 +281,7 @@ var pinnedShapes = func() map[string]ebpf.MapSpec {
 		{Name: "cni_stack_flows", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 16},
 		{Name: nameStats, Type: ebpf.PerCPUHash, KeySize: 8, ValueSize: 16, Flags: unix.BPF_F_NO_PREALLOC},
 	} {
-		out[s.Name] = s
+		out[s.Name] = &s
 	}
 	return out
 }()
@@ -305,12 +289,21 @@ var pinnedShapes = func() map[string]ebpf.MapSpec {
 // compatible checks a pinned map against its spec; the size of a map the
 // sizing decides is the pin's own (SizingOf reads it).
 func compatible(s *ebpf.MapSpec, m *ebpf.Map) error {
-	if _, ok := DefaultSizing.entries()[s.Name]; ok {
+	if sizedMaps[s.Name] {
 		s = s.Copy()
 		s.MaxEntries = m.MaxEntries()
 	}
 	return s.Compatible(m)
 }
+
+// sizedMaps are the maps whose size the sizing decides.
+var sizedMaps = func() map[string]bool {
+	out := map[string]bool{}
+	for n := range DefaultSizing.entries() {
+		out[n] = true
+	}
+	return out
+}()
 
 // checkSized fails with a *SizingError unless every sized map has the size s gives it.
 func (m *Maps) checkSized(s Sizing) error {
