@@ -23,34 +23,7 @@ import (
 // left half made (provisional, unlocked) and a final record not in the
 // valid list are torn down; a valid one and one an ADD holds stay.
 func TestGCAddEndsAfterList(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root; CI runs as root")
-		}
-		t.Skip("needs root (a netns and veths)")
-	}
-	node, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		node.Close()
-		testutils.UnmountNS(node)
-	}()
-	dir := t.TempDir()
-	conf := []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"gcrace","type":"ebpf-cni","pinDir":%q,"stateDir":%q,`+
-		`"cni.dev/valid-attachments":[{"containerID":"valid","ifname":"eth0"}]}`,
-		filepath.Join(dir, "pins"), filepath.Join(dir, "state")))
-	n, err := endpoint.ParseNetwork(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range []string{n.PinDir, n.Store().Dir()} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	store := n.Store()
+	node, conf, store := newGCNode(t, "gcrace", `[{"containerID":"valid","ifname":"eth0"}]`)
 	rec := func(id string, provisional bool) *state.Record {
 		return &state.Record{ContainerID: id, IfName: "eth0", HostIf: state.HostIfName(id, "eth0"), Provisional: provisional, Pid: os.Getpid()}
 	}
@@ -114,15 +87,7 @@ func TestGCAddEndsAfterList(t *testing.T) {
 		{died, false, "its ADD died part way"},
 		{stale, false, "it is final and not in the valid list"},
 	} {
-		now, err := store.Read(c.r.ContainerID, c.r.IfName)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var linkErr error
-		_ = node.Do(func(ns.NetNS) error {
-			_, linkErr = netlink.LinkByName(c.r.HostIf)
-			return nil
-		})
+		now, linkErr := attachmentLeft(t, node, store, c.r.ContainerID, c.r.HostIf)
 		switch {
 		case c.kept && (now == nil || linkErr != nil):
 			t.Errorf("%s torn down (record %v, veth: %v); want kept: %s", c.r.ContainerID, now != nil, linkErr, c.why)
@@ -140,33 +105,7 @@ func TestGCAddEndsAfterList(t *testing.T) {
 // until GC is done. The seam does what del.go and claimRecord do: DEL
 // removes a record only when no one holds it; ADD claims only a free one.
 func TestGCAbandonedReclaimed(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root; CI runs as root")
-		}
-		t.Skip("needs root (a netns and veths)")
-	}
-	node, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		node.Close()
-		testutils.UnmountNS(node)
-	}()
-	dir := t.TempDir()
-	conf := []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"gcreclaim","type":"ebpf-cni","pinDir":%q,"stateDir":%q,`+
-		`"cni.dev/valid-attachments":[]}`, filepath.Join(dir, "pins"), filepath.Join(dir, "state")))
-	n, err := endpoint.ParseNetwork(conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range []string{n.PinDir, n.Store().Dir()} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
-	}
-	store := n.Store()
+	node, conf, store := newGCNode(t, "gcreclaim", `[]`)
 	hostIf := state.HostIfName("retried", "eth0")
 	died := &state.Record{ContainerID: "retried", IfName: "eth0", HostIf: hostIf, Provisional: true, Pid: 1, Created: time.Now().UTC()}
 	if err := store.Write(died); err != nil {
@@ -215,13 +154,59 @@ func TestGCAbandonedReclaimed(t *testing.T) {
 		newAdd = &final
 	}
 	defer func() { beforeTeardown = func(*state.Record) {} }()
-	err = node.Do(func(ns.NetNS) error {
+	err := node.Do(func(ns.NetNS) error {
 		return GC(&skel.CmdArgs{StdinData: conf})
 	})
 	if err != nil {
 		t.Fatalf("GC: %v", err)
 	}
-	now, err := store.Read("retried", "eth0")
+	now, linkErr := attachmentLeft(t, node, store, "retried", hostIf)
+	switch {
+	case newAdd != nil && (now == nil || linkErr != nil):
+		t.Errorf("GC tore down the attachment a new ADD made while GC was at its abandoned claim (record %v, veth: %v)", now != nil, linkErr)
+	case newAdd == nil && (now != nil || linkErr == nil):
+		t.Errorf("the abandoned claim kept (record %v, veth: %v); want torn down", now != nil, linkErr)
+	}
+}
+
+// newGCNode is a node netns and a network of name whose GC valid list is
+// valid (JSON), with its pin and state directories; removed after the test.
+func newGCNode(t *testing.T, name, valid string) (node ns.NetNS, conf []byte, store state.Store) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root; CI runs as root")
+		}
+		t.Skip("needs root (a netns and veths)")
+	}
+	node, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		node.Close()
+		testutils.UnmountNS(node)
+	})
+	dir := t.TempDir()
+	conf = []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"type":"ebpf-cni","pinDir":%q,"stateDir":%q,"cni.dev/valid-attachments":%s}`,
+		name, filepath.Join(dir, "pins"), filepath.Join(dir, "state"), valid))
+	n, err := endpoint.ParseNetwork(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{n.PinDir, n.Store().Dir()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return node, conf, n.Store()
+}
+
+// attachmentLeft reads what is left of an attachment after GC: its record
+// (nil if gone) and the lookup error of its host veth in node.
+func attachmentLeft(t *testing.T, node ns.NetNS, store state.Store, containerID, hostIf string) (*state.Record, error) {
+	t.Helper()
+	now, err := store.Read(containerID, "eth0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,10 +215,5 @@ func TestGCAbandonedReclaimed(t *testing.T) {
 		_, linkErr = netlink.LinkByName(hostIf)
 		return nil
 	})
-	switch {
-	case newAdd != nil && (now == nil || linkErr != nil):
-		t.Errorf("GC tore down the attachment a new ADD made while GC was at its abandoned claim (record %v, veth: %v)", now != nil, linkErr)
-	case newAdd == nil && (now != nil || linkErr == nil):
-		t.Errorf("the abandoned claim kept (record %v, veth: %v); want torn down", now != nil, linkErr)
-	}
+	return now, linkErr
 }
