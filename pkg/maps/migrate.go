@@ -86,8 +86,8 @@ func copyConverted[K, O, N any](from, to *ebpf.Map, name string, conv func(O) N)
 	)
 	it := from.Iterate()
 	for it.Next(&k, &v) {
-		nv := conv(v)
-		err := to.Update(&k, &nv, ebpf.UpdateNoExist)
+		// By value: a per-CPU map's value is a slice, not a pointer to one.
+		err := to.Update(&k, conv(v), ebpf.UpdateNoExist)
 		switch {
 		case err == nil:
 			n++
@@ -180,26 +180,7 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 
 // copyHash copies every entry of a hash map (or LPM trie) the target lacks.
 func copyHash[K, V any](from, to *ebpf.Map, name string) (int, error) {
-	var (
-		k K
-		v V
-		n int
-	)
-	it := from.Iterate()
-	for it.Next(&k, &v) {
-		err := to.Update(&k, v, ebpf.UpdateNoExist)
-		switch {
-		case err == nil:
-			n++
-		case errors.Is(err, ebpf.ErrKeyExist):
-		default:
-			return n, writeErr(to, name, "an entry of the older layout", err)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return n, fmt.Errorf("read %s of the older layout: %w", name, err)
-	}
-	return n, nil
+	return copyConverted[K](from, to, name, func(v V) V { return v })
 }
 
 // copyArray copies the slots of an array whose target slot is still zero.
