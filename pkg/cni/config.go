@@ -180,13 +180,14 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 			subnets = append(subnets, r.Subnet)
 		}
 	}
+	// Written as IPv4, not v4-mapped IPv6.
+	isV4 := func(s string) bool { _, n, err := net.ParseCIDR(s); return err == nil && len(n.Mask) == net.IPv4len }
 	v4Only = ipamType == "host-local"
 	seen := false
 	for _, s := range subnets {
 		if s != "" {
-			_, n, _ := net.ParseCIDR(s)
 			seen = true
-			v4Only = v4Only && len(n.Mask) == net.IPv4len // written as IPv4, not v4-mapped IPv6
+			v4Only = v4Only && isV4(s)
 		}
 	}
 	// host-local prepends the runtime's ranges (the "ipRanges" capability)
@@ -202,8 +203,7 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 	}
 	for _, set := range rt.IPRanges {
 		for _, r := range set {
-			_, n, err := net.ParseCIDR(r.Subnet)
-			v4Only = v4Only && err == nil && len(n.Mask) == net.IPv4len
+			v4Only = v4Only && isV4(r.Subnet)
 		}
 	}
 	return v4Only && seen, nil
