@@ -9,6 +9,7 @@
 //	go run ./test/stepbench                  # steps: 20 interleaved rounds of every scenario
 //	go run ./test/stepbench -parts parallel  # 100 pods set up at once, per variant
 //	go run ./test/stepbench -parts contention,state,memory
+//	go run ./test/stepbench -parts population # 0 and 1000 pods present: IPv6 and /proc/sys/net costs
 //
 // Each part prints a table: median, p10, p90 in ms, and the 1-minute load
 // average at the start and end of the part. Everything it creates (node and
@@ -42,18 +43,20 @@ const (
 	cmdlineEnv = "STEPBENCH_CMDLINE"
 )
 
-var allParts = []string{"steps", "parallel", "contention", "state"}
+var allParts = []string{"steps", "parallel", "contention", "state", "population"}
 
 type options struct {
-	n        int
-	parallel int
-	parts    map[string]bool
+	n          int
+	parallel   int
+	population int
+	parts      map[string]bool
 }
 
 func main() {
 	fs := flag.NewFlagSet("stepbench", flag.ContinueOnError)
 	n := fs.Int("n", 20, "rounds of the steps part (every scenario once per round, order rotated)")
 	par := fs.Int("parallel", 100, "pods set up at once in the parallel part")
+	popPods := fs.Int("population", 1000, "pods present in the population part (beside a run with none)")
 	parts := fs.String("parts", "steps", "comma-separated parts: "+strings.Join(allParts, ", "))
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -61,7 +64,7 @@ func main() {
 		}
 		os.Exit(2)
 	}
-	o := &options{n: *n, parallel: *par, parts: map[string]bool{}}
+	o := &options{n: *n, parallel: *par, population: *popPods, parts: map[string]bool{}}
 	for _, p := range strings.Split(*parts, ",") {
 		if p = strings.TrimSpace(p); p == "" {
 			continue
@@ -72,8 +75,8 @@ func main() {
 		}
 		o.parts[p] = true
 	}
-	if o.n < 1 || o.parallel < 1 {
-		fmt.Fprintln(os.Stderr, "stepbench: -n and -parallel must be positive")
+	if o.n < 1 || o.parallel < 1 || o.population < 1 {
+		fmt.Fprintln(os.Stderr, "stepbench: -n, -parallel and -population must be positive")
 		os.Exit(2)
 	}
 	if os.Geteuid() != 0 {
@@ -108,6 +111,8 @@ func main() {
 				err = e.runContention(ctx)
 			case "state":
 				err = e.runState()
+			case "population":
+				err = e.runPopulation(ctx, o.population, o.n)
 			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", p, err)
