@@ -205,6 +205,14 @@ func (s Store) Claim(r *Record) (*os.File, error) {
 	if err := s.ensureDir(); err != nil {
 		return nil, err
 	}
+	// A record an earlier build left under the legacy name claims it too
+	// (no build writes that name any more, so it cannot appear after this
+	// look): without this, a held or complete one would not stop an ADD.
+	for _, p := range s.paths(r.ContainerID, r.IfName)[1:] {
+		if old, err := ReadFile(p); err == nil && old != nil && owns(old, r.ContainerID, r.IfName) {
+			return nil, ErrClaimed
+		}
+	}
 	b, err := json.Marshal(r)
 	if err != nil {
 		return nil, err
@@ -251,8 +259,22 @@ func (s Store) Busy(r *Record) bool {
 	if !r.Provisional {
 		return false
 	}
-	locked, err := safedir.Locked(s.Path(r.ContainerID, r.IfName))
-	return err == nil && locked
+	return s.held(r.ContainerID, r.IfName)
+}
+
+// held tells whether a file of the attachment's names holding its record
+// is locked: an ADD at work, or GC holding a dead one's claim (Hold), which
+// may sit under the legacy name an earlier build gave it.
+func (s Store) held(containerID, ifname string) bool {
+	for _, p := range s.paths(containerID, ifname) {
+		if locked, err := safedir.Locked(p); err != nil || !locked {
+			continue
+		}
+		if r, err := ReadFile(p); err == nil && r != nil && owns(r, containerID, ifname) {
+			return true
+		}
+	}
+	return false
 }
 
 // Status is what a listed record stands for now, as GC and the agent's
@@ -355,7 +377,14 @@ var recheckStep = func(step string) {}
 // WaitIdle waits up to timeout for the ADD holding an attachment's record
 // to end; true when it did (or nobody held it).
 func (s Store) WaitIdle(containerID, ifname string, timeout time.Duration) bool {
-	return safedir.WaitUnlocked(s.Path(containerID, ifname), timeout)
+	deadline := time.Now().Add(timeout)
+	for s.held(containerID, ifname) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
 }
 
 // Remove deletes the record of an attachment; absent is fine. A file of its
