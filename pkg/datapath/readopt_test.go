@@ -1,9 +1,11 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -85,4 +87,34 @@ func secondDatapath(t *testing.T) *Datapath {
 	}
 	t.Cleanup(dp.Close)
 	return dp
+}
+
+// TestLeanWrongSizeRefused: a sized map (MaxEntries 0 in pkg/maps' table:
+// OpenPinned takes the pin's) pinned in our place with our shape but
+// another size is opened by OpenLean (DEL works on any sizing) and refused
+// by EnsureLean's sizing check, naming the map.
+func TestLeanWrongSizeRefused(t *testing.T) {
+	dp := testDatapath(t)
+	ours := dp.Maps.Map("cni_ct")
+	p := filepath.Join(MapsDir(dp.PinRoot), "cni_ct")
+	must(t, os.Remove(p))
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ours.Type(), KeySize: ours.KeySize(), ValueSize: ours.ValueSize(),
+		MaxEntries: ours.MaxEntries() / 2, Flags: ours.Flags()})
+	must(t, err)
+	must(t, m.Pin(p))
+	m.Close()
+	lean, err := OpenLean(dp.PinRoot)
+	if err != nil {
+		t.Fatalf("OpenLean of a node with cni_ct of another size: %v", err)
+	}
+	lean.Close()
+	got, err := EnsureLean(dp.PinRoot, maps.DefaultSizing)
+	if err == nil {
+		got.Close()
+		t.Fatal("EnsureLean opened a cni_ct of half the sizing's entries")
+	}
+	var se *maps.SizingError
+	if !errors.As(err, &se) || !strings.Contains(err.Error(), "cni_ct") {
+		t.Errorf("EnsureLean: %v; want a *maps.SizingError naming cni_ct", err)
+	}
 }
