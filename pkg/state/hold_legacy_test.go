@@ -61,3 +61,36 @@ func TestHoldLegacyNamedClaim(t *testing.T) {
 		t.Error("(pod, x_eth0) Busy through (pod_x, eth0)'s legacy-named claim")
 	}
 }
+
+// TestHoldRefusesSymlink: a symlink planted in place of an abandoned claim
+// after GC's verdict is not followed: Hold holds nothing and says why.
+func TestHoldRefusesSymlink(t *testing.T) {
+	s := testStore(t)
+	dead := &Record{ContainerID: "c1", IfName: "eth0", Provisional: true, Pid: 1, Created: time.Now().UTC()}
+	if err := s.Write(dead); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := filepath.Join(t.TempDir(), "claim.json")
+	b, _ := json.Marshal(dead)
+	if err := os.WriteFile(elsewhere, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := s.Path("c1", "eth0")
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(elsewhere, p); err != nil {
+		t.Fatal(err)
+	}
+	release, ok, err := s.Hold(dead)
+	if ok {
+		release()
+		t.Fatal("Hold followed a symlink planted in place of the claim")
+	}
+	if err == nil {
+		t.Error("Hold of a claim replaced by a symlink: no error; want one naming it")
+	}
+	if s.Busy(dead) {
+		t.Error("Busy through a symlink")
+	}
+}
