@@ -282,29 +282,30 @@ func (s Store) held(containerID, ifname string) bool {
 type Status int
 
 const (
-	// Complete: a final record (as listed): its ADD succeeded.
+	// Complete: a final record, as listed: its ADD succeeded.
 	Complete Status = iota
 	// Adding: provisional and locked: an ADD is making it.
 	Adding
 	// Abandoned: provisional and nobody holds it: its ADD died part way.
 	Abandoned
 	// Completed: provisional when listed, final now: its ADD ended after
-	// the listing. Whatever the caller decided before the listing (GC's
-	// valid attachments) does not know it.
+	// the listing (or final when listed, DELed and ADDed again since).
+	// Whatever the caller decided before the listing (GC's valid
+	// attachments) does not know it.
 	Completed
 	// Gone: no record any more (its ADD failed, or a DEL ran).
 	Gone
 )
 
 // Recheck tells what a record List returned stands for now, and returns
-// the record as it is now (nil when Gone). A provisional record found
-// unlocked is read again: the ADD that held it may have ended after the
-// listing, its final record replacing the file (and so the lock), and its
-// pod is alive then; only what is still provisional and unlocked is half
-// made.
+// the record as it is now (nil when Gone). A final record is read again
+// (see recheckFinal). A provisional record found unlocked is read again:
+// the ADD that held it may have ended after the listing, its final record
+// replacing the file (and so the lock), and its pod is alive then; only
+// what is still provisional and unlocked is half made.
 func (s Store) Recheck(r *Record) (Status, *Record, error) {
 	if !r.Provisional {
-		return Complete, r, nil
+		return s.recheckFinal(r)
 	}
 	if s.Busy(r) {
 		return Adding, r, nil
@@ -338,6 +339,24 @@ func (s Store) Recheck(r *Record) (Status, *Record, error) {
 		return Adding, again, nil // yet another claim: the next look decides
 	}
 	return Abandoned, again, nil
+}
+
+// recheckFinal reads a final record List returned again: DELed and ADDed
+// anew since, it is a new ADD's (Completed, or Adding while that one is at
+// work), which whatever was decided before the listing does not know.
+func (s Store) recheckFinal(r *Record) (Status, *Record, error) {
+	now, err := s.Read(r.ContainerID, r.IfName)
+	switch {
+	case err != nil:
+		return Gone, nil, err
+	case now == nil:
+		return Gone, nil, nil
+	case now.Provisional:
+		return Adding, now, nil // a new claim: the next look decides
+	case !now.Created.Equal(r.Created) || now.HostIfindex != r.HostIfindex:
+		return Completed, now, nil
+	}
+	return Complete, now, nil
 }
 
 // Hold takes the lock of a claim Recheck found Abandoned, as the ADD that
