@@ -97,7 +97,7 @@ exit $rc
 			}
 
 			_, err = e.AddV("1.1.0", pod, "held", "eth0")
-			libcniErr(t, "ADD while GC holds the dead claim", err, types.ErrTryAgainLater, "in progress")
+			libcniErr(t, "ADD while GC holds the dead claim", err, types.ErrTryAgainLater, "did not finish", "being torn down", "try again")
 
 			var delDone chan error
 			if then == "DEL" {
