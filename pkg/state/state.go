@@ -21,6 +21,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
 )
 
@@ -63,6 +65,14 @@ type Record struct {
 	Pid int `json:"pid,omitempty"`
 	// Created is when ADD claimed the attachment.
 	Created time.Time `json:"created,omitzero"`
+}
+
+// WriterGone tells whether the process that wrote a provisional record
+// is known to have ended: a lock on such a record is then GC's or
+// reconcile's, tearing the remains of that ADD down (Hold). A reused pid
+// makes it look alive.
+func (r Record) WriterGone() bool {
+	return r.Pid > 0 && errors.Is(unix.Kill(r.Pid, 0), unix.ESRCH)
 }
 
 // HostPort is one hostPort map entry as the record keeps it, for DEL and GC.
