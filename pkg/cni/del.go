@@ -54,6 +54,10 @@ func Del(args *skel.CmdArgs) error {
 		// An ADD of this attachment is still at work: tear down what it
 		// ends with, not what it has made so far.
 		if !store.WaitIdle(args.ContainerID, args.IfName, addWait) {
+			if rec.WriterGone() {
+				return types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
+					"the remains of an ADD of CNI_CONTAINERID %q, CNI_IFNAME %q (pid %d) that did not finish are still being torn down (GC or ebpf-agent reconcile) after %s", args.ContainerID, args.IfName, rec.Pid, addWait), "")
+			}
 			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
 				"an ADD of CNI_CONTAINERID %q, CNI_IFNAME %q (pid %d) is still running after %s", args.ContainerID, args.IfName, rec.Pid, addWait), "")
 		}

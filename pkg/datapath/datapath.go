@@ -270,6 +270,22 @@ func readoptMaps(pinRoot string) error {
 	return nil
 }
 
+// Readopt is readoptMaps under the pin directory's lock, for DEL: a pod's
+// entries are in the maps its programs read even when a pin of one of
+// them is gone, and DEL creates nothing (Ensure would). Nothing to do on
+// a node never set up.
+func Readopt(pinRoot string) error {
+	if _, err := os.Stat(filepath.Join(pinRoot, progsDir)); err != nil {
+		return nil // no programs pinned: no map to take from them
+	}
+	unlock, err := lockDir(pinRoot)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return readoptMaps(pinRoot)
+}
+
 // readopt pins the map id under dir if it is one of missing (and strikes
 // it off).
 func readopt(dir string, id ebpf.MapID, missing map[string]string) error {

@@ -289,6 +289,9 @@ func retryError(n *Network, rec, old *state.Record) error {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
 			"%s: this attachment exists already (host veth %s, IPs %s, added %s): ADD may not be repeated without a DEL; the attachment is left as it is",
 			who, old.HostIf, strings.Join(old.IPs, ", "), old.Created.Format(time.RFC3339)), "")
+	case n.Store().Busy(old) && old.WriterGone():
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
+			"%s: an earlier ADD of this attachment (pid %d) did not finish, and its remains are being torn down (GC or ebpf-agent reconcile); try again", who, old.Pid), "")
 	case n.Store().Busy(old):
 		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
 			"%s: another ADD of this attachment is in progress (pid %d)", who, old.Pid), "")

@@ -77,10 +77,20 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 
 	var errs error
 	dp, err := datapath.OpenLean(n.PinDir) // teardown needs the maps only
-	if errors.Is(err, os.ErrNotExist) && datapath.HasOlderLayout(n.PinDir) {
+	switch {
+	case !errors.Is(err, os.ErrNotExist):
+	case datapath.HasOlderLayout(n.PinDir):
 		// An older build's maps: move the node to this layout first, so
 		// the attachment's entries go from the maps its programs use.
 		dp, err = datapath.Ensure(n.PinDir, n.Sizing())
+	default:
+		// A map pin removed while the programs use the map: pinned
+		// again from them, the attachment's entries are found there.
+		if rerr := datapath.Readopt(n.PinDir); rerr != nil {
+			errs = errors.Join(errs, rerr)
+		} else {
+			dp, err = datapath.OpenLean(n.PinDir)
+		}
 	}
 	switch {
 	case err == nil:

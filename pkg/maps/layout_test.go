@@ -105,6 +105,11 @@ func TestPinnedShapes(t *testing.T) {
 		}
 		p := *shape // a copy: the table stays as OpenPinned reads it
 		if _, sized := DefaultSizing.entries()[n]; sized {
+			// OpenPinned takes the pin's size only where the table says 0:
+			// a number here would refuse every node of another sizing.
+			if p.MaxEntries != 0 {
+				t.Errorf("pinnedShapes[%s] has MaxEntries %d; a map the sizing sizes must have 0", n, p.MaxEntries)
+			}
 			p.MaxEntries = s.MaxEntries
 		}
 		if p.Type != s.Type || p.KeySize != s.KeySize || p.ValueSize != s.ValueSize || p.MaxEntries != s.MaxEntries || p.Flags != s.Flags {

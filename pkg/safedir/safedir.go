@@ -16,7 +16,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -278,20 +277,4 @@ func TryLock(path string) (*os.File, []byte, error) {
 		return nil, nil, err
 	}
 	return f, b, nil
-}
-
-// WaitUnlocked waits up to timeout for the flock on path to go; true when it
-// went (or the file did).
-func WaitUnlocked(path string, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for {
-		locked, err := Locked(path)
-		if err != nil || !locked {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }

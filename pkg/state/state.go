@@ -21,6 +21,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
 )
 
@@ -63,6 +65,14 @@ type Record struct {
 	Pid int `json:"pid,omitempty"`
 	// Created is when ADD claimed the attachment.
 	Created time.Time `json:"created,omitzero"`
+}
+
+// WriterGone tells whether the process that wrote a provisional record
+// is known to have ended: a lock on such a record is then GC's or
+// reconcile's, tearing the remains of that ADD down (Hold). A reused pid
+// makes it look alive.
+func (r Record) WriterGone() bool {
+	return r.Pid > 0 && errors.Is(unix.Kill(r.Pid, 0), unix.ESRCH)
 }
 
 // HostPort is one hostPort map entry as the record keeps it, for DEL and GC.
@@ -205,6 +215,14 @@ func (s Store) Claim(r *Record) (*os.File, error) {
 	if err := s.ensureDir(); err != nil {
 		return nil, err
 	}
+	// A record an earlier build left under the legacy name claims it too
+	// (no build writes that name any more, so it cannot appear after this
+	// look): without this, a held or complete one would not stop an ADD.
+	for _, p := range s.paths(r.ContainerID, r.IfName)[1:] {
+		if old, err := ReadFile(p); err == nil && old != nil && owns(old, r.ContainerID, r.IfName) {
+			return nil, ErrClaimed
+		}
+	}
 	b, err := json.Marshal(r)
 	if err != nil {
 		return nil, err
@@ -251,8 +269,22 @@ func (s Store) Busy(r *Record) bool {
 	if !r.Provisional {
 		return false
 	}
-	locked, err := safedir.Locked(s.Path(r.ContainerID, r.IfName))
-	return err == nil && locked
+	return s.held(r.ContainerID, r.IfName)
+}
+
+// held tells whether a file of the attachment's names holding its record
+// is locked: an ADD at work, or GC holding a dead one's claim (Hold), which
+// may sit under the legacy name an earlier build gave it.
+func (s Store) held(containerID, ifname string) bool {
+	for _, p := range s.paths(containerID, ifname) {
+		if locked, err := safedir.Locked(p); err != nil || !locked {
+			continue
+		}
+		if r, err := ReadFile(p); err == nil && r != nil && owns(r, containerID, ifname) {
+			return true
+		}
+	}
+	return false
 }
 
 // Status is what a listed record stands for now, as GC and the agent's
@@ -260,29 +292,30 @@ func (s Store) Busy(r *Record) bool {
 type Status int
 
 const (
-	// Complete: a final record (as listed): its ADD succeeded.
+	// Complete: a final record, as listed: its ADD succeeded.
 	Complete Status = iota
 	// Adding: provisional and locked: an ADD is making it.
 	Adding
 	// Abandoned: provisional and nobody holds it: its ADD died part way.
 	Abandoned
 	// Completed: provisional when listed, final now: its ADD ended after
-	// the listing. Whatever the caller decided before the listing (GC's
-	// valid attachments) does not know it.
+	// the listing (or final when listed, DELed and ADDed again since).
+	// Whatever the caller decided before the listing (GC's valid
+	// attachments) does not know it.
 	Completed
 	// Gone: no record any more (its ADD failed, or a DEL ran).
 	Gone
 )
 
 // Recheck tells what a record List returned stands for now, and returns
-// the record as it is now (nil when Gone). A provisional record found
-// unlocked is read again: the ADD that held it may have ended after the
-// listing, its final record replacing the file (and so the lock), and its
-// pod is alive then; only what is still provisional and unlocked is half
-// made.
+// the record as it is now (nil when Gone). A final record is read again
+// (see recheckFinal). A provisional record found unlocked is read again:
+// the ADD that held it may have ended after the listing, its final record
+// replacing the file (and so the lock), and its pod is alive then; only
+// what is still provisional and unlocked is half made.
 func (s Store) Recheck(r *Record) (Status, *Record, error) {
 	if !r.Provisional {
-		return Complete, r, nil
+		return s.recheckFinal(r)
 	}
 	if s.Busy(r) {
 		return Adding, r, nil
@@ -316,6 +349,24 @@ func (s Store) Recheck(r *Record) (Status, *Record, error) {
 		return Adding, again, nil // yet another claim: the next look decides
 	}
 	return Abandoned, again, nil
+}
+
+// recheckFinal reads a final record List returned again: DELed and ADDed
+// anew since, it is a new ADD's (Completed, or Adding while that one is at
+// work), which whatever was decided before the listing does not know.
+func (s Store) recheckFinal(r *Record) (Status, *Record, error) {
+	now, err := s.Read(r.ContainerID, r.IfName)
+	switch {
+	case err != nil:
+		return Gone, nil, err
+	case now == nil:
+		return Gone, nil, nil
+	case now.Provisional:
+		return Adding, now, nil // a new claim: the next look decides
+	case !now.Created.Equal(r.Created) || now.HostIfindex != r.HostIfindex:
+		return Completed, now, nil
+	}
+	return Complete, now, nil
 }
 
 // Hold takes the lock of a claim Recheck found Abandoned, as the ADD that
@@ -355,7 +406,14 @@ var recheckStep = func(step string) {}
 // WaitIdle waits up to timeout for the ADD holding an attachment's record
 // to end; true when it did (or nobody held it).
 func (s Store) WaitIdle(containerID, ifname string, timeout time.Duration) bool {
-	return safedir.WaitUnlocked(s.Path(containerID, ifname), timeout)
+	deadline := time.Now().Add(timeout)
+	for s.held(containerID, ifname) {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return true
 }
 
 // Remove deletes the record of an attachment; absent is fine. A file of its
