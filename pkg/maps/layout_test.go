@@ -105,8 +105,8 @@ func TestPinnedShapes(t *testing.T) {
 		}
 		p := *shape // a copy: the table stays as OpenPinned reads it
 		if _, sized := DefaultSizing.entries()[n]; sized {
-			// OpenPinned takes the pin's size only where the table says 0:
-			// a number here would refuse every node of another sizing.
+			// The table's 0 marks a map the sizing sizes (compatible takes
+			// the pin's size for it); a number there would say otherwise.
 			if p.MaxEntries != 0 {
 				t.Errorf("pinnedShapes[%s] has MaxEntries %d; a map the sizing sizes must have 0", n, p.MaxEntries)
 			}
