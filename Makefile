@@ -11,7 +11,16 @@ LDFLAGS   := -X main.Version=$(VERSION)
 # Debian packages: tests and demo need ping and iproute2, and the hostPort tests
 # compare iptables/nftables rulesets; generate needs clang & co.
 RUNTIME_PKGS  := iproute2 iputils-ping iptables nftables
-GENERATE_PKGS := clang llvm libbpf-dev linux-libc-dev
+GENERATE_PKGS := clang-14 llvm-14
+
+# The BPF compiler, pinned: the committed objects are byte for byte what this
+# clang makes of bpf/ with these flags. Headers: bpf/include (vendored uapi
+# and libbpf headers, bpf/include/update.sh) and clang's own, never the
+# machine's /usr/include (-nostdlibinc).
+CLANG_VERSION := 14
+BPF2GO_CC     := clang-$(CLANG_VERSION)
+BPF2GO_STRIP  := llvm-strip-$(CLANG_VERSION)
+BPF2GO_CFLAGS := -nostdlibinc -Ibpf/include -Ibpf -O2 -Wall -Werror
 BENCH_PKGS    := iproute2 iputils-ping iptables iperf3 time
 
 .PHONY: all build generate check-generate check-tidy test unit-test race lint install demo bench bench-quick bench-cni bench-bandwidth bench-masq deps deps-bench deps-generate clean
@@ -28,7 +37,7 @@ deps:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(RUNTIME_PKGS))
 
 deps-generate:
-	@command -v clang >/dev/null && command -v llvm-strip >/dev/null && test -f /usr/include/bpf/bpf_helpers.h || \
+	@command -v $(BPF2GO_CC) >/dev/null && command -v $(BPF2GO_STRIP) >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(GENERATE_PKGS))
 
 deps-bench:
@@ -37,7 +46,9 @@ deps-bench:
 
 # Rebuilds the committed bpf2go output (Go files and .o objects) from bpf/.
 generate: deps-generate
-	$(GO) generate .
+	@$(BPF2GO_CC) --version | grep -q 'clang version $(CLANG_VERSION)\.' || \
+		(echo "make generate: want clang $(CLANG_VERSION) ($(BPF2GO_CC)); the committed objects were built with it" >&2; exit 1)
+	BPF2GO_CC=$(BPF2GO_CC) BPF2GO_STRIP=$(BPF2GO_STRIP) BPF2GO_CFLAGS="$(BPF2GO_CFLAGS)" $(GO) generate .
 
 # Fails when the committed bpf2go output differs from what bpf/ compiles to,
 # or when generate wrote an output file git does not track (a new program or
@@ -65,7 +76,8 @@ lint:
 
 # Unit and integration tests. Integration tests need root; as root they run
 # the real plugin in network namespaces they create.
-test: deps lint
+# No apt-get here: `make deps` (which .ci/run calls) installs what tests exec.
+test: lint
 	$(GO) test -count=1 -timeout 15m ./...
 
 unit-test:
