@@ -23,7 +23,7 @@ BPF2GO_STRIP  := llvm-strip-$(CLANG_VERSION)
 BPF2GO_CFLAGS := -nostdlibinc -Ibpf/include -Ibpf -O2 -Wall -Werror
 BENCH_PKGS    := iproute2 iputils-ping iptables iperf3 time
 
-.PHONY: all build generate check-generate check-tidy test unit-test race lint install demo bench bench-quick bench-cni bench-bandwidth bench-masq deps deps-bench deps-generate clean
+.PHONY: helm check-chart all build generate check-generate check-tidy test unit-test race lint install demo bench bench-quick bench-cni bench-bandwidth bench-masq deps deps-bench deps-generate clean
 
 all: build
 
@@ -154,3 +154,14 @@ bench-masq: deps-bench
 
 clean:
 	rm -rf $(BIN)
+
+# The helm CLI, built from its Go module (test/helm/tools pins the version), for
+# the chart's checks; nothing is downloaded but modules.
+$(BIN)/helm: test/helm/tools/go.mod test/helm/tools/go.sum
+	cd test/helm/tools && CGO_ENABLED=0 $(GO) build -trimpath -o $(abspath $(BIN))/helm helm.sh/helm/v3/cmd/helm
+helm: $(BIN)/helm
+
+# deploy/helm/ebpf-cni: `helm lint --strict`, and `helm template` rendering the
+# objects of deploy/ebpf-cni.yaml (test/e2e/deploycheck/chart_test.go).
+check-chart: $(BIN)/helm
+	cd test/e2e/deploycheck && HELM=$(abspath $(BIN))/helm $(GO) test -count=1 -run 'Chart' ./...

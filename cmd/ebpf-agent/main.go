@@ -94,6 +94,8 @@ var commands = []command{
 		flags: func(fs *flag.FlagSet, o *opts) {
 			fs.BoolVar(&o.dryRun, "dry-run", false, "only list what would be removed")
 		}, run: reconcile},
+	{name: "connectivity", help: "deploy probe pods into a cluster and check every path: pod to pod, Services, DNS, hostPort, NodePort, egress, NetworkPolicy",
+		flags: connectivityFlags, run: runConnectivity},
 	{name: "upgrade", help: "swap every attachment to this build's programs in place (--force reloads them)",
 		flags: func(fs *flag.FlagSet, o *opts) {
 			fs.BoolVar(&o.force, "force", false, "reload this build's programs even if already pinned, and swap them in")

@@ -94,6 +94,11 @@ type options struct {
 	buildOnly bool
 	dualStack bool
 	repo      string
+	// connectivity runs `ebpf-agent connectivity` on the cluster before the
+	// suite (its table in connectivity.txt); noE2E skips the suite.
+	connectivity bool
+	connPolicy   bool
+	noE2E        bool
 }
 
 func main() {
@@ -109,6 +114,9 @@ func main() {
 	flag.BoolVar(&o.keep, "keep", false, "keep the work directory (configs, certificates) after teardown")
 	flag.BoolVar(&o.buildOnly, "build-only", false, "build binaries and images into the cache, then stop")
 	flag.BoolVar(&o.dualStack, "dual-stack", false, "IPv4 and IPv6 pod, Service and node addresses (and the [Feature:IPv6DualStack] specs, unless -skip is given)")
+	flag.BoolVar(&o.connectivity, "connectivity", false, "run `ebpf-agent connectivity` against the cluster before the suite (fails the run when a path fails)")
+	flag.BoolVar(&o.connPolicy, "connectivity-policy", false, "with -connectivity: also check NetworkPolicy deny and allow")
+	flag.BoolVar(&o.noE2E, "no-e2e", false, "bring the cluster up (and run -connectivity), skip the e2e suite")
 	cmp := flag.String("compare", "", "comma-separated results.json files: print one markdown table of them and exit")
 	flag.Parse()
 	if *cmp != "" {
@@ -177,6 +185,16 @@ func run(o options) int {
 		logf("cluster up with %s: %s", o.cni, since(t))
 		if err := c.checkOffline(); err != nil {
 			return fmt.Errorf("offline check: %w", err)
+		}
+		if o.connectivity {
+			t = time.Now()
+			if err := c.runConnectivity(ctx); err != nil {
+				return err
+			}
+			logf("connectivity: %s", since(t))
+		}
+		if o.noE2E {
+			return nil
 		}
 		t = time.Now()
 		var err error

@@ -64,6 +64,13 @@ func load(t *testing.T) *manifest {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return parse(t, raw, manifestPath)
+}
+
+// parse decodes a multi-document manifest (the plain one, or what the Helm
+// chart renders) strictly into the typed objects.
+func parse(t *testing.T, raw []byte, source string) *manifest {
+	t.Helper()
 	m := &manifest{}
 	for i, doc := range docSep.Split(string(raw), -1) {
 		if strings.TrimSpace(stripComments(doc)) == "" {
@@ -113,7 +120,7 @@ func load(t *testing.T) *manifest {
 	}
 	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet"} {
 		if !slices.Contains(m.kinds, k) {
-			t.Fatalf("no %s in %s", k, manifestPath)
+			t.Fatalf("no %s in %s", k, source)
 		}
 	}
 	return m
