@@ -53,95 +53,85 @@ func flatten(atoms []atom) []policy.Allow {
 	if len(atoms) == 0 {
 		return nil
 	}
-	type group struct {
-		plain   portSet // union of the atoms at this prefix without holes
-		holed   []int   // indexes of atoms at this prefix with holes
-		present bool
+	// Every prefix that matters, with the atom it carries (-1: a hole only),
+	// sorted by address then length: each prefix comes after the prefixes
+	// enclosing it, so a stack holds the chain of enclosing prefixes.
+	type item struct {
+		prefix netip.Prefix
+		atom   int
 	}
-	groups := make(map[netip.Prefix]*group, len(atoms))
-	get := func(p netip.Prefix) *group {
-		g := groups[p]
-		if g == nil {
-			g = &group{}
-			groups[p] = g
-		}
-		return g
-	}
-	var plainParts map[netip.Prefix][]policy.PortRange
+	items := make([]item, 0, len(atoms))
 	for i, a := range atoms {
 		if a.ports.empty() {
 			continue
 		}
-		g := get(a.prefix)
-		g.present = true
-		if len(a.except) > 0 {
-			g.holed = append(g.holed, i)
-			for _, e := range a.except {
-				get(e)
-			}
-			continue
-		}
-		if g.plain.all {
-			continue
-		}
-		if a.ports.all {
-			g.plain = allPorts
-			continue
-		}
-		// Collect first, normalize once: a prefix may carry many atoms.
-		if plainParts == nil {
-			plainParts = make(map[netip.Prefix][]policy.PortRange)
-		}
-		plainParts[a.prefix] = append(plainParts[a.prefix], a.ports.ranges...)
-	}
-	for p, r := range plainParts {
-		if g := groups[p]; !g.plain.all {
-			g.plain = portSet{ranges: normalize(slices.Clone(r))}
+		items = append(items, item{a.prefix, i})
+		for _, e := range a.except {
+			items = append(items, item{e, -1})
 		}
 	}
-
-	order := make([]netip.Prefix, 0, len(groups))
-	for p := range groups {
-		order = append(order, p)
-	}
-	// Sorted by address then length, every prefix comes after the prefixes
-	// enclosing it, so a stack holds the chain of enclosing prefixes.
-	slices.SortFunc(order, comparePrefix)
+	slices.SortFunc(items, func(x, y item) int {
+		if c := comparePrefix(x.prefix, y.prefix); c != 0 {
+			return c
+		}
+		return x.atom - y.atom
+	})
 
 	type frame struct {
 		prefix netip.Prefix
-		cum    portSet // plain atoms of this prefix and every enclosing one
+		cum    portSet // atoms without holes at this prefix and every enclosing one
 		value  portSet // the entry's answer
 		holed  int     // len(chain) when pushed
 	}
 	var (
-		stack []frame
-		chain []int // holed atoms of the prefixes on the stack
-		out   []policy.Allow
+		stack   []frame
+		chain   []int // atoms with holes at the prefixes on the stack
+		out     []policy.Allow
+		scratch []policy.PortRange
 	)
-	for _, p := range order {
+	for i := 0; i < len(items); {
+		p := items[i].prefix
+		// This prefix's atoms: those without holes merge into one set.
+		plain := portSet{}
+		scratch = scratch[:0]
+		f := frame{prefix: p}
+		// Leave the prefixes that do not enclose p.
 		for len(stack) > 0 && !prefixCovers(stack[len(stack)-1].prefix, p) {
 			chain = chain[:stack[len(stack)-1].holed]
 			stack = stack[:len(stack)-1]
 		}
+		f.holed = len(chain)
+		for ; i < len(items) && items[i].prefix == p; i++ {
+			ai := items[i].atom
+			if ai < 0 {
+				continue
+			}
+			a := atoms[ai]
+			switch {
+			case len(a.except) > 0:
+				chain = append(chain, ai)
+			case a.ports.all:
+				plain = allPorts
+			case !plain.all:
+				scratch = append(scratch, a.ports.ranges...)
+			}
+		}
+		if !plain.all && len(scratch) > 0 {
+			plain = portSet{ranges: normalize(slices.Clone(scratch))}
+		}
 		var parent portSet // nothing encloses p: the answer there is deny
 		if len(stack) > 0 {
 			parent = stack[len(stack)-1].value
-		}
-		g := groups[p]
-		f := frame{prefix: p, holed: len(chain)}
-		if len(stack) > 0 {
-			f.cum = union(stack[len(stack)-1].cum, g.plain)
+			f.cum = union(stack[len(stack)-1].cum, plain)
 		} else {
-			f.cum = g.plain
+			f.cum = plain
 		}
-		chain = append(chain, g.holed...)
 		f.value = f.cum
-		for _, i := range chain {
+		for _, ai := range chain {
 			if f.value.all {
 				break
 			}
-			a := atoms[i]
+			a := atoms[ai]
 			holed := false
 			for _, e := range a.except {
 				if prefixCovers(e, p) {
