@@ -59,7 +59,8 @@ func parsePolicy(np *networkingv1.NetworkPolicy) (*parsedPolicy, error) {
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	p := &parsedPolicy{key: PodKey{np.Namespace, np.Name}}
 	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
-	if err != nil {
+	badSel := err != nil
+	if badSel {
 		bad("spec.podSelector: %v", err)
 		sel = labels.Everything()
 	}
@@ -92,6 +93,11 @@ func parsePolicy(np *networkingv1.NetworkPolicy) (*parsedPolicy, error) {
 				bad("spec.egress[%d]: %s", i, fmt.Sprintf(format, a...))
 			}))
 		}
+	}
+	if badSel {
+		// Whom it selects is unknown: isolate the whole namespace, allow
+		// nothing through this policy.
+		p.inRules, p.egRules = nil, nil
 	}
 	if len(errs) > 0 {
 		return p, fmt.Errorf("networkpolicy %s: %w", p.key, errors.Join(errs...))
