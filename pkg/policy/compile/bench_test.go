@@ -28,7 +28,7 @@ func benchPod(ns, i, gen int) Pod {
 	return Pod{
 		Namespace: fmt.Sprintf("ns%d", ns),
 		Name:      fmt.Sprintf("pod%d", i),
-		Labels:    map[string]string{"app": fmt.Sprintf("app%d", i%10), "tier": fmt.Sprintf("t%d", (i+gen)%3)},
+		Labels:    map[string]string{"app": fmt.Sprintf("app%d", (i+gen)%10), "tier": fmt.Sprintf("t%d", (i+gen)%3)},
 		IPs: []netip.Addr{
 			netip.AddrFrom4([4]byte{10, 244, byte(n >> 8), byte(n)}),
 			netip.AddrFrom16([16]byte{0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(n >> 8), byte(n)}),

@@ -114,13 +114,41 @@ func (s *Snapshot) podChanged(old, cur *Pod) {
 		k = PodKey{cur.Namespace, cur.Name}
 	}
 	s.markDirty(k)
+	// Same addresses and ports (a relabel, a status update): a policy's
+	// peers change only where one of its selectors flips on the pod.
+	relabel := old != nil && cur != nil && old.HostNetwork == cur.HostNetwork &&
+		slices.Equal(old.IPs, cur.IPs) && slices.Equal(old.Ports, cur.Ports)
 	for _, byName := range s.policies {
 		for _, pe := range byName {
-			if (old != nil && s.feeds(pe.parsedPolicy, old)) || (cur != nil && s.feeds(pe.parsedPolicy, cur)) {
+			var changed bool
+			if relabel {
+				changed = s.selectorFlips(pe.parsedPolicy, old, cur)
+			} else {
+				changed = (old != nil && s.feeds(pe.parsedPolicy, old)) || (cur != nil && s.feeds(pe.parsedPolicy, cur))
+			}
+			if changed {
 				s.invalidate(pe)
 			}
 		}
 	}
+}
+
+// selectorFlips reports whether a selector peer of p matches exactly one of
+// old and cur (the same pod, with the same addresses and ports).
+func (s *Snapshot) selectorFlips(p *parsedPolicy, old, cur *Pod) bool {
+	if len(cur.IPs) == 0 || cur.HostNetwork {
+		return false // no peer either way
+	}
+	for _, rules := range [][]parsedRule{p.inRules, p.egRules} {
+		for _, r := range rules {
+			for _, pe := range r.peers {
+				if pe.block == nil && s.selects(p, pe, old) != s.selects(p, pe, cur) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // feeds reports whether pod contributes to p's resolved peers.
