@@ -250,3 +250,29 @@ func BenchmarkCompileNamespaceRelabel(b *testing.B) {
 	reportCPU(b, start)
 	b.ReportMetric(float64(dirty)/float64(b.N), "dirty-pods/op")
 }
+
+// BenchmarkCompileWidePeer: the widest selector peer, every pod of the
+// cluster (namespaceSelector {}), on top of the bench policies: one pod's
+// compile and its entry count (one per pod address: nothing aggregates
+// neighbouring pod addresses into shorter prefixes).
+func BenchmarkCompileWidePeer(b *testing.B) {
+	s := benchSnapshot(b)
+	np := &networkingv1.NetworkPolicy{}
+	np.Namespace, np.Name = "ns0", "from-everyone"
+	np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": "app0"}}
+	np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{}}}}}
+	if err := s.UpsertPolicy(np); err != nil {
+		b.Fatal(err)
+	}
+	compileAll(s)
+	b.ReportAllocs()
+	entries := 0
+	start := cpuTime(b)
+	for b.Loop() {
+		s.UpsertPod(benchPod(0, 0, 0)) // dirties ns0/pod0 only
+		ep, _ := s.Endpoint("ns0", "pod0")
+		entries = len(ep.Ingress.Allows)
+	}
+	reportCPU(b, start)
+	b.ReportMetric(float64(entries), "ingress-entries")
+}
