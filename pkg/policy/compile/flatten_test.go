@@ -180,7 +180,11 @@ func TestFlattenProperty(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
 	bases := []netip.Prefix{pfx("10.0.0.0/24"), pfx("fd00::/120")}
 	probes, checked := 0, 0
-	for iter := range 3000 {
+	iterations := 3000
+	if raceEnabled {
+		iterations = 300
+	}
+	for iter := range iterations {
 		var atoms []atom
 		for range 1 + r.IntN(8) {
 			base := bases[r.IntN(2)]

@@ -365,7 +365,11 @@ func (w *world) oracle(target Pod, dir policy.Direction, addr netip.Addr, proto 
 func TestCompileMatchesOracle(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	probes, allowed, isolated := 0, 0, 0
-	for iter := range 200 {
+	iterations := 200
+	if raceEnabled {
+		iterations = 20
+	}
+	for iter := range iterations {
 		w := randWorld(r)
 		s := w.snapshot(t)
 		var addrs []netip.Addr
@@ -430,7 +434,11 @@ func dumpPolicies(w *world) string {
 func TestIncrementalMatchesFresh(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	steps, dirtyTotal, changedTotal := 0, 0, 0
-	for iter := range 60 {
+	iterations := 60
+	if raceEnabled {
+		iterations = 10
+	}
+	for iter := range iterations {
 		w := randWorld(r)
 		s := w.snapshot(t)
 		s.TakeDirty()
