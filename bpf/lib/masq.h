@@ -386,28 +386,6 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 #define MASQ_CONTINUE -1
 
 /*
- * Whether the pod's UDP packet f answers a host that reached the pod
- * directly (its flow came in through the stack, SF_INBOUND): such replies
- * leave with the pod's address, as they would without masquerade.
- */
-static __noinline int masq_inbound_reply(const struct flow *f, __u32 ifindex)
-{
-	__u64 now = bpf_ktime_get_ns();
-	struct sf_key k;
-
-	if (f->proto != IPPROTO_UDP)
-		return 0;
-	sf_key_sent(&k, f);
-	struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, &k);
-	if (!v || v->ifindex != ifindex || !(v->flags & SF_INBOUND) ||
-	    (now > v->seen_ns && now - v->seen_ns > FLOW_TIMEOUT_UDP_STREAM))
-		return 0;
-	if (now - v->seen_ns > NSEC)
-		v->seen_ns = now;
-	return 1;
-}
-
-/*
  * An ICMP error about a reply a masquerading pod got (the quote: peer ->
  * pod), leaving through an uplink: sent by the pod behind ifindex (a port
  * unreachable), or by the node itself (ifindex 0: a reply it could not
@@ -515,8 +493,8 @@ static __noinline int masq_known(const struct flow *f, __u32 ifindex, __u8 *node
  * of the masquerading pod ep with the pod's address as its source (the
  * caller checked). Returns MASQ_CONTINUE after translating it or leaving it
  * alone (destinations in the cluster CIDRs, what is not TCP/UDP/ICMP echo or
- * an ICMP error about a masqueraded flow, a TCP segment of no known flow, a
- * UDP reply to a host that came in directly), or TC_ACT_SHOT.
+ * an ICMP error about a masqueraded flow, a TCP segment of no known flow),
+ * or TC_ACT_SHOT.
  */
 static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_info *ep, __u8 family)
 {
@@ -537,9 +515,13 @@ static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_in
 		return MASQ_CONTINUE;
 
 	if (!masq_known(&f, ep->ifindex, node, &port)) {
-		/* Only what opens a flow allocates: a pod answering a client that
-		 * reached it directly (host-gw, routes to the pod) is not rewritten. */
-		if ((f.proto == IPPROTO_TCP && !f.syn_only) || masq_inbound_reply(&f, ep->ifindex)) {
+		/* Only what opens a flow allocates: a TCP segment of no known flow
+		 * (the pod answering a client that reached it directly over routes
+		 * to the pod) is not rewritten. What decides is the pod's packet
+		 * alone: nothing a host outside sends can exempt a pod's UDP
+		 * (any datagram opens a flow; a client that reaches pods directly
+		 * belongs in clusterCIDRs). */
+		if (f.proto == IPPROTO_TCP && !f.syn_only) {
 			masq_count(MASQ_STAT_NOT_NEW);
 			return MASQ_CONTINUE;
 		}

@@ -5,19 +5,20 @@
  *
  *   - host veth tcx egress (to_container.c): a packet the stack hands to a
  *     pod is recorded in cni_stack_flows, keyed as the pod's replies will
- *     look, when its source is a pod of this node (SF_PEER_POD), a node
- *     address (SF_PEER_NODE, UDP), or, for a masquerading pod, a host outside
- *     that reached it directly (SF_INBOUND, UDP). Plain same-node pod-to-pod
- *     traffic never passes there (bpf_redirect_peer skips the hook), so it
- *     is never recorded.
+ *     look, when its source is a pod of this node (SF_PEER_POD) or a node
+ *     address (SF_PEER_NODE, UDP). Plain same-node pod-to-pod traffic never
+ *     passes there (bpf_redirect_peer skips the hook), so it is never
+ *     recorded. Nothing from outside the node is: a host out there chooses
+ *     its source address freely, and a record it made must not steer a
+ *     pod's traffic (it once exempted a masquerading pod's UDP "replies"
+ *     from masquerade, so forged datagrams switched the pod's egress NAT
+ *     off; issue 28).
  *   - host veth tcx ingress (from_container.c): before a packet is redirected
  *     to a pod of this node, a hit on its tuple sends it to the stack instead
  *     (the reply of a flow the stack NATed must meet conntrack), and a TCP
  *     SYN or ICMP echo request (a new direct flow) drops a stale record of
  *     its tuple, so a flow never goes half through the stack and half around
  *     it (kube-proxy drops what conntrack finds INVALID).
- *   - uplink tcx egress (to_uplink.c): a masquerading pod's UDP reply to a
- *     host that reached it directly (SF_INBOUND) is not masqueraded.
  *
  * Entries live in an LRU map: active flows keep theirs (every packet the
  * stack delivers refreshes it, every lookup touches it). Each carries the
@@ -250,19 +251,6 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 	return sf_lookup(&k, ifindex) != NULL;
 }
 
-/* Whether a masqueraded flow of the pod has this tuple (a forward entry of
- * cni_snat, see masq.h): the packet is the reply the uplink translated
- * back, not a flow that came in. */
-static __always_inline int masq_flow_exists(const struct flow *f)
-{
-	struct snat_key fk = { .family = f->family, .proto = f->proto, .dir = SNAT_DIR_FWD,
-			       .port = f->dport, .peer_port = f->sport };
-
-	addr_copy(fk.addr, f->daddr, f->family);
-	addr_copy(fk.peer_addr, f->saddr, f->family);
-	return bpf_map_lookup_elem(&cni_snat, &fk) != NULL;
-}
-
 /*
  * A packet the stack hands to the pod behind skb->ifindex: record its flow
  * (keyed as the pod's replies will look) when its replies must go back
@@ -282,15 +270,8 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 	__u32 flags = 0;
 	if (ep_lookup_addr(f.saddr, family)) {
 		flags = SF_PEER_POD;
-	} else if (f.proto == IPPROTO_UDP) {
-		if (node_hooks_enabled() && is_node_ip(f.saddr, family)) {
-			flags = SF_PEER_NODE;
-		} else {
-			struct ep_info *dst = ep_lookup_addr(f.daddr, family);
-
-			if (dst && (dst->flags & EP_F_MASQ) && dst->ifindex == skb->ifindex && !masq_flow_exists(&f))
-				flags = SF_INBOUND;
-		}
+	} else if (f.proto == IPPROTO_UDP && node_hooks_enabled() && is_node_ip(f.saddr, family)) {
+		flags = SF_PEER_NODE;
 	}
 	if (!flags)
 		return;

@@ -317,7 +317,7 @@ enum masq_stat {
 	MASQ_STAT_REVERSE = 1,   /* reply translated back to the pod */
 	MASQ_STAT_NEW = 2,       /* port allocated, entries created */
 	MASQ_STAT_EXHAUSTED = 3, /* no free port among the candidates: dropped */
-	MASQ_STAT_NOT_NEW = 4,   /* TCP non-SYN of no known flow, or a UDP reply to a host that came in directly: passed untranslated */
+	MASQ_STAT_NOT_NEW = 4,   /* TCP non-SYN of no known flow: passed untranslated */
 	MASQ_STAT_ERROR = 5,     /* rewrite or map update failed: dropped */
 	MASQ_STAT_ICMP_ERR_IN = 6,  /* an ICMP error about a masqueraded flow translated to the pod */
 	MASQ_STAT_ICMP_ERR_OUT = 7, /* an ICMP error (the pod's, or the node's) about a reply translated to the node's address */
@@ -331,7 +331,7 @@ enum masq_stat {
 
 #define SF_PEER_POD 1  /* the peer is a pod of this node */
 #define SF_PEER_NODE 2 /* the peer is a node address (UDP): the pod's replies are no hostPort hairpin */
-#define SF_INBOUND 4   /* the peer reached a masquerading pod directly (UDP): replies leave untranslated */
+#define SF_INBOUND 4   /* written by older programs only (a host outside reached a masquerading pod directly); never read */
 
 /* Key of cni_stack_flows: the flow as the pod sends its replies. ICMP echo:
  * port is the echo id, peer_port 0. Protocols without ports: both 0. */

@@ -19,7 +19,7 @@ const nameStackFlows = "cni_stack_flows"
 const (
 	StackFlowPeerPod  = 1 // a pod of this node: its replies go through the stack
 	StackFlowPeerNode = 2 // a node address (UDP): the pod's replies are no hostPort hairpin
-	StackFlowInbound  = 4 // a host that reached a masquerading pod directly (UDP): replies leave unmasqueraded
+	StackFlowInbound  = 4 // written by programs before issue 28 only (a host outside reached a masquerading pod); never read
 )
 
 // StackFlow is one entry of cni_stack_flows: a flow the kernel stack
