@@ -72,7 +72,7 @@ func TestMasqWideEphemeralRange(t *testing.T) {
 	if got := nodeSysctl(t, a, portRangeSysctl, "1024 65535"); got != "1024\t65535" && got != "1024 65535" {
 		t.Fatalf("ip_local_port_range is %q", got)
 	}
-	nodeSysctl(t, a, reservedSysctl, "")
+	nodeSysctl(t, a, reservedSysctl, "\n") // an empty write is ignored
 	pod := a.NewPod()
 	a.CleanupDel(pod, "p")
 	a.Add(pod, "p")
@@ -125,7 +125,7 @@ func TestMasqWideEphemeralRange(t *testing.T) {
 
 	// The reservation dropped: every masquerade port is one the kernel may
 	// pick for the node's connections.
-	nodeSysctl(t, a, reservedSysctl, "")
+	nodeSysctl(t, a, reservedSysctl, "\n") // an empty write is ignored
 	st = masqStatus(t, a)
 	if st.Masq == nil || st.Masq.Overlap != 4536 {
 		t.Errorf("status masq %+v, want an overlap of 4536 ports", st.Masq)
