@@ -20,10 +20,14 @@
  *     its tuple, so a flow never goes half through the stack and half around
  *     it (kube-proxy drops what conntrack finds INVALID).
  *
- * Entries live in an LRU map: active flows keep theirs (every packet the
- * stack delivers refreshes it, every lookup touches it). Each carries the
- * host veth of the pod it was made for: DEL scans for it, and an entry of
- * an earlier pod with the same address is never used.
+ * Entries live in LRU maps: active flows keep theirs (every packet the
+ * stack delivers refreshes it, every lookup touches it). A flow a pod of
+ * the node sent is recorded in that pod's own table (cni_stack_flow_parts,
+ * by its host veth), so no pod can evict another's records however many
+ * flows it opens (issue 28); the node's flows (and those of pods attached
+ * by older builds, which have no table) share cni_stack_flows. Each entry
+ * carries the host veth of the pod it was made for: DEL scans for it, and
+ * an entry of an earlier pod with the same address is never used.
  */
 #pragma once
 
@@ -192,32 +196,68 @@ static __always_inline void sf_key_sent(struct sf_key *k, const struct flow *f)
 	k->peer_port = f->dport;
 }
 
-/* The record of k if it was made for the pod behind ifindex (one of another
- * pod, left by an earlier owner of the address, is deleted). */
-static __always_inline struct sf_val *sf_lookup(struct sf_key *k, __u32 ifindex)
+/*
+ * The table of the records of flows sent by the pod behind the host veth
+ * sender (0: the node): each helper below looks it up, then uses it or,
+ * when the sender has none, the shared cni_stack_flows.
+ */
+static __always_inline struct sf_val *sf_get(struct sf_key *k, __u32 sender)
 {
-	struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, k);
+	void *t = sender ? bpf_map_lookup_elem(&cni_stack_flow_parts, &sender) : NULL;
+
+	if (t)
+		return bpf_map_lookup_elem(t, k);
+	return bpf_map_lookup_elem(&cni_stack_flows, k);
+}
+
+static __always_inline void sf_del(struct sf_key *k, __u32 sender)
+{
+	void *t = sender ? bpf_map_lookup_elem(&cni_stack_flow_parts, &sender) : NULL;
+
+	if (t)
+		bpf_map_delete_elem(t, k);
+	else
+		bpf_map_delete_elem(&cni_stack_flows, k);
+}
+
+static __always_inline void sf_put(struct sf_key *k, struct sf_val *v, __u32 sender)
+{
+	void *t = sender ? bpf_map_lookup_elem(&cni_stack_flow_parts, &sender) : NULL;
+
+	if (t)
+		bpf_map_update_elem(t, k, v, BPF_ANY);
+	else
+		bpf_map_update_elem(&cni_stack_flows, k, v, BPF_ANY);
+}
+
+/* The record of k (a flow sender sent) if it was made for the pod behind
+ * ifindex (one of another pod, left by an earlier owner of the address, is
+ * deleted). */
+static __always_inline struct sf_val *sf_lookup(struct sf_key *k, __u32 ifindex, __u32 sender)
+{
+	struct sf_val *v = sf_get(k, sender);
 
 	if (v && v->ifindex != ifindex) {
-		bpf_map_delete_elem(&cni_stack_flows, k);
+		sf_del(k, sender);
 		return NULL;
 	}
 	return v;
 }
 
-static __always_inline void sf_forget(struct sf_key *k)
+static __always_inline void sf_forget(struct sf_key *k, __u32 sender)
 {
-	if (bpf_map_lookup_elem(&cni_stack_flows, k))
-		bpf_map_delete_elem(&cni_stack_flows, k);
+	if (sf_get(k, sender))
+		sf_del(k, sender);
 }
 
 /*
- * A packet the pod behind ifindex sends to another pod of this node: 1 if it
- * must go through the stack (the reply of a flow the stack delivered to the
- * pod, an ICMP error about one, or a packet that cannot be keyed), 0 for the
- * fast path.
+ * A packet the pod behind ifindex sends to another pod of this node (behind
+ * dst_ifindex): 1 if it must go through the stack (the reply of a flow the
+ * stack delivered to the pod, an ICMP error about one, or a packet that
+ * cannot be keyed), 0 for the fast path. A flow the destination sent is in
+ * its table; one this pod sent in this pod's.
  */
-static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, __u32 ifindex)
+static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, __u32 ifindex, __u32 dst_ifindex)
 {
 	struct flow f = {};
 	struct sf_key k;
@@ -232,7 +272,7 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 		 * would otherwise erase any Service flow's record by quoting
 		 * its tuple). */
 		sf_key_delivered(&k, &f);
-		struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, &k);
+		struct sf_val *v = sf_get(&k, dst_ifindex);
 		return v && v->ifindex == ifindex;
 	}
 	case SF_PKT_OPEN:
@@ -240,15 +280,15 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 		 * earlier, translated one. Half of this flow through the stack
 		 * would be INVALID to conntrack. */
 		sf_key_delivered(&k, &f);
-		sf_forget(&k);
+		sf_forget(&k, ifindex);
 		if (f.proto == IPPROTO_TCP) {
 			sf_key_sent(&k, &f);
-			sf_forget(&k);
+			sf_forget(&k, dst_ifindex);
 		}
 		return 0;
 	}
 	sf_key_sent(&k, &f);
-	return sf_lookup(&k, ifindex) != NULL;
+	return sf_lookup(&k, ifindex, dst_ifindex) != NULL;
 }
 
 /*
@@ -267,9 +307,15 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 	if ((f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6) && kind != SF_PKT_OPEN)
 		return;
 
-	__u32 flags = 0;
-	if (ep_lookup_addr(f.saddr, family)) {
+	__u32 flags = 0, sender = 0;
+	struct ep_info *src = ep_lookup_addr(f.saddr, family);
+	if (src) {
 		flags = SF_PEER_POD;
+		/* The sender's own table only when the packet came in from its
+		 * host veth (from_container checked its source there): a packet
+		 * from elsewhere with a pod's address must not fill that pod's. */
+		if (src->ifindex == skb->ingress_ifindex)
+			sender = src->ifindex;
 	} else if (f.proto == IPPROTO_UDP && node_hooks_enabled() && is_node_ip(f.saddr, family)) {
 		flags = SF_PEER_NODE;
 	}
@@ -280,7 +326,7 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 	__u64 now = bpf_ktime_get_ns();
 
 	sf_key_delivered(&k, &f);
-	struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, &k);
+	struct sf_val *v = sf_get(&k, sender);
 	if (v && v->ifindex == skb->ifindex) {
 		if ((v->flags & flags) != flags || now - v->seen_ns > NSEC) {
 			v->flags |= flags;
@@ -289,5 +335,5 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 		return;
 	}
 	struct sf_val nv = { .ifindex = skb->ifindex, .flags = flags, .seen_ns = now };
-	bpf_map_update_elem(&cni_stack_flows, &k, &nv, BPF_ANY);
+	sf_put(&k, &nv, sender);
 }
