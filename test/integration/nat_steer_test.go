@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -235,6 +236,36 @@ func TestMasqForgedRSTs(t *testing.T) {
 			}
 			if !found {
 				t.Errorf("no masqueraded flow to port %d in %+v", c.port, flows)
+			}
+
+			// A refused connection: the server's RST acknowledges the pod's
+			// SYN before any reply, and closes the flow.
+			refused := c.port + 100
+			err = pod.Do(func(ns.NetNS) error {
+				conn, err := net.DialTimeout("tcp", hp(c.srv, refused), 3*time.Second)
+				if err == nil {
+					conn.Close()
+				}
+				return err
+			})
+			if err == nil || !strings.Contains(err.Error(), "refused") {
+				t.Fatalf("dial a closed port of the server: %v, want connection refused", err)
+			}
+			flows, err = a.Maps().ListSNAT()
+			if err != nil {
+				t.Fatal(err)
+			}
+			found = false
+			for _, f := range flows {
+				if int(f.Peer.Port()) == refused {
+					found = true
+					if !f.Closing {
+						t.Errorf("the RST refusing the connection left the flow %+v open", f)
+					}
+				}
+			}
+			if !found {
+				t.Errorf("no masqueraded flow to port %d in %+v", refused, flows)
 			}
 		})
 	}
