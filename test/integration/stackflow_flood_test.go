@@ -158,3 +158,48 @@ func TestStackFlowFloodIsolated(t *testing.T) {
 		})
 	}
 }
+
+// TestStackFlowPartLifecycle: ADD gives the pod's host veth its own table
+// of stack-flow records, DEL drops it, and the agent's reconcile drops a
+// table whose veth is gone without a DEL (a killed ADD, a lost pod).
+func TestStackFlowPartLifecycle(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	p := e.NewPod()
+	e.CleanupDel(p, "p")
+	e.Add(p, "p")
+	_, idx := e.HostVeth("p")
+	m := e.Maps()
+	has := func(i int) bool {
+		parts, err := m.StackFlowParts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range parts {
+			if x == i {
+				return true
+			}
+		}
+		return false
+	}
+	if !has(idx) {
+		t.Fatalf("no stack-flow table for the pod's host veth %d after ADD", idx)
+	}
+	if err := e.Del(p, "p", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if has(idx) {
+		t.Errorf("the table of host veth %d outlived DEL", idx)
+	}
+	const gone = 999999 // no such link
+	if err := m.AddStackFlowPart(gone); err != nil {
+		t.Fatal(err)
+	}
+	confDir := e.WriteConfDir()
+	if out, err := e.AgentCmd(append([]string{"reconcile"}, e.AgentArgs(confDir)...)...); err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, out)
+	}
+	if has(gone) {
+		t.Errorf("reconcile left the table of ifindex %d, which has no link", gone)
+	}
+}
