@@ -81,6 +81,16 @@ func TestMasqWideEphemeralRange(t *testing.T) {
 	if got := readNodeSysctl(t, a, reservedSysctl); got != "61000-65535" {
 		t.Errorf("ip_local_reserved_ports after ADD: %q, want 61000-65535", got)
 	}
+	// A second pod and CHECK find the same ports: nothing is written twice.
+	pod2 := a.NewPod()
+	a.CleanupDel(pod2, "p2")
+	a.Add(pod2, "p2")
+	if got := readNodeSysctl(t, a, reservedSysctl); got != "61000-65535" {
+		t.Errorf("ip_local_reserved_ports after a second ADD: %q, want 61000-65535", got)
+	}
+	if err := a.Check(pod, "p", "eth0"); err != nil {
+		t.Errorf("CHECK on the wide-range node: %v", err)
+	}
 	for _, proto := range []string{"tcp", "udp"} {
 		for _, c := range []struct {
 			srv, node net.IP
