@@ -161,3 +161,28 @@ struct {
 	__type(key, struct sf_key);
 	__type(value, struct sf_val);
 } cni_stack_flows SEC(".maps");
+
+/*
+ * The stack-flow records of flows a pod of this node sent (SF_PEER_POD),
+ * one LRU per sending pod, keyed by its host veth's ifindex: a pod opening
+ * flows at any rate evicts only its own records, never another pod's (issue
+ * 28; the node-wide cni_stack_flows above could be flushed by one pod).
+ * ADD creates the pod's table, DEL drops it (pkg/maps/stackflow.go).
+ * cni_stack_flows keeps the records whose sender is the node (SF_PEER_NODE)
+ * and those of pods attached by older builds.
+ */
+#define SF_PART_ENTRIES 256
+
+struct sf_part {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SF_PART_ENTRIES);
+	__type(key, struct sf_key);
+	__type(value, struct sf_val);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(max_entries, SIZED);
+	__type(key, __u32);
+	__array(values, struct sf_part);
+} cni_stack_flow_parts SEC(".maps");

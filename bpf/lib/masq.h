@@ -41,6 +41,7 @@
 #pragma once
 
 #include "hostport.h"
+#include "tcpseq.h"
 
 #define MASQ_PORT_MIN 61000 /* without a configuration: above the default ip_local_port_range */
 #define MASQ_PORT_MAX 65535
@@ -170,12 +171,13 @@ static __always_inline void snat_arm(struct snat_val *v, __u64 ns)
 }
 
 /* Records a state change or a use in an entry (rev: the reverse one, whose
- * timer shortens when the flow closes). */
+ * timer shortens when the flow closes). Only the state bits are the flow's:
+ * the others are the entry's own (tcpseq.h). */
 static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now, int rev)
 {
 	__u16 cur = v->flags;
 
-	v->flags = next;
+	v->flags = (cur & ~FLOW_STATE_MASK) | (next & FLOW_STATE_MASK);
 	v->seen_ns = now;
 	if (rev && (next & FLOW_F_CLOSING) && !(cur & FLOW_F_CLOSING))
 		snat_arm(v, FLOW_TIMEOUT_CLOSING);
@@ -330,6 +332,10 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 	c.rv.seen_ns = now;
 	c.skb = skb;
 	c.ifindex = ifindex;
+	/* A TCP flow opens with the pod's SYN: the reverse entry tracks
+	 * sequence numbers from it (tcpseq.h). */
+	if (f->proto == IPPROTO_TCP)
+		snat_seq_pod(skb, f, &c.rv);
 	c.stride = c.cfg.total % 2053 ? 2053 : 2063; /* primes: one of them is coprime with the count */
 	__u32 a = ((const __u32 *)f->saddr)[0] ^ ((const __u32 *)f->saddr)[3];
 	__u32 b = ((const __u32 *)f->daddr)[0] ^ ((const __u32 *)f->daddr)[3];
@@ -371,6 +377,8 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 	snat_key_of(&c.rk, SNAT_DIR_FWD, f->saddr, f->sport, f->daddr, f->dport, f->family, f->proto);
 	addr_copy(c.rv.addr, node, f->family);
 	c.rv.port = c.port;
+	c.rv.flags = 0;
+	c.rv.created_ns = now;
 	if (bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_ANY)) {
 		snat_key_of(&c.rk, SNAT_DIR_REV, node, c.port, f->daddr, f->dport, f->family, f->proto);
 		if (bpf_map_delete_elem(&cni_snat, &c.rk) == 0)
@@ -384,28 +392,6 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 /* ---------------------------------------------------------------- packets */
 
 #define MASQ_CONTINUE -1
-
-/*
- * Whether the pod's UDP packet f answers a host that reached the pod
- * directly (its flow came in through the stack, SF_INBOUND): such replies
- * leave with the pod's address, as they would without masquerade.
- */
-static __noinline int masq_inbound_reply(const struct flow *f, __u32 ifindex)
-{
-	__u64 now = bpf_ktime_get_ns();
-	struct sf_key k;
-
-	if (f->proto != IPPROTO_UDP)
-		return 0;
-	sf_key_sent(&k, f);
-	struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, &k);
-	if (!v || v->ifindex != ifindex || !(v->flags & SF_INBOUND) ||
-	    (now > v->seen_ns && now - v->seen_ns > FLOW_TIMEOUT_UDP_STREAM))
-		return 0;
-	if (now - v->seen_ns > NSEC)
-		v->seen_ns = now;
-	return 1;
-}
 
 /*
  * An ICMP error about a reply a masquerading pod got (the quote: peer ->
@@ -486,7 +472,8 @@ static __noinline int masq_source(struct __sk_buff *skb, const struct flow *f, _
  * known flow keeps its node address while the node has it. Not inlined:
  * its stack is not on top of snat_alloc's.
  */
-static __noinline int masq_known(const struct flow *f, __u32 ifindex, __u8 *node, __be16 *port)
+static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __u32 ifindex, __u8 *node,
+				 __be16 *port)
 {
 	__u64 now = bpf_ktime_get_ns();
 	struct snat_key k;
@@ -504,8 +491,11 @@ static __noinline int masq_known(const struct flow *f, __u32 ifindex, __u8 *node
 		snat_note(fv, fl, now, 0);
 		snat_key_of(&k, SNAT_DIR_REV, node, *port, f->daddr, f->dport, f->family, f->proto);
 		struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
-		if (rv)
+		if (rv) {
 			snat_note(rv, fl, now, 1);
+			if (f->proto == IPPROTO_TCP)
+				snat_seq_pod(skb, f, rv);
+		}
 	}
 	return 1;
 }
@@ -515,8 +505,8 @@ static __noinline int masq_known(const struct flow *f, __u32 ifindex, __u8 *node
  * of the masquerading pod ep with the pod's address as its source (the
  * caller checked). Returns MASQ_CONTINUE after translating it or leaving it
  * alone (destinations in the cluster CIDRs, what is not TCP/UDP/ICMP echo or
- * an ICMP error about a masqueraded flow, a TCP segment of no known flow, a
- * UDP reply to a host that came in directly), or TC_ACT_SHOT.
+ * an ICMP error about a masqueraded flow, a TCP segment of no known flow),
+ * or TC_ACT_SHOT.
  */
 static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_info *ep, __u8 family)
 {
@@ -536,10 +526,14 @@ static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_in
 	if (in_cluster(f.daddr, family))
 		return MASQ_CONTINUE;
 
-	if (!masq_known(&f, ep->ifindex, node, &port)) {
-		/* Only what opens a flow allocates: a pod answering a client that
-		 * reached it directly (host-gw, routes to the pod) is not rewritten. */
-		if ((f.proto == IPPROTO_TCP && !f.syn_only) || masq_inbound_reply(&f, ep->ifindex)) {
+	if (!masq_known(skb, &f, ep->ifindex, node, &port)) {
+		/* Only what opens a flow allocates: a TCP segment of no known flow
+		 * (the pod answering a client that reached it directly over routes
+		 * to the pod) is not rewritten. What decides is the pod's packet
+		 * alone: nothing a host outside sends can exempt a pod's UDP
+		 * (any datagram opens a flow; a client that reaches pods directly
+		 * belongs in clusterCIDRs). */
+		if (f.proto == IPPROTO_TCP && !f.syn_only) {
 			masq_count(MASQ_STAT_NOT_NEW);
 			return MASQ_CONTINUE;
 		}
@@ -589,8 +583,11 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, __u8 family)
 	struct ep_info *ep = ep_lookup_addr(pod, family);
 	if (!ep || ep->ifindex != ifindex)
 		return MASQ_CONTINUE; /* the pod is gone */
+	/* An RST outside the pod's window (a blind attacker's) changes
+	 * nothing; it still goes to the pod, whose TCP ignores it. */
+	int counts = f.proto != IPPROTO_TCP || snat_seq_peer(skb, &f, rv);
 	__u16 fl = flow_next(rv->flags, &f, 1, rv->created_ns, now);
-	if (fl != rv->flags || now - rv->seen_ns > NSEC) {
+	if (counts && (fl != rv->flags || now - rv->seen_ns > NSEC)) {
 		snat_note(rv, fl, now, 1);
 		struct snat_key fk;
 		snat_key_of(&fk, SNAT_DIR_FWD, pod, pod_port, f.saddr, f.sport, family, f.proto);

@@ -5,24 +5,29 @@
  *
  *   - host veth tcx egress (to_container.c): a packet the stack hands to a
  *     pod is recorded in cni_stack_flows, keyed as the pod's replies will
- *     look, when its source is a pod of this node (SF_PEER_POD), a node
- *     address (SF_PEER_NODE, UDP), or, for a masquerading pod, a host outside
- *     that reached it directly (SF_INBOUND, UDP). Plain same-node pod-to-pod
- *     traffic never passes there (bpf_redirect_peer skips the hook), so it
- *     is never recorded.
+ *     look, when its source is a pod of this node (SF_PEER_POD) or a node
+ *     address (SF_PEER_NODE, UDP). Plain same-node pod-to-pod traffic never
+ *     passes there (bpf_redirect_peer skips the hook), so it is never
+ *     recorded. Nothing from outside the node is: a host out there chooses
+ *     its source address freely, and a record it made must not steer a
+ *     pod's traffic (it once exempted a masquerading pod's UDP "replies"
+ *     from masquerade, so forged datagrams switched the pod's egress NAT
+ *     off; issue 28).
  *   - host veth tcx ingress (from_container.c): before a packet is redirected
  *     to a pod of this node, a hit on its tuple sends it to the stack instead
  *     (the reply of a flow the stack NATed must meet conntrack), and a TCP
  *     SYN or ICMP echo request (a new direct flow) drops a stale record of
  *     its tuple, so a flow never goes half through the stack and half around
  *     it (kube-proxy drops what conntrack finds INVALID).
- *   - uplink tcx egress (to_uplink.c): a masquerading pod's UDP reply to a
- *     host that reached it directly (SF_INBOUND) is not masqueraded.
  *
- * Entries live in an LRU map: active flows keep theirs (every packet the
- * stack delivers refreshes it, every lookup touches it). Each carries the
- * host veth of the pod it was made for: DEL scans for it, and an entry of
- * an earlier pod with the same address is never used.
+ * Entries live in LRU maps: active flows keep theirs (every packet the
+ * stack delivers refreshes it, every lookup touches it). A flow a pod of
+ * the node sent is recorded in that pod's own table (cni_stack_flow_parts,
+ * by its host veth), so no pod can evict another's records however many
+ * flows it opens (issue 28); the node's flows (and those of pods attached
+ * by older builds, which have no table) share cni_stack_flows. Each entry
+ * carries the host veth of the pod it was made for: DEL scans for it, and
+ * an entry of an earlier pod with the same address is never used.
  */
 #pragma once
 
@@ -191,32 +196,68 @@ static __always_inline void sf_key_sent(struct sf_key *k, const struct flow *f)
 	k->peer_port = f->dport;
 }
 
-/* The record of k if it was made for the pod behind ifindex (one of another
- * pod, left by an earlier owner of the address, is deleted). */
-static __always_inline struct sf_val *sf_lookup(struct sf_key *k, __u32 ifindex)
+/*
+ * The table of the records of flows sent by the pod behind the host veth
+ * sender (0: the node): each helper below looks it up, then uses it or,
+ * when the sender has none, the shared cni_stack_flows.
+ */
+static __always_inline struct sf_val *sf_get(struct sf_key *k, __u32 sender)
 {
-	struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, k);
+	void *t = sender ? bpf_map_lookup_elem(&cni_stack_flow_parts, &sender) : NULL;
+
+	if (t)
+		return bpf_map_lookup_elem(t, k);
+	return bpf_map_lookup_elem(&cni_stack_flows, k);
+}
+
+static __always_inline void sf_del(struct sf_key *k, __u32 sender)
+{
+	void *t = sender ? bpf_map_lookup_elem(&cni_stack_flow_parts, &sender) : NULL;
+
+	if (t)
+		bpf_map_delete_elem(t, k);
+	else
+		bpf_map_delete_elem(&cni_stack_flows, k);
+}
+
+static __always_inline void sf_put(struct sf_key *k, struct sf_val *v, __u32 sender)
+{
+	void *t = sender ? bpf_map_lookup_elem(&cni_stack_flow_parts, &sender) : NULL;
+
+	if (t)
+		bpf_map_update_elem(t, k, v, BPF_ANY);
+	else
+		bpf_map_update_elem(&cni_stack_flows, k, v, BPF_ANY);
+}
+
+/* The record of k (a flow sender sent) if it was made for the pod behind
+ * ifindex (one of another pod, left by an earlier owner of the address, is
+ * deleted). */
+static __always_inline struct sf_val *sf_lookup(struct sf_key *k, __u32 ifindex, __u32 sender)
+{
+	struct sf_val *v = sf_get(k, sender);
 
 	if (v && v->ifindex != ifindex) {
-		bpf_map_delete_elem(&cni_stack_flows, k);
+		sf_del(k, sender);
 		return NULL;
 	}
 	return v;
 }
 
-static __always_inline void sf_forget(struct sf_key *k)
+static __always_inline void sf_forget(struct sf_key *k, __u32 sender)
 {
-	if (bpf_map_lookup_elem(&cni_stack_flows, k))
-		bpf_map_delete_elem(&cni_stack_flows, k);
+	if (sf_get(k, sender))
+		sf_del(k, sender);
 }
 
 /*
- * A packet the pod behind ifindex sends to another pod of this node: 1 if it
- * must go through the stack (the reply of a flow the stack delivered to the
- * pod, an ICMP error about one, or a packet that cannot be keyed), 0 for the
- * fast path.
+ * A packet the pod behind ifindex sends to another pod of this node (behind
+ * dst_ifindex): 1 if it must go through the stack (the reply of a flow the
+ * stack delivered to the pod, an ICMP error about one, or a packet that
+ * cannot be keyed), 0 for the fast path. A flow the destination sent is in
+ * its table; one this pod sent in this pod's.
  */
-static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, __u32 ifindex)
+static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, __u32 ifindex, __u32 dst_ifindex)
 {
 	struct flow f = {};
 	struct sf_key k;
@@ -231,7 +272,7 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 		 * would otherwise erase any Service flow's record by quoting
 		 * its tuple). */
 		sf_key_delivered(&k, &f);
-		struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, &k);
+		struct sf_val *v = sf_get(&k, dst_ifindex);
 		return v && v->ifindex == ifindex;
 	}
 	case SF_PKT_OPEN:
@@ -239,28 +280,15 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 		 * earlier, translated one. Half of this flow through the stack
 		 * would be INVALID to conntrack. */
 		sf_key_delivered(&k, &f);
-		sf_forget(&k);
+		sf_forget(&k, ifindex);
 		if (f.proto == IPPROTO_TCP) {
 			sf_key_sent(&k, &f);
-			sf_forget(&k);
+			sf_forget(&k, dst_ifindex);
 		}
 		return 0;
 	}
 	sf_key_sent(&k, &f);
-	return sf_lookup(&k, ifindex) != NULL;
-}
-
-/* Whether a masqueraded flow of the pod has this tuple (a forward entry of
- * cni_snat, see masq.h): the packet is the reply the uplink translated
- * back, not a flow that came in. */
-static __always_inline int masq_flow_exists(const struct flow *f)
-{
-	struct snat_key fk = { .family = f->family, .proto = f->proto, .dir = SNAT_DIR_FWD,
-			       .port = f->dport, .peer_port = f->sport };
-
-	addr_copy(fk.addr, f->daddr, f->family);
-	addr_copy(fk.peer_addr, f->saddr, f->family);
-	return bpf_map_lookup_elem(&cni_snat, &fk) != NULL;
+	return sf_lookup(&k, ifindex, dst_ifindex) != NULL;
 }
 
 /*
@@ -279,18 +307,17 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 	if ((f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6) && kind != SF_PKT_OPEN)
 		return;
 
-	__u32 flags = 0;
-	if (ep_lookup_addr(f.saddr, family)) {
+	__u32 flags = 0, sender = 0;
+	struct ep_info *src = ep_lookup_addr(f.saddr, family);
+	if (src) {
 		flags = SF_PEER_POD;
-	} else if (f.proto == IPPROTO_UDP) {
-		if (node_hooks_enabled() && is_node_ip(f.saddr, family)) {
-			flags = SF_PEER_NODE;
-		} else {
-			struct ep_info *dst = ep_lookup_addr(f.daddr, family);
-
-			if (dst && (dst->flags & EP_F_MASQ) && dst->ifindex == skb->ifindex && !masq_flow_exists(&f))
-				flags = SF_INBOUND;
-		}
+		/* The sender's own table only when the packet came in from its
+		 * host veth (from_container checked its source there): a packet
+		 * from elsewhere with a pod's address must not fill that pod's. */
+		if (src->ifindex == skb->ingress_ifindex)
+			sender = src->ifindex;
+	} else if (f.proto == IPPROTO_UDP && node_hooks_enabled() && is_node_ip(f.saddr, family)) {
+		flags = SF_PEER_NODE;
 	}
 	if (!flags)
 		return;
@@ -299,7 +326,7 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 	__u64 now = bpf_ktime_get_ns();
 
 	sf_key_delivered(&k, &f);
-	struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, &k);
+	struct sf_val *v = sf_get(&k, sender);
 	if (v && v->ifindex == skb->ifindex) {
 		if ((v->flags & flags) != flags || now - v->seen_ns > NSEC) {
 			v->flags |= flags;
@@ -308,5 +335,5 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 		return;
 	}
 	struct sf_val nv = { .ifindex = skb->ifindex, .flags = flags, .seen_ns = now };
-	bpf_map_update_elem(&cni_stack_flows, &k, &nv, BPF_ANY);
+	sf_put(&k, &nv, sender);
 }

@@ -285,9 +285,9 @@ struct snat_key {
 struct snat_val {
 	__u8 addr[16]; /* forward: node address; reverse: pod address */
 	__be16 port;   /* forward: allocated port; reverse: pod's port */
-	__u16 flags;   /* FLOW_F_* (the pod is the originator) */
+	__u16 flags;   /* FLOW_F_* (the pod is the originator); bits 8-15: tcpseq.h's */
 	__u32 ifindex;    /* host veth of the pod */
-	__u64 created_ns; /* bpf_ktime_get_ns() */
+	__u64 created_ns; /* bpf_ktime_get_ns(); a reverse TCP entry with SNAT_F_SEQ: its sequence tracking (tcpseq.h) */
 	__u64 seen_ns;    /* last use, refreshed at most once a second and at every state change */
 	struct bpf_timer timer; /* reverse entries: deletes the flow (both entries) once it expired */
 };
@@ -317,7 +317,7 @@ enum masq_stat {
 	MASQ_STAT_REVERSE = 1,   /* reply translated back to the pod */
 	MASQ_STAT_NEW = 2,       /* port allocated, entries created */
 	MASQ_STAT_EXHAUSTED = 3, /* no free port among the candidates: dropped */
-	MASQ_STAT_NOT_NEW = 4,   /* TCP non-SYN of no known flow, or a UDP reply to a host that came in directly: passed untranslated */
+	MASQ_STAT_NOT_NEW = 4,   /* TCP non-SYN of no known flow: passed untranslated */
 	MASQ_STAT_ERROR = 5,     /* rewrite or map update failed: dropped */
 	MASQ_STAT_ICMP_ERR_IN = 6,  /* an ICMP error about a masqueraded flow translated to the pod */
 	MASQ_STAT_ICMP_ERR_OUT = 7, /* an ICMP error (the pod's, or the node's) about a reply translated to the node's address */
@@ -331,7 +331,7 @@ enum masq_stat {
 
 #define SF_PEER_POD 1  /* the peer is a pod of this node */
 #define SF_PEER_NODE 2 /* the peer is a node address (UDP): the pod's replies are no hostPort hairpin */
-#define SF_INBOUND 4   /* the peer reached a masquerading pod directly (UDP): replies leave untranslated */
+#define SF_INBOUND 4   /* written by older programs only (a host outside reached a masquerading pod directly); never read */
 
 /* Key of cni_stack_flows: the flow as the pod sends its replies. ICMP echo:
  * port is the echo id, peer_port 0. Protocols without ports: both 0. */

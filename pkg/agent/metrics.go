@@ -20,6 +20,8 @@ type collector struct {
 
 	mapEntries, mapMax, mapFill, mapMemlock, memFull *prometheus.Desc
 
+	masqOverlap *prometheus.Desc
+
 	mu          sync.Mutex
 	removed     map[string]float64 // reconcile removals by kind, since start
 	removedDesc *prometheus.Desc
@@ -40,6 +42,7 @@ func newCollector(pinRoot, stateDir, version string) *collector {
 		mapFill:     prometheus.NewDesc("ebpf_cni_map_fill_ratio", "Entries over capacity of each pinned map (0-1); status warns above 0.9.", []string{"map"}, nil),
 		mapMemlock:  prometheus.NewDesc("ebpf_cni_map_memlock_bytes", "Kernel memory of each pinned map as the kernel accounts it (fdinfo memlock).", []string{"map"}, nil),
 		memFull:     prometheus.NewDesc("ebpf_cni_maps_memlock_full_bytes", "Kernel memory all maps would take with every map full, on this node's CPUs.", nil, nil),
+		masqOverlap: prometheus.NewDesc("ebpf_cni_masq_ephemeral_overlap_ports", "Masquerade ports the node's kernel may also pick for its own connections (in ip_local_port_range, not in ip_local_reserved_ports); status warns above 0. Absent without ipMasq.", nil, nil),
 		removed:     map[string]float64{},
 	}
 }
@@ -54,7 +57,7 @@ func (c *collector) addRemoved(st []Stale) {
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.packets, c.bytes, c.endpoints, c.healthy, c.info, c.removedDesc,
-		c.mapEntries, c.mapMax, c.mapFill, c.mapMemlock, c.memFull} {
+		c.mapEntries, c.mapMax, c.mapFill, c.mapMemlock, c.memFull, c.masqOverlap} {
 		ch <- d
 	}
 }
@@ -75,6 +78,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.mapEntries, prometheus.GaugeValue, float64(u.Entries), u.Name)
 			ch <- prometheus.MustNewConstMetric(c.mapFill, prometheus.GaugeValue, u.Fill(), u.Name)
 		}
+	}
+	if st.Masq != nil {
+		ch <- prometheus.MustNewConstMetric(c.masqOverlap, prometheus.GaugeValue, float64(st.Masq.Overlap))
 	}
 	if st.Memory.CPUs > 0 {
 		ch <- prometheus.MustNewConstMetric(c.memFull, prometheus.GaugeValue, float64(st.Memory.FullBytes))

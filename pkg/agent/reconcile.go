@@ -211,6 +211,14 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 			goneSF[f.Ifindex]++
 		}
 	}
+	// A gone veth's own table of stack-flow records goes with them.
+	parts, err := m.StackFlowParts()
+	errs = errors.Join(errs, err)
+	for _, idx := range parts {
+		if _, ok := goneSF[idx]; !ok && !linkExists(uint32(idx)) {
+			goneSF[idx] = 0
+		}
+	}
 	for idx, n := range goneSF {
 		idx := idx
 		act("stack-flows", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.DeleteStackFlowsOf(idx); return err })

@@ -31,7 +31,9 @@ type NetConf struct {
 	// cover each family the pod has an address of.
 	ClusterCIDRs []string `json:"clusterCIDRs,omitempty"`
 	// IPMasqPortRange ("first-last") are the node ports masquerade uses;
-	// default: 1024-65535 but the node's ip_local_port_range and 30000-32767.
+	// default: 1024-65535 but the node's ip_local_port_range and 30000-32767,
+	// or 61000-65535 (reserved from the node's ephemeral choice) when that
+	// leaves fewer than 1024.
 	IPMasqPortRange string `json:"ipMasqPortRange,omitempty"`
 	// IPMasqPodPortLimit is the most ports one pod holds towards one
 	// destination (address, port, protocol); default: an eighth of them.

@@ -16,25 +16,26 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	fromUplinkMapCniBandwidth    = "cni_bandwidth"
-	fromUplinkMapCniCidrRefs     = "cni_cidr_refs"
-	fromUplinkMapCniClusterCidrs = "cni_cluster_cidrs"
-	fromUplinkMapCniCt           = "cni_ct"
-	fromUplinkMapCniEndpoints    = "cni_endpoints"
-	fromUplinkMapCniHostports    = "cni_hostports"
-	fromUplinkMapCniHpConfig     = "cni_hp_config"
-	fromUplinkMapCniHpStats      = "cni_hp_stats"
-	fromUplinkMapCniLinks        = "cni_links"
-	fromUplinkMapCniMasqConfig   = "cni_masq_config"
-	fromUplinkMapCniMasqShare    = "cni_masq_share"
-	fromUplinkMapCniMasqStats    = "cni_masq_stats"
-	fromUplinkMapCniNetns        = "cni_netns"
-	fromUplinkMapCniNodeIps      = "cni_node_ips"
-	fromUplinkMapCniSnat         = "cni_snat"
-	fromUplinkMapCniSockRnat     = "cni_sock_rnat"
-	fromUplinkMapCniStackFlows   = "cni_stack_flows"
-	fromUplinkMapCniStats        = "cni_stats"
-	fromUplinkProgCniFromUplink  = "cni_from_uplink"
+	fromUplinkMapCniBandwidth      = "cni_bandwidth"
+	fromUplinkMapCniCidrRefs       = "cni_cidr_refs"
+	fromUplinkMapCniClusterCidrs   = "cni_cluster_cidrs"
+	fromUplinkMapCniCt             = "cni_ct"
+	fromUplinkMapCniEndpoints      = "cni_endpoints"
+	fromUplinkMapCniHostports      = "cni_hostports"
+	fromUplinkMapCniHpConfig       = "cni_hp_config"
+	fromUplinkMapCniHpStats        = "cni_hp_stats"
+	fromUplinkMapCniLinks          = "cni_links"
+	fromUplinkMapCniMasqConfig     = "cni_masq_config"
+	fromUplinkMapCniMasqShare      = "cni_masq_share"
+	fromUplinkMapCniMasqStats      = "cni_masq_stats"
+	fromUplinkMapCniNetns          = "cni_netns"
+	fromUplinkMapCniNodeIps        = "cni_node_ips"
+	fromUplinkMapCniSnat           = "cni_snat"
+	fromUplinkMapCniSockRnat       = "cni_sock_rnat"
+	fromUplinkMapCniStackFlowParts = "cni_stack_flow_parts"
+	fromUplinkMapCniStackFlows     = "cni_stack_flows"
+	fromUplinkMapCniStats          = "cni_stats"
+	fromUplinkProgCniFromUplink    = "cni_from_uplink"
 )
 
 // loadFromUplink returns the embedded CollectionSpec for fromUplink.
@@ -86,24 +87,25 @@ type fromUplinkProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fromUplinkMapSpecs struct {
-	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
-	CniCidrRefs     *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
-	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
-	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
-	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
-	CniHostports    *ebpf.MapSpec `ebpf:"cni_hostports"`
-	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
-	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
-	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
-	CniMasqConfig   *ebpf.MapSpec `ebpf:"cni_masq_config"`
-	CniMasqShare    *ebpf.MapSpec `ebpf:"cni_masq_share"`
-	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
-	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
-	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
-	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
-	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
-	CniStackFlows   *ebpf.MapSpec `ebpf:"cni_stack_flows"`
-	CniStats        *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
+	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
+	CniCt             *ebpf.MapSpec `ebpf:"cni_ct"`
+	CniEndpoints      *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
+	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
+	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
+	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
+	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
+	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
+	CniSockRnat       *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
+	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
+	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
+	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
 // fromUplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -132,24 +134,25 @@ func (o *fromUplinkObjects) Close() error {
 //
 // It can be passed to loadFromUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fromUplinkMaps struct {
-	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
-	CniCidrRefs     *ebpf.Map `ebpf:"cni_cidr_refs"`
-	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
-	CniCt           *ebpf.Map `ebpf:"cni_ct"`
-	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
-	CniHostports    *ebpf.Map `ebpf:"cni_hostports"`
-	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
-	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
-	CniLinks        *ebpf.Map `ebpf:"cni_links"`
-	CniMasqConfig   *ebpf.Map `ebpf:"cni_masq_config"`
-	CniMasqShare    *ebpf.Map `ebpf:"cni_masq_share"`
-	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
-	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
-	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
-	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
-	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
-	CniStackFlows   *ebpf.Map `ebpf:"cni_stack_flows"`
-	CniStats        *ebpf.Map `ebpf:"cni_stats"`
+	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
+	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
+	CniCt             *ebpf.Map `ebpf:"cni_ct"`
+	CniEndpoints      *ebpf.Map `ebpf:"cni_endpoints"`
+	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
+	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
+	CniLinks          *ebpf.Map `ebpf:"cni_links"`
+	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
+	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
+	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
+	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
+	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
+	CniSockRnat       *ebpf.Map `ebpf:"cni_sock_rnat"`
+	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
+	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
+	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *fromUplinkMaps) Close() error {
@@ -170,6 +173,7 @@ func (m *fromUplinkMaps) Close() error {
 		m.CniNodeIps,
 		m.CniSnat,
 		m.CniSockRnat,
+		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
 	)

@@ -16,32 +16,33 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockMapCniBandwidth     = "cni_bandwidth"
-	sockMapCniCidrRefs      = "cni_cidr_refs"
-	sockMapCniClusterCidrs  = "cni_cluster_cidrs"
-	sockMapCniCt            = "cni_ct"
-	sockMapCniEndpoints     = "cni_endpoints"
-	sockMapCniHostports     = "cni_hostports"
-	sockMapCniHpConfig      = "cni_hp_config"
-	sockMapCniHpStats       = "cni_hp_stats"
-	sockMapCniLinks         = "cni_links"
-	sockMapCniMasqConfig    = "cni_masq_config"
-	sockMapCniMasqShare     = "cni_masq_share"
-	sockMapCniMasqStats     = "cni_masq_stats"
-	sockMapCniNetns         = "cni_netns"
-	sockMapCniNodeIps       = "cni_node_ips"
-	sockMapCniSnat          = "cni_snat"
-	sockMapCniSockRnat      = "cni_sock_rnat"
-	sockMapCniStackFlows    = "cni_stack_flows"
-	sockMapCniStats         = "cni_stats"
-	sockProgCniSockConnect4 = "cni_sock_connect4"
-	sockProgCniSockConnect6 = "cni_sock_connect6"
-	sockProgCniSockPeer4    = "cni_sock_peer4"
-	sockProgCniSockPeer6    = "cni_sock_peer6"
-	sockProgCniSockRecvmsg4 = "cni_sock_recvmsg4"
-	sockProgCniSockRecvmsg6 = "cni_sock_recvmsg6"
-	sockProgCniSockSendmsg4 = "cni_sock_sendmsg4"
-	sockProgCniSockSendmsg6 = "cni_sock_sendmsg6"
+	sockMapCniBandwidth      = "cni_bandwidth"
+	sockMapCniCidrRefs       = "cni_cidr_refs"
+	sockMapCniClusterCidrs   = "cni_cluster_cidrs"
+	sockMapCniCt             = "cni_ct"
+	sockMapCniEndpoints      = "cni_endpoints"
+	sockMapCniHostports      = "cni_hostports"
+	sockMapCniHpConfig       = "cni_hp_config"
+	sockMapCniHpStats        = "cni_hp_stats"
+	sockMapCniLinks          = "cni_links"
+	sockMapCniMasqConfig     = "cni_masq_config"
+	sockMapCniMasqShare      = "cni_masq_share"
+	sockMapCniMasqStats      = "cni_masq_stats"
+	sockMapCniNetns          = "cni_netns"
+	sockMapCniNodeIps        = "cni_node_ips"
+	sockMapCniSnat           = "cni_snat"
+	sockMapCniSockRnat       = "cni_sock_rnat"
+	sockMapCniStackFlowParts = "cni_stack_flow_parts"
+	sockMapCniStackFlows     = "cni_stack_flows"
+	sockMapCniStats          = "cni_stats"
+	sockProgCniSockConnect4  = "cni_sock_connect4"
+	sockProgCniSockConnect6  = "cni_sock_connect6"
+	sockProgCniSockPeer4     = "cni_sock_peer4"
+	sockProgCniSockPeer6     = "cni_sock_peer6"
+	sockProgCniSockRecvmsg4  = "cni_sock_recvmsg4"
+	sockProgCniSockRecvmsg6  = "cni_sock_recvmsg6"
+	sockProgCniSockSendmsg4  = "cni_sock_sendmsg4"
+	sockProgCniSockSendmsg6  = "cni_sock_sendmsg6"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -100,24 +101,25 @@ type sockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
-	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
-	CniCidrRefs     *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
-	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
-	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
-	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
-	CniHostports    *ebpf.MapSpec `ebpf:"cni_hostports"`
-	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
-	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
-	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
-	CniMasqConfig   *ebpf.MapSpec `ebpf:"cni_masq_config"`
-	CniMasqShare    *ebpf.MapSpec `ebpf:"cni_masq_share"`
-	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
-	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
-	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
-	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
-	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
-	CniStackFlows   *ebpf.MapSpec `ebpf:"cni_stack_flows"`
-	CniStats        *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
+	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
+	CniCt             *ebpf.MapSpec `ebpf:"cni_ct"`
+	CniEndpoints      *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
+	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
+	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
+	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
+	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
+	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
+	CniSockRnat       *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
+	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
+	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
+	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -146,24 +148,25 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
-	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
-	CniCidrRefs     *ebpf.Map `ebpf:"cni_cidr_refs"`
-	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
-	CniCt           *ebpf.Map `ebpf:"cni_ct"`
-	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
-	CniHostports    *ebpf.Map `ebpf:"cni_hostports"`
-	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
-	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
-	CniLinks        *ebpf.Map `ebpf:"cni_links"`
-	CniMasqConfig   *ebpf.Map `ebpf:"cni_masq_config"`
-	CniMasqShare    *ebpf.Map `ebpf:"cni_masq_share"`
-	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
-	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
-	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
-	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
-	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
-	CniStackFlows   *ebpf.Map `ebpf:"cni_stack_flows"`
-	CniStats        *ebpf.Map `ebpf:"cni_stats"`
+	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
+	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
+	CniCt             *ebpf.Map `ebpf:"cni_ct"`
+	CniEndpoints      *ebpf.Map `ebpf:"cni_endpoints"`
+	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
+	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
+	CniLinks          *ebpf.Map `ebpf:"cni_links"`
+	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
+	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
+	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
+	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
+	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
+	CniSockRnat       *ebpf.Map `ebpf:"cni_sock_rnat"`
+	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
+	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
+	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *sockMaps) Close() error {
@@ -184,6 +187,7 @@ func (m *sockMaps) Close() error {
 		m.CniNodeIps,
 		m.CniSnat,
 		m.CniSockRnat,
+		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
 	)

@@ -16,25 +16,26 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockOpsMapCniBandwidth    = "cni_bandwidth"
-	sockOpsMapCniCidrRefs     = "cni_cidr_refs"
-	sockOpsMapCniClusterCidrs = "cni_cluster_cidrs"
-	sockOpsMapCniCt           = "cni_ct"
-	sockOpsMapCniEndpoints    = "cni_endpoints"
-	sockOpsMapCniHostports    = "cni_hostports"
-	sockOpsMapCniHpConfig     = "cni_hp_config"
-	sockOpsMapCniHpStats      = "cni_hp_stats"
-	sockOpsMapCniLinks        = "cni_links"
-	sockOpsMapCniMasqConfig   = "cni_masq_config"
-	sockOpsMapCniMasqShare    = "cni_masq_share"
-	sockOpsMapCniMasqStats    = "cni_masq_stats"
-	sockOpsMapCniNetns        = "cni_netns"
-	sockOpsMapCniNodeIps      = "cni_node_ips"
-	sockOpsMapCniSnat         = "cni_snat"
-	sockOpsMapCniSockRnat     = "cni_sock_rnat"
-	sockOpsMapCniStackFlows   = "cni_stack_flows"
-	sockOpsMapCniStats        = "cni_stats"
-	sockOpsProgCniSockOps     = "cni_sock_ops"
+	sockOpsMapCniBandwidth      = "cni_bandwidth"
+	sockOpsMapCniCidrRefs       = "cni_cidr_refs"
+	sockOpsMapCniClusterCidrs   = "cni_cluster_cidrs"
+	sockOpsMapCniCt             = "cni_ct"
+	sockOpsMapCniEndpoints      = "cni_endpoints"
+	sockOpsMapCniHostports      = "cni_hostports"
+	sockOpsMapCniHpConfig       = "cni_hp_config"
+	sockOpsMapCniHpStats        = "cni_hp_stats"
+	sockOpsMapCniLinks          = "cni_links"
+	sockOpsMapCniMasqConfig     = "cni_masq_config"
+	sockOpsMapCniMasqShare      = "cni_masq_share"
+	sockOpsMapCniMasqStats      = "cni_masq_stats"
+	sockOpsMapCniNetns          = "cni_netns"
+	sockOpsMapCniNodeIps        = "cni_node_ips"
+	sockOpsMapCniSnat           = "cni_snat"
+	sockOpsMapCniSockRnat       = "cni_sock_rnat"
+	sockOpsMapCniStackFlowParts = "cni_stack_flow_parts"
+	sockOpsMapCniStackFlows     = "cni_stack_flows"
+	sockOpsMapCniStats          = "cni_stats"
+	sockOpsProgCniSockOps       = "cni_sock_ops"
 )
 
 // loadSockOps returns the embedded CollectionSpec for sockOps.
@@ -86,24 +87,25 @@ type sockOpsProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockOpsMapSpecs struct {
-	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
-	CniCidrRefs     *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
-	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
-	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
-	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
-	CniHostports    *ebpf.MapSpec `ebpf:"cni_hostports"`
-	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
-	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
-	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
-	CniMasqConfig   *ebpf.MapSpec `ebpf:"cni_masq_config"`
-	CniMasqShare    *ebpf.MapSpec `ebpf:"cni_masq_share"`
-	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
-	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
-	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
-	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
-	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
-	CniStackFlows   *ebpf.MapSpec `ebpf:"cni_stack_flows"`
-	CniStats        *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
+	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
+	CniCt             *ebpf.MapSpec `ebpf:"cni_ct"`
+	CniEndpoints      *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
+	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
+	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
+	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
+	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
+	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
+	CniSockRnat       *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
+	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
+	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
+	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
 // sockOpsVariableSpecs contains global variables before they are loaded into the kernel.
@@ -132,24 +134,25 @@ func (o *sockOpsObjects) Close() error {
 //
 // It can be passed to loadSockOpsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockOpsMaps struct {
-	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
-	CniCidrRefs     *ebpf.Map `ebpf:"cni_cidr_refs"`
-	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
-	CniCt           *ebpf.Map `ebpf:"cni_ct"`
-	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
-	CniHostports    *ebpf.Map `ebpf:"cni_hostports"`
-	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
-	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
-	CniLinks        *ebpf.Map `ebpf:"cni_links"`
-	CniMasqConfig   *ebpf.Map `ebpf:"cni_masq_config"`
-	CniMasqShare    *ebpf.Map `ebpf:"cni_masq_share"`
-	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
-	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
-	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
-	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
-	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
-	CniStackFlows   *ebpf.Map `ebpf:"cni_stack_flows"`
-	CniStats        *ebpf.Map `ebpf:"cni_stats"`
+	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
+	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
+	CniCt             *ebpf.Map `ebpf:"cni_ct"`
+	CniEndpoints      *ebpf.Map `ebpf:"cni_endpoints"`
+	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
+	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
+	CniLinks          *ebpf.Map `ebpf:"cni_links"`
+	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
+	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
+	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
+	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
+	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
+	CniSockRnat       *ebpf.Map `ebpf:"cni_sock_rnat"`
+	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
+	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
+	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *sockOpsMaps) Close() error {
@@ -170,6 +173,7 @@ func (m *sockOpsMaps) Close() error {
 		m.CniNodeIps,
 		m.CniSnat,
 		m.CniSockRnat,
+		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
 	)

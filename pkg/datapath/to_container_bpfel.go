@@ -16,25 +16,26 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	toContainerMapCniBandwidth    = "cni_bandwidth"
-	toContainerMapCniCidrRefs     = "cni_cidr_refs"
-	toContainerMapCniClusterCidrs = "cni_cluster_cidrs"
-	toContainerMapCniCt           = "cni_ct"
-	toContainerMapCniEndpoints    = "cni_endpoints"
-	toContainerMapCniHostports    = "cni_hostports"
-	toContainerMapCniHpConfig     = "cni_hp_config"
-	toContainerMapCniHpStats      = "cni_hp_stats"
-	toContainerMapCniLinks        = "cni_links"
-	toContainerMapCniMasqConfig   = "cni_masq_config"
-	toContainerMapCniMasqShare    = "cni_masq_share"
-	toContainerMapCniMasqStats    = "cni_masq_stats"
-	toContainerMapCniNetns        = "cni_netns"
-	toContainerMapCniNodeIps      = "cni_node_ips"
-	toContainerMapCniSnat         = "cni_snat"
-	toContainerMapCniSockRnat     = "cni_sock_rnat"
-	toContainerMapCniStackFlows   = "cni_stack_flows"
-	toContainerMapCniStats        = "cni_stats"
-	toContainerProgCniToContainer = "cni_to_container"
+	toContainerMapCniBandwidth      = "cni_bandwidth"
+	toContainerMapCniCidrRefs       = "cni_cidr_refs"
+	toContainerMapCniClusterCidrs   = "cni_cluster_cidrs"
+	toContainerMapCniCt             = "cni_ct"
+	toContainerMapCniEndpoints      = "cni_endpoints"
+	toContainerMapCniHostports      = "cni_hostports"
+	toContainerMapCniHpConfig       = "cni_hp_config"
+	toContainerMapCniHpStats        = "cni_hp_stats"
+	toContainerMapCniLinks          = "cni_links"
+	toContainerMapCniMasqConfig     = "cni_masq_config"
+	toContainerMapCniMasqShare      = "cni_masq_share"
+	toContainerMapCniMasqStats      = "cni_masq_stats"
+	toContainerMapCniNetns          = "cni_netns"
+	toContainerMapCniNodeIps        = "cni_node_ips"
+	toContainerMapCniSnat           = "cni_snat"
+	toContainerMapCniSockRnat       = "cni_sock_rnat"
+	toContainerMapCniStackFlowParts = "cni_stack_flow_parts"
+	toContainerMapCniStackFlows     = "cni_stack_flows"
+	toContainerMapCniStats          = "cni_stats"
+	toContainerProgCniToContainer   = "cni_to_container"
 )
 
 // loadToContainer returns the embedded CollectionSpec for toContainer.
@@ -86,24 +87,25 @@ type toContainerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type toContainerMapSpecs struct {
-	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
-	CniCidrRefs     *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
-	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
-	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
-	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
-	CniHostports    *ebpf.MapSpec `ebpf:"cni_hostports"`
-	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
-	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
-	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
-	CniMasqConfig   *ebpf.MapSpec `ebpf:"cni_masq_config"`
-	CniMasqShare    *ebpf.MapSpec `ebpf:"cni_masq_share"`
-	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
-	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
-	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
-	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
-	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
-	CniStackFlows   *ebpf.MapSpec `ebpf:"cni_stack_flows"`
-	CniStats        *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
+	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
+	CniCt             *ebpf.MapSpec `ebpf:"cni_ct"`
+	CniEndpoints      *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
+	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
+	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
+	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
+	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
+	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
+	CniSockRnat       *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
+	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
+	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
+	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
 // toContainerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -132,24 +134,25 @@ func (o *toContainerObjects) Close() error {
 //
 // It can be passed to loadToContainerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type toContainerMaps struct {
-	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
-	CniCidrRefs     *ebpf.Map `ebpf:"cni_cidr_refs"`
-	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
-	CniCt           *ebpf.Map `ebpf:"cni_ct"`
-	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
-	CniHostports    *ebpf.Map `ebpf:"cni_hostports"`
-	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
-	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
-	CniLinks        *ebpf.Map `ebpf:"cni_links"`
-	CniMasqConfig   *ebpf.Map `ebpf:"cni_masq_config"`
-	CniMasqShare    *ebpf.Map `ebpf:"cni_masq_share"`
-	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
-	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
-	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
-	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
-	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
-	CniStackFlows   *ebpf.Map `ebpf:"cni_stack_flows"`
-	CniStats        *ebpf.Map `ebpf:"cni_stats"`
+	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
+	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
+	CniCt             *ebpf.Map `ebpf:"cni_ct"`
+	CniEndpoints      *ebpf.Map `ebpf:"cni_endpoints"`
+	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
+	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
+	CniLinks          *ebpf.Map `ebpf:"cni_links"`
+	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
+	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
+	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
+	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
+	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
+	CniSockRnat       *ebpf.Map `ebpf:"cni_sock_rnat"`
+	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
+	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
+	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *toContainerMaps) Close() error {
@@ -170,6 +173,7 @@ func (m *toContainerMaps) Close() error {
 		m.CniNodeIps,
 		m.CniSnat,
 		m.CniSockRnat,
+		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
 	)

@@ -16,25 +16,26 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	toUplinkMapCniBandwidth    = "cni_bandwidth"
-	toUplinkMapCniCidrRefs     = "cni_cidr_refs"
-	toUplinkMapCniClusterCidrs = "cni_cluster_cidrs"
-	toUplinkMapCniCt           = "cni_ct"
-	toUplinkMapCniEndpoints    = "cni_endpoints"
-	toUplinkMapCniHostports    = "cni_hostports"
-	toUplinkMapCniHpConfig     = "cni_hp_config"
-	toUplinkMapCniHpStats      = "cni_hp_stats"
-	toUplinkMapCniLinks        = "cni_links"
-	toUplinkMapCniMasqConfig   = "cni_masq_config"
-	toUplinkMapCniMasqShare    = "cni_masq_share"
-	toUplinkMapCniMasqStats    = "cni_masq_stats"
-	toUplinkMapCniNetns        = "cni_netns"
-	toUplinkMapCniNodeIps      = "cni_node_ips"
-	toUplinkMapCniSnat         = "cni_snat"
-	toUplinkMapCniSockRnat     = "cni_sock_rnat"
-	toUplinkMapCniStackFlows   = "cni_stack_flows"
-	toUplinkMapCniStats        = "cni_stats"
-	toUplinkProgCniToUplink    = "cni_to_uplink"
+	toUplinkMapCniBandwidth      = "cni_bandwidth"
+	toUplinkMapCniCidrRefs       = "cni_cidr_refs"
+	toUplinkMapCniClusterCidrs   = "cni_cluster_cidrs"
+	toUplinkMapCniCt             = "cni_ct"
+	toUplinkMapCniEndpoints      = "cni_endpoints"
+	toUplinkMapCniHostports      = "cni_hostports"
+	toUplinkMapCniHpConfig       = "cni_hp_config"
+	toUplinkMapCniHpStats        = "cni_hp_stats"
+	toUplinkMapCniLinks          = "cni_links"
+	toUplinkMapCniMasqConfig     = "cni_masq_config"
+	toUplinkMapCniMasqShare      = "cni_masq_share"
+	toUplinkMapCniMasqStats      = "cni_masq_stats"
+	toUplinkMapCniNetns          = "cni_netns"
+	toUplinkMapCniNodeIps        = "cni_node_ips"
+	toUplinkMapCniSnat           = "cni_snat"
+	toUplinkMapCniSockRnat       = "cni_sock_rnat"
+	toUplinkMapCniStackFlowParts = "cni_stack_flow_parts"
+	toUplinkMapCniStackFlows     = "cni_stack_flows"
+	toUplinkMapCniStats          = "cni_stats"
+	toUplinkProgCniToUplink      = "cni_to_uplink"
 )
 
 // loadToUplink returns the embedded CollectionSpec for toUplink.
@@ -86,24 +87,25 @@ type toUplinkProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type toUplinkMapSpecs struct {
-	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
-	CniCidrRefs     *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
-	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
-	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
-	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
-	CniHostports    *ebpf.MapSpec `ebpf:"cni_hostports"`
-	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
-	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
-	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
-	CniMasqConfig   *ebpf.MapSpec `ebpf:"cni_masq_config"`
-	CniMasqShare    *ebpf.MapSpec `ebpf:"cni_masq_share"`
-	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
-	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
-	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
-	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
-	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
-	CniStackFlows   *ebpf.MapSpec `ebpf:"cni_stack_flows"`
-	CniStats        *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
+	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
+	CniCt             *ebpf.MapSpec `ebpf:"cni_ct"`
+	CniEndpoints      *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
+	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
+	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
+	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
+	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
+	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
+	CniSockRnat       *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
+	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
+	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
+	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
 // toUplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -132,24 +134,25 @@ func (o *toUplinkObjects) Close() error {
 //
 // It can be passed to loadToUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type toUplinkMaps struct {
-	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
-	CniCidrRefs     *ebpf.Map `ebpf:"cni_cidr_refs"`
-	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
-	CniCt           *ebpf.Map `ebpf:"cni_ct"`
-	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
-	CniHostports    *ebpf.Map `ebpf:"cni_hostports"`
-	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
-	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
-	CniLinks        *ebpf.Map `ebpf:"cni_links"`
-	CniMasqConfig   *ebpf.Map `ebpf:"cni_masq_config"`
-	CniMasqShare    *ebpf.Map `ebpf:"cni_masq_share"`
-	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
-	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
-	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
-	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
-	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
-	CniStackFlows   *ebpf.Map `ebpf:"cni_stack_flows"`
-	CniStats        *ebpf.Map `ebpf:"cni_stats"`
+	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
+	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
+	CniCt             *ebpf.Map `ebpf:"cni_ct"`
+	CniEndpoints      *ebpf.Map `ebpf:"cni_endpoints"`
+	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
+	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
+	CniLinks          *ebpf.Map `ebpf:"cni_links"`
+	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
+	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
+	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
+	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
+	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
+	CniSockRnat       *ebpf.Map `ebpf:"cni_sock_rnat"`
+	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
+	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
+	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *toUplinkMaps) Close() error {
@@ -170,6 +173,7 @@ func (m *toUplinkMaps) Close() error {
 		m.CniNodeIps,
 		m.CniSnat,
 		m.CniSockRnat,
+		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
 	)

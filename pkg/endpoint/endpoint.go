@@ -328,6 +328,11 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 		return errors.Join(deleteLink(a.HostIf), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
 			a.DP.Maps.DeleteLink(idx), a.DP.Maps.ResetStats(idx), sfErr)
 	})
+	// The pod's own table of the flows it sends through the stack (to
+	// Services of the node's pods): no other pod's flows evict them.
+	if err := a.DP.Maps.AddStackFlowPart(idx); err != nil {
+		return mapError(err)
+	}
 	if a.Net.IPv4Only {
 		// Saves the node work only: a /proc/sys that refuses the write
 		// (mounted read-only) costs speed, not the pod.

@@ -63,9 +63,21 @@ func (m *masq) Install(a *Attachment) error {
 	if err := m.coversFamilies(a); err != nil {
 		return err
 	}
-	ports, err := m.ports()
+	ports, toReserve, err := m.ports()
 	if err != nil {
 		return err
+	}
+	if toReserve != nil {
+		// Node-wide and kept (as ip_forward is): the node's connections
+		// never take these ports again.
+		n, err := ReadNodePorts()
+		if err == nil {
+			err = reserve(n, *toReserve)
+		}
+		if err != nil {
+			return internal("ipMasq: reserve the masquerade ports %d-%d in %s (the node's ip_local_port_range %d-%d leaves too few outside it): %v",
+				toReserve[0], toReserve[1], reservedSysctl, n.Ephemeral[0], n.Ephemeral[1], err)
+		}
 	}
 	if uplinks, err := a.NodeHooks(); err != nil && !uplinks {
 		return types.NewError(ErrPluginNotAvailable, fmt.Sprintf("ipMasq uplink hooks at %s: %v", a.Net.PinDir, err), "")
@@ -98,7 +110,7 @@ func (m *masq) Check(a *Attachment) error {
 			return checkError("map cni_endpoints entry of %s lacks the ipMasq flag", ip)
 		}
 	}
-	want, err := m.ports()
+	want, _, err := m.ports()
 	if err != nil {
 		return err
 	}
@@ -168,13 +180,14 @@ func cidrOwner(n *Network, containerID, ifname string) uint64 {
 }
 
 // ports is the node's masquerade configuration for this network: its
-// keys, checked against the node's ip_local_port_range.
-func (m *masq) ports() (maps.MasqPorts, error) {
-	eph, err := nodeEphemeralPorts()
+// keys, checked against the node's ip_local_port_range and
+// ip_local_reserved_ports (and the range Install must reserve first).
+func (m *masq) ports() (maps.MasqPorts, *[2]int, error) {
+	n, err := ReadNodePorts()
 	if err != nil {
-		return maps.MasqPorts{}, internal("ipMasq: read the node's ephemeral ports: %v", err)
+		return maps.MasqPorts{}, nil, internal("ipMasq: read the node's ephemeral ports: %v", err)
 	}
-	return masqPorts(m.portRange, m.podLimit, eph)
+	return masqPorts(m.portRange, m.podLimit, n)
 }
 
 // coversFamilies refuses configured clusterCIDRs that lack a family the

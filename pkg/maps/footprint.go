@@ -26,8 +26,12 @@ type Usage struct {
 	Memlock uint64 `json:"memlockBytes"`
 	// CPUs is the node's possible CPUs, which per-CPU parts scale with.
 	CPUs int `json:"possibleCPUs"`
+	// InnerMemlock: a map of maps' tables (cni_stack_flow_parts'), which
+	// its own memlock does not count: each is charged on its own.
+	InnerMemlock uint64 `json:"innerMemlockBytes,omitempty"`
 
-	typ ebpf.MapType
+	typ       ebpf.MapType
+	innerEach uint64 // memlock of one table, measured on this node
 }
 
 // Fill is Entries over MaxEntries; 0 for arrays.
@@ -53,7 +57,19 @@ func (u Usage) Projected(cpus int, full bool) uint64 {
 		n = int(u.MaxEntries)
 	}
 	d := int64(u.model(cpus, n)) - int64(u.model(u.CPUs, max(u.Entries, 0)))
-	return uint64(int64(u.Memlock) + d)
+	return uint64(int64(u.Memlock)+d) + u.innerAt(cpus)*uint64(max(n, 0))
+}
+
+// innerAt is the memlock of one table of a map of maps on a node with cpus
+// possible CPUs: the one measured, scaled by the model (a preallocated
+// table costs the same whatever its entries).
+func (u Usage) innerAt(cpus int) uint64 {
+	if u.innerEach == 0 {
+		return 0
+	}
+	in := Usage{KeySize: stackFlowPartSpec.KeySize, ValueSize: stackFlowPartSpec.ValueSize,
+		MaxEntries: stackFlowPartSpec.MaxEntries, typ: stackFlowPartSpec.Type}
+	return uint64(int64(u.innerEach) - int64(in.model(u.CPUs, 0)) + int64(in.model(cpus, 0)))
 }
 
 // Kernel accounting constants (x86_64/arm64) the model needs; the test
@@ -76,7 +92,7 @@ func (u Usage) model(cpus, entries int) uint64 {
 	key, val := round8(u.KeySize), round8(u.ValueSize)
 	max := uint64(u.MaxEntries)
 	switch u.typ {
-	case ebpf.Hash, ebpf.PerCPUHash, ebpf.LRUHash, ebpf.LRUCPUHash:
+	case ebpf.Hash, ebpf.PerCPUHash, ebpf.LRUHash, ebpf.LRUCPUHash, ebpf.HashOfMaps:
 		percpu := u.typ == ebpf.PerCPUHash || u.typ == ebpf.LRUCPUHash
 		lru := u.typ == ebpf.LRUHash || u.typ == ebpf.LRUCPUHash
 		b := htabBucketSize*roundPow2(max) + 4*htabLockCount*c
@@ -162,7 +178,46 @@ func usageOf(name string, mp *ebpf.Map, cpus int) (Usage, error) {
 			return Usage{}, fmt.Errorf("count entries of %s: %w", name, err)
 		}
 	}
+	if mp.Type() == ebpf.HashOfMaps {
+		if err := u.addInner(mp); err != nil {
+			return Usage{}, fmt.Errorf("tables of %s: %w", name, err)
+		}
+	}
 	return u, nil
+}
+
+// addInner sums the memlock of a map of maps' tables, and measures one (a
+// probe table when there is none).
+func (u *Usage) addInner(mp *ebpf.Map) error {
+	var ids []uint32
+	if err := scan(mp, func(_ *uint32, id *uint32) { ids = append(ids, *id) }); err != nil {
+		return err
+	}
+	for _, id := range ids {
+		t, err := ebpf.NewMapFromID(ebpf.MapID(id))
+		if err != nil {
+			continue // dropped meanwhile
+		}
+		if info, err := t.Info(); err == nil {
+			mem, _ := info.Memlock()
+			u.InnerMemlock += mem
+			u.innerEach = mem
+		}
+		t.Close()
+	}
+	if u.innerEach == 0 {
+		t, err := ebpf.NewMap(&stackFlowPartSpec)
+		if err != nil {
+			return err
+		}
+		defer t.Close()
+		info, err := t.Info()
+		if err != nil {
+			return err
+		}
+		u.innerEach, _ = info.Memlock()
+	}
+	return nil
 }
 
 // countKeys walks a map's keys (no values: per-CPU ones would be copied

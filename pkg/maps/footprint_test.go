@@ -42,7 +42,11 @@ func testMaps(t *testing.T, s Sizing) *Maps {
 // empty map of the same type, flags and sizes with one entry.
 func fixedBase(t *testing.T, u Usage) uint64 {
 	t.Helper()
-	p, err := ebpf.NewMap(&ebpf.MapSpec{Type: u.typ, KeySize: u.KeySize, ValueSize: u.ValueSize, MaxEntries: 1, Flags: u.Flags})
+	spec := &ebpf.MapSpec{Type: u.typ, KeySize: u.KeySize, ValueSize: u.ValueSize, MaxEntries: 1, Flags: u.Flags}
+	if u.typ == ebpf.HashOfMaps {
+		spec.InnerMap = &stackFlowPartSpec
+	}
+	p, err := ebpf.NewMap(spec)
 	if err != nil {
 		t.Fatalf("probe map like %s: %v", u.Name, err)
 	}
@@ -59,7 +63,10 @@ func fixedBase(t *testing.T, u Usage) uint64 {
 // not preallocated; checks that the model of the kernel's accounting
 // reproduces each figure to the byte on this machine's CPU count; and
 // checks that, extrapolated by that model to a 64-CPU node with every map
-// full, all maps together stay within 32 MiB.
+// full, all maps together stay within 40 MiB (32 MiB before issue 28 gave
+// every attachment its own table of stack-flow records, 7 MiB of it on 64
+// CPUs with 220 full tables; a later layout can shrink cni_stack_flows,
+// which keeps only the node's records and older pods', by 3 MiB).
 func TestFootprint(t *testing.T) {
 	m := testMaps(t, DefaultSizing)
 	// Entries where they cost (not preallocated): counters of 50
@@ -101,7 +108,7 @@ func TestFootprint(t *testing.T) {
 			us[nameStats].Entries, us[nameClusterRefs].Entries, us[nameEndpoints].Entries)
 	}
 
-	const budget = 32 << 20
+	const budget = 40 << 20
 	for _, c := range []int{cpus, 64, 192} {
 		now, full := Footprint(us, c)
 		t.Logf("%3d CPUs: %6.2f MiB with these entries, %6.2f MiB with every map full", c, mib(now), mib(full))

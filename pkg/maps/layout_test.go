@@ -18,7 +18,11 @@ import (
 // opens pins of the old layout, and the new fingerprint recorded here.
 var layouts = map[int]string{
 	1: "9948a12e1789aaaf",
-	2: "b84671b938a29b9c", // NAT (flow timers and state in cni_ct/cni_snat, cni_masq_config, cni_masq_share, IPv6 masquerade, ICMP error counters), bandwidth (bw_state.queue_ns, mark_ns; netns_info.rcv_wnd), node resources (sizes from maxPods, cni_stats not preallocated, cni_cidr_refs)
+	// Layout 2 gained cni_stack_flow_parts (issue 28) without a bump: a map
+	// added, none changed. maps.Create pins it on a node set up by an
+	// earlier build of layout 2 at its next Ensure; an older build never
+	// opens it. (Before: "b84671b938a29b9c".)
+	2: "d8f4f91a156980ca", // NAT (flow timers and state in cni_ct/cni_snat, cni_masq_config, cni_masq_share, IPv6 masquerade, ICMP error counters), bandwidth (bw_state.queue_ns, mark_ns; netns_info.rcv_wnd), node resources (sizes from maxPods, cni_stats not preallocated, cni_cidr_refs)
 }
 
 func TestLayoutVersion(t *testing.T) {
@@ -124,5 +128,23 @@ func TestPinnedShapes(t *testing.T) {
 	sort.Strings(got)
 	if strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Errorf("pinnedShapes has %v, the object's maps are %v", got, want)
+	}
+}
+
+// TestStackFlowPartSpec: the table AddStackFlowPart creates is the inner
+// map bpf/lib/maps.h declares for cni_stack_flow_parts.
+func TestStackFlowPartSpec(t *testing.T) {
+	ss, err := specs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := ss[nameStackFlowParts].InnerMap
+	if in == nil {
+		t.Fatalf("%s has no inner map in the object", nameStackFlowParts)
+	}
+	p := stackFlowPartSpec
+	if in.Type != p.Type || in.KeySize != p.KeySize || in.ValueSize != p.ValueSize || in.MaxEntries != p.MaxEntries || in.Flags != p.Flags {
+		t.Errorf("stackFlowPartSpec is %s key %d value %d max %d flags %d; the object's is %s key %d value %d max %d flags %d",
+			p.Type, p.KeySize, p.ValueSize, p.MaxEntries, p.Flags, in.Type, in.KeySize, in.ValueSize, in.MaxEntries, in.Flags)
 	}
 }

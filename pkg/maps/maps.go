@@ -279,6 +279,7 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: "cni_snat", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 56},
 		{Name: "cni_sock_rnat", Type: ebpf.LRUHash, KeySize: 32, ValueSize: 24},
 		{Name: "cni_stack_flows", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 16},
+		{Name: nameStackFlowParts, Type: ebpf.HashOfMaps, KeySize: 4, ValueSize: 4},
 		{Name: nameStats, Type: ebpf.PerCPUHash, KeySize: 8, ValueSize: 16, Flags: unix.BPF_F_NO_PREALLOC},
 	} {
 		out[s.Name] = &s

@@ -285,28 +285,29 @@ type mapsObjStatsVal struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	mapsObjMapCniBandwidth    = "cni_bandwidth"
-	mapsObjMapCniCidrRefs     = "cni_cidr_refs"
-	mapsObjMapCniClusterCidrs = "cni_cluster_cidrs"
-	mapsObjMapCniCt           = "cni_ct"
-	mapsObjMapCniEndpoints    = "cni_endpoints"
-	mapsObjMapCniHostports    = "cni_hostports"
-	mapsObjMapCniHpConfig     = "cni_hp_config"
-	mapsObjMapCniHpStats      = "cni_hp_stats"
-	mapsObjMapCniLinks        = "cni_links"
-	mapsObjMapCniMasqConfig   = "cni_masq_config"
-	mapsObjMapCniMasqShare    = "cni_masq_share"
-	mapsObjMapCniMasqStats    = "cni_masq_stats"
-	mapsObjMapCniNetns        = "cni_netns"
-	mapsObjMapCniNodeIps      = "cni_node_ips"
-	mapsObjMapCniSnat         = "cni_snat"
-	mapsObjMapCniSockRnat     = "cni_sock_rnat"
-	mapsObjMapCniStackFlows   = "cni_stack_flows"
-	mapsObjMapCniStats        = "cni_stats"
-	mapsObjVarDirUnused       = "__dir_unused"
-	mapsObjVarHpStatUnused    = "__hp_stat_unused"
-	mapsObjVarMasqStatUnused  = "__masq_stat_unused"
-	mapsObjVarReasonUnused    = "__reason_unused"
+	mapsObjMapCniBandwidth      = "cni_bandwidth"
+	mapsObjMapCniCidrRefs       = "cni_cidr_refs"
+	mapsObjMapCniClusterCidrs   = "cni_cluster_cidrs"
+	mapsObjMapCniCt             = "cni_ct"
+	mapsObjMapCniEndpoints      = "cni_endpoints"
+	mapsObjMapCniHostports      = "cni_hostports"
+	mapsObjMapCniHpConfig       = "cni_hp_config"
+	mapsObjMapCniHpStats        = "cni_hp_stats"
+	mapsObjMapCniLinks          = "cni_links"
+	mapsObjMapCniMasqConfig     = "cni_masq_config"
+	mapsObjMapCniMasqShare      = "cni_masq_share"
+	mapsObjMapCniMasqStats      = "cni_masq_stats"
+	mapsObjMapCniNetns          = "cni_netns"
+	mapsObjMapCniNodeIps        = "cni_node_ips"
+	mapsObjMapCniSnat           = "cni_snat"
+	mapsObjMapCniSockRnat       = "cni_sock_rnat"
+	mapsObjMapCniStackFlowParts = "cni_stack_flow_parts"
+	mapsObjMapCniStackFlows     = "cni_stack_flows"
+	mapsObjMapCniStats          = "cni_stats"
+	mapsObjVarDirUnused         = "__dir_unused"
+	mapsObjVarHpStatUnused      = "__hp_stat_unused"
+	mapsObjVarMasqStatUnused    = "__masq_stat_unused"
+	mapsObjVarReasonUnused      = "__reason_unused"
 )
 
 // loadMapsObj returns the embedded CollectionSpec for mapsObj.
@@ -357,24 +358,25 @@ type mapsObjProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type mapsObjMapSpecs struct {
-	CniBandwidth    *ebpf.MapSpec `ebpf:"cni_bandwidth"`
-	CniCidrRefs     *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
-	CniClusterCidrs *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
-	CniCt           *ebpf.MapSpec `ebpf:"cni_ct"`
-	CniEndpoints    *ebpf.MapSpec `ebpf:"cni_endpoints"`
-	CniHostports    *ebpf.MapSpec `ebpf:"cni_hostports"`
-	CniHpConfig     *ebpf.MapSpec `ebpf:"cni_hp_config"`
-	CniHpStats      *ebpf.MapSpec `ebpf:"cni_hp_stats"`
-	CniLinks        *ebpf.MapSpec `ebpf:"cni_links"`
-	CniMasqConfig   *ebpf.MapSpec `ebpf:"cni_masq_config"`
-	CniMasqShare    *ebpf.MapSpec `ebpf:"cni_masq_share"`
-	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
-	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
-	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
-	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
-	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
-	CniStackFlows   *ebpf.MapSpec `ebpf:"cni_stack_flows"`
-	CniStats        *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
+	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
+	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
+	CniCt             *ebpf.MapSpec `ebpf:"cni_ct"`
+	CniEndpoints      *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
+	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
+	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
+	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
+	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
+	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
+	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
+	CniSockRnat       *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
+	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
+	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
+	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 }
 
 // mapsObjVariableSpecs contains global variables before they are loaded into the kernel.
@@ -407,24 +409,25 @@ func (o *mapsObjObjects) Close() error {
 //
 // It can be passed to loadMapsObjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mapsObjMaps struct {
-	CniBandwidth    *ebpf.Map `ebpf:"cni_bandwidth"`
-	CniCidrRefs     *ebpf.Map `ebpf:"cni_cidr_refs"`
-	CniClusterCidrs *ebpf.Map `ebpf:"cni_cluster_cidrs"`
-	CniCt           *ebpf.Map `ebpf:"cni_ct"`
-	CniEndpoints    *ebpf.Map `ebpf:"cni_endpoints"`
-	CniHostports    *ebpf.Map `ebpf:"cni_hostports"`
-	CniHpConfig     *ebpf.Map `ebpf:"cni_hp_config"`
-	CniHpStats      *ebpf.Map `ebpf:"cni_hp_stats"`
-	CniLinks        *ebpf.Map `ebpf:"cni_links"`
-	CniMasqConfig   *ebpf.Map `ebpf:"cni_masq_config"`
-	CniMasqShare    *ebpf.Map `ebpf:"cni_masq_share"`
-	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
-	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
-	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
-	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
-	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
-	CniStackFlows   *ebpf.Map `ebpf:"cni_stack_flows"`
-	CniStats        *ebpf.Map `ebpf:"cni_stats"`
+	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
+	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
+	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
+	CniCt             *ebpf.Map `ebpf:"cni_ct"`
+	CniEndpoints      *ebpf.Map `ebpf:"cni_endpoints"`
+	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
+	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
+	CniLinks          *ebpf.Map `ebpf:"cni_links"`
+	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
+	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
+	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
+	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
+	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
+	CniSockRnat       *ebpf.Map `ebpf:"cni_sock_rnat"`
+	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
+	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
+	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 }
 
 func (m *mapsObjMaps) Close() error {
@@ -445,6 +448,7 @@ func (m *mapsObjMaps) Close() error {
 		m.CniNodeIps,
 		m.CniSnat,
 		m.CniSockRnat,
+		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
 	)

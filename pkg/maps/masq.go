@@ -41,6 +41,9 @@ const (
 	EndpointFlagMasq = 1 << 3
 	snatDirFwd       = 0 // SNAT_DIR_FWD
 	snatDirRev       = 1 // SNAT_DIR_REV
+	// SNAT_F_SEQ (bpf/lib/tcpseq.h): a reverse TCP entry whose created_ns
+	// holds the flow's sequence tracking, not a time.
+	snatSeqTracked = 1 << 8
 	// ProtoICMP and ProtoICMPv6: masquerade translates echo requests (the id is the port).
 	ProtoICMP   uint8 = 1
 	ProtoICMPv6 uint8 = 58
@@ -442,6 +445,9 @@ func (m *Maps) ListSNAT() ([]SNATFlow, error) {
 			Proto: e.k.Proto, Node: addrPort(e.k.Addr, e.k.Family, e.k.Port), Peer: addrPort(e.k.PeerAddr, e.k.Family, e.k.PeerPort),
 			Pod: addrPort(e.v.Addr, e.k.Family, e.v.Port), Ifindex: int(e.v.Ifindex), Age: age(e.v.CreatedNs), Idle: age(e.v.SeenNs),
 			Reverse: true, Closing: e.v.Flags&flowClosing != 0, State: FlowState(e.k.Proto, uint32(e.v.Flags)), Flags: uint32(e.v.Flags),
+		}
+		if e.v.Flags&snatSeqTracked != 0 {
+			f.Age = 0 // unknown: created_ns holds sequence numbers
 		}
 		if !fwd[[3]netip.AddrPort{f.Node, f.Peer, f.Pod}] {
 			out = append(out, f)

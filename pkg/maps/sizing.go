@@ -87,18 +87,19 @@ func (s Sizing) entries() map[string]uint32 {
 		hp = 1 // no hostPorts at all: the map must still exist
 	}
 	return map[string]uint32{
-		nameEndpoints:   uint32(att * addrsPerAttachment),
-		nameLinks:       uint32(att),
-		nameStats:       uint32(att * numDirs * numReasons), // every (direction, reason) of every interface
-		nameBandwidth:   uint32(att * numDirs),
-		nameNetns:       uint32(att + 1), // the pods' and the node's
-		nameHostPorts:   uint32(hp),
-		nameCT:          uint32(max(s.MaxPods*flowsPerPod, minCT)),
-		nameSockRNAT:    uint32(s.MaxPods * sockFlowsPerPod),
-		nameSNAT:        uint32(s.MaxPods * flowsPerPod * 2), // two entries per flow
-		nameMasqShare:   uint32(s.MaxPods * flowsPerPod),     // a (pod, destination) has a flow at least
-		nameStackFlows:  uint32(s.MaxPods * flowsPerPod),
-		nameClusterRefs: uint32(att * MaxClusterCIDRsPerNetwork),
+		nameEndpoints:      uint32(att * addrsPerAttachment),
+		nameLinks:          uint32(att),
+		nameStats:          uint32(att * numDirs * numReasons), // every (direction, reason) of every interface
+		nameBandwidth:      uint32(att * numDirs),
+		nameNetns:          uint32(att + 1), // the pods' and the node's
+		nameHostPorts:      uint32(hp),
+		nameCT:             uint32(max(s.MaxPods*flowsPerPod, minCT)),
+		nameSockRNAT:       uint32(s.MaxPods * sockFlowsPerPod),
+		nameSNAT:           uint32(s.MaxPods * flowsPerPod * 2), // two entries per flow
+		nameMasqShare:      uint32(s.MaxPods * flowsPerPod),     // a (pod, destination) has a flow at least
+		nameStackFlows:     uint32(s.MaxPods * flowsPerPod),
+		nameStackFlowParts: uint32(att), // a table per attachment
+		nameClusterRefs:    uint32(att * MaxClusterCIDRsPerNetwork),
 	}
 }
 

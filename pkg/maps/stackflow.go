@@ -1,9 +1,13 @@
 package maps
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"time"
+
+	"github.com/cilium/ebpf"
 )
 
 // Go twins of the stack-flow structs in bpf/lib/types.h, generated from BTF.
@@ -12,14 +16,60 @@ type (
 	StackFlowVal = mapsObjSfVal
 )
 
-// nameStackFlows is cni_stack_flows, as bpf/lib/maps.h declares it.
+// nameStackFlows is cni_stack_flows, as bpf/lib/maps.h declares it: the
+// records of the node's flows and of pods attached by older builds.
 const nameStackFlows = "cni_stack_flows"
+
+// nameStackFlowParts is cni_stack_flow_parts: each pod's own table of the
+// records of flows it sent (issue 28: so no pod evicts another's), keyed
+// by its host veth's ifindex.
+const nameStackFlowParts = "cni_stack_flow_parts"
+
+// stackFlowPartSpec is a pod's table: struct sf_part in bpf/lib/maps.h
+// (TestStackFlowPartSpec holds them equal), kept here so that a verb
+// creates one without parsing the embedded object.
+var stackFlowPartSpec = ebpf.MapSpec{Name: "cni_sf_part", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 16, MaxEntries: 256}
+
+// AddStackFlowPart gives the pod behind the host veth ifindex its own table
+// of stack-flow records (replacing one an earlier pod of that ifindex left).
+func (m *Maps) AddStackFlowPart(ifindex int) error {
+	inner, err := ebpf.NewMap(&stackFlowPartSpec)
+	if err != nil {
+		return fmt.Errorf("create the stack-flow table of ifindex %d: %w", ifindex, err)
+	}
+	defer inner.Close() // the outer map holds it from here
+	k := uint32(ifindex)
+	outer := m.byName[nameStackFlowParts]
+	if err := outer.Update(&k, inner, ebpf.UpdateAny); err != nil {
+		return writeErr(outer, nameStackFlowParts, fmt.Sprintf("the table of ifindex %d", ifindex), err)
+	}
+	return nil
+}
+
+// StackFlowParts lists the ifindexes that have a table of their own.
+func (m *Maps) StackFlowParts() ([]int, error) {
+	var out []int
+	err := scan(m.byName[nameStackFlowParts], func(k *uint32, _ *uint32) { out = append(out, int(*k)) })
+	if err != nil {
+		return nil, fmt.Errorf("scan %s: %w", nameStackFlowParts, err)
+	}
+	return out, nil
+}
+
+// deleteStackFlowPart drops the table of ifindex, if any.
+func (m *Maps) deleteStackFlowPart(ifindex int) error {
+	k := uint32(ifindex)
+	if err := m.byName[nameStackFlowParts].Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete the table of ifindex %d from %s: %w", ifindex, nameStackFlowParts, err)
+	}
+	return nil
+}
 
 // Flags of a stack flow (SF_* in bpf/lib/types.h): who the peer is.
 const (
 	StackFlowPeerPod  = 1 // a pod of this node: its replies go through the stack
 	StackFlowPeerNode = 2 // a node address (UDP): the pod's replies are no hostPort hairpin
-	StackFlowInbound  = 4 // a host that reached a masquerading pod directly (UDP): replies leave unmasqueraded
+	StackFlowInbound  = 4 // written by programs before issue 28 only (a host outside reached a masquerading pod); never read
 )
 
 // StackFlow is one entry of cni_stack_flows: a flow the kernel stack
@@ -50,11 +100,39 @@ func (f StackFlow) Kind() string {
 	return s
 }
 
-// ListStackFlows returns every entry of cni_stack_flows.
+// ListStackFlows returns every stack-flow record: cni_stack_flows' and
+// those of every pod's table.
 func (m *Maps) ListStackFlows() ([]StackFlow, error) {
+	out, err := listStackFlows(m.byName[nameStackFlows], nameStackFlows)
+	if err != nil {
+		return nil, err
+	}
+	var ids []ebpf.MapID
+	if err := scan(m.byName[nameStackFlowParts], func(_ *uint32, id *uint32) { ids = append(ids, ebpf.MapID(*id)) }); err != nil {
+		return nil, fmt.Errorf("scan %s: %w", nameStackFlowParts, err)
+	}
+	for _, id := range ids {
+		t, err := ebpf.NewMapFromID(id)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // dropped meanwhile
+		}
+		if err != nil {
+			return nil, fmt.Errorf("open a table of %s (map %d): %w", nameStackFlowParts, id, err)
+		}
+		fs, err := listStackFlows(t, nameStackFlowParts)
+		t.Close()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, fs...)
+	}
+	return out, nil
+}
+
+func listStackFlows(mp *ebpf.Map, name string) ([]StackFlow, error) {
 	now := monotonicNow()
 	var out []StackFlow
-	err := scan(m.byName[nameStackFlows], func(k *StackFlowKey, v *StackFlowVal) {
+	err := scan(mp, func(k *StackFlowKey, v *StackFlowVal) {
 		f := StackFlow{
 			Proto: k.Proto, Pod: addrPort(k.Addr, k.Family, k.Port), Peer: addrPort(k.PeerAddr, k.Family, k.PeerPort),
 			Flags: v.Flags, Ifindex: int(v.Ifindex),
@@ -65,15 +143,20 @@ func (m *Maps) ListStackFlows() ([]StackFlow, error) {
 		out = append(out, f)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("scan %s: %w", nameStackFlows, err)
+		return nil, fmt.Errorf("scan %s: %w", name, err)
 	}
 	return out, nil
 }
 
 // DeleteStackFlowsOf removes every cni_stack_flows entry made for the pod
 // behind the host veth ifindex and returns how many: a scan, as DeleteCTOf
-// (the programs never use an entry whose ifindex is not the pod's anyway).
+// (the programs never use an entry whose ifindex is not the pod's anyway),
+// and drops the pod's own table. Records in other pods' tables made for it
+// stay until their LRU drops them (never used: the ifindex is checked).
 func (m *Maps) DeleteStackFlowsOf(ifindex int) (int, error) {
+	if err := m.deleteStackFlowPart(ifindex); err != nil {
+		return 0, err
+	}
 	var keys []StackFlowKey
 	err := scan(m.byName[nameStackFlows], func(k *StackFlowKey, v *StackFlowVal) {
 		if int(v.Ifindex) == ifindex {

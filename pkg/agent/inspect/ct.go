@@ -15,8 +15,8 @@ import (
 type CTRow struct {
 	// "nat": packets translated; "socket": a node socket's destination
 	// rewritten; "stack/pod", "stack/node", "stack/inbound": replies go
-	// back through the stack (the peer is a pod of the node, a node
-	// address, or a host that reached a masquerading pod directly).
+	// back through the stack (the peer is a pod of the node or a node
+	// address; "inbound" rows come from programs before issue 28 only).
 	Kind      string  `json:"kind"`
 	Protocol  string  `json:"protocol,omitempty"`
 	Client    string  `json:"client,omitempty"` // who connected (nat)

@@ -31,8 +31,24 @@ type StatusReport struct {
 	Memory      MemorySummary     `json:"memory"`
 	Programs    []ProgramStatus   `json:"programs"` // pinned programs
 	Attachments AttachmentSummary `json:"attachments"`
-	// Warnings do not make the datapath unhealthy: maps above 90% full.
+	// Masq: the masquerade ports against the node's own (when an ipMasq ADD configured them).
+	Masq *MasqPortStatus `json:"masq,omitempty"`
+	// Warnings do not make the datapath unhealthy: maps above 90% full,
+	// masquerade ports the node's kernel may pick for its own connections.
 	Warnings []string `json:"warnings,omitempty"`
+}
+
+// MasqPortStatus compares cni_masq_config with the ports the node's kernel
+// picks for its own connections (ip_local_port_range but
+// ip_local_reserved_ports): each port in both may carry a node connection
+// and a masqueraded flow to the same peer at once, and the reply of one
+// goes to the other. ADD refuses such a configuration; widening
+// ip_local_port_range (or dropping a reservation) afterwards makes one.
+type MasqPortStatus struct {
+	Ports     string `json:"ports"`
+	Ephemeral string `json:"ephemeral"` // ip_local_port_range
+	Reserved  string `json:"reserved"`  // ip_local_reserved_ports
+	Overlap   int    `json:"overlap"`   // masquerade ports the kernel may pick
 }
 
 // MemorySummary is the kernel memory of the maps (memlock, as the kernel
@@ -102,6 +118,12 @@ func Status(src Source, version string) *StatusReport {
 		if len(us) > 0 {
 			r.Memory.CPUs = us[0].CPUs
 			r.Memory.MemlockBytes, r.Memory.FullBytes = maps.Footprint(us, us[0].CPUs)
+		}
+		if ms, w := masqPortStatus(dp.Maps); ms != nil || w != "" {
+			r.Masq = ms
+			if w != "" {
+				r.Warnings = append(r.Warnings, w)
+			}
 		}
 		for _, u := range us {
 			if u.Fill() > maps.FullWarn {
@@ -189,6 +211,10 @@ func (r *StatusReport) Tables() []Table {
 	if r.Sizing != nil {
 		sum.Lines = append(sum.Lines, "sized for:  "+r.Sizing.String())
 	}
+	if m := r.Masq; m != nil {
+		sum.Lines = append(sum.Lines, fmt.Sprintf("masquerade: ports %s; node's ephemeral %s, reserved %s: %d in both",
+			m.Ports, m.Ephemeral, dash(m.Reserved), m.Overlap))
+	}
 	for _, p := range r.Problems {
 		sum.Lines = append(sum.Lines, "problem:    "+p)
 	}
@@ -234,4 +260,29 @@ func humanBytes(b uint64) string {
 		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
 	}
 	return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+}
+
+// masqPortStatus is nil when no ipMasq ADD configured the ports; the
+// warning is non-empty when they overlap the node's own.
+func masqPortStatus(m *maps.Maps) (*MasqPortStatus, string) {
+	p, err := m.MasqConfig()
+	if err != nil || len(p.Ranges) == 0 {
+		return nil, ""
+	}
+	n, err := endpoint.ReadNodePorts()
+	if err != nil {
+		return nil, fmt.Sprintf("masquerade ports %s: read the node's ephemeral ports: %v", p, err)
+	}
+	res := make([]string, 0, len(n.Reserved))
+	for _, r := range n.Reserved {
+		res = append(res, fmt.Sprintf("%d-%d", r[0], r[1]))
+	}
+	s := &MasqPortStatus{Ports: p.String(), Ephemeral: fmt.Sprintf("%d-%d", n.Ephemeral[0], n.Ephemeral[1]),
+		Reserved: strings.Join(res, ","), Overlap: n.MasqOverlap(p)}
+	if s.Overlap == 0 {
+		return s, ""
+	}
+	return s, fmt.Sprintf("masquerade ports %s overlap the node's ip_local_port_range %s in %d ports not in ip_local_reserved_ports: "+
+		"the node's own connections may take a masqueraded flow's port and collide with it; narrow ip_local_port_range or reserve the ports",
+		s.Ports, s.Ephemeral, s.Overlap)
 }
