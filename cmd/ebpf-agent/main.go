@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -94,6 +95,12 @@ var commands = []command{
 		flags: func(fs *flag.FlagSet, o *opts) {
 			fs.BoolVar(&o.dryRun, "dry-run", false, "only list what would be removed")
 		}, run: reconcile},
+	{name: "uninstall", help: "remove every trace of ebpf-cni from the node (refused while pods use it, unless --force)",
+		flags: func(fs *flag.FlagSet, o *opts) {
+			fs.BoolVar(&o.force, "force", false, "tear down the pods' interfaces too (they lose their network), with a warning")
+			fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup2 directory of the socket hooks (default: the networks' cgroupRoot, else the cgroup2 mount)")
+			fs.StringVar(&o.confTemplate, "cni-conf-template", "", "the template run rendered: its conflist in --cni-conf-dir is removed too")
+		}, run: uninstall},
 	{name: "upgrade", help: "swap every attachment to this build's programs in place (--force reloads them)",
 		flags: func(fs *flag.FlagSet, o *opts) {
 			fs.BoolVar(&o.force, "force", false, "reload this build's programs even if already pinned, and swap them in")
@@ -255,6 +262,21 @@ func peers(o *opts) error {
 func reconcile(o *opts) error {
 	st, err := agent.ReconcileAll(o.agentOptions(), o.dryRun)
 	return report(o, agent.Reconciled{Stale: st, DryRun: o.dryRun}, err)
+}
+
+func uninstall(o *opts) error {
+	uo := agent.UninstallOptions{Options: o.agentOptions(), Force: o.force,
+		Warn: func(s string) { fmt.Fprintln(os.Stderr, "ebpf-agent: warning:", s) }}
+	uo.CgroupRoot = o.cgroupRoot
+	if o.confTemplate != "" {
+		uo.ConfFiles = []string{filepath.Join(o.confDir, filepath.Base(o.confTemplate))}
+	}
+	u, err := agent.Uninstall(uo)
+	var pe *agent.PodsPresentError
+	if errors.As(err, &pe) {
+		return err // nothing was done: no report
+	}
+	return report(o, u, err)
 }
 
 // upgraded is upgrade's report.
