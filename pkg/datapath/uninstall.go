@@ -237,7 +237,10 @@ func RemovePinDir(pinRoot string) ([]Removal, error) {
 				names = append(names, s.Name())
 			}
 			sort.Strings(names)
-			what = fmt.Sprintf("%s (%d: %s)", path, len(names), abbreviate(names, 6))
+			what = path + " (empty)"
+			if len(names) > 0 {
+				what = fmt.Sprintf("%s (%d: %s)", path, len(names), abbreviate(names, 6))
+			}
 		}
 		if err := os.RemoveAll(path); err != nil {
 			return out, fmt.Errorf("remove %s: %w", path, err)
