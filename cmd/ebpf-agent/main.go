@@ -36,6 +36,8 @@ type opts struct {
 	hostPorts                      bool
 	// run: Node-following, the conflist, cluster CIDRs
 	kubeconfig, nodeName, confTemplate, clusterCIDRs string
+	// run: the file saying whether to uninstall the node when stopped
+	uninstallOnStop string
 	// reconcile, upgrade
 	dryRun, force bool
 	// run, upgrade: the node's map sizing (0 and -1: from the CNI config)
@@ -181,7 +183,24 @@ func runFlags(fs *flag.FlagSet, o *opts) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for Node-following (default: the pod's in-cluster service account)")
 	fs.StringVar(&o.confTemplate, "cni-conf-template", "", "conflist to write into --cni-conf-dir and keep current; its \"__PODCIDR__\" ranges become this node's spec.podCIDRs")
 	fs.StringVar(&o.clusterCIDRs, "cluster-cidrs", "", "comma-separated CIDRs ipMasq never masquerades (default with --node-name: every node's pod CIDRs)")
+	fs.StringVar(&o.uninstallOnStop, "uninstall-on-stop", "", "file read when the agent stops: \"true\" uninstalls the node as `uninstall` does (refused while pods use it), \"force\" as `uninstall --force`; anything else, or no file, leaves the datapath in place")
 	sizingFlags(fs, o)
+}
+
+// uninstallMode reads --uninstall-on-stop's file: "", "true" or "force".
+func uninstallMode(path string) string {
+	if path == "" {
+		return ""
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	switch m := strings.TrimSpace(string(b)); m {
+	case "true", "force":
+		return m
+	}
+	return ""
 }
 
 func run(o *opts) error {
@@ -213,7 +232,18 @@ func run(o *opts) error {
 		return err
 	}
 	ao.Sizing = s
-	return agent.Run(ctx, ao)
+	if err := agent.Run(ctx, ao); err != nil {
+		return err
+	}
+	// Only a stop (SIGTERM: the DaemonSet deleted, or the pod replaced)
+	// gets here; the file says whether this stop is an uninstall.
+	mode := uninstallMode(o.uninstallOnStop)
+	if mode == "" {
+		return nil
+	}
+	ao.Logger.Printf("stopped; %s says %q: uninstalling the node", o.uninstallOnStop, mode)
+	o.force = mode == "force"
+	return uninstallWith(o, true)
 }
 
 func status(o *opts) error {
@@ -264,8 +294,11 @@ func reconcile(o *opts) error {
 	return report(o, agent.Reconciled{Stale: st, DryRun: o.dryRun}, err)
 }
 
-func uninstall(o *opts) error {
-	uo := agent.UninstallOptions{Options: o.agentOptions(), Force: o.force,
+func uninstall(o *opts) error { return uninstallWith(o, false) }
+
+// uninstallWith is uninstall, from the stopped agent's process too.
+func uninstallWith(o *opts, agentStopped bool) error {
+	uo := agent.UninstallOptions{Options: o.agentOptions(), Force: o.force, AgentStopped: agentStopped,
 		Warn: func(s string) { fmt.Fprintln(os.Stderr, "ebpf-agent: warning:", s) }}
 	uo.CgroupRoot = o.cgroupRoot
 	if o.confTemplate != "" {

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -127,7 +128,13 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	go bg.run(ctx)
+	// Run returns only once its workers have: a caller may uninstall the
+	// node after it (--uninstall-on-stop), which a worker still attaching
+	// would undo.
+	var workers sync.WaitGroup
+	defer workers.Wait()
+	workers.Add(1)
+	go func() { defer workers.Done(); bg.run(ctx) }()
 	lg.Printf("datapath ready at %s (map layout v%d, sized for %s); %d links and %d tc filters, %d moved to this build's programs, %d old program pins removed, %d old map directories removed",
 		o.PinRoot, maps.LayoutVersion, o.Sizing, rep.Links, rep.Filters, rep.Replaced+rep.FiltersSwap, len(rep.RemovedProgs), len(rep.RemovedMaps))
 
@@ -207,7 +214,8 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 		defer hdp.Close()
-		go runNodeHooks(ctx, hdp, o.CgroupRoot, time.Minute, lg)
+		workers.Add(1)
+		go func() { defer workers.Done(); runNodeHooks(ctx, hdp, o.CgroupRoot, time.Minute, lg) }()
 	}
 
 	// A deleted host veth is the usual sign of a pod gone without DEL.

@@ -31,6 +31,9 @@ type UninstallOptions struct {
 	Force bool
 	// Warn is told about the pods Force takes the network from.
 	Warn func(string)
+	// AgentStopped: the caller is the agent, its work stopped, holding the
+	// agent lock until it exits (`run --uninstall-on-stop`).
+	AgentStopped bool
 }
 
 // Uninstalled is what an uninstall removed.
@@ -99,7 +102,7 @@ func (p livePod) String() string {
 // error: the report is empty.
 func Uninstall(o UninstallOptions) (Uninstalled, error) {
 	u := Uninstalled{PinDir: o.PinRoot, StateDir: o.StateDir, ConfDir: o.ConfDir}
-	if datapath.AgentAlive(o.PinRoot) {
+	if !o.AgentStopped && datapath.AgentAlive(o.PinRoot) {
 		return u, fmt.Errorf("uninstall: an agent runs on %s (it would set the node hooks up again): stop it first (delete the DaemonSet, or stop ebpf-agent run)", o.PinRoot)
 	}
 	add := func(kind, what string) { u.Removed = append(u.Removed, datapath.Removal{Kind: kind, What: what}) }

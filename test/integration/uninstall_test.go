@@ -516,3 +516,53 @@ func TestUninstallHalfDone(t *testing.T) {
 		return nil
 	})
 }
+
+// TestUninstallOnAgentStop: the DaemonSet's cleanup mode. An agent run with
+// --uninstall-on-stop FILE uninstalls the node when stopped and FILE says
+// so: "true" is refused while pods exist (the agent exits non-zero and the
+// datapath stays, pods keep their hostPort), "force" takes the pods'
+// interfaces too and leaves the node as before install; no FILE content
+// leaves everything in place.
+func TestUninstallOnAgentStop(t *testing.T) {
+	t.Parallel()
+	l := newUninstallLab(t)
+	before := l.snapshot()
+	l.install()
+	mode := filepath.Join(t.TempDir(), "uninstall-on-stop")
+	start := func() *testenv.AgentProc {
+		return l.StartAgent(l.confDir, "--cgroup-root", l.cgroupRoot, "--peers", l.peersFile, "--uninstall-on-stop", mode)
+	}
+	stop := func(a *testenv.AgentProc) error {
+		a.Cmd.Process.Signal(syscall.SIGTERM)
+		err, ok := a.Exited(30 * time.Second)
+		if !ok {
+			t.Fatalf("the agent did not end within 30s of SIGTERM:\n%s", a.Logs())
+		}
+		return err
+	}
+
+	a := start()
+	l.podsWithEverything()
+	if err := stop(a); err != nil { // no file: a plain stop
+		t.Fatalf("agent stop without an uninstall mode: %v\n%s", err, a.Logs())
+	}
+	present := l.snapshot()
+	if gone, left := diff(before, present); len(left) == 0 || len(gone) > 0 {
+		t.Fatalf("a plain stop changed what install made: left %d, gone %v", len(left), gone)
+	}
+
+	os.WriteFile(mode, []byte("true\n"), 0o600)
+	a = start()
+	if err := stop(a); err == nil || !strings.Contains(a.Logs(), "--force") {
+		t.Errorf("agent stop in mode \"true\" with pods present: %v, want a refusal naming --force\n%s", err, a.Logs())
+	}
+	expectServer(t, l.remote, "tcp", hp(uplinkIP4, 8080), "web")
+
+	os.WriteFile(mode, []byte("force\n"), 0o600)
+	a = start()
+	if err := stop(a); err != nil {
+		t.Fatalf("agent stop in mode \"force\": %v\n%s", err, a.Logs())
+	}
+	t.Logf("agent:\n%s", a.Logs())
+	l.assertAsBefore(before, "after the agent's uninstall on stop")
+}
