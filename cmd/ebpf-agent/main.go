@@ -203,6 +203,29 @@ func uninstallMode(path string) string {
 	return ""
 }
 
+// watchUninstallMode logs what the stop would do each time the file
+// changes (a ConfigMap key reaches a mounted volume a minute or two after
+// the edit): the log line is how an operator knows the mode arrived.
+func watchUninstallMode(ctx context.Context, path string, lg *log.Logger) {
+	last := "unset"
+	for {
+		if m := uninstallMode(path); m != last {
+			last = m
+			switch m {
+			case "":
+				lg.Printf("uninstall-on-stop: off (stopping leaves the datapath in place)")
+			default:
+				lg.Printf("uninstall-on-stop: %s (stopping this agent uninstalls ebpf-cni from the node)", m)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Second):
+		}
+	}
+}
+
 func run(o *opts) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -232,6 +255,9 @@ func run(o *opts) error {
 		return err
 	}
 	ao.Sizing = s
+	if o.uninstallOnStop != "" {
+		go watchUninstallMode(ctx, o.uninstallOnStop, ao.Logger)
+	}
 	if err := agent.Run(ctx, ao); err != nil {
 		return err
 	}
