@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
@@ -112,11 +113,13 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = errors.Join(errs, err)
 	}
-	live, stale, err := judgeAttachments(o, nets)
+	sc := newScope(o, nets)
+	live, stale, err := judgeAttachments(o, sc)
 	if err != nil {
 		return u, err
 	}
-	orphans := ourVeths(live, stale)
+	ours := datapath.Runs(o.PinRoot)
+	orphans := ourVeths(sc, ours, live, stale)
 	if (len(live) > 0 || len(orphans) > 0) && !o.Force {
 		pe := &PodsPresentError{}
 		for _, p := range live {
@@ -165,7 +168,7 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 	}
 	// Veths of ours the records do not name (records removed by hand): the
 	// pod end goes with them.
-	for _, l := range ourVeths(nil, nil) {
+	for _, l := range ourVeths(sc, ours) {
 		if err := netlink.LinkDel(l); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("delete veth %s: %w", l.Attrs().Name, err))
 			continue
@@ -207,62 +210,139 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 	}
 	rs, err = datapath.RemovePinDir(o.PinRoot)
 	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
-	rs, err = removeStateDir(o.StateDir)
+	rs, err = removeState(sc)
 	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
 	return u, errs
 }
 
-// judgeAttachments sorts the records of every network under the state
-// directory into attachments of live pods (their host veth exists, or an
-// ADD of them runs) and stale ones (veth gone, or half made by a killed
-// ADD). Nothing is changed.
-func judgeAttachments(o UninstallOptions, nets []NetworkConf) (live, stale []livePod, err error) {
-	names, err := state.Networks(o.StateDir)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, nil, fmt.Errorf("read state directory %s: %w", o.StateDir, err)
+// scope is what of the state and conf directories is this pin
+// directory's: networks of other pin directories may share both.
+type scope struct {
+	pinRoot string
+	ours    map[string]*NetworkConf // networks in the conf dir using this pin directory, by name
+	foreign map[string]bool         // ebpf-cni networks in the conf dir using another one
+	// stateDirs are --state-dir and those of our networks.
+	stateDirs []string
+	// owned are the records' directories (<stateDir>/<network>) judged ours.
+	owned []string
+}
+
+func newScope(o UninstallOptions, nets []NetworkConf) *scope {
+	sc := &scope{pinRoot: o.PinRoot, ours: map[string]*NetworkConf{}, foreign: map[string]bool{}}
+	dirs := map[string]bool{filepath.Clean(o.StateDir): true}
+	sc.stateDirs = []string{filepath.Clean(o.StateDir)}
+	for i := range nets {
+		sc.ours[nets[i].Name] = &nets[i]
+		if d := filepath.Clean(nets[i].Net.StateDir); !dirs[d] {
+			dirs[d] = true
+			sc.stateDirs = append(sc.stateDirs, d)
+		}
 	}
-	for _, name := range names {
-		var nc *NetworkConf
-		for i := range nets {
-			if nets[i].Name == name {
-				nc = &nets[i]
-			}
+	for name := range foreignNetworks(o.ConfDir, o.PinRoot) {
+		if sc.ours[name] == nil {
+			sc.foreign[name] = true
 		}
-		if nc == nil {
-			// Its conflist is gone: teardown from the record alone, without
-			// an IPAM release (there is no IPAM configuration to run).
-			conf, _ := json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": name, "type": "ebpf-cni",
-				"pinDir": o.PinRoot, "stateDir": o.StateDir})
-			n, perr := endpoint.ParseNetwork(conf)
-			if perr != nil {
-				return nil, nil, fmt.Errorf("network %s: %w", name, perr)
-			}
-			nc = &NetworkConf{Name: name, Bytes: conf, Net: n}
+	}
+	return sc
+}
+
+// foreignNetworks names the ebpf-cni networks of the conf dir whose pinDir
+// is not pinRoot.
+func foreignNetworks(confDir, pinRoot string) map[string]bool {
+	out := map[string]bool{}
+	files, _ := libcni.ConfFiles(confDir, []string{".conf", ".conflist", ".json"})
+	for _, f := range files {
+		var list struct {
+			Name    string            `json:"name"`
+			Type    string            `json:"type"`
+			PinDir  string            `json:"pinDir"`
+			Plugins []json.RawMessage `json:"plugins"`
 		}
-		store := state.Store{Root: o.StateDir, Network: name}
-		recs, err := store.List()
-		if err != nil {
-			return nil, nil, fmt.Errorf("read records of network %s: %w", name, err)
+		b, err := os.ReadFile(f)
+		if err != nil || json.Unmarshal(b, &list) != nil {
+			continue
 		}
-		for _, r := range recs {
-			st, now, err := store.Recheck(r)
-			if err != nil {
-				return nil, nil, err
+		plugins := list.Plugins
+		if len(plugins) == 0 {
+			plugins = []json.RawMessage{b} // a single .conf
+		}
+		for _, raw := range plugins {
+			var p struct {
+				Type   string `json:"type"`
+				PinDir string `json:"pinDir"`
 			}
-			if st == state.Gone {
+			if json.Unmarshal(raw, &p) != nil || p.Type != "ebpf-cni" {
 				continue
 			}
-			p := livePod{net: nc, rec: now, st: st}
-			switch {
-			case st == state.Adding:
-				live = append(live, p)
-			case st == state.Abandoned:
-				stale = append(stale, p)
-			default:
-				if _, err := netlink.LinkByName(state.HostIfName(now.ContainerID, now.IfName)); err == nil {
+			if p.PinDir == "" {
+				p.PinDir = datapath.DefaultPinRoot
+			}
+			if filepath.Clean(p.PinDir) != filepath.Clean(pinRoot) {
+				out[list.Name] = true
+			}
+		}
+	}
+	return out
+}
+
+// judgeAttachments sorts the records of every network of ours under the
+// state directories into attachments of live pods (their host veth exists,
+// or an ADD of them runs) and stale ones (veth gone, or half made by a
+// killed ADD). A network of the state directory with no conflist at all is
+// taken for ours (its conflist went first); one whose conflist names
+// another pin directory is not. Nothing is changed.
+func judgeAttachments(o UninstallOptions, sc *scope) (live, stale []livePod, err error) {
+	for _, dir := range sc.stateDirs {
+		names, err := state.Networks(dir)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, nil, fmt.Errorf("read state directory %s: %w", dir, err)
+		}
+		for _, name := range names {
+			if sc.foreign[name] {
+				continue
+			}
+			nc := sc.ours[name]
+			if nc != nil && filepath.Clean(nc.Net.StateDir) != dir {
+				// Same name, another state directory: not this network's records.
+				continue
+			}
+			if nc == nil {
+				// Its conflist is gone: teardown from the record alone, without
+				// an IPAM release (there is no IPAM configuration to run).
+				conf, _ := json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": name, "type": "ebpf-cni",
+					"pinDir": o.PinRoot, "stateDir": dir})
+				n, perr := endpoint.ParseNetwork(conf)
+				if perr != nil {
+					return nil, nil, fmt.Errorf("network %s: %w", name, perr)
+				}
+				nc = &NetworkConf{Name: name, Bytes: conf, Net: n}
+			}
+			sc.owned = append(sc.owned, filepath.Join(dir, name))
+			store := state.Store{Root: dir, Network: name}
+			recs, err := store.List()
+			if err != nil {
+				return nil, nil, fmt.Errorf("read records of network %s: %w", name, err)
+			}
+			for _, r := range recs {
+				st, now, err := store.Recheck(r)
+				if err != nil {
+					return nil, nil, err
+				}
+				if st == state.Gone {
+					continue
+				}
+				p := livePod{net: nc, rec: now, st: st}
+				switch {
+				case st == state.Adding:
 					live = append(live, p)
-				} else {
+				case st == state.Abandoned:
 					stale = append(stale, p)
+				default:
+					if _, err := netlink.LinkByName(state.HostIfName(now.ContainerID, now.IfName)); err == nil {
+						live = append(live, p)
+					} else {
+						stale = append(stale, p)
+					}
 				}
 			}
 		}
@@ -287,24 +367,41 @@ func tearDown(o UninstallOptions, p livePod) error {
 }
 
 // ourVeths lists the host veths of ours (named and aliased by ADD) that
-// none of the given attachments names.
-func ourVeths(groups ...[]livePod) []netlink.Link {
+// none of the given attachments names. Another pin directory's veths (its
+// network's conflist names it, or the veth runs none of our programs and
+// its alias names no network of ours) are not ours.
+func ourVeths(sc *scope, runsOurs func(netlink.Link) bool, groups ...[]livePod) []netlink.Link {
 	named := map[string]bool{}
 	for _, g := range groups {
 		for _, p := range g {
 			named[state.HostIfName(p.rec.ContainerID, p.rec.IfName)] = true
 		}
 	}
+	owned := map[string]bool{}
+	for _, d := range sc.owned {
+		owned[filepath.Base(d)] = true
+	}
 	links, _ := netlink.LinkList()
 	var out []netlink.Link
 	for _, l := range links {
 		a := l.Attrs()
-		if l.Type() == "veth" && strings.HasPrefix(a.Name, state.HostIfPrefix) && strings.HasPrefix(a.Alias, "ebpf-cni:") && !named[a.Name] {
+		alias, ok := strings.CutPrefix(a.Alias, aliasPrefix)
+		if l.Type() != "veth" || !strings.HasPrefix(a.Name, state.HostIfPrefix) || !ok || named[a.Name] {
+			continue
+		}
+		network, _, _ := strings.Cut(alias, "/")
+		if sc.foreign[network] {
+			continue
+		}
+		if runsOurs(l) || sc.ours[network] != nil || owned[network] {
 			out = append(out, l)
 		}
 	}
 	return out
 }
+
+// aliasPrefix starts a host veth's alias (endpoint's ownerAlias).
+const aliasPrefix = "ebpf-cni:"
 
 // removePeerRoutes deletes every route of RouteProtocol (the agent's
 // routes to other nodes' pod CIDRs), in every table.
@@ -332,40 +429,36 @@ func removePeerRoutes() ([]string, error) {
 	return out, errs
 }
 
-// removeStateDir removes the records' directories of every network (only
-// files the plugin writes: records, their temp files and locks) and the
-// state directory once empty. Anything else found is left and reported.
-func removeStateDir(dir string) ([]datapath.Removal, error) {
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
+// removeState removes the records' directories judged ours (only files
+// the plugin writes are in them: records, their temp files) and each state
+// directory left empty. A state directory still holding another pin
+// directory's networks stays.
+func removeState(sc *scope) ([]datapath.Removal, error) {
 	var (
 		out  []datapath.Removal
 		errs error
 	)
-	for _, e := range ents {
-		p := filepath.Join(dir, e.Name())
-		if !e.IsDir() {
-			errs = errors.Join(errs, fmt.Errorf("state directory %s: %s is not the plugin's: left in place", dir, e.Name()))
+	for _, p := range sc.owned {
+		files, err := os.ReadDir(p)
+		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		files, _ := os.ReadDir(p)
 		if err := os.RemoveAll(p); err != nil {
 			errs = errors.Join(errs, err)
 			continue
 		}
 		out = append(out, datapath.Removal{Kind: "state", What: fmt.Sprintf("%s (%d files)", p, len(files))})
 	}
-	if errs == nil {
-		if err := os.Remove(dir); err != nil {
-			errs = errors.Join(errs, err)
-		} else {
-			out = append(out, datapath.Removal{Kind: "state directory", What: dir})
+	for _, d := range sc.stateDirs {
+		ents, err := os.ReadDir(d)
+		if err != nil || len(ents) > 0 {
+			continue // missing, or another's records remain
 		}
+		if err := os.Remove(d); err != nil {
+			errs = errors.Join(errs, err)
+			continue
+		}
+		out = append(out, datapath.Removal{Kind: "state directory", What: d})
 	}
 	return out, errs
 }

@@ -261,3 +261,39 @@ func abbreviate(names []string, n int) string {
 	}
 	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], " "), len(names)-n)
 }
+
+// Runs tells whether a link runs one of this pin directory's programs
+// (on tcx, or as a cls_bpf filter), or has a link pin under it: how a host
+// veth of this datapath is told from another pin directory's.
+func Runs(pinRoot string) func(l netlink.Link) bool {
+	ours := ownProgramIDs(pinRoot)
+	pinned := map[string]bool{}
+	for _, p := range VethLinkPins(pinRoot) {
+		pinned[p.HostIf] = true
+	}
+	return func(l netlink.Link) bool {
+		if pinned[l.Attrs().Name] {
+			return true
+		}
+		for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+			if res, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: at}); err == nil {
+				for _, p := range res.Programs {
+					if _, ok := ours[p.ID]; ok {
+						return true
+					}
+				}
+			}
+		}
+		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			fs, _ := netlink.FilterList(l, parent)
+			for _, f := range fs {
+				if bf, ok := f.(*netlink.BpfFilter); ok {
+					if _, mine := ours[ebpf.ProgramID(bf.Id)]; mine {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}
+}

@@ -324,7 +324,7 @@ func (l *uninstallLab) podsWithEverything() (ns.NetNS, ns.NetNS) {
 	if ans := expectServer(t, a, "tcp", hp(remoteIP4, 9090), "remote"); !strings.HasPrefix(ans.peer, uplinkIP4.String()+":") {
 		t.Errorf("the remote host saw the pod as %s, want it masqueraded behind %s", ans.peer, uplinkIP4)
 	}
-	if err := testenv.Ping(b, remoteIP4, 1); err != nil {
+	if err := testenv.Ping(b, remoteIP4, 3); err != nil {
 		t.Errorf("plain pod to the remote host: %v", err)
 	}
 	return a, b
@@ -565,4 +565,58 @@ func TestUninstallOnAgentStop(t *testing.T) {
 	}
 	t.Logf("agent:\n%s", a.Logs())
 	l.assertAsBefore(before, "after the agent's uninstall on stop")
+}
+
+// TestUninstallLeavesOtherPinDirAlone: a second ebpf-cni network on the node
+// with a pin directory of its own, its conflist in the same conf dir and its
+// records in the same state dir, keeps its pod, veth, pins, records and
+// conflist through the first one's uninstall (its pod is not ours: no
+// --force needed), and its pod keeps its traffic.
+func TestUninstallLeavesOtherPinDirAlone(t *testing.T) {
+	t.Parallel()
+	l := newUninstallLab(t)
+	l.install()
+	other := l.Sibling(t)
+	other.StateDir = l.StateDir
+	b, _ := json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": other.Name, "plugins": []any{other.PluginConf()}})
+	otherConf := filepath.Join(l.confDir, "20-other.conflist")
+	if err := os.WriteFile(otherConf, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	op := other.NewPod()
+	other.CleanupDel(op, "theirs")
+	res := other.Add(op, "theirs")
+	ip4, _ := testenv.PodIPs(t, res)
+	p := l.NewPod()
+	l.CleanupDel(p, "mine")
+	if _, err := l.AddHP(p, "mine", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Del(p, "mine", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+
+	stdout, stderr, code := l.uninstall()
+	if code != 0 {
+		t.Fatalf("uninstall beside another pin directory's pod: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if _, err := os.Stat(l.PinDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("our pin directory: %v, want it gone", err)
+	}
+	for _, path := range []string{other.PinDir, otherConf, filepath.Join(l.StateDir, other.Name)} {
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("the other network's %s: %v", path, err)
+		}
+	}
+	host, _ := other.HostVeth("theirs")
+	other.HostIfindex(host) // fails the test when gone
+	if err := testenv.Ping(op, testenv.NodeIP4, 2); err != nil {
+		t.Errorf("the other network's pod after our uninstall: %v", err)
+	}
+	if err := other.Check(op, "theirs", "eth0"); err != nil {
+		t.Errorf("CHECK of the other network's pod after our uninstall: %v", err)
+	}
+	_ = ip4
+	other.MustDel(op, "theirs")
+	other.AssertClean()
 }
