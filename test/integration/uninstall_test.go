@@ -620,3 +620,45 @@ func TestUninstallLeavesOtherPinDirAlone(t *testing.T) {
 	other.MustDel(op, "theirs")
 	other.AssertClean()
 }
+
+// TestUninstallNothingThere: on a node ebpf-cni never touched (no pin,
+// state or conf directory) uninstall finds nothing, says so and exits 0.
+func TestUninstallNothingThere(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	out, err := e.AgentCmd("uninstall", "--pin-dir", e.PinDir, "--state-dir", filepath.Join(t.TempDir(), "none"),
+		"--cni-conf-dir", filepath.Join(t.TempDir(), "none"))
+	if err != nil || !strings.Contains(out, "nothing of ebpf-cni found") {
+		t.Errorf("uninstall of nothing: %v, want exit 0 and \"nothing ... found\":\n%s", err, out)
+	}
+}
+
+// TestUninstallHandedOff: veths DEL handed off to an agent that was stopped
+// before it deleted them are deleted by uninstall, and the node is as
+// before install.
+func TestUninstallHandedOff(t *testing.T) {
+	t.Parallel()
+	l := newUninstallLab(t)
+	before := l.snapshot()
+	l.install()
+	agent := l.startAgent()
+	hold := l.HoldVerbs() // the agent leaves the handed-off veth alone
+	p := l.NewPod()
+	l.CleanupDel(p, "handed")
+	if _, err := l.AddHP(p, "handed", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Del(p, "handed", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	agent.Stop()
+	hold()
+	if !strings.Contains(strings.Join(l.snapshot(), "\n"), "link ebpz") {
+		t.Fatal("DEL handed nothing off: the test would prove nothing")
+	}
+	stdout, stderr, code := l.uninstall()
+	if code != 0 || !strings.Contains(stdout, "handed-off veths") {
+		t.Fatalf("uninstall: exit %d, want 0 naming the handed-off veth\n%s\n%s", code, stdout, stderr)
+	}
+	l.assertAsBefore(before, "after uninstall of a handed-off veth")
+}
