@@ -131,8 +131,28 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 		return u, pe
 	}
 
-	// The conflists first, so the runtime starts no pod on this network
-	// while the rest goes.
+	tear := func(live, stale []livePod) {
+		for _, p := range live {
+			if o.Warn != nil {
+				o.Warn(fmt.Sprintf("--force: tearing down %s: the pod loses this interface", p))
+			}
+		}
+		for _, p := range append(stale, live...) {
+			kind := "attachment"
+			if p.st == state.Abandoned {
+				kind = "attachment (ADD killed part way)"
+			}
+			if err := tearDown(o, p); err != nil {
+				errs = errors.Join(errs, err)
+				continue
+			}
+			add(kind, fmt.Sprintf("%s/%s (host veth %s, IPs %s)", p.rec.ContainerID, p.rec.IfName, p.rec.HostIf, strings.Join(p.rec.IPs, " ")))
+		}
+	}
+	// The attachments while their network's IPAM configuration is on disk
+	// (a run killed after the conflists went could release no address),
+	// then the conflists, so the runtime starts no pod on the network.
+	tear(live, stale)
 	files := map[string]bool{}
 	for _, n := range nets {
 		files[n.File] = true
@@ -149,23 +169,21 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 		}
 		add("conflist", f)
 	}
+	// An ADD that started before the conflists went is judged again.
+	sc.owned = nil
+	live, stale, err = judgeAttachments(o, sc)
+	if err != nil {
+		return u, errors.Join(errs, err)
+	}
+	if len(live) > 0 && !o.Force {
+		var pods []string
+		for _, p := range live {
+			pods = append(pods, p.String())
+		}
+		return u, errors.Join(errs, fmt.Errorf("uninstall: pods were started while it ran (%s): the datapath stays; delete them and run it again, or pass --force", strings.Join(pods, "; ")))
+	}
+	tear(live, stale)
 
-	for _, p := range live {
-		if o.Warn != nil {
-			o.Warn(fmt.Sprintf("--force: tearing down %s: the pod loses this interface", p))
-		}
-	}
-	for _, p := range append(stale, live...) {
-		kind := "attachment"
-		if p.st == state.Abandoned {
-			kind = "attachment (ADD killed part way)"
-		}
-		if err := tearDown(o, p); err != nil {
-			errs = errors.Join(errs, err)
-			continue
-		}
-		add(kind, fmt.Sprintf("%s/%s (host veth %s, IPs %s)", p.rec.ContainerID, p.rec.IfName, p.rec.HostIf, strings.Join(p.rec.IPs, " ")))
-	}
 	// Veths of ours the records do not name (records removed by hand): the
 	// pod end goes with them.
 	for _, l := range ourVeths(sc, ours) {
