@@ -169,6 +169,7 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 		}
 		add("conflist", f)
 	}
+	endpoint.Crashpoint("uninstall-conflists")
 	// An ADD that started before the conflists went is judged again.
 	sc.owned = nil
 	live, stale, err = judgeAttachments(o, sc)
@@ -213,6 +214,7 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 	}
 	rs, err := datapath.DetachNodeHooks(o.PinRoot)
 	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
+	endpoint.Crashpoint("uninstall-hooks")
 	rs, err = datapath.DetachStrays(o.PinRoot, cgroupRoot)
 	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
 

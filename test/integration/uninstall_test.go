@@ -662,3 +662,41 @@ func TestUninstallHandedOff(t *testing.T) {
 	}
 	l.assertAsBefore(before, "after uninstall of a handed-off veth")
 }
+
+// TestUninstallKilled: an uninstall --force SIGKILLed after the pods'
+// teardown and the conflists, or after detaching the node hooks, is
+// finished by the next run: the node is as before install.
+func TestUninstallKilled(t *testing.T) {
+	t.Parallel()
+	bin := crashAgent(t)
+	for _, step := range []string{"uninstall-conflists", "uninstall-hooks"} {
+		t.Run(step, func(t *testing.T) {
+			l := newUninstallLab(t)
+			before := l.snapshot()
+			l.install()
+			agent := l.startAgent()
+			l.podsWithEverything()
+			agent.Stop()
+			err := l.InNode(func() error {
+				cmd := exec.Command(bin, "uninstall", "--force", "--pin-dir", l.PinDir, "--state-dir", l.StateDir,
+					"--cni-conf-dir", l.confDir, "--cni-bin-dir", testenv.BinDir, "--cgroup-root", l.cgroupRoot)
+				cmd.Env = append(os.Environ(), "EBPF_CNI_CRASH_AT="+step)
+				out, err := cmd.CombinedOutput()
+				var ee *exec.ExitError
+				if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+					return fmt.Errorf("uninstall with EBPF_CNI_CRASH_AT=%s: %v, want killed by SIGKILL\n%s", step, err, out)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.mustChange(before, "the killed uninstall")
+			stdout, stderr, code := l.uninstall()
+			if code != 0 {
+				t.Fatalf("uninstall after one killed at %s: exit %d\n%s\n%s", step, code, stdout, stderr)
+			}
+			l.assertAsBefore(before, "after an uninstall killed at "+step+" and run again")
+		})
+	}
+}
