@@ -452,8 +452,9 @@ func TestUninstallRefusesPodsUnlessForced(t *testing.T) {
 }
 
 // TestUninstallHalfDone: an agent killed while it set the node hooks up
-// (uplinks attached, socket hooks not), and an ADD with a hostPort killed
-// after attaching its host veth, leave a half-done install; uninstall
+// (uplinks attached, socket hooks not), an ADD with a hostPort killed
+// after attaching its host veth, and a pod whose netns went without a DEL,
+// leave a half-done install; uninstall
 // (without --force: the killed ADD is no pod) leaves the node as before,
 // the IPAM reservation released.
 func TestUninstallHalfDone(t *testing.T) {
@@ -494,6 +495,26 @@ func TestUninstallHalfDone(t *testing.T) {
 	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 		t.Fatalf("ADD with EBPF_CNI_CRASH_AT=host: %v, want killed by SIGKILL; stdout %s", err, out)
 	}
+	// And a pod gone without DEL: its netns destroyed, its record and IPAM
+	// reservation left.
+	gone := l.NewPod()
+	if _, err := l.AddHP(gone, "vanished"); err != nil {
+		t.Fatal(err)
+	}
+	host, _ := l.HostVeth("vanished")
+	if err := testenv.RemoveNS(gone); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var lerr error
+		l.InNode(func() error { _, lerr = netlink.LinkByName(host); return nil })
+		if lerr != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s outlived its pod's netns", host)
+		}
+	}
 	l.mustChange(before, "the killed agent and ADD")
 	if len(l.Leftovers()) == 0 {
 		t.Fatal("the killed ADD left nothing")
@@ -504,7 +525,7 @@ func TestUninstallHalfDone(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("uninstall of a half-done install: exit %d\n%s\n%s", code, stdout, stderr)
 	}
-	if !strings.Contains(stdout, "ADD killed part way") {
+	if !strings.Contains(stdout, "ADD killed part way") || !strings.Contains(stdout, "vanished/eth0") {
 		t.Errorf("uninstall's report does not name the killed ADD's attachment:\n%s", stdout)
 	}
 	t.Logf("uninstall:\n%s", stdout)
