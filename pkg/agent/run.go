@@ -130,9 +130,11 @@ func Run(ctx context.Context, o Options) error {
 	}
 	// Run returns only once its workers have: a caller may uninstall the
 	// node after it (--uninstall-on-stop), which a worker still attaching
-	// would undo.
+	// would undo. Whatever makes Run return stops them first.
 	var workers sync.WaitGroup
-	defer workers.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	stopWorkers := func() { cancel(); workers.Wait() }
+	defer stopWorkers()
 	workers.Add(1)
 	go func() { defer workers.Done(); bg.run(ctx) }()
 	lg.Printf("datapath ready at %s (map layout v%d, sized for %s); %d links and %d tc filters, %d moved to this build's programs, %d old program pins removed, %d old map directories removed",
@@ -216,6 +218,7 @@ func Run(ctx context.Context, o Options) error {
 		defer hdp.Close()
 		workers.Add(1)
 		go func() { defer workers.Done(); runNodeHooks(ctx, hdp, o.CgroupRoot, time.Minute, lg) }()
+		defer stopWorkers() // before hdp is closed
 	}
 
 	// A deleted host veth is the usual sign of a pod gone without DEL.
