@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -35,6 +36,8 @@ type opts struct {
 	hostPorts                      bool
 	// run: Node-following, the conflist, cluster CIDRs
 	kubeconfig, nodeName, confTemplate, clusterCIDRs string
+	// run: the file saying whether to uninstall the node when stopped
+	uninstallOnStop string
 	// reconcile, upgrade
 	dryRun, force bool
 	// run, upgrade: the node's map sizing (0 and -1: from the CNI config)
@@ -96,6 +99,12 @@ var commands = []command{
 		}, run: reconcile},
 	{name: "connectivity", help: "deploy probe pods into a cluster and check every path: pod to pod, Services, DNS, hostPort, NodePort, egress, NetworkPolicy",
 		flags: connectivityFlags, run: runConnectivity},
+	{name: "uninstall", help: "remove every trace of ebpf-cni from the node (refused while pods use it, unless --force)",
+		flags: func(fs *flag.FlagSet, o *opts) {
+			fs.BoolVar(&o.force, "force", false, "tear down the pods' interfaces too (they lose their network), with a warning")
+			fs.StringVar(&o.cgroupRoot, "cgroup-root", "", "cgroup2 directory of the socket hooks (default: the networks' cgroupRoot, else the cgroup2 mount)")
+			fs.StringVar(&o.confTemplate, "cni-conf-template", "", "the template run rendered: its conflist in --cni-conf-dir is removed too")
+		}, run: uninstall},
 	{name: "upgrade", help: "swap every attachment to this build's programs in place (--force reloads them)",
 		flags: func(fs *flag.FlagSet, o *opts) {
 			fs.BoolVar(&o.force, "force", false, "reload this build's programs even if already pinned, and swap them in")
@@ -176,7 +185,47 @@ func runFlags(fs *flag.FlagSet, o *opts) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for Node-following (default: the pod's in-cluster service account)")
 	fs.StringVar(&o.confTemplate, "cni-conf-template", "", "conflist to write into --cni-conf-dir and keep current; its \"__PODCIDR__\" ranges become this node's spec.podCIDRs")
 	fs.StringVar(&o.clusterCIDRs, "cluster-cidrs", "", "comma-separated CIDRs ipMasq never masquerades (default with --node-name: every node's pod CIDRs)")
+	fs.StringVar(&o.uninstallOnStop, "uninstall-on-stop", "", "file read when the agent stops: \"true\" uninstalls the node as `uninstall` does (refused while pods use it), \"force\" as `uninstall --force`; anything else, or no file, leaves the datapath in place")
 	sizingFlags(fs, o)
+}
+
+// uninstallMode reads --uninstall-on-stop's file: "", "true" or "force".
+func uninstallMode(path string) string {
+	if path == "" {
+		return ""
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	switch m := strings.TrimSpace(string(b)); m {
+	case "true", "force":
+		return m
+	}
+	return ""
+}
+
+// watchUninstallMode logs what the stop would do each time the file
+// changes (a ConfigMap key reaches a mounted volume a minute or two after
+// the edit): the log line is how an operator knows the mode arrived.
+func watchUninstallMode(ctx context.Context, path string, lg *log.Logger) {
+	last := "unset"
+	for {
+		if m := uninstallMode(path); m != last {
+			last = m
+			switch m {
+			case "":
+				lg.Printf("uninstall-on-stop: off (stopping leaves the datapath in place)")
+			default:
+				lg.Printf("uninstall-on-stop: %s (stopping this agent uninstalls ebpf-cni from the node)", m)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Second):
+		}
+	}
 }
 
 func run(o *opts) error {
@@ -208,7 +257,21 @@ func run(o *opts) error {
 		return err
 	}
 	ao.Sizing = s
-	return agent.Run(ctx, ao)
+	if o.uninstallOnStop != "" {
+		go watchUninstallMode(ctx, o.uninstallOnStop, ao.Logger)
+	}
+	if err := agent.Run(ctx, ao); err != nil {
+		return err
+	}
+	// Only a stop (SIGTERM: the DaemonSet deleted, or the pod replaced)
+	// gets here; the file says whether this stop is an uninstall.
+	mode := uninstallMode(o.uninstallOnStop)
+	if mode == "" {
+		return nil
+	}
+	ao.Logger.Printf("stopped; %s says %q: uninstalling the node", o.uninstallOnStop, mode)
+	o.force = mode == "force"
+	return uninstallWith(o, true)
 }
 
 func status(o *opts) error {
@@ -257,6 +320,24 @@ func peers(o *opts) error {
 func reconcile(o *opts) error {
 	st, err := agent.ReconcileAll(o.agentOptions(), o.dryRun)
 	return report(o, agent.Reconciled{Stale: st, DryRun: o.dryRun}, err)
+}
+
+func uninstall(o *opts) error { return uninstallWith(o, false) }
+
+// uninstallWith is uninstall, from the stopped agent's process too.
+func uninstallWith(o *opts, agentStopped bool) error {
+	uo := agent.UninstallOptions{Options: o.agentOptions(), Force: o.force, AgentStopped: agentStopped,
+		Warn: func(s string) { fmt.Fprintln(os.Stderr, "ebpf-agent: warning:", s) }}
+	uo.CgroupRoot = o.cgroupRoot
+	if o.confTemplate != "" {
+		uo.ConfFiles = []string{filepath.Join(o.confDir, filepath.Base(o.confTemplate))}
+	}
+	u, err := agent.Uninstall(uo)
+	var pe *agent.PodsPresentError
+	if errors.As(err, &pe) {
+		return err // nothing was done: no report
+	}
+	return report(o, u, err)
 }
 
 // upgraded is upgrade's report.

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -127,7 +128,15 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
-	go bg.run(ctx)
+	// Run returns only once its workers have: a caller may uninstall the
+	// node after it (--uninstall-on-stop), which a worker still attaching
+	// would undo. Whatever makes Run return stops them first.
+	var workers sync.WaitGroup
+	ctx, cancel := context.WithCancel(ctx)
+	stopWorkers := func() { cancel(); workers.Wait() }
+	defer stopWorkers()
+	workers.Add(1)
+	go func() { defer workers.Done(); bg.run(ctx) }()
 	lg.Printf("datapath ready at %s (map layout v%d, sized for %s); %d links and %d tc filters, %d moved to this build's programs, %d old program pins removed, %d old map directories removed",
 		o.PinRoot, maps.LayoutVersion, o.Sizing, rep.Links, rep.Filters, rep.Replaced+rep.FiltersSwap, len(rep.RemovedProgs), len(rep.RemovedMaps))
 
@@ -207,7 +216,9 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 		defer hdp.Close()
-		go runNodeHooks(ctx, hdp, o.CgroupRoot, time.Minute, lg)
+		workers.Add(1)
+		go func() { defer workers.Done(); runNodeHooks(ctx, hdp, o.CgroupRoot, time.Minute, lg) }()
+		defer stopWorkers() // before hdp is closed
 	}
 
 	// A deleted host veth is the usual sign of a pod gone without DEL.

@@ -210,6 +210,7 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 	if err := syncUplinks(dp.PinRoot, progs, view.uplinks); err != nil {
 		return nil, err
 	}
+	crashpoint("nodehooks-uplinks") // a half-done install: uplinks attached, socket hooks not
 	for _, p := range socketPrograms() {
 		if rootErr != nil {
 			break

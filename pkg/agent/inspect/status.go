@@ -72,6 +72,12 @@ type AttachmentSummary struct {
 	HostVethLinks int      `json:"hostVethLinks"`
 	Defunct       int      `json:"defunct"` // device gone, pin left
 	NodeHooks     []string `json:"nodeHooks"`
+	// NodeHookUsers counts what needs the node hooks: hostPort entries,
+	// endpoints masqueraded (ipMasq) and rate limits (TCP pacing). With
+	// hooks attached and no user they are idle: they stay until
+	// `ebpf-agent uninstall` (docs/uninstall.md says why).
+	NodeHookUsers NodeHookUsers `json:"nodeHookUsers"`
+	NodeHooksIdle bool          `json:"nodeHooksIdle"`
 	// Host veths by datapath.AttachmentOf: tcx, tc, "tc, tcx pending"
 	// (ADD attached cls_bpf while the agent ran; it moves them when no
 	// verb runs), "tc+tcx, moving", none.
@@ -81,6 +87,37 @@ type AttachmentSummary struct {
 	HandedOff []string `json:"handedOff"`
 	// AgentRunning: an agent holds the node's agent lock.
 	AgentRunning bool `json:"agentRunning"`
+}
+
+// NodeHookUsers counts the map entries that need the node hooks.
+type NodeHookUsers struct {
+	HostPorts      int `json:"hostPorts"`
+	MasqEndpoints  int `json:"masqEndpoints"`
+	BandwidthLimit int `json:"bandwidthLimits"`
+}
+
+func (u NodeHookUsers) none() bool { return u.HostPorts+u.MasqEndpoints+u.BandwidthLimit == 0 }
+
+// nodeHookUsers reads the users off the maps.
+func nodeHookUsers(m *maps.Maps) (NodeHookUsers, error) {
+	var u NodeHookUsers
+	hps, err := m.ListHostPorts()
+	if err != nil {
+		return u, err
+	}
+	u.HostPorts = len(hps)
+	eps, err := m.ListEndpoints()
+	if err != nil {
+		return u, err
+	}
+	for _, e := range eps {
+		if e.Info.Flags&maps.EndpointFlagMasq != 0 {
+			u.MasqEndpoints++
+		}
+	}
+	lims, err := m.ListLimits()
+	u.BandwidthLimit = len(lims)
+	return u, err
 }
 
 // Status inspects the pinned datapath read-only: `status`.
@@ -158,6 +195,14 @@ func Status(src Source, version string) *StatusReport {
 	}
 	for _, p := range datapath.NodeHookPins(pinRoot) {
 		r.Attachments.NodeHooks = append(r.Attachments.NodeHooks, p.Name)
+	}
+	if dp != nil {
+		u, err := nodeHookUsers(dp.Maps)
+		if err != nil {
+			problem("read the node hooks' users: %v", err)
+		}
+		r.Attachments.NodeHookUsers = u
+		r.Attachments.NodeHooksIdle = err == nil && u.none() && len(r.Attachments.NodeHooks) > 0
 	}
 	for _, p := range datapath.VethLinkPins(pinRoot) {
 		r.Attachments.HostVethLinks++
@@ -251,6 +296,11 @@ func (r *StatusReport) Tables() []Table {
 	sum.Lines = append(sum.Lines,
 		"host veths: "+dash(strings.Join(states, ", ")),
 		fmt.Sprintf("handed off: %d waiting for deletion (agent %s)", len(r.Attachments.HandedOff), agent))
+	if u := r.Attachments.NodeHookUsers; r.Attachments.NodeHooksIdle {
+		sum.Lines = append(sum.Lines, "node hooks: idle (no hostPort, ipMasq or rate-limited pod uses them); they stay attached until `ebpf-agent uninstall` (docs/uninstall.md)")
+	} else if len(r.Attachments.NodeHooks) > 0 {
+		sum.Lines = append(sum.Lines, fmt.Sprintf("node hooks: in use by %d hostPort entries, %d masqueraded endpoints, %d rate limits", u.HostPorts, u.MasqEndpoints, u.BandwidthLimit))
+	}
 	return []Table{sum, ms, ps}
 }
 

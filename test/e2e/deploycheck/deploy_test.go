@@ -329,6 +329,17 @@ func TestDaemonSetRules(t *testing.T) {
 	if tmpl := arg("--cni-conf-template", ""); tmpl != filepath.Join("/etc/ebpf-cni", conflistKey) {
 		t.Errorf("agent --cni-conf-template %q, want /etc/ebpf-cni/%s (the ConfigMap)", tmpl, conflistKey)
 	}
+	// The cleanup mode (docs/uninstall.md): a ConfigMap key, absent as
+	// shipped, so no stop of an agent (an upgrade, a restart) uninstalls.
+	if f := arg("--uninstall-on-stop", ""); f != "/etc/ebpf-cni/uninstall-on-stop" {
+		t.Errorf("agent --uninstall-on-stop %q, want /etc/ebpf-cni/uninstall-on-stop (the ConfigMap's key)", f)
+	}
+	if v, ok := m.configMap.Data["uninstall-on-stop"]; ok {
+		t.Errorf("ConfigMap sets uninstall-on-stop to %q as shipped: every agent stop would uninstall", v)
+	}
+	if g := spec.TerminationGracePeriodSeconds; g == nil || *g < 30 {
+		t.Errorf("terminationGracePeriodSeconds %v: an uninstall on stop needs time to tear pods down (want >= 30)", g)
+	}
 	if vm := mountOf(agent, "/etc/ebpf-cni"); vm != nil {
 		if v := vols[vm.Name]; v.ConfigMap == nil || v.ConfigMap.Name != m.configMap.Name {
 			t.Errorf("agent /etc/ebpf-cni: want the ConfigMap %s", m.configMap.Name)

@@ -1,0 +1,493 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+)
+
+// UninstallOptions configure `ebpf-agent uninstall`.
+type UninstallOptions struct {
+	Options // PinRoot, StateDir, ConfDir, CNIPath, CgroupRoot
+	// ConfFiles are conflists to remove besides those in ConfDir whose
+	// ebpf-cni plugin uses PinRoot (the agent's rendered conflist is one of
+	// those; a template's base name names it when its networks cannot be
+	// read).
+	ConfFiles []string
+	// Force tears down the attachments of pods that still exist, as their
+	// DEL would (IPAM release included): those pods lose their interface.
+	Force bool
+	// Warn is told about the pods Force takes the network from.
+	Warn func(string)
+	// AgentStopped: the caller is the agent, its work stopped, holding the
+	// agent lock until it exits (`run --uninstall-on-stop`).
+	AgentStopped bool
+}
+
+// Uninstalled is what an uninstall removed.
+type Uninstalled struct {
+	Removed []datapath.Removal
+	// Where it looked, for the report of a node with nothing to remove.
+	PinDir, StateDir, ConfDir string
+}
+
+// MarshalJSON is the list, empty rather than null.
+func (u Uninstalled) MarshalJSON() ([]byte, error) {
+	if u.Removed == nil {
+		return []byte("[]"), nil
+	}
+	return json.Marshal(u.Removed)
+}
+
+func (u Uninstalled) Tables() []inspect.Table {
+	if len(u.Removed) == 0 {
+		return []inspect.Table{{Lines: []string{fmt.Sprintf(
+			"nothing of ebpf-cni found on this node (pin dir %s, state dir %s, conf dir %s): nothing to remove",
+			u.PinDir, u.StateDir, u.ConfDir)}}}
+	}
+	t := inspect.Table{Header: []string{"KIND", "REMOVED"}, Footer: fmt.Sprintf("removed %d traces of ebpf-cni", len(u.Removed))}
+	for _, r := range u.Removed {
+		t.Rows = append(t.Rows, []string{r.Kind, r.What})
+	}
+	return []inspect.Table{t}
+}
+
+// PodsPresentError refuses an uninstall while pods use the datapath.
+type PodsPresentError struct{ Pods []string }
+
+func (e *PodsPresentError) Error() string {
+	return fmt.Sprintf("uninstall: %d pod interfaces still use ebpf-cni on this node (%s); delete or drain the pods first, or pass --force to take their network away",
+		len(e.Pods), strings.Join(e.Pods, "; "))
+}
+
+// livePod is an attachment the uninstall must not take away unasked.
+type livePod struct {
+	net *NetworkConf
+	rec *state.Record
+	st  state.Status
+}
+
+func (p livePod) String() string {
+	s := fmt.Sprintf("%s/%s of network %s", p.rec.ContainerID, p.rec.IfName, p.net.Name)
+	if l := p.rec.PodLabel(); l != "" {
+		s += " (" + l + ")"
+	}
+	if p.st == state.Adding {
+		s += " (ADD in progress)"
+	}
+	return s
+}
+
+// Uninstall removes every trace of the datapath from the node (this netns
+// and the cgroup root of the socket hooks): the attachments (DEL's
+// teardown, IPAM release included), veths of ours left without a record,
+// handed-off veths, the node hooks on uplinks and the cgroup root, stray
+// links and tc filters running our programs, the routes the agent
+// installed (RouteProtocol), the pin directory, the state directory's
+// records and the conflists of networks using this pin directory. It
+// refuses, changing nothing, while an agent runs on the pin directory, and
+// while pods use the datapath unless Force. A node with nothing left is no
+// error: the report is empty.
+func Uninstall(o UninstallOptions) (Uninstalled, error) {
+	u := Uninstalled{PinDir: o.PinRoot, StateDir: o.StateDir, ConfDir: o.ConfDir}
+	if !o.AgentStopped && datapath.AgentAlive(o.PinRoot) {
+		return u, fmt.Errorf("uninstall: an agent runs on %s (it would set the node hooks up again): stop it first (delete the DaemonSet, or stop ebpf-agent run)", o.PinRoot)
+	}
+	add := func(kind, what string) { u.Removed = append(u.Removed, datapath.Removal{Kind: kind, What: what}) }
+	var errs error
+
+	nets, err := LoadNetworks(o.ConfDir, o.PinRoot)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = errors.Join(errs, err)
+	}
+	sc := newScope(o, nets)
+	live, stale, err := judgeAttachments(o, sc)
+	if err != nil {
+		return u, err
+	}
+	ours := datapath.Runs(o.PinRoot)
+	orphans := ourVeths(sc, ours, live, stale)
+	if (len(live) > 0 || len(orphans) > 0) && !o.Force {
+		pe := &PodsPresentError{}
+		for _, p := range live {
+			pe.Pods = append(pe.Pods, p.String())
+		}
+		for _, l := range orphans {
+			pe.Pods = append(pe.Pods, fmt.Sprintf("veth %s (%s) without a record", l.Attrs().Name, l.Attrs().Alias))
+		}
+		return u, pe
+	}
+
+	tear := func(live, stale []livePod) {
+		for _, p := range live {
+			if o.Warn != nil {
+				o.Warn(fmt.Sprintf("--force: tearing down %s: the pod loses this interface", p))
+			}
+		}
+		for _, p := range append(stale, live...) {
+			kind := "attachment"
+			if p.st == state.Abandoned {
+				kind = "attachment (ADD killed part way)"
+			}
+			if err := tearDown(o, p); err != nil {
+				errs = errors.Join(errs, err)
+				continue
+			}
+			add(kind, fmt.Sprintf("%s/%s (host veth %s, IPs %s)", p.rec.ContainerID, p.rec.IfName, p.rec.HostIf, strings.Join(p.rec.IPs, " ")))
+		}
+	}
+	// The attachments while their network's IPAM configuration is on disk
+	// (a run killed after the conflists went could release no address),
+	// then the conflists, so the runtime starts no pod on the network.
+	tear(live, stale)
+	files := map[string]bool{}
+	for _, n := range nets {
+		files[n.File] = true
+	}
+	for _, f := range o.ConfFiles {
+		if _, err := os.Stat(f); err == nil {
+			files[f] = true
+		}
+	}
+	for _, f := range sortedKeys(files) {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = errors.Join(errs, fmt.Errorf("remove conflist %s: %w", f, err))
+			continue
+		}
+		add("conflist", f)
+	}
+	endpoint.Crashpoint("uninstall-conflists")
+	// An ADD that started before the conflists went is judged again.
+	sc.owned = nil
+	live, stale, err = judgeAttachments(o, sc)
+	if err != nil {
+		return u, errors.Join(errs, err)
+	}
+	if len(live) > 0 && !o.Force {
+		var pods []string
+		for _, p := range live {
+			pods = append(pods, p.String())
+		}
+		return u, errors.Join(errs, fmt.Errorf("uninstall: pods were started while it ran (%s): the datapath stays; delete them and run it again, or pass --force", strings.Join(pods, "; ")))
+	}
+	tear(live, stale)
+
+	// Veths of ours the records do not name (records removed by hand): the
+	// pod end goes with them.
+	for _, l := range ourVeths(sc, ours) {
+		if err := netlink.LinkDel(l); err != nil {
+			errs = errors.Join(errs, fmt.Errorf("delete veth %s: %w", l.Attrs().Name, err))
+			continue
+		}
+		add("veth", fmt.Sprintf("%s (%s)", l.Attrs().Name, l.Attrs().Alias))
+	}
+	if n, err := endpoint.ReapAll(context.Background(), o.PinRoot, nil); err != nil {
+		errs = errors.Join(errs, err)
+	} else if n > 0 {
+		add("handed-off veths", fmt.Sprintf("%d deleted", n))
+	}
+
+	cgroupRoot := o.CgroupRoot
+	if cgroupRoot == "" {
+		for _, n := range nets {
+			if n.Net.CgroupRoot != "" {
+				cgroupRoot = n.Net.CgroupRoot
+				break
+			}
+		}
+	}
+	if cgroupRoot == "" {
+		cgroupRoot, _ = datapath.CgroupRoot("")
+	}
+	rs, err := datapath.DetachNodeHooks(o.PinRoot)
+	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
+	endpoint.Crashpoint("uninstall-hooks")
+	rs, err = datapath.DetachStrays(o.PinRoot, cgroupRoot)
+	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
+
+	routes, err := removePeerRoutes()
+	for _, r := range routes {
+		add("route", r)
+	}
+	errs = errors.Join(errs, err)
+
+	if errs != nil {
+		// Keep the pins: a second run finds the rest by them.
+		return u, errs
+	}
+	rs, err = datapath.RemovePinDir(o.PinRoot)
+	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
+	rs, err = removeState(sc)
+	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
+	return u, errs
+}
+
+// scope is what of the state and conf directories is this pin
+// directory's: networks of other pin directories may share both.
+type scope struct {
+	pinRoot string
+	ours    map[string]*NetworkConf // networks in the conf dir using this pin directory, by name
+	foreign map[string]bool         // ebpf-cni networks in the conf dir using another one
+	// stateDirs are --state-dir and those of our networks.
+	stateDirs []string
+	// owned are the records' directories (<stateDir>/<network>) judged ours.
+	owned []string
+}
+
+func newScope(o UninstallOptions, nets []NetworkConf) *scope {
+	sc := &scope{pinRoot: o.PinRoot, ours: map[string]*NetworkConf{}, foreign: map[string]bool{}}
+	dirs := map[string]bool{filepath.Clean(o.StateDir): true}
+	sc.stateDirs = []string{filepath.Clean(o.StateDir)}
+	for i := range nets {
+		sc.ours[nets[i].Name] = &nets[i]
+		if d := filepath.Clean(nets[i].Net.StateDir); !dirs[d] {
+			dirs[d] = true
+			sc.stateDirs = append(sc.stateDirs, d)
+		}
+	}
+	for name := range foreignNetworks(o.ConfDir, o.PinRoot) {
+		if sc.ours[name] == nil {
+			sc.foreign[name] = true
+		}
+	}
+	return sc
+}
+
+// foreignNetworks names the ebpf-cni networks of the conf dir whose pinDir
+// is not pinRoot.
+func foreignNetworks(confDir, pinRoot string) map[string]bool {
+	out := map[string]bool{}
+	files, _ := libcni.ConfFiles(confDir, []string{".conf", ".conflist", ".json"})
+	for _, f := range files {
+		var list struct {
+			Name    string            `json:"name"`
+			Type    string            `json:"type"`
+			PinDir  string            `json:"pinDir"`
+			Plugins []json.RawMessage `json:"plugins"`
+		}
+		b, err := os.ReadFile(f)
+		if err != nil || json.Unmarshal(b, &list) != nil {
+			continue
+		}
+		plugins := list.Plugins
+		if len(plugins) == 0 {
+			plugins = []json.RawMessage{b} // a single .conf
+		}
+		for _, raw := range plugins {
+			var p struct {
+				Type   string `json:"type"`
+				PinDir string `json:"pinDir"`
+			}
+			if json.Unmarshal(raw, &p) != nil || p.Type != "ebpf-cni" {
+				continue
+			}
+			if p.PinDir == "" {
+				p.PinDir = datapath.DefaultPinRoot
+			}
+			if filepath.Clean(p.PinDir) != filepath.Clean(pinRoot) {
+				out[list.Name] = true
+			}
+		}
+	}
+	return out
+}
+
+// judgeAttachments sorts the records of every network of ours under the
+// state directories into attachments of live pods (their host veth exists,
+// or an ADD of them runs) and stale ones (veth gone, or half made by a
+// killed ADD). A network of the state directory with no conflist at all is
+// taken for ours (its conflist went first); one whose conflist names
+// another pin directory is not. Nothing is changed.
+func judgeAttachments(o UninstallOptions, sc *scope) (live, stale []livePod, err error) {
+	for _, dir := range sc.stateDirs {
+		names, err := state.Networks(dir)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, nil, fmt.Errorf("read state directory %s: %w", dir, err)
+		}
+		for _, name := range names {
+			if sc.foreign[name] {
+				continue
+			}
+			nc := sc.ours[name]
+			if nc != nil && filepath.Clean(nc.Net.StateDir) != dir {
+				// Same name, another state directory: not this network's records.
+				continue
+			}
+			if nc == nil {
+				// Its conflist is gone: teardown from the record alone, without
+				// an IPAM release (there is no IPAM configuration to run).
+				conf, _ := json.Marshal(map[string]any{"cniVersion": "1.0.0", "name": name, "type": "ebpf-cni",
+					"pinDir": o.PinRoot, "stateDir": dir})
+				n, perr := endpoint.ParseNetwork(conf)
+				if perr != nil {
+					return nil, nil, fmt.Errorf("network %s: %w", name, perr)
+				}
+				nc = &NetworkConf{Name: name, Bytes: conf, Net: n}
+			}
+			sc.owned = append(sc.owned, filepath.Join(dir, name))
+			store := state.Store{Root: dir, Network: name}
+			recs, err := store.List()
+			if err != nil {
+				return nil, nil, fmt.Errorf("read records of network %s: %w", name, err)
+			}
+			for _, r := range recs {
+				st, now, err := store.Recheck(r)
+				if err != nil {
+					return nil, nil, err
+				}
+				if st == state.Gone {
+					continue
+				}
+				p := livePod{net: nc, rec: now, st: st}
+				switch {
+				case st == state.Adding:
+					live = append(live, p)
+				case st == state.Abandoned:
+					stale = append(stale, p)
+				default:
+					if _, err := netlink.LinkByName(state.HostIfName(now.ContainerID, now.IfName)); err == nil {
+						live = append(live, p)
+					} else {
+						stale = append(stale, p)
+					}
+				}
+			}
+		}
+	}
+	return live, stale, nil
+}
+
+// tearDown removes one attachment as DEL would, IPAM release included.
+func tearDown(o UninstallOptions, p livePod) error {
+	st := p.st
+	if st != state.Abandoned {
+		st = state.Complete
+	}
+	ok, err := endpoint.TearDownJudged(p.net.Net, st, p.rec, p.net.Bytes, o.CNIPath, nil)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("tear down %s/%s: its claim is held by another process now", p.rec.ContainerID, p.rec.IfName)
+	}
+	return nil
+}
+
+// ourVeths lists the host veths of ours (named and aliased by ADD) that
+// none of the given attachments names. Another pin directory's veths (its
+// network's conflist names it, or the veth runs none of our programs and
+// its alias names no network of ours) are not ours.
+func ourVeths(sc *scope, runsOurs func(netlink.Link) bool, groups ...[]livePod) []netlink.Link {
+	named := map[string]bool{}
+	for _, g := range groups {
+		for _, p := range g {
+			named[state.HostIfName(p.rec.ContainerID, p.rec.IfName)] = true
+		}
+	}
+	owned := map[string]bool{}
+	for _, d := range sc.owned {
+		owned[filepath.Base(d)] = true
+	}
+	links, _ := netlink.LinkList()
+	var out []netlink.Link
+	for _, l := range links {
+		a := l.Attrs()
+		alias, ok := strings.CutPrefix(a.Alias, aliasPrefix)
+		if l.Type() != "veth" || !strings.HasPrefix(a.Name, state.HostIfPrefix) || !ok || named[a.Name] {
+			continue
+		}
+		network, _, _ := strings.Cut(alias, "/")
+		if sc.foreign[network] {
+			continue
+		}
+		if runsOurs(l) || sc.ours[network] != nil || owned[network] {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// aliasPrefix starts a host veth's alias (endpoint's ownerAlias).
+const aliasPrefix = "ebpf-cni:"
+
+// removePeerRoutes deletes every route of RouteProtocol (the agent's
+// routes to other nodes' pod CIDRs), in every table.
+func removePeerRoutes() ([]string, error) {
+	var (
+		out  []string
+		errs error
+	)
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Protocol: RouteProtocol, Table: 0}, netlink.RT_FILTER_PROTOCOL)
+		if err != nil {
+			errs = errors.Join(errs, err)
+			continue
+		}
+		for _, r := range rs {
+			r := r
+			what := fmt.Sprintf("%v via %v (proto %d)", r.Dst, r.Gw, RouteProtocol)
+			if err := netlink.RouteDel(&r); err != nil {
+				errs = errors.Join(errs, fmt.Errorf("remove route %s: %w", what, err))
+				continue
+			}
+			out = append(out, what)
+		}
+	}
+	return out, errs
+}
+
+// removeState removes the records' directories judged ours (only files
+// the plugin writes are in them: records, their temp files) and each state
+// directory left empty. A state directory still holding another pin
+// directory's networks stays.
+func removeState(sc *scope) ([]datapath.Removal, error) {
+	var (
+		out  []datapath.Removal
+		errs error
+	)
+	for _, p := range sc.owned {
+		files, err := os.ReadDir(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err := os.RemoveAll(p); err != nil {
+			errs = errors.Join(errs, err)
+			continue
+		}
+		out = append(out, datapath.Removal{Kind: "state", What: fmt.Sprintf("%s (%d files)", p, len(files))})
+	}
+	for _, d := range sc.stateDirs {
+		ents, err := os.ReadDir(d)
+		if err != nil || len(ents) > 0 {
+			continue // missing, or another's records remain
+		}
+		if err := os.Remove(d); err != nil {
+			errs = errors.Join(errs, err)
+			continue
+		}
+		out = append(out, datapath.Removal{Kind: "state directory", What: d})
+	}
+	return out, errs
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

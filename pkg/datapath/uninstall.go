@@ -1,0 +1,299 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// Removal is one trace of the datapath that an uninstall removed.
+type Removal struct {
+	Kind string `json:"kind"`
+	What string `json:"what"`
+}
+
+// DetachNodeHooks detaches and unpins every node-wide hook link of pinRoot
+// (node/, and the pacing link an older build left under links/): the uplink
+// programs' tcx links, the cgroup socket hooks and the pacing hook. A pin is
+// the link's last reference once no process holds it, so unpinning detaches.
+func DetachNodeHooks(pinRoot string) ([]Removal, error) {
+	paths := []string{}
+	for _, p := range NodeHookPins(pinRoot) {
+		paths = append(paths, p.Path)
+	}
+	if _, err := os.Stat(legacyPacingPin(pinRoot)); err == nil {
+		paths = append(paths, legacyPacingPin(pinRoot))
+	}
+	var (
+		out  []Removal
+		errs error
+	)
+	for _, path := range paths {
+		what := filepath.Base(path)
+		l, err := link.LoadPinnedLink(path, nil)
+		if err != nil {
+			// Not a link (a half-written pin): just the file.
+			if rerr := os.Remove(path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+				errs = errors.Join(errs, fmt.Errorf("remove node hook pin %s: %w", path, rerr))
+				continue
+			}
+			out = append(out, Removal{"node hook", what + " (unusable pin)"})
+			continue
+		}
+		if info, err := l.Info(); err == nil {
+			what += " " + describeLink(info)
+		}
+		if err := l.Unpin(); err != nil {
+			errs = errors.Join(errs, fmt.Errorf("unpin node hook %s: %w", path, err))
+		} else {
+			out = append(out, Removal{"node hook", what})
+		}
+		l.Close()
+	}
+	return out, errs
+}
+
+// describeLink says where a link is attached, for the uninstall report.
+func describeLink(info *link.Info) string {
+	name := ""
+	if p, err := ebpf.NewProgramFromID(info.Program); err == nil {
+		if pi, err := p.Info(); err == nil {
+			name = pi.Name + " "
+		}
+		p.Close()
+	}
+	if t := info.TCX(); t != nil {
+		dev := fmt.Sprintf("ifindex %d", t.Ifindex)
+		if l, err := netlink.LinkByIndex(int(t.Ifindex)); err == nil {
+			dev = l.Attrs().Name
+		}
+		dir := "ingress"
+		if ebpf.AttachType(t.AttachType) == ebpf.AttachTCXEgress {
+			dir = "egress"
+		}
+		return fmt.Sprintf("(%son tcx %s of %s)", name, dir, dev)
+	}
+	if c := info.Cgroup(); c != nil {
+		return fmt.Sprintf("(%son cgroup id %d, %s)", name, c.CgroupId, ebpf.AttachType(c.AttachType))
+	}
+	return fmt.Sprintf("(%slink type %d)", name, info.Type)
+}
+
+// ownProgramIDs are the IDs of the programs pinned under progs/: what a
+// stray attachment of this pin directory runs.
+func ownProgramIDs(pinRoot string) map[ebpf.ProgramID]string {
+	out := map[ebpf.ProgramID]string{}
+	for _, p := range ProgramPins(pinRoot) {
+		prog, err := ebpf.LoadPinnedProgram(p.Path, &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			continue
+		}
+		if info, err := prog.Info(); err == nil {
+			if id, ok := info.ID(); ok {
+				out[id] = p.Name
+			}
+		}
+		prog.Close()
+	}
+	return out
+}
+
+// DetachStrays removes what runs this pin directory's programs in the
+// current netns and on cgroupRoot without a pin under it: a tcx or cgroup
+// link some process still holds (detached by its ID), and cls_bpf filters
+// of ours (named ebpf-cni-*) on links that are not host veths (those are
+// deleted with their veth). Call it before the programs are unpinned: their
+// IDs are how a stray is told from another's program of the same name.
+// cgroupRoot "" skips the cgroup.
+func DetachStrays(pinRoot, cgroupRoot string) ([]Removal, error) {
+	ours := ownProgramIDs(pinRoot)
+	var (
+		out  []Removal
+		errs error
+	)
+	detach := func(where string, res *link.QueryResult) {
+		for _, ap := range res.Programs {
+			name, mine := ours[ap.ID]
+			if !mine {
+				continue
+			}
+			lid, ok := ap.LinkID()
+			if !ok {
+				continue // attached without a link: cgroup prog_attach, not made by this build
+			}
+			l, err := link.NewFromID(lid)
+			if err != nil {
+				continue // gone meanwhile
+			}
+			if err := l.Detach(); err != nil {
+				errs = errors.Join(errs, fmt.Errorf("detach %s from %s: %w", name, where, err))
+			} else {
+				out = append(out, Removal{"stray link", fmt.Sprintf("%s on %s", name, where)})
+			}
+			l.Close()
+		}
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	if len(ours) > 0 {
+		for _, l := range links {
+			for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+				res, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: at})
+				if err != nil {
+					continue // no tcx on this kernel or link
+				}
+				detach(fmt.Sprintf("tcx %s of %s", strings.TrimPrefix(at.String(), "TCX"), l.Attrs().Name), res)
+			}
+		}
+		if cgroupRoot != "" {
+			if f, err := os.Open(cgroupRoot); err == nil {
+				for _, p := range catalog {
+					if p.Scope != ScopeCgroup {
+						continue
+					}
+					res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: p.Attach})
+					if err == nil {
+						detach(fmt.Sprintf("cgroup %s (%s)", cgroupRoot, p.Attach), res)
+					}
+				}
+				f.Close()
+			}
+		}
+	}
+	for _, l := range links {
+		if isHostVethName(l.Attrs().Name) {
+			continue
+		}
+		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			fs, err := netlink.FilterList(l, parent)
+			if err != nil {
+				continue
+			}
+			for _, f := range fs {
+				bf, ok := f.(*netlink.BpfFilter)
+				if !ok || !strings.HasPrefix(bf.Name, tcFilterPrefix) {
+					continue
+				}
+				if err := netlink.FilterDel(f); err != nil {
+					errs = errors.Join(errs, fmt.Errorf("delete tc filter %s of %s: %w", bf.Name, l.Attrs().Name, err))
+				} else {
+					out = append(out, Removal{"tc filter", fmt.Sprintf("%s on %s", bf.Name, l.Attrs().Name)})
+				}
+			}
+		}
+	}
+	return out, errs
+}
+
+// isHostVethName: a pod's host veth or a handed-off one (state's prefixes;
+// datapath does not import state).
+func isHostVethName(n string) bool {
+	return strings.HasPrefix(n, "ebpf") && len(n) == 15 || strings.HasPrefix(n, "ebpz")
+}
+
+// RemovePinDir removes the pin directory and everything under it (maps of
+// every layout, programs, links, locks), reporting each part; a missing
+// directory is nothing to do. Detach the node hooks first (DetachNodeHooks):
+// unpinning a link nobody holds detaches it, which must be a choice.
+func RemovePinDir(pinRoot string) ([]Removal, error) {
+	ents, err := os.ReadDir(pinRoot)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read pin directory %s: %w", pinRoot, err)
+	}
+	var out []Removal
+	for _, e := range ents {
+		path := filepath.Join(pinRoot, e.Name())
+		kind := "pin"
+		switch {
+		case strings.HasPrefix(e.Name(), "maps_v"):
+			kind = "maps"
+		case e.Name() == progsDir:
+			kind = "programs"
+		case e.Name() == linksDir:
+			kind = "link pins"
+		case e.Name() == nodeDir:
+			kind = "node hook pins"
+		case e.Name() == locksDir:
+			kind = "locks"
+		}
+		what := path
+		if e.IsDir() {
+			sub, _ := os.ReadDir(path)
+			names := make([]string, 0, len(sub))
+			for _, s := range sub {
+				names = append(names, s.Name())
+			}
+			sort.Strings(names)
+			what = path + " (empty)"
+			if len(names) > 0 {
+				what = fmt.Sprintf("%s (%d: %s)", path, len(names), abbreviate(names, 6))
+			}
+		}
+		if err := os.RemoveAll(path); err != nil {
+			return out, fmt.Errorf("remove %s: %w", path, err)
+		}
+		out = append(out, Removal{kind, what})
+	}
+	if err := unix.Rmdir(pinRoot); err != nil && !errors.Is(err, unix.ENOENT) {
+		return out, fmt.Errorf("remove pin directory %s: %w", pinRoot, err)
+	}
+	out = append(out, Removal{"pin directory", pinRoot})
+	return out, nil
+}
+
+// abbreviate joins names, the first n of them and a count of the rest.
+func abbreviate(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, " ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], " "), len(names)-n)
+}
+
+// Runs tells whether a link runs one of this pin directory's programs
+// (on tcx, or as a cls_bpf filter), or has a link pin under it: how a host
+// veth of this datapath is told from another pin directory's.
+func Runs(pinRoot string) func(l netlink.Link) bool {
+	ours := ownProgramIDs(pinRoot)
+	pinned := map[string]bool{}
+	for _, p := range VethLinkPins(pinRoot) {
+		pinned[p.HostIf] = true
+	}
+	return func(l netlink.Link) bool {
+		if pinned[l.Attrs().Name] {
+			return true
+		}
+		for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+			if res, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: at}); err == nil {
+				for _, p := range res.Programs {
+					if _, ok := ours[p.ID]; ok {
+						return true
+					}
+				}
+			}
+		}
+		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			fs, _ := netlink.FilterList(l, parent)
+			for _, f := range fs {
+				if bf, ok := f.(*netlink.BpfFilter); ok {
+					if _, mine := ours[ebpf.ProgramID(bf.Id)]; mine {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}
+}
