@@ -99,6 +99,9 @@ type options struct {
 	connectivity bool
 	connPolicy   bool
 	noE2E        bool
+	// uninstall deletes the DaemonSet with the cleanup mode on after the
+	// suite and checks both nodes are left as found (issue 31).
+	uninstall bool
 }
 
 func main() {
@@ -116,6 +119,7 @@ func main() {
 	flag.BoolVar(&o.dualStack, "dual-stack", false, "IPv4 and IPv6 pod, Service and node addresses (and the [Feature:IPv6DualStack] specs, unless -skip is given)")
 	flag.BoolVar(&o.connectivity, "connectivity", false, "run `ebpf-agent connectivity` against the cluster before the suite (fails the run when a path fails)")
 	flag.BoolVar(&o.connPolicy, "connectivity-policy", false, "with -connectivity: also check NetworkPolicy deny and allow")
+	flag.BoolVar(&o.uninstall, "uninstall", false, "after the suite: delete the DaemonSet with uninstall-on-stop=force and check both nodes have nothing of ebpf-cni left")
 	flag.BoolVar(&o.noE2E, "no-e2e", false, "bring the cluster up (and run -connectivity), skip the e2e suite")
 	cmp := flag.String("compare", "", "comma-separated results.json files: print one markdown table of them and exit")
 	flag.Parse()
@@ -209,6 +213,13 @@ func run(o options) int {
 	c.cgProgsOurs = c.ourCgroupProgs()
 	if c.o.cni == "ebpf-cni" && len(c.cgProgsOurs) == 0 && runErr == nil {
 		runErr = fmt.Errorf("no socket hook pinned in the nodes' bpffs: the leak check of the cgroup2 root would prove nothing")
+	}
+	if o.uninstall && runErr == nil {
+		t := time.Now()
+		if err := c.uninstallCNI(ctx, c.cgProgsOurs); err != nil {
+			runErr = fmt.Errorf("uninstall: %w", err)
+		}
+		logf("uninstall: %s", since(t))
 	}
 	t = time.Now()
 	c.down()

@@ -19,10 +19,8 @@ import (
 // ourCgroupProgs before the step: the pins are gone after it) still on the
 // cgroup2 root.
 //
-// NOT RUN: written in the session of issue 31, which did not run k8s
-// clusters (another session owned the harness). Wire it in run() after
-// runE2E and collectLogs, with c.cgProgsOurs taken before it and the
-// "no socket hook pinned" check moved before it too, then run make k8s-e2e.
+// run() calls it after the suite with -uninstall, once c.cgProgsOurs is
+// taken (the pins are gone after it).
 func (c *cluster) uninstallCNI(ctx context.Context, ids map[uint32]bool) error {
 	if c.o.cni != "ebpf-cni" {
 		return nil
