@@ -171,9 +171,9 @@ func TestFlowEvents(t *testing.T) {
 	if len(ends) < 2 {
 		t.Errorf("idle flows ended: %+v", ends)
 	}
-	must(t, dp.Maps.ForgetEndpointEvents(loIfindex))
+	must(t, dp.Maps.SetFlowEvents(loIfindex, false))
 	if ids, _ := dp.Maps.FlowEventEndpoints(); len(ids) != 0 {
-		t.Errorf("endpoints with flow events after ForgetEndpointEvents: %v", ids)
+		t.Errorf("endpoints with flow events after turning them off: %v", ids)
 	}
 }
 

@@ -206,20 +206,6 @@ func (m *Maps) FlowEventEndpoints() ([]uint32, error) {
 	return out, err
 }
 
-// ForgetEndpointEvents removes what the events know of a host veth (its
-// flow events switch and flows), so the next pod given its ifindex starts
-// clean.
-func (m *Maps) ForgetEndpointEvents(ifindex uint32) error {
-	err := m.SetFlowEvents(ifindex, false)
-	var keys []EventFlowKey
-	err = errors.Join(err, scan(m.byName[nameEvFlows], func(k *EventFlowKey, _ *EventFlowVal) {
-		if k.Ifindex == ifindex {
-			keys = append(keys, *k)
-		}
-	}))
-	return errors.Join(err, deleteKeys(m.byName[nameEvFlows], keys))
-}
-
 // EventCounters is what the per-CPU buckets sent and lost, summed over CPUs.
 type EventCounters struct {
 	Sent     uint64 `json:"sent"`
