@@ -2,6 +2,8 @@ package events
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -11,13 +13,15 @@ import (
 )
 
 // names resolves an event's host veth and addresses to pods from the
-// attachment records (as the dumps do), re-read when an event names an
-// interface it does not know, at most once a second.
+// attachment records (as the dumps do), re-read when a name is missing and
+// a network's record directory changed since (a stat per miss, the
+// records only when one was written or removed).
 type names struct {
 	stateDir string
 
 	mu     sync.Mutex
 	read   time.Time
+	dirs   map[string]time.Time // mtime of each network's record directory at the last read
 	byIf   map[uint32]*state.Record
 	byAddr map[netip.Addr]string
 	ifs    map[uint32]string
@@ -25,11 +29,34 @@ type names struct {
 
 func newNames(stateDir string) *names { return &names{stateDir: stateDir} }
 
+// changed tells whether a network's record directory changed since the
+// last read.
+func (n *names) changed() bool {
+	nets, _ := state.Networks(n.stateDir)
+	if len(nets) != len(n.dirs) {
+		return true
+	}
+	for _, net := range nets {
+		fi, err := os.Stat(filepath.Join(n.stateDir, net))
+		if err != nil || !fi.ModTime().Equal(n.dirs[net]) {
+			return true
+		}
+	}
+	return false
+}
+
 func (n *names) refresh(force bool) {
-	if !force && time.Since(n.read) < time.Second {
+	if !force && !n.changed() {
 		return
 	}
 	n.read = time.Now()
+	n.dirs = map[string]time.Time{}
+	nets, _ := state.Networks(n.stateDir)
+	for _, net := range nets {
+		if fi, err := os.Stat(filepath.Join(n.stateDir, net)); err == nil {
+			n.dirs[net] = fi.ModTime()
+		}
+	}
 	recs, _ := state.ListAll(n.stateDir)
 	n.byIf = map[uint32]*state.Record{}
 	n.byAddr = map[netip.Addr]string{}
@@ -88,8 +115,10 @@ func (n *names) endpoint(ifindex uint32) (pod, container, iface string) {
 func (n *names) podOf(a netip.Addr) string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.byAddr == nil {
-		n.refresh(true)
+	p, ok := n.byAddr[a]
+	if !ok && a.IsGlobalUnicast() {
+		n.refresh(n.byAddr == nil)
+		p = n.byAddr[a]
 	}
-	return n.byAddr[a]
+	return p
 }

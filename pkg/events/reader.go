@@ -178,7 +178,7 @@ func (r *Reader) sweep(ctx context.Context, done <-chan struct{}, m *maps.Maps) 
 			r.publish(&ends[i])
 		}
 		r.names.mu.Lock()
-		r.names.refresh(false)
+		r.names.refresh(true)
 		live := map[string]bool{}
 		for _, rec := range r.names.byIf {
 			live[rec.PodLabel()] = true

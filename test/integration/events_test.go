@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -212,8 +211,7 @@ func TestEventsEachDropReason(t *testing.T) {
 
 // floodFrames sends n copies of frame from the pod as fast as one raw
 // socket does, and returns the rate it achieved.
-func floodFrames(t *testing.T, pod ns.NetNS, frame []byte, n int, pps int) float64 {
-	t.Helper()
+func floodFrames(pod ns.NetNS, frame []byte, n int, pps int) (float64, error) {
 	var rate float64
 	err := pod.Do(func(ns.NetNS) error {
 		l, err := netlink.LinkByName("eth0")
@@ -240,10 +238,7 @@ func floodFrames(t *testing.T, pod ns.NetNS, frame []byte, n int, pps int) float
 		rate = float64(n) / time.Since(start).Seconds()
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rate
+	return rate, err
 }
 
 // TestEventsFlood: a pod floods spoofed frames while an observer follows:
@@ -295,23 +290,28 @@ func TestEventsFlood(t *testing.T) {
 	before := counter(t, m, idx, maps.DirEgress, maps.ReasonDropSpoofIP).Packets
 	frame := ipv4UDPFrame(podMAC, hostMAC, net.ParseIP("10.250.9.98"), testenv.NodeIP4)
 	const n = 30000
-	done := make(chan float64)
-	go func() { done <- floodFrames(t, pod, frame, n, 10000) }()
+	type result struct {
+		rate float64
+		err  error
+	}
+	done := make(chan result)
+	go func() {
+		r, err := floodFrames(pod, frame, n, 10000)
+		done <- result{r, err}
+	}()
 	// Responsive while flooded: observe --last and a scrape, each within 2 s.
 	for i := 0; i < 3; i++ {
 		time.Sleep(500 * time.Millisecond)
 		start := time.Now()
 		observeJSON(t, e, "--last", "5")
-		resp, err := (&http.Client{Timeout: 2 * time.Second}).Get("http://" + addr + "/metrics")
-		if err != nil {
-			t.Fatalf("scrape while flooded: %v", err)
-		}
-		resp.Body.Close()
+		scrape(t, e, addr)
 		if d := time.Since(start); d > 2*time.Second {
 			t.Errorf("observe --last and a scrape took %v while flooded", d)
 		}
 	}
-	rate := <-done
+	res := <-done
+	must(t, res.err)
+	rate := res.rate
 	waitCounter(t, m, idx, maps.ReasonDropSpoofIP, before+n)
 	time.Sleep(1500 * time.Millisecond) // the follower's loss report
 	cancel()
@@ -348,11 +348,8 @@ func TestEventsFlood(t *testing.T) {
 	}
 	t.Logf("follower: %d events, %d reported lost", got, lostReported)
 	// The metrics say the same.
-	resp, err := http.Get("http://" + addr + "/metrics")
-	must(t, err)
-	defer resp.Body.Close()
 	var metrics strings.Builder
-	sc := bufio.NewScanner(resp.Body)
+	sc := bufio.NewScanner(strings.NewReader(scrape(t, e, addr)))
 	for sc.Scan() {
 		if strings.HasPrefix(sc.Text(), "ebpf_cni_events_lost_total") || strings.HasPrefix(sc.Text(), "ebpf_cni_drop_events_total") {
 			metrics.WriteString(sc.Text() + "\n")
