@@ -164,9 +164,7 @@ struct {
 
 /* ---------------------------------------------------------------- events */
 
-#define EV_RING_BYTES (1 << 20) /* about 14500 events of 72 bytes (record and header) */
-#define MAX_EV_FLOWS 16384
-#define MAX_EV_PODS 4096
+#define EV_RING_BYTES (1 << 18) /* about 3600 events of 72 bytes (record and header) */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -190,7 +188,7 @@ struct {
 /* Endpoints (host veth ifindex) with flow events on (EV_CFG_FLOWS_PODS). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MAX_EV_PODS);
+	__uint(max_entries, SIZED);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
 	__type(value, __u32);
@@ -200,7 +198,7 @@ struct {
  * announced again on its next packet. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, MAX_EV_FLOWS);
+	__uint(max_entries, SIZED);
 	__type(key, struct ev_flow_key);
 	__type(value, struct ev_flow_val);
 } cni_ev_flows SEC(".maps");

@@ -374,15 +374,6 @@ struct ev_config {
 	__u64 burst_ns; /* bucket depth: cost_ns times the burst */
 };
 
-/* Value of cni_ev_cpu[0]: each CPU's token bucket and what it sent and lost. */
-struct ev_cpu {
-	__u64 tokens_ns;
-	__u64 last_ns;
-	__u64 sent;
-	__u64 lost_rate; /* over the rate: not sent */
-	__u64 lost_ring; /* the ring was full (the reader is behind): not sent */
-};
-
 /* One record of cni_events. ICMP: sport is the type, dport the code. Not IP:
  * family 0, ethertype says what it was. */
 struct cni_event {
@@ -425,4 +416,18 @@ struct ev_flow_val {
 	__u8 flags;    /* EV_FLOW_* */
 	__u16 pad;
 	__u32 pad2;
+};
+
+/* Value of cni_ev_cpu[0]: each CPU's token bucket, what it sent and lost,
+ * and the flow path's scratch (the events code runs as a subprogram of
+ * programs with a large stack of their own: both share 512 bytes). */
+struct ev_cpu {
+	__u64 tokens_ns;
+	__u64 last_ns;
+	__u64 sent;
+	__u64 lost_rate; /* over the rate: not sent */
+	__u64 lost_ring; /* the ring was full (the reader is behind): not sent */
+	struct ev_flow_key key;
+	__u32 pad;
+	struct ev_flow_val val;
 };

@@ -151,6 +151,9 @@ type mapsObjEvCpu struct {
 	Sent     uint64
 	LostRate uint64
 	LostRing uint64
+	Key      mapsObjEvFlowKey
+	Pad      uint32
+	Val      mapsObjEvFlowVal
 }
 
 type mapsObjEvFlowKey struct {
