@@ -191,6 +191,11 @@ func (r *Reader) sweep(ctx context.Context, done <-chan struct{}, m *maps.Maps) 
 func (r *Reader) publish(e *maps.Event) {
 	rec := newRecord(e, r.boot, r.names)
 	r.met.count(&rec)
+	r.add(rec)
+}
+
+// add numbers rec, keeps it and hands it to the subscribers it matches.
+func (r *Reader) add(rec Record) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.seq++
