@@ -419,3 +419,62 @@ func TestEventsFlows(t *testing.T) {
 	}
 	e.MustDel(a, "efa")
 }
+
+// TestObserveWithoutAgent: with no agent, observe says events are off
+// until `ebpf-agent events --drops on`, then reads the ring buffer itself;
+// --last needs the agent and says so.
+func TestObserveWithoutAgent(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "evn")
+	e.AddK8s(pod, "evn", "solo", "p")
+	_, idx := e.HostVeth("evn")
+	m := e.Maps()
+	podMAC, hostMAC := podMACOf(t, pod, "eth0"), hostMACOf(m, idx)
+
+	out, err := e.AgentCmd("observe", "--state-dir", e.StateDir, "--pin-dir", e.PinDir, "--last", "5")
+	if err == nil || !strings.Contains(out, "no agent is running") || !strings.Contains(out, "ebpf-agent run") {
+		t.Errorf("observe --last without an agent: %v\n%s", err, out)
+	}
+	out, err = e.AgentCmd("observe", "--state-dir", e.StateDir, "--pin-dir", e.PinDir)
+	if err == nil || !strings.Contains(out, "events are off") {
+		t.Errorf("observe without an agent, events off: %v\n%s", err, out)
+	}
+	if out, err := e.AgentCmd("events", "--state-dir", e.StateDir, "--pin-dir", e.PinDir, "--drops", "on"); err != nil ||
+		!strings.Contains(out, "drop events: on") || !strings.Contains(out, "agent: no agent is running") {
+		t.Fatalf("events --drops on: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(testenv.BinDir, "ebpf-agent"), "observe", "-o", "json", "--state-dir", e.StateDir, "--pin-dir", e.PinDir)
+	stdout, err := cmd.StdoutPipe()
+	must(t, err)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	must(t, cmd.Start())
+	time.Sleep(300 * time.Millisecond)
+	podRaw(t, pod, "eth0", ipv4UDPFrame(podMAC, hostMAC, net.ParseIP("10.250.8.8"), testenv.NodeIP4))
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line <- sc.Text()
+		}
+	}()
+	select {
+	case l := <-line:
+		var r events.Record
+		if err := json.Unmarshal([]byte(l), &r); err != nil || r.Reason != "drop_spoof_ip" || r.Pod != "solo/p" || r.Src != "10.250.8.8" {
+			t.Errorf("observe without an agent printed %q (%v)", l, err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Errorf("observe without an agent printed nothing; stderr: %s", stderr.String())
+	}
+	cancel()
+	cmd.Wait() // stderr is complete
+	if !strings.Contains(stderr.String(), "reading the datapath's ring buffer directly") {
+		t.Errorf("observe without an agent did not say it reads the ring itself: %q", stderr.String())
+	}
+	e.MustDel(pod, "evn")
+}
