@@ -80,4 +80,5 @@ show ip netns exec $WEB curl -sS -m 2 -o /dev/null -w '%{http_code}\n' http://$D
 sleep 0.3
 show agent observe --pod shop/web --verdict forwarded --protocol tcp --last 4
 show agent events
-show innode python3 -c 'import urllib.request; print("".join(l for l in urllib.request.urlopen("http://127.0.0.1:9964/metrics").read().decode().splitlines(True) if l.startswith(("ebpf_cni_drop_events_total","ebpf_cni_flow_events_total","ebpf_cni_events_lost_total"))), end="")'
+printf '\n$ %s\n' "curl -s http://127.0.0.1:9964/metrics | grep -E '^ebpf_cni_(drop_events|flow_events|events_lost)'"
+innode curl -s http://127.0.0.1:9964/metrics | grep -E '^ebpf_cni_(drop_events|flow_events|events_lost)'

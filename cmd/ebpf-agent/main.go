@@ -214,6 +214,11 @@ func run(o *opts) error {
 		ao.ClusterCIDRs = append(ao.ClusterCIDRs, p.Masked())
 	}
 	ao.PoliteWait = o.politeWait
+	switch maps.FlowEvents(o.flowEvents) {
+	case maps.FlowsOff, maps.FlowsNode, maps.FlowsPods:
+	default:
+		return fmt.Errorf("run: --flow-events %q: want off, node or pods", o.flowEvents)
+	}
 	ao.Events = &maps.EventSettings{Drops: o.dropEvents, Flows: maps.FlowEvents(o.flowEvents), Rate: uint32(o.eventRate), Burst: uint32(o.eventBurst)}
 	ao.EventsKeep = o.eventsKeep
 	ao.Logger = log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags)

@@ -137,17 +137,17 @@ func eventsCmd(o *opts) error {
 	recs, _ := state.ListAll(o.stateDir)
 	if obs.flowsPod != "" {
 		pod, off := strings.CutSuffix(obs.flowsPod, "=off")
-		var idx int
-		for _, r := range recs {
+		n := 0
+		for _, r := range recs { // every interface of the pod
 			if r.PodLabel() == pod && r.HostIfindex > 0 && !r.Provisional {
-				idx = r.HostIfindex
+				if err := m.SetFlowEvents(uint32(r.HostIfindex), !off); err != nil {
+					return err
+				}
+				n++
 			}
 		}
-		if idx == 0 {
+		if n == 0 {
 			return fmt.Errorf("events: --flows-pod: no attachment of pod %q in %s", pod, o.stateDir)
-		}
-		if err := m.SetFlowEvents(uint32(idx), !off); err != nil {
-			return err
 		}
 		if !off && s.Flows == maps.FlowsOff {
 			s.Flows, changed = maps.FlowsPods, true

@@ -391,6 +391,19 @@ func TestEventsFlows(t *testing.T) {
 	if !start || !end {
 		t.Errorf("no flow-start and flow-end of client -> server:8081: %+v", recs)
 	}
+	// IPv6 too.
+	_, b6 := testenv.PodIPs(t, rb)
+	must(t, testenv.TCPTransferPort(a, b, b6, 8083, 1000))
+	time.Sleep(300 * time.Millisecond)
+	start6 := false
+	for _, r := range observeJSON(t, e, "--last", "1000", "--verdict", "forwarded", "--pod", "ns2/server") {
+		if r.Type == "flow-start" && r.Family == "ipv6" && r.DstPort == 8083 && r.Dst == b6.String() && r.DstPod == "ns2/server" {
+			start6 = true
+		}
+	}
+	if !start6 {
+		t.Errorf("no IPv6 flow-start to server:8083")
+	}
 
 	// Per pod.
 	out, err := e.AgentCmd("events", "--state-dir", e.StateDir, "--pin-dir", e.PinDir, "--flows", "pods", "--flows-pod", "ns2/server")
