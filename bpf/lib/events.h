@@ -318,14 +318,26 @@ __attribute__((noinline)) int ev_packet_on(struct __sk_buff *skb, __u32 ifindex,
 	return 0;
 }
 
-/* The events of one counted packet (see count() in endpoint.h): with
- * events off, this lookup is all. */
+/*
+ * The events of one counted packet (see count() in endpoint.h): with events
+ * off, the lookup is all. The subprogram is called only for what may send
+ * an event: a drop, or with flow events on a packet handed on. Node-wide,
+ * the destination's side of a same-node redirect is not tracked apart:
+ * it is the packet the source's egress side just tracked, and that
+ * event names both pods (per pod, each pod that asked sees its own side).
+ */
 static __always_inline void ev_packet(struct __sk_buff *skb, __u32 ifindex, __u8 dir, __u8 reason,
 				      __u32 len, __u32 aux)
 {
 	__u32 zero = 0;
 	const struct ev_config *cfg = bpf_map_lookup_elem(&cni_ev_config, &zero);
 
-	if (cfg && cfg->flags)
-		ev_packet_on(skb, ifindex, (__u32)dir << 8 | reason, len, aux);
+	if (!cfg || !cfg->flags)
+		return;
+	if (!reason_is_drop(reason)) {
+		if (!(cfg->flags & EV_CFG_FLOWS_PODS) &&
+		    (!(cfg->flags & EV_CFG_FLOWS_ALL) || (reason == REASON_REDIRECT && dir == DIR_INGRESS)))
+			return;
+	}
+	ev_packet_on(skb, ifindex, (__u32)dir << 8 | reason, len, aux);
 }
