@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -490,4 +491,44 @@ func TestObserveWithoutAgent(t *testing.T) {
 		t.Errorf("observe without an agent did not say it reads the ring itself: %q", stderr.String())
 	}
 	e.MustDel(pod, "evn")
+}
+
+// TestEventsAgentKilled: an agent killed with SIGKILL leaves its socket;
+// observe then finds no agent (and says so), and the next agent replaces
+// the socket and serves again, the events sent meanwhile included.
+func TestEventsAgentKilled(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	conf := e.WriteConfDir()
+	a := e.StartAgent(conf, "--metrics-addr", "")
+	pod := e.NewPod()
+	e.CleanupDel(pod, "evk")
+	e.AddK8s(pod, "evk", "k", "p")
+	_, idx := e.HostVeth("evk")
+	m := e.Maps()
+	podMAC, hostMAC := podMACOf(t, pod, "eth0"), hostMACOf(m, idx)
+	observeJSON(t, e, "--last", "1") // the agent answers
+	a.Cmd.Process.Kill()
+	a.Exited(5 * time.Second)
+	sock := events.SocketPath(e.StateDir)
+	if _, err := os.Stat(sock); err != nil {
+		t.Fatalf("no socket left by the killed agent (%v): the test proves nothing", err)
+	}
+	out, err := e.AgentCmd("observe", "--state-dir", e.StateDir, "--pin-dir", e.PinDir, "--last", "1")
+	if err == nil || !strings.Contains(out, "no agent is running") {
+		t.Errorf("observe --last after the agent was killed: %v\n%s", err, out)
+	}
+	// A drop while no agent runs waits in the ring for the next one.
+	podRaw(t, pod, "eth0", ipv4UDPFrame(podMAC, hostMAC, net.ParseIP("10.250.6.6"), testenv.NodeIP4))
+	waitCounter(t, m, idx, maps.ReasonDropSpoofIP, 1)
+	e.StartAgent(conf, "--metrics-addr", "")
+	got := newEvents(t, e, 0, 1)
+	found := false
+	for _, r := range got {
+		found = found || (r.Src == "10.250.6.6" && r.Pod == "k/p")
+	}
+	if !found {
+		t.Errorf("the next agent did not show the drop sent while none ran: %+v", got)
+	}
+	e.MustDel(pod, "evk")
 }
