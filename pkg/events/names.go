@@ -19,12 +19,15 @@ import (
 type names struct {
 	stateDir string
 
-	mu     sync.Mutex
-	read   time.Time
-	dirs   map[string]time.Time // mtime of each network's record directory at the last read
-	byIf   map[uint32]*state.Record
-	byAddr map[netip.Addr]string
-	ifs    map[uint32]string
+	mu   sync.Mutex
+	read time.Time
+	dirs map[string]time.Time // mtime of each network's record directory at the last read
+	// addrCheck: when an address miss last checked the directories. Peers
+	// outside the node miss every time: they check at most every 250 ms.
+	addrCheck time.Time
+	byIf      map[uint32]*state.Record
+	byAddr    map[netip.Addr]string
+	ifs       map[uint32]string
 }
 
 func newNames(stateDir string) *names { return &names{stateDir: stateDir} }
@@ -116,7 +119,8 @@ func (n *names) podOf(a netip.Addr) string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	p, ok := n.byAddr[a]
-	if !ok && a.IsGlobalUnicast() {
+	if !ok && a.IsGlobalUnicast() && (n.byAddr == nil || time.Since(n.addrCheck) > 250*time.Millisecond) {
+		n.addrCheck = time.Now()
 		n.refresh(n.byAddr == nil)
 		p = n.byAddr[a]
 	}

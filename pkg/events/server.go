@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
 )
 
@@ -38,10 +37,15 @@ func Serve(ctx context.Context, path string, r *Reader) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("events socket: %w", err)
 	}
-	old := syscall.Umask(0o177) // created 0600: no window where others may connect
+	// Not umask: it is the whole process's, and the agent creates
+	// directories meanwhile. The state directory is 0700 (safedir), so
+	// nobody else reaches the socket before the chmod either.
 	ln, err := net.Listen("unix", path)
-	syscall.Umask(old)
 	if err != nil {
+		return fmt.Errorf("events socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
 		return fmt.Errorf("events socket: %w", err)
 	}
 	srv := &http.Server{Handler: r.Handler(), ReadHeaderTimeout: 5 * time.Second}

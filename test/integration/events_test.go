@@ -508,6 +508,9 @@ func TestEventsAgentKilled(t *testing.T) {
 	m := e.Maps()
 	podMAC, hostMAC := podMACOf(t, pod, "eth0"), hostMACOf(m, idx)
 	observeJSON(t, e, "--last", "1") // the agent answers
+	if fi, err := os.Stat(events.SocketPath(e.StateDir)); err != nil || fi.Mode().Perm() != 0o600 || fi.Mode().Type() != os.ModeSocket {
+		t.Errorf("the agent's socket: %v %v, want a socket of mode 0600", fi.Mode(), err)
+	}
 	a.Cmd.Process.Kill()
 	a.Exited(5 * time.Second)
 	sock := events.SocketPath(e.StateDir)
