@@ -44,6 +44,37 @@ func observeJSON(t *testing.T, e *testenv.Env, args ...string) []events.Record {
 	return recs
 }
 
+// observeFollow runs `ebpf-agent observe -o json ARGS` (following) and
+// returns the first n records, or what came within 3 s.
+func observeFollow(t *testing.T, e *testenv.Env, n int, args ...string) (recs []events.Record) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(testenv.BinDir, "ebpf-agent"),
+		append([]string{"observe", "-o", "json", "--state-dir", e.StateDir, "--pin-dir", e.PinDir}, args...)...)
+	out, err := cmd.StdoutPipe()
+	must(t, err)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	must(t, cmd.Start())
+	defer func() {
+		cancel()
+		cmd.Wait()
+		if len(recs) < n {
+			t.Logf("observe %v: stderr %s", args, stderr.String())
+		}
+	}()
+	sc := bufio.NewScanner(out)
+	for len(recs) < n && sc.Scan() {
+		var r events.Record
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("observe %v printed %q: %v", args, sc.Text(), err)
+		}
+		recs = append(recs, r)
+	}
+	return recs
+}
+
 // newEvents waits until the agent keeps events after seq and returns them
 // once no more come for 300 ms.
 func newEvents(t *testing.T, e *testenv.Env, seq uint64, want int) []events.Record {
@@ -199,6 +230,10 @@ func TestEventsEachDropReason(t *testing.T) {
 	}
 	if recs := observeJSON(t, e, "--last", "1000", "--verdict", "forwarded"); len(recs) != 0 {
 		t.Errorf("--verdict forwarded with flow events off: %+v", recs)
+	}
+	// --since: the kept events of the last 10 minutes, then following.
+	if recs := observeFollow(t, e, 6, "--since", "10m", "--pod", "shop/web-1"); len(recs) != 6 || recs[0].Reason != "drop_spoof_ip" {
+		t.Errorf("--since 10m --pod shop/web-1: %d records, want the 6 drops provoked: %+v", len(recs), recs)
 	}
 	// The table reads.
 	out, err := e.AgentCmd("observe", "--state-dir", e.StateDir, "--last", "3")
