@@ -14,7 +14,7 @@ RUNTIME_PKGS  := iproute2 iputils-ping iptables nftables
 GENERATE_PKGS := clang llvm libbpf-dev linux-libc-dev
 BENCH_PKGS    := iproute2 iputils-ping iptables iperf3 time
 
-.PHONY: all build generate check-generate check-tidy test unit-test race lint install demo bench bench-quick bench-cni bench-bandwidth bench-masq deps deps-bench deps-generate clean
+.PHONY: all build generate check-generate check-tidy test unit-test race lint install demo bench bench-quick bench-cni bench-bandwidth bench-events bench-masq deps deps-bench deps-generate clean
 
 all: build
 
@@ -134,6 +134,11 @@ bench-cni: deps-bench
 # ... and bandwidth accuracy and latency under load, ebpf-cni beside ptp + bandwidth.
 bench-bandwidth: deps-bench
 	$(GO) run ./test/bench -parts bandwidth
+
+# Datapath events: throughput and request/response with events off vs flow
+# events on, the agent's CPU while observing a 10k/s drop flood.
+bench-events: deps-bench
+	$(GO) run ./test/bench -parts events
 
 # BPF masquerade beside ptp's iptables MASQUERADE: throughput and new
 # connections/s, in the two-node lab of the masquerade tests.
