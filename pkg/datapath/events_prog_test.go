@@ -215,3 +215,24 @@ func BenchmarkEventsCost(b *testing.B) {
 		})
 	}
 }
+
+// TestEventRingFull: with nobody reading, the ring fills; every further
+// event is counted as lost_ring, and sent + lost is every drop.
+func TestEventRingFull(t *testing.T) {
+	dp := testDatapath(t)
+	must(t, dp.Maps.SetEventSettings(maps.EventSettings{Drops: true, Rate: 1e9, Burst: 1e6}))
+	frame := append(eth(podMAC, 0x0800), ipv4(net.ParseIP("10.9.0.99"), net.ParseIP("192.0.2.9"), 64)...)
+	const n = 5000 // the 256 KiB ring holds about 3600
+	for i := 0; i < n; i++ {
+		run(t, dp.FromContainer, frame)
+	}
+	cs, err := dp.Maps.EventCounters()
+	must(t, err)
+	if cs.LostRing == 0 || cs.Sent+cs.LostRing+cs.LostRate != n || cs.Sent < 3000 {
+		t.Errorf("counters %+v after %d drops into an unread ring: want it full (about 3600 sent), the rest lost_ring", cs, n)
+	}
+	r := eventReader(t, dp)
+	if got := len(drain(t, r)); uint64(got) != cs.Sent {
+		t.Errorf("%d events in the ring, %d counted sent", got, cs.Sent)
+	}
+}
