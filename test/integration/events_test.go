@@ -201,7 +201,7 @@ func TestEventsEachDropReason(t *testing.T) {
 	// Bandwidth: a pod over its egress limit; every drop is one event.
 	bw := e.NewPod()
 	e.CleanupDel(bw, "evbw")
-	rb, err := e.AddBW(bw, "evbw", map[string]any{"egressRate": 100000, "egressBurst": 12000})
+	rb, err := e.AddBW(bw, "evbw", map[string]any{"egressRate": 100000, "egressBurst": 12000, "ingressRate": 100000, "ingressBurst": 12000})
 	must(t, err)
 	bw4, _ := testenv.PodIPs(t, rb)
 	_, bwIdx := e.HostVeth("evbw")
@@ -223,6 +223,43 @@ func TestEventsEachDropReason(t *testing.T) {
 		t.Errorf("%d drop_bandwidth counted, %d matching events of %d new: %+v", drops, n, len(got), got)
 	}
 	_ = v6
+	if len(got) > 0 {
+		seq = got[len(got)-1].Seq
+	}
+
+	// Ingress: the node's UDP to the limited pod, over its limit.
+	beforeIn := counter(t, m, bwIdx, maps.DirIngress, maps.ReasonDropBandwidth).Packets
+	must(t, e.InNode(func() error {
+		c, err := net.Dial("udp", net.JoinHostPort(bw4.String(), "9"))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for i := 0; i < 60; i++ {
+			c.Write(make([]byte, 1400))
+		}
+		return nil
+	}))
+	var dropsIn uint64
+	for deadline := time.Now().Add(2 * time.Second); dropsIn == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		dropsIn = counter(t, m, bwIdx, maps.DirIngress, maps.ReasonDropBandwidth).Packets - beforeIn
+	}
+	if dropsIn == 0 {
+		t.Fatalf("60 datagrams of 1400 bytes at once over an ingress limit of 100 kbit/s: no drop counted")
+	}
+	time.Sleep(200 * time.Millisecond)
+	dropsIn = counter(t, m, bwIdx, maps.DirIngress, maps.ReasonDropBandwidth).Packets - beforeIn
+	got = newEvents(t, e, seq, int(dropsIn))
+	n = 0
+	for _, ev := range got {
+		if ev.Reason == "drop_bandwidth" && ev.Direction == "ingress" && ev.Ifindex == uint32(bwIdx) && ev.Dst == bw4.String() && ev.Protocol == "udp" && ev.DstPort == 9 {
+			n++
+		}
+	}
+	if uint64(n) != dropsIn {
+		t.Errorf("%d ingress drop_bandwidth counted, %d matching events of %d new", dropsIn, n, len(got))
+	}
+	t.Logf("ingress: %d drops, %d events", dropsIn, n)
 
 	// Filters: --verdict, --protocol, --pod.
 	if recs := observeJSON(t, e, "--last", "1000", "--pod", "shop/web-1", "--protocol", "icmp"); len(recs) != 2 {
