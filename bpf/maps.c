@@ -11,5 +11,8 @@ enum cni_dir __dir_unused __attribute__((unused));
 enum cni_reason __reason_unused __attribute__((unused));
 enum hp_stat __hp_stat_unused __attribute__((unused));
 enum masq_stat __masq_stat_unused __attribute__((unused));
+enum ev_type __ev_type_unused __attribute__((unused));
+/* The ring buffer has no value type: the record struct is referenced here. */
+struct cni_event __event_unused __attribute__((unused));
 
 char __license[] SEC("license") = "Dual BSD/GPL";

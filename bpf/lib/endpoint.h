@@ -9,8 +9,17 @@
 #include "maps.h"
 #include "pkt.h"
 #include "bandwidth.h"
+#include "events.h"
 
-static __always_inline void count(__u32 ifindex, __u8 dir, __u8 reason, __u32 len)
+/*
+ * Every verdict on a pod's packet is counted here, and sends its events
+ * (lib/events.h) from here: a new drop reason needs no event code. count()
+ * and drop() are macros over the skb of the calling program, so call sites
+ * stay as they were; drop_aux() carries a detail for the event (the policy
+ * rule of a policy drop).
+ */
+static __always_inline void count_pkt(struct __sk_buff *skb, __u32 ifindex, __u8 dir, __u8 reason, __u32 len,
+				      __u32 aux)
 {
 	struct stats_key k = { .ifindex = ifindex, .dir = dir, .reason = reason };
 	struct stats_val *v = bpf_map_lookup_elem(&cni_stats, &k);
@@ -19,24 +28,33 @@ static __always_inline void count(__u32 ifindex, __u8 dir, __u8 reason, __u32 le
 		/* Per-CPU value: no atomics needed. */
 		v->packets++;
 		v->bytes += len;
-		return;
+	} else {
+		struct stats_val nv = { .packets = 1, .bytes = len };
+
+		bpf_map_update_elem(&cni_stats, &k, &nv, BPF_NOEXIST);
 	}
-	struct stats_val nv = { .packets = 1, .bytes = len };
-	bpf_map_update_elem(&cni_stats, &k, &nv, BPF_NOEXIST);
+	ev_packet(skb, ifindex, dir, reason, len, aux);
 }
 
+#define count(ifindex, dir, reason, len) count_pkt(skb, ifindex, dir, reason, len, 0)
+
 /* Verdicts on a packet from the pod (host veth ingress), counted. */
-static __always_inline int drop(__u32 ifindex, __u8 reason, __u32 len)
+static __always_inline int drop_pkt(struct __sk_buff *skb, __u32 ifindex, __u8 reason, __u32 len, __u32 aux)
 {
-	count(ifindex, DIR_EGRESS, reason, len);
+	count_pkt(skb, ifindex, DIR_EGRESS, reason, len, aux);
 	return TC_ACT_SHOT;
 }
 
-static __always_inline int pass(__u32 ifindex, __u32 len)
+#define drop(ifindex, reason, len) drop_pkt(skb, ifindex, reason, len, 0)
+#define drop_aux(ifindex, reason, len, aux) drop_pkt(skb, ifindex, reason, len, aux)
+
+static __always_inline int pass_pkt(struct __sk_buff *skb, __u32 ifindex, __u32 len)
 {
-	count(ifindex, DIR_EGRESS, REASON_FORWARD, len);
+	count_pkt(skb, ifindex, DIR_EGRESS, REASON_FORWARD, len, 0);
 	return TC_ACT_OK;
 }
+
+#define pass(ifindex, len) pass_pkt(skb, ifindex, len)
 
 static __always_inline struct ep_info *ep_lookup4(__be32 addr)
 {

@@ -186,3 +186,43 @@ struct {
 	__type(key, __u32);
 	__array(values, struct sf_part);
 } cni_stack_flow_parts SEC(".maps");
+/* ---------------------------------------------------------------- events */
+
+#define EV_RING_BYTES (1 << 18) /* about 3600 events of 72 bytes (record and header) */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, EV_RING_BYTES);
+} cni_events SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ev_config);
+} cni_ev_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ev_cpu);
+} cni_ev_cpu SEC(".maps");
+
+/* Endpoints (host veth ifindex) with flow events on (EV_CFG_FLOWS_PODS). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SIZED);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, __u32);
+} cni_ev_pods SEC(".maps");
+
+/* Flows seen, to know a flow's first packet. LRU: an evicted flow is
+ * announced again on its next packet. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SIZED);
+	__type(key, struct ev_flow_key);
+	__type(value, struct ev_flow_val);
+} cni_ev_flows SEC(".maps");

@@ -350,3 +350,84 @@ struct sf_val {
 	__u32 flags;   /* SF_* */
 	__u64 seen_ns; /* last packet the stack delivered, refreshed at most once a second */
 };
+
+/* ---------------------------------------------------------------- events */
+
+/* Events the host veth programs send to the agent through cni_events (lib/events.h). */
+enum ev_type {
+	EV_DROP = 1,       /* a packet dropped: one per drop, every drop reason */
+	EV_FLOW_START = 2, /* first packet of a flow (endpoint, direction, 5-tuple) handed on */
+	EV_FLOW_END = 3,   /* TCP FIN or RST of a flow; idle flows are ended by the agent */
+};
+
+/* ev_config.flags. All clear: no events, and the per-packet cost is the
+ * one lookup of cni_ev_config. */
+#define EV_CFG_DROPS (1U << 0)     /* an EV_DROP per drop */
+#define EV_CFG_FLOWS_ALL (1U << 1) /* flow events for every endpoint of the node */
+#define EV_CFG_FLOWS_PODS (1U << 2) /* flow events for the endpoints in cni_ev_pods */
+
+/* Value of cni_ev_config[0], written by the agent (pkg/maps/events.go). */
+struct ev_config {
+	__u32 flags;
+	__u32 pad;
+	__u64 cost_ns;  /* one event's worth of tokens: NSEC / events per second, per CPU */
+	__u64 burst_ns; /* bucket depth: cost_ns times the burst */
+};
+
+/* One record of cni_events. ICMP: sport is the type, dport the code. Not IP:
+ * family 0, ethertype says what it was. */
+struct cni_event {
+	__u64 ts_ns;   /* bpf_ktime_get_ns() */
+	__u32 ifindex; /* host veth of the endpoint */
+	__u32 len;     /* packet length */
+	__u32 aux;     /* REASON_DROP_POLICY: the policy rule that dropped it; else 0 */
+	__u8 type;     /* enum ev_type */
+	__u8 dir;      /* enum cni_dir */
+	__u8 reason;   /* enum cni_reason */
+	__u8 family;   /* AF_INET, AF_INET6, 0 */
+	__u8 proto;
+	__u8 tcp_flags;
+	__be16 ethertype;
+	__be16 sport;
+	__be16 dport;
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+/* Key of cni_ev_flows: a flow as one endpoint sees it in one direction. */
+struct ev_flow_key {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be16 sport;
+	__be16 dport;
+	__u32 ifindex;
+	__u8 family;
+	__u8 proto;
+	__u8 dir;
+	__u8 pad;
+};
+
+#define EV_FLOW_CLOSED 1 /* ev_flow_val.flags: its end was sent (FIN/RST) */
+
+struct ev_flow_val {
+	__u64 first_ns;
+	__u64 seen_ns; /* refreshed at most once a second */
+	__u8 reason;   /* how its first packet was handed on (forward, redirect) */
+	__u8 flags;    /* EV_FLOW_* */
+	__u16 pad;
+	__u32 pad2;
+};
+
+/* Value of cni_ev_cpu[0]: each CPU's token bucket, what it sent and lost,
+ * and the flow path's scratch (the events code runs as a subprogram of
+ * programs with a large stack of their own: both share 512 bytes). */
+struct ev_cpu {
+	__u64 tokens_ns;
+	__u64 last_ns;
+	__u64 sent;
+	__u64 lost_rate; /* over the rate: not sent */
+	__u64 lost_ring; /* the ring was full (the reader is behind): not sent */
+	struct ev_flow_key key;
+	__u32 pad;
+	struct ev_flow_val val;
+};

@@ -40,6 +40,11 @@ type opts struct {
 	uninstallOnStop string
 	// reconcile, upgrade
 	dryRun, force bool
+	// run: datapath events
+	dropEvents            bool
+	flowEvents            string
+	eventRate, eventBurst uint
+	eventsKeep            int
 	// run, upgrade: the node's map sizing (0 and -1: from the CNI config)
 	maxPods, hostPortsPerPod int
 }
@@ -89,6 +94,10 @@ var commands = []command{
 		run: dump(func(s inspect.Source) (inspect.Report, error) { return inspect.ReadNAT(s) })},
 	{name: "dump attachments", help: "the plugin's attachment records: container, interface, host veth, IPs (read-only)",
 		run: dump(func(s inspect.Source) (inspect.Report, error) { return inspect.ReadAttachments(s) })},
+	{name: "observe", help: "follow datapath events (drops, flows) with pods named; --last N from the agent's memory",
+		flags: observeFlags, run: observe},
+	{name: "events", help: "show or set what the datapath sends as events (drops, flows per node or pod, rate limit) and the losses",
+		flags: eventsFlags, run: eventsCmd},
 	{name: "peers", help: "install routes to other nodes' pod CIDRs via their node IPs once (run does it at every reconcile)",
 		flags: func(fs *flag.FlagSet, o *opts) {
 			fs.StringVar(&o.peersFile, "peers", "", "JSON file [{nodeIP, podCIDRs}] (required)")
@@ -186,6 +195,11 @@ func runFlags(fs *flag.FlagSet, o *opts) {
 	fs.StringVar(&o.confTemplate, "cni-conf-template", "", "conflist to write into --cni-conf-dir and keep current; its \"__PODCIDR__\" ranges become this node's spec.podCIDRs")
 	fs.StringVar(&o.clusterCIDRs, "cluster-cidrs", "", "comma-separated CIDRs ipMasq never masquerades (default with --node-name: every node's pod CIDRs)")
 	fs.StringVar(&o.uninstallOnStop, "uninstall-on-stop", "", "file read when the agent stops: \"true\" uninstalls the node as `uninstall` does (refused while pods use it), \"force\" as `uninstall --force`; anything else, or no file, leaves the datapath in place")
+	fs.BoolVar(&o.dropEvents, "drop-events", true, "an event per dropped packet (ebpf-agent observe)")
+	fs.StringVar(&o.flowEvents, "flow-events", "off", "flow events: off, node (every pod) or pods (those turned on with `ebpf-agent events --flows-pod`)")
+	fs.UintVar(&o.eventRate, "event-rate", maps.DefaultEventRate, "events a second each CPU may send; more are counted as lost")
+	fs.UintVar(&o.eventBurst, "event-burst", maps.DefaultEventBurst, "events a CPU may send at once")
+	fs.IntVar(&o.eventsKeep, "events-keep", 4096, "events kept in memory for `observe --last`")
 	sizingFlags(fs, o)
 }
 
@@ -251,6 +265,13 @@ func run(o *opts) error {
 		ao.ClusterCIDRs = append(ao.ClusterCIDRs, p.Masked())
 	}
 	ao.PoliteWait = o.politeWait
+	switch maps.FlowEvents(o.flowEvents) {
+	case maps.FlowsOff, maps.FlowsNode, maps.FlowsPods:
+	default:
+		return fmt.Errorf("run: --flow-events %q: want off, node or pods", o.flowEvents)
+	}
+	ao.Events = &maps.EventSettings{Drops: o.dropEvents, Flows: maps.FlowEvents(o.flowEvents), Rate: uint32(o.eventRate), Burst: uint32(o.eventBurst)}
+	ao.EventsKeep = o.eventsKeep
 	ao.Logger = log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags)
 	s, err := o.sizing()
 	if err != nil {

@@ -117,8 +117,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 // metricsHandler serves the collector on its own registry (no Go runtime
 // noise unless asked for: operators scrape the datapath).
-func metricsHandler(c *collector) http.Handler {
+func metricsHandler(c *collector, more ...prometheus.Collector) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c)
+	reg.MustRegister(more...)
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/conflist"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
+	"github.com/ebpf-cni/ebpf-cni/pkg/events"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/nodes"
 	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
@@ -57,6 +58,10 @@ type Options struct {
 	ClusterCIDRs []netip.Prefix
 	// Sizing is what the node's maps are sized for (see ResolveSizing).
 	Sizing maps.Sizing
+	// Events are the datapath events the agent turns on (nil: drops, or
+	// what the node has); EventsKeep how many it keeps for observe --last.
+	Events     *maps.EventSettings
+	EventsKeep int
 	// PoliteWait is how long the background work waits for the CNI verbs
 	// to pause before it does a step anyway (0: datapath.MaxPoliteWait).
 	PoliteWait time.Duration
@@ -140,6 +145,25 @@ func Run(ctx context.Context, o Options) error {
 	lg.Printf("datapath ready at %s (map layout v%d, sized for %s); %d links and %d tc filters, %d moved to this build's programs, %d old program pins removed, %d old map directories removed",
 		o.PinRoot, maps.LayoutVersion, o.Sizing, rep.Links, rep.Filters, rep.Replaced+rep.FiltersSwap, len(rep.RemovedProgs), len(rep.RemovedMaps))
 
+	// Datapath events: read, kept, counted, and served to observe on a
+	// socket in the state directory (pkg/events).
+	evr := events.NewReader(events.Options{PinDir: o.PinRoot, StateDir: o.StateDir, Keep: o.EventsKeep, Settings: o.Events, Logger: lg})
+	evCtx, evStop := context.WithCancel(ctx)
+	evDone := make(chan struct{}, 2)
+	defer func() { evStop(); <-evDone; <-evDone }() // the socket is gone when Run returns
+	go func() {
+		if err := evr.Run(evCtx); err != nil {
+			lg.Printf("%v", err)
+		}
+		evDone <- struct{}{}
+	}()
+	go func() {
+		if err := events.Serve(evCtx, events.SocketPath(o.StateDir), evr); err != nil {
+			lg.Printf("%v", err)
+		}
+		evDone <- struct{}{}
+	}()
+
 	col := newCollector(o.PinRoot, o.StateDir, o.Version)
 	if o.MetricsAddr != "" {
 		ln, err := net.Listen("tcp", o.MetricsAddr)
@@ -147,7 +171,7 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("metrics listener: %w", err)
 		}
 		mux := http.NewServeMux()
-		mux.Handle("/metrics", metricsHandler(col))
+		mux.Handle("/metrics", metricsHandler(col, evr))
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go srv.Serve(ln)
 		defer srv.Close()

@@ -21,6 +21,11 @@ const (
 	fromUplinkMapCniClusterCidrs   = "cni_cluster_cidrs"
 	fromUplinkMapCniCt             = "cni_ct"
 	fromUplinkMapCniEndpoints      = "cni_endpoints"
+	fromUplinkMapCniEvConfig       = "cni_ev_config"
+	fromUplinkMapCniEvCpu          = "cni_ev_cpu"
+	fromUplinkMapCniEvFlows        = "cni_ev_flows"
+	fromUplinkMapCniEvPods         = "cni_ev_pods"
+	fromUplinkMapCniEvents         = "cni_events"
 	fromUplinkMapCniHostports      = "cni_hostports"
 	fromUplinkMapCniHpConfig       = "cni_hp_config"
 	fromUplinkMapCniHpStats        = "cni_hp_stats"
@@ -92,6 +97,11 @@ type fromUplinkMapSpecs struct {
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
 	CniCt             *ebpf.MapSpec `ebpf:"cni_ct"`
 	CniEndpoints      *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniEvConfig       *ebpf.MapSpec `ebpf:"cni_ev_config"`
+	CniEvCpu          *ebpf.MapSpec `ebpf:"cni_ev_cpu"`
+	CniEvFlows        *ebpf.MapSpec `ebpf:"cni_ev_flows"`
+	CniEvPods         *ebpf.MapSpec `ebpf:"cni_ev_pods"`
+	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
@@ -139,6 +149,11 @@ type fromUplinkMaps struct {
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
 	CniCt             *ebpf.Map `ebpf:"cni_ct"`
 	CniEndpoints      *ebpf.Map `ebpf:"cni_endpoints"`
+	CniEvConfig       *ebpf.Map `ebpf:"cni_ev_config"`
+	CniEvCpu          *ebpf.Map `ebpf:"cni_ev_cpu"`
+	CniEvFlows        *ebpf.Map `ebpf:"cni_ev_flows"`
+	CniEvPods         *ebpf.Map `ebpf:"cni_ev_pods"`
+	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
@@ -162,6 +177,11 @@ func (m *fromUplinkMaps) Close() error {
 		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,
+		m.CniEvConfig,
+		m.CniEvCpu,
+		m.CniEvFlows,
+		m.CniEvPods,
+		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
 		m.CniHpStats,

@@ -21,6 +21,11 @@ const (
 	sockMapCniClusterCidrs   = "cni_cluster_cidrs"
 	sockMapCniCt             = "cni_ct"
 	sockMapCniEndpoints      = "cni_endpoints"
+	sockMapCniEvConfig       = "cni_ev_config"
+	sockMapCniEvCpu          = "cni_ev_cpu"
+	sockMapCniEvFlows        = "cni_ev_flows"
+	sockMapCniEvPods         = "cni_ev_pods"
+	sockMapCniEvents         = "cni_events"
 	sockMapCniHostports      = "cni_hostports"
 	sockMapCniHpConfig       = "cni_hp_config"
 	sockMapCniHpStats        = "cni_hp_stats"
@@ -106,6 +111,11 @@ type sockMapSpecs struct {
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
 	CniCt             *ebpf.MapSpec `ebpf:"cni_ct"`
 	CniEndpoints      *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniEvConfig       *ebpf.MapSpec `ebpf:"cni_ev_config"`
+	CniEvCpu          *ebpf.MapSpec `ebpf:"cni_ev_cpu"`
+	CniEvFlows        *ebpf.MapSpec `ebpf:"cni_ev_flows"`
+	CniEvPods         *ebpf.MapSpec `ebpf:"cni_ev_pods"`
+	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
@@ -153,6 +163,11 @@ type sockMaps struct {
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
 	CniCt             *ebpf.Map `ebpf:"cni_ct"`
 	CniEndpoints      *ebpf.Map `ebpf:"cni_endpoints"`
+	CniEvConfig       *ebpf.Map `ebpf:"cni_ev_config"`
+	CniEvCpu          *ebpf.Map `ebpf:"cni_ev_cpu"`
+	CniEvFlows        *ebpf.Map `ebpf:"cni_ev_flows"`
+	CniEvPods         *ebpf.Map `ebpf:"cni_ev_pods"`
+	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
@@ -176,6 +191,11 @@ func (m *sockMaps) Close() error {
 		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,
+		m.CniEvConfig,
+		m.CniEvCpu,
+		m.CniEvFlows,
+		m.CniEvPods,
+		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
 		m.CniHpStats,

@@ -21,6 +21,11 @@ const (
 	toContainerMapCniClusterCidrs   = "cni_cluster_cidrs"
 	toContainerMapCniCt             = "cni_ct"
 	toContainerMapCniEndpoints      = "cni_endpoints"
+	toContainerMapCniEvConfig       = "cni_ev_config"
+	toContainerMapCniEvCpu          = "cni_ev_cpu"
+	toContainerMapCniEvFlows        = "cni_ev_flows"
+	toContainerMapCniEvPods         = "cni_ev_pods"
+	toContainerMapCniEvents         = "cni_events"
 	toContainerMapCniHostports      = "cni_hostports"
 	toContainerMapCniHpConfig       = "cni_hp_config"
 	toContainerMapCniHpStats        = "cni_hp_stats"
@@ -92,6 +97,11 @@ type toContainerMapSpecs struct {
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
 	CniCt             *ebpf.MapSpec `ebpf:"cni_ct"`
 	CniEndpoints      *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniEvConfig       *ebpf.MapSpec `ebpf:"cni_ev_config"`
+	CniEvCpu          *ebpf.MapSpec `ebpf:"cni_ev_cpu"`
+	CniEvFlows        *ebpf.MapSpec `ebpf:"cni_ev_flows"`
+	CniEvPods         *ebpf.MapSpec `ebpf:"cni_ev_pods"`
+	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
@@ -139,6 +149,11 @@ type toContainerMaps struct {
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
 	CniCt             *ebpf.Map `ebpf:"cni_ct"`
 	CniEndpoints      *ebpf.Map `ebpf:"cni_endpoints"`
+	CniEvConfig       *ebpf.Map `ebpf:"cni_ev_config"`
+	CniEvCpu          *ebpf.Map `ebpf:"cni_ev_cpu"`
+	CniEvFlows        *ebpf.Map `ebpf:"cni_ev_flows"`
+	CniEvPods         *ebpf.Map `ebpf:"cni_ev_pods"`
+	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
@@ -162,6 +177,11 @@ func (m *toContainerMaps) Close() error {
 		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,
+		m.CniEvConfig,
+		m.CniEvCpu,
+		m.CniEvFlows,
+		m.CniEvPods,
+		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
 		m.CniHpStats,

@@ -21,6 +21,11 @@ const (
 	toUplinkMapCniClusterCidrs   = "cni_cluster_cidrs"
 	toUplinkMapCniCt             = "cni_ct"
 	toUplinkMapCniEndpoints      = "cni_endpoints"
+	toUplinkMapCniEvConfig       = "cni_ev_config"
+	toUplinkMapCniEvCpu          = "cni_ev_cpu"
+	toUplinkMapCniEvFlows        = "cni_ev_flows"
+	toUplinkMapCniEvPods         = "cni_ev_pods"
+	toUplinkMapCniEvents         = "cni_events"
 	toUplinkMapCniHostports      = "cni_hostports"
 	toUplinkMapCniHpConfig       = "cni_hp_config"
 	toUplinkMapCniHpStats        = "cni_hp_stats"
@@ -92,6 +97,11 @@ type toUplinkMapSpecs struct {
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
 	CniCt             *ebpf.MapSpec `ebpf:"cni_ct"`
 	CniEndpoints      *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniEvConfig       *ebpf.MapSpec `ebpf:"cni_ev_config"`
+	CniEvCpu          *ebpf.MapSpec `ebpf:"cni_ev_cpu"`
+	CniEvFlows        *ebpf.MapSpec `ebpf:"cni_ev_flows"`
+	CniEvPods         *ebpf.MapSpec `ebpf:"cni_ev_pods"`
+	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
@@ -139,6 +149,11 @@ type toUplinkMaps struct {
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
 	CniCt             *ebpf.Map `ebpf:"cni_ct"`
 	CniEndpoints      *ebpf.Map `ebpf:"cni_endpoints"`
+	CniEvConfig       *ebpf.Map `ebpf:"cni_ev_config"`
+	CniEvCpu          *ebpf.Map `ebpf:"cni_ev_cpu"`
+	CniEvFlows        *ebpf.Map `ebpf:"cni_ev_flows"`
+	CniEvPods         *ebpf.Map `ebpf:"cni_ev_pods"`
+	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
@@ -162,6 +177,11 @@ func (m *toUplinkMaps) Close() error {
 		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,
+		m.CniEvConfig,
+		m.CniEvCpu,
+		m.CniEvFlows,
+		m.CniEvPods,
+		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
 		m.CniHpStats,

@@ -174,7 +174,10 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 		tr.Mark("with-veth")
 	}
 	if t.DP != nil && t.Ifindex != 0 {
-		errs = errors.Join(errs, t.DP.Maps.DeleteLink(t.Ifindex), t.DP.Maps.ResetStats(t.Ifindex))
+		// The flow events switch goes too: the next pod given this
+		// ifindex has not asked for them. (Its flows age out: LRU, idle sweep.)
+		errs = errors.Join(errs, t.DP.Maps.DeleteLink(t.Ifindex), t.DP.Maps.ResetStats(t.Ifindex),
+			t.DP.Maps.SetFlowEvents(uint32(t.Ifindex), false))
 	}
 	if !foreign {
 		errs = errors.Join(errs, datapath.RemoveLinkPins(n.PinDir, hostIf))

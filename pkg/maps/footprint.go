@@ -126,6 +126,10 @@ func (u Usage) model(cpus, entries int) uint64 {
 		return max*ptrSize + max*val*c
 	case ebpf.LPMTrie:
 		return (lpmTrieNodeHeader + uint64(u.KeySize) - 4 + uint64(u.ValueSize)) * n
+	case ebpf.RingBuf:
+		// The data pages, and two page pointers each (mapped twice, so a
+		// record wrapping around reads contiguously).
+		return max + max/4096*2*ptrSize
 	}
 	return 0
 }
@@ -172,7 +176,7 @@ func usageOf(name string, mp *ebpf.Map, cpus int) (Usage, error) {
 	u := Usage{Name: name, Type: mp.Type().String(), KeySize: mp.KeySize(), ValueSize: mp.ValueSize(),
 		MaxEntries: mp.MaxEntries(), Flags: mp.Flags(), Memlock: mem, CPUs: cpus, typ: mp.Type(), Entries: -1}
 	switch mp.Type() {
-	case ebpf.Array, ebpf.PerCPUArray:
+	case ebpf.Array, ebpf.PerCPUArray, ebpf.RingBuf: // no keys to count
 	default:
 		if u.Entries, err = countKeys(mp); err != nil {
 			return Usage{}, fmt.Errorf("count entries of %s: %w", name, err)

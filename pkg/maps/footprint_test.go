@@ -42,7 +42,11 @@ func testMaps(t *testing.T, s Sizing) *Maps {
 // empty map of the same type, flags and sizes with one entry.
 func fixedBase(t *testing.T, u Usage) uint64 {
 	t.Helper()
-	spec := &ebpf.MapSpec{Type: u.typ, KeySize: u.KeySize, ValueSize: u.ValueSize, MaxEntries: 1, Flags: u.Flags}
+	probe := uint32(1)
+	if u.typ == ebpf.RingBuf {
+		probe = 4096 // a page: the smallest ring
+	}
+	spec := &ebpf.MapSpec{Type: u.typ, KeySize: u.KeySize, ValueSize: u.ValueSize, MaxEntries: probe, Flags: u.Flags}
 	if u.typ == ebpf.HashOfMaps {
 		spec.InnerMap = &stackFlowPartSpec
 	}

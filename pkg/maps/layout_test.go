@@ -18,11 +18,8 @@ import (
 // opens pins of the old layout, and the new fingerprint recorded here.
 var layouts = map[int]string{
 	1: "9948a12e1789aaaf",
-	// Layout 2 gained cni_stack_flow_parts (issue 28) without a bump: a map
-	// added, none changed. maps.Create pins it on a node set up by an
-	// earlier build of layout 2 at its next Ensure; an older build never
-	// opens it. (Before: "b84671b938a29b9c".)
-	2: "d8f4f91a156980ca", // NAT (flow timers and state in cni_ct/cni_snat, cni_masq_config, cni_masq_share, IPv6 masquerade, ICMP error counters), bandwidth (bw_state.queue_ns, mark_ns; netns_info.rcv_wnd), node resources (sizes from maxPods, cni_stats not preallocated, cni_cidr_refs)
+	2: "b84671b938a29b9c", // NAT (flow timers and state in cni_ct/cni_snat, cni_masq_config, cni_masq_share, IPv6 masquerade, ICMP error counters), bandwidth (bw_state.queue_ns, mark_ns; netns_info.rcv_wnd), node resources (sizes from maxPods, cni_stats not preallocated, cni_cidr_refs)
+	3: "e62adac1cb967d59", // datapath events (cni_events ring buffer, cni_ev_config, cni_ev_cpu, cni_ev_pods, cni_ev_flows), per-pod stack-flow tables (cni_stack_flow_parts); no existing map changed
 }
 
 func TestLayoutVersion(t *testing.T) {

@@ -42,7 +42,7 @@ func writeErr(m *ebpf.Map, name, what string, err error) error {
 // LayoutVersion names the pin directory of the maps. Bump it with any change to
 // bpf/lib/types.h or bpf/lib/maps.h so an upgraded binary never reuses a pin
 // of another layout (TestLayoutVersion holds the layout it stands for).
-const LayoutVersion = 2
+const LayoutVersion = 3
 
 // Go twins of the C structs, generated from BTF.
 type (
@@ -266,6 +266,11 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: "cni_cidr_refs", Type: ebpf.Hash, KeySize: 32, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: "cni_cluster_cidrs", Type: ebpf.LPMTrie, KeySize: 24, ValueSize: 4, MaxEntries: 256, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: "cni_ct", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 80},
+		{Name: nameEvConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 1},
+		{Name: nameEvCPU, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 112, MaxEntries: 1},
+		{Name: nameEvFlows, Type: ebpf.LRUHash, KeySize: 44, ValueSize: 24},
+		{Name: nameEvPods, Type: ebpf.Hash, KeySize: 4, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
+		{Name: nameEvents, Type: ebpf.RingBuf, MaxEntries: 1 << 18},
 		{Name: nameEndpoints, Type: ebpf.Hash, KeySize: 20, ValueSize: 20},
 		{Name: "cni_hostports", Type: ebpf.Hash, KeySize: 20, ValueSize: 24},
 		{Name: "cni_hp_config", Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1},

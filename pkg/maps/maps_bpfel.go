@@ -58,6 +58,25 @@ const (
 	mapsObjCniDirDIR_MAX     mapsObjCniDir = 2
 )
 
+type mapsObjCniEvent struct {
+	_         structs.HostLayout
+	TsNs      uint64
+	Ifindex   uint32
+	Len       uint32
+	Aux       uint32
+	Type      uint8
+	Dir       uint8
+	Reason    uint8
+	Family    uint8
+	Proto     uint8
+	TcpFlags  uint8
+	Ethertype uint16
+	Sport     uint16
+	Dport     uint16
+	Saddr     [16]uint8
+	Daddr     [16]uint8
+}
+
 type mapsObjCniReason uint32
 
 const (
@@ -116,6 +135,57 @@ type mapsObjEpKey struct {
 	Family uint8
 	Pad    [3]uint8
 }
+
+type mapsObjEvConfig struct {
+	_       structs.HostLayout
+	Flags   uint32
+	Pad     uint32
+	CostNs  uint64
+	BurstNs uint64
+}
+
+type mapsObjEvCpu struct {
+	_        structs.HostLayout
+	TokensNs uint64
+	LastNs   uint64
+	Sent     uint64
+	LostRate uint64
+	LostRing uint64
+	Key      mapsObjEvFlowKey
+	Pad      uint32
+	Val      mapsObjEvFlowVal
+}
+
+type mapsObjEvFlowKey struct {
+	_       structs.HostLayout
+	Saddr   [16]uint8
+	Daddr   [16]uint8
+	Sport   uint16
+	Dport   uint16
+	Ifindex uint32
+	Family  uint8
+	Proto   uint8
+	Dir     uint8
+	Pad     uint8
+}
+
+type mapsObjEvFlowVal struct {
+	_       structs.HostLayout
+	FirstNs uint64
+	SeenNs  uint64
+	Reason  uint8
+	Flags   uint8
+	Pad     uint16
+	Pad2    uint32
+}
+
+type mapsObjEvType uint32
+
+const (
+	mapsObjEvTypeEV_DROP       mapsObjEvType = 1
+	mapsObjEvTypeEV_FLOW_START mapsObjEvType = 2
+	mapsObjEvTypeEV_FLOW_END   mapsObjEvType = 3
+)
 
 type mapsObjHostportKey struct {
 	_      structs.HostLayout
@@ -290,6 +360,11 @@ const (
 	mapsObjMapCniClusterCidrs   = "cni_cluster_cidrs"
 	mapsObjMapCniCt             = "cni_ct"
 	mapsObjMapCniEndpoints      = "cni_endpoints"
+	mapsObjMapCniEvConfig       = "cni_ev_config"
+	mapsObjMapCniEvCpu          = "cni_ev_cpu"
+	mapsObjMapCniEvFlows        = "cni_ev_flows"
+	mapsObjMapCniEvPods         = "cni_ev_pods"
+	mapsObjMapCniEvents         = "cni_events"
 	mapsObjMapCniHostports      = "cni_hostports"
 	mapsObjMapCniHpConfig       = "cni_hp_config"
 	mapsObjMapCniHpStats        = "cni_hp_stats"
@@ -305,6 +380,8 @@ const (
 	mapsObjMapCniStackFlows     = "cni_stack_flows"
 	mapsObjMapCniStats          = "cni_stats"
 	mapsObjVarDirUnused         = "__dir_unused"
+	mapsObjVarEvTypeUnused      = "__ev_type_unused"
+	mapsObjVarEventUnused       = "__event_unused"
 	mapsObjVarHpStatUnused      = "__hp_stat_unused"
 	mapsObjVarMasqStatUnused    = "__masq_stat_unused"
 	mapsObjVarReasonUnused      = "__reason_unused"
@@ -363,6 +440,11 @@ type mapsObjMapSpecs struct {
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
 	CniCt             *ebpf.MapSpec `ebpf:"cni_ct"`
 	CniEndpoints      *ebpf.MapSpec `ebpf:"cni_endpoints"`
+	CniEvConfig       *ebpf.MapSpec `ebpf:"cni_ev_config"`
+	CniEvCpu          *ebpf.MapSpec `ebpf:"cni_ev_cpu"`
+	CniEvFlows        *ebpf.MapSpec `ebpf:"cni_ev_flows"`
+	CniEvPods         *ebpf.MapSpec `ebpf:"cni_ev_pods"`
+	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
@@ -384,6 +466,8 @@ type mapsObjMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type mapsObjVariableSpecs struct {
 	DirUnused      *ebpf.VariableSpec `ebpf:"__dir_unused"`
+	EvTypeUnused   *ebpf.VariableSpec `ebpf:"__ev_type_unused"`
+	EventUnused    *ebpf.VariableSpec `ebpf:"__event_unused"`
 	HpStatUnused   *ebpf.VariableSpec `ebpf:"__hp_stat_unused"`
 	MasqStatUnused *ebpf.VariableSpec `ebpf:"__masq_stat_unused"`
 	ReasonUnused   *ebpf.VariableSpec `ebpf:"__reason_unused"`
@@ -414,6 +498,11 @@ type mapsObjMaps struct {
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
 	CniCt             *ebpf.Map `ebpf:"cni_ct"`
 	CniEndpoints      *ebpf.Map `ebpf:"cni_endpoints"`
+	CniEvConfig       *ebpf.Map `ebpf:"cni_ev_config"`
+	CniEvCpu          *ebpf.Map `ebpf:"cni_ev_cpu"`
+	CniEvFlows        *ebpf.Map `ebpf:"cni_ev_flows"`
+	CniEvPods         *ebpf.Map `ebpf:"cni_ev_pods"`
+	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
@@ -437,6 +526,11 @@ func (m *mapsObjMaps) Close() error {
 		m.CniClusterCidrs,
 		m.CniCt,
 		m.CniEndpoints,
+		m.CniEvConfig,
+		m.CniEvCpu,
+		m.CniEvFlows,
+		m.CniEvPods,
+		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
 		m.CniHpStats,
@@ -459,6 +553,8 @@ func (m *mapsObjMaps) Close() error {
 // It can be passed to loadMapsObjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mapsObjVariables struct {
 	DirUnused      *ebpf.Variable `ebpf:"__dir_unused"`
+	EvTypeUnused   *ebpf.Variable `ebpf:"__ev_type_unused"`
+	EventUnused    *ebpf.Variable `ebpf:"__event_unused"`
 	HpStatUnused   *ebpf.Variable `ebpf:"__hp_stat_unused"`
 	MasqStatUnused *ebpf.Variable `ebpf:"__masq_stat_unused"`
 	ReasonUnused   *ebpf.Variable `ebpf:"__reason_unused"`

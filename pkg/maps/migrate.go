@@ -113,32 +113,61 @@ func copyConverted[K, O, N any](from, to *ebpf.Map, name string, conv func(O) N)
 // for the old entries is an error wrapping ErrFull that names it and its
 // size. It returns how many entries it copied per map.
 func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
-	if version != 1 {
-		return nil, fmt.Errorf("migrate maps of layout v%d at %s: this build (layout v%d) knows how to migrate layout v1 only", version, dir, LayoutVersion)
-	}
-	out := map[string]int{}
-	var errs error
-	for _, c := range []struct {
+	type copier struct {
 		name      string
 		copy      func(from, to *ebpf.Map, name string) (int, error)
 		valueSize uint32 // of the older layout, where it differs from this one's
-	}{
-		{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
-		{nameLinks, copyHash[uint32, LinkInfo], 0},
-		{nameStats, copyHash[StatsKey, []StatsVal], 0},
-		{nameBandwidth, copyBandwidthV1, uint32(binary.Size(bwStateV1{}))},
-		{nameNetns, copyHash[uint64, NetnsInfo], 0},
-		{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
-		{nameCT, copyCTV1, uint32(binary.Size(ctValV1{}))},
-		{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
-		{nameHPConfig, copyArray[HostPortConfig], 0},
-		{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
-		{nameHPStats, copyPerCPUArray, 0},
-		{nameSNAT, copySNATV1, uint32(binary.Size(snatValV1{}))},
-		{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
-		{nameMasqStats, copyPerCPUArray, 0},
-		{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
-	} {
+	}
+	var table []copier
+	switch version {
+	case 1:
+		table = []copier{
+			{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
+			{nameLinks, copyHash[uint32, LinkInfo], 0},
+			{nameStats, copyHash[StatsKey, []StatsVal], 0},
+			{nameBandwidth, copyBandwidthV1, uint32(binary.Size(bwStateV1{}))},
+			{nameNetns, copyHash[uint64, NetnsInfo], 0},
+			{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
+			{nameCT, copyCTV1, uint32(binary.Size(ctValV1{}))},
+			{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
+			{nameHPConfig, copyArray[HostPortConfig], 0},
+			{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
+			{nameHPStats, copyPerCPUArray, 0},
+			{nameSNAT, copySNATV1, uint32(binary.Size(snatValV1{}))},
+			{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
+			{nameMasqStats, copyPerCPUArray, 0},
+			{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
+		}
+	case 2:
+		// v3 only added the event maps: every v2 map keeps its layout.
+		// (A flow's timer is not copied, the kernel never copies one;
+		// ExpireCT and ExpireSNAT end such flows.)
+		table = []copier{
+			{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
+			{nameLinks, copyHash[uint32, LinkInfo], 0},
+			{nameStats, copyHash[StatsKey, []StatsVal], 0},
+			{nameBandwidth, copyHash[BandwidthKey, BandwidthState], 0},
+			{nameNetns, copyHash[uint64, NetnsInfo], 0},
+			{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
+			{nameCT, copyHash[CTKey, CTVal], 0},
+			{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
+			{nameHPConfig, copyArray[HostPortConfig], 0},
+			{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
+			{nameHPStats, copyPerCPUArray, 0},
+			{nameSNAT, copyHash[SNATKey, SNATVal], 0},
+			{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
+			{nameClusterRefs, copyHash[CIDRRefKey, uint32], 0},
+			{nameMasqStats, copyPerCPUArray, 0},
+			{nameMasqConfig, copyArray[MasqConfig], 0},
+			{nameMasqShare, copyHash[MasqShareKey, uint32], 0},
+			{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
+		}
+	default:
+		return nil, fmt.Errorf("migrate maps of layout v%d at %s: this build (layout v%d) knows how to migrate layouts v1 and v2 only", version, dir, LayoutVersion)
+	}
+	out := map[string]int{}
+	var errs error
+	for _, c := range table {
 		p := filepath.Join(dir, c.name)
 		from, err := ebpf.LoadPinnedMap(p, &ebpf.LoadPinOptions{ReadOnly: true})
 		if errors.Is(err, os.ErrNotExist) {
@@ -164,7 +193,10 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 		out[c.name] = n
 		errs = errors.Join(errs, err)
 	}
-	// The old layout's cluster CIDRs: nobody's in particular.
+	if version != 1 {
+		return out, errs
+	}
+	// The v1 layout's cluster CIDRs: nobody's in particular.
 	cidrs, err := m.ClusterCIDRs()
 	errs = errors.Join(errs, err)
 	refs := m.byName[nameClusterRefs]

@@ -52,7 +52,11 @@ const (
 	attachmentsPerPod  = 2
 	addrsPerAttachment = 2   // IPv4 and IPv6
 	flowsPerPod        = 256 // translated flows (hostPort, Services, masquerade) per pod, on average
-	sockFlowsPerPod    = 64  // node sockets reaching a pod through a hostPort
+	// eventFlowsPerPod: flows (per direction) each pod has in cni_ev_flows
+	// on average while flow events are on; past that the LRU evicts, and an
+	// evicted flow is announced again at its next packet.
+	eventFlowsPerPod = 32
+	sockFlowsPerPod  = 64 // node sockets reaching a pod through a hostPort
 	// minCT is cni_ct's least size: a hostPort pod taking 8000 short
 	// connections a second keeps tens of thousands of closing flows there
 	// until they time out, and at maxPods x flowsPerPod (28160 at the
@@ -100,6 +104,8 @@ func (s Sizing) entries() map[string]uint32 {
 		nameStackFlows:     uint32(s.MaxPods * flowsPerPod),
 		nameStackFlowParts: uint32(att), // a table per attachment
 		nameClusterRefs:    uint32(att * MaxClusterCIDRsPerNetwork),
+		nameEvPods:      uint32(att),
+		nameEvFlows:     uint32(s.MaxPods * eventFlowsPerPod),
 	}
 }
 

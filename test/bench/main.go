@@ -22,7 +22,11 @@
 //     having loaded the datapath (burst.go);
 //
 //   - bandwidth: how accurately pod rate limits hold, and latency under
-//     load, beside ptp + bandwidth (test/bench/bandwidth).
+//     load, beside ptp + bandwidth (test/bench/bandwidth);
+//
+//   - events: pod-to-pod throughput and request/response latency with
+//     datapath events off and flow events on, and the agent's CPU while
+//     observing a 10k packets/s drop flood (test/bench/events).
 //
 // Every part's figures also go to one combined table, bench-<date>.md and
 // .json, each with its spread and its ratio to the reference measured in
@@ -62,6 +66,7 @@ import (
 	"strings"
 
 	"github.com/ebpf-cni/ebpf-cni/test/bench/bandwidth"
+	"github.com/ebpf-cni/ebpf-cni/test/bench/events"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -103,6 +108,8 @@ type options struct {
 
 	// bandwidth part (test/bench/bandwidth)
 	bw *bandwidth.Options
+	// events part (test/bench/events)
+	ev *events.Options
 
 	parts map[string]bool
 }
@@ -117,9 +124,10 @@ const (
 	partBurst      = "burst"
 	partColdStart  = "coldstart"
 	partBandwidth  = "bandwidth"
+	partEvents     = "events"
 )
 
-var allParts = []string{partLatency, partScale, partHostPort, partThroughput, partMemory, partBurst, partColdStart, partBandwidth}
+var allParts = []string{partLatency, partScale, partHostPort, partThroughput, partMemory, partBurst, partColdStart, partBandwidth, partEvents}
 
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -257,6 +265,9 @@ func parseFlags(args []string) (*options, error) {
 	if len(o.parts) == 0 {
 		return nil, errors.New("nothing to measure")
 	}
+	if o.parts[partEvents] {
+		o.ev = events.NewOptions(o.quick, o.outDir)
+	}
 	if o.parts[partBandwidth] {
 		if o.bw, err = bandwidth.NewOptions(o.quick, o.outDir, *bwRates, *bwSecs); err != nil {
 			return nil, err
@@ -313,8 +324,13 @@ func inner(opts *options) int {
 	var (
 		b  *bench
 		bw *bandwidth.Bench
+		ev *events.Bench
 	)
 	cleanup := func() {
+		if ev != nil {
+			ev.Cleanup()
+			ev = nil
+		}
 		if b != nil {
 			b.cleanup()
 			b = nil
@@ -348,6 +364,17 @@ func inner(opts *options) int {
 			c.add(bw.Rows())
 			cleanup()
 		}
+		if opts.parts[partEvents] {
+			var err error
+			if ev, err = events.New(ctx, opts.ev); err != nil {
+				return err
+			}
+			if err := ev.Run(ctx); err != nil {
+				return err
+			}
+			c.add(ev.Rows())
+			cleanup()
+		}
 		return c.write(opts.outDir)
 	}, cleanup)
 }
@@ -355,7 +382,7 @@ func inner(opts *options) int {
 // cniParts tells whether a part measured by bench.run was asked for.
 func (o *options) cniParts() bool {
 	for p := range o.parts {
-		if p != partBandwidth {
+		if p != partBandwidth && p != partEvents {
 			return true
 		}
 	}

@@ -34,7 +34,7 @@ import (
 // TestUpgradeFromLayout1: pods attached by the last build of map layout 1
 // (a plain one, one with a hostPort and ingress and egress limits, both
 // masquerading) keep working while the first ADD of this build moves the
-// node to layout 2: their entries, limit, hostPort, counters and cluster
+// node to this layout: their entries, limit, hostPort, counters and cluster
 // CIDR are copied into the new maps, their links swapped to this build's
 // programs, the old maps and programs unpinned. A ping between them loses
 // nothing across it; afterwards this build CHECKs and DELs them, and the
@@ -127,7 +127,7 @@ func TestUpgradeFromLayout1(t *testing.T) {
 		t.Errorf("%s has %d users, want 2: the old build's pods (inherited) and d", testenv.PodSubnet4, n)
 	}
 	st := status(t, e)
-	if !st.Healthy || st.MapLayout != 2 {
+	if !st.Healthy || st.MapLayout != maps.LayoutVersion {
 		t.Errorf("status after the upgrade: healthy %v, layout %d, problems %v", st.Healthy, st.MapLayout, st.Problems)
 	}
 
@@ -203,7 +203,7 @@ func waitPings(t *testing.T, a ns.NetNS, ip net.IP) {
 // programs, and after the staging maps were renamed into place. Each
 // next process starts the migration over (or, after the rename, finds
 // it done); the old build's pods keep their traffic throughout, and in
-// the end the node is on layout 2 with their entries and limit, and
+// the end the node is on this layout with their entries and limit, and
 // `ebpf-agent upgrade` removes what the last kill left of layout 1.
 func TestUpgradeKilledMidMigration(t *testing.T) {
 	oldBin := testenv.BuildAt(t, testenv.LayoutV1Commit)
@@ -312,7 +312,7 @@ func TestUpgradeKilledMidMigration(t *testing.T) {
 			t.Errorf("program pin of the old build left: %s", p.Name)
 		}
 	}
-	if st := status(t, e); !st.Healthy || st.MapLayout != 2 {
+	if st := status(t, e); !st.Healthy || st.MapLayout != maps.LayoutVersion {
 		t.Errorf("status after upgrade: healthy %v, layout %d, problems %v", st.Healthy, st.MapLayout, st.Problems)
 	}
 	// upgrade finished the migration: f's entries were copied before its

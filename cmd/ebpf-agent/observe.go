@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/events"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+)
+
+// The flags of observe and events (kept here, apart from opts, so the
+// commands are one file).
+var obs struct {
+	pod, verdict, protocol, socket string
+	since                          time.Duration
+	last                           int
+	follow                         bool
+	// events
+	drops, flows, flowsPod string
+	rate, burst            uint
+}
+
+func observeFlags(fs *flag.FlagSet, _ *opts) {
+	fs.StringVar(&obs.pod, "pod", "", "only events of this pod (namespace/name), at its interface or as either end")
+	fs.StringVar(&obs.verdict, "verdict", "", "only dropped or forwarded packets")
+	fs.StringVar(&obs.protocol, "protocol", "", "only tcp, udp, icmp (v4 and v6), icmpv6, sctp, arp, or an IP protocol number")
+	fs.DurationVar(&obs.since, "since", 0, "start with the agent's kept events of the last DURATION (e.g. 5m), then follow")
+	fs.IntVar(&obs.last, "last", 0, "print the agent's last N kept events (matching the filters) and stop (with --follow: then follow)")
+	fs.BoolVar(&obs.follow, "follow", false, "with --last: follow after them")
+	fs.StringVar(&obs.socket, "socket", "", "the agent's socket (default: agent.sock in --state-dir)")
+}
+
+func (o *opts) socketPath() string {
+	if obs.socket != "" {
+		return obs.socket
+	}
+	return events.SocketPath(o.stateDir)
+}
+
+func observe(o *opts) error {
+	if o.format != "table" && o.format != "json" {
+		return fmt.Errorf("observe: -o %q: want table or json", o.format)
+	}
+	q := events.Query{Filter: events.Filter{Pod: obs.pod, Verdict: obs.verdict, Protocol: strings.ToLower(obs.protocol)},
+		Last: obs.last, Follow: obs.last == 0 || obs.follow}
+	if obs.since > 0 {
+		q.Since = time.Now().Add(-obs.since)
+	}
+	if err := q.Filter.Validate(); err != nil {
+		return fmt.Errorf("observe: %w", err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	header := o.format == "table"
+	print := func(r *events.Record) error {
+		if o.format == "json" {
+			return events.WriteJSON(os.Stdout, r)
+		}
+		if header {
+			fmt.Println(events.TableHeader)
+			header = false
+		}
+		return events.WriteRow(os.Stdout, r)
+	}
+	err := events.Observe(ctx, o.socketPath(), q, print)
+	if !errors.Is(err, events.ErrNoAgent) {
+		if err == nil && header && !q.Follow {
+			fmt.Fprintln(os.Stderr, "no kept event matches")
+		}
+		return err
+	}
+	// No agent: the ring buffer has no other reader, so read it here.
+	if obs.last > 0 || obs.since > 0 {
+		return fmt.Errorf("observe: %w: --last and --since read the events the agent keeps; start `ebpf-agent run`", err)
+	}
+	fmt.Fprintf(os.Stderr, "observe: %v; reading the datapath's ring buffer directly (no history, no loss reports; stop with Ctrl-C)\n", err)
+	if err := events.ReadDirect(ctx, o.pinDir, o.stateDir, q.Filter, print); err != nil {
+		return fmt.Errorf("observe: no agent, and reading the ring buffer failed: %w", err)
+	}
+	return nil
+}
+
+func eventsFlags(fs *flag.FlagSet, _ *opts) {
+	fs.StringVar(&obs.drops, "drops", "", "on or off: an event per dropped packet")
+	fs.StringVar(&obs.flows, "flows", "", "off, node (every pod) or pods (those turned on with --flows-pod)")
+	fs.StringVar(&obs.flowsPod, "flows-pod", "", "namespace/name[=off]: turn one pod's flow events on (or off); sets --flows pods when flows are off")
+	fs.UintVar(&obs.rate, "rate", 0, "events a second each CPU may send (default: as configured)")
+	fs.UintVar(&obs.burst, "burst", 0, "events a CPU may send at once (default: as configured)")
+	fs.StringVar(&obs.socket, "socket", "", "the agent's socket (default: agent.sock in --state-dir)")
+}
+
+// eventsReport is what `ebpf-agent events` prints.
+type eventsReport struct {
+	Settings  maps.EventSettings `json:"settings"`
+	Counters  maps.EventCounters `json:"counters"`
+	FlowPods  []string           `json:"flowPods,omitempty"`
+	Agent     *events.Status     `json:"agent,omitempty"`
+	AgentNote string             `json:"agentNote,omitempty"`
+}
+
+func eventsCmd(o *opts) error {
+	m, err := datapath.OpenMaps(o.pinDir)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	s, err := m.EventSettings()
+	if err != nil {
+		return err
+	}
+	changed := false
+	switch obs.drops {
+	case "":
+	case "on", "off":
+		s.Drops, changed = obs.drops == "on", true
+	default:
+		return fmt.Errorf("events: --drops %q: want on or off", obs.drops)
+	}
+	if obs.flows != "" {
+		s.Flows, changed = maps.FlowEvents(obs.flows), true
+	}
+	if obs.rate > 0 {
+		s.Rate, changed = uint32(obs.rate), true
+	}
+	if obs.burst > 0 {
+		s.Burst, changed = uint32(obs.burst), true
+	}
+	recs, _ := state.ListAll(o.stateDir)
+	if obs.flowsPod != "" {
+		pod, off := strings.CutSuffix(obs.flowsPod, "=off")
+		n := 0
+		for _, r := range recs { // every interface of the pod
+			if r.PodLabel() == pod && r.HostIfindex > 0 && !r.Provisional {
+				if err := m.SetFlowEvents(uint32(r.HostIfindex), !off); err != nil {
+					return err
+				}
+				n++
+			}
+		}
+		if n == 0 {
+			return fmt.Errorf("events: --flows-pod: no attachment of pod %q in %s", pod, o.stateDir)
+		}
+		if !off && s.Flows == maps.FlowsOff {
+			s.Flows, changed = maps.FlowsPods, true
+		}
+	}
+	if changed {
+		if err := m.SetEventSettings(s); err != nil {
+			return fmt.Errorf("events: %w", err)
+		}
+	}
+	rep := eventsReport{}
+	if rep.Settings, err = m.EventSettings(); err != nil {
+		return err
+	}
+	if rep.Counters, err = m.EventCounters(); err != nil {
+		return err
+	}
+	ids, _ := m.FlowEventEndpoints()
+	byIf := state.ByHostIfindex(recs)
+	for _, id := range ids {
+		if r := byIf[int(id)]; r != nil && r.PodLabel() != "" {
+			rep.FlowPods = append(rep.FlowPods, r.PodLabel())
+		} else {
+			rep.FlowPods = append(rep.FlowPods, fmt.Sprintf("if%d", id))
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	if st, err := events.AgentStatus(ctx, o.socketPath()); err == nil {
+		rep.Agent = &st
+	} else {
+		rep.AgentNote = err.Error()
+	}
+	if o.format == "json" {
+		return events.WriteJSONValue(os.Stdout, rep)
+	}
+	fmt.Printf("drop events: %v; flow events: %s", onOff(rep.Settings.Drops), rep.Settings.Flows)
+	if len(rep.FlowPods) > 0 {
+		fmt.Printf(" (pods: %s)", strings.Join(rep.FlowPods, ", "))
+	}
+	fmt.Printf("\nrate limit: %d events a second per CPU, burst %d\n", rep.Settings.Rate, rep.Settings.Burst)
+	fmt.Printf("sent: %d; lost: %d over the rate limit, %d with the ring full\n", rep.Counters.Sent, rep.Counters.LostRate, rep.Counters.LostRing)
+	if rep.Agent != nil {
+		fmt.Printf("agent: read %d, keeps %d of the last %d, %d observers, %d lost by slow observers\n",
+			rep.Agent.Read, rep.Agent.Kept, rep.Agent.Keep, rep.Agent.Observers, rep.Agent.SlowReaders)
+	} else {
+		fmt.Printf("agent: %s\n", rep.AgentNote)
+	}
+	return nil
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}

@@ -1,0 +1,262 @@
+package maps
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/bits"
+	"net/netip"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// Datapath events (bpf/lib/events.h): the ring buffer the host veth
+// programs write, its configuration, the per-CPU token buckets and loss
+// counters, and the flow table that tells a flow's first packet.
+type (
+	Event        = mapsObjCniEvent
+	EventType    = mapsObjEvType
+	EventConfig  = mapsObjEvConfig
+	EventCPU     = mapsObjEvCpu
+	EventFlowKey = mapsObjEvFlowKey
+	EventFlowVal = mapsObjEvFlowVal
+)
+
+const (
+	EventDrop      = mapsObjEvTypeEV_DROP
+	EventFlowStart = mapsObjEvTypeEV_FLOW_START
+	EventFlowEnd   = mapsObjEvTypeEV_FLOW_END
+)
+
+const (
+	nameEvents    = "cni_events"
+	nameEvConfig  = "cni_ev_config"
+	nameEvCPU     = "cni_ev_cpu"
+	nameEvPods    = "cni_ev_pods"
+	nameEvFlows   = "cni_ev_flows"
+	evCfgDrops    = 1 << 0
+	evCfgFlowsAll = 1 << 1
+	evCfgFlowsPod = 1 << 2
+	evFlowClosed  = 1
+)
+
+// EventSize is the size of one ring buffer record (struct cni_event).
+var EventSize = binary.Size(Event{})
+
+func (t EventType) String() string {
+	switch t {
+	case EventDrop:
+		return "drop"
+	case EventFlowStart:
+		return "flow-start"
+	case EventFlowEnd:
+		return "flow-end"
+	}
+	return fmt.Sprintf("type%d", uint32(t))
+}
+
+// DecodeEvent reads one ring buffer record.
+func DecodeEvent(b []byte) (Event, error) {
+	var e Event
+	if len(b) < EventSize {
+		return e, fmt.Errorf("event record of %d bytes, want %d", len(b), EventSize)
+	}
+	_, err := binary.Decode(b[:EventSize], binary.LittleEndian, &e)
+	return e, err
+}
+
+// Ports, ethertype: network order in the record.
+func (e *Event) SrcPort() uint16               { return bits.ReverseBytes16(e.Sport) }
+func (e *Event) DstPort() uint16               { return bits.ReverseBytes16(e.Dport) }
+func (e *Event) EtherType() uint16             { return bits.ReverseBytes16(e.Ethertype) }
+func (e *Event) Src() netip.Addr               { return addrOf(e.Saddr, e.Family) }
+func (e *Event) Dst() netip.Addr               { return addrOf(e.Daddr, e.Family) }
+func (e *Event) Kind() EventType               { return EventType(e.Type) }
+func (e *Event) Direction() Dir                { return Dir(e.Dir) }
+func (e *Event) Why() Reason                   { return Reason(e.Reason) }
+func (e *Event) Time(boot time.Time) time.Time { return boot.Add(time.Duration(e.TsNs)) }
+
+func addrOf(a [16]uint8, family uint8) netip.Addr {
+	switch family {
+	case unix.AF_INET:
+		return netip.AddrFrom4([4]byte(a[:4]))
+	case unix.AF_INET6:
+		return netip.AddrFrom16(a)
+	}
+	return netip.Addr{}
+}
+
+// MonotonicZero is the wall time at which bpf_ktime_get_ns() was 0, to
+// turn an event's ts_ns into a time.
+func MonotonicZero() time.Time {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return time.Time{}
+	}
+	return time.Now().Add(-time.Duration(ts.Nano()))
+}
+
+// FlowEvents says which endpoints send flow events.
+type FlowEvents string
+
+const (
+	FlowsOff  FlowEvents = "off"  // none
+	FlowsNode FlowEvents = "node" // every endpoint of the node
+	FlowsPods FlowEvents = "pods" // the endpoints SetFlowEvents turned on
+)
+
+// Default rate limit of events, per CPU.
+const (
+	DefaultEventRate  = 1000 // events per second
+	DefaultEventBurst = 1000 // events at once
+)
+
+// EventSettings is the configuration of cni_ev_config[0].
+type EventSettings struct {
+	Drops bool       `json:"drops"`
+	Flows FlowEvents `json:"flows"`
+	Rate  uint32     `json:"ratePerCPU"`  // events per second and CPU
+	Burst uint32     `json:"burstPerCPU"` // events a CPU may send at once
+}
+
+// Enabled tells whether any event is on.
+func (s EventSettings) Enabled() bool { return s.Drops || s.Flows != FlowsOff }
+
+// EventRing is the ring buffer map, for a reader.
+func (m *Maps) EventRing() *ebpf.Map { return m.byName[nameEvents] }
+
+// EventSettings reads the configuration; a node where nobody configured
+// events reads as all off.
+func (m *Maps) EventSettings() (EventSettings, error) {
+	var c EventConfig
+	zero := uint32(0)
+	if err := m.byName[nameEvConfig].Lookup(&zero, &c); err != nil {
+		return EventSettings{}, fmt.Errorf("read %s: %w", nameEvConfig, err)
+	}
+	s := EventSettings{Drops: c.Flags&evCfgDrops != 0, Flows: FlowsOff}
+	switch {
+	case c.Flags&evCfgFlowsAll != 0:
+		s.Flows = FlowsNode
+	case c.Flags&evCfgFlowsPod != 0:
+		s.Flows = FlowsPods
+	}
+	if c.CostNs > 0 {
+		s.Rate = uint32(uint64(time.Second) / c.CostNs)
+		s.Burst = uint32(c.BurstNs / c.CostNs)
+	}
+	return s, nil
+}
+
+// SetEventSettings writes the configuration; the programs follow it from
+// their next packet. Rate and Burst 0 take the defaults.
+func (m *Maps) SetEventSettings(s EventSettings) error {
+	if s.Rate == 0 {
+		s.Rate = DefaultEventRate
+	}
+	if s.Burst == 0 {
+		s.Burst = DefaultEventBurst
+	}
+	if s.Rate > uint32(time.Second) {
+		return fmt.Errorf("event rate %d per second: at most %d", s.Rate, uint32(time.Second))
+	}
+	c := EventConfig{CostNs: uint64(time.Second) / uint64(s.Rate)}
+	c.BurstNs = c.CostNs * uint64(s.Burst)
+	if s.Drops {
+		c.Flags |= evCfgDrops
+	}
+	switch s.Flows {
+	case FlowsNode:
+		c.Flags |= evCfgFlowsAll
+	case FlowsPods:
+		c.Flags |= evCfgFlowsPod
+	case FlowsOff, "":
+	default:
+		return fmt.Errorf("flow events %q: want %s, %s or %s", s.Flows, FlowsOff, FlowsNode, FlowsPods)
+	}
+	zero := uint32(0)
+	if err := m.byName[nameEvConfig].Put(&zero, &c); err != nil {
+		return writeErr(m.byName[nameEvConfig], nameEvConfig, "event settings", err)
+	}
+	return nil
+}
+
+// SetFlowEvents turns flow events of one endpoint (host veth ifindex) on
+// or off; they are sent while the settings' Flows is FlowsPods.
+func (m *Maps) SetFlowEvents(ifindex uint32, on bool) error {
+	mp := m.byName[nameEvPods]
+	if !on {
+		if err := mp.Delete(&ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete interface %d from %s: %w", ifindex, nameEvPods, err)
+		}
+		return nil
+	}
+	one := uint32(1)
+	if err := mp.Put(&ifindex, &one); err != nil {
+		return writeErr(mp, nameEvPods, fmt.Sprintf("interface %d", ifindex), err)
+	}
+	return nil
+}
+
+// FlowEventEndpoints lists the endpoints with flow events on.
+func (m *Maps) FlowEventEndpoints() ([]uint32, error) {
+	var out []uint32
+	err := scan(m.byName[nameEvPods], func(k *uint32, _ *uint32) { out = append(out, *k) })
+	return out, err
+}
+
+// EventCounters is what the per-CPU buckets sent and lost, summed over CPUs.
+type EventCounters struct {
+	Sent     uint64 `json:"sent"`
+	LostRate uint64 `json:"lostRateLimited"` // refused by the rate limit
+	LostRing uint64 `json:"lostRingFull"`    // the ring was full: the reader was behind or absent
+}
+
+// EventCounters sums the per-CPU counters.
+func (m *Maps) EventCounters() (EventCounters, error) {
+	var per []EventCPU
+	zero := uint32(0)
+	if err := m.byName[nameEvCPU].Lookup(&zero, &per); err != nil {
+		return EventCounters{}, fmt.Errorf("read %s: %w", nameEvCPU, err)
+	}
+	var c EventCounters
+	for _, p := range per {
+		c.Sent += p.Sent
+		c.LostRate += p.LostRate
+		c.LostRing += p.LostRing
+	}
+	return c, nil
+}
+
+// EndIdleFlows removes flows of cni_ev_flows idle for longer than idle, and
+// returns a flow-end event for each that had not ended (closed ones were
+// announced by the datapath). Reason keeps how the flow was handed on.
+func (m *Maps) EndIdleFlows(idle time.Duration) ([]Event, error) {
+	now := monotonicNow()
+	var keys []EventFlowKey
+	var out []Event
+	err := scan(m.byName[nameEvFlows], func(k *EventFlowKey, v *EventFlowVal) {
+		if now < v.SeenNs || now-v.SeenNs < uint64(idle) {
+			return
+		}
+		keys = append(keys, *k)
+		if v.Flags&evFlowClosed != 0 {
+			return
+		}
+		out = append(out, Event{TsNs: now, Ifindex: k.Ifindex, Type: uint8(EventFlowEnd), Dir: k.Dir,
+			Reason: v.Reason, Family: k.Family, Proto: k.Proto, Sport: k.Sport, Dport: k.Dport,
+			Saddr: k.Saddr, Daddr: k.Daddr, Ethertype: bits.ReverseBytes16(etherTypeOf(k.Family))})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scan %s: %w", nameEvFlows, err)
+	}
+	return out, deleteKeys(m.byName[nameEvFlows], keys)
+}
+
+func etherTypeOf(family uint8) uint16 {
+	if family == unix.AF_INET6 {
+		return unix.ETH_P_IPV6
+	}
+	return unix.ETH_P_IP
+}

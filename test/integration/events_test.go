@@ -1,0 +1,609 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/events"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// observeJSON runs `ebpf-agent observe -o json` (not following) and
+// parses every line.
+func observeJSON(t *testing.T, e *testenv.Env, args ...string) []events.Record {
+	t.Helper()
+	out, err := e.AgentCmd(append([]string{"observe", "-o", "json", "--state-dir", e.StateDir, "--pin-dir", e.PinDir}, args...)...)
+	if err != nil {
+		t.Fatalf("observe %v: %v\n%s", args, err, out)
+	}
+	var recs []events.Record
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if l == "" || strings.HasPrefix(l, "no kept event") {
+			continue
+		}
+		var r events.Record
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("observe -o json printed a line that is no JSON record: %q: %v", l, err)
+		}
+		recs = append(recs, r)
+	}
+	return recs
+}
+
+// observeFollow runs `ebpf-agent observe -o json ARGS` (following) and
+// returns the first n records, or what came within 3 s.
+func observeFollow(t *testing.T, e *testenv.Env, n int, args ...string) (recs []events.Record) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(testenv.BinDir, "ebpf-agent"),
+		append([]string{"observe", "-o", "json", "--state-dir", e.StateDir, "--pin-dir", e.PinDir}, args...)...)
+	out, err := cmd.StdoutPipe()
+	must(t, err)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	must(t, cmd.Start())
+	defer func() {
+		cancel()
+		cmd.Wait()
+		if len(recs) < n {
+			t.Logf("observe %v: stderr %s", args, stderr.String())
+		}
+	}()
+	sc := bufio.NewScanner(out)
+	for len(recs) < n && sc.Scan() {
+		var r events.Record
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("observe %v printed %q: %v", args, sc.Text(), err)
+		}
+		recs = append(recs, r)
+	}
+	return recs
+}
+
+// newEvents waits until the agent keeps events after seq and returns them
+// once no more come for 300 ms.
+func newEvents(t *testing.T, e *testenv.Env, seq uint64, want int) []events.Record {
+	t.Helper()
+	var got []events.Record
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		got = got[:0]
+		for _, r := range observeJSON(t, e, "--last", "1000") {
+			if r.Seq > seq {
+				got = append(got, r)
+			}
+		}
+		if len(got) >= want || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	got = got[:0]
+	for _, r := range observeJSON(t, e, "--last", "1000") {
+		if r.Seq > seq {
+			got = append(got, r)
+		}
+	}
+	return got
+}
+
+// TestEventsEachDropReason: every drop reason of the host veth programs,
+// provoked with frames a pod sends (AF_PACKET), shows exactly one drop
+// event per counter increment, with its reason, direction, pod, interface
+// and addresses, through `ebpf-agent observe -o json --last`.
+func TestEventsEachDropReason(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	conf := e.WriteConfDir()
+	e.StartAgent(conf, "--metrics-addr", "")
+	pod := e.NewPod()
+	e.CleanupDel(pod, "evd")
+	r := e.AddK8s(pod, "evd", "shop", "web-1")
+	v4, v6 := testenv.PodIPs(t, r)
+	hostIf, idx := e.HostVeth("evd")
+	m := e.Maps()
+	podMAC := podMACOf(t, pod, "eth0")
+	hostMAC := hostMACOf(m, idx)
+	group, _ := net.ParseMAC("03:00:00:00:00:cc")
+	spoofed := net.ParseIP("10.250.9.99")
+
+	type provoke struct {
+		reason   maps.Reason
+		frame    []byte
+		src, dst string
+		proto    string
+		setup    func() // makes the state the drop needs
+		undo     func()
+	}
+	cases := []provoke{
+		{reason: maps.ReasonDropSpoofIP, frame: ipv4UDPFrame(podMAC, hostMAC, spoofed, testenv.NodeIP4),
+			src: spoofed.String(), dst: testenv.NodeIP4.String(), proto: "udp"},
+		{reason: maps.ReasonDropSpoofMAC, frame: ipv4UDPFrame(group, hostMAC, v4, testenv.NodeIP4),
+			src: v4.String(), dst: testenv.NodeIP4.String(), proto: "udp"},
+		{reason: maps.ReasonDropProto, frame: append(ethHeader(podMAC, hostMAC, 0x88cc), make([]byte, 46)...), proto: "ethertype 0x88cc"},
+		{reason: maps.ReasonDropMalform, frame: append(ethHeader(podMAC, hostMAC, 0x0806), make([]byte, 10)...), proto: "arp"},
+		{reason: maps.ReasonDropRouterMsg, frame: ipv4Frame(podMAC, hostMAC, v4, testenv.NodeIP4, 1,
+			icmp4([]byte{5, 1, 0, 0, 10, 250, 0, 99, 0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 192, 0, 2, 1, 10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0})),
+			src: v4.String(), dst: testenv.NodeIP4.String(), proto: "icmp"},
+		// No link entry (an ADD killed half way leaves that): link-local
+		// IPv6 is checked against it.
+		{reason: maps.ReasonDropUnknown, frame: ipv6Frame(podMAC, hostMAC, net.ParseIP("fe80::42"), net.ParseIP("ff02::2"), 255, nil, []byte{128, 0, 0, 0, 0, 1, 0, 1}),
+			src: "fe80::42", dst: "ff02::2", proto: "icmpv6"},
+	}
+	link, err := m.LookupLink(idx)
+	must(t, err)
+	cases[5].setup = func() { must(t, m.DeleteLink(idx)) }
+	cases[5].undo = func() { must(t, m.PutLink(idx, link)) }
+
+	var seq uint64
+	if recs := observeJSON(t, e, "--last", "1000"); len(recs) > 0 {
+		seq = recs[len(recs)-1].Seq
+	}
+	for _, c := range cases {
+		t.Run(c.reason.String(), func(t *testing.T) {
+			if c.setup != nil {
+				c.setup()
+				defer c.undo()
+			}
+			before := counter(t, m, idx, maps.DirEgress, c.reason).Packets
+			podRaw(t, pod, "eth0", c.frame)
+			waitCounter(t, m, idx, c.reason, before+1)
+			got := newEvents(t, e, seq, 1)
+			after := counter(t, m, idx, maps.DirEgress, c.reason).Packets
+			if len(got) > 0 {
+				seq = got[len(got)-1].Seq
+			}
+			// The pod's own kernel may add one (an MLD report while its
+			// link entry is gone): one event per counter increment, and
+			// exactly one is the frame sent.
+			if uint64(len(got)) != after-before {
+				t.Fatalf("%d events for %d %s drops: %+v", len(got), after-before, c.reason, got)
+			}
+			var ev *events.Record
+			for i := range got {
+				if got[i].Length == uint32(len(c.frame)) && got[i].Src == c.src {
+					if ev != nil {
+						t.Fatalf("two events of the one frame sent: %+v", got)
+					}
+					ev = &got[i]
+				}
+			}
+			if ev == nil {
+				t.Fatalf("no event of the frame sent (%d bytes from %q): %+v", len(c.frame), c.src, got)
+			}
+			if ev.Type != "drop" || ev.Verdict != "dropped" || ev.Reason != c.reason.String() || ev.Direction != "egress" ||
+				ev.Pod != "shop/web-1" || ev.Interface != hostIf || ev.Ifindex != uint32(idx) || ev.Protocol != c.proto ||
+				ev.Src != c.src || ev.Dst != c.dst {
+				t.Errorf("event %+v\nwant drop %s egress pod shop/web-1 on %s (%d), %s %s -> %s", *ev, c.reason, hostIf, idx, c.proto, c.src, c.dst)
+			}
+			if c.reason == maps.ReasonDropSpoofMAC && ev.SrcPod != "shop/web-1" {
+				t.Errorf("the source address is the pod's own: srcPod %q, want shop/web-1", ev.SrcPod)
+			}
+		})
+	}
+
+	// Bandwidth: a pod over its egress limit; every drop is one event.
+	bw := e.NewPod()
+	e.CleanupDel(bw, "evbw")
+	rb, err := e.AddBW(bw, "evbw", map[string]any{"egressRate": 100000, "egressBurst": 12000, "ingressRate": 100000, "ingressBurst": 12000})
+	must(t, err)
+	bw4, _ := testenv.PodIPs(t, rb)
+	_, bwIdx := e.HostVeth("evbw")
+	bwMAC, bwHost := podMACOf(t, bw, "eth0"), hostMACOf(m, bwIdx)
+	before := counter(t, m, bwIdx, maps.DirEgress, maps.ReasonDropBandwidth).Packets
+	for i := 0; i < 10; i++ {
+		podRaw(t, bw, "eth0", ipv4Frame(bwMAC, bwHost, bw4, testenv.NodeIP4, 17, append([]byte{0x30, 0x39, 0, 9, 5, 0x80, 0, 0}, make([]byte, 1400)...)))
+	}
+	waitCounter(t, m, bwIdx, maps.ReasonDropBandwidth, before+1)
+	drops := counter(t, m, bwIdx, maps.DirEgress, maps.ReasonDropBandwidth).Packets - before
+	got := newEvents(t, e, seq, int(drops))
+	n := 0
+	for _, ev := range got {
+		if ev.Reason == "drop_bandwidth" && ev.Ifindex == uint32(bwIdx) && ev.Src == bw4.String() && ev.Protocol == "udp" && ev.DstPort == 9 {
+			n++
+		}
+	}
+	if n != int(drops) || len(got) != n {
+		t.Errorf("%d drop_bandwidth counted, %d matching events of %d new: %+v", drops, n, len(got), got)
+	}
+	_ = v6
+	if len(got) > 0 {
+		seq = got[len(got)-1].Seq
+	}
+
+	// Ingress: the node's UDP to the limited pod, over its limit.
+	beforeIn := counter(t, m, bwIdx, maps.DirIngress, maps.ReasonDropBandwidth).Packets
+	must(t, e.InNode(func() error {
+		c, err := net.Dial("udp", net.JoinHostPort(bw4.String(), "9"))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for i := 0; i < 60; i++ {
+			c.Write(make([]byte, 1400))
+		}
+		return nil
+	}))
+	var dropsIn uint64
+	for deadline := time.Now().Add(2 * time.Second); dropsIn == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		dropsIn = counter(t, m, bwIdx, maps.DirIngress, maps.ReasonDropBandwidth).Packets - beforeIn
+	}
+	if dropsIn == 0 {
+		t.Fatalf("60 datagrams of 1400 bytes at once over an ingress limit of 100 kbit/s: no drop counted")
+	}
+	time.Sleep(200 * time.Millisecond)
+	dropsIn = counter(t, m, bwIdx, maps.DirIngress, maps.ReasonDropBandwidth).Packets - beforeIn
+	got = newEvents(t, e, seq, int(dropsIn))
+	n = 0
+	for _, ev := range got {
+		if ev.Reason == "drop_bandwidth" && ev.Direction == "ingress" && ev.Ifindex == uint32(bwIdx) && ev.Dst == bw4.String() && ev.Protocol == "udp" && ev.DstPort == 9 {
+			n++
+		}
+	}
+	if uint64(n) != dropsIn {
+		t.Errorf("%d ingress drop_bandwidth counted, %d matching events of %d new", dropsIn, n, len(got))
+	}
+	t.Logf("ingress: %d drops, %d events", dropsIn, n)
+
+	// Filters: --verdict, --protocol, --pod.
+	if recs := observeJSON(t, e, "--last", "1000", "--pod", "shop/web-1", "--protocol", "icmp"); len(recs) != 2 {
+		t.Errorf("--pod shop/web-1 --protocol icmp: %d events, want the redirect and the IPv6 one: %+v", len(recs), recs)
+	}
+	if recs := observeJSON(t, e, "--last", "1000", "--verdict", "forwarded"); len(recs) != 0 {
+		t.Errorf("--verdict forwarded with flow events off: %+v", recs)
+	}
+	// --since: the kept events of the last 10 minutes, then following.
+	if recs := observeFollow(t, e, 6, "--since", "10m", "--pod", "shop/web-1"); len(recs) != 6 || recs[0].Reason != "drop_spoof_ip" {
+		t.Errorf("--since 10m --pod shop/web-1: %d records, want the 6 drops provoked: %+v", len(recs), recs)
+	}
+	// The table reads.
+	out, err := e.AgentCmd("observe", "--state-dir", e.StateDir, "--last", "3")
+	if err != nil || !strings.Contains(out, "VERDICT") || !strings.Contains(out, "DROPPED") {
+		t.Errorf("observe table: %v\n%s", err, out)
+	}
+	t.Logf("observe --last 3:\n%s", out)
+	e.MustDel(pod, "evd")
+	e.MustDel(bw, "evbw")
+}
+
+// floodFrames sends n copies of frame from the pod as fast as one raw
+// socket does, and returns the rate it achieved.
+func floodFrames(pod ns.NetNS, frame []byte, n int, pps int) (float64, error) {
+	var rate float64
+	err := pod.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		fd, err := syscall.Socket(syscall.AF_PACKET, syscall.SOCK_RAW, 0)
+		if err != nil {
+			return err
+		}
+		defer syscall.Close(fd)
+		sa := &syscall.SockaddrLinklayer{Ifindex: l.Attrs().Index, Halen: 6}
+		start := time.Now()
+		for i := 0; i < n; i++ {
+			if pps > 0 {
+				if ahead := time.Duration(i)*time.Second/time.Duration(pps) - time.Since(start); ahead > 0 {
+					time.Sleep(ahead)
+				}
+			}
+			if err := syscall.Sendto(fd, frame, 0, sa); err != nil {
+				return err
+			}
+		}
+		rate = float64(n) / time.Since(start).Seconds()
+		return nil
+	})
+	return rate, err
+}
+
+// TestEventsFlood: a pod floods spoofed frames while an observer follows:
+// events past the rate limit are lost, and every drop is accounted for
+// (sent + lost = dropped: none is silent); the follower is told of the
+// losses; the agent keeps answering observe and /metrics meanwhile.
+func TestEventsFlood(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	conf := e.WriteConfDir()
+	port := 20000 + int(time.Now().UnixNano()%20000)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	e.StartAgent(conf, "--metrics-addr", addr, "--event-rate", "200", "--event-burst", "100")
+	pod := e.NewPod()
+	e.CleanupDel(pod, "evf")
+	r := e.AddK8s(pod, "evf", "load", "flooder")
+	v4, _ := testenv.PodIPs(t, r)
+	_, idx := e.HostVeth("evf")
+	m := e.Maps()
+	podMAC, hostMAC := podMACOf(t, pod, "eth0"), hostMACOf(m, idx)
+
+	// A follower, as a user would run it, through the binary.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var follow *exec.Cmd
+	lines := make(chan string, 100000)
+	must(t, e.InNode(func() error {
+		follow = exec.CommandContext(ctx, filepath.Join(testenv.BinDir, "ebpf-agent"), "observe", "-o", "json", "--state-dir", e.StateDir, "--pod", "load/flooder")
+		out, err := follow.StdoutPipe()
+		if err != nil {
+			return err
+		}
+		if err := follow.Start(); err != nil {
+			return err
+		}
+		go func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				lines <- sc.Text()
+			}
+			close(lines)
+		}()
+		return nil
+	}))
+	time.Sleep(300 * time.Millisecond) // the follower subscribes
+
+	c0, err := m.EventCounters()
+	must(t, err)
+	before := counter(t, m, idx, maps.DirEgress, maps.ReasonDropSpoofIP).Packets
+	frame := ipv4UDPFrame(podMAC, hostMAC, net.ParseIP("10.250.9.98"), testenv.NodeIP4)
+	const n = 30000
+	type result struct {
+		rate float64
+		err  error
+	}
+	done := make(chan result)
+	go func() {
+		r, err := floodFrames(pod, frame, n, 10000)
+		done <- result{r, err}
+	}()
+	// Responsive while flooded: observe --last and a scrape, each within 2 s.
+	for i := 0; i < 3; i++ {
+		time.Sleep(500 * time.Millisecond)
+		start := time.Now()
+		observeJSON(t, e, "--last", "5")
+		scrape(t, e, addr)
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("observe --last and a scrape took %v while flooded", d)
+		}
+	}
+	res := <-done
+	must(t, res.err)
+	rate := res.rate
+	waitCounter(t, m, idx, maps.ReasonDropSpoofIP, before+n)
+	time.Sleep(1500 * time.Millisecond) // the follower's loss report
+	cancel()
+	follow.Wait()
+
+	c1, err := m.EventCounters()
+	must(t, err)
+	sent, lost := c1.Sent-c0.Sent, (c1.LostRate-c0.LostRate)+(c1.LostRing-c0.LostRing)
+	t.Logf("flood: %d frames at %.0f/s; events sent %d, lost %d (rate %d, ring %d)", n, rate, sent, lost, c1.LostRate-c0.LostRate, c1.LostRing-c0.LostRing)
+	if sent+lost != n {
+		t.Errorf("events sent %d + lost %d = %d, want the %d drops: a drop without event or loss count", sent, lost, sent+lost, n)
+	}
+	if lost == 0 {
+		t.Errorf("a %d-frame flood at %.0f/s over a limit of 200/s per CPU lost no event", n, rate)
+	}
+	var got, lostReported uint64
+	for l := range lines {
+		var r events.Record
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("observe -o json line: %q: %v", l, err)
+		}
+		switch {
+		case r.Type == "lost" && r.Lost != nil:
+			lostReported += r.Lost.RateLimited + r.Lost.RingFull
+		case r.Type == "drop" && r.Pod == "load/flooder" && r.Src == "10.250.9.98":
+			got++
+		}
+	}
+	if got == 0 || got > sent {
+		t.Errorf("the follower got %d drop events, the datapath sent %d", got, sent)
+	}
+	if lostReported == 0 {
+		t.Errorf("the follower was told of no loss (datapath lost %d)", lost)
+	}
+	t.Logf("follower: %d events, %d reported lost", got, lostReported)
+	// The metrics say the same.
+	var metrics strings.Builder
+	sc := bufio.NewScanner(strings.NewReader(scrape(t, e, addr)))
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "ebpf_cni_events_lost_total") || strings.HasPrefix(sc.Text(), "ebpf_cni_drop_events_total") {
+			metrics.WriteString(sc.Text() + "\n")
+		}
+	}
+	if !strings.Contains(metrics.String(), `ebpf_cni_drop_events_total{direction="egress",namespace="load",pod="flooder",reason="drop_spoof_ip"}`) ||
+		!strings.Contains(metrics.String(), `ebpf_cni_events_lost_total{cause="rate_limited"}`) {
+		t.Errorf("metrics:\n%s", metrics.String())
+	}
+	_ = v4
+	e.MustDel(pod, "evf")
+}
+
+// TestEventsFlows: with flow events on, a TCP transfer between two pods
+// shows its flows (start with both pods named, end at FIN) and
+// --verdict forwarded selects them; per pod, only the pod turned on with
+// `ebpf-agent events --flows-pod` sends them, and DEL turns it off.
+func TestEventsFlows(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	conf := e.WriteConfDir()
+	e.StartAgent(conf, "--metrics-addr", "", "--flow-events", "node")
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "efa")
+	e.CleanupDel(b, "efb")
+	e.AddK8s(a, "efa", "ns1", "client")
+	rb := e.AddK8s(b, "efb", "ns2", "server")
+	b4, _ := testenv.PodIPs(t, rb)
+	must(t, testenv.TCPTransferPort(a, b, b4, 8081, 1000))
+	time.Sleep(300 * time.Millisecond)
+	recs := observeJSON(t, e, "--last", "1000", "--verdict", "forwarded", "--protocol", "tcp", "--pod", "ns1/client")
+	var start, end bool
+	for _, r := range recs {
+		if r.Pod == "ns1/client" && r.Direction == "egress" && r.DstPort == 8081 && r.SrcPod == "ns1/client" && r.DstPod == "ns2/server" {
+			start = start || r.Type == "flow-start"
+			end = end || r.Type == "flow-end"
+		}
+	}
+	if !start || !end {
+		t.Errorf("no flow-start and flow-end of client -> server:8081: %+v", recs)
+	}
+	// IPv6 too.
+	_, b6 := testenv.PodIPs(t, rb)
+	must(t, testenv.TCPTransferPort(a, b, b6, 8083, 1000))
+	time.Sleep(300 * time.Millisecond)
+	start6 := false
+	for _, r := range observeJSON(t, e, "--last", "1000", "--verdict", "forwarded", "--pod", "ns2/server") {
+		if r.Type == "flow-start" && r.Family == "ipv6" && r.DstPort == 8083 && r.Dst == b6.String() && r.DstPod == "ns2/server" {
+			start6 = true
+		}
+	}
+	if !start6 {
+		t.Errorf("no IPv6 flow-start to server:8083")
+	}
+
+	// Per pod.
+	out, err := e.AgentCmd("events", "--state-dir", e.StateDir, "--pin-dir", e.PinDir, "--flows", "pods", "--flows-pod", "ns2/server")
+	if err != nil || !strings.Contains(out, "flow events: pods (pods: ns2/server)") {
+		t.Fatalf("events --flows-pod: %v\n%s", err, out)
+	}
+	last := observeJSON(t, e, "--last", "1")
+	seq := uint64(0)
+	if len(last) > 0 {
+		seq = last[0].Seq
+	}
+	must(t, testenv.TCPTransferPort(a, b, b4, 8082, 1000))
+	got := newEvents(t, e, seq, 2)
+	for _, r := range got {
+		if r.Pod != "ns2/server" {
+			t.Errorf("flow event of a pod not turned on: %+v", r)
+		}
+	}
+	if len(got) == 0 {
+		t.Errorf("no flow event of the pod turned on")
+	}
+	_, bIdx := e.HostVeth("efb")
+	e.MustDel(b, "efb")
+	if ids, err := e.Maps().FlowEventEndpoints(); err != nil || len(ids) != 0 {
+		t.Errorf("flow events switch after DEL: %v %v (server was %d)", ids, err, bIdx)
+	}
+	e.MustDel(a, "efa")
+}
+
+// TestObserveWithoutAgent: with no agent, observe says events are off
+// until `ebpf-agent events --drops on`, then reads the ring buffer itself;
+// --last needs the agent and says so.
+func TestObserveWithoutAgent(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "evn")
+	e.AddK8s(pod, "evn", "solo", "p")
+	_, idx := e.HostVeth("evn")
+	m := e.Maps()
+	podMAC, hostMAC := podMACOf(t, pod, "eth0"), hostMACOf(m, idx)
+
+	out, err := e.AgentCmd("observe", "--state-dir", e.StateDir, "--pin-dir", e.PinDir, "--last", "5")
+	if err == nil || !strings.Contains(out, "no agent is running") || !strings.Contains(out, "ebpf-agent run") {
+		t.Errorf("observe --last without an agent: %v\n%s", err, out)
+	}
+	out, err = e.AgentCmd("observe", "--state-dir", e.StateDir, "--pin-dir", e.PinDir)
+	if err == nil || !strings.Contains(out, "events are off") {
+		t.Errorf("observe without an agent, events off: %v\n%s", err, out)
+	}
+	if out, err := e.AgentCmd("events", "--state-dir", e.StateDir, "--pin-dir", e.PinDir, "--drops", "on"); err != nil ||
+		!strings.Contains(out, "drop events: on") || !strings.Contains(out, "agent: no agent is running") {
+		t.Fatalf("events --drops on: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(testenv.BinDir, "ebpf-agent"), "observe", "-o", "json", "--state-dir", e.StateDir, "--pin-dir", e.PinDir)
+	stdout, err := cmd.StdoutPipe()
+	must(t, err)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	must(t, cmd.Start())
+	time.Sleep(300 * time.Millisecond)
+	podRaw(t, pod, "eth0", ipv4UDPFrame(podMAC, hostMAC, net.ParseIP("10.250.8.8"), testenv.NodeIP4))
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line <- sc.Text()
+		}
+	}()
+	select {
+	case l := <-line:
+		var r events.Record
+		if err := json.Unmarshal([]byte(l), &r); err != nil || r.Reason != "drop_spoof_ip" || r.Pod != "solo/p" || r.Src != "10.250.8.8" {
+			t.Errorf("observe without an agent printed %q (%v)", l, err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Errorf("observe without an agent printed nothing; stderr: %s", stderr.String())
+	}
+	cancel()
+	cmd.Wait() // stderr is complete
+	if !strings.Contains(stderr.String(), "reading the datapath's ring buffer directly") {
+		t.Errorf("observe without an agent did not say it reads the ring itself: %q", stderr.String())
+	}
+	e.MustDel(pod, "evn")
+}
+
+// TestEventsAgentKilled: an agent killed with SIGKILL leaves its socket;
+// observe then finds no agent (and says so), and the next agent replaces
+// the socket and serves again, the events sent meanwhile included.
+func TestEventsAgentKilled(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	conf := e.WriteConfDir()
+	a := e.StartAgent(conf, "--metrics-addr", "")
+	pod := e.NewPod()
+	e.CleanupDel(pod, "evk")
+	e.AddK8s(pod, "evk", "k", "p")
+	_, idx := e.HostVeth("evk")
+	m := e.Maps()
+	podMAC, hostMAC := podMACOf(t, pod, "eth0"), hostMACOf(m, idx)
+	observeJSON(t, e, "--last", "1") // the agent answers
+	if fi, err := os.Stat(events.SocketPath(e.StateDir)); err != nil || fi.Mode().Perm() != 0o600 || fi.Mode().Type() != os.ModeSocket {
+		t.Errorf("the agent's socket: %v %v, want a socket of mode 0600", fi.Mode(), err)
+	}
+	a.Cmd.Process.Kill()
+	a.Exited(5 * time.Second)
+	sock := events.SocketPath(e.StateDir)
+	if _, err := os.Stat(sock); err != nil {
+		t.Fatalf("no socket left by the killed agent (%v): the test proves nothing", err)
+	}
+	out, err := e.AgentCmd("observe", "--state-dir", e.StateDir, "--pin-dir", e.PinDir, "--last", "1")
+	if err == nil || !strings.Contains(out, "no agent is running") {
+		t.Errorf("observe --last after the agent was killed: %v\n%s", err, out)
+	}
+	// A drop while no agent runs waits in the ring for the next one.
+	podRaw(t, pod, "eth0", ipv4UDPFrame(podMAC, hostMAC, net.ParseIP("10.250.6.6"), testenv.NodeIP4))
+	waitCounter(t, m, idx, maps.ReasonDropSpoofIP, 1)
+	e.StartAgent(conf, "--metrics-addr", "")
+	got := newEvents(t, e, 0, 1)
+	found := false
+	for _, r := range got {
+		found = found || (r.Src == "10.250.6.6" && r.Pod == "k/p")
+	}
+	if !found {
+		t.Errorf("the next agent did not show the drop sent while none ran: %+v", got)
+	}
+	e.MustDel(pod, "evk")
+}

@@ -1,0 +1,124 @@
+package integration
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// layoutV2Commit is the last commit whose maps are of layout 2 (before the
+// event maps of layout 3).
+const layoutV2Commit = "ea9f40b87fbd0ec221015d5a2846c174c42d06a0"
+
+// TestUpgradeFromLayout2: pods attached by the last build of map layout 2
+// (a plain one and one with a hostPort and limits) keep their traffic while
+// the first ADD of this build moves the node to layout 3 (the event maps
+// added): their entries, limits, hostPort and counters are copied, their
+// links swapped, the layout 2 maps and programs removed; afterwards an old
+// pod's drop is an event the agent shows, and this build DELs them clean.
+func TestUpgradeFromLayout2(t *testing.T) {
+	oldBin := testenv.BuildAt(t, layoutV2Commit)
+	e := testenv.New(t)
+	e.Extra = map[string]any{"ipMasq": true, "capabilities": map[string]bool{"portMappings": true, "bandwidth": true}}
+	newCNI := e.CNI
+	e.CNI = libcni.NewCNIConfigWithCacheDir([]string{oldBin}, e.CacheDir, nil)
+
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "a2")
+	e.CleanupDel(b, "b2")
+	ra := e.Add(a, "a2")
+	rt := e.RuntimeConfHP(b, "b2", []testenv.PM{{HostPort: 8090, ContainerPort: 80, Protocol: "tcp"}})
+	rt.CapabilityArgs["bandwidth"] = bandwidthArgs(50e6, 50e6)
+	var rb *current.Result
+	must(t, e.InNode(func() error {
+		res, err := e.CNI.AddNetworkList(context.Background(), e.ConfList("1.0.0"), rt)
+		if err == nil {
+			rb, err = current.NewResultFromResult(res)
+		}
+		return err
+	}))
+	a4, _ := testenv.PodIPs(t, ra)
+	b4, _ := testenv.PodIPs(t, rb)
+	old := datapath.LayoutMapsDir(e.PinDir, 2)
+	if _, err := os.Stat(old); err != nil {
+		t.Fatalf("the layout 2 build pinned no maps_v2: %v", err)
+	}
+	_, idxA := e.HostVeth("a2")
+	_, idxB := e.HostVeth("b2")
+	serve(t, b, 80, "b2")
+	expectServer(t, e.Node, "tcp", "127.0.0.1:8090", "b2")
+	must(t, testenv.Ping(a, b4, 3))
+
+	pingDone := make(chan string, 1)
+	go func() {
+		var out []byte
+		a.Do(func(ns.NetNS) error {
+			out, _ = exec.Command("ping", "-c", "1000", "-i", "0.004", "-W", "1", "-q", b4.String()).CombinedOutput()
+			return nil
+		})
+		pingDone <- string(out)
+	}()
+	waitPings(t, a, b4)
+
+	e.CNI = newCNI
+	d := e.NewPod()
+	e.CleanupDel(d, "d2")
+	rd := e.Add(d, "d2")
+	d4, _ := testenv.PodIPs(t, rd)
+	if out := <-pingDone; !strings.Contains(out, " 0% packet loss") {
+		t.Errorf("the ping between two pods of the layout 2 build lost packets across the upgrade:\n%s", out)
+	}
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("the layout 2 maps are still pinned: %v", err)
+	}
+	for _, p := range datapath.ProgramPins(e.PinDir) {
+		if !p.Current {
+			t.Errorf("program pin of the old build left: %s", p.Name)
+		}
+	}
+	m := e.Maps()
+	for _, dir := range []maps.Dir{maps.DirEgress, maps.DirIngress} {
+		if l, ok, err := m.LookupLimit(idxB, dir); err != nil || !ok || l.RateBps != 50e6 {
+			t.Errorf("b's %s limit in the layout 3 maps: %+v %v %v", dir, l, ok, err)
+		}
+	}
+	if c := counter(t, m, idxA, maps.DirEgress, maps.ReasonRedirect); c.Packets < 900 {
+		t.Errorf("a's redirect counter in the new maps: %d packets, want its old count and the pings since (1000+)", c.Packets)
+	}
+	if st := status(t, e); !st.Healthy || st.MapLayout != maps.LayoutVersion {
+		t.Errorf("status after the upgrade: healthy %v, layout %d, problems %v", st.Healthy, st.MapLayout, st.Problems)
+	}
+	expectServer(t, e.Node, "tcp", "127.0.0.1:8090", "b2")
+	must(t, testenv.Ping(d, a4, 2))
+	must(t, testenv.Ping(a, d4, 2))
+
+	// The old pod's drops are events now.
+	e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
+	var seq uint64
+	if recs := observeJSON(t, e, "--last", "1000"); len(recs) > 0 {
+		seq = recs[len(recs)-1].Seq
+	}
+	podMAC, hostMAC := podMACOf(t, a, "eth0"), hostMACOf(m, idxA)
+	podRaw(t, a, "eth0", ipv4UDPFrame(podMAC, hostMAC, net.ParseIP("10.250.7.7"), testenv.NodeIP4))
+	got := newEvents(t, e, seq, 1)
+	if len(got) != 1 || got[0].Reason != "drop_spoof_ip" || got[0].Ifindex != uint32(idxA) || got[0].Src != "10.250.7.7" {
+		t.Errorf("events of the old pod's spoofed frame: %+v", got)
+	}
+
+	e.MustDel(d, "d2")
+	e.MustDel(a, "a2")
+	e.MustDel(b, "b2")
+	e.AssertNoHostPorts()
+	e.AssertClean()
+}
