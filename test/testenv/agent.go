@@ -90,8 +90,8 @@ func (e *Env) StartAgentBin(bin string, env []string, confDir string, extra ...s
 		select {
 		case <-ready:
 			return nil
-		case <-time.After(10 * time.Second):
-			return fmt.Errorf("agent not ready after 10s:\n%s", a.Log)
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("agent not ready after 30s:\n%s", a.Log)
 		}
 	})
 	if err != nil {
