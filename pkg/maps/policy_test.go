@@ -149,3 +149,28 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestPolicyWriterFull: a policy the trie cannot hold is refused naming the
+// map, what was written of it is deleted, and the interface keeps its
+// previous policy.
+func TestPolicyWriterFull(t *testing.T) {
+	m := testMaps(t, Sizing{MaxPods: 1, HostPortsPerPod: 1}) // 512 peer prefixes in all
+	w := m.PolicyWriter()
+	small := policy.Endpoint{Ingress: policy.Rules{Isolated: true, Allows: []policy.Allow{{Prefix: netip.MustParsePrefix("10.0.0.0/8"), AllPorts: true}}}}
+	must(t, w.Apply(3, small))
+	before, _, _ := m.PolicyStateOf(3)
+	var big []policy.Allow
+	for i := 0; i < 600; i++ {
+		big = append(big, policy.Allow{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16, byte(i >> 8), byte(i)}), 32), AllPorts: true})
+	}
+	err := w.Apply(3, policy.Endpoint{Ingress: policy.Rules{Isolated: true, Allows: big}})
+	if !IsFull(err) || !strings.Contains(err.Error(), namePolAddrs) {
+		t.Fatalf("Apply of 600 prefixes into 512: %v, want a full %s", err, namePolAddrs)
+	}
+	if after, _, _ := m.PolicyStateOf(3); after != before {
+		t.Errorf("state changed by a refused policy: %+v -> %+v", before, after)
+	}
+	if n := trieLen(t, m, namePolAddrs); n != 1 {
+		t.Errorf("%d address entries after the refusal, want the old policy's 1", n)
+	}
+}

@@ -152,6 +152,8 @@ func TestPolicy(t *testing.T) {
 	fams := []int{4, 6}
 
 	t.Run("pending", func(t *testing.T) {
+		// CHECK is unaffected: the interface has its state and flag.
+		must(t, p.Check(p.a, "a", "eth0"))
 		for _, fam := range fams {
 			before := p.drops(t, "a", maps.DirEgress)
 			blocked(t, p.a, "tcp", ip("b", fam), 8080)
@@ -234,6 +236,7 @@ func TestPolicy(t *testing.T) {
 			blocked(t, p.a, "udp", ip("b", fam), 8080)
 			reach(t, p.h, "tcp", ip("b", fam), 8080, "b")
 			reach(t, p.h, "udp", ip("b", fam), 8080, "b")
+			must(t, pingFrom(p.h, ip("h", fam), ip("b", fam), 1)) // a rule without ports: every protocol
 			blocked(t, p.remote, "tcp", ip("b", fam), 8080)
 		}
 	})
