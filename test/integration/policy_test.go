@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
@@ -289,6 +291,41 @@ func TestPolicy(t *testing.T) {
 		for _, fam := range fams {
 			blocked(t, p.remote, "tcp", uplinkIP[fam], hostPortH)
 			blocked(t, p.remote, "udp", uplinkIP[fam], hostPortH)
+		}
+		// A host on the wire posing as the node (a node address as its
+		// source) to reach the hostPort: the node's pass is not its.
+		must(t, p.remote.Do(func(ns.NetNS) error {
+			lo, err := netlink.LinkByName("lo")
+			if err != nil {
+				return err
+			}
+			for _, a := range []string{nodeIP[4].String() + "/32", nodeIP[6].String() + "/128"} {
+				addr, _ := netlink.ParseAddr(a)
+				addr.Flags = unix.IFA_F_NODAD
+				if err := netlink.AddrAdd(lo, addr); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		for _, fam := range fams {
+			before := p.drops(t, "h", maps.DirIngress)
+			must(t, p.remote.Do(func(ns.NetNS) error {
+				c, err := net.DialUDP("udp", &net.UDPAddr{IP: nodeIP[fam]}, &net.UDPAddr{IP: uplinkIP[fam], Port: hostPortH})
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				_, err = c.Write([]byte("posing as the node"))
+				return err
+			}))
+			deadline := time.Now().Add(2 * time.Second)
+			for p.drops(t, "h", maps.DirIngress) == before && time.Now().Before(deadline) {
+				time.Sleep(50 * time.Millisecond)
+			}
+			if p.drops(t, "h", maps.DirIngress) == before {
+				t.Errorf("IPv%d: a datagram from the wire with the node's address reached h's hostPort undenied", fam)
+			}
 		}
 	})
 	// Allowed by the port the pod listens on (the hostPort's containerPort).
