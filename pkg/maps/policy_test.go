@@ -133,7 +133,14 @@ func TestPolicyWriter(t *testing.T) {
 	if n := trieLen(t, m, namePolAddrs); n != 0 {
 		t.Errorf("after Sweep: %d address entries", n)
 	}
-	// A writer started afresh (an agent restart) finds what is there.
+	// A writer started afresh (an agent restart) finds what is there, and
+	// deletes what nothing refers to (a DEL while it was away).
+	must(t, w.Apply(9, ep))
+	must(t, m.DeletePolicyOf(9))
+	must(t, m.PolicyWriter().Apply(10, policy.Endpoint{}))
+	if a := trieLen(t, m, namePolAddrs); a != 0 {
+		t.Errorf("a new writer left %d address entries of a deleted interface", a)
+	}
 	must(t, w.Apply(8, ep))
 	w2 := m.PolicyWriter()
 	must(t, w2.Remove(8))
