@@ -240,6 +240,7 @@ func TestPolicy(t *testing.T) {
 			reach(t, p.h, "udp", ip("b", fam), 8080, "b")
 			must(t, pingFrom(p.h, ip("h", fam), ip("b", fam), 1)) // a rule without ports: every protocol
 			blocked(t, p.remote, "tcp", ip("b", fam), 8080)
+			blocked(t, p.remote, "tcp", uplinkIP[fam], npLocal) // NodePort, externalTrafficPolicy Local: the client's address
 		}
 	})
 	// The hole moved off the remote host: it comes in.
@@ -248,6 +249,7 @@ func TestPolicy(t *testing.T) {
 		for _, fam := range fams {
 			reach(t, p.remote, "tcp", ip("b", fam), 8080, "b")
 			reach(t, p.remote, "udp", ip("b", fam), 8080, "b")
+			reach(t, p.remote, "tcp", uplinkIP[fam], npLocal, "b")
 		}
 	})
 
@@ -373,9 +375,8 @@ func TestPolicy(t *testing.T) {
 	if err != nil || !ok || pp.Mode[policy.Ingress] != "isolated" || pp.Mode[policy.Egress] != "open" || len(pp.Ingress.Allows) != 0 {
 		t.Errorf("programmed policy of a: %+v, %v, %v", pp, ok, err)
 	}
-	for _, pod := range []string{"a", "b", "h"} {
-		must(t, p.w.Remove(p.idx[pod]))
-	}
+	// a's policy goes with the writer's Remove; b's and h's with DEL alone.
+	must(t, p.w.Remove(p.idx["a"]))
 	p.w.Flush()
 	p.teardown(t)
 	if st, err := p.m.PolicyStates(); err != nil || len(st) != 0 {
