@@ -5,9 +5,11 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -363,6 +365,25 @@ func TestPolicy(t *testing.T) {
 			if got, _ := udpReceived(ln, "none"); len(got) != 0 {
 				t.Errorf("IPv%d: a received %q from b with no flow of its own", fam, got)
 			}
+			// An ICMP error about a's own flow comes in: the remote host's
+			// port unreachable refuses a's connected UDP socket.
+			must(t, p.a.Do(func(ns.NetNS) error {
+				c, err := net.Dial("udp", hp(remoteIP[fam], 7999))
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				buf := make([]byte, 64)
+				for try := 0; try < 3; try++ {
+					c.Write([]byte("anyone?"))
+					c.SetReadDeadline(time.Now().Add(time.Second))
+					_, err = c.Read(buf)
+					if errors.Is(err, syscall.ECONNREFUSED) {
+						return nil
+					}
+				}
+				return fmt.Errorf("IPv%d: UDP to a closed port of the remote host: %v, want connection refused (its ICMP error)", fam, err)
+			}))
 			// a's own flow to b: b's answers come back in.
 			reach(t, p.a, "udp", ip("b", fam), 8080, "b")
 			reach(t, p.a, "tcp", ip("b", fam), 8080, "b")
