@@ -33,11 +33,14 @@ type polLab struct {
 	idx map[string]uint32 // pod -> host veth ifindex
 }
 
-func newPolLab(t *testing.T) *polLab {
+func newPolLab(t *testing.T, masq bool) *polLab {
 	t.Helper()
 	h := newHPEnv(t)
 	h.Extra["networkPolicy"] = true
-	l := &svcLab{hpEnv: h, fams: []int{4, 6}, ip: map[string]map[int]net.IP{}}
+	if masq {
+		h.Extra["ipMasq"] = true
+	}
+	l := &svcLab{hpEnv: h, masq: masq, fams: []int{4, 6}, ip: map[string]map[int]net.IP{}}
 	for _, fam := range []int{4, 6} {
 		routeVia(t, h.Node, "", remoteIP[fam])
 		routeVia(t, h.remote, cluster[fam], uplinkIP[fam])
@@ -152,7 +155,7 @@ func (p *polLab) drops(t *testing.T, pod string, dir maps.Dir) uint64 {
 // flows that never were.
 func TestPolicy(t *testing.T) {
 	t.Parallel()
-	p := newPolLab(t)
+	p := newPolLab(t, false)
 	ip := func(pod string, fam int) net.IP { return p.ip[pod][fam] }
 	fams := []int{4, 6}
 
@@ -444,4 +447,30 @@ func TestPolicyKilledADD(t *testing.T) {
 		t.Errorf("policy states after GC: %+v, %v", st, err)
 	}
 	h.AssertClean()
+}
+
+// TestPolicyMasq: with ipMasq, a pod's egress is judged before the
+// masquerade (on its own address), and the replies the uplink translates
+// back pass its isolated ingress.
+func TestPolicyMasq(t *testing.T) {
+	t.Parallel()
+	p := newPolLab(t, true)
+	for _, pod := range []string{"b", "h"} {
+		p.apply(t, pod, policy.Endpoint{})
+	}
+	both := []policy.PortRange{{Proto: policy.ProtoTCP, First: 7000, Last: 7000}, {Proto: policy.ProtoUDP, First: 7000, Last: 7000}}
+	p.apply(t, "a", policy.Endpoint{Ingress: isolated(), Egress: isolated(
+		policy.Allow{Prefix: host(remoteIP4), Ports: both}, policy.Allow{Prefix: host(remoteIP6), Ports: both})})
+	for _, fam := range []int{4, 6} {
+		for _, proto := range []string{"tcp", "udp"} {
+			a := expectServer(t, p.a, proto, hp(remoteIP[fam], 7000), "remote")
+			if a.server == "remote" && !peer(t, a).Equal(uplinkIP[fam]) {
+				t.Errorf("IPv%d %s: the remote host saw %s, want the node's %s (masqueraded)", fam, proto, peer(t, a), uplinkIP[fam])
+			}
+			reach(t, p.a, proto, svcExt[fam], 80, "remote") // DNAT to remote:7000, then masqueraded
+		}
+		blocked(t, p.a, "tcp", svcWeb[fam], 80)
+		blocked(t, p.remote, "tcp", p.ip["a"][fam], 8080)
+	}
+	p.teardown(t)
 }
