@@ -259,6 +259,30 @@ func TestPolicy(t *testing.T) {
 		}
 	})
 
+	// Fragmented datagrams: b takes UDP 8080 from a and the remote host
+	// only, and sends nothing of its own. A 3000-byte datagram and its
+	// 3000-byte answer are three fragments each way: the later fragments
+	// carry no ports and pass because their first one did.
+	udp8080 := []policy.PortRange{{Proto: policy.ProtoUDP, First: 8080, Last: 8080}}
+	var fragPeers []policy.Allow
+	for _, fam := range fams {
+		fragPeers = append(fragPeers, policy.Allow{Prefix: host(ip("a", fam)), Ports: udp8080}, policy.Allow{Prefix: host(remoteIP[fam]), Ports: udp8080})
+	}
+	p.apply(t, "b", policy.Endpoint{Ingress: isolated(fragPeers...), Egress: isolated()})
+	t.Run("fragments", func(t *testing.T) {
+		for _, fam := range fams {
+			for _, from := range []ns.NetNS{p.a, p.remote} {
+				if err := bigUDP(from, ip("b", fam), 8080, 3000); err != nil {
+					t.Errorf("IPv%d: %v", fam, err)
+				}
+			}
+			// Port-less fragments of a datagram whose first fragment was denied.
+			if err := bigUDP(p.h, ip("b", fam), 8080, 3000); err == nil {
+				t.Errorf("IPv%d: h's fragmented datagram reached b, whose rules do not name h", fam)
+			}
+		}
+	})
+
 	// a: egress to b TCP 8080 only (and b open again).
 	p.apply(t, "b", policy.Endpoint{})
 	p.apply(t, "a", policy.Endpoint{Egress: isolated(allowPorts(host(ip("b", 4)), policy.ProtoTCP, 8080, 8080),
@@ -473,4 +497,37 @@ func TestPolicyMasq(t *testing.T) {
 		blocked(t, p.remote, "tcp", p.ip["a"][fam], 8080)
 	}
 	p.teardown(t)
+}
+
+// bigUDP sends a size-byte datagram from netns to ip:port and wants an
+// answer larger than an MTU: the server (serve) reads the reassembled
+// datagram into 2048 bytes and echoes them, so both ways were fragmented.
+func bigUDP(from ns.NetNS, ip net.IP, port, size int) error {
+	return from.Do(func(ns.NetNS) error {
+		c, err := net.Dial("udp", hp(ip, port))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		payload := make([]byte, size)
+		for i := range payload {
+			payload[i] = 'x'
+		}
+		buf := make([]byte, 2*size)
+		for try := 0; try < 2; try++ {
+			if _, err := c.Write(payload); err != nil {
+				return err
+			}
+			c.SetReadDeadline(time.Now().Add(700 * time.Millisecond))
+			n, err := c.Read(buf)
+			if err != nil {
+				continue
+			}
+			if n <= 1500 {
+				return fmt.Errorf("%d-byte datagram to %s: answer of %d bytes", size, hp(ip, port), n)
+			}
+			return nil
+		}
+		return fmt.Errorf("%d-byte datagram to %s: no answer", size, hp(ip, port))
+	})
 }
