@@ -10,7 +10,9 @@
  *   - cni_pol_ct: flows allowed so far, keyed per pod interface as the pod
  *     sees them, so replies pass both ways without a rule, and so do ICMP
  *     errors quoting them. Timeouts are the translated flows' (flowlife.h);
- *     an LRU map, so the oldest flows go first when it is full.
+ *     an LRU map, so the oldest flows go first when it is full;
+ *   - cni_pol_frags: datagrams whose first fragment passed, so their later
+ *     fragments (no ports) pass too.
  *
  * A packet costs at most: the state (one hash lookup), the flow (one), and
  * for a new flow of an isolated pod one lookup in each trie: nothing grows
@@ -33,7 +35,8 @@
  *
  * The node's own traffic to a pod (kubelet's probes) always passes: a
  * packet the node sends (no ingress interface) or whose source is a node
- * address (cni_node_ips). Neighbour discovery and link-local IPv6 never
+ * address (cni_node_ips; on the redirect paths only when it came from a
+ * pod's host veth: off the wire such a source is forged). Neighbour discovery and link-local IPv6 never
  * leave the link and are not judged. A pod interface whose state is
  * missing is pending (fail closed).
  */
