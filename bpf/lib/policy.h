@@ -356,10 +356,13 @@ static __always_inline int pol_error_related(struct __sk_buff *skb, struct pol_w
  * Judges the packet (IP header at ETH_HLEN) for the pod behind ifindex, in
  * the direction and way how says (POL_J_*). Returns POL_ALLOW or POL_DENY;
  * an allowed flow is recorded unless both directions are open, so its
- * replies pass. Not inlined: one copy per program, and the callers' own
- * code keeps its registers.
+ * replies pass. A global function: the verifier checks it once, not at
+ * each call site in each state (static, it took from_container from 41k
+ * to 182k processed instructions and its load from 0.3 to 1.6 s, which
+ * widened the window of a layout migration: TestUpgradeFromLayout1); and
+ * the callers' own code keeps its registers.
  */
-static __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, __u32 how)
+__noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, __u32 how)
 {
 	/* No state: pending (fail closed). */
 	struct pol_state *st = bpf_map_lookup_elem(&cni_pol_state, &ifindex);
