@@ -10,6 +10,7 @@
 #include "pkt.h"
 #include "bandwidth.h"
 #include "events.h"
+#include "policy.h"
 
 /*
  * Every verdict on a pod's packet is counted here, and sends its events
@@ -115,7 +116,11 @@ static __always_inline int redirect_to_endpoint(struct __sk_buff *skb, struct et
 						const struct ep_info *dst)
 {
 	/* bpf_redirect_peer skips the destination host veth's egress hook, so its
-	 * ingress limit and counters are applied here. */
+	 * ingress policy, limit and counters are applied here. */
+	if ((dst->flags & EP_F_POLICY) && policy_ingress_redirect(skb, dst->ifindex) == POL_DENY) {
+		count(dst->ifindex, DIR_INGRESS, REASON_DROP_POLICY, skb->len);
+		return TC_ACT_SHOT;
+	}
 	if ((dst->flags & EP_F_BW_INGRESS) && !bw_admit(dst->ifindex, DIR_INGRESS, skb->len)) {
 		count(dst->ifindex, DIR_INGRESS, REASON_DROP_BANDWIDTH, skb->len);
 		return TC_ACT_SHOT;

@@ -35,6 +35,13 @@ const (
 	sockMapCniMasqStats      = "cni_masq_stats"
 	sockMapCniNetns          = "cni_netns"
 	sockMapCniNodeIps        = "cni_node_ips"
+	sockMapCniPolAddrs       = "cni_pol_addrs"
+	sockMapCniPolConfig      = "cni_pol_config"
+	sockMapCniPolCt          = "cni_pol_ct"
+	sockMapCniPolFrags       = "cni_pol_frags"
+	sockMapCniPolPorts       = "cni_pol_ports"
+	sockMapCniPolScratch     = "cni_pol_scratch"
+	sockMapCniPolState       = "cni_pol_state"
 	sockMapCniSnat           = "cni_snat"
 	sockMapCniSockRnat       = "cni_sock_rnat"
 	sockMapCniStackFlowParts = "cni_stack_flow_parts"
@@ -125,6 +132,13 @@ type sockMapSpecs struct {
 	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
+	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
+	CniPolCt          *ebpf.MapSpec `ebpf:"cni_pol_ct"`
+	CniPolFrags       *ebpf.MapSpec `ebpf:"cni_pol_frags"`
+	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
+	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
+	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
 	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
 	CniSockRnat       *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
@@ -177,6 +191,13 @@ type sockMaps struct {
 	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
+	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
+	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
+	CniPolCt          *ebpf.Map `ebpf:"cni_pol_ct"`
+	CniPolFrags       *ebpf.Map `ebpf:"cni_pol_frags"`
+	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
+	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
+	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
 	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
 	CniSockRnat       *ebpf.Map `ebpf:"cni_sock_rnat"`
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
@@ -205,6 +226,13 @@ func (m *sockMaps) Close() error {
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,
+		m.CniPolAddrs,
+		m.CniPolConfig,
+		m.CniPolCt,
+		m.CniPolFrags,
+		m.CniPolPorts,
+		m.CniPolScratch,
+		m.CniPolState,
 		m.CniSnat,
 		m.CniSockRnat,
 		m.CniStackFlowParts,

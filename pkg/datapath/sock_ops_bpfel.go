@@ -35,6 +35,13 @@ const (
 	sockOpsMapCniMasqStats      = "cni_masq_stats"
 	sockOpsMapCniNetns          = "cni_netns"
 	sockOpsMapCniNodeIps        = "cni_node_ips"
+	sockOpsMapCniPolAddrs       = "cni_pol_addrs"
+	sockOpsMapCniPolConfig      = "cni_pol_config"
+	sockOpsMapCniPolCt          = "cni_pol_ct"
+	sockOpsMapCniPolFrags       = "cni_pol_frags"
+	sockOpsMapCniPolPorts       = "cni_pol_ports"
+	sockOpsMapCniPolScratch     = "cni_pol_scratch"
+	sockOpsMapCniPolState       = "cni_pol_state"
 	sockOpsMapCniSnat           = "cni_snat"
 	sockOpsMapCniSockRnat       = "cni_sock_rnat"
 	sockOpsMapCniStackFlowParts = "cni_stack_flow_parts"
@@ -111,6 +118,13 @@ type sockOpsMapSpecs struct {
 	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
+	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
+	CniPolCt          *ebpf.MapSpec `ebpf:"cni_pol_ct"`
+	CniPolFrags       *ebpf.MapSpec `ebpf:"cni_pol_frags"`
+	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
+	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
+	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
 	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
 	CniSockRnat       *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
@@ -163,6 +177,13 @@ type sockOpsMaps struct {
 	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
+	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
+	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
+	CniPolCt          *ebpf.Map `ebpf:"cni_pol_ct"`
+	CniPolFrags       *ebpf.Map `ebpf:"cni_pol_frags"`
+	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
+	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
+	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
 	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
 	CniSockRnat       *ebpf.Map `ebpf:"cni_sock_rnat"`
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
@@ -191,6 +212,13 @@ func (m *sockOpsMaps) Close() error {
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,
+		m.CniPolAddrs,
+		m.CniPolConfig,
+		m.CniPolCt,
+		m.CniPolFrags,
+		m.CniPolPorts,
+		m.CniPolScratch,
+		m.CniPolState,
 		m.CniSnat,
 		m.CniSockRnat,
 		m.CniStackFlowParts,

@@ -57,6 +57,14 @@ const (
 	// evicted flow is announced again at its next packet.
 	eventFlowsPerPod = 32
 	sockFlowsPerPod  = 64 // node sockets reaching a pod through a hostPort
+	// NetworkPolicy: peer prefixes (rule entries) and port prefixes per
+	// pod, flows its policy allowed per pod (both ends of a same-node flow
+	// have one each). The tries are not preallocated: only what the
+	// policies hold costs memory.
+	policyAddrsPerPod = 512
+	policyPortsPerPod = 128
+	policyFlowsPerPod = 128
+	policyFragsPerPod = 16 // fragmented datagrams in flight (first fragment seen) per pod
 	// minCT is cni_ct's least size: a hostPort pod taking 8000 short
 	// connections a second keeps tens of thousands of closing flows there
 	// until they time out, and at maxPods x flowsPerPod (28160 at the
@@ -106,6 +114,11 @@ func (s Sizing) entries() map[string]uint32 {
 		nameClusterRefs:    uint32(att * MaxClusterCIDRsPerNetwork),
 		nameEvPods:      uint32(att),
 		nameEvFlows:     uint32(s.MaxPods * eventFlowsPerPod),
+		namePolState:    uint32(att),
+		namePolAddrs:    uint32(s.MaxPods * policyAddrsPerPod),
+		namePolPorts:    uint32(s.MaxPods * policyPortsPerPod),
+		namePolCT:       uint32(s.MaxPods * policyFlowsPerPod),
+		namePolFrags:    uint32(s.MaxPods * policyFragsPerPod),
 	}
 }
 
