@@ -1,0 +1,110 @@
+// Bandwidth limits with no side door: every packet a pod sends counts
+// against its egress limit, whatever its addresses' scope, and every way
+// into a pod with an ingress limit meets the same queue.
+
+package integration
+
+import (
+	"fmt"
+	"net"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// linkLocal6 waits until the link named ifname in netns has a usable (not
+// tentative) IPv6 link-local address and returns it.
+func linkLocal6(t *testing.T, netns ns.NetNS, ifname string) net.IP {
+	t.Helper()
+	var ip net.IP
+	deadline := time.Now().Add(10 * time.Second)
+	for ip == nil {
+		err := netns.Do(func(ns.NetNS) error {
+			l, err := netlink.LinkByName(ifname)
+			if err != nil {
+				return err
+			}
+			as, err := netlink.AddrList(l, netlink.FAMILY_V6)
+			if err != nil {
+				return err
+			}
+			for _, a := range as {
+				if a.IP.IsLinkLocalUnicast() && a.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) == 0 {
+					ip = a.IP
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("addresses of %s: %v", ifname, err)
+		}
+		if ip == nil {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s has no usable IPv6 link-local address after 10 s", ifname)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return ip
+}
+
+// TestBandwidthLinkLocalEgress: a pod with a 20 Mbit/s egress limit blasting
+// UDP from its IPv6 link-local address to the node's (its host veth's)
+// gets no more through than over its global address: the link-scope branch
+// of the from-pod program used to return before the bucket (199 Mbit/s
+// measured). The drop counter moves; the node's listener sees the limit.
+// (IPv4 has no such branch: a pod's IPv4 source must be its own address.)
+func TestBandwidthLinkLocalEgress(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	a := e.NewPod()
+	e.CleanupDel(a, "ll")
+	const rate = 20e6
+	if _, err := e.AddBW(a, "ll", bandwidthArgs(0, rate)); err != nil {
+		t.Fatal(err)
+	}
+	hostIf, idx := e.HostVeth("ll")
+	nodeLL := linkLocal6(t, e.Node, hostIf)
+	linkLocal6(t, a, "eth0")
+
+	const sendFor = 2 * time.Second
+	sent, got := udpBlastTo(t, a, e.Node,
+		&net.UDPAddr{IP: nodeLL, Zone: hostIf}, &net.UDPAddr{IP: nodeLL, Zone: "eth0"},
+		sendFor, sendFor+2*time.Second, 0)
+	limit := rate/8*sendFor.Seconds() + rate/8*0.05 // the rate plus the 50 ms bucket
+	t.Logf("link-local UDP: sent %.1f MB, received %.2f MB (%.1f Mbit/s), limit %.2f MB",
+		float64(sent)/1e6, float64(got)/1e6, float64(got)*8/sendFor.Seconds()/1e6, limit/1e6)
+	if float64(sent) < 2*limit {
+		t.Fatalf("the sender managed only %.2f MB: not enough to test the limit", float64(sent)/1e6)
+	}
+	if float64(got) > 1.1*limit {
+		t.Errorf("the node received %.2f MB in %v from a pod limited to %.0f Mbit/s (%.2f MB allowed): link-local traffic escapes the egress limit",
+			float64(got)/1e6, sendFor, rate/1e6, limit/1e6)
+	}
+	if float64(got) < 0.3*limit {
+		t.Errorf("the node received only %.2f MB of %.2f MB allowed", float64(got)/1e6, limit/1e6)
+	}
+	if c := counter(t, e.Maps(), idx, maps.DirEgress, maps.ReasonDropBandwidth); c.Packets == 0 {
+		t.Errorf("drop_bandwidth did not move for link-local traffic over the limit:\n%s", dumpCounters(e.Maps(), idx))
+	}
+	// Neighbour discovery still works under the limit: the pod reaches
+	// the node's link-local address.
+	if err := a.Do(func(ns.NetNS) error {
+		out, err := exec.Command("ping", "-6", "-c", "2", "-W", "2", fmt.Sprintf("%s%%eth0", nodeLL)).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v\n%s", err, out)
+		}
+		return nil
+	}); err != nil {
+		t.Errorf("ping the node's link-local address: %v", err)
+	}
+	e.MustDel(a, "ll")
+	e.AssertClean()
+}
