@@ -33,6 +33,13 @@
 
 #include "maps.h"
 
+/* skb->tc_index bit: a node hook translated the packet for a pod with an
+ * ingress limit and sent it to the pod's host veth egress (deliver_to_pod,
+ * endpoint.h) so it meets the queue like the stack's packets; to_container
+ * clears it and records no stack flow for it. Nothing else of the node's
+ * sets tc_index (no dsmark/tcindex classifier); a pod cannot reach it. */
+#define TC_INDEX_QUEUED 0x100
+
 enum bw_verdict {
 	BW_DROP = 0,
 	BW_PASS = 1,

@@ -152,22 +152,30 @@ func TestBandwidthHostPortIngress(t *testing.T) {
 	}
 	a4, a6 := testenv.PodIPs(t, ra)
 	_, idx := e.HostVeth("hpq")
+	b := e.NewPod()
+	e.CleanupDel(b, "hpq-client")
+	b4, _ := testenv.PodIPs(t, e.Add(b, "hpq-client"))
 
 	for _, c := range []struct {
 		what, listen, dial string
+		from               ns.NetNS
 	}{
-		{"direct, IPv4", net.JoinHostPort(a4.String(), "81"), ""},
-		{"hostPort, IPv4", net.JoinHostPort(a4.String(), "80"), net.JoinHostPort(uplinkIP4.String(), "8080")},
-		{"hostPort, IPv6", net.JoinHostPort(a6.String(), "80"), net.JoinHostPort(uplinkIP6.String(), "8080")},
+		{"direct, IPv4", net.JoinHostPort(a4.String(), "81"), "", remote},
+		{"hostPort, IPv4", net.JoinHostPort(a4.String(), "80"), net.JoinHostPort(uplinkIP4.String(), "8080"), remote},
+		{"hostPort, IPv6", net.JoinHostPort(a6.String(), "80"), net.JoinHostPort(uplinkIP6.String(), "8080"), remote},
+		// A pod of the node dialling the hostPort (hairpin): not paced (it
+		// dials a node address), so like a Service's client it meets the
+		// queue.
+		{"hostPort hairpin from a pod, IPv4", net.JoinHostPort(a4.String(), "80"), net.JoinHostPort(testenv.NodeIP4.String(), "8080"), b},
 	} {
 		before := queueBytes(t, e, idx)
-		s := tcpStreamVia(t, remote, a, c.listen, c.dial, 5*time.Second)
+		s := tcpStreamVia(t, c.from, a, c.listen, c.dial, 5*time.Second)
 		queued := queueBytes(t, e, idx) - before
 		var got float64
 		for _, bps := range s.intervals {
 			got += bps / 8
 		}
-		t.Logf("remote TCP %s at a %.0f Mbit/s ingress limit: mean %.3fx, 1 s intervals %s, %d retransmitted segments, %.2f MB through the queue",
+		t.Logf("TCP %s at a %.0f Mbit/s ingress limit: mean %.3fx, 1 s intervals %s, %d retransmitted segments, %.2f MB through the queue",
 			c.what, rate/1e6, s.mean/rate, ratios(s.intervals, rate), s.retrans, float64(queued)/1e6)
 		if s.mean < 0.85*rate || s.mean > 1.05*rate {
 			t.Errorf("%s: mean %.1f Mbit/s, want %.1f-%.1f (0.85x-1.05x of the limit)", c.what, s.mean/1e6, 0.85*rate/1e6, 1.05*rate/1e6)
@@ -181,6 +189,16 @@ func TestBandwidthHostPortIngress(t *testing.T) {
 			t.Errorf("%s: %.2f MB passed the ingress queue of %.2f MB received: the stream went around it", c.what, float64(queued)/1e6, got/1e6)
 		}
 	}
+	// hostPort flows are the node hooks', not the stack's: none recorded as
+	// a stack flow (its replies would be sent to the stack).
+	sfs, err := e.Maps().ListStackFlows()
+	must(t, err)
+	for _, f := range sfs {
+		if f.Ifindex == idx && f.Peer.Addr().String() == b4.String() {
+			t.Errorf("the hairpin flow was recorded as one the stack delivered: %+v", f)
+		}
+	}
+	e.MustDel(b, "hpq-client")
 	e.MustDel(a, "hpq")
 	e.AssertNoHostPorts()
 	e.AssertClean()
