@@ -146,8 +146,8 @@ var upgradeReleases = []struct{ name, commit string }{
 }
 
 // TestUpgradeUnderTraffic: a node whose pods an earlier release attached (a
-// masquerading pod with a UDP hostPort, a plain pod, a pod with an egress
-// limit) is taken over by this build, the plugin first (a DEL of an old
+// masquerading pod with a UDP hostPort and an ingress limit, a plain pod, a
+// pod with an egress limit) is taken over by this build, the plugin first (a DEL of an old
 // pod, then an ADD) or the agent first (its start), from each release.
 // Throughout, a numbered UDP datagram every 5 ms goes over every path of
 // the old pods and is echoed back: egress masquerade to a host outside the
@@ -194,8 +194,12 @@ func upgradeUnderTraffic(t *testing.T, commit, order string) {
 	for id, p := range map[string]ns.NetNS{"a": a, "b": b, "c": c, "x": x} {
 		e.CleanupDel(p, id)
 	}
+	// a's ingress limit (far above the probes) puts this build's hostPort
+	// delivery through its host veth's egress, into whichever build's
+	// to-pod program runs there.
 	ra := addRT(a, "a", func(rt *libcni.RuntimeConf) {
 		rt.CapabilityArgs["portMappings"] = []testenv.PM{{HostPort: hostPort, ContainerPort: podPort, Protocol: "udp"}}
+		rt.CapabilityArgs["bandwidth"] = bandwidthArgs(50e6, 0)
 	})
 	rb := addRT(b, "b", nil)
 	const limit = 20e6
