@@ -7,6 +7,7 @@ package integration
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
@@ -50,7 +52,8 @@ func echoUDP(t *testing.T, netns ns.NetNS, port int) {
 // echoes: every number without one was lost on the way there or back.
 type seqProbe struct {
 	name string
-	c    *net.UDPConn
+	c    net.Conn
+	tcp  bool // a TCP stream: the echoes come back as a stream
 	stop chan struct{}
 	done chan struct{}
 	mu   sync.Mutex
@@ -61,20 +64,32 @@ type seqProbe struct {
 
 func startProbe(t *testing.T, name string, from ns.NetNS, dst string, interval time.Duration) *seqProbe {
 	t.Helper()
-	p := &seqProbe{name: name, stop: make(chan struct{}), done: make(chan struct{}), got: map[uint32]bool{}}
+	return startProbeOver(t, "udp", name, from, dst, interval)
+}
+
+// startProbeOver is startProbe over network "udp" or "tcp" (one
+// connection, to an echo server; a lost segment shows as a retransmission).
+func startProbeOver(t *testing.T, network, name string, from ns.NetNS, dst string, interval time.Duration) *seqProbe {
+	t.Helper()
+	p := &seqProbe{name: name, tcp: network == "tcp", stop: make(chan struct{}), done: make(chan struct{}), got: map[uint32]bool{}}
 	must(t, from.Do(func(ns.NetNS) error {
-		raddr, err := net.ResolveUDPAddr("udp", dst)
-		if err != nil {
-			return err
-		}
-		p.c, err = net.DialUDP("udp", nil, raddr)
+		var err error
+		p.c, err = net.DialTimeout(network, dst, 3*time.Second)
 		return err
 	}))
 	t.Cleanup(func() { p.c.Close() })
 	go func() {
-		buf := make([]byte, 64)
+		buf := make([]byte, 32)
 		for {
-			n, err := p.c.Read(buf)
+			var (
+				n   int
+				err error
+			)
+			if p.tcp {
+				n, err = io.ReadFull(p.c, buf)
+			} else {
+				n, err = p.c.Read(buf)
+			}
 			if err != nil {
 				return
 			}
@@ -123,11 +138,21 @@ func (p *seqProbe) waitAnswered(t *testing.T) {
 }
 
 // finish stops sending, waits a second for the last echoes and returns how
-// many were sent and which numbers were lost.
-func (p *seqProbe) finish() (sent uint32, lost []uint32) {
+// many were sent, which numbers were lost, and (TCP) how many segments the
+// sender retransmitted.
+func (p *seqProbe) finish() (sent uint32, lost []uint32, retrans uint32) {
 	close(p.stop)
 	<-p.done
 	time.Sleep(time.Second)
+	if p.tcp {
+		if raw, err := p.c.(*net.TCPConn).SyscallConn(); err == nil {
+			raw.Control(func(fd uintptr) {
+				if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+					retrans = info.Total_retrans
+				}
+			})
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for i := uint32(1); i <= p.sent; i++ {
@@ -135,7 +160,31 @@ func (p *seqProbe) finish() (sent uint32, lost []uint32) {
 			lost = append(lost, i)
 		}
 	}
-	return p.sent, lost
+	return p.sent, lost, retrans
+}
+
+// echoTCP echoes every connection to port on all addresses of netns.
+func echoTCP(t *testing.T, netns ns.NetNS, port int) {
+	t.Helper()
+	for _, fam := range []string{"4", "6"} {
+		var ln net.Listener
+		must(t, netns.Do(func(ns.NetNS) error {
+			var err error
+			ln, err = net.Listen("tcp"+fam, fmt.Sprintf(":%d", port))
+			return err
+		}))
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				t.Cleanup(func() { c.Close() })
+				go io.Copy(c, c)
+			}
+		}()
+	}
 }
 
 // Releases an upgrade starts from: the last with masquerade in the host
@@ -150,7 +199,9 @@ var upgradeReleases = []struct{ name, commit string }{
 // pod with an egress limit) is taken over by this build, the plugin first (a DEL of an old
 // pod, then an ADD) or the agent first (its start), from each release.
 // Throughout, a numbered UDP datagram every 5 ms goes over every path of
-// the old pods and is echoed back: egress masquerade to a host outside the
+// the old pods and is echoed back (and a numbered TCP message over an
+// established masqueraded connection and a hostPort one, whose sender must
+// retransmit nothing): egress masquerade to a host outside the
 // cluster that has no route to pods (IPv4 and IPv6), a hostPort from that
 // host (IPv4 and IPv6), a Service (kube-proxy's DNAT) and pod to pod (what
 // the release had of these: e383872 masqueraded IPv4 only and had no
@@ -198,7 +249,8 @@ func upgradeUnderTraffic(t *testing.T, commit, order string) {
 	// delivery through its host veth's egress, into whichever build's
 	// to-pod program runs there.
 	ra := addRT(a, "a", func(rt *libcni.RuntimeConf) {
-		rt.CapabilityArgs["portMappings"] = []testenv.PM{{HostPort: hostPort, ContainerPort: podPort, Protocol: "udp"}}
+		rt.CapabilityArgs["portMappings"] = []testenv.PM{{HostPort: hostPort, ContainerPort: podPort, Protocol: "udp"},
+			{HostPort: hostPort, ContainerPort: podPort, Protocol: "tcp"}}
 		rt.CapabilityArgs["bandwidth"] = bandwidthArgs(50e6, 0)
 	})
 	rb := addRT(b, "b", nil)
@@ -214,6 +266,8 @@ func upgradeUnderTraffic(t *testing.T, commit, order string) {
 
 	echoUDP(t, lab.out, 7)
 	echoUDP(t, a, podPort)
+	echoTCP(t, lab.out, 7)
+	echoTCP(t, a, podPort)
 	var sink *net.UDPConn
 	must(t, lab.out.Do(func(ns.NetNS) error {
 		var err error
@@ -225,6 +279,8 @@ func upgradeUnderTraffic(t *testing.T, commit, order string) {
 	const every = 5 * time.Millisecond
 	probes := []*seqProbe{
 		startProbe(t, "egress masquerade, IPv4", a, hp(outsideIP, 7), every),
+		startProbeOver(t, "tcp", "egress masquerade, TCP, IPv4", a, hp(outsideIP, 7), every),
+		startProbeOver(t, "tcp", "hostPort from outside, TCP, IPv4", lab.out, hp(labNodeA, hostPort), every),
 	}
 	// e383872 masqueraded IPv4 only, and sent a pod's replies to a pod of
 	// the node around the stack, a Service's included (no stack flows yet):
@@ -332,10 +388,10 @@ func upgradeUnderTraffic(t *testing.T, commit, order string) {
 	close(blastStop)
 	var failed []string
 	for _, p := range probes {
-		sent, lost := p.finish()
-		t.Logf("%s: %d sent, %d lost", p.name, sent, len(lost))
-		if len(lost) > 0 {
-			failed = append(failed, fmt.Sprintf("%s: %d of %d lost (numbers %v, %v apart)", p.name, len(lost), sent, span(lost), every))
+		sent, lost, retrans := p.finish()
+		t.Logf("%s: %d sent, %d lost, %d retransmitted", p.name, sent, len(lost), retrans)
+		if len(lost) > 0 || retrans > 0 {
+			failed = append(failed, fmt.Sprintf("%s: %d of %d lost (numbers %v, %v apart), %d retransmitted", p.name, len(lost), sent, span(lost), every, retrans))
 		}
 	}
 	close(blastDone)
