@@ -132,7 +132,8 @@ func queueBytes(t *testing.T, e *testenv.Env, idx int) uint64 {
 // TestBandwidthHostPortIngress: a remote client streaming TCP to a pod
 // with a 20 Mbit/s ingress limit through its hostPort meets the same
 // ingress queue as one dialling the pod's address: its mean is the limit,
-// with at most a few retransmits, and its bytes pass the queue's class.
+// with at most a few retransmits, and its bytes pass the queue's class; so
+// does one reaching it through a NodePort Service.
 // The uplink program used to redirect hostPort traffic into the pod past
 // the host veth's queue, where only the bucket dropped: 13-16 Mbit/s with
 // about 1000 retransmits. IPv4 and IPv6.
@@ -155,6 +156,11 @@ func TestBandwidthHostPortIngress(t *testing.T) {
 	b := e.NewPod()
 	e.CleanupDel(b, "hpq-client")
 	b4, _ := testenv.PodIPs(t, e.Add(b, "hpq-client"))
+	// A NodePort Service to a's port 80 (kube-proxy's rules: DNAT and
+	// masquerade by the stack), for comparison.
+	const nodePort = 30080
+	proxyModes[0].install(t, e.Node, 4, testenv.PodSubnet4, []net.IP{uplinkIP4},
+		[]svcPort{{name: "bwq-tcp", proto: "tcp", clusterIP: svcWeb[4], port: 80, nodePort: nodePort, backend: a4, target: 80}})
 
 	for _, c := range []struct {
 		what, listen, dial string
@@ -163,6 +169,7 @@ func TestBandwidthHostPortIngress(t *testing.T) {
 		{"direct, IPv4", net.JoinHostPort(a4.String(), "81"), "", remote},
 		{"hostPort, IPv4", net.JoinHostPort(a4.String(), "80"), net.JoinHostPort(uplinkIP4.String(), "8080"), remote},
 		{"hostPort, IPv6", net.JoinHostPort(a6.String(), "80"), net.JoinHostPort(uplinkIP6.String(), "8080"), remote},
+		{"NodePort Service, IPv4", net.JoinHostPort(a4.String(), "80"), net.JoinHostPort(uplinkIP4.String(), fmt.Sprint(nodePort)), remote},
 		// A pod of the node dialling the hostPort (hairpin): not paced (it
 		// dials a node address), so like a Service's client it meets the
 		// queue.
