@@ -211,68 +211,84 @@ func TestBandwidthHostPortIngress(t *testing.T) {
 	e.AssertClean()
 }
 
-// TestBandwidthARPEgress: ARP is no way around a pod's egress limit
-// either. A pod with a 1 Mbit/s egress limit floods ARP requests for its
-// next hop (which the from-pod program answers itself) from a raw socket
-// for a second: what is answered stays within the limit (its 42-byte
-// frames), the rest is dropped and counted. IPv4 only (ARP).
-func TestBandwidthARPEgress(t *testing.T) {
+// TestBandwidthNeighbourEgress: neighbour requests are no way around a
+// pod's egress limit either. A pod with a 1 Mbit/s egress limit floods
+// requests for a next hop (which the from-pod program answers itself) from
+// a raw socket for a second: ARP (IPv4) and neighbour solicitations from
+// its global IPv6 address. What is answered stays within the limit, the
+// rest is dropped and counted.
+func TestBandwidthNeighbourEgress(t *testing.T) {
 	t.Parallel()
 	e := testenv.New(t)
 	a := e.NewPod()
-	e.CleanupDel(a, "arp")
+	e.CleanupDel(a, "nbr")
 	const rate = 1e6
-	ra, err := e.AddBW(a, "arp", bandwidthArgs(0, rate))
+	ra, err := e.AddBW(a, "nbr", bandwidthArgs(0, rate))
 	if err != nil {
 		t.Fatal(err)
 	}
-	a4, _ := testenv.PodIPs(t, ra)
-	_, idx := e.HostVeth("arp")
+	a4, a6 := testenv.PodIPs(t, ra)
+	_, idx := e.HostVeth("nbr")
 	mac := podMACOf(t, a, "eth0")
-	bcast := net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+
 	arp := []byte{0, 1, 8, 0, 6, 4, 0, 1}
 	arp = append(append(arp, mac...), a4.To4()...)
 	arp = append(append(arp, make([]byte, 6)...), net.ParseIP("10.250.0.254").To4()...)
-	frame := append(ethHeader(mac, bcast, 0x0806), arp...)
-
-	m := e.Maps()
-	before := counter(t, m, idx, maps.DirEgress, maps.ReasonNeighReply).Packets
-	var sent int
-	var elapsed time.Duration
-	must(t, a.Do(func(ns.NetNS) error {
-		l, err := netlink.LinkByName("eth0")
-		if err != nil {
-			return err
-		}
-		fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		to := &unix.SockaddrLinklayer{Ifindex: l.Attrs().Index, Halen: 6}
-		start := time.Now()
-		for time.Since(start) < time.Second {
-			if unix.Sendto(fd, frame, 0, to) == nil {
-				sent++
+	target := net.ParseIP("fd00:250::fe")
+	ns6 := append([]byte{135, 0, 0, 0, 0, 0, 0, 0}, target...)
+	ns6 = append(append(ns6, 1, 1), mac...)
+	for _, c := range []struct {
+		what  string
+		frame []byte
+	}{
+		{"ARP", append(ethHeader(mac, net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, 0x0806), arp...)},
+		{"NS", ipv6Frame(mac, net.HardwareAddr{0x33, 0x33, 0xff, 0, 0, 0xfe}, a6, net.ParseIP("ff02::1:ff00:fe"), 255, nil, ns6)},
+	} {
+		time.Sleep(100 * time.Millisecond) // the bucket refills (50 ms)
+		m := e.Maps()
+		answered0 := counter(t, m, idx, maps.DirEgress, maps.ReasonNeighReply).Packets
+		dropped0 := counter(t, m, idx, maps.DirEgress, maps.ReasonDropBandwidth).Packets
+		var sent int
+		var elapsed time.Duration
+		must(t, a.Do(func(ns.NetNS) error {
+			l, err := netlink.LinkByName("eth0")
+			if err != nil {
+				return err
 			}
+			fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			to := &unix.SockaddrLinklayer{Ifindex: l.Attrs().Index, Halen: 6}
+			start := time.Now()
+			for time.Since(start) < time.Second {
+				if unix.Sendto(fd, c.frame, 0, to) == nil {
+					sent++
+				}
+			}
+			elapsed = time.Since(start)
+			return nil
+		}))
+		answered := counter(t, m, idx, maps.DirEgress, maps.ReasonNeighReply).Packets - answered0
+		dropped := counter(t, m, idx, maps.DirEgress, maps.ReasonDropBandwidth).Packets - dropped0
+		// The rate over the flood and the 50 ms bucket, in frames.
+		allowed := (rate/8*elapsed.Seconds() + rate/8*0.05) / float64(len(c.frame))
+		t.Logf("%s flood: %d %d-byte requests in %v, %d answered (%.0f allowed by the limit), %d dropped",
+			c.what, sent, len(c.frame), elapsed.Round(time.Millisecond), answered, allowed, dropped)
+		if float64(sent) < 2*allowed {
+			t.Fatalf("%s: the pod sent only %d requests: not enough to test the limit", c.what, sent)
 		}
-		elapsed = time.Since(start)
-		return nil
-	}))
-	answered := counter(t, m, idx, maps.DirEgress, maps.ReasonNeighReply).Packets - before
-	dropped := counter(t, m, idx, maps.DirEgress, maps.ReasonDropBandwidth).Packets
-	// The rate over the flood and the 50 ms bucket, in 42-byte frames.
-	allowed := (rate/8*elapsed.Seconds() + rate/8*0.05) / 42
-	t.Logf("ARP flood: %d requests in %v, %d answered (%.0f allowed by the limit), %d dropped", sent, elapsed.Round(time.Millisecond), answered, allowed, dropped)
-	if float64(sent) < 2*allowed {
-		t.Fatalf("the pod sent only %d requests: not enough to test the limit", sent)
+		if answered == 0 {
+			t.Errorf("%s: no request answered", c.what)
+		}
+		if float64(answered) > 1.2*allowed {
+			t.Errorf("%s: %d requests answered, the limit allows about %.0f: they escape the egress limit", c.what, answered, allowed)
+		}
+		if dropped == 0 {
+			t.Errorf("%s: drop_bandwidth did not move over the limit:\n%s", c.what, dumpCounters(m, idx))
+		}
 	}
-	if float64(answered) > 1.2*allowed {
-		t.Errorf("%d ARP requests answered, the limit allows about %.0f: ARP escapes the egress limit", answered, allowed)
-	}
-	if dropped == 0 {
-		t.Errorf("drop_bandwidth did not move for ARP over the limit:\n%s", dumpCounters(m, idx))
-	}
-	e.MustDel(a, "arp")
+	e.MustDel(a, "nbr")
 	e.AssertClean()
 }
