@@ -163,12 +163,19 @@ func (p *seqProbe) finish() (sent uint32, lost []uint32, retrans uint32) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for i := uint32(1); i <= p.sent; i++ {
+	// Numbers before the first echo went out while the path was still
+	// being resolved (neighbour discovery), before the upgrade began
+	// (waitAnswered): not counted.
+	first := p.sent + 1
+	for i := range p.got {
+		first = min(first, i)
+	}
+	for i := first; i <= p.sent; i++ {
 		if !p.got[i] {
 			lost = append(lost, i)
 		}
 	}
-	return p.sent, lost, retrans
+	return p.sent - (first - 1), lost, retrans
 }
 
 // echoTCP echoes every connection to port on all addresses of netns.
