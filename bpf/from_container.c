@@ -74,6 +74,11 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 			return drop(ifindex, REASON_DROP_SPOOF_MAC, skb->len);
 		if (router_msg6(skb, ip6->nexthdr))
 			return drop(ifindex, REASON_DROP_ROUTER_MSG, skb->len);
+		/* Link scope is no way around the pod's limit. No endpoint entry
+		 * (and so no flag) here: the bucket is looked up, on these rare
+		 * packets only. */
+		if (!bw_admit(ifindex, DIR_EGRESS, skb->len))
+			return drop(ifindex, REASON_DROP_BANDWIDTH, skb->len);
 		return nd_or_pass(skb, li);
 	}
 
@@ -85,15 +90,15 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 	/* TCP and UDP, the bulk, skip the header walk. */
 	if (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP && router_msg6(skb, ip6->nexthdr))
 		return drop(ifindex, REASON_DROP_ROUTER_MSG, skb->len);
+	/* Every packet the pod sends counts, neighbour solicitations too. */
+	if ((src->flags & EP_F_BW_EGRESS) && !bw_admit(ifindex, DIR_EGRESS, skb->len))
+		return drop(ifindex, REASON_DROP_BANDWIDTH, skb->len);
 	if (is_neigh_solicit(ip6, data_end)) {
 		/* Only ND needs the link entry; other traffic never looks it up. */
 		struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
 		if (li)
 			return nd_or_pass(skb, li);
 	}
-
-	if ((src->flags & EP_F_BW_EGRESS) && !bw_admit(ifindex, DIR_EGRESS, skb->len))
-		return drop(ifindex, REASON_DROP_BANDWIDTH, skb->len);
 
 	struct ep_info *dst = ep_lookup6(&ip6->daddr);
 	if ((src->flags & EP_F_POLICY) && policy_egress(skb, AF_INET6, ifindex, dst != NULL) == POL_DENY)
@@ -132,6 +137,10 @@ int cni_from_container(struct __sk_buff *skb)
 	case bpf_htons(ETH_P_IPV6):
 		return handle_ipv6(skb, eth, data_end);
 	case bpf_htons(ETH_P_ARP):
+		/* ARP counts against the pod's limit like any packet it sends
+		 * (the bucket is looked up: no endpoint entry at hand). */
+		if (!bw_admit(skb->ifindex, DIR_EGRESS, skb->len))
+			return drop(skb->ifindex, REASON_DROP_BANDWIDTH, skb->len);
 		return neigh_from_pod_arp(skb, eth, data_end);
 	default:
 		return drop(skb->ifindex, REASON_DROP_PROTO, skb->len);

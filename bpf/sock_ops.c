@@ -5,9 +5,10 @@
  * connection is established in a pod with an egress limit, or towards a pod
  * with an ingress limit, cap the socket's pacing rate at that limit; when a
  * pod with an ingress limit connects to, or accepts from, a peer this node does
- * not pace, clamp its receive window. See lib/bandwidth.h for why.
+ * not pace, clamp its receive window. A pod dialling a hostPort of this node
+ * is paced at the mapped pod's ingress limit. See lib/bandwidth.h for why.
  */
-#include "lib/bandwidth.h"
+#include "lib/hostport.h"
 
 #ifndef SOL_SOCKET
 #define SOL_SOCKET 1
@@ -68,6 +69,20 @@ static __always_inline int is_local(const struct conn *c)
 	       c->remote[3] == c->local[3];
 }
 
+/* A pod dialling a node address : hostPort (hairpin) reaches the mapped
+ * pod through its ingress queue, not paced by bw_pacing_rate (the remote is
+ * a node address): the mapped pod's ingress limit, as for a direct
+ * connection. 0: none. */
+static __always_inline __u64 hostport_ingress_rate(const struct conn *c, __u32 remote_port)
+{
+	/* remote_port holds the port in network order in its upper half (on
+	 * little endian): ntohl gives it in host order. */
+	__be16 port = bpf_htons((__u16)bpf_ntohl(remote_port));
+	struct hostport_val *v = hostport_lookup(c->remote, c->family, IPPROTO_TCP, port, 0);
+
+	return v ? bw_ingress_rate(c->family, (const __u32 *)v->pod_addr) : 0;
+}
+
 SEC("sockops")
 int cni_sock_ops(struct bpf_sock_ops *skops)
 {
@@ -113,6 +128,12 @@ int cni_sock_ops(struct bpf_sock_ops *skops)
 	}
 
 	__u64 rate = bw_pacing_rate(ns, c.family, c.remote);
+	if (op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && !(ns->flags & NETNS_F_NODE) && node_hooks_enabled()) {
+		__u64 in = hostport_ingress_rate(&c, skops->remote_port);
+
+		if (in && (!rate || in < rate))
+			rate = in;
+	}
 	if (rate) {
 		/* The kernel takes an int here: bytes per second, ~0U meaning none. */
 		__u32 r = rate < 0xfffffffeULL ? (__u32)rate : 0xfffffffe;

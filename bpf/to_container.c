@@ -8,7 +8,9 @@
  * it to the pod's current MAC, applies the pod's ingress rate limit, and records flows the stack delivered whose replies
  * must go back through it (see lib/stackflow.h). Same-node traffic
  * redirected with bpf_redirect_peer never passes here; from_container
- * counts it for the destination instead.
+ * counts it for the destination instead. hostPort traffic for a pod with an
+ * ingress limit is sent here by the node hooks (deliver_to_pod), so it
+ * meets the queue as the stack's does.
  */
 #include "lib/stackflow.h"
 
@@ -59,6 +61,11 @@ int cni_to_container(struct __sk_buff *skb)
 		if (li && !mac_equal(eth->h_dest, li->mac))
 			mac_copy(eth->h_dest, li->mac);
 	}
+	/* Sent here by a node hook for the queue (deliver_to_pod), not by the
+	 * stack: counted as redirected, no stack flow recorded. */
+	__u32 ours = skb->tc_index & TC_INDEX_QUEUED;
+	if (ours)
+		skb->tc_index &= ~TC_INDEX_QUEUED;
 	/* The ingress queue's admission (lib/bandwidth.h); the helper marks only
 	 * ECN-capable packets. */
 	enum bw_verdict v = bw_charge(skb->ifindex, DIR_INGRESS, skb->len, 1);
@@ -69,6 +76,10 @@ int cni_to_container(struct __sk_buff *skb)
 	if (v == BW_MARK)
 		bpf_skb_ecn_set_ce(skb);
 
+	if (ours) {
+		count(skb->ifindex, DIR_INGRESS, REASON_REDIRECT, skb->len);
+		return TC_ACT_OK;
+	}
 	if (skb->protocol == bpf_htons(ETH_P_IP))
 		stack_flow_record(skb, AF_INET);
 	else if (skb->protocol == bpf_htons(ETH_P_IPV6))

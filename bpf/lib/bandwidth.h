@@ -33,6 +33,15 @@
 
 #include "maps.h"
 
+/* skb->tc_index bit: a node hook translated the packet for a pod with an
+ * ingress limit and sent it to the pod's host veth egress (deliver_to_pod,
+ * endpoint.h) so it meets the queue like the stack's packets; to_container
+ * clears it and records no stack flow for it. Nothing of the node's sets
+ * tc_index (the dsmark/tcindex users are gone from the kernel); a pod that
+ * sets it with tc programs of its own only keeps its own flows out of
+ * cni_stack_flows (their Service replies then bypass conntrack). */
+#define TC_INDEX_QUEUED 0x100
+
 enum bw_verdict {
 	BW_DROP = 0,
 	BW_PASS = 1,

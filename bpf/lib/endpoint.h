@@ -132,6 +132,24 @@ static __always_inline int redirect_to_endpoint(struct __sk_buff *skb, struct et
 }
 
 /*
+ * Delivers a packet a node hook translated (a hostPort client's, remote or
+ * hairpin, an ICMP error about one) to a pod of this node. A pod with an
+ * ingress limit gets it through its host veth's egress, as the stack's
+ * packets: to_container admits it into the ingress queue, which
+ * bpf_redirect_peer would skip (only the bucket would drop, and TCP from
+ * other hosts starves on that: bandwidth.h). Others get it straight in.
+ */
+static __always_inline int deliver_to_pod(struct __sk_buff *skb, struct ethhdr *eth, const struct ep_info *dst)
+{
+	if (!(dst->flags & EP_F_BW_INGRESS))
+		return redirect_to_endpoint(skb, eth, dst);
+	mac_copy(eth->h_source, dst->host_mac);
+	mac_copy(eth->h_dest, dst->mac);
+	skb->tc_index |= TC_INDEX_QUEUED;
+	return bpf_redirect(dst->ifindex, 0);
+}
+
+/*
  * Router advertisements and redirects are how a router reconfigures the hosts
  * of its link. A pod is no router: its RA would give the node (accept_ra=2, or
  * a node that is no router) a default route or prefix through the pod, its

@@ -6,7 +6,8 @@
  *   - uplink tcx ingress (from_uplink.c, hostport_from_uplink): a remote
  *     client dials a node address (or the mapping's hostIP) : hostPort ->
  *     DNAT to podIP:containerPort, remember the flow in cni_ct,
- *     bpf_redirect_peer into the pod;
+ *     bpf_redirect_peer into the pod (through the host veth's egress and
+ *     its ingress queue for a pod with an ingress limit: deliver_to_pod);
  *   - host veth tcx ingress (from_container.c, hostport_from_pod): the
  *     pod's replies are found in cni_ct and their source translated back to
  *     what the client dialled; a pod dialling a node address : hostPort
@@ -336,7 +337,7 @@ static __always_inline int hostport_deliver(struct __sk_buff *skb, __u8 family, 
 		return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
 	}
 	count(ifindex, DIR_EGRESS, REASON_REDIRECT, skb->len);
-	return redirect_to_endpoint(skb, eth, dst);
+	return deliver_to_pod(skb, eth, dst);
 }
 
 /*
@@ -472,7 +473,7 @@ static __always_inline int hostport_from_uplink(struct __sk_buff *skb, struct fl
 	if (!eth)
 		return TC_ACT_SHOT;
 	hp_count(HP_STAT_DNAT_UPLINK);
-	return redirect_to_endpoint(skb, eth, ep);
+	return deliver_to_pod(skb, eth, ep);
 }
 
 /*
@@ -517,7 +518,7 @@ static __always_inline int hostport_icmp_error_in(struct __sk_buff *skb, struct 
 	if (!eth)
 		return TC_ACT_SHOT;
 	hp_count(HP_STAT_ICMP_ERR_IN);
-	return redirect_to_endpoint(skb, eth, ep);
+	return deliver_to_pod(skb, eth, ep);
 }
 
 /* ------------------------------------------------------------ socket hooks

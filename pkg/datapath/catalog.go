@@ -63,6 +63,8 @@ var (
 	// TCP pacing for rate limits (bpf/lib/bandwidth.h), attached with the
 	// first limit.
 	progSockOps = Program{"cni_sock_ops", objSockOps, ScopeCgroup, ebpf.AttachCGroupSockOps, "cgroup_sock_ops"}
+	// Uplink ingress: every build that set up node hooks attached it.
+	progFromUplink = Program{"cni_from_uplink", objFromUplink, ScopeUplink, ebpf.AttachTCXIngress, "uplink_"}
 )
 
 // catalog is every program of the datapath. hostPort and masquerade need
@@ -72,7 +74,7 @@ var catalog = []Program{
 	progFromContainer,
 	progToContainer,
 	progSockOps,
-	{"cni_from_uplink", objFromUplink, ScopeUplink, ebpf.AttachTCXIngress, "uplink_"},
+	progFromUplink,
 	{"cni_to_uplink", objToUplink, ScopeUplink, ebpf.AttachTCXEgress, "uplink-egress_"},
 	{"cni_sock_connect4", objSock, ScopeCgroup, ebpf.AttachCGroupInet4Connect, "cgroup_connect4"},
 	{"cni_sock_sendmsg4", objSock, ScopeCgroup, ebpf.AttachCGroupUDP4Sendmsg, "cgroup_sendmsg4"},

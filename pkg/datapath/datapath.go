@@ -149,6 +149,20 @@ func OpenLean(pinRoot string) (*Datapath, error) {
 	return &Datapath{PinRoot: pinRoot, Maps: m}, nil
 }
 
+// OpenMapsLean opens the node's maps alone (no program, no spec parsed),
+// whichever build of this layout pinned the programs: DEL tears an
+// attachment down from the maps, and the first DEL after an upgrade within
+// a layout finds only the earlier build's programs pinned (OpenLean takes
+// that for a node never set up, and the pod's entries would stay). The
+// error wraps os.ErrNotExist when no maps of this layout are pinned.
+func OpenMapsLean(pinRoot string) (*Datapath, error) {
+	m, err := maps.OpenPinned(MapsDir(pinRoot))
+	if err != nil {
+		return nil, err
+	}
+	return &Datapath{PinRoot: pinRoot, Maps: m}, nil
+}
+
 // program is one of the core programs, opened now if a lean open left it
 // out.
 func (dp *Datapath) program(p Program) (*ebpf.Program, error) {

@@ -26,12 +26,14 @@ func OlderLayoutDirs(pinRoot string) []string {
 // of the new build, its first DEL, or the agent's start, whichever comes
 // first). Pods attached by the older build keep working throughout:
 //
-//  1. the new maps are created in a staging directory and every entry of
-//     the old ones is copied in (endpoints, links, limits, hostPorts, flows,
-//     counters, cluster CIDRs);
-//  2. this build's programs are loaded over them and every pinned link, the
-//     old pods' host veths' and the node hooks', is swapped to them in
-//     place (link.Update: no packet meets a detached hook);
+//  1. the new maps are created in a staging directory, this build's
+//     programs are loaded over them, and every entry of the old maps is
+//     copied in (endpoints, links, limits, hostPorts, flows, counters,
+//     cluster CIDRs);
+//  2. every pinned link, the node hooks' first (uplinks: see
+//     upgradeLocked) and the old pods' host veths', is swapped to this
+//     build's programs in place (link.Update: no packet meets a detached
+//     hook);
 //  3. the staging directory is renamed into place, which is what makes
 //     Open succeed from then on, and what the old programs wrote between 1
 //     and 2 (a learned MAC, a new flow) is copied too;
@@ -49,11 +51,7 @@ func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout) (_ *Datapat
 	// This build's program pins left by a migration killed part way run
 	// over its staging maps: load them afresh (links running them are
 	// swapped again below).
-	for _, p := range ProgramPins(pinRoot) {
-		if p.Current {
-			os.Remove(p.Path)
-		}
-	}
+	removeCurrentProgramPins(pinRoot)
 	m, err := maps.Create(staging, s)
 	if err != nil {
 		return nil, err
@@ -67,17 +65,21 @@ func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout) (_ *Datapat
 		}
 		return errs
 	}
-	if err := copyOld(m); err != nil {
-		m.Close()
-		os.RemoveAll(staging)
-		return nil, &MigrationError{Err: err}
-	}
-	crashpoint("migrate-copied")
+	// The programs are loaded first, the entries copied right before the
+	// links move: what the old programs count between the copy and the swap
+	// is not carried over, so that window is kept to the swap itself.
 	dp, err := withPrograms(pinRoot, m, loadMissing)
 	if err != nil {
 		os.RemoveAll(staging)
 		return nil, err
 	}
+	if err := copyOld(dp.Maps); err != nil {
+		dp.Close()
+		os.RemoveAll(staging)
+		removeCurrentProgramPins(pinRoot) // they run over the staging maps
+		return nil, &MigrationError{Err: err}
+	}
+	crashpoint("migrate-copied")
 	_, upErr := dp.upgradeLocked(false)
 	dp.Close()
 	crashpoint("migrate-swapped")
@@ -116,3 +118,13 @@ type MigrationError struct{ Err error }
 
 func (e *MigrationError) Error() string { return e.Err.Error() }
 func (e *MigrationError) Unwrap() error { return e.Err }
+
+// removeCurrentProgramPins unpins this build's programs (a migration's
+// that ran over its staging maps).
+func removeCurrentProgramPins(pinRoot string) {
+	for _, p := range ProgramPins(pinRoot) {
+		if p.Current {
+			os.Remove(p.Path)
+		}
+	}
+}

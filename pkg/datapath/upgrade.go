@@ -172,6 +172,15 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		links = append(links, pinnedLink{l, name, p})
 	}
 
+	// Uplinks an earlier build set up: this build's every uplink program
+	// goes on them (an earlier build may not have had them all).
+	uplinks := uplinksInUse(dp.PinRoot)
+	if len(uplinks) > 0 {
+		for _, p := range uplinkPrograms() {
+			need[p.Name] = true
+		}
+	}
+
 	var progs []Program
 	for _, p := range catalog {
 		if need[p.Name] {
@@ -208,6 +217,20 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		return rep, errors.Join(errs, err)
 	}
 	defer unlockLinks()
+	// The uplinks first: this build's host veth programs leave the
+	// masquerade to the uplink's egress program (builds before it had none:
+	// their host veth programs translated), so it must run before any pod
+	// runs them, or the pod's egress leaves untranslated. Its ingress
+	// program moves too. Old host veth programs meanwhile send what they
+	// translated themselves, which the egress program leaves alone (its
+	// source is no pod's). Without the uplinks, no pod moves.
+	for name, idx := range uplinks {
+		for _, p := range uplinkPrograms() {
+			if err := ensureUplinkHook(dp.PinRoot, p, loaded[p.Name], name, idx); err != nil {
+				return rep, errors.Join(errs, fmt.Errorf("before moving the pods: %w", err))
+			}
+		}
+	}
 	for _, pl := range links {
 		next := loaded[pl.prog.Name]
 		want, err := progID(next)
@@ -242,4 +265,18 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		}
 	}
 	return rep, errs
+}
+
+// uplinksInUse are the uplinks whose ingress hook a build of ours attached
+// and pinned, still attached to a device: name -> ifindex.
+func uplinksInUse(pinRoot string) map[string]int {
+	out := map[string]int{}
+	for name, path := range uplinkPins(pinRoot, progFromUplink) {
+		info, err := pinnedLinkInfo(path)
+		if err != nil || info.TCX() == nil || info.TCX().Ifindex == 0 {
+			continue
+		}
+		out[name] = int(info.TCX().Ifindex)
+	}
+	return out
 }

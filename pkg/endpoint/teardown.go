@@ -76,7 +76,9 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 	tr.Mark("lookup")
 
 	var errs error
-	dp, err := datapath.OpenLean(n.PinDir) // teardown needs the maps only
+	// Teardown needs the maps only, whichever build of this layout pinned
+	// the programs (an upgrade's first verb may be this DEL).
+	dp, err := datapath.OpenMapsLean(n.PinDir)
 	switch {
 	case !errors.Is(err, os.ErrNotExist):
 	case datapath.HasOlderLayout(n.PinDir):
@@ -89,7 +91,7 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 		if rerr := datapath.Readopt(n.PinDir); rerr != nil {
 			errs = errors.Join(errs, rerr)
 		} else {
-			dp, err = datapath.OpenLean(n.PinDir)
+			dp, err = datapath.OpenMapsLean(n.PinDir)
 		}
 	}
 	switch {

@@ -47,15 +47,26 @@ type streamStats struct {
 // receiver got, second by second.
 func tcpStream(t *testing.T, src, dst ns.NetNS, ip net.IP, d time.Duration) streamStats {
 	t.Helper()
+	return tcpStreamVia(t, src, dst, net.JoinHostPort(ip.String(), "0"), "", d)
+}
+
+// tcpStreamVia is tcpStream to a listener on listen in dst, dialled at dial
+// ("": the listener's address; a hostPort, a Service).
+func tcpStreamVia(t *testing.T, src, dst ns.NetNS, listen, dial string, d time.Duration) streamStats {
+	t.Helper()
 	var ln net.Listener
 	if err := dst.Do(func(ns.NetNS) error {
 		var err error
-		ln, err = net.Listen("tcp", net.JoinHostPort(ip.String(), "0"))
+		ln, err = net.Listen("tcp", listen)
 		return err
 	}); err != nil {
-		t.Fatalf("listen on %s: %v", ip, err)
+		t.Fatalf("listen on %s: %v", listen, err)
 	}
 	defer ln.Close()
+	if dial == "" {
+		dial = ln.Addr().String()
+	}
+	ip := dial
 	type result struct {
 		perSec []int64
 		total  int64
@@ -99,7 +110,7 @@ func tcpStream(t *testing.T, src, dst ns.NetNS, ip net.IP, d time.Duration) stre
 	}()
 	var retrans uint32
 	err := src.Do(func(ns.NetNS) error {
-		c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
+		c, err := net.DialTimeout("tcp", dial, 5*time.Second)
 		if err != nil {
 			return err
 		}

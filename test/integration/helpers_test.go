@@ -397,13 +397,29 @@ func linkNameIn(idx int) string {
 // since the start: bytes sent and received.
 func udpBlast(t *testing.T, from, to ns.NetNS, dst net.IP, sendFor, readFor time.Duration, offered float64) (sent, received int64) {
 	t.Helper()
+	return udpBlastTo(t, from, to, &net.UDPAddr{IP: dst}, nil, sendFor, readFor, offered)
+}
+
+// udpBlastTo is udpBlast to a listener on laddr (a link-local one has its
+// zone, the interface in to), sent to dial (nil: laddr with its port as
+// bound; else dial's address, with the listener's port when it has none).
+func udpBlastTo(t *testing.T, from, to ns.NetNS, laddr, dial *net.UDPAddr, sendFor, readFor time.Duration, offered float64) (sent, received int64) {
+	t.Helper()
 	var ln *net.UDPConn
 	if err := to.Do(func(ns.NetNS) error {
 		var err error
-		ln, err = net.ListenUDP("udp", &net.UDPAddr{IP: dst})
+		ln, err = net.ListenUDP("udp", laddr)
 		return err
 	}); err != nil {
 		t.Fatal(err)
+	}
+	target := ln.LocalAddr().(*net.UDPAddr)
+	if dial != nil {
+		d := *dial
+		if d.Port == 0 {
+			d.Port = target.Port
+		}
+		target = &d
 	}
 	defer ln.Close()
 	got := make(chan int64, 1)
@@ -421,7 +437,7 @@ func udpBlast(t *testing.T, from, to ns.NetNS, dst net.IP, sendFor, readFor time
 		}
 	}()
 	if err := from.Do(func(ns.NetNS) error {
-		c, err := net.DialUDP("udp", nil, ln.LocalAddr().(*net.UDPAddr))
+		c, err := net.DialUDP("udp", nil, target)
 		if err != nil {
 			return err
 		}

@@ -376,6 +376,11 @@ func TestUpgradeTooSmall(t *testing.T) {
 			t.Errorf("the refused migration left %s: %v", dir, err)
 		}
 	}
+	for _, p := range datapath.ProgramPins(e.PinDir) {
+		if p.Current { // loaded over the staging maps it removed
+			t.Errorf("the refused migration left this build's program pin %s", p.Name)
+		}
+	}
 	if now := e.ProgIDs(idxA); !slices.Equal(now, progsA) {
 		t.Errorf("a's host veth runs %v after the refused migration, before %v", now, progsA)
 	}

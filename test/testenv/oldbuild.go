@@ -15,6 +15,14 @@ import (
 // tree's.
 const LayoutV1Commit = "ae478b0d2b7e7d17197b48409cd3b7299e2b8333"
 
+// PreUplinkMasqCommit is a release of map layout 1 whose host veth program
+// masquerades itself (no uplink egress program yet): upgraded, its pods
+// need this build's uplink egress program before their new programs run.
+const PreUplinkMasqCommit = "e383872f512f16801d3bb92b516d84db91c48f1a"
+
+// PreIssue28Commit is main before the fixes of issue 28 (map layout 2).
+const PreIssue28Commit = "41b58f66f6137cfb6aa5a84ce68aec98c146907c"
+
 var (
 	oldBuilds   = map[string]string{}
 	oldBuildsMu sync.Mutex

@@ -1,0 +1,467 @@
+// Upgrades under traffic: pods of an earlier release keep every path
+// (egress masquerade, hostPort, Services, pod to pod, their limits) while
+// this build's plugin and agent take the node over, in either order.
+
+package integration
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// echoUDP answers every datagram to port on all addresses of netns with
+// itself, until the test ends.
+func echoUDP(t *testing.T, netns ns.NetNS, port int) {
+	t.Helper()
+	for _, fam := range []string{"4", "6"} {
+		var c *net.UDPConn
+		must(t, netns.Do(func(ns.NetNS) error {
+			var err error
+			c, err = net.ListenUDP("udp"+fam, &net.UDPAddr{Port: port})
+			return err
+		}))
+		t.Cleanup(func() { c.Close() })
+		go func() {
+			buf := make([]byte, 2048)
+			for {
+				n, from, err := c.ReadFromUDP(buf)
+				if err != nil {
+					return
+				}
+				c.WriteToUDP(buf[:n], from)
+			}
+		}()
+	}
+}
+
+// seqProbe sends a numbered datagram every interval over one UDP flow
+// (one socket, one source port: an established flow) and counts the
+// echoes: every number without one was lost on the way there or back.
+type seqProbe struct {
+	name string
+	c    net.Conn
+	tcp  bool // a TCP stream: the echoes come back as a stream
+	stop chan struct{}
+	done chan struct{}
+	mu   sync.Mutex
+	sent uint32
+	got  map[uint32]bool
+	// TCP, once stopped: retransmitted segments, and duplicates the
+	// receiver reported (DSACK).
+	rawRetrans, dsack uint32
+}
+
+func startProbe(t *testing.T, name string, from ns.NetNS, dst string, interval time.Duration) *seqProbe {
+	t.Helper()
+	return startProbeOver(t, "udp", name, from, dst, interval)
+}
+
+// startProbeOver is startProbe over network "udp" or "tcp" (one
+// connection, to an echo server; a lost segment shows as a retransmission).
+func startProbeOver(t *testing.T, network, name string, from ns.NetNS, dst string, interval time.Duration) *seqProbe {
+	t.Helper()
+	p := &seqProbe{name: name, tcp: network == "tcp", stop: make(chan struct{}), done: make(chan struct{}), got: map[uint32]bool{}}
+	must(t, from.Do(func(ns.NetNS) error {
+		var err error
+		p.c, err = net.DialTimeout(network, dst, 3*time.Second)
+		return err
+	}))
+	t.Cleanup(func() { p.c.Close() })
+	go func() {
+		buf := make([]byte, 32)
+		for {
+			var (
+				n   int
+				err error
+			)
+			if p.tcp {
+				n, err = io.ReadFull(p.c, buf)
+			} else {
+				n, err = p.c.Read(buf)
+			}
+			if err != nil {
+				return
+			}
+			if n >= 4 {
+				p.mu.Lock()
+				p.got[binary.BigEndian.Uint32(buf)] = true
+				p.mu.Unlock()
+			}
+		}
+	}()
+	go func() {
+		defer close(p.done)
+		tk := time.NewTicker(interval)
+		defer tk.Stop()
+		msg := make([]byte, 32)
+		for {
+			select {
+			case <-p.stop:
+				return
+			case <-tk.C:
+			}
+			p.mu.Lock()
+			p.sent++
+			binary.BigEndian.PutUint32(msg, p.sent)
+			p.mu.Unlock()
+			p.c.Write(msg)
+		}
+	}()
+	return p
+}
+
+// waitAnswered waits until the probe got its first echo.
+func (p *seqProbe) waitAnswered(t *testing.T) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		p.mu.Lock()
+		n := len(p.got)
+		p.mu.Unlock()
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("probe %s: no echo in 5 s", p.name)
+		}
+	}
+}
+
+// finish stops sending, waits a second for the last echoes and returns how
+// many were sent, which numbers were lost, and (TCP) how many segments the
+// sender retransmitted because one was lost: its retransmissions less those
+// the receiver reported as duplicates (DSACK), the tail loss probes and
+// timeouts a stalled, loaded machine fires although nothing was lost.
+func (p *seqProbe) finish() (sent uint32, lost []uint32, retrans uint32) {
+	close(p.stop)
+	<-p.done
+	time.Sleep(time.Second)
+	if p.tcp {
+		if raw, err := p.c.(*net.TCPConn).SyscallConn(); err == nil {
+			raw.Control(func(fd uintptr) {
+				if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+					p.rawRetrans, p.dsack = info.Total_retrans, info.Dsack_dups
+					if info.Total_retrans > info.Dsack_dups {
+						retrans = info.Total_retrans - info.Dsack_dups
+					}
+				}
+			})
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	// Numbers before the first echo went out while the path was still
+	// being resolved (neighbour discovery), before the upgrade began
+	// (waitAnswered): not counted.
+	first := p.sent + 1
+	for i := range p.got {
+		first = min(first, i)
+	}
+	for i := first; i <= p.sent; i++ {
+		if !p.got[i] {
+			lost = append(lost, i)
+		}
+	}
+	return p.sent - (first - 1), lost, retrans
+}
+
+// echoTCP echoes every connection to port on all addresses of netns.
+func echoTCP(t *testing.T, netns ns.NetNS, port int) {
+	t.Helper()
+	for _, fam := range []string{"4", "6"} {
+		var ln net.Listener
+		must(t, netns.Do(func(ns.NetNS) error {
+			var err error
+			ln, err = net.Listen("tcp"+fam, fmt.Sprintf(":%d", port))
+			return err
+		}))
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				t.Cleanup(func() { c.Close() })
+				go io.Copy(c, c)
+			}
+		}()
+	}
+}
+
+// Releases an upgrade starts from: the last with masquerade in the host
+// veth program (map layout 1), and main before issue 28's fixes (layout 2).
+var upgradeReleases = []struct{ name, commit string }{
+	{"e383872", testenv.PreUplinkMasqCommit},
+	{"41b58f6", testenv.PreIssue28Commit},
+}
+
+// TestUpgradeUnderTraffic: a node whose pods an earlier release attached (a
+// masquerading pod with a UDP hostPort and an ingress limit, a plain pod, a
+// pod with an egress limit) is taken over by this build, the plugin first (a DEL of an old
+// pod, then an ADD) or the agent first (its start), from each release.
+// Throughout, a numbered UDP datagram every 5 ms goes over every path of
+// the old pods and is echoed back (and a numbered TCP message over an
+// established masqueraded connection and a hostPort one, whose sender must
+// retransmit nothing but spurious duplicates): egress masquerade to a host outside the
+// cluster that has no route to pods (IPv4 and IPv6), a hostPort from that
+// host (IPv4 and IPv6), a Service (kube-proxy's DNAT) and pod to pod (what
+// the release had of these: e383872 masqueraded IPv4 only and had no
+// Services path); the
+// limited pod sends UDP at twice its limit to the outside host all along.
+// Not one datagram may be lost, the limit must hold at every moment, and
+// afterwards the new pod and the old ones work as before.
+func TestUpgradeUnderTraffic(t *testing.T) {
+	for _, rel := range upgradeReleases {
+		for _, order := range []string{"plugin-first", "agent-first"} {
+			t.Run(rel.name+"/"+order, func(t *testing.T) {
+				upgradeUnderTraffic(t, rel.commit, order)
+			})
+		}
+	}
+}
+
+func upgradeUnderTraffic(t *testing.T, commit, order string) {
+	oldBin := testenv.BuildAt(t, commit)
+	lab := newMasqLab(t)
+	e := lab.a
+	e.Extra["capabilities"] = map[string]bool{"portMappings": true, "bandwidth": true}
+	newCNI := e.CNI
+	e.CNI = libcni.NewCNIConfigWithCacheDir([]string{oldBin}, e.CacheDir, nil)
+
+	addRT := func(pod ns.NetNS, id string, edit func(rt *libcni.RuntimeConf)) *current.Result {
+		t.Helper()
+		rt := e.RuntimeConf(pod, id, "eth0")
+		rt.CapabilityArgs = map[string]any{}
+		if edit != nil {
+			edit(rt)
+		}
+		r, err := e.AddList(e.ConfList("1.0.0"), rt)
+		if err != nil {
+			t.Fatalf("ADD %s: %v", id, err)
+		}
+		return r
+	}
+	const hostPort, podPort = 8081, 81
+	a, b, c, x := e.NewPod(), e.NewPod(), e.NewPod(), e.NewPod()
+	for id, p := range map[string]ns.NetNS{"a": a, "b": b, "c": c, "x": x} {
+		e.CleanupDel(p, id)
+	}
+	// a's ingress limit (far above the probes) puts this build's hostPort
+	// delivery through its host veth's egress, into whichever build's
+	// to-pod program runs there.
+	ra := addRT(a, "a", func(rt *libcni.RuntimeConf) {
+		rt.CapabilityArgs["portMappings"] = []testenv.PM{{HostPort: hostPort, ContainerPort: podPort, Protocol: "udp"},
+			{HostPort: hostPort, ContainerPort: podPort, Protocol: "tcp"}}
+		rt.CapabilityArgs["bandwidth"] = bandwidthArgs(50e6, 0)
+	})
+	rb := addRT(b, "b", nil)
+	const limit = 20e6
+	addRT(c, "c", func(rt *libcni.RuntimeConf) { rt.CapabilityArgs["bandwidth"] = bandwidthArgs(0, limit) })
+	addRT(x, "x", nil)
+	a4, a6 := testenv.PodIPs(t, ra)
+	_ = rb
+
+	// A Service: 10.96.0.10:80/udp -> a:81, kube-proxy's rules in the node.
+	svc := svcPort{name: "up-udp", proto: "udp", clusterIP: svcWeb[4], port: 80, backend: a4, target: podPort}
+	proxyModes[0].install(t, e.Node, 4, labCluster, []net.IP{labNodeA}, []svcPort{svc})
+
+	echoUDP(t, lab.out, 7)
+	echoUDP(t, a, podPort)
+	echoTCP(t, lab.out, 7)
+	echoTCP(t, a, podPort)
+	var sink *net.UDPConn
+	must(t, lab.out.Do(func(ns.NetNS) error {
+		var err error
+		sink, err = net.ListenUDP("udp4", &net.UDPAddr{IP: outsideIP, Port: 9})
+		return err
+	}))
+	defer sink.Close()
+	// Seconds are counted by the kernel's arrival stamps, not by when this
+	// process gets to read (a loaded machine delays the reader).
+	if raw, err := sink.SyscallConn(); err == nil {
+		raw.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1) })
+		raw.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20) })
+	}
+
+	const every = 5 * time.Millisecond
+	probes := []*seqProbe{
+		startProbe(t, "egress masquerade, IPv4", a, hp(outsideIP, 7), every),
+		startProbeOver(t, "tcp", "egress masquerade, TCP, IPv4", a, hp(outsideIP, 7), every),
+		startProbeOver(t, "tcp", "hostPort from outside, TCP, IPv4", lab.out, hp(labNodeA, hostPort), every),
+	}
+	// e383872 masqueraded IPv4 only, and sent a pod's replies to a pod of
+	// the node around the stack, a Service's included (no stack flows yet):
+	// paths it never had are not asked of its pods.
+	if commit != testenv.PreUplinkMasqCommit {
+		probes = append(probes,
+			startProbe(t, "egress masquerade, IPv6", a, hp(outsideIP6, 7), every),
+			startProbe(t, "Service (kube-proxy DNAT)", b, hp(svcWeb[4], 80), every))
+	}
+	probes = append(probes,
+		startProbe(t, "hostPort from outside, IPv4", lab.out, hp(labNodeA, hostPort), every),
+		startProbe(t, "hostPort from outside, IPv6", lab.out, hp(labNodeA6, hostPort), every),
+		startProbe(t, "pod to pod", b, hp(a6, podPort), every),
+	)
+	for _, p := range probes {
+		p.waitAnswered(t)
+	}
+
+	// c sends at twice its limit to the outside host all along; what
+	// arrives must stay within the limit (plus its 50 ms burst) in every
+	// second.
+	var (
+		perSec  []int64
+		blastMu sync.Mutex
+	)
+	blastStop := make(chan struct{})
+	blastDone := make(chan struct{})
+	start := time.Now()
+	go func() {
+		buf, oob := make([]byte, 2048), make([]byte, 128)
+		for {
+			sink.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+			n, oobn, _, _, err := sink.ReadMsgUDP(buf, oob)
+			select {
+			case <-blastDone:
+				return
+			default:
+			}
+			if err != nil {
+				continue
+			}
+			at := time.Now()
+			if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+				for _, m := range msgs {
+					if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SO_TIMESTAMPNS && len(m.Data) >= 16 {
+						ts := (*unix.Timespec)(unsafe.Pointer(&m.Data[0]))
+						at = time.Unix(ts.Unix())
+					}
+				}
+			}
+			s := int(at.Sub(start) / time.Second)
+			if s < 0 {
+				s = 0
+			}
+			blastMu.Lock()
+			for len(perSec) <= s {
+				perSec = append(perSec, 0)
+			}
+			perSec[s] += int64(n)
+			blastMu.Unlock()
+		}
+	}()
+	go func() {
+		c.Do(func(ns.NetNS) error {
+			conn, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: outsideIP, Port: 9})
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			buf := make([]byte, 1400)
+			gap := time.Duration(float64(len(buf)*8) / (2 * limit) * float64(time.Second))
+			next := time.Now()
+			for {
+				select {
+				case <-blastStop:
+					return nil
+				default:
+				}
+				conn.Write(buf)
+				next = next.Add(gap)
+				if d := time.Until(next); d > 0 {
+					time.Sleep(d)
+				}
+			}
+		})
+	}()
+
+	time.Sleep(time.Second)
+	var agent *testenv.AgentProc
+	startAgent := func() {
+		agent = e.StartAgent(e.WriteConfDir())
+	}
+	var d ns.NetNS
+	newPodSteps := func() {
+		e.CNI = newCNI
+		e.MustDel(x, "x") // an old pod goes: this build's first verb
+		time.Sleep(500 * time.Millisecond)
+		d = e.NewPod()
+		e.CleanupDel(d, "d")
+		rd := e.Add(d, "d") // a new pod with ipMasq: the node hooks
+		d4, _ := testenv.PodIPs(t, rd)
+		time.Sleep(500 * time.Millisecond)
+		must(t, testenv.Ping(d, outsideIP, 2))
+		must(t, testenv.Ping(b, d4, 1))
+	}
+	if order == "plugin-first" {
+		newPodSteps()
+		time.Sleep(time.Second)
+		startAgent()
+	} else {
+		startAgent()
+		time.Sleep(time.Second)
+		newPodSteps()
+	}
+	time.Sleep(1500 * time.Millisecond)
+
+	close(blastStop)
+	var failed []string
+	for _, p := range probes {
+		sent, lost, retrans := p.finish()
+		t.Logf("%s: %d sent, %d lost, %d retransmitted (%d, %d of them reported as duplicates)", p.name, sent, len(lost), retrans, p.rawRetrans, p.dsack)
+		if len(lost) > 0 || retrans > 0 {
+			failed = append(failed, fmt.Sprintf("%s: %d of %d lost (numbers %v, %v apart), %d retransmitted", p.name, len(lost), sent, span(lost), every, retrans))
+		}
+	}
+	close(blastDone)
+	blastMu.Lock()
+	secs := perSec
+	blastMu.Unlock()
+	maxPerSec := limit/8 + limit/8*0.05 // the rate and the 50 ms bucket
+	var worst int64
+	for i, n := range secs {
+		if i > 0 && i < len(secs)-1 { // whole seconds only
+			worst = max(worst, n)
+		}
+	}
+	t.Logf("limited pod at 2x its %.0f Mbit/s limit: %d whole seconds, worst %.1f Mbit/s", limit/1e6, max(len(secs)-2, 0), float64(worst)*8/1e6)
+	if float64(worst) > 1.1*maxPerSec {
+		failed = append(failed, fmt.Sprintf("the limited pod's egress reached %.1f Mbit/s in one second, over its %.0f Mbit/s limit", float64(worst)*8/1e6, limit/1e6))
+	}
+	if worst == 0 {
+		failed = append(failed, "nothing of the limited pod's blast arrived")
+	}
+	if len(failed) > 0 {
+		t.Errorf("across the upgrade from %s (%s):\n  %s\nagent log:\n%s", commit[:7], order, strings.Join(failed, "\n  "), agent.Logs())
+	}
+
+	// This build tears it all down.
+	agent.Stop()
+	for id, p := range map[string]ns.NetNS{"a": a, "b": b, "c": c, "d": d} {
+		e.MustDel(p, id)
+	}
+	e.AssertNoHostPorts()
+	e.AssertClean()
+}
+
+// span is the first and last of a sorted list of numbers.
+func span(ns []uint32) string {
+	if len(ns) == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%d-%d", ns[0], ns[len(ns)-1])
+}
