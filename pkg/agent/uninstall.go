@@ -102,7 +102,14 @@ func (p livePod) String() string {
 // while pods use the datapath unless Force. A node with nothing left is no
 // error: the report is empty.
 func Uninstall(o UninstallOptions) (Uninstalled, error) {
+	// One spelling of each path: `a/../b` is b, and conflists compare clean.
+	o.PinRoot, o.StateDir, o.ConfDir = filepath.Clean(o.PinRoot), filepath.Clean(o.StateDir), filepath.Clean(o.ConfDir)
 	u := Uninstalled{PinDir: o.PinRoot, StateDir: o.StateDir, ConfDir: o.ConfDir}
+	// A path naming more than ours (the bpffs root, <ours>/..) would have
+	// other tools' pins removed with it: refused before anything is done.
+	if err := datapath.CheckPinDir(o.PinRoot); err != nil {
+		return u, fmt.Errorf("uninstall: %w", err)
+	}
 	if !o.AgentStopped && datapath.AgentAlive(o.PinRoot) {
 		return u, fmt.Errorf("uninstall: an agent runs on %s (it would set the node hooks up again): stop it first (delete the DaemonSet, or stop ebpf-agent run)", o.PinRoot)
 	}
@@ -245,10 +252,14 @@ type scope struct {
 	stateDirs []string
 	// owned are the records' directories (<stateDir>/<network>) judged ours.
 	owned []string
+	// runsOurs and runsForeign tell a host veth of this pin directory from
+	// another's (datapath.Runs, datapath.RunsForeign).
+	runsOurs, runsForeign func(netlink.Link) bool
 }
 
 func newScope(o UninstallOptions, nets []NetworkConf) *scope {
-	sc := &scope{pinRoot: o.PinRoot, ours: map[string]*NetworkConf{}, foreign: map[string]bool{}}
+	sc := &scope{pinRoot: o.PinRoot, ours: map[string]*NetworkConf{}, foreign: map[string]bool{},
+		runsOurs: datapath.Runs(o.PinRoot), runsForeign: datapath.RunsForeign(o.PinRoot)}
 	dirs := map[string]bool{filepath.Clean(o.StateDir): true}
 	sc.stateDirs = []string{filepath.Clean(o.StateDir)}
 	for i := range nets {
@@ -326,6 +337,9 @@ func judgeAttachments(o UninstallOptions, sc *scope) (live, stale []livePod, err
 				// Same name, another state directory: not this network's records.
 				continue
 			}
+			if nc == nil && !sc.recordsOfOurs(dir, name) {
+				continue
+			}
 			if nc == nil {
 				// Its conflist is gone: teardown from the record alone, without
 				// an IPAM release (there is no IPAM configuration to run).
@@ -368,6 +382,52 @@ func judgeAttachments(o UninstallOptions, sc *scope) (live, stale []livePod, err
 		}
 	}
 	return live, stale, nil
+}
+
+// recordsOfOurs judges a directory of a state directory whose network has
+// no conflist in the conf dir (its conflist went first, or lives elsewhere,
+// as a Multus network's does): ours only if it holds nothing but records
+// (not host-local's, libcni's or another tool's files beside ours, as under
+// /var/lib/cni), and none of its pods' host veths runs another pin
+// directory's programs. One that is not ours is foreign from then on.
+func (sc *scope) recordsOfOurs(dir, network string) bool {
+	ents, err := os.ReadDir(filepath.Join(dir, network))
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if !isRecordFile(e) {
+			sc.foreign[network] = true
+			return false
+		}
+		if strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		r, err := state.ReadFile(filepath.Join(dir, network, e.Name()))
+		if err != nil || r == nil || r.ContainerID == "" {
+			sc.foreign[network] = true
+			return false
+		}
+		l, err := netlink.LinkByName(state.HostIfName(r.ContainerID, r.IfName))
+		if err == nil && sc.runsForeign(l) && !sc.runsOurs(l) {
+			sc.foreign[network] = true
+			return false
+		}
+	}
+	return true
+}
+
+// isRecordFile: a record (<containerID>_<ifname>.json) or the temp file of
+// its write (.<name>.<hex>.tmp), a regular file.
+func isRecordFile(e os.DirEntry) bool {
+	if !e.Type().IsRegular() {
+		return false
+	}
+	n := e.Name()
+	if strings.HasPrefix(n, ".") {
+		return strings.HasSuffix(n, ".tmp")
+	}
+	return strings.HasSuffix(n, ".json")
 }
 
 // tearDown removes one attachment as DEL would, IPAM release included.
@@ -463,11 +523,30 @@ func removeState(sc *scope) ([]datapath.Removal, error) {
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		if err := os.RemoveAll(p); err != nil {
+		// Only what the plugin writes there goes, and symlinks (removed,
+		// never followed): anything else someone put beside the records
+		// stays, and so does the directory then.
+		n, kept := 0, 0
+		for _, f := range files {
+			if !isRecordFile(f) && f.Type()&os.ModeSymlink == 0 {
+				kept++
+				continue
+			}
+			if err := os.Remove(filepath.Join(p, f.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = errors.Join(errs, err)
+				continue
+			}
+			n++
+		}
+		if kept > 0 {
+			out = append(out, datapath.Removal{Kind: "state", What: fmt.Sprintf("%s (%d files; the directory kept: %d entries ebpf-cni did not write)", p, n, kept)})
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = errors.Join(errs, err)
 			continue
 		}
-		out = append(out, datapath.Removal{Kind: "state", What: fmt.Sprintf("%s (%d files)", p, len(files))})
+		out = append(out, datapath.Removal{Kind: "state", What: fmt.Sprintf("%s (%d files)", p, n)})
 	}
 	for _, d := range sc.stateDirs {
 		ents, err := os.ReadDir(d)

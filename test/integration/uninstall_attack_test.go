@@ -6,6 +6,7 @@
 package integration
 
 import (
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -269,7 +270,6 @@ func TestUninstallSymlinksPlanted(t *testing.T) {
 		filepath.Join(l.StateDir, "zz-elsewhere"):         outside,
 		filepath.Join(l.StateDir, l.Name, "zz_eth9.json"): filepath.Join(outside, "keep.json"),
 		filepath.Join(l.confDir, "30-linked.conflist"):    filepath.Join(outside, "linked.conflist"),
-		filepath.Join(l.PinDir, "maps_v999"):              f.dir,
 		filepath.Join(l.StateDir, l.Name, "zz-dir-link"):  outside,
 	} {
 		if err := os.Symlink(target, link); err != nil {
@@ -279,6 +279,12 @@ func TestUninstallSymlinksPlanted(t *testing.T) {
 
 	stdout, stderr, code := l.uninstall()
 	t.Logf("uninstall: exit %d\n%s\n%s", code, stdout, stderr)
+	if code != 0 {
+		t.Errorf("uninstall with symlinks planted: exit %d, want 0 (the symlinks removed, not followed)", code)
+	}
+	if _, err := os.Lstat(l.PinDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("our pin directory after uninstall: %v, want it gone", err)
+	}
 	var on bool
 	l.InNode(func() error { on = f.attached("uplink0", ebpf.AttachTCXEgress); return nil })
 	if !on {
@@ -328,6 +334,25 @@ func TestUninstallPinDirDotDot(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(l.PinDir, "node")); err != nil {
 		t.Fatalf("uninstall of <ours>/.. removed our pins: %v", err)
 	}
+
+	if code == 0 || !strings.Contains(stderr, "not a pin directory of ebpf-cni") {
+		t.Errorf("uninstall --pin-dir <ours>/..: exit %d, want a refusal saying it is not a pin directory of ebpf-cni", code)
+	}
+
+	// One of our entries replaced by a symlink to another's pins: refused,
+	// nothing loaded or removed through it.
+	planted := filepath.Join(l.PinDir, "maps_v999")
+	if err := os.Symlink(foreignDir, planted); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code = l.uninstall()
+	if code == 0 || !strings.Contains(stderr, "maps_v999") {
+		t.Errorf("uninstall with maps_v999 a symlink: exit %d, want a refusal naming it\n%s\n%s", code, stdout, stderr)
+	}
+	if _, err := os.Stat(filepath.Join(foreignDir, "map")); err != nil {
+		t.Errorf("another program's pin, symlinked as our maps_v999: %v", err)
+	}
+	os.Remove(planted)
 
 	stdout, stderr, code = l.uninstall("--pin-dir", filepath.Join(parent, "foreign")+"/../ebpf-cni")
 	if code != 0 {
