@@ -160,6 +160,7 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 	// (a run killed after the conflists went could release no address),
 	// then the conflists, so the runtime starts no pod on the network.
 	tear(live, stale)
+	endpoint.Crashpoint("uninstall-teardown")
 	files := map[string]bool{}
 	for _, n := range nets {
 		files[n.File] = true
@@ -225,6 +226,7 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 	rs, err = datapath.DetachStrays(o.PinRoot, cgroupRoot)
 	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
 
+	endpoint.Crashpoint("uninstall-strays")
 	routes, err := removePeerRoutes()
 	for _, r := range routes {
 		add("route", r)
@@ -237,6 +239,7 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 	}
 	rs, err = datapath.RemovePinDir(o.PinRoot)
 	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
+	endpoint.Crashpoint("uninstall-pindir")
 	rs, err = removeState(sc)
 	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
 	return u, errs
