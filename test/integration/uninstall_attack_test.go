@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -432,4 +433,55 @@ func TestUninstallOtherInstallsRecords(t *testing.T) {
 		t.Errorf("CHECK of the other install's pod after our uninstall: %v", err)
 	}
 	other.MustDel(op, "theirs")
+}
+
+// TestUninstallOnStopKeyValues: the DaemonSet's cleanup mode stops without
+// uninstalling for every value of the key but "true" and "force": a
+// malformed one ("True", "yes", "force please"), an empty one, and "force"
+// flipped back to "false" before the stop (a rolling upgrade after the
+// operator changed their mind). The node hooks, pins and conflist stay,
+// and the agent says the mode is off.
+func TestUninstallOnStopKeyValues(t *testing.T) {
+	t.Parallel()
+	l := newUninstallLab(t)
+	l.install()
+	mode := filepath.Join(t.TempDir(), "uninstall-on-stop")
+	conflist := filepath.Join(l.confDir, "10-ebpf-cni.conflist")
+	for _, c := range []struct{ first, atStop string }{
+		{"True", "True"}, {"yes", "yes"}, {"force please", "force please"}, {"", ""}, {"force", "false"},
+	} {
+		if err := os.WriteFile(mode, []byte(c.first+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		a := l.StartAgent(l.confDir, "--cgroup-root", l.cgroupRoot, "--uninstall-on-stop", mode)
+		want := "uninstall-on-stop: off"
+		if c.first == "force" {
+			want = "uninstall-on-stop: force"
+		}
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(a.Logs(), want); time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("key %q: the agent did not log %q:\n%s", c.first, want, a.Logs())
+			}
+		}
+		if err := os.WriteFile(mode, []byte(c.atStop+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		a.Cmd.Process.Signal(unix.SIGTERM)
+		err, ok := a.Exited(30e9)
+		if !ok {
+			t.Fatalf("the agent did not end within 30s of SIGTERM:\n%s", a.Logs())
+		}
+		if err != nil {
+			t.Errorf("key %q then %q: agent stop: %v\n%s", c.first, c.atStop, err, a.Logs())
+		}
+		if strings.Contains(a.Logs(), "uninstalling the node") {
+			t.Errorf("key %q then %q: the agent uninstalled the node:\n%s", c.first, c.atStop, a.Logs())
+		}
+		if len(datapath.NodeHookPins(l.PinDir)) == 0 {
+			t.Errorf("key %q then %q: the node hooks are gone after the stop", c.first, c.atStop)
+		}
+		if _, err := os.Stat(conflist); err != nil {
+			t.Errorf("key %q then %q: the conflist after the stop: %v", c.first, c.atStop, err)
+		}
+	}
 }
