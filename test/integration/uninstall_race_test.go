@@ -4,9 +4,13 @@ package integration
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
@@ -138,4 +142,68 @@ func TestUninstallRacesAdd(t *testing.T) {
 		t.Fatalf("uninstall --force after the race: exit %d\n%s\n%s", code, stdout, stderr)
 	}
 	l.assertAsBefore(before, "after the race and a last uninstall")
+}
+
+// TestUninstallAddInTheWindow: a hostPort ADD from a runtime that read the
+// conflist before it went runs while the uninstall is past its last look
+// at the records (stopped there, -tags crashpoint EBPF_CNI_STOP_AT). Either
+// the ADD is refused and the uninstall leaves the node as before install,
+// or the uninstall fails and the pod works: never an uninstall that says
+// done with a pod half there.
+func TestUninstallAddInTheWindow(t *testing.T) {
+	t.Parallel()
+	bin := crashAgent(t)
+	l := newUninstallLab(t)
+	before := l.snapshot()
+	l.stopped()
+	var (
+		cmd            *exec.Cmd
+		stdout, stderr strings.Builder
+	)
+	err := l.InNode(func() error {
+		cmd = exec.Command(bin, "uninstall", "--pin-dir", l.PinDir, "--state-dir", l.StateDir,
+			"--cni-conf-dir", l.confDir, "--cni-bin-dir", testenv.BinDir, "--cgroup-root", l.cgroupRoot)
+		cmd.Env = append(os.Environ(), "EBPF_CNI_STOP_AT=uninstall-hooks")
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		return cmd.Start()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+		if f := strings.Fields(string(b)); len(f) > 2 && f[2] == "T" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the uninstall did not stop at uninstall-hooks:\n%s\n%s", stdout.String(), stderr.String())
+		}
+	}
+	pod := l.NewPod()
+	l.CleanupDel(pod, "late")
+	_, addErr := l.AddHP(pod, "late", testenv.PM{HostPort: 8085, ContainerPort: 80, Protocol: "tcp"})
+	cmd.Process.Signal(syscall.SIGCONT)
+	werr := cmd.Wait()
+	t.Logf("ADD in the window: %v; uninstall: %v\n%s\n%s", addErr, werr, stdout.String(), stderr.String())
+	if werr == nil {
+		if addErr == nil {
+			t.Errorf("an ADD in the uninstall's window succeeded and the uninstall said done (exit 0)")
+		}
+		l.assertAsBefore(before, "after an uninstall with an ADD in its window")
+	} else {
+		if addErr != nil {
+			t.Errorf("the uninstall failed (%v) though the ADD in its window failed too (%v)", werr, addErr)
+		} else {
+			serve(t, pod, 80, "late")
+			expectServer(t, l.remote, "tcp", hp(uplinkIP4, 8085), "late")
+		}
+	}
+	if err := l.Del(pod, "late", "eth0"); err != nil {
+		t.Errorf("DEL of the pod ADDed in the window: %v", err)
+	}
+	if o, e, code := l.uninstall("--force"); code != 0 {
+		t.Fatalf("a last uninstall --force: exit %d\n%s\n%s", code, o, e)
+	}
+	l.assertAsBefore(before, "after a last uninstall")
 }
