@@ -113,6 +113,14 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 	if !o.AgentStopped && datapath.AgentAlive(o.PinRoot) {
 		return u, fmt.Errorf("uninstall: an agent runs on %s (it would set the node hooks up again): stop it first (delete the DaemonSet, or stop ebpf-agent run)", o.PinRoot)
 	}
+	// Held until it returns: an ADD claiming after this refuses, one that
+	// claimed before is in the records judged below; a second uninstall is
+	// refused.
+	release, err := datapath.HoldUninstall(o.PinRoot)
+	if err != nil {
+		return u, fmt.Errorf("uninstall: %w", err)
+	}
+	defer func() { release(len(u.Removed) == 0) }()
 	add := func(kind, what string) { u.Removed = append(u.Removed, datapath.Removal{Kind: kind, What: what}) }
 	var errs error
 
@@ -237,10 +245,15 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 		// Keep the pins: a second run finds the rest by them.
 		return u, errs
 	}
-	rs, err = datapath.RemovePinDir(o.PinRoot)
-	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
-	endpoint.Crashpoint("uninstall-pindir")
+	// The records before the pin directory (and its uninstall lock): an ADD
+	// claiming after the lock is gone is a new install's, its record kept.
 	rs, err = removeState(sc)
+	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
+	if errs != nil {
+		return u, errs
+	}
+	endpoint.Crashpoint("uninstall-state")
+	rs, err = datapath.RemovePinDir(o.PinRoot)
 	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
 	return u, errs
 }

@@ -227,6 +227,9 @@ func RemovePinDir(pinRoot string) ([]Removal, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read pin directory %s: %w", pinRoot, err)
 	}
+	// The locks last: an uninstall's lock among them keeps ADDs off until
+	// the rest is gone.
+	sort.SliceStable(ents, func(i, j int) bool { return ents[j].Name() == locksDir && ents[i].Name() != locksDir })
 	var out []Removal
 	for _, e := range ents {
 		path := filepath.Join(pinRoot, e.Name())
