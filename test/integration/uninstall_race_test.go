@@ -207,3 +207,38 @@ func TestUninstallAddInTheWindow(t *testing.T) {
 	}
 	l.assertAsBefore(before, "after a last uninstall")
 }
+
+// TestUninstallRacesDel: the runtime DELs the pods while uninstall --force
+// tears them down: every DEL succeeds (a failed DEL leaves the pod stuck
+// terminating), and the node is as before install, after one more
+// uninstall at most when the first lost a claim to a DEL.
+func TestUninstallRacesDel(t *testing.T) {
+	t.Parallel()
+	l := newUninstallLab(t)
+	before := l.snapshot()
+	l.install()
+	agent := l.startAgent()
+	a, b := l.podsWithEverything()
+	agent.Stop()
+	var (
+		wg             sync.WaitGroup
+		delA, delB     error
+		stdout, stderr string
+		code           int
+	)
+	wg.Add(3)
+	go func() { defer wg.Done(); stdout, stderr, code = l.uninstall("--force") }()
+	go func() { defer wg.Done(); delA = l.Del(a, "web", "eth0") }()
+	go func() { defer wg.Done(); delB = l.Del(b, "plain", "eth0") }()
+	wg.Wait()
+	t.Logf("uninstall --force beside the DELs: exit %d\n%s\n%s", code, stdout, stderr)
+	if delA != nil || delB != nil {
+		t.Errorf("the runtime's DELs beside uninstall --force: web %v, plain %v", delA, delB)
+	}
+	if code != 0 {
+		if stdout, stderr, code = l.uninstall(); code != 0 {
+			t.Fatalf("the uninstall after one that raced the DELs: exit %d\n%s\n%s", code, stdout, stderr)
+		}
+	}
+	l.assertAsBefore(before, "after uninstall --force raced the runtime's DELs")
+}
