@@ -161,14 +161,17 @@ func TestUninstallLeavesForeignAlone(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if err := netlink.QdiscAdd(&netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: up.Attrs().Index,
-			Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}); err != nil {
-			return err
-		}
-		if err := netlink.FilterAdd(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: up.Attrs().Index,
-			Parent: netlink.HANDLE_MIN_INGRESS, Handle: 1, Protocol: unix.ETH_P_ALL, Priority: 7},
-			Fd: f.cls.FD(), Name: "foreign-filter", DirectAction: true}); err != nil {
-			return err
+		// clsact and a cls_bpf filter on the uplink and on the user's veth.
+		for _, l := range []netlink.Link{up, uv} {
+			if err := netlink.QdiscAdd(&netlink.GenericQdisc{QdiscAttrs: netlink.QdiscAttrs{LinkIndex: l.Attrs().Index,
+				Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT}, QdiscType: "clsact"}); err != nil {
+				return err
+			}
+			if err := netlink.FilterAdd(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{LinkIndex: l.Attrs().Index,
+				Parent: netlink.HANDLE_MIN_INGRESS, Handle: 1, Protocol: unix.ETH_P_ALL, Priority: 7},
+				Fd: f.cls.FD(), Name: "foreign-filter", DirectAction: true}); err != nil {
+				return err
+			}
 		}
 		_, dst, _ := net.ParseCIDR("10.77.0.0/24")
 		return netlink.RouteAdd(&netlink.Route{Dst: dst, LinkIndex: up.Attrs().Index, Protocol: 42})
@@ -189,7 +192,7 @@ func TestUninstallLeavesForeignAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := l.snapshot()
-	for _, want := range []string{"uplink0 TCXIngress program foreign_cls", "foreign-filter", "proto 42", "cgroup root None program foreign_skb", "05-other.conflist", userVeth} {
+	for _, want := range []string{"uplink0 TCXIngress program foreign_cls", "link uplink0 filter bpf foreign-filter", "link " + userVeth + " filter bpf foreign-filter", "proto 42", "cgroup root None program foreign_skb", "05-other.conflist", userVeth} {
 		if !strings.Contains(strings.Join(before, "\n"), want) {
 			t.Fatalf("the foreign state lacks %q: the test would prove nothing\n%s", want, strings.Join(before, "\n"))
 		}
