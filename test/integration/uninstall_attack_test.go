@@ -488,3 +488,26 @@ func TestUninstallOnStopKeyValues(t *testing.T) {
 		}
 	}
 }
+
+// TestUninstallConfTemplateNameOfAnother: --cni-conf-template names the
+// conflist the agent rendered by its base name; a conflist of that name that
+// is another CNI's (written there after a switch) stays.
+func TestUninstallConfTemplateNameOfAnother(t *testing.T) {
+	t.Parallel()
+	l := newUninstallLab(t)
+	l.stopped()
+	theirs := filepath.Join(l.confDir, "05-shared.conflist")
+	if err := os.WriteFile(theirs, []byte(`{"cniVersion":"1.0.0","name":"othercni","plugins":[{"type":"bridge","bridge":"cni0"}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, code := l.uninstall("--cni-conf-template", filepath.Join(t.TempDir(), "05-shared.conflist"))
+	if code != 0 {
+		t.Errorf("uninstall: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if _, err := os.Stat(theirs); err != nil {
+		t.Errorf("another CNI's conflist named as the template: %v\n%s", err, stdout)
+	}
+	if _, err := os.Stat(filepath.Join(l.confDir, "10-ebpf-cni.conflist")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("our conflist after uninstall: %v, want it gone", err)
+	}
+}
