@@ -174,7 +174,7 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 		files[n.File] = true
 	}
 	for _, f := range o.ConfFiles {
-		if _, err := os.Stat(f); err == nil {
+		if _, err := os.Stat(f); err == nil && !othersConf(f, o.PinRoot) {
 			files[f] = true
 		}
 	}
@@ -330,6 +330,43 @@ func foreignNetworks(confDir, pinRoot string) map[string]bool {
 		}
 	}
 	return out
+}
+
+// othersConf tells whether a conflist that a template's base name names is
+// readable and holds no ebpf-cni plugin of pinRoot: another CNI's (or
+// another pin directory's), written under that name, which stays. One that
+// cannot be read is taken for the agent's rendering, broken.
+func othersConf(f, pinRoot string) bool {
+	b, err := os.ReadFile(f)
+	if err != nil {
+		return false
+	}
+	var list struct {
+		Plugins []json.RawMessage `json:"plugins"`
+	}
+	if json.Unmarshal(b, &list) != nil {
+		return false
+	}
+	plugins := list.Plugins
+	if len(plugins) == 0 {
+		plugins = []json.RawMessage{b} // a single .conf
+	}
+	for _, raw := range plugins {
+		var p struct {
+			Type   string `json:"type"`
+			PinDir string `json:"pinDir"`
+		}
+		if json.Unmarshal(raw, &p) != nil || p.Type != "ebpf-cni" {
+			continue
+		}
+		if p.PinDir == "" {
+			p.PinDir = datapath.DefaultPinRoot
+		}
+		if filepath.Clean(p.PinDir) == filepath.Clean(pinRoot) {
+			return false
+		}
+	}
+	return true
 }
 
 // judgeAttachments sorts the records of every network of ours under the

@@ -118,12 +118,12 @@ func (f *foreignTool) pinsLeft(names ...string) {
 	}
 }
 
-// stopped installs through the agent and the plugin, a hostPort pod ADDed
-// and DELeted, and stops the agent: the node hooks and every pin stay.
+// stopped installs through the plugin (no agent: the hostPort ADD sets the
+// node hooks up itself), a hostPort pod ADDed and DELeted: the node hooks
+// and every pin stay.
 func (l *uninstallLab) stopped() {
 	l.T.Helper()
 	l.install()
-	agent := l.startAgent()
 	p := l.NewPod()
 	l.CleanupDel(p, "once")
 	if _, err := l.AddHP(p, "once", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"}); err != nil {
@@ -132,7 +132,6 @@ func (l *uninstallLab) stopped() {
 	if err := l.Del(p, "once", "eth0"); err != nil {
 		l.T.Fatal(err)
 	}
-	agent.Stop()
 }
 
 // TestUninstallLeavesForeignAlone: another program's tcx links and a
