@@ -355,8 +355,8 @@ func uninstallWith(o *opts, agentStopped bool) error {
 	}
 	u, err := agent.Uninstall(uo)
 	var pe *agent.PodsPresentError
-	if errors.As(err, &pe) {
-		return err // nothing was done: no report
+	if errors.As(err, &pe) || err != nil && len(u.Removed) == 0 {
+		return err // nothing was done: no report (its "nothing found" would mislead)
 	}
 	return report(o, u, err)
 }

@@ -102,10 +102,25 @@ func (p livePod) String() string {
 // while pods use the datapath unless Force. A node with nothing left is no
 // error: the report is empty.
 func Uninstall(o UninstallOptions) (Uninstalled, error) {
+	// One spelling of each path: `a/../b` is b, and conflists compare clean.
+	o.PinRoot, o.StateDir, o.ConfDir = filepath.Clean(o.PinRoot), filepath.Clean(o.StateDir), filepath.Clean(o.ConfDir)
 	u := Uninstalled{PinDir: o.PinRoot, StateDir: o.StateDir, ConfDir: o.ConfDir}
+	// A path naming more than ours (the bpffs root, <ours>/..) would have
+	// other tools' pins removed with it: refused before anything is done.
+	if err := datapath.CheckPinDir(o.PinRoot); err != nil {
+		return u, fmt.Errorf("uninstall: %w", err)
+	}
 	if !o.AgentStopped && datapath.AgentAlive(o.PinRoot) {
 		return u, fmt.Errorf("uninstall: an agent runs on %s (it would set the node hooks up again): stop it first (delete the DaemonSet, or stop ebpf-agent run)", o.PinRoot)
 	}
+	// Held until it returns: an ADD claiming after this refuses, one that
+	// claimed before is in the records judged below; a second uninstall is
+	// refused.
+	release, err := datapath.HoldUninstall(o.PinRoot)
+	if err != nil {
+		return u, fmt.Errorf("uninstall: %w", err)
+	}
+	defer func() { release(len(u.Removed) == 0) }()
 	add := func(kind, what string) { u.Removed = append(u.Removed, datapath.Removal{Kind: kind, What: what}) }
 	var errs error
 
@@ -153,12 +168,13 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 	// (a run killed after the conflists went could release no address),
 	// then the conflists, so the runtime starts no pod on the network.
 	tear(live, stale)
+	endpoint.Crashpoint("uninstall-teardown")
 	files := map[string]bool{}
 	for _, n := range nets {
 		files[n.File] = true
 	}
 	for _, f := range o.ConfFiles {
-		if _, err := os.Stat(f); err == nil {
+		if _, err := os.Stat(f); err == nil && !othersConf(f, o.PinRoot) {
 			files[f] = true
 		}
 	}
@@ -218,6 +234,7 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 	rs, err = datapath.DetachStrays(o.PinRoot, cgroupRoot)
 	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
 
+	endpoint.Crashpoint("uninstall-strays")
 	routes, err := removePeerRoutes()
 	for _, r := range routes {
 		add("route", r)
@@ -228,9 +245,15 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 		// Keep the pins: a second run finds the rest by them.
 		return u, errs
 	}
-	rs, err = datapath.RemovePinDir(o.PinRoot)
-	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
+	// The records before the pin directory (and its uninstall lock): an ADD
+	// claiming after the lock is gone is a new install's, its record kept.
 	rs, err = removeState(sc)
+	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
+	if errs != nil {
+		return u, errs
+	}
+	endpoint.Crashpoint("uninstall-state")
+	rs, err = datapath.RemovePinDir(o.PinRoot)
 	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
 	return u, errs
 }
@@ -245,10 +268,14 @@ type scope struct {
 	stateDirs []string
 	// owned are the records' directories (<stateDir>/<network>) judged ours.
 	owned []string
+	// runsOurs and runsForeign tell a host veth of this pin directory from
+	// another's (datapath.Runs, datapath.RunsForeign).
+	runsOurs, runsForeign func(netlink.Link) bool
 }
 
 func newScope(o UninstallOptions, nets []NetworkConf) *scope {
-	sc := &scope{pinRoot: o.PinRoot, ours: map[string]*NetworkConf{}, foreign: map[string]bool{}}
+	sc := &scope{pinRoot: o.PinRoot, ours: map[string]*NetworkConf{}, foreign: map[string]bool{},
+		runsOurs: datapath.Runs(o.PinRoot), runsForeign: datapath.RunsForeign(o.PinRoot)}
 	dirs := map[string]bool{filepath.Clean(o.StateDir): true}
 	sc.stateDirs = []string{filepath.Clean(o.StateDir)}
 	for i := range nets {
@@ -305,6 +332,43 @@ func foreignNetworks(confDir, pinRoot string) map[string]bool {
 	return out
 }
 
+// othersConf tells whether a conflist that a template's base name names is
+// readable and holds no ebpf-cni plugin of pinRoot: another CNI's (or
+// another pin directory's), written under that name, which stays. One that
+// cannot be read is taken for the agent's rendering, broken.
+func othersConf(f, pinRoot string) bool {
+	b, err := os.ReadFile(f)
+	if err != nil {
+		return false
+	}
+	var list struct {
+		Plugins []json.RawMessage `json:"plugins"`
+	}
+	if json.Unmarshal(b, &list) != nil {
+		return false
+	}
+	plugins := list.Plugins
+	if len(plugins) == 0 {
+		plugins = []json.RawMessage{b} // a single .conf
+	}
+	for _, raw := range plugins {
+		var p struct {
+			Type   string `json:"type"`
+			PinDir string `json:"pinDir"`
+		}
+		if json.Unmarshal(raw, &p) != nil || p.Type != "ebpf-cni" {
+			continue
+		}
+		if p.PinDir == "" {
+			p.PinDir = datapath.DefaultPinRoot
+		}
+		if filepath.Clean(p.PinDir) == filepath.Clean(pinRoot) {
+			return false
+		}
+	}
+	return true
+}
+
 // judgeAttachments sorts the records of every network of ours under the
 // state directories into attachments of live pods (their host veth exists,
 // or an ADD of them runs) and stale ones (veth gone, or half made by a
@@ -324,6 +388,9 @@ func judgeAttachments(o UninstallOptions, sc *scope) (live, stale []livePod, err
 			nc := sc.ours[name]
 			if nc != nil && filepath.Clean(nc.Net.StateDir) != dir {
 				// Same name, another state directory: not this network's records.
+				continue
+			}
+			if nc == nil && !sc.recordsOfOurs(dir, name) {
 				continue
 			}
 			if nc == nil {
@@ -368,6 +435,52 @@ func judgeAttachments(o UninstallOptions, sc *scope) (live, stale []livePod, err
 		}
 	}
 	return live, stale, nil
+}
+
+// recordsOfOurs judges a directory of a state directory whose network has
+// no conflist in the conf dir (its conflist went first, or lives elsewhere,
+// as a Multus network's does): ours only if it holds nothing but records
+// (not host-local's, libcni's or another tool's files beside ours, as under
+// /var/lib/cni), and none of its pods' host veths runs another pin
+// directory's programs. One that is not ours is foreign from then on.
+func (sc *scope) recordsOfOurs(dir, network string) bool {
+	ents, err := os.ReadDir(filepath.Join(dir, network))
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if !isRecordFile(e) {
+			sc.foreign[network] = true
+			return false
+		}
+		if strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		r, err := state.ReadFile(filepath.Join(dir, network, e.Name()))
+		if err != nil || r == nil || r.ContainerID == "" {
+			sc.foreign[network] = true
+			return false
+		}
+		l, err := netlink.LinkByName(state.HostIfName(r.ContainerID, r.IfName))
+		if err == nil && sc.runsForeign(l) && !sc.runsOurs(l) {
+			sc.foreign[network] = true
+			return false
+		}
+	}
+	return true
+}
+
+// isRecordFile: a record (<containerID>_<ifname>.json) or the temp file of
+// its write (.<name>.<hex>.tmp), a regular file.
+func isRecordFile(e os.DirEntry) bool {
+	if !e.Type().IsRegular() {
+		return false
+	}
+	n := e.Name()
+	if strings.HasPrefix(n, ".") {
+		return strings.HasSuffix(n, ".tmp")
+	}
+	return strings.HasSuffix(n, ".json")
 }
 
 // tearDown removes one attachment as DEL would, IPAM release included.
@@ -463,11 +576,30 @@ func removeState(sc *scope) ([]datapath.Removal, error) {
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
-		if err := os.RemoveAll(p); err != nil {
+		// Only what the plugin writes there goes, and symlinks (removed,
+		// never followed): anything else someone put beside the records
+		// stays, and so does the directory then.
+		n, kept := 0, 0
+		for _, f := range files {
+			if !isRecordFile(f) && f.Type()&os.ModeSymlink == 0 {
+				kept++
+				continue
+			}
+			if err := os.Remove(filepath.Join(p, f.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = errors.Join(errs, err)
+				continue
+			}
+			n++
+		}
+		if kept > 0 {
+			out = append(out, datapath.Removal{Kind: "state", What: fmt.Sprintf("%s (%d files; the directory kept: %d entries ebpf-cni did not write)", p, n, kept)})
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = errors.Join(errs, err)
 			continue
 		}
-		out = append(out, datapath.Removal{Kind: "state", What: fmt.Sprintf("%s (%d files)", p, len(files))})
+		out = append(out, datapath.Removal{Kind: "state", What: fmt.Sprintf("%s (%d files)", p, n)})
 	}
 	for _, d := range sc.stateDirs {
 		ents, err := os.ReadDir(d)

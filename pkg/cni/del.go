@@ -38,7 +38,11 @@ func Del(args *skel.CmdArgs) error {
 	} else if rec == nil {
 		// No record: hold one for this DEL's duration, so an ADD of the
 		// attachment starting meanwhile is refused (11) instead of having
-		// its fresh IPAM lease released by this DEL. Teardown removes it.
+		// its fresh IPAM lease released by this DEL. Teardown removes it,
+		// and the directories the claim made go with it.
+		if _, err := os.Stat(store.Dir()); errors.Is(err, os.ErrNotExist) {
+			defer store.RemoveDirsIfEmpty()
+		}
 		claim := &state.Record{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns,
 			Provisional: true, Pid: os.Getpid(), Created: time.Now().UTC()}
 		if f, cerr := store.Claim(claim); cerr == nil {

@@ -26,10 +26,15 @@ import (
 //   - links: serialises what binds a host veth's name to its link pins:
 //     DEL's hand-off (pins and veth renamed), the agent pinning tcx links
 //     of a veth it found under that name, Upgrade.
+//   - uninstall: held exclusive by `ebpf-agent uninstall` while it runs
+//     (HoldUninstall). An ADD that has claimed its attachment refuses when
+//     it finds it held (Uninstalling); one that claimed before is found by
+//     the uninstall's look at the records. A second uninstall is refused.
 const (
-	lockAgent = "agent"
-	lockBusy  = "busy"
-	lockLinks = "links"
+	lockAgent     = "agent"
+	lockBusy      = "busy"
+	lockLinks     = "links"
+	lockUninstall = "uninstall"
 )
 
 // openLock opens a lock directory; create makes it when missing (the
@@ -205,4 +210,46 @@ func LockLinks(pinRoot string) (unlock func(), err error) {
 		return nil, fmt.Errorf("lock %s: %w", lockPath(pinRoot, lockLinks), err)
 	}
 	return func() { unix.Close(fd) }, nil
+}
+
+// ErrUninstallRunning: another uninstall holds the pin directory.
+var ErrUninstallRunning = errors.New("another ebpf-agent uninstall runs on this pin directory")
+
+// HoldUninstall takes the uninstall lock of an existing pin directory
+// (a missing one has nothing to guard: release is a no-op). release drops
+// it; with remove, its directory goes too (an uninstall that changed
+// nothing leaves nothing).
+func HoldUninstall(pinRoot string) (release func(remove bool), err error) {
+	if _, err := os.Stat(pinRoot); errors.Is(err, os.ErrNotExist) {
+		return func(bool) {}, nil
+	}
+	_, statErr := os.Stat(lockPath(pinRoot, lockUninstall))
+	made := errors.Is(statErr, os.ErrNotExist)
+	fd, err := openLock(pinRoot, lockUninstall, true)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, ErrUninstallRunning
+		}
+		return nil, fmt.Errorf("lock %s: %w", lockPath(pinRoot, lockUninstall), err)
+	}
+	return func(remove bool) {
+		if remove && made {
+			unix.Rmdir(lockPath(pinRoot, lockUninstall))
+		}
+		unix.Close(fd)
+	}, nil
+}
+
+// Uninstalling tells whether an uninstall holds the pin directory.
+func Uninstalling(pinRoot string) bool {
+	fd, err := openLock(pinRoot, lockUninstall, false)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	return errors.Is(unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB), unix.EWOULDBLOCK)
 }

@@ -138,10 +138,10 @@ func ProgramPins(pinRoot string) []ProgramPin {
 	for _, p := range catalog {
 		current[progPinName(p)] = true
 	}
-	ents, _ := os.ReadDir(filepath.Join(pinRoot, progsDir))
+	ents, _ := readPinDir(filepath.Join(pinRoot, progsDir))
 	var out []ProgramPin
 	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".") {
+		if strings.HasPrefix(e.Name(), ".") || isSymlink(e) {
 			continue
 		}
 		out = append(out, ProgramPin{Name: e.Name(), Path: filepath.Join(pinRoot, progsDir, e.Name()), Current: current[e.Name()]})
@@ -165,9 +165,12 @@ func VethLinkPins(pinRoot string) []VethLinkPin {
 			dirs[p.Link] = true
 		}
 	}
-	ents, _ := os.ReadDir(filepath.Join(pinRoot, linksDir))
+	ents, _ := readPinDir(filepath.Join(pinRoot, linksDir))
 	var out []VethLinkPin
 	for _, e := range ents {
+		if isSymlink(e) {
+			continue
+		}
 		name := e.Name()
 		i := strings.LastIndexByte(name, '_')
 		if i <= 0 || !dirs[name[i+1:]] {
@@ -228,14 +231,17 @@ func MoveLinkPins(pinRoot, from, to string) error {
 type NodeHookPin struct {
 	Name string // base name under node/: cgroup_<hook>, uplink_<if>, uplink-egress_<if>
 	Path string
+	// Symlink: planted in node/ (the datapath pins no symlink); never
+	// loaded through.
+	Symlink bool
 }
 
 // NodeHookPins lists the pinned node-wide hook links.
 func NodeHookPins(pinRoot string) []NodeHookPin {
-	ents, _ := os.ReadDir(filepath.Join(pinRoot, nodeDir))
+	ents, _ := readPinDir(filepath.Join(pinRoot, nodeDir))
 	var out []NodeHookPin
 	for _, e := range ents {
-		out = append(out, NodeHookPin{Name: e.Name(), Path: filepath.Join(pinRoot, nodeDir, e.Name())})
+		out = append(out, NodeHookPin{Name: e.Name(), Path: filepath.Join(pinRoot, nodeDir, e.Name()), Symlink: isSymlink(e)})
 	}
 	return out
 }
@@ -297,3 +303,20 @@ func dropLinkPin(path string) {
 	}
 	os.Remove(path)
 }
+
+// readPinDir lists a directory of the pin directory, never through a
+// symlink planted in its place: bpffs takes symlinks, and loading a pin
+// through one would take another program's object for ours.
+func readPinDir(dir string) ([]os.DirEntry, error) {
+	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
+		if err == nil {
+			err = fmt.Errorf("%s is not a directory", dir)
+		}
+		return nil, err
+	}
+	return os.ReadDir(dir)
+}
+
+// isSymlink: an entry of a pin directory that is a symlink (never made by
+// the datapath) names something else's object.
+func isSymlink(e os.DirEntry) bool { return e.Type()&os.ModeSymlink != 0 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -25,17 +26,27 @@ type Removal struct {
 // programs' tcx links, the cgroup socket hooks and the pacing hook. A pin is
 // the link's last reference once no process holds it, so unpinning detaches.
 func DetachNodeHooks(pinRoot string) ([]Removal, error) {
-	paths := []string{}
+	var (
+		paths []string
+		out   []Removal
+		errs  error
+	)
 	for _, p := range NodeHookPins(pinRoot) {
+		if p.Symlink {
+			// Planted: the link it names is another's (held by its own
+			// pin); only the symlink goes, unfollowed.
+			if err := os.Remove(p.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = errors.Join(errs, fmt.Errorf("remove symlink %s: %w", p.Path, err))
+			} else {
+				out = append(out, Removal{"node hook", p.Name + " (a symlink, not followed)"})
+			}
+			continue
+		}
 		paths = append(paths, p.Path)
 	}
-	if _, err := os.Stat(legacyPacingPin(pinRoot)); err == nil {
+	if fi, err := os.Lstat(legacyPacingPin(pinRoot)); err == nil && fi.Mode()&os.ModeSymlink == 0 {
 		paths = append(paths, legacyPacingPin(pinRoot))
 	}
-	var (
-		out  []Removal
-		errs error
-	)
 	for _, path := range paths {
 		what := filepath.Base(path)
 		l, err := link.LoadPinnedLink(path, nil)
@@ -206,6 +217,9 @@ func isHostVethName(n string) bool {
 // directory is nothing to do. Detach the node hooks first (DetachNodeHooks):
 // unpinning a link nobody holds detaches it, which must be a choice.
 func RemovePinDir(pinRoot string) ([]Removal, error) {
+	if err := CheckPinDir(pinRoot); err != nil {
+		return nil, err
+	}
 	ents, err := os.ReadDir(pinRoot)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -213,6 +227,9 @@ func RemovePinDir(pinRoot string) ([]Removal, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read pin directory %s: %w", pinRoot, err)
 	}
+	// The locks last: an uninstall's lock among them keeps ADDs off until
+	// the rest is gone.
+	sort.SliceStable(ents, func(i, j int) bool { return ents[j].Name() == locksDir && ents[i].Name() != locksDir })
 	var out []Removal
 	for _, e := range ents {
 		path := filepath.Join(pinRoot, e.Name())
@@ -289,6 +306,83 @@ func Runs(pinRoot string) func(l netlink.Link) bool {
 			for _, f := range fs {
 				if bf, ok := f.(*netlink.BpfFilter); ok {
 					if _, mine := ours[ebpf.ProgramID(bf.Id)]; mine {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}
+}
+
+// CheckPinDir refuses a directory that is not a pin directory of the
+// datapath before anything is removed from it or loaded through it: a
+// symlink, or one holding anything the datapath never makes there (the
+// bpffs root, or the directory holding ours and other tools' pins, as
+// `--pin-dir <ours>/..` names), or one of our entries replaced by a
+// symlink. A missing directory is fine (nothing to remove).
+func CheckPinDir(pinRoot string) error {
+	fi, err := os.Lstat(pinRoot)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("pin directory %s: %w", pinRoot, err)
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("pin directory %s is not a directory (%s): not a pin directory of ebpf-cni", pinRoot, fi.Mode().Type())
+	}
+	ents, err := os.ReadDir(pinRoot)
+	if err != nil {
+		return fmt.Errorf("read pin directory %s: %w", pinRoot, err)
+	}
+	var foreign []string
+	for _, e := range ents {
+		if !isPinDirEntry(e.Name()) || !e.IsDir() || isSymlink(e) {
+			foreign = append(foreign, e.Name())
+		}
+	}
+	if len(foreign) > 0 {
+		sort.Strings(foreign)
+		return fmt.Errorf("%s holds %s, which ebpf-cni never makes there (it makes maps_v<N>, progs, links, node, locks): not a pin directory of ebpf-cni, nothing removed; give the pinDir of the conflist",
+			pinRoot, abbreviate(foreign, 6))
+	}
+	return nil
+}
+
+// isPinDirEntry: a name the datapath makes directly under the pin
+// directory (pins.go's layout).
+func isPinDirEntry(name string) bool {
+	switch name {
+	case progsDir, linksDir, nodeDir, locksDir:
+		return true
+	}
+	v, ok := strings.CutPrefix(name, "maps_v")
+	v = strings.TrimSuffix(v, "_staging")
+	n, err := strconv.Atoi(v)
+	return ok && err == nil && n > 0 && strconv.Itoa(n) == v
+}
+
+// RunsForeign tells whether a link runs a BPF program (on tcx, or as a
+// cls_bpf filter) that is not one of this pin directory's: a host veth of
+// another pin directory's datapath runs only its own programs.
+func RunsForeign(pinRoot string) func(l netlink.Link) bool {
+	ours := ownProgramIDs(pinRoot)
+	return func(l netlink.Link) bool {
+		for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {
+			if res, err := link.QueryPrograms(link.QueryOptions{Target: l.Attrs().Index, Attach: at}); err == nil {
+				for _, p := range res.Programs {
+					if _, ok := ours[p.ID]; !ok {
+						return true
+					}
+				}
+			}
+		}
+		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			fs, _ := netlink.FilterList(l, parent)
+			for _, f := range fs {
+				if bf, ok := f.(*netlink.BpfFilter); ok {
+					if _, mine := ours[ebpf.ProgramID(bf.Id)]; !mine {
 						return true
 					}
 				}

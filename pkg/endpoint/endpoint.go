@@ -121,6 +121,16 @@ func Claim(n *Network, id ID, features []Feature, tr *Tracer) (_ *Attachment, er
 			"CNI_CONTAINERID %q, CNI_IFNAME %q: the host veth of this attachment exists already, as %s, with no record in %s: DEL it before adding it again",
 			id.ContainerID, id.IfName, holderOf(l.Attrs().Index), n.Store().Dir()), "")
 	}
+	// Checked after the claim: an uninstall takes its lock before its last
+	// look at the records, so either it sees this record or this sees it.
+	if datapath.Uninstalling(n.PinDir) {
+		store := n.Store()
+		_ = store.Remove(id.ContainerID, id.IfName)
+		store.RemoveDirsIfEmpty()
+		return nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
+			"pinDir %s: `ebpf-agent uninstall` is removing ebpf-cni from this node: CNI_CONTAINERID %q, CNI_IFNAME %q not added",
+			n.PinDir, id.ContainerID, id.IfName), "")
+	}
 	return a, nil
 }
 

@@ -229,11 +229,31 @@ func (s Store) Claim(r *Record) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	f, err := safedir.Claim(s.Dir(), fileName(r.ContainerID, r.IfName), b)
-	if errors.Is(err, safedir.ErrExist) {
-		return nil, ErrClaimed
+	for attempt := 0; ; attempt++ {
+		f, err := safedir.Claim(s.Dir(), fileName(r.ContainerID, r.IfName), b)
+		if errors.Is(err, unix.ENOENT) && attempt < 3 {
+			// A DEL that made the directory removed it, empty, between
+			// ensureDir and here (RemoveDirsIfEmpty): make it again.
+			if err := s.ensureDir(); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if errors.Is(err, safedir.ErrExist) {
+			return nil, ErrClaimed
+		}
+		return f, err
 	}
-	return f, err
+}
+
+// RemoveDirsIfEmpty removes the network's directory, then the state
+// directory, each only if empty: a DEL that found no record made them for
+// its claim, and they must not outlive it (after `ebpf-agent uninstall`,
+// the runtime's DELs of the pods would leave them behind).
+func (s Store) RemoveDirsIfEmpty() {
+	if unix.Rmdir(s.Dir()) == nil {
+		unix.Rmdir(s.Root)
+	}
 }
 
 // Read returns the record of an attachment; nil, nil when there is none.

@@ -685,12 +685,13 @@ func TestUninstallHandedOff(t *testing.T) {
 }
 
 // TestUninstallKilled: an uninstall --force SIGKILLed after the pods'
-// teardown and the conflists, or after detaching the node hooks, is
+// teardown, after the conflists, after detaching the node hooks, after the
+// strays, or after removing the records (the pin directory left), is
 // finished by the next run: the node is as before install.
 func TestUninstallKilled(t *testing.T) {
 	t.Parallel()
 	bin := crashAgent(t)
-	for _, step := range []string{"uninstall-conflists", "uninstall-hooks"} {
+	for _, step := range []string{"uninstall-teardown", "uninstall-conflists", "uninstall-hooks", "uninstall-strays", "uninstall-state"} {
 		t.Run(step, func(t *testing.T) {
 			l := newUninstallLab(t)
 			before := l.snapshot()
