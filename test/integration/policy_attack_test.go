@@ -1,0 +1,286 @@
+// Hostile review of the NetworkPolicy datapath (issue 23): a pod or a host
+// on the wire trying to get around a pod's isolation, or a pod denied egress
+// getting its packets out anyway.
+
+package integration
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
+)
+
+// rawICMPListen opens a raw ICMP (fam 4) or ICMPv6 socket in netns: it gets
+// a copy of every such packet the netns receives.
+func rawICMPListen(t *testing.T, netns ns.NetNS, fam int) int {
+	t.Helper()
+	var fd int
+	err := netns.Do(func(ns.NetNS) error {
+		var err error
+		if fam == 4 {
+			fd, err = syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_ICMP)
+		} else {
+			fd, err = syscall.Socket(syscall.AF_INET6, syscall.SOCK_RAW, syscall.IPPROTO_ICMPV6)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("raw ICMP socket: %v", err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	tv := syscall.NsecToTimeval(int64(300 * time.Millisecond))
+	if err := syscall.SetsockoptTimeval(fd, syscall.SOL_SOCKET, syscall.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// rawSaw reads fd for up to d and tells whether a packet carrying marker came.
+func rawSaw(fd int, marker []byte, d time.Duration) bool {
+	buf := make([]byte, 4096)
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		n, _, err := syscall.Recvfrom(fd, buf, 0)
+		if err == nil && bytes.Contains(buf[:n], marker) {
+			return true
+		}
+	}
+	return false
+}
+
+// icmpErrorCarrying is forgedUnreach's error quoting src:sport -> dst:dport,
+// with data appended to the quote: what a pod would smuggle out in it.
+func icmpErrorCarrying(src net.IP, sport int, dst net.IP, dport int, data []byte) []byte {
+	m := append(forgedUnreach(src, sport, dst, dport), data...)
+	if src.To4() != nil {
+		m[2], m[3] = 0, 0
+		binary.BigEndian.PutUint16(m[2:], csum16(m))
+	}
+	return m
+}
+
+// bigUDP sends one datagram of size bytes (fragmented on a 1500-byte link)
+// from netns, from src (port 0: any) to dst.
+func bigUDP(t *testing.T, netns ns.NetNS, src *net.UDPAddr, dst *net.UDPAddr, size int, marker string) {
+	t.Helper()
+	must(t, netns.Do(func(ns.NetNS) error {
+		c, err := net.DialUDP("udp", src, dst)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		b := bytes.Repeat([]byte{'x'}, size)
+		copy(b, marker)
+		_, err = c.Write(b)
+		return err
+	}))
+}
+
+// bigReceived tells whether ln gets a datagram starting with marker within d.
+func bigReceived(ln *net.UDPConn, marker string, d time.Duration) bool {
+	buf := make([]byte, 65536)
+	ln.SetReadDeadline(time.Now().Add(d))
+	for {
+		n, _, err := ln.ReadFromUDP(buf)
+		if err != nil {
+			return false
+		}
+		if strings.HasPrefix(string(buf[:n]), marker) {
+			return true
+		}
+	}
+}
+
+// TestPolicyAttack: attacks on the NetworkPolicy datapath, each a packet
+// that must not get where it goes.
+func TestPolicyAttack(t *testing.T) {
+	t.Parallel()
+	p := newPolLab(t)
+	ip := func(pod string, fam int) net.IP { return p.ip[pod][fam] }
+	fams := []int{4, 6}
+	for _, pod := range []string{"a", "b", "h"} {
+		p.apply(t, pod, policy.Endpoint{})
+	}
+
+	// a may send only to b, TCP 8080. With a connection to b open, it
+	// sends h (which a may not reach) an ICMP error quoting a segment of
+	// that connection, carrying whatever it likes: the error is "about a
+	// flow of the pod", but it goes to a host the flow has nothing to do
+	// with. Linux conntrack takes an error as related only when its outer
+	// destination is the quoted packet's source (nf_conntrack_inet_error);
+	// an error a pod sends goes back to the sender of what it quotes.
+	t.Run("icmp-error-to-a-denied-peer", func(t *testing.T) {
+		p.apply(t, "a", policy.Endpoint{Egress: isolated(allowPorts(host(ip("b", 4)), policy.ProtoTCP, 8080, 8080),
+			allowPorts(host(ip("b", 6)), policy.ProtoTCP, 8080, 8080))})
+		defer p.apply(t, "a", policy.Endpoint{})
+		for i, fam := range fams {
+			lport := 40111 + i
+			var c net.Conn
+			must(t, p.a.Do(func(ns.NetNS) error {
+				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: ip("a", fam), Port: lport}, Timeout: 2 * time.Second}
+				var err error
+				c, err = d.Dial("tcp", hp(ip("b", fam), 8080))
+				return err
+			}))
+			defer c.Close()
+			fd := rawICMPListen(t, p.h, fam)
+			marker := []byte(fmt.Sprintf("exfiltrated-v%d", fam))
+			sendICMP(t, p.a, ip("h", fam), icmpErrorCarrying(ip("b", fam), 8080, ip("a", fam), lport, marker), 3)
+			if rawSaw(fd, marker, time.Second) {
+				t.Errorf("IPv%d: a's ICMP error quoting its flow with b reached h, which a's egress denies", fam)
+			}
+			// The same error to b, the quoted packet's sender, is a's to send.
+			fdb := rawICMPListen(t, p.b, fam)
+			sendICMP(t, p.a, ip("b", fam), icmpErrorCarrying(ip("b", fam), 8080, ip("a", fam), lport, marker), 3)
+			if !rawSaw(fdb, marker, 2*time.Second) {
+				t.Errorf("IPv%d: a's ICMP error about b's segment did not reach b", fam)
+			}
+		}
+	})
+
+	// a isolated for ingress, egress open: it sends b a datagram large
+	// enough to be fragmented. b then sends a fragmented datagram to a
+	// port a's ingress does not allow: it must not get in. An IPv6
+	// fragment header ahead of the transport header must not make every
+	// fragmented packet between a and b one flow.
+	t.Run("fragments-after-a-fragmented-send", func(t *testing.T) {
+		p.apply(t, "a", policy.Endpoint{Ingress: isolated()})
+		defer p.apply(t, "a", policy.Endpoint{})
+		for _, fam := range fams {
+			ln := udpSocket(t, p.a, ip("a", fam))
+			port := ln.LocalAddr().(*net.UDPAddr).Port
+			bigUDP(t, p.a, &net.UDPAddr{IP: ip("a", fam)}, &net.UDPAddr{IP: ip("b", fam), Port: 8080}, 3000, "from-a")
+			time.Sleep(100 * time.Millisecond)
+			marker := fmt.Sprintf("fragmented-into-a-v%d", fam)
+			bigUDP(t, p.b, &net.UDPAddr{IP: ip("b", fam), Port: 9999}, &net.UDPAddr{IP: ip("a", fam), Port: port}, 3000, marker)
+			if bigReceived(ln, marker, time.Second) {
+				t.Errorf("IPv%d: b's fragmented datagram reached a's port %d, which a's ingress denies", fam, port)
+			}
+			for _, f := range flowsOf(t, p, "a") {
+				if f.Proto == syscall.IPPROTO_FRAGMENT {
+					t.Errorf("IPv%d: a flow entry keyed on the fragment header: %+v", fam, f)
+				}
+			}
+		}
+	})
+
+	// h isolated for ingress: a host on the uplink's link sends its
+	// hostPort a datagram from an IPv6 link-local address. Only the
+	// node's own link-local traffic is link scope for a pod.
+	t.Run("hostport-from-a-link-local-source", func(t *testing.T) {
+		p.apply(t, "h", policy.Endpoint{Ingress: isolated()})
+		defer p.apply(t, "h", policy.Endpoint{})
+		ll := net.ParseIP("fe80::bad:1")
+		must(t, p.remote.Do(func(ns.NetNS) error {
+			l, err := netlink.LinkByName("eth0")
+			if err != nil {
+				return err
+			}
+			a, _ := netlink.ParseAddr(ll.String() + "/64")
+			a.Flags = unix.IFA_F_NODAD
+			return netlink.AddrAdd(l, a)
+		}))
+		before := p.drops(t, "h", maps.DirIngress)
+		must(t, p.remote.Do(func(ns.NetNS) error {
+			c, err := net.DialUDP("udp", &net.UDPAddr{IP: ll, Zone: "eth0"}, &net.UDPAddr{IP: uplinkIP6, Port: hostPortH})
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write([]byte("from a link-local source"))
+			return err
+		}))
+		deadline := time.Now().Add(2 * time.Second)
+		for p.drops(t, "h", maps.DirIngress) == before && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if p.drops(t, "h", maps.DirIngress) == before {
+			t.Errorf("a datagram from a link-local source on the wire reached isolated h through its hostPort undenied")
+		}
+	})
+
+	// a may send nothing: the node is no exception when a dials it (only
+	// the node's own traffic into a pod is). Neither by its host veth's
+	// link-local address nor by an IPv4 link-local address the node holds
+	// (node-local DNS's 169.254.20.10, on a dummy link there, on lo here).
+	t.Run("egress-to-the-node-by-link-local-addresses", func(t *testing.T) {
+		serve(t, p.Node, 9090, "node")
+		nodeDNS := net.ParseIP("169.254.20.10").To4()
+		must(t, p.InNode(func() error {
+			lo, err := netlink.LinkByName("lo")
+			if err != nil {
+				return err
+			}
+			a, _ := netlink.ParseAddr(nodeDNS.String() + "/32")
+			return netlink.AddrAdd(lo, a)
+		}))
+		// Any ADD resyncs the node's addresses, as the agent does on a change.
+		c := p.NewPod()
+		p.CleanupDel(c, "c")
+		p.Add(c, "c")
+
+		p.apply(t, "a", policy.Endpoint{Egress: isolated()})
+		defer p.apply(t, "a", policy.Endpoint{})
+		for _, fam := range fams {
+			blocked(t, p.a, "tcp", nodeIP[fam], 9090) // a node address: judged
+		}
+		blocked(t, p.a, "tcp", nodeDNS, 9090)
+		blocked(t, p.a, "udp", nodeDNS, 9090)
+		hostIf, _ := p.HostVeth("a")
+		var ll net.IP
+		must(t, p.InNode(func() error {
+			l, err := netlink.LinkByName(hostIf)
+			if err != nil {
+				return err
+			}
+			for end := time.Now().Add(3 * time.Second); ll == nil && time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+				as, err := netlink.AddrList(l, netlink.FAMILY_V6)
+				if err != nil {
+					return err
+				}
+				for _, a := range as {
+					if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+						ll = a.IP
+					}
+				}
+			}
+			if ll == nil {
+				return fmt.Errorf("%s has no usable link-local address", hostIf)
+			}
+			return nil
+		}))
+		must(t, p.a.Do(func(ns.NetNS) error {
+			conn, err := net.DialTimeout("tcp", net.JoinHostPort(ll.String()+"%eth0", "9090"), 700*time.Millisecond)
+			if err == nil {
+				conn.Close()
+				t.Errorf("a, denied all egress, connected to the node's [%s]:9090 by its host veth's link-local address", ll)
+			}
+			return nil
+		}))
+	})
+}
+
+// flowsOf lists the policy flow entries of pod's interface.
+func flowsOf(t *testing.T, p *polLab, pod string) []maps.PolicyFlow {
+	t.Helper()
+	fl, err := p.m.ListPolicyFlows()
+	must(t, err)
+	var out []maps.PolicyFlow
+	for _, f := range fl {
+		if f.Ifindex == int(p.idx[pod]) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
