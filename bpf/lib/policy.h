@@ -33,9 +33,10 @@
  *
  * The node's own traffic to a pod (kubelet's probes) always passes: a
  * packet the node sends (no ingress interface) or whose source is a node
- * address (cni_node_ips). Neighbour discovery and link-local IPv6 never
- * leave the link and are not judged. A pod interface whose state is
- * missing is pending (fail closed).
+ * address (cni_node_ips). Neighbour discovery and IPv6 multicast never
+ * leave the link and are not judged; other link-local IPv6 is (the node's
+ * passes as the node's, see above). A pod interface whose state is missing
+ * is pending (fail closed).
  */
 #pragma once
 
@@ -47,6 +48,8 @@
 
 #define POL_ALLOW 0
 #define POL_DENY 1
+
+#define POL_EXT_HEADERS 4 /* IPv6 extension headers read to the transport header; more: denied */
 
 /* What a packet is to policy. */
 #define POL_PKT_FLOW 0  /* judged by its own header */
@@ -116,9 +119,8 @@ static __always_inline int policy_on_node(void)
 /*
  * Parses the packet (IP header at ETH_HLEN) into f: addresses, protocol,
  * ports (an ICMP echo's id: the requester's port, 0 the responder's), TCP
- * flags. A later IPv4 fragment, or an IPv6 extension header before the
- * transport, has no ports here (0): only a rule allowing every port of the
- * peer matches it. Returns POL_PKT_*.
+ * flags. A later fragment (IPv4 or IPv6) has no ports here (0): only a
+ * rule allowing every port of the peer matches it. Returns POL_PKT_*.
  */
 static __always_inline int pol_parse(struct __sk_buff *skb, __u8 family, struct flow *f, __u8 *h)
 {
@@ -142,12 +144,40 @@ static __always_inline int pol_parse(struct __sk_buff *skb, __u8 family, struct 
 
 		if ((void *)(ip6 + 1) > data_end)
 			return POL_PKT_BAD;
-		if (is_link_local6(&ip6->saddr) || ip6->daddr.in6_u.u6_addr8[0] == 0xff)
+		/* Multicast stays on the link. A link-local source does not make
+		 * unicast link scope: a host on an uplink's link reaches a
+		 * hostPort from one (the redirect skips the stack's scope check). */
+		if (ip6->daddr.in6_u.u6_addr8[0] == 0xff)
 			return POL_PKT_LOCAL;
 		f->proto = ip6->nexthdr;
 		__builtin_memcpy(f->saddr, &ip6->saddr, 16);
 		__builtin_memcpy(f->daddr, &ip6->daddr, 16);
 		f->l4off = ETH_HLEN + sizeof(*ip6);
+		/* Extension headers: the transport header behind them is judged,
+		 * never the extension header's number (a flow of "fragment
+		 * headers" would let every fragmented packet of the peer in). A
+		 * later fragment is judged as IPv4's: its protocol, no ports. */
+#pragma unroll
+		for (int i = 0; i < POL_EXT_HEADERS; i++) {
+			if (f->proto == IPPROTO_HOPOPTS || f->proto == IPPROTO_ROUTING || f->proto == IPPROTO_DSTOPTS) {
+				if (bpf_skb_load_bytes(skb, f->l4off, h, 2))
+					return POL_PKT_BAD;
+				f->proto = h[0];
+				f->l4off += ((__u32)h[1] + 1) * 8;
+			} else if (f->proto == IPPROTO_FRAGMENT) {
+				if (bpf_skb_load_bytes(skb, f->l4off, h, 4))
+					return POL_PKT_BAD;
+				f->proto = h[0];
+				f->l4off += 8;
+				if ((h[2] << 5 | h[3] >> 3) != 0)
+					return POL_PKT_FLOW;
+			} else {
+				break;
+			}
+		}
+		if (f->proto == IPPROTO_HOPOPTS || f->proto == IPPROTO_ROUTING || f->proto == IPPROTO_DSTOPTS ||
+		    f->proto == IPPROTO_FRAGMENT)
+			return POL_PKT_BAD; /* more than any pod needs: not left unread */
 	}
 	switch (f->proto) {
 	case IPPROTO_TCP:
@@ -266,6 +296,11 @@ static __always_inline int pol_error_related(struct __sk_buff *skb, struct pol_w
 			return 0;
 		off += 40;
 	}
+	/* An error goes back to the sender of the packet it quotes (so does
+	 * Linux conntrack's check of a related error): one to anyone else
+	 * would let a pod send a denied peer whatever it appends. */
+	if (!addr_equal(w->f.daddr, q->saddr, family))
+		return 0;
 	if (bpf_skb_load_bytes(skb, off, h, 8))
 		return 0;
 	if (q->proto == IPPROTO_TCP || q->proto == IPPROTO_UDP || q->proto == IPPROTO_SCTP) {
