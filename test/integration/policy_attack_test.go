@@ -109,9 +109,93 @@ func TestPolicyAttack(t *testing.T) {
 	p := newPolLab(t)
 	ip := func(pod string, fam int) net.IP { return p.ip[pod][fam] }
 	fams := []int{4, 6}
+
+	// Pending (ADD done, nothing applied yet): a's packets go nowhere but
+	// to its replies of the node's traffic: not off the node (judged in
+	// to_uplink after the stack), not to the node, not through a Service.
+	t.Run("pending-egress", func(t *testing.T) {
+		serve(t, p.Node, 9091, "node")
+		for _, fam := range fams {
+			blocked(t, p.a, "tcp", remoteIP[fam], 7000)
+			blocked(t, p.a, "udp", remoteIP[fam], 7000)
+			blocked(t, p.a, "tcp", nodeIP[fam], 9091)
+			blocked(t, p.a, "tcp", svcWeb[fam], 80)
+			reach(t, p.Node, "tcp", ip("a", fam), 8080, "a")
+		}
+	})
+
 	for _, pod := range []string{"a", "b", "h"} {
 		p.apply(t, pod, policy.Endpoint{})
 	}
+
+	// A runtime retrying the ADD of a live pod is refused, and the pod's
+	// programmed policy stays: the retry must not leave it pending (the
+	// agent would not know to program it again).
+	t.Run("retried-add-keeps-policy", func(t *testing.T) {
+		if _, err := p.AddV("1.1.0", p.a, "a", "eth0"); err == nil {
+			t.Fatal("a second ADD of a live pod succeeded")
+		}
+		st, ok, err := p.m.PolicyStateOf(int(p.idx["a"]))
+		if err != nil || !ok || st.Mode != [2]uint8{maps.PolicyOpen, maps.PolicyOpen} {
+			t.Errorf("a's state after a refused ADD: %+v %v %v, want open both ways", st, ok, err)
+		}
+		for _, fam := range fams {
+			reach(t, p.b, "tcp", ip("a", fam), 8080, "a")
+		}
+	})
+
+	// a lets in UDP from pod p1 only. p1 talks to a, then is deleted; its
+	// IPv4 address goes to a new pod q, which a's policy does not name.
+	// q sending from p1's port must not ride p1's flow entry in a's table
+	// (Cilium scrubs a deleted endpoint's addresses from its conntrack).
+	t.Run("dead-pods-flows-not-inherited", func(t *testing.T) {
+		p1 := p.NewPod()
+		p.CleanupDel(p1, "p1")
+		ip1, _ := resultIPs(p.Add(p1, "p1"))
+		_, idx1 := p.HostVeth("p1")
+		if err := p.w.Apply(uint32(idx1), policy.Endpoint{}); err != nil {
+			t.Fatal(err)
+		}
+		ln := udpSocket(t, p.a, ip("a", 4))
+		port := ln.LocalAddr().(*net.UDPAddr).Port
+		p.apply(t, "a", policy.Endpoint{Ingress: isolated(allowPorts(host(ip1), policy.ProtoUDP, uint16(port), uint16(port)))})
+		defer p.apply(t, "a", policy.Endpoint{})
+		send := func(pod ns.NetNS, src net.IP, msg string) {
+			must(t, pod.Do(func(ns.NetNS) error {
+				c, err := net.DialUDP("udp", &net.UDPAddr{IP: src, Port: 5555}, &net.UDPAddr{IP: ip("a", 4), Port: port})
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				_, err = c.Write([]byte(msg))
+				return err
+			}))
+		}
+		send(p1, ip1, "from-p1")
+		if !bigReceived(ln, "from-p1", 2*time.Second) {
+			t.Fatal("p1's datagram, allowed, did not reach a")
+		}
+		must(t, p.Del(p1, "p1", "eth0"))
+		// The agent follows: p1 is gone, a's rule with it.
+		p.apply(t, "a", policy.Endpoint{Ingress: isolated()})
+		// q gets p1's address (a one-address range), and is programmed open.
+		p.IPAM = map[string]any{"type": "host-local", "dataDir": t.TempDir(),
+			"ranges": [][]map[string]string{{{"subnet": "10.250.0.0/24", "rangeStart": ip1.String(), "rangeEnd": ip1.String()}}}}
+		defer func() { p.IPAM = nil }()
+		q := p.NewPod()
+		p.CleanupDel(q, "q")
+		if got, _ := resultIPs(p.Add(q, "q")); !got.Equal(ip1) {
+			t.Fatalf("q got %s, want p1's %s", got, ip1)
+		}
+		_, qidx := p.HostVeth("q")
+		if err := p.w.Apply(uint32(qidx), policy.Endpoint{}); err != nil {
+			t.Fatal(err)
+		}
+		send(q, ip1, "from-q")
+		if bigReceived(ln, "from-q", time.Second) {
+			t.Errorf("q, with dead p1's address, reached a through p1's flow: a's policy allows nobody")
+		}
+	})
 
 	// a may send only to b, TCP 8080. With a connection to b open, it
 	// sends h (which a may not reach) an ICMP error quoting a segment of
