@@ -294,6 +294,55 @@ func TestPolicyAttack(t *testing.T) {
 		}
 	})
 
+	// h isolated for ingress: a host on the wire posing as the node (a
+	// node address as its source) sends to h's own address, through the
+	// stack. The node's pass is for what the node sends.
+	t.Run("node-source-forged-on-the-wire", func(t *testing.T) {
+		p.apply(t, "h", policy.Endpoint{Ingress: isolated()})
+		defer p.apply(t, "h", policy.Endpoint{})
+		must(t, p.remote.Do(func(ns.NetNS) error {
+			lo, err := netlink.LinkByName("lo")
+			if err != nil {
+				return err
+			}
+			for _, a := range []string{nodeIP[4].String() + "/32", nodeIP[6].String() + "/128"} {
+				addr, _ := netlink.ParseAddr(a)
+				addr.Flags = unix.IFA_F_NODAD
+				if err := netlink.AddrAdd(lo, addr); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		defer p.remote.Do(func(ns.NetNS) error {
+			lo, _ := netlink.LinkByName("lo")
+			for _, a := range []string{nodeIP[4].String() + "/32", nodeIP[6].String() + "/128"} {
+				addr, _ := netlink.ParseAddr(a)
+				netlink.AddrDel(lo, addr)
+			}
+			return nil
+		})
+		for _, fam := range fams {
+			ln := udpSocket(t, p.h, ip("h", fam))
+			port := ln.LocalAddr().(*net.UDPAddr).Port
+			marker := fmt.Sprintf("posing-as-the-node-v%d", fam)
+			must(t, p.remote.Do(func(ns.NetNS) error {
+				c, err := net.DialUDP("udp", &net.UDPAddr{IP: nodeIP[fam]}, &net.UDPAddr{IP: ip("h", fam), Port: port})
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				for i := 0; i < 3; i++ {
+					c.Write([]byte(marker))
+				}
+				return nil
+			}))
+			if bigReceived(ln, marker, time.Second) {
+				t.Errorf("IPv%d: a datagram from the wire with a node address as its source reached isolated h", fam)
+			}
+		}
+	})
+
 	// a may send nothing: the node is no exception when a dials it (only
 	// the node's own traffic into a pod is). Neither by its host veth's
 	// link-local address nor by an IPv4 link-local address the node holds
