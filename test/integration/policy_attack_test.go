@@ -70,9 +70,9 @@ func icmpErrorCarrying(src net.IP, sport int, dst net.IP, dport int, data []byte
 	return m
 }
 
-// bigUDP sends one datagram of size bytes (fragmented on a 1500-byte link)
+// sendBigUDP sends one datagram of size bytes (fragmented on a 1500-byte link)
 // from netns, from src (port 0: any) to dst.
-func bigUDP(t *testing.T, netns ns.NetNS, src *net.UDPAddr, dst *net.UDPAddr, size int, marker string) {
+func sendBigUDP(t *testing.T, netns ns.NetNS, src *net.UDPAddr, dst *net.UDPAddr, size int, marker string) {
 	t.Helper()
 	must(t, netns.Do(func(ns.NetNS) error {
 		c, err := net.DialUDP("udp", src, dst)
@@ -106,7 +106,7 @@ func bigReceived(ln *net.UDPConn, marker string, d time.Duration) bool {
 // that must not get where it goes.
 func TestPolicyAttack(t *testing.T) {
 	t.Parallel()
-	p := newPolLab(t)
+	p := newPolLab(t, false)
 	ip := func(pod string, fam int) net.IP { return p.ip[pod][fam] }
 	fams := []int{4, 6}
 
@@ -244,10 +244,10 @@ func TestPolicyAttack(t *testing.T) {
 		for _, fam := range fams {
 			ln := udpSocket(t, p.a, ip("a", fam))
 			port := ln.LocalAddr().(*net.UDPAddr).Port
-			bigUDP(t, p.a, &net.UDPAddr{IP: ip("a", fam)}, &net.UDPAddr{IP: ip("b", fam), Port: 8080}, 3000, "from-a")
+			sendBigUDP(t, p.a, &net.UDPAddr{IP: ip("a", fam)}, &net.UDPAddr{IP: ip("b", fam), Port: 8080}, 3000, "from-a")
 			time.Sleep(100 * time.Millisecond)
 			marker := fmt.Sprintf("fragmented-into-a-v%d", fam)
-			bigUDP(t, p.b, &net.UDPAddr{IP: ip("b", fam), Port: 9999}, &net.UDPAddr{IP: ip("a", fam), Port: port}, 3000, marker)
+			sendBigUDP(t, p.b, &net.UDPAddr{IP: ip("b", fam), Port: 9999}, &net.UDPAddr{IP: ip("a", fam), Port: port}, 3000, marker)
 			if bigReceived(ln, marker, time.Second) {
 				t.Errorf("IPv%d: b's fragmented datagram reached a's port %d, which a's ingress denies", fam, port)
 			}
@@ -477,7 +477,7 @@ func rawListen(t *testing.T, netns ns.NetNS, fam, proto int) int {
 // peers.
 func TestPolicyAttackProtocols(t *testing.T) {
 	t.Parallel()
-	p := newPolLab(t)
+	p := newPolLab(t, false)
 	ip := func(pod string, fam int) net.IP { return p.ip[pod][fam] }
 	fams := []int{4, 6}
 	for _, pod := range []string{"a", "b", "h"} {
