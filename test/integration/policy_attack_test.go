@@ -259,6 +259,50 @@ func TestPolicyAttack(t *testing.T) {
 		}
 	})
 
+	// The same with a destination options header before UDP (IPv6): a
+	// sends b one, then b sends a such a datagram to a port a's ingress
+	// denies. A flow keyed on the options header's number would let it in.
+	t.Run("ipv6-destination-options", func(t *testing.T) {
+		p.apply(t, "a", policy.Endpoint{Ingress: isolated()})
+		defer p.apply(t, "a", policy.Endpoint{})
+		ln := udpSocket(t, p.a, ip("a", 6))
+		port := ln.LocalAddr().(*net.UDPAddr).Port
+		withOpts := func(pod ns.NetNS, src, dst *net.UDPAddr, msg string) {
+			must(t, pod.Do(func(ns.NetNS) error {
+				c, err := net.DialUDP("udp6", src, dst)
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				rc, err := c.SyscallConn()
+				if err != nil {
+					return err
+				}
+				var serr error
+				// Next header (the kernel's), length 0, PadN of 4.
+				rc.Control(func(fd uintptr) {
+					serr = syscall.SetsockoptString(int(fd), syscall.IPPROTO_IPV6, unix.IPV6_DSTOPTS, "\x00\x00\x01\x04\x00\x00\x00\x00")
+				})
+				if serr != nil {
+					return fmt.Errorf("IPV6_DSTOPTS: %w", serr)
+				}
+				_, err = c.Write([]byte(msg))
+				return err
+			}))
+		}
+		withOpts(p.a, &net.UDPAddr{IP: ip("a", 6)}, &net.UDPAddr{IP: ip("b", 6), Port: 8080}, "from-a")
+		time.Sleep(100 * time.Millisecond)
+		withOpts(p.b, &net.UDPAddr{IP: ip("b", 6), Port: 9998}, &net.UDPAddr{IP: ip("a", 6), Port: port}, "dstopts-into-a")
+		if bigReceived(ln, "dstopts-into-a", time.Second) {
+			t.Errorf("b's datagram behind a destination options header reached a's port %d, which a's ingress denies", port)
+		}
+		for _, f := range flowsOf(t, p, "a") {
+			if f.Proto == syscall.IPPROTO_DSTOPTS {
+				t.Errorf("a flow entry keyed on the destination options header: %+v", f)
+			}
+		}
+	})
+
 	// h isolated for ingress: a host on the uplink's link sends its
 	// hostPort a datagram from an IPv6 link-local address. Only the
 	// node's own link-local traffic is link scope for a pod.
