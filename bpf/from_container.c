@@ -79,6 +79,10 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 		 * packets only. */
 		if (!bw_admit(ifindex, DIR_EGRESS, skb->len))
 			return drop(ifindex, REASON_DROP_BANDWIDTH, skb->len);
+		/* Link-local unicast reaches the node's sockets: judged like any
+		 * egress (ND and multicast pass, lib/policy.h). */
+		if ((li->flags & EP_F_POLICY) && policy_judge(skb, AF_INET6, ifindex, POL_J_EGRESS) == POL_DENY)
+			return drop(ifindex, REASON_DROP_POLICY, skb->len);
 		return nd_or_pass(skb, li);
 	}
 

@@ -13,16 +13,45 @@
  *     translates those back), and delivered straight into the pod with
  *     bpf_redirect_peer (lib/hostport.h).
  *
+ * A packet for the stack claiming a node address as its source is dropped
+ * on nodes with networkPolicy (forged_node_source; a hostPort's is judged
+ * by the pod's policy, which knows it came off the wire).
+ *
  * Everything else goes on untouched to the next tcx program of the link (the
  * stack when there is none): TCX_NEXT, never TC_ACT_OK, which would end the
  * chain for another tool's programs.
  */
 #include "lib/masq.h"
 
+/*
+ * Whether a packet off the wire claims a node address as its source: the
+ * node's own traffic to a pod passes its NetworkPolicy (lib/policy.h), and
+ * IPv6 has no martian-source check that would drop such a packet before it
+ * is forwarded to the pod (IPv4's, unless accept_local, does). Only on nodes
+ * with networkPolicy, whose pods take a node source for the node.
+ */
+static __noinline int forged_node_source(struct __sk_buff *skb, __u8 family)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (!policy_on_node())
+		return 0;
+	if (family == AF_INET) {
+		struct iphdr *ip = data + ETH_HLEN;
+
+		return (void *)(ip + 1) <= data_end && is_node_ip(&ip->saddr, AF_INET);
+	}
+	struct ipv6hdr *ip6 = data + ETH_HLEN;
+
+	return (void *)(ip6 + 1) <= data_end && is_node_ip(&ip6->saddr, AF_INET6);
+}
+
 static __always_inline int from_uplink(struct __sk_buff *skb, __u8 family)
 {
 	struct flow f = {};
 	__u8 proto, ttl;
+
 
 	/* Replies of masqueraded flows first: their ports were allocated
 	 * around the node's hostPorts. */
@@ -67,12 +96,21 @@ static __always_inline int from_uplink(struct __sk_buff *skb, __u8 family)
 SEC("tc")
 int cni_from_uplink(struct __sk_buff *skb)
 {
+	int rc;
+
 	if (!node_hooks_enabled())
 		return TCX_NEXT;
-	if (skb->protocol == bpf_htons(ETH_P_IP))
-		return from_uplink(skb, AF_INET);
-	if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		return from_uplink(skb, AF_INET6);
+	/* A forged node source going on to the stack is dropped like the
+	 * kernel's IPv4 martians, uncounted (no pod's). Constant families:
+	 * each call inlines one family's code. */
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		rc = from_uplink(skb, AF_INET);
+		return rc == TCX_NEXT && forged_node_source(skb, AF_INET) ? TC_ACT_SHOT : rc;
+	}
+	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		rc = from_uplink(skb, AF_INET6);
+		return rc == TCX_NEXT && forged_node_source(skb, AF_INET6) ? TC_ACT_SHOT : rc;
+	}
 	return TCX_NEXT;
 }
 

@@ -36,9 +36,10 @@
  * The node's own traffic to a pod (kubelet's probes) always passes: a
  * packet the node sends (no ingress interface) or whose source is a node
  * address (cni_node_ips; on the redirect paths only when it came from a
- * pod's host veth: off the wire such a source is forged). Neighbour discovery and link-local IPv6 never
- * leave the link and are not judged. A pod interface whose state is
- * missing is pending (fail closed).
+ * pod's host veth: off the wire such a source is forged). Neighbour
+ * discovery and IPv6 multicast never leave the link and are not judged;
+ * other link-local IPv6 is (the node's passes as the node's, see above). A
+ * pod interface whose state is missing is pending (fail closed).
  */
 #pragma once
 
@@ -51,6 +52,8 @@
 #define POL_ALLOW 0
 #define POL_DENY 1
 
+#define POL_EXT_HEADERS 4 /* IPv6 extension headers read to the transport header; more: denied */
+
 /* Whether a packet is a fragment of a datagram (pol_work.frag). */
 #define POL_FRAG_NONE 0
 #define POL_FRAG_FIRST 1 /* the first fragment: it has the ports, it is judged */
@@ -60,7 +63,7 @@
 /* What a packet is to policy. */
 #define POL_PKT_FLOW 0  /* judged by its own header */
 #define POL_PKT_ERROR 1 /* an ICMP error: allowed with the flow it quotes */
-#define POL_PKT_LOCAL 2 /* link scope (IPv6 link-local, multicast, ND): never judged */
+#define POL_PKT_LOCAL 2 /* link scope (IPv6 multicast, ND): never judged */
 #define POL_PKT_BAD 3   /* headers do not fit */
 
 /* How a packet is judged (policy_judge's how). */
@@ -161,10 +164,9 @@ static __always_inline int policy_on_node(void)
  * Parses the packet (IP header at ETH_HLEN) into w->f: addresses, protocol,
  * ports (an ICMP echo's id: the requester's port, 0 the responder's), TCP
  * flags, and w->frag, w->frag_id for a fragment (IPv4, or an IPv6 fragment
- * header right after the fixed header). A later fragment has no ports (0);
- * so has a packet with another IPv6 extension header before the transport
- * (its protocol is that header's): only a rule allowing every port of the
- * peer matches it. Returns POL_PKT_*.
+ * header among the extension headers, which are walked to the transport
+ * header). A later fragment has no ports (0): it passes if its first
+ * fragment did (cni_pol_frags). Returns POL_PKT_*.
  */
 static __always_inline int pol_parse(struct __sk_buff *skb, __u8 family, struct pol_work *w)
 {
@@ -195,27 +197,46 @@ static __always_inline int pol_parse(struct __sk_buff *skb, __u8 family, struct 
 
 		if ((void *)(ip6 + 1) > data_end)
 			return POL_PKT_BAD;
-		if (is_link_local6(&ip6->saddr) || ip6->daddr.in6_u.u6_addr8[0] == 0xff)
+		/* Multicast stays on the link. A link-local source does not make
+		 * unicast link scope: a host on an uplink's link reaches a
+		 * hostPort from one (the redirect skips the stack's scope check). */
+		if (ip6->daddr.in6_u.u6_addr8[0] == 0xff)
 			return POL_PKT_LOCAL;
 		f->proto = ip6->nexthdr;
 		__builtin_memcpy(f->saddr, &ip6->saddr, 16);
 		__builtin_memcpy(f->daddr, &ip6->daddr, 16);
 		f->l4off = ETH_HLEN + sizeof(*ip6);
-		if (f->proto == IPPROTO_FRAGMENT) {
-			/* next header, reserved, offset (13 bits) and M, id */
-			if (bpf_skb_load_bytes(skb, f->l4off, h, 8))
-				return POL_PKT_BAD;
-			f->proto = h[0];
-			f->l4off += 8;
-			w->frag_id = *(__u32 *)&h[4];
-			if ((h[2] << 5) | (h[3] >> 3))
-				w->frag = POL_FRAG_LATER;
-			else if (h[3] & 1)
-				w->frag = POL_FRAG_FIRST;
-			/* else an atomic fragment: the whole datagram */
-			if (w->frag == POL_FRAG_LATER)
-				return POL_PKT_FLOW;
+		/* Extension headers: the transport header behind them is judged,
+		 * never an extension header's number (a flow of "destination
+		 * options" would let every such packet of the peer in). */
+#pragma unroll
+		for (int i = 0; i < POL_EXT_HEADERS; i++) {
+			if (f->proto == IPPROTO_HOPOPTS || f->proto == IPPROTO_ROUTING || f->proto == IPPROTO_DSTOPTS) {
+				if (bpf_skb_load_bytes(skb, f->l4off, h, 2))
+					return POL_PKT_BAD;
+				f->proto = h[0];
+				f->l4off += ((__u32)h[1] + 1) * 8;
+			} else if (f->proto == IPPROTO_FRAGMENT) {
+				/* next header, reserved, offset (13 bits) and M, id */
+				if (bpf_skb_load_bytes(skb, f->l4off, h, 8))
+					return POL_PKT_BAD;
+				f->proto = h[0];
+				f->l4off += 8;
+				w->frag_id = *(__u32 *)&h[4];
+				if ((h[2] << 5) | (h[3] >> 3))
+					w->frag = POL_FRAG_LATER;
+				else if (h[3] & 1)
+					w->frag = POL_FRAG_FIRST;
+				/* else an atomic fragment: the whole datagram */
+				if (w->frag == POL_FRAG_LATER)
+					return POL_PKT_FLOW;
+			} else {
+				break;
+			}
 		}
+		if (f->proto == IPPROTO_HOPOPTS || f->proto == IPPROTO_ROUTING || f->proto == IPPROTO_DSTOPTS ||
+		    f->proto == IPPROTO_FRAGMENT)
+			return POL_PKT_BAD; /* more than any pod needs: not left unread */
 	}
 	switch (f->proto) {
 	case IPPROTO_TCP:
@@ -334,6 +355,11 @@ static __always_inline int pol_error_related(struct __sk_buff *skb, struct pol_w
 			return 0;
 		off += 40;
 	}
+	/* An error goes back to the sender of the packet it quotes (so does
+	 * Linux conntrack's check of a related error): one to anyone else
+	 * would let a pod send a denied peer whatever it appends. */
+	if (!addr_equal(w->f.daddr, q->saddr, family))
+		return 0;
 	if (bpf_skb_load_bytes(skb, off, h, 8))
 		return 0;
 	if (q->proto == IPPROTO_TCP || q->proto == IPPROTO_UDP || q->proto == IPPROTO_SCTP) {

@@ -83,9 +83,9 @@ type nodeView struct {
 
 // discoverNode lists the node's addresses as the hostPort programs need
 // them: every address of every link, but loopback (127.0.0.0/8 and ::1:
-// the socket hooks know those) and link-local ones, so pods' host veths
-// (link-local only) drop out by themselves. Uplinks are the Ethernet links
-// other than lo holding any of them.
+// the socket hooks know those) and IPv6 link-local ones, so pods' host
+// veths (link-local only) drop out by themselves. Uplinks are the Ethernet
+// links other than lo holding any of them but IPv4 link-local ones.
 //
 // A dump is interrupted when addresses change meanwhile, which pods coming
 // and going (their veths' link-local addresses) do all the time on a busy
@@ -114,7 +114,17 @@ func discoverNode(attempts int) (*nodeView, error) {
 	candidates := map[int]bool{}
 	for _, a := range addrs {
 		ip := a.IP
-		if ip == nil || ip.IsLoopback() || ip.IsLinkLocalUnicast() || ip.IsMulticast() || ip.IsUnspecified() {
+		if ip == nil || ip.IsLoopback() || ip.IsMulticast() || ip.IsUnspecified() {
+			continue
+		}
+		if ip.IsLinkLocalUnicast() {
+			// An IPv4 one (node-local DNS's 169.254.20.10) is the node's as
+			// any other: a pod's packet to it is delivered, not forwarded,
+			// so its egress policy is judged before (lib/policy.h). It
+			// makes no uplink. IPv6 ones are each link's own.
+			if ip.To4() != nil {
+				v.addrs[ip.String()] = a.LinkIndex
+			}
 			continue
 		}
 		v.addrs[ip.String()] = a.LinkIndex

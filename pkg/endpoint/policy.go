@@ -2,6 +2,7 @@ package endpoint
 
 import (
 	"fmt"
+	"net/netip"
 
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -71,12 +72,32 @@ func (p *netPolicy) Check(a *Attachment) error {
 
 // Teardown forgets the interface's policy state and flows once the veth is
 // going (its rule sets are the agent's to sweep), when its record says it
-// had some or there is no complete record (a killed ADD's).
+// had some or there is no complete record (a killed ADD's); and, whatever
+// its network, other pods' flows with its addresses: the next pod given one
+// of them must not inherit them.
 func (p *netPolicy) Teardown(t *Teardown) {
+	var peers []netip.Addr
+	if t.Complete != nil {
+		for _, s := range t.Complete.IPs {
+			if a, err := netip.ParseAddr(s); err == nil {
+				peers = append(peers, a.Unmap())
+			}
+		}
+	}
 	if t.Complete != nil && !t.Complete.Policy {
+		if len(peers) == 0 {
+			return
+		}
+		t.WithVeth(func() error {
+			if on, err := t.DP.Maps.PolicyEnabled(); err != nil || !on {
+				return err
+			}
+			_, err := t.DP.Maps.DeletePolicyFlowsOf(0, peers...)
+			return err
+		})
 		return
 	}
 	t.WithVeth(func() error {
-		return t.DP.Maps.DeletePolicyOf(t.Ifindex)
+		return t.DP.Maps.DeletePolicyOf(t.Ifindex, peers...)
 	})
 }

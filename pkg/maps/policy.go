@@ -139,16 +139,17 @@ func (m *Maps) PolicyStateOf(ifindex int) (st PolicyState, ok bool, err error) {
 }
 
 // DeletePolicyOf forgets an interface (DEL, GC, reconcile): its state and
-// its flows. Its rule sets, referenced by nothing any more, are left to the
+// its flows, and (peers: the pod's addresses) every other pod's flows with
+// it. Its rule sets, referenced by nothing any more, are left to the
 // agent's PolicyWriter (Sweep): finding them is a scan of the tries, which
 // a DEL need not pay.
-func (m *Maps) DeletePolicyOf(ifindex int) error {
+func (m *Maps) DeletePolicyOf(ifindex int, peers ...netip.Addr) error {
 	k := uint32(ifindex)
 	var errs error
 	if err := m.byName[namePolState].Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = fmt.Errorf("delete %s[%d]: %w", namePolState, ifindex, err)
 	}
-	_, err := m.DeletePolicyFlowsOf(ifindex)
+	_, err := m.DeletePolicyFlowsOf(ifindex, peers...)
 	errs = errors.Join(errs, err)
 	var frags []PolicyFragKey
 	if err := scan(m.byName[namePolFrags], func(k *PolicyFragKey, _ *uint64) {
@@ -161,12 +162,16 @@ func (m *Maps) DeletePolicyOf(ifindex int) error {
 	return errors.Join(errs, deleteKeys(m.byName[namePolFrags], frags))
 }
 
-// DeletePolicyFlowsOf removes every cni_pol_ct entry of the interface and
-// returns how many: a scan (batched), as DeleteStackFlowsOf.
-func (m *Maps) DeletePolicyFlowsOf(ifindex int) (int, error) {
+// DeletePolicyFlowsOf removes every cni_pol_ct entry of the interface
+// (ifindex 0: none), and every entry whose peer is one of peers, and
+// returns how many: a scan (batched), as DeleteStackFlowsOf. A deleted
+// pod's address goes to a new pod sooner or later: the flows other pods
+// had with the old one must not let the new one in.
+func (m *Maps) DeletePolicyFlowsOf(ifindex int, peers ...netip.Addr) (int, error) {
 	var keys []PolicyCTKey
 	err := scan(m.byName[namePolCT], func(k *PolicyCTKey, v *PolicyCTVal) {
-		if int(k.Ifindex) == ifindex {
+		if (ifindex != 0 && int(k.Ifindex) == ifindex) ||
+			(len(peers) > 0 && slices.Contains(peers, addrPort(k.PeerAddr, k.Family, 0).Addr())) {
 			keys = append(keys, *k)
 		}
 	})
