@@ -1,0 +1,174 @@
+package compile
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
+)
+
+// atom is one resolved allowance: addresses in prefix but in none of except
+// may use ports. A NetworkPolicy rule becomes one atom per ipBlock, one per
+// pod address its selectors match, and one per pod address a named egress
+// port resolves on.
+type atom struct {
+	prefix netip.Prefix // masked
+	except []netip.Prefix
+	ports  portSet
+}
+
+func (a atom) contains(addr netip.Addr) bool {
+	if !a.prefix.Contains(addr) {
+		return false
+	}
+	for _, e := range a.except {
+		if e.Contains(addr) {
+			return false
+		}
+	}
+	return true
+}
+
+// prefixCovers reports whether every address of p is in q.
+func prefixCovers(q, p netip.Prefix) bool {
+	return q.Bits() <= p.Bits() && q.Contains(p.Addr())
+}
+
+func comparePrefix(a, b netip.Prefix) int {
+	if c := a.Addr().Compare(b.Addr()); c != 0 {
+		return c
+	}
+	return a.Bits() - b.Bits()
+}
+
+// flatten turns the union of atoms into the longest-prefix-match form of
+// policy.Rules. The prefixes that matter are every atom's prefix and every
+// except hole; for each such P the value is the union of the ports of every
+// atom covering P whose holes do not cover P. That is exact for every address
+// A whose longest matching prefix is P: the prefixes containing A form a
+// chain, so an atom's prefix (or hole) contains A exactly when it covers P.
+// An entry whose value equals its nearest enclosing entry's (or that is
+// empty with none) changes no answer and is dropped.
+func flatten(atoms []atom) []policy.Allow {
+	if len(atoms) == 0 {
+		return nil
+	}
+	// Every prefix that matters, with the atom it carries (-1: a hole only),
+	// sorted by address then length: each prefix comes after the prefixes
+	// enclosing it, so a stack holds the chain of enclosing prefixes.
+	type item struct {
+		prefix netip.Prefix
+		atom   int
+	}
+	items := make([]item, 0, len(atoms))
+	for i, a := range atoms {
+		if a.ports.empty() {
+			continue
+		}
+		items = append(items, item{a.prefix, i})
+		for _, e := range a.except {
+			items = append(items, item{e, -1})
+		}
+	}
+	slices.SortFunc(items, func(x, y item) int {
+		if c := comparePrefix(x.prefix, y.prefix); c != 0 {
+			return c
+		}
+		return x.atom - y.atom
+	})
+
+	type frame struct {
+		prefix netip.Prefix
+		cum    portSet // atoms without holes at this prefix and every enclosing one
+		value  portSet // the entry's answer
+		holed  int     // len(chain) when pushed
+	}
+	var (
+		stack   []frame
+		chain   []int // atoms with holes at the prefixes on the stack
+		out     []policy.Allow
+		scratch []policy.PortRange
+	)
+	for i := 0; i < len(items); {
+		p := items[i].prefix
+		// This prefix's atoms: those without holes merge into one set.
+		plain := portSet{}
+		scratch = scratch[:0]
+		f := frame{prefix: p}
+		// Leave the prefixes that do not enclose p.
+		for len(stack) > 0 && !prefixCovers(stack[len(stack)-1].prefix, p) {
+			chain = chain[:stack[len(stack)-1].holed]
+			stack = stack[:len(stack)-1]
+		}
+		f.holed = len(chain)
+		for ; i < len(items) && items[i].prefix == p; i++ {
+			ai := items[i].atom
+			if ai < 0 {
+				continue
+			}
+			a := atoms[ai]
+			switch {
+			case len(a.except) > 0:
+				chain = append(chain, ai)
+			case a.ports.all:
+				plain = allPorts
+			case !plain.all:
+				scratch = append(scratch, a.ports.ranges...)
+			}
+		}
+		if !plain.all && len(scratch) > 0 {
+			plain = portSet{ranges: normalize(slices.Clone(scratch))}
+		}
+		var parent portSet // nothing encloses p: the answer there is deny
+		if len(stack) > 0 {
+			parent = stack[len(stack)-1].value
+			f.cum = union(stack[len(stack)-1].cum, plain)
+		} else {
+			f.cum = plain
+		}
+		f.value = f.cum
+		for _, ai := range chain {
+			if f.value.all {
+				break
+			}
+			a := atoms[ai]
+			holed := false
+			for _, e := range a.except {
+				if prefixCovers(e, p) {
+					holed = true
+					break
+				}
+			}
+			if !holed {
+				f.value = union(f.value, a.ports)
+			}
+		}
+		stack = append(stack, f)
+		if f.value.equal(parent) {
+			continue
+		}
+		out = append(out, policy.Allow{Prefix: p, AllPorts: f.value.all, Ports: slices.Clone(f.value.ranges)})
+	}
+	return out
+}
+
+// Match is the reference reading of policy.Rules, what the datapath must
+// answer: is traffic with the peer address addr, protocol proto and
+// (destination) port allowed in this direction?
+func Match(r policy.Rules, addr netip.Addr, proto uint8, port uint16) bool {
+	if !r.Isolated {
+		return true
+	}
+	addr = addr.Unmap()
+	best := -1
+	for i, a := range r.Allows {
+		if a.Prefix.Contains(addr) && (best < 0 || a.Prefix.Bits() > r.Allows[best].Prefix.Bits()) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return false
+	}
+	a := r.Allows[best]
+	return a.AllPorts || portSet{ranges: a.Ports}.allows(proto, port)
+}

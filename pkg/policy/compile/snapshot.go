@@ -1,0 +1,538 @@
+// Package compile turns Kubernetes NetworkPolicy (networking.k8s.io/v1) into
+// the compiled form of package policy: for each pod, the isolated directions
+// and the longest-prefix-match entries that say which peer addresses may use
+// which protocols and ports. It keeps a Snapshot of the pods, namespaces and
+// policies the agent's informers deliver, updated one object at a time, and
+// recompiles only the pods a change can affect. It never talks to the API
+// server (no client-go), so it stays testable and the agent owns the
+// informers.
+package compile
+
+import (
+	"maps"
+	"net/netip"
+	"slices"
+	"sync"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
+)
+
+// nsNameLabel is the label the API server puts on every namespace; a
+// namespace the snapshot has not seen yet is assumed to carry only it.
+const nsNameLabel = "kubernetes.io/metadata.name"
+
+// Snapshot is the cluster as the agent sees it, with the compiled endpoint
+// of each pod computed on demand and cached until a change may affect it.
+// Safe for concurrent use.
+type Snapshot struct {
+	mu         sync.Mutex
+	namespaces map[string]labels.Set
+	pods       map[string]map[string]*Pod         // namespace, name
+	policies   map[string]map[string]*policyEntry // namespace, name
+	endpoints  map[PodKey]policy.Endpoint         // the cache
+	dirty      map[PodKey]struct{}                // changed since TakeDirty
+}
+
+type policyEntry struct {
+	*parsedPolicy
+	res *resolved // nil: the peers changed since it was computed
+}
+
+// resolved is a policy's rules with their peers turned into addresses, for
+// whichever pod it selects; only ingress named ports wait for the pod.
+type resolved struct {
+	in, eg []resolvedRule
+}
+
+type resolvedRule struct {
+	atoms []atom // the peers' addresses with the numeric ports, and (egress) named ports per peer pod address
+	// Ingress named ports resolve on the selected pod's own container
+	// ports: peers (ports unset) and the names wait for it.
+	peers []atom
+	named []namedPort
+}
+
+// New returns an empty snapshot.
+func New() *Snapshot {
+	return &Snapshot{
+		namespaces: map[string]labels.Set{},
+		pods:       map[string]map[string]*Pod{},
+		policies:   map[string]map[string]*policyEntry{},
+		endpoints:  map[PodKey]policy.Endpoint{},
+		dirty:      map[PodKey]struct{}{},
+	}
+}
+
+// UpsertPod adds or replaces a pod. The snapshot keeps its own copy.
+func (s *Snapshot) UpsertPod(p Pod) {
+	p.Labels = maps.Clone(p.Labels)
+	ips := make([]netip.Addr, 0, len(p.IPs))
+	for _, a := range p.IPs {
+		if a.IsValid() {
+			ips = append(ips, a.Unmap())
+		}
+	}
+	p.IPs = ips
+	p.Ports = slices.Clone(p.Ports)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.pods[p.Namespace][p.Name]
+	byName := s.pods[p.Namespace]
+	if byName == nil {
+		byName = map[string]*Pod{}
+		s.pods[p.Namespace] = byName
+	}
+	byName[p.Name] = &p
+	s.podChanged(old, &p)
+}
+
+// DeletePod forgets a pod; Endpoint reports it unknown from then on.
+func (s *Snapshot) DeletePod(namespace, name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.pods[namespace][name]
+	if old == nil {
+		return
+	}
+	delete(s.pods[namespace], name)
+	if len(s.pods[namespace]) == 0 {
+		delete(s.pods, namespace)
+	}
+	s.podChanged(old, nil)
+}
+
+// podChanged invalidates what old (before) and cur (after) may feed: the pod's
+// own endpoint, and every policy that has either of them as a peer.
+func (s *Snapshot) podChanged(old, cur *Pod) {
+	k := PodKey{}
+	if old != nil {
+		k = PodKey{old.Namespace, old.Name}
+	} else {
+		k = PodKey{cur.Namespace, cur.Name}
+	}
+	s.markDirty(k)
+	// Same addresses and ports (a relabel, a status update): a policy's
+	// peers change only where one of its selectors flips on the pod.
+	relabel := old != nil && cur != nil && old.HostNetwork == cur.HostNetwork &&
+		slices.Equal(old.IPs, cur.IPs) && slices.Equal(old.Ports, cur.Ports)
+	for _, byName := range s.policies {
+		for _, pe := range byName {
+			var changed bool
+			if relabel {
+				changed = s.selectorFlips(pe.parsedPolicy, old, cur)
+			} else {
+				changed = (old != nil && s.feeds(pe.parsedPolicy, old)) || (cur != nil && s.feeds(pe.parsedPolicy, cur))
+			}
+			if changed {
+				s.invalidate(pe)
+			}
+		}
+	}
+}
+
+// selectorFlips reports whether a selector peer of p matches exactly one of
+// old and cur (the same pod, with the same addresses and ports).
+func (s *Snapshot) selectorFlips(p *parsedPolicy, old, cur *Pod) bool {
+	if len(cur.IPs) == 0 || cur.HostNetwork {
+		return false // no peer either way
+	}
+	for _, rules := range [][]parsedRule{p.inRules, p.egRules} {
+		for _, r := range rules {
+			for _, pe := range r.peers {
+				if pe.block == nil && s.selects(p, pe, old) != s.selects(p, pe, cur) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// feeds reports whether pod contributes to p's resolved peers.
+func (s *Snapshot) feeds(p *parsedPolicy, pod *Pod) bool {
+	if pod.HostNetwork || len(pod.IPs) == 0 {
+		return false
+	}
+	check := func(rules []parsedRule, egress bool) bool {
+		for _, r := range rules {
+			namedPeers := egress && len(r.named) > 0
+			if namedPeers && r.anyPeer {
+				return true
+			}
+			for _, pe := range r.peers {
+				if pe.block != nil {
+					if namedPeers && slices.ContainsFunc(pod.IPs, pe.block.contains) {
+						return true
+					}
+					continue
+				}
+				if s.selects(p, pe, pod) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	return check(p.inRules, false) || check(p.egRules, true)
+}
+
+func (b *ipBlock) contains(a netip.Addr) bool {
+	return atom{prefix: b.cidr, except: b.except}.contains(a)
+}
+
+// selects reports whether the selector peer pe of policy p matches pod.
+func (s *Snapshot) selects(p *parsedPolicy, pe parsedPeer, pod *Pod) bool {
+	if pe.block != nil || pod.HostNetwork {
+		return false
+	}
+	if pe.nsSel == nil {
+		if pod.Namespace != p.key.Namespace {
+			return false
+		}
+	} else if !pe.nsSel.Matches(s.nsLabels(pod.Namespace)) {
+		return false
+	}
+	return pe.podSel == nil || pe.podSel.Matches(labels.Set(pod.Labels))
+}
+
+func (s *Snapshot) nsLabels(ns string) labels.Set {
+	if l, ok := s.namespaces[ns]; ok {
+		return l
+	}
+	return labels.Set{nsNameLabel: ns}
+}
+
+// UpsertNamespace adds or replaces a namespace's labels.
+func (s *Snapshot) UpsertNamespace(name string, lbls map[string]string) {
+	l := labels.Set(maps.Clone(lbls))
+	if l == nil {
+		l = labels.Set{}
+	}
+	if _, ok := l[nsNameLabel]; !ok {
+		l[nsNameLabel] = name // the API server guarantees it
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.nsLabels(name)
+	s.namespaces[name] = l
+	s.nsChanged(old, l)
+}
+
+// DeleteNamespace forgets a namespace's labels (its pods go with their own
+// deletions).
+func (s *Snapshot) DeleteNamespace(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, ok := s.namespaces[name]
+	if !ok {
+		return
+	}
+	delete(s.namespaces, name)
+	s.nsChanged(old, s.nsLabels(name))
+}
+
+// nsChanged invalidates the policies whose namespaceSelector peers match the
+// namespace before and not after, or the reverse.
+func (s *Snapshot) nsChanged(old, cur labels.Set) {
+	for _, byName := range s.policies {
+		for _, pe := range byName {
+			if nsSelectorsFlip(pe.inRules, old, cur) || nsSelectorsFlip(pe.egRules, old, cur) {
+				s.invalidate(pe)
+			}
+		}
+	}
+}
+
+func nsSelectorsFlip(rules []parsedRule, old, cur labels.Set) bool {
+	for _, r := range rules {
+		for _, pe := range r.peers {
+			if pe.nsSel != nil && pe.nsSel.Matches(old) != pe.nsSel.Matches(cur) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// UpsertPolicy adds or replaces a NetworkPolicy. A policy with fields the API
+// server would have rejected is stored anyway, those fields compiled closed
+// (see parsePolicy), and the error says which.
+func (s *Snapshot) UpsertPolicy(np *networkingv1.NetworkPolicy) error {
+	p, err := parsePolicy(np)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	byName := s.policies[np.Namespace]
+	if byName == nil {
+		byName = map[string]*policyEntry{}
+		s.policies[np.Namespace] = byName
+	}
+	if old := byName[np.Name]; old != nil {
+		s.markSelected(old.parsedPolicy)
+	}
+	pe := &policyEntry{parsedPolicy: p}
+	byName[np.Name] = pe
+	s.markSelected(p)
+	return err
+}
+
+// DeletePolicy forgets a NetworkPolicy.
+func (s *Snapshot) DeletePolicy(namespace, name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.policies[namespace][name]
+	if old == nil {
+		return
+	}
+	delete(s.policies[namespace], name)
+	if len(s.policies[namespace]) == 0 {
+		delete(s.policies, namespace)
+	}
+	s.markSelected(old.parsedPolicy)
+}
+
+func (s *Snapshot) invalidate(pe *policyEntry) {
+	pe.res = nil
+	s.markSelected(pe.parsedPolicy)
+}
+
+func (s *Snapshot) markSelected(p *parsedPolicy) {
+	for name, pod := range s.pods[p.key.Namespace] {
+		if p.podSel.Matches(labels.Set(pod.Labels)) {
+			s.markDirty(PodKey{p.key.Namespace, name})
+		}
+	}
+}
+
+func (s *Snapshot) markDirty(k PodKey) {
+	delete(s.endpoints, k)
+	s.dirty[k] = struct{}{}
+}
+
+// TakeDirty returns the pods whose Endpoint may have changed since the last
+// call (deleted pods included: Endpoint reports them unknown), sorted, and
+// starts a new set. The agent re-applies these of its own pods.
+func (s *Snapshot) TakeDirty() []PodKey {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]PodKey, 0, len(s.dirty))
+	for k := range s.dirty {
+		out = append(out, k)
+	}
+	clear(s.dirty)
+	slices.SortFunc(out, comparePodKey)
+	return out
+}
+
+func comparePodKey(a, b PodKey) int {
+	if a.Namespace != b.Namespace {
+		if a.Namespace < b.Namespace {
+			return -1
+		}
+		return 1
+	}
+	if a.Name < b.Name {
+		return -1
+	} else if a.Name > b.Name {
+		return 1
+	}
+	return 0
+}
+
+// Endpoint is the compiled policy of a pod; false when the snapshot does not
+// know the pod (the agent then keeps the interface closed). A host-network
+// pod is never isolated. The result is shared with the cache: read it, do
+// not modify it.
+func (s *Snapshot) Endpoint(namespace, name string) (policy.Endpoint, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pod := s.pods[namespace][name]
+	if pod == nil {
+		return policy.Endpoint{}, false
+	}
+	k := PodKey{namespace, name}
+	if ep, ok := s.endpoints[k]; ok {
+		return ep, true
+	}
+	ep := s.compile(pod)
+	s.endpoints[k] = ep
+	return ep, true
+}
+
+func (s *Snapshot) compile(pod *Pod) policy.Endpoint {
+	var ep policy.Endpoint
+	if pod.HostNetwork {
+		return ep
+	}
+	var in, eg []atom
+	for name, pe := range s.policies[pod.Namespace] {
+		if !pe.podSel.Matches(labels.Set(pod.Labels)) {
+			continue
+		}
+		ep.Policies = append(ep.Policies, pod.Namespace+"/"+name)
+		res := s.resolve(pe)
+		if pe.ingress {
+			ep.Ingress.Isolated = true
+			for _, rr := range res.in {
+				in = append(in, rr.atoms...)
+				if len(rr.named) == 0 {
+					continue
+				}
+				own := namedOn(pod, rr.named)
+				if own.empty() {
+					continue
+				}
+				for _, a := range rr.peers {
+					a.ports = own
+					in = append(in, a)
+				}
+			}
+		}
+		if pe.egress {
+			ep.Egress.Isolated = true
+			for _, rr := range res.eg {
+				eg = append(eg, rr.atoms...)
+			}
+		}
+	}
+	slices.Sort(ep.Policies)
+	ep.Ingress.Allows = flatten(in)
+	ep.Egress.Allows = flatten(eg)
+	return ep
+}
+
+// namedOn resolves named ports on a pod's container ports (name and
+// protocol both must match).
+func namedOn(pod *Pod, named []namedPort) portSet {
+	var r []policy.PortRange
+	for _, n := range named {
+		for _, cp := range pod.Ports {
+			if cp.Name == n.name && cp.Proto == n.proto {
+				r = append(r, policy.PortRange{Proto: cp.Proto, First: cp.Port, Last: cp.Port})
+			}
+		}
+	}
+	return portSet{ranges: normalize(r)}
+}
+
+func hostPrefix(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
+
+var everywhere = []atom{
+	{prefix: netip.MustParsePrefix("0.0.0.0/0")},
+	{prefix: netip.MustParsePrefix("::/0")},
+}
+
+// resolve returns pe's rules with peers as addresses, computing them if a
+// change made them stale.
+func (s *Snapshot) resolve(pe *policyEntry) *resolved {
+	if pe.res != nil {
+		return pe.res
+	}
+	res := &resolved{}
+	for _, r := range pe.inRules {
+		res.in = append(res.in, s.resolveRule(pe.parsedPolicy, r, false))
+	}
+	for _, r := range pe.egRules {
+		res.eg = append(res.eg, s.resolveRule(pe.parsedPolicy, r, true))
+	}
+	pe.res = res
+	return res
+}
+
+func (s *Snapshot) resolveRule(p *parsedPolicy, r parsedRule, egress bool) resolvedRule {
+	var peers []atom
+	// Egress named ports resolve on each destination pod: one entry per
+	// address of each peer pod that has the port.
+	var namedPods []podAddr
+	wantPods := egress && len(r.named) > 0
+	if r.anyPeer {
+		peers = append(peers, everywhere...)
+		if wantPods {
+			for _, byName := range s.pods {
+				for _, pod := range byName {
+					namedPods = appendPodAddrs(namedPods, pod, nil)
+				}
+			}
+		}
+	}
+	for _, pe := range r.peers {
+		if pe.block != nil {
+			peers = append(peers, atom{prefix: pe.block.cidr, except: pe.block.except})
+			if wantPods {
+				for _, byName := range s.pods {
+					for _, pod := range byName {
+						namedPods = appendPodAddrs(namedPods, pod, pe.block)
+					}
+				}
+			}
+			continue
+		}
+		visit := func(pod *Pod) {
+			if !s.selects(p, pe, pod) {
+				return
+			}
+			for _, a := range pod.IPs {
+				peers = append(peers, atom{prefix: hostPrefix(a)})
+			}
+			if wantPods {
+				namedPods = appendPodAddrs(namedPods, pod, nil)
+			}
+		}
+		if pe.nsSel == nil {
+			for _, pod := range s.pods[p.key.Namespace] {
+				visit(pod)
+			}
+			continue
+		}
+		for ns, byName := range s.pods {
+			if !pe.nsSel.Matches(s.nsLabels(ns)) {
+				continue
+			}
+			for _, pod := range byName {
+				visit(pod)
+			}
+		}
+	}
+	var rr resolvedRule
+	if !r.numeric.empty() {
+		rr.atoms = make([]atom, 0, len(peers))
+		for _, a := range peers {
+			a.ports = r.numeric
+			rr.atoms = append(rr.atoms, a)
+		}
+	}
+	if len(r.named) == 0 {
+		return rr
+	}
+	if !egress {
+		rr.peers, rr.named = peers, r.named
+		return rr
+	}
+	for _, pa := range namedPods {
+		if ps := namedOn(pa.pod, r.named); !ps.empty() {
+			rr.atoms = append(rr.atoms, atom{prefix: hostPrefix(pa.addr), ports: ps})
+		}
+	}
+	return rr
+}
+
+type podAddr struct {
+	pod  *Pod
+	addr netip.Addr
+}
+
+// appendPodAddrs adds pod's addresses (those in block, if set); host-network
+// pods are the node, never a peer pod.
+func appendPodAddrs(out []podAddr, pod *Pod, block *ipBlock) []podAddr {
+	if pod.HostNetwork {
+		return out
+	}
+	for _, a := range pod.IPs {
+		if block == nil || block.contains(a) {
+			out = append(out, podAddr{pod, a})
+		}
+	}
+	return out
+}
