@@ -3,13 +3,14 @@
 /*
  * Attached to tcx ingress of the host-side veth: every packet the pod sends.
  * Enforces the pod's source IP, learns its MAC (see learn_mac), enforces its
- * egress rate limit, drops router advertisements and redirects, translates
- * hostPort traffic (replies back to what the client dialled, hairpin to a node
- * address:hostPort), short-cuts same-node pod-to-pod traffic with
- * bpf_redirect_peer (applying the destination's ingress limit), and hands
+ * egress rate limit, drops router advertisements and redirects, judges the
+ * pod's egress NetworkPolicy, translates hostPort traffic (replies back to
+ * what the client dialled, hairpin to a node address:hostPort), short-cuts
+ * same-node pod-to-pod traffic with bpf_redirect_peer (applying the
+ * destination's ingress policy and limit), and hands
  * everything else to the kernel stack. Each step is its feature's: see
- * lib/endpoint.h, lib/neigh.h, lib/bandwidth.h, lib/hostport.h and
- * lib/stackflow.h.
+ * lib/endpoint.h, lib/neigh.h, lib/bandwidth.h, lib/policy.h, lib/hostport.h
+ * and lib/stackflow.h.
  */
 #include "lib/neigh.h"
 #include "lib/hostport.h"
@@ -33,6 +34,8 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 		return drop(ifindex, REASON_DROP_BANDWIDTH, skb->len);
 
 	struct ep_info *dst = ep_lookup4(ip->daddr);
+	if ((src->flags & EP_F_POLICY) && policy_egress(skb, AF_INET, ifindex, dst != NULL) == POL_DENY)
+		return drop(ifindex, REASON_DROP_POLICY, skb->len);
 	if (node_hooks_enabled() && ((src->flags & EP_F_HOSTPORT) || !dst)) {
 		int rc = hostport_from_pod(skb, AF_INET, src->flags, dst != NULL);
 
@@ -93,6 +96,8 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 		return drop(ifindex, REASON_DROP_BANDWIDTH, skb->len);
 
 	struct ep_info *dst = ep_lookup6(&ip6->daddr);
+	if ((src->flags & EP_F_POLICY) && policy_egress(skb, AF_INET6, ifindex, dst != NULL) == POL_DENY)
+		return drop(ifindex, REASON_DROP_POLICY, skb->len);
 	if (node_hooks_enabled() && ((src->flags & EP_F_HOSTPORT) || !dst)) {
 		int rc = hostport_from_pod(skb, AF_INET6, src->flags, dst != NULL);
 

@@ -3,13 +3,41 @@
 /*
  * Attached to tcx egress of the host-side veth: every packet the kernel stack
  * sends to the pod, before the host veth's qdisc (a limited pod's ingress
- * queue). Addresses it to the pod's current MAC, applies the pod's ingress
- * rate limit, and records flows the stack delivered whose replies
+ * queue). Judges the pod's ingress NetworkPolicy, and the sender's egress
+ * one when the stack forwarded a pod's packet here (lib/policy.h), addresses
+ * it to the pod's current MAC, applies the pod's ingress rate limit, and records flows the stack delivered whose replies
  * must go back through it (see lib/stackflow.h). Same-node traffic
  * redirected with bpf_redirect_peer never passes here; from_container
  * counts it for the destination instead.
  */
 #include "lib/stackflow.h"
+
+/* Both policies a packet the stack delivers meets: the pod's ingress (its
+ * link entry carries EP_F_POLICY), and the sender's egress when the stack
+ * forwarded it from a pod's host veth (after its translation). */
+static __always_inline int to_container_policy(struct __sk_buff *skb, const struct link_info *li)
+{
+	__u32 ifindex = skb->ifindex, from = skb->ingress_ifindex;
+	__u8 family;
+
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		family = AF_INET;
+	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		family = AF_INET6;
+	else
+		return TC_ACT_OK;
+	/* Sent by the node itself (no ingress interface): kubelet's probes. */
+	if (li && (li->flags & EP_F_POLICY) &&
+	    policy_judge(skb, family, ifindex, from ? 0 : POL_J_NODE) == POL_DENY) {
+		count(ifindex, DIR_INGRESS, REASON_DROP_POLICY, skb->len);
+		return TC_ACT_SHOT;
+	}
+	if (from && policy_on_node() && policy_after_stack(skb, family, from) == POL_DENY) {
+		count(from, DIR_EGRESS, REASON_DROP_POLICY, skb->len);
+		return TC_ACT_SHOT;
+	}
+	return TC_ACT_OK;
+}
 
 SEC("tc")
 int cni_to_container(struct __sk_buff *skb)
@@ -19,12 +47,15 @@ int cni_to_container(struct __sk_buff *skb)
 	struct ethhdr *eth = data;
 	__u32 ifindex = skb->ifindex;
 
+	struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
+
+	if (to_container_policy(skb, li) == TC_ACT_SHOT)
+		return TC_ACT_SHOT;
 	/* The node addresses the pod with the MAC its neighbour entry had at ADD
 	 * time; the pod may have another by now (see learn_mac). Group
-	 * destinations (broadcast ARP, ND multicast) are left alone. */
+	 * destinations (broadcast ARP, ND multicast) are left alone. The policy
+	 * helpers only read the packet: its pointers hold. */
 	if ((void *)(eth + 1) <= data_end && !(eth->h_dest[0] & 1)) {
-		struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
-
 		if (li && !mac_equal(eth->h_dest, li->mac))
 			mac_copy(eth->h_dest, li->mac);
 	}

@@ -2,7 +2,8 @@
 
 /*
  * Attached to tcx egress of the node's uplinks, beside from_uplink.c: the
- * masquerade SNAT (lib/masq.h), IPv4 and IPv6. It runs after the stack
+ * masquerade SNAT (lib/masq.h), IPv4 and IPv6, after the sender's egress
+ * NetworkPolicy (lib/policy.h). It runs after the stack
  * routed, filtered and NATed the packet (POSTROUTING), so kube-proxy's
  * Service DNAT and its own masquerade have happened already: a packet whose
  * source is no longer a pod's is left alone. Of the node's own packets (no
@@ -50,8 +51,16 @@ int cni_to_uplink(struct __sk_buff *skb)
 		return TCX_NEXT;
 	}
 	/* Forwarded from the pod's own host veth, with its address: the
-	 * source was checked there (from_container.c). */
-	if (!ep || !(ep->flags & EP_F_MASQ) || ep->ifindex != from)
+	 * source was checked there (from_container.c). Its egress policy is
+	 * judged again with the destination the stack chose (lib/policy.h),
+	 * before it is masqueraded. */
+	if (!ep || ep->ifindex != from)
+		return TCX_NEXT;
+	if ((ep->flags & EP_F_POLICY) && policy_judge(skb, family, from, POL_J_EGRESS | POL_J_AFTER) == POL_DENY) {
+		count(from, DIR_EGRESS, REASON_DROP_POLICY, skb->len);
+		return TC_ACT_SHOT;
+	}
+	if (!(ep->flags & EP_F_MASQ))
 		return TCX_NEXT;
 	if (masq_egress(skb, ep, family) == TC_ACT_SHOT)
 		return TC_ACT_SHOT;

@@ -9,6 +9,7 @@
 #include "maps.h"
 #include "pkt.h"
 #include "bandwidth.h"
+#include "policy.h"
 
 static __always_inline void count(__u32 ifindex, __u8 dir, __u8 reason, __u32 len)
 {
@@ -97,7 +98,11 @@ static __always_inline int redirect_to_endpoint(struct __sk_buff *skb, struct et
 						const struct ep_info *dst)
 {
 	/* bpf_redirect_peer skips the destination host veth's egress hook, so its
-	 * ingress limit and counters are applied here. */
+	 * ingress policy, limit and counters are applied here. */
+	if ((dst->flags & EP_F_POLICY) && policy_ingress_redirect(skb, dst->ifindex) == POL_DENY) {
+		count(dst->ifindex, DIR_INGRESS, REASON_DROP_POLICY, skb->len);
+		return TC_ACT_SHOT;
+	}
 	if ((dst->flags & EP_F_BW_INGRESS) && !bw_admit(dst->ifindex, DIR_INGRESS, skb->len)) {
 		count(dst->ifindex, DIR_INGRESS, REASON_DROP_BANDWIDTH, skb->len);
 		return TC_ACT_SHOT;

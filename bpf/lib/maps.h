@@ -161,3 +161,49 @@ struct {
 	__type(key, struct sf_key);
 	__type(value, struct sf_val);
 } cni_stack_flows SEC(".maps");
+
+/* --------------------------------------------------------- NetworkPolicy */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SIZED);
+	__type(key, __u32); /* host veth ifindex */
+	__type(value, struct pol_state);
+} cni_pol_state SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, SIZED);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct pol_addr_key);
+	__type(value, struct pol_addr_val);
+} cni_pol_addrs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, SIZED);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct pol_port_key);
+	__type(value, __u32);
+} cni_pol_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SIZED);
+	__type(key, struct pol_ct_key);
+	__type(value, struct pol_ct_val);
+} cni_pol_ct SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pol_config);
+} cni_pol_config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pol_scratch);
+} cni_pol_scratch SEC(".maps");

@@ -52,7 +52,7 @@ enum cni_dir {
 	__DIR_MAX,
 };
 
-/* Why a packet was counted. Drops: REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN, REASON_DROP_BANDWIDTH and REASON_DROP_ROUTER_MSG. */
+/* Why a packet was counted. Drops: REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN, REASON_DROP_BANDWIDTH, REASON_DROP_ROUTER_MSG and REASON_DROP_POLICY. */
 enum cni_reason {
 	REASON_FORWARD = 0,       /* handed to the kernel stack */
 	REASON_REDIRECT = 1,      /* same-node pod to pod, bpf_redirect_peer */
@@ -64,6 +64,7 @@ enum cni_reason {
 	REASON_NEIGH_REPLY = 7,   /* ARP/NS for the next hop, answered by the program */
 	REASON_DROP_BANDWIDTH = 8,/* over the pod's rate limit in this direction */
 	REASON_DROP_ROUTER_MSG = 9,/* a router advertisement or redirect (ICMPv6 134, 137; ICMP 5): pods do not configure the node */
+	REASON_DROP_POLICY = 10,  /* denied by the pod's NetworkPolicy in this direction (lib/policy.h) */
 	__REASON_MAX,
 };
 
@@ -80,6 +81,7 @@ struct ep_key {
 #define EP_F_BW_INGRESS (1U << 1) /* the pod has an ingress limit */
 #define EP_F_HOSTPORT (1U << 2)   /* the pod has hostPort mappings: see hostport.h */
 #define EP_F_MASQ (1U << 3)       /* ipMasq: traffic leaving the cluster CIDRs is SNATed, see masq.h */
+#define EP_F_POLICY (1U << 4)     /* networkPolicy: the pod's traffic is judged (cni_pol_state), see policy.h */
 
 /* Value of cni_endpoints. */
 struct ep_info {
@@ -93,7 +95,7 @@ struct ep_info {
 struct link_info {
 	__u8 mac[6];      /* pod's MAC */
 	__u8 host_mac[6]; /* host veth's MAC */
-	__u32 flags;
+	__u32 flags;      /* EP_F_POLICY (the other EP_F_* live in the address entries) */
 };
 
 struct stats_key {
@@ -349,4 +351,87 @@ struct sf_val {
 	__u32 ifindex; /* host veth of the pod */
 	__u32 flags;   /* SF_* */
 	__u64 seen_ns; /* last packet the stack delivered, refreshed at most once a second */
+};
+
+/* --------------------------------------------------------- NetworkPolicy */
+
+/* What one direction of a pod interface allows (pol_state.mode). */
+#define POL_OPEN 0     /* no policy selects the pod in this direction: everything passes */
+#define POL_ISOLATED 1 /* only what the rule set allows (and replies, and the node) */
+#define POL_PENDING 2  /* not programmed yet (ADD until the agent's first write): only the node */
+
+/* Value of cni_pol_state, keyed by host veth ifindex. Written whole: one
+ * update switches both directions to new rule sets at once. */
+struct pol_state {
+	__u8 mode[2];  /* POL_*, indexed by enum cni_dir */
+	__u16 pad;
+	__u32 rules[2]; /* rule set of each direction in cni_pol_addrs (0: none, nothing allowed) */
+};
+
+/* Key of cni_pol_addrs (LPM trie): prefixlen counts set, family and pad
+ * (64 bits) plus the peer prefix's bits. */
+struct pol_addr_key {
+	__u32 prefixlen;
+	__u32 set;  /* pol_state.rules */
+	__u8 family;
+	__u8 pad[3];
+	__u8 addr[16]; /* IPv4 in the first 4 bytes */
+};
+
+#define POL_F_ALL_PORTS 1 /* every protocol and port of the peer prefix */
+
+/* Value of cni_pol_addrs. */
+struct pol_addr_val {
+	__u32 flags; /* POL_F_* */
+	__u32 ports; /* port set in cni_pol_ports when not POL_F_ALL_PORTS */
+};
+
+/* Key of cni_pol_ports (LPM trie): prefixlen counts set, proto and pad (48
+ * bits) plus the port prefix's bits; a range is stored as its prefixes. */
+struct pol_port_key {
+	__u32 prefixlen;
+	__u32 set;   /* pol_addr_val.ports */
+	__u8 proto;  /* IPPROTO_TCP, IPPROTO_UDP or IPPROTO_SCTP */
+	__u8 pad;
+	__be16 port; /* destination port, network order (its high bits are the prefix) */
+};
+
+/* Key of cni_pol_ct: a flow as the pod behind ifindex sees it (its own
+ * address and port first). ICMP echo: the id is the responder's port,
+ * 0 the requester's (as cni_stack_flows keys them). */
+struct pol_ct_key {
+	__u32 ifindex;
+	__u8 family;
+	__u8 proto;
+	__be16 pod_port;
+	__be16 peer_port;
+	__u16 pad;
+	__u8 pod_addr[16];
+	__u8 peer_addr[16];
+};
+
+#define POL_CT_F_EGRESS (1U << 8)  /* the pod opened the flow (else the peer did) */
+#define POL_CT_F_DEFER (1U << 9)   /* egress judged after the stack's translation: the entry only lets replies in */
+
+/* Value of cni_pol_ct: an allowed flow, whose packets either way pass
+ * without a rule. */
+struct pol_ct_val {
+	__u32 flags; /* FLOW_F_* (lib/flowlife.h), POL_CT_F_* */
+	__u32 pad;
+	__u64 created_ns;
+	__u64 seen_ns; /* last packet, refreshed at most once a second and at every state change */
+};
+
+/* Value of cni_pol_scratch, per CPU: policy_judge's working memory (lib/policy.h
+ * lays it out). A program's callers share 512 bytes of stack, and
+ * from_container's own frame takes 408. */
+struct pol_scratch {
+	__u8 data[320];
+};
+
+#define POL_CFG_ON 1 /* some interface of this node has networkPolicy: the stack path looks at sources */
+
+/* Value of cni_pol_config[0]. */
+struct pol_config {
+	__u32 flags; /* POL_CFG_* */
 };

@@ -37,6 +37,11 @@ type NetConf struct {
 	// destination (address, port, protocol); default: an eighth of them.
 	IPMasqPodPortLimit int `json:"ipMasqPodPortLimit,omitempty"`
 
+	// NetworkPolicy: the pod's traffic is judged by the Kubernetes
+	// NetworkPolicy the agent programs for it; a new pod is pending (only
+	// the node's traffic passes) until the agent has.
+	NetworkPolicy bool `json:"networkPolicy,omitempty"`
+
 	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
 
 	net      *endpoint.Network
@@ -68,6 +73,7 @@ func parseConf(stdin []byte) (*NetConf, error) {
 		Bandwidth: conf.RuntimeConfig.Bandwidth, PortMappings: conf.RuntimeConfig.PortMappings,
 		IPMasq: conf.IPMasq, ClusterCIDRs: conf.ClusterCIDRs, MaxHostPorts: n.Sizing().HostPortsPerPod,
 		IPMasqPortRange: conf.IPMasqPortRange, IPMasqPodPortLimit: conf.IPMasqPodPortLimit,
+		NetworkPolicy: conf.NetworkPolicy,
 	}
 	if conf.features, err = caps.Features(); err != nil {
 		return nil, err

@@ -30,6 +30,12 @@ const (
 	sockMapCniMasqStats     = "cni_masq_stats"
 	sockMapCniNetns         = "cni_netns"
 	sockMapCniNodeIps       = "cni_node_ips"
+	sockMapCniPolAddrs      = "cni_pol_addrs"
+	sockMapCniPolConfig     = "cni_pol_config"
+	sockMapCniPolCt         = "cni_pol_ct"
+	sockMapCniPolPorts      = "cni_pol_ports"
+	sockMapCniPolScratch    = "cni_pol_scratch"
+	sockMapCniPolState      = "cni_pol_state"
 	sockMapCniSnat          = "cni_snat"
 	sockMapCniSockRnat      = "cni_sock_rnat"
 	sockMapCniStackFlows    = "cni_stack_flows"
@@ -114,6 +120,12 @@ type sockMapSpecs struct {
 	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniPolAddrs     *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
+	CniPolConfig    *ebpf.MapSpec `ebpf:"cni_pol_config"`
+	CniPolCt        *ebpf.MapSpec `ebpf:"cni_pol_ct"`
+	CniPolPorts     *ebpf.MapSpec `ebpf:"cni_pol_ports"`
+	CniPolScratch   *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
+	CniPolState     *ebpf.MapSpec `ebpf:"cni_pol_state"`
 	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
 	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
 	CniStackFlows   *ebpf.MapSpec `ebpf:"cni_stack_flows"`
@@ -160,6 +172,12 @@ type sockMaps struct {
 	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
+	CniPolAddrs     *ebpf.Map `ebpf:"cni_pol_addrs"`
+	CniPolConfig    *ebpf.Map `ebpf:"cni_pol_config"`
+	CniPolCt        *ebpf.Map `ebpf:"cni_pol_ct"`
+	CniPolPorts     *ebpf.Map `ebpf:"cni_pol_ports"`
+	CniPolScratch   *ebpf.Map `ebpf:"cni_pol_scratch"`
+	CniPolState     *ebpf.Map `ebpf:"cni_pol_state"`
 	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
 	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
 	CniStackFlows   *ebpf.Map `ebpf:"cni_stack_flows"`
@@ -182,6 +200,12 @@ func (m *sockMaps) Close() error {
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,
+		m.CniPolAddrs,
+		m.CniPolConfig,
+		m.CniPolCt,
+		m.CniPolPorts,
+		m.CniPolScratch,
+		m.CniPolState,
 		m.CniSnat,
 		m.CniSockRnat,
 		m.CniStackFlows,

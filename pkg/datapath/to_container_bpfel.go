@@ -30,6 +30,12 @@ const (
 	toContainerMapCniMasqStats    = "cni_masq_stats"
 	toContainerMapCniNetns        = "cni_netns"
 	toContainerMapCniNodeIps      = "cni_node_ips"
+	toContainerMapCniPolAddrs     = "cni_pol_addrs"
+	toContainerMapCniPolConfig    = "cni_pol_config"
+	toContainerMapCniPolCt        = "cni_pol_ct"
+	toContainerMapCniPolPorts     = "cni_pol_ports"
+	toContainerMapCniPolScratch   = "cni_pol_scratch"
+	toContainerMapCniPolState     = "cni_pol_state"
 	toContainerMapCniSnat         = "cni_snat"
 	toContainerMapCniSockRnat     = "cni_sock_rnat"
 	toContainerMapCniStackFlows   = "cni_stack_flows"
@@ -100,6 +106,12 @@ type toContainerMapSpecs struct {
 	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniPolAddrs     *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
+	CniPolConfig    *ebpf.MapSpec `ebpf:"cni_pol_config"`
+	CniPolCt        *ebpf.MapSpec `ebpf:"cni_pol_ct"`
+	CniPolPorts     *ebpf.MapSpec `ebpf:"cni_pol_ports"`
+	CniPolScratch   *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
+	CniPolState     *ebpf.MapSpec `ebpf:"cni_pol_state"`
 	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
 	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
 	CniStackFlows   *ebpf.MapSpec `ebpf:"cni_stack_flows"`
@@ -146,6 +158,12 @@ type toContainerMaps struct {
 	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
+	CniPolAddrs     *ebpf.Map `ebpf:"cni_pol_addrs"`
+	CniPolConfig    *ebpf.Map `ebpf:"cni_pol_config"`
+	CniPolCt        *ebpf.Map `ebpf:"cni_pol_ct"`
+	CniPolPorts     *ebpf.Map `ebpf:"cni_pol_ports"`
+	CniPolScratch   *ebpf.Map `ebpf:"cni_pol_scratch"`
+	CniPolState     *ebpf.Map `ebpf:"cni_pol_state"`
 	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
 	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
 	CniStackFlows   *ebpf.Map `ebpf:"cni_stack_flows"`
@@ -168,6 +186,12 @@ func (m *toContainerMaps) Close() error {
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,
+		m.CniPolAddrs,
+		m.CniPolConfig,
+		m.CniPolCt,
+		m.CniPolPorts,
+		m.CniPolScratch,
+		m.CniPolState,
 		m.CniSnat,
 		m.CniSockRnat,
 		m.CniStackFlows,

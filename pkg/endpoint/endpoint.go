@@ -414,7 +414,9 @@ func (a *Attachment) Publish() error {
 	if err := m.ResetStats(idx); err != nil {
 		return internalErr(err)
 	}
-	if err := m.PutLink(idx, maps.NewLinkInfo(p.podMAC, p.hostMAC)); err != nil {
+	li := maps.NewLinkInfo(p.podMAC, p.hostMAC)
+	li.Flags = a.Flags & maps.EndpointFlagPolicy // to_container judges the pod's ingress by it
+	if err := m.PutLink(idx, li); err != nil {
 		return mapError(err)
 	}
 	info := maps.NewEndpointInfo(idx, p.podMAC, p.hostMAC, a.Flags)

@@ -48,6 +48,9 @@ type Capabilities struct {
 	// masquerade uses, the most one pod holds per destination.
 	IPMasqPortRange    string
 	IPMasqPodPortLimit int
+	// NetworkPolicy: the pod's traffic is judged by the policy the agent
+	// programs; pending (only the node's traffic) until then.
+	NetworkPolicy bool
 }
 
 // Features is the table of capabilities, in the order ADD installs them.
@@ -62,6 +65,7 @@ func (c Capabilities) Features() ([]Feature, error) {
 		&bandwidth{conf: c.Bandwidth},
 		&hostPorts{conf: c.PortMappings, limit: c.MaxHostPorts},
 		m,
+		&netPolicy{on: c.NetworkPolicy},
 	}, nil
 }
 

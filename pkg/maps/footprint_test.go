@@ -59,7 +59,8 @@ func fixedBase(t *testing.T, u Usage) uint64 {
 // not preallocated; checks that the model of the kernel's accounting
 // reproduces each figure to the byte on this machine's CPU count; and
 // checks that, extrapolated by that model to a 64-CPU node with every map
-// full, all maps together stay within 32 MiB.
+// full, all maps together stay within 40 MiB (32 MiB before the
+// NetworkPolicy maps, which add 5.4 MiB full).
 func TestFootprint(t *testing.T) {
 	m := testMaps(t, DefaultSizing)
 	// Entries where they cost (not preallocated): counters of 50
@@ -101,7 +102,7 @@ func TestFootprint(t *testing.T) {
 			us[nameStats].Entries, us[nameClusterRefs].Entries, us[nameEndpoints].Entries)
 	}
 
-	const budget = 32 << 20
+	const budget = 40 << 20
 	for _, c := range []int{cpus, 64, 192} {
 		now, full := Footprint(us, c)
 		t.Logf("%3d CPUs: %6.2f MiB with these entries, %6.2f MiB with every map full", c, mib(now), mib(full))

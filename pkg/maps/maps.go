@@ -70,6 +70,7 @@ const (
 	ReasonNeighReply    = mapsObjCniReasonREASON_NEIGH_REPLY
 	ReasonDropBandwidth = mapsObjCniReasonREASON_DROP_BANDWIDTH
 	ReasonDropRouterMsg = mapsObjCniReasonREASON_DROP_ROUTER_MSG
+	ReasonDropPolicy    = mapsObjCniReasonREASON_DROP_POLICY
 	numReasons          = int(mapsObjCniReasonREASON_MAX)
 )
 
@@ -105,13 +106,16 @@ func (r Reason) String() string {
 		return "drop_bandwidth"
 	case ReasonDropRouterMsg:
 		return "drop_router_msg"
+	case ReasonDropPolicy:
+		return "drop_policy"
 	}
 	return fmt.Sprintf("reason%d", uint32(r))
 }
 
 // IsDrop tells whether packets counted under r were dropped.
 func (r Reason) IsDrop() bool {
-	return (r >= ReasonDropSpoofIP && r <= ReasonDropUnknown) || r == ReasonDropBandwidth || r == ReasonDropRouterMsg
+	return (r >= ReasonDropSpoofIP && r <= ReasonDropUnknown) || r == ReasonDropBandwidth || r == ReasonDropRouterMsg ||
+		r == ReasonDropPolicy
 }
 
 // Names of the core maps, as C declares them. Feature maps name theirs in
@@ -275,6 +279,12 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: "cni_masq_share", Type: ebpf.LRUHash, KeySize: 24, ValueSize: 4},
 		{Name: "cni_masq_stats", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
 		{Name: "cni_netns", Type: ebpf.Hash, KeySize: 8, ValueSize: 16},
+		{Name: namePolAddrs, Type: ebpf.LPMTrie, KeySize: 28, ValueSize: 8, Flags: unix.BPF_F_NO_PREALLOC},
+		{Name: namePolConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1},
+		{Name: namePolCT, Type: ebpf.LRUHash, KeySize: 44, ValueSize: 24},
+		{Name: namePolScratch, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 320, MaxEntries: 1},
+		{Name: namePolPorts, Type: ebpf.LPMTrie, KeySize: 12, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
+		{Name: namePolState, Type: ebpf.Hash, KeySize: 4, ValueSize: 12},
 		{Name: "cni_node_ips", Type: ebpf.Hash, KeySize: 20, ValueSize: 4, MaxEntries: 1024},
 		{Name: "cni_snat", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 56},
 		{Name: "cni_sock_rnat", Type: ebpf.LRUHash, KeySize: 32, ValueSize: 24},

@@ -71,7 +71,8 @@ const (
 	mapsObjCniReasonREASON_NEIGH_REPLY     mapsObjCniReason = 7
 	mapsObjCniReasonREASON_DROP_BANDWIDTH  mapsObjCniReason = 8
 	mapsObjCniReasonREASON_DROP_ROUTER_MSG mapsObjCniReason = 9
-	mapsObjCniReasonREASON_MAX             mapsObjCniReason = 10
+	mapsObjCniReasonREASON_DROP_POLICY     mapsObjCniReason = 10
+	mapsObjCniReasonREASON_MAX             mapsObjCniReason = 11
 )
 
 type mapsObjCtKey struct {
@@ -205,6 +206,67 @@ type mapsObjNetnsInfo struct {
 	RcvWnd     uint32
 }
 
+type mapsObjPolAddrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Set       uint32
+	Family    uint8
+	Pad       [3]uint8
+	Addr      [16]uint8
+}
+
+type mapsObjPolAddrVal struct {
+	_     structs.HostLayout
+	Flags uint32
+	Ports uint32
+}
+
+type mapsObjPolConfig struct {
+	_     structs.HostLayout
+	Flags uint32
+}
+
+type mapsObjPolCtKey struct {
+	_        structs.HostLayout
+	Ifindex  uint32
+	Family   uint8
+	Proto    uint8
+	PodPort  uint16
+	PeerPort uint16
+	Pad      uint16
+	PodAddr  [16]uint8
+	PeerAddr [16]uint8
+}
+
+type mapsObjPolCtVal struct {
+	_         structs.HostLayout
+	Flags     uint32
+	Pad       uint32
+	CreatedNs uint64
+	SeenNs    uint64
+}
+
+type mapsObjPolPortKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Set       uint32
+	Proto     uint8
+	Pad       uint8
+	Port      uint16
+}
+
+type mapsObjPolScratch struct {
+	_    structs.HostLayout
+	Data [320]uint8
+}
+
+type mapsObjPolState struct {
+	_     structs.HostLayout
+	Mode  [2]uint8
+	Pad   uint16
+	Rules [2]uint32
+}
+
 type mapsObjSfKey struct {
 	_        structs.HostLayout
 	Addr     [16]uint8
@@ -299,6 +361,12 @@ const (
 	mapsObjMapCniMasqStats    = "cni_masq_stats"
 	mapsObjMapCniNetns        = "cni_netns"
 	mapsObjMapCniNodeIps      = "cni_node_ips"
+	mapsObjMapCniPolAddrs     = "cni_pol_addrs"
+	mapsObjMapCniPolConfig    = "cni_pol_config"
+	mapsObjMapCniPolCt        = "cni_pol_ct"
+	mapsObjMapCniPolPorts     = "cni_pol_ports"
+	mapsObjMapCniPolScratch   = "cni_pol_scratch"
+	mapsObjMapCniPolState     = "cni_pol_state"
 	mapsObjMapCniSnat         = "cni_snat"
 	mapsObjMapCniSockRnat     = "cni_sock_rnat"
 	mapsObjMapCniStackFlows   = "cni_stack_flows"
@@ -371,6 +439,12 @@ type mapsObjMapSpecs struct {
 	CniMasqStats    *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns        *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps      *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniPolAddrs     *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
+	CniPolConfig    *ebpf.MapSpec `ebpf:"cni_pol_config"`
+	CniPolCt        *ebpf.MapSpec `ebpf:"cni_pol_ct"`
+	CniPolPorts     *ebpf.MapSpec `ebpf:"cni_pol_ports"`
+	CniPolScratch   *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
+	CniPolState     *ebpf.MapSpec `ebpf:"cni_pol_state"`
 	CniSnat         *ebpf.MapSpec `ebpf:"cni_snat"`
 	CniSockRnat     *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
 	CniStackFlows   *ebpf.MapSpec `ebpf:"cni_stack_flows"`
@@ -421,6 +495,12 @@ type mapsObjMaps struct {
 	CniMasqStats    *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns        *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps      *ebpf.Map `ebpf:"cni_node_ips"`
+	CniPolAddrs     *ebpf.Map `ebpf:"cni_pol_addrs"`
+	CniPolConfig    *ebpf.Map `ebpf:"cni_pol_config"`
+	CniPolCt        *ebpf.Map `ebpf:"cni_pol_ct"`
+	CniPolPorts     *ebpf.Map `ebpf:"cni_pol_ports"`
+	CniPolScratch   *ebpf.Map `ebpf:"cni_pol_scratch"`
+	CniPolState     *ebpf.Map `ebpf:"cni_pol_state"`
 	CniSnat         *ebpf.Map `ebpf:"cni_snat"`
 	CniSockRnat     *ebpf.Map `ebpf:"cni_sock_rnat"`
 	CniStackFlows   *ebpf.Map `ebpf:"cni_stack_flows"`
@@ -443,6 +523,12 @@ func (m *mapsObjMaps) Close() error {
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,
+		m.CniPolAddrs,
+		m.CniPolConfig,
+		m.CniPolCt,
+		m.CniPolPorts,
+		m.CniPolScratch,
+		m.CniPolState,
 		m.CniSnat,
 		m.CniSockRnat,
 		m.CniStackFlows,

@@ -53,6 +53,18 @@ const (
 	addrsPerAttachment = 2   // IPv4 and IPv6
 	flowsPerPod        = 256 // translated flows (hostPort, Services, masquerade) per pod, on average
 	sockFlowsPerPod    = 64  // node sockets reaching a pod through a hostPort
+	// NetworkPolicy: peer prefixes (rule entries) and port prefixes per
+	// pod, flows its policy allowed per pod (both ends of a same-node flow
+	// have one each). The tries are not preallocated: only what the
+	// policies hold costs memory.
+	policyAddrsPerPod = 512
+	policyPortsPerPod = 128
+	policyFlowsPerPod = 128
+	// statsReasons is the reasons cni_stats is sized for: the 10 of layout
+	// 2's first maps, so that a node pinned before REASON_DROP_POLICY keeps
+	// its size. No interface counts every reason both ways (most are
+	// egress-only), so 10 per direction still holds any interface's.
+	statsReasons = 10
 	// minCT is cni_ct's least size: a hostPort pod taking 8000 short
 	// connections a second keeps tens of thousands of closing flows there
 	// until they time out, and at maxPods x flowsPerPod (28160 at the
@@ -89,7 +101,7 @@ func (s Sizing) entries() map[string]uint32 {
 	return map[string]uint32{
 		nameEndpoints:   uint32(att * addrsPerAttachment),
 		nameLinks:       uint32(att),
-		nameStats:       uint32(att * numDirs * numReasons), // every (direction, reason) of every interface
+		nameStats:       uint32(att * numDirs * statsReasons), // every (direction, reason) an interface can count
 		nameBandwidth:   uint32(att * numDirs),
 		nameNetns:       uint32(att + 1), // the pods' and the node's
 		nameHostPorts:   uint32(hp),
@@ -99,6 +111,10 @@ func (s Sizing) entries() map[string]uint32 {
 		nameMasqShare:   uint32(s.MaxPods * flowsPerPod),     // a (pod, destination) has a flow at least
 		nameStackFlows:  uint32(s.MaxPods * flowsPerPod),
 		nameClusterRefs: uint32(att * MaxClusterCIDRsPerNetwork),
+		namePolState:    uint32(att),
+		namePolAddrs:    uint32(s.MaxPods * policyAddrsPerPod),
+		namePolPorts:    uint32(s.MaxPods * policyPortsPerPod),
+		namePolCT:       uint32(s.MaxPods * policyFlowsPerPod),
 	}
 }
 

@@ -54,6 +54,8 @@ type Record struct {
 	HostPorts []HostPort `json:"hostPorts,omitempty"`
 	// Masq: the pod's traffic is masqueraded (DEL purges its cni_snat entries).
 	Masq bool `json:"masq,omitempty"`
+	// Policy: the interface has networkPolicy (a state in cni_pol_state).
+	Policy bool `json:"policy,omitempty"`
 	// PodTable is the routing table of the interface inside the pod; DEL
 	// removes the pod's rules that point at it. 0 in records of builds
 	// before per-interface tables.

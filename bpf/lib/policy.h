@@ -1,0 +1,403 @@
+/*
+ * Kubernetes NetworkPolicy, as the agent compiled it for each pod interface
+ * (pkg/policy) and pkg/maps wrote it (pkg/maps/policy.go):
+ *
+ *   - cni_pol_state[ifindex]: each direction open, isolated or pending, and
+ *     its rule set (one update switches both directions to new sets);
+ *   - cni_pol_addrs: LPM trie {set, family, peer address} -> every port, or
+ *     a port set; cni_pol_ports: LPM trie {port set, protocol, port} (an
+ *     endPort range is stored as its prefixes);
+ *   - cni_pol_ct: flows allowed so far, keyed per pod interface as the pod
+ *     sees them, so replies pass both ways without a rule, and so do ICMP
+ *     errors quoting them. Timeouts are the translated flows' (flowlife.h);
+ *     an LRU map, so the oldest flows go first when it is full.
+ *
+ * A packet costs at most: the state (one hash lookup), the flow (one), and
+ * for a new flow of an isolated pod one lookup in each trie: nothing grows
+ * with the number of policies or peers. Pods of a network without
+ * networkPolicy carry no EP_F_POLICY and cost nothing here.
+ *
+ * Where packets are judged:
+ *   - egress, from_container.c, as the pod sent them (before hostPort,
+ *     masquerade and redirect). A packet the stack may still translate
+ *     (kube-proxy's Service DNAT: its destination is no pod of the node)
+ *     that the rules deny is not dropped there but judged again once the
+ *     stack translated it: in to_container.c (a pod of this node) and
+ *     to_uplink.c (leaving the node), with the destination the stack
+ *     chose. Its flow entry (POL_CT_F_DEFER) then only lets replies in,
+ *     which the stack translates back to the address the pod dialled;
+ *   - ingress, wherever a packet enters a pod: redirect_to_endpoint (same
+ *     node pod to pod, hostPort from the uplink or hairpin) and
+ *     to_container.c (whatever the stack delivers: other nodes, Services,
+ *     NodePorts, the node itself), after every translation.
+ *
+ * The node's own traffic to a pod (kubelet's probes) always passes: a
+ * packet the node sends (no ingress interface) or whose source is a node
+ * address (cni_node_ips). Neighbour discovery and link-local IPv6 never
+ * leave the link and are not judged. A pod interface whose state is
+ * missing is pending (fail closed).
+ */
+#pragma once
+
+#include "maps.h"
+#include "pkt.h"
+#include "node.h"
+#include "flowlife.h"
+#include "icmp.h" /* icmp_is_error */
+
+#define POL_ALLOW 0
+#define POL_DENY 1
+
+/* What a packet is to policy. */
+#define POL_PKT_FLOW 0  /* judged by its own header */
+#define POL_PKT_ERROR 1 /* an ICMP error: allowed with the flow it quotes */
+#define POL_PKT_LOCAL 2 /* link scope (IPv6 link-local, multicast, ND): never judged */
+#define POL_PKT_BAD 3   /* headers do not fit */
+
+/* policy_judge's variables, in cni_pol_scratch: a tc program runs to its
+ * end on its CPU without another tc run in between. */
+struct pol_work {
+	struct flow f;
+	struct flow q; /* the packet an ICMP error quotes */
+	__u8 h[16];    /* header bytes being read */
+	struct pol_ct_key k;
+	struct pol_ct_key ek;
+	struct pol_ct_val nv;
+	struct pol_addr_key ak;
+	struct pol_port_key pk;
+	struct ep_key nk;
+};
+_Static_assert(sizeof(struct pol_work) <= sizeof(struct pol_scratch), "struct pol_scratch is too small for struct pol_work");
+
+/* is_node_ip, its key in the scratch. */
+static __always_inline int pol_is_node(struct pol_work *w, const __u8 *addr, __u8 family)
+{
+	__builtin_memset(&w->nk, 0, sizeof(w->nk));
+	w->nk.family = family;
+	addr_copy(w->nk.addr, addr, family);
+	return bpf_map_lookup_elem(&cni_node_ips, &w->nk) != NULL;
+}
+
+/* Whether some interface of the node has networkPolicy (POL_CFG_ON). */
+static __always_inline int policy_on_node(void)
+{
+	__u32 zero = 0;
+	struct pol_config *c = bpf_map_lookup_elem(&cni_pol_config, &zero);
+
+	return c && (c->flags & POL_CFG_ON);
+}
+
+/*
+ * Parses the packet (IP header at ETH_HLEN) into f: addresses, protocol,
+ * ports (an ICMP echo's id: the requester's port, 0 the responder's), TCP
+ * flags. A later IPv4 fragment, or an IPv6 extension header before the
+ * transport, has no ports here (0): only a rule allowing every port of the
+ * peer matches it. Returns POL_PKT_*.
+ */
+static __always_inline int pol_parse(struct __sk_buff *skb, __u8 family, struct flow *f, __u8 *h)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	f->family = family;
+	if (family == AF_INET) {
+		struct iphdr *ip = data + ETH_HLEN;
+
+		if ((void *)(ip + 1) > data_end || ip->ihl < 5)
+			return POL_PKT_BAD;
+		f->proto = ip->protocol;
+		*(__be32 *)f->saddr = ip->saddr;
+		*(__be32 *)f->daddr = ip->daddr;
+		f->l4off = ETH_HLEN + ip->ihl * 4;
+		if (ip->frag_off & bpf_htons(0x1fff))
+			return POL_PKT_FLOW;
+	} else {
+		struct ipv6hdr *ip6 = data + ETH_HLEN;
+
+		if ((void *)(ip6 + 1) > data_end)
+			return POL_PKT_BAD;
+		if (is_link_local6(&ip6->saddr) || ip6->daddr.in6_u.u6_addr8[0] == 0xff)
+			return POL_PKT_LOCAL;
+		f->proto = ip6->nexthdr;
+		__builtin_memcpy(f->saddr, &ip6->saddr, 16);
+		__builtin_memcpy(f->daddr, &ip6->daddr, 16);
+		f->l4off = ETH_HLEN + sizeof(*ip6);
+	}
+	switch (f->proto) {
+	case IPPROTO_TCP:
+		if (bpf_skb_load_bytes(skb, f->l4off, h, 14))
+			return POL_PKT_BAD;
+		f->sport = *(__be16 *)&h[0];
+		f->dport = *(__be16 *)&h[2];
+		f->tcp_flags = h[13];
+		f->syn_only = (h[13] & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
+		return POL_PKT_FLOW;
+	case IPPROTO_UDP:
+	case IPPROTO_SCTP:
+		if (bpf_skb_load_bytes(skb, f->l4off, h, 4))
+			return POL_PKT_BAD;
+		f->sport = *(__be16 *)&h[0];
+		f->dport = *(__be16 *)&h[2];
+		return POL_PKT_FLOW;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6: {
+		if (bpf_skb_load_bytes(skb, f->l4off, h, 8))
+			return POL_PKT_BAD;
+		int v4 = f->proto == IPPROTO_ICMP;
+		if (v4 != (family == AF_INET))
+			return POL_PKT_FLOW;
+		if (!v4 && h[0] >= 133 && h[0] <= 136)
+			return POL_PKT_LOCAL; /* router and neighbour discovery */
+		if (icmp_is_error(family, h[0]))
+			return POL_PKT_ERROR;
+		if (h[0] == (v4 ? ICMP_ECHO_T : ICMP6_ECHO_REQUEST))
+			f->sport = *(__be16 *)&h[4];
+		else if (h[0] == (v4 ? ICMP_ECHOREPLY_T : ICMP6_ECHO_REPLY))
+			f->dport = *(__be16 *)&h[4];
+		return POL_PKT_FLOW;
+	}
+	}
+	return POL_PKT_FLOW;
+}
+
+/* The flow entry key of packet f for the pod behind ifindex, which sends
+ * it (egress) or receives it. */
+static __always_inline void pol_ct_key_of(struct pol_ct_key *k, __u32 ifindex, const struct flow *f, int egress)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->ifindex = ifindex;
+	k->family = f->family;
+	k->proto = f->proto;
+	if (egress) {
+		addr_copy(k->pod_addr, f->saddr, f->family);
+		addr_copy(k->peer_addr, f->daddr, f->family);
+		k->pod_port = f->sport;
+		k->peer_port = f->dport;
+	} else {
+		addr_copy(k->pod_addr, f->daddr, f->family);
+		addr_copy(k->peer_addr, f->saddr, f->family);
+		k->pod_port = f->dport;
+		k->peer_port = f->sport;
+	}
+}
+
+/* Whether the rule set allows peer (destination for egress, source for
+ * ingress) with f's protocol and destination port. */
+static __noinline int pol_rules_allow(struct pol_work *w, __u32 set, int egress)
+{
+	const struct flow *f = &w->f;
+	struct pol_addr_key *ak = &w->ak;
+	struct pol_port_key *pk = &w->pk;
+
+	if (!set)
+		return 0;
+	__builtin_memset(ak, 0, sizeof(*ak));
+	ak->prefixlen = 64 + (f->family == AF_INET ? 32 : 128);
+	ak->set = set;
+	ak->family = f->family;
+	addr_copy(ak->addr, egress ? f->daddr : f->saddr, f->family);
+	struct pol_addr_val *av = bpf_map_lookup_elem(&cni_pol_addrs, ak);
+	if (!av)
+		return 0;
+	if (av->flags & POL_F_ALL_PORTS)
+		return 1;
+	if (!av->ports || (f->proto != IPPROTO_TCP && f->proto != IPPROTO_UDP && f->proto != IPPROTO_SCTP))
+		return 0;
+	__builtin_memset(pk, 0, sizeof(*pk));
+	pk->prefixlen = 64;
+	pk->set = av->ports;
+	pk->proto = f->proto;
+	pk->port = f->dport;
+	return bpf_map_lookup_elem(&cni_pol_ports, pk) != NULL;
+}
+
+/* Whether an ICMP error is about a flow of the pod: the quote is a packet
+ * the pod sent (the error enters it) or received (the pod sends the error). */
+static __always_inline int pol_error_related(struct __sk_buff *skb, struct pol_work *w, __u8 family, __u32 ifindex,
+					     int egress)
+{
+	struct flow *q = &w->q;
+	__u32 off = w->f.l4off + 8; /* the quoted IP header */
+	__u8 *h = w->h;
+
+	/* Read field by field into the scratch: the stack has no room for a
+	 * header copy (icmp_err_parse's). */
+	__builtin_memset(q, 0, sizeof(*q));
+	q->family = family;
+	if (family == AF_INET) {
+		if (bpf_skb_load_bytes(skb, off, h, 10))
+			return 0;
+		__u32 ihl = (h[0] & 0xf) * 4;
+		if ((h[0] >> 4) != 4 || ihl < 20 || ((h[6] & 0x1f) | h[7]))
+			return 0; /* a later fragment quoted: no ports */
+		q->proto = h[9];
+		if (bpf_skb_load_bytes(skb, off + 12, q->saddr, 4) || bpf_skb_load_bytes(skb, off + 16, q->daddr, 4))
+			return 0;
+		off += ihl;
+	} else {
+		if (bpf_skb_load_bytes(skb, off + 6, &q->proto, 1) || bpf_skb_load_bytes(skb, off + 8, q->saddr, 16) ||
+		    bpf_skb_load_bytes(skb, off + 24, q->daddr, 16))
+			return 0;
+		off += 40;
+	}
+	if (bpf_skb_load_bytes(skb, off, h, 8))
+		return 0;
+	if (q->proto == IPPROTO_TCP || q->proto == IPPROTO_UDP || q->proto == IPPROTO_SCTP) {
+		q->sport = *(__be16 *)&h[0];
+		q->dport = *(__be16 *)&h[2];
+	} else if (q->proto == IPPROTO_ICMP || q->proto == IPPROTO_ICMPV6) {
+		int v4 = q->proto == IPPROTO_ICMP;
+		if (h[0] == (v4 ? ICMP_ECHO_T : ICMP6_ECHO_REQUEST))
+			q->sport = *(__be16 *)&h[4];
+		else if (h[0] == (v4 ? ICMP_ECHOREPLY_T : ICMP6_ECHO_REPLY))
+			q->dport = *(__be16 *)&h[4];
+	}
+	pol_ct_key_of(&w->ek, ifindex, q, !egress);
+	struct pol_ct_val *ct = bpf_map_lookup_elem(&cni_pol_ct, &w->ek);
+	return ct && !flow_expired(ct->flags, q->proto, ct->seen_ns, bpf_ktime_get_ns());
+}
+
+/* How a packet is judged (policy_judge's how). */
+#define POL_J_DEFER 1  /* from_container, to the stack: a denial is judged again after the stack's translation */
+#define POL_J_AFTER 2  /* the judgement after the stack's translation of a deferred packet */
+#define POL_J_EGRESS 4 /* the pod sends it (else it enters the pod) */
+#define POL_J_NODE 8   /* it comes from the node (ingress) */
+
+/*
+ * Judges the packet (IP header at ETH_HLEN) for the pod behind ifindex, in
+ * the direction and way how says (POL_J_*). Returns POL_ALLOW or POL_DENY;
+ * an allowed flow is recorded unless both directions are open, so its
+ * replies pass. Not inlined: one copy per program, and the callers' own
+ * code keeps its registers.
+ */
+static __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, __u32 how)
+{
+	/* No state: pending (fail closed). */
+	struct pol_state *st = bpf_map_lookup_elem(&cni_pol_state, &ifindex);
+	int egress = !!(how & POL_J_EGRESS);
+	int node_peer = !!(how & POL_J_NODE);
+	__u8 mode = POL_PENDING, other = POL_PENDING;
+	__u32 set = 0;
+
+	if (st) {
+		mode = egress ? st->mode[DIR_EGRESS] : st->mode[DIR_INGRESS];
+		other = egress ? st->mode[DIR_INGRESS] : st->mode[DIR_EGRESS];
+		set = egress ? st->rules[DIR_EGRESS] : st->rules[DIR_INGRESS];
+	}
+
+	if (mode == POL_OPEN && other == POL_OPEN)
+		return POL_ALLOW;
+
+	__u32 zero = 0;
+	struct pol_work *w = bpf_map_lookup_elem(&cni_pol_scratch, &zero);
+	if (!w)
+		return POL_DENY;
+	struct flow *f = &w->f;
+	__builtin_memset(f, 0, sizeof(*f));
+	int kind = pol_parse(skb, family, f, w->h);
+	if (kind == POL_PKT_LOCAL)
+		return POL_ALLOW;
+	if (kind == POL_PKT_BAD)
+		return mode == POL_OPEN ? POL_ALLOW : POL_DENY;
+	if (!egress && !node_peer)
+		node_peer = pol_is_node(w, f->saddr, family);
+	if (kind == POL_PKT_ERROR) {
+		if (mode == POL_OPEN || node_peer || pol_error_related(skb, w, family, ifindex, egress))
+			return POL_ALLOW;
+		/* Not about a flow of the pod: an ICMP packet like any other. */
+	}
+
+	struct pol_ct_key *k = &w->k;
+	__u64 now = bpf_ktime_get_ns();
+	pol_ct_key_of(k, ifindex, f, egress);
+	struct pol_ct_val *ct = bpf_map_lookup_elem(&cni_pol_ct, k);
+	if (ct && flow_expired(ct->flags, f->proto, ct->seen_ns, now))
+		ct = NULL; /* as good as absent; replaced below if allowed */
+	if (ct) {
+		int reply = !(ct->flags & POL_CT_F_EGRESS) != !egress;
+
+		if (reply || !(ct->flags & POL_CT_F_DEFER)) {
+			__u32 n = flow_next(ct->flags, f, reply, ct->created_ns, now);
+
+			if (n != ct->flags || now - ct->seen_ns > NSEC) {
+				ct->flags = n;
+				ct->seen_ns = now;
+			}
+			return POL_ALLOW;
+		}
+		/* The pod's own packet of a deferred flow: judged each time. */
+	}
+
+	int allow = mode == POL_OPEN || node_peer || pol_rules_allow(w, set, egress);
+	__u32 flags = egress ? POL_CT_F_EGRESS : 0;
+	if (!allow) {
+		if (how & POL_J_AFTER) {
+			/* Untranslated after all: its deferred entry lets nothing in. */
+			if (ct && (ct->flags & POL_CT_F_DEFER))
+				bpf_map_delete_elem(&cni_pol_ct, k);
+			return POL_DENY;
+		}
+		/* To the node itself nothing translates it: judged now. */
+		if (!(how & POL_J_DEFER) || pol_is_node(w, f->daddr, family))
+			return POL_DENY;
+		if (ct)
+			return POL_ALLOW; /* deferred already */
+		flags |= POL_CT_F_DEFER;
+	}
+	if (kind == POL_PKT_ERROR)
+		return POL_ALLOW; /* errors open no flow */
+	struct pol_ct_val *nv = &w->nv;
+	nv->flags = flags | flow_next(0, f, 0, now, now);
+	nv->pad = 0;
+	nv->created_ns = now;
+	nv->seen_ns = now;
+	bpf_map_update_elem(&cni_pol_ct, k, nv, BPF_ANY);
+	return POL_ALLOW;
+}
+
+/* The verdict on a packet entering the pod behind ifindex, delivered
+ * straight into it (redirect_to_endpoint): only pods with EP_F_POLICY. */
+static __always_inline int policy_ingress_redirect(struct __sk_buff *skb, __u32 ifindex)
+{
+	__u8 family = skb->protocol == bpf_htons(ETH_P_IPV6) ? AF_INET6 : AF_INET;
+
+	return policy_judge(skb, family, ifindex, 0);
+}
+
+/* The verdict on a packet the pod behind ifindex sends (from_container.c),
+ * as it sent it. dst_is_pod: a pod of this node, which it is redirected to;
+ * anything else goes to the stack, which may translate it (see above). */
+static __always_inline int policy_egress(struct __sk_buff *skb, __u8 family, __u32 ifindex, int dst_is_pod)
+{
+	return policy_judge(skb, family, ifindex, POL_J_EGRESS | (!dst_is_pod && node_hooks_enabled() ? POL_J_DEFER : 0));
+}
+
+/*
+ * A packet the stack forwards from a pod's host veth (from, its ingress
+ * interface), seen on its way out (to_container.c, to_uplink.c), after the
+ * stack's translation: the sender's egress, when the source is still the
+ * pod's (a reply the stack translated back, or masqueraded, was judged
+ * before). Returns the verdict; POL_ALLOW for pods without policy.
+ */
+static __always_inline int policy_after_stack(struct __sk_buff *skb, __u8 family, __u32 from)
+{
+	struct ep_key k = { .family = family };
+
+	if (family == AF_INET) {
+		struct iphdr *ip = pkt_ip4(skb);
+
+		if (!ip)
+			return POL_ALLOW;
+		*(__be32 *)k.addr = ip->saddr;
+	} else {
+		struct ipv6hdr *ip6 = pkt_ip6(skb);
+
+		if (!ip6)
+			return POL_ALLOW;
+		__builtin_memcpy(k.addr, &ip6->saddr, 16);
+	}
+	struct ep_info *src = bpf_map_lookup_elem(&cni_endpoints, &k);
+	if (!src || src->ifindex != from || !(src->flags & EP_F_POLICY))
+		return POL_ALLOW;
+	return policy_judge(skb, family, from, POL_J_EGRESS | POL_J_AFTER);
+}

@@ -1,0 +1,82 @@
+package endpoint
+
+import (
+	"fmt"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+)
+
+// netPolicy is the Feature of networkPolicy (bpf/lib/policy.h): the pod's
+// traffic is judged by the NetworkPolicy the agent programs for its
+// interface. ADD leaves the interface pending (only the node's traffic
+// passes, both ways) before the pod can send or receive anything: fail
+// closed until the agent's first write (maps.PolicyWriter).
+type netPolicy struct {
+	on bool
+}
+
+// NeedsNodeHooks: a pod's packet the stack may translate (a Service) is
+// judged again on its way out of the node (to_uplink.c), and node
+// addresses (cni_node_ips) are what tells the node's traffic.
+func (p *netPolicy) NeedsNodeHooks() bool { return p.on }
+
+func (p *netPolicy) Validate() error { return nil }
+
+// Install marks the interface pending, then flags it (in its endpoint and
+// link entries, which Publish writes afterwards): from the first packet the
+// programs see, the pod is judged.
+func (p *netPolicy) Install(a *Attachment) error {
+	if !p.on {
+		return nil
+	}
+	if uplinks, err := a.NodeHooks(); err != nil && !uplinks {
+		return types.NewError(ErrPluginNotAvailable, fmt.Sprintf("networkPolicy uplink hooks at %s: %v", a.Net.PinDir, err), "")
+	}
+	m := a.DP.Maps
+	if err := m.EnablePolicy(); err != nil {
+		return mapError(err)
+	}
+	if err := m.SetPolicyPending(a.Ifindex); err != nil {
+		return mapError(err)
+	}
+	idx := a.Ifindex
+	a.OnUndo(func() error { return m.DeletePolicyOf(idx) })
+	a.Flags |= maps.EndpointFlagPolicy
+	a.Record.Policy = true
+	a.Trace.Mark("policy")
+	return nil
+}
+
+// Check: the endpoint entries carry the flag and the interface has a state.
+func (p *netPolicy) Check(a *Attachment) error {
+	if !p.on {
+		return nil
+	}
+	for _, ip := range a.PodIPs() {
+		if e, err := a.DP.Maps.LookupEndpoint(ip); err == nil && e.Flags&maps.EndpointFlagPolicy == 0 {
+			return checkError("map cni_endpoints entry of %s lacks the networkPolicy flag", ip)
+		}
+	}
+	if a.Ifindex != 0 {
+		if _, ok, err := a.DP.Maps.PolicyStateOf(a.Ifindex); err != nil {
+			return checkError("%v", err)
+		} else if !ok {
+			return checkError("map cni_pol_state has no entry for host veth ifindex %d", a.Ifindex)
+		}
+	}
+	return nil
+}
+
+// Teardown forgets the interface's policy state and flows once the veth is
+// going (its rule sets are the agent's to sweep), when its record says it
+// had some or there is no complete record (a killed ADD's).
+func (p *netPolicy) Teardown(t *Teardown) {
+	if t.Complete != nil && !t.Complete.Policy {
+		return
+	}
+	t.WithVeth(func() error {
+		return t.DP.Maps.DeletePolicyOf(t.Ifindex)
+	})
+}

@@ -1,0 +1,738 @@
+package maps
+
+import (
+	"cmp"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
+)
+
+// Go twins of the NetworkPolicy structs in bpf/lib/types.h, generated from BTF.
+type (
+	PolicyState   = mapsObjPolState
+	PolicyAddrKey = mapsObjPolAddrKey
+	PolicyAddrVal = mapsObjPolAddrVal
+	PolicyPortKey = mapsObjPolPortKey
+	PolicyCTKey   = mapsObjPolCtKey
+	PolicyCTVal   = mapsObjPolCtVal
+	PolicyConfig  = mapsObjPolConfig
+)
+
+// Names of the NetworkPolicy maps, as bpf/lib/maps.h declares them.
+const (
+	namePolState   = "cni_pol_state"
+	namePolAddrs   = "cni_pol_addrs"
+	namePolPorts   = "cni_pol_ports"
+	namePolCT      = "cni_pol_ct"
+	namePolConfig  = "cni_pol_config"
+	namePolScratch = "cni_pol_scratch" // the programs' working memory, nothing to read
+)
+
+// EndpointFlagPolicy is EP_F_POLICY in ep_info.flags and link_info.flags:
+// the pod's traffic is judged by its NetworkPolicy (bpf/lib/policy.h).
+const EndpointFlagPolicy = 1 << 4
+
+// Modes of a direction (POL_* in bpf/lib/types.h).
+const (
+	PolicyOpen     = 0 // no policy selects the pod in this direction
+	PolicyIsolated = 1 // only what the rules allow, replies and the node
+	PolicyPending  = 2 // not programmed yet: only the node
+)
+
+// Flags of the other NetworkPolicy structs.
+const (
+	polAllPorts    = 1      // POL_F_ALL_PORTS
+	polCfgOn       = 1      // POL_CFG_ON
+	PolicyCTEgress = 1 << 8 // POL_CT_F_EGRESS: the pod opened the flow
+	PolicyCTDefer  = 1 << 9 // POL_CT_F_DEFER: judged after the stack's translation
+)
+
+// Bits of an LPM key ahead of the address or port.
+const (
+	polAddrKeyBits = 64 // set, family, pad
+	polPortKeyBits = 48 // set, proto, pad
+)
+
+// retireAfter is how long a replaced rule set stays in the tries: a packet
+// that read the old state before the switch may still look it up. A program
+// run takes microseconds; this is ample.
+const retireAfter = 200 * time.Millisecond
+
+// ModeName names a direction's mode for dumps.
+func ModeName(m uint8) string {
+	switch m {
+	case PolicyOpen:
+		return "open"
+	case PolicyIsolated:
+		return "isolated"
+	case PolicyPending:
+		return "pending"
+	}
+	return fmt.Sprintf("mode%d", m)
+}
+
+// EnablePolicy marks the node as having pod interfaces with networkPolicy
+// (POL_CFG_ON): from then on the stack path looks at each forwarded
+// packet's sender. Idempotent.
+func (m *Maps) EnablePolicy() error {
+	cm := m.byName[namePolConfig]
+	zero := uint32(0)
+	var c PolicyConfig
+	if err := cm.Lookup(&zero, &c); err != nil {
+		return fmt.Errorf("read %s: %w", namePolConfig, err)
+	}
+	if c.Flags&polCfgOn != 0 {
+		return nil
+	}
+	c.Flags |= polCfgOn
+	if err := cm.Put(&zero, &c); err != nil {
+		return writeErr(cm, namePolConfig, "the node's policy flag", err)
+	}
+	return nil
+}
+
+// PolicyEnabled tells whether POL_CFG_ON is set.
+func (m *Maps) PolicyEnabled() (bool, error) {
+	zero := uint32(0)
+	var c PolicyConfig
+	if err := m.byName[namePolConfig].Lookup(&zero, &c); err != nil {
+		return false, fmt.Errorf("read %s: %w", namePolConfig, err)
+	}
+	return c.Flags&polCfgOn != 0, nil
+}
+
+// SetPolicyPending makes the interface pending in both directions (ADD,
+// before the pod can send or receive anything): only the node's traffic
+// passes until the agent programs it. It replaces any state an earlier
+// link of this ifindex left.
+func (m *Maps) SetPolicyPending(ifindex int) error {
+	k := uint32(ifindex)
+	st := PolicyState{Mode: [2]uint8{PolicyPending, PolicyPending}}
+	if err := m.byName[namePolState].Put(&k, &st); err != nil {
+		return writeErr(m.byName[namePolState], namePolState, fmt.Sprintf("pending state of ifindex %d", ifindex), err)
+	}
+	return nil
+}
+
+// PolicyStateOf returns the state of an interface; ok false when it has none.
+func (m *Maps) PolicyStateOf(ifindex int) (st PolicyState, ok bool, err error) {
+	k := uint32(ifindex)
+	err = m.byName[namePolState].Lookup(&k, &st)
+	if errors.Is(err, ebpf.ErrKeyNotExist) {
+		return st, false, nil
+	}
+	if err != nil {
+		return st, false, fmt.Errorf("read %s[%d]: %w", namePolState, ifindex, err)
+	}
+	return st, true, nil
+}
+
+// DeletePolicyOf forgets an interface (DEL, GC, reconcile): its state and
+// its flows. Its rule sets, referenced by nothing any more, are left to the
+// agent's PolicyWriter (Sweep): finding them is a scan of the tries, which
+// a DEL need not pay.
+func (m *Maps) DeletePolicyOf(ifindex int) error {
+	k := uint32(ifindex)
+	var errs error
+	if err := m.byName[namePolState].Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		errs = fmt.Errorf("delete %s[%d]: %w", namePolState, ifindex, err)
+	}
+	_, err := m.DeletePolicyFlowsOf(ifindex)
+	return errors.Join(errs, err)
+}
+
+// DeletePolicyFlowsOf removes every cni_pol_ct entry of the interface and
+// returns how many: a scan (batched), as DeleteStackFlowsOf.
+func (m *Maps) DeletePolicyFlowsOf(ifindex int) (int, error) {
+	var keys []PolicyCTKey
+	err := scan(m.byName[namePolCT], func(k *PolicyCTKey, v *PolicyCTVal) {
+		if int(k.Ifindex) == ifindex {
+			keys = append(keys, *k)
+		}
+	})
+	if err != nil {
+		return 0, fmt.Errorf("scan %s: %w", namePolCT, err)
+	}
+	return len(keys), deleteKeys(m.byName[namePolCT], keys)
+}
+
+// PolicyFlow is one entry of cni_pol_ct: a flow the pod's policy allowed.
+type PolicyFlow struct {
+	Ifindex int
+	Proto   uint8
+	Pod     netip.AddrPort
+	Peer    netip.AddrPort
+	Egress  bool // the pod opened it
+	Defer   bool // judged after the stack's translation (only replies pass by it)
+	Flags   uint32
+}
+
+// ListPolicyFlows returns every entry of cni_pol_ct.
+func (m *Maps) ListPolicyFlows() ([]PolicyFlow, error) {
+	var out []PolicyFlow
+	err := scan(m.byName[namePolCT], func(k *PolicyCTKey, v *PolicyCTVal) {
+		out = append(out, PolicyFlow{Ifindex: int(k.Ifindex), Proto: k.Proto,
+			Pod: addrPort(k.PodAddr, k.Family, k.PodPort), Peer: addrPort(k.PeerAddr, k.Family, k.PeerPort),
+			Egress: v.Flags&PolicyCTEgress != 0, Defer: v.Flags&PolicyCTDefer != 0, Flags: v.Flags})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scan %s: %w", namePolCT, err)
+	}
+	return out, nil
+}
+
+// ProgrammedPolicy is what the maps hold for one interface, read back.
+type ProgrammedPolicy struct {
+	Ifindex         int
+	Mode            [2]string // "open", "isolated", "pending", indexed by policy.Direction
+	Ingress, Egress policy.Rules
+	Policies        []string // the names the writer was given (only a PolicyWriter knows them)
+}
+
+// PolicyWriter programs compiled NetworkPolicy into the maps: it implements
+// policy.Writer for the agent. Apply is double-buffered: the new rules are
+// written under fresh rule set ids beside the old ones, one update of the
+// interface's state switches both directions to them, and the old sets are
+// deleted only after retireAfter, so a packet never meets a half-written or
+// half-deleted set. One writer per node (the agent); the plugin only marks
+// interfaces pending and forgets them (SetPolicyPending, DeletePolicyOf).
+type PolicyWriter struct {
+	m  *Maps
+	mu sync.Mutex
+	// sets: the trie keys of every rule set (by id), and of every port set,
+	// as last written or found by the first scan.
+	addrKeys map[uint32][]PolicyAddrKey
+	portKeys map[uint32][]PolicyPortKey
+	portsOf  map[uint32][]uint32 // rule set -> its port sets
+	applied  map[uint32]policy.Endpoint
+	retired  []retiredSet
+	scanned  bool
+}
+
+type retiredSet struct {
+	set uint32
+	at  time.Time
+}
+
+var _ policy.Writer = (*PolicyWriter)(nil)
+
+// PolicyWriter returns the node's writer over m (which it keeps using: do
+// not Close m while it is in use).
+func (m *Maps) PolicyWriter() *PolicyWriter {
+	return &PolicyWriter{m: m, addrKeys: map[uint32][]PolicyAddrKey{}, portKeys: map[uint32][]PolicyPortKey{},
+		portsOf: map[uint32][]uint32{}, applied: map[uint32]policy.Endpoint{}}
+}
+
+// load scans both tries once, so sets written by an earlier writer (an
+// agent before its restart) are known: their ids are never reused, and
+// Apply and Sweep can delete them.
+func (w *PolicyWriter) load() error {
+	if w.scanned {
+		return nil
+	}
+	var (
+		ak PolicyAddrKey
+		av PolicyAddrVal
+		pk PolicyPortKey
+		pv uint32
+	)
+	it := w.m.byName[namePolAddrs].Iterate()
+	for it.Next(&ak, &av) {
+		w.addrKeys[ak.Set] = append(w.addrKeys[ak.Set], ak)
+		if av.Flags&polAllPorts == 0 && av.Ports != 0 && !slices.Contains(w.portsOf[ak.Set], av.Ports) {
+			w.portsOf[ak.Set] = append(w.portsOf[ak.Set], av.Ports)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("scan %s: %w", namePolAddrs, err)
+	}
+	it = w.m.byName[namePolPorts].Iterate()
+	for it.Next(&pk, &pv) {
+		w.portKeys[pk.Set] = append(w.portKeys[pk.Set], pk)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("scan %s: %w", namePolPorts, err)
+	}
+	w.scanned = true
+	return nil
+}
+
+// newID returns a random nonzero id no set (rule or port) uses.
+func (w *PolicyWriter) newID() (uint32, error) {
+	var b [4]byte
+	for {
+		if _, err := rand.Read(b[:]); err != nil {
+			return 0, err
+		}
+		id := binary.NativeEndian.Uint32(b[:])
+		if id == 0 {
+			continue
+		}
+		if _, ok := w.addrKeys[id]; ok {
+			continue
+		}
+		if _, ok := w.portKeys[id]; ok {
+			continue
+		}
+		return id, nil
+	}
+}
+
+// Apply programs ep for the interface ifindex (policy.Writer).
+func (w *PolicyWriter) Apply(ifindex uint32, ep policy.Endpoint) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.load(); err != nil {
+		return err
+	}
+	w.collect(false)
+	if err := validateRules(ep.Ingress); err != nil {
+		return fmt.Errorf("ifindex %d ingress: %w", ifindex, err)
+	}
+	if err := validateRules(ep.Egress); err != nil {
+		return fmt.Errorf("ifindex %d egress: %w", ifindex, err)
+	}
+	old, hasOld, err := w.m.PolicyStateOf(int(ifindex))
+	if err != nil {
+		return err
+	}
+	// The same rules as programmed (an agent's resync): only the names change.
+	if prev, ok := w.applied[ifindex]; ok && hasOld && sameRules(prev, ep) && old.Mode == modes(ep) {
+		w.applied[ifindex] = ep
+		return nil
+	}
+	var st PolicyState
+	st.Mode = modes(ep)
+	var written []uint32
+	undo := func() {
+		for _, s := range written {
+			w.deleteSet(s)
+		}
+	}
+	for d, r := range []policy.Rules{ep.Ingress, ep.Egress} {
+		if !r.Isolated || len(r.Allows) == 0 {
+			continue
+		}
+		set, err := w.writeSet(r)
+		if set != 0 {
+			written = append(written, set)
+		}
+		if err != nil {
+			undo()
+			return fmt.Errorf("ifindex %d %s: %w", ifindex, policy.Direction(d), err)
+		}
+		st.Rules[dirIndex(policy.Direction(d))] = set
+	}
+	k := ifindex
+	if err := w.m.byName[namePolState].Put(&k, &st); err != nil {
+		undo()
+		return writeErr(w.m.byName[namePolState], namePolState, fmt.Sprintf("state of ifindex %d", ifindex), err)
+	}
+	w.applied[ifindex] = ep
+	if hasOld {
+		w.retire(old)
+	}
+	return nil
+}
+
+// Remove forgets the interface (policy.Writer): its state, flows and sets.
+func (w *PolicyWriter) Remove(ifindex uint32) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.load(); err != nil {
+		return err
+	}
+	old, hasOld, err := w.m.PolicyStateOf(int(ifindex))
+	if err != nil {
+		return err
+	}
+	if err := w.m.DeletePolicyOf(int(ifindex)); err != nil {
+		return err
+	}
+	delete(w.applied, ifindex)
+	if hasOld {
+		w.retire(old)
+	}
+	w.collect(false)
+	return nil
+}
+
+// Flush deletes every retired set now, whatever its age (tests, shutdown).
+func (w *PolicyWriter) Flush() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.collect(true)
+}
+
+// Sweep deletes every set no interface's state refers to (left by a DEL,
+// which forgets only the state, or by a writer killed part way) and
+// returns how many. The agent calls it now and then.
+func (w *PolicyWriter) Sweep() (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.load(); err != nil {
+		return 0, err
+	}
+	used := map[uint32]bool{}
+	var (
+		k  uint32
+		st PolicyState
+	)
+	it := w.m.byName[namePolState].Iterate()
+	for it.Next(&k, &st) {
+		used[st.Rules[0]], used[st.Rules[1]] = true, true
+	}
+	if err := it.Err(); err != nil {
+		return 0, fmt.Errorf("scan %s: %w", namePolState, err)
+	}
+	for _, r := range w.retired {
+		used[r.set] = true // deleted by collect, once old enough
+	}
+	n := 0
+	for s := range w.addrKeys {
+		if !used[s] {
+			w.deleteSet(s)
+			n++
+		}
+	}
+	// Port sets of no rule set (a writer killed between the two tries).
+	owned := map[uint32]bool{}
+	for _, ps := range w.portsOf {
+		for _, p := range ps {
+			owned[p] = true
+		}
+	}
+	for p, keys := range w.portKeys {
+		if !owned[p] {
+			_ = deleteKeys(w.m.byName[namePolPorts], keys)
+			delete(w.portKeys, p)
+			n++
+		}
+	}
+	return n, nil
+}
+
+// retire queues the sets of a replaced state for deletion.
+func (w *PolicyWriter) retire(old PolicyState) {
+	now := time.Now()
+	for _, s := range old.Rules {
+		if s != 0 {
+			w.retired = append(w.retired, retiredSet{set: s, at: now})
+		}
+	}
+}
+
+// collect deletes the retired sets old enough (all: every one).
+func (w *PolicyWriter) collect(all bool) {
+	keep := w.retired[:0]
+	for _, r := range w.retired {
+		if all || time.Since(r.at) >= retireAfter {
+			w.deleteSet(r.set)
+		} else {
+			keep = append(keep, r)
+		}
+	}
+	w.retired = keep
+}
+
+// deleteSet removes a rule set's entries and its port sets (best effort:
+// a set left behind is referenced by nothing, and Sweep retries it).
+func (w *PolicyWriter) deleteSet(set uint32) {
+	if keys, ok := w.addrKeys[set]; ok {
+		_ = deleteKeys(w.m.byName[namePolAddrs], keys)
+		delete(w.addrKeys, set)
+	}
+	for _, p := range w.portsOf[set] {
+		_ = deleteKeys(w.m.byName[namePolPorts], w.portKeys[p])
+		delete(w.portKeys, p)
+	}
+	delete(w.portsOf, set)
+}
+
+// writeSet writes one direction's rules under a fresh set id, port sets
+// first (an address entry never points at a missing port set). On error
+// the id returned (nonzero once anything was written) is for undoing.
+func (w *PolicyWriter) writeSet(r policy.Rules) (uint32, error) {
+	set, err := w.newID()
+	if err != nil {
+		return 0, err
+	}
+	w.addrKeys[set] = nil // reserve the id
+	portSets := map[string]uint32{}
+	am, pm := w.m.byName[namePolAddrs], w.m.byName[namePolPorts]
+	for _, a := range r.Allows {
+		var v PolicyAddrVal
+		if a.AllPorts {
+			v.Flags = polAllPorts
+		} else if len(a.Ports) > 0 {
+			sig := fmt.Sprint(a.Ports)
+			id, ok := portSets[sig]
+			if !ok {
+				if id, err = w.newID(); err != nil {
+					return set, err
+				}
+				w.portKeys[id] = nil
+				w.portsOf[set] = append(w.portsOf[set], id)
+				portSets[sig] = id
+				one := uint32(1)
+				for _, pr := range a.Ports {
+					for _, pfx := range portPrefixes(pr.First, pr.Last) {
+						pk := PolicyPortKey{Prefixlen: polPortKeyBits + uint32(pfx.bits), Set: id, Proto: pr.Proto, Port: htons(pfx.port)}
+						if err := pm.Put(&pk, &one); err != nil {
+							return set, writeErr(pm, namePolPorts, fmt.Sprintf("port %d/%d", pfx.port, pfx.bits), err)
+						}
+						w.portKeys[id] = append(w.portKeys[id], pk)
+					}
+				}
+			}
+			v.Ports = id
+		}
+		ak := addrKey(set, a.Prefix)
+		if err := am.Put(&ak, &v); err != nil {
+			return set, writeErr(am, namePolAddrs, "peer "+a.Prefix.String(), err)
+		}
+		w.addrKeys[set] = append(w.addrKeys[set], ak)
+	}
+	return set, nil
+}
+
+func addrKey(set uint32, p netip.Prefix) PolicyAddrKey {
+	k := PolicyAddrKey{Prefixlen: polAddrKeyBits + uint32(p.Bits()), Set: set}
+	if p.Addr().Is4() {
+		k.Family = afInet
+		a := p.Addr().As4()
+		copy(k.Addr[:], a[:])
+	} else {
+		k.Family = afInet6
+		k.Addr = p.Addr().As16()
+	}
+	return k
+}
+
+type portPrefix struct {
+	port uint16
+	bits int
+}
+
+// portPrefixes covers first..last with the fewest prefixes (at most 30).
+func portPrefixes(first, last uint16) []portPrefix {
+	var out []portPrefix
+	lo, hi := uint32(first), uint32(last)
+	for lo <= hi {
+		size := uint32(1)
+		for size < 1<<16 && lo%(size*2) == 0 && lo+size*2-1 <= hi {
+			size *= 2
+		}
+		bits := 16
+		for s := size; s > 1; s >>= 1 {
+			bits--
+		}
+		out = append(out, portPrefix{port: uint16(lo), bits: bits})
+		lo += size
+	}
+	return out
+}
+
+// validateRules refuses what the compiler must never hand over: an
+// unmasked or invalid prefix, the same prefix twice (the trie keeps one),
+// a port range of another protocol or upside down, allows of an open
+// direction.
+func validateRules(r policy.Rules) error {
+	if !r.Isolated && len(r.Allows) > 0 {
+		return errors.New("allows given for a direction that is not isolated")
+	}
+	seen := map[netip.Prefix]bool{}
+	for _, a := range r.Allows {
+		if !a.Prefix.IsValid() || a.Prefix != a.Prefix.Masked() || a.Prefix.Addr().Is4In6() {
+			return fmt.Errorf("prefix %s is not a masked IPv4 or IPv6 prefix", a.Prefix)
+		}
+		if seen[a.Prefix] {
+			return fmt.Errorf("prefix %s appears twice", a.Prefix)
+		}
+		seen[a.Prefix] = true
+		for _, p := range a.Ports {
+			if p.Proto != policy.ProtoTCP && p.Proto != policy.ProtoUDP && p.Proto != policy.ProtoSCTP {
+				return fmt.Errorf("prefix %s: protocol %d is not TCP, UDP or SCTP", a.Prefix, p.Proto)
+			}
+			if p.First > p.Last {
+				return fmt.Errorf("prefix %s: port range %d-%d is upside down", a.Prefix, p.First, p.Last)
+			}
+		}
+	}
+	return nil
+}
+
+func modes(ep policy.Endpoint) [2]uint8 {
+	var m [2]uint8
+	if ep.Ingress.Isolated {
+		m[dirIndex(policy.Ingress)] = PolicyIsolated
+	}
+	if ep.Egress.Isolated {
+		m[dirIndex(policy.Egress)] = PolicyIsolated
+	}
+	return m
+}
+
+// dirIndex is the index of a policy direction in pol_state (enum cni_dir).
+func dirIndex(d policy.Direction) int {
+	if d == policy.Egress {
+		return int(DirEgress)
+	}
+	return int(DirIngress)
+}
+
+func sameRules(a, b policy.Endpoint) bool {
+	eq := func(x, y policy.Rules) bool {
+		return x.Isolated == y.Isolated && slices.EqualFunc(x.Allows, y.Allows, func(p, q policy.Allow) bool {
+			return p.Prefix == q.Prefix && p.AllPorts == q.AllPorts && slices.Equal(p.Ports, q.Ports)
+		})
+	}
+	return eq(a.Ingress, b.Ingress) && eq(a.Egress, b.Egress)
+}
+
+// Programmed reads back what the maps hold for the interface: its modes and
+// rules (ports merged back into ranges), with the policy names this writer
+// was given. ok false: the interface has no state.
+func (w *PolicyWriter) Programmed(ifindex uint32) (ProgrammedPolicy, bool, error) {
+	w.mu.Lock()
+	names := w.applied[ifindex].Policies
+	w.mu.Unlock()
+	p, ok, err := w.m.ReadPolicy(int(ifindex))
+	p.Policies = names
+	return p, ok, err
+}
+
+// ReadPolicy reads back what the maps hold for one interface (scans of the
+// tries: for dumps, not for a packet's path).
+func (m *Maps) ReadPolicy(ifindex int) (ProgrammedPolicy, bool, error) {
+	out := ProgrammedPolicy{Ifindex: ifindex}
+	st, ok, err := m.PolicyStateOf(ifindex)
+	if err != nil || !ok {
+		return out, ok, err
+	}
+	out.Mode[policy.Ingress] = ModeName(st.Mode[dirIndex(policy.Ingress)])
+	out.Mode[policy.Egress] = ModeName(st.Mode[dirIndex(policy.Egress)])
+	out.Ingress.Isolated = st.Mode[dirIndex(policy.Ingress)] != PolicyOpen
+	out.Egress.Isolated = st.Mode[dirIndex(policy.Egress)] != PolicyOpen
+	sets := map[uint32]*policy.Rules{}
+	if s := st.Rules[dirIndex(policy.Ingress)]; s != 0 {
+		sets[s] = &out.Ingress
+	}
+	if s := st.Rules[dirIndex(policy.Egress)]; s != 0 {
+		sets[s] = &out.Egress
+	}
+	if len(sets) == 0 {
+		return out, true, nil
+	}
+	type entry struct {
+		rules *policy.Rules
+		allow policy.Allow
+		ports uint32
+	}
+	var entries []entry
+	var (
+		ak PolicyAddrKey
+		av PolicyAddrVal
+	)
+	it := m.byName[namePolAddrs].Iterate()
+	for it.Next(&ak, &av) {
+		r, ok := sets[ak.Set]
+		if !ok {
+			continue
+		}
+		addr, _ := netip.AddrFromSlice(ak.Addr[:16])
+		if ak.Family == afInet {
+			addr = netip.AddrFrom4([4]byte(ak.Addr[:4]))
+		}
+		e := entry{rules: r, allow: policy.Allow{Prefix: netip.PrefixFrom(addr, int(ak.Prefixlen-polAddrKeyBits)),
+			AllPorts: av.Flags&polAllPorts != 0}, ports: av.Ports}
+		entries = append(entries, e)
+	}
+	if err := it.Err(); err != nil {
+		return out, true, fmt.Errorf("scan %s: %w", namePolAddrs, err)
+	}
+	ports := map[uint32][]policy.PortRange{}
+	for _, e := range entries {
+		if !e.allow.AllPorts && e.ports != 0 {
+			ports[e.ports] = nil
+		}
+	}
+	if len(ports) > 0 {
+		var (
+			pk PolicyPortKey
+			pv uint32
+		)
+		it := m.byName[namePolPorts].Iterate()
+		for it.Next(&pk, &pv) {
+			if _, ok := ports[pk.Set]; !ok {
+				continue
+			}
+			first := ntohs(pk.Port)
+			n := uint32(1) << (16 - (pk.Prefixlen - polPortKeyBits))
+			ports[pk.Set] = append(ports[pk.Set], policy.PortRange{Proto: pk.Proto, First: first, Last: uint16(uint32(first) + n - 1)})
+		}
+		if err := it.Err(); err != nil {
+			return out, true, fmt.Errorf("scan %s: %w", namePolPorts, err)
+		}
+	}
+	for _, e := range entries {
+		if !e.allow.AllPorts {
+			e.allow.Ports = mergeRanges(ports[e.ports])
+		}
+		e.rules.Allows = append(e.rules.Allows, e.allow)
+	}
+	for _, r := range []*policy.Rules{&out.Ingress, &out.Egress} {
+		slices.SortFunc(r.Allows, func(a, b policy.Allow) int {
+			if c := a.Prefix.Addr().Compare(b.Prefix.Addr()); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.Prefix.Bits(), b.Prefix.Bits())
+		})
+	}
+	return out, true, nil
+}
+
+// mergeRanges sorts ranges by protocol and first port and joins adjacent ones.
+func mergeRanges(rs []policy.PortRange) []policy.PortRange {
+	slices.SortFunc(rs, func(a, b policy.PortRange) int {
+		if c := cmp.Compare(a.Proto, b.Proto); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.First, b.First)
+	})
+	var out []policy.PortRange
+	for _, r := range rs {
+		if n := len(out); n > 0 && out[n-1].Proto == r.Proto && uint32(out[n-1].Last)+1 >= uint32(r.First) {
+			out[n-1].Last = max(out[n-1].Last, r.Last)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// PolicyStates lists the state of every interface that has one.
+func (m *Maps) PolicyStates() (map[int]PolicyState, error) {
+	out := map[int]PolicyState{}
+	var (
+		k  uint32
+		st PolicyState
+	)
+	it := m.byName[namePolState].Iterate()
+	for it.Next(&k, &st) {
+		out[int(k)] = st
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("scan %s: %w", namePolState, err)
+	}
+	return out, nil
+}
