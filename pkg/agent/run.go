@@ -50,6 +50,12 @@ type Options struct {
 	ClusterCIDRs []netip.Prefix
 	// Sizing is what the node's maps are sized for (see ResolveSizing).
 	Sizing maps.Sizing
+	// NetworkPolicy programs every local pod's NetworkPolicy (netpol/),
+	// from the API server's pods, namespaces and NetworkPolicies; needs
+	// Kube. PolicyStatusDir records what was programmed, for dumps
+	// ("": netpol.DefaultStatusDir).
+	NetworkPolicy   bool
+	PolicyStatusDir string
 	// PoliteWait is how long the background work waits for the CNI verbs
 	// to pause before it does a step anyway (0: datapath.MaxPoliteWait).
 	PoliteWait time.Duration
@@ -65,8 +71,8 @@ type controller interface {
 // build's programs in place, then runs the controllers until ctx ends:
 // background work the verbs leave (background.go), reconciliation of stale
 // state (reconciler.go), routes to peers (peers.go) or Node-following
-// (follow.go), node hooks (nodehooks.go) and metrics, all fed by one link
-// watcher (links.go). Pins outlive it: stopping, killing or restarting the
+// (follow.go), node hooks (nodehooks.go), NetworkPolicy (policy.go) and
+// metrics, fed by one link watcher (links.go). Pins outlive it: stopping, killing or restarting the
 // agent leaves pods alone, and the next agent finishes what it left.
 func Run(ctx context.Context, o Options) error {
 	lg := o.Logger
@@ -116,6 +122,9 @@ func Run(ctx context.Context, o Options) error {
 	if o.PeersFile != "" {
 		run["peer routes"] = &peerRoutes{file: o.PeersFile, interval: o.ReconcileInterval, lg: lg}
 	}
+	if o.NetworkPolicy {
+		run["policy"] = newPolicy(o, dp, kubeCfg, links)
+	}
 	if o.HostPorts {
 		run["node hooks"] = newNodeHooks(dp, o.CgroupRoot, time.Minute, lg, links)
 	}
@@ -148,6 +157,9 @@ func (o Options) check() error {
 	}
 	if o.Kube != nil && o.Kube.NodeName == "" {
 		return fmt.Errorf("Node-following needs this node's name (--node-name, $NODE_NAME)")
+	}
+	if o.NetworkPolicy && o.Kube == nil {
+		return fmt.Errorf("NetworkPolicy needs the API server's pods, namespaces and policies (--node-name, in a cluster or with --kubeconfig)")
 	}
 	if o.ConfTemplate != "" && o.Kube == nil {
 		raw, err := os.ReadFile(o.ConfTemplate)
