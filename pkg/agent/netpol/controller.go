@@ -196,6 +196,15 @@ func (c *Controller) sync() error {
 	c.since, c.reread = time.Time{}, false
 	c.mu.Unlock()
 
+	// Only the pods a change may have affected need a look, unless the
+	// attachments changed (taking them also keeps the set from growing).
+	var dirty map[string]bool
+	if ks := c.snap.TakeDirty(); !reread {
+		dirty = make(map[string]bool, len(ks))
+		for _, k := range ks {
+			dirty[k.String()] = true
+		}
+	}
 	recs := c.records
 	if reread {
 		var err error
@@ -220,6 +229,10 @@ func (c *Controller) sync() error {
 			continue
 		}
 		idx := uint32(r.HostIfindex)
+		if _, known := c.applied[idx]; known && dirty != nil && !dirty[r.PodLabel()] {
+			seen[idx] = true
+			continue // nothing that changed reaches its policy
+		}
 		if name, ok := c.cfg.LinkName(r.HostIfindex); !ok || name != r.HostIf {
 			continue // a record of a veth gone (reconcile's) or not ours
 		}
