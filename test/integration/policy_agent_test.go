@@ -6,9 +6,12 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"log"
 	"net"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,6 +31,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/netpol"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
@@ -146,7 +150,8 @@ func TestAgentPolicyNewPodAndChange(t *testing.T) {
 	}
 	defer nh.Close()
 	ctx, cancel := context.WithCancel(context.Background())
-	c := netpol.New(netpol.Config{StateDir: h.StateDir, StatusDir: t.TempDir(), Writer: gw,
+	statusDir := t.TempDir()
+	c := netpol.New(netpol.Config{StateDir: h.StateDir, StatusDir: statusDir, Writer: gw,
 		Logf: log.New(os.Stderr, "agent: ", log.Lmicroseconds).Printf, Resync: time.Hour,
 		ListWatch: fakeListWatch(cs),
 		LinkName: func(idx int) (string, bool) {
@@ -238,6 +243,38 @@ func TestAgentPolicyNewPodAndChange(t *testing.T) {
 		t.Errorf("the denied peer connected %d times (of %d tries) between ADD and after the apply", n, probes.Load())
 	}
 	t.Logf("denied peer: %d connection attempts from ADD's return to after the apply, none connected", probes.Load())
+
+	t.Run("dump-policy", func(t *testing.T) {
+		out, err := h.AgentCmd("dump", "policy", "-o", "json", "--pin-dir", h.PinDir, "--state-dir", h.StateDir, "--policy-status-dir", statusDir)
+		if err != nil {
+			t.Fatalf("dump policy: %v\n%s", err, out)
+		}
+		var rows []inspect.PolicyRow
+		if err := json.Unmarshal([]byte(out), &rows); err != nil {
+			t.Fatalf("dump policy: %v\n%s", err, out)
+		}
+		var srv *inspect.PolicyRow
+		for i := range rows {
+			if rows[i].Ifindex == uint32(sIdx) {
+				srv = &rows[i]
+			}
+		}
+		if srv == nil || srv.Pod != "ns/server" || srv.IngressMode != "isolated" || srv.EgressMode != "open" ||
+			!slices.Equal(srv.Policies, []string{"ns/server-ingress"}) || srv.Ingress == nil || len(srv.Ingress.Allows) != 2 ||
+			srv.Dropped["ingress"] == 0 {
+			t.Fatalf("dump policy: server's row %+v, want ns/server isolated ingress from the client's two addresses on tcp/8080, open egress, ns/server-ingress, ingress drops\n%s", srv, out)
+		}
+		for _, a := range srv.Ingress.Allows {
+			if a.Prefix != host(c4) && a.Prefix != host(c6) || len(a.Ports) != 1 || a.Ports[0] != (policy.PortRange{Proto: policy.ProtoTCP, First: 8080, Last: 8080}) {
+				t.Errorf("server's ingress entry %+v, want a client address on tcp/8080", a)
+			}
+		}
+		table, err := h.AgentCmd("dump", "policy", "--pin-dir", h.PinDir, "--state-dir", h.StateDir, "--policy-status-dir", statusDir)
+		if err != nil || !strings.Contains(table, "ns/server-ingress") || !strings.Contains(table, host(c4).String()+" tcp/8080") {
+			t.Errorf("dump policy table: %v\n%s", err, table)
+		}
+		t.Logf("dump policy:\n%s", table)
+	})
 
 	t.Run("policy-change", func(t *testing.T) {
 		start := time.Now()
