@@ -81,7 +81,7 @@ func k8sPod(name string, labels map[string]string, ips ...net.IP) *corev1.Pod {
 }
 
 // serverIngressFrom: pods app=server accept TCP 8080 from pods app=<from> only.
-func serverIngressFrom(from string) *networkingv1.NetworkPolicy {
+func serverIngressFrom(from ...string) *networkingv1.NetworkPolicy {
 	tcp := corev1.ProtocolTCP
 	port := intstr.FromInt32(8080)
 	return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "server-ingress"},
@@ -89,7 +89,8 @@ func serverIngressFrom(from string) *networkingv1.NetworkPolicy {
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "server"}},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{
-				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": from}}}},
+				From: []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+					{Key: "app", Operator: metav1.LabelSelectorOpIn, Values: from}}}}},
 				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
 			}},
 		}}
@@ -149,26 +150,40 @@ func TestAgentPolicyNewPodAndChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nh.Close()
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx := context.Background()
 	statusDir := t.TempDir()
-	c := netpol.New(netpol.Config{StateDir: h.StateDir, StatusDir: statusDir, Writer: gw,
-		Logf: log.New(os.Stderr, "agent: ", log.Lmicroseconds).Printf, Resync: time.Hour,
-		ListWatch: fakeListWatch(cs),
-		LinkName: func(idx int) (string, bool) {
-			l, err := nh.LinkByIndex(idx)
-			if err != nil {
-				return "", false
+	// start runs a controller (an agent) until the returned stop; its lists
+	// complete once listed is closed.
+	start := func(w policy.Writer, listed chan struct{}) (stop func()) {
+		c := netpol.New(netpol.Config{StateDir: h.StateDir, StatusDir: statusDir, Writer: w,
+			Logf: log.New(os.Stderr, "agent: ", log.Lmicroseconds).Printf, Resync: time.Hour,
+			ListWatch: fakeListWatch(cs, listed),
+			LinkName: func(idx int) (string, bool) {
+				l, err := nh.LinkByIndex(idx)
+				if err != nil {
+					return "", false
+				}
+				return l.Attrs().Name, true
+			}})
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := c.Run(cctx); err != nil {
+				t.Error(err)
 			}
-			return l.Attrs().Name, true
-		}})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := c.Run(ctx); err != nil {
-			t.Error(err)
+		}()
+		return func() { cancel(); <-done }
+	}
+	listed := make(chan struct{})
+	close(listed)
+	stop1 := start(gw, listed)
+	stopped := false
+	defer func() {
+		if !stopped {
+			stop1()
 		}
 	}()
-	defer func() { cancel(); <-done }()
 
 	_, cIdx := h.HostVeth("client")
 	waitUntil(t, "client and other programmed (open)", func() bool {
@@ -198,7 +213,7 @@ func TestAgentPolicyNewPodAndChange(t *testing.T) {
 	}
 
 	// A denied peer keeps trying from ADD's return until after the apply.
-	stop := make(chan struct{})
+	stopProbe := make(chan struct{})
 	var leaked atomic.Int32
 	var probes atomic.Int32
 	probeDone := make(chan struct{})
@@ -206,7 +221,7 @@ func TestAgentPolicyNewPodAndChange(t *testing.T) {
 		defer close(probeDone)
 		for {
 			select {
-			case <-stop:
+			case <-stopProbe:
 				return
 			default:
 			}
@@ -237,7 +252,7 @@ func TestAgentPolicyNewPodAndChange(t *testing.T) {
 			blocked(t, other, "tcp", ip, 8080)
 		}
 	})
-	close(stop)
+	close(stopProbe)
 	<-probeDone
 	if n := leaked.Load(); n > 0 {
 		t.Errorf("the denied peer connected %d times (of %d tries) between ADD and after the apply", n, probes.Load())
@@ -277,7 +292,7 @@ func TestAgentPolicyNewPodAndChange(t *testing.T) {
 	})
 
 	t.Run("policy-change", func(t *testing.T) {
-		start := time.Now()
+		began := time.Now()
 		if _, err := cs.NetworkingV1().NetworkPolicies("ns").Update(ctx, serverIngressFrom("other"), metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -291,7 +306,7 @@ func TestAgentPolicyNewPodAndChange(t *testing.T) {
 				return conn.Close()
 			}) == nil
 			if ok {
-				first = time.Since(start)
+				first = time.Since(began)
 			}
 			return ok
 		})
@@ -318,6 +333,79 @@ func TestAgentPolicyNewPodAndChange(t *testing.T) {
 			blocked(t, client, "tcp", ip, 8080)
 		}
 	})
+
+	t.Run("restart", func(t *testing.T) {
+		stopped = true
+		testRestart(t, stop1, start, m, cs, client, other, []net.IP{s4, s6}, sIdx)
+	})
+}
+
+// restart is an agent killed and started again, with the policy changed
+// while none ran (the client allowed too): the maps keep enforcing what was
+// programmed while no agent runs and while the new one lists (the client
+// still refused), then the new state (the client allowed), written beside
+// the old one before the switch: the peer allowed throughout (other) never
+// fails a connection, before, during or after the new agent's writes.
+func testRestart(t *testing.T, stopOld func(), start func(policy.Writer, chan struct{}) func(), m *maps.Maps,
+	cs *fake.Clientset, client, other ns.NetNS, servers []net.IP, sIdx int) {
+	stopOld()
+	if _, err := cs.NetworkingV1().NetworkPolicies("ns").Update(context.Background(), serverIngressFrom("other", "client"), metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dial := func(from ns.NetNS, ip net.IP) bool {
+		return from.Do(func(ns.NetNS) error {
+			conn, err := net.DialTimeout("tcp", hp(ip, 8080), 300*time.Millisecond)
+			if err != nil {
+				return err
+			}
+			return conn.Close()
+		}) == nil
+	}
+	var okOther, failOther, leakClient atomic.Int32
+	stopProbe, probeDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(probeDone)
+		for {
+			select {
+			case <-stopProbe:
+				return
+			default:
+			}
+			for _, ip := range servers {
+				if dial(other, ip) {
+					okOther.Add(1)
+				} else {
+					failOther.Add(1)
+				}
+			}
+		}
+	}()
+	listed := make(chan struct{})
+	w := &gatedWriter{PolicyWriter: m.PolicyWriter(), hold: map[uint32]chan struct{}{}, applied: map[uint32]time.Time{}}
+	stopNew := start(w, listed)
+	defer stopNew()
+	time.Sleep(time.Second) // no agent, then an agent that has not listed
+	for _, ip := range servers {
+		if dial(client, ip) {
+			leakClient.Add(1)
+		}
+	}
+	if leakClient.Load() > 0 {
+		t.Errorf("the client connected %d times before the new agent had listed: the old state must hold", leakClient.Load())
+	}
+	close(listed)
+	waitUntil(t, "the new agent programmed the server", func() bool { _, ok := w.appliedAt(uint32(sIdx)); return ok })
+	time.Sleep(500 * time.Millisecond) // and past the old sets' retirement
+	close(stopProbe)
+	<-probeDone
+	if failOther.Load() > 0 || okOther.Load() == 0 {
+		t.Errorf("across the restart the allowed peer connected %d times and failed %d times; want no failure", okOther.Load(), failOther.Load())
+	}
+	t.Logf("across the restart the allowed peer connected %d times, failed none", okOther.Load())
+	for _, ip := range servers {
+		reach(t, client, "tcp", ip, 8080, "server")
+		reach(t, other, "tcp", ip, 8080, "server")
+	}
 }
 
 func waitUntil(t *testing.T, what string, ok func() bool) {
@@ -331,12 +419,14 @@ func waitUntil(t *testing.T, what string, ok func() bool) {
 	}
 }
 
-// fakeListWatch serves the controller's informers from a fake clientset.
-func fakeListWatch(cs *fake.Clientset) func(string) (cache.ListerWatcher, error) {
+// fakeListWatch serves the controller's informers from a fake clientset;
+// the lists complete once listed is closed.
+func fakeListWatch(cs *fake.Clientset, listed chan struct{}) func(string) (cache.ListerWatcher, error) {
 	ctx := context.Background()
 	return func(resource string) (cache.ListerWatcher, error) {
 		return &cache.ListWatch{
 			ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {
+				<-listed
 				switch resource {
 				case "pods":
 					return cs.CoreV1().Pods("").List(ctx, o)
