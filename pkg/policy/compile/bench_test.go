@@ -253,26 +253,49 @@ func BenchmarkCompileNamespaceRelabel(b *testing.B) {
 
 // BenchmarkCompileWidePeer: the widest selector peer, every pod of the
 // cluster (namespaceSelector {}), on top of the bench policies: one pod's
-// compile and its entry count (one per pod address: nothing aggregates
-// neighbouring pod addresses into shorter prefixes).
+// compile and its entry count. The bench numbers its pods in a row, so
+// aggregation folds their addresses into a few prefixes; with every other
+// address skipped nothing folds: one entry per pod address.
 func BenchmarkCompileWidePeer(b *testing.B) {
-	s := benchSnapshot(b)
-	np := &networkingv1.NetworkPolicy{}
-	np.Namespace, np.Name = "ns0", "from-everyone"
-	np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": "app0"}}
-	np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{}}}}}
-	if err := s.UpsertPolicy(np); err != nil {
-		b.Fatal(err)
+	for _, c := range []struct {
+		name   string
+		stride int
+	}{{"consecutive", 1}, {"every-other-address", 2}} {
+		b.Run(c.name, func(b *testing.B) {
+			s := benchSnapshot(b)
+			spread := func(p Pod) Pod {
+				for i, a := range p.IPs {
+					raw := a.AsSlice()
+					n := (int(raw[len(raw)-2])<<8 | int(raw[len(raw)-1])) * c.stride
+					raw[len(raw)-2], raw[len(raw)-1] = byte(n>>8), byte(n)
+					raw[len(raw)-3] += byte(n >> 16)
+					p.IPs[i], _ = netip.AddrFromSlice(raw)
+				}
+				return p
+			}
+			for ns := range benchNamespaces {
+				for i := range benchPodsPerNS {
+					s.UpsertPod(spread(benchPod(ns, i, 0)))
+				}
+			}
+			np := &networkingv1.NetworkPolicy{}
+			np.Namespace, np.Name = "ns0", "from-everyone"
+			np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"app": "app0"}}
+			np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{}}}}}
+			if err := s.UpsertPolicy(np); err != nil {
+				b.Fatal(err)
+			}
+			compileAll(s)
+			b.ReportAllocs()
+			entries := 0
+			start := cpuTime(b)
+			for b.Loop() {
+				s.UpsertPod(spread(benchPod(0, 0, 0))) // dirties ns0/pod0 only
+				ep, _ := s.Endpoint("ns0", "pod0")
+				entries = len(ep.Ingress.Allows)
+			}
+			reportCPU(b, start)
+			b.ReportMetric(float64(entries), "ingress-entries")
+		})
 	}
-	compileAll(s)
-	b.ReportAllocs()
-	entries := 0
-	start := cpuTime(b)
-	for b.Loop() {
-		s.UpsertPod(benchPod(0, 0, 0)) // dirties ns0/pod0 only
-		ep, _ := s.Endpoint("ns0", "pod0")
-		entries = len(ep.Ingress.Allows)
-	}
-	reportCPU(b, start)
-	b.ReportMetric(float64(entries), "ingress-entries")
 }

@@ -149,6 +149,92 @@ func flatten(atoms []atom) []policy.Allow {
 		}
 		out = append(out, policy.Allow{Prefix: p, AllPorts: f.value.all, Ports: slices.Clone(f.value.ranges)})
 	}
+	return aggregate(out)
+}
+
+func allowValue(a policy.Allow) portSet { return portSet{all: a.AllPorts, ranges: a.Ports} }
+
+func parentPrefix(p netip.Prefix) netip.Prefix {
+	return netip.PrefixFrom(p.Addr(), p.Bits()-1).Masked()
+}
+
+// aggregate merges the two halves of a prefix into it when both are entries
+// with the same value: neighbouring pod addresses allowed alike (a node's
+// pods are numbered in a row) cost one entry. The merged entry answers for
+// exactly the halves' addresses, as they did (what lies inside a half stays
+// and, longer, still decides for its own addresses); an entry that was at
+// the parent prefix was wholly shadowed by the halves and goes. Bottom-up, so
+// merges cascade; then entries equal to their enclosing entry drop again.
+func aggregate(in []policy.Allow) []policy.Allow {
+	if len(in) < 2 {
+		return in
+	}
+	entries := make(map[netip.Prefix]policy.Allow, len(in))
+	var levels [129][]netip.Prefix
+	for _, e := range in {
+		entries[e.Prefix] = e
+		levels[e.Prefix.Bits()] = append(levels[e.Prefix.Bits()], e.Prefix)
+	}
+	merged := false
+	for bits := 128; bits > 0; bits-- {
+		for _, p := range levels[bits] {
+			e, ok := entries[p]
+			if !ok {
+				continue // merged with its other half already
+			}
+			q := otherHalf(p)
+			f, ok := entries[q]
+			if !ok || !allowValue(e).equal(allowValue(f)) {
+				continue
+			}
+			delete(entries, p)
+			delete(entries, q)
+			parent := parentPrefix(p)
+			if _, ok := entries[parent]; !ok {
+				levels[bits-1] = append(levels[bits-1], parent)
+			}
+			entries[parent] = policy.Allow{Prefix: parent, AllPorts: e.AllPorts, Ports: e.Ports}
+			merged = true
+		}
+	}
+	if !merged {
+		return in
+	}
+	out := make([]policy.Allow, 0, len(entries))
+	for _, e := range entries {
+		out = append(out, e)
+	}
+	slices.SortFunc(out, func(a, b policy.Allow) int { return comparePrefix(a.Prefix, b.Prefix) })
+	return dropRedundant(out)
+}
+
+// otherHalf is the prefix of the same length sharing p's parent.
+func otherHalf(p netip.Prefix) netip.Prefix {
+	b := p.Addr().AsSlice()
+	i := p.Bits() - 1
+	b[i/8] ^= 0x80 >> (i % 8)
+	a, _ := netip.AddrFromSlice(b)
+	return netip.PrefixFrom(a, p.Bits())
+}
+
+// dropRedundant removes entries equal to their nearest enclosing entry and
+// empty entries that nothing encloses.
+func dropRedundant(in []policy.Allow) []policy.Allow {
+	out := in[:0]
+	var stack []policy.Allow
+	for _, e := range in {
+		for len(stack) > 0 && !prefixCovers(stack[len(stack)-1].Prefix, e.Prefix) {
+			stack = stack[:len(stack)-1]
+		}
+		var parent portSet
+		if len(stack) > 0 {
+			parent = allowValue(stack[len(stack)-1])
+		}
+		stack = append(stack, e)
+		if !allowValue(e).equal(parent) {
+			out = append(out, e)
+		}
+	}
 	return out
 }
 

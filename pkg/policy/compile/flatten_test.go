@@ -102,6 +102,30 @@ func TestFlatten(t *testing.T) {
 				{prefix: pfx("11.0.0.0/8"), except: []netip.Prefix{pfx("11.1.0.0/16")}, ports: portSet{}},
 			},
 			[]policy.Allow{{Prefix: pfx("10.0.0.0/8"), AllPorts: true}}},
+		{"neighbouring pods alike merge, up the tree",
+			[]atom{
+				{prefix: pfx("10.0.0.4/32"), ports: ports(tcp(80, 80))},
+				{prefix: pfx("10.0.0.5/32"), ports: ports(tcp(80, 80))},
+				{prefix: pfx("10.0.0.6/32"), ports: ports(tcp(80, 80))},
+				{prefix: pfx("10.0.0.7/32"), ports: ports(tcp(80, 80))},
+				{prefix: pfx("10.0.0.8/32"), ports: ports(tcp(80, 80))}, // its half 10.0.0.9 is no entry
+				{prefix: pfx("10.0.0.10/32"), ports: ports(tcp(81, 81))},
+				{prefix: pfx("10.0.0.11/32"), ports: ports(tcp(80, 80))}, // alike, not the same value
+			},
+			[]policy.Allow{
+				{Prefix: pfx("10.0.0.4/30"), Ports: []policy.PortRange{tcp(80, 80)}},
+				{Prefix: pfx("10.0.0.8/32"), Ports: []policy.PortRange{tcp(80, 80)}},
+				{Prefix: pfx("10.0.0.10/32"), Ports: []policy.PortRange{tcp(81, 81)}},
+				{Prefix: pfx("10.0.0.11/32"), Ports: []policy.PortRange{tcp(80, 80)}},
+			}},
+		{"merged halves replace their parent's entry and may then equal the enclosing one",
+			[]atom{
+				{prefix: pfx("10.0.0.0/24"), ports: ports(tcp(80, 80))},
+				{prefix: pfx("10.0.0.0/24"), except: []netip.Prefix{pfx("10.0.0.4/30")}, ports: ports(tcp(443, 443))},
+				{prefix: pfx("10.0.0.4/31"), ports: ports(tcp(443, 443))},
+				{prefix: pfx("10.0.0.6/31"), ports: ports(tcp(443, 443))},
+			},
+			[]policy.Allow{{Prefix: pfx("10.0.0.0/24"), Ports: []policy.PortRange{tcp(80, 80), tcp(443, 443)}}}},
 		{"v4 and v6 apart, v4 first",
 			[]atom{
 				{prefix: pfx("::/0"), ports: allPorts},
@@ -207,6 +231,15 @@ func TestFlattenProperty(t *testing.T) {
 			}
 			a.ports = randomPorts(r)
 			atoms = append(atoms, a)
+			// Sometimes a run of neighbouring pods allowed alike, the
+			// case aggregation merges.
+			if r.IntN(4) == 0 {
+				next := randomAddr(r, base)
+				for range 2 + r.IntN(6) {
+					atoms = append(atoms, atom{prefix: netip.PrefixFrom(next, next.BitLen()), ports: a.ports})
+					next = next.Next()
+				}
+			}
 		}
 		allows := flatten(atoms)
 		rules := policy.Rules{Isolated: true, Allows: allows}
@@ -249,6 +282,15 @@ func TestFlattenProperty(t *testing.T) {
 			}
 			if parent >= 0 && reflect.DeepEqual(allows[parent].Ports, e.Ports) && allows[parent].AllPorts == e.AllPorts {
 				t.Fatalf("iteration %d: entry %v repeats %v", iter, e, allows[parent])
+			}
+		}
+		// Aggregated: no two halves of a prefix left as entries alike.
+		for i, e := range allows {
+			for _, f := range allows[i+1:] {
+				if e.Prefix.Bits() > 0 && e.Prefix.Bits() == f.Prefix.Bits() && parentPrefix(e.Prefix) == parentPrefix(f.Prefix) &&
+					allowValue(e).equal(allowValue(f)) {
+					t.Fatalf("iteration %d: %v and %v not merged", iter, e, f)
+				}
 			}
 		}
 	}

@@ -295,3 +295,50 @@ func TestPoliciesOfOtherNamespacesDoNotSelect(t *testing.T) {
 		t.Fatalf("selected across namespaces: %+v", ep)
 	}
 }
+
+// TestResyncIsNoOp: the informers redeliver unchanged objects (resyncs, pod
+// status updates, policy metadata edits); nothing recompiles for them, and a
+// real change still does.
+func TestResyncIsNoOp(t *testing.T) {
+	a := Pod{Namespace: "x", Name: "a", Labels: map[string]string{"app": "a"}, IPs: addrs("10.0.0.1"),
+		Ports: []ContainerPort{{Name: "http", Proto: policy.ProtoTCP, Port: 80}}}
+	b := Pod{Namespace: "x", Name: "b", Labels: map[string]string{"app": "b"}, IPs: addrs("10.0.0.2")}
+	np := genPolicy("p", metav1.LabelSelector{MatchLabels: map[string]string{"app": "a"}},
+		ingressRules(from(networkingv1.NetworkPolicyPeer{PodSelector: podSel(map[string]string{"app": "b"})})))
+	s := snap(t, []Pod{a, b}, np)
+	mustEndpoint(t, s, "x", "a")
+	s.TakeDirty()
+
+	s.UpsertPod(Pod{Namespace: "x", Name: "a", Labels: map[string]string{"app": "a"}, IPs: addrs("10.0.0.1"),
+		Ports: []ContainerPort{{Name: "http", Proto: policy.ProtoTCP, Port: 80}}})
+	s.UpsertPod(b)
+	s.UpsertNamespace("x", nil)
+	s.TakeDirty() // the first sight of namespace x may dirty; its repeat may not
+	s.UpsertNamespace("x", nil)
+	again := np.DeepCopy()
+	again.Annotations = map[string]string{"touched": "yes"}
+	again.ResourceVersion = "2"
+	if err := s.UpsertPolicy(again); err != nil {
+		t.Fatal(err)
+	}
+	if d := s.TakeDirty(); len(d) != 0 {
+		t.Fatalf("unchanged objects dirtied %v", d)
+	}
+
+	changed := again.DeepCopy()
+	changed.Spec.Ingress[0].From[0].PodSelector.MatchLabels["app"] = "c"
+	if err := s.UpsertPolicy(changed); err != nil {
+		t.Fatal(err)
+	}
+	if d := s.TakeDirty(); !reflect.DeepEqual(d, []PodKey{{"x", "a"}}) {
+		t.Fatalf("a changed policy dirtied %v", d)
+	}
+	if Match(mustEndpoint(t, s, "x", "a").Ingress, netip.MustParseAddr("10.0.0.2"), policy.ProtoTCP, 80) {
+		t.Fatal("the change was not compiled")
+	}
+	b.Labels = map[string]string{"app": "c"}
+	s.UpsertPod(b)
+	if d := s.TakeDirty(); !reflect.DeepEqual(d, []PodKey{{"x", "a"}, {"x", "b"}}) {
+		t.Fatalf("a relabel dirtied %v", d)
+	}
+}

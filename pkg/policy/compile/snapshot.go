@@ -15,6 +15,7 @@ import (
 	"sync"
 
 	networkingv1 "k8s.io/api/networking/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
@@ -38,7 +39,8 @@ type Snapshot struct {
 
 type policyEntry struct {
 	*parsedPolicy
-	res *resolved // nil: the peers changed since it was computed
+	spec networkingv1.NetworkPolicySpec // as given, to tell a resync from a change
+	res  *resolved                      // nil: the peers changed since it was computed
 }
 
 // resolved is a policy's rules with their peers turned into addresses, for
@@ -86,7 +88,15 @@ func (s *Snapshot) UpsertPod(p Pod) {
 		s.pods[p.Namespace] = byName
 	}
 	byName[p.Name] = &p
+	if old != nil && samePod(old, &p) {
+		return // a status update or a resync: nothing the compiler reads
+	}
 	s.podChanged(old, &p)
+}
+
+func samePod(a, b *Pod) bool {
+	return a.HostNetwork == b.HostNetwork && maps.Equal(a.Labels, b.Labels) &&
+		slices.Equal(a.IPs, b.IPs) && slices.Equal(a.Ports, b.Ports)
 }
 
 // DeletePod forgets a pod; Endpoint reports it unknown from then on.
@@ -269,10 +279,14 @@ func (s *Snapshot) UpsertPolicy(np *networkingv1.NetworkPolicy) error {
 		byName = map[string]*policyEntry{}
 		s.policies[np.Namespace] = byName
 	}
-	if old := byName[np.Name]; old != nil {
+	old := byName[np.Name]
+	if old != nil && apiequality.Semantic.DeepEqual(old.spec, np.Spec) {
+		return err // a resync or a metadata change: same rules
+	}
+	if old != nil {
 		s.markSelected(old.parsedPolicy)
 	}
-	pe := &policyEntry{parsedPolicy: p}
+	pe := &policyEntry{parsedPolicy: p, spec: *np.Spec.DeepCopy()}
 	byName[np.Name] = pe
 	s.markSelected(p)
 	return err
