@@ -54,6 +54,13 @@
 #define POL_PKT_LOCAL 2 /* link scope (IPv6 link-local, multicast, ND): never judged */
 #define POL_PKT_BAD 3   /* headers do not fit */
 
+/* How a packet is judged (policy_judge's how). */
+#define POL_J_DEFER 1  /* from_container, to the stack: a denial is judged again after the stack's translation */
+#define POL_J_AFTER 2  /* the judgement after the stack's translation of a deferred packet */
+#define POL_J_EGRESS 4 /* the pod sends it (else it enters the pod) */
+#define POL_J_NODE 8   /* it comes from the node (ingress) */
+#define POL_J_WIRE 16  /* it may have come off the wire (a hostPort's DNAT): a node source address is one only if it came from a pod's host veth */
+
 /* policy_judge's variables, in cni_pol_scratch: a tc program runs to its
  * end on its CPU without another tc run in between. */
 struct pol_work {
@@ -66,6 +73,7 @@ struct pol_work {
 	struct pol_addr_key ak;
 	struct pol_port_key pk;
 	struct ep_key nk;
+	__u32 link; /* a cni_links key */
 };
 _Static_assert(sizeof(struct pol_work) <= sizeof(struct pol_scratch), "struct pol_scratch is too small for struct pol_work");
 
@@ -76,6 +84,24 @@ static __always_inline int pol_is_node(struct pol_work *w, const __u8 *addr, __u
 	w->nk.family = family;
 	addr_copy(w->nk.addr, addr, family);
 	return bpf_map_lookup_elem(&cni_node_ips, &w->nk) != NULL;
+}
+
+/*
+ * Whether the packet in w->f comes from the node: its source is a node
+ * address. Nothing but the node itself, or a pod hairpinned to its own
+ * hostPort, has one; off the wire (POL_J_WIRE: it arrived on an uplink,
+ * not a pod's host veth) it is forged: the stack would drop it as a
+ * martian, bpf_redirect_peer does not. Not inlined: policy_judge's frame
+ * is what from_container's leaves of the stack.
+ */
+static __noinline int pol_node_source(struct __sk_buff *skb, struct pol_work *w, __u8 family, __u32 how)
+{
+	if (!pol_is_node(w, w->f.saddr, family))
+		return 0;
+	if (!(how & POL_J_WIRE))
+		return 1;
+	w->link = skb->ifindex;
+	return bpf_map_lookup_elem(&cni_links, &w->link) != NULL;
 }
 
 /* Whether some interface of the node has networkPolicy (POL_CFG_ON). */
@@ -257,11 +283,6 @@ static __always_inline int pol_error_related(struct __sk_buff *skb, struct pol_w
 	return ct && !flow_expired(ct->flags, q->proto, ct->seen_ns, bpf_ktime_get_ns());
 }
 
-/* How a packet is judged (policy_judge's how). */
-#define POL_J_DEFER 1  /* from_container, to the stack: a denial is judged again after the stack's translation */
-#define POL_J_AFTER 2  /* the judgement after the stack's translation of a deferred packet */
-#define POL_J_EGRESS 4 /* the pod sends it (else it enters the pod) */
-#define POL_J_NODE 8   /* it comes from the node (ingress) */
 
 /*
  * Judges the packet (IP header at ETH_HLEN) for the pod behind ifindex, in
@@ -300,7 +321,7 @@ static __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifi
 	if (kind == POL_PKT_BAD)
 		return mode == POL_OPEN ? POL_ALLOW : POL_DENY;
 	if (!egress && !node_peer)
-		node_peer = pol_is_node(w, f->saddr, family);
+		node_peer = pol_node_source(skb, w, family, how);
 	if (kind == POL_PKT_ERROR) {
 		if (mode == POL_OPEN || node_peer || pol_error_related(skb, w, family, ifindex, egress))
 			return POL_ALLOW;
@@ -361,7 +382,7 @@ static __always_inline int policy_ingress_redirect(struct __sk_buff *skb, __u32 
 {
 	__u8 family = skb->protocol == bpf_htons(ETH_P_IPV6) ? AF_INET6 : AF_INET;
 
-	return policy_judge(skb, family, ifindex, 0);
+	return policy_judge(skb, family, ifindex, POL_J_WIRE);
 }
 
 /* The verdict on a packet the pod behind ifindex sends (from_container.c),

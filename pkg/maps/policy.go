@@ -234,7 +234,8 @@ func (m *Maps) PolicyWriter() *PolicyWriter {
 
 // load scans both tries once, so sets written by an earlier writer (an
 // agent before its restart) are known: their ids are never reused, and
-// Apply and Sweep can delete them.
+// Apply and Sweep can delete them. Sets no state refers to (an earlier
+// writer killed between its writes, DELs since) are deleted then.
 func (w *PolicyWriter) load() error {
 	if w.scanned {
 		return nil
@@ -263,7 +264,8 @@ func (w *PolicyWriter) load() error {
 		return fmt.Errorf("scan %s: %w", namePolPorts, err)
 	}
 	w.scanned = true
-	return nil
+	_, err := w.sweep()
+	return err
 }
 
 // newID returns a random nonzero id no set (rule or port) uses.
@@ -382,6 +384,10 @@ func (w *PolicyWriter) Sweep() (int, error) {
 	if err := w.load(); err != nil {
 		return 0, err
 	}
+	return w.sweep()
+}
+
+func (w *PolicyWriter) sweep() (int, error) {
 	used := map[uint32]bool{}
 	var (
 		k  uint32

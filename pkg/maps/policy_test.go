@@ -133,7 +133,14 @@ func TestPolicyWriter(t *testing.T) {
 	if n := trieLen(t, m, namePolAddrs); n != 0 {
 		t.Errorf("after Sweep: %d address entries", n)
 	}
-	// A writer started afresh (an agent restart) finds what is there.
+	// A writer started afresh (an agent restart) finds what is there, and
+	// deletes what nothing refers to (a DEL while it was away).
+	must(t, w.Apply(9, ep))
+	must(t, m.DeletePolicyOf(9))
+	must(t, m.PolicyWriter().Apply(10, policy.Endpoint{}))
+	if a := trieLen(t, m, namePolAddrs); a != 0 {
+		t.Errorf("a new writer left %d address entries of a deleted interface", a)
+	}
 	must(t, w.Apply(8, ep))
 	w2 := m.PolicyWriter()
 	must(t, w2.Remove(8))
@@ -147,5 +154,30 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPolicyWriterFull: a policy the trie cannot hold is refused naming the
+// map, what was written of it is deleted, and the interface keeps its
+// previous policy.
+func TestPolicyWriterFull(t *testing.T) {
+	m := testMaps(t, Sizing{MaxPods: 1, HostPortsPerPod: 1}) // 512 peer prefixes in all
+	w := m.PolicyWriter()
+	small := policy.Endpoint{Ingress: policy.Rules{Isolated: true, Allows: []policy.Allow{{Prefix: netip.MustParsePrefix("10.0.0.0/8"), AllPorts: true}}}}
+	must(t, w.Apply(3, small))
+	before, _, _ := m.PolicyStateOf(3)
+	var big []policy.Allow
+	for i := 0; i < 600; i++ {
+		big = append(big, policy.Allow{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16, byte(i >> 8), byte(i)}), 32), AllPorts: true})
+	}
+	err := w.Apply(3, policy.Endpoint{Ingress: policy.Rules{Isolated: true, Allows: big}})
+	if !IsFull(err) || !strings.Contains(err.Error(), namePolAddrs) {
+		t.Fatalf("Apply of 600 prefixes into 512: %v, want a full %s", err, namePolAddrs)
+	}
+	if after, _, _ := m.PolicyStateOf(3); after != before {
+		t.Errorf("state changed by a refused policy: %+v -> %+v", before, after)
+	}
+	if n := trieLen(t, m, namePolAddrs); n != 1 {
+		t.Errorf("%d address entries after the refusal, want the old policy's 1", n)
 	}
 }

@@ -5,13 +5,17 @@
 package integration
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
@@ -152,6 +156,8 @@ func TestPolicy(t *testing.T) {
 	fams := []int{4, 6}
 
 	t.Run("pending", func(t *testing.T) {
+		// CHECK is unaffected: the interface has its state and flag.
+		must(t, p.Check(p.a, "a", "eth0"))
 		for _, fam := range fams {
 			before := p.drops(t, "a", maps.DirEgress)
 			blocked(t, p.a, "tcp", ip("b", fam), 8080)
@@ -234,7 +240,9 @@ func TestPolicy(t *testing.T) {
 			blocked(t, p.a, "udp", ip("b", fam), 8080)
 			reach(t, p.h, "tcp", ip("b", fam), 8080, "b")
 			reach(t, p.h, "udp", ip("b", fam), 8080, "b")
+			must(t, pingFrom(p.h, ip("h", fam), ip("b", fam), 1)) // a rule without ports: every protocol
 			blocked(t, p.remote, "tcp", ip("b", fam), 8080)
+			blocked(t, p.remote, "tcp", uplinkIP[fam], npLocal) // NodePort, externalTrafficPolicy Local: the client's address
 		}
 	})
 	// The hole moved off the remote host: it comes in.
@@ -243,6 +251,7 @@ func TestPolicy(t *testing.T) {
 		for _, fam := range fams {
 			reach(t, p.remote, "tcp", ip("b", fam), 8080, "b")
 			reach(t, p.remote, "udp", ip("b", fam), 8080, "b")
+			reach(t, p.remote, "tcp", uplinkIP[fam], npLocal, "b")
 		}
 	})
 
@@ -287,6 +296,41 @@ func TestPolicy(t *testing.T) {
 			blocked(t, p.remote, "tcp", uplinkIP[fam], hostPortH)
 			blocked(t, p.remote, "udp", uplinkIP[fam], hostPortH)
 		}
+		// A host on the wire posing as the node (a node address as its
+		// source) to reach the hostPort: the node's pass is not its.
+		must(t, p.remote.Do(func(ns.NetNS) error {
+			lo, err := netlink.LinkByName("lo")
+			if err != nil {
+				return err
+			}
+			for _, a := range []string{nodeIP[4].String() + "/32", nodeIP[6].String() + "/128"} {
+				addr, _ := netlink.ParseAddr(a)
+				addr.Flags = unix.IFA_F_NODAD
+				if err := netlink.AddrAdd(lo, addr); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		for _, fam := range fams {
+			before := p.drops(t, "h", maps.DirIngress)
+			must(t, p.remote.Do(func(ns.NetNS) error {
+				c, err := net.DialUDP("udp", &net.UDPAddr{IP: nodeIP[fam]}, &net.UDPAddr{IP: uplinkIP[fam], Port: hostPortH})
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				_, err = c.Write([]byte("posing as the node"))
+				return err
+			}))
+			deadline := time.Now().Add(2 * time.Second)
+			for p.drops(t, "h", maps.DirIngress) == before && time.Now().Before(deadline) {
+				time.Sleep(50 * time.Millisecond)
+			}
+			if p.drops(t, "h", maps.DirIngress) == before {
+				t.Errorf("IPv%d: a datagram from the wire with the node's address reached h's hostPort undenied", fam)
+			}
+		}
 	})
 	// Allowed by the port the pod listens on (the hostPort's containerPort).
 	p.apply(t, "h", policy.Endpoint{Ingress: isolated(allowPorts(host(remoteIP4), policy.ProtoTCP, 80, 80),
@@ -321,6 +365,25 @@ func TestPolicy(t *testing.T) {
 			if got, _ := udpReceived(ln, "none"); len(got) != 0 {
 				t.Errorf("IPv%d: a received %q from b with no flow of its own", fam, got)
 			}
+			// An ICMP error about a's own flow comes in: the remote host's
+			// port unreachable refuses a's connected UDP socket.
+			must(t, p.a.Do(func(ns.NetNS) error {
+				c, err := net.Dial("udp", hp(remoteIP[fam], 7999))
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				buf := make([]byte, 64)
+				for try := 0; try < 3; try++ {
+					c.Write([]byte("anyone?"))
+					c.SetReadDeadline(time.Now().Add(time.Second))
+					_, err = c.Read(buf)
+					if errors.Is(err, syscall.ECONNREFUSED) {
+						return nil
+					}
+				}
+				return fmt.Errorf("IPv%d: UDP to a closed port of the remote host: %v, want connection refused (its ICMP error)", fam, err)
+			}))
 			// a's own flow to b: b's answers come back in.
 			reach(t, p.a, "udp", ip("b", fam), 8080, "b")
 			reach(t, p.a, "tcp", ip("b", fam), 8080, "b")
@@ -333,9 +396,8 @@ func TestPolicy(t *testing.T) {
 	if err != nil || !ok || pp.Mode[policy.Ingress] != "isolated" || pp.Mode[policy.Egress] != "open" || len(pp.Ingress.Allows) != 0 {
 		t.Errorf("programmed policy of a: %+v, %v, %v", pp, ok, err)
 	}
-	for _, pod := range []string{"a", "b", "h"} {
-		must(t, p.w.Remove(p.idx[pod]))
-	}
+	// a's policy goes with the writer's Remove; b's and h's with DEL alone.
+	must(t, p.w.Remove(p.idx["a"]))
 	p.w.Flush()
 	p.teardown(t)
 	if st, err := p.m.PolicyStates(); err != nil || len(st) != 0 {
