@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -409,4 +410,38 @@ func TestPolicy(t *testing.T) {
 	if n, err := p.w.Sweep(); err != nil || n != 0 {
 		t.Errorf("sets left after Remove: %d %v", n, err)
 	}
+}
+
+// TestPolicyKilledADD: an ADD killed after it made the interface pending
+// leaves a state that GC removes with the rest of the attachment; the
+// killed pod was never reachable meanwhile but from the node.
+func TestPolicyKilledADD(t *testing.T) {
+	t.Parallel()
+	h := newHPEnv(t)
+	h.Extra["networkPolicy"] = true
+	bin := crashBinary(t)
+	pod := h.NewPod()
+	envv := pluginEnv("ADD", "killed", pod, "eth0")
+	envv["EBPF_CNI_CRASH_AT"] = "endpoints"
+	out, err := h.RunPlugin(bin, envv, h.StdinConf(nil))
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("ADD with EBPF_CNI_CRASH_AT=endpoints: %v, want killed by SIGKILL; stdout %s", err, out)
+	}
+	m := h.Maps()
+	st, err := m.PolicyStates()
+	must(t, err)
+	if len(st) != 1 {
+		t.Fatalf("policy states after the killed ADD: %+v, want its pending one", st)
+	}
+	for _, s := range st {
+		if s.Mode != [2]uint8{maps.PolicyPending, maps.PolicyPending} {
+			t.Errorf("the killed ADD's interface is %v, want pending both ways", s.Mode)
+		}
+	}
+	must(t, h.GC())
+	if st, err := m.PolicyStates(); err != nil || len(st) != 0 {
+		t.Errorf("policy states after GC: %+v, %v", st, err)
+	}
+	h.AssertClean()
 }
