@@ -166,8 +166,11 @@ func (c *Controller) Run(ctx context.Context) error {
 	retry.Stop()
 	for {
 		if err := c.sync(); err != nil {
-			c.cfg.Logf("policy: %v (retrying in 1s)", err)
+			// Said once per distinct error: a full map fails every retry.
+			c.once("sync", "policy: %v (retrying every second)", err)
 			retry.Reset(time.Second)
+		} else {
+			delete(c.said, "sync")
 		}
 		select {
 		case <-ctx.Done():
