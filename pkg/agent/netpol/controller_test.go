@@ -2,6 +2,7 @@ package netpol
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -35,6 +36,7 @@ type fakeWriter struct {
 	applies int
 	removed []uint32
 	changed chan struct{}
+	fail    int // the next fail Applies fail
 }
 
 func newFakeWriter() *fakeWriter {
@@ -43,6 +45,11 @@ func newFakeWriter() *fakeWriter {
 
 func (w *fakeWriter) Apply(idx uint32, ep policy.Endpoint) error {
 	w.mu.Lock()
+	if w.fail > 0 {
+		w.fail--
+		w.mu.Unlock()
+		return errors.New("map cni_pol_addrs is full")
+	}
 	w.eps[idx] = ep
 	w.applies++
 	w.mu.Unlock()
@@ -326,4 +333,22 @@ func linkGone(idx int) netlink.LinkUpdate {
 	u := netlink.LinkUpdate{Link: &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Index: idx, Name: fmt.Sprintf("ebpf%011x", idx)}}}
 	u.Header.Type = unix.RTM_DELLINK
 	return u
+}
+
+// TestControllerRetries: a write that fails (a full map) leaves the
+// interface as it was and is retried (every second, or at the next
+// change) until it succeeds; the resync is an hour here.
+func TestControllerRetries(t *testing.T) {
+	l := newLab(t, namespace("ns"), pod("ns", "server", "10.0.0.2", map[string]string{"app": "server"}), serverPolicy("p", false))
+	l.w.mu.Lock()
+	l.w.fail = 2
+	l.w.mu.Unlock()
+	close(l.hold)
+	l.attach(7, "ns", "server")
+	l.waitFor("programmed after two failures", func() bool { _, ok, _ := l.w.get(7); return ok })
+	l.w.mu.Lock()
+	defer l.w.mu.Unlock()
+	if l.w.fail != 0 {
+		t.Errorf("%d failures left", l.w.fail)
+	}
 }
