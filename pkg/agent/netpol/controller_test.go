@@ -352,3 +352,4 @@ func TestControllerRetries(t *testing.T) {
 		t.Errorf("%d failures left", l.w.fail)
 	}
 }
+

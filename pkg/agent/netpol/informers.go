@@ -181,15 +181,21 @@ func startInformers(ctx context.Context, listWatch func(string) (cache.ListerWat
 			return nil, err
 		}
 		handle := s.handle
-		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(o any) { handle(o, false) },
 			UpdateFunc: func(_, o any) { handle(o, false) },
 			DeleteFunc: func(o any) { handle(o, true) },
-		}); err != nil {
+		})
+		if err != nil {
 			return nil, err
 		}
 		go inf.Run(ctx.Done())
-		synced = append(synced, inf.HasSynced)
+		// The handler's, not the informer's: synced once the handler has
+		// seen every object of the first list. The informer's HasSynced
+		// turns true while handlers may still be receiving that list, and
+		// a pass then could find a pod but not yet the policy selecting it
+		// (and open it).
+		synced = append(synced, reg.HasSynced)
 	}
 	return synced, nil
 }
