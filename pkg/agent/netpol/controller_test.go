@@ -352,4 +352,3 @@ func TestControllerRetries(t *testing.T) {
 		t.Errorf("%d failures left", l.w.fail)
 	}
 }
-
