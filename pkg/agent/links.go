@@ -56,8 +56,9 @@ func (w *linkWatcher) subscribe(ctx context.Context) error {
 }
 
 // Run fans events out until ctx ends. When the subscription ends (events
-// lost) or never started, every subscriber is told so and a new
-// subscription is tried every second.
+// lost) or never started, a new one is made (tried every 100 ms), and only
+// then is every subscriber told events were lost: the full look it takes
+// then misses nothing the new subscription does not show.
 func (w *linkWatcher) Run(ctx context.Context) error {
 	for {
 		if w.updates != nil {
@@ -67,21 +68,26 @@ func (w *linkWatcher) Run(ctx context.Context) error {
 				}
 			}
 		}
-		if ctx.Err() != nil {
-			return nil
+		said := false
+		for {
+			select { // never a busy loop, whatever ends subscriptions
+			case <-ctx.Done():
+				return nil
+			case <-time.After(100 * time.Millisecond):
+			}
+			err := w.subscribe(ctx)
+			if err == nil {
+				break
+			}
+			if !said {
+				w.lg.Printf("link events: %v (retrying; the controllers rely on their timers meanwhile)", err)
+				said = true
+			}
 		}
 		for _, h := range w.subs {
 			if h.lost != nil {
 				h.lost()
 			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(time.Second):
-		}
-		if err := w.subscribe(ctx); err != nil {
-			w.lg.Printf("link events: %v", err)
 		}
 	}
 }
