@@ -195,6 +195,13 @@ struct {
 } cni_pol_ct SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SIZED);
+	__type(key, struct pol_frag_key);
+	__type(value, __u64);
+} cni_pol_frags SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);

@@ -422,11 +422,23 @@ struct pol_ct_val {
 	__u64 seen_ns; /* last packet, refreshed at most once a second and at every state change */
 };
 
+/* Key of cni_pol_frags: a fragmented datagram at one pod interface, as its
+ * packets carry it; value: bpf_ktime_get_ns() when its first fragment passed. */
+struct pol_frag_key {
+	__u32 ifindex;
+	__u32 id; /* IPv4 identification (network order, in the low 16 bits) or the IPv6 fragment header's */
+	__u8 family;
+	__u8 proto;
+	__u16 pad;
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
 /* Value of cni_pol_scratch, per CPU: policy_judge's working memory (lib/policy.h
  * lays it out). A program's callers share 512 bytes of stack, and
  * from_container's own frame takes 408. */
 struct pol_scratch {
-	__u8 data[320];
+	__u8 data[384];
 };
 
 #define POL_CFG_ON 1 /* some interface of this node has networkPolicy: the stack path looks at sources */

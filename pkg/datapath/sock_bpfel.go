@@ -33,6 +33,7 @@ const (
 	sockMapCniPolAddrs      = "cni_pol_addrs"
 	sockMapCniPolConfig     = "cni_pol_config"
 	sockMapCniPolCt         = "cni_pol_ct"
+	sockMapCniPolFrags      = "cni_pol_frags"
 	sockMapCniPolPorts      = "cni_pol_ports"
 	sockMapCniPolScratch    = "cni_pol_scratch"
 	sockMapCniPolState      = "cni_pol_state"
@@ -123,6 +124,7 @@ type sockMapSpecs struct {
 	CniPolAddrs     *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig    *ebpf.MapSpec `ebpf:"cni_pol_config"`
 	CniPolCt        *ebpf.MapSpec `ebpf:"cni_pol_ct"`
+	CniPolFrags     *ebpf.MapSpec `ebpf:"cni_pol_frags"`
 	CniPolPorts     *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch   *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState     *ebpf.MapSpec `ebpf:"cni_pol_state"`
@@ -175,6 +177,7 @@ type sockMaps struct {
 	CniPolAddrs     *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig    *ebpf.Map `ebpf:"cni_pol_config"`
 	CniPolCt        *ebpf.Map `ebpf:"cni_pol_ct"`
+	CniPolFrags     *ebpf.Map `ebpf:"cni_pol_frags"`
 	CniPolPorts     *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch   *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState     *ebpf.Map `ebpf:"cni_pol_state"`
@@ -203,6 +206,7 @@ func (m *sockMaps) Close() error {
 		m.CniPolAddrs,
 		m.CniPolConfig,
 		m.CniPolCt,
+		m.CniPolFrags,
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,

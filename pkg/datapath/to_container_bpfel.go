@@ -33,6 +33,7 @@ const (
 	toContainerMapCniPolAddrs     = "cni_pol_addrs"
 	toContainerMapCniPolConfig    = "cni_pol_config"
 	toContainerMapCniPolCt        = "cni_pol_ct"
+	toContainerMapCniPolFrags     = "cni_pol_frags"
 	toContainerMapCniPolPorts     = "cni_pol_ports"
 	toContainerMapCniPolScratch   = "cni_pol_scratch"
 	toContainerMapCniPolState     = "cni_pol_state"
@@ -109,6 +110,7 @@ type toContainerMapSpecs struct {
 	CniPolAddrs     *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig    *ebpf.MapSpec `ebpf:"cni_pol_config"`
 	CniPolCt        *ebpf.MapSpec `ebpf:"cni_pol_ct"`
+	CniPolFrags     *ebpf.MapSpec `ebpf:"cni_pol_frags"`
 	CniPolPorts     *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch   *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState     *ebpf.MapSpec `ebpf:"cni_pol_state"`
@@ -161,6 +163,7 @@ type toContainerMaps struct {
 	CniPolAddrs     *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig    *ebpf.Map `ebpf:"cni_pol_config"`
 	CniPolCt        *ebpf.Map `ebpf:"cni_pol_ct"`
+	CniPolFrags     *ebpf.Map `ebpf:"cni_pol_frags"`
 	CniPolPorts     *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch   *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState     *ebpf.Map `ebpf:"cni_pol_state"`
@@ -189,6 +192,7 @@ func (m *toContainerMaps) Close() error {
 		m.CniPolAddrs,
 		m.CniPolConfig,
 		m.CniPolCt,
+		m.CniPolFrags,
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,

@@ -60,7 +60,7 @@ func fixedBase(t *testing.T, u Usage) uint64 {
 // reproduces each figure to the byte on this machine's CPU count; and
 // checks that, extrapolated by that model to a 64-CPU node with every map
 // full, all maps together stay within 40 MiB (32 MiB before the
-// NetworkPolicy maps, which add 5.4 MiB full).
+// NetworkPolicy maps, which add 5.6 MiB full).
 func TestFootprint(t *testing.T) {
 	m := testMaps(t, DefaultSizing)
 	// Entries where they cost (not preallocated): counters of 50

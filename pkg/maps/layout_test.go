@@ -21,7 +21,7 @@ var layouts = map[int]string{
 	// Layout 2 plus the NetworkPolicy maps (cni_pol_*: maps added, none
 	// changed, so nodes pinned before them get them from maps.Create). Was
 	// b84671b938a29b9c without them.
-	2: "fb7483f7ba2047cb", // NAT (flow timers and state in cni_ct/cni_snat, cni_masq_config, cni_masq_share, IPv6 masquerade, ICMP error counters), bandwidth (bw_state.queue_ns, mark_ns; netns_info.rcv_wnd), node resources (sizes from maxPods, cni_stats not preallocated, cni_cidr_refs)
+	2: "2321aecddb8861fe", // NAT (flow timers and state in cni_ct/cni_snat, cni_masq_config, cni_masq_share, IPv6 masquerade, ICMP error counters), bandwidth (bw_state.queue_ns, mark_ns; netns_info.rcv_wnd), node resources (sizes from maxPods, cni_stats not preallocated, cni_cidr_refs)
 }
 
 func TestLayoutVersion(t *testing.T) {

@@ -246,6 +246,17 @@ type mapsObjPolCtVal struct {
 	SeenNs    uint64
 }
 
+type mapsObjPolFragKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Id      uint32
+	Family  uint8
+	Proto   uint8
+	Pad     uint16
+	Saddr   [16]uint8
+	Daddr   [16]uint8
+}
+
 type mapsObjPolPortKey struct {
 	_         structs.HostLayout
 	Prefixlen uint32
@@ -257,7 +268,7 @@ type mapsObjPolPortKey struct {
 
 type mapsObjPolScratch struct {
 	_    structs.HostLayout
-	Data [320]uint8
+	Data [384]uint8
 }
 
 type mapsObjPolState struct {
@@ -364,6 +375,7 @@ const (
 	mapsObjMapCniPolAddrs     = "cni_pol_addrs"
 	mapsObjMapCniPolConfig    = "cni_pol_config"
 	mapsObjMapCniPolCt        = "cni_pol_ct"
+	mapsObjMapCniPolFrags     = "cni_pol_frags"
 	mapsObjMapCniPolPorts     = "cni_pol_ports"
 	mapsObjMapCniPolScratch   = "cni_pol_scratch"
 	mapsObjMapCniPolState     = "cni_pol_state"
@@ -442,6 +454,7 @@ type mapsObjMapSpecs struct {
 	CniPolAddrs     *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig    *ebpf.MapSpec `ebpf:"cni_pol_config"`
 	CniPolCt        *ebpf.MapSpec `ebpf:"cni_pol_ct"`
+	CniPolFrags     *ebpf.MapSpec `ebpf:"cni_pol_frags"`
 	CniPolPorts     *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch   *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState     *ebpf.MapSpec `ebpf:"cni_pol_state"`
@@ -498,6 +511,7 @@ type mapsObjMaps struct {
 	CniPolAddrs     *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig    *ebpf.Map `ebpf:"cni_pol_config"`
 	CniPolCt        *ebpf.Map `ebpf:"cni_pol_ct"`
+	CniPolFrags     *ebpf.Map `ebpf:"cni_pol_frags"`
 	CniPolPorts     *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch   *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState     *ebpf.Map `ebpf:"cni_pol_state"`
@@ -526,6 +540,7 @@ func (m *mapsObjMaps) Close() error {
 		m.CniPolAddrs,
 		m.CniPolConfig,
 		m.CniPolCt,
+		m.CniPolFrags,
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,

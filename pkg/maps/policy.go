@@ -25,6 +25,7 @@ type (
 	PolicyCTKey   = mapsObjPolCtKey
 	PolicyCTVal   = mapsObjPolCtVal
 	PolicyConfig  = mapsObjPolConfig
+	PolicyFragKey = mapsObjPolFragKey
 )
 
 // Names of the NetworkPolicy maps, as bpf/lib/maps.h declares them.
@@ -35,6 +36,7 @@ const (
 	namePolCT      = "cni_pol_ct"
 	namePolConfig  = "cni_pol_config"
 	namePolScratch = "cni_pol_scratch" // the programs' working memory, nothing to read
+	namePolFrags   = "cni_pol_frags"
 )
 
 // EndpointFlagPolicy is EP_F_POLICY in ep_info.flags and link_info.flags:
@@ -147,7 +149,16 @@ func (m *Maps) DeletePolicyOf(ifindex int) error {
 		errs = fmt.Errorf("delete %s[%d]: %w", namePolState, ifindex, err)
 	}
 	_, err := m.DeletePolicyFlowsOf(ifindex)
-	return errors.Join(errs, err)
+	errs = errors.Join(errs, err)
+	var frags []PolicyFragKey
+	if err := scan(m.byName[namePolFrags], func(k *PolicyFragKey, _ *uint64) {
+		if int(k.Ifindex) == ifindex {
+			frags = append(frags, *k)
+		}
+	}); err != nil {
+		return errors.Join(errs, fmt.Errorf("scan %s: %w", namePolFrags, err))
+	}
+	return errors.Join(errs, deleteKeys(m.byName[namePolFrags], frags))
 }
 
 // DeletePolicyFlowsOf removes every cni_pol_ct entry of the interface and

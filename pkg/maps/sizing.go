@@ -60,6 +60,7 @@ const (
 	policyAddrsPerPod = 512
 	policyPortsPerPod = 128
 	policyFlowsPerPod = 128
+	policyFragsPerPod = 16 // fragmented datagrams in flight (first fragment seen) per pod
 	// statsReasons is the reasons cni_stats is sized for: the 10 of layout
 	// 2's first maps, so that a node pinned before REASON_DROP_POLICY keeps
 	// its size. No interface counts every reason both ways (most are
@@ -115,6 +116,7 @@ func (s Sizing) entries() map[string]uint32 {
 		namePolAddrs:    uint32(s.MaxPods * policyAddrsPerPod),
 		namePolPorts:    uint32(s.MaxPods * policyPortsPerPod),
 		namePolCT:       uint32(s.MaxPods * policyFlowsPerPod),
+		namePolFrags:    uint32(s.MaxPods * policyFragsPerPod),
 	}
 }
 

@@ -33,11 +33,14 @@ type polLab struct {
 	idx map[string]uint32 // pod -> host veth ifindex
 }
 
-func newPolLab(t *testing.T) *polLab {
+func newPolLab(t *testing.T, masq bool) *polLab {
 	t.Helper()
 	h := newHPEnv(t)
 	h.Extra["networkPolicy"] = true
-	l := &svcLab{hpEnv: h, fams: []int{4, 6}, ip: map[string]map[int]net.IP{}}
+	if masq {
+		h.Extra["ipMasq"] = true
+	}
+	l := &svcLab{hpEnv: h, masq: masq, fams: []int{4, 6}, ip: map[string]map[int]net.IP{}}
 	for _, fam := range []int{4, 6} {
 		routeVia(t, h.Node, "", remoteIP[fam])
 		routeVia(t, h.remote, cluster[fam], uplinkIP[fam])
@@ -152,7 +155,7 @@ func (p *polLab) drops(t *testing.T, pod string, dir maps.Dir) uint64 {
 // flows that never were.
 func TestPolicy(t *testing.T) {
 	t.Parallel()
-	p := newPolLab(t)
+	p := newPolLab(t, false)
 	ip := func(pod string, fam int) net.IP { return p.ip[pod][fam] }
 	fams := []int{4, 6}
 
@@ -253,6 +256,30 @@ func TestPolicy(t *testing.T) {
 			reach(t, p.remote, "tcp", ip("b", fam), 8080, "b")
 			reach(t, p.remote, "udp", ip("b", fam), 8080, "b")
 			reach(t, p.remote, "tcp", uplinkIP[fam], npLocal, "b")
+		}
+	})
+
+	// Fragmented datagrams: b takes UDP 8080 from a and the remote host
+	// only, and sends nothing of its own. A 3000-byte datagram and its
+	// 3000-byte answer are three fragments each way: the later fragments
+	// carry no ports and pass because their first one did.
+	udp8080 := []policy.PortRange{{Proto: policy.ProtoUDP, First: 8080, Last: 8080}}
+	var fragPeers []policy.Allow
+	for _, fam := range fams {
+		fragPeers = append(fragPeers, policy.Allow{Prefix: host(ip("a", fam)), Ports: udp8080}, policy.Allow{Prefix: host(remoteIP[fam]), Ports: udp8080})
+	}
+	p.apply(t, "b", policy.Endpoint{Ingress: isolated(fragPeers...), Egress: isolated()})
+	t.Run("fragments", func(t *testing.T) {
+		for _, fam := range fams {
+			for _, from := range []ns.NetNS{p.a, p.remote} {
+				if err := bigUDP(from, ip("b", fam), 8080, 3000); err != nil {
+					t.Errorf("IPv%d: %v", fam, err)
+				}
+			}
+			// Port-less fragments of a datagram whose first fragment was denied.
+			if err := bigUDP(p.h, ip("b", fam), 8080, 3000); err == nil {
+				t.Errorf("IPv%d: h's fragmented datagram reached b, whose rules do not name h", fam)
+			}
 		}
 	})
 
@@ -444,4 +471,63 @@ func TestPolicyKilledADD(t *testing.T) {
 		t.Errorf("policy states after GC: %+v, %v", st, err)
 	}
 	h.AssertClean()
+}
+
+// TestPolicyMasq: with ipMasq, a pod's egress is judged before the
+// masquerade (on its own address), and the replies the uplink translates
+// back pass its isolated ingress.
+func TestPolicyMasq(t *testing.T) {
+	t.Parallel()
+	p := newPolLab(t, true)
+	for _, pod := range []string{"b", "h"} {
+		p.apply(t, pod, policy.Endpoint{})
+	}
+	both := []policy.PortRange{{Proto: policy.ProtoTCP, First: 7000, Last: 7000}, {Proto: policy.ProtoUDP, First: 7000, Last: 7000}}
+	p.apply(t, "a", policy.Endpoint{Ingress: isolated(), Egress: isolated(
+		policy.Allow{Prefix: host(remoteIP4), Ports: both}, policy.Allow{Prefix: host(remoteIP6), Ports: both})})
+	for _, fam := range []int{4, 6} {
+		for _, proto := range []string{"tcp", "udp"} {
+			a := expectServer(t, p.a, proto, hp(remoteIP[fam], 7000), "remote")
+			if a.server == "remote" && !peer(t, a).Equal(uplinkIP[fam]) {
+				t.Errorf("IPv%d %s: the remote host saw %s, want the node's %s (masqueraded)", fam, proto, peer(t, a), uplinkIP[fam])
+			}
+			reach(t, p.a, proto, svcExt[fam], 80, "remote") // DNAT to remote:7000, then masqueraded
+		}
+		blocked(t, p.a, "tcp", svcWeb[fam], 80)
+		blocked(t, p.remote, "tcp", p.ip["a"][fam], 8080)
+	}
+	p.teardown(t)
+}
+
+// bigUDP sends a size-byte datagram from netns to ip:port and wants an
+// answer larger than an MTU: the server (serve) reads the reassembled
+// datagram into 2048 bytes and echoes them, so both ways were fragmented.
+func bigUDP(from ns.NetNS, ip net.IP, port, size int) error {
+	return from.Do(func(ns.NetNS) error {
+		c, err := net.Dial("udp", hp(ip, port))
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		payload := make([]byte, size)
+		for i := range payload {
+			payload[i] = 'x'
+		}
+		buf := make([]byte, 2*size)
+		for try := 0; try < 2; try++ {
+			if _, err := c.Write(payload); err != nil {
+				return err
+			}
+			c.SetReadDeadline(time.Now().Add(700 * time.Millisecond))
+			n, err := c.Read(buf)
+			if err != nil {
+				continue
+			}
+			if n <= 1500 {
+				return fmt.Errorf("%d-byte datagram to %s: answer of %d bytes", size, hp(ip, port), n)
+			}
+			return nil
+		}
+		return fmt.Errorf("%d-byte datagram to %s: no answer", size, hp(ip, port))
+	})
 }
