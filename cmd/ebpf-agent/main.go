@@ -18,6 +18,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/netpol"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -33,7 +34,8 @@ type opts struct {
 	// run, peers
 	metrics, cgroupRoot, peersFile string
 	interval, politeWait           time.Duration
-	hostPorts                      bool
+	hostPorts, networkPolicy       bool
+	policyStatusDir                string
 	// run: Node-following, the conflist, cluster CIDRs
 	kubeconfig, nodeName, confTemplate, clusterCIDRs string
 	// run: the file saying whether to uninstall the node when stopped
@@ -98,6 +100,12 @@ var commands = []command{
 		flags: observeFlags, run: observe},
 	{name: "events", help: "show or set what the datapath sends as events (drops, flows per node or pod, rate limit) and the losses",
 		flags: eventsFlags, run: eventsCmd},
+	{name: "dump policy", help: "per pod: the NetworkPolicies selecting it, what they allow per direction, policy drops (read-only)",
+		flags: func(fs *flag.FlagSet, o *opts) {
+			fs.StringVar(&o.policyStatusDir, "policy-status-dir", netpol.DefaultStatusDir, "where the agent records what it programmed (its run --policy-status-dir)")
+		}, run: func(o *opts) error {
+			return dump(func(s inspect.Source) (inspect.Report, error) { return inspect.ReadPolicy(s, o.policyStatusDir) })(o)
+		}},
 	{name: "peers", help: "install routes to other nodes' pod CIDRs via their node IPs once (run does it at every reconcile)",
 		flags: func(fs *flag.FlagSet, o *opts) {
 			fs.StringVar(&o.peersFile, "peers", "", "JSON file [{nodeIP, podCIDRs}] (required)")
@@ -193,6 +201,8 @@ func runFlags(fs *flag.FlagSet, o *opts) {
 	fs.StringVar(&o.nodeName, "node-name", os.Getenv("NODE_NAME"), "this node's Node object: follow the cluster's Nodes (routes to other nodes' pod CIDRs, this node's pod CIDRs in the conflist, cluster CIDRs); empty: no Kubernetes")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig for Node-following (default: the pod's in-cluster service account)")
 	fs.StringVar(&o.confTemplate, "cni-conf-template", "", "conflist to write into --cni-conf-dir and keep current; its \"__PODCIDR__\" ranges become this node's spec.podCIDRs")
+	fs.BoolVar(&o.networkPolicy, "network-policy", false, "program every local pod's NetworkPolicy from the API server's pods, namespaces and policies (needs --node-name); networks with \"networkPolicy\": true keep new pods closed until then")
+	fs.StringVar(&o.policyStatusDir, "policy-status-dir", netpol.DefaultStatusDir, "where the agent records what it programmed per pod interface (dump policy reads it)")
 	fs.StringVar(&o.clusterCIDRs, "cluster-cidrs", "", "comma-separated CIDRs ipMasq never masquerades (default with --node-name: every node's pod CIDRs)")
 	fs.StringVar(&o.uninstallOnStop, "uninstall-on-stop", "", "file read when the agent stops: \"true\" uninstalls the node as `uninstall` does (refused while pods use it), \"force\" as `uninstall --force`; anything else, or no file, leaves the datapath in place")
 	fs.BoolVar(&o.dropEvents, "drop-events", true, "an event per dropped packet (ebpf-agent observe)")
@@ -249,6 +259,7 @@ func run(o *opts) error {
 	ao.MetricsAddr, ao.ReconcileInterval, ao.Version = o.metrics, o.interval, Version
 	ao.HostPorts, ao.CgroupRoot, ao.PeersFile = o.hostPorts, o.cgroupRoot, o.peersFile
 	ao.ConfTemplate = o.confTemplate
+	ao.NetworkPolicy, ao.PolicyStatusDir = o.networkPolicy, o.policyStatusDir
 	if o.nodeName != "" {
 		ao.Kube = &agent.Kube{Kubeconfig: o.kubeconfig, NodeName: o.nodeName}
 	} else if o.kubeconfig != "" {

@@ -42,34 +42,23 @@ type background struct {
 	settled map[int]string // host veths seen with nothing left to do (full passes skip them)
 }
 
-// newBackground readies the worker; its link events are subscribed before
-// it returns, so no ADD or DEL after the agent reports ready goes unseen.
-func newBackground(ctx context.Context, pinRoot string, politeWait time.Duration, lg *log.Logger) (*background, error) {
+// newBackground readies the worker on the agent's link events (w
+// subscribed before the agent reports ready, so no ADD or DEL after that
+// goes unseen).
+func newBackground(pinRoot string, politeWait time.Duration, lg *log.Logger, w *linkWatcher) (*background, error) {
 	idle, err := datapath.OpenIdle(pinRoot, politeWait)
 	if err != nil {
 		return nil, err
 	}
 	b := &background{pinRoot: pinRoot, lg: lg, idle: idle, kick: make(chan struct{}, 1), fullEvery: time.Minute,
 		full: true, fresh: map[int]string{}, gone: map[int]string{}, settled: map[int]string{}}
-	updates := make(chan netlink.LinkUpdate, 1024)
-	err = netlink.LinkSubscribeWithOptions(updates, ctx.Done(), netlink.LinkSubscribeOptions{
-		ErrorCallback: func(err error) {
-			// ENOBUFS: events were lost; look at everything.
-			b.mu.Lock()
-			b.full = true
-			b.mu.Unlock()
-			b.wake()
-		},
-	})
-	if err != nil {
-		lg.Printf("background: no link events (%v); a full pass every %s only", err, b.fullEvery)
-		return b, nil
-	}
-	go func() {
-		for u := range updates {
-			b.linkEvent(u)
-		}
-	}()
+	w.handle(linkHandler{update: b.linkEvent, lost: func() {
+		// Events were lost: look at everything.
+		b.mu.Lock()
+		b.full = true
+		b.mu.Unlock()
+		b.wake()
+	}})
 	return b, nil
 }
 
@@ -109,8 +98,8 @@ func (b *background) linkEvent(u netlink.LinkUpdate) {
 	b.wake()
 }
 
-// run does passes until ctx ends.
-func (b *background) run(ctx context.Context) {
+// Run does passes until ctx ends.
+func (b *background) Run(ctx context.Context) error {
 	defer b.idle.Close()
 	tick := time.NewTicker(b.fullEvery)
 	defer tick.Stop()
@@ -120,7 +109,7 @@ func (b *background) run(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-b.kick:
 		case <-tick.C:
 			b.mu.Lock()

@@ -1,12 +1,16 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
+
+	"k8s.io/client-go/rest"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/conflist"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
@@ -35,18 +39,58 @@ type Kube struct {
 }
 
 // follower applies views of the cluster (or, without Kubernetes, the static
-// configuration) to the node. Only Run's goroutine calls it.
+// configuration) to the node: at every new view and every
+// Options.ReconcileInterval. Only its Run's goroutine calls its methods.
 type follower struct {
-	o    Options
-	m    *maps.Maps
-	logf func(string, ...any)
+	o       Options
+	m       *maps.Maps
+	kubeCfg *rest.Config // nil: no Kubernetes (static)
+	logf    func(string, ...any)
 
 	view *nodes.View // the last complete view; nil before the first (or without Kubernetes)
 	said map[string]string
 }
 
-func newFollower(o Options, m *maps.Maps) *follower {
-	return &follower{o: o, m: m, logf: o.Logger.Printf, said: map[string]string{}}
+func newFollower(o Options, m *maps.Maps, kubeCfg *rest.Config) *follower {
+	return &follower{o: o, m: m, kubeCfg: kubeCfg, logf: o.Logger.Printf, said: map[string]string{}}
+}
+
+// Run returns when ctx ends.
+func (f *follower) Run(ctx context.Context) error {
+	views := make(chan nodes.View, 1)
+	if f.kubeCfg != nil {
+		f.logf("nodes: following Node objects as %s; routes, the conflist and cluster CIDRs wait for the first complete list", f.o.Kube.NodeName)
+		go func() {
+			err := nodes.Follow(ctx, f.kubeCfg, f.o.Kube.NodeName, 200*time.Millisecond, func(v nodes.View) {
+				select { // the newest view replaces one not yet applied
+				case <-views:
+				default:
+				}
+				views <- v
+			}, f.logf)
+			if err != nil && ctx.Err() == nil {
+				f.logf("nodes: %v", err)
+			}
+		}()
+	} else {
+		f.static()
+	}
+	tick := time.NewTicker(f.o.ReconcileInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case v := <-views:
+			f.apply(v)
+		case <-tick.C:
+			if f.kubeCfg != nil {
+				f.reapply()
+			} else {
+				f.static()
+			}
+		}
+	}
 }
 
 // once logs msg under key unless the last message under key was the same:

@@ -1,8 +1,13 @@
 package agent
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -113,6 +118,34 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(v.Bytes), lv...)
 		}
 	}
+}
+
+// metricsServer serves the collector on its listener until ctx ends.
+type metricsServer struct {
+	ln  net.Listener
+	srv *http.Server
+}
+
+// newMetricsServer listens now, so a taken address fails the agent's start.
+func newMetricsServer(addr string, c *collector, more ...prometheus.Collector) (*metricsServer, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", metricsHandler(c, more...))
+	return &metricsServer{ln: ln, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}}, nil
+}
+
+func (m *metricsServer) Run(ctx context.Context) error {
+	go func() {
+		<-ctx.Done()
+		m.srv.Close()
+	}()
+	if err := m.srv.Serve(m.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
 }
 
 // metricsHandler serves the collector on its own registry (no Go runtime

@@ -1,14 +1,17 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log"
 	"net"
 	"net/netip"
 	"os"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -199,4 +202,41 @@ peers:
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Dst < out[j].Dst })
 	return out, errs
+}
+
+// peerRoutes keeps the routes of Options.PeersFile: at start and every
+// Options.ReconcileInterval (the file is re-read each time).
+type peerRoutes struct {
+	file     string
+	interval time.Duration
+	lg       *log.Logger
+}
+
+func (p *peerRoutes) sync() {
+	ps, err := LoadPeers(p.file)
+	if err == nil {
+		var rs []PeerRoute
+		rs, err = SyncPeerRoutes(ps)
+		if err == nil {
+			p.lg.Printf("peer routes: %d", len(rs))
+		}
+	}
+	if err != nil {
+		p.lg.Printf("peer routes: %v", err)
+	}
+}
+
+// Run returns when ctx ends.
+func (p *peerRoutes) Run(ctx context.Context) error {
+	p.sync()
+	tick := time.NewTicker(p.interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			p.sync()
+		}
+	}
 }

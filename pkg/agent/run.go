@@ -7,26 +7,19 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"k8s.io/client-go/rest"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/conflist"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
-	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 	"github.com/ebpf-cni/ebpf-cni/pkg/events"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/nodes"
 	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
-	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // Options configure `ebpf-agent run`.
@@ -58,6 +51,12 @@ type Options struct {
 	ClusterCIDRs []netip.Prefix
 	// Sizing is what the node's maps are sized for (see ResolveSizing).
 	Sizing maps.Sizing
+	// NetworkPolicy programs every local pod's NetworkPolicy (netpol/),
+	// from the API server's pods, namespaces and NetworkPolicies; needs
+	// Kube. PolicyStatusDir records what was programmed, for dumps
+	// ("": netpol.DefaultStatusDir).
+	NetworkPolicy   bool
+	PolicyStatusDir string
 	// Events are the datapath events the agent turns on (nil: drops, or
 	// what the node has); EventsKeep how many it keeps for observe --last.
 	Events     *maps.EventSettings
@@ -67,19 +66,116 @@ type Options struct {
 	PoliteWait time.Duration
 }
 
+// controller is one of the agent's loops. Run returns nil when ctx ends,
+// or an error when it cannot go on (the others keep running).
+type controller interface {
+	Run(ctx context.Context) error
+}
+
 // Run ensures bpffs and the pinned datapath, moves every attachment to this
-// build's programs in place, takes on the verbs' background work (moving
-// pods to tcx, deleting handed-off veths: background.go), reconciles stale
-// state now, periodically and when a pod's veth disappears, and serves
-// metrics until ctx ends. Pins outlive it: stopping, killing or restarting
-// the agent leaves pods alone, and the next agent finishes what it left.
+// build's programs in place, then runs the controllers until ctx ends:
+// background work the verbs leave (background.go), reconciliation of stale
+// state (reconciler.go), routes to peers (peers.go) or Node-following
+// (follow.go), node hooks (nodehooks.go), NetworkPolicy (policy.go) and
+// metrics, fed by one link watcher (links.go). Pins outlive it: stopping, killing or restarting the
+// agent leaves pods alone, and the next agent finishes what it left.
 func Run(ctx context.Context, o Options) error {
 	lg := o.Logger
+	if err := o.check(); err != nil {
+		return err
+	}
+	var kubeCfg *rest.Config
+	if o.Kube != nil {
+		var err error
+		if kubeCfg, err = nodes.Config(o.Kube.Kubeconfig); err != nil {
+			return err
+		}
+	}
+	dp, rep, err := prepare(o)
+	if err != nil {
+		return err
+	}
+	defer dp.Close()
+	// From here on the verbs leave their slow kernel work to this agent
+	// (background.go): take the agent lock, then start the worker.
+	if err := datapath.HoldAgent(ctx, o.PinRoot, func() { lg.Printf("another agent runs on %s; waiting for it to end", o.PinRoot) }); err != nil {
+		return fmt.Errorf("agent lock: %w", err)
+	}
+	links := newLinkWatcher(ctx, lg)
+	bg, err := newBackground(o.PinRoot, o.PoliteWait, lg, links)
+	if err != nil {
+		return err
+	}
+	lg.Printf("datapath ready at %s (map layout v%d, sized for %s); %d links and %d tc filters, %d moved to this build's programs, %d old program pins removed, %d old map directories removed",
+		o.PinRoot, maps.LayoutVersion, o.Sizing, rep.Links, rep.Filters, rep.Replaced+rep.FiltersSwap, len(rep.RemovedProgs), len(rep.RemovedMaps))
+
+	col := newCollector(o.PinRoot, o.StateDir, o.Version)
+	// Datapath events: read, kept, counted, and served to observe on a
+	// socket in the state directory (pkg/events); runAll waits for both, so
+	// the socket is gone when Run returns.
+	evr := events.NewReader(events.Options{PinDir: o.PinRoot, StateDir: o.StateDir, Keep: o.EventsKeep, Settings: o.Events, Logger: lg})
+	run := map[string]controller{
+		"links":         links,
+		"background":    bg,
+		"reconcile":     newReconciler(o, col, links),
+		"nodes":         newFollower(o, dp.Maps, kubeCfg),
+		"events":        evr,
+		"events socket": controllerFunc(func(ctx context.Context) error { return events.Serve(ctx, events.SocketPath(o.StateDir), evr) }),
+	}
+	if o.MetricsAddr != "" {
+		ms, err := newMetricsServer(o.MetricsAddr, col, evr)
+		if err != nil {
+			return err
+		}
+		lg.Printf("metrics on http://%s/metrics", ms.ln.Addr())
+		run["metrics"] = ms
+	}
+	if o.PeersFile != "" {
+		run["peer routes"] = &peerRoutes{file: o.PeersFile, interval: o.ReconcileInterval, lg: lg}
+	}
+	if o.NetworkPolicy {
+		run["policy"] = newPolicy(o, dp, kubeCfg, links)
+	}
+	if o.HostPorts {
+		run["node hooks"] = newNodeHooks(dp, o.CgroupRoot, time.Minute, lg, links)
+	}
+	runAll(ctx, lg, run)
+	lg.Printf("stopping; the pinned datapath stays in place")
+	return nil
+}
+
+// controllerFunc is a controller of one function.
+type controllerFunc func(ctx context.Context) error
+
+func (f controllerFunc) Run(ctx context.Context) error { return f(ctx) }
+
+// runAll runs the controllers until ctx ends and they all returned; one
+// that fails is logged and the others go on (as kube-router's do).
+func runAll(ctx context.Context, lg *log.Logger, cs map[string]controller) {
+	var wg sync.WaitGroup
+	for name, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := c.Run(ctx); err != nil && ctx.Err() == nil {
+				lg.Printf("%s: stopped: %v", name, err)
+			}
+		}()
+	}
+	<-ctx.Done()
+	wg.Wait()
+}
+
+// check refuses options that contradict each other.
+func (o Options) check() error {
 	if o.Kube != nil && o.PeersFile != "" {
 		return fmt.Errorf("a peers file and Node-following both install routes to other nodes: use one")
 	}
 	if o.Kube != nil && o.Kube.NodeName == "" {
 		return fmt.Errorf("Node-following needs this node's name (--node-name, $NODE_NAME)")
+	}
+	if o.NetworkPolicy && o.Kube == nil {
+		return fmt.Errorf("NetworkPolicy needs the API server's pods, namespaces and policies (--node-name, in a cluster or with --kubeconfig)")
 	}
 	if o.ConfTemplate != "" && o.Kube == nil {
 		raw, err := os.ReadFile(o.ConfTemplate)
@@ -90,24 +186,25 @@ func Run(ctx context.Context, o Options) error {
 			return fmt.Errorf("conflist template %s: its %s ranges need the node's pod CIDRs from its Node object (--node-name, in a cluster or with --kubeconfig)", o.ConfTemplate, conflist.Placeholder)
 		}
 	}
-	var kubeCfg *rest.Config
-	if o.Kube != nil {
-		var err error
-		if kubeCfg, err = nodes.Config(o.Kube.Kubeconfig); err != nil {
-			return err
-		}
-	}
+	return nil
+}
+
+// prepare ensures bpffs and the pinned datapath and moves every attachment
+// to this build's programs; the datapath it returns is the one handle the
+// controllers share.
+func prepare(o Options) (*datapath.Datapath, datapath.UpgradeReport, error) {
+	var rep datapath.UpgradeReport
 	if err := datapath.EnsureBPFFS(o.PinRoot); err != nil {
-		return err
+		return nil, rep, err
 	}
 	for _, d := range []string{o.PinRoot, o.StateDir} {
 		if err := safedir.Check(d); err != nil {
-			return err
+			return nil, rep, err
 		}
 	}
 	dp, err := datapath.Ensure(o.PinRoot, o.Sizing)
 	if err != nil {
-		return fmt.Errorf("ensure datapath at %s: %w", o.PinRoot, err)
+		return nil, rep, fmt.Errorf("ensure datapath at %s: %w", o.PinRoot, err)
 	}
 	if o.HostPorts {
 		// The node hooks first: this build's host veth programs leave the
@@ -116,236 +213,12 @@ func Run(ctx context.Context, o Options) error {
 		// themselves meanwhile; where conntrack drops INVALID packets, the
 		// first reply of a TCP flow they open in between is lost and resent.)
 		if _, err := dp.EnsureNodeHooks(datapath.NodeHookOptions{CgroupRoot: o.CgroupRoot}); err != nil {
-			lg.Printf("node hooks before the upgrade: %v", err)
+			o.Logger.Printf("node hooks before the upgrade: %v", err)
 		}
 	}
-	rep, err := dp.Upgrade(false)
-	dp.Close()
+	rep, err = dp.Upgrade(false)
 	if err != nil {
-		lg.Printf("upgrade: %v", err)
+		o.Logger.Printf("upgrade: %v", err)
 	}
-	// From here on the verbs leave their slow kernel work to this agent
-	// (background.go): take the agent lock, then start the worker.
-	if err := datapath.HoldAgent(ctx, o.PinRoot, func() { lg.Printf("another agent runs on %s; waiting for it to end", o.PinRoot) }); err != nil {
-		return fmt.Errorf("agent lock: %w", err)
-	}
-	bg, err := newBackground(ctx, o.PinRoot, o.PoliteWait, lg)
-	if err != nil {
-		return err
-	}
-	// Run returns only once its workers have: a caller may uninstall the
-	// node after it (--uninstall-on-stop), which a worker still attaching
-	// would undo. Whatever makes Run return stops them first.
-	var workers sync.WaitGroup
-	ctx, cancel := context.WithCancel(ctx)
-	stopWorkers := func() { cancel(); workers.Wait() }
-	defer stopWorkers()
-	workers.Add(1)
-	go func() { defer workers.Done(); bg.run(ctx) }()
-	lg.Printf("datapath ready at %s (map layout v%d, sized for %s); %d links and %d tc filters, %d moved to this build's programs, %d old program pins removed, %d old map directories removed",
-		o.PinRoot, maps.LayoutVersion, o.Sizing, rep.Links, rep.Filters, rep.Replaced+rep.FiltersSwap, len(rep.RemovedProgs), len(rep.RemovedMaps))
-
-	// Datapath events: read, kept, counted, and served to observe on a
-	// socket in the state directory (pkg/events).
-	evr := events.NewReader(events.Options{PinDir: o.PinRoot, StateDir: o.StateDir, Keep: o.EventsKeep, Settings: o.Events, Logger: lg})
-	evCtx, evStop := context.WithCancel(ctx)
-	evDone := make(chan struct{}, 2)
-	defer func() { evStop(); <-evDone; <-evDone }() // the socket is gone when Run returns
-	go func() {
-		if err := evr.Run(evCtx); err != nil {
-			lg.Printf("%v", err)
-		}
-		evDone <- struct{}{}
-	}()
-	go func() {
-		if err := events.Serve(evCtx, events.SocketPath(o.StateDir), evr); err != nil {
-			lg.Printf("%v", err)
-		}
-		evDone <- struct{}{}
-	}()
-
-	col := newCollector(o.PinRoot, o.StateDir, o.Version)
-	if o.MetricsAddr != "" {
-		ln, err := net.Listen("tcp", o.MetricsAddr)
-		if err != nil {
-			return fmt.Errorf("metrics listener: %w", err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", metricsHandler(col, evr))
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go srv.Serve(ln)
-		defer srv.Close()
-		lg.Printf("metrics on http://%s/metrics", ln.Addr())
-	}
-
-	reconcile := func(why string) {
-		removed, err := ReconcileAll(o, false)
-		col.addRemoved(removed)
-		if len(removed) > 0 || err != nil {
-			counts := map[string]int{}
-			for _, s := range removed {
-				counts[s.Kind]++
-			}
-			lg.Printf("reconcile (%s): removed %v; errors: %v", why, counts, err)
-		}
-	}
-	reconcile("start")
-
-	peers := func() {
-		if o.PeersFile == "" {
-			return
-		}
-		ps, err := LoadPeers(o.PeersFile)
-		if err == nil {
-			var rs []PeerRoute
-			rs, err = SyncPeerRoutes(ps)
-			if err == nil {
-				lg.Printf("peer routes: %d", len(rs))
-			}
-		}
-		if err != nil {
-			lg.Printf("peer routes: %v", err)
-		}
-	}
-	peers()
-
-	fdp, err := datapath.Open(o.PinRoot)
-	if err != nil {
-		return err
-	}
-	defer fdp.Close()
-	fol := newFollower(o, fdp.Maps)
-	views := make(chan nodes.View, 1)
-	if o.Kube != nil {
-		lg.Printf("nodes: following Node objects as %s; routes, the conflist and cluster CIDRs wait for the first complete list", o.Kube.NodeName)
-		go func() {
-			err := nodes.Follow(ctx, kubeCfg, o.Kube.NodeName, 200*time.Millisecond, func(v nodes.View) {
-				select { // the newest view replaces one not yet applied
-				case <-views:
-				default:
-				}
-				views <- v
-			}, lg.Printf)
-			if err != nil && ctx.Err() == nil {
-				lg.Printf("nodes: %v", err)
-			}
-		}()
-	} else {
-		fol.static()
-	}
-
-	if o.HostPorts {
-		hdp, err := datapath.Open(o.PinRoot)
-		if err != nil {
-			return err
-		}
-		defer hdp.Close()
-		workers.Add(1)
-		go func() { defer workers.Done(); runNodeHooks(ctx, hdp, o.CgroupRoot, time.Minute, lg) }()
-		defer stopWorkers() // before hdp is closed
-	}
-
-	// A deleted host veth is the usual sign of a pod gone without DEL.
-	updates := make(chan netlink.LinkUpdate, 64)
-	done := make(chan struct{})
-	defer close(done)
-	if err := netlink.LinkSubscribe(updates, done); err != nil {
-		lg.Printf("no link events (%v); reconciling on the timer only", err)
-	}
-	tick := time.NewTicker(o.ReconcileInterval)
-	defer tick.Stop()
-	var debounce <-chan time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			lg.Printf("stopping; the pinned datapath stays in place")
-			return nil
-		case u := <-updates:
-			if u.Header.Type == syscall.RTM_DELLINK && strings.HasPrefix(u.Attrs().Name, state.HostIfPrefix) && debounce == nil {
-				debounce = time.After(2 * time.Second) // let a DEL in flight finish first
-			}
-		case <-debounce:
-			debounce = nil
-			reconcile("link deleted")
-		case v := <-views:
-			fol.apply(v)
-		case <-tick.C:
-			reconcile("timer")
-			peers()
-			if o.Kube != nil {
-				fol.reapply()
-			} else {
-				fol.static()
-			}
-		}
-	}
-}
-
-// runNodeHooks is Run's node hook loop (Options.HostPorts): it sets the
-// hooks up at start (as an ADD with portMappings or ipMasq would), follows
-// the node's addresses and links (cni_node_ips, uplinks), and every prune
-// interval drops the hostPort mappings and flows of pods whose host veth
-// is gone; every 10 s it deletes the hostPort flows idle past their timeout
-// that no timer deleted. It returns when ctx ends.
-func runNodeHooks(ctx context.Context, dp *datapath.Datapath, cgroupRoot string, prune time.Duration, logger *log.Logger) {
-	opts := datapath.NodeHookOptions{CgroupRoot: cgroupRoot, MustRefresh: true}
-	sync := func(why string) {
-		h, err := dp.EnsureNodeHooks(opts)
-		if h == nil {
-			logger.Printf("node hooks (%s): %v", why, err)
-			return
-		}
-		if err != nil { // uplinks set up; the socket hooks could not be
-			logger.Printf("node hooks (%s): %v", why, err)
-		}
-		logger.Printf("node hooks (%s): cgroup %s, uplinks %v, %d node addresses", why, h.CgroupRoot, h.Uplinks, len(h.NodeIPs))
-	}
-	sync("start")
-
-	addrs := make(chan netlink.AddrUpdate, 64)
-	links := make(chan netlink.LinkUpdate, 64)
-	done := make(chan struct{})
-	defer close(done)
-	if err := netlink.AddrSubscribe(addrs, done); err != nil {
-		logger.Printf("hostPort: no address notifications (%v); relying on ADDs and the periodic sync", err)
-	}
-	if err := netlink.LinkSubscribe(links, done); err != nil {
-		logger.Printf("hostPort: no link notifications (%v); relying on ADDs and the periodic sync", err)
-	}
-	tick := time.NewTicker(prune)
-	defer tick.Stop()
-	// Backstop for flow timers the kernel could not allocate (maps.ExpireCT).
-	sweep := time.NewTicker(maps.FlowTimeoutClosing)
-	defer sweep.Stop()
-	var debounce <-chan time.Time
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case u := <-addrs:
-			if !u.LinkAddress.IP.IsLinkLocalUnicast() {
-				debounce = time.After(200 * time.Millisecond)
-			}
-		case u := <-links:
-			// Host veths ("ebpf" + hash) come and go with pods; only other links matter.
-			if u.Link == nil || !strings.HasPrefix(u.Link.Attrs().Name, state.HostIfPrefix) {
-				debounce = time.After(200 * time.Millisecond)
-			}
-		case <-debounce:
-			debounce = nil
-			sync("addresses or links changed")
-		case <-sweep.C:
-			if _, err := dp.Maps.ExpireCT(); err != nil {
-				logger.Printf("hostPort: expire flows: %v", err)
-			}
-		case <-tick.C:
-			n, err := endpoint.PruneHostPorts(dp.Maps)
-			if err != nil {
-				logger.Printf("hostPort: prune: %v", err)
-			} else if n > 0 {
-				logger.Printf("hostPort: pruned %d entries of pods whose host veth is gone", n)
-			}
-			sync("periodic")
-		}
-	}
+	return dp, rep, nil
 }

@@ -2,7 +2,7 @@
 // real 2-node cluster on this machine, with the CNI under test
 // (make k8s-e2e, make k8s-e2e CNI=reference):
 //
-//	go run ./test/k8s [-cni ebpf-cni|reference] [-focus RE] [-skip RE] [-quick]
+//	go run ./test/k8s [-cni ebpf-cni|reference] [-focus RE] [-skip RE] [-quick|-netpol]
 //
 // Everything comes from the Go module proxy and Debian's apt: Kubernetes
 // v1.34 (test/k8s/tools pins it), etcd, CoreDNS, e2e.test, agnhost and
@@ -58,6 +58,16 @@ var skipReasons = []struct{ re, why string }{
 	{`[Cc]loud|\[Provider:`, "no cloud provider"},
 }
 
+// netpolFocus is upstream's NetworkPolicy suite (test/e2e/network/netpol);
+// netpolSkip leaves out only its SCTP specs: the nodes share the host's
+// kernel, and where it has no SCTP (socket(IPPROTO_SCTP) fails with
+// EPROTONOSUPPORT, no sctp module: this machine's 6.18 build) no pod can
+// open an SCTP socket, whatever the CNI.
+const (
+	netpolFocus = `\[Feature:NetworkPolicy\]`
+	netpolSkip  = `SCTP`
+)
+
 const quickFocus = `\[sig-network\] (HostPort|Networking Granular Checks: (Pods|Services)|Services should (serve a basic endpoint|serve multiport|be able to create a functioning NodePort|have session affinity work for service with type clusterIP|create endpoints for unready pods|be able to switch session affinity for service with type clusterIP)|DNS should (provide DNS for the cluster|provide DNS for services|resolve DNS of partial qualified names))`
 
 // dualStackSkip is defaultSkip but for the dual-stack feature's specs
@@ -110,6 +120,7 @@ func main() {
 	flag.StringVar(&o.focus, "focus", `\[sig-network\]`, "ginkgo focus regexp")
 	flag.StringVar(&o.skip, "skip", defaultSkip(), "ginkgo skip regexp")
 	quick := flag.Bool("quick", false, "focus on HostPort, Networking Granular Checks (Pods, Services), a few Services and DNS specs")
+	netpol := flag.Bool("netpol", false, "upstream's NetworkPolicy specs ([Feature:NetworkPolicy]), skipping only SCTP (-focus and -skip still narrow it)")
 	flag.StringVar(&o.cache, "cache", envOr("EBPF_CNI_K8S_CACHE", "/var/cache/ebpf-cni-k8s"), "build cache (binaries, Debian packages, images)")
 	flag.StringVar(&o.out, "out", "", "results directory (default results/k8s-e2e-<cni>-<time>)")
 	flag.IntVar(&o.procs, "procs", 4, "parallel ginkgo processes")
@@ -133,8 +144,24 @@ func main() {
 	if *quick {
 		o.focus = quickFocus
 	}
-	skipSet := false
-	flag.Visit(func(f *flag.Flag) { skipSet = skipSet || f.Name == "skip" })
+	skipSet, focusSet := false, false
+	flag.Visit(func(f *flag.Flag) {
+		skipSet = skipSet || f.Name == "skip"
+		focusSet = focusSet || f.Name == "focus"
+	})
+	if *netpol {
+		if *quick {
+			fatalf("-netpol and -quick: use one")
+		}
+		if !focusSet {
+			o.focus = netpolFocus
+		} else {
+			o.focus = netpolFocus + ".*(" + o.focus + ")|(" + o.focus + ").*" + netpolFocus
+		}
+		if !skipSet {
+			o.skip = netpolSkip
+		}
+	}
 	if o.dualStack && !skipSet {
 		o.skip = dualStackSkip()
 	}

@@ -15,6 +15,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"sort"
@@ -392,11 +393,36 @@ func TestDaemonSetRules(t *testing.T) {
 		}
 	}
 
-	// RBAC: list and watch nodes (the agent's informer), bound to this
-	// service account, nothing more.
-	if len(m.role.Rules) != 1 || !slices.Equal(m.role.Rules[0].Resources, []string{"nodes"}) ||
-		!slices.Equal(m.role.Rules[0].Verbs, []string{"list", "watch"}) {
-		t.Errorf("ClusterRole rules %+v: want exactly list and watch on nodes", m.role.Rules)
+	// RBAC: list and watch nodes, pods, namespaces (core) and
+	// networkpolicies (networking.k8s.io), the agent's informers, bound to
+	// this service account, nothing more.
+	want := map[string][]string{"": {"namespaces", "nodes", "pods"}, "networking.k8s.io": {"networkpolicies"}}
+	got := map[string][]string{}
+	for _, r := range m.role.Rules {
+		if !slices.Equal(r.Verbs, []string{"list", "watch"}) || len(r.ResourceNames) > 0 || len(r.NonResourceURLs) > 0 {
+			t.Errorf("ClusterRole rule %+v: want list and watch only", r)
+		}
+		for _, g := range r.APIGroups {
+			got[g] = append(got[g], r.Resources...)
+		}
+	}
+	for g := range got {
+		slices.Sort(got[g])
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("ClusterRole resources %v: want exactly %v", got, want)
+	}
+	// The agent programs NetworkPolicy; the conflist keeps new pods closed until it has.
+	if !slices.Contains(agent.Args, "--network-policy") {
+		t.Error("agent: --network-policy missing (the conflist's networkPolicy needs the agent to open pods)")
+	}
+	var np struct {
+		Plugins []struct {
+			NetworkPolicy bool `json:"networkPolicy"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal([]byte(raw), &np); err != nil || len(np.Plugins) == 0 || !np.Plugins[0].NetworkPolicy {
+		t.Error("conflist: networkPolicy: true missing (the agent runs --network-policy)")
 	}
 	if m.binding.RoleRef.Name != m.role.Name || len(m.binding.Subjects) != 1 ||
 		m.binding.Subjects[0].Name != m.sa.Name || m.binding.Subjects[0].Namespace != namespace {
