@@ -159,3 +159,36 @@ func TestChartValues(t *testing.T) {
 		t.Errorf("checksum/config did not change with the conflist (%s)", a)
 	}
 }
+
+// The features of this round: NetworkPolicy off takes away its RBAC, its
+// conflist key and its agent flag; observe and uninstall-on-stop reach the
+// agent and the ConfigMap.
+func TestChartFeatureValues(t *testing.T) {
+	m := render(t, "networkPolicy.enabled=false", "observe.flowEvents=node", "observe.dropEvents=false", "uninstallOnStop=force")
+	for _, r := range m.role.Rules {
+		for _, res := range r.Resources {
+			if res != "nodes" {
+				t.Errorf("networkPolicy off: ClusterRole still grants %s", res)
+			}
+		}
+	}
+	plugin := conflistOf(t, m)["plugins"].([]any)[0].(map[string]any)
+	if _, ok := plugin["networkPolicy"]; ok {
+		t.Errorf("networkPolicy off: the conflist still has networkPolicy")
+	}
+	args := strings.Join(container(t, m.daemonSet.Spec.Template.Spec.Containers, "agent").Args, " ")
+	if strings.Contains(args, "--network-policy") {
+		t.Errorf("networkPolicy off: agent args %q", args)
+	}
+	for _, want := range []string{"--flow-events=node", "--drop-events=false", "--uninstall-on-stop="} {
+		if !strings.Contains(args, want) {
+			t.Errorf("agent args %q lack %q", args, want)
+		}
+	}
+	if got := m.configMap.Data["uninstall-on-stop"]; got != "force" {
+		t.Errorf("ConfigMap uninstall-on-stop = %q, want force", got)
+	}
+	if d := render(t).configMap.Data; d["uninstall-on-stop"] != "" {
+		t.Errorf("default ConfigMap has uninstall-on-stop %q: stopping the agents would uninstall", d["uninstall-on-stop"])
+	}
+}
