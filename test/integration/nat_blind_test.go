@@ -143,3 +143,55 @@ func tcpDataFrame(src, dst net.HardwareAddr, sip net.IP, sport int, dip net.IP, 
 	binary.BigEndian.PutUint16(h[14:], 512)
 	return l4Frame(src, dst, sip, dip, 6, append(h, payload...), 16)
 }
+
+// TestMasqBlindFIN: a masquerading pod half-closes its connection to an
+// outside server (it sent its request and shut down its side, as a client
+// of a long poll does) and waits for the answer. A blind attacker sends
+// 2048 FINs naming the flow's tuple, sequence numbers spread over the
+// whole space (none at the server's next one). With the pod's FIN, a FIN
+// from the peer marks the flow closing: it must count only when it is the
+// server's (in order), or the flow dies 10 s later and the server's answer
+// is lost, where conntrack checks a FIN's sequence number as any
+// segment's. IPv4 and IPv6. Fails on nat-hardening 82548ff.
+func TestMasqBlindFIN(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	a := lab.a
+	pod := a.NewPod()
+	a.CleanupDel(pod, "p")
+	a.Add(pod, "p")
+	brMAC, upMAC := linkMAC(t, lab.out, "br0"), linkMAC(t, a.Node, "uplink0")
+
+	for _, c := range []struct {
+		name      string
+		srv, node net.IP
+		port      int
+	}{{"v4", outsideIP, labNodeA, 7404}, {"v6", outsideIP6, labNodeA6, 7406}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			cli, sc, nodePort := masqIdleConn(t, lab, pod, c.srv, c.node, c.port)
+			if err := cli.(*net.TCPConn).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			sc.SetReadDeadline(time.Now().Add(3 * time.Second))
+			if n, err := sc.Read(make([]byte, 8)); n != 0 || err == nil {
+				t.Fatalf("the server read %d, %v; want the pod's FIN", n, err)
+			}
+			off := rand.Uint32()
+			var spray [][]byte
+			for i := uint32(0); i < 2048; i++ {
+				spray = append(spray, tcpFrame(brMAC, upMAC, c.srv, c.port, c.node, nodePort, off+i<<21, rand.Uint32(), tcpFIN|tcpACK, 512))
+			}
+			sendFrames(t, lab.out, "br0", spray)
+			time.Sleep(12 * time.Second) // longer than a closed flow's 10 s
+			if _, err := sc.Write([]byte("pong\n")); err != nil {
+				t.Fatal(err)
+			}
+			cli.SetReadDeadline(time.Now().Add(3 * time.Second))
+			buf := make([]byte, 16)
+			if n, err := cli.Read(buf); err != nil || string(buf[:n]) != "pong\n" {
+				t.Fatalf("the pod's half-closed connection after %d blind FINs: read %q, %v; want pong", len(spray), buf[:n], err)
+			}
+		})
+	}
+}
