@@ -203,6 +203,12 @@ static __noinline int snat_seq_peer(struct __sk_buff *skb, const struct flow *f,
 	if (rv->flags & SNAT_F_PEER_END) {
 		__s32 d = (__s32)(s.end - q->end);
 
+		/* A FIN closes the flow with the pod's: only the peer's own, in
+		 * order (covering end), counts; a blind one anywhere else would
+		 * kill a half-closed connection ten seconds later. */
+		if ((s.flags & TCP_FLAG_FIN) && ((__s32)(s.seq - q->end) > 0 || d < 0))
+			return 0;
+
 		/* Only a segment that covers end carries it: one anywhere ahead
 		 * let a blind attacker set end where it liked (a one-byte
 		 * segment every 4w) and then match it with an RST. */
