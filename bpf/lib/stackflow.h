@@ -34,6 +34,10 @@
 #include "endpoint.h"
 #include "node.h"
 
+/* sf_val.flags: the record was made by a packet from the sender's own
+ * host veth (so it may stand in its table's stead). */
+#define SF_SENDER_OWN (1U << 8)
+
 /* What a packet is to this table. */
 #define SF_PKT_FLOW 0   /* keyed by its own header */
 #define SF_PKT_OPEN 1   /* TCP SYN or ICMP echo request: opens a flow */
@@ -198,16 +202,30 @@ static __always_inline void sf_key_sent(struct sf_key *k, const struct flow *f)
 
 /*
  * The table of the records of flows sent by the pod behind the host veth
- * sender (0: the node): each helper below looks it up, then uses it or,
- * when the sender has none, the shared cni_stack_flows.
+ * sender (0: the node), and the shared cni_stack_flows: a record is put in
+ * both and found in either. The pod's own table (256) keeps its records
+ * whatever others send; the shared one (28160 at the default maxPods) keeps
+ * them whatever the pod itself opens (its DNS lookups through a Service
+ * would otherwise evict, from its own table, its idle connections'
+ * records). Only a pod churning its own table while others flood the
+ * shared one loses a record.
  */
 static __always_inline struct sf_val *sf_get(struct sf_key *k, __u32 sender)
 {
 	void *t = sender ? bpf_map_lookup_elem(&cni_stack_flow_parts, &sender) : NULL;
 
-	if (t)
-		return bpf_map_lookup_elem(t, k);
-	return bpf_map_lookup_elem(&cni_stack_flows, k);
+	if (t) {
+		struct sf_val *v = bpf_map_lookup_elem(t, k);
+
+		if (v)
+			return v;
+	}
+	struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, k);
+	/* For a pod's flow, only a record its own packets made (one a packet
+	 * with its address from elsewhere made is not its). */
+	if (v && t && !(v->flags & SF_SENDER_OWN))
+		return NULL;
+	return v;
 }
 
 static __always_inline void sf_del(struct sf_key *k, __u32 sender)
@@ -216,8 +234,7 @@ static __always_inline void sf_del(struct sf_key *k, __u32 sender)
 
 	if (t)
 		bpf_map_delete_elem(t, k);
-	else
-		bpf_map_delete_elem(&cni_stack_flows, k);
+	bpf_map_delete_elem(&cni_stack_flows, k);
 }
 
 static __always_inline void sf_put(struct sf_key *k, struct sf_val *v, __u32 sender)
@@ -226,8 +243,7 @@ static __always_inline void sf_put(struct sf_key *k, struct sf_val *v, __u32 sen
 
 	if (t)
 		bpf_map_update_elem(t, k, v, BPF_ANY);
-	else
-		bpf_map_update_elem(&cni_stack_flows, k, v, BPF_ANY);
+	bpf_map_update_elem(&cni_stack_flows, k, v, BPF_ANY);
 }
 
 /* The record of k (a flow sender sent) if it was made for the pod behind
@@ -334,6 +350,6 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 		}
 		return;
 	}
-	struct sf_val nv = { .ifindex = skb->ifindex, .flags = flags, .seen_ns = now };
+	struct sf_val nv = { .ifindex = skb->ifindex, .flags = flags | (sender ? SF_SENDER_OWN : 0), .seen_ns = now };
 	sf_put(&k, &nv, sender);
 }

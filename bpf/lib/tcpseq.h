@@ -1,12 +1,15 @@
 /*
- * Which RSTs may close a masqueraded TCP flow (issue 28): only those inside
- * the pod's receive window, as conntrack accepts them. Without this check
+ * Which RSTs may close a masqueraded TCP flow (issue 28): only one at
+ * exactly the peer's next sequence number, as conntrack closes one (Linux
+ * 6.2 on; an in-window rule still let a blind spray of 32769 RSTs, or
+ * one-byte segments moving end where the attacker chose, hit it). Without this check
  * any RST naming the flow's wire tuple (node address and port, peer
  * address and port: an attacker on the link can learn or guess them) marked
  * it closing, and a blind spray killed idle connections ten seconds later.
  *
  * Per flow, in its reverse cni_snat entry (SNAT_F_SEQ set):
- *   end  the peer's next sequence number (its highest seq + length seen),
+ *   end  the peer's next sequence number (the end of its in-order segments,
+ *        or what the pod acknowledged when that is further),
  *        once its SYN-ACK (acking the pod's SYN) was seen: SNAT_F_PEER_END;
  *        before that, the pod's SYN's seq + 1, which an RST refusing the
  *        connection must acknowledge;
@@ -15,8 +18,9 @@
  *        too (bits SNAT_WS_*); raised from the pod's segments whenever the
  *        entry is written anyway (state changes, once a second), so it may
  *        lag: it is never taken below SEQ_WIN_FLOOR.
- * An RST from the peer counts when its seq is within win of end (once the
- * peer's end is known), or when it acknowledges the pod's SYN (before).
+ * An RST from the peer counts when its seq is end (once the peer's end is
+ * known), or when it acknowledges the pod's SYN (before). win bounds how
+ * far one segment or ack moves end.
  * One that does not is still translated and handed to the pod, whose own
  * TCP ignores it (RFC 5961); the flow's state does not change. The pod's
  * own RSTs always count. Flows opened by older programs carry no tracking
@@ -149,6 +153,15 @@ static __noinline void snat_seq_pod(struct __sk_buff *skb, const struct flow *f,
 	__u32 w = s.win << ((rv->flags & SNAT_WS_MASK) >> SNAT_WS_SHIFT);
 	if (w > q->win)
 		q->win = w;
+	/* What the pod acknowledged, it received: end catches up with data
+	 * that reached it out of order (the peer's segments move end only in
+	 * order). The pod's TCP accepts nothing whose ack it did not send for. */
+	if ((rv->flags & SNAT_F_PEER_END) && (s.flags & TCP_FLAG_ACK)) {
+		__s32 d = (__s32)(s.ack - q->end);
+
+		if (d > 0 && (__u32)d <= (q->win > SEQ_WIN_FLOOR ? q->win : SEQ_WIN_FLOOR) << 2)
+			q->end = s.ack;
+	}
 }
 
 /*
@@ -171,8 +184,12 @@ static __noinline int snat_seq_peer(struct __sk_buff *skb, const struct flow *f,
 	if (s.flags & TCP_FLAG_RST) {
 		if (!(rv->flags & SNAT_F_PEER_END))
 			return (s.flags & TCP_FLAG_ACK) && s.ack == q->end;
-		__s32 d = (__s32)(s.seq - q->end);
-		return d >= -(__s32)w && d <= (__s32)w;
+		/* Exactly the peer's next sequence number, as conntrack (Linux
+		 * 6.2 on) closes a flow: an RST merely inside the window let a
+		 * blind spray of 2^32 / 2w RSTs (32769 at the floor) hit one.
+		 * The pod's TCP answers an inexact one with a challenge ACK,
+		 * which a real peer answers with an exact RST. */
+		return s.seq == q->end;
 	}
 	if (s.flags & TCP_FLAG_SYN) {
 		if ((s.flags & TCP_FLAG_ACK) && !(rv->flags & SNAT_F_PEER_END) && s.ack == q->end) {
@@ -186,7 +203,16 @@ static __noinline int snat_seq_peer(struct __sk_buff *skb, const struct flow *f,
 	if (rv->flags & SNAT_F_PEER_END) {
 		__s32 d = (__s32)(s.end - q->end);
 
-		if (d > 0 && (__u32)d <= w << 2)
+		/* A FIN closes the flow with the pod's: only the peer's own, in
+		 * order (covering end), counts; a blind one anywhere else would
+		 * kill a half-closed connection ten seconds later. */
+		if ((s.flags & TCP_FLAG_FIN) && ((__s32)(s.seq - q->end) > 0 || d < 0))
+			return 0;
+
+		/* Only a segment that covers end carries it: one anywhere ahead
+		 * let a blind attacker set end where it liked (a one-byte
+		 * segment every 4w) and then match it with an RST. */
+		if ((__s32)(s.seq - q->end) <= 0 && d > 0 && (__u32)d <= w << 2)
 			q->end = s.end;
 	}
 	return 1;

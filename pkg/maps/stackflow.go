@@ -148,23 +148,52 @@ func listStackFlows(mp *ebpf.Map, name string) ([]StackFlow, error) {
 	return out, nil
 }
 
-// DeleteStackFlowsOf removes every cni_stack_flows entry made for the pod
-// behind the host veth ifindex and returns how many: a scan, as DeleteCTOf
-// (the programs never use an entry whose ifindex is not the pod's anyway),
-// and drops the pod's own table. Records in other pods' tables made for it
-// stay until their LRU drops them (never used: the ifindex is checked).
+// DeleteStackFlowsOf removes every stack-flow record made for the pod
+// behind the host veth ifindex and returns how many: a scan of
+// cni_stack_flows and of every pod's table (a flow another pod sent to this
+// one is recorded in the sender's), as DeleteCTOf (the programs never use a
+// record whose ifindex is not the pod's anyway), and drops the pod's own
+// table.
 func (m *Maps) DeleteStackFlowsOf(ifindex int) (int, error) {
 	if err := m.deleteStackFlowPart(ifindex); err != nil {
 		return 0, err
 	}
+	n, err := deleteStackFlowsIn(m.byName[nameStackFlows], nameStackFlows, ifindex)
+	if err != nil {
+		return n, err
+	}
+	var ids []ebpf.MapID
+	if err := scan(m.byName[nameStackFlowParts], func(_ *uint32, id *uint32) { ids = append(ids, ebpf.MapID(*id)) }); err != nil {
+		return n, fmt.Errorf("scan %s: %w", nameStackFlowParts, err)
+	}
+	for _, id := range ids {
+		t, err := ebpf.NewMapFromID(id)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // dropped meanwhile
+		}
+		if err != nil {
+			return n, fmt.Errorf("open a table of %s (map %d): %w", nameStackFlowParts, id, err)
+		}
+		k, err := deleteStackFlowsIn(t, nameStackFlowParts, ifindex)
+		t.Close()
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// deleteStackFlowsIn removes the records of table mp made for ifindex.
+func deleteStackFlowsIn(mp *ebpf.Map, name string, ifindex int) (int, error) {
 	var keys []StackFlowKey
-	err := scan(m.byName[nameStackFlows], func(k *StackFlowKey, v *StackFlowVal) {
+	err := scan(mp, func(k *StackFlowKey, v *StackFlowVal) {
 		if int(v.Ifindex) == ifindex {
 			keys = append(keys, *k)
 		}
 	})
 	if err != nil {
-		return 0, fmt.Errorf("scan %s: %w", nameStackFlows, err)
+		return 0, fmt.Errorf("scan %s: %w", name, err)
 	}
-	return len(keys), deleteKeys(m.byName[nameStackFlows], keys)
+	return len(keys), deleteKeys(mp, keys)
 }
