@@ -23,6 +23,7 @@ require (
 	github.com/davecgh/go-spew v1.1.2-0.20180830191138-d8f796af33cc // indirect
 	github.com/fxamacker/cbor/v2 v2.9.0 // indirect
 	github.com/go-logr/logr v1.4.3 // indirect
+	github.com/godbus/dbus/v5 v5.1.0 // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
@@ -63,6 +64,7 @@ tool (
 	github.com/containernetworking/plugins/plugins/main/loopback
 	github.com/containernetworking/plugins/plugins/main/ptp
 	github.com/containernetworking/plugins/plugins/meta/bandwidth
+	github.com/containernetworking/plugins/plugins/meta/firewall
 	github.com/containernetworking/plugins/plugins/meta/portmap
 	github.com/containernetworking/plugins/plugins/meta/tuning
 )

@@ -27,6 +27,9 @@ func Add(args *skel.CmdArgs) (err error) {
 	if err := conf.validateFeatures(); err != nil {
 		return err
 	}
+	if err := checkChain(conf.Name, conf.CNIConfDir); err != nil {
+		return err
+	}
 	podMAC, err := endpoint.RequestedMAC(conf.RuntimeConfig.Mac, args.Args)
 	if err != nil {
 		return err

@@ -37,6 +37,11 @@ type NetConf struct {
 	// destination (address, port, protocol); default: an eighth of them.
 	IPMasqPodPortLimit int `json:"ipMasqPodPortLimit,omitempty"`
 
+	// CNIConfDir is where the runtime reads conflists (default
+	// /etc/cni/net.d): ADD reads this network's there to refuse plugins
+	// chained after ebpf-cni that cannot work with it (chain.go).
+	CNIConfDir string `json:"cniConfDir,omitempty"`
+
 	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
 
 	net      *endpoint.Network
