@@ -448,10 +448,41 @@ static __noinline int masq_icmp_error_out(struct __sk_buff *skb, __u8 family, __
 	return MASQ_CONTINUE;
 }
 
+/* Word i of the address cni_node_ips keeps for uplink k (see types.h). */
+static __always_inline int uplink_word(struct ep_key *k, int i, __u8 *node)
+{
+	k->addr[4] = i;
+	__u32 *w = bpf_map_lookup_elem(&cni_node_ips, k);
+
+	if (!w)
+		return -1;
+	__builtin_memcpy(node + 4 * i, w, 4);
+	return 0;
+}
+
+/* Without BPF_FIB_LOOKUP_SRC (kernels before 6.7, or forced): the address
+ * of the family the node keeps for uplink oif (cni_node_ips' uplink
+ * entries). Returns 0 or -1. */
+static __always_inline int uplink_source(__u32 oif, __u8 family, __u8 *node)
+{
+	struct ep_key k = { .family = family | NODE_IP_UPLINK_SRC };
+
+	__builtin_memcpy(k.addr, &oif, 4);
+	if (uplink_word(&k, 0, node))
+		return -1;
+	if (family == AF_INET)
+		return 0;
+	if (uplink_word(&k, 1, node) || uplink_word(&k, 2, node) || uplink_word(&k, 3, node))
+		return -1;
+	return 0;
+}
+
 /* The source the node would pick for f's route (BPF_FIB_LOOKUP_SRC), as
  * MASQUERADE picks the outgoing link's address. Returns 0 or -1. */
 static __noinline int masq_source(struct __sk_buff *skb, const struct flow *f, __u32 ifindex, __u8 *node)
 {
+	struct hp_config *c = node_config();
+	__u32 fib_flags = c && (c->flags & HP_CFG_FIB_NO_SRC) ? 0 : BPF_FIB_LOOKUP_SRC;
 	struct bpf_fib_lookup p = { .family = f->family, .ifindex = ifindex, .l4_protocol = f->proto };
 
 	if (f->family == AF_INET) {
@@ -465,9 +496,11 @@ static __noinline int masq_source(struct __sk_buff *skb, const struct flow *f, _
 		__builtin_memcpy(p.ipv6_src, f->saddr, 16);
 		__builtin_memcpy(p.ipv6_dst, f->daddr, 16);
 	}
-	int rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SRC);
+	int rc = bpf_fib_lookup(skb, &p, sizeof(p), fib_flags);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return -1;
+	if (!fib_flags)
+		return uplink_source(p.ifindex, f->family, node);
 	if (f->family == AF_INET) {
 		if (!p.ipv4_src)
 			return -1;

@@ -99,8 +99,17 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 	}
+	if _, err := datapath.Forced(); err != nil {
+		return err
+	}
+	// Probed once, here, and said: what the datapath uses, what replaces
+	// what the kernel lacks or what is forced off.
+	lg.Printf("%s", datapath.FallbackSummary())
 	dp, err := datapath.Ensure(o.PinRoot, o.Sizing)
 	if err != nil {
+		if miss := datapath.MissingRequired(); len(miss) > 0 {
+			return fmt.Errorf("ensure datapath at %s: %w (the kernel lacks %s: docs/compat.md)", o.PinRoot, err, strings.Join(miss, ", "))
+		}
 		return fmt.Errorf("ensure datapath at %s: %w", o.PinRoot, err)
 	}
 	if o.HostPorts {

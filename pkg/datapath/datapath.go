@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -102,7 +103,14 @@ func Ensure(pinRoot string, s maps.Sizing) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	return withPrograms(pinRoot, m, loadMissing)
+	dp, err := withPrograms(pinRoot, m, loadMissing)
+	if err != nil {
+		// The first load on the node: a kernel too old says so here.
+		if miss := MissingRequired(); len(miss) > 0 {
+			err = fmt.Errorf("%w (the kernel lacks %s, which the datapath needs: docs/compat.md)", err, strings.Join(miss, ", "))
+		}
+	}
+	return dp, err
 }
 
 func checkSizing(dp *Datapath, s maps.Sizing) (*Datapath, error) {

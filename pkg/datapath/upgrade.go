@@ -172,6 +172,16 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		links = append(links, pinnedLink{l, name, p})
 	}
 
+	// Uplinks on cls_bpf filters (tcx missing or forced off) have no pin.
+	upFilters, err := UplinkFilters()
+	if err != nil {
+		errs = errors.Join(errs, err)
+	}
+	if len(upFilters) > 0 {
+		for _, p := range uplinkPrograms() {
+			need[p.Name] = true
+		}
+	}
 	var progs []Program
 	for _, p := range catalog {
 		if need[p.Name] {
@@ -229,6 +239,12 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 	var ferr error
 	rep.Filters, rep.FiltersSwap, ferr = upgradeFilters(loaded)
 	errs = errors.Join(errs, ferr)
+	if len(upFilters) > 0 {
+		seen, swapped, uerr := upgradeUplinkFilters(loaded)
+		rep.Filters += seen
+		rep.FiltersSwap += swapped
+		errs = errors.Join(errs, uerr)
+	}
 
 	// Program pins of other builds are no longer referenced by any link or
 	// filter we own; they stay while any could not be moved.

@@ -31,6 +31,9 @@ type StatusReport struct {
 	Memory      MemorySummary     `json:"memory"`
 	Programs    []ProgramStatus   `json:"programs"` // pinned programs
 	Attachments AttachmentSummary `json:"attachments"`
+	// Features are the kernel features the datapath uses, as probed, with
+	// what replaces each one the kernel lacks (or that is forced off).
+	Features []datapath.Feature `json:"features"`
 	// Warnings do not make the datapath unhealthy: maps above 90% full.
 	Warnings []string `json:"warnings,omitempty"`
 }
@@ -171,8 +174,28 @@ func Status(src Source, version string) *StatusReport {
 	if r.Attachments.Defunct > 0 {
 		problem("%d link pins of deleted devices (run `ebpf-agent reconcile`)", r.Attachments.Defunct)
 	}
+	if _, err := datapath.Forced(); err != nil {
+		problem("%v", err)
+	}
+	r.Features = datapath.Features()
+	if miss := datapath.MissingRequired(); len(miss) > 0 {
+		problem("the kernel lacks %s, which the datapath needs (docs/compat.md)", strings.Join(miss, ", "))
+	}
 	r.Healthy = len(r.Problems) == 0
 	return r
+}
+
+// featureState is how the datapath stands with a feature.
+func featureState(f datapath.Feature) string {
+	switch {
+	case f.InUse():
+		return "in use"
+	case f.Forced:
+		return "fallback (forced by " + datapath.ForceFallbackEnv + ")"
+	case f.Fallback != "":
+		return "fallback (kernel lacks it)"
+	}
+	return "MISSING"
 }
 
 func (r *StatusReport) Tables() []Table {
@@ -225,7 +248,11 @@ func (r *StatusReport) Tables() []Table {
 	sum.Lines = append(sum.Lines,
 		"host veths: "+dash(strings.Join(states, ", ")),
 		fmt.Sprintf("handed off: %d waiting for deletion (agent %s)", len(r.Attachments.HandedOff), agent))
-	return []Table{sum, ms, ps}
+	fs := Table{Header: []string{"KERNEL FEATURE", "SINCE", "STATE", "FALLBACK"}}
+	for _, f := range r.Features {
+		fs.Rows = append(fs.Rows, []string{f.Name, f.Kernel, featureState(f), dash(f.Fallback)})
+	}
+	return []Table{sum, fs, ms, ps}
 }
 
 // humanBytes is a byte count in KiB or MiB.
