@@ -68,6 +68,15 @@ lint:
 test: deps lint
 	$(GO) test -count=1 -timeout 15m ./...
 
+# The paths of older kernels, on this one (docs/compat.md): the datapath,
+# hostPort, masquerade, chain and upgrade tests again with every fallback
+# forced (tcx: clsact + cls_bpf on host veths and uplinks; fibsrc: the
+# masquerade source from the uplink's addresses). About 2-3 minutes.
+FALLBACK_TESTS := TestCompat|TestChain|TestHostPort|TestMasq$$|TestMasqCheck|TestDatapath|TestAttach|TestAgentRestartAndUpgradeWithoutLoss|TestUplinkRecreated|TestUplinkSecondPinDirRefused
+.PHONY: test-fallback
+test-fallback: deps
+	EBPF_CNI_FORCE_FALLBACK=all $(GO) test -count=1 -timeout 15m -run '$(FALLBACK_TESTS)' ./test/integration/
+
 unit-test:
 	$(GO) test -count=1 ./pkg/...
 

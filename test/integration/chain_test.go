@@ -51,13 +51,13 @@ func chainList(t *testing.T, e *testenv.Env, caps map[string]bool, more ...map[s
 	return l, dir
 }
 
-// Calico's default template (calico/cni-plugin, cni_network_config of its
-// manifests) after its main plugin, and containerd's
-// (script/setup/install-cni: bridge then portmap).
+// Calico's default template (cni_network_config of its calico.yaml
+// manifest: calico, portmap with snat, bandwidth) after its main plugin, and
+// containerd's (script/setup/install-cni: bridge then portmap).
 var (
 	calicoTail = []map[string]any{
-		{"type": "bandwidth", "capabilities": map[string]bool{"bandwidth": true}},
 		{"type": "portmap", "snat": true, "capabilities": map[string]bool{"portMappings": true}},
+		{"type": "bandwidth", "capabilities": map[string]bool{"bandwidth": true}},
 	}
 	containerdTail = []map[string]any{
 		{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}},
@@ -75,7 +75,7 @@ func TestChainRefused(t *testing.T) {
 		tail []map[string]any
 		want []string
 	}{
-		{"calico template", nil, calicoTail, []string{`plugin "bandwidth"`, "plugins[1]", `"bandwidth" capability on ebpf-cni`}},
+		{"calico template", nil, calicoTail, []string{`plugin "bandwidth"`, "plugins[2]", `"bandwidth" capability on ebpf-cni`}},
 		{"bandwidth", map[string]bool{"portMappings": true}, []map[string]any{{"type": "bandwidth", "capabilities": map[string]bool{"bandwidth": true}}}, []string{`plugin "bandwidth"`, `"bandwidth" capability`}},
 		{"portmap beside portMappings", map[string]bool{"portMappings": true}, containerdTail, []string{`plugin "portmap"`, `"portMappings" capability`}},
 		{"tuning mtu", nil, []map[string]any{{"type": "tuning", "mtu": 1400}}, []string{`plugin "tuning"`, `ebpf-cni's "mtu"`}},

@@ -144,8 +144,34 @@ func (e *Env) AgentCmd(args ...string) (string, error) {
 	return string(out), err
 }
 
-// ProgIDs returns the programs attached to both tcx hooks of a host veth.
+// ProgIDs returns the programs attached to both tcx hooks of a host veth,
+// or, where it has none (tcx missing or forced off), to its two cls_bpf
+// filters.
 func (e *Env) ProgIDs(ifindex int) []ebpf.ProgramID {
+	e.T.Helper()
+	if ids := e.tcxProgIDs(ifindex); len(ids) > 0 {
+		return ids
+	}
+	var ids []ebpf.ProgramID
+	_ = e.InNode(func() error {
+		l, err := netlink.LinkByIndex(ifindex)
+		if err != nil {
+			return err
+		}
+		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			fs, _ := netlink.FilterList(l, parent)
+			for _, f := range fs {
+				if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(bf.Name, "ebpf-cni-") {
+					ids = append(ids, ebpf.ProgramID(bf.Id))
+				}
+			}
+		}
+		return nil
+	})
+	return ids
+}
+
+func (e *Env) tcxProgIDs(ifindex int) []ebpf.ProgramID {
 	e.T.Helper()
 	var ids []ebpf.ProgramID
 	for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {

@@ -59,6 +59,9 @@ type AttachmentSummary struct {
 	HostVethLinks int      `json:"hostVethLinks"`
 	Defunct       int      `json:"defunct"` // device gone, pin left
 	NodeHooks     []string `json:"nodeHooks"`
+	// UplinkFilters are the uplink hooks run by cls_bpf filters where tcx
+	// is missing or forced off ("uplink0 ingress (cls_bpf)"): no pin.
+	UplinkFilters []string `json:"uplinkFilters,omitempty"`
 	// Host veths by datapath.AttachmentOf: tcx, tc, "tc, tcx pending"
 	// (ADD attached cls_bpf while the agent ran; it moves them when no
 	// verb runs), "tc+tcx, moving", none.
@@ -139,6 +142,15 @@ func Status(src Source, version string) *StatusReport {
 	}
 	for _, p := range datapath.NodeHookPins(pinRoot) {
 		r.Attachments.NodeHooks = append(r.Attachments.NodeHooks, p.Name)
+	}
+	if fs, err := datapath.UplinkFilters(); err == nil {
+		for _, f := range fs {
+			dir := "egress"
+			if f.Hook.Attach == ebpf.AttachTCXIngress {
+				dir = "ingress"
+			}
+			r.Attachments.UplinkFilters = append(r.Attachments.UplinkFilters, fmt.Sprintf("%s %s (cls_bpf)", f.Link, dir))
+		}
 	}
 	for _, p := range datapath.VethLinkPins(pinRoot) {
 		r.Attachments.HostVethLinks++
@@ -235,7 +247,7 @@ func (r *StatusReport) Tables() []Table {
 		ps.Rows = append(ps.Rows, []string{p.Pin, itoa(p.ID), fmt.Sprint(p.Current)})
 	}
 	ps.Footer = fmt.Sprintf("host veth links: %d (%d defunct); node hooks: %s", r.Attachments.HostVethLinks,
-		r.Attachments.Defunct, dash(strings.Join(r.Attachments.NodeHooks, ", ")))
+		r.Attachments.Defunct, dash(strings.Join(append(r.Attachments.NodeHooks, r.Attachments.UplinkFilters...), ", ")))
 	var states []string
 	for st, n := range r.Attachments.HostVeths {
 		states = append(states, fmt.Sprintf("%s %d", st, n))
