@@ -36,6 +36,7 @@ const (
 	FeatTimer        = "bpf_timer"
 	FeatLoop         = "bpf_loop"
 	FeatSockAddr     = "cgroup_sock_addr"
+	FeatSockOpsNetns = "sockops_netns_cookie"
 )
 
 // Feature is one kernel facility, as probed.
@@ -62,6 +63,7 @@ var featureTable = []Feature{
 	{Name: FeatRedirectNeig, Kernel: "5.10", Probe: "bpf_redirect_neigh helper in a sched_cls program"},
 	{Name: FeatTimer, Kernel: "5.15", Probe: "bpf_timer_init helper in a sched_cls program"},
 	{Name: FeatLoop, Kernel: "5.17", Probe: "bpf_loop helper in a sched_cls program"},
+	{Name: FeatSockOpsNetns, Kernel: "5.15", Probe: "bpf_get_netns_cookie helper in a sock_ops program (TCP pacing, a program every datapath load loads)"},
 	{Name: FeatSockAddr, Kernel: "4.17", Probe: "cgroup_sock_addr program type, and a cgroup2 mount",
 		Fallback: "hostPorts are served to remote clients only (not to the node's own processes); no TCP pacing"},
 	{Name: FeatTCX, Kernel: "6.6", Probe: "BPF_PROG_QUERY of tcx egress on lo",
@@ -131,6 +133,8 @@ func Features() []Feature {
 				err = features.HaveProgramHelper(ebpf.SchedCLS, asm.FnTimerInit)
 			case FeatLoop:
 				err = features.HaveProgramHelper(ebpf.SchedCLS, asm.FnLoop)
+			case FeatSockOpsNetns:
+				err = features.HaveProgramHelper(ebpf.SockOps, asm.FnGetNetnsCookie)
 			case FeatSockAddr:
 				if err = features.HaveProgramType(ebpf.CGroupSockAddr); err == nil {
 					_, err = CgroupRoot("")

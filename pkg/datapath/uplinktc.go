@@ -72,6 +72,11 @@ func ensureUplinkTC(pinRoot string, p Program, prog *ebpf.Program, name string, 
 		if err := netlink.QdiscReplace(qdisc); err != nil {
 			return fmt.Errorf("add clsact qdisc to uplink %s: %w", name, err)
 		}
+		if f == nil {
+			if err := slotTaken(idx, p, name); err != nil {
+				return err
+			}
+		}
 		if err := replaceUplinkFilter(idx, p, prog.FD()); err != nil {
 			return fmt.Errorf("uplink %s: %w", name, err)
 		}
@@ -92,6 +97,26 @@ func replaceUplinkFilter(idx int, p Program, fd int) error {
 	}
 	if err := netlink.FilterReplace(f); err != nil {
 		return fmt.Errorf("attach tc %s filter %s: %w", p.Attach, f.Name, err)
+	}
+	return nil
+}
+
+// slotTaken refuses to replace another tool's filter at our place
+// (priority 1, handle 1) of hook p: a replace would silently drop it.
+func slotTaken(idx int, p Program, name string) error {
+	l, err := netlink.LinkByIndex(idx)
+	if err != nil {
+		return fmt.Errorf("uplink %s: %w", name, err)
+	}
+	fs, err := netlink.FilterList(l, tcParent(p))
+	if err != nil {
+		return fmt.Errorf("list tc %s filters of uplink %s: %w", p.Attach, name, err)
+	}
+	for _, f := range fs {
+		a := f.Attrs()
+		if a.Priority == 1 && a.Handle == 1 {
+			return fmt.Errorf("uplink %s: another tool's %s filter holds priority 1, handle 1 of the %s hook, where the uplink program goes without tcx", name, f.Type(), p.Attach)
+		}
 	}
 	return nil
 }

@@ -381,3 +381,17 @@ func uplinkProgIDs(t *testing.T, e *testenv.Env, ifname string) map[string]uint3
 	}
 	return out
 }
+
+// TestCompatAttachModeTCXRefused: attachMode tcx where tcx is forced off is
+// refused at ADD (7) naming the field, before anything is made.
+func TestCompatAttachModeTCXRefused(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	p := e.NewPod()
+	stdin := e.StdinConf(func(c map[string]any) { c["attachMode"] = "tcx" })
+	env := pluginEnv("ADD", "c1", p, "eth0")
+	env[datapath.ForceFallbackEnv] = "tcx"
+	out, err := e.ExecPlugin(env, stdin)
+	wantPluginError(t, "ADD with attachMode tcx, tcx forced off", out, err, 7, "attachMode", "tcx", datapath.ForceFallbackEnv)
+	e.AssertClean()
+}
