@@ -44,7 +44,14 @@
 
 #define MASQ_PORT_MIN 61000 /* without a configuration: above the default ip_local_port_range */
 #define MASQ_PORT_MAX 65535
+#ifndef EBPF_CNI_COMPAT
 #define MASQ_PROBES 64
+#else
+/* Without bpf_loop the verifier walks every probe: 64 exceed its 1M
+ * instructions (the probes' outcomes multiply its states), 8 fit (TestCompatBuildLoads). A pod's flow
+ * then finds no free port sooner when the node's ports are crowded. */
+#define MASQ_PROBES 8
+#endif
 #define MASQ_REUSE_CLOSED (NSEC / 2) /* a closed flow quiet this long gives its port up */
 
 static __always_inline void masq_count(__u32 what)
@@ -140,6 +147,7 @@ static __always_inline void snat_forget(const struct snat_key *rk, const __u8 *p
 		share_release(rk, ifindex);
 }
 
+#ifndef EBPF_CNI_COMPAT
 /* A reverse entry's timer ran out: the flow goes unless a packet came meanwhile. */
 static int snat_expire(void *map, struct snat_key *key, struct snat_val *v)
 {
@@ -168,6 +176,11 @@ static __always_inline void snat_arm(struct snat_val *v, __u64 ns)
 	bpf_timer_set_callback(&v->timer, snat_expire);
 	bpf_timer_start(&v->timer, ns, 0);
 }
+#else
+/* The compat build (no bpf_timer): expired flows are treated as absent and
+ * freed when a probe meets them (snat_alloc) or by the LRU. */
+static __always_inline void snat_arm(struct snat_val *v, __u64 ns) {}
+#endif
 
 /* Records a state change or a use in an entry (rev: the reverse one, whose
  * timer shortens when the flow closes). */
@@ -256,8 +269,9 @@ static __always_inline int masq_port_ours(const struct masq_config *c, __u16 por
 	return 0;
 }
 
-/* One candidate: returns 1 (stop) when c->port got it. */
-static long alloc_probe(__u32 i, struct alloc_ctx *c)
+/* One candidate: returns 1 (stop) when c->port got it. A function of its
+ * own in the compat build too (its loop calls it). */
+static __noinline long alloc_probe(__u32 i, struct alloc_ctx *c)
 {
 	__u16 p = c->own;
 
@@ -342,7 +356,14 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 	__u32 *share = share_of(&c.rk, ifindex);
 	c.over = share && c.cfg.pod_limit && *share >= c.cfg.pod_limit;
 
+#ifndef EBPF_CNI_COMPAT
 	bpf_loop(MASQ_PROBES, alloc_probe, &c, 0);
+#else
+	/* No bpf_loop (5.17): a bounded loop the verifier walks probe by probe. */
+	for (__u32 i = 0; i < MASQ_PROBES; i++)
+		if (alloc_probe(i, &c))
+			break;
+#endif
 
 	if (!c.port && c.take) {
 		/* At the limit: the quietest of the pod's own flows gives its port up. */

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -61,8 +62,10 @@ func (f Feature) Missing() bool { return !f.Have && f.Fallback == "" }
 var featureTable = []Feature{
 	{Name: FeatRedirectPeer, Kernel: "5.10", Probe: "bpf_redirect_peer helper in a sched_cls program (cilium/ebpf features.HaveProgramHelper)"},
 	{Name: FeatRedirectNeig, Kernel: "5.10", Probe: "bpf_redirect_neigh helper in a sched_cls program"},
-	{Name: FeatTimer, Kernel: "5.15", Probe: "bpf_timer_init helper in a sched_cls program"},
-	{Name: FeatLoop, Kernel: "5.17", Probe: "bpf_loop helper in a sched_cls program"},
+	{Name: FeatTimer, Kernel: "5.15", Probe: "bpf_timer_init helper in a sched_cls program",
+		Fallback: "the compat build (with bpf_loop's): no flow timers; a flow past its timeout is treated as absent, its entry freed by a port probe or the LRU"},
+	{Name: FeatLoop, Kernel: "5.17", Probe: "bpf_loop helper in a sched_cls program",
+		Fallback: "the compat build (with bpf_timer's): masquerade's port probes in a bounded loop"},
 	{Name: FeatSockOpsNetns, Kernel: "5.15", Probe: "bpf_get_netns_cookie helper in a sock_ops program (TCP pacing, a program every datapath load loads)"},
 	{Name: FeatSockAddr, Kernel: "4.17", Probe: "cgroup_sock_addr program type, and a cgroup2 mount",
 		Fallback: "hostPorts are served to remote clients only (not to the node's own processes); no TCP pacing"},
@@ -73,7 +76,7 @@ var featureTable = []Feature{
 }
 
 // forcible are the features whose fallback EBPF_CNI_FORCE_FALLBACK can force.
-var forcible = map[string]bool{FeatTCX: true, FeatFibSrc: true}
+var forcible = map[string]bool{FeatTCX: true, FeatFibSrc: true, FeatTimer: true, FeatLoop: true}
 
 var (
 	forceOnce sync.Once
@@ -94,6 +97,9 @@ func Forced() (map[string]bool, error) {
 				for f := range forcible {
 					forced[f] = true
 				}
+			case n == FeatTimer || n == FeatLoop:
+				// One compat build replaces both.
+				forced[FeatTimer], forced[FeatLoop] = true, true
 			case forcible[n]:
 				forced[n] = true
 			default:
@@ -244,4 +250,50 @@ func probeFibFlag(flag int32) error {
 		return ebpf.ErrNotSupported
 	}
 	return nil
+}
+
+// The build a node runs is decided once, by the first process that loads
+// its datapath, and recorded under pinDir as an empty directory (bpffs
+// holds no files), so later verbs read it with one stat instead of probing.
+const (
+	markerCompat = "build-compat"
+	markerFull   = "build-full"
+)
+
+var (
+	buildMu    sync.Mutex
+	buildCache = map[string]bool{}
+)
+
+// CompatBuild tells whether the node at pinRoot runs the compat build of
+// the programs (EBPF_CNI_COMPAT: no bpf_timer, no bpf_loop): where the
+// kernel lacks either, or EBPF_CNI_FORCE_FALLBACK names one.
+func CompatBuild(pinRoot string) bool {
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if c, ok := buildCache[pinRoot]; ok {
+		return c
+	}
+	c := isForced(FeatTimer) || isForced(FeatLoop)
+	if !c {
+		switch {
+		case dirExists(filepath.Join(pinRoot, markerCompat)):
+			c = true
+		case dirExists(filepath.Join(pinRoot, markerFull)):
+		default:
+			c = !FeatureByName(FeatTimer).Have || !FeatureByName(FeatLoop).Have
+			marker := markerFull
+			if c {
+				marker = markerCompat
+			}
+			_ = os.Mkdir(filepath.Join(pinRoot, marker), 0o700) // pinRoot may not exist yet: decided again then
+		}
+	}
+	buildCache[pinRoot] = c
+	return c
+}
+
+func dirExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.IsDir()
 }

@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -20,5 +21,28 @@ func TestProbeFibFlag(t *testing.T) {
 	}
 	if err := probeFibFlag(1 << 7); !errors.Is(err, ebpf.ErrNotSupported) {
 		t.Fatalf("unknown flag: %v, want ErrNotSupported", err)
+	}
+}
+
+// TestCompatBuildLoads: every program of the compat build (no bpf_timer, no
+// bpf_loop) passes this kernel's verifier over the node's maps, as a node
+// without those helpers loads them. (An older kernel's verifier is not this
+// one: docs/compat.md.)
+func TestCompatBuildLoads(t *testing.T) {
+	dp := testDatapath(t)
+	for _, o := range []*object{objFromContainer, objToContainer, objFromUplink, objToUplink, objSock} {
+		var progs []Program
+		for _, p := range catalog {
+			if p.obj == o {
+				progs = append(progs, p)
+			}
+		}
+		out := map[string]*ebpf.Program{}
+		if err := loadObject(filepath.Join(dp.PinRoot, "compat"), dp.Maps, o.compat, progs, true, out); err != nil {
+			t.Errorf("compat build of %s: %v", o.name, err)
+		}
+		for _, p := range out {
+			p.Close()
+		}
 	}
 }

@@ -190,7 +190,7 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 	}
 	// Whether BPF_FIB_LOOKUP_SRC is used is decided (probed) when the hooks
 	// are set up; a fallback forced since makes them be set up again.
-	ready := cfg.Enabled() && cfg.HooksId == hooksID() && dp.cgroupHooksLive(rootErr == nil) &&
+	ready := cfg.Enabled() && cfg.HooksId == hooksID(dp.PinRoot) && dp.cgroupHooksLive(rootErr == nil) &&
 		(!isForced(FeatFibSrc) || cfg.FibNoSrc())
 	attempts := 20
 	if ready && !opts.MustRefresh {
@@ -223,7 +223,7 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 	}
 	// Whoever held the lock before may have done it all.
 	if cfg, err = dp.Maps.HostPortConfig(); err == nil && cfg.Enabled() && cfg.NetnsCookie == cookie &&
-		cfg.HooksId == hooksID() && dp.cgroupHooksLive(rootErr == nil) && dp.uplinkHooksLive(view) &&
+		cfg.HooksId == hooksID(dp.PinRoot) && dp.cgroupHooksLive(rootErr == nil) && dp.uplinkHooksLive(view) &&
 		(!isForced(FeatFibSrc) || cfg.FibNoSrc()) {
 		return hooks, rootErr
 	}
@@ -243,7 +243,7 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 			return nil, err
 		}
 	}
-	if err := dp.Maps.EnableHostPorts(cookie, hooksID(), !FeatureByName(FeatFibSrc).InUse()); err != nil {
+	if err := dp.Maps.EnableHostPorts(cookie, hooksID(dp.PinRoot), !FeatureByName(FeatFibSrc).InUse()); err != nil {
 		return nil, err
 	}
 	return hooks, rootErr

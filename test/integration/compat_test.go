@@ -32,7 +32,16 @@ import (
 // forced tells whether this run forces the fallback of feature name.
 func forced(name string) bool {
 	for _, f := range strings.Split(os.Getenv(datapath.ForceFallbackEnv), ",") {
-		if f = strings.TrimSpace(f); f == name || f == "all" && (name == datapath.FeatTCX || name == datapath.FeatFibSrc) {
+		f = strings.TrimSpace(f)
+		// One compat build replaces both helpers: forcing one forces both.
+		if f == datapath.FeatTimer || f == datapath.FeatLoop {
+			f = "compat"
+		}
+		if name == datapath.FeatTimer || name == datapath.FeatLoop {
+			name = "compat"
+		}
+		if f == name || f == "all" && name != datapath.FeatRedirectPeer && name != datapath.FeatRedirectNeig &&
+			name != datapath.FeatSockAddr && name != datapath.FeatSockOpsNetns {
 			return true
 		}
 	}
@@ -122,6 +131,9 @@ func TestCompatStatusNamesFeatures(t *testing.T) {
 			t.Errorf("status says %s forced=%v, the run forces it: %v", n, f.Forced, forced(n))
 		}
 	}
+	if want := map[bool]string{true: "compat", false: "full"}[forced(datapath.FeatTimer)]; st.Build != want {
+		t.Errorf("status says the node runs the %q build, want %q", st.Build, want)
+	}
 	table, err := e.AgentCmd("status", "--pin-dir", e.PinDir)
 	if err != nil {
 		t.Fatalf("status: %v\n%s", err, table)
@@ -152,13 +164,13 @@ func TestCompatStatusNamesFeatures(t *testing.T) {
 	if !strings.Contains(s, "fallback for: tcx (forced), fibsrc (forced)") || !strings.Contains(s, "in use: redirect_peer") {
 		t.Errorf("STATUS does not name the features in use and the fallbacks: %q", s)
 	}
-	o, _, err = status("tcx,bpf_loop")
+	o, _, err = status("tcx,redirect_peer")
 	if err == nil {
-		t.Fatalf("STATUS forcing bpf_loop (no fallback) succeeded")
+		t.Fatalf("STATUS forcing redirect_peer (no fallback) succeeded")
 	}
 	perr := testenv.PluginError(t, []byte(o))
-	if perr.Code != 7 || !strings.Contains(perr.Msg, `"bpf_loop" has no fallback`) || !strings.Contains(perr.Msg, datapath.ForceFallbackEnv) {
-		t.Errorf("STATUS forcing bpf_loop: %d %q, want 7 naming the variable and bpf_loop", perr.Code, perr.Msg)
+	if perr.Code != 7 || !strings.Contains(perr.Msg, `"redirect_peer" has no fallback`) || !strings.Contains(perr.Msg, datapath.ForceFallbackEnv) {
+		t.Errorf("STATUS forcing redirect_peer: %d %q, want 7 naming the variable and redirect_peer", perr.Code, perr.Msg)
 	}
 }
 

@@ -34,6 +34,9 @@ type StatusReport struct {
 	// Features are the kernel features the datapath uses, as probed, with
 	// what replaces each one the kernel lacks (or that is forced off).
 	Features []datapath.Feature `json:"features"`
+	// Build is the programs' build the node runs: "full", or "compat"
+	// (no bpf_timer, no bpf_loop: docs/compat.md).
+	Build string `json:"build"`
 	// Warnings do not make the datapath unhealthy: maps above 90% full.
 	Warnings []string `json:"warnings,omitempty"`
 }
@@ -190,6 +193,10 @@ func Status(src Source, version string) *StatusReport {
 		problem("%v", err)
 	}
 	r.Features = datapath.Features()
+	r.Build = "full"
+	if datapath.CompatBuild(pinRoot) {
+		r.Build = "compat"
+	}
 	if miss := datapath.MissingRequired(); len(miss) > 0 {
 		problem("the kernel lacks %s, which the datapath needs (docs/compat.md)", strings.Join(miss, ", "))
 	}
@@ -260,7 +267,7 @@ func (r *StatusReport) Tables() []Table {
 	sum.Lines = append(sum.Lines,
 		"host veths: "+dash(strings.Join(states, ", ")),
 		fmt.Sprintf("handed off: %d waiting for deletion (agent %s)", len(r.Attachments.HandedOff), agent))
-	fs := Table{Header: []string{"KERNEL FEATURE", "SINCE", "STATE", "FALLBACK"}}
+	fs := Table{Header: []string{"KERNEL FEATURE", "SINCE", "STATE", "FALLBACK"}, Footer: "programs: the " + r.Build + " build"}
 	for _, f := range r.Features {
 		fs.Rows = append(fs.Rows, []string{f.Name, f.Kernel, featureState(f), dash(f.Fallback)})
 	}
