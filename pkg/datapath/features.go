@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
+	"golang.org/x/sys/unix"
 )
 
 // Kernel features the datapath uses beyond what every kernel it runs on
@@ -38,6 +39,7 @@ const (
 	FeatLoop         = "bpf_loop"
 	FeatSockAddr     = "cgroup_sock_addr"
 	FeatSockOpsNetns = "sockops_netns_cookie"
+	FeatNetnsCookie  = "so_netns_cookie"
 )
 
 // Feature is one kernel facility, as probed.
@@ -67,6 +69,7 @@ var featureTable = []Feature{
 	{Name: FeatLoop, Kernel: "5.17", Probe: "bpf_loop helper in a sched_cls program",
 		Fallback: "the compat build (with bpf_timer's): masquerade's port probes in a bounded loop"},
 	{Name: FeatSockOpsNetns, Kernel: "5.15", Probe: "bpf_get_netns_cookie helper in a sock_ops program (TCP pacing, a program every datapath load loads)"},
+	{Name: FeatNetnsCookie, Kernel: "5.14", Probe: "getsockopt(SO_NETNS_COOKIE) (how the node hooks and pacing learn the node's and the pods' netns)"},
 	{Name: FeatSockAddr, Kernel: "4.17", Probe: "cgroup_sock_addr program type, and a cgroup2 mount",
 		Fallback: "hostPorts are served to remote clients only (not to the node's own processes); no TCP pacing"},
 	{Name: FeatTCX, Kernel: "6.6", Probe: "BPF_PROG_QUERY of tcx egress on lo",
@@ -141,6 +144,10 @@ func Features() []Feature {
 				err = features.HaveProgramHelper(ebpf.SchedCLS, asm.FnLoop)
 			case FeatSockOpsNetns:
 				err = features.HaveProgramHelper(ebpf.SockOps, asm.FnGetNetnsCookie)
+			case FeatNetnsCookie:
+				if _, err = NetnsCookie(); err != nil && errors.Is(err, unix.ENOPROTOOPT) {
+					err = ebpf.ErrNotSupported
+				}
 			case FeatSockAddr:
 				if err = features.HaveProgramType(ebpf.CGroupSockAddr); err == nil {
 					_, err = CgroupRoot("")
