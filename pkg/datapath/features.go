@@ -293,7 +293,12 @@ func CompatBuild(pinRoot string) bool {
 			if c {
 				marker = markerCompat
 			}
-			_ = os.Mkdir(filepath.Join(pinRoot, marker), 0o700) // pinRoot may not exist yet: decided again then
+			// Only on bpffs (a pinDir elsewhere is refused by every verb);
+			// pinRoot may not exist yet: decided again then.
+			var st unix.Statfs_t
+			if unix.Statfs(pinRoot, &st) == nil && st.Type == unix.BPF_FS_MAGIC {
+				_ = os.Mkdir(filepath.Join(pinRoot, marker), 0o700)
+			}
 		}
 	}
 	buildCache[pinRoot] = c

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 )
@@ -38,9 +39,21 @@ func TestCompatBuildLoads(t *testing.T) {
 			}
 		}
 		out := map[string]*ebpf.Program{}
+		start := time.Now()
 		if err := loadObject(filepath.Join(dp.PinRoot, "compat"), dp.Maps, o.compat, progs, true, out); err != nil {
 			t.Errorf("compat build of %s: %v", o.name, err)
 		}
+		took := time.Since(start)
+		// The full build's, for comparison (the verifier's time is most of it).
+		start = time.Now()
+		if err := loadObject(filepath.Join(dp.PinRoot, "full"), dp.Maps, o, progs, true, out); err != nil {
+			t.Errorf("full build of %s: %v", o.name, err)
+		}
+		t.Logf("%s: compat build loaded in %v, full build in %v", o.name, took, time.Since(start))
+		for _, p := range out {
+			p.Close()
+		}
+		out = map[string]*ebpf.Program{}
 		for _, p := range out {
 			p.Close()
 		}

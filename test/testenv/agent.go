@@ -90,8 +90,10 @@ func (e *Env) StartAgentBin(bin string, env []string, confDir string, extra ...s
 		select {
 		case <-ready:
 			return nil
-		case <-time.After(10 * time.Second):
-			return fmt.Errorf("agent not ready after 10s:\n%s", a.Log)
+		case <-time.After(60 * time.Second):
+			// The compat build (make test-fallback) costs the verifier
+			// seconds at the agent's first load of a node.
+			return fmt.Errorf("agent not ready after 60s:\n%s", a.Log)
 		}
 	})
 	if err != nil {
