@@ -106,6 +106,15 @@ var catalog = []Program{
 // and the pacing hook.
 var corePrograms = []Program{progFromContainer, progToContainer, progSockOps}
 
+// coreProgramsOf are the core programs of the node at pinRoot: without the
+// pacing program where the kernel cannot run it (NoPacing).
+func coreProgramsOf(pinRoot string) []Program {
+	if NoPacing(pinRoot) {
+		return hostVethPrograms
+	}
+	return corePrograms
+}
+
 // hostVethPrograms are the programs of a pod's host veth, ingress first.
 var hostVethPrograms = []Program{progFromContainer, progToContainer}
 

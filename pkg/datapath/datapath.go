@@ -52,7 +52,7 @@ func Open(pinRoot string) (*Datapath, error) {
 // withPrograms opens (mode openPinned) or loads (loadMissing) the core
 // programs over the maps m; on error m is closed.
 func withPrograms(pinRoot string, m *maps.Maps, mode loadMode) (*Datapath, error) {
-	progs, err := loadPrograms(pinRoot, m, corePrograms, mode)
+	progs, err := loadPrograms(pinRoot, m, coreProgramsOf(pinRoot), mode)
 	if err != nil {
 		m.Close()
 		return nil, err
@@ -148,7 +148,7 @@ func OpenLean(pinRoot string) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range corePrograms {
+	for _, p := range coreProgramsOf(pinRoot) {
 		if _, err := os.Stat(progPin(pinRoot, p)); err != nil {
 			m.Close()
 			return nil, fmt.Errorf("program %s: %w", p.Name, err)

@@ -68,7 +68,8 @@ var featureTable = []Feature{
 		Fallback: "the compat build (with bpf_loop's): no flow timers; a flow past its timeout is treated as absent, its entry freed by a port probe or the LRU"},
 	{Name: FeatLoop, Kernel: "5.17", Probe: "bpf_loop helper in a sched_cls program",
 		Fallback: "the compat build (with bpf_timer's): masquerade's port probes in a bounded loop"},
-	{Name: FeatSockOpsNetns, Kernel: "5.15", Probe: "bpf_get_netns_cookie helper in a sock_ops program (TCP pacing, a program every datapath load loads)"},
+	{Name: FeatSockOpsNetns, Kernel: "5.15", Probe: "bpf_get_netns_cookie helper in a sock_ops program",
+		Fallback: "no TCP pacing program: rate limits hold as token buckets alone (docs/bandwidth.md)"},
 	{Name: FeatNetnsCookie, Kernel: "5.14", Probe: "getsockopt(SO_NETNS_COOKIE) (how the node hooks and pacing learn the node's and the pods' netns)"},
 	{Name: FeatSockAddr, Kernel: "4.17", Probe: "cgroup_sock_addr program type, and a cgroup2 mount",
 		Fallback: "hostPorts are served to remote clients only (not to the node's own processes); no TCP pacing"},
@@ -79,7 +80,7 @@ var featureTable = []Feature{
 }
 
 // forcible are the features whose fallback EBPF_CNI_FORCE_FALLBACK can force.
-var forcible = map[string]bool{FeatTCX: true, FeatFibSrc: true, FeatTimer: true, FeatLoop: true}
+var forcible = map[string]bool{FeatTCX: true, FeatFibSrc: true, FeatTimer: true, FeatLoop: true, FeatSockOpsNetns: true}
 
 var (
 	forceOnce sync.Once
@@ -263,35 +264,38 @@ func probeFibFlag(flag int32) error {
 // its datapath, and recorded under pinDir as an empty directory (bpffs
 // holds no files), so later verbs read it with one stat instead of probing.
 const (
-	markerCompat = "build-compat"
-	markerFull   = "build-full"
+	markerCompat   = "build-compat"
+	markerFull     = "build-full"
+	markerNoPacing = "pacing-off"
+	markerPacing   = "pacing-on"
 )
 
 var (
-	buildMu    sync.Mutex
-	buildCache = map[string]bool{}
+	choiceMu    sync.Mutex
+	choiceCache = map[string]bool{}
 )
 
-// CompatBuild tells whether the node at pinRoot runs the compat build of
-// the programs (EBPF_CNI_COMPAT: no bpf_timer, no bpf_loop): where the
-// kernel lacks either, or EBPF_CNI_FORCE_FALLBACK names one.
-func CompatBuild(pinRoot string) bool {
-	buildMu.Lock()
-	defer buildMu.Unlock()
-	if c, ok := buildCache[pinRoot]; ok {
+// nodeChoice is a per-node decision made once: forced (true wins), else
+// the marker directory under pinRoot (yes or no) a process recorded, else
+// decide() (probes), recorded for the next processes.
+func nodeChoice(pinRoot, yes, no string, forced bool, decide func() bool) bool {
+	choiceMu.Lock()
+	defer choiceMu.Unlock()
+	key := pinRoot + "\x00" + yes
+	if c, ok := choiceCache[key]; ok {
 		return c
 	}
-	c := isForced(FeatTimer) || isForced(FeatLoop)
+	c := forced
 	if !c {
 		switch {
-		case dirExists(filepath.Join(pinRoot, markerCompat)):
+		case dirExists(filepath.Join(pinRoot, yes)):
 			c = true
-		case dirExists(filepath.Join(pinRoot, markerFull)):
+		case dirExists(filepath.Join(pinRoot, no)):
 		default:
-			c = !FeatureByName(FeatTimer).Have || !FeatureByName(FeatLoop).Have
-			marker := markerFull
+			c = decide()
+			marker := no
 			if c {
-				marker = markerCompat
+				marker = yes
 			}
 			// Only on bpffs (a pinDir elsewhere is refused by every verb);
 			// pinRoot may not exist yet: decided again then.
@@ -301,8 +305,26 @@ func CompatBuild(pinRoot string) bool {
 			}
 		}
 	}
-	buildCache[pinRoot] = c
+	choiceCache[key] = c
 	return c
+}
+
+// CompatBuild tells whether the node at pinRoot runs the compat build of
+// the programs (EBPF_CNI_COMPAT: no bpf_timer, no bpf_loop): where the
+// kernel lacks either, or EBPF_CNI_FORCE_FALLBACK names one.
+func CompatBuild(pinRoot string) bool {
+	return nodeChoice(pinRoot, markerCompat, markerFull, isForced(FeatTimer) || isForced(FeatLoop), func() bool {
+		return !FeatureByName(FeatTimer).Have || !FeatureByName(FeatLoop).Have
+	})
+}
+
+// NoPacing tells whether the node at pinRoot goes without the TCP pacing
+// program (the kernel's sock_ops lacks bpf_get_netns_cookie, or it is
+// forced off): rate limits hold as token buckets alone.
+func NoPacing(pinRoot string) bool {
+	return nodeChoice(pinRoot, markerNoPacing, markerPacing, isForced(FeatSockOpsNetns), func() bool {
+		return !FeatureByName(FeatSockOpsNetns).Have
+	})
 }
 
 func dirExists(p string) bool {

@@ -529,6 +529,9 @@ func NetnsCookie() (uint64, error) {
 // node (a pinned link, so it outlives the process) and registers the calling
 // thread's netns as the node's. Cheap when already done: one stat.
 func (dp *Datapath) EnsurePacing(cgroupRoot string) error {
+	if NoPacing(dp.PinRoot) {
+		return nil // token buckets alone (features.go, status says so)
+	}
 	path := PacingLinkPin(dp.PinRoot)
 	if _, err := os.Stat(path); err == nil {
 		return nil

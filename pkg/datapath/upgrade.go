@@ -127,7 +127,7 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		}
 	}()
 	need := map[string]bool{}
-	for _, p := range corePrograms {
+	for _, p := range coreProgramsOf(dp.PinRoot) {
 		need[p.Name] = true
 	}
 	for _, path := range paths {

@@ -41,7 +41,7 @@ func forced(name string) bool {
 			name = "compat"
 		}
 		if f == name || f == "all" && name != datapath.FeatRedirectPeer && name != datapath.FeatRedirectNeig &&
-			name != datapath.FeatSockAddr && name != datapath.FeatSockOpsNetns {
+			name != datapath.FeatSockAddr && name != datapath.FeatNetnsCookie {
 			return true
 		}
 	}
@@ -405,5 +405,32 @@ func TestCompatAttachModeTCXRefused(t *testing.T) {
 	env[datapath.ForceFallbackEnv] = "tcx"
 	out, err := e.ExecPlugin(env, stdin)
 	wantPluginError(t, "ADD with attachMode tcx, tcx forced off", out, err, 7, "attachMode", "tcx", datapath.ForceFallbackEnv)
+	e.AssertClean()
+}
+
+// TestCompatPacing: a rate-limited pod gets the node's TCP pacing program
+// (sock_ops on the cgroup root) where the kernel's sock_ops has
+// bpf_get_netns_cookie, and none with it forced off, where its UDP is still
+// policed by the token bucket.
+func TestCompatPacing(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	a := e.NewPod()
+	e.CleanupDel(a, "bw")
+	const rate = 20e6
+	if _, err := e.AddBW(a, "bw", bandwidthArgs(0, rate)); err != nil {
+		t.Fatal(err)
+	}
+	_, pinned := os.Stat(datapath.PacingLinkPin(e.PinDir))
+	if off := forced(datapath.FeatSockOpsNetns); off != (pinned != nil) {
+		t.Errorf("pacing link pinned: %v, pacing forced off: %v", pinned == nil, off)
+	}
+	const sendFor = time.Second
+	sent, got := udpBlast(t, a, e.Node, testenv.NodeIP4, sendFor, 3*time.Second, 0)
+	limit := rate/8*sendFor.Seconds() + rate/8*0.05
+	if float64(sent) < 2*limit || float64(got) > 1.1*limit || float64(got) < 0.5*limit {
+		t.Errorf("sent %d, received %d bytes in %v at %v bit/s: want about %d", sent, got, sendFor, rate, int64(limit))
+	}
+	e.MustDel(a, "bw")
 	e.AssertClean()
 }
