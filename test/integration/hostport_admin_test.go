@@ -298,10 +298,12 @@ func TestHostPortAgent(t *testing.T) {
 	agentLog := func() string { mu.Lock(); defer mu.Unlock(); return logs.String() }
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
+		// 60 s: the compat build (make test-fallback) costs the verifier
+		// seconds at the agent's first load of a node.
+		deadline := time.Now().Add(60 * time.Second)
 		for !ok() {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: not within 10s; agent log:\n%s", what, agentLog())
+				t.Fatalf("%s: not within 60s; agent log:\n%s", what, agentLog())
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
