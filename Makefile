@@ -72,7 +72,7 @@ test: deps lint
 # hostPort, masquerade, chain and upgrade tests again with every fallback
 # forced (tcx: clsact + cls_bpf on host veths and uplinks; fibsrc: the
 # masquerade source from the uplink's addresses; the compat build; no pacing program).
-# 5.5 to 9 minutes on this 2-CPU machine while other jobs loaded it (load 17-30).
+# 2 to 9 minutes on this 2-CPU machine, as other jobs loaded it (load 4 to 30).
 FALLBACK_TESTS := TestCompat|TestChain|TestHostPort|TestMasq$$|TestMasqCheck|TestDatapath|TestAttach|TestAgentRestartAndUpgradeWithoutLoss|TestUplinkRecreated|TestUplinkSecondPinDirRefused
 .PHONY: test-fallback
 test-fallback: deps
