@@ -80,6 +80,16 @@ lint:
 test: lint
 	$(GO) test -count=1 -timeout 15m ./...
 
+# The paths of older kernels, on this one (docs/compat.md): the datapath,
+# hostPort, masquerade, chain and upgrade tests again with every fallback
+# forced (tcx: clsact + cls_bpf on host veths and uplinks; fibsrc: the
+# masquerade source from the uplink's addresses; the compat build; no pacing program).
+# 2 to 9 minutes on this 2-CPU machine, as other jobs loaded it (load 4 to 30).
+FALLBACK_TESTS := TestCompat|TestChain|TestHostPort|TestMasq$$|TestMasqCheck|TestDatapath|TestAttach|TestAgentRestartAndUpgradeWithoutLoss|TestUplinkRecreated|TestUplinkSecondPinDirRefused
+.PHONY: test-fallback
+test-fallback: deps
+	EBPF_CNI_FORCE_FALLBACK=all $(GO) test -count=1 -timeout 15m -run '$(FALLBACK_TESTS)' ./test/integration/
+
 unit-test:
 	$(GO) test -count=1 ./pkg/...
 

@@ -17,3 +17,12 @@ package ebpfcni
 //go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem from_uplink -target bpfel -no-global-types fromUplink bpf/from_uplink.c
 //go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem to_uplink -target bpfel -no-global-types toUplink bpf/to_uplink.c
 //go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem sock -target bpfel -no-global-types sock bpf/sock.c
+
+// The compat build of the same programs for kernels without bpf_timer (5.15) or bpf_loop (5.17),
+// or with those forced off (docs/compat.md): EBPF_CNI_COMPAT arms no flow timers and walks the
+// masquerade port probes in a bounded loop.
+//go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem from_container_compat -target bpfel -no-global-types fromContainerCompat bpf/from_container.c -- -DEBPF_CNI_COMPAT
+//go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem to_container_compat -target bpfel -no-global-types toContainerCompat bpf/to_container.c -- -DEBPF_CNI_COMPAT
+//go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem from_uplink_compat -target bpfel -no-global-types fromUplinkCompat bpf/from_uplink.c -- -DEBPF_CNI_COMPAT
+//go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem to_uplink_compat -target bpfel -no-global-types toUplinkCompat bpf/to_uplink.c -- -DEBPF_CNI_COMPAT
+//go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem sock_compat -target bpfel -no-global-types sockCompat bpf/sock.c -- -DEBPF_CNI_COMPAT

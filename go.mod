@@ -28,6 +28,7 @@ require (
 	github.com/go-openapi/jsonpointer v0.21.0 // indirect
 	github.com/go-openapi/jsonreference v0.20.2 // indirect
 	github.com/go-openapi/swag v0.23.0 // indirect
+	github.com/godbus/dbus/v5 v5.1.0 // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/google/gnostic-models v0.7.0 // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
@@ -75,6 +76,7 @@ tool (
 	github.com/containernetworking/plugins/plugins/main/loopback
 	github.com/containernetworking/plugins/plugins/main/ptp
 	github.com/containernetworking/plugins/plugins/meta/bandwidth
+	github.com/containernetworking/plugins/plugins/meta/firewall
 	github.com/containernetworking/plugins/plugins/meta/portmap
 	github.com/containernetworking/plugins/plugins/meta/tuning
 )

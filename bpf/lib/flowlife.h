@@ -15,6 +15,8 @@
  *         stream, as conntrack tells them apart);
  *   ICMP  echo 30 s.
  * An entry past its timeout is treated as absent even before its timer runs.
+ * The compat build (EBPF_CNI_COMPAT: kernels without bpf_timer or bpf_loop,
+ * docs/compat.md) arms no timer: such entries wait for a probe or the LRU.
  */
 #pragma once
 

@@ -107,6 +107,7 @@ static __always_inline int node_owns_udp_flow(struct __sk_buff *skb, const struc
 	return owned;
 }
 
+#ifndef EBPF_CNI_COMPAT
 /* A flow's timer ran out: the entry goes unless a packet came meanwhile. */
 static int ct_expire(void *map, struct ct_key *k, struct ct_val *v)
 {
@@ -129,6 +130,11 @@ static __always_inline void ct_arm(struct ct_val *v, __u64 ns)
 	bpf_timer_set_callback(&v->timer, ct_expire);
 	bpf_timer_start(&v->timer, ns, 0);
 }
+#else
+/* The compat build (kernels without bpf_timer, see flowlife.h): an entry
+ * past its timeout is treated as absent, and the LRU reclaims it. */
+static __always_inline void ct_arm(struct ct_val *v, __u64 ns) {}
+#endif
 
 /* Records packet f (reply: the pod's) in its flow's entry: the state, the
  * last use at most once a second; a flow that closes expires in seconds. */

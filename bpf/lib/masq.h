@@ -45,7 +45,16 @@
 
 #define MASQ_PORT_MIN 61000 /* without a configuration: above the default ip_local_port_range */
 #define MASQ_PORT_MAX 65535
+#ifndef EBPF_CNI_COMPAT
 #define MASQ_PROBES 64
+#else
+/* Without bpf_loop the verifier walks every probe: 64 exceed its 1M
+ * instructions (the probes' outcomes multiply its states); with the
+ * NetworkPolicy re-judging of deferred egress in to_uplink 8 no longer fit,
+ * 4 do (TestCompatBuildLoads). A pod's flow
+ * then finds no free port sooner when the node's ports are crowded. */
+#define MASQ_PROBES 4
+#endif
 #define MASQ_REUSE_CLOSED (NSEC / 2) /* a closed flow quiet this long gives its port up */
 
 static __always_inline void masq_count(__u32 what)
@@ -141,6 +150,7 @@ static __always_inline void snat_forget(const struct snat_key *rk, const __u8 *p
 		share_release(rk, ifindex);
 }
 
+#ifndef EBPF_CNI_COMPAT
 /* A reverse entry's timer ran out: the flow goes unless a packet came meanwhile. */
 static int snat_expire(void *map, struct snat_key *key, struct snat_val *v)
 {
@@ -169,6 +179,11 @@ static __always_inline void snat_arm(struct snat_val *v, __u64 ns)
 	bpf_timer_set_callback(&v->timer, snat_expire);
 	bpf_timer_start(&v->timer, ns, 0);
 }
+#else
+/* The compat build (no bpf_timer): expired flows are treated as absent and
+ * freed when a probe meets them (snat_alloc) or by the LRU. */
+static __always_inline void snat_arm(struct snat_val *v, __u64 ns) {}
+#endif
 
 /* Records a state change or a use in an entry (rev: the reverse one, whose
  * timer shortens when the flow closes). Only the state bits are the flow's:
@@ -258,8 +273,9 @@ static __always_inline int masq_port_ours(const struct masq_config *c, __u16 por
 	return 0;
 }
 
-/* One candidate: returns 1 (stop) when c->port got it. */
-static long alloc_probe(__u32 i, struct alloc_ctx *c)
+/* One candidate: returns 1 (stop) when c->port got it. A function of its
+ * own in the compat build too (its loop calls it). */
+static __noinline long alloc_probe(__u32 i, struct alloc_ctx *c)
 {
 	__u16 p = c->own;
 
@@ -348,7 +364,14 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 	__u32 *share = share_of(&c.rk, ifindex);
 	c.over = share && c.cfg.pod_limit && *share >= c.cfg.pod_limit;
 
+#ifndef EBPF_CNI_COMPAT
 	bpf_loop(MASQ_PROBES, alloc_probe, &c, 0);
+#else
+	/* No bpf_loop (5.17): a bounded loop the verifier walks probe by probe. */
+	for (__u32 i = 0; i < MASQ_PROBES; i++)
+		if (alloc_probe(i, &c))
+			break;
+#endif
 
 	if (!c.port && c.take) {
 		/* At the limit: the quietest of the pod's own flows gives its port up. */
@@ -434,10 +457,41 @@ static __noinline int masq_icmp_error_out(struct __sk_buff *skb, __u8 family, __
 	return MASQ_CONTINUE;
 }
 
+/* Word i of the address cni_node_ips keeps for uplink k (see types.h). */
+static __always_inline int uplink_word(struct ep_key *k, int i, __u8 *node)
+{
+	k->addr[4] = i;
+	__u32 *w = bpf_map_lookup_elem(&cni_node_ips, k);
+
+	if (!w)
+		return -1;
+	__builtin_memcpy(node + 4 * i, w, 4);
+	return 0;
+}
+
+/* Without BPF_FIB_LOOKUP_SRC (kernels before 6.7, or forced): the address
+ * of the family the node keeps for uplink oif (cni_node_ips' uplink
+ * entries). Returns 0 or -1. */
+static __always_inline int uplink_source(__u32 oif, __u8 family, __u8 *node)
+{
+	struct ep_key k = { .family = family | NODE_IP_UPLINK_SRC };
+
+	__builtin_memcpy(k.addr, &oif, 4);
+	if (uplink_word(&k, 0, node))
+		return -1;
+	if (family == AF_INET)
+		return 0;
+	if (uplink_word(&k, 1, node) || uplink_word(&k, 2, node) || uplink_word(&k, 3, node))
+		return -1;
+	return 0;
+}
+
 /* The source the node would pick for f's route (BPF_FIB_LOOKUP_SRC), as
  * MASQUERADE picks the outgoing link's address. Returns 0 or -1. */
 static __noinline int masq_source(struct __sk_buff *skb, const struct flow *f, __u32 ifindex, __u8 *node)
 {
+	struct hp_config *c = node_config();
+	__u32 fib_flags = c && (c->flags & HP_CFG_FIB_NO_SRC) ? 0 : BPF_FIB_LOOKUP_SRC;
 	struct bpf_fib_lookup p = { .family = f->family, .ifindex = ifindex, .l4_protocol = f->proto };
 
 	if (f->family == AF_INET) {
@@ -451,9 +505,11 @@ static __noinline int masq_source(struct __sk_buff *skb, const struct flow *f, _
 		__builtin_memcpy(p.ipv6_src, f->saddr, 16);
 		__builtin_memcpy(p.ipv6_dst, f->daddr, 16);
 	}
-	int rc = bpf_fib_lookup(skb, &p, sizeof(p), BPF_FIB_LOOKUP_SRC);
+	int rc = bpf_fib_lookup(skb, &p, sizeof(p), fib_flags);
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
 		return -1;
+	if (!fib_flags)
+		return uplink_source(p.ifindex, f->family, node);
 	if (f->family == AF_INET) {
 		if (!p.ipv4_src)
 			return -1;

@@ -214,6 +214,13 @@ struct hp_config {
 };
 
 #define HP_CFG_ENABLED 1 /* the node hooks were set up on this node */
+#define HP_CFG_FIB_NO_SRC 2 /* masquerade picks its source without BPF_FIB_LOOKUP_SRC (masq.h uplink_source) */
+
+/* cni_node_ips also holds, per uplink and family, the address masquerade
+ * takes where BPF_FIB_LOOKUP_SRC is missing: key family | NODE_IP_UPLINK_SRC,
+ * addr[0..3] the uplink's ifindex, addr[4] which 4 bytes of the address the
+ * value holds (0 for IPv4, 0-3 for IPv6). No address has such a family. */
+#define NODE_IP_UPLINK_SRC 0x80
 
 /* Key of cni_sock_rnat: a socket and the pod address it was sent to. */
 struct sock_rnat_key {

@@ -9,6 +9,7 @@ import (
 	"log"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -202,8 +203,17 @@ func prepare(o Options) (*datapath.Datapath, datapath.UpgradeReport, error) {
 			return nil, rep, err
 		}
 	}
+	if _, err := datapath.Forced(); err != nil {
+		return nil, rep, err
+	}
+	// Probed once, here, and said: what the datapath uses, what replaces
+	// what the kernel lacks or what is forced off.
+	o.Logger.Printf("%s", datapath.FallbackSummary())
 	dp, err := datapath.Ensure(o.PinRoot, o.Sizing)
 	if err != nil {
+		if miss := datapath.MissingRequired(); len(miss) > 0 {
+			return nil, rep, fmt.Errorf("ensure datapath at %s: %w (the kernel lacks %s: docs/compat.md)", o.PinRoot, err, strings.Join(miss, ", "))
+		}
 		return nil, rep, fmt.Errorf("ensure datapath at %s: %w", o.PinRoot, err)
 	}
 	if o.HostPorts {

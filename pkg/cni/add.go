@@ -5,6 +5,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ipam"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 )
 
@@ -26,6 +27,12 @@ func Add(args *skel.CmdArgs) (err error) {
 	}
 	if err := conf.validateFeatures(); err != nil {
 		return err
+	}
+	if err := checkChain(conf.Name, conf.CNIConfDir); err != nil {
+		return err
+	}
+	if conf.net.AttachMode == string(datapath.AttachTCX) && !datapath.HaveTCX() {
+		return endpoint.ConfError("attachMode: tcx links (Linux 6.6) are not available on this node (the kernel lacks them, or %s forces them off): use auto or tc", datapath.ForceFallbackEnv)
 	}
 	podMAC, err := endpoint.RequestedMAC(conf.RuntimeConfig.Mac, args.Args)
 	if err != nil {

@@ -44,6 +44,11 @@ type NetConf struct {
 	// the node's traffic passes) until the agent has.
 	NetworkPolicy bool `json:"networkPolicy,omitempty"`
 
+	// CNIConfDir is where the runtime reads conflists (default
+	// /etc/cni/net.d): ADD reads this network's there to refuse plugins
+	// chained after ebpf-cni that cannot work with it (chain.go).
+	CNIConfDir string `json:"cniConfDir,omitempty"`
+
 	RuntimeConfig RuntimeConfig `json:"runtimeConfig,omitempty"`
 
 	net      *endpoint.Network

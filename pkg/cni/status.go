@@ -3,6 +3,8 @@ package cni
 import (
 	"context"
 	"fmt"
+	"os"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -21,11 +23,21 @@ func Status(args *skel.CmdArgs) error {
 	if err := conf.net.CheckDirs(); err != nil {
 		return err
 	}
+	if _, err := datapath.Forced(); err != nil {
+		return endpoint.ConfError("%v", err)
+	}
+	if miss := datapath.MissingRequired(); len(miss) > 0 {
+		return types.NewError(endpoint.ErrPluginNotAvailable, fmt.Sprintf("the kernel lacks %s, which the datapath needs (docs/compat.md)", strings.Join(miss, ", ")), "")
+	}
 	dp, err := datapath.Ensure(conf.net.PinDir, conf.net.Sizing())
 	if err != nil {
 		return types.NewError(endpoint.ErrPluginNotAvailable, fmt.Sprintf("datapath at %s is not usable: %v", conf.net.PinDir, err), "")
 	}
 	dp.Close()
+	// A successful STATUS prints nothing on stdout (CNI spec); the runtime
+	// logs the plugin's stderr: which features are in use and which
+	// fallbacks replace the others.
+	fmt.Fprintln(os.Stderr, "ebpf-cni: "+datapath.FallbackSummary())
 	if conf.IPAM.Type != "" {
 		if err := invoke.DelegateStatus(context.TODO(), conf.IPAM.Type, args.StdinData, nil); err != nil {
 			return endpoint.IPAMError(conf.IPAM.Type, err)

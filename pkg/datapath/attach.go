@@ -57,6 +57,10 @@ func (dp *Datapath) Attach(ifindex int, hostIf string, mode AttachMode, deferTCX
 		if haveTCX() != nil {
 			mode = AttachTC
 		}
+	} else if mode == AttachTCX {
+		if err := haveTCX(); err != nil {
+			return mode, fmt.Errorf("attachMode tcx: tcx links (Linux 6.6) are not available (%v): use attachMode auto or tc", err)
+		}
 	}
 	if mode == AttachTC || deferTCX {
 		return AttachTC, dp.attachTC(ifindex, mode == AttachTCX)
@@ -237,9 +241,21 @@ var (
 	tcxErr  error
 )
 
-// haveTCX reports whether the kernel supports tcx. cilium/ebpf's probe is
-// internal; querying loopback's tcx egress is cheap and tells the same.
+// haveTCX reports whether the datapath uses tcx: the kernel has it and
+// EBPF_CNI_FORCE_FALLBACK does not force clsact + cls_bpf instead.
 func haveTCX() error {
+	if isForced(FeatTCX) {
+		return fmt.Errorf("%w: forced off by %s", ebpf.ErrNotSupported, ForceFallbackEnv)
+	}
+	return kernelHasTCX()
+}
+
+// HaveTCX is haveTCX for the agent (which moves pods to tcx only with it).
+func HaveTCX() bool { return haveTCX() == nil }
+
+// kernelHasTCX reports whether the kernel supports tcx. cilium/ebpf's probe
+// is internal; querying loopback's tcx egress is cheap and tells the same.
+func kernelHasTCX() error {
 	tcxOnce.Do(func() {
 		_, err := link.QueryPrograms(link.QueryOptions{Target: 1, Attach: ebpf.AttachTCXEgress})
 		if err != nil && (errors.Is(err, ebpf.ErrNotSupported) || errors.Is(err, unix.EINVAL)) {

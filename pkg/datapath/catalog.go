@@ -13,16 +13,34 @@ type object struct {
 	name  string
 	load  func() (*ebpf.CollectionSpec, error)
 	bytes []byte
+	// compat is the same object built with EBPF_CNI_COMPAT, for kernels
+	// without bpf_timer or bpf_loop (features.go: CompatBuild); nil when
+	// the object uses neither.
+	compat *object
 }
 
 var (
-	objFromContainer = &object{"from_container", loadFromContainer, _FromContainerBytes}
-	objToContainer   = &object{"to_container", loadToContainer, _ToContainerBytes}
-	objSockOps       = &object{"sock_ops", loadSockOps, _SockOpsBytes}
-	objFromUplink    = &object{"from_uplink", loadFromUplink, _FromUplinkBytes}
-	objToUplink      = &object{"to_uplink", loadToUplink, _ToUplinkBytes}
-	objSock          = &object{"sock", loadSock, _SockBytes}
+	objFromContainer = &object{"from_container", loadFromContainer, _FromContainerBytes,
+		&object{"from_container_compat", loadFromContainerCompat, _FromContainerCompatBytes, nil}}
+	objToContainer = &object{"to_container", loadToContainer, _ToContainerBytes,
+		&object{"to_container_compat", loadToContainerCompat, _ToContainerCompatBytes, nil}}
+	objSockOps    = &object{"sock_ops", loadSockOps, _SockOpsBytes, nil}
+	objFromUplink = &object{"from_uplink", loadFromUplink, _FromUplinkBytes,
+		&object{"from_uplink_compat", loadFromUplinkCompat, _FromUplinkCompatBytes, nil}}
+	objToUplink = &object{"to_uplink", loadToUplink, _ToUplinkBytes,
+		&object{"to_uplink_compat", loadToUplinkCompat, _ToUplinkCompatBytes, nil}}
+	objSock = &object{"sock", loadSock, _SockBytes,
+		&object{"sock_compat", loadSockCompat, _SockCompatBytes, nil}}
 )
+
+// in is the build of o the node at pinRoot runs: the compat one where
+// CompatBuild says so.
+func (o *object) in(pinRoot string) *object {
+	if o.compat != nil && CompatBuild(pinRoot) {
+		return o.compat
+	}
+	return o
+}
 
 // Scope is where a program is attached.
 type Scope int
@@ -90,6 +108,15 @@ var catalog = []Program{
 // and the pacing hook.
 var corePrograms = []Program{progFromContainer, progToContainer, progSockOps}
 
+// coreProgramsOf are the core programs of the node at pinRoot: without the
+// pacing program where the kernel cannot run it (NoPacing).
+func coreProgramsOf(pinRoot string) []Program {
+	if NoPacing(pinRoot) {
+		return hostVethPrograms
+	}
+	return corePrograms
+}
+
 // hostVethPrograms are the programs of a pod's host veth, ingress first.
 var hostVethPrograms = []Program{progFromContainer, progToContainer}
 
@@ -117,13 +144,13 @@ func filter(keep func(Program) bool) []Program {
 
 // hooksID identifies this build's node hook programs, so a node whose hooks
 // a different build attached takes the slow path and updates them.
-func hooksID() uint32 {
+func hooksID(pinRoot string) uint32 {
 	h := sha256.New()
 	seen := map[*object]bool{}
 	for _, p := range nodeHookPrograms() {
-		if !seen[p.obj] {
-			seen[p.obj] = true
-			h.Write(p.obj.bytes)
+		if o := p.obj.in(pinRoot); !seen[o] {
+			seen[o] = true
+			h.Write(o.bytes)
 		}
 	}
 	return binary.LittleEndian.Uint32(h.Sum(nil))

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -51,7 +52,7 @@ func Open(pinRoot string) (*Datapath, error) {
 // withPrograms opens (mode openPinned) or loads (loadMissing) the core
 // programs over the maps m; on error m is closed.
 func withPrograms(pinRoot string, m *maps.Maps, mode loadMode) (*Datapath, error) {
-	progs, err := loadPrograms(pinRoot, m, corePrograms, mode)
+	progs, err := loadPrograms(pinRoot, m, coreProgramsOf(pinRoot), mode)
 	if err != nil {
 		m.Close()
 		return nil, err
@@ -102,7 +103,14 @@ func Ensure(pinRoot string, s maps.Sizing) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	return withPrograms(pinRoot, m, loadMissing)
+	dp, err := withPrograms(pinRoot, m, loadMissing)
+	if err != nil {
+		// The first load on the node: a kernel too old says so here.
+		if miss := MissingRequired(); len(miss) > 0 {
+			err = fmt.Errorf("%w (the kernel lacks %s, which the datapath needs: docs/compat.md)", err, strings.Join(miss, ", "))
+		}
+	}
+	return dp, err
 }
 
 func checkSizing(dp *Datapath, s maps.Sizing) (*Datapath, error) {
@@ -140,7 +148,7 @@ func OpenLean(pinRoot string) (*Datapath, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, p := range corePrograms {
+	for _, p := range coreProgramsOf(pinRoot) {
 		if _, err := os.Stat(progPin(pinRoot, p)); err != nil {
 			m.Close()
 			return nil, fmt.Errorf("program %s: %w", p.Name, err)

@@ -50,7 +50,7 @@ func hpDatapath(t *testing.T) *Datapath {
 	} {
 		must(t, dp.Maps.InsertHostPort(h))
 	}
-	must(t, dp.Maps.EnableHostPorts(1, 0))
+	must(t, dp.Maps.EnableHostPorts(1, 0, false))
 	return dp
 }
 

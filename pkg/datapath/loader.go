@@ -47,10 +47,11 @@ func loadPrograms(pinRoot string, m *maps.Maps, progs []Program, mode loadMode) 
 				return nil, fmt.Errorf("open pinned program %s: %w", path, err)
 			}
 		}
-		if missing[p.obj] == nil {
-			objs = append(objs, p.obj)
+		o := p.obj.in(pinRoot)
+		if missing[o] == nil {
+			objs = append(objs, o)
 		}
-		missing[p.obj] = append(missing[p.obj], p)
+		missing[o] = append(missing[o], p)
 	}
 	for _, o := range objs {
 		if err := loadObject(pinRoot, m, o, missing[o], mode == reloadAll, out); err != nil {

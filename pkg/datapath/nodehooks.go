@@ -79,6 +79,10 @@ var errDumpBusy = errors.New("list node addresses: the address dump kept being i
 type nodeView struct {
 	addrs   map[string]int // node address -> ifindex
 	uplinks map[string]int // uplink name -> ifindex
+	// sources are masquerade's source per uplink ifindex, one per family,
+	// where BPF_FIB_LOOKUP_SRC is missing: the uplink's first usable
+	// address of the family in the kernel's order (its primary IPv4).
+	sources map[int][]net.IP
 }
 
 // discoverNode lists the node's addresses as the hostPort programs need
@@ -110,8 +114,13 @@ func discoverNode(attempts int) (*nodeView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list node addresses: %w", err)
 	}
-	v := &nodeView{addrs: map[string]int{}, uplinks: map[string]int{}}
+	v := &nodeView{addrs: map[string]int{}, uplinks: map[string]int{}, sources: map[int][]net.IP{}}
 	candidates := map[int]bool{}
+	type fam struct {
+		idx int
+		v4  bool
+	}
+	firstOf := map[fam]net.IP{}
 	for _, a := range addrs {
 		ip := a.IP
 		if ip == nil || ip.IsLoopback() || ip.IsMulticast() || ip.IsUnspecified() {
@@ -129,6 +138,13 @@ func discoverNode(attempts int) (*nodeView, error) {
 		}
 		v.addrs[ip.String()] = a.LinkIndex
 		candidates[a.LinkIndex] = true
+		// The stack's own choice skips these too.
+		if a.Flags&(unix.IFA_F_SECONDARY|unix.IFA_F_DEPRECATED|unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) != 0 {
+			continue
+		}
+		if f := (fam{a.LinkIndex, ip.To4() != nil}); firstOf[f] == nil {
+			firstOf[f] = ip
+		}
 	}
 	for idx := range candidates {
 		l, err := netlink.LinkByIndex(idx)
@@ -140,6 +156,11 @@ func discoverNode(attempts int) (*nodeView, error) {
 			continue
 		}
 		v.uplinks[at.Name] = idx
+		for _, v4 := range []bool{true, false} {
+			if ip := firstOf[fam{idx, v4}]; ip != nil {
+				v.sources[idx] = append(v.sources[idx], ip)
+			}
+		}
 	}
 	return v, nil
 }
@@ -177,7 +198,10 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 		return nil, fmt.Errorf("pin directory %s serves another network namespace (cookie %d, this one is %d): each node needs its own pinDir",
 			dp.PinRoot, cfg.NetnsCookie, cookie)
 	}
-	ready := cfg.Enabled() && cfg.HooksId == hooksID() && dp.cgroupHooksLive(rootErr == nil)
+	// Whether BPF_FIB_LOOKUP_SRC is used is decided (probed) when the hooks
+	// are set up; a fallback forced since makes them be set up again.
+	ready := cfg.Enabled() && cfg.HooksId == hooksID(dp.PinRoot) && dp.cgroupHooksLive(rootErr == nil) &&
+		(!isForced(FeatFibSrc) || cfg.FibNoSrc())
 	attempts := 20
 	if ready && !opts.MustRefresh {
 		attempts = 3
@@ -193,7 +217,7 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 	hooks := &NodeHooks{NetnsCookie: cookie, CgroupRoot: root, Uplinks: view.uplinkNames(), NodeIPs: view.addrs}
 	if ready && dp.uplinkHooksLive(view) {
 		// Fast path: only the addresses can have changed.
-		if err := dp.Maps.SyncNodeIPs(view.addrs); err != nil {
+		if err := dp.syncNodeIPs(view); err != nil {
 			return nil, err
 		}
 		return hooks, rootErr
@@ -204,12 +228,13 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 		return nil, err
 	}
 	defer unlock()
-	if err := dp.Maps.SyncNodeIPs(view.addrs); err != nil {
+	if err := dp.syncNodeIPs(view); err != nil {
 		return nil, err
 	}
 	// Whoever held the lock before may have done it all.
 	if cfg, err = dp.Maps.HostPortConfig(); err == nil && cfg.Enabled() && cfg.NetnsCookie == cookie &&
-		cfg.HooksId == hooksID() && dp.cgroupHooksLive(rootErr == nil) && dp.uplinkHooksLive(view) {
+		cfg.HooksId == hooksID(dp.PinRoot) && dp.cgroupHooksLive(rootErr == nil) && dp.uplinkHooksLive(view) &&
+		(!isForced(FeatFibSrc) || cfg.FibNoSrc()) {
 		return hooks, rootErr
 	}
 	progs, err := loadPrograms(dp.PinRoot, dp.Maps, nodeHookPrograms(), loadMissing)
@@ -229,10 +254,19 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 			return nil, err
 		}
 	}
-	if err := dp.Maps.EnableHostPorts(cookie, hooksID()); err != nil {
+	if err := dp.Maps.EnableHostPorts(cookie, hooksID(dp.PinRoot), !FeatureByName(FeatFibSrc).InUse()); err != nil {
 		return nil, err
 	}
 	return hooks, rootErr
+}
+
+// syncNodeIPs writes the node's addresses and the uplinks' masquerade
+// sources (kept whether or not BPF_FIB_LOOKUP_SRC is used: a few entries).
+func (dp *Datapath) syncNodeIPs(view *nodeView) error {
+	if err := dp.Maps.SyncNodeIPs(view.addrs); err != nil {
+		return err
+	}
+	return dp.Maps.SyncUplinkSources(view.sources)
 }
 
 // cgroupHooksLive and uplinkHooksLive are the fast path's check, made on
@@ -257,8 +291,15 @@ func (dp *Datapath) cgroupHooksLive(want bool) bool {
 }
 
 func (dp *Datapath) uplinkHooksLive(view *nodeView) bool {
+	tc := haveTCX() != nil
 	for name, idx := range view.uplinks {
 		for _, p := range uplinkPrograms() {
+			if tc {
+				if f, err := uplinkFilter(idx, p); err != nil || f == nil {
+					return false
+				}
+				continue
+			}
 			info, err := pinnedLinkInfo(nodePin(dp.PinRoot, p, name))
 			if err != nil || info.TCX() == nil || int(info.TCX().Ifindex) != idx {
 				return false
@@ -314,8 +355,9 @@ func ensureCgroupHook(pinRoot, cgroupRoot string, p Program, prog *ebpf.Program)
 	return nil
 }
 
-// syncUplinks makes the uplink programs run on tcx ingress and egress of
-// exactly the given links (name -> ifindex), each as a pinned link.
+// syncUplinks makes the uplink programs run on ingress and egress of
+// exactly the given links (name -> ifindex): pinned tcx links, or cls_bpf
+// filters where tcx is missing or forced off (uplinktc.go).
 func syncUplinks(pinRoot string, progs map[string]*ebpf.Program, uplinks map[string]int) error {
 	for _, p := range uplinkPrograms() {
 		// Drop pins of links that are gone or no longer uplinks.
@@ -325,11 +367,29 @@ func syncUplinks(pinRoot string, progs map[string]*ebpf.Program, uplinks map[str
 			}
 		}
 	}
+	tc := haveTCX() != nil
 	for name, idx := range uplinks {
 		for _, p := range uplinkPrograms() {
-			if err := ensureUplinkHook(pinRoot, p, progs[p.Name], name, idx); err != nil {
+			var err error
+			if tc {
+				err = ensureUplinkTC(pinRoot, p, progs[p.Name], name, idx)
+			} else {
+				err = ensureUplinkHook(pinRoot, p, progs[p.Name], name, idx)
+			}
+			if err != nil {
 				return err
 			}
+		}
+	}
+	// Filters of links no longer uplinks, and of uplinks now on tcx links
+	// (in place above: the link's verdict ends the hook before them).
+	fs, err := UplinkFilters()
+	if err != nil {
+		return err
+	}
+	for _, f := range fs {
+		if idx, keep := uplinks[f.Link]; !keep || idx != f.Ifindex || !tc {
+			removeUplinkTC(f.Ifindex)
 		}
 	}
 	return nil
@@ -440,8 +500,16 @@ func (dp *Datapath) CheckNodeHooks(opts NodeHookOptions) error {
 	if err != nil {
 		return err
 	}
+	tc := haveTCX() != nil
 	for name, idx := range view.uplinks {
 		for _, p := range uplinkPrograms() {
+			if tc {
+				f, err := uplinkFilter(idx, p)
+				if err != nil || f == nil {
+					return fmt.Errorf("uplink %s has no %s filter %s (tcx missing or forced off): %v", name, p.Name, uplinkFilterName(p), err)
+				}
+				continue
+			}
 			info, err := pinnedLinkInfo(nodePin(dp.PinRoot, p, name))
 			if err != nil {
 				return fmt.Errorf("uplink %s has no %s program: %w", name, p.Name, err)
@@ -472,6 +540,9 @@ func NetnsCookie() (uint64, error) {
 // node (a pinned link, so it outlives the process) and registers the calling
 // thread's netns as the node's. Cheap when already done: one stat.
 func (dp *Datapath) EnsurePacing(cgroupRoot string) error {
+	if NoPacing(dp.PinRoot) {
+		return nil // token buckets alone (features.go, status says so)
+	}
 	path := PacingLinkPin(dp.PinRoot)
 	if _, err := os.Stat(path); err == nil {
 		return nil

@@ -86,11 +86,11 @@ func OpenMaps(pinRoot string) (*maps.Maps, error) { return maps.Open(MapsDir(pin
 // progPin is where a program is pinned: the name carries a hash of its
 // object, so a new build never picks up an older build's program.
 func progPin(pinRoot string, p Program) string {
-	return filepath.Join(pinRoot, progsDir, progPinName(p))
+	return filepath.Join(pinRoot, progsDir, progPinName(p, p.obj.in(pinRoot)))
 }
 
-func progPinName(p Program) string {
-	h := sha256.Sum256(p.obj.bytes)
+func progPinName(p Program, o *object) string {
+	h := sha256.Sum256(o.bytes)
 	return fmt.Sprintf("%s_%s", p.Name, hex.EncodeToString(h[:6]))
 }
 
@@ -136,7 +136,7 @@ type ProgramPin struct {
 func ProgramPins(pinRoot string) []ProgramPin {
 	current := map[string]bool{}
 	for _, p := range catalog {
-		current[progPinName(p)] = true
+		current[progPinName(p, p.obj.in(pinRoot))] = true
 	}
 	ents, _ := readPinDir(filepath.Join(pinRoot, progsDir))
 	var out []ProgramPin

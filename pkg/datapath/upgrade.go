@@ -127,7 +127,7 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		}
 	}()
 	need := map[string]bool{}
-	for _, p := range corePrograms {
+	for _, p := range coreProgramsOf(dp.PinRoot) {
 		need[p.Name] = true
 	}
 	for _, path := range paths {
@@ -173,9 +173,14 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 	}
 
 	// Uplinks an earlier build set up: this build's every uplink program
-	// goes on them (an earlier build may not have had them all).
+	// goes on them (an earlier build may not have had them all). Uplinks on
+	// cls_bpf filters (tcx missing or forced off) have no pin.
 	uplinks := uplinksInUse(dp.PinRoot)
-	if len(uplinks) > 0 {
+	upFilters, err := UplinkFilters()
+	if err != nil {
+		errs = errors.Join(errs, err)
+	}
+	if len(uplinks) > 0 || len(upFilters) > 0 {
 		for _, p := range uplinkPrograms() {
 			need[p.Name] = true
 		}
@@ -252,6 +257,12 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 	var ferr error
 	rep.Filters, rep.FiltersSwap, ferr = upgradeFilters(loaded)
 	errs = errors.Join(errs, ferr)
+	if len(upFilters) > 0 {
+		seen, swapped, uerr := upgradeUplinkFilters(loaded)
+		rep.Filters += seen
+		rep.FiltersSwap += swapped
+		errs = errors.Join(errs, uerr)
+	}
 
 	// Program pins of other builds are no longer referenced by any link or
 	// filter we own; they stay while any could not be moved.

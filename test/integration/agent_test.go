@@ -25,6 +25,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
@@ -81,10 +82,20 @@ func TestAgentRestartAndUpgradeWithoutLoss(t *testing.T) {
 	if len(hooksBefore) != 8 {
 		t.Errorf("node hooks before the upgrade: %v, want the 8 socket hooks", hooksBefore)
 	}
+	// With tcx forced off (make test-fallback) the host veths carry cls_bpf
+	// filters, swapped in place as well.
+	wantSwap := []string{"swapped in place: 12"}
+	if forced(datapath.FeatTCX) {
+		wantSwap = []string{"links: 8, swapped in place: 8", "tc filters: 4, swapped in place: 4"}
+	}
 	if out, err := e.AgentCmd(append([]string{"upgrade", "--force"}, e.AgentArgs(confDir)...)...); err != nil {
 		t.Fatalf("upgrade: %v\n%s", err, out)
-	} else if !strings.Contains(out, "swapped in place: 12") {
-		t.Errorf("upgrade did not swap the 4 host-veth links and the 8 socket hooks: %s", out)
+	} else {
+		for _, w := range wantSwap {
+			if !strings.Contains(out, w) {
+				t.Errorf("upgrade did not swap the 4 host-veth hooks and the 8 socket hooks (want %q): %s", w, out)
+			}
+		}
 	}
 	for name, id := range e.NodeHookProgIDs() {
 		if hooksBefore[name] == id {

@@ -90,8 +90,10 @@ func (e *Env) StartAgentBin(bin string, env []string, confDir string, extra ...s
 		select {
 		case <-ready:
 			return nil
-		case <-time.After(30 * time.Second):
-			return fmt.Errorf("agent not ready after 30s:\n%s", a.Log)
+		case <-time.After(60 * time.Second):
+			// The compat build (make test-fallback) costs the verifier
+			// seconds at the agent's first load of a node.
+			return fmt.Errorf("agent not ready after 60s:\n%s", a.Log)
 		}
 	})
 	if err != nil {
@@ -144,8 +146,34 @@ func (e *Env) AgentCmd(args ...string) (string, error) {
 	return string(out), err
 }
 
-// ProgIDs returns the programs attached to both tcx hooks of a host veth.
+// ProgIDs returns the programs attached to both tcx hooks of a host veth,
+// or, where it has none (tcx missing or forced off), to its two cls_bpf
+// filters.
 func (e *Env) ProgIDs(ifindex int) []ebpf.ProgramID {
+	e.T.Helper()
+	if ids := e.tcxProgIDs(ifindex); len(ids) > 0 {
+		return ids
+	}
+	var ids []ebpf.ProgramID
+	_ = e.InNode(func() error {
+		l, err := netlink.LinkByIndex(ifindex)
+		if err != nil {
+			return err
+		}
+		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			fs, _ := netlink.FilterList(l, parent)
+			for _, f := range fs {
+				if bf, ok := f.(*netlink.BpfFilter); ok && strings.HasPrefix(bf.Name, "ebpf-cni-") {
+					ids = append(ids, ebpf.ProgramID(bf.Id))
+				}
+			}
+		}
+		return nil
+	})
+	return ids
+}
+
+func (e *Env) tcxProgIDs(ifindex int) []ebpf.ProgramID {
 	e.T.Helper()
 	var ids []ebpf.ProgramID
 	for _, at := range []ebpf.AttachType{ebpf.AttachTCXIngress, ebpf.AttachTCXEgress} {

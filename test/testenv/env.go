@@ -70,7 +70,9 @@ var BinDir string
 
 // buildBinaries builds the plugin from this tree, and the reference plugins
 // the tests chain or combine it with (host-local and static IPAM, ptp,
-// tuning) at the version go.mod pins, as a runtime would find them in CNI_PATH.
+// tuning, and the meta plugins users chain after a main plugin: bandwidth,
+// portmap, firewall) at the version go.mod pins, as a runtime would find
+// them in CNI_PATH.
 func buildBinaries(dir string) error {
 	for _, pkg := range []string{
 		"github.com/ebpf-cni/ebpf-cni/cmd/ebpf-cni",
@@ -79,6 +81,9 @@ func buildBinaries(dir string) error {
 		"github.com/containernetworking/plugins/plugins/ipam/static",
 		"github.com/containernetworking/plugins/plugins/main/ptp",
 		"github.com/containernetworking/plugins/plugins/meta/tuning",
+		"github.com/containernetworking/plugins/plugins/meta/bandwidth",
+		"github.com/containernetworking/plugins/plugins/meta/portmap",
+		"github.com/containernetworking/plugins/plugins/meta/firewall",
 	} {
 		cmd := exec.Command("go", "build", "-o", dir+"/", pkg)
 		if out, err := cmd.CombinedOutput(); err != nil {

@@ -33,6 +33,12 @@ type StatusReport struct {
 	Attachments AttachmentSummary `json:"attachments"`
 	// Masq: the masquerade ports against the node's own (when an ipMasq ADD configured them).
 	Masq *MasqPortStatus `json:"masq,omitempty"`
+	// Features are the kernel features the datapath uses, as probed, with
+	// what replaces each one the kernel lacks (or that is forced off).
+	Features []datapath.Feature `json:"features"`
+	// Build is the programs' build the node runs: "full", or "compat"
+	// (no bpf_timer, no bpf_loop: docs/compat.md).
+	Build string `json:"build"`
 	// Warnings do not make the datapath unhealthy: maps above 90% full,
 	// masquerade ports the node's kernel may pick for its own connections.
 	Warnings []string `json:"warnings,omitempty"`
@@ -78,6 +84,9 @@ type AttachmentSummary struct {
 	// `ebpf-agent uninstall` (docs/uninstall.md says why).
 	NodeHookUsers NodeHookUsers `json:"nodeHookUsers"`
 	NodeHooksIdle bool          `json:"nodeHooksIdle"`
+	// UplinkFilters are the uplink hooks run by cls_bpf filters where tcx
+	// is missing or forced off ("uplink0 ingress (cls_bpf)"): no pin.
+	UplinkFilters []string `json:"uplinkFilters,omitempty"`
 	// Host veths by datapath.AttachmentOf: tcx, tc, "tc, tcx pending"
 	// (ADD attached cls_bpf while the agent ran; it moves them when no
 	// verb runs), "tc+tcx, moving", none.
@@ -196,6 +205,15 @@ func Status(src Source, version string) *StatusReport {
 	for _, p := range datapath.NodeHookPins(pinRoot) {
 		r.Attachments.NodeHooks = append(r.Attachments.NodeHooks, p.Name)
 	}
+	if fs, err := datapath.UplinkFilters(); err == nil {
+		for _, f := range fs {
+			dir := "egress"
+			if f.Hook.Attach == ebpf.AttachTCXIngress {
+				dir = "ingress"
+			}
+			r.Attachments.UplinkFilters = append(r.Attachments.UplinkFilters, fmt.Sprintf("%s %s (cls_bpf)", f.Link, dir))
+		}
+	}
 	if dp != nil {
 		u, err := nodeHookUsers(dp.Maps)
 		if err != nil {
@@ -238,8 +256,32 @@ func Status(src Source, version string) *StatusReport {
 	if r.Attachments.Defunct > 0 {
 		problem("%d link pins of deleted devices (run `ebpf-agent reconcile`)", r.Attachments.Defunct)
 	}
+	if _, err := datapath.Forced(); err != nil {
+		problem("%v", err)
+	}
+	r.Features = datapath.Features()
+	r.Build = "full"
+	if datapath.CompatBuild(pinRoot) {
+		r.Build = "compat"
+	}
+	if miss := datapath.MissingRequired(); len(miss) > 0 {
+		problem("the kernel lacks %s, which the datapath needs (docs/compat.md)", strings.Join(miss, ", "))
+	}
 	r.Healthy = len(r.Problems) == 0
 	return r
+}
+
+// featureState is how the datapath stands with a feature.
+func featureState(f datapath.Feature) string {
+	switch {
+	case f.InUse():
+		return "in use"
+	case f.Forced:
+		return "fallback (forced by " + datapath.ForceFallbackEnv + ")"
+	case f.Fallback != "":
+		return "fallback (kernel lacks it)"
+	}
+	return "MISSING"
 }
 
 func (r *StatusReport) Tables() []Table {
@@ -283,7 +325,7 @@ func (r *StatusReport) Tables() []Table {
 		ps.Rows = append(ps.Rows, []string{p.Pin, itoa(p.ID), fmt.Sprint(p.Current)})
 	}
 	ps.Footer = fmt.Sprintf("host veth links: %d (%d defunct); node hooks: %s", r.Attachments.HostVethLinks,
-		r.Attachments.Defunct, dash(strings.Join(r.Attachments.NodeHooks, ", ")))
+		r.Attachments.Defunct, dash(strings.Join(append(r.Attachments.NodeHooks, r.Attachments.UplinkFilters...), ", ")))
 	var states []string
 	for st, n := range r.Attachments.HostVeths {
 		states = append(states, fmt.Sprintf("%s %d", st, n))
@@ -301,7 +343,12 @@ func (r *StatusReport) Tables() []Table {
 	} else if len(r.Attachments.NodeHooks) > 0 {
 		sum.Lines = append(sum.Lines, fmt.Sprintf("node hooks: in use by %d hostPort entries, %d masqueraded endpoints, %d rate limits", u.HostPorts, u.MasqEndpoints, u.BandwidthLimit))
 	}
-	return []Table{sum, ms, ps}
+	fs := Table{Header: []string{"KERNEL FEATURE", "SINCE", "STATE", "FALLBACK"}, Footer: "programs: the " + r.Build + " build"}
+	for _, f := range r.Features {
+		fs.Rows = append(fs.Rows, []string{f.Name, f.Kernel, featureState(f), dash(f.Fallback)})
+	}
+	return []Table{sum, fs, ms, ps}
+
 }
 
 // humanBytes is a byte count in KiB or MiB.
