@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -109,7 +110,7 @@ func (rs PeerRoutes) Tables() []inspect.Table {
 // itself and skipped. Returns the routes wanted.
 func SyncPeerRoutes(peers []Peer) (PeerRoutes, error) {
 	local := map[string]bool{}
-	if addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL); err == nil {
+	if addrs, err := netlinksafe.AddrList(nil, netlink.FAMILY_ALL); err == nil {
 		for _, a := range addrs {
 			local[a.IP.String()] = true
 		}
@@ -159,7 +160,7 @@ peers:
 	// is left alone: replacing it would take it over.
 	foreign := map[string]netlink.Route{}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
+		rs, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 		if err != nil {
 			errs = errors.Join(errs, err)
 			continue
@@ -183,7 +184,7 @@ peers:
 		out = append(out, PeerRoute{Dst: r.Dst.String(), Via: r.Gw.String()})
 	}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		have, err := netlink.RouteListFiltered(fam, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
+		have, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 		if err != nil {
 			errs = errors.Join(errs, err)
 			continue

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
@@ -425,7 +426,7 @@ func judgeAttachments(o UninstallOptions, sc *scope) (live, stale []livePod, err
 				case st == state.Abandoned:
 					stale = append(stale, p)
 				default:
-					if _, err := netlink.LinkByName(state.HostIfName(now.ContainerID, now.IfName)); err == nil {
+					if _, err := netlinksafe.LinkByName(state.HostIfName(now.ContainerID, now.IfName)); err == nil {
 						live = append(live, p)
 					} else {
 						stale = append(stale, p)
@@ -461,7 +462,7 @@ func (sc *scope) recordsOfOurs(dir, network string) bool {
 			sc.foreign[network] = true
 			return false
 		}
-		l, err := netlink.LinkByName(state.HostIfName(r.ContainerID, r.IfName))
+		l, err := netlinksafe.LinkByName(state.HostIfName(r.ContainerID, r.IfName))
 		if err == nil && sc.runsForeign(l) && !sc.runsOurs(l) {
 			sc.foreign[network] = true
 			return false
@@ -514,7 +515,7 @@ func ourVeths(sc *scope, runsOurs func(netlink.Link) bool, groups ...[]livePod) 
 	for _, d := range sc.owned {
 		owned[filepath.Base(d)] = true
 	}
-	links, _ := netlink.LinkList()
+	links, _ := netlinksafe.LinkList()
 	var out []netlink.Link
 	for _, l := range links {
 		a := l.Attrs()
@@ -544,7 +545,7 @@ func removePeerRoutes() ([]string, error) {
 		errs error
 	)
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		rs, err := netlink.RouteListFiltered(fam, &netlink.Route{Protocol: RouteProtocol, Table: 0}, netlink.RT_FILTER_PROTOCOL)
+		rs, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Protocol: RouteProtocol, Table: 0}, netlink.RT_FILTER_PROTOCOL)
 		if err != nil {
 			errs = errors.Join(errs, err)
 			continue

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -224,7 +225,7 @@ func tcHas(ifindex int, p Program, want ebpf.ProgramID) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("find ifindex %d: %w", ifindex, err)
 	}
-	fs, err := netlink.FilterList(l, tcParent(p))
+	fs, err := netlinksafe.FilterList(l, tcParent(p))
 	if err != nil {
 		return false, nil // no clsact qdisc
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -65,11 +66,11 @@ type Link struct {
 // carry one from ADD on, empty once moved to tcx): one qdisc dump, one
 // link dump.
 func ClsactHolders() ([]Link, error) {
-	qs, err := netlink.QdiscList(nil)
+	qs, err := netlinksafe.QdiscList(nil)
 	if err != nil {
 		return nil, fmt.Errorf("list qdiscs: %w", err)
 	}
-	links, err := netlink.LinkList()
+	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("list links: %w", err)
 	}
@@ -107,7 +108,7 @@ func TCVethOf(ifindex int, name string) (TCVeth, bool) {
 
 // ourFilter finds our filter on hook p of link l.
 func ourFilter(l netlink.Link, p Program) (TCFilter, bool) {
-	fs, err := netlink.FilterList(l, tcParent(p))
+	fs, err := netlinksafe.FilterList(l, tcParent(p))
 	if err != nil {
 		return TCFilter{}, false
 	}

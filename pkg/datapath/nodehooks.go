@@ -11,6 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -103,7 +104,9 @@ func discoverNode(attempts int) (*nodeView, error) {
 		if i > 0 {
 			time.Sleep(time.Duration(i) * 5 * time.Millisecond)
 		}
-		addrs, err = netlink.AddrList(nil, netlink.FAMILY_ALL)
+		// lint:raw-netlink-dump: an interrupted dump must be known as one
+		// (netlinksafe returns its possibly half list without saying so).
+		addrs, err = netlinksafe.AddrList(nil, netlink.FAMILY_ALL)
 		if !errors.Is(err, netlink.ErrDumpInterrupted) {
 			break
 		}

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf/link"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
@@ -186,7 +187,7 @@ func VethLinkPins(pinRoot string) []VethLinkPin {
 func OrphanVethLinkPins(pinRoot string) []VethLinkPin {
 	var out []VethLinkPin
 	for _, p := range VethLinkPins(pinRoot) {
-		_, err := netlink.LinkByName(p.HostIf)
+		_, err := netlinksafe.LinkByName(p.HostIf)
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
 			out = append(out, p)

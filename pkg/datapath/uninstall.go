@@ -11,6 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -152,7 +153,7 @@ func DetachStrays(pinRoot, cgroupRoot string) ([]Removal, error) {
 			l.Close()
 		}
 	}
-	links, err := netlink.LinkList()
+	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("list links: %w", err)
 	}
@@ -186,7 +187,7 @@ func DetachStrays(pinRoot, cgroupRoot string) ([]Removal, error) {
 			continue
 		}
 		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
-			fs, err := netlink.FilterList(l, parent)
+			fs, err := netlinksafe.FilterList(l, parent)
 			if err != nil {
 				continue
 			}
@@ -302,7 +303,7 @@ func Runs(pinRoot string) func(l netlink.Link) bool {
 			}
 		}
 		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
-			fs, _ := netlink.FilterList(l, parent)
+			fs, _ := netlinksafe.FilterList(l, parent)
 			for _, f := range fs {
 				if bf, ok := f.(*netlink.BpfFilter); ok {
 					if _, mine := ours[ebpf.ProgramID(bf.Id)]; mine {
@@ -379,7 +380,7 @@ func RunsForeign(pinRoot string) func(l netlink.Link) bool {
 			}
 		}
 		for _, parent := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
-			fs, _ := netlink.FilterList(l, parent)
+			fs, _ := netlinksafe.FilterList(l, parent)
 			for _, f := range fs {
 				if bf, ok := f.(*netlink.BpfFilter); ok {
 					if _, mine := ours[ebpf.ProgramID(bf.Id)]; !mine {

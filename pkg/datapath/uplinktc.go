@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -34,7 +35,7 @@ func uplinkFilter(idx int, p Program) (*netlink.BpfFilter, error) {
 	if err != nil {
 		return nil, err
 	}
-	fs, err := netlink.FilterList(l, tcParent(p))
+	fs, err := netlinksafe.FilterList(l, tcParent(p))
 	if err != nil {
 		return nil, nil // no clsact qdisc
 	}
@@ -108,7 +109,7 @@ func slotTaken(idx int, p Program, name string) error {
 	if err != nil {
 		return fmt.Errorf("uplink %s: %w", name, err)
 	}
-	fs, err := netlink.FilterList(l, tcParent(p))
+	fs, err := netlinksafe.FilterList(l, tcParent(p))
 	if err != nil {
 		return fmt.Errorf("list tc %s filters of uplink %s: %w", p.Attach, name, err)
 	}

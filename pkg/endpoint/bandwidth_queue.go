@@ -231,7 +231,14 @@ func checkIngressQueue(link netlink.Link, q ingressQueue) (bool, error) {
 	if !root.sizeTable {
 		return true, fmt.Errorf("the htb ingress queue of %s counts GSO headers (no size table), the bucket does not", name)
 	}
-	classes, err := netlink.ClassList(link, queueHandle)
+	// netlinksafe has no ClassList: retry an interrupted dump here, as it would.
+	var classes []netlink.Class
+	for try := 0; try < 5; try++ {
+		// lint:raw-netlink-dump: retried on ErrDumpInterrupted in this loop.
+		if classes, err = netlink.ClassList(link, queueHandle); !errors.Is(err, netlink.ErrDumpInterrupted) {
+			break
+		}
+	}
 	if err != nil {
 		return true, fmt.Errorf("read the htb classes of %s: %w", name, err)
 	}

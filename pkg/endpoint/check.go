@@ -7,6 +7,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ip"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
@@ -40,7 +41,7 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 	defer datapath.MarkBusy(n.PinDir)() // the agent's background work waits
 	rec, _ := n.Store().Read(id.ContainerID, id.IfName)
 	a := &Attachment{Net: n, ID: id, HostIf: state.HostIfName(id.ContainerID, id.IfName), IPs: prev.IPs, features: features}
-	host, err := netlink.LinkByName(a.HostIf)
+	host, err := netlinksafe.LinkByName(a.HostIf)
 	if err != nil {
 		return checkError("host veth %s: %v", a.HostIf, err)
 	}
@@ -88,7 +89,7 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 	}
 
 	return netns.Do(func(ns.NetNS) error {
-		l, err := netlink.LinkByName(id.IfName)
+		l, err := netlinksafe.LinkByName(id.IfName)
 		if err != nil {
 			return checkError("interface %s in %s: %v", id.IfName, id.Netns, err)
 		}
@@ -111,7 +112,7 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 		}
 		// Not ip.ValidateExpectedInterfaceIPs: it wants the prefix route that
 		// ADD deliberately leaves out (all traffic goes via the gateway).
-		addrs, err := netlink.AddrList(l, netlink.FAMILY_ALL)
+		addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
 			return checkError("list addresses of %s: %v", id.IfName, err)
 		}
@@ -144,7 +145,7 @@ func checkHostRoute(ip net.IP, ifindex int, hostIf string) error {
 		bits, fam = 32, netlink.FAMILY_V4
 	}
 	dst := &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}
-	routes, err := netlink.RouteListFiltered(fam, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
+	routes, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
 	if err != nil {
 		return checkError("list the node's routes to %s: %v", dst, err)
 	}
@@ -165,7 +166,7 @@ func checkPodTable(ifname string, ifindex int, ips []*current.IPConfig) error {
 	table := podTable(ifindex)
 	for _, ipc := range ips {
 		want := podRule(ipc.Address.IP, table)
-		rules, err := netlink.RuleListFiltered(want.Family, &netlink.Rule{Table: table}, netlink.RT_FILTER_TABLE)
+		rules, err := netlinksafe.RuleListFiltered(want.Family, &netlink.Rule{Table: table}, netlink.RT_FILTER_TABLE)
 		if err != nil {
 			return checkError("list rules: %v", err)
 		}
@@ -176,7 +177,7 @@ func checkPodTable(ifname string, ifindex int, ips []*current.IPConfig) error {
 		if !found {
 			return checkError("rule \"from %s lookup %d\" of %s is missing: replies from %s would leave by another interface", want.Src, table, ifname, ipc.Address.IP)
 		}
-		routes, err := netlink.RouteListFiltered(want.Family, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
+		routes, err := netlinksafe.RouteListFiltered(want.Family, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
 		if err != nil {
 			return checkError("list routes of table %d: %v", table, err)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
@@ -113,7 +114,7 @@ func Claim(n *Network, id ID, features []Feature, tr *Tracer) (_ *Attachment, er
 	Crashpoint("claimed")
 	// The veth without our record: this network's record was lost, or
 	// another network attached the same container ID and interface name.
-	if l, lerr := netlink.LinkByName(a.HostIf); lerr == nil {
+	if l, lerr := netlinksafe.LinkByName(a.HostIf); lerr == nil {
 		// The provisional record just written goes too: GC and the agent
 		// would take it for a killed ADD and tear down that veth.
 		_ = n.Store().Remove(id.ContainerID, id.IfName)

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -130,7 +131,7 @@ func createVeth(p *plan, netns ns.NetNS) (netlink.Link, error) {
 		}
 		return nil, fmt.Errorf("create veth %s (pod end %s): %w", p.hostIf, p.ifname, err)
 	}
-	l, err := netlink.LinkByName(p.hostIf)
+	l, err := netlinksafe.LinkByName(p.hostIf)
 	if err != nil {
 		return nil, fmt.Errorf("find new veth %s: %w", p.hostIf, err)
 	}
@@ -164,7 +165,7 @@ func isDefault(dst *net.IPNet) bool {
 // configurePod sets addresses, neighbours, routes and rules inside the pod netns.
 func configurePod(p *plan, netns ns.NetNS) error {
 	return netns.Do(func(ns.NetNS) error {
-		l, err := netlink.LinkByName(p.ifname)
+		l, err := netlinksafe.LinkByName(p.ifname)
 		if err != nil {
 			return fmt.Errorf("find %s in pod: %w", p.ifname, err)
 		}
@@ -257,7 +258,7 @@ func podRule(ip net.IP, table int) *netlink.Rule {
 // a table (the rules of a pod interface outlive it).
 func deleteRules(table int) {
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		rules, err := netlink.RuleListFiltered(fam, &netlink.Rule{Table: table}, netlink.RT_FILTER_TABLE)
+		rules, err := netlinksafe.RuleListFiltered(fam, &netlink.Rule{Table: table}, netlink.RT_FILTER_TABLE)
 		if err != nil {
 			continue
 		}
@@ -272,7 +273,7 @@ func deleteRules(table int) {
 func defaultRoutes() (map[bool]string, error) {
 	out := map[bool]string{}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := netlink.RouteList(nil, fam)
+		routes, err := netlinksafe.RouteList(nil, fam)
 		if err != nil {
 			return nil, fmt.Errorf("list routes: %w", err)
 		}
@@ -298,7 +299,7 @@ func routeHolder(dst *net.IPNet) string {
 	if isV4(dst.IP) {
 		fam = netlink.FAMILY_V4
 	}
-	routes, _ := netlink.RouteList(nil, fam)
+	routes, _ := netlinksafe.RouteList(nil, fam)
 	for _, r := range routes {
 		if (r.Dst == nil && isDefault(dst)) || (r.Dst != nil && r.Dst.String() == dst.String()) {
 			return linkName(r.LinkIndex)
@@ -405,7 +406,7 @@ func nodeRouteHolder(dst *net.IPNet) string {
 	if isV4(dst.IP) {
 		fam = netlink.FAMILY_V4
 	}
-	routes, _ := netlink.RouteListFiltered(fam, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
+	routes, _ := netlinksafe.RouteListFiltered(fam, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
 	for _, r := range routes {
 		if r.LinkIndex != 0 {
 			return holderOf(r.LinkIndex)
@@ -417,7 +418,7 @@ func nodeRouteHolder(dst *net.IPNet) string {
 
 // deleteLink removes a host veth (its peer and routes go with it); absent is fine.
 func deleteLink(name string) error {
-	l, err := netlink.LinkByName(name)
+	l, err := netlinksafe.LinkByName(name)
 	if err != nil {
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {

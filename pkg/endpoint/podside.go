@@ -1,8 +1,8 @@
 package endpoint
 
 import (
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
@@ -36,7 +36,7 @@ func podTeardown(netnsPath, ifname string, recCookie uint64, hostIfindex, table 
 			deleteCookie = recCookie
 			return nil
 		}
-		links, _ := netlink.LinkList()
+		links, _ := netlinksafe.LinkList()
 		if hostIfindex != 0 {
 			for _, l := range links {
 				if l.Attrs().Name == ifname && l.Attrs().ParentIndex == hostIfindex {

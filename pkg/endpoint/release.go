@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -70,7 +71,7 @@ func Reconcile(n *Network, conf []byte, cniPath string, dryRun bool) ([]string, 
 		} else {
 			// Complete, or Completed (its ADD ended after the listing):
 			// gone only when its veth is.
-			if _, err := netlink.LinkByName(state.HostIfName(r.ContainerID, r.IfName)); err == nil {
+			if _, err := netlinksafe.LinkByName(state.HostIfName(r.ContainerID, r.IfName)); err == nil {
 				continue
 			} else {
 				var nf netlink.LinkNotFoundError

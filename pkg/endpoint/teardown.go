@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
@@ -60,7 +61,7 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 	// neither it, nor its pins, entries or pod rules are ours to remove.
 	foreign := false
 	handOff := false
-	if l, err := netlink.LinkByName(hostIf); err == nil {
+	if l, err := netlinksafe.LinkByName(hostIf); err == nil {
 		foreign = foreignLink(l, n.Name, containerID, ifname)
 		if !foreign {
 			t.Ifindex = l.Attrs().Index

@@ -112,13 +112,13 @@ func (s Sizing) entries() map[string]uint32 {
 		nameStackFlows:     uint32(s.MaxPods * flowsPerPod),
 		nameStackFlowParts: uint32(att), // a table per attachment
 		nameClusterRefs:    uint32(att * MaxClusterCIDRsPerNetwork),
-		nameEvPods:      uint32(att),
-		nameEvFlows:     uint32(s.MaxPods * eventFlowsPerPod),
-		namePolState:    uint32(att),
-		namePolAddrs:    uint32(s.MaxPods * policyAddrsPerPod),
-		namePolPorts:    uint32(s.MaxPods * policyPortsPerPod),
-		namePolCT:       uint32(s.MaxPods * policyFlowsPerPod),
-		namePolFrags:    uint32(s.MaxPods * policyFragsPerPod),
+		nameEvPods:         uint32(att),
+		nameEvFlows:        uint32(s.MaxPods * eventFlowsPerPod),
+		namePolState:       uint32(att),
+		namePolAddrs:       uint32(s.MaxPods * policyAddrsPerPod),
+		namePolPorts:       uint32(s.MaxPods * policyPortsPerPod),
+		namePolCT:          uint32(s.MaxPods * policyFlowsPerPod),
+		namePolFrags:       uint32(s.MaxPods * policyFragsPerPod),
 	}
 }
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netlink"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
@@ -235,7 +235,7 @@ func Status(src Source, version string) *StatusReport {
 	}
 	r.Attachments.AgentRunning = datapath.AgentAlive(pinRoot)
 	r.Attachments.HostVeths = map[string]int{}
-	if links, err := netlink.LinkList(); err == nil {
+	if links, err := netlinksafe.LinkList(); err == nil {
 		for _, l := range links {
 			if a := l.Attrs(); strings.HasPrefix(a.Name, state.HostIfPrefix) && l.Type() == "veth" {
 				r.Attachments.HostVeths[datapath.AttachmentOf(pinRoot, a.Index, a.Name)]++
