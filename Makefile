@@ -79,7 +79,7 @@ lint:
 # the real plugin in network namespaces they create.
 # No apt-get here: `make deps` (which .ci/run calls) installs what tests exec.
 test: lint
-	$(GO) test -count=1 -timeout 15m ./...
+	$(GO) test -count=1 -timeout 40m ./...
 
 # The paths of older kernels, on this one (docs/compat.md): the datapath,
 # hostPort, masquerade, chain and upgrade tests again with every fallback
@@ -89,7 +89,7 @@ test: lint
 FALLBACK_TESTS := TestCompat|TestChain|TestHostPort|TestMasq$$|TestMasqCheck|TestDatapath|TestAttach|TestAgentRestartAndUpgradeWithoutLoss|TestUplinkRecreated|TestUplinkSecondPinDirRefused
 .PHONY: test-fallback
 test-fallback: deps
-	EBPF_CNI_FORCE_FALLBACK=all $(GO) test -count=1 -timeout 15m -run '$(FALLBACK_TESTS)' ./test/integration/
+	EBPF_CNI_FORCE_FALLBACK=all $(GO) test -count=1 -timeout 40m -run '$(FALLBACK_TESTS)' ./test/integration/
 
 unit-test:
 	$(GO) test -count=1 ./pkg/...
