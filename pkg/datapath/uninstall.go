@@ -357,6 +357,8 @@ func isPinDirEntry(name string) bool {
 	switch name {
 	case progsDir, linksDir, nodeDir, locksDir:
 		return true
+	case markerCompat, markerFull, markerNoPacing, markerPacing: // the node's build and pacing choices (features.go)
+		return true
 	}
 	v, ok := strings.CutPrefix(name, "maps_v")
 	v = strings.TrimSuffix(v, "_staging")

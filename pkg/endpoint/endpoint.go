@@ -339,11 +339,6 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 		return errors.Join(deleteLink(a.HostIf), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
 			a.DP.Maps.DeleteLink(idx), a.DP.Maps.ResetStats(idx), sfErr)
 	})
-	// The pod's own table of the flows it sends through the stack (to
-	// Services of the node's pods): no other pod's flows evict them.
-	if err := a.DP.Maps.AddStackFlowPart(idx); err != nil {
-		return mapError(err)
-	}
 	if a.Net.IPv4Only {
 		// Saves the node work only: a /proc/sys that refuses the write
 		// (mounted read-only) costs speed, not the pod.
@@ -433,6 +428,13 @@ func (a *Attachment) Publish() error {
 	li := maps.NewLinkInfo(p.podMAC, p.hostMAC)
 	li.Flags = a.Flags & maps.EndpointFlagPolicy // to_container judges the pod's ingress by it
 	if err := m.PutLink(idx, li); err != nil {
+		return mapError(err)
+	}
+	// The pod's own table of the flows it sends through the stack (to
+	// Services of the node's pods): no other pod's flows evict them. After
+	// the link entry, sized alike: a full node names cni_links. (CreateVeth's
+	// undo drops it.)
+	if err := m.AddStackFlowPart(idx); err != nil {
 		return mapError(err)
 	}
 	info := maps.NewEndpointInfo(idx, p.podMAC, p.hostMAC, a.Flags)
