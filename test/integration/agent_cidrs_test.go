@@ -62,7 +62,7 @@ func TestAgentClusterCIDRs(t *testing.T) {
 
 	ag := agent(a + "," + b)
 	expect("agent with --cluster-cidrs "+a+","+b, "["+a+":2 "+b+":1]")
-	if !strings.Contains(ag.Logs(), "the agent holds: added ["+a+" "+b+"]") {
+	if !logSays(ag, "the agent holds: added ["+a+" "+b+"]") {
 		t.Errorf("agent log lacks what it acquired:\n%s", ag.Logs())
 	}
 	e.MustDel(p1, "p1")
@@ -77,7 +77,7 @@ func TestAgentClusterCIDRs(t *testing.T) {
 	expect("p2 added", "["+a+":1 "+b+":2]")
 	ag = agent(b)
 	expect("agent with --cluster-cidrs "+b, "["+b+":2]")
-	if !strings.Contains(ag.Logs(), "released ["+a+"]") {
+	if !logSays(ag, "released ["+a+"]") {
 		t.Errorf("agent log lacks what it released:\n%s", ag.Logs())
 	}
 	ag.Stop()
@@ -85,4 +85,18 @@ func TestAgentClusterCIDRs(t *testing.T) {
 	expect("agent without --cluster-cidrs: p2 still holds "+b, "["+b+":1]")
 	e.MustDel(p2, "p2")
 	expect("p2 deleted", "[]")
+}
+
+// logSays waits (a few seconds at most) for the agent to log want: the
+// follower logs what it changed after writing the map the test polls, and
+// the log reaches the test through a pipe.
+func logSays(ag *testenv.AgentProc, want string) bool {
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if strings.Contains(ag.Logs(), want) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
 }
