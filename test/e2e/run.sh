@@ -466,6 +466,10 @@ fi
 jq --arg net "$NET" --arg pin "$PIN" --arg state "$STATE" --arg ipam "$IPAMDIR" --argjson caps "$caps" --argjson chain "$chain" '
 	.name = $net
 	| .plugins[0] |= (del(.capabilities) + {pinDir: $pin, stateDir: $state}
+		# No API server here, so no agent programs NetworkPolicy: with the
+		# ConfigMap'"'"'s "networkPolicy": true every pod would stay pending
+		# (closed but to the node). test/k8s runs it with policies.
+		| del(.networkPolicy)
 		+ (if $caps == {} then {} else {capabilities: $caps} end)
 		| .ipam.dataDir = $ipam)
 	| .plugins += $chain' <<<"$base" >"$WORK/10-ebpf-cni.conflist" || fatal "write the conflist" "$base"
