@@ -91,12 +91,19 @@ func (c *cluster) checkAgents(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		logs, err := c.kubectl("-n", "kube-system", "logs", pod, "-c", "agent")
-		if err != nil {
-			return err
-		}
-		if !strings.Contains(logs, "node hooks (start): cgroup /sys/fs/cgroup") {
-			return fmt.Errorf("%s: the agent did not attach the socket hooks to cgroup2:\n%s", n.name, tail(logs, 10))
+		// The maps are pinned before the programs load (seconds on a busy
+		// machine): wait for the node hooks' line.
+		var logs string
+		for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(time.Second) {
+			if logs, err = c.kubectl("-n", "kube-system", "logs", pod, "-c", "agent"); err != nil {
+				return err
+			}
+			if strings.Contains(logs, "node hooks (start): cgroup /sys/fs/cgroup") {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s: the agent did not attach the socket hooks to cgroup2:\n%s", n.name, tail(logs, 10))
+			}
 		}
 		logf("%s: agent pid %d, capabilities exactly NET_ADMIN BPF PERFMON, pins in the node's bpffs, socket hooks on cgroup2", n.name, pid)
 	}
