@@ -2,7 +2,6 @@ package datapath
 
 import (
 	"errors"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -14,9 +13,7 @@ import (
 // not (1<<7 is no BPF_FIB_LOOKUP_* flag of any kernel yet), so a kernel
 // without BPF_FIB_LOOKUP_SRC is seen as one.
 func TestProbeFibFlag(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (loads a program)")
-	}
+	requireRoot(t)
 	if err := probeFibFlag(0); err != nil {
 		t.Fatalf("no flag: %v", err)
 	}

@@ -41,7 +41,9 @@ var (
 	gwIP6    = net.ParseIP("fd00:9::1")
 )
 
-func testDatapath(t testing.TB) *Datapath {
+// requireRoot skips a test that loads BPF programs when not root, but
+// fails it under CI, which runs as root: a skip there would hide a failure.
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
@@ -49,6 +51,11 @@ func testDatapath(t testing.TB) *Datapath {
 		}
 		t.Skip("needs root (loads BPF programs)")
 	}
+}
+
+func testDatapath(t testing.TB) *Datapath {
+	t.Helper()
+	requireRoot(t)
 	if err := EnsureBPFFS(BPFFSRoot); err != nil {
 		t.Fatal(err)
 	}
