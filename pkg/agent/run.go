@@ -107,6 +107,12 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	// The socket observe asks exists before the agent says it is ready.
+	evln, err := events.Listen(events.SocketPath(o.StateDir))
+	if err != nil {
+		return err
+	}
+	defer evln.Close() // when Run fails before Serve owns it
 	lg.Printf("datapath ready at %s (map layout v%d, sized for %s); %d links and %d tc filters, %d moved to this build's programs, %d old program pins removed, %d old map directories removed",
 		o.PinRoot, maps.LayoutVersion, o.Sizing, rep.Links, rep.Filters, rep.Replaced+rep.FiltersSwap, len(rep.RemovedProgs), len(rep.RemovedMaps))
 
@@ -121,7 +127,7 @@ func Run(ctx context.Context, o Options) error {
 		"reconcile":     newReconciler(o, col, links),
 		"nodes":         newFollower(o, dp.Maps, kubeCfg),
 		"events":        evr,
-		"events socket": controllerFunc(func(ctx context.Context) error { return events.Serve(ctx, events.SocketPath(o.StateDir), evr) }),
+		"events socket": controllerFunc(func(ctx context.Context) error { return events.Serve(ctx, evln, evr) }),
 	}
 	if o.MetricsAddr != "" {
 		ms, err := newMetricsServer(o.MetricsAddr, col, evr)

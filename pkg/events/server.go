@@ -24,37 +24,44 @@ const SocketName = "agent.sock"
 // SocketPath is where the agent of stateDir listens.
 func SocketPath(stateDir string) string { return filepath.Join(stateDir, SocketName) }
 
-// Serve answers observe's requests on a unix socket at path until ctx
-// ends, then removes it. A socket left by a killed agent is replaced.
-func Serve(ctx context.Context, path string, r *Reader) error {
+// Listen creates the agent's socket at path, replacing one left by a
+// killed agent. The agent listens before it says it is ready, so observe
+// never finds a ready agent without its socket.
+func Listen(path string) (net.Listener, error) {
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		c.Close()
-		return fmt.Errorf("events socket %s: another agent answers on it", path)
+		return nil, fmt.Errorf("events socket %s: another agent answers on it", path)
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("events socket %s: remove the stale one: %w", path, err)
+		return nil, fmt.Errorf("events socket %s: remove the stale one: %w", path, err)
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return fmt.Errorf("events socket: %w", err)
+		return nil, fmt.Errorf("events socket: %w", err)
 	}
 	// Not umask: it is the whole process's, and the agent creates
 	// directories meanwhile. The state directory is 0700 (safedir), so
 	// nobody else reaches the socket before the chmod either.
 	ln, err := net.Listen("unix", path)
 	if err != nil {
-		return fmt.Errorf("events socket: %w", err)
+		return nil, fmt.Errorf("events socket: %w", err)
 	}
 	if err := os.Chmod(path, 0o600); err != nil {
 		ln.Close()
-		return fmt.Errorf("events socket: %w", err)
+		return nil, fmt.Errorf("events socket: %w", err)
 	}
+	return ln, nil
+}
+
+// Serve answers observe's requests on ln (from Listen) until ctx ends,
+// then removes the socket.
+func Serve(ctx context.Context, ln net.Listener, r *Reader) error {
 	srv := &http.Server{Handler: r.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		<-ctx.Done()
 		srv.Close()
 	}()
-	err = srv.Serve(ln)
-	os.Remove(path)
+	err := srv.Serve(ln)
+	os.Remove(ln.Addr().String())
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}

@@ -103,6 +103,36 @@ func newEvents(t *testing.T, e *testenv.Env, seq uint64, want int) []events.Reco
 	return got
 }
 
+// settledDrops reads a drop counter and the events kept after seq until the
+// two agree (the counter unchanged across the read of the events, and the
+// events that match as many as its increase), or 4 s pass. The pod's own
+// kernel sends MLD reports and neighbour solicitations whenever it likes,
+// and those can be dropped too: one snapshot of each, taken at different
+// moments, would race them.
+func settledDrops(t *testing.T, e *testenv.Env, m *maps.Maps, idx int, dir maps.Dir, r maps.Reason, before, seq uint64, match func(events.Record) bool) (drops uint64, matched int, got []events.Record) {
+	t.Helper()
+	deadline := time.Now().Add(4 * time.Second)
+	for {
+		c1 := counter(t, m, idx, dir, r).Packets
+		got = got[:0]
+		matched = 0
+		for _, ev := range observeJSON(t, e, "--last", "1000") {
+			if ev.Seq > seq {
+				got = append(got, ev)
+				if match(ev) {
+					matched++
+				}
+			}
+		}
+		c2 := counter(t, m, idx, dir, r).Packets
+		drops = c2 - before
+		if (c1 == c2 && uint64(matched) == drops && drops > 0) || time.Now().After(deadline) {
+			return drops, matched, got
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // TestEventsEachDropReason: every drop reason of the host veth programs,
 // provoked with frames a pod sends (AF_PACKET), shows exactly one drop
 // event per counter increment, with its reason, direction, pod, interface
@@ -164,16 +194,17 @@ func TestEventsEachDropReason(t *testing.T) {
 			before := counter(t, m, idx, maps.DirEgress, c.reason).Packets
 			podRaw(t, pod, "eth0", c.frame)
 			waitCounter(t, m, idx, c.reason, before+1)
-			got := newEvents(t, e, seq, 1)
-			after := counter(t, m, idx, maps.DirEgress, c.reason).Packets
-			if len(got) > 0 {
-				seq = got[len(got)-1].Seq
-			}
 			// The pod's own kernel may add one (an MLD report while its
 			// link entry is gone): one event per counter increment, and
 			// exactly one is the frame sent.
-			if uint64(len(got)) != after-before {
-				t.Fatalf("%d events for %d %s drops: %+v", len(got), after-before, c.reason, got)
+			drops, n, got := settledDrops(t, e, m, idx, maps.DirEgress, c.reason, before, seq, func(ev events.Record) bool {
+				return ev.Reason == c.reason.String() && ev.Direction == "egress" && ev.Ifindex == uint32(idx)
+			})
+			if len(got) > 0 {
+				seq = got[len(got)-1].Seq
+			}
+			if uint64(n) != drops || len(got) != n {
+				t.Fatalf("%d events (%d of them %s egress) for %d %s drops: %+v", len(got), n, c.reason, drops, c.reason, got)
 			}
 			var ev *events.Record
 			for i := range got {
@@ -211,19 +242,18 @@ func TestEventsEachDropReason(t *testing.T) {
 		podRaw(t, bw, "eth0", ipv4Frame(bwMAC, bwHost, bw4, testenv.NodeIP4, 17, append([]byte{0x30, 0x39, 0, 9, 5, 0x80, 0, 0}, make([]byte, 1400)...)))
 	}
 	waitCounter(t, m, bwIdx, maps.ReasonDropBandwidth, before+1)
-	drops := counter(t, m, bwIdx, maps.DirEgress, maps.ReasonDropBandwidth).Packets - before
-	got := newEvents(t, e, seq, int(drops))
 	// Every packet the pod sends counts against its limit, its own MLD
 	// reports and neighbour solicitations too (issue 28): those drops are
 	// events as well, so the count is of every egress drop_bandwidth event of
 	// the interface, and the frames sent must be among them.
-	n, udp := 0, 0
+	drops, n, got := settledDrops(t, e, m, bwIdx, maps.DirEgress, maps.ReasonDropBandwidth, before, seq, func(ev events.Record) bool {
+		return ev.Reason == "drop_bandwidth" && ev.Direction == "egress" && ev.Ifindex == uint32(bwIdx)
+	})
+	udp := 0
 	for _, ev := range got {
-		if ev.Reason == "drop_bandwidth" && ev.Direction == "egress" && ev.Ifindex == uint32(bwIdx) {
-			n++
-			if ev.Src == bw4.String() && ev.Protocol == "udp" && ev.DstPort == 9 {
-				udp++
-			}
+		if ev.Reason == "drop_bandwidth" && ev.Direction == "egress" && ev.Ifindex == uint32(bwIdx) &&
+			ev.Src == bw4.String() && ev.Protocol == "udp" && ev.DstPort == 9 {
+			udp++
 		}
 	}
 	if n != int(drops) || len(got) != n || udp == 0 {
@@ -254,15 +284,9 @@ func TestEventsEachDropReason(t *testing.T) {
 	if dropsIn == 0 {
 		t.Fatalf("60 datagrams of 1400 bytes at once over an ingress limit of 100 kbit/s: no drop counted")
 	}
-	time.Sleep(200 * time.Millisecond)
-	dropsIn = counter(t, m, bwIdx, maps.DirIngress, maps.ReasonDropBandwidth).Packets - beforeIn
-	got = newEvents(t, e, seq, int(dropsIn))
-	n = 0
-	for _, ev := range got {
-		if ev.Reason == "drop_bandwidth" && ev.Direction == "ingress" && ev.Ifindex == uint32(bwIdx) && ev.Dst == bw4.String() && ev.Protocol == "udp" && ev.DstPort == 9 {
-			n++
-		}
-	}
+	dropsIn, n, got = settledDrops(t, e, m, bwIdx, maps.DirIngress, maps.ReasonDropBandwidth, beforeIn, seq, func(ev events.Record) bool {
+		return ev.Reason == "drop_bandwidth" && ev.Direction == "ingress" && ev.Ifindex == uint32(bwIdx) && ev.Dst == bw4.String() && ev.Protocol == "udp" && ev.DstPort == 9
+	})
 	if uint64(n) != dropsIn {
 		t.Errorf("%d ingress drop_bandwidth counted, %d matching events of %d new", dropsIn, n, len(got))
 	}
