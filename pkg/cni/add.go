@@ -9,13 +9,13 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 )
 
-// Add is the CNI ADD verb: once the attachment is claimed, IPAM runs in its
+// add is the CNI ADD verb: once the attachment is claimed, IPAM runs in its
 // own process while the endpoint opens the datapath and creates and
 // attaches the veth; then the features install their part, the
 // endpoint publishes the attachment and its record is written. A failure
 // undoes everything this ADD made (the IPAM reservation only if this ADD's
 // IPAM call made it) and is a CNI error naming the cause.
-func Add(args *skel.CmdArgs) (err error) {
+func add(args *skel.CmdArgs) (err error) {
 	tr := endpoint.NewTracer()
 	defer tr.Done("ADD")
 	conf, err := parseConf(args.StdinData)

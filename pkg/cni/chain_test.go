@@ -29,7 +29,7 @@ func TestCheckChain(t *testing.T) {
 	// A later file of the same name is not the one runtimes load.
 	writeConf(t, dir, "20-net.conflist", `{"name":"net","plugins":[{"type":"ebpf-cni"}]}`)
 
-	err := checkChain("net", dir)
+	err := cniError(checkChain("net", dir))
 	te, ok := err.(*types.Error)
 	if !ok || te.Code != types.ErrInvalidNetworkConfig {
 		t.Fatalf("checkChain: %v, want error 7", err)

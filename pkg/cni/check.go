@@ -7,10 +7,10 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 )
 
-// Check is the CNI CHECK verb: the interfaces, addresses, routes, attached
+// check is the CNI CHECK verb: the interfaces, addresses, routes, attached
 // programs and map entries must match prevResult. The error names the first
 // thing that does not.
-func Check(args *skel.CmdArgs) error {
+func check(args *skel.CmdArgs) error {
 	conf, err := parseConf(args.StdinData)
 	if err != nil {
 		return err

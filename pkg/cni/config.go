@@ -69,7 +69,7 @@ type RuntimeConfig struct {
 func parseConf(stdin []byte) (*NetConf, error) {
 	conf := &NetConf{}
 	if err := json.Unmarshal(stdin, conf); err != nil {
-		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network config: %v", err), "")
+		return nil, endpoint.Errorf(endpoint.ErrDecode, "decode network config: %w", err)
 	}
 	n, err := endpoint.ParseNetwork(stdin)
 	if err != nil {
@@ -86,7 +86,7 @@ func parseConf(stdin []byte) (*NetConf, error) {
 		return nil, err
 	}
 	if err := version.ParsePrevResult(&conf.NetConf); err != nil {
-		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode prevResult: %v", err), "")
+		return nil, endpoint.Errorf(endpoint.ErrDecode, "decode prevResult: %w", err)
 	}
 	return conf, nil
 }
@@ -129,7 +129,7 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 		RuntimeConfig json.RawMessage `json:"runtimeConfig"`
 	}
 	if err := json.Unmarshal(stdin, &raw); err != nil {
-		return false, endpoint.ConfError("ipam: %v", err)
+		return false, endpoint.ConfError("ipam: %w", err)
 	}
 	cidr := func(field, v string) error {
 		if v == "" {
@@ -229,7 +229,7 @@ func (c *NetConf) prevResult() (*current.Result, error) {
 	}
 	r, err := current.NewResultFromResult(c.PrevResult)
 	if err != nil {
-		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("prevResult: %v", err), "")
+		return nil, endpoint.Errorf(endpoint.ErrDecode, "prevResult: %w", err)
 	}
 	return r, nil
 }

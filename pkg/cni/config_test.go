@@ -98,7 +98,7 @@ func TestValidateIPAMv4Only(t *testing.T) {
 func assertCNIError(t *testing.T, err error, code uint, mention string) {
 	t.Helper()
 	var te *types.Error
-	if !errors.As(err, &te) {
+	if !errors.As(cniError(err), &te) {
 		t.Fatalf("want CNI error %d, got %v", code, err)
 	}
 	if te.Code != code {

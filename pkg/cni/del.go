@@ -2,12 +2,10 @@ package cni
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ipam"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
@@ -18,9 +16,9 @@ import (
 // addWait is how long DEL waits for an ADD of the same attachment to end.
 const addWait = 30 * time.Second
 
-// Del is the CNI DEL verb: best effort and idempotent. It needs neither the
+// del is the CNI DEL verb: best effort and idempotent. It needs neither the
 // netns nor the veth to exist, and succeeds when called again.
-func Del(args *skel.CmdArgs) error {
+func del(args *skel.CmdArgs) error {
 	conf, err := parseConf(args.StdinData)
 	if err != nil {
 		return err
@@ -59,11 +57,11 @@ func Del(args *skel.CmdArgs) error {
 		// ends with, not what it has made so far.
 		if !store.WaitIdle(args.ContainerID, args.IfName, addWait) {
 			if rec.WriterGone() {
-				return types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
-					"the remains of an ADD of CNI_CONTAINERID %q, CNI_IFNAME %q (pid %d) that did not finish are still being torn down (GC or ebpf-agent reconcile) after %s", args.ContainerID, args.IfName, rec.Pid, addWait), "")
+				return endpoint.Errorf(endpoint.ErrTryAgain,
+					"the remains of an ADD of CNI_CONTAINERID %q, CNI_IFNAME %q (pid %d) that did not finish are still being torn down (GC or ebpf-agent reconcile) after %s", args.ContainerID, args.IfName, rec.Pid, addWait)
 			}
-			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
-				"an ADD of CNI_CONTAINERID %q, CNI_IFNAME %q (pid %d) is still running after %s", args.ContainerID, args.IfName, rec.Pid, addWait), "")
+			return endpoint.Errorf(endpoint.ErrTryAgain,
+				"an ADD of CNI_CONTAINERID %q, CNI_IFNAME %q (pid %d) is still running after %s", args.ContainerID, args.IfName, rec.Pid, addWait)
 		}
 		if rec, err = store.Read(args.ContainerID, args.IfName); err != nil {
 			rec = nil
@@ -88,12 +86,5 @@ func Del(args *skel.CmdArgs) error {
 	tr.Mark("teardown")
 	errs = errors.Join(errs, <-ipamErr)
 	tr.Mark("ipam-wait")
-	if errs != nil {
-		var te *types.Error
-		if errors.As(errs, &te) {
-			return te
-		}
-		return types.NewError(types.ErrInternal, errs.Error(), "")
-	}
-	return nil
+	return errs // every error, one code (cniError)
 }

@@ -3,12 +3,10 @@ package cni
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
@@ -23,13 +21,13 @@ var afterList = func() {}
 // about to release its IPs and tear it down.
 var beforeTeardown = func(*state.Record) {}
 
-// GC is the CNI GC verb: every attachment of this network that has a record
+// gc is the CNI GC verb: every attachment of this network that has a record
 // but is not in cni.dev/valid-attachments is torn down and its IPs released;
 // then what no attachment owns any more: temp files of killed record
 // writes, veths handed off to an agent that is no longer running, link pins
 // and hostPort entries of veths that are gone, and the IPAM plugin's own
 // garbage.
-func GC(args *skel.CmdArgs) error {
+func gc(args *skel.CmdArgs) error {
 	conf, err := parseConf(args.StdinData)
 	if err != nil {
 		return err
@@ -45,7 +43,7 @@ func GC(args *skel.CmdArgs) error {
 	store := n.Store()
 	recs, err := store.List()
 	if err != nil {
-		return types.NewError(types.ErrIOFailure, fmt.Sprintf("read state directory %s: %v", n.StateDir, err), "")
+		return endpoint.Errorf(endpoint.ErrIO, "read state directory %s: %w", n.StateDir, err)
 	}
 	var errs error
 	afterList()
@@ -93,7 +91,7 @@ func GC(args *skel.CmdArgs) error {
 		}
 	}
 	if errs != nil {
-		return types.NewError(types.ErrInternal, errs.Error(), "")
+		return &endpoint.Error{Kind: endpoint.ErrInternal, Err: errs}
 	}
 	return nil
 }

@@ -8,14 +8,13 @@ import (
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 )
 
-// Status is the CNI STATUS verb: error 50 when the datapath cannot be used.
-func Status(args *skel.CmdArgs) error {
+// status is the CNI STATUS verb: error 50 when the datapath cannot be used.
+func status(args *skel.CmdArgs) error {
 	conf, err := parseConf(args.StdinData)
 	if err != nil {
 		return err
@@ -24,14 +23,14 @@ func Status(args *skel.CmdArgs) error {
 		return err
 	}
 	if _, err := datapath.Forced(); err != nil {
-		return endpoint.ConfError("%v", err)
+		return endpoint.ConfError("%w", err)
 	}
 	if miss := datapath.MissingRequired(); len(miss) > 0 {
-		return types.NewError(endpoint.ErrPluginNotAvailable, fmt.Sprintf("the kernel lacks %s, which the datapath needs (docs/compat.md)", strings.Join(miss, ", ")), "")
+		return endpoint.Errorf(endpoint.ErrUnavailable, "the kernel lacks %s, which the datapath needs (docs/compat.md)", strings.Join(miss, ", "))
 	}
 	dp, err := datapath.Ensure(conf.net.PinDir, conf.net.Sizing())
 	if err != nil {
-		return types.NewError(endpoint.ErrPluginNotAvailable, fmt.Sprintf("datapath at %s is not usable: %v", conf.net.PinDir, err), "")
+		return endpoint.Errorf(endpoint.ErrUnavailable, "datapath at %s is not usable: %w", conf.net.PinDir, err)
 	}
 	dp.Close()
 	// A successful STATUS prints nothing on stdout (CNI spec); the runtime

@@ -82,7 +82,7 @@ func loadObject(pinRoot string, m *maps.Maps, o *object, progs []Program, replac
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return fmt.Errorf("load object %s: %+v", o.name, ve)
+			return fmt.Errorf("load object %s: %+w", o.name, ve) // the whole verifier log, still errors.As-able
 		}
 		return fmt.Errorf("load object %s: %w", o.name, err)
 	}

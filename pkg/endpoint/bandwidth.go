@@ -64,7 +64,7 @@ func (b *bandwidth) Install(a *Attachment) error {
 	}
 	a.RcvWnd = l.rcvWnd(a.hostLink.Attrs().MTU)
 	if err := a.DP.EnsurePacing(a.Net.CgroupRoot); err != nil {
-		return internal("bandwidth: %v", err)
+		return internal("bandwidth: %w", err)
 	}
 	a.Trace.Mark("bandwidth")
 	return nil
@@ -74,13 +74,13 @@ func (b *bandwidth) Check(a *Attachment) error {
 	l := b.limits
 	host, err := netlink.LinkByIndex(a.Ifindex)
 	if err != nil {
-		return checkError("host veth %s: %v", a.HostIf, err)
+		return checkError("host veth %s: %w", a.HostIf, err)
 	}
 	if err := l.checkQueue(a.DP.Maps, host); err != nil {
-		return checkError("%v", err)
+		return checkError("%w", err)
 	}
 	if err := l.check(a.DP.Maps, a.Ifindex, a.HostIf); err != nil {
-		return checkError("%v", err)
+		return checkError("%w", err)
 	}
 	return nil
 }

@@ -1,10 +1,8 @@
 package endpoint
 
 import (
-	"fmt"
 	"net"
 
-	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -43,7 +41,7 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 	a := &Attachment{Net: n, ID: id, HostIf: state.HostIfName(id.ContainerID, id.IfName), IPs: prev.IPs, features: features}
 	host, err := netlinksafe.LinkByName(a.HostIf)
 	if err != nil {
-		return checkError("host veth %s: %v", a.HostIf, err)
+		return checkError("host veth %s: %w", a.HostIf, err)
 	}
 	a.Ifindex = host.Attrs().Index
 	if host.Attrs().Flags&net.FlagUp == 0 {
@@ -59,14 +57,14 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 	}
 
 	if a.DP, err = datapath.Open(n.PinDir); err != nil {
-		return types.NewError(ErrPluginNotAvailable, fmt.Sprintf("datapath at %s: %v", n.PinDir, err), "")
+		return Errorf(ErrUnavailable, "datapath at %s: %w", n.PinDir, err)
 	}
 	defer a.DP.Close()
 	if err := a.DP.Maps.CheckSizing(n.sizing); err != nil {
-		return ConfError("pinDir %s: %v", n.PinDir, err)
+		return ConfError("pinDir %s: %w", n.PinDir, err)
 	}
 	if err := a.DP.Attached(a.Ifindex, a.HostIf); err != nil {
-		return checkError("%v", err)
+		return checkError("%w", err)
 	}
 	li, err := a.DP.Maps.LookupLink(a.Ifindex)
 	if err != nil {
@@ -91,7 +89,7 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 	return netns.Do(func(ns.NetNS) error {
 		l, err := netlinksafe.LinkByName(id.IfName)
 		if err != nil {
-			return checkError("interface %s in %s: %v", id.IfName, id.Netns, err)
+			return checkError("interface %s in %s: %w", id.IfName, id.Netns, err)
 		}
 		at := l.Attrs()
 		if at.HardwareAddr.String() != mapMAC {
@@ -114,7 +112,7 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 		// ADD deliberately leaves out (all traffic goes via the gateway).
 		addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
-			return checkError("list addresses of %s: %v", id.IfName, err)
+			return checkError("list addresses of %s: %w", id.IfName, err)
 		}
 		for _, ipc := range prev.IPs {
 			found := false
@@ -129,7 +127,7 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 			}
 		}
 		if err := ip.ValidateExpectedRoute(prev.Routes); err != nil {
-			return checkError("%v", err)
+			return checkError("%w", err)
 		}
 		if rec != nil && rec.PodTable == 0 {
 			return nil // added by a build before per-interface tables
@@ -147,7 +145,7 @@ func checkHostRoute(ip net.IP, ifindex int, hostIf string) error {
 	dst := &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}
 	routes, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Dst: dst}, netlink.RT_FILTER_DST)
 	if err != nil {
-		return checkError("list the node's routes to %s: %v", dst, err)
+		return checkError("list the node's routes to %s: %w", dst, err)
 	}
 	if len(routes) == 0 {
 		return checkError("the node has no route to %s (host veth %s): the pod is unreachable", dst, hostIf)
@@ -168,7 +166,7 @@ func checkPodTable(ifname string, ifindex int, ips []*current.IPConfig) error {
 		want := podRule(ipc.Address.IP, table)
 		rules, err := netlinksafe.RuleListFiltered(want.Family, &netlink.Rule{Table: table}, netlink.RT_FILTER_TABLE)
 		if err != nil {
-			return checkError("list rules: %v", err)
+			return checkError("list rules: %w", err)
 		}
 		found := false
 		for _, r := range rules {
@@ -179,7 +177,7 @@ func checkPodTable(ifname string, ifindex int, ips []*current.IPConfig) error {
 		}
 		routes, err := netlinksafe.RouteListFiltered(want.Family, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
 		if err != nil {
-			return checkError("list routes of table %d: %v", table, err)
+			return checkError("list routes of table %d: %w", table, err)
 		}
 		found = false
 		for _, r := range routes {

@@ -98,7 +98,7 @@ func Claim(n *Network, id ID, features []Feature, tr *Tracer) (_ *Attachment, er
 	a.busy = datapath.MarkBusy(n.PinDir)
 	a.deferTCX = datapath.AgentAlive(n.PinDir)
 	if err := a.netns.Do(func(ns.NetNS) (e error) { a.cookie, e = datapath.NetnsCookie(); return e }); err != nil {
-		return nil, internal("CNI_NETNS %q: %v", id.Netns, err)
+		return nil, internal("CNI_NETNS %q: %w", id.Netns, err)
 	}
 	tr.Mark("parse")
 
@@ -118,9 +118,8 @@ func Claim(n *Network, id ID, features []Feature, tr *Tracer) (_ *Attachment, er
 		// The provisional record just written goes too: GC and the agent
 		// would take it for a killed ADD and tear down that veth.
 		_ = n.Store().Remove(id.ContainerID, id.IfName)
-		return nil, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
-			"CNI_CONTAINERID %q, CNI_IFNAME %q: the host veth of this attachment exists already, as %s, with no record in %s: DEL it before adding it again",
-			id.ContainerID, id.IfName, holderOf(l.Attrs().Index), n.Store().Dir()), "")
+		return nil, Errorf(ErrEnv, "CNI_CONTAINERID %q, CNI_IFNAME %q: the host veth of this attachment exists already, as %s, with no record in %s: DEL it before adding it again",
+			id.ContainerID, id.IfName, holderOf(l.Attrs().Index), n.Store().Dir())
 	}
 	// Checked after the claim: an uninstall takes its lock before its last
 	// look at the records, so either it sees this record or this sees it.
@@ -128,9 +127,8 @@ func Claim(n *Network, id ID, features []Feature, tr *Tracer) (_ *Attachment, er
 		store := n.Store()
 		_ = store.Remove(id.ContainerID, id.IfName)
 		store.RemoveDirsIfEmpty()
-		return nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
-			"pinDir %s: `ebpf-agent uninstall` is removing ebpf-cni from this node: CNI_CONTAINERID %q, CNI_IFNAME %q not added",
-			n.PinDir, id.ContainerID, id.IfName), "")
+		return nil, Errorf(ErrTryAgain, "pinDir %s: `ebpf-agent uninstall` is removing ebpf-cni from this node: CNI_CONTAINERID %q, CNI_IFNAME %q not added",
+			n.PinDir, id.ContainerID, id.IfName)
 	}
 	return a, nil
 }
@@ -273,11 +271,11 @@ func claimRecord(n *Network, rec *state.Record) (*os.File, error) {
 			return f, nil
 		}
 		if !errors.Is(err, state.ErrClaimed) {
-			return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("stateDir: %v", err), "")
+			return nil, Errorf(ErrIO, "stateDir: %w", err)
 		}
 		old, rerr := store.Read(rec.ContainerID, rec.IfName)
 		if rerr != nil {
-			return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("stateDir: record of %s/%s: %v", rec.ContainerID, rec.IfName, rerr), "")
+			return nil, Errorf(ErrIO, "stateDir: record of %s/%s: %w", rec.ContainerID, rec.IfName, rerr)
 		}
 		if old == nil && try < 3 {
 			continue // removed by a DEL meanwhile: claim again
@@ -295,20 +293,16 @@ func retryError(n *Network, rec, old *state.Record) error {
 	who := fmt.Sprintf("CNI_CONTAINERID %q, CNI_IFNAME %q on network %q", rec.ContainerID, rec.IfName, n.Name)
 	switch {
 	case old == nil:
-		return types.NewError(types.ErrTryAgainLater, who+": its record keeps changing (a DEL and an ADD racing); try again", "")
+		return Errorf(ErrTryAgain, "%s", who+": its record keeps changing (a DEL and an ADD racing); try again")
 	case !old.Provisional:
-		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
-			"%s: this attachment exists already (host veth %s, IPs %s, added %s): ADD may not be repeated without a DEL; the attachment is left as it is",
-			who, old.HostIf, strings.Join(old.IPs, ", "), old.Created.Format(time.RFC3339)), "")
+		return Errorf(ErrEnv, "%s: this attachment exists already (host veth %s, IPs %s, added %s): ADD may not be repeated without a DEL; the attachment is left as it is",
+			who, old.HostIf, strings.Join(old.IPs, ", "), old.Created.Format(time.RFC3339))
 	case n.Store().Busy(old) && old.WriterGone():
-		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
-			"%s: an earlier ADD of this attachment (pid %d) did not finish, and its remains are being torn down (GC or ebpf-agent reconcile); try again", who, old.Pid), "")
+		return Errorf(ErrTryAgain, "%s: an earlier ADD of this attachment (pid %d) did not finish, and its remains are being torn down (GC or ebpf-agent reconcile); try again", who, old.Pid)
 	case n.Store().Busy(old):
-		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
-			"%s: another ADD of this attachment is in progress (pid %d)", who, old.Pid), "")
+		return Errorf(ErrTryAgain, "%s: another ADD of this attachment is in progress (pid %d)", who, old.Pid)
 	default:
-		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf(
-			"%s: an earlier ADD of this attachment (pid %d) did not finish and left it half made: DEL it first", who, old.Pid), "")
+		return Errorf(ErrEnv, "%s: an earlier ADD of this attachment (pid %d) did not finish and left it half made: DEL it first", who, old.Pid)
 	}
 }
 
@@ -363,7 +357,7 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 func (a *Attachment) Plan(ipamType string, r types.Result) error {
 	res, err := current.NewResultFromResult(r)
 	if err != nil {
-		return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("ipam plugin %q result: %v", ipamType, err), "")
+		return Errorf(ErrDecode, "ipam plugin %q result: %w", ipamType, err)
 	}
 	if len(res.IPs) == 0 {
 		return internal("ipam plugin %q returned no IP addresses", ipamType)
@@ -501,7 +495,7 @@ func (a *Attachment) Commit() error {
 	}
 	r.PodTable = p.table
 	if err := a.Net.Store().Write(r); err != nil {
-		return types.NewError(types.ErrIOFailure, err.Error(), "")
+		return &Error{Kind: ErrIO, Err: err}
 	}
 	Crashpoint("recorded")
 	return nil
@@ -573,7 +567,7 @@ func RequestedMAC(runtimeMAC, cniArgs string) (net.HardwareAddr, error) {
 	}
 	if v := cniArg(cniArgs, "MAC"); v != "" {
 		return check(v, func(format string, a ...any) error {
-			return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS MAC: "+format, a...), "")
+			return Errorf(ErrEnv, "CNI_ARGS MAC: "+format, a...)
 		})
 	}
 	return nil, nil

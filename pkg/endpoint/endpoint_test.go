@@ -10,17 +10,24 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 )
 
+// kinds are the endpoint's kinds of error by the CNI code pkg/cni gives them.
+var kinds = map[uint]error{
+	types.ErrInvalidNetworkConfig: ErrConfig, types.ErrInvalidEnvironmentVariables: ErrEnv,
+	types.ErrTryAgainLater: ErrTryAgain, types.ErrIOFailure: ErrIO, types.ErrDecodingFailure: ErrDecode,
+	50: ErrUnavailable, types.ErrInternal: ErrInternal,
+}
+
 func assertCNIError(t *testing.T, err error, code uint, mention string) {
 	t.Helper()
-	var te *types.Error
-	if !errors.As(err, &te) {
+	var e *Error
+	if !errors.As(err, &e) {
 		t.Fatalf("want CNI error %d, got %v", code, err)
 	}
-	if te.Code != code {
-		t.Fatalf("want code %d, got %d (%s)", code, te.Code, te.Msg)
+	if e.Kind != kinds[code] {
+		t.Fatalf("want code %d, got %v (%s)", code, e.Kind, e)
 	}
-	if !strings.Contains(te.Msg, mention) {
-		t.Fatalf("message %q does not name %q", te.Msg, mention)
+	if !strings.Contains(e.Error(), mention) {
+		t.Fatalf("message %q does not name %q", e, mention)
 	}
 }
 

@@ -6,8 +6,6 @@ import (
 	"net"
 	"strings"
 
-	"github.com/containernetworking/cni/pkg/types"
-
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -58,7 +56,7 @@ func (h *hostPorts) Install(a *Attachment) error {
 		return err
 	}
 	if _, err := a.NodeHooks(); err != nil {
-		return types.NewError(ErrPluginNotAvailable, fmt.Sprintf("hostPort hooks at %s: %v", a.Net.PinDir, err), "")
+		return Errorf(ErrUnavailable, "hostPort hooks at %s: %w", a.Net.PinDir, err)
 	}
 	a.Trace.Mark("hostport-hooks")
 	m := a.DP.Maps
@@ -99,7 +97,7 @@ func (h *hostPorts) Check(a *Attachment) error {
 		}
 	}
 	if err := a.DP.CheckNodeHooks(a.Net.nodeHookOptions()); err != nil {
-		return checkError("hostPort hooks: %v", err)
+		return checkError("hostPort hooks: %w", err)
 	}
 	return nil
 }
@@ -283,7 +281,7 @@ func hostPortError(n *Network, mappings []portMapping, h maps.HostPort, err erro
 				}
 			}
 		}
-		return ConfError("runtimeConfig.portMappings[%d]: %v%s", idx, err, owner)
+		return ConfError("runtimeConfig.portMappings[%d]: %w%s", idx, err, owner)
 	}
 	return mapError(fmt.Errorf("runtimeConfig.portMappings[%d]: %w", idx, err))
 }

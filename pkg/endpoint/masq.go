@@ -2,10 +2,7 @@ package endpoint
 
 import (
 	"errors"
-	"fmt"
 	"net/netip"
-
-	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
@@ -75,12 +72,12 @@ func (m *masq) Install(a *Attachment) error {
 			err = reserve(n, *toReserve)
 		}
 		if err != nil {
-			return internal("ipMasq: reserve the masquerade ports %d-%d in %s (the node's ip_local_port_range %d-%d leaves too few outside it): %v",
+			return internal("ipMasq: reserve the masquerade ports %d-%d in %s (the node's ip_local_port_range %d-%d leaves too few outside it): %w",
 				toReserve[0], toReserve[1], reservedSysctl, n.Ephemeral[0], n.Ephemeral[1], err)
 		}
 	}
 	if uplinks, err := a.NodeHooks(); err != nil && !uplinks {
-		return types.NewError(ErrPluginNotAvailable, fmt.Sprintf("ipMasq uplink hooks at %s: %v", a.Net.PinDir, err), "")
+		return Errorf(ErrUnavailable, "ipMasq uplink hooks at %s: %w", a.Net.PinDir, err)
 	}
 	// Node-wide: networks sharing a pin directory share the ports too.
 	if err := a.DP.Maps.SetMasqConfig(ports); err != nil {
@@ -115,13 +112,13 @@ func (m *masq) Check(a *Attachment) error {
 		return err
 	}
 	if got, err := a.DP.Maps.MasqConfig(); err != nil {
-		return checkError("%v", err)
+		return checkError("%w", err)
 	} else if got.String() != want.String() || got.PodLimit != want.PodLimit {
 		return checkError("map cni_masq_config holds ports %q with pod limit %d, want %q with %d", got, got.PodLimit, want, want.PodLimit)
 	}
 	have, err := a.DP.Maps.ClusterCIDRs()
 	if err != nil {
-		return checkError("read map cni_cluster_cidrs: %v", err)
+		return checkError("read map cni_cluster_cidrs: %w", err)
 	}
 	for _, want := range m.cidrs(a) {
 		found := false
@@ -134,13 +131,13 @@ func (m *masq) Check(a *Attachment) error {
 	}
 	mine, err := a.DP.Maps.ClusterCIDRsOf(cidrOwner(a.Net, a.ID.ContainerID, a.ID.IfName))
 	if err != nil {
-		return checkError("read map cni_cidr_refs: %v", err)
+		return checkError("read map cni_cidr_refs: %w", err)
 	}
 	// An attachment of an older layout's build holds its CIDRs through
 	// what that layout left (owner 0).
 	inherited, err := a.DP.Maps.ClusterCIDRsOf(0)
 	if err != nil {
-		return checkError("read map cni_cidr_refs: %v", err)
+		return checkError("read map cni_cidr_refs: %w", err)
 	}
 	for _, want := range m.cidrs(a) {
 		if !mine[want] && !inherited[want] {
@@ -185,7 +182,7 @@ func cidrOwner(n *Network, containerID, ifname string) uint64 {
 func (m *masq) ports() (maps.MasqPorts, *[2]int, error) {
 	n, err := ReadNodePorts()
 	if err != nil {
-		return maps.MasqPorts{}, nil, internal("ipMasq: read the node's ephemeral ports: %v", err)
+		return maps.MasqPorts{}, nil, internal("ipMasq: read the node's ephemeral ports: %w", err)
 	}
 	return masqPorts(m.portRange, m.podLimit, n)
 }

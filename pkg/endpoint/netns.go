@@ -3,7 +3,6 @@ package endpoint
 import (
 	"fmt"
 
-	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 )
@@ -16,7 +15,7 @@ const nsGetNstype = 0xb703
 // own netns as a pod would replace its default route.
 func OpenNetns(path string) (ns.NetNS, error) {
 	envErr := func(format string, a ...any) error {
-		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_NETNS %q: ", path)+fmt.Sprintf(format, a...), "")
+		return Errorf(ErrEnv, "%s", fmt.Sprintf("CNI_NETNS %q: ", path)+fmt.Sprintf(format, a...))
 	}
 	netns, err := ns.GetNS(path)
 	if err != nil {

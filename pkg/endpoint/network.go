@@ -3,11 +3,9 @@ package endpoint
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"path/filepath"
 	"strings"
 
-	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/utils"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
@@ -67,7 +65,7 @@ func ParseNetwork(conf []byte) (*Network, error) {
 		Network
 	}
 	if err := json.Unmarshal(conf, &c); err != nil {
-		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("decode network config: %v", err), "")
+		return nil, Errorf(ErrDecode, "decode network config: %w", err)
 	}
 	n := c.Network
 	if err := n.Complete(c.Name, c.IPAM.Type); err != nil {
@@ -115,11 +113,11 @@ func (n *Network) Complete(name, ipamType string) error {
 		n.sizing.HostPortsPerPod = *n.MaxHostPortsPerPod
 	}
 	if err := n.sizing.Validate(); err != nil {
-		return ConfError("%v", err)
+		return ConfError("%w", err)
 	}
 	mode, err := datapath.ParseAttachMode(n.AttachMode)
 	if err != nil {
-		return ConfError("attachMode: %v", err)
+		return ConfError("attachMode: %w", err)
 	}
 	n.attachMode = mode
 	return nil
@@ -132,13 +130,13 @@ func (n *Network) Store() state.Store { return state.Store{Root: n.StateDir, Net
 // write to (see safedir), before anything in them is read or written.
 func (n *Network) CheckDirs() error {
 	if err := safedir.Check(n.PinDir); err != nil {
-		return ConfError("pinDir: %v", err)
+		return ConfError("pinDir: %w", err)
 	}
 	if err := safedir.Check(n.StateDir); err != nil {
-		return ConfError("stateDir: %v", err)
+		return ConfError("stateDir: %w", err)
 	}
 	if err := safedir.Check(n.Store().Dir()); err != nil {
-		return ConfError("stateDir: %v", err)
+		return ConfError("stateDir: %w", err)
 	}
 	return nil
 }
@@ -162,11 +160,11 @@ func (n *Network) ensureDatapath() (*datapath.Datapath, error) {
 		var mig *datapath.MigrationError
 		switch {
 		case maps.IsSizingError(err):
-			return nil, ConfError("pinDir %s: %v", n.PinDir, err)
+			return nil, ConfError("pinDir %s: %w", n.PinDir, err)
 		case errors.As(err, &mig) && errors.Is(err, maps.ErrFull):
-			return nil, ConfError("pinDir %s: %v (maxPods %d is too small for the pods the older build attached)", n.PinDir, err, n.sizing.MaxPods)
+			return nil, ConfError("pinDir %s: %w (maxPods %d is too small for the pods the older build attached)", n.PinDir, err, n.sizing.MaxPods)
 		}
-		return nil, types.NewError(ErrPluginNotAvailable, fmt.Sprintf("datapath at %s: %v", n.PinDir, err), "")
+		return nil, Errorf(ErrUnavailable, "datapath at %s: %w", n.PinDir, err)
 	}
 	return dp, nil
 }

@@ -1,10 +1,7 @@
 package endpoint
 
 import (
-	"fmt"
 	"net/netip"
-
-	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
@@ -33,7 +30,7 @@ func (p *netPolicy) Install(a *Attachment) error {
 		return nil
 	}
 	if uplinks, err := a.NodeHooks(); err != nil && !uplinks {
-		return types.NewError(ErrPluginNotAvailable, fmt.Sprintf("networkPolicy uplink hooks at %s: %v", a.Net.PinDir, err), "")
+		return Errorf(ErrUnavailable, "networkPolicy uplink hooks at %s: %w", a.Net.PinDir, err)
 	}
 	m := a.DP.Maps
 	if err := m.EnablePolicy(); err != nil {
@@ -62,7 +59,7 @@ func (p *netPolicy) Check(a *Attachment) error {
 	}
 	if a.Ifindex != 0 {
 		if _, ok, err := a.DP.Maps.PolicyStateOf(a.Ifindex); err != nil {
-			return checkError("%v", err)
+			return checkError("%w", err)
 		} else if !ok {
 			return checkError("map cni_pol_state has no entry for host veth ifindex %d", a.Ifindex)
 		}
