@@ -490,7 +490,8 @@ func tearDown(o UninstallOptions, p livePod) error {
 	if st != state.Abandoned {
 		st = state.Complete
 	}
-	ok, err := endpoint.TearDownJudged(p.net.Net, st, p.rec, p.net.Bytes, o.CNIPath, nil)
+	sweep := &endpoint.Sweep{Net: p.net.Net, Conf: p.net.Bytes, CNIPath: o.CNIPath}
+	ok, err := sweep.TearDown(p.rec, st)
 	if err != nil {
 		return err
 	}

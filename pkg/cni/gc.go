@@ -13,13 +13,8 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
-// afterList is a test seam: it runs between GC's listing of the records and
-// its look at each.
-var afterList = func() {}
-
-// beforeTeardown is a test seam: it runs when GC has judged a record and is
-// about to release its IPs and tear it down.
-var beforeTeardown = func(*state.Record) {}
+// gcSeam is the sweep's test seam (endpoint.Sweep.Seam).
+var gcSeam func(*state.Record)
 
 // gc is the CNI GC verb: every attachment of this network that has a record
 // but is not in cni.dev/valid-attachments is torn down and its IPs released;
@@ -40,35 +35,17 @@ func gc(args *skel.CmdArgs) error {
 	for _, a := range conf.ValidAttachments {
 		valid[a.ContainerID+"/"+a.IfName] = true
 	}
-	store := n.Store()
-	recs, err := store.List()
+	// Complete and not valid, or Abandoned: half made by an ADD that died.
+	// One whose ADD ended during this GC (Completed) stays: the runtime's
+	// valid list, made before, cannot name it. The next GC decides.
+	sweep := &endpoint.Sweep{Net: n, Conf: args.StdinData, CNIPath: args.Path, Valid: valid, Seam: gcSeam,
+		Gone: func(_ *state.Record, st state.Status) (bool, error) { return st != state.Completed, nil }}
+	recs, err := sweep.List()
 	if err != nil {
-		return endpoint.Errorf(endpoint.ErrIO, "read state directory %s: %w", n.StateDir, err)
+		return err
 	}
-	var errs error
-	afterList()
-	for _, r := range recs {
-		if valid[r.ContainerID+"/"+r.IfName] {
-			continue
-		}
-		st, now, err := store.Recheck(r)
-		if err != nil {
-			errs = errors.Join(errs, err)
-			continue
-		}
-		switch st {
-		case state.Adding, state.Gone:
-			continue
-		case state.Completed:
-			// Its ADD ended during this GC: the runtime's valid list,
-			// made before, cannot name it. The next GC decides.
-			continue
-		}
-		r = now // Complete and not valid, or Abandoned: half made by an ADD that died
-		_, err = endpoint.TearDownJudged(n, st, r, args.StdinData, args.Path, beforeTeardown)
-		errs = errors.Join(errs, err)
-	}
-	errs = errors.Join(errs, store.RemoveStaleTemps())
+	_, errs := sweep.TearDownGone(recs)
+	errs = errors.Join(errs, n.Store().RemoveStaleTemps())
 	if !datapath.AgentAlive(n.PinDir) {
 		// Veths handed off to an agent that is gone (see endpoint.Reap).
 		_, err := endpoint.ReapAll(context.TODO(), n.PinDir, nil)

@@ -73,7 +73,10 @@ func TestGCReAddedAfterList(t *testing.T) {
 		t.Fatal(err)
 	}
 	var newAdd *state.Record
-	afterList = func() {
+	gcSeam = func(held *state.Record) {
+		if held != nil {
+			return // after the listing only
+		}
 		// The runtime's DEL of the attachment, then its new ADD.
 		if err := store.Remove("readded", "eth0"); err != nil {
 			t.Error(err)
@@ -98,7 +101,7 @@ func TestGCReAddedAfterList(t *testing.T) {
 		}
 		newAdd = &r
 	}
-	defer func() { afterList = func() {} }()
+	defer func() { gcSeam = nil }()
 	err = node.Do(func(ns.NetNS) error {
 		return GC(&skel.CmdArgs{StdinData: conf})
 	})

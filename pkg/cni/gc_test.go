@@ -60,7 +60,10 @@ func TestGCAddEndsAfterList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	afterList = func() {
+	gcSeam = func(r *state.Record) {
+		if r != nil {
+			return // after the listing only
+		}
 		// The ADD ends: its final record replaces the provisional one.
 		final := *racing
 		final.Provisional = false
@@ -69,7 +72,7 @@ func TestGCAddEndsAfterList(t *testing.T) {
 		}
 		claim.Close()
 	}
-	defer func() { afterList = func() {} }()
+	defer func() { gcSeam = nil }()
 	err = node.Do(func(ns.NetNS) error {
 		return GC(&skel.CmdArgs{StdinData: conf})
 	})
@@ -120,7 +123,10 @@ func TestGCAbandonedReclaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 	var newAdd *state.Record
-	beforeTeardown = func(r *state.Record) {
+	gcSeam = func(r *state.Record) {
+		if r == nil {
+			return // before the teardown only
+		}
 		// DEL of the attachment: only a record nobody holds is its to remove.
 		if rec, err := store.Read(r.ContainerID, r.IfName); err != nil || rec == nil || store.Busy(rec) {
 			return
@@ -153,7 +159,7 @@ func TestGCAbandonedReclaimed(t *testing.T) {
 		}
 		newAdd = &final
 	}
-	defer func() { beforeTeardown = func(*state.Record) {} }()
+	defer func() { gcSeam = nil }()
 	err := node.Do(func(ns.NetNS) error {
 		return GC(&skel.CmdArgs{StdinData: conf})
 	})

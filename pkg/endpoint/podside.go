@@ -7,13 +7,13 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
 
-// podTeardown is the part of DEL inside the pod's netns: it removes the
+// podSide is the part of a teardown inside the pod's netns: it removes the
 // interface's policy routing rules (rules outlive the interface they were
 // made for) and tells which cni_netns entry DEL may delete: none while the
 // pod keeps another interface on this node's datapath (isOurs(peer ifindex)),
 // since the entry is the pod's, not the interface's. handOff takes the
 // interface out of service for the agent to delete (handoff.go).
-func podTeardown(netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool, handOff bool) (deleteCookie uint64) {
+func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool, handOff bool) (deleteCookie uint64) {
 	if netnsPath == "" {
 		return recCookie
 	}

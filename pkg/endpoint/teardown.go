@@ -38,6 +38,11 @@ type Teardown struct {
 	DP               *datapath.Datapath // nil when the datapath was never set up
 
 	before, with []func() error
+	hostIf       string
+	netns        string // the pod's netns path; "" when unknown, or not ours to touch
+	foreign      bool   // the host veth is another network's attachment's
+	handOff      bool   // the agent is alive: it deletes the veth (handoff.go)
+	tr           *Tracer
 }
 
 // BeforeEndpoints registers a step that runs before the endpoint entries go.
@@ -46,101 +51,148 @@ func (t *Teardown) BeforeEndpoints(f func() error) { t.before = append(t.before,
 // WithVeth registers a step that runs while the veth is being deleted.
 func (t *Teardown) WithVeth(f func() error) { t.with = append(t.with, f) }
 
-// Remove tears down the attachment containerID/ifname of network n, found
-// by its record (rec, nil when none) or its host veth's name. netnsPath ""
-// takes the record's. features are every capability (see Capabilities):
-// teardown does not depend on how the attachment was configured.
-func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record, features []Feature, tr *Tracer) error {
-	t := &Teardown{Net: n, ContainerID: containerID, IfName: ifname, Record: rec, Complete: rec}
+// tearDown removes the attachment id of network n (see Teardown), found by
+// its record (rec, nil when none) or its host veth's name. id.Netns ""
+// takes the record's. Every feature's teardown runs: it does not depend on
+// how the attachment was configured.
+func tearDown(n *Network, id ID, rec *state.Record, tr *Tracer) error {
+	t := newTeardown(n, id, rec, tr)
+	errs := t.openMaps()
+	if t.DP != nil {
+		defer t.DP.Close()
+	}
+	errs = errors.Join(errs, t.runBefore())
+	with := t.startWithVeth()
+	tr.Mark("before-endpoints")
+	errs = errors.Join(errs, t.removeEndpoints(), t.removePodSide())
+	tr.Mark("endpoints")
+	errs = errors.Join(errs, t.removeVeth())
+	if with != nil {
+		errs = errors.Join(errs, <-with)
+		tr.Mark("with-veth")
+	}
+	errs = errors.Join(errs, t.removeLinkState())
+	tr.Mark("pins")
+	if errs == nil {
+		// Keep the record while anything failed, so a retry or GC can finish.
+		errs = n.Store().Remove(id.ContainerID, id.IfName)
+	}
+	return errs
+}
+
+// newTeardown finds the attachment's host veth: its ifindex, whether it is
+// another network's, whether the agent takes it over.
+func newTeardown(n *Network, id ID, rec *state.Record, tr *Tracer) *Teardown {
+	t := &Teardown{Net: n, ContainerID: id.ContainerID, IfName: id.IfName, Record: rec, Complete: rec,
+		hostIf: state.HostIfName(id.ContainerID, id.IfName), netns: id.Netns, tr: tr}
 	if rec != nil && rec.Provisional {
 		t.Complete = nil
 	}
-	hostIf := state.HostIfName(containerID, ifname)
+	if rec != nil && t.netns == "" {
+		t.netns = rec.Netns
+	}
 	// The veth of another network's attachment of the same container and
 	// interface name (its ADD refused ours, and the runtime DELs ours):
 	// neither it, nor its pins, entries or pod rules are ours to remove.
-	foreign := false
-	handOff := false
-	if l, err := netlinksafe.LinkByName(hostIf); err == nil {
-		foreign = foreignLink(l, n.Name, containerID, ifname)
-		if !foreign {
+	if l, err := netlinksafe.LinkByName(t.hostIf); err == nil {
+		t.foreign = foreignLink(l, n.Name, id.ContainerID, id.IfName)
+		if !t.foreign {
 			t.Ifindex = l.Attrs().Index
 			// With the agent alive the veth is handed off to it (handoff.go).
-			handOff = datapath.AgentAlive(n.PinDir)
+			t.handOff = datapath.AgentAlive(n.PinDir)
 		}
 	} else if rec != nil && rec.HostIfindex != 0 {
 		// The veth is gone; its old index is ours unless a new link took it.
-		if l, err := netlink.LinkByIndex(rec.HostIfindex); err != nil || l.Attrs().Name == hostIf {
+		if l, err := netlink.LinkByIndex(rec.HostIfindex); err != nil || l.Attrs().Name == t.hostIf {
 			t.Ifindex = rec.HostIfindex
 		}
 	}
+	if t.foreign {
+		t.netns = "" // the pod's interface of that name is the other network's
+	}
 	tr.Mark("lookup")
+	return t
+}
 
+// openMaps opens the node's maps into t.DP (left nil when the datapath was
+// never set up). Teardown needs the maps only, whichever build of this
+// layout pinned the programs (an upgrade's first verb may be this DEL).
+func (t *Teardown) openMaps() error {
 	var errs error
-	// Teardown needs the maps only, whichever build of this layout pinned
-	// the programs (an upgrade's first verb may be this DEL).
-	dp, err := datapath.OpenMapsLean(n.PinDir)
+	dp, err := datapath.OpenMapsLean(t.Net.PinDir)
 	switch {
 	case !errors.Is(err, os.ErrNotExist):
-	case datapath.HasOlderLayout(n.PinDir):
+	case datapath.HasOlderLayout(t.Net.PinDir):
 		// An older build's maps: move the node to this layout first, so
 		// the attachment's entries go from the maps its programs use.
-		dp, err = datapath.Ensure(n.PinDir, n.Sizing())
+		dp, err = datapath.Ensure(t.Net.PinDir, t.Net.Sizing())
 	default:
 		// A map pin removed while the programs use the map: pinned
 		// again from them, the attachment's entries are found there.
-		if rerr := datapath.Readopt(n.PinDir); rerr != nil {
+		if rerr := datapath.Readopt(t.Net.PinDir); rerr != nil {
 			errs = errors.Join(errs, rerr)
 		} else {
-			dp, err = datapath.OpenMapsLean(n.PinDir)
+			dp, err = datapath.OpenMapsLean(t.Net.PinDir)
 		}
 	}
 	switch {
 	case err == nil:
-		defer dp.Close()
 		t.DP = dp
 	case errors.Is(err, os.ErrNotExist):
 		// never set up: nothing in maps
 	default:
-		errs = errors.Join(errs, fmt.Errorf("open datapath at %s: %w", n.PinDir, err))
+		errs = errors.Join(errs, fmt.Errorf("open datapath at %s: %w", t.Net.PinDir, err))
 	}
+	return errs
+}
 
-	if t.DP != nil {
-		// Any pod may have flows the stack delivered to it (a Service's backend).
-		t.WithVeth(func() error {
-			_, err := t.DP.Maps.DeleteStackFlowsOf(t.Ifindex)
-			return err
-		})
-		for _, f := range features {
-			f.Teardown(t)
-		}
-		for _, f := range t.before {
-			errs = errors.Join(errs, f())
-		}
+// runBefore registers every feature's steps and runs those that go before
+// the endpoint entries.
+func (t *Teardown) runBefore() error {
+	if t.DP == nil {
+		return nil
 	}
-	var with chan error
-	if t.DP != nil && t.Ifindex != 0 {
-		with = make(chan error, 1)
-		go func() {
-			var err error
-			for _, f := range t.with {
-				err = errors.Join(err, f())
-			}
-			with <- err
-		}()
+	// Any pod may have flows the stack delivered to it (a Service's backend).
+	t.WithVeth(func() error {
+		_, err := t.DP.Maps.DeleteStackFlowsOf(t.Ifindex)
+		return err
+	})
+	for _, f := range AllFeatures() {
+		f.Teardown(t)
 	}
-	tr.Mark("before-endpoints")
-	errs = errors.Join(errs, t.removeEndpoints())
+	var errs error
+	for _, f := range t.before {
+		errs = errors.Join(errs, f())
+	}
+	return errs
+}
 
-	// Inside the pod: the interface's rules go; the pod's netns entry goes
-	// unless another interface of the pod still uses it.
-	var recCookie uint64
-	table := 0
-	if rec != nil {
-		recCookie, table = rec.NetnsCookie, rec.PodTable
-		if netnsPath == "" {
-			netnsPath = rec.Netns
+// startWithVeth runs the WithVeth steps in the background; nil when there
+// is nothing to run them on.
+func (t *Teardown) startWithVeth() chan error {
+	if t.DP == nil || t.Ifindex == 0 {
+		return nil
+	}
+	with := make(chan error, 1)
+	go func() {
+		var err error
+		for _, f := range t.with {
+			err = errors.Join(err, f())
 		}
+		with <- err
+	}()
+	return with
+}
+
+// removePodSide removes the interface's rules inside the pod, and the pod's
+// netns entry unless another interface of the pod still uses it.
+func (t *Teardown) removePodSide() error {
+	var (
+		recCookie uint64
+		table     int
+	)
+	if t.Record != nil {
+		recCookie, table = t.Record.NetnsCookie, t.Record.PodTable
 	}
 	isOurs := func(idx int) bool {
 		if t.DP == nil {
@@ -149,46 +201,48 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 		_, err := t.DP.Maps.LookupLink(idx)
 		return err == nil
 	}
-	if foreign {
-		netnsPath = "" // the pod's interface of that name is the other network's
+	if cookie := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff); cookie != 0 && t.DP != nil {
+		return t.DP.Maps.DeleteNetns(cookie)
 	}
-	if cookie := podTeardown(netnsPath, ifname, recCookie, t.Ifindex, table, isOurs, handOff); cookie != 0 && t.DP != nil {
-		errs = errors.Join(errs, t.DP.Maps.DeleteNetns(cookie))
-	}
-	tr.Mark("endpoints")
-	// Deleting the veth before dropping the link pins also saves time:
-	// unregistering the device detaches both tcx hooks, and releasing an
-	// already detached link is free, whereas releasing an attached one waits
-	// out an RCU grace period per hook. Handed off, the agent deletes it.
+	return nil
+}
+
+// removeVeth deletes the host veth, or hands it off to the agent. Deleting
+// the veth before dropping the link pins also saves time: unregistering
+// the device detaches both tcx hooks, and releasing an already detached
+// link is free, whereas releasing an attached one waits out an RCU grace
+// period per hook.
+func (t *Teardown) removeVeth() error {
 	switch {
-	case foreign:
-	case handOff:
-		if err := handOffHost(n.PinDir, hostIf, t.Ifindex); err != nil {
+	case t.foreign:
+		return nil
+	case t.handOff:
+		var errs error
+		if err := handOffHost(t.Net.PinDir, t.hostIf, t.Ifindex); err != nil {
 			// Not handed off: delete it here after all.
-			errs = errors.Join(errs, deleteLink(hostIf), datapath.RemoveLinkPins(n.PinDir, state.HandedOffName(t.Ifindex)))
+			errs = errors.Join(deleteLink(t.hostIf), datapath.RemoveLinkPins(t.Net.PinDir, state.HandedOffName(t.Ifindex)))
 		}
-		tr.Mark("hand-off")
+		t.tr.Mark("hand-off")
+		return errs
 	default:
-		errs = errors.Join(errs, deleteLink(hostIf))
-		tr.Mark("veth")
+		err := deleteLink(t.hostIf)
+		t.tr.Mark("veth")
+		return err
 	}
-	if with != nil {
-		errs = errors.Join(errs, <-with)
-		tr.Mark("with-veth")
-	}
+}
+
+// removeLinkState removes what is keyed by the veth's ifindex, once no
+// program runs for it, and its link pins.
+func (t *Teardown) removeLinkState() error {
+	var errs error
 	if t.DP != nil && t.Ifindex != 0 {
 		// The flow events switch goes too: the next pod given this
 		// ifindex has not asked for them. (Its flows age out: LRU, idle sweep.)
-		errs = errors.Join(errs, t.DP.Maps.DeleteLink(t.Ifindex), t.DP.Maps.ResetStats(t.Ifindex),
+		errs = errors.Join(t.DP.Maps.DeleteLink(t.Ifindex), t.DP.Maps.ResetStats(t.Ifindex),
 			t.DP.Maps.SetFlowEvents(uint32(t.Ifindex), false))
 	}
-	if !foreign {
-		errs = errors.Join(errs, datapath.RemoveLinkPins(n.PinDir, hostIf))
-	}
-	tr.Mark("pins")
-	if errs == nil {
-		// Keep the record while anything failed, so a retry or GC can finish.
-		errs = n.Store().Remove(containerID, ifname)
+	if !t.foreign {
+		errs = errors.Join(errs, datapath.RemoveLinkPins(t.Net.PinDir, t.hostIf))
 	}
 	return errs
 }

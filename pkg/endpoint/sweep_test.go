@@ -58,7 +58,10 @@ func TestReconcileAddEndsAfterList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	afterList = func() {
+	afterList := func(r *state.Record) {
+		if r != nil {
+			return // after the listing only
+		}
 		// The ADD ends: its final record replaces the provisional one.
 		final := *rec
 		final.Provisional = false
@@ -67,11 +70,12 @@ func TestReconcileAddEndsAfterList(t *testing.T) {
 		}
 		claim.Close()
 	}
-	defer func() { afterList = func() {} }()
 	var done []string
 	err = node.Do(func(ns.NetNS) error {
 		var err error
-		done, err = Reconcile(n, conf, "", true)
+		s := reconcileSweep(n, conf, "", true)
+		s.Seam = afterList
+		done, err = s.Run()
 		return err
 	})
 	if err != nil {
@@ -81,7 +85,6 @@ func TestReconcileAddEndsAfterList(t *testing.T) {
 		t.Errorf("Reconcile would remove a pod whose ADD just ended: %v", done)
 	}
 	// Still provisional and no longer locked: that ADD died; it goes.
-	afterList = func() {}
 	if err := store.Write(rec); err != nil {
 		t.Fatal(err)
 	}
