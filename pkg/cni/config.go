@@ -102,6 +102,22 @@ func (c *NetConf) validateFeatures() error {
 	return nil
 }
 
+// ipamFields are the address fields common to IPAM plugins.
+type ipamFields struct {
+	Subnet  string `json:"subnet"`
+	Gateway string `json:"gateway"`
+	Ranges  [][]struct {
+		Subnet     string `json:"subnet"`
+		RangeStart string `json:"rangeStart"`
+		RangeEnd   string `json:"rangeEnd"`
+		Gateway    string `json:"gateway"`
+	} `json:"ranges"`
+	Routes []struct {
+		Dst string `json:"dst"`
+		GW  string `json:"gw"`
+	} `json:"routes"`
+}
+
 // validateIPAM checks that an ipam block exists and that the address fields
 // common to IPAM plugins parse, so a typo is error 7 naming the field rather
 // than an opaque failure deep in the IPAM plugin. v4Only tells that the
@@ -111,26 +127,21 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 		return false, endpoint.ConfError("ipam: missing (need an \"ipam\" object with a \"type\", e.g. host-local)")
 	}
 	var raw struct {
-		IPAM struct {
-			Subnet  string `json:"subnet"`
-			Gateway string `json:"gateway"`
-			Ranges  [][]struct {
-				Subnet     string `json:"subnet"`
-				RangeStart string `json:"rangeStart"`
-				RangeEnd   string `json:"rangeEnd"`
-				Gateway    string `json:"gateway"`
-			} `json:"ranges"`
-			Routes []struct {
-				Dst string `json:"dst"`
-				GW  string `json:"gw"`
-			} `json:"routes"`
-		} `json:"ipam"`
+		IPAM ipamFields `json:"ipam"`
 		// Decoded apart below: a malformed one is host-local's to refuse.
 		RuntimeConfig json.RawMessage `json:"runtimeConfig"`
 	}
 	if err := json.Unmarshal(stdin, &raw); err != nil {
 		return false, endpoint.ConfError("ipam: %w", err)
 	}
+	if err := raw.IPAM.check(mtu); err != nil {
+		return false, err
+	}
+	return raw.IPAM.v4Only(ipamType, raw.RuntimeConfig), nil
+}
+
+// check parses every address field, naming the first that does not.
+func (ip *ipamFields) check(mtu int) error {
 	cidr := func(field, v string) error {
 		if v == "" {
 			return nil
@@ -150,25 +161,24 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 		}
 		return nil
 	}
-	ip := raw.IPAM
 	if err := cidr("ipam.subnet", ip.Subnet); err != nil {
-		return false, err
+		return err
 	}
 	if err := addr("ipam.gateway", ip.Gateway); err != nil {
-		return false, err
+		return err
 	}
 	for i, set := range ip.Ranges {
 		for j, r := range set {
 			f := fmt.Sprintf("ipam.ranges[%d][%d]", i, j)
 			if r.Subnet == "" {
-				return false, endpoint.ConfError("%s.subnet: missing", f)
+				return endpoint.ConfError("%s.subnet: missing", f)
 			}
 			if err := cidr(f+".subnet", r.Subnet); err != nil {
-				return false, err
+				return err
 			}
 			for name, v := range map[string]string{"rangeStart": r.RangeStart, "rangeEnd": r.RangeEnd, "gateway": r.Gateway} {
 				if err := addr(f+"."+name, v); err != nil {
-					return false, err
+					return err
 				}
 			}
 		}
@@ -176,17 +186,21 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 	for i, r := range ip.Routes {
 		f := fmt.Sprintf("ipam.routes[%d]", i)
 		if r.Dst == "" {
-			return false, endpoint.ConfError("%s.dst: missing", f)
+			return endpoint.ConfError("%s.dst: missing", f)
 		}
 		if err := cidr(f+".dst", r.Dst); err != nil {
-			return false, err
+			return err
 		}
 		if err := addr(f+".gw", r.GW); err != nil {
-			return false, err
+			return err
 		}
 	}
-	// host-local gives addresses of these subnets only: all IPv4, the
-	// pods' host veths need no IPv6 (see endpoint.Network.IPv4Only).
+	return nil
+}
+
+// v4Only: host-local gives addresses of these subnets only: all IPv4, the
+// pods' host veths need no IPv6 (see endpoint.Network.IPv4Only).
+func (ip *ipamFields) v4Only(ipamType string, runtimeConfig json.RawMessage) bool {
 	subnets := []string{ip.Subnet}
 	for _, set := range ip.Ranges {
 		for _, r := range set {
@@ -195,7 +209,7 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 	}
 	// Written as IPv4, not v4-mapped IPv6.
 	isV4 := func(s string) bool { _, n, err := net.ParseCIDR(s); return err == nil && len(n.Mask) == net.IPv4len }
-	v4Only = ipamType == "host-local"
+	v4Only := ipamType == "host-local"
 	seen := false
 	for _, s := range subnets {
 		if s != "" {
@@ -211,15 +225,15 @@ func validateIPAM(stdin []byte, ipamType string, mtu int) (v4Only bool, err erro
 			Subnet string `json:"subnet"`
 		} `json:"ipRanges"`
 	}
-	if len(raw.RuntimeConfig) > 0 && json.Unmarshal(raw.RuntimeConfig, &rt) != nil {
-		return false, nil
+	if len(runtimeConfig) > 0 && json.Unmarshal(runtimeConfig, &rt) != nil {
+		return false
 	}
 	for _, set := range rt.IPRanges {
 		for _, r := range set {
 			v4Only = v4Only && isV4(r.Subnet)
 		}
 	}
-	return v4Only && seen, nil
+	return v4Only && seen
 }
 
 // prevResult returns the previous result as the current result type.
