@@ -25,7 +25,6 @@ var longFuncs = map[string]bool{
 	"pkg/agent/uninstall.go:Uninstall":                   true,
 	"pkg/agent/inspect/status.go:Status":                 true,
 	"pkg/agent/reconcile.go:ReconcileMaps":               true,
-	"pkg/endpoint/check.go:Check":                        true,
 	"pkg/agent/netpol/controller.go:Controller.sync":     true,
 	"pkg/policy/compile/flatten.go:flatten":              true,
 	"pkg/maps/migrate.go:Maps.MigrateFrom":               true,

@@ -39,101 +39,133 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 	defer datapath.MarkBusy(n.PinDir)() // the agent's background work waits
 	rec, _ := n.Store().Read(id.ContainerID, id.IfName)
 	a := &Attachment{Net: n, ID: id, HostIf: state.HostIfName(id.ContainerID, id.IfName), IPs: prev.IPs, features: features}
-	host, err := netlinksafe.LinkByName(a.HostIf)
+	host, err := a.checkHost()
 	if err != nil {
-		return checkError("host veth %s: %w", a.HostIf, err)
+		return err
 	}
-	a.Ifindex = host.Attrs().Index
-	if host.Attrs().Flags&net.FlagUp == 0 {
-		return checkError("host veth %s is down: the pod is cut off", a.HostIf)
-	}
-	if n.MTU != 0 && host.Attrs().MTU != n.MTU {
-		return checkError("host veth %s has MTU %d, the network's mtu is %d", a.HostIf, host.Attrs().MTU, n.MTU)
-	}
-	for _, ipc := range prev.IPs {
-		if err := checkHostRoute(ipc.Address.IP, a.Ifindex, a.HostIf); err != nil {
-			return err
-		}
-	}
-
 	if a.DP, err = datapath.Open(n.PinDir); err != nil {
 		return Errorf(ErrUnavailable, "datapath at %s: %w", n.PinDir, err)
 	}
 	defer a.DP.Close()
-	if err := a.DP.Maps.CheckSizing(n.sizing); err != nil {
-		return ConfError("pinDir %s: %w", n.PinDir, err)
-	}
-	if err := a.DP.Attached(a.Ifindex, a.HostIf); err != nil {
-		return checkError("%w", err)
-	}
-	li, err := a.DP.Maps.LookupLink(a.Ifindex)
+	mapMAC, err := a.checkMaps()
 	if err != nil {
-		return checkError("map cni_links has no entry for %s (ifindex %d): %v", a.HostIf, a.Ifindex, notExist(err))
-	}
-	mapMAC := net.HardwareAddr(li.Mac[:]).String()
-	for _, ip := range a.PodIPs() {
-		e, err := a.DP.Maps.LookupEndpoint(ip)
-		if err != nil {
-			return checkError("map cni_endpoints has no entry for %s: %v", ip, notExist(err))
-		}
-		if int(e.Ifindex) != a.Ifindex {
-			return checkError("map cni_endpoints sends %s to ifindex %d, not %s (%d)", ip, e.Ifindex, a.HostIf, a.Ifindex)
-		}
+		return err
 	}
 	for _, f := range features {
 		if err := f.Check(a); err != nil {
 			return err
 		}
 	}
-
 	return netns.Do(func(ns.NetNS) error {
-		l, err := netlinksafe.LinkByName(id.IfName)
-		if err != nil {
-			return checkError("interface %s in %s: %w", id.IfName, id.Netns, err)
-		}
-		at := l.Attrs()
-		if at.HardwareAddr.String() != mapMAC {
-			return checkError("interface %s has MAC %s, the datapath delivers to %s (cni_links of %s): the pod has not sent from its new MAC yet",
-				id.IfName, at.HardwareAddr, mapMAC, a.HostIf)
-		}
-		if podIf.Mac != "" && at.HardwareAddr.String() != podIf.Mac {
-			return checkError("interface %s has MAC %s, prevResult says %s", id.IfName, at.HardwareAddr, podIf.Mac)
-		}
-		if at.Flags&net.FlagUp == 0 {
-			return checkError("interface %s in %s is down", id.IfName, id.Netns)
-		}
-		if at.MTU != host.Attrs().MTU {
-			return checkError("interface %s has MTU %d, its host veth %s %d: packets between them would be dropped", id.IfName, at.MTU, a.HostIf, host.Attrs().MTU)
-		}
-		if at.ParentIndex != a.Ifindex {
-			return checkError("interface %s is not the peer of host veth %s", id.IfName, a.HostIf)
-		}
-		// Not ip.ValidateExpectedInterfaceIPs: it wants the prefix route that
-		// ADD deliberately leaves out (all traffic goes via the gateway).
-		addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_ALL)
-		if err != nil {
-			return checkError("list addresses of %s: %w", id.IfName, err)
-		}
-		for _, ipc := range prev.IPs {
-			found := false
-			for _, ad := range addrs {
-				if ad.IPNet.String() == ipc.Address.String() {
-					found = true
-					break
-				}
-			}
-			if !found {
-				return checkError("address %s is missing from %s", ipc.Address.String(), id.IfName)
-			}
-		}
-		if err := ip.ValidateExpectedRoute(prev.Routes); err != nil {
-			return checkError("%w", err)
-		}
-		if rec != nil && rec.PodTable == 0 {
-			return nil // added by a build before per-interface tables
-		}
-		return checkPodTable(id.IfName, at.Index, prev.IPs)
+		return a.checkPod(podIf, host, mapMAC, prev, rec)
 	})
+}
+
+// checkHost checks the host veth (up, its MTU) and the node's routes to
+// the pod's addresses; it sets a.Ifindex.
+func (a *Attachment) checkHost() (netlink.Link, error) {
+	host, err := netlinksafe.LinkByName(a.HostIf)
+	if err != nil {
+		return nil, checkError("host veth %s: %w", a.HostIf, err)
+	}
+	a.Ifindex = host.Attrs().Index
+	if host.Attrs().Flags&net.FlagUp == 0 {
+		return nil, checkError("host veth %s is down: the pod is cut off", a.HostIf)
+	}
+	if a.Net.MTU != 0 && host.Attrs().MTU != a.Net.MTU {
+		return nil, checkError("host veth %s has MTU %d, the network's mtu is %d", a.HostIf, host.Attrs().MTU, a.Net.MTU)
+	}
+	for _, ipc := range a.IPs {
+		if err := checkHostRoute(ipc.Address.IP, a.Ifindex, a.HostIf); err != nil {
+			return nil, err
+		}
+	}
+	return host, nil
+}
+
+// checkMaps checks the maps' sizes, the programs attached, the link entry
+// and the endpoint entries; it returns the pod's MAC as cni_links has it.
+func (a *Attachment) checkMaps() (string, error) {
+	if err := a.DP.Maps.CheckSizing(a.Net.sizing); err != nil {
+		return "", ConfError("pinDir %s: %w", a.Net.PinDir, err)
+	}
+	if err := a.DP.Attached(a.Ifindex, a.HostIf); err != nil {
+		return "", checkError("%w", err)
+	}
+	li, err := a.DP.Maps.LookupLink(a.Ifindex)
+	if err != nil {
+		return "", checkError("map cni_links has no entry for %s (ifindex %d): %v", a.HostIf, a.Ifindex, notExist(err))
+	}
+	for _, ip := range a.PodIPs() {
+		e, err := a.DP.Maps.LookupEndpoint(ip)
+		if err != nil {
+			return "", checkError("map cni_endpoints has no entry for %s: %v", ip, notExist(err))
+		}
+		if int(e.Ifindex) != a.Ifindex {
+			return "", checkError("map cni_endpoints sends %s to ifindex %d, not %s (%d)", ip, e.Ifindex, a.HostIf, a.Ifindex)
+		}
+	}
+	return net.HardwareAddr(li.Mac[:]).String(), nil
+}
+
+// checkPod checks the pod's side, in the calling thread's netns (the
+// pod's): its interface (MAC, up, MTU, peer), addresses, routes and table.
+func (a *Attachment) checkPod(podIf *current.Interface, host netlink.Link, mapMAC string, prev *current.Result, rec *state.Record) error {
+	id := a.ID
+	l, err := netlinksafe.LinkByName(id.IfName)
+	if err != nil {
+		return checkError("interface %s in %s: %w", id.IfName, id.Netns, err)
+	}
+	at := l.Attrs()
+	if at.HardwareAddr.String() != mapMAC {
+		return checkError("interface %s has MAC %s, the datapath delivers to %s (cni_links of %s): the pod has not sent from its new MAC yet",
+			id.IfName, at.HardwareAddr, mapMAC, a.HostIf)
+	}
+	if podIf.Mac != "" && at.HardwareAddr.String() != podIf.Mac {
+		return checkError("interface %s has MAC %s, prevResult says %s", id.IfName, at.HardwareAddr, podIf.Mac)
+	}
+	if at.Flags&net.FlagUp == 0 {
+		return checkError("interface %s in %s is down", id.IfName, id.Netns)
+	}
+	if at.MTU != host.Attrs().MTU {
+		return checkError("interface %s has MTU %d, its host veth %s %d: packets between them would be dropped", id.IfName, at.MTU, a.HostIf, host.Attrs().MTU)
+	}
+	if at.ParentIndex != a.Ifindex {
+		return checkError("interface %s is not the peer of host veth %s", id.IfName, a.HostIf)
+	}
+	if err := checkPodAddrs(l, prev.IPs); err != nil {
+		return err
+	}
+	if err := ip.ValidateExpectedRoute(prev.Routes); err != nil {
+		return checkError("%w", err)
+	}
+	if rec != nil && rec.PodTable == 0 {
+		return nil // added by a build before per-interface tables
+	}
+	return checkPodTable(id.IfName, at.Index, prev.IPs)
+}
+
+// checkPodAddrs: every address of prevResult is on the pod's interface. Not
+// ip.ValidateExpectedInterfaceIPs: it wants the prefix route that ADD
+// deliberately leaves out (all traffic goes via the gateway).
+func checkPodAddrs(l netlink.Link, ips []*current.IPConfig) error {
+	addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_ALL)
+	if err != nil {
+		return checkError("list addresses of %s: %w", l.Attrs().Name, err)
+	}
+	for _, ipc := range ips {
+		found := false
+		for _, ad := range addrs {
+			if ad.IPNet.String() == ipc.Address.String() {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return checkError("address %s is missing from %s", ipc.Address.String(), l.Attrs().Name)
+		}
+	}
+	return nil
 }
 
 // checkHostRoute: the node routes a pod address to its host veth, and only there.
