@@ -23,7 +23,6 @@ const maxFuncLines = 80
 var longFuncs = map[string]bool{
 	"pkg/datapath/upgrade.go:Datapath.upgradeLocked":     true,
 	"pkg/agent/uninstall.go:Uninstall":                   true,
-	"pkg/agent/inspect/status.go:Status":                 true,
 	"pkg/agent/reconcile.go:ReconcileMaps":               true,
 	"pkg/agent/netpol/controller.go:Controller.sync":     true,
 	"pkg/policy/compile/flatten.go:flatten":              true,

@@ -137,58 +137,86 @@ func Status(src Source, version string) *StatusReport {
 	if unix.Uname(&uts) == nil {
 		r.Kernel = unix.ByteSliceToString(uts.Release[:])
 	}
-	problem := func(f string, a ...any) { r.Problems = append(r.Problems, fmt.Sprintf(f, a...)) }
-
 	var st unix.Statfs_t
 	if err := unix.Statfs(pinRoot, &st); err != nil {
-		problem("pin directory %s: %v", pinRoot, err)
+		r.problem("pin directory %s: %v", pinRoot, err)
 	} else if st.Type != unix.BPF_FS_MAGIC {
-		problem("pin directory %s is not on bpffs", pinRoot)
+		r.problem("pin directory %s is not on bpffs", pinRoot)
 	}
 	dp, err := datapath.Open(pinRoot)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			problem("datapath not set up by this build (no ADD or agent start yet, or another build pinned it): %v", err)
+			r.problem("datapath not set up by this build (no ADD or agent start yet, or another build pinned it): %v", err)
 		} else {
-			problem("%v", err)
+			r.problem("%v", err)
 		}
 	} else {
 		defer dp.Close()
-		sz := maps.SizingOf(dp.Maps)
-		r.Sizing = &sz
-		us, err := dp.Maps.Usage()
-		if err != nil {
-			problem("read the maps: %v", err)
-		}
-		r.Maps = us
-		if len(us) > 0 {
-			r.Memory.CPUs = us[0].CPUs
-			r.Memory.MemlockBytes, r.Memory.FullBytes = maps.Footprint(us, us[0].CPUs)
-		}
-		if ms, w := masqPortStatus(dp.Maps); ms != nil || w != "" {
-			r.Masq = ms
-			if w != "" {
-				r.Warnings = append(r.Warnings, w)
-			}
-		}
-		for _, u := range us {
-			if u.Fill() > maps.FullWarn {
-				what := "ADDs or flows that need another entry fail"
-				if strings.HasPrefix(u.Type, "LRU") {
-					what = "the least recently used flows are evicted"
-				}
-				r.Warnings = append(r.Warnings, fmt.Sprintf("map %s is %.0f%% full (%d of %d entries): %s",
-					u.Name, 100*u.Fill(), u.Entries, u.MaxEntries, what))
-			}
-		}
+		r.mapsStatus(dp.Maps)
 	}
 	for _, d := range datapath.OlderLayoutDirs(pinRoot) {
-		problem("maps of an older layout are still pinned at %s (run `ebpf-agent upgrade`)", d)
+		r.problem("maps of an older layout are still pinned at %s (run `ebpf-agent upgrade`)", d)
 	}
+	r.programsStatus(pinRoot)
+	r.nodeHooksStatus(pinRoot, dp)
+	r.attachmentsStatus(pinRoot)
+	if _, err := datapath.Forced(); err != nil {
+		r.problem("%v", err)
+	}
+	r.Features = datapath.Features()
+	r.Build = "full"
+	if datapath.CompatBuild(pinRoot) {
+		r.Build = "compat"
+	}
+	if miss := datapath.MissingRequired(); len(miss) > 0 {
+		r.problem("the kernel lacks %s, which the datapath needs (docs/compat.md)", strings.Join(miss, ", "))
+	}
+	r.Healthy = len(r.Problems) == 0
+	return r
+}
+
+func (r *StatusReport) problem(f string, a ...any) {
+	r.Problems = append(r.Problems, fmt.Sprintf(f, a...))
+}
+
+// mapsStatus: the sizing, each map's fill and memory, the masquerade ports;
+// a warning per map nearly full.
+func (r *StatusReport) mapsStatus(m *maps.Maps) {
+	sz := maps.SizingOf(m)
+	r.Sizing = &sz
+	us, err := m.Usage()
+	if err != nil {
+		r.problem("read the maps: %v", err)
+	}
+	r.Maps = us
+	if len(us) > 0 {
+		r.Memory.CPUs = us[0].CPUs
+		r.Memory.MemlockBytes, r.Memory.FullBytes = maps.Footprint(us, us[0].CPUs)
+	}
+	if ms, w := masqPortStatus(m); ms != nil || w != "" {
+		r.Masq = ms
+		if w != "" {
+			r.Warnings = append(r.Warnings, w)
+		}
+	}
+	for _, u := range us {
+		if u.Fill() > maps.FullWarn {
+			what := "ADDs or flows that need another entry fail"
+			if strings.HasPrefix(u.Type, "LRU") {
+				what = "the least recently used flows are evicted"
+			}
+			r.Warnings = append(r.Warnings, fmt.Sprintf("map %s is %.0f%% full (%d of %d entries): %s",
+				u.Name, 100*u.Fill(), u.Entries, u.MaxEntries, what))
+		}
+	}
+}
+
+// programsStatus: each pinned program, and whether it is this build's.
+func (r *StatusReport) programsStatus(pinRoot string) {
 	for _, p := range datapath.ProgramPins(pinRoot) {
 		prog, err := ebpf.LoadPinnedProgram(p.Path, &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil {
-			problem("program pin %s: %v", p.Path, err)
+			r.problem("program pin %s: %v", p.Path, err)
 			continue
 		}
 		ps := ProgramStatus{Pin: p.Name, Current: p.Current}
@@ -197,11 +225,16 @@ func Status(src Source, version string) *StatusReport {
 			ps.ID = uint32(id)
 		}
 		if !ps.Current {
-			problem("program pin %s is not this build's (run `ebpf-agent upgrade`)", ps.Pin)
+			r.problem("program pin %s is not this build's (run `ebpf-agent upgrade`)", ps.Pin)
 		}
 		prog.Close()
 		r.Programs = append(r.Programs, ps)
 	}
+}
+
+// nodeHooksStatus: the node hooks' pins, the uplinks' cls_bpf filters and
+// the map entries that need the hooks (dp nil: not set up).
+func (r *StatusReport) nodeHooksStatus(pinRoot string, dp *datapath.Datapath) {
 	for _, p := range datapath.NodeHookPins(pinRoot) {
 		r.Attachments.NodeHooks = append(r.Attachments.NodeHooks, p.Name)
 	}
@@ -217,11 +250,16 @@ func Status(src Source, version string) *StatusReport {
 	if dp != nil {
 		u, err := nodeHookUsers(dp.Maps)
 		if err != nil {
-			problem("read the node hooks' users: %v", err)
+			r.problem("read the node hooks' users: %v", err)
 		}
 		r.Attachments.NodeHookUsers = u
 		r.Attachments.NodeHooksIdle = err == nil && u.none() && len(r.Attachments.NodeHooks) > 0
 	}
+}
+
+// attachmentsStatus: the host veths' link pins and states, the handed-off
+// veths, the agent; a problem for work no one is left to do.
+func (r *StatusReport) attachmentsStatus(pinRoot string) {
 	for _, p := range datapath.VethLinkPins(pinRoot) {
 		r.Attachments.HostVethLinks++
 		if l, err := link.LoadPinnedLink(p.Path, &ebpf.LoadPinOptions{ReadOnly: true}); err == nil {
@@ -248,27 +286,14 @@ func Status(src Source, version string) *StatusReport {
 		}
 	}
 	if n := len(r.Attachments.HandedOff); n > 0 && !r.Attachments.AgentRunning {
-		problem("%d veths handed off by DEL and no agent running to delete them (start it, or a CNI GC deletes them)", n)
+		r.problem("%d veths handed off by DEL and no agent running to delete them (start it, or a CNI GC deletes them)", n)
 	}
 	if n := r.Attachments.HostVeths[datapath.StateTCPending]; n > 0 && !r.Attachments.AgentRunning {
-		problem("%d pods attached with cls_bpf wait for an agent to move them to tcx", n)
+		r.problem("%d pods attached with cls_bpf wait for an agent to move them to tcx", n)
 	}
 	if r.Attachments.Defunct > 0 {
-		problem("%d link pins of deleted devices (run `ebpf-agent reconcile`)", r.Attachments.Defunct)
+		r.problem("%d link pins of deleted devices (run `ebpf-agent reconcile`)", r.Attachments.Defunct)
 	}
-	if _, err := datapath.Forced(); err != nil {
-		problem("%v", err)
-	}
-	r.Features = datapath.Features()
-	r.Build = "full"
-	if datapath.CompatBuild(pinRoot) {
-		r.Build = "compat"
-	}
-	if miss := datapath.MissingRequired(); len(miss) > 0 {
-		problem("the kernel lacks %s, which the datapath needs (docs/compat.md)", strings.Join(miss, ", "))
-	}
-	r.Healthy = len(r.Problems) == 0
-	return r
 }
 
 // featureState is how the datapath stands with a feature.
