@@ -122,104 +122,152 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 		return u, fmt.Errorf("uninstall: %w", err)
 	}
 	defer func() { release(len(u.Removed) == 0) }()
-	add := func(kind, what string) { u.Removed = append(u.Removed, datapath.Removal{Kind: kind, What: what}) }
-	var errs error
-
-	nets, err := LoadNetworks(o.ConfDir, o.PinRoot)
+	x := &uninstaller{o: o, u: &u}
+	x.nets, err = LoadNetworks(o.ConfDir, o.PinRoot)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = errors.Join(errs, err)
+		x.errs = errors.Join(x.errs, err)
 	}
-	sc := newScope(o, nets)
+	sc := newScope(o, x.nets)
 	live, stale, err := judgeAttachments(o, sc)
 	if err != nil {
 		return u, err
 	}
 	ours := datapath.Runs(o.PinRoot)
-	orphans := ourVeths(sc, ours, live, stale)
-	if (len(live) > 0 || len(orphans) > 0) && !o.Force {
-		pe := &PodsPresentError{}
-		for _, p := range live {
-			pe.Pods = append(pe.Pods, p.String())
-		}
-		for _, l := range orphans {
-			pe.Pods = append(pe.Pods, fmt.Sprintf("veth %s (%s) without a record", l.Attrs().Name, l.Attrs().Alias))
-		}
-		return u, pe
-	}
-
-	tear := func(live, stale []livePod) {
-		for _, p := range live {
-			if o.Warn != nil {
-				o.Warn(fmt.Sprintf("--force: tearing down %s: the pod loses this interface", p))
-			}
-		}
-		for _, p := range append(stale, live...) {
-			kind := "attachment"
-			if p.st == state.Abandoned {
-				kind = "attachment (ADD killed part way)"
-			}
-			if err := tearDown(o, p); err != nil {
-				errs = errors.Join(errs, err)
-				continue
-			}
-			add(kind, fmt.Sprintf("%s/%s (host veth %s, IPs %s)", p.rec.ContainerID, p.rec.IfName, p.rec.HostIf, strings.Join(p.rec.IPs, " ")))
-		}
+	if err := refuseLive(o, live, ourVeths(sc, ours, live, stale)); err != nil {
+		return u, err
 	}
 	// The attachments while their network's IPAM configuration is on disk
 	// (a run killed after the conflists went could release no address),
 	// then the conflists, so the runtime starts no pod on the network.
-	tear(live, stale)
+	x.tear(live, stale)
 	endpoint.Crashpoint("uninstall-teardown")
-	files := map[string]bool{}
-	for _, n := range nets {
-		files[n.File] = true
-	}
-	for _, f := range o.ConfFiles {
-		if _, err := os.Stat(f); err == nil && !othersConf(f, o.PinRoot) {
-			files[f] = true
-		}
-	}
-	for _, f := range sortedKeys(files) {
-		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = errors.Join(errs, fmt.Errorf("remove conflist %s: %w", f, err))
-			continue
-		}
-		add("conflist", f)
-	}
+	x.removeConflists()
 	endpoint.Crashpoint("uninstall-conflists")
 	// An ADD that started before the conflists went is judged again.
 	sc.owned = nil
 	live, stale, err = judgeAttachments(o, sc)
 	if err != nil {
-		return u, errors.Join(errs, err)
+		return u, errors.Join(x.errs, err)
 	}
 	if len(live) > 0 && !o.Force {
 		var pods []string
 		for _, p := range live {
 			pods = append(pods, p.String())
 		}
-		return u, errors.Join(errs, fmt.Errorf("uninstall: pods were started while it ran (%s): the datapath stays; delete them and run it again, or pass --force", strings.Join(pods, "; ")))
+		return u, errors.Join(x.errs, fmt.Errorf("uninstall: pods were started while it ran (%s): the datapath stays; delete them and run it again, or pass --force", strings.Join(pods, "; ")))
 	}
-	tear(live, stale)
+	x.tear(live, stale)
+	x.removeVeths(sc, ours)
+	x.detachHooks()
+	if x.errs != nil {
+		// Keep the pins: a second run finds the rest by them.
+		return u, x.errs
+	}
+	// The records before the pin directory (and its uninstall lock): an ADD
+	// claiming after the lock is gone is a new install's, its record kept.
+	rs, err := removeState(sc)
+	u.Removed, x.errs = append(u.Removed, rs...), errors.Join(x.errs, err)
+	if x.errs != nil {
+		return u, x.errs
+	}
+	endpoint.Crashpoint("uninstall-state")
+	rs, err = datapath.RemovePinDir(o.PinRoot)
+	u.Removed, x.errs = append(u.Removed, rs...), errors.Join(x.errs, err)
+	return u, x.errs
+}
 
-	// Veths of ours the records do not name (records removed by hand): the
-	// pod end goes with them.
-	for _, l := range ourVeths(sc, ours) {
-		if err := netlink.LinkDel(l); err != nil {
-			errs = errors.Join(errs, fmt.Errorf("delete veth %s: %w", l.Attrs().Name, err))
+// refuseLive refuses an uninstall without Force while pods use the
+// datapath: live attachments, or veths of ours without a record.
+func refuseLive(o UninstallOptions, live []livePod, orphans []netlink.Link) error {
+	if (len(live) == 0 && len(orphans) == 0) || o.Force {
+		return nil
+	}
+	pe := &PodsPresentError{}
+	for _, p := range live {
+		pe.Pods = append(pe.Pods, p.String())
+	}
+	for _, l := range orphans {
+		pe.Pods = append(pe.Pods, fmt.Sprintf("veth %s (%s) without a record", l.Attrs().Name, l.Attrs().Alias))
+	}
+	return pe
+}
+
+// uninstaller is one run of Uninstall: what it removed and what failed.
+type uninstaller struct {
+	o    UninstallOptions
+	u    *Uninstalled
+	nets []NetworkConf
+	errs error
+}
+
+func (x *uninstaller) add(kind, what string) {
+	x.u.Removed = append(x.u.Removed, datapath.Removal{Kind: kind, What: what})
+}
+
+// tear tears the attachments down (live ones only with --force, warned).
+func (x *uninstaller) tear(live, stale []livePod) {
+	for _, p := range live {
+		if x.o.Warn != nil {
+			x.o.Warn(fmt.Sprintf("--force: tearing down %s: the pod loses this interface", p))
+		}
+	}
+	for _, p := range append(stale, live...) {
+		kind := "attachment"
+		if p.st == state.Abandoned {
+			kind = "attachment (ADD killed part way)"
+		}
+		if err := tearDown(x.o, p); err != nil {
+			x.errs = errors.Join(x.errs, err)
 			continue
 		}
-		add("veth", fmt.Sprintf("%s (%s)", l.Attrs().Name, l.Attrs().Alias))
+		x.add(kind, fmt.Sprintf("%s/%s (host veth %s, IPs %s)", p.rec.ContainerID, p.rec.IfName, p.rec.HostIf, strings.Join(p.rec.IPs, " ")))
 	}
-	if n, err := endpoint.ReapAll(context.Background(), o.PinRoot, nil); err != nil {
-		errs = errors.Join(errs, err)
-	} else if n > 0 {
-		add("handed-off veths", fmt.Sprintf("%d deleted", n))
-	}
+}
 
-	cgroupRoot := o.CgroupRoot
+// removeConflists removes the conflists of the networks using this pin
+// directory, and those named by --conf-file.
+func (x *uninstaller) removeConflists() {
+	files := map[string]bool{}
+	for _, n := range x.nets {
+		files[n.File] = true
+	}
+	for _, f := range x.o.ConfFiles {
+		if _, err := os.Stat(f); err == nil && !othersConf(f, x.o.PinRoot) {
+			files[f] = true
+		}
+	}
+	for _, f := range sortedKeys(files) {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			x.errs = errors.Join(x.errs, fmt.Errorf("remove conflist %s: %w", f, err))
+			continue
+		}
+		x.add("conflist", f)
+	}
+}
+
+// removeVeths deletes the veths of ours the records do not name (records
+// removed by hand; the pod end goes with them) and the handed-off ones.
+func (x *uninstaller) removeVeths(sc *scope, ours func(netlink.Link) bool) {
+	for _, l := range ourVeths(sc, ours) {
+		if err := netlink.LinkDel(l); err != nil {
+			x.errs = errors.Join(x.errs, fmt.Errorf("delete veth %s: %w", l.Attrs().Name, err))
+			continue
+		}
+		x.add("veth", fmt.Sprintf("%s (%s)", l.Attrs().Name, l.Attrs().Alias))
+	}
+	if n, err := endpoint.ReapAll(context.Background(), x.o.PinRoot, nil); err != nil {
+		x.errs = errors.Join(x.errs, err)
+	} else if n > 0 {
+		x.add("handed-off veths", fmt.Sprintf("%d deleted", n))
+	}
+}
+
+// detachHooks detaches the node hooks, the stray links and filters running
+// our programs, and removes the agent's peer routes.
+func (x *uninstaller) detachHooks() {
+	cgroupRoot := x.o.CgroupRoot
 	if cgroupRoot == "" {
-		for _, n := range nets {
+		for _, n := range x.nets {
 			if n.Net.CgroupRoot != "" {
 				cgroupRoot = n.Net.CgroupRoot
 				break
@@ -229,34 +277,17 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 	if cgroupRoot == "" {
 		cgroupRoot, _ = datapath.CgroupRoot("")
 	}
-	rs, err := datapath.DetachNodeHooks(o.PinRoot)
-	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
+	rs, err := datapath.DetachNodeHooks(x.o.PinRoot)
+	x.u.Removed, x.errs = append(x.u.Removed, rs...), errors.Join(x.errs, err)
 	endpoint.Crashpoint("uninstall-hooks")
-	rs, err = datapath.DetachStrays(o.PinRoot, cgroupRoot)
-	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
-
+	rs, err = datapath.DetachStrays(x.o.PinRoot, cgroupRoot)
+	x.u.Removed, x.errs = append(x.u.Removed, rs...), errors.Join(x.errs, err)
 	endpoint.Crashpoint("uninstall-strays")
 	routes, err := removePeerRoutes()
 	for _, r := range routes {
-		add("route", r)
+		x.add("route", r)
 	}
-	errs = errors.Join(errs, err)
-
-	if errs != nil {
-		// Keep the pins: a second run finds the rest by them.
-		return u, errs
-	}
-	// The records before the pin directory (and its uninstall lock): an ADD
-	// claiming after the lock is gone is a new install's, its record kept.
-	rs, err = removeState(sc)
-	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
-	if errs != nil {
-		return u, errs
-	}
-	endpoint.Crashpoint("uninstall-state")
-	rs, err = datapath.RemovePinDir(o.PinRoot)
-	u.Removed, errs = append(u.Removed, rs...), errors.Join(errs, err)
-	return u, errs
+	x.errs = errors.Join(x.errs, err)
 }
 
 // scope is what of the state and conf directories is this pin
