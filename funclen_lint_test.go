@@ -30,7 +30,6 @@ var longFuncs = map[string]bool{
 	"cmd/ebpf-agent/observe.go:eventsCmd":                true,
 	"pkg/maps/policy.go:Maps.ReadPolicy":                 true,
 	"pkg/datapath/nodehooks.go:Datapath.EnsureNodeHooks": true,
-	"pkg/datapath/uninstall.go:DetachStrays":             true,
 }
 
 // TestFunctionsAreShort is the lint rule of that: no function or method of

@@ -182,6 +182,17 @@ func DetachStrays(pinRoot, cgroupRoot string) ([]Removal, error) {
 			}
 		}
 	}
+	rs, err := deleteStrayFilters(links)
+	return append(out, rs...), errors.Join(errs, err)
+}
+
+// deleteStrayFilters deletes the cls_bpf filters of ours (named ebpf-cni-*)
+// on links that are not host veths.
+func deleteStrayFilters(links []netlink.Link) ([]Removal, error) {
+	var (
+		out  []Removal
+		errs error
+	)
 	for _, l := range links {
 		if isHostVethName(l.Attrs().Name) {
 			continue
