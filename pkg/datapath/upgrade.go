@@ -117,81 +117,21 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		return rep, err
 	}
 	// Which links run which of our programs, and which programs that takes.
-	var (
-		links []pinnedLink
-		errs  error
-	)
+	need := map[string]bool{}
+	for _, p := range coreProgramsOf(dp.PinRoot) {
+		need[p.Name] = true
+	}
+	links, errs := openOurLinks(paths, &rep, need)
 	defer func() {
 		for _, pl := range links {
 			pl.l.Close()
 		}
 	}()
-	need := map[string]bool{}
-	for _, p := range coreProgramsOf(dp.PinRoot) {
-		need[p.Name] = true
-	}
-	for _, path := range paths {
-		name := filepath.Base(path)
-		l, err := link.LoadPinnedLink(path, nil)
-		if err != nil {
-			errs = errors.Join(errs, fmt.Errorf("open link pin %s: %w", path, err))
-			continue
-		}
-		rep.Links++
-		info, err := l.Info()
-		if err != nil {
-			l.Close()
-			errs = errors.Join(errs, fmt.Errorf("link %s: %w", name, err))
-			continue
-		}
-		if tcx := info.TCX(); tcx != nil && tcx.Ifindex == 0 {
-			rep.Defunct = append(rep.Defunct, name) // device gone
-			l.Close()
-			continue
-		}
-		old, err := ebpf.NewProgramFromID(info.Program)
-		if err != nil {
-			l.Close()
-			errs = errors.Join(errs, fmt.Errorf("program of link %s: %w", name, err))
-			continue
-		}
-		oi, err := old.Info()
-		old.Close()
-		if err != nil {
-			l.Close()
-			errs = errors.Join(errs, err)
-			continue
-		}
-		p, ok := programOf(oi.Name, linkAttachType(info))
-		if !ok {
-			l.Close()
-			errs = errors.Join(errs, fmt.Errorf("link %s runs %q, which this build does not have", name, oi.Name))
-			continue
-		}
-		need[p.Name] = true
-		links = append(links, pinnedLink{l, name, p})
-	}
 
-	// Uplinks an earlier build set up: this build's every uplink program
-	// goes on them (an earlier build may not have had them all). Uplinks on
-	// cls_bpf filters (tcx missing or forced off) have no pin.
-	uplinks := uplinksInUse(dp.PinRoot)
-	upFilters, err := UplinkFilters()
-	if err != nil {
-		errs = errors.Join(errs, err)
-	}
-	if len(uplinks) > 0 || len(upFilters) > 0 {
-		for _, p := range uplinkPrograms() {
-			need[p.Name] = true
-		}
-	}
+	uplinks, upFilters, err := uplinksToUpgrade(dp.PinRoot, need)
+	errs = errors.Join(errs, err)
 
-	var progs []Program
-	for _, p := range catalog {
-		if need[p.Name] {
-			progs = append(progs, p)
-		}
-	}
+	progs := catalogOf(need)
 	mode := loadMissing
 	if force {
 		mode = reloadAll
@@ -202,11 +142,7 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 	}
 	// dp runs this build's core programs from now on (fresh instances
 	// after force); the others are closed when done.
-	old := []*ebpf.Program{dp.FromContainer, dp.ToContainer, dp.SockOps}
-	dp.setCore(loaded)
-	for _, p := range old {
-		p.Close()
-	}
+	dp.replaceCore(loaded)
 	defer func() {
 		for _, p := range progs {
 			if p.Scope != ScopeHostVeth && p.Name != progSockOps.Name {
@@ -236,6 +172,136 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 			}
 		}
 	}
+	errs = errors.Join(errs, swapLinks(links, loaded, &rep), swapFilters(loaded, upFilters, &rep))
+	// Program pins of other builds are no longer referenced by any link or
+	// filter we own; they stay while any could not be moved.
+	if errs == nil {
+		removeOtherBuilds(dp.PinRoot, &rep)
+	}
+	return rep, errs
+}
+
+// uplinksToUpgrade finds the uplinks an earlier build set up, with pinned
+// links (name -> ifindex) or cls_bpf filters (tcx missing or forced off):
+// this build's every uplink program goes on them (an earlier build may not
+// have had them all), so it adds those programs to need.
+func uplinksToUpgrade(pinRoot string, need map[string]bool) (uplinks map[string]int, filters bool, err error) {
+	uplinks = uplinksInUse(pinRoot)
+	upFilters, err := UplinkFilters()
+	if len(uplinks) > 0 || len(upFilters) > 0 {
+		for _, p := range uplinkPrograms() {
+			need[p.Name] = true
+		}
+	}
+	return uplinks, len(upFilters) > 0, err
+}
+
+// replaceCore makes dp run the core programs of loaded, closing its old ones.
+func (dp *Datapath) replaceCore(loaded map[string]*ebpf.Program) {
+	old := []*ebpf.Program{dp.FromContainer, dp.ToContainer, dp.SockOps}
+	dp.setCore(loaded)
+	for _, p := range old {
+		p.Close()
+	}
+}
+
+// catalogOf is the catalogue's programs named in need, in its order.
+func catalogOf(need map[string]bool) []Program {
+	var progs []Program
+	for _, p := range catalog {
+		if need[p.Name] {
+			progs = append(progs, p)
+		}
+	}
+	return progs
+}
+
+// swapFilters points the host veths' cls_bpf filters, and the uplinks'
+// when uplinkFilters, at this build's programs.
+func swapFilters(loaded map[string]*ebpf.Program, uplinkFilters bool, rep *UpgradeReport) error {
+	var errs error
+	rep.Filters, rep.FiltersSwap, errs = upgradeFilters(loaded)
+	if uplinkFilters {
+		seen, swapped, uerr := upgradeUplinkFilters(loaded)
+		rep.Filters += seen
+		rep.FiltersSwap += swapped
+		errs = errors.Join(errs, uerr)
+	}
+	return errs
+}
+
+// removeOtherBuilds removes the program pins of other builds.
+func removeOtherBuilds(pinRoot string, rep *UpgradeReport) {
+	for _, p := range ProgramPins(pinRoot) {
+		if !p.Current {
+			if err := os.Remove(p.Path); err == nil {
+				rep.RemovedProgs = append(rep.RemovedProgs, p.Name)
+			}
+		}
+	}
+}
+
+// openOurLinks opens the link pins (paths) that run programs of ours, and
+// adds those programs to need.
+func openOurLinks(paths []string, rep *UpgradeReport, need map[string]bool) ([]pinnedLink, error) {
+	var (
+		links []pinnedLink
+		errs  error
+	)
+	for _, path := range paths {
+		pl, err := openOurLink(path, rep)
+		if err != nil {
+			errs = errors.Join(errs, err)
+		} else if pl != nil {
+			need[pl.prog.Name] = true
+			links = append(links, *pl)
+		}
+	}
+	return links, errs
+}
+
+// openOurLink opens a link pin and finds the program of ours it runs; nil
+// (and counted as defunct) when its device is gone.
+func openOurLink(path string, rep *UpgradeReport) (*pinnedLink, error) {
+	name := filepath.Base(path)
+	l, err := link.LoadPinnedLink(path, nil)
+	if err != nil {
+		return nil, fmt.Errorf("open link pin %s: %w", path, err)
+	}
+	rep.Links++
+	info, err := l.Info()
+	if err != nil {
+		l.Close()
+		return nil, fmt.Errorf("link %s: %w", name, err)
+	}
+	if tcx := info.TCX(); tcx != nil && tcx.Ifindex == 0 {
+		rep.Defunct = append(rep.Defunct, name) // device gone
+		l.Close()
+		return nil, nil
+	}
+	old, err := ebpf.NewProgramFromID(info.Program)
+	if err != nil {
+		l.Close()
+		return nil, fmt.Errorf("program of link %s: %w", name, err)
+	}
+	oi, err := old.Info()
+	old.Close()
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	p, ok := programOf(oi.Name, linkAttachType(info))
+	if !ok {
+		l.Close()
+		return nil, fmt.Errorf("link %s runs %q, which this build does not have", name, oi.Name)
+	}
+	return &pinnedLink{l, name, p}, nil
+}
+
+// swapLinks points each link at this build's program (loaded) unless it
+// runs it already.
+func swapLinks(links []pinnedLink, loaded map[string]*ebpf.Program, rep *UpgradeReport) error {
+	var errs error
 	for _, pl := range links {
 		next := loaded[pl.prog.Name]
 		want, err := progID(next)
@@ -253,29 +319,7 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 			rep.Replaced++
 		}
 	}
-
-	var ferr error
-	rep.Filters, rep.FiltersSwap, ferr = upgradeFilters(loaded)
-	errs = errors.Join(errs, ferr)
-	if len(upFilters) > 0 {
-		seen, swapped, uerr := upgradeUplinkFilters(loaded)
-		rep.Filters += seen
-		rep.FiltersSwap += swapped
-		errs = errors.Join(errs, uerr)
-	}
-
-	// Program pins of other builds are no longer referenced by any link or
-	// filter we own; they stay while any could not be moved.
-	if errs == nil {
-		for _, p := range ProgramPins(dp.PinRoot) {
-			if !p.Current {
-				if err := os.Remove(p.Path); err == nil {
-					rep.RemovedProgs = append(rep.RemovedProgs, p.Name)
-				}
-			}
-		}
-	}
-	return rep, errs
+	return errs
 }
 
 // uplinksInUse are the uplinks whose ingress hook a build of ours attached
