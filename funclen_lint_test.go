@@ -26,7 +26,6 @@ var longFuncs = map[string]bool{
 	"pkg/policy/compile/flatten.go:flatten":              true,
 	"pkg/maps/migrate.go:Maps.MigrateFrom":               true,
 	"pkg/agent/peers.go:SyncPeerRoutes":                  true,
-	"cmd/ebpf-agent/observe.go:eventsCmd":                true,
 	"pkg/maps/policy.go:Maps.ReadPolicy":                 true,
 	"pkg/datapath/nodehooks.go:Datapath.EnsureNodeHooks": true,
 }

@@ -113,50 +113,9 @@ func eventsCmd(o *opts) error {
 		return err
 	}
 	defer m.Close()
-	s, err := m.EventSettings()
-	if err != nil {
-		return err
-	}
-	changed := false
-	switch obs.drops {
-	case "":
-	case "on", "off":
-		s.Drops, changed = obs.drops == "on", true
-	default:
-		return fmt.Errorf("events: --drops %q: want on or off", obs.drops)
-	}
-	if obs.flows != "" {
-		s.Flows, changed = maps.FlowEvents(obs.flows), true
-	}
-	if obs.rate > 0 {
-		s.Rate, changed = uint32(obs.rate), true
-	}
-	if obs.burst > 0 {
-		s.Burst, changed = uint32(obs.burst), true
-	}
 	recs, _ := state.ListAll(o.stateDir)
-	if obs.flowsPod != "" {
-		pod, off := strings.CutSuffix(obs.flowsPod, "=off")
-		n := 0
-		for _, r := range recs { // every interface of the pod
-			if r.PodLabel() == pod && r.HostIfindex > 0 && !r.Provisional {
-				if err := m.SetFlowEvents(uint32(r.HostIfindex), !off); err != nil {
-					return err
-				}
-				n++
-			}
-		}
-		if n == 0 {
-			return fmt.Errorf("events: --flows-pod: no attachment of pod %q in %s", pod, o.stateDir)
-		}
-		if !off && s.Flows == maps.FlowsOff {
-			s.Flows, changed = maps.FlowsPods, true
-		}
-	}
-	if changed {
-		if err := m.SetEventSettings(s); err != nil {
-			return fmt.Errorf("events: %w", err)
-		}
+	if err := applyEventFlags(o, m, recs); err != nil {
+		return err
 	}
 	rep := eventsReport{}
 	if rep.Settings, err = m.EventSettings(); err != nil {
@@ -184,6 +143,62 @@ func eventsCmd(o *opts) error {
 	if o.format == "json" {
 		return events.WriteJSONValue(os.Stdout, rep)
 	}
+	rep.print()
+	return nil
+}
+
+// applyEventFlags writes what the flags change of the event settings, and
+// --flows-pod's switch on each interface of the pod (recs).
+func applyEventFlags(o *opts, m *maps.Maps, recs []*state.Record) error {
+	s, err := m.EventSettings()
+	if err != nil {
+		return err
+	}
+	changed := false
+	switch obs.drops {
+	case "":
+	case "on", "off":
+		s.Drops, changed = obs.drops == "on", true
+	default:
+		return fmt.Errorf("events: --drops %q: want on or off", obs.drops)
+	}
+	if obs.flows != "" {
+		s.Flows, changed = maps.FlowEvents(obs.flows), true
+	}
+	if obs.rate > 0 {
+		s.Rate, changed = uint32(obs.rate), true
+	}
+	if obs.burst > 0 {
+		s.Burst, changed = uint32(obs.burst), true
+	}
+	if obs.flowsPod != "" {
+		pod, off := strings.CutSuffix(obs.flowsPod, "=off")
+		n := 0
+		for _, r := range recs { // every interface of the pod
+			if r.PodLabel() == pod && r.HostIfindex > 0 && !r.Provisional {
+				if err := m.SetFlowEvents(uint32(r.HostIfindex), !off); err != nil {
+					return err
+				}
+				n++
+			}
+		}
+		if n == 0 {
+			return fmt.Errorf("events: --flows-pod: no attachment of pod %q in %s", pod, o.stateDir)
+		}
+		if !off && s.Flows == maps.FlowsOff {
+			s.Flows, changed = maps.FlowsPods, true
+		}
+	}
+	if changed {
+		if err := m.SetEventSettings(s); err != nil {
+			return fmt.Errorf("events: %w", err)
+		}
+	}
+	return nil
+}
+
+// print prints the report as text.
+func (rep *eventsReport) print() {
 	fmt.Printf("drop events: %v; flow events: %s", onOff(rep.Settings.Drops), rep.Settings.Flows)
 	if len(rep.FlowPods) > 0 {
 		fmt.Printf(" (pods: %s)", strings.Join(rep.FlowPods, ", "))
@@ -196,7 +211,6 @@ func eventsCmd(o *opts) error {
 	} else {
 		fmt.Printf("agent: %s\n", rep.AgentNote)
 	}
-	return nil
 }
 
 func onOff(b bool) string {
