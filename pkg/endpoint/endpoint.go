@@ -293,7 +293,7 @@ func retryError(n *Network, rec, old *state.Record) error {
 	who := fmt.Sprintf("CNI_CONTAINERID %q, CNI_IFNAME %q on network %q", rec.ContainerID, rec.IfName, n.Name)
 	switch {
 	case old == nil:
-		return Errorf(ErrTryAgain, "%s", who+": its record keeps changing (a DEL and an ADD racing); try again")
+		return Errorf(ErrTryAgain, "%s: its record keeps changing (a DEL and an ADD racing); try again", who)
 	case !old.Provisional:
 		return Errorf(ErrEnv, "%s: this attachment exists already (host veth %s, IPs %s, added %s): ADD may not be repeated without a DEL; the attachment is left as it is",
 			who, old.HostIf, strings.Join(old.IPs, ", "), old.Created.Format(time.RFC3339))

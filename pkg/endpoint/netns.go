@@ -15,7 +15,7 @@ const nsGetNstype = 0xb703
 // own netns as a pod would replace its default route.
 func OpenNetns(path string) (ns.NetNS, error) {
 	envErr := func(format string, a ...any) error {
-		return Errorf(ErrEnv, "%s", fmt.Sprintf("CNI_NETNS %q: ", path)+fmt.Sprintf(format, a...))
+		return Errorf(ErrEnv, "CNI_NETNS %q: %s", path, fmt.Sprintf(format, a...))
 	}
 	netns, err := ns.GetNS(path)
 	if err != nil {
