@@ -40,9 +40,12 @@ func Delete(n *Network, id ID, release func() error, tr *Tracer) error {
 	}()
 	errs := tearDown(n, id, rec, tr)
 	tr.Mark("teardown")
-	errs = errors.Join(errs, <-ipamErr)
+	ipErr := <-ipamErr
 	tr.Mark("ipam-wait")
-	return errs
+	// The record (or this DEL's claim) goes only now: until the IPAM plugin
+	// has released the lease, an ADD of the attachment is refused rather
+	// than given a lease this release would free under it.
+	return errors.Join(forget(n, id, errs), ipErr)
 }
 
 // claimForDelete is DEL's claim: the attachment's record, once no ADD of it

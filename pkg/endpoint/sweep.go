@@ -137,7 +137,7 @@ func (s *Sweep) TearDown(r *state.Record, st state.Status) (bool, error) {
 		return false, fmt.Errorf("release IPs of %s/%s: %w", r.ContainerID, r.IfName, err) // the record stays: the next look retries
 	}
 	id := ID{ContainerID: r.ContainerID, IfName: r.IfName, Netns: r.Netns}
-	if err := tearDown(s.Net, id, r, nil); err != nil {
+	if err := forget(s.Net, id, tearDown(s.Net, id, r, nil)); err != nil {
 		return false, fmt.Errorf("tear down %s/%s: %w", r.ContainerID, r.IfName, err)
 	}
 	return true, nil

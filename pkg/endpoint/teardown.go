@@ -52,9 +52,9 @@ func (t *Teardown) BeforeEndpoints(f func() error) { t.before = append(t.before,
 func (t *Teardown) WithVeth(f func() error) { t.with = append(t.with, f) }
 
 // tearDown removes the attachment id of network n (see Teardown), found by
-// its record (rec, nil when none) or its host veth's name. id.Netns ""
-// takes the record's. Every feature's teardown runs: it does not depend on
-// how the attachment was configured.
+// its record (rec, nil when none) or its host veth's name, but for the
+// record itself (forget). id.Netns "" takes the record's. Every feature's
+// teardown runs: it does not depend on how the attachment was configured.
 func tearDown(n *Network, id ID, rec *state.Record, tr *Tracer) error {
 	t := newTeardown(n, id, rec, tr)
 	errs := t.openMaps()
@@ -73,11 +73,16 @@ func tearDown(n *Network, id ID, rec *state.Record, tr *Tracer) error {
 	}
 	errs = errors.Join(errs, t.removeLinkState())
 	tr.Mark("pins")
-	if errs == nil {
-		// Keep the record while anything failed, so a retry or GC can finish.
-		errs = n.Store().Remove(id.ContainerID, id.IfName)
-	}
 	return errs
+}
+
+// forget removes the attachment's record once its teardown succeeded
+// (errs nil): while anything failed it stays, so a retry or GC can finish.
+func forget(n *Network, id ID, errs error) error {
+	if errs != nil {
+		return errs
+	}
+	return n.Store().Remove(id.ContainerID, id.IfName)
 }
 
 // newTeardown finds the attachment's host veth: its ifindex, whether it is
