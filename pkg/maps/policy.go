@@ -367,7 +367,17 @@ func (w *PolicyWriter) Apply(ifindex uint32, ep policy.Endpoint) error {
 // allow what the new rules take away. Each direction the new policy
 // isolates is isolated with no rule (the node, and replies of flows
 // already allowed, pass) until a retry of Apply fits; cause is returned.
+//
+// A restarted writer rewrites every interface beside its old sets, which a
+// trie more than half full cannot hold: when the old sets already hold
+// exactly ep, they are kept (read back: a scan, on this path only).
 func (w *PolicyWriter) failClosed(ifindex uint32, ep policy.Endpoint, old PolicyState, hasOld bool, cause error) error {
+	if hasOld && old.Mode == modes(ep) {
+		if p, ok, err := w.m.ReadPolicy(int(ifindex)); err == nil && ok && sameRules(policy.Endpoint{Ingress: p.Ingress, Egress: p.Egress}, ep) {
+			w.applied[ifindex] = ep
+			return nil
+		}
+	}
 	delete(w.applied, ifindex) // the next Apply writes, whatever it is given
 	st := PolicyState{Mode: modes(ep)}
 	k := ifindex

@@ -190,3 +190,32 @@ func TestPolicyWriterFull(t *testing.T) {
 		t.Errorf("state after a retry that fits: %+v, want its rule set", after)
 	}
 }
+
+// TestPolicyWriterFullRestart: a restarted writer (the agent's) rewrites
+// every interface beside the old sets; with the trie more than half full
+// that cannot fit, and an interface whose old sets already hold exactly
+// the policy keeps them rather than failing closed.
+func TestPolicyWriterFullRestart(t *testing.T) {
+	m := testMaps(t, Sizing{MaxPods: 1, HostPortsPerPod: 1}) // 512 peer prefixes in all
+	var allows []policy.Allow
+	for i := 0; i < 300; i++ {
+		allows = append(allows, policy.Allow{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16, byte(i >> 8), byte(i)}), 32), AllPorts: true})
+	}
+	ep := policy.Endpoint{Ingress: policy.Rules{Isolated: true, Allows: allows}}
+	must(t, m.PolicyWriter().Apply(3, ep))
+	before, _, _ := m.PolicyStateOf(3)
+	if err := m.PolicyWriter().Apply(3, ep); err != nil {
+		t.Fatalf("a restarted writer's Apply of the policy programmed: %v", err)
+	}
+	if after, _, _ := m.PolicyStateOf(3); after != before {
+		t.Errorf("state %+v -> %+v, want the old sets kept", before, after)
+	}
+	// Another policy that does not fit still fails closed.
+	other := policy.Endpoint{Ingress: policy.Rules{Isolated: true, Allows: allows[:299]}}
+	if err := m.PolicyWriter().Apply(3, other); !IsFull(err) {
+		t.Fatalf("Apply of another 299 prefixes beside 300 in 512: %v, want full", err)
+	}
+	if after, _, _ := m.PolicyStateOf(3); after.Rules[DirIngress] != 0 || after.Mode[DirIngress] != PolicyIsolated {
+		t.Errorf("state after a refused change: %+v, want ingress isolated with no rule set", after)
+	}
+}
