@@ -15,7 +15,8 @@
  *
  * A packet for the stack claiming a node address as its source is dropped
  * on nodes with networkPolicy (forged_node_source; a hostPort's is judged
- * by the pod's policy, which knows it came off the wire).
+ * by the pod's policy, which knows it came off the wire), and so is any
+ * packet claiming the address of a pod of this node (forged_pod_source).
  *
  * Everything else goes on untouched to the next tcx program of the link (the
  * stack when there is none): TCX_NEXT, never TC_ACT_OK, which would end the
@@ -45,6 +46,31 @@ static __noinline int forged_node_source(struct __sk_buff *skb, __u8 family)
 	struct ipv6hdr *ip6 = data + ETH_HLEN;
 
 	return (void *)(ip6 + 1) <= data_end && is_node_ip(&ip6->saddr, AF_INET6);
+}
+
+/*
+ * Whether a packet off the wire claims the address of a pod of this node as
+ * its source: only the pod's host veth brings that, and the pod's peers'
+ * NetworkPolicy trusts it (a hostPort's DNAT redirects straight into the
+ * pod, and IPv6 has no reverse-path filter, IPv4's is loose or off). Only
+ * on nodes with networkPolicy; checked before anything else, so neither the
+ * hostPort redirect nor the stack sees such a packet.
+ */
+static __noinline int forged_pod_source(struct __sk_buff *skb, __u8 family)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (!policy_on_node())
+		return 0;
+	if (family == AF_INET) {
+		struct iphdr *ip = data + ETH_HLEN;
+
+		return (void *)(ip + 1) <= data_end && ep_lookup4(ip->saddr) != NULL;
+	}
+	struct ipv6hdr *ip6 = data + ETH_HLEN;
+
+	return (void *)(ip6 + 1) <= data_end && ep_lookup6(&ip6->saddr) != NULL;
 }
 
 static __always_inline int from_uplink(struct __sk_buff *skb, __u8 family)
@@ -104,10 +130,14 @@ int cni_from_uplink(struct __sk_buff *skb)
 	 * kernel's IPv4 martians, uncounted (no pod's). Constant families:
 	 * each call inlines one family's code. */
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		if (forged_pod_source(skb, AF_INET))
+			return TC_ACT_SHOT;
 		rc = from_uplink(skb, AF_INET);
 		return rc == TCX_NEXT && forged_node_source(skb, AF_INET) ? TC_ACT_SHOT : rc;
 	}
 	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		if (forged_pod_source(skb, AF_INET6))
+			return TC_ACT_SHOT;
 		rc = from_uplink(skb, AF_INET6);
 		return rc == TCX_NEXT && forged_node_source(skb, AF_INET6) ? TC_ACT_SHOT : rc;
 	}

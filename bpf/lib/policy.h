@@ -37,9 +37,12 @@
  * packet the node sends (no ingress interface) or whose source is a node
  * address (cni_node_ips; on the redirect paths only when it came from a
  * pod's host veth: off the wire such a source is forged). Neighbour
- * discovery and IPv6 multicast never leave the link and are not judged;
- * other link-local IPv6 is (the node's passes as the node's, see above). A
- * pod interface whose state is missing is pending (fail closed).
+ * discovery and ICMPv6 to multicast groups never leave the link and are not
+ * judged; other IPv6 multicast and link-local IPv6 are (the node's passes
+ * as the node's, see above). A pod's packet the node delivers to itself
+ * (broadcast, multicast, link-local, a local route) is judged at once,
+ * never deferred. A pod interface whose state is missing is pending (fail
+ * closed).
  */
 #pragma once
 
@@ -63,7 +66,7 @@
 /* What a packet is to policy. */
 #define POL_PKT_FLOW 0  /* judged by its own header */
 #define POL_PKT_ERROR 1 /* an ICMP error: allowed with the flow it quotes */
-#define POL_PKT_LOCAL 2 /* link scope (IPv6 multicast, ND): never judged */
+#define POL_PKT_LOCAL 2 /* link scope (ND, ICMPv6 to a group): never judged */
 #define POL_PKT_BAD 3   /* headers do not fit */
 
 /* How a packet is judged (policy_judge's how). */
@@ -77,10 +80,15 @@
  * end on its CPU without another tc run in between. */
 struct pol_work {
 	struct flow f;
-	struct flow q; /* the packet an ICMP error quotes */
-	__u8 h[16];    /* header bytes being read */
+	__u8 h[16]; /* header bytes being read */
 	struct pol_ct_key k;
-	struct pol_ct_key ek;
+	union {
+		struct {
+			struct flow q; /* the packet an ICMP error quotes */
+			struct pol_ct_key ek;
+		};
+		struct bpf_fib_lookup fib; /* pol_delivered_here's, after any use of q and ek */
+	};
 	struct pol_ct_val nv;
 	struct pol_addr_key ak;
 	struct pol_port_key pk;
@@ -151,6 +159,46 @@ static __noinline int pol_frag_known(struct pol_work *w, __u32 ifindex)
 	return seen && bpf_ktime_get_ns() - *seen < POL_FRAG_TIMEOUT;
 }
 
+/*
+ * Whether the stack delivers the pod's packet in w->f (arrived on its host
+ * veth, ifindex) to the node itself rather than forwarding it: broadcast
+ * (limited, or a node subnet's), multicast, IPv6 link-local, or any
+ * destination the node's routes call local. No translation and no judgement
+ * after the stack's come for such a packet (to_container and to_uplink see
+ * only what is forwarded), so a denial cannot be deferred. Only a new
+ * deferral asks (once per flow). Not inlined: policy_judge's frame.
+ */
+static __noinline int pol_delivered_here(struct pol_work *w, struct __sk_buff *skb, __u32 ifindex)
+{
+	const struct flow *f = &w->f;
+	struct bpf_fib_lookup *p = &w->fib;
+
+	if (f->family == AF_INET) {
+		__u8 d0 = f->daddr[0];
+
+		if ((d0 & 0xf0) == 0xe0 || *(const __u32 *)f->daddr == 0xffffffff)
+			return 1;
+	} else if (f->daddr[0] == 0xff || is_link_local6((const struct in6_addr *)f->daddr)) {
+		return 1;
+	}
+	__builtin_memset(p, 0, sizeof(*p));
+	p->family = f->family;
+	p->ifindex = ifindex;
+	p->l4_protocol = f->proto;
+	p->sport = f->sport;
+	p->dport = f->dport;
+	if (f->family == AF_INET) {
+		p->ipv4_src = *(const __be32 *)f->saddr;
+		p->ipv4_dst = *(const __be32 *)f->daddr;
+	} else {
+		__builtin_memcpy(p->ipv6_src, f->saddr, 16);
+		__builtin_memcpy(p->ipv6_dst, f->daddr, 16);
+	}
+	int rc = bpf_fib_lookup(skb, p, sizeof(*p), 0);
+	/* Not unicast (local, broadcast), or nothing is forwarded at all. */
+	return rc == BPF_FIB_LKUP_RET_NOT_FWDED || rc == BPF_FIB_LKUP_RET_FWD_DISABLED;
+}
+
 /* Whether some interface of the node has networkPolicy (POL_CFG_ON). */
 static __always_inline int policy_on_node(void)
 {
@@ -174,6 +222,7 @@ static __always_inline int pol_parse(struct __sk_buff *skb, __u8 family, struct 
 	void *data_end = (void *)(long)skb->data_end;
 	struct flow *f = &w->f;
 	__u8 *h = w->h;
+	int mcast6 = 0;
 
 	w->frag = POL_FRAG_NONE;
 	f->family = family;
@@ -197,11 +246,12 @@ static __always_inline int pol_parse(struct __sk_buff *skb, __u8 family, struct 
 
 		if ((void *)(ip6 + 1) > data_end)
 			return POL_PKT_BAD;
-		/* Multicast stays on the link. A link-local source does not make
-		 * unicast link scope: a host on an uplink's link reaches a
-		 * hostPort from one (the redirect skips the stack's scope check). */
-		if (ip6->daddr.in6_u.u6_addr8[0] == 0xff)
-			return POL_PKT_LOCAL;
+		/* ICMPv6 to a multicast group (neighbour discovery, MLD) stays on
+		 * the link; other multicast reaches the node's sockets and is
+		 * judged. A link-local source does not make unicast link scope: a
+		 * host on an uplink's link reaches a hostPort from one (the
+		 * redirect skips the stack's scope check). */
+		mcast6 = ip6->daddr.in6_u.u6_addr8[0] == 0xff;
 		f->proto = ip6->nexthdr;
 		__builtin_memcpy(f->saddr, &ip6->saddr, 16);
 		__builtin_memcpy(f->daddr, &ip6->daddr, 16);
@@ -261,8 +311,8 @@ static __always_inline int pol_parse(struct __sk_buff *skb, __u8 family, struct 
 		int v4 = f->proto == IPPROTO_ICMP;
 		if (v4 != (family == AF_INET))
 			return POL_PKT_FLOW;
-		if (!v4 && h[0] >= 133 && h[0] <= 136)
-			return POL_PKT_LOCAL; /* router and neighbour discovery */
+		if (!v4 && (mcast6 || (h[0] >= 133 && h[0] <= 136)))
+			return POL_PKT_LOCAL; /* router and neighbour discovery, MLD */
 		if (icmp_is_error(family, h[0]))
 			return POL_PKT_ERROR;
 		if (h[0] == (v4 ? ICMP_ECHO_T : ICMP6_ECHO_REQUEST))
@@ -462,6 +512,8 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 			return POL_DENY;
 		if (ct)
 			goto allow; /* deferred already */
+		if (pol_delivered_here(w, skb, ifindex))
+			return POL_DENY;
 		flags |= POL_CT_F_DEFER;
 	}
 	if (kind == POL_PKT_ERROR)

@@ -346,7 +346,7 @@ func (w *PolicyWriter) Apply(ifindex uint32, ep policy.Endpoint) error {
 		}
 		if err != nil {
 			undo()
-			return fmt.Errorf("ifindex %d %s: %w", ifindex, policy.Direction(d), err)
+			return w.failClosed(ifindex, ep, old, hasOld, fmt.Errorf("ifindex %d %s: %w", ifindex, policy.Direction(d), err))
 		}
 		st.Rules[dirIndex(policy.Direction(d))] = set
 	}
@@ -360,6 +360,34 @@ func (w *PolicyWriter) Apply(ifindex uint32, ep policy.Endpoint) error {
 		w.retire(old)
 	}
 	return nil
+}
+
+// failClosed is Apply's answer to rules that do not fit (a full trie):
+// the interface must not keep its previous policy, which may be open or
+// allow what the new rules take away. Each direction the new policy
+// isolates is isolated with no rule (the node, and replies of flows
+// already allowed, pass) until a retry of Apply fits; cause is returned.
+//
+// A restarted writer rewrites every interface beside its old sets, which a
+// trie more than half full cannot hold: when the old sets already hold
+// exactly ep, they are kept (read back: a scan, on this path only).
+func (w *PolicyWriter) failClosed(ifindex uint32, ep policy.Endpoint, old PolicyState, hasOld bool, cause error) error {
+	if hasOld && old.Mode == modes(ep) {
+		if p, ok, err := w.m.ReadPolicy(int(ifindex)); err == nil && ok && sameRules(policy.Endpoint{Ingress: p.Ingress, Egress: p.Egress}, ep) {
+			w.applied[ifindex] = ep
+			return nil
+		}
+	}
+	delete(w.applied, ifindex) // the next Apply writes, whatever it is given
+	st := PolicyState{Mode: modes(ep)}
+	k := ifindex
+	if err := w.m.byName[namePolState].Put(&k, &st); err != nil {
+		return errors.Join(cause, writeErr(w.m.byName[namePolState], namePolState, fmt.Sprintf("state of ifindex %d", ifindex), err))
+	}
+	if hasOld {
+		w.retire(old)
+	}
+	return cause
 }
 
 // Remove forgets the interface (policy.Writer): its state, flows and sets.

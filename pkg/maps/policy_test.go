@@ -158,14 +158,15 @@ func must(t *testing.T, err error) {
 }
 
 // TestPolicyWriterFull: a policy the trie cannot hold is refused naming the
-// map, what was written of it is deleted, and the interface keeps its
-// previous policy.
+// map, what was written of it is deleted, and the interface fails closed:
+// the direction the policy isolates denies all (its rule set 0), never left
+// at the previous policy, which may allow what the new one takes away. A
+// retry that fits programs it.
 func TestPolicyWriterFull(t *testing.T) {
 	m := testMaps(t, Sizing{MaxPods: 1, HostPortsPerPod: 1}) // 512 peer prefixes in all
 	w := m.PolicyWriter()
 	small := policy.Endpoint{Ingress: policy.Rules{Isolated: true, Allows: []policy.Allow{{Prefix: netip.MustParsePrefix("10.0.0.0/8"), AllPorts: true}}}}
 	must(t, w.Apply(3, small))
-	before, _, _ := m.PolicyStateOf(3)
 	var big []policy.Allow
 	for i := 0; i < 600; i++ {
 		big = append(big, policy.Allow{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16, byte(i >> 8), byte(i)}), 32), AllPorts: true})
@@ -174,10 +175,47 @@ func TestPolicyWriterFull(t *testing.T) {
 	if !IsFull(err) || !strings.Contains(err.Error(), namePolAddrs) {
 		t.Fatalf("Apply of 600 prefixes into 512: %v, want a full %s", err, namePolAddrs)
 	}
-	if after, _, _ := m.PolicyStateOf(3); after != before {
-		t.Errorf("state changed by a refused policy: %+v -> %+v", before, after)
+	want := PolicyState{}
+	want.Mode[DirIngress] = PolicyIsolated
+	if after, _, _ := m.PolicyStateOf(3); after != want {
+		t.Errorf("state after a refused policy: %+v, want ingress isolated with no rule set: %+v", after, want)
 	}
-	if n := trieLen(t, m, namePolAddrs); n != 1 {
-		t.Errorf("%d address entries after the refusal, want the old policy's 1", n)
+	if n := trieLen(t, m, namePolAddrs); n > 1 {
+		t.Errorf("%d address entries after the refusal, want at most the old policy's 1 (retired)", n)
+	}
+	// The same policy as before the refusal is written again, not taken
+	// for the one programmed.
+	must(t, w.Apply(3, small))
+	if after, _, _ := m.PolicyStateOf(3); after.Rules[DirIngress] == 0 {
+		t.Errorf("state after a retry that fits: %+v, want its rule set", after)
+	}
+}
+
+// TestPolicyWriterFullRestart: a restarted writer (the agent's) rewrites
+// every interface beside the old sets; with the trie more than half full
+// that cannot fit, and an interface whose old sets already hold exactly
+// the policy keeps them rather than failing closed.
+func TestPolicyWriterFullRestart(t *testing.T) {
+	m := testMaps(t, Sizing{MaxPods: 1, HostPortsPerPod: 1}) // 512 peer prefixes in all
+	var allows []policy.Allow
+	for i := 0; i < 300; i++ {
+		allows = append(allows, policy.Allow{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16, byte(i >> 8), byte(i)}), 32), AllPorts: true})
+	}
+	ep := policy.Endpoint{Ingress: policy.Rules{Isolated: true, Allows: allows}}
+	must(t, m.PolicyWriter().Apply(3, ep))
+	before, _, _ := m.PolicyStateOf(3)
+	if err := m.PolicyWriter().Apply(3, ep); err != nil {
+		t.Fatalf("a restarted writer's Apply of the policy programmed: %v", err)
+	}
+	if after, _, _ := m.PolicyStateOf(3); after != before {
+		t.Errorf("state %+v -> %+v, want the old sets kept", before, after)
+	}
+	// Another policy that does not fit still fails closed.
+	other := policy.Endpoint{Ingress: policy.Rules{Isolated: true, Allows: allows[:299]}}
+	if err := m.PolicyWriter().Apply(3, other); !IsFull(err) {
+		t.Fatalf("Apply of another 299 prefixes beside 300 in 512: %v, want full", err)
+	}
+	if after, _, _ := m.PolicyStateOf(3); after.Rules[DirIngress] != 0 || after.Mode[DirIngress] != PolicyIsolated {
+		t.Errorf("state after a refused change: %+v, want ingress isolated with no rule set", after)
 	}
 }
