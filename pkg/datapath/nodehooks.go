@@ -182,16 +182,22 @@ func (v *nodeView) uplinkNames() []string {
 // It must run in the node's network namespace. Once set up, a call costs
 // an address listing and a few stats.
 func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
-	cookie, err := NetnsCookie()
-	if err != nil {
-		return nil, err
-	}
 	// Without a cgroup2 mount the socket hooks (node-local clients) cannot be
 	// attached, but remote clients via the uplinks still can be served: set
 	// those up and report the rest.
 	root, rootErr := CgroupRoot(opts.CgroupRoot)
 	if rootErr != nil {
 		rootErr = fmt.Errorf("hostPort socket hooks for node-local clients not attached: %w", rootErr)
+	}
+	cookie, err := NetnsCookie()
+	if err != nil {
+		if rootErr == nil || NetnsCookieCheap() {
+			return nil, err
+		}
+		// No SO_NETNS_COOKIE and no cgroup2 for the program that stands in:
+		// the cookie keys only the socket hooks, which cannot be attached
+		// either. 0 is no netns' cookie (they start at 1).
+		cookie = 0
 	}
 	cfg, err := dp.Maps.HostPortConfig()
 	if err != nil {
@@ -523,20 +529,6 @@ func (dp *Datapath) CheckNodeHooks(opts NodeHookOptions) error {
 		}
 	}
 	return nil
-}
-
-// NetnsCookie returns the cookie of the calling thread's network namespace.
-func NetnsCookie() (uint64, error) {
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return 0, fmt.Errorf("socket for netns cookie: %w", err)
-	}
-	defer unix.Close(fd)
-	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-	if err != nil {
-		return 0, fmt.Errorf("read netns cookie: %w", err)
-	}
-	return c, nil
 }
 
 // EnsurePacing attaches the sock_ops program to the cgroup2 root once per

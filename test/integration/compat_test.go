@@ -41,7 +41,7 @@ func forced(name string) bool {
 			name = "compat"
 		}
 		if f == name || f == "all" && name != datapath.FeatRedirectPeer && name != datapath.FeatRedirectNeig &&
-			name != datapath.FeatSockAddr && name != datapath.FeatNetnsCookie {
+			name != datapath.FeatSockAddr {
 			return true
 		}
 	}
@@ -118,7 +118,8 @@ func TestCompatStatusNamesFeatures(t *testing.T) {
 	for _, f := range st.Features {
 		seen[f.Name] = f
 	}
-	for _, n := range []string{datapath.FeatTCX, datapath.FeatFibSrc, datapath.FeatRedirectPeer, datapath.FeatTimer, datapath.FeatLoop, datapath.FeatSockAddr} {
+	for _, n := range []string{datapath.FeatTCX, datapath.FeatFibSrc, datapath.FeatRedirectPeer, datapath.FeatTimer, datapath.FeatLoop,
+		datapath.FeatSockAddr, datapath.FeatNetnsCookie} {
 		f, ok := seen[n]
 		if !ok {
 			t.Errorf("status lists no feature %s: %+v", n, st.Features)
@@ -157,11 +158,11 @@ func TestCompatStatusNamesFeatures(t *testing.T) {
 		})
 		return o.String(), s.String(), err
 	}
-	o, s, err := status("tcx,fibsrc")
+	o, s, err := status("tcx,fibsrc,so_netns_cookie")
 	if err != nil || o != "" {
 		t.Fatalf("STATUS with fallbacks forced: %v, stdout %q, stderr %q", err, o, s)
 	}
-	if !strings.Contains(s, "fallback for: tcx (forced), fibsrc (forced)") || !strings.Contains(s, "in use: redirect_peer") {
+	if !strings.Contains(s, "so_netns_cookie (forced), tcx (forced), fibsrc (forced)") || !strings.Contains(s, "in use: redirect_peer") {
 		t.Errorf("STATUS does not name the features in use and the fallbacks: %q", s)
 	}
 	o, _, err = status("tcx,redirect_peer")
@@ -433,4 +434,60 @@ func TestCompatPacing(t *testing.T) {
 	}
 	e.MustDel(a, "bw")
 	e.AssertClean()
+}
+
+// TestCompatNetnsCookie: the node hooks key the node's netns by the cookie
+// SO_NETNS_COOKIE reads, or (so_netns_cookie forced, as before 5.14) by the
+// one a cgroup connect4 program learns: the same number, which the socket
+// hooks' bpf_get_netns_cookie matches (a node-local client reaches the
+// hostPort). A pod's cookie is recorded only where something reads it (the
+// pacing program) or it costs one getsockopt.
+func TestCompatNetnsCookie(t *testing.T) {
+	t.Parallel()
+	h := newHPEnv(t)
+	p := h.NewPod()
+	h.CleanupDel(p, "web")
+	h.MustAddHP(p, "web", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
+	serve(t, p, 80, "web")
+	truth := func(n ns.NetNS) (c uint64) {
+		t.Helper()
+		if err := n.Do(func(ns.NetNS) (err error) {
+			fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			c, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	cfg, err := h.Maps().HostPortConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if node := truth(h.Node); cfg.NetnsCookie != node {
+		t.Errorf("hostPort hooks key netns cookie %d, the node's is %d (so_netns_cookie forced: %v)", cfg.NetnsCookie, node, forced(datapath.FeatNetnsCookie))
+	}
+	expectServer(t, h.Node, "tcp", hp(net.ParseIP("127.0.0.1"), 8080), "web")
+
+	rec, err := h.Store().Read("web", "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := truth(p)
+	want := pod
+	if forced(datapath.FeatNetnsCookie) && forced(datapath.FeatSockOpsNetns) {
+		want = 0
+	}
+	if rec.NetnsCookie != want {
+		t.Errorf("the record holds netns cookie %d, want %d (the pod's is %d)", rec.NetnsCookie, want, pod)
+	}
+	if _, err := h.Maps().LookupNetns(pod); (err == nil) != (want != 0) {
+		t.Errorf("the pod's cni_netns entry: lookup error %v, want an entry: %v", err, want != 0)
+	}
+	h.MustDel(p, "web")
+	h.AssertClean()
 }
