@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -180,7 +181,16 @@ func cookieRound(dir string) (uint64, error) {
 		return 0, fmt.Errorf("open cgroup %s: %w", dir, err)
 	}
 	defer f.Close()
-	l, err := link.AttachRawLink(link.RawLinkOptions{Target: int(f.Fd()), Program: p.prog, Attach: ebpf.AttachCGroupInet4Connect})
+	// A cgroup takes 64 programs per hook: with as many rounds of other
+	// processes under way (each a fraction of a millisecond to a few), wait.
+	var l link.Link
+	for wait := time.Millisecond; ; wait *= 2 {
+		l, err = link.AttachRawLink(link.RawLinkOptions{Target: int(f.Fd()), Program: p.prog, Attach: ebpf.AttachCGroupInet4Connect})
+		if !errors.Is(err, unix.E2BIG) || wait > time.Second {
+			break
+		}
+		time.Sleep(wait)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("attach the netns cookie program to cgroup %s: %w", dir, err)
 	}

@@ -2,9 +2,11 @@ package datapath
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
@@ -160,4 +163,81 @@ func TestNetnsCookieKilled(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestNetnsCookieOwnCgroupFull: a process in a cgroup of its own (not the
+// root) learns its netns cookie there, and where the cgroup's connect4 hook
+// already holds the kernel's 64 programs it waits for a slot instead of
+// failing.
+func TestNetnsCookieOwnCgroupFull(t *testing.T) {
+	requireRoot(t)
+	if os.Getenv("EBPF_CNI_TEST_COOKIE_CHILD") == "round" {
+		start := time.Now()
+		got, err := bpfNetnsCookie()
+		want, _ := soNetnsCookie()
+		fmt.Printf("cookie %d want %d took %d err %v\n", got, want, time.Since(start).Milliseconds(), err)
+		return
+	}
+	root, err := CgroupRoot("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := filepath.Join(root, fmt.Sprintf("ebpf-cni-test-cookie-%d", os.Getpid()))
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(cg)
+	dir, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dir.Close()
+	pass, err := ebpf.NewProgram(&ebpf.ProgramSpec{Type: ebpf.CGroupSockAddr, AttachType: ebpf.AttachCGroupInet4Connect,
+		License: "GPL", Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pass.Close()
+	var links []link.Link
+	defer func() {
+		for _, l := range links {
+			l.Close()
+		}
+	}()
+	for {
+		l, err := link.AttachRawLink(link.RawLinkOptions{Target: int(dir.Fd()), Program: pass, Attach: ebpf.AttachCGroupInet4Connect})
+		if errors.Is(err, unix.E2BIG) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		links = append(links, l)
+	}
+	var out bytes.Buffer
+	cmd := exec.Command(os.Args[0], "-test.run=^TestNetnsCookieOwnCgroupFull$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "EBPF_CNI_TEST_COOKIE_CHILD=round")
+	cmd.Stdout = &out
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(dir.Fd())}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	links[0].Close() // a slot frees up
+	links = links[1:]
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("child: %v\n%s", err, out.String())
+	}
+	var got, want, took int64
+	var rest string
+	if _, err := fmt.Sscanf(out.String(), "cookie %d want %d took %d err %s", &got, &want, &took, &rest); err != nil {
+		t.Fatalf("the child said %q: %v", out.String(), err)
+	}
+	if got != want || rest != "<nil>" {
+		t.Errorf("in its own full cgroup the child learned cookie %d (error %s), SO_NETNS_COOKIE says %d", got, rest, want)
+	}
+	if took < 50 {
+		t.Errorf("the child took %d ms: it did not wait for a slot (%d programs held)", took, len(links)+1)
+	}
+	t.Logf("%d programs held the hook; the child waited %d ms", len(links)+1, took)
 }
