@@ -60,12 +60,23 @@ func NetnsCookieCheap() bool {
 // calling thread's): 0 where nothing reads it (the node at pinRoot runs no
 // pacing program, the only reader of cni_netns) and learning it is not one
 // getsockopt, so an ADD loads no BPF program for nothing.
+// Nor where no cgroup2 mount lets the program learn it: the pacing program
+// attaches to cgroup2 as well.
 func PodNetnsCookie(pinRoot string) (uint64, error) {
-	if !NetnsCookieCheap() && NoPacing(pinRoot) {
+	if NetnsCookieCheap() {
+		return soNetnsCookie()
+	}
+	if NoPacing(pinRoot) {
 		return 0, nil
 	}
-	return NetnsCookie()
+	c, err := NetnsCookie()
+	if errors.Is(err, errNoCgroup2) {
+		return 0, nil
+	}
+	return c, err
 }
+
+var errNoCgroup2 = errors.New("no cgroup2 mount")
 
 func soNetnsCookie() (uint64, error) {
 	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
@@ -265,5 +276,5 @@ func ownCgroupDirs() ([]string, error) {
 		}
 		return []string{dir, mnt}, nil
 	}
-	return nil, fmt.Errorf("no cgroup2 mount holds this process's cgroup %s (/proc/self/mountinfo)", own)
+	return nil, fmt.Errorf("%w holds this process's cgroup %s (/proc/self/mountinfo)", errNoCgroup2, own)
 }

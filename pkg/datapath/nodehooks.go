@@ -203,13 +203,17 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read hostPort config: %w", err)
 	}
-	if cfg.Enabled() && cfg.NetnsCookie != cookie {
+	if cookie == 0 && cfg.Enabled() {
+		cookie = cfg.NetnsCookie // not knowable here: the hooks' own, unchecked
+	}
+	// 0: set up by a process that could not learn it (above); re-keyed below.
+	if cfg.Enabled() && cfg.NetnsCookie != cookie && cfg.NetnsCookie != 0 {
 		return nil, fmt.Errorf("pin directory %s serves another network namespace (cookie %d, this one is %d): each node needs its own pinDir",
 			dp.PinRoot, cfg.NetnsCookie, cookie)
 	}
 	// Whether BPF_FIB_LOOKUP_SRC is used is decided (probed) when the hooks
 	// are set up; a fallback forced since makes them be set up again.
-	ready := cfg.Enabled() && cfg.HooksId == hooksID(dp.PinRoot) && dp.cgroupHooksLive(rootErr == nil) &&
+	ready := cfg.Enabled() && cfg.NetnsCookie == cookie && cfg.HooksId == hooksID(dp.PinRoot) && dp.cgroupHooksLive(rootErr == nil) &&
 		(!isForced(FeatFibSrc) || cfg.FibNoSrc())
 	attempts := 20
 	if ready && !opts.MustRefresh {
