@@ -89,7 +89,8 @@ static __always_inline int tcp_seg_load(struct __sk_buff *skb, const struct flow
 	return 0;
 }
 
-/* What tcp_syn_wscale's steps share (bpf_loop: the verifier walks one). */
+/* What tcp_syn_wscale's steps share (bpf_loop: the verifier walks one; the
+ * compat build has no bpf_loop and walks them all). */
 struct wscale_ctx {
 	struct __sk_buff *skb;
 	__u32 off; /* the next option */
@@ -120,13 +121,29 @@ static long wscale_step(__u32 i, struct wscale_ctx *c)
 	return 0;
 }
 
+/* The compat build's loop is walked step by step: there tcp_syn_wscale is a
+ * global function, which the verifier checks once, not at each of its two
+ * calls (both inside to_uplink's walk exceeded its 1M instructions). */
+#ifdef EBPF_CNI_COMPAT
+#define WSCALE_LINKAGE
+#else
+#define WSCALE_LINKAGE static
+#endif
+
 /* The window scale a SYN offers (its options, from l4off + 20 to l4off +
  * doff), at most 14; -1 when none. */
-static __noinline int tcp_syn_wscale(struct __sk_buff *skb, __u32 l4off, __u32 doff)
+WSCALE_LINKAGE __noinline int tcp_syn_wscale(struct __sk_buff *skb, __u32 l4off, __u32 doff)
 {
 	struct wscale_ctx c = { .skb = skb, .off = l4off + 20, .end = l4off + doff, .ws = -1 };
 
+#ifndef EBPF_CNI_COMPAT
 	bpf_loop(40, wscale_step, &c, 0);
+#else
+	/* No bpf_loop (5.17): a bounded loop (5.3). */
+	for (__u32 i = 0; i < 40; i++)
+		if (wscale_step(i, &c))
+			break;
+#endif
 	return c.ws;
 }
 

@@ -70,7 +70,8 @@ var featureTable = []Feature{
 		Fallback: "the compat build (with bpf_timer's): masquerade's port probes in a bounded loop"},
 	{Name: FeatSockOpsNetns, Kernel: "5.15", Probe: "bpf_get_netns_cookie helper in a sock_ops program",
 		Fallback: "no TCP pacing program: rate limits hold as token buckets alone (docs/bandwidth.md)"},
-	{Name: FeatNetnsCookie, Kernel: "5.14", Probe: "getsockopt(SO_NETNS_COOKIE) (how the node hooks and pacing learn the node's and the pods' netns)"},
+	{Name: FeatNetnsCookie, Kernel: "5.14", Probe: "getsockopt(SO_NETNS_COOKIE) (how the node hooks and pacing learn the node's and the pods' netns)",
+		Fallback: "a cgroup connect4 program (bpf_get_netns_cookie, 5.7) attached for an instant to the process's cgroup learns the node's netns cookie; pods' cookies are not recorded without pacing (DEL then trusts CNI_NETNS)"},
 	{Name: FeatSockAddr, Kernel: "4.17", Probe: "cgroup_sock_addr program type, and a cgroup2 mount",
 		Fallback: "hostPorts are served to remote clients only (not to the node's own processes); no TCP pacing"},
 	{Name: FeatTCX, Kernel: "6.6", Probe: "BPF_PROG_QUERY of tcx egress on lo",
@@ -80,7 +81,7 @@ var featureTable = []Feature{
 }
 
 // forcible are the features whose fallback EBPF_CNI_FORCE_FALLBACK can force.
-var forcible = map[string]bool{FeatTCX: true, FeatFibSrc: true, FeatTimer: true, FeatLoop: true, FeatSockOpsNetns: true}
+var forcible = map[string]bool{FeatTCX: true, FeatFibSrc: true, FeatTimer: true, FeatLoop: true, FeatSockOpsNetns: true, FeatNetnsCookie: true}
 
 var (
 	forceOnce sync.Once
@@ -146,7 +147,7 @@ func Features() []Feature {
 			case FeatSockOpsNetns:
 				err = features.HaveProgramHelper(ebpf.SockOps, asm.FnGetNetnsCookie)
 			case FeatNetnsCookie:
-				if _, err = NetnsCookie(); err != nil && errors.Is(err, unix.ENOPROTOOPT) {
+				if _, err = soNetnsCookie(); err != nil && errors.Is(err, unix.ENOPROTOOPT) {
 					err = ebpf.ErrNotSupported
 				}
 			case FeatSockAddr:
@@ -163,6 +164,12 @@ func Features() []Feature {
 				f.Err = err.Error()
 			}
 			f.Forced = f.Have && isForced(f.Name)
+			if f.Name == FeatNetnsCookie && !f.InUse() {
+				// Its fallback needs a cgroup2 mount: say so here, not at an ADD.
+				if _, err := bpfNetnsCookie(); err != nil {
+					f.Err = "the fallback fails: " + err.Error()
+				}
+			}
 			probed = append(probed, f)
 		}
 	})
@@ -201,9 +208,9 @@ func FallbackSummary() string {
 		case f.InUse():
 			use = append(use, f.Name)
 		case f.Fallback != "" && f.Forced:
-			fb = append(fb, f.Name+" (forced)")
+			fb = append(fb, f.Name+" (forced"+errNote(f.Err, "; ")+")")
 		case f.Fallback != "":
-			fb = append(fb, f.Name)
+			fb = append(fb, f.Name+errNote(f.Err, " ("))
 		default:
 			miss = append(miss, f.Name+" (needs "+f.Kernel+")")
 		}
@@ -215,6 +222,17 @@ func FallbackSummary() string {
 		return strings.Join(s, ", ")
 	}
 	return fmt.Sprintf("kernel features in use: %s; fallback for: %s; missing: %s", none(use), none(fb), none(miss))
+}
+
+// errNote is err after sep ("; err" or " (err)"), or "" without one.
+func errNote(err, sep string) string {
+	switch {
+	case err == "":
+		return ""
+	case sep == " (":
+		return " (" + err + ")"
+	}
+	return sep + err
 }
 
 // probeFibSrc runs bpf_fib_lookup with BPF_FIB_LOOKUP_SRC once (a test run

@@ -182,10 +182,6 @@ func (v *nodeView) uplinkNames() []string {
 // It must run in the node's network namespace. Once set up, a call costs
 // an address listing and a few stats.
 func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
-	cookie, err := NetnsCookie()
-	if err != nil {
-		return nil, err
-	}
 	// Without a cgroup2 mount the socket hooks (node-local clients) cannot be
 	// attached, but remote clients via the uplinks still can be served: set
 	// those up and report the rest.
@@ -193,17 +189,31 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 	if rootErr != nil {
 		rootErr = fmt.Errorf("hostPort socket hooks for node-local clients not attached: %w", rootErr)
 	}
+	cookie, err := NetnsCookie()
+	if err != nil {
+		if rootErr == nil || NetnsCookieCheap() {
+			return nil, err
+		}
+		// No SO_NETNS_COOKIE and no cgroup2 for the program that stands in:
+		// the cookie keys only the socket hooks, which cannot be attached
+		// either. 0 is no netns' cookie (they start at 1).
+		cookie = 0
+	}
 	cfg, err := dp.Maps.HostPortConfig()
 	if err != nil {
 		return nil, fmt.Errorf("read hostPort config: %w", err)
 	}
-	if cfg.Enabled() && cfg.NetnsCookie != cookie {
+	if cookie == 0 && cfg.Enabled() {
+		cookie = cfg.NetnsCookie // not knowable here: the hooks' own, unchecked
+	}
+	// 0: set up by a process that could not learn it (above); re-keyed below.
+	if cfg.Enabled() && cfg.NetnsCookie != cookie && cfg.NetnsCookie != 0 {
 		return nil, fmt.Errorf("pin directory %s serves another network namespace (cookie %d, this one is %d): each node needs its own pinDir",
 			dp.PinRoot, cfg.NetnsCookie, cookie)
 	}
 	// Whether BPF_FIB_LOOKUP_SRC is used is decided (probed) when the hooks
 	// are set up; a fallback forced since makes them be set up again.
-	ready := cfg.Enabled() && cfg.HooksId == hooksID(dp.PinRoot) && dp.cgroupHooksLive(rootErr == nil) &&
+	ready := cfg.Enabled() && cfg.NetnsCookie == cookie && cfg.HooksId == hooksID(dp.PinRoot) && dp.cgroupHooksLive(rootErr == nil) &&
 		(!isForced(FeatFibSrc) || cfg.FibNoSrc())
 	attempts := 20
 	if ready && !opts.MustRefresh {
@@ -523,20 +533,6 @@ func (dp *Datapath) CheckNodeHooks(opts NodeHookOptions) error {
 		}
 	}
 	return nil
-}
-
-// NetnsCookie returns the cookie of the calling thread's network namespace.
-func NetnsCookie() (uint64, error) {
-	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return 0, fmt.Errorf("socket for netns cookie: %w", err)
-	}
-	defer unix.Close(fd)
-	c, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-	if err != nil {
-		return 0, fmt.Errorf("read netns cookie: %w", err)
-	}
-	return c, nil
 }
 
 // EnsurePacing attaches the sock_ops program to the cgroup2 root once per

@@ -97,7 +97,7 @@ func Claim(n *Network, id ID, features []Feature, tr *Tracer) (_ *Attachment, er
 	// is alive it also takes the tcx attach off this ADD.
 	a.busy = datapath.MarkBusy(n.PinDir)
 	a.deferTCX = datapath.AgentAlive(n.PinDir)
-	if err := a.netns.Do(func(ns.NetNS) (e error) { a.cookie, e = datapath.NetnsCookie(); return e }); err != nil {
+	if err := a.netns.Do(func(ns.NetNS) (e error) { a.cookie, e = datapath.PodNetnsCookie(n.PinDir); return e }); err != nil {
 		return nil, internal("CNI_NETNS %q: %w", id.Netns, err)
 	}
 	tr.Mark("parse")
@@ -471,7 +471,11 @@ func (a *Attachment) Publish() error {
 	// Every pod's netns is registered, so the sock_ops hook can pace its
 	// TCP towards rate-limited pods (and clamp its window, with an ingress
 	// limit).
-	created, err := m.EnsureNetns(a.cookie, a.EgressRateBps, a.RcvWnd)
+	// (Not where the cookie was not learned: no pacing program reads it.)
+	created, err := false, error(nil)
+	if a.cookie != 0 {
+		created, err = m.EnsureNetns(a.cookie, a.EgressRateBps, a.RcvWnd)
+	}
 	if err != nil {
 		return mapError(err)
 	}

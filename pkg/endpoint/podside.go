@@ -26,7 +26,13 @@ func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int,
 		return recCookie // a DEL naming the node's netns: no pod's rules there
 	}
 	_ = netns.Do(func(ns.NetNS) error {
-		cookie, err := datapath.NetnsCookie()
+		// An ADD that recorded no cookie (no pacing, no SO_NETNS_COOKIE)
+		// registered no cni_netns entry: nothing to compare or delete.
+		var cookie uint64
+		var err error
+		if recCookie != 0 || datapath.NetnsCookieCheap() {
+			cookie, err = datapath.NetnsCookie()
+		}
 		if err != nil {
 			deleteCookie = recCookie
 			return nil

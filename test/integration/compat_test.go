@@ -41,7 +41,7 @@ func forced(name string) bool {
 			name = "compat"
 		}
 		if f == name || f == "all" && name != datapath.FeatRedirectPeer && name != datapath.FeatRedirectNeig &&
-			name != datapath.FeatSockAddr && name != datapath.FeatNetnsCookie {
+			name != datapath.FeatSockAddr {
 			return true
 		}
 	}
@@ -118,7 +118,8 @@ func TestCompatStatusNamesFeatures(t *testing.T) {
 	for _, f := range st.Features {
 		seen[f.Name] = f
 	}
-	for _, n := range []string{datapath.FeatTCX, datapath.FeatFibSrc, datapath.FeatRedirectPeer, datapath.FeatTimer, datapath.FeatLoop, datapath.FeatSockAddr} {
+	for _, n := range []string{datapath.FeatTCX, datapath.FeatFibSrc, datapath.FeatRedirectPeer, datapath.FeatTimer, datapath.FeatLoop,
+		datapath.FeatSockAddr, datapath.FeatNetnsCookie} {
 		f, ok := seen[n]
 		if !ok {
 			t.Errorf("status lists no feature %s: %+v", n, st.Features)
@@ -157,11 +158,11 @@ func TestCompatStatusNamesFeatures(t *testing.T) {
 		})
 		return o.String(), s.String(), err
 	}
-	o, s, err := status("tcx,fibsrc")
+	o, s, err := status("tcx,fibsrc,so_netns_cookie")
 	if err != nil || o != "" {
 		t.Fatalf("STATUS with fallbacks forced: %v, stdout %q, stderr %q", err, o, s)
 	}
-	if !strings.Contains(s, "fallback for: tcx (forced), fibsrc (forced)") || !strings.Contains(s, "in use: redirect_peer") {
+	if !strings.Contains(s, "so_netns_cookie (forced), tcx (forced), fibsrc (forced)") || !strings.Contains(s, "in use: redirect_peer") {
 		t.Errorf("STATUS does not name the features in use and the fallbacks: %q", s)
 	}
 	o, _, err = status("tcx,redirect_peer")
@@ -433,4 +434,141 @@ func TestCompatPacing(t *testing.T) {
 	}
 	e.MustDel(a, "bw")
 	e.AssertClean()
+}
+
+// TestCompatNetnsCookie: the node hooks key the node's netns by the cookie
+// SO_NETNS_COOKIE reads, or (so_netns_cookie forced, as before 5.14) by the
+// one a cgroup connect4 program learns: the same number, which the socket
+// hooks' bpf_get_netns_cookie matches (a node-local client reaches the
+// hostPort). A pod's cookie is recorded only where something reads it (the
+// pacing program) or it costs one getsockopt.
+func TestCompatNetnsCookie(t *testing.T) {
+	t.Parallel()
+	h := newHPEnv(t)
+	p := h.NewPod()
+	h.CleanupDel(p, "web")
+	h.MustAddHP(p, "web", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
+	serve(t, p, 80, "web")
+	truth := func(n ns.NetNS) (c uint64) {
+		t.Helper()
+		if err := n.Do(func(ns.NetNS) (err error) {
+			fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM, 0)
+			if err != nil {
+				return err
+			}
+			defer unix.Close(fd)
+			c, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	cfg, err := h.Maps().HostPortConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if node := truth(h.Node); cfg.NetnsCookie != node {
+		t.Errorf("hostPort hooks key netns cookie %d, the node's is %d (so_netns_cookie forced: %v)", cfg.NetnsCookie, node, forced(datapath.FeatNetnsCookie))
+	}
+	expectServer(t, h.Node, "tcp", hp(net.ParseIP("127.0.0.1"), 8080), "web")
+
+	rec, err := h.Store().Read("web", "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := truth(p)
+	want := pod
+	if forced(datapath.FeatNetnsCookie) && forced(datapath.FeatSockOpsNetns) {
+		want = 0
+	}
+	if rec.NetnsCookie != want {
+		t.Errorf("the record holds netns cookie %d, want %d (the pod's is %d)", rec.NetnsCookie, want, pod)
+	}
+	if _, err := h.Maps().LookupNetns(pod); (err == nil) != (want != 0) {
+		t.Errorf("the pod's cni_netns entry: lookup error %v, want an entry: %v", err, want != 0)
+	}
+	h.MustDel(p, "web")
+	h.AssertClean()
+}
+
+// noCgroup2Plugin is a plugin binary that runs ebpf-cni in a mount
+// namespace of its own without the host's cgroup2 mount (the host keeps it).
+func noCgroup2Plugin(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ebpf-cni-no-cgroup2")
+	script := `#!/bin/sh
+exec unshare -m --propagation private sh -c 'for m in /sys/fs/cgroup/unified /sys/fs/cgroup; do
+  [ "$(stat -f -c %T "$m" 2>/dev/null)" = cgroup2fs ] && umount -l "$m"; done
+  grep -q " - cgroup2 " /proc/self/mountinfo && exit 99; exec "$0"' ` + filepath.Join(testenv.BinDir, "ebpf-cni") + "\n"
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// TestCompatNetnsCookieNoCgroup2: without SO_NETNS_COOKIE (forced) and
+// without a cgroup2 mount the netns cookie cannot be learned: STATUS says so
+// (nothing falls back silently); an ADD still works (the pod's cookie only
+// serves pacing, which needs cgroup2 too); an ADD with a hostPort fails
+// naming cgroup2 (as on any kernel without it) and leaves nothing; and a
+// later ADD by a process that has both keys the node hooks with the real
+// cookie, so the node's own clients reach the hostPort.
+func TestCompatNetnsCookieNoCgroup2(t *testing.T) {
+	t.Parallel()
+	h := newHPEnv(t)
+	bin := noCgroup2Plugin(t)
+	force := datapath.ForceFallbackEnv + "=" + datapath.FeatNetnsCookie
+
+	var stderr bytes.Buffer
+	err := h.InNode(func() error {
+		cmd := exec.Command(bin)
+		cmd.Env = []string{"CNI_COMMAND=STATUS", "CNI_PATH=" + testenv.BinDir, force}
+		cmd.Stdin = bytes.NewReader(h.StdinConf(nil))
+		cmd.Stderr = &stderr
+		return cmd.Run()
+	})
+	if err != nil {
+		t.Fatalf("STATUS without cgroup2: %v\n%s", err, stderr.String())
+	}
+	if s := stderr.String(); !strings.Contains(s, "so_netns_cookie (forced; the fallback fails:") ||
+		!strings.Contains(s, "no cgroup2 mount") || !strings.Contains(s, datapath.FeatSockAddr) {
+		t.Errorf("STATUS does not name the failing netns cookie fallback: %q", s)
+	}
+
+	add := func(p ns.NetNS, id string, pms ...map[string]any) ([]byte, error) {
+		env := map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": id, "CNI_NETNS": p.Path(), "CNI_IFNAME": "eth0",
+			"CNI_PATH": testenv.BinDir, datapath.ForceFallbackEnv: datapath.FeatNetnsCookie}
+		return h.RunPlugin(bin, env, h.StdinConf(func(c map[string]any) {
+			if len(pms) > 0 {
+				c["runtimeConfig"] = map[string]any{"portMappings": pms}
+			}
+		}))
+	}
+	a := h.NewPod()
+	h.CleanupDel(a, "plain")
+	if out, err := add(a, "plain"); err != nil {
+		t.Fatalf("ADD without cgroup2: %v\n%s", err, out)
+	}
+	if rec, err := h.Store().Read("plain", "eth0"); err != nil || rec.NetnsCookie != 0 {
+		t.Errorf("the record of an ADD that cannot learn the cookie: %+v, %v; want no cookie", rec, err)
+	}
+	h.MustDel(a, "plain")
+
+	p := h.NewPod()
+	h.CleanupDel(p, "web")
+	out, err := add(p, "web", map[string]any{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"})
+	wantPluginError(t, "ADD with a hostPort without cgroup2", out, err, 50, "cgroup2")
+	h.AssertClean()
+
+	// A process that has both (cgroup2, SO_NETNS_COOKIE) keys them.
+	h.MustAddHP(p, "web", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
+	serve(t, p, 80, "web")
+	expectServer(t, h.Node, "tcp", hp(net.ParseIP("127.0.0.1"), 8080), "web")
+	expectServer(t, h.remote, "tcp", hp(uplinkIP4, 8080), "web")
+	if cfg, err := h.Maps().HostPortConfig(); err != nil || cfg.NetnsCookie == 0 {
+		t.Errorf("hostPort config after an ADD with cgroup2: %+v, %v; want the node's cookie", cfg, err)
+	}
+	h.MustDel(p, "web")
+	h.AssertClean()
 }

@@ -301,8 +301,12 @@ func featureState(f datapath.Feature) string {
 	switch {
 	case f.InUse():
 		return "in use"
+	case f.Forced && f.Err != "":
+		return "fallback (forced by " + datapath.ForceFallbackEnv + "; " + f.Err + ")"
 	case f.Forced:
 		return "fallback (forced by " + datapath.ForceFallbackEnv + ")"
+	case f.Fallback != "" && f.Err != "":
+		return "fallback (kernel lacks it; " + f.Err + ")"
 	case f.Fallback != "":
 		return "fallback (kernel lacks it)"
 	}
