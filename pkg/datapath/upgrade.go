@@ -236,6 +236,7 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 			}
 		}
 	}
+	pausepoint("upgrade-link")
 	for _, pl := range links {
 		next := loaded[pl.prog.Name]
 		want, err := progID(next)
@@ -252,6 +253,7 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		} else {
 			rep.Replaced++
 		}
+		pausepoint("upgrade-link")
 	}
 
 	var ferr error
