@@ -149,7 +149,7 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 			l.Close()
 			continue
 		}
-		old, err := ebpf.NewProgramFromID(info.Program)
+		old, err := programByID(dp.PinRoot, info.Program)
 		if err != nil {
 			l.Close()
 			errs = errors.Join(errs, fmt.Errorf("program of link %s: %w", name, err))

@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +24,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -539,11 +543,36 @@ func span(ns []uint32) string {
 // lose nothing in any of them.
 func TestUpgradeMixedBuilds(t *testing.T) {
 	for _, rel := range upgradeReleases {
-		t.Run(rel.name, func(t *testing.T) { upgradeMixedBuilds(t, rel.commit) })
+		t.Run(rel.name, func(t *testing.T) { upgradeMixedBuilds(t, rel.commit, false) })
 	}
 }
 
-func upgradeMixedBuilds(t *testing.T, commit string) {
+// TestUpgradeDaemonSetCaps: the agent that takes the node over runs with
+// the DaemonSet's capabilities alone (NET_ADMIN, BPF, PERFMON: no
+// SYS_ADMIN, so no program by ID). Before the fix its migration could not
+// name the programs of the uplink and cgroup links the release attached:
+// it exited ("not every attachment moved"), its restart left those links
+// on the release's programs over the release's maps, and the pods' cls_bpf
+// filters were never moved to tcx (seen in the k8s harness's rollout run).
+// Now every link moves, the release's maps go, and nothing is lost.
+func TestUpgradeDaemonSetCaps(t *testing.T) {
+	upgradeMixedBuilds(t, testenv.PreIssue28Commit, true)
+}
+
+// daemonSetAgent is the agent started with only the DaemonSet's
+// capabilities (deploy/ebpf-cni.yaml), as root (uid 0) there.
+func daemonSetAgent(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ebpf-agent")
+	script := fmt.Sprintf("#!/bin/sh\nexec setpriv --bounding-set=-all,+net_admin,+bpf,+perfmon --inh-caps=-all -- %s \"$@\"\n",
+		filepath.Join(testenv.BinDir, "ebpf-agent"))
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+func upgradeMixedBuilds(t *testing.T, commit string, daemonSetCaps bool) {
 	oldBin := testenv.BuildAt(t, commit)
 	lab := newMasqLab(t)
 	e := lab.a
@@ -595,7 +624,12 @@ func upgradeMixedBuilds(t *testing.T, commit string) {
 	// This build's agent migrates the node, pausing after the uplinks and
 	// after each pod link it moves.
 	start := time.Now()
-	agent := e.StartAgentBin(crashAgent(t), []string{"EBPF_CNI_PAUSE_AT=upgrade-link", "EBPF_CNI_PAUSE=300ms"}, e.WriteConfDir(), "--metrics-addr", "")
+	var agent *testenv.AgentProc
+	if daemonSetCaps {
+		agent = e.StartAgentBin(daemonSetAgent(t), nil, e.WriteConfDir(), "--metrics-addr", "")
+	} else {
+		agent = e.StartAgentBin(crashAgent(t), []string{"EBPF_CNI_PAUSE_AT=upgrade-link", "EBPF_CNI_PAUSE=300ms"}, e.WriteConfDir(), "--metrics-addr", "")
+	}
 	defer agent.Stop()
 	for !strings.Contains(agent.Logs(), "datapath ready") {
 		if time.Since(start) > time.Minute {
@@ -603,8 +637,34 @@ func upgradeMixedBuilds(t *testing.T, commit string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Logf("migration with pauses: %s", time.Since(start).Round(time.Millisecond))
+	t.Logf("migration: %s", time.Since(start).Round(time.Millisecond))
 	time.Sleep(time.Second)
+	if daemonSetCaps {
+		logs := agent.Logs()
+		if old := datapath.OlderLayoutDirs(e.PinDir); strings.Contains(logs, "not permitted") || len(old) > 0 {
+			t.Errorf("the agent with the DaemonSet's capabilities did not move every link and remove the release's maps (%v left):\n%s", old, logs)
+		}
+		// A pod added now gets cls_bpf filters (the agent runs), which the
+		// agent moves to tcx links: the program its filter runs, opened
+		// without SYS_ADMIN.
+		e.CNI = newCNI
+		d := e.NewPod()
+		e.CleanupDel(d, "d")
+		e.Add(d, "d")
+		host := state.HostIfName("d", "eth0")
+		for _, dir := range []string{datapath.DirIngress, datapath.DirEgress} {
+			pin := datapath.LinkPinPath(e.PinDir, host, dir)
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				if _, err := os.Stat(pin); err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the agent with the DaemonSet's capabilities did not move pod d's %s hook to tcx (no %s) in 20 s:\n%s", dir, pin, agent.Logs())
+				}
+			}
+		}
+		e.MustDel(d, "d")
+	}
 
 	var failed []string
 	for _, p := range probes {
