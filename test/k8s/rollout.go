@@ -323,6 +323,7 @@ func (c *cluster) runRollout(ctx context.Context) error {
 		t := time.Now()
 		what, err := ph.run(ctx)
 		l.took, l.what, l.loadTo = time.Since(t), what, loadavg()
+		c.saveAgentLogs(ph.name)
 		logs = append(logs, l)
 		if err != nil {
 			return fmt.Errorf("rollout phase %s: %w", ph.name, err)
@@ -451,26 +452,25 @@ func (c *cluster) rolloutPhases() []rolloutPhase {
 		}
 		return fmt.Sprintf("kubectl apply -f %s; rollout status: done in %s", filepath.Base(manifest), since(t)), nil
 	}
+	back := func(ctx context.Context) (string, error) {
+		m, err := c.releaseManifest()
+		if err != nil {
+			return "", err
+		}
+		f := filepath.Join(c.work, "release.yaml")
+		if err := os.WriteFile(f, []byte(m), 0o644); err != nil {
+			return "", err
+		}
+		what, err := roll(ctx, f)
+		time.Sleep(settle)
+		return "to " + c.a.release[:7] + ": " + what + ", then " + settle.String(), err
+	}
+	// The SIGKILL goes to the first rollout: the one that migrates the maps
+	// to this tree's layout (after the rollback the newer layout's maps
+	// are still there, and the next rollout opens them without a
+	// migration).
 	return []rolloutPhase{
 		steady,
-		{"forward", func(ctx context.Context) (string, error) {
-			what, err := roll(ctx, current)
-			time.Sleep(settle)
-			return what + ", then " + settle.String(), err
-		}},
-		{"back", func(ctx context.Context) (string, error) {
-			m, err := c.releaseManifest()
-			if err != nil {
-				return "", err
-			}
-			f := filepath.Join(c.work, "release.yaml")
-			if err := os.WriteFile(f, []byte(m), 0o644); err != nil {
-				return "", err
-			}
-			what, err := roll(ctx, f)
-			time.Sleep(settle)
-			return "to " + c.a.release[:7] + ": " + what + ", then " + settle.String(), err
-		}},
 		{"forward, SIGKILL", func(ctx context.Context) (string, error) {
 			n := c.nodes[0]
 			old, _ := c.agentPid(n)
@@ -480,6 +480,12 @@ func (c *cluster) rolloutPhases() []rolloutPhase {
 			killed := <-done
 			time.Sleep(settle)
 			return killed + "; " + what + ", then " + settle.String(), err
+		}},
+		{"back", back},
+		{"forward again", func(ctx context.Context) (string, error) {
+			what, err := roll(ctx, current)
+			time.Sleep(settle)
+			return what + ", then " + settle.String(), err
 		}},
 	}
 }
@@ -504,7 +510,7 @@ func (c *cluster) killMidMigration(ctx context.Context, n *node, old int) string
 			seen = true
 			break
 		}
-		time.Sleep(2 * time.Millisecond)
+		time.Sleep(time.Millisecond)
 	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return fmt.Sprintf("kill -9 of %s's agent %d failed: %v", n.name, pid, err)
@@ -513,4 +519,26 @@ func (c *cluster) killMidMigration(ctx context.Context, n *node, old int) string
 		return fmt.Sprintf("%s's new agent (pid %d) killed with SIGKILL %s after it started, its migration's staging maps present", n.name, pid, time.Since(started).Round(time.Millisecond))
 	}
 	return fmt.Sprintf("%s's new agent (pid %d) killed with SIGKILL %s after it started; no migration seen (no staging maps)", n.name, pid, time.Since(started).Round(time.Millisecond))
+}
+
+// saveAgentLogs keeps the logs of the DaemonSet's agents (and of their
+// previous containers: a killed one's) after a phase, in logs/agents-<phase>.
+func (c *cluster) saveAgentLogs(phase string) {
+	if c.o.cni != "ebpf-cni" {
+		return
+	}
+	dir := filepath.Join(c.logs, "agents-"+strings.ReplaceAll(strings.ReplaceAll(phase, " ", "-"), ",", ""))
+	os.MkdirAll(dir, 0o755)
+	names, err := c.kubectl("-n", "kube-system", "get", "pods", "-l", "app.kubernetes.io/name=ebpf-cni", "-o", "jsonpath={.items[*].metadata.name}")
+	if err != nil {
+		return
+	}
+	for _, pod := range strings.Fields(names) {
+		if out, err := c.kubectl("-n", "kube-system", "logs", pod, "-c", "agent"); err == nil {
+			os.WriteFile(filepath.Join(dir, pod+".log"), []byte(out), 0o644)
+		}
+		if out, err := c.kubectl("-n", "kube-system", "logs", pod, "-c", "agent", "--previous"); err == nil {
+			os.WriteFile(filepath.Join(dir, pod+".previous.log"), []byte(out), 0o644)
+		}
+	}
 }
