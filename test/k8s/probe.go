@@ -172,13 +172,16 @@ type phaseResult struct {
 	broken     bool
 }
 
-// finish stops sending, waits for the last echoes and splits the outcome by
-// phase (marked with markPhase; the first phase must be marked after the
-// probe was answered).
-func (p *probe) finish() []phaseResult {
+// stopSending ends the last phase: no number is sent after it.
+func (p *probe) stopSending() {
 	close(p.stop)
 	<-p.done
-	time.Sleep(2 * time.Second)
+}
+
+// finish splits the outcome by phase (marked with markPhase; the first
+// phase must be marked after the probe was answered). Call it after
+// stopSending and a wait for the last echoes.
+func (p *probe) finish() []phaseResult {
 	end := mark{retrans: p.retransmitted()}
 	p.c.Close()
 	p.mu.Lock()

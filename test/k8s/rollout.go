@@ -330,6 +330,12 @@ func (c *cluster) runRollout(ctx context.Context) error {
 		}
 		logf("rollout phase %q: %s (%s)", ph.name, what, since(t))
 	}
+	// Every probe stops at once (the last phase ends for all), then the
+	// last echoes get 2 s to arrive.
+	for _, p := range probes {
+		p.stopSending()
+	}
+	time.Sleep(2 * time.Second)
 	results := make([][]phaseResult, len(probes))
 	for i, p := range probes {
 		results[i] = p.finish()
@@ -516,9 +522,9 @@ func (c *cluster) killMidMigration(ctx context.Context, n *node, old int) string
 		return fmt.Sprintf("kill -9 of %s's agent %d failed: %v", n.name, pid, err)
 	}
 	if seen {
-		return fmt.Sprintf("%s's new agent (pid %d) killed with SIGKILL %s after it started, its migration's staging maps present", n.name, pid, time.Since(started).Round(time.Millisecond))
+		return fmt.Sprintf("%s's new agent (pid %d) killed with SIGKILL %s after the harness saw it start, its migration's staging maps present", n.name, pid, time.Since(started).Round(time.Millisecond))
 	}
-	return fmt.Sprintf("%s's new agent (pid %d) killed with SIGKILL %s after it started; no migration seen (no staging maps)", n.name, pid, time.Since(started).Round(time.Millisecond))
+	return fmt.Sprintf("%s's new agent (pid %d) killed with SIGKILL %s after the harness saw it start; no migration seen (no staging maps)", n.name, pid, time.Since(started).Round(time.Millisecond))
 }
 
 // saveAgentLogs keeps the logs of the DaemonSet's agents (and of their
