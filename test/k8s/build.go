@@ -127,6 +127,11 @@ func buildAll(ctx context.Context, o options) (*artifacts, error) {
 	if err := buildImages(ctx, o, a); err != nil {
 		return nil, fmt.Errorf("images: %w", err)
 	}
+	if o.helm && o.cni == "ebpf-cni" {
+		if err := buildHelm(ctx, o, a); err != nil {
+			return nil, err
+		}
+	}
 	if o.rollout != "" && o.cni == "ebpf-cni" {
 		if err := buildRelease(ctx, o, a); err != nil {
 			return nil, fmt.Errorf("release %s: %w", o.rollout, err)

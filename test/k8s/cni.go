@@ -44,7 +44,14 @@ func (c *cluster) installCNI(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := c.apply(manifest); err != nil {
+	if c.o.helm {
+		if c.o.rollout != "" {
+			return fmt.Errorf("-helm and -rollout: use one (the rollout starts from a release's manifest)")
+		}
+		if err := c.helmInstall(); err != nil {
+			return err
+		}
+	} else if err := c.apply(manifest); err != nil {
 		return err
 	}
 	if err := c.waitFor(ctx, "ebpf-cni DaemonSet ready on every node", 3*time.Minute, func() error {

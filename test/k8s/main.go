@@ -115,6 +115,9 @@ type options struct {
 	// rollout: the release (commit) the DaemonSet starts from; the cluster
 	// is then rolled to this tree and back under traffic (rollout.go).
 	rollout string
+	// helm installs deploy/helm/ebpf-cni with helm instead of applying
+	// deploy/ebpf-cni.yaml.
+	helm bool
 }
 
 func main() {
@@ -135,6 +138,7 @@ func main() {
 	flag.BoolVar(&o.connPolicy, "connectivity-policy", false, "with -connectivity: also check NetworkPolicy deny and allow")
 	flag.BoolVar(&o.uninstall, "uninstall", false, "after the suite: delete the DaemonSet with uninstall-on-stop=force and check both nodes have nothing of ebpf-cni left")
 	flag.StringVar(&o.rollout, "rollout", "", "start the DaemonSet at this commit's release and roll it to this tree, back, and forward with an agent killed, under traffic on every path (rollout.md; with -cni reference: the same traffic, steady, as the baseline)")
+	flag.BoolVar(&o.helm, "helm", false, "install ebpf-cni with helm install of deploy/helm/ebpf-cni (a helm built from test/helm/tools) instead of kubectl apply -f deploy/ebpf-cni.yaml")
 	flag.BoolVar(&o.noE2E, "no-e2e", false, "bring the cluster up (and run -connectivity), skip the e2e suite")
 	cmp := flag.String("compare", "", "comma-separated results.json files: print one markdown table of them and exit")
 	flag.Parse()
