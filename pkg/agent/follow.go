@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -118,13 +119,11 @@ func (f *follower) static() {
 // conflist (new pods get addresses only once their range is routed).
 func (f *follower) apply(v nodes.View) {
 	f.view = &v
-	want := f.o.ClusterCIDRs
-	if len(want) == 0 {
-		for _, n := range v.Nodes {
-			want = append(want, n.PodCIDRs...)
-		}
+	if want := f.o.ClusterCIDRs; len(want) > 0 {
+		f.clusterCIDRs(want)
+	} else {
+		f.nodeClusterCIDRs(v)
 	}
-	f.clusterCIDRs(want)
 
 	var peers []Peer
 	for _, n := range v.Nodes {
@@ -179,6 +178,41 @@ func (f *follower) clusterCIDRs(want []netip.Prefix) {
 		return
 	}
 	gained, dropped, err := f.m.SetClusterCIDRs(agentCIDROwner, want)
+	if len(gained) > 0 || len(dropped) > 0 || err != nil {
+		f.logf("cluster CIDRs (never masqueraded) the agent holds: added %v, released %v%s", gained, dropped, errSuffix(err))
+	}
+}
+
+// nodeClusterCIDRs makes every node's pod CIDRs and its addresses the
+// cluster CIDRs. A node reaches other nodes' pods over the routes to them
+// with its own address as the source: kube-proxy's SNAT of a NodePort (or
+// a hostPort's) client whose endpoint is on another node, a hostNetwork
+// pod, the kubelet. The pod's reply must go back to that address
+// untranslated, or the node's conntrack never sees it: a UDP reply (any
+// datagram opens a masqueraded flow) to a node address outside the
+// cluster CIDRs is masqueraded, and a NodePort UDP flow to a pod on
+// another node is lost. Should the node addresses not fit beside the pod
+// CIDRs (more than the agent's share of cni_cluster_cidrs), the pod CIDRs
+// alone are kept, and that is said.
+func (f *follower) nodeClusterCIDRs(v nodes.View) {
+	if f.m == nil {
+		return
+	}
+	var pods, addrs []netip.Prefix
+	for _, n := range v.Nodes {
+		pods = append(pods, n.PodCIDRs...)
+		for _, a := range n.InternalIPs {
+			addrs = append(addrs, netip.PrefixFrom(a, a.BitLen()))
+		}
+	}
+	want := append(append([]netip.Prefix{}, pods...), addrs...)
+	gained, dropped, err := f.m.SetClusterCIDRs(agentCIDROwner, want)
+	if errors.Is(err, maps.ErrFull) && len(addrs) > 0 {
+		f.once("cidr-full", "cluster CIDRs: the %d node addresses do not fit beside the %d pod CIDRs (%v): pods' UDP replies to other nodes' addresses are masqueraded", len(addrs), len(pods), err)
+		gained, dropped, err = f.m.SetClusterCIDRs(agentCIDROwner, pods)
+	} else if err == nil {
+		f.said["cidr-full"] = ""
+	}
 	if len(gained) > 0 || len(dropped) > 0 || err != nil {
 		f.logf("cluster CIDRs (never masqueraded) the agent holds: added %v, released %v%s", gained, dropped, errSuffix(err))
 	}

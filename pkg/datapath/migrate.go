@@ -198,7 +198,7 @@ func migrateHook(pinRoot string, v TCVeth, f TCFilter) error {
 	if tcxPinnedOn(pinRoot, v.Name, f.Prog, v.Ifindex) {
 		return nil
 	}
-	prog, err := ebpf.NewProgramFromID(f.ProgID)
+	prog, err := programByID(pinRoot, f.ProgID)
 	if err != nil {
 		return fmt.Errorf("%s: program %d of the %s filter: %w", v.Name, f.ProgID, f.Prog.Link, err)
 	}

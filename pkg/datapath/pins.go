@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
@@ -321,3 +322,31 @@ func readPinDir(dir string) ([]os.DirEntry, error) {
 // isSymlink: an entry of a pin directory that is a symlink (never made by
 // the datapath) names something else's object.
 func isSymlink(e os.DirEntry) bool { return e.Type()&os.ModeSymlink != 0 }
+
+// programByID opens program id: by its ID where the kernel allows that
+// (CAP_SYS_ADMIN: BPF_PROG_GET_FD_BY_ID), else among the programs pinned
+// in pinRoot, this build's and older builds'. The DaemonSet's agent has
+// only CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON: by ID it could neither name
+// the programs of the uplink and cgroup links an older build attached (so
+// an upgrade left them on the old programs and maps) nor move a pod from
+// its cls_bpf filters to tcx. Every program our links and filters run is
+// pinned until no link runs it any more (upgradeLocked).
+func programByID(pinRoot string, id ebpf.ProgramID) (*ebpf.Program, error) {
+	p, err := ebpf.NewProgramFromID(id)
+	if err == nil || !errors.Is(err, os.ErrPermission) {
+		return p, err
+	}
+	for _, pin := range ProgramPins(pinRoot) {
+		q, perr := ebpf.LoadPinnedProgram(pin.Path, &ebpf.LoadPinOptions{ReadOnly: true})
+		if perr != nil {
+			continue
+		}
+		if info, ierr := q.Info(); ierr == nil {
+			if qid, ok := info.ID(); ok && qid == id {
+				return q, nil
+			}
+		}
+		q.Close()
+	}
+	return nil, fmt.Errorf("%w (and no program pinned in %s has id %d)", err, filepath.Join(pinRoot, progsDir), id)
+}

@@ -121,7 +121,7 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 	for _, p := range coreProgramsOf(dp.PinRoot) {
 		need[p.Name] = true
 	}
-	links, errs := openOurLinks(paths, &rep, need)
+	links, errs := openOurLinks(dp.PinRoot, paths, &rep, need)
 	defer func() {
 		for _, pl := range links {
 			pl.l.Close()
@@ -243,13 +243,13 @@ func removeOtherBuilds(pinRoot string, rep *UpgradeReport) {
 
 // openOurLinks opens the link pins (paths) that run programs of ours, and
 // adds those programs to need.
-func openOurLinks(paths []string, rep *UpgradeReport, need map[string]bool) ([]pinnedLink, error) {
+func openOurLinks(pinRoot string, paths []string, rep *UpgradeReport, need map[string]bool) ([]pinnedLink, error) {
 	var (
 		links []pinnedLink
 		errs  error
 	)
 	for _, path := range paths {
-		pl, err := openOurLink(path, rep)
+		pl, err := openOurLink(pinRoot, path, rep)
 		if err != nil {
 			errs = errors.Join(errs, err)
 		} else if pl != nil {
@@ -262,7 +262,7 @@ func openOurLinks(paths []string, rep *UpgradeReport, need map[string]bool) ([]p
 
 // openOurLink opens a link pin and finds the program of ours it runs; nil
 // (and counted as defunct) when its device is gone.
-func openOurLink(path string, rep *UpgradeReport) (*pinnedLink, error) {
+func openOurLink(pinRoot, path string, rep *UpgradeReport) (*pinnedLink, error) {
 	name := filepath.Base(path)
 	l, err := link.LoadPinnedLink(path, nil)
 	if err != nil {
@@ -279,7 +279,7 @@ func openOurLink(path string, rep *UpgradeReport) (*pinnedLink, error) {
 		l.Close()
 		return nil, nil
 	}
-	old, err := ebpf.NewProgramFromID(info.Program)
+	old, err := programByID(pinRoot, info.Program)
 	if err != nil {
 		l.Close()
 		return nil, fmt.Errorf("program of link %s: %w", name, err)
@@ -302,6 +302,7 @@ func openOurLink(path string, rep *UpgradeReport) (*pinnedLink, error) {
 // runs it already.
 func swapLinks(links []pinnedLink, loaded map[string]*ebpf.Program, rep *UpgradeReport) error {
 	var errs error
+	pausepoint("upgrade-link")
 	for _, pl := range links {
 		next := loaded[pl.prog.Name]
 		want, err := progID(next)
@@ -318,6 +319,7 @@ func swapLinks(links []pinnedLink, loaded map[string]*ebpf.Program, rep *Upgrade
 		} else {
 			rep.Replaced++
 		}
+		pausepoint("upgrade-link")
 	}
 	return errs
 }

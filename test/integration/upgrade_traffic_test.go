@@ -5,10 +5,14 @@
 package integration
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +24,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -63,6 +69,10 @@ type seqProbe struct {
 	// TCP, once stopped: retransmitted segments, and duplicates the
 	// receiver reported (DSACK).
 	rawRetrans, dsack uint32
+	// Errors of the probe's own socket, with the number they hit: a
+	// datagram that never left (ENOBUFS, an ICMP error reported on the next
+	// send) is told apart from one the path lost.
+	errs []string
 }
 
 func startProbe(t *testing.T, name string, from ns.NetNS, dst string, interval time.Duration) *seqProbe {
@@ -94,6 +104,13 @@ func startProbeOver(t *testing.T, network, name string, from ns.NetNS, dst strin
 				n, err = p.c.Read(buf)
 			}
 			if err != nil {
+				if ne, ok := err.(net.Error); ok && !p.tcp && !ne.Timeout() && !strings.Contains(err.Error(), "closed") {
+					// UDP: an ICMP error reported on a read; the flow goes on.
+					p.mu.Lock()
+					p.errs = append(p.errs, fmt.Sprintf("read after #%d: %v", p.sent, err))
+					p.mu.Unlock()
+					continue
+				}
 				return
 			}
 			if n >= 4 {
@@ -118,7 +135,11 @@ func startProbeOver(t *testing.T, network, name string, from ns.NetNS, dst strin
 			p.sent++
 			binary.BigEndian.PutUint32(msg, p.sent)
 			p.mu.Unlock()
-			p.c.Write(msg)
+			if _, err := p.c.Write(msg); err != nil {
+				p.mu.Lock()
+				p.errs = append(p.errs, fmt.Sprintf("write #%d: %v", binary.BigEndian.Uint32(msg), err))
+				p.mu.Unlock()
+			}
 		}
 	}()
 	return p
@@ -297,7 +318,16 @@ func upgradeUnderTraffic(t *testing.T, commit, order string) {
 		raw.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20) })
 	}
 
+	// What the kernel did to neighbours, routes, links and addresses, and
+	// its counters: shown when a datagram is lost, to tell where.
+	var watches []func() string
+	for name, n := range map[string]ns.NetNS{"pod a": a, "pod b": b, "node": e.Node, "outside": lab.out} {
+		watches = append(watches, watchNetns(t, name, n.Path()))
+	}
 	const every = 5 * time.Millisecond
+	// Steps are logged at their number: the probe's datagram sent then.
+	probesStart := time.Now()
+	step := func(what string) { t.Logf("step at #%d: %s", time.Since(probesStart)/every, what) }
 	probes := []*seqProbe{
 		startProbe(t, "egress masquerade, IPv4", a, hp(outsideIP, 7), every),
 		startProbeOver(t, "tcp", "egress masquerade, TCP, IPv4", a, hp(outsideIP, 7), every),
@@ -392,16 +422,22 @@ func upgradeUnderTraffic(t *testing.T, commit, order string) {
 	time.Sleep(time.Second)
 	var agent *testenv.AgentProc
 	startAgent := func() {
+		step("agent start")
 		agent = e.StartAgent(e.WriteConfDir())
+		step("agent started")
 	}
 	var d ns.NetNS
 	newPodSteps := func() {
 		e.CNI = newCNI
+		step("DEL x")
 		e.MustDel(x, "x") // an old pod goes: this build's first verb
+		step("DEL x done")
 		time.Sleep(500 * time.Millisecond)
 		d = e.NewPod()
 		e.CleanupDel(d, "d")
+		step("ADD d")
 		rd := e.Add(d, "d") // a new pod with ipMasq: the node hooks
+		step("ADD d done")
 		d4, _ := testenv.PodIPs(t, rd)
 		time.Sleep(500 * time.Millisecond)
 		must(t, testenv.Ping(d, outsideIP, 2))
@@ -423,6 +459,9 @@ func upgradeUnderTraffic(t *testing.T, commit, order string) {
 	for _, p := range probes {
 		sent, lost, retrans := p.finish()
 		t.Logf("%s: %d sent, %d lost, %d retransmitted (%d, %d of them reported as duplicates)", p.name, sent, len(lost), retrans, p.rawRetrans, p.dsack)
+		if len(p.errs) > 0 {
+			t.Logf("%s: its socket's errors: %v", p.name, p.errs)
+		}
 		if len(lost) > 0 || retrans > 0 {
 			failed = append(failed, fmt.Sprintf("%s: %d of %d lost (numbers %v, %v apart), %d retransmitted", p.name, len(lost), sent, span(lost), every, retrans))
 		}
@@ -446,7 +485,11 @@ func upgradeUnderTraffic(t *testing.T, commit, order string) {
 		failed = append(failed, "nothing of the limited pod's blast arrived")
 	}
 	if len(failed) > 0 {
-		t.Errorf("across the upgrade from %s (%s):\n  %s\nagent log:\n%s", commit[:7], order, strings.Join(failed, "\n  "), agent.Logs())
+		var diag []string
+		for _, w := range watches {
+			diag = append(diag, w())
+		}
+		t.Errorf("across the upgrade from %s (%s):\n  %s\nagent log:\n%s\n%s", commit[:7], order, strings.Join(failed, "\n  "), agent.Logs(), strings.Join(diag, "\n"))
 	}
 
 	// This build tears it all down.
@@ -458,10 +501,194 @@ func upgradeUnderTraffic(t *testing.T, commit, order string) {
 	e.AssertClean()
 }
 
+// watchNetns records `ip monitor` of the namespace at path from now on;
+// the function returned gives it, with the namespace's nstat counters
+// (those that are not zero).
+func watchNetns(t *testing.T, name, path string) func() string {
+	t.Helper()
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	cmd := exec.Command("nsenter", "--net="+path, "ip", "-ts", "monitor", "neigh", "route", "link", "addr")
+	w := &lockedWriter{mu: &mu, w: &buf}
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("ip monitor in %s: %v", name, err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return func() string {
+		out, _ := exec.Command("nsenter", "--net="+path, "nstat", "-asz").CombinedOutput()
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprintf("--- %s: ip monitor\n%s--- %s: nstat\n%s", name, buf.String(), name, out)
+	}
+}
+
 // span is the first and last of a sorted list of numbers.
 func span(ns []uint32) string {
 	if len(ns) == 0 {
 		return "none"
 	}
 	return fmt.Sprintf("%d-%d", ns[0], ns[len(ns)-1])
+}
+
+// TestUpgradeMixedBuilds holds the upgrade at every link it moves (the
+// crashpoint build's pause, 300 ms each), so that each state the node
+// passes through on its way from the release's programs to this build's
+// (the uplinks moved and no pod; some pods moved and not others; one of a
+// pod's two links moved) lasts long enough for traffic to meet it: an
+// upgrade normally passes through them in microseconds, and only a
+// preempted upgrade on a loaded machine lets a datagram in (the flake of
+// TestUpgradeUnderTraffic/e383872/plugin-first: 2 hostPort IPv6 and 1 pod to
+// pod IPv6 datagrams lost). Every path of the pods, both families, must
+// lose nothing in any of them.
+func TestUpgradeMixedBuilds(t *testing.T) {
+	for _, rel := range upgradeReleases {
+		t.Run(rel.name, func(t *testing.T) { upgradeMixedBuilds(t, rel.commit, false) })
+	}
+}
+
+// TestUpgradeDaemonSetCaps: the agent that takes the node over runs with
+// the DaemonSet's capabilities alone (NET_ADMIN, BPF, PERFMON: no
+// SYS_ADMIN, so no program by ID). Before the fix its migration could not
+// name the programs of the uplink and cgroup links the release attached:
+// it exited ("not every attachment moved"), its restart left those links
+// on the release's programs over the release's maps, and the pods' cls_bpf
+// filters were never moved to tcx (seen in the k8s harness's rollout run).
+// Now every link moves, the release's maps go, and nothing is lost.
+func TestUpgradeDaemonSetCaps(t *testing.T) {
+	upgradeMixedBuilds(t, testenv.PreIssue28Commit, true)
+}
+
+// daemonSetAgent is the agent started with only the DaemonSet's
+// capabilities (deploy/ebpf-cni.yaml), as root (uid 0) there.
+func daemonSetAgent(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "ebpf-agent")
+	script := fmt.Sprintf("#!/bin/sh\nexec setpriv --bounding-set=-all,+net_admin,+bpf,+perfmon --inh-caps=-all -- %s \"$@\"\n",
+		filepath.Join(testenv.BinDir, "ebpf-agent"))
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+func upgradeMixedBuilds(t *testing.T, commit string, daemonSetCaps bool) {
+	oldBin := testenv.BuildAt(t, commit)
+	lab := newMasqLab(t)
+	e := lab.a
+	e.Extra["capabilities"] = map[string]bool{"portMappings": true, "bandwidth": true}
+	newCNI := e.CNI
+	e.CNI = libcni.NewCNIConfigWithCacheDir([]string{oldBin}, e.CacheDir, nil)
+	const hostPort, podPort = 8081, 81
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "a")
+	e.CleanupDel(b, "b")
+	rt := e.RuntimeConf(a, "a", "eth0")
+	rt.CapabilityArgs = map[string]any{
+		"portMappings": []testenv.PM{{HostPort: hostPort, ContainerPort: podPort, Protocol: "udp"}},
+		"bandwidth":    bandwidthArgs(50e6, 0),
+	}
+	ra, err := e.AddList(e.ConfList("1.0.0"), rt)
+	if err != nil {
+		t.Fatalf("ADD a: %v", err)
+	}
+	rb := e.Add(b, "b")
+	a4, a6 := testenv.PodIPs(t, ra)
+	b4, b6 := testenv.PodIPs(t, rb)
+	echoUDP(t, a, podPort)
+	echoUDP(t, b, podPort)
+	echoUDP(t, lab.out, 7)
+
+	var watches []func() string
+	for name, n := range map[string]ns.NetNS{"pod a": a, "pod b": b, "node": e.Node, "outside": lab.out} {
+		watches = append(watches, watchNetns(t, name, n.Path()))
+	}
+	const every = 5 * time.Millisecond
+	probes := []*seqProbe{
+		startProbe(t, "hostPort from outside, IPv4", lab.out, hp(labNodeA, hostPort), every),
+		startProbe(t, "hostPort from outside, IPv6", lab.out, hp(labNodeA6, hostPort), every),
+		startProbe(t, "pod to pod b->a, IPv4", b, hp(a4, podPort), every),
+		startProbe(t, "pod to pod b->a, IPv6", b, hp(a6, podPort), every),
+		startProbe(t, "pod to pod a->b, IPv4", a, hp(b4, podPort), every),
+		startProbe(t, "pod to pod a->b, IPv6", a, hp(b6, podPort), every),
+		startProbe(t, "egress masquerade, IPv4", a, hp(outsideIP, 7), every),
+	}
+	if commit != testenv.PreUplinkMasqCommit {
+		probes = append(probes, startProbe(t, "egress masquerade, IPv6", a, hp(outsideIP6, 7), every))
+	}
+	for _, p := range probes {
+		p.waitAnswered(t)
+	}
+	time.Sleep(500 * time.Millisecond)
+
+	// This build's agent migrates the node, pausing after the uplinks and
+	// after each pod link it moves.
+	start := time.Now()
+	var agent *testenv.AgentProc
+	if daemonSetCaps {
+		agent = e.StartAgentBin(daemonSetAgent(t), nil, e.WriteConfDir(), "--metrics-addr", "")
+	} else {
+		agent = e.StartAgentBin(crashAgent(t), []string{"EBPF_CNI_PAUSE_AT=upgrade-link", "EBPF_CNI_PAUSE=300ms"}, e.WriteConfDir(), "--metrics-addr", "")
+	}
+	defer agent.Stop()
+	for !strings.Contains(agent.Logs(), "datapath ready") {
+		if time.Since(start) > time.Minute {
+			t.Fatalf("the agent did not get ready in a minute:\n%s", agent.Logs())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("migration: %s", time.Since(start).Round(time.Millisecond))
+	time.Sleep(time.Second)
+	if daemonSetCaps {
+		logs := agent.Logs()
+		if old := datapath.OlderLayoutDirs(e.PinDir); strings.Contains(logs, "not permitted") || len(old) > 0 {
+			t.Errorf("the agent with the DaemonSet's capabilities did not move every link and remove the release's maps (%v left):\n%s", old, logs)
+		}
+		// A pod added now gets cls_bpf filters (the agent runs), which the
+		// agent moves to tcx links: the program its filter runs, opened
+		// without SYS_ADMIN.
+		e.CNI = newCNI
+		d := e.NewPod()
+		e.CleanupDel(d, "d")
+		e.Add(d, "d")
+		host := state.HostIfName("d", "eth0")
+		for _, dir := range []string{datapath.DirIngress, datapath.DirEgress} {
+			pin := datapath.LinkPinPath(e.PinDir, host, dir)
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+				if _, err := os.Stat(pin); err == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the agent with the DaemonSet's capabilities did not move pod d's %s hook to tcx (no %s) in 20 s:\n%s", dir, pin, agent.Logs())
+				}
+			}
+		}
+		e.MustDel(d, "d")
+	}
+
+	var failed []string
+	for _, p := range probes {
+		sent, lost, _ := p.finish()
+		t.Logf("%s: %d sent, %d lost", p.name, sent, len(lost))
+		if len(p.errs) > 0 {
+			t.Logf("%s: its socket's errors: %v", p.name, p.errs)
+		}
+		if len(lost) > 0 {
+			failed = append(failed, fmt.Sprintf("%s: %d of %d lost (numbers %v)", p.name, len(lost), sent, lost))
+		}
+	}
+	if len(failed) > 0 {
+		var diag []string
+		for _, w := range watches {
+			diag = append(diag, w())
+		}
+		t.Errorf("pods of %s while this build's agent moved them link by link:\n  %s\nagent log:\n%s\n%s",
+			commit[:7], strings.Join(failed, "\n  "), agent.Logs(), strings.Join(diag, "\n"))
+	}
+	agent.Stop()
+	e.CNI = newCNI
+	e.MustDel(a, "a")
+	e.MustDel(b, "b")
+	e.AssertNoHostPorts()
+	e.AssertClean()
 }

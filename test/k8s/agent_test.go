@@ -338,8 +338,11 @@ func TestAgentFollowsNodes(t *testing.T) {
 		}
 		return nil
 	})
+	// Every node's pod CIDRs and its addresses: a node's own address is
+	// the source of what it sends to other nodes' pods (kube-proxy's
+	// NodePort SNAT), whose replies must not be masqueraded.
 	l.eventually("cluster CIDRs from every node", time.Minute, func() error {
-		if got, want := l.clusterCIDRs(), "10.244.0.0/24,10.244.1.0/24,fd00:10:244:1::/64,fd00:10:244::/64"; got != want {
+		if got, want := l.clusterCIDRs(), "10.244.0.0/24,10.244.1.0/24,10.255.0.11/32,10.255.0.12/32,fd00:10:244:1::/64,fd00:10:244::/64,fd00:255::11/128,fd00:255::12/128"; got != want {
 			return fmt.Errorf("cni_cluster_cidrs %q, want %q", got, want)
 		}
 		return nil
@@ -390,7 +393,7 @@ func TestAgentFollowsNodes(t *testing.T) {
 	l.wantRoutes("node3 deleted",
 		"10.244.5.0/24 via "+pfx+"12", "fd00:10:244:5::/64 via "+fabricPrefix6+"12", "10.244.4.0/24 via "+pfx+"14")
 	l.eventually("cluster CIDRs without node3's", time.Minute, func() error {
-		if got, want := l.clusterCIDRs(), "10.244.4.0/24,10.244.5.0/24,10.244.9.0/24,fd00:10:244:5::/64,fd00:10:244:9::/64"; got != want {
+		if got, want := l.clusterCIDRs(), "10.244.4.0/24,10.244.5.0/24,10.244.9.0/24,10.255.0.11/32,10.255.0.12/32,10.255.0.14/32,fd00:10:244:5::/64,fd00:10:244:9::/64,fd00:255::11/128,fd00:255::12/128"; got != want {
 			return fmt.Errorf("cni_cluster_cidrs %q, want %q", got, want)
 		}
 		return nil

@@ -36,6 +36,7 @@ type artifacts struct {
 	k8sSrc     string            // k8s.io/kubernetes in the module cache (agnhost's porter certificate)
 	bin        map[string]string // name -> path (kube-*, kubectl, kubelet, etcd, e2e.test, ginkgo, coredns, CNI plugins, ebpf-*)
 	images     []string          // OCI archives to import into every node
+	release    string            // -rollout: the full commit of the release rolled from
 }
 
 func (a *artifacts) path(name string) string {
@@ -125,6 +126,16 @@ func buildAll(ctx context.Context, o options) (*artifacts, error) {
 
 	if err := buildImages(ctx, o, a); err != nil {
 		return nil, fmt.Errorf("images: %w", err)
+	}
+	if o.helm && o.cni == "ebpf-cni" {
+		if err := buildHelm(ctx, o, a); err != nil {
+			return nil, err
+		}
+	}
+	if o.rollout != "" && o.cni == "ebpf-cni" {
+		if err := buildRelease(ctx, o, a); err != nil {
+			return nil, fmt.Errorf("release %s: %w", o.rollout, err)
+		}
 	}
 	return a, nil
 }

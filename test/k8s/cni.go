@@ -37,7 +37,21 @@ func (c *cluster) installCNI(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := c.apply(string(b)); err != nil {
+	manifest := string(b)
+	if c.o.rollout != "" {
+		// The release rolled from: its own manifest and image.
+		if manifest, err = c.releaseManifest(); err != nil {
+			return err
+		}
+	}
+	if c.o.helm {
+		if c.o.rollout != "" {
+			return fmt.Errorf("-helm and -rollout: use one (the rollout starts from a release's manifest)")
+		}
+		if err := c.helmInstall(); err != nil {
+			return err
+		}
+	} else if err := c.apply(manifest); err != nil {
 		return err
 	}
 	if err := c.waitFor(ctx, "ebpf-cni DaemonSet ready on every node", 3*time.Minute, func() error {
@@ -52,6 +66,11 @@ func (c *cluster) installCNI(ctx context.Context) error {
 		return nil
 	}); err != nil {
 		return err
+	}
+	if c.o.rollout != "" {
+		// An older agent's log lines and capabilities may differ: its routes
+		// and conflist are what the cluster needs.
+		return c.checkAgentRoutes(ctx)
 	}
 	return c.checkAgents(ctx)
 }

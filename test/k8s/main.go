@@ -112,6 +112,12 @@ type options struct {
 	// uninstall deletes the DaemonSet with the cleanup mode on after the
 	// suite and checks both nodes are left as found (issue 31).
 	uninstall bool
+	// rollout: the release (commit) the DaemonSet starts from; the cluster
+	// is then rolled to this tree and back under traffic (rollout.go).
+	rollout string
+	// helm installs deploy/helm/ebpf-cni with helm instead of applying
+	// deploy/ebpf-cni.yaml.
+	helm bool
 }
 
 func main() {
@@ -131,6 +137,8 @@ func main() {
 	flag.BoolVar(&o.connectivity, "connectivity", false, "run `ebpf-agent connectivity` against the cluster before the suite (fails the run when a path fails)")
 	flag.BoolVar(&o.connPolicy, "connectivity-policy", false, "with -connectivity: also check NetworkPolicy deny and allow")
 	flag.BoolVar(&o.uninstall, "uninstall", false, "after the suite: delete the DaemonSet with uninstall-on-stop=force and check both nodes have nothing of ebpf-cni left")
+	flag.StringVar(&o.rollout, "rollout", "", "start the DaemonSet at this commit's release and roll it to this tree, back, and forward with an agent killed, under traffic on every path (rollout.md; with -cni reference: the same traffic, steady, as the baseline)")
+	flag.BoolVar(&o.helm, "helm", false, "install ebpf-cni with helm install of deploy/helm/ebpf-cni (a helm built from test/helm/tools) instead of kubectl apply -f deploy/ebpf-cni.yaml")
 	flag.BoolVar(&o.noE2E, "no-e2e", false, "bring the cluster up (and run -connectivity), skip the e2e suite")
 	cmp := flag.String("compare", "", "comma-separated results.json files: print one markdown table of them and exit")
 	flag.Parse()
@@ -223,6 +231,13 @@ func run(o options) int {
 				return err
 			}
 			logf("connectivity: %s", since(t))
+		}
+		if o.rollout != "" {
+			t = time.Now()
+			if err := c.runRollout(ctx); err != nil {
+				return err
+			}
+			logf("rollout: %s", since(t))
 		}
 		if o.noE2E {
 			return nil
