@@ -57,9 +57,10 @@ func TestPacketBudget(t *testing.T) {
 			}
 			means = append(means, float64(sum)/float64(runs))
 		}
+		rounds := append([]float64(nil), means...)
 		sort.Float64s(means)
 		rows = append(rows, budgetRow{Path: path, Program: prog, Median: means[len(means)/2], Min: means[0], Max: means[len(means)-1],
-			Rounds: rounds, Runs: runs})
+			Rounds: len(means), Runs: runs, RoundMeans: rounds})
 	}
 
 	// A node without hostPorts: the pod behind lo and another one.
@@ -159,6 +160,8 @@ type budgetRow struct {
 	Max     float64 `json:"maxNs"`
 	Rounds  int     `json:"rounds"`
 	Runs    int     `json:"runsPerRound"`
+	// RoundMeans are the rounds' figures, in the order measured.
+	RoundMeans []float64 `json:"roundMeansNs"`
 }
 
 const anyVerdict = ^uint32(0) - 1 // no TC verdict has this value

@@ -105,12 +105,18 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 		errs = errors.Join(errs, fmt.Errorf("open datapath at %s: %w", n.PinDir, err))
 	}
 
+	dropStackFlows := func() error {
+		_, err := t.DP.Maps.DeleteStackFlowsOf(t.Ifindex)
+		return err
+	}
 	if t.DP != nil {
-		// Any pod may have flows the stack delivered to it (a Service's backend).
-		t.WithVeth(func() error {
-			_, err := t.DP.Maps.DeleteStackFlowsOf(t.Ifindex)
-			return err
-		})
+		// Any pod may have flows the stack delivered to it (a Service's
+		// backend). Handed off, the agent drops them when it deletes the
+		// veth (Reap): dropping the pod's table waits out an RCU grace
+		// period, and the ifindex stays the veth's until then.
+		if !handOff {
+			t.WithVeth(dropStackFlows)
+		}
 		for _, f := range features {
 			f.Teardown(t)
 		}
@@ -166,6 +172,9 @@ func Remove(n *Network, containerID, ifname, netnsPath string, rec *state.Record
 		if err := handOffHost(n.PinDir, hostIf, t.Ifindex); err != nil {
 			// Not handed off: delete it here after all.
 			errs = errors.Join(errs, deleteLink(hostIf), datapath.RemoveLinkPins(n.PinDir, state.HandedOffName(t.Ifindex)))
+			if t.DP != nil {
+				errs = errors.Join(errs, dropStackFlows())
+			}
 		}
 		tr.Mark("hand-off")
 	default:

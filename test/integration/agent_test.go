@@ -131,6 +131,9 @@ func TestAgentRestartAndUpgradeWithoutLoss(t *testing.T) {
 // pins; the dry run lists each and reconcile removes them all.
 func TestAgentReconcile(t *testing.T) {
 	e := testenv.New(t)
+	// Stale tcx link pins are among what reconcile removes: without an
+	// agent only attachMode tcx pins them at ADD.
+	e.Extra = map[string]any{"attachMode": "tcx"}
 	keep, gone := e.NewPod(), e.NewPod()
 	e.CleanupDel(keep, "keep")
 	e.Add(keep, "keep")
