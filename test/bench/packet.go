@@ -84,7 +84,7 @@ func runPacket(ctx context.Context, o *options, root string) ([]testenv.Row, err
 			logf("packet: %s run %d of %d done", b, i+1, o.packetRuns)
 		}
 	}
-	load := strings.Join(pb.load, "; ")
+	load := loadRange(pb.load)
 	var out []testenv.Row
 	for _, k := range pb.order {
 		path, prog, _ := strings.Cut(k, "\x00")
@@ -126,6 +126,24 @@ func buildRef(ctx context.Context, mod, root, ref, out string) error {
 		return err
 	}
 	return goTestC(ctx, wt, out)
+}
+
+// loadRange is the range of the 1-minute load averages seen at each run's start.
+func loadRange(avgs []string) string {
+	var lo, hi float64
+	for i, a := range avgs {
+		var l float64
+		if _, err := fmt.Sscanf(a, "%g", &l); err != nil {
+			continue
+		}
+		if i == 0 || l < lo {
+			lo = l
+		}
+		if l > hi {
+			hi = l
+		}
+	}
+	return fmt.Sprintf("%.1f-%.1f", lo, hi)
 }
 
 func goTestC(ctx context.Context, dir, out string) error {

@@ -263,7 +263,9 @@ func TestAgentDumpsStatusAndMetrics(t *testing.T) {
 			s := v.(*inspect.StatusReport)
 			// The bandwidth limit attached the pacing hook, a node hook.
 			eps := slices.IndexFunc(s.Maps, func(u maps.Usage) bool { return u.Name == "cni_endpoints" })
-			return s.Healthy && s.Attachments.HostVethLinks == 4 && eps >= 0 && s.Maps[eps].Entries == 4 &&
+			// No agent: both pods on cls_bpf, waiting for tcx, and healthy.
+			return s.Healthy && s.Attachments.HostVethLinks == 0 && s.Attachments.HostVeths[datapath.StateTCPending] == 2 &&
+				eps >= 0 && s.Maps[eps].Entries == 4 &&
 				slices.Contains(s.Attachments.NodeHooks, "cgroup_sock_ops")
 		}},
 	} {
