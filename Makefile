@@ -23,7 +23,7 @@ BPF2GO_STRIP  := llvm-strip-$(CLANG_VERSION)
 BPF2GO_CFLAGS := -nostdlibinc -Ibpf/include -Ibpf -O2 -Wall -Werror
 BENCH_PKGS    := iproute2 iputils-ping iptables iperf3 time
 
-.PHONY: helm check-chart all build generate check-generate check-tidy test unit-test race lint install demo bench bench-quick bench-cni bench-bandwidth bench-events bench-masq deps deps-bench deps-generate clean
+.PHONY: helm check-chart all build generate check-generate check-tidy test unit-test race lint install demo bench bench-quick bench-cni bench-bandwidth bench-events bench-masq bench-packet deps deps-bench deps-generate clean
 
 all: build
 
@@ -67,7 +67,7 @@ check-tidy:
 
 # Build tags of the test files that are not built by default (benchmarks,
 # the crash-injection build): vet covers them too.
-TEST_TAGS := masqbench,latbench,progcost,crashpoint,review_repro,hookbench
+TEST_TAGS := masqbench,latbench,progcost,crashpoint,review_repro,hookbench,pktbudget
 
 lint:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed on:"; gofmt -l .; exit 1)
@@ -163,6 +163,11 @@ bench-bandwidth: deps-bench
 # events on, the agent's CPU while observing a 10k/s drop flood.
 bench-events: deps-bench
 	$(GO) run ./test/bench -parts events
+
+# The per-packet budget: ns per program run (BPF_PROG_TEST_RUN) on each
+# path, beside 41b58f6 (-packet-ref), the two builds alternating.
+bench-packet: deps-bench
+	$(GO) run ./test/bench -parts packet
 
 # BPF masquerade beside ptp's iptables MASQUERADE: throughput and new
 # connections/s, in the two-node lab of the masquerade tests.

@@ -77,13 +77,18 @@ static __always_inline int from_uplink(struct __sk_buff *skb, __u8 family)
 {
 	struct flow f = {};
 	__u8 proto, ttl;
-
+	int rc;
+	/* Parsed once for both features (issue 30): with echo replies, which
+	 * only the masquerade has; hostPort maps TCP and UDP alone. */
+	int parsed = !flow_parse(skb, family, &f, FLOW_ECHO_REPLY);
 
 	/* Replies of masqueraded flows first: their ports were allocated
 	 * around the node's hostPorts. */
-	int rc = masq_reverse(skb, family);
-	if (rc != MASQ_CONTINUE)
-		return rc;
+	if (parsed) {
+		rc = masq_reverse(skb, &f, family);
+		if (rc != MASQ_CONTINUE)
+			return rc;
+	}
 
 	if (family == AF_INET) {
 		struct iphdr *ip = pkt_ip4(skb);
@@ -114,7 +119,7 @@ static __always_inline int from_uplink(struct __sk_buff *skb, __u8 family)
 		rc = hostport_icmp_error_in(skb, &e);
 		return rc == HP_CONTINUE ? TCX_NEXT : rc;
 	}
-	if (ttl <= 1 || flow_parse(skb, family, &f, FLOW_NO_ECHO))
+	if (ttl <= 1 || !parsed || (f.proto != IPPROTO_TCP && f.proto != IPPROTO_UDP))
 		return TCX_NEXT;
 	return hostport_from_uplink(skb, &f);
 }

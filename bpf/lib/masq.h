@@ -617,12 +617,12 @@ static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_in
  * its destination back to the pod. Returns the verdict (TCX_NEXT: on to the
  * stack), or MASQ_CONTINUE when it is not ours.
  */
-static __always_inline int masq_reverse(struct __sk_buff *skb, __u8 family)
+static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow *fp, __u8 family)
 {
-	struct flow f = {};
-
-	if (flow_parse(skb, family, &f, FLOW_ECHO_REPLY))
-		return MASQ_CONTINUE;
+	/* fp: the packet parsed with FLOW_ECHO_REPLY, by the caller, which
+	 * hands the same flow to hostPort: one parse per packet (issue 30).
+	 * Left untouched when it returns MASQ_CONTINUE. */
+	struct flow f = *fp;
 
 	struct snat_key rk;
 	snat_key_of(&rk, SNAT_DIR_REV, f.daddr, f.dport, f.saddr, f.sport, family, f.proto);

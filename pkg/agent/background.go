@@ -208,11 +208,25 @@ func (b *background) migrate(ctx context.Context, full bool, fresh map[int]strin
 	}
 	moved := 0
 	var errs error
+	m, err := datapath.OpenMaps(b.pinRoot)
+	if err != nil {
+		m = nil // never set up: no pod of ours to give a table
+	} else {
+		defer m.Close()
+	}
 	for idx, name := range fresh {
 		// Each look is two filter dumps under RTNL: one veth at a time,
 		// in quiet moments only.
 		if err := b.idle.Wait(ctx); err != nil {
 			return moved, errors.Join(errs, err)
+		}
+		// A pod of ours (its ADD ended: no verb runs) gets its own
+		// stack-flow table, which ADD leaves to the agent: it waits out
+		// an RCU grace period, holding no lock (endpoint.CreateVeth).
+		if m != nil {
+			if _, err := m.LookupLink(idx); err == nil {
+				errs = errors.Join(errs, m.EnsureStackFlowPart(idx))
+			}
 		}
 		v, ok := datapath.TCVethOf(idx, name)
 		if ok && v.Pending() {

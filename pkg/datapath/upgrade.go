@@ -112,6 +112,17 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 	if err := migratePacingPin(dp.PinRoot); err != nil {
 		return rep, err
 	}
+	// The links lock from the first look at the links to the last swap:
+	// the agent moving a veth to tcx attaches the program its filter runs,
+	// which must not change under it, and a veth it moved after the look
+	// (new links, its filters gone) would be swapped by neither list and
+	// keep the old programs (TestAgentRestartAndUpgradeWithoutLoss, once
+	// ADD without an agent left every pod for the agent to move).
+	unlockLinks, err := LockLinks(dp.PinRoot)
+	if err != nil {
+		return rep, err
+	}
+	defer unlockLinks()
 	paths, err := pinnedLinks(dp.PinRoot)
 	if err != nil {
 		return rep, err
@@ -151,13 +162,6 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		}
 	}()
 
-	// The swaps run under the links lock: the agent moving a veth to tcx
-	// attaches the program its filter runs, which must not change under it.
-	unlockLinks, err := LockLinks(dp.PinRoot)
-	if err != nil {
-		return rep, errors.Join(errs, err)
-	}
-	defer unlockLinks()
 	// The uplinks first: this build's host veth programs leave the
 	// masquerade to the uplink's egress program (builds before it had none:
 	// their host veth programs translated), so it must run before any pod

@@ -58,8 +58,11 @@ type Attachment struct {
 	netns    ns.NetNS
 	cookie   uint64 // the pod netns'
 	claim    *os.File
-	busy     func() // releases the busy lock (datapath.MarkBusy)
-	deferTCX bool   // the agent is alive: attach cls_bpf, the agent moves it to tcx
+	busy     func()     // releases the busy lock (datapath.MarkBusy)
+	agent    bool       // an agent is alive on the node (see Claim)
+	deferTCX bool       // attach cls_bpf marked for tcx: an agent moves it (see Claim)
+	sfPart   chan error // the pod's stack-flow table being made (CreateVeth)
+	sfErr    error
 	ipam     chan ipamOut
 	ipamOut  *ipamOut
 	undo     []func() error
@@ -93,10 +96,17 @@ func Claim(n *Network, id ID, features []Feature, tr *Tracer) (_ *Attachment, er
 	if err := n.CheckDirs(); err != nil {
 		return nil, err
 	}
-	// The agent waits with its background work while a verb runs; when it
-	// is alive it also takes the tcx attach off this ADD.
+	// The agent waits with its background work while a verb runs; it also
+	// takes the tcx attach off this ADD: a tcx attach waits out an RCU
+	// grace period under RTNL (about 20 ms), cls_bpf does not. Without an
+	// agent too in attachMode auto (issue 30): the pod runs the same
+	// programs from cls_bpf, marked as waiting for tcx, and the first agent
+	// that starts on the node moves it (its full pass finds every pending
+	// veth). Only an explicit attachMode tcx without an agent attaches tcx
+	// here: nobody would move it.
 	a.busy = datapath.MarkBusy(n.PinDir)
-	a.deferTCX = datapath.AgentAlive(n.PinDir)
+	a.agent = datapath.AgentAlive(n.PinDir)
+	a.deferTCX = n.attachMode != datapath.AttachTCX || a.agent
 	if err := a.netns.Do(func(ns.NetNS) (e error) { a.cookie, e = datapath.PodNetnsCookie(n.PinDir); return e }); err != nil {
 		return nil, internal("CNI_NETNS %q: %w", id.Netns, err)
 	}
@@ -253,6 +263,7 @@ func (a *Attachment) Close() {
 	if a.netns != nil {
 		a.netns.Close()
 	}
+	a.waitStackFlowPart() // it uses a.DP
 	if a.DP != nil {
 		a.DP.Close()
 	}
@@ -328,7 +339,18 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 	// pins, link entry and counters, which in-flight packets could re-create.
 	idx := a.hostLink.Attrs().Index
 	a.Ifindex = idx
+	// The pod's own stack-flow table (issue 28): putting a table in the
+	// map of maps waits out an RCU grace period (the kernel's
+	// maybe_wait_bpf_programs, 8-15 ms here), holding no lock. With an
+	// agent alive, the agent makes it after the ADD (background.go) and
+	// the pod's records go to the shared table meanwhile; without one,
+	// the wait runs beside the rest of the ADD and Publish joins it.
+	if !a.agent {
+		a.sfPart = make(chan error, 1)
+		go func() { a.sfPart <- a.DP.Maps.AddStackFlowPart(idx) }()
+	}
 	a.OnUndo(func() error {
+		a.waitStackFlowPart() // its table is put before it is dropped
 		_, sfErr := a.DP.Maps.DeleteStackFlowsOf(idx)
 		return errors.Join(deleteLink(a.HostIf), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
 			a.DP.Maps.DeleteLink(idx), a.DP.Maps.ResetStats(idx), sfErr)
@@ -424,13 +446,6 @@ func (a *Attachment) Publish() error {
 	if err := m.PutLink(idx, li); err != nil {
 		return mapError(err)
 	}
-	// The pod's own table of the flows it sends through the stack (to
-	// Services of the node's pods): no other pod's flows evict them. After
-	// the link entry, sized alike: a full node names cni_links. (CreateVeth's
-	// undo drops it.)
-	if err := m.AddStackFlowPart(idx); err != nil {
-		return mapError(err)
-	}
 	info := maps.NewEndpointInfo(idx, p.podMAC, p.hostMAC, a.Flags)
 	// BPF_NOEXIST: an address has one owner. Another live attachment holding
 	// it (two networks with overlapping ranges, an IPAM bug) refuses this ADD;
@@ -484,7 +499,25 @@ func (a *Attachment) Publish() error {
 	}
 	Crashpoint("pod")
 	a.Trace.Mark("netlink")
+	// The pod's own table of the flows it sends through the stack (to
+	// Services of the node's pods): no other pod's flows evict them.
+	// Checked after the link entry, sized alike: a full node names
+	// cni_links. (CreateVeth's undo drops it.)
+	if err := a.waitStackFlowPart(); err != nil {
+		return mapError(err)
+	}
+	a.Trace.Mark("stack-flow-table")
 	return nil
+}
+
+// waitStackFlowPart waits for the pod's stack-flow table CreateVeth
+// started, if any, and returns its error.
+func (a *Attachment) waitStackFlowPart() error {
+	if a.sfPart != nil {
+		a.sfErr = <-a.sfPart
+		a.sfPart = nil
+	}
+	return a.sfErr
 }
 
 // Commit replaces the provisional record with the complete one: the

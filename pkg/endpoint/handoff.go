@@ -109,7 +109,8 @@ func ListHandedOff(pinDir string) ([]HandedOff, error) {
 // Reap deletes one handed-off veth and then what it left behind: its link
 // pins (free now: the deletion detached the links) and the map state keyed
 // by its ifindex that a packet in flight during DEL may have re-created
-// (link entry, counters, limits). Idempotent.
+// (link entry, counters, limits) or DEL left to it (stack-flow table and
+// records). Idempotent.
 func Reap(pinDir string, m *maps.Maps, h HandedOff) error {
 	var errs error
 	if h.Link != nil {
@@ -120,7 +121,9 @@ func Reap(pinDir string, m *maps.Maps, h HandedOff) error {
 	}
 	errs = errors.Join(errs, datapath.RemoveLinkPins(pinDir, h.Name))
 	if m != nil {
-		errs = errors.Join(errs, m.DeleteLink(h.Ifindex), m.ResetStats(h.Ifindex), m.DeleteLimits(h.Ifindex))
+		// The pod's stack-flow table and records too: DEL leaves them here.
+		_, sfErr := m.DeleteStackFlowsOf(h.Ifindex)
+		errs = errors.Join(errs, m.DeleteLink(h.Ifindex), m.ResetStats(h.Ifindex), m.DeleteLimits(h.Ifindex), sfErr)
 	}
 	return errs
 }

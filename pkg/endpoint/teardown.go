@@ -157,11 +157,13 @@ func (t *Teardown) runBefore() error {
 	if t.DP == nil {
 		return nil
 	}
-	// Any pod may have flows the stack delivered to it (a Service's backend).
-	t.WithVeth(func() error {
-		_, err := t.DP.Maps.DeleteStackFlowsOf(t.Ifindex)
-		return err
-	})
+	// Any pod may have flows the stack delivered to it (a Service's
+	// backend). Handed off, the agent drops them when it deletes the veth
+	// (Reap): dropping the pod's table waits out an RCU grace period, and
+	// the ifindex stays the veth's until then.
+	if !t.handOff {
+		t.WithVeth(t.dropStackFlows)
+	}
 	for _, f := range AllFeatures() {
 		f.Teardown(t)
 	}
@@ -170,6 +172,12 @@ func (t *Teardown) runBefore() error {
 		errs = errors.Join(errs, f())
 	}
 	return errs
+}
+
+// dropStackFlows drops the pod's flows the stack delivered to it.
+func (t *Teardown) dropStackFlows() error {
+	_, err := t.DP.Maps.DeleteStackFlowsOf(t.Ifindex)
+	return err
 }
 
 // startWithVeth runs the WithVeth steps in the background; nil when there
@@ -226,6 +234,9 @@ func (t *Teardown) removeVeth() error {
 		if err := handOffHost(t.Net.PinDir, t.hostIf, t.Ifindex); err != nil {
 			// Not handed off: delete it here after all.
 			errs = errors.Join(deleteLink(t.hostIf), datapath.RemoveLinkPins(t.Net.PinDir, state.HandedOffName(t.Ifindex)))
+			if t.DP != nil {
+				errs = errors.Join(errs, t.dropStackFlows())
+			}
 		}
 		t.tr.Mark("hand-off")
 		return errs

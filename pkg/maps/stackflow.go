@@ -46,6 +46,27 @@ func (m *Maps) AddStackFlowPart(ifindex int) error {
 	return nil
 }
 
+// EnsureStackFlowPart gives the pod behind the host veth ifindex its own
+// table of stack-flow records unless it has one (the agent, after an ADD
+// that left it to it): an existing table and its records are kept.
+func (m *Maps) EnsureStackFlowPart(ifindex int) error {
+	k := uint32(ifindex)
+	outer := m.byName[nameStackFlowParts]
+	var id uint32
+	if err := outer.Lookup(&k, &id); err == nil {
+		return nil // the common case: no table made to be thrown away
+	}
+	inner, err := ebpf.NewMap(&stackFlowPartSpec)
+	if err != nil {
+		return fmt.Errorf("create the stack-flow table of ifindex %d: %w", ifindex, err)
+	}
+	defer inner.Close()
+	if err := outer.Update(&k, inner, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		return writeErr(outer, nameStackFlowParts, fmt.Sprintf("the table of ifindex %d", ifindex), err)
+	}
+	return nil
+}
+
 // StackFlowParts lists the ifindexes that have a table of their own.
 func (m *Maps) StackFlowParts() ([]int, error) {
 	var out []int

@@ -33,7 +33,7 @@ import (
 func (b *bench) startAgent(ctx context.Context, node ns.NetNS, pinDir, confDir string, hostPorts bool) (*testenv.Proc, time.Duration, error) {
 	t := time.Now()
 	p, err := b.procs.Start(ctx, node, filepath.Join(b.binDir, "ebpf-agent"), "run", "--metrics-addr", "", fmt.Sprintf("--hostports=%v", hostPorts),
-		"--pin-dir", pinDir, "--state-dir", b.state, "--cni-conf-dir", confDir, "--cni-bin-dir", b.binDir)
+		"--pin-dir", pinDir, "--state-dir", b.stateFor(pinDir), "--cni-conf-dir", confDir, "--cni-bin-dir", b.binDir)
 	if err != nil {
 		return nil, 0, err
 	}

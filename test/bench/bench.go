@@ -248,7 +248,21 @@ func (b *bench) stateOf(c *config) string {
 	if c.stateDir != "" {
 		return c.stateDir
 	}
-	return b.state
+	return b.stateFor(b.pinOf(c))
+}
+
+// stateFor is the state directory of the node whose pin directory is
+// pinDir: b.state for b.pinDir, one of its own for every other. A state
+// directory is a node's, as the pin directory is: the agent of each node
+// listens on its events socket there, and a second agent refuses a socket
+// another one answers on.
+func (b *bench) stateFor(pinDir string) string {
+	if pinDir == b.pinDir || pinDir == "" {
+		return b.state
+	}
+	d := filepath.Join(b.root, "state-"+filepath.Base(pinDir))
+	_ = os.MkdirAll(d, 0o700) // a failure shows at the first ADD, naming the directory
+	return d
 }
 
 // ebpfPlugin is an ebpf-cni plugin entry with the given capabilities.
@@ -350,7 +364,7 @@ func (b *bench) writeConfigs() error {
 		},
 	}
 	full := b.configs[0]
-	full.list = map[string]any{"plugins": []any{b.ebpfPlugin(fullNet, full.pinDir, b.state, "portMappings", "bandwidth")}}
+	full.list = map[string]any{"plugins": []any{b.ebpfPlugin(fullNet, full.pinDir, b.stateFor(full.pinDir), "portMappings", "bandwidth")}}
 	if !b.opts.attachTC {
 		b.configs = append(b.configs[:2], b.configs[3:]...)
 	}

@@ -70,7 +70,7 @@ func (b *bench) burstConfigs() []*config {
 		{key: "burst-ptp", label: "ptp", netName: "bench-burst-ptp", subnet: ptpNet,
 			list: map[string]any{"plugins": []any{map[string]any{"type": "ptp", "ipMasq": false, "ipam": b.hostLocal(ptpNet)}}}},
 		{key: "burst-ebpf", label: "ebpf-cni", netName: "bench-burst-ebpf", subnet: ebpfNet, pinDir: pin,
-			list: map[string]any{"plugins": []any{b.ebpfPlugin(ebpfNet, pin, b.state)}}},
+			list: map[string]any{"plugins": []any{b.ebpfPlugin(ebpfNet, pin, b.stateFor(pin))}}},
 	}
 }
 
@@ -242,9 +242,9 @@ func (b *bench) coldRound(ctx context.Context, i int, agent, full bool) (coldSam
 	net := mustCIDR("10.239.0.0/16")
 	c := &config{key: fmt.Sprintf("ebpf-cold-%d", i), label: "ebpf-cni first ADD", netName: fmt.Sprintf("bench-cold-%d", i), subnet: net,
 		node: node, pinDir: pin, confDir: confDir}
-	c.list = map[string]any{"plugins": []any{b.ebpfPlugin(net, pin, b.state)}}
+	c.list = map[string]any{"plugins": []any{b.ebpfPlugin(net, pin, b.stateFor(pin))}}
 	if full {
-		c.list = map[string]any{"plugins": []any{b.ebpfPlugin(net, pin, b.state, "portMappings", "bandwidth")}}
+		c.list = map[string]any{"plugins": []any{b.ebpfPlugin(net, pin, b.stateFor(pin), "portMappings", "bandwidth")}}
 	}
 	if err := b.register(c); err != nil {
 		return s, err

@@ -26,7 +26,10 @@
 //
 //   - events: pod-to-pod throughput and request/response latency with
 //     datapath events off and flow events on, and the agent's CPU while
-//     observing a 10k packets/s drop flood (test/bench/events).
+//     observing a 10k packets/s drop flood (test/bench/events);
+//
+//   - packet: the per-packet budget, ns per program run (BPF_PROG_TEST_RUN)
+//     on each path, beside the reference commit -packet-ref (packet.go).
 //
 // Every part's figures also go to one combined table, bench-<date>.md and
 // .json, each with its spread and its ratio to the reference measured in
@@ -110,6 +113,10 @@ type options struct {
 	bw *bandwidth.Options
 	// events part (test/bench/events)
 	ev *events.Options
+	// packet part (packet.go): the reference commit ("" for none) and
+	// how many runs of each build alternate.
+	packetRef  string
+	packetRuns int
 
 	parts map[string]bool
 }
@@ -125,9 +132,10 @@ const (
 	partColdStart  = "coldstart"
 	partBandwidth  = "bandwidth"
 	partEvents     = "events"
+	partPacket     = "packet"
 )
 
-var allParts = []string{partLatency, partScale, partHostPort, partThroughput, partMemory, partBurst, partColdStart, partBandwidth, partEvents}
+var allParts = []string{partPacket, partLatency, partScale, partHostPort, partThroughput, partMemory, partBurst, partColdStart, partBandwidth, partEvents}
 
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -154,6 +162,8 @@ func parseFlags(args []string) (*options, error) {
 	bwRates := fs.String("bw-rates", "", "bandwidth part: comma-separated rates in Mbit/s (default 10,100,1000; -quick 10,100)")
 	bwSecs := fs.Int("bw-seconds", 0, "bandwidth part: seconds per iperf3 run (default 10; -quick 5)")
 	withAgent := fs.Bool("agent", true, "run ebpf-agent on the ebpf-cni nodes of the latency, scale and burst parts, as a node would have it (ADD then attaches cls_bpf and DEL hands the veth off; the agent's background work is timed apart)")
+	packetRef := fs.String("packet-ref", "41b58f6", "packet part: the commit whose programs each path is compared with (\"\" for none)")
+	packetRuns := fs.Int("packet-runs", 3, "packet part: runs of each build, alternating (each 15 rounds of 400 runs per path)")
 	phases := fs.Bool("phases", true, "set EBPF_CNI_TRACE=1 for ebpf-cni and report its own phase timings (costs a few time.Now calls and one stderr line)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./test/bench [flags]   (as root, from the repository root)\n")
@@ -170,8 +180,11 @@ func parseFlags(args []string) (*options, error) {
 	o := &options{n: *n, quick: *quick, outDir: *out, phases: *phases, attachTC: *attachTC, scaleReps: 10,
 		connSecs: *connSecs, workers: *workers, tputSecs: *tputSecs, tputRounds: *tputRounds, tputRoundsMulti: *tputRoundsMulti, tputReruns: *tputReruns,
 		memPods: *memPods, agentSecs: *agentSecs, burstPods: *burstPods, burstRounds: *burstRounds, coldRounds: *coldRounds, agent: *withAgent,
-		parts: map[string]bool{}}
+		packetRef: *packetRef, packetRuns: *packetRuns, parts: map[string]bool{}}
 	if o.quick {
+		if !set["packet-runs"] {
+			o.packetRuns = 1
+		}
 		if !set["n"] {
 			o.n = 10
 		}
@@ -214,6 +227,9 @@ func parseFlags(args []string) (*options, error) {
 	}
 	if o.burstPods < 1 || o.burstPods > 1000 || o.burstRounds < 1 || o.coldRounds < 1 {
 		return nil, fmt.Errorf("-burst-pods must be 1-1000, -burst-rounds and -cold-rounds at least 1")
+	}
+	if o.packetRuns < 1 {
+		return nil, fmt.Errorf("-packet-runs must be at least 1")
 	}
 	if o.memPods < 1 || o.memPods > 10000 || o.agentSecs <= 0 {
 		return nil, fmt.Errorf("-mem-pods must be 1-10000 and -agent-seconds positive")
@@ -342,6 +358,19 @@ func inner(opts *options) int {
 	}
 	return testenv.Inner("bench", logf, func(ctx context.Context) error {
 		c := newCombined(opts)
+		if opts.parts[partPacket] {
+			// First: a CPU-bound measurement, on the quietest machine.
+			dir, err := os.MkdirTemp("", "ebpfbench-packet-")
+			if err != nil {
+				return err
+			}
+			rows, err := runPacket(ctx, opts, dir)
+			os.RemoveAll(dir)
+			if err != nil {
+				return err
+			}
+			c.add(rows)
+		}
 		if opts.cniParts() {
 			var err error
 			if b, err = newBench(ctx, opts); err != nil {
@@ -382,7 +411,7 @@ func inner(opts *options) int {
 // cniParts tells whether a part measured by bench.run was asked for.
 func (o *options) cniParts() bool {
 	for p := range o.parts {
-		if p != partBandwidth && p != partEvents {
+		if p != partBandwidth && p != partEvents && p != partPacket {
 			return true
 		}
 	}

@@ -157,7 +157,7 @@ func (b *bench) setupThroughput() (*tputEnv, error) {
 	for _, pl := range []plugin{
 		{name: "ebpf", subnet: mustCIDR("10.246.0.0/16"), p2p: "ebpf-cni pod to pod", hp: "ebpf-cni remote to hostPort",
 			list: func(pin string) map[string]any {
-				return map[string]any{"plugins": []any{b.ebpfPlugin(mustCIDR("10.246.0.0/16"), pin, b.state, "portMappings")}}
+				return map[string]any{"plugins": []any{b.ebpfPlugin(mustCIDR("10.246.0.0/16"), pin, b.stateFor(pin), "portMappings")}}
 			}},
 		{name: "ptp", subnet: mustCIDR("10.245.0.0/16"), p2p: "ptp pod to pod", hp: "ptp+portmap remote to hostPort",
 			list: func(string) map[string]any {

@@ -131,6 +131,9 @@ func TestAgentRestartAndUpgradeWithoutLoss(t *testing.T) {
 // pins; the dry run lists each and reconcile removes them all.
 func TestAgentReconcile(t *testing.T) {
 	e := testenv.New(t)
+	// Stale tcx link pins are among what reconcile removes: without an
+	// agent only attachMode tcx pins them at ADD.
+	e.Extra = map[string]any{"attachMode": "tcx"}
 	keep, gone := e.NewPod(), e.NewPod()
 	e.CleanupDel(keep, "keep")
 	e.Add(keep, "keep")
@@ -260,7 +263,9 @@ func TestAgentDumpsStatusAndMetrics(t *testing.T) {
 			s := v.(*inspect.StatusReport)
 			// The bandwidth limit attached the pacing hook, a node hook.
 			eps := slices.IndexFunc(s.Maps, func(u maps.Usage) bool { return u.Name == "cni_endpoints" })
-			return s.Healthy && s.Attachments.HostVethLinks == 4 && eps >= 0 && s.Maps[eps].Entries == 4 &&
+			// No agent: both pods on cls_bpf, waiting for tcx, and healthy.
+			return s.Healthy && s.Attachments.HostVethLinks == 0 && s.Attachments.HostVeths[datapath.StateTCPending] == 2 &&
+				eps >= 0 && s.Maps[eps].Entries == 4 &&
 				slices.Contains(s.Attachments.NodeHooks, "cgroup_sock_ops")
 		}},
 	} {

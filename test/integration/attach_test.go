@@ -288,28 +288,80 @@ func TestDelHandsOffToAgent(t *testing.T) {
 	e.AssertClean()
 }
 
-// TestWithoutAgentADDAttachesTCXAndDELDeletes: with no agent (never
-// started, or stopped), ADD attaches pinned tcx links and DEL deletes the
-// veth before it returns, as before the agent took that work.
-func TestWithoutAgentADDAttachesTCXAndDELDeletes(t *testing.T) {
+// TestWithoutAgentADDDefersTCXAndDELDeletes: with no agent (never started,
+// or stopped), ADD attaches cls_bpf filters marked as waiting for tcx (no
+// RCU grace period on its path, issue 30) and gives the pod its own
+// stack-flow table; the pod is reachable; DEL deletes the veth and the
+// table before it returns. An agent started later moves the pod to tcx.
+// Before issue 30 ADD attached tcx links here (the test asked for them).
+func TestWithoutAgentADDDefersTCXAndDELDeletes(t *testing.T) {
 	e := testenv.New(t)
 	confDir := e.WriteConfDir()
 	for _, round := range []string{"no agent yet", "agent stopped"} {
 		pod := e.NewPod()
 		e.CleanupDel(pod, "p")
-		e.Add(pod, "p")
-		hostIf, _ := e.HostVeth("p")
-		if st := e.AttachState(hostIf); st != datapath.StateTCX {
-			t.Errorf("%s: ADD left %s %q, want %q", round, hostIf, st, datapath.StateTCX)
+		r := e.Add(pod, "p")
+		hostIf, idx := e.HostVeth("p")
+		want := datapath.StateTCPending
+		if forced(datapath.FeatTCX) {
+			want = datapath.StateTC // no tcx to wait for
+		}
+		if st := e.AttachState(hostIf); st != want {
+			t.Errorf("%s: ADD left %s %q, want %q", round, hostIf, st, want)
+		}
+		if parts, err := e.Maps().StackFlowParts(); err != nil || !slices.Contains(parts, idx) {
+			t.Errorf("%s: stack-flow tables %v (%v) after ADD, want one for ifindex %d", round, parts, err, idx)
+		}
+		v4, v6 := testenv.PodIPs(t, r)
+		e.PodReachable(t, pod, []net.IP{v4, v6})
+		if round == "no agent yet" {
+			// The agent's first pass finds the pending pod and moves it.
+			ag := e.StartAgent(confDir, "--metrics-addr", "")
+			if !forced(datapath.FeatTCX) {
+				e.WaitAttachState(hostIf, datapath.StateTCX, 10*time.Second)
+			}
+			e.PodReachable(t, pod, []net.IP{v4, v6})
+			ag.Stop()
 		}
 		e.MustDel(pod, "p")
 		if l := e.Leftovers(); len(l) > 0 {
 			t.Errorf("%s: DEL returned with state left: %v", round, l)
 		}
-		if round == "no agent yet" {
-			e.StartAgent(confDir, "--metrics-addr", "").Stop()
-		}
 	}
+}
+
+// TestAgentGivesStackFlowTable: with the agent alive, ADD leaves the pod's
+// own stack-flow table to it (putting a table in the map of maps waits out
+// an RCU grace period, issue 30); the agent makes it once the ADD ended,
+// and after DEL hands the veth off, deletes it with the veth.
+func TestAgentGivesStackFlowTable(t *testing.T) {
+	e := testenv.New(t)
+	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", ag.Logs())
+		}
+	})
+	pod := e.NewPod()
+	e.CleanupDel(pod, "s")
+	r := e.Add(pod, "s")
+	_, idx := e.HostVeth("s")
+	m := e.Maps()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		parts, err := m.StackFlowParts()
+		if err == nil && slices.Contains(parts, idx) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no stack-flow table for ifindex %d 10 s after ADD (tables %v, %v)", idx, parts, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	v4, v6 := testenv.PodIPs(t, r)
+	e.PodReachable(t, pod, []net.IP{v4, v6})
+	e.MustDel(pod, "s")
+	e.AssertClean() // the table too, once the agent deleted the veth
 }
 
 // crashAgent builds the agent with -tags crashpoint: EBPF_CNI_CRASH_AT=<step>

@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
@@ -54,13 +55,23 @@ func TestLifecycleCheck(t *testing.T) {
 		{
 			name: "ingress program detached",
 			damage: func(t *testing.T, p *testenv.Attachment) {
+				// A tcx link where the pod has one (an agent moved it),
+				// else the cls_bpf filter ADD attached without an agent.
 				l, err := link.LoadPinnedLink(datapath.LinkPinPath(e.PinDir, p.HostIf, "ingress"), nil)
-				if err != nil {
-					t.Fatalf("load pinned ingress link of %s: %v", p.HostIf, err)
+				if err == nil {
+					defer l.Close()
+					if err := l.Detach(); err != nil {
+						t.Fatalf("detach ingress link of %s: %v", p.HostIf, err)
+					}
+					return
 				}
-				defer l.Close()
-				if err := l.Detach(); err != nil {
-					t.Fatalf("detach ingress link of %s: %v", p.HostIf, err)
+				err = e.InNode(func() error {
+					return netlink.FilterDel(&netlink.BpfFilter{FilterAttrs: netlink.FilterAttrs{
+						LinkIndex: p.Ifindex, Parent: netlink.HANDLE_MIN_INGRESS, Handle: 1, Protocol: unix.ETH_P_ALL, Priority: 1,
+					}})
+				})
+				if err != nil {
+					t.Fatalf("%s has no ingress link pin, and its ingress filter could not be deleted: %v", p.HostIf, err)
 				}
 			},
 			want: func(p *testenv.Attachment) []string { return []string{"not attached", p.HostIf, "ingress"} },

@@ -260,8 +260,13 @@ func TestLifecycleFailedAdd(t *testing.T) {
 				t.Errorf("links map has an entry for ifindex %d besides the first pod's %d", k, first.Ifindex)
 			}
 		}
-		if pins := datapath.VethLinkPins(e.PinDir); len(pins) != 2 {
-			t.Errorf("link pins after the failed ADD: %d, want the first pod's 2", len(pins))
+		// Without an agent ADD attaches cls_bpf filters (on the veth, gone
+		// with it) and pins no link.
+		if pins := datapath.VethLinkPins(e.PinDir); len(pins) != 0 {
+			t.Errorf("link pins after the failed ADD: %v, want none", pins)
+		}
+		if st := e.AttachState(first.HostIf); st != datapath.StateTCPending {
+			t.Errorf("the first pod's attachment after the failed ADD: %q, want %q", st, datapath.StateTCPending)
 		}
 		if recs, _ := os.ReadDir(filepath.Join(e.StateDir, e.Name)); len(recs) != 1 {
 			t.Errorf("state records after the failed ADD: %d, want the first pod's 1", len(recs))

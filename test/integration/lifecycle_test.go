@@ -174,6 +174,9 @@ func TestLifecycleGC(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			e := testenv.New(t)
+			// Pinned tcx links, which GC must keep for the valid attachment:
+			// without an agent only attachMode tcx makes them at ADD.
+			e.Extra = map[string]any{"attachMode": "tcx"}
 			var ps []*testenv.Attachment
 			for i := 0; i < 3; i++ {
 				ps = append(ps, e.AddAttachment(e.NewPod(), fmt.Sprintf("gc-%d", i)))

@@ -77,6 +77,10 @@ func (e *Env) Leftovers() []string {
 		for c, n := range users {
 			out = append(out, fmt.Sprintf("%d users of cluster CIDR %s", n, c))
 		}
+		parts, _ := m.StackFlowParts()
+		for _, idx := range parts {
+			out = append(out, fmt.Sprintf("%s%d", StackFlowTableLeftover, idx))
+		}
 		nss, _ := m.ListNetns()
 		for cookie, v := range nss {
 			if v.Flags&maps.FlagNetnsNode == 0 { // the node's own entry stays with the node
@@ -115,10 +119,16 @@ func (e *Env) AssertClean() {
 // out RCU grace periods).
 const HandOffWait = 10 * time.Second
 
-// onlyHandedOff tells whether every leftover is a handed-off veth or pin.
+// StackFlowTableLeftover starts the leftover line of a pod's own
+// stack-flow table (cni_stack_flow_parts).
+const StackFlowTableLeftover = "stack-flow table of ifindex "
+
+// onlyHandedOff tells whether every leftover is a handed-off veth or pin,
+// or a stack-flow table (DEL leaves a handed-off pod's to the agent).
 func onlyHandedOff(l []string) bool {
 	for _, s := range l {
-		if !strings.HasPrefix(s, "link "+state.HandedOffPrefix) && !strings.HasPrefix(s, "link pin "+state.HandedOffPrefix) {
+		if !strings.HasPrefix(s, "link "+state.HandedOffPrefix) && !strings.HasPrefix(s, "link pin "+state.HandedOffPrefix) &&
+			!strings.HasPrefix(s, StackFlowTableLeftover) {
 			return false
 		}
 	}

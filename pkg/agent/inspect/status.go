@@ -288,9 +288,9 @@ func (r *StatusReport) attachmentsStatus(pinRoot string) {
 	if n := len(r.Attachments.HandedOff); n > 0 && !r.Attachments.AgentRunning {
 		r.problem("%d veths handed off by DEL and no agent running to delete them (start it, or a CNI GC deletes them)", n)
 	}
-	if n := r.Attachments.HostVeths[datapath.StateTCPending]; n > 0 && !r.Attachments.AgentRunning {
-		r.problem("%d pods attached with cls_bpf wait for an agent to move them to tcx", n)
-	}
+	// Pods on cls_bpf waiting for tcx (HostVeths) are no problem without an
+	// agent: ADD attaches them so in attachMode auto (issue 30), they run
+	// the same programs, and the first agent moves them.
 	if r.Attachments.Defunct > 0 {
 		r.problem("%d link pins of deleted devices (run `ebpf-agent reconcile`)", r.Attachments.Defunct)
 	}

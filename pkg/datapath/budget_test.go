@@ -1,0 +1,257 @@
+//go:build pktbudget
+
+package datapath
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"testing"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+)
+
+// TestPacketBudget is the per-packet budget of issue 30: BPF_PROG_TEST_RUN
+// nanoseconds per run of each program on each path a packet takes (pod to
+// pod, node to pod, remote to pod, hostPort, Service through the stack,
+// masquerade), on hand-made frames with the maps as ADD and the node hooks
+// fill them. Each row checks that the packet took its path (verdict and
+// rewrite), then times R rounds of N single runs (one run per syscall: the
+// NAT paths rewrite the frame, which a repeated run would then see), the
+// kernel's own time of each run; a round's figure is its mean, the row's
+// the median of the rounds with their min and max (the spread).
+//
+// A measurement, built only with -tags pktbudget (make bench-packet, and
+// the packet part of make bench), so the suite never skips it:
+//
+//	go test -tags pktbudget -count=1 -run TestPacketBudget -v ./pkg/datapath/
+//
+// EBPF_CNI_BUDGET_JSON=<file> also writes the rows as JSON;
+// EBPF_CNI_BUDGET_ROUNDS and EBPF_CNI_BUDGET_RUNS change R (15) and N (400).
+func TestPacketBudget(t *testing.T) {
+	rounds, runs := envInt(t, "EBPF_CNI_BUDGET_ROUNDS", 15), envInt(t, "EBPF_CNI_BUDGET_RUNS", 400)
+	var rows []budgetRow
+	add := func(path, prog string, p *ebpf.Program, frame []byte, ingress uint32, check func(ret uint32, out []byte) error) {
+		t.Helper()
+		ret, _, out := testRun(t, p, frame, ingress)
+		if err := check(ret, out); err != nil {
+			t.Fatalf("%s, %s: the packet did not take its path: %v", path, prog, err)
+		}
+		var means []float64
+		for r := 0; r < rounds; r++ {
+			var sum uint64
+			for i := 0; i < runs; i++ {
+				got, ns, _ := testRun(t, p, frame, ingress)
+				if got != ret {
+					t.Fatalf("%s, %s: verdict %d in round %d, %d at the check", path, prog, got, r, ret)
+				}
+				sum += uint64(ns)
+			}
+			means = append(means, float64(sum)/float64(runs))
+		}
+		rounds := append([]float64(nil), means...)
+		sort.Float64s(means)
+		rows = append(rows, budgetRow{Path: path, Program: prog, Median: means[len(means)/2], Min: means[0], Max: means[len(means)-1],
+			Rounds: len(means), Runs: runs, RoundMeans: rounds})
+	}
+
+	// A node without hostPorts: the pod behind lo and another one.
+	dp := testDatapath(t)
+	tcpAck := packet(podMAC, protoTCP, podIP, dstIP, 40000, 80, ackFlag)
+	add("pod to pod (same node), TCP", "cni_from_container", dp.FromContainer, tcpAck, 0, verdict(actRedirect))
+	add("pod to pod (same node), UDP", "cni_from_container", dp.FromContainer,
+		packet(podMAC, protoUDP, podIP, dstIP, 40000, 53, 0), 0, verdict(actRedirect))
+	fromNode := packet(hostMAC, protoTCP, gwIP, podIP, 40000, 80, ackFlag)
+	copy(fromNode[0:6], podMAC) // the neighbour entry's MAC: no rewrite
+	add("node to pod, TCP", "cni_to_container", dp.ToContainer, fromNode, 0, verdict(actOK))
+
+	// A node with hostPorts and its node hooks (hpDatapath): the uplink
+	// programs run.
+	hp := hpDatapath(t)
+	up := uplinkProgram(t, hp)
+	remote := packet(remoteMAC, protoTCP, clientIP, podIP, 40000, 80, ackFlag)
+	add("remote to pod, TCP: uplink", "cni_from_uplink", up, remote, 0, verdict(actNext))
+	fromRemote := packet(hostMAC, protoTCP, clientIP, podIP, 40000, 80, ackFlag)
+	copy(fromRemote[0:6], podMAC)
+	add("remote to pod, TCP: host veth", "cni_to_container", hp.ToContainer, fromRemote, 0, verdict(actOK))
+
+	// hostPort: a remote client's segment of an open flow, DNATed and
+	// redirected into the pod; the pod's reply, translated back.
+	syn := packet(remoteMAC, protoTCP, clientIP, nodeIP, 40001, 8080, synFlag)
+	if ret, _, _ := testRun(t, up, syn, 0); ret != actRedirect {
+		t.Fatalf("hostPort SYN: verdict %d, want the redirect into the pod", ret)
+	}
+	add("hostPort in, TCP (flow open)", "cni_from_uplink", up, packet(remoteMAC, protoTCP, clientIP, nodeIP, 40001, 8080, ackFlag), 0,
+		rewrite(actRedirect, func(p parsed) bool { return p.dst.Equal(dstIP) && p.dport == 80 }))
+	info := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)
+	info.Flags |= maps.EndpointFlagHostPort
+	must(t, hp.Maps.PutEndpoint(podIP, info))
+	must(t, hp.Maps.PutCT(ctFlow(podIP, 70, clientIP, 40002, nodeIP, 7000, loIfindex)))
+	reply := packet(podMAC, protoTCP, podIP, clientIP, 70, 40002, ackFlag)
+	add("hostPort reply, TCP", "cni_from_container", hp.FromContainer, reply, 0,
+		rewrite(anyVerdict, func(p parsed) bool { return p.src.Equal(nodeIP) && p.sport == 7000 }))
+
+	// Service through the stack: the backend pod (behind lo) is delivered
+	// a client pod's segment that the stack DNATed (to_container records the
+	// flow); its reply meets the record and goes back through the stack
+	// instead of being redirected to the client pod.
+	dp2 := testDatapath(t)
+	svcIn := packet(hostMAC, protoTCP, dstIP, podIP, 40003, 80, ackFlag)
+	copy(svcIn[0:6], podMAC)
+	add("Service (stack) to backend pod, TCP", "cni_to_container", dp2.ToContainer, svcIn, 0, verdict(actOK))
+	add("Service (stack) backend's reply, TCP", "cni_from_container", dp2.FromContainer,
+		packet(podMAC, protoTCP, podIP, dstIP, 80, 40003, ackFlag), 0, notVerdict(actRedirect))
+
+	// Masquerade: the reply of a masqueraded flow, translated back to the pod.
+	putSNAT(t, hp, protoTCP, nodeIP, 61234, farIP, 443, podIP, 40000)
+	add("masquerade reply in, TCP", "cni_from_uplink", up, packet(remoteMAC, protoTCP, farIP, nodeIP, 443, 61234, ackFlag), 0,
+		rewrite(anyVerdict, func(p parsed) bool { return p.dst.Equal(podIP) && p.dport == 40000 }))
+
+	// Masquerade out: the pod's segment of a masqueraded flow (its SYN
+	// allocated the mapping), SNATed to the node on the uplink's egress.
+	progs, err := loadPrograms(hp.PinRoot, hp.Maps, nodeHookPrograms(), loadMissing)
+	must(t, err)
+	defer closePrograms(progs)
+	mq := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)
+	mq.Flags |= maps.EndpointFlagMasq
+	must(t, hp.Maps.PutEndpoint(podIP, mq))
+	masqOut := func(p parsed) bool { return !p.src.Equal(podIP) && p.dst.Equal(farIP) && p.dport == 443 }
+	// The source is what the kernel's FIB picks towards farIP in this
+	// netns (masq_source): the machine's, the same for every build.
+	ret, out := testRunOut(t, progs["cni_to_uplink"], packet(podMAC, protoTCP, podIP, farIP, 40020, 443, synFlag), loIfindex)
+	if err := rewrite(actNext, masqOut)(ret, out); err != nil {
+		t.Fatalf("masquerade SYN: %v", err)
+	}
+	// The peer's SYN-ACK, back to the pod: the flow is established. The
+	// FIB's source is a node address, as the node hooks keep them.
+	snat := parseOut(out)
+	must(t, hp.Maps.SyncNodeIPs(map[string]int{nodeIP.String(): 1, nodeIP6.String(): 1, snat.src.String(): 1}))
+	ret, out = testRunOut(t, up, packet(remoteMAC, protoTCP, farIP, snat.src, 443, snat.sport, synFlag|ackFlag), 0)
+	if err := rewrite(anyVerdict, func(p parsed) bool { return p.dst.Equal(podIP) && p.dport == 40020 })(ret, out); err != nil {
+		t.Fatalf("masquerade SYN-ACK: %v", err)
+	}
+	add("masquerade out, TCP (flow open)", "cni_to_uplink", progs["cni_to_uplink"], packet(podMAC, protoTCP, podIP, farIP, 40020, 443, ackFlag), loIfindex,
+		rewrite(actNext, masqOut))
+
+	fmt.Printf("\n| path | program | median ns/run | min | max | rounds x runs |\n|---|---|---:|---:|---:|---|\n")
+	for _, r := range rows {
+		fmt.Printf("| %s | %s | %.0f | %.0f | %.0f | %d x %d |\n", r.Path, r.Program, r.Median, r.Min, r.Max, r.Rounds, r.Runs)
+	}
+	if f := os.Getenv("EBPF_CNI_BUDGET_JSON"); f != "" {
+		b, err := json.MarshalIndent(rows, "", "  ")
+		must(t, err)
+		must(t, os.WriteFile(f, b, 0o644))
+	}
+}
+
+type budgetRow struct {
+	Path    string  `json:"path"`
+	Program string  `json:"program"`
+	Median  float64 `json:"medianNs"`
+	Min     float64 `json:"minNs"`
+	Max     float64 `json:"maxNs"`
+	Rounds  int     `json:"rounds"`
+	Runs    int     `json:"runsPerRound"`
+	// RoundMeans are the rounds' figures, in the order measured.
+	RoundMeans []float64 `json:"roundMeansNs"`
+}
+
+const anyVerdict = ^uint32(0) - 1 // no TC verdict has this value
+
+func verdict(want uint32) func(uint32, []byte) error {
+	return func(ret uint32, _ []byte) error {
+		if ret != want {
+			return fmt.Errorf("verdict %d, want %d", ret, want)
+		}
+		return nil
+	}
+}
+
+func notVerdict(not uint32) func(uint32, []byte) error {
+	return func(ret uint32, _ []byte) error {
+		if ret == not {
+			return fmt.Errorf("verdict %d", ret)
+		}
+		return nil
+	}
+}
+
+func rewrite(want uint32, ok func(parsed) bool) func(uint32, []byte) error {
+	return func(ret uint32, out []byte) error {
+		if want != anyVerdict && ret != want {
+			return fmt.Errorf("verdict %d, want %d", ret, want)
+		}
+		if ret == actShot {
+			return fmt.Errorf("dropped")
+		}
+		p := parseOut(out)
+		if !ok(p) || !p.l3ok || !p.l4ok {
+			return fmt.Errorf("out %s:%d -> %s:%d (checksums %v/%v)", p.src, p.sport, p.dst, p.dport, p.l3ok, p.l4ok)
+		}
+		return nil
+	}
+}
+
+// parseOut is parse without a test to fail (the frames are ours: well formed).
+func parseOut(f []byte) parsed {
+	var t testing.T
+	return parse(&t, f)
+}
+
+func envInt(t *testing.T, name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive number", name, v)
+	}
+	return n
+}
+
+func testRunOut(t *testing.T, p *ebpf.Program, frame []byte, ingress uint32) (uint32, []byte) {
+	ret, _, out := testRun(t, p, frame, ingress)
+	return ret, out
+}
+
+// testRun is one BPF_PROG_TEST_RUN of p on frame, the skb on lo (the
+// endpoint's host veth in these tests) and coming in from ingress: the
+// verdict, the kernel's run time in ns and the frame after it. cilium/ebpf
+// gives the run time only without a context (Benchmark), and the
+// masquerade and policy paths read ingress_ifindex from it.
+func testRun(t *testing.T, p *ebpf.Program, frame []byte, ingress uint32) (uint32, uint32, []byte) {
+	out := make([]byte, len(frame)+64)
+	ctx := make([]byte, 192) // struct __sk_buff
+	binary.LittleEndian.PutUint32(ctx[36:], ingress)
+	binary.LittleEndian.PutUint32(ctx[40:], loIfindex)
+	attr := struct {
+		progFD, retval, sizeIn, sizeOut uint32
+		dataIn, dataOut                 uint64
+		repeat, duration                uint32
+		ctxSizeIn, ctxSizeOut           uint32
+		ctxIn, ctxOut                   uint64
+		flags, cpu, batch               uint32
+		_                               uint32
+	}{
+		progFD: uint32(p.FD()), sizeIn: uint32(len(frame)), sizeOut: uint32(len(out)),
+		dataIn: uint64(uintptr(unsafe.Pointer(&frame[0]))), dataOut: uint64(uintptr(unsafe.Pointer(&out[0]))),
+		repeat: 1, ctxSizeIn: uint32(len(ctx)), ctxIn: uint64(uintptr(unsafe.Pointer(&ctx[0]))),
+	}
+	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_TEST_RUN, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+	runtime.KeepAlive(frame)
+	runtime.KeepAlive(out)
+	runtime.KeepAlive(ctx)
+	if errno != 0 {
+		t.Fatalf("BPF_PROG_TEST_RUN: %v", errno)
+	}
+	return attr.retval, attr.duration, out[:attr.sizeOut]
+}
