@@ -320,6 +320,29 @@ struct masq_share_key {
 	__u32 ifindex; /* host veth of the pod */
 };
 
+/*
+ * Value of cni_masq_pods: the flows (reverse entries of cni_snat) one pod
+ * holds, keyed by its host veth's ifindex; key 0 holds the node's total.
+ * The quota (cni_masq_quota) is checked against them when a flow is opened,
+ * so no pod (nor a host outside making a pod answer) can fill cni_snat to
+ * where its LRU evicts another pod's flows (issue 28).
+ */
+struct masq_pod_val {
+	__u32 flows; /* flows held */
+	__u32 drops; /* new flows refused for the quota */
+};
+
+/* Value of cni_masq_quota[0], written once when the maps are pinned
+ * (pkg/maps/masqquota.go derives it from cni_snat's size, maxPods and the
+ * CPUs): the flows of all pods stay under pool + attachments x reserve,
+ * which leaves the LRU the free entries it needs never to evict. */
+struct masq_quota {
+	__u32 reserve; /* flows a pod may always open, whatever the others hold */
+	__u32 pool;    /* node total past which only pods under reserve open flows */
+	__u32 pod_max; /* most flows one pod holds */
+	__u32 pad;
+};
+
 /* Index of cni_masq_stats. */
 enum masq_stat {
 	MASQ_STAT_SNAT = 0,      /* pod -> outside, translated */

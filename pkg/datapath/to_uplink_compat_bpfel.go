@@ -31,6 +31,8 @@ const (
 	toUplinkCompatMapCniHpStats        = "cni_hp_stats"
 	toUplinkCompatMapCniLinks          = "cni_links"
 	toUplinkCompatMapCniMasqConfig     = "cni_masq_config"
+	toUplinkCompatMapCniMasqPods       = "cni_masq_pods"
+	toUplinkCompatMapCniMasqQuota      = "cni_masq_quota"
 	toUplinkCompatMapCniMasqShare      = "cni_masq_share"
 	toUplinkCompatMapCniMasqStats      = "cni_masq_stats"
 	toUplinkCompatMapCniNetns          = "cni_netns"
@@ -114,6 +116,8 @@ type toUplinkCompatMapSpecs struct {
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqPods       *ebpf.MapSpec `ebpf:"cni_masq_pods"`
+	CniMasqQuota      *ebpf.MapSpec `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
 	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
@@ -173,6 +177,8 @@ type toUplinkCompatMaps struct {
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqPods       *ebpf.Map `ebpf:"cni_masq_pods"`
+	CniMasqQuota      *ebpf.Map `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
 	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
@@ -208,6 +214,8 @@ func (m *toUplinkCompatMaps) Close() error {
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,
+		m.CniMasqPods,
+		m.CniMasqQuota,
 		m.CniMasqShare,
 		m.CniMasqStats,
 		m.CniNetns,
