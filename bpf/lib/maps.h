@@ -170,6 +170,14 @@ struct {
 	__type(value, struct masq_quota);
 } cni_masq_quota SEC(".maps");
 
+/* Userspace only (added within layout 3, as the two above). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct masq_keys);
+} cni_masq_keys SEC(".maps");
+
 /* ----------------------------------------------------------- stack flows */
 
 struct {

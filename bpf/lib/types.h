@@ -343,6 +343,15 @@ struct masq_quota {
 	__u32 pad;
 };
 
+/* Value of cni_masq_keys[0] (userspace only): the network whose keys
+ * decided cni_masq_config. Networks sharing a pin directory share the
+ * ports, so an ADD of another network whose keys differ is refused while
+ * masquerading pods use them (pkg/maps/masqkeys.go). */
+struct masq_keys {
+	__u64 keys;        /* hash of ipMasqPortRange and ipMasqPodPortLimit as configured */
+	__u8 network[56];  /* the network's name, truncated */
+};
+
 /* Index of cni_masq_stats. */
 enum masq_stat {
 	MASQ_STAT_SNAT = 0,      /* pod -> outside, translated */

@@ -31,6 +31,7 @@ const (
 	fromContainerMapCniHpStats        = "cni_hp_stats"
 	fromContainerMapCniLinks          = "cni_links"
 	fromContainerMapCniMasqConfig     = "cni_masq_config"
+	fromContainerMapCniMasqKeys       = "cni_masq_keys"
 	fromContainerMapCniMasqPods       = "cni_masq_pods"
 	fromContainerMapCniMasqQuota      = "cni_masq_quota"
 	fromContainerMapCniMasqShare      = "cni_masq_share"
@@ -116,6 +117,7 @@ type fromContainerMapSpecs struct {
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.MapSpec `ebpf:"cni_masq_keys"`
 	CniMasqPods       *ebpf.MapSpec `ebpf:"cni_masq_pods"`
 	CniMasqQuota      *ebpf.MapSpec `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
@@ -177,6 +179,7 @@ type fromContainerMaps struct {
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.Map `ebpf:"cni_masq_keys"`
 	CniMasqPods       *ebpf.Map `ebpf:"cni_masq_pods"`
 	CniMasqQuota      *ebpf.Map `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
@@ -214,6 +217,7 @@ func (m *fromContainerMaps) Close() error {
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,
+		m.CniMasqKeys,
 		m.CniMasqPods,
 		m.CniMasqQuota,
 		m.CniMasqShare,

@@ -31,6 +31,7 @@ const (
 	toUplinkCompatMapCniHpStats        = "cni_hp_stats"
 	toUplinkCompatMapCniLinks          = "cni_links"
 	toUplinkCompatMapCniMasqConfig     = "cni_masq_config"
+	toUplinkCompatMapCniMasqKeys       = "cni_masq_keys"
 	toUplinkCompatMapCniMasqPods       = "cni_masq_pods"
 	toUplinkCompatMapCniMasqQuota      = "cni_masq_quota"
 	toUplinkCompatMapCniMasqShare      = "cni_masq_share"
@@ -116,6 +117,7 @@ type toUplinkCompatMapSpecs struct {
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.MapSpec `ebpf:"cni_masq_keys"`
 	CniMasqPods       *ebpf.MapSpec `ebpf:"cni_masq_pods"`
 	CniMasqQuota      *ebpf.MapSpec `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
@@ -177,6 +179,7 @@ type toUplinkCompatMaps struct {
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.Map `ebpf:"cni_masq_keys"`
 	CniMasqPods       *ebpf.Map `ebpf:"cni_masq_pods"`
 	CniMasqQuota      *ebpf.Map `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
@@ -214,6 +217,7 @@ func (m *toUplinkCompatMaps) Close() error {
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,
+		m.CniMasqKeys,
 		m.CniMasqPods,
 		m.CniMasqQuota,
 		m.CniMasqShare,

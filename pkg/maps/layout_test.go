@@ -27,7 +27,7 @@ var layouts = map[int]string{
 // missing, never read by older programs, so the version stays). Changing
 // one of them, or any other map, is still a new layout.
 var optionalLayouts = map[int]string{
-	3: "728823d67f6736fa", // cni_masq_pods, cni_masq_quota (issue 28: the pods' quota of cni_snat)
+	3: "dad4985bdee29790", // cni_masq_pods, cni_masq_quota (issue 28: the pods' quota of cni_snat), cni_masq_keys (which network decided cni_masq_config)
 }
 
 func TestLayoutVersion(t *testing.T) {

@@ -290,6 +290,7 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: "cni_masq_config", Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 1},
 		{Name: nameMasqPods, Type: ebpf.Hash, KeySize: 4, ValueSize: 8},
 		{Name: nameMasqQuota, Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1},
+		{Name: nameMasqKeys, Type: ebpf.Array, KeySize: 4, ValueSize: 64, MaxEntries: 1},
 		{Name: "cni_masq_share", Type: ebpf.LRUHash, KeySize: 24, ValueSize: 4},
 		{Name: "cni_masq_stats", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
 		{Name: "cni_netns", Type: ebpf.Hash, KeySize: 8, ValueSize: 16},

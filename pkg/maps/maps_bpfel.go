@@ -243,6 +243,12 @@ type mapsObjMasqConfig struct {
 	PodLimit uint32
 }
 
+type mapsObjMasqKeys struct {
+	_       structs.HostLayout
+	Keys    uint64
+	Network [56]uint8
+}
+
 type mapsObjMasqPodVal struct {
 	_     structs.HostLayout
 	Flows uint32
@@ -457,6 +463,7 @@ const (
 	mapsObjMapCniHpStats        = "cni_hp_stats"
 	mapsObjMapCniLinks          = "cni_links"
 	mapsObjMapCniMasqConfig     = "cni_masq_config"
+	mapsObjMapCniMasqKeys       = "cni_masq_keys"
 	mapsObjMapCniMasqPods       = "cni_masq_pods"
 	mapsObjMapCniMasqQuota      = "cni_masq_quota"
 	mapsObjMapCniMasqShare      = "cni_masq_share"
@@ -546,6 +553,7 @@ type mapsObjMapSpecs struct {
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.MapSpec `ebpf:"cni_masq_keys"`
 	CniMasqPods       *ebpf.MapSpec `ebpf:"cni_masq_pods"`
 	CniMasqQuota      *ebpf.MapSpec `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
@@ -613,6 +621,7 @@ type mapsObjMaps struct {
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.Map `ebpf:"cni_masq_keys"`
 	CniMasqPods       *ebpf.Map `ebpf:"cni_masq_pods"`
 	CniMasqQuota      *ebpf.Map `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
@@ -650,6 +659,7 @@ func (m *mapsObjMaps) Close() error {
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,
+		m.CniMasqKeys,
 		m.CniMasqPods,
 		m.CniMasqQuota,
 		m.CniMasqShare,
