@@ -186,14 +186,16 @@ static __noinline int masq_quota_allows(__u32 ifindex)
 	if (!q || !q->pod_max)
 		return 1;
 	__u32 reserve = q->reserve, pool = q->pool, pod_max = q->pod_max;
+	struct masq_pod_val *all = masq_pod(0);
+	if (!all)
+		return 0; /* a flow nobody counts would break the bound */
 	struct masq_pod_val *pod = masq_pod(ifindex);
 	if (!pod)
-		return 0; /* a flow nobody counts would break the bound */
+		return all->flows < pool; /* no room for its count (entries of pods gone without DEL): the pool alone */
 	__u32 held = pod->flows;
 	if (held < reserve)
 		return 1;
-	struct masq_pod_val *all = masq_pod(0);
-	return all && held < pod_max && all->flows < pool;
+	return held < pod_max && all->flows < pool;
 }
 
 static __always_inline void masq_quota_drop(__u32 ifindex)
@@ -228,7 +230,8 @@ static __always_inline void share_release(const struct snat_key *rk, __u32 ifind
  * reverse one, and the port from the pod's share (only by whoever deleted
  * it, so two CPUs never release it twice).
  */
-static __always_inline void snat_forget(const struct snat_key *rk, const __u8 *pod, __be16 pod_port, __u32 ifindex)
+static __always_inline void snat_forget(const struct snat_key *rk, const __u8 *pod, __be16 pod_port, __u32 ifindex,
+					__u16 flags)
 {
 	struct snat_key fk;
 
@@ -238,7 +241,8 @@ static __always_inline void snat_forget(const struct snat_key *rk, const __u8 *p
 		bpf_map_delete_elem(&cni_snat, &fk);
 	if (bpf_map_delete_elem(&cni_snat, rk) == 0) {
 		share_release(rk, ifindex);
-		masq_pod_release(ifindex);
+		if (flags & SNAT_F_COUNTED)
+			masq_pod_release(ifindex);
 	}
 }
 
@@ -259,7 +263,7 @@ static int snat_expire(void *map, struct snat_key *key, struct snat_val *v)
 	__be16 pod_port = v->port;
 	__u32 ifindex = v->ifindex;
 	__builtin_memcpy(pod, v->addr, 16);
-	snat_forget(&rk, pod, pod_port, ifindex);
+	snat_forget(&rk, pod, pod_port, ifindex, v->flags);
 	masq_count(MASQ_STAT_EXPIRED);
 	return 0;
 }
@@ -391,7 +395,7 @@ static __noinline long alloc_probe(__u32 i, struct alloc_ctx *c)
 			}
 			return 0;
 		}
-		snat_forget(&c->rk, cur->addr, cur->port, owner);
+		snat_forget(&c->rk, cur->addr, cur->port, owner, cur->flags);
 		if (c->over && owner != c->ifindex)
 			return 0; /* freed for the others, not for a pod at its limit */
 	} else if (c->over) {
@@ -437,6 +441,7 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 	addr_copy(c.rv.addr, f->saddr, f->family);
 	c.rv.port = f->sport;
 	c.rv.ifindex = ifindex;
+	c.rv.flags = SNAT_F_COUNTED; /* the caller counts it in cni_masq_pods */
 	c.rv.created_ns = now;
 	c.rv.seen_ns = now;
 	c.skb = skb;
@@ -473,7 +478,7 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 		c.rk.port = c.take;
 		struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &c.rk);
 		if (cur && cur->ifindex == ifindex) {
-			snat_forget(&c.rk, cur->addr, cur->port, ifindex);
+			snat_forget(&c.rk, cur->addr, cur->port, ifindex, cur->flags);
 			if (!bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_NOEXIST)) {
 				c.port = c.take;
 				masq_count(MASQ_STAT_RECYCLED);

@@ -8,12 +8,14 @@ package integration
 
 import (
 	"bufio"
+	"encoding/json"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
@@ -154,6 +156,26 @@ func TestMasqOutsideFloodKeepsOthers(t *testing.T) {
 				if after.Drops == before.Drops {
 					t.Errorf("no flow of e refused for its quota after %d datagrams", n)
 				}
+				if from == "pod" && c.name == "v6" {
+					// What dump nat shows of it: e's flows, at most its quota, and the refusals.
+					js, err := a.MasqAgent("dump", "nat", "-o", "json")
+					if err != nil {
+						t.Fatal(err)
+					}
+					var d inspect.NATDump
+					if err := json.Unmarshal(js, &d); err != nil {
+						t.Fatal(err)
+					}
+					found := false
+					for _, r := range d.Quota.Pods {
+						if r.Ifindex == after.Ifindex {
+							found = r.Flows <= int(d.Quota.PodMax) && r.Refused > 0 && r.Interface != ""
+						}
+					}
+					if !found || d.Quota.PodMax != q.PodMax || d.Quota.Total < after.Flows {
+						t.Errorf("dump nat's quota: %+v; want pod e (ifindex %d) with at most %d flows and refusals", d.Quota, after.Ifindex, q.PodMax)
+					}
+				}
 				if _, err := sc.Write([]byte("pong\n")); err != nil {
 					t.Fatal(err)
 				}
@@ -163,5 +185,106 @@ func TestMasqOutsideFloodKeepsOthers(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestMasqFloodTwoPodsReserve attacks the quota itself: a host outside
+// floods two masquerading pods' UDP echo services (64000 spoofed source
+// ports each), so together they take the whole pool (each holds at most
+// its reserve and half the pool). Then the node's total is at the pool and
+// pod v, under its reserve, must still open a new connection to the server
+// outside, and its idle one must survive. IPv4 and IPv6.
+func TestMasqFloodTwoPodsReserve(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	a := lab.a
+	v, e1, e2 := a.NewPod(), a.NewPod(), a.NewPod()
+	a.CleanupDel(v, "v")
+	a.CleanupDel(e1, "e1")
+	a.CleanupDel(e2, "e2")
+	a.Add(v, "v")
+	e14, e16 := resultIPs(a.Add(e1, "e1"))
+	e24, e26 := resultIPs(a.Add(e2, "e2"))
+	brMAC, upMAC := linkMAC(t, lab.out, "br0"), linkMAC(t, a.Node, "uplink0")
+	for _, pod := range []ns.NetNS{e1, e2} {
+		for _, fam := range []string{"udp4", "udp6"} {
+			var pc net.PacketConn
+			if err := pod.Do(func(ns.NetNS) (err error) { pc, err = net.ListenPacket(fam, ":9999"); return }); err != nil {
+				t.Fatal(err)
+			}
+			defer pc.Close()
+			pc.(*net.UDPConn).SetReadBuffer(8 << 20)
+			go func() {
+				buf := make([]byte, 64)
+				for {
+					n, from, err := pc.ReadFrom(buf)
+					if err != nil {
+						return
+					}
+					pc.WriteTo(buf[:n], from)
+				}
+			}()
+		}
+	}
+	q, err := a.Maps().MasqQuota()
+	if err != nil || q.PodMax == 0 {
+		t.Fatalf("cni_masq_quota: %+v, %v", q, err)
+	}
+	for _, c := range []struct {
+		name         string
+		srv, node    net.IP
+		targets, src []net.IP
+		port         int
+	}{
+		{"v4", outsideIP, labNodeA, []net.IP{e14, e24}, []net.IP{net.ParseIP("192.0.2.7").To4()}, 7311},
+		{"v6", outsideIP6, labNodeA6, []net.IP{e16, e26}, []net.IP{net.ParseIP("2001:db8::7")}, 7313},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cli, sc, _ := masqIdleConn(t, lab, v, c.srv, c.node, c.port)
+			for _, dst := range c.targets {
+				for lo := 1500; lo < 65500; lo += 4000 {
+					var flood [][]byte
+					for p := lo; p < lo+4000 && p < 65500; p++ {
+						flood = append(flood, udpFrame(brMAC, upMAC, c.src[0], p, dst, 9999, []byte("x")))
+					}
+					sendFrames(t, lab.out, "br0", flood)
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+			time.Sleep(time.Second)
+			pods, err := a.Maps().ListMasqPods()
+			if err != nil {
+				t.Fatal(err)
+			}
+			total := 0
+			for _, p := range pods {
+				if p.Ifindex == 0 {
+					total = p.Flows
+				}
+			}
+			t.Logf("after the flood: %+v (quota %+v)", pods, q)
+			if total < int(q.Pool) {
+				t.Fatalf("the node holds %d flows, under the pool %d: the attack did not take the pool", total, q.Pool)
+			}
+			if total > int(q.Pool)+2*maps.SizingOf(a.Maps()).MaxPods*int(q.Reserve) {
+				t.Errorf("the node holds %d flows, more than pool %d and every reserve", total, q.Pool)
+			}
+			// v, under its reserve, opens a new connection.
+			cli2, sc2, _ := masqIdleConn(t, lab, v, c.srv, c.node, c.port+1)
+			if _, err := sc2.Write([]byte("new\n")); err != nil {
+				t.Fatal(err)
+			}
+			cli2.SetReadDeadline(time.Now().Add(3 * time.Second))
+			if got, err := bufio.NewReader(cli2).ReadString('\n'); err != nil || got != "new\n" {
+				t.Errorf("pod v's new connection with the pool taken: read %q, %v", got, err)
+			}
+			if _, err := sc.Write([]byte("pong\n")); err != nil {
+				t.Fatal(err)
+			}
+			cli.SetReadDeadline(time.Now().Add(3 * time.Second))
+			if got, err := bufio.NewReader(cli).ReadString('\n'); err != nil || got != "pong\n" {
+				t.Errorf("pod v's idle connection after two pods were flooded: read %q, %v", got, err)
+			}
+		})
 	}
 }
