@@ -10,6 +10,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"net"
+	"syscall"
 	"testing"
 	"time"
 
@@ -286,5 +287,104 @@ func TestMasqFloodTwoPodsReserve(t *testing.T) {
 				t.Errorf("pod v's idle connection after two pods were flooded: read %q, %v", got, err)
 			}
 		})
+	}
+}
+
+// TestMasqQuotaAgentKilled: the agent is killed (SIGKILL) in the middle of
+// a flood from outside to pod e's UDP service, then started again. The
+// quota is the one written when the maps were pinned (a restart does not
+// rewrite it), e holds at most its quota, pod v's idle connection survives,
+// and e's DEL takes its count off the node's total. IPv4 and IPv6.
+func TestMasqQuotaAgentKilled(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	a := lab.a
+	conf := a.WriteConfDir()
+	ag := a.StartAgent(conf)
+	v, e := a.NewPod(), a.NewPod()
+	a.CleanupDel(v, "v")
+	a.CleanupDel(e, "e")
+	a.Add(v, "v")
+	e4, e6 := resultIPs(a.Add(e, "e"))
+	brMAC, upMAC := linkMAC(t, lab.out, "br0"), linkMAC(t, a.Node, "uplink0")
+	for _, fam := range []string{"udp4", "udp6"} {
+		var pc net.PacketConn
+		if err := e.Do(func(ns.NetNS) (err error) { pc, err = net.ListenPacket(fam, ":9999"); return }); err != nil {
+			t.Fatal(err)
+		}
+		defer pc.Close()
+		pc.(*net.UDPConn).SetReadBuffer(8 << 20)
+		go func() {
+			buf := make([]byte, 64)
+			for {
+				n, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				pc.WriteTo(buf[:n], from)
+			}
+		}()
+	}
+	q, err := a.Maps().MasqQuota()
+	if err != nil || q.PodMax == 0 {
+		t.Fatalf("cni_masq_quota: %+v, %v", q, err)
+	}
+	for _, c := range []struct {
+		name      string
+		srv, node net.IP
+		e, src    net.IP
+		port      int
+	}{
+		{"v4", outsideIP, labNodeA, e4, net.ParseIP("192.0.2.9").To4(), 7321},
+		{"v6", outsideIP6, labNodeA6, e6, net.ParseIP("2001:db8::9"), 7323},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cli, sc, _ := masqIdleConn(t, lab, v, c.srv, c.node, c.port)
+			for lo := 1500; lo < 65500; lo += 4000 {
+				if lo == 17500 {
+					ag.Cmd.Process.Signal(syscall.SIGKILL)
+					ag.Exited(5 * time.Second)
+				}
+				if lo == 33500 {
+					ag = a.StartAgent(conf)
+				}
+				var flood [][]byte
+				for p := lo; p < lo+4000 && p < 65500; p++ {
+					flood = append(flood, udpFrame(brMAC, upMAC, c.src, p, c.e, 9999, []byte("x")))
+				}
+				sendFrames(t, lab.out, "br0", flood)
+				time.Sleep(20 * time.Millisecond)
+			}
+			time.Sleep(time.Second)
+			if got, err := a.Maps().MasqQuota(); err != nil || got != q {
+				t.Errorf("cni_masq_quota after the agent's restart: %+v, %v; want %+v", got, err, q)
+			}
+			if got := podFlows(t, a, c.e); got.Flows > int(q.PodMax) || got.Flows == 0 {
+				t.Errorf("pod e holds %d flows, want 1 to %d", got.Flows, q.PodMax)
+			}
+			if _, err := sc.Write([]byte("pong\n")); err != nil {
+				t.Fatal(err)
+			}
+			cli.SetReadDeadline(time.Now().Add(3 * time.Second))
+			if got, err := bufio.NewReader(cli).ReadString('\n'); err != nil || got != "pong\n" {
+				t.Errorf("pod v's idle connection: read %q, %v", got, err)
+			}
+		})
+	}
+	before := podFlows(t, a, e4)
+	if err := a.Del(e, "e", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	pods, err := a.Maps().ListMasqPods()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods {
+		if p.Ifindex == before.Ifindex {
+			t.Errorf("pod e's count stays after its DEL: %+v", p)
+		}
+		if p.Ifindex == 0 && p.Flows > 16 {
+			t.Errorf("the node holds %d flows after e's DEL (e held %d; v a few)", p.Flows, before.Flows)
+		}
 	}
 }
