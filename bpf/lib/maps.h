@@ -153,6 +153,31 @@ struct {
 	__type(value, __u32);
 } cni_masq_share SEC(".maps");
 
+/* Flows each pod holds in cni_snat, and the node's total (key 0). Added
+ * within layout 3: a build that lacks it never opens it, Create pins it
+ * where an older build of the layout left none. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SIZED); /* one per attachment, and the total */
+	__type(key, __u32);
+	__type(value, struct masq_pod_val);
+} cni_masq_pods SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct masq_quota);
+} cni_masq_quota SEC(".maps");
+
+/* Userspace only (added within layout 3, as the two above). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct masq_keys);
+} cni_masq_keys SEC(".maps");
+
 /* ----------------------------------------------------------- stack flows */
 
 struct {

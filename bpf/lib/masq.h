@@ -31,7 +31,10 @@
  * pod holds at most pod_limit ports towards one destination (address, port,
  * protocol; counted in cni_masq_share): at its limit it takes back the
  * quietest of its own, never another pod's, so no pod can starve the others
- * of ports to a busy server (a DNS server's :53).
+ * of ports to a busy server (a DNS server's :53). And a pod holds at most
+ * its quota of flows in all (cni_masq_quota, counted in cni_masq_pods), so
+ * that cni_snat never fills to where its LRU evicts: no pod, nor a host
+ * outside making a pod answer datagrams, evicts another pod's flow.
  *
  * Entries carry the flow's state and the reverse one a timer (flowlife.h):
  * a flow idle past its timeout (10 s once closed, 30 s for UDP that is no
@@ -122,6 +125,95 @@ static __always_inline __u32 *share_of(const struct snat_key *rk, __u32 ifindex)
 	return bpf_map_lookup_elem(&cni_masq_share, &k);
 }
 
+/* ------------------------------------------------ the pods' quota of cni_snat */
+
+#ifndef EBPF_CNI_COMPAT
+/* The flows the pod behind ifindex holds (ifindex 0: the node's total),
+ * created at its first flow. NULL when cni_masq_pods is full. */
+static __always_inline struct masq_pod_val *masq_pod(__u32 ifindex)
+{
+	struct masq_pod_val zero = {};
+	struct masq_pod_val *v = bpf_map_lookup_elem(&cni_masq_pods, &ifindex);
+
+	if (v)
+		return v;
+	bpf_map_update_elem(&cni_masq_pods, &ifindex, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&cni_masq_pods, &ifindex);
+}
+
+/* One flow more for the pod and the node. A function of its own: the
+ * caller's stack is full. */
+static __noinline void masq_pod_add(__u32 ifindex)
+{
+	struct masq_pod_val *v = masq_pod(ifindex);
+
+	if (v)
+		__sync_fetch_and_add(&v->flows, 1);
+	v = masq_pod(0);
+	if (v)
+		__sync_fetch_and_add(&v->flows, 1);
+}
+
+/* One flow less. Never below 0: flows opened by an older build (before the
+ * counts) were never counted. */
+static __always_inline void masq_pod_release(__u32 ifindex)
+{
+	struct masq_pod_val *v = bpf_map_lookup_elem(&cni_masq_pods, &ifindex);
+
+	if (v && v->flows > 0)
+		__sync_fetch_and_add(&v->flows, -1);
+	ifindex = 0;
+	v = bpf_map_lookup_elem(&cni_masq_pods, &ifindex);
+	if (v && v->flows > 0)
+		__sync_fetch_and_add(&v->flows, -1);
+}
+
+/*
+ * Whether the pod behind ifindex may open a flow with a port of its own
+ * (else it may only take back one of its own, as at its per-destination
+ * limit): under its reserve always; above it while the node's total is
+ * under the pool and the pod under pod_max. Then the flows of all pods
+ * never pass pool + attachments x reserve, which cni_snat holds with the
+ * free entries its LRU needs to spare: nothing a pod sends, nor what a host
+ * outside makes a pod answer, evicts another pod's flow. Unconfigured (pins
+ * of an older build of the layout): no quota.
+ */
+static __noinline int masq_quota_allows(__u32 ifindex)
+{
+	__u32 zero = 0;
+	struct masq_quota *q = bpf_map_lookup_elem(&cni_masq_quota, &zero);
+
+	if (!q || !q->pod_max)
+		return 1;
+	__u32 reserve = q->reserve, pool = q->pool, pod_max = q->pod_max;
+	struct masq_pod_val *all = masq_pod(0);
+	if (!all)
+		return 0; /* a flow nobody counts would break the bound */
+	struct masq_pod_val *pod = masq_pod(ifindex);
+	if (!pod)
+		return all->flows < pool; /* no room for its count (entries of pods gone without DEL): the pool alone */
+	__u32 held = pod->flows;
+	if (held < reserve)
+		return 1;
+	return held < pod_max && all->flows < pool;
+}
+
+static __always_inline void masq_quota_drop(__u32 ifindex)
+{
+	struct masq_pod_val *v = bpf_map_lookup_elem(&cni_masq_pods, &ifindex);
+
+	if (v)
+		__sync_fetch_and_add(&v->drops, 1);
+}
+#else
+/* The compat build deletes no expired flow (no bpf_timer): counts would
+ * keep dead flows, so it keeps the node-wide LRU without a quota. */
+static __always_inline void masq_pod_add(__u32 ifindex) {}
+static __always_inline void masq_pod_release(__u32 ifindex) {}
+static __always_inline int masq_quota_allows(__u32 ifindex) { return 1; }
+static __always_inline void masq_quota_drop(__u32 ifindex) {}
+#endif
+
 static __always_inline void share_release(const struct snat_key *rk, __u32 ifindex)
 {
 	struct masq_share_key k;
@@ -138,7 +230,8 @@ static __always_inline void share_release(const struct snat_key *rk, __u32 ifind
  * reverse one, and the port from the pod's share (only by whoever deleted
  * it, so two CPUs never release it twice).
  */
-static __always_inline void snat_forget(const struct snat_key *rk, const __u8 *pod, __be16 pod_port, __u32 ifindex)
+static __always_inline void snat_forget(const struct snat_key *rk, const __u8 *pod, __be16 pod_port, __u32 ifindex,
+					__u16 flags)
 {
 	struct snat_key fk;
 
@@ -146,8 +239,11 @@ static __always_inline void snat_forget(const struct snat_key *rk, const __u8 *p
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
 	if (fv && fv->port == rk->port && addr_equal(fv->addr, rk->addr, rk->family))
 		bpf_map_delete_elem(&cni_snat, &fk);
-	if (bpf_map_delete_elem(&cni_snat, rk) == 0)
+	if (bpf_map_delete_elem(&cni_snat, rk) == 0) {
 		share_release(rk, ifindex);
+		if (flags & SNAT_F_COUNTED)
+			masq_pod_release(ifindex);
+	}
 }
 
 #ifndef EBPF_CNI_COMPAT
@@ -167,7 +263,7 @@ static int snat_expire(void *map, struct snat_key *key, struct snat_val *v)
 	__be16 pod_port = v->port;
 	__u32 ifindex = v->ifindex;
 	__builtin_memcpy(pod, v->addr, 16);
-	snat_forget(&rk, pod, pod_port, ifindex);
+	snat_forget(&rk, pod, pod_port, ifindex, v->flags);
 	masq_count(MASQ_STAT_EXPIRED);
 	return 0;
 }
@@ -249,7 +345,7 @@ struct alloc_ctx {
 	__u16 own;   /* the pod's own port, when one of ours: the first candidate */
 	__be16 port; /* the port got */
 	__be16 take; /* at the limit: the pod's own quietest port seen */
-	__u8 over;   /* the pod is at its limit towards this destination */
+	__u8 over;   /* 1: the pod is at its limit towards this destination; 2: at its quota */
 };
 
 static __always_inline __u16 masq_port_at(const struct masq_config *c, __u32 idx)
@@ -299,7 +395,7 @@ static __noinline long alloc_probe(__u32 i, struct alloc_ctx *c)
 			}
 			return 0;
 		}
-		snat_forget(&c->rk, cur->addr, cur->port, owner);
+		snat_forget(&c->rk, cur->addr, cur->port, owner, cur->flags);
 		if (c->over && owner != c->ifindex)
 			return 0; /* freed for the others, not for a pod at its limit */
 	} else if (c->over) {
@@ -321,7 +417,8 @@ static __noinline long alloc_probe(__u32 i, struct alloc_ctx *c)
  * one of ours, then MASQ_PROBES - 1 more from a hash of the flow, walked
  * with a stride coprime with the ports' count. A pod at its limit towards
  * f's destination takes no free port: it takes back its own quietest one
- * among the candidates. Returns the port (network order), or 0 with *why
+ * among the candidates; so does a pod at its quota (*why is
+ * MASQ_STAT_POD_LIMIT on entry). Returns the port (network order), or 0 with *why
  * the counter that says why none. Not inlined: its probes' stack comes on
  * top of the caller's.
  */
@@ -344,6 +441,7 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 	addr_copy(c.rv.addr, f->saddr, f->family);
 	c.rv.port = f->sport;
 	c.rv.ifindex = ifindex;
+	c.rv.flags = SNAT_F_COUNTED; /* the caller counts it in cni_masq_pods */
 	c.rv.created_ns = now;
 	c.rv.seen_ns = now;
 	c.skb = skb;
@@ -363,6 +461,8 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 
 	__u32 *share = share_of(&c.rk, ifindex);
 	c.over = share && c.cfg.pod_limit && *share >= c.cfg.pod_limit;
+	if (*why == MASQ_STAT_POD_LIMIT)
+		c.over |= 2; /* at its quota (the caller checked): it only takes back its own */
 
 #ifndef EBPF_CNI_COMPAT
 	bpf_loop(MASQ_PROBES, alloc_probe, &c, 0);
@@ -378,7 +478,7 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 		c.rk.port = c.take;
 		struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &c.rk);
 		if (cur && cur->ifindex == ifindex) {
-			snat_forget(&c.rk, cur->addr, cur->port, ifindex);
+			snat_forget(&c.rk, cur->addr, cur->port, ifindex, cur->flags);
 			if (!bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_NOEXIST)) {
 				c.port = c.take;
 				masq_count(MASQ_STAT_RECYCLED);
@@ -403,6 +503,7 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 	c.rv.flags = 0;
 	c.rv.created_ns = now;
 	if (bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_ANY)) {
+		/* Not counted in cni_masq_pods yet: the caller counts a flow got. */
 		snat_key_of(&c.rk, SNAT_DIR_REV, node, c.port, f->daddr, f->dport, f->family, f->proto);
 		if (bpf_map_delete_elem(&cni_snat, &c.rk) == 0)
 			share_release(&c.rk, ifindex);
@@ -595,12 +696,17 @@ static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_in
 		}
 		if (masq_source(skb, &f, ep->ifindex, node))
 			return MASQ_CONTINUE;
-		__u32 why = MASQ_STAT_EXHAUSTED;
+		/* At its quota the pod opens no flow with a port of its own. */
+		int quota = masq_quota_allows(ep->ifindex);
+		__u32 why = quota ? MASQ_STAT_EXHAUSTED : MASQ_STAT_POD_LIMIT;
 		port = snat_alloc(skb, &f, node, ep->ifindex, &why);
 		if (!port) {
+			if (!quota)
+				masq_quota_drop(ep->ifindex);
 			masq_count(why);
 			return TC_ACT_SHOT;
 		}
+		masq_pod_add(ep->ifindex); /* here: snat_alloc's stack is full */
 		masq_count(MASQ_STAT_NEW);
 	}
 

@@ -320,6 +320,38 @@ struct masq_share_key {
 	__u32 ifindex; /* host veth of the pod */
 };
 
+/*
+ * Value of cni_masq_pods: the flows (reverse entries of cni_snat) one pod
+ * holds, keyed by its host veth's ifindex; key 0 holds the node's total.
+ * The quota (cni_masq_quota) is checked against them when a flow is opened,
+ * so no pod (nor a host outside making a pod answer) can fill cni_snat to
+ * where its LRU evicts another pod's flows (issue 28).
+ */
+struct masq_pod_val {
+	__u32 flows; /* flows held */
+	__u32 drops; /* new flows refused for the quota */
+};
+
+/* Value of cni_masq_quota[0], written once when the maps are pinned
+ * (pkg/maps/masqquota.go derives it from cni_snat's size, maxPods and the
+ * CPUs): the flows of all pods stay under pool + attachments x reserve,
+ * which leaves the LRU the free entries it needs never to evict. */
+struct masq_quota {
+	__u32 reserve; /* flows a pod may always open, whatever the others hold */
+	__u32 pool;    /* node total past which only pods under reserve open flows */
+	__u32 pod_max; /* most flows one pod holds */
+	__u32 pad;
+};
+
+/* Value of cni_masq_keys[0] (userspace only): the network whose keys
+ * decided cni_masq_config. Networks sharing a pin directory share the
+ * ports, so an ADD of another network whose keys differ is refused while
+ * masquerading pods use them (pkg/maps/masqkeys.go). */
+struct masq_keys {
+	__u64 keys;        /* hash of ipMasqPortRange and ipMasqPodPortLimit as configured */
+	__u8 network[56];  /* the network's name, truncated */
+};
+
 /* Index of cni_masq_stats. */
 enum masq_stat {
 	MASQ_STAT_SNAT = 0,      /* pod -> outside, translated */

@@ -197,6 +197,14 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 			goneNAT[f.Ifindex]++
 		}
 	}
+	// A gone veth's count of flows (its quota) goes with them, flows or not.
+	counts, err := m.ListMasqPods()
+	errs = errors.Join(errs, err)
+	for _, c := range counts {
+		if _, ok := goneNAT[c.Ifindex]; !ok && c.Ifindex != 0 && !linkExists(uint32(c.Ifindex)) {
+			goneNAT[c.Ifindex] = 0
+		}
+	}
 	for idx, n := range goneNAT {
 		idx := idx
 		act("nat", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.DeleteSNATOf(idx); return err })

@@ -31,6 +31,9 @@ const (
 	fromContainerMapCniHpStats        = "cni_hp_stats"
 	fromContainerMapCniLinks          = "cni_links"
 	fromContainerMapCniMasqConfig     = "cni_masq_config"
+	fromContainerMapCniMasqKeys       = "cni_masq_keys"
+	fromContainerMapCniMasqPods       = "cni_masq_pods"
+	fromContainerMapCniMasqQuota      = "cni_masq_quota"
 	fromContainerMapCniMasqShare      = "cni_masq_share"
 	fromContainerMapCniMasqStats      = "cni_masq_stats"
 	fromContainerMapCniNetns          = "cni_netns"
@@ -114,6 +117,9 @@ type fromContainerMapSpecs struct {
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.MapSpec `ebpf:"cni_masq_keys"`
+	CniMasqPods       *ebpf.MapSpec `ebpf:"cni_masq_pods"`
+	CniMasqQuota      *ebpf.MapSpec `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
 	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
@@ -173,6 +179,9 @@ type fromContainerMaps struct {
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.Map `ebpf:"cni_masq_keys"`
+	CniMasqPods       *ebpf.Map `ebpf:"cni_masq_pods"`
+	CniMasqQuota      *ebpf.Map `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
 	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
@@ -208,6 +217,9 @@ func (m *fromContainerMaps) Close() error {
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,
+		m.CniMasqKeys,
+		m.CniMasqPods,
+		m.CniMasqQuota,
 		m.CniMasqShare,
 		m.CniMasqStats,
 		m.CniNetns,

@@ -31,6 +31,9 @@ const (
 	fromContainerCompatMapCniHpStats        = "cni_hp_stats"
 	fromContainerCompatMapCniLinks          = "cni_links"
 	fromContainerCompatMapCniMasqConfig     = "cni_masq_config"
+	fromContainerCompatMapCniMasqKeys       = "cni_masq_keys"
+	fromContainerCompatMapCniMasqPods       = "cni_masq_pods"
+	fromContainerCompatMapCniMasqQuota      = "cni_masq_quota"
 	fromContainerCompatMapCniMasqShare      = "cni_masq_share"
 	fromContainerCompatMapCniMasqStats      = "cni_masq_stats"
 	fromContainerCompatMapCniNetns          = "cni_netns"
@@ -114,6 +117,9 @@ type fromContainerCompatMapSpecs struct {
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.MapSpec `ebpf:"cni_masq_keys"`
+	CniMasqPods       *ebpf.MapSpec `ebpf:"cni_masq_pods"`
+	CniMasqQuota      *ebpf.MapSpec `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
 	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
@@ -173,6 +179,9 @@ type fromContainerCompatMaps struct {
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.Map `ebpf:"cni_masq_keys"`
+	CniMasqPods       *ebpf.Map `ebpf:"cni_masq_pods"`
+	CniMasqQuota      *ebpf.Map `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
 	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
@@ -208,6 +217,9 @@ func (m *fromContainerCompatMaps) Close() error {
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,
+		m.CniMasqKeys,
+		m.CniMasqPods,
+		m.CniMasqQuota,
 		m.CniMasqShare,
 		m.CniMasqStats,
 		m.CniNetns,

@@ -31,6 +31,9 @@ const (
 	fromUplinkCompatMapCniHpStats        = "cni_hp_stats"
 	fromUplinkCompatMapCniLinks          = "cni_links"
 	fromUplinkCompatMapCniMasqConfig     = "cni_masq_config"
+	fromUplinkCompatMapCniMasqKeys       = "cni_masq_keys"
+	fromUplinkCompatMapCniMasqPods       = "cni_masq_pods"
+	fromUplinkCompatMapCniMasqQuota      = "cni_masq_quota"
 	fromUplinkCompatMapCniMasqShare      = "cni_masq_share"
 	fromUplinkCompatMapCniMasqStats      = "cni_masq_stats"
 	fromUplinkCompatMapCniNetns          = "cni_netns"
@@ -114,6 +117,9 @@ type fromUplinkCompatMapSpecs struct {
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.MapSpec `ebpf:"cni_masq_keys"`
+	CniMasqPods       *ebpf.MapSpec `ebpf:"cni_masq_pods"`
+	CniMasqQuota      *ebpf.MapSpec `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
 	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
@@ -173,6 +179,9 @@ type fromUplinkCompatMaps struct {
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.Map `ebpf:"cni_masq_keys"`
+	CniMasqPods       *ebpf.Map `ebpf:"cni_masq_pods"`
+	CniMasqQuota      *ebpf.Map `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
 	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
@@ -208,6 +217,9 @@ func (m *fromUplinkCompatMaps) Close() error {
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,
+		m.CniMasqKeys,
+		m.CniMasqPods,
+		m.CniMasqQuota,
 		m.CniMasqShare,
 		m.CniMasqStats,
 		m.CniNetns,

@@ -31,6 +31,9 @@ const (
 	sockCompatMapCniHpStats        = "cni_hp_stats"
 	sockCompatMapCniLinks          = "cni_links"
 	sockCompatMapCniMasqConfig     = "cni_masq_config"
+	sockCompatMapCniMasqKeys       = "cni_masq_keys"
+	sockCompatMapCniMasqPods       = "cni_masq_pods"
+	sockCompatMapCniMasqQuota      = "cni_masq_quota"
 	sockCompatMapCniMasqShare      = "cni_masq_share"
 	sockCompatMapCniMasqStats      = "cni_masq_stats"
 	sockCompatMapCniNetns          = "cni_netns"
@@ -128,6 +131,9 @@ type sockCompatMapSpecs struct {
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.MapSpec `ebpf:"cni_masq_keys"`
+	CniMasqPods       *ebpf.MapSpec `ebpf:"cni_masq_pods"`
+	CniMasqQuota      *ebpf.MapSpec `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
 	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
@@ -187,6 +193,9 @@ type sockCompatMaps struct {
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.Map `ebpf:"cni_masq_keys"`
+	CniMasqPods       *ebpf.Map `ebpf:"cni_masq_pods"`
+	CniMasqQuota      *ebpf.Map `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
 	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
@@ -222,6 +231,9 @@ func (m *sockCompatMaps) Close() error {
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,
+		m.CniMasqKeys,
+		m.CniMasqPods,
+		m.CniMasqQuota,
 		m.CniMasqShare,
 		m.CniMasqStats,
 		m.CniNetns,

@@ -15,13 +15,14 @@ type masq struct {
 	on           bool
 	clusterCIDRs []netip.Prefix // configured; none: the pod's subnets
 	portRange    *[2]uint16     // ipMasqPortRange; nil: the default (masqports.go)
+	rangeKey     string         // ipMasqPortRange as configured
 	podLimit     int            // ipMasqPodPortLimit; 0: the default
 }
 
 // newMasq validates the network's ipMasq keys (every verb: they are the
 // network's, not the attachment's).
 func newMasq(on bool, clusterCIDRs []string, portRange string, podLimit int) (*masq, error) {
-	m := &masq{on: on, podLimit: podLimit}
+	m := &masq{on: on, podLimit: podLimit, rangeKey: portRange}
 	if len(clusterCIDRs) > maps.MaxClusterCIDRsPerNetwork {
 		return nil, ConfError("clusterCIDRs: %d entries, more than the %d a network may have (cni_cluster_cidrs holds %d node-wide)",
 			len(clusterCIDRs), maps.MaxClusterCIDRsPerNetwork, maps.MaxClusterCIDRs)
@@ -79,8 +80,15 @@ func (m *masq) Install(a *Attachment) error {
 	if uplinks, err := a.NodeHooks(); err != nil && !uplinks {
 		return Errorf(ErrUnavailable, "ipMasq uplink hooks at %s: %w", a.Net.PinDir, err)
 	}
-	// Node-wide: networks sharing a pin directory share the ports too.
-	if err := a.DP.Maps.SetMasqConfig(ports); err != nil {
+	// Node-wide: networks sharing a pin directory share the ports, so
+	// one whose keys differ is refused while another's pods use them.
+	keys := maps.MasqKeys{Network: a.Net.Name, PortRange: m.rangeKey, PodLimit: m.podLimit}
+	if err := a.DP.Maps.ClaimMasqConfig(keys, ports, a.PodIPs()); err != nil {
+		var c *maps.MasqKeysConflict
+		if errors.As(err, &c) {
+			return ConfError("%s %q, %s %d: %v at %s; networks sharing a pin directory must give the same %s and %s (or use their own pinDir)",
+				masqPortRangeKey, m.rangeKey, masqPodLimitKey, m.podLimit, c, a.Net.PinDir, masqPortRangeKey, masqPodLimitKey)
+		}
 		return internalErr(err)
 	}
 	// The attachment is a user of its cluster CIDRs: they stay while any

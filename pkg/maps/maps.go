@@ -202,6 +202,10 @@ func Create(dir string, s Sizing) (*Maps, error) {
 		out.Close()
 		return nil, err
 	}
+	if err := out.initMasqQuota(s); err != nil {
+		out.Close()
+		return nil, err
+	}
 	return out, nil
 }
 
@@ -235,6 +239,9 @@ func openPins(dir string, specs map[string]*ebpf.MapSpec) (*Maps, error) {
 	for name, s := range specs {
 		p := filepath.Join(dir, name)
 		m, err := ebpf.LoadPinnedMap(p, nil)
+		if err != nil && optionalMaps[name] && errors.Is(err, os.ErrNotExist) {
+			continue // pinned by an older build of the layout
+		}
 		if err != nil {
 			closeAll(open)
 			return nil, fmt.Errorf("open pinned map %s: %w", p, err)
@@ -281,6 +288,9 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: "cni_hp_stats", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
 		{Name: nameLinks, Type: ebpf.Hash, KeySize: 4, ValueSize: 16},
 		{Name: "cni_masq_config", Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 1},
+		{Name: nameMasqPods, Type: ebpf.Hash, KeySize: 4, ValueSize: 8},
+		{Name: nameMasqQuota, Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1},
+		{Name: nameMasqKeys, Type: ebpf.Array, KeySize: 4, ValueSize: 64, MaxEntries: 1},
 		{Name: "cni_masq_share", Type: ebpf.LRUHash, KeySize: 24, ValueSize: 4},
 		{Name: "cni_masq_stats", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
 		{Name: "cni_netns", Type: ebpf.Hash, KeySize: 8, ValueSize: 16},
@@ -325,6 +335,9 @@ var sizedMaps = func() map[string]bool {
 // checkSized fails with a *SizingError unless every sized map has the size s gives it.
 func (m *Maps) checkSized(s Sizing) error {
 	for name, want := range s.entries() {
+		if m.byName[name] == nil {
+			continue // an optional map an older build of the layout did not pin
+		}
 		if got := m.byName[name].MaxEntries(); got != want {
 			return &SizingError{Dir: m.dir, Pinned: SizingOf(m), Asked: s,
 				Detail: fmt.Sprintf("%s holds %d entries, %s needs %d", name, got, s, want)}

@@ -243,6 +243,26 @@ type mapsObjMasqConfig struct {
 	PodLimit uint32
 }
 
+type mapsObjMasqKeys struct {
+	_       structs.HostLayout
+	Keys    uint64
+	Network [56]uint8
+}
+
+type mapsObjMasqPodVal struct {
+	_     structs.HostLayout
+	Flows uint32
+	Drops uint32
+}
+
+type mapsObjMasqQuota struct {
+	_       structs.HostLayout
+	Reserve uint32
+	Pool    uint32
+	PodMax  uint32
+	Pad     uint32
+}
+
 type mapsObjMasqShareKey struct {
 	_        structs.HostLayout
 	PeerAddr [16]uint8
@@ -443,6 +463,9 @@ const (
 	mapsObjMapCniHpStats        = "cni_hp_stats"
 	mapsObjMapCniLinks          = "cni_links"
 	mapsObjMapCniMasqConfig     = "cni_masq_config"
+	mapsObjMapCniMasqKeys       = "cni_masq_keys"
+	mapsObjMapCniMasqPods       = "cni_masq_pods"
+	mapsObjMapCniMasqQuota      = "cni_masq_quota"
 	mapsObjMapCniMasqShare      = "cni_masq_share"
 	mapsObjMapCniMasqStats      = "cni_masq_stats"
 	mapsObjMapCniNetns          = "cni_netns"
@@ -530,6 +553,9 @@ type mapsObjMapSpecs struct {
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.MapSpec `ebpf:"cni_masq_keys"`
+	CniMasqPods       *ebpf.MapSpec `ebpf:"cni_masq_pods"`
+	CniMasqQuota      *ebpf.MapSpec `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.MapSpec `ebpf:"cni_masq_share"`
 	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
@@ -595,6 +621,9 @@ type mapsObjMaps struct {
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
+	CniMasqKeys       *ebpf.Map `ebpf:"cni_masq_keys"`
+	CniMasqPods       *ebpf.Map `ebpf:"cni_masq_pods"`
+	CniMasqQuota      *ebpf.Map `ebpf:"cni_masq_quota"`
 	CniMasqShare      *ebpf.Map `ebpf:"cni_masq_share"`
 	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
@@ -630,6 +659,9 @@ func (m *mapsObjMaps) Close() error {
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,
+		m.CniMasqKeys,
+		m.CniMasqPods,
+		m.CniMasqQuota,
 		m.CniMasqShare,
 		m.CniMasqStats,
 		m.CniNetns,

@@ -475,6 +475,11 @@ func (m *Maps) CountSNATOfIP(ip net.IP) (int, error) {
 // with the node's masqueraded flows, and the programs never use an entry
 // whose ifindex is not the pod's anyway.
 func (m *Maps) DeleteSNATOf(ifindex int) (int, error) {
+	// Its count first: the programs count no new flow of a pod whose
+	// endpoint entries are gone, and the flows deleted below are its.
+	if err := m.forgetMasqPod(ifindex); err != nil {
+		return 0, err
+	}
 	var keys []SNATKey
 	err := scan(m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) {
 		if int(v.Ifindex) == ifindex {

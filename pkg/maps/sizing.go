@@ -109,6 +109,7 @@ func (s Sizing) entries() map[string]uint32 {
 		nameSockRNAT:       uint32(s.MaxPods * sockFlowsPerPod),
 		nameSNAT:           uint32(s.MaxPods * flowsPerPod * 2), // two entries per flow
 		nameMasqShare:      uint32(s.MaxPods * flowsPerPod),     // a (pod, destination) has a flow at least
+		nameMasqPods:       uint32(att*2 + 1),                   // an attachment's, one left by a DEL that failed, and the total
 		nameStackFlows:     uint32(s.MaxPods * flowsPerPod),
 		nameStackFlowParts: uint32(att), // a table per attachment
 		nameClusterRefs:    uint32(att * MaxClusterCIDRsPerNetwork),

@@ -50,6 +50,25 @@ type NATDump struct {
 	PodLimit     uint32            `json:"podLimit"` // most ports a pod holds per destination
 	Shares       []ShareRow        `json:"shares"`
 	Counters     map[string]uint64 `json:"counters"`
+	Quota        QuotaDump         `json:"quota"`
+}
+
+// QuotaDump is the pods' quota of cni_snat (zero: none, pins of an older
+// build) and the flows each pod holds against it.
+type QuotaDump struct {
+	Reserve uint32     `json:"reserve"` // flows each pod may always open
+	Pool    uint32     `json:"pool"`    // node total past which only pods under their reserve open flows
+	PodMax  uint32     `json:"podMax"`  // most flows one pod holds
+	Total   int        `json:"total"`   // flows the node holds
+	Pods    []QuotaRow `json:"pods"`
+}
+
+// QuotaRow is one pod's flows against its quota.
+type QuotaRow struct {
+	Ifindex   int    `json:"ifindex"`
+	Interface string `json:"interface,omitempty"`
+	Flows     int    `json:"flows"`
+	Refused   int    `json:"refused"` // new flows refused for the quota
 }
 
 // ReadNAT reads the masquerade table, cluster CIDRs and counters.
@@ -100,6 +119,23 @@ func ReadNAT(src Source) (*NATDump, error) {
 			Ifindex: sh.Ifindex, Interface: names.Interface(sh.Ifindex), Ports: sh.Ports})
 	}
 	sort.Slice(d.Shares, func(i, j int) bool { return d.Shares[i].Ports > d.Shares[j].Ports })
+	q, err := m.MasqQuota()
+	if err != nil {
+		return nil, err
+	}
+	d.Quota = QuotaDump{Reserve: q.Reserve, Pool: q.Pool, PodMax: q.PodMax, Pods: []QuotaRow{}}
+	pods, err := m.ListMasqPods()
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range pods {
+		if p.Ifindex == 0 {
+			d.Quota.Total = p.Flows
+			continue
+		}
+		d.Quota.Pods = append(d.Quota.Pods, QuotaRow{Ifindex: p.Ifindex, Interface: names.Interface(p.Ifindex), Flows: p.Flows, Refused: p.Drops})
+	}
+	sort.Slice(d.Quota.Pods, func(i, j int) bool { return d.Quota.Pods[i].Flows > d.Quota.Pods[j].Flows })
 	sort.SliceStable(d.Flows, func(i, j int) bool {
 		a, b := d.Flows[i], d.Flows[j]
 		if a.Pod != b.Pod {
@@ -127,5 +163,11 @@ func (d *NATDump) Tables() []Table {
 		s.Rows = append(s.Rows, []string{r.Protocol, r.Destination, itoa(r.Ifindex), dash(r.Interface), itoa(r.Ports)})
 	}
 	s.Footer = fmt.Sprintf("%d pods and destinations", len(d.Shares))
-	return []Table{t, s}
+	q := Table{Header: []string{"IFINDEX", "INTERFACE", "FLOWS", "REFUSED (QUOTA)"}}
+	for _, r := range d.Quota.Pods {
+		q.Rows = append(q.Rows, []string{itoa(r.Ifindex), dash(r.Interface), itoa(r.Flows), itoa(r.Refused)})
+	}
+	q.Footer = fmt.Sprintf("%d flows held; quota: %d flows a pod always may open, at most %d a pod, %d in all past which only pods under %d open more",
+		d.Quota.Total, d.Quota.Reserve, d.Quota.PodMax, d.Quota.Pool, d.Quota.Reserve)
+	return []Table{t, s, q}
 }
