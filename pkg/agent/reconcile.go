@@ -224,6 +224,16 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		act("stack-flows", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.DeleteStackFlowsOf(idx); return err })
 	}
 
+	// A gone veth's NetworkPolicy flow tables (its DEL never ran).
+	polTables, err := m.PolicyFlowTables()
+	errs = errors.Join(errs, err)
+	for _, idx := range polTables {
+		if !linkExists(uint32(idx)) {
+			idx := idx
+			act("policy-flows", fmt.Sprintf("flow tables of ifindex %d", idx), func() error { return m.DeletePolicyFlowTables(idx) })
+		}
+	}
+
 	// netns entries: the node's stays; a pod's stays while a record names it.
 	// The entries are listed before the records: an ADD writes its record
 	// (with the cookie) before the entry, so an entry listed here has its

@@ -37,7 +37,7 @@ const (
 	fromContainerMapCniNodeIps        = "cni_node_ips"
 	fromContainerMapCniPolAddrs       = "cni_pol_addrs"
 	fromContainerMapCniPolConfig      = "cni_pol_config"
-	fromContainerMapCniPolCt          = "cni_pol_ct"
+	fromContainerMapCniPolCtParts     = "cni_pol_ct_parts"
 	fromContainerMapCniPolFrags       = "cni_pol_frags"
 	fromContainerMapCniPolPorts       = "cni_pol_ports"
 	fromContainerMapCniPolScratch     = "cni_pol_scratch"
@@ -120,7 +120,7 @@ type fromContainerMapSpecs struct {
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
-	CniPolCt          *ebpf.MapSpec `ebpf:"cni_pol_ct"`
+	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
 	CniPolFrags       *ebpf.MapSpec `ebpf:"cni_pol_frags"`
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
@@ -179,7 +179,7 @@ type fromContainerMaps struct {
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
-	CniPolCt          *ebpf.Map `ebpf:"cni_pol_ct"`
+	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
 	CniPolFrags       *ebpf.Map `ebpf:"cni_pol_frags"`
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
@@ -214,7 +214,7 @@ func (m *fromContainerMaps) Close() error {
 		m.CniNodeIps,
 		m.CniPolAddrs,
 		m.CniPolConfig,
-		m.CniPolCt,
+		m.CniPolCtParts,
 		m.CniPolFrags,
 		m.CniPolPorts,
 		m.CniPolScratch,

@@ -37,7 +37,7 @@ const (
 	sockCompatMapCniNodeIps        = "cni_node_ips"
 	sockCompatMapCniPolAddrs       = "cni_pol_addrs"
 	sockCompatMapCniPolConfig      = "cni_pol_config"
-	sockCompatMapCniPolCt          = "cni_pol_ct"
+	sockCompatMapCniPolCtParts     = "cni_pol_ct_parts"
 	sockCompatMapCniPolFrags       = "cni_pol_frags"
 	sockCompatMapCniPolPorts       = "cni_pol_ports"
 	sockCompatMapCniPolScratch     = "cni_pol_scratch"
@@ -134,7 +134,7 @@ type sockCompatMapSpecs struct {
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
-	CniPolCt          *ebpf.MapSpec `ebpf:"cni_pol_ct"`
+	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
 	CniPolFrags       *ebpf.MapSpec `ebpf:"cni_pol_frags"`
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
@@ -193,7 +193,7 @@ type sockCompatMaps struct {
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
-	CniPolCt          *ebpf.Map `ebpf:"cni_pol_ct"`
+	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
 	CniPolFrags       *ebpf.Map `ebpf:"cni_pol_frags"`
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
@@ -228,7 +228,7 @@ func (m *sockCompatMaps) Close() error {
 		m.CniNodeIps,
 		m.CniPolAddrs,
 		m.CniPolConfig,
-		m.CniPolCt,
+		m.CniPolCtParts,
 		m.CniPolFrags,
 		m.CniPolPorts,
 		m.CniPolScratch,

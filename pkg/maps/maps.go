@@ -286,7 +286,7 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: "cni_netns", Type: ebpf.Hash, KeySize: 8, ValueSize: 16},
 		{Name: namePolAddrs, Type: ebpf.LPMTrie, KeySize: 28, ValueSize: 8, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: namePolConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1},
-		{Name: namePolCT, Type: ebpf.LRUHash, KeySize: 44, ValueSize: 24},
+		{Name: namePolCTParts, Type: ebpf.HashOfMaps, KeySize: 8, ValueSize: 4},
 		{Name: namePolScratch, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 384, MaxEntries: 1},
 		{Name: namePolFrags, Type: ebpf.LRUHash, KeySize: 44, ValueSize: 8},
 		{Name: namePolPorts, Type: ebpf.LPMTrie, KeySize: 12, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},

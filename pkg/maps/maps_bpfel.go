@@ -308,6 +308,12 @@ type mapsObjPolCtKey struct {
 	PeerAddr [16]uint8
 }
 
+type mapsObjPolCtPartKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Opener  uint32
+}
+
 type mapsObjPolCtVal struct {
 	_         structs.HostLayout
 	Flags     uint32
@@ -449,7 +455,7 @@ const (
 	mapsObjMapCniNodeIps        = "cni_node_ips"
 	mapsObjMapCniPolAddrs       = "cni_pol_addrs"
 	mapsObjMapCniPolConfig      = "cni_pol_config"
-	mapsObjMapCniPolCt          = "cni_pol_ct"
+	mapsObjMapCniPolCtParts     = "cni_pol_ct_parts"
 	mapsObjMapCniPolFrags       = "cni_pol_frags"
 	mapsObjMapCniPolPorts       = "cni_pol_ports"
 	mapsObjMapCniPolScratch     = "cni_pol_scratch"
@@ -464,6 +470,8 @@ const (
 	mapsObjVarEventUnused       = "__event_unused"
 	mapsObjVarHpStatUnused      = "__hp_stat_unused"
 	mapsObjVarMasqStatUnused    = "__masq_stat_unused"
+	mapsObjVarPolCtKeyUnused    = "__pol_ct_key_unused"
+	mapsObjVarPolCtValUnused    = "__pol_ct_val_unused"
 	mapsObjVarReasonUnused      = "__reason_unused"
 )
 
@@ -536,7 +544,7 @@ type mapsObjMapSpecs struct {
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
-	CniPolCt          *ebpf.MapSpec `ebpf:"cni_pol_ct"`
+	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
 	CniPolFrags       *ebpf.MapSpec `ebpf:"cni_pol_frags"`
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
@@ -557,6 +565,8 @@ type mapsObjVariableSpecs struct {
 	EventUnused    *ebpf.VariableSpec `ebpf:"__event_unused"`
 	HpStatUnused   *ebpf.VariableSpec `ebpf:"__hp_stat_unused"`
 	MasqStatUnused *ebpf.VariableSpec `ebpf:"__masq_stat_unused"`
+	PolCtKeyUnused *ebpf.VariableSpec `ebpf:"__pol_ct_key_unused"`
+	PolCtValUnused *ebpf.VariableSpec `ebpf:"__pol_ct_val_unused"`
 	ReasonUnused   *ebpf.VariableSpec `ebpf:"__reason_unused"`
 }
 
@@ -601,7 +611,7 @@ type mapsObjMaps struct {
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
-	CniPolCt          *ebpf.Map `ebpf:"cni_pol_ct"`
+	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
 	CniPolFrags       *ebpf.Map `ebpf:"cni_pol_frags"`
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
@@ -636,7 +646,7 @@ func (m *mapsObjMaps) Close() error {
 		m.CniNodeIps,
 		m.CniPolAddrs,
 		m.CniPolConfig,
-		m.CniPolCt,
+		m.CniPolCtParts,
 		m.CniPolFrags,
 		m.CniPolPorts,
 		m.CniPolScratch,
@@ -658,6 +668,8 @@ type mapsObjVariables struct {
 	EventUnused    *ebpf.Variable `ebpf:"__event_unused"`
 	HpStatUnused   *ebpf.Variable `ebpf:"__hp_stat_unused"`
 	MasqStatUnused *ebpf.Variable `ebpf:"__masq_stat_unused"`
+	PolCtKeyUnused *ebpf.Variable `ebpf:"__pol_ct_key_unused"`
+	PolCtValUnused *ebpf.Variable `ebpf:"__pol_ct_val_unused"`
 	ReasonUnused   *ebpf.Variable `ebpf:"__reason_unused"`
 }
 

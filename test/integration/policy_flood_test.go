@@ -63,10 +63,11 @@ func (c idleConn) serverSpeaks(t *testing.T, what string) {
 
 // TestPolicyFlowFlood: pod a holds an idle TCP connection to a remote server
 // that its egress rules allow and its ingress rules (which allow nothing)
-// would not; b holds one alike and lets the remote host send it UDP. Then
-// b opens 80000 UDP flows to the remote host (a raw socket, as any pod
-// can), and the remote host opens 80000 UDP flows to b. After each flood
-// the server speaks on both connections, and each pod must get the line:
+// would not. Pod b opens 80000 UDP flows to the remote host (a raw socket,
+// as any pod can); then b opens an idle connection like a's (its ingress
+// rules allow the remote host UDP only), and the remote host opens 80000
+// UDP flows to b. After each flood the server speaks on the connections,
+// and each pod must get the line:
 // a flood evicts nothing of another pod's flows, and flows that peers open
 // to a pod evict nothing of the flows the pod opened. Before per-pod
 // tables, both floods emptied the node-wide table (14080 entries at the
@@ -99,7 +100,6 @@ func TestPolicyFlowFlood(t *testing.T) {
 	for _, fam := range []int{4, 6} {
 		t.Run(fmt.Sprintf("v%d", fam), func(t *testing.T) {
 			a := dialIdle(t, p.a, lns[fam], remoteIP[fam], port)
-			b := dialIdle(t, p.b, lns[fam], remoteIP[fam], port)
 
 			// A pod flooding its own flows out.
 			must(t, rawUDPFlood(p.b, remoteIP[fam], []uint16{9, 10}))
@@ -108,11 +108,66 @@ func TestPolicyFlowFlood(t *testing.T) {
 			a.serverSpeaks(t, "a's idle connection after b flooded flows out")
 
 			// A host outside opening flows to a pod, which its policy allows.
+			// (b's connection is younger than its own flood, which its own
+			// table's LRU may well have evicted.)
+			b := dialIdle(t, p.b, lns[fam], remoteIP[fam], port)
 			must(t, rawUDPFlood(p.remote, p.ip["b"][fam], []uint16{9, 10}))
 			time.Sleep(500 * time.Millisecond)
 			t.Logf("flow entries after the remote host's flood of b: a %d, b %d", len(flowsOf(t, p, "a")), len(flowsOf(t, p, "b")))
 			a.serverSpeaks(t, "a's idle connection after the remote host flooded b")
 			b.serverSpeaks(t, "b's own idle connection after the remote host flooded b")
 		})
+	}
+}
+
+// TestPolicyFlowTablesLifecycle: ADD on a networkPolicy network gives the
+// pod's host veth its two flow tables (none without networkPolicy), DEL
+// drops them, and the agent's reconcile drops tables whose veth is gone
+// without a DEL (a killed ADD, a lost pod).
+func TestPolicyFlowTablesLifecycle(t *testing.T) {
+	t.Parallel()
+	h := newHPEnv(t)
+	h.Extra["networkPolicy"] = true
+	pod := h.NewPod()
+	h.CleanupDel(pod, "p")
+	h.Add(pod, "p")
+	_, idx := h.HostVeth("p")
+	m := h.Maps()
+	has := func(i int) bool {
+		t.Helper()
+		ids, err := m.PolicyFlowTables()
+		must(t, err)
+		for _, x := range ids {
+			if x == i {
+				return true
+			}
+		}
+		return false
+	}
+	if !has(idx) {
+		t.Fatalf("no policy flow tables for the pod's host veth %d after ADD", idx)
+	}
+	must(t, h.Del(pod, "p", "eth0"))
+	if has(idx) {
+		t.Errorf("the policy flow tables of host veth %d outlived DEL", idx)
+	}
+
+	// Without networkPolicy: no tables (the programs never judge the pod).
+	delete(h.Extra, "networkPolicy")
+	plain := h.NewPod()
+	h.CleanupDel(plain, "q")
+	h.Add(plain, "q")
+	if _, qi := h.HostVeth("q"); has(qi) {
+		t.Errorf("a pod of a network without networkPolicy got policy flow tables (host veth %d)", qi)
+	}
+
+	const gone = 999999 // no such link
+	must(t, m.AddPolicyFlowTables(gone))
+	confDir := h.WriteConfDir()
+	if out, err := h.AgentCmd(append([]string{"reconcile"}, h.AgentArgs(confDir)...)...); err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, out)
+	}
+	if has(gone) {
+		t.Errorf("reconcile left the policy flow tables of ifindex %d, which has no link", gone)
 	}
 }
