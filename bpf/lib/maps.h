@@ -277,12 +277,24 @@ struct {
 	__array(values, struct pol_ct_part);
 } cni_pol_ct_parts SEC(".maps");
 
-struct {
+/* Datagrams whose first fragment passed, in a table per pod interface
+ * (keyed by its host veth's ifindex; created and dropped with its flow
+ * tables): no pod's fragments evict another's. */
+#define POL_FRAG_PART_ENTRIES 16
+
+struct pol_frag_part {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, SIZED);
+	__uint(max_entries, POL_FRAG_PART_ENTRIES);
 	__type(key, struct pol_frag_key);
 	__type(value, __u64);
-} cni_pol_frags SEC(".maps");
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(max_entries, SIZED);
+	__type(key, __u32);
+	__array(values, struct pol_frag_part);
+} cni_pol_frag_parts SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -14,8 +14,8 @@
  *     flows its peers opened: when one is full its own oldest flows go,
  *     never another pod's, and nothing a peer opens evicts what the pod
  *     opened;
- *   - cni_pol_frags: datagrams whose first fragment passed, so their later
- *     fragments (no ports) pass too.
+ *   - cni_pol_frag_parts: datagrams whose first fragment passed, so their
+ *     later fragments (no ports) pass too; a table per pod interface.
  *
  * A packet costs at most: the state (one hash lookup), the flow (a table
  * and an entry lookup; a reply two of each), and
@@ -96,7 +96,7 @@ struct pol_work {
 	struct ep_key nk;
 	__u32 link; /* a cni_links key */
 	struct pol_frag_key fk;
-	__u64 frag_seen; /* cni_pol_frags' value being written */
+	__u64 frag_seen; /* a cni_pol_frag_parts table's value being written */
 	__u32 frag_id; /* the fragment's datagram: IPv4 identification or IPv6 fragment header id */
 	__u8 frag;     /* POL_FRAG_* */
 };
@@ -148,14 +148,21 @@ static __always_inline struct pol_frag_key *pol_frag_key_of(struct pol_work *w, 
  * ones (which carry no ports) pass too. Not inlined: policy_judge's frame. */
 static __noinline void pol_frag_note(struct pol_work *w, __u32 ifindex)
 {
+	struct pol_frag_key *k = pol_frag_key_of(w, ifindex);
+	void *t = bpf_map_lookup_elem(&cni_pol_frag_parts, &k->ifindex);
+
+	if (!t)
+		return; /* no table: its later fragments are denied (closed) */
 	w->frag_seen = bpf_ktime_get_ns();
-	bpf_map_update_elem(&cni_pol_frags, pol_frag_key_of(w, ifindex), &w->frag_seen, BPF_ANY);
+	bpf_map_update_elem(t, k, &w->frag_seen, BPF_ANY);
 }
 
 /* Whether the first fragment of w's datagram passed lately. */
 static __noinline int pol_frag_known(struct pol_work *w, __u32 ifindex)
 {
-	__u64 *seen = bpf_map_lookup_elem(&cni_pol_frags, pol_frag_key_of(w, ifindex));
+	struct pol_frag_key *k = pol_frag_key_of(w, ifindex);
+	void *t = bpf_map_lookup_elem(&cni_pol_frag_parts, &k->ifindex);
+	__u64 *seen = t ? bpf_map_lookup_elem(t, k) : NULL;
 
 	return seen && bpf_ktime_get_ns() - *seen < POL_FRAG_TIMEOUT;
 }
@@ -175,7 +182,7 @@ static __always_inline int policy_on_node(void)
  * flags, and w->frag, w->frag_id for a fragment (IPv4, or an IPv6 fragment
  * header among the extension headers, which are walked to the transport
  * header). A later fragment has no ports (0): it passes if its first
- * fragment did (cni_pol_frags). Returns POL_PKT_*.
+ * fragment did (cni_pol_frag_parts). Returns POL_PKT_*.
  */
 static __always_inline int pol_parse(struct __sk_buff *skb, __u8 family, struct pol_work *w)
 {

@@ -519,7 +519,7 @@ struct pol_ct_val {
 	__u64 seen_ns; /* last packet, refreshed at most once a second and at every state change */
 };
 
-/* Key of cni_pol_frags: a fragmented datagram at one pod interface, as its
+/* Key of a cni_pol_frag_parts table: a fragmented datagram at one pod interface, as its
  * packets carry it; value: bpf_ktime_get_ns() when its first fragment passed. */
 struct pol_frag_key {
 	__u32 ifindex;

@@ -38,7 +38,7 @@ const (
 	fromUplinkMapCniPolAddrs       = "cni_pol_addrs"
 	fromUplinkMapCniPolConfig      = "cni_pol_config"
 	fromUplinkMapCniPolCtParts     = "cni_pol_ct_parts"
-	fromUplinkMapCniPolFrags       = "cni_pol_frags"
+	fromUplinkMapCniPolFragParts   = "cni_pol_frag_parts"
 	fromUplinkMapCniPolPorts       = "cni_pol_ports"
 	fromUplinkMapCniPolScratch     = "cni_pol_scratch"
 	fromUplinkMapCniPolState       = "cni_pol_state"
@@ -121,7 +121,7 @@ type fromUplinkMapSpecs struct {
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
-	CniPolFrags       *ebpf.MapSpec `ebpf:"cni_pol_frags"`
+	CniPolFragParts   *ebpf.MapSpec `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
@@ -180,7 +180,7 @@ type fromUplinkMaps struct {
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
-	CniPolFrags       *ebpf.Map `ebpf:"cni_pol_frags"`
+	CniPolFragParts   *ebpf.Map `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
@@ -215,7 +215,7 @@ func (m *fromUplinkMaps) Close() error {
 		m.CniPolAddrs,
 		m.CniPolConfig,
 		m.CniPolCtParts,
-		m.CniPolFrags,
+		m.CniPolFragParts,
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,

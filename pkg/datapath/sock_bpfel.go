@@ -38,7 +38,7 @@ const (
 	sockMapCniPolAddrs       = "cni_pol_addrs"
 	sockMapCniPolConfig      = "cni_pol_config"
 	sockMapCniPolCtParts     = "cni_pol_ct_parts"
-	sockMapCniPolFrags       = "cni_pol_frags"
+	sockMapCniPolFragParts   = "cni_pol_frag_parts"
 	sockMapCniPolPorts       = "cni_pol_ports"
 	sockMapCniPolScratch     = "cni_pol_scratch"
 	sockMapCniPolState       = "cni_pol_state"
@@ -135,7 +135,7 @@ type sockMapSpecs struct {
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
-	CniPolFrags       *ebpf.MapSpec `ebpf:"cni_pol_frags"`
+	CniPolFragParts   *ebpf.MapSpec `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
@@ -194,7 +194,7 @@ type sockMaps struct {
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
-	CniPolFrags       *ebpf.Map `ebpf:"cni_pol_frags"`
+	CniPolFragParts   *ebpf.Map `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
@@ -229,7 +229,7 @@ func (m *sockMaps) Close() error {
 		m.CniPolAddrs,
 		m.CniPolConfig,
 		m.CniPolCtParts,
-		m.CniPolFrags,
+		m.CniPolFragParts,
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,

@@ -38,7 +38,7 @@ const (
 	sockCompatMapCniPolAddrs       = "cni_pol_addrs"
 	sockCompatMapCniPolConfig      = "cni_pol_config"
 	sockCompatMapCniPolCtParts     = "cni_pol_ct_parts"
-	sockCompatMapCniPolFrags       = "cni_pol_frags"
+	sockCompatMapCniPolFragParts   = "cni_pol_frag_parts"
 	sockCompatMapCniPolPorts       = "cni_pol_ports"
 	sockCompatMapCniPolScratch     = "cni_pol_scratch"
 	sockCompatMapCniPolState       = "cni_pol_state"
@@ -135,7 +135,7 @@ type sockCompatMapSpecs struct {
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
-	CniPolFrags       *ebpf.MapSpec `ebpf:"cni_pol_frags"`
+	CniPolFragParts   *ebpf.MapSpec `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
@@ -194,7 +194,7 @@ type sockCompatMaps struct {
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
-	CniPolFrags       *ebpf.Map `ebpf:"cni_pol_frags"`
+	CniPolFragParts   *ebpf.Map `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
@@ -229,7 +229,7 @@ func (m *sockCompatMaps) Close() error {
 		m.CniPolAddrs,
 		m.CniPolConfig,
 		m.CniPolCtParts,
-		m.CniPolFrags,
+		m.CniPolFragParts,
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,

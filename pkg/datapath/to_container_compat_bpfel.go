@@ -38,7 +38,7 @@ const (
 	toContainerCompatMapCniPolAddrs       = "cni_pol_addrs"
 	toContainerCompatMapCniPolConfig      = "cni_pol_config"
 	toContainerCompatMapCniPolCtParts     = "cni_pol_ct_parts"
-	toContainerCompatMapCniPolFrags       = "cni_pol_frags"
+	toContainerCompatMapCniPolFragParts   = "cni_pol_frag_parts"
 	toContainerCompatMapCniPolPorts       = "cni_pol_ports"
 	toContainerCompatMapCniPolScratch     = "cni_pol_scratch"
 	toContainerCompatMapCniPolState       = "cni_pol_state"
@@ -121,7 +121,7 @@ type toContainerCompatMapSpecs struct {
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
-	CniPolFrags       *ebpf.MapSpec `ebpf:"cni_pol_frags"`
+	CniPolFragParts   *ebpf.MapSpec `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
@@ -180,7 +180,7 @@ type toContainerCompatMaps struct {
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
-	CniPolFrags       *ebpf.Map `ebpf:"cni_pol_frags"`
+	CniPolFragParts   *ebpf.Map `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
@@ -215,7 +215,7 @@ func (m *toContainerCompatMaps) Close() error {
 		m.CniPolAddrs,
 		m.CniPolConfig,
 		m.CniPolCtParts,
-		m.CniPolFrags,
+		m.CniPolFragParts,
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,

@@ -193,7 +193,7 @@ func usageOf(name string, mp *ebpf.Map, cpus int) (Usage, error) {
 }
 
 // innerSpecs are the tables of each map of maps, as the verbs create them.
-var innerSpecs = map[string]*ebpf.MapSpec{nameStackFlowParts: &stackFlowPartSpec, namePolCTParts: &polCTPartSpec}
+var innerSpecs = map[string]*ebpf.MapSpec{nameStackFlowParts: &stackFlowPartSpec, namePolCTParts: &polCTPartSpec, namePolFragParts: &polFragPartSpec}
 
 // addInner sums the memlock of a map of maps' tables, and measures one (a
 // probe table when there is none).

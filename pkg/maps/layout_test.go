@@ -19,7 +19,7 @@ import (
 var layouts = map[int]string{
 	1: "9948a12e1789aaaf",
 	2: "b84671b938a29b9c", // NAT (flow timers and state in cni_ct/cni_snat, cni_masq_config, cni_masq_share, IPv6 masquerade, ICMP error counters), bandwidth (bw_state.queue_ns, mark_ns; netns_info.rcv_wnd), node resources (sizes from maxPods, cni_stats not preallocated, cni_cidr_refs)
-	3: "274300acb21d5427", // datapath events (cni_events ring buffer, cni_ev_config, cni_ev_cpu, cni_ev_pods, cni_ev_flows), per-pod stack-flow tables (cni_stack_flow_parts), NetworkPolicy (cni_pol_*, the flows in per-interface tables cni_pol_ct_parts); no existing map changed; maps of maps' tables fingerprinted too
+	3: "095634a0ecb41662", // datapath events (cni_events ring buffer, cni_ev_config, cni_ev_cpu, cni_ev_pods, cni_ev_flows), per-pod stack-flow tables (cni_stack_flow_parts), NetworkPolicy (cni_pol_*, the flows in per-interface tables cni_pol_ct_parts, fragments in cni_pol_frag_parts); no existing map changed; maps of maps' tables fingerprinted too
 }
 
 func TestLayoutVersion(t *testing.T) {

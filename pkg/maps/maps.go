@@ -288,7 +288,7 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: namePolConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1},
 		{Name: namePolCTParts, Type: ebpf.HashOfMaps, KeySize: 8, ValueSize: 4},
 		{Name: namePolScratch, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 384, MaxEntries: 1},
-		{Name: namePolFrags, Type: ebpf.LRUHash, KeySize: 44, ValueSize: 8},
+		{Name: namePolFragParts, Type: ebpf.HashOfMaps, KeySize: 4, ValueSize: 4},
 		{Name: namePolPorts, Type: ebpf.LPMTrie, KeySize: 12, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: namePolState, Type: ebpf.Hash, KeySize: 4, ValueSize: 12},
 		{Name: "cni_node_ips", Type: ebpf.Hash, KeySize: 20, ValueSize: 4, MaxEntries: 1024},

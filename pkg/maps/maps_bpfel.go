@@ -456,7 +456,7 @@ const (
 	mapsObjMapCniPolAddrs       = "cni_pol_addrs"
 	mapsObjMapCniPolConfig      = "cni_pol_config"
 	mapsObjMapCniPolCtParts     = "cni_pol_ct_parts"
-	mapsObjMapCniPolFrags       = "cni_pol_frags"
+	mapsObjMapCniPolFragParts   = "cni_pol_frag_parts"
 	mapsObjMapCniPolPorts       = "cni_pol_ports"
 	mapsObjMapCniPolScratch     = "cni_pol_scratch"
 	mapsObjMapCniPolState       = "cni_pol_state"
@@ -472,6 +472,7 @@ const (
 	mapsObjVarMasqStatUnused    = "__masq_stat_unused"
 	mapsObjVarPolCtKeyUnused    = "__pol_ct_key_unused"
 	mapsObjVarPolCtValUnused    = "__pol_ct_val_unused"
+	mapsObjVarPolFragKeyUnused  = "__pol_frag_key_unused"
 	mapsObjVarReasonUnused      = "__reason_unused"
 )
 
@@ -545,7 +546,7 @@ type mapsObjMapSpecs struct {
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
-	CniPolFrags       *ebpf.MapSpec `ebpf:"cni_pol_frags"`
+	CniPolFragParts   *ebpf.MapSpec `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
@@ -560,14 +561,15 @@ type mapsObjMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type mapsObjVariableSpecs struct {
-	DirUnused      *ebpf.VariableSpec `ebpf:"__dir_unused"`
-	EvTypeUnused   *ebpf.VariableSpec `ebpf:"__ev_type_unused"`
-	EventUnused    *ebpf.VariableSpec `ebpf:"__event_unused"`
-	HpStatUnused   *ebpf.VariableSpec `ebpf:"__hp_stat_unused"`
-	MasqStatUnused *ebpf.VariableSpec `ebpf:"__masq_stat_unused"`
-	PolCtKeyUnused *ebpf.VariableSpec `ebpf:"__pol_ct_key_unused"`
-	PolCtValUnused *ebpf.VariableSpec `ebpf:"__pol_ct_val_unused"`
-	ReasonUnused   *ebpf.VariableSpec `ebpf:"__reason_unused"`
+	DirUnused        *ebpf.VariableSpec `ebpf:"__dir_unused"`
+	EvTypeUnused     *ebpf.VariableSpec `ebpf:"__ev_type_unused"`
+	EventUnused      *ebpf.VariableSpec `ebpf:"__event_unused"`
+	HpStatUnused     *ebpf.VariableSpec `ebpf:"__hp_stat_unused"`
+	MasqStatUnused   *ebpf.VariableSpec `ebpf:"__masq_stat_unused"`
+	PolCtKeyUnused   *ebpf.VariableSpec `ebpf:"__pol_ct_key_unused"`
+	PolCtValUnused   *ebpf.VariableSpec `ebpf:"__pol_ct_val_unused"`
+	PolFragKeyUnused *ebpf.VariableSpec `ebpf:"__pol_frag_key_unused"`
+	ReasonUnused     *ebpf.VariableSpec `ebpf:"__reason_unused"`
 }
 
 // mapsObjObjects contains all objects after they have been loaded into the kernel.
@@ -612,7 +614,7 @@ type mapsObjMaps struct {
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
-	CniPolFrags       *ebpf.Map `ebpf:"cni_pol_frags"`
+	CniPolFragParts   *ebpf.Map `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
@@ -647,7 +649,7 @@ func (m *mapsObjMaps) Close() error {
 		m.CniPolAddrs,
 		m.CniPolConfig,
 		m.CniPolCtParts,
-		m.CniPolFrags,
+		m.CniPolFragParts,
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,
@@ -663,14 +665,15 @@ func (m *mapsObjMaps) Close() error {
 //
 // It can be passed to loadMapsObjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mapsObjVariables struct {
-	DirUnused      *ebpf.Variable `ebpf:"__dir_unused"`
-	EvTypeUnused   *ebpf.Variable `ebpf:"__ev_type_unused"`
-	EventUnused    *ebpf.Variable `ebpf:"__event_unused"`
-	HpStatUnused   *ebpf.Variable `ebpf:"__hp_stat_unused"`
-	MasqStatUnused *ebpf.Variable `ebpf:"__masq_stat_unused"`
-	PolCtKeyUnused *ebpf.Variable `ebpf:"__pol_ct_key_unused"`
-	PolCtValUnused *ebpf.Variable `ebpf:"__pol_ct_val_unused"`
-	ReasonUnused   *ebpf.Variable `ebpf:"__reason_unused"`
+	DirUnused        *ebpf.Variable `ebpf:"__dir_unused"`
+	EvTypeUnused     *ebpf.Variable `ebpf:"__ev_type_unused"`
+	EventUnused      *ebpf.Variable `ebpf:"__event_unused"`
+	HpStatUnused     *ebpf.Variable `ebpf:"__hp_stat_unused"`
+	MasqStatUnused   *ebpf.Variable `ebpf:"__masq_stat_unused"`
+	PolCtKeyUnused   *ebpf.Variable `ebpf:"__pol_ct_key_unused"`
+	PolCtValUnused   *ebpf.Variable `ebpf:"__pol_ct_val_unused"`
+	PolFragKeyUnused *ebpf.Variable `ebpf:"__pol_frag_key_unused"`
+	ReasonUnused     *ebpf.Variable `ebpf:"__reason_unused"`
 }
 
 // mapsObjPrograms contains all programs after they have been loaded into the kernel.

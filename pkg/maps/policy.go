@@ -27,19 +27,19 @@ type (
 	PolicyCTVal   = mapsObjPolCtVal
 	// PolicyCTPartKey names one flow table of an interface (cni_pol_ct_parts).
 	PolicyCTPartKey = mapsObjPolCtPartKey
-	PolicyConfig  = mapsObjPolConfig
-	PolicyFragKey = mapsObjPolFragKey
+	PolicyConfig    = mapsObjPolConfig
+	PolicyFragKey   = mapsObjPolFragKey
 )
 
 // Names of the NetworkPolicy maps, as bpf/lib/maps.h declares them.
 const (
-	namePolState   = "cni_pol_state"
-	namePolAddrs   = "cni_pol_addrs"
-	namePolPorts   = "cni_pol_ports"
-	namePolCTParts = "cni_pol_ct_parts"
-	namePolConfig  = "cni_pol_config"
-	namePolScratch = "cni_pol_scratch" // the programs' working memory, nothing to read
-	namePolFrags   = "cni_pol_frags"
+	namePolState     = "cni_pol_state"
+	namePolAddrs     = "cni_pol_addrs"
+	namePolPorts     = "cni_pol_ports"
+	namePolCTParts   = "cni_pol_ct_parts"
+	namePolConfig    = "cni_pol_config"
+	namePolScratch   = "cni_pol_scratch" // the programs' working memory, nothing to read
+	namePolFragParts = "cni_pol_frag_parts"
 )
 
 // polCTPartSpec is one flow table of a pod interface: struct pol_ct_part
@@ -47,16 +47,31 @@ const (
 // that ADD creates one without parsing the embedded object.
 var polCTPartSpec = ebpf.MapSpec{Name: "cni_pol_ct_part", Type: ebpf.LRUHash, KeySize: 44, ValueSize: 24, MaxEntries: 128}
 
+// polFragPartSpec is a pod interface's table of fragmented datagrams: struct
+// pol_frag_part in bpf/lib/maps.h (TestInnerSpecs).
+var polFragPartSpec = ebpf.MapSpec{Name: "cni_pol_frag_part", Type: ebpf.LRUHash, KeySize: 44, ValueSize: 8, MaxEntries: 16}
+
 // Openers of a flow: the table of cni_pol_ct_parts it is kept in
 // (pol_ct_part_key.opener, enum cni_dir).
 var polCTOpeners = [2]uint32{uint32(DirEgress), uint32(DirIngress)}
 
 // AddPolicyFlowTables gives the interface ifindex its two flow tables (the
-// flows the pod opens, the flows its peers open), replacing any an earlier
-// interface of that ifindex left: no pod's flows are evicted by another's,
-// nor the pod's own by its peers' (bpf/lib/maps.h). ADD, before the
-// interface is flagged for policy (SetPolicyPending).
+// flows the pod opens, the flows its peers open) and its table of
+// fragmented datagrams, replacing any an earlier interface of that ifindex
+// left: no pod's flows are evicted by another's, nor the pod's own by its
+// peers' (bpf/lib/maps.h). ADD, before the interface is flagged for policy
+// (SetPolicyPending).
 func (m *Maps) AddPolicyFlowTables(ifindex int) error {
+	frags, err := ebpf.NewMap(&polFragPartSpec)
+	if err != nil {
+		return fmt.Errorf("create the fragment table of ifindex %d: %w", ifindex, err)
+	}
+	fk := uint32(ifindex)
+	err = m.byName[namePolFragParts].Update(&fk, frags, ebpf.UpdateAny)
+	frags.Close()
+	if err != nil {
+		return writeErr(m.byName[namePolFragParts], namePolFragParts, fmt.Sprintf("the fragment table of ifindex %d", ifindex), err)
+	}
 	outer := m.byName[namePolCTParts]
 	for _, o := range polCTOpeners {
 		inner, err := ebpf.NewMap(&polCTPartSpec)
@@ -73,27 +88,34 @@ func (m *Maps) AddPolicyFlowTables(ifindex int) error {
 	return nil
 }
 
-// PolicyFlowTables lists the ifindexes that have flow tables.
+// PolicyFlowTables lists the ifindexes that have flow or fragment tables.
 func (m *Maps) PolicyFlowTables() ([]int, error) {
 	seen := map[uint32]bool{}
 	var out []int
-	err := scan(m.byName[namePolCTParts], func(k *PolicyCTPartKey, _ *uint32) {
-		if !seen[k.Ifindex] {
-			seen[k.Ifindex] = true
-			out = append(out, int(k.Ifindex))
+	add := func(idx uint32) {
+		if !seen[idx] {
+			seen[idx] = true
+			out = append(out, int(idx))
 		}
-	})
-	if err != nil {
+	}
+	if err := scan(m.byName[namePolCTParts], func(k *PolicyCTPartKey, _ *uint32) { add(k.Ifindex) }); err != nil {
 		return nil, fmt.Errorf("scan %s: %w", namePolCTParts, err)
+	}
+	if err := scan(m.byName[namePolFragParts], func(k *uint32, _ *uint32) { add(*k) }); err != nil {
+		return nil, fmt.Errorf("scan %s: %w", namePolFragParts, err)
 	}
 	return out, nil
 }
 
-// DeletePolicyFlowTables drops the flow tables of ifindex, if any (the
-// agent's reconcile, for a veth gone without a DEL).
+// DeletePolicyFlowTables drops the flow and fragment tables of ifindex,
+// if any (DEL; the agent's reconcile, for a veth gone without a DEL).
 func (m *Maps) DeletePolicyFlowTables(ifindex int) error {
 	outer := m.byName[namePolCTParts]
 	var errs error
+	fk := uint32(ifindex)
+	if err := m.byName[namePolFragParts].Delete(&fk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		errs = fmt.Errorf("delete the fragment table of ifindex %d from %s: %w", ifindex, namePolFragParts, err)
+	}
 	for _, o := range polCTOpeners {
 		k := PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: o}
 		if err := outer.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -247,16 +269,7 @@ func (m *Maps) DeletePolicyOf(ifindex int, peers ...netip.Addr) error {
 		errs = fmt.Errorf("delete %s[%d]: %w", namePolState, ifindex, err)
 	}
 	_, err := m.DeletePolicyFlowsOf(ifindex, peers...)
-	errs = errors.Join(errs, err)
-	var frags []PolicyFragKey
-	if err := scan(m.byName[namePolFrags], func(k *PolicyFragKey, _ *uint64) {
-		if int(k.Ifindex) == ifindex {
-			frags = append(frags, *k)
-		}
-	}); err != nil {
-		return errors.Join(errs, fmt.Errorf("scan %s: %w", namePolFrags, err))
-	}
-	return errors.Join(errs, deleteKeys(m.byName[namePolFrags], frags))
+	return errors.Join(errs, err)
 }
 
 // DeletePolicyFlowsOf drops the flow tables of the interface (ifindex 0:

@@ -59,11 +59,10 @@ const (
 	sockFlowsPerPod  = 64 // node sockets reaching a pod through a hostPort
 	// NetworkPolicy: peer prefixes (rule entries) and port prefixes per
 	// pod. The tries are not preallocated: only what the policies hold
-	// costs memory. (The flows a policy allowed are in tables of each
-	// interface's own, POL_CT_PART_ENTRIES each, bpf/lib/maps.h.)
+	// costs memory. (The flows a policy allowed and its fragmented
+	// datagrams are in tables of each interface's own, bpf/lib/maps.h.)
 	policyAddrsPerPod = 512
 	policyPortsPerPod = 128
-	policyFragsPerPod = 16 // fragmented datagrams in flight (first fragment seen) per pod
 	// minCT is cni_ct's least size: a hostPort pod taking 8000 short
 	// connections a second keeps tens of thousands of closing flows there
 	// until they time out, and at maxPods x flowsPerPod (28160 at the
@@ -117,7 +116,7 @@ func (s Sizing) entries() map[string]uint32 {
 		namePolAddrs:       uint32(s.MaxPods * policyAddrsPerPod),
 		namePolPorts:       uint32(s.MaxPods * policyPortsPerPod),
 		namePolCTParts:     uint32(att * 2), // two tables per attachment
-		namePolFrags:       uint32(s.MaxPods * policyFragsPerPod),
+		namePolFragParts:   uint32(att),     // a table per attachment
 	}
 }
 
