@@ -26,7 +26,12 @@
 //
 //   - events: pod-to-pod throughput and request/response latency with
 //     datapath events off and flow events on, and the agent's CPU while
-//     observing a 10k packets/s drop flood (test/bench/events).
+//     observing a 10k packets/s drop flood (test/bench/events);
+//
+//   - netpol: pod-to-pod throughput and request/response latency with 0, 1
+//     and 100 NetworkPolicies selecting the pods, new connections/s through
+//     an allowed policy, policy change to enforcement and memory at 1000
+//     pods x 500 policies (test/bench/netpol).
 //
 // Every part's figures also go to one combined table, bench-<date>.md and
 // .json, each with its spread and its ratio to the reference measured in
@@ -67,6 +72,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/test/bench/bandwidth"
 	"github.com/ebpf-cni/ebpf-cni/test/bench/events"
+	"github.com/ebpf-cni/ebpf-cni/test/bench/netpol"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -110,6 +116,8 @@ type options struct {
 	bw *bandwidth.Options
 	// events part (test/bench/events)
 	ev *events.Options
+	// netpol part (test/bench/netpol)
+	np *netpol.Options
 
 	parts map[string]bool
 }
@@ -125,9 +133,10 @@ const (
 	partColdStart  = "coldstart"
 	partBandwidth  = "bandwidth"
 	partEvents     = "events"
+	partNetpol     = "netpol"
 )
 
-var allParts = []string{partLatency, partScale, partHostPort, partThroughput, partMemory, partBurst, partColdStart, partBandwidth, partEvents}
+var allParts = []string{partLatency, partScale, partHostPort, partThroughput, partMemory, partBurst, partColdStart, partBandwidth, partEvents, partNetpol}
 
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -268,6 +277,9 @@ func parseFlags(args []string) (*options, error) {
 	if o.parts[partEvents] {
 		o.ev = events.NewOptions(o.quick, o.outDir)
 	}
+	if o.parts[partNetpol] {
+		o.np = netpol.NewOptions(o.quick, o.outDir)
+	}
 	if o.parts[partBandwidth] {
 		if o.bw, err = bandwidth.NewOptions(o.quick, o.outDir, *bwRates, *bwSecs); err != nil {
 			return nil, err
@@ -325,8 +337,13 @@ func inner(opts *options) int {
 		b  *bench
 		bw *bandwidth.Bench
 		ev *events.Bench
+		np *netpol.Bench
 	)
 	cleanup := func() {
+		if np != nil {
+			np.Cleanup()
+			np = nil
+		}
 		if ev != nil {
 			ev.Cleanup()
 			ev = nil
@@ -375,6 +392,17 @@ func inner(opts *options) int {
 			c.add(ev.Rows())
 			cleanup()
 		}
+		if opts.parts[partNetpol] {
+			var err error
+			if np, err = netpol.New(ctx, opts.np); err != nil {
+				return err
+			}
+			if err := np.Run(ctx); err != nil {
+				return err
+			}
+			c.add(np.Rows())
+			cleanup()
+		}
 		return c.write(opts.outDir)
 	}, cleanup)
 }
@@ -382,7 +410,7 @@ func inner(opts *options) int {
 // cniParts tells whether a part measured by bench.run was asked for.
 func (o *options) cniParts() bool {
 	for p := range o.parts {
-		if p != partBandwidth && p != partEvents {
+		if p != partBandwidth && p != partEvents && p != partNetpol {
 			return true
 		}
 	}
