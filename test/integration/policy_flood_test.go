@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -169,5 +170,41 @@ func TestPolicyFlowTablesLifecycle(t *testing.T) {
 	}
 	if has(gone) {
 		t.Errorf("reconcile left the policy flow tables of ifindex %d, which has no link", gone)
+	}
+}
+
+// TestPolicyFlowTablesRestored: a policy interface without flow tables (a
+// pod attached by a build that kept every pod's flows in one node-wide
+// table, or whose tables were lost) records no flow, so the replies of its
+// allowed connections are judged by its ingress rules and dropped; the
+// agent's reconcile gives it its tables back, after which they pass. IPv4
+// and IPv6.
+func TestPolicyFlowTablesRestored(t *testing.T) {
+	t.Parallel()
+	p := newPolLab(t, false)
+	var out []policy.Allow
+	for _, fam := range []int{4, 6} {
+		out = append(out, allowPorts(host(remoteIP[fam]), policy.ProtoTCP, 7000, 7000))
+	}
+	p.apply(t, "a", policy.Endpoint{Ingress: isolated(), Egress: isolated(out...)})
+	for _, fam := range []int{4, 6} {
+		reach(t, p.a, "tcp", remoteIP[fam], 7000, "remote")
+	}
+	idx := int(p.idx["a"])
+	must(t, p.m.DeletePolicyFlowTables(idx))
+	for _, fam := range []int{4, 6} {
+		blocked(t, p.a, "tcp", remoteIP[fam], 7000) // the SYN passes, the SYN-ACK is denied
+	}
+	confDir := p.WriteConfDir()
+	if o, err := p.AgentCmd(append([]string{"reconcile"}, p.AgentArgs(confDir)...)...); err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, o)
+	}
+	ids, err := p.m.PolicyFlowTables()
+	must(t, err)
+	if !slices.Contains(ids, idx) {
+		t.Fatalf("reconcile did not give ifindex %d its flow tables back (tables of %v)", idx, ids)
+	}
+	for _, fam := range []int{4, 6} {
+		reach(t, p.a, "tcp", remoteIP[fam], 7000, "remote")
 	}
 }
