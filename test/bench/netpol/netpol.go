@@ -590,6 +590,7 @@ func (b *Bench) scale(ctx context.Context) error {
 		return err
 	}
 	// The agent's first pass: every local pod.
+	var compileTime, writeTime time.Duration // of the changes, summed
 	apply := func() (int, error) {
 		n := 0
 		for _, k := range s.TakeDirty() {
@@ -597,13 +598,17 @@ func (b *Bench) scale(ctx context.Context) error {
 			if !ok {
 				continue
 			}
+			t0 := time.Now()
 			ep, ok := s.Endpoint(k.Namespace, k.Name)
 			if !ok {
 				return n, fmt.Errorf("no endpoint for %s", k)
 			}
+			t1 := time.Now()
 			if err := b.w.Apply(idx, ep); err != nil {
 				return n, fmt.Errorf("apply %s: %w", k, err)
 			}
+			compileTime += t1.Sub(t0)
+			writeTime += time.Since(t1)
 			n++
 		}
 		return n, nil
@@ -626,6 +631,7 @@ func (b *Bench) scale(ctx context.Context) error {
 	logf("1000 pods, 500 policies: first compile and write of %d local pods %s, snapshot heap %.1f MiB", localPods, first.Round(time.Millisecond), heap)
 
 	// Changes: the "local" policy's port moves; b's ingress follows.
+	compileTime, writeTime = 0, 0
 	var lat []float64
 	for i := 0; i < b.o.Changes; i++ {
 		port := probePort + 1 + i
@@ -665,7 +671,8 @@ func (b *Bench) scale(ctx context.Context) error {
 		}
 		b.rows = append(b.rows, r)
 	}
-	logf("change to enforcement: p50 %.1f ms, p99 %.1f ms (%d changes)", p50, p99, len(lat))
+	logf("change to enforcement: p50 %.1f ms, p99 %.1f ms (%d changes); per change: compile %.1f ms, write %.1f ms",
+		p50, p99, len(lat), float64(compileTime.Microseconds())/1e3/float64(len(lat)), float64(writeTime.Microseconds())/1e3/float64(len(lat)))
 
 	// Memory.
 	us, err := b.m.Usage()
