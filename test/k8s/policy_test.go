@@ -22,7 +22,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/netpol"
-	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	cnistate "github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
@@ -220,16 +220,18 @@ func TestAgentPolicyLatency(t *testing.T) {
 	} else {
 		t.Errorf("agent memory: %v", err)
 	}
-	if m, err := datapath.OpenMaps("/sys/fs/bpf/ebpf-cni"); err != nil {
-		t.Errorf("open maps: %v", err)
+	// The maps are pinned in the node's own bpffs: read through the
+	// agent's status there.
+	if out, err := in(l.node.holder, true, l.c.a.path("ebpf-agent"), "status", "--pin-dir", "/sys/fs/bpf/ebpf-cni",
+		"--state-dir", l.stateDir, "-o", "json"); err != nil {
+		t.Errorf("ebpf-agent status: %v\n%s", err, out)
 	} else {
-		us, err := m.Usage()
-		m.Close()
-		if err != nil {
-			t.Errorf("map usage: %v", err)
+		var st struct{ Maps []maps.Usage }
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Errorf("ebpf-agent status: %v\n%s", err, out)
 		}
 		var sum uint64
-		for _, u := range us {
+		for _, u := range st.Maps {
 			if strings.HasPrefix(u.Name, "cni_pol_") {
 				sum += u.Memlock + u.InnerMemlock
 				t.Logf("  %s: %d entries, %d bytes", u.Name, u.Entries, u.Memlock+u.InnerMemlock)
