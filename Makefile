@@ -23,7 +23,7 @@ BPF2GO_STRIP  := llvm-strip-$(CLANG_VERSION)
 BPF2GO_CFLAGS := -nostdlibinc -Ibpf/include -Ibpf -O2 -Wall -Werror
 BENCH_PKGS    := iproute2 iputils-ping iptables iperf3 time
 
-.PHONY: helm check-chart all build generate check-generate check-tidy test unit-test race lint install demo bench bench-quick bench-cni bench-bandwidth bench-events bench-masq bench-packet deps deps-bench deps-generate clean
+.PHONY: helm check-chart all build generate check-generate check-tidy test unit-test race lint install demo bench bench-quick bench-cni bench-bandwidth bench-events bench-masq bench-netpol bench-packet deps deps-bench deps-generate clean
 
 all: build
 
@@ -168,6 +168,12 @@ bench-events: deps-bench
 # path, beside 41b58f6 (-packet-ref), the two builds alternating.
 bench-packet: deps-bench
 	$(GO) run ./test/bench -parts packet
+
+# NetworkPolicy: throughput and request/response with 0, 1 and 100 policies,
+# new connections/s through an allowed policy, policy change to enforcement
+# and memory at 1000 pods x 500 policies (compiler and writer, no API server).
+bench-netpol: deps-bench
+	$(GO) run ./test/bench -parts netpol
 
 # BPF masquerade beside ptp's iptables MASQUERADE: throughput and new
 # connections/s, in the two-node lab of the masquerade tests.

@@ -14,5 +14,10 @@ enum masq_stat __masq_stat_unused __attribute__((unused));
 enum ev_type __ev_type_unused __attribute__((unused));
 /* The ring buffer has no value type: the record struct is referenced here. */
 struct cni_event __event_unused __attribute__((unused));
+/* Only inner maps (cni_pol_ct_parts', cni_pol_frag_parts') use these: BTF would hold them as
+ * forward declarations, which have no size. */
+struct pol_ct_key __pol_ct_key_unused __attribute__((unused));
+struct pol_ct_val __pol_ct_val_unused __attribute__((unused));
+struct pol_frag_key __pol_frag_key_unused __attribute__((unused));
 
 char __license[] SEC("license") = "Dual BSD/GPL";

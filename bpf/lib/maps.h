@@ -277,19 +277,49 @@ struct {
 	__type(value, __u32);
 } cni_pol_ports SEC(".maps");
 
-struct {
+/*
+ * The flows a pod's policy allowed, in tables of the pod's own (issue 23:
+ * one node-wide LRU let any pod, or any host a pod admits, evict every
+ * other pod's flows, whose replies the rules then denied). Two per pod
+ * interface, keyed {host veth ifindex, opener}: the flows the pod opened,
+ * and those its peers opened. ADD creates them, DEL drops them
+ * (pkg/maps/policy.go); an interface without them records no flow (its
+ * replies are judged by the rules: closed, never open).
+ */
+#define POL_CT_PART_ENTRIES 128
+
+struct pol_ct_part {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, SIZED);
+	__uint(max_entries, POL_CT_PART_ENTRIES);
 	__type(key, struct pol_ct_key);
 	__type(value, struct pol_ct_val);
-} cni_pol_ct SEC(".maps");
+};
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
 	__uint(max_entries, SIZED);
+	__type(key, struct pol_ct_part_key);
+	__array(values, struct pol_ct_part);
+} cni_pol_ct_parts SEC(".maps");
+
+/* Datagrams whose first fragment passed, in a table per pod interface
+ * (keyed by its host veth's ifindex; created and dropped with its flow
+ * tables): no pod's fragments evict another's. */
+#define POL_FRAG_PART_ENTRIES 16
+
+struct pol_frag_part {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, POL_FRAG_PART_ENTRIES);
 	__type(key, struct pol_frag_key);
 	__type(value, __u64);
-} cni_pol_frags SEC(".maps");
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH_OF_MAPS);
+	__uint(max_entries, SIZED);
+	__type(key, __u32);
+	__array(values, struct pol_frag_part);
+} cni_pol_frag_parts SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

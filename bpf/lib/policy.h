@@ -7,14 +7,18 @@
  *   - cni_pol_addrs: LPM trie {set, family, peer address} -> every port, or
  *     a port set; cni_pol_ports: LPM trie {port set, protocol, port} (an
  *     endPort range is stored as its prefixes);
- *   - cni_pol_ct: flows allowed so far, keyed per pod interface as the pod
- *     sees them, so replies pass both ways without a rule, and so do ICMP
- *     errors quoting them. Timeouts are the translated flows' (flowlife.h);
- *     an LRU map, so the oldest flows go first when it is full;
- *   - cni_pol_frags: datagrams whose first fragment passed, so their later
- *     fragments (no ports) pass too.
+ *   - cni_pol_ct_parts: flows allowed so far, as the pod sees them, so
+ *     replies pass both ways without a rule, and so do ICMP errors quoting
+ *     them. Timeouts are the translated flows' (flowlife.h). Each pod
+ *     interface has two LRU tables of its own, the flows it opened and the
+ *     flows its peers opened: when one is full its own oldest flows go,
+ *     never another pod's, and nothing a peer opens evicts what the pod
+ *     opened;
+ *   - cni_pol_frag_parts: datagrams whose first fragment passed, so their
+ *     later fragments (no ports) pass too; a table per pod interface.
  *
- * A packet costs at most: the state (one hash lookup), the flow (one), and
+ * A packet costs at most: the state (one hash lookup), the flow (a table
+ * and an entry lookup; a reply two of each), and
  * for a new flow of an isolated pod one lookup in each trie: nothing grows
  * with the number of policies or peers. Pods of a network without
  * networkPolicy carry no EP_F_POLICY and cost nothing here.
@@ -90,12 +94,17 @@ struct pol_work {
 		struct bpf_fib_lookup fib; /* pol_delivered_here's, after any use of q and ek */
 	};
 	struct pol_ct_val nv;
+	struct pol_ct_part_key tk; /* a cni_pol_ct_parts key */
+	__u32 ct_opener;           /* the table pol_ct_find found the flow in */
+	__u64 now;                 /* pol_ct_find's time */
+	__u32 ifindex;             /* the pod's host veth, for pol_error_related */
+	__u32 egress;              /* the pod sends the packet, for pol_error_related */
 	struct pol_addr_key ak;
 	struct pol_port_key pk;
 	struct ep_key nk;
 	__u32 link; /* a cni_links key */
 	struct pol_frag_key fk;
-	__u64 frag_seen; /* cni_pol_frags' value being written */
+	__u64 frag_seen; /* a cni_pol_frag_parts table's value being written */
 	__u32 frag_id; /* the fragment's datagram: IPv4 identification or IPv6 fragment header id */
 	__u8 frag;     /* POL_FRAG_* */
 };
@@ -147,14 +156,21 @@ static __always_inline struct pol_frag_key *pol_frag_key_of(struct pol_work *w, 
  * ones (which carry no ports) pass too. Not inlined: policy_judge's frame. */
 static __noinline void pol_frag_note(struct pol_work *w, __u32 ifindex)
 {
+	struct pol_frag_key *k = pol_frag_key_of(w, ifindex);
+	void *t = bpf_map_lookup_elem(&cni_pol_frag_parts, &k->ifindex);
+
+	if (!t)
+		return; /* no table: its later fragments are denied (closed) */
 	w->frag_seen = bpf_ktime_get_ns();
-	bpf_map_update_elem(&cni_pol_frags, pol_frag_key_of(w, ifindex), &w->frag_seen, BPF_ANY);
+	bpf_map_update_elem(t, k, &w->frag_seen, BPF_ANY);
 }
 
 /* Whether the first fragment of w's datagram passed lately. */
 static __noinline int pol_frag_known(struct pol_work *w, __u32 ifindex)
 {
-	__u64 *seen = bpf_map_lookup_elem(&cni_pol_frags, pol_frag_key_of(w, ifindex));
+	struct pol_frag_key *k = pol_frag_key_of(w, ifindex);
+	void *t = bpf_map_lookup_elem(&cni_pol_frag_parts, &k->ifindex);
+	__u64 *seen = t ? bpf_map_lookup_elem(t, k) : NULL;
 
 	return seen && bpf_ktime_get_ns() - *seen < POL_FRAG_TIMEOUT;
 }
@@ -214,7 +230,7 @@ static __always_inline int policy_on_node(void)
  * flags, and w->frag, w->frag_id for a fragment (IPv4, or an IPv6 fragment
  * header among the extension headers, which are walked to the transport
  * header). A later fragment has no ports (0): it passes if its first
- * fragment did (cni_pol_frags). Returns POL_PKT_*.
+ * fragment did (cni_pol_frag_parts). Returns POL_PKT_*.
  */
 static __always_inline int pol_parse(struct __sk_buff *skb, __u8 family, struct pol_work *w)
 {
@@ -346,6 +362,63 @@ static __always_inline void pol_ct_key_of(struct pol_ct_key *k, __u32 ifindex, c
 	}
 }
 
+/* The pod's table of the flows opened by opener (DIR_EGRESS: the pod,
+ * DIR_INGRESS: its peers); NULL when it has none. */
+static __always_inline void *pol_ct_table(struct pol_work *w, __u32 ifindex, __u32 opener)
+{
+	w->tk.ifindex = ifindex;
+	w->tk.opener = opener;
+	return bpf_map_lookup_elem(&cni_pol_ct_parts, &w->tk);
+}
+
+/*
+ * The live entry of flow k in its pod's tables, NULL when none: first in
+ * the table of the flows opened in the packet's direction (egress: the
+ * pod's), so a packet going the way its flow was opened costs one lookup,
+ * then in the other. An entry expired at w->now is as good as absent.
+ * w->ct_opener names the table it was found in. Not inlined: policy_judge's
+ * frame (and this one has none: it takes its time from w).
+ */
+static __noinline struct pol_ct_val *pol_ct_find(struct pol_work *w, const struct pol_ct_key *k, int egress)
+{
+	__u32 first = egress ? DIR_EGRESS : DIR_INGRESS;
+
+#pragma unroll
+	for (__u32 i = 0; i < 2; i++) {
+		void *t = pol_ct_table(w, k->ifindex, first ^ i);
+		if (!t)
+			continue;
+		struct pol_ct_val *ct = bpf_map_lookup_elem(t, k);
+		if (ct && !flow_expired(ct->flags, k->proto, ct->seen_ns, w->now)) {
+			w->ct_opener = first ^ i;
+			return ct;
+		}
+	}
+	return NULL;
+}
+
+/* Records w->nv for flow w->k in the table of its opener (egress: the
+ * pod). An expired entry of the flow in the other table stays until that
+ * table's LRU reuses it: lookups skip it. No table: not recorded, so the
+ * flow's replies are judged by the rules (closed, never open). Not
+ * inlined, as those below: policy_judge's frame. */
+static __noinline void pol_ct_record(struct pol_work *w, __u32 ifindex, int egress)
+{
+	void *t = pol_ct_table(w, ifindex, egress ? DIR_EGRESS : DIR_INGRESS);
+
+	if (t)
+		bpf_map_update_elem(t, &w->k, &w->nv, BPF_ANY);
+}
+
+/* Deletes flow w->k from the table pol_ct_find found it in. */
+static __noinline void pol_ct_forget(struct pol_work *w, __u32 ifindex)
+{
+	void *t = pol_ct_table(w, ifindex, w->ct_opener);
+
+	if (t)
+		bpf_map_delete_elem(t, &w->k);
+}
+
 /* Whether the rule set allows peer (destination for egress, source for
  * ingress) with f's protocol and destination port. */
 static __noinline int pol_rules_allow(struct pol_work *w, __u32 set, int egress)
@@ -378,9 +451,9 @@ static __noinline int pol_rules_allow(struct pol_work *w, __u32 set, int egress)
 
 /* Whether an ICMP error is about a flow of the pod: the quote is a packet
  * the pod sent (the error enters it) or received (the pod sends the error). */
-static __always_inline int pol_error_related(struct __sk_buff *skb, struct pol_work *w, __u8 family, __u32 ifindex,
-					     int egress)
+static __noinline int pol_error_related(struct __sk_buff *skb, struct pol_work *w)
 {
+	__u8 family = w->f.family;
 	struct flow *q = &w->q;
 	__u32 off = w->f.l4off + 8; /* the quoted IP header */
 	__u8 *h = w->h;
@@ -422,9 +495,9 @@ static __always_inline int pol_error_related(struct __sk_buff *skb, struct pol_w
 		else if (h[0] == (v4 ? ICMP_ECHOREPLY_T : ICMP6_ECHO_REPLY))
 			q->dport = *(__be16 *)&h[4];
 	}
-	pol_ct_key_of(&w->ek, ifindex, q, !egress);
-	struct pol_ct_val *ct = bpf_map_lookup_elem(&cni_pol_ct, &w->ek);
-	return ct && !flow_expired(ct->flags, q->proto, ct->seen_ns, bpf_ktime_get_ns());
+	pol_ct_key_of(&w->ek, w->ifindex, q, !w->egress);
+	w->now = bpf_ktime_get_ns();
+	return pol_ct_find(w, &w->ek, !w->egress) != NULL;
 }
 
 
@@ -472,17 +545,18 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 	if (!egress && !node_peer)
 		node_peer = pol_node_source(skb, w, family, how);
 	if (kind == POL_PKT_ERROR) {
-		if (mode == POL_OPEN || node_peer || pol_error_related(skb, w, family, ifindex, egress))
+		w->ifindex = ifindex;
+		w->egress = egress;
+		if (mode == POL_OPEN || node_peer || pol_error_related(skb, w))
 			goto allow;
 		/* Not about a flow of the pod: an ICMP packet like any other. */
 	}
 
 	struct pol_ct_key *k = &w->k;
 	__u64 now = bpf_ktime_get_ns();
+	w->now = now;
 	pol_ct_key_of(k, ifindex, f, egress);
-	struct pol_ct_val *ct = bpf_map_lookup_elem(&cni_pol_ct, k);
-	if (ct && flow_expired(ct->flags, f->proto, ct->seen_ns, now))
-		ct = NULL; /* as good as absent; replaced below if allowed */
+	struct pol_ct_val *ct = pol_ct_find(w, k, egress);
 	if (ct) {
 		int reply = !(ct->flags & POL_CT_F_EGRESS) != !egress;
 
@@ -504,7 +578,7 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 		if (how & POL_J_AFTER) {
 			/* Untranslated after all: its deferred entry lets nothing in. */
 			if (ct && (ct->flags & POL_CT_F_DEFER))
-				bpf_map_delete_elem(&cni_pol_ct, k);
+				pol_ct_forget(w, ifindex);
 			return POL_DENY;
 		}
 		/* To the node itself nothing translates it: judged now. */
@@ -523,7 +597,7 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 	nv->pad = 0;
 	nv->created_ns = now;
 	nv->seen_ns = now;
-	bpf_map_update_elem(&cni_pol_ct, k, nv, BPF_ANY);
+	pol_ct_record(w, ifindex, egress);
 allow:
 	if (w->frag == POL_FRAG_FIRST)
 		pol_frag_note(w, ifindex);

@@ -516,7 +516,7 @@ struct pol_port_key {
 	__be16 port; /* destination port, network order (its high bits are the prefix) */
 };
 
-/* Key of cni_pol_ct: a flow as the pod behind ifindex sees it (its own
+/* Key of a cni_pol_ct_parts table: a flow as the pod behind ifindex sees it (its own
  * address and port first). ICMP echo: the id is the responder's port,
  * 0 the requester's (as cni_stack_flows keys them). */
 struct pol_ct_key {
@@ -530,10 +530,19 @@ struct pol_ct_key {
 	__u8 peer_addr[16];
 };
 
+/* Key of cni_pol_ct_parts: one flow table of a pod interface. Flows the
+ * pod opened and flows its peers opened are kept apart, so neither another
+ * pod nor a peer the pod's ingress rules admit can evict the flows the pod
+ * opened (and the pod's own flows evict nothing of its peers'). */
+struct pol_ct_part_key {
+	__u32 ifindex;
+	__u32 opener; /* enum cni_dir: DIR_EGRESS the pod opened them, DIR_INGRESS its peers */
+};
+
 #define POL_CT_F_EGRESS (1U << 8)  /* the pod opened the flow (else the peer did) */
 #define POL_CT_F_DEFER (1U << 9)   /* egress judged after the stack's translation: the entry only lets replies in */
 
-/* Value of cni_pol_ct: an allowed flow, whose packets either way pass
+/* Value of a cni_pol_ct_parts table: an allowed flow, whose packets either way pass
  * without a rule. */
 struct pol_ct_val {
 	__u32 flags; /* FLOW_F_* (lib/flowlife.h), POL_CT_F_* */
@@ -542,7 +551,7 @@ struct pol_ct_val {
 	__u64 seen_ns; /* last packet, refreshed at most once a second and at every state change */
 };
 
-/* Key of cni_pol_frags: a fragmented datagram at one pod interface, as its
+/* Key of a cni_pol_frag_parts table: a fragmented datagram at one pod interface, as its
  * packets carry it; value: bpf_ktime_get_ns() when its first fragment passed. */
 struct pol_frag_key {
 	__u32 ifindex;

@@ -232,6 +232,32 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		act("stack-flows", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.DeleteStackFlowsOf(idx); return err })
 	}
 
+	// A gone veth's NetworkPolicy flow tables (its DEL never ran).
+	polTables, err := m.PolicyFlowTables()
+	errs = errors.Join(errs, err)
+	hasTables := map[int]bool{}
+	for _, idx := range polTables {
+		hasTables[idx] = true
+		if !linkExists(uint32(idx)) {
+			idx := idx
+			act("policy-flows", fmt.Sprintf("flow tables of ifindex %d", idx), func() error { return m.DeletePolicyFlowTables(idx) })
+		}
+	}
+	// A live policy interface without them (attached by a build that kept
+	// every pod's flows in one node-wide table) gets its own: without, its
+	// allowed flows are not recorded and their replies are judged by the
+	// rules alone.
+	if recs, err := state.ListAll(stateDir); err == nil {
+		for _, r := range recs {
+			if r.Policy && !r.Provisional && r.HostIfindex > 0 && !hasTables[r.HostIfindex] && linkExists(uint32(r.HostIfindex)) {
+				idx := r.HostIfindex
+				act("policy-flows", fmt.Sprintf("flow tables for ifindex %d", idx), func() error { return m.AddPolicyFlowTables(idx) })
+			}
+		}
+	} else {
+		errs = errors.Join(errs, err)
+	}
+
 	// netns entries: the node's stays; a pod's stays while a record names it.
 	// The entries are listed before the records: an ADD writes its record
 	// (with the cookie) before the entry, so an entry listed here has its

@@ -26,12 +26,14 @@ type Usage struct {
 	Memlock uint64 `json:"memlockBytes"`
 	// CPUs is the node's possible CPUs, which per-CPU parts scale with.
 	CPUs int `json:"possibleCPUs"`
-	// InnerMemlock: a map of maps' tables (cni_stack_flow_parts'), which
-	// its own memlock does not count: each is charged on its own.
+	// InnerMemlock: a map of maps' tables (cni_stack_flow_parts',
+	// cni_pol_ct_parts'), which its own memlock does not count: each is
+	// charged on its own.
 	InnerMemlock uint64 `json:"innerMemlockBytes,omitempty"`
 
 	typ       ebpf.MapType
-	innerEach uint64 // memlock of one table, measured on this node
+	innerEach uint64        // memlock of one table, measured on this node
+	inner     *ebpf.MapSpec // a table's spec (innerSpecs)
 }
 
 // Fill is Entries over MaxEntries; 0 for arrays.
@@ -67,8 +69,7 @@ func (u Usage) innerAt(cpus int) uint64 {
 	if u.innerEach == 0 {
 		return 0
 	}
-	in := Usage{KeySize: stackFlowPartSpec.KeySize, ValueSize: stackFlowPartSpec.ValueSize,
-		MaxEntries: stackFlowPartSpec.MaxEntries, typ: stackFlowPartSpec.Type}
+	in := Usage{KeySize: u.inner.KeySize, ValueSize: u.inner.ValueSize, MaxEntries: u.inner.MaxEntries, typ: u.inner.Type}
 	return uint64(int64(u.innerEach) - int64(in.model(u.CPUs, 0)) + int64(in.model(cpus, 0)))
 }
 
@@ -182,7 +183,8 @@ func usageOf(name string, mp *ebpf.Map, cpus int) (Usage, error) {
 			return Usage{}, fmt.Errorf("count entries of %s: %w", name, err)
 		}
 	}
-	if mp.Type() == ebpf.HashOfMaps {
+	if spec, ok := innerSpecs[name]; ok {
+		u.inner = spec
 		if err := u.addInner(mp); err != nil {
 			return Usage{}, fmt.Errorf("tables of %s: %w", name, err)
 		}
@@ -190,11 +192,20 @@ func usageOf(name string, mp *ebpf.Map, cpus int) (Usage, error) {
 	return u, nil
 }
 
+// innerSpecs are the tables of each map of maps, as the verbs create them.
+var innerSpecs = map[string]*ebpf.MapSpec{nameStackFlowParts: &stackFlowPartSpec, namePolCTParts: &polCTPartSpec, namePolFragParts: &polFragPartSpec}
+
 // addInner sums the memlock of a map of maps' tables, and measures one (a
 // probe table when there is none).
 func (u *Usage) addInner(mp *ebpf.Map) error {
 	var ids []uint32
-	if err := scan(mp, func(_ *uint32, id *uint32) { ids = append(ids, *id) }); err != nil {
+	k := make([]byte, mp.KeySize())
+	var id uint32
+	it := mp.Iterate()
+	for it.Next(k, &id) {
+		ids = append(ids, id)
+	}
+	if err := it.Err(); err != nil {
 		return err
 	}
 	for _, id := range ids {
@@ -210,7 +221,7 @@ func (u *Usage) addInner(mp *ebpf.Map) error {
 		t.Close()
 	}
 	if u.innerEach == 0 {
-		t, err := ebpf.NewMap(&stackFlowPartSpec)
+		t, err := ebpf.NewMap(u.inner)
 		if err != nil {
 			return err
 		}

@@ -19,7 +19,7 @@ import (
 var layouts = map[int]string{
 	1: "9948a12e1789aaaf",
 	2: "b84671b938a29b9c", // NAT (flow timers and state in cni_ct/cni_snat, cni_masq_config, cni_masq_share, IPv6 masquerade, ICMP error counters), bandwidth (bw_state.queue_ns, mark_ns; netns_info.rcv_wnd), node resources (sizes from maxPods, cni_stats not preallocated, cni_cidr_refs)
-	3: "2b4daa9c6f4aa2d3", // datapath events (cni_events ring buffer, cni_ev_config, cni_ev_cpu, cni_ev_pods, cni_ev_flows), per-pod stack-flow tables (cni_stack_flow_parts), NetworkPolicy (cni_pol_*); no existing map changed
+	3: "095634a0ecb41662", // datapath events (cni_events ring buffer, cni_ev_config, cni_ev_cpu, cni_ev_pods, cni_ev_flows), per-pod stack-flow tables (cni_stack_flow_parts), NetworkPolicy (cni_pol_*, the flows in per-interface tables cni_pol_ct_parts, fragments in cni_pol_frag_parts); no existing map changed; maps of maps' tables fingerprinted too
 }
 
 // optionalLayouts holds the fingerprint of the maps each LayoutVersion
@@ -54,6 +54,12 @@ func TestLayoutVersion(t *testing.T) {
 			}
 			fmt.Fprintf(b, "%s %s key=%d value=%d max=%d flags=%d key:%s value:%s\n", n, s.Type, s.KeySize, s.ValueSize,
 				s.MaxEntries, s.Flags, layoutOf(s.Key), layoutOf(s.Value))
+			// A map of maps' tables are part of its layout: the pinned
+			// outer map holds their shape, and refuses other tables.
+			if in := s.InnerMap; in != nil {
+				fmt.Fprintf(&b, "  inner %s key=%d value=%d max=%d flags=%d key:%s value:%s\n", in.Type, in.KeySize, in.ValueSize,
+					in.MaxEntries, in.Flags, layoutOf(in.Key), layoutOf(in.Value))
+			}
 		}
 	}
 	osum := sha256.Sum256([]byte(opt.String()))
@@ -146,20 +152,26 @@ func TestPinnedShapes(t *testing.T) {
 	}
 }
 
-// TestStackFlowPartSpec: the table AddStackFlowPart creates is the inner
-// map bpf/lib/maps.h declares for cni_stack_flow_parts.
-func TestStackFlowPartSpec(t *testing.T) {
+// TestInnerSpecs: the tables the verbs create (AddStackFlowPart,
+// AddPolicyFlowTables) are the inner maps bpf/lib/maps.h declares.
+func TestInnerSpecs(t *testing.T) {
 	ss, err := specs()
 	if err != nil {
 		t.Fatal(err)
 	}
-	in := ss[nameStackFlowParts].InnerMap
-	if in == nil {
-		t.Fatalf("%s has no inner map in the object", nameStackFlowParts)
+	for name, p := range innerSpecs {
+		in := ss[name].InnerMap
+		if in == nil {
+			t.Fatalf("%s has no inner map in the object", name)
+		}
+		if in.Type != p.Type || in.KeySize != p.KeySize || in.ValueSize != p.ValueSize || in.MaxEntries != p.MaxEntries || in.Flags != p.Flags {
+			t.Errorf("%s: the spec of its tables is %s key %d value %d max %d flags %d; the object's is %s key %d value %d max %d flags %d",
+				name, p.Type, p.KeySize, p.ValueSize, p.MaxEntries, p.Flags, in.Type, in.KeySize, in.ValueSize, in.MaxEntries, in.Flags)
+		}
 	}
-	p := stackFlowPartSpec
-	if in.Type != p.Type || in.KeySize != p.KeySize || in.ValueSize != p.ValueSize || in.MaxEntries != p.MaxEntries || in.Flags != p.Flags {
-		t.Errorf("stackFlowPartSpec is %s key %d value %d max %d flags %d; the object's is %s key %d value %d max %d flags %d",
-			p.Type, p.KeySize, p.ValueSize, p.MaxEntries, p.Flags, in.Type, in.KeySize, in.ValueSize, in.MaxEntries, in.Flags)
+	for name, s := range ss {
+		if _, ok := innerSpecs[name]; s.InnerMap != nil && !ok {
+			t.Errorf("%s is a map of maps that innerSpecs lacks", name)
+		}
 	}
 }

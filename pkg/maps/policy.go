@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -24,20 +25,135 @@ type (
 	PolicyPortKey = mapsObjPolPortKey
 	PolicyCTKey   = mapsObjPolCtKey
 	PolicyCTVal   = mapsObjPolCtVal
-	PolicyConfig  = mapsObjPolConfig
-	PolicyFragKey = mapsObjPolFragKey
+	// PolicyCTPartKey names one flow table of an interface (cni_pol_ct_parts).
+	PolicyCTPartKey = mapsObjPolCtPartKey
+	PolicyConfig    = mapsObjPolConfig
+	PolicyFragKey   = mapsObjPolFragKey
 )
 
 // Names of the NetworkPolicy maps, as bpf/lib/maps.h declares them.
 const (
-	namePolState   = "cni_pol_state"
-	namePolAddrs   = "cni_pol_addrs"
-	namePolPorts   = "cni_pol_ports"
-	namePolCT      = "cni_pol_ct"
-	namePolConfig  = "cni_pol_config"
-	namePolScratch = "cni_pol_scratch" // the programs' working memory, nothing to read
-	namePolFrags   = "cni_pol_frags"
+	namePolState     = "cni_pol_state"
+	namePolAddrs     = "cni_pol_addrs"
+	namePolPorts     = "cni_pol_ports"
+	namePolCTParts   = "cni_pol_ct_parts"
+	namePolConfig    = "cni_pol_config"
+	namePolScratch   = "cni_pol_scratch" // the programs' working memory, nothing to read
+	namePolFragParts = "cni_pol_frag_parts"
 )
+
+// polCTPartSpec is one flow table of a pod interface: struct pol_ct_part
+// in bpf/lib/maps.h (TestPolicyCTPartSpec holds them equal), kept here so
+// that ADD creates one without parsing the embedded object.
+var polCTPartSpec = ebpf.MapSpec{Name: "cni_pol_ct_part", Type: ebpf.LRUHash, KeySize: 44, ValueSize: 24, MaxEntries: 128}
+
+// polFragPartSpec is a pod interface's table of fragmented datagrams: struct
+// pol_frag_part in bpf/lib/maps.h (TestInnerSpecs).
+var polFragPartSpec = ebpf.MapSpec{Name: "cni_pol_frag_part", Type: ebpf.LRUHash, KeySize: 44, ValueSize: 8, MaxEntries: 16}
+
+// Openers of a flow: the table of cni_pol_ct_parts it is kept in
+// (pol_ct_part_key.opener, enum cni_dir).
+var polCTOpeners = [2]uint32{uint32(DirEgress), uint32(DirIngress)}
+
+// AddPolicyFlowTables gives the interface ifindex its two flow tables (the
+// flows the pod opens, the flows its peers open) and its table of
+// fragmented datagrams, replacing any an earlier interface of that ifindex
+// left: no pod's flows are evicted by another's, nor the pod's own by its
+// peers' (bpf/lib/maps.h). ADD, before the interface is flagged for policy
+// (SetPolicyPending).
+func (m *Maps) AddPolicyFlowTables(ifindex int) error {
+	frags, err := ebpf.NewMap(&polFragPartSpec)
+	if err != nil {
+		return fmt.Errorf("create the fragment table of ifindex %d: %w", ifindex, err)
+	}
+	fk := uint32(ifindex)
+	err = m.byName[namePolFragParts].Update(&fk, frags, ebpf.UpdateAny)
+	frags.Close()
+	if err != nil {
+		return writeErr(m.byName[namePolFragParts], namePolFragParts, fmt.Sprintf("the fragment table of ifindex %d", ifindex), err)
+	}
+	outer := m.byName[namePolCTParts]
+	for _, o := range polCTOpeners {
+		inner, err := ebpf.NewMap(&polCTPartSpec)
+		if err != nil {
+			return fmt.Errorf("create a policy flow table of ifindex %d: %w", ifindex, err)
+		}
+		k := PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: o}
+		err = outer.Update(&k, inner, ebpf.UpdateAny)
+		inner.Close() // the outer map holds it from here
+		if err != nil {
+			return writeErr(outer, namePolCTParts, fmt.Sprintf("a flow table of ifindex %d", ifindex), err)
+		}
+	}
+	return nil
+}
+
+// PolicyFlowTables lists the ifindexes that have flow or fragment tables.
+func (m *Maps) PolicyFlowTables() ([]int, error) {
+	seen := map[uint32]bool{}
+	var out []int
+	add := func(idx uint32) {
+		if !seen[idx] {
+			seen[idx] = true
+			out = append(out, int(idx))
+		}
+	}
+	if err := scan(m.byName[namePolCTParts], func(k *PolicyCTPartKey, _ *uint32) { add(k.Ifindex) }); err != nil {
+		return nil, fmt.Errorf("scan %s: %w", namePolCTParts, err)
+	}
+	if err := scan(m.byName[namePolFragParts], func(k *uint32, _ *uint32) { add(*k) }); err != nil {
+		return nil, fmt.Errorf("scan %s: %w", namePolFragParts, err)
+	}
+	return out, nil
+}
+
+// DeletePolicyFlowTables drops the flow and fragment tables of ifindex,
+// if any (DEL; the agent's reconcile, for a veth gone without a DEL).
+func (m *Maps) DeletePolicyFlowTables(ifindex int) error {
+	outer := m.byName[namePolCTParts]
+	var errs error
+	fk := uint32(ifindex)
+	if err := m.byName[namePolFragParts].Delete(&fk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		errs = fmt.Errorf("delete the fragment table of ifindex %d from %s: %w", ifindex, namePolFragParts, err)
+	}
+	for _, o := range polCTOpeners {
+		k := PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: o}
+		if err := outer.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = errors.Join(errs, fmt.Errorf("delete a flow table of ifindex %d from %s: %w", ifindex, namePolCTParts, err))
+		}
+	}
+	return errs
+}
+
+// eachPolicyFlowTable calls fn with every flow table (opened by id, closed
+// after fn) and its key.
+func (m *Maps) eachPolicyFlowTable(fn func(PolicyCTPartKey, *ebpf.Map) error) error {
+	type part struct {
+		k  PolicyCTPartKey
+		id ebpf.MapID
+	}
+	var parts []part
+	if err := scan(m.byName[namePolCTParts], func(k *PolicyCTPartKey, id *uint32) {
+		parts = append(parts, part{*k, ebpf.MapID(*id)})
+	}); err != nil {
+		return fmt.Errorf("scan %s: %w", namePolCTParts, err)
+	}
+	for _, p := range parts {
+		t, err := ebpf.NewMapFromID(p.id)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // dropped meanwhile
+		}
+		if err != nil {
+			return fmt.Errorf("open a table of %s (map %d): %w", namePolCTParts, p.id, err)
+		}
+		err = fn(p.k, t)
+		t.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 // EndpointFlagPolicy is EP_F_POLICY in ep_info.flags and link_info.flags:
 // the pod's traffic is judged by its NetworkPolicy (bpf/lib/policy.h).
@@ -112,11 +228,14 @@ func (m *Maps) PolicyEnabled() (bool, error) {
 	return c.Flags&polCfgOn != 0, nil
 }
 
-// SetPolicyPending makes the interface pending in both directions (ADD,
-// before the pod can send or receive anything): only the node's traffic
-// passes until the agent programs it. It replaces any state an earlier
-// link of this ifindex left.
+// SetPolicyPending gives the interface its flow tables and makes it
+// pending in both directions (ADD, before the pod can send or receive
+// anything): only the node's traffic passes until the agent programs it.
+// It replaces any state and tables an earlier link of this ifindex left.
 func (m *Maps) SetPolicyPending(ifindex int) error {
+	if err := m.AddPolicyFlowTables(ifindex); err != nil {
+		return err
+	}
 	k := uint32(ifindex)
 	st := PolicyState{Mode: [2]uint8{PolicyPending, PolicyPending}}
 	if err := m.byName[namePolState].Put(&k, &st); err != nil {
@@ -139,8 +258,8 @@ func (m *Maps) PolicyStateOf(ifindex int) (st PolicyState, ok bool, err error) {
 }
 
 // DeletePolicyOf forgets an interface (DEL, GC, reconcile): its state and
-// its flows, and (peers: the pod's addresses) every other pod's flows with
-// it. Its rule sets, referenced by nothing any more, are left to the
+// its flow tables, and (peers: the pod's addresses) every other pod's
+// flows with it. Its rule sets, referenced by nothing any more, are left to the
 // agent's PolicyWriter (Sweep): finding them is a scan of the tries, which
 // a DEL need not pay.
 func (m *Maps) DeletePolicyOf(ifindex int, peers ...netip.Addr) error {
@@ -150,38 +269,43 @@ func (m *Maps) DeletePolicyOf(ifindex int, peers ...netip.Addr) error {
 		errs = fmt.Errorf("delete %s[%d]: %w", namePolState, ifindex, err)
 	}
 	_, err := m.DeletePolicyFlowsOf(ifindex, peers...)
-	errs = errors.Join(errs, err)
-	var frags []PolicyFragKey
-	if err := scan(m.byName[namePolFrags], func(k *PolicyFragKey, _ *uint64) {
-		if int(k.Ifindex) == ifindex {
-			frags = append(frags, *k)
-		}
-	}); err != nil {
-		return errors.Join(errs, fmt.Errorf("scan %s: %w", namePolFrags, err))
-	}
-	return errors.Join(errs, deleteKeys(m.byName[namePolFrags], frags))
+	return errors.Join(errs, err)
 }
 
-// DeletePolicyFlowsOf removes every cni_pol_ct entry of the interface
-// (ifindex 0: none), and every entry whose peer is one of peers, and
-// returns how many: a scan (batched), as DeleteStackFlowsOf. A deleted
-// pod's address goes to a new pod sooner or later: the flows other pods
-// had with the old one must not let the new one in.
+// DeletePolicyFlowsOf drops the flow tables of the interface (ifindex 0:
+// none), and removes every entry whose peer is one of peers from the other
+// interfaces' tables, and returns how many: a scan (batched) of every
+// table, as DeleteStackFlowsOf. A deleted pod's address goes to a new pod
+// sooner or later: the flows other pods had with the old one must not let
+// the new one in.
 func (m *Maps) DeletePolicyFlowsOf(ifindex int, peers ...netip.Addr) (int, error) {
-	var keys []PolicyCTKey
-	err := scan(m.byName[namePolCT], func(k *PolicyCTKey, v *PolicyCTVal) {
-		if (ifindex != 0 && int(k.Ifindex) == ifindex) ||
-			(len(peers) > 0 && slices.Contains(peers, addrPort(k.PeerAddr, k.Family, 0).Addr())) {
-			keys = append(keys, *k)
+	if ifindex != 0 {
+		if err := m.DeletePolicyFlowTables(ifindex); err != nil {
+			return 0, err
 		}
-	})
-	if err != nil {
-		return 0, fmt.Errorf("scan %s: %w", namePolCT, err)
 	}
-	return len(keys), deleteKeys(m.byName[namePolCT], keys)
+	if len(peers) == 0 {
+		return 0, nil
+	}
+	n := 0
+	err := m.eachPolicyFlowTable(func(_ PolicyCTPartKey, t *ebpf.Map) error {
+		var keys []PolicyCTKey
+		err := scan(t, func(k *PolicyCTKey, v *PolicyCTVal) {
+			if slices.Contains(peers, addrPort(k.PeerAddr, k.Family, 0).Addr()) {
+				keys = append(keys, *k)
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("scan a table of %s: %w", namePolCTParts, err)
+		}
+		n += len(keys)
+		return deleteKeys(t, keys)
+	})
+	return n, err
 }
 
-// PolicyFlow is one entry of cni_pol_ct: a flow the pod's policy allowed.
+// PolicyFlow is one entry of a cni_pol_ct_parts table: a flow the pod's
+// policy allowed.
 type PolicyFlow struct {
 	Ifindex int
 	Proto   uint8
@@ -192,18 +316,21 @@ type PolicyFlow struct {
 	Flags   uint32
 }
 
-// ListPolicyFlows returns every entry of cni_pol_ct.
+// ListPolicyFlows returns every entry of every flow table.
 func (m *Maps) ListPolicyFlows() ([]PolicyFlow, error) {
 	var out []PolicyFlow
-	err := scan(m.byName[namePolCT], func(k *PolicyCTKey, v *PolicyCTVal) {
-		out = append(out, PolicyFlow{Ifindex: int(k.Ifindex), Proto: k.Proto,
-			Pod: addrPort(k.PodAddr, k.Family, k.PodPort), Peer: addrPort(k.PeerAddr, k.Family, k.PeerPort),
-			Egress: v.Flags&PolicyCTEgress != 0, Defer: v.Flags&PolicyCTDefer != 0, Flags: v.Flags})
+	err := m.eachPolicyFlowTable(func(_ PolicyCTPartKey, t *ebpf.Map) error {
+		err := scan(t, func(k *PolicyCTKey, v *PolicyCTVal) {
+			out = append(out, PolicyFlow{Ifindex: int(k.Ifindex), Proto: k.Proto,
+				Pod: addrPort(k.PodAddr, k.Family, k.PodPort), Peer: addrPort(k.PeerAddr, k.Family, k.PeerPort),
+				Egress: v.Flags&PolicyCTEgress != 0, Defer: v.Flags&PolicyCTDefer != 0, Flags: v.Flags})
+		})
+		if err != nil {
+			return fmt.Errorf("scan a table of %s: %w", namePolCTParts, err)
+		}
+		return nil
 	})
-	if err != nil {
-		return nil, fmt.Errorf("scan %s: %w", namePolCT, err)
-	}
-	return out, nil
+	return out, err
 }
 
 // ProgrammedPolicy is what the maps hold for one interface, read back.

@@ -58,13 +58,11 @@ const (
 	eventFlowsPerPod = 32
 	sockFlowsPerPod  = 64 // node sockets reaching a pod through a hostPort
 	// NetworkPolicy: peer prefixes (rule entries) and port prefixes per
-	// pod, flows its policy allowed per pod (both ends of a same-node flow
-	// have one each). The tries are not preallocated: only what the
-	// policies hold costs memory.
+	// pod. The tries are not preallocated: only what the policies hold
+	// costs memory. (The flows a policy allowed and its fragmented
+	// datagrams are in tables of each interface's own, bpf/lib/maps.h.)
 	policyAddrsPerPod = 512
 	policyPortsPerPod = 128
-	policyFlowsPerPod = 128
-	policyFragsPerPod = 16 // fragmented datagrams in flight (first fragment seen) per pod
 	// minCT is cni_ct's least size: a hostPort pod taking 8000 short
 	// connections a second keeps tens of thousands of closing flows there
 	// until they time out, and at maxPods x flowsPerPod (28160 at the
@@ -118,8 +116,8 @@ func (s Sizing) entries() map[string]uint32 {
 		namePolState:       uint32(att),
 		namePolAddrs:       uint32(s.MaxPods * policyAddrsPerPod),
 		namePolPorts:       uint32(s.MaxPods * policyPortsPerPod),
-		namePolCT:          uint32(s.MaxPods * policyFlowsPerPod),
-		namePolFrags:       uint32(s.MaxPods * policyFragsPerPod),
+		namePolCTParts:     uint32(att * 2), // two tables per attachment
+		namePolFragParts:   uint32(att),     // a table per attachment
 	}
 }
 

@@ -31,6 +31,11 @@
 //   - packet: the per-packet budget, ns per program run (BPF_PROG_TEST_RUN)
 //     on each path, beside the reference commit -packet-ref (packet.go).
 //
+//   - netpol: pod-to-pod throughput and request/response latency with 0, 1
+//     and 100 NetworkPolicies selecting the pods, new connections/s through
+//     an allowed policy, policy change to enforcement and memory at 1000
+//     pods x 500 policies (test/bench/netpol).
+//
 // Every part's figures also go to one combined table, bench-<date>.md and
 // .json, each with its spread and its ratio to the reference measured in
 // the same run (make bench: all parts, full under 15 minutes on 2 cores).
@@ -70,6 +75,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/test/bench/bandwidth"
 	"github.com/ebpf-cni/ebpf-cni/test/bench/events"
+	"github.com/ebpf-cni/ebpf-cni/test/bench/netpol"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -117,6 +123,8 @@ type options struct {
 	// how many runs of each build alternate.
 	packetRef  string
 	packetRuns int
+	// netpol part (test/bench/netpol)
+	np *netpol.Options
 
 	parts map[string]bool
 }
@@ -133,9 +141,10 @@ const (
 	partBandwidth  = "bandwidth"
 	partEvents     = "events"
 	partPacket     = "packet"
+	partNetpol     = "netpol"
 )
 
-var allParts = []string{partPacket, partLatency, partScale, partHostPort, partThroughput, partMemory, partBurst, partColdStart, partBandwidth, partEvents}
+var allParts = []string{partPacket, partLatency, partScale, partHostPort, partThroughput, partMemory, partBurst, partColdStart, partBandwidth, partEvents, partNetpol}
 
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -284,6 +293,9 @@ func parseFlags(args []string) (*options, error) {
 	if o.parts[partEvents] {
 		o.ev = events.NewOptions(o.quick, o.outDir)
 	}
+	if o.parts[partNetpol] {
+		o.np = netpol.NewOptions(o.quick, o.outDir)
+	}
 	if o.parts[partBandwidth] {
 		if o.bw, err = bandwidth.NewOptions(o.quick, o.outDir, *bwRates, *bwSecs); err != nil {
 			return nil, err
@@ -341,8 +353,13 @@ func inner(opts *options) int {
 		b  *bench
 		bw *bandwidth.Bench
 		ev *events.Bench
+		np *netpol.Bench
 	)
 	cleanup := func() {
+		if np != nil {
+			np.Cleanup()
+			np = nil
+		}
 		if ev != nil {
 			ev.Cleanup()
 			ev = nil
@@ -404,6 +421,17 @@ func inner(opts *options) int {
 			c.add(ev.Rows())
 			cleanup()
 		}
+		if opts.parts[partNetpol] {
+			var err error
+			if np, err = netpol.New(ctx, opts.np); err != nil {
+				return err
+			}
+			if err := np.Run(ctx); err != nil {
+				return err
+			}
+			c.add(np.Rows())
+			cleanup()
+		}
 		return c.write(opts.outDir)
 	}, cleanup)
 }
@@ -411,7 +439,7 @@ func inner(opts *options) int {
 // cniParts tells whether a part measured by bench.run was asked for.
 func (o *options) cniParts() bool {
 	for p := range o.parts {
-		if p != partBandwidth && p != partEvents && p != partPacket {
+		if p != partBandwidth && p != partEvents && p != partPacket && p != partNetpol {
 			return true
 		}
 	}

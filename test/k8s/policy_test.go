@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/netpol"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	cnistate "github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
@@ -208,6 +209,36 @@ func TestAgentPolicyLatency(t *testing.T) {
 	slices.Sort(lat)
 	t.Logf("API write to all %d local interfaces written (1000 pods, 500 policies), %d changes: p50 %s, p99 %s, max %s",
 		local, changes, lat[len(lat)/2].Round(100*time.Microsecond), lat[len(lat)*99/100].Round(100*time.Microsecond), lat[len(lat)-1].Round(100*time.Microsecond))
+	// What the agent holds at this size: its resident memory (informer
+	// caches, the compiler's snapshot) and the policy maps' kernel memory.
+	if st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", l.agent.cmd.Process.Pid)); err == nil {
+		for _, line := range strings.Split(string(st), "\n") {
+			if strings.HasPrefix(line, "VmRSS:") || strings.HasPrefix(line, "VmHWM:") {
+				t.Logf("agent %s (1000 pods, 500 policies, %d local interfaces programmed)", strings.Join(strings.Fields(line), " "), local)
+			}
+		}
+	} else {
+		t.Errorf("agent memory: %v", err)
+	}
+	// The maps are pinned in the node's own bpffs: read through the
+	// agent's status there.
+	if out, err := in(l.node.holder, true, l.c.a.path("ebpf-agent"), "status", "--pin-dir", "/sys/fs/bpf/ebpf-cni",
+		"--state-dir", l.stateDir, "-o", "json"); err != nil {
+		t.Errorf("ebpf-agent status: %v\n%s", err, out)
+	} else {
+		var st struct{ Maps []maps.Usage }
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Errorf("ebpf-agent status: %v\n%s", err, out)
+		}
+		var sum uint64
+		for _, u := range st.Maps {
+			if strings.HasPrefix(u.Name, "cni_pol_") {
+				sum += u.Memlock + u.InnerMemlock
+				t.Logf("  %s: %d entries, %d bytes", u.Name, u.Entries, u.Memlock+u.InnerMemlock)
+			}
+		}
+		t.Logf("policy maps: %.2f MiB of kernel memory", float64(sum)/(1<<20))
+	}
 	// The agent's own view: informer event to written, per change.
 	var own []string
 	for _, line := range strings.Split(l.agentLog(), "\n") {
