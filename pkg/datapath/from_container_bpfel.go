@@ -47,6 +47,8 @@ const (
 	fromContainerMapCniStackFlowParts = "cni_stack_flow_parts"
 	fromContainerMapCniStackFlows     = "cni_stack_flows"
 	fromContainerMapCniStats          = "cni_stats"
+	fromContainerMapCniTunCidrs       = "cni_tun_cidrs"
+	fromContainerMapCniTunNodes       = "cni_tun_nodes"
 	fromContainerProgCniFromContainer = "cni_from_container"
 )
 
@@ -130,6 +132,8 @@ type fromContainerMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // fromContainerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -189,6 +193,8 @@ type fromContainerMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *fromContainerMaps) Close() error {
@@ -224,6 +230,8 @@ func (m *fromContainerMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 

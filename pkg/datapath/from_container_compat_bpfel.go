@@ -47,6 +47,8 @@ const (
 	fromContainerCompatMapCniStackFlowParts = "cni_stack_flow_parts"
 	fromContainerCompatMapCniStackFlows     = "cni_stack_flows"
 	fromContainerCompatMapCniStats          = "cni_stats"
+	fromContainerCompatMapCniTunCidrs       = "cni_tun_cidrs"
+	fromContainerCompatMapCniTunNodes       = "cni_tun_nodes"
 	fromContainerCompatProgCniFromContainer = "cni_from_container"
 )
 
@@ -130,6 +132,8 @@ type fromContainerCompatMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // fromContainerCompatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -189,6 +193,8 @@ type fromContainerCompatMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *fromContainerCompatMaps) Close() error {
@@ -224,6 +230,8 @@ func (m *fromContainerCompatMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 

@@ -47,6 +47,8 @@ const (
 	fromUplinkMapCniStackFlowParts = "cni_stack_flow_parts"
 	fromUplinkMapCniStackFlows     = "cni_stack_flows"
 	fromUplinkMapCniStats          = "cni_stats"
+	fromUplinkMapCniTunCidrs       = "cni_tun_cidrs"
+	fromUplinkMapCniTunNodes       = "cni_tun_nodes"
 	fromUplinkProgCniFromUplink    = "cni_from_uplink"
 )
 
@@ -130,6 +132,8 @@ type fromUplinkMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // fromUplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -189,6 +193,8 @@ type fromUplinkMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *fromUplinkMaps) Close() error {
@@ -224,6 +230,8 @@ func (m *fromUplinkMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 

@@ -47,6 +47,8 @@ const (
 	fromUplinkCompatMapCniStackFlowParts = "cni_stack_flow_parts"
 	fromUplinkCompatMapCniStackFlows     = "cni_stack_flows"
 	fromUplinkCompatMapCniStats          = "cni_stats"
+	fromUplinkCompatMapCniTunCidrs       = "cni_tun_cidrs"
+	fromUplinkCompatMapCniTunNodes       = "cni_tun_nodes"
 	fromUplinkCompatProgCniFromUplink    = "cni_from_uplink"
 )
 
@@ -130,6 +132,8 @@ type fromUplinkCompatMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // fromUplinkCompatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -189,6 +193,8 @@ type fromUplinkCompatMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *fromUplinkCompatMaps) Close() error {
@@ -224,6 +230,8 @@ func (m *fromUplinkCompatMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 

@@ -47,6 +47,8 @@ const (
 	sockMapCniStackFlowParts = "cni_stack_flow_parts"
 	sockMapCniStackFlows     = "cni_stack_flows"
 	sockMapCniStats          = "cni_stats"
+	sockMapCniTunCidrs       = "cni_tun_cidrs"
+	sockMapCniTunNodes       = "cni_tun_nodes"
 	sockProgCniSockConnect4  = "cni_sock_connect4"
 	sockProgCniSockConnect6  = "cni_sock_connect6"
 	sockProgCniSockPeer4     = "cni_sock_peer4"
@@ -144,6 +146,8 @@ type sockMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -203,6 +207,8 @@ type sockMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *sockMaps) Close() error {
@@ -238,6 +244,8 @@ func (m *sockMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 

@@ -47,6 +47,8 @@ const (
 	sockCompatMapCniStackFlowParts = "cni_stack_flow_parts"
 	sockCompatMapCniStackFlows     = "cni_stack_flows"
 	sockCompatMapCniStats          = "cni_stats"
+	sockCompatMapCniTunCidrs       = "cni_tun_cidrs"
+	sockCompatMapCniTunNodes       = "cni_tun_nodes"
 	sockCompatProgCniSockConnect4  = "cni_sock_connect4"
 	sockCompatProgCniSockConnect6  = "cni_sock_connect6"
 	sockCompatProgCniSockPeer4     = "cni_sock_peer4"
@@ -144,6 +146,8 @@ type sockCompatMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // sockCompatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -203,6 +207,8 @@ type sockCompatMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *sockCompatMaps) Close() error {
@@ -238,6 +244,8 @@ func (m *sockCompatMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 

@@ -47,6 +47,8 @@ const (
 	sockOpsMapCniStackFlowParts = "cni_stack_flow_parts"
 	sockOpsMapCniStackFlows     = "cni_stack_flows"
 	sockOpsMapCniStats          = "cni_stats"
+	sockOpsMapCniTunCidrs       = "cni_tun_cidrs"
+	sockOpsMapCniTunNodes       = "cni_tun_nodes"
 	sockOpsProgCniSockOps       = "cni_sock_ops"
 )
 
@@ -130,6 +132,8 @@ type sockOpsMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // sockOpsVariableSpecs contains global variables before they are loaded into the kernel.
@@ -189,6 +193,8 @@ type sockOpsMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *sockOpsMaps) Close() error {
@@ -224,6 +230,8 @@ func (m *sockOpsMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 

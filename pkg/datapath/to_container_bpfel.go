@@ -47,6 +47,8 @@ const (
 	toContainerMapCniStackFlowParts = "cni_stack_flow_parts"
 	toContainerMapCniStackFlows     = "cni_stack_flows"
 	toContainerMapCniStats          = "cni_stats"
+	toContainerMapCniTunCidrs       = "cni_tun_cidrs"
+	toContainerMapCniTunNodes       = "cni_tun_nodes"
 	toContainerProgCniToContainer   = "cni_to_container"
 )
 
@@ -130,6 +132,8 @@ type toContainerMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // toContainerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -189,6 +193,8 @@ type toContainerMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *toContainerMaps) Close() error {
@@ -224,6 +230,8 @@ func (m *toContainerMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 

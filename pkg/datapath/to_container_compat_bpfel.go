@@ -47,6 +47,8 @@ const (
 	toContainerCompatMapCniStackFlowParts = "cni_stack_flow_parts"
 	toContainerCompatMapCniStackFlows     = "cni_stack_flows"
 	toContainerCompatMapCniStats          = "cni_stats"
+	toContainerCompatMapCniTunCidrs       = "cni_tun_cidrs"
+	toContainerCompatMapCniTunNodes       = "cni_tun_nodes"
 	toContainerCompatProgCniToContainer   = "cni_to_container"
 )
 
@@ -130,6 +132,8 @@ type toContainerCompatMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // toContainerCompatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -189,6 +193,8 @@ type toContainerCompatMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *toContainerCompatMaps) Close() error {
@@ -224,6 +230,8 @@ func (m *toContainerCompatMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 

@@ -47,6 +47,8 @@ const (
 	toUplinkMapCniStackFlowParts = "cni_stack_flow_parts"
 	toUplinkMapCniStackFlows     = "cni_stack_flows"
 	toUplinkMapCniStats          = "cni_stats"
+	toUplinkMapCniTunCidrs       = "cni_tun_cidrs"
+	toUplinkMapCniTunNodes       = "cni_tun_nodes"
 	toUplinkProgCniToUplink      = "cni_to_uplink"
 )
 
@@ -130,6 +132,8 @@ type toUplinkMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // toUplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -189,6 +193,8 @@ type toUplinkMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *toUplinkMaps) Close() error {
@@ -224,6 +230,8 @@ func (m *toUplinkMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 

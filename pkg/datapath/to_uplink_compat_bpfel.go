@@ -47,6 +47,8 @@ const (
 	toUplinkCompatMapCniStackFlowParts = "cni_stack_flow_parts"
 	toUplinkCompatMapCniStackFlows     = "cni_stack_flows"
 	toUplinkCompatMapCniStats          = "cni_stats"
+	toUplinkCompatMapCniTunCidrs       = "cni_tun_cidrs"
+	toUplinkCompatMapCniTunNodes       = "cni_tun_nodes"
 	toUplinkCompatProgCniToUplink      = "cni_to_uplink"
 )
 
@@ -130,6 +132,8 @@ type toUplinkCompatMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // toUplinkCompatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -189,6 +193,8 @@ type toUplinkCompatMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *toUplinkCompatMaps) Close() error {
@@ -224,6 +230,8 @@ func (m *toUplinkCompatMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 

@@ -20,6 +20,7 @@ var layouts = map[int]string{
 	1: "9948a12e1789aaaf",
 	2: "b84671b938a29b9c", // NAT (flow timers and state in cni_ct/cni_snat, cni_masq_config, cni_masq_share, IPv6 masquerade, ICMP error counters), bandwidth (bw_state.queue_ns, mark_ns; netns_info.rcv_wnd), node resources (sizes from maxPods, cni_stats not preallocated, cni_cidr_refs)
 	3: "2b4daa9c6f4aa2d3", // datapath events (cni_events ring buffer, cni_ev_config, cni_ev_cpu, cni_ev_pods, cni_ev_flows), per-pod stack-flow tables (cni_stack_flow_parts), NetworkPolicy (cni_pol_*); no existing map changed
+	4: "e1bb57dfa43c5ff8", // the node tunnel (cni_tun_nodes, cni_tun_cidrs) and its two drop reasons (cni_stats sized for them); no existing struct changed
 }
 
 func TestLayoutVersion(t *testing.T) {

@@ -91,7 +91,9 @@ const (
 	mapsObjCniReasonREASON_DROP_BANDWIDTH  mapsObjCniReason = 8
 	mapsObjCniReasonREASON_DROP_ROUTER_MSG mapsObjCniReason = 9
 	mapsObjCniReasonREASON_DROP_POLICY     mapsObjCniReason = 10
-	mapsObjCniReasonREASON_MAX             mapsObjCniReason = 11
+	mapsObjCniReasonREASON_DROP_TUN_NODE   mapsObjCniReason = 11
+	mapsObjCniReasonREASON_DROP_TUN_SRC    mapsObjCniReason = 12
+	mapsObjCniReasonREASON_MAX             mapsObjCniReason = 13
 )
 
 type mapsObjCtKey struct {
@@ -424,6 +426,14 @@ type mapsObjStatsVal struct {
 	Bytes   uint64
 }
 
+type mapsObjTunPeer struct {
+	_      structs.HostLayout
+	Node   uint32
+	Family uint8
+	Pad    [3]uint8
+	Addr   [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -459,6 +469,8 @@ const (
 	mapsObjMapCniStackFlowParts = "cni_stack_flow_parts"
 	mapsObjMapCniStackFlows     = "cni_stack_flows"
 	mapsObjMapCniStats          = "cni_stats"
+	mapsObjMapCniTunCidrs       = "cni_tun_cidrs"
+	mapsObjMapCniTunNodes       = "cni_tun_nodes"
 	mapsObjVarDirUnused         = "__dir_unused"
 	mapsObjVarEvTypeUnused      = "__ev_type_unused"
 	mapsObjVarEventUnused       = "__event_unused"
@@ -546,6 +558,8 @@ type mapsObjMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // mapsObjVariableSpecs contains global variables before they are loaded into the kernel.
@@ -611,6 +625,8 @@ type mapsObjMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *mapsObjMaps) Close() error {
@@ -646,6 +662,8 @@ func (m *mapsObjMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 
