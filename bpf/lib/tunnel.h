@@ -1,21 +1,21 @@
 /*
  * The node tunnel (docs/tunnel.md): one collect_md VXLAN (or Geneve)
  * device per node, which the agent creates and routes other nodes' pod
- * CIDRs through (all of them, or in hybrid mode those of nodes off this
- * node's subnets). Its egress program names the node a packet goes to
- * (bpf_skb_set_tunnel_key); its ingress program lets in only what a node
- * may send: the outer source is a known node (cni_tun_nodes) and the inner
- * source is in that node's pod CIDRs (cni_tun_cidrs) or one of its
- * addresses. The stack routes both ways, as it does host-gw traffic: its
- * conntrack (Services, kube-proxy) and PMTU (ICMP "fragmentation needed"
- * for the tunnel's smaller MTU) see every packet.
+ * CIDRs into (all of them, or in hybrid mode those of nodes off this
+ * node's subnets), each route carrying its node as the tunnel key
+ * (pkg/agent/tunnelroute.go: a key set by a program would replace the
+ * packet's route, and with it the path MTU the device learns). The
+ * ingress program lets in only what a node may send: the outer source is a
+ * known node (cni_tun_nodes) and the inner source is in that node's pod
+ * CIDRs (cni_tun_cidrs) or one of its addresses. The stack routes both
+ * ways, as it does host-gw traffic: its conntrack (Services, kube-proxy)
+ * and PMTU see every packet.
  */
 #pragma once
 
 #include "endpoint.h"
 
-#define TUN_VNI 1  /* every node sends and accepts one VNI */
-#define TUN_TTL 64
+#define TUN_VNI 1  /* every node sends one VNI (the routes' "id"); any is accepted */
 
 /* The pod CIDR entry holding addr, NULL when no other node has one. */
 static __always_inline struct tun_peer *tun_cidr_of(const void *addr, __u8 family)
@@ -105,34 +105,5 @@ static __always_inline int tun_from(struct __sk_buff *skb)
 	 * its own address): take it as ours, or the stack would drop it as
 	 * another host's. */
 	bpf_skb_change_type(skb, 0 /* PACKET_HOST */);
-	return TC_ACT_OK;
-}
-
-/* Egress of the tunnel device: the stack routed a packet here for another
- * node's pod CIDR; address the outer header to that node. DF on the outer
- * IPv4 header: a smaller link on the way answers "fragmentation needed",
- * which the device turns into a smaller path MTU for the inner route. */
-static __always_inline int tun_to(struct __sk_buff *skb)
-{
-	__u8 src[16] = {}, dst[16] = {};
-	__u8 fam = tun_inner(skb, src, dst);
-
-	if (!fam)
-		return tun_drop(DIR_EGRESS, REASON_DROP_PROTO);
-	struct tun_peer *p = tun_cidr_of(dst, fam);
-	if (!p)
-		return tun_drop(DIR_EGRESS, REASON_DROP_UNKNOWN);
-
-	struct bpf_tunnel_key key = { .tunnel_id = TUN_VNI, .tunnel_ttl = TUN_TTL };
-	__u64 flags = BPF_F_DONT_FRAGMENT;
-
-	if (p->family == AF_INET) {
-		key.remote_ipv4 = bpf_ntohl(*(__u32 *)p->addr);
-	} else {
-		__builtin_memcpy(key.remote_ipv6, p->addr, 16);
-		flags |= BPF_F_TUNINFO_IPV6;
-	}
-	if (bpf_skb_set_tunnel_key(skb, &key, TUN_KEY_SIZE, flags))
-		return tun_drop(DIR_EGRESS, REASON_DROP_MALFORMED);
 	return TC_ACT_OK;
 }

@@ -116,10 +116,11 @@ type Routing struct {
 	// Mode off: host-gw routes only. vxlan, geneve: through the tunnel
 	// device (Ifindex, made by datapath.EnsureTunnel), whose maps (Maps)
 	// get every peer.
-	Mode    datapath.TunnelMode
-	Hybrid  bool // with a tunnel: host-gw to peers on a subnet of this node (no gateway between), the tunnel to the others
-	Ifindex int
-	Maps    *maps.Maps
+	Mode      datapath.TunnelMode
+	Hybrid    bool // with a tunnel: host-gw to peers on a subnet of this node (no gateway between), the tunnel to the others
+	Ifindex   int
+	DeviceMTU int
+	Maps      *maps.Maps
 }
 
 // SyncPeerRoutes is SyncPeerRoutesWith host-gw routing.
@@ -220,17 +221,22 @@ peers:
 				}
 			}
 			r := netlink.Route{Dst: dst, Gw: gw, Protocol: RouteProtocol}
-			if !direct {
+			// Hybrid: a family the peer has no address of goes into the
+			// tunnel (over the family it has).
+			if !direct || (tunnel && gw == nil) {
 				// Into the tunnel; the node's own packets leave from its
 				// address of the CIDR's family (the peer accepts its nodes'
 				// addresses as inner sources).
-				r = netlink.Route{Dst: dst, LinkIndex: rt.Ifindex, Scope: netlink.SCOPE_LINK, Protocol: RouteProtocol}
+				r = tunnelRoute(dst, gws[0], rt.Ifindex)
 				if gw != nil {
 					r.Src = srcFor(gw, rt.Ifindex)
 				}
+				if mtu := tunnelRouteMTU(gws[0], rt.Ifindex, rt.DeviceMTU); mtu != 0 {
+					r.MTU, r.MTULock = mtu, true
+				}
 				gw = gws[0]
 			} else if gw == nil {
-				errs = errors.Join(errs, fmt.Errorf("peer %s: no node IP of podCIDR %s's family", p.name(), c))
+				errs = errors.Join(errs, fmt.Errorf("peer %s: no node IP of podCIDR %s's family (a tunnel mode would carry it)", p.name(), c))
 				continue
 			}
 			if o, dup := want[dst.String()]; dup {

@@ -144,6 +144,9 @@ func Run(ctx context.Context, o Options) error {
 	if o.PeersFile != "" {
 		run["peer routes"] = &peerRoutes{file: o.PeersFile, interval: o.ReconcileInterval, lg: lg, tunnel: o.Tunnel, dp: dp}
 	}
+	if o.Tunnel.Mode != "" && o.Tunnel.Mode != datapath.TunnelOff {
+		run["tunnel path MTU"] = &pmtuWatch{m: dp.Maps, every: 2 * time.Second, lg: lg}
+	}
 	if o.NetworkPolicy {
 		run["policy"] = newPolicy(o, dp, kubeCfg, links)
 	}

@@ -1,15 +1,19 @@
 package agent
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
 	"net"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 // TunnelOptions are the cluster's tunnel mode as the agent applies it
@@ -89,7 +93,7 @@ func (t TunnelOptions) ensure(dp *datapath.Datapath, lg *log.Logger) (Routing, e
 	if err != nil {
 		return rt, fmt.Errorf("tunnel %s: %w", t.Mode, err)
 	}
-	rt.Ifindex = idx
+	rt.Ifindex, rt.DeviceMTU = idx, mtu
 	return rt, nil
 }
 
@@ -101,4 +105,96 @@ func SyncTunnelPeers(dp *datapath.Datapath, t TunnelOptions, peers []Peer) (Peer
 		return nil, err
 	}
 	return SyncPeerRoutesWith(peers, rt)
+}
+
+// tunnelRouteMTU is the MTU a route into the tunnel toward endpoint gets:
+// the path MTU the kernel learned to the endpoint (an ICMP "fragmentation
+// needed" or "packet too big" about an encapsulated packet) less the
+// overhead, locked, when it is below the device's; else 0 (the device's).
+// Locked, because forwarding consults only a locked route MTU (IPv4
+// without ip_forward_use_pmtu, IPv6 always), and the device's own
+// learning of the inner path MTU is then not needed: the stack answers
+// the pod with "fragmentation needed" or "packet too big" itself.
+func tunnelRouteMTU(endpoint net.IP, tunnel, devMTU int) int {
+	rs, err := netlink.RouteGet(endpoint)
+	if err != nil || len(rs) == 0 || rs[0].LinkIndex == tunnel || rs[0].MTU == 0 {
+		return 0
+	}
+	mtu := rs[0].MTU - datapath.TunnelOverhead(datapath.TunnelVXLAN, endpoint.To4() == nil)
+	if devMTU > 0 && mtu >= devMTU {
+		return 0
+	}
+	if mtu < 1280 && endpoint.To4() == nil {
+		mtu = 1280
+	}
+	return mtu
+}
+
+// pmtuWatch follows the path MTU to every node the tunnel leads to, and
+// sets it on the routes of their pod CIDRs (tunnelRouteMTU) within a tick
+// of the kernel learning it, and back when it expires.
+type pmtuWatch struct {
+	m     *maps.Maps
+	every time.Duration
+	lg    *log.Logger
+}
+
+func (w *pmtuWatch) Run(ctx context.Context) error {
+	t := time.NewTicker(w.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if err := RefreshTunnelMTU(w.m, w.lg); err != nil {
+			w.lg.Printf("tunnel path MTU: %v", err)
+		}
+	}
+}
+
+// RefreshTunnelMTU sets the path MTU on every route into the tunnel device
+// (its node from cni_tun_cidrs).
+func RefreshTunnelMTU(m *maps.Maps, lg *log.Logger) error {
+	tun, err := netlinksafe.LinkByName(datapath.TunnelDevice)
+	if err != nil {
+		return nil // no tunnel (yet)
+	}
+	idx, devMTU := tun.Attrs().Index, tun.Attrs().MTU
+	trs, err := m.TunnelRoutes()
+	if err != nil {
+		return err
+	}
+	endpoint := map[string]net.IP{}
+	for _, r := range trs {
+		endpoint[r.PodCIDR.String()] = net.IP(r.Endpoint.AsSlice())
+	}
+	var errs error
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		rs, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Protocol: RouteProtocol, LinkIndex: idx},
+			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_OIF)
+		if err != nil {
+			errs = errors.Join(errs, err)
+			continue
+		}
+		for _, r := range rs {
+			ep := endpoint[r.Dst.String()]
+			if r.Dst == nil || ep == nil {
+				continue
+			}
+			want := tunnelRouteMTU(ep, idx, devMTU)
+			if r.MTU == want && r.MTULock == (want != 0) {
+				continue
+			}
+			nr := tunnelRoute(r.Dst, ep, idx)
+			nr.Src, nr.MTU, nr.MTULock = r.Src, want, want != 0
+			if err := netlink.RouteReplace(&nr); err != nil {
+				errs = errors.Join(errs, fmt.Errorf("route %s: path MTU %d: %w", r.Dst, want, err))
+				continue
+			}
+			lg.Printf("tunnel: route %s to %s: path MTU %d (0: the device's %d)", r.Dst, ep, want, devMTU)
+		}
+	}
+	return errs
 }

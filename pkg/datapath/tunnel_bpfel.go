@@ -50,7 +50,6 @@ const (
 	tunnelMapCniTunCidrs       = "cni_tun_cidrs"
 	tunnelMapCniTunNodes       = "cni_tun_nodes"
 	tunnelProgCniFromTunnel    = "cni_from_tunnel"
-	tunnelProgCniToTunnel      = "cni_to_tunnel"
 )
 
 // loadTunnel returns the embedded CollectionSpec for tunnel.
@@ -96,7 +95,6 @@ type tunnelSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type tunnelProgramSpecs struct {
 	CniFromTunnel *ebpf.ProgramSpec `ebpf:"cni_from_tunnel"`
-	CniToTunnel   *ebpf.ProgramSpec `ebpf:"cni_to_tunnel"`
 }
 
 // tunnelMapSpecs contains maps before they are loaded into the kernel.
@@ -248,13 +246,11 @@ type tunnelVariables struct {
 // It can be passed to loadTunnelObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tunnelPrograms struct {
 	CniFromTunnel *ebpf.Program `ebpf:"cni_from_tunnel"`
-	CniToTunnel   *ebpf.Program `ebpf:"cni_to_tunnel"`
 }
 
 func (p *tunnelPrograms) Close() error {
 	return _TunnelClose(
 		p.CniFromTunnel,
-		p.CniToTunnel,
 	)
 }
 
