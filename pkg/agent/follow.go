@@ -207,6 +207,11 @@ func (f *follower) conflist(cidrs []netip.Prefix) {
 		ss = append(ss, c.String())
 	}
 	out, err := conflist.Render(raw, ss)
+	if err == nil {
+		// The pods' MTU, when the template leaves it to the agent: the
+		// uplink's less the tunnel's overhead.
+		out, err = conflist.WithMTU(out, f.o.Tunnel.PodMTU())
+	}
 	if err != nil {
 		f.once("conf", "conflist: %s: %v", f.o.ConfTemplate, err)
 		return

@@ -273,8 +273,21 @@ func TestTunnel(t *testing.T) {
 
 	// The agent on every node: the tunnel device, the routes and maps
 	// from the peers file, the path MTU.
+	// The node's conflist is the agent's rendering of a template without
+	// "mtu": the agent writes the pods' MTU into it.
+	confDirs := make([]string, len(lab.nodes))
 	for i, e := range lab.nodes {
-		e.StartAgent(e.WriteConfDir(), "--peers", lab.peers, "--tunnel", "vxlan", "--tunnel-hybrid", "--metrics-addr", "")
+		confDirs[i] = e.WriteConfDir()
+		tmpl := filepath.Join(t.TempDir(), "10-test.conflist")
+		raw, err := os.ReadFile(filepath.Join(confDirs[i], "10-test.conflist"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(tmpl, raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		e.StartAgent(confDirs[i], "--peers", lab.peers, "--tunnel", "vxlan", "--tunnel-hybrid", "--metrics-addr", "",
+			"--cni-conf-template", tmpl)
 		var out string
 		deadline := time.Now().Add(30 * time.Second)
 		for {
@@ -294,8 +307,9 @@ func TestTunnel(t *testing.T) {
 			t.Fatalf("node %d: %d routes, want 4 (two nodes, two families)", i+1, n)
 		}
 	}
-	// The pods' MTU is the tunnel device's, which the agent sized from the
-	// uplink: 1500 and 1400 less VXLAN's 50 bytes.
+	// The pods' MTU, in the conflist the agent wrote, is the tunnel
+	// device's, both sized from the uplink: 1500 and 1400 less VXLAN's 50
+	// bytes.
 	for i, e := range lab.nodes {
 		_, mtu, _ := tunDevice(t, e)
 		want := 1450
@@ -304,6 +318,19 @@ func TestTunnel(t *testing.T) {
 		}
 		if mtu != want {
 			t.Fatalf("node %d: %s MTU %d, want %d", i+1, datapath.TunnelDevice, mtu, want)
+		}
+		var conf struct {
+			Plugins []map[string]any `json:"plugins"`
+		}
+		var raw []byte
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+			raw, _ = os.ReadFile(filepath.Join(confDirs[i], "10-test.conflist"))
+			if strings.Contains(string(raw), `"mtu"`) {
+				break
+			}
+		}
+		if err := json.Unmarshal(raw, &conf); err != nil || len(conf.Plugins) != 1 || conf.Plugins[0]["mtu"] != float64(want) {
+			t.Fatalf("node %d: the agent's conflist has mtu %v, want %d (%v):\n%s", i+1, conf.Plugins, want, err, raw)
 		}
 		e.Extra["mtu"] = mtu
 	}
