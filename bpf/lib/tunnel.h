@@ -107,3 +107,43 @@ static __always_inline int tun_from(struct __sk_buff *skb)
 	bpf_skb_change_type(skb, 0 /* PACKET_HOST */);
 	return TC_ACT_OK;
 }
+
+/*
+ * Whether a pod's packet is a tunnel datagram (UDP to the VXLAN or Geneve
+ * port) for another node: dropped at the pod's host veth. Once
+ * masqueraded it would leave with this node's address and pass the
+ * receiving node's trust rule with any source of this node's pod CIDRs.
+ * Only UDP to a node address is looked up (IPv6: the fixed header's
+ * next header only).
+ */
+#define TUN_PORT_VXLAN 4789
+#define TUN_PORT_GENEVE 6081
+
+static __always_inline int tun_from_pod(struct __sk_buff *skb, __u8 family)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct udphdr *udp;
+	const void *daddr;
+
+	if (family == AF_INET) {
+		struct iphdr *ip = data + ETH_HLEN;
+
+		if ((void *)(ip + 1) > data_end || ip->protocol != IPPROTO_UDP || (ip->frag_off & bpf_htons(0x1fff)))
+			return 0;
+		udp = (void *)ip + ip->ihl * 4;
+		daddr = &ip->daddr;
+	} else {
+		struct ipv6hdr *ip6 = data + ETH_HLEN;
+
+		if ((void *)(ip6 + 1) > data_end || ip6->nexthdr != IPPROTO_UDP)
+			return 0;
+		udp = (void *)(ip6 + 1);
+		daddr = &ip6->daddr;
+	}
+	if ((void *)(udp + 1) > data_end)
+		return 0;
+	if (udp->dest != bpf_htons(TUN_PORT_VXLAN) && udp->dest != bpf_htons(TUN_PORT_GENEVE))
+		return 0;
+	return tun_node_of(daddr, family) != 0;
+}

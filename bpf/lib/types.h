@@ -66,7 +66,7 @@ enum cni_reason {
 	REASON_DROP_ROUTER_MSG = 9,/* a router advertisement or redirect (ICMPv6 134, 137; ICMP 5): pods do not configure the node */
 	REASON_DROP_POLICY = 10,  /* denied by the pod's NetworkPolicy in this direction (lib/policy.h) */
 	REASON_DROP_TUN_NODE = 11,/* decapsulated off the tunnel device, but its outer source is no known node (lib/tunnel.h) */
-	REASON_DROP_TUN_SRC = 12, /* decapsulated from a node, but the inner source is neither in that node's pod CIDRs nor its address */
+	REASON_DROP_TUN_SRC = 12, /* decapsulated from a node, but the inner source is neither in that node's pod CIDRs nor its address; or a pod's own tunnel datagram to a node */
 	__REASON_MAX,
 };
 

@@ -444,6 +444,25 @@ func TestTunnel(t *testing.T) {
 		}
 	})
 
+	t.Run("pod-tunnels", func(t *testing.T) {
+		// A pod of node 3 sending VXLAN to node 1 itself, claiming a
+		// neighbour's address: masqueraded it would leave as node 3 and
+		// pass node 1's rule. Its host veth drops it.
+		_, hidx := n3.HostVeth("t3")
+		m := n3.Maps()
+		before := counter(t, m, hidx, maps.DirEgress, maps.ReasonDropTunSrc).Packets
+		got := listenUDP4(t, p1, 9998)
+		other3 := append(net.IP{}, a3...)
+		other3[3]++
+		sendVXLAN(t, p3, tunNode[0], vxlanFrame(other3, a1, 9998, []byte("from-a-pod")))
+		if arrived := got(2 * time.Second); len(arrived) != 0 {
+			t.Errorf("pod 1 received %q from a pod's own VXLAN datagram", arrived)
+		}
+		if d := counter(t, m, hidx, maps.DirEgress, maps.ReasonDropTunSrc).Packets - before; d != 1 {
+			t.Errorf("pod 3's drop_tunnel_source counted %d, want 1", d)
+		}
+	})
+
 	t.Run("pmtu", func(t *testing.T) {
 		// Pod 1's 1450-byte packets become 1500-byte ones on the wire,
 		// which the router's 1400-byte link to node 3 refuses: its
