@@ -241,6 +241,14 @@ func Uninstall(o UninstallOptions) (Uninstalled, error) {
 		add("route", r)
 	}
 	errs = errors.Join(errs, err)
+	// The tunnel device (its routes went with the peer routes).
+	if datapath.TunnelIfindex() != 0 {
+		if err := datapath.RemoveTunnel(o.PinRoot); err != nil {
+			errs = errors.Join(errs, err)
+		} else {
+			add("link", datapath.TunnelDevice)
+		}
+	}
 
 	if errs != nil {
 		// Keep the pins: a second run finds the rest by them.

@@ -276,6 +276,7 @@ func TestTunnel(t *testing.T) {
 	// The node's conflist is the agent's rendering of a template without
 	// "mtu": the agent writes the pods' MTU into it.
 	confDirs := make([]string, len(lab.nodes))
+	agents := make([]*testenv.AgentProc, len(lab.nodes))
 	for i, e := range lab.nodes {
 		confDirs[i] = e.WriteConfDir()
 		tmpl := filepath.Join(t.TempDir(), "10-test.conflist")
@@ -286,7 +287,7 @@ func TestTunnel(t *testing.T) {
 		if err := os.WriteFile(tmpl, raw, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		e.StartAgent(confDirs[i], "--peers", lab.peers, "--tunnel", "vxlan", "--tunnel-hybrid", "--metrics-addr", "",
+		agents[i] = e.StartAgent(confDirs[i], "--peers", lab.peers, "--tunnel", "vxlan", "--tunnel-hybrid", "--metrics-addr", "",
 			"--cni-conf-template", tmpl)
 		var out string
 		deadline := time.Now().Add(30 * time.Second)
@@ -512,9 +513,61 @@ func TestTunnel(t *testing.T) {
 		}
 	})
 
+	t.Run("agent-killed", func(t *testing.T) {
+		// The device, its programs and routes outlive the agent; the next
+		// one keeps them (same device).
+		idx, _, _ := tunDevice(t, n1)
+		agents[0].Cmd.Process.Kill()
+		agents[0].Exited(5 * time.Second)
+		if err := testenv.Ping(p1, a3, 2); err != nil {
+			t.Fatalf("with node 1's agent killed: %v", err)
+		}
+		n1.StartAgent(confDirs[0], "--peers", lab.peers, "--tunnel", "vxlan", "--tunnel-hybrid", "--metrics-addr", "")
+		if err := testenv.Ping(p1, a3, 2); err != nil {
+			t.Fatalf("after the agent restarted: %v", err)
+		}
+		if now, _, _ := tunDevice(t, n1); now != idx {
+			t.Errorf("the restarted agent re-created %s (ifindex %d, was %d)", datapath.TunnelDevice, now, idx)
+		}
+		mustAsk(t, p3, "tcp", hp(a1, 80), 0, "t1", a3)
+	})
+
 	t.Run("hostport", func(t *testing.T) {
 		// Node 3's pod reaches node 1's hostPort (via the router, node 3
 		// masquerading: node 1's address is outside the cluster CIDRs).
 		mustAsk(t, p3, "tcp", hp(tunNode[0], 8080), 0, "t1", tunNode[2])
 	})
+}
+
+// TestTunnelGeneve: geneve where the kernel has it; where it does not (the
+// module missing), `peers --tunnel geneve` fails naming it and leaves no
+// device behind.
+func TestTunnelGeneve(t *testing.T) {
+	e := testenv.New(t)
+	peers := filepath.Join(t.TempDir(), "peers.json")
+	pj, _ := json.Marshal([]agent.Peer{{NodeIP: "10.77.9.9", PodCIDRs: []string{"10.79.9.0/24"}}})
+	if err := os.WriteFile(peers, pj, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := e.MasqAgent("peers", "--peers", peers, "--tunnel", "geneve", "--cni-conf-dir", t.TempDir())
+	var kind string
+	e.InNode(func() error {
+		if l, lerr := netlink.LinkByName(datapath.TunnelDevice); lerr == nil {
+			kind = l.Type()
+		}
+		return nil
+	})
+	if err != nil {
+		if !strings.Contains(err.Error(), "geneve") {
+			t.Fatalf("peers --tunnel geneve failed without naming geneve: %v", err)
+		}
+		if kind != "" {
+			t.Errorf("a failed geneve setup left %s (%s)", datapath.TunnelDevice, kind)
+		}
+		t.Logf("no geneve on this kernel, as reported: %v", err)
+		return
+	}
+	if kind != "geneve" {
+		t.Errorf("peers --tunnel geneve made a %q device:\n%s", kind, out)
+	}
 }
