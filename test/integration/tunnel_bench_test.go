@@ -54,7 +54,7 @@ func TestTunnelBench(t *testing.T) {
 	n1.CleanupDel(p1, "b1")
 	n2.CleanupDel(p2, "b2")
 	n1.Add(p1, "b1")
-	a2, _ := testenv.PodIPs(t, n2.Add(p2, "b2"))
+	a2 := v4Of(t, n2.Add(p2, "b2"))
 	var srv *exec.Cmd
 	if err := p2.Do(func(ns.NetNS) error {
 		srv = exec.Command("iperf3", "-s", "-p", "5201")
