@@ -67,7 +67,7 @@ check-tidy:
 
 # Build tags of the test files that are not built by default (benchmarks,
 # the crash-injection build): vet covers them too.
-TEST_TAGS := masqbench,latbench,progcost,crashpoint,review_repro,hookbench
+TEST_TAGS := masqbench,latbench,progcost,crashpoint,review_repro,hookbench,tunnelbench
 
 lint:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed on:"; gofmt -l .; exit 1)

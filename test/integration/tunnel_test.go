@@ -532,6 +532,14 @@ func TestTunnel(t *testing.T) {
 		mustAsk(t, p3, "tcp", hp(a1, 80), 0, "t1", a3)
 	})
 
+	t.Run("status", func(t *testing.T) {
+		// The tunnel device's pinned link is the node's, not a stray.
+		out, err := n1.AgentCmd("status", "--pin-dir", n1.PinDir, "--state-dir", n1.StateDir)
+		if err != nil {
+			t.Errorf("ebpf-agent status on a tunnel node: %v\n%s", err, out)
+		}
+	})
+
 	t.Run("hostport", func(t *testing.T) {
 		// Node 3's pod reaches node 1's hostPort (via the router, node 3
 		// masquerading: node 1's address is outside the cluster CIDRs).
