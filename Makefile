@@ -23,7 +23,7 @@ BPF2GO_STRIP  := llvm-strip-$(CLANG_VERSION)
 BPF2GO_CFLAGS := -nostdlibinc -Ibpf/include -Ibpf -O2 -Wall -Werror
 BENCH_PKGS    := iproute2 iputils-ping iptables iperf3 time
 
-.PHONY: helm check-chart all build generate check-generate check-tidy test unit-test race lint install demo bench bench-quick bench-cni bench-bandwidth bench-events bench-masq bench-netpol bench-packet deps deps-bench deps-generate clean
+.PHONY: helm check-chart all build generate check-generate check-tidy test unit-test race lint install demo bench bench-quick bench-cni bench-bandwidth bench-events bench-masq bench-netpol bench-packet deps deps-bench deps-generate clean bench-tunnel
 
 all: build
 
@@ -67,7 +67,7 @@ check-tidy:
 
 # Build tags of the test files that are not built by default (benchmarks,
 # the crash-injection build): vet covers them too.
-TEST_TAGS := masqbench,latbench,progcost,crashpoint,review_repro,hookbench,pktbudget
+TEST_TAGS := masqbench,latbench,progcost,crashpoint,review_repro,hookbench,pktbudget,tunnelbench
 
 lint:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed on:"; gofmt -l .; exit 1)
@@ -179,6 +179,11 @@ bench-netpol: deps-bench
 # connections/s, in the two-node lab of the masquerade tests.
 bench-masq: deps-bench
 	$(GO) test -tags masqbench -count=1 -run TestMasqBench -v ./test/integration/
+
+# Cross-node pod-to-pod throughput, host-gw routes vs the VXLAN tunnel, in
+# the tunnel lab (docs/tunnel.md).
+bench-tunnel: deps-bench
+	$(GO) test -tags tunnelbench -count=1 -run TestTunnelBench -v ./test/integration/
 
 clean:
 	rm -rf $(BIN)

@@ -14,6 +14,7 @@
  */
 #include "lib/neigh.h"
 #include "lib/hostport.h"
+#include "lib/tunnel.h"
 
 static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth, void *data_end)
 {
@@ -34,6 +35,8 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 		return drop(ifindex, REASON_DROP_BANDWIDTH, skb->len);
 
 	struct ep_info *dst = ep_lookup4(ip->daddr);
+	if (!dst && tun_from_pod(skb, AF_INET))
+		return drop(ifindex, REASON_DROP_TUN_SRC, skb->len);
 	if ((src->flags & EP_F_POLICY) && policy_egress(skb, AF_INET, ifindex, dst != NULL) == POL_DENY)
 		return drop(ifindex, REASON_DROP_POLICY, skb->len);
 	if (node_hooks_enabled() && ((src->flags & EP_F_HOSTPORT) || !dst)) {
@@ -105,6 +108,8 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 	}
 
 	struct ep_info *dst = ep_lookup6(&ip6->daddr);
+	if (!dst && tun_from_pod(skb, AF_INET6))
+		return drop(ifindex, REASON_DROP_TUN_SRC, skb->len);
 	if ((src->flags & EP_F_POLICY) && policy_egress(skb, AF_INET6, ifindex, dst != NULL) == POL_DENY)
 		return drop(ifindex, REASON_DROP_POLICY, skb->len);
 	if (node_hooks_enabled() && ((src->flags & EP_F_HOSTPORT) || !dst)) {

@@ -15,6 +15,8 @@
 #define SIZED 0 /* max_entries set at pin time (pkg/maps/sizing.go); 0 fails if forgotten */
 #define MAX_NODE_IPS 1024
 #define MAX_CLUSTER_CIDRS 256
+#define MAX_TUN_NODES 4096 /* node addresses (one per family of each node) */
+#define MAX_TUN_CIDRS 4096 /* pod CIDRs of other nodes */
 
 /* ------------------------------------------------------------- endpoints */
 
@@ -334,3 +336,24 @@ struct {
 	__type(key, __u32);
 	__type(value, struct pol_scratch);
 } cni_pol_scratch SEC(".maps");
+
+/* ---------------------------------------------------------------- tunnel */
+
+/* Every other node's addresses (key as cni_endpoints'), value its id: who
+ * may send through the tunnel (lib/tunnel.h). Written by the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_TUN_NODES);
+	__type(key, struct ep_key);
+	__type(value, __u32);
+} cni_tun_nodes SEC(".maps");
+
+/* Every other node's pod CIDRs: where to encapsulate to, and whose pods
+ * may claim an address of them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, MAX_TUN_CIDRS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct cidr_key);
+	__type(value, struct tun_peer);
+} cni_tun_cidrs SEC(".maps");

@@ -52,7 +52,7 @@ enum cni_dir {
 	__DIR_MAX,
 };
 
-/* Why a packet was counted. Drops: REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN, REASON_DROP_BANDWIDTH, REASON_DROP_ROUTER_MSG and REASON_DROP_POLICY. */
+/* Why a packet was counted. Drops: REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN, REASON_DROP_BANDWIDTH, REASON_DROP_ROUTER_MSG, REASON_DROP_POLICY and REASON_DROP_TUN_*. */
 enum cni_reason {
 	REASON_FORWARD = 0,       /* handed to the kernel stack */
 	REASON_REDIRECT = 1,      /* same-node pod to pod, bpf_redirect_peer */
@@ -65,6 +65,8 @@ enum cni_reason {
 	REASON_DROP_BANDWIDTH = 8,/* over the pod's rate limit in this direction */
 	REASON_DROP_ROUTER_MSG = 9,/* a router advertisement or redirect (ICMPv6 134, 137; ICMP 5): pods do not configure the node */
 	REASON_DROP_POLICY = 10,  /* denied by the pod's NetworkPolicy in this direction (lib/policy.h) */
+	REASON_DROP_TUN_NODE = 11,/* decapsulated off the tunnel device, but its outer source is no known node (lib/tunnel.h) */
+	REASON_DROP_TUN_SRC = 12, /* decapsulated from a node, but the inner source is neither in that node's pod CIDRs nor its address; or a pod's own tunnel datagram to a node */
 	__REASON_MAX,
 };
 
@@ -575,4 +577,16 @@ struct pol_scratch {
 /* Value of cni_pol_config[0]. */
 struct pol_config {
 	__u32 flags; /* POL_CFG_* */
+};
+
+/* ---------------------------------------------------------------- tunnel */
+
+/* Value of cni_tun_cidrs (LPM trie keyed by cidr_key): a pod CIDR of
+ * another node, the node's id and the address encapsulated packets for
+ * the CIDR go to (lib/tunnel.h). Written by the agent. */
+struct tun_peer {
+	__u32 node;    /* the node's id, as cni_tun_nodes has it; never 0 */
+	__u8 family;   /* of addr */
+	__u8 pad[3];
+	__u8 addr[16]; /* IPv4 in the first 4 bytes */
 };

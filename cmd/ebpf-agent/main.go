@@ -33,6 +33,8 @@ type opts struct {
 
 	// run, peers
 	metrics, cgroupRoot, peersFile string
+	tunnel                         string
+	tunnelHybrid                   bool
 	interval, politeWait           time.Duration
 	hostPorts, networkPolicy       bool
 	policyStatusDir                string
@@ -109,6 +111,8 @@ var commands = []command{
 	{name: "peers", help: "install routes to other nodes' pod CIDRs via their node IPs once (run does it at every reconcile)",
 		flags: func(fs *flag.FlagSet, o *opts) {
 			fs.StringVar(&o.peersFile, "peers", "", "JSON file [{nodeIP, podCIDRs}] (required)")
+			tunnelFlags(fs, o)
+			sizingFlags(fs, o)
 		}, run: peers},
 	{name: "reconcile", help: "remove state of pods that are gone (--dry-run lists it)",
 		flags: func(fs *flag.FlagSet, o *opts) {
@@ -191,7 +195,25 @@ type errUnhealthy struct{}
 
 func (errUnhealthy) Error() string { return "datapath unhealthy" }
 
+// tunnelFlags are the cluster's tunnel mode (docs/tunnel.md).
+func tunnelFlags(fs *flag.FlagSet, o *opts) {
+	fs.StringVar(&o.tunnel, "tunnel", "off", "how pods reach other nodes' pods: off (host-gw routes: every node on one subnet), vxlan or geneve (a tunnel device, "+datapath.TunnelDevice+")")
+	fs.BoolVar(&o.tunnelHybrid, "tunnel-hybrid", false, "with --tunnel: direct host-gw routes to nodes on a subnet of this node, the tunnel to the others")
+}
+
+func (o *opts) tunnelOptions() (agent.TunnelOptions, error) {
+	m, err := datapath.ParseTunnelMode(o.tunnel)
+	if err != nil {
+		return agent.TunnelOptions{}, fmt.Errorf("--tunnel: %w", err)
+	}
+	if o.tunnelHybrid && m == datapath.TunnelOff {
+		return agent.TunnelOptions{}, errors.New("--tunnel-hybrid needs --tunnel vxlan or geneve")
+	}
+	return agent.TunnelOptions{Mode: m, Hybrid: o.tunnelHybrid}, nil
+}
+
 func runFlags(fs *flag.FlagSet, o *opts) {
+	tunnelFlags(fs, o)
 	fs.StringVar(&o.peersFile, "peers", "", "JSON file [{nodeIP, podCIDRs}] of the other nodes: routes to their pod CIDRs via their node IPs (host-gw)")
 	fs.StringVar(&o.metrics, "metrics-addr", "127.0.0.1:9964", "Prometheus metrics listener; empty disables it")
 	fs.DurationVar(&o.interval, "reconcile-interval", time.Minute, "how often to look for stale state")
@@ -259,6 +281,11 @@ func run(o *opts) error {
 	ao.MetricsAddr, ao.ReconcileInterval, ao.Version = o.metrics, o.interval, Version
 	ao.HostPorts, ao.CgroupRoot, ao.PeersFile = o.hostPorts, o.cgroupRoot, o.peersFile
 	ao.ConfTemplate = o.confTemplate
+	t, err := o.tunnelOptions()
+	if err != nil {
+		return fmt.Errorf("run: %w", err)
+	}
+	ao.Tunnel = t
 	ao.NetworkPolicy, ao.PolicyStatusDir = o.networkPolicy, o.policyStatusDir
 	if o.nodeName != "" {
 		ao.Kube = &agent.Kube{Kubeconfig: o.kubeconfig, NodeName: o.nodeName}
@@ -345,7 +372,26 @@ func peers(o *opts) error {
 	if err != nil {
 		return err
 	}
-	rs, err := agent.SyncPeerRoutes(ps)
+	t, err := o.tunnelOptions()
+	if err != nil {
+		return fmt.Errorf("peers: %w", err)
+	}
+	if t.Mode == datapath.TunnelOff {
+		rs, err := agent.SyncPeerRoutes(ps)
+		return report(o, rs, err)
+	}
+	// The tunnel's device and maps: the datapath, set up if no ADD or
+	// agent did yet.
+	s, err := o.sizing()
+	if err != nil {
+		return err
+	}
+	dp, err := datapath.Ensure(o.pinDir, s)
+	if err != nil {
+		return fmt.Errorf("peers: datapath at %s: %w", o.pinDir, err)
+	}
+	defer dp.Close()
+	rs, err := agent.SyncTunnelPeers(dp, t, ps)
 	return report(o, rs, err)
 }
 

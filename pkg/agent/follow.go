@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/conflist"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/nodes"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -45,15 +46,16 @@ type Kube struct {
 type follower struct {
 	o       Options
 	m       *maps.Maps
-	kubeCfg *rest.Config // nil: no Kubernetes (static)
+	dp      *datapath.Datapath // nil in tests that follow without a datapath
+	kubeCfg *rest.Config       // nil: no Kubernetes (static)
 	logf    func(string, ...any)
 
 	view *nodes.View // the last complete view; nil before the first (or without Kubernetes)
 	said map[string]string
 }
 
-func newFollower(o Options, m *maps.Maps, kubeCfg *rest.Config) *follower {
-	return &follower{o: o, m: m, kubeCfg: kubeCfg, logf: o.Logger.Printf, said: map[string]string{}}
+func newFollower(o Options, dp *datapath.Datapath, kubeCfg *rest.Config) *follower {
+	return &follower{o: o, m: dp.Maps, dp: dp, kubeCfg: kubeCfg, logf: o.Logger.Printf, said: map[string]string{}}
 }
 
 // Run returns when ctx ends.
@@ -143,8 +145,16 @@ func (f *follower) apply(v nodes.View) {
 		}
 		peers = append(peers, p)
 	}
-	rs, err := SyncPeerRoutes(peers)
-	f.once("routes", "nodes: %d nodes; routes to other nodes' pod CIDRs: %s%s", len(v.Nodes), routeList(rs), errSuffix(err))
+	rt := Routing{Mode: datapath.TunnelOff}
+	var err error
+	if f.dp != nil {
+		rt, err = f.o.Tunnel.ensure(f.dp, f.o.Logger)
+	}
+	var rs PeerRoutes
+	if err == nil {
+		rs, err = SyncPeerRoutesWith(peers, rt)
+	}
+	f.once("routes", "nodes: %d nodes; routes to other nodes' pod CIDRs (tunnel %s): %s%s", len(v.Nodes), rt.Mode, routeList(rs), errSuffix(err))
 
 	switch {
 	case f.o.ConfTemplate == "":
@@ -231,6 +241,11 @@ func (f *follower) conflist(cidrs []netip.Prefix) {
 		ss = append(ss, c.String())
 	}
 	out, err := conflist.Render(raw, ss)
+	if err == nil {
+		// The pods' MTU, when the template leaves it to the agent: the
+		// uplink's less the tunnel's overhead.
+		out, err = conflist.WithMTU(out, f.o.Tunnel.PodMTU())
+	}
 	if err != nil {
 		f.once("conf", "conflist: %s: %v", f.o.ConfTemplate, err)
 		return
@@ -302,6 +317,10 @@ func routeList(rs PeerRoutes) string {
 	}
 	var s []string
 	for _, r := range rs {
+		if r.Tunnel != "" {
+			s = append(s, r.Dst+" via "+r.Via+" to "+r.Tunnel)
+			continue
+		}
 		s = append(s, r.Dst+" via "+r.Via)
 	}
 	return strings.Join(s, ", ")

@@ -18,6 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 // RouteProtocol marks the routes the agent installs to other nodes' pod
@@ -81,6 +83,9 @@ func LoadPeers(path string) ([]Peer, error) {
 type PeerRoute struct {
 	Dst string `json:"dst"`
 	Via string `json:"via"`
+	// Tunnel is the node address the CIDR's traffic is encapsulated to
+	// (the route leads into the tunnel device); "" for a direct route.
+	Tunnel string `json:"tunnel,omitempty"`
 }
 
 // PeerRoutes is what `peers` installed.
@@ -97,18 +102,62 @@ func (rs PeerRoutes) MarshalJSON() ([]byte, error) {
 func (rs PeerRoutes) Tables() []inspect.Table {
 	t := inspect.Table{}
 	for _, r := range rs {
+		if r.Tunnel != "" {
+			t.Lines = append(t.Lines, r.Dst+" via "+r.Via+" to "+r.Tunnel)
+			continue
+		}
 		t.Lines = append(t.Lines, r.Dst+" via "+r.Via)
 	}
 	return []inspect.Table{t}
 }
 
-// SyncPeerRoutes makes the routes of RouteProtocol in the current netns
-// exactly one per pod CIDR of every peer (host-gw: "podCIDR via nodeIP" of
-// the CIDR's family; the node IP must be on a link of this node): it
-// replaces what changed and removes routes of peers no longer listed.
-// Peers one of whose node IPs is an address of this node are this node
-// itself and skipped. Returns the routes wanted.
+// Routing is how SyncPeerRoutesWith reaches other nodes' pods.
+type Routing struct {
+	// Mode off: host-gw routes only. vxlan, geneve: through the tunnel
+	// device (Ifindex, made by datapath.EnsureTunnel), whose maps (Maps)
+	// get every peer.
+	Mode      datapath.TunnelMode
+	Hybrid    bool // with a tunnel: host-gw to peers on a subnet of this node (no gateway between), the tunnel to the others
+	Ifindex   int
+	DeviceMTU int
+	Maps      *maps.Maps
+}
+
+// SyncPeerRoutes is SyncPeerRoutesWith host-gw routing.
 func SyncPeerRoutes(peers []Peer) (PeerRoutes, error) {
+	return SyncPeerRoutesWith(peers, Routing{Mode: datapath.TunnelOff})
+}
+
+// onLink tells whether ip is on a subnet of one of this node's links: the
+// kernel's route to it has no gateway and does not lead into the tunnel.
+func onLink(ip net.IP, tunnel int) bool {
+	rs, err := netlink.RouteGet(ip)
+	if err != nil || len(rs) == 0 {
+		return false
+	}
+	return rs[0].Gw == nil && rs[0].LinkIndex != tunnel && rs[0].Type != unix.RTN_LOCAL
+}
+
+// srcFor is this node's address the kernel would send from to reach ip
+// (nil when it has no route to it): the source of the node's own packets
+// into the tunnel, which the receiving node accepts as this node's.
+func srcFor(ip net.IP, tunnel int) net.IP {
+	rs, err := netlink.RouteGet(ip)
+	if err != nil || len(rs) == 0 || rs[0].LinkIndex == tunnel {
+		return nil
+	}
+	return rs[0].Src
+}
+
+// SyncPeerRoutesWith makes the routes of RouteProtocol in the current
+// netns exactly one per pod CIDR of every peer, replacing what changed and
+// removing routes of peers no longer listed: host-gw ("podCIDR via nodeIP"
+// of the CIDR's family; the node IP must be on a link of this node), or
+// with a tunnel "podCIDR dev ebpf-tun src <this node's address>" and the
+// peer in the tunnel maps. Peers one of whose node IPs is an address of
+// this node are this node itself and skipped. Returns the routes wanted.
+func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
+	tunnel := rt.Mode != datapath.TunnelOff && rt.Mode != ""
 	local := map[string]bool{}
 	if addrs, err := netlinksafe.AddrList(nil, netlink.FAMILY_ALL); err == nil {
 		for _, a := range addrs {
@@ -116,8 +165,12 @@ func SyncPeerRoutes(peers []Peer) (PeerRoutes, error) {
 		}
 	}
 	want := map[string]netlink.Route{}
-	var out PeerRoutes
-	var errs error
+	tunnelTo := map[string]string{}
+	var (
+		out     PeerRoutes
+		errs    error
+		tunNods []maps.TunnelNode
+	)
 peers:
 	for _, p := range peers {
 		var gws []net.IP
@@ -132,6 +185,28 @@ peers:
 			}
 			gws = append(gws, gw)
 		}
+		if len(gws) == 0 {
+			continue
+		}
+		// The tunnel endpoint: the peer's first address (nodeIP).
+		direct := !tunnel
+		if tunnel && rt.Hybrid {
+			direct = onLink(gws[0], rt.Ifindex)
+		}
+		if tunnel {
+			tn := maps.TunnelNode{}
+			for _, g := range gws {
+				a, _ := netip.AddrFromSlice(g)
+				tn.Addrs = append(tn.Addrs, a.Unmap())
+			}
+			tn.Endpoint = tn.Addrs[0]
+			for _, c := range p.PodCIDRs {
+				if pr, err := netip.ParsePrefix(c); err == nil {
+					tn.PodCIDRs = append(tn.PodCIDRs, pr.Masked())
+				}
+			}
+			tunNods = append(tunNods, tn)
+		}
 		for _, c := range p.PodCIDRs {
 			_, dst, err := net.ParseCIDR(c)
 			if err != nil {
@@ -145,15 +220,40 @@ peers:
 					break
 				}
 			}
-			if gw == nil {
-				errs = errors.Join(errs, fmt.Errorf("peer %s: no node IP of podCIDR %s's family", p.name(), c))
+			r := netlink.Route{Dst: dst, Gw: gw, Protocol: RouteProtocol}
+			// Hybrid: a family the peer has no address of goes into the
+			// tunnel (over the family it has).
+			if !direct || (tunnel && gw == nil) {
+				// Into the tunnel; the node's own packets leave from its
+				// address of the CIDR's family (the peer accepts its nodes'
+				// addresses as inner sources).
+				r = tunnelRoute(dst, gws[0], rt.Ifindex)
+				if gw != nil {
+					r.Src = srcFor(gw, rt.Ifindex)
+				}
+				if mtu := tunnelRouteMTU(gws[0], rt.Ifindex, rt.DeviceMTU); mtu != 0 {
+					r.MTU, r.MTULock = mtu, true
+				}
+				gw = gws[0]
+			} else if gw == nil {
+				errs = errors.Join(errs, fmt.Errorf("peer %s: no node IP of podCIDR %s's family (a tunnel mode would carry it)", p.name(), c))
 				continue
 			}
-			if o, dup := want[dst.String()]; dup && !o.Gw.Equal(gw) {
-				errs = errors.Join(errs, fmt.Errorf("podCIDR %s: claimed by peers %s and %s; routed via %s", dst, o.Gw, gw, o.Gw))
+			if o, dup := want[dst.String()]; dup {
+				if !o.Gw.Equal(r.Gw) || o.LinkIndex != r.LinkIndex {
+					errs = errors.Join(errs, fmt.Errorf("podCIDR %s: claimed by peers %s and %s; routed via %s", dst, tunnelTo[dst.String()], gw, tunnelTo[dst.String()]))
+				}
 				continue
 			}
-			want[dst.String()] = netlink.Route{Dst: dst, Gw: gw, Protocol: RouteProtocol}
+			want[dst.String()] = r
+			tunnelTo[dst.String()] = gw.String()
+		}
+	}
+	if tunnel && rt.Maps != nil {
+		// The maps before the routes: a packet routed into the tunnel finds
+		// its node, and the peer's replies are accepted.
+		if err := rt.Maps.SyncTunnel(tunNods); err != nil {
+			errs = errors.Join(errs, fmt.Errorf("tunnel maps: %w", err))
 		}
 	}
 	// Another owner's route to a pod CIDR (a static one, another agent's)
@@ -173,15 +273,23 @@ peers:
 	}
 	for _, r := range want {
 		r := r
+		via := r.Gw.String()
+		if r.Gw == nil {
+			via = datapath.TunnelDevice
+		}
 		if f, ok := foreign[r.Dst.String()]; ok {
-			errs = errors.Join(errs, fmt.Errorf("route %s via %s: a route to %s of protocol %s exists (not the agent's %d): left alone", r.Dst, r.Gw, r.Dst, f.Protocol, RouteProtocol))
+			errs = errors.Join(errs, fmt.Errorf("route %s via %s: a route to %s of protocol %s exists (not the agent's %d): left alone", r.Dst, via, r.Dst, f.Protocol, RouteProtocol))
 			continue
 		}
 		if err := netlink.RouteReplace(&r); err != nil {
-			errs = errors.Join(errs, fmt.Errorf("route %s via %s: %w", r.Dst, r.Gw, err))
+			errs = errors.Join(errs, fmt.Errorf("route %s via %s: %w", r.Dst, via, err))
 			continue
 		}
-		out = append(out, PeerRoute{Dst: r.Dst.String(), Via: r.Gw.String()})
+		pr := PeerRoute{Dst: r.Dst.String(), Via: via}
+		if r.Gw == nil {
+			pr.Tunnel = tunnelTo[r.Dst.String()]
+		}
+		out = append(out, pr)
 	}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		have, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
@@ -193,13 +301,16 @@ peers:
 			if r.Dst == nil {
 				continue
 			}
-			if w, ok := want[r.Dst.String()]; ok && w.Gw.Equal(r.Gw) {
+			if w, ok := want[r.Dst.String()]; ok && w.Gw.Equal(r.Gw) && (w.Gw != nil || w.LinkIndex == r.LinkIndex) {
 				continue
 			}
 			if err := netlink.RouteDel(&r); err != nil {
 				errs = errors.Join(errs, fmt.Errorf("remove route %s: %w", r.Dst, err))
 			}
 		}
+	}
+	if !tunnel && rt.Maps != nil {
+		errs = errors.Join(errs, rt.Maps.SyncTunnel(nil))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Dst < out[j].Dst })
 	return out, errs
@@ -211,15 +322,22 @@ type peerRoutes struct {
 	file     string
 	interval time.Duration
 	lg       *log.Logger
+	tunnel   TunnelOptions
+	dp       *datapath.Datapath
 }
 
 func (p *peerRoutes) sync() {
 	ps, err := LoadPeers(p.file)
 	if err == nil {
-		var rs []PeerRoute
-		rs, err = SyncPeerRoutes(ps)
+		var rt Routing
+		// The device again at every sync: one deleted by hand comes back.
+		rt, err = p.tunnel.ensure(p.dp, p.lg)
 		if err == nil {
-			p.lg.Printf("peer routes: %d", len(rs))
+			var rs []PeerRoute
+			rs, err = SyncPeerRoutesWith(ps, rt)
+			if err == nil {
+				p.lg.Printf("peer routes (tunnel %s): %s", rt.Mode, routeList(rs))
+			}
 		}
 	}
 	if err != nil {

@@ -38,6 +38,10 @@ type Options struct {
 	// PeersFile lists the other nodes and their pod CIDRs (host-gw routes,
 	// see SyncPeerRoutes); re-read at every reconcile. "" installs none.
 	PeersFile string
+	// Tunnel is how pods reach other nodes' pods: host-gw routes (off), or
+	// a VXLAN/Geneve tunnel device (tunnel.go), for all of them or, hybrid,
+	// for nodes off this node's subnets.
+	Tunnel TunnelOptions
 	// Kube follows the cluster's Node objects (follow.go): routes to other
 	// nodes, this node's pod CIDRs in the conflist, cluster CIDRs. nil:
 	// no Kubernetes. Exclusive with PeersFile.
@@ -125,7 +129,7 @@ func Run(ctx context.Context, o Options) error {
 		"links":         links,
 		"background":    bg,
 		"reconcile":     newReconciler(o, col, links),
-		"nodes":         newFollower(o, dp.Maps, kubeCfg),
+		"nodes":         newFollower(o, dp, kubeCfg),
 		"events":        evr,
 		"events socket": controllerFunc(func(ctx context.Context) error { return events.Serve(ctx, evln, evr) }),
 	}
@@ -138,7 +142,10 @@ func Run(ctx context.Context, o Options) error {
 		run["metrics"] = ms
 	}
 	if o.PeersFile != "" {
-		run["peer routes"] = &peerRoutes{file: o.PeersFile, interval: o.ReconcileInterval, lg: lg}
+		run["peer routes"] = &peerRoutes{file: o.PeersFile, interval: o.ReconcileInterval, lg: lg, tunnel: o.Tunnel, dp: dp}
+	}
+	if o.Tunnel.Mode != "" && o.Tunnel.Mode != datapath.TunnelOff {
+		run["tunnel path MTU"] = &pmtuWatch{m: dp.Maps, every: 2 * time.Second, lg: lg}
 	}
 	if o.NetworkPolicy {
 		run["policy"] = newPolicy(o, dp, kubeCfg, links)

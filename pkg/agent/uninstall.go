@@ -288,6 +288,14 @@ func (x *uninstaller) detachHooks() {
 		x.add("route", r)
 	}
 	x.errs = errors.Join(x.errs, err)
+	// The tunnel device (its routes went with the peer routes).
+	if datapath.TunnelIfindex() != 0 {
+		if err := datapath.RemoveTunnel(x.o.PinRoot); err != nil {
+			x.errs = errors.Join(x.errs, err)
+		} else {
+			x.add("link", datapath.TunnelDevice)
+		}
+	}
 }
 
 // scope is what of the state and conf directories is this pin

@@ -131,3 +131,31 @@ func WriteAtomic(path string, b []byte, mode os.FileMode) (changed bool, err err
 	}
 	return true, os.Rename(tmp, path)
 }
+
+// WithMTU gives every ebpf-cni plugin of a rendered conflist that sets no
+// "mtu" this one (the agent's: the uplink's less the tunnel's overhead,
+// docs/tunnel.md); a template's own mtu wins. mtu <= 0 leaves it as is.
+func WithMTU(raw []byte, mtu int) ([]byte, error) {
+	if mtu <= 0 {
+		return raw, nil
+	}
+	var conf map[string]any
+	if err := json.Unmarshal(raw, &conf); err != nil {
+		return nil, fmt.Errorf("not JSON: %w", err)
+	}
+	plugins, _ := conf["plugins"].([]any)
+	for _, p := range plugins {
+		pm, _ := p.(map[string]any)
+		if pm == nil || pm["type"] != "ebpf-cni" {
+			continue
+		}
+		if _, set := pm["mtu"]; !set {
+			pm["mtu"] = mtu
+		}
+	}
+	out, err := json.MarshalIndent(conf, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(out, '\n'), nil
+}

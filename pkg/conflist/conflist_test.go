@@ -106,3 +106,26 @@ func TestWriteAtomic(t *testing.T) {
 		t.Fatalf("content %q, entries %v: want b and no temporary file", b, ents)
 	}
 }
+
+func TestWithMTU(t *testing.T) {
+	conf := `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"ebpf-cni","ipam":{}},{"type":"ebpf-cni","mtu":1400},{"type":"other"}]}`
+	out, err := WithMTU([]byte(conf), 1450)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Plugins []map[string]any `json:"plugins"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	if m := got.Plugins[0]["mtu"]; m != float64(1450) {
+		t.Errorf("ebpf-cni without mtu: got %v, want 1450", m)
+	}
+	if m := got.Plugins[1]["mtu"]; m != float64(1400) {
+		t.Errorf("ebpf-cni with mtu 1400: got %v, want it kept", m)
+	}
+	if _, ok := got.Plugins[2]["mtu"]; ok {
+		t.Errorf("another plugin got an mtu: %v", got.Plugins[2])
+	}
+}

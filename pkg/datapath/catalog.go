@@ -31,6 +31,8 @@ var (
 		&object{"to_uplink_compat", loadToUplinkCompat, _ToUplinkCompatBytes, nil}}
 	objSock = &object{"sock", loadSock, _SockBytes,
 		&object{"sock_compat", loadSockCompat, _SockCompatBytes, nil}}
+	// The tunnel programs use neither bpf_timer nor bpf_loop: one build.
+	objTunnel = &object{"tunnel", loadTunnel, _TunnelBytes, nil}
 )
 
 // in is the build of o the node at pinRoot runs: the compat one where
@@ -54,6 +56,9 @@ const (
 	// ScopeCgroup: the cgroup2 root, once per node; sees every socket of
 	// the machine.
 	ScopeCgroup
+	// ScopeTunnel: the node's tunnel device (tunnel.go), by the agent when
+	// a tunnel mode is on.
+	ScopeTunnel
 )
 
 // Program is one row of the catalogue: every program of the datapath, the
@@ -102,6 +107,7 @@ var catalog = []Program{
 	{"cni_sock_sendmsg6", objSock, ScopeCgroup, ebpf.AttachCGroupUDP6Sendmsg, "cgroup_sendmsg6"},
 	{"cni_sock_recvmsg6", objSock, ScopeCgroup, ebpf.AttachCGroupUDP6Recvmsg, "cgroup_recvmsg6"},
 	{"cni_sock_peer6", objSock, ScopeCgroup, ebpf.AttachCgroupInet6GetPeername, "cgroup_getpeername6"},
+	{"cni_from_tunnel", objTunnel, ScopeTunnel, ebpf.AttachTCXIngress, "tunnel_"},
 }
 
 // corePrograms are pinned by the first ADD (Ensure): the host veth programs
@@ -123,6 +129,11 @@ var hostVethPrograms = []Program{progFromContainer, progToContainer}
 // uplinkPrograms run on every uplink.
 func uplinkPrograms() []Program {
 	return filter(func(p Program) bool { return p.Scope == ScopeUplink })
+}
+
+// tunnelHookPrograms run on the node's tunnel device.
+func tunnelHookPrograms() []Program {
+	return filter(func(p Program) bool { return p.Scope == ScopeTunnel })
 }
 
 // socketPrograms are hostPort's cgroup sock_addr hooks (bpf/sock.c).

@@ -42,7 +42,7 @@ func writeErr(m *ebpf.Map, name, what string, err error) error {
 // LayoutVersion names the pin directory of the maps. Bump it with any change to
 // bpf/lib/types.h or bpf/lib/maps.h so an upgraded binary never reuses a pin
 // of another layout (TestLayoutVersion holds the layout it stands for).
-const LayoutVersion = 3
+const LayoutVersion = 4
 
 // Go twins of the C structs, generated from BTF.
 type (
@@ -71,6 +71,8 @@ const (
 	ReasonDropBandwidth = mapsObjCniReasonREASON_DROP_BANDWIDTH
 	ReasonDropRouterMsg = mapsObjCniReasonREASON_DROP_ROUTER_MSG
 	ReasonDropPolicy    = mapsObjCniReasonREASON_DROP_POLICY
+	ReasonDropTunNode   = mapsObjCniReasonREASON_DROP_TUN_NODE
+	ReasonDropTunSrc    = mapsObjCniReasonREASON_DROP_TUN_SRC
 	numReasons          = int(mapsObjCniReasonREASON_MAX)
 )
 
@@ -108,6 +110,10 @@ func (r Reason) String() string {
 		return "drop_router_msg"
 	case ReasonDropPolicy:
 		return "drop_policy"
+	case ReasonDropTunNode:
+		return "drop_tunnel_not_node"
+	case ReasonDropTunSrc:
+		return "drop_tunnel_source"
 	}
 	return fmt.Sprintf("reason%d", uint32(r))
 }
@@ -115,7 +121,7 @@ func (r Reason) String() string {
 // IsDrop tells whether packets counted under r were dropped.
 func (r Reason) IsDrop() bool {
 	return (r >= ReasonDropSpoofIP && r <= ReasonDropUnknown) || r == ReasonDropBandwidth || r == ReasonDropRouterMsg ||
-		r == ReasonDropPolicy
+		r == ReasonDropPolicy || r == ReasonDropTunNode || r == ReasonDropTunSrc
 }
 
 // Names of the core maps, as C declares them. Feature maps name theirs in
@@ -307,6 +313,8 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: "cni_stack_flows", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 16},
 		{Name: nameStackFlowParts, Type: ebpf.HashOfMaps, KeySize: 4, ValueSize: 4},
 		{Name: nameStats, Type: ebpf.PerCPUHash, KeySize: 8, ValueSize: 16, Flags: unix.BPF_F_NO_PREALLOC},
+		{Name: nameTunNodes, Type: ebpf.Hash, KeySize: 20, ValueSize: 4, MaxEntries: 4096},
+		{Name: nameTunCIDRs, Type: ebpf.LPMTrie, KeySize: 24, ValueSize: 24, MaxEntries: 4096, Flags: unix.BPF_F_NO_PREALLOC},
 	} {
 		out[s.Name] = &s
 	}

@@ -162,8 +162,42 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 			{nameMasqShare, copyHash[MasqShareKey, uint32], 0},
 			{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
 		}
+	case 3:
+		// v4 added the tunnel maps (cni_tun_nodes, cni_tun_cidrs: the agent
+		// writes them again) and two drop reasons, which resized cni_stats:
+		// every v3 map keeps its layout. The ring buffer, the events' rate
+		// state and the flows seen start anew (a flow is announced again).
+		table = []copier{
+			{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
+			{nameLinks, copyHash[uint32, LinkInfo], 0},
+			{nameStats, copyHash[StatsKey, []StatsVal], 0},
+			{nameBandwidth, copyHash[BandwidthKey, BandwidthState], 0},
+			{nameNetns, copyHash[uint64, NetnsInfo], 0},
+			{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
+			{nameCT, copyHash[CTKey, CTVal], 0},
+			{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
+			{nameHPConfig, copyArray[HostPortConfig], 0},
+			{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
+			{nameHPStats, copyPerCPUArray, 0},
+			{nameSNAT, copyHash[SNATKey, SNATVal], 0},
+			{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
+			{nameClusterRefs, copyHash[CIDRRefKey, uint32], 0},
+			{nameMasqStats, copyPerCPUArray, 0},
+			{nameMasqConfig, copyArray[MasqConfig], 0},
+			{nameMasqShare, copyHash[MasqShareKey, uint32], 0},
+			{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
+			{nameStackFlowParts, copyInnerMaps, 0},
+			{nameEvConfig, copyArray[EventConfig], 0},
+			{nameEvPods, copyHash[uint32, uint32], 0},
+			{namePolState, copyHash[uint32, PolicyState], 0},
+			{namePolAddrs, copyHash[PolicyAddrKey, PolicyAddrVal], 0},
+			{namePolPorts, copyHash[PolicyPortKey, uint32], 0},
+			{namePolCT, copyHash[PolicyCTKey, PolicyCTVal], 0},
+			{namePolFrags, copyHash[PolicyFragKey, uint64], 0},
+			{namePolConfig, copyArray[PolicyConfig], 0},
+		}
 	default:
-		return nil, fmt.Errorf("migrate maps of layout v%d at %s: this build (layout v%d) knows how to migrate layouts v1 and v2 only", version, dir, LayoutVersion)
+		return nil, fmt.Errorf("migrate maps of layout v%d at %s: this build (layout v%d) knows how to migrate layouts v1 to v3 only", version, dir, LayoutVersion)
 	}
 	out := map[string]int{}
 	var errs error
@@ -267,4 +301,35 @@ func sum(v []uint64) uint64 {
 		s += x
 	}
 	return s
+}
+
+// copyInnerMaps copies a map-of-maps: the new outer map holds the same
+// inner maps (kernel objects, found by the IDs the old one lists), so
+// their entries need no copy.
+func copyInnerMaps(from, to *ebpf.Map, name string) (int, error) {
+	var (
+		k  uint32
+		id uint32
+		n  int
+	)
+	it := from.Iterate()
+	for it.Next(&k, &id) {
+		inner, err := ebpf.NewMapFromID(ebpf.MapID(id))
+		if err != nil {
+			continue // gone meanwhile (its pod deleted)
+		}
+		err = to.Update(&k, inner, ebpf.UpdateNoExist)
+		inner.Close()
+		switch {
+		case err == nil:
+			n++
+		case errors.Is(err, ebpf.ErrKeyExist):
+		default:
+			return n, writeErr(to, name, "an entry of the older layout", err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return n, fmt.Errorf("read %s of the older layout: %w", name, err)
+	}
+	return n, nil
 }

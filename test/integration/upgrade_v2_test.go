@@ -21,14 +21,25 @@ import (
 // event maps of layout 3).
 const layoutV2Commit = "ea9f40b87fbd0ec221015d5a2846c174c42d06a0"
 
+// layoutV3Commit is the last commit whose maps are of layout 3 (before the
+// tunnel maps of layout 4).
+const layoutV3Commit = "a7659561026d66c6672e13ef911ddfff8f9ec644"
+
 // TestUpgradeFromLayout2: pods attached by the last build of map layout 2
 // (a plain one and one with a hostPort and limits) keep their traffic while
-// the first ADD of this build moves the node to layout 3 (the event maps
-// added): their entries, limits, hostPort and counters are copied, their
-// links swapped, the layout 2 maps and programs removed; afterwards an old
-// pod's drop is an event the agent shows, and this build DELs them clean.
-func TestUpgradeFromLayout2(t *testing.T) {
-	oldBin := testenv.BuildAt(t, layoutV2Commit)
+// the first ADD of this build moves the node to this build's layout (the
+// event maps added, then the tunnel's): their entries, limits, hostPort
+// and counters are copied, their links swapped, the layout 2 maps and
+// programs removed; afterwards an old pod's drop is an event the agent
+// shows, and this build DELs them clean.
+func TestUpgradeFromLayout2(t *testing.T) { upgradeFromLayout(t, layoutV2Commit, 2) }
+
+// TestUpgradeFromLayout3 is the same from the last build of layout 3 (the
+// tunnel maps and drop reasons added in layout 4).
+func TestUpgradeFromLayout3(t *testing.T) { upgradeFromLayout(t, layoutV3Commit, 3) }
+
+func upgradeFromLayout(t *testing.T, commit string, version int) {
+	oldBin := testenv.BuildAt(t, commit)
 	e := testenv.New(t)
 	e.Extra = map[string]any{"ipMasq": true, "capabilities": map[string]bool{"portMappings": true, "bandwidth": true}}
 	newCNI := e.CNI
@@ -50,9 +61,9 @@ func TestUpgradeFromLayout2(t *testing.T) {
 	}))
 	a4, _ := testenv.PodIPs(t, ra)
 	b4, _ := testenv.PodIPs(t, rb)
-	old := datapath.LayoutMapsDir(e.PinDir, 2)
+	old := datapath.LayoutMapsDir(e.PinDir, version)
 	if _, err := os.Stat(old); err != nil {
-		t.Fatalf("the layout 2 build pinned no maps_v2: %v", err)
+		t.Fatalf("the layout %d build pinned no maps_v%d: %v", version, version, err)
 	}
 	_, idxA := e.HostVeth("a2")
 	_, idxB := e.HostVeth("b2")
@@ -77,10 +88,10 @@ func TestUpgradeFromLayout2(t *testing.T) {
 	rd := e.Add(d, "d2")
 	d4, _ := testenv.PodIPs(t, rd)
 	if out := <-pingDone; !strings.Contains(out, " 0% packet loss") {
-		t.Errorf("the ping between two pods of the layout 2 build lost packets across the upgrade:\n%s", out)
+		t.Errorf("the ping between two pods of the layout %d build lost packets across the upgrade:\n%s", version, out)
 	}
 	if _, err := os.Stat(old); !os.IsNotExist(err) {
-		t.Errorf("the layout 2 maps are still pinned: %v", err)
+		t.Errorf("the layout %d maps are still pinned: %v", version, err)
 	}
 	for _, p := range datapath.ProgramPins(e.PinDir) {
 		if !p.Current {
@@ -90,7 +101,7 @@ func TestUpgradeFromLayout2(t *testing.T) {
 	m := e.Maps()
 	for _, dir := range []maps.Dir{maps.DirEgress, maps.DirIngress} {
 		if l, ok, err := m.LookupLimit(idxB, dir); err != nil || !ok || l.RateBps != 50e6 {
-			t.Errorf("b's %s limit in the layout 3 maps: %+v %v %v", dir, l, ok, err)
+			t.Errorf("b's %s limit in the new maps: %+v %v %v", dir, l, ok, err)
 		}
 	}
 	if c := counter(t, m, idxA, maps.DirEgress, maps.ReasonRedirect); c.Packets < 900 {

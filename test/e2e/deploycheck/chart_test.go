@@ -132,6 +132,7 @@ func TestChartValues(t *testing.T) {
 		"image.repository=registry.example/ebpf-cni", "image.tag=v9",
 		"cni.ipMasq=false", "cni.maxPods=250", "cni.mtu=1450", "cni.maxHostPortsPerPod=8",
 		"cni.hostPorts=false", "agent.clusterCIDRs={10.0.0.0/8,fd00::/48}", "agent.metricsAddr=",
+		"tunnel.mode=vxlan", "tunnel.hybrid=true",
 	)
 	plugin := conflistOf(t, m)["plugins"].([]any)[0].(map[string]any)
 	for k, want := range map[string]any{"ipMasq": false, "maxPods": 250.0, "mtu": 1450.0, "maxHostPortsPerPod": 8.0} {
@@ -149,10 +150,19 @@ func TestChartValues(t *testing.T) {
 		}
 	}
 	args := strings.Join(container(t, spec.Containers, "agent").Args, " ")
-	for _, want := range []string{"--cluster-cidrs=10.0.0.0/8,fd00::/48", "--metrics-addr="} {
+	for _, want := range []string{"--cluster-cidrs=10.0.0.0/8,fd00::/48", "--metrics-addr=", "--tunnel=vxlan", "--tunnel-hybrid"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("agent args %q lack %q", args, want)
 		}
+	}
+	// By default the agent writes the pods' MTU (the uplink's less the
+	// tunnel's overhead) and routes host-gw.
+	def := render(t)
+	if mtu, set := conflistOf(t, def)["plugins"].([]any)[0].(map[string]any)["mtu"]; set {
+		t.Errorf("default conflist sets mtu %v; the agent should", mtu)
+	}
+	if args := strings.Join(container(t, def.daemonSet.Spec.Template.Spec.Containers, "agent").Args, " "); strings.Contains(args, "--tunnel") {
+		t.Errorf("default agent args %q name a tunnel", args)
 	}
 	// A changed conflist changes the checksum, so the DaemonSet rolls.
 	if a, b := m.daemonSet.Spec.Template.Annotations["checksum/config"], render(t).daemonSet.Spec.Template.Annotations["checksum/config"]; a == b {

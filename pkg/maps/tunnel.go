@@ -1,0 +1,136 @@
+package maps
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+)
+
+// The node tunnel's maps (bpf/lib/tunnel.h): who may send through the
+// tunnel, and where each other node's pod CIDRs are encapsulated to.
+const (
+	nameTunNodes = "cni_tun_nodes"
+	nameTunCIDRs = "cni_tun_cidrs"
+)
+
+// TunnelPeer is the generated twin of struct tun_peer.
+type TunnelPeer = mapsObjTunPeer
+
+// TunnelNode is another node as the tunnel sees it: its addresses (each
+// may send encapsulated packets), the address its pods' traffic is
+// encapsulated to, and its pod CIDRs.
+type TunnelNode struct {
+	Addrs    []netip.Addr
+	Endpoint netip.Addr
+	PodCIDRs []netip.Prefix
+}
+
+func addrEndpointKey(a netip.Addr) EndpointKey {
+	k, _ := KeyFor(net.IP(a.Unmap().AsSlice()))
+	return k
+}
+
+// SyncTunnel makes cni_tun_nodes and cni_tun_cidrs hold exactly the given
+// nodes (ids 1..n in order): entries are written before stale ones go, so
+// a node that stays is never missing in between. A full map is an error
+// wrapping ErrFull naming it.
+func (m *Maps) SyncTunnel(nodes []TunnelNode) error {
+	nodesMap, cidrsMap := m.byName[nameTunNodes], m.byName[nameTunCIDRs]
+	if nodesMap == nil || cidrsMap == nil {
+		return fmt.Errorf("the pinned maps lack %s or %s (an older layout)", nameTunNodes, nameTunCIDRs)
+	}
+	wantNodes := map[EndpointKey]uint32{}
+	wantCIDRs := map[CIDRKey]TunnelPeer{}
+	var errs error
+	for i, n := range nodes {
+		id := uint32(i + 1)
+		for _, a := range n.Addrs {
+			wantNodes[addrEndpointKey(a)] = id
+		}
+		ep := n.Endpoint.Unmap()
+		v := TunnelPeer{Node: id, Family: afInet}
+		if ep.Is6() {
+			v.Family = afInet6
+			b := ep.As16()
+			copy(v.Addr[:], b[:])
+		} else {
+			b := ep.As4()
+			copy(v.Addr[:], b[:])
+		}
+		for _, c := range n.PodCIDRs {
+			wantCIDRs[cidrKey(c)] = v
+		}
+	}
+	for k, v := range wantNodes {
+		if err := nodesMap.Update(&k, &v, ebpf.UpdateAny); err != nil {
+			errs = errors.Join(errs, writeErr(nodesMap, nameTunNodes, "a node address", err))
+		}
+	}
+	for k, v := range wantCIDRs {
+		if err := cidrsMap.Update(&k, &v, ebpf.UpdateAny); err != nil {
+			errs = errors.Join(errs, writeErr(cidrsMap, nameTunCIDRs, k.prefix().String(), err))
+		}
+	}
+	var staleNodes []EndpointKey
+	if err := scan(nodesMap, func(k *EndpointKey, _ *uint32) {
+		if _, ok := wantNodes[*k]; !ok {
+			staleNodes = append(staleNodes, *k)
+		}
+	}); err != nil {
+		errs = errors.Join(errs, fmt.Errorf("read %s: %w", nameTunNodes, err))
+	}
+	for _, k := range staleNodes {
+		if err := nodesMap.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = errors.Join(errs, fmt.Errorf("delete from %s: %w", nameTunNodes, err))
+		}
+	}
+	// An LPM trie has no batch ops: iterate.
+	var (
+		k      CIDRKey
+		v      TunnelPeer
+		stale  []CIDRKey
+		cursor = cidrsMap.Iterate()
+	)
+	for cursor.Next(&k, &v) {
+		if _, ok := wantCIDRs[k]; !ok {
+			stale = append(stale, k)
+		}
+	}
+	if err := cursor.Err(); err != nil {
+		errs = errors.Join(errs, fmt.Errorf("read %s: %w", nameTunCIDRs, err))
+	}
+	for _, k := range stale {
+		if err := cidrsMap.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = errors.Join(errs, fmt.Errorf("delete from %s: %w", nameTunCIDRs, err))
+		}
+	}
+	return errs
+}
+
+// TunnelRoute is one entry of cni_tun_cidrs, decoded.
+type TunnelRoute struct {
+	PodCIDR  netip.Prefix
+	Node     uint32
+	Endpoint netip.Addr
+}
+
+// TunnelRoutes lists cni_tun_cidrs.
+func (m *Maps) TunnelRoutes() ([]TunnelRoute, error) {
+	var (
+		k   CIDRKey
+		v   TunnelPeer
+		out []TunnelRoute
+	)
+	it := m.byName[nameTunCIDRs].Iterate()
+	for it.Next(&k, &v) {
+		ep := netip.AddrFrom16(v.Addr)
+		if v.Family == afInet {
+			ep = netip.AddrFrom4([4]byte(v.Addr[:4]))
+		}
+		out = append(out, TunnelRoute{PodCIDR: k.prefix(), Node: v.Node, Endpoint: ep})
+	}
+	return out, it.Err()
+}

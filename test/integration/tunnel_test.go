@@ -1,0 +1,581 @@
+// Pods across subnets: three nodes on two subnets behind a router that has
+// no route to any pod CIDR, joined by the VXLAN tunnel in hybrid mode
+// (docs/tunnel.md).
+
+package integration
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// The tunnel lab: subnet A (tunGWA/24: nodes 1 and 2, and a host that is
+// no node) and subnet B (tunGWB/24: node 3) on the router's two bridges.
+// Subnet B's link is 1400 bytes (the router's port and node 3's uplink),
+// A's 1500. Each node's pods have a /24 and a /64 of the cluster ranges.
+var (
+	tunGWA    = net.ParseIP("10.77.1.254").To4()
+	tunGWB    = net.ParseIP("10.77.2.254").To4()
+	tunNode   = []net.IP{net.ParseIP("10.77.1.1").To4(), net.ParseIP("10.77.1.2").To4(), net.ParseIP("10.77.2.1").To4()}
+	tunStrang = net.ParseIP("10.77.1.66").To4() // on subnet A, no node
+)
+
+const (
+	tunCluster  = "10.78.0.0/16"
+	tunCluster6 = "fd00:78::/48"
+	tunPMTU     = 1400
+)
+
+func tunPods(i int) (string, string) {
+	return fmt.Sprintf("10.78.%d.0/24", i+1), fmt.Sprintf("fd00:78:%d::/64", i+1)
+}
+
+type tunLab struct {
+	nodes  []*testenv.Env
+	router ns.NetNS
+	strang ns.NetNS
+	peers  string
+}
+
+// tunSysctl sets a sysctl in the current netns.
+func tunSysctl(key, val string) error {
+	return os.WriteFile(filepath.Join("/proc/sys", strings.ReplaceAll(key, ".", "/")), []byte(val), 0o644)
+}
+
+// tunUplink links the current netns to a bridge of the router: name here,
+// peer there, with addr/24, mtu and a default route via gw.
+func tunUplink(router ns.NetNS, name, peer, bridge string, addr, gw net.IP, mtu int) error {
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, MTU: mtu}, PeerName: peer, PeerNamespace: netlink.NsFd(int(router.Fd()))}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return fmt.Errorf("add %s: %w", name, err)
+	}
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return err
+	}
+	if err := labAddr(l, addr.String()+"/24"); err != nil {
+		return err
+	}
+	if err := netlink.LinkSetUp(l); err != nil {
+		return err
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gw}); err != nil {
+		return err
+	}
+	return router.Do(func(ns.NetNS) error {
+		p, err := netlink.LinkByName(peer)
+		if err != nil {
+			return err
+		}
+		br, err := netlink.LinkByName(bridge)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetMTU(p, mtu); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetMaster(p, br); err != nil {
+			return err
+		}
+		return netlink.LinkSetUp(p)
+	})
+}
+
+func newTunLab(t *testing.T) *tunLab {
+	t.Helper()
+	lab := &tunLab{router: testenv.NewNS(t), strang: testenv.NewNS(t)}
+	err := lab.router.Do(func(ns.NetNS) error {
+		for _, b := range []struct {
+			name string
+			gw   net.IP
+			mtu  int
+		}{{"brA", tunGWA, 1500}, {"brB", tunGWB, tunPMTU}} {
+			br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: b.name, MTU: b.mtu}}
+			if err := netlink.LinkAdd(br); err != nil {
+				return err
+			}
+			if err := labAddr(br, b.gw.String()+"/24"); err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(br); err != nil {
+				return err
+			}
+		}
+		// A router: forwards between its subnets, knows no pod CIDR.
+		return tunSysctl("net.ipv4.ip_forward", "1")
+	})
+	if err != nil {
+		t.Fatalf("router netns: %v", err)
+	}
+	var peers []agent.Peer
+	for i := range tunNode {
+		e := testenv.New(t)
+		p4, p6 := tunPods(i)
+		e.IPAM = map[string]any{
+			"type": "host-local", "dataDir": e.DataDir,
+			"ranges": [][]map[string]string{{{"subnet": p4}}, {{"subnet": p6}}},
+		}
+		e.Extra = map[string]any{
+			"ipMasq":       true,
+			"clusterCIDRs": []string{tunCluster, tunCluster6},
+			"capabilities": map[string]bool{"portMappings": true},
+		}
+		br, gw, mtu := "brA", tunGWA, 1500
+		if i == 2 {
+			br, gw, mtu = "brB", tunGWB, tunPMTU
+		}
+		err := e.InNode(func() error {
+			for _, k := range []string{"net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"} {
+				if err := tunSysctl(k, "1"); err != nil {
+					return err
+				}
+			}
+			return tunUplink(lab.router, "uplink0", fmt.Sprintf("n%d", i+1), br, tunNode[i], gw, mtu)
+		})
+		if err != nil {
+			t.Fatalf("node %d: %v", i+1, err)
+		}
+		lab.nodes = append(lab.nodes, e)
+		peers = append(peers, agent.Peer{NodeIP: tunNode[i].String(), PodCIDRs: []string{p4, p6}})
+	}
+	if err := lab.strang.Do(func(ns.NetNS) error {
+		return tunUplink(lab.router, "uplink0", "s1", "brA", tunStrang, tunGWA, 1500)
+	}); err != nil {
+		t.Fatalf("stranger: %v", err)
+	}
+	lab.peers = filepath.Join(t.TempDir(), "peers.json")
+	pj, _ := json.Marshal(peers)
+	if err := os.WriteFile(lab.peers, pj, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return lab
+}
+
+// tunIfindex is the tunnel device of a node, with its MTU.
+func tunDevice(t *testing.T, e *testenv.Env) (idx, mtu int, tx uint64) {
+	t.Helper()
+	err := e.InNode(func() error {
+		l, err := netlink.LinkByName(datapath.TunnelDevice)
+		if err != nil {
+			return err
+		}
+		idx, mtu = l.Attrs().Index, l.Attrs().MTU
+		if s := l.Attrs().Statistics; s != nil {
+			tx = s.TxPackets
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("tunnel device: %v", err)
+	}
+	return idx, mtu, tx
+}
+
+// vxlanFrame is a VXLAN datagram (VNI 1) carrying an IPv4 UDP packet from
+// src to dst:dport.
+func vxlanFrame(src, dst net.IP, dport int, payload []byte) []byte {
+	b := []byte{0x08, 0, 0, 0, 0, 0, 1, 0}                        // VXLAN: I flag, VNI 1
+	b = append(b, 2, 0, 0, 0, 0, 1, 2, 0, 0, 0, 0, 2, 0x08, 0x00) // Ethernet
+	ip := make([]byte, 20)
+	ip[0], ip[8], ip[9] = 0x45, 64, 17
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+8+len(payload)))
+	binary.BigEndian.PutUint16(ip[6:], 0x4000)
+	copy(ip[12:], src.To4())
+	copy(ip[16:], dst.To4())
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(ip[i:]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(ip[10:], ^uint16(sum))
+	udp := make([]byte, 8)
+	binary.BigEndian.PutUint16(udp[0:], 5555)
+	binary.BigEndian.PutUint16(udp[2:], uint16(dport))
+	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload)))
+	b = append(b, ip...)
+	b = append(b, udp...)
+	return append(b, payload...)
+}
+
+// sendVXLAN sends one frame from netns to node:4789.
+func sendVXLAN(t *testing.T, from ns.NetNS, node net.IP, frame []byte) {
+	t.Helper()
+	err := from.Do(func(ns.NetNS) error {
+		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: node, Port: datapath.VXLANPort})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write(frame)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// listenUDP4 listens in a pod; got returns what arrived within wait.
+func listenUDP4(t *testing.T, pod ns.NetNS, port int) func(wait time.Duration) []string {
+	t.Helper()
+	var pc net.PacketConn
+	err := pod.Do(func(ns.NetNS) error {
+		var err error
+		pc, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", port))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	return func(wait time.Duration) []string {
+		var out []string
+		buf := make([]byte, 2048)
+		deadline := time.Now().Add(wait)
+		for {
+			pc.SetReadDeadline(deadline)
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return out
+			}
+			out = append(out, fmt.Sprintf("%s from %s", buf[:n], from))
+		}
+	}
+}
+
+// TestTunnel: pod to pod across subnets through the VXLAN tunnel (TCP,
+// UDP, ICMP, IPv4 and IPv6), hybrid mode routing the same-subnet pair
+// directly (the tunnel device sends nothing for it), forged encapsulated
+// packets (from a host that is no node; from a node claiming another
+// node's pods and this node's own) dropped and counted while the genuine
+// one is delivered, PMTU through a 1400-byte router link, a hostPort and
+// ipMasq across (pod-to-pod never masqueraded).
+func TestTunnel(t *testing.T) {
+	lab := newTunLab(t)
+	n1, n2, n3 := lab.nodes[0], lab.nodes[1], lab.nodes[2]
+
+	// The agent on every node: the tunnel device, the routes and maps
+	// from the peers file, the path MTU.
+	// The node's conflist is the agent's rendering of a template without
+	// "mtu": the agent writes the pods' MTU into it.
+	confDirs := make([]string, len(lab.nodes))
+	agents := make([]*testenv.AgentProc, len(lab.nodes))
+	for i, e := range lab.nodes {
+		confDirs[i] = e.WriteConfDir()
+		tmpl := filepath.Join(t.TempDir(), "10-test.conflist")
+		raw, err := os.ReadFile(filepath.Join(confDirs[i], "10-test.conflist"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(tmpl, raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		agents[i] = e.StartAgent(confDirs[i], "--peers", lab.peers, "--tunnel", "vxlan", "--tunnel-hybrid", "--metrics-addr", "",
+			"--cni-conf-template", tmpl)
+		var out string
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			e.InNode(func() error {
+				b, _ := exec.Command("ip", "-d", "route", "show", "proto", "199").CombinedOutput()
+				b6, _ := exec.Command("ip", "-6", "-d", "route", "show", "proto", "199").CombinedOutput()
+				out = string(b) + string(b6)
+				return nil
+			})
+			if strings.Count(out, "\n") == 4 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		t.Logf("node %d routes:\n%s", i+1, out)
+		if n := strings.Count(out, "\n"); n != 4 {
+			t.Fatalf("node %d: %d routes, want 4 (two nodes, two families)", i+1, n)
+		}
+	}
+	// The pods' MTU, in the conflist the agent wrote, is the tunnel
+	// device's, both sized from the uplink: 1500 and 1400 less VXLAN's 50
+	// bytes.
+	for i, e := range lab.nodes {
+		_, mtu, _ := tunDevice(t, e)
+		want := 1450
+		if i == 2 {
+			want = tunPMTU - 50
+		}
+		if mtu != want {
+			t.Fatalf("node %d: %s MTU %d, want %d", i+1, datapath.TunnelDevice, mtu, want)
+		}
+		var conf struct {
+			Plugins []map[string]any `json:"plugins"`
+		}
+		var raw []byte
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+			raw, _ = os.ReadFile(filepath.Join(confDirs[i], "10-test.conflist"))
+			if strings.Contains(string(raw), `"mtu"`) {
+				break
+			}
+		}
+		if err := json.Unmarshal(raw, &conf); err != nil || len(conf.Plugins) != 1 || conf.Plugins[0]["mtu"] != float64(want) {
+			t.Fatalf("node %d: the agent's conflist has mtu %v, want %d (%v):\n%s", i+1, conf.Plugins, want, err, raw)
+		}
+		e.Extra["mtu"] = mtu
+	}
+
+	p1, p2, p3 := n1.NewPod(), n2.NewPod(), n3.NewPod()
+	n1.CleanupDel(p1, "t1")
+	r1 := n1.MustAddHP(p1, "t1", testenv.PM{HostPort: 8080, ContainerPort: 80, Protocol: "tcp"})
+	n2.CleanupDel(p2, "t2")
+	r2 := n2.Add(p2, "t2")
+	n3.CleanupDel(p3, "t3")
+	r3 := n3.Add(p3, "t3")
+	a1, a16 := testenv.PodIPs(t, r1)
+	a2, a26 := testenv.PodIPs(t, r2)
+	a3, a36 := testenv.PodIPs(t, r3)
+	serve(t, p1, 80, "t1")
+	serve(t, p2, 7001, "t2")
+	serve(t, p3, 7001, "t3")
+
+	t.Run("routes", func(t *testing.T) {
+		// Node 1: node 2 (same subnet) directly for IPv4; node 3, and
+		// IPv6 (no node has an IPv6 address to route via), into the tunnel.
+		for _, c := range []struct {
+			ip     net.IP
+			tunnel bool
+		}{{a2, false}, {a3, true}, {a26, true}, {a36, true}} {
+			var rs []netlink.Route
+			n1.InNode(func() error {
+				var err error
+				rs, err = netlink.RouteGet(c.ip)
+				return err
+			})
+			idx, _, _ := tunDevice(t, n1)
+			if len(rs) != 1 || (rs[0].LinkIndex == idx) != c.tunnel {
+				t.Errorf("node 1's route to %s: %+v, want tunnel %v", c.ip, rs, c.tunnel)
+			}
+		}
+	})
+
+	t.Run("across", func(t *testing.T) {
+		for _, c := range []struct {
+			from ns.NetNS
+			to   net.IP
+			name string
+			src  net.IP
+		}{{p1, a3, "t3", a1}, {p3, a2, "t2", a3}, {p1, a36, "t3", a16}, {p3, a26, "t2", a36}} {
+			for _, proto := range []string{"tcp", "udp"} {
+				// The server sees the pod's own address: never masqueraded.
+				mustAsk(t, c.from, proto, hp(c.to, 7001), 0, c.name, c.src)
+			}
+			if err := testenv.Ping(c.from, c.to, 2); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := testenv.TCPTransfer(p3, p1, a1, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("hybrid-direct", func(t *testing.T) {
+		_, _, before := tunDevice(t, n1)
+		_, _, before2 := tunDevice(t, n2)
+		for _, proto := range []string{"tcp", "udp"} {
+			mustAsk(t, p1, proto, hp(a2, 7001), 0, "t2", a1)
+		}
+		if err := testenv.Ping(p1, a2, 3); err != nil {
+			t.Fatal(err)
+		}
+		if err := testenv.TCPTransfer(p1, p2, a2, 256<<10); err != nil {
+			t.Fatal(err)
+		}
+		_, _, after := tunDevice(t, n1)
+		_, _, after2 := tunDevice(t, n2)
+		if after != before || after2 != before2 {
+			t.Errorf("same-subnet traffic went through the tunnel: node 1 sent %d, node 2 %d packets into it", after-before, after2-before2)
+		}
+		// And across subnets it does.
+		if err := testenv.Ping(p1, a3, 2); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, tx := tunDevice(t, n1); tx < after+2 {
+			t.Errorf("node 1's tunnel device sent %d packets for 2 pings to node 3's pod", tx-after)
+		}
+	})
+
+	t.Run("forged", func(t *testing.T) {
+		idx, _, _ := tunDevice(t, n1)
+		m := n1.Maps()
+		got := listenUDP4(t, p1, 9999)
+		notNode0 := counter(t, m, idx, maps.DirIngress, maps.ReasonDropTunNode).Packets
+		badSrc0 := counter(t, m, idx, maps.DirIngress, maps.ReasonDropTunSrc).Packets
+
+		// A host that is no node, claiming node 3's pod.
+		sendVXLAN(t, lab.strang, tunNode[0], vxlanFrame(a3, a1, 9999, []byte("stranger")))
+		// Node 3 claiming node 2's pod, and node 1's own pod.
+		sendVXLAN(t, n3.Node, tunNode[0], vxlanFrame(a2, a1, 9999, []byte("other-node")))
+		other1 := append(net.IP{}, a1...)
+		other1[3]++
+		sendVXLAN(t, n3.Node, tunNode[0], vxlanFrame(other1, a1, 9999, []byte("local-pod")))
+		// Node 3 for its own pod: the rule lets it in.
+		sendVXLAN(t, n3.Node, tunNode[0], vxlanFrame(a3, a1, 9999, []byte("genuine")))
+
+		arrived := got(2 * time.Second)
+		if len(arrived) != 1 || !strings.HasPrefix(arrived[0], "genuine from "+a3.String()) {
+			t.Errorf("pod 1 received %q, want only the genuine datagram from %s", arrived, a3)
+		}
+		if d := counter(t, m, idx, maps.DirIngress, maps.ReasonDropTunNode).Packets - notNode0; d != 1 {
+			t.Errorf("drop_tunnel_not_node counted %d, want 1", d)
+		}
+		if d := counter(t, m, idx, maps.DirIngress, maps.ReasonDropTunSrc).Packets - badSrc0; d != 2 {
+			t.Errorf("drop_tunnel_source counted %d, want 2", d)
+		}
+	})
+
+	t.Run("pod-tunnels", func(t *testing.T) {
+		// A pod of node 3 sending VXLAN to node 1 itself, claiming a
+		// neighbour's address: masqueraded it would leave as node 3 and
+		// pass node 1's rule. Its host veth drops it.
+		_, hidx := n3.HostVeth("t3")
+		m := n3.Maps()
+		before := counter(t, m, hidx, maps.DirEgress, maps.ReasonDropTunSrc).Packets
+		got := listenUDP4(t, p1, 9998)
+		other3 := append(net.IP{}, a3...)
+		other3[3]++
+		sendVXLAN(t, p3, tunNode[0], vxlanFrame(other3, a1, 9998, []byte("from-a-pod")))
+		if arrived := got(2 * time.Second); len(arrived) != 0 {
+			t.Errorf("pod 1 received %q from a pod's own VXLAN datagram", arrived)
+		}
+		if d := counter(t, m, hidx, maps.DirEgress, maps.ReasonDropTunSrc).Packets - before; d != 1 {
+			t.Errorf("pod 3's drop_tunnel_source counted %d, want 1", d)
+		}
+	})
+
+	t.Run("pmtu", func(t *testing.T) {
+		// Pod 1's 1450-byte packets become 1500-byte ones on the wire,
+		// which the router's 1400-byte link to node 3 refuses: its
+		// "fragmentation needed" gives node 1 the path MTU to node 3, which
+		// the agent sets on the routes into the tunnel (1350), and the pod
+		// is told in turn. The transfers complete, both families.
+		if err := testenv.TCPTransfer(p1, p3, a3, 4<<20); err != nil {
+			t.Fatal(err)
+		}
+		if err := testenv.TCPTransfer(p1, p3, a36, 4<<20); err != nil {
+			t.Fatal(err)
+		}
+		// Datagrams that fit the pod's MTU but not the path: the pod is told.
+		for _, c := range []struct {
+			ip   net.IP
+			args []string
+			want string
+		}{
+			{a3, []string{"-s", "1422"}, "mtu = 1350"},
+			{a36, []string{"-6", "-s", "1402"}, "mtu=1350"},
+		} {
+			var out []byte
+			deadline := time.Now().Add(15 * time.Second)
+			for {
+				p1.Do(func(ns.NetNS) error {
+					args := append([]string{"-c", "2", "-i", "0.5", "-W", "1", "-M", "do"}, c.args...)
+					out, _ = exec.Command("ping", append(args, c.ip.String())...).CombinedOutput()
+					return nil
+				})
+				if strings.Contains(string(out), c.want) || time.Now().After(deadline) {
+					break
+				}
+			}
+			if !strings.Contains(string(out), c.want) {
+				t.Errorf("ping -M do %v %s: no %q from the path:\n%s", c.args, c.ip, c.want, out)
+			}
+		}
+		// Once told, the pod's datagrams of the path's size go through.
+		if err := p1.Do(func(ns.NetNS) error {
+			out, err := exec.Command("ping", "-c", "2", "-i", "0.3", "-W", "2", "-M", "do", "-s", "1322", a3.String()).CombinedOutput()
+			if err != nil {
+				return fmt.Errorf("ping -s 1322 %s: %v\n%s", a3, err, out)
+			}
+			return nil
+		}); err != nil {
+			t.Error(err)
+		}
+	})
+
+	t.Run("agent-killed", func(t *testing.T) {
+		// The device, its programs and routes outlive the agent; the next
+		// one keeps them (same device).
+		idx, _, _ := tunDevice(t, n1)
+		agents[0].Cmd.Process.Kill()
+		agents[0].Exited(5 * time.Second)
+		if err := testenv.Ping(p1, a3, 2); err != nil {
+			t.Fatalf("with node 1's agent killed: %v", err)
+		}
+		n1.StartAgent(confDirs[0], "--peers", lab.peers, "--tunnel", "vxlan", "--tunnel-hybrid", "--metrics-addr", "")
+		if err := testenv.Ping(p1, a3, 2); err != nil {
+			t.Fatalf("after the agent restarted: %v", err)
+		}
+		if now, _, _ := tunDevice(t, n1); now != idx {
+			t.Errorf("the restarted agent re-created %s (ifindex %d, was %d)", datapath.TunnelDevice, now, idx)
+		}
+		mustAsk(t, p3, "tcp", hp(a1, 80), 0, "t1", a3)
+	})
+
+	t.Run("status", func(t *testing.T) {
+		// The tunnel device's pinned link is the node's, not a stray.
+		out, err := n1.AgentCmd("status", "--pin-dir", n1.PinDir, "--state-dir", n1.StateDir)
+		if err != nil {
+			t.Errorf("ebpf-agent status on a tunnel node: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("hostport", func(t *testing.T) {
+		// Node 3's pod reaches node 1's hostPort (via the router, node 3
+		// masquerading: node 1's address is outside the cluster CIDRs).
+		mustAsk(t, p3, "tcp", hp(tunNode[0], 8080), 0, "t1", tunNode[2])
+	})
+}
+
+// TestTunnelGeneve: geneve where the kernel has it; where it does not (the
+// module missing), `peers --tunnel geneve` fails naming it and leaves no
+// device behind.
+func TestTunnelGeneve(t *testing.T) {
+	e := testenv.New(t)
+	peers := filepath.Join(t.TempDir(), "peers.json")
+	pj, _ := json.Marshal([]agent.Peer{{NodeIP: "10.77.9.9", PodCIDRs: []string{"10.79.9.0/24"}}})
+	if err := os.WriteFile(peers, pj, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := e.MasqAgent("peers", "--peers", peers, "--tunnel", "geneve", "--cni-conf-dir", t.TempDir())
+	var kind string
+	e.InNode(func() error {
+		if l, lerr := netlink.LinkByName(datapath.TunnelDevice); lerr == nil {
+			kind = l.Type()
+		}
+		return nil
+	})
+	if err != nil {
+		if !strings.Contains(err.Error(), "geneve") {
+			t.Fatalf("peers --tunnel geneve failed without naming geneve: %v", err)
+		}
+		if kind != "" {
+			t.Errorf("a failed geneve setup left %s (%s)", datapath.TunnelDevice, kind)
+		}
+		t.Logf("no geneve on this kernel, as reported: %v", err)
+		return
+	}
+	if kind != "geneve" {
+		t.Errorf("peers --tunnel geneve made a %q device:\n%s", kind, out)
+	}
+}
