@@ -40,8 +40,8 @@ const (
 	sockCompatMapCniNodeIps        = "cni_node_ips"
 	sockCompatMapCniPolAddrs       = "cni_pol_addrs"
 	sockCompatMapCniPolConfig      = "cni_pol_config"
-	sockCompatMapCniPolCt          = "cni_pol_ct"
-	sockCompatMapCniPolFrags       = "cni_pol_frags"
+	sockCompatMapCniPolCtParts     = "cni_pol_ct_parts"
+	sockCompatMapCniPolFragParts   = "cni_pol_frag_parts"
 	sockCompatMapCniPolPorts       = "cni_pol_ports"
 	sockCompatMapCniPolScratch     = "cni_pol_scratch"
 	sockCompatMapCniPolState       = "cni_pol_state"
@@ -50,6 +50,8 @@ const (
 	sockCompatMapCniStackFlowParts = "cni_stack_flow_parts"
 	sockCompatMapCniStackFlows     = "cni_stack_flows"
 	sockCompatMapCniStats          = "cni_stats"
+	sockCompatMapCniTunCidrs       = "cni_tun_cidrs"
+	sockCompatMapCniTunNodes       = "cni_tun_nodes"
 	sockCompatProgCniSockConnect4  = "cni_sock_connect4"
 	sockCompatProgCniSockConnect6  = "cni_sock_connect6"
 	sockCompatProgCniSockPeer4     = "cni_sock_peer4"
@@ -140,8 +142,8 @@ type sockCompatMapSpecs struct {
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
-	CniPolCt          *ebpf.MapSpec `ebpf:"cni_pol_ct"`
-	CniPolFrags       *ebpf.MapSpec `ebpf:"cni_pol_frags"`
+	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
+	CniPolFragParts   *ebpf.MapSpec `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
@@ -150,6 +152,8 @@ type sockCompatMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // sockCompatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -202,8 +206,8 @@ type sockCompatMaps struct {
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
-	CniPolCt          *ebpf.Map `ebpf:"cni_pol_ct"`
-	CniPolFrags       *ebpf.Map `ebpf:"cni_pol_frags"`
+	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
+	CniPolFragParts   *ebpf.Map `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
@@ -212,6 +216,8 @@ type sockCompatMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *sockCompatMaps) Close() error {
@@ -240,8 +246,8 @@ func (m *sockCompatMaps) Close() error {
 		m.CniNodeIps,
 		m.CniPolAddrs,
 		m.CniPolConfig,
-		m.CniPolCt,
-		m.CniPolFrags,
+		m.CniPolCtParts,
+		m.CniPolFragParts,
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,
@@ -250,6 +256,8 @@ func (m *sockCompatMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 

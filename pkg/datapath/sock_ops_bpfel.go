@@ -40,8 +40,8 @@ const (
 	sockOpsMapCniNodeIps        = "cni_node_ips"
 	sockOpsMapCniPolAddrs       = "cni_pol_addrs"
 	sockOpsMapCniPolConfig      = "cni_pol_config"
-	sockOpsMapCniPolCt          = "cni_pol_ct"
-	sockOpsMapCniPolFrags       = "cni_pol_frags"
+	sockOpsMapCniPolCtParts     = "cni_pol_ct_parts"
+	sockOpsMapCniPolFragParts   = "cni_pol_frag_parts"
 	sockOpsMapCniPolPorts       = "cni_pol_ports"
 	sockOpsMapCniPolScratch     = "cni_pol_scratch"
 	sockOpsMapCniPolState       = "cni_pol_state"
@@ -50,6 +50,8 @@ const (
 	sockOpsMapCniStackFlowParts = "cni_stack_flow_parts"
 	sockOpsMapCniStackFlows     = "cni_stack_flows"
 	sockOpsMapCniStats          = "cni_stats"
+	sockOpsMapCniTunCidrs       = "cni_tun_cidrs"
+	sockOpsMapCniTunNodes       = "cni_tun_nodes"
 	sockOpsProgCniSockOps       = "cni_sock_ops"
 )
 
@@ -126,8 +128,8 @@ type sockOpsMapSpecs struct {
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
-	CniPolCt          *ebpf.MapSpec `ebpf:"cni_pol_ct"`
-	CniPolFrags       *ebpf.MapSpec `ebpf:"cni_pol_frags"`
+	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
+	CniPolFragParts   *ebpf.MapSpec `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
@@ -136,6 +138,8 @@ type sockOpsMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // sockOpsVariableSpecs contains global variables before they are loaded into the kernel.
@@ -188,8 +192,8 @@ type sockOpsMaps struct {
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
-	CniPolCt          *ebpf.Map `ebpf:"cni_pol_ct"`
-	CniPolFrags       *ebpf.Map `ebpf:"cni_pol_frags"`
+	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
+	CniPolFragParts   *ebpf.Map `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
@@ -198,6 +202,8 @@ type sockOpsMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *sockOpsMaps) Close() error {
@@ -226,8 +232,8 @@ func (m *sockOpsMaps) Close() error {
 		m.CniNodeIps,
 		m.CniPolAddrs,
 		m.CniPolConfig,
-		m.CniPolCt,
-		m.CniPolFrags,
+		m.CniPolCtParts,
+		m.CniPolFragParts,
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,
@@ -236,6 +242,8 @@ func (m *sockOpsMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 

@@ -40,8 +40,8 @@ const (
 	toUplinkCompatMapCniNodeIps        = "cni_node_ips"
 	toUplinkCompatMapCniPolAddrs       = "cni_pol_addrs"
 	toUplinkCompatMapCniPolConfig      = "cni_pol_config"
-	toUplinkCompatMapCniPolCt          = "cni_pol_ct"
-	toUplinkCompatMapCniPolFrags       = "cni_pol_frags"
+	toUplinkCompatMapCniPolCtParts     = "cni_pol_ct_parts"
+	toUplinkCompatMapCniPolFragParts   = "cni_pol_frag_parts"
 	toUplinkCompatMapCniPolPorts       = "cni_pol_ports"
 	toUplinkCompatMapCniPolScratch     = "cni_pol_scratch"
 	toUplinkCompatMapCniPolState       = "cni_pol_state"
@@ -50,6 +50,8 @@ const (
 	toUplinkCompatMapCniStackFlowParts = "cni_stack_flow_parts"
 	toUplinkCompatMapCniStackFlows     = "cni_stack_flows"
 	toUplinkCompatMapCniStats          = "cni_stats"
+	toUplinkCompatMapCniTunCidrs       = "cni_tun_cidrs"
+	toUplinkCompatMapCniTunNodes       = "cni_tun_nodes"
 	toUplinkCompatProgCniToUplink      = "cni_to_uplink"
 )
 
@@ -126,8 +128,8 @@ type toUplinkCompatMapSpecs struct {
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
-	CniPolCt          *ebpf.MapSpec `ebpf:"cni_pol_ct"`
-	CniPolFrags       *ebpf.MapSpec `ebpf:"cni_pol_frags"`
+	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
+	CniPolFragParts   *ebpf.MapSpec `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
@@ -136,6 +138,8 @@ type toUplinkCompatMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // toUplinkCompatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -188,8 +192,8 @@ type toUplinkCompatMaps struct {
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
-	CniPolCt          *ebpf.Map `ebpf:"cni_pol_ct"`
-	CniPolFrags       *ebpf.Map `ebpf:"cni_pol_frags"`
+	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
+	CniPolFragParts   *ebpf.Map `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
@@ -198,6 +202,8 @@ type toUplinkCompatMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *toUplinkCompatMaps) Close() error {
@@ -226,8 +232,8 @@ func (m *toUplinkCompatMaps) Close() error {
 		m.CniNodeIps,
 		m.CniPolAddrs,
 		m.CniPolConfig,
-		m.CniPolCt,
-		m.CniPolFrags,
+		m.CniPolCtParts,
+		m.CniPolFragParts,
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,
@@ -236,6 +242,8 @@ func (m *toUplinkCompatMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 

@@ -91,7 +91,9 @@ const (
 	mapsObjCniReasonREASON_DROP_BANDWIDTH  mapsObjCniReason = 8
 	mapsObjCniReasonREASON_DROP_ROUTER_MSG mapsObjCniReason = 9
 	mapsObjCniReasonREASON_DROP_POLICY     mapsObjCniReason = 10
-	mapsObjCniReasonREASON_MAX             mapsObjCniReason = 11
+	mapsObjCniReasonREASON_DROP_TUN_NODE   mapsObjCniReason = 11
+	mapsObjCniReasonREASON_DROP_TUN_SRC    mapsObjCniReason = 12
+	mapsObjCniReasonREASON_MAX             mapsObjCniReason = 13
 )
 
 type mapsObjCtKey struct {
@@ -328,6 +330,12 @@ type mapsObjPolCtKey struct {
 	PeerAddr [16]uint8
 }
 
+type mapsObjPolCtPartKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Opener  uint32
+}
+
 type mapsObjPolCtVal struct {
 	_         structs.HostLayout
 	Flags     uint32
@@ -444,6 +452,14 @@ type mapsObjStatsVal struct {
 	Bytes   uint64
 }
 
+type mapsObjTunPeer struct {
+	_      structs.HostLayout
+	Node   uint32
+	Family uint8
+	Pad    [3]uint8
+	Addr   [16]uint8
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -472,8 +488,8 @@ const (
 	mapsObjMapCniNodeIps        = "cni_node_ips"
 	mapsObjMapCniPolAddrs       = "cni_pol_addrs"
 	mapsObjMapCniPolConfig      = "cni_pol_config"
-	mapsObjMapCniPolCt          = "cni_pol_ct"
-	mapsObjMapCniPolFrags       = "cni_pol_frags"
+	mapsObjMapCniPolCtParts     = "cni_pol_ct_parts"
+	mapsObjMapCniPolFragParts   = "cni_pol_frag_parts"
 	mapsObjMapCniPolPorts       = "cni_pol_ports"
 	mapsObjMapCniPolScratch     = "cni_pol_scratch"
 	mapsObjMapCniPolState       = "cni_pol_state"
@@ -482,11 +498,16 @@ const (
 	mapsObjMapCniStackFlowParts = "cni_stack_flow_parts"
 	mapsObjMapCniStackFlows     = "cni_stack_flows"
 	mapsObjMapCniStats          = "cni_stats"
+	mapsObjMapCniTunCidrs       = "cni_tun_cidrs"
+	mapsObjMapCniTunNodes       = "cni_tun_nodes"
 	mapsObjVarDirUnused         = "__dir_unused"
 	mapsObjVarEvTypeUnused      = "__ev_type_unused"
 	mapsObjVarEventUnused       = "__event_unused"
 	mapsObjVarHpStatUnused      = "__hp_stat_unused"
 	mapsObjVarMasqStatUnused    = "__masq_stat_unused"
+	mapsObjVarPolCtKeyUnused    = "__pol_ct_key_unused"
+	mapsObjVarPolCtValUnused    = "__pol_ct_val_unused"
+	mapsObjVarPolFragKeyUnused  = "__pol_frag_key_unused"
 	mapsObjVarReasonUnused      = "__reason_unused"
 )
 
@@ -562,8 +583,8 @@ type mapsObjMapSpecs struct {
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
-	CniPolCt          *ebpf.MapSpec `ebpf:"cni_pol_ct"`
-	CniPolFrags       *ebpf.MapSpec `ebpf:"cni_pol_frags"`
+	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
+	CniPolFragParts   *ebpf.MapSpec `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
@@ -572,18 +593,23 @@ type mapsObjMapSpecs struct {
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 }
 
 // mapsObjVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type mapsObjVariableSpecs struct {
-	DirUnused      *ebpf.VariableSpec `ebpf:"__dir_unused"`
-	EvTypeUnused   *ebpf.VariableSpec `ebpf:"__ev_type_unused"`
-	EventUnused    *ebpf.VariableSpec `ebpf:"__event_unused"`
-	HpStatUnused   *ebpf.VariableSpec `ebpf:"__hp_stat_unused"`
-	MasqStatUnused *ebpf.VariableSpec `ebpf:"__masq_stat_unused"`
-	ReasonUnused   *ebpf.VariableSpec `ebpf:"__reason_unused"`
+	DirUnused        *ebpf.VariableSpec `ebpf:"__dir_unused"`
+	EvTypeUnused     *ebpf.VariableSpec `ebpf:"__ev_type_unused"`
+	EventUnused      *ebpf.VariableSpec `ebpf:"__event_unused"`
+	HpStatUnused     *ebpf.VariableSpec `ebpf:"__hp_stat_unused"`
+	MasqStatUnused   *ebpf.VariableSpec `ebpf:"__masq_stat_unused"`
+	PolCtKeyUnused   *ebpf.VariableSpec `ebpf:"__pol_ct_key_unused"`
+	PolCtValUnused   *ebpf.VariableSpec `ebpf:"__pol_ct_val_unused"`
+	PolFragKeyUnused *ebpf.VariableSpec `ebpf:"__pol_frag_key_unused"`
+	ReasonUnused     *ebpf.VariableSpec `ebpf:"__reason_unused"`
 }
 
 // mapsObjObjects contains all objects after they have been loaded into the kernel.
@@ -630,8 +656,8 @@ type mapsObjMaps struct {
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
-	CniPolCt          *ebpf.Map `ebpf:"cni_pol_ct"`
-	CniPolFrags       *ebpf.Map `ebpf:"cni_pol_frags"`
+	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
+	CniPolFragParts   *ebpf.Map `ebpf:"cni_pol_frag_parts"`
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
@@ -640,6 +666,8 @@ type mapsObjMaps struct {
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
+	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 }
 
 func (m *mapsObjMaps) Close() error {
@@ -668,8 +696,8 @@ func (m *mapsObjMaps) Close() error {
 		m.CniNodeIps,
 		m.CniPolAddrs,
 		m.CniPolConfig,
-		m.CniPolCt,
-		m.CniPolFrags,
+		m.CniPolCtParts,
+		m.CniPolFragParts,
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,
@@ -678,6 +706,8 @@ func (m *mapsObjMaps) Close() error {
 		m.CniStackFlowParts,
 		m.CniStackFlows,
 		m.CniStats,
+		m.CniTunCidrs,
+		m.CniTunNodes,
 	)
 }
 
@@ -685,12 +715,15 @@ func (m *mapsObjMaps) Close() error {
 //
 // It can be passed to loadMapsObjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mapsObjVariables struct {
-	DirUnused      *ebpf.Variable `ebpf:"__dir_unused"`
-	EvTypeUnused   *ebpf.Variable `ebpf:"__ev_type_unused"`
-	EventUnused    *ebpf.Variable `ebpf:"__event_unused"`
-	HpStatUnused   *ebpf.Variable `ebpf:"__hp_stat_unused"`
-	MasqStatUnused *ebpf.Variable `ebpf:"__masq_stat_unused"`
-	ReasonUnused   *ebpf.Variable `ebpf:"__reason_unused"`
+	DirUnused        *ebpf.Variable `ebpf:"__dir_unused"`
+	EvTypeUnused     *ebpf.Variable `ebpf:"__ev_type_unused"`
+	EventUnused      *ebpf.Variable `ebpf:"__event_unused"`
+	HpStatUnused     *ebpf.Variable `ebpf:"__hp_stat_unused"`
+	MasqStatUnused   *ebpf.Variable `ebpf:"__masq_stat_unused"`
+	PolCtKeyUnused   *ebpf.Variable `ebpf:"__pol_ct_key_unused"`
+	PolCtValUnused   *ebpf.Variable `ebpf:"__pol_ct_val_unused"`
+	PolFragKeyUnused *ebpf.Variable `ebpf:"__pol_frag_key_unused"`
+	ReasonUnused     *ebpf.Variable `ebpf:"__reason_unused"`
 }
 
 // mapsObjPrograms contains all programs after they have been loaded into the kernel.

@@ -192,8 +192,12 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 			{namePolState, copyHash[uint32, PolicyState], 0},
 			{namePolAddrs, copyHash[PolicyAddrKey, PolicyAddrVal], 0},
 			{namePolPorts, copyHash[PolicyPortKey, uint32], 0},
-			{namePolCT, copyHash[PolicyCTKey, PolicyCTVal], 0},
-			{namePolFrags, copyHash[PolicyFragKey, uint64], 0},
+			{namePolCTParts, copyInnerMaps, 0},
+			{namePolFragParts, copyInnerMaps, 0},
+			// The pods' shares of cni_snat go with its flows (the quota
+			// itself is derived from the sizing at Create).
+			{nameMasqPods, copyHash[uint32, MasqPodVal], 0},
+			{nameMasqKeys, copyArray[MasqKeysVal], 0},
 			{namePolConfig, copyArray[PolicyConfig], 0},
 		}
 	default:
@@ -308,7 +312,7 @@ func sum(v []uint64) uint64 {
 // their entries need no copy.
 func copyInnerMaps(from, to *ebpf.Map, name string) (int, error) {
 	var (
-		k  uint32
+		k  = make([]byte, from.KeySize()) // the outer maps differ in key size
 		id uint32
 		n  int
 	)
@@ -318,7 +322,7 @@ func copyInnerMaps(from, to *ebpf.Map, name string) (int, error) {
 		if err != nil {
 			continue // gone meanwhile (its pod deleted)
 		}
-		err = to.Update(&k, inner, ebpf.UpdateNoExist)
+		err = to.Update(k, inner, ebpf.UpdateNoExist)
 		inner.Close()
 		switch {
 		case err == nil:
