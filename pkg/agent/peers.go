@@ -158,104 +158,141 @@ func srcFor(ip net.IP, tunnel int) net.IP {
 // this node are this node itself and skipped. Returns the routes wanted.
 func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 	tunnel := rt.Mode != datapath.TunnelOff && rt.Mode != ""
+	pl := planPeerRoutes(peers, rt, tunnel)
+	errs := pl.errs
+	if tunnel && rt.Maps != nil {
+		// The maps before the routes: a packet routed into the tunnel finds
+		// its node, and the peer's replies are accepted.
+		if err := rt.Maps.SyncTunnel(pl.tunNodes); err != nil {
+			errs = errors.Join(errs, fmt.Errorf("tunnel maps: %w", err))
+		}
+	}
+	out, err := applyPeerRoutes(pl)
+	errs = errors.Join(errs, err, removeStalePeerRoutes(pl.want))
+	if !tunnel && rt.Maps != nil {
+		errs = errors.Join(errs, rt.Maps.SyncTunnel(nil))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Dst < out[j].Dst })
+	return out, errs
+}
+
+// peerRoutePlan is the routes SyncPeerRoutesWith wants, by destination,
+// with the node each goes to and the tunnel maps' nodes.
+type peerRoutePlan struct {
+	want     map[string]netlink.Route
+	tunnelTo map[string]string
+	tunNodes []maps.TunnelNode
+	errs     error
+}
+
+// planPeerRoutes computes the routes of peers (see SyncPeerRoutesWith).
+func planPeerRoutes(peers []Peer, rt Routing, tunnel bool) peerRoutePlan {
 	local := map[string]bool{}
 	if addrs, err := netlinksafe.AddrList(nil, netlink.FAMILY_ALL); err == nil {
 		for _, a := range addrs {
 			local[a.IP.String()] = true
 		}
 	}
-	want := map[string]netlink.Route{}
-	tunnelTo := map[string]string{}
-	var (
-		out     PeerRoutes
-		errs    error
-		tunNods []maps.TunnelNode
-	)
-peers:
+	pl := peerRoutePlan{want: map[string]netlink.Route{}, tunnelTo: map[string]string{}}
 	for _, p := range peers {
-		var gws []net.IP
-		for _, a := range p.ips() {
-			gw := net.ParseIP(a)
-			if gw == nil {
-				errs = errors.Join(errs, fmt.Errorf("peer %s: %q is not an IP address", p.name(), a))
-				continue
-			}
-			if local[gw.String()] {
-				continue peers
-			}
-			gws = append(gws, gw)
-		}
-		if len(gws) == 0 {
+		pl.addPeer(p, rt, tunnel, local)
+	}
+	return pl
+}
+
+// addPeer plans the routes of one peer; none when one of its node IPs is
+// an address of this node (it is this node).
+func (pl *peerRoutePlan) addPeer(p Peer, rt Routing, tunnel bool, local map[string]bool) {
+	var gws []net.IP
+	for _, a := range p.ips() {
+		gw := net.ParseIP(a)
+		if gw == nil {
+			pl.errs = errors.Join(pl.errs, fmt.Errorf("peer %s: %q is not an IP address", p.name(), a))
 			continue
 		}
-		// The tunnel endpoint: the peer's first address (nodeIP).
-		direct := !tunnel
-		if tunnel && rt.Hybrid {
-			direct = onLink(gws[0], rt.Ifindex)
+		if local[gw.String()] {
+			return
 		}
-		if tunnel {
-			tn := maps.TunnelNode{}
-			for _, g := range gws {
-				a, _ := netip.AddrFromSlice(g)
-				tn.Addrs = append(tn.Addrs, a.Unmap())
-			}
-			tn.Endpoint = tn.Addrs[0]
-			for _, c := range p.PodCIDRs {
-				if pr, err := netip.ParsePrefix(c); err == nil {
-					tn.PodCIDRs = append(tn.PodCIDRs, pr.Masked())
-				}
-			}
-			tunNods = append(tunNods, tn)
+		gws = append(gws, gw)
+	}
+	if len(gws) == 0 {
+		return
+	}
+	// The tunnel endpoint: the peer's first address (nodeIP).
+	direct := !tunnel
+	if tunnel && rt.Hybrid {
+		direct = onLink(gws[0], rt.Ifindex)
+	}
+	if tunnel {
+		tn := maps.TunnelNode{}
+		for _, g := range gws {
+			a, _ := netip.AddrFromSlice(g)
+			tn.Addrs = append(tn.Addrs, a.Unmap())
 		}
+		tn.Endpoint = tn.Addrs[0]
 		for _, c := range p.PodCIDRs {
-			_, dst, err := net.ParseCIDR(c)
-			if err != nil {
-				errs = errors.Join(errs, fmt.Errorf("peer %s: podCIDR %q: %w", p.name(), c, err))
-				continue
+			if pr, err := netip.ParsePrefix(c); err == nil {
+				tn.PodCIDRs = append(tn.PodCIDRs, pr.Masked())
 			}
-			var gw net.IP
-			for _, g := range gws {
-				if (g.To4() == nil) == (dst.IP.To4() == nil) {
-					gw = g
-					break
-				}
-			}
-			r := netlink.Route{Dst: dst, Gw: gw, Protocol: RouteProtocol}
-			// Hybrid: a family the peer has no address of goes into the
-			// tunnel (over the family it has).
-			if !direct || (tunnel && gw == nil) {
-				// Into the tunnel; the node's own packets leave from its
-				// address of the CIDR's family (the peer accepts its nodes'
-				// addresses as inner sources).
-				r = tunnelRoute(dst, gws[0], rt.Ifindex)
-				if gw != nil {
-					r.Src = srcFor(gw, rt.Ifindex)
-				}
-				if mtu := tunnelRouteMTU(gws[0], rt.Ifindex, rt.DeviceMTU); mtu != 0 {
-					r.MTU, r.MTULock = mtu, true
-				}
-				gw = gws[0]
-			} else if gw == nil {
-				errs = errors.Join(errs, fmt.Errorf("peer %s: no node IP of podCIDR %s's family (a tunnel mode would carry it)", p.name(), c))
-				continue
-			}
-			if o, dup := want[dst.String()]; dup {
-				if !o.Gw.Equal(r.Gw) || o.LinkIndex != r.LinkIndex {
-					errs = errors.Join(errs, fmt.Errorf("podCIDR %s: claimed by peers %s and %s; routed via %s", dst, tunnelTo[dst.String()], gw, tunnelTo[dst.String()]))
-				}
-				continue
-			}
-			want[dst.String()] = r
-			tunnelTo[dst.String()] = gw.String()
+		}
+		pl.tunNodes = append(pl.tunNodes, tn)
+	}
+	for _, c := range p.PodCIDRs {
+		pl.addPodCIDR(p, c, gws, rt, tunnel, direct)
+	}
+}
+
+// addPodCIDR plans the route to one pod CIDR of a peer.
+func (pl *peerRoutePlan) addPodCIDR(p Peer, c string, gws []net.IP, rt Routing, tunnel, direct bool) {
+	_, dst, err := net.ParseCIDR(c)
+	if err != nil {
+		pl.errs = errors.Join(pl.errs, fmt.Errorf("peer %s: podCIDR %q: %w", p.name(), c, err))
+		return
+	}
+	var gw net.IP
+	for _, g := range gws {
+		if (g.To4() == nil) == (dst.IP.To4() == nil) {
+			gw = g
+			break
 		}
 	}
-	if tunnel && rt.Maps != nil {
-		// The maps before the routes: a packet routed into the tunnel finds
-		// its node, and the peer's replies are accepted.
-		if err := rt.Maps.SyncTunnel(tunNods); err != nil {
-			errs = errors.Join(errs, fmt.Errorf("tunnel maps: %w", err))
+	r := netlink.Route{Dst: dst, Gw: gw, Protocol: RouteProtocol}
+	// Hybrid: a family the peer has no address of goes into the
+	// tunnel (over the family it has).
+	if !direct || (tunnel && gw == nil) {
+		// Into the tunnel; the node's own packets leave from its
+		// address of the CIDR's family (the peer accepts its nodes'
+		// addresses as inner sources).
+		r = tunnelRoute(dst, gws[0], rt.Ifindex)
+		if gw != nil {
+			r.Src = srcFor(gw, rt.Ifindex)
 		}
+		if mtu := tunnelRouteMTU(gws[0], rt.Ifindex, rt.DeviceMTU); mtu != 0 {
+			r.MTU, r.MTULock = mtu, true
+		}
+		gw = gws[0]
+	} else if gw == nil {
+		pl.errs = errors.Join(pl.errs, fmt.Errorf("peer %s: no node IP of podCIDR %s's family (a tunnel mode would carry it)", p.name(), c))
+		return
 	}
+	if o, dup := pl.want[dst.String()]; dup {
+		if !o.Gw.Equal(r.Gw) || o.LinkIndex != r.LinkIndex {
+			pl.errs = errors.Join(pl.errs, fmt.Errorf("podCIDR %s: claimed by peers %s and %s; routed via %s", dst, pl.tunnelTo[dst.String()], gw, pl.tunnelTo[dst.String()]))
+		}
+		return
+	}
+	pl.want[dst.String()] = r
+	pl.tunnelTo[dst.String()] = gw.String()
+}
+
+// applyPeerRoutes installs the planned routes, leaving another owner's
+// route to a pod CIDR alone.
+func applyPeerRoutes(pl peerRoutePlan) (PeerRoutes, error) {
+	var (
+		out  PeerRoutes
+		errs error
+	)
+	want, tunnelTo := pl.want, pl.tunnelTo
 	// Another owner's route to a pod CIDR (a static one, another agent's)
 	// is left alone: replacing it would take it over.
 	foreign := map[string]netlink.Route{}
@@ -291,6 +328,12 @@ peers:
 		}
 		out = append(out, pr)
 	}
+	return out, errs
+}
+
+// removeStalePeerRoutes removes the agent's routes that are not wanted.
+func removeStalePeerRoutes(want map[string]netlink.Route) error {
+	var errs error
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		have, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Protocol: RouteProtocol}, netlink.RT_FILTER_PROTOCOL)
 		if err != nil {
@@ -309,11 +352,7 @@ peers:
 			}
 		}
 	}
-	if !tunnel && rt.Maps != nil {
-		errs = errors.Join(errs, rt.Maps.SyncTunnel(nil))
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Dst < out[j].Dst })
-	return out, errs
+	return errs
 }
 
 // peerRoutes keeps the routes of Options.PeersFile: at start and every
