@@ -1,16 +1,50 @@
 //go:build ignore
 
 /*
- * Attached to tcx ingress of the node's tunnel device
- * (pkg/datapath/tunnel.go): the trust rule for what comes out of the
- * tunnel. See lib/tunnel.h.
+ * Attached to the node's tunnel device (pkg/datapath/tunnel.go): tcx
+ * ingress, the trust rule for what comes out of the tunnel (see
+ * lib/tunnel.h); tcx egress, the sender's egress NetworkPolicy on what a
+ * pod of this node sends into it (lib/policy.h).
  */
 #include "lib/tunnel.h"
+#include "lib/policy.h"
 
 SEC("tc")
 int cni_from_tunnel(struct __sk_buff *skb)
 {
 	return tun_from(skb);
+}
+
+/*
+ * A pod's packet the stack forwards into the tunnel, after kube-proxy's
+ * DNAT, still carrying the pod's source: its egress policy judged with the
+ * destination the stack chose, as to_uplink.c does on an uplink (a denial
+ * from_container deferred is dropped here, not encapsulated). Nothing is
+ * masqueraded into the tunnel (pod to pod keeps its address). The node's
+ * own packets (no ingress interface) and every packet of a node without
+ * networkPolicy cost one map lookup; a pod's forwarded packet adds its
+ * endpoint lookup, and for a pod with policy the flow lookup of
+ * policy_judge.
+ */
+SEC("tc")
+int cni_to_tunnel(struct __sk_buff *skb)
+{
+	__u32 from = skb->ingress_ifindex;
+	__u8 family;
+
+	if (!from || !policy_on_node())
+		return TCX_NEXT;
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		family = AF_INET;
+	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		family = AF_INET6;
+	else
+		return TCX_NEXT;
+	if (policy_after_stack(skb, family, from) == POL_DENY) {
+		count(from, DIR_EGRESS, REASON_DROP_POLICY, skb->len);
+		return TC_ACT_SHOT;
+	}
+	return TCX_NEXT;
 }
 
 char __license[] SEC("license") = "Dual BSD/GPL";

@@ -108,6 +108,8 @@ var catalog = []Program{
 	{"cni_sock_recvmsg6", objSock, ScopeCgroup, ebpf.AttachCGroupUDP6Recvmsg, "cgroup_recvmsg6"},
 	{"cni_sock_peer6", objSock, ScopeCgroup, ebpf.AttachCgroupInet6GetPeername, "cgroup_getpeername6"},
 	{"cni_from_tunnel", objTunnel, ScopeTunnel, ebpf.AttachTCXIngress, "tunnel_"},
+	// The sender's egress policy on pods' packets into the tunnel.
+	{"cni_to_tunnel", objTunnel, ScopeTunnel, ebpf.AttachTCXEgress, "tunnel-egress_"},
 }
 
 // corePrograms are pinned by the first ADD (Ensure): the host veth programs

@@ -53,6 +53,7 @@ const (
 	tunnelMapCniTunCidrs       = "cni_tun_cidrs"
 	tunnelMapCniTunNodes       = "cni_tun_nodes"
 	tunnelProgCniFromTunnel    = "cni_from_tunnel"
+	tunnelProgCniToTunnel      = "cni_to_tunnel"
 )
 
 // loadTunnel returns the embedded CollectionSpec for tunnel.
@@ -98,6 +99,7 @@ type tunnelSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type tunnelProgramSpecs struct {
 	CniFromTunnel *ebpf.ProgramSpec `ebpf:"cni_from_tunnel"`
+	CniToTunnel   *ebpf.ProgramSpec `ebpf:"cni_to_tunnel"`
 }
 
 // tunnelMapSpecs contains maps before they are loaded into the kernel.
@@ -258,11 +260,13 @@ type tunnelVariables struct {
 // It can be passed to loadTunnelObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tunnelPrograms struct {
 	CniFromTunnel *ebpf.Program `ebpf:"cni_from_tunnel"`
+	CniToTunnel   *ebpf.Program `ebpf:"cni_to_tunnel"`
 }
 
 func (p *tunnelPrograms) Close() error {
 	return _TunnelClose(
 		p.CniFromTunnel,
+		p.CniToTunnel,
 	)
 }
 

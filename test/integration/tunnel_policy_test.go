@@ -1,0 +1,115 @@
+package integration
+
+import (
+	"net"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// startTunAgents runs the agent on every node of the lab with the tunnel
+// (args added) and waits for its four routes (two peers, two families).
+func startTunAgents(t *testing.T, lab *tunLab, args ...string) {
+	t.Helper()
+	for i, e := range lab.nodes {
+		dir := e.WriteConfDir()
+		e.StartAgent(dir, append([]string{"--peers", lab.peers, "--tunnel", "vxlan", "--metrics-addr", ""}, args...)...)
+		var out string
+		for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+			e.InNode(func() error {
+				b, _ := exec.Command("ip", "-d", "route", "show", "proto", "199").CombinedOutput()
+				b6, _ := exec.Command("ip", "-6", "-d", "route", "show", "proto", "199").CombinedOutput()
+				out = string(b) + string(b6)
+				return nil
+			})
+			if strings.Count(out, "\n") == 4 {
+				break
+			}
+		}
+		if n := strings.Count(out, "\n"); n != 4 {
+			t.Fatalf("node %d: %d tunnel routes, want 4:\n%s", i+1, n, out)
+		}
+		_, mtu, _ := tunDevice(t, e)
+		e.Extra["mtu"] = mtu
+	}
+}
+
+// TestTunnelPolicyEgress: a pod's egress NetworkPolicy holds for what it
+// sends into the tunnel. from_container defers a denial to a destination
+// that is no pod of its node (the stack may DNAT it) and the judgement
+// after the stack ran only on uplinks (to_uplink) and host veths
+// (to_container): a pod denied all egress reached pods of other nodes
+// through ebpf-tun. The tunnel device's egress program (cni_to_tunnel)
+// judges it now; an allowed peer still works, and so do replies to flows
+// a peer opened.
+func TestTunnelPolicyEgress(t *testing.T) {
+	lab := newTunLab(t)
+	n1, n2, n3 := lab.nodes[0], lab.nodes[1], lab.nodes[2]
+	n1.Extra["networkPolicy"] = true
+	startTunAgents(t, lab) // not hybrid: every other node through the tunnel
+
+	a, b, c := n1.NewPod(), n2.NewPod(), n3.NewPod()
+	n1.CleanupDel(a, "pa")
+	ra := n1.Add(a, "pa")
+	n2.CleanupDel(b, "pb")
+	rb := n2.Add(b, "pb")
+	n3.CleanupDel(c, "pc")
+	rc := n3.Add(c, "pc")
+	a4, a6 := testenv.PodIPs(t, ra)
+	b4, b6 := testenv.PodIPs(t, rb)
+	c4, c6 := testenv.PodIPs(t, rc)
+	_, idx := n1.HostVeth("pa")
+	serve(t, a, 7002, "a")
+	serve(t, b, 7001, "b")
+	serve(t, c, 7001, "c")
+	pw := n1.Maps().PolicyWriter()
+
+	// Open: both peers answer through the tunnel (the path works).
+	if err := pw.Apply(uint32(idx), policy.Endpoint{}); err != nil {
+		t.Fatal(err)
+	}
+	_, _, tx0 := tunDevice(t, n1)
+	for _, ip := range []net.IP{b4, b6} {
+		reach(t, a, "tcp", ip, 7001, "b")
+	}
+	for _, ip := range []net.IP{c4, c6} {
+		reach(t, a, "tcp", ip, 7001, "c")
+	}
+	if _, _, tx := tunDevice(t, n1); tx == tx0 {
+		t.Fatalf("node 1 sent nothing into the tunnel for its pod's connections to other nodes")
+	}
+
+	// Isolated for egress, only b allowed: c is out of reach, IPv4 and
+	// IPv6, TCP, UDP and ping; b is not.
+	if err := pw.Apply(uint32(idx), policy.Endpoint{Egress: isolated(
+		allowAll(prefix(b4.String()+"/32")), allowAll(prefix(b6.String()+"/128")))}); err != nil {
+		t.Fatal(err)
+	}
+	drops0 := counter(t, n1.Maps(), idx, maps.DirEgress, maps.ReasonDropPolicy).Packets
+	for _, ip := range []net.IP{c4, c6} {
+		blocked(t, a, "tcp", ip, 7001)
+		blocked(t, a, "udp", ip, 7001)
+		if err := testenv.Ping(a, ip, 1); err == nil {
+			t.Errorf("a pod denied all egress but to %s pinged %s through the tunnel", b4, ip)
+		}
+	}
+	for _, ip := range []net.IP{b4, b6} {
+		reach(t, a, "tcp", ip, 7001, "b")
+		reach(t, a, "udp", ip, 7001, "b")
+	}
+	// Replies to what peers open pass into the tunnel: the flow is the
+	// peer's (ingress is open).
+	for _, ip := range []net.IP{a4, a6} {
+		reach(t, c, "tcp", ip, 7002, "a")
+		reach(t, c, "udp", ip, 7002, "a")
+	}
+	// The drops are counted against the pod, as egress policy drops.
+	if d := counter(t, n1.Maps(), idx, maps.DirEgress, maps.ReasonDropPolicy).Packets; d <= drops0 {
+		t.Errorf("a's drop_policy egress counter stayed at %d", d)
+	}
+}
