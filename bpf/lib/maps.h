@@ -17,6 +17,9 @@
 #define MAX_CLUSTER_CIDRS 256
 #define MAX_TUN_NODES 4096 /* node addresses (one per family of each node) */
 #define MAX_TUN_CIDRS 4096 /* pod CIDRs of other nodes */
+#define MAX_AFTER_LINKS 256 /* uplinks and the tunnel device (cni_after_links) */
+#define AFTER_LINK_UPLINK 1 /* to_uplink runs on its egress */
+#define AFTER_LINK_TUNNEL 2 /* the tunnel device: cni_to_tunnel */
 
 /* ------------------------------------------------------------- endpoints */
 
@@ -357,3 +360,16 @@ struct {
 	__type(key, struct cidr_key);
 	__type(value, struct tun_peer);
 } cni_tun_cidrs SEC(".maps");
+
+/* ------------------------------------------------- judged after the stack */
+
+/* The links whose egress program judges a pod's deferred egress after the
+ * stack (lib/policy.h): key ifindex, value AFTER_LINK_* bits. The uplinks
+ * (to_uplink.c) and the tunnel device (tunnel.c); host veths are
+ * cni_links'. Written by whoever attaches those programs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_AFTER_LINKS);
+	__type(key, __u32);
+	__type(value, __u32);
+} cni_after_links SEC(".maps");

@@ -91,7 +91,7 @@ struct pol_work {
 			struct flow q; /* the packet an ICMP error quotes */
 			struct pol_ct_key ek;
 		};
-		struct bpf_fib_lookup fib; /* pol_delivered_here's, after any use of q and ek */
+		struct bpf_fib_lookup fib; /* pol_unjudged_after's, after any use of q and ek */
 	};
 	struct pol_ct_val nv;
 	struct pol_ct_part_key tk; /* a cni_pol_ct_parts key */
@@ -176,15 +176,25 @@ static __noinline int pol_frag_known(struct pol_work *w, __u32 ifindex)
 }
 
 /*
- * Whether the stack delivers the pod's packet in w->f (arrived on its host
- * veth, ifindex) to the node itself rather than forwarding it: broadcast
- * (limited, or a node subnet's), multicast, IPv6 link-local, or any
- * destination the node's routes call local. No translation and no judgement
- * after the stack's come for such a packet (to_container and to_uplink see
- * only what is forwarded), so a denial cannot be deferred. Only a new
- * deferral asks (once per flow). Not inlined: policy_judge's frame.
+ * Whether no judgement after the stack's will come for the pod's packet in
+ * w->f (arrived on its host veth, ifindex), so a denial cannot be deferred:
+ *   - the stack delivers it to the node itself rather than forwarding it:
+ *     broadcast (limited, or a node subnet's), multicast, IPv6 link-local,
+ *     or any destination the node's routes call local (to_container and
+ *     to_uplink see only what is forwarded);
+ *   - the route leaves by a link no egress program of ours judges: not a
+ *     pod's host veth (cni_links), an uplink or the tunnel device
+ *     (cni_after_links), e.g. a WireGuard link or one without an address
+ *     (fail closed). A route with a lightweight tunnel (the tunnel's
+ *     "encap ip" routes) is not followed by bpf_fib_lookup
+ *     (UNSUPP_LWT): deferred, for the tunnel device judges it; another
+ *     device's encap route is not told apart (docs/networkpolicy.md).
+ * The route is the one to the address the pod dialled: a Service address
+ * the stack DNATs is judged wherever its translation leaves (the same
+ * links). Only a new deferral asks (once per flow): one FIB lookup and
+ * one or two hash lookups. Not inlined: policy_judge's frame.
  */
-static __noinline int pol_delivered_here(struct pol_work *w, struct __sk_buff *skb, __u32 ifindex)
+static __noinline int pol_unjudged_after(struct pol_work *w, struct __sk_buff *skb, __u32 ifindex)
 {
 	const struct flow *f = &w->f;
 	struct bpf_fib_lookup *p = &w->fib;
@@ -212,7 +222,16 @@ static __noinline int pol_delivered_here(struct pol_work *w, struct __sk_buff *s
 	}
 	int rc = bpf_fib_lookup(skb, p, sizeof(*p), 0);
 	/* Not unicast (local, broadcast), or nothing is forwarded at all. */
-	return rc == BPF_FIB_LKUP_RET_NOT_FWDED || rc == BPF_FIB_LKUP_RET_FWD_DISABLED;
+	if (rc == BPF_FIB_LKUP_RET_NOT_FWDED || rc == BPF_FIB_LKUP_RET_FWD_DISABLED)
+		return 1;
+	/* Forwarded: p->ifindex is the link it leaves by (set before the
+	 * neighbour lookup). Other results (no route, blackhole, UNSUPP_LWT)
+	 * leave it the host veth's: the stack drops those or they go into
+	 * the tunnel. */
+	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
+		return 0;
+	__u32 out = p->ifindex;
+	return !bpf_map_lookup_elem(&cni_after_links, &out) && !bpf_map_lookup_elem(&cni_links, &out);
 }
 
 /* Whether some interface of the node has networkPolicy (POL_CFG_ON). */
@@ -586,7 +605,7 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 			return POL_DENY;
 		if (ct)
 			goto allow; /* deferred already */
-		if (pol_delivered_here(w, skb, ifindex))
+		if (pol_unjudged_after(w, skb, ifindex))
 			return POL_DENY;
 		flags |= POL_CT_F_DEFER;
 	}

@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	fromContainerMapCniAfterLinks     = "cni_after_links"
 	fromContainerMapCniBandwidth      = "cni_bandwidth"
 	fromContainerMapCniCidrRefs       = "cni_cidr_refs"
 	fromContainerMapCniClusterCidrs   = "cni_cluster_cidrs"
@@ -104,6 +105,7 @@ type fromContainerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fromContainerMapSpecs struct {
+	CniAfterLinks     *ebpf.MapSpec `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
@@ -168,6 +170,7 @@ func (o *fromContainerObjects) Close() error {
 //
 // It can be passed to loadFromContainerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fromContainerMaps struct {
+	CniAfterLinks     *ebpf.Map `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
@@ -208,6 +211,7 @@ type fromContainerMaps struct {
 
 func (m *fromContainerMaps) Close() error {
 	return _FromContainerClose(
+		m.CniAfterLinks,
 		m.CniBandwidth,
 		m.CniCidrRefs,
 		m.CniClusterCidrs,

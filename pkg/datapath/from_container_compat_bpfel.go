@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	fromContainerCompatMapCniAfterLinks     = "cni_after_links"
 	fromContainerCompatMapCniBandwidth      = "cni_bandwidth"
 	fromContainerCompatMapCniCidrRefs       = "cni_cidr_refs"
 	fromContainerCompatMapCniClusterCidrs   = "cni_cluster_cidrs"
@@ -104,6 +105,7 @@ type fromContainerCompatProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fromContainerCompatMapSpecs struct {
+	CniAfterLinks     *ebpf.MapSpec `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
@@ -168,6 +170,7 @@ func (o *fromContainerCompatObjects) Close() error {
 //
 // It can be passed to loadFromContainerCompatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fromContainerCompatMaps struct {
+	CniAfterLinks     *ebpf.Map `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
@@ -208,6 +211,7 @@ type fromContainerCompatMaps struct {
 
 func (m *fromContainerCompatMaps) Close() error {
 	return _FromContainerCompatClose(
+		m.CniAfterLinks,
 		m.CniBandwidth,
 		m.CniCidrRefs,
 		m.CniClusterCidrs,

@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	fromUplinkMapCniAfterLinks     = "cni_after_links"
 	fromUplinkMapCniBandwidth      = "cni_bandwidth"
 	fromUplinkMapCniCidrRefs       = "cni_cidr_refs"
 	fromUplinkMapCniClusterCidrs   = "cni_cluster_cidrs"
@@ -104,6 +105,7 @@ type fromUplinkProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fromUplinkMapSpecs struct {
+	CniAfterLinks     *ebpf.MapSpec `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
@@ -168,6 +170,7 @@ func (o *fromUplinkObjects) Close() error {
 //
 // It can be passed to loadFromUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fromUplinkMaps struct {
+	CniAfterLinks     *ebpf.Map `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
@@ -208,6 +211,7 @@ type fromUplinkMaps struct {
 
 func (m *fromUplinkMaps) Close() error {
 	return _FromUplinkClose(
+		m.CniAfterLinks,
 		m.CniBandwidth,
 		m.CniCidrRefs,
 		m.CniClusterCidrs,

@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	fromUplinkCompatMapCniAfterLinks     = "cni_after_links"
 	fromUplinkCompatMapCniBandwidth      = "cni_bandwidth"
 	fromUplinkCompatMapCniCidrRefs       = "cni_cidr_refs"
 	fromUplinkCompatMapCniClusterCidrs   = "cni_cluster_cidrs"
@@ -104,6 +105,7 @@ type fromUplinkCompatProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fromUplinkCompatMapSpecs struct {
+	CniAfterLinks     *ebpf.MapSpec `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
@@ -168,6 +170,7 @@ func (o *fromUplinkCompatObjects) Close() error {
 //
 // It can be passed to loadFromUplinkCompatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fromUplinkCompatMaps struct {
+	CniAfterLinks     *ebpf.Map `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
@@ -208,6 +211,7 @@ type fromUplinkCompatMaps struct {
 
 func (m *fromUplinkCompatMaps) Close() error {
 	return _FromUplinkCompatClose(
+		m.CniAfterLinks,
 		m.CniBandwidth,
 		m.CniCidrRefs,
 		m.CniClusterCidrs,

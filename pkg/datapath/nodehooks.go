@@ -229,8 +229,12 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 	}
 	hooks := &NodeHooks{NetnsCookie: cookie, CgroupRoot: root, Uplinks: view.uplinkNames(), NodeIPs: view.addrs}
 	if ready && dp.uplinkHooksLive(view) {
-		// Fast path: only the addresses can have changed.
+		// Fast path: only the addresses can have changed (and a pin set
+		// of an older build may lack the uplinks in cni_after_links).
 		if err := dp.syncNodeIPs(view); err != nil {
+			return nil, err
+		}
+		if err := dp.syncAfterUplinks(view); err != nil {
 			return nil, err
 		}
 		return hooks, rootErr
@@ -258,6 +262,9 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 	if err := syncUplinks(dp.PinRoot, progs, view.uplinks); err != nil {
 		return nil, err
 	}
+	if err := dp.syncAfterUplinks(view); err != nil {
+		return nil, err
+	}
 	crashpoint("nodehooks-uplinks") // a half-done install: uplinks attached, socket hooks not
 	for _, p := range socketPrograms() {
 		if rootErr != nil {
@@ -280,6 +287,17 @@ func (dp *Datapath) syncNodeIPs(view *nodeView) error {
 		return err
 	}
 	return dp.Maps.SyncUplinkSources(view.sources)
+}
+
+// syncAfterUplinks lists the uplinks, to_uplink running on each, in
+// cni_after_links: from_container defers a pod's denied egress only to a
+// route leaving by a link that judges it again (bpf/lib/policy.h).
+func (dp *Datapath) syncAfterUplinks(view *nodeView) error {
+	idx := make([]int, 0, len(view.uplinks))
+	for _, i := range view.uplinks {
+		idx = append(idx, i)
+	}
+	return dp.Maps.SyncAfterLinks(maps.AfterLinkUplink, idx)
 }
 
 // cgroupHooksLive and uplinkHooksLive are the fast path's check, made on

@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	sockMapCniAfterLinks     = "cni_after_links"
 	sockMapCniBandwidth      = "cni_bandwidth"
 	sockMapCniCidrRefs       = "cni_cidr_refs"
 	sockMapCniClusterCidrs   = "cni_cluster_cidrs"
@@ -118,6 +119,7 @@ type sockProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockMapSpecs struct {
+	CniAfterLinks     *ebpf.MapSpec `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
@@ -182,6 +184,7 @@ func (o *sockObjects) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockMaps struct {
+	CniAfterLinks     *ebpf.Map `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
@@ -222,6 +225,7 @@ type sockMaps struct {
 
 func (m *sockMaps) Close() error {
 	return _SockClose(
+		m.CniAfterLinks,
 		m.CniBandwidth,
 		m.CniCidrRefs,
 		m.CniClusterCidrs,

@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	sockCompatMapCniAfterLinks     = "cni_after_links"
 	sockCompatMapCniBandwidth      = "cni_bandwidth"
 	sockCompatMapCniCidrRefs       = "cni_cidr_refs"
 	sockCompatMapCniClusterCidrs   = "cni_cluster_cidrs"
@@ -118,6 +119,7 @@ type sockCompatProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockCompatMapSpecs struct {
+	CniAfterLinks     *ebpf.MapSpec `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
@@ -182,6 +184,7 @@ func (o *sockCompatObjects) Close() error {
 //
 // It can be passed to loadSockCompatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockCompatMaps struct {
+	CniAfterLinks     *ebpf.Map `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
@@ -222,6 +225,7 @@ type sockCompatMaps struct {
 
 func (m *sockCompatMaps) Close() error {
 	return _SockCompatClose(
+		m.CniAfterLinks,
 		m.CniBandwidth,
 		m.CniCidrRefs,
 		m.CniClusterCidrs,

@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	sockOpsMapCniAfterLinks     = "cni_after_links"
 	sockOpsMapCniBandwidth      = "cni_bandwidth"
 	sockOpsMapCniCidrRefs       = "cni_cidr_refs"
 	sockOpsMapCniClusterCidrs   = "cni_cluster_cidrs"
@@ -104,6 +105,7 @@ type sockOpsProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockOpsMapSpecs struct {
+	CniAfterLinks     *ebpf.MapSpec `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
@@ -168,6 +170,7 @@ func (o *sockOpsObjects) Close() error {
 //
 // It can be passed to loadSockOpsObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockOpsMaps struct {
+	CniAfterLinks     *ebpf.Map `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
@@ -208,6 +211,7 @@ type sockOpsMaps struct {
 
 func (m *sockOpsMaps) Close() error {
 	return _SockOpsClose(
+		m.CniAfterLinks,
 		m.CniBandwidth,
 		m.CniCidrRefs,
 		m.CniClusterCidrs,

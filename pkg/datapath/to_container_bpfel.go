@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	toContainerMapCniAfterLinks     = "cni_after_links"
 	toContainerMapCniBandwidth      = "cni_bandwidth"
 	toContainerMapCniCidrRefs       = "cni_cidr_refs"
 	toContainerMapCniClusterCidrs   = "cni_cluster_cidrs"
@@ -104,6 +105,7 @@ type toContainerProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type toContainerMapSpecs struct {
+	CniAfterLinks     *ebpf.MapSpec `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
@@ -168,6 +170,7 @@ func (o *toContainerObjects) Close() error {
 //
 // It can be passed to loadToContainerObjects or ebpf.CollectionSpec.LoadAndAssign.
 type toContainerMaps struct {
+	CniAfterLinks     *ebpf.Map `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
@@ -208,6 +211,7 @@ type toContainerMaps struct {
 
 func (m *toContainerMaps) Close() error {
 	return _ToContainerClose(
+		m.CniAfterLinks,
 		m.CniBandwidth,
 		m.CniCidrRefs,
 		m.CniClusterCidrs,

@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	toContainerCompatMapCniAfterLinks     = "cni_after_links"
 	toContainerCompatMapCniBandwidth      = "cni_bandwidth"
 	toContainerCompatMapCniCidrRefs       = "cni_cidr_refs"
 	toContainerCompatMapCniClusterCidrs   = "cni_cluster_cidrs"
@@ -104,6 +105,7 @@ type toContainerCompatProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type toContainerCompatMapSpecs struct {
+	CniAfterLinks     *ebpf.MapSpec `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
@@ -168,6 +170,7 @@ func (o *toContainerCompatObjects) Close() error {
 //
 // It can be passed to loadToContainerCompatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type toContainerCompatMaps struct {
+	CniAfterLinks     *ebpf.Map `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
@@ -208,6 +211,7 @@ type toContainerCompatMaps struct {
 
 func (m *toContainerCompatMaps) Close() error {
 	return _ToContainerCompatClose(
+		m.CniAfterLinks,
 		m.CniBandwidth,
 		m.CniCidrRefs,
 		m.CniClusterCidrs,

@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	toUplinkMapCniAfterLinks     = "cni_after_links"
 	toUplinkMapCniBandwidth      = "cni_bandwidth"
 	toUplinkMapCniCidrRefs       = "cni_cidr_refs"
 	toUplinkMapCniClusterCidrs   = "cni_cluster_cidrs"
@@ -104,6 +105,7 @@ type toUplinkProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type toUplinkMapSpecs struct {
+	CniAfterLinks     *ebpf.MapSpec `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
@@ -168,6 +170,7 @@ func (o *toUplinkObjects) Close() error {
 //
 // It can be passed to loadToUplinkObjects or ebpf.CollectionSpec.LoadAndAssign.
 type toUplinkMaps struct {
+	CniAfterLinks     *ebpf.Map `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
@@ -208,6 +211,7 @@ type toUplinkMaps struct {
 
 func (m *toUplinkMaps) Close() error {
 	return _ToUplinkClose(
+		m.CniAfterLinks,
 		m.CniBandwidth,
 		m.CniCidrRefs,
 		m.CniClusterCidrs,

@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	toUplinkCompatMapCniAfterLinks     = "cni_after_links"
 	toUplinkCompatMapCniBandwidth      = "cni_bandwidth"
 	toUplinkCompatMapCniCidrRefs       = "cni_cidr_refs"
 	toUplinkCompatMapCniClusterCidrs   = "cni_cluster_cidrs"
@@ -104,6 +105,7 @@ type toUplinkCompatProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type toUplinkCompatMapSpecs struct {
+	CniAfterLinks     *ebpf.MapSpec `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
@@ -168,6 +170,7 @@ func (o *toUplinkCompatObjects) Close() error {
 //
 // It can be passed to loadToUplinkCompatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type toUplinkCompatMaps struct {
+	CniAfterLinks     *ebpf.Map `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
@@ -208,6 +211,7 @@ type toUplinkCompatMaps struct {
 
 func (m *toUplinkCompatMaps) Close() error {
 	return _ToUplinkCompatClose(
+		m.CniAfterLinks,
 		m.CniBandwidth,
 		m.CniCidrRefs,
 		m.CniClusterCidrs,

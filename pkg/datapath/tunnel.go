@@ -9,6 +9,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 // TunnelDevice is the node's one tunnel device (docs/tunnel.md): a
@@ -87,6 +89,10 @@ func (dp *Datapath) EnsureTunnel(mode TunnelMode, mtu int) (int, error) {
 		if err := ensureUplinkHook(dp.PinRoot, p, progs[p.Name], TunnelDevice, idx); err != nil {
 			return 0, fmt.Errorf("tunnel device %s: %w", TunnelDevice, err)
 		}
+	}
+	// Its egress program runs: pods' denied egress may be deferred to it.
+	if err := dp.Maps.SyncAfterLinks(maps.AfterLinkTunnel, []int{idx}); err != nil {
+		return 0, fmt.Errorf("tunnel device %s: %w", TunnelDevice, err)
 	}
 	return idx, nil
 }

@@ -16,6 +16,7 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	tunnelMapCniAfterLinks     = "cni_after_links"
 	tunnelMapCniBandwidth      = "cni_bandwidth"
 	tunnelMapCniCidrRefs       = "cni_cidr_refs"
 	tunnelMapCniClusterCidrs   = "cni_cluster_cidrs"
@@ -106,6 +107,7 @@ type tunnelProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tunnelMapSpecs struct {
+	CniAfterLinks     *ebpf.MapSpec `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
@@ -170,6 +172,7 @@ func (o *tunnelObjects) Close() error {
 //
 // It can be passed to loadTunnelObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tunnelMaps struct {
+	CniAfterLinks     *ebpf.Map `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
@@ -210,6 +213,7 @@ type tunnelMaps struct {
 
 func (m *tunnelMaps) Close() error {
 	return _TunnelClose(
+		m.CniAfterLinks,
 		m.CniBandwidth,
 		m.CniCidrRefs,
 		m.CniClusterCidrs,

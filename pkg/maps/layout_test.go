@@ -29,7 +29,7 @@ var layouts = map[int]string{
 // one of them, or any other map, is still a new layout.
 var optionalLayouts = map[int]string{
 	3: "dad4985bdee29790", // cni_masq_pods, cni_masq_quota (issue 28: the pods' quota of cni_snat), cni_masq_keys (which network decided cni_masq_config)
-	4: "dad4985bdee29790", // the same maps as in 3: pinned where a pin set of layout 3 lacks them
+	4: "d8bb50807b8651f6", // the same maps as in 3 (pinned where a pin set of layout 3 lacks them), and cni_after_links (the links judging deferred egress policy)
 }
 
 func TestLayoutVersion(t *testing.T) {

@@ -464,6 +464,7 @@ type mapsObjTunPeer struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	mapsObjMapCniAfterLinks     = "cni_after_links"
 	mapsObjMapCniBandwidth      = "cni_bandwidth"
 	mapsObjMapCniCidrRefs       = "cni_cidr_refs"
 	mapsObjMapCniClusterCidrs   = "cni_cluster_cidrs"
@@ -559,6 +560,7 @@ type mapsObjProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type mapsObjMapSpecs struct {
+	CniAfterLinks     *ebpf.MapSpec `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.MapSpec `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.MapSpec `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.MapSpec `ebpf:"cni_cluster_cidrs"`
@@ -632,6 +634,7 @@ func (o *mapsObjObjects) Close() error {
 //
 // It can be passed to loadMapsObjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mapsObjMaps struct {
+	CniAfterLinks     *ebpf.Map `ebpf:"cni_after_links"`
 	CniBandwidth      *ebpf.Map `ebpf:"cni_bandwidth"`
 	CniCidrRefs       *ebpf.Map `ebpf:"cni_cidr_refs"`
 	CniClusterCidrs   *ebpf.Map `ebpf:"cni_cluster_cidrs"`
@@ -672,6 +675,7 @@ type mapsObjMaps struct {
 
 func (m *mapsObjMaps) Close() error {
 	return _MapsObjClose(
+		m.CniAfterLinks,
 		m.CniBandwidth,
 		m.CniCidrRefs,
 		m.CniClusterCidrs,
