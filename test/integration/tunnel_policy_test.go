@@ -68,6 +68,13 @@ func TestTunnelPolicyEgress(t *testing.T) {
 	serve(t, b, 7001, "b")
 	serve(t, c, 7001, "c")
 	pw := n1.Maps().PolicyWriter()
+	// kube-proxy on node 1: a ClusterIP for each of b and c. A ClusterIP
+	// is routed by the default route (the uplink): from_container defers
+	// a denial of it, the stack DNATs it into the tunnel.
+	proxyModes[0].install(t, n1.Node, 4, tunCluster, []net.IP{tunNode[0]}, []svcPort{
+		{name: "tunb", proto: "tcp", clusterIP: svcWeb[4], port: 80, backend: b4, target: 7001},
+		{name: "tunc", proto: "tcp", clusterIP: svcLocal[4], port: 80, backend: c4, target: 7001},
+	})
 
 	// Open: both peers answer through the tunnel (the path works).
 	if err := pw.Apply(uint32(idx), policy.Endpoint{}); err != nil {
@@ -80,6 +87,8 @@ func TestTunnelPolicyEgress(t *testing.T) {
 	for _, ip := range []net.IP{c4, c6} {
 		reach(t, a, "tcp", ip, 7001, "c")
 	}
+	reach(t, a, "tcp", svcWeb[4], 80, "b")
+	reach(t, a, "tcp", svcLocal[4], 80, "c")
 	if _, _, tx := tunDevice(t, n1); tx == tx0 {
 		t.Fatalf("node 1 sent nothing into the tunnel for its pod's connections to other nodes")
 	}
@@ -102,6 +111,9 @@ func TestTunnelPolicyEgress(t *testing.T) {
 		reach(t, a, "tcp", ip, 7001, "b")
 		reach(t, a, "udp", ip, 7001, "b")
 	}
+	// Through a Service: judged after the DNAT, on the tunnel device.
+	reach(t, a, "tcp", svcWeb[4], 80, "b")
+	blocked(t, a, "tcp", svcLocal[4], 80)
 	// Replies to what peers open pass into the tunnel: the flow is the
 	// peer's (ingress is open).
 	for _, ip := range []net.IP{a4, a6} {
