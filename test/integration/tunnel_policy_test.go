@@ -7,6 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
@@ -124,4 +128,100 @@ func TestTunnelPolicyEgress(t *testing.T) {
 	if d := counter(t, n1.Maps(), idx, maps.DirEgress, maps.ReasonDropPolicy).Packets; d <= drops0 {
 		t.Errorf("a's drop_policy egress counter stayed at %d", d)
 	}
+}
+
+// TestPolicyEgressLeavingByNonUplink6: TestPolicyEgressLeavingByNonUplink
+// for IPv6, through a link holding no address but its link-local one (no
+// uplink: to_uplink is not attached there). A pod denied all egress
+// reaches nothing behind it; open, it does (the path works).
+func TestPolicyEgressLeavingByNonUplink6(t *testing.T) {
+	t.Parallel()
+	h := newHPEnv(t)
+	h.Extra["networkPolicy"] = true
+	a := h.NewPod()
+	h.CleanupDel(a, "a")
+	_, a6 := testenv.PodIPs(t, h.Add(a, "a"))
+	_, idx := h.HostVeth("a")
+	far := testenv.NewNS(t)
+	farIP := net.ParseIP("2001:db8:77::2")
+	noDAD := func(dev string) error {
+		return tunSysctl("net.ipv6.conf."+dev+".accept_dad", "0")
+	}
+	var gw net.IP
+	must(t, h.InNode(func() error {
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "side6"}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(far.Fd()))}
+		if err := netlink.LinkAdd(veth); err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName("side6")
+		if err != nil {
+			return err
+		}
+		if err := noDAD("side6"); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		_, dst, _ := net.ParseCIDR("2001:db8:77::/64")
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst}); err != nil {
+			return err
+		}
+		// A link-local address of its own (the kernel's comes with the
+		// peer's carrier): the far host's gateway.
+		ll, _ := netlink.ParseAddr("fe80::77:1/64")
+		ll.Flags = unix.IFA_F_NODAD
+		gw = ll.IP
+		return netlink.AddrAdd(l, ll)
+	}))
+	must(t, far.Do(func(ns.NetNS) error {
+		for _, n := range []string{"lo", "eth0"} {
+			l, err := netlink.LinkByName(n)
+			if err != nil {
+				return err
+			}
+			if n == "eth0" {
+				if err := noDAD(n); err != nil {
+					return err
+				}
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+		}
+		l, _ := netlink.LinkByName("eth0")
+		ad, _ := netlink.ParseAddr(farIP.String() + "/64")
+		ad.Flags = unix.IFA_F_NODAD
+		if err := netlink.AddrAdd(l, ad); err != nil {
+			return err
+		}
+		_, dst, _ := net.ParseCIDR(testenv.PodSubnet6)
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Gw: gw})
+	}))
+	serve(t, far, 7000, "far")
+	if err := h.Maps().PolicyWriter().Apply(uint32(idx), policy.Endpoint{}); err != nil {
+		t.Fatal(err)
+	}
+	reach(t, a, "tcp", farIP, 7000, "far")
+	reach(t, a, "udp", farIP, 7000, "far")
+	before := counter(t, h.Maps(), idx, maps.DirEgress, maps.ReasonDropPolicy).Packets
+	if err := h.Maps().PolicyWriter().Apply(uint32(idx), policy.Endpoint{Egress: isolated()}); err != nil {
+		t.Fatal(err)
+	}
+	blocked(t, a, "tcp", farIP, 7000)
+	blocked(t, a, "udp", farIP, 7000)
+	if err := testenv.Ping(a, farIP, 1); err == nil {
+		t.Errorf("a pod denied all egress pinged %s behind a non-uplink link", farIP)
+	}
+	blocked(t, a, "tcp", remoteIP6, 7000) // by the uplink: judged there
+	if d := counter(t, h.Maps(), idx, maps.DirEgress, maps.ReasonDropPolicy).Packets; d <= before {
+		t.Errorf("a's drop_policy egress counter stayed at %d", d)
+	}
+	// Allowed again, to the far host only: reached; the pod's address is
+	// its own (no masquerade on this link).
+	if err := h.Maps().PolicyWriter().Apply(uint32(idx), policy.Endpoint{Egress: isolated(allowAll(prefix(farIP.String() + "/128")))}); err != nil {
+		t.Fatal(err)
+	}
+	reach(t, a, "tcp", farIP, 7000, "far")
+	_ = a6
 }
