@@ -84,6 +84,10 @@ func (t TunnelOptions) ensure(dp *datapath.Datapath, lg *log.Logger) (Routing, e
 			if err := datapath.RemoveTunnel(dp.PinRoot); err != nil {
 				return rt, err
 			}
+			// No device, no judging link (its ifindex may come again).
+			if err := dp.Maps.SyncAfterLinks(maps.AfterLinkTunnel, nil); err != nil {
+				return rt, err
+			}
 			lg.Printf("tunnel: off; removed %s", datapath.TunnelDevice)
 		}
 		return rt, nil
