@@ -8,6 +8,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 // UpgradeReport says what Upgrade did.
@@ -176,6 +178,12 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 			}
 		}
 	}
+	// The links judging deferred egress policy, before any pod runs this
+	// build's from_container (which defers only to them): a pin set of an
+	// older build may lack them.
+	if err := dp.Maps.SyncAfterLinks(maps.AfterLinkUplink, upgradedUplinks(uplinks)); err != nil {
+		return rep, errors.Join(errs, fmt.Errorf("before moving the pods: %w", err))
+	}
 	errs = errors.Join(errs, swapLinks(links, loaded, &rep), swapFilters(loaded, upFilters, &rep))
 	// Program pins of other builds are no longer referenced by any link or
 	// filter we own; they stay while any could not be moved.
@@ -183,6 +191,22 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		removeOtherBuilds(dp.PinRoot, &rep)
 	}
 	return rep, errs
+}
+
+// upgradedUplinks are the ifindexes of the uplinks an upgrade leaves
+// with this build's programs: the pinned tcx links' and the cls_bpf
+// filters'.
+func upgradedUplinks(uplinks map[string]int) []int {
+	var idx []int
+	for _, i := range uplinks {
+		idx = append(idx, i)
+	}
+	if fs, err := UplinkFilters(); err == nil {
+		for _, f := range fs {
+			idx = append(idx, f.Ifindex)
+		}
+	}
+	return idx
 }
 
 // uplinksToUpgrade finds the uplinks an earlier build set up, with pinned
