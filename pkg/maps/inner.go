@@ -1,0 +1,170 @@
+package maps
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+)
+
+// The tables of the maps of maps (cni_stack_flow_parts, cni_pol_ct_parts,
+// cni_pol_frag_parts) are pinned where they are made, at
+// <maps dir>/tables/<outer>/<key in hex>: an outer map yields only a
+// table's ID, and opening a map by ID (BPF_MAP_GET_FD_BY_ID) needs
+// CAP_SYS_ADMIN, which the DaemonSet's agent lacks. Opening a pin needs
+// only access to bpffs. The per-packet path is untouched: programs still
+// look the table up in the outer map.
+
+// innerDir is the directory of the pins of outer's tables under dir.
+func innerDir(dir, outer string) string { return filepath.Join(dir, "tables", outer) }
+
+// innerPin is the pin path of outer's table at key (the raw key bytes).
+func innerPin(dir, outer string, key []byte) string {
+	return filepath.Join(innerDir(dir, outer), hex.EncodeToString(key))
+}
+
+// keyBytes is a fixed-size key as the kernel sees it.
+func keyBytes(k any) []byte {
+	var b bytes.Buffer
+	if err := binary.Write(&b, binary.NativeEndian, k); err != nil {
+		panic(fmt.Sprintf("key %T of a map of maps: %v", k, err)) // fixed-size by construction
+	}
+	return b.Bytes()
+}
+
+// putInner pins inner and stores it in outer at key (flags: ebpf.UpdateAny
+// or UpdateNoExist). The pin replaces any earlier table's; when the update
+// fails, the pin goes again unless another table is in place.
+func (m *Maps) putInner(outerName string, key any, inner *ebpf.Map, flags ebpf.MapUpdateFlags) error {
+	kb := keyBytes(key)
+	p := innerPin(m.dir, outerName, kb)
+	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+		return fmt.Errorf("create the pin directory of %s's tables: %w", outerName, err)
+	}
+	outer := m.byName[outerName]
+	if flags == ebpf.UpdateNoExist {
+		// Someone else's table may be in place and pinned: pin only ours.
+		if err := outer.Update(kb, inner, flags); err != nil {
+			return err
+		}
+		return replacePin(inner, p)
+	}
+	if err := replacePin(inner, p); err != nil {
+		return err
+	}
+	if err := outer.Update(kb, inner, flags); err != nil {
+		os.Remove(p)
+		return err
+	}
+	return nil
+}
+
+// replacePin pins mp at p, over whatever was pinned there.
+func replacePin(mp *ebpf.Map, p string) error {
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the stale table pin %s: %w", p, err)
+	}
+	if mp.IsPinned() {
+		// Pin would move that pin (a table of an older layout's
+		// directory): pin a second handle instead.
+		c, err := mp.Clone()
+		if err != nil {
+			return fmt.Errorf("pin a table at %s: %w", p, err)
+		}
+		defer c.Close()
+		mp = c
+	}
+	if err := mp.Pin(p); err != nil {
+		return fmt.Errorf("pin a table at %s: %w", p, err)
+	}
+	return nil
+}
+
+// unpinInner removes the pin of outer's table at key (after the entry).
+func (m *Maps) unpinInner(outerName string, key any) error {
+	p := innerPin(m.dir, outerName, keyBytes(key))
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the table pin %s: %w", p, err)
+	}
+	return nil
+}
+
+// ErrInnerUnreachable: a table of a map of maps has no pin (made by a
+// build that did not pin them) and this process may not open it by ID.
+var ErrInnerUnreachable = errors.New("table not pinned (made by an older build) and opening a map by ID needs CAP_SYS_ADMIN")
+
+// openInner opens outer's table at key whose ID the outer map lists: by
+// its pin under dir, else (a table made before pins) by ID, which needs
+// CAP_SYS_ADMIN. A table gone meanwhile is os.ErrNotExist.
+func openInner(dir, outerName string, key []byte, id ebpf.MapID) (*ebpf.Map, error) {
+	p := innerPin(dir, outerName, key)
+	t, err := ebpf.LoadPinnedMap(p, nil)
+	if err == nil {
+		if info, ierr := t.Info(); ierr == nil {
+			if got, ok := info.ID(); ok && got == id {
+				return t, nil
+			}
+		}
+		t.Close() // a stale pin: another table is in the outer map now
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("open the table pin %s: %w", p, err)
+	}
+	t, err = ebpf.NewMapFromID(id)
+	if errors.Is(err, os.ErrPermission) {
+		return nil, fmt.Errorf("open the table of %s at key %x (map %d): %w", outerName, key, id, ErrInnerUnreachable)
+	}
+	return t, err
+}
+
+// innerEntry is one entry of a map of maps.
+type innerEntry struct {
+	key []byte
+	id  ebpf.MapID
+}
+
+// innerEntries lists outer's entries.
+func innerEntries(outer *ebpf.Map, name string) ([]innerEntry, error) {
+	var (
+		out []innerEntry
+		id  uint32
+	)
+	k := make([]byte, outer.KeySize())
+	it := outer.Iterate()
+	for it.Next(&k, &id) {
+		out = append(out, innerEntry{append([]byte(nil), k...), ebpf.MapID(id)})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("scan %s: %w", name, err)
+	}
+	return out, nil
+}
+
+// eachInner calls fn with every table of outerName (opened by pin, closed
+// after fn); tables dropped meanwhile are skipped, any other failure to
+// open one is an error (never a silent skip).
+func (m *Maps) eachInner(outerName string, fn func(key []byte, t *ebpf.Map) error) error {
+	es, err := innerEntries(m.byName[outerName], outerName)
+	if err != nil {
+		return err
+	}
+	for _, e := range es {
+		t, err := openInner(m.dir, outerName, e.key, e.id)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // dropped meanwhile
+		}
+		if err != nil {
+			return err
+		}
+		err = fn(e.key, t)
+		t.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
