@@ -205,7 +205,7 @@ func (u *Usage) addInner(dir string, mp *ebpf.Map) error {
 		return err
 	}
 	for _, e := range es {
-		t, err := openInner(dir, u.Name, e.key, e.id)
+		t, err := openInner(dir, mp, u.Name, e.key, e.id)
 		if errors.Is(err, os.ErrNotExist) {
 			continue // dropped meanwhile
 		}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // The tables of the maps of maps (cni_stack_flow_parts, cni_pol_ct_parts,
@@ -39,13 +40,20 @@ func keyBytes(k any) []byte {
 
 // putInner pins inner and stores it in outer at key (flags: ebpf.UpdateAny
 // or UpdateNoExist). The pin replaces any earlier table's; when the update
-// fails, the pin goes again unless another table is in place.
+// fails, the pin goes again unless another table is in place. Under the
+// tables' lock: an ADD's table and the agent's (EnsureStackFlowPart) racing
+// for one key could otherwise leave the pin of the one that lost.
 func (m *Maps) putInner(outerName string, key any, inner *ebpf.Map, flags ebpf.MapUpdateFlags) error {
 	kb := keyBytes(key)
 	p := innerPin(m.dir, outerName, kb)
 	if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 		return fmt.Errorf("create the pin directory of %s's tables: %w", outerName, err)
 	}
+	unlock, err := innerLock(m.dir, true)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	outer := m.byName[outerName]
 	if flags == ebpf.UpdateNoExist {
 		// Someone else's table may be in place and pinned: pin only ours.
@@ -87,7 +95,17 @@ func replacePin(mp *ebpf.Map, p string) error {
 
 // unpinInner removes the pin of outer's table at key (after the entry).
 func (m *Maps) unpinInner(outerName string, key any) error {
-	p := innerPin(m.dir, outerName, keyBytes(key))
+	kb := keyBytes(key)
+	p := innerPin(m.dir, outerName, kb)
+	unlock, err := innerLock(m.dir, true)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	var id uint32
+	if err := m.byName[outerName].Lookup(kb, &id); err == nil {
+		return nil // a new table at key since (a re-ADD): its pin stays
+	}
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove the table pin %s: %w", p, err)
 	}
@@ -98,23 +116,74 @@ func (m *Maps) unpinInner(outerName string, key any) error {
 // build that did not pin them) and this process may not open it by ID.
 var ErrInnerUnreachable = errors.New("table not pinned (made by an older build) and opening a map by ID needs CAP_SYS_ADMIN")
 
-// openInner opens outer's table at key whose ID the outer map lists: by
-// its pin under dir, else (a table made before pins) by ID, which needs
-// CAP_SYS_ADMIN. A table gone meanwhile is os.ErrNotExist.
-func openInner(dir, outerName string, key []byte, id ebpf.MapID) (*ebpf.Map, error) {
-	p := innerPin(dir, outerName, key)
-	t, err := ebpf.LoadPinnedMap(p, nil)
-	if err == nil {
-		if info, ierr := t.Info(); ierr == nil {
-			if got, ok := info.ID(); ok && got == id {
-				return t, nil
-			}
+// innerLock takes an exclusive flock on the pin directory of the tables
+// under dir (created when create), for changes of an entry and its pin
+// together; a separate inode from the maps directory's lock (Maps.lock), so
+// neither waits on the other. Without create and no directory, there is
+// nothing to lock (no pins: a layout made before them).
+func innerLock(dir string, create bool) (func(), error) {
+	td := filepath.Join(dir, "tables")
+	if create {
+		if err := os.MkdirAll(td, 0o700); err != nil {
+			return nil, fmt.Errorf("create the pin directory of the tables %s: %w", td, err)
 		}
-		t.Close() // a stale pin: another table is in the outer map now
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("open the table pin %s: %w", p, err)
 	}
-	t, err = ebpf.NewMapFromID(id)
+	fd, err := unix.Open(td, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s for locking: %w", td, err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", td, err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
+// loadInnerPin opens the pin at p if it holds table id.
+func loadInnerPin(p string, id ebpf.MapID) (*ebpf.Map, bool, error) {
+	t, err := ebpf.LoadPinnedMap(p, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("open the table pin %s: %w", p, err)
+	}
+	if info, ierr := t.Info(); ierr == nil {
+		if got, ok := info.ID(); ok && got == id {
+			return t, true, nil
+		}
+	}
+	t.Close()
+	return nil, false, nil
+}
+
+// openInner opens the table the outer map outerName lists at key with id:
+// by its pin under dir, else (a table made before pins) by ID, which needs
+// CAP_SYS_ADMIN. A pin that does not hold id is looked at again under the
+// tables' lock with the outer map's current entry (a writer was between
+// the entry and the pin). A table gone meanwhile is os.ErrNotExist.
+func openInner(dir string, outer *ebpf.Map, outerName string, key []byte, id ebpf.MapID) (*ebpf.Map, error) {
+	p := innerPin(dir, outerName, key)
+	if t, ok, err := loadInnerPin(p, id); ok || err != nil {
+		return t, err
+	}
+	if unlock, err := innerLock(dir, false); err == nil {
+		var cur uint32
+		err := outer.Lookup(key, &cur)
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			unlock()
+			return nil, os.ErrNotExist
+		}
+		if err == nil {
+			id = ebpf.MapID(cur)
+		}
+		t, ok, err := loadInnerPin(p, id)
+		unlock()
+		if ok || err != nil {
+			return t, err
+		}
+	}
+	t, err := ebpf.NewMapFromID(id)
 	if errors.Is(err, os.ErrPermission) {
 		return nil, fmt.Errorf("open the table of %s at key %x (map %d): %w", outerName, key, id, ErrInnerUnreachable)
 	}
@@ -153,7 +222,7 @@ func (m *Maps) eachInner(outerName string, fn func(key []byte, t *ebpf.Map) erro
 		return err
 	}
 	for _, e := range es {
-		t, err := openInner(m.dir, outerName, e.key, e.id)
+		t, err := openInner(m.dir, m.byName[outerName], outerName, e.key, e.id)
 		if errors.Is(err, os.ErrNotExist) {
 			continue // dropped meanwhile
 		}

@@ -322,7 +322,7 @@ func (m *Maps) innerCopier(dir string) func(from, to *ebpf.Map, name string) (in
 		}
 		n := 0
 		for _, e := range es {
-			inner, err := openInner(dir, name, e.key, e.id)
+			inner, err := openInner(dir, from, name, e.key, e.id)
 			if errors.Is(err, os.ErrNotExist) {
 				continue // gone meanwhile (its pod deleted)
 			}
