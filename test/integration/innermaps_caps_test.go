@@ -8,13 +8,19 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
@@ -198,5 +204,130 @@ func TestPolicyTablesDaemonSetCaps(t *testing.T) {
 		}
 	}
 	e.MustDel(p, "p")
+	e.AssertClean()
+}
+
+// oldTableRecords counts the entries of every table of the map of maps
+// pinned at outer (as root: by ID).
+func oldTableRecords(t *testing.T, outer string) int {
+	t.Helper()
+	om, err := ebpf.LoadPinnedMap(outer, nil)
+	must(t, err)
+	defer om.Close()
+	var (
+		k, id uint32
+		n     int
+	)
+	it := om.Iterate()
+	for it.Next(&k, &id) {
+		tb, err := ebpf.NewMapFromID(ebpf.MapID(id))
+		must(t, err)
+		var kk, vv []byte
+		ti := tb.Iterate()
+		for ti.Next(&kk, &vv) {
+			n++
+		}
+		must(t, ti.Err())
+		tb.Close()
+	}
+	must(t, it.Err())
+	return n
+}
+
+// TestUpgradeFromLayout3DaemonSetCaps: the pods of the last layout 3
+// build have stack-flow tables that build did not pin. This build's agent
+// with the DaemonSet's capabilities cannot open them (by ID only), so its
+// migration stops with an error naming CAP_SYS_ADMIN and leaves the node
+// on layout 3, the pods' traffic and tables untouched; the plugin's next
+// ADD (full root) migrates, the tables go along, pinned, and the agent
+// reads them. Before the fix the agent's migration skipped the tables
+// silently: the pod's records were lost.
+func TestUpgradeFromLayout3DaemonSetCaps(t *testing.T) {
+	oldBin := testenv.BuildAt(t, layoutV3Commit)
+	e := testenv.New(t)
+	newCNI := e.CNI
+	e.CNI = libcni.NewCNIConfigWithCacheDir([]string{oldBin}, e.CacheDir, nil)
+	a, b := e.NewPod(), e.NewPod()
+	e.CleanupDel(a, "a3")
+	e.CleanupDel(b, "b3")
+	e.Add(a, "a3")
+	b4, b6 := testenv.PodIPs(t, e.Add(b, "b3"))
+	_, bIdx := e.HostVeth("b3")
+	_, aIdx := e.HostVeth("a3")
+	for fam, bip := range map[int]net.IP{4: b4, 6: b6} {
+		subnet, node := testenv.PodSubnet4, testenv.NodeIP4
+		if fam == 6 {
+			subnet, node = testenv.PodSubnet6, testenv.NodeIP6
+		}
+		restore(t, e.Node, "nft", nftRules(fam, subnet, []net.IP{node}, []svcPort{
+			{name: "dns", proto: "udp", clusterIP: svcDNS[fam], port: 53, backend: bip, target: 5353},
+		}), "-f", "-")
+	}
+	echoUDP(t, b, 5353)
+	query := func(fam int) error {
+		return a.Do(func(ns.NetNS) error {
+			c, err := net.Dial("udp", hp(svcDNS[fam], 53))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(3 * time.Second))
+			if _, err := c.Write([]byte("q")); err != nil {
+				return err
+			}
+			if _, err := c.Read(make([]byte, 8)); err != nil {
+				return fmt.Errorf("IPv%d query through the ClusterIP: %w", fam, err)
+			}
+			return nil
+		})
+	}
+	must(t, query(4))
+	must(t, query(6))
+	old := datapath.LayoutMapsDir(e.PinDir, 3)
+	if n := oldTableRecords(t, filepath.Join(old, "cni_stack_flow_parts")); n < 2 {
+		t.Fatalf("%d stack-flow records in the layout 3 tables, want 2 or more", n)
+	}
+
+	out, err := daemonSetAgentCmd(t, e, "upgrade", "--pin-dir", e.PinDir)
+	if err == nil {
+		// Only a kernel that lets the capabilities open maps by ID gets
+		// here: then the tables must have come along.
+		t.Logf("upgrade with the DaemonSet's capabilities succeeded:\n%s", out)
+	} else {
+		if !strings.Contains(out, "CAP_SYS_ADMIN") || !strings.Contains(out, "cni_stack_flow_parts") {
+			t.Errorf("the migration with the DaemonSet's capabilities failed without naming the tables and CAP_SYS_ADMIN: %v\n%s", err, out)
+		}
+		if _, err := os.Stat(old); err != nil {
+			t.Errorf("the failed migration removed the layout 3 maps: %v", err)
+		}
+		must(t, query(4))
+		must(t, query(6))
+		// The plugin's ADD (full root) migrates.
+		e.CNI = newCNI
+		d := e.NewPod()
+		e.CleanupDel(d, "d3")
+		e.Add(d, "d3")
+		e.MustDel(d, "d3")
+	}
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("the layout 3 maps are still pinned after the migration: %v", err)
+	}
+	m := e.Maps()
+	parts, err := m.StackFlowParts()
+	must(t, err)
+	if !slices.Contains(parts, aIdx) {
+		t.Errorf("a's stack-flow table (ifindex %d) did not come along to layout %d: tables of %v", aIdx, maps.LayoutVersion, parts)
+	}
+	if n := len(stackFlowsOf(t, m, bIdx)); n < 2 {
+		t.Errorf("%d stack-flow records for b after the migration, want the 2 or more of layout 3", n)
+	}
+	out, err = daemonSetAgentCmd(t, e, "dump", "ct", "--pin-dir", e.PinDir, "--state-dir", e.StateDir)
+	if err != nil || !strings.Contains(out, b4.String()) {
+		t.Errorf("dump ct with the DaemonSet's capabilities after the migration: %v, want b's flows:\n%s", err, out)
+	}
+	must(t, query(4))
+	e.CNI = newCNI
+	e.MustDel(a, "a3")
+	e.MustDel(b, "b3")
 	e.AssertClean()
 }
