@@ -237,3 +237,60 @@ func (m *Maps) eachInner(outerName string, fn func(key []byte, t *ebpf.Map) erro
 	}
 	return nil
 }
+
+// StaleTablePins lists the table pins that hold no table of their outer
+// map (a process killed between a table's entry and its pin: the pin
+// would keep the table's memory for good).
+func (m *Maps) StaleTablePins() ([]string, error) {
+	var out []string
+	for outerName := range innerSpecs {
+		ents, err := os.ReadDir(innerDir(m.dir, outerName))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("list the table pins of %s: %w", outerName, err)
+		}
+		for _, e := range ents {
+			kb, err := hex.DecodeString(e.Name())
+			if err != nil || len(kb) != int(m.byName[outerName].KeySize()) || !m.pinCurrent(outerName, kb) {
+				out = append(out, filepath.Join(innerDir(m.dir, outerName), e.Name()))
+			}
+		}
+	}
+	return out, nil
+}
+
+// pinCurrent: the pin of outer's table at key holds the table the outer
+// map has there.
+func (m *Maps) pinCurrent(outerName string, key []byte) bool {
+	var id uint32
+	if err := m.byName[outerName].Lookup(key, &id); err != nil {
+		return false
+	}
+	t, ok, _ := loadInnerPin(innerPin(m.dir, outerName, key), ebpf.MapID(id))
+	if ok {
+		t.Close()
+	}
+	return ok
+}
+
+// RemoveStaleTablePin removes the pin p (of StaleTablePins) if it is
+// still stale, under the tables' lock (a verb may have put a table there
+// since).
+func (m *Maps) RemoveStaleTablePin(p string) error {
+	unlock, err := innerLock(m.dir, true)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	outerName := filepath.Base(filepath.Dir(p))
+	if kb, err := hex.DecodeString(filepath.Base(p)); err == nil && m.byName[outerName] != nil &&
+		len(kb) == int(m.byName[outerName].KeySize()) && m.pinCurrent(outerName, kb) {
+		return nil
+	}
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the stale table pin %s: %w", p, err)
+	}
+	return nil
+}
