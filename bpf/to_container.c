@@ -67,8 +67,11 @@ int cni_to_container(struct __sk_buff *skb)
 	if (ours)
 		skb->tc_index &= ~TC_INDEX_QUEUED;
 	/* The ingress queue's admission (lib/bandwidth.h); the helper marks only
-	 * ECN-capable packets. */
-	enum bw_verdict v = bw_charge(skb->ifindex, DIR_INGRESS, skb->len, 1);
+	 * ECN-capable packets. Whether the pod has a limit is known since its
+	 * ADD: no lookup for those without one (LI_F_BW_KNOWN). */
+	enum bw_verdict v = BW_PASS;
+	if (!li || !(li->flags & LI_F_BW_KNOWN) || (li->flags & EP_F_BW_INGRESS))
+		v = bw_charge(skb->ifindex, DIR_INGRESS, skb->len, 1);
 	if (v == BW_DROP) {
 		count(skb->ifindex, DIR_INGRESS, REASON_DROP_BANDWIDTH, skb->len);
 		return TC_ACT_SHOT;

@@ -84,6 +84,11 @@ struct ep_key {
 #define EP_F_HOSTPORT (1U << 2)   /* the pod has hostPort mappings: see hostport.h */
 #define EP_F_MASQ (1U << 3)       /* ipMasq: traffic leaving the cluster CIDRs is SNATed, see masq.h */
 #define EP_F_POLICY (1U << 4)     /* networkPolicy: the pod's traffic is judged (cni_pol_state), see policy.h */
+/* link_info.flags: written by a build whose ADD also sets EP_F_BW_INGRESS
+ * there iff the pod has an ingress limit, so to_container skips the
+ * cni_bandwidth lookup of the others (issue 30); entries of older builds
+ * lack it and are looked up. */
+#define LI_F_BW_KNOWN (1U << 31)
 
 /* Value of cni_endpoints. */
 struct ep_info {
@@ -97,7 +102,7 @@ struct ep_info {
 struct link_info {
 	__u8 mac[6];      /* pod's MAC */
 	__u8 host_mac[6]; /* host veth's MAC */
-	__u32 flags;      /* EP_F_POLICY (the other EP_F_* live in the address entries) */
+	__u32 flags;      /* EP_F_POLICY, EP_F_BW_INGRESS with LI_F_BW_KNOWN (the other EP_F_* live in the address entries) */
 };
 
 struct stats_key {

@@ -232,6 +232,15 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		act("stack-flows", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.DeleteStackFlowsOf(idx); return err })
 	}
 
+	// Pins of tables no outer map holds (a verb killed between the two):
+	// each keeps its table's memory.
+	stale, err := m.StaleTablePins()
+	errs = errors.Join(errs, err)
+	for _, p := range stale {
+		p := p
+		act("table-pins", p, func() error { return m.RemoveStaleTablePin(p) })
+	}
+
 	// A gone veth's NetworkPolicy flow tables (its DEL never ran).
 	polTables, err := m.PolicyFlowTables()
 	errs = errors.Join(errs, err)

@@ -65,6 +65,7 @@ func TestPacketBudget(t *testing.T) {
 
 	// A node without hostPorts: the pod behind lo and another one.
 	dp := testDatapath(t)
+	linkAsADD(t, dp)
 	tcpAck := packet(podMAC, protoTCP, podIP, dstIP, 40000, 80, ackFlag)
 	add("pod to pod (same node), TCP", "cni_from_container", dp.FromContainer, tcpAck, 0, verdict(actRedirect))
 	add("pod to pod (same node), UDP", "cni_from_container", dp.FromContainer,
@@ -76,6 +77,7 @@ func TestPacketBudget(t *testing.T) {
 	// A node with hostPorts and its node hooks (hpDatapath): the uplink
 	// programs run.
 	hp := hpDatapath(t)
+	linkAsADD(t, hp)
 	up := uplinkProgram(t, hp)
 	remote := packet(remoteMAC, protoTCP, clientIP, podIP, 40000, 80, ackFlag)
 	add("remote to pod, TCP: uplink", "cni_from_uplink", up, remote, 0, verdict(actNext))
@@ -104,6 +106,7 @@ func TestPacketBudget(t *testing.T) {
 	// flow); its reply meets the record and goes back through the stack
 	// instead of being redirected to the client pod.
 	dp2 := testDatapath(t)
+	linkAsADD(t, dp2)
 	svcIn := packet(hostMAC, protoTCP, dstIP, podIP, 40003, 80, ackFlag)
 	copy(svcIn[0:6], podMAC)
 	add("Service (stack) to backend pod, TCP", "cni_to_container", dp2.ToContainer, svcIn, 0, verdict(actOK))
@@ -150,6 +153,16 @@ func TestPacketBudget(t *testing.T) {
 		must(t, err)
 		must(t, os.WriteFile(f, b, 0o644))
 	}
+}
+
+// linkAsADD writes the link entry of the pod behind lo as this build's ADD
+// does for a pod without an ingress limit: LI_F_BW_KNOWN (1 << 31, a
+// literal so that the test builds at older commits too, whose programs
+// ignore the bit).
+func linkAsADD(t *testing.T, dp *Datapath) {
+	li := maps.NewLinkInfo(podMAC, hostMAC)
+	li.Flags = 1 << 31
+	must(t, dp.Maps.PutLink(loIfindex, li))
 }
 
 type budgetRow struct {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -312,6 +313,17 @@ func Readopt(pinRoot string) error {
 // it off).
 func readopt(dir string, id ebpf.MapID, missing map[string]string) error {
 	m, err := ebpf.NewMapFromID(id)
+	if errors.Is(err, os.ErrPermission) {
+		// Only by ID can a map without a pin be reached: say so rather
+		// than create the missing maps anew where no program reads.
+		var names []string
+		for _, n := range missing {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		return fmt.Errorf("the pins of %s under %s are gone while pinned programs use their maps; pinning them again opens maps by ID, which needs CAP_SYS_ADMIN: %w",
+			strings.Join(names, ", "), dir, err)
+	}
 	if err != nil {
 		return nil // gone meanwhile
 	}

@@ -75,7 +75,8 @@ func DetachNodeHooks(pinRoot string) ([]Removal, error) {
 
 // describeLink says where a link is attached, for the uninstall report.
 func describeLink(info *link.Info) string {
-	name := ""
+	// By ID needs CAP_SYS_ADMIN: without it the report gives the ID.
+	name := fmt.Sprintf("program %d ", info.Program)
 	if p, err := ebpf.NewProgramFromID(info.Program); err == nil {
 		if pi, err := p.Info(); err == nil {
 			name = pi.Name + " "

@@ -442,7 +442,9 @@ func (a *Attachment) Publish() error {
 		return internalErr(err)
 	}
 	li := maps.NewLinkInfo(p.podMAC, p.hostMAC)
-	li.Flags = a.Flags & maps.EndpointFlagPolicy // to_container judges the pod's ingress by it
+	// to_container judges the pod's ingress by the policy flag, and looks
+	// its ingress bucket up only with the limit's (Install set a.Flags).
+	li.Flags = a.Flags&(maps.EndpointFlagPolicy|maps.FlagBandwidthIngress) | maps.LinkFlagBandwidthKnown
 	if err := m.PutLink(idx, li); err != nil {
 		return mapError(err)
 	}

@@ -21,6 +21,10 @@ const nameBandwidth = "cni_bandwidth"
 const (
 	FlagBandwidthEgress  uint32 = 1 << 0
 	FlagBandwidthIngress uint32 = 1 << 1
+	// LinkFlagBandwidthKnown marks a cni_links entry whose
+	// FlagBandwidthIngress says whether the pod has an ingress limit
+	// (LI_F_BW_KNOWN): to_container looks up the others' buckets no more.
+	LinkFlagBandwidthKnown uint32 = 1 << 31
 )
 
 // Limit is one direction's token bucket as configured.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"os"
 	"sort"
 
 	"github.com/cilium/ebpf"
@@ -155,7 +156,7 @@ func (m *Maps) Usage() ([]Usage, error) {
 		errs error
 	)
 	for _, name := range m.Names() {
-		u, err := usageOf(name, m.byName[name], cpus)
+		u, err := usageOf(m.dir, name, m.byName[name], cpus)
 		if err != nil {
 			errs = errors.Join(errs, err)
 			continue
@@ -166,7 +167,7 @@ func (m *Maps) Usage() ([]Usage, error) {
 	return out, errs
 }
 
-func usageOf(name string, mp *ebpf.Map, cpus int) (Usage, error) {
+func usageOf(dir, name string, mp *ebpf.Map, cpus int) (Usage, error) {
 	info, err := mp.Info()
 	if err != nil {
 		return Usage{}, fmt.Errorf("%s: %w", name, err)
@@ -185,7 +186,7 @@ func usageOf(name string, mp *ebpf.Map, cpus int) (Usage, error) {
 	}
 	if spec, ok := innerSpecs[name]; ok {
 		u.inner = spec
-		if err := u.addInner(mp); err != nil {
+		if err := u.addInner(dir, mp); err != nil {
 			return Usage{}, fmt.Errorf("tables of %s: %w", name, err)
 		}
 	}
@@ -195,23 +196,21 @@ func usageOf(name string, mp *ebpf.Map, cpus int) (Usage, error) {
 // innerSpecs are the tables of each map of maps, as the verbs create them.
 var innerSpecs = map[string]*ebpf.MapSpec{nameStackFlowParts: &stackFlowPartSpec, namePolCTParts: &polCTPartSpec, namePolFragParts: &polFragPartSpec}
 
-// addInner sums the memlock of a map of maps' tables, and measures one (a
-// probe table when there is none).
-func (u *Usage) addInner(mp *ebpf.Map) error {
-	var ids []uint32
-	k := make([]byte, mp.KeySize())
-	var id uint32
-	it := mp.Iterate()
-	for it.Next(k, &id) {
-		ids = append(ids, id)
-	}
-	if err := it.Err(); err != nil {
+// addInner sums the memlock of a map of maps' tables (opened by their pins
+// under dir), and measures one (a probe table when there is none). A table
+// that cannot be opened is an error: a sum without it would understate.
+func (u *Usage) addInner(dir string, mp *ebpf.Map) error {
+	es, err := innerEntries(mp, u.Name)
+	if err != nil {
 		return err
 	}
-	for _, id := range ids {
-		t, err := ebpf.NewMapFromID(ebpf.MapID(id))
-		if err != nil {
+	for _, e := range es {
+		t, err := openInner(dir, mp, u.Name, e.key, e.id)
+		if errors.Is(err, os.ErrNotExist) {
 			continue // dropped meanwhile
+		}
+		if err != nil {
+			return err
 		}
 		if info, err := t.Info(); err == nil {
 			mem, _ := info.Memlock()

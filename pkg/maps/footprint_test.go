@@ -55,7 +55,7 @@ func fixedBase(t *testing.T, u Usage) uint64 {
 		t.Fatalf("probe map like %s: %v", u.Name, err)
 	}
 	defer p.Close()
-	pu, err := usageOf("probe", p, u.CPUs)
+	pu, err := usageOf(t.TempDir(), "probe", p, u.CPUs)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -186,14 +186,14 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 			{nameMasqConfig, copyArray[MasqConfig], 0},
 			{nameMasqShare, copyHash[MasqShareKey, uint32], 0},
 			{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
-			{nameStackFlowParts, copyInnerMaps, 0},
+			{nameStackFlowParts, m.innerCopier(dir), 0},
 			{nameEvConfig, copyArray[EventConfig], 0},
 			{nameEvPods, copyHash[uint32, uint32], 0},
 			{namePolState, copyHash[uint32, PolicyState], 0},
 			{namePolAddrs, copyHash[PolicyAddrKey, PolicyAddrVal], 0},
 			{namePolPorts, copyHash[PolicyPortKey, uint32], 0},
-			{namePolCTParts, copyInnerMaps, 0},
-			{namePolFragParts, copyInnerMaps, 0},
+			{namePolCTParts, m.innerCopier(dir), 0},
+			{namePolFragParts, m.innerCopier(dir), 0},
 			// The pods' shares of cni_snat go with its flows (the quota
 			// itself is derived from the sizing at Create).
 			{nameMasqPods, copyHash[uint32, MasqPodVal], 0},
@@ -307,33 +307,38 @@ func sum(v []uint64) uint64 {
 	return s
 }
 
-// copyInnerMaps copies a map-of-maps: the new outer map holds the same
-// inner maps (kernel objects, found by the IDs the old one lists), so
-// their entries need no copy.
-func copyInnerMaps(from, to *ebpf.Map, name string) (int, error) {
-	var (
-		k  = make([]byte, from.KeySize()) // the outer maps differ in key size
-		id uint32
-		n  int
-	)
-	it := from.Iterate()
-	for it.Next(&k, &id) {
-		inner, err := ebpf.NewMapFromID(ebpf.MapID(id))
+// innerCopier copies a map of maps of the older layout at dir: the new
+// outer map holds the same tables (kernel objects, opened by their pins
+// under dir, or by the IDs the old one lists for a layout that did not pin
+// them), so their entries need no copy; each is pinned in this layout's
+// directory. A table the process may not open (by ID, without
+// CAP_SYS_ADMIN) fails the migration by name rather than losing the pod's
+// flows unseen.
+func (m *Maps) innerCopier(dir string) func(from, to *ebpf.Map, name string) (int, error) {
+	return func(from, to *ebpf.Map, name string) (int, error) {
+		es, err := innerEntries(from, name+" of the older layout")
 		if err != nil {
-			continue // gone meanwhile (its pod deleted)
+			return 0, err
 		}
-		err = to.Update(k, inner, ebpf.UpdateNoExist)
-		inner.Close()
-		switch {
-		case err == nil:
-			n++
-		case errors.Is(err, ebpf.ErrKeyExist):
-		default:
-			return n, writeErr(to, name, "an entry of the older layout", err)
+		n := 0
+		for _, e := range es {
+			inner, err := openInner(dir, from, name, e.key, e.id)
+			if errors.Is(err, os.ErrNotExist) {
+				continue // gone meanwhile (its pod deleted)
+			}
+			if err != nil {
+				return n, fmt.Errorf("copy %s of the older layout at %s: %w", name, dir, err)
+			}
+			err = m.putInner(name, e.key, inner, ebpf.UpdateNoExist)
+			inner.Close()
+			switch {
+			case err == nil:
+				n++
+			case errors.Is(err, ebpf.ErrKeyExist):
+			default:
+				return n, writeErr(to, name, "an entry of the older layout", err)
+			}
 		}
+		return n, nil
 	}
-	if err := it.Err(); err != nil {
-		return n, fmt.Errorf("read %s of the older layout: %w", name, err)
-	}
-	return n, nil
 }

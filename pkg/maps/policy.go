@@ -1,13 +1,13 @@
 package maps
 
 import (
+	"bytes"
 	"cmp"
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -66,8 +66,7 @@ func (m *Maps) AddPolicyFlowTables(ifindex int) error {
 	if err != nil {
 		return fmt.Errorf("create the fragment table of ifindex %d: %w", ifindex, err)
 	}
-	fk := uint32(ifindex)
-	err = m.byName[namePolFragParts].Update(&fk, frags, ebpf.UpdateAny)
+	err = m.putInner(namePolFragParts, uint32(ifindex), frags, ebpf.UpdateAny)
 	frags.Close()
 	if err != nil {
 		return writeErr(m.byName[namePolFragParts], namePolFragParts, fmt.Sprintf("the fragment table of ifindex %d", ifindex), err)
@@ -79,8 +78,8 @@ func (m *Maps) AddPolicyFlowTables(ifindex int) error {
 			return fmt.Errorf("create a policy flow table of ifindex %d: %w", ifindex, err)
 		}
 		k := PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: o}
-		err = outer.Update(&k, inner, ebpf.UpdateAny)
-		inner.Close() // the outer map holds it from here
+		err = m.putInner(namePolCTParts, k, inner, ebpf.UpdateAny)
+		inner.Close() // the outer map and the pin hold it from here
 		if err != nil {
 			return writeErr(outer, namePolCTParts, fmt.Sprintf("a flow table of ifindex %d", ifindex), err)
 		}
@@ -115,44 +114,30 @@ func (m *Maps) DeletePolicyFlowTables(ifindex int) error {
 	fk := uint32(ifindex)
 	if err := m.byName[namePolFragParts].Delete(&fk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = fmt.Errorf("delete the fragment table of ifindex %d from %s: %w", ifindex, namePolFragParts, err)
+	} else {
+		errs = m.unpinInner(namePolFragParts, fk)
 	}
 	for _, o := range polCTOpeners {
 		k := PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: o}
 		if err := outer.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = errors.Join(errs, fmt.Errorf("delete a flow table of ifindex %d from %s: %w", ifindex, namePolCTParts, err))
+			continue
 		}
+		errs = errors.Join(errs, m.unpinInner(namePolCTParts, k))
 	}
 	return errs
 }
 
-// eachPolicyFlowTable calls fn with every flow table (opened by id, closed
-// after fn) and its key.
+// eachPolicyFlowTable calls fn with every flow table (opened by its pin,
+// closed after fn) and its key.
 func (m *Maps) eachPolicyFlowTable(fn func(PolicyCTPartKey, *ebpf.Map) error) error {
-	type part struct {
-		k  PolicyCTPartKey
-		id ebpf.MapID
-	}
-	var parts []part
-	if err := scan(m.byName[namePolCTParts], func(k *PolicyCTPartKey, id *uint32) {
-		parts = append(parts, part{*k, ebpf.MapID(*id)})
-	}); err != nil {
-		return fmt.Errorf("scan %s: %w", namePolCTParts, err)
-	}
-	for _, p := range parts {
-		t, err := ebpf.NewMapFromID(p.id)
-		if errors.Is(err, os.ErrNotExist) {
-			continue // dropped meanwhile
+	return m.eachInner(namePolCTParts, func(kb []byte, t *ebpf.Map) error {
+		var k PolicyCTPartKey
+		if err := binary.Read(bytes.NewReader(kb), binary.NativeEndian, &k); err != nil {
+			return fmt.Errorf("key %x of %s: %w", kb, namePolCTParts, err)
 		}
-		if err != nil {
-			return fmt.Errorf("open a table of %s (map %d): %w", namePolCTParts, p.id, err)
-		}
-		err = fn(p.k, t)
-		t.Close()
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+		return fn(k, t)
+	})
 }
 
 // EndpointFlagPolicy is EP_F_POLICY in ep_info.flags and link_info.flags:

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -37,11 +36,9 @@ func (m *Maps) AddStackFlowPart(ifindex int) error {
 	if err != nil {
 		return fmt.Errorf("create the stack-flow table of ifindex %d: %w", ifindex, err)
 	}
-	defer inner.Close() // the outer map holds it from here
-	k := uint32(ifindex)
-	outer := m.byName[nameStackFlowParts]
-	if err := outer.Update(&k, inner, ebpf.UpdateAny); err != nil {
-		return writeErr(outer, nameStackFlowParts, fmt.Sprintf("the table of ifindex %d", ifindex), err)
+	defer inner.Close() // the outer map and the pin hold it from here
+	if err := m.putInner(nameStackFlowParts, uint32(ifindex), inner, ebpf.UpdateAny); err != nil {
+		return writeErr(m.byName[nameStackFlowParts], nameStackFlowParts, fmt.Sprintf("the table of ifindex %d", ifindex), err)
 	}
 	return nil
 }
@@ -61,7 +58,7 @@ func (m *Maps) EnsureStackFlowPart(ifindex int) error {
 		return fmt.Errorf("create the stack-flow table of ifindex %d: %w", ifindex, err)
 	}
 	defer inner.Close()
-	if err := outer.Update(&k, inner, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+	if err := m.putInner(nameStackFlowParts, k, inner, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return writeErr(outer, nameStackFlowParts, fmt.Sprintf("the table of ifindex %d", ifindex), err)
 	}
 	return nil
@@ -83,7 +80,7 @@ func (m *Maps) deleteStackFlowPart(ifindex int) error {
 	if err := m.byName[nameStackFlowParts].Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete the table of ifindex %d from %s: %w", ifindex, nameStackFlowParts, err)
 	}
-	return nil
+	return m.unpinInner(nameStackFlowParts, k)
 }
 
 // Flags of a stack flow (SF_* in bpf/lib/types.h): who the peer is.
@@ -128,24 +125,13 @@ func (m *Maps) ListStackFlows() ([]StackFlow, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ids []ebpf.MapID
-	if err := scan(m.byName[nameStackFlowParts], func(_ *uint32, id *uint32) { ids = append(ids, ebpf.MapID(*id)) }); err != nil {
-		return nil, fmt.Errorf("scan %s: %w", nameStackFlowParts, err)
-	}
-	for _, id := range ids {
-		t, err := ebpf.NewMapFromID(id)
-		if errors.Is(err, os.ErrNotExist) {
-			continue // dropped meanwhile
-		}
-		if err != nil {
-			return nil, fmt.Errorf("open a table of %s (map %d): %w", nameStackFlowParts, id, err)
-		}
+	err = m.eachInner(nameStackFlowParts, func(_ []byte, t *ebpf.Map) error {
 		fs, err := listStackFlows(t, nameStackFlowParts)
-		t.Close()
-		if err != nil {
-			return nil, err
-		}
 		out = append(out, fs...)
+		return err
+	})
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -183,26 +169,12 @@ func (m *Maps) DeleteStackFlowsOf(ifindex int) (int, error) {
 	if err != nil {
 		return n, err
 	}
-	var ids []ebpf.MapID
-	if err := scan(m.byName[nameStackFlowParts], func(_ *uint32, id *uint32) { ids = append(ids, ebpf.MapID(*id)) }); err != nil {
-		return n, fmt.Errorf("scan %s: %w", nameStackFlowParts, err)
-	}
-	for _, id := range ids {
-		t, err := ebpf.NewMapFromID(id)
-		if errors.Is(err, os.ErrNotExist) {
-			continue // dropped meanwhile
-		}
-		if err != nil {
-			return n, fmt.Errorf("open a table of %s (map %d): %w", nameStackFlowParts, id, err)
-		}
+	err = m.eachInner(nameStackFlowParts, func(_ []byte, t *ebpf.Map) error {
 		k, err := deleteStackFlowsIn(t, nameStackFlowParts, ifindex)
-		t.Close()
 		n += k
-		if err != nil {
-			return n, err
-		}
-	}
-	return n, nil
+		return err
+	})
+	return n, err
 }
 
 // deleteStackFlowsIn removes the records of table mp made for ifindex.

@@ -76,6 +76,16 @@ func TestAgentRestartAndUpgradeWithoutLoss(t *testing.T) {
 	ag.Cmd.Process.Signal(syscall.SIGKILL)
 	ag.Exited(10 * time.Second)
 	ag = e.StartAgent(confDir, "--metrics-addr", "")
+	// ADD without an agent left both pods on cls_bpf waiting for tcx: the
+	// agent moves them first (an upgrade in the middle of a move is
+	// TestUpgradeSwapsEveryAttachState's), so the swap count below is the
+	// 4 tcx links'.
+	if !forced(datapath.FeatTCX) {
+		for _, id := range []string{"a", "b"} {
+			h, _ := e.HostVeth(id)
+			e.WaitAttachState(h, datapath.StateTCX, 10*time.Second)
+		}
+	}
 	// The agent attached the node's socket hooks (node/): upgrade moves
 	// them along with the host veths' links.
 	hooksBefore := e.NodeHookProgIDs()

@@ -116,7 +116,9 @@ func TestLifecycleCheck(t *testing.T) {
 func TestIntegrityCheck(t *testing.T) {
 	t.Parallel()
 	e := testenv.New(t)
-	e.Extra = map[string]any{"mtu": 1400}
+	// tcx: "program detached" detaches the pod's link (an agent-less ADD
+	// attaches cls_bpf filters; TestLifecycleCheck damages those).
+	e.Extra = map[string]any{"mtu": 1400, "attachMode": "tcx"}
 	inNode := func(t *testing.T, f func() error) {
 		t.Helper()
 		if err := e.InNode(f); err != nil {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/events"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
@@ -422,6 +423,10 @@ func TestTunnel(t *testing.T) {
 		got := listenUDP4(t, p1, 9999)
 		notNode0 := counter(t, m, idx, maps.DirIngress, maps.ReasonDropTunNode).Packets
 		badSrc0 := counter(t, m, idx, maps.DirIngress, maps.ReasonDropTunSrc).Packets
+		var seq0 uint64
+		if recs := observeJSON(t, n1, "--last", "1000"); len(recs) > 0 {
+			seq0 = recs[len(recs)-1].Seq
+		}
 
 		// A host that is no node, claiming node 3's pod.
 		sendVXLAN(t, lab.strang, tunNode[0], vxlanFrame(a3, a1, 9999, []byte("stranger")))
@@ -442,6 +447,18 @@ func TestTunnel(t *testing.T) {
 		}
 		if d := counter(t, m, idx, maps.DirIngress, maps.ReasonDropTunSrc).Packets - badSrc0; d != 2 {
 			t.Errorf("drop_tunnel_source counted %d, want 2", d)
+		}
+		// Each drop is one event of its reason on the tunnel device (issue 25).
+		for _, c := range []struct {
+			r      maps.Reason
+			before uint64
+		}{{maps.ReasonDropTunNode, notNode0}, {maps.ReasonDropTunSrc, badSrc0}} {
+			drops, n, got := settledDrops(t, n1, m, idx, maps.DirIngress, c.r, c.before, seq0, func(ev events.Record) bool {
+				return ev.Type == "drop" && ev.Reason == c.r.String() && ev.Ifindex == uint32(idx)
+			})
+			if uint64(n) != drops || drops == 0 {
+				t.Errorf("%s: %d drops counted, %d events of them: %+v", c.r, drops, n, got)
+			}
 		}
 	})
 
