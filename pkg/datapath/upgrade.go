@@ -171,17 +171,7 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 	// program moves too. Old host veth programs meanwhile send what they
 	// translated themselves, which the egress program leaves alone (its
 	// source is no pod's). Without the uplinks, no pod moves.
-	for name, idx := range uplinks {
-		for _, p := range uplinkPrograms() {
-			if err := ensureUplinkHook(dp.PinRoot, p, loaded[p.Name], name, idx); err != nil {
-				return rep, errors.Join(errs, fmt.Errorf("before moving the pods: %w", err))
-			}
-		}
-	}
-	// The links judging deferred egress policy, before any pod runs this
-	// build's from_container (which defers only to them): a pin set of an
-	// older build may lack them.
-	if err := dp.Maps.SyncAfterLinks(maps.AfterLinkUplink, upgradedUplinks(uplinks)); err != nil {
+	if err := dp.upgradeUplinks(uplinks, loaded); err != nil {
 		return rep, errors.Join(errs, fmt.Errorf("before moving the pods: %w", err))
 	}
 	errs = errors.Join(errs, swapLinks(links, loaded, &rep), swapFilters(loaded, upFilters, &rep))
@@ -191,6 +181,21 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		removeOtherBuilds(dp.PinRoot, &rep)
 	}
 	return rep, errs
+}
+
+// upgradeUplinks puts this build's uplink programs on the uplinks, then
+// lists them as the links judging deferred egress policy, before any pod
+// runs this build's from_container (which defers only to them): a pin set
+// of an older build may lack them.
+func (dp *Datapath) upgradeUplinks(uplinks map[string]int, loaded map[string]*ebpf.Program) error {
+	for name, idx := range uplinks {
+		for _, p := range uplinkPrograms() {
+			if err := ensureUplinkHook(dp.PinRoot, p, loaded[p.Name], name, idx); err != nil {
+				return err
+			}
+		}
+	}
+	return dp.Maps.SyncAfterLinks(maps.AfterLinkUplink, upgradedUplinks(uplinks))
 }
 
 // upgradedUplinks are the ifindexes of the uplinks an upgrade leaves
