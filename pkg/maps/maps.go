@@ -22,9 +22,6 @@ import (
 // ErrFull is wrapped by a write refused because the map has no room left.
 var ErrFull = errors.New("map is full")
 
-// IsFull tells whether err is a write refused by a full map.
-func IsFull(err error) bool { return errors.Is(err, ErrFull) }
-
 // writeErr words a failed map write; a full map says which and how big (the
 // kernel's E2BIG from a hash map, which cilium/ebpf reports as "key too big
 // for map", or ENOSPC from an LPM trie).

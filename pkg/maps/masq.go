@@ -116,8 +116,6 @@ func CIDROwner(parts ...string) uint64 {
 	return 1
 }
 
-func (m *Maps) refs() *ebpf.Map { return m.byName[nameClusterRefs] }
-
 // ClusterCIDRCapacity is how many CIDRs cni_cluster_cidrs holds node-wide.
 func (m *Maps) ClusterCIDRCapacity() int { return int(m.byName[nameClusterCIDRs].MaxEntries()) }
 

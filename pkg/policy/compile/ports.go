@@ -23,18 +23,6 @@ func (p portSet) equal(q portSet) bool {
 	return p.all == q.all && (p.all || slices.Equal(p.ranges, q.ranges))
 }
 
-func (p portSet) allows(proto uint8, port uint16) bool {
-	if p.all {
-		return true
-	}
-	for _, r := range p.ranges {
-		if r.Proto == proto && r.First <= port && port <= r.Last {
-			return true
-		}
-	}
-	return false
-}
-
 // union returns a new set; neither argument is modified or aliased when both
 // are non-empty, so cached sets can be shared.
 func union(a, b portSet) portSet {
