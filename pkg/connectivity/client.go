@@ -4,11 +4,10 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/nodes"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 )
 
@@ -18,32 +17,12 @@ type client struct {
 	core, netv1 rest.Interface
 }
 
-var scheme = func() *runtime.Scheme {
-	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, networkingv1.AddToScheme} {
-		if err := add(s); err != nil {
-			panic(err) // static registration of generated types: cannot fail at run time
-		}
-	}
-	return s
-}()
-
 func newClient(cfg *rest.Config) (*client, error) {
-	mk := func(apiPath string, gv schema.GroupVersion) (rest.Interface, error) {
-		c := rest.CopyConfig(cfg)
-		c.APIPath = apiPath
-		c.GroupVersion = &gv
-		c.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-		if c.UserAgent == "" {
-			c.UserAgent = "ebpf-agent-connectivity"
-		}
-		return rest.RESTClientFor(c)
-	}
-	core, err := mk("/api", corev1.SchemeGroupVersion)
+	core, err := nodes.RESTClient(cfg, corev1.SchemeGroupVersion, false, "ebpf-agent-connectivity")
 	if err != nil {
 		return nil, err
 	}
-	netv1, err := mk("/apis", networkingv1.SchemeGroupVersion)
+	netv1, err := nodes.RESTClient(cfg, networkingv1.SchemeGroupVersion, false, "ebpf-agent-connectivity")
 	if err != nil {
 		return nil, err
 	}

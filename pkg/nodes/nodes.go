@@ -18,8 +18,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -55,26 +53,9 @@ func Config(kubeconfig string) (*rest.Config, error) {
 	return c, nil
 }
 
-var codecs = func() serializer.CodecFactory {
-	s := runtime.NewScheme()
-	if err := corev1.AddToScheme(s); err != nil {
-		panic(err) // static registration of generated types: cannot fail at run time
-	}
-	return serializer.NewCodecFactory(s)
-}()
-
 // listWatch lists and watches all Nodes, protobuf on the wire.
 func listWatch(cfg *rest.Config) (cache.ListerWatcher, error) {
-	c := rest.CopyConfig(cfg)
-	c.APIPath = "/api"
-	c.GroupVersion = &corev1.SchemeGroupVersion
-	c.NegotiatedSerializer = codecs.WithoutConversion()
-	c.ContentType = runtime.ContentTypeProtobuf
-	c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
-	if c.UserAgent == "" {
-		c.UserAgent = "ebpf-agent"
-	}
-	rc, err := rest.RESTClientFor(c)
+	rc, err := RESTClient(cfg, corev1.SchemeGroupVersion, true, "ebpf-agent")
 	if err != nil {
 		return nil, err
 	}

@@ -9,41 +9,22 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/nodes"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy/compile"
 )
-
-var codecs = func() serializer.CodecFactory {
-	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, networkingv1.AddToScheme} {
-		if err := add(s); err != nil {
-			panic(err) // static registration of generated types: cannot fail at run time
-		}
-	}
-	return serializer.NewCodecFactory(s)
-}()
 
 // apiListWatch lists and watches pods, namespaces or networkpolicies of
 // every namespace, protobuf on the wire (a REST client per group, not a
 // clientset: the agent stays small).
 func apiListWatch(cfg *rest.Config, resource string) (cache.ListerWatcher, error) {
-	gv, apiPath := corev1.SchemeGroupVersion, "/api"
+	gv := corev1.SchemeGroupVersion
 	if resource == "networkpolicies" {
-		gv, apiPath = networkingv1.SchemeGroupVersion, "/apis"
+		gv = networkingv1.SchemeGroupVersion
 	}
-	c := rest.CopyConfig(cfg)
-	c.APIPath = apiPath
-	c.GroupVersion = &gv
-	c.NegotiatedSerializer = codecs.WithoutConversion()
-	c.ContentType = runtime.ContentTypeProtobuf
-	c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
-	if c.UserAgent == "" {
-		c.UserAgent = "ebpf-agent"
-	}
-	rc, err := rest.RESTClientFor(c)
+	rc, err := nodes.RESTClient(cfg, gv, true, "ebpf-agent")
 	if err != nil {
 		return nil, err
 	}
