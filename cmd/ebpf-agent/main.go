@@ -310,7 +310,7 @@ func run(o *opts) error {
 	}
 	ao.Events = &maps.EventSettings{Drops: o.dropEvents, Flows: maps.FlowEvents(o.flowEvents), Rate: uint32(o.eventRate), Burst: uint32(o.eventBurst)}
 	ao.EventsKeep = o.eventsKeep
-	ao.Logger = log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags)
+	ao.Logger = log.New(os.Stderr, "ebpf-agent: ", log.LstdFlags|log.Lmicroseconds) // microseconds: a loss under traffic is placed among the agent's steps
 	s, err := o.sizing()
 	if err != nil {
 		return err

@@ -35,6 +35,7 @@ type probe struct {
 	mu         sync.Mutex
 	sent       uint32
 	got        map[uint32]time.Time // number -> when its echo arrived
+	sentAt     map[uint32]time.Time // number -> when it was sent: a loss is placed in time, beside the agents' logs
 	errs       []string             // socket errors (write, read), with the number they hit
 	broken     uint32               // TCP: the number after which the connection failed, 0 if it did not
 	marks      []mark
@@ -53,7 +54,7 @@ func inNetns(pid int, f func() error) error {
 
 func startProbe(name, path, network string, pid int, dst string, every time.Duration) (*probe, error) {
 	p := &probe{name: name, path: path, tcp: network == "tcp", every: every,
-		stop: make(chan struct{}), done: make(chan struct{}), got: map[uint32]time.Time{}}
+		stop: make(chan struct{}), done: make(chan struct{}), got: map[uint32]time.Time{}, sentAt: map[uint32]time.Time{}}
 	if err := inNetns(pid, func() error {
 		var err error
 		p.c, err = net.DialTimeout(network, dst, 5*time.Second)
@@ -120,6 +121,7 @@ func (p *probe) send() {
 		}
 		p.sent++
 		n := p.sent
+		p.sentAt[n] = time.Now()
 		p.mu.Unlock()
 		binary.BigEndian.PutUint32(msg, n)
 		if _, err := p.c.Write(msg); err != nil {
@@ -170,6 +172,13 @@ type phaseResult struct {
 	retrans    uint32
 	maxGap     time.Duration // longest time between two echoes that arrived in the phase
 	broken     bool
+	losses     []string // UDP: each run of consecutive lost numbers, with when they were sent (UTC)
+}
+
+// lossRun says one run of consecutive lost numbers and when they were sent.
+func (p *probe) lossRun(from, to uint32) string {
+	const clock = "15:04:05.000"
+	return fmt.Sprintf("#%d-#%d (%d) sent %s-%s", from, to, to-from+1, p.sentAt[from].UTC().Format(clock), p.sentAt[to].UTC().Format(clock))
 }
 
 // stopSending ends the last phase: no number is sent after it.
@@ -193,12 +202,20 @@ func (p *probe) finish() []phaseResult {
 		from, to := marks[i].at+1, marks[i+1].at
 		r := phaseResult{retrans: marks[i+1].retrans - marks[i].retrans}
 		var last time.Time
+		var runFrom uint32 // first number of the current run of losses, 0: none
 		for n := from; n <= to; n++ {
 			r.sent++
 			at, ok := p.got[n]
 			if !ok {
 				r.lost++
+				if runFrom == 0 {
+					runFrom = n
+				}
 				continue
+			}
+			if runFrom != 0 {
+				r.losses = append(r.losses, p.lossRun(runFrom, n-1))
+				runFrom = 0
 			}
 			if !last.IsZero() && at.Sub(last) > r.maxGap {
 				r.maxGap = at.Sub(last)
@@ -206,6 +223,9 @@ func (p *probe) finish() []phaseResult {
 			if at.After(last) {
 				last = at
 			}
+		}
+		if runFrom != 0 {
+			r.losses = append(r.losses, p.lossRun(runFrom, to))
 		}
 		r.broken = p.broken != 0 && p.broken >= from-1 && p.broken <= to
 		out = append(out, r)

@@ -310,6 +310,7 @@ func (c *cluster) runRollout(ctx context.Context) error {
 	phases := c.rolloutPhases()
 	type phaseLog struct {
 		name, what       string
+		start            time.Time
 		took             time.Duration
 		loadFrom, loadTo string
 	}
@@ -321,6 +322,7 @@ func (c *cluster) runRollout(ctx context.Context) error {
 		logf("rollout phase %q", ph.name)
 		l := phaseLog{name: ph.name, loadFrom: loadavg()}
 		t := time.Now()
+		l.start = t
 		what, err := ph.run(ctx)
 		l.took, l.what, l.loadTo = time.Since(t), what, loadavg()
 		c.saveAgentLogs(ph.name)
@@ -354,9 +356,9 @@ func (c *cluster) runRollout(ctx context.Context) error {
 	} else {
 		fmt.Fprintf(&b, "CNI %s (%s), no rollout: its baseline; a numbered message every %s per flow, echoed back.\n\n", c.o.cni, here, probeEvery)
 	}
-	fmt.Fprintf(&b, "| phase | what happened | took | load average (1, 5, 15 min) before -> after |\n|---|---|---:|---|\n")
+	fmt.Fprintf(&b, "| phase | began (UTC) | what happened | took | load average (1, 5, 15 min) before -> after |\n|---|---|---|---:|---|\n")
 	for _, l := range logs {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s -> %s |\n", l.name, l.what, l.took.Round(time.Second), l.loadFrom, l.loadTo)
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s -> %s |\n", l.name, l.start.UTC().Format("15:04:05.000"), l.what, l.took.Round(time.Second), l.loadFrom, l.loadTo)
 	}
 	fmt.Fprintf(&b, "\nUDP: lost/sent (longest silence between echoes); TCP: segments retransmitted for loss (longest silence).\n\n| path | flow | proto |")
 	for _, l := range logs {
@@ -386,6 +388,24 @@ func (c *cluster) runRollout(ctx context.Context) error {
 		if len(p.errs) > 0 {
 			fmt.Fprintf(&b, "\n%s %s socket errors: %s\n\n", p.name, proto, strings.Join(p.errs[:min(len(p.errs), 5)], "; "))
 		}
+	}
+	// Where each loss was in time, to be read beside the agents' logs
+	// (logs/agents-<phase>/, microsecond timestamps).
+	var when []string
+	for i, p := range probes {
+		for j, r := range results[i] {
+			if len(r.losses) == 0 {
+				continue
+			}
+			ls := r.losses
+			if len(ls) > 8 {
+				ls = append(ls[:8:8], fmt.Sprintf("and %d more runs", len(r.losses)-8))
+			}
+			when = append(when, fmt.Sprintf("- %s %s, %s: %s", p.name, p.path, logs[j].name, strings.Join(ls, "; ")))
+		}
+	}
+	if len(when) > 0 {
+		fmt.Fprintf(&b, "\nUDP losses in time (runs of consecutive numbers, when sent):\n\n%s\n", strings.Join(when, "\n"))
 	}
 	var srcs []string
 	for s := range servers.sourcesOf(cpPid) {
