@@ -67,9 +67,13 @@ func withPrograms(pinRoot string, m *maps.Maps, mode loadMode) (*Datapath, error
 // and programs first when they are missing, and migrating the attachments
 // of an older map layout (see migrateLayout). Safe to call from many
 // processes at once: the slow path runs under an exclusive lock on the pin
-// directory. Datapath pinned with another sizing is a *maps.SizingError.
+// directory. Datapath pinned with another sizing is a *maps.SizingError;
+// maps of a newer layout are a *NewerLayoutError, and nothing is touched.
 func Ensure(pinRoot string, s maps.Sizing) (*Datapath, error) {
 	if err := EnsureBPFFS(pinRoot); err != nil {
+		return nil, err
+	}
+	if err := RefuseNewerLayout(pinRoot); err != nil {
 		return nil, err
 	}
 	if dp, err := Open(pinRoot); err == nil {
@@ -87,7 +91,11 @@ func Ensure(pinRoot string, s maps.Sizing) (*Datapath, error) {
 	}
 	defer unlock()
 
-	// Another process may have finished while we waited for the lock.
+	// Another process may have finished while we waited for the lock
+	// (a newer build's migration among them).
+	if err := RefuseNewerLayout(pinRoot); err != nil {
+		return nil, err
+	}
 	if dp, err := Open(pinRoot); err == nil {
 		return checkSizing(dp, s)
 	}
@@ -300,6 +308,12 @@ func readoptMaps(pinRoot string) error {
 func Readopt(pinRoot string) error {
 	if _, err := os.Stat(filepath.Join(pinRoot, progsDir)); err != nil {
 		return nil // no programs pinned: no map to take from them
+	}
+	if RefuseNewerLayout(pinRoot) != nil {
+		// A newer build's datapath (a rollback): its maps are not this
+		// layout's to pin; DEL leaves its entries to the newer agent's
+		// reconciler when the node rolls forward again.
+		return nil
 	}
 	unlock, err := lockDir(pinRoot)
 	if err != nil {
