@@ -96,7 +96,7 @@ func Run(ctx context.Context, o Options) error {
 			return err
 		}
 	}
-	dp, rep, err := prepare(o)
+	dp, rep, err := prepare(o, firstCIDRs(ctx, o, kubeCfg))
 	if err != nil {
 		return err
 	}
@@ -206,7 +206,7 @@ func (o Options) check() error {
 // prepare ensures bpffs and the pinned datapath and moves every attachment
 // to this build's programs; the datapath it returns is the one handle the
 // controllers share.
-func prepare(o Options) (*datapath.Datapath, datapath.UpgradeReport, error) {
+func prepare(o Options, seed func(*maps.Maps)) (*datapath.Datapath, datapath.UpgradeReport, error) {
 	var rep datapath.UpgradeReport
 	if err := datapath.EnsureBPFFS(o.PinRoot); err != nil {
 		return nil, rep, err
@@ -222,7 +222,7 @@ func prepare(o Options) (*datapath.Datapath, datapath.UpgradeReport, error) {
 	// Probed once, here, and said: what the datapath uses, what replaces
 	// what the kernel lacks or what is forced off.
 	o.Logger.Printf("%s", datapath.FallbackSummary())
-	dp, err := datapath.Ensure(o.PinRoot, o.Sizing)
+	dp, err := datapath.EnsureSeeded(o.PinRoot, o.Sizing, seed)
 	if err != nil {
 		if miss := datapath.MissingRequired(); len(miss) > 0 {
 			return nil, rep, fmt.Errorf("ensure datapath at %s: %w (the kernel lacks %s: docs/compat.md)", o.PinRoot, err, strings.Join(miss, ", "))

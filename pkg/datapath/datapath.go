@@ -31,6 +31,8 @@ type Datapath struct {
 	// After EnsureLean the programs above are nil until first needed
 	// (program); fds holds bare fds of pinned programs (progFD).
 	fds map[string]int
+
+	seeded bool // EnsureSeeded's seed ran (a migration runs it before its swap)
 }
 
 // setCore fills the program fields from loadPrograms' result.
@@ -69,7 +71,24 @@ func withPrograms(pinRoot string, m *maps.Maps, mode loadMode) (*Datapath, error
 // processes at once: the slow path runs under an exclusive lock on the pin
 // directory. Datapath pinned with another sizing is a *maps.SizingError;
 // maps of a newer layout are a *NewerLayoutError, and nothing is touched.
-func Ensure(pinRoot string, s maps.Sizing) (*Datapath, error) {
+func Ensure(pinRoot string, s maps.Sizing) (*Datapath, error) { return EnsureSeeded(pinRoot, s, nil) }
+
+// EnsureSeeded is Ensure with seed run on this build's maps before any
+// link runs this build's programs over them: before a migration swaps the
+// links (migrateLayout), or before the caller's Upgrade when the maps were
+// there. The agent seeds what its programs need from the start and an
+// older build's maps may lack (the node addresses among the cluster
+// CIDRs: without them a pod's UDP reply to another node's address is
+// masqueraded, and a NodePort flow kube-proxy SNATed is lost).
+func EnsureSeeded(pinRoot string, s maps.Sizing, seed func(*maps.Maps)) (*Datapath, error) {
+	dp, err := ensure(pinRoot, s, seed)
+	if err == nil && seed != nil && !dp.seeded {
+		seed(dp.Maps)
+	}
+	return dp, err
+}
+
+func ensure(pinRoot string, s maps.Sizing, seed func(*maps.Maps)) (*Datapath, error) {
 	if err := EnsureBPFFS(pinRoot); err != nil {
 		return nil, err
 	}
@@ -103,7 +122,7 @@ func Ensure(pinRoot string, s maps.Sizing) (*Datapath, error) {
 		return nil, err
 	}
 	if older := olderLayouts(pinRoot); len(older) > 0 {
-		return migrateLayout(pinRoot, s, older)
+		return migrateLayout(pinRoot, s, older, seed)
 	}
 	if err := readoptMaps(pinRoot); err != nil {
 		return nil, err

@@ -43,7 +43,7 @@ func OlderLayoutDirs(pinRoot string) []string {
 //
 // A killed migration leaves the staging directory, which the next one
 // starts over with; the old maps are untouched until step 4.
-func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout) (_ *Datapath, err error) {
+func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout, seed func(*maps.Maps)) (_ *Datapath, err error) {
 	final, staging := MapsDir(pinRoot), StagingMapsDir(pinRoot)
 	if err := os.RemoveAll(staging); err != nil {
 		return nil, fmt.Errorf("remove the staging directory of a migration killed part way, %s: %w", staging, err)
@@ -79,6 +79,11 @@ func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout) (_ *Datapat
 		removeCurrentProgramPins(pinRoot) // they run over the staging maps
 		return nil, &MigrationError{Err: err}
 	}
+	if seed != nil {
+		// After the copy (an entry the seed writes wins over the old
+		// one, and the copy after the rename keeps it), before the swap.
+		seed(dp.Maps)
+	}
 	crashpoint("migrate-copied")
 	_, upErr := dp.upgradeLocked(false)
 	dp.Close()
@@ -100,6 +105,7 @@ func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout) (_ *Datapat
 	if err := copyOld(dp.Maps); err != nil {
 		return nil, &MigrationError{Err: err}
 	}
+	dp.seeded = seed != nil
 	if upErr != nil {
 		return nil, fmt.Errorf("migrated the maps to layout v%d, but not every attachment moved to this build's programs (they keep the old maps until `ebpf-agent upgrade` moves them): %w",
 			maps.LayoutVersion, upErr)

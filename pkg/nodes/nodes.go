@@ -165,9 +165,32 @@ func Follow(ctx context.Context, cfg *rest.Config, self string, settle time.Dura
 	}
 }
 
+// List lists the Nodes once: the view Follow's first update gives, for a
+// caller that needs it before it starts following (the agent, before it
+// swaps the programs).
+func List(ctx context.Context, cfg *rest.Config, self string, logf func(string, ...any)) (View, error) {
+	rc, err := RESTClient(cfg, corev1.SchemeGroupVersion, true, "ebpf-agent")
+	if err != nil {
+		return View{}, err
+	}
+	var l corev1.NodeList
+	if err := rc.Get().Resource("nodes").Do(ctx).Into(&l); err != nil {
+		return View{}, fmt.Errorf("list nodes: %w", err)
+	}
+	var objs []any
+	for i := range l.Items {
+		objs = append(objs, &l.Items[i])
+	}
+	return viewOf(objs, self, logf), nil
+}
+
 func snapshot(s cache.Store, self string, logf func(string, ...any)) View {
+	return viewOf(s.List(), self, logf)
+}
+
+func viewOf(objs []any, self string, logf func(string, ...any)) View {
 	v := View{}
-	for _, o := range s.List() {
+	for _, o := range objs {
 		if n, ok := o.(*corev1.Node); ok {
 			v.Nodes = append(v.Nodes, fromObject(n, logf))
 		}
