@@ -227,6 +227,9 @@ func (p *probe) finish() []phaseResult {
 		if runFrom != 0 {
 			r.losses = append(r.losses, p.lossRun(runFrom, to))
 		}
+		if p.tcp {
+			r.losses = nil // a TCP number without echo is the broken connection's, not a loss
+		}
 		r.broken = p.broken != 0 && p.broken >= from-1 && p.broken <= to
 		out = append(out, r)
 	}
