@@ -100,7 +100,11 @@ const (
 	settle      = 20 * time.Second
 )
 
-func rolloutWorkload(nodes []*node) string {
+func rolloutWorkload(nodes []*node, dualStack bool) string {
+	family := ""
+	if dualStack {
+		family = "\n  ipFamilyPolicy: RequireDualStack"
+	}
 	pod := func(name, node, extra string) string {
 		return fmt.Sprintf(`---
 apiVersion: v1
@@ -126,7 +130,7 @@ metadata: {name: %[1]s}
 apiVersion: v1
 kind: Service
 metadata: {name: cluster-ip, namespace: %[1]s}
-spec:
+spec:%[4]s
   selector: {app: s2}
   ports:
   - {name: udp, port: 80, targetPort: %[2]d, protocol: UDP}
@@ -135,13 +139,13 @@ spec:
 apiVersion: v1
 kind: Service
 metadata: {name: node-port, namespace: %[1]s}
-spec:
+spec:%[4]s
   type: NodePort
   selector: {app: s2}
   ports:
   - {name: udp, port: 81, targetPort: %[2]d, nodePort: %[3]d, protocol: UDP}
   - {name: tcp, port: 81, targetPort: %[2]d, nodePort: %[3]d, protocol: TCP}
-`, rolloutNS, echoPort, nodePortNum) +
+`, rolloutNS, echoPort, nodePortNum, family) +
 		pod("s1", nodes[0].name, hostPorts) + pod("c1", nodes[0].name, "") +
 		pod("s2", nodes[1].name, "") + pod("c2", nodes[1].name, "")
 }
@@ -216,7 +220,7 @@ type rolloutPhase struct {
 // DaemonSet (or the reference plugins: then one phase of steady traffic,
 // the kernel path's baseline).
 func (c *cluster) runRollout(ctx context.Context) error {
-	if err := c.apply(rolloutWorkload(c.nodes)); err != nil {
+	if err := c.apply(rolloutWorkload(c.nodes, c.o.dualStack)); err != nil {
 		return fmt.Errorf("rollout workload: %w", err)
 	}
 	if _, err := c.kubectl("-n", rolloutNS, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=3m"); err != nil {
@@ -239,13 +243,30 @@ func (c *cluster) runRollout(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Dual-stack: each pod's and the Service's IPv6 address (the second).
+	ip6 := func(name string) string {
+		ips := strings.Split(before[rolloutNS+"/"+name].ips, ",")
+		return ips[len(ips)-1]
+	}
+	var clusterIP6 string
+	if c.o.dualStack {
+		ips, err := c.kubectl("-n", rolloutNS, "get", "service", "cluster-ip", "-o", "jsonpath={.spec.clusterIPs[*]}")
+		if err != nil {
+			return err
+		}
+		f := strings.Fields(ips)
+		if len(f) != 2 || !strings.Contains(f[1], ":") || !strings.Contains(ip6("s2"), ":") {
+			return fmt.Errorf("dual-stack: the Service has addresses %q and s2 %q: want an IPv6 one of each", ips, before[rolloutNS+"/s2"].ips)
+		}
+		clusterIP6 = f[1]
+	}
 	servers := &echoServers{}
 	defer servers.close()
 	cpPid := c.cp.cmd.Process.Pid
 	for _, s := range []struct {
 		pid, port int
 	}{{pids["s1"], echoPort}, {pids["s2"], echoPort}, {cpPid, outsidePort}} {
-		if err := servers.listen(s.pid, s.port, false); err != nil {
+		if err := servers.listen(s.pid, s.port, c.o.dualStack); err != nil {
 			return err
 		}
 	}
@@ -267,6 +288,22 @@ func (c *cluster) runRollout(ctx context.Context) error {
 		{"egress (ipMasq) to outside", "c1 (node1) -> " + outside, "udp", "c1", hp(outside, outsidePort)},
 		{"egress (ipMasq) to outside", "c1 (node1) -> " + outside, "tcp", "c1", hp(outside, outsidePort)},
 		{"egress (ipMasq) to outside", "c2 (node2) -> " + outside, "udp", "c2", hp(outside, outsidePort)},
+	}
+	if c.o.dualStack {
+		n16, outside6 := c.nodes[0].ip6, fabricPrefix6+"1"
+		specs = append(specs, []spec{
+			{"IPv6 pod to pod, same node", "c1 -> s1 (node1)", "udp", "c1", hp(ip6("s1"), echoPort)},
+			{"IPv6 pod to pod, same node", "c1 -> s1 (node1)", "tcp", "c1", hp(ip6("s1"), echoPort)},
+			{"IPv6 pod to pod, other node", "c1 (node1) -> s2 (node2)", "udp", "c1", hp(ip6("s2"), echoPort)},
+			{"IPv6 pod to pod, other node", "c1 (node1) -> s2 (node2)", "tcp", "c1", hp(ip6("s2"), echoPort)},
+			{"IPv6 ClusterIP Service", "c1 (node1) -> [" + clusterIP6 + "]:80 -> s2 (node2)", "udp", "c1", hp(clusterIP6, 80)},
+			{"IPv6 hostPort", "outside -> node1:18080 -> s1", "udp", "outside", hp(n16, hostPortNum)},
+			{"IPv6 hostPort", "outside -> node1:18080 -> s1", "tcp", "outside", hp(n16, hostPortNum)},
+			{"IPv6 NodePort", "outside -> node1:30080 -> s2 (node2)", "udp", "outside", hp(n16, nodePortNum)},
+			{"IPv6 NodePort", "outside -> node1:30080 -> s2 (node2)", "tcp", "outside", hp(n16, nodePortNum)},
+			{"IPv6 egress (ipMasq) to outside", "c1 (node1) -> " + outside6, "udp", "c1", hp(outside6, outsidePort)},
+			{"IPv6 egress (ipMasq) to outside", "c1 (node1) -> " + outside6, "tcp", "c1", hp(outside6, outsidePort)},
+		}...)
 	}
 	var probes []*probe
 	defer func() {
@@ -412,7 +449,8 @@ func (c *cluster) runRollout(ctx context.Context) error {
 		srcs = append(srcs, s)
 	}
 	sort.Strings(srcs)
-	fmt.Fprintf(&b, "\nSources the outside namespace saw: %s (pods are %s, %s, %s, %s).\n", strings.Join(srcs, ", "), ip("s1"), ip("c1"), ip("s2"), ip("c2"))
+	fmt.Fprintf(&b, "\nSources the outside namespace saw: %s (pods are %s).\n", strings.Join(srcs, ", "),
+		strings.Join([]string{before[rolloutNS+"/s1"].ips, before[rolloutNS+"/c1"].ips, before[rolloutNS+"/s2"].ips, before[rolloutNS+"/c2"].ips}, ", "))
 	var changed []string
 	for k, v := range before {
 		if w, ok := after[k]; !ok {
