@@ -180,7 +180,7 @@ func (f *follower) reapply() {
 // want stays until both let go. One per map directory, as the agent is:
 // not named after the node, so that a run under another name still
 // releases what an earlier run held.
-var agentCIDROwner = maps.CIDROwner("ebpf-agent")
+var agentCIDROwner = datapath.AgentCIDROwner
 
 // clusterCIDRs makes the agent a user of exactly want.
 func (f *follower) clusterCIDRs(want []netip.Prefix) {

@@ -24,8 +24,9 @@ import (
 
 // RouteProtocol marks the routes the agent installs to other nodes' pod
 // CIDRs (rtnetlink protocol number; `ip route show proto 199`), so it can
-// remove the ones whose peer is gone without touching anyone else's.
-const RouteProtocol netlink.RouteProtocol = 199
+// remove the ones whose peer is gone without touching anyone else's. The
+// datapath reads their gateways in a migration (datapath.PeerRouteProtocol).
+const RouteProtocol = datapath.PeerRouteProtocol
 
 // Peer is another node: its address (one per family on a dual-stack node)
 // and the pod CIDRs behind it. In Kubernetes, one Peer per Node object (see

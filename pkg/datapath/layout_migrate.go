@@ -79,9 +79,12 @@ func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout, seed func(*
 		removeCurrentProgramPins(pinRoot) // they run over the staging maps
 		return nil, &MigrationError{Err: err}
 	}
+	// After the copy (an entry written here wins over the old one, and
+	// the copy after the rename keeps it), before the swap. The peers'
+	// addresses are best effort: the agent's follower acquires them again
+	// and logs what fails (a full cni_cluster_cidrs).
+	_ = seedPeerAddresses(dp.Maps)
 	if seed != nil {
-		// After the copy (an entry the seed writes wins over the old
-		// one, and the copy after the rename keeps it), before the swap.
 		seed(dp.Maps)
 	}
 	crashpoint("migrate-copied")
