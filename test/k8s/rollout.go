@@ -344,6 +344,14 @@ func (c *cluster) runRollout(ctx context.Context) error {
 	}
 
 	logf("rollout: %d probes answered, every %s each", len(probes), probeEvery)
+	// What the kernel of each node did to neighbours, routes and links,
+	// timestamped: a loss no agent step explains is placed among them
+	// (logs/monitor-<node>.log; ended with the cluster).
+	for _, n := range c.nodes {
+		if _, err := c.start("monitor-"+n.name, n.holder, false, n.name, "ip", "-ts", "monitor", "neigh", "route", "link"); err != nil {
+			logf("rollout: ip monitor on %s: %v", n.name, err)
+		}
+	}
 	phases := c.rolloutPhases()
 	type phaseLog struct {
 		name, what       string
