@@ -197,26 +197,32 @@ TUN_SUBPROG int tun_from_pod_forwarded(struct __sk_buff *skb, __u8 family, __u32
 }
 
 /*
- * Whether a tunnel datagram off the wire (an uplink's ingress, before the
- * stack decapsulates it) claims a node's address as its outer source but
- * was not sent by the next hop toward that node: its Ethernet source must
- * be the MAC this node would send to that address through (the node's own
- * on a shared subnet, the gateway's for a routed one), as bpf_fib_lookup
- * finds it now. A host on the link forging a node's address from its own
- * MAC is dropped; no route, no resolved neighbour or another link are
- * drops too (the sender's ARP or ND resolved it, so a genuine node is
- * always there). One FIB lookup per tunnel datagram from a node, the
+ * A tunnel datagram off the wire (an uplink's ingress, before the stack
+ * decapsulates it) claiming a node's address as its outer source must have
+ * been sent by the next hop toward that node: its Ethernet source must be
+ * the MAC this node would send to that address through (the node's own on
+ * a shared subnet, the gateway's for a routed one), as bpf_fib_lookup
+ * finds it now, on the link it came in by. A host on the link forging a
+ * node's address from its own MAC is TUN_HOP_BAD; so are no route, a next
+ * hop not resolved (the agent keeps it resolved: pkg/agent/tunnelhops.go)
+ * and another link. One FIB lookup per tunnel datagram from a node, the
  * lookup rp_filter makes for every packet; nothing is cached that a
- * neighbour change would make stale.
+ * neighbour change would make stale. TUN_HOP_OK: a genuine node's, which
+ * goes straight to the stack's tunnel socket (no hostPort mapping of the
+ * tunnel port takes it).
  */
-TUN_SUBPROG int tun_hop_mismatch(struct __sk_buff *skb, __u8 family)
+#define TUN_HOP_NONE 0 /* no tunnel datagram claiming a node */
+#define TUN_HOP_OK 1
+#define TUN_HOP_BAD 2
+
+TUN_SUBPROG int tun_hop_check(struct __sk_buff *skb, __u8 family)
 {
 	__u8 saddr[16] = {}, daddr[16] = {};
 	__u8 smac[8] __attribute__((aligned(4))), hop[8] __attribute__((aligned(4))); /* mac_equal reads words */
 	struct bpf_fib_lookup p = {};
 
 	if (!tun_dgram(skb, family, saddr, daddr) || !tun_node_of(saddr, family))
-		return 0;
+		return TUN_HOP_NONE;
 	p.family = family;
 	p.ifindex = skb->ifindex;
 	if (family == AF_INET) {
@@ -227,9 +233,9 @@ TUN_SUBPROG int tun_hop_mismatch(struct __sk_buff *skb, __u8 family)
 		__builtin_memcpy(p.ipv6_dst, saddr, 16);
 	}
 	if (bpf_fib_lookup(skb, &p, sizeof(p), 0) != BPF_FIB_LKUP_RET_SUCCESS || p.ifindex != skb->ifindex)
-		return 1;
+		return TUN_HOP_BAD;
 	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_source), smac, 6))
-		return 1;
+		return TUN_HOP_BAD;
 	__builtin_memcpy(hop, p.dmac, 6);
-	return !mac_equal(smac, hop);
+	return mac_equal(smac, hop) ? TUN_HOP_OK : TUN_HOP_BAD;
 }
