@@ -260,3 +260,38 @@ func TestTunnelPodVXLANBehindExtHeaders6(t *testing.T) {
 		t.Errorf("a datagram to port 4790 behind extension headers: %d drop_tunnel_source", d)
 	}
 }
+
+// TestTunnelPodVXLANViaDNAT6 is TestTunnelPodVXLANViaDNAT over IPv6: a
+// pod's datagram to an IPv6 ClusterIP that ip6tables DNATs to node 1's IPv6
+// address and port 4789, masqueraded to node 3's, is dropped at the uplink
+// (to_uplink's IPv6 path), counted on the pod's host veth with an event.
+func TestTunnelPodVXLANViaDNAT6(t *testing.T) {
+	lab := newTunLab6(t)
+	n1, n3 := lab.nodes[0], lab.nodes[2]
+	startTunAgents(t, lab)
+	p1, p3 := n1.NewPod(), n3.NewPod()
+	n1.CleanupDel(p1, "d61")
+	r1 := n1.Add(p1, "d61")
+	n3.CleanupDel(p3, "d63")
+	r3 := n3.Add(p3, "d63")
+	a1, _ := testenv.PodIPs(t, r1)
+	a3, _ := testenv.PodIPs(t, r3)
+	_, idx3 := n3.HostVeth("d63")
+	svc := "fd00:96::77"
+	_, cidr36 := tunPods(2)
+	iptablesIn(t, n3, "ip6tables",
+		[]string{"-t", "nat", "-A", "PREROUTING", "-d", svc, "-p", "udp", "--dport", "53", "-j", "DNAT", "--to-destination", "[" + tunNode6[0].String() + "]:4789"},
+		[]string{"-t", "nat", "-A", "POSTROUTING", "-s", cidr36, "-d", tunNode6[0].String(), "-j", "MASQUERADE"})
+
+	got := listenUDP4(t, p1, 9988)
+	seq := lastSeq(t, n3)
+	before := counter(t, n3.Maps(), idx3, maps.DirEgress, maps.ReasonDropTunSrc).Packets
+	sendUDPFrom(t, p3, net.ParseIP(svc), 53, vxlanFrame(neighbour(a3), a1, 9988, []byte("pod-via-service6")))
+	if arrived := got(2 * time.Second); len(arrived) != 0 {
+		t.Errorf("pod 1 received %q: pod 3 tunnelled through an IPv6 Service, claiming %s", arrived, neighbour(a3))
+	}
+	evs := tunDropEvents(t, n3, idx3, maps.DirEgress, maps.ReasonDropTunSrc, before, 1, seq)
+	if len(evs) == 1 && (evs[0].Dst != tunNode6[0].String() || evs[0].DstPort != 4789) {
+		t.Errorf("event %+v: want udp to [%s]:4789", evs[0], tunNode6[0])
+	}
+}
