@@ -18,11 +18,18 @@
  * by the pod's policy, which knows it came off the wire), and so is any
  * packet claiming the address of a pod of this node (forged_pod_source).
  *
+ * A tunnel datagram claiming a node's address as its outer source from a
+ * MAC that is not the next hop toward that node is dropped first
+ * (drop_tunnel_mac, counted on the uplink; lib/tunnel.h); a genuine one
+ * goes on to the stack untouched (a hostPort on the tunnel port never
+ * takes it).
+ *
  * Everything else goes on untouched to the next tcx program of the link (the
  * stack when there is none): TCX_NEXT, never TC_ACT_OK, which would end the
  * chain for another tool's programs.
  */
 #include "lib/masq.h"
+#include "lib/tunnel.h"
 
 /*
  * Whether a packet off the wire claims a node address as its source: the
@@ -129,6 +136,21 @@ int cni_from_uplink(struct __sk_buff *skb)
 {
 	int rc;
 
+	/* Before anything else, hooks or not: the tunnel's outer source,
+	 * which the trust rule on the tunnel device cannot see; a genuine
+	 * node's datagram goes to the stack untouched (lib/tunnel.h). */
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		rc = tun_hop_check(skb, AF_INET);
+	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		rc = tun_hop_check(skb, AF_INET6);
+	else
+		rc = TUN_HOP_NONE;
+	if (rc == TUN_HOP_BAD) {
+		count(skb->ifindex, DIR_INGRESS, REASON_DROP_TUN_MAC, skb->len);
+		return TC_ACT_SHOT;
+	}
+	if (rc == TUN_HOP_OK)
+		return TCX_NEXT;
 	if (!node_hooks_enabled())
 		return TCX_NEXT;
 	/* A forged node source going on to the stack is dropped like the

@@ -9,10 +9,12 @@
  * source is no longer a pod's is left alone. Of the node's own packets (no
  * ingress interface) only ICMP errors are looked at: one about a reply the
  * node could not forward to a masquerading pod quotes the pod's address,
- * which the peer must see as the node's. Everything goes on to the next tcx
- * program of the link.
+ * which the peer must see as the node's. A pod's tunnel datagram to another
+ * node is dropped whatever the stack made of it (lib/tunnel.h). Everything
+ * else goes on to the next tcx program of the link.
  */
 #include "lib/masq.h"
+#include "lib/tunnel.h"
 
 SEC("tc")
 int cni_to_uplink(struct __sk_buff *skb)
@@ -49,6 +51,12 @@ int cni_to_uplink(struct __sk_buff *skb)
 		ep = ep_lookup6(&ip6->saddr);
 	} else {
 		return TCX_NEXT;
+	}
+	/* A pod's tunnel datagram to another node, as the stack's DNAT and
+	 * masquerade left it (lib/tunnel.h). */
+	if (tun_from_pod_forwarded(skb, family, from)) {
+		count(from, DIR_EGRESS, REASON_DROP_TUN_SRC, skb->len);
+		return TC_ACT_SHOT;
 	}
 	/* Forwarded from the pod's own host veth, with its address: the
 	 * source was checked there (from_container.c). Its egress policy is

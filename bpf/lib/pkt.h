@@ -101,6 +101,59 @@ static __always_inline struct ipv6hdr *pkt_ip6(struct __sk_buff *skb)
 	return ip6;
 }
 
+/*
+ * The offset of an IPv6 packet's L4 header (at ETH_HLEN), past the
+ * extension headers a host may put before it (hop-by-hop, routing,
+ * destination options, fragment, AH), with its protocol in *proto. 0 when
+ * the packet carries none: a later fragment, or no next header. -1 when
+ * the chain is truncated or longer than IP6_MAX_EXT: a check that must not
+ * be skipped treats that as the worst case.
+ */
+#define IP6_MAX_EXT 8
+#ifndef IPPROTO_NONE
+#define IPPROTO_NONE 59
+#endif
+
+static __always_inline int ip6_l4(struct __sk_buff *skb, __u8 nexthdr, __u8 *proto)
+{
+	__u32 off = ETH_HLEN + sizeof(struct ipv6hdr);
+	__u8 h[4]; /* next header, then the length, or the fragment's offset in 2-3 */
+
+#pragma unroll
+	for (int i = 0; i < IP6_MAX_EXT; i++) {
+		switch (nexthdr) {
+		case IPPROTO_HOPOPTS:
+		case IPPROTO_ROUTING:
+		case IPPROTO_DSTOPTS:
+			if (bpf_skb_load_bytes(skb, off, h, 2))
+				return -1;
+			nexthdr = h[0];
+			off += ((__u32)h[1] + 1) * 8;
+			break;
+		case IPPROTO_AH:
+			if (bpf_skb_load_bytes(skb, off, h, 2))
+				return -1;
+			nexthdr = h[0];
+			off += ((__u32)h[1] + 2) * 4;
+			break;
+		case IPPROTO_FRAGMENT:
+			if (bpf_skb_load_bytes(skb, off, h, 4))
+				return -1;
+			if ((h[2] << 5 | h[3] >> 3) != 0)
+				return 0;
+			nexthdr = h[0];
+			off += 8;
+			break;
+		case IPPROTO_NONE:
+			return 0;
+		default:
+			*proto = nexthdr;
+			return off;
+		}
+	}
+	return -1;
+}
+
 /* Decrements the IPv4 TTL with an incremental checksum update (as ip_decrease_ttl). */
 static __always_inline void ttl_dec4(struct iphdr *ip)
 {

@@ -14,6 +14,7 @@
 #pragma once
 
 #include "endpoint.h"
+#include "node.h"
 
 #define TUN_VNI 1  /* every node sends one VNI (the routes' "id"); any is accepted */
 
@@ -109,41 +110,132 @@ static __always_inline int tun_from(struct __sk_buff *skb)
 }
 
 /*
- * Whether a pod's packet is a tunnel datagram (UDP to the VXLAN or Geneve
- * port) for another node: dropped at the pod's host veth. Once
- * masqueraded it would leave with this node's address and pass the
- * receiving node's trust rule with any source of this node's pod CIDRs.
- * Only UDP to a node address is looked up (IPv6: the fixed header's
- * next header only).
+ * A datagram to a tunnel port (VXLAN 4789, Geneve 6081) found past any IPv6
+ * extension headers: 1 with its addresses copied out, 0 when the packet is
+ * none (not UDP, a later fragment, another port), -1 when its headers
+ * cannot be read to the UDP port (a check treats that as one).
  */
 #define TUN_PORT_VXLAN 4789
 #define TUN_PORT_GENEVE 6081
 
-static __always_inline int tun_from_pod(struct __sk_buff *skb, __u8 family)
+/* The checks below are subprograms (their frames apart from the caller's,
+ * which from_container keeps near the 512-byte limit); each program uses
+ * some of them only. */
+#define TUN_SUBPROG static __noinline __attribute__((unused))
+
+static __always_inline int tun_dgram(struct __sk_buff *skb, __u8 family, __u8 *saddr, __u8 *daddr)
 {
-	void *data = (void *)(long)skb->data;
-	void *data_end = (void *)(long)skb->data_end;
-	struct udphdr *udp;
-	const void *daddr;
+	__be16 dport;
+	int off;
 
 	if (family == AF_INET) {
-		struct iphdr *ip = data + ETH_HLEN;
+		struct iphdr *ip = pkt_ip4(skb);
 
-		if ((void *)(ip + 1) > data_end || ip->protocol != IPPROTO_UDP || (ip->frag_off & bpf_htons(0x1fff)))
+		if (!ip)
+			return -1;
+		if (ip->protocol != IPPROTO_UDP || (ip->frag_off & bpf_htons(0x1fff)))
 			return 0;
-		udp = (void *)ip + ip->ihl * 4;
-		daddr = &ip->daddr;
+		__builtin_memcpy(saddr, &ip->saddr, 4);
+		__builtin_memcpy(daddr, &ip->daddr, 4);
+		off = ETH_HLEN + ip->ihl * 4;
 	} else {
-		struct ipv6hdr *ip6 = data + ETH_HLEN;
+		struct ipv6hdr *ip6 = pkt_ip6(skb);
+		__u8 proto = 0;
 
-		if ((void *)(ip6 + 1) > data_end || ip6->nexthdr != IPPROTO_UDP)
-			return 0;
-		udp = (void *)(ip6 + 1);
-		daddr = &ip6->daddr;
+		if (!ip6)
+			return -1;
+		__builtin_memcpy(saddr, &ip6->saddr, 16);
+		__builtin_memcpy(daddr, &ip6->daddr, 16);
+		/* TCP and UDP without extension headers, the bulk, skip the walk. */
+		if (ip6->nexthdr == IPPROTO_UDP) {
+			off = ETH_HLEN + sizeof(*ip6);
+		} else {
+			if (ip6->nexthdr == IPPROTO_TCP)
+				return 0;
+			off = ip6_l4(skb, ip6->nexthdr, &proto);
+			if (off <= 0)
+				return off;
+			if (proto != IPPROTO_UDP)
+				return 0;
+		}
 	}
-	if ((void *)(udp + 1) > data_end)
+	if (bpf_skb_load_bytes(skb, off + offsetof(struct udphdr, dest), &dport, sizeof(dport)))
+		return -1;
+	return dport == bpf_htons(TUN_PORT_VXLAN) || dport == bpf_htons(TUN_PORT_GENEVE);
+}
+
+/*
+ * Whether a pod's packet, at its host veth, is a tunnel datagram to a node
+ * (another node, or this one): dropped there. Once masqueraded it would
+ * leave with this node's address and pass the receiving node's trust rule
+ * with any source of this node's pod CIDRs. Only a datagram to a tunnel
+ * port is looked up.
+ */
+TUN_SUBPROG int tun_from_pod(struct __sk_buff *skb, __u8 family)
+{
+	__u8 saddr[16] = {}, daddr[16] = {};
+
+	if (!tun_dgram(skb, family, saddr, daddr))
 		return 0;
-	if (udp->dest != bpf_htons(TUN_PORT_VXLAN) && udp->dest != bpf_htons(TUN_PORT_GENEVE))
+	return tun_node_of(daddr, family) || is_node_ip(daddr, family);
+}
+
+/*
+ * The same after the stack (to_uplink): a packet forwarded from a pod's
+ * host veth (from, its ingress interface) that is a tunnel datagram to
+ * another node, whatever DNAT (a Service whose endpoint is a node's tunnel
+ * port, a NodePort) and masquerade (kube-proxy's, already done) made of it.
+ * The host veth saw only the destination the pod chose.
+ */
+TUN_SUBPROG int tun_from_pod_forwarded(struct __sk_buff *skb, __u8 family, __u32 from)
+{
+	__u8 saddr[16] = {}, daddr[16] = {};
+
+	if (!tun_dgram(skb, family, saddr, daddr) || !tun_node_of(daddr, family))
 		return 0;
-	return tun_node_of(daddr, family) != 0;
+	return bpf_map_lookup_elem(&cni_links, &from) != NULL;
+}
+
+/*
+ * A tunnel datagram off the wire (an uplink's ingress, before the stack
+ * decapsulates it) claiming a node's address as its outer source must have
+ * been sent by the next hop toward that node: its Ethernet source must be
+ * the MAC this node would send to that address through (the node's own on
+ * a shared subnet, the gateway's for a routed one), as bpf_fib_lookup
+ * finds it now, on the link it came in by. A host on the link forging a
+ * node's address from its own MAC is TUN_HOP_BAD; so are no route, a next
+ * hop not resolved (the agent keeps it resolved: pkg/agent/tunnelhops.go)
+ * and another link. One FIB lookup per tunnel datagram from a node, the
+ * lookup rp_filter makes for every packet; nothing is cached that a
+ * neighbour change would make stale. TUN_HOP_OK: a genuine node's, which
+ * goes straight to the stack's tunnel socket (no hostPort mapping of the
+ * tunnel port takes it).
+ */
+#define TUN_HOP_NONE 0 /* no tunnel datagram claiming a node */
+#define TUN_HOP_OK 1
+#define TUN_HOP_BAD 2
+
+TUN_SUBPROG int tun_hop_check(struct __sk_buff *skb, __u8 family)
+{
+	__u8 saddr[16] = {}, daddr[16] = {};
+	__u8 smac[8] __attribute__((aligned(4))), hop[8] __attribute__((aligned(4))); /* mac_equal reads words */
+	struct bpf_fib_lookup p = {};
+
+	if (!tun_dgram(skb, family, saddr, daddr) || !tun_node_of(saddr, family))
+		return TUN_HOP_NONE;
+	p.family = family;
+	p.ifindex = skb->ifindex;
+	if (family == AF_INET) {
+		__builtin_memcpy(&p.ipv4_src, daddr, 4);
+		__builtin_memcpy(&p.ipv4_dst, saddr, 4);
+	} else {
+		__builtin_memcpy(p.ipv6_src, daddr, 16);
+		__builtin_memcpy(p.ipv6_dst, saddr, 16);
+	}
+	if (bpf_fib_lookup(skb, &p, sizeof(p), 0) != BPF_FIB_LKUP_RET_SUCCESS || p.ifindex != skb->ifindex)
+		return TUN_HOP_BAD;
+	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_source), smac, 6))
+		return TUN_HOP_BAD;
+	__builtin_memcpy(hop, p.dmac, 6);
+	return mac_equal(smac, hop) ? TUN_HOP_OK : TUN_HOP_BAD;
 }

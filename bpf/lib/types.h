@@ -52,7 +52,7 @@ enum cni_dir {
 	__DIR_MAX,
 };
 
-/* Why a packet was counted. Drops: REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN, REASON_DROP_BANDWIDTH, REASON_DROP_ROUTER_MSG, REASON_DROP_POLICY and REASON_DROP_TUN_*. */
+/* Why a packet was counted. Drops: REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN, REASON_DROP_BANDWIDTH, REASON_DROP_ROUTER_MSG, REASON_DROP_POLICY and REASON_DROP_TUN_*. Append only. */
 enum cni_reason {
 	REASON_FORWARD = 0,       /* handed to the kernel stack */
 	REASON_REDIRECT = 1,      /* same-node pod to pod, bpf_redirect_peer */
@@ -66,7 +66,8 @@ enum cni_reason {
 	REASON_DROP_ROUTER_MSG = 9,/* a router advertisement or redirect (ICMPv6 134, 137; ICMP 5): pods do not configure the node */
 	REASON_DROP_POLICY = 10,  /* denied by the pod's NetworkPolicy in this direction (lib/policy.h) */
 	REASON_DROP_TUN_NODE = 11,/* decapsulated off the tunnel device, but its outer source is no known node (lib/tunnel.h) */
-	REASON_DROP_TUN_SRC = 12, /* decapsulated from a node, but the inner source is neither in that node's pod CIDRs nor its address; or a pod's own tunnel datagram to a node */
+	REASON_DROP_TUN_SRC = 12, /* decapsulated from a node, but the inner source is neither in that node's pod CIDRs nor its address; or a pod's own tunnel datagram to a node (at its host veth, or after the stack's DNAT at the uplink) */
+	REASON_DROP_TUN_MAC = 13, /* a tunnel datagram off an uplink claiming a node's address, from a MAC that is not the next hop toward that node (lib/tunnel.h) */
 	__REASON_MAX,
 };
 

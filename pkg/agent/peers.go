@@ -170,6 +170,17 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 	}
 	out, err := applyPeerRoutes(pl)
 	errs = errors.Join(errs, err, removeStalePeerRoutes(pl.want))
+	if tunnel {
+		var addrs []net.IP
+		for _, n := range pl.tunNodes {
+			for _, a := range n.Addrs {
+				addrs = append(addrs, net.IP(a.AsSlice()))
+			}
+		}
+		if err := EnsureTunnelHops(addrs); err != nil {
+			errs = errors.Join(errs, fmt.Errorf("tunnel next hops: %w", err))
+		}
+	}
 	if !tunnel && rt.Maps != nil {
 		errs = errors.Join(errs, rt.Maps.SyncTunnel(nil))
 	}

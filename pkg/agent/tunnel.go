@@ -155,6 +155,13 @@ func (w *pmtuWatch) Run(ctx context.Context) error {
 		if err := RefreshTunnelMTU(w.m, w.lg); err != nil {
 			w.lg.Printf("tunnel path MTU: %v", err)
 		}
+		// The same tick keeps the next hops toward the nodes resolved
+		// (a route to a node may change): tunnelhops.go.
+		if addrs, err := w.m.TunnelNodeAddrs(); err != nil {
+			w.lg.Printf("tunnel next hops: %v", err)
+		} else if err := EnsureTunnelHops(addrs); err != nil {
+			w.lg.Printf("tunnel next hops: %v", err)
+		}
 	}
 }
 

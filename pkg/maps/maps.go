@@ -39,7 +39,7 @@ func writeErr(m *ebpf.Map, name, what string, err error) error {
 // LayoutVersion names the pin directory of the maps. Bump it with any change to
 // bpf/lib/types.h or bpf/lib/maps.h so an upgraded binary never reuses a pin
 // of another layout (TestLayoutVersion holds the layout it stands for).
-const LayoutVersion = 4
+const LayoutVersion = 5
 
 // Go twins of the C structs, generated from BTF.
 type (
@@ -70,6 +70,7 @@ const (
 	ReasonDropPolicy    = mapsObjCniReasonREASON_DROP_POLICY
 	ReasonDropTunNode   = mapsObjCniReasonREASON_DROP_TUN_NODE
 	ReasonDropTunSrc    = mapsObjCniReasonREASON_DROP_TUN_SRC
+	ReasonDropTunMAC    = mapsObjCniReasonREASON_DROP_TUN_MAC
 	numReasons          = int(mapsObjCniReasonREASON_MAX)
 )
 
@@ -111,6 +112,8 @@ func (r Reason) String() string {
 		return "drop_tunnel_not_node"
 	case ReasonDropTunSrc:
 		return "drop_tunnel_source"
+	case ReasonDropTunMAC:
+		return "drop_tunnel_mac"
 	}
 	return fmt.Sprintf("reason%d", uint32(r))
 }
@@ -118,7 +121,8 @@ func (r Reason) String() string {
 // IsDrop tells whether packets counted under r were dropped.
 func (r Reason) IsDrop() bool {
 	return (r >= ReasonDropSpoofIP && r <= ReasonDropUnknown) || r == ReasonDropBandwidth || r == ReasonDropRouterMsg ||
-		r == ReasonDropPolicy || r == ReasonDropTunNode || r == ReasonDropTunSrc
+		r == ReasonDropPolicy || r == ReasonDropTunNode || r == ReasonDropTunSrc ||
+		r == ReasonDropTunMAC
 }
 
 // Names of the core maps, as C declares them. Feature maps name theirs in

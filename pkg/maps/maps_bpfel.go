@@ -93,7 +93,8 @@ const (
 	mapsObjCniReasonREASON_DROP_POLICY     mapsObjCniReason = 10
 	mapsObjCniReasonREASON_DROP_TUN_NODE   mapsObjCniReason = 11
 	mapsObjCniReasonREASON_DROP_TUN_SRC    mapsObjCniReason = 12
-	mapsObjCniReasonREASON_MAX             mapsObjCniReason = 13
+	mapsObjCniReasonREASON_DROP_TUN_MAC    mapsObjCniReason = 13
+	mapsObjCniReasonREASON_MAX             mapsObjCniReason = 14
 )
 
 type mapsObjCtKey struct {

@@ -102,6 +102,13 @@ func copyConverted[K, O, N any](from, to *ebpf.Map, name string, conv func(O) N)
 	return n, nil
 }
 
+// copier copies one map of an older layout.
+type copier struct {
+	name      string
+	copy      func(from, to *ebpf.Map, name string) (int, error)
+	valueSize uint32 // of the older layout, where it differs from this one's
+}
+
 // MigrateFrom copies into m the entries of the maps an older build pinned
 // in dir with layout version, so the attachments it made keep working once
 // their links run this build's programs (see datapath.Ensure). An entry m
@@ -113,11 +120,6 @@ func copyConverted[K, O, N any](from, to *ebpf.Map, name string, conv func(O) N)
 // for the old entries is an error wrapping ErrFull that names it and its
 // size. It returns how many entries it copied per map.
 func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
-	type copier struct {
-		name      string
-		copy      func(from, to *ebpf.Map, name string) (int, error)
-		valueSize uint32 // of the older layout, where it differs from this one's
-	}
 	var table []copier
 	switch version {
 	case 1:
@@ -200,8 +202,13 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 			{nameMasqKeys, copyArray[MasqKeysVal], 0},
 			{namePolConfig, copyArray[PolicyConfig], 0},
 		}
+	case 4:
+		// v5 added a drop reason (drop_tunnel_mac) and sized cni_stats with
+		// room for more: every v4 map keeps its layout. The tunnel's maps
+		// are copied too, so a node whose agent is down keeps its trust rule.
+		table = append(table, v4Copiers(m, dir)...)
 	default:
-		return nil, fmt.Errorf("migrate maps of layout v%d at %s: this build (layout v%d) knows how to migrate layouts v1 to v3 only", version, dir, LayoutVersion)
+		return nil, fmt.Errorf("migrate maps of layout v%d at %s: this build (layout v%d) knows how to migrate layouts v1 to v4 only", version, dir, LayoutVersion)
 	}
 	out := map[string]int{}
 	var errs error
@@ -340,5 +347,44 @@ func (m *Maps) innerCopier(dir string) func(from, to *ebpf.Map, name string) (in
 			}
 		}
 		return n, nil
+	}
+}
+
+// v4Copiers copies every map of layout 4, which layout 5 keeps as it was
+// (only cni_stats grew).
+func v4Copiers(m *Maps, dir string) []copier {
+	return []copier{
+		{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
+		{nameLinks, copyHash[uint32, LinkInfo], 0},
+		{nameStats, copyHash[StatsKey, []StatsVal], 0},
+		{nameBandwidth, copyHash[BandwidthKey, BandwidthState], 0},
+		{nameNetns, copyHash[uint64, NetnsInfo], 0},
+		{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
+		{nameCT, copyHash[CTKey, CTVal], 0},
+		{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
+		{nameHPConfig, copyArray[HostPortConfig], 0},
+		{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
+		{nameHPStats, copyPerCPUArray, 0},
+		{nameSNAT, copyHash[SNATKey, SNATVal], 0},
+		{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
+		{nameClusterRefs, copyHash[CIDRRefKey, uint32], 0},
+		{nameMasqStats, copyPerCPUArray, 0},
+		{nameMasqConfig, copyArray[MasqConfig], 0},
+		{nameMasqShare, copyHash[MasqShareKey, uint32], 0},
+		{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
+		{nameStackFlowParts, m.innerCopier(dir), 0},
+		{nameEvConfig, copyArray[EventConfig], 0},
+		{nameEvPods, copyHash[uint32, uint32], 0},
+		{namePolState, copyHash[uint32, PolicyState], 0},
+		{namePolAddrs, copyHash[PolicyAddrKey, PolicyAddrVal], 0},
+		{namePolPorts, copyHash[PolicyPortKey, uint32], 0},
+		{namePolCTParts, m.innerCopier(dir), 0},
+		{namePolFragParts, m.innerCopier(dir), 0},
+		{nameMasqPods, copyHash[uint32, MasqPodVal], 0},
+		{nameMasqKeys, copyArray[MasqKeysVal], 0},
+		{namePolConfig, copyArray[PolicyConfig], 0},
+		{nameTunNodes, copyHash[EndpointKey, uint32], 0},
+		{nameTunCIDRs, copyHash[CIDRKey, TunnelPeer], 0},
+		{nameAfterLinks, copyHash[uint32, uint32], 0},
 	}
 }

@@ -134,3 +134,14 @@ func (m *Maps) TunnelRoutes() ([]TunnelRoute, error) {
 	}
 	return out, it.Err()
 }
+
+// TunnelNodeAddrs lists the node addresses of cni_tun_nodes (every address
+// another node may send encapsulated packets from).
+func (m *Maps) TunnelNodeAddrs() ([]net.IP, error) {
+	var out []net.IP
+	err := scan(m.byName[nameTunNodes], func(k *EndpointKey, _ *uint32) { out = append(out, k.IP()) })
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", nameTunNodes, err)
+	}
+	return out, nil
+}
