@@ -1,5 +1,5 @@
-// DEL: every error reported, racing the ADD of its attachment or the IPAM
-// release of another, killed and retried.
+// DEL: every error it meets reported, its claim held through the IPAM
+// release, and a DEL racing the ADD of its attachment.
 
 package integration
 
