@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -13,13 +14,13 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
-
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // counter returns one counter of a host veth (zero when absent).
@@ -464,4 +465,30 @@ func udpBlastTo(t *testing.T, from, to ns.NetNS, laddr, dial *net.UDPAddr, sendF
 		t.Fatal(err)
 	}
 	return sent, <-got
+}
+
+// readSysctl reads a /proc/sys file of the netns n.
+func readSysctl(t *testing.T, n ns.NetNS, path string) string {
+	t.Helper()
+	var s string
+	n.Do(func(ns.NetNS) error {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Errorf("%s: %v", path, err)
+		}
+		s = strings.TrimSpace(string(b))
+		return nil
+	})
+	return s
+}
+
+// writeSysctl writes a /proc/sys file of the netns n.
+func writeSysctl(t *testing.T, n ns.NetNS, path, v string) {
+	t.Helper()
+	n.Do(func(ns.NetNS) error {
+		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return nil
+	})
 }

@@ -8,32 +8,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
-
-// readSysctl reads a /proc/sys file of the netns n.
-func readSysctl(t *testing.T, n ns.NetNS, path string) string {
-	t.Helper()
-	var s string
-	n.Do(func(ns.NetNS) error {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Errorf("%s: %v", path, err)
-		}
-		s = strings.TrimSpace(string(b))
-		return nil
-	})
-	return s
-}
 
 // TestReview17IPRangesCapability: host-local takes ranges from the runtime
 // too (the "ipRanges" capability, runtimeConfig.ipRanges, prepended to the
@@ -78,17 +60,6 @@ func TestReview17IPRangesCapability(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.AssertClean()
-}
-
-// writeSysctl writes a /proc/sys file of the netns n.
-func writeSysctl(t *testing.T, n ns.NetNS, path, v string) {
-	t.Helper()
-	n.Do(func(ns.NetNS) error {
-		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		return nil
-	})
 }
 
 // TestReview17Forwarding: on a node with forwarding off, ADD turns it on
