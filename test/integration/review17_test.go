@@ -6,7 +6,6 @@ package integration
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
 	"testing"
 
@@ -155,26 +154,6 @@ func TestReview17PodWithoutIPv6(t *testing.T) {
 				t.Fatal(err)
 			}
 			e.AssertClean()
-		})
-	}
-}
-
-// TestReview17ServicesV4Only: every Service path of the kube-proxy lab
-// (iptables mode, ipMasq off and on; hostPort, NodePort, hairpin, endpoint
-// off node, ICMP errors, stack flows, the fast path) on an IPv4-only
-// network, whose host veths carry no IPv6.
-func TestReview17ServicesV4Only(t *testing.T) {
-	t.Parallel()
-	for _, masq := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ipMasq=%v", masq), func(t *testing.T) {
-			t.Parallel()
-			l := newSvcLabFams(t, proxyModes[0], masq, []int{4})
-			hostIf, _ := l.HostVeth("b")
-			if got := readSysctl(t, l.Node, "/proc/sys/net/ipv6/conf/"+hostIf+"/disable_ipv6"); got != "1" {
-				t.Fatalf("host veth %s of an IPv4-only network: disable_ipv6 %s, want 1", hostIf, got)
-			}
-			l.cases(t)
-			l.teardown(t)
 		})
 	}
 }
