@@ -61,41 +61,6 @@ func TestReview17IPRangesCapability(t *testing.T) {
 	e.AssertClean()
 }
 
-// TestReview17Forwarding: on a node with forwarding off, ADD turns it on
-// for the pod's families only, read afresh at every ADD (forwarding is now
-// read by netlink): switched off between two ADDs, the second turns it on
-// again. (It reads the sysctls only; that forwarding carries pods' packets
-// off the node is the masquerade and Service tests' to show.)
-func TestReview17Forwarding(t *testing.T) {
-	t.Parallel()
-	const v4f, v6f = "/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"
-	for _, c := range []struct {
-		name   string
-		ranges [][]map[string]string
-		v4, v6 string
-	}{
-		{"v4", [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}, "1", "0"},
-		{"v6", [][]map[string]string{{{"subnet": testenv.PodSubnet6}}}, "0", "1"},
-		{"dual", [][]map[string]string{{{"subnet": testenv.PodSubnet4}}, {{"subnet": testenv.PodSubnet6}}}, "1", "1"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			e := testenv.New(t)
-			e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": c.ranges}
-			for i, id := range []string{"fw-a", "fw-b"} {
-				writeSysctl(t, e.Node, v4f, "0")
-				writeSysctl(t, e.Node, v6f, "0")
-				pod := e.NewPod()
-				e.CleanupDel(pod, id)
-				e.Add(pod, id)
-				if got4, got6 := readSysctl(t, e.Node, v4f), readSysctl(t, e.Node, v6f); got4 != c.v4 || got6 != c.v6 {
-					t.Errorf("ADD %d: ip_forward %s, ipv6 forwarding %s; want %s, %s", i, got4, got6, c.v4, c.v6)
-				}
-			}
-		})
-	}
-}
-
 // TestReview17PodWithoutIPv6: a pod whose netns has IPv6 switched off
 // entirely (all and default disable_ipv6) on an IPv4-only network works:
 // arp_notify set by netlink, node and pod reach each other, DEL leaves
