@@ -1,5 +1,6 @@
-// Review of "ADD flat at 1000 pods" (IPv6 off on host veths of IPv4-only
-// networks, arp_notify and forwarding by netlink).
+// Single-stack networks and pods: IPv4-only and IPv6-only networks, a pod
+// without IPv6, the runtime's ranges and requested addresses against the
+// network's families.
 
 package integration
 
@@ -11,10 +12,95 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
-	current "github.com/containernetworking/cni/pkg/types/100"
 
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+	"github.com/vishvananda/netlink"
 )
+
+// TestDatapathSingleStack runs with IPv4-only and IPv6-only IPAM.
+func TestDatapathSingleStack(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		subnet string
+		v4     bool
+	}{{"ipv4-only", testenv.PodSubnet4, true}, {"ipv6-only", testenv.PodSubnet6, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := testenv.New(t)
+			e.IPAM = map[string]any{
+				"type":    "host-local",
+				"dataDir": e.DataDir,
+				"ranges":  [][]map[string]string{{{"subnet": c.subnet}}},
+			}
+			a, b := e.NewPod(), e.NewPod()
+			e.CleanupDel(a, "pod-a")
+			e.CleanupDel(b, "pod-b")
+			ra := e.Add(a, "pod-a")
+			rb := e.Add(b, "pod-b")
+			for _, r := range []*current.Result{ra, rb} {
+				v4, v6 := resultIPs(r)
+				if len(r.IPs) != 1 || (c.v4 && v4 == nil) || (!c.v4 && v6 == nil) {
+					t.Fatalf("result IPs %v, want a single %s address", r.IPs, c.name)
+				}
+			}
+			// The pod has no address and no default route of the other family.
+			other := netlink.FAMILY_V6
+			if !c.v4 {
+				other = netlink.FAMILY_V4
+			}
+			a.Do(func(ns.NetNS) error {
+				l, err := netlink.LinkByName("eth0")
+				if err != nil {
+					t.Error(err)
+					return nil
+				}
+				addrs, _ := netlink.AddrList(l, other)
+				for _, ad := range addrs {
+					if ad.IP.IsGlobalUnicast() {
+						t.Errorf("pod has unexpected address %s", ad.IPNet)
+					}
+				}
+				routes, _ := netlink.RouteList(l, other)
+				for _, r := range routes {
+					if r.Dst == nil || r.Gw != nil {
+						t.Errorf("pod has unexpected route %s", r)
+					}
+				}
+				return nil
+			})
+
+			b4, b6 := resultIPs(rb)
+			dst, node := b4, testenv.NodeIP4
+			if !c.v4 {
+				dst, node = b6, testenv.NodeIP6
+			}
+			if err := testenv.Ping(a, dst, 2); err != nil {
+				t.Error(err)
+			}
+			if err := testenv.Ping(a, node, 2); err != nil {
+				t.Error(err)
+			}
+			a4, a6 := resultIPs(ra)
+			if c.v4 {
+				if err := testenv.Ping(e.Node, a4, 1); err != nil {
+					t.Error(err)
+				}
+			} else if err := testenv.Ping(e.Node, a6, 1); err != nil {
+				t.Error(err)
+			}
+			if err := testenv.TCPTransfer(a, b, dst, 1<<20); err != nil {
+				t.Error(err)
+			}
+
+			e.MustDel(a, "pod-a")
+			e.MustDel(b, "pod-b")
+			e.AssertClean()
+		})
+	}
+}
 
 // TestReview17IPRangesCapability: host-local takes ranges from the runtime
 // too (the "ipRanges" capability, runtimeConfig.ipRanges, prepended to the
