@@ -1,4 +1,4 @@
-// Configurations: every CNI version, tc attach mode, MTU, single-stack pods.
+// Configurations: every CNI version, tc attach mode, MTU, the node's forwarding.
 
 package integration
 
