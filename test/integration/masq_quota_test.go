@@ -446,3 +446,7 @@ func TestMasqQuotaUpgradeWithinLayout(t *testing.T) {
 		t.Errorf("pod v's idle connection across the upgrade: read %q, %v", got, err)
 	}
 }
+
+// preQuotaCommit is main before the masquerade quota (map layout 3 without
+// its maps).
+const preQuotaCommit = "a7659561026d66c6672e13ef911ddfff8f9ec644"
