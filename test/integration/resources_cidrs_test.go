@@ -1,5 +1,6 @@
-// The cluster CIDRs map (cni_cluster_cidrs): filled from the configuration
-// and the Nodes, to its limit, by writers at once.
+// The cluster CIDRs table (cni_cluster_cidrs, node-wide): a network's count
+// checked up front, a CIDR held by the attachments that use it, a full table
+// refusing an ADD, ADDs and DELs at once.
 
 package integration
 
