@@ -135,7 +135,7 @@ func TestReview17IPRangesCapability(t *testing.T) {
 		t.Fatalf("result IPs %v, want one of each family", r.IPs)
 	}
 	hostIf, _ := e.HostVeth("ranges")
-	if got := readSysctl(t, e.Node, "/proc/sys/net/ipv6/conf/"+hostIf+"/disable_ipv6"); got != "0" {
+	if got := testenv.ReadSysctl(t, e.Node, "/proc/sys/net/ipv6/conf/"+hostIf+"/disable_ipv6"); got != "0" {
 		t.Errorf("host veth %s of a dual-stack pod: disable_ipv6 %s", hostIf, got)
 	}
 	e.PodReachable(t, pod, []net.IP{v4, v6})
@@ -168,7 +168,7 @@ func TestReview17PodWithoutIPv6(t *testing.T) {
 			e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": c.ranges}
 			pod := e.NewPod()
 			for _, f := range []string{"all", "default"} {
-				writeSysctl(t, pod, "/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", "1")
+				testenv.WriteSysctl(t, pod, "/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", "1")
 			}
 			e.CleanupDel(pod, "nov6")
 			res, err := e.AddV("1.1.0", pod, "nov6", "eth0")
@@ -188,7 +188,7 @@ func TestReview17PodWithoutIPv6(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := readSysctl(t, pod, "/proc/sys/net/ipv4/conf/eth0/arp_notify"); got != "1" {
+			if got := testenv.ReadSysctl(t, pod, "/proc/sys/net/ipv4/conf/eth0/arp_notify"); got != "1" {
 				t.Errorf("arp_notify in the pod: %s", got)
 			}
 			v4, _ := resultIPs(r)

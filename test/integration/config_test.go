@@ -292,10 +292,10 @@ func TestDatapathMTU(t *testing.T) {
 		}
 	}
 	// 1400 - 20 (IPv4) - 8 (ICMP) and 1400 - 40 (IPv6) - 8.
-	if err := pingDF(a, b4, 1400-28); err != nil {
+	if err := testenv.PingDF(a, b4, 1400-28); err != nil {
 		t.Error(err)
 	}
-	if err := pingDF(a, b6, 1400-48); err != nil {
+	if err := testenv.PingDF(a, b6, 1400-48); err != nil {
 		t.Error(err)
 	}
 
@@ -326,12 +326,12 @@ func TestReview17Forwarding(t *testing.T) {
 			e := testenv.New(t)
 			e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": c.ranges}
 			for i, id := range []string{"fw-a", "fw-b"} {
-				writeSysctl(t, e.Node, v4f, "0")
-				writeSysctl(t, e.Node, v6f, "0")
+				testenv.WriteSysctl(t, e.Node, v4f, "0")
+				testenv.WriteSysctl(t, e.Node, v6f, "0")
 				pod := e.NewPod()
 				e.CleanupDel(pod, id)
 				e.Add(pod, id)
-				if got4, got6 := readSysctl(t, e.Node, v4f), readSysctl(t, e.Node, v6f); got4 != c.v4 || got6 != c.v6 {
+				if got4, got6 := testenv.ReadSysctl(t, e.Node, v4f), testenv.ReadSysctl(t, e.Node, v6f); got4 != c.v4 || got6 != c.v6 {
 					t.Errorf("ADD %d: ip_forward %s, ipv6 forwarding %s; want %s, %s", i, got4, got6, c.v4, c.v6)
 				}
 			}

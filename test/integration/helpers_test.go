@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -44,36 +43,6 @@ func dumpCounters(m *maps.Maps, ifindex int) string {
 		parts = append(parts, fmt.Sprintf("%s/%s=%dp,%dB", k.Dir, k.Reason, c.Packets, c.Bytes))
 	}
 	return strings.Join(parts, " ")
-}
-
-// pingFrom pings from a given source address.
-func pingFrom(netns ns.NetNS, src, ip net.IP, count int) error {
-	return netns.Do(func(ns.NetNS) error {
-		args := []string{"-c", fmt.Sprint(count), "-i", "0.2", "-W", "2", "-I", src.String(), ip.String()}
-		if ip.To4() == nil {
-			args = append([]string{"-6"}, args...)
-		}
-		out, err := exec.Command("ping", args...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("ping -I %s %s: %v\n%s", src, ip, err, out)
-		}
-		return nil
-	})
-}
-
-// pingDF pings with a payload of size bytes and fragmentation prohibited.
-func pingDF(netns ns.NetNS, ip net.IP, size int) error {
-	return netns.Do(func(ns.NetNS) error {
-		args := []string{"-c", "2", "-i", "0.2", "-W", "2", "-M", "do", "-s", fmt.Sprint(size), ip.String()}
-		if ip.To4() == nil {
-			args = append([]string{"-6"}, args...)
-		}
-		out, err := exec.Command("ping", args...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("ping -M do -s %d %s: %v\n%s", size, ip, err, out)
-		}
-		return nil
-	})
 }
 
 // podAddrAdd adds an extra address to eth0 inside a pod, as a malicious
@@ -465,30 +434,4 @@ func udpBlastTo(t *testing.T, from, to ns.NetNS, laddr, dial *net.UDPAddr, sendF
 		t.Fatal(err)
 	}
 	return sent, <-got
-}
-
-// readSysctl reads a /proc/sys file of the netns n.
-func readSysctl(t *testing.T, n ns.NetNS, path string) string {
-	t.Helper()
-	var s string
-	n.Do(func(ns.NetNS) error {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Errorf("%s: %v", path, err)
-		}
-		s = strings.TrimSpace(string(b))
-		return nil
-	})
-	return s
-}
-
-// writeSysctl writes a /proc/sys file of the netns n.
-func writeSysctl(t *testing.T, n ns.NetNS, path, v string) {
-	t.Helper()
-	n.Do(func(ns.NetNS) error {
-		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		return nil
-	})
 }

@@ -138,10 +138,10 @@ func TestIntegrityTwoInterfaces(t *testing.T) {
 		if err := testenv.Ping(pod, testenv.NodeIP4, 2); err != nil {
 			t.Errorf("%s: pod to node: %v", when, err)
 		}
-		if err := pingFrom(pod, net1IPs[0], testenv.NodeIP4, 2); err != nil {
+		if err := testenv.PingFrom(pod, net1IPs[0], testenv.NodeIP4, 2); err != nil {
 			t.Errorf("%s: %v", when, err)
 		}
-		if err := pingFrom(pod, net1IPs[1], testenv.NodeIP6, 2); err != nil {
+		if err := testenv.PingFrom(pod, net1IPs[1], testenv.NodeIP6, 2); err != nil {
 			t.Errorf("%s: %v", when, err)
 		}
 		if err := e.Check(pod, "multi", "eth0"); err != nil {
@@ -295,7 +295,7 @@ func TestIntegrityOtherPluginInterface(t *testing.T) {
 				t.Errorf("node to net1's %s: %v", ip, err)
 			}
 		}
-		if err := pingFrom(pod, v4, testenv.NodeIP4, 2); err != nil {
+		if err := testenv.PingFrom(pod, v4, testenv.NodeIP4, 2); err != nil {
 			t.Error(err)
 		}
 		if err := e.Check(pod, "mixed", "net1"); err != nil {

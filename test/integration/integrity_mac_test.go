@@ -453,7 +453,7 @@ func TestReview17MACChangeAnnouncedByARP(t *testing.T) {
 	list := e.NetList(e.Name, e.PluginConf(), map[string]any{"type": "tuning", "mac": newMAC.String(), "dataDir": t.TempDir()})
 	pod := e.NewPod()
 	for _, f := range []string{"all", "default"} {
-		writeSysctl(t, pod, "/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", "1")
+		testenv.WriteSysctl(t, pod, "/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", "1")
 	}
 	rt := e.RuntimeConf(pod, "tunedarp", "eth0")
 	t.Cleanup(func() { e.DelList(list, rt) })

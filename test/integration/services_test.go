@@ -544,7 +544,7 @@ func TestReview17ServicesV4Only(t *testing.T) {
 			t.Parallel()
 			l := newSvcLabFams(t, proxyModes[0], masq, []int{4})
 			hostIf, _ := l.HostVeth("b")
-			if got := readSysctl(t, l.Node, "/proc/sys/net/ipv6/conf/"+hostIf+"/disable_ipv6"); got != "1" {
+			if got := testenv.ReadSysctl(t, l.Node, "/proc/sys/net/ipv6/conf/"+hostIf+"/disable_ipv6"); got != "1" {
 				t.Fatalf("host veth %s of an IPv4-only network: disable_ipv6 %s, want 1", hostIf, got)
 			}
 			l.cases(t)
