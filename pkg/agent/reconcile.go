@@ -170,12 +170,12 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		idx := int(idx)
 		act("link-entry", fmt.Sprintf("ifindex %d", idx), func() error { return m.DeleteLink(idx) })
 	}
-	lims, err := m.ListLimits()
+	lims, err := m.Bandwidth().ListLimits()
 	errs = errors.Join(errs, err)
 	for _, l := range lims {
 		if !linkExists(l.Ifindex) {
 			idx := int(l.Ifindex)
-			act("limit", fmt.Sprintf("%s of ifindex %d", l.Dir, idx), func() error { return m.DeleteLimits(idx) })
+			act("limit", fmt.Sprintf("%s of ifindex %d", l.Dir, idx), func() error { return m.Bandwidth().DeleteLimits(idx) })
 		}
 	}
 	all, err := m.AllCounters()
@@ -271,7 +271,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	// The entries are listed before the records: an ADD writes its record
 	// (with the cookie) before the entry, so an entry listed here has its
 	// record on disk by the time the records are read.
-	nss, err := m.ListNetns()
+	nss, err := m.Bandwidth().ListNetns()
 	errs = errors.Join(errs, err)
 	known := make(map[uint64]bool)
 	recs, _ := state.ListAll(stateDir)
@@ -283,7 +283,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	for cookie, v := range nss {
 		if v.Flags&maps.FlagNetnsNode == 0 && !known[cookie] {
 			c := cookie
-			act("netns", fmt.Sprintf("cookie %d", c), func() error { return m.DeleteNetns(c) })
+			act("netns", fmt.Sprintf("cookie %d", c), func() error { return m.Bandwidth().DeleteNetns(c) })
 		}
 	}
 

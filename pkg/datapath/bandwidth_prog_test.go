@@ -72,14 +72,14 @@ func TestBandwidthEgressAdmission(t *testing.T) {
 			must(t, dp.Maps.PutEndpoint(podIP6, ep))
 			// A burst of 1.5 frames: the second frame finds the bucket at half
 			// a frame (not in debt), the third at minus half.
-			must(t, dp.Maps.PutLimit(loIfindex, maps.DirEgress, bwLimit(len(c.frame), 3, 0, 0)))
+			must(t, dp.Maps.Bandwidth().PutLimit(loIfindex, maps.DirEgress, bwLimit(len(c.frame), 3, 0, 0)))
 			before := countAt(t, dp, loIfindex, maps.DirEgress, maps.ReasonDropBandwidth)
 			runIt := func(f []byte) (uint32, []byte) { return run(t, dp.FromContainer, f) }
 			wantVerdicts(t, runIt, c.frame, c.pass, c.pass, actShot, actShot)
 			if got := countAt(t, dp, loIfindex, maps.DirEgress, maps.ReasonDropBandwidth) - before; got != 2 {
 				t.Fatalf("%d egress bandwidth drops counted, want 2", got)
 			}
-			l, ok, err := dp.Maps.LookupLimit(loIfindex, maps.DirEgress)
+			l, ok, err := dp.Maps.Bandwidth().LookupLimit(loIfindex, maps.DirEgress)
 			if err != nil || !ok || l.RateBps != bwTestRate {
 				t.Fatalf("limit after the runs: %+v %v %v", l, ok, err)
 			}
@@ -96,7 +96,7 @@ func TestBandwidthRedirectAdmission(t *testing.T) {
 	dp := testDatapath(t)
 	must(t, dp.Maps.PutEndpoint(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, maps.FlagBandwidthIngress)))
 	frame := append(eth(podMAC, 0x0800), ipv4(podIP, dstIP, 64)...)
-	must(t, dp.Maps.PutLimit(dstIfindex, maps.DirIngress, bwLimit(len(frame), 3, 0, 0)))
+	must(t, dp.Maps.Bandwidth().PutLimit(dstIfindex, maps.DirIngress, bwLimit(len(frame), 3, 0, 0)))
 	before := countAt(t, dp, dstIfindex, maps.DirIngress, maps.ReasonDropBandwidth)
 	runIt := func(f []byte) (uint32, []byte) { return run(t, dp.FromContainer, f) }
 	wantVerdicts(t, runIt, frame, actRedirect, actRedirect, actShot)
@@ -134,7 +134,7 @@ func TestBandwidthQueueAdmission(t *testing.T) {
 				binary.BigEndian.PutUint16(frame[24:], 0)
 				binary.BigEndian.PutUint16(frame[24:], csum(frame[14:34]))
 			}
-			must(t, dp.Maps.PutLimit(loIfindex, maps.DirIngress, bwLimit(len(frame), 2, 5, 3)))
+			must(t, dp.Maps.Bandwidth().PutLimit(loIfindex, maps.DirIngress, bwLimit(len(frame), 2, 5, 3)))
 			before := countAt(t, dp, loIfindex, maps.DirIngress, maps.ReasonDropBandwidth)
 			runIt := func(f []byte) (uint32, []byte) { return run(t, dp.ToContainer, f) }
 			outs := wantVerdicts(t, runIt, frame, actOK, actOK, actOK, actShot)

@@ -585,7 +585,7 @@ func (dp *Datapath) EnsurePacing(cgroupRoot string) error {
 	if err != nil {
 		return err
 	}
-	if err := dp.Maps.PutNetns(cookie, 0, maps.FlagNetnsNode); err != nil {
+	if err := dp.Maps.Bandwidth().PutNetns(cookie, 0, maps.FlagNetnsNode); err != nil {
 		return err
 	}
 	if err := mkdirFor(path); err != nil {

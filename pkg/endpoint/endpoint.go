@@ -491,13 +491,13 @@ func (a *Attachment) Publish() error {
 	// (Not where the cookie was not learned: no pacing program reads it.)
 	created, err := false, error(nil)
 	if a.cookie != 0 {
-		created, err = m.EnsureNetns(a.cookie, a.EgressRateBps, a.RcvWnd)
+		created, err = m.Bandwidth().EnsureNetns(a.cookie, a.EgressRateBps, a.RcvWnd)
 	}
 	if err != nil {
 		return mapError(err)
 	}
 	if created {
-		a.OnUndo(func() error { return m.DeleteNetns(a.cookie) })
+		a.OnUndo(func() error { return m.Bandwidth().DeleteNetns(a.cookie) })
 	}
 	Crashpoint("pod")
 	a.Trace.Mark("netlink")

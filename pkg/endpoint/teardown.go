@@ -215,7 +215,7 @@ func (t *Teardown) removePodSide() error {
 		return err == nil
 	}
 	if cookie := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff); cookie != 0 && t.DP != nil {
-		return t.DP.Maps.DeleteNetns(cookie)
+		return t.DP.Maps.Bandwidth().DeleteNetns(cookie)
 	}
 	return nil
 }

@@ -707,7 +707,7 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 		if m, err := datapath.OpenMaps(c.pinDir); err == nil {
 			hps, _ := m.ListHostPorts()
 			flows, _ := m.ListCT()
-			limits, _ := m.ListLimits()
+			limits, _ := m.Bandwidth().ListLimits()
 			m.Close()
 			if len(hps) > 0 || len(flows) > 0 || len(limits) > 0 {
 				out = append(out, fmt.Sprintf("%d hostPort mappings, %d flows and %d bandwidth limits in the maps", len(hps), len(flows), len(limits)))

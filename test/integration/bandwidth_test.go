@@ -218,13 +218,13 @@ func TestBandwidthCheckAndDump(t *testing.T) {
 
 	m := e.Maps()
 	_, idx := e.HostVeth("chk")
-	if err := m.PutLimit(idx, maps.DirEgress, maps.Limit{RateBps: 1e6, BurstBits: 5e4}); err != nil {
+	if err := m.Bandwidth().PutLimit(idx, maps.DirEgress, maps.Limit{RateBps: 1e6, BurstBits: 5e4}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.CheckBW(a, "chk", bw); err == nil || !strings.Contains(err.Error(), "cni_bandwidth") {
 		t.Errorf("CHECK with a changed limit: %v", err)
 	}
-	if err := m.DeleteLimits(idx); err != nil {
+	if err := m.Bandwidth().DeleteLimits(idx); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.CheckBW(a, "chk", bw); err == nil || !strings.Contains(err.Error(), "no egress limit") {

@@ -197,7 +197,7 @@ func TestResourcesMapsFull(t *testing.T) {
 
 	// The limit and hostPort tables full (entries of interfaces that do
 	// not exist, as a leak would leave).
-	for i := 0; m.PutLimit(100000+i, maps.DirEgress, maps.Limit{RateBps: 1e6, BurstBits: 1e5}) == nil; i++ {
+	for i := 0; m.Bandwidth().PutLimit(100000+i, maps.DirEgress, maps.Limit{RateBps: 1e6, BurstBits: 1e5}) == nil; i++ {
 	}
 	_, err = e.AddBW(c, "c", bandwidthArgs(5e6, 5e6))
 	libcniErr(t, "ADD with a limit, cni_bandwidth full", err, 11, "cni_bandwidth holds at most 4 entries")
@@ -208,7 +208,7 @@ func TestResourcesMapsFull(t *testing.T) {
 		}
 	}
 	for _, l := range mustLimits(t, m) {
-		must(t, m.DeleteLimits(int(l.Ifindex)))
+		must(t, m.Bandwidth().DeleteLimits(int(l.Ifindex)))
 	}
 
 	// cni_hostports holds 1 x 32 x 2 = 64 entries: 63 taken, the pod wants
@@ -254,7 +254,7 @@ func countLinks(t *testing.T, m *maps.Maps) int {
 
 func mustLimits(t *testing.T, m *maps.Maps) []maps.LimitEntry {
 	t.Helper()
-	ls, err := m.ListLimits()
+	ls, err := m.Bandwidth().ListLimits()
 	must(t, err)
 	return ls
 }

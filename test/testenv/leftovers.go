@@ -65,7 +65,7 @@ func (e *Env) Leftovers() []string {
 		for idx := range all {
 			out = append(out, fmt.Sprintf("counters of ifindex %d", idx))
 		}
-		lims, _ := m.ListLimits()
+		lims, _ := m.Bandwidth().ListLimits()
 		for _, l := range lims {
 			out = append(out, fmt.Sprintf("%s limit of ifindex %d", l.Dir, l.Ifindex))
 		}
@@ -81,7 +81,7 @@ func (e *Env) Leftovers() []string {
 		for _, idx := range parts {
 			out = append(out, fmt.Sprintf("%s%d", StackFlowTableLeftover, idx))
 		}
-		nss, _ := m.ListNetns()
+		nss, _ := m.Bandwidth().ListNetns()
 		for cookie, v := range nss {
 			if v.Flags&maps.FlagNetnsNode == 0 { // the node's own entry stays with the node
 				out = append(out, fmt.Sprintf("netns entry %d", cookie))

@@ -124,7 +124,7 @@ func nodeHookUsers(m *maps.Maps) (NodeHookUsers, error) {
 			u.MasqEndpoints++
 		}
 	}
-	lims, err := m.ListLimits()
+	lims, err := m.Bandwidth().ListLimits()
 	u.BandwidthLimit = len(lims)
 	return u, err
 }
