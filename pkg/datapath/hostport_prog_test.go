@@ -39,7 +39,7 @@ func hpDatapath(t *testing.T) *Datapath {
 	t.Helper()
 	dp := testDatapath(t)
 	must(t, dp.Maps.PutEndpoint(dstIP6, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost)))
-	must(t, dp.Maps.SyncNodeIPs(map[string]int{nodeIP.String(): 1, nodeIP6.String(): 1}))
+	must(t, dp.Maps.Node().SyncIPs(map[string]int{nodeIP.String(): 1, nodeIP6.String(): 1}))
 	for _, h := range []maps.HostPort{
 		{Proto: protoTCP, HostPort: 8080, PodIP: dstIP, PodPort: 80, Ifindex: dstIfindex},
 		{Proto: protoUDP, HostPort: 8080, PodIP: dstIP, PodPort: 80, Ifindex: dstIfindex},
@@ -50,7 +50,7 @@ func hpDatapath(t *testing.T) *Datapath {
 	} {
 		must(t, dp.Maps.InsertHostPort(h))
 	}
-	must(t, dp.Maps.EnableHostPorts(1, 0, false))
+	must(t, dp.Maps.Node().Enable(1, 0, false))
 	return dp
 }
 
@@ -265,7 +265,7 @@ func TestUplinkLeavesOthersAlone(t *testing.T) {
 	}
 	// Switched off (no hostPorts on the node): nothing is translated.
 	zero := uint32(0)
-	must(t, dp.Maps.Map("cni_hp_config").Put(&zero, &maps.HostPortConfig{}))
+	must(t, dp.Maps.Map("cni_hp_config").Put(&zero, &maps.NodeConfig{}))
 	if ret, _ := run(t, up, packet(remoteMAC, protoTCP, clientIP, nodeIP, 40002, 8080, synFlag)); ret != actNext {
 		t.Fatalf("hostPorts disabled: verdict %d, want TCX_NEXT", ret)
 	}

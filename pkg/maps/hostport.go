@@ -1,7 +1,6 @@
 package maps
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -14,14 +13,13 @@ import (
 
 // Go twins of the hostPort structs in bpf/lib/types.h, generated from BTF.
 type (
-	HostPortKey    = mapsObjHostportKey
-	HostPortVal    = mapsObjHostportVal
-	CTKey          = mapsObjCtKey
-	CTVal          = mapsObjCtVal
-	HostPortConfig = mapsObjHpConfig
-	SockRNATKey    = mapsObjSockRnatKey
-	SockRNATVal    = mapsObjSockRnatVal
-	HostPortStat   = mapsObjHpStat
+	HostPortKey  = mapsObjHostportKey
+	HostPortVal  = mapsObjHostportVal
+	CTKey        = mapsObjCtKey
+	CTVal        = mapsObjCtVal
+	SockRNATKey  = mapsObjSockRnatKey
+	SockRNATVal  = mapsObjSockRnatVal
+	HostPortStat = mapsObjHpStat
 )
 
 // Names of the hostPort maps, as bpf/lib/maps.h declares them.
@@ -361,166 +359,6 @@ func (m *Maps) ListSockRNAT() ([]SockFlow, error) {
 		out = append(out, decodeSockFlow(*k, *v))
 	})
 	return out, err
-}
-
-// NodeIPs returns the addresses the programs take for the node's own.
-func (m *Maps) NodeIPs() (map[string]int, error) {
-	out := make(map[string]int)
-	err := scan(m.byName[nameNodeIPs], func(k *EndpointKey, v *uint32) {
-		if k.Family&nodeIPUplinkSrc == 0 {
-			out[k.IP().String()] = int(*v)
-		}
-	})
-	return out, err
-}
-
-// UplinkSources returns the masquerade source kept per uplink (ifindex)
-// and family, for kernels without BPF_FIB_LOOKUP_SRC (masq.h uplink_source).
-func (m *Maps) UplinkSources() (map[int][]net.IP, error) {
-	words := map[EndpointKey]uint32{}
-	if err := m.scanUplinkSources(words); err != nil {
-		return nil, err
-	}
-	type fk struct {
-		idx    int
-		family uint8
-	}
-	addrs := map[fk][]byte{}
-	for k, v := range words {
-		f := fk{int(binary.NativeEndian.Uint32(k.Addr[:4])), k.Family &^ nodeIPUplinkSrc}
-		if addrs[f] == nil {
-			addrs[f] = make([]byte, map[bool]int{true: 4, false: 16}[f.family == 2])
-		}
-		if i := int(k.Addr[4]); 4*i+4 <= len(addrs[f]) {
-			binary.NativeEndian.PutUint32(addrs[f][4*i:], v)
-		}
-	}
-	out := map[int][]net.IP{}
-	for f, a := range addrs {
-		out[f.idx] = append(out[f.idx], net.IP(a))
-	}
-	return out, nil
-}
-
-func (m *Maps) scanUplinkSources(into map[EndpointKey]uint32) error {
-	return scan(m.byName[nameNodeIPs], func(k *EndpointKey, v *uint32) {
-		if k.Family&nodeIPUplinkSrc != 0 {
-			into[*k] = *v
-		}
-	})
-}
-
-// SyncUplinkSources makes cni_node_ips' uplink entries hold exactly want:
-// per uplink ifindex, its address of each family masquerade takes where
-// BPF_FIB_LOOKUP_SRC is missing. Kept on every node (a few entries), so a
-// node moved to the fallback needs no refresh first.
-func (m *Maps) SyncUplinkSources(want map[int][]net.IP) error {
-	mp := m.byName[nameNodeIPs]
-	wantW := map[EndpointKey]uint32{}
-	for idx, ips := range want {
-		for _, ip := range ips {
-			var k EndpointKey
-			raw, fam := ip.To4(), uint8(2)
-			if raw == nil {
-				raw, fam = ip.To16(), 10
-			}
-			if raw == nil {
-				continue
-			}
-			k.Family = fam | nodeIPUplinkSrc
-			binary.NativeEndian.PutUint32(k.Addr[:4], uint32(idx))
-			for i := 0; i < len(raw)/4; i++ {
-				k.Addr[4] = uint8(i)
-				// The program copies the value's bytes as they are.
-				wantW[k] = binary.NativeEndian.Uint32(raw[4*i:])
-			}
-		}
-	}
-	have := map[EndpointKey]uint32{}
-	if err := m.scanUplinkSources(have); err != nil {
-		return fmt.Errorf("read %s: %w", nameNodeIPs, err)
-	}
-	for k, v := range wantW {
-		if cur, ok := have[k]; ok && cur == v {
-			continue
-		}
-		if err := mp.Put(&k, &v); err != nil {
-			return writeErr(mp, nameNodeIPs, "uplink source address", err)
-		}
-	}
-	for k := range have {
-		if _, ok := wantW[k]; !ok {
-			if err := mp.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("delete an uplink source from %s: %w", nameNodeIPs, err)
-			}
-		}
-	}
-	return nil
-}
-
-// SyncNodeIPs makes cni_node_ips hold exactly want (address -> ifindex).
-func (m *Maps) SyncNodeIPs(want map[string]int) error {
-	mp := m.byName[nameNodeIPs]
-	have, err := m.NodeIPs()
-	if err != nil {
-		return fmt.Errorf("read %s: %w", nameNodeIPs, err)
-	}
-	for s, idx := range want {
-		if cur, ok := have[s]; ok && cur == idx {
-			continue
-		}
-		k, err := KeyFor(net.ParseIP(s))
-		if err != nil {
-			return err
-		}
-		v := uint32(idx)
-		if err := mp.Put(&k, &v); err != nil {
-			return writeErr(mp, nameNodeIPs, "node address "+s, err)
-		}
-	}
-	for s := range have {
-		if _, ok := want[s]; ok {
-			continue
-		}
-		k, err := KeyFor(net.ParseIP(s))
-		if err != nil {
-			continue
-		}
-		if err := mp.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("delete node address %s from %s: %w", s, nameNodeIPs, err)
-		}
-	}
-	return nil
-}
-
-// HostPortConfig reads cni_hp_config.
-func (m *Maps) HostPortConfig() (HostPortConfig, error) {
-	var c HostPortConfig
-	zero := uint32(0)
-	err := m.byName[nameHPConfig].Lookup(&zero, &c)
-	return c, err
-}
-
-// HostPortsEnabled tells whether the config says the node hooks are set up.
-func (c HostPortConfig) Enabled() bool { return c.Flags&hpConfigEnabled != 0 }
-
-// FibNoSrc tells whether masquerade picks its source without
-// BPF_FIB_LOOKUP_SRC (from the uplink sources, see SyncUplinkSources).
-func (c HostPortConfig) FibNoSrc() bool { return c.Flags&hpConfigFibNoSrc != 0 }
-
-// EnableHostPorts records the node's netns cookie and the build of its hooks,
-// and turns the hostPort paths on.
-// fibNoSrc: masquerade picks its source without BPF_FIB_LOOKUP_SRC.
-func (m *Maps) EnableHostPorts(netnsCookie uint64, hooksID uint32, fibNoSrc bool) error {
-	c := HostPortConfig{NetnsCookie: netnsCookie, Flags: hpConfigEnabled, HooksId: hooksID}
-	if fibNoSrc {
-		c.Flags |= hpConfigFibNoSrc
-	}
-	zero := uint32(0)
-	if err := m.byName[nameHPConfig].Put(&zero, &c); err != nil {
-		return fmt.Errorf("write %s: %w", nameHPConfig, err)
-	}
-	return nil
 }
 
 // HostPortStats returns the hostPort programs' counters, summed over CPUs.

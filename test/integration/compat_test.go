@@ -243,7 +243,7 @@ func TestCompatNetnsCookie(t *testing.T) {
 		}
 		return c
 	}
-	cfg, err := h.Maps().HostPortConfig()
+	cfg, err := h.Maps().Node().Config()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +345,7 @@ func TestCompatNetnsCookieNoCgroup2(t *testing.T) {
 	serve(t, p, 80, "web")
 	expectServer(t, h.Node, "tcp", hp(net.ParseIP("127.0.0.1"), 8080), "web")
 	expectServer(t, h.remote, "tcp", hp(uplinkIP4, 8080), "web")
-	if cfg, err := h.Maps().HostPortConfig(); err != nil || cfg.NetnsCookie == 0 {
+	if cfg, err := h.Maps().Node().Config(); err != nil || cfg.NetnsCookie == 0 {
 		t.Errorf("hostPort config after an ADD with cgroup2: %+v, %v; want the node's cookie", cfg, err)
 	}
 	h.MustDel(p, "web")

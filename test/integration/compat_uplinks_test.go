@@ -94,14 +94,14 @@ func TestCompatMasqTwoUplinks(t *testing.T) {
 	serve(t, r1, 7000, "remote1")
 
 	m := h.Maps()
-	cfg, err := m.HostPortConfig()
+	cfg, err := m.Node().Config()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cfg.FibNoSrc() != forced(datapath.FeatFibSrc) {
 		t.Errorf("masquerade source without BPF_FIB_LOOKUP_SRC: %v, the run forces it: %v", cfg.FibNoSrc(), forced(datapath.FeatFibSrc))
 	}
-	srcs, err := m.UplinkSources()
+	srcs, err := m.Node().UplinkSources()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -351,7 +351,7 @@ func TestHostPortAgent(t *testing.T) {
 	}
 	m := e.Maps()
 	waitFor("agent adds the new address to cni_node_ips", func() bool {
-		ips, _ := m.NodeIPs()
+		ips, _ := m.Node().IPs()
 		_, ok := ips[extra.String()]
 		return ok
 	})
