@@ -211,7 +211,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	}
 
 	// Stack flows of gone veths, likewise.
-	sflows, err := m.ListStackFlows()
+	sflows, err := m.StackFlows().List()
 	errs = errors.Join(errs, err)
 	goneSF := map[int]int{}
 	for _, f := range sflows {
@@ -220,7 +220,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		}
 	}
 	// A gone veth's own table of stack-flow records goes with them.
-	parts, err := m.StackFlowParts()
+	parts, err := m.StackFlows().Parts()
 	errs = errors.Join(errs, err)
 	for _, idx := range parts {
 		if _, ok := goneSF[idx]; !ok && !linkExists(uint32(idx)) {
@@ -229,7 +229,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	}
 	for idx, n := range goneSF {
 		idx := idx
-		act("stack-flows", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.DeleteStackFlowsOf(idx); return err })
+		act("stack-flows", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.StackFlows().DeleteOf(idx); return err })
 	}
 
 	// Pins of tables no outer map holds (a verb killed between the two):

@@ -347,11 +347,11 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 	// the wait runs beside the rest of the ADD and Publish joins it.
 	if !a.agent {
 		a.sfPart = make(chan error, 1)
-		go func() { a.sfPart <- a.DP.Maps.AddStackFlowPart(idx) }()
+		go func() { a.sfPart <- a.DP.Maps.StackFlows().AddPart(idx) }()
 	}
 	a.OnUndo(func() error {
 		a.waitStackFlowPart() // its table is put before it is dropped
-		_, sfErr := a.DP.Maps.DeleteStackFlowsOf(idx)
+		_, sfErr := a.DP.Maps.StackFlows().DeleteOf(idx)
 		return errors.Join(deleteLink(a.HostIf), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
 			a.DP.Maps.DeleteLink(idx), a.DP.Maps.ResetStats(idx), sfErr)
 	})

@@ -176,7 +176,7 @@ func (t *Teardown) runBefore() error {
 
 // dropStackFlows drops the pod's flows the stack delivered to it.
 func (t *Teardown) dropStackFlows() error {
-	_, err := t.DP.Maps.DeleteStackFlowsOf(t.Ifindex)
+	_, err := t.DP.Maps.StackFlows().DeleteOf(t.Ifindex)
 	return err
 }
 

@@ -305,7 +305,7 @@ func TestWithoutAgentADDDefersTCXAndDELDeletes(t *testing.T) {
 		if st := e.AttachState(hostIf); st != want {
 			t.Errorf("%s: ADD left %s %q, want %q", round, hostIf, st, want)
 		}
-		if parts, err := e.Maps().StackFlowParts(); err != nil || !slices.Contains(parts, idx) {
+		if parts, err := e.Maps().StackFlows().Parts(); err != nil || !slices.Contains(parts, idx) {
 			t.Errorf("%s: stack-flow tables %v (%v) after ADD, want one for ifindex %d", round, parts, err, idx)
 		}
 		v4, v6 := testenv.PodIPs(t, r)
@@ -345,7 +345,7 @@ func TestAgentGivesStackFlowTable(t *testing.T) {
 	m := e.Maps()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		parts, err := m.StackFlowParts()
+		parts, err := m.StackFlows().Parts()
 		if err == nil && slices.Contains(parts, idx) {
 			break
 		}

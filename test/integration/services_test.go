@@ -292,7 +292,7 @@ func (l *svcLab) cases(t *testing.T) {
 	})
 	t.Run("stack-flows-recorded", func(t *testing.T) {
 		_, bIdx := l.HostVeth("b")
-		flows, err := l.Maps().ListStackFlows()
+		flows, err := l.Maps().StackFlows().List()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -429,7 +429,7 @@ func (l *svcLab) teardown(t *testing.T) {
 		pod := map[string]ns.NetNS{"a": l.a, "b": l.b, "h": l.h}[id]
 		l.MustDel(pod, id)
 	}
-	flows, err := l.Maps().ListStackFlows()
+	flows, err := l.Maps().StackFlows().List()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -467,7 +467,7 @@ func TestServicesStackFlowsReconciled(t *testing.T) {
 	_, cIdx := e.HostVeth("c")
 	m := e.Maps()
 	of := func(idx int) int {
-		flows, err := m.ListStackFlows()
+		flows, err := m.StackFlows().List()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -509,7 +509,7 @@ func TestServicesStackFlowsReconciled(t *testing.T) {
 	if n := len(e.Leftovers()); n != 0 {
 		t.Fatalf("left: %v", e.Leftovers())
 	}
-	if flows, _ := m.ListStackFlows(); len(flows) != 0 {
+	if flows, _ := m.StackFlows().List(); len(flows) != 0 {
 		t.Errorf("stack flows left: %+v", flows)
 	}
 }

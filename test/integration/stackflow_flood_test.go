@@ -145,7 +145,7 @@ func TestStackFlowFloodIsolated(t *testing.T) {
 				t.Fatal(err)
 			}
 			time.Sleep(time.Second)
-			flows, _ := e.Maps().ListStackFlows()
+			flows, _ := e.Maps().StackFlows().List()
 			t.Logf("stack-flow records after the flood: %d", len(flows))
 
 			if _, err := srv.Write([]byte("pong\n")); err != nil {
@@ -171,7 +171,7 @@ func TestStackFlowPartLifecycle(t *testing.T) {
 	_, idx := e.HostVeth("p")
 	m := e.Maps()
 	has := func(i int) bool {
-		parts, err := m.StackFlowParts()
+		parts, err := m.StackFlows().Parts()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,7 +192,7 @@ func TestStackFlowPartLifecycle(t *testing.T) {
 		t.Errorf("the table of host veth %d outlived DEL", idx)
 	}
 	const gone = 999999 // no such link
-	if err := m.AddStackFlowPart(gone); err != nil {
+	if err := m.StackFlows().AddPart(gone); err != nil {
 		t.Fatal(err)
 	}
 	confDir := e.WriteConfDir()
@@ -264,7 +264,7 @@ func TestReviewForgedICMPErrorKeepsStackFlows(t *testing.T) {
 		}
 		la := cli.LocalAddr().(*net.TCPAddr)
 		record := func() bool {
-			flows, err := e.Maps().ListStackFlows()
+			flows, err := e.Maps().StackFlows().List()
 			if err != nil {
 				t.Fatal(err)
 			}

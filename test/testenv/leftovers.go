@@ -77,7 +77,7 @@ func (e *Env) Leftovers() []string {
 		for c, n := range users {
 			out = append(out, fmt.Sprintf("%d users of cluster CIDR %s", n, c))
 		}
-		parts, _ := m.StackFlowParts()
+		parts, _ := m.StackFlows().Parts()
 		for _, idx := range parts {
 			out = append(out, fmt.Sprintf("%s%d", StackFlowTableLeftover, idx))
 		}

@@ -57,7 +57,7 @@ func ReadCT(src Source) (*CTDump, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read socket table: %w", err)
 	}
-	sflows, err := m.ListStackFlows()
+	sflows, err := m.StackFlows().List()
 	if err != nil {
 		return nil, err
 	}
