@@ -92,7 +92,7 @@ func TestPacketBudget(t *testing.T) {
 	info := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)
 	info.Flags |= maps.EndpointFlagHostPort
 	must(t, hp.Maps.PutEndpoint(podIP, info))
-	must(t, hp.Maps.PutCT(ctFlow(podIP, 70, clientIP, 40002, nodeIP, 7000, loIfindex)))
+	must(t, hp.Maps.HostPorts().PutCT(ctFlow(podIP, 70, clientIP, 40002, nodeIP, 7000, loIfindex)))
 	reply := packet(podMAC, protoTCP, podIP, clientIP, 70, 40002, ackFlag)
 	add("hostPort reply, TCP", "cni_from_container", hp.FromContainer, reply, 0,
 		rewrite(anyVerdict, func(p parsed) bool { return p.src.Equal(nodeIP) && p.sport == 7000 }))

@@ -85,7 +85,7 @@ func TestResourcesHostPortLimit(t *testing.T) {
 	if got := m.Map("cni_hostports").MaxEntries(); got != 2*3*2 {
 		t.Fatalf("cni_hostports holds %d entries, want maxPods x maxHostPortsPerPod x 2 families = 12", got)
 	}
-	hps, err := m.ListHostPorts()
+	hps, err := m.HostPorts().List()
 	if err != nil || len(hps) != 12 {
 		t.Fatalf("hostPort entries of the two pods: %d (%v), want 12", len(hps), err)
 	}
@@ -95,7 +95,7 @@ func TestResourcesHostPortLimit(t *testing.T) {
 	e.CleanupDel(c, "c")
 	_, err = e.AddHP(c, "c", testenv.PM{HostPort: 9000, ContainerPort: 80})
 	libcniErr(t, "ADD of a pod beyond maxPods with a hostPort", err, 11, "cni_hostports holds at most 12 entries", "maxPods")
-	if hps, _ := m.ListHostPorts(); len(hps) != 12 {
+	if hps, _ := m.HostPorts().List(); len(hps) != 12 {
 		t.Errorf("after the refused ADD: %d hostPort entries, want the 12 of the two pods", len(hps))
 	}
 	st := status(t, e)
@@ -215,13 +215,13 @@ func TestResourcesMapsFull(t *testing.T) {
 	// two (IPv4 and IPv6): the first goes in, the second does not, and the
 	// first is undone.
 	for i := 0; i < 63; i++ {
-		must(t, m.InsertHostPort(maps.HostPort{Proto: maps.ProtoTCP, HostPort: uint16(20000 + i), PodIP: net.ParseIP("10.99.0.1").To4(), PodPort: 80, Ifindex: 100000}))
+		must(t, m.HostPorts().Insert(maps.HostPort{Proto: maps.ProtoTCP, HostPort: uint16(20000 + i), PodIP: net.ParseIP("10.99.0.1").To4(), PodPort: 80, Ifindex: 100000}))
 	}
 	e.Extra["capabilities"] = map[string]bool{"portMappings": true}
 	_, err = e.AddHP(c, "c", testenv.PM{HostPort: 8080, ContainerPort: 80})
 	libcniErr(t, "ADD with a hostPort, cni_hostports full", err, 11, "cni_hostports holds at most 64 entries")
 	e.AssertNothingOfPod("c", 2)
-	hps, _ := m.ListHostPorts()
+	hps, _ := m.HostPorts().List()
 	for _, h := range hps {
 		if h.HostPort == 8080 {
 			t.Errorf("hostPort entry of the refused pod left: %s", h.Listen())
@@ -231,7 +231,7 @@ func TestResourcesMapsFull(t *testing.T) {
 		t.Errorf("%d hostPort entries, want the 63 put there", len(hps))
 	}
 	for _, h := range hps {
-		must(t, m.DeleteHostPort(h))
+		must(t, m.HostPorts().Delete(h))
 	}
 	e.MustDel(nil, "a")
 	e.AssertClean()

@@ -143,15 +143,15 @@ func (e *Env) HostPortLeftovers() []string {
 	}
 	defer m.Close()
 	var out []string
-	hps, _ := m.ListHostPorts()
+	hps, _ := m.HostPorts().List()
 	for _, h := range hps {
 		out = append(out, "hostport "+h.Listen())
 	}
-	flows, _ := m.ListCT()
+	flows, _ := m.HostPorts().ListCT()
 	for _, f := range flows {
 		out = append(out, fmt.Sprintf("ct %s -> %s -> %s", f.Client, f.Dialled, f.Pod))
 	}
-	socks, _ := m.ListSockRNAT()
+	socks, _ := m.HostPorts().ListSockRNAT()
 	for _, s := range socks {
 		out = append(out, fmt.Sprintf("sock rnat %d %s -> %s", s.Cookie, s.Dialled, s.Pod))
 	}

@@ -110,7 +110,7 @@ func (u NodeHookUsers) none() bool { return u.HostPorts+u.MasqEndpoints+u.Bandwi
 // nodeHookUsers reads the users off the maps.
 func nodeHookUsers(m *maps.Maps) (NodeHookUsers, error) {
 	var u NodeHookUsers
-	hps, err := m.ListHostPorts()
+	hps, err := m.HostPorts().List()
 	if err != nil {
 		return u, err
 	}
