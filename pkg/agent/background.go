@@ -225,7 +225,7 @@ func (b *background) migrate(ctx context.Context, full bool, fresh map[int]strin
 		// an RCU grace period, holding no lock (endpoint.CreateVeth).
 		if m != nil {
 			if _, err := m.LookupLink(idx); err == nil {
-				errs = errors.Join(errs, m.EnsureStackFlowPart(idx))
+				errs = errors.Join(errs, m.StackFlows().EnsurePart(idx))
 			}
 		}
 		v, ok := datapath.TCVethOf(idx, name)

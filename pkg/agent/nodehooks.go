@@ -89,7 +89,7 @@ func (h *nodeHooks) Run(ctx context.Context) error {
 			debounce = nil
 			h.sync("addresses or links changed")
 		case <-sweep.C:
-			if _, err := h.dp.Maps.ExpireCT(); err != nil {
+			if _, err := h.dp.Maps.HostPorts().ExpireCT(); err != nil {
 				h.lg.Printf("hostPort: expire flows: %v", err)
 			}
 		case <-tick.C:

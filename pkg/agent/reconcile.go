@@ -170,12 +170,12 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		idx := int(idx)
 		act("link-entry", fmt.Sprintf("ifindex %d", idx), func() error { return m.DeleteLink(idx) })
 	}
-	lims, err := m.ListLimits()
+	lims, err := m.Bandwidth().ListLimits()
 	errs = errors.Join(errs, err)
 	for _, l := range lims {
 		if !linkExists(l.Ifindex) {
 			idx := int(l.Ifindex)
-			act("limit", fmt.Sprintf("%s of ifindex %d", l.Dir, idx), func() error { return m.DeleteLimits(idx) })
+			act("limit", fmt.Sprintf("%s of ifindex %d", l.Dir, idx), func() error { return m.Bandwidth().DeleteLimits(idx) })
 		}
 	}
 	all, err := m.AllCounters()
@@ -211,7 +211,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	}
 
 	// Stack flows of gone veths, likewise.
-	sflows, err := m.ListStackFlows()
+	sflows, err := m.StackFlows().List()
 	errs = errors.Join(errs, err)
 	goneSF := map[int]int{}
 	for _, f := range sflows {
@@ -220,7 +220,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		}
 	}
 	// A gone veth's own table of stack-flow records goes with them.
-	parts, err := m.StackFlowParts()
+	parts, err := m.StackFlows().Parts()
 	errs = errors.Join(errs, err)
 	for _, idx := range parts {
 		if _, ok := goneSF[idx]; !ok && !linkExists(uint32(idx)) {
@@ -229,7 +229,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	}
 	for idx, n := range goneSF {
 		idx := idx
-		act("stack-flows", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.DeleteStackFlowsOf(idx); return err })
+		act("stack-flows", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.StackFlows().DeleteOf(idx); return err })
 	}
 
 	// Pins of tables no outer map holds (a verb killed between the two):
@@ -271,7 +271,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	// The entries are listed before the records: an ADD writes its record
 	// (with the cookie) before the entry, so an entry listed here has its
 	// record on disk by the time the records are read.
-	nss, err := m.ListNetns()
+	nss, err := m.Bandwidth().ListNetns()
 	errs = errors.Join(errs, err)
 	known := make(map[uint64]bool)
 	recs, _ := state.ListAll(stateDir)
@@ -283,7 +283,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	for cookie, v := range nss {
 		if v.Flags&maps.FlagNetnsNode == 0 && !known[cookie] {
 			c := cookie
-			act("netns", fmt.Sprintf("cookie %d", c), func() error { return m.DeleteNetns(c) })
+			act("netns", fmt.Sprintf("cookie %d", c), func() error { return m.Bandwidth().DeleteNetns(c) })
 		}
 	}
 

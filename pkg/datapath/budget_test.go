@@ -3,18 +3,14 @@
 package datapath
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
-	"runtime"
 	"sort"
 	"strconv"
 	"testing"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
@@ -96,7 +92,7 @@ func TestPacketBudget(t *testing.T) {
 	info := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)
 	info.Flags |= maps.EndpointFlagHostPort
 	must(t, hp.Maps.PutEndpoint(podIP, info))
-	must(t, hp.Maps.PutCT(ctFlow(podIP, 70, clientIP, 40002, nodeIP, 7000, loIfindex)))
+	must(t, hp.Maps.HostPorts().PutCT(ctFlow(podIP, 70, clientIP, 40002, nodeIP, 7000, loIfindex)))
 	reply := packet(podMAC, protoTCP, podIP, clientIP, 70, 40002, ackFlag)
 	add("hostPort reply, TCP", "cni_from_container", hp.FromContainer, reply, 0,
 		rewrite(anyVerdict, func(p parsed) bool { return p.src.Equal(nodeIP) && p.sport == 7000 }))
@@ -136,7 +132,7 @@ func TestPacketBudget(t *testing.T) {
 	// The peer's SYN-ACK, back to the pod: the flow is established. The
 	// FIB's source is a node address, as the node hooks keep them.
 	snat := parseOut(out)
-	must(t, hp.Maps.SyncNodeIPs(map[string]int{nodeIP.String(): 1, nodeIP6.String(): 1, snat.src.String(): 1}))
+	must(t, hp.Maps.Node().SyncIPs(map[string]int{nodeIP.String(): 1, nodeIP6.String(): 1, snat.src.String(): 1}))
 	ret, out = testRunOut(t, up, packet(remoteMAC, protoTCP, farIP, snat.src, 443, snat.sport, synFlag|ackFlag), 0)
 	if err := rewrite(anyVerdict, func(p parsed) bool { return p.dst.Equal(podIP) && p.dport == 40020 })(ret, out); err != nil {
 		t.Fatalf("masquerade SYN-ACK: %v", err)
@@ -229,42 +225,4 @@ func envInt(t *testing.T, name string, def int) int {
 		t.Fatalf("%s=%q: want a positive number", name, v)
 	}
 	return n
-}
-
-func testRunOut(t *testing.T, p *ebpf.Program, frame []byte, ingress uint32) (uint32, []byte) {
-	ret, _, out := testRun(t, p, frame, ingress)
-	return ret, out
-}
-
-// testRun is one BPF_PROG_TEST_RUN of p on frame, the skb on lo (the
-// endpoint's host veth in these tests) and coming in from ingress: the
-// verdict, the kernel's run time in ns and the frame after it. cilium/ebpf
-// gives the run time only without a context (Benchmark), and the
-// masquerade and policy paths read ingress_ifindex from it.
-func testRun(t *testing.T, p *ebpf.Program, frame []byte, ingress uint32) (uint32, uint32, []byte) {
-	out := make([]byte, len(frame)+64)
-	ctx := make([]byte, 192) // struct __sk_buff
-	binary.LittleEndian.PutUint32(ctx[36:], ingress)
-	binary.LittleEndian.PutUint32(ctx[40:], loIfindex)
-	attr := struct {
-		progFD, retval, sizeIn, sizeOut uint32
-		dataIn, dataOut                 uint64
-		repeat, duration                uint32
-		ctxSizeIn, ctxSizeOut           uint32
-		ctxIn, ctxOut                   uint64
-		flags, cpu, batch               uint32
-		_                               uint32
-	}{
-		progFD: uint32(p.FD()), sizeIn: uint32(len(frame)), sizeOut: uint32(len(out)),
-		dataIn: uint64(uintptr(unsafe.Pointer(&frame[0]))), dataOut: uint64(uintptr(unsafe.Pointer(&out[0]))),
-		repeat: 1, ctxSizeIn: uint32(len(ctx)), ctxIn: uint64(uintptr(unsafe.Pointer(&ctx[0]))),
-	}
-	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_TEST_RUN, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
-	runtime.KeepAlive(frame)
-	runtime.KeepAlive(out)
-	runtime.KeepAlive(ctx)
-	if errno != 0 {
-		t.Fatalf("BPF_PROG_TEST_RUN: %v", errno)
-	}
-	return attr.retval, attr.duration, out[:attr.sizeOut]
 }

@@ -39,7 +39,7 @@ func hpDatapath(t *testing.T) *Datapath {
 	t.Helper()
 	dp := testDatapath(t)
 	must(t, dp.Maps.PutEndpoint(dstIP6, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost)))
-	must(t, dp.Maps.SyncNodeIPs(map[string]int{nodeIP.String(): 1, nodeIP6.String(): 1}))
+	must(t, dp.Maps.Node().SyncIPs(map[string]int{nodeIP.String(): 1, nodeIP6.String(): 1}))
 	for _, h := range []maps.HostPort{
 		{Proto: protoTCP, HostPort: 8080, PodIP: dstIP, PodPort: 80, Ifindex: dstIfindex},
 		{Proto: protoUDP, HostPort: 8080, PodIP: dstIP, PodPort: 80, Ifindex: dstIfindex},
@@ -48,9 +48,9 @@ func hpDatapath(t *testing.T) *Datapath {
 		{Proto: protoTCP, HostPort: 9090, PodIP: podIP, PodPort: 99, Ifindex: loIfindex},
 		{Proto: protoTCP, HostPort: 7000, PodIP: podIP, PodPort: 70, Ifindex: loIfindex},
 	} {
-		must(t, dp.Maps.InsertHostPort(h))
+		must(t, dp.Maps.HostPorts().Insert(h))
 	}
-	must(t, dp.Maps.EnableHostPorts(1, 0, false))
+	must(t, dp.Maps.Node().Enable(1, 0, false))
 	return dp
 }
 
@@ -181,7 +181,7 @@ func runFrame(t *testing.T, p *ebpf.Program, frame []byte) (uint32, parsed) {
 
 func ctEntries(t *testing.T, dp *Datapath) []maps.Flow {
 	t.Helper()
-	f, err := dp.Maps.ListCT()
+	f, err := dp.Maps.HostPorts().ListCT()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func TestUplinkLeavesOthersAlone(t *testing.T) {
 	}
 	// Switched off (no hostPorts on the node): nothing is translated.
 	zero := uint32(0)
-	must(t, dp.Maps.Map("cni_hp_config").Put(&zero, &maps.HostPortConfig{}))
+	must(t, dp.Maps.Map("cni_hp_config").Put(&zero, &maps.NodeConfig{}))
 	if ret, _ := run(t, up, packet(remoteMAC, protoTCP, clientIP, nodeIP, 40002, 8080, synFlag)); ret != actNext {
 		t.Fatalf("hostPorts disabled: verdict %d, want TCX_NEXT", ret)
 	}
@@ -296,7 +296,7 @@ func TestFromContainerReply(t *testing.T) {
 	must(t, dp.Maps.PutEndpoint(podIP, info))
 	// A flow dstIP:5555 -> node:7000 -> podIP:70, as a hairpin from the
 	// other pod creates it (test runs all happen "on" lo, so write it).
-	must(t, dp.Maps.PutCT(ctFlow(podIP, 70, dstIP, 5555, nodeIP, 7000, loIfindex)))
+	must(t, dp.Maps.HostPorts().PutCT(ctFlow(podIP, 70, dstIP, 5555, nodeIP, 7000, loIfindex)))
 
 	reply := packet(podMAC, protoTCP, podIP, dstIP, 70, 5555, synFlag|ackFlag)
 	ret, p := runFrame(t, dp.FromContainer, reply)
@@ -354,7 +354,7 @@ func TestFromContainerStaleFlow(t *testing.T) {
 	info.Flags |= maps.EndpointFlagHostPort
 	must(t, dp.Maps.PutEndpoint(podIP, info))
 	k, v := ctFlow(podIP, 70, dstIP, 5555, nodeIP, 7000, 999) // not lo
-	must(t, dp.Maps.PutCT(k, v))
+	must(t, dp.Maps.HostPorts().PutCT(k, v))
 	ret, p := runFrame(t, dp.FromContainer, packet(podMAC, protoTCP, podIP, dstIP, 70, 5555, ackFlag))
 	if ret != actRedirect || !p.src.Equal(podIP) || p.sport != 70 {
 		t.Fatalf("verdict %d src %s:%d, want untranslated", ret, p.src, p.sport)
@@ -365,11 +365,11 @@ func TestFromContainerStaleFlow(t *testing.T) {
 	}
 	// DeleteCTOf removes exactly one pod's entries.
 	v.Ifindex = 4242
-	must(t, dp.Maps.PutCT(k, v))
+	must(t, dp.Maps.HostPorts().PutCT(k, v))
 	k.PeerPort = htons(5556)
 	v.Ifindex = 4343
-	must(t, dp.Maps.PutCT(k, v))
-	if n, err := dp.Maps.DeleteCTOf(4242); err != nil || n != 1 {
+	must(t, dp.Maps.HostPorts().PutCT(k, v))
+	if n, err := dp.Maps.HostPorts().DeleteCTOf(4242); err != nil || n != 1 {
 		t.Fatalf("DeleteCTOf: %d, %v", n, err)
 	}
 	if f := ctEntries(t, dp); len(f) != 1 || f[0].Ifindex != 4343 {
@@ -398,21 +398,21 @@ func ctFlow(pod net.IP, podPort uint16, client net.IP, clientPort uint16, orig n
 func TestInsertHostPortNoExist(t *testing.T) {
 	dp := testDatapath(t)
 	h := maps.HostPort{Proto: protoTCP, HostPort: 8080, PodIP: dstIP, PodPort: 80, Ifindex: dstIfindex}
-	must(t, dp.Maps.InsertHostPort(h))
+	must(t, dp.Maps.HostPorts().Insert(h))
 	other := h
 	other.PodIP, other.Ifindex = podIP, loIfindex
-	err := dp.Maps.InsertHostPort(other)
+	err := dp.Maps.HostPorts().Insert(other)
 	var taken *maps.HostPortTakenError
 	if !errors.As(err, &taken) || !taken.Owner.PodIP.Equal(dstIP) {
 		t.Fatalf("second insert: %v, want taken by %s", err, dstIP)
 	}
 	// Deleting another pod's view of the key leaves the owner's entry.
-	must(t, dp.Maps.DeleteHostPort(other))
-	if got, err := dp.Maps.LookupHostPort(h); err != nil || !got.PodIP.Equal(dstIP) {
+	must(t, dp.Maps.HostPorts().Delete(other))
+	if got, err := dp.Maps.HostPorts().Lookup(h); err != nil || !got.PodIP.Equal(dstIP) {
 		t.Fatalf("owner's entry: %+v %v", got, err)
 	}
-	must(t, dp.Maps.DeleteHostPort(h))
-	if _, err := dp.Maps.LookupHostPort(h); !errors.Is(err, ebpf.ErrKeyNotExist) {
+	must(t, dp.Maps.HostPorts().Delete(h))
+	if _, err := dp.Maps.HostPorts().Lookup(h); !errors.Is(err, ebpf.ErrKeyNotExist) {
 		t.Fatalf("after delete: %v", err)
 	}
 }

@@ -230,7 +230,7 @@ func TestHostPortICMPErrors(t *testing.T) {
 	copy(k.PeerAddr[:], clientIP6)
 	copy(v.OrigAddr[:], nodeIP6)
 	copy(v.ClientAddr[:], clientIP6)
-	must(t, dp.Maps.PutCT(k, v))
+	must(t, dp.Maps.HostPorts().PutCT(k, v))
 	f := icmpError(remoteMAC, router6, nodeIP6, 2, 0,
 		ipPacket(protoTCP, nodeIP6, clientIP6, l4(protoTCP, nodeIP6, clientIP6, 8080, 5555, ackFlag, false)))
 	ret, out := run(t, up, f)
@@ -246,7 +246,7 @@ func TestHostPortICMPErrors(t *testing.T) {
 	must(t, dp.Maps.PutEndpoint(podIP, info))
 	k, v = ctFlow(podIP, 70, dstIP, 5555, nodeIP, 7000, loIfindex)
 	k.Proto = protoUDP
-	must(t, dp.Maps.PutCT(k, v))
+	must(t, dp.Maps.HostPorts().PutCT(k, v))
 	f = icmpError(podMAC, podIP, dstIP, 3, 3, ipPacket(protoUDP, dstIP, podIP, l4(protoUDP, dstIP, podIP, 5555, 70, 0, false)))
 	ret, out = run(t, dp.FromContainer, f)
 	if ret != actRedirect {
@@ -254,7 +254,7 @@ func TestHostPortICMPErrors(t *testing.T) {
 	}
 	wantError(t, "out", readError(t, out), nodeIP, dstIP, dstIP, 5555, nodeIP, 7000)
 
-	st, err := dp.Maps.HostPortStats()
+	st, err := dp.Maps.HostPorts().Stats()
 	if err != nil || st["icmp_error_in"] != 1 || st["icmp_error_out"] != 1 {
 		t.Errorf("counters %v (%v), want one error each way", st, err)
 	}

@@ -199,7 +199,7 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 		// either. 0 is no netns' cookie (they start at 1).
 		cookie = 0
 	}
-	cfg, err := dp.Maps.HostPortConfig()
+	cfg, err := dp.Maps.Node().Config()
 	if err != nil {
 		return nil, fmt.Errorf("read hostPort config: %w", err)
 	}
@@ -249,7 +249,7 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 		return nil, err
 	}
 	// Whoever held the lock before may have done it all.
-	if cfg, err = dp.Maps.HostPortConfig(); err == nil && cfg.Enabled() && cfg.NetnsCookie == cookie &&
+	if cfg, err = dp.Maps.Node().Config(); err == nil && cfg.Enabled() && cfg.NetnsCookie == cookie &&
 		cfg.HooksId == hooksID(dp.PinRoot) && dp.cgroupHooksLive(rootErr == nil) && dp.uplinkHooksLive(view) &&
 		(!isForced(FeatFibSrc) || cfg.FibNoSrc()) {
 		return hooks, rootErr
@@ -274,7 +274,7 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 			return nil, err
 		}
 	}
-	if err := dp.Maps.EnableHostPorts(cookie, hooksID(dp.PinRoot), !FeatureByName(FeatFibSrc).InUse()); err != nil {
+	if err := dp.Maps.Node().Enable(cookie, hooksID(dp.PinRoot), !FeatureByName(FeatFibSrc).InUse()); err != nil {
 		return nil, err
 	}
 	return hooks, rootErr
@@ -283,10 +283,10 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 // syncNodeIPs writes the node's addresses and the uplinks' masquerade
 // sources (kept whether or not BPF_FIB_LOOKUP_SRC is used: a few entries).
 func (dp *Datapath) syncNodeIPs(view *nodeView) error {
-	if err := dp.Maps.SyncNodeIPs(view.addrs); err != nil {
+	if err := dp.Maps.Node().SyncIPs(view.addrs); err != nil {
 		return err
 	}
-	return dp.Maps.SyncUplinkSources(view.sources)
+	return dp.Maps.Node().SyncUplinkSources(view.sources)
 }
 
 // syncAfterUplinks lists the uplinks, to_uplink running on each, in
@@ -508,7 +508,7 @@ func (dp *Datapath) CheckNodeHooks(opts NodeHookOptions) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := dp.Maps.HostPortConfig()
+	cfg, err := dp.Maps.Node().Config()
 	if err != nil {
 		return fmt.Errorf("read hostPort config: %w", err)
 	}
@@ -585,7 +585,7 @@ func (dp *Datapath) EnsurePacing(cgroupRoot string) error {
 	if err != nil {
 		return err
 	}
-	if err := dp.Maps.PutNetns(cookie, 0, maps.FlagNetnsNode); err != nil {
+	if err := dp.Maps.Bandwidth().PutNetns(cookie, 0, maps.FlagNetnsNode); err != nil {
 		return err
 	}
 	if err := mkdirFor(path); err != nil {

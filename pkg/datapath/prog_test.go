@@ -171,19 +171,6 @@ func arp(sha net.HardwareAddr, spa net.IP, tpa ...net.IP) []byte {
 	return b
 }
 
-func run(t *testing.T, p *ebpf.Program, frame []byte) (uint32, []byte) {
-	t.Helper()
-	// Frames must be at least ETH_HLEN for test runs; pad like the wire does.
-	out := make([]byte, len(frame)+64)
-	ctx := make([]byte, 192) // struct __sk_buff, zeroed but for ifindex
-	binary.LittleEndian.PutUint32(ctx[40:], loIfindex)
-	ret, err := p.Run(&ebpf.RunOptions{Data: frame, DataOut: out, Context: ctx})
-	if err != nil {
-		t.Fatalf("test run: %v", err)
-	}
-	return ret, out[:len(frame)]
-}
-
 func counter(t *testing.T, dp *Datapath, dir maps.Dir, r maps.Reason) uint64 {
 	t.Helper()
 	idx := loIfindex

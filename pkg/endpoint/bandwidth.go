@@ -54,7 +54,7 @@ func (b *bandwidth) Install(a *Attachment) error {
 	if err := l.queueIngress(a.hostLink); err != nil {
 		return netlinkError(err)
 	}
-	a.OnUndo(func() error { return m.DeleteLimits(idx) })
+	a.OnUndo(func() error { return m.Bandwidth().DeleteLimits(idx) })
 	if err := l.install(m, idx); err != nil {
 		return mapError(err)
 	}
@@ -87,7 +87,7 @@ func (b *bandwidth) Check(a *Attachment) error {
 
 // Teardown drops the buckets of the host veth, limited or not.
 func (b *bandwidth) Teardown(t *Teardown) {
-	t.WithVeth(func() error { return t.DP.Maps.DeleteLimits(t.Ifindex) })
+	t.WithVeth(func() error { return t.DP.Maps.Bandwidth().DeleteLimits(t.Ifindex) })
 }
 
 // Burst policy. Runtimes pass absurd bursts (containerd 1.6 sends 4294967295
@@ -218,12 +218,12 @@ func (l limits) rcvWnd(mtu int) uint32 {
 // install writes the buckets of a host veth.
 func (l limits) install(m *maps.Maps, ifindex int) error {
 	if l.egress != nil {
-		if err := m.PutLimit(ifindex, maps.DirEgress, *l.egress); err != nil {
+		if err := m.Bandwidth().PutLimit(ifindex, maps.DirEgress, *l.egress); err != nil {
 			return err
 		}
 	}
 	if l.ingress != nil {
-		if err := m.PutLimit(ifindex, maps.DirIngress, *l.ingress); err != nil {
+		if err := m.Bandwidth().PutLimit(ifindex, maps.DirIngress, *l.ingress); err != nil {
 			return err
 		}
 	}
@@ -234,7 +234,7 @@ func (l limits) install(m *maps.Maps, ifindex int) error {
 // makes l expect the bucket of the queue the veth has.
 func (l *limits) checkQueue(m *maps.Maps, host netlink.Link) error {
 	var inMap *maps.Limit
-	if got, ok, err := m.LookupLimit(host.Attrs().Index, maps.DirIngress); err != nil {
+	if got, ok, err := m.Bandwidth().LookupLimit(host.Attrs().Index, maps.DirIngress); err != nil {
 		return err
 	} else if ok {
 		inMap = &got
@@ -267,7 +267,7 @@ func (l limits) check(m *maps.Maps, ifindex int, hostIf string) error {
 		dir  maps.Dir
 		want *maps.Limit
 	}{{maps.DirEgress, l.egress}, {maps.DirIngress, l.ingress}} {
-		got, ok, err := m.LookupLimit(ifindex, d.dir)
+		got, ok, err := m.Bandwidth().LookupLimit(ifindex, d.dir)
 		if err != nil {
 			return err
 		}

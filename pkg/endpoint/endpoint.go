@@ -347,11 +347,11 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 	// the wait runs beside the rest of the ADD and Publish joins it.
 	if !a.agent {
 		a.sfPart = make(chan error, 1)
-		go func() { a.sfPart <- a.DP.Maps.AddStackFlowPart(idx) }()
+		go func() { a.sfPart <- a.DP.Maps.StackFlows().AddPart(idx) }()
 	}
 	a.OnUndo(func() error {
 		a.waitStackFlowPart() // its table is put before it is dropped
-		_, sfErr := a.DP.Maps.DeleteStackFlowsOf(idx)
+		_, sfErr := a.DP.Maps.StackFlows().DeleteOf(idx)
 		return errors.Join(deleteLink(a.HostIf), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
 			a.DP.Maps.DeleteLink(idx), a.DP.Maps.ResetStats(idx), sfErr)
 	})
@@ -491,13 +491,13 @@ func (a *Attachment) Publish() error {
 	// (Not where the cookie was not learned: no pacing program reads it.)
 	created, err := false, error(nil)
 	if a.cookie != 0 {
-		created, err = m.EnsureNetns(a.cookie, a.EgressRateBps, a.RcvWnd)
+		created, err = m.Bandwidth().EnsureNetns(a.cookie, a.EgressRateBps, a.RcvWnd)
 	}
 	if err != nil {
 		return mapError(err)
 	}
 	if created {
-		a.OnUndo(func() error { return m.DeleteNetns(a.cookie) })
+		a.OnUndo(func() error { return m.Bandwidth().DeleteNetns(a.cookie) })
 	}
 	Crashpoint("pod")
 	a.Trace.Mark("netlink")

@@ -122,8 +122,8 @@ func Reap(pinDir string, m *maps.Maps, h HandedOff) error {
 	errs = errors.Join(errs, datapath.RemoveLinkPins(pinDir, h.Name))
 	if m != nil {
 		// The pod's stack-flow table and records too: DEL leaves them here.
-		_, sfErr := m.DeleteStackFlowsOf(h.Ifindex)
-		errs = errors.Join(errs, m.DeleteLink(h.Ifindex), m.ResetStats(h.Ifindex), m.DeleteLimits(h.Ifindex), sfErr)
+		_, sfErr := m.StackFlows().DeleteOf(h.Ifindex)
+		errs = errors.Join(errs, m.DeleteLink(h.Ifindex), m.ResetStats(h.Ifindex), m.Bandwidth().DeleteLimits(h.Ifindex), sfErr)
 	}
 	return errs
 }

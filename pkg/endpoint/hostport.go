@@ -61,10 +61,10 @@ func (h *hostPorts) Install(a *Attachment) error {
 	a.Trace.Mark("hostport-hooks")
 	m := a.DP.Maps
 	for _, hp := range hps {
-		if err := m.InsertHostPort(hp); err != nil {
+		if err := m.HostPorts().Insert(hp); err != nil {
 			return hostPortError(a.Net, h.mappings, hp, err)
 		}
-		a.OnUndo(func() error { return m.DeleteHostPort(hp) })
+		a.OnUndo(func() error { return m.HostPorts().Delete(hp) })
 	}
 	a.Flags |= maps.EndpointFlagHostPort
 	a.Record.HostPorts = recordHostPorts(hps)
@@ -82,7 +82,7 @@ func (h *hostPorts) Check(a *Attachment) error {
 	}
 	m := a.DP.Maps
 	for _, hp := range hps {
-		got, err := m.LookupHostPort(hp)
+		got, err := m.HostPorts().Lookup(hp)
 		if err != nil {
 			return checkError("map cni_hostports has no entry for %s: %v", hp.Listen(), notExist(err))
 		}
@@ -332,7 +332,7 @@ func removeHostPorts(dp *datapath.Datapath, rec *state.Record, ifindex int) erro
 			if !ok {
 				continue
 			}
-			errs = errors.Join(errs, dp.Maps.DeleteHostPort(h))
+			errs = errors.Join(errs, dp.Maps.HostPorts().Delete(h))
 		}
 		return errs
 	}
@@ -340,13 +340,13 @@ func removeHostPorts(dp *datapath.Datapath, rec *state.Record, ifindex int) erro
 		return nil
 	}
 	// No record (ADD died before writing it): find the mappings by veth.
-	hps, err := dp.Maps.ListHostPorts()
+	hps, err := dp.Maps.HostPorts().List()
 	if err != nil {
 		return err
 	}
 	for _, h := range hps {
 		if h.Ifindex == ifindex {
-			errs = errors.Join(errs, dp.Maps.DeleteHostPort(h))
+			errs = errors.Join(errs, dp.Maps.HostPorts().Delete(h))
 		}
 	}
 	return errs
@@ -358,8 +358,8 @@ func purgeHostPortFlows(dp *datapath.Datapath, ifindex int) error {
 	if ifindex == 0 {
 		return nil
 	}
-	_, err := dp.Maps.DeleteCTOf(ifindex)
-	socks, serr := dp.Maps.DeleteSockRNATOf(ifindex)
+	_, err := dp.Maps.HostPorts().DeleteCTOf(ifindex)
+	socks, serr := dp.Maps.HostPorts().DeleteSockRNATOf(ifindex)
 	err = errors.Join(err, serr)
 	cookies := map[uint64]bool{}
 	for _, s := range socks {
@@ -375,5 +375,5 @@ func purgeHostPortFlows(dp *datapath.Datapath, ifindex int) error {
 // longer exist (GC, the agent). A pod being added has its veth before its
 // mappings, so a concurrent ADD never loses its entries to this.
 func PruneHostPorts(m *maps.Maps) (int, error) {
-	return m.PruneHostPorts(func(ifindex int) bool { return ifindex != 0 && linkAlive(ifindex) })
+	return m.HostPorts().Prune(func(ifindex int) bool { return ifindex != 0 && linkAlive(ifindex) })
 }

@@ -176,7 +176,7 @@ func (t *Teardown) runBefore() error {
 
 // dropStackFlows drops the pod's flows the stack delivered to it.
 func (t *Teardown) dropStackFlows() error {
-	_, err := t.DP.Maps.DeleteStackFlowsOf(t.Ifindex)
+	_, err := t.DP.Maps.StackFlows().DeleteOf(t.Ifindex)
 	return err
 }
 
@@ -215,7 +215,7 @@ func (t *Teardown) removePodSide() error {
 		return err == nil
 	}
 	if cookie := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff); cookie != 0 && t.DP != nil {
-		return t.DP.Maps.DeleteNetns(cookie)
+		return t.DP.Maps.Bandwidth().DeleteNetns(cookie)
 	}
 	return nil
 }

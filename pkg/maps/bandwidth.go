@@ -59,27 +59,35 @@ func bucket(l Limit) (BandwidthState, error) {
 	return s, nil
 }
 
+// Bandwidth is the bandwidth family of the maps: the token buckets of the
+// pods' limits (cni_bandwidth) and the netns entries the pacing and the
+// receive window read (cni_netns).
+type Bandwidth struct{ m *Maps }
+
+// Bandwidth returns the bandwidth family of m.
+func (m *Maps) Bandwidth() Bandwidth { return Bandwidth{m} }
+
 func (m *Maps) bandwidth() *ebpf.Map { return m.byName[nameBandwidth] }
 
 // PutLimit installs a full token bucket for one direction of a host veth.
-func (m *Maps) PutLimit(ifindex int, dir Dir, l Limit) error {
+func (b Bandwidth) PutLimit(ifindex int, dir Dir, l Limit) error {
 	s, err := bucket(l)
 	if err != nil {
 		return err
 	}
 	k := BandwidthKey{Ifindex: uint32(ifindex), Dir: uint32(dir)}
-	if err := m.bandwidth().Put(&k, &s); err != nil {
-		return writeErr(m.bandwidth(), nameBandwidth, fmt.Sprintf("%s limit of ifindex %d", dir, ifindex), err)
+	if err := b.m.bandwidth().Put(&k, &s); err != nil {
+		return writeErr(b.m.bandwidth(), nameBandwidth, fmt.Sprintf("%s limit of ifindex %d", dir, ifindex), err)
 	}
 	return nil
 }
 
 // LookupLimit returns the configured limit of one direction; ok is false when
 // the direction is unlimited.
-func (m *Maps) LookupLimit(ifindex int, dir Dir) (l Limit, ok bool, err error) {
+func (b Bandwidth) LookupLimit(ifindex int, dir Dir) (l Limit, ok bool, err error) {
 	var s BandwidthState
 	k := BandwidthKey{Ifindex: uint32(ifindex), Dir: uint32(dir)}
-	if err := m.bandwidth().Lookup(&k, &s); err != nil {
+	if err := b.m.bandwidth().Lookup(&k, &s); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return l, false, nil
 		}
@@ -89,11 +97,11 @@ func (m *Maps) LookupLimit(ifindex int, dir Dir) (l Limit, ok bool, err error) {
 }
 
 // DeleteLimits removes both directions' buckets of a host veth; absent is fine.
-func (m *Maps) DeleteLimits(ifindex int) error {
+func (b Bandwidth) DeleteLimits(ifindex int) error {
 	var errs error
 	for _, d := range []Dir{DirEgress, DirIngress} {
 		k := BandwidthKey{Ifindex: uint32(ifindex), Dir: uint32(d)}
-		if err := m.bandwidth().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		if err := b.m.bandwidth().Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = errors.Join(errs, fmt.Errorf("delete %s limit of ifindex %d: %w", d, ifindex, err))
 		}
 	}
@@ -110,13 +118,13 @@ type LimitEntry struct {
 }
 
 // ListLimits returns every configured bucket.
-func (m *Maps) ListLimits() ([]LimitEntry, error) {
+func (b Bandwidth) ListLimits() ([]LimitEntry, error) {
 	var (
 		out []LimitEntry
 		k   BandwidthKey
 		s   BandwidthState
 	)
-	it := m.bandwidth().Iterate()
+	it := b.m.bandwidth().Iterate()
 	for it.Next(&k, &s) {
 		out = append(out, LimitEntry{Ifindex: k.Ifindex, Dir: Dir(k.Dir),
 			Limit: Limit{RateBps: s.RateBps, BurstBits: s.BurstBits, QueueNs: s.QueueNs, MarkNs: s.MarkNs}, TokensNs: s.TokensNs})
@@ -134,10 +142,10 @@ const FlagNetnsNode uint32 = 1 << 0
 
 // PutNetns registers a netns (by cookie) as this node's: its pod's egress rate
 // in bits per second (0: none), or FlagNetnsNode for the node itself.
-func (m *Maps) PutNetns(cookie uint64, egressRateBps uint64, flags uint32) error {
+func (b Bandwidth) PutNetns(cookie uint64, egressRateBps uint64, flags uint32) error {
 	v := NetnsInfo{EgressRate: egressRateBps / 8, Flags: flags}
-	if err := m.byName[nameNetns].Put(&cookie, &v); err != nil {
-		return writeErr(m.byName[nameNetns], nameNetns, fmt.Sprintf("netns %d", cookie), err)
+	if err := b.m.byName[nameNetns].Put(&cookie, &v); err != nil {
+		return writeErr(b.m.byName[nameNetns], nameNetns, fmt.Sprintf("netns %d", cookie), err)
 	}
 	return nil
 }
@@ -148,8 +156,8 @@ func (m *Maps) PutNetns(cookie uint64, egressRateBps uint64, flags uint32) error
 // the receive window clamp in bytes of the pod's TCP sockets towards peers
 // the node does not pace (0: none). created tells whether this call made the
 // entry (an ADD that fails removes only what it made).
-func (m *Maps) EnsureNetns(cookie uint64, egressRateBps uint64, rcvWnd uint32) (created bool, err error) {
-	mp := m.byName[nameNetns]
+func (b Bandwidth) EnsureNetns(cookie uint64, egressRateBps uint64, rcvWnd uint32) (created bool, err error) {
+	mp := b.m.byName[nameNetns]
 	for try := 0; ; try++ {
 		var cur NetnsInfo
 		err := mp.Lookup(&cookie, &cur)
@@ -185,28 +193,28 @@ func (m *Maps) EnsureNetns(cookie uint64, egressRateBps uint64, rcvWnd uint32) (
 }
 
 // DeleteNetns forgets a netns; absent is fine.
-func (m *Maps) DeleteNetns(cookie uint64) error {
-	if err := m.byName[nameNetns].Delete(&cookie); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+func (b Bandwidth) DeleteNetns(cookie uint64) error {
+	if err := b.m.byName[nameNetns].Delete(&cookie); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete netns %d from %s: %w", cookie, nameNetns, err)
 	}
 	return nil
 }
 
 // LookupNetns returns the entry of a netns.
-func (m *Maps) LookupNetns(cookie uint64) (NetnsInfo, error) {
+func (b Bandwidth) LookupNetns(cookie uint64) (NetnsInfo, error) {
 	var v NetnsInfo
-	err := m.byName[nameNetns].Lookup(&cookie, &v)
+	err := b.m.byName[nameNetns].Lookup(&cookie, &v)
 	return v, err
 }
 
 // ListNetns returns every registered netns by cookie.
-func (m *Maps) ListNetns() (map[uint64]NetnsInfo, error) {
+func (b Bandwidth) ListNetns() (map[uint64]NetnsInfo, error) {
 	out := make(map[uint64]NetnsInfo)
 	var (
 		k uint64
 		v NetnsInfo
 	)
-	it := m.byName[nameNetns].Iterate()
+	it := b.m.byName[nameNetns].Iterate()
 	for it.Next(&k, &v) {
 		out[k] = v
 	}

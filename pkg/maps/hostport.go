@@ -1,7 +1,6 @@
 package maps
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -12,16 +11,23 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// HostPorts is the hostPort family of the maps (bpf/lib/hostport.h): the
+// mappings (cni_hostports), the flows through them (cni_ct), the socket
+// hooks' reverse entries (cni_sock_rnat) and the programs' counters.
+type HostPorts struct{ m *Maps }
+
+// HostPorts returns the HostPorts family of m.
+func (m *Maps) HostPorts() HostPorts { return HostPorts{m} }
+
 // Go twins of the hostPort structs in bpf/lib/types.h, generated from BTF.
 type (
-	HostPortKey    = mapsObjHostportKey
-	HostPortVal    = mapsObjHostportVal
-	CTKey          = mapsObjCtKey
-	CTVal          = mapsObjCtVal
-	HostPortConfig = mapsObjHpConfig
-	SockRNATKey    = mapsObjSockRnatKey
-	SockRNATVal    = mapsObjSockRnatVal
-	HostPortStat   = mapsObjHpStat
+	HostPortKey  = mapsObjHostportKey
+	HostPortVal  = mapsObjHostportVal
+	CTKey        = mapsObjCtKey
+	CTVal        = mapsObjCtVal
+	SockRNATKey  = mapsObjSockRnatKey
+	SockRNATVal  = mapsObjSockRnatVal
+	HostPortStat = mapsObjHpStat
 )
 
 // Names of the hostPort maps, as bpf/lib/maps.h declares them.
@@ -167,10 +173,10 @@ func (e *HostPortTakenError) Error() string {
 		net.JoinHostPort(e.Owner.PodIP.String(), fmt.Sprint(e.Owner.PodPort)))
 }
 
-// InsertHostPort adds a mapping only if its key is free (BPF_NOEXIST, so of
+// Insert adds a mapping only if its key is free (BPF_NOEXIST, so of
 // two concurrent ADDs exactly one wins). A taken key is a *HostPortTakenError.
-func (m *Maps) InsertHostPort(h HostPort) error {
-	mp := m.byName[nameHostPorts]
+func (hp HostPorts) Insert(h HostPort) error {
+	mp := hp.m.byName[nameHostPorts]
 	k, v := h.Key(), h.Val()
 	err := mp.Update(&k, &v, ebpf.UpdateNoExist)
 	if err == nil {
@@ -186,21 +192,21 @@ func (m *Maps) InsertHostPort(h HostPort) error {
 	return writeErr(mp, nameHostPorts, "hostPort "+h.Listen(), err)
 }
 
-// LookupHostPort returns the mapping stored under h's key; the error wraps
+// Lookup returns the mapping stored under h's key; the error wraps
 // ebpf.ErrKeyNotExist when there is none.
-func (m *Maps) LookupHostPort(h HostPort) (HostPort, error) {
+func (hp HostPorts) Lookup(h HostPort) (HostPort, error) {
 	k := h.Key()
 	var v HostPortVal
-	if err := m.byName[nameHostPorts].Lookup(&k, &v); err != nil {
+	if err := hp.m.byName[nameHostPorts].Lookup(&k, &v); err != nil {
 		return HostPort{}, err
 	}
 	return decodeHostPort(k, v), nil
 }
 
-// DeleteHostPort removes h's key if it still leads to h's pod (same pod IP
+// Delete removes h's key if it still leads to h's pod (same pod IP
 // and host veth): another pod may own the key by now.
-func (m *Maps) DeleteHostPort(h HostPort) error {
-	mp := m.byName[nameHostPorts]
+func (hp HostPorts) Delete(h HostPort) error {
+	mp := hp.m.byName[nameHostPorts]
 	k := h.Key()
 	var cur HostPortVal
 	if err := mp.Lookup(&k, &cur); err != nil {
@@ -219,10 +225,10 @@ func (m *Maps) DeleteHostPort(h HostPort) error {
 	return nil
 }
 
-// ListHostPorts returns every mapping of the node.
-func (m *Maps) ListHostPorts() ([]HostPort, error) {
+// List returns every mapping of the node.
+func (hp HostPorts) List() ([]HostPort, error) {
 	var out []HostPort
-	err := scan(m.byName[nameHostPorts], func(k *HostPortKey, v *HostPortVal) {
+	err := scan(hp.m.byName[nameHostPorts], func(k *HostPortKey, v *HostPortVal) {
 		out = append(out, decodeHostPort(*k, *v))
 	})
 	return out, err
@@ -274,10 +280,10 @@ func decodeFlow(k CTKey, v CTVal, now uint64) Flow {
 }
 
 // ListCT returns every translated flow the node remembers.
-func (m *Maps) ListCT() ([]Flow, error) {
+func (hp HostPorts) ListCT() ([]Flow, error) {
 	now := monotonicNow()
 	var out []Flow
-	err := scan(m.byName[nameCT], func(k *CTKey, v *CTVal) {
+	err := scan(hp.m.byName[nameCT], func(k *CTKey, v *CTVal) {
 		out = append(out, decodeFlow(*k, *v, now))
 	})
 	return out, err
@@ -287,14 +293,14 @@ func (m *Maps) ListCT() ([]Flow, error) {
 // An entry without times is taken as created and last used now (the
 // programs treat one idle past its timeout as absent). It has no timer:
 // only the programs' own entries delete themselves.
-func (m *Maps) PutCT(k CTKey, v CTVal) error {
+func (hp HostPorts) PutCT(k CTKey, v CTVal) error {
 	if v.SeenNs == 0 {
 		v.SeenNs = monotonicNow()
 	}
 	if v.CreatedNs == 0 {
 		v.CreatedNs = v.SeenNs
 	}
-	return m.byName[nameCT].Put(&k, &v)
+	return hp.m.byName[nameCT].Put(&k, &v)
 }
 
 // DeleteCTOf removes every cni_ct entry created for the pod behind the host
@@ -303,9 +309,9 @@ func (m *Maps) PutCT(k CTKey, v CTVal) error {
 // MAX_CT), never with the number of mappings. Each entry also carries the
 // ifindex, and the programs ignore one whose ifindex is not the packet's,
 // so a new pod given the same IP cannot use an entry this scan missed.
-func (m *Maps) DeleteCTOf(ifindex int) (int, error) {
+func (hp HostPorts) DeleteCTOf(ifindex int) (int, error) {
 	var keys []CTKey
-	err := scan(m.byName[nameCT], func(k *CTKey, v *CTVal) {
+	err := scan(hp.m.byName[nameCT], func(k *CTKey, v *CTVal) {
 		if int(v.Ifindex) == ifindex {
 			keys = append(keys, *k)
 		}
@@ -313,7 +319,7 @@ func (m *Maps) DeleteCTOf(ifindex int) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("scan %s: %w", nameCT, err)
 	}
-	return len(keys), deleteKeys(m.byName[nameCT], keys)
+	return len(keys), deleteKeys(hp.m.byName[nameCT], keys)
 }
 
 // SockFlow is one entry of cni_sock_rnat: a node socket sent to a pod through a hostPort.
@@ -327,12 +333,12 @@ type SockFlow struct {
 
 // DeleteSockRNATOf removes the socket entries leading to the pod behind
 // ifindex and returns them (their sockets may need closing).
-func (m *Maps) DeleteSockRNATOf(ifindex int) ([]SockFlow, error) {
+func (hp HostPorts) DeleteSockRNATOf(ifindex int) ([]SockFlow, error) {
 	var (
 		keys []SockRNATKey
 		out  []SockFlow
 	)
-	err := scan(m.byName[nameSockRNAT], func(k *SockRNATKey, v *SockRNATVal) {
+	err := scan(hp.m.byName[nameSockRNAT], func(k *SockRNATKey, v *SockRNATVal) {
 		if int(v.Ifindex) == ifindex {
 			keys = append(keys, *k)
 			out = append(out, decodeSockFlow(*k, *v))
@@ -341,7 +347,7 @@ func (m *Maps) DeleteSockRNATOf(ifindex int) ([]SockFlow, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scan %s: %w", nameSockRNAT, err)
 	}
-	return out, deleteKeys(m.byName[nameSockRNAT], keys)
+	return out, deleteKeys(hp.m.byName[nameSockRNAT], keys)
 }
 
 func decodeSockFlow(k SockRNATKey, v SockRNATVal) SockFlow {
@@ -355,181 +361,21 @@ func decodeSockFlow(k SockRNATKey, v SockRNATVal) SockFlow {
 }
 
 // ListSockRNAT returns every socket entry.
-func (m *Maps) ListSockRNAT() ([]SockFlow, error) {
+func (hp HostPorts) ListSockRNAT() ([]SockFlow, error) {
 	var out []SockFlow
-	err := scan(m.byName[nameSockRNAT], func(k *SockRNATKey, v *SockRNATVal) {
+	err := scan(hp.m.byName[nameSockRNAT], func(k *SockRNATKey, v *SockRNATVal) {
 		out = append(out, decodeSockFlow(*k, *v))
 	})
 	return out, err
 }
 
-// NodeIPs returns the addresses the programs take for the node's own.
-func (m *Maps) NodeIPs() (map[string]int, error) {
-	out := make(map[string]int)
-	err := scan(m.byName[nameNodeIPs], func(k *EndpointKey, v *uint32) {
-		if k.Family&nodeIPUplinkSrc == 0 {
-			out[k.IP().String()] = int(*v)
-		}
-	})
-	return out, err
-}
-
-// UplinkSources returns the masquerade source kept per uplink (ifindex)
-// and family, for kernels without BPF_FIB_LOOKUP_SRC (masq.h uplink_source).
-func (m *Maps) UplinkSources() (map[int][]net.IP, error) {
-	words := map[EndpointKey]uint32{}
-	if err := m.scanUplinkSources(words); err != nil {
-		return nil, err
-	}
-	type fk struct {
-		idx    int
-		family uint8
-	}
-	addrs := map[fk][]byte{}
-	for k, v := range words {
-		f := fk{int(binary.NativeEndian.Uint32(k.Addr[:4])), k.Family &^ nodeIPUplinkSrc}
-		if addrs[f] == nil {
-			addrs[f] = make([]byte, map[bool]int{true: 4, false: 16}[f.family == 2])
-		}
-		if i := int(k.Addr[4]); 4*i+4 <= len(addrs[f]) {
-			binary.NativeEndian.PutUint32(addrs[f][4*i:], v)
-		}
-	}
-	out := map[int][]net.IP{}
-	for f, a := range addrs {
-		out[f.idx] = append(out[f.idx], net.IP(a))
-	}
-	return out, nil
-}
-
-func (m *Maps) scanUplinkSources(into map[EndpointKey]uint32) error {
-	return scan(m.byName[nameNodeIPs], func(k *EndpointKey, v *uint32) {
-		if k.Family&nodeIPUplinkSrc != 0 {
-			into[*k] = *v
-		}
-	})
-}
-
-// SyncUplinkSources makes cni_node_ips' uplink entries hold exactly want:
-// per uplink ifindex, its address of each family masquerade takes where
-// BPF_FIB_LOOKUP_SRC is missing. Kept on every node (a few entries), so a
-// node moved to the fallback needs no refresh first.
-func (m *Maps) SyncUplinkSources(want map[int][]net.IP) error {
-	mp := m.byName[nameNodeIPs]
-	wantW := map[EndpointKey]uint32{}
-	for idx, ips := range want {
-		for _, ip := range ips {
-			var k EndpointKey
-			raw, fam := ip.To4(), uint8(2)
-			if raw == nil {
-				raw, fam = ip.To16(), 10
-			}
-			if raw == nil {
-				continue
-			}
-			k.Family = fam | nodeIPUplinkSrc
-			binary.NativeEndian.PutUint32(k.Addr[:4], uint32(idx))
-			for i := 0; i < len(raw)/4; i++ {
-				k.Addr[4] = uint8(i)
-				// The program copies the value's bytes as they are.
-				wantW[k] = binary.NativeEndian.Uint32(raw[4*i:])
-			}
-		}
-	}
-	have := map[EndpointKey]uint32{}
-	if err := m.scanUplinkSources(have); err != nil {
-		return fmt.Errorf("read %s: %w", nameNodeIPs, err)
-	}
-	for k, v := range wantW {
-		if cur, ok := have[k]; ok && cur == v {
-			continue
-		}
-		if err := mp.Put(&k, &v); err != nil {
-			return writeErr(mp, nameNodeIPs, "uplink source address", err)
-		}
-	}
-	for k := range have {
-		if _, ok := wantW[k]; !ok {
-			if err := mp.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("delete an uplink source from %s: %w", nameNodeIPs, err)
-			}
-		}
-	}
-	return nil
-}
-
-// SyncNodeIPs makes cni_node_ips hold exactly want (address -> ifindex).
-func (m *Maps) SyncNodeIPs(want map[string]int) error {
-	mp := m.byName[nameNodeIPs]
-	have, err := m.NodeIPs()
-	if err != nil {
-		return fmt.Errorf("read %s: %w", nameNodeIPs, err)
-	}
-	for s, idx := range want {
-		if cur, ok := have[s]; ok && cur == idx {
-			continue
-		}
-		k, err := KeyFor(net.ParseIP(s))
-		if err != nil {
-			return err
-		}
-		v := uint32(idx)
-		if err := mp.Put(&k, &v); err != nil {
-			return writeErr(mp, nameNodeIPs, "node address "+s, err)
-		}
-	}
-	for s := range have {
-		if _, ok := want[s]; ok {
-			continue
-		}
-		k, err := KeyFor(net.ParseIP(s))
-		if err != nil {
-			continue
-		}
-		if err := mp.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("delete node address %s from %s: %w", s, nameNodeIPs, err)
-		}
-	}
-	return nil
-}
-
-// HostPortConfig reads cni_hp_config.
-func (m *Maps) HostPortConfig() (HostPortConfig, error) {
-	var c HostPortConfig
-	zero := uint32(0)
-	err := m.byName[nameHPConfig].Lookup(&zero, &c)
-	return c, err
-}
-
-// HostPortsEnabled tells whether the config says the node hooks are set up.
-func (c HostPortConfig) Enabled() bool { return c.Flags&hpConfigEnabled != 0 }
-
-// FibNoSrc tells whether masquerade picks its source without
-// BPF_FIB_LOOKUP_SRC (from the uplink sources, see SyncUplinkSources).
-func (c HostPortConfig) FibNoSrc() bool { return c.Flags&hpConfigFibNoSrc != 0 }
-
-// EnableHostPorts records the node's netns cookie and the build of its hooks,
-// and turns the hostPort paths on.
-// fibNoSrc: masquerade picks its source without BPF_FIB_LOOKUP_SRC.
-func (m *Maps) EnableHostPorts(netnsCookie uint64, hooksID uint32, fibNoSrc bool) error {
-	c := HostPortConfig{NetnsCookie: netnsCookie, Flags: hpConfigEnabled, HooksId: hooksID}
-	if fibNoSrc {
-		c.Flags |= hpConfigFibNoSrc
-	}
-	zero := uint32(0)
-	if err := m.byName[nameHPConfig].Put(&zero, &c); err != nil {
-		return fmt.Errorf("write %s: %w", nameHPConfig, err)
-	}
-	return nil
-}
-
-// HostPortStats returns the hostPort programs' counters, summed over CPUs.
-func (m *Maps) HostPortStats() (map[string]uint64, error) {
+// Stats returns the hostPort programs' counters, summed over CPUs.
+func (hp HostPorts) Stats() (map[string]uint64, error) {
 	out := make(map[string]uint64)
 	for i := 0; i < numHPStats; i++ {
 		k := uint32(i)
 		var per []uint64
-		if err := m.byName[nameHPStats].Lookup(&k, &per); err != nil {
+		if err := hp.m.byName[nameHPStats].Lookup(&k, &per); err != nil {
 			return nil, fmt.Errorf("read %s: %w", nameHPStats, err)
 		}
 		var sum uint64
@@ -541,40 +387,40 @@ func (m *Maps) HostPortStats() (map[string]uint64, error) {
 	return out, nil
 }
 
-// PruneHostPorts removes the mappings, flows and socket entries of pods
+// Prune removes the mappings, flows and socket entries of pods
 // whose host veth is gone (live says which ifindexes still exist), for GC
 // after DELs that never came. It scans all three maps.
-func (m *Maps) PruneHostPorts(live func(ifindex int) bool) (int, error) {
+func (hp HostPorts) Prune(live func(ifindex int) bool) (int, error) {
 	n := 0
 	var hpKeys []HostPortKey
-	err := scan(m.byName[nameHostPorts], func(k *HostPortKey, v *HostPortVal) {
+	err := scan(hp.m.byName[nameHostPorts], func(k *HostPortKey, v *HostPortVal) {
 		if !live(int(v.Ifindex)) {
 			hpKeys = append(hpKeys, *k)
 		}
 	})
 	if err == nil {
-		err = deleteKeys(m.byName[nameHostPorts], hpKeys)
+		err = deleteKeys(hp.m.byName[nameHostPorts], hpKeys)
 		n += len(hpKeys)
 	}
 	var ctKeys []CTKey
-	if serr := scan(m.byName[nameCT], func(k *CTKey, v *CTVal) {
+	if serr := scan(hp.m.byName[nameCT], func(k *CTKey, v *CTVal) {
 		if !live(int(v.Ifindex)) {
 			ctKeys = append(ctKeys, *k)
 		}
 	}); serr != nil {
 		return n, errors.Join(err, serr)
 	}
-	err = errors.Join(err, deleteKeys(m.byName[nameCT], ctKeys))
+	err = errors.Join(err, deleteKeys(hp.m.byName[nameCT], ctKeys))
 	n += len(ctKeys)
 	var sKeys []SockRNATKey
-	if serr := scan(m.byName[nameSockRNAT], func(k *SockRNATKey, v *SockRNATVal) {
+	if serr := scan(hp.m.byName[nameSockRNAT], func(k *SockRNATKey, v *SockRNATVal) {
 		if !live(int(v.Ifindex)) {
 			sKeys = append(sKeys, *k)
 		}
 	}); serr != nil {
 		return n, errors.Join(err, serr)
 	}
-	err = errors.Join(err, deleteKeys(m.byName[nameSockRNAT], sKeys))
+	err = errors.Join(err, deleteKeys(hp.m.byName[nameSockRNAT], sKeys))
 	return n + len(sKeys), err
 }
 
@@ -586,8 +432,8 @@ func (m *Maps) PruneHostPorts(live func(ifindex int) bool) (int, error) {
 // taking quiet live flows with it. The datapath already treats these entries
 // as absent; this frees their slots. An entry is re-read just before its
 // delete and kept if a packet renewed it meanwhile.
-func (m *Maps) ExpireCT() (int, error) {
-	mp := m.byName[nameCT]
+func (hp HostPorts) ExpireCT() (int, error) {
+	mp := hp.m.byName[nameCT]
 	now := monotonicNow()
 	type stale struct {
 		k    CTKey

@@ -22,9 +22,9 @@ func TestTablePins(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	must(m.AddStackFlowPart(idx))
+	must(m.StackFlows().AddPart(idx))
 	must(m.AddPolicyFlowTables(idx))
-	must(m.AddStackFlowPart(idx)) // a retried ADD replaces the table
+	must(m.StackFlows().AddPart(idx)) // a retried ADD replaces the table
 	pins := func() []string {
 		var out []string
 		filepath.WalkDir(filepath.Join(m.dir, "tables"), func(p string, d os.DirEntry, err error) error {

@@ -116,9 +116,6 @@ func CIDROwner(parts ...string) uint64 {
 	return 1
 }
 
-// ClusterCIDRCapacity is how many CIDRs cni_cluster_cidrs holds node-wide.
-func (m *Maps) ClusterCIDRCapacity() int { return int(m.byName[nameClusterCIDRs].MaxEntries()) }
-
 // AcquireClusterCIDRs makes owner a user of prefixes, inserting into
 // cni_cluster_cidrs the ones it lacks (destinations inside them are never
 // masqueraded). All or nothing: when cni_cluster_cidrs (or cni_cidr_refs)

@@ -9,6 +9,14 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+// StackFlows is the stack-flow family of the maps (bpf/lib/stackflow.h):
+// the flows the stack delivered to pods whose replies go back through it,
+// in the shared table (cni_stack_flows) and the pods' own tables.
+type StackFlows struct{ m *Maps }
+
+// StackFlows returns the StackFlows family of m.
+func (m *Maps) StackFlows() StackFlows { return StackFlows{m} }
+
 // Go twins of the stack-flow structs in bpf/lib/types.h, generated from BTF.
 type (
 	StackFlowKey = mapsObjSfKey
@@ -29,26 +37,26 @@ const nameStackFlowParts = "cni_stack_flow_parts"
 // creates one without parsing the embedded object.
 var stackFlowPartSpec = ebpf.MapSpec{Name: "cni_sf_part", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 16, MaxEntries: 256}
 
-// AddStackFlowPart gives the pod behind the host veth ifindex its own table
+// AddPart gives the pod behind the host veth ifindex its own table
 // of stack-flow records (replacing one an earlier pod of that ifindex left).
-func (m *Maps) AddStackFlowPart(ifindex int) error {
+func (s StackFlows) AddPart(ifindex int) error {
 	inner, err := ebpf.NewMap(&stackFlowPartSpec)
 	if err != nil {
 		return fmt.Errorf("create the stack-flow table of ifindex %d: %w", ifindex, err)
 	}
 	defer inner.Close() // the outer map and the pin hold it from here
-	if err := m.putInner(nameStackFlowParts, uint32(ifindex), inner, ebpf.UpdateAny); err != nil {
-		return writeErr(m.byName[nameStackFlowParts], nameStackFlowParts, fmt.Sprintf("the table of ifindex %d", ifindex), err)
+	if err := s.m.putInner(nameStackFlowParts, uint32(ifindex), inner, ebpf.UpdateAny); err != nil {
+		return writeErr(s.m.byName[nameStackFlowParts], nameStackFlowParts, fmt.Sprintf("the table of ifindex %d", ifindex), err)
 	}
 	return nil
 }
 
-// EnsureStackFlowPart gives the pod behind the host veth ifindex its own
+// EnsurePart gives the pod behind the host veth ifindex its own
 // table of stack-flow records unless it has one (the agent, after an ADD
 // that left it to it): an existing table and its records are kept.
-func (m *Maps) EnsureStackFlowPart(ifindex int) error {
+func (s StackFlows) EnsurePart(ifindex int) error {
 	k := uint32(ifindex)
-	outer := m.byName[nameStackFlowParts]
+	outer := s.m.byName[nameStackFlowParts]
 	var id uint32
 	if err := outer.Lookup(&k, &id); err == nil {
 		return nil // the common case: no table made to be thrown away
@@ -58,16 +66,16 @@ func (m *Maps) EnsureStackFlowPart(ifindex int) error {
 		return fmt.Errorf("create the stack-flow table of ifindex %d: %w", ifindex, err)
 	}
 	defer inner.Close()
-	if err := m.putInner(nameStackFlowParts, k, inner, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+	if err := s.m.putInner(nameStackFlowParts, k, inner, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return writeErr(outer, nameStackFlowParts, fmt.Sprintf("the table of ifindex %d", ifindex), err)
 	}
 	return nil
 }
 
-// StackFlowParts lists the ifindexes that have a table of their own.
-func (m *Maps) StackFlowParts() ([]int, error) {
+// Parts lists the ifindexes that have a table of their own.
+func (s StackFlows) Parts() ([]int, error) {
 	var out []int
-	err := scan(m.byName[nameStackFlowParts], func(k *uint32, _ *uint32) { out = append(out, int(*k)) })
+	err := scan(s.m.byName[nameStackFlowParts], func(k *uint32, _ *uint32) { out = append(out, int(*k)) })
 	if err != nil {
 		return nil, fmt.Errorf("scan %s: %w", nameStackFlowParts, err)
 	}
@@ -118,14 +126,14 @@ func (f StackFlow) Kind() string {
 	return s
 }
 
-// ListStackFlows returns every stack-flow record: cni_stack_flows' and
+// List returns every stack-flow record: cni_stack_flows' and
 // those of every pod's table.
-func (m *Maps) ListStackFlows() ([]StackFlow, error) {
-	out, err := listStackFlows(m.byName[nameStackFlows], nameStackFlows)
+func (s StackFlows) List() ([]StackFlow, error) {
+	out, err := listStackFlows(s.m.byName[nameStackFlows], nameStackFlows)
 	if err != nil {
 		return nil, err
 	}
-	err = m.eachInner(nameStackFlowParts, func(_ []byte, t *ebpf.Map) error {
+	err = s.m.eachInner(nameStackFlowParts, func(_ []byte, t *ebpf.Map) error {
 		fs, err := listStackFlows(t, nameStackFlowParts)
 		out = append(out, fs...)
 		return err
@@ -155,21 +163,21 @@ func listStackFlows(mp *ebpf.Map, name string) ([]StackFlow, error) {
 	return out, nil
 }
 
-// DeleteStackFlowsOf removes every stack-flow record made for the pod
+// DeleteOf removes every stack-flow record made for the pod
 // behind the host veth ifindex and returns how many: a scan of
 // cni_stack_flows and of every pod's table (a flow another pod sent to this
 // one is recorded in the sender's), as DeleteCTOf (the programs never use a
 // record whose ifindex is not the pod's anyway), and drops the pod's own
 // table.
-func (m *Maps) DeleteStackFlowsOf(ifindex int) (int, error) {
-	if err := m.deleteStackFlowPart(ifindex); err != nil {
+func (s StackFlows) DeleteOf(ifindex int) (int, error) {
+	if err := s.m.deleteStackFlowPart(ifindex); err != nil {
 		return 0, err
 	}
-	n, err := deleteStackFlowsIn(m.byName[nameStackFlows], nameStackFlows, ifindex)
+	n, err := deleteStackFlowsIn(s.m.byName[nameStackFlows], nameStackFlows, ifindex)
 	if err != nil {
 		return n, err
 	}
-	err = m.eachInner(nameStackFlowParts, func(_ []byte, t *ebpf.Map) error {
+	err = s.m.eachInner(nameStackFlowParts, func(_ []byte, t *ebpf.Map) error {
 		k, err := deleteStackFlowsIn(t, nameStackFlowParts, ifindex)
 		n += k
 		return err

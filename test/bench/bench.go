@@ -705,9 +705,9 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 	if c.mapsPorts() && c.pinDir != "" {
 		// A pin directory of its own: every mapping, flow and limit left is this configuration's.
 		if m, err := datapath.OpenMaps(c.pinDir); err == nil {
-			hps, _ := m.ListHostPorts()
-			flows, _ := m.ListCT()
-			limits, _ := m.ListLimits()
+			hps, _ := m.HostPorts().List()
+			flows, _ := m.HostPorts().ListCT()
+			limits, _ := m.Bandwidth().ListLimits()
 			m.Close()
 			if len(hps) > 0 || len(flows) > 0 || len(limits) > 0 {
 				out = append(out, fmt.Sprintf("%d hostPort mappings, %d flows and %d bandwidth limits in the maps", len(hps), len(flows), len(limits)))
@@ -716,8 +716,8 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 	}
 	if c.key == "ebpf-hostport" {
 		if m, err := datapath.OpenMaps(b.pinDir); err == nil {
-			hps, _ := m.ListHostPorts()
-			flows, _ := m.ListCT()
+			hps, _ := m.HostPorts().List()
+			flows, _ := m.HostPorts().ListCT()
 			m.Close()
 			if len(hps) > 0 || len(flows) > 0 {
 				out = append(out, fmt.Sprintf("%d hostPort mappings and %d flows in the maps", len(hps), len(flows)))

@@ -252,7 +252,7 @@ func (b *bench) checkNoLimit(e *tputEnv) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("open ebpf-cni maps: %w", err)
 	}
-	limits, err := m.ListLimits()
+	limits, err := m.Bandwidth().ListLimits()
 	m.Close()
 	if err != nil {
 		return "", err

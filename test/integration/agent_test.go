@@ -198,7 +198,7 @@ func TestAgentReconcile(t *testing.T) {
 	stale := e.Add(e.NewPod(), "crash")
 	_, idx := e.HostVeth("crash")
 	os.Remove(filepath.Join(e.StateDir, e.Name, "crash_eth0.json"))
-	if err := m.PutNetns(424242, 0, 0); err != nil {
+	if err := m.Bandwidth().PutNetns(424242, 0, 0); err != nil {
 		t.Fatal(err)
 	}
 	e.InNode(func() error { return deleteHostLink(state.HostIfName("crash", "eth0")) })

@@ -1,7 +1,7 @@
 // The agent's background work against what else happens to a pod at the
-// same time: the ingress queue of a limited pod in either attach state, a
-// DEL and a retried ADD of the same pod in the middle of a move, a retried
-// ADD racing the deletion of its handed-off pair.
+// same time: a DEL and a retried ADD of the same pod in the middle of a
+// move, a retried ADD racing the deletion of its handed-off pair, the agent
+// killed before the filters are deleted.
 
 package integration
 
@@ -21,99 +21,6 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
-
-// rootQdiscKind is the kind of a node link's root qdisc ("" for none).
-func rootQdiscKind(t *testing.T, e *testenv.Env, idx int) string {
-	t.Helper()
-	kind := ""
-	e.InNode(func() error {
-		l, err := netlink.LinkByIndex(idx)
-		if err != nil {
-			t.Fatalf("ifindex %d: %v", idx, err)
-		}
-		qs, err := netlink.QdiscList(l)
-		if err != nil {
-			t.Fatalf("qdiscs of %s: %v", l.Attrs().Name, err)
-		}
-		for _, q := range qs {
-			if q.Attrs().Parent == netlink.HANDLE_ROOT {
-				kind = q.Type()
-			}
-		}
-		return nil
-	})
-	return kind
-}
-
-// TestBandwidthQueueInEveryAttachState: a pod ADDed with an ingress limit
-// while the agent runs (cls_bpf filters waiting for tcx) gets its ingress
-// queue (HTB on the host veth), the agent's move to tcx keeps it, and a
-// remote TCP stream holds the limit in both states; re-ADDed while its old
-// pair waits handed off, the pod gets a queue on its new veth.
-func TestBandwidthQueueInEveryAttachState(t *testing.T) {
-	e := testenv.New(t)
-	remote := withRemote(t, e)
-	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("agent log:\n%s", ag.Logs())
-		}
-	})
-	pod := e.NewPod()
-	e.CleanupDel(pod, "bwq")
-	const rate = 20e6
-	bw := bandwidthArgs(rate, 0)
-
-	release := e.HoldVerbs()
-	r, err := e.AddBW(pod, "bwq", bw)
-	if err != nil {
-		t.Fatalf("ADD with an ingress limit: %v", err)
-	}
-	ip4, _ := testenv.PodIPs(t, r)
-	hostIf, idx := e.HostVeth("bwq")
-	stream := func(when string, hostIf string, idx int) {
-		t.Helper()
-		if k := rootQdiscKind(t, e, idx); k != "htb" {
-			t.Errorf("%s: root qdisc of %s is %q, want htb", when, hostIf, k)
-		}
-		if err := e.CheckBW(pod, "bwq", bw); err != nil {
-			t.Errorf("%s: CHECK: %v", when, err)
-		}
-		s := tcpStream(t, remote, pod, ip4, 4*time.Second)
-		t.Logf("%s: remote TCP at a %.0f Mbit/s limit: mean %.3fx, 1 s intervals %s", when, rate/1e6, s.mean/rate, ratios(s.intervals, rate))
-		if s.mean < 0.85*rate || s.mean > 1.05*rate {
-			t.Errorf("%s: mean %.1f Mbit/s, want %.1f-%.1f (0.85x-1.05x of the limit)", when, s.mean/1e6, 0.85*rate/1e6, 1.05*rate/1e6)
-		}
-	}
-	if st := e.AttachState(hostIf); st != datapath.StateTCPending {
-		t.Fatalf("%s is %q after ADD with the agent running, want %q", hostIf, st, datapath.StateTCPending)
-	}
-	stream("cls_bpf, waiting for tcx", hostIf, idx)
-
-	release()
-	e.WaitAttachState(hostIf, datapath.StateTCX, 10*time.Second)
-	stream("moved to tcx", hostIf, idx)
-
-	release = e.HoldVerbs()
-	e.MustDel(pod, "bwq")
-	if !e.NodeLinkExists(state.HandedOffName(idx)) {
-		t.Fatalf("DEL did not hand %s off", hostIf)
-	}
-	r, err = e.AddBW(pod, "bwq", bw)
-	if err != nil {
-		t.Fatalf("re-ADD while the old pair waits: %v", err)
-	}
-	ip4, _ = testenv.PodIPs(t, r)
-	hostIf2, idx2 := e.HostVeth("bwq")
-	stream("re-added beside the handed-off pair", hostIf2, idx2)
-	release()
-	e.WaitAttachState(hostIf2, datapath.StateTCX, 10*time.Second)
-	if err := e.CheckBW(pod, "bwq", bw); err != nil {
-		t.Errorf("CHECK after the move: %v", err)
-	}
-	e.MustDel(pod, "bwq")
-	e.AssertClean()
-}
 
 // holdAgentLock takes the node's agent lock as a running agent does, so the
 // verbs leave their background work to the test; released by the returned

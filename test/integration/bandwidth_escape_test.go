@@ -198,7 +198,7 @@ func TestBandwidthHostPortIngress(t *testing.T) {
 	}
 	// hostPort flows are the node hooks', not the stack's: none recorded as
 	// a stack flow (its replies would be sent to the stack).
-	sfs, err := e.Maps().ListStackFlows()
+	sfs, err := e.Maps().StackFlows().List()
 	must(t, err)
 	for _, f := range sfs {
 		if f.Ifindex == idx && f.Peer.Addr().String() == b4.String() {

@@ -218,13 +218,13 @@ func TestBandwidthCheckAndDump(t *testing.T) {
 
 	m := e.Maps()
 	_, idx := e.HostVeth("chk")
-	if err := m.PutLimit(idx, maps.DirEgress, maps.Limit{RateBps: 1e6, BurstBits: 5e4}); err != nil {
+	if err := m.Bandwidth().PutLimit(idx, maps.DirEgress, maps.Limit{RateBps: 1e6, BurstBits: 5e4}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.CheckBW(a, "chk", bw); err == nil || !strings.Contains(err.Error(), "cni_bandwidth") {
 		t.Errorf("CHECK with a changed limit: %v", err)
 	}
-	if err := m.DeleteLimits(idx); err != nil {
+	if err := m.Bandwidth().DeleteLimits(idx); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.CheckBW(a, "chk", bw); err == nil || !strings.Contains(err.Error(), "no egress limit") {
@@ -269,5 +269,42 @@ func TestBandwidthBadValues(t *testing.T) {
 			}
 			e.AssertClean()
 		})
+	}
+}
+
+// TestReviewBandwidthBoundaries: the least and the greatest rates the plugin
+// accepts, at the least and the greatest MTU, with the runtime's absurd
+// burst: ADD installs them (queue included), CHECK passes, and the pod
+// answers; DEL leaves nothing.
+func TestReviewBandwidthBoundaries(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		rate uint64
+		mtu  int
+	}{{1_000, 1500}, {1_000, 9000}, {1_000, 65535}, {1_000_000_000_000, 1500}, {1_000_000_000_000, 65535}, {34_359_738_368, 1500}} {
+		e := testenv.New(t)
+		e.Extra = map[string]any{"mtu": c.mtu}
+		pod := e.NewPod()
+		id := testenv.RandName("bw")
+		e.CleanupDel(pod, id)
+		bw := map[string]any{"ingressRate": c.rate, "ingressBurst": uint64(4294967295), "egressRate": c.rate, "egressBurst": uint64(4294967295)}
+		r, err := e.AddBW(pod, id, bw)
+		if err != nil {
+			t.Errorf("rate %d, mtu %d: ADD: %v", c.rate, c.mtu, err)
+			continue
+		}
+		if err := e.CheckBW(pod, id, bw); err != nil {
+			t.Errorf("rate %d, mtu %d: CHECK: %v", c.rate, c.mtu, err)
+		}
+		if c.rate > 1_000_000 {
+			v4, _ := testenv.PodIPs(t, r)
+			if err := testenv.Ping(e.Node, v4, 2); err != nil {
+				t.Errorf("rate %d, mtu %d: ping: %v", c.rate, c.mtu, err)
+			}
+		}
+		if err := e.Del(pod, id, "eth0"); err != nil {
+			t.Errorf("rate %d, mtu %d: DEL: %v", c.rate, c.mtu, err)
+		}
+		e.AssertClean()
 	}
 }

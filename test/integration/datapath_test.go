@@ -188,7 +188,7 @@ func TestDatapathAntiSpoofIP(t *testing.T) {
 			}
 			// Explicit source: with a second address on eth0 the kernel may
 			// pick the spoofed one for an unbound socket.
-			if err := pingFrom(a, c.real, c.node, 2); err != nil {
+			if err := testenv.PingFrom(a, c.real, c.node, 2); err != nil {
 				t.Errorf("legit traffic after spoofing: %v", err)
 			}
 		})

@@ -432,3 +432,44 @@ func TestIntegrityErrors(t *testing.T) {
 		e.AssertClean()
 	})
 }
+
+// TestReviewGarbageConfig: configurations a runtime or a human may hand the
+// plugin, each refused by ADD with the spec's code naming the field, leaving
+// nothing.
+func TestReviewGarbageConfig(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	pod := e.NewPod()
+	bw := func(k string, v any) func(c map[string]any) {
+		return func(c map[string]any) {
+			c["runtimeConfig"] = map[string]any{"bandwidth": map[string]any{k: json.RawMessage(fmt.Sprint(v))}}
+		}
+	}
+	for _, c := range []struct {
+		name string
+		edit func(c map[string]any)
+		code uint
+		subs []string
+	}{
+		{"negative rate", bw("ingressRate", -1), codeInvalidConfig, []string{"ingressRate", "negative"}},
+		{"rate beyond 64 bits", bw("egressRate", "18446744073709551616"), codeInvalidConfig, []string{"egressRate", "64 bits"}},
+		{"rate in exponent notation", bw("ingressRate", "1e6"), codeInvalidConfig, []string{"ingressRate", "whole number"}},
+		{"rate below the minimum", bw("ingressRate", 999), codeInvalidConfig, []string{"ingressRate", "minimum"}},
+		{"rate beyond 1 Tbit/s", bw("ingressRate", "1000000000001"), codeInvalidConfig, []string{"ingressRate", "maximum"}},
+		{"burst without rate", bw("egressBurst", 1000), codeInvalidConfig, []string{"egressBurst", "egressRate"}},
+		{"bandwidth not an object", func(c map[string]any) { c["runtimeConfig"] = map[string]any{"bandwidth": 5} }, codeDecoding, []string{"bandwidth"}},
+		{"negative mtu", func(c map[string]any) { c["mtu"] = -1 }, codeInvalidConfig, []string{"mtu"}},
+		{"mtu as a string", func(c map[string]any) { c["mtu"] = "1500" }, codeDecoding, []string{"mtu"}},
+		{"missing name", func(c map[string]any) { delete(c, "name") }, codeInvalidConfig, []string{"name"}},
+		{"name with a slash", func(c map[string]any) { c["name"] = "../x" }, codeInvalidConfig, []string{"name"}},
+		{"ipam without type", func(c map[string]any) { c["ipam"] = map[string]any{"subnet": "10.250.0.0/24"} }, codeInvalidConfig, []string{"ipam"}},
+		{"portMappings port 0", func(c map[string]any) {
+			c["runtimeConfig"] = map[string]any{"portMappings": []map[string]any{{"hostPort": 0, "containerPort": 80, "protocol": "tcp"}}}
+		}, codeInvalidConfig, []string{"portMappings[0]"}},
+	} {
+		stdin := e.StdinConf(c.edit)
+		out, err := e.ExecPlugin(pluginEnv("ADD", "garbage", pod, "eth0"), stdin)
+		wantPluginError(t, c.name, out, err, c.code, c.subs...)
+		e.AssertNothingOf("garbage")
+	}
+}

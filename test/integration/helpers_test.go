@@ -13,13 +13,13 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
-
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // counter returns one counter of a host veth (zero when absent).
@@ -43,36 +43,6 @@ func dumpCounters(m *maps.Maps, ifindex int) string {
 		parts = append(parts, fmt.Sprintf("%s/%s=%dp,%dB", k.Dir, k.Reason, c.Packets, c.Bytes))
 	}
 	return strings.Join(parts, " ")
-}
-
-// pingFrom pings from a given source address.
-func pingFrom(netns ns.NetNS, src, ip net.IP, count int) error {
-	return netns.Do(func(ns.NetNS) error {
-		args := []string{"-c", fmt.Sprint(count), "-i", "0.2", "-W", "2", "-I", src.String(), ip.String()}
-		if ip.To4() == nil {
-			args = append([]string{"-6"}, args...)
-		}
-		out, err := exec.Command("ping", args...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("ping -I %s %s: %v\n%s", src, ip, err, out)
-		}
-		return nil
-	})
-}
-
-// pingDF pings with a payload of size bytes and fragmentation prohibited.
-func pingDF(netns ns.NetNS, ip net.IP, size int) error {
-	return netns.Do(func(ns.NetNS) error {
-		args := []string{"-c", "2", "-i", "0.2", "-W", "2", "-M", "do", "-s", fmt.Sprint(size), ip.String()}
-		if ip.To4() == nil {
-			args = append([]string{"-6"}, args...)
-		}
-		out, err := exec.Command("ping", args...).CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("ping -M do -s %d %s: %v\n%s", size, ip, err, out)
-		}
-		return nil
-	})
 }
 
 // podAddrAdd adds an extra address to eth0 inside a pod, as a malicious

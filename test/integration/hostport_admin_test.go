@@ -84,7 +84,7 @@ func TestHostPortSingleStack(t *testing.T) {
 	serve(t, p, 80, "v4")
 	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 8080), "v4")
 	expectNoServer(t, e.remote, "tcp", hp(uplinkIP6, 8080))
-	hps, _ := e.Maps().ListHostPorts()
+	hps, _ := e.Maps().HostPorts().List()
 	if len(hps) != 1 || hps[0].IPv6 {
 		t.Errorf("mappings of an IPv4-only pod: %+v, want one IPv4 entry", hps)
 	}
@@ -120,11 +120,11 @@ func TestHostPortCheckAndGC(t *testing.T) {
 		t.Errorf("CHECK with another containerPort passed")
 	}
 	// Remove the IPv6 wildcard entry by hand.
-	hps, _ := m.ListHostPorts()
+	hps, _ := m.HostPorts().List()
 	for _, h := range hps {
 		if h.IPv6 {
 			h2 := h
-			if err := m.DeleteHostPort(h2); err != nil {
+			if err := m.HostPorts().Delete(h2); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -150,13 +150,13 @@ func TestHostPortCheckAndGC(t *testing.T) {
 	if err := e.GC(types.GCAttachment{ContainerID: "web", IfName: "eth0"}); err != nil {
 		t.Fatalf("GC: %v", err)
 	}
-	hps, _ = m.ListHostPorts()
+	hps, _ = m.HostPorts().List()
 	for _, h := range hps {
 		if h.HostPort == 9000 {
 			t.Errorf("GC left the mapping %s of a pod whose veth is gone", h.Listen())
 		}
 	}
-	flows, _ := m.ListCT()
+	flows, _ := m.HostPorts().ListCT()
 	for _, f := range flows {
 		if f.Dialled.Port() == 9000 {
 			t.Errorf("GC left the flow %+v of a pod whose veth is gone", f)
@@ -351,7 +351,7 @@ func TestHostPortAgent(t *testing.T) {
 	}
 	m := e.Maps()
 	waitFor("agent adds the new address to cni_node_ips", func() bool {
-		ips, _ := m.NodeIPs()
+		ips, _ := m.Node().IPs()
 		_, ok := ips[extra.String()]
 		return ok
 	})

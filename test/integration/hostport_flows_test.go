@@ -168,7 +168,7 @@ func TestHostPortDelPurgesFlows(t *testing.T) {
 	if !found {
 		t.Fatalf("cni_ct lacks the remote UDP flow %s -> %s -> %s: %+v", hp(remoteIP4, 40000), hp(uplinkIP4, 6000), hp(podIP, 80), flows)
 	}
-	socks, _ := m.ListSockRNAT()
+	socks, _ := m.HostPorts().ListSockRNAT()
 	if len(socks) == 0 {
 		t.Fatalf("cni_sock_rnat has no entry for the node's socket")
 	}

@@ -142,7 +142,7 @@ func TestHostPortFlowLifeCycle(t *testing.T) {
 			case <-time.After(500 * time.Millisecond):
 			}
 			n := 0
-			fl, _ := m.ListCT()
+			fl, _ := m.HostPorts().ListCT()
 			for _, f := range fl {
 				if f.Ifindex == idx {
 					n++
@@ -198,7 +198,7 @@ func TestHostPortFlowLifeCycle(t *testing.T) {
 	deadline := time.Now().Add(maps.FlowTimeoutClosing + 5*time.Second)
 	for {
 		left = left[:0]
-		fl, err := m.ListCT()
+		fl, err := m.HostPorts().ListCT()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -211,7 +211,7 @@ func TestHostPortFlowLifeCycle(t *testing.T) {
 			break
 		}
 		time.Sleep(time.Second)
-		n, err := m.ExpireCT()
+		n, err := m.HostPorts().ExpireCT()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -228,7 +228,7 @@ func TestHostPortFlowLifeCycle(t *testing.T) {
 	if n := maxEntries.Load(); n >= maxCT {
 		t.Errorf("the pod had %d cni_ct entries at once: the table (%d) filled", n, maxCT)
 	}
-	st, _ := m.HostPortStats()
+	st, _ := m.HostPorts().Stats()
 	switch {
 	case forced(datapath.FeatTimer) && st["expired"] != 0:
 		// The compat build (make test-fallback) arms no timer: the sweep alone.

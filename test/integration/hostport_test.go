@@ -221,7 +221,7 @@ func TestHostPortHairpin(t *testing.T) {
 		}
 	}
 	m := e.Maps()
-	stats, err := m.HostPortStats()
+	stats, err := m.HostPorts().Stats()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +365,7 @@ func TestHostPortConflict(t *testing.T) {
 	late := &testenv.Attachment{Pod: p, ID: "late", IfName: "eth0", HostIf: state.HostIfName("late", "eth0")}
 	e.AssertGone(late)
 	m := e.Maps()
-	hps, _ := m.ListHostPorts()
+	hps, _ := m.HostPorts().List()
 	for _, h := range hps {
 		if h.HostPort == 9090 {
 			t.Errorf("the failed ADD left its other mapping %s", h.Listen())
@@ -415,7 +415,7 @@ func TestHostPortConflict(t *testing.T) {
 		t.Fatalf("%d of %d racing ADDs won hostPort 7777/udp (%v), want exactly 1", len(wins), racers, wins)
 	}
 	n := 0
-	hps, _ = m.ListHostPorts()
+	hps, _ = m.HostPorts().List()
 	for _, h := range hps {
 		if h.HostPort == 7777 {
 			n++

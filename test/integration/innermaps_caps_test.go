@@ -44,7 +44,7 @@ func daemonSetAgentCmd(t *testing.T, e *testenv.Env, args ...string) (string, er
 // idx (as root).
 func stackFlowsOf(t *testing.T, m *maps.Maps, idx int) []maps.StackFlow {
 	t.Helper()
-	fs, err := m.ListStackFlows()
+	fs, err := m.StackFlows().List()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +184,7 @@ func TestPolicyTablesDaemonSetCaps(t *testing.T) {
 	m := e.Maps()
 	const gone = 999998 // no such link
 	must(t, m.AddPolicyFlowTables(gone))
-	must(t, m.AddStackFlowPart(gone))
+	must(t, m.StackFlows().AddPart(gone))
 	out, err := daemonSetAgentCmd(t, e, "status", "-o", "json", "--pin-dir", e.PinDir, "--state-dir", e.StateDir)
 	if strings.Contains(out, "not permitted") || strings.Contains(out, "CAP_SYS_ADMIN") ||
 		innerMemlock(t, out, "cni_pol_ct_parts") == 0 || innerMemlock(t, out, "cni_pol_frag_parts") == 0 {
@@ -196,7 +196,7 @@ func TestPolicyTablesDaemonSetCaps(t *testing.T) {
 	}
 	tables, err := m.PolicyFlowTables()
 	must(t, err)
-	parts, err := m.StackFlowParts()
+	parts, err := m.StackFlows().Parts()
 	must(t, err)
 	for _, x := range append(tables, parts...) {
 		if x == gone {
@@ -313,7 +313,7 @@ func TestUpgradeFromLayout3DaemonSetCaps(t *testing.T) {
 		t.Errorf("the layout 3 maps are still pinned after the migration: %v", err)
 	}
 	m := e.Maps()
-	parts, err := m.StackFlowParts()
+	parts, err := m.StackFlows().Parts()
 	must(t, err)
 	if !slices.Contains(parts, aIdx) {
 		t.Errorf("a's stack-flow table (ifindex %d) did not come along to layout %d: tables of %v", aIdx, maps.LayoutVersion, parts)

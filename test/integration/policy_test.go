@@ -244,7 +244,7 @@ func TestPolicy(t *testing.T) {
 			blocked(t, p.a, "udp", ip("b", fam), 8080)
 			reach(t, p.h, "tcp", ip("b", fam), 8080, "b")
 			reach(t, p.h, "udp", ip("b", fam), 8080, "b")
-			must(t, pingFrom(p.h, ip("h", fam), ip("b", fam), 1)) // a rule without ports: every protocol
+			must(t, testenv.PingFrom(p.h, ip("h", fam), ip("b", fam), 1)) // a rule without ports: every protocol
 			blocked(t, p.remote, "tcp", ip("b", fam), 8080)
 			blocked(t, p.remote, "tcp", uplinkIP[fam], npLocal) // NodePort, externalTrafficPolicy Local: the client's address
 		}

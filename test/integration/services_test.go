@@ -292,7 +292,7 @@ func (l *svcLab) cases(t *testing.T) {
 	})
 	t.Run("stack-flows-recorded", func(t *testing.T) {
 		_, bIdx := l.HostVeth("b")
-		flows, err := l.Maps().ListStackFlows()
+		flows, err := l.Maps().StackFlows().List()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -429,7 +429,7 @@ func (l *svcLab) teardown(t *testing.T) {
 		pod := map[string]ns.NetNS{"a": l.a, "b": l.b, "h": l.h}[id]
 		l.MustDel(pod, id)
 	}
-	flows, err := l.Maps().ListStackFlows()
+	flows, err := l.Maps().StackFlows().List()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -467,7 +467,7 @@ func TestServicesStackFlowsReconciled(t *testing.T) {
 	_, cIdx := e.HostVeth("c")
 	m := e.Maps()
 	of := func(idx int) int {
-		flows, err := m.ListStackFlows()
+		flows, err := m.StackFlows().List()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -509,7 +509,7 @@ func TestServicesStackFlowsReconciled(t *testing.T) {
 	if n := len(e.Leftovers()); n != 0 {
 		t.Fatalf("left: %v", e.Leftovers())
 	}
-	if flows, _ := m.ListStackFlows(); len(flows) != 0 {
+	if flows, _ := m.StackFlows().List(); len(flows) != 0 {
 		t.Errorf("stack flows left: %+v", flows)
 	}
 }
@@ -531,4 +531,24 @@ func pingReplyFrom(netns ns.NetNS, ip net.IP) error {
 		}
 		return nil
 	})
+}
+
+// TestReview17ServicesV4Only: every Service path of the kube-proxy lab
+// (iptables mode, ipMasq off and on; hostPort, NodePort, hairpin, endpoint
+// off node, ICMP errors, stack flows, the fast path) on an IPv4-only
+// network, whose host veths carry no IPv6.
+func TestReview17ServicesV4Only(t *testing.T) {
+	t.Parallel()
+	for _, masq := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ipMasq=%v", masq), func(t *testing.T) {
+			t.Parallel()
+			l := newSvcLabFams(t, proxyModes[0], masq, []int{4})
+			hostIf, _ := l.HostVeth("b")
+			if got := testenv.ReadSysctl(t, l.Node, "/proc/sys/net/ipv6/conf/"+hostIf+"/disable_ipv6"); got != "1" {
+				t.Fatalf("host veth %s of an IPv4-only network: disable_ipv6 %s, want 1", hostIf, got)
+			}
+			l.cases(t)
+			l.teardown(t)
+		})
+	}
 }

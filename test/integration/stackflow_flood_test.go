@@ -145,7 +145,7 @@ func TestStackFlowFloodIsolated(t *testing.T) {
 				t.Fatal(err)
 			}
 			time.Sleep(time.Second)
-			flows, _ := e.Maps().ListStackFlows()
+			flows, _ := e.Maps().StackFlows().List()
 			t.Logf("stack-flow records after the flood: %d", len(flows))
 
 			if _, err := srv.Write([]byte("pong\n")); err != nil {
@@ -171,7 +171,7 @@ func TestStackFlowPartLifecycle(t *testing.T) {
 	_, idx := e.HostVeth("p")
 	m := e.Maps()
 	has := func(i int) bool {
-		parts, err := m.StackFlowParts()
+		parts, err := m.StackFlows().Parts()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,7 +192,7 @@ func TestStackFlowPartLifecycle(t *testing.T) {
 		t.Errorf("the table of host veth %d outlived DEL", idx)
 	}
 	const gone = 999999 // no such link
-	if err := m.AddStackFlowPart(gone); err != nil {
+	if err := m.StackFlows().AddPart(gone); err != nil {
 		t.Fatal(err)
 	}
 	confDir := e.WriteConfDir()
@@ -201,5 +201,97 @@ func TestStackFlowPartLifecycle(t *testing.T) {
 	}
 	if has(gone) {
 		t.Errorf("reconcile left the table of ifindex %d, which has no link", gone)
+	}
+}
+
+// TestReviewForgedICMPErrorKeepsStackFlows: pod x, which has nothing to do
+// with a's connection through a ClusterIP to b, sends ICMP errors quoting a
+// segment a -> b of that connection. The record that sends b's replies
+// through the stack (so conntrack un-DNATs them) must survive: x may not
+// delete another pod's records. Without it b's next segment bypasses
+// conntrack, reaches a from b's own address, and a answers with a reset.
+// IPv4 and IPv6.
+func TestReviewForgedICMPErrorKeepsStackFlows(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	a, b, x := e.NewPod(), e.NewPod(), e.NewPod()
+	for id, p := range map[string]ns.NetNS{"a": a, "b": b, "x": x} {
+		e.CleanupDel(p, id)
+	}
+	e.Add(a, "a")
+	b4, b6 := testenv.PodIPs(t, e.Add(b, "b"))
+	e.Add(x, "x")
+	bIP := map[int]net.IP{4: b4, 6: b6}
+	for _, fam := range []int{4, 6} {
+		restore(t, e.Node, "nft", nftRules(fam, cluster[fam], []net.IP{nodeIP[fam]},
+			[]svcPort{{name: "web", proto: "tcp", clusterIP: svcWeb[fam], port: 80, backend: bIP[fam], target: 8080}}), "-f", "-")
+	}
+	_, bIdx := e.HostVeth("b")
+	for _, fam := range []int{4, 6} {
+		network := fmt.Sprintf("tcp%d", fam)
+		var ln net.Listener
+		if err := b.Do(func(ns.NetNS) (err error) { ln, err = net.Listen(network, ":8080"); return }); err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			if c, err := ln.Accept(); err == nil {
+				accepted <- c
+			}
+		}()
+		var cli net.Conn
+		if err := a.Do(func(ns.NetNS) (err error) {
+			cli, err = net.DialTimeout(network, hp(svcWeb[fam], 80), 5*time.Second)
+			return
+		}); err != nil {
+			t.Fatalf("a -> ClusterIP %s: %v", svcWeb[fam], err)
+		}
+		defer cli.Close()
+		var srv net.Conn
+		select {
+		case srv = <-accepted:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("IPv%d: b accepted nothing", fam)
+		}
+		defer srv.Close()
+		if _, err := cli.Write([]byte("ping\n")); err != nil {
+			t.Fatal(err)
+		}
+		srv.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := bufio.NewReader(srv).ReadString('\n'); err != nil {
+			t.Fatalf("IPv%d: b read: %v", fam, err)
+		}
+		la := cli.LocalAddr().(*net.TCPAddr)
+		record := func() bool {
+			flows, err := e.Maps().StackFlows().List()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range flows {
+				if f.Ifindex == bIdx && f.Peer.Addr().Unmap().String() == la.IP.String() && int(f.Peer.Port()) == la.Port {
+					return true
+				}
+			}
+			return false
+		}
+		if !record() {
+			t.Fatalf("IPv%d: no stack flow recorded for b's replies to %s", fam, la)
+		}
+
+		// x knows (or guesses) the tuple and sprays errors about it at b.
+		sendICMP(t, x, bIP[fam], forgedUnreach(la.IP, la.Port, bIP[fam], 8080), 20)
+		time.Sleep(100 * time.Millisecond)
+		if !record() {
+			t.Errorf("IPv%d: pod x's forged ICMP errors deleted b's stack flow record", fam)
+		}
+		// b speaks first now: a must get it from the ClusterIP.
+		if _, err := srv.Write([]byte("pong\n")); err != nil {
+			t.Fatal(err)
+		}
+		cli.SetReadDeadline(time.Now().Add(3 * time.Second))
+		if got, err := bufio.NewReader(cli).ReadString('\n'); err != nil || got != "pong\n" {
+			t.Errorf("IPv%d: a's connection through the ClusterIP after x's forged errors: read %q, %v", fam, got, err)
+		}
 	}
 }

@@ -112,7 +112,7 @@ func TestUpgradeFromLayout1(t *testing.T) {
 	// b's buckets, converted from layout 1's bw_state (no ingress queue:
 	// queue_ns 0, the bucket polices alone as it did).
 	for _, dir := range []maps.Dir{maps.DirEgress, maps.DirIngress} {
-		if l, ok, err := m.LookupLimit(idxB, dir); err != nil || !ok || l.RateBps != 50e6 || l.BurstBits == 0 || l.QueueNs != 0 {
+		if l, ok, err := m.Bandwidth().LookupLimit(idxB, dir); err != nil || !ok || l.RateBps != 50e6 || l.BurstBits == 0 || l.QueueNs != 0 {
 			t.Errorf("b's %s limit in the new maps: %+v %v %v", dir, l, ok, err)
 		}
 	}
@@ -298,7 +298,7 @@ func TestUpgradeKilledMidMigration(t *testing.T) {
 		t.Errorf("the ping between two pods of the old build lost packets across the killed migrations:\n%s", out)
 	}
 	m := e.Maps()
-	if l, ok, err := m.LookupLimit(idxB, maps.DirEgress); err != nil || !ok || l.RateBps != 50e6 {
+	if l, ok, err := m.Bandwidth().LookupLimit(idxB, maps.DirEgress); err != nil || !ok || l.RateBps != 50e6 {
 		t.Errorf("b's egress limit in the layout 2 maps: %+v %v %v", l, ok, err)
 	}
 	if st := status(t, e); st.Healthy || !slices.ContainsFunc(st.Problems, func(p string) bool { return strings.Contains(p, old) }) {

@@ -100,7 +100,7 @@ func upgradeFromLayout(t *testing.T, commit string, version int) {
 	}
 	m := e.Maps()
 	for _, dir := range []maps.Dir{maps.DirEgress, maps.DirIngress} {
-		if l, ok, err := m.LookupLimit(idxB, dir); err != nil || !ok || l.RateBps != 50e6 {
+		if l, ok, err := m.Bandwidth().LookupLimit(idxB, dir); err != nil || !ok || l.RateBps != 50e6 {
 			t.Errorf("b's %s limit in the new maps: %+v %v %v", dir, l, ok, err)
 		}
 	}

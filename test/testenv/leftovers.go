@@ -65,7 +65,7 @@ func (e *Env) Leftovers() []string {
 		for idx := range all {
 			out = append(out, fmt.Sprintf("counters of ifindex %d", idx))
 		}
-		lims, _ := m.ListLimits()
+		lims, _ := m.Bandwidth().ListLimits()
 		for _, l := range lims {
 			out = append(out, fmt.Sprintf("%s limit of ifindex %d", l.Dir, l.Ifindex))
 		}
@@ -77,11 +77,11 @@ func (e *Env) Leftovers() []string {
 		for c, n := range users {
 			out = append(out, fmt.Sprintf("%d users of cluster CIDR %s", n, c))
 		}
-		parts, _ := m.StackFlowParts()
+		parts, _ := m.StackFlows().Parts()
 		for _, idx := range parts {
 			out = append(out, fmt.Sprintf("%s%d", StackFlowTableLeftover, idx))
 		}
-		nss, _ := m.ListNetns()
+		nss, _ := m.Bandwidth().ListNetns()
 		for cookie, v := range nss {
 			if v.Flags&maps.FlagNetnsNode == 0 { // the node's own entry stays with the node
 				out = append(out, fmt.Sprintf("netns entry %d", cookie))
@@ -143,15 +143,15 @@ func (e *Env) HostPortLeftovers() []string {
 	}
 	defer m.Close()
 	var out []string
-	hps, _ := m.ListHostPorts()
+	hps, _ := m.HostPorts().List()
 	for _, h := range hps {
 		out = append(out, "hostport "+h.Listen())
 	}
-	flows, _ := m.ListCT()
+	flows, _ := m.HostPorts().ListCT()
 	for _, f := range flows {
 		out = append(out, fmt.Sprintf("ct %s -> %s -> %s", f.Client, f.Dialled, f.Pod))
 	}
-	socks, _ := m.ListSockRNAT()
+	socks, _ := m.HostPorts().ListSockRNAT()
 	for _, s := range socks {
 		out = append(out, fmt.Sprintf("sock rnat %d %s -> %s", s.Cookie, s.Dialled, s.Pod))
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -44,4 +45,30 @@ func RemoveNS(n ns.NetNS) error {
 		return fmt.Errorf("remove %s: %w", path, err)
 	}
 	return nil
+}
+
+// ReadSysctl reads a /proc/sys file of the netns n.
+func ReadSysctl(t testing.TB, n ns.NetNS, path string) string {
+	t.Helper()
+	var s string
+	n.Do(func(ns.NetNS) error {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Errorf("%s: %v", path, err)
+		}
+		s = strings.TrimSpace(string(b))
+		return nil
+	})
+	return s
+}
+
+// WriteSysctl writes a /proc/sys file of the netns n.
+func WriteSysctl(t testing.TB, n ns.NetNS, path, v string) {
+	t.Helper()
+	n.Do(func(ns.NetNS) error {
+		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		return nil
+	})
 }

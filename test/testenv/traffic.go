@@ -100,3 +100,33 @@ func (e *Env) PodReachable(t *testing.T, pod ns.NetNS, ips []net.IP) {
 }
 
 // ---- 1. Retried ADD --------------------------------------------------------
+
+// PingFrom pings from a given source address.
+func PingFrom(netns ns.NetNS, src, ip net.IP, count int) error {
+	return netns.Do(func(ns.NetNS) error {
+		args := []string{"-c", fmt.Sprint(count), "-i", "0.2", "-W", "2", "-I", src.String(), ip.String()}
+		if ip.To4() == nil {
+			args = append([]string{"-6"}, args...)
+		}
+		out, err := exec.Command("ping", args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ping -I %s %s: %v\n%s", src, ip, err, out)
+		}
+		return nil
+	})
+}
+
+// PingDF pings with a payload of size bytes and fragmentation prohibited.
+func PingDF(netns ns.NetNS, ip net.IP, size int) error {
+	return netns.Do(func(ns.NetNS) error {
+		args := []string{"-c", "2", "-i", "0.2", "-W", "2", "-M", "do", "-s", fmt.Sprint(size), ip.String()}
+		if ip.To4() == nil {
+			args = append([]string{"-6"}, args...)
+		}
+		out, err := exec.Command("ping", args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ping -M do -s %d %s: %v\n%s", size, ip, err, out)
+		}
+		return nil
+	})
+}

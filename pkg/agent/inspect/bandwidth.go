@@ -42,7 +42,7 @@ func ReadBandwidth(src Source) (Bandwidth, error) {
 		return nil, err
 	}
 	defer m.Close()
-	lims, err := m.ListLimits()
+	lims, err := m.Bandwidth().ListLimits()
 	if err != nil {
 		return nil, fmt.Errorf("read limits: %w", err)
 	}

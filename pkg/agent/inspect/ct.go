@@ -49,20 +49,20 @@ func ReadCT(src Source) (*CTDump, error) {
 		return nil, err
 	}
 	defer m.Close()
-	flows, err := m.ListCT()
+	flows, err := m.HostPorts().ListCT()
 	if err != nil {
 		return nil, fmt.Errorf("read ct: %w", err)
 	}
-	socks, err := m.ListSockRNAT()
+	socks, err := m.HostPorts().ListSockRNAT()
 	if err != nil {
 		return nil, fmt.Errorf("read socket table: %w", err)
 	}
-	sflows, err := m.ListStackFlows()
+	sflows, err := m.StackFlows().List()
 	if err != nil {
 		return nil, err
 	}
 	d := &CTDump{Flows: []CTRow{}}
-	if d.Counters, err = m.HostPortStats(); err != nil {
+	if d.Counters, err = m.HostPorts().Stats(); err != nil {
 		return nil, err
 	}
 	names := NewNames(src.StateDir)

@@ -32,7 +32,7 @@ func ReadHostPorts(src Source) (HostPorts, error) {
 		return nil, err
 	}
 	defer m.Close()
-	hps, err := m.ListHostPorts()
+	hps, err := m.HostPorts().List()
 	if err != nil {
 		return nil, fmt.Errorf("read hostports: %w", err)
 	}

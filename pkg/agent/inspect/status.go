@@ -110,7 +110,7 @@ func (u NodeHookUsers) none() bool { return u.HostPorts+u.MasqEndpoints+u.Bandwi
 // nodeHookUsers reads the users off the maps.
 func nodeHookUsers(m *maps.Maps) (NodeHookUsers, error) {
 	var u NodeHookUsers
-	hps, err := m.ListHostPorts()
+	hps, err := m.HostPorts().List()
 	if err != nil {
 		return u, err
 	}
@@ -124,7 +124,7 @@ func nodeHookUsers(m *maps.Maps) (NodeHookUsers, error) {
 			u.MasqEndpoints++
 		}
 	}
-	lims, err := m.ListLimits()
+	lims, err := m.Bandwidth().ListLimits()
 	u.BandwidthLimit = len(lims)
 	return u, err
 }

@@ -402,7 +402,7 @@ func (b *bench) limiterInfo(c *config, p *pod, rateBps uint64) (string, error) {
 	}
 	var parts []string
 	for _, d := range []maps.Dir{maps.DirEgress, maps.DirIngress} {
-		l, ok, err := b.maps.LookupLimit(ifindex, d)
+		l, ok, err := b.maps.Bandwidth().LookupLimit(ifindex, d)
 		if err != nil {
 			return "", err
 		}
@@ -535,7 +535,7 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 			out = append(out, "ebpf-cni state record "+r.Name())
 		}
 		if b.maps != nil {
-			if ls, err := b.maps.ListLimits(); err == nil && len(ls) > 0 {
+			if ls, err := b.maps.Bandwidth().ListLimits(); err == nil && len(ls) > 0 {
 				out = append(out, fmt.Sprintf("%d cni_bandwidth entries", len(ls)))
 			}
 		}

@@ -1,5 +1,6 @@
-// One owner per address and interface: overlapping networks, several
-// interfaces per pod, another plugin's interface beside ours.
+// Interfaces of one pod: several interfaces per pod (added one after the
+// other or at once), routes that conflict, another plugin's interface
+// beside ours or under our name.
 
 package integration
 
@@ -14,157 +15,14 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
+
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
-
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+	"github.com/vishvananda/netlink"
 )
-
-// TestIntegrityAddressOwner: two networks on one node hand out the same
-// address (overlapping ranges). The second ADD is refused with code 7 naming
-// the holder (container, interface, network), whether the networks share the
-// pin directory (the endpoint entry is taken) or not (the node's route is),
-// and whatever their state directories; the owner keeps its entries, routes
-// and traffic, also after the refused attachment's DEL. Before, the second
-// ADD overwrote the entry and replaced the route, and its DEL then removed
-// both: the first pod was unreachable.
-func TestIntegrityAddressOwner(t *testing.T) {
-	t.Parallel()
-	for _, c := range []struct {
-		name    string
-		samePin bool
-		v6      bool
-	}{
-		{"shared pinDir v4", true, false},
-		{"shared pinDir v6", true, true},
-		{"own pinDir v4", false, false},
-		{"own pinDir v6", false, true},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			e := testenv.New(t)
-			rng := map[string]string{"subnet": testenv.PodSubnet4, "rangeStart": "10.250.0.5", "rangeEnd": "10.250.0.5"}
-			want := net.ParseIP("10.250.0.5")
-			if c.v6 {
-				rng = map[string]string{"subnet": testenv.PodSubnet6, "rangeStart": "fd00:250::5", "rangeEnd": "fd00:250::5"}
-				want = net.ParseIP("fd00:250::5")
-			}
-			e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{{rng}}}
-			ownerPod := e.NewPod()
-			e.CleanupDel(ownerPod, "owner")
-			owner := e.AddAttachment(ownerPod, "owner")
-			if len(owner.IPs) != 1 || !owner.IPs[0].Equal(want) {
-				t.Fatalf("owner got %v, want %s", owner.IPs, want)
-			}
-
-			pinB := e.PinDir
-			if !c.samePin {
-				pinB = e.PinDir + "-b"
-				t.Cleanup(func() { os.RemoveAll(pinB) })
-			}
-			stateB := t.TempDir()
-			netB := e.NetList(testenv.RandName("netb"), map[string]any{
-				"type": "ebpf-cni", "pinDir": pinB, "stateDir": stateB,
-				"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{{rng}}},
-			})
-			podB := e.NewPod()
-			rtB := &libcni.RuntimeConf{ContainerID: "intruder", NetNS: podB.Path(), IfName: "eth0"}
-			t.Cleanup(func() { e.DelList(netB, rtB) })
-			_, err := e.AddList(netB, rtB)
-			if err == nil {
-				// Go on: what follows shows what the accepted ADD broke.
-				t.Errorf("ADD of an address another network's pod holds succeeded, want error %d", codeInvalidConfig)
-			} else {
-				libcniErr(t, "ADD of an address another network's pod holds", err, codeInvalidConfig,
-					want.String(), "container owner", "interface eth0", e.Name)
-			}
-
-			check := func(when string) {
-				t.Helper()
-				e.AssertOwns(t, owner)
-				if err := e.Check(ownerPod, "owner", "eth0"); err != nil {
-					t.Errorf("CHECK of the owner %s: %v", when, err)
-				}
-				if err := testenv.Ping(e.Node, want, 2); err != nil {
-					t.Errorf("owner %s: %v", when, err)
-				}
-				if err := testenv.Ping(ownerPod, testenv.NodeIP4, 2); !c.v6 && err != nil {
-					t.Errorf("owner %s: %v", when, err)
-				}
-				if err := testenv.Ping(ownerPod, testenv.NodeIP6, 2); c.v6 && err != nil {
-					t.Errorf("owner %s: %v", when, err)
-				}
-			}
-			check("after the refused ADD")
-			if ents, _ := os.ReadDir(filepath.Join(stateB, netB.Name)); len(ents) != 0 {
-				t.Errorf("the refused ADD left records: %v", ents)
-			}
-			if e.NodeLinkExists(state.HostIfName("intruder", "eth0")) {
-				t.Error("the refused ADD left its host veth")
-			}
-			if err := e.DelList(netB, rtB); err != nil {
-				t.Fatalf("DEL of the refused attachment: %v", err)
-			}
-			check("after the refused attachment's DEL")
-
-			e.MustDel(ownerPod, "owner")
-			e.AssertClean()
-			// With the owner gone, the address is free for the other network.
-			if _, err := e.AddList(netB, rtB); err != nil {
-				t.Fatalf("ADD of the freed address: %v", err)
-			}
-			if err := testenv.Ping(e.Node, want, 2); err != nil {
-				t.Fatal(err)
-			}
-			if err := e.DelList(netB, rtB); err != nil {
-				t.Fatal(err)
-			}
-		})
-	}
-
-	// A leftover entry of a veth that no longer exists is no owner.
-	t.Run("leftover entry", func(t *testing.T) {
-		t.Parallel()
-		e := testenv.New(t)
-		e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{{
-			{"subnet": testenv.PodSubnet4, "rangeStart": "10.250.0.5", "rangeEnd": "10.250.0.5"}}}}
-		first := e.AddAttachment(e.NewPod(), "first") // creates the maps
-		e.MustDel(first.Pod, "first")
-		m := e.Maps()
-		if err := m.PutEndpoint(net.ParseIP("10.250.0.5"), maps.NewEndpointInfo(1<<30, nil, nil)); err != nil {
-			t.Fatal(err)
-		}
-		p := e.AddAttachment(e.NewPod(), "second")
-		e.AssertOwns(t, p)
-		e.MustDel(p.Pod, "second")
-
-		// A leftover whose ifindex the next veth reuses (ifindexes of a
-		// netns are handed out in order): replaced by the new pod's entry,
-		// not kept with its stale MAC and flags.
-		next := p.Ifindex + 1
-		if err := m.PutEndpoint(net.ParseIP("10.250.0.5"), maps.NewEndpointInfo(next, net.HardwareAddr{2, 0, 0, 0, 0, 1}, nil, maps.EndpointFlagHostPort)); err != nil {
-			t.Fatal(err)
-		}
-		p = e.AddAttachment(e.NewPod(), "third")
-		if p.Ifindex != next {
-			t.Fatalf("the third veth got ifindex %d, not the %d this case needs", p.Ifindex, next)
-		}
-		ep, err := m.LookupEndpoint(p.IPs[0])
-		mac := podMACOf(t, p.Pod, "eth0")
-		if err != nil || ep.Flags != 0 || net.HardwareAddr(ep.Mac[:]).String() != mac.String() {
-			t.Errorf("entry of %s: %+v (%v), want the new pod's MAC %s and no flags", p.IPs[0], ep, err, mac)
-		}
-		p.ID = "third"
-		if err := testenv.Ping(p.Pod, testenv.NodeIP4, 2); err != nil {
-			t.Fatal(err)
-		}
-		e.MustDel(p.Pod, "third")
-		e.AssertClean()
-	})
-}
 
 // podDefaults names the interface of the pod's default route per family.
 func podDefaults(t *testing.T, pod ns.NetNS) (v4, v6 string) {
@@ -280,10 +138,10 @@ func TestIntegrityTwoInterfaces(t *testing.T) {
 		if err := testenv.Ping(pod, testenv.NodeIP4, 2); err != nil {
 			t.Errorf("%s: pod to node: %v", when, err)
 		}
-		if err := pingFrom(pod, net1IPs[0], testenv.NodeIP4, 2); err != nil {
+		if err := testenv.PingFrom(pod, net1IPs[0], testenv.NodeIP4, 2); err != nil {
 			t.Errorf("%s: %v", when, err)
 		}
-		if err := pingFrom(pod, net1IPs[1], testenv.NodeIP6, 2); err != nil {
+		if err := testenv.PingFrom(pod, net1IPs[1], testenv.NodeIP6, 2); err != nil {
 			t.Errorf("%s: %v", when, err)
 		}
 		if err := e.Check(pod, "multi", "eth0"); err != nil {
@@ -320,7 +178,7 @@ func TestIntegrityTwoInterfaces(t *testing.T) {
 	// and SO_NETNS_COOKIE (both forced off in make test-fallback).
 	if rec, err := e.Store().Read("multi", "eth0"); err != nil {
 		t.Error(err)
-	} else if _, err := m.LookupNetns(e.NetnsCookieOf(pod)); (err != nil) != (rec.NetnsCookie == 0) {
+	} else if _, err := m.Bandwidth().LookupNetns(e.NetnsCookieOf(pod)); (err != nil) != (rec.NetnsCookie == 0) {
 		t.Errorf("after net1's DEL: the pod's netns entry: %v, eth0's record holds cookie %d", err, rec.NetnsCookie)
 	}
 	for _, ip := range eth0.IPs {
@@ -437,7 +295,7 @@ func TestIntegrityOtherPluginInterface(t *testing.T) {
 				t.Errorf("node to net1's %s: %v", ip, err)
 			}
 		}
-		if err := pingFrom(pod, v4, testenv.NodeIP4, 2); err != nil {
+		if err := testenv.PingFrom(pod, v4, testenv.NodeIP4, 2); err != nil {
 			t.Error(err)
 		}
 		if err := e.Check(pod, "mixed", "net1"); err != nil {
@@ -544,4 +402,106 @@ func TestIntegrityOtherPluginInterface(t *testing.T) {
 		})
 		e.AssertClean()
 	})
+}
+
+// TestReviewConcurrentInterfaces: eth0 and net1 of one pod from two ebpf-cni
+// networks, added at the same time (containerd's go-cni sets up the networks
+// of a pod in parallel). Both ADDs succeed, as they do one after the other,
+// and the pod has one default route per family, through one interface.
+func TestReviewConcurrentInterfaces(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	netB := e.NetList(testenv.RandName("netb"), map[string]any{
+		"type": "ebpf-cni", "pinDir": e.PinDir, "stateDir": t.TempDir(),
+		"ipam": map[string]any{"type": "host-local", "dataDir": t.TempDir(),
+			"ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}, {{"subnet": "fd00:251::/64"}}}},
+	})
+	for i := 0; i < 6; i++ {
+		pod := e.NewPod()
+		id := testenv.RandName("multi")
+		rtB := &libcni.RuntimeConf{ContainerID: id, NetNS: pod.Path(), IfName: "net1"}
+		e.CleanupDel(pod, id)
+		t.Cleanup(func() { e.DelList(netB, rtB) })
+		errA, errB := make(chan error, 1), make(chan error, 1)
+		go func() { _, err := e.AddV("1.1.0", pod, id, "eth0"); errA <- err }()
+		go func() { _, err := e.AddList(netB, rtB); errB <- err }()
+		if err := <-errA; err != nil {
+			t.Errorf("round %d: ADD eth0 beside net1: %v", i, err)
+		}
+		if err := <-errB; err != nil {
+			t.Errorf("round %d: ADD net1 beside eth0: %v", i, err)
+		}
+		v4, v6 := podDefaults(t, pod)
+		if strings.Contains(v4, " ") || v4 == "" || strings.Contains(v6, " ") || v6 == "" || strings.HasPrefix(v6, "ifindex") {
+			t.Errorf("round %d: pod default routes v4 %q, v6 %q; want one interface each", i, v4, v6)
+		}
+		if err := e.DelList(netB, rtB); err != nil {
+			t.Errorf("round %d: DEL net1: %v", i, err)
+		}
+		if err := e.Del(pod, id, "eth0"); err != nil {
+			t.Errorf("round %d: DEL eth0: %v", i, err)
+		}
+	}
+	e.AssertClean()
+}
+
+// TestReviewIfnameTaken: the pod already has an eth0 of another plugin's
+// making (a second network with the same ifname, a misconfigured runtime).
+// ADD fails naming it and leaves nothing; the runtime's DEL of the failed
+// ADD keeps the other eth0, its address and its routes.
+func TestReviewIfnameTaken(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "taken")
+	peer := testenv.RandName("hand")
+	if err := e.InNode(func() error {
+		return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: peer}, PeerName: "eth0",
+			PeerNamespace: netlink.NsFd(int(pod.Fd()))})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.InNode(func() error { return deleteHostLink(peer) }) })
+	addr, _ := netlink.ParseAddr("10.254.0.2/24")
+	if err := pod.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(l, addr); err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP("10.254.0.1")})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.AddV("1.1.0", pod, "taken", "eth0")
+	if err == nil {
+		t.Fatal("ADD over the pod's existing eth0 succeeded")
+	}
+	t.Logf("ADD: %v", err)
+	if !strings.Contains(err.Error(), "eth0") {
+		t.Errorf("ADD's error does not name eth0: %v", err)
+	}
+	e.AssertNothingOf("taken")
+	if err := e.Del(pod, "taken", "eth0"); err != nil {
+		t.Errorf("DEL of the failed ADD: %v", err)
+	}
+	pod.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			t.Fatalf("the other plugin's eth0 is gone: %v", err)
+		}
+		if as, _ := netlink.AddrList(l, netlink.FAMILY_V4); len(as) != 1 || !as[0].IP.Equal(addr.IP) {
+			t.Errorf("the other eth0's addresses: %v", as)
+		}
+		if v4, _ := podDefaults(t, pod); v4 != "eth0" {
+			t.Errorf("the pod's IPv4 default route: %q, want the other eth0's", v4)
+		}
+		return nil
+	})
+	e.AssertClean()
 }

@@ -18,11 +18,11 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/vishvananda/netlink"
-
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+	"github.com/vishvananda/netlink"
 )
 
 // TestIntegrityRetriedAdd: a second ADD of a live (container ID, ifname) is
@@ -354,4 +354,124 @@ func TestIntegrityInFlightAdd(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.AssertClean()
+}
+
+// TestReviewKilledFirstAdd: the first ADD on a node (it sets up the pinned
+// maps and programs) killed with SIGKILL after a varying delay, anywhere in
+// that setup or later. The runtime's DEL cleans up whatever it left, and the
+// next ADD sets the node up and works.
+func TestReviewKilledFirstAdd(t *testing.T) {
+	t.Parallel()
+	killed := 0
+	for _, d := range []time.Duration{5, 40, 70, 90, 110, 130, 150, 170, 200, 250, 300} {
+		d *= time.Millisecond
+		e := testenv.New(t)
+		pod := e.NewPod()
+		e.CleanupDel(pod, "killed")
+		var cmd *exec.Cmd
+		err := e.InNode(func() error {
+			cmd = exec.Command(filepath.Join(testenv.BinDir, "ebpf-cni"))
+			for k, v := range pluginEnv("ADD", "killed", pod, "eth0") {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+			cmd.Stdin = bytes.NewReader(e.StdinConf(nil))
+			return cmd.Start()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(d)
+		cmd.Process.Signal(syscall.SIGKILL)
+		werr := cmd.Wait()
+		if wasKilled(werr) {
+			killed++
+		}
+		pins, _ := os.ReadDir(e.PinDir)
+		t.Logf("killed after %s: %v; left %d things, pin dir %d entries", d, werr, len(e.Leftovers()), len(pins))
+		if err := e.Del(pod, "killed", "eth0"); err != nil {
+			t.Errorf("killed after %s: DEL: %v", d, err)
+		}
+		if l := e.Leftovers(); len(l) > 0 {
+			t.Errorf("killed after %s: left after DEL:\n  %s", d, strings.Join(l, "\n  "))
+		}
+		p := e.AddAttachment(pod, "again")
+		e.PodReachable(t, pod, p.IPs)
+		if err := e.Check(pod, "again", "eth0"); err != nil {
+			t.Errorf("killed after %s: CHECK of the next ADD: %v", d, err)
+		}
+		e.MustDel(pod, "again")
+		e.AssertClean()
+	}
+	if killed == 0 {
+		t.Error("no SIGKILL landed before the ADD finished: nothing was interrupted")
+	}
+}
+
+// TestReviewKilledDel: a DEL killed with SIGKILL after a varying delay; the
+// runtime retries it. The retry succeeds and leaves nothing, and a pod added
+// meanwhile never shares the half-deleted pod's address.
+func TestReviewKilledDel(t *testing.T) {
+	t.Parallel()
+	killed := 0
+	for _, d := range []time.Duration{2, 8, 15, 25, 40, 60, 90} {
+		d *= time.Millisecond
+		e := testenv.New(t)
+		pod, next := e.NewPod(), e.NewPod()
+		e.CleanupDel(pod, "victim")
+		e.CleanupDel(next, "next")
+		v := e.AddAttachment(pod, "victim")
+		var cmd *exec.Cmd
+		err := e.InNode(func() error {
+			cmd = exec.Command(filepath.Join(testenv.BinDir, "ebpf-cni"))
+			for k, val := range pluginEnv("DEL", "victim", pod, "eth0") {
+				cmd.Env = append(cmd.Env, k+"="+val)
+			}
+			cmd.Stdin = bytes.NewReader(e.StdinConf(nil))
+			return cmd.Start()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(d)
+		cmd.Process.Signal(syscall.SIGKILL)
+		werr := cmd.Wait()
+		if wasKilled(werr) {
+			killed++
+		}
+		left := e.Traces(v)
+		t.Logf("DEL killed after %s: %v; left %d traces", d, werr, len(left))
+		// A pod added meanwhile gets an address of its own, or is refused.
+		if r, err := e.AddV("1.1.0", next, "next", "eth0"); err == nil {
+			n, _ := current.NewResultFromResult(r)
+			for _, ipc := range n.IPs {
+				for _, ip := range v.IPs {
+					if ipc.Address.IP.Equal(ip) {
+						t.Errorf("DEL killed after %s: the next pod got the half-deleted pod's %s", d, ip)
+					}
+				}
+			}
+		}
+		if err := e.Del(pod, "victim", "eth0"); err != nil {
+			t.Errorf("DEL killed after %s: retried DEL: %v", d, err)
+		}
+		e.AssertGone(v)
+		if err := e.Del(next, "next", "eth0"); err != nil {
+			t.Errorf("DEL of the next pod: %v", err)
+		}
+		e.AssertClean()
+	}
+	if killed == 0 {
+		t.Error("no SIGKILL landed before the DEL finished: nothing was interrupted")
+	}
+}
+
+// wasKilled tells whether a plugin process ended by a signal (the test's
+// SIGKILL landed before it finished).
+func wasKilled(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled()
 }

@@ -438,3 +438,38 @@ func icmp4(b []byte) []byte {
 	b[2], b[3] = byte(c>>8), byte(c)
 	return b
 }
+
+// TestReview17MACChangeAnnouncedByARP: the gratuitous ARP (arp_notify,
+// now set by netlink) is what teaches the datapath a tuned MAC. In a pod
+// with IPv6 on, its own IPv6 chatter at the MAC change (DAD, MLD) teaches
+// it anyway, which hides a missing announcement; here the pod's netns has
+// IPv6 off, so only the ARP can: the node reaches the retuned pod before
+// the pod has sent anything of its own.
+func TestReview17MACChangeAnnouncedByARP(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}}
+	newMAC, _ := net.ParseMAC("02:42:ac:11:00:97")
+	list := e.NetList(e.Name, e.PluginConf(), map[string]any{"type": "tuning", "mac": newMAC.String(), "dataDir": t.TempDir()})
+	pod := e.NewPod()
+	for _, f := range []string{"all", "default"} {
+		testenv.WriteSysctl(t, pod, "/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", "1")
+	}
+	rt := e.RuntimeConf(pod, "tunedarp", "eth0")
+	t.Cleanup(func() { e.DelList(list, rt) })
+	r, err := e.AddList(list, rt)
+	if err != nil {
+		t.Fatalf("ADD ebpf-cni + tuning: %v", err)
+	}
+	if got := podMACOf(t, pod, "eth0"); got.String() != newMAC.String() {
+		t.Fatalf("tuning did not set the MAC: eth0 has %s", got)
+	}
+	v4, _ := resultIPs(r)
+	if err := testenv.TCPTransfer(e.Node, pod, v4, 64<<10); err != nil {
+		t.Errorf("node to the retuned pod %s: %v", v4, err)
+	}
+	if err := e.DelList(list, rt); err != nil {
+		t.Fatal(err)
+	}
+	e.AssertClean()
+}

@@ -262,7 +262,7 @@ func rulesets(t *testing.T, netns ns.NetNS) string {
 // ctOf returns the cni_ct entries made for the pod behind ifindex.
 func ctOf(t *testing.T, m *maps.Maps, ifindex int) []maps.Flow {
 	t.Helper()
-	all, err := m.ListCT()
+	all, err := m.HostPorts().ListCT()
 	if err != nil {
 		t.Fatalf("read cni_ct: %v", err)
 	}

@@ -190,3 +190,26 @@ func TestIntegrityFiles(t *testing.T) {
 		e.AssertClean()
 	})
 }
+
+// TestReviewRecordNameCollision: container IDs and interface names may both
+// hold "_". Attachments (pod_x, eth0) and (pod, x_eth0) are two: both ADDs
+// succeed, and the DEL of one leaves the other's record. Before, they shared
+// the record file pod_x_eth0.json: the second ADD was refused as a retry of
+// the first, and the DEL the runtime then sent deleted the first's record.
+func TestReviewRecordNameCollision(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "pod_x")
+	e.AddAttachment(pod, "pod_x")
+	t.Cleanup(func() { e.Del(pod, "pod", "x_eth0") })
+	if _, err := e.AddV("1.1.0", pod, "pod", "x_eth0"); err != nil {
+		t.Errorf("ADD of (pod, x_eth0) beside (pod_x, eth0): %v", err)
+	}
+	if err := e.Del(pod, "pod", "x_eth0"); err != nil {
+		t.Errorf("DEL of (pod, x_eth0): %v", err)
+	}
+	if _, err := os.Stat(e.RecordPath("pod_x", "eth0")); err != nil {
+		t.Errorf("(pod_x, eth0) lost its record to the DEL of (pod, x_eth0): %v", err)
+	}
+}

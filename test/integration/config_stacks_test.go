@@ -1,38 +1,105 @@
-// Review of "ADD flat at 1000 pods" (IPv6 off on host veths of IPv4-only
-// networks, arp_notify and forwarding by netlink).
+// Single-stack networks and pods: IPv4-only and IPv6-only networks, a pod
+// without IPv6, the runtime's ranges and requested addresses against the
+// network's families.
 
 package integration
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net"
-	"os"
-	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
+
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
-
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+	"github.com/vishvananda/netlink"
 )
 
-// readSysctl reads a /proc/sys file of the netns n.
-func readSysctl(t *testing.T, n ns.NetNS, path string) string {
-	t.Helper()
-	var s string
-	n.Do(func(ns.NetNS) error {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Errorf("%s: %v", path, err)
-		}
-		s = strings.TrimSpace(string(b))
-		return nil
-	})
-	return s
+// TestDatapathSingleStack runs with IPv4-only and IPv6-only IPAM.
+func TestDatapathSingleStack(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name   string
+		subnet string
+		v4     bool
+	}{{"ipv4-only", testenv.PodSubnet4, true}, {"ipv6-only", testenv.PodSubnet6, false}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			e := testenv.New(t)
+			e.IPAM = map[string]any{
+				"type":    "host-local",
+				"dataDir": e.DataDir,
+				"ranges":  [][]map[string]string{{{"subnet": c.subnet}}},
+			}
+			a, b := e.NewPod(), e.NewPod()
+			e.CleanupDel(a, "pod-a")
+			e.CleanupDel(b, "pod-b")
+			ra := e.Add(a, "pod-a")
+			rb := e.Add(b, "pod-b")
+			for _, r := range []*current.Result{ra, rb} {
+				v4, v6 := resultIPs(r)
+				if len(r.IPs) != 1 || (c.v4 && v4 == nil) || (!c.v4 && v6 == nil) {
+					t.Fatalf("result IPs %v, want a single %s address", r.IPs, c.name)
+				}
+			}
+			// The pod has no address and no default route of the other family.
+			other := netlink.FAMILY_V6
+			if !c.v4 {
+				other = netlink.FAMILY_V4
+			}
+			a.Do(func(ns.NetNS) error {
+				l, err := netlink.LinkByName("eth0")
+				if err != nil {
+					t.Error(err)
+					return nil
+				}
+				addrs, _ := netlink.AddrList(l, other)
+				for _, ad := range addrs {
+					if ad.IP.IsGlobalUnicast() {
+						t.Errorf("pod has unexpected address %s", ad.IPNet)
+					}
+				}
+				routes, _ := netlink.RouteList(l, other)
+				for _, r := range routes {
+					if r.Dst == nil || r.Gw != nil {
+						t.Errorf("pod has unexpected route %s", r)
+					}
+				}
+				return nil
+			})
+
+			b4, b6 := resultIPs(rb)
+			dst, node := b4, testenv.NodeIP4
+			if !c.v4 {
+				dst, node = b6, testenv.NodeIP6
+			}
+			if err := testenv.Ping(a, dst, 2); err != nil {
+				t.Error(err)
+			}
+			if err := testenv.Ping(a, node, 2); err != nil {
+				t.Error(err)
+			}
+			a4, a6 := resultIPs(ra)
+			if c.v4 {
+				if err := testenv.Ping(e.Node, a4, 1); err != nil {
+					t.Error(err)
+				}
+			} else if err := testenv.Ping(e.Node, a6, 1); err != nil {
+				t.Error(err)
+			}
+			if err := testenv.TCPTransfer(a, b, dst, 1<<20); err != nil {
+				t.Error(err)
+			}
+
+			e.MustDel(a, "pod-a")
+			e.MustDel(b, "pod-b")
+			e.AssertClean()
+		})
+	}
 }
 
 // TestReview17IPRangesCapability: host-local takes ranges from the runtime
@@ -68,7 +135,7 @@ func TestReview17IPRangesCapability(t *testing.T) {
 		t.Fatalf("result IPs %v, want one of each family", r.IPs)
 	}
 	hostIf, _ := e.HostVeth("ranges")
-	if got := readSysctl(t, e.Node, "/proc/sys/net/ipv6/conf/"+hostIf+"/disable_ipv6"); got != "0" {
+	if got := testenv.ReadSysctl(t, e.Node, "/proc/sys/net/ipv6/conf/"+hostIf+"/disable_ipv6"); got != "0" {
 		t.Errorf("host veth %s of a dual-stack pod: disable_ipv6 %s", hostIf, got)
 	}
 	e.PodReachable(t, pod, []net.IP{v4, v6})
@@ -78,52 +145,6 @@ func TestReview17IPRangesCapability(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.AssertClean()
-}
-
-// writeSysctl writes a /proc/sys file of the netns n.
-func writeSysctl(t *testing.T, n ns.NetNS, path, v string) {
-	t.Helper()
-	n.Do(func(ns.NetNS) error {
-		if err := os.WriteFile(path, []byte(v), 0o644); err != nil {
-			t.Fatalf("%s: %v", path, err)
-		}
-		return nil
-	})
-}
-
-// TestReview17Forwarding: on a node with forwarding off, ADD turns it on
-// for the pod's families only, read afresh at every ADD (forwarding is now
-// read by netlink): switched off between two ADDs, the second turns it on
-// again. (It reads the sysctls only; that forwarding carries pods' packets
-// off the node is the masquerade and Service tests' to show.)
-func TestReview17Forwarding(t *testing.T) {
-	t.Parallel()
-	const v4f, v6f = "/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"
-	for _, c := range []struct {
-		name   string
-		ranges [][]map[string]string
-		v4, v6 string
-	}{
-		{"v4", [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}, "1", "0"},
-		{"v6", [][]map[string]string{{{"subnet": testenv.PodSubnet6}}}, "0", "1"},
-		{"dual", [][]map[string]string{{{"subnet": testenv.PodSubnet4}}, {{"subnet": testenv.PodSubnet6}}}, "1", "1"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			e := testenv.New(t)
-			e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": c.ranges}
-			for i, id := range []string{"fw-a", "fw-b"} {
-				writeSysctl(t, e.Node, v4f, "0")
-				writeSysctl(t, e.Node, v6f, "0")
-				pod := e.NewPod()
-				e.CleanupDel(pod, id)
-				e.Add(pod, id)
-				if got4, got6 := readSysctl(t, e.Node, v4f), readSysctl(t, e.Node, v6f); got4 != c.v4 || got6 != c.v6 {
-					t.Errorf("ADD %d: ip_forward %s, ipv6 forwarding %s; want %s, %s", i, got4, got6, c.v4, c.v6)
-				}
-			}
-		})
-	}
 }
 
 // TestReview17PodWithoutIPv6: a pod whose netns has IPv6 switched off
@@ -147,7 +168,7 @@ func TestReview17PodWithoutIPv6(t *testing.T) {
 			e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": c.ranges}
 			pod := e.NewPod()
 			for _, f := range []string{"all", "default"} {
-				writeSysctl(t, pod, "/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", "1")
+				testenv.WriteSysctl(t, pod, "/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", "1")
 			}
 			e.CleanupDel(pod, "nov6")
 			res, err := e.AddV("1.1.0", pod, "nov6", "eth0")
@@ -167,7 +188,7 @@ func TestReview17PodWithoutIPv6(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := readSysctl(t, pod, "/proc/sys/net/ipv4/conf/eth0/arp_notify"); got != "1" {
+			if got := testenv.ReadSysctl(t, pod, "/proc/sys/net/ipv4/conf/eth0/arp_notify"); got != "1" {
 				t.Errorf("arp_notify in the pod: %s", got)
 			}
 			v4, _ := resultIPs(r)
@@ -186,61 +207,6 @@ func TestReview17PodWithoutIPv6(t *testing.T) {
 			e.AssertClean()
 		})
 	}
-}
-
-// TestReview17ServicesV4Only: every Service path of the kube-proxy lab
-// (iptables mode, ipMasq off and on; hostPort, NodePort, hairpin, endpoint
-// off node, ICMP errors, stack flows, the fast path) on an IPv4-only
-// network, whose host veths carry no IPv6.
-func TestReview17ServicesV4Only(t *testing.T) {
-	t.Parallel()
-	for _, masq := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ipMasq=%v", masq), func(t *testing.T) {
-			t.Parallel()
-			l := newSvcLabFams(t, proxyModes[0], masq, []int{4})
-			hostIf, _ := l.HostVeth("b")
-			if got := readSysctl(t, l.Node, "/proc/sys/net/ipv6/conf/"+hostIf+"/disable_ipv6"); got != "1" {
-				t.Fatalf("host veth %s of an IPv4-only network: disable_ipv6 %s, want 1", hostIf, got)
-			}
-			l.cases(t)
-			l.teardown(t)
-		})
-	}
-}
-
-// TestReview17MACChangeAnnouncedByARP: the gratuitous ARP (arp_notify,
-// now set by netlink) is what teaches the datapath a tuned MAC. In a pod
-// with IPv6 on, its own IPv6 chatter at the MAC change (DAD, MLD) teaches
-// it anyway, which hides a missing announcement; here the pod's netns has
-// IPv6 off, so only the ARP can: the node reaches the retuned pod before
-// the pod has sent anything of its own.
-func TestReview17MACChangeAnnouncedByARP(t *testing.T) {
-	t.Parallel()
-	e := testenv.New(t)
-	e.IPAM = map[string]any{"type": "host-local", "dataDir": e.DataDir, "ranges": [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}}
-	newMAC, _ := net.ParseMAC("02:42:ac:11:00:97")
-	list := e.NetList(e.Name, e.PluginConf(), map[string]any{"type": "tuning", "mac": newMAC.String(), "dataDir": t.TempDir()})
-	pod := e.NewPod()
-	for _, f := range []string{"all", "default"} {
-		writeSysctl(t, pod, "/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", "1")
-	}
-	rt := e.RuntimeConf(pod, "tunedarp", "eth0")
-	t.Cleanup(func() { e.DelList(list, rt) })
-	r, err := e.AddList(list, rt)
-	if err != nil {
-		t.Fatalf("ADD ebpf-cni + tuning: %v", err)
-	}
-	if got := podMACOf(t, pod, "eth0"); got.String() != newMAC.String() {
-		t.Fatalf("tuning did not set the MAC: eth0 has %s", got)
-	}
-	v4, _ := resultIPs(r)
-	if err := testenv.TCPTransfer(e.Node, pod, v4, 64<<10); err != nil {
-		t.Errorf("node to the retuned pod %s: %v", v4, err)
-	}
-	if err := e.DelList(list, rt); err != nil {
-		t.Fatal(err)
-	}
-	e.AssertClean()
 }
 
 // TestReview17RequestedIPv6OnV4Network: an IPv6 address requested from an

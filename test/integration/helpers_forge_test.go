@@ -128,3 +128,85 @@ func sendFrames(t *testing.T, netns ns.NetNS, name string, frames [][]byte) {
 		t.Fatalf("send %d frames out of %s: %v", len(frames), name, err)
 	}
 }
+
+// csum16 is the Internet checksum of b.
+func csum16(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s>>16 != 0 {
+		s = s&0xffff + s>>16
+	}
+	return ^uint16(s)
+}
+
+// forgedUnreach is an ICMP(v6) destination unreachable quoting a TCP segment
+// src:sport -> dst:dport that its sender never received. The ICMPv6
+// checksum is the kernel's (raw ICMPv6 sockets compute it).
+func forgedUnreach(src net.IP, sport int, dst net.IP, dport int) []byte {
+	var q []byte
+	if src.To4() != nil {
+		q = make([]byte, 40)
+		q[0], q[8], q[9] = 0x45, 64, syscall.IPPROTO_TCP
+		binary.BigEndian.PutUint16(q[2:], 40)
+		copy(q[12:16], src.To4())
+		copy(q[16:20], dst.To4())
+		binary.BigEndian.PutUint16(q[10:], csum16(q[:20]))
+	} else {
+		q = make([]byte, 60)
+		q[0], q[6], q[7] = 0x60, syscall.IPPROTO_TCP, 64
+		binary.BigEndian.PutUint16(q[4:], 20)
+		copy(q[8:24], src.To16())
+		copy(q[24:40], dst.To16())
+	}
+	tcp := q[len(q)-20:]
+	binary.BigEndian.PutUint16(tcp[0:], uint16(sport))
+	binary.BigEndian.PutUint16(tcp[2:], uint16(dport))
+	tcp[12], tcp[13] = 5<<4, 0x10 // data offset, ACK
+	if src.To4() != nil {
+		m := append([]byte{3, 1, 0, 0, 0, 0, 0, 0}, q...)
+		binary.BigEndian.PutUint16(m[2:], csum16(m))
+		return m
+	}
+	return append([]byte{1, 3, 0, 0, 0, 0, 0, 0}, q...)
+}
+
+// sendICMP sends the ICMP(v6) message m n times from netns to dst over a raw socket.
+func sendICMP(t *testing.T, netns ns.NetNS, dst net.IP, m []byte, n int) {
+	t.Helper()
+	err := netns.Do(func(ns.NetNS) error {
+		var (
+			fd  int
+			err error
+			sa  syscall.Sockaddr
+		)
+		if dst.To4() != nil {
+			fd, err = syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_ICMP)
+			a := &syscall.SockaddrInet4{}
+			copy(a.Addr[:], dst.To4())
+			sa = a
+		} else {
+			fd, err = syscall.Socket(syscall.AF_INET6, syscall.SOCK_RAW, syscall.IPPROTO_ICMPV6)
+			a := &syscall.SockaddrInet6{}
+			copy(a.Addr[:], dst.To16())
+			sa = a
+		}
+		if err != nil {
+			return err
+		}
+		defer syscall.Close(fd)
+		for i := 0; i < n; i++ {
+			if err := syscall.Sendto(fd, m, 0, sa); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("send forged ICMP: %v", err)
+	}
+}

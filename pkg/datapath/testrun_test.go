@@ -1,0 +1,64 @@
+package datapath
+
+import (
+	"encoding/binary"
+	"runtime"
+	"testing"
+	"unsafe"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// The one frame runner of the program tests (BPF_PROG_TEST_RUN): testRun;
+// run and testRunOut are its short forms.
+
+// testRun is one BPF_PROG_TEST_RUN of p on frame, the skb on lo (the
+// endpoint's host veth in these tests) and coming in from ingress: the
+// verdict, the kernel's run time in ns and the frame after it. cilium/ebpf
+// gives the run time only without a context (Benchmark), and the
+// masquerade and policy paths read ingress_ifindex from it.
+func testRun(t testing.TB, p *ebpf.Program, frame []byte, ingress uint32) (uint32, uint32, []byte) {
+	t.Helper()
+	// Frames must be at least ETH_HLEN for test runs; pad like the wire does.
+	out := make([]byte, len(frame)+64)
+	ctx := make([]byte, 192) // struct __sk_buff
+	binary.LittleEndian.PutUint32(ctx[36:], ingress)
+	binary.LittleEndian.PutUint32(ctx[40:], loIfindex)
+	attr := struct {
+		progFD, retval, sizeIn, sizeOut uint32
+		dataIn, dataOut                 uint64
+		repeat, duration                uint32
+		ctxSizeIn, ctxSizeOut           uint32
+		ctxIn, ctxOut                   uint64
+		flags, cpu, batch               uint32
+		_                               uint32
+	}{
+		progFD: uint32(p.FD()), sizeIn: uint32(len(frame)), sizeOut: uint32(len(out)),
+		dataIn: uint64(uintptr(unsafe.Pointer(&frame[0]))), dataOut: uint64(uintptr(unsafe.Pointer(&out[0]))),
+		repeat: 1, ctxSizeIn: uint32(len(ctx)), ctxIn: uint64(uintptr(unsafe.Pointer(&ctx[0]))),
+	}
+	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_TEST_RUN, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+	runtime.KeepAlive(frame)
+	runtime.KeepAlive(out)
+	runtime.KeepAlive(ctx)
+	if errno != 0 {
+		t.Fatalf("BPF_PROG_TEST_RUN: %v", errno)
+	}
+	return attr.retval, attr.duration, out[:attr.sizeOut]
+}
+
+// run is testRun of a frame with no ingress interface: the verdict and the
+// frame after it.
+func run(t *testing.T, p *ebpf.Program, frame []byte) (uint32, []byte) {
+	t.Helper()
+	ret, _, out := testRun(t, p, frame, 0)
+	return ret, out
+}
+
+// testRunOut is testRun without the run time.
+func testRunOut(t *testing.T, p *ebpf.Program, frame []byte, ingress uint32) (uint32, []byte) {
+	t.Helper()
+	ret, _, out := testRun(t, p, frame, ingress)
+	return ret, out
+}
