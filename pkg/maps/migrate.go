@@ -362,7 +362,7 @@ func v4Copiers(m *Maps, dir string) []copier {
 		{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
 		{nameCT, copyHash[CTKey, CTVal], 0},
 		{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
-		{nameHPConfig, copyArray[HostPortConfig], 0},
+		{nameHPConfig, copyArray[NodeConfig], 0},
 		{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
 		{nameHPStats, copyPerCPUArray, 0},
 		{nameSNAT, copyHash[SNATKey, SNATVal], 0},
