@@ -504,7 +504,9 @@ func (m *Maps) InsertEndpoint(ip net.IP, info EndpointInfo, alive func(ifindex i
 		}
 		if cur.Ifindex == info.Ifindex {
 			// Ours, or left by an earlier link of this (reused) ifindex:
-			// the caller's veth has it now.
+			// the caller's veth has it now. Stack flows of the address may
+			// be recorded already: from_container must look them up.
+			info.Flags &^= EndpointFlagStackFlowsNone
 			if err := m.Endpoints.Update(&k, &info, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return writeErr(m.Endpoints, nameEndpoints, "endpoint "+ip.String(), err)
 			}

@@ -83,6 +83,14 @@ func (m *Maps) deleteStackFlowPart(ifindex int) error {
 	return m.unpinInner(nameStackFlowParts, k)
 }
 
+// EndpointFlagStackFlowsNone is EP_F_SF_NONE in ep_info.flags: set by
+// ADD, cleared by to_container before it records the first flow the stack
+// delivered to the address. While it is set from_container's same-node
+// fast path looks up no stack-flow record of the address's flows (issue
+// 30). An entry rewritten over a live one (InsertEndpoint on its own
+// ifindex) never gets it: that address may have records already.
+const EndpointFlagStackFlowsNone = 1 << 5
+
 // Flags of a stack flow (SF_* in bpf/lib/types.h): who the peer is.
 const (
 	StackFlowPeerPod  = 1 // a pod of this node: its replies go through the stack

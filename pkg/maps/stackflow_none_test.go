@@ -1,0 +1,31 @@
+package maps
+
+import (
+	"net"
+	"testing"
+)
+
+// TestInsertEndpointStackFlowsNone: ADD's EP_F_SF_NONE is kept on a new
+// entry, and never written over a live one of the same host veth (an ADD
+// retried, a reused ifindex): stack flows of that address may be recorded
+// already, and from_container must look them up.
+func TestInsertEndpointStackFlowsNone(t *testing.T) {
+	m := testMaps(t, DefaultSizing)
+	ip := net.ParseIP("10.77.0.2")
+	mac := net.HardwareAddr{2, 0, 0, 0, 0, 1}
+	alive := func(int) bool { return true }
+
+	if err := m.InsertEndpoint(ip, NewEndpointInfo(7, mac, mac, EndpointFlagStackFlowsNone), alive); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := m.LookupEndpoint(ip); err != nil || e.Flags&EndpointFlagStackFlowsNone == 0 {
+		t.Fatalf("new entry: flags %#x (%v), want EP_F_SF_NONE", e.Flags, err)
+	}
+	if err := m.InsertEndpoint(ip, NewEndpointInfo(7, mac, mac, EndpointFlagStackFlowsNone|EndpointFlagPolicy), alive); err != nil {
+		t.Fatal(err)
+	}
+	e, err := m.LookupEndpoint(ip)
+	if err != nil || e.Flags != EndpointFlagPolicy {
+		t.Fatalf("entry rewritten over its own: flags %#x (%v), want only EP_F_POLICY", e.Flags, err)
+	}
+}
