@@ -487,6 +487,7 @@ const (
 	mapsObjMapCniMasqStats      = "cni_masq_stats"
 	mapsObjMapCniNetns          = "cni_netns"
 	mapsObjMapCniNodeIps        = "cni_node_ips"
+	mapsObjMapCniNodeIpsGone    = "cni_node_ips_gone"
 	mapsObjMapCniPolAddrs       = "cni_pol_addrs"
 	mapsObjMapCniPolConfig      = "cni_pol_config"
 	mapsObjMapCniPolCtParts     = "cni_pol_ct_parts"
@@ -583,6 +584,7 @@ type mapsObjMapSpecs struct {
 	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniNodeIpsGone    *ebpf.MapSpec `ebpf:"cni_node_ips_gone"`
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
@@ -657,6 +659,7 @@ type mapsObjMaps struct {
 	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
+	CniNodeIpsGone    *ebpf.Map `ebpf:"cni_node_ips_gone"`
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
@@ -698,6 +701,7 @@ func (m *mapsObjMaps) Close() error {
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,
+		m.CniNodeIpsGone,
 		m.CniPolAddrs,
 		m.CniPolConfig,
 		m.CniPolCtParts,
