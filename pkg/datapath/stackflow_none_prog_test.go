@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"encoding/binary"
+	"net"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -33,10 +34,16 @@ func runFrom(t *testing.T, p *ebpf.Program, frame []byte, ingress uint32) uint32
 func TestStackFlowNoneFastPath(t *testing.T) {
 	none := uint32(maps.EndpointFlagStackFlowsNone)
 	for _, tc := range []struct {
-		name  string
-		flags uint32 // the backend's entry
-	}{{"entry as ADD writes it", none}, {"entry of an older build", 0}} {
+		name         string
+		flags        uint32 // the backend's entry
+		podIP, dstIP net.IP
+	}{
+		{"entry as ADD writes it", none, podIP, dstIP},
+		{"entry of an older build", 0, podIP, dstIP},
+		{"IPv6", none, podIP6, dstIP6},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
+			podIP, dstIP := tc.podIP, tc.dstIP
 			dp := testDatapath(t)
 			must(t, dp.Maps.PutEndpoint(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, tc.flags)))
 			must(t, dp.Maps.PutEndpoint(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, none)))
