@@ -198,3 +198,34 @@ func deleteStackFlowsIn(mp *ebpf.Map, name string, ifindex int) (int, error) {
 	}
 	return len(keys), deleteKeys(mp, keys)
 }
+
+// ClearStackFlowsNone takes EP_F_SF_NONE off every address entry: an
+// upgrade from another build does so before any pod runs this build's
+// from_container, since the other build's to_container may have recorded
+// flows of an address without clearing it (it does not know the bit), and
+// the ADDs of this build meanwhile set it. Those pods' flows are then
+// looked up, as before the bit. Returns how many entries it changed.
+func (m *Maps) ClearStackFlowsNone() (int, error) {
+	eps, err := m.ListEndpoints()
+	if err != nil {
+		return 0, fmt.Errorf("list %s: %w", nameEndpoints, err)
+	}
+	n := 0
+	for _, e := range eps {
+		if e.Info.Flags&EndpointFlagStackFlowsNone == 0 {
+			continue
+		}
+		k, err := KeyFor(e.IP)
+		if err != nil {
+			return n, err
+		}
+		v := e.Info
+		v.Flags &^= EndpointFlagStackFlowsNone
+		// Only over the entry still there: a pod deleted meanwhile stays gone.
+		if err := m.Endpoints.Update(&k, &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, writeErr(m.Endpoints, nameEndpoints, "endpoint "+e.IP.String(), err)
+		}
+		n++
+	}
+	return n, nil
+}

@@ -29,3 +29,27 @@ func TestInsertEndpointStackFlowsNone(t *testing.T) {
 		t.Fatalf("entry rewritten over its own: flags %#x (%v), want only EP_F_POLICY", e.Flags, err)
 	}
 }
+
+// TestClearStackFlowsNone: the upgrade's pass takes EP_F_SF_NONE off every
+// entry that has it and leaves the other flags and entries alone.
+func TestClearStackFlowsNone(t *testing.T) {
+	m := testMaps(t, DefaultSizing)
+	mac := net.HardwareAddr{2, 0, 0, 0, 0, 1}
+	a, b, c := net.ParseIP("10.77.0.2"), net.ParseIP("fd00:77::2"), net.ParseIP("10.77.0.3")
+	for ip, flags := range map[string]uint32{a.String(): EndpointFlagStackFlowsNone | EndpointFlagPolicy,
+		b.String(): EndpointFlagStackFlowsNone, c.String(): EndpointFlagMasq} {
+		if err := m.PutEndpoint(net.ParseIP(ip), NewEndpointInfo(7, mac, mac, flags)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := m.ClearStackFlowsNone()
+	if err != nil || n != 2 {
+		t.Fatalf("ClearStackFlowsNone: %d changed (%v), want 2", n, err)
+	}
+	for ip, want := range map[string]uint32{a.String(): EndpointFlagPolicy, b.String(): 0, c.String(): EndpointFlagMasq} {
+		e, err := m.LookupEndpoint(net.ParseIP(ip))
+		if err != nil || e.Flags != want {
+			t.Errorf("%s: flags %#x (%v), want %#x", ip, e.Flags, err, want)
+		}
+	}
+}
