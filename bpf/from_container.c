@@ -50,7 +50,7 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 			return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
 		ip = (void *)(eth + 1);
 	}
-	if (!dst || ip->ttl <= 1 || stack_flow_reply(skb, AF_INET, ifindex, dst->ifindex))
+	if (!dst || ip->ttl <= 1 || stack_flow_reply(skb, AF_INET, src, dst))
 		return pass(ifindex, skb->len);
 
 	/* We route, so decrement TTL. */
@@ -122,7 +122,7 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 			return drop(ifindex, REASON_DROP_MALFORMED, skb->len);
 		ip6 = (void *)(eth + 1);
 	}
-	if (!dst || ip6->hop_limit <= 1 || stack_flow_reply(skb, AF_INET6, ifindex, dst->ifindex))
+	if (!dst || ip6->hop_limit <= 1 || stack_flow_reply(skb, AF_INET6, src, dst))
 		return pass(ifindex, skb->len);
 
 	ip6->hop_limit--;

@@ -35,16 +35,14 @@
  * Whether a packet off the wire claims a node address as its source: the
  * node's own traffic to a pod passes its NetworkPolicy (lib/policy.h), and
  * IPv6 has no martian-source check that would drop such a packet before it
- * is forwarded to the pod (IPv4's, unless accept_local, does). Only on nodes
- * with networkPolicy, whose pods take a node source for the node.
+ * is forwarded to the pod (IPv4's, unless accept_local, does). Called only
+ * on nodes with networkPolicy, whose pods take a node source for the node.
  */
 static __noinline int forged_node_source(struct __sk_buff *skb, __u8 family)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 
-	if (!policy_on_node())
-		return 0;
 	if (family == AF_INET) {
 		struct iphdr *ip = data + ETH_HLEN;
 
@@ -59,8 +57,8 @@ static __noinline int forged_node_source(struct __sk_buff *skb, __u8 family)
  * Whether a packet off the wire claims the address of a pod of this node as
  * its source: only the pod's host veth brings that, and the pod's peers'
  * NetworkPolicy trusts it (a hostPort's DNAT redirects straight into the
- * pod, and IPv6 has no reverse-path filter, IPv4's is loose or off). Only
- * on nodes with networkPolicy; checked before anything else, so neither the
+ * pod, and IPv6 has no reverse-path filter, IPv4's is loose or off). Called
+ * only on nodes with networkPolicy; before anything else, so neither the
  * hostPort redirect nor the stack sees such a packet.
  */
 static __noinline int forged_pod_source(struct __sk_buff *skb, __u8 family)
@@ -68,8 +66,6 @@ static __noinline int forged_pod_source(struct __sk_buff *skb, __u8 family)
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 
-	if (!policy_on_node())
-		return 0;
 	if (family == AF_INET) {
 		struct iphdr *ip = data + ETH_HLEN;
 
@@ -155,18 +151,21 @@ int cni_from_uplink(struct __sk_buff *skb)
 		return TCX_NEXT;
 	/* A forged node source going on to the stack is dropped like the
 	 * kernel's IPv4 martians, uncounted (no pod's). Constant families:
-	 * each call inlines one family's code. */
+	 * each call inlines one family's code. The policy switch is read
+	 * once: a node without networkPolicy calls neither check (issue 30). */
+	int pol = policy_on_node();
+
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
-		if (forged_pod_source(skb, AF_INET))
+		if (pol && forged_pod_source(skb, AF_INET))
 			return TC_ACT_SHOT;
 		rc = from_uplink(skb, AF_INET);
-		return rc == TCX_NEXT && forged_node_source(skb, AF_INET) ? TC_ACT_SHOT : rc;
+		return rc == TCX_NEXT && pol && forged_node_source(skb, AF_INET) ? TC_ACT_SHOT : rc;
 	}
 	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
-		if (forged_pod_source(skb, AF_INET6))
+		if (pol && forged_pod_source(skb, AF_INET6))
 			return TC_ACT_SHOT;
 		rc = from_uplink(skb, AF_INET6);
-		return rc == TCX_NEXT && forged_node_source(skb, AF_INET6) ? TC_ACT_SHOT : rc;
+		return rc == TCX_NEXT && pol && forged_node_source(skb, AF_INET6) ? TC_ACT_SHOT : rc;
 	}
 	return TCX_NEXT;
 }

@@ -87,6 +87,19 @@ struct {
 	__type(value, __u32);
 } cni_node_ips SEC(".maps");
 
+/* CLOCK_MONOTONIC ns (bpf_ktime_get_ns): a masquerade mapping of cni_snat
+ * made before it may hold a node address the node has lost since, and is
+ * checked against cni_node_ips at each packet; one made after it was made
+ * from the addresses the node has (issue 30: no per-packet lookup). Set to
+ * a second past each removal from cni_node_ips, before it, and when first
+ * pinned (pkg/maps/nodeipsgone.go). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} cni_node_ips_gone SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);

@@ -626,7 +626,8 @@ static __noinline int masq_source(struct __sk_buff *skb, const struct flow *f, _
 /*
  * The pod's packet f of a flow it has: *node and *port get what it leaves
  * with, its entries the packet's state. Returns 1, or 0 for a new flow. A
- * known flow keeps its node address while the node has it. Not inlined:
+ * known flow keeps its node address while the node has it: looked up only
+ * for flows made before the node last lost one (node_ips_gone). Not inlined:
  * its stack is not on top of snat_alloc's.
  */
 static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __u32 ifindex, __u8 *node,
@@ -638,7 +639,7 @@ static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __
 	snat_key_of(&k, SNAT_DIR_FWD, f->saddr, f->sport, f->daddr, f->dport, f->family, f->proto);
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &k);
 	if (!fv || fv->ifindex != ifindex || flow_expired(fv->flags, f->proto, fv->seen_ns, now) ||
-	    !is_node_ip(fv->addr, f->family))
+	    (fv->created_ns <= node_ips_gone() && !is_node_ip(fv->addr, f->family)))
 		return 0;
 	__u16 fl = flow_next(fv->flags, f, 0, fv->created_ns, now);
 

@@ -24,6 +24,15 @@ static __always_inline int node_hooks_enabled(void)
 	return c && (c->flags & HP_CFG_ENABLED);
 }
 
+/* Mappings made up to this time may hold a lost node address (maps.h). */
+static __always_inline __u64 node_ips_gone(void)
+{
+	__u32 zero = 0;
+	__u64 *t = bpf_map_lookup_elem(&cni_node_ips_gone, &zero);
+
+	return t ? *t : ~0ULL;
+}
+
 static __always_inline int is_node_ip(const void *addr, __u8 family)
 {
 	struct ep_key k = { .family = family };

@@ -212,20 +212,20 @@ static __always_inline void sf_key_sent(struct sf_key *k, const struct flow *f)
  */
 static __always_inline struct sf_val *sf_get(struct sf_key *k, __u32 sender)
 {
-	void *t = sender ? bpf_map_lookup_elem(&cni_stack_flow_parts, &sender) : NULL;
-
-	if (t) {
-		struct sf_val *v = bpf_map_lookup_elem(t, k);
-
-		if (v)
-			return v;
-	}
+	/* The shared table first: a record the sender's own packets made
+	 * (SF_SENDER_OWN, every record of a pod with a table) stands as it is
+	 * there, with one lookup; the pod's table only when the shared one
+	 * lost it or holds one of another's making (issue 30). */
 	struct sf_val *v = bpf_map_lookup_elem(&cni_stack_flows, k);
+
+	if (!sender || (v && (v->flags & SF_SENDER_OWN)))
+		return v;
+	void *t = bpf_map_lookup_elem(&cni_stack_flow_parts, &sender);
+	if (!t)
+		return v;
 	/* For a pod's flow, only a record its own packets made (one a packet
 	 * with its address from elsewhere made is not its). */
-	if (v && t && !(v->flags & SF_SENDER_OWN))
-		return NULL;
-	return v;
+	return bpf_map_lookup_elem(t, k);
 }
 
 static __always_inline void sf_del(struct sf_key *k, __u32 sender)
@@ -267,16 +267,19 @@ static __always_inline void sf_forget(struct sf_key *k, __u32 sender)
 }
 
 /*
- * A packet the pod behind ifindex sends to another pod of this node (behind
- * dst_ifindex): 1 if it must go through the stack (the reply of a flow the
- * stack delivered to the pod, an ICMP error about one, or a packet that
- * cannot be keyed), 0 for the fast path. A flow the destination sent is in
- * its table; one this pod sent in this pod's.
+ * A packet the pod src sends to another pod of this node, dst: 1 if it
+ * must go through the stack (the reply of a flow the stack delivered to
+ * the pod, an ICMP error about one, or a packet that cannot be keyed), 0
+ * for the fast path. A flow the destination sent is in its table; one this
+ * pod sent in this pod's. An address whose entry still has EP_F_SF_NONE
+ * was never delivered a recorded flow: nothing of it is looked up.
  */
-static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, __u32 ifindex, __u32 dst_ifindex)
+static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, const struct ep_info *src,
+					    const struct ep_info *dst)
 {
 	struct flow f = {};
 	struct sf_key k;
+	__u32 ifindex = src->ifindex, dst_ifindex = dst->ifindex;
 	int kind = sf_parse(skb, &f, family);
 
 	switch (kind) {
@@ -286,7 +289,7 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 		/* The quoted packet is whatever the pod wrote: a record of
 		 * another pod only fails to match, it is never deleted (a pod
 		 * would otherwise erase any Service flow's record by quoting
-		 * its tuple). */
+		 * its tuple). Rare: looked up whatever the flags say. */
 		sf_key_delivered(&k, &f);
 		struct sf_val *v = sf_get(&k, dst_ifindex);
 		return v && v->ifindex == ifindex;
@@ -295,14 +298,18 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 		/* A new direct flow: a record of this tuple is left from an
 		 * earlier, translated one. Half of this flow through the stack
 		 * would be INVALID to conntrack. */
-		sf_key_delivered(&k, &f);
-		sf_forget(&k, ifindex);
-		if (f.proto == IPPROTO_TCP) {
+		if (!(dst->flags & EP_F_SF_NONE)) {
+			sf_key_delivered(&k, &f);
+			sf_forget(&k, ifindex);
+		}
+		if (f.proto == IPPROTO_TCP && !(src->flags & EP_F_SF_NONE)) {
 			sf_key_sent(&k, &f);
 			sf_forget(&k, dst_ifindex);
 		}
 		return 0;
 	}
+	if (src->flags & EP_F_SF_NONE)
+		return 0;
 	sf_key_sent(&k, &f);
 	return sf_lookup(&k, ifindex, dst_ifindex) != NULL;
 }
@@ -350,6 +357,11 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 		}
 		return;
 	}
+	/* From here from_container looks this address's flows up (cleared
+	 * before the record exists: the pod answers only after this packet). */
+	struct ep_info *own = ep_lookup_addr(f.daddr, family);
+	if (own && (own->flags & EP_F_SF_NONE))
+		own->flags &= ~EP_F_SF_NONE;
 	struct sf_val nv = { .ifindex = skb->ifindex, .flags = flags | (sender ? SF_SENDER_OWN : 0), .seen_ns = now };
 	sf_put(&k, &nv, sender);
 }

@@ -85,6 +85,12 @@ struct ep_key {
 #define EP_F_HOSTPORT (1U << 2)   /* the pod has hostPort mappings: see hostport.h */
 #define EP_F_MASQ (1U << 3)       /* ipMasq: traffic leaving the cluster CIDRs is SNATed, see masq.h */
 #define EP_F_POLICY (1U << 4)     /* networkPolicy: the pod's traffic is judged (cni_pol_state), see policy.h */
+/* Set by ADD, cleared (for good) by to_container before it records the
+ * first stack flow delivered to this address (lib/stackflow.h): while set,
+ * no record can hold a flow of this address, and from_container's same-node
+ * fast path looks none up (issue 30). Entries of older builds lack it and
+ * are looked up, as before. */
+#define EP_F_SF_NONE (1U << 5)
 /* link_info.flags: written by a build whose ADD also sets EP_F_BW_INGRESS
  * there iff the pod has an ingress limit, so to_container skips the
  * cni_bandwidth lookup of the others (issue 30); entries of older builds

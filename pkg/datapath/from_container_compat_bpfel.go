@@ -39,6 +39,7 @@ const (
 	fromContainerCompatMapCniMasqStats      = "cni_masq_stats"
 	fromContainerCompatMapCniNetns          = "cni_netns"
 	fromContainerCompatMapCniNodeIps        = "cni_node_ips"
+	fromContainerCompatMapCniNodeIpsGone    = "cni_node_ips_gone"
 	fromContainerCompatMapCniPolAddrs       = "cni_pol_addrs"
 	fromContainerCompatMapCniPolConfig      = "cni_pol_config"
 	fromContainerCompatMapCniPolCtParts     = "cni_pol_ct_parts"
@@ -128,6 +129,7 @@ type fromContainerCompatMapSpecs struct {
 	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniNodeIpsGone    *ebpf.MapSpec `ebpf:"cni_node_ips_gone"`
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
@@ -193,6 +195,7 @@ type fromContainerCompatMaps struct {
 	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
+	CniNodeIpsGone    *ebpf.Map `ebpf:"cni_node_ips_gone"`
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
@@ -234,6 +237,7 @@ func (m *fromContainerCompatMaps) Close() error {
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,
+		m.CniNodeIpsGone,
 		m.CniPolAddrs,
 		m.CniPolConfig,
 		m.CniPolCtParts,

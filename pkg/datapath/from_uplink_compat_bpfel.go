@@ -39,6 +39,7 @@ const (
 	fromUplinkCompatMapCniMasqStats      = "cni_masq_stats"
 	fromUplinkCompatMapCniNetns          = "cni_netns"
 	fromUplinkCompatMapCniNodeIps        = "cni_node_ips"
+	fromUplinkCompatMapCniNodeIpsGone    = "cni_node_ips_gone"
 	fromUplinkCompatMapCniPolAddrs       = "cni_pol_addrs"
 	fromUplinkCompatMapCniPolConfig      = "cni_pol_config"
 	fromUplinkCompatMapCniPolCtParts     = "cni_pol_ct_parts"
@@ -128,6 +129,7 @@ type fromUplinkCompatMapSpecs struct {
 	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniNodeIpsGone    *ebpf.MapSpec `ebpf:"cni_node_ips_gone"`
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
@@ -193,6 +195,7 @@ type fromUplinkCompatMaps struct {
 	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
+	CniNodeIpsGone    *ebpf.Map `ebpf:"cni_node_ips_gone"`
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
@@ -234,6 +237,7 @@ func (m *fromUplinkCompatMaps) Close() error {
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,
+		m.CniNodeIpsGone,
 		m.CniPolAddrs,
 		m.CniPolConfig,
 		m.CniPolCtParts,

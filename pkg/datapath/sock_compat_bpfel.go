@@ -39,6 +39,7 @@ const (
 	sockCompatMapCniMasqStats      = "cni_masq_stats"
 	sockCompatMapCniNetns          = "cni_netns"
 	sockCompatMapCniNodeIps        = "cni_node_ips"
+	sockCompatMapCniNodeIpsGone    = "cni_node_ips_gone"
 	sockCompatMapCniPolAddrs       = "cni_pol_addrs"
 	sockCompatMapCniPolConfig      = "cni_pol_config"
 	sockCompatMapCniPolCtParts     = "cni_pol_ct_parts"
@@ -142,6 +143,7 @@ type sockCompatMapSpecs struct {
 	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniNodeIpsGone    *ebpf.MapSpec `ebpf:"cni_node_ips_gone"`
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
@@ -207,6 +209,7 @@ type sockCompatMaps struct {
 	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
+	CniNodeIpsGone    *ebpf.Map `ebpf:"cni_node_ips_gone"`
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
@@ -248,6 +251,7 @@ func (m *sockCompatMaps) Close() error {
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,
+		m.CniNodeIpsGone,
 		m.CniPolAddrs,
 		m.CniPolConfig,
 		m.CniPolCtParts,

@@ -39,6 +39,7 @@ const (
 	tunnelMapCniMasqStats      = "cni_masq_stats"
 	tunnelMapCniNetns          = "cni_netns"
 	tunnelMapCniNodeIps        = "cni_node_ips"
+	tunnelMapCniNodeIpsGone    = "cni_node_ips_gone"
 	tunnelMapCniPolAddrs       = "cni_pol_addrs"
 	tunnelMapCniPolConfig      = "cni_pol_config"
 	tunnelMapCniPolCtParts     = "cni_pol_ct_parts"
@@ -130,6 +131,7 @@ type tunnelMapSpecs struct {
 	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniNodeIpsGone    *ebpf.MapSpec `ebpf:"cni_node_ips_gone"`
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
@@ -195,6 +197,7 @@ type tunnelMaps struct {
 	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
+	CniNodeIpsGone    *ebpf.Map `ebpf:"cni_node_ips_gone"`
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
@@ -236,6 +239,7 @@ func (m *tunnelMaps) Close() error {
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,
+		m.CniNodeIpsGone,
 		m.CniPolAddrs,
 		m.CniPolConfig,
 		m.CniPolCtParts,

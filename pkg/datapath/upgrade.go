@@ -125,6 +125,9 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		return rep, err
 	}
 	defer unlockLinks()
+	if err := clearStackFlowsNoneFromOtherBuild(dp); err != nil {
+		return rep, err
+	}
 	paths, err := pinnedLinks(dp.PinRoot)
 	if err != nil {
 		return rep, err
@@ -181,6 +184,20 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		removeOtherBuilds(dp.PinRoot, &rep)
 	}
 	return rep, errs
+}
+
+// clearStackFlowsNoneFromOtherBuild takes EP_F_SF_NONE off every address
+// entry when programs of another build are pinned (an upgrade, or a
+// rollback and forth): their to_container records flows without clearing
+// it. Before any pod runs this build's from_container, which trusts it.
+func clearStackFlowsNoneFromOtherBuild(dp *Datapath) error {
+	for _, p := range ProgramPins(dp.PinRoot) {
+		if !p.Current {
+			_, err := dp.Maps.ClearStackFlowsNone()
+			return err
+		}
+	}
+	return nil
 }
 
 // upgradeUplinks puts this build's uplink programs on the uplinks, then

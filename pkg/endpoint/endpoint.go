@@ -448,7 +448,9 @@ func (a *Attachment) Publish() error {
 	if err := m.PutLink(idx, li); err != nil {
 		return mapError(err)
 	}
-	info := maps.NewEndpointInfo(idx, p.podMAC, p.hostMAC, a.Flags)
+	// A new address has no stack flow recorded: from_container's fast path
+	// skips their lookups until to_container records one.
+	info := maps.NewEndpointInfo(idx, p.podMAC, p.hostMAC, a.Flags, maps.EndpointFlagStackFlowsNone)
 	// BPF_NOEXIST: an address has one owner. Another live attachment holding
 	// it (two networks with overlapping ranges, an IPAM bug) refuses this ADD;
 	// a leftover of a vanished veth does not.

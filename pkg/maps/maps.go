@@ -179,6 +179,7 @@ func Create(dir string, s Sizing) (*Maps, error) {
 		return nil, err
 	}
 	open := make(map[string]*ebpf.Map)
+	made := map[string]bool{}
 	for name, spec := range ss {
 		p := filepath.Join(dir, name)
 		m, err := ebpf.LoadPinnedMap(p, nil)
@@ -198,6 +199,7 @@ func Create(dir string, s Sizing) (*Maps, error) {
 				closeAll(open)
 				return nil, fmt.Errorf("create pinned map %s: %w", p, err)
 			}
+			made[name] = true
 		default:
 			closeAll(open)
 			return nil, fmt.Errorf("open pinned map %s: %w", p, err)
@@ -210,6 +212,10 @@ func Create(dir string, s Sizing) (*Maps, error) {
 		return nil, err
 	}
 	if err := out.initMasqQuota(s); err != nil {
+		out.Close()
+		return nil, err
+	}
+	if err := out.initNodeIPsGone(made[nameSNAT]); err != nil {
 		out.Close()
 		return nil, err
 	}
@@ -309,6 +315,7 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: namePolPorts, Type: ebpf.LPMTrie, KeySize: 12, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: namePolState, Type: ebpf.Hash, KeySize: 4, ValueSize: 12},
 		{Name: "cni_node_ips", Type: ebpf.Hash, KeySize: 20, ValueSize: 4, MaxEntries: 1024},
+		{Name: nameNodeIPsGone, Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1},
 		{Name: "cni_snat", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 56},
 		{Name: "cni_sock_rnat", Type: ebpf.LRUHash, KeySize: 32, ValueSize: 24},
 		{Name: "cni_stack_flows", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 16},
@@ -508,7 +515,9 @@ func (m *Maps) InsertEndpoint(ip net.IP, info EndpointInfo, alive func(ifindex i
 		}
 		if cur.Ifindex == info.Ifindex {
 			// Ours, or left by an earlier link of this (reused) ifindex:
-			// the caller's veth has it now.
+			// the caller's veth has it now. Stack flows of the address may
+			// be recorded already: from_container must look them up.
+			info.Flags &^= EndpointFlagStackFlowsNone
 			if err := m.Endpoints.Update(&k, &info, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return writeErr(m.Endpoints, nameEndpoints, "endpoint "+ip.String(), err)
 			}

@@ -25,8 +25,10 @@ const (
 // loaded over maps from Create only), and Open and OpenPinned take a pin
 // set without them (an older build of the layout set it up, and this
 // build's DEL still tears its pods down). No older program reads them.
-// cni_after_links was added to layout 4 so (afterlinks.go).
-var optionalMaps = map[string]bool{nameMasqPods: true, nameMasqQuota: true, nameMasqKeys: true, nameAfterLinks: true}
+// cni_after_links (afterlinks.go) and cni_node_ips_gone (nodeipsgone.go)
+// were added to layout 4 so.
+var optionalMaps = map[string]bool{nameMasqPods: true, nameMasqQuota: true, nameMasqKeys: true, nameAfterLinks: true,
+	nameNodeIPsGone: true}
 
 // lruSpareFlows is how many flows cni_snat keeps free so that its LRU
 // never evicts: the kernel's LRU hash moves free entries to each CPU in

@@ -137,9 +137,18 @@ func (n Node) SyncIPs(want map[string]int) error {
 			return writeErr(mp, nameNodeIPs, "node address "+s, err)
 		}
 	}
+	marked := false
 	for s := range have {
 		if _, ok := want[s]; ok {
 			continue
+		}
+		// Before the address goes: the mappings made until then are
+		// checked against cni_node_ips from here on.
+		if !marked {
+			if err := n.m.markNodeIPsGone(); err != nil {
+				return err
+			}
+			marked = true
 		}
 		k, err := KeyFor(net.ParseIP(s))
 		if err != nil {

@@ -91,6 +91,14 @@ func (m *Maps) deleteStackFlowPart(ifindex int) error {
 	return m.unpinInner(nameStackFlowParts, k)
 }
 
+// EndpointFlagStackFlowsNone is EP_F_SF_NONE in ep_info.flags: set by
+// ADD, cleared by to_container before it records the first flow the stack
+// delivered to the address. While it is set from_container's same-node
+// fast path looks up no stack-flow record of the address's flows (issue
+// 30). An entry rewritten over a live one (InsertEndpoint on its own
+// ifindex) never gets it: that address may have records already.
+const EndpointFlagStackFlowsNone = 1 << 5
+
 // Flags of a stack flow (SF_* in bpf/lib/types.h): who the peer is.
 const (
 	StackFlowPeerPod  = 1 // a pod of this node: its replies go through the stack
@@ -197,4 +205,35 @@ func deleteStackFlowsIn(mp *ebpf.Map, name string, ifindex int) (int, error) {
 		return 0, fmt.Errorf("scan %s: %w", name, err)
 	}
 	return len(keys), deleteKeys(mp, keys)
+}
+
+// ClearStackFlowsNone takes EP_F_SF_NONE off every address entry: an
+// upgrade from another build does so before any pod runs this build's
+// from_container, since the other build's to_container may have recorded
+// flows of an address without clearing it (it does not know the bit), and
+// the ADDs of this build meanwhile set it. Those pods' flows are then
+// looked up, as before the bit. Returns how many entries it changed.
+func (m *Maps) ClearStackFlowsNone() (int, error) {
+	eps, err := m.ListEndpoints()
+	if err != nil {
+		return 0, fmt.Errorf("list %s: %w", nameEndpoints, err)
+	}
+	n := 0
+	for _, e := range eps {
+		if e.Info.Flags&EndpointFlagStackFlowsNone == 0 {
+			continue
+		}
+		k, err := KeyFor(e.IP)
+		if err != nil {
+			return n, err
+		}
+		v := e.Info
+		v.Flags &^= EndpointFlagStackFlowsNone
+		// Only over the entry still there: a pod deleted meanwhile stays gone.
+		if err := m.Endpoints.Update(&k, &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, writeErr(m.Endpoints, nameEndpoints, "endpoint "+e.IP.String(), err)
+		}
+		n++
+	}
+	return n, nil
 }

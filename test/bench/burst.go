@@ -83,10 +83,19 @@ func (b *bench) runBurst(ctx context.Context, start time.Time) error {
 	cfgs := b.burstConfigs()
 	for _, c := range cfgs {
 		c.node = node
+	}
+	if o.agent {
+		node2, err := b.newNode("node-burst-na")
+		if err != nil {
+			return err
+		}
+		cfgs = append(cfgs, b.burstNoAgentConfig(node2))
+	}
+	for _, c := range cfgs {
 		if err := b.register(c); err != nil {
 			return err
 		}
-		if c.isEBPF() && o.agent {
+		if c.isEBPF() && o.agent && c.key != burstNoAgentKey {
 			if _, _, err := b.startAgent(ctx, node, c.pinDir, b.confDir, true); err != nil {
 				return err
 			}
@@ -336,6 +345,9 @@ func (r *results) burstRows() []testenv.Row {
 					row.Against("ptp", testenv.Median(walls[op]["burst-ptp"]))
 					if cfg == "burst-ebpf" && op == "ADD" {
 						row.Goal(fmt.Sprintf("≤ %.1f× ptp", targetBurst), row.Ratio <= targetBurst)
+					}
+					if cfg == burstNoAgentKey && op == "ADD" {
+						row.Goal(fmt.Sprintf("no agent: ≤ %.1f× ptp", targetBurstNoAgent), row.Ratio <= targetBurstNoAgent)
 					}
 				}
 				row.Load = loadStr(testenv.Median(load))
