@@ -124,6 +124,10 @@ static __always_inline int from_uplink(struct __sk_buff *skb, __u8 family)
 	return hostport_from_uplink(skb, &f);
 }
 
+/* A forged source off the wire: counted on the uplink (cni_stats keyed by
+ * its ifindex, no pod's), with an event, as the tunnel's drops are. */
+#define forged_drop() drop_dir(skb->ifindex, DIR_INGRESS, REASON_DROP_SPOOF_IP)
+
 SEC("tc")
 int cni_from_uplink(struct __sk_buff *skb)
 {
@@ -132,19 +136,19 @@ int cni_from_uplink(struct __sk_buff *skb)
 	if (!node_hooks_enabled())
 		return TCX_NEXT;
 	/* A forged node source going on to the stack is dropped like the
-	 * kernel's IPv4 martians, uncounted (no pod's). Constant families:
-	 * each call inlines one family's code. */
+	 * kernel's IPv4 martians. Constant families: each call inlines one
+	 * family's code. */
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
 		if (forged_pod_source(skb, AF_INET))
-			return TC_ACT_SHOT;
+			return forged_drop();
 		rc = from_uplink(skb, AF_INET);
-		return rc == TCX_NEXT && forged_node_source(skb, AF_INET) ? TC_ACT_SHOT : rc;
+		return rc == TCX_NEXT && forged_node_source(skb, AF_INET) ? forged_drop() : rc;
 	}
 	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
 		if (forged_pod_source(skb, AF_INET6))
-			return TC_ACT_SHOT;
+			return forged_drop();
 		rc = from_uplink(skb, AF_INET6);
-		return rc == TCX_NEXT && forged_node_source(skb, AF_INET6) ? TC_ACT_SHOT : rc;
+		return rc == TCX_NEXT && forged_node_source(skb, AF_INET6) ? forged_drop() : rc;
 	}
 	return TCX_NEXT;
 }

@@ -52,7 +52,9 @@ enum cni_dir {
 	__DIR_MAX,
 };
 
-/* Why a packet was counted. Drops: REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN, REASON_DROP_BANDWIDTH, REASON_DROP_ROUTER_MSG, REASON_DROP_POLICY and REASON_DROP_TUN_*. */
+/* Why a packet was counted. Every reason but FORWARD, REDIRECT and
+ * NEIGH_REPLY is a drop (lib/events.h). Append only: the values are in
+ * pinned counters and in the agent's metrics. */
 enum cni_reason {
 	REASON_FORWARD = 0,       /* handed to the kernel stack */
 	REASON_REDIRECT = 1,      /* same-node pod to pod, bpf_redirect_peer */
@@ -67,6 +69,9 @@ enum cni_reason {
 	REASON_DROP_POLICY = 10,  /* denied by the pod's NetworkPolicy in this direction (lib/policy.h) */
 	REASON_DROP_TUN_NODE = 11,/* decapsulated off the tunnel device, but its outer source is no known node (lib/tunnel.h) */
 	REASON_DROP_TUN_SRC = 12, /* decapsulated from a node, but the inner source is neither in that node's pod CIDRs nor its address; or a pod's own tunnel datagram to a node */
+	REASON_DROP_NAT_EXHAUSTED = 13, /* masquerade: no free node port among the candidates (MASQ_STAT_EXHAUSTED) */
+	REASON_DROP_NAT_POD_LIMIT = 14, /* masquerade: the pod at its port limit towards the destination or at its flow quota (MASQ_STAT_POD_LIMIT) */
+	REASON_DROP_NO_ROUTE = 15,      /* a translated hostPort packet the FIB has no route for, or whose TTL ran out (HP_STAT_NO_ROUTE) */
 	__REASON_MAX,
 };
 

@@ -39,7 +39,7 @@ func writeErr(m *ebpf.Map, name, what string, err error) error {
 // LayoutVersion names the pin directory of the maps. Bump it with any change to
 // bpf/lib/types.h or bpf/lib/maps.h so an upgraded binary never reuses a pin
 // of another layout (TestLayoutVersion holds the layout it stands for).
-const LayoutVersion = 4
+const LayoutVersion = 5
 
 // Go twins of the C structs, generated from BTF.
 type (
@@ -70,6 +70,9 @@ const (
 	ReasonDropPolicy    = mapsObjCniReasonREASON_DROP_POLICY
 	ReasonDropTunNode   = mapsObjCniReasonREASON_DROP_TUN_NODE
 	ReasonDropTunSrc    = mapsObjCniReasonREASON_DROP_TUN_SRC
+	ReasonDropNATPorts  = mapsObjCniReasonREASON_DROP_NAT_EXHAUSTED
+	ReasonDropNATLimit  = mapsObjCniReasonREASON_DROP_NAT_POD_LIMIT
+	ReasonDropNoRoute   = mapsObjCniReasonREASON_DROP_NO_ROUTE
 	numReasons          = int(mapsObjCniReasonREASON_MAX)
 )
 
@@ -111,14 +114,20 @@ func (r Reason) String() string {
 		return "drop_tunnel_not_node"
 	case ReasonDropTunSrc:
 		return "drop_tunnel_source"
+	case ReasonDropNATPorts:
+		return "drop_nat_exhausted"
+	case ReasonDropNATLimit:
+		return "drop_nat_pod_limit"
+	case ReasonDropNoRoute:
+		return "drop_no_route"
 	}
 	return fmt.Sprintf("reason%d", uint32(r))
 }
 
-// IsDrop tells whether packets counted under r were dropped.
+// IsDrop tells whether packets counted under r were dropped: every reason
+// but these three, as the programs' reason_is_drop (bpf/lib/events.h) says.
 func (r Reason) IsDrop() bool {
-	return (r >= ReasonDropSpoofIP && r <= ReasonDropUnknown) || r == ReasonDropBandwidth || r == ReasonDropRouterMsg ||
-		r == ReasonDropPolicy || r == ReasonDropTunNode || r == ReasonDropTunSrc
+	return r != ReasonForward && r != ReasonRedirect && r != ReasonNeighReply
 }
 
 // Names of the core maps, as C declares them. Feature maps name theirs in

@@ -80,20 +80,23 @@ type mapsObjCniEvent struct {
 type mapsObjCniReason uint32
 
 const (
-	mapsObjCniReasonREASON_FORWARD         mapsObjCniReason = 0
-	mapsObjCniReasonREASON_REDIRECT        mapsObjCniReason = 1
-	mapsObjCniReasonREASON_DROP_SPOOF_IP   mapsObjCniReason = 2
-	mapsObjCniReasonREASON_DROP_SPOOF_MAC  mapsObjCniReason = 3
-	mapsObjCniReasonREASON_DROP_PROTO      mapsObjCniReason = 4
-	mapsObjCniReasonREASON_DROP_MALFORMED  mapsObjCniReason = 5
-	mapsObjCniReasonREASON_DROP_UNKNOWN    mapsObjCniReason = 6
-	mapsObjCniReasonREASON_NEIGH_REPLY     mapsObjCniReason = 7
-	mapsObjCniReasonREASON_DROP_BANDWIDTH  mapsObjCniReason = 8
-	mapsObjCniReasonREASON_DROP_ROUTER_MSG mapsObjCniReason = 9
-	mapsObjCniReasonREASON_DROP_POLICY     mapsObjCniReason = 10
-	mapsObjCniReasonREASON_DROP_TUN_NODE   mapsObjCniReason = 11
-	mapsObjCniReasonREASON_DROP_TUN_SRC    mapsObjCniReason = 12
-	mapsObjCniReasonREASON_MAX             mapsObjCniReason = 13
+	mapsObjCniReasonREASON_FORWARD            mapsObjCniReason = 0
+	mapsObjCniReasonREASON_REDIRECT           mapsObjCniReason = 1
+	mapsObjCniReasonREASON_DROP_SPOOF_IP      mapsObjCniReason = 2
+	mapsObjCniReasonREASON_DROP_SPOOF_MAC     mapsObjCniReason = 3
+	mapsObjCniReasonREASON_DROP_PROTO         mapsObjCniReason = 4
+	mapsObjCniReasonREASON_DROP_MALFORMED     mapsObjCniReason = 5
+	mapsObjCniReasonREASON_DROP_UNKNOWN       mapsObjCniReason = 6
+	mapsObjCniReasonREASON_NEIGH_REPLY        mapsObjCniReason = 7
+	mapsObjCniReasonREASON_DROP_BANDWIDTH     mapsObjCniReason = 8
+	mapsObjCniReasonREASON_DROP_ROUTER_MSG    mapsObjCniReason = 9
+	mapsObjCniReasonREASON_DROP_POLICY        mapsObjCniReason = 10
+	mapsObjCniReasonREASON_DROP_TUN_NODE      mapsObjCniReason = 11
+	mapsObjCniReasonREASON_DROP_TUN_SRC       mapsObjCniReason = 12
+	mapsObjCniReasonREASON_DROP_NAT_EXHAUSTED mapsObjCniReason = 13
+	mapsObjCniReasonREASON_DROP_NAT_POD_LIMIT mapsObjCniReason = 14
+	mapsObjCniReasonREASON_DROP_NO_ROUTE      mapsObjCniReason = 15
+	mapsObjCniReasonREASON_MAX                mapsObjCniReason = 16
 )
 
 type mapsObjCtKey struct {

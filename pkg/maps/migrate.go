@@ -162,11 +162,14 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 			{nameMasqShare, copyHash[MasqShareKey, uint32], 0},
 			{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
 		}
-	case 3:
-		// v4 added the tunnel maps (cni_tun_nodes, cni_tun_cidrs: the agent
-		// writes them again) and two drop reasons, which resized cni_stats:
-		// every v3 map keeps its layout. The ring buffer, the events' rate
+	case 3, 4:
+		// v4 added the tunnel maps (cni_tun_nodes, cni_tun_cidrs) and two
+		// drop reasons, v5 three more drop reasons: each resized cni_stats,
+		// every other map keeps its layout. The ring buffer, the events' rate
 		// state and the flows seen start anew (a flow is announced again).
+		// From v4 the tunnel's peers and the links judging deferred egress
+		// are copied too, so the trust rule knows the nodes before the agent
+		// writes them again.
 		table = []copier{
 			{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
 			{nameLinks, copyHash[uint32, LinkInfo], 0},
@@ -200,8 +203,14 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 			{nameMasqKeys, copyArray[MasqKeysVal], 0},
 			{namePolConfig, copyArray[PolicyConfig], 0},
 		}
+		if version == 4 {
+			table = append(table,
+				copier{nameTunNodes, copyHash[EndpointKey, uint32], 0},
+				copier{nameTunCIDRs, copyHash[CIDRKey, TunnelPeer], 0},
+				copier{nameAfterLinks, copyHash[uint32, uint32], 0})
+		}
 	default:
-		return nil, fmt.Errorf("migrate maps of layout v%d at %s: this build (layout v%d) knows how to migrate layouts v1 to v3 only", version, dir, LayoutVersion)
+		return nil, fmt.Errorf("migrate maps of layout v%d at %s: this build (layout v%d) knows how to migrate layouts v1 to v4 only", version, dir, LayoutVersion)
 	}
 	out := map[string]int{}
 	var errs error
