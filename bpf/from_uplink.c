@@ -22,6 +22,7 @@
  * stack when there is none): TCX_NEXT, never TC_ACT_OK, which would end the
  * chain for another tool's programs.
  */
+#define CNI_PROG EV_PROG_FROM_UPLINK
 #include "lib/masq.h"
 
 /*

@@ -144,7 +144,7 @@ static __always_inline int redirect_to_endpoint(struct __sk_buff *skb, struct et
 	}
 	mac_copy(eth->h_source, dst->host_mac);
 	mac_copy(eth->h_dest, dst->mac);
-	count(dst->ifindex, DIR_INGRESS, REASON_REDIRECT, skb->len);
+	count_pkt(skb, dst->ifindex, DIR_INGRESS, REASON_REDIRECT, skb->len, skb->ifindex); /* entry: whence */
 	return bpf_redirect_peer(dst->ifindex, 0);
 }
 

@@ -781,6 +781,7 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 		return drop_dir(ifindex, DIR_INGRESS, REASON_DROP_MALFORMED);
 	}
 	masq_count(MASQ_STAT_REVERSE);
+	ev_trace_point(skb, ifindex, DIR_INGRESS, REASON_FORWARD, 0);
 	/* On to the stack, which forwards it to the pod. */
 	return TCX_NEXT;
 }

@@ -411,13 +411,32 @@ enum ev_type {
 	EV_DROP = 1,       /* a packet dropped: one per drop, every drop reason */
 	EV_FLOW_START = 2, /* first packet of a flow (endpoint, direction, 5-tuple) handed on */
 	EV_FLOW_END = 3,   /* TCP FIN or RST of a flow; idle flows are ended by the agent */
+	EV_TRACE = 4,      /* a traced endpoint's packet: one per program's decision (aux: EV_TRACE_AUX) */
 };
+
+/* Which program decided, in an EV_TRACE's aux (its top byte; the low 24
+ * bits are the map entry it used: the destination endpoint's ifindex of a
+ * redirect, the masquerade's port, a policy drop's rule). */
+enum ev_prog {
+	EV_PROG_NONE = 0,
+	EV_PROG_FROM_CONTAINER = 1, /* host veth tcx ingress: from the pod */
+	EV_PROG_TO_CONTAINER = 2,   /* host veth tcx egress: to the pod, from the stack */
+	EV_PROG_FROM_UPLINK = 3,    /* uplink tcx ingress */
+	EV_PROG_TO_UPLINK = 4,      /* uplink tcx egress */
+	EV_PROG_TUNNEL = 5,         /* the tunnel device, either way */
+};
+#define EV_TRACE_AUX(prog, entry) ((__u32)(prog) << 24 | ((entry) & 0xffffff))
 
 /* ev_config.flags. All clear: no events, and the per-packet cost is the
  * one lookup of cni_ev_config. */
 #define EV_CFG_DROPS (1U << 0)     /* an EV_DROP per drop */
 #define EV_CFG_FLOWS_ALL (1U << 1) /* flow events for every endpoint of the node */
 #define EV_CFG_FLOWS_PODS (1U << 2) /* flow events for the endpoints in cni_ev_pods */
+#define EV_CFG_TRACE (1U << 3)      /* trace events for the endpoints in cni_ev_pods with EV_POD_TRACE */
+
+/* Value bits of cni_ev_pods (an older agent writes 1: flows). */
+#define EV_POD_FLOWS (1U << 0)
+#define EV_POD_TRACE (1U << 1)
 
 /* Value of cni_ev_config[0], written by the agent (pkg/maps/events.go). */
 struct ev_config {

@@ -24,9 +24,10 @@ var obs struct {
 	since                          time.Duration
 	last                           int
 	follow                         bool
+	trace                          string
 	// events
-	drops, flows, flowsPod string
-	rate, burst            uint
+	drops, flows, flowsPod, tracePod string
+	rate, burst                      uint
 }
 
 func observeFlags(fs *flag.FlagSet, _ *opts) {
@@ -37,6 +38,7 @@ func observeFlags(fs *flag.FlagSet, _ *opts) {
 	fs.IntVar(&obs.last, "last", 0, "print the agent's last N kept events (matching the filters) and stop (with --follow: then follow)")
 	fs.BoolVar(&obs.follow, "follow", false, "with --last: follow after them")
 	fs.StringVar(&obs.socket, "socket", "", "the agent's socket (default: agent.sock in --state-dir)")
+	fs.StringVar(&obs.trace, "trace", "", "namespace/name: trace this pod's packets (each program's decision) while observing it, then turn the trace off")
 }
 
 func (o *opts) socketPath() string {
@@ -55,11 +57,24 @@ func observe(o *opts) error {
 	if obs.since > 0 {
 		q.Since = time.Now().Add(-obs.since)
 	}
+	if obs.trace != "" {
+		if obs.pod != "" && obs.pod != obs.trace {
+			return fmt.Errorf("observe: --trace %q with --pod %q: one pod", obs.trace, obs.pod)
+		}
+		q.Filter.Pod = obs.trace
+	}
 	if err := q.Filter.Validate(); err != nil {
 		return fmt.Errorf("observe: %w", err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if obs.trace != "" {
+		off, err := traceWhileObserving(o, obs.trace)
+		if err != nil {
+			return fmt.Errorf("observe: --trace: %w", err)
+		}
+		defer off()
+	}
 	header := o.format == "table"
 	print := func(r *events.Record) error {
 		if o.format == "json" {
@@ -93,6 +108,7 @@ func eventsFlags(fs *flag.FlagSet, _ *opts) {
 	fs.StringVar(&obs.drops, "drops", "", "on or off: an event per dropped packet")
 	fs.StringVar(&obs.flows, "flows", "", "off, node (every pod) or pods (those turned on with --flows-pod)")
 	fs.StringVar(&obs.flowsPod, "flows-pod", "", "namespace/name[=off]: turn one pod's flow events on (or off); sets --flows pods when flows are off")
+	fs.StringVar(&obs.tracePod, "trace-pod", "", "namespace/name[=off]: turn one pod's trace events (each program's decision on its packets) on (or off)")
 	fs.UintVar(&obs.rate, "rate", 0, "events a second each CPU may send (default: as configured)")
 	fs.UintVar(&obs.burst, "burst", 0, "events a CPU may send at once (default: as configured)")
 	fs.StringVar(&obs.socket, "socket", "", "the agent's socket (default: agent.sock in --state-dir)")
@@ -103,6 +119,7 @@ type eventsReport struct {
 	Settings  maps.EventSettings `json:"settings"`
 	Counters  maps.EventCounters `json:"counters"`
 	FlowPods  []string           `json:"flowPods,omitempty"`
+	TracePods []string           `json:"tracePods,omitempty"`
 	Agent     *events.Status     `json:"agent,omitempty"`
 	AgentNote string             `json:"agentNote,omitempty"`
 }
@@ -124,15 +141,21 @@ func eventsCmd(o *opts) error {
 	if rep.Counters, err = m.EventCounters(); err != nil {
 		return err
 	}
-	ids, _ := m.FlowEventEndpoints()
 	byIf := state.ByHostIfindex(recs)
-	for _, id := range ids {
-		if r := byIf[int(id)]; r != nil && r.PodLabel() != "" {
-			rep.FlowPods = append(rep.FlowPods, r.PodLabel())
-		} else {
-			rep.FlowPods = append(rep.FlowPods, fmt.Sprintf("if%d", id))
+	label := func(ids []uint32) (out []string) {
+		for _, id := range ids {
+			if r := byIf[int(id)]; r != nil && r.PodLabel() != "" {
+				out = append(out, r.PodLabel())
+			} else {
+				out = append(out, fmt.Sprintf("if%d", id))
+			}
 		}
+		return out
 	}
+	ids, _ := m.FlowEventEndpoints()
+	rep.FlowPods = label(ids)
+	ids, _ = m.TraceEndpoints()
+	rep.TracePods = label(ids)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	if st, err := events.AgentStatus(ctx, o.socketPath()); err == nil {
@@ -189,6 +212,16 @@ func applyEventFlags(o *opts, m *maps.Maps, recs []*state.Record) error {
 			s.Flows, changed = maps.FlowsPods, true
 		}
 	}
+	if obs.tracePod != "" {
+		pod, off := strings.CutSuffix(obs.tracePod, "=off")
+		if err := setTrace(o, m, recs, pod, !off); err != nil {
+			return fmt.Errorf("events: --trace-pod: %w", err)
+		}
+		// setTrace wrote the switch: carry it into what is written here.
+		if s.Trace, err = traceOn(m); err != nil {
+			return err
+		}
+	}
 	if changed {
 		if err := m.SetEventSettings(s); err != nil {
 			return fmt.Errorf("events: %w", err)
@@ -202,6 +235,9 @@ func (rep *eventsReport) print() {
 	fmt.Printf("drop events: %v; flow events: %s", onOff(rep.Settings.Drops), rep.Settings.Flows)
 	if len(rep.FlowPods) > 0 {
 		fmt.Printf(" (pods: %s)", strings.Join(rep.FlowPods, ", "))
+	}
+	if rep.Settings.Trace || len(rep.TracePods) > 0 {
+		fmt.Printf("; trace: %v (pods: %s)", onOff(rep.Settings.Trace), strings.Join(rep.TracePods, ", "))
 	}
 	fmt.Printf("\nrate limit: %d events a second per CPU, burst %d\n", rep.Settings.Rate, rep.Settings.Burst)
 	fmt.Printf("sent: %d; lost: %d over the rate limit, %d with the ring full\n", rep.Counters.Sent, rep.Counters.LostRate, rep.Counters.LostRing)
@@ -218,4 +254,57 @@ func onOff(b bool) string {
 		return "on"
 	}
 	return "off"
+}
+
+// setTrace turns trace events of every interface of pod on or off, and the
+// global switch on while any endpoint is traced (off, the programs skip
+// the trace with the one test they make for every event).
+func setTrace(o *opts, m *maps.Maps, recs []*state.Record, pod string, on bool) error {
+	n := 0
+	for _, r := range recs {
+		if r.PodLabel() == pod && r.HostIfindex > 0 && !r.Provisional {
+			if err := m.SetTraceEvents(uint32(r.HostIfindex), on); err != nil {
+				return err
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("no attachment of pod %q in %s", pod, o.stateDir)
+	}
+	s, err := m.EventSettings()
+	if err != nil {
+		return err
+	}
+	if s.Trace, err = traceOn(m); err != nil {
+		return err
+	}
+	return m.SetEventSettings(s)
+}
+
+// traceOn tells whether any endpoint is traced.
+func traceOn(m *maps.Maps) (bool, error) {
+	ids, err := m.TraceEndpoints()
+	return len(ids) > 0, err
+}
+
+// traceWhileObserving turns pod's trace on; the function returned turns
+// it off again.
+func traceWhileObserving(o *opts, pod string) (func(), error) {
+	m, err := datapath.OpenMaps(o.pinDir)
+	if err != nil {
+		return nil, err
+	}
+	recs, _ := state.ListAll(o.stateDir)
+	if err := setTrace(o, m, recs, pod, true); err != nil {
+		m.Close()
+		return nil, err
+	}
+	return func() {
+		defer m.Close()
+		recs, _ := state.ListAll(o.stateDir)
+		if err := setTrace(o, m, recs, pod, false); err != nil {
+			fmt.Fprintf(os.Stderr, "observe: turn the trace of %s off: %v\n", pod, err)
+		}
+	}, nil
 }

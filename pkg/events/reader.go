@@ -106,7 +106,9 @@ func (r *Reader) run(ctx context.Context) error {
 	}
 	switch {
 	case r.o.Settings != nil:
+		trace := s.Trace // `events --trace-pod` or an observer's --trace: not the agent's flags'
 		s = *r.o.Settings
+		s.Trace = trace
 	case !s.Enabled() && s.Rate == 0: // never configured
 		s = maps.EventSettings{Drops: true}
 	}

@@ -28,7 +28,33 @@ const (
 	EventDrop      = mapsObjEvTypeEV_DROP
 	EventFlowStart = mapsObjEvTypeEV_FLOW_START
 	EventFlowEnd   = mapsObjEvTypeEV_FLOW_END
+	EventTrace     = mapsObjEvTypeEV_TRACE
 )
+
+// Prog is the program of a trace event (enum ev_prog).
+type Prog = mapsObjEvProg
+
+func progName(p Prog) string {
+	switch p {
+	case mapsObjEvProgEV_PROG_FROM_CONTAINER:
+		return "from_container"
+	case mapsObjEvProgEV_PROG_TO_CONTAINER:
+		return "to_container"
+	case mapsObjEvProgEV_PROG_FROM_UPLINK:
+		return "from_uplink"
+	case mapsObjEvProgEV_PROG_TO_UPLINK:
+		return "to_uplink"
+	case mapsObjEvProgEV_PROG_TUNNEL:
+		return "tunnel"
+	}
+	return fmt.Sprintf("prog%d", uint32(p))
+}
+
+// TraceProgram names the program of a trace event, and the map entry it
+// used (see enum ev_prog): its aux's top byte and low 24 bits.
+func (e *Event) TraceProgram() (string, uint32) {
+	return progName(Prog(e.Aux >> 24)), e.Aux & 0xffffff
+}
 
 const (
 	nameEvents    = "cni_events"
@@ -39,6 +65,9 @@ const (
 	evCfgDrops    = 1 << 0
 	evCfgFlowsAll = 1 << 1
 	evCfgFlowsPod = 1 << 2
+	evCfgTrace    = 1 << 3
+	evPodFlows    = 1 << 0 // value bits of cni_ev_pods
+	evPodTrace    = 1 << 1
 	evFlowClosed  = 1
 )
 
@@ -53,6 +82,8 @@ func (t EventType) String() string {
 		return "flow-start"
 	case EventFlowEnd:
 		return "flow-end"
+	case EventTrace:
+		return "trace"
 	}
 	return fmt.Sprintf("type%d", uint32(t))
 }
@@ -119,10 +150,13 @@ type EventSettings struct {
 	Flows FlowEvents `json:"flows"`
 	Rate  uint32     `json:"ratePerCPU"`  // events per second and CPU
 	Burst uint32     `json:"burstPerCPU"` // events a CPU may send at once
+	// Trace is the global switch of trace events (the endpoints
+	// SetTraceEvents turned on); off, they cost nothing.
+	Trace bool `json:"trace,omitempty"`
 }
 
 // Enabled tells whether any event is on.
-func (s EventSettings) Enabled() bool { return s.Drops || s.Flows != FlowsOff }
+func (s EventSettings) Enabled() bool { return s.Drops || s.Flows != FlowsOff || s.Trace }
 
 // EventRing is the ring buffer map, for a reader.
 func (m *Maps) EventRing() *ebpf.Map { return m.byName[nameEvents] }
@@ -135,7 +169,7 @@ func (m *Maps) EventSettings() (EventSettings, error) {
 	if err := m.byName[nameEvConfig].Lookup(&zero, &c); err != nil {
 		return EventSettings{}, fmt.Errorf("read %s: %w", nameEvConfig, err)
 	}
-	s := EventSettings{Drops: c.Flags&evCfgDrops != 0, Flows: FlowsOff}
+	s := EventSettings{Drops: c.Flags&evCfgDrops != 0, Flows: FlowsOff, Trace: c.Flags&evCfgTrace != 0}
 	switch {
 	case c.Flags&evCfgFlowsAll != 0:
 		s.Flows = FlowsNode
@@ -166,6 +200,9 @@ func (m *Maps) SetEventSettings(s EventSettings) error {
 	if s.Drops {
 		c.Flags |= evCfgDrops
 	}
+	if s.Trace {
+		c.Flags |= evCfgTrace
+	}
 	switch s.Flows {
 	case FlowsNode:
 		c.Flags |= evCfgFlowsAll
@@ -185,24 +222,62 @@ func (m *Maps) SetEventSettings(s EventSettings) error {
 // SetFlowEvents turns flow events of one endpoint (host veth ifindex) on
 // or off; they are sent while the settings' Flows is FlowsPods.
 func (m *Maps) SetFlowEvents(ifindex uint32, on bool) error {
+	return m.setPodEvents(ifindex, evPodFlows, on)
+}
+
+// SetTraceEvents turns trace events of one endpoint on or off; they are
+// sent while the settings' Trace is on.
+func (m *Maps) SetTraceEvents(ifindex uint32, on bool) error {
+	return m.setPodEvents(ifindex, evPodTrace, on)
+}
+
+// ForgetEventEndpoint turns every event switch of an endpoint off (its
+// veth is gone).
+func (m *Maps) ForgetEventEndpoint(ifindex uint32) error {
+	if err := m.byName[nameEvPods].Delete(&ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete interface %d from %s: %w", ifindex, nameEvPods, err)
+	}
+	return nil
+}
+
+// setPodEvents sets or clears bit of an endpoint's cni_ev_pods value; the
+// entry goes with its last bit.
+func (m *Maps) setPodEvents(ifindex, bit uint32, on bool) error {
 	mp := m.byName[nameEvPods]
-	if !on {
+	var v uint32
+	if err := mp.Lookup(&ifindex, &v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("read interface %d of %s: %w", ifindex, nameEvPods, err)
+	}
+	if on {
+		v |= bit
+	} else {
+		v &^= bit
+	}
+	if v == 0 {
 		if err := mp.Delete(&ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete interface %d from %s: %w", ifindex, nameEvPods, err)
 		}
 		return nil
 	}
-	one := uint32(1)
-	if err := mp.Put(&ifindex, &one); err != nil {
+	if err := mp.Put(&ifindex, &v); err != nil {
 		return writeErr(mp, nameEvPods, fmt.Sprintf("interface %d", ifindex), err)
 	}
 	return nil
 }
 
 // FlowEventEndpoints lists the endpoints with flow events on.
-func (m *Maps) FlowEventEndpoints() ([]uint32, error) {
+func (m *Maps) FlowEventEndpoints() ([]uint32, error) { return m.podEventEndpoints(evPodFlows) }
+
+// TraceEndpoints lists the endpoints with trace events on.
+func (m *Maps) TraceEndpoints() ([]uint32, error) { return m.podEventEndpoints(evPodTrace) }
+
+func (m *Maps) podEventEndpoints(bit uint32) ([]uint32, error) {
 	var out []uint32
-	err := scan(m.byName[nameEvPods], func(k *uint32, _ *uint32) { out = append(out, *k) })
+	err := scan(m.byName[nameEvPods], func(k *uint32, v *uint32) {
+		if *v&bit != 0 {
+			out = append(out, *k)
+		}
+	})
 	return out, err
 }
 

@@ -185,12 +185,24 @@ type mapsObjEvFlowVal struct {
 	Pad2    uint32
 }
 
+type mapsObjEvProg uint32
+
+const (
+	mapsObjEvProgEV_PROG_NONE           mapsObjEvProg = 0
+	mapsObjEvProgEV_PROG_FROM_CONTAINER mapsObjEvProg = 1
+	mapsObjEvProgEV_PROG_TO_CONTAINER   mapsObjEvProg = 2
+	mapsObjEvProgEV_PROG_FROM_UPLINK    mapsObjEvProg = 3
+	mapsObjEvProgEV_PROG_TO_UPLINK      mapsObjEvProg = 4
+	mapsObjEvProgEV_PROG_TUNNEL         mapsObjEvProg = 5
+)
+
 type mapsObjEvType uint32
 
 const (
 	mapsObjEvTypeEV_DROP       mapsObjEvType = 1
 	mapsObjEvTypeEV_FLOW_START mapsObjEvType = 2
 	mapsObjEvTypeEV_FLOW_END   mapsObjEvType = 3
+	mapsObjEvTypeEV_TRACE      mapsObjEvType = 4
 )
 
 type mapsObjHostportKey struct {
@@ -505,6 +517,7 @@ const (
 	mapsObjMapCniTunCidrs       = "cni_tun_cidrs"
 	mapsObjMapCniTunNodes       = "cni_tun_nodes"
 	mapsObjVarDirUnused         = "__dir_unused"
+	mapsObjVarEvProgUnused      = "__ev_prog_unused"
 	mapsObjVarEvTypeUnused      = "__ev_type_unused"
 	mapsObjVarEventUnused       = "__event_unused"
 	mapsObjVarHpStatUnused      = "__hp_stat_unused"
@@ -607,6 +620,7 @@ type mapsObjMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type mapsObjVariableSpecs struct {
 	DirUnused        *ebpf.VariableSpec `ebpf:"__dir_unused"`
+	EvProgUnused     *ebpf.VariableSpec `ebpf:"__ev_prog_unused"`
 	EvTypeUnused     *ebpf.VariableSpec `ebpf:"__ev_type_unused"`
 	EventUnused      *ebpf.VariableSpec `ebpf:"__event_unused"`
 	HpStatUnused     *ebpf.VariableSpec `ebpf:"__hp_stat_unused"`
@@ -723,6 +737,7 @@ func (m *mapsObjMaps) Close() error {
 // It can be passed to loadMapsObjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mapsObjVariables struct {
 	DirUnused        *ebpf.Variable `ebpf:"__dir_unused"`
+	EvProgUnused     *ebpf.Variable `ebpf:"__ev_prog_unused"`
 	EvTypeUnused     *ebpf.Variable `ebpf:"__ev_type_unused"`
 	EventUnused      *ebpf.Variable `ebpf:"__event_unused"`
 	HpStatUnused     *ebpf.Variable `ebpf:"__hp_stat_unused"`
