@@ -343,8 +343,12 @@ __attribute__((noinline)) int ev_packet_on(struct __sk_buff *skb, __u32 ifindex,
 		return 0;
 	if (cfg->flags & (EV_CFG_TRACE | EV_CFG_FLOWS_PODS))
 		pod = bpf_map_lookup_elem(&cni_ev_pods, &ifindex);
-	if ((cfg->flags & EV_CFG_TRACE) && pod && (*pod & EV_POD_TRACE))
-		ev_trace(skb, cfg, c, ifindex, prog, dir, reason, len, aux);
+	if ((cfg->flags & EV_CFG_TRACE) && pod && EV_POD_TRACE_UNTIL(*pod)) {
+		__u64 now_s = bpf_ktime_get_ns() / NSEC;
+
+		if (now_s < EV_POD_TRACE_UNTIL(*pod))
+			ev_trace(skb, cfg, c, ifindex, prog, dir, reason, len, aux);
+	}
 	if (dir_reason & EV_PK_TRACE_ONLY)
 		return 0;
 	if (reason_is_drop(reason)) {

@@ -432,16 +432,19 @@ enum ev_prog {
 #define EV_CFG_DROPS (1U << 0)     /* an EV_DROP per drop */
 #define EV_CFG_FLOWS_ALL (1U << 1) /* flow events for every endpoint of the node */
 #define EV_CFG_FLOWS_PODS (1U << 2) /* flow events for the endpoints in cni_ev_pods */
-#define EV_CFG_TRACE (1U << 3)      /* trace events for the endpoints in cni_ev_pods with EV_POD_TRACE */
+#define EV_CFG_TRACE (1U << 3)      /* trace events, until trace_until_s, for the endpoints traced in cni_ev_pods */
 
-/* Value bits of cni_ev_pods (an older agent writes 1: flows). */
+/* Value of cni_ev_pods: bit 0 flow events on (an older agent writes 1);
+ * the bits above, the monotonic second until which the endpoint is traced
+ * (0: not). A trace ends by itself: an observer killed before it turned
+ * its trace off leaves nothing running. */
 #define EV_POD_FLOWS (1U << 0)
-#define EV_POD_TRACE (1U << 1)
+#define EV_POD_TRACE_UNTIL(v) ((v) >> 1)
 
 /* Value of cni_ev_config[0], written by the agent (pkg/maps/events.go). */
 struct ev_config {
 	__u32 flags;
-	__u32 pad;
+	__u32 trace_until_s; /* EV_CFG_TRACE: the monotonic second it ends (the latest endpoint's) */
 	__u64 cost_ns;  /* one event's worth of tokens: NSEC / events per second, per CPU */
 	__u64 burst_ns; /* bucket depth: cost_ns times the burst */
 };

@@ -25,6 +25,7 @@ var obs struct {
 	last                           int
 	follow                         bool
 	trace                          string
+	traceFor                       time.Duration
 	// events
 	drops, flows, flowsPod, tracePod string
 	rate, burst                      uint
@@ -39,6 +40,7 @@ func observeFlags(fs *flag.FlagSet, _ *opts) {
 	fs.BoolVar(&obs.follow, "follow", false, "with --last: follow after them")
 	fs.StringVar(&obs.socket, "socket", "", "the agent's socket (default: agent.sock in --state-dir)")
 	fs.StringVar(&obs.trace, "trace", "", "namespace/name: trace this pod's packets (each program's decision) while observing it, then turn the trace off")
+	fs.DurationVar(&obs.traceFor, "trace-for", 30*time.Second, "with --trace: the trace's lease, renewed while observe runs (a killed observe's trace ends after it)")
 }
 
 func (o *opts) socketPath() string {
@@ -69,7 +71,10 @@ func observe(o *opts) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if obs.trace != "" {
-		off, err := traceWhileObserving(o, obs.trace)
+		if obs.traceFor < 3*time.Second {
+			return fmt.Errorf("observe: --trace-for %s: at least 3s", obs.traceFor)
+		}
+		off, err := traceWhileObserving(ctx, o, obs.trace)
 		if err != nil {
 			return fmt.Errorf("observe: --trace: %w", err)
 		}
@@ -108,7 +113,8 @@ func eventsFlags(fs *flag.FlagSet, _ *opts) {
 	fs.StringVar(&obs.drops, "drops", "", "on or off: an event per dropped packet")
 	fs.StringVar(&obs.flows, "flows", "", "off, node (every pod) or pods (those turned on with --flows-pod)")
 	fs.StringVar(&obs.flowsPod, "flows-pod", "", "namespace/name[=off]: turn one pod's flow events on (or off); sets --flows pods when flows are off")
-	fs.StringVar(&obs.tracePod, "trace-pod", "", "namespace/name[=off]: turn one pod's trace events (each program's decision on its packets) on (or off)")
+	fs.StringVar(&obs.tracePod, "trace-pod", "", "namespace/name[=off]: trace one pod's packets (each program's decision) for --trace-for (or stop)")
+	fs.DurationVar(&obs.traceFor, "trace-for", 10*time.Minute, "with --trace-pod: how long the trace lasts (it ends by itself)")
 	fs.UintVar(&obs.rate, "rate", 0, "events a second each CPU may send (default: as configured)")
 	fs.UintVar(&obs.burst, "burst", 0, "events a CPU may send at once (default: as configured)")
 	fs.StringVar(&obs.socket, "socket", "", "the agent's socket (default: agent.sock in --state-dir)")
@@ -154,7 +160,11 @@ func eventsCmd(o *opts) error {
 	}
 	ids, _ := m.FlowEventEndpoints()
 	rep.FlowPods = label(ids)
-	ids, _ = m.TraceEndpoints()
+	traced, _ := m.TraceEndpoints()
+	ids = ids[:0]
+	for id := range traced {
+		ids = append(ids, id)
+	}
 	rep.TracePods = label(ids)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
@@ -214,13 +224,22 @@ func applyEventFlags(o *opts, m *maps.Maps, recs []*state.Record) error {
 	}
 	if obs.tracePod != "" {
 		pod, off := strings.CutSuffix(obs.tracePod, "=off")
-		if err := setTrace(o, m, recs, pod, !off); err != nil {
+		until := time.Time{}
+		if !off {
+			if obs.traceFor < time.Second {
+				return fmt.Errorf("events: --trace-for %s: at least 1s", obs.traceFor)
+			}
+			until = time.Now().Add(obs.traceFor)
+		}
+		if err := setTrace(o, m, recs, pod, until); err != nil {
 			return fmt.Errorf("events: --trace-pod: %w", err)
 		}
 		// setTrace wrote the switch: carry it into what is written here.
-		if s.Trace, err = traceOn(m); err != nil {
+		cur, err := m.EventSettings()
+		if err != nil {
 			return err
 		}
+		s.Trace, s.TraceUntil = cur.Trace, cur.TraceUntil
 	}
 	if changed {
 		if err := m.SetEventSettings(s); err != nil {
@@ -256,14 +275,15 @@ func onOff(b bool) string {
 	return "off"
 }
 
-// setTrace turns trace events of every interface of pod on or off, and the
-// global switch on while any endpoint is traced (off, the programs skip
-// the trace with the one test they make for every event).
-func setTrace(o *opts, m *maps.Maps, recs []*state.Record, pod string, on bool) error {
+// setTrace traces every interface of pod until until (the zero time: not
+// any more), and sets the global switch to the latest trace of the node
+// (off when none is left: the programs skip the trace with the one test
+// they make for every event).
+func setTrace(o *opts, m *maps.Maps, recs []*state.Record, pod string, until time.Time) error {
 	n := 0
 	for _, r := range recs {
 		if r.PodLabel() == pod && r.HostIfindex > 0 && !r.Provisional {
-			if err := m.SetTraceEvents(uint32(r.HostIfindex), on); err != nil {
+			if err := m.SetTraceEvents(uint32(r.HostIfindex), until); err != nil {
 				return err
 			}
 			n++
@@ -276,34 +296,60 @@ func setTrace(o *opts, m *maps.Maps, recs []*state.Record, pod string, on bool) 
 	if err != nil {
 		return err
 	}
-	if s.Trace, err = traceOn(m); err != nil {
+	traced, err := m.TraceEndpoints()
+	if err != nil {
 		return err
+	}
+	s.Trace, s.TraceUntil = false, time.Time{}
+	for _, u := range traced {
+		if u.After(s.TraceUntil) {
+			s.Trace, s.TraceUntil = true, u
+		}
 	}
 	return m.SetEventSettings(s)
 }
 
-// traceOn tells whether any endpoint is traced.
-func traceOn(m *maps.Maps) (bool, error) {
-	ids, err := m.TraceEndpoints()
-	return len(ids) > 0, err
-}
-
-// traceWhileObserving turns pod's trace on; the function returned turns
-// it off again.
-func traceWhileObserving(o *opts, pod string) (func(), error) {
+// traceWhileObserving traces pod for obs.traceFor, renewed at a third of
+// it while observe runs; the function returned ends the trace. Killed
+// (SIGKILL), observe leaves a trace that ends by itself.
+func traceWhileObserving(ctx context.Context, o *opts, pod string) (func(), error) {
 	m, err := datapath.OpenMaps(o.pinDir)
 	if err != nil {
 		return nil, err
 	}
-	recs, _ := state.ListAll(o.stateDir)
-	if err := setTrace(o, m, recs, pod, true); err != nil {
+	renew := func() error {
+		recs, _ := state.ListAll(o.stateDir)
+		return setTrace(o, m, recs, pod, time.Now().Add(obs.traceFor))
+	}
+	if err := renew(); err != nil {
 		m.Close()
 		return nil, err
 	}
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(obs.traceFor / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-done:
+				return
+			case <-tick.C:
+				if err := renew(); err != nil {
+					fmt.Fprintf(os.Stderr, "observe: renew the trace of %s: %v\n", pod, err)
+				}
+			}
+		}
+	}()
 	return func() {
+		close(done)
+		<-stopped
 		defer m.Close()
 		recs, _ := state.ListAll(o.stateDir)
-		if err := setTrace(o, m, recs, pod, false); err != nil {
+		if err := setTrace(o, m, recs, pod, time.Time{}); err != nil {
 			fmt.Fprintf(os.Stderr, "observe: turn the trace of %s off: %v\n", pod, err)
 		}
 	}, nil

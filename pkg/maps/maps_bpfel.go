@@ -143,11 +143,11 @@ type mapsObjEpKey struct {
 }
 
 type mapsObjEvConfig struct {
-	_       structs.HostLayout
-	Flags   uint32
-	Pad     uint32
-	CostNs  uint64
-	BurstNs uint64
+	_           structs.HostLayout
+	Flags       uint32
+	TraceUntilS uint32
+	CostNs      uint64
+	BurstNs     uint64
 }
 
 type mapsObjEvCpu struct {

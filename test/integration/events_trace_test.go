@@ -200,6 +200,42 @@ func TestEventsTracePod(t *testing.T) {
 	if !strings.Contains(out.String(), `"type":"trace"`) || !strings.Contains(out.String(), `"program":"from_container"`) {
 		t.Errorf("observe --trace printed no trace event of the ping:\n%s", out.String())
 	}
+
+	// Killed (SIGKILL) before it could turn its trace off: the trace ends
+	// by itself at the end of its lease.
+	started := time.Now()
+	kill := exec.Command(filepath.Join(testenv.BinDir, "ebpf-agent"), "observe", "-o", "json",
+		"--state-dir", e.StateDir, "--pin-dir", e.PinDir, "--trace", "shop/traced", "--trace-for", "3s")
+	must(t, kill.Start())
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if s, _ := m.EventSettings(); s.Trace {
+			break
+		}
+	}
+	must(t, kill.Process.Kill())
+	kill.Wait()
+	seq = lastSeq(t, e)
+	must(t, testenv.Ping(a, b4, 1))
+	if got, recs, _ := echoHops(t, e, "shop/traced", seq, 2); len(got) != 2 {
+		t.Fatalf("observe --trace killed at once: the trace is on for its lease, want the ping's 2 events: %+v", recs)
+	}
+	time.Sleep(time.Until(started.Add(4500 * time.Millisecond)))
+	seq = lastSeq(t, e)
+	must(t, testenv.Ping(a, b4, 1))
+	if got, recs, _ := echoHops(t, e, "shop/traced", seq, 1); len(got) != 0 {
+		t.Errorf("observe --trace killed 4.5 s ago with a 3 s lease: still trace events: %+v", recs)
+	}
+	if tr, _ := m.TraceEndpoints(); len(tr) != 0 {
+		t.Errorf("endpoints still traced after the lease: %v", tr)
+	}
+	if s, _ := m.EventSettings(); s.Trace {
+		t.Errorf("the trace switch reads on after the lease: %+v", s)
+	}
+	// The agent clears the ended trace's bits and switch in its sweep.
+	must(t, m.EndTraces())
+	if out := agent(); strings.Contains(out, "trace:") {
+		t.Errorf("events after the trace ended still names one:\n%s", out)
+	}
 }
 
 // TestEventsTraceMasqueraded: a traced pod's ping to a host outside, which
@@ -217,10 +253,11 @@ func TestEventsTraceMasqueraded(t *testing.T) {
 	e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
 	_, aIdx := e.HostVeth("a")
 	m := p.m
-	must(t, m.SetTraceEvents(uint32(aIdx), true))
+	until := time.Now().Add(time.Minute)
+	must(t, m.SetTraceEvents(uint32(aIdx), until))
 	s, err := m.EventSettings()
 	must(t, err)
-	s.Trace = true
+	s.Trace, s.TraceUntil = true, until
 	must(t, m.SetEventSettings(s))
 	seq := lastSeq(t, e)
 	for _, fam := range []int{4, 6} {
