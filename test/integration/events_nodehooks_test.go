@@ -96,7 +96,8 @@ func oneDrop(t *testing.T, e *testenv.Env, m *maps.Maps, idx int, dir maps.Dir, 
 // ingress, on the uplink); a masquerading pod finding no free node port
 // (drop_nat_exhausted) or at its quota (drop_nat_pod_limit), egress on its
 // host veth; a hostPort reply whose TTL runs out at the node
-// (drop_no_route, egress on the pod's host veth).
+// (drop_no_route, egress on the pod's host veth); NetworkPolicy's denials
+// both ways (drop_policy).
 func TestEventsNodeHookDrops(t *testing.T) {
 	t.Parallel()
 	p := newPolLab(t, true) // networkPolicy (the forged-source checks), ipMasq, a hostPort
@@ -193,6 +194,29 @@ func TestEventsNodeHookDrops(t *testing.T) {
 	// With its TTL back, the hostPort answers.
 	for _, fam := range []int{4, 6} {
 		expectServer(t, p.remote, "udp", hp(uplinkIP[fam], hostPortH), "h")
+	}
+
+	// NetworkPolicy: a denied all egress (judged at its host veth), h all
+	// ingress (its hostPort's client, judged where from_uplink redirects
+	// into h).
+	p.apply(t, "a", policy.Endpoint{Egress: isolated()})
+	p.apply(t, "h", policy.Endpoint{Ingress: isolated()})
+	for _, fam := range []int{4, 6} {
+		t.Run(fmt.Sprintf("policy-egress/ipv%d", fam), func(t *testing.T) {
+			seq = oneDrop(t, e, m, aIdx, maps.DirEgress, maps.ReasonDropPolicy, seq,
+				func() { sendUDPOnce(t, p.a, remoteIP[fam], 7002) },
+				func(ev events.Record) bool {
+					return ev.Src == ip("a", fam).String() && ev.Dst == remoteIP[fam].String() && ev.DstPort == 7002
+				})
+		})
+		t.Run(fmt.Sprintf("policy-ingress/ipv%d", fam), func(t *testing.T) {
+			seq = oneDrop(t, e, m, hIdx, maps.DirIngress, maps.ReasonDropPolicy, seq,
+				func() { sendUDPOnce(t, p.remote, uplinkIP[fam], hostPortH) },
+				func(ev events.Record) bool {
+					// Counted once DNATed: to h's own address and port.
+					return ev.Src == remoteIP[fam].String() && ev.Dst == ip("h", fam).String() && ev.DstPort == 80
+				})
+		})
 	}
 }
 
