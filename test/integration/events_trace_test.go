@@ -17,6 +17,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/events"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -303,5 +304,52 @@ func TestEventsTraceMasqueraded(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestEventsTraceTwoInterfaces: a pod with two interfaces of the network
+// is traced on both; DEL of one forgets that interface's switches and
+// leaves the other's trace running.
+func TestEventsTraceTwoInterfaces(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.CleanupDel(pod, "two")
+	e.AddK8s(pod, "two", "shop", "two")
+	rt := e.RuntimeConf(pod, "two", "net1")
+	rt.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "shop"}, {"K8S_POD_NAME", "two"}}
+	t.Cleanup(func() { _ = e.Del(pod, "two", "net1") })
+	if _, err := e.AddList(e.ConfList("1.1.0"), rt); err != nil {
+		t.Fatalf("ADD net1: %v", err)
+	}
+	eth0 := e.HostIfindex(state.HostIfName("two", "eth0"))
+	net1 := e.HostIfindex(state.HostIfName("two", "net1"))
+	out, err := e.AgentCmd("events", "--state-dir", e.StateDir, "--pin-dir", e.PinDir, "--trace-pod", "shop/two", "--flows-pod", "shop/two")
+	if err != nil {
+		t.Fatalf("events --trace-pod: %v\n%s", err, out)
+	}
+	m := e.Maps()
+	tr, err := m.TraceEndpoints()
+	must(t, err)
+	if _, ok := tr[uint32(eth0)]; !ok || len(tr) != 2 {
+		t.Fatalf("traced endpoints %v, want eth0's %d and net1's %d", tr, eth0, net1)
+	}
+	if _, ok := tr[uint32(net1)]; !ok {
+		t.Fatalf("traced endpoints %v, want net1's %d", tr, net1)
+	}
+	must(t, e.Del(pod, "two", "net1"))
+	tr, err = m.TraceEndpoints()
+	must(t, err)
+	flows, err := m.FlowEventEndpoints()
+	must(t, err)
+	if _, ok := tr[uint32(eth0)]; !ok || len(tr) != 1 || len(flows) != 1 || flows[0] != uint32(eth0) {
+		t.Errorf("after DEL of net1: traced %v, flow events %v; want eth0's %d alone in each", tr, flows, eth0)
+	}
+	if s, _ := m.EventSettings(); !s.Trace {
+		t.Errorf("after DEL of net1 the trace switch is off, eth0 still traced: %+v", s)
+	}
+	e.MustDel(pod, "two")
+	if tr, _ := m.TraceEndpoints(); len(tr) != 0 {
+		t.Errorf("after DEL of the pod, still traced: %v", tr)
 	}
 }
