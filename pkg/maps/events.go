@@ -329,14 +329,19 @@ func (m *Maps) TraceEndpoints() (map[uint32]time.Time, error) {
 }
 
 // EndTraces clears the trace of endpoints whose trace ended, and the global
-// switch once none is left (while it is on, the packets handed on take
-// the events' slow path): the agent calls it now and then.
+// switch once none is left (ended, or its pods deleted: while it is on, the
+// packets handed on take the events' slow path): the agent calls it now
+// and then.
 func (m *Maps) EndTraces() error {
 	now := monoSeconds()
 	var ended []uint32
+	live := 0
 	if err := scan(m.byName[nameEvPods], func(k *uint32, v *uint32) {
-		if until := *v >> 1; until != 0 && uint64(until) <= now {
+		switch until := *v >> 1; {
+		case until != 0 && uint64(until) <= now:
 			ended = append(ended, *k)
+		case until != 0:
+			live++
 		}
 	}); err != nil {
 		return fmt.Errorf("read %s: %w", nameEvPods, err)
@@ -351,7 +356,7 @@ func (m *Maps) EndTraces() error {
 	if err := cfg.Lookup(&zero, &c); err != nil {
 		return errors.Join(errs, fmt.Errorf("read %s: %w", nameEvConfig, err))
 	}
-	if c.Flags&evCfgTrace != 0 && uint64(c.TraceUntilS) <= now {
+	if c.Flags&evCfgTrace != 0 && (uint64(c.TraceUntilS) <= now || live == 0) {
 		c.Flags &^= evCfgTrace
 		c.TraceUntilS = 0
 		errs = errors.Join(errs, cfg.Put(&zero, &c))

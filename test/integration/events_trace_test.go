@@ -352,4 +352,10 @@ func TestEventsTraceTwoInterfaces(t *testing.T) {
 	if tr, _ := m.TraceEndpoints(); len(tr) != 0 {
 		t.Errorf("after DEL of the pod, still traced: %v", tr)
 	}
+	// No endpoint traced: the agent's sweep turns the switch off before
+	// the trace's end (else every pod's packets take the slow path).
+	must(t, m.EndTraces())
+	if s, _ := m.EventSettings(); s.Trace {
+		t.Errorf("no endpoint traced, the switch stays on after EndTraces: %+v", s)
+	}
 }
