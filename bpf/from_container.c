@@ -12,6 +12,7 @@
  * lib/endpoint.h, lib/neigh.h, lib/bandwidth.h, lib/policy.h, lib/hostport.h
  * and lib/stackflow.h.
  */
+#define CNI_PROG EV_PROG_FROM_CONTAINER
 #include "lib/neigh.h"
 #include "lib/hostport.h"
 #include "lib/tunnel.h"
@@ -56,7 +57,8 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 	/* We route, so decrement TTL. */
 	ttl_dec4(ip);
 
-	count(ifindex, DIR_EGRESS, REASON_REDIRECT, skb->len);
+	/* the destination's entry: a trace event's map entry */
+	count_pkt(skb, ifindex, DIR_EGRESS, REASON_REDIRECT, skb->len, dst->ifindex);
 	return redirect_to_endpoint(skb, eth, dst);
 }
 
@@ -126,7 +128,8 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 		return pass(ifindex, skb->len);
 
 	ip6->hop_limit--;
-	count(ifindex, DIR_EGRESS, REASON_REDIRECT, skb->len);
+	/* the destination's entry: a trace event's map entry */
+	count_pkt(skb, ifindex, DIR_EGRESS, REASON_REDIRECT, skb->len, dst->ifindex);
 	return redirect_to_endpoint(skb, eth, dst);
 }
 

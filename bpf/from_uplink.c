@@ -28,6 +28,7 @@
  * stack when there is none): TCX_NEXT, never TC_ACT_OK, which would end the
  * chain for another tool's programs.
  */
+#define CNI_PROG EV_PROG_FROM_UPLINK
 #include "lib/masq.h"
 #include "lib/tunnel.h"
 
@@ -127,6 +128,10 @@ static __always_inline int from_uplink(struct __sk_buff *skb, __u8 family)
 	return hostport_from_uplink(skb, &f);
 }
 
+/* A forged source off the wire: counted on the uplink (cni_stats keyed by
+ * its ifindex, no pod's), with an event, as the tunnel's drops are. */
+#define forged_drop() drop_dir(skb->ifindex, DIR_INGRESS, REASON_DROP_SPOOF_IP)
+
 SEC("tc")
 int cni_from_uplink(struct __sk_buff *skb)
 {
@@ -150,22 +155,22 @@ int cni_from_uplink(struct __sk_buff *skb)
 	if (!node_hooks_enabled())
 		return TCX_NEXT;
 	/* A forged node source going on to the stack is dropped like the
-	 * kernel's IPv4 martians, uncounted (no pod's). Constant families:
-	 * each call inlines one family's code. The policy switch is read
-	 * once: a node without networkPolicy calls neither check (issue 30). */
+	 * kernel's IPv4 martians. Constant families: each call inlines one
+	 * family's code. The policy switch is read once: a node without
+	 * networkPolicy calls neither check (issue 30). */
 	int pol = policy_on_node();
 
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
 		if (pol && forged_pod_source(skb, AF_INET))
-			return TC_ACT_SHOT;
+			return forged_drop();
 		rc = from_uplink(skb, AF_INET);
-		return rc == TCX_NEXT && pol && forged_node_source(skb, AF_INET) ? TC_ACT_SHOT : rc;
+		return rc == TCX_NEXT && pol && forged_node_source(skb, AF_INET) ? forged_drop() : rc;
 	}
 	if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
 		if (pol && forged_pod_source(skb, AF_INET6))
-			return TC_ACT_SHOT;
+			return forged_drop();
 		rc = from_uplink(skb, AF_INET6);
-		return rc == TCX_NEXT && pol && forged_node_source(skb, AF_INET6) ? TC_ACT_SHOT : rc;
+		return rc == TCX_NEXT && pol && forged_node_source(skb, AF_INET6) ? forged_drop() : rc;
 	}
 	return TCX_NEXT;
 }

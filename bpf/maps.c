@@ -12,6 +12,7 @@ enum cni_reason __reason_unused __attribute__((unused));
 enum hp_stat __hp_stat_unused __attribute__((unused));
 enum masq_stat __masq_stat_unused __attribute__((unused));
 enum ev_type __ev_type_unused __attribute__((unused));
+enum ev_prog __ev_prog_unused __attribute__((unused));
 /* The ring buffer has no value type: the record struct is referenced here. */
 struct cni_event __event_unused __attribute__((unused));
 /* Only inner maps (cni_pol_ct_parts', cni_pol_frag_parts') use these: BTF would hold them as

@@ -12,6 +12,7 @@
  * ingress limit is sent here by the node hooks (deliver_to_pod), so it
  * meets the queue as the stack's does.
  */
+#define CNI_PROG EV_PROG_TO_CONTAINER
 #include "lib/stackflow.h"
 
 /* Both policies a packet the stack delivers meets: the pod's ingress (its

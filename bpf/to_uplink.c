@@ -13,6 +13,7 @@
  * node is dropped whatever the stack made of it (lib/tunnel.h). Everything
  * else goes on to the next tcx program of the link.
  */
+#define CNI_PROG EV_PROG_TO_UPLINK
 #include "lib/masq.h"
 #include "lib/tunnel.h"
 
@@ -68,10 +69,11 @@ int cni_to_uplink(struct __sk_buff *skb)
 		count(from, DIR_EGRESS, REASON_DROP_POLICY, skb->len);
 		return TC_ACT_SHOT;
 	}
-	if (!(ep->flags & EP_F_MASQ))
-		return TCX_NEXT;
-	if (masq_egress(skb, ep, family) == TC_ACT_SHOT)
+	/* A traced pod's packet leaving, translated or not (its tuple shows
+	 * the masquerade's entry). */
+	if ((ep->flags & EP_F_MASQ) && masq_egress(skb, ep, family) == TC_ACT_SHOT)
 		return TC_ACT_SHOT;
+	ev_trace_point(skb, from, DIR_EGRESS, REASON_FORWARD, 0);
 	return TCX_NEXT;
 }
 

@@ -6,6 +6,7 @@
  * lib/tunnel.h); tcx egress, the sender's egress NetworkPolicy on what a
  * pod of this node sends into it (lib/policy.h).
  */
+#define CNI_PROG EV_PROG_TUNNEL
 #include "lib/tunnel.h"
 #include "lib/policy.h"
 

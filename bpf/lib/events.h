@@ -14,6 +14,15 @@
 
 #include "maps.h"
 
+/* The program an object's count() calls are in (enum ev_prog), for trace
+ * events: each program's source defines it before its includes. */
+#ifndef CNI_PROG
+#define CNI_PROG EV_PROG_NONE
+#endif
+
+/* ev_packet_on's dir_reason: what ev_packet packs into it. */
+#define EV_PK_TRACE_ONLY (1U << 24) /* a trace point, no verdict: no drop or flow event */
+
 /* Not a drop: counted for a packet handed on or answered. Every other
  * reason, including ones added after this was written, is a drop. */
 static __always_inline int reason_is_drop(__u8 reason)
@@ -291,6 +300,30 @@ static __always_inline void ev_drop(struct __sk_buff *skb, const struct ev_confi
 }
 
 /*
+ * A traced endpoint's packet at one program's decision: which program
+ * (prog), what it decided (reason, dir) and the map entry it used (entry,
+ * see enum ev_prog), with the packet's tuple as it is now.
+ */
+static __always_inline void ev_trace(struct __sk_buff *skb, const struct ev_config *cfg, struct ev_cpu *c,
+				     __u32 ifindex, __u8 prog, __u8 dir, __u8 reason, __u32 len, __u32 entry)
+{
+	if (!ev_admit(cfg, c))
+		return;
+	struct cni_event *e = ev_reserve(c);
+	if (!e)
+		return;
+	e->ifindex = ifindex;
+	e->len = len;
+	e->aux = EV_TRACE_AUX(prog, entry);
+	e->type = EV_TRACE;
+	e->dir = dir;
+	e->reason = reason;
+	ev_tuple(skb, e);
+	e->ts_ns = bpf_ktime_get_ns();
+	ev_submit(c, e);
+}
+
+/*
  * What events a counted packet sends, out of line: one copy of the code per
  * program, verified once, rather than one per count() call site. Only
  * called while events are on (ev_packet).
@@ -298,12 +331,25 @@ static __always_inline void ev_drop(struct __sk_buff *skb, const struct ev_confi
 __attribute__((noinline)) int ev_packet_on(struct __sk_buff *skb, __u32 ifindex, __u32 dir_reason, __u32 len,
 					   __u32 aux)
 {
-	__u8 dir = dir_reason >> 8, reason = dir_reason; /* BPF calls take 5 arguments */
+	/* BPF calls take 5 arguments: direction, reason, program and
+	 * EV_PK_TRACE_ONLY come packed. */
+	__u8 dir = dir_reason >> 8, reason = dir_reason, prog = dir_reason >> 16;
 	__u32 zero = 0;
 	const struct ev_config *cfg = bpf_map_lookup_elem(&cni_ev_config, &zero);
 	struct ev_cpu *c = bpf_map_lookup_elem(&cni_ev_cpu, &zero);
+	const __u32 *pod = NULL;
 
 	if (!skb || !cfg || !c)
+		return 0;
+	if (cfg->flags & (EV_CFG_TRACE | EV_CFG_FLOWS_PODS))
+		pod = bpf_map_lookup_elem(&cni_ev_pods, &ifindex);
+	if ((cfg->flags & EV_CFG_TRACE) && pod && EV_POD_TRACE_UNTIL(*pod)) {
+		__u64 now_s = bpf_ktime_get_ns() / NSEC;
+
+		if (now_s < EV_POD_TRACE_UNTIL(*pod))
+			ev_trace(skb, cfg, c, ifindex, prog, dir, reason, len, aux);
+	}
+	if (dir_reason & EV_PK_TRACE_ONLY)
 		return 0;
 	if (reason_is_drop(reason)) {
 		if (cfg->flags & EV_CFG_DROPS)
@@ -312,8 +358,10 @@ __attribute__((noinline)) int ev_packet_on(struct __sk_buff *skb, __u32 ifindex,
 	}
 	if (reason == REASON_NEIGH_REPLY)
 		return 0;
-	if ((cfg->flags & EV_CFG_FLOWS_ALL) ||
-	    ((cfg->flags & EV_CFG_FLOWS_PODS) && bpf_map_lookup_elem(&cni_ev_pods, &ifindex)))
+	/* Node-wide, the receiver's side of a same-node redirect is the
+	 * sender's flow (see ev_packet). */
+	if (((cfg->flags & EV_CFG_FLOWS_ALL) && !(reason == REASON_REDIRECT && dir == DIR_INGRESS)) ||
+	    ((cfg->flags & EV_CFG_FLOWS_PODS) && pod && (*pod & EV_POD_FLOWS)))
 		ev_flow(skb, cfg, c, ifindex, dir, reason, len);
 	return 0;
 }
@@ -334,10 +382,27 @@ static __always_inline void ev_packet(struct __sk_buff *skb, __u32 ifindex, __u8
 
 	if (!cfg || !cfg->flags)
 		return;
+	/* One mask test, whatever is on: a trace switch costs the packets
+	 * handed on nothing while it is off. */
 	if (!reason_is_drop(reason)) {
-		if (!(cfg->flags & EV_CFG_FLOWS_PODS) &&
+		if (!(cfg->flags & (EV_CFG_FLOWS_PODS | EV_CFG_TRACE)) &&
 		    (!(cfg->flags & EV_CFG_FLOWS_ALL) || (reason == REASON_REDIRECT && dir == DIR_INGRESS)))
 			return;
 	}
-	ev_packet_on(skb, ifindex, (__u32)dir << 8 | reason, len, aux);
+	ev_packet_on(skb, ifindex, (__u32)CNI_PROG << 16 | (__u32)dir << 8 | reason, len, aux);
+}
+
+/*
+ * A decision that counts nothing (a packet the uplink hooks translated and
+ * hand on): a trace event when the endpoint is traced. Off, one array
+ * lookup.
+ */
+static __always_inline void ev_trace_point(struct __sk_buff *skb, __u32 ifindex, __u8 dir, __u8 reason, __u32 entry)
+{
+	__u32 zero = 0;
+	const struct ev_config *cfg = bpf_map_lookup_elem(&cni_ev_config, &zero);
+
+	if (cfg && (cfg->flags & EV_CFG_TRACE))
+		ev_packet_on(skb, ifindex, EV_PK_TRACE_ONLY | (__u32)CNI_PROG << 16 | (__u32)dir << 8 | reason, skb->len,
+			     entry);
 }

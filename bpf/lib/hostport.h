@@ -254,7 +254,9 @@ static __always_inline int hostport_reverse(struct __sk_buff *skb, struct flow *
 /*
  * Sends a translated reply (its source is now a node address, which the
  * stack would drop as martian if handed in from the veth) straight out of
- * the egress device the FIB picks, as the stack would forward it.
+ * the egress device the FIB picks, as the stack would forward it. A drop
+ * is the pod's (skb->ifindex is its host veth, as ifindex), counted out of
+ * line: from_container's frame is near its limit.
  */
 static __always_inline int fib_redirect(struct __sk_buff *skb, __u32 ifindex)
 {
@@ -265,13 +267,13 @@ static __always_inline int fib_redirect(struct __sk_buff *skb, __u32 ifindex)
 	int rc;
 
 	if ((void *)(eth + 1) > data_end)
-		return TC_ACT_SHOT;
+		return drop_dir(skb->ifindex, DIR_EGRESS, REASON_DROP_MALFORMED);
 	p.ifindex = ifindex;
 	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = (void *)(eth + 1);
 
 		if ((void *)(ip + 1) > data_end)
-			return TC_ACT_SHOT;
+			return drop_dir(skb->ifindex, DIR_EGRESS, REASON_DROP_MALFORMED);
 		if (ip->ttl <= 1)
 			goto no_route;
 		p.family = AF_INET;
@@ -283,7 +285,7 @@ static __always_inline int fib_redirect(struct __sk_buff *skb, __u32 ifindex)
 		struct ipv6hdr *ip6 = (void *)(eth + 1);
 
 		if ((void *)(ip6 + 1) > data_end)
-			return TC_ACT_SHOT;
+			return drop_dir(skb->ifindex, DIR_EGRESS, REASON_DROP_MALFORMED);
 		if (ip6->hop_limit <= 1)
 			goto no_route;
 		p.family = AF_INET6;
@@ -298,7 +300,7 @@ static __always_inline int fib_redirect(struct __sk_buff *skb, __u32 ifindex)
 
 	eth = pkt_forward(skb, p.family);
 	if (!eth)
-		return TC_ACT_SHOT;
+		return drop_dir(skb->ifindex, DIR_EGRESS, REASON_DROP_MALFORMED);
 	if (rc == BPF_FIB_LKUP_RET_NO_NEIGH) {
 		struct bpf_redir_neigh nh = { .nh_family = p.family };
 
@@ -314,7 +316,7 @@ static __always_inline int fib_redirect(struct __sk_buff *skb, __u32 ifindex)
 	return bpf_redirect(p.ifindex, 0);
 no_route:
 	hp_count(HP_STAT_NO_ROUTE);
-	return TC_ACT_SHOT;
+	return drop_dir(skb->ifindex, DIR_EGRESS, REASON_DROP_NO_ROUTE);
 }
 
 #define HP_CONTINUE -1
@@ -470,14 +472,14 @@ static __always_inline int hostport_from_uplink(struct __sk_buff *skb, struct fl
 	int rc = hostport_dnat(skb, f, v, 0);
 	if (rc < 0) {
 		hp_count(HP_STAT_ERROR);
-		return TC_ACT_SHOT;
+		return drop_dir(ep->ifindex, DIR_INGRESS, REASON_DROP_MALFORMED);
 	}
 	if (rc)
 		return TCX_NEXT;
 
 	struct ethhdr *eth = pkt_forward(skb, f->family);
 	if (!eth)
-		return TC_ACT_SHOT;
+		return drop_dir(ep->ifindex, DIR_INGRESS, REASON_DROP_MALFORMED);
 	hp_count(HP_STAT_DNAT_UPLINK);
 	return deliver_to_pod(skb, eth, ep);
 }
@@ -518,11 +520,11 @@ static __always_inline int hostport_icmp_error_in(struct __sk_buff *skb, struct 
 
 	if (icmp_err_rewrite(skb, e, 1, pod, pod_port)) {
 		hp_count(HP_STAT_ERROR);
-		return TC_ACT_SHOT;
+		return drop_dir(ifindex, DIR_INGRESS, REASON_DROP_MALFORMED);
 	}
 	struct ethhdr *eth = pkt_forward(skb, family);
 	if (!eth)
-		return TC_ACT_SHOT;
+		return drop_dir(ifindex, DIR_INGRESS, REASON_DROP_MALFORMED);
 	hp_count(HP_STAT_ICMP_ERR_IN);
 	return deliver_to_pod(skb, eth, ep);
 }

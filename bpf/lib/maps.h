@@ -252,7 +252,8 @@ struct {
 	__type(value, struct ev_cpu);
 } cni_ev_cpu SEC(".maps");
 
-/* Endpoints (host veth ifindex) with flow events on (EV_CFG_FLOWS_PODS). */
+/* Endpoints (host veth ifindex) with flow events (EV_POD_FLOWS, sent while
+ * EV_CFG_FLOWS_PODS) or trace events (EV_POD_TRACE, while EV_CFG_TRACE) on. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, SIZED);

@@ -552,7 +552,8 @@ static __noinline int masq_icmp_error_out(struct __sk_buff *skb, __u8 family, __
 	}
 	if (icmp_err_rewrite(skb, &e, 0, node, port)) {
 		masq_count(MASQ_STAT_ERROR);
-		return TC_ACT_SHOT;
+		/* The pod's own error is its drop; the node's is the uplink's. */
+		return drop_dir(ifindex ? ifindex : skb->ifindex, DIR_EGRESS, REASON_DROP_MALFORMED);
 	}
 	masq_count(MASQ_STAT_ICMP_ERR_OUT);
 	return MASQ_CONTINUE;
@@ -659,6 +660,26 @@ static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __
 }
 
 /*
+ * A new flow of the pod behind ifindex that got no port (*why from
+ * snat_alloc): counted in cni_masq_stats, in the pod's refusals when at its
+ * quota, and as the pod's drop with its event. Out of line: to_uplink's
+ * frame has no room for it (policy_judge sits on it at the 512-byte limit).
+ */
+static __noinline int masq_alloc_failed(struct __sk_buff *skb, __u32 ifindex, __u32 why, int quota)
+{
+	if (!quota)
+		masq_quota_drop(ifindex);
+	masq_count(why);
+	if (!skb)
+		return TC_ACT_SHOT;
+	count_pkt(skb, ifindex, DIR_EGRESS,
+		  why == MASQ_STAT_EXHAUSTED ? REASON_DROP_NAT_EXHAUSTED :
+		  why == MASQ_STAT_POD_LIMIT ? REASON_DROP_NAT_POD_LIMIT : REASON_DROP_MALFORMED,
+		  skb->len, 0);
+	return TC_ACT_SHOT;
+}
+
+/*
  * A packet leaving the node through an uplink, forwarded from the host veth
  * of the masquerading pod ep with the pod's address as its source (the
  * caller checked). Returns MASQ_CONTINUE after translating it or leaving it
@@ -701,19 +722,16 @@ static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_in
 		int quota = masq_quota_allows(ep->ifindex);
 		__u32 why = quota ? MASQ_STAT_EXHAUSTED : MASQ_STAT_POD_LIMIT;
 		port = snat_alloc(skb, &f, node, ep->ifindex, &why);
-		if (!port) {
-			if (!quota)
-				masq_quota_drop(ep->ifindex);
-			masq_count(why);
-			return TC_ACT_SHOT;
-		}
+		if (!port)
+			return masq_alloc_failed(skb, ep->ifindex, why, quota);
 		masq_pod_add(ep->ifindex); /* here: snat_alloc's stack is full */
 		masq_count(MASQ_STAT_NEW);
 	}
 
 	if (pkt_rewrite(skb, &f, 1, node, port)) {
 		masq_count(MASQ_STAT_ERROR);
-		return TC_ACT_SHOT;
+		/* ep->ifindex, which the caller checked: not kept live for this */
+		return drop_dir(skb->ingress_ifindex, DIR_EGRESS, REASON_DROP_MALFORMED);
 	}
 	masq_count(MASQ_STAT_SNAT);
 	return MASQ_CONTINUE;
@@ -761,9 +779,10 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 
 	if (pkt_rewrite(skb, &f, 0, pod, pod_port)) {
 		masq_count(MASQ_STAT_ERROR);
-		return TC_ACT_SHOT;
+		return drop_dir(ifindex, DIR_INGRESS, REASON_DROP_MALFORMED);
 	}
 	masq_count(MASQ_STAT_REVERSE);
+	ev_trace_point(skb, ifindex, DIR_INGRESS, REASON_FORWARD, 0);
 	/* On to the stack, which forwards it to the pod. */
 	return TCX_NEXT;
 }
@@ -794,7 +813,7 @@ static __always_inline int masq_icmp_error_in(struct __sk_buff *skb, struct icmp
 		return MASQ_CONTINUE;
 	if (icmp_err_rewrite(skb, e, 1, pod, pod_port)) {
 		masq_count(MASQ_STAT_ERROR);
-		return TC_ACT_SHOT;
+		return drop_dir(ifindex, DIR_INGRESS, REASON_DROP_MALFORMED);
 	}
 	masq_count(MASQ_STAT_ICMP_ERR_IN);
 	return TCX_NEXT;

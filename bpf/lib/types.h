@@ -52,7 +52,9 @@ enum cni_dir {
 	__DIR_MAX,
 };
 
-/* Why a packet was counted. Drops: REASON_DROP_SPOOF_IP..REASON_DROP_UNKNOWN, REASON_DROP_BANDWIDTH, REASON_DROP_ROUTER_MSG, REASON_DROP_POLICY and REASON_DROP_TUN_*. Append only. */
+/* Why a packet was counted. Every reason but FORWARD, REDIRECT and
+ * NEIGH_REPLY is a drop (lib/events.h). Append only: the values are in
+ * pinned counters and in the agent's metrics. */
 enum cni_reason {
 	REASON_FORWARD = 0,       /* handed to the kernel stack */
 	REASON_REDIRECT = 1,      /* same-node pod to pod, bpf_redirect_peer */
@@ -68,6 +70,9 @@ enum cni_reason {
 	REASON_DROP_TUN_NODE = 11,/* decapsulated off the tunnel device, but its outer source is no known node (lib/tunnel.h) */
 	REASON_DROP_TUN_SRC = 12, /* decapsulated from a node, but the inner source is neither in that node's pod CIDRs nor its address; or a pod's own tunnel datagram to a node (at its host veth, or after the stack's DNAT at the uplink) */
 	REASON_DROP_TUN_MAC = 13, /* a tunnel datagram off an uplink claiming a node's address, from a MAC that is not the next hop toward that node (lib/tunnel.h) */
+	REASON_DROP_NAT_EXHAUSTED = 14, /* masquerade: no free node port among the candidates (MASQ_STAT_EXHAUSTED) */
+	REASON_DROP_NAT_POD_LIMIT = 15, /* masquerade: the pod at its port limit towards the destination or at its flow quota (MASQ_STAT_POD_LIMIT) */
+	REASON_DROP_NO_ROUTE = 16,      /* a translated hostPort packet the FIB has no route for, or whose TTL ran out (HP_STAT_NO_ROUTE) */
 	__REASON_MAX,
 };
 
@@ -413,18 +418,40 @@ enum ev_type {
 	EV_DROP = 1,       /* a packet dropped: one per drop, every drop reason */
 	EV_FLOW_START = 2, /* first packet of a flow (endpoint, direction, 5-tuple) handed on */
 	EV_FLOW_END = 3,   /* TCP FIN or RST of a flow; idle flows are ended by the agent */
+	EV_TRACE = 4,      /* a traced endpoint's packet: one per program's decision (aux: EV_TRACE_AUX) */
 };
+
+/* Which program decided, in an EV_TRACE's aux (its top byte; the low 24
+ * bits are the map entry it used: the destination endpoint's ifindex of a
+ * redirect, the masquerade's port, a policy drop's rule). */
+enum ev_prog {
+	EV_PROG_NONE = 0,
+	EV_PROG_FROM_CONTAINER = 1, /* host veth tcx ingress: from the pod */
+	EV_PROG_TO_CONTAINER = 2,   /* host veth tcx egress: to the pod, from the stack */
+	EV_PROG_FROM_UPLINK = 3,    /* uplink tcx ingress */
+	EV_PROG_TO_UPLINK = 4,      /* uplink tcx egress */
+	EV_PROG_TUNNEL = 5,         /* the tunnel device, either way */
+};
+#define EV_TRACE_AUX(prog, entry) ((__u32)(prog) << 24 | ((entry) & 0xffffff))
 
 /* ev_config.flags. All clear: no events, and the per-packet cost is the
  * one lookup of cni_ev_config. */
 #define EV_CFG_DROPS (1U << 0)     /* an EV_DROP per drop */
 #define EV_CFG_FLOWS_ALL (1U << 1) /* flow events for every endpoint of the node */
 #define EV_CFG_FLOWS_PODS (1U << 2) /* flow events for the endpoints in cni_ev_pods */
+#define EV_CFG_TRACE (1U << 3)      /* trace events, until trace_until_s, for the endpoints traced in cni_ev_pods */
+
+/* Value of cni_ev_pods: bit 0 flow events on (an older agent writes 1);
+ * the bits above, the monotonic second until which the endpoint is traced
+ * (0: not). A trace ends by itself: an observer killed before it turned
+ * its trace off leaves nothing running. */
+#define EV_POD_FLOWS (1U << 0)
+#define EV_POD_TRACE_UNTIL(v) ((v) >> 1)
 
 /* Value of cni_ev_config[0], written by the agent (pkg/maps/events.go). */
 struct ev_config {
 	__u32 flags;
-	__u32 pad;
+	__u32 trace_until_s; /* EV_CFG_TRACE: the monotonic second it ends (the latest endpoint's) */
 	__u64 cost_ns;  /* one event's worth of tokens: NSEC / events per second, per CPU */
 	__u64 burst_ns; /* bucket depth: cost_ns times the burst */
 };

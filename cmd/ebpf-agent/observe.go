@@ -24,9 +24,11 @@ var obs struct {
 	since                          time.Duration
 	last                           int
 	follow                         bool
+	trace                          string
+	traceFor                       time.Duration
 	// events
-	drops, flows, flowsPod string
-	rate, burst            uint
+	drops, flows, flowsPod, tracePod string
+	rate, burst                      uint
 }
 
 func observeFlags(fs *flag.FlagSet, _ *opts) {
@@ -37,6 +39,8 @@ func observeFlags(fs *flag.FlagSet, _ *opts) {
 	fs.IntVar(&obs.last, "last", 0, "print the agent's last N kept events (matching the filters) and stop (with --follow: then follow)")
 	fs.BoolVar(&obs.follow, "follow", false, "with --last: follow after them")
 	fs.StringVar(&obs.socket, "socket", "", "the agent's socket (default: agent.sock in --state-dir)")
+	fs.StringVar(&obs.trace, "trace", "", "namespace/name: trace this pod's packets (each program's decision) while observing it, then turn the trace off")
+	fs.DurationVar(&obs.traceFor, "trace-for", 30*time.Second, "with --trace: the trace's lease, renewed while observe runs (a killed observe's trace ends after it)")
 }
 
 func (o *opts) socketPath() string {
@@ -55,11 +59,27 @@ func observe(o *opts) error {
 	if obs.since > 0 {
 		q.Since = time.Now().Add(-obs.since)
 	}
+	if obs.trace != "" {
+		if obs.pod != "" && obs.pod != obs.trace {
+			return fmt.Errorf("observe: --trace %q with --pod %q: one pod", obs.trace, obs.pod)
+		}
+		q.Filter.Pod = obs.trace
+	}
 	if err := q.Filter.Validate(); err != nil {
 		return fmt.Errorf("observe: %w", err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if obs.trace != "" {
+		if obs.traceFor < 3*time.Second {
+			return fmt.Errorf("observe: --trace-for %s: at least 3s", obs.traceFor)
+		}
+		off, err := traceWhileObserving(ctx, o, obs.trace)
+		if err != nil {
+			return fmt.Errorf("observe: --trace: %w", err)
+		}
+		defer off()
+	}
 	header := o.format == "table"
 	print := func(r *events.Record) error {
 		if o.format == "json" {
@@ -93,6 +113,8 @@ func eventsFlags(fs *flag.FlagSet, _ *opts) {
 	fs.StringVar(&obs.drops, "drops", "", "on or off: an event per dropped packet")
 	fs.StringVar(&obs.flows, "flows", "", "off, node (every pod) or pods (those turned on with --flows-pod)")
 	fs.StringVar(&obs.flowsPod, "flows-pod", "", "namespace/name[=off]: turn one pod's flow events on (or off); sets --flows pods when flows are off")
+	fs.StringVar(&obs.tracePod, "trace-pod", "", "namespace/name[=off]: trace one pod's packets (each program's decision) for --trace-for (or stop)")
+	fs.DurationVar(&obs.traceFor, "trace-for", 10*time.Minute, "with --trace-pod: how long the trace lasts (it ends by itself)")
 	fs.UintVar(&obs.rate, "rate", 0, "events a second each CPU may send (default: as configured)")
 	fs.UintVar(&obs.burst, "burst", 0, "events a CPU may send at once (default: as configured)")
 	fs.StringVar(&obs.socket, "socket", "", "the agent's socket (default: agent.sock in --state-dir)")
@@ -103,6 +125,7 @@ type eventsReport struct {
 	Settings  maps.EventSettings `json:"settings"`
 	Counters  maps.EventCounters `json:"counters"`
 	FlowPods  []string           `json:"flowPods,omitempty"`
+	TracePods []string           `json:"tracePods,omitempty"`
 	Agent     *events.Status     `json:"agent,omitempty"`
 	AgentNote string             `json:"agentNote,omitempty"`
 }
@@ -124,15 +147,25 @@ func eventsCmd(o *opts) error {
 	if rep.Counters, err = m.EventCounters(); err != nil {
 		return err
 	}
-	ids, _ := m.FlowEventEndpoints()
 	byIf := state.ByHostIfindex(recs)
-	for _, id := range ids {
-		if r := byIf[int(id)]; r != nil && r.PodLabel() != "" {
-			rep.FlowPods = append(rep.FlowPods, r.PodLabel())
-		} else {
-			rep.FlowPods = append(rep.FlowPods, fmt.Sprintf("if%d", id))
+	label := func(ids []uint32) (out []string) {
+		for _, id := range ids {
+			if r := byIf[int(id)]; r != nil && r.PodLabel() != "" {
+				out = append(out, r.PodLabel())
+			} else {
+				out = append(out, fmt.Sprintf("if%d", id))
+			}
 		}
+		return out
 	}
+	ids, _ := m.FlowEventEndpoints()
+	rep.FlowPods = label(ids)
+	traced, _ := m.TraceEndpoints()
+	ids = ids[:0]
+	for id := range traced {
+		ids = append(ids, id)
+	}
+	rep.TracePods = label(ids)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 	if st, err := events.AgentStatus(ctx, o.socketPath()); err == nil {
@@ -189,6 +222,25 @@ func applyEventFlags(o *opts, m *maps.Maps, recs []*state.Record) error {
 			s.Flows, changed = maps.FlowsPods, true
 		}
 	}
+	if obs.tracePod != "" {
+		pod, off := strings.CutSuffix(obs.tracePod, "=off")
+		until := time.Time{}
+		if !off {
+			if obs.traceFor < time.Second {
+				return fmt.Errorf("events: --trace-for %s: at least 1s", obs.traceFor)
+			}
+			until = time.Now().Add(obs.traceFor)
+		}
+		if err := setTrace(o, m, recs, pod, until); err != nil {
+			return fmt.Errorf("events: --trace-pod: %w", err)
+		}
+		// setTrace wrote the switch: carry it into what is written here.
+		cur, err := m.EventSettings()
+		if err != nil {
+			return err
+		}
+		s.Trace, s.TraceUntil = cur.Trace, cur.TraceUntil
+	}
 	if changed {
 		if err := m.SetEventSettings(s); err != nil {
 			return fmt.Errorf("events: %w", err)
@@ -202,6 +254,9 @@ func (rep *eventsReport) print() {
 	fmt.Printf("drop events: %v; flow events: %s", onOff(rep.Settings.Drops), rep.Settings.Flows)
 	if len(rep.FlowPods) > 0 {
 		fmt.Printf(" (pods: %s)", strings.Join(rep.FlowPods, ", "))
+	}
+	if rep.Settings.Trace || len(rep.TracePods) > 0 {
+		fmt.Printf("; trace: %v (pods: %s)", onOff(rep.Settings.Trace), strings.Join(rep.TracePods, ", "))
 	}
 	fmt.Printf("\nrate limit: %d events a second per CPU, burst %d\n", rep.Settings.Rate, rep.Settings.Burst)
 	fmt.Printf("sent: %d; lost: %d over the rate limit, %d with the ring full\n", rep.Counters.Sent, rep.Counters.LostRate, rep.Counters.LostRing)
@@ -218,4 +273,84 @@ func onOff(b bool) string {
 		return "on"
 	}
 	return "off"
+}
+
+// setTrace traces every interface of pod until until (the zero time: not
+// any more), and sets the global switch to the latest trace of the node
+// (off when none is left: the programs skip the trace with the one test
+// they make for every event).
+func setTrace(o *opts, m *maps.Maps, recs []*state.Record, pod string, until time.Time) error {
+	n := 0
+	for _, r := range recs {
+		if r.PodLabel() == pod && r.HostIfindex > 0 && !r.Provisional {
+			if err := m.SetTraceEvents(uint32(r.HostIfindex), until); err != nil {
+				return err
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("no attachment of pod %q in %s", pod, o.stateDir)
+	}
+	s, err := m.EventSettings()
+	if err != nil {
+		return err
+	}
+	traced, err := m.TraceEndpoints()
+	if err != nil {
+		return err
+	}
+	s.Trace, s.TraceUntil = false, time.Time{}
+	for _, u := range traced {
+		if u.After(s.TraceUntil) {
+			s.Trace, s.TraceUntil = true, u
+		}
+	}
+	return m.SetEventSettings(s)
+}
+
+// traceWhileObserving traces pod for obs.traceFor, renewed at a third of
+// it while observe runs; the function returned ends the trace. Killed
+// (SIGKILL), observe leaves a trace that ends by itself.
+func traceWhileObserving(ctx context.Context, o *opts, pod string) (func(), error) {
+	m, err := datapath.OpenMaps(o.pinDir)
+	if err != nil {
+		return nil, err
+	}
+	renew := func() error {
+		recs, _ := state.ListAll(o.stateDir)
+		return setTrace(o, m, recs, pod, time.Now().Add(obs.traceFor))
+	}
+	if err := renew(); err != nil {
+		m.Close()
+		return nil, err
+	}
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(obs.traceFor / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-done:
+				return
+			case <-tick.C:
+				if err := renew(); err != nil {
+					fmt.Fprintf(os.Stderr, "observe: renew the trace of %s: %v\n", pod, err)
+				}
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-stopped
+		defer m.Close()
+		recs, _ := state.ListAll(o.stateDir)
+		if err := setTrace(o, m, recs, pod, time.Time{}); err != nil {
+			fmt.Fprintf(os.Stderr, "observe: turn the trace of %s off: %v\n", pod, err)
+		}
+	}, nil
 }

@@ -252,10 +252,10 @@ func (t *Teardown) removeVeth() error {
 func (t *Teardown) removeLinkState() error {
 	var errs error
 	if t.DP != nil && t.Ifindex != 0 {
-		// The flow events switch goes too: the next pod given this
+		// The flow and trace switches go too: the next pod given this
 		// ifindex has not asked for them. (Its flows age out: LRU, idle sweep.)
 		errs = errors.Join(t.DP.Maps.DeleteLink(t.Ifindex), t.DP.Maps.ResetStats(t.Ifindex),
-			t.DP.Maps.SetFlowEvents(uint32(t.Ifindex), false))
+			t.DP.Maps.ForgetEventEndpoint(uint32(t.Ifindex)))
 	}
 	if !t.foreign {
 		errs = errors.Join(errs, datapath.RemoveLinkPins(t.Net.PinDir, t.hostIf))

@@ -47,11 +47,12 @@ func (m *metricSet) count(r *Record) {
 			m.over++
 		}
 	}
-	if r.Type == "drop" {
+	switch r.Type {
+	case "drop":
 		m.drops[dropKey{pod, r.Direction, r.Reason}]++
-	} else {
+	case "flow-start", "flow-end":
 		m.flows[flowKey{pod, r.Direction, r.Type}]++
-	}
+	} // a trace event is a packet counted already: no series of its own
 }
 
 // prune forgets the series of pods not in live.

@@ -106,7 +106,11 @@ func (r *Reader) run(ctx context.Context) error {
 	}
 	switch {
 	case r.o.Settings != nil:
+		// A trace (`events --trace-pod`, an observer's --trace) is not the
+		// agent's flags' to end: it ends by itself.
+		trace, until := s.Trace, s.TraceUntil
 		s = *r.o.Settings
+		s.Trace, s.TraceUntil = trace, until
 	case !s.Enabled() && s.Rate == 0: // never configured
 		s = maps.EventSettings{Drops: true}
 	}
@@ -173,6 +177,9 @@ func (r *Reader) sweep(ctx context.Context, done <-chan struct{}, m *maps.Maps) 
 		ends, err := m.EndIdleFlows(r.o.FlowIdle)
 		if err != nil {
 			r.o.Logger.Printf("events: end idle flows: %v", err)
+		}
+		if err := m.EndTraces(); err != nil {
+			r.o.Logger.Printf("events: end traces: %v", err)
 		}
 		for i := range ends {
 			r.publish(&ends[i])

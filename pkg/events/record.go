@@ -20,7 +20,7 @@ import (
 type Record struct {
 	Seq       uint64    `json:"seq"` // the agent's count of events, from 1 at its start
 	Time      time.Time `json:"time"`
-	Type      string    `json:"type"`    // drop, flow-start, flow-end
+	Type      string    `json:"type"`    // drop, flow-start, flow-end, trace
 	Verdict   string    `json:"verdict"` // dropped, forwarded
 	Reason    string    `json:"reason"`  // the counter's reason: drop_spoof_ip, forward, redirect, ...
 	Direction string    `json:"direction"`
@@ -30,17 +30,21 @@ type Record struct {
 	Interface string `json:"interface,omitempty"`
 	Ifindex   uint32 `json:"ifindex"`
 
-	Family    string `json:"family,omitempty"`   // ipv4, ipv6; empty when not IP
-	Protocol  string `json:"protocol,omitempty"` // tcp, udp, icmp, icmpv6, sctp, a number, or the ethertype when not IP
-	Src       string `json:"src,omitempty"`
-	Dst       string `json:"dst,omitempty"`
-	SrcPort   uint16 `json:"srcPort,omitempty"` // ICMP: the type
-	DstPort   uint16 `json:"dstPort,omitempty"` // ICMP: the code
-	SrcPod    string `json:"srcPod,omitempty"`  // when the address is a pod's of this node
-	DstPod    string `json:"dstPod,omitempty"`
-	TCPFlags  string `json:"tcpFlags,omitempty"`
-	Length    uint32 `json:"length,omitempty"`
-	Policy    uint32 `json:"policy,omitempty"` // a policy drop's rule
+	Family   string `json:"family,omitempty"`   // ipv4, ipv6; empty when not IP
+	Protocol string `json:"protocol,omitempty"` // tcp, udp, icmp, icmpv6, sctp, a number, or the ethertype when not IP
+	Src      string `json:"src,omitempty"`
+	Dst      string `json:"dst,omitempty"`
+	SrcPort  uint16 `json:"srcPort,omitempty"` // ICMP: the type
+	DstPort  uint16 `json:"dstPort,omitempty"` // ICMP: the code
+	SrcPod   string `json:"srcPod,omitempty"`  // when the address is a pod's of this node
+	DstPod   string `json:"dstPod,omitempty"`
+	TCPFlags string `json:"tcpFlags,omitempty"`
+	Length   uint32 `json:"length,omitempty"`
+	Policy   uint32 `json:"policy,omitempty"` // a policy drop's rule
+	// Trace events: the program that decided, and the map entry it used
+	// (a redirect's other endpoint's ifindex, a policy drop's rule).
+	Program   string `json:"program,omitempty"`
+	Entry     uint32 `json:"entry,omitempty"`
 	IdleEnded bool   `json:"idleEnded,omitempty"`
 	// Type "lost": events lost since the previous report, never filtered.
 	Lost *Losses `json:"lost,omitempty"`
@@ -85,8 +89,18 @@ func newRecord(e *maps.Event, boot time.Time, n *names) Record {
 		Policy:    e.Aux,
 		Verdict:   "forwarded",
 	}
-	if e.Kind() == maps.EventDrop {
+	switch e.Kind() {
+	case maps.EventDrop:
 		r.Verdict = "dropped"
+	case maps.EventTrace:
+		r.Program, r.Entry = e.TraceProgram()
+		r.Policy = 0
+		if e.Why().IsDrop() {
+			r.Verdict = "dropped"
+		}
+		if e.Why() == maps.ReasonDropPolicy {
+			r.Policy = r.Entry
+		}
 	}
 	if n != nil {
 		r.Pod, r.Container, r.Interface = n.endpoint(e.Ifindex)
@@ -201,6 +215,8 @@ func WriteRow(w io.Writer, r *Record) error {
 		verdict = "FLOW-START"
 	case "flow-end":
 		verdict = "FLOW-END"
+	case "trace":
+		verdict = "TRACE"
 	}
 	detail := ""
 	switch {
@@ -214,6 +230,12 @@ func WriteRow(w io.Writer, r *Record) error {
 	}
 	if r.Policy != 0 {
 		detail = strings.TrimSpace(fmt.Sprintf("%s policy %d", detail, r.Policy))
+	}
+	if r.Program != "" {
+		detail = strings.TrimSpace(fmt.Sprintf("%s %s", r.Program, detail))
+		if r.Entry != 0 && r.Policy == 0 {
+			detail += fmt.Sprintf(" entry %d", r.Entry)
+		}
 	}
 	_, err := fmt.Fprintf(w, "%-13s %-10s %-22s %-8s %-28s %-7s %-39s %-39s %s\n",
 		r.Time.Format("15:04:05.000"), verdict, r.Reason, r.Direction, pod, dash(r.Protocol),

@@ -28,7 +28,33 @@ const (
 	EventDrop      = mapsObjEvTypeEV_DROP
 	EventFlowStart = mapsObjEvTypeEV_FLOW_START
 	EventFlowEnd   = mapsObjEvTypeEV_FLOW_END
+	EventTrace     = mapsObjEvTypeEV_TRACE
 )
+
+// Prog is the program of a trace event (enum ev_prog).
+type Prog = mapsObjEvProg
+
+func progName(p Prog) string {
+	switch p {
+	case mapsObjEvProgEV_PROG_FROM_CONTAINER:
+		return "from_container"
+	case mapsObjEvProgEV_PROG_TO_CONTAINER:
+		return "to_container"
+	case mapsObjEvProgEV_PROG_FROM_UPLINK:
+		return "from_uplink"
+	case mapsObjEvProgEV_PROG_TO_UPLINK:
+		return "to_uplink"
+	case mapsObjEvProgEV_PROG_TUNNEL:
+		return "tunnel"
+	}
+	return fmt.Sprintf("prog%d", uint32(p))
+}
+
+// TraceProgram names the program of a trace event, and the map entry it
+// used (see enum ev_prog): its aux's top byte and low 24 bits.
+func (e *Event) TraceProgram() (string, uint32) {
+	return progName(Prog(e.Aux >> 24)), e.Aux & 0xffffff
+}
 
 const (
 	nameEvents    = "cni_events"
@@ -39,6 +65,8 @@ const (
 	evCfgDrops    = 1 << 0
 	evCfgFlowsAll = 1 << 1
 	evCfgFlowsPod = 1 << 2
+	evCfgTrace    = 1 << 3
+	evPodFlows    = 1 << 0 // cni_ev_pods' value: bit 0, and the trace's end (seconds) above
 	evFlowClosed  = 1
 )
 
@@ -53,6 +81,8 @@ func (t EventType) String() string {
 		return "flow-start"
 	case EventFlowEnd:
 		return "flow-end"
+	case EventTrace:
+		return "trace"
 	}
 	return fmt.Sprintf("type%d", uint32(t))
 }
@@ -119,10 +149,42 @@ type EventSettings struct {
 	Flows FlowEvents `json:"flows"`
 	Rate  uint32     `json:"ratePerCPU"`  // events per second and CPU
 	Burst uint32     `json:"burstPerCPU"` // events a CPU may send at once
+	// Trace is the global switch of trace events (the endpoints
+	// SetTraceEvents turned on), until TraceUntil; off, they cost nothing.
+	// An ended trace reads as off.
+	Trace      bool      `json:"trace,omitempty"`
+	TraceUntil time.Time `json:"traceUntil,omitzero"`
+}
+
+// monoSeconds is CLOCK_MONOTONIC (the programs' bpf_ktime_get_ns) in
+// seconds.
+func monoSeconds() uint64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Sec)
+}
+
+// monoUntil is the monotonic second of t (0 for the zero time), rounded
+// up, at most what cni_ev_pods' 31 bits hold.
+func monoUntil(t time.Time) uint32 {
+	if t.IsZero() {
+		return 0
+	}
+	d := time.Until(t)
+	if d <= 0 {
+		return 0
+	}
+	s := monoSeconds() + uint64((d+time.Second-1)/time.Second)
+	return uint32(min(s, 1<<31-1))
+}
+
+// monoTime is the wall time of monotonic second s.
+func monoTime(s uint32) time.Time {
+	return time.Now().Add(time.Duration(int64(s)-int64(monoSeconds())) * time.Second)
 }
 
 // Enabled tells whether any event is on.
-func (s EventSettings) Enabled() bool { return s.Drops || s.Flows != FlowsOff }
+func (s EventSettings) Enabled() bool { return s.Drops || s.Flows != FlowsOff || s.Trace }
 
 // EventRing is the ring buffer map, for a reader.
 func (m *Maps) EventRing() *ebpf.Map { return m.byName[nameEvents] }
@@ -136,6 +198,9 @@ func (m *Maps) EventSettings() (EventSettings, error) {
 		return EventSettings{}, fmt.Errorf("read %s: %w", nameEvConfig, err)
 	}
 	s := EventSettings{Drops: c.Flags&evCfgDrops != 0, Flows: FlowsOff}
+	if c.Flags&evCfgTrace != 0 && uint64(c.TraceUntilS) > monoSeconds() {
+		s.Trace, s.TraceUntil = true, monoTime(c.TraceUntilS)
+	}
 	switch {
 	case c.Flags&evCfgFlowsAll != 0:
 		s.Flows = FlowsNode
@@ -166,6 +231,11 @@ func (m *Maps) SetEventSettings(s EventSettings) error {
 	if s.Drops {
 		c.Flags |= evCfgDrops
 	}
+	if s.Trace {
+		if c.TraceUntilS = monoUntil(s.TraceUntil); c.TraceUntilS != 0 {
+			c.Flags |= evCfgTrace
+		}
+	}
 	switch s.Flows {
 	case FlowsNode:
 		c.Flags |= evCfgFlowsAll
@@ -185,15 +255,50 @@ func (m *Maps) SetEventSettings(s EventSettings) error {
 // SetFlowEvents turns flow events of one endpoint (host veth ifindex) on
 // or off; they are sent while the settings' Flows is FlowsPods.
 func (m *Maps) SetFlowEvents(ifindex uint32, on bool) error {
+	return m.setPodEvents(ifindex, evPodFlows, on)
+}
+
+// SetTraceEvents traces one endpoint until until (the zero time: not
+// any more); its trace events are sent while the settings' Trace is on.
+// The programs end the trace by themselves at until.
+func (m *Maps) SetTraceEvents(ifindex uint32, until time.Time) error {
+	return m.updatePodEvents(ifindex, func(v uint32) uint32 { return v&evPodFlows | monoUntil(until)<<1 })
+}
+
+// ForgetEventEndpoint turns every event switch of an endpoint off (its
+// veth is gone).
+func (m *Maps) ForgetEventEndpoint(ifindex uint32) error {
+	if err := m.byName[nameEvPods].Delete(&ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete interface %d from %s: %w", ifindex, nameEvPods, err)
+	}
+	return nil
+}
+
+// setPodEvents sets or clears bit of an endpoint's cni_ev_pods value.
+func (m *Maps) setPodEvents(ifindex, bit uint32, on bool) error {
+	return m.updatePodEvents(ifindex, func(v uint32) uint32 {
+		if on {
+			return v | bit
+		}
+		return v &^ bit
+	})
+}
+
+// updatePodEvents rewrites an endpoint's cni_ev_pods value with f; the
+// entry goes when nothing is left on.
+func (m *Maps) updatePodEvents(ifindex uint32, f func(uint32) uint32) error {
 	mp := m.byName[nameEvPods]
-	if !on {
+	var v uint32
+	if err := mp.Lookup(&ifindex, &v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("read interface %d of %s: %w", ifindex, nameEvPods, err)
+	}
+	if v = f(v); v == 0 {
 		if err := mp.Delete(&ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete interface %d from %s: %w", ifindex, nameEvPods, err)
 		}
 		return nil
 	}
-	one := uint32(1)
-	if err := mp.Put(&ifindex, &one); err != nil {
+	if err := mp.Put(&ifindex, &v); err != nil {
 		return writeErr(mp, nameEvPods, fmt.Sprintf("interface %d", ifindex), err)
 	}
 	return nil
@@ -202,8 +307,61 @@ func (m *Maps) SetFlowEvents(ifindex uint32, on bool) error {
 // FlowEventEndpoints lists the endpoints with flow events on.
 func (m *Maps) FlowEventEndpoints() ([]uint32, error) {
 	var out []uint32
-	err := scan(m.byName[nameEvPods], func(k *uint32, _ *uint32) { out = append(out, *k) })
+	err := scan(m.byName[nameEvPods], func(k *uint32, v *uint32) {
+		if *v&evPodFlows != 0 {
+			out = append(out, *k)
+		}
+	})
 	return out, err
+}
+
+// TraceEndpoints returns the endpoints traced now, and when each trace
+// ends.
+func (m *Maps) TraceEndpoints() (map[uint32]time.Time, error) {
+	out := map[uint32]time.Time{}
+	now := monoSeconds()
+	err := scan(m.byName[nameEvPods], func(k *uint32, v *uint32) {
+		if until := *v >> 1; uint64(until) > now {
+			out[*k] = monoTime(until)
+		}
+	})
+	return out, err
+}
+
+// EndTraces clears the trace of endpoints whose trace ended, and the global
+// switch once none is left (ended, or its pods deleted: while it is on, the
+// packets handed on take the events' slow path): the agent calls it now
+// and then.
+func (m *Maps) EndTraces() error {
+	now := monoSeconds()
+	var ended []uint32
+	live := 0
+	if err := scan(m.byName[nameEvPods], func(k *uint32, v *uint32) {
+		switch until := *v >> 1; {
+		case until != 0 && uint64(until) <= now:
+			ended = append(ended, *k)
+		case until != 0:
+			live++
+		}
+	}); err != nil {
+		return fmt.Errorf("read %s: %w", nameEvPods, err)
+	}
+	var errs error
+	for _, idx := range ended {
+		errs = errors.Join(errs, m.SetTraceEvents(idx, time.Time{}))
+	}
+	var c EventConfig
+	zero := uint32(0)
+	cfg := m.byName[nameEvConfig]
+	if err := cfg.Lookup(&zero, &c); err != nil {
+		return errors.Join(errs, fmt.Errorf("read %s: %w", nameEvConfig, err))
+	}
+	if c.Flags&evCfgTrace != 0 && (uint64(c.TraceUntilS) <= now || live == 0) {
+		c.Flags &^= evCfgTrace
+		c.TraceUntilS = 0
+		errs = errors.Join(errs, cfg.Put(&zero, &c))
+	}
+	return errs
 }
 
 // EventCounters is what the per-CPU buckets sent and lost, summed over CPUs.

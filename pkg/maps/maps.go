@@ -71,6 +71,9 @@ const (
 	ReasonDropTunNode   = mapsObjCniReasonREASON_DROP_TUN_NODE
 	ReasonDropTunSrc    = mapsObjCniReasonREASON_DROP_TUN_SRC
 	ReasonDropTunMAC    = mapsObjCniReasonREASON_DROP_TUN_MAC
+	ReasonDropNATPorts  = mapsObjCniReasonREASON_DROP_NAT_EXHAUSTED
+	ReasonDropNATLimit  = mapsObjCniReasonREASON_DROP_NAT_POD_LIMIT
+	ReasonDropNoRoute   = mapsObjCniReasonREASON_DROP_NO_ROUTE
 	numReasons          = int(mapsObjCniReasonREASON_MAX)
 )
 
@@ -114,15 +117,20 @@ func (r Reason) String() string {
 		return "drop_tunnel_source"
 	case ReasonDropTunMAC:
 		return "drop_tunnel_mac"
+	case ReasonDropNATPorts:
+		return "drop_nat_exhausted"
+	case ReasonDropNATLimit:
+		return "drop_nat_pod_limit"
+	case ReasonDropNoRoute:
+		return "drop_no_route"
 	}
 	return fmt.Sprintf("reason%d", uint32(r))
 }
 
-// IsDrop tells whether packets counted under r were dropped.
+// IsDrop tells whether packets counted under r were dropped: every reason
+// but these three, as the programs' reason_is_drop (bpf/lib/events.h) says.
 func (r Reason) IsDrop() bool {
-	return (r >= ReasonDropSpoofIP && r <= ReasonDropUnknown) || r == ReasonDropBandwidth || r == ReasonDropRouterMsg ||
-		r == ReasonDropPolicy || r == ReasonDropTunNode || r == ReasonDropTunSrc ||
-		r == ReasonDropTunMAC
+	return r != ReasonForward && r != ReasonRedirect && r != ReasonNeighReply
 }
 
 // Names of the core maps, as C declares them. Feature maps name theirs in

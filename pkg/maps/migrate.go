@@ -102,13 +102,6 @@ func copyConverted[K, O, N any](from, to *ebpf.Map, name string, conv func(O) N)
 	return n, nil
 }
 
-// copier copies one map of an older layout.
-type copier struct {
-	name      string
-	copy      func(from, to *ebpf.Map, name string) (int, error)
-	valueSize uint32 // of the older layout, where it differs from this one's
-}
-
 // MigrateFrom copies into m the entries of the maps an older build pinned
 // in dir with layout version, so the attachments it made keep working once
 // their links run this build's programs (see datapath.Ensure). An entry m
@@ -120,6 +113,11 @@ type copier struct {
 // for the old entries is an error wrapping ErrFull that names it and its
 // size. It returns how many entries it copied per map.
 func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
+	type copier struct {
+		name      string
+		copy      func(from, to *ebpf.Map, name string) (int, error)
+		valueSize uint32 // of the older layout, where it differs from this one's
+	}
 	var table []copier
 	switch version {
 	case 1:
@@ -164,11 +162,14 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 			{nameMasqShare, copyHash[MasqShareKey, uint32], 0},
 			{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
 		}
-	case 3:
-		// v4 added the tunnel maps (cni_tun_nodes, cni_tun_cidrs: the agent
-		// writes them again) and two drop reasons, which resized cni_stats:
-		// every v3 map keeps its layout. The ring buffer, the events' rate
+	case 3, 4:
+		// v4 added the tunnel maps (cni_tun_nodes, cni_tun_cidrs) and two
+		// drop reasons, v5 three more drop reasons: each resized cni_stats,
+		// every other map keeps its layout. The ring buffer, the events' rate
 		// state and the flows seen start anew (a flow is announced again).
+		// From v4 the tunnel's peers and the links judging deferred egress
+		// are copied too, so the trust rule knows the nodes before the agent
+		// writes them again.
 		table = []copier{
 			{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
 			{nameLinks, copyHash[uint32, LinkInfo], 0},
@@ -202,11 +203,12 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 			{nameMasqKeys, copyArray[MasqKeysVal], 0},
 			{namePolConfig, copyArray[PolicyConfig], 0},
 		}
-	case 4:
-		// v5 added a drop reason (drop_tunnel_mac) and sized cni_stats with
-		// room for more: every v4 map keeps its layout. The tunnel's maps
-		// are copied too, so a node whose agent is down keeps its trust rule.
-		table = append(table, v4Copiers(m, dir)...)
+		if version == 4 {
+			table = append(table,
+				copier{nameTunNodes, copyHash[EndpointKey, uint32], 0},
+				copier{nameTunCIDRs, copyHash[CIDRKey, TunnelPeer], 0},
+				copier{nameAfterLinks, copyHash[uint32, uint32], 0})
+		}
 	default:
 		return nil, fmt.Errorf("migrate maps of layout v%d at %s: this build (layout v%d) knows how to migrate layouts v1 to v4 only", version, dir, LayoutVersion)
 	}
@@ -347,44 +349,5 @@ func (m *Maps) innerCopier(dir string) func(from, to *ebpf.Map, name string) (in
 			}
 		}
 		return n, nil
-	}
-}
-
-// v4Copiers copies every map of layout 4, which layout 5 keeps as it was
-// (only cni_stats grew).
-func v4Copiers(m *Maps, dir string) []copier {
-	return []copier{
-		{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
-		{nameLinks, copyHash[uint32, LinkInfo], 0},
-		{nameStats, copyHash[StatsKey, []StatsVal], 0},
-		{nameBandwidth, copyHash[BandwidthKey, BandwidthState], 0},
-		{nameNetns, copyHash[uint64, NetnsInfo], 0},
-		{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
-		{nameCT, copyHash[CTKey, CTVal], 0},
-		{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
-		{nameHPConfig, copyArray[NodeConfig], 0},
-		{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
-		{nameHPStats, copyPerCPUArray, 0},
-		{nameSNAT, copyHash[SNATKey, SNATVal], 0},
-		{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
-		{nameClusterRefs, copyHash[CIDRRefKey, uint32], 0},
-		{nameMasqStats, copyPerCPUArray, 0},
-		{nameMasqConfig, copyArray[MasqConfig], 0},
-		{nameMasqShare, copyHash[MasqShareKey, uint32], 0},
-		{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
-		{nameStackFlowParts, m.innerCopier(dir), 0},
-		{nameEvConfig, copyArray[EventConfig], 0},
-		{nameEvPods, copyHash[uint32, uint32], 0},
-		{namePolState, copyHash[uint32, PolicyState], 0},
-		{namePolAddrs, copyHash[PolicyAddrKey, PolicyAddrVal], 0},
-		{namePolPorts, copyHash[PolicyPortKey, uint32], 0},
-		{namePolCTParts, m.innerCopier(dir), 0},
-		{namePolFragParts, m.innerCopier(dir), 0},
-		{nameMasqPods, copyHash[uint32, MasqPodVal], 0},
-		{nameMasqKeys, copyArray[MasqKeysVal], 0},
-		{namePolConfig, copyArray[PolicyConfig], 0},
-		{nameTunNodes, copyHash[EndpointKey, uint32], 0},
-		{nameTunCIDRs, copyHash[CIDRKey, TunnelPeer], 0},
-		{nameAfterLinks, copyHash[uint32, uint32], 0},
 	}
 }
