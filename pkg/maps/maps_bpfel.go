@@ -80,21 +80,24 @@ type mapsObjCniEvent struct {
 type mapsObjCniReason uint32
 
 const (
-	mapsObjCniReasonREASON_FORWARD         mapsObjCniReason = 0
-	mapsObjCniReasonREASON_REDIRECT        mapsObjCniReason = 1
-	mapsObjCniReasonREASON_DROP_SPOOF_IP   mapsObjCniReason = 2
-	mapsObjCniReasonREASON_DROP_SPOOF_MAC  mapsObjCniReason = 3
-	mapsObjCniReasonREASON_DROP_PROTO      mapsObjCniReason = 4
-	mapsObjCniReasonREASON_DROP_MALFORMED  mapsObjCniReason = 5
-	mapsObjCniReasonREASON_DROP_UNKNOWN    mapsObjCniReason = 6
-	mapsObjCniReasonREASON_NEIGH_REPLY     mapsObjCniReason = 7
-	mapsObjCniReasonREASON_DROP_BANDWIDTH  mapsObjCniReason = 8
-	mapsObjCniReasonREASON_DROP_ROUTER_MSG mapsObjCniReason = 9
-	mapsObjCniReasonREASON_DROP_POLICY     mapsObjCniReason = 10
-	mapsObjCniReasonREASON_DROP_TUN_NODE   mapsObjCniReason = 11
-	mapsObjCniReasonREASON_DROP_TUN_SRC    mapsObjCniReason = 12
-	mapsObjCniReasonREASON_DROP_TUN_MAC    mapsObjCniReason = 13
-	mapsObjCniReasonREASON_MAX             mapsObjCniReason = 14
+	mapsObjCniReasonREASON_FORWARD            mapsObjCniReason = 0
+	mapsObjCniReasonREASON_REDIRECT           mapsObjCniReason = 1
+	mapsObjCniReasonREASON_DROP_SPOOF_IP      mapsObjCniReason = 2
+	mapsObjCniReasonREASON_DROP_SPOOF_MAC     mapsObjCniReason = 3
+	mapsObjCniReasonREASON_DROP_PROTO         mapsObjCniReason = 4
+	mapsObjCniReasonREASON_DROP_MALFORMED     mapsObjCniReason = 5
+	mapsObjCniReasonREASON_DROP_UNKNOWN       mapsObjCniReason = 6
+	mapsObjCniReasonREASON_NEIGH_REPLY        mapsObjCniReason = 7
+	mapsObjCniReasonREASON_DROP_BANDWIDTH     mapsObjCniReason = 8
+	mapsObjCniReasonREASON_DROP_ROUTER_MSG    mapsObjCniReason = 9
+	mapsObjCniReasonREASON_DROP_POLICY        mapsObjCniReason = 10
+	mapsObjCniReasonREASON_DROP_TUN_NODE      mapsObjCniReason = 11
+	mapsObjCniReasonREASON_DROP_TUN_SRC       mapsObjCniReason = 12
+	mapsObjCniReasonREASON_DROP_TUN_MAC       mapsObjCniReason = 13
+	mapsObjCniReasonREASON_DROP_NAT_EXHAUSTED mapsObjCniReason = 14
+	mapsObjCniReasonREASON_DROP_NAT_POD_LIMIT mapsObjCniReason = 15
+	mapsObjCniReasonREASON_DROP_NO_ROUTE      mapsObjCniReason = 16
+	mapsObjCniReasonREASON_MAX                mapsObjCniReason = 17
 )
 
 type mapsObjCtKey struct {
@@ -141,11 +144,11 @@ type mapsObjEpKey struct {
 }
 
 type mapsObjEvConfig struct {
-	_       structs.HostLayout
-	Flags   uint32
-	Pad     uint32
-	CostNs  uint64
-	BurstNs uint64
+	_           structs.HostLayout
+	Flags       uint32
+	TraceUntilS uint32
+	CostNs      uint64
+	BurstNs     uint64
 }
 
 type mapsObjEvCpu struct {
@@ -183,12 +186,24 @@ type mapsObjEvFlowVal struct {
 	Pad2    uint32
 }
 
+type mapsObjEvProg uint32
+
+const (
+	mapsObjEvProgEV_PROG_NONE           mapsObjEvProg = 0
+	mapsObjEvProgEV_PROG_FROM_CONTAINER mapsObjEvProg = 1
+	mapsObjEvProgEV_PROG_TO_CONTAINER   mapsObjEvProg = 2
+	mapsObjEvProgEV_PROG_FROM_UPLINK    mapsObjEvProg = 3
+	mapsObjEvProgEV_PROG_TO_UPLINK      mapsObjEvProg = 4
+	mapsObjEvProgEV_PROG_TUNNEL         mapsObjEvProg = 5
+)
+
 type mapsObjEvType uint32
 
 const (
 	mapsObjEvTypeEV_DROP       mapsObjEvType = 1
 	mapsObjEvTypeEV_FLOW_START mapsObjEvType = 2
 	mapsObjEvTypeEV_FLOW_END   mapsObjEvType = 3
+	mapsObjEvTypeEV_TRACE      mapsObjEvType = 4
 )
 
 type mapsObjHostportKey struct {
@@ -488,6 +503,7 @@ const (
 	mapsObjMapCniMasqStats      = "cni_masq_stats"
 	mapsObjMapCniNetns          = "cni_netns"
 	mapsObjMapCniNodeIps        = "cni_node_ips"
+	mapsObjMapCniNodeIpsGone    = "cni_node_ips_gone"
 	mapsObjMapCniPolAddrs       = "cni_pol_addrs"
 	mapsObjMapCniPolConfig      = "cni_pol_config"
 	mapsObjMapCniPolCtParts     = "cni_pol_ct_parts"
@@ -503,6 +519,7 @@ const (
 	mapsObjMapCniTunCidrs       = "cni_tun_cidrs"
 	mapsObjMapCniTunNodes       = "cni_tun_nodes"
 	mapsObjVarDirUnused         = "__dir_unused"
+	mapsObjVarEvProgUnused      = "__ev_prog_unused"
 	mapsObjVarEvTypeUnused      = "__ev_type_unused"
 	mapsObjVarEventUnused       = "__event_unused"
 	mapsObjVarHpStatUnused      = "__hp_stat_unused"
@@ -584,6 +601,7 @@ type mapsObjMapSpecs struct {
 	CniMasqStats      *ebpf.MapSpec `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.MapSpec `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.MapSpec `ebpf:"cni_node_ips"`
+	CniNodeIpsGone    *ebpf.MapSpec `ebpf:"cni_node_ips_gone"`
 	CniPolAddrs       *ebpf.MapSpec `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.MapSpec `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.MapSpec `ebpf:"cni_pol_ct_parts"`
@@ -605,6 +623,7 @@ type mapsObjMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type mapsObjVariableSpecs struct {
 	DirUnused        *ebpf.VariableSpec `ebpf:"__dir_unused"`
+	EvProgUnused     *ebpf.VariableSpec `ebpf:"__ev_prog_unused"`
 	EvTypeUnused     *ebpf.VariableSpec `ebpf:"__ev_type_unused"`
 	EventUnused      *ebpf.VariableSpec `ebpf:"__event_unused"`
 	HpStatUnused     *ebpf.VariableSpec `ebpf:"__hp_stat_unused"`
@@ -658,6 +677,7 @@ type mapsObjMaps struct {
 	CniMasqStats      *ebpf.Map `ebpf:"cni_masq_stats"`
 	CniNetns          *ebpf.Map `ebpf:"cni_netns"`
 	CniNodeIps        *ebpf.Map `ebpf:"cni_node_ips"`
+	CniNodeIpsGone    *ebpf.Map `ebpf:"cni_node_ips_gone"`
 	CniPolAddrs       *ebpf.Map `ebpf:"cni_pol_addrs"`
 	CniPolConfig      *ebpf.Map `ebpf:"cni_pol_config"`
 	CniPolCtParts     *ebpf.Map `ebpf:"cni_pol_ct_parts"`
@@ -699,6 +719,7 @@ func (m *mapsObjMaps) Close() error {
 		m.CniMasqStats,
 		m.CniNetns,
 		m.CniNodeIps,
+		m.CniNodeIpsGone,
 		m.CniPolAddrs,
 		m.CniPolConfig,
 		m.CniPolCtParts,
@@ -721,6 +742,7 @@ func (m *mapsObjMaps) Close() error {
 // It can be passed to loadMapsObjObjects or ebpf.CollectionSpec.LoadAndAssign.
 type mapsObjVariables struct {
 	DirUnused        *ebpf.Variable `ebpf:"__dir_unused"`
+	EvProgUnused     *ebpf.Variable `ebpf:"__ev_prog_unused"`
 	EvTypeUnused     *ebpf.Variable `ebpf:"__ev_type_unused"`
 	EventUnused      *ebpf.Variable `ebpf:"__event_unused"`
 	HpStatUnused     *ebpf.Variable `ebpf:"__hp_stat_unused"`

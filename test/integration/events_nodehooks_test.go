@@ -24,14 +24,6 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
-// layoutV4Commit is the last commit whose maps are of layout 4 (before the
-// three drop reasons of layout 5 resized cni_stats).
-const layoutV4Commit = "de8c97a56f2dfa75cde60712b3afa83498361969"
-
-// TestUpgradeFromLayout4 is TestUpgradeFromLayout2 from the last build of
-// layout 4 (its tunnel peers and deferred-egress links are copied too).
-func TestUpgradeFromLayout4(t *testing.T) { upgradeFromLayout(t, layoutV4Commit, 4) }
-
 // sendUDPOnce sends one datagram from netns to dst, and reads nothing.
 func sendUDPOnce(t *testing.T, netns ns.NetNS, dst net.IP, port int) {
 	t.Helper()

@@ -89,14 +89,6 @@ func tunDropEvents(t *testing.T, e *testenv.Env, idx int, dir maps.Dir, r maps.R
 	return out
 }
 
-// lastSeq is the sequence number of the agent's last event.
-func lastSeq(t *testing.T, e *testenv.Env) uint64 {
-	if recs := observeJSON(t, e, "--last", "1000"); len(recs) > 0 {
-		return recs[len(recs)-1].Seq
-	}
-	return 0
-}
-
 // TestTunnelPodVXLANViaNodePort: a pod's datagram to its own node's
 // address and a NodePort, kube-proxy's way (marked for masquerade, DNATed
 // to node 1's VXLAN port, masqueraded by iptables in POSTROUTING before
