@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -36,10 +37,63 @@ func echoUDP(t *testing.T, netns ns.NetNS, port int) {
 				if err != nil {
 					return
 				}
-				c.WriteToUDP(buf[:n], from)
+				if n >= 4 {
+					echoSeen.note(port, from.String(), binary.BigEndian.Uint32(buf))
+				}
+				if _, err := c.WriteToUDP(buf[:n], from); err != nil && n >= 4 {
+					echoSeen.failed(port, from.String(), binary.BigEndian.Uint32(buf), err)
+				}
 			}
 		}()
 	}
+}
+
+// echoSeen records which numbered datagrams each echo server received, by
+// its port and the sender's address as it saw it: a lost number that
+// reached the server was lost on the way back.
+var echoSeen = &echoRecord{m: map[string]map[uint32]bool{}}
+
+type echoRecord struct {
+	mu   sync.Mutex
+	m    map[string]map[uint32]bool
+	errs map[string]error // the echo of a number could not be sent
+}
+
+func (r *echoRecord) note(port int, from string, n uint32) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := fmt.Sprintf("%d|%s", port, from)
+	if r.m[k] == nil {
+		r.m[k] = map[uint32]bool{}
+	}
+	r.m[k][n] = true
+}
+
+func (r *echoRecord) failed(port int, from string, n uint32, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.errs == nil {
+		r.errs = map[string]error{}
+	}
+	r.errs[fmt.Sprintf("%d|%s|%d", port, from, n)] = err
+}
+
+// reached says whether the server on port saw number n from from: "yes",
+// "no", or "unknown" when it saw nothing from that address (a translated
+// source).
+func (r *echoRecord) reached(port int, from string, n uint32) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seen := r.m[fmt.Sprintf("%d|%s", port, from)]
+	switch {
+	case seen == nil:
+		return "unknown"
+	case seen[n] && r.errs[fmt.Sprintf("%d|%s|%d", port, from, n)] != nil:
+		return fmt.Sprintf("yes, but its echo was not sent: %v", r.errs[fmt.Sprintf("%d|%s|%d", port, from, n)])
+	case seen[n]:
+		return "yes"
+	}
+	return "no"
 }
 
 // seqProbe sends a numbered datagram every interval over one UDP flow
@@ -54,6 +108,8 @@ type seqProbe struct {
 	mu   sync.Mutex
 	sent uint32
 	got  map[uint32]bool
+	// When each number was sent, to place a loss among the test's steps.
+	sentAt map[uint32]time.Time
 	// TCP, once stopped: retransmitted segments, and duplicates the
 	// receiver reported (DSACK).
 	rawRetrans, dsack uint32
@@ -72,7 +128,7 @@ func startProbe(t *testing.T, name string, from ns.NetNS, dst string, interval t
 // connection, to an echo server; a lost segment shows as a retransmission).
 func startProbeOver(t *testing.T, network, name string, from ns.NetNS, dst string, interval time.Duration) *seqProbe {
 	t.Helper()
-	p := &seqProbe{name: name, tcp: network == "tcp", stop: make(chan struct{}), done: make(chan struct{}), got: map[uint32]bool{}}
+	p := &seqProbe{name: name, tcp: network == "tcp", stop: make(chan struct{}), done: make(chan struct{}), got: map[uint32]bool{}, sentAt: map[uint32]time.Time{}}
 	must(t, from.Do(func(ns.NetNS) error {
 		var err error
 		p.c, err = net.DialTimeout(network, dst, 3*time.Second)
@@ -121,6 +177,7 @@ func startProbeOver(t *testing.T, network, name string, from ns.NetNS, dst strin
 			}
 			p.mu.Lock()
 			p.sent++
+			p.sentAt[p.sent] = time.Now()
 			binary.BigEndian.PutUint32(msg, p.sent)
 			p.mu.Unlock()
 			if _, err := p.c.Write(msg); err != nil {
@@ -209,4 +266,35 @@ func echoTCP(t *testing.T, netns ns.NetNS, port int) {
 			}
 		}()
 	}
+}
+
+// where places the first lost numbers among the test's steps (the step
+// number their sending time falls at) and says whether the echo server
+// got them: lost on the way there, or on the way back.
+func (p *seqProbe) where(lost []uint32, start time.Time, every time.Duration) string {
+	if len(lost) == 0 || p.tcp {
+		return ""
+	}
+	_, port, _ := net.SplitHostPort(p.c.RemoteAddr().String())
+	pn, _ := strconv.Atoi(port)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var b strings.Builder
+	for i, n := range lost {
+		if i == 5 {
+			fmt.Fprintf(&b, "; ...")
+			break
+		}
+		// The server listens on the pod's port, not the hostPort or the
+		// Service's: known by the sender's address only.
+		seen := "unknown"
+		for _, sp := range []int{pn, 81, 7} {
+			if r := echoSeen.reached(sp, p.c.LocalAddr().String(), n); r != "unknown" {
+				seen = r
+				break
+			}
+		}
+		fmt.Fprintf(&b, "; #%d sent at step #%d, reached the server: %s", n, p.sentAt[n].Sub(start)/every, seen)
+	}
+	return b.String()
 }
