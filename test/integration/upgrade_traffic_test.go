@@ -415,6 +415,7 @@ func upgradeMixedBuilds(t *testing.T, commit string, daemonSetCaps bool) {
 		watches = append(watches, watchNetns(t, name, n.Path()))
 	}
 	const every = 5 * time.Millisecond
+	probesStart := time.Now()
 	probes := []*seqProbe{
 		startProbe(t, "hostPort from outside, IPv4", lab.out, hp(labNodeA, hostPort), every),
 		startProbe(t, "hostPort from outside, IPv6", lab.out, hp(labNodeA6, hostPort), every),
@@ -435,6 +436,7 @@ func upgradeMixedBuilds(t *testing.T, commit string, daemonSetCaps bool) {
 	// This build's agent migrates the node, pausing after the uplinks and
 	// after each pod link it moves.
 	start := time.Now()
+	t.Logf("agent start at step #%d", start.Sub(probesStart)/every)
 	var agent *testenv.AgentProc
 	if daemonSetCaps {
 		agent = e.StartAgentBin(daemonSetAgent(t), nil, e.WriteConfDir(), "--metrics-addr", "")
@@ -448,7 +450,7 @@ func upgradeMixedBuilds(t *testing.T, commit string, daemonSetCaps bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Logf("migration: %s", time.Since(start).Round(time.Millisecond))
+	t.Logf("migration: %s (ready at step #%d)", time.Since(start).Round(time.Millisecond), time.Since(probesStart)/every)
 	time.Sleep(time.Second)
 	if daemonSetCaps {
 		logs := agent.Logs()
@@ -485,7 +487,7 @@ func upgradeMixedBuilds(t *testing.T, commit string, daemonSetCaps bool) {
 			t.Logf("%s: its socket's errors: %v", p.name, p.errs)
 		}
 		if len(lost) > 0 {
-			failed = append(failed, fmt.Sprintf("%s: %d of %d lost (numbers %v)", p.name, len(lost), sent, lost))
+			failed = append(failed, fmt.Sprintf("%s: %d of %d lost (numbers %v)%s", p.name, len(lost), sent, lost, p.where(lost, probesStart, every)))
 		}
 	}
 	if len(failed) > 0 {
@@ -493,6 +495,8 @@ func upgradeMixedBuilds(t *testing.T, commit string, daemonSetCaps bool) {
 		for _, w := range watches {
 			diag = append(diag, w())
 		}
+		stats, err := e.AgentCmd(append([]string{"dump", "stats"}, e.AgentArgs(e.WriteConfDir())...)...)
+		diag = append(diag, fmt.Sprintf("--- dump stats (%v)\n%s", err, stats))
 		t.Errorf("pods of %s while this build's agent moved them link by link:\n  %s\nagent log:\n%s\n%s",
 			commit[:7], strings.Join(failed, "\n  "), agent.Logs(), strings.Join(diag, "\n"))
 	}
