@@ -212,6 +212,24 @@ func LockLinks(pinRoot string) (unlock func(), err error) {
 	return func() { unix.Close(fd) }, nil
 }
 
+// LockLinksIfPresent is LockLinks where the pin directory has the lock
+// (its datapath was set up); elsewhere nothing can hand a veth off or pin
+// its links, and unlock does nothing. It creates nothing.
+func LockLinksIfPresent(pinRoot string) (unlock func(), err error) {
+	fd, err := openLock(pinRoot, lockLinks, false)
+	if errors.Is(err, os.ErrNotExist) {
+		return func() {}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", lockPath(pinRoot, lockLinks), err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
 // ErrUninstallRunning: another uninstall holds the pin directory.
 var ErrUninstallRunning = errors.New("another ebpf-agent uninstall runs on this pin directory")
 
