@@ -140,8 +140,8 @@ func TestAgentMovesPodsToTCXUnderTraffic(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	release()
-	took := e.WaitAttachState(hostA, datapath.StateTCX, 4*time.Second)
-	e.WaitAttachState(hostB, datapath.StateTCX, 4*time.Second)
+	took := e.WaitAttachState(hostA, datapath.StateTCX, 20*time.Second)
+	e.WaitAttachState(hostB, datapath.StateTCX, 20*time.Second)
 	var still bool
 	select {
 	case r := <-podPing:
@@ -203,7 +203,7 @@ func TestDelHandsOffToAgent(t *testing.T) {
 	e.CleanupDel(pod, "c")
 	r1 := e.Add(pod, "c")
 	hostIf, idx := e.HostVeth("c")
-	e.WaitAttachState(hostIf, datapath.StateTCX, 5*time.Second)
+	e.WaitAttachState(hostIf, datapath.StateTCX, 20*time.Second)
 	release := e.HoldVerbs() // the agent must not delete the pair before we look
 	e.MustDel(pod, "c")
 
@@ -428,7 +428,7 @@ func TestAgentKilledMidWorkIsRecovered(t *testing.T) {
 		t.Errorf("CHECK half way to tcx: %v", err)
 	}
 	ag := e.StartAgent(confDir, "--metrics-addr", "")
-	e.WaitAttachState(hostIf, datapath.StateTCX, 5*time.Second)
+	e.WaitAttachState(hostIf, datapath.StateTCX, 20*time.Second)
 	e.PodReachable(t, pod, ips)
 	if err := e.Check(pod, "p", "eth0"); err != nil {
 		t.Errorf("CHECK after the next agent finished the move: %v", err)
@@ -473,7 +473,7 @@ func TestHandedOffVethNetnsDestroyed(t *testing.T) {
 	pod := e.NewPod()
 	e.Add(pod, "p")
 	hostIf, idx := e.HostVeth("p")
-	e.WaitAttachState(hostIf, datapath.StateTCX, 5*time.Second)
+	e.WaitAttachState(hostIf, datapath.StateTCX, 20*time.Second)
 	if err := testenv.Ping(pod, testenv.NodeIP4, 1); err != nil { // counters
 		t.Fatal(err)
 	}
@@ -619,7 +619,7 @@ func TestUpgradeSwapsEveryAttachState(t *testing.T) {
 	s.CleanupDel(pt, "t")
 	e.Add(px, "x")
 	hostX, idxX := e.HostVeth("x")
-	e.WaitAttachState(hostX, datapath.StateTCX, 5*time.Second)
+	e.WaitAttachState(hostX, datapath.StateTCX, 20*time.Second)
 	release := e.HoldVerbs()
 	rp := e.Add(pp, "p")
 	s.Add(pt, "t")
@@ -669,7 +669,7 @@ func TestUpgradeSwapsEveryAttachState(t *testing.T) {
 		}
 	}
 	release()
-	e.WaitAttachState(hostP, datapath.StateTCX, 5*time.Second)
+	e.WaitAttachState(hostP, datapath.StateTCX, 20*time.Second)
 	if got := e.ProgIDs(idxP); !slices.Equal(got, afterX) {
 		t.Errorf("the waiting pod moved to tcx with programs %v, want this build's %v", got, afterX)
 	}
@@ -746,7 +746,7 @@ func TestCheckInEveryAttachState(t *testing.T) {
 	e.CleanupDel(pp, "p")
 	e.Add(px, "x")
 	hostX, idxX := e.HostVeth("x")
-	e.WaitAttachState(hostX, datapath.StateTCX, 5*time.Second)
+	e.WaitAttachState(hostX, datapath.StateTCX, 20*time.Second)
 	e.HoldVerbs()
 	e.Add(pp, "p")
 	hostP, idxP := e.HostVeth("p")
@@ -791,7 +791,7 @@ func TestGCAndReconcileInEveryAttachState(t *testing.T) {
 		e.CleanupDel(pods[id], id)
 		e.Add(pods[id], id)
 		h, _ := e.HostVeth(id)
-		e.WaitAttachState(h, datapath.StateTCX, 5*time.Second)
+		e.WaitAttachState(h, datapath.StateTCX, 20*time.Second)
 	}
 	release := e.HoldVerbs()
 	for _, id := range []string{"gc-tc", "gone-tc"} {
@@ -850,7 +850,7 @@ func TestStatusShowsAttachStates(t *testing.T) {
 	}
 	e.Add(px, "x")
 	hostX, _ := e.HostVeth("x")
-	e.WaitAttachState(hostX, datapath.StateTCX, 5*time.Second)
+	e.WaitAttachState(hostX, datapath.StateTCX, 20*time.Second)
 	e.HoldVerbs()
 	rp := e.Add(pp, "p")
 	e.Add(pd, "d")

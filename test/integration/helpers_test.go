@@ -344,10 +344,10 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// waitCounter waits up to 2 s for a from-pod counter to reach want.
+// waitCounter waits up to 10 s for a from-pod counter to reach want.
 func waitCounter(t *testing.T, m *maps.Maps, idx int, r maps.Reason, want uint64) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(10 * time.Second) // returns at want: a bound for a loaded node
 	for {
 		got := counter(t, m, idx, maps.DirEgress, r).Packets
 		if got >= want {

@@ -436,7 +436,7 @@ func TestDatapathDelUnderTraffic(t *testing.T) {
 			}
 		}()
 		// Wait until every kind of traffic is seen on the pod's veth.
-		deadline := time.Now().Add(2 * time.Second)
+		deadline := time.Now().Add(10 * time.Second)
 		for {
 			cs, _ := m.Counters(idx)
 			if cs[maps.CounterKey{Dir: maps.DirEgress, Reason: maps.ReasonForward}].Packets > 0 &&
