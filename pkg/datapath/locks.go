@@ -25,7 +25,8 @@ import (
 //     exclusive (WaitIdle), so it never holds RTNL while a verb wants it.
 //   - links: serialises what binds a host veth's name to its link pins:
 //     DEL's hand-off (pins and veth renamed), the agent pinning tcx links
-//     of a veth it found under that name, Upgrade.
+//     of a veth it found under that name, Upgrade, and the looks that pair
+//     pins with veths (OrphanVethLinkPins, endpoint.ListHandedOff).
 //   - uninstall: held exclusive by `ebpf-agent uninstall` while it runs
 //     (HoldUninstall). An ADD that has claimed its attachment refuses when
 //     it finds it held (Uninstalling); one that claimed before is found by
