@@ -25,7 +25,8 @@ import (
 //     exclusive (WaitIdle), so it never holds RTNL while a verb wants it.
 //   - links: serialises what binds a host veth's name to its link pins:
 //     DEL's hand-off (pins and veth renamed), the agent pinning tcx links
-//     of a veth it found under that name, Upgrade.
+//     of a veth it found under that name, Upgrade, and the looks that pair
+//     pins with veths (OrphanVethLinkPins, endpoint.ListHandedOff).
 //   - uninstall: held exclusive by `ebpf-agent uninstall` while it runs
 //     (HoldUninstall). An ADD that has claimed its attachment refuses when
 //     it finds it held (Uninstalling); one that claimed before is found by
@@ -202,6 +203,24 @@ func (i *Idle) Close() { unix.Close(i.fd) }
 // LockLinks takes the links lock (see above) until unlock.
 func LockLinks(pinRoot string) (unlock func(), err error) {
 	fd, err := openLock(pinRoot, lockLinks, true)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", lockPath(pinRoot, lockLinks), err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
+// LockLinksIfPresent is LockLinks where the pin directory has the lock
+// (its datapath was set up); elsewhere nothing can hand a veth off or pin
+// its links, and unlock does nothing. It creates nothing.
+func LockLinksIfPresent(pinRoot string) (unlock func(), err error) {
+	fd, err := openLock(pinRoot, lockLinks, false)
+	if errors.Is(err, os.ErrNotExist) {
+		return func() {}, nil
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -139,7 +139,7 @@ func Migrate(ctx context.Context, pinRoot string, v TCVeth, before func(ctx cont
 		if err := before(ctx, f.Prog.Link); err != nil {
 			return err
 		}
-		done, err := underLinksLock(pinRoot, v, func() error { return migrateHook(pinRoot, v, f) })
+		done, err := underLinksLock(pinRoot, v, func(l netlink.Link) error { return migrateHook(pinRoot, l, v, f) })
 		if err != nil || done {
 			return err
 		}
@@ -147,7 +147,7 @@ func Migrate(ctx context.Context, pinRoot string, v TCVeth, before func(ctx cont
 	if err := before(ctx, "filters"); err != nil {
 		return err
 	}
-	_, err := underLinksLock(pinRoot, v, func() error {
+	_, err := underLinksLock(pinRoot, v, func(netlink.Link) error {
 		for _, p := range hostVethPrograms {
 			if !tcxPinnedOn(pinRoot, v.Name, p, v.Ifindex) {
 				return fmt.Errorf("%s: tcx %s link missing after the move; filters kept", v.Name, p.Link)
@@ -179,7 +179,7 @@ func deleteFilter(ifindex int, p Program) error {
 
 // underLinksLock runs step with the links lock held if the veth is still
 // there under its name; gone reports that it was not (handed off, deleted).
-func underLinksLock(pinRoot string, v TCVeth, step func() error) (gone bool, err error) {
+func underLinksLock(pinRoot string, v TCVeth, step func(l netlink.Link) error) (gone bool, err error) {
 	unlock, err := LockLinks(pinRoot)
 	if err != nil {
 		return false, err
@@ -189,18 +189,26 @@ func underLinksLock(pinRoot string, v TCVeth, step func() error) (gone bool, err
 	if err != nil || l.Attrs().Name != v.Name {
 		return true, nil
 	}
-	return false, step()
+	return false, step(l)
 }
 
-// migrateHook attaches and pins the tcx link of one hook, unless an
-// earlier (killed) run of the agent pinned it already.
-func migrateHook(pinRoot string, v TCVeth, f TCFilter) error {
+// migrateHook attaches and pins the tcx link of one hook of l, unless an
+// earlier (killed) run of the agent pinned it already. It runs the program
+// the filter runs now, read under the links lock: an upgrade may have
+// swapped the filter since the agent looked at it (v), and would not see
+// the tcx link made here with the program seen then (the pod kept the old
+// programs; TestUpgradeDuringMoveToTCX).
+func migrateHook(pinRoot string, l netlink.Link, v TCVeth, f TCFilter) error {
 	if tcxPinnedOn(pinRoot, v.Name, f.Prog, v.Ifindex) {
 		return nil
 	}
-	prog, err := programByID(pinRoot, f.ProgID)
+	cur, ok := ourFilter(l, f.Prog)
+	if !ok {
+		return fmt.Errorf("%s: its %s filter is gone; not moved to tcx", v.Name, f.Prog.Link)
+	}
+	prog, err := programByID(pinRoot, cur.ProgID)
 	if err != nil {
-		return fmt.Errorf("%s: program %d of the %s filter: %w", v.Name, f.ProgID, f.Prog.Link, err)
+		return fmt.Errorf("%s: program %d of the %s filter: %w", v.Name, cur.ProgID, f.Prog.Link, err)
 	}
 	defer prog.Close()
 	if err := mkdirFor(LinkPinPath(pinRoot, v.Name, f.Prog.Link)); err != nil {

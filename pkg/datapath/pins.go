@@ -185,7 +185,15 @@ func VethLinkPins(pinRoot string) []VethLinkPin {
 
 // OrphanVethLinkPins are the host veth link pins whose veth no longer
 // exists in this netns (a pod gone without DEL, a DEL that failed part way).
+// It looks under the links lock: a DEL's hand-off renames the pins, then
+// the veth, and a look between the two took the live veth's pins for
+// orphans (TestHandOffSeenWhole).
 func OrphanVethLinkPins(pinRoot string) []VethLinkPin {
+	unlock, err := LockLinksIfPresent(pinRoot)
+	if err != nil {
+		return nil // the next look removes them
+	}
+	defer unlock()
 	var out []VethLinkPin
 	for _, p := range VethLinkPins(pinRoot) {
 		_, err := netlinksafe.LinkByName(p.HostIf)

@@ -4,6 +4,7 @@ package endpoint
 
 import (
 	"os"
+	"runtime"
 	"syscall"
 )
 
@@ -18,6 +19,12 @@ func Crashpoint(step string) {
 		select {}
 	}
 	if os.Getenv("EBPF_CNI_STOP_AT") == step {
-		syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		// To this thread: a SIGSTOP to the process stops it when some
+		// thread takes the signal, and the caller ran on meanwhile
+		// (under load, into the links lock it then held while stopped).
+		// A thread's own signal is taken before the syscall returns.
+		runtime.LockOSThread()
+		syscall.Tgkill(os.Getpid(), syscall.Gettid(), syscall.SIGSTOP)
+		runtime.UnlockOSThread()
 	}
 }

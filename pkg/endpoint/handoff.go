@@ -72,6 +72,14 @@ type HandedOff struct {
 // ListHandedOff lists the handed-off veths of the node and the link pins of
 // those already gone.
 func ListHandedOff(pinDir string) ([]HandedOff, error) {
+	// Under the links lock, as the hand-off renames pins and veth: a look
+	// between the two saw the pins without their veth and reaped them,
+	// the veth still up under its old name (TestHandOffSeenWhole).
+	unlock, err := datapath.LockLinksIfPresent(pinDir)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	byName := map[string]*HandedOff{}
 	var order []string
 	add := func(name string, idx int) *HandedOff {

@@ -231,12 +231,15 @@ func configurePod(p *plan, netns ns.NetNS) error {
 				hasDefault[v4] = p.ifname
 			}
 		}
+		var ips []net.IP
 		for _, ipc := range p.ips {
 			if err := netlink.RuleAdd(podRule(ipc.Address.IP, p.table)); err != nil && !errors.Is(err, unix.EEXIST) {
 				return fmt.Errorf("add rule from %s lookup %d: %w", ipc.Address.IP, p.table, err)
 			}
+			ips = append(ips, ipc.Address.IP)
 		}
-		return nil
+		// Last: the kernel's work for the addresses ran beside the rest.
+		return settleLocalRoutes(ips, localRouteWait)
 	})
 }
 

@@ -7,9 +7,12 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
+	"net"
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -63,7 +66,7 @@ func TestUpgradeSwapsEveryAttachState(t *testing.T) {
 	s.CleanupDel(pt, "t")
 	e.Add(px, "x")
 	hostX, idxX := e.HostVeth("x")
-	e.WaitAttachState(hostX, datapath.StateTCX, 5*time.Second)
+	e.WaitAttachState(hostX, datapath.StateTCX, 20*time.Second)
 	release := e.HoldVerbs()
 	rp := e.Add(pp, "p")
 	s.Add(pt, "t")
@@ -113,7 +116,7 @@ func TestUpgradeSwapsEveryAttachState(t *testing.T) {
 		}
 	}
 	release()
-	e.WaitAttachState(hostP, datapath.StateTCX, 5*time.Second)
+	e.WaitAttachState(hostP, datapath.StateTCX, 20*time.Second)
 	if got := e.ProgIDs(idxP); !slices.Equal(got, afterX) {
 		t.Errorf("the waiting pod moved to tcx with programs %v, want this build's %v", got, afterX)
 	}
@@ -139,7 +142,7 @@ func TestCheckInEveryAttachState(t *testing.T) {
 	e.CleanupDel(pp, "p")
 	e.Add(px, "x")
 	hostX, idxX := e.HostVeth("x")
-	e.WaitAttachState(hostX, datapath.StateTCX, 5*time.Second)
+	e.WaitAttachState(hostX, datapath.StateTCX, 20*time.Second)
 	e.HoldVerbs()
 	e.Add(pp, "p")
 	hostP, idxP := e.HostVeth("p")
@@ -243,7 +246,7 @@ func TestStatusShowsAttachStates(t *testing.T) {
 	}
 	e.Add(px, "x")
 	hostX, _ := e.HostVeth("x")
-	e.WaitAttachState(hostX, datapath.StateTCX, 5*time.Second)
+	e.WaitAttachState(hostX, datapath.StateTCX, 20*time.Second)
 	e.HoldVerbs()
 	rp := e.Add(pp, "p")
 	e.Add(pd, "d")
@@ -377,5 +380,56 @@ func TestBandwidthQueueInEveryAttachState(t *testing.T) {
 		t.Errorf("CHECK after the move: %v", err)
 	}
 	e.MustDel(pod, "bwq")
+	e.AssertClean()
+}
+
+// TestUpgradeDuringMoveToTCX: an upgrade that swaps a waiting pod's
+// cls_bpf filters after the agent looked at them, before its first tcx
+// attach (the agent stopped there: -tags crashpoint EBPF_CNI_STOP_AT),
+// must leave the pod on tcx with this build's new programs. The move once
+// attached the programs it had seen: the pod ran the old ones on tcx,
+// which the upgrade had not swapped, and CHECK failed
+// (TestAgentRestartAndUpgradeWithoutLoss at load 20).
+func TestUpgradeDuringMoveToTCX(t *testing.T) {
+	e := testenv.New(t)
+	confDir := e.WriteConfDir()
+	ag := e.StartAgentBin(crashAgent(t), []string{"EBPF_CNI_STOP_AT=agent-ingress"}, confDir, "--metrics-addr", "")
+	t.Cleanup(func() { ag.Cmd.Process.Signal(syscall.SIGCONT) }) // Stop's SIGTERM must reach it
+	pod := e.NewPod()
+	e.CleanupDel(pod, "p")
+	r := e.Add(pod, "p")
+	hostIf, idx := e.HostVeth("p")
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", ag.Cmd.Process.Pid))
+		if f := strings.Fields(string(b)); len(f) > 2 && f[2] == "T" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent did not stop at agent-ingress (%s is %q):\n%s", hostIf, e.AttachState(hostIf), ag.Logs())
+		}
+	}
+	if st := e.AttachState(hostIf); st != datapath.StateTCPending {
+		t.Fatalf("%s is %q with the agent stopped before its move, want %q", hostIf, st, datapath.StateTCPending)
+	}
+	before := filterProgIDs(t, e, idx)
+	out, err := e.AgentCmd(append([]string{"upgrade", "--force"}, e.AgentArgs(confDir)...)...)
+	if err != nil {
+		t.Fatalf("upgrade: %v\n%s", err, out)
+	}
+	swapped := filterProgIDs(t, e, idx)
+	if swapped[0] == before[0] || swapped[1] == before[1] {
+		t.Fatalf("the upgrade did not swap the waiting filters: %v -> %v\n%s", before, swapped, out)
+	}
+	ag.Cmd.Process.Signal(syscall.SIGCONT)
+	e.WaitAttachState(hostIf, datapath.StateTCX, 10*time.Second)
+	if got := e.ProgIDs(idx); !slices.Equal(got, swapped) {
+		t.Errorf("the pod moved to tcx with programs %v, want those the upgrade put on its filters %v (before it: %v)", got, swapped, before)
+	}
+	if err := e.Check(pod, "p", "eth0"); err != nil {
+		t.Errorf("CHECK after the move: %v", err)
+	}
+	v4, v6 := testenv.PodIPs(t, r)
+	e.PodReachable(t, pod, []net.IP{v4, v6})
+	e.MustDel(pod, "p")
 	e.AssertClean()
 }

@@ -6,6 +6,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -19,10 +20,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -135,8 +138,8 @@ func TestAgentMovesPodsToTCXUnderTraffic(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	release()
-	took := e.WaitAttachState(hostA, datapath.StateTCX, 4*time.Second)
-	e.WaitAttachState(hostB, datapath.StateTCX, 4*time.Second)
+	took := e.WaitAttachState(hostA, datapath.StateTCX, 20*time.Second)
+	e.WaitAttachState(hostB, datapath.StateTCX, 20*time.Second)
 	var still bool
 	select {
 	case r := <-podPing:
@@ -198,7 +201,7 @@ func TestDelHandsOffToAgent(t *testing.T) {
 	e.CleanupDel(pod, "c")
 	r1 := e.Add(pod, "c")
 	hostIf, idx := e.HostVeth("c")
-	e.WaitAttachState(hostIf, datapath.StateTCX, 5*time.Second)
+	e.WaitAttachState(hostIf, datapath.StateTCX, 20*time.Second)
 	release := e.HoldVerbs() // the agent must not delete the pair before we look
 	e.MustDel(pod, "c")
 
@@ -423,7 +426,7 @@ func TestAgentKilledMidWorkIsRecovered(t *testing.T) {
 		t.Errorf("CHECK half way to tcx: %v", err)
 	}
 	ag := e.StartAgent(confDir, "--metrics-addr", "")
-	e.WaitAttachState(hostIf, datapath.StateTCX, 5*time.Second)
+	e.WaitAttachState(hostIf, datapath.StateTCX, 20*time.Second)
 	e.PodReachable(t, pod, ips)
 	if err := e.Check(pod, "p", "eth0"); err != nil {
 		t.Errorf("CHECK after the next agent finished the move: %v", err)
@@ -468,7 +471,7 @@ func TestHandedOffVethNetnsDestroyed(t *testing.T) {
 	pod := e.NewPod()
 	e.Add(pod, "p")
 	hostIf, idx := e.HostVeth("p")
-	e.WaitAttachState(hostIf, datapath.StateTCX, 5*time.Second)
+	e.WaitAttachState(hostIf, datapath.StateTCX, 20*time.Second)
 	if err := testenv.Ping(pod, testenv.NodeIP4, 1); err != nil { // counters
 		t.Fatal(err)
 	}
@@ -486,6 +489,90 @@ func TestHandedOffVethNetnsDestroyed(t *testing.T) {
 	if l := e.Leftovers(); !slices.Contains(l, "link pin "+gone+"_egress") {
 		t.Errorf("the pins of %s went with it? %v", gone, l)
 	}
+	release()
+	e.AssertClean()
+}
+
+// TestHandOffSeenWhole: DEL's hand-off renames a veth's link pins, then
+// the veth, under the links lock. A CNI GC and `ebpf-agent status` that
+// look while a hand-off is between the two must wait for it and see the
+// veth's pins as its own: the GC once took them for the pins of a veth
+// gone and removed them, detaching the live veth's programs, as the
+// agent's pass over the handed-off veths did beside a DEL
+// (TestAgentKilledMidWorkIsRecovered found no pins left to recover).
+// The test holds the lock and renames the pins itself, for a window of
+// its choosing, then puts them back.
+func TestHandOffSeenWhole(t *testing.T) {
+	e := testenv.New(t)
+	e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
+	pod := e.NewPod()
+	e.CleanupDel(pod, "p")
+	r := e.Add(pod, "p")
+	hostIf, idx := e.HostVeth("p")
+	e.WaitAttachState(hostIf, datapath.StateTCX, 10*time.Second)
+	release := e.HoldVerbs() // the agent waits: only the GC and status look
+
+	unlock, err := datapath.LockLinks(e.PinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	unlockOnce := func() { once.Do(unlock) }
+	t.Cleanup(unlockOnce)
+	gone := state.HandedOffName(idx)
+	if err := datapath.MoveLinkPins(e.PinDir, hostIf, gone); err != nil {
+		t.Fatal(err)
+	}
+	gcDone := make(chan error, 1)
+	go func() { gcDone <- e.GC(types.GCAttachment{ContainerID: "p", IfName: "eth0"}) }()
+	type status struct {
+		out string
+		err error
+	}
+	stDone := make(chan status, 1)
+	go func() {
+		out, err := e.AgentCmd("status", "-o", "json", "--pin-dir", e.PinDir, "--state-dir", e.StateDir)
+		stDone <- status{out, err}
+	}()
+	// The window: whatever ends in it looked mid-hand-off.
+	window := time.After(time.Second)
+	var gcErr error
+	gcEnded := false
+	select {
+	case gcErr = <-gcDone:
+		gcEnded = true
+		t.Errorf("GC ended (%v) while a hand-off held the links lock", gcErr)
+	case <-window:
+	}
+	if err := datapath.MoveLinkPins(e.PinDir, gone, hostIf); err != nil {
+		t.Fatal(err)
+	}
+	unlockOnce()
+	if !gcEnded {
+		gcErr = <-gcDone
+	}
+	if gcErr != nil {
+		t.Errorf("GC: %v", gcErr)
+	}
+	st := <-stDone
+	var rep inspect.StatusReport
+	if err := json.Unmarshal([]byte(st.out), &rep); err != nil {
+		t.Fatalf("status: %v, %v\n%s", st.err, err, st.out)
+	}
+	if len(rep.Attachments.HandedOff) > 0 {
+		t.Errorf("status saw handed-off veths %v mid-hand-off, want none", rep.Attachments.HandedOff)
+	}
+	for _, dir := range []string{datapath.DirIngress, datapath.DirEgress} {
+		if _, err := os.Stat(datapath.LinkPinPath(e.PinDir, hostIf, dir)); err != nil {
+			t.Errorf("the %s link pin of %s is gone after a GC beside its hand-off: %v", dir, hostIf, err)
+		}
+	}
+	if err := e.Check(pod, "p", "eth0"); err != nil {
+		t.Errorf("CHECK after a GC beside its hand-off: %v", err)
+	}
+	v4, v6 := testenv.PodIPs(t, r)
+	e.PodReachable(t, pod, []net.IP{v4, v6})
+	e.MustDel(pod, "p")
 	release()
 	e.AssertClean()
 }

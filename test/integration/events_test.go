@@ -40,10 +40,11 @@ func observeJSON(t *testing.T, e *testenv.Env, args ...string) []events.Record {
 }
 
 // observeFollow runs `ebpf-agent observe -o json ARGS` (following) and
-// returns the first n records, or what came within 3 s.
+// returns the first n records, or what came within 10 s (it returns at n:
+// the bound is for a loaded node).
 func observeFollow(t *testing.T, e *testenv.Env, n int, args ...string) (recs []events.Record) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(testenv.BinDir, "ebpf-agent"),
 		append([]string{"observe", "-o", "json", "--state-dir", e.StateDir, "--pin-dir", e.PinDir}, args...)...)
@@ -70,12 +71,28 @@ func observeFollow(t *testing.T, e *testenv.Env, n int, args ...string) (recs []
 	return recs
 }
 
+// observeUntil reads the kept events (observe -o json ARGS) until done
+// says they hold what the test waits for, or 10 s pass (the agent keeps
+// them in the background: a fixed pause before one read raced it on a
+// loaded node), and returns the last read.
+func observeUntil(t *testing.T, e *testenv.Env, done func([]events.Record) bool, args ...string) []events.Record {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		recs := observeJSON(t, e, args...)
+		if done(recs) || time.Now().After(deadline) {
+			return recs
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // newEvents waits until the agent keeps events after seq and returns them
 // once no more come for 300 ms.
 func newEvents(t *testing.T, e *testenv.Env, seq uint64, want int) []events.Record {
 	t.Helper()
 	var got []events.Record
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(10 * time.Second) // ends at want: a bound for a loaded node
 	for {
 		got = got[:0]
 		for _, r := range observeJSON(t, e, "--last", "1000") {
@@ -100,13 +117,16 @@ func newEvents(t *testing.T, e *testenv.Env, seq uint64, want int) []events.Reco
 
 // settledDrops reads a drop counter and the events kept after seq until the
 // two agree (the counter unchanged across the read of the events, and the
-// events that match as many as its increase), or 4 s pass. The pod's own
+// events that match as many as its increase), or 10 s pass (the agent
+// keeps events in the background; a loaded node is slow to). The pod's own
 // kernel sends MLD reports and neighbour solicitations whenever it likes,
 // and those can be dropped too: one snapshot of each, taken at different
-// moments, would race them.
+// moments, would race them. match must select what the counter counts
+// (reason, direction, interface) and nothing narrower, or a drop of
+// another packet on the same counter never settles.
 func settledDrops(t *testing.T, e *testenv.Env, m *maps.Maps, idx int, dir maps.Dir, r maps.Reason, before, seq uint64, match func(events.Record) bool) (drops uint64, matched int, got []events.Record) {
 	t.Helper()
-	deadline := time.Now().Add(4 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		c1 := counter(t, m, idx, dir, r).Packets
 		got = got[:0]
@@ -273,19 +293,31 @@ func TestEventsEachDropReason(t *testing.T) {
 		return nil
 	}))
 	var dropsIn uint64
-	for deadline := time.Now().Add(2 * time.Second); dropsIn == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); dropsIn == 0 && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		dropsIn = counter(t, m, bwIdx, maps.DirIngress, maps.ReasonDropBandwidth).Packets - beforeIn
 	}
 	if dropsIn == 0 {
 		t.Fatalf("60 datagrams of 1400 bytes at once over an ingress limit of 100 kbit/s: no drop counted")
 	}
+	// The count is of every ingress drop_bandwidth event of the interface,
+	// as the counter's: any other packet the node sends the pod meanwhile
+	// (neighbour discovery, say) counts against its limit too; one such
+	// drop once left the count of UDP events one short of the counter (52
+	// counted, 51 matched) and failed the test.
 	dropsIn, n, got = settledDrops(t, e, m, bwIdx, maps.DirIngress, maps.ReasonDropBandwidth, beforeIn, seq, func(ev events.Record) bool {
-		return ev.Reason == "drop_bandwidth" && ev.Direction == "ingress" && ev.Ifindex == uint32(bwIdx) && ev.Dst == bw4.String() && ev.Protocol == "udp" && ev.DstPort == 9
+		return ev.Reason == "drop_bandwidth" && ev.Direction == "ingress" && ev.Ifindex == uint32(bwIdx)
 	})
-	if uint64(n) != dropsIn {
-		t.Errorf("%d ingress drop_bandwidth counted, %d matching events of %d new", dropsIn, n, len(got))
+	udpIn := 0
+	for _, ev := range got {
+		if ev.Reason == "drop_bandwidth" && ev.Direction == "ingress" && ev.Ifindex == uint32(bwIdx) &&
+			ev.Dst == bw4.String() && ev.Protocol == "udp" && ev.DstPort == 9 {
+			udpIn++
+		}
 	}
-	t.Logf("ingress: %d drops, %d events", dropsIn, n)
+	if uint64(n) != dropsIn || udpIn == 0 || udpIn > 60 {
+		t.Errorf("%d ingress drop_bandwidth counted, %d matching events (%d of the 60 datagrams sent) of %d new: %+v", dropsIn, n, udpIn, len(got), got)
+	}
+	t.Logf("ingress: %d drops, %d events, %d of them the datagrams sent", dropsIn, n, udpIn)
 
 	// Filters: --verdict, --protocol, --pod.
 	if recs := observeJSON(t, e, "--last", "1000", "--pod", "shop/web-1", "--protocol", "icmp"); len(recs) != 2 {
@@ -324,28 +356,32 @@ func TestEventsFlows(t *testing.T) {
 	rb := e.AddK8s(b, "efb", "ns2", "server")
 	b4, _ := testenv.PodIPs(t, rb)
 	must(t, testenv.TCPTransferPort(a, b, b4, 8081, 1000))
-	time.Sleep(300 * time.Millisecond)
-	recs := observeJSON(t, e, "--last", "1000", "--verdict", "forwarded", "--protocol", "tcp", "--pod", "ns1/client")
 	var start, end bool
-	for _, r := range recs {
-		if r.Pod == "ns1/client" && r.Direction == "egress" && r.DstPort == 8081 && r.SrcPod == "ns1/client" && r.DstPod == "ns2/server" {
-			start = start || r.Type == "flow-start"
-			end = end || r.Type == "flow-end"
+	recs := observeUntil(t, e, func(recs []events.Record) bool {
+		start, end = false, false
+		for _, r := range recs {
+			if r.Pod == "ns1/client" && r.Direction == "egress" && r.DstPort == 8081 && r.SrcPod == "ns1/client" && r.DstPod == "ns2/server" {
+				start = start || r.Type == "flow-start"
+				end = end || r.Type == "flow-end"
+			}
 		}
-	}
+		return start && end
+	}, "--last", "1000", "--verdict", "forwarded", "--protocol", "tcp", "--pod", "ns1/client")
 	if !start || !end {
 		t.Errorf("no flow-start and flow-end of client -> server:8081: %+v", recs)
 	}
 	// IPv6 too.
 	_, b6 := testenv.PodIPs(t, rb)
 	must(t, testenv.TCPTransferPort(a, b, b6, 8083, 1000))
-	time.Sleep(300 * time.Millisecond)
 	start6 := false
-	for _, r := range observeJSON(t, e, "--last", "1000", "--verdict", "forwarded", "--pod", "ns2/server") {
-		if r.Type == "flow-start" && r.Family == "ipv6" && r.DstPort == 8083 && r.Dst == b6.String() && r.DstPod == "ns2/server" {
-			start6 = true
+	observeUntil(t, e, func(recs []events.Record) bool {
+		for _, r := range recs {
+			if r.Type == "flow-start" && r.Family == "ipv6" && r.DstPort == 8083 && r.Dst == b6.String() && r.DstPod == "ns2/server" {
+				start6 = true
+			}
 		}
-	}
+		return start6
+	}, "--last", "1000", "--verdict", "forwarded", "--pod", "ns2/server")
 	if !start6 {
 		t.Errorf("no IPv6 flow-start to server:8083")
 	}
@@ -426,7 +462,7 @@ func TestObserveWithoutAgent(t *testing.T) {
 		if err := json.Unmarshal([]byte(l), &r); err != nil || r.Reason != "drop_spoof_ip" || r.Pod != "solo/p" || r.Src != "10.250.8.8" {
 			t.Errorf("observe without an agent printed %q (%v)", l, err)
 		}
-	case <-time.After(3 * time.Second):
+	case <-time.After(10 * time.Second): // it ends at the line: a bound for a loaded node
 		t.Errorf("observe without an agent printed nothing; stderr: %s", stderr.String())
 	}
 	cancel()

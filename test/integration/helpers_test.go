@@ -314,10 +314,10 @@ func must(t *testing.T, err error) {
 	}
 }
 
-// waitCounter waits up to 2 s for a from-pod counter to reach want.
+// waitCounter waits up to 10 s for a from-pod counter to reach want.
 func waitCounter(t *testing.T, m *maps.Maps, idx int, r maps.Reason, want uint64) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.Now().Add(10 * time.Second) // returns at want: a bound for a loaded node
 	for {
 		got := counter(t, m, idx, maps.DirEgress, r).Packets
 		if got >= want {
@@ -434,4 +434,33 @@ func udpBlastTo(t *testing.T, from, to ns.NetNS, laddr, dial *net.UDPAddr, sendF
 		t.Fatal(err)
 	}
 	return sent, <-got
+}
+
+// waitRoutedToPod waits (up to 10 s) until each IPv6 address of ips routes
+// to the pod itself in its netns: what this build's ADD waits for before
+// it returns, and builds before it did not. A test that sends to pods an
+// earlier build attached waits as this build's ADD would, or its first
+// datagram to them can be lost to that defect, fixed since
+// (TestFirstIPv6DatagramAfterAdd).
+func waitRoutedToPod(t *testing.T, pod ns.NetNS, ips ...net.IP) {
+	t.Helper()
+	must(t, pod.Do(func(ns.NetNS) error {
+		deadline := time.Now().Add(10 * time.Second)
+		for _, ip := range ips {
+			if ip.To4() != nil {
+				continue
+			}
+			for {
+				rs, err := netlink.RouteGet(ip)
+				if err == nil && len(rs) > 0 && rs[0].Type == unix.RTN_LOCAL {
+					break
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("%s does not route to the pod after 10 s: %v %+v", ip, err, rs)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		return nil
+	}))
 }

@@ -149,7 +149,7 @@ func TestHostPortDelPurgesFlows(t *testing.T) {
 		t.Fatalf("node's connected UDP socket got no answer: %v", err)
 	}
 	expectServer(t, e.remote, "tcp", hp(uplinkIP4, 6001), "old")
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for flood.count("old") < 5 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}

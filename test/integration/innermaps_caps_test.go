@@ -250,8 +250,12 @@ func TestUpgradeFromLayout3DaemonSetCaps(t *testing.T) {
 	a, b := e.NewPod(), e.NewPod()
 	e.CleanupDel(a, "a3")
 	e.CleanupDel(b, "b3")
-	e.Add(a, "a3")
+	a4, a6 := testenv.PodIPs(t, e.Add(a, "a3"))
 	b4, b6 := testenv.PodIPs(t, e.Add(b, "b3"))
+	// The layout 3 build's ADD returned before the pods' IPv6 addresses
+	// routed to them: its first IPv6 query was lost so once in 20 runs.
+	waitRoutedToPod(t, a, a4, a6)
+	waitRoutedToPod(t, b, b4, b6)
 	_, bIdx := e.HostVeth("b3")
 	_, aIdx := e.HostVeth("a3")
 	for fam, bip := range map[int]net.IP{4: b4, 6: b6} {

@@ -421,7 +421,7 @@ func TestPolicyAttack(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			for end := time.Now().Add(3 * time.Second); ll == nil && time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+			for end := time.Now().Add(10 * time.Second); ll == nil && time.Now().Before(end); time.Sleep(50 * time.Millisecond) { // DAD, slower on a loaded node
 				as, err := netlink.AddrList(l, netlink.FAMILY_V6)
 				if err != nil {
 					return err

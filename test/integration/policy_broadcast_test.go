@@ -56,7 +56,7 @@ func groupAnswered(t *testing.T, pod ns.NetNS, src net.IP, dst *net.UDPAddr) (st
 		buf := make([]byte, 512)
 		for try := 0; try < 3; try++ {
 			// The pod's IPv6 multicast route comes with its first address.
-			for end := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			for end := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 				_, err := c.WriteToUDP([]byte("probe"), dst)
 				if err == nil {
 					break
@@ -138,7 +138,7 @@ func usableLinkLocal(t *testing.T, e *testenv.Env, name string) net.IP {
 		if err != nil {
 			return err
 		}
-		for end := time.Now().Add(3 * time.Second); ll == nil && time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		for end := time.Now().Add(10 * time.Second); ll == nil && time.Now().Before(end); time.Sleep(50 * time.Millisecond) { // DAD, slower on a loaded node
 			as, err := netlink.AddrList(l, netlink.FAMILY_V6)
 			if err != nil {
 				return err

@@ -186,10 +186,11 @@ func TestUpgradeFromLayout1(t *testing.T) {
 	e.AssertClean()
 }
 
-// waitPings waits until a's ping to ip has its first reply.
+// waitPings waits until a's ping to ip has its first reply (up to 10 s:
+// it returns at the first, the bound is for a loaded node).
 func waitPings(t *testing.T, a ns.NetNS, ip net.IP) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for testenv.Ping(a, ip, 1) != nil {
 		if time.Now().After(deadline) {
 			t.Fatalf("no ping to %s", ip)

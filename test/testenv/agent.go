@@ -90,10 +90,12 @@ func (e *Env) StartAgentBin(bin string, env []string, confDir string, extra ...s
 		select {
 		case <-ready:
 			return nil
-		case <-time.After(60 * time.Second):
+		case <-time.After(120 * time.Second):
 			// The compat build (make test-fallback) costs the verifier
-			// seconds at the agent's first load of a node.
-			return fmt.Errorf("agent not ready after 60s:\n%s", a.Log)
+			// seconds at the agent's first load of a node, and a node
+			// loaded 15 times over its CPUs took three agents past 60 s
+			// at once. It returns at ready: only a stuck agent waits it out.
+			return fmt.Errorf("agent not ready after 120s:\n%s", a.Log)
 		}
 	})
 	if err != nil {
