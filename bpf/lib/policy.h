@@ -36,6 +36,10 @@
  *     node pod to pod, hostPort from the uplink or hairpin) and
  *     to_container.c (whatever the stack delivers: other nodes, Services,
  *     NodePorts, the node itself), after every translation.
+ *   - what the stack masqueraded (kube-proxy's SNAT at POSTROUTING) is
+ *     judged by its sender before the SNAT, read from its conntrack entry
+ *     (lib/nfct.h, pol_fwd): the receiver's ingress by that source, the
+ *     sending pod's egress (policy_after_snat) on its own packets.
  *
  * The node's own traffic to a pod (kubelet's probes) always passes: a
  * packet the node sends (no ingress interface) or whose source is a node
