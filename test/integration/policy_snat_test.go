@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"net"
 	"net/netip"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
@@ -136,5 +138,42 @@ func TestPolicyHairpinMasqueraded(t *testing.T) {
 	p.apply(t, "b", policy.Endpoint{Ingress: isolated(self...)})
 	for _, fam := range []int{4, 6} {
 		want(t, p.b, "tcp", svcWeb[fam], 80, "b", nil, p.ip["b"][fam])
+	}
+}
+
+// TestPolicyNodePortForgedPodSource: the conntrack entry names whatever
+// source a packet entered the node with, so a host outside forging pod a's
+// address to a masqueraded NodePort would be judged as a. It must not reach
+// b, which admits a only: such a source is a forgery off the wire and
+// from_uplink drops it first. b would answer a (the SNAT undone), where a
+// listens on the forged port; a's own datagrams to the NodePort pass.
+func TestPolicyNodePortForgedPodSource(t *testing.T) {
+	t.Parallel()
+	p := newPolLab(t, false)
+	var fromA []policy.Allow
+	for _, fam := range []int{4, 6} {
+		fromA = append(fromA, tcpUDP(host(p.ip["a"][fam]), 8080))
+	}
+	p.apply(t, "a", policy.Endpoint{})
+	p.apply(t, "b", policy.Endpoint{Ingress: isolated(fromA...)})
+	const port = 5555
+	for _, fam := range []int{4, 6} {
+		want(t, p.a, "udp", uplinkIP[fam], npWeb, "b", nil, p.ip["a"][fam])
+		blocked(t, p.remote, "udp", uplinkIP[fam], npWeb)
+		var ln *net.UDPConn
+		must(t, p.a.Do(func(ns.NetNS) error {
+			var err error
+			ln, err = net.ListenUDP("udp", &net.UDPAddr{IP: p.ip["a"][fam], Port: port})
+			return err
+		}))
+		for i := 0; i < 3; i++ {
+			sendForged(t, p.remote, &net.UDPAddr{IP: p.ip["a"][fam], Port: port}, &net.UDPAddr{IP: uplinkIP[fam], Port: npWeb}, "forged")
+		}
+		ln.SetReadDeadline(time.Now().Add(time.Second))
+		buf := make([]byte, 512)
+		if n, from, err := ln.ReadFromUDP(buf); err == nil {
+			t.Errorf("IPv%d: a datagram forged from outside with a's source reached b through the NodePort, which answered a from %s: %q", fam, from, buf[:n])
+		}
+		ln.Close()
 	}
 }
