@@ -11,6 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/features"
 	"golang.org/x/sys/unix"
 )
@@ -168,6 +169,13 @@ func Features() []Feature {
 			if err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
 				f.Err = err.Error()
 			}
+			if f.Name == FeatReadKernel && f.Have {
+				// The helper alone reads nothing: say so when there is no
+				// nf_conn to relocate the read against.
+				if err := conntrackBTF(); err != nil {
+					f.Err = err.Error()
+				}
+			}
 			f.Forced = f.Have && isForced(f.Name)
 			if f.Name == FeatNetnsCookie && !f.InUse() {
 				// Its fallback needs a cgroup2 mount: say so here, not at an ADD.
@@ -238,6 +246,29 @@ func errNote(err, sep string) string {
 		return " (" + err + ")"
 	}
 	return sep + err
+}
+
+// conntrackBTF tells whether the kernel's BTF has struct nf_conn, which the
+// conntrack read (bpf/lib/nfct.h) is relocated against when the programs
+// load: vmlinux's when conntrack is built in, else the nf_conntrack
+// module's, only while that module is loaded. Without it the read is
+// relocated away and NetworkPolicy judges masqueraded traffic by the node
+// address it carries until the programs are loaded again.
+func conntrackBTF() error {
+	const why = "struct nf_conn is in no kernel BTF (nf_conntrack not loaded?): until the programs are loaded again, NetworkPolicy judges masqueraded traffic by its node address"
+	var ct *btf.Struct
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return fmt.Errorf("%s: kernel BTF: %w", why, err)
+	}
+	if spec.TypeByName("nf_conn", &ct) == nil {
+		return nil
+	}
+	mod, err := btf.LoadKernelModuleSpec("nf_conntrack")
+	if err != nil || mod.TypeByName("nf_conn", &ct) != nil {
+		return errors.New(why)
+	}
+	return nil
 }
 
 // probeFibSrc runs bpf_fib_lookup with BPF_FIB_LOOKUP_SRC once (a test run
