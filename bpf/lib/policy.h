@@ -649,7 +649,7 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 	if (ct) {
 		int reply = !(ct->flags & POL_CT_F_EGRESS) != !egress;
 
-		if (reply || !(ct->flags & POL_CT_F_DEFER)) {
+		if (reply || !(ct->flags & (POL_CT_F_DEFER | POL_CT_F_SNAT))) {
 			__u32 n = flow_next(ct->flags, f, reply, ct->created_ns, now);
 
 			if (n != ct->flags || now - ct->seen_ns > NSEC) {
@@ -658,7 +658,12 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 			}
 			goto allow;
 		}
-		/* The pod's own packet of a deferred flow: judged each time. */
+		/* The pod's own packet of a deferred flow, or the peer's of a
+		 * masqueraded one: judged each time. A masqueraded flow's entry is
+		 * keyed by the node address and port the SNAT chose, which outlive
+		 * the peer (DEL's scrub of its addresses cannot find the entry) and
+		 * which another sender gets once the conntrack entry is gone: the
+		 * entry alone proves nothing about who sends now. */
 	}
 	int allow = mode == POL_OPEN || pol_allows(skb, w, set, node_peer);
 	__u32 flags = egress ? POL_CT_F_EGRESS : 0;
@@ -678,10 +683,10 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 			return POL_DENY;
 		flags |= POL_CT_F_DEFER;
 	}
-	if (kind == POL_PKT_ERROR || w->snat == POL_SNAT_NOT_OURS)
-		goto allow; /* errors open no flow, nor what pol_fwd leaves alone */
+	if (kind == POL_PKT_ERROR || w->snat == POL_SNAT_NOT_OURS || (ct && (ct->flags & POL_CT_F_SNAT)))
+		goto allow; /* errors open no flow, nor what pol_fwd leaves alone; a masqueraded flow's stays */
 	struct pol_ct_val *nv = &w->nv;
-	nv->flags = flags | flow_next(0, f, 0, now, now);
+	nv->flags = flags | flow_next(0, f, 0, now, now) | (w->snat == POL_SNAT_PEER ? POL_CT_F_SNAT : 0);
 	nv->pad = 0;
 	nv->created_ns = now;
 	nv->seen_ns = now;
