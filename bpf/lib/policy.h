@@ -483,6 +483,26 @@ static __noinline int pol_rules_allow(struct pol_work *w, __u32 set, int egress)
 }
 
 /*
+ * The peer's packet of a masqueraded flow (POL_CT_F_SNAT), allowed again:
+ * its entry's state and time kept as any flow's packet keeps them (the
+ * entry is looked up again: policy_judge's frame has no room to keep it).
+ * A new flow has no entry yet: policy_judge records it.
+ */
+static __noinline void pol_ct_keep(struct pol_work *w)
+{
+	void *t = pol_ct_table(w, w->k.ifindex, DIR_INGRESS);
+	struct pol_ct_val *ct = t ? bpf_map_lookup_elem(t, &w->k) : NULL;
+
+	if (!ct || !(ct->flags & POL_CT_F_SNAT))
+		return;
+	__u32 n = flow_next(ct->flags, &w->f, 0, ct->created_ns, w->now);
+	if (n != ct->flags || w->now - ct->seen_ns > NSEC) {
+		ct->flags = n;
+		ct->seen_ns = w->now;
+	}
+}
+
+/*
  * A packet the stack forwarded (POL_J_FWD) to or from the pod behind
  * w->ifindex that found no flow of the pod: whether the stack translated
  * its source (lib/nfct.h). Ingress: the source before that is the peer the
@@ -529,7 +549,10 @@ static __noinline int pol_allows(struct __sk_buff *skb, struct pol_work *w, __u3
 			return 1;
 		}
 	}
-	return node_peer || pol_rules_allow(w, set, w->egress);
+	int allow = node_peer || pol_rules_allow(w, set, w->egress);
+	if (allow && w->snat == POL_SNAT_PEER)
+		pol_ct_keep(w);
+	return allow;
 }
 
 /* Whether an ICMP error is about a flow of the pod: the quote is a packet

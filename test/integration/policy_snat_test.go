@@ -9,6 +9,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 )
 
@@ -86,6 +87,27 @@ func TestPolicyMasqueradedServiceAllowed(t *testing.T) {
 			want(t, p.a, proto, svcExt[fam], 80, "remote", nil, p.ip["a"][fam])
 			blocked(t, p.h, proto, svcWeb[fam], 80)
 		}
+	}
+	// b's entries of those flows are keyed by the node address, marked
+	// masqueraded, and their state follows both directions as any flow's:
+	// a TCP one is assured (the client answered b's SYN-ACK), so it keeps
+	// the established timeout, not the opening one.
+	flows, err := p.m.ListPolicyFlows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snat, assured int
+	for _, f := range flows {
+		if f.Ifindex != int(p.idx["b"]) || f.Flags&maps.PolicyCTSnat == 0 {
+			continue
+		}
+		snat++
+		if f.Proto == maps.ProtoTCP && f.Flags&(1<<2) != 0 { // FLOW_F_ASSURED
+			assured++
+		}
+	}
+	if snat == 0 || assured == 0 {
+		t.Errorf("b's flow table has %d masqueraded entries, %d of them assured TCP: want some of each\n%+v", snat, assured, flows)
 	}
 }
 
