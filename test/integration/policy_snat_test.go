@@ -58,7 +58,7 @@ func TestPolicyMasqueradedService(t *testing.T) {
 		blocked(t, p.a, "tcp", svcExt[fam], 80)
 		blocked(t, p.a, "udp", svcExt[fam], 80)
 		reach(t, p.h, "tcp", svcExt[fam], 80, "remote") // the path works
-		reach(t, p.Node, "tcp", svcWeb[fam], 80, "b") // the node's own, masqueraded too: passes
+		reach(t, p.Node, "tcp", svcWeb[fam], 80, "b")   // the node's own, masqueraded too: passes
 	}
 }
 
