@@ -29,9 +29,10 @@ static __always_inline int to_container_policy(struct __sk_buff *skb, const stru
 		family = AF_INET6;
 	else
 		return TC_ACT_OK;
-	/* Sent by the node itself (no ingress interface): kubelet's probes. */
+	/* Sent by the node itself (no ingress interface): kubelet's probes.
+	 * Forwarded: judged by its sender before any masquerade (lib/nfct.h). */
 	if (li && (li->flags & EP_F_POLICY) &&
-	    policy_judge(skb, family, ifindex, from ? 0 : POL_J_NODE) == POL_DENY) {
+	    policy_judge(skb, family, ifindex, from ? POL_J_FWD : POL_J_NODE) == POL_DENY) {
 		count(ifindex, DIR_INGRESS, REASON_DROP_POLICY, skb->len);
 		return TC_ACT_SHOT;
 	}

@@ -63,7 +63,16 @@ int cni_to_uplink(struct __sk_buff *skb)
 	 * source was checked there (from_container.c). Its egress policy is
 	 * judged again with the destination the stack chose (lib/policy.h),
 	 * before it is masqueraded. */
-	if (!ep || ep->ifindex != from)
+	if (!ep) {
+		/* Not a pod's source: the stack may have masqueraded a pod's
+		 * packet (kube-proxy), which is judged on its conntrack entry. */
+		if (policy_on_node() && policy_after_snat(skb, family, from) == POL_DENY) {
+			count(from, DIR_EGRESS, REASON_DROP_POLICY, skb->len);
+			return TC_ACT_SHOT;
+		}
+		return TCX_NEXT;
+	}
+	if (ep->ifindex != from)
 		return TCX_NEXT;
 	if ((ep->flags & EP_F_POLICY) && policy_judge(skb, family, from, POL_J_EGRESS | POL_J_AFTER) == POL_DENY) {
 		count(from, DIR_EGRESS, REASON_DROP_POLICY, skb->len);

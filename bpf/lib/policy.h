@@ -36,6 +36,10 @@
  *     node pod to pod, hostPort from the uplink or hairpin) and
  *     to_container.c (whatever the stack delivers: other nodes, Services,
  *     NodePorts, the node itself), after every translation.
+ *   - what the stack masqueraded (kube-proxy's SNAT at POSTROUTING) is
+ *     judged by its sender before the SNAT, read from its conntrack entry
+ *     (lib/nfct.h, pol_fwd): the receiver's ingress by that source, the
+ *     sending pod's egress (policy_after_snat) on its own packets.
  *
  * The node's own traffic to a pod (kubelet's probes) always passes: a
  * packet the node sends (no ingress interface) or whose source is a node
@@ -55,6 +59,7 @@
 #include "node.h"
 #include "flowlife.h"
 #include "icmp.h" /* icmp_is_error */
+#include "nfct.h"
 
 #define POL_ALLOW 0
 #define POL_DENY 1
@@ -79,6 +84,12 @@
 #define POL_J_EGRESS 4 /* the pod sends it (else it enters the pod) */
 #define POL_J_NODE 8   /* it comes from the node (ingress) */
 #define POL_J_WIRE 16  /* it may have come off the wire (a hostPort's DNAT): a node source address is one only if it came from a pod's host veth */
+#define POL_J_FWD 32   /* the stack forwarded it, after POSTROUTING: a source it translated is read from conntrack (lib/nfct.h) */
+
+/* What pol_fwd found (pol_work.snat). */
+#define POL_SNAT_NONE 0
+#define POL_SNAT_PEER 1      /* ingress: the peer is w->nf.addr, the source before the stack's SNAT */
+#define POL_SNAT_NOT_OURS 2  /* egress: not the pod's own packet: allowed, no flow recorded */
 
 /* policy_judge's variables, in cni_pol_scratch: a tc program runs to its
  * end on its CPU without another tc run in between. */
@@ -92,13 +103,14 @@ struct pol_work {
 			struct pol_ct_key ek;
 		};
 		struct bpf_fib_lookup fib; /* pol_unjudged_after's, after any use of q and ek */
+		struct nfct_work nf;       /* POL_J_FWD's conntrack read, after any use of q and ek */
 	};
 	struct pol_ct_val nv;
 	struct pol_ct_part_key tk; /* a cni_pol_ct_parts key */
 	__u32 ct_opener;           /* the table pol_ct_find found the flow in */
 	__u64 now;                 /* pol_ct_find's time */
-	__u32 ifindex;             /* the pod's host veth, for pol_error_related */
-	__u32 egress;              /* the pod sends the packet, for pol_error_related */
+	__u32 ifindex;             /* the pod's host veth, for pol_error_related and pol_fwd */
+	__u32 egress;              /* the pod sends the packet, for pol_error_related and pol_fwd */
 	struct pol_addr_key ak;
 	struct pol_port_key pk;
 	struct ep_key nk;
@@ -107,6 +119,8 @@ struct pol_work {
 	__u64 frag_seen; /* a cni_pol_frag_parts table's value being written */
 	__u32 frag_id; /* the fragment's datagram: IPv4 identification or IPv6 fragment header id */
 	__u8 frag;     /* POL_FRAG_* */
+	__u8 snat;     /* POL_SNAT_*: what pol_fwd found */
+	__u8 fwd;      /* POL_J_FWD, for pol_allows */
 };
 _Static_assert(sizeof(struct pol_work) <= sizeof(struct pol_scratch), "struct pol_scratch is too small for struct pol_work");
 
@@ -452,7 +466,7 @@ static __noinline int pol_rules_allow(struct pol_work *w, __u32 set, int egress)
 	ak->prefixlen = 64 + (f->family == AF_INET ? 32 : 128);
 	ak->set = set;
 	ak->family = f->family;
-	addr_copy(ak->addr, egress ? f->daddr : f->saddr, f->family);
+	addr_copy(ak->addr, egress ? f->daddr : w->snat == POL_SNAT_PEER ? w->nf.addr : f->saddr, f->family);
 	struct pol_addr_val *av = bpf_map_lookup_elem(&cni_pol_addrs, ak);
 	if (!av)
 		return 0;
@@ -466,6 +480,79 @@ static __noinline int pol_rules_allow(struct pol_work *w, __u32 set, int egress)
 	pk->proto = f->proto;
 	pk->port = f->dport;
 	return bpf_map_lookup_elem(&cni_pol_ports, pk) != NULL;
+}
+
+/*
+ * The peer's packet of a masqueraded flow (POL_CT_F_SNAT), allowed again:
+ * its entry's state and time kept as any flow's packet keeps them (the
+ * entry is looked up again: policy_judge's frame has no room to keep it).
+ * A new flow has no entry yet: policy_judge records it.
+ */
+static __noinline void pol_ct_keep(struct pol_work *w)
+{
+	void *t = pol_ct_table(w, w->k.ifindex, DIR_INGRESS);
+	struct pol_ct_val *ct = t ? bpf_map_lookup_elem(t, &w->k) : NULL;
+
+	if (!ct || !(ct->flags & POL_CT_F_SNAT))
+		return;
+	__u32 n = flow_next(ct->flags, &w->f, 0, ct->created_ns, w->now);
+	if (n != ct->flags || w->now - ct->seen_ns > NSEC) {
+		ct->flags = n;
+		ct->seen_ns = w->now;
+	}
+}
+
+/*
+ * A packet the stack forwarded (POL_J_FWD) to or from the pod behind
+ * w->ifindex that found no flow of the pod: whether the stack translated
+ * its source (lib/nfct.h). Ingress: the source before that is the peer the
+ * rules judge (w->snat), not the node address the packet now carries;
+ * returns whether that peer is the node (else node_peer, unchanged).
+ * Egress: returns -1 unless the packet is the pod's own (its source before
+ * the SNAT is an address of the pod's): a reply the stack translated back
+ * was judged when it left the pod. Not inlined: policy_judge's frame.
+ */
+static __noinline int pol_fwd(struct __sk_buff *skb, struct pol_work *w, int node_peer)
+{
+	int snat = nfct_snat_source(skb, &w->nf);
+
+	if (!w->egress) {
+		if (!snat)
+			return node_peer;
+		w->snat = POL_SNAT_PEER;
+		return pol_is_node(w, w->nf.addr, w->f.family);
+	}
+	if (!snat)
+		return -1;
+	__builtin_memset(&w->nk, 0, sizeof(w->nk));
+	w->nk.family = w->f.family;
+	addr_copy(w->nk.addr, w->nf.addr, w->f.family);
+	struct ep_info *ep = bpf_map_lookup_elem(&cni_endpoints, &w->nk);
+	return ep && ep->ifindex == w->ifindex ? node_peer : -1;
+}
+
+/*
+ * Whether the rules of set (or being the node's) allow the packet in w, the
+ * flow being new to the pod. Forwarded (POL_J_FWD): the stack may have
+ * masqueraded it (kube-proxy), so its source hides the sender; the rules
+ * judge the real sender (pol_fwd), while the flow is keyed as the packet
+ * is (its replies come back that way). A packet pol_fwd leaves alone is
+ * allowed (w->snat POL_SNAT_NOT_OURS: no flow recorded). Not inlined:
+ * policy_judge's frame.
+ */
+static __noinline int pol_allows(struct __sk_buff *skb, struct pol_work *w, __u32 set, int node_peer)
+{
+	if (w->fwd) {
+		node_peer = pol_fwd(skb, w, node_peer);
+		if (node_peer < 0) {
+			w->snat = POL_SNAT_NOT_OURS;
+			return 1;
+		}
+	}
+	int allow = node_peer || pol_rules_allow(w, set, w->egress);
+	if (allow && w->snat == POL_SNAT_PEER)
+		pol_ct_keep(w);
+	return allow;
 }
 
 /* Whether an ICMP error is about a flow of the pod: the quote is a packet
@@ -547,6 +634,10 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 
 	if (mode == POL_OPEN && other == POL_OPEN)
 		return POL_ALLOW;
+	/* A masqueraded packet of a pod whose egress is open (policy_after_snat):
+	 * nothing to judge, and its flow is recorded where it left the pod. */
+	if ((how & POL_J_FWD) && egress && mode == POL_OPEN)
+		return POL_ALLOW;
 
 	__u32 zero = 0;
 	struct pol_work *w = bpf_map_lookup_elem(&cni_pol_scratch, &zero);
@@ -554,6 +645,10 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 		return POL_DENY;
 	struct flow *f = &w->f;
 	__builtin_memset(f, 0, sizeof(*f));
+	w->snat = POL_SNAT_NONE;
+	w->ifindex = ifindex;
+	w->egress = egress;
+	w->fwd = !!(how & POL_J_FWD);
 	int kind = pol_parse(skb, family, w);
 	if (kind == POL_PKT_LOCAL)
 		return POL_ALLOW;
@@ -564,8 +659,6 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 	if (!egress && !node_peer)
 		node_peer = pol_node_source(skb, w, family, how);
 	if (kind == POL_PKT_ERROR) {
-		w->ifindex = ifindex;
-		w->egress = egress;
 		if (mode == POL_OPEN || node_peer || pol_error_related(skb, w))
 			goto allow;
 		/* Not about a flow of the pod: an ICMP packet like any other. */
@@ -579,7 +672,7 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 	if (ct) {
 		int reply = !(ct->flags & POL_CT_F_EGRESS) != !egress;
 
-		if (reply || !(ct->flags & POL_CT_F_DEFER)) {
+		if (reply || !(ct->flags & (POL_CT_F_DEFER | POL_CT_F_SNAT))) {
 			__u32 n = flow_next(ct->flags, f, reply, ct->created_ns, now);
 
 			if (n != ct->flags || now - ct->seen_ns > NSEC) {
@@ -588,10 +681,14 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 			}
 			goto allow;
 		}
-		/* The pod's own packet of a deferred flow: judged each time. */
+		/* The pod's own packet of a deferred flow, or the peer's of a
+		 * masqueraded one: judged each time. A masqueraded flow's entry is
+		 * keyed by the node address and port the SNAT chose, which outlive
+		 * the peer (DEL's scrub of its addresses cannot find the entry) and
+		 * which another sender gets once the conntrack entry is gone: the
+		 * entry alone proves nothing about who sends now. */
 	}
-
-	int allow = mode == POL_OPEN || node_peer || pol_rules_allow(w, set, egress);
+	int allow = mode == POL_OPEN || pol_allows(skb, w, set, node_peer);
 	__u32 flags = egress ? POL_CT_F_EGRESS : 0;
 	if (!allow) {
 		if (how & POL_J_AFTER) {
@@ -609,10 +706,10 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 			return POL_DENY;
 		flags |= POL_CT_F_DEFER;
 	}
-	if (kind == POL_PKT_ERROR)
-		goto allow; /* errors open no flow */
+	if (kind == POL_PKT_ERROR || w->snat == POL_SNAT_NOT_OURS || (ct && (ct->flags & POL_CT_F_SNAT)))
+		goto allow; /* errors open no flow, nor what pol_fwd leaves alone; a masqueraded flow's stays */
 	struct pol_ct_val *nv = &w->nv;
-	nv->flags = flags | flow_next(0, f, 0, now, now);
+	nv->flags = flags | flow_next(0, f, 0, now, now) | (w->snat == POL_SNAT_PEER ? POL_CT_F_SNAT : 0);
 	nv->pad = 0;
 	nv->created_ns = now;
 	nv->seen_ns = now;
@@ -641,6 +738,24 @@ static __always_inline int policy_egress(struct __sk_buff *skb, __u8 family, __u
 }
 
 /*
+ * A packet the stack forwarded from the host veth from whose source is no
+ * pod's: kube-proxy's masquerade (or any SNAT at POSTROUTING) may have
+ * replaced the pod's. If from is a pod's with policy, policy_judge reads the
+ * packet's conntrack entry and judges the pod's egress if the packet is the
+ * pod's own (not a reply the stack translated back). Costs a link lookup,
+ * and for a pod whose egress is isolated the state and flow lookups, and
+ * for a packet of no flow the conntrack read.
+ */
+static __always_inline int policy_after_snat(struct __sk_buff *skb, __u8 family, __u32 from)
+{
+	struct link_info *li = bpf_map_lookup_elem(&cni_links, &from);
+
+	if (!li || !(li->flags & EP_F_POLICY))
+		return POL_ALLOW;
+	return policy_judge(skb, family, from, POL_J_EGRESS | POL_J_AFTER | POL_J_FWD);
+}
+
+/*
  * A packet the stack forwards from a pod's host veth (from, its ingress
  * interface), seen on its way out (to_container.c, to_uplink.c), after the
  * stack's translation: the sender's egress, when the source is still the
@@ -665,7 +780,9 @@ static __always_inline int policy_after_stack(struct __sk_buff *skb, __u8 family
 		__builtin_memcpy(k.addr, &ip6->saddr, 16);
 	}
 	struct ep_info *src = bpf_map_lookup_elem(&cni_endpoints, &k);
-	if (!src || src->ifindex != from || !(src->flags & EP_F_POLICY))
+	if (!src)
+		return policy_after_snat(skb, family, from);
+	if (src->ifindex != from || !(src->flags & EP_F_POLICY))
 		return POL_ALLOW;
 	return policy_judge(skb, family, from, POL_J_EGRESS | POL_J_AFTER);
 }

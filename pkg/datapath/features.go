@@ -11,6 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/features"
 	"golang.org/x/sys/unix"
 )
@@ -40,6 +41,7 @@ const (
 	FeatSockAddr     = "cgroup_sock_addr"
 	FeatSockOpsNetns = "sockops_netns_cookie"
 	FeatNetnsCookie  = "so_netns_cookie"
+	FeatReadKernel   = "probe_read_kernel"
 )
 
 // Feature is one kernel facility, as probed.
@@ -74,6 +76,8 @@ var featureTable = []Feature{
 		Fallback: "a cgroup connect4 program (bpf_get_netns_cookie, 5.7) attached for an instant to the process's cgroup learns the node's netns cookie; pods' cookies are not recorded without pacing (DEL then trusts CNI_NETNS)"},
 	{Name: FeatSockAddr, Kernel: "4.17", Probe: "cgroup_sock_addr program type, and a cgroup2 mount",
 		Fallback: "hostPorts are served to remote clients only (not to the node's own processes); no TCP pacing"},
+	{Name: FeatReadKernel, Kernel: "5.13", Probe: "bpf_probe_read_kernel helper in a sched_cls program (needs CAP_PERFMON; refused under lockdown=confidentiality)",
+		Fallback: "the compat build (with bpf_timer's and bpf_loop's): no conntrack read, so NetworkPolicy sees kube-proxy's masqueraded traffic by the node address it carries (docs/networkpolicy.md)"},
 	{Name: FeatTCX, Kernel: "6.6", Probe: "BPF_PROG_QUERY of tcx egress on lo",
 		Fallback: "clsact qdisc + direct-action cls_bpf filters, on host veths and uplinks"},
 	{Name: FeatFibSrc, Kernel: "6.7", Probe: "a test run of bpf_fib_lookup with BPF_FIB_LOOKUP_SRC (-EINVAL without it)",
@@ -81,7 +85,7 @@ var featureTable = []Feature{
 }
 
 // forcible are the features whose fallback EBPF_CNI_FORCE_FALLBACK can force.
-var forcible = map[string]bool{FeatTCX: true, FeatFibSrc: true, FeatTimer: true, FeatLoop: true, FeatSockOpsNetns: true, FeatNetnsCookie: true}
+var forcible = map[string]bool{FeatTCX: true, FeatFibSrc: true, FeatTimer: true, FeatLoop: true, FeatReadKernel: true, FeatSockOpsNetns: true, FeatNetnsCookie: true}
 
 var (
 	forceOnce sync.Once
@@ -102,9 +106,9 @@ func Forced() (map[string]bool, error) {
 				for f := range forcible {
 					forced[f] = true
 				}
-			case n == FeatTimer || n == FeatLoop:
-				// One compat build replaces both.
-				forced[FeatTimer], forced[FeatLoop] = true, true
+			case n == FeatTimer || n == FeatLoop || n == FeatReadKernel:
+				// One compat build replaces all three.
+				forced[FeatTimer], forced[FeatLoop], forced[FeatReadKernel] = true, true, true
 			case forcible[n]:
 				forced[n] = true
 			default:
@@ -144,6 +148,8 @@ func Features() []Feature {
 				err = features.HaveProgramHelper(ebpf.SchedCLS, asm.FnTimerInit)
 			case FeatLoop:
 				err = features.HaveProgramHelper(ebpf.SchedCLS, asm.FnLoop)
+			case FeatReadKernel:
+				err = features.HaveProgramHelper(ebpf.SchedCLS, asm.FnProbeReadKernel)
 			case FeatSockOpsNetns:
 				err = features.HaveProgramHelper(ebpf.SockOps, asm.FnGetNetnsCookie)
 			case FeatNetnsCookie:
@@ -162,6 +168,13 @@ func Features() []Feature {
 			f.Have = err == nil
 			if err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
 				f.Err = err.Error()
+			}
+			if f.Name == FeatReadKernel && f.Have {
+				// The helper alone reads nothing: say so when there is no
+				// nf_conn to relocate the read against.
+				if err := conntrackBTF(); err != nil {
+					f.Err = err.Error()
+				}
 			}
 			f.Forced = f.Have && isForced(f.Name)
 			if f.Name == FeatNetnsCookie && !f.InUse() {
@@ -233,6 +246,29 @@ func errNote(err, sep string) string {
 		return " (" + err + ")"
 	}
 	return sep + err
+}
+
+// conntrackBTF tells whether the kernel's BTF has struct nf_conn, which the
+// conntrack read (bpf/lib/nfct.h) is relocated against when the programs
+// load: vmlinux's when conntrack is built in, else the nf_conntrack
+// module's, only while that module is loaded. Without it the read is
+// relocated away and NetworkPolicy judges masqueraded traffic by the node
+// address it carries until the programs are loaded again.
+func conntrackBTF() error {
+	const why = "struct nf_conn is in no kernel BTF (nf_conntrack not loaded?): until the programs are loaded again, NetworkPolicy judges masqueraded traffic by its node address"
+	var ct *btf.Struct
+	spec, err := btf.LoadKernelSpec()
+	if err != nil {
+		return fmt.Errorf("%s: kernel BTF: %w", why, err)
+	}
+	if spec.TypeByName("nf_conn", &ct) == nil {
+		return nil
+	}
+	mod, err := btf.LoadKernelModuleSpec("nf_conntrack")
+	if err != nil || mod.TypeByName("nf_conn", &ct) != nil {
+		return errors.New(why)
+	}
+	return nil
 }
 
 // probeFibSrc runs bpf_fib_lookup with BPF_FIB_LOOKUP_SRC once (a test run
@@ -328,11 +364,13 @@ func nodeChoice(pinRoot, yes, no string, forced bool, decide func() bool) bool {
 }
 
 // CompatBuild tells whether the node at pinRoot runs the compat build of
-// the programs (EBPF_CNI_COMPAT: no bpf_timer, no bpf_loop): where the
-// kernel lacks either, or EBPF_CNI_FORCE_FALLBACK names one.
+// the programs (EBPF_CNI_COMPAT: no bpf_timer, no bpf_loop, no conntrack
+// read): where the kernel lacks one of them for sched_cls, or
+// EBPF_CNI_FORCE_FALLBACK names one.
 func CompatBuild(pinRoot string) bool {
-	return nodeChoice(pinRoot, markerCompat, markerFull, isForced(FeatTimer) || isForced(FeatLoop), func() bool {
-		return !FeatureByName(FeatTimer).Have || !FeatureByName(FeatLoop).Have
+	forced := isForced(FeatTimer) || isForced(FeatLoop) || isForced(FeatReadKernel)
+	return nodeChoice(pinRoot, markerCompat, markerFull, forced, func() bool {
+		return !FeatureByName(FeatTimer).Have || !FeatureByName(FeatLoop).Have || !FeatureByName(FeatReadKernel).Have
 	})
 }
 

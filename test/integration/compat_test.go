@@ -32,11 +32,11 @@ import (
 func forced(name string) bool {
 	for _, f := range strings.Split(os.Getenv(datapath.ForceFallbackEnv), ",") {
 		f = strings.TrimSpace(f)
-		// One compat build replaces both helpers: forcing one forces both.
-		if f == datapath.FeatTimer || f == datapath.FeatLoop {
+		// One compat build replaces the three helpers: forcing one forces all.
+		if f == datapath.FeatTimer || f == datapath.FeatLoop || f == datapath.FeatReadKernel {
 			f = "compat"
 		}
-		if name == datapath.FeatTimer || name == datapath.FeatLoop {
+		if name == datapath.FeatTimer || name == datapath.FeatLoop || name == datapath.FeatReadKernel {
 			name = "compat"
 		}
 		if f == name || f == "all" && name != datapath.FeatRedirectPeer && name != datapath.FeatRedirectNeig &&
@@ -118,7 +118,7 @@ func TestCompatStatusNamesFeatures(t *testing.T) {
 		seen[f.Name] = f
 	}
 	for _, n := range []string{datapath.FeatTCX, datapath.FeatFibSrc, datapath.FeatRedirectPeer, datapath.FeatTimer, datapath.FeatLoop,
-		datapath.FeatSockAddr, datapath.FeatNetnsCookie} {
+		datapath.FeatReadKernel, datapath.FeatSockAddr, datapath.FeatNetnsCookie} {
 		f, ok := seen[n]
 		if !ok {
 			t.Errorf("status lists no feature %s: %+v", n, st.Features)
