@@ -6,9 +6,12 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -71,4 +74,40 @@ func WriteSysctl(t testing.TB, n ns.NetNS, path, v string) {
 		}
 		return nil
 	})
+}
+
+// WaitIPv6Ready waits until no IPv6 address in netns is tentative, so that
+// every up link there has a usable link-local address. Until then the
+// kernel cannot solicit a neighbour from that link (a neighbour
+// solicitation needs a non-tentative link-local source): a host that starts
+// sending earlier queues its datagrams for a second or two and then
+// delivers them in one burst. Labs whose hosts stand for machines that have
+// long been up wait for this before their traffic starts.
+func WaitIPv6Ready(t testing.TB, n ns.NetNS) {
+	t.Helper()
+	var left []string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		left = left[:0]
+		err := n.Do(func(ns.NetNS) error {
+			addrs, err := netlinksafe.AddrList(nil, netlink.FAMILY_V6)
+			if err != nil {
+				return err
+			}
+			for _, a := range addrs {
+				if a.Flags&unix.IFA_F_TENTATIVE != 0 {
+					left = append(left, a.IPNet.String())
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("list addresses in %s: %v", n.Path(), err)
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("IPv6 addresses still tentative in %s after 10 s: %v", n.Path(), left)
+		}
+	}
 }
