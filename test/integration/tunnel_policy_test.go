@@ -57,13 +57,9 @@ func TestTunnelPolicyEgress(t *testing.T) {
 	n1.Extra["networkPolicy"] = true
 	startTunAgents(t, lab) // not hybrid: every other node through the tunnel
 
-	a, b, c := n1.NewPod(), n2.NewPod(), n3.NewPod()
-	n1.CleanupDel(a, "pa")
-	ra := n1.Add(a, "pa")
-	n2.CleanupDel(b, "pb")
-	rb := n2.Add(b, "pb")
-	n3.CleanupDel(c, "pc")
-	rc := n3.Add(c, "pc")
+	a, ra := n1.RunPod("pa")
+	b, rb := n2.RunPod("pb")
+	c, rc := n3.RunPod("pc")
 	a4, a6 := testenv.PodIPs(t, ra)
 	b4, b6 := testenv.PodIPs(t, rb)
 	c4, c6 := testenv.PodIPs(t, rc)

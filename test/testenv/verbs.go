@@ -232,3 +232,12 @@ func (e *Env) CleanupBy(t *testing.T, how, id string, pod ns.NetNS, cniPath stri
 		}
 	}
 }
+
+// RunPod makes a pod netns, adds it as containerID (eth0), and deletes it
+// when the test ends: the three lines nearly every test starts a pod with.
+func (e *Env) RunPod(containerID string) (ns.NetNS, *current.Result) {
+	e.T.Helper()
+	pod := e.NewPod()
+	e.CleanupDel(pod, containerID)
+	return pod, e.Add(pod, containerID)
+}
