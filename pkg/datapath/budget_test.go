@@ -93,7 +93,7 @@ func TestPacketBudget(t *testing.T) {
 	info := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)
 	info.Flags |= maps.EndpointFlagHostPort
 	must(t, hp.Maps.PutEndpoint(podIP, info))
-	must(t, hp.Maps.HostPorts().PutCT(ctFlow(podIP, 70, clientIP, 40002, nodeIP, 7000, loIfindex)))
+	must(t, budgetMaps{hp.Maps}.PutCT(ctFlow(podIP, 70, clientIP, 40002, nodeIP, 7000, loIfindex)))
 	reply := packet(podMAC, protoTCP, podIP, clientIP, 70, 40002, ackFlag)
 	add("hostPort reply, TCP", "cni_from_container", hp.FromContainer, reply, 0,
 		rewrite(anyVerdict, func(p parsed) bool { return p.src.Equal(nodeIP) && p.sport == 7000 }))
@@ -141,7 +141,7 @@ func TestPacketBudget(t *testing.T) {
 	// The peer's SYN-ACK, back to the pod: the flow is established. The
 	// FIB's source is a node address, as the node hooks keep them.
 	snat := parseOut(out)
-	must(t, hp.Maps.Node().SyncIPs(map[string]int{nodeIP.String(): 1, nodeIP6.String(): 1, snat.src.String(): 1}))
+	must(t, budgetMaps{hp.Maps}.SyncNodeIPs(map[string]int{nodeIP.String(): 1, nodeIP6.String(): 1, snat.src.String(): 1}))
 	ret, out = testRunOut(t, up, packet(remoteMAC, protoTCP, farIP, snat.src, 443, snat.sport, synFlag|ackFlag), 0)
 	if err := rewrite(anyVerdict, func(p parsed) bool { return p.dst.Equal(podIP) && p.dport == 40020 })(ret, out); err != nil {
 		t.Fatalf("masquerade SYN-ACK: %v", err)

@@ -508,3 +508,11 @@ func TestMissingMapPinReadopted(t *testing.T) {
 		again.Close()
 	}
 }
+
+// run is testRun of a frame with no ingress interface: the verdict and the
+// frame after it.
+func run(t *testing.T, p *ebpf.Program, frame []byte) (uint32, []byte) {
+	t.Helper()
+	ret, _, out := testRun(t, p, frame, 0)
+	return ret, out
+}

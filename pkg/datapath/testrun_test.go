@@ -11,7 +11,9 @@ import (
 )
 
 // The one frame runner of the program tests (BPF_PROG_TEST_RUN): testRun;
-// run and testRunOut are its short forms.
+// run (prog_test.go) and testRunOut are its short forms. The packet bench
+// copies this file and budget_test.go into a reference tree
+// (test/bench/packet.go): it names nothing an older tree defines.
 
 // testRun is one BPF_PROG_TEST_RUN of p on frame, the skb on lo (the
 // endpoint's host veth in these tests) and coming in from ingress: the
@@ -46,14 +48,6 @@ func testRun(t testing.TB, p *ebpf.Program, frame []byte, ingress uint32) (uint3
 		t.Fatalf("BPF_PROG_TEST_RUN: %v", errno)
 	}
 	return attr.retval, attr.duration, out[:attr.sizeOut]
-}
-
-// run is testRun of a frame with no ingress interface: the verdict and the
-// frame after it.
-func run(t *testing.T, p *ebpf.Program, frame []byte) (uint32, []byte) {
-	t.Helper()
-	ret, _, out := testRun(t, p, frame, 0)
-	return ret, out
 }
 
 // testRunOut is testRun without the run time.

@@ -111,22 +111,45 @@ func runPacket(ctx context.Context, o *options, root string) ([]testenv.Row, err
 }
 
 // buildRef builds the budget test of commit ref, with this tree's
-// budget_test.go, into out; the worktree is removed before it returns.
+// budget_test.go and frame runner, into out; the worktree is removed before it returns.
 func buildRef(ctx context.Context, mod, root, ref, out string) error {
 	wt := filepath.Join(root, "packet-ref")
 	if b, err := exec.CommandContext(ctx, "git", "-C", mod, "worktree", "add", "--detach", wt, ref).CombinedOutput(); err != nil {
 		return fmt.Errorf("git worktree add %s: %v\n%s", ref, err, b)
 	}
 	defer exec.Command("git", "-C", mod, "worktree", "remove", "--force", wt).Run()
-	src, err := os.ReadFile(filepath.Join(mod, "pkg/datapath/budget_test.go"))
-	if err != nil {
-		return err
+	// The budget test and its frame runner come from this tree; its map
+	// writes go through refBudgetAPI, in the reference's older API.
+	for _, name := range []string{"budget_test.go", "testrun_test.go"} {
+		src, err := os.ReadFile(filepath.Join(mod, "pkg/datapath", name))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(wt, "pkg/datapath", name), src, 0o644); err != nil {
+			return err
+		}
 	}
-	if err := os.WriteFile(filepath.Join(wt, "pkg/datapath/budget_test.go"), src, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(wt, "pkg/datapath/budget_api_test.go"), []byte(refBudgetAPI), 0o644); err != nil {
 		return err
 	}
 	return goTestC(ctx, wt, out)
 }
+
+// refBudgetAPI is pkg/datapath/budget_api_test.go for a reference tree from
+// before pkg/maps' families (41b58f6, de8c97a): the same two writes as
+// methods of Maps.
+const refBudgetAPI = `//go:build pktbudget
+
+package datapath
+
+import "github.com/ebpf-cni/ebpf-cni/pkg/maps"
+
+type budgetMaps struct{ m *maps.Maps }
+
+func (b budgetMaps) PutCT(k maps.CTKey, v maps.CTVal) error { return b.m.PutCT(k, v) }
+
+func (b budgetMaps) SyncNodeIPs(want map[string]int) error { return b.m.SyncNodeIPs(want) }
+`
 
 // loadRange is the range of the 1-minute load averages seen at each run's start.
 func loadRange(avgs []string) string {
