@@ -1,4 +1,4 @@
-// Hostile review (attack 4): a pod's own tunnel datagram to a node address
+// A pod's own tunnel datagram to a node address
 // the cluster does not know. docs/tunnel.md promises a pod's VXLAN datagram
 // never leaves its node ("masqueraded, it would leave with the node's
 // address and pass the receiving node's trust rule as that node's"), but
@@ -19,7 +19,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
-// TestAttack4PodVXLANToNodeSecondaryAddress: node 3 holds a second address
+// TestTunnelPodVXLANToUnlistedNodeAddress: node 3 holds a second address
 // on its uplink, 10.77.2.50, that no peer list names. Pod p1 of node 1
 // sends a VXLAN datagram there whose inner packet claims a neighbour's
 // address of node 1's pod range and goes to pod p3 of node 3. Masqueraded
@@ -27,7 +27,7 @@ import (
 // MAC (check 1 passes), node 3's tunnel socket decapsulates it, and the
 // trust rule (outer source node 1, inner source in node 1's pods) admits
 // it. p3 must receive nothing.
-func TestAttack4PodVXLANToNodeSecondaryAddress(t *testing.T) {
+func TestTunnelPodVXLANToUnlistedNodeAddress(t *testing.T) {
 	lab := newTunLab(t)
 	n1, n3 := lab.nodes[0], lab.nodes[2]
 	second := net.ParseIP("10.77.2.50").To4()
