@@ -122,6 +122,9 @@ type Routing struct {
 	Ifindex   int
 	DeviceMTU int
 	Maps      *maps.Maps
+	// Self: the addresses this node is known by (its Node object's
+	// InternalIPs); the peer list's entry of this node adds to them.
+	Self []net.IP
 }
 
 // SyncPeerRoutes is SyncPeerRoutesWith host-gw routing.
@@ -170,6 +173,11 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 	}
 	out, err := applyPeerRoutes(pl)
 	errs = errors.Join(errs, err, removeStalePeerRoutes(pl.want))
+	if tunnel && rt.Maps != nil {
+		if err := rt.Maps.SyncTunnelSelf(pl.selfAddrs(rt)); err != nil {
+			errs = errors.Join(errs, fmt.Errorf("tunnel: this node's addresses: %w", err))
+		}
+	}
 	if tunnel {
 		var addrs []net.IP
 		for _, n := range pl.tunNodes {
@@ -194,7 +202,36 @@ type peerRoutePlan struct {
 	want     map[string]netlink.Route
 	tunnelTo map[string]string
 	tunNodes []maps.TunnelNode
+	self     []net.IP // this node's entry of the peer list
 	errs     error
+}
+
+// selfAddrs is what the tunnel device accepts as outer destination
+// (cni_tun_self): the addresses this node is known by, rt.Self and its
+// own entry of the peer list; with neither, the addresses it sends to the
+// tunnel's nodes from (those the other nodes must list for its datagrams
+// to pass their trust rule, so the ones they encapsulate to).
+func (pl *peerRoutePlan) selfAddrs(rt Routing) []netip.Addr {
+	var out []netip.Addr
+	seen := map[netip.Addr]bool{}
+	add := func(ip net.IP) {
+		a, ok := netip.AddrFromSlice(ip)
+		if a = a.Unmap(); ok && !seen[a] {
+			seen[a] = true
+			out = append(out, a)
+		}
+	}
+	for _, ip := range append(append([]net.IP{}, rt.Self...), pl.self...) {
+		add(ip)
+	}
+	if len(out) == 0 {
+		for _, n := range pl.tunNodes {
+			if src := srcFor(net.IP(n.Endpoint.AsSlice()), rt.Ifindex); src != nil {
+				add(src)
+			}
+		}
+	}
+	return out
 }
 
 // planPeerRoutes computes the routes of peers (see SyncPeerRoutesWith).
@@ -223,6 +260,11 @@ func (pl *peerRoutePlan) addPeer(p Peer, rt Routing, tunnel bool, local map[stri
 			continue
 		}
 		if local[gw.String()] {
+			for _, a := range p.ips() {
+				if ip := net.ParseIP(a); ip != nil {
+					pl.self = append(pl.self, ip)
+				}
+			}
 			return
 		}
 		gws = append(gws, gw)

@@ -90,7 +90,8 @@ func (t TunnelOptions) ensure(dp *datapath.Datapath, lg *log.Logger) (Routing, e
 			}
 			lg.Printf("tunnel: off; removed %s", datapath.TunnelDevice)
 		}
-		return rt, nil
+		// Pods may send VXLAN again; no outer destination is checked.
+		return rt, dp.Maps.SetTunnel(false)
 	}
 	mtu := UplinkMTU() - datapath.TunnelOverhead(t.Mode, underlay6())
 	idx, err := dp.EnsureTunnel(t.Mode, mtu)

@@ -94,6 +94,11 @@ func (dp *Datapath) EnsureTunnel(mode TunnelMode, mtu int) (int, error) {
 	if err := dp.Maps.SyncAfterLinks(maps.AfterLinkTunnel, []int{idx}); err != nil {
 		return 0, fmt.Errorf("tunnel device %s: %w", TunnelDevice, err)
 	}
+	// Under the lock, as Enable writes the same value: from now on no
+	// pod's tunnel datagram leaves with a node address (to_uplink).
+	if err := dp.Maps.SetTunnel(true); err != nil {
+		return 0, fmt.Errorf("tunnel device %s: %w", TunnelDevice, err)
+	}
 	return idx, nil
 }
 
