@@ -154,6 +154,7 @@ func (f *follower) apply(v nodes.View) {
 		for _, a := range v.Self.InternalIPs {
 			rt.Self = append(rt.Self, a.AsSlice())
 		}
+		rt.SelfPodCIDRs = append(rt.SelfPodCIDRs, v.Self.PodCIDRs...)
 	}
 	var rs PeerRoutes
 	if err == nil {

@@ -157,10 +157,11 @@ func (w *pmtuWatch) Run(ctx context.Context) error {
 			w.lg.Printf("tunnel path MTU: %v", err)
 		}
 		// The same tick keeps the next hops toward the nodes resolved
-		// (a route to a node may change): tunnelhops.go.
+		// (a route to a node may change) and drops those toward none:
+		// tunnelhops.go.
 		if addrs, err := w.m.TunnelNodeAddrs(); err != nil {
 			w.lg.Printf("tunnel next hops: %v", err)
-		} else if err := EnsureTunnelHops(addrs); err != nil {
+		} else if err := SyncTunnelHops(addrs); err != nil {
 			w.lg.Printf("tunnel next hops: %v", err)
 		}
 	}
