@@ -272,6 +272,12 @@ TUN_SUBPROG int tun_hop_check(struct __sk_buff *skb, __u8 family)
 
 	if (!tun_dgram(skb, family, saddr, daddr) || !tun_node_of(saddr, family))
 		return TUN_HOP_NONE;
+	/* Turned off for underlays whose genuine datagrams come from another
+	 * MAC than the next hop's (docs/tunnel.md): weaker, any host on the
+	 * link may then claim a node. */
+	struct hp_config *c = node_config();
+	if (c && (c->flags & HP_CFG_TUN_NO_MAC))
+		return TUN_HOP_OK;
 	p.family = family;
 	p.ifindex = skb->ifindex;
 	if (family == AF_INET) {

@@ -189,7 +189,7 @@ func (n Node) Enable(netnsCookie uint64, hooksID uint32, fibNoSrc bool) error {
 	zero := uint32(0)
 	var old NodeConfig
 	if err := n.m.byName[nameHPConfig].Lookup(&zero, &old); err == nil {
-		c.Flags |= old.Flags & (hpConfigTunnel | hpConfigTunSelf)
+		c.Flags |= old.Flags & (hpConfigTunnel | hpConfigTunSelf | hpConfigTunNoMAC)
 	}
 	if err := n.m.byName[nameHPConfig].Put(&zero, &c); err != nil {
 		return fmt.Errorf("write %s: %w", nameHPConfig, err)

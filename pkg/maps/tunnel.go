@@ -148,10 +148,10 @@ func (m *Maps) TunnelNodeAddrs() ([]net.IP, error) {
 }
 
 // Tunnel reports the tunnel's bits of the node config: whether the tunnel
-// is on (pods' tunnel datagrams never leave with a node address) and
-// whether cni_tun_self is in force.
-func (c NodeConfig) Tunnel() (on, self bool) {
-	return c.Flags&hpConfigTunnel != 0, c.Flags&hpConfigTunSelf != 0
+// is on (pods' tunnel datagrams never leave with a node address), whether
+// cni_tun_self is in force, and whether the outer-MAC check is on.
+func (c NodeConfig) Tunnel() (on, self, macCheck bool) {
+	return c.Flags&hpConfigTunnel != 0, c.Flags&hpConfigTunSelf != 0, c.Flags&hpConfigTunNoMAC == 0
 }
 
 // setConfigFlags sets (on) or clears bits of cni_hp_config's flags, the
@@ -179,12 +179,14 @@ func (m *Maps) setConfigFlags(bits uint32, on bool) error {
 
 // SetTunnel records whether the node tunnel is on (HP_CFG_TUNNEL): then
 // to_uplink drops a pod's tunnel datagram that leaves with a node address,
-// whatever its destination (docs/tunnel.md). Off clears cni_tun_self too.
-func (m *Maps) SetTunnel(on bool) error {
+// whatever its destination (docs/tunnel.md). macCheck false turns the
+// uplinks' outer-MAC check off (HP_CFG_TUN_NO_MAC). Off clears
+// cni_tun_self too, and turns the MAC check back on.
+func (m *Maps) SetTunnel(on, macCheck bool) error {
 	if on {
-		return m.setConfigFlags(hpConfigTunnel, true)
+		return errors.Join(m.setConfigFlags(hpConfigTunnel, true), m.setConfigFlags(hpConfigTunNoMAC, !macCheck))
 	}
-	return errors.Join(m.setConfigFlags(hpConfigTunnel, false), m.SyncTunnelSelf(nil))
+	return errors.Join(m.setConfigFlags(hpConfigTunnel|hpConfigTunNoMAC, false), m.SyncTunnelSelf(nil))
 }
 
 // SyncTunnelSelf makes cni_tun_self hold exactly addrs, the addresses this
