@@ -232,3 +232,41 @@ func TestTunnelOuterDestination(t *testing.T) {
 	}
 	tunDropEvents(t, n3, idx3, maps.DirIngress, maps.ReasonDropTunSrc, before, 2, seq)
 }
+
+// TestTunnelPodVXLANToTunnelAddress: node 3's tunnel device holds the
+// network address of its pod CIDR (for the masquerade into the tunnel),
+// which node 3's tunnel socket decapsulates like any of its addresses.
+// Pod p1 of node 1 sends VXLAN there, through the tunnel (inside the
+// cluster CIDRs: not masqueraded), claiming its neighbour's address to p3:
+// the inner datagram's outer source is p1's own, no node's, and it went to
+// an address node 3 is not known by, so node 3 drops it; p3 receives
+// nothing.
+func TestTunnelPodVXLANToTunnelAddress(t *testing.T) {
+	lab := newTunLab(t)
+	n1, n3 := lab.nodes[0], lab.nodes[2]
+	startTunAgents(t, lab)
+	p1, r1 := n1.RunPod("ta1")
+	p3, r3 := n3.RunPod("ta3")
+	a1, _ := testenv.PodIPs(t, r1)
+	a3, _ := testenv.PodIPs(t, r3)
+	idx3, _, _ := tunDevice(t, n3)
+	p4, _ := tunPods(2)
+	_, cidr3, _ := net.ParseCIDR(p4)
+	m3 := n3.Maps()
+	before := counter(t, m3, idx3, maps.DirIngress, maps.ReasonDropTunNode).Packets + counter(t, m3, idx3, maps.DirIngress, maps.ReasonDropTunSrc).Packets
+
+	got := listenUDP4(t, p3, 9981)
+	sendUDPFrom(t, p1, cidr3.IP, datapath.VXLANPort, vxlanFrame(neighbour(a1), a3, 9981, []byte("via-tunnel-address")))
+	if arrived := got(3 * time.Second); len(arrived) != 0 {
+		t.Errorf("p3 received %q through node 3's tunnel device address %s", arrived, cidr3.IP)
+	}
+	after := counter(t, m3, idx3, maps.DirIngress, maps.ReasonDropTunNode).Packets + counter(t, m3, idx3, maps.DirIngress, maps.ReasonDropTunSrc).Packets
+	if after-before != 1 {
+		t.Errorf("node 3's tunnel device: %d drops of the inner datagram, want 1", after-before)
+	}
+	// Control: the address is there, and p1 reaches p3.
+	sendUDPFrom(t, p1, a3, 9981, []byte("genuine"))
+	if arrived := got(3 * time.Second); len(arrived) != 1 {
+		t.Errorf("p3 received %q, want p1's genuine datagram", arrived)
+	}
+}
