@@ -17,6 +17,34 @@
 #include "lib/masq.h"
 #include "lib/tunnel.h"
 
+/*
+ * Whether a pod's tunnel datagram to an address no node list names leaves
+ * with a node address, in tunnel mode: the stack translated its source
+ * (kube-proxy's masquerade; it is no pod's now), or this program would
+ * masquerade it (outside the cluster CIDRs). Any address another node
+ * holds decapsulates it, and the trust rule there takes a node's address
+ * as the node. With its pod's own address it proves nothing and goes on
+ * (a pod's VXLAN to a pod of a direct node in hybrid mode, to a host that
+ * routes pod addresses).
+ */
+static __always_inline int tun_leaves_as_node(struct __sk_buff *skb, __u8 family, const struct ep_info *ep, __u32 from)
+{
+	if (!node_tunnel_on())
+		return 0;
+	if (!ep || ep->ifindex != from)
+		return 1;
+	if (!(ep->flags & EP_F_MASQ))
+		return 0;
+	if (family == AF_INET) {
+		struct iphdr *ip = pkt_ip4(skb);
+
+		return ip && !in_cluster((__u8 *)&ip->daddr, AF_INET);
+	}
+	struct ipv6hdr *ip6 = pkt_ip6(skb);
+
+	return ip6 && !in_cluster((__u8 *)&ip6->daddr, AF_INET6);
+}
+
 SEC("tc")
 int cni_to_uplink(struct __sk_buff *skb)
 {
@@ -54,8 +82,9 @@ int cni_to_uplink(struct __sk_buff *skb)
 		return TCX_NEXT;
 	}
 	/* A pod's tunnel datagram to another node, as the stack's DNAT and
-	 * masquerade left it (lib/tunnel.h). */
-	if (tun_from_pod_forwarded(skb, family, from)) {
+	 * masquerade left it, or to any address with a node's (lib/tunnel.h). */
+	int tun = tun_from_pod_forwarded(skb, family, from);
+	if (tun == TUN_FWD_NODE || (tun == TUN_FWD_OTHER && tun_leaves_as_node(skb, family, ep, from))) {
 		count(from, DIR_EGRESS, REASON_DROP_TUN_SRC, skb->len);
 		return TC_ACT_SHOT;
 	}

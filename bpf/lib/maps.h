@@ -17,6 +17,7 @@
 #define MAX_CLUSTER_CIDRS 256
 #define MAX_TUN_NODES 4096 /* node addresses (one per family of each node) */
 #define MAX_TUN_CIDRS 4096 /* pod CIDRs of other nodes */
+#define MAX_TUN_SELF 16 /* this node's listed addresses */
 #define MAX_AFTER_LINKS 256 /* uplinks and the tunnel device (cni_after_links) */
 #define AFTER_LINK_UPLINK 1 /* to_uplink runs on its egress */
 #define AFTER_LINK_TUNNEL 2 /* the tunnel device: cni_to_tunnel */
@@ -374,6 +375,17 @@ struct {
 	__type(key, struct cidr_key);
 	__type(value, struct tun_peer);
 } cni_tun_cidrs SEC(".maps");
+
+/* The addresses this node is known by (its own entry of the peer list or
+ * its Node object; key as cni_endpoints', value unused): the only outer
+ * destinations the tunnel device accepts, once HP_CFG_TUN_SELF says the
+ * agent wrote them. Written by the agent. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_TUN_SELF);
+	__type(key, struct ep_key);
+	__type(value, __u32);
+} cni_tun_self SEC(".maps");
 
 /* ------------------------------------------------- judged after the stack */
 

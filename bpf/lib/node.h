@@ -24,6 +24,14 @@ static __always_inline int node_hooks_enabled(void)
 	return c && (c->flags & HP_CFG_ENABLED);
 }
 
+/* Whether the node tunnel is on (HP_CFG_TUNNEL, written with the device). */
+static __always_inline int node_tunnel_on(void)
+{
+	struct hp_config *c = node_config();
+
+	return c && (c->flags & HP_CFG_TUNNEL);
+}
+
 /* Mappings made up to this time may hold a lost node address (maps.h). */
 static __always_inline __u64 node_ips_gone(void)
 {

@@ -61,25 +61,59 @@ static __always_inline __u8 tun_inner(struct __sk_buff *skb, __u8 *src, __u8 *ds
 	return 0;
 }
 
-/* The outer source of a decapsulated packet (key layout before local_ipv4:
- * what every kernel since 4.x accepts). */
+/*
+ * The outer source and destination of a decapsulated packet. The key's
+ * local_ipv4/local_ipv6 (the outer destination) came with Linux 5.19;
+ * older kernels refuse a key of that size (5.10: -EINVAL), and then only
+ * the source is read (the layout before local_ipv4, what every kernel
+ * since 4.x accepts) and *has_dst is 0. The tunnel device needs tcx
+ * (6.6), so where the tunnel runs the destination is always there.
+ */
 #define TUN_KEY_SIZE offsetof(struct bpf_tunnel_key, local_ipv4)
 
-static __always_inline __u8 tun_outer_src(struct __sk_buff *skb, __u8 *addr)
+static __always_inline __u8 tun_outer(struct __sk_buff *skb, __u8 *src, __u8 *dst, int *has_dst)
 {
 	struct bpf_tunnel_key key = {};
 
+	*has_dst = 1;
+	if (bpf_skb_get_tunnel_key(skb, &key, sizeof(key), 0) == 0) {
+		__u32 a = bpf_htonl(key.remote_ipv4), l = bpf_htonl(key.local_ipv4);
+
+		__builtin_memcpy(src, &a, 4);
+		__builtin_memcpy(dst, &l, 4);
+		return AF_INET;
+	}
+	if (bpf_skb_get_tunnel_key(skb, &key, sizeof(key), BPF_F_TUNINFO_IPV6) == 0) {
+		__builtin_memcpy(src, key.remote_ipv6, 16);
+		__builtin_memcpy(dst, key.local_ipv6, 16);
+		return AF_INET6;
+	}
+	*has_dst = 0;
 	if (bpf_skb_get_tunnel_key(skb, &key, TUN_KEY_SIZE, 0) == 0) {
 		__u32 a = bpf_htonl(key.remote_ipv4);
 
-		__builtin_memcpy(addr, &a, 4);
+		__builtin_memcpy(src, &a, 4);
 		return AF_INET;
 	}
 	if (bpf_skb_get_tunnel_key(skb, &key, TUN_KEY_SIZE, BPF_F_TUNINFO_IPV6) == 0) {
-		__builtin_memcpy(addr, key.remote_ipv6, 16);
+		__builtin_memcpy(src, key.remote_ipv6, 16);
 		return AF_INET6;
 	}
 	return 0;
+}
+
+/* Whether the outer destination is an address this node is known by
+ * (cni_tun_self); 1 until the agent wrote them (HP_CFG_TUN_SELF), so a
+ * program upgraded before its agent drops nothing genuine. */
+static __always_inline int tun_to_self(const __u8 *dst, __u8 family)
+{
+	struct hp_config *c = node_config();
+	struct ep_key k = { .family = family };
+
+	if (!c || !(c->flags & HP_CFG_TUN_SELF))
+		return 1;
+	addr_copy(k.addr, dst, family);
+	return bpf_map_lookup_elem(&cni_tun_self, &k) != NULL;
 }
 
 /* Counted on the tunnel device (cni_stats keyed by its ifindex), with an
@@ -89,16 +123,22 @@ static __always_inline __u8 tun_outer_src(struct __sk_buff *skb, __u8 *addr)
 /* Ingress of the tunnel device: the trust rule. */
 static __always_inline int tun_from(struct __sk_buff *skb)
 {
-	__u8 outer[16] = {}, src[16] = {}, dst[16] = {};
+	__u8 outer[16] = {}, odst[16] = {}, src[16] = {}, dst[16] = {};
 	__u8 ofam, fam;
+	int has_dst;
 
 	fam = tun_inner(skb, src, dst);
 	if (!fam)
 		return tun_drop(DIR_INGRESS, REASON_DROP_PROTO);
-	ofam = tun_outer_src(skb, outer);
+	ofam = tun_outer(skb, outer, odst, &has_dst);
 	__u32 sender = ofam ? tun_node_of(outer, ofam) : 0;
 	if (!sender)
 		return tun_drop(DIR_INGRESS, REASON_DROP_TUN_NODE);
+	/* Sent to an address this node is not known by (a second address,
+	 * an ExternalIP): no node encapsulates there, so it is a node's
+	 * address put on someone else's datagram (a masquerade). */
+	if (has_dst && !tun_to_self(odst, ofam))
+		return tun_drop(DIR_INGRESS, REASON_DROP_TUN_SRC);
 	struct tun_peer *p = tun_cidr_of(src, fam);
 	if ((!p || p->node != sender) && tun_node_of(src, fam) != sender)
 		return tun_drop(DIR_INGRESS, REASON_DROP_TUN_SRC);
@@ -182,18 +222,27 @@ TUN_SUBPROG int tun_from_pod(struct __sk_buff *skb, __u8 family)
 
 /*
  * The same after the stack (to_uplink): a packet forwarded from a pod's
- * host veth (from, its ingress interface) that is a tunnel datagram to
- * another node, whatever DNAT (a Service whose endpoint is a node's tunnel
- * port, a NodePort) and masquerade (kube-proxy's, already done) made of it.
- * The host veth saw only the destination the pod chose.
+ * host veth (from, its ingress interface) that is a tunnel datagram,
+ * whatever DNAT (a Service whose endpoint is a node's tunnel port, a
+ * NodePort) and masquerade (kube-proxy's, already done) made of it. The
+ * host veth saw only the destination the pod chose. TUN_FWD_NODE: to
+ * another node's listed address, dropped always; TUN_FWD_OTHER: to any
+ * other address, dropped in tunnel mode when it leaves with a node
+ * address (to_uplink.c), for every address a node holds (a second one, an
+ * ExternalIP) is decapsulated by that node's tunnel socket, and no list
+ * names them all.
  */
+#define TUN_FWD_NONE 0
+#define TUN_FWD_NODE 1
+#define TUN_FWD_OTHER 2
+
 TUN_SUBPROG int tun_from_pod_forwarded(struct __sk_buff *skb, __u8 family, __u32 from)
 {
 	__u8 saddr[16] = {}, daddr[16] = {};
 
-	if (!tun_dgram(skb, family, saddr, daddr) || !tun_node_of(daddr, family))
-		return 0;
-	return bpf_map_lookup_elem(&cni_links, &from) != NULL;
+	if (!tun_dgram(skb, family, saddr, daddr) || !bpf_map_lookup_elem(&cni_links, &from))
+		return TUN_FWD_NONE;
+	return tun_node_of(daddr, family) ? TUN_FWD_NODE : TUN_FWD_OTHER;
 }
 
 /*
@@ -223,6 +272,12 @@ TUN_SUBPROG int tun_hop_check(struct __sk_buff *skb, __u8 family)
 
 	if (!tun_dgram(skb, family, saddr, daddr) || !tun_node_of(saddr, family))
 		return TUN_HOP_NONE;
+	/* Turned off for underlays whose genuine datagrams come from another
+	 * MAC than the next hop's (docs/tunnel.md): weaker, any host on the
+	 * link may then claim a node. */
+	struct hp_config *c = node_config();
+	if (c && (c->flags & HP_CFG_TUN_NO_MAC))
+		return TUN_HOP_OK;
 	p.family = family;
 	p.ifindex = skb->ifindex;
 	if (family == AF_INET) {

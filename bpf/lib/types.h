@@ -234,6 +234,9 @@ struct hp_config {
 
 #define HP_CFG_ENABLED 1 /* the node hooks were set up on this node */
 #define HP_CFG_FIB_NO_SRC 2 /* masquerade picks its source without BPF_FIB_LOOKUP_SRC (masq.h uplink_source) */
+#define HP_CFG_TUNNEL 4 /* the node tunnel is on: no pod's tunnel datagram leaves with a node address (lib/tunnel.h) */
+#define HP_CFG_TUN_SELF 8 /* cni_tun_self holds the addresses this node is known by: the tunnel accepts only datagrams to them */
+#define HP_CFG_TUN_NO_MAC 16 /* the tunnel's outer-MAC check is off (ECMP/VRRP underlays, --tunnel-mac-check=false) */
 
 /* cni_node_ips also holds, per uplink and family, the address masquerade
  * takes where BPF_FIB_LOOKUP_SRC is missing: key family | NODE_IP_UPLINK_SRC,

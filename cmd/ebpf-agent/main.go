@@ -35,6 +35,7 @@ type opts struct {
 	metrics, cgroupRoot, peersFile string
 	tunnel                         string
 	tunnelHybrid                   bool
+	tunnelMACCheck                 bool
 	interval, politeWait           time.Duration
 	hostPorts, networkPolicy       bool
 	policyStatusDir                string
@@ -199,6 +200,7 @@ func (errUnhealthy) Error() string { return "datapath unhealthy" }
 func tunnelFlags(fs *flag.FlagSet, o *opts) {
 	fs.StringVar(&o.tunnel, "tunnel", "off", "how pods reach other nodes' pods: off (host-gw routes: every node on one subnet), vxlan or geneve (a tunnel device, "+datapath.TunnelDevice+")")
 	fs.BoolVar(&o.tunnelHybrid, "tunnel-hybrid", false, "with --tunnel: direct host-gw routes to nodes on a subnet of this node, the tunnel to the others")
+	fs.BoolVar(&o.tunnelMACCheck, "tunnel-mac-check", true, "with --tunnel: drop a tunnel datagram claiming a node's address unless it comes from the MAC of the next hop toward that node; false for ECMP or VRRP underlays where genuine datagrams come from another MAC (weaker: docs/tunnel.md)")
 }
 
 func (o *opts) tunnelOptions() (agent.TunnelOptions, error) {
@@ -209,7 +211,10 @@ func (o *opts) tunnelOptions() (agent.TunnelOptions, error) {
 	if o.tunnelHybrid && m == datapath.TunnelOff {
 		return agent.TunnelOptions{}, errors.New("--tunnel-hybrid needs --tunnel vxlan or geneve")
 	}
-	return agent.TunnelOptions{Mode: m, Hybrid: o.tunnelHybrid}, nil
+	if !o.tunnelMACCheck && m == datapath.TunnelOff {
+		return agent.TunnelOptions{}, errors.New("--tunnel-mac-check=false needs --tunnel vxlan or geneve")
+	}
+	return agent.TunnelOptions{Mode: m, Hybrid: o.tunnelHybrid, NoMACCheck: !o.tunnelMACCheck}, nil
 }
 
 func runFlags(fs *flag.FlagSet, o *opts) {

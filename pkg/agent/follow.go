@@ -150,6 +150,12 @@ func (f *follower) apply(v nodes.View) {
 	if f.dp != nil {
 		rt, err = f.o.Tunnel.ensure(f.dp, f.o.Logger)
 	}
+	if v.Self != nil {
+		for _, a := range v.Self.InternalIPs {
+			rt.Self = append(rt.Self, a.AsSlice())
+		}
+		rt.SelfPodCIDRs = append(rt.SelfPodCIDRs, v.Self.PodCIDRs...)
+	}
 	var rs PeerRoutes
 	if err == nil {
 		rs, err = SyncPeerRoutesWith(peers, rt)

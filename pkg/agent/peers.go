@@ -122,6 +122,11 @@ type Routing struct {
 	Ifindex   int
 	DeviceMTU int
 	Maps      *maps.Maps
+	// Self: the addresses this node is known by (its Node object's
+	// InternalIPs) and its pod CIDRs; the peer list's entry of this node
+	// adds to them.
+	Self         []net.IP
+	SelfPodCIDRs []netip.Prefix
 }
 
 // SyncPeerRoutes is SyncPeerRoutesWith host-gw routing.
@@ -170,6 +175,18 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 	}
 	out, err := applyPeerRoutes(pl)
 	errs = errors.Join(errs, err, removeStalePeerRoutes(pl.want))
+	if tunnel && rt.Maps != nil {
+		self := pl.selfAddrs(rt)
+		if err := rt.Maps.SyncTunnelSelf(self); err != nil {
+			errs = errors.Join(errs, fmt.Errorf("tunnel: this node's addresses: %w", err))
+		}
+		if rt.Ifindex != 0 {
+			cidrs := append(append([]netip.Prefix{}, rt.SelfPodCIDRs...), pl.selfCIDRs...)
+			if err := syncTunnelAddrs(rt.Ifindex, tunnelAddrs(self, cidrs, pl.local)); err != nil {
+				errs = errors.Join(errs, err)
+			}
+		}
+	}
 	if tunnel {
 		var addrs []net.IP
 		for _, n := range pl.tunNodes {
@@ -177,12 +194,16 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 				addrs = append(addrs, net.IP(a.AsSlice()))
 			}
 		}
-		if err := EnsureTunnelHops(addrs); err != nil {
+		if err := SyncTunnelHops(addrs); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("tunnel next hops: %w", err))
 		}
 	}
 	if !tunnel && rt.Maps != nil {
+		// No tunnel: none of the managed next hops the tunnel made stays.
 		errs = errors.Join(errs, rt.Maps.SyncTunnel(nil))
+		if err := SyncTunnelHops(nil); err != nil {
+			errs = errors.Join(errs, fmt.Errorf("tunnel next hops: %w", err))
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Dst < out[j].Dst })
 	return out, errs
@@ -191,10 +212,41 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 // peerRoutePlan is the routes SyncPeerRoutesWith wants, by destination,
 // with the node each goes to and the tunnel maps' nodes.
 type peerRoutePlan struct {
-	want     map[string]netlink.Route
-	tunnelTo map[string]string
-	tunNodes []maps.TunnelNode
-	errs     error
+	want      map[string]netlink.Route
+	tunnelTo  map[string]string
+	tunNodes  []maps.TunnelNode
+	self      []net.IP       // this node's entry of the peer list
+	selfCIDRs []netip.Prefix // and its pod CIDRs
+	local     map[string]bool
+	errs      error
+}
+
+// selfAddrs is what the tunnel device accepts as outer destination
+// (cni_tun_self): the addresses this node is known by, rt.Self and its
+// own entry of the peer list; with neither, the addresses it sends to the
+// tunnel's nodes from (those the other nodes must list for its datagrams
+// to pass their trust rule, so the ones they encapsulate to).
+func (pl *peerRoutePlan) selfAddrs(rt Routing) []netip.Addr {
+	var out []netip.Addr
+	seen := map[netip.Addr]bool{}
+	add := func(ip net.IP) {
+		a, ok := netip.AddrFromSlice(ip)
+		if a = a.Unmap(); ok && !seen[a] {
+			seen[a] = true
+			out = append(out, a)
+		}
+	}
+	for _, ip := range append(append([]net.IP{}, rt.Self...), pl.self...) {
+		add(ip)
+	}
+	if len(out) == 0 {
+		for _, n := range pl.tunNodes {
+			if src := srcFor(net.IP(n.Endpoint.AsSlice()), rt.Ifindex); src != nil {
+				add(src)
+			}
+		}
+	}
+	return out
 }
 
 // planPeerRoutes computes the routes of peers (see SyncPeerRoutesWith).
@@ -205,7 +257,7 @@ func planPeerRoutes(peers []Peer, rt Routing, tunnel bool) peerRoutePlan {
 			local[a.IP.String()] = true
 		}
 	}
-	pl := peerRoutePlan{want: map[string]netlink.Route{}, tunnelTo: map[string]string{}}
+	pl := peerRoutePlan{want: map[string]netlink.Route{}, tunnelTo: map[string]string{}, local: local}
 	for _, p := range peers {
 		pl.addPeer(p, rt, tunnel, local)
 	}
@@ -223,6 +275,16 @@ func (pl *peerRoutePlan) addPeer(p Peer, rt Routing, tunnel bool, local map[stri
 			continue
 		}
 		if local[gw.String()] {
+			for _, a := range p.ips() {
+				if ip := net.ParseIP(a); ip != nil {
+					pl.self = append(pl.self, ip)
+				}
+			}
+			for _, c := range p.PodCIDRs {
+				if pr, err := netip.ParsePrefix(c); err == nil {
+					pl.selfCIDRs = append(pl.selfCIDRs, pr.Masked())
+				}
+			}
 			return
 		}
 		gws = append(gws, gw)

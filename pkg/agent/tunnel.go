@@ -21,6 +21,10 @@ import (
 type TunnelOptions struct {
 	Mode   datapath.TunnelMode // off (host-gw), vxlan or geneve
 	Hybrid bool                // direct routes to nodes on a subnet of this node, the tunnel to the others
+	// NoMACCheck turns the uplinks' outer-MAC check of tunnel datagrams
+	// off, for underlays whose genuine datagrams come from another MAC
+	// than the next hop's (ECMP, VRRP): weaker (docs/tunnel.md).
+	NoMACCheck bool
 }
 
 // UplinkMTU is the smallest MTU of the links holding a default route (the
@@ -90,10 +94,11 @@ func (t TunnelOptions) ensure(dp *datapath.Datapath, lg *log.Logger) (Routing, e
 			}
 			lg.Printf("tunnel: off; removed %s", datapath.TunnelDevice)
 		}
-		return rt, nil
+		// Pods may send VXLAN again; no outer destination is checked.
+		return rt, dp.Maps.SetTunnel(false, true)
 	}
 	mtu := UplinkMTU() - datapath.TunnelOverhead(t.Mode, underlay6())
-	idx, err := dp.EnsureTunnel(t.Mode, mtu)
+	idx, err := dp.EnsureTunnel(t.Mode, mtu, !t.NoMACCheck)
 	if err != nil {
 		return rt, fmt.Errorf("tunnel %s: %w", t.Mode, err)
 	}
@@ -156,10 +161,11 @@ func (w *pmtuWatch) Run(ctx context.Context) error {
 			w.lg.Printf("tunnel path MTU: %v", err)
 		}
 		// The same tick keeps the next hops toward the nodes resolved
-		// (a route to a node may change): tunnelhops.go.
+		// (a route to a node may change) and drops those toward none:
+		// tunnelhops.go.
 		if addrs, err := w.m.TunnelNodeAddrs(); err != nil {
 			w.lg.Printf("tunnel next hops: %v", err)
-		} else if err := EnsureTunnelHops(addrs); err != nil {
+		} else if err := SyncTunnelHops(addrs); err != nil {
 			w.lg.Printf("tunnel next hops: %v", err)
 		}
 	}

@@ -97,7 +97,8 @@ func (p livePod) String() string {
 // teardown, IPAM release included), veths of ours left without a record,
 // handed-off veths, the node hooks on uplinks and the cgroup root, stray
 // links and tc filters running our programs, the routes the agent
-// installed (RouteProtocol), the pin directory, the state directory's
+// installed (RouteProtocol), the tunnel device and the neighbour entries
+// the agent made managed toward other nodes, the pin directory, the state directory's
 // records and the conflists of networks using this pin directory. It
 // refuses, changing nothing, while an agent runs on the pin directory, and
 // while pods use the datapath unless Force. A node with nothing left is no
@@ -296,6 +297,12 @@ func (x *uninstaller) detachHooks() {
 			x.add("link", datapath.TunnelDevice)
 		}
 	}
+	// The next hops toward nodes the agent made managed (tunnelhops.go).
+	hops, err := RemoveTunnelHops()
+	for _, h := range hops {
+		x.add("neighbour", h)
+	}
+	x.errs = errors.Join(x.errs, err)
 }
 
 // scope is what of the state and conf directories is this pin

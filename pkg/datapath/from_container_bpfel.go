@@ -54,6 +54,7 @@ const (
 	fromContainerMapCniStats          = "cni_stats"
 	fromContainerMapCniTunCidrs       = "cni_tun_cidrs"
 	fromContainerMapCniTunNodes       = "cni_tun_nodes"
+	fromContainerMapCniTunSelf        = "cni_tun_self"
 	fromContainerProgCniFromContainer = "cni_from_container"
 )
 
@@ -144,6 +145,7 @@ type fromContainerMapSpecs struct {
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
 
 // fromContainerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -210,6 +212,7 @@ type fromContainerMaps struct {
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
 
 func (m *fromContainerMaps) Close() error {
@@ -252,6 +255,7 @@ func (m *fromContainerMaps) Close() error {
 		m.CniStats,
 		m.CniTunCidrs,
 		m.CniTunNodes,
+		m.CniTunSelf,
 	)
 }
 

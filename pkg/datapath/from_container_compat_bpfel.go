@@ -54,6 +54,7 @@ const (
 	fromContainerCompatMapCniStats          = "cni_stats"
 	fromContainerCompatMapCniTunCidrs       = "cni_tun_cidrs"
 	fromContainerCompatMapCniTunNodes       = "cni_tun_nodes"
+	fromContainerCompatMapCniTunSelf        = "cni_tun_self"
 	fromContainerCompatProgCniFromContainer = "cni_from_container"
 )
 
@@ -144,6 +145,7 @@ type fromContainerCompatMapSpecs struct {
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
 
 // fromContainerCompatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -210,6 +212,7 @@ type fromContainerCompatMaps struct {
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
 
 func (m *fromContainerCompatMaps) Close() error {
@@ -252,6 +255,7 @@ func (m *fromContainerCompatMaps) Close() error {
 		m.CniStats,
 		m.CniTunCidrs,
 		m.CniTunNodes,
+		m.CniTunSelf,
 	)
 }
 

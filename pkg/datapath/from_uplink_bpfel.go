@@ -54,6 +54,7 @@ const (
 	fromUplinkMapCniStats          = "cni_stats"
 	fromUplinkMapCniTunCidrs       = "cni_tun_cidrs"
 	fromUplinkMapCniTunNodes       = "cni_tun_nodes"
+	fromUplinkMapCniTunSelf        = "cni_tun_self"
 	fromUplinkProgCniFromUplink    = "cni_from_uplink"
 )
 
@@ -144,6 +145,7 @@ type fromUplinkMapSpecs struct {
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
 
 // fromUplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -210,6 +212,7 @@ type fromUplinkMaps struct {
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
 
 func (m *fromUplinkMaps) Close() error {
@@ -252,6 +255,7 @@ func (m *fromUplinkMaps) Close() error {
 		m.CniStats,
 		m.CniTunCidrs,
 		m.CniTunNodes,
+		m.CniTunSelf,
 	)
 }
 

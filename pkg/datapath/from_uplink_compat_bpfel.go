@@ -54,6 +54,7 @@ const (
 	fromUplinkCompatMapCniStats          = "cni_stats"
 	fromUplinkCompatMapCniTunCidrs       = "cni_tun_cidrs"
 	fromUplinkCompatMapCniTunNodes       = "cni_tun_nodes"
+	fromUplinkCompatMapCniTunSelf        = "cni_tun_self"
 	fromUplinkCompatProgCniFromUplink    = "cni_from_uplink"
 )
 
@@ -144,6 +145,7 @@ type fromUplinkCompatMapSpecs struct {
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
 
 // fromUplinkCompatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -210,6 +212,7 @@ type fromUplinkCompatMaps struct {
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
 
 func (m *fromUplinkCompatMaps) Close() error {
@@ -252,6 +255,7 @@ func (m *fromUplinkCompatMaps) Close() error {
 		m.CniStats,
 		m.CniTunCidrs,
 		m.CniTunNodes,
+		m.CniTunSelf,
 	)
 }
 

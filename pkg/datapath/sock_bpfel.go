@@ -54,6 +54,7 @@ const (
 	sockMapCniStats          = "cni_stats"
 	sockMapCniTunCidrs       = "cni_tun_cidrs"
 	sockMapCniTunNodes       = "cni_tun_nodes"
+	sockMapCniTunSelf        = "cni_tun_self"
 	sockProgCniSockConnect4  = "cni_sock_connect4"
 	sockProgCniSockConnect6  = "cni_sock_connect6"
 	sockProgCniSockPeer4     = "cni_sock_peer4"
@@ -158,6 +159,7 @@ type sockMapSpecs struct {
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
 
 // sockVariableSpecs contains global variables before they are loaded into the kernel.
@@ -224,6 +226,7 @@ type sockMaps struct {
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
 
 func (m *sockMaps) Close() error {
@@ -266,6 +269,7 @@ func (m *sockMaps) Close() error {
 		m.CniStats,
 		m.CniTunCidrs,
 		m.CniTunNodes,
+		m.CniTunSelf,
 	)
 }
 

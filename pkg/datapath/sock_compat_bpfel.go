@@ -54,6 +54,7 @@ const (
 	sockCompatMapCniStats          = "cni_stats"
 	sockCompatMapCniTunCidrs       = "cni_tun_cidrs"
 	sockCompatMapCniTunNodes       = "cni_tun_nodes"
+	sockCompatMapCniTunSelf        = "cni_tun_self"
 	sockCompatProgCniSockConnect4  = "cni_sock_connect4"
 	sockCompatProgCniSockConnect6  = "cni_sock_connect6"
 	sockCompatProgCniSockPeer4     = "cni_sock_peer4"
@@ -158,6 +159,7 @@ type sockCompatMapSpecs struct {
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
 
 // sockCompatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -224,6 +226,7 @@ type sockCompatMaps struct {
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
 
 func (m *sockCompatMaps) Close() error {
@@ -266,6 +269,7 @@ func (m *sockCompatMaps) Close() error {
 		m.CniStats,
 		m.CniTunCidrs,
 		m.CniTunNodes,
+		m.CniTunSelf,
 	)
 }
 

@@ -54,6 +54,7 @@ const (
 	sockOpsMapCniStats          = "cni_stats"
 	sockOpsMapCniTunCidrs       = "cni_tun_cidrs"
 	sockOpsMapCniTunNodes       = "cni_tun_nodes"
+	sockOpsMapCniTunSelf        = "cni_tun_self"
 	sockOpsProgCniSockOps       = "cni_sock_ops"
 )
 
@@ -144,6 +145,7 @@ type sockOpsMapSpecs struct {
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
 
 // sockOpsVariableSpecs contains global variables before they are loaded into the kernel.
@@ -210,6 +212,7 @@ type sockOpsMaps struct {
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
 
 func (m *sockOpsMaps) Close() error {
@@ -252,6 +255,7 @@ func (m *sockOpsMaps) Close() error {
 		m.CniStats,
 		m.CniTunCidrs,
 		m.CniTunNodes,
+		m.CniTunSelf,
 	)
 }
 

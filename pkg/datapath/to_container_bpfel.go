@@ -54,6 +54,7 @@ const (
 	toContainerMapCniStats          = "cni_stats"
 	toContainerMapCniTunCidrs       = "cni_tun_cidrs"
 	toContainerMapCniTunNodes       = "cni_tun_nodes"
+	toContainerMapCniTunSelf        = "cni_tun_self"
 	toContainerProgCniToContainer   = "cni_to_container"
 )
 
@@ -144,6 +145,7 @@ type toContainerMapSpecs struct {
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
 
 // toContainerVariableSpecs contains global variables before they are loaded into the kernel.
@@ -210,6 +212,7 @@ type toContainerMaps struct {
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
 
 func (m *toContainerMaps) Close() error {
@@ -252,6 +255,7 @@ func (m *toContainerMaps) Close() error {
 		m.CniStats,
 		m.CniTunCidrs,
 		m.CniTunNodes,
+		m.CniTunSelf,
 	)
 }
 

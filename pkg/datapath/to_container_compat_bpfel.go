@@ -54,6 +54,7 @@ const (
 	toContainerCompatMapCniStats          = "cni_stats"
 	toContainerCompatMapCniTunCidrs       = "cni_tun_cidrs"
 	toContainerCompatMapCniTunNodes       = "cni_tun_nodes"
+	toContainerCompatMapCniTunSelf        = "cni_tun_self"
 	toContainerCompatProgCniToContainer   = "cni_to_container"
 )
 
@@ -144,6 +145,7 @@ type toContainerCompatMapSpecs struct {
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
 
 // toContainerCompatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -210,6 +212,7 @@ type toContainerCompatMaps struct {
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
 
 func (m *toContainerCompatMaps) Close() error {
@@ -252,6 +255,7 @@ func (m *toContainerCompatMaps) Close() error {
 		m.CniStats,
 		m.CniTunCidrs,
 		m.CniTunNodes,
+		m.CniTunSelf,
 	)
 }
 

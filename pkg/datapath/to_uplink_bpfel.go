@@ -54,6 +54,7 @@ const (
 	toUplinkMapCniStats          = "cni_stats"
 	toUplinkMapCniTunCidrs       = "cni_tun_cidrs"
 	toUplinkMapCniTunNodes       = "cni_tun_nodes"
+	toUplinkMapCniTunSelf        = "cni_tun_self"
 	toUplinkProgCniToUplink      = "cni_to_uplink"
 )
 
@@ -144,6 +145,7 @@ type toUplinkMapSpecs struct {
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
 
 // toUplinkVariableSpecs contains global variables before they are loaded into the kernel.
@@ -210,6 +212,7 @@ type toUplinkMaps struct {
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
 
 func (m *toUplinkMaps) Close() error {
@@ -252,6 +255,7 @@ func (m *toUplinkMaps) Close() error {
 		m.CniStats,
 		m.CniTunCidrs,
 		m.CniTunNodes,
+		m.CniTunSelf,
 	)
 }
 

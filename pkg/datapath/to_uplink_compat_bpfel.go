@@ -54,6 +54,7 @@ const (
 	toUplinkCompatMapCniStats          = "cni_stats"
 	toUplinkCompatMapCniTunCidrs       = "cni_tun_cidrs"
 	toUplinkCompatMapCniTunNodes       = "cni_tun_nodes"
+	toUplinkCompatMapCniTunSelf        = "cni_tun_self"
 	toUplinkCompatProgCniToUplink      = "cni_to_uplink"
 )
 
@@ -144,6 +145,7 @@ type toUplinkCompatMapSpecs struct {
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
 
 // toUplinkCompatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -210,6 +212,7 @@ type toUplinkCompatMaps struct {
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
 
 func (m *toUplinkCompatMaps) Close() error {
@@ -252,6 +255,7 @@ func (m *toUplinkCompatMaps) Close() error {
 		m.CniStats,
 		m.CniTunCidrs,
 		m.CniTunNodes,
+		m.CniTunSelf,
 	)
 }
 

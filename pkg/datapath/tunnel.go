@@ -62,8 +62,10 @@ func TunnelOverhead(m TunnelMode, underlay6 bool) int {
 // without ARP (the programs address every packet; the stack resolves
 // nothing on it), and runs this build's tunnel programs on it (tcx links
 // pinned under node/, swapped in place by Upgrade). It returns the
-// device's ifindex. Idempotent; under the pin directory's lock.
-func (dp *Datapath) EnsureTunnel(mode TunnelMode, mtu int) (int, error) {
+// device's ifindex. macCheck false turns the uplinks' outer-MAC check of
+// tunnel datagrams off (docs/tunnel.md). Idempotent; under the pin
+// directory's lock.
+func (dp *Datapath) EnsureTunnel(mode TunnelMode, mtu int, macCheck bool) (int, error) {
 	if mode == TunnelOff {
 		return 0, errors.New("EnsureTunnel: tunnel mode off")
 	}
@@ -92,6 +94,11 @@ func (dp *Datapath) EnsureTunnel(mode TunnelMode, mtu int) (int, error) {
 	}
 	// Its egress program runs: pods' denied egress may be deferred to it.
 	if err := dp.Maps.SyncAfterLinks(maps.AfterLinkTunnel, []int{idx}); err != nil {
+		return 0, fmt.Errorf("tunnel device %s: %w", TunnelDevice, err)
+	}
+	// Under the lock, as Enable writes the same value: from now on no
+	// pod's tunnel datagram leaves with a node address (to_uplink).
+	if err := dp.Maps.SetTunnel(true, macCheck); err != nil {
 		return 0, fmt.Errorf("tunnel device %s: %w", TunnelDevice, err)
 	}
 	return idx, nil

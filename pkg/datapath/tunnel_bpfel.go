@@ -54,6 +54,7 @@ const (
 	tunnelMapCniStats          = "cni_stats"
 	tunnelMapCniTunCidrs       = "cni_tun_cidrs"
 	tunnelMapCniTunNodes       = "cni_tun_nodes"
+	tunnelMapCniTunSelf        = "cni_tun_self"
 	tunnelProgCniFromTunnel    = "cni_from_tunnel"
 	tunnelProgCniToTunnel      = "cni_to_tunnel"
 )
@@ -146,6 +147,7 @@ type tunnelMapSpecs struct {
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
 
 // tunnelVariableSpecs contains global variables before they are loaded into the kernel.
@@ -212,6 +214,7 @@ type tunnelMaps struct {
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
 
 func (m *tunnelMaps) Close() error {
@@ -254,6 +257,7 @@ func (m *tunnelMaps) Close() error {
 		m.CniStats,
 		m.CniTunCidrs,
 		m.CniTunNodes,
+		m.CniTunSelf,
 	)
 }
 

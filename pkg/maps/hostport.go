@@ -48,6 +48,9 @@ const (
 	ctFlagSNAT           = 1    // CT_F_SNAT
 	hpConfigEnabled      = 1    // HP_CFG_ENABLED
 	hpConfigFibNoSrc     = 2    // HP_CFG_FIB_NO_SRC
+	hpConfigTunnel       = 4    // HP_CFG_TUNNEL
+	hpConfigTunSelf      = 8    // HP_CFG_TUN_SELF
+	hpConfigTunNoMAC     = 16   // HP_CFG_TUN_NO_MAC
 	nodeIPUplinkSrc      = 0x80 // NODE_IP_UPLINK_SRC
 )
 

@@ -332,6 +332,7 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: nameTunNodes, Type: ebpf.Hash, KeySize: 20, ValueSize: 4, MaxEntries: 4096},
 		{Name: nameAfterLinks, Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 256},
 		{Name: nameTunCIDRs, Type: ebpf.LPMTrie, KeySize: 24, ValueSize: 24, MaxEntries: 4096, Flags: unix.BPF_F_NO_PREALLOC},
+		{Name: nameTunSelf, Type: ebpf.Hash, KeySize: 20, ValueSize: 4, MaxEntries: 16},
 	} {
 		out[s.Name] = &s
 	}

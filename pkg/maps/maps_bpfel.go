@@ -518,6 +518,7 @@ const (
 	mapsObjMapCniStats          = "cni_stats"
 	mapsObjMapCniTunCidrs       = "cni_tun_cidrs"
 	mapsObjMapCniTunNodes       = "cni_tun_nodes"
+	mapsObjMapCniTunSelf        = "cni_tun_self"
 	mapsObjVarDirUnused         = "__dir_unused"
 	mapsObjVarEvProgUnused      = "__ev_prog_unused"
 	mapsObjVarEvTypeUnused      = "__ev_type_unused"
@@ -616,6 +617,7 @@ type mapsObjMapSpecs struct {
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
 
 // mapsObjVariableSpecs contains global variables before they are loaded into the kernel.
@@ -692,6 +694,7 @@ type mapsObjMaps struct {
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
+	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
 
 func (m *mapsObjMaps) Close() error {
@@ -734,6 +737,7 @@ func (m *mapsObjMaps) Close() error {
 		m.CniStats,
 		m.CniTunCidrs,
 		m.CniTunNodes,
+		m.CniTunSelf,
 	)
 }
 

@@ -28,7 +28,7 @@ const (
 // cni_after_links (afterlinks.go) and cni_node_ips_gone (nodeipsgone.go)
 // were added to layout 4 so.
 var optionalMaps = map[string]bool{nameMasqPods: true, nameMasqQuota: true, nameMasqKeys: true, nameAfterLinks: true,
-	nameNodeIPsGone: true}
+	nameNodeIPsGone: true, nameTunSelf: true}
 
 // lruSpareFlows is how many flows cni_snat keeps free so that its LRU
 // never evicts: the kernel's LRU hash moves free entries to each CPU in

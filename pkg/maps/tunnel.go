@@ -14,6 +14,7 @@ import (
 const (
 	nameTunNodes = "cni_tun_nodes"
 	nameTunCIDRs = "cni_tun_cidrs"
+	nameTunSelf  = "cni_tun_self"
 )
 
 // TunnelPeer is the generated twin of struct tun_peer.
@@ -144,4 +145,107 @@ func (m *Maps) TunnelNodeAddrs() ([]net.IP, error) {
 		return nil, fmt.Errorf("read %s: %w", nameTunNodes, err)
 	}
 	return out, nil
+}
+
+// Tunnel reports the tunnel's bits of the node config: whether the tunnel
+// is on (pods' tunnel datagrams never leave with a node address), whether
+// cni_tun_self is in force, and whether the outer-MAC check is on.
+func (c NodeConfig) Tunnel() (on, self, macCheck bool) {
+	return c.Flags&hpConfigTunnel != 0, c.Flags&hpConfigTunSelf != 0, c.Flags&hpConfigTunNoMAC == 0
+}
+
+// setConfigFlags sets (on) or clears bits of cni_hp_config's flags, the
+// rest of the value as it is.
+func (m *Maps) setConfigFlags(bits uint32, on bool) error {
+	mp := m.byName[nameHPConfig]
+	zero := uint32(0)
+	var c NodeConfig
+	if err := mp.Lookup(&zero, &c); err != nil {
+		return fmt.Errorf("read %s: %w", nameHPConfig, err)
+	}
+	f := c.Flags &^ bits
+	if on {
+		f |= bits
+	}
+	if f == c.Flags {
+		return nil
+	}
+	c.Flags = f
+	if err := mp.Put(&zero, &c); err != nil {
+		return fmt.Errorf("write %s: %w", nameHPConfig, err)
+	}
+	return nil
+}
+
+// SetTunnel records whether the node tunnel is on (HP_CFG_TUNNEL): then
+// to_uplink drops a pod's tunnel datagram that leaves with a node address,
+// whatever its destination (docs/tunnel.md). macCheck false turns the
+// uplinks' outer-MAC check off (HP_CFG_TUN_NO_MAC). Off clears
+// cni_tun_self too, and turns the MAC check back on.
+func (m *Maps) SetTunnel(on, macCheck bool) error {
+	if on {
+		return errors.Join(m.setConfigFlags(hpConfigTunnel, true), m.setConfigFlags(hpConfigTunNoMAC, !macCheck))
+	}
+	return errors.Join(m.setConfigFlags(hpConfigTunnel|hpConfigTunNoMAC, false), m.SyncTunnelSelf(nil))
+}
+
+// SyncTunnelSelf makes cni_tun_self hold exactly addrs, the addresses this
+// node is known by, and puts it in force (HP_CFG_TUN_SELF): the tunnel
+// device then drops what was sent to any other address of the node. None,
+// or a write that fails (more than 16), takes it out of force (the device
+// accepts any destination). A
+// pin set without the map (an older build of the layout) is left alone.
+func (m *Maps) SyncTunnelSelf(addrs []netip.Addr) error {
+	mp := m.byName[nameTunSelf]
+	if mp == nil {
+		return nil
+	}
+	if len(addrs) == 0 {
+		if err := m.setConfigFlags(hpConfigTunSelf, false); err != nil {
+			return err
+		}
+	}
+	want := map[EndpointKey]bool{}
+	var errs error
+	for _, a := range addrs {
+		k := addrEndpointKey(a)
+		want[k] = true
+		v := uint32(1)
+		if err := mp.Update(&k, &v, ebpf.UpdateAny); err != nil {
+			errs = errors.Join(errs, writeErr(mp, nameTunSelf, "this node's address "+a.String(), err))
+		}
+	}
+	var stale []EndpointKey
+	if err := scan(mp, func(k *EndpointKey, _ *uint32) {
+		if !want[*k] {
+			stale = append(stale, *k)
+		}
+	}); err != nil {
+		errs = errors.Join(errs, fmt.Errorf("read %s: %w", nameTunSelf, err))
+	}
+	for _, k := range stale {
+		if err := mp.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = errors.Join(errs, fmt.Errorf("delete from %s: %w", nameTunSelf, err))
+		}
+	}
+	if errs != nil {
+		// Not all written: out of force rather than drop a genuine node's
+		// datagram (the sending node's check still holds).
+		return errors.Join(errs, m.setConfigFlags(hpConfigTunSelf, false))
+	}
+	if len(addrs) == 0 {
+		return nil
+	}
+	return m.setConfigFlags(hpConfigTunSelf, true)
+}
+
+// TunnelSelf lists cni_tun_self.
+func (m *Maps) TunnelSelf() ([]net.IP, error) {
+	var out []net.IP
+	mp := m.byName[nameTunSelf]
+	if mp == nil {
+		return nil, nil
+	}
+	err := scan(mp, func(k *EndpointKey, _ *uint32) { out = append(out, k.IP()) })
+	return out, err
 }

@@ -18,11 +18,13 @@ import (
 
 // startTunAgents runs the agent on every node of the lab with the tunnel
 // (args added) and waits for its four routes (two peers, two families).
-func startTunAgents(t *testing.T, lab *tunLab, args ...string) {
+// It returns the agents, by node.
+func startTunAgents(t *testing.T, lab *tunLab, args ...string) []*testenv.AgentProc {
 	t.Helper()
+	var procs []*testenv.AgentProc
 	for i, e := range lab.nodes {
 		dir := e.WriteConfDir()
-		e.StartAgent(dir, append([]string{"--peers", lab.peers, "--tunnel", "vxlan", "--metrics-addr", ""}, args...)...)
+		procs = append(procs, e.StartAgent(dir, append([]string{"--peers", lab.peers, "--tunnel", "vxlan", "--metrics-addr", ""}, args...)...))
 		var out string
 		for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
 			e.InNode(func() error {
@@ -41,6 +43,7 @@ func startTunAgents(t *testing.T, lab *tunLab, args ...string) {
 		_, mtu, _ := tunDevice(t, e)
 		e.Extra["mtu"] = mtu
 	}
+	return procs
 }
 
 // TestTunnelPolicyEgress: a pod's egress NetworkPolicy holds for what it
