@@ -210,7 +210,24 @@ static __always_inline void sf_key_sent(struct sf_key *k, const struct flow *f)
  * records). Only a pod churning its own table while others flood the
  * shared one loses a record.
  */
-static __always_inline struct sf_val *sf_get(struct sf_key *k, __u32 sender)
+/* The own table of the pod sender (NULL: the node): its pool slot's, else
+ * (a pod an ADD before the pool attached, or a full pool) the one keyed by
+ * its host veth. The slot is read from the entry the caller already holds:
+ * an array-of-maps lookup, no hash (issue 30). */
+static __always_inline void *sf_table(const struct ep_info *sender)
+{
+	if (!sender)
+		return NULL;
+	__u32 slot = sender->flags >> EP_SF_SLOT_SHIFT;
+	if (slot) {
+		slot--; /* 0 stands for none: slot n is the pool's index n-1 */
+		return bpf_map_lookup_elem(&cni_sf_pool, &slot);
+	}
+	__u32 idx = sender->ifindex;
+	return bpf_map_lookup_elem(&cni_stack_flow_parts, &idx);
+}
+
+static __always_inline struct sf_val *sf_get(struct sf_key *k, const struct ep_info *sender)
 {
 	/* The shared table first: a record the sender's own packets made
 	 * (SF_SENDER_OWN, every record of a pod with a table) stands as it is
@@ -220,7 +237,7 @@ static __always_inline struct sf_val *sf_get(struct sf_key *k, __u32 sender)
 
 	if (!sender || (v && (v->flags & SF_SENDER_OWN)))
 		return v;
-	void *t = bpf_map_lookup_elem(&cni_stack_flow_parts, &sender);
+	void *t = sf_table(sender);
 	if (!t)
 		return v;
 	/* For a pod's flow, only a record its own packets made (one a packet
@@ -228,18 +245,18 @@ static __always_inline struct sf_val *sf_get(struct sf_key *k, __u32 sender)
 	return bpf_map_lookup_elem(t, k);
 }
 
-static __always_inline void sf_del(struct sf_key *k, __u32 sender)
+static __always_inline void sf_del(struct sf_key *k, const struct ep_info *sender)
 {
-	void *t = sender ? bpf_map_lookup_elem(&cni_stack_flow_parts, &sender) : NULL;
+	void *t = sf_table(sender);
 
 	if (t)
 		bpf_map_delete_elem(t, k);
 	bpf_map_delete_elem(&cni_stack_flows, k);
 }
 
-static __always_inline void sf_put(struct sf_key *k, struct sf_val *v, __u32 sender)
+static __always_inline void sf_put(struct sf_key *k, struct sf_val *v, const struct ep_info *sender)
 {
-	void *t = sender ? bpf_map_lookup_elem(&cni_stack_flow_parts, &sender) : NULL;
+	void *t = sf_table(sender);
 
 	if (t)
 		bpf_map_update_elem(t, k, v, BPF_ANY);
@@ -249,7 +266,7 @@ static __always_inline void sf_put(struct sf_key *k, struct sf_val *v, __u32 sen
 /* The record of k (a flow sender sent) if it was made for the pod behind
  * ifindex (one of another pod, left by an earlier owner of the address, is
  * deleted). */
-static __always_inline struct sf_val *sf_lookup(struct sf_key *k, __u32 ifindex, __u32 sender)
+static __always_inline struct sf_val *sf_lookup(struct sf_key *k, __u32 ifindex, const struct ep_info *sender)
 {
 	struct sf_val *v = sf_get(k, sender);
 
@@ -260,7 +277,7 @@ static __always_inline struct sf_val *sf_lookup(struct sf_key *k, __u32 ifindex,
 	return v;
 }
 
-static __always_inline void sf_forget(struct sf_key *k, __u32 sender)
+static __always_inline void sf_forget(struct sf_key *k, const struct ep_info *sender)
 {
 	if (sf_get(k, sender))
 		sf_del(k, sender);
@@ -279,7 +296,7 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 {
 	struct flow f = {};
 	struct sf_key k;
-	__u32 ifindex = src->ifindex, dst_ifindex = dst->ifindex;
+	__u32 ifindex = src->ifindex;
 	int kind = sf_parse(skb, &f, family);
 
 	switch (kind) {
@@ -291,7 +308,7 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 		 * would otherwise erase any Service flow's record by quoting
 		 * its tuple). Rare: looked up whatever the flags say. */
 		sf_key_delivered(&k, &f);
-		struct sf_val *v = sf_get(&k, dst_ifindex);
+		struct sf_val *v = sf_get(&k, dst);
 		return v && v->ifindex == ifindex;
 	}
 	case SF_PKT_OPEN:
@@ -300,18 +317,18 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 		 * would be INVALID to conntrack. */
 		if (!(dst->flags & EP_F_SF_NONE)) {
 			sf_key_delivered(&k, &f);
-			sf_forget(&k, ifindex);
+			sf_forget(&k, src);
 		}
 		if (f.proto == IPPROTO_TCP && !(src->flags & EP_F_SF_NONE)) {
 			sf_key_sent(&k, &f);
-			sf_forget(&k, dst_ifindex);
+			sf_forget(&k, dst);
 		}
 		return 0;
 	}
 	if (src->flags & EP_F_SF_NONE)
 		return 0;
 	sf_key_sent(&k, &f);
-	return sf_lookup(&k, ifindex, dst_ifindex) != NULL;
+	return sf_lookup(&k, ifindex, dst) != NULL;
 }
 
 /*
@@ -330,7 +347,8 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 	if ((f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6) && kind != SF_PKT_OPEN)
 		return;
 
-	__u32 flags = 0, sender = 0;
+	__u32 flags = 0;
+	const struct ep_info *sender = NULL;
 	struct ep_info *src = ep_lookup_addr(f.saddr, family);
 	if (src) {
 		flags = SF_PEER_POD;
@@ -338,7 +356,7 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 		 * host veth (from_container checked its source there): a packet
 		 * from elsewhere with a pod's address must not fill that pod's. */
 		if (src->ifindex == skb->ingress_ifindex)
-			sender = src->ifindex;
+			sender = src;
 	} else if (f.proto == IPPROTO_UDP && node_hooks_enabled() && is_node_ip(f.saddr, family)) {
 		flags = SF_PEER_NODE;
 	}

@@ -63,6 +63,7 @@ type Attachment struct {
 	deferTCX bool       // attach cls_bpf marked for tcx: an agent moves it (see Claim)
 	sfPart   chan error // the pod's stack-flow table being made (CreateVeth)
 	sfErr    error
+	sfSlot   uint32 // the pod's slot in the node's pool of stack-flow tables (0: none)
 	ipam     chan ipamOut
 	ipamOut  *ipamOut
 	undo     []func() error
@@ -339,22 +340,29 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 	// pins, link entry and counters, which in-flight packets could re-create.
 	idx := a.hostLink.Attrs().Index
 	a.Ifindex = idx
-	// The pod's own stack-flow table (issue 28): putting a table in the
-	// map of maps waits out an RCU grace period (the kernel's
-	// maybe_wait_bpf_programs, 8-15 ms here), holding no lock. With an
-	// agent alive, the agent makes it after the ADD (background.go) and
-	// the pod's records go to the shared table meanwhile; without one,
-	// the wait runs beside the rest of the ADD and Publish joins it.
-	if !a.agent {
-		a.sfPart = make(chan error, 1)
-		go func() { a.sfPart <- a.DP.Maps.StackFlows().AddPart(idx) }()
-	}
 	a.OnUndo(func() error {
 		a.waitStackFlowPart() // its table is put before it is dropped
 		_, sfErr := a.DP.Maps.StackFlows().DeleteOf(idx)
 		return errors.Join(deleteLink(a.HostIf), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
 			a.DP.Maps.DeleteLink(idx), a.DP.Maps.ResetStats(idx), sfErr)
 	})
+	// The pod's own stack-flow table (issue 28): a slot of the node's pool
+	// (made once per node, issue 30), emptied, waiting for nothing.
+	// Without a pool (maps pinned by an older build) or with every slot a
+	// live pod's, a table of its own: putting it in the map of maps waits
+	// out an RCU grace period (maybe_wait_bpf_programs, 5-15 ms), so with
+	// an agent alive the agent makes it after the ADD (background.go) and
+	// the pod's records go to the shared table meanwhile; without one,
+	// the wait runs beside the rest of the ADD and Publish joins it.
+	slot, err := a.DP.Maps.StackFlows().TakeSlot(idx, linkAlive)
+	if err != nil {
+		return mapError(err)
+	}
+	a.sfSlot = slot
+	if slot == 0 && !a.agent {
+		a.sfPart = make(chan error, 1)
+		go func() { a.sfPart <- a.DP.Maps.StackFlows().AddPart(idx) }()
+	}
 	if a.Net.IPv4Only {
 		// Saves the node work only: a /proc/sys that refuses the write
 		// (mounted read-only) costs speed, not the pod.
@@ -450,7 +458,8 @@ func (a *Attachment) Publish() error {
 	}
 	// A new address has no stack flow recorded: from_container's fast path
 	// skips their lookups until to_container records one.
-	info := maps.NewEndpointInfo(idx, p.podMAC, p.hostMAC, a.Flags, maps.EndpointFlagStackFlowsNone)
+	info := maps.NewEndpointInfo(idx, p.podMAC, p.hostMAC, a.Flags, maps.EndpointFlagStackFlowsNone,
+		maps.EndpointFlagsOfSlot(a.sfSlot))
 	// BPF_NOEXIST: an address has one owner. Another live attachment holding
 	// it (two networks with overlapping ranges, an IPAM bug) refuses this ADD;
 	// a leftover of a vanished veth does not.
