@@ -359,6 +359,7 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 		return mapError(err)
 	}
 	a.sfSlot = slot
+	a.Trace.Mark("stack-flow-slot")
 	if slot == 0 && !a.agent {
 		a.sfPart = make(chan error, 1)
 		go func() { a.sfPart <- a.DP.Maps.StackFlows().AddPart(idx) }()
