@@ -346,6 +346,12 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 		return errors.Join(deleteLink(a.HostIf), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
 			a.DP.Maps.DeleteLink(idx), a.DP.Maps.ResetStats(idx), sfErr)
 	})
+	if a.Net.IPv4Only {
+		// Saves the node work only: a /proc/sys that refuses the write
+		// (mounted read-only) costs speed, not the pod.
+		_ = disableIPv6(a.HostIf)
+	}
+	a.Trace.Mark("veth")
 	// The pod's own stack-flow table (issue 28): a slot of the node's pool
 	// (made once per node, issue 30), emptied, waiting for nothing.
 	// Without a pool (maps pinned by an older build) or with every slot a
@@ -364,12 +370,6 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 		a.sfPart = make(chan error, 1)
 		go func() { a.sfPart <- a.DP.Maps.StackFlows().AddPart(idx) }()
 	}
-	if a.Net.IPv4Only {
-		// Saves the node work only: a /proc/sys that refuses the write
-		// (mounted read-only) costs speed, not the pod.
-		_ = disableIPv6(a.HostIf)
-	}
-	a.Trace.Mark("veth")
 	_, err = a.DP.Attach(idx, a.HostIf, a.Net.attachMode, a.deferTCX)
 	a.Trace.Mark("attach")
 	if err != nil {
