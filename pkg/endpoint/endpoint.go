@@ -257,6 +257,7 @@ func (a *Attachment) Abort() {
 func (a *Attachment) Close() {
 	if a.hooksCh != nil {
 		a.NodeHooks()
+		a.Trace.Mark("node-hooks-wait")
 	}
 	if a.claim != nil {
 		a.claim.Close()
@@ -271,6 +272,7 @@ func (a *Attachment) Close() {
 	if a.busy != nil {
 		a.busy()
 	}
+	a.Trace.Mark("close")
 }
 
 // claimRecord writes the provisional record of the attachment, or refuses
