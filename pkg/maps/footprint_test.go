@@ -12,7 +12,7 @@ import (
 )
 
 // needRoot skips without root, except under CI, which runs as root.
-func needRoot(t *testing.T) {
+func needRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
@@ -23,7 +23,7 @@ func needRoot(t *testing.T) {
 }
 
 // testMaps creates the maps of sizing s in a pin directory of the test's own.
-func testMaps(t *testing.T, s Sizing) *Maps {
+func testMaps(t testing.TB, s Sizing) *Maps {
 	t.Helper()
 	needRoot(t)
 	dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("ebpf-cni-unit-%s-%d", t.Name(), os.Getpid()))
