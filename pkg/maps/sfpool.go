@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // The node's pool of stack-flow tables (issue 30): putting a table into a
@@ -106,7 +107,8 @@ func (m *Maps) fillSFPool() error {
 	return nil
 }
 
-// FillPool fills the pool's empty slots (Create does; tests and repairs).
+// FillPool fills the pool's empty slots (Create does; tests and repairs),
+// under the tables' lock (the agent's removal of stale pins takes it).
 func (s StackFlows) FillPool() error {
 	if s.m.poolSlots() == 0 {
 		return nil
@@ -136,7 +138,7 @@ func (s StackFlows) TakeSlot(ifindex int, alive func(ifindex int) bool) (uint32,
 		return 0, nil
 	}
 	slots := s.m.byName[nameSFSlots]
-	unlock, err := innerLock(s.m.dir, true)
+	unlock, err := poolLock(s.m.dir)
 	if err != nil {
 		return 0, err
 	}
@@ -183,18 +185,44 @@ func (s StackFlows) TakeSlot(ifindex int, alive func(ifindex int) bool) (uint32,
 	return slot, nil
 }
 
+// poolLock serialises the takes and frees of slots across processes: a
+// lock of its own, so that an ADD taking a slot never waits behind a
+// policy ADD holding the tables' lock (innerLock) over a grace period.
+// Lock order: the pool's, then the tables' (poolTable's fill).
+func poolLock(dir string) (func(), error) {
+	d := innerDir(dir, nameSFPool)
+	if err := os.MkdirAll(d, 0o700); err != nil {
+		return nil, fmt.Errorf("create the pin directory of %s's tables: %w", nameSFPool, err)
+	}
+	fd, err := unix.Open(d, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s for locking: %w", d, err)
+	}
+	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("lock %s: %w", d, err)
+	}
+	return func() { unix.Close(fd) }, nil
+}
+
 // poolTable opens the table of slot by its pin, filling the pool first
-// when the slot is empty (a fill cut short). Under the tables' lock.
+// when the slot is empty (a fill cut short), and pinning it again when its
+// pin is gone (an agent's reconcile took a fill's pin for stale between
+// the pin and the update): by ID, which the plugin, as root, may. Under
+// the pool's lock.
 func (m *Maps) poolTable(slot uint32) (*ebpf.Map, error) {
 	pool := m.byName[nameSFPool]
 	var id uint32
 	idx := slot - 1
 	err := pool.Lookup(&idx, &id)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
-		if err := os.MkdirAll(innerDir(m.dir, nameSFPool), 0o700); err != nil {
-			return nil, fmt.Errorf("create the pin directory of %s's tables: %w", nameSFPool, err)
+		unlock, lerr := innerLock(m.dir, true)
+		if lerr != nil {
+			return nil, lerr
 		}
-		if err := m.fillSFPool(); err != nil {
+		err = m.fillSFPool()
+		unlock()
+		if err != nil {
 			return nil, err
 		}
 		err = pool.Lookup(&idx, &id)
@@ -202,17 +230,26 @@ func (m *Maps) poolTable(slot uint32) (*ebpf.Map, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read slot %d of %s: %w", slot, nameSFPool, err)
 	}
-	t, ok, err := loadInnerPin(innerPin(m.dir, nameSFPool, keyBytes(idx)), ebpf.MapID(id))
-	if err != nil {
-		return nil, err
+	p := innerPin(m.dir, nameSFPool, keyBytes(idx))
+	t, ok, err := loadInnerPin(p, ebpf.MapID(id))
+	if err != nil || ok {
+		return t, err
 	}
-	if !ok {
+	t, err = ebpf.NewMapFromID(ebpf.MapID(id))
+	if errors.Is(err, os.ErrPermission) {
 		return nil, fmt.Errorf("the table of slot %d of %s (map %d): %w", slot, nameSFPool, id, ErrInnerUnreachable)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open the table of slot %d of %s (map %d): %w", slot, nameSFPool, id, err)
+	}
+	if err := replacePin(t, p); err != nil {
+		t.Close()
+		return nil, err
 	}
 	return t, nil
 }
 
-// clearSlot deletes every record of slot's table. Under the tables' lock.
+// clearSlot deletes every record of slot's table. Under the pool's lock.
 func (m *Maps) clearSlot(slot uint32) error {
 	t, err := m.poolTable(slot)
 	if err != nil {
@@ -237,7 +274,7 @@ func (m *Maps) freeSlot(ifindex int) error {
 		return nil
 	}
 	slots := m.byName[nameSFSlots]
-	unlock, err := innerLock(m.dir, true)
+	unlock, err := poolLock(m.dir)
 	if err != nil {
 		return err
 	}
@@ -336,7 +373,7 @@ func (s StackFlows) ListSlot(slot uint32) ([]StackFlow, error) {
 // PutSlotRecord writes one record into the table of slot, as a program
 // would (tests: a record left by a pod killed mid-DEL).
 func (s StackFlows) PutSlotRecord(slot uint32, k StackFlowKey, v StackFlowVal) error {
-	unlock, err := innerLock(s.m.dir, true)
+	unlock, err := poolLock(s.m.dir)
 	if err != nil {
 		return err
 	}

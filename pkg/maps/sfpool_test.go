@@ -1,6 +1,9 @@
 package maps
 
-import "testing"
+import (
+	"os"
+	"testing"
+)
 
 // TestSFPool: Create fills every slot of the pool with a pinned table (no
 // stale pin); TakeSlot gives an ifindex the same slot again (a retried
@@ -94,5 +97,19 @@ func TestSFPool(t *testing.T) {
 	must(err)
 	if len(parts) != 2 {
 		t.Errorf("Parts with 10 and 11 holding slots: %v", parts)
+	}
+	// A pin an agent's reconcile took for stale (between a fill's pin and
+	// its update): the table is pinned again when its slot is taken.
+	_, err = sf.DeleteOf(11)
+	must(err)
+	pin := innerPin(m.dir, nameSFPool, keyBytes(s11-1))
+	must(os.Remove(pin))
+	s12, err := sf.TakeSlot(12, alive)
+	must(err)
+	if _, serr := os.Stat(pin); s12 != s11 || serr != nil {
+		t.Fatalf("take of a slot whose pin went: slot %d (want %d), pin %v", s12, s11, serr)
+	}
+	if stale, err := m.StaleTablePins(); err != nil || len(stale) != 0 {
+		t.Errorf("stale pins after the re-pin: %v %v", stale, err)
 	}
 }
