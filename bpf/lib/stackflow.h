@@ -51,41 +51,28 @@ static __always_inline void sf_echo_ports(struct flow *f, __be16 id, int request
 	f->dport = request ? id : 0;
 }
 
-/* Ports (or echo id) of the L4 header at off, into f. Returns SF_PKT_*. */
+/* Ports (or echo id) of the L4 header at off, into f (flow_l4, the flow
+ * parser's reader). Returns SF_PKT_*. */
 static __always_inline int sf_l4(struct __sk_buff *skb, struct flow *f, __u32 off)
 {
-	__u8 h[14];
+	struct l4_icmp ic;
+	int k = flow_l4(skb, f, off, &ic);
 
-	f->sport = 0;
-	f->dport = 0;
-	if (f->proto == IPPROTO_TCP) {
-		if (bpf_skb_load_bytes(skb, off, h, 14))
-			return SF_PKT_OPAQUE;
-		f->sport = *(__be16 *)&h[0];
-		f->dport = *(__be16 *)&h[2];
-		return (h[13] & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN ? SF_PKT_OPEN : SF_PKT_FLOW;
+	if (k == L4_SHORT)
+		return SF_PKT_OPAQUE;
+	if (k == L4_PORTS)
+		return f->syn_only ? SF_PKT_OPEN : SF_PKT_FLOW;
+	if (k == L4_NONE)
+		return SF_PKT_FLOW; /* no ports (GRE, ESP, ...): addresses only */
+	__u8 req = f->proto == IPPROTO_ICMP ? 8 : ICMP6_ECHO_REQUEST;
+	__u8 rep = f->proto == IPPROTO_ICMP ? 0 : ICMP6_ECHO_REPLY;
+	if (ic.type == req || ic.type == rep) {
+		sf_echo_ports(f, ic.id, ic.type == req);
+		return ic.type == req ? SF_PKT_OPEN : SF_PKT_FLOW;
 	}
-	if (f->proto == IPPROTO_UDP || f->proto == IPPROTO_SCTP) {
-		if (bpf_skb_load_bytes(skb, off, h, 4))
-			return SF_PKT_OPAQUE;
-		f->sport = *(__be16 *)&h[0];
-		f->dport = *(__be16 *)&h[2];
-		return SF_PKT_FLOW;
-	}
-	if (f->proto == IPPROTO_ICMP || f->proto == IPPROTO_ICMPV6) {
-		if (bpf_skb_load_bytes(skb, off, h, 8))
-			return SF_PKT_OPAQUE;
-		__u8 req = f->proto == IPPROTO_ICMP ? 8 : ICMP6_ECHO_REQUEST;
-		__u8 rep = f->proto == IPPROTO_ICMP ? 0 : ICMP6_ECHO_REPLY;
-		if (h[0] == req || h[0] == rep) {
-			sf_echo_ports(f, *(__be16 *)&h[4], h[0] == req);
-			return h[0] == req ? SF_PKT_OPEN : SF_PKT_FLOW;
-		}
-		if (f->proto == IPPROTO_ICMP ? (h[0] == 3 || h[0] == 11 || h[0] == 12) : (h[0] >= 1 && h[0] <= 4))
-			return SF_PKT_ERROR;
-		return SF_PKT_FLOW; /* other ICMP: addresses only */
-	}
-	return SF_PKT_FLOW; /* no ports (GRE, ESP, ...): addresses only */
+	if (f->proto == IPPROTO_ICMP ? (ic.type == 3 || ic.type == 11 || ic.type == 12) : (ic.type >= 1 && ic.type <= 4))
+		return SF_PKT_ERROR;
+	return SF_PKT_FLOW; /* other ICMP: addresses only */
 }
 
 /*
@@ -156,19 +143,6 @@ static __always_inline int sf_parse(struct __sk_buff *skb, struct flow *f, __u8 
 		__builtin_memcpy(f->saddr, &ip6->saddr, 16);
 		__builtin_memcpy(f->daddr, &ip6->daddr, 16);
 		l4 = ETH_HLEN + sizeof(*ip6);
-	}
-	/* The common case, a TCP or UDP header in the linear data, is read in
-	 * place: this runs for every same-node pod-to-pod packet. */
-	__u8 *h = data + l4;
-	if (f->proto == IPPROTO_TCP && (void *)(h + 14) <= data_end) {
-		f->sport = *(__be16 *)&h[0];
-		f->dport = *(__be16 *)&h[2];
-		return (h[13] & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN ? SF_PKT_OPEN : SF_PKT_FLOW;
-	}
-	if (f->proto == IPPROTO_UDP && (void *)(h + 4) <= data_end) {
-		f->sport = *(__be16 *)&h[0];
-		f->dport = *(__be16 *)&h[2];
-		return SF_PKT_FLOW;
 	}
 	int kind = sf_l4(skb, f, l4);
 	if (kind != SF_PKT_ERROR)
