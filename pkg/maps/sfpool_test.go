@@ -113,3 +113,40 @@ func TestSFPool(t *testing.T) {
 		t.Errorf("stale pins after the re-pin: %v %v", stale, err)
 	}
 }
+
+// TestSFPoolRacingTakes: ADDs taking slots at once (each its own lock
+// handle, as separate processes have) never share one, even when their
+// ifindexes start the search at the same slot.
+func TestSFPoolRacingTakes(t *testing.T) {
+	m := testMaps(t, DefaultSizing)
+	const n = 64
+	slots := make([]uint32, n)
+	errs := make(chan error, n)
+	idx := func(i int) int { return 100 + i*int(m.poolSlots()) } // one start slot for all
+	for i := 0; i < n; i++ {
+		go func(i int) {
+			s, err := m.StackFlows().TakeSlot(idx(i), func(int) bool { return true })
+			slots[i] = s
+			errs <- err
+		}(i)
+	}
+	for i := 0; i < n; i++ {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := map[uint32]int{}
+	for i, s := range slots {
+		if s == 0 {
+			t.Errorf("ifindex %d got no slot of %d", idx(i), m.poolSlots())
+		}
+		if j, dup := seen[s]; dup {
+			t.Errorf("ifindexes %d and %d share slot %d", idx(j), idx(i), s)
+		}
+		seen[s] = i
+	}
+	held, err := m.StackFlows().Slots()
+	if err != nil || len(held) != n {
+		t.Errorf("%d slots held after %d takes (%v)", len(held), n, err)
+	}
+}
