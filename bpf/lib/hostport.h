@@ -437,7 +437,7 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 			struct sf_key k;
 
 			sf_key_sent(&k, &f);
-			if (sf_lookup(&k, ifindex, 0)) /* the node's flows: the shared table */
+			if (sf_lookup(&k, ifindex, NULL)) /* the node's flows: the shared table */
 				return HP_CONTINUE;
 		}
 		/* Reaching its own hostPort, the pod must not see its own address

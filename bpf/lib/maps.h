@@ -230,6 +230,29 @@ struct {
 	__type(key, __u32);
 	__array(values, struct sf_part);
 } cni_stack_flow_parts SEC(".maps");
+
+/*
+ * The node's pool of those tables (issue 30): made and put once per node
+ * (one batched update, one RCU grace period) when the maps are created,
+ * each pod taking a free slot at ADD through cni_sf_slots, a plain hash
+ * whose writes wait for nothing. A pod's address entries carry its slot
+ * (EP_SF_SLOT_SHIFT). A taken table is emptied
+ * before its slot is published (pkg/maps/sfpool.go).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, SIZED);
+	__type(key, __u32);
+	__array(values, struct sf_part);
+} cni_sf_pool SEC(".maps");
+
+/* Userspace only: the slot of cni_sf_pool each host veth ifindex holds. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SIZED);
+	__type(key, __u32);
+	__type(value, __u32);
+} cni_sf_slots SEC(".maps");
 /* ---------------------------------------------------------------- events */
 
 #define EV_RING_BYTES (1 << 18) /* about 3600 events of 72 bytes (record and header) */

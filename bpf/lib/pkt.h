@@ -217,36 +217,91 @@ struct flow {
 #define FLOW_ECHO_REQUEST 1 /* the id is the source port */
 #define FLOW_ECHO_REPLY 2   /* the id is the destination port */
 
-/* Loads ports (and TCP flags), or an echo's id, at f->l4off. Returns 0, or -1 if not NATable. */
-static __always_inline int flow_load_l4(struct __sk_buff *skb, struct flow *f, int echo)
-{
-	__u8 h[14];
+/* What flow_l4 found at an L4 header. */
+#define L4_PORTS 0 /* TCP, UDP, SCTP: f->sport, f->dport (TCP: f->tcp_flags, f->syn_only) */
+#define L4_ICMP 1  /* ICMP(v6): its type, code and echo id in the l4_icmp */
+#define L4_NONE 2  /* another protocol: no ports */
+#define L4_SHORT 3 /* the header does not fit in the packet */
 
+struct l4_icmp {
+	__u8 type;
+	__u8 code;
+	__be16 id; /* an echo's */
+};
+
+/*
+ * The one reader of L4 headers (the flow parser's and the stack-flow
+ * table's): the header of f->proto at off, read in place when it is in the
+ * linear data (the common case: every same-node pod-to-pod packet the
+ * stack-flow table looks at), else copied out. Ports are 0 unless read.
+ */
+static __always_inline int flow_l4(struct __sk_buff *skb, struct flow *f, __u32 off, struct l4_icmp *ic)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	__u8 h[14];
+	__u32 n;
+
+	f->sport = 0;
+	f->dport = 0;
 	f->syn_only = 0;
 	f->tcp_flags = 0;
-	if (f->proto == IPPROTO_ICMP || f->proto == IPPROTO_ICMPV6) {
-		if (echo == FLOW_NO_ECHO || bpf_skb_load_bytes(skb, f->l4off, h, 8) || h[1] != 0)
-			return -1;
-		int v4 = f->proto == IPPROTO_ICMP;
-		__u8 want = echo == FLOW_ECHO_REQUEST ? (v4 ? ICMP_ECHO_T : ICMP6_ECHO_REQUEST)
-						      : (v4 ? ICMP_ECHOREPLY_T : ICMP6_ECHO_REPLY);
-		if (h[0] != want)
-			return -1;
-		__be16 id = *(__be16 *)&h[4];
-		f->sport = echo == FLOW_ECHO_REQUEST ? id : 0;
-		f->dport = echo == FLOW_ECHO_REQUEST ? 0 : id;
-		return 0;
+	switch (f->proto) {
+	case IPPROTO_TCP:
+		n = 14;
+		break;
+	case IPPROTO_UDP:
+	case IPPROTO_SCTP:
+		n = 4;
+		break;
+	case IPPROTO_ICMP:
+	case IPPROTO_ICMPV6:
+		n = 8;
+		break;
+	default:
+		return L4_NONE;
 	}
-	if (f->proto != IPPROTO_TCP && f->proto != IPPROTO_UDP)
-		return -1;
-	if (bpf_skb_load_bytes(skb, f->l4off, h, f->proto == IPPROTO_TCP ? 14 : 4))
-		return -1;
+	/* off bounded for the verifier: headers at most ETH_HLEN + two IPv4
+	 * headers with options and an ICMP header before them. */
+	__u8 *p = data + (off & 0xff);
+	if (off <= 0xff && n == 14 && (void *)(p + 14) <= data_end)
+		__builtin_memcpy(h, p, 14);
+	else if (off <= 0xff && n == 4 && (void *)(p + 4) <= data_end)
+		__builtin_memcpy(h, p, 4);
+	else if (bpf_skb_load_bytes(skb, off, h, n == 14 ? 14 : n == 8 ? 8 : 4))
+		return L4_SHORT;
+	if (n == 8) {
+		ic->type = h[0];
+		ic->code = h[1];
+		ic->id = *(__be16 *)&h[4];
+		return L4_ICMP;
+	}
 	f->sport = *(__be16 *)&h[0];
 	f->dport = *(__be16 *)&h[2];
-	if (f->proto == IPPROTO_TCP) {
+	if (n == 14) {
 		f->tcp_flags = h[13];
 		f->syn_only = (h[13] & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN;
 	}
+	return L4_PORTS;
+}
+
+/* Loads ports (and TCP flags), or an echo's id, at f->l4off. Returns 0, or -1 if not NATable. */
+static __always_inline int flow_load_l4(struct __sk_buff *skb, struct flow *f, int echo)
+{
+	struct l4_icmp ic;
+	int k = flow_l4(skb, f, f->l4off, &ic);
+
+	if (k == L4_PORTS)
+		return f->proto == IPPROTO_SCTP ? -1 : 0;
+	if (k != L4_ICMP || echo == FLOW_NO_ECHO || ic.code != 0)
+		return -1;
+	int v4 = f->proto == IPPROTO_ICMP;
+	__u8 want = echo == FLOW_ECHO_REQUEST ? (v4 ? ICMP_ECHO_T : ICMP6_ECHO_REQUEST)
+					      : (v4 ? ICMP_ECHOREPLY_T : ICMP6_ECHO_REPLY);
+	if (ic.type != want)
+		return -1;
+	f->sport = echo == FLOW_ECHO_REQUEST ? ic.id : 0;
+	f->dport = echo == FLOW_ECHO_REQUEST ? 0 : ic.id;
 	return 0;
 }
 

@@ -51,41 +51,28 @@ static __always_inline void sf_echo_ports(struct flow *f, __be16 id, int request
 	f->dport = request ? id : 0;
 }
 
-/* Ports (or echo id) of the L4 header at off, into f. Returns SF_PKT_*. */
+/* Ports (or echo id) of the L4 header at off, into f (flow_l4, the flow
+ * parser's reader). Returns SF_PKT_*. */
 static __always_inline int sf_l4(struct __sk_buff *skb, struct flow *f, __u32 off)
 {
-	__u8 h[14];
+	struct l4_icmp ic;
+	int k = flow_l4(skb, f, off, &ic);
 
-	f->sport = 0;
-	f->dport = 0;
-	if (f->proto == IPPROTO_TCP) {
-		if (bpf_skb_load_bytes(skb, off, h, 14))
-			return SF_PKT_OPAQUE;
-		f->sport = *(__be16 *)&h[0];
-		f->dport = *(__be16 *)&h[2];
-		return (h[13] & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN ? SF_PKT_OPEN : SF_PKT_FLOW;
+	if (k == L4_SHORT)
+		return SF_PKT_OPAQUE;
+	if (k == L4_PORTS)
+		return f->syn_only ? SF_PKT_OPEN : SF_PKT_FLOW;
+	if (k == L4_NONE)
+		return SF_PKT_FLOW; /* no ports (GRE, ESP, ...): addresses only */
+	__u8 req = f->proto == IPPROTO_ICMP ? 8 : ICMP6_ECHO_REQUEST;
+	__u8 rep = f->proto == IPPROTO_ICMP ? 0 : ICMP6_ECHO_REPLY;
+	if (ic.type == req || ic.type == rep) {
+		sf_echo_ports(f, ic.id, ic.type == req);
+		return ic.type == req ? SF_PKT_OPEN : SF_PKT_FLOW;
 	}
-	if (f->proto == IPPROTO_UDP || f->proto == IPPROTO_SCTP) {
-		if (bpf_skb_load_bytes(skb, off, h, 4))
-			return SF_PKT_OPAQUE;
-		f->sport = *(__be16 *)&h[0];
-		f->dport = *(__be16 *)&h[2];
-		return SF_PKT_FLOW;
-	}
-	if (f->proto == IPPROTO_ICMP || f->proto == IPPROTO_ICMPV6) {
-		if (bpf_skb_load_bytes(skb, off, h, 8))
-			return SF_PKT_OPAQUE;
-		__u8 req = f->proto == IPPROTO_ICMP ? 8 : ICMP6_ECHO_REQUEST;
-		__u8 rep = f->proto == IPPROTO_ICMP ? 0 : ICMP6_ECHO_REPLY;
-		if (h[0] == req || h[0] == rep) {
-			sf_echo_ports(f, *(__be16 *)&h[4], h[0] == req);
-			return h[0] == req ? SF_PKT_OPEN : SF_PKT_FLOW;
-		}
-		if (f->proto == IPPROTO_ICMP ? (h[0] == 3 || h[0] == 11 || h[0] == 12) : (h[0] >= 1 && h[0] <= 4))
-			return SF_PKT_ERROR;
-		return SF_PKT_FLOW; /* other ICMP: addresses only */
-	}
-	return SF_PKT_FLOW; /* no ports (GRE, ESP, ...): addresses only */
+	if (f->proto == IPPROTO_ICMP ? (ic.type == 3 || ic.type == 11 || ic.type == 12) : (ic.type >= 1 && ic.type <= 4))
+		return SF_PKT_ERROR;
+	return SF_PKT_FLOW; /* other ICMP: addresses only */
 }
 
 /*
@@ -157,19 +144,6 @@ static __always_inline int sf_parse(struct __sk_buff *skb, struct flow *f, __u8 
 		__builtin_memcpy(f->daddr, &ip6->daddr, 16);
 		l4 = ETH_HLEN + sizeof(*ip6);
 	}
-	/* The common case, a TCP or UDP header in the linear data, is read in
-	 * place: this runs for every same-node pod-to-pod packet. */
-	__u8 *h = data + l4;
-	if (f->proto == IPPROTO_TCP && (void *)(h + 14) <= data_end) {
-		f->sport = *(__be16 *)&h[0];
-		f->dport = *(__be16 *)&h[2];
-		return (h[13] & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN ? SF_PKT_OPEN : SF_PKT_FLOW;
-	}
-	if (f->proto == IPPROTO_UDP && (void *)(h + 4) <= data_end) {
-		f->sport = *(__be16 *)&h[0];
-		f->dport = *(__be16 *)&h[2];
-		return SF_PKT_FLOW;
-	}
 	int kind = sf_l4(skb, f, l4);
 	if (kind != SF_PKT_ERROR)
 		return kind;
@@ -210,7 +184,24 @@ static __always_inline void sf_key_sent(struct sf_key *k, const struct flow *f)
  * records). Only a pod churning its own table while others flood the
  * shared one loses a record.
  */
-static __always_inline struct sf_val *sf_get(struct sf_key *k, __u32 sender)
+/* The own table of the pod sender (NULL: the node): its pool slot's, else
+ * (a pod an ADD before the pool attached, or a full pool) the one keyed by
+ * its host veth. The slot is read from the entry the caller already holds:
+ * an array-of-maps lookup, no hash (issue 30). */
+static __always_inline void *sf_table(const struct ep_info *sender)
+{
+	if (!sender)
+		return NULL;
+	__u32 slot = sender->flags >> EP_SF_SLOT_SHIFT;
+	if (slot) {
+		slot--; /* 0 stands for none: slot n is the pool's index n-1 */
+		return bpf_map_lookup_elem(&cni_sf_pool, &slot);
+	}
+	__u32 idx = sender->ifindex;
+	return bpf_map_lookup_elem(&cni_stack_flow_parts, &idx);
+}
+
+static __always_inline struct sf_val *sf_get(struct sf_key *k, const struct ep_info *sender)
 {
 	/* The shared table first: a record the sender's own packets made
 	 * (SF_SENDER_OWN, every record of a pod with a table) stands as it is
@@ -220,7 +211,7 @@ static __always_inline struct sf_val *sf_get(struct sf_key *k, __u32 sender)
 
 	if (!sender || (v && (v->flags & SF_SENDER_OWN)))
 		return v;
-	void *t = bpf_map_lookup_elem(&cni_stack_flow_parts, &sender);
+	void *t = sf_table(sender);
 	if (!t)
 		return v;
 	/* For a pod's flow, only a record its own packets made (one a packet
@@ -228,18 +219,18 @@ static __always_inline struct sf_val *sf_get(struct sf_key *k, __u32 sender)
 	return bpf_map_lookup_elem(t, k);
 }
 
-static __always_inline void sf_del(struct sf_key *k, __u32 sender)
+static __always_inline void sf_del(struct sf_key *k, const struct ep_info *sender)
 {
-	void *t = sender ? bpf_map_lookup_elem(&cni_stack_flow_parts, &sender) : NULL;
+	void *t = sf_table(sender);
 
 	if (t)
 		bpf_map_delete_elem(t, k);
 	bpf_map_delete_elem(&cni_stack_flows, k);
 }
 
-static __always_inline void sf_put(struct sf_key *k, struct sf_val *v, __u32 sender)
+static __always_inline void sf_put(struct sf_key *k, struct sf_val *v, const struct ep_info *sender)
 {
-	void *t = sender ? bpf_map_lookup_elem(&cni_stack_flow_parts, &sender) : NULL;
+	void *t = sf_table(sender);
 
 	if (t)
 		bpf_map_update_elem(t, k, v, BPF_ANY);
@@ -249,7 +240,7 @@ static __always_inline void sf_put(struct sf_key *k, struct sf_val *v, __u32 sen
 /* The record of k (a flow sender sent) if it was made for the pod behind
  * ifindex (one of another pod, left by an earlier owner of the address, is
  * deleted). */
-static __always_inline struct sf_val *sf_lookup(struct sf_key *k, __u32 ifindex, __u32 sender)
+static __always_inline struct sf_val *sf_lookup(struct sf_key *k, __u32 ifindex, const struct ep_info *sender)
 {
 	struct sf_val *v = sf_get(k, sender);
 
@@ -260,7 +251,7 @@ static __always_inline struct sf_val *sf_lookup(struct sf_key *k, __u32 ifindex,
 	return v;
 }
 
-static __always_inline void sf_forget(struct sf_key *k, __u32 sender)
+static __always_inline void sf_forget(struct sf_key *k, const struct ep_info *sender)
 {
 	if (sf_get(k, sender))
 		sf_del(k, sender);
@@ -279,7 +270,7 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 {
 	struct flow f = {};
 	struct sf_key k;
-	__u32 ifindex = src->ifindex, dst_ifindex = dst->ifindex;
+	__u32 ifindex = src->ifindex;
 	int kind = sf_parse(skb, &f, family);
 
 	switch (kind) {
@@ -291,7 +282,7 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 		 * would otherwise erase any Service flow's record by quoting
 		 * its tuple). Rare: looked up whatever the flags say. */
 		sf_key_delivered(&k, &f);
-		struct sf_val *v = sf_get(&k, dst_ifindex);
+		struct sf_val *v = sf_get(&k, dst);
 		return v && v->ifindex == ifindex;
 	}
 	case SF_PKT_OPEN:
@@ -300,18 +291,18 @@ static __always_inline int stack_flow_reply(struct __sk_buff *skb, __u8 family, 
 		 * would be INVALID to conntrack. */
 		if (!(dst->flags & EP_F_SF_NONE)) {
 			sf_key_delivered(&k, &f);
-			sf_forget(&k, ifindex);
+			sf_forget(&k, src);
 		}
 		if (f.proto == IPPROTO_TCP && !(src->flags & EP_F_SF_NONE)) {
 			sf_key_sent(&k, &f);
-			sf_forget(&k, dst_ifindex);
+			sf_forget(&k, dst);
 		}
 		return 0;
 	}
 	if (src->flags & EP_F_SF_NONE)
 		return 0;
 	sf_key_sent(&k, &f);
-	return sf_lookup(&k, ifindex, dst_ifindex) != NULL;
+	return sf_lookup(&k, ifindex, dst) != NULL;
 }
 
 /*
@@ -330,7 +321,8 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 	if ((f.proto == IPPROTO_ICMP || f.proto == IPPROTO_ICMPV6) && kind != SF_PKT_OPEN)
 		return;
 
-	__u32 flags = 0, sender = 0;
+	__u32 flags = 0;
+	const struct ep_info *sender = NULL;
 	struct ep_info *src = ep_lookup_addr(f.saddr, family);
 	if (src) {
 		flags = SF_PEER_POD;
@@ -338,7 +330,7 @@ static __always_inline void stack_flow_record(struct __sk_buff *skb, __u8 family
 		 * host veth (from_container checked its source there): a packet
 		 * from elsewhere with a pod's address must not fill that pod's. */
 		if (src->ifindex == skb->ingress_ifindex)
-			sender = src->ifindex;
+			sender = src;
 	} else if (f.proto == IPPROTO_UDP && node_hooks_enabled() && is_node_ip(f.saddr, family)) {
 		flags = SF_PEER_NODE;
 	}

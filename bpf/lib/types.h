@@ -96,6 +96,11 @@ struct ep_key {
  * fast path looks none up (issue 30). Entries of older builds lack it and
  * are looked up, as before. */
 #define EP_F_SF_NONE (1U << 5)
+/* The pod's slot in cni_sf_pool plus one (its own stack-flow table, taken
+ * at ADD from the node's pool: issue 30), in the top 16 bits of
+ * ep_info.flags; 0: none (then cni_stack_flow_parts by ifindex, as ADDs
+ * before the pool). */
+#define EP_SF_SLOT_SHIFT 16
 /* link_info.flags: written by a build whose ADD also sets EP_F_BW_INGRESS
  * there iff the pod has an ingress limit, so to_container skips the
  * cni_bandwidth lookup of the others (issue 30); entries of older builds

@@ -78,5 +78,6 @@ func add(args *skel.CmdArgs) (err error) {
 	if err := a.Commit(); err != nil {
 		return err
 	}
+	tr.Mark("commit")
 	return types.PrintResult(a.Result(conf.DNS), conf.CNIVersion)
 }

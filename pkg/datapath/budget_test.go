@@ -171,11 +171,18 @@ func linkAsADD(t *testing.T, dp *Datapath) {
 }
 
 // endpointsAsADD rewrites the two pods' address entries of testDatapath as
-// this build's ADD writes them: EP_F_SF_NONE (1 << 5, a literal for older
-// commits, whose programs ignore the bit) until a stack flow is recorded.
+// this build's ADD writes them: EP_F_SF_NONE (1 << 5) until a stack flow
+// is recorded, and for the pod behind lo its slot of the pool of
+// stack-flow tables in the top 16 bits (slot 1: the maps were made with
+// the pool full). The other pod, the Service rows' client, has no table
+// of its own (a pod of an older build, or of a full pool): the row of a
+// record not of its making measures that fallback, as it did before the
+// pool (a pod with a table takes no record of another's making). Literals,
+// so that the test builds at older commits too, whose programs ignore the
+// bits.
 func endpointsAsADD(t *testing.T, dp *Datapath) {
-	must(t, dp.Maps.PutEndpoint(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, 1<<5)))
-	must(t, dp.Maps.PutEndpoint(podIP6, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, 1<<5)))
+	must(t, dp.Maps.PutEndpoint(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, 1<<5|1<<16)))
+	must(t, dp.Maps.PutEndpoint(podIP6, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, 1<<5|1<<16)))
 	must(t, dp.Maps.PutEndpoint(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, 1<<5)))
 }
 

@@ -42,7 +42,7 @@ var (
 	}
 	mapSince = map[ebpf.MapType]string{
 		ebpf.Hash: "3.19", ebpf.Array: "3.19", ebpf.PerCPUHash: "4.6", ebpf.PerCPUArray: "4.6",
-		ebpf.LRUHash: "4.10", ebpf.LPMTrie: "4.11", ebpf.HashOfMaps: "4.12", ebpf.RingBuf: "5.8",
+		ebpf.LRUHash: "4.10", ebpf.LPMTrie: "4.11", ebpf.HashOfMaps: "4.12", ebpf.ArrayOfMaps: "4.12", ebpf.RingBuf: "5.8",
 	}
 )
 

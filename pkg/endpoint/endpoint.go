@@ -63,6 +63,7 @@ type Attachment struct {
 	deferTCX bool       // attach cls_bpf marked for tcx: an agent moves it (see Claim)
 	sfPart   chan error // the pod's stack-flow table being made (CreateVeth)
 	sfErr    error
+	sfSlot   uint32 // the pod's slot in the node's pool of stack-flow tables (0: none)
 	ipam     chan ipamOut
 	ipamOut  *ipamOut
 	undo     []func() error
@@ -256,6 +257,7 @@ func (a *Attachment) Abort() {
 func (a *Attachment) Close() {
 	if a.hooksCh != nil {
 		a.NodeHooks()
+		a.Trace.Mark("node-hooks-wait")
 	}
 	if a.claim != nil {
 		a.claim.Close()
@@ -270,6 +272,7 @@ func (a *Attachment) Close() {
 	if a.busy != nil {
 		a.busy()
 	}
+	a.Trace.Mark("close")
 }
 
 // claimRecord writes the provisional record of the attachment, or refuses
@@ -339,16 +342,6 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 	// pins, link entry and counters, which in-flight packets could re-create.
 	idx := a.hostLink.Attrs().Index
 	a.Ifindex = idx
-	// The pod's own stack-flow table (issue 28): putting a table in the
-	// map of maps waits out an RCU grace period (the kernel's
-	// maybe_wait_bpf_programs, 8-15 ms here), holding no lock. With an
-	// agent alive, the agent makes it after the ADD (background.go) and
-	// the pod's records go to the shared table meanwhile; without one,
-	// the wait runs beside the rest of the ADD and Publish joins it.
-	if !a.agent {
-		a.sfPart = make(chan error, 1)
-		go func() { a.sfPart <- a.DP.Maps.StackFlows().AddPart(idx) }()
-	}
 	a.OnUndo(func() error {
 		a.waitStackFlowPart() // its table is put before it is dropped
 		_, sfErr := a.DP.Maps.StackFlows().DeleteOf(idx)
@@ -361,6 +354,24 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 		_ = disableIPv6(a.HostIf)
 	}
 	a.Trace.Mark("veth")
+	// The pod's own stack-flow table (issue 28): a slot of the node's pool
+	// (made once per node, issue 30), emptied, waiting for nothing.
+	// Without a pool (maps pinned by an older build) or with every slot a
+	// live pod's, a table of its own: putting it in the map of maps waits
+	// out an RCU grace period (maybe_wait_bpf_programs, 5-15 ms), so with
+	// an agent alive the agent makes it after the ADD (background.go) and
+	// the pod's records go to the shared table meanwhile; without one,
+	// the wait runs beside the rest of the ADD and Publish joins it.
+	slot, err := a.DP.Maps.StackFlows().TakeSlot(idx, linkAlive)
+	if err != nil {
+		return mapError(err)
+	}
+	a.sfSlot = slot
+	a.Trace.Mark("stack-flow-slot")
+	if slot == 0 && !a.agent {
+		a.sfPart = make(chan error, 1)
+		go func() { a.sfPart <- a.DP.Maps.StackFlows().AddPart(idx) }()
+	}
 	_, err = a.DP.Attach(idx, a.HostIf, a.Net.attachMode, a.deferTCX)
 	a.Trace.Mark("attach")
 	if err != nil {
@@ -450,7 +461,8 @@ func (a *Attachment) Publish() error {
 	}
 	// A new address has no stack flow recorded: from_container's fast path
 	// skips their lookups until to_container records one.
-	info := maps.NewEndpointInfo(idx, p.podMAC, p.hostMAC, a.Flags, maps.EndpointFlagStackFlowsNone)
+	info := maps.NewEndpointInfo(idx, p.podMAC, p.hostMAC, a.Flags, maps.EndpointFlagStackFlowsNone,
+		maps.EndpointFlagsOfSlot(a.sfSlot))
 	// BPF_NOEXIST: an address has one owner. Another live attachment holding
 	// it (two networks with overlapping ranges, an IPAM bug) refuses this ADD;
 	// a leftover of a vanished veth does not.

@@ -122,7 +122,7 @@ func (u Usage) model(cpus, entries int) uint64 {
 			b += (llistNodeSize+ptrSize)*n + val*c*n
 		}
 		return b
-	case ebpf.Array:
+	case ebpf.Array, ebpf.ArrayOfMaps: // a pointer to each table, in 8 bytes
 		return max * val
 	case ebpf.PerCPUArray:
 		return max*ptrSize + max*val*c
@@ -194,7 +194,8 @@ func usageOf(dir, name string, mp *ebpf.Map, cpus int) (Usage, error) {
 }
 
 // innerSpecs are the tables of each map of maps, as the verbs create them.
-var innerSpecs = map[string]*ebpf.MapSpec{nameStackFlowParts: &stackFlowPartSpec, namePolCTParts: &polCTPartSpec, namePolFragParts: &polFragPartSpec}
+var innerSpecs = map[string]*ebpf.MapSpec{nameStackFlowParts: &stackFlowPartSpec, namePolCTParts: &polCTPartSpec, namePolFragParts: &polFragPartSpec,
+	nameSFPool: &stackFlowPartSpec}
 
 // addInner sums the memlock of a map of maps' tables (opened by their pins
 // under dir), and measures one (a probe table when there is none). A table
@@ -256,11 +257,19 @@ func countKeys(m *ebpf.Map) (int, error) {
 }
 
 // Footprint sums the maps' memlock on a node with cpus possible CPUs: with
-// the entries they have now, and with every map full.
+// the entries they have now, and with every map full. With the pool of
+// stack-flow tables (sfpool.go) pinned, a pod gets a table of its own in
+// cni_stack_flow_parts only when no slot is free, and the pool has one per
+// attachment: those are counted as they are, not full (a table per
+// attachment in all, as before the pool).
 func Footprint(us []Usage, cpus int) (now, full uint64) {
+	pool := false
+	for _, u := range us {
+		pool = pool || u.Name == nameSFPool
+	}
 	for _, u := range us {
 		now += u.Projected(cpus, false)
-		full += u.Projected(cpus, true)
+		full += u.Projected(cpus, !(pool && u.Name == nameStackFlowParts))
 	}
 	return now, full
 }

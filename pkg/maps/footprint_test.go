@@ -12,7 +12,7 @@ import (
 )
 
 // needRoot skips without root, except under CI, which runs as root.
-func needRoot(t *testing.T) {
+func needRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
@@ -23,7 +23,7 @@ func needRoot(t *testing.T) {
 }
 
 // testMaps creates the maps of sizing s in a pin directory of the test's own.
-func testMaps(t *testing.T, s Sizing) *Maps {
+func testMaps(t testing.TB, s Sizing) *Maps {
 	t.Helper()
 	needRoot(t)
 	dir := filepath.Join("/sys/fs/bpf", fmt.Sprintf("ebpf-cni-unit-%s-%d", t.Name(), os.Getpid()))
@@ -47,7 +47,7 @@ func fixedBase(t *testing.T, u Usage) uint64 {
 		probe = 4096 // a page: the smallest ring
 	}
 	spec := &ebpf.MapSpec{Type: u.typ, KeySize: u.KeySize, ValueSize: u.ValueSize, MaxEntries: probe, Flags: u.Flags}
-	if u.typ == ebpf.HashOfMaps {
+	if u.typ == ebpf.HashOfMaps || u.typ == ebpf.ArrayOfMaps {
 		spec.InnerMap = &stackFlowPartSpec
 	}
 	p, err := ebpf.NewMap(spec)
@@ -116,7 +116,7 @@ func TestFootprint(t *testing.T) {
 			us[nameStats].Entries, us[nameClusterRefs].Entries, us[nameEndpoints].Entries)
 	}
 
-	const budget = 56 << 20
+	const budget = 57 << 20 // 56.01 MiB since the pool of stack-flow tables (issue 30) added cni_sf_slots
 	for _, c := range []int{cpus, 64, 192} {
 		now, full := Footprint(us, c)
 		t.Logf("%3d CPUs: %6.2f MiB with these entries, %6.2f MiB with every map full", c, mib(now), mib(full))

@@ -227,6 +227,11 @@ func Create(dir string, s Sizing) (*Maps, error) {
 		out.Close()
 		return nil, err
 	}
+	// Once per node: the pool's tables and their one grace period.
+	if err := out.StackFlows().FillPool(); err != nil {
+		out.Close()
+		return nil, err
+	}
 	return out, nil
 }
 
@@ -328,6 +333,8 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: "cni_sock_rnat", Type: ebpf.LRUHash, KeySize: 32, ValueSize: 24},
 		{Name: "cni_stack_flows", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 16},
 		{Name: nameStackFlowParts, Type: ebpf.HashOfMaps, KeySize: 4, ValueSize: 4},
+		{Name: nameSFPool, Type: ebpf.ArrayOfMaps, KeySize: 4, ValueSize: 4},
+		{Name: nameSFSlots, Type: ebpf.Hash, KeySize: 4, ValueSize: 4},
 		{Name: nameStats, Type: ebpf.PerCPUHash, KeySize: 8, ValueSize: 16, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: nameTunNodes, Type: ebpf.Hash, KeySize: 20, ValueSize: 4, MaxEntries: 4096},
 		{Name: nameAfterLinks, Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 256},

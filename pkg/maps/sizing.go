@@ -110,6 +110,8 @@ func (s Sizing) entries() map[string]uint32 {
 		nameMasqPods:       uint32(att*2 + 1),                   // an attachment's, one left by a DEL that failed, and the total
 		nameStackFlows:     uint32(s.MaxPods * flowsPerPod),
 		nameStackFlowParts: uint32(att), // a table per attachment
+		nameSFPool:         uint32(att), // a table per attachment
+		nameSFSlots:        uint32(att),
 		nameClusterRefs:    uint32(att * MaxClusterCIDRsPerNetwork),
 		nameEvPods:         uint32(att),
 		nameEvFlows:        uint32(s.MaxPods * eventFlowsPerPod),

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -61,6 +62,9 @@ func (s StackFlows) EnsurePart(ifindex int) error {
 	if err := outer.Lookup(&k, &id); err == nil {
 		return nil // the common case: no table made to be thrown away
 	}
+	if slot, err := s.SlotOf(ifindex); err != nil || slot != 0 {
+		return err // the pod has the pool's (ADD took it)
+	}
 	inner, err := ebpf.NewMap(&stackFlowPartSpec)
 	if err != nil {
 		return fmt.Errorf("create the stack-flow table of ifindex %d: %w", ifindex, err)
@@ -72,12 +76,22 @@ func (s StackFlows) EnsurePart(ifindex int) error {
 	return nil
 }
 
-// Parts lists the ifindexes that have a table of their own.
+// Parts lists the ifindexes that have a table of their own: one made for
+// them, or a slot of the pool (the agent's reconcile frees a gone veth's).
 func (s StackFlows) Parts() ([]int, error) {
 	var out []int
 	err := scan(s.m.byName[nameStackFlowParts], func(k *uint32, _ *uint32) { out = append(out, int(*k)) })
 	if err != nil {
 		return nil, fmt.Errorf("scan %s: %w", nameStackFlowParts, err)
+	}
+	slots, err := s.Slots()
+	if err != nil {
+		return nil, err
+	}
+	for idx := range slots {
+		if !slices.Contains(out, idx) {
+			out = append(out, idx)
+		}
 	}
 	return out, nil
 }
@@ -149,6 +163,14 @@ func (s StackFlows) List() ([]StackFlow, error) {
 	if err != nil {
 		return nil, err
 	}
+	err = s.m.eachTakenTable(func(_ uint32, t *ebpf.Map) error {
+		fs, err := listStackFlows(t, nameSFPool)
+		out = append(out, fs...)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
 	return out, nil
 }
 
@@ -190,7 +212,27 @@ func (s StackFlows) DeleteOf(ifindex int) (int, error) {
 		n += k
 		return err
 	})
-	return n, err
+	if err != nil {
+		return n, err
+	}
+	// The pod's own pool table is emptied whole and its slot freed; the
+	// others' are scanned as above.
+	own, err := s.SlotOf(ifindex)
+	if err != nil {
+		return n, err
+	}
+	err = s.m.eachTakenTable(func(slot uint32, t *ebpf.Map) error {
+		if slot == own {
+			return nil
+		}
+		k, err := deleteStackFlowsIn(t, nameSFPool, ifindex)
+		n += k
+		return err
+	})
+	if err != nil {
+		return n, err
+	}
+	return n, s.m.freeSlot(ifindex)
 }
 
 // deleteStackFlowsIn removes the records of table mp made for ifindex.

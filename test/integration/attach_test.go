@@ -329,10 +329,11 @@ func TestWithoutAgentADDDefersTCXAndDELDeletes(t *testing.T) {
 	}
 }
 
-// TestAgentGivesStackFlowTable: with the agent alive, ADD leaves the pod's
-// own stack-flow table to it (putting a table in the map of maps waits out
-// an RCU grace period, issue 30); the agent makes it once the ADD ended,
-// and after DEL hands the veth off, deletes it with the veth.
+// TestAgentGivesStackFlowTable: with the agent alive, the pod has its own
+// stack-flow table shortly after ADD (a slot of the node's pool, taken by
+// ADD; without a free slot the agent makes it once the ADD ended, since
+// putting a table in the map of maps waits out an RCU grace period, issue
+// 30), and after DEL hands the veth off, it goes with the veth.
 func TestAgentGivesStackFlowTable(t *testing.T) {
 	e := testenv.New(t)
 	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
