@@ -47,6 +47,8 @@ const (
 	fromUplinkMapCniPolPorts       = "cni_pol_ports"
 	fromUplinkMapCniPolScratch     = "cni_pol_scratch"
 	fromUplinkMapCniPolState       = "cni_pol_state"
+	fromUplinkMapCniSfPool         = "cni_sf_pool"
+	fromUplinkMapCniSfSlots        = "cni_sf_slots"
 	fromUplinkMapCniSnat           = "cni_snat"
 	fromUplinkMapCniSockRnat       = "cni_sock_rnat"
 	fromUplinkMapCniStackFlowParts = "cni_stack_flow_parts"
@@ -138,6 +140,8 @@ type fromUplinkMapSpecs struct {
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
+	CniSfPool         *ebpf.MapSpec `ebpf:"cni_sf_pool"`
+	CniSfSlots        *ebpf.MapSpec `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
 	CniSockRnat       *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
@@ -205,6 +209,8 @@ type fromUplinkMaps struct {
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
+	CniSfPool         *ebpf.Map `ebpf:"cni_sf_pool"`
+	CniSfSlots        *ebpf.Map `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
 	CniSockRnat       *ebpf.Map `ebpf:"cni_sock_rnat"`
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
@@ -248,6 +254,8 @@ func (m *fromUplinkMaps) Close() error {
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,
+		m.CniSfPool,
+		m.CniSfSlots,
 		m.CniSnat,
 		m.CniSockRnat,
 		m.CniStackFlowParts,

@@ -47,6 +47,8 @@ const (
 	sockMapCniPolPorts       = "cni_pol_ports"
 	sockMapCniPolScratch     = "cni_pol_scratch"
 	sockMapCniPolState       = "cni_pol_state"
+	sockMapCniSfPool         = "cni_sf_pool"
+	sockMapCniSfSlots        = "cni_sf_slots"
 	sockMapCniSnat           = "cni_snat"
 	sockMapCniSockRnat       = "cni_sock_rnat"
 	sockMapCniStackFlowParts = "cni_stack_flow_parts"
@@ -152,6 +154,8 @@ type sockMapSpecs struct {
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
+	CniSfPool         *ebpf.MapSpec `ebpf:"cni_sf_pool"`
+	CniSfSlots        *ebpf.MapSpec `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
 	CniSockRnat       *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
@@ -219,6 +223,8 @@ type sockMaps struct {
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
+	CniSfPool         *ebpf.Map `ebpf:"cni_sf_pool"`
+	CniSfSlots        *ebpf.Map `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
 	CniSockRnat       *ebpf.Map `ebpf:"cni_sock_rnat"`
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
@@ -262,6 +268,8 @@ func (m *sockMaps) Close() error {
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,
+		m.CniSfPool,
+		m.CniSfSlots,
 		m.CniSnat,
 		m.CniSockRnat,
 		m.CniStackFlowParts,

@@ -47,6 +47,8 @@ const (
 	tunnelMapCniPolPorts       = "cni_pol_ports"
 	tunnelMapCniPolScratch     = "cni_pol_scratch"
 	tunnelMapCniPolState       = "cni_pol_state"
+	tunnelMapCniSfPool         = "cni_sf_pool"
+	tunnelMapCniSfSlots        = "cni_sf_slots"
 	tunnelMapCniSnat           = "cni_snat"
 	tunnelMapCniSockRnat       = "cni_sock_rnat"
 	tunnelMapCniStackFlowParts = "cni_stack_flow_parts"
@@ -140,6 +142,8 @@ type tunnelMapSpecs struct {
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
+	CniSfPool         *ebpf.MapSpec `ebpf:"cni_sf_pool"`
+	CniSfSlots        *ebpf.MapSpec `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
 	CniSockRnat       *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
@@ -207,6 +211,8 @@ type tunnelMaps struct {
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
+	CniSfPool         *ebpf.Map `ebpf:"cni_sf_pool"`
+	CniSfSlots        *ebpf.Map `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
 	CniSockRnat       *ebpf.Map `ebpf:"cni_sock_rnat"`
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
@@ -250,6 +256,8 @@ func (m *tunnelMaps) Close() error {
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,
+		m.CniSfPool,
+		m.CniSfSlots,
 		m.CniSnat,
 		m.CniSockRnat,
 		m.CniStackFlowParts,

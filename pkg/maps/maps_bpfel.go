@@ -511,6 +511,8 @@ const (
 	mapsObjMapCniPolPorts       = "cni_pol_ports"
 	mapsObjMapCniPolScratch     = "cni_pol_scratch"
 	mapsObjMapCniPolState       = "cni_pol_state"
+	mapsObjMapCniSfPool         = "cni_sf_pool"
+	mapsObjMapCniSfSlots        = "cni_sf_slots"
 	mapsObjMapCniSnat           = "cni_snat"
 	mapsObjMapCniSockRnat       = "cni_sock_rnat"
 	mapsObjMapCniStackFlowParts = "cni_stack_flow_parts"
@@ -610,6 +612,8 @@ type mapsObjMapSpecs struct {
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
+	CniSfPool         *ebpf.MapSpec `ebpf:"cni_sf_pool"`
+	CniSfSlots        *ebpf.MapSpec `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
 	CniSockRnat       *ebpf.MapSpec `ebpf:"cni_sock_rnat"`
 	CniStackFlowParts *ebpf.MapSpec `ebpf:"cni_stack_flow_parts"`
@@ -687,6 +691,8 @@ type mapsObjMaps struct {
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
+	CniSfPool         *ebpf.Map `ebpf:"cni_sf_pool"`
+	CniSfSlots        *ebpf.Map `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
 	CniSockRnat       *ebpf.Map `ebpf:"cni_sock_rnat"`
 	CniStackFlowParts *ebpf.Map `ebpf:"cni_stack_flow_parts"`
@@ -730,6 +736,8 @@ func (m *mapsObjMaps) Close() error {
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,
+		m.CniSfPool,
+		m.CniSfSlots,
 		m.CniSnat,
 		m.CniSockRnat,
 		m.CniStackFlowParts,
