@@ -146,29 +146,25 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		}
 	}
 
-	eps, err := m.ListEndpoints()
+	eps, err := m.Endpoints().List()
 	errs = errors.Join(errs, err)
 	for _, e := range eps {
 		if !linkExists(e.Info.Ifindex) {
 			ip, idx := e.IP, int(e.Info.Ifindex)
-			act("endpoint", fmt.Sprintf("%s -> ifindex %d", ip, idx), func() error { return m.DeleteEndpoint(ip, idx) })
+			act("endpoint", fmt.Sprintf("%s -> ifindex %d", ip, idx), func() error { return m.Endpoints().Delete(ip, idx) })
 		}
 	}
-	var (
-		k  uint32
-		li maps.LinkInfo
-	)
 	var goneLinks []uint32
-	it := m.Links.Iterate()
-	for it.Next(&k, &li) {
+	links, err := m.Links().Ifindexes()
+	for _, k := range links {
 		if !linkExists(k) {
 			goneLinks = append(goneLinks, k)
 		}
 	}
-	errs = errors.Join(errs, it.Err())
+	errs = errors.Join(errs, err)
 	for _, idx := range goneLinks {
 		idx := int(idx)
-		act("link-entry", fmt.Sprintf("ifindex %d", idx), func() error { return m.DeleteLink(idx) })
+		act("link-entry", fmt.Sprintf("ifindex %d", idx), func() error { return m.Links().Delete(idx) })
 	}
 	lims, err := m.Bandwidth().ListLimits()
 	errs = errors.Join(errs, err)
@@ -178,12 +174,12 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 			act("limit", fmt.Sprintf("%s of ifindex %d", l.Dir, idx), func() error { return m.Bandwidth().DeleteLimits(idx) })
 		}
 	}
-	all, err := m.AllCounters()
+	all, err := m.Stats().All()
 	errs = errors.Join(errs, err)
 	for idx := range all {
 		if !linkExists(idx) {
 			idx := int(idx)
-			act("counters", fmt.Sprintf("ifindex %d", idx), func() error { return m.ResetStats(idx) })
+			act("counters", fmt.Sprintf("ifindex %d", idx), func() error { return m.Stats().Reset(idx) })
 		}
 	}
 

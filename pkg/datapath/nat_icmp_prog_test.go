@@ -243,7 +243,7 @@ func TestHostPortICMPErrors(t *testing.T) {
 	// dstIP:5555 -> node:7000 -> podIP:70; the client is a pod of the node.
 	info := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)
 	info.Flags |= maps.EndpointFlagHostPort
-	must(t, dp.Maps.PutEndpoint(podIP, info))
+	must(t, dp.Maps.Endpoints().Put(podIP, info))
 	k, v = ctFlow(podIP, 70, dstIP, 5555, nodeIP, 7000, loIfindex)
 	k.Proto = protoUDP
 	must(t, dp.Maps.HostPorts().PutCT(k, v))

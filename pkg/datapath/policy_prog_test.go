@@ -14,8 +14,8 @@ import (
 // (EP_F_POLICY): the source (lo) and the destination (dstIfindex).
 func policyDatapath(t testing.TB) (*Datapath, *maps.PolicyWriter) {
 	dp := testDatapath(t)
-	must(t, dp.Maps.PutEndpoint(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagPolicy)))
-	must(t, dp.Maps.PutEndpoint(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, maps.EndpointFlagPolicy)))
+	must(t, dp.Maps.Endpoints().Put(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagPolicy)))
+	must(t, dp.Maps.Endpoints().Put(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, maps.EndpointFlagPolicy)))
 	must(t, dp.Maps.EnablePolicy())
 	must(t, dp.Maps.SetPolicyPending(loIfindex))
 	must(t, dp.Maps.SetPolicyPending(dstIfindex))
@@ -35,7 +35,7 @@ func TestPolicyFastPathVerdicts(t *testing.T) {
 	dp, w := policyDatapath(t)
 	req := func(flags byte) []byte { return packet(podMAC, protoTCP, podIP, dstIP, 40000, 80, flags) }
 	drops := func(idx int, dir maps.Dir) uint64 {
-		c, err := dp.Maps.Counters(idx)
+		c, err := dp.Maps.Stats().Counters(idx)
 		must(t, err)
 		return c[maps.CounterKey{Dir: dir, Reason: maps.ReasonDropPolicy}].Packets
 	}

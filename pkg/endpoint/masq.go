@@ -111,7 +111,7 @@ func (m *masq) Check(a *Attachment) error {
 		return nil
 	}
 	for _, ip := range a.PodIPs() {
-		if e, err := a.DP.Maps.LookupEndpoint(ip); err == nil && e.Flags&maps.EndpointFlagMasq == 0 {
+		if e, err := a.DP.Maps.Endpoints().Lookup(ip); err == nil && e.Flags&maps.EndpointFlagMasq == 0 {
 			return checkError("map cni_endpoints entry of %s lacks the ipMasq flag", ip)
 		}
 	}

@@ -53,7 +53,7 @@ func (p *netPolicy) Check(a *Attachment) error {
 		return nil
 	}
 	for _, ip := range a.PodIPs() {
-		if e, err := a.DP.Maps.LookupEndpoint(ip); err == nil && e.Flags&maps.EndpointFlagPolicy == 0 {
+		if e, err := a.DP.Maps.Endpoints().Lookup(ip); err == nil && e.Flags&maps.EndpointFlagPolicy == 0 {
 			return checkError("map cni_endpoints entry of %s lacks the networkPolicy flag", ip)
 		}
 	}

@@ -292,7 +292,7 @@ func (m *Maps) ReleaseInheritedClusterCIDRs(exceptIfindex int) (bool, error) {
 	}
 	defer unlock()
 	busy := false
-	if err := scan(m.Links, func(k *uint32, _ *LinkInfo) { busy = busy || int(*k) != exceptIfindex }); err != nil {
+	if err := scan(m.links, func(k *uint32, _ *LinkInfo) { busy = busy || int(*k) != exceptIfindex }); err != nil {
 		return false, fmt.Errorf("scan %s: %w", nameLinks, err)
 	}
 	if busy {

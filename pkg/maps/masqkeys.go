@@ -88,7 +88,7 @@ func (m *Maps) ClaimMasqConfig(k MasqKeys, p MasqPorts, self []net.IP) error {
 
 // masqUsers counts the masquerading pod addresses in cni_endpoints but self.
 func (m *Maps) masqUsers(self []net.IP) (int, error) {
-	eps, err := m.ListEndpoints()
+	eps, err := m.Endpoints().List()
 	if err != nil {
 		return 0, fmt.Errorf("read %s: %w", nameEndpoints, err)
 	}

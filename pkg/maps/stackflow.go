@@ -95,7 +95,7 @@ func (m *Maps) deleteStackFlowPart(ifindex int) error {
 // ADD, cleared by to_container before it records the first flow the stack
 // delivered to the address. While it is set from_container's same-node
 // fast path looks up no stack-flow record of the address's flows (issue
-// 30). An entry rewritten over a live one (InsertEndpoint on its own
+// 30). An entry rewritten over a live one (Endpoints().Insert on its own
 // ifindex) never gets it: that address may have records already.
 const EndpointFlagStackFlowsNone = 1 << 5
 
@@ -214,7 +214,7 @@ func deleteStackFlowsIn(mp *ebpf.Map, name string, ifindex int) (int, error) {
 // the ADDs of this build meanwhile set it. Those pods' flows are then
 // looked up, as before the bit. Returns how many entries it changed.
 func (m *Maps) ClearStackFlowsNone() (int, error) {
-	eps, err := m.ListEndpoints()
+	eps, err := m.Endpoints().List()
 	if err != nil {
 		return 0, fmt.Errorf("list %s: %w", nameEndpoints, err)
 	}
@@ -230,8 +230,8 @@ func (m *Maps) ClearStackFlowsNone() (int, error) {
 		v := e.Info
 		v.Flags &^= EndpointFlagStackFlowsNone
 		// Only over the entry still there: a pod deleted meanwhile stays gone.
-		if err := m.Endpoints.Update(&k, &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return n, writeErr(m.Endpoints, nameEndpoints, "endpoint "+e.IP.String(), err)
+		if err := m.endpoints.Update(&k, &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, writeErr(m.endpoints, nameEndpoints, "endpoint "+e.IP.String(), err)
 		}
 		n++
 	}

@@ -30,7 +30,7 @@ import (
 // podFlows is what cni_masq_pods holds for the pod with address ip.
 func podFlows(t *testing.T, a *testenv.Env, ip net.IP) maps.MasqPodFlows {
 	t.Helper()
-	eps, err := a.Maps().ListEndpoints()
+	eps, err := a.Maps().Endpoints().List()
 	if err != nil {
 		t.Fatal(err)
 	}

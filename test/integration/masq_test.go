@@ -449,19 +449,19 @@ func TestMasqCheck(t *testing.T) {
 	}
 	m := e.Maps()
 	ip := v4Of(t, r)
-	ep, err := m.LookupEndpoint(ip)
+	ep, err := m.Endpoints().Lookup(ip)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cleared := ep
 	cleared.Flags &^= maps.EndpointFlagMasq
-	if err := m.PutEndpoint(ip, cleared); err != nil {
+	if err := m.Endpoints().Put(ip, cleared); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Check(p, "m", "eth0"); err == nil || !strings.Contains(err.Error(), "ipMasq flag") {
 		t.Errorf("CHECK with the ipMasq flag cleared: %v, want an error naming the flag", err)
 	}
-	if err := m.PutEndpoint(ip, ep); err != nil {
+	if err := m.Endpoints().Put(ip, ep); err != nil {
 		t.Fatal(err)
 	}
 	sub := netip.MustParsePrefix(testenv.PodSubnet4)

@@ -318,7 +318,7 @@ func TestUpgradeKilledMidMigration(t *testing.T) {
 	}
 	// upgrade finished the migration: f's entries were copied before its
 	// link moved to this build's programs.
-	if ep, err := m.LookupEndpoint(f4); err != nil {
+	if ep, err := m.Endpoints().Lookup(f4); err != nil {
 		t.Errorf("f (attached by the old build after the last kill) has no endpoint in the layout 2 maps: %v", err)
 	} else if _, idxF := e.HostVeth("f"); int(ep.Ifindex) != idxF {
 		t.Errorf("f's endpoint in the layout 2 maps: ifindex %d, its host veth %d", ep.Ifindex, idxF)

@@ -51,7 +51,7 @@ func ReadPolicy(src Source, statusDir string) (Policy, error) {
 	for _, s := range sts {
 		byIdx[s.Ifindex] = s
 	}
-	all, _ := m.AllCounters()
+	all, _ := m.Stats().All()
 	names := NewNames(src.StateDir)
 	rows := Policy{}
 	for idx := range states {

@@ -115,7 +115,7 @@ func nodeHookUsers(m *maps.Maps) (NodeHookUsers, error) {
 		return u, err
 	}
 	u.HostPorts = len(hps)
-	eps, err := m.ListEndpoints()
+	eps, err := m.Endpoints().List()
 	if err != nil {
 		return u, err
 	}
