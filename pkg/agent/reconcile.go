@@ -185,7 +185,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 
 	// Masquerade entries of gone veths (DEL removes them; this catches pods
 	// that vanished without one). The programs ignore them anyway.
-	snat, err := m.ListSNAT()
+	snat, err := m.Masq().ListSNAT()
 	errs = errors.Join(errs, err)
 	goneNAT := map[int]int{}
 	for _, f := range snat {
@@ -194,7 +194,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		}
 	}
 	// A gone veth's count of flows (its quota) goes with them, flows or not.
-	counts, err := m.ListMasqPods()
+	counts, err := m.Masq().ListPods()
 	errs = errors.Join(errs, err)
 	for _, c := range counts {
 		if _, ok := goneNAT[c.Ifindex]; !ok && c.Ifindex != 0 && !linkExists(uint32(c.Ifindex)) {
@@ -203,7 +203,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	}
 	for idx, n := range goneNAT {
 		idx := idx
-		act("nat", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.DeleteSNATOf(idx); return err })
+		act("nat", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.Masq().DeleteSNATOf(idx); return err })
 	}
 
 	// Stack flows of gone veths, likewise.

@@ -69,7 +69,7 @@ func TestMasqNodeIPsGone(t *testing.T) {
 		t.Fatalf("cni_node_ips_gone %d after a removal at %d: want a second past it", mark, before)
 	}
 	check("the node lost the mapping's address", podIP, 40030)
-	st, err := dp.Maps.MasqStats()
+	st, err := dp.Maps.Masq().Stats()
 	if err != nil || st["not_new"] == 0 {
 		t.Fatalf("not_new %d (%v): the segment was not taken for one of no known flow", st["not_new"], err)
 	}

@@ -89,7 +89,7 @@ func TestToUplinkMasquerade(t *testing.T) {
 	mq := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagMasq)
 	must(t, dp.Maps.Endpoints().Put(podIP, mq))
 	must(t, dp.Maps.Endpoints().Put(podIP6, mq))
-	must(t, dp.Maps.PutClusterCIDR(netip.MustParsePrefix("10.9.0.0/16")))
+	must(t, dp.Maps.Masq().PutClusterCIDR(netip.MustParsePrefix("10.9.0.0/16")))
 
 	for _, c := range []struct {
 		name         string

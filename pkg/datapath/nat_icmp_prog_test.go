@@ -209,7 +209,7 @@ func TestMasqICMPErrorIn(t *testing.T) {
 	if ret != actNext || string(out) != string(f) {
 		t.Errorf("error about no flow: verdict %d, changed %v", ret, string(out) != string(f))
 	}
-	st, err := dp.Maps.MasqStats()
+	st, err := dp.Maps.Masq().Stats()
 	if err != nil || st["icmp_error_in"] != 4 {
 		t.Errorf("icmp_error_in %d (%v), want 4", st["icmp_error_in"], err)
 	}

@@ -90,7 +90,7 @@ func TestFootprint(t *testing.T) {
 		}
 	}
 	for _, owner := range []uint64{1, 2} {
-		if err := m.AcquireClusterCIDRs(owner, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}); err != nil {
+		if err := m.Masq().AcquireClusterCIDRs(owner, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}); err != nil {
 			t.Fatal(err)
 		}
 	}

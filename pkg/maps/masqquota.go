@@ -85,10 +85,10 @@ func (m *Maps) initMasqQuota(s Sizing) error {
 	return nil
 }
 
-// MasqQuota reads cni_masq_quota (zero: no quota, pins of an older build).
-func (m *Maps) MasqQuota() (MasqQuota, error) {
+// Quota reads cni_masq_quota (zero: no quota, pins of an older build).
+func (ms Masq) Quota() (MasqQuota, error) {
 	var q MasqQuota
-	mp := m.byName[nameMasqQuota]
+	mp := ms.m.byName[nameMasqQuota]
 	if mp == nil {
 		return q, nil
 	}
@@ -107,9 +107,9 @@ type MasqPodFlows struct {
 	Drops   int // new flows refused for the quota
 }
 
-// ListMasqPods returns cni_masq_pods.
-func (m *Maps) ListMasqPods() ([]MasqPodFlows, error) {
-	mp := m.byName[nameMasqPods]
+// ListPods returns cni_masq_pods.
+func (ms Masq) ListPods() ([]MasqPodFlows, error) {
+	mp := ms.m.byName[nameMasqPods]
 	if mp == nil {
 		return nil, nil
 	}

@@ -121,7 +121,7 @@ func TestUpgradeFromLayout1(t *testing.T) {
 	if c := counter(t, m, idxA, maps.DirEgress, maps.ReasonRedirect); c.Packets < 1400 {
 		t.Errorf("a's redirect counter in the new maps: %d packets, want about its old count and the pings since (1500+)", c.Packets)
 	}
-	users, err := m.ClusterCIDRUsers()
+	users, err := m.Masq().ClusterCIDRUsers()
 	must(t, err)
 	if n := users[netip.MustParsePrefix(testenv.PodSubnet4)]; n != 2 {
 		t.Errorf("%s has %d users, want 2: the old build's pods (inherited) and d", testenv.PodSubnet4, n)

@@ -67,11 +67,11 @@ func (e *Env) Leftovers() []string {
 		for _, l := range lims {
 			out = append(out, fmt.Sprintf("%s limit of ifindex %d", l.Dir, l.Ifindex))
 		}
-		cidrs, _ := m.ClusterCIDRs()
+		cidrs, _ := m.Masq().ClusterCIDRs()
 		for _, c := range cidrs {
 			out = append(out, "cluster CIDR "+c.String())
 		}
-		users, _ := m.ClusterCIDRUsers()
+		users, _ := m.Masq().ClusterCIDRUsers()
 		for c, n := range users {
 			out = append(out, fmt.Sprintf("%d users of cluster CIDR %s", n, c))
 		}
