@@ -238,14 +238,14 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	}
 
 	// A gone veth's NetworkPolicy flow tables (its DEL never ran).
-	polTables, err := m.PolicyFlowTables()
+	polTables, err := m.Policy().FlowTables()
 	errs = errors.Join(errs, err)
 	hasTables := map[int]bool{}
 	for _, idx := range polTables {
 		hasTables[idx] = true
 		if !linkExists(uint32(idx)) {
 			idx := idx
-			act("policy-flows", fmt.Sprintf("flow tables of ifindex %d", idx), func() error { return m.DeletePolicyFlowTables(idx) })
+			act("policy-flows", fmt.Sprintf("flow tables of ifindex %d", idx), func() error { return m.Policy().DeleteFlowTables(idx) })
 		}
 	}
 	// A live policy interface without them (attached by a build that kept
@@ -256,7 +256,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		for _, r := range recs {
 			if r.Policy && !r.Provisional && r.HostIfindex > 0 && !hasTables[r.HostIfindex] && linkExists(uint32(r.HostIfindex)) {
 				idx := r.HostIfindex
-				act("policy-flows", fmt.Sprintf("flow tables for ifindex %d", idx), func() error { return m.AddPolicyFlowTables(idx) })
+				act("policy-flows", fmt.Sprintf("flow tables for ifindex %d", idx), func() error { return m.Policy().AddFlowTables(idx) })
 			}
 		}
 	} else {

@@ -85,7 +85,7 @@ func (t TunnelOptions) ensure(dp *datapath.Datapath, lg *log.Logger) (Routing, e
 				return rt, err
 			}
 			// No device, no judging link (its ifindex may come again).
-			if err := dp.Maps.SyncAfterLinks(maps.AfterLinkTunnel, nil); err != nil {
+			if err := dp.Maps.Policy().SyncAfterLinks(maps.AfterLinkTunnel, nil); err != nil {
 				return rt, err
 			}
 			lg.Printf("tunnel: off; removed %s", datapath.TunnelDevice)

@@ -16,10 +16,10 @@ func policyDatapath(t testing.TB) (*Datapath, *maps.PolicyWriter) {
 	dp := testDatapath(t)
 	must(t, dp.Maps.Endpoints().Put(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagPolicy)))
 	must(t, dp.Maps.Endpoints().Put(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, maps.EndpointFlagPolicy)))
-	must(t, dp.Maps.EnablePolicy())
-	must(t, dp.Maps.SetPolicyPending(loIfindex))
-	must(t, dp.Maps.SetPolicyPending(dstIfindex))
-	return dp, dp.Maps.PolicyWriter()
+	must(t, dp.Maps.Policy().Enable())
+	must(t, dp.Maps.Policy().SetPending(loIfindex))
+	must(t, dp.Maps.Policy().SetPending(dstIfindex))
+	return dp, dp.Maps.Policy().Writer()
 }
 
 func hostPrefix(ip net.IP) netip.Prefix {
@@ -67,7 +67,7 @@ func TestPolicyFastPathVerdicts(t *testing.T) {
 	if got, _ := run(t, dp.FromContainer, other); got != actShot {
 		t.Fatalf("new flow after the change: verdict %d, want a drop", got)
 	}
-	flows, err := dp.Maps.ListPolicyFlows()
+	flows, err := dp.Maps.Policy().ListFlows()
 	must(t, err)
 	ends := map[int]bool{}
 	for _, f := range flows {

@@ -91,7 +91,7 @@ func (dp *Datapath) EnsureTunnel(mode TunnelMode, mtu int) (int, error) {
 		}
 	}
 	// Its egress program runs: pods' denied egress may be deferred to it.
-	if err := dp.Maps.SyncAfterLinks(maps.AfterLinkTunnel, []int{idx}); err != nil {
+	if err := dp.Maps.Policy().SyncAfterLinks(maps.AfterLinkTunnel, []int{idx}); err != nil {
 		return 0, fmt.Errorf("tunnel device %s: %w", TunnelDevice, err)
 	}
 	return idx, nil

@@ -212,7 +212,7 @@ func (dp *Datapath) upgradeUplinks(uplinks map[string]int, loaded map[string]*eb
 			}
 		}
 	}
-	return dp.Maps.SyncAfterLinks(maps.AfterLinkUplink, upgradedUplinks(uplinks))
+	return dp.Maps.Policy().SyncAfterLinks(maps.AfterLinkUplink, upgradedUplinks(uplinks))
 }
 
 // upgradedUplinks are the ifindexes of the uplinks an upgrade leaves

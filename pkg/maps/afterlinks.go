@@ -27,8 +27,8 @@ const (
 // set of an older build of the layout may lack the map: then nothing is
 // written (its programs do not read it). A full map is an error wrapping
 // ErrFull naming it.
-func (m *Maps) SyncAfterLinks(kind AfterLink, ifindexes []int) error {
-	mp := m.byName[nameAfterLinks]
+func (pl Policy) SyncAfterLinks(kind AfterLink, ifindexes []int) error {
+	mp := pl.m.byName[nameAfterLinks]
 	if mp == nil {
 		return nil
 	}

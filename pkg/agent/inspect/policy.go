@@ -42,7 +42,7 @@ func ReadPolicy(src Source, statusDir string) (Policy, error) {
 		return nil, err
 	}
 	defer m.Close()
-	states, err := m.PolicyStates()
+	states, err := m.Policy().States()
 	if err != nil {
 		return nil, err
 	}
@@ -55,7 +55,7 @@ func ReadPolicy(src Source, statusDir string) (Policy, error) {
 	names := NewNames(src.StateDir)
 	rows := Policy{}
 	for idx := range states {
-		p, ok, err := m.ReadPolicy(idx)
+		p, ok, err := m.Policy().Read(idx)
 		if err != nil || !ok {
 			continue // gone since the list
 		}
