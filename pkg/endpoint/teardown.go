@@ -255,7 +255,7 @@ func (t *Teardown) removeLinkState() error {
 		// The flow and trace switches go too: the next pod given this
 		// ifindex has not asked for them. (Its flows age out: LRU, idle sweep.)
 		errs = errors.Join(t.DP.Maps.Links().Delete(t.Ifindex), t.DP.Maps.Stats().Reset(t.Ifindex),
-			t.DP.Maps.ForgetEventEndpoint(uint32(t.Ifindex)))
+			t.DP.Maps.Events().ForgetEndpoint(uint32(t.Ifindex)))
 	}
 	if !t.foreign {
 		errs = errors.Join(errs, datapath.RemoveLinkPins(t.Net.PinDir, t.hostIf))

@@ -408,7 +408,7 @@ func TestEventsFlows(t *testing.T) {
 	}
 	_, bIdx := e.HostVeth("efb")
 	e.MustDel(b, "efb")
-	if ids, err := e.Maps().FlowEventEndpoints(); err != nil || len(ids) != 0 {
+	if ids, err := e.Maps().Events().FlowEndpoints(); err != nil || len(ids) != 0 {
 		t.Errorf("flow events switch after DEL: %v %v (server was %d)", ids, err, bIdx)
 	}
 	e.MustDel(a, "efa")
