@@ -164,7 +164,7 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 	if tunnel && rt.Maps != nil {
 		// The maps before the routes: a packet routed into the tunnel finds
 		// its node, and the peer's replies are accepted.
-		if err := rt.Maps.SyncTunnel(pl.tunNodes); err != nil {
+		if err := rt.Maps.Tunnel().Sync(pl.tunNodes); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("tunnel maps: %w", err))
 		}
 	}
@@ -182,7 +182,7 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 		}
 	}
 	if !tunnel && rt.Maps != nil {
-		errs = errors.Join(errs, rt.Maps.SyncTunnel(nil))
+		errs = errors.Join(errs, rt.Maps.Tunnel().Sync(nil))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Dst < out[j].Dst })
 	return out, errs

@@ -157,7 +157,7 @@ func (w *pmtuWatch) Run(ctx context.Context) error {
 		}
 		// The same tick keeps the next hops toward the nodes resolved
 		// (a route to a node may change): tunnelhops.go.
-		if addrs, err := w.m.TunnelNodeAddrs(); err != nil {
+		if addrs, err := w.m.Tunnel().NodeAddrs(); err != nil {
 			w.lg.Printf("tunnel next hops: %v", err)
 		} else if err := EnsureTunnelHops(addrs); err != nil {
 			w.lg.Printf("tunnel next hops: %v", err)
@@ -173,7 +173,7 @@ func RefreshTunnelMTU(m *maps.Maps, lg *log.Logger) error {
 		return nil // no tunnel (yet)
 	}
 	idx, devMTU := tun.Attrs().Index, tun.Attrs().MTU
-	trs, err := m.TunnelRoutes()
+	trs, err := m.Tunnel().Routes()
 	if err != nil {
 		return err
 	}

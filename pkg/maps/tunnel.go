@@ -16,6 +16,14 @@ const (
 	nameTunCIDRs = "cni_tun_cidrs"
 )
 
+// Tunnel is the tunnel family of the maps: the nodes that may send through
+// the tunnel (cni_tun_nodes) and the other nodes' pod CIDRs with the address
+// each is encapsulated to (cni_tun_cidrs).
+type Tunnel struct{ m *Maps }
+
+// Tunnel returns the tunnel family of m.
+func (m *Maps) Tunnel() Tunnel { return Tunnel{m} }
+
 // TunnelPeer is the generated twin of struct tun_peer.
 type TunnelPeer = mapsObjTunPeer
 
@@ -33,12 +41,12 @@ func addrEndpointKey(a netip.Addr) EndpointKey {
 	return k
 }
 
-// SyncTunnel makes cni_tun_nodes and cni_tun_cidrs hold exactly the given
+// Sync makes cni_tun_nodes and cni_tun_cidrs hold exactly the given
 // nodes (ids 1..n in order): entries are written before stale ones go, so
 // a node that stays is never missing in between. A full map is an error
 // wrapping ErrFull naming it.
-func (m *Maps) SyncTunnel(nodes []TunnelNode) error {
-	nodesMap, cidrsMap := m.byName[nameTunNodes], m.byName[nameTunCIDRs]
+func (tn Tunnel) Sync(nodes []TunnelNode) error {
+	nodesMap, cidrsMap := tn.m.byName[nameTunNodes], tn.m.byName[nameTunCIDRs]
 	if nodesMap == nil || cidrsMap == nil {
 		return fmt.Errorf("the pinned maps lack %s or %s (an older layout)", nameTunNodes, nameTunCIDRs)
 	}
@@ -117,14 +125,14 @@ type TunnelRoute struct {
 	Endpoint netip.Addr
 }
 
-// TunnelRoutes lists cni_tun_cidrs.
-func (m *Maps) TunnelRoutes() ([]TunnelRoute, error) {
+// Routes lists cni_tun_cidrs.
+func (tn Tunnel) Routes() ([]TunnelRoute, error) {
 	var (
 		k   CIDRKey
 		v   TunnelPeer
 		out []TunnelRoute
 	)
-	it := m.byName[nameTunCIDRs].Iterate()
+	it := tn.m.byName[nameTunCIDRs].Iterate()
 	for it.Next(&k, &v) {
 		ep := netip.AddrFrom16(v.Addr)
 		if v.Family == afInet {
@@ -135,11 +143,11 @@ func (m *Maps) TunnelRoutes() ([]TunnelRoute, error) {
 	return out, it.Err()
 }
 
-// TunnelNodeAddrs lists the node addresses of cni_tun_nodes (every address
+// NodeAddrs lists the node addresses of cni_tun_nodes (every address
 // another node may send encapsulated packets from).
-func (m *Maps) TunnelNodeAddrs() ([]net.IP, error) {
+func (tn Tunnel) NodeAddrs() ([]net.IP, error) {
 	var out []net.IP
-	err := scan(m.byName[nameTunNodes], func(k *EndpointKey, _ *uint32) { out = append(out, k.IP()) })
+	err := scan(tn.m.byName[nameTunNodes], func(k *EndpointKey, _ *uint32) { out = append(out, k.IP()) })
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", nameTunNodes, err)
 	}
