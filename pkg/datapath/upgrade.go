@@ -193,7 +193,7 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 func clearStackFlowsNoneFromOtherBuild(dp *Datapath) error {
 	for _, p := range ProgramPins(dp.PinRoot) {
 		if !p.Current {
-			_, err := dp.Maps.ClearStackFlowsNone()
+			_, err := dp.Maps.StackFlows().ClearNone()
 			return err
 		}
 	}

@@ -207,14 +207,14 @@ func deleteStackFlowsIn(mp *ebpf.Map, name string, ifindex int) (int, error) {
 	return len(keys), deleteKeys(mp, keys)
 }
 
-// ClearStackFlowsNone takes EP_F_SF_NONE off every address entry: an
+// ClearNone takes EP_F_SF_NONE off every address entry: an
 // upgrade from another build does so before any pod runs this build's
 // from_container, since the other build's to_container may have recorded
 // flows of an address without clearing it (it does not know the bit), and
 // the ADDs of this build meanwhile set it. Those pods' flows are then
 // looked up, as before the bit. Returns how many entries it changed.
-func (m *Maps) ClearStackFlowsNone() (int, error) {
-	eps, err := m.Endpoints().List()
+func (s StackFlows) ClearNone() (int, error) {
+	eps, err := s.m.Endpoints().List()
 	if err != nil {
 		return 0, fmt.Errorf("list %s: %w", nameEndpoints, err)
 	}
@@ -230,8 +230,8 @@ func (m *Maps) ClearStackFlowsNone() (int, error) {
 		v := e.Info
 		v.Flags &^= EndpointFlagStackFlowsNone
 		// Only over the entry still there: a pod deleted meanwhile stays gone.
-		if err := m.endpoints.Update(&k, &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return n, writeErr(m.endpoints, nameEndpoints, "endpoint "+e.IP.String(), err)
+		if err := s.m.endpoints.Update(&k, &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, writeErr(s.m.endpoints, nameEndpoints, "endpoint "+e.IP.String(), err)
 		}
 		n++
 	}

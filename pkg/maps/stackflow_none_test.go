@@ -42,9 +42,9 @@ func TestClearStackFlowsNone(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	n, err := m.ClearStackFlowsNone()
+	n, err := m.StackFlows().ClearNone()
 	if err != nil || n != 2 {
-		t.Fatalf("ClearStackFlowsNone: %d changed (%v), want 2", n, err)
+		t.Fatalf("StackFlows().ClearNone: %d changed (%v), want 2", n, err)
 	}
 	for ip, want := range map[string]uint32{a.String(): EndpointFlagPolicy, b.String(): 0, c.String(): EndpointFlagMasq} {
 		e, err := m.Endpoints().Lookup(net.ParseIP(ip))
