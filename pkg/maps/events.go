@@ -56,12 +56,15 @@ func (e *Event) TraceProgram() (string, uint32) {
 	return progName(Prog(e.Aux >> 24)), e.Aux & 0xffffff
 }
 
+var (
+	nameEvents   = mapName(&specNames.CniEvents)
+	nameEvConfig = mapName(&specNames.CniEvConfig)
+	nameEvCPU    = mapName(&specNames.CniEvCpu)
+	nameEvPods   = mapName(&specNames.CniEvPods)
+	nameEvFlows  = mapName(&specNames.CniEvFlows)
+)
+
 const (
-	nameEvents    = "cni_events"
-	nameEvConfig  = "cni_ev_config"
-	nameEvCPU     = "cni_ev_cpu"
-	nameEvPods    = "cni_ev_pods"
-	nameEvFlows   = "cni_ev_flows"
 	evCfgDrops    = 1 << 0
 	evCfgFlowsAll = 1 << 1
 	evCfgFlowsPod = 1 << 2

@@ -31,13 +31,13 @@ type (
 )
 
 // Names of the hostPort maps, as bpf/lib/maps.h declares them.
-const (
-	nameHostPorts = "cni_hostports"
-	nameCT        = "cni_ct"
-	nameNodeIPs   = "cni_node_ips"
-	nameHPConfig  = "cni_hp_config"
-	nameSockRNAT  = "cni_sock_rnat"
-	nameHPStats   = "cni_hp_stats"
+var (
+	nameHostPorts = mapName(&specNames.CniHostports)
+	nameCT        = mapName(&specNames.CniCt)
+	nameNodeIPs   = mapName(&specNames.CniNodeIps)
+	nameHPConfig  = mapName(&specNames.CniHpConfig)
+	nameSockRNAT  = mapName(&specNames.CniSockRnat)
+	nameHPStats   = mapName(&specNames.CniHpStats)
 )
 
 // Flag values shared with the C side (#defines there, so not in BTF).

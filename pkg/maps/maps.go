@@ -135,10 +135,10 @@ func (r Reason) IsDrop() bool {
 
 // Names of the core maps, as C declares them. Feature maps name theirs in
 // their own files; every map in the embedded object is pinned and opened.
-const (
-	nameEndpoints = "cni_endpoints"
-	nameLinks     = "cni_links"
-	nameStats     = "cni_stats"
+var (
+	nameEndpoints = mapName(&specNames.CniEndpoints)
+	nameLinks     = mapName(&specNames.CniLinks)
+	nameStats     = mapName(&specNames.CniStats)
 )
 
 // Maps holds open handles on every pinned map.
@@ -294,27 +294,27 @@ func PinnedNames() []string {
 var pinnedShapes = func() map[string]*ebpf.MapSpec {
 	out := map[string]*ebpf.MapSpec{}
 	for _, s := range []ebpf.MapSpec{
-		{Name: "cni_bandwidth", Type: ebpf.Hash, KeySize: 8, ValueSize: 72},
-		{Name: "cni_cidr_refs", Type: ebpf.Hash, KeySize: 32, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
-		{Name: "cni_cluster_cidrs", Type: ebpf.LPMTrie, KeySize: 24, ValueSize: 4, MaxEntries: 256, Flags: unix.BPF_F_NO_PREALLOC},
-		{Name: "cni_ct", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 80},
+		{Name: nameBandwidth, Type: ebpf.Hash, KeySize: 8, ValueSize: 72},
+		{Name: nameClusterRefs, Type: ebpf.Hash, KeySize: 32, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
+		{Name: nameClusterCIDRs, Type: ebpf.LPMTrie, KeySize: 24, ValueSize: 4, MaxEntries: 256, Flags: unix.BPF_F_NO_PREALLOC},
+		{Name: nameCT, Type: ebpf.LRUHash, KeySize: 40, ValueSize: 80},
 		{Name: nameEvConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 1},
 		{Name: nameEvCPU, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 112, MaxEntries: 1},
 		{Name: nameEvFlows, Type: ebpf.LRUHash, KeySize: 44, ValueSize: 24},
 		{Name: nameEvPods, Type: ebpf.Hash, KeySize: 4, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: nameEvents, Type: ebpf.RingBuf, MaxEntries: 1 << 18},
 		{Name: nameEndpoints, Type: ebpf.Hash, KeySize: 20, ValueSize: 20},
-		{Name: "cni_hostports", Type: ebpf.Hash, KeySize: 20, ValueSize: 24},
-		{Name: "cni_hp_config", Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1},
-		{Name: "cni_hp_stats", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
+		{Name: nameHostPorts, Type: ebpf.Hash, KeySize: 20, ValueSize: 24},
+		{Name: nameHPConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1},
+		{Name: nameHPStats, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
 		{Name: nameLinks, Type: ebpf.Hash, KeySize: 4, ValueSize: 16},
-		{Name: "cni_masq_config", Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 1},
+		{Name: nameMasqConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 1},
 		{Name: nameMasqPods, Type: ebpf.Hash, KeySize: 4, ValueSize: 8},
 		{Name: nameMasqQuota, Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1},
 		{Name: nameMasqKeys, Type: ebpf.Array, KeySize: 4, ValueSize: 64, MaxEntries: 1},
-		{Name: "cni_masq_share", Type: ebpf.LRUHash, KeySize: 24, ValueSize: 4},
-		{Name: "cni_masq_stats", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
-		{Name: "cni_netns", Type: ebpf.Hash, KeySize: 8, ValueSize: 16},
+		{Name: nameMasqShare, Type: ebpf.LRUHash, KeySize: 24, ValueSize: 4},
+		{Name: nameMasqStats, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
+		{Name: nameNetns, Type: ebpf.Hash, KeySize: 8, ValueSize: 16},
 		{Name: namePolAddrs, Type: ebpf.LPMTrie, KeySize: 28, ValueSize: 8, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: namePolConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1},
 		{Name: namePolCTParts, Type: ebpf.HashOfMaps, KeySize: 8, ValueSize: 4},
@@ -322,11 +322,11 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: namePolFragParts, Type: ebpf.HashOfMaps, KeySize: 4, ValueSize: 4},
 		{Name: namePolPorts, Type: ebpf.LPMTrie, KeySize: 12, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: namePolState, Type: ebpf.Hash, KeySize: 4, ValueSize: 12},
-		{Name: "cni_node_ips", Type: ebpf.Hash, KeySize: 20, ValueSize: 4, MaxEntries: 1024},
+		{Name: nameNodeIPs, Type: ebpf.Hash, KeySize: 20, ValueSize: 4, MaxEntries: 1024},
 		{Name: nameNodeIPsGone, Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1},
-		{Name: "cni_snat", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 56},
-		{Name: "cni_sock_rnat", Type: ebpf.LRUHash, KeySize: 32, ValueSize: 24},
-		{Name: "cni_stack_flows", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 16},
+		{Name: nameSNAT, Type: ebpf.LRUHash, KeySize: 40, ValueSize: 56},
+		{Name: nameSockRNAT, Type: ebpf.LRUHash, KeySize: 32, ValueSize: 24},
+		{Name: nameStackFlows, Type: ebpf.LRUHash, KeySize: 40, ValueSize: 16},
 		{Name: nameStackFlowParts, Type: ebpf.HashOfMaps, KeySize: 4, ValueSize: 4},
 		{Name: nameStats, Type: ebpf.PerCPUHash, KeySize: 8, ValueSize: 16, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: nameTunNodes, Type: ebpf.Hash, KeySize: 20, ValueSize: 4, MaxEntries: 4096},

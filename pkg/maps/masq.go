@@ -26,13 +26,13 @@ type (
 )
 
 // Names of the masquerade maps, as bpf/lib/maps.h declares them.
-const (
-	nameSNAT         = "cni_snat"
-	nameClusterCIDRs = "cni_cluster_cidrs"
-	nameClusterRefs  = "cni_cidr_refs"
-	nameMasqStats    = "cni_masq_stats"
-	nameMasqConfig   = "cni_masq_config"
-	nameMasqShare    = "cni_masq_share"
+var (
+	nameSNAT         = mapName(&specNames.CniSnat)
+	nameClusterCIDRs = mapName(&specNames.CniClusterCidrs)
+	nameClusterRefs  = mapName(&specNames.CniCidrRefs)
+	nameMasqStats    = mapName(&specNames.CniMasqStats)
+	nameMasqConfig   = mapName(&specNames.CniMasqConfig)
+	nameMasqShare    = mapName(&specNames.CniMasqShare)
 )
 
 const (

@@ -11,7 +11,7 @@ import (
 // MasqKeysVal is cni_masq_keys' value (bpf/lib/types.h).
 type MasqKeysVal = mapsObjMasqKeys
 
-const nameMasqKeys = "cni_masq_keys"
+var nameMasqKeys = mapName(&specNames.CniMasqKeys)
 
 // MasqKeys are a network's masquerade keys as configured ("" and 0: the
 // defaults). cni_masq_config is node-wide: every network on a pin

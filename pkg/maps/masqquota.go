@@ -15,9 +15,9 @@ type (
 
 // Names of the quota maps, as bpf/lib/maps.h declares them. Both were added
 // within layout 3 (see optionalMaps).
-const (
-	nameMasqPods  = "cni_masq_pods"
-	nameMasqQuota = "cni_masq_quota"
+var (
+	nameMasqPods  = mapName(&specNames.CniMasqPods)
+	nameMasqQuota = mapName(&specNames.CniMasqQuota)
 )
 
 // optionalMaps were added to layout 3 after builds of it shipped: Create

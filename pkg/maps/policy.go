@@ -32,14 +32,14 @@ type (
 )
 
 // Names of the NetworkPolicy maps, as bpf/lib/maps.h declares them.
-const (
-	namePolState     = "cni_pol_state"
-	namePolAddrs     = "cni_pol_addrs"
-	namePolPorts     = "cni_pol_ports"
-	namePolCTParts   = "cni_pol_ct_parts"
-	namePolConfig    = "cni_pol_config"
-	namePolScratch   = "cni_pol_scratch" // the programs' working memory, nothing to read
-	namePolFragParts = "cni_pol_frag_parts"
+var (
+	namePolState     = mapName(&specNames.CniPolState)
+	namePolAddrs     = mapName(&specNames.CniPolAddrs)
+	namePolPorts     = mapName(&specNames.CniPolPorts)
+	namePolCTParts   = mapName(&specNames.CniPolCtParts)
+	namePolConfig    = mapName(&specNames.CniPolConfig)
+	namePolScratch   = mapName(&specNames.CniPolScratch) // the programs' working memory, nothing to read
+	namePolFragParts = mapName(&specNames.CniPolFragParts)
 )
 
 // Policy is the NetworkPolicy family of the maps: the per-interface state,

@@ -25,12 +25,12 @@ type (
 
 // nameStackFlows is cni_stack_flows, as bpf/lib/maps.h declares it: the
 // records of the node's flows and of pods attached by older builds.
-const nameStackFlows = "cni_stack_flows"
+var nameStackFlows = mapName(&specNames.CniStackFlows)
 
 // nameStackFlowParts is cni_stack_flow_parts: each pod's own table of the
 // records of flows it sent (issue 28: so no pod evicts another's), keyed
 // by its host veth's ifindex.
-const nameStackFlowParts = "cni_stack_flow_parts"
+var nameStackFlowParts = mapName(&specNames.CniStackFlowParts)
 
 // stackFlowPartSpec is a pod's table: struct sf_part in bpf/lib/maps.h
 // (TestStackFlowPartSpec holds them equal), kept here so that a verb

@@ -11,9 +11,9 @@ import (
 
 // The node tunnel's maps (bpf/lib/tunnel.h): who may send through the
 // tunnel, and where each other node's pod CIDRs are encapsulated to.
-const (
-	nameTunNodes = "cni_tun_nodes"
-	nameTunCIDRs = "cni_tun_cidrs"
+var (
+	nameTunNodes = mapName(&specNames.CniTunNodes)
+	nameTunCIDRs = mapName(&specNames.CniTunCidrs)
 )
 
 // Tunnel is the tunnel family of the maps: the nodes that may send through
