@@ -10,21 +10,33 @@ import (
 )
 
 // Of returns the C name of the field of *s that field points to, e.g.
-// Of(&specs, &specs.CniLinks) is "cni_links". A field that is not one of
-// *s's, or has no ebpf tag, is a programming error: Of panics, at package
-// initialisation where names are taken.
+// Of(&specs, &specs.CniLinks) is "cni_links"; fields of struct fields are
+// found too, so one value can gather several objects' generated structs. A
+// field that is not one of *s's, or has no ebpf tag, is a programming
+// error: Of panics, at package initialisation where names are taken.
 func Of[S any](s *S, field any) string {
-	base := reflect.ValueOf(s).Pointer()
 	at := reflect.ValueOf(field).Pointer()
-	t := reflect.TypeOf(s).Elem()
+	if name, ok := tagAt(reflect.TypeOf(s).Elem(), reflect.ValueOf(s).Pointer(), at); ok {
+		return name
+	}
+	panic(fmt.Sprintf("bpfname: %T at %#x is no tagged field of %T", field, at, s))
+}
+
+// tagAt finds the ebpf tag of the field at address at in a t at base.
+func tagAt(t reflect.Type, base, at uintptr) (string, bool) {
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
-		if base+f.Offset != at || f.Type.Size() == 0 {
+		if f.Type.Kind() == reflect.Struct {
+			if name, ok := tagAt(f.Type, base+f.Offset, at); ok {
+				return name, true
+			}
 			continue
 		}
-		if name := f.Tag.Get("ebpf"); name != "" {
-			return name
+		if base+f.Offset == at && f.Type.Size() > 0 {
+			if name := f.Tag.Get("ebpf"); name != "" {
+				return name, true
+			}
 		}
 	}
-	panic(fmt.Sprintf("bpfname: %T at %#x is no tagged field of %s", field, at, t))
+	return "", false
 }

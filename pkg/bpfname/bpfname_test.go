@@ -6,6 +6,9 @@ type specs struct {
 	First  *int `ebpf:"cni_first"`
 	Second *int `ebpf:"cni_second"`
 	Plain  *int
+	Nested struct {
+		Third *int `ebpf:"cni_third"`
+	}
 }
 
 func TestOf(t *testing.T) {
@@ -15,6 +18,9 @@ func TestOf(t *testing.T) {
 	}
 	if got := Of(&s, &s.Second); got != "cni_second" {
 		t.Errorf("Of(Second) = %q, want cni_second", got)
+	}
+	if got := Of(&s, &s.Nested.Third); got != "cni_third" {
+		t.Errorf("Of(Nested.Third) = %q, want cni_third", got)
 	}
 }
 
