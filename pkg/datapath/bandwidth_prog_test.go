@@ -68,8 +68,8 @@ func TestBandwidthEgressAdmission(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dp := testDatapath(t)
 			ep := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.FlagBandwidthEgress)
-			must(t, dp.Maps.Endpoints().Put(podIP, ep))
-			must(t, dp.Maps.Endpoints().Put(podIP6, ep))
+			must(t, putEndpoint(dp.Maps, podIP, ep))
+			must(t, putEndpoint(dp.Maps, podIP6, ep))
 			// A burst of 1.5 frames: the second frame finds the bucket at half
 			// a frame (not in debt), the third at minus half.
 			must(t, dp.Maps.Bandwidth().PutLimit(loIfindex, maps.DirEgress, bwLimit(len(c.frame), 3, 0, 0)))
@@ -94,7 +94,7 @@ func TestBandwidthEgressAdmission(t *testing.T) {
 // for the destination.
 func TestBandwidthRedirectAdmission(t *testing.T) {
 	dp := testDatapath(t)
-	must(t, dp.Maps.Endpoints().Put(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, maps.FlagBandwidthIngress)))
+	must(t, putEndpoint(dp.Maps, dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, maps.FlagBandwidthIngress)))
 	frame := append(eth(podMAC, 0x0800), ipv4(podIP, dstIP, 64)...)
 	must(t, dp.Maps.Bandwidth().PutLimit(dstIfindex, maps.DirIngress, bwLimit(len(frame), 3, 0, 0)))
 	before := countAt(t, dp, dstIfindex, maps.DirIngress, maps.ReasonDropBandwidth)

@@ -34,7 +34,7 @@ func TestMasqNodeIPsGone(t *testing.T) {
 
 	mq := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)
 	mq.Flags |= maps.EndpointFlagMasq
-	must(t, dp.Maps.Endpoints().Put(podIP, mq))
+	must(t, putEndpoint(dp.Maps, podIP, mq))
 	// (This drops hpDatapath's other node addresses: marked.)
 	must(t, dp.Maps.Node().SyncIPs(map[string]int{nodeIP.String(): 1}))
 	must(t, gone.Lookup(&zero, &mark))

@@ -14,8 +14,8 @@ import (
 // (EP_F_POLICY): the source (lo) and the destination (dstIfindex).
 func policyDatapath(t testing.TB) (*Datapath, *maps.PolicyWriter) {
 	dp := testDatapath(t)
-	must(t, dp.Maps.Endpoints().Put(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagPolicy)))
-	must(t, dp.Maps.Endpoints().Put(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, maps.EndpointFlagPolicy)))
+	must(t, putEndpoint(dp.Maps, podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagPolicy)))
+	must(t, putEndpoint(dp.Maps, dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, maps.EndpointFlagPolicy)))
 	must(t, dp.Maps.Policy().Enable())
 	must(t, dp.Maps.Policy().SetPending(loIfindex))
 	must(t, dp.Maps.Policy().SetPending(dstIfindex))

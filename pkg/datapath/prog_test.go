@@ -69,11 +69,11 @@ func testDatapath(t testing.TB) *Datapath {
 	}
 	t.Cleanup(dp.Close)
 	must(t, dp.Maps.Links().Put(loIfindex, maps.NewLinkInfo(podMAC, hostMAC)))
-	must(t, dp.Maps.Endpoints().Put(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)))
-	must(t, dp.Maps.Endpoints().Put(podIP6, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)))
+	must(t, putEndpoint(dp.Maps, podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)))
+	must(t, putEndpoint(dp.Maps, podIP6, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)))
 	// A second pod behind another host veth. Test runs return the redirect
 	// verdict without delivering, so the ifindex need not exist.
-	must(t, dp.Maps.Endpoints().Put(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost)))
+	must(t, putEndpoint(dp.Maps, dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost)))
 	return dp
 }
 

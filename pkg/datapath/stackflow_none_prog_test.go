@@ -45,8 +45,8 @@ func TestStackFlowNoneFastPath(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			podIP, dstIP := tc.podIP, tc.dstIP
 			dp := testDatapath(t)
-			must(t, dp.Maps.Endpoints().Put(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, tc.flags)))
-			must(t, dp.Maps.Endpoints().Put(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, none)))
+			must(t, putEndpoint(dp.Maps, podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, tc.flags)))
+			must(t, putEndpoint(dp.Maps, dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, none)))
 			// The backend (podIP, port 80) answering the client pod
 			// (dstIP): no flow recorded yet, so straight to the client.
 			reply := packet(podMAC, protoTCP, podIP, dstIP, 80, 40010, ackFlag)

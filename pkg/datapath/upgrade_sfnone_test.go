@@ -19,7 +19,7 @@ func TestUpgradeClearsStackFlowsNone(t *testing.T) {
 		name := map[bool]string{false: "same build", true: "another build pinned"}[other]
 		t.Run(name, func(t *testing.T) {
 			dp := testDatapath(t)
-			must(t, dp.Maps.Endpoints().Put(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, none|maps.EndpointFlagPolicy)))
+			must(t, putEndpoint(dp.Maps, podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, none|maps.EndpointFlagPolicy)))
 			if other {
 				// A program pin of another build: this build's program
 				// under a name no catalog entry of this build has.

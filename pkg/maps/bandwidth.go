@@ -200,13 +200,6 @@ func (b Bandwidth) DeleteNetns(cookie uint64) error {
 	return nil
 }
 
-// LookupNetns returns the entry of a netns.
-func (b Bandwidth) LookupNetns(cookie uint64) (NetnsInfo, error) {
-	var v NetnsInfo
-	err := b.m.byName[nameNetns].Lookup(&cookie, &v)
-	return v, err
-}
-
 // ListNetns returns every registered netns by cookie.
 func (b Bandwidth) ListNetns() (map[uint64]NetnsInfo, error) {
 	out := make(map[uint64]NetnsInfo)

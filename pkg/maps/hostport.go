@@ -289,20 +289,6 @@ func (hp HostPorts) ListCT() ([]Flow, error) {
 	return out, err
 }
 
-// PutCT writes a flow entry (tests and tools; the programs create them).
-// An entry without times is taken as created and last used now (the
-// programs treat one idle past its timeout as absent). It has no timer:
-// only the programs' own entries delete themselves.
-func (hp HostPorts) PutCT(k CTKey, v CTVal) error {
-	if v.SeenNs == 0 {
-		v.SeenNs = monotonicNow()
-	}
-	if v.CreatedNs == 0 {
-		v.CreatedNs = v.SeenNs
-	}
-	return hp.m.byName[nameCT].Put(&k, &v)
-}
-
 // DeleteCTOf removes every cni_ct entry created for the pod behind the host
 // veth ifindex, and returns how many. Entries are keyed by flow, so this
 // scans the map: cost grows with the flows the node tracks (at most

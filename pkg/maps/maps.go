@@ -480,19 +480,6 @@ type Endpoints struct{ m *Maps }
 // Endpoints returns the endpoint family of m.
 func (m *Maps) Endpoints() Endpoints { return Endpoints{m} }
 
-// Put records that ip lives behind the host veth in info, replacing
-// whatever entry it had (tests and tools; ADD uses Insert).
-func (e Endpoints) Put(ip net.IP, info EndpointInfo) error {
-	k, err := KeyFor(ip)
-	if err != nil {
-		return err
-	}
-	if err := e.m.endpoints.Put(&k, &info); err != nil {
-		return writeErr(e.m.endpoints, nameEndpoints, "endpoint "+ip.String(), err)
-	}
-	return nil
-}
-
 // EndpointTakenError is returned by Endpoints().Insert when another host veth
 // holds the address.
 type EndpointTakenError struct {

@@ -128,7 +128,7 @@ func TestIntegrityAddressOwner(t *testing.T) {
 		first := e.AddAttachment(e.NewPod(), "first") // creates the maps
 		e.MustDel(first.Pod, "first")
 		m := e.Maps()
-		if err := m.Endpoints().Put(net.ParseIP("10.250.0.5"), maps.NewEndpointInfo(1<<30, nil, nil)); err != nil {
+		if err := testenv.PutEndpoint(m, net.ParseIP("10.250.0.5"), maps.NewEndpointInfo(1<<30, nil, nil)); err != nil {
 			t.Fatal(err)
 		}
 		p := e.AddAttachment(e.NewPod(), "second")
@@ -139,7 +139,7 @@ func TestIntegrityAddressOwner(t *testing.T) {
 		// netns are handed out in order): replaced by the new pod's entry,
 		// not kept with its stale MAC and flags.
 		next := p.Ifindex + 1
-		if err := m.Endpoints().Put(net.ParseIP("10.250.0.5"), maps.NewEndpointInfo(next, net.HardwareAddr{2, 0, 0, 0, 0, 1}, nil, maps.EndpointFlagHostPort)); err != nil {
+		if err := testenv.PutEndpoint(m, net.ParseIP("10.250.0.5"), maps.NewEndpointInfo(next, net.HardwareAddr{2, 0, 0, 0, 0, 1}, nil, maps.EndpointFlagHostPort)); err != nil {
 			t.Fatal(err)
 		}
 		p = e.AddAttachment(e.NewPod(), "third")

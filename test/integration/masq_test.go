@@ -455,13 +455,13 @@ func TestMasqCheck(t *testing.T) {
 	}
 	cleared := ep
 	cleared.Flags &^= maps.EndpointFlagMasq
-	if err := m.Endpoints().Put(ip, cleared); err != nil {
+	if err := testenv.PutEndpoint(m, ip, cleared); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Check(p, "m", "eth0"); err == nil || !strings.Contains(err.Error(), "ipMasq flag") {
 		t.Errorf("CHECK with the ipMasq flag cleared: %v, want an error naming the flag", err)
 	}
-	if err := m.Endpoints().Put(ip, ep); err != nil {
+	if err := testenv.PutEndpoint(m, ip, ep); err != nil {
 		t.Fatal(err)
 	}
 	sub := netip.MustParsePrefix(testenv.PodSubnet4)
