@@ -141,10 +141,10 @@ func eventsCmd(o *opts) error {
 		return err
 	}
 	rep := eventsReport{}
-	if rep.Settings, err = m.EventSettings(); err != nil {
+	if rep.Settings, err = m.Events().Settings(); err != nil {
 		return err
 	}
-	if rep.Counters, err = m.EventCounters(); err != nil {
+	if rep.Counters, err = m.Events().Counters(); err != nil {
 		return err
 	}
 	byIf := state.ByHostIfindex(recs)
@@ -158,9 +158,9 @@ func eventsCmd(o *opts) error {
 		}
 		return out
 	}
-	ids, _ := m.FlowEventEndpoints()
+	ids, _ := m.Events().FlowEndpoints()
 	rep.FlowPods = label(ids)
-	traced, _ := m.TraceEndpoints()
+	traced, _ := m.Events().TraceEndpoints()
 	ids = ids[:0]
 	for id := range traced {
 		ids = append(ids, id)
@@ -183,7 +183,7 @@ func eventsCmd(o *opts) error {
 // applyEventFlags writes what the flags change of the event settings, and
 // --flows-pod's switch on each interface of the pod (recs).
 func applyEventFlags(o *opts, m *maps.Maps, recs []*state.Record) error {
-	s, err := m.EventSettings()
+	s, err := m.Events().Settings()
 	if err != nil {
 		return err
 	}
@@ -209,7 +209,7 @@ func applyEventFlags(o *opts, m *maps.Maps, recs []*state.Record) error {
 		n := 0
 		for _, r := range recs { // every interface of the pod
 			if r.PodLabel() == pod && r.HostIfindex > 0 && !r.Provisional {
-				if err := m.SetFlowEvents(uint32(r.HostIfindex), !off); err != nil {
+				if err := m.Events().SetFlows(uint32(r.HostIfindex), !off); err != nil {
 					return err
 				}
 				n++
@@ -235,14 +235,14 @@ func applyEventFlags(o *opts, m *maps.Maps, recs []*state.Record) error {
 			return fmt.Errorf("events: --trace-pod: %w", err)
 		}
 		// setTrace wrote the switch: carry it into what is written here.
-		cur, err := m.EventSettings()
+		cur, err := m.Events().Settings()
 		if err != nil {
 			return err
 		}
 		s.Trace, s.TraceUntil = cur.Trace, cur.TraceUntil
 	}
 	if changed {
-		if err := m.SetEventSettings(s); err != nil {
+		if err := m.Events().SetSettings(s); err != nil {
 			return fmt.Errorf("events: %w", err)
 		}
 	}
@@ -283,7 +283,7 @@ func setTrace(o *opts, m *maps.Maps, recs []*state.Record, pod string, until tim
 	n := 0
 	for _, r := range recs {
 		if r.PodLabel() == pod && r.HostIfindex > 0 && !r.Provisional {
-			if err := m.SetTraceEvents(uint32(r.HostIfindex), until); err != nil {
+			if err := m.Events().SetTrace(uint32(r.HostIfindex), until); err != nil {
 				return err
 			}
 			n++
@@ -292,11 +292,11 @@ func setTrace(o *opts, m *maps.Maps, recs []*state.Record, pod string, until tim
 	if n == 0 {
 		return fmt.Errorf("no attachment of pod %q in %s", pod, o.stateDir)
 	}
-	s, err := m.EventSettings()
+	s, err := m.Events().Settings()
 	if err != nil {
 		return err
 	}
-	traced, err := m.TraceEndpoints()
+	traced, err := m.Events().TraceEndpoints()
 	if err != nil {
 		return err
 	}
@@ -306,7 +306,7 @@ func setTrace(o *opts, m *maps.Maps, recs []*state.Record, pod string, until tim
 			s.Trace, s.TraceUntil = true, u
 		}
 	}
-	return m.SetEventSettings(s)
+	return m.Events().SetSettings(s)
 }
 
 // traceWhileObserving traces pod for obs.traceFor, renewed at a third of

@@ -224,7 +224,7 @@ func (b *background) migrate(ctx context.Context, full bool, fresh map[int]strin
 		// stack-flow table, which ADD leaves to the agent: it waits out
 		// an RCU grace period, holding no lock (endpoint.CreateVeth).
 		if m != nil {
-			if _, err := m.LookupLink(idx); err == nil {
+			if _, err := m.Links().Lookup(idx); err == nil {
 				errs = errors.Join(errs, m.StackFlows().EnsurePart(idx))
 			}
 		}

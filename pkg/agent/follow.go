@@ -193,7 +193,7 @@ func (f *follower) clusterCIDRs(want []netip.Prefix) {
 	if f.m == nil {
 		return
 	}
-	gained, dropped, err := f.m.SetClusterCIDRs(agentCIDROwner, want)
+	gained, dropped, err := f.m.Masq().SetClusterCIDRs(agentCIDROwner, want)
 	if len(gained) > 0 || len(dropped) > 0 || err != nil {
 		f.logf("cluster CIDRs (never masqueraded) the agent holds: added %v, released %v%s", gained, dropped, errSuffix(err))
 	}
@@ -222,10 +222,10 @@ func (f *follower) nodeClusterCIDRs(v nodes.View) {
 		}
 	}
 	want := append(append([]netip.Prefix{}, pods...), addrs...)
-	gained, dropped, err := f.m.SetClusterCIDRs(agentCIDROwner, want)
+	gained, dropped, err := f.m.Masq().SetClusterCIDRs(agentCIDROwner, want)
 	if errors.Is(err, maps.ErrFull) && len(addrs) > 0 {
 		f.once("cidr-full", "cluster CIDRs: the %d node addresses do not fit beside the %d pod CIDRs (%v): pods' UDP replies to other nodes' addresses are masqueraded", len(addrs), len(pods), err)
-		gained, dropped, err = f.m.SetClusterCIDRs(agentCIDROwner, pods)
+		gained, dropped, err = f.m.Masq().SetClusterCIDRs(agentCIDROwner, pods)
 	} else if err == nil {
 		f.said["cidr-full"] = ""
 	}

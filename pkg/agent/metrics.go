@@ -101,10 +101,10 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	defer m.Close()
-	if eps, err := m.ListEndpoints(); err == nil {
+	if eps, err := m.Endpoints().List(); err == nil {
 		ch <- prometheus.MustNewConstMetric(c.endpoints, prometheus.GaugeValue, float64(len(eps)))
 	}
-	all, err := m.AllCounters()
+	all, err := m.Stats().All()
 	if err != nil {
 		return
 	}

@@ -169,7 +169,7 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 	if tunnel && rt.Maps != nil {
 		// The maps before the routes: a packet routed into the tunnel finds
 		// its node, and the peer's replies are accepted.
-		if err := rt.Maps.SyncTunnel(pl.tunNodes); err != nil {
+		if err := rt.Maps.Tunnel().Sync(pl.tunNodes); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("tunnel maps: %w", err))
 		}
 	}
@@ -177,7 +177,7 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 	errs = errors.Join(errs, err, removeStalePeerRoutes(pl.want))
 	if tunnel && rt.Maps != nil {
 		self := pl.selfAddrs(rt)
-		if err := rt.Maps.SyncTunnelSelf(self); err != nil {
+		if err := rt.Maps.Tunnel().SyncSelf(self); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("tunnel: this node's addresses: %w", err))
 		}
 		if rt.Ifindex != 0 {
@@ -200,7 +200,7 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 	}
 	if !tunnel && rt.Maps != nil {
 		// No tunnel: none of the managed next hops the tunnel made stays.
-		errs = errors.Join(errs, rt.Maps.SyncTunnel(nil))
+		errs = errors.Join(errs, rt.Maps.Tunnel().Sync(nil))
 		if err := SyncTunnelHops(nil); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("tunnel next hops: %w", err))
 		}

@@ -14,7 +14,7 @@ func newPolicy(o Options, dp *datapath.Datapath, kubeCfg *rest.Config, w *linkWa
 	if dir == "" {
 		dir = netpol.DefaultStatusDir
 	}
-	pw := dp.Maps.PolicyWriter()
+	pw := dp.Maps.Policy().Writer()
 	c := netpol.New(netpol.Config{Kube: kubeCfg, StateDir: o.StateDir, StatusDir: dir, Writer: pw, Sweep: pw.Sweep, Logf: o.Logger.Printf,
 		Resync: o.ReconcileInterval})
 	w.handle(linkHandler{update: c.LinkEvent, lost: c.LinksLost})

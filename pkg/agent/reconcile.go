@@ -146,29 +146,25 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		}
 	}
 
-	eps, err := m.ListEndpoints()
+	eps, err := m.Endpoints().List()
 	errs = errors.Join(errs, err)
 	for _, e := range eps {
 		if !linkExists(e.Info.Ifindex) {
 			ip, idx := e.IP, int(e.Info.Ifindex)
-			act("endpoint", fmt.Sprintf("%s -> ifindex %d", ip, idx), func() error { return m.DeleteEndpoint(ip, idx) })
+			act("endpoint", fmt.Sprintf("%s -> ifindex %d", ip, idx), func() error { return m.Endpoints().Delete(ip, idx) })
 		}
 	}
-	var (
-		k  uint32
-		li maps.LinkInfo
-	)
 	var goneLinks []uint32
-	it := m.Links.Iterate()
-	for it.Next(&k, &li) {
+	links, err := m.Links().Ifindexes()
+	for _, k := range links {
 		if !linkExists(k) {
 			goneLinks = append(goneLinks, k)
 		}
 	}
-	errs = errors.Join(errs, it.Err())
+	errs = errors.Join(errs, err)
 	for _, idx := range goneLinks {
 		idx := int(idx)
-		act("link-entry", fmt.Sprintf("ifindex %d", idx), func() error { return m.DeleteLink(idx) })
+		act("link-entry", fmt.Sprintf("ifindex %d", idx), func() error { return m.Links().Delete(idx) })
 	}
 	lims, err := m.Bandwidth().ListLimits()
 	errs = errors.Join(errs, err)
@@ -178,18 +174,18 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 			act("limit", fmt.Sprintf("%s of ifindex %d", l.Dir, idx), func() error { return m.Bandwidth().DeleteLimits(idx) })
 		}
 	}
-	all, err := m.AllCounters()
+	all, err := m.Stats().All()
 	errs = errors.Join(errs, err)
 	for idx := range all {
 		if !linkExists(idx) {
 			idx := int(idx)
-			act("counters", fmt.Sprintf("ifindex %d", idx), func() error { return m.ResetStats(idx) })
+			act("counters", fmt.Sprintf("ifindex %d", idx), func() error { return m.Stats().Reset(idx) })
 		}
 	}
 
 	// Masquerade entries of gone veths (DEL removes them; this catches pods
 	// that vanished without one). The programs ignore them anyway.
-	snat, err := m.ListSNAT()
+	snat, err := m.Masq().ListSNAT()
 	errs = errors.Join(errs, err)
 	goneNAT := map[int]int{}
 	for _, f := range snat {
@@ -198,7 +194,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		}
 	}
 	// A gone veth's count of flows (its quota) goes with them, flows or not.
-	counts, err := m.ListMasqPods()
+	counts, err := m.Masq().ListPods()
 	errs = errors.Join(errs, err)
 	for _, c := range counts {
 		if _, ok := goneNAT[c.Ifindex]; !ok && c.Ifindex != 0 && !linkExists(uint32(c.Ifindex)) {
@@ -207,7 +203,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	}
 	for idx, n := range goneNAT {
 		idx := idx
-		act("nat", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.DeleteSNATOf(idx); return err })
+		act("nat", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.Masq().DeleteSNATOf(idx); return err })
 	}
 
 	// Stack flows of gone veths, likewise.
@@ -242,14 +238,14 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	}
 
 	// A gone veth's NetworkPolicy flow tables (its DEL never ran).
-	polTables, err := m.PolicyFlowTables()
+	polTables, err := m.Policy().FlowTables()
 	errs = errors.Join(errs, err)
 	hasTables := map[int]bool{}
 	for _, idx := range polTables {
 		hasTables[idx] = true
 		if !linkExists(uint32(idx)) {
 			idx := idx
-			act("policy-flows", fmt.Sprintf("flow tables of ifindex %d", idx), func() error { return m.DeletePolicyFlowTables(idx) })
+			act("policy-flows", fmt.Sprintf("flow tables of ifindex %d", idx), func() error { return m.Policy().DeleteFlowTables(idx) })
 		}
 	}
 	// A live policy interface without them (attached by a build that kept
@@ -260,7 +256,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		for _, r := range recs {
 			if r.Policy && !r.Provisional && r.HostIfindex > 0 && !hasTables[r.HostIfindex] && linkExists(uint32(r.HostIfindex)) {
 				idx := r.HostIfindex
-				act("policy-flows", fmt.Sprintf("flow tables for ifindex %d", idx), func() error { return m.AddPolicyFlowTables(idx) })
+				act("policy-flows", fmt.Sprintf("flow tables for ifindex %d", idx), func() error { return m.Policy().AddFlowTables(idx) })
 			}
 		}
 	} else {

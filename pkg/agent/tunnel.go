@@ -89,13 +89,13 @@ func (t TunnelOptions) ensure(dp *datapath.Datapath, lg *log.Logger) (Routing, e
 				return rt, err
 			}
 			// No device, no judging link (its ifindex may come again).
-			if err := dp.Maps.SyncAfterLinks(maps.AfterLinkTunnel, nil); err != nil {
+			if err := dp.Maps.Policy().SyncAfterLinks(maps.AfterLinkTunnel, nil); err != nil {
 				return rt, err
 			}
 			lg.Printf("tunnel: off; removed %s", datapath.TunnelDevice)
 		}
 		// Pods may send VXLAN again; no outer destination is checked.
-		return rt, dp.Maps.SetTunnel(false, true)
+		return rt, dp.Maps.Tunnel().SetMode(false, true)
 	}
 	mtu := UplinkMTU() - datapath.TunnelOverhead(t.Mode, underlay6())
 	idx, err := dp.EnsureTunnel(t.Mode, mtu, !t.NoMACCheck)
@@ -163,7 +163,7 @@ func (w *pmtuWatch) Run(ctx context.Context) error {
 		// The same tick keeps the next hops toward the nodes resolved
 		// (a route to a node may change) and drops those toward none:
 		// tunnelhops.go.
-		if addrs, err := w.m.TunnelNodeAddrs(); err != nil {
+		if addrs, err := w.m.Tunnel().NodeAddrs(); err != nil {
 			w.lg.Printf("tunnel next hops: %v", err)
 		} else if err := SyncTunnelHops(addrs); err != nil {
 			w.lg.Printf("tunnel next hops: %v", err)
@@ -179,7 +179,7 @@ func RefreshTunnelMTU(m *maps.Maps, lg *log.Logger) error {
 		return nil // no tunnel (yet)
 	}
 	idx, devMTU := tun.Attrs().Index, tun.Attrs().MTU
-	trs, err := m.TunnelRoutes()
+	trs, err := m.Tunnel().Routes()
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,7 @@ func bwLimit(n int, burst2, queue2, mark2 uint64) maps.Limit {
 
 func countAt(t *testing.T, dp *Datapath, idx int, dir maps.Dir, r maps.Reason) uint64 {
 	t.Helper()
-	c, err := dp.Maps.Counters(idx)
+	c, err := dp.Maps.Stats().Counters(idx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,8 +68,8 @@ func TestBandwidthEgressAdmission(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dp := testDatapath(t)
 			ep := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.FlagBandwidthEgress)
-			must(t, dp.Maps.PutEndpoint(podIP, ep))
-			must(t, dp.Maps.PutEndpoint(podIP6, ep))
+			must(t, putEndpoint(dp.Maps, podIP, ep))
+			must(t, putEndpoint(dp.Maps, podIP6, ep))
 			// A burst of 1.5 frames: the second frame finds the bucket at half
 			// a frame (not in debt), the third at minus half.
 			must(t, dp.Maps.Bandwidth().PutLimit(loIfindex, maps.DirEgress, bwLimit(len(c.frame), 3, 0, 0)))
@@ -94,7 +94,7 @@ func TestBandwidthEgressAdmission(t *testing.T) {
 // for the destination.
 func TestBandwidthRedirectAdmission(t *testing.T) {
 	dp := testDatapath(t)
-	must(t, dp.Maps.PutEndpoint(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, maps.FlagBandwidthIngress)))
+	must(t, putEndpoint(dp.Maps, dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, maps.FlagBandwidthIngress)))
 	frame := append(eth(podMAC, 0x0800), ipv4(podIP, dstIP, 64)...)
 	must(t, dp.Maps.Bandwidth().PutLimit(dstIfindex, maps.DirIngress, bwLimit(len(frame), 3, 0, 0)))
 	before := countAt(t, dp, dstIfindex, maps.DirIngress, maps.ReasonDropBandwidth)
@@ -126,7 +126,7 @@ func TestBandwidthQueueAdmission(t *testing.T) {
 			dp := testDatapath(t)
 			li := maps.NewLinkInfo(podMAC, hostMAC)
 			li.Flags = maps.LinkFlagBandwidthKnown | maps.FlagBandwidthIngress
-			must(t, dp.Maps.PutLink(loIfindex, li))
+			must(t, dp.Maps.Links().Put(loIfindex, li))
 			frame := packet(hostMAC, protoTCP, gwIP, podIP, 40000, 80, ackFlag)
 			copy(frame[0:6], podMAC) // the neighbour entry's MAC: no rewrite
 			if ect {

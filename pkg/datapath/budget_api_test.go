@@ -2,7 +2,11 @@
 
 package datapath
 
-import "github.com/ebpf-cni/ebpf-cni/pkg/maps"
+import (
+	"net"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+)
 
 // budgetMaps makes the map writes budget_test.go needs, in this tree's
 // pkg/maps API. The packet bench builds budget_test.go in a reference tree
@@ -10,6 +14,12 @@ import "github.com/ebpf-cni/ebpf-cni/pkg/maps"
 // own version of this file (test/bench/packet.go, refBudgetAPI).
 type budgetMaps struct{ m *maps.Maps }
 
-func (b budgetMaps) PutCT(k maps.CTKey, v maps.CTVal) error { return b.m.HostPorts().PutCT(k, v) }
+func (b budgetMaps) PutCT(k maps.CTKey, v maps.CTVal) error { return putCT(b.m, k, v) }
 
 func (b budgetMaps) SyncNodeIPs(want map[string]int) error { return b.m.Node().SyncIPs(want) }
+
+func (b budgetMaps) PutEndpoint(ip net.IP, info maps.EndpointInfo) error {
+	return putEndpoint(b.m, ip, info)
+}
+
+func (b budgetMaps) PutLink(ifindex int, li maps.LinkInfo) error { return b.m.Links().Put(ifindex, li) }

@@ -92,7 +92,7 @@ func TestPacketBudget(t *testing.T) {
 		rewrite(actRedirect, func(p parsed) bool { return p.dst.Equal(dstIP) && p.dport == 80 }))
 	info := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)
 	info.Flags |= maps.EndpointFlagHostPort
-	must(t, hp.Maps.PutEndpoint(podIP, info))
+	must(t, budgetMaps{hp.Maps}.PutEndpoint(podIP, info))
 	must(t, budgetMaps{hp.Maps}.PutCT(ctFlow(podIP, 70, clientIP, 40002, nodeIP, 7000, loIfindex)))
 	reply := packet(podMAC, protoTCP, podIP, clientIP, 70, 40002, ackFlag)
 	add("hostPort reply, TCP", "cni_from_container", hp.FromContainer, reply, 0,
@@ -130,7 +130,7 @@ func TestPacketBudget(t *testing.T) {
 	defer closePrograms(progs)
 	mq := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)
 	mq.Flags |= maps.EndpointFlagMasq
-	must(t, hp.Maps.PutEndpoint(podIP, mq))
+	must(t, budgetMaps{hp.Maps}.PutEndpoint(podIP, mq))
 	masqOut := func(p parsed) bool { return !p.src.Equal(podIP) && p.dst.Equal(farIP) && p.dport == 443 }
 	// The source is what the kernel's FIB picks towards farIP in this
 	// netns (masq_source): the machine's, the same for every build.
@@ -167,7 +167,7 @@ func TestPacketBudget(t *testing.T) {
 func linkAsADD(t *testing.T, dp *Datapath) {
 	li := maps.NewLinkInfo(podMAC, hostMAC)
 	li.Flags = 1 << 31
-	must(t, dp.Maps.PutLink(loIfindex, li))
+	must(t, budgetMaps{dp.Maps}.PutLink(loIfindex, li))
 }
 
 // endpointsAsADD rewrites the two pods' address entries of testDatapath as
@@ -181,9 +181,9 @@ func linkAsADD(t *testing.T, dp *Datapath) {
 // so that the test builds at older commits too, whose programs ignore the
 // bits.
 func endpointsAsADD(t *testing.T, dp *Datapath) {
-	must(t, dp.Maps.PutEndpoint(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, 1<<5|1<<16)))
-	must(t, dp.Maps.PutEndpoint(podIP6, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, 1<<5|1<<16)))
-	must(t, dp.Maps.PutEndpoint(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, 1<<5)))
+	must(t, budgetMaps{dp.Maps}.PutEndpoint(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, 1<<5|1<<16)))
+	must(t, budgetMaps{dp.Maps}.PutEndpoint(podIP6, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, 1<<5|1<<16)))
+	must(t, budgetMaps{dp.Maps}.PutEndpoint(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, 1<<5)))
 }
 
 type budgetRow struct {

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 
 	"github.com/cilium/ebpf"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/bpfname"
 )
 
 // object is one embedded BPF object: one entry-point file of bpf/, as
@@ -80,14 +82,30 @@ const (
 	DirEgress  = "egress"  // host veth egress: packets to the pod
 )
 
+// progSpecs is never filled: the addresses of its fields name the programs,
+// by the C names bpf2go recorded for them (a program renamed in bpf/ is then
+// a compile error here, not a program the loader cannot find).
+var progSpecs struct {
+	fromContainer fromContainerProgramSpecs
+	toContainer   toContainerProgramSpecs
+	sockOps       sockOpsProgramSpecs
+	fromUplink    fromUplinkProgramSpecs
+	toUplink      toUplinkProgramSpecs
+	sock          sockProgramSpecs
+	tunnel        tunnelProgramSpecs
+}
+
+// progName is the C name of the program of a field of progSpecs.
+func progName(field **ebpf.ProgramSpec) string { return bpfname.Of(&progSpecs, field) }
+
 var (
-	progFromContainer = Program{"cni_from_container", objFromContainer, ScopeHostVeth, ebpf.AttachTCXIngress, DirIngress}
-	progToContainer   = Program{"cni_to_container", objToContainer, ScopeHostVeth, ebpf.AttachTCXEgress, DirEgress}
+	progFromContainer = Program{progName(&progSpecs.fromContainer.CniFromContainer), objFromContainer, ScopeHostVeth, ebpf.AttachTCXIngress, DirIngress}
+	progToContainer   = Program{progName(&progSpecs.toContainer.CniToContainer), objToContainer, ScopeHostVeth, ebpf.AttachTCXEgress, DirEgress}
 	// TCP pacing for rate limits (bpf/lib/bandwidth.h), attached with the
 	// first limit.
-	progSockOps = Program{"cni_sock_ops", objSockOps, ScopeCgroup, ebpf.AttachCGroupSockOps, "cgroup_sock_ops"}
+	progSockOps = Program{progName(&progSpecs.sockOps.CniSockOps), objSockOps, ScopeCgroup, ebpf.AttachCGroupSockOps, "cgroup_sock_ops"}
 	// Uplink ingress: every build that set up node hooks attached it.
-	progFromUplink = Program{"cni_from_uplink", objFromUplink, ScopeUplink, ebpf.AttachTCXIngress, "uplink_"}
+	progFromUplink = Program{progName(&progSpecs.fromUplink.CniFromUplink), objFromUplink, ScopeUplink, ebpf.AttachTCXIngress, "uplink_"}
 )
 
 // catalog is every program of the datapath. hostPort and masquerade need
@@ -98,18 +116,18 @@ var catalog = []Program{
 	progToContainer,
 	progSockOps,
 	progFromUplink,
-	{"cni_to_uplink", objToUplink, ScopeUplink, ebpf.AttachTCXEgress, "uplink-egress_"},
-	{"cni_sock_connect4", objSock, ScopeCgroup, ebpf.AttachCGroupInet4Connect, "cgroup_connect4"},
-	{"cni_sock_sendmsg4", objSock, ScopeCgroup, ebpf.AttachCGroupUDP4Sendmsg, "cgroup_sendmsg4"},
-	{"cni_sock_recvmsg4", objSock, ScopeCgroup, ebpf.AttachCGroupUDP4Recvmsg, "cgroup_recvmsg4"},
-	{"cni_sock_peer4", objSock, ScopeCgroup, ebpf.AttachCgroupInet4GetPeername, "cgroup_getpeername4"},
-	{"cni_sock_connect6", objSock, ScopeCgroup, ebpf.AttachCGroupInet6Connect, "cgroup_connect6"},
-	{"cni_sock_sendmsg6", objSock, ScopeCgroup, ebpf.AttachCGroupUDP6Sendmsg, "cgroup_sendmsg6"},
-	{"cni_sock_recvmsg6", objSock, ScopeCgroup, ebpf.AttachCGroupUDP6Recvmsg, "cgroup_recvmsg6"},
-	{"cni_sock_peer6", objSock, ScopeCgroup, ebpf.AttachCgroupInet6GetPeername, "cgroup_getpeername6"},
-	{"cni_from_tunnel", objTunnel, ScopeTunnel, ebpf.AttachTCXIngress, "tunnel_"},
+	{progName(&progSpecs.toUplink.CniToUplink), objToUplink, ScopeUplink, ebpf.AttachTCXEgress, "uplink-egress_"},
+	{progName(&progSpecs.sock.CniSockConnect4), objSock, ScopeCgroup, ebpf.AttachCGroupInet4Connect, "cgroup_connect4"},
+	{progName(&progSpecs.sock.CniSockSendmsg4), objSock, ScopeCgroup, ebpf.AttachCGroupUDP4Sendmsg, "cgroup_sendmsg4"},
+	{progName(&progSpecs.sock.CniSockRecvmsg4), objSock, ScopeCgroup, ebpf.AttachCGroupUDP4Recvmsg, "cgroup_recvmsg4"},
+	{progName(&progSpecs.sock.CniSockPeer4), objSock, ScopeCgroup, ebpf.AttachCgroupInet4GetPeername, "cgroup_getpeername4"},
+	{progName(&progSpecs.sock.CniSockConnect6), objSock, ScopeCgroup, ebpf.AttachCGroupInet6Connect, "cgroup_connect6"},
+	{progName(&progSpecs.sock.CniSockSendmsg6), objSock, ScopeCgroup, ebpf.AttachCGroupUDP6Sendmsg, "cgroup_sendmsg6"},
+	{progName(&progSpecs.sock.CniSockRecvmsg6), objSock, ScopeCgroup, ebpf.AttachCGroupUDP6Recvmsg, "cgroup_recvmsg6"},
+	{progName(&progSpecs.sock.CniSockPeer6), objSock, ScopeCgroup, ebpf.AttachCgroupInet6GetPeername, "cgroup_getpeername6"},
+	{progName(&progSpecs.tunnel.CniFromTunnel), objTunnel, ScopeTunnel, ebpf.AttachTCXIngress, "tunnel_"},
 	// The sender's egress policy on pods' packets into the tunnel.
-	{"cni_to_tunnel", objTunnel, ScopeTunnel, ebpf.AttachTCXEgress, "tunnel-egress_"},
+	{progName(&progSpecs.tunnel.CniToTunnel), objTunnel, ScopeTunnel, ebpf.AttachTCXEgress, "tunnel-egress_"},
 }
 
 // corePrograms are pinned by the first ADD (Ensure): the host veth programs

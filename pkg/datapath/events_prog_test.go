@@ -18,7 +18,7 @@ import (
 
 func eventReader(t testing.TB, dp *Datapath) *ringbuf.Reader {
 	t.Helper()
-	r, err := ringbuf.NewReader(dp.Maps.EventRing())
+	r, err := ringbuf.NewReader(dp.Maps.Events().Ring())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func drain(t testing.TB, r *ringbuf.Reader) []maps.Event {
 func TestEventPerDrop(t *testing.T) {
 	dp := testDatapath(t)
 	r := eventReader(t, dp)
-	must(t, dp.Maps.SetEventSettings(maps.EventSettings{Drops: true, Rate: 1e6, Burst: 1e6}))
+	must(t, dp.Maps.Events().SetSettings(maps.EventSettings{Drops: true, Rate: 1e6, Burst: 1e6}))
 	other := net.ParseIP("192.0.2.9")
 	cases := []struct {
 		name     string
@@ -95,7 +95,7 @@ func TestEventPerDrop(t *testing.T) {
 			}
 		})
 	}
-	cs, err := dp.Maps.EventCounters()
+	cs, err := dp.Maps.Events().Counters()
 	must(t, err)
 	if cs.Sent != 7 || cs.LostRate != 0 || cs.LostRing != 0 {
 		t.Errorf("counters %+v, want 7 sent, none lost", cs)
@@ -107,14 +107,14 @@ func TestEventPerDrop(t *testing.T) {
 func TestEventRateLimit(t *testing.T) {
 	dp := testDatapath(t)
 	r := eventReader(t, dp)
-	must(t, dp.Maps.SetEventSettings(maps.EventSettings{Drops: true, Rate: 1, Burst: 5}))
+	must(t, dp.Maps.Events().SetSettings(maps.EventSettings{Drops: true, Rate: 1, Burst: 5}))
 	frame := append(eth(podMAC, 0x0800), ipv4(net.ParseIP("10.9.0.99"), net.ParseIP("192.0.2.9"), 64)...)
 	const n = 200
 	for i := 0; i < n; i++ {
 		run(t, dp.FromContainer, frame)
 	}
 	evs := drain(t, r)
-	cs, err := dp.Maps.EventCounters()
+	cs, err := dp.Maps.Events().Counters()
 	must(t, err)
 	// Test runs may move between CPUs: each has its own bucket of 5.
 	if len(evs) < 5 || uint64(len(evs)) != cs.Sent || cs.Sent+cs.LostRate != n || cs.LostRing != 0 {
@@ -128,7 +128,7 @@ func TestEventRateLimit(t *testing.T) {
 func TestFlowEvents(t *testing.T) {
 	dp := testDatapath(t)
 	r := eventReader(t, dp)
-	must(t, dp.Maps.SetEventSettings(maps.EventSettings{Drops: true, Flows: maps.FlowsNode, Rate: 1e6, Burst: 1e6}))
+	must(t, dp.Maps.Events().SetSettings(maps.EventSettings{Drops: true, Flows: maps.FlowsNode, Rate: 1e6, Burst: 1e6}))
 	other := net.ParseIP("192.0.2.9")
 	step := func(flags byte, want ...maps.EventType) {
 		t.Helper()
@@ -153,26 +153,26 @@ func TestFlowEvents(t *testing.T) {
 	step(synFlag, maps.EventFlowStart)
 
 	// Per pod: lo's endpoint off, then on.
-	must(t, dp.Maps.SetEventSettings(maps.EventSettings{Flows: maps.FlowsPods, Rate: 1e6, Burst: 1e6}))
+	must(t, dp.Maps.Events().SetSettings(maps.EventSettings{Flows: maps.FlowsPods, Rate: 1e6, Burst: 1e6}))
 	if ret, _ := run(t, dp.FromContainer, packet(podMAC, protoUDP, podIP, other, 5000, 53, 0)); ret != actOK {
 		t.Fatalf("verdict %d", ret)
 	}
 	if evs := drain(t, r); len(evs) != 0 {
 		t.Fatalf("flow events of an endpoint not asked for: %+v", evs)
 	}
-	must(t, dp.Maps.SetFlowEvents(loIfindex, true))
+	must(t, dp.Maps.Events().SetFlows(loIfindex, true))
 	run(t, dp.FromContainer, packet(podMAC, protoUDP, podIP, other, 5001, 53, 0))
 	if evs := drain(t, r); len(evs) != 1 || evs[0].Kind() != maps.EventFlowStart {
 		t.Fatalf("events of the pod asked for: %+v", evs)
 	}
 	// Idle flows end through the agent's sweep.
-	ends, err := dp.Maps.EndIdleFlows(0)
+	ends, err := dp.Maps.Events().EndIdleFlows(0)
 	must(t, err)
 	if len(ends) < 2 {
 		t.Errorf("idle flows ended: %+v", ends)
 	}
-	must(t, dp.Maps.SetFlowEvents(loIfindex, false))
-	if ids, _ := dp.Maps.FlowEventEndpoints(); len(ids) != 0 {
+	must(t, dp.Maps.Events().SetFlows(loIfindex, false))
+	if ids, _ := dp.Maps.Events().FlowEndpoints(); len(ids) != 0 {
 		t.Errorf("endpoints with flow events after turning them off: %v", ids)
 	}
 }
@@ -193,8 +193,8 @@ func BenchmarkEventsCost(b *testing.B) {
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			dp := testDatapath(b)
-			must(b, dp.Maps.SetEventSettings(c.s))
-			r, err := ringbuf.NewReader(dp.Maps.EventRing())
+			must(b, dp.Maps.Events().SetSettings(c.s))
+			r, err := ringbuf.NewReader(dp.Maps.Events().Ring())
 			must(b, err)
 			defer r.Close()
 			frame := packet(podMAC, protoTCP, podIP, dstIP, 40000, 80, ackFlag)
@@ -220,13 +220,13 @@ func BenchmarkEventsCost(b *testing.B) {
 // event is counted as lost_ring, and sent + lost is every drop.
 func TestEventRingFull(t *testing.T) {
 	dp := testDatapath(t)
-	must(t, dp.Maps.SetEventSettings(maps.EventSettings{Drops: true, Rate: 1e9, Burst: 1e6}))
+	must(t, dp.Maps.Events().SetSettings(maps.EventSettings{Drops: true, Rate: 1e9, Burst: 1e6}))
 	frame := append(eth(podMAC, 0x0800), ipv4(net.ParseIP("10.9.0.99"), net.ParseIP("192.0.2.9"), 64)...)
 	const n = 5000 // the 256 KiB ring holds about 3600
 	for i := 0; i < n; i++ {
 		run(t, dp.FromContainer, frame)
 	}
-	cs, err := dp.Maps.EventCounters()
+	cs, err := dp.Maps.Events().Counters()
 	must(t, err)
 	if cs.LostRing == 0 || cs.Sent+cs.LostRing+cs.LostRate != n || cs.Sent < 3000 {
 		t.Errorf("counters %+v after %d drops into an unread ring: want it full (about 3600 sent), the rest lost_ring", cs, n)

@@ -38,7 +38,7 @@ const (
 func hpDatapath(t *testing.T) *Datapath {
 	t.Helper()
 	dp := testDatapath(t)
-	must(t, dp.Maps.PutEndpoint(dstIP6, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost)))
+	must(t, putEndpoint(dp.Maps, dstIP6, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost)))
 	must(t, dp.Maps.Node().SyncIPs(map[string]int{nodeIP.String(): 1, nodeIP6.String(): 1}))
 	for _, h := range []maps.HostPort{
 		{Proto: protoTCP, HostPort: 8080, PodIP: dstIP, PodPort: 80, Ifindex: dstIfindex},
@@ -293,10 +293,11 @@ func TestFromContainerReply(t *testing.T) {
 	// The pod behind lo has mappings.
 	info := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)
 	info.Flags |= maps.EndpointFlagHostPort
-	must(t, dp.Maps.PutEndpoint(podIP, info))
+	must(t, putEndpoint(dp.Maps, podIP, info))
 	// A flow dstIP:5555 -> node:7000 -> podIP:70, as a hairpin from the
 	// other pod creates it (test runs all happen "on" lo, so write it).
-	must(t, dp.Maps.HostPorts().PutCT(ctFlow(podIP, 70, dstIP, 5555, nodeIP, 7000, loIfindex)))
+	k, v := ctFlow(podIP, 70, dstIP, 5555, nodeIP, 7000, loIfindex)
+	must(t, putCT(dp.Maps, k, v))
 
 	reply := packet(podMAC, protoTCP, podIP, dstIP, 70, 5555, synFlag|ackFlag)
 	ret, p := runFrame(t, dp.FromContainer, reply)
@@ -311,7 +312,7 @@ func TestFromContainerReply(t *testing.T) {
 	}
 
 	// A pod without the hostPort flag is never looked up in cni_ct.
-	must(t, dp.Maps.PutEndpoint(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)))
+	must(t, putEndpoint(dp.Maps, podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)))
 	ret, p = runFrame(t, dp.FromContainer, reply)
 	if ret != actRedirect || !p.src.Equal(podIP) || p.sport != 70 {
 		t.Fatalf("flagless pod: verdict %d src %s:%d, want untranslated", ret, p.src, p.sport)
@@ -324,7 +325,7 @@ func TestFromContainerSelfHairpin(t *testing.T) {
 	dp := hpDatapath(t)
 	info := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)
 	info.Flags |= maps.EndpointFlagHostPort
-	must(t, dp.Maps.PutEndpoint(podIP, info))
+	must(t, putEndpoint(dp.Maps, podIP, info))
 
 	ret, p := runFrame(t, dp.FromContainer, packet(podMAC, protoTCP, podIP, nodeIP, 6000, 7000, synFlag))
 	if ret != actRedirect {
@@ -352,9 +353,9 @@ func TestFromContainerStaleFlow(t *testing.T) {
 	dp := hpDatapath(t)
 	info := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)
 	info.Flags |= maps.EndpointFlagHostPort
-	must(t, dp.Maps.PutEndpoint(podIP, info))
+	must(t, putEndpoint(dp.Maps, podIP, info))
 	k, v := ctFlow(podIP, 70, dstIP, 5555, nodeIP, 7000, 999) // not lo
-	must(t, dp.Maps.HostPorts().PutCT(k, v))
+	must(t, putCT(dp.Maps, k, v))
 	ret, p := runFrame(t, dp.FromContainer, packet(podMAC, protoTCP, podIP, dstIP, 70, 5555, ackFlag))
 	if ret != actRedirect || !p.src.Equal(podIP) || p.sport != 70 {
 		t.Fatalf("verdict %d src %s:%d, want untranslated", ret, p.src, p.sport)
@@ -365,10 +366,10 @@ func TestFromContainerStaleFlow(t *testing.T) {
 	}
 	// DeleteCTOf removes exactly one pod's entries.
 	v.Ifindex = 4242
-	must(t, dp.Maps.HostPorts().PutCT(k, v))
+	must(t, putCT(dp.Maps, k, v))
 	k.PeerPort = htons(5556)
 	v.Ifindex = 4343
-	must(t, dp.Maps.HostPorts().PutCT(k, v))
+	must(t, putCT(dp.Maps, k, v))
 	if n, err := dp.Maps.HostPorts().DeleteCTOf(4242); err != nil || n != 1 {
 		t.Fatalf("DeleteCTOf: %d, %v", n, err)
 	}

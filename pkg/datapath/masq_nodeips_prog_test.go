@@ -34,7 +34,7 @@ func TestMasqNodeIPsGone(t *testing.T) {
 
 	mq := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)
 	mq.Flags |= maps.EndpointFlagMasq
-	must(t, dp.Maps.PutEndpoint(podIP, mq))
+	must(t, putEndpoint(dp.Maps, podIP, mq))
 	// (This drops hpDatapath's other node addresses: marked.)
 	must(t, dp.Maps.Node().SyncIPs(map[string]int{nodeIP.String(): 1}))
 	must(t, gone.Lookup(&zero, &mark))
@@ -69,7 +69,7 @@ func TestMasqNodeIPsGone(t *testing.T) {
 		t.Fatalf("cni_node_ips_gone %d after a removal at %d: want a second past it", mark, before)
 	}
 	check("the node lost the mapping's address", podIP, 40030)
-	st, err := dp.Maps.MasqStats()
+	st, err := dp.Maps.Masq().Stats()
 	if err != nil || st["not_new"] == 0 {
 		t.Fatalf("not_new %d (%v): the segment was not taken for one of no known flow", st["not_new"], err)
 	}

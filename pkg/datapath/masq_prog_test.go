@@ -87,9 +87,9 @@ func TestToUplinkMasquerade(t *testing.T) {
 	defer closePrograms(progs)
 	out, in := progs["cni_to_uplink"], progs["cni_from_uplink"]
 	mq := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagMasq)
-	must(t, dp.Maps.PutEndpoint(podIP, mq))
-	must(t, dp.Maps.PutEndpoint(podIP6, mq))
-	must(t, dp.Maps.PutClusterCIDR(netip.MustParsePrefix("10.9.0.0/16")))
+	must(t, putEndpoint(dp.Maps, podIP, mq))
+	must(t, putEndpoint(dp.Maps, podIP6, mq))
+	must(t, dp.Maps.Masq().PutClusterCIDR(netip.MustParsePrefix("10.9.0.0/16")))
 
 	for _, c := range []struct {
 		name         string
@@ -127,9 +127,9 @@ func TestToUplinkMasquerade(t *testing.T) {
 		{"sent by the node", packet(podMAC, protoTCP, podIP, farIP, 40023, 443, synFlag), 0, nil},
 		{"TCP of no known flow, no SYN", packet(podMAC, protoTCP, podIP, farIP, 40024, 443, ackFlag), loIfindex, nil},
 		{"a pod without ipMasq", packet(podMAC, protoTCP, podIP, farIP, 40025, 443, synFlag), loIfindex,
-			func() { must(t, dp.Maps.PutEndpoint(podIP, plain)) }},
+			func() { must(t, putEndpoint(dp.Maps, podIP, plain)) }},
 		{"a pod without ipMasq, IPv6", packet(podMAC, protoUDP, podIP6, farIP6, 40026, 443, 0), loIfindex,
-			func() { must(t, dp.Maps.PutEndpoint(podIP6, plain)) }},
+			func() { must(t, putEndpoint(dp.Maps, podIP6, plain)) }},
 	} {
 		if c.setup != nil {
 			c.setup()

@@ -209,7 +209,7 @@ func TestMasqICMPErrorIn(t *testing.T) {
 	if ret != actNext || string(out) != string(f) {
 		t.Errorf("error about no flow: verdict %d, changed %v", ret, string(out) != string(f))
 	}
-	st, err := dp.Maps.MasqStats()
+	st, err := dp.Maps.Masq().Stats()
 	if err != nil || st["icmp_error_in"] != 4 {
 		t.Errorf("icmp_error_in %d (%v), want 4", st["icmp_error_in"], err)
 	}
@@ -230,7 +230,7 @@ func TestHostPortICMPErrors(t *testing.T) {
 	copy(k.PeerAddr[:], clientIP6)
 	copy(v.OrigAddr[:], nodeIP6)
 	copy(v.ClientAddr[:], clientIP6)
-	must(t, dp.Maps.HostPorts().PutCT(k, v))
+	must(t, putCT(dp.Maps, k, v))
 	f := icmpError(remoteMAC, router6, nodeIP6, 2, 0,
 		ipPacket(protoTCP, nodeIP6, clientIP6, l4(protoTCP, nodeIP6, clientIP6, 8080, 5555, ackFlag, false)))
 	ret, out := run(t, up, f)
@@ -243,10 +243,10 @@ func TestHostPortICMPErrors(t *testing.T) {
 	// dstIP:5555 -> node:7000 -> podIP:70; the client is a pod of the node.
 	info := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)
 	info.Flags |= maps.EndpointFlagHostPort
-	must(t, dp.Maps.PutEndpoint(podIP, info))
+	must(t, putEndpoint(dp.Maps, podIP, info))
 	k, v = ctFlow(podIP, 70, dstIP, 5555, nodeIP, 7000, loIfindex)
 	k.Proto = protoUDP
-	must(t, dp.Maps.HostPorts().PutCT(k, v))
+	must(t, putCT(dp.Maps, k, v))
 	f = icmpError(podMAC, podIP, dstIP, 3, 3, ipPacket(protoUDP, dstIP, podIP, l4(protoUDP, dstIP, podIP, 5555, 70, 0, false)))
 	ret, out = run(t, dp.FromContainer, f)
 	if ret != actRedirect {

@@ -297,7 +297,7 @@ func (dp *Datapath) syncAfterUplinks(view *nodeView) error {
 	for _, i := range view.uplinks {
 		idx = append(idx, i)
 	}
-	return dp.Maps.SyncAfterLinks(maps.AfterLinkUplink, idx)
+	return dp.Maps.Policy().SyncAfterLinks(maps.AfterLinkUplink, idx)
 }
 
 // cgroupHooksLive and uplinkHooksLive are the fast path's check, made on

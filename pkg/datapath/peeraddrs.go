@@ -50,7 +50,7 @@ func seedPeerAddresses(m *maps.Maps) error {
 	if len(addrs) == 0 {
 		return errs
 	}
-	if err := m.AcquireClusterCIDRs(AgentCIDROwner, addrs); err != nil {
+	if err := m.Masq().AcquireClusterCIDRs(AgentCIDROwner, addrs); err != nil {
 		errs = errors.Join(errs, fmt.Errorf("hold the other nodes' addresses %v as cluster CIDRs: %w", addrs, err))
 	}
 	return errs

@@ -14,12 +14,12 @@ import (
 // (EP_F_POLICY): the source (lo) and the destination (dstIfindex).
 func policyDatapath(t testing.TB) (*Datapath, *maps.PolicyWriter) {
 	dp := testDatapath(t)
-	must(t, dp.Maps.PutEndpoint(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagPolicy)))
-	must(t, dp.Maps.PutEndpoint(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, maps.EndpointFlagPolicy)))
-	must(t, dp.Maps.EnablePolicy())
-	must(t, dp.Maps.SetPolicyPending(loIfindex))
-	must(t, dp.Maps.SetPolicyPending(dstIfindex))
-	return dp, dp.Maps.PolicyWriter()
+	must(t, putEndpoint(dp.Maps, podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagPolicy)))
+	must(t, putEndpoint(dp.Maps, dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, maps.EndpointFlagPolicy)))
+	must(t, dp.Maps.Policy().Enable())
+	must(t, dp.Maps.Policy().SetPending(loIfindex))
+	must(t, dp.Maps.Policy().SetPending(dstIfindex))
+	return dp, dp.Maps.Policy().Writer()
 }
 
 func hostPrefix(ip net.IP) netip.Prefix {
@@ -35,7 +35,7 @@ func TestPolicyFastPathVerdicts(t *testing.T) {
 	dp, w := policyDatapath(t)
 	req := func(flags byte) []byte { return packet(podMAC, protoTCP, podIP, dstIP, 40000, 80, flags) }
 	drops := func(idx int, dir maps.Dir) uint64 {
-		c, err := dp.Maps.Counters(idx)
+		c, err := dp.Maps.Stats().Counters(idx)
 		must(t, err)
 		return c[maps.CounterKey{Dir: dir, Reason: maps.ReasonDropPolicy}].Packets
 	}
@@ -67,7 +67,7 @@ func TestPolicyFastPathVerdicts(t *testing.T) {
 	if got, _ := run(t, dp.FromContainer, other); got != actShot {
 		t.Fatalf("new flow after the change: verdict %d, want a drop", got)
 	}
-	flows, err := dp.Maps.ListPolicyFlows()
+	flows, err := dp.Maps.Policy().ListFlows()
 	must(t, err)
 	ends := map[int]bool{}
 	for _, f := range flows {

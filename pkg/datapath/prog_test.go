@@ -68,12 +68,12 @@ func testDatapath(t testing.TB) *Datapath {
 		t.Fatal(err)
 	}
 	t.Cleanup(dp.Close)
-	must(t, dp.Maps.PutLink(loIfindex, maps.NewLinkInfo(podMAC, hostMAC)))
-	must(t, dp.Maps.PutEndpoint(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)))
-	must(t, dp.Maps.PutEndpoint(podIP6, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)))
+	must(t, dp.Maps.Links().Put(loIfindex, maps.NewLinkInfo(podMAC, hostMAC)))
+	must(t, putEndpoint(dp.Maps, podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)))
+	must(t, putEndpoint(dp.Maps, podIP6, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC)))
 	// A second pod behind another host veth. Test runs return the redirect
 	// verdict without delivering, so the ifindex need not exist.
-	must(t, dp.Maps.PutEndpoint(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost)))
+	must(t, putEndpoint(dp.Maps, dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost)))
 	return dp
 }
 
@@ -177,7 +177,7 @@ func counter(t *testing.T, dp *Datapath, dir maps.Dir, r maps.Reason) uint64 {
 	if dir == maps.DirIngress && r == maps.ReasonRedirect {
 		idx = dstIfindex
 	}
-	c, err := dp.Maps.Counters(idx)
+	c, err := dp.Maps.Stats().Counters(idx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,11 +280,11 @@ func TestMACLearned(t *testing.T) {
 	dp := testDatapath(t)
 	newMAC := net.HardwareAddr{0x02, 0, 0, 0, 0, 0xdd}
 	macs := func() (link, ep4, ep6 string) {
-		li, err := dp.Maps.LookupLink(loIfindex)
+		li, err := dp.Maps.Links().Lookup(loIfindex)
 		must(t, err)
-		e4, err := dp.Maps.LookupEndpoint(podIP)
+		e4, err := dp.Maps.Endpoints().Lookup(podIP)
 		must(t, err)
-		e6, err := dp.Maps.LookupEndpoint(podIP6)
+		e6, err := dp.Maps.Endpoints().Lookup(podIP6)
 		must(t, err)
 		return net.HardwareAddr(li.Mac[:]).String(), net.HardwareAddr(e4.Mac[:]).String(), net.HardwareAddr(e6.Mac[:]).String()
 	}
@@ -450,7 +450,7 @@ func TestLeanOpenRefusesForeignLayout(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dp := testDatapath(t)
-			spec := c.foreign(dp.Maps.Endpoints)
+			spec := c.foreign(dp.Maps.Map("cni_endpoints"))
 			p := filepath.Join(MapsDir(dp.PinRoot), "cni_endpoints")
 			must(t, os.Remove(p))
 			m, err := ebpf.NewMap(spec)
@@ -485,7 +485,7 @@ func TestLeanOpenRefusesForeignLayout(t *testing.T) {
 func TestMissingMapPinReadopted(t *testing.T) {
 	dp := testDatapath(t)
 	p := filepath.Join(MapsDir(dp.PinRoot), "cni_links")
-	info, err := dp.Maps.Links.Info()
+	info, err := dp.Maps.Map("cni_links").Info()
 	must(t, err)
 	want, _ := info.ID()
 	must(t, os.Remove(p))
@@ -500,7 +500,7 @@ func TestMissingMapPinReadopted(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", v.verb, err)
 		}
-		info, err := again.Maps.Links.Info()
+		info, err := again.Maps.Map("cni_links").Info()
 		must(t, err)
 		if got, _ := info.ID(); got != want {
 			t.Errorf("%s: cni_links pinned anew (map %d); the programs use map %d", v.verb, got, want)

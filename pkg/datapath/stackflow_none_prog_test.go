@@ -45,15 +45,15 @@ func TestStackFlowNoneFastPath(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			podIP, dstIP := tc.podIP, tc.dstIP
 			dp := testDatapath(t)
-			must(t, dp.Maps.PutEndpoint(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, tc.flags)))
-			must(t, dp.Maps.PutEndpoint(dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, none)))
+			must(t, putEndpoint(dp.Maps, podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, tc.flags)))
+			must(t, putEndpoint(dp.Maps, dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, none)))
 			// The backend (podIP, port 80) answering the client pod
 			// (dstIP): no flow recorded yet, so straight to the client.
 			reply := packet(podMAC, protoTCP, podIP, dstIP, 80, 40010, ackFlag)
 			if ret := runFrom(t, dp.FromContainer, reply, 0); ret != actRedirect {
 				t.Fatalf("reply of no recorded flow: verdict %d, want the redirect", ret)
 			}
-			if e, err := dp.Maps.LookupEndpoint(podIP); err != nil || e.Flags&none != tc.flags&none {
+			if e, err := dp.Maps.Endpoints().Lookup(podIP); err != nil || e.Flags&none != tc.flags&none {
 				t.Fatalf("backend's entry after a fast-path packet: flags %#x (%v), want EP_F_SF_NONE %#x", e.Flags, err, tc.flags&none)
 			}
 
@@ -64,12 +64,12 @@ func TestStackFlowNoneFastPath(t *testing.T) {
 			if ret := runFrom(t, dp.ToContainer, in, dstIfindex); ret != actOK {
 				t.Fatalf("to_container: verdict %d", ret)
 			}
-			e, err := dp.Maps.LookupEndpoint(podIP)
+			e, err := dp.Maps.Endpoints().Lookup(podIP)
 			must(t, err)
 			if e.Flags&none != 0 {
 				t.Fatalf("backend's entry keeps EP_F_SF_NONE (flags %#x) after the stack delivered it a recorded flow", e.Flags)
 			}
-			if c, err := dp.Maps.LookupEndpoint(dstIP); err != nil || c.Flags&none == 0 {
+			if c, err := dp.Maps.Endpoints().Lookup(dstIP); err != nil || c.Flags&none == 0 {
 				t.Fatalf("client's entry lost EP_F_SF_NONE (flags %#x, %v): only the receiving address's is cleared", c.Flags, err)
 			}
 			// Its reply meets the record: to the stack, which translates it back.

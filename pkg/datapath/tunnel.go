@@ -93,12 +93,12 @@ func (dp *Datapath) EnsureTunnel(mode TunnelMode, mtu int, macCheck bool) (int, 
 		}
 	}
 	// Its egress program runs: pods' denied egress may be deferred to it.
-	if err := dp.Maps.SyncAfterLinks(maps.AfterLinkTunnel, []int{idx}); err != nil {
+	if err := dp.Maps.Policy().SyncAfterLinks(maps.AfterLinkTunnel, []int{idx}); err != nil {
 		return 0, fmt.Errorf("tunnel device %s: %w", TunnelDevice, err)
 	}
 	// Under the lock, as Enable writes the same value: from now on no
 	// pod's tunnel datagram leaves with a node address (to_uplink).
-	if err := dp.Maps.SetTunnel(true, macCheck); err != nil {
+	if err := dp.Maps.Tunnel().SetMode(true, macCheck); err != nil {
 		return 0, fmt.Errorf("tunnel device %s: %w", TunnelDevice, err)
 	}
 	return idx, nil

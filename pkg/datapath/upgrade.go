@@ -193,7 +193,7 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 func clearStackFlowsNoneFromOtherBuild(dp *Datapath) error {
 	for _, p := range ProgramPins(dp.PinRoot) {
 		if !p.Current {
-			_, err := dp.Maps.ClearStackFlowsNone()
+			_, err := dp.Maps.StackFlows().ClearNone()
 			return err
 		}
 	}
@@ -212,7 +212,7 @@ func (dp *Datapath) upgradeUplinks(uplinks map[string]int, loaded map[string]*eb
 			}
 		}
 	}
-	return dp.Maps.SyncAfterLinks(maps.AfterLinkUplink, upgradedUplinks(uplinks))
+	return dp.Maps.Policy().SyncAfterLinks(maps.AfterLinkUplink, upgradedUplinks(uplinks))
 }
 
 // upgradedUplinks are the ifindexes of the uplinks an upgrade leaves

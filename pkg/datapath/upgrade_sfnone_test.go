@@ -19,7 +19,7 @@ func TestUpgradeClearsStackFlowsNone(t *testing.T) {
 		name := map[bool]string{false: "same build", true: "another build pinned"}[other]
 		t.Run(name, func(t *testing.T) {
 			dp := testDatapath(t)
-			must(t, dp.Maps.PutEndpoint(podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, none|maps.EndpointFlagPolicy)))
+			must(t, putEndpoint(dp.Maps, podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, none|maps.EndpointFlagPolicy)))
 			if other {
 				// A program pin of another build: this build's program
 				// under a name no catalog entry of this build has.
@@ -27,7 +27,7 @@ func TestUpgradeClearsStackFlowsNone(t *testing.T) {
 			}
 			_, err := dp.Upgrade(false)
 			must(t, err)
-			e, err := dp.Maps.LookupEndpoint(podIP)
+			e, err := dp.Maps.Endpoints().Lookup(podIP)
 			must(t, err)
 			want := none | maps.EndpointFlagPolicy
 			if other {

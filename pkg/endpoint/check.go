@@ -92,12 +92,12 @@ func (a *Attachment) checkMaps() (string, error) {
 	if err := a.DP.Attached(a.Ifindex, a.HostIf); err != nil {
 		return "", checkError("%w", err)
 	}
-	li, err := a.DP.Maps.LookupLink(a.Ifindex)
+	li, err := a.DP.Maps.Links().Lookup(a.Ifindex)
 	if err != nil {
 		return "", checkError("map cni_links has no entry for %s (ifindex %d): %v", a.HostIf, a.Ifindex, notExist(err))
 	}
 	for _, ip := range a.PodIPs() {
-		e, err := a.DP.Maps.LookupEndpoint(ip)
+		e, err := a.DP.Maps.Endpoints().Lookup(ip)
 		if err != nil {
 			return "", checkError("map cni_endpoints has no entry for %s: %v", ip, notExist(err))
 		}

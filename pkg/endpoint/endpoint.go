@@ -346,7 +346,7 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 		a.waitStackFlowPart() // its table is put before it is dropped
 		_, sfErr := a.DP.Maps.StackFlows().DeleteOf(idx)
 		return errors.Join(deleteLink(a.HostIf), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
-			a.DP.Maps.DeleteLink(idx), a.DP.Maps.ResetStats(idx), sfErr)
+			a.DP.Maps.Links().Delete(idx), a.DP.Maps.Stats().Reset(idx), sfErr)
 	})
 	if a.Net.IPv4Only {
 		// Saves the node work only: a /proc/sys that refuses the write
@@ -449,14 +449,14 @@ func (a *Attachment) Install() error {
 // rules), then the pod's netns entry.
 func (a *Attachment) Publish() error {
 	m, idx, p := a.DP.Maps, a.Ifindex, a.plan
-	if err := m.ResetStats(idx); err != nil {
+	if err := m.Stats().Reset(idx); err != nil {
 		return internalErr(err)
 	}
 	li := maps.NewLinkInfo(p.podMAC, p.hostMAC)
 	// to_container judges the pod's ingress by the policy flag, and looks
 	// its ingress bucket up only with the limit's (Install set a.Flags).
 	li.Flags = a.Flags&(maps.EndpointFlagPolicy|maps.FlagBandwidthIngress) | maps.LinkFlagBandwidthKnown
-	if err := m.PutLink(idx, li); err != nil {
+	if err := m.Links().Put(idx, li); err != nil {
 		return mapError(err)
 	}
 	// A new address has no stack flow recorded: from_container's fast path
@@ -467,7 +467,7 @@ func (a *Attachment) Publish() error {
 	// it (two networks with overlapping ranges, an IPAM bug) refuses this ADD;
 	// a leftover of a vanished veth does not.
 	for _, ip := range a.PodIPs() {
-		if err := m.InsertEndpoint(ip, info, linkAlive); err != nil {
+		if err := m.Endpoints().Insert(ip, info, linkAlive); err != nil {
 			var taken *maps.EndpointTakenError
 			if errors.As(err, &taken) {
 				return ConfError("pod address %s from ipam plugin %q is already %s's: an address has one owner (overlapping ranges of two networks?); nothing of it was changed",
@@ -475,7 +475,7 @@ func (a *Attachment) Publish() error {
 			}
 			return mapError(err)
 		}
-		a.OnUndo(func() error { return m.DeleteEndpoint(ip, idx) })
+		a.OnUndo(func() error { return m.Endpoints().Delete(ip, idx) })
 	}
 	a.Trace.Mark("maps")
 	Crashpoint("endpoints")

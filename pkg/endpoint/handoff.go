@@ -131,7 +131,7 @@ func Reap(pinDir string, m *maps.Maps, h HandedOff) error {
 	if m != nil {
 		// The pod's stack-flow table and records too: DEL leaves them here.
 		_, sfErr := m.StackFlows().DeleteOf(h.Ifindex)
-		errs = errors.Join(errs, m.DeleteLink(h.Ifindex), m.ResetStats(h.Ifindex), m.Bandwidth().DeleteLimits(h.Ifindex), sfErr)
+		errs = errors.Join(errs, m.Links().Delete(h.Ifindex), m.Stats().Reset(h.Ifindex), m.Bandwidth().DeleteLimits(h.Ifindex), sfErr)
 	}
 	return errs
 }

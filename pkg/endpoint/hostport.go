@@ -92,7 +92,7 @@ func (h *hostPorts) Check(a *Attachment) error {
 		}
 	}
 	for _, ip := range a.PodIPs() {
-		if e, err := m.LookupEndpoint(ip); err == nil && e.Flags&maps.EndpointFlagHostPort == 0 {
+		if e, err := m.Endpoints().Lookup(ip); err == nil && e.Flags&maps.EndpointFlagHostPort == 0 {
 			return checkError("map cni_endpoints entry of %s lacks the hostPort flag", ip)
 		}
 	}

@@ -83,7 +83,7 @@ func (m *masq) Install(a *Attachment) error {
 	// Node-wide: networks sharing a pin directory share the ports, so
 	// one whose keys differ is refused while another's pods use them.
 	keys := maps.MasqKeys{Network: a.Net.Name, PortRange: m.rangeKey, PodLimit: m.podLimit}
-	if err := a.DP.Maps.ClaimMasqConfig(keys, ports, a.PodIPs()); err != nil {
+	if err := a.DP.Maps.Masq().ClaimConfig(keys, ports, a.PodIPs()); err != nil {
 		var c *maps.MasqKeysConflict
 		if errors.As(err, &c) {
 			return ConfError("%s %q, %s %d: %v at %s; networks sharing a pin directory must give the same %s and %s (or use their own pinDir)",
@@ -94,10 +94,10 @@ func (m *masq) Install(a *Attachment) error {
 	// The attachment is a user of its cluster CIDRs: they stay while any
 	// user does, and go with the last (Teardown).
 	owner := cidrOwner(a.Net, a.ID.ContainerID, a.ID.IfName)
-	if err := a.DP.Maps.AcquireClusterCIDRs(owner, m.cidrs(a)); err != nil {
+	if err := a.DP.Maps.Masq().AcquireClusterCIDRs(owner, m.cidrs(a)); err != nil {
 		return mapError(err)
 	}
-	a.OnUndo(func() error { _, err := a.DP.Maps.ReleaseClusterCIDRs(owner); return err })
+	a.OnUndo(func() error { _, err := a.DP.Maps.Masq().ReleaseClusterCIDRs(owner); return err })
 	a.Flags |= maps.EndpointFlagMasq
 	a.Record.Masq = true
 	a.Trace.Mark("masq")
@@ -111,7 +111,7 @@ func (m *masq) Check(a *Attachment) error {
 		return nil
 	}
 	for _, ip := range a.PodIPs() {
-		if e, err := a.DP.Maps.LookupEndpoint(ip); err == nil && e.Flags&maps.EndpointFlagMasq == 0 {
+		if e, err := a.DP.Maps.Endpoints().Lookup(ip); err == nil && e.Flags&maps.EndpointFlagMasq == 0 {
 			return checkError("map cni_endpoints entry of %s lacks the ipMasq flag", ip)
 		}
 	}
@@ -119,12 +119,12 @@ func (m *masq) Check(a *Attachment) error {
 	if err != nil {
 		return err
 	}
-	if got, err := a.DP.Maps.MasqConfig(); err != nil {
+	if got, err := a.DP.Maps.Masq().Config(); err != nil {
 		return checkError("%w", err)
 	} else if got.String() != want.String() || got.PodLimit != want.PodLimit {
 		return checkError("map cni_masq_config holds ports %q with pod limit %d, want %q with %d", got, got.PodLimit, want, want.PodLimit)
 	}
-	have, err := a.DP.Maps.ClusterCIDRs()
+	have, err := a.DP.Maps.Masq().ClusterCIDRs()
 	if err != nil {
 		return checkError("read map cni_cluster_cidrs: %w", err)
 	}
@@ -137,13 +137,13 @@ func (m *masq) Check(a *Attachment) error {
 			return checkError("map cni_cluster_cidrs lacks %s: the pod's traffic to it would be masqueraded", want)
 		}
 	}
-	mine, err := a.DP.Maps.ClusterCIDRsOf(cidrOwner(a.Net, a.ID.ContainerID, a.ID.IfName))
+	mine, err := a.DP.Maps.Masq().ClusterCIDRsOf(cidrOwner(a.Net, a.ID.ContainerID, a.ID.IfName))
 	if err != nil {
 		return checkError("read map cni_cidr_refs: %w", err)
 	}
 	// An attachment of an older layout's build holds its CIDRs through
 	// what that layout left (owner 0).
-	inherited, err := a.DP.Maps.ClusterCIDRsOf(0)
+	inherited, err := a.DP.Maps.Masq().ClusterCIDRsOf(0)
 	if err != nil {
 		return checkError("read map cni_cidr_refs: %w", err)
 	}
@@ -161,7 +161,7 @@ func (m *masq) Teardown(t *Teardown) {
 	masq := t.Complete == nil || t.Complete.Masq
 	if masq {
 		t.WithVeth(func() error {
-			_, err := t.DP.Maps.DeleteSNATOf(t.Ifindex)
+			_, err := t.DP.Maps.Masq().DeleteSNATOf(t.Ifindex)
 			return err
 		})
 	}
@@ -171,10 +171,10 @@ func (m *masq) Teardown(t *Teardown) {
 			// The attachment no longer uses its cluster CIDRs; those no
 			// other attachment uses go (by its identity: the veth may be
 			// long gone).
-			_, err = t.DP.Maps.ReleaseClusterCIDRs(cidrOwner(t.Net, t.ContainerID, t.IfName))
+			_, err = t.DP.Maps.Masq().ReleaseClusterCIDRs(cidrOwner(t.Net, t.ContainerID, t.IfName))
 		}
 		// The node's last attachment takes the CIDRs an older layout left.
-		_, ierr := t.DP.Maps.ReleaseInheritedClusterCIDRs(t.Ifindex)
+		_, ierr := t.DP.Maps.Masq().ReleaseInheritedClusterCIDRs(t.Ifindex)
 		return errors.Join(err, ierr)
 	})
 }

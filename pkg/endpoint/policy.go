@@ -33,14 +33,14 @@ func (p *netPolicy) Install(a *Attachment) error {
 		return Errorf(ErrUnavailable, "networkPolicy uplink hooks at %s: %w", a.Net.PinDir, err)
 	}
 	m := a.DP.Maps
-	if err := m.EnablePolicy(); err != nil {
+	if err := m.Policy().Enable(); err != nil {
 		return mapError(err)
 	}
-	if err := m.SetPolicyPending(a.Ifindex); err != nil {
+	if err := m.Policy().SetPending(a.Ifindex); err != nil {
 		return mapError(err)
 	}
 	idx := a.Ifindex
-	a.OnUndo(func() error { return m.DeletePolicyOf(idx) })
+	a.OnUndo(func() error { return m.Policy().DeleteOf(idx) })
 	a.Flags |= maps.EndpointFlagPolicy
 	a.Record.Policy = true
 	a.Trace.Mark("policy")
@@ -53,12 +53,12 @@ func (p *netPolicy) Check(a *Attachment) error {
 		return nil
 	}
 	for _, ip := range a.PodIPs() {
-		if e, err := a.DP.Maps.LookupEndpoint(ip); err == nil && e.Flags&maps.EndpointFlagPolicy == 0 {
+		if e, err := a.DP.Maps.Endpoints().Lookup(ip); err == nil && e.Flags&maps.EndpointFlagPolicy == 0 {
 			return checkError("map cni_endpoints entry of %s lacks the networkPolicy flag", ip)
 		}
 	}
 	if a.Ifindex != 0 {
-		if _, ok, err := a.DP.Maps.PolicyStateOf(a.Ifindex); err != nil {
+		if _, ok, err := a.DP.Maps.Policy().StateOf(a.Ifindex); err != nil {
 			return checkError("%w", err)
 		} else if !ok {
 			return checkError("map cni_pol_state has no entry for host veth ifindex %d", a.Ifindex)
@@ -86,15 +86,15 @@ func (p *netPolicy) Teardown(t *Teardown) {
 			return
 		}
 		t.WithVeth(func() error {
-			if on, err := t.DP.Maps.PolicyEnabled(); err != nil || !on {
+			if on, err := t.DP.Maps.Policy().Enabled(); err != nil || !on {
 				return err
 			}
-			_, err := t.DP.Maps.DeletePolicyFlowsOf(0, peers...)
+			_, err := t.DP.Maps.Policy().DeleteFlowsOf(0, peers...)
 			return err
 		})
 		return
 	}
 	t.WithVeth(func() error {
-		return t.DP.Maps.DeletePolicyOf(t.Ifindex, peers...)
+		return t.DP.Maps.Policy().DeleteOf(t.Ifindex, peers...)
 	})
 }

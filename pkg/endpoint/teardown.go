@@ -211,7 +211,7 @@ func (t *Teardown) removePodSide() error {
 		if t.DP == nil {
 			return false
 		}
-		_, err := t.DP.Maps.LookupLink(idx)
+		_, err := t.DP.Maps.Links().Lookup(idx)
 		return err == nil
 	}
 	if cookie := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff); cookie != 0 && t.DP != nil {
@@ -254,8 +254,8 @@ func (t *Teardown) removeLinkState() error {
 	if t.DP != nil && t.Ifindex != 0 {
 		// The flow and trace switches go too: the next pod given this
 		// ifindex has not asked for them. (Its flows age out: LRU, idle sweep.)
-		errs = errors.Join(t.DP.Maps.DeleteLink(t.Ifindex), t.DP.Maps.ResetStats(t.Ifindex),
-			t.DP.Maps.ForgetEventEndpoint(uint32(t.Ifindex)))
+		errs = errors.Join(t.DP.Maps.Links().Delete(t.Ifindex), t.DP.Maps.Stats().Reset(t.Ifindex),
+			t.DP.Maps.Events().ForgetEndpoint(uint32(t.Ifindex)))
 	}
 	if !t.foreign {
 		errs = errors.Join(errs, datapath.RemoveLinkPins(t.Net.PinDir, t.hostIf))
@@ -281,7 +281,7 @@ func (t *Teardown) removeEndpoints() error {
 			}
 		}
 	} else {
-		eps, err := t.DP.Maps.ListEndpoints()
+		eps, err := t.DP.Maps.Endpoints().List()
 		errs = errors.Join(errs, err)
 		for _, e := range eps {
 			if int(e.Info.Ifindex) == t.Ifindex {
@@ -290,7 +290,7 @@ func (t *Teardown) removeEndpoints() error {
 		}
 	}
 	for _, ip := range ips {
-		errs = errors.Join(errs, t.DP.Maps.DeleteEndpoint(ip, t.Ifindex))
+		errs = errors.Join(errs, t.DP.Maps.Endpoints().Delete(ip, t.Ifindex))
 	}
 	return errs
 }

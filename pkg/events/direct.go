@@ -21,14 +21,14 @@ func ReadDirect(ctx context.Context, pinDir, stateDir string, f Filter, fn func(
 		return err
 	}
 	defer m.Close()
-	s, err := m.EventSettings()
+	s, err := m.Events().Settings()
 	if err != nil {
 		return err
 	}
 	if !s.Enabled() {
 		return errors.New("events are off on this node (no agent turned them on): start the agent, or `ebpf-agent events --drops on`")
 	}
-	rb, err := ringbuf.NewReader(m.EventRing())
+	rb, err := ringbuf.NewReader(m.Events().Ring())
 	if err != nil {
 		return fmt.Errorf("read the ring buffer: %w", err)
 	}

@@ -100,7 +100,7 @@ func (r *Reader) run(ctx context.Context) error {
 		return fmt.Errorf("events: %w", err)
 	}
 	defer m.Close()
-	s, err := m.EventSettings()
+	s, err := m.Events().Settings()
 	if err != nil {
 		return fmt.Errorf("events: %w", err)
 	}
@@ -114,10 +114,10 @@ func (r *Reader) run(ctx context.Context) error {
 	case !s.Enabled() && s.Rate == 0: // never configured
 		s = maps.EventSettings{Drops: true}
 	}
-	if err := m.SetEventSettings(s); err != nil {
+	if err := m.Events().SetSettings(s); err != nil {
 		return fmt.Errorf("events: %w", err)
 	}
-	rb, err := ringbuf.NewReader(m.EventRing())
+	rb, err := ringbuf.NewReader(m.Events().Ring())
 	if err != nil {
 		return fmt.Errorf("events: read the ring buffer: %w", err)
 	}
@@ -126,7 +126,7 @@ func (r *Reader) run(ctx context.Context) error {
 	r.m = m
 	r.mu.Unlock()
 	close(r.ready)
-	s, _ = m.EventSettings()
+	s, _ = m.Events().Settings()
 	r.o.Logger.Printf("events: drops %v, flows %s, at most %d a second per CPU (burst %d); keeping the last %d",
 		s.Drops, s.Flows, s.Rate, s.Burst, r.o.Keep)
 
@@ -174,11 +174,11 @@ func (r *Reader) sweep(ctx context.Context, done <-chan struct{}, m *maps.Maps) 
 			return
 		case <-tick.C:
 		}
-		ends, err := m.EndIdleFlows(r.o.FlowIdle)
+		ends, err := m.Events().EndIdleFlows(r.o.FlowIdle)
 		if err != nil {
 			r.o.Logger.Printf("events: end idle flows: %v", err)
 		}
-		if err := m.EndTraces(); err != nil {
+		if err := m.Events().EndTraces(); err != nil {
 			r.o.Logger.Printf("events: end traces: %v", err)
 		}
 		for i := range ends {
@@ -307,9 +307,9 @@ func (r *Reader) Status() (Status, error) {
 	}
 	st := Status{Read: r.seq, SlowReaders: r.slow, Kept: len(r.ring), Keep: r.o.Keep, Observers: len(r.subs)}
 	var err error
-	if st.Settings, err = r.m.EventSettings(); err != nil {
+	if st.Settings, err = r.m.Events().Settings(); err != nil {
 		return st, err
 	}
-	st.EventCounters, err = r.m.EventCounters()
+	st.EventCounters, err = r.m.Events().Counters()
 	return st, err
 }

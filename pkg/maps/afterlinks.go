@@ -11,7 +11,7 @@ import (
 // egress program judges a pod's deferred egress NetworkPolicy after the
 // stack. from_container judges a denied packet at once when its route
 // leaves by any other link (bpf/lib/policy.h, pol_unjudged_after).
-const nameAfterLinks = "cni_after_links"
+var nameAfterLinks = mapName(&specNames.CniAfterLinks)
 
 // AfterLink is what judges on a link (a value bit of cni_after_links).
 type AfterLink uint32
@@ -27,8 +27,8 @@ const (
 // set of an older build of the layout may lack the map: then nothing is
 // written (its programs do not read it). A full map is an error wrapping
 // ErrFull naming it.
-func (m *Maps) SyncAfterLinks(kind AfterLink, ifindexes []int) error {
-	mp := m.byName[nameAfterLinks]
+func (pl Policy) SyncAfterLinks(kind AfterLink, ifindexes []int) error {
+	mp := pl.m.byName[nameAfterLinks]
 	if mp == nil {
 		return nil
 	}

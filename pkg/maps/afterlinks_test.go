@@ -29,7 +29,7 @@ func TestSyncAfterLinks(t *testing.T) {
 	}
 	step := func(kind AfterLink, idx []int, want map[uint32]uint32) {
 		t.Helper()
-		if err := m.SyncAfterLinks(kind, idx); err != nil {
+		if err := m.Policy().SyncAfterLinks(kind, idx); err != nil {
 			t.Fatal(err)
 		}
 		if got := have(); !reflect.DeepEqual(got, want) {
@@ -41,10 +41,10 @@ func TestSyncAfterLinks(t *testing.T) {
 	step(AfterLinkUplink, []int{4}, map[uint32]uint32{4: 3, 9: 2})
 	step(AfterLinkTunnel, nil, map[uint32]uint32{4: 1})
 	step(AfterLinkUplink, []int{4, 5, 6}, map[uint32]uint32{4: 1, 5: 1, 6: 1})
-	if err := m.SyncAfterLinks(AfterLinkTunnel, []int{7}); !IsFull(err) {
+	if err := m.Policy().SyncAfterLinks(AfterLinkTunnel, []int{7}); !IsFull(err) {
 		t.Fatalf("a fourth link in a map of 3: %v, want ErrFull", err)
 	}
-	if err := (&Maps{byName: map[string]*ebpf.Map{}}).SyncAfterLinks(AfterLinkUplink, []int{1}); err != nil {
+	if err := (&Maps{byName: map[string]*ebpf.Map{}}).Policy().SyncAfterLinks(AfterLinkUplink, []int{1}); err != nil {
 		t.Fatalf("without the map: %v", err)
 	}
 }

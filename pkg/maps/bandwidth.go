@@ -15,7 +15,7 @@ type (
 	BandwidthState = mapsObjBwState
 )
 
-const nameBandwidth = "cni_bandwidth"
+var nameBandwidth = mapName(&specNames.CniBandwidth)
 
 // Endpoint flags (ep_info.flags): which limits apply to the pod.
 const (
@@ -135,7 +135,7 @@ func (b Bandwidth) ListLimits() ([]LimitEntry, error) {
 // NetnsInfo is the Go twin of struct netns_info.
 type NetnsInfo = mapsObjNetnsInfo
 
-const nameNetns = "cni_netns"
+var nameNetns = mapName(&specNames.CniNetns)
 
 // FlagNetnsNode marks the node's own netns in cni_netns.
 const FlagNetnsNode uint32 = 1 << 0
@@ -198,13 +198,6 @@ func (b Bandwidth) DeleteNetns(cookie uint64) error {
 		return fmt.Errorf("delete netns %d from %s: %w", cookie, nameNetns, err)
 	}
 	return nil
-}
-
-// LookupNetns returns the entry of a netns.
-func (b Bandwidth) LookupNetns(cookie uint64) (NetnsInfo, error) {
-	var v NetnsInfo
-	err := b.m.byName[nameNetns].Lookup(&cookie, &v)
-	return v, err
 }
 
 // ListNetns returns every registered netns by cookie.

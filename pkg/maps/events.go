@@ -56,12 +56,15 @@ func (e *Event) TraceProgram() (string, uint32) {
 	return progName(Prog(e.Aux >> 24)), e.Aux & 0xffffff
 }
 
+var (
+	nameEvents   = mapName(&specNames.CniEvents)
+	nameEvConfig = mapName(&specNames.CniEvConfig)
+	nameEvCPU    = mapName(&specNames.CniEvCpu)
+	nameEvPods   = mapName(&specNames.CniEvPods)
+	nameEvFlows  = mapName(&specNames.CniEvFlows)
+)
+
 const (
-	nameEvents    = "cni_events"
-	nameEvConfig  = "cni_ev_config"
-	nameEvCPU     = "cni_ev_cpu"
-	nameEvPods    = "cni_ev_pods"
-	nameEvFlows   = "cni_ev_flows"
 	evCfgDrops    = 1 << 0
 	evCfgFlowsAll = 1 << 1
 	evCfgFlowsPod = 1 << 2
@@ -134,7 +137,7 @@ type FlowEvents string
 const (
 	FlowsOff  FlowEvents = "off"  // none
 	FlowsNode FlowEvents = "node" // every endpoint of the node
-	FlowsPods FlowEvents = "pods" // the endpoints SetFlowEvents turned on
+	FlowsPods FlowEvents = "pods" // the endpoints Events().SetFlows turned on
 )
 
 // Default rate limit of events, per CPU.
@@ -150,7 +153,7 @@ type EventSettings struct {
 	Rate  uint32     `json:"ratePerCPU"`  // events per second and CPU
 	Burst uint32     `json:"burstPerCPU"` // events a CPU may send at once
 	// Trace is the global switch of trace events (the endpoints
-	// SetTraceEvents turned on), until TraceUntil; off, they cost nothing.
+	// Events().SetTrace turned on), until TraceUntil; off, they cost nothing.
 	// An ended trace reads as off.
 	Trace      bool      `json:"trace,omitempty"`
 	TraceUntil time.Time `json:"traceUntil,omitzero"`
@@ -186,15 +189,24 @@ func monoTime(s uint32) time.Time {
 // Enabled tells whether any event is on.
 func (s EventSettings) Enabled() bool { return s.Drops || s.Flows != FlowsOff || s.Trace }
 
-// EventRing is the ring buffer map, for a reader.
-func (m *Maps) EventRing() *ebpf.Map { return m.byName[nameEvents] }
+// Events is the events family of the maps: the ring buffer, its
+// configuration (cni_ev_config), the per-CPU buckets and loss counters
+// (cni_ev_cpu), the pods with flow events or a trace (cni_ev_pods) and the
+// flow table (cni_ev_flows).
+type Events struct{ m *Maps }
 
-// EventSettings reads the configuration; a node where nobody configured
+// Events returns the events family of m.
+func (m *Maps) Events() Events { return Events{m} }
+
+// Ring is the ring buffer map, for a reader.
+func (ev Events) Ring() *ebpf.Map { return ev.m.byName[nameEvents] }
+
+// Settings reads the configuration; a node where nobody configured
 // events reads as all off.
-func (m *Maps) EventSettings() (EventSettings, error) {
+func (ev Events) Settings() (EventSettings, error) {
 	var c EventConfig
 	zero := uint32(0)
-	if err := m.byName[nameEvConfig].Lookup(&zero, &c); err != nil {
+	if err := ev.m.byName[nameEvConfig].Lookup(&zero, &c); err != nil {
 		return EventSettings{}, fmt.Errorf("read %s: %w", nameEvConfig, err)
 	}
 	s := EventSettings{Drops: c.Flags&evCfgDrops != 0, Flows: FlowsOff}
@@ -214,9 +226,9 @@ func (m *Maps) EventSettings() (EventSettings, error) {
 	return s, nil
 }
 
-// SetEventSettings writes the configuration; the programs follow it from
+// SetSettings writes the configuration; the programs follow it from
 // their next packet. Rate and Burst 0 take the defaults.
-func (m *Maps) SetEventSettings(s EventSettings) error {
+func (ev Events) SetSettings(s EventSettings) error {
 	if s.Rate == 0 {
 		s.Rate = DefaultEventRate
 	}
@@ -246,29 +258,29 @@ func (m *Maps) SetEventSettings(s EventSettings) error {
 		return fmt.Errorf("flow events %q: want %s, %s or %s", s.Flows, FlowsOff, FlowsNode, FlowsPods)
 	}
 	zero := uint32(0)
-	if err := m.byName[nameEvConfig].Put(&zero, &c); err != nil {
-		return writeErr(m.byName[nameEvConfig], nameEvConfig, "event settings", err)
+	if err := ev.m.byName[nameEvConfig].Put(&zero, &c); err != nil {
+		return writeErr(ev.m.byName[nameEvConfig], nameEvConfig, "event settings", err)
 	}
 	return nil
 }
 
-// SetFlowEvents turns flow events of one endpoint (host veth ifindex) on
+// SetFlows turns flow events of one endpoint (host veth ifindex) on
 // or off; they are sent while the settings' Flows is FlowsPods.
-func (m *Maps) SetFlowEvents(ifindex uint32, on bool) error {
-	return m.setPodEvents(ifindex, evPodFlows, on)
+func (ev Events) SetFlows(ifindex uint32, on bool) error {
+	return ev.m.setPodEvents(ifindex, evPodFlows, on)
 }
 
-// SetTraceEvents traces one endpoint until until (the zero time: not
+// SetTrace traces one endpoint until until (the zero time: not
 // any more); its trace events are sent while the settings' Trace is on.
 // The programs end the trace by themselves at until.
-func (m *Maps) SetTraceEvents(ifindex uint32, until time.Time) error {
-	return m.updatePodEvents(ifindex, func(v uint32) uint32 { return v&evPodFlows | monoUntil(until)<<1 })
+func (ev Events) SetTrace(ifindex uint32, until time.Time) error {
+	return ev.m.updatePodEvents(ifindex, func(v uint32) uint32 { return v&evPodFlows | monoUntil(until)<<1 })
 }
 
-// ForgetEventEndpoint turns every event switch of an endpoint off (its
+// ForgetEndpoint turns every event switch of an endpoint off (its
 // veth is gone).
-func (m *Maps) ForgetEventEndpoint(ifindex uint32) error {
-	if err := m.byName[nameEvPods].Delete(&ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+func (ev Events) ForgetEndpoint(ifindex uint32) error {
+	if err := ev.m.byName[nameEvPods].Delete(&ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete interface %d from %s: %w", ifindex, nameEvPods, err)
 	}
 	return nil
@@ -304,10 +316,10 @@ func (m *Maps) updatePodEvents(ifindex uint32, f func(uint32) uint32) error {
 	return nil
 }
 
-// FlowEventEndpoints lists the endpoints with flow events on.
-func (m *Maps) FlowEventEndpoints() ([]uint32, error) {
+// FlowEndpoints lists the endpoints with flow events on.
+func (ev Events) FlowEndpoints() ([]uint32, error) {
 	var out []uint32
-	err := scan(m.byName[nameEvPods], func(k *uint32, v *uint32) {
+	err := scan(ev.m.byName[nameEvPods], func(k *uint32, v *uint32) {
 		if *v&evPodFlows != 0 {
 			out = append(out, *k)
 		}
@@ -317,10 +329,10 @@ func (m *Maps) FlowEventEndpoints() ([]uint32, error) {
 
 // TraceEndpoints returns the endpoints traced now, and when each trace
 // ends.
-func (m *Maps) TraceEndpoints() (map[uint32]time.Time, error) {
+func (ev Events) TraceEndpoints() (map[uint32]time.Time, error) {
 	out := map[uint32]time.Time{}
 	now := monoSeconds()
-	err := scan(m.byName[nameEvPods], func(k *uint32, v *uint32) {
+	err := scan(ev.m.byName[nameEvPods], func(k *uint32, v *uint32) {
 		if until := *v >> 1; uint64(until) > now {
 			out[*k] = monoTime(until)
 		}
@@ -332,11 +344,11 @@ func (m *Maps) TraceEndpoints() (map[uint32]time.Time, error) {
 // switch once none is left (ended, or its pods deleted: while it is on, the
 // packets handed on take the events' slow path): the agent calls it now
 // and then.
-func (m *Maps) EndTraces() error {
+func (ev Events) EndTraces() error {
 	now := monoSeconds()
 	var ended []uint32
 	live := 0
-	if err := scan(m.byName[nameEvPods], func(k *uint32, v *uint32) {
+	if err := scan(ev.m.byName[nameEvPods], func(k *uint32, v *uint32) {
 		switch until := *v >> 1; {
 		case until != 0 && uint64(until) <= now:
 			ended = append(ended, *k)
@@ -348,11 +360,11 @@ func (m *Maps) EndTraces() error {
 	}
 	var errs error
 	for _, idx := range ended {
-		errs = errors.Join(errs, m.SetTraceEvents(idx, time.Time{}))
+		errs = errors.Join(errs, ev.SetTrace(idx, time.Time{}))
 	}
 	var c EventConfig
 	zero := uint32(0)
-	cfg := m.byName[nameEvConfig]
+	cfg := ev.m.byName[nameEvConfig]
 	if err := cfg.Lookup(&zero, &c); err != nil {
 		return errors.Join(errs, fmt.Errorf("read %s: %w", nameEvConfig, err))
 	}
@@ -371,11 +383,11 @@ type EventCounters struct {
 	LostRing uint64 `json:"lostRingFull"`    // the ring was full: the reader was behind or absent
 }
 
-// EventCounters sums the per-CPU counters.
-func (m *Maps) EventCounters() (EventCounters, error) {
+// Counters sums the per-CPU counters.
+func (ev Events) Counters() (EventCounters, error) {
 	var per []EventCPU
 	zero := uint32(0)
-	if err := m.byName[nameEvCPU].Lookup(&zero, &per); err != nil {
+	if err := ev.m.byName[nameEvCPU].Lookup(&zero, &per); err != nil {
 		return EventCounters{}, fmt.Errorf("read %s: %w", nameEvCPU, err)
 	}
 	var c EventCounters
@@ -390,11 +402,11 @@ func (m *Maps) EventCounters() (EventCounters, error) {
 // EndIdleFlows removes flows of cni_ev_flows idle for longer than idle, and
 // returns a flow-end event for each that had not ended (closed ones were
 // announced by the datapath). Reason keeps how the flow was handed on.
-func (m *Maps) EndIdleFlows(idle time.Duration) ([]Event, error) {
+func (ev Events) EndIdleFlows(idle time.Duration) ([]Event, error) {
 	now := monotonicNow()
 	var keys []EventFlowKey
 	var out []Event
-	err := scan(m.byName[nameEvFlows], func(k *EventFlowKey, v *EventFlowVal) {
+	err := scan(ev.m.byName[nameEvFlows], func(k *EventFlowKey, v *EventFlowVal) {
 		if now < v.SeenNs || now-v.SeenNs < uint64(idle) {
 			return
 		}
@@ -409,7 +421,7 @@ func (m *Maps) EndIdleFlows(idle time.Duration) ([]Event, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scan %s: %w", nameEvFlows, err)
 	}
-	return out, deleteKeys(m.byName[nameEvFlows], keys)
+	return out, deleteKeys(ev.m.byName[nameEvFlows], keys)
 }
 
 func etherTypeOf(family uint8) uint16 {

@@ -85,16 +85,16 @@ func TestFootprint(t *testing.T) {
 	}
 	for i := 0; i < 50; i++ {
 		k := StatsKey{Ifindex: uint32(100 + i), Dir: 1, Reason: 2}
-		if err := m.Stats.Put(&k, make([]StatsVal, cpus)); err != nil {
+		if err := m.stats.Put(&k, make([]StatsVal, cpus)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, owner := range []uint64{1, 2} {
-		if err := m.AcquireClusterCIDRs(owner, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}); err != nil {
+		if err := m.Masq().AcquireClusterCIDRs(owner, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := m.PutEndpoint(net.ParseIP("10.0.0.2"), NewEndpointInfo(3, nil, nil)); err != nil {
+	if err := m.Endpoints().Put(net.ParseIP("10.0.0.2"), NewEndpointInfo(3, nil, nil)); err != nil {
 		t.Fatal(err)
 	}
 

@@ -31,13 +31,13 @@ type (
 )
 
 // Names of the hostPort maps, as bpf/lib/maps.h declares them.
-const (
-	nameHostPorts = "cni_hostports"
-	nameCT        = "cni_ct"
-	nameNodeIPs   = "cni_node_ips"
-	nameHPConfig  = "cni_hp_config"
-	nameSockRNAT  = "cni_sock_rnat"
-	nameHPStats   = "cni_hp_stats"
+var (
+	nameHostPorts = mapName(&specNames.CniHostports)
+	nameCT        = mapName(&specNames.CniCt)
+	nameNodeIPs   = mapName(&specNames.CniNodeIps)
+	nameHPConfig  = mapName(&specNames.CniHpConfig)
+	nameSockRNAT  = mapName(&specNames.CniSockRnat)
+	nameHPStats   = mapName(&specNames.CniHpStats)
 )
 
 // Flag values shared with the C side (#defines there, so not in BTF).
@@ -290,20 +290,6 @@ func (hp HostPorts) ListCT() ([]Flow, error) {
 		out = append(out, decodeFlow(*k, *v, now))
 	})
 	return out, err
-}
-
-// PutCT writes a flow entry (tests and tools; the programs create them).
-// An entry without times is taken as created and last used now (the
-// programs treat one idle past its timeout as absent). It has no timer:
-// only the programs' own entries delete themselves.
-func (hp HostPorts) PutCT(k CTKey, v CTVal) error {
-	if v.SeenNs == 0 {
-		v.SeenNs = monotonicNow()
-	}
-	if v.CreatedNs == 0 {
-		v.CreatedNs = v.SeenNs
-	}
-	return hp.m.byName[nameCT].Put(&k, &v)
 }
 
 // DeleteCTOf removes every cni_ct entry created for the pod behind the host

@@ -23,7 +23,7 @@ func TestTablePins(t *testing.T) {
 		}
 	}
 	must(m.StackFlows().AddPart(idx))
-	must(m.AddPolicyFlowTables(idx))
+	must(m.Policy().AddFlowTables(idx))
 	must(m.StackFlows().AddPart(idx)) // a retried ADD replaces the table
 	pins := func() []string {
 		var out []string
@@ -72,7 +72,7 @@ func TestTablePins(t *testing.T) {
 	if got := pins(); len(got) != 3 {
 		t.Errorf("pins after removing the stale ones: %v, want the 3 policy tables'", got)
 	}
-	must(m.DeletePolicyFlowTables(idx))
+	must(m.Policy().DeleteFlowTables(idx))
 	if got := pins(); len(got) != 0 {
 		t.Errorf("pins after the policy tables were dropped: %v", got)
 	}

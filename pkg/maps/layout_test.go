@@ -156,8 +156,8 @@ func TestPinnedShapes(t *testing.T) {
 	}
 }
 
-// TestInnerSpecs: the tables the verbs create (AddStackFlowPart,
-// AddPolicyFlowTables) are the inner maps bpf/lib/maps.h declares.
+// TestInnerSpecs: the tables the verbs create (StackFlows().AddPart,
+// Policy().AddFlowTables) are the inner maps bpf/lib/maps.h declares.
 func TestInnerSpecs(t *testing.T) {
 	ss, err := specs()
 	if err != nil {

@@ -135,17 +135,17 @@ func (r Reason) IsDrop() bool {
 
 // Names of the core maps, as C declares them. Feature maps name theirs in
 // their own files; every map in the embedded object is pinned and opened.
-const (
-	nameEndpoints = "cni_endpoints"
-	nameLinks     = "cni_links"
-	nameStats     = "cni_stats"
+var (
+	nameEndpoints = mapName(&specNames.CniEndpoints)
+	nameLinks     = mapName(&specNames.CniLinks)
+	nameStats     = mapName(&specNames.CniStats)
 )
 
 // Maps holds open handles on every pinned map.
 type Maps struct {
-	Endpoints *ebpf.Map
-	Links     *ebpf.Map
-	Stats     *ebpf.Map
+	endpoints *ebpf.Map
+	links     *ebpf.Map
+	stats     *ebpf.Map
 
 	byName map[string]*ebpf.Map
 	dir    string
@@ -299,27 +299,27 @@ func PinnedNames() []string {
 var pinnedShapes = func() map[string]*ebpf.MapSpec {
 	out := map[string]*ebpf.MapSpec{}
 	for _, s := range []ebpf.MapSpec{
-		{Name: "cni_bandwidth", Type: ebpf.Hash, KeySize: 8, ValueSize: 72},
-		{Name: "cni_cidr_refs", Type: ebpf.Hash, KeySize: 32, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
-		{Name: "cni_cluster_cidrs", Type: ebpf.LPMTrie, KeySize: 24, ValueSize: 4, MaxEntries: 256, Flags: unix.BPF_F_NO_PREALLOC},
-		{Name: "cni_ct", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 80},
+		{Name: nameBandwidth, Type: ebpf.Hash, KeySize: 8, ValueSize: 72},
+		{Name: nameClusterRefs, Type: ebpf.Hash, KeySize: 32, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
+		{Name: nameClusterCIDRs, Type: ebpf.LPMTrie, KeySize: 24, ValueSize: 4, MaxEntries: 256, Flags: unix.BPF_F_NO_PREALLOC},
+		{Name: nameCT, Type: ebpf.LRUHash, KeySize: 40, ValueSize: 80},
 		{Name: nameEvConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 1},
 		{Name: nameEvCPU, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 112, MaxEntries: 1},
 		{Name: nameEvFlows, Type: ebpf.LRUHash, KeySize: 44, ValueSize: 24},
 		{Name: nameEvPods, Type: ebpf.Hash, KeySize: 4, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: nameEvents, Type: ebpf.RingBuf, MaxEntries: 1 << 18},
 		{Name: nameEndpoints, Type: ebpf.Hash, KeySize: 20, ValueSize: 20},
-		{Name: "cni_hostports", Type: ebpf.Hash, KeySize: 20, ValueSize: 24},
-		{Name: "cni_hp_config", Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1},
-		{Name: "cni_hp_stats", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
+		{Name: nameHostPorts, Type: ebpf.Hash, KeySize: 20, ValueSize: 24},
+		{Name: nameHPConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1},
+		{Name: nameHPStats, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
 		{Name: nameLinks, Type: ebpf.Hash, KeySize: 4, ValueSize: 16},
-		{Name: "cni_masq_config", Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 1},
+		{Name: nameMasqConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 1},
 		{Name: nameMasqPods, Type: ebpf.Hash, KeySize: 4, ValueSize: 8},
 		{Name: nameMasqQuota, Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1},
 		{Name: nameMasqKeys, Type: ebpf.Array, KeySize: 4, ValueSize: 64, MaxEntries: 1},
-		{Name: "cni_masq_share", Type: ebpf.LRUHash, KeySize: 24, ValueSize: 4},
-		{Name: "cni_masq_stats", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
-		{Name: "cni_netns", Type: ebpf.Hash, KeySize: 8, ValueSize: 16},
+		{Name: nameMasqShare, Type: ebpf.LRUHash, KeySize: 24, ValueSize: 4},
+		{Name: nameMasqStats, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
+		{Name: nameNetns, Type: ebpf.Hash, KeySize: 8, ValueSize: 16},
 		{Name: namePolAddrs, Type: ebpf.LPMTrie, KeySize: 28, ValueSize: 8, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: namePolConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1},
 		{Name: namePolCTParts, Type: ebpf.HashOfMaps, KeySize: 8, ValueSize: 4},
@@ -327,11 +327,11 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: namePolFragParts, Type: ebpf.HashOfMaps, KeySize: 4, ValueSize: 4},
 		{Name: namePolPorts, Type: ebpf.LPMTrie, KeySize: 12, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: namePolState, Type: ebpf.Hash, KeySize: 4, ValueSize: 12},
-		{Name: "cni_node_ips", Type: ebpf.Hash, KeySize: 20, ValueSize: 4, MaxEntries: 1024},
+		{Name: nameNodeIPs, Type: ebpf.Hash, KeySize: 20, ValueSize: 4, MaxEntries: 1024},
 		{Name: nameNodeIPsGone, Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1},
-		{Name: "cni_snat", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 56},
-		{Name: "cni_sock_rnat", Type: ebpf.LRUHash, KeySize: 32, ValueSize: 24},
-		{Name: "cni_stack_flows", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 16},
+		{Name: nameSNAT, Type: ebpf.LRUHash, KeySize: 40, ValueSize: 56},
+		{Name: nameSockRNAT, Type: ebpf.LRUHash, KeySize: 32, ValueSize: 24},
+		{Name: nameStackFlows, Type: ebpf.LRUHash, KeySize: 40, ValueSize: 16},
 		{Name: nameStackFlowParts, Type: ebpf.HashOfMaps, KeySize: 4, ValueSize: 4},
 		{Name: nameSFPool, Type: ebpf.ArrayOfMaps, KeySize: 4, ValueSize: 4},
 		{Name: nameSFSlots, Type: ebpf.Hash, KeySize: 4, ValueSize: 4},
@@ -380,7 +380,7 @@ func (m *Maps) checkSized(s Sizing) error {
 }
 
 func fromSet(dir string, s map[string]*ebpf.Map) *Maps {
-	return &Maps{Endpoints: s[nameEndpoints], Links: s[nameLinks], Stats: s[nameStats], byName: s, dir: dir}
+	return &Maps{endpoints: s[nameEndpoints], links: s[nameLinks], stats: s[nameStats], byName: s, dir: dir}
 }
 
 // Dir is the directory the maps are pinned in.
@@ -481,20 +481,14 @@ func NewLinkInfo(podMAC, hostMAC net.HardwareAddr) LinkInfo {
 	return v
 }
 
-// PutEndpoint records that ip lives behind the host veth in info, replacing
-// whatever entry it had (tests and tools; ADD uses InsertEndpoint).
-func (m *Maps) PutEndpoint(ip net.IP, info EndpointInfo) error {
-	k, err := KeyFor(ip)
-	if err != nil {
-		return err
-	}
-	if err := m.Endpoints.Put(&k, &info); err != nil {
-		return writeErr(m.Endpoints, nameEndpoints, "endpoint "+ip.String(), err)
-	}
-	return nil
-}
+// Endpoints is the family of the pods' addresses (cni_endpoints): which host
+// veth each lives behind, its MACs and flags.
+type Endpoints struct{ m *Maps }
 
-// EndpointTakenError is returned by InsertEndpoint when another host veth
+// Endpoints returns the endpoint family of m.
+func (m *Maps) Endpoints() Endpoints { return Endpoints{m} }
+
+// EndpointTakenError is returned by Endpoints().Insert when another host veth
 // holds the address.
 type EndpointTakenError struct {
 	IP      net.IP
@@ -505,25 +499,25 @@ func (e *EndpointTakenError) Error() string {
 	return fmt.Sprintf("%s already has %s, for ifindex %d", nameEndpoints, e.IP, e.Ifindex)
 }
 
-// InsertEndpoint adds ip only if no other entry holds it (BPF_NOEXIST, so of
+// Insert adds ip only if no other entry holds it (BPF_NOEXIST, so of
 // two ADDs racing for one address exactly one wins); a taken address is an
 // *EndpointTakenError naming the holder. An entry whose host veth no longer
 // exists (alive tells) is a leftover, not a holder: it is replaced.
-func (m *Maps) InsertEndpoint(ip net.IP, info EndpointInfo, alive func(ifindex int) bool) error {
+func (e Endpoints) Insert(ip net.IP, info EndpointInfo, alive func(ifindex int) bool) error {
 	k, err := KeyFor(ip)
 	if err != nil {
 		return err
 	}
 	for try := 0; ; try++ {
-		err := m.Endpoints.Update(&k, &info, ebpf.UpdateNoExist)
+		err := e.m.endpoints.Update(&k, &info, ebpf.UpdateNoExist)
 		if err == nil {
 			return nil
 		}
 		if !errors.Is(err, ebpf.ErrKeyExist) {
-			return writeErr(m.Endpoints, nameEndpoints, "endpoint "+ip.String(), err)
+			return writeErr(e.m.endpoints, nameEndpoints, "endpoint "+ip.String(), err)
 		}
 		var cur EndpointInfo
-		if err := m.Endpoints.Lookup(&k, &cur); err != nil {
+		if err := e.m.endpoints.Lookup(&k, &cur); err != nil {
 			if errors.Is(err, ebpf.ErrKeyNotExist) && try < 3 {
 				continue // the holder went meanwhile
 			}
@@ -534,41 +528,41 @@ func (m *Maps) InsertEndpoint(ip net.IP, info EndpointInfo, alive func(ifindex i
 			// the caller's veth has it now. Stack flows of the address may
 			// be recorded already: from_container must look them up.
 			info.Flags &^= EndpointFlagStackFlowsNone
-			if err := m.Endpoints.Update(&k, &info, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return writeErr(m.Endpoints, nameEndpoints, "endpoint "+ip.String(), err)
+			if err := e.m.endpoints.Update(&k, &info, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return writeErr(e.m.endpoints, nameEndpoints, "endpoint "+ip.String(), err)
 			}
 			return nil
 		}
 		if alive(int(cur.Ifindex)) || try >= 3 {
 			return &EndpointTakenError{IP: ip, Ifindex: int(cur.Ifindex)}
 		}
-		if err := m.DeleteEndpoint(ip, int(cur.Ifindex)); err != nil {
+		if err := e.Delete(ip, int(cur.Ifindex)); err != nil {
 			return err
 		}
 	}
 }
 
-// LookupEndpoint returns the entry of ip; the error wraps ebpf.ErrKeyNotExist when absent.
-func (m *Maps) LookupEndpoint(ip net.IP) (EndpointInfo, error) {
+// Lookup returns the entry of ip; the error wraps ebpf.ErrKeyNotExist when absent.
+func (e Endpoints) Lookup(ip net.IP) (EndpointInfo, error) {
 	var v EndpointInfo
 	k, err := KeyFor(ip)
 	if err != nil {
 		return v, err
 	}
-	err = m.Endpoints.Lookup(&k, &v)
+	err = e.m.endpoints.Lookup(&k, &v)
 	return v, err
 }
 
-// DeleteEndpoint removes ip if it still points at ifindex (a new pod may have
+// Delete removes ip if it still points at ifindex (a new pod may have
 // taken the address since); ifindex 0 removes it unconditionally.
-func (m *Maps) DeleteEndpoint(ip net.IP, ifindex int) error {
+func (e Endpoints) Delete(ip net.IP, ifindex int) error {
 	k, err := KeyFor(ip)
 	if err != nil {
 		return err
 	}
 	if ifindex != 0 {
 		var v EndpointInfo
-		if err := m.Endpoints.Lookup(&k, &v); err != nil {
+		if err := e.m.endpoints.Lookup(&k, &v); err != nil {
 			if errors.Is(err, ebpf.ErrKeyNotExist) {
 				return nil
 			}
@@ -578,7 +572,7 @@ func (m *Maps) DeleteEndpoint(ip net.IP, ifindex int) error {
 			return nil
 		}
 	}
-	if err := m.Endpoints.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := e.m.endpoints.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete endpoint %s from %s: %w", ip, nameEndpoints, err)
 	}
 	return nil
@@ -590,53 +584,81 @@ type Endpoint struct {
 	Info EndpointInfo
 }
 
-// Endpoints lists every entry of the endpoints map.
-func (m *Maps) ListEndpoints() ([]Endpoint, error) {
+// List returns every entry of the endpoints map.
+func (e Endpoints) List() ([]Endpoint, error) {
 	var (
 		out []Endpoint
 		k   EndpointKey
 		v   EndpointInfo
 	)
-	it := m.Endpoints.Iterate()
+	it := e.m.endpoints.Iterate()
 	for it.Next(&k, &v) {
 		out = append(out, Endpoint{IP: k.IP(), Info: v})
 	}
 	return out, it.Err()
 }
 
-// PutLink records the pod MAC behind a host veth.
-func (m *Maps) PutLink(ifindex int, li LinkInfo) error {
+// Links is the family of the host veths (cni_links): the pod MAC and host
+// MAC behind each.
+type Links struct{ m *Maps }
+
+// Links returns the link family of m.
+func (m *Maps) Links() Links { return Links{m} }
+
+// Put records the pod MAC behind a host veth.
+func (l Links) Put(ifindex int, li LinkInfo) error {
 	k := uint32(ifindex)
-	if err := m.Links.Put(&k, &li); err != nil {
-		return writeErr(m.Links, nameLinks, fmt.Sprintf("link %d", ifindex), err)
+	if err := l.m.links.Put(&k, &li); err != nil {
+		return writeErr(l.m.links, nameLinks, fmt.Sprintf("link %d", ifindex), err)
 	}
 	return nil
 }
 
-// LookupLink returns the entry of a host veth.
-func (m *Maps) LookupLink(ifindex int) (LinkInfo, error) {
+// Lookup returns the entry of a host veth.
+func (l Links) Lookup(ifindex int) (LinkInfo, error) {
 	var v LinkInfo
 	k := uint32(ifindex)
-	err := m.Links.Lookup(&k, &v)
+	err := l.m.links.Lookup(&k, &v)
 	return v, err
 }
 
-// DeleteLink removes the entry of a host veth; absent is fine.
-func (m *Maps) DeleteLink(ifindex int) error {
+// Delete removes the entry of a host veth; absent is fine.
+func (l Links) Delete(ifindex int) error {
 	k := uint32(ifindex)
-	if err := m.Links.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := l.m.links.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete link %d from %s: %w", ifindex, nameLinks, err)
 	}
 	return nil
 }
 
-// ResetStats deletes every counter of a host veth. Keys are enumerated rather
+// Ifindexes lists the host veths that have an entry.
+func (l Links) Ifindexes() ([]uint32, error) {
+	var (
+		out []uint32
+		k   uint32
+		v   LinkInfo
+	)
+	it := l.m.links.Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, k)
+	}
+	return out, it.Err()
+}
+
+// Stats is the family of the per-veth counters (cni_stats), by direction
+// and reason.
+type Stats struct{ m *Maps }
+
+// Stats returns the counter family of m.
+func (m *Maps) Stats() Stats { return Stats{m} }
+
+// Reset deletes every counter of a host veth. Keys are enumerated rather
 // than scanned so the cost does not grow with the number of pods.
-func (m *Maps) ResetStats(ifindex int) error {
+func (s Stats) Reset(ifindex int) error {
 	for d := 0; d < numDirs; d++ {
 		for r := 0; r < numReasons; r++ {
 			k := StatsKey{Ifindex: uint32(ifindex), Dir: uint8(d), Reason: uint8(r)}
-			if err := m.Stats.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			if err := s.m.stats.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return fmt.Errorf("delete counters of ifindex %d from %s: %w", ifindex, nameStats, err)
 			}
 		}
@@ -657,13 +679,13 @@ type CounterKey struct {
 }
 
 // Counters returns the counters of a host veth, summed over CPUs.
-func (m *Maps) Counters(ifindex int) (map[CounterKey]Counter, error) {
+func (s Stats) Counters(ifindex int) (map[CounterKey]Counter, error) {
 	out := make(map[CounterKey]Counter)
 	for d := 0; d < numDirs; d++ {
 		for r := 0; r < numReasons; r++ {
 			k := StatsKey{Ifindex: uint32(ifindex), Dir: uint8(d), Reason: uint8(r)}
 			var per []StatsVal
-			if err := m.Stats.Lookup(&k, &per); err != nil {
+			if err := s.m.stats.Lookup(&k, &per); err != nil {
 				if errors.Is(err, ebpf.ErrKeyNotExist) {
 					continue
 				}
@@ -680,14 +702,14 @@ func (m *Maps) Counters(ifindex int) (map[CounterKey]Counter, error) {
 	return out, nil
 }
 
-// AllCounters returns counters of every interface that has any, keyed by ifindex.
-func (m *Maps) AllCounters() (map[uint32]map[CounterKey]Counter, error) {
+// All returns counters of every interface that has any, keyed by ifindex.
+func (s Stats) All() (map[uint32]map[CounterKey]Counter, error) {
 	out := make(map[uint32]map[CounterKey]Counter)
 	var (
 		k   StatsKey
 		per []StatsVal
 	)
-	it := m.Stats.Iterate()
+	it := s.m.stats.Iterate()
 	for it.Next(&k, &per) {
 		var c Counter
 		for _, v := range per {

@@ -26,13 +26,13 @@ type (
 )
 
 // Names of the masquerade maps, as bpf/lib/maps.h declares them.
-const (
-	nameSNAT         = "cni_snat"
-	nameClusterCIDRs = "cni_cluster_cidrs"
-	nameClusterRefs  = "cni_cidr_refs"
-	nameMasqStats    = "cni_masq_stats"
-	nameMasqConfig   = "cni_masq_config"
-	nameMasqShare    = "cni_masq_share"
+var (
+	nameSNAT         = mapName(&specNames.CniSnat)
+	nameClusterCIDRs = mapName(&specNames.CniClusterCidrs)
+	nameClusterRefs  = mapName(&specNames.CniCidrRefs)
+	nameMasqStats    = mapName(&specNames.CniMasqStats)
+	nameMasqConfig   = mapName(&specNames.CniMasqConfig)
+	nameMasqShare    = mapName(&specNames.CniMasqShare)
 )
 
 const (
@@ -105,6 +105,16 @@ func (k CIDRKey) prefix() netip.Prefix {
 	return netip.PrefixFrom(a, int(k.Prefixlen)-32)
 }
 
+// Masq is the masquerade family of the maps: the cluster CIDRs never
+// masqueraded and their users (cni_cluster_cidrs, cni_cidr_refs), the flows
+// (cni_snat), the port ranges and keys (cni_masq_config, cni_masq_keys), the
+// pods' port shares and quota (cni_masq_share, cni_masq_pods,
+// cni_masq_quota) and the counters (cni_masq_stats).
+type Masq struct{ m *Maps }
+
+// Masq returns the masquerade family of m.
+func (m *Maps) Masq() Masq { return Masq{m} }
+
 // CIDROwner names a user of cluster CIDRs (an attachment) by a hash of
 // what identifies it; never 0, which stands for CIDRs inherited from an
 // older layout.
@@ -123,19 +133,19 @@ func CIDROwner(parts ...string) uint64 {
 // whatever this call added is gone again. Idempotent for an owner. Runs
 // under a lock on the map directory, as ReleaseClusterCIDRs, so a CIDR
 // one process adds is never removed by another releasing its last user.
-func (m *Maps) AcquireClusterCIDRs(owner uint64, prefixes []netip.Prefix) error {
-	unlock, err := m.lock()
+func (ms Masq) AcquireClusterCIDRs(owner uint64, prefixes []netip.Prefix) error {
+	unlock, err := ms.m.lock()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	return m.acquire(owner, prefixes)
+	return ms.m.acquire(owner, prefixes)
 }
 
 // acquire is AcquireClusterCIDRs with the lock held.
 func (m *Maps) acquire(owner uint64, prefixes []netip.Prefix) (err error) {
 	trie, refs := m.byName[nameClusterCIDRs], m.byName[nameClusterRefs]
-	have, err := m.ClusterCIDRs()
+	have, err := m.Masq().ClusterCIDRs()
 	if err != nil {
 		return fmt.Errorf("read %s: %w", nameClusterCIDRs, err)
 	}
@@ -195,17 +205,17 @@ func (m *Maps) acquire(owner uint64, prefixes []netip.Prefix) (err error) {
 // the CIDRs owner came to use and those it no longer uses. A CIDR another
 // user (an attachment's configuration) holds stays whatever owner wants.
 // An owner holding none and wanting none costs one scan and no lock.
-func (m *Maps) SetClusterCIDRs(owner uint64, want []netip.Prefix) (gained, dropped []netip.Prefix, err error) {
-	mine, err := m.refsOf(owner)
+func (ms Masq) SetClusterCIDRs(owner uint64, want []netip.Prefix) (gained, dropped []netip.Prefix, err error) {
+	mine, err := ms.m.refsOf(owner)
 	if err != nil || (len(mine) == 0 && len(want) == 0) {
 		return nil, nil, err // nothing held, nothing wanted: no lock
 	}
-	unlock, err := m.lock()
+	unlock, err := ms.m.lock()
 	if err != nil {
 		return nil, nil, err
 	}
 	defer unlock()
-	if mine, err = m.refsOf(owner); err != nil {
+	if mine, err = ms.m.refsOf(owner); err != nil {
 		return nil, nil, err
 	}
 	wanted, held := map[netip.Prefix]bool{}, map[netip.Prefix]bool{}
@@ -221,10 +231,10 @@ func (m *Maps) SetClusterCIDRs(owner uint64, want []netip.Prefix) (gained, dropp
 			dropped = append(dropped, p)
 		}
 	}
-	if err := m.dropRefs(stale); err != nil {
+	if err := ms.m.dropRefs(stale); err != nil {
 		return nil, dropped, err
 	}
-	if err := m.acquire(owner, want); err != nil {
+	if err := ms.m.acquire(owner, want); err != nil {
 		return nil, dropped, err
 	}
 	for p := range wanted {
@@ -245,23 +255,23 @@ func sortPrefixes(ps []netip.Prefix) {
 // removes from cni_cluster_cidrs those no user holds any more; it returns
 // them. Idempotent: an owner with no uses costs one scan of cni_cidr_refs
 // and no lock.
-func (m *Maps) ReleaseClusterCIDRs(owner uint64) ([]netip.Prefix, error) {
-	mine, err := m.refsOf(owner)
+func (ms Masq) ReleaseClusterCIDRs(owner uint64) ([]netip.Prefix, error) {
+	mine, err := ms.m.refsOf(owner)
 	if err != nil || len(mine) == 0 {
 		return nil, err
 	}
-	unlock, err := m.lock()
+	unlock, err := ms.m.lock()
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if mine, err = m.refsOf(owner); err != nil {
+	if mine, err = ms.m.refsOf(owner); err != nil {
 		return nil, err
 	}
 	var gone []netip.Prefix
-	before, _ := m.ClusterCIDRs()
-	err = m.dropRefs(mine)
-	after, aerr := m.ClusterCIDRs()
+	before, _ := ms.ClusterCIDRs()
+	err = ms.m.dropRefs(mine)
+	after, aerr := ms.ClusterCIDRs()
 	if aerr == nil {
 		left := map[netip.Prefix]bool{}
 		for _, p := range after {
@@ -281,27 +291,27 @@ func (m *Maps) ReleaseClusterCIDRs(owner uint64) ([]netip.Prefix, error) {
 // is left: cni_links, node-wide, has no entry but exceptIfindex's (the
 // attachment being torn down; 0 for none). Those of attachments made since
 // keep their own users. It returns whether it dropped any.
-func (m *Maps) ReleaseInheritedClusterCIDRs(exceptIfindex int) (bool, error) {
-	inherited, err := m.refsOf(0)
+func (ms Masq) ReleaseInheritedClusterCIDRs(exceptIfindex int) (bool, error) {
+	inherited, err := ms.m.refsOf(0)
 	if err != nil || len(inherited) == 0 {
 		return false, err
 	}
-	unlock, err := m.lock()
+	unlock, err := ms.m.lock()
 	if err != nil {
 		return false, err
 	}
 	defer unlock()
 	busy := false
-	if err := scan(m.Links, func(k *uint32, _ *LinkInfo) { busy = busy || int(*k) != exceptIfindex }); err != nil {
+	if err := scan(ms.m.links, func(k *uint32, _ *LinkInfo) { busy = busy || int(*k) != exceptIfindex }); err != nil {
 		return false, fmt.Errorf("scan %s: %w", nameLinks, err)
 	}
 	if busy {
 		return false, nil
 	}
-	if inherited, err = m.refsOf(0); err != nil {
+	if inherited, err = ms.m.refsOf(0); err != nil {
 		return false, err
 	}
-	return len(inherited) > 0, m.dropRefs(inherited)
+	return len(inherited) > 0, ms.m.dropRefs(inherited)
 }
 
 // refsOf lists owner's entries of cni_cidr_refs.
@@ -343,8 +353,8 @@ func (m *Maps) dropRefs(refs []CIDRRefKey) error {
 }
 
 // ClusterCIDRsOf lists the cluster CIDRs owner uses.
-func (m *Maps) ClusterCIDRsOf(owner uint64) (map[netip.Prefix]bool, error) {
-	refs, err := m.refsOf(owner)
+func (ms Masq) ClusterCIDRsOf(owner uint64) (map[netip.Prefix]bool, error) {
+	refs, err := ms.m.refsOf(owner)
 	out := map[netip.Prefix]bool{}
 	for _, r := range refs {
 		out[r.Cidr.prefix()] = true
@@ -354,35 +364,35 @@ func (m *Maps) ClusterCIDRsOf(owner uint64) (map[netip.Prefix]bool, error) {
 
 // ClusterCIDRUsers counts the users of each cluster CIDR (0: inherited
 // from an older layout counts as one).
-func (m *Maps) ClusterCIDRUsers() (map[netip.Prefix]int, error) {
+func (ms Masq) ClusterCIDRUsers() (map[netip.Prefix]int, error) {
 	out := map[netip.Prefix]int{}
-	err := scan(m.byName[nameClusterRefs], func(k *CIDRRefKey, _ *uint32) { out[k.Cidr.prefix()]++ })
+	err := scan(ms.m.byName[nameClusterRefs], func(k *CIDRRefKey, _ *uint32) { out[k.Cidr.prefix()]++ })
 	return out, err
 }
 
 // PutClusterCIDR inserts one prefix with no user (tools and tests).
-func (m *Maps) PutClusterCIDR(p netip.Prefix) error {
+func (ms Masq) PutClusterCIDR(p netip.Prefix) error {
 	k, one := cidrKey(p), uint32(1)
-	if err := m.byName[nameClusterCIDRs].Put(&k, &one); err != nil {
-		return writeErr(m.byName[nameClusterCIDRs], nameClusterCIDRs, p.String(), err)
+	if err := ms.m.byName[nameClusterCIDRs].Put(&k, &one); err != nil {
+		return writeErr(ms.m.byName[nameClusterCIDRs], nameClusterCIDRs, p.String(), err)
 	}
 	return nil
 }
 
 // DeleteClusterCIDR removes one prefix (tools and tests).
-func (m *Maps) DeleteClusterCIDR(p netip.Prefix) error {
+func (ms Masq) DeleteClusterCIDR(p netip.Prefix) error {
 	k := cidrKey(p)
-	return m.byName[nameClusterCIDRs].Delete(&k)
+	return ms.m.byName[nameClusterCIDRs].Delete(&k)
 }
 
 // ClusterCIDRs lists cni_cluster_cidrs.
-func (m *Maps) ClusterCIDRs() ([]netip.Prefix, error) {
+func (ms Masq) ClusterCIDRs() ([]netip.Prefix, error) {
 	var (
 		out []netip.Prefix
 		k   CIDRKey
 		v   uint32
 	)
-	it := m.byName[nameClusterCIDRs].Iterate()
+	it := ms.m.byName[nameClusterCIDRs].Iterate()
 	for it.Next(&k, &v) {
 		out = append(out, k.prefix())
 	}
@@ -406,14 +416,14 @@ type SNATFlow struct {
 
 // ListSNAT returns the masqueraded flows (forward entries, plus reverse
 // entries without one).
-func (m *Maps) ListSNAT() ([]SNATFlow, error) {
+func (ms Masq) ListSNAT() ([]SNATFlow, error) {
 	now := monotonicNow()
 	type ent struct {
 		k SNATKey
 		v SNATVal
 	}
 	var all []ent
-	err := scan(m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) { all = append(all, ent{*k, *v}) })
+	err := scan(ms.m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) { all = append(all, ent{*k, *v}) })
 	if err != nil {
 		return nil, err
 	}
@@ -452,11 +462,11 @@ func (m *Maps) ListSNAT() ([]SNATFlow, error) {
 }
 
 // CountSNATOfIP counts cni_snat entries (both directions) of a pod address.
-func (m *Maps) CountSNATOfIP(ip net.IP) (int, error) {
+func (ms Masq) CountSNATOfIP(ip net.IP) (int, error) {
 	want := [16]uint8{}
 	putAddr(&want, ip)
 	n := 0
-	err := scan(m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) {
+	err := scan(ms.m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) {
 		if (k.Dir == snatDirFwd && k.Addr == want) || (k.Dir == snatDirRev && v.Addr == want) {
 			n++
 		}
@@ -469,14 +479,14 @@ func (m *Maps) CountSNATOfIP(ip net.IP) (int, error) {
 // and returns how many flow entries. A scan, as DeleteCTOf: the cost grows
 // with the node's masqueraded flows, and the programs never use an entry
 // whose ifindex is not the pod's anyway.
-func (m *Maps) DeleteSNATOf(ifindex int) (int, error) {
+func (ms Masq) DeleteSNATOf(ifindex int) (int, error) {
 	// Its count first: the programs count no new flow of a pod whose
 	// endpoint entries are gone, and the flows deleted below are its.
-	if err := m.forgetMasqPod(ifindex); err != nil {
+	if err := ms.m.forgetMasqPod(ifindex); err != nil {
 		return 0, err
 	}
 	var keys []SNATKey
-	err := scan(m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) {
+	err := scan(ms.m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) {
 		if int(v.Ifindex) == ifindex {
 			keys = append(keys, *k)
 		}
@@ -484,11 +494,11 @@ func (m *Maps) DeleteSNATOf(ifindex int) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("scan %s: %w", nameSNAT, err)
 	}
-	if err := deleteKeys(m.byName[nameSNAT], keys); err != nil {
+	if err := deleteKeys(ms.m.byName[nameSNAT], keys); err != nil {
 		return 0, fmt.Errorf("delete from %s: %w", nameSNAT, err)
 	}
 	var shares []MasqShareKey
-	err = scan(m.byName[nameMasqShare], func(k *MasqShareKey, v *uint32) {
+	err = scan(ms.m.byName[nameMasqShare], func(k *MasqShareKey, v *uint32) {
 		if int(k.Ifindex) == ifindex {
 			shares = append(shares, *k)
 		}
@@ -496,7 +506,7 @@ func (m *Maps) DeleteSNATOf(ifindex int) (int, error) {
 	if err != nil {
 		return len(keys), fmt.Errorf("scan %s: %w", nameMasqShare, err)
 	}
-	return len(keys), deleteKeys(m.byName[nameMasqShare], shares)
+	return len(keys), deleteKeys(ms.m.byName[nameMasqShare], shares)
 }
 
 // MasqPorts is cni_masq_config: the node ports masquerade allocates from
@@ -544,12 +554,12 @@ func (p MasqPorts) value() (MasqConfig, error) {
 	return c, nil
 }
 
-// MasqConfig reads cni_masq_config; a node never configured has no ranges
+// Config reads cni_masq_config; a node never configured has no ranges
 // (the programs then use 61000-65535 without a pod limit).
-func (m *Maps) MasqConfig() (MasqPorts, error) {
+func (ms Masq) Config() (MasqPorts, error) {
 	var c MasqConfig
 	zero := uint32(0)
-	if err := m.byName[nameMasqConfig].Lookup(&zero, &c); err != nil {
+	if err := ms.m.byName[nameMasqConfig].Lookup(&zero, &c); err != nil {
 		return MasqPorts{}, fmt.Errorf("read %s: %w", nameMasqConfig, err)
 	}
 	p := MasqPorts{PodLimit: c.PodLimit}
@@ -561,15 +571,15 @@ func (m *Maps) MasqConfig() (MasqPorts, error) {
 	return p, nil
 }
 
-// SetMasqConfig writes cni_masq_config when it differs from p.
-func (m *Maps) SetMasqConfig(p MasqPorts) error {
+// SetConfig writes cni_masq_config when it differs from p.
+func (ms Masq) SetConfig(p MasqPorts) error {
 	want, err := p.value()
 	if err != nil {
 		return err
 	}
 	var cur MasqConfig
 	zero := uint32(0)
-	mp := m.byName[nameMasqConfig]
+	mp := ms.m.byName[nameMasqConfig]
 	if err := mp.Lookup(&zero, &cur); err == nil && cur == want {
 		return nil
 	}
@@ -587,10 +597,10 @@ type MasqShare struct {
 	Ports       int
 }
 
-// ListMasqShares returns the non-zero counts of cni_masq_share.
-func (m *Maps) ListMasqShares() ([]MasqShare, error) {
+// ListShares returns the non-zero counts of cni_masq_share.
+func (ms Masq) ListShares() ([]MasqShare, error) {
 	var out []MasqShare
-	err := scan(m.byName[nameMasqShare], func(k *MasqShareKey, v *uint32) {
+	err := scan(ms.m.byName[nameMasqShare], func(k *MasqShareKey, v *uint32) {
 		if n := int32(*v); n > 0 {
 			out = append(out, MasqShare{Proto: k.Proto, Destination: addrPort(k.PeerAddr, k.Family, k.PeerPort), Ifindex: int(k.Ifindex), Ports: int(n)})
 		}
@@ -601,13 +611,13 @@ func (m *Maps) ListMasqShares() ([]MasqShare, error) {
 	return out, nil
 }
 
-// MasqStats returns the masquerade counters, summed over CPUs.
-func (m *Maps) MasqStats() (map[string]uint64, error) {
+// Stats returns the masquerade counters, summed over CPUs.
+func (ms Masq) Stats() (map[string]uint64, error) {
 	out := make(map[string]uint64)
 	for i := 0; i < int(mapsObjMasqStatMASQ_STAT_MAX); i++ {
 		k := uint32(i)
 		var per []uint64
-		if err := m.byName[nameMasqStats].Lookup(&k, &per); err != nil {
+		if err := ms.m.byName[nameMasqStats].Lookup(&k, &per); err != nil {
 			return nil, fmt.Errorf("read %s: %w", nameMasqStats, err)
 		}
 		var sum uint64

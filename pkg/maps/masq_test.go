@@ -24,7 +24,7 @@ func prefixes(ss ...string) []netip.Prefix {
 func TestClusterCIDRUsers(t *testing.T) {
 	m := testMaps(t, Sizing{MaxPods: 20, HostPortsPerPod: 1})
 	set := func() map[string]bool {
-		ps, err := m.ClusterCIDRs()
+		ps, err := m.Masq().ClusterCIDRs()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -40,16 +40,16 @@ func TestClusterCIDRUsers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	must(m.AcquireClusterCIDRs(1, prefixes("10.0.0.0/8", "10.1.2.3/16")))
-	must(m.AcquireClusterCIDRs(1, prefixes("10.0.0.0/8"))) // again
-	must(m.AcquireClusterCIDRs(2, prefixes("10.0.0.0/8", "192.168.0.0/16")))
+	must(m.Masq().AcquireClusterCIDRs(1, prefixes("10.0.0.0/8", "10.1.2.3/16")))
+	must(m.Masq().AcquireClusterCIDRs(1, prefixes("10.0.0.0/8"))) // again
+	must(m.Masq().AcquireClusterCIDRs(2, prefixes("10.0.0.0/8", "192.168.0.0/16")))
 	if s := set(); len(s) != 3 || !s["10.1.0.0/16"] {
 		t.Fatalf("after two users: %v", s)
 	}
-	if gone, err := m.ReleaseClusterCIDRs(1); err != nil || len(gone) != 1 || gone[0].String() != "10.1.0.0/16" {
+	if gone, err := m.Masq().ReleaseClusterCIDRs(1); err != nil || len(gone) != 1 || gone[0].String() != "10.1.0.0/16" {
 		t.Fatalf("release 1: %v %v, want 10.1.0.0/16 gone", gone, err)
 	}
-	if gone, err := m.ReleaseClusterCIDRs(1); err != nil || len(gone) != 0 {
+	if gone, err := m.Masq().ReleaseClusterCIDRs(1); err != nil || len(gone) != 0 {
 		t.Fatalf("release 1 again: %v %v", gone, err)
 	}
 	if s := set(); len(s) != 2 || !s["10.0.0.0/8"] {
@@ -62,35 +62,35 @@ func TestClusterCIDRUsers(t *testing.T) {
 	for i := 0; len(set())+len(fill) < MaxClusterCIDRs-1; i++ {
 		fill = append(fill, netip.MustParsePrefix(fmt.Sprintf("172.%d.%d.0/24", 16+i/256, i%256)))
 	}
-	must(m.AcquireClusterCIDRs(3, fill))
+	must(m.Masq().AcquireClusterCIDRs(3, fill))
 	before := set()
-	err := m.AcquireClusterCIDRs(4, prefixes("10.0.0.0/8", "198.51.100.0/24", "203.0.113.0/24"))
+	err := m.Masq().AcquireClusterCIDRs(4, prefixes("10.0.0.0/8", "198.51.100.0/24", "203.0.113.0/24"))
 	if err == nil || !IsFull(err) {
 		t.Fatalf("acquire beyond the trie: %v, want a full-map error", err)
 	}
 	if after := set(); len(after) != len(before) {
 		t.Errorf("a refused acquire changed the trie: %d CIDRs, before %d", len(after), len(before))
 	}
-	if mine, _ := m.ClusterCIDRsOf(4); len(mine) != 0 {
+	if mine, _ := m.Masq().ClusterCIDRsOf(4); len(mine) != 0 {
 		t.Errorf("a refused acquire left users: %v", mine)
 	}
-	must(m.AcquireClusterCIDRs(4, prefixes("10.0.0.0/8", "198.51.100.0/24")))
-	if _, err := m.ReleaseClusterCIDRs(3); err != nil {
+	must(m.Masq().AcquireClusterCIDRs(4, prefixes("10.0.0.0/8", "198.51.100.0/24")))
+	if _, err := m.Masq().ReleaseClusterCIDRs(3); err != nil {
 		t.Fatal(err)
 	}
 
 	// Inherited CIDRs stay while an interface is left, then go.
 	must(m.refs().Put(&CIDRRefKey{Cidr: cidrKey(netip.MustParsePrefix("100.64.0.0/10")), Owner: 0}, uint32(1)))
-	must(m.PutClusterCIDR(netip.MustParsePrefix("100.64.0.0/10")))
-	must(m.PutLink(7, NewLinkInfo(nil, nil)))
-	if dropped, err := m.ReleaseInheritedClusterCIDRs(0); err != nil || dropped {
+	must(m.Masq().PutClusterCIDR(netip.MustParsePrefix("100.64.0.0/10")))
+	must(m.Links().Put(7, NewLinkInfo(nil, nil)))
+	if dropped, err := m.Masq().ReleaseInheritedClusterCIDRs(0); err != nil || dropped {
 		t.Fatalf("inherited CIDRs dropped with an interface left: %v %v", dropped, err)
 	}
-	if dropped, err := m.ReleaseInheritedClusterCIDRs(7); err != nil || !dropped || set()["100.64.0.0/10"] {
+	if dropped, err := m.Masq().ReleaseInheritedClusterCIDRs(7); err != nil || !dropped || set()["100.64.0.0/10"] {
 		t.Fatalf("inherited CIDRs kept once the last interface goes: %v %v", dropped, err)
 	}
 	for _, o := range []uint64{2, 4} {
-		if _, err := m.ReleaseClusterCIDRs(o); err != nil {
+		if _, err := m.Masq().ReleaseClusterCIDRs(o); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -117,16 +117,16 @@ func TestClusterCIDRUsersConcurrent(t *testing.T) {
 		go func(owner uint64, m *Maps) {
 			defer wg.Done()
 			for i := 0; i < 2000; i++ {
-				if err := m.AcquireClusterCIDRs(owner, p); err != nil {
+				if err := m.Masq().AcquireClusterCIDRs(owner, p); err != nil {
 					errs <- err
 					return
 				}
-				ps, err := m.ClusterCIDRs()
+				ps, err := m.Masq().ClusterCIDRs()
 				if err != nil || len(ps) != 1 {
 					errs <- fmt.Errorf("owner %d holds %s, the trie has %v (%v)", owner, p[0], ps, err)
 					return
 				}
-				if _, err := m.ReleaseClusterCIDRs(owner); err != nil {
+				if _, err := m.Masq().ReleaseClusterCIDRs(owner); err != nil {
 					errs <- err
 					return
 				}
@@ -138,7 +138,7 @@ func TestClusterCIDRUsersConcurrent(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
-	if ps, _ := m.ClusterCIDRs(); len(ps) != 0 {
+	if ps, _ := m.Masq().ClusterCIDRs(); len(ps) != 0 {
 		t.Errorf("every user gone, CIDRs left: %v", ps)
 	}
 }
@@ -151,7 +151,7 @@ func TestSetClusterCIDRs(t *testing.T) {
 	m := testMaps(t, Sizing{MaxPods: 20, HostPortsPerPod: 1})
 	const agent, pod = 100, 7
 	set := func() string {
-		ps, err := m.ClusterCIDRs()
+		ps, err := m.Masq().ClusterCIDRs()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -160,7 +160,7 @@ func TestSetClusterCIDRs(t *testing.T) {
 	}
 	step := func(want []netip.Prefix, gained, dropped, trie string) {
 		t.Helper()
-		g, d, err := m.SetClusterCIDRs(agent, want)
+		g, d, err := m.Masq().SetClusterCIDRs(agent, want)
 		if err != nil {
 			t.Fatalf("set %v: %v", want, err)
 		}
@@ -168,7 +168,7 @@ func TestSetClusterCIDRs(t *testing.T) {
 			t.Fatalf("set %v: gained %v dropped %v, trie %s; want gained %s dropped %s, trie %s", want, g, d, set(), gained, dropped, trie)
 		}
 	}
-	if err := m.AcquireClusterCIDRs(pod, prefixes("10.244.0.0/24")); err != nil {
+	if err := m.Masq().AcquireClusterCIDRs(pod, prefixes("10.244.0.0/24")); err != nil {
 		t.Fatal(err)
 	}
 	step(prefixes("10.244.0.0/24", "10.244.1.0/24", "10.244.1.0/24"), "[10.244.0.0/24 10.244.1.0/24]", "[]", "[10.244.0.0/24 10.244.1.0/24]")
@@ -176,7 +176,7 @@ func TestSetClusterCIDRs(t *testing.T) {
 	step(prefixes("10.244.1.0/24", "10.244.2.0/24"), "[]", "[]", "[10.244.0.0/24 10.244.1.0/24 10.244.2.0/24]")
 	// The pod's CIDR stays the pod's: it goes with the pod's release only.
 	step(nil, "[]", "[10.244.1.0/24 10.244.2.0/24]", "[10.244.0.0/24]")
-	if gone, err := m.ReleaseClusterCIDRs(pod); err != nil || fmt.Sprint(gone) != "[10.244.0.0/24]" {
+	if gone, err := m.Masq().ReleaseClusterCIDRs(pod); err != nil || fmt.Sprint(gone) != "[10.244.0.0/24]" {
 		t.Fatalf("the pod's release: %v %v", gone, err)
 	}
 
@@ -187,14 +187,14 @@ func TestSetClusterCIDRs(t *testing.T) {
 	for i := 0; i <= MaxClusterCIDRs; i++ {
 		many = append(many, netip.MustParsePrefix(fmt.Sprintf("172.%d.%d.0/24", 16+i/256, i%256)))
 	}
-	_, d, err := m.SetClusterCIDRs(agent, many)
+	_, d, err := m.Masq().SetClusterCIDRs(agent, many)
 	if !IsFull(err) || !strings.Contains(err.Error(), "cni_cluster_cidrs holds at most 256") || fmt.Sprint(d) != "[10.244.3.0/24]" {
 		t.Fatalf("set beyond the trie: dropped %v, %v; want 10.244.3.0/24 dropped and a full cni_cluster_cidrs", d, err)
 	}
 	if s := set(); s != "[]" {
 		t.Fatalf("a refused set left %s", s)
 	}
-	if mine, _ := m.ClusterCIDRsOf(agent); len(mine) != 0 {
+	if mine, _ := m.Masq().ClusterCIDRsOf(agent); len(mine) != 0 {
 		t.Fatalf("a refused set left uses: %v", mine)
 	}
 }

@@ -11,7 +11,7 @@ import (
 // MasqKeysVal is cni_masq_keys' value (bpf/lib/types.h).
 type MasqKeysVal = mapsObjMasqKeys
 
-const nameMasqKeys = "cni_masq_keys"
+var nameMasqKeys = mapName(&specNames.CniMasqKeys)
 
 // MasqKeys are a network's masquerade keys as configured ("" and 0: the
 // defaults). cni_masq_config is node-wide: every network on a pin
@@ -27,7 +27,7 @@ func (k MasqKeys) hash() uint64 {
 	return binary.LittleEndian.Uint64(s[:8])
 }
 
-// MasqKeysConflict is ClaimMasqConfig's refusal: another network decided
+// MasqKeysConflict is Masq().ClaimConfig's refusal: another network decided
 // the node's masquerade ports with other keys, and pods masquerade with
 // them.
 type MasqKeysConflict struct {
@@ -40,7 +40,7 @@ func (e *MasqKeysConflict) Error() string {
 		e.Network, e.Users)
 }
 
-// ClaimMasqConfig writes p (computed from k) to cni_masq_config for
+// ClaimConfig writes p (computed from k) to cni_masq_config for
 // network k.Network, under the map directory's lock. A network whose keys
 // differ from those of the network that wrote it last is refused with a
 // *MasqKeysConflict while any pod address but self masquerades (ADDs of
@@ -49,12 +49,12 @@ func (e *MasqKeysConflict) Error() string {
 // left, or from the same network (its configuration was edited), it takes
 // over. Pins of an older build of the layout (no cni_masq_keys): written
 // as before.
-func (m *Maps) ClaimMasqConfig(k MasqKeys, p MasqPorts, self []net.IP) error {
-	mk := m.byName[nameMasqKeys]
+func (ms Masq) ClaimConfig(k MasqKeys, p MasqPorts, self []net.IP) error {
+	mk := ms.m.byName[nameMasqKeys]
 	if mk == nil {
-		return m.SetMasqConfig(p)
+		return ms.SetConfig(p)
 	}
-	unlock, err := m.lock()
+	unlock, err := ms.m.lock()
 	if err != nil {
 		return err
 	}
@@ -67,7 +67,7 @@ func (m *Maps) ClaimMasqConfig(k MasqKeys, p MasqPorts, self []net.IP) error {
 	want := MasqKeysVal{Keys: k.hash()}
 	copy(want.Network[:len(want.Network)-1], k.Network)
 	if have != (MasqKeysVal{}) && have.Keys != want.Keys && have.Network != want.Network {
-		n, err := m.masqUsers(self)
+		n, err := ms.m.masqUsers(self)
 		if err != nil {
 			return err
 		}
@@ -75,7 +75,7 @@ func (m *Maps) ClaimMasqConfig(k MasqKeys, p MasqPorts, self []net.IP) error {
 			return &MasqKeysConflict{Network: string(bytes.TrimRight(have.Network[:], "\x00")), Users: n}
 		}
 	}
-	if err := m.SetMasqConfig(p); err != nil {
+	if err := ms.SetConfig(p); err != nil {
 		return err
 	}
 	if have != want {
@@ -88,7 +88,7 @@ func (m *Maps) ClaimMasqConfig(k MasqKeys, p MasqPorts, self []net.IP) error {
 
 // masqUsers counts the masquerading pod addresses in cni_endpoints but self.
 func (m *Maps) masqUsers(self []net.IP) (int, error) {
-	eps, err := m.ListEndpoints()
+	eps, err := m.Endpoints().List()
 	if err != nil {
 		return 0, fmt.Errorf("read %s: %w", nameEndpoints, err)
 	}

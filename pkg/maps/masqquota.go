@@ -15,9 +15,9 @@ type (
 
 // Names of the quota maps, as bpf/lib/maps.h declares them. Both were added
 // within layout 3 (see optionalMaps).
-const (
-	nameMasqPods  = "cni_masq_pods"
-	nameMasqQuota = "cni_masq_quota"
+var (
+	nameMasqPods  = mapName(&specNames.CniMasqPods)
+	nameMasqQuota = mapName(&specNames.CniMasqQuota)
 )
 
 // optionalMaps were added to layout 3 after builds of it shipped: Create
@@ -86,10 +86,10 @@ func (m *Maps) initMasqQuota(s Sizing) error {
 	return nil
 }
 
-// MasqQuota reads cni_masq_quota (zero: no quota, pins of an older build).
-func (m *Maps) MasqQuota() (MasqQuota, error) {
+// Quota reads cni_masq_quota (zero: no quota, pins of an older build).
+func (ms Masq) Quota() (MasqQuota, error) {
 	var q MasqQuota
-	mp := m.byName[nameMasqQuota]
+	mp := ms.m.byName[nameMasqQuota]
 	if mp == nil {
 		return q, nil
 	}
@@ -108,9 +108,9 @@ type MasqPodFlows struct {
 	Drops   int // new flows refused for the quota
 }
 
-// ListMasqPods returns cni_masq_pods.
-func (m *Maps) ListMasqPods() ([]MasqPodFlows, error) {
-	mp := m.byName[nameMasqPods]
+// ListPods returns cni_masq_pods.
+func (ms Masq) ListPods() ([]MasqPodFlows, error) {
+	mp := ms.m.byName[nameMasqPods]
 	if mp == nil {
 		return nil, nil
 	}

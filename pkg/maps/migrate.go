@@ -244,7 +244,7 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 		return out, errs
 	}
 	// The v1 layout's cluster CIDRs: nobody's in particular.
-	cidrs, err := m.ClusterCIDRs()
+	cidrs, err := m.Masq().ClusterCIDRs()
 	errs = errors.Join(errs, err)
 	refs := m.byName[nameClusterRefs]
 	one := uint32(1)

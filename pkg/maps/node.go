@@ -180,7 +180,7 @@ func (c NodeConfig) FibNoSrc() bool { return c.Flags&hpConfigFibNoSrc != 0 }
 // Enable records the node's netns cookie and the build of its hooks, and
 // turns the paths of the node hooks on (hostPort, masquerade, policy).
 // fibNoSrc: masquerade picks its source without BPF_FIB_LOOKUP_SRC. The
-// tunnel's bits (SetTunnel, SyncTunnelSelf) are kept.
+// tunnel's bits (Tunnel().SetMode, Tunnel().SyncSelf) are kept.
 func (n Node) Enable(netnsCookie uint64, hooksID uint32, fibNoSrc bool) error {
 	c := NodeConfig{NetnsCookie: netnsCookie, Flags: hpConfigEnabled, HooksId: hooksID}
 	if fibNoSrc {

@@ -11,7 +11,7 @@ import (
 // time up to which a masquerade mapping may hold a node address the node
 // has lost since it was made. masq_known checks only those mappings
 // against cni_node_ips, not every packet of every flow (issue 30).
-const nameNodeIPsGone = "cni_node_ips_gone"
+var nameNodeIPsGone = mapName(&specNames.CniNodeIpsGone)
 
 // nodeIPsGoneMargin covers what is decided from the old addresses while
 // the removal is being written: a mapping whose source came from an

@@ -32,15 +32,23 @@ type (
 )
 
 // Names of the NetworkPolicy maps, as bpf/lib/maps.h declares them.
-const (
-	namePolState     = "cni_pol_state"
-	namePolAddrs     = "cni_pol_addrs"
-	namePolPorts     = "cni_pol_ports"
-	namePolCTParts   = "cni_pol_ct_parts"
-	namePolConfig    = "cni_pol_config"
-	namePolScratch   = "cni_pol_scratch" // the programs' working memory, nothing to read
-	namePolFragParts = "cni_pol_frag_parts"
+var (
+	namePolState     = mapName(&specNames.CniPolState)
+	namePolAddrs     = mapName(&specNames.CniPolAddrs)
+	namePolPorts     = mapName(&specNames.CniPolPorts)
+	namePolCTParts   = mapName(&specNames.CniPolCtParts)
+	namePolConfig    = mapName(&specNames.CniPolConfig)
+	namePolScratch   = mapName(&specNames.CniPolScratch) // the programs' working memory, nothing to read
+	namePolFragParts = mapName(&specNames.CniPolFragParts)
 )
+
+// Policy is the NetworkPolicy family of the maps: the per-interface state,
+// rules and flow tables (cni_pol_*), and the links judging deferred egress
+// (cni_after_links).
+type Policy struct{ m *Maps }
+
+// Policy returns the NetworkPolicy family of m.
+func (m *Maps) Policy() Policy { return Policy{m} }
 
 // polCTPartSpec is one flow table of a pod interface: struct pol_ct_part
 // in bpf/lib/maps.h (TestPolicyCTPartSpec holds them equal), kept here so
@@ -55,30 +63,30 @@ var polFragPartSpec = ebpf.MapSpec{Name: "cni_pol_frag_part", Type: ebpf.LRUHash
 // (pol_ct_part_key.opener, enum cni_dir).
 var polCTOpeners = [2]uint32{uint32(DirEgress), uint32(DirIngress)}
 
-// AddPolicyFlowTables gives the interface ifindex its two flow tables (the
+// AddFlowTables gives the interface ifindex its two flow tables (the
 // flows the pod opens, the flows its peers open) and its table of
 // fragmented datagrams, replacing any an earlier interface of that ifindex
 // left: no pod's flows are evicted by another's, nor the pod's own by its
 // peers' (bpf/lib/maps.h). ADD, before the interface is flagged for policy
-// (SetPolicyPending).
-func (m *Maps) AddPolicyFlowTables(ifindex int) error {
+// (SetPending).
+func (pl Policy) AddFlowTables(ifindex int) error {
 	frags, err := ebpf.NewMap(&polFragPartSpec)
 	if err != nil {
 		return fmt.Errorf("create the fragment table of ifindex %d: %w", ifindex, err)
 	}
-	err = m.putInner(namePolFragParts, uint32(ifindex), frags, ebpf.UpdateAny)
+	err = pl.m.putInner(namePolFragParts, uint32(ifindex), frags, ebpf.UpdateAny)
 	frags.Close()
 	if err != nil {
-		return writeErr(m.byName[namePolFragParts], namePolFragParts, fmt.Sprintf("the fragment table of ifindex %d", ifindex), err)
+		return writeErr(pl.m.byName[namePolFragParts], namePolFragParts, fmt.Sprintf("the fragment table of ifindex %d", ifindex), err)
 	}
-	outer := m.byName[namePolCTParts]
+	outer := pl.m.byName[namePolCTParts]
 	for _, o := range polCTOpeners {
 		inner, err := ebpf.NewMap(&polCTPartSpec)
 		if err != nil {
 			return fmt.Errorf("create a policy flow table of ifindex %d: %w", ifindex, err)
 		}
 		k := PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: o}
-		err = m.putInner(namePolCTParts, k, inner, ebpf.UpdateAny)
+		err = pl.m.putInner(namePolCTParts, k, inner, ebpf.UpdateAny)
 		inner.Close() // the outer map and the pin hold it from here
 		if err != nil {
 			return writeErr(outer, namePolCTParts, fmt.Sprintf("a flow table of ifindex %d", ifindex), err)
@@ -87,8 +95,8 @@ func (m *Maps) AddPolicyFlowTables(ifindex int) error {
 	return nil
 }
 
-// PolicyFlowTables lists the ifindexes that have flow or fragment tables.
-func (m *Maps) PolicyFlowTables() ([]int, error) {
+// FlowTables lists the ifindexes that have flow or fragment tables.
+func (pl Policy) FlowTables() ([]int, error) {
 	seen := map[uint32]bool{}
 	var out []int
 	add := func(idx uint32) {
@@ -97,25 +105,25 @@ func (m *Maps) PolicyFlowTables() ([]int, error) {
 			out = append(out, int(idx))
 		}
 	}
-	if err := scan(m.byName[namePolCTParts], func(k *PolicyCTPartKey, _ *uint32) { add(k.Ifindex) }); err != nil {
+	if err := scan(pl.m.byName[namePolCTParts], func(k *PolicyCTPartKey, _ *uint32) { add(k.Ifindex) }); err != nil {
 		return nil, fmt.Errorf("scan %s: %w", namePolCTParts, err)
 	}
-	if err := scan(m.byName[namePolFragParts], func(k *uint32, _ *uint32) { add(*k) }); err != nil {
+	if err := scan(pl.m.byName[namePolFragParts], func(k *uint32, _ *uint32) { add(*k) }); err != nil {
 		return nil, fmt.Errorf("scan %s: %w", namePolFragParts, err)
 	}
 	return out, nil
 }
 
-// DeletePolicyFlowTables drops the flow and fragment tables of ifindex,
+// DeleteFlowTables drops the flow and fragment tables of ifindex,
 // if any (DEL; the agent's reconcile, for a veth gone without a DEL).
-func (m *Maps) DeletePolicyFlowTables(ifindex int) error {
-	outer := m.byName[namePolCTParts]
+func (pl Policy) DeleteFlowTables(ifindex int) error {
+	outer := pl.m.byName[namePolCTParts]
 	var errs error
 	fk := uint32(ifindex)
-	if err := m.byName[namePolFragParts].Delete(&fk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := pl.m.byName[namePolFragParts].Delete(&fk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = fmt.Errorf("delete the fragment table of ifindex %d from %s: %w", ifindex, namePolFragParts, err)
 	} else {
-		errs = m.unpinInner(namePolFragParts, fk)
+		errs = pl.m.unpinInner(namePolFragParts, fk)
 	}
 	for _, o := range polCTOpeners {
 		k := PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: o}
@@ -123,7 +131,7 @@ func (m *Maps) DeletePolicyFlowTables(ifindex int) error {
 			errs = errors.Join(errs, fmt.Errorf("delete a flow table of ifindex %d from %s: %w", ifindex, namePolCTParts, err))
 			continue
 		}
-		errs = errors.Join(errs, m.unpinInner(namePolCTParts, k))
+		errs = errors.Join(errs, pl.m.unpinInner(namePolCTParts, k))
 	}
 	return errs
 }
@@ -184,11 +192,11 @@ func ModeName(m uint8) string {
 	return fmt.Sprintf("mode%d", m)
 }
 
-// EnablePolicy marks the node as having pod interfaces with networkPolicy
+// Enable marks the node as having pod interfaces with networkPolicy
 // (POL_CFG_ON): from then on the stack path looks at each forwarded
 // packet's sender. Idempotent.
-func (m *Maps) EnablePolicy() error {
-	cm := m.byName[namePolConfig]
+func (pl Policy) Enable() error {
+	cm := pl.m.byName[namePolConfig]
 	zero := uint32(0)
 	var c PolicyConfig
 	if err := cm.Lookup(&zero, &c); err != nil {
@@ -204,36 +212,36 @@ func (m *Maps) EnablePolicy() error {
 	return nil
 }
 
-// PolicyEnabled tells whether POL_CFG_ON is set.
-func (m *Maps) PolicyEnabled() (bool, error) {
+// Enabled tells whether POL_CFG_ON is set.
+func (pl Policy) Enabled() (bool, error) {
 	zero := uint32(0)
 	var c PolicyConfig
-	if err := m.byName[namePolConfig].Lookup(&zero, &c); err != nil {
+	if err := pl.m.byName[namePolConfig].Lookup(&zero, &c); err != nil {
 		return false, fmt.Errorf("read %s: %w", namePolConfig, err)
 	}
 	return c.Flags&polCfgOn != 0, nil
 }
 
-// SetPolicyPending gives the interface its flow tables and makes it
+// SetPending gives the interface its flow tables and makes it
 // pending in both directions (ADD, before the pod can send or receive
 // anything): only the node's traffic passes until the agent programs it.
 // It replaces any state and tables an earlier link of this ifindex left.
-func (m *Maps) SetPolicyPending(ifindex int) error {
-	if err := m.AddPolicyFlowTables(ifindex); err != nil {
+func (pl Policy) SetPending(ifindex int) error {
+	if err := pl.AddFlowTables(ifindex); err != nil {
 		return err
 	}
 	k := uint32(ifindex)
 	st := PolicyState{Mode: [2]uint8{PolicyPending, PolicyPending}}
-	if err := m.byName[namePolState].Put(&k, &st); err != nil {
-		return writeErr(m.byName[namePolState], namePolState, fmt.Sprintf("pending state of ifindex %d", ifindex), err)
+	if err := pl.m.byName[namePolState].Put(&k, &st); err != nil {
+		return writeErr(pl.m.byName[namePolState], namePolState, fmt.Sprintf("pending state of ifindex %d", ifindex), err)
 	}
 	return nil
 }
 
-// PolicyStateOf returns the state of an interface; ok false when it has none.
-func (m *Maps) PolicyStateOf(ifindex int) (st PolicyState, ok bool, err error) {
+// StateOf returns the state of an interface; ok false when it has none.
+func (pl Policy) StateOf(ifindex int) (st PolicyState, ok bool, err error) {
 	k := uint32(ifindex)
-	err = m.byName[namePolState].Lookup(&k, &st)
+	err = pl.m.byName[namePolState].Lookup(&k, &st)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
 		return st, false, nil
 	}
@@ -243,30 +251,30 @@ func (m *Maps) PolicyStateOf(ifindex int) (st PolicyState, ok bool, err error) {
 	return st, true, nil
 }
 
-// DeletePolicyOf forgets an interface (DEL, GC, reconcile): its state and
+// DeleteOf forgets an interface (DEL, GC, reconcile): its state and
 // its flow tables, and (peers: the pod's addresses) every other pod's
 // flows with it. Its rule sets, referenced by nothing any more, are left to the
 // agent's PolicyWriter (Sweep): finding them is a scan of the tries, which
 // a DEL need not pay.
-func (m *Maps) DeletePolicyOf(ifindex int, peers ...netip.Addr) error {
+func (pl Policy) DeleteOf(ifindex int, peers ...netip.Addr) error {
 	k := uint32(ifindex)
 	var errs error
-	if err := m.byName[namePolState].Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := pl.m.byName[namePolState].Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = fmt.Errorf("delete %s[%d]: %w", namePolState, ifindex, err)
 	}
-	_, err := m.DeletePolicyFlowsOf(ifindex, peers...)
+	_, err := pl.DeleteFlowsOf(ifindex, peers...)
 	return errors.Join(errs, err)
 }
 
-// DeletePolicyFlowsOf drops the flow tables of the interface (ifindex 0:
+// DeleteFlowsOf drops the flow tables of the interface (ifindex 0:
 // none), and removes every entry whose peer is one of peers from the other
 // interfaces' tables, and returns how many: a scan (batched) of every
 // table, as DeleteStackFlowsOf. A deleted pod's address goes to a new pod
 // sooner or later: the flows other pods had with the old one must not let
 // the new one in.
-func (m *Maps) DeletePolicyFlowsOf(ifindex int, peers ...netip.Addr) (int, error) {
+func (pl Policy) DeleteFlowsOf(ifindex int, peers ...netip.Addr) (int, error) {
 	if ifindex != 0 {
-		if err := m.DeletePolicyFlowTables(ifindex); err != nil {
+		if err := pl.DeleteFlowTables(ifindex); err != nil {
 			return 0, err
 		}
 	}
@@ -274,7 +282,7 @@ func (m *Maps) DeletePolicyFlowsOf(ifindex int, peers ...netip.Addr) (int, error
 		return 0, nil
 	}
 	n := 0
-	err := m.eachPolicyFlowTable(func(_ PolicyCTPartKey, t *ebpf.Map) error {
+	err := pl.m.eachPolicyFlowTable(func(_ PolicyCTPartKey, t *ebpf.Map) error {
 		var keys []PolicyCTKey
 		err := scan(t, func(k *PolicyCTKey, v *PolicyCTVal) {
 			if slices.Contains(peers, addrPort(k.PeerAddr, k.Family, 0).Addr()) {
@@ -302,10 +310,10 @@ type PolicyFlow struct {
 	Flags   uint32
 }
 
-// ListPolicyFlows returns every entry of every flow table.
-func (m *Maps) ListPolicyFlows() ([]PolicyFlow, error) {
+// ListFlows returns every entry of every flow table.
+func (pl Policy) ListFlows() ([]PolicyFlow, error) {
 	var out []PolicyFlow
-	err := m.eachPolicyFlowTable(func(_ PolicyCTPartKey, t *ebpf.Map) error {
+	err := pl.m.eachPolicyFlowTable(func(_ PolicyCTPartKey, t *ebpf.Map) error {
 		err := scan(t, func(k *PolicyCTKey, v *PolicyCTVal) {
 			out = append(out, PolicyFlow{Ifindex: int(k.Ifindex), Proto: k.Proto,
 				Pod: addrPort(k.PodAddr, k.Family, k.PodPort), Peer: addrPort(k.PeerAddr, k.Family, k.PeerPort),
@@ -333,7 +341,7 @@ type ProgrammedPolicy struct {
 // interface's state switches both directions to them, and the old sets are
 // deleted only after retireAfter, so a packet never meets a half-written or
 // half-deleted set. One writer per node (the agent); the plugin only marks
-// interfaces pending and forgets them (SetPolicyPending, DeletePolicyOf).
+// interfaces pending and forgets them (SetPending, DeleteOf).
 type PolicyWriter struct {
 	m  *Maps
 	mu sync.Mutex
@@ -354,10 +362,10 @@ type retiredSet struct {
 
 var _ policy.Writer = (*PolicyWriter)(nil)
 
-// PolicyWriter returns the node's writer over m (which it keeps using: do
+// Writer returns the node's writer over m (which it keeps using: do
 // not Close m while it is in use).
-func (m *Maps) PolicyWriter() *PolicyWriter {
-	return &PolicyWriter{m: m, addrKeys: map[uint32][]PolicyAddrKey{}, portKeys: map[uint32][]PolicyPortKey{},
+func (pl Policy) Writer() *PolicyWriter {
+	return &PolicyWriter{m: pl.m, addrKeys: map[uint32][]PolicyAddrKey{}, portKeys: map[uint32][]PolicyPortKey{},
 		portsOf: map[uint32][]uint32{}, applied: map[uint32]policy.Endpoint{}}
 }
 
@@ -432,7 +440,7 @@ func (w *PolicyWriter) Apply(ifindex uint32, ep policy.Endpoint) error {
 	if err := validateRules(ep.Egress); err != nil {
 		return fmt.Errorf("ifindex %d egress: %w", ifindex, err)
 	}
-	old, hasOld, err := w.m.PolicyStateOf(int(ifindex))
+	old, hasOld, err := w.m.Policy().StateOf(int(ifindex))
 	if err != nil {
 		return err
 	}
@@ -486,7 +494,7 @@ func (w *PolicyWriter) Apply(ifindex uint32, ep policy.Endpoint) error {
 // exactly ep, they are kept (read back: a scan, on this path only).
 func (w *PolicyWriter) failClosed(ifindex uint32, ep policy.Endpoint, old PolicyState, hasOld bool, cause error) error {
 	if hasOld && old.Mode == modes(ep) {
-		if p, ok, err := w.m.ReadPolicy(int(ifindex)); err == nil && ok && sameRules(policy.Endpoint{Ingress: p.Ingress, Egress: p.Egress}, ep) {
+		if p, ok, err := w.m.Policy().Read(int(ifindex)); err == nil && ok && sameRules(policy.Endpoint{Ingress: p.Ingress, Egress: p.Egress}, ep) {
 			w.applied[ifindex] = ep
 			return nil
 		}
@@ -510,11 +518,11 @@ func (w *PolicyWriter) Remove(ifindex uint32) error {
 	if err := w.load(); err != nil {
 		return err
 	}
-	old, hasOld, err := w.m.PolicyStateOf(int(ifindex))
+	old, hasOld, err := w.m.Policy().StateOf(int(ifindex))
 	if err != nil {
 		return err
 	}
-	if err := w.m.DeletePolicyOf(int(ifindex)); err != nil {
+	if err := w.m.Policy().DeleteOf(int(ifindex)); err != nil {
 		return err
 	}
 	delete(w.applied, ifindex)
@@ -769,16 +777,16 @@ func (w *PolicyWriter) Programmed(ifindex uint32) (ProgrammedPolicy, bool, error
 	w.mu.Lock()
 	names := w.applied[ifindex].Policies
 	w.mu.Unlock()
-	p, ok, err := w.m.ReadPolicy(int(ifindex))
+	p, ok, err := w.m.Policy().Read(int(ifindex))
 	p.Policies = names
 	return p, ok, err
 }
 
-// ReadPolicy reads back what the maps hold for one interface (scans of the
+// Read reads back what the maps hold for one interface (scans of the
 // tries: for dumps, not for a packet's path).
-func (m *Maps) ReadPolicy(ifindex int) (ProgrammedPolicy, bool, error) {
+func (pl Policy) Read(ifindex int) (ProgrammedPolicy, bool, error) {
 	out := ProgrammedPolicy{Ifindex: ifindex}
-	st, ok, err := m.PolicyStateOf(ifindex)
+	st, ok, err := pl.StateOf(ifindex)
 	if err != nil || !ok {
 		return out, ok, err
 	}
@@ -806,7 +814,7 @@ func (m *Maps) ReadPolicy(ifindex int) (ProgrammedPolicy, bool, error) {
 		ak PolicyAddrKey
 		av PolicyAddrVal
 	)
-	it := m.byName[namePolAddrs].Iterate()
+	it := pl.m.byName[namePolAddrs].Iterate()
 	for it.Next(&ak, &av) {
 		r, ok := sets[ak.Set]
 		if !ok {
@@ -834,7 +842,7 @@ func (m *Maps) ReadPolicy(ifindex int) (ProgrammedPolicy, bool, error) {
 			pk PolicyPortKey
 			pv uint32
 		)
-		it := m.byName[namePolPorts].Iterate()
+		it := pl.m.byName[namePolPorts].Iterate()
 		for it.Next(&pk, &pv) {
 			if _, ok := ports[pk.Set]; !ok {
 				continue
@@ -883,14 +891,14 @@ func mergeRanges(rs []policy.PortRange) []policy.PortRange {
 	return out
 }
 
-// PolicyStates lists the state of every interface that has one.
-func (m *Maps) PolicyStates() (map[int]PolicyState, error) {
+// States lists the state of every interface that has one.
+func (pl Policy) States() (map[int]PolicyState, error) {
 	out := map[int]PolicyState{}
 	var (
 		k  uint32
 		st PolicyState
 	)
-	it := m.byName[namePolState].Iterate()
+	it := pl.m.byName[namePolState].Iterate()
 	for it.Next(&k, &st) {
 		out[int(k)] = st
 	}

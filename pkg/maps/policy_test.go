@@ -56,7 +56,7 @@ func trieLen(t *testing.T, m *Maps, name string) int {
 // sets a DEL left.
 func TestPolicyWriter(t *testing.T) {
 	m := testMaps(t, DefaultSizing)
-	w := m.PolicyWriter()
+	w := m.Policy().Writer()
 	ep := policy.Endpoint{
 		Ingress: policy.Rules{Isolated: true, Allows: []policy.Allow{
 			{Prefix: netip.MustParsePrefix("10.0.0.0/8"), Ports: []policy.PortRange{{Proto: policy.ProtoTCP, First: 80, Last: 80}, {Proto: policy.ProtoTCP, First: 8000, Last: 8100}, {Proto: policy.ProtoUDP, First: 53, Last: 53}}},
@@ -66,8 +66,8 @@ func TestPolicyWriter(t *testing.T) {
 		Egress:   policy.Rules{Isolated: true},
 		Policies: []string{"ns/a", "ns/b"},
 	}
-	must(t, m.SetPolicyPending(7))
-	if p, ok, err := m.ReadPolicy(7); err != nil || !ok || p.Mode != [2]string{"pending", "pending"} {
+	must(t, m.Policy().SetPending(7))
+	if p, ok, err := m.Policy().Read(7); err != nil || !ok || p.Mode != [2]string{"pending", "pending"} {
 		t.Fatalf("pending: %+v %v %v", p, ok, err)
 	}
 	must(t, w.Apply(7, ep))
@@ -100,9 +100,9 @@ func TestPolicyWriter(t *testing.T) {
 		t.Errorf("after the old set retired: %d port entries, want 0", n)
 	}
 	// The same rules again: nothing written.
-	st, _, _ := m.PolicyStateOf(7)
+	st, _, _ := m.Policy().StateOf(7)
 	must(t, w.Apply(7, ep2))
-	if st2, _, _ := m.PolicyStateOf(7); st2 != st {
+	if st2, _, _ := m.Policy().StateOf(7); st2 != st {
 		t.Errorf("an unchanged policy was rewritten: %+v -> %+v", st, st2)
 	}
 
@@ -121,12 +121,12 @@ func TestPolicyWriter(t *testing.T) {
 			t.Errorf("Apply of %+v: %v, want an error saying %q", bad.r, err, bad.want)
 		}
 	}
-	if st2, _, _ := m.PolicyStateOf(7); st2 != st {
+	if st2, _, _ := m.Policy().StateOf(7); st2 != st {
 		t.Errorf("a refused policy changed the state: %+v -> %+v", st, st2)
 	}
 
 	// DEL forgets the state only; the writer's Sweep finds the set.
-	must(t, m.DeletePolicyOf(7))
+	must(t, m.Policy().DeleteOf(7))
 	if n, err := w.Sweep(); err != nil || n != 1 {
 		t.Errorf("Sweep after DEL: %d, %v; want the one set", n, err)
 	}
@@ -136,13 +136,13 @@ func TestPolicyWriter(t *testing.T) {
 	// A writer started afresh (an agent restart) finds what is there, and
 	// deletes what nothing refers to (a DEL while it was away).
 	must(t, w.Apply(9, ep))
-	must(t, m.DeletePolicyOf(9))
-	must(t, m.PolicyWriter().Apply(10, policy.Endpoint{}))
+	must(t, m.Policy().DeleteOf(9))
+	must(t, m.Policy().Writer().Apply(10, policy.Endpoint{}))
 	if a := trieLen(t, m, namePolAddrs); a != 0 {
 		t.Errorf("a new writer left %d address entries of a deleted interface", a)
 	}
 	must(t, w.Apply(8, ep))
-	w2 := m.PolicyWriter()
+	w2 := m.Policy().Writer()
 	must(t, w2.Remove(8))
 	w2.Flush()
 	if a, p := trieLen(t, m, namePolAddrs), trieLen(t, m, namePolPorts); a != 0 || p != 0 {
@@ -164,7 +164,7 @@ func must(t *testing.T, err error) {
 // retry that fits programs it.
 func TestPolicyWriterFull(t *testing.T) {
 	m := testMaps(t, Sizing{MaxPods: 1, HostPortsPerPod: 1}) // 512 peer prefixes in all
-	w := m.PolicyWriter()
+	w := m.Policy().Writer()
 	small := policy.Endpoint{Ingress: policy.Rules{Isolated: true, Allows: []policy.Allow{{Prefix: netip.MustParsePrefix("10.0.0.0/8"), AllPorts: true}}}}
 	must(t, w.Apply(3, small))
 	var big []policy.Allow
@@ -177,7 +177,7 @@ func TestPolicyWriterFull(t *testing.T) {
 	}
 	want := PolicyState{}
 	want.Mode[DirIngress] = PolicyIsolated
-	if after, _, _ := m.PolicyStateOf(3); after != want {
+	if after, _, _ := m.Policy().StateOf(3); after != want {
 		t.Errorf("state after a refused policy: %+v, want ingress isolated with no rule set: %+v", after, want)
 	}
 	if n := trieLen(t, m, namePolAddrs); n > 1 {
@@ -186,7 +186,7 @@ func TestPolicyWriterFull(t *testing.T) {
 	// The same policy as before the refusal is written again, not taken
 	// for the one programmed.
 	must(t, w.Apply(3, small))
-	if after, _, _ := m.PolicyStateOf(3); after.Rules[DirIngress] == 0 {
+	if after, _, _ := m.Policy().StateOf(3); after.Rules[DirIngress] == 0 {
 		t.Errorf("state after a retry that fits: %+v, want its rule set", after)
 	}
 }
@@ -202,20 +202,20 @@ func TestPolicyWriterFullRestart(t *testing.T) {
 		allows = append(allows, policy.Allow{Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 16, byte(i >> 8), byte(i)}), 32), AllPorts: true})
 	}
 	ep := policy.Endpoint{Ingress: policy.Rules{Isolated: true, Allows: allows}}
-	must(t, m.PolicyWriter().Apply(3, ep))
-	before, _, _ := m.PolicyStateOf(3)
-	if err := m.PolicyWriter().Apply(3, ep); err != nil {
+	must(t, m.Policy().Writer().Apply(3, ep))
+	before, _, _ := m.Policy().StateOf(3)
+	if err := m.Policy().Writer().Apply(3, ep); err != nil {
 		t.Fatalf("a restarted writer's Apply of the policy programmed: %v", err)
 	}
-	if after, _, _ := m.PolicyStateOf(3); after != before {
+	if after, _, _ := m.Policy().StateOf(3); after != before {
 		t.Errorf("state %+v -> %+v, want the old sets kept", before, after)
 	}
 	// Another policy that does not fit still fails closed.
 	other := policy.Endpoint{Ingress: policy.Rules{Isolated: true, Allows: allows[:299]}}
-	if err := m.PolicyWriter().Apply(3, other); !IsFull(err) {
+	if err := m.Policy().Writer().Apply(3, other); !IsFull(err) {
 		t.Fatalf("Apply of another 299 prefixes beside 300 in 512: %v, want full", err)
 	}
-	if after, _, _ := m.PolicyStateOf(3); after.Rules[DirIngress] != 0 || after.Mode[DirIngress] != PolicyIsolated {
+	if after, _, _ := m.Policy().StateOf(3); after.Rules[DirIngress] != 0 || after.Mode[DirIngress] != PolicyIsolated {
 		t.Errorf("state after a refused change: %+v, want ingress isolated with no rule set", after)
 	}
 }

@@ -26,12 +26,12 @@ type (
 
 // nameStackFlows is cni_stack_flows, as bpf/lib/maps.h declares it: the
 // records of the node's flows and of pods attached by older builds.
-const nameStackFlows = "cni_stack_flows"
+var nameStackFlows = mapName(&specNames.CniStackFlows)
 
 // nameStackFlowParts is cni_stack_flow_parts: each pod's own table of the
 // records of flows it sent (issue 28: so no pod evicts another's), keyed
 // by its host veth's ifindex.
-const nameStackFlowParts = "cni_stack_flow_parts"
+var nameStackFlowParts = mapName(&specNames.CniStackFlowParts)
 
 // stackFlowPartSpec is a pod's table: struct sf_part in bpf/lib/maps.h
 // (TestStackFlowPartSpec holds them equal), kept here so that a verb
@@ -109,7 +109,7 @@ func (m *Maps) deleteStackFlowPart(ifindex int) error {
 // ADD, cleared by to_container before it records the first flow the stack
 // delivered to the address. While it is set from_container's same-node
 // fast path looks up no stack-flow record of the address's flows (issue
-// 30). An entry rewritten over a live one (InsertEndpoint on its own
+// 30). An entry rewritten over a live one (Endpoints().Insert on its own
 // ifindex) never gets it: that address may have records already.
 const EndpointFlagStackFlowsNone = 1 << 5
 
@@ -249,14 +249,14 @@ func deleteStackFlowsIn(mp *ebpf.Map, name string, ifindex int) (int, error) {
 	return len(keys), deleteKeys(mp, keys)
 }
 
-// ClearStackFlowsNone takes EP_F_SF_NONE off every address entry: an
+// ClearNone takes EP_F_SF_NONE off every address entry: an
 // upgrade from another build does so before any pod runs this build's
 // from_container, since the other build's to_container may have recorded
 // flows of an address without clearing it (it does not know the bit), and
 // the ADDs of this build meanwhile set it. Those pods' flows are then
 // looked up, as before the bit. Returns how many entries it changed.
-func (m *Maps) ClearStackFlowsNone() (int, error) {
-	eps, err := m.ListEndpoints()
+func (s StackFlows) ClearNone() (int, error) {
+	eps, err := s.m.Endpoints().List()
 	if err != nil {
 		return 0, fmt.Errorf("list %s: %w", nameEndpoints, err)
 	}
@@ -272,8 +272,8 @@ func (m *Maps) ClearStackFlowsNone() (int, error) {
 		v := e.Info
 		v.Flags &^= EndpointFlagStackFlowsNone
 		// Only over the entry still there: a pod deleted meanwhile stays gone.
-		if err := m.Endpoints.Update(&k, &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return n, writeErr(m.Endpoints, nameEndpoints, "endpoint "+e.IP.String(), err)
+		if err := s.m.endpoints.Update(&k, &v, ebpf.UpdateExist); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return n, writeErr(s.m.endpoints, nameEndpoints, "endpoint "+e.IP.String(), err)
 		}
 		n++
 	}

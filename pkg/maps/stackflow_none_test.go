@@ -15,16 +15,16 @@ func TestInsertEndpointStackFlowsNone(t *testing.T) {
 	mac := net.HardwareAddr{2, 0, 0, 0, 0, 1}
 	alive := func(int) bool { return true }
 
-	if err := m.InsertEndpoint(ip, NewEndpointInfo(7, mac, mac, EndpointFlagStackFlowsNone), alive); err != nil {
+	if err := m.Endpoints().Insert(ip, NewEndpointInfo(7, mac, mac, EndpointFlagStackFlowsNone), alive); err != nil {
 		t.Fatal(err)
 	}
-	if e, err := m.LookupEndpoint(ip); err != nil || e.Flags&EndpointFlagStackFlowsNone == 0 {
+	if e, err := m.Endpoints().Lookup(ip); err != nil || e.Flags&EndpointFlagStackFlowsNone == 0 {
 		t.Fatalf("new entry: flags %#x (%v), want EP_F_SF_NONE", e.Flags, err)
 	}
-	if err := m.InsertEndpoint(ip, NewEndpointInfo(7, mac, mac, EndpointFlagStackFlowsNone|EndpointFlagPolicy), alive); err != nil {
+	if err := m.Endpoints().Insert(ip, NewEndpointInfo(7, mac, mac, EndpointFlagStackFlowsNone|EndpointFlagPolicy), alive); err != nil {
 		t.Fatal(err)
 	}
-	e, err := m.LookupEndpoint(ip)
+	e, err := m.Endpoints().Lookup(ip)
 	if err != nil || e.Flags != EndpointFlagPolicy {
 		t.Fatalf("entry rewritten over its own: flags %#x (%v), want only EP_F_POLICY", e.Flags, err)
 	}
@@ -38,16 +38,16 @@ func TestClearStackFlowsNone(t *testing.T) {
 	a, b, c := net.ParseIP("10.77.0.2"), net.ParseIP("fd00:77::2"), net.ParseIP("10.77.0.3")
 	for ip, flags := range map[string]uint32{a.String(): EndpointFlagStackFlowsNone | EndpointFlagPolicy,
 		b.String(): EndpointFlagStackFlowsNone, c.String(): EndpointFlagMasq} {
-		if err := m.PutEndpoint(net.ParseIP(ip), NewEndpointInfo(7, mac, mac, flags)); err != nil {
+		if err := m.Endpoints().Put(net.ParseIP(ip), NewEndpointInfo(7, mac, mac, flags)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	n, err := m.ClearStackFlowsNone()
+	n, err := m.StackFlows().ClearNone()
 	if err != nil || n != 2 {
-		t.Fatalf("ClearStackFlowsNone: %d changed (%v), want 2", n, err)
+		t.Fatalf("StackFlows().ClearNone: %d changed (%v), want 2", n, err)
 	}
 	for ip, want := range map[string]uint32{a.String(): EndpointFlagPolicy, b.String(): 0, c.String(): EndpointFlagMasq} {
-		e, err := m.LookupEndpoint(net.ParseIP(ip))
+		e, err := m.Endpoints().Lookup(net.ParseIP(ip))
 		if err != nil || e.Flags != want {
 			t.Errorf("%s: flags %#x (%v), want %#x", ip, e.Flags, err, want)
 		}

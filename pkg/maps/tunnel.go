@@ -11,11 +11,19 @@ import (
 
 // The node tunnel's maps (bpf/lib/tunnel.h): who may send through the
 // tunnel, and where each other node's pod CIDRs are encapsulated to.
-const (
-	nameTunNodes = "cni_tun_nodes"
-	nameTunCIDRs = "cni_tun_cidrs"
-	nameTunSelf  = "cni_tun_self"
+var (
+	nameTunNodes = mapName(&specNames.CniTunNodes)
+	nameTunCIDRs = mapName(&specNames.CniTunCidrs)
+	nameTunSelf  = mapName(&specNames.CniTunSelf)
 )
+
+// Tunnel is the tunnel family of the maps: the nodes that may send through
+// the tunnel (cni_tun_nodes) and the other nodes' pod CIDRs with the address
+// each is encapsulated to (cni_tun_cidrs).
+type Tunnel struct{ m *Maps }
+
+// Tunnel returns the tunnel family of m.
+func (m *Maps) Tunnel() Tunnel { return Tunnel{m} }
 
 // TunnelPeer is the generated twin of struct tun_peer.
 type TunnelPeer = mapsObjTunPeer
@@ -34,12 +42,12 @@ func addrEndpointKey(a netip.Addr) EndpointKey {
 	return k
 }
 
-// SyncTunnel makes cni_tun_nodes and cni_tun_cidrs hold exactly the given
+// Sync makes cni_tun_nodes and cni_tun_cidrs hold exactly the given
 // nodes (ids 1..n in order): entries are written before stale ones go, so
 // a node that stays is never missing in between. A full map is an error
 // wrapping ErrFull naming it.
-func (m *Maps) SyncTunnel(nodes []TunnelNode) error {
-	nodesMap, cidrsMap := m.byName[nameTunNodes], m.byName[nameTunCIDRs]
+func (tn Tunnel) Sync(nodes []TunnelNode) error {
+	nodesMap, cidrsMap := tn.m.byName[nameTunNodes], tn.m.byName[nameTunCIDRs]
 	if nodesMap == nil || cidrsMap == nil {
 		return fmt.Errorf("the pinned maps lack %s or %s (an older layout)", nameTunNodes, nameTunCIDRs)
 	}
@@ -118,14 +126,14 @@ type TunnelRoute struct {
 	Endpoint netip.Addr
 }
 
-// TunnelRoutes lists cni_tun_cidrs.
-func (m *Maps) TunnelRoutes() ([]TunnelRoute, error) {
+// Routes lists cni_tun_cidrs.
+func (tn Tunnel) Routes() ([]TunnelRoute, error) {
 	var (
 		k   CIDRKey
 		v   TunnelPeer
 		out []TunnelRoute
 	)
-	it := m.byName[nameTunCIDRs].Iterate()
+	it := tn.m.byName[nameTunCIDRs].Iterate()
 	for it.Next(&k, &v) {
 		ep := netip.AddrFrom16(v.Addr)
 		if v.Family == afInet {
@@ -136,11 +144,11 @@ func (m *Maps) TunnelRoutes() ([]TunnelRoute, error) {
 	return out, it.Err()
 }
 
-// TunnelNodeAddrs lists the node addresses of cni_tun_nodes (every address
+// NodeAddrs lists the node addresses of cni_tun_nodes (every address
 // another node may send encapsulated packets from).
-func (m *Maps) TunnelNodeAddrs() ([]net.IP, error) {
+func (tn Tunnel) NodeAddrs() ([]net.IP, error) {
 	var out []net.IP
-	err := scan(m.byName[nameTunNodes], func(k *EndpointKey, _ *uint32) { out = append(out, k.IP()) })
+	err := scan(tn.m.byName[nameTunNodes], func(k *EndpointKey, _ *uint32) { out = append(out, k.IP()) })
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", nameTunNodes, err)
 	}
@@ -177,25 +185,27 @@ func (m *Maps) setConfigFlags(bits uint32, on bool) error {
 	return nil
 }
 
-// SetTunnel records whether the node tunnel is on (HP_CFG_TUNNEL): then
+// SetMode records whether the node tunnel is on (HP_CFG_TUNNEL): then
 // to_uplink drops a pod's tunnel datagram that leaves with a node address,
 // whatever its destination (docs/tunnel.md). macCheck false turns the
 // uplinks' outer-MAC check off (HP_CFG_TUN_NO_MAC). Off clears
 // cni_tun_self too, and turns the MAC check back on.
-func (m *Maps) SetTunnel(on, macCheck bool) error {
+func (t Tunnel) SetMode(on, macCheck bool) error {
+	m := t.m
 	if on {
 		return errors.Join(m.setConfigFlags(hpConfigTunnel, true), m.setConfigFlags(hpConfigTunNoMAC, !macCheck))
 	}
-	return errors.Join(m.setConfigFlags(hpConfigTunnel|hpConfigTunNoMAC, false), m.SyncTunnelSelf(nil))
+	return errors.Join(m.setConfigFlags(hpConfigTunnel|hpConfigTunNoMAC, false), t.SyncSelf(nil))
 }
 
-// SyncTunnelSelf makes cni_tun_self hold exactly addrs, the addresses this
+// SyncSelf makes cni_tun_self hold exactly addrs, the addresses this
 // node is known by, and puts it in force (HP_CFG_TUN_SELF): the tunnel
 // device then drops what was sent to any other address of the node. None,
 // or a write that fails (more than 16), takes it out of force (the device
 // accepts any destination). A
 // pin set without the map (an older build of the layout) is left alone.
-func (m *Maps) SyncTunnelSelf(addrs []netip.Addr) error {
+func (t Tunnel) SyncSelf(addrs []netip.Addr) error {
+	m := t.m
 	mp := m.byName[nameTunSelf]
 	if mp == nil {
 		return nil
@@ -239,8 +249,9 @@ func (m *Maps) SyncTunnelSelf(addrs []netip.Addr) error {
 	return m.setConfigFlags(hpConfigTunSelf, true)
 }
 
-// TunnelSelf lists cni_tun_self.
-func (m *Maps) TunnelSelf() ([]net.IP, error) {
+// Self lists cni_tun_self.
+func (t Tunnel) Self() ([]net.IP, error) {
+	m := t.m
 	var out []net.IP
 	mp := m.byName[nameTunSelf]
 	if mp == nil {

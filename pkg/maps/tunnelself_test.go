@@ -12,7 +12,7 @@ import (
 // and is in force (HP_CFG_TUN_SELF) only while it holds them all: none,
 // or more than fit (a full map), takes it out of force, so the tunnel
 // device never drops a genuine node's datagram for a list cut short. The
-// node hooks' Enable keeps the tunnel's bits; SetTunnel(false) clears them
+// node hooks' Enable keeps the tunnel's bits; Tunnel().SetMode(false) clears them
 // and the list.
 func TestSyncTunnelSelf(t *testing.T) {
 	needRoot(t)
@@ -47,10 +47,10 @@ func TestSyncTunnelSelf(t *testing.T) {
 		}
 		return out
 	}
-	if err := m.SetTunnel(true, false); err != nil {
+	if err := m.Tunnel().SetMode(true, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.SyncTunnelSelf(append(addrs(2), netip.MustParseAddr("fd00::1"))); err != nil {
+	if err := m.Tunnel().SyncSelf(append(addrs(2), netip.MustParseAddr("fd00::1"))); err != nil {
 		t.Fatal(err)
 	}
 	if n, on, tun, mac := state(); n != 3 || !on || !tun || mac {
@@ -63,23 +63,23 @@ func TestSyncTunnelSelf(t *testing.T) {
 	if _, on, tun, mac := state(); !on || !tun || mac {
 		t.Fatalf("after Enable: in force %v, tunnel %v, MAC check %v", on, tun, mac)
 	}
-	if err := m.SyncTunnelSelf(addrs(1)); err != nil {
+	if err := m.Tunnel().SyncSelf(addrs(1)); err != nil {
 		t.Fatal(err)
 	}
 	if n, on, _, _ := state(); n != 1 || !on {
 		t.Fatalf("1 address: %d entries, in force %v", n, on)
 	}
-	err = m.SyncTunnelSelf(addrs(5))
+	err = m.Tunnel().SyncSelf(addrs(5))
 	if !IsFull(err) {
 		t.Fatalf("5 addresses in a map of 4: %v, want ErrFull", err)
 	}
 	if _, on, _, _ := state(); on {
 		t.Fatal("a list cut short is in force")
 	}
-	if err := m.SyncTunnelSelf(addrs(2)); err != nil {
+	if err := m.Tunnel().SyncSelf(addrs(2)); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.SetTunnel(false, true); err != nil {
+	if err := m.Tunnel().SetMode(false, true); err != nil {
 		t.Fatal(err)
 	}
 	if n, on, tun, mac := state(); n != 0 || on || tun || !mac {
@@ -87,7 +87,7 @@ func TestSyncTunnelSelf(t *testing.T) {
 	}
 	// A pin set without the map (an older build): nothing written, no error.
 	old := &Maps{byName: map[string]*ebpf.Map{nameHPConfig: cfg}}
-	if err := old.SyncTunnelSelf(addrs(1)); err != nil {
+	if err := old.Tunnel().SyncSelf(addrs(1)); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -136,17 +136,25 @@ func buildRef(ctx context.Context, mod, root, ref, out string) error {
 }
 
 // refBudgetAPI is pkg/datapath/budget_api_test.go for a reference tree from
-// before pkg/maps' families (41b58f6, de8c97a): the same two writes as
+// before pkg/maps' families (41b58f6, de8c97a): the same writes as
 // methods of Maps.
 const refBudgetAPI = `//go:build pktbudget
 
 package datapath
 
-import "github.com/ebpf-cni/ebpf-cni/pkg/maps"
+import (
+	"net"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+)
 
 type budgetMaps struct{ m *maps.Maps }
 
 func (b budgetMaps) PutCT(k maps.CTKey, v maps.CTVal) error { return b.m.PutCT(k, v) }
+
+func (b budgetMaps) PutEndpoint(ip net.IP, info maps.EndpointInfo) error { return b.m.PutEndpoint(ip, info) }
+
+func (b budgetMaps) PutLink(ifindex int, li maps.LinkInfo) error { return b.m.PutLink(ifindex, li) }
 
 func (b budgetMaps) SyncNodeIPs(want map[string]int) error { return b.m.SyncNodeIPs(want) }
 `

@@ -24,7 +24,7 @@ func TestAgentClusterCIDRs(t *testing.T) {
 	const a, b = "10.50.0.0/16", "10.60.0.0/16"
 	state := func() string {
 		t.Helper()
-		users, err := e.Maps().ClusterCIDRUsers()
+		users, err := e.Maps().Masq().ClusterCIDRUsers()
 		must(t, err)
 		var s []string
 		for c, have := range clusterCIDRSet(t, e.Maps()) {

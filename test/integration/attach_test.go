@@ -259,7 +259,7 @@ func TestDelHandsOffToAgent(t *testing.T) {
 	if rs := e.ReservationsOf("c"); len(rs) > 0 {
 		t.Errorf("IPAM still holds %v after DEL", rs)
 	}
-	if eps, _ := e.Maps().ListEndpoints(); len(eps) > 0 {
+	if eps, _ := e.Maps().Endpoints().List(); len(eps) > 0 {
 		t.Errorf("endpoint entries left after DEL: %v", eps)
 	}
 

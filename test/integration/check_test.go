@@ -79,7 +79,7 @@ func TestLifecycleCheck(t *testing.T) {
 		{
 			name: "endpoint map entry deleted",
 			damage: func(t *testing.T, p *testenv.Attachment) {
-				if err := e.Maps().DeleteEndpoint(p.IPs[0], 0); err != nil {
+				if err := e.Maps().Endpoints().Delete(p.IPs[0], 0); err != nil {
 					t.Fatalf("delete endpoint %s: %v", p.IPs[0], err)
 				}
 			},

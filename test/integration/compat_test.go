@@ -264,7 +264,7 @@ func TestCompatNetnsCookie(t *testing.T) {
 	if rec.NetnsCookie != want {
 		t.Errorf("the record holds netns cookie %d, want %d (the pod's is %d)", rec.NetnsCookie, want, pod)
 	}
-	if _, err := h.Maps().Bandwidth().LookupNetns(pod); (err == nil) != (want != 0) {
+	if _, err := testenv.LookupNetns(h.Maps(), pod); (err == nil) != (want != 0) {
 		t.Errorf("the pod's cni_netns entry: lookup error %v, want an entry: %v", err, want != 0)
 	}
 	h.MustDel(p, "web")

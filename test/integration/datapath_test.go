@@ -69,7 +69,7 @@ func TestDatapathPodToPod(t *testing.T) {
 		t.Errorf("pod-b egress redirect %+v != pod-a ingress redirect %+v", bOut, aIn)
 	}
 	for _, idx := range []int{aIdx, bIdx} {
-		cs, _ := m.Counters(idx)
+		cs, _ := m.Stats().Counters(idx)
 		for k, c := range cs {
 			if k.Reason.IsDrop() {
 				t.Errorf("ifindex %d dropped legit traffic: %s/%s = %+v", idx, k.Dir, k.Reason, c)
@@ -251,7 +251,7 @@ func TestDatapathMACLearned(t *testing.T) {
 		})
 	}
 	learned := func() string {
-		li, err := m.LookupLink(idx)
+		li, err := m.Links().Lookup(idx)
 		if err != nil {
 			return err.Error()
 		}

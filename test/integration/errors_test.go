@@ -248,14 +248,12 @@ func TestLifecycleFailedAdd(t *testing.T) {
 		second := &testenv.Attachment{Pod: pod2, ID: "no-room", IfName: "eth0", HostIf: state.HostIfName("no-room", "eth0")}
 		e.AssertGone(second)
 		// Exactly the first pod's state is left.
-		eps, err := e.Maps().ListEndpoints()
+		eps, err := e.Maps().Endpoints().List()
 		if err != nil || len(eps) != 1 || !eps[0].IP.Equal(first.IPs[0]) || int(eps[0].Info.Ifindex) != first.Ifindex {
 			t.Errorf("endpoints map after the failed ADD: %+v (err %v), want only %s -> %d", eps, err, first.IPs[0], first.Ifindex)
 		}
-		var k uint32
-		var v maps.LinkInfo
-		it := e.Maps().Links.Iterate()
-		for it.Next(&k, &v) {
+		links, _ := e.Maps().Links().Ifindexes()
+		for _, k := range links {
 			if int(k) != first.Ifindex {
 				t.Errorf("links map has an entry for ifindex %d besides the first pod's %d", k, first.Ifindex)
 			}
@@ -411,19 +409,19 @@ func TestIntegrityErrors(t *testing.T) {
 		first := e.AddAttachment(e.NewPod(), "first") // sets up the datapath
 		e.MustDel(first.Pod, "first")
 		m := e.Maps()
-		n := int(m.Endpoints.MaxEntries())
+		n := int(m.Map("cni_endpoints").MaxEntries())
 		keys := make([]maps.EndpointKey, n)
 		vals := make([]maps.EndpointInfo, n)
 		for i := range keys {
 			k, _ := maps.KeyFor(net.IPv4(100, byte(i>>16), byte(i>>8), byte(i)))
 			keys[i], vals[i] = k, maps.NewEndpointInfo(1<<30, nil, nil)
 		}
-		if _, err := m.Endpoints.BatchUpdate(keys, vals, nil); err != nil {
+		if _, err := m.Map("cni_endpoints").BatchUpdate(keys, vals, nil); err != nil {
 			t.Fatalf("fill cni_endpoints: %v", err)
 		}
 		out, err := add(e, "no-room")
 		wantPluginError(t, "ADD with cni_endpoints full", out, err, types.ErrTryAgainLater, "cni_endpoints", "full", fmt.Sprint(n))
-		if _, err := m.Endpoints.BatchDelete(keys, nil); err != nil {
+		if _, err := m.Map("cni_endpoints").BatchDelete(keys, nil); err != nil {
 			t.Fatalf("empty cni_endpoints: %v", err)
 		}
 		if out, err := e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), pluginEnv("DEL", "no-room", nil, "eth0"), e.StdinConf(nil)); err != nil {

@@ -99,7 +99,7 @@ func TestEventsFlood(t *testing.T) {
 	}))
 	time.Sleep(300 * time.Millisecond) // the follower subscribes
 
-	c0, err := m.EventCounters()
+	c0, err := m.Events().Counters()
 	must(t, err)
 	before := counter(t, m, idx, maps.DirEgress, maps.ReasonDropSpoofIP).Packets
 	frame := ipv4UDPFrame(podMAC, hostMAC, net.ParseIP("10.250.9.98"), testenv.NodeIP4)
@@ -131,7 +131,7 @@ func TestEventsFlood(t *testing.T) {
 	cancel()
 	follow.Wait()
 
-	c1, err := m.EventCounters()
+	c1, err := m.Events().Counters()
 	must(t, err)
 	sent, lost := c1.Sent-c0.Sent, (c1.LostRate-c0.LostRate)+(c1.LostRing-c0.LostRing)
 	t.Logf("flood: %d frames at %.0f/s; events sent %d, lost %d (rate %d, ring %d)", n, rate, sent, lost, c1.LostRate-c0.LostRate, c1.LostRing-c0.LostRing)

@@ -131,7 +131,7 @@ func TestEventsNodeHookDrops(t *testing.T) {
 	}
 
 	// One masquerade port: a holds it towards remote:7000, b finds none.
-	must(t, m.SetMasqConfig(maps.MasqPorts{Ranges: [][2]uint16{{61000, 61000}}, PodLimit: 1}))
+	must(t, m.Masq().SetConfig(maps.MasqPorts{Ranges: [][2]uint16{{61000, 61000}}, PodLimit: 1}))
 	_, aIdx := e.HostVeth("a")
 	_, bIdx := e.HostVeth("b")
 	for _, fam := range []int{4, 6} {
@@ -148,7 +148,7 @@ func TestEventsNodeHookDrops(t *testing.T) {
 				})
 		})
 	}
-	st, err := m.MasqStats()
+	st, err := m.Masq().Stats()
 	must(t, err)
 	if st["drop_exhausted"] < 2 {
 		t.Errorf("cni_masq_stats drop_exhausted %d, want the 2 drops counted there too: %v", st["drop_exhausted"], st)

@@ -191,10 +191,10 @@ func TestEventsEachDropReason(t *testing.T) {
 		{reason: maps.ReasonDropUnknown, frame: ipv6Frame(podMAC, hostMAC, net.ParseIP("fe80::42"), net.ParseIP("ff02::2"), 255, nil, []byte{128, 0, 0, 0, 0, 1, 0, 1}),
 			src: "fe80::42", dst: "ff02::2", proto: "icmpv6"},
 	}
-	link, err := m.LookupLink(idx)
+	link, err := m.Links().Lookup(idx)
 	must(t, err)
-	cases[5].setup = func() { must(t, m.DeleteLink(idx)) }
-	cases[5].undo = func() { must(t, m.PutLink(idx, link)) }
+	cases[5].setup = func() { must(t, m.Links().Delete(idx)) }
+	cases[5].undo = func() { must(t, m.Links().Put(idx, link)) }
 
 	var seq uint64
 	if recs := observeJSON(t, e, "--last", "1000"); len(recs) > 0 {
@@ -408,7 +408,7 @@ func TestEventsFlows(t *testing.T) {
 	}
 	_, bIdx := e.HostVeth("efb")
 	e.MustDel(b, "efb")
-	if ids, err := e.Maps().FlowEventEndpoints(); err != nil || len(ids) != 0 {
+	if ids, err := e.Maps().Events().FlowEndpoints(); err != nil || len(ids) != 0 {
 		t.Errorf("flow events switch after DEL: %v %v (server was %d)", ids, err, bIdx)
 	}
 	e.MustDel(a, "efa")

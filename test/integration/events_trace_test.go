@@ -103,7 +103,7 @@ func TestEventsTracePod(t *testing.T) {
 		t.Fatalf("events --trace-pod shop/traced printed:\n%s", out)
 	}
 	m := e.Maps()
-	if s, err := m.EventSettings(); err != nil || !s.Trace || !s.Drops {
+	if s, err := m.Events().Settings(); err != nil || !s.Trace || !s.Drops {
 		t.Fatalf("settings after --trace-pod: %+v, %v; want the trace on and drops as they were", s, err)
 	}
 	seq := lastSeq(t, e)
@@ -162,7 +162,7 @@ func TestEventsTracePod(t *testing.T) {
 	if out := agent("--trace-pod", "shop/traced=off"); strings.Contains(out, "trace: on") {
 		t.Fatalf("events --trace-pod shop/traced=off printed:\n%s", out)
 	}
-	if s, _ := m.EventSettings(); s.Trace {
+	if s, _ := m.Events().Settings(); s.Trace {
 		t.Errorf("the trace switch stayed on with no pod traced: %+v", s)
 	}
 	must(t, testenv.Ping(a, b4, 1))
@@ -182,7 +182,7 @@ func TestEventsTracePod(t *testing.T) {
 	must(t, cmd.Start())
 	on := false
 	for deadline := time.Now().Add(2 * time.Second); !on && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		s, _ := m.EventSettings()
+		s, _ := m.Events().Settings()
 		on = s.Trace
 	}
 	if !on {
@@ -192,10 +192,10 @@ func TestEventsTracePod(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	cancel()
 	cmd.Wait()
-	if s, _ := m.EventSettings(); s.Trace {
+	if s, _ := m.Events().Settings(); s.Trace {
 		t.Errorf("observe --trace stopped, the trace switch still on")
 	}
-	if ids, _ := m.TraceEndpoints(); len(ids) != 0 {
+	if ids, _ := m.Events().TraceEndpoints(); len(ids) != 0 {
 		t.Errorf("observe --trace stopped, endpoints still traced: %v", ids)
 	}
 	if !strings.Contains(out.String(), `"type":"trace"`) || !strings.Contains(out.String(), `"program":"from_container"`) {
@@ -209,7 +209,7 @@ func TestEventsTracePod(t *testing.T) {
 		"--state-dir", e.StateDir, "--pin-dir", e.PinDir, "--trace", "shop/traced", "--trace-for", "3s")
 	must(t, kill.Start())
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if s, _ := m.EventSettings(); s.Trace {
+		if s, _ := m.Events().Settings(); s.Trace {
 			break
 		}
 	}
@@ -226,14 +226,14 @@ func TestEventsTracePod(t *testing.T) {
 	if got, recs, _ := echoHops(t, e, "shop/traced", seq, 1); len(got) != 0 {
 		t.Errorf("observe --trace killed 4.5 s ago with a 3 s lease: still trace events: %+v", recs)
 	}
-	if tr, _ := m.TraceEndpoints(); len(tr) != 0 {
+	if tr, _ := m.Events().TraceEndpoints(); len(tr) != 0 {
 		t.Errorf("endpoints still traced after the lease: %v", tr)
 	}
-	if s, _ := m.EventSettings(); s.Trace {
+	if s, _ := m.Events().Settings(); s.Trace {
 		t.Errorf("the trace switch reads on after the lease: %+v", s)
 	}
 	// The agent clears the ended trace's bits and switch in its sweep.
-	must(t, m.EndTraces())
+	must(t, m.Events().EndTraces())
 	if out := agent(); strings.Contains(out, "trace:") {
 		t.Errorf("events after the trace ended still names one:\n%s", out)
 	}
@@ -255,11 +255,11 @@ func TestEventsTraceMasqueraded(t *testing.T) {
 	_, aIdx := e.HostVeth("a")
 	m := p.m
 	until := time.Now().Add(time.Minute)
-	must(t, m.SetTraceEvents(uint32(aIdx), until))
-	s, err := m.EventSettings()
+	must(t, m.Events().SetTrace(uint32(aIdx), until))
+	s, err := m.Events().Settings()
 	must(t, err)
 	s.Trace, s.TraceUntil = true, until
-	must(t, m.SetEventSettings(s))
+	must(t, m.Events().SetSettings(s))
 	seq := lastSeq(t, e)
 	for _, fam := range []int{4, 6} {
 		t.Run(fmt.Sprintf("ipv%d", fam), func(t *testing.T) {
@@ -329,7 +329,7 @@ func TestEventsTraceTwoInterfaces(t *testing.T) {
 		t.Fatalf("events --trace-pod: %v\n%s", err, out)
 	}
 	m := e.Maps()
-	tr, err := m.TraceEndpoints()
+	tr, err := m.Events().TraceEndpoints()
 	must(t, err)
 	if _, ok := tr[uint32(eth0)]; !ok || len(tr) != 2 {
 		t.Fatalf("traced endpoints %v, want eth0's %d and net1's %d", tr, eth0, net1)
@@ -338,24 +338,24 @@ func TestEventsTraceTwoInterfaces(t *testing.T) {
 		t.Fatalf("traced endpoints %v, want net1's %d", tr, net1)
 	}
 	must(t, e.Del(pod, "two", "net1"))
-	tr, err = m.TraceEndpoints()
+	tr, err = m.Events().TraceEndpoints()
 	must(t, err)
-	flows, err := m.FlowEventEndpoints()
+	flows, err := m.Events().FlowEndpoints()
 	must(t, err)
 	if _, ok := tr[uint32(eth0)]; !ok || len(tr) != 1 || len(flows) != 1 || flows[0] != uint32(eth0) {
 		t.Errorf("after DEL of net1: traced %v, flow events %v; want eth0's %d alone in each", tr, flows, eth0)
 	}
-	if s, _ := m.EventSettings(); !s.Trace {
+	if s, _ := m.Events().Settings(); !s.Trace {
 		t.Errorf("after DEL of net1 the trace switch is off, eth0 still traced: %+v", s)
 	}
 	e.MustDel(pod, "two")
-	if tr, _ := m.TraceEndpoints(); len(tr) != 0 {
+	if tr, _ := m.Events().TraceEndpoints(); len(tr) != 0 {
 		t.Errorf("after DEL of the pod, still traced: %v", tr)
 	}
 	// No endpoint traced: the agent's sweep turns the switch off before
 	// the trace's end (else every pod's packets take the slow path).
-	must(t, m.EndTraces())
-	if s, _ := m.EventSettings(); s.Trace {
+	must(t, m.Events().EndTraces())
+	if s, _ := m.Events().Settings(); s.Trace {
 		t.Errorf("no endpoint traced, the switch stays on after EndTraces: %+v", s)
 	}
 }

@@ -25,7 +25,7 @@ import (
 // counter returns one counter of a host veth (zero when absent).
 func counter(t *testing.T, m *maps.Maps, ifindex int, dir maps.Dir, reason maps.Reason) maps.Counter {
 	t.Helper()
-	cs, err := m.Counters(ifindex)
+	cs, err := m.Stats().Counters(ifindex)
 	if err != nil {
 		t.Fatalf("read counters of ifindex %d: %v", ifindex, err)
 	}
@@ -34,7 +34,7 @@ func counter(t *testing.T, m *maps.Maps, ifindex int, dir maps.Dir, reason maps.
 
 // dumpCounters renders every counter of a host veth for failure messages.
 func dumpCounters(m *maps.Maps, ifindex int) string {
-	cs, err := m.Counters(ifindex)
+	cs, err := m.Stats().Counters(ifindex)
 	if err != nil {
 		return err.Error()
 	}
@@ -333,7 +333,7 @@ func waitCounter(t *testing.T, m *maps.Maps, idx int, r maps.Reason, want uint64
 
 // hostMACOf is the host veth MAC the datapath stored for an ifindex.
 func hostMACOf(m *maps.Maps, idx int) net.HardwareAddr {
-	v, _ := m.LookupLink(idx)
+	v, _ := m.Links().Lookup(idx)
 	return append(net.HardwareAddr{}, v.HostMac[:]...)
 }
 

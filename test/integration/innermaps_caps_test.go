@@ -183,7 +183,7 @@ func TestPolicyTablesDaemonSetCaps(t *testing.T) {
 	e.Add(p, "p")
 	m := e.Maps()
 	const gone = 999998 // no such link
-	must(t, m.AddPolicyFlowTables(gone))
+	must(t, m.Policy().AddFlowTables(gone))
 	must(t, m.StackFlows().AddPart(gone))
 	out, err := daemonSetAgentCmd(t, e, "status", "-o", "json", "--pin-dir", e.PinDir, "--state-dir", e.StateDir)
 	if strings.Contains(out, "not permitted") || strings.Contains(out, "CAP_SYS_ADMIN") ||
@@ -194,7 +194,7 @@ func TestPolicyTablesDaemonSetCaps(t *testing.T) {
 	if err != nil {
 		t.Errorf("reconcile with the DaemonSet's capabilities: %v\n%s", err, out)
 	}
-	tables, err := m.PolicyFlowTables()
+	tables, err := m.Policy().FlowTables()
 	must(t, err)
 	parts, err := m.StackFlows().Parts()
 	must(t, err)

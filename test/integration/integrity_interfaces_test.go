@@ -178,7 +178,7 @@ func TestIntegrityTwoInterfaces(t *testing.T) {
 	// and SO_NETNS_COOKIE (both forced off in make test-fallback).
 	if rec, err := e.Store().Read("multi", "eth0"); err != nil {
 		t.Error(err)
-	} else if _, err := m.Bandwidth().LookupNetns(e.NetnsCookieOf(pod)); (err != nil) != (rec.NetnsCookie == 0) {
+	} else if _, err := testenv.LookupNetns(m, e.NetnsCookieOf(pod)); (err != nil) != (rec.NetnsCookie == 0) {
 		t.Errorf("after net1's DEL: the pod's netns entry: %v, eth0's record holds cookie %d", err, rec.NetnsCookie)
 	}
 	for _, ip := range eth0.IPs {

@@ -63,7 +63,7 @@ func TestIntegrityMACChange(t *testing.T) {
 			t.Errorf("pod to pod %s: %v\n  %s: %s", c.ip, err, hostIf, dumpCounters(m, idx))
 		}
 	}
-	if li, err := m.LookupLink(idx); err != nil || net.HardwareAddr(li.Mac[:]).String() != newMAC.String() {
+	if li, err := m.Links().Lookup(idx); err != nil || net.HardwareAddr(li.Mac[:]).String() != newMAC.String() {
 		t.Errorf("cni_links entry of %s: %v (err %v), want the pod's MAC %s", hostIf, net.HardwareAddr(li.Mac[:]), err, newMAC)
 	}
 	if c := counter(t, m, idx, maps.DirEgress, maps.ReasonDropSpoofMAC); c.Packets != 0 {
@@ -97,7 +97,7 @@ func TestIntegrityMACChange(t *testing.T) {
 	if err := testenv.TCPTransfer(other, pod, v6, 64<<10); err != nil {
 		t.Errorf("to the pod over IPv6 after it spoke IPv4 only: %v", err)
 	}
-	if li, _ := m.LookupLink(idx); net.HardwareAddr(li.Mac[:]).String() != mine.String() {
+	if li, _ := m.Links().Lookup(idx); net.HardwareAddr(li.Mac[:]).String() != mine.String() {
 		t.Errorf("cni_links entry after the workload's change: %v, want %s", net.HardwareAddr(li.Mac[:]), mine)
 	}
 	// A group address is no host's: such a source is dropped, never learned.
@@ -105,7 +105,7 @@ func TestIntegrityMACChange(t *testing.T) {
 	group, _ := net.ParseMAC("03:00:5e:00:00:01")
 	podRaw(t, pod, "eth0", ipv4UDPFrame(group, hostMACOf(m, idx), v4, testenv.NodeIP4))
 	waitCounter(t, m, idx, maps.ReasonDropSpoofMAC, before+1)
-	if li, _ := m.LookupLink(idx); net.HardwareAddr(li.Mac[:]).String() != mine.String() {
+	if li, _ := m.Links().Lookup(idx); net.HardwareAddr(li.Mac[:]).String() != mine.String() {
 		t.Errorf("a group source MAC was learned: %v", net.HardwareAddr(li.Mac[:]))
 	}
 	if err := testenv.Ping(pod, testenv.NodeIP6, 2); err != nil {
@@ -175,7 +175,7 @@ func TestIntegrityMACChangeOneFamily(t *testing.T) {
 			if err := testenv.Ping(pod, c.nodeIP, 2); err != nil {
 				t.Errorf("retuned pod to the node: %v", err)
 			}
-			if li, err := m.LookupLink(idx); err != nil || net.HardwareAddr(li.Mac[:]).String() != newMAC.String() {
+			if li, err := m.Links().Lookup(idx); err != nil || net.HardwareAddr(li.Mac[:]).String() != newMAC.String() {
 				t.Errorf("cni_links entry of %s: %v (err %v), want the pod's MAC %s", hostIf, net.HardwareAddr(li.Mac[:]), err, newMAC)
 			}
 			if err := e.CheckList(list, rt); err != nil {

@@ -128,7 +128,7 @@ func TestIntegrityAddressOwner(t *testing.T) {
 		first := e.AddAttachment(e.NewPod(), "first") // creates the maps
 		e.MustDel(first.Pod, "first")
 		m := e.Maps()
-		if err := m.PutEndpoint(net.ParseIP("10.250.0.5"), maps.NewEndpointInfo(1<<30, nil, nil)); err != nil {
+		if err := testenv.PutEndpoint(m, net.ParseIP("10.250.0.5"), maps.NewEndpointInfo(1<<30, nil, nil)); err != nil {
 			t.Fatal(err)
 		}
 		p := e.AddAttachment(e.NewPod(), "second")
@@ -139,14 +139,14 @@ func TestIntegrityAddressOwner(t *testing.T) {
 		// netns are handed out in order): replaced by the new pod's entry,
 		// not kept with its stale MAC and flags.
 		next := p.Ifindex + 1
-		if err := m.PutEndpoint(net.ParseIP("10.250.0.5"), maps.NewEndpointInfo(next, net.HardwareAddr{2, 0, 0, 0, 0, 1}, nil, maps.EndpointFlagHostPort)); err != nil {
+		if err := testenv.PutEndpoint(m, net.ParseIP("10.250.0.5"), maps.NewEndpointInfo(next, net.HardwareAddr{2, 0, 0, 0, 0, 1}, nil, maps.EndpointFlagHostPort)); err != nil {
 			t.Fatal(err)
 		}
 		p = e.AddAttachment(e.NewPod(), "third")
 		if p.Ifindex != next {
 			t.Fatalf("the third veth got ifindex %d, not the %d this case needs", p.Ifindex, next)
 		}
-		ep, err := m.LookupEndpoint(p.IPs[0])
+		ep, err := m.Endpoints().Lookup(p.IPs[0])
 		mac := podMACOf(t, p.Pod, "eth0")
 		if err != nil || ep.Flags != 0 || net.HardwareAddr(ep.Mac[:]).String() != mac.String() {
 			t.Errorf("entry of %s: %+v (%v), want the new pod's MAC %s and no flags", p.IPs[0], ep, err, mac)

@@ -293,7 +293,7 @@ func TestLifecycleConcurrent(t *testing.T) {
 			seen[ip.String()] = ids[i]
 		}
 	}
-	if eps, err := e.Maps().ListEndpoints(); err != nil || len(eps) != 2*n {
+	if eps, err := e.Maps().Endpoints().List(); err != nil || len(eps) != 2*n {
 		t.Errorf("endpoints map has %d entries (err %v), want %d", len(eps), err, 2*n)
 	}
 	b4, b6 := testenv.PodIPs(t, results[n-1])
@@ -438,7 +438,7 @@ func TestDatapathDelUnderTraffic(t *testing.T) {
 		// Wait until every kind of traffic is seen on the pod's veth.
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			cs, _ := m.Counters(idx)
+			cs, _ := m.Stats().Counters(idx)
 			if cs[maps.CounterKey{Dir: maps.DirEgress, Reason: maps.ReasonForward}].Packets > 0 &&
 				cs[maps.CounterKey{Dir: maps.DirIngress, Reason: maps.ReasonForward}].Packets > 0 &&
 				cs[maps.CounterKey{Dir: maps.DirIngress, Reason: maps.ReasonRedirect}].Packets > 0 {
@@ -457,7 +457,7 @@ func TestDatapathDelUnderTraffic(t *testing.T) {
 		if err != nil {
 			t.Fatalf("DEL %s under traffic: %v", id, err)
 		}
-		all, _ := m.AllCounters()
+		all, _ := m.Stats().All()
 		if cs, ok := all[uint32(idx)]; ok {
 			var parts []string
 			for k, c := range cs {

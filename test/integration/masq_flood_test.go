@@ -43,7 +43,7 @@ func TestMasqPortFlood(t *testing.T) {
 	serve(t, lab.out, 53, "dns")
 	server := hp(outsideIP, 53)
 	m := a.Maps()
-	cfg, err := m.MasqConfig()
+	cfg, err := m.Masq().Config()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestMasqPortFlood(t *testing.T) {
 				return
 			case <-time.After(200 * time.Millisecond):
 			}
-			sh, _ := m.ListMasqShares()
+			sh, _ := m.Masq().ListShares()
 			for _, s := range sh {
 				if s.Ifindex == floodIdx && s.Destination.Port() == 53 && int64(s.Ports) > most.Load() {
 					most.Store(int64(s.Ports))
@@ -134,7 +134,7 @@ func TestMasqPortFlood(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
-	st, err := m.MasqStats()
+	st, err := m.Masq().Stats()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestMasqPortFlood(t *testing.T) {
 
 // countPodSNAT counts the masqueraded flows of the pod behind ifindex.
 func countPodSNAT(m *maps.Maps, ifindex int) (int, error) {
-	fl, err := m.ListSNAT()
+	fl, err := m.Masq().ListSNAT()
 	if err != nil {
 		return 0, err
 	}

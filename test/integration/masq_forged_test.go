@@ -225,7 +225,7 @@ func TestMasqForgedRSTs(t *testing.T) {
 			// closes the flow.
 			sendFrames(t, lab.out, "br0", [][]byte{tcpFrame(brMAC, upMAC, c.srv, c.port, c.node, seen.Port, end+5, 0, tcpRST, 0)})
 			time.Sleep(100 * time.Millisecond)
-			flows, err := a.Maps().ListSNAT()
+			flows, err := a.Maps().Masq().ListSNAT()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -255,7 +255,7 @@ func TestMasqForgedRSTs(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), "refused") {
 				t.Fatalf("dial a closed port of the server: %v, want connection refused", err)
 			}
-			flows, err = a.Maps().ListSNAT()
+			flows, err = a.Maps().Masq().ListSNAT()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -370,7 +370,7 @@ func TestMasqBlindRSTSpray(t *testing.T) {
 			}
 			sendFrames(t, lab.out, "br0", spray)
 			time.Sleep(200 * time.Millisecond)
-			flows, err := a.Maps().ListSNAT()
+			flows, err := a.Maps().Masq().ListSNAT()
 			if err != nil {
 				t.Fatal(err)
 			}

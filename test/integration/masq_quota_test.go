@@ -30,7 +30,7 @@ import (
 // podFlows is what cni_masq_pods holds for the pod with address ip.
 func podFlows(t *testing.T, a *testenv.Env, ip net.IP) maps.MasqPodFlows {
 	t.Helper()
-	eps, err := a.Maps().ListEndpoints()
+	eps, err := a.Maps().Endpoints().List()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +40,7 @@ func podFlows(t *testing.T, a *testenv.Env, ip net.IP) maps.MasqPodFlows {
 			idx = int(e.Info.Ifindex)
 		}
 	}
-	pods, err := a.Maps().ListMasqPods()
+	pods, err := a.Maps().Masq().ListPods()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestMasqOutsideFloodKeepsOthers(t *testing.T) {
 			}
 		}()
 	}
-	q, err := a.Maps().MasqQuota()
+	q, err := a.Maps().Masq().Quota()
 	if err != nil || q.PodMax == 0 {
 		t.Fatalf("cni_masq_quota: %+v, %v; want it written when the maps were pinned", q, err)
 	}
@@ -154,7 +154,7 @@ func TestMasqOutsideFloodKeepsOthers(t *testing.T) {
 				}
 				time.Sleep(2 * time.Second)
 				after := podFlows(t, a, c.e)
-				flows, _ := a.Maps().ListSNAT()
+				flows, _ := a.Maps().Masq().ListSNAT()
 				t.Logf("%d datagrams: %d masqueraded flows on the node; pod e holds %d flows (before: %d), %d refused for its quota",
 					n, len(flows), after.Flows, before.Flows, after.Drops-before.Drops)
 				if after.Flows > int(q.PodMax) {
@@ -233,7 +233,7 @@ func TestMasqFloodTwoPodsReserve(t *testing.T) {
 			}()
 		}
 	}
-	q, err := a.Maps().MasqQuota()
+	q, err := a.Maps().Masq().Quota()
 	if err != nil || q.PodMax == 0 {
 		t.Fatalf("cni_masq_quota: %+v, %v", q, err)
 	}
@@ -259,7 +259,7 @@ func TestMasqFloodTwoPodsReserve(t *testing.T) {
 				}
 			}
 			time.Sleep(time.Second)
-			pods, err := a.Maps().ListMasqPods()
+			pods, err := a.Maps().Masq().ListPods()
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -331,7 +331,7 @@ func TestMasqQuotaAgentKilled(t *testing.T) {
 			}
 		}()
 	}
-	q, err := a.Maps().MasqQuota()
+	q, err := a.Maps().Masq().Quota()
 	if err != nil || q.PodMax == 0 {
 		t.Fatalf("cni_masq_quota: %+v, %v", q, err)
 	}
@@ -362,7 +362,7 @@ func TestMasqQuotaAgentKilled(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 			}
 			time.Sleep(time.Second)
-			if got, err := a.Maps().MasqQuota(); err != nil || got != q {
+			if got, err := a.Maps().Masq().Quota(); err != nil || got != q {
 				t.Errorf("cni_masq_quota after the agent's restart: %+v, %v; want %+v", got, err, q)
 			}
 			if got := podFlows(t, a, c.e); got.Flows > int(q.PodMax) || got.Flows == 0 {
@@ -381,7 +381,7 @@ func TestMasqQuotaAgentKilled(t *testing.T) {
 	if err := a.Del(e, "e", "eth0"); err != nil {
 		t.Fatal(err)
 	}
-	pods, err := a.Maps().ListMasqPods()
+	pods, err := a.Maps().Masq().ListPods()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +428,7 @@ func TestMasqQuotaUpgradeWithinLayout(t *testing.T) {
 		t.Errorf("x's host veth stays after this build's DEL")
 	}
 	w4, _ := resultIPs(a.Add(w, "w"))
-	q, err := a.Maps().MasqQuota()
+	q, err := a.Maps().Masq().Quota()
 	if err != nil || q.PodMax == 0 {
 		t.Fatalf("cni_masq_quota after this build's first ADD: %+v, %v", q, err)
 	}

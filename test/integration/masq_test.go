@@ -416,17 +416,17 @@ func TestMasq(t *testing.T) {
 	})
 	t.Run("del", func(t *testing.T) {
 		m := a.Maps()
-		n, err := m.CountSNATOfIP(a1)
+		n, err := m.Masq().CountSNATOfIP(a1)
 		if err != nil || n == 0 {
 			t.Fatalf("before DEL: %d entries of %s (%v), want some", n, a1, err)
 		}
 		if err := a.Del(pa1, "a1", "eth0"); err != nil {
 			t.Fatal(err)
 		}
-		if n, err := m.CountSNATOfIP(a1); err != nil || n != 0 {
+		if n, err := m.Masq().CountSNATOfIP(a1); err != nil || n != 0 {
 			t.Fatalf("after DEL: %d entries of %s left (%v)", n, a1, err)
 		}
-		if n, _ := m.CountSNATOfIP(a2); n == 0 {
+		if n, _ := m.Masq().CountSNATOfIP(a2); n == 0 {
 			t.Fatalf("DEL of a1 removed a2's entries too")
 		}
 		// a2 still leaves masqueraded.
@@ -449,29 +449,29 @@ func TestMasqCheck(t *testing.T) {
 	}
 	m := e.Maps()
 	ip := v4Of(t, r)
-	ep, err := m.LookupEndpoint(ip)
+	ep, err := m.Endpoints().Lookup(ip)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cleared := ep
 	cleared.Flags &^= maps.EndpointFlagMasq
-	if err := m.PutEndpoint(ip, cleared); err != nil {
+	if err := testenv.PutEndpoint(m, ip, cleared); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Check(p, "m", "eth0"); err == nil || !strings.Contains(err.Error(), "ipMasq flag") {
 		t.Errorf("CHECK with the ipMasq flag cleared: %v, want an error naming the flag", err)
 	}
-	if err := m.PutEndpoint(ip, ep); err != nil {
+	if err := testenv.PutEndpoint(m, ip, ep); err != nil {
 		t.Fatal(err)
 	}
 	sub := netip.MustParsePrefix(testenv.PodSubnet4)
-	if err := m.DeleteClusterCIDR(sub); err != nil {
+	if err := m.Masq().DeleteClusterCIDR(sub); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Check(p, "m", "eth0"); err == nil || !strings.Contains(err.Error(), "cni_cluster_cidrs lacks "+testenv.PodSubnet4) {
 		t.Errorf("CHECK with the pod's subnet gone from the cluster CIDRs: %v, want an error naming it", err)
 	}
-	if err := m.PutClusterCIDR(sub); err != nil {
+	if err := m.Masq().PutClusterCIDR(sub); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Check(p, "m", "eth0"); err != nil {

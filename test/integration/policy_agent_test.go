@@ -139,7 +139,7 @@ func TestAgentPolicyNewPodAndChange(t *testing.T) {
 		k8sPod("server2", map[string]string{"app": "server"}),
 		serverIngressFrom("client"))
 	m := h.Maps()
-	gw := &gatedWriter{PolicyWriter: m.PolicyWriter(), hold: map[uint32]chan struct{}{}, applied: map[uint32]time.Time{}}
+	gw := &gatedWriter{PolicyWriter: m.Policy().Writer(), hold: map[uint32]chan struct{}{}, applied: map[uint32]time.Time{}}
 	nodeNS, err := netns.GetFromPath(h.Node.Path())
 	if err != nil {
 		t.Fatal(err)
@@ -188,7 +188,7 @@ func TestAgentPolicyNewPodAndChange(t *testing.T) {
 	_, cIdx := h.HostVeth("client")
 	waitUntil(t, "client and other programmed (open)", func() bool {
 		_, a := gw.appliedAt(uint32(cIdx))
-		st, ok, _ := m.PolicyStateOf(cIdx)
+		st, ok, _ := m.Policy().StateOf(cIdx)
 		return a && ok && st.Mode[0] == maps.PolicyOpen
 	})
 
@@ -208,7 +208,7 @@ func TestAgentPolicyNewPodAndChange(t *testing.T) {
 	}
 	serve(t, server, 8080, "server")
 	serve(t, server, 9090, "server")
-	if st, ok, _ := m.PolicyStateOf(sIdx); !ok || st.Mode[0] != maps.PolicyPending || st.Mode[1] != maps.PolicyPending {
+	if st, ok, _ := m.Policy().StateOf(sIdx); !ok || st.Mode[0] != maps.PolicyPending || st.Mode[1] != maps.PolicyPending {
 		t.Fatalf("server's policy state after ADD: %+v (ok %v), want pending both ways", st, ok)
 	}
 
@@ -381,7 +381,7 @@ func testRestart(t *testing.T, stopOld func(), start func(policy.Writer, chan st
 		}
 	}()
 	listed := make(chan struct{})
-	w := &gatedWriter{PolicyWriter: m.PolicyWriter(), hold: map[uint32]chan struct{}{}, applied: map[uint32]time.Time{}}
+	w := &gatedWriter{PolicyWriter: m.Policy().Writer(), hold: map[uint32]chan struct{}{}, applied: map[uint32]time.Time{}}
 	stopNew := start(w, listed)
 	defer stopNew()
 	time.Sleep(time.Second) // no agent, then an agent that has not listed

@@ -135,7 +135,7 @@ func TestPolicyAttack(t *testing.T) {
 		if _, err := p.AddV("1.1.0", p.a, "a", "eth0"); err == nil {
 			t.Fatal("a second ADD of a live pod succeeded")
 		}
-		st, ok, err := p.m.PolicyStateOf(int(p.idx["a"]))
+		st, ok, err := p.m.Policy().StateOf(int(p.idx["a"]))
 		if err != nil || !ok || st.Mode != [2]uint8{maps.PolicyOpen, maps.PolicyOpen} {
 			t.Errorf("a's state after a refused ADD: %+v %v %v, want open both ways", st, ok, err)
 		}
@@ -451,7 +451,7 @@ func TestPolicyAttack(t *testing.T) {
 // flowsOf lists the policy flow entries of pod's interface.
 func flowsOf(t *testing.T, p *polLab, pod string) []maps.PolicyFlow {
 	t.Helper()
-	fl, err := p.m.ListPolicyFlows()
+	fl, err := p.m.Policy().ListFlows()
 	must(t, err)
 	var out []maps.PolicyFlow
 	for _, f := range fl {

@@ -121,7 +121,7 @@ func TestPolicyEgressGroupToNode(t *testing.T) {
 		}
 	}
 	t.Run("pending", check)
-	w := h.Maps().PolicyWriter()
+	w := h.Maps().Policy().Writer()
 	if err := w.Apply(uint32(idx), policy.Endpoint{Egress: isolated()}); err != nil {
 		t.Fatal(err)
 	}

@@ -136,7 +136,7 @@ func TestPolicyFlowTablesLifecycle(t *testing.T) {
 	m := h.Maps()
 	has := func(i int) bool {
 		t.Helper()
-		ids, err := m.PolicyFlowTables()
+		ids, err := m.Policy().FlowTables()
 		must(t, err)
 		for _, x := range ids {
 			if x == i {
@@ -163,7 +163,7 @@ func TestPolicyFlowTablesLifecycle(t *testing.T) {
 	}
 
 	const gone = 999999 // no such link
-	must(t, m.AddPolicyFlowTables(gone))
+	must(t, m.Policy().AddFlowTables(gone))
 	confDir := h.WriteConfDir()
 	if out, err := h.AgentCmd(append([]string{"reconcile"}, h.AgentArgs(confDir)...)...); err != nil {
 		t.Fatalf("reconcile: %v\n%s", err, out)
@@ -191,7 +191,7 @@ func TestPolicyFlowTablesRestored(t *testing.T) {
 		reach(t, p.a, "tcp", remoteIP[fam], 7000, "remote")
 	}
 	idx := int(p.idx["a"])
-	must(t, p.m.DeletePolicyFlowTables(idx))
+	must(t, p.m.Policy().DeleteFlowTables(idx))
 	for _, fam := range []int{4, 6} {
 		blocked(t, p.a, "tcp", remoteIP[fam], 7000) // the SYN passes, the SYN-ACK is denied
 	}
@@ -199,7 +199,7 @@ func TestPolicyFlowTablesRestored(t *testing.T) {
 	if o, err := p.AgentCmd(append([]string{"reconcile"}, p.AgentArgs(confDir)...)...); err != nil {
 		t.Fatalf("reconcile: %v\n%s", err, o)
 	}
-	ids, err := p.m.PolicyFlowTables()
+	ids, err := p.m.Policy().FlowTables()
 	must(t, err)
 	if !slices.Contains(ids, idx) {
 		t.Fatalf("reconcile did not give ifindex %d its flow tables back (tables of %v)", idx, ids)

@@ -26,7 +26,7 @@ func TestPolicyFullTrieFailsOpen(t *testing.T) {
 	_, ia := h.HostVeth("a")
 	_, ic := h.HostVeth("c")
 	serve(t, a, 8080, "a")
-	w := h.Maps().PolicyWriter()
+	w := h.Maps().Policy().Writer()
 	for _, idx := range []int{ia, ic} {
 		if err := w.Apply(uint32(idx), policy.Endpoint{}); err != nil {
 			t.Fatal(err)

@@ -68,11 +68,11 @@ func TestPolicyEgressLeavingByNonUplink(t *testing.T) {
 	}))
 	serve(t, far, 7000, "far")
 	// Open, the pod reaches it (the path works).
-	if err := h.Maps().PolicyWriter().Apply(uint32(idx), policy.Endpoint{}); err != nil {
+	if err := h.Maps().Policy().Writer().Apply(uint32(idx), policy.Endpoint{}); err != nil {
 		t.Fatal(err)
 	}
 	reach(t, a, "tcp", farIP, 7000, "far")
-	if err := h.Maps().PolicyWriter().Apply(uint32(idx), policy.Endpoint{Egress: isolated()}); err != nil {
+	if err := h.Maps().Policy().Writer().Apply(uint32(idx), policy.Endpoint{Egress: isolated()}); err != nil {
 		t.Fatal(err)
 	}
 	blocked(t, a, "tcp", farIP, 7000)

@@ -92,7 +92,7 @@ func TestPolicyMasqueradedServiceAllowed(t *testing.T) {
 	// masqueraded, and their state follows both directions as any flow's:
 	// a TCP one is assured (the client answered b's SYN-ACK), so it keeps
 	// the established timeout, not the opening one.
-	flows, err := p.m.ListPolicyFlows()
+	flows, err := p.m.Policy().ListFlows()
 	if err != nil {
 		t.Fatal(err)
 	}

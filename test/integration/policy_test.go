@@ -66,7 +66,7 @@ func newPolLab(t *testing.T, masq bool) *polLab {
 		proxyModes[0].install(t, h.Node, fam, cluster[fam], []net.IP{uplinkIP[fam], nodeIP[fam]}, l.services(fam))
 	}
 	m := h.Maps()
-	p := &polLab{svcLab: l, w: m.PolicyWriter(), m: m, idx: map[string]uint32{}}
+	p := &polLab{svcLab: l, w: m.Policy().Writer(), m: m, idx: map[string]uint32{}}
 	for _, id := range []string{"a", "b", "h"} {
 		_, idx := h.HostVeth(id)
 		p.idx[id] = uint32(idx)
@@ -428,10 +428,10 @@ func TestPolicy(t *testing.T) {
 	must(t, p.w.Remove(p.idx["a"]))
 	p.w.Flush()
 	p.teardown(t)
-	if st, err := p.m.PolicyStates(); err != nil || len(st) != 0 {
+	if st, err := p.m.Policy().States(); err != nil || len(st) != 0 {
 		t.Errorf("policy states left after DEL: %v %v", st, err)
 	}
-	if fl, err := p.m.ListPolicyFlows(); err != nil || len(fl) != 0 {
+	if fl, err := p.m.Policy().ListFlows(); err != nil || len(fl) != 0 {
 		t.Errorf("policy flows left after DEL: %d %v", len(fl), err)
 	}
 	if n, err := p.w.Sweep(); err != nil || n != 0 {
@@ -456,7 +456,7 @@ func TestPolicyKilledADD(t *testing.T) {
 		t.Fatalf("ADD with EBPF_CNI_CRASH_AT=endpoints: %v, want killed by SIGKILL; stdout %s", err, out)
 	}
 	m := h.Maps()
-	st, err := m.PolicyStates()
+	st, err := m.Policy().States()
 	must(t, err)
 	if len(st) != 1 {
 		t.Fatalf("policy states after the killed ADD: %+v, want its pending one", st)
@@ -467,7 +467,7 @@ func TestPolicyKilledADD(t *testing.T) {
 		}
 	}
 	must(t, h.GC())
-	if st, err := m.PolicyStates(); err != nil || len(st) != 0 {
+	if st, err := m.Policy().States(); err != nil || len(st) != 0 {
 		t.Errorf("policy states after GC: %+v, %v", st, err)
 	}
 	h.AssertClean()

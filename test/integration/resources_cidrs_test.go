@@ -35,7 +35,7 @@ func cidrs(first, n int) []string {
 
 func clusterCIDRSet(t *testing.T, m *maps.Maps) map[string]bool {
 	t.Helper()
-	ps, err := m.ClusterCIDRs()
+	ps, err := m.Masq().ClusterCIDRs()
 	must(t, err)
 	out := map[string]bool{}
 	for _, p := range ps {
@@ -89,7 +89,7 @@ func TestResourcesClusterCIDRs(t *testing.T) {
 	if len(have) != 256 || have["192.168.77.0/24"] {
 		t.Errorf("after the refused ADD: %d cluster CIDRs (192.168.77.0/24 there: %v), want the 256 of before", len(have), have["192.168.77.0/24"])
 	}
-	users, err := m().ClusterCIDRUsers()
+	users, err := m().Masq().ClusterCIDRUsers()
 	must(t, err)
 	if users[netip.MustParsePrefix("10.0.1.0/24")] != 1 {
 		t.Errorf("10.0.1.0/24 has %d users after the refused ADD, want 1 (p0)", users[netip.MustParsePrefix("10.0.1.0/24")])
@@ -178,7 +178,7 @@ func TestResourcesClusterCIDRsConcurrent(t *testing.T) {
 				out, err := e.RunPlugin(testenv.BinDir+"/ebpf-cni", pluginEnv("ADD", id, pod, "eth0"), conf(g))
 				if err != nil {
 					fail("%s: ADD: %v: %s", id, err, out)
-				} else if ps, err := m.ClusterCIDRs(); err != nil {
+				} else if ps, err := m.Masq().ClusterCIDRs(); err != nil {
 					fail("%s: read cni_cluster_cidrs: %v", id, err)
 				} else {
 					for _, c := range groups[g] {

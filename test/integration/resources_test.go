@@ -183,7 +183,7 @@ func TestResourcesMapsFull(t *testing.T) {
 	// entry goes with the refused ADD.
 	m := e.Maps()
 	for _, ip := range []string{"10.98.0.1", "fd00:98::1"} {
-		must(t, m.InsertEndpoint(net.ParseIP(ip), maps.NewEndpointInfo(1, nil, nil), func(int) bool { return true }))
+		must(t, m.Endpoints().Insert(net.ParseIP(ip), maps.NewEndpointInfo(1, nil, nil), func(int) bool { return true }))
 	}
 	_, err = e.AddV("1.1.0", c, "c", "eth0")
 	libcniErr(t, "ADD, cni_endpoints full", err, 11, "cni_endpoints holds at most 4 entries (its size follows maxPods)")
@@ -192,7 +192,7 @@ func TestResourcesMapsFull(t *testing.T) {
 		t.Errorf("%d entries in cni_links, want a's alone", n)
 	}
 	for _, ip := range []string{"10.98.0.1", "fd00:98::1"} {
-		must(t, m.DeleteEndpoint(net.ParseIP(ip), 1))
+		must(t, m.Endpoints().Delete(net.ParseIP(ip), 1))
 	}
 
 	// The limit and hostPort tables full (entries of interfaces that do
@@ -239,17 +239,9 @@ func TestResourcesMapsFull(t *testing.T) {
 
 func countLinks(t *testing.T, m *maps.Maps) int {
 	t.Helper()
-	n := 0
-	var (
-		k uint32
-		v maps.LinkInfo
-	)
-	it := m.Links.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	must(t, it.Err())
-	return n
+	links, err := m.Links().Ifindexes()
+	must(t, err)
+	return len(links)
 }
 
 func mustLimits(t *testing.T, m *maps.Maps) []maps.LimitEntry {

@@ -113,7 +113,7 @@ func (l *poolLab) slot(t *testing.T, idx int) uint32 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eps, err := l.m.ListEndpoints()
+	eps, err := l.m.Endpoints().List()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,7 @@ func TestTunnelPolicyEgress(t *testing.T) {
 	serve(t, a, 7002, "a")
 	serve(t, b, 7001, "b")
 	serve(t, c, 7001, "c")
-	pw := n1.Maps().PolicyWriter()
+	pw := n1.Maps().Policy().Writer()
 	// kube-proxy on node 1: a ClusterIP for each of b and c. A ClusterIP
 	// is routed by the default route (the uplink): from_container defers
 	// a denial of it, the stack DNATs it into the tunnel.
@@ -198,13 +198,13 @@ func TestPolicyEgressLeavingByNonUplink6(t *testing.T) {
 		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Gw: gw})
 	}))
 	serve(t, far, 7000, "far")
-	if err := h.Maps().PolicyWriter().Apply(uint32(idx), policy.Endpoint{}); err != nil {
+	if err := h.Maps().Policy().Writer().Apply(uint32(idx), policy.Endpoint{}); err != nil {
 		t.Fatal(err)
 	}
 	reach(t, a, "tcp", farIP, 7000, "far")
 	reach(t, a, "udp", farIP, 7000, "far")
 	before := counter(t, h.Maps(), idx, maps.DirEgress, maps.ReasonDropPolicy).Packets
-	if err := h.Maps().PolicyWriter().Apply(uint32(idx), policy.Endpoint{Egress: isolated()}); err != nil {
+	if err := h.Maps().Policy().Writer().Apply(uint32(idx), policy.Endpoint{Egress: isolated()}); err != nil {
 		t.Fatal(err)
 	}
 	blocked(t, a, "tcp", farIP, 7000)
@@ -218,7 +218,7 @@ func TestPolicyEgressLeavingByNonUplink6(t *testing.T) {
 	}
 	// Allowed again, to the far host only: reached; the pod's address is
 	// its own (no masquerade on this link).
-	if err := h.Maps().PolicyWriter().Apply(uint32(idx), policy.Endpoint{Egress: isolated(allowAll(prefix(farIP.String() + "/128")))}); err != nil {
+	if err := h.Maps().Policy().Writer().Apply(uint32(idx), policy.Endpoint{Egress: isolated(allowAll(prefix(farIP.String() + "/128")))}); err != nil {
 		t.Fatal(err)
 	}
 	reach(t, a, "tcp", farIP, 7000, "far")

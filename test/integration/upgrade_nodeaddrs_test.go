@@ -200,7 +200,7 @@ func upgradeNodeAddresses(t *testing.T, mode string) {
 		ag.Stop()
 	}
 	// The agent's cluster CIDRs outlive it (the node's, until uninstall).
-	_, err := e.Maps().ReleaseClusterCIDRs(datapath.AgentCIDROwner)
+	_, err := e.Maps().Masq().ReleaseClusterCIDRs(datapath.AgentCIDROwner)
 	must(t, err)
 	if mode == "plugin first" {
 		e.MustDel(q, "q")

@@ -121,7 +121,7 @@ func TestUpgradeFromLayout1(t *testing.T) {
 	if c := counter(t, m, idxA, maps.DirEgress, maps.ReasonRedirect); c.Packets < 1400 {
 		t.Errorf("a's redirect counter in the new maps: %d packets, want about its old count and the pings since (1500+)", c.Packets)
 	}
-	users, err := m.ClusterCIDRUsers()
+	users, err := m.Masq().ClusterCIDRUsers()
 	must(t, err)
 	if n := users[netip.MustParsePrefix(testenv.PodSubnet4)]; n != 2 {
 		t.Errorf("%s has %d users, want 2: the old build's pods (inherited) and d", testenv.PodSubnet4, n)
@@ -318,7 +318,7 @@ func TestUpgradeKilledMidMigration(t *testing.T) {
 	}
 	// upgrade finished the migration: f's entries were copied before its
 	// link moved to this build's programs.
-	if ep, err := m.LookupEndpoint(f4); err != nil {
+	if ep, err := m.Endpoints().Lookup(f4); err != nil {
 		t.Errorf("f (attached by the old build after the last kill) has no endpoint in the layout 2 maps: %v", err)
 	} else if _, idxF := e.HostVeth("f"); int(ep.Ifindex) != idxF {
 		t.Errorf("f's endpoint in the layout 2 maps: ifindex %d, its host veth %d", ep.Ifindex, idxF)

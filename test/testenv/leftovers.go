@@ -51,17 +51,15 @@ func (e *Env) Leftovers() []string {
 		}
 	}
 	if m, err := datapath.OpenMaps(e.PinDir); err == nil {
-		eps, _ := m.ListEndpoints()
+		eps, _ := m.Endpoints().List()
 		for _, ep := range eps {
 			out = append(out, "endpoint map entry "+ep.IP.String())
 		}
-		var k uint32
-		var v maps.LinkInfo
-		it := m.Links.Iterate()
-		for it.Next(&k, &v) {
+		links, _ := m.Links().Ifindexes()
+		for _, k := range links {
 			out = append(out, fmt.Sprintf("links map entry %d", k))
 		}
-		all, _ := m.AllCounters()
+		all, _ := m.Stats().All()
 		for idx := range all {
 			out = append(out, fmt.Sprintf("counters of ifindex %d", idx))
 		}
@@ -69,11 +67,11 @@ func (e *Env) Leftovers() []string {
 		for _, l := range lims {
 			out = append(out, fmt.Sprintf("%s limit of ifindex %d", l.Dir, l.Ifindex))
 		}
-		cidrs, _ := m.ClusterCIDRs()
+		cidrs, _ := m.Masq().ClusterCIDRs()
 		for _, c := range cidrs {
 			out = append(out, "cluster CIDR "+c.String())
 		}
-		users, _ := m.ClusterCIDRUsers()
+		users, _ := m.Masq().ClusterCIDRUsers()
 		for c, n := range users {
 			out = append(out, fmt.Sprintf("%d users of cluster CIDR %s", n, c))
 		}
@@ -252,21 +250,21 @@ func (e *Env) Traces(a *Attachment) []string {
 	}
 	m := e.Maps()
 	for _, ip := range a.IPs {
-		if _, err := m.LookupEndpoint(ip); err == nil {
+		if _, err := m.Endpoints().Lookup(ip); err == nil {
 			out = append(out, "endpoint map entry "+ip.String())
 		}
 	}
 	if a.Ifindex != 0 {
-		eps, _ := m.ListEndpoints()
+		eps, _ := m.Endpoints().List()
 		for _, ep := range eps {
 			if int(ep.Info.Ifindex) == a.Ifindex {
 				out = append(out, fmt.Sprintf("endpoint map entry %s -> ifindex %d", ep.IP, a.Ifindex))
 			}
 		}
-		if _, err := m.LookupLink(a.Ifindex); err == nil {
+		if _, err := m.Links().Lookup(a.Ifindex); err == nil {
 			out = append(out, fmt.Sprintf("links map entry %d", a.Ifindex))
 		}
-		if c, _ := m.Counters(a.Ifindex); len(c) > 0 {
+		if c, _ := m.Stats().Counters(a.Ifindex); len(c) > 0 {
 			out = append(out, fmt.Sprintf("counters of ifindex %d: %v", a.Ifindex, c))
 		}
 	}
@@ -316,7 +314,7 @@ func (e *Env) AssertNothingOf(containerID string) {
 	}
 	if m, err := datapath.OpenMaps(e.PinDir); err == nil {
 		defer m.Close()
-		if eps, _ := m.ListEndpoints(); len(eps) != 0 {
+		if eps, _ := m.Endpoints().List(); len(eps) != 0 {
 			e.T.Errorf("endpoint entries left: %+v", eps)
 		}
 	}
@@ -344,7 +342,7 @@ func (e *Env) AssertNothingOfPod(containerID string, endpoints int) {
 	}
 	if m, err := datapath.OpenMaps(e.PinDir); err == nil {
 		defer m.Close()
-		if eps, _ := m.ListEndpoints(); len(eps) != endpoints {
+		if eps, _ := m.Endpoints().List(); len(eps) != endpoints {
 			e.T.Errorf("%d endpoint entries, want the other pods' %d: %+v", len(eps), endpoints, eps)
 		}
 	}

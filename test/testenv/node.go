@@ -44,7 +44,7 @@ func (e *Env) AssertOwns(t *testing.T, a *Attachment) {
 	t.Helper()
 	m := e.Maps()
 	for _, ip := range a.IPs {
-		ep, err := m.LookupEndpoint(ip)
+		ep, err := m.Endpoints().Lookup(ip)
 		if err != nil || int(ep.Ifindex) != a.Ifindex {
 			t.Errorf("cni_endpoints entry of %s: %+v (err %v), want ifindex %d (%s)", ip, ep, err, a.Ifindex, a.ID)
 		}

@@ -56,7 +56,7 @@ func ReadBandwidth(src Source) (Bandwidth, error) {
 			r.Queue = "htb"
 		}
 		r.Container, r.Pod = names.Pod(idx)
-		cs, err := m.Counters(idx)
+		cs, err := m.Stats().Counters(idx)
 		if err != nil {
 			return nil, err
 		}

@@ -38,11 +38,11 @@ func ReadEndpoints(src Source) (Endpoints, error) {
 		return nil, err
 	}
 	defer m.Close()
-	eps, err := m.ListEndpoints()
+	eps, err := m.Endpoints().List()
 	if err != nil {
 		return nil, fmt.Errorf("read endpoints: %w", err)
 	}
-	counters, err := m.AllCounters()
+	counters, err := m.Stats().All()
 	if err != nil {
 		return nil, fmt.Errorf("read counters: %w", err)
 	}

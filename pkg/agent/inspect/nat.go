@@ -78,15 +78,15 @@ func ReadNAT(src Source) (*NATDump, error) {
 		return nil, err
 	}
 	defer m.Close()
-	flows, err := m.ListSNAT()
+	flows, err := m.Masq().ListSNAT()
 	if err != nil {
 		return nil, fmt.Errorf("read snat: %w", err)
 	}
 	d := &NATDump{Flows: []NATRow{}, ClusterCIDRs: []string{}}
-	if d.Counters, err = m.MasqStats(); err != nil {
+	if d.Counters, err = m.Masq().Stats(); err != nil {
 		return nil, err
 	}
-	cidrs, err := m.ClusterCIDRs()
+	cidrs, err := m.Masq().ClusterCIDRs()
 	if err != nil {
 		return nil, err
 	}
@@ -94,7 +94,7 @@ func ReadNAT(src Source) (*NATDump, error) {
 		d.ClusterCIDRs = append(d.ClusterCIDRs, c.String())
 	}
 	sort.Strings(d.ClusterCIDRs)
-	cfg, err := m.MasqConfig()
+	cfg, err := m.Masq().Config()
 	if err != nil {
 		return nil, err
 	}
@@ -109,7 +109,7 @@ func ReadNAT(src Source) (*NATDump, error) {
 			State: f.State, ExpiresSecs: left.Round(time.Millisecond).Seconds(),
 		})
 	}
-	shares, err := m.ListMasqShares()
+	shares, err := m.Masq().ListShares()
 	if err != nil {
 		return nil, err
 	}
@@ -119,12 +119,12 @@ func ReadNAT(src Source) (*NATDump, error) {
 			Ifindex: sh.Ifindex, Interface: names.Interface(sh.Ifindex), Ports: sh.Ports})
 	}
 	sort.Slice(d.Shares, func(i, j int) bool { return d.Shares[i].Ports > d.Shares[j].Ports })
-	q, err := m.MasqQuota()
+	q, err := m.Masq().Quota()
 	if err != nil {
 		return nil, err
 	}
 	d.Quota = QuotaDump{Reserve: q.Reserve, Pool: q.Pool, PodMax: q.PodMax, Pods: []QuotaRow{}}
-	pods, err := m.ListMasqPods()
+	pods, err := m.Masq().ListPods()
 	if err != nil {
 		return nil, err
 	}

@@ -42,7 +42,7 @@ func ReadPolicy(src Source, statusDir string) (Policy, error) {
 		return nil, err
 	}
 	defer m.Close()
-	states, err := m.PolicyStates()
+	states, err := m.Policy().States()
 	if err != nil {
 		return nil, err
 	}
@@ -51,11 +51,11 @@ func ReadPolicy(src Source, statusDir string) (Policy, error) {
 	for _, s := range sts {
 		byIdx[s.Ifindex] = s
 	}
-	all, _ := m.AllCounters()
+	all, _ := m.Stats().All()
 	names := NewNames(src.StateDir)
 	rows := Policy{}
 	for idx := range states {
-		p, ok, err := m.ReadPolicy(idx)
+		p, ok, err := m.Policy().Read(idx)
 		if err != nil || !ok {
 			continue // gone since the list
 		}

@@ -29,7 +29,7 @@ func ReadStats(src Source) (Stats, error) {
 		return nil, err
 	}
 	defer m.Close()
-	all, err := m.AllCounters()
+	all, err := m.Stats().All()
 	if err != nil {
 		return nil, err
 	}

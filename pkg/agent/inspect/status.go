@@ -115,7 +115,7 @@ func nodeHookUsers(m *maps.Maps) (NodeHookUsers, error) {
 		return u, err
 	}
 	u.HostPorts = len(hps)
-	eps, err := m.ListEndpoints()
+	eps, err := m.Endpoints().List()
 	if err != nil {
 		return u, err
 	}
@@ -391,7 +391,7 @@ func humanBytes(b uint64) string {
 // masqPortStatus is nil when no ipMasq ADD configured the ports; the
 // warning is non-empty when they overlap the node's own.
 func masqPortStatus(m *maps.Maps) (*MasqPortStatus, string) {
-	p, err := m.MasqConfig()
+	p, err := m.Masq().Config()
 	if err != nil || len(p.Ranges) == 0 {
 		return nil, ""
 	}

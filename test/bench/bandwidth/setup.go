@@ -457,7 +457,7 @@ func (b *bench) limiterDrops(c *config) (uint64, error) {
 	if c.key == "ebpf" {
 		kinds = map[string]bool{"htb": true, "bfifo": true}
 		if b.maps != nil {
-			all, err := b.maps.AllCounters()
+			all, err := b.maps.Stats().All()
 			if err != nil {
 				return 0, err
 			}

@@ -400,7 +400,7 @@ func (b *Bench) flood(ctx context.Context) (agentPct, obsPct float64, sent, lost
 		hostMAC = net.HardwareAddr{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
 	}
 	frame := spoofedUDP(podMAC, hostMAC, net.ParseIP("10.247.9.9"), net.ParseIP("192.0.2.1"))
-	c0, err := m.EventCounters()
+	c0, err := m.Events().Counters()
 	if err != nil {
 		return
 	}
@@ -432,7 +432,7 @@ func (b *Bench) flood(ctx context.Context) (agentPct, obsPct float64, sent, lost
 	time.Sleep(200 * time.Millisecond) // the agent drains the ring
 	a1, _ := cpuTicks(b.agent.Pid())
 	o1, _ := cpuTicks(obs.Process.Pid)
-	c1, err := m.EventCounters()
+	c1, err := m.Events().Counters()
 	if err != nil {
 		return
 	}

@@ -181,7 +181,7 @@ func New(ctx context.Context, o *Options) (*Bench, error) {
 	if b.m, err = datapath.OpenMaps(b.pinDir); err != nil {
 		return b, err
 	}
-	b.w = b.m.PolicyWriter()
+	b.w = b.m.Policy().Writer()
 	return b, nil
 }
 
@@ -615,7 +615,7 @@ func (b *Bench) scale(ctx context.Context) error {
 	}
 	for _, idx := range local {
 		if idx >= 1_000_000 {
-			if err := b.m.SetPolicyPending(int(idx)); err != nil {
+			if err := b.m.Policy().SetPending(int(idx)); err != nil {
 				return err
 			}
 		}
