@@ -18,12 +18,11 @@ import (
 // whose writes wait for nothing, and writes the slot into the pod's
 // address entries, which the programs hold already (bpf/lib/stackflow.h).
 
-const (
-	nameSFPool  = "cni_sf_pool"  // slot-1 → table (ARRAY_OF_MAPS)
-	nameSFSlots = "cni_sf_slots" // host veth ifindex → slot
-
 // Slots count from 1 (0 stands for none in an address entry): slot n is
 // the pool's index n-1.
+var (
+	nameSFPool  = mapName(&specNames.CniSfPool)  // slot-1 → table (ARRAY_OF_MAPS)
+	nameSFSlots = mapName(&specNames.CniSfSlots) // host veth ifindex → slot
 )
 
 // sfSlotShift is EP_SF_SLOT_SHIFT of bpf/lib/types.h: the slot's place in
