@@ -46,3 +46,23 @@ func pauseFor(step, at, def string) (time.Duration, bool) {
 	}
 	return 0, false
 }
+
+// holdpoint holds the process at the step named by EBPF_CNI_HOLD_AT for as
+// long as the file EBPF_CNI_HOLD_FILE exists, after creating
+// EBPF_CNI_HOLD_FILE.reached: a test runs something while the process is
+// exactly there (a look made, its action not yet), then lets it go on.
+func holdpoint(step string) {
+	file := os.Getenv("EBPF_CNI_HOLD_FILE")
+	if os.Getenv("EBPF_CNI_HOLD_AT") != step || file == "" {
+		return
+	}
+	if f, err := os.Create(file + ".reached"); err == nil {
+		f.Close()
+	}
+	for {
+		if _, err := os.Stat(file); err != nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -189,19 +189,23 @@ func VethLinkPins(pinRoot string) []VethLinkPin {
 // the veth, and a look between the two took the live veth's pins for
 // orphans (TestHandOffSeenWhole).
 func OrphanVethLinkPins(pinRoot string) []VethLinkPin {
-	unlock, err := LockLinksIfPresent(pinRoot)
-	if err != nil {
-		return nil // the next look removes them
-	}
-	defer unlock()
-	var out []VethLinkPin
-	for _, p := range VethLinkPins(pinRoot) {
-		_, err := netlinksafe.LinkByName(p.HostIf)
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
-			out = append(out, p)
+	out := func() []VethLinkPin {
+		unlock, err := LockLinksIfPresent(pinRoot)
+		if err != nil {
+			return nil // the next look removes them
 		}
-	}
+		defer unlock()
+		var out []VethLinkPin
+		for _, p := range VethLinkPins(pinRoot) {
+			_, err := netlinksafe.LinkByName(p.HostIf)
+			var nf netlink.LinkNotFoundError
+			if errors.As(err, &nf) {
+				out = append(out, p)
+			}
+		}
+		return out
+	}()
+	holdpoint("orphan-pins") // between the look and the caller's removal
 	return out
 }
 
