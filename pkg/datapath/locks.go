@@ -26,7 +26,8 @@ import (
 //   - links: serialises what binds a host veth's name to its link pins:
 //     DEL's hand-off (pins and veth renamed), the agent pinning tcx links
 //     of a veth it found under that name, Upgrade, and the looks that pair
-//     pins with veths (OrphanVethLinkPins, endpoint.ListHandedOff).
+//     pins with veths and removes what they find (ForOrphanVethLinkPins,
+//     endpoint.ListHandedOff), and ADD's tcx attach and pinning.
 //   - uninstall: held exclusive by `ebpf-agent uninstall` while it runs
 //     (HoldUninstall). An ADD that has claimed its attachment refuses when
 //     it finds it held (Uninstalling); one that claimed before is found by

@@ -116,5 +116,10 @@ func TestGCOrphanPinsAgainstReAdd(t *testing.T) {
 		t.Errorf("the new pod after GC: %v", err)
 	}
 	e.MustDel(pod, "c")
+	// The first veth's map entries, which no record names, are the
+	// agent's reconcile's to remove (GC goes by records and pins).
+	if out, err := e.AgentCmd(append([]string{"reconcile"}, e.AgentArgs(e.WriteConfDir())...)...); err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, out)
+	}
 	e.AssertClean()
 }
