@@ -328,11 +328,75 @@ func (m *Maps) TraceEndpoints() (map[uint32]time.Time, error) {
 	return out, err
 }
 
+// UpdateEventSettings reads the configuration, lets f change it, and
+// writes it if f says it changed, under the map directory's lock: the
+// agent's EndTraces and the `ebpf-agent events` commands read and rewrite
+// the one cni_ev_config entry, and a write made from a stale read undid
+// the other's (a trace turned on, then off by the sweep that had read the
+// switch before: TestEventConfigWritersSerialised).
+func (m *Maps) UpdateEventSettings(f func(*EventSettings) (changed bool, err error)) error {
+	unlock, err := m.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	s, err := m.EventSettings()
+	if err != nil {
+		return err
+	}
+	if changed, err := f(&s); err != nil || !changed {
+		return err
+	}
+	return m.SetEventSettings(s)
+}
+
+// TraceUntil traces the endpoints (host veth ifindexes) until until (the
+// zero time: not any more), and sets the global switch to the latest trace
+// of the node (off when none is left: the programs skip the trace with the
+// one test they make for every event), under the map directory's lock (see
+// UpdateEventSettings).
+func (m *Maps) TraceUntil(ifindexes []uint32, until time.Time) error {
+	unlock, err := m.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	for _, idx := range ifindexes {
+		if err := m.SetTraceEvents(idx, until); err != nil {
+			return err
+		}
+	}
+	s, err := m.EventSettings()
+	if err != nil {
+		return err
+	}
+	traced, err := m.TraceEndpoints()
+	if err != nil {
+		return err
+	}
+	s.Trace, s.TraceUntil = false, time.Time{}
+	for _, u := range traced {
+		if u.After(s.TraceUntil) {
+			s.Trace, s.TraceUntil = true, u
+		}
+	}
+	return m.SetEventSettings(s)
+}
+
+// endTracesRead, when set (tests), runs between EndTraces' read of the
+// configuration and its write.
+var endTracesRead func()
+
 // EndTraces clears the trace of endpoints whose trace ended, and the global
 // switch once none is left (ended, or its pods deleted: while it is on, the
 // packets handed on take the events' slow path): the agent calls it now
-// and then.
+// and then. Under the map directory's lock (see UpdateEventSettings).
 func (m *Maps) EndTraces() error {
+	unlock, err := m.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	now := monoSeconds()
 	var ended []uint32
 	live := 0
@@ -355,6 +419,9 @@ func (m *Maps) EndTraces() error {
 	cfg := m.byName[nameEvConfig]
 	if err := cfg.Lookup(&zero, &c); err != nil {
 		return errors.Join(errs, fmt.Errorf("read %s: %w", nameEvConfig, err))
+	}
+	if endTracesRead != nil {
+		endTracesRead()
 	}
 	if c.Flags&evCfgTrace != 0 && (uint64(c.TraceUntilS) <= now || live == 0) {
 		c.Flags &^= evCfgTrace
