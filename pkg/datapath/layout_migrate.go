@@ -27,9 +27,9 @@ func OlderLayoutDirs(pinRoot string) []string {
 // first). Pods attached by the older build keep working throughout:
 //
 //  1. the new maps are created in a staging directory, this build's
-//     programs are loaded over them, and every entry of the old maps is
-//     copied in (endpoints, links, limits, hostPorts, flows, counters,
-//     cluster CIDRs);
+//     programs are loaded over them (every one the swap needs), and then
+//     every entry of the old maps is copied in (endpoints, links, limits,
+//     hostPorts, flows, counters, cluster CIDRs);
 //  2. every pinned link, the node hooks' first (uplinks: see
 //     upgradeLocked) and the old pods' host veths', is swapped to this
 //     build's programs in place (link.Update: no packet meets a detached
