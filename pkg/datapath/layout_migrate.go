@@ -43,8 +43,8 @@ func OlderLayoutDirs(pinRoot string) []string {
 //
 // A killed migration leaves the staging directory, which the next one
 // starts over with; the old maps are untouched until step 4.
-func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout, seed func(*maps.Maps)) (_ *Datapath, err error) {
-	final, staging := MapsDir(pinRoot), StagingMapsDir(pinRoot)
+func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout, seed func(*maps.Maps)) (*Datapath, error) {
+	staging := StagingMapsDir(pinRoot)
 	if err := os.RemoveAll(staging); err != nil {
 		return nil, fmt.Errorf("remove the staging directory of a migration killed part way, %s: %w", staging, err)
 	}
@@ -103,12 +103,20 @@ func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout, seed func(*
 		return nil, &MigrationError{Err: copyErr}
 	}
 	crashpoint("migrate-swapped")
+	return finishMigration(pinRoot, older, copyOld, seeded, upErr)
+}
+
+// finishMigration is migrateLayout once the links moved (upErr: not all
+// of them): the staging maps renamed into place, what the old programs
+// wrote meanwhile copied, and the old maps unpinned if every link moved.
+func finishMigration(pinRoot string, older []oldLayout, copyOld func(*maps.Maps) error, seeded bool, upErr error) (_ *Datapath, err error) {
+	final, staging := MapsDir(pinRoot), StagingMapsDir(pinRoot)
 	os.Remove(final) // an empty directory in the way; a full one makes Rename fail
 	if err := os.Rename(staging, final); err != nil {
 		return nil, fmt.Errorf("move the migrated maps %s to %s: %w", staging, final, err)
 	}
 	crashpoint("migrate-renamed")
-	dp, err = Open(pinRoot)
+	dp, err := Open(pinRoot)
 	if err != nil {
 		return nil, err
 	}

@@ -171,13 +171,7 @@ func (dp *Datapath) upgradeLocked(force bool, beforeSwap func() error) (UpgradeR
 			}
 		}
 	}()
-	if beforeSwap != nil {
-		if err := beforeSwap(); err != nil {
-			return rep, errors.Join(errs, err)
-		}
-	}
-	// After the copy: it brings the older build's address entries.
-	if err := clearStackFlowsNoneFromOtherBuild(dp); err != nil {
+	if err := dp.readyToSwap(beforeSwap); err != nil {
 		return rep, errors.Join(errs, err)
 	}
 
@@ -198,6 +192,18 @@ func (dp *Datapath) upgradeLocked(force bool, beforeSwap func() error) (UpgradeR
 		removeOtherBuilds(dp.PinRoot, &rep)
 	}
 	return rep, errs
+}
+
+// readyToSwap runs beforeSwap (if any), then clears EP_F_SF_NONE where
+// another build's programs are pinned: after the copy, which brings the
+// older build's address entries.
+func (dp *Datapath) readyToSwap(beforeSwap func() error) error {
+	if beforeSwap != nil {
+		if err := beforeSwap(); err != nil {
+			return err
+		}
+	}
+	return clearStackFlowsNoneFromOtherBuild(dp)
 }
 
 // clearStackFlowsNoneFromOtherBuild takes EP_F_SF_NONE off every address
