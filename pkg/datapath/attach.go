@@ -76,7 +76,7 @@ func (dp *Datapath) Attach(ifindex int, hostIf string, mode AttachMode, deferTCX
 	// which it holds the lock from until its last swap, sees this veth
 	// or is over (and programs a lean open left unopened are opened here,
 	// from the pins it left).
-	unlock, err := LockLinks(dp.PinRoot)
+	unlock, err := lockLinksShared(dp.PinRoot) // shared: other ADDs bind other names
 	if err != nil {
 		return mode, err
 	}
