@@ -181,29 +181,17 @@ func eventsCmd(o *opts) error {
 }
 
 // applyEventFlags writes what the flags change of the event settings, and
-// --flows-pod's switch on each interface of the pod (recs).
+// --flows-pod's and --trace-pod's switches on each interface of the pod
+// (recs). The settings are read and written under the maps' lock
+// (Events().UpdateSettings), so the agent's sweep of ended traces, which
+// rewrites them too, neither undoes nor is undone by this.
 func applyEventFlags(o *opts, m *maps.Maps, recs []*state.Record) error {
-	s, err := m.Events().Settings()
-	if err != nil {
-		return err
-	}
-	changed := false
 	switch obs.drops {
-	case "":
-	case "on", "off":
-		s.Drops, changed = obs.drops == "on", true
+	case "", "on", "off":
 	default:
 		return fmt.Errorf("events: --drops %q: want on or off", obs.drops)
 	}
-	if obs.flows != "" {
-		s.Flows, changed = maps.FlowEvents(obs.flows), true
-	}
-	if obs.rate > 0 {
-		s.Rate, changed = uint32(obs.rate), true
-	}
-	if obs.burst > 0 {
-		s.Burst, changed = uint32(obs.burst), true
-	}
+	flowsOn := false
 	if obs.flowsPod != "" {
 		pod, off := strings.CutSuffix(obs.flowsPod, "=off")
 		n := 0
@@ -218,9 +206,7 @@ func applyEventFlags(o *opts, m *maps.Maps, recs []*state.Record) error {
 		if n == 0 {
 			return fmt.Errorf("events: --flows-pod: no attachment of pod %q in %s", pod, o.stateDir)
 		}
-		if !off && s.Flows == maps.FlowsOff {
-			s.Flows, changed = maps.FlowsPods, true
-		}
+		flowsOn = !off
 	}
 	if obs.tracePod != "" {
 		pod, off := strings.CutSuffix(obs.tracePod, "=off")
@@ -234,17 +220,28 @@ func applyEventFlags(o *opts, m *maps.Maps, recs []*state.Record) error {
 		if err := setTrace(o, m, recs, pod, until); err != nil {
 			return fmt.Errorf("events: --trace-pod: %w", err)
 		}
-		// setTrace wrote the switch: carry it into what is written here.
-		cur, err := m.Events().Settings()
-		if err != nil {
-			return err
-		}
-		s.Trace, s.TraceUntil = cur.Trace, cur.TraceUntil
 	}
-	if changed {
-		if err := m.Events().SetSettings(s); err != nil {
-			return fmt.Errorf("events: %w", err)
+	err := m.Events().UpdateSettings(func(s *maps.EventSettings) (bool, error) {
+		changed := false
+		if obs.drops != "" {
+			s.Drops, changed = obs.drops == "on", true
 		}
+		if obs.flows != "" {
+			s.Flows, changed = maps.FlowEvents(obs.flows), true
+		}
+		if obs.rate > 0 {
+			s.Rate, changed = uint32(obs.rate), true
+		}
+		if obs.burst > 0 {
+			s.Burst, changed = uint32(obs.burst), true
+		}
+		if flowsOn && s.Flows == maps.FlowsOff {
+			s.Flows, changed = maps.FlowsPods, true
+		}
+		return changed, nil
+	})
+	if err != nil {
+		return fmt.Errorf("events: %w", err)
 	}
 	return nil
 }
@@ -277,36 +274,18 @@ func onOff(b bool) string {
 
 // setTrace traces every interface of pod until until (the zero time: not
 // any more), and sets the global switch to the latest trace of the node
-// (off when none is left: the programs skip the trace with the one test
-// they make for every event).
+// (maps.TraceUntil).
 func setTrace(o *opts, m *maps.Maps, recs []*state.Record, pod string, until time.Time) error {
-	n := 0
+	var ifs []uint32
 	for _, r := range recs {
 		if r.PodLabel() == pod && r.HostIfindex > 0 && !r.Provisional {
-			if err := m.Events().SetTrace(uint32(r.HostIfindex), until); err != nil {
-				return err
-			}
-			n++
+			ifs = append(ifs, uint32(r.HostIfindex))
 		}
 	}
-	if n == 0 {
+	if len(ifs) == 0 {
 		return fmt.Errorf("no attachment of pod %q in %s", pod, o.stateDir)
 	}
-	s, err := m.Events().Settings()
-	if err != nil {
-		return err
-	}
-	traced, err := m.Events().TraceEndpoints()
-	if err != nil {
-		return err
-	}
-	s.Trace, s.TraceUntil = false, time.Time{}
-	for _, u := range traced {
-		if u.After(s.TraceUntil) {
-			s.Trace, s.TraceUntil = true, u
-		}
-	}
-	return m.Events().SetSettings(s)
+	return m.Events().TraceUntil(ifs, until)
 }
 
 // traceWhileObserving traces pod for obs.traceFor, renewed at a third of

@@ -284,10 +284,13 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	}
 
 	// Link pins of host veths that are gone.
-	for _, p := range datapath.OrphanVethLinkPins(pinRoot) {
+	// Looked at and removed under one hold of the links lock (see
+	// datapath.ForOrphanVethLinkPins).
+	errs = errors.Join(errs, datapath.ForOrphanVethLinkPins(pinRoot, func(p datapath.VethLinkPin) error {
 		path := p.Path
 		act("link-pin", filepath.Base(path), func() error { return os.Remove(path) })
-	}
+		return nil
+	}))
 	return out, errs
 }
 

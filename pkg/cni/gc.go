@@ -3,7 +3,6 @@ package cni
 import (
 	"context"
 	"errors"
-	"os"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -51,11 +50,8 @@ func gc(args *skel.CmdArgs) error {
 		_, err := endpoint.ReapAll(context.TODO(), n.PinDir, nil)
 		errs = errors.Join(errs, err)
 	}
-	for _, p := range datapath.OrphanVethLinkPins(n.PinDir) {
-		if err := os.Remove(p.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = errors.Join(errs, err)
-		}
-	}
+	_, err = datapath.RemoveOrphanVethLinkPins(n.PinDir)
+	errs = errors.Join(errs, err)
 	if m, err := datapath.OpenMaps(n.PinDir); err == nil { // else never set up
 		_, perr := endpoint.PruneHostPorts(m)
 		m.Close()

@@ -69,6 +69,18 @@ func (dp *Datapath) Attach(ifindex int, hostIf string, mode AttachMode, deferTCX
 	if err := mkdirFor(LinkPinPath(dp.PinRoot, hostIf, DirIngress)); err != nil {
 		return mode, err
 	}
+	// Under the links lock, programs opened and links pinned: a GC or
+	// reconcile that took an earlier veth's pins of this name for orphans
+	// removes them before these are pinned, not after
+	// (TestGCOrphanPinsAgainstReAdd); an upgrade's look at the links,
+	// which it holds the lock from until its last swap, sees this veth
+	// or is over (and programs a lean open left unopened are opened here,
+	// from the pins it left).
+	unlock, err := lockLinksShared(dp.PinRoot) // shared: other ADDs bind other names
+	if err != nil {
+		return mode, err
+	}
+	defer unlock()
 	for _, p := range hostVethPrograms { // opened before the goroutines: program is not safe for concurrent use
 		if _, err := dp.program(p); err != nil {
 			return mode, err
@@ -78,7 +90,6 @@ func (dp *Datapath) Attach(ifindex int, hostIf string, mode AttachMode, deferTCX
 	for _, p := range hostVethPrograms {
 		go func(p Program) { errs <- dp.attachTCX(ifindex, hostIf, p) }(p)
 	}
-	var err error
 	for range hostVethPrograms {
 		err = errors.Join(err, <-errs)
 	}

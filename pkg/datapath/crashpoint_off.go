@@ -10,3 +10,7 @@ func crashpoint(string) {}
 // make a short-lived state, such as pods on two builds, last); in a normal
 // build it does nothing.
 func pausepoint(string) {}
+
+// holdpoint marks a step where the test build can hold the process until
+// the test lets it go; in a normal build it does nothing.
+func holdpoint(string) {}

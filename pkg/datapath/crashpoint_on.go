@@ -4,6 +4,7 @@ package datapath
 
 import (
 	"os"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -18,14 +19,50 @@ func crashpoint(step string) {
 	}
 }
 
-// pausepoint sleeps for EBPF_CNI_PAUSE (a duration) at the step named by
-// EBPF_CNI_PAUSE_AT, each time it is reached: a state the process passes
-// through in microseconds (pods on two builds during an upgrade) then lasts
-// long enough for traffic to meet it.
+// pausepoint sleeps at a step named in EBPF_CNI_PAUSE_AT, each time it is
+// reached: a state the process passes through in microseconds (pods on two
+// builds during an upgrade) then lasts long enough for traffic to meet it,
+// and a step that takes seconds on a loaded node (the verifier) takes them
+// on a quiet one. EBPF_CNI_PAUSE_AT is a comma-separated list of steps,
+// each with its own duration (step=300ms) or EBPF_CNI_PAUSE's.
 func pausepoint(step string) {
-	if os.Getenv("EBPF_CNI_PAUSE_AT") == step {
-		if d, err := time.ParseDuration(os.Getenv("EBPF_CNI_PAUSE")); err == nil {
-			time.Sleep(d)
+	if d, ok := pauseFor(step, os.Getenv("EBPF_CNI_PAUSE_AT"), os.Getenv("EBPF_CNI_PAUSE")); ok {
+		time.Sleep(d)
+	}
+}
+
+// pauseFor is how long pausepoint sleeps at step.
+func pauseFor(step, at, def string) (time.Duration, bool) {
+	for _, s := range strings.Split(at, ",") {
+		name, dur, own := strings.Cut(strings.TrimSpace(s), "=")
+		if name != step {
+			continue
 		}
+		if !own {
+			dur = def
+		}
+		d, err := time.ParseDuration(dur)
+		return d, err == nil
+	}
+	return 0, false
+}
+
+// holdpoint holds the process at the step named by EBPF_CNI_HOLD_AT for as
+// long as the file EBPF_CNI_HOLD_FILE exists, after creating
+// EBPF_CNI_HOLD_FILE.reached: a test runs something while the process is
+// exactly there (a look made, its action not yet), then lets it go on.
+func holdpoint(step string) {
+	file := os.Getenv("EBPF_CNI_HOLD_FILE")
+	if os.Getenv("EBPF_CNI_HOLD_AT") != step || file == "" {
+		return
+	}
+	if f, err := os.Create(file + ".reached"); err == nil {
+		f.Close()
+	}
+	for {
+		if _, err := os.Stat(file); err != nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

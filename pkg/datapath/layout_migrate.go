@@ -27,9 +27,9 @@ func OlderLayoutDirs(pinRoot string) []string {
 // first). Pods attached by the older build keep working throughout:
 //
 //  1. the new maps are created in a staging directory, this build's
-//     programs are loaded over them, and every entry of the old maps is
-//     copied in (endpoints, links, limits, hostPorts, flows, counters,
-//     cluster CIDRs);
+//     programs are loaded over them (every one the swap needs), and then
+//     every entry of the old maps is copied in (endpoints, links, limits,
+//     hostPorts, flows, counters, cluster CIDRs);
 //  2. every pinned link, the node hooks' first (uplinks: see
 //     upgradeLocked) and the old pods' host veths', is swapped to this
 //     build's programs in place (link.Update: no packet meets a detached
@@ -43,8 +43,8 @@ func OlderLayoutDirs(pinRoot string) []string {
 //
 // A killed migration leaves the staging directory, which the next one
 // starts over with; the old maps are untouched until step 4.
-func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout, seed func(*maps.Maps)) (_ *Datapath, err error) {
-	final, staging := MapsDir(pinRoot), StagingMapsDir(pinRoot)
+func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout, seed func(*maps.Maps)) (*Datapath, error) {
+	staging := StagingMapsDir(pinRoot)
 	if err := os.RemoveAll(staging); err != nil {
 		return nil, fmt.Errorf("remove the staging directory of a migration killed part way, %s: %w", staging, err)
 	}
@@ -65,38 +65,58 @@ func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout, seed func(*
 		}
 		return errs
 	}
-	// The programs are loaded first, the entries copied right before the
-	// links move: what the old programs count between the copy and the swap
-	// is not carried over, so that window is kept to the swap itself.
+	// The programs are loaded first (all of them: upgradeLocked loads the
+	// uplinks' and the node hooks' before calling back), the entries copied
+	// right before the links move: what the old programs count or refresh
+	// between the copy and the swap is not carried over, so that window is
+	// kept to the swap itself, however long the verifier takes.
 	dp, err := withPrograms(pinRoot, m, loadMissing)
 	if err != nil {
 		os.RemoveAll(staging)
 		return nil, err
 	}
-	if err := copyOld(dp.Maps); err != nil {
-		dp.Close()
+	var (
+		copyErr error
+		seeded  bool
+	)
+	_, upErr := dp.upgradeLocked(false, func() error {
+		if copyErr = copyOld(dp.Maps); copyErr != nil {
+			return copyErr
+		}
+		// After the copy (an entry written here wins over the old one,
+		// and the copy after the rename keeps it), before the swap. The
+		// peers' addresses are best effort: the agent's follower acquires
+		// them again and logs what fails (a full cni_cluster_cidrs).
+		_ = seedPeerAddresses(dp.Maps)
+		if seed != nil {
+			seed(dp.Maps)
+			seeded = true
+		}
+		crashpoint("migrate-copied")
+		return nil
+	})
+	dp.Close()
+	if copyErr != nil {
+		// No link moved: the old build keeps the node.
 		os.RemoveAll(staging)
 		removeCurrentProgramPins(pinRoot) // they run over the staging maps
-		return nil, &MigrationError{Err: err}
+		return nil, &MigrationError{Err: copyErr}
 	}
-	// After the copy (an entry written here wins over the old one, and
-	// the copy after the rename keeps it), before the swap. The peers'
-	// addresses are best effort: the agent's follower acquires them again
-	// and logs what fails (a full cni_cluster_cidrs).
-	_ = seedPeerAddresses(dp.Maps)
-	if seed != nil {
-		seed(dp.Maps)
-	}
-	crashpoint("migrate-copied")
-	_, upErr := dp.upgradeLocked(false)
-	dp.Close()
 	crashpoint("migrate-swapped")
+	return finishMigration(pinRoot, older, copyOld, seeded, upErr)
+}
+
+// finishMigration is migrateLayout once the links moved (upErr: not all
+// of them): the staging maps renamed into place, what the old programs
+// wrote meanwhile copied, and the old maps unpinned if every link moved.
+func finishMigration(pinRoot string, older []oldLayout, copyOld func(*maps.Maps) error, seeded bool, upErr error) (_ *Datapath, err error) {
+	final, staging := MapsDir(pinRoot), StagingMapsDir(pinRoot)
 	os.Remove(final) // an empty directory in the way; a full one makes Rename fail
 	if err := os.Rename(staging, final); err != nil {
 		return nil, fmt.Errorf("move the migrated maps %s to %s: %w", staging, final, err)
 	}
 	crashpoint("migrate-renamed")
-	dp, err = Open(pinRoot)
+	dp, err := Open(pinRoot)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +128,7 @@ func migrateLayout(pinRoot string, s maps.Sizing, older []oldLayout, seed func(*
 	if err := copyOld(dp.Maps); err != nil {
 		return nil, &MigrationError{Err: err}
 	}
-	dp.seeded = seed != nil
+	dp.seeded = seeded // else EnsureSeeded seeds it (the upgrade stopped before its swap)
 	if upErr != nil {
 		return nil, fmt.Errorf("migrated the maps to layout v%d, but not every attachment moved to this build's programs (they keep the old maps until `ebpf-agent upgrade` moves them): %w",
 			maps.LayoutVersion, upErr)

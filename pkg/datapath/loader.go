@@ -78,6 +78,7 @@ func loadObject(pinRoot string, m *maps.Maps, o *object, progs []Program, replac
 		// The node's sizing, not the object's placeholder (SIZED in maps.h).
 		ms.MaxEntries = pinned[name].MaxEntries()
 	}
+	pausepoint("load-" + o.name) // the verifier, which takes seconds on a loaded node
 	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: repl})
 	if err != nil {
 		var ve *ebpf.VerifierError

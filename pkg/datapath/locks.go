@@ -26,7 +26,8 @@ import (
 //   - links: serialises what binds a host veth's name to its link pins:
 //     DEL's hand-off (pins and veth renamed), the agent pinning tcx links
 //     of a veth it found under that name, Upgrade, and the looks that pair
-//     pins with veths (OrphanVethLinkPins, endpoint.ListHandedOff).
+//     pins with veths and removes what they find (ForOrphanVethLinkPins,
+//     endpoint.ListHandedOff), and (shared) ADD's tcx attach and pinning.
 //   - uninstall: held exclusive by `ebpf-agent uninstall` while it runs
 //     (HoldUninstall). An ADD that has claimed its attachment refuses when
 //     it finds it held (Uninstalling); one that claimed before is found by
@@ -202,11 +203,22 @@ func (i *Idle) Close() { unix.Close(i.fd) }
 
 // LockLinks takes the links lock (see above) until unlock.
 func LockLinks(pinRoot string) (unlock func(), err error) {
+	return lockLinksHow(pinRoot, unix.LOCK_EX)
+}
+
+// lockLinksShared takes the links lock shared: for ADD's attach, which
+// binds a name no other ADD has (its own host veth's), so ADDs go on
+// together and wait only for the exclusive holders.
+func lockLinksShared(pinRoot string) (unlock func(), err error) {
+	return lockLinksHow(pinRoot, unix.LOCK_SH)
+}
+
+func lockLinksHow(pinRoot string, how int) (unlock func(), err error) {
 	fd, err := openLock(pinRoot, lockLinks, true)
 	if err != nil {
 		return nil, err
 	}
-	if err := unix.Flock(fd, unix.LOCK_EX); err != nil {
+	if err := unix.Flock(fd, how); err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("lock %s: %w", lockPath(pinRoot, lockLinks), err)
 	}

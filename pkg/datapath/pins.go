@@ -183,26 +183,49 @@ func VethLinkPins(pinRoot string) []VethLinkPin {
 	return out
 }
 
-// OrphanVethLinkPins are the host veth link pins whose veth no longer
-// exists in this netns (a pod gone without DEL, a DEL that failed part way).
-// It looks under the links lock: a DEL's hand-off renames the pins, then
-// the veth, and a look between the two took the live veth's pins for
-// orphans (TestHandOffSeenWhole).
-func OrphanVethLinkPins(pinRoot string) []VethLinkPin {
+// ForOrphanVethLinkPins calls fn for each host veth link pin whose veth no
+// longer exists in this netns (a pod gone without DEL, a DEL that failed
+// part way), with the links lock held from the look to the last fn. The
+// look is under it as a DEL's hand-off renames the pins, then the veth,
+// and a look between the two took the live veth's pins for orphans
+// (TestHandOffSeenWhole); fn is under it too, as an ADD
+// that makes a veth of the same name and pins its links meanwhile (the
+// same container added again) waits, so fn never removes a live pod's pin
+// taken for an orphan (TestGCOrphanPinsAgainstReAdd).
+func ForOrphanVethLinkPins(pinRoot string, fn func(VethLinkPin) error) error {
 	unlock, err := LockLinksIfPresent(pinRoot)
 	if err != nil {
-		return nil // the next look removes them
+		return err
 	}
 	defer unlock()
-	var out []VethLinkPin
+	var orphans []VethLinkPin
 	for _, p := range VethLinkPins(pinRoot) {
 		_, err := netlinksafe.LinkByName(p.HostIf)
 		var nf netlink.LinkNotFoundError
 		if errors.As(err, &nf) {
-			out = append(out, p)
+			orphans = append(orphans, p)
 		}
 	}
-	return out
+	holdpoint("orphan-pins") // between the look and the removal
+	var errs error
+	for _, p := range orphans {
+		errs = errors.Join(errs, fn(p))
+	}
+	return errs
+}
+
+// RemoveOrphanVethLinkPins removes the orphaned host veth link pins (see
+// ForOrphanVethLinkPins) and returns them.
+func RemoveOrphanVethLinkPins(pinRoot string) ([]VethLinkPin, error) {
+	var gone []VethLinkPin
+	err := ForOrphanVethLinkPins(pinRoot, func(p VethLinkPin) error {
+		if err := os.Remove(p.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		gone = append(gone, p)
+		return nil
+	})
+	return gone, err
 }
 
 // RemoveLinkPins deletes the tcx link pins of a host veth; idempotent. A pin

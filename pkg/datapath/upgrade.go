@@ -88,10 +88,12 @@ func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
 		}
 		return errs
 	}
-	if err := copyOld(); err != nil {
-		return UpgradeReport{}, &MigrationError{Err: err}
-	}
-	rep, err := dp.upgradeLocked(force)
+	rep, err := dp.upgradeLocked(force, func() error {
+		if err := copyOld(); err != nil {
+			return &MigrationError{Err: err}
+		}
+		return nil
+	})
 	if err == nil {
 		err = copyOld()
 	}
@@ -108,8 +110,14 @@ func (dp *Datapath) Upgrade(force bool) (UpgradeReport, error) {
 	return rep, err
 }
 
-// upgradeLocked is Upgrade with the pin directory locked.
-func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
+// upgradeLocked is Upgrade with the pin directory locked. beforeSwap (if
+// any) runs once every program the swap needs is loaded, right before the
+// first link moves: a copy of an older layout's flows made there ages only
+// for the swap, not for the verifier's seconds (a minute on a loaded
+// node: the copies of UDP flows, whose use the old programs refresh in the
+// old maps only, had expired when the uplink moved, and the replies of the
+// old pods' masqueraded flows went to the node untranslated).
+func (dp *Datapath) upgradeLocked(force bool, beforeSwap func() error) (UpgradeReport, error) {
 	var rep UpgradeReport
 	if err := migratePacingPin(dp.PinRoot); err != nil {
 		return rep, err
@@ -125,9 +133,6 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		return rep, err
 	}
 	defer unlockLinks()
-	if err := clearStackFlowsNoneFromOtherBuild(dp); err != nil {
-		return rep, err
-	}
 	paths, err := pinnedLinks(dp.PinRoot)
 	if err != nil {
 		return rep, err
@@ -166,6 +171,9 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 			}
 		}
 	}()
+	if err := dp.readyToSwap(beforeSwap); err != nil {
+		return rep, errors.Join(errs, err)
+	}
 
 	// The uplinks first: this build's host veth programs leave the
 	// masquerade to the uplink's egress program (builds before it had none:
@@ -184,6 +192,18 @@ func (dp *Datapath) upgradeLocked(force bool) (UpgradeReport, error) {
 		removeOtherBuilds(dp.PinRoot, &rep)
 	}
 	return rep, errs
+}
+
+// readyToSwap runs beforeSwap (if any), then clears EP_F_SF_NONE where
+// another build's programs are pinned: after the copy, which brings the
+// older build's address entries.
+func (dp *Datapath) readyToSwap(beforeSwap func() error) error {
+	if beforeSwap != nil {
+		if err := beforeSwap(); err != nil {
+			return err
+		}
+	}
+	return clearStackFlowsNoneFromOtherBuild(dp)
 }
 
 // clearStackFlowsNoneFromOtherBuild takes EP_F_SF_NONE off every address

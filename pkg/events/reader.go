@@ -100,21 +100,22 @@ func (r *Reader) run(ctx context.Context) error {
 		return fmt.Errorf("events: %w", err)
 	}
 	defer m.Close()
-	s, err := m.Events().Settings()
+	// Under the maps' lock: an `ebpf-agent events` command may rewrite
+	// the settings at the same moment.
+	err = m.Events().UpdateSettings(func(s *maps.EventSettings) (bool, error) {
+		switch {
+		case r.o.Settings != nil:
+			// A trace (`events --trace-pod`, an observer's --trace) is not
+			// the agent's flags' to end: it ends by itself.
+			trace, until := s.Trace, s.TraceUntil
+			*s = *r.o.Settings
+			s.Trace, s.TraceUntil = trace, until
+		case !s.Enabled() && s.Rate == 0: // never configured
+			*s = maps.EventSettings{Drops: true}
+		}
+		return true, nil
+	})
 	if err != nil {
-		return fmt.Errorf("events: %w", err)
-	}
-	switch {
-	case r.o.Settings != nil:
-		// A trace (`events --trace-pod`, an observer's --trace) is not the
-		// agent's flags' to end: it ends by itself.
-		trace, until := s.Trace, s.TraceUntil
-		s = *r.o.Settings
-		s.Trace, s.TraceUntil = trace, until
-	case !s.Enabled() && s.Rate == 0: // never configured
-		s = maps.EventSettings{Drops: true}
-	}
-	if err := m.Events().SetSettings(s); err != nil {
 		return fmt.Errorf("events: %w", err)
 	}
 	rb, err := ringbuf.NewReader(m.Events().Ring())
@@ -126,7 +127,7 @@ func (r *Reader) run(ctx context.Context) error {
 	r.m = m
 	r.mu.Unlock()
 	close(r.ready)
-	s, _ = m.Events().Settings()
+	s, _ := m.Events().Settings()
 	r.o.Logger.Printf("events: drops %v, flows %s, at most %d a second per CPU (burst %d); keeping the last %d",
 		s.Drops, s.Flows, s.Rate, s.Burst, r.o.Keep)
 

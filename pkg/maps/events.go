@@ -340,11 +340,75 @@ func (ev Events) TraceEndpoints() (map[uint32]time.Time, error) {
 	return out, err
 }
 
+// UpdateSettings reads the configuration, lets f change it, and
+// writes it if f says it changed, under the map directory's lock: the
+// agent's EndTraces and the `ebpf-agent events` commands read and rewrite
+// the one cni_ev_config entry, and a write made from a stale read undid
+// the other's (a trace turned on, then off by the sweep that had read the
+// switch before: TestEventConfigWritersSerialised).
+func (ev Events) UpdateSettings(f func(*EventSettings) (changed bool, err error)) error {
+	unlock, err := ev.m.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	s, err := ev.Settings()
+	if err != nil {
+		return err
+	}
+	if changed, err := f(&s); err != nil || !changed {
+		return err
+	}
+	return ev.SetSettings(s)
+}
+
+// TraceUntil traces the endpoints (host veth ifindexes) until until (the
+// zero time: not any more), and sets the global switch to the latest trace
+// of the node (off when none is left: the programs skip the trace with the
+// one test they make for every event), under the map directory's lock (see
+// UpdateSettings).
+func (ev Events) TraceUntil(ifindexes []uint32, until time.Time) error {
+	unlock, err := ev.m.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	for _, idx := range ifindexes {
+		if err := ev.SetTrace(idx, until); err != nil {
+			return err
+		}
+	}
+	s, err := ev.Settings()
+	if err != nil {
+		return err
+	}
+	traced, err := ev.TraceEndpoints()
+	if err != nil {
+		return err
+	}
+	s.Trace, s.TraceUntil = false, time.Time{}
+	for _, u := range traced {
+		if u.After(s.TraceUntil) {
+			s.Trace, s.TraceUntil = true, u
+		}
+	}
+	return ev.SetSettings(s)
+}
+
+// endTracesRead, when set (tests), runs between EndTraces' read of the
+// configuration and its write.
+var endTracesRead func()
+
 // EndTraces clears the trace of endpoints whose trace ended, and the global
 // switch once none is left (ended, or its pods deleted: while it is on, the
 // packets handed on take the events' slow path): the agent calls it now
-// and then.
+// and then. Under the map directory's lock (see UpdateSettings).
 func (ev Events) EndTraces() error {
+	unlock, err := ev.m.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	now := monoSeconds()
 	var ended []uint32
 	live := 0
@@ -367,6 +431,9 @@ func (ev Events) EndTraces() error {
 	cfg := ev.m.byName[nameEvConfig]
 	if err := cfg.Lookup(&zero, &c); err != nil {
 		return errors.Join(errs, fmt.Errorf("read %s: %w", nameEvConfig, err))
+	}
+	if endTracesRead != nil {
+		endTracesRead()
 	}
 	if c.Flags&evCfgTrace != 0 && (uint64(c.TraceUntilS) <= now || live == 0) {
 		c.Flags &^= evCfgTrace

@@ -36,7 +36,7 @@ type bwStateV1 struct {
 
 // copyBandwidthV1 copies layout 1's buckets, with no ingress queue.
 func copyBandwidthV1(from, to *ebpf.Map, name string) (int, error) {
-	return copyConverted[BandwidthKey](from, to, name, func(v bwStateV1) BandwidthState {
+	return copyConverted[BandwidthKey](from, to, name, func(_ BandwidthKey, v bwStateV1) BandwidthState {
 		return BandwidthState{NsPerByte: v.NsPerByte, BurstNs: v.BurstNs, TokensNs: v.TokensNs, LastNs: v.LastNs,
 			RateBps: v.RateBps, BurstBits: v.BurstBits}
 	})
@@ -60,25 +60,63 @@ type snatValV1 struct {
 
 // copyCTV1 copies layout 1's hostPort flows as seen now (the agent's
 // sweep, ExpireCT, ends them once idle past their timeout; the timer of a
-// copied entry is not armed).
+// copied entry is not armed). Layout 1 kept no state (a flow lived until
+// the LRU evicted it): a copy is an established flow (v1FlowState), not one
+// whose handshake this build would end after 120 s idle.
 func copyCTV1(from, to *ebpf.Map, name string) (int, error) {
 	now := monotonicNow()
-	return copyConverted[CTKey](from, to, name, func(v ctValV1) CTVal {
+	return copyConverted[CTKey](from, to, name, func(k CTKey, v ctValV1) CTVal {
 		return CTVal{OrigAddr: v.OrigAddr, ClientAddr: v.ClientAddr, OrigPort: v.OrigPort, ClientPort: v.ClientPort,
-			Ifindex: v.Ifindex, Flags: v.Flags, CreatedNs: v.CreatedNs, SeenNs: now}
+			Ifindex: v.Ifindex, Flags: v.Flags | uint32(v1FlowState(k.Proto, 0)), CreatedNs: v.CreatedNs, SeenNs: now}
 	})
 }
 
-// copySNATV1 copies layout 1's masqueraded flows (timer not armed).
+// Layout 1's snat_val flags (its masq.h): other bits than this layout's
+// FLOW_F_*.
+const (
+	snatV1Closing = 1 << 0 // TCP RST, or a FIN each way
+	snatV1FinOut  = 1 << 1 // TCP FIN from the pod
+	snatV1FinIn   = 1 << 2 // TCP FIN from the peer
+)
+
+// v1FlowState is this layout's state of a flow layout 1 kept, with the
+// lifetime layout 1 gave it: a TCP flow not closing 1 h idle (established
+// here: 120 s before, which broke an old pod's idle connection), UDP 120 s
+// (a stream here: 30 s before, 0 bits), ICMP 30 s; its FINs and closing
+// carried over (layout 1's bits read as this layout's were "replied" for a
+// FIN from the pod, "established" for one from the peer).
+func v1FlowState(proto uint8, v1 uint16) uint16 {
+	var n uint16
+	if v1&snatV1FinOut != 0 {
+		n |= flowFinOrig
+	}
+	if v1&snatV1FinIn != 0 {
+		n |= flowFinReply
+	}
+	if v1&snatV1Closing != 0 {
+		n |= flowClosing
+	}
+	switch proto {
+	case ProtoTCP:
+		n |= flowReplied | flowAssured
+	case ProtoUDP:
+		n |= flowReplied | flowStream
+	}
+	return n
+}
+
+// copySNATV1 copies layout 1's masqueraded flows (timer not armed), in
+// this layout's flow states (v1FlowState), last used as they were.
 func copySNATV1(from, to *ebpf.Map, name string) (int, error) {
-	return copyConverted[SNATKey](from, to, name, func(v snatValV1) SNATVal {
-		return SNATVal{Addr: v.Addr, Port: v.Port, Flags: v.Flags, Ifindex: v.Ifindex, CreatedNs: v.CreatedNs, SeenNs: v.SeenNs}
+	return copyConverted[SNATKey](from, to, name, func(k SNATKey, v snatValV1) SNATVal {
+		return SNATVal{Addr: v.Addr, Port: v.Port, Flags: v1FlowState(k.Proto, v.Flags), Ifindex: v.Ifindex,
+			CreatedNs: v.CreatedNs, SeenNs: v.SeenNs}
 	})
 }
 
 // copyConverted copies every entry of a hash map of an older layout the
 // target lacks, converting its value.
-func copyConverted[K, O, N any](from, to *ebpf.Map, name string, conv func(O) N) (int, error) {
+func copyConverted[K, O, N any](from, to *ebpf.Map, name string, conv func(K, O) N) (int, error) {
 	var (
 		k K
 		v O
@@ -87,7 +125,7 @@ func copyConverted[K, O, N any](from, to *ebpf.Map, name string, conv func(O) N)
 	it := from.Iterate()
 	for it.Next(&k, &v) {
 		// By value: a per-CPU map's value is a slice, not a pointer to one.
-		err := to.Update(&k, conv(v), ebpf.UpdateNoExist)
+		err := to.Update(&k, conv(k, v), ebpf.UpdateNoExist)
 		switch {
 		case err == nil:
 			n++
@@ -259,7 +297,7 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 
 // copyHash copies every entry of a hash map (or LPM trie) the target lacks.
 func copyHash[K, V any](from, to *ebpf.Map, name string) (int, error) {
-	return copyConverted[K](from, to, name, func(v V) V { return v })
+	return copyConverted[K](from, to, name, func(_ K, v V) V { return v })
 }
 
 // copyArray copies the slots of an array whose target slot is still zero.
