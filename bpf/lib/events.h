@@ -253,7 +253,7 @@ static __always_inline int ev_key_eq(const struct ev_flow_key *a, const struct e
  * announced again at its first packet after that window, not at once.
  */
 static __always_inline void ev_flow(struct __sk_buff *skb, const struct ev_config *cfg, struct ev_cpu *c,
-				    __u32 ifindex, __u8 dir, __u8 reason, __u32 len, int per_pod)
+				    __u32 ifindex, __u8 dir, __u8 reason, __u32 len)
 {
 	struct ev_flow_key *k = &c->key; /* per-CPU scratch, see struct ev_cpu */
 	__u8 flags = 0, type;
@@ -270,15 +270,6 @@ static __always_inline void ev_flow(struct __sk_buff *skb, const struct ev_confi
 	if (!(flags & (TCP_FL_SYN | TCP_FL_FIN | TCP_FL_RST)) && now_j - hot->stamp_j < EV_HOT_JIFFIES &&
 	    ev_key_eq(&hot->key, k))
 		return;
-	/* Per pod, whether the endpoint asked is known only now: a hit needs
-	 * no answer (it sends nothing, asked or not), and only flows that
-	 * passed here are in the slots. */
-	if (per_pod) {
-		const __u32 *pod = bpf_map_lookup_elem(&cni_ev_pods, &k->ifindex);
-
-		if (!pod || !(*pod & EV_POD_FLOWS))
-			return;
-	}
 	/* Whatever follows leaves the flow in the table, open or closed, but
 	 * for a failed insert (below). Written before the helper calls: the
 	 * slot and the time need not outlive them (the stack is at its limit). */
@@ -439,21 +430,23 @@ __attribute__((noinline)) int ev_flow_on(struct __sk_buff *skb, __u32 ifindex, _
 	__u32 zero = 0;
 	const struct ev_config *cfg = bpf_map_lookup_elem(&cni_ev_config, &zero);
 	struct ev_cpu *c = bpf_map_lookup_elem(&cni_ev_cpu, &zero);
+	const __u32 *pod = NULL;
 
 	if (!skb || !cfg || !c)
 		return 0;
-	if (cfg->flags & EV_CFG_TRACE)
-		ev_trace_if(skb, cfg, c, bpf_map_lookup_elem(&cni_ev_pods, &ifindex), ifindex, prog, dir, reason, len,
-			    aux);
+	/* Per pod, the endpoint is looked up before anything else: the
+	 * packets of the pods that did not ask (most, while one pod is
+	 * watched) stop here. */
+	if (cfg->flags & (EV_CFG_TRACE | EV_CFG_FLOWS_PODS))
+		pod = bpf_map_lookup_elem(&cni_ev_pods, &ifindex);
+	ev_trace_if(skb, cfg, c, pod, ifindex, prog, dir, reason, len, aux);
 	if (reason == REASON_NEIGH_REPLY)
 		return 0;
 	/* Node-wide, the receiver's side of a same-node redirect is the
-	 * sender's flow (see ev_packet); per pod, the endpoints that asked
-	 * (cni_ev_pods, looked up by ev_flow only when its slots miss). */
-	int per_pod = !(cfg->flags & EV_CFG_FLOWS_ALL) || (reason == REASON_REDIRECT && dir == DIR_INGRESS);
-
-	if (!per_pod || (cfg->flags & EV_CFG_FLOWS_PODS))
-		ev_flow(skb, cfg, c, ifindex, dir, reason, len, per_pod);
+	 * sender's flow (see ev_packet). */
+	if (((cfg->flags & EV_CFG_FLOWS_ALL) && !(reason == REASON_REDIRECT && dir == DIR_INGRESS)) ||
+	    ((cfg->flags & EV_CFG_FLOWS_PODS) && pod && (*pod & EV_POD_FLOWS)))
+		ev_flow(skb, cfg, c, ifindex, dir, reason, len);
 	return 0;
 }
 

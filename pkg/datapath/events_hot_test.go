@@ -102,8 +102,7 @@ func TestFlowEventsHotSlotWindow(t *testing.T) {
 	}
 }
 
-// TestFlowEventsHotSlotsPerPod: per pod, whether the endpoint asked is
-// looked up only when a slot misses; a slot must not let a flow of an
+// TestFlowEventsHotSlotsPerPod: per pod, a slot must not let a flow of an
 // endpoint that did not ask send, nor keep one that asked from sending.
 // Both sides of a same-node redirect (the source's egress, the
 // destination's ingress) are flows of their own endpoints.
