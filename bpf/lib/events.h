@@ -227,7 +227,7 @@ static __always_inline __u32 ev_hot_slot(const struct ev_flow_key *k)
 	__u32 h = k->ifindex ^ ((__u32)k->sport << 16 | k->dport) ^ (__u32)k->dir << 8;
 
 	h ^= s[0] ^ s[3] ^ d[0] ^ d[3];
-	return (h * 0x9e3779b1U) >> 28; /* 16 slots */
+	return (h * 0x9e3779b1U) >> (32 - EV_HOT_BITS);
 }
 
 static __always_inline int ev_key_eq(const struct ev_flow_key *a, const struct ev_flow_key *b)
@@ -272,7 +272,7 @@ static __always_inline void ev_flow(struct __sk_buff *skb, const struct ev_confi
 		return;
 	/* Whatever follows leaves the flow in the table, open or closed, but
 	 * for a failed insert (below). Written before the helper calls: the
-	 * slot and the time need not outlive them (the stack is at its limit). */
+	 * slot and the time need not outlive them (a smaller frame). */
 	__builtin_memcpy(&hot->key, k, sizeof(*k));
 	hot->stamp_j = now_j;
 

@@ -500,8 +500,8 @@ struct ev_flow_val {
 	__u32 pad2;
 };
 
-/* One slot of ev_cpu.hot: a flow this CPU found open in cni_ev_flows, and
- * when (the low 32 bits of jiffies). A packet of it within
+/* One slot of ev_cpu.hot: a flow this CPU found in cni_ev_flows (open or
+ * closed), and when (the low 32 bits of jiffies). A packet of it within
  * EV_HOT_JIFFIES, neither SYN, FIN nor RST, cannot send an event: it skips
  * the table (lib/events.h ev_flow). ifindex 0: an empty slot. */
 struct ev_flow_hot {
@@ -509,7 +509,8 @@ struct ev_flow_hot {
 	__u32 stamp_j;
 };
 
-#define EV_HOT_SLOTS 16 /* a power of two: the slot is a hash of the key, masked */
+#define EV_HOT_BITS 4 /* the slot is the top bits of a hash of the key */
+#define EV_HOT_SLOTS (1 << EV_HOT_BITS)
 
 /* Value of cni_ev_cpu[0]: each CPU's token bucket, what it sent and lost,
  * the flow path's scratch (the events code runs as a subprogram of
