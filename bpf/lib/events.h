@@ -267,14 +267,21 @@ static __always_inline void ev_flow(struct __sk_buff *skb, const struct ev_confi
 	/* Inlined by the verifier (a load of jiffies): no helper call. */
 	__u32 now_j = bpf_jiffies64();
 
-	if (!(flags & (TCP_FL_SYN | TCP_FL_FIN | TCP_FL_RST)) && now_j - hot->stamp_j < EV_HOT_JIFFIES &&
-	    ev_key_eq(&hot->key, k))
+	int fresh = now_j - hot->stamp_j < EV_HOT_JIFFIES;
+	int mine = fresh && ev_key_eq(&hot->key, k);
+
+	if (mine && !(flags & (TCP_FL_SYN | TCP_FL_FIN | TCP_FL_RST)))
 		return;
 	/* Whatever follows leaves the flow in the table, open or closed, but
-	 * for a failed insert (below). Written before the helper calls: the
-	 * slot and the time need not outlive them (a smaller frame). */
-	__builtin_memcpy(&hot->key, k, sizeof(*k));
-	hot->stamp_j = now_j;
+	 * for a failed insert (below). The slot is taken only when stale (or
+	 * the flow's own): a flow busy in it keeps it, and another flow that
+	 * shares it only pays the table lookup, as without slots, rather than
+	 * both missing by turns. Written before the helper calls: the slot
+	 * and the time need not outlive them (a smaller frame). */
+	if (!fresh || mine) {
+		__builtin_memcpy(&hot->key, k, sizeof(*k));
+		hot->stamp_j = now_j;
+	}
 
 	__u64 now = bpf_ktime_get_ns();
 	struct ev_flow_val *f = bpf_map_lookup_elem(&cni_ev_flows, k);
@@ -292,7 +299,10 @@ static __always_inline void ev_flow(struct __sk_buff *skb, const struct ev_confi
 		if (bpf_map_update_elem(&cni_ev_flows, k, nv, BPF_NOEXIST)) {
 			/* Inserted by another CPU meanwhile, or not at all (no
 			 * memory): the next packet looks again. */
-			c->hot[ev_hot_slot(k)].key.ifindex = 0;
+			struct ev_flow_hot *h = &c->hot[ev_hot_slot(k)];
+
+			if (ev_key_eq(&h->key, k))
+				h->key.ifindex = 0;
 			return;
 		}
 		type = EV_FLOW_START;
