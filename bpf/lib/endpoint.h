@@ -19,8 +19,7 @@
  * stay as they were; drop_aux() carries a detail for the event (the policy
  * rule of a policy drop).
  */
-static __always_inline void count_pkt(struct __sk_buff *skb, __u32 ifindex, __u8 dir, __u8 reason, __u32 len,
-				      __u32 aux)
+static __always_inline void count_stats(__u32 ifindex, __u8 dir, __u8 reason, __u32 len)
 {
 	struct stats_key k = { .ifindex = ifindex, .dir = dir, .reason = reason };
 	struct stats_val *v = bpf_map_lookup_elem(&cni_stats, &k);
@@ -34,6 +33,12 @@ static __always_inline void count_pkt(struct __sk_buff *skb, __u32 ifindex, __u8
 
 		bpf_map_update_elem(&cni_stats, &k, &nv, BPF_NOEXIST);
 	}
+}
+
+static __always_inline void count_pkt(struct __sk_buff *skb, __u32 ifindex, __u8 dir, __u8 reason, __u32 len,
+				      __u32 aux)
+{
+	count_stats(ifindex, dir, reason, len);
 	ev_packet(skb, ifindex, dir, reason, len, aux);
 }
 
@@ -59,7 +64,10 @@ static __noinline __attribute__((unused)) int drop_slow(struct __sk_buff *skb, _
 {
 	if (!skb)
 		return TC_ACT_SHOT;
-	count_pkt(skb, ifindex, dir_reason >> 8, dir_reason & 0xff, skb->len, 0);
+	/* Only drops come here: ev_packet_drop never calls the flow code,
+	 * whose frame would not fit on top of this one's callers. */
+	count_stats(ifindex, dir_reason >> 8, dir_reason & 0xff, skb->len);
+	ev_packet_drop(skb, ifindex, dir_reason >> 8, dir_reason & 0xff, skb->len, 0);
 	return TC_ACT_SHOT;
 }
 

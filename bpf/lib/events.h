@@ -210,11 +210,47 @@ static __always_inline int ev_flow_tuple(struct __sk_buff *skb, struct ev_flow_k
 #define TCP_FL_ACK 0x10
 
 /*
+ * How long a CPU trusts that a flow it found in cni_ev_flows is still
+ * there (struct ev_flow_hot): 100 jiffies, at most 1 s at any HZ from 100.
+ * Within it the flow's packets skip the table, seen_ns included; the first
+ * packet after it refreshes both, so seen_ns lags a busy flow by at most
+ * 2 s, far below the agent's idle sweep (30 s).
+ */
+#define EV_HOT_JIFFIES 100
+
+/* The hot slot of a flow: a multiplicative hash of what tells this CPU's
+ * few busy flows apart (the two directions of a connection differ in port
+ * order and endpoint; pings to different hosts only in addresses). */
+static __always_inline __u32 ev_hot_slot(const struct ev_flow_key *k)
+{
+	const __u32 *s = (const void *)k->saddr, *d = (const void *)k->daddr;
+	__u32 h = k->ifindex ^ ((__u32)k->sport << 16 | k->dport) ^ (__u32)k->dir << 8;
+
+	h ^= s[0] ^ s[3] ^ d[0] ^ d[3];
+	return (h * 0x9e3779b1U) >> (32 - EV_HOT_BITS);
+}
+
+static __always_inline int ev_key_eq(const struct ev_flow_key *a, const struct ev_flow_key *b)
+{
+	/* Both 8-aligned in cni_ev_cpu's value: 44 bytes as 5 words and one half. */
+	const __u64 *x = (const void *)a, *y = (const void *)b;
+
+	return ((x[0] ^ y[0]) | (x[1] ^ y[1]) | (x[2] ^ y[2]) | (x[3] ^ y[3]) | (x[4] ^ y[4]) |
+		(__u64)(*(const __u32 *)(x + 5) ^ *(const __u32 *)(y + 5))) == 0;
+}
+
+/*
  * Flow events of a packet handed on: EV_FLOW_START for the first packet of
  * (endpoint, direction, 5-tuple), EV_FLOW_END at its TCP FIN or RST (a SYN
  * after that starts it again). The agent ends flows idle too long
  * (pkg/maps/events.go). Only the first packet and the end write the
  * table; the others refresh seen_ns at most once a second.
+ *
+ * Only a packet whose flow is not in the table, or a SYN, FIN or RST, can
+ * send an event: any other packet of a flow this CPU found in the table
+ * less than EV_HOT_JIFFIES ago is done after a compare with its hot slot
+ * (no table lookup, no clock read). A flow the LRU evicts meanwhile is
+ * announced again at its first packet after that window, not at once.
  */
 static __always_inline void ev_flow(struct __sk_buff *skb, const struct ev_config *cfg, struct ev_cpu *c,
 				    __u32 ifindex, __u8 dir, __u8 reason, __u32 len)
@@ -227,6 +263,26 @@ static __always_inline void ev_flow(struct __sk_buff *skb, const struct ev_confi
 	k->dir = dir;
 	if (!ev_flow_tuple(skb, k, &flags))
 		return;
+	struct ev_flow_hot *hot = &c->hot[ev_hot_slot(k)];
+	/* Inlined by the verifier (a load of jiffies): no helper call. */
+	__u32 now_j = bpf_jiffies64();
+
+	int fresh = now_j - hot->stamp_j < EV_HOT_JIFFIES;
+	int mine = fresh && ev_key_eq(&hot->key, k);
+
+	if (mine && !(flags & (TCP_FL_SYN | TCP_FL_FIN | TCP_FL_RST)))
+		return;
+	/* Whatever follows leaves the flow in the table, open or closed, but
+	 * for a failed insert (below). The slot is taken only when stale (or
+	 * the flow's own): a flow busy in it keeps it, and another flow that
+	 * shares it only pays the table lookup, as without slots, rather than
+	 * both missing by turns. Written before the helper calls: the slot
+	 * and the time need not outlive them (a smaller frame). */
+	if (!fresh || mine) {
+		__builtin_memcpy(&hot->key, k, sizeof(*k));
+		hot->stamp_j = now_j;
+	}
+
 	__u64 now = bpf_ktime_get_ns();
 	struct ev_flow_val *f = bpf_map_lookup_elem(&cni_ev_flows, k);
 	__u8 tcp = k->proto == IPPROTO_TCP;
@@ -240,8 +296,15 @@ static __always_inline void ev_flow(struct __sk_buff *skb, const struct ev_confi
 		nv->reason = reason;
 		/* Two CPUs may see a first packet at once: the one that inserts
 		 * announces it. */
-		if (bpf_map_update_elem(&cni_ev_flows, k, nv, BPF_NOEXIST))
+		if (bpf_map_update_elem(&cni_ev_flows, k, nv, BPF_NOEXIST)) {
+			/* Inserted by another CPU meanwhile, or not at all (no
+			 * memory): the next packet looks again. */
+			struct ev_flow_hot *h = &c->hot[ev_hot_slot(k)];
+
+			if (ev_key_eq(&h->key, k))
+				h->key.ifindex = 0;
 			return;
+		}
 		type = EV_FLOW_START;
 	} else if (!(f->flags & EV_FLOW_CLOSED) && tcp && (flags & (TCP_FL_FIN | TCP_FL_RST))) {
 		f->flags |= EV_FLOW_CLOSED;
@@ -323,10 +386,25 @@ static __always_inline void ev_trace(struct __sk_buff *skb, const struct ev_conf
 	ev_submit(c, e);
 }
 
+/* A traced endpoint's packet at a program's decision, if it is traced now. */
+static __always_inline void ev_trace_if(struct __sk_buff *skb, const struct ev_config *cfg, struct ev_cpu *c,
+					const __u32 *pod, __u32 ifindex, __u8 prog, __u8 dir, __u8 reason, __u32 len,
+					__u32 aux)
+{
+	if ((cfg->flags & EV_CFG_TRACE) && pod && EV_POD_TRACE_UNTIL(*pod)) {
+		__u64 now_s = bpf_ktime_get_ns() / NSEC;
+
+		if (now_s < EV_POD_TRACE_UNTIL(*pod))
+			ev_trace(skb, cfg, c, ifindex, prog, dir, reason, len, aux);
+	}
+}
+
 /*
- * What events a counted packet sends, out of line: one copy of the code per
- * program, verified once, rather than one per count() call site. Only
- * called while events are on (ev_packet).
+ * What events a dropped packet (or a trace point) sends, out of line: one
+ * copy of the code per program, verified once, rather than one per count()
+ * call site. Only called while events are on (ev_packet). Its frame is
+ * small: the node hooks call it from subprograms of their own (drop_slow),
+ * on top of frames at the 512-byte limit.
  */
 __attribute__((noinline)) int ev_packet_on(struct __sk_buff *skb, __u32 ifindex, __u32 dir_reason, __u32 len,
 					   __u32 aux)
@@ -341,21 +419,37 @@ __attribute__((noinline)) int ev_packet_on(struct __sk_buff *skb, __u32 ifindex,
 
 	if (!skb || !cfg || !c)
 		return 0;
+	if (cfg->flags & EV_CFG_TRACE)
+		pod = bpf_map_lookup_elem(&cni_ev_pods, &ifindex);
+	ev_trace_if(skb, cfg, c, pod, ifindex, prog, dir, reason, len, aux);
+	if (!(dir_reason & EV_PK_TRACE_ONLY) && reason_is_drop(reason) && (cfg->flags & EV_CFG_DROPS))
+		ev_drop(skb, cfg, c, ifindex, dir, reason, len, aux);
+	return 0;
+}
+
+/*
+ * What events a packet handed on sends (its trace event, its flow
+ * events), out of line as ev_packet_on, apart from it: the flow code's
+ * frame is larger, and only the programs' own frames call it (count() of a
+ * packet handed on), never the subprograms that call ev_packet_on.
+ */
+__attribute__((noinline)) int ev_flow_on(struct __sk_buff *skb, __u32 ifindex, __u32 dir_reason, __u32 len,
+					 __u32 aux)
+{
+	__u8 dir = dir_reason >> 8, reason = dir_reason, prog = dir_reason >> 16;
+	__u32 zero = 0;
+	const struct ev_config *cfg = bpf_map_lookup_elem(&cni_ev_config, &zero);
+	struct ev_cpu *c = bpf_map_lookup_elem(&cni_ev_cpu, &zero);
+	const __u32 *pod = NULL;
+
+	if (!skb || !cfg || !c)
+		return 0;
+	/* Per pod, the endpoint is looked up before anything else: the
+	 * packets of the pods that did not ask (most, while one pod is
+	 * watched) stop here. */
 	if (cfg->flags & (EV_CFG_TRACE | EV_CFG_FLOWS_PODS))
 		pod = bpf_map_lookup_elem(&cni_ev_pods, &ifindex);
-	if ((cfg->flags & EV_CFG_TRACE) && pod && EV_POD_TRACE_UNTIL(*pod)) {
-		__u64 now_s = bpf_ktime_get_ns() / NSEC;
-
-		if (now_s < EV_POD_TRACE_UNTIL(*pod))
-			ev_trace(skb, cfg, c, ifindex, prog, dir, reason, len, aux);
-	}
-	if (dir_reason & EV_PK_TRACE_ONLY)
-		return 0;
-	if (reason_is_drop(reason)) {
-		if (cfg->flags & EV_CFG_DROPS)
-			ev_drop(skb, cfg, c, ifindex, dir, reason, len, aux);
-		return 0;
-	}
+	ev_trace_if(skb, cfg, c, pod, ifindex, prog, dir, reason, len, aux);
 	if (reason == REASON_NEIGH_REPLY)
 		return 0;
 	/* Node-wide, the receiver's side of a same-node redirect is the
@@ -368,28 +462,44 @@ __attribute__((noinline)) int ev_packet_on(struct __sk_buff *skb, __u32 ifindex,
 
 /*
  * The events of one counted packet (see count() in endpoint.h): with events
- * off, the lookup is all. The subprogram is called only for what may send
- * an event: a drop, or with flow events on a packet handed on. Node-wide,
- * the destination's side of a same-node redirect is not tracked apart:
- * it is the packet the source's egress side just tracked, and that
- * event names both pods (per pod, each pod that asked sees its own side).
+ * off, the lookup is all. A subprogram is called only for what may send
+ * an event: a drop (ev_packet_on), or with flow events or a trace on a
+ * packet handed on (ev_flow_on). Node-wide, the destination's side of a
+ * same-node redirect is not tracked apart: it is the packet the source's
+ * egress side just tracked, and that event names both pods (per pod, each
+ * pod that asked sees its own side).
  */
 static __always_inline void ev_packet(struct __sk_buff *skb, __u32 ifindex, __u8 dir, __u8 reason,
 				      __u32 len, __u32 aux)
 {
 	__u32 zero = 0;
 	const struct ev_config *cfg = bpf_map_lookup_elem(&cni_ev_config, &zero);
+	__u32 dir_reason = (__u32)CNI_PROG << 16 | (__u32)dir << 8 | reason;
 
 	if (!cfg || !cfg->flags)
 		return;
+	if (reason_is_drop(reason)) {
+		ev_packet_on(skb, ifindex, dir_reason, len, aux);
+		return;
+	}
 	/* One mask test, whatever is on: a trace switch costs the packets
 	 * handed on nothing while it is off. */
-	if (!reason_is_drop(reason)) {
-		if (!(cfg->flags & (EV_CFG_FLOWS_PODS | EV_CFG_TRACE)) &&
-		    (!(cfg->flags & EV_CFG_FLOWS_ALL) || (reason == REASON_REDIRECT && dir == DIR_INGRESS)))
-			return;
-	}
-	ev_packet_on(skb, ifindex, (__u32)CNI_PROG << 16 | (__u32)dir << 8 | reason, len, aux);
+	if (!(cfg->flags & (EV_CFG_FLOWS_PODS | EV_CFG_TRACE)) &&
+	    (!(cfg->flags & EV_CFG_FLOWS_ALL) || (reason == REASON_REDIRECT && dir == DIR_INGRESS)))
+		return;
+	ev_flow_on(skb, ifindex, dir_reason, len, aux);
+}
+
+/* ev_packet of a packet the caller knows is dropped (a reason it cannot
+ * tell the compiler): never calls ev_flow_on, whose frame is larger. */
+static __always_inline void ev_packet_drop(struct __sk_buff *skb, __u32 ifindex, __u8 dir, __u8 reason, __u32 len,
+					   __u32 aux)
+{
+	__u32 zero = 0;
+	const struct ev_config *cfg = bpf_map_lookup_elem(&cni_ev_config, &zero);
+
+	if (cfg && cfg->flags)
+		ev_packet_on(skb, ifindex, (__u32)CNI_PROG << 16 | (__u32)dir << 8 | reason, len, aux);
 }
 
 /*

@@ -25,6 +25,7 @@ var (
 		asm.FnCsumDiff: "4.6", asm.FnSkbChangeTail: "4.9", asm.FnGetSocketCookie: "4.12",
 		asm.FnFibLookup: "4.18", asm.FnSkLookupUdp: "4.20", asm.FnSkRelease: "4.20", asm.FnSpinLock: "5.1",
 		asm.FnSpinUnlock: "5.1", asm.FnSkbEcnSetCe: "5.1", asm.FnSkcLookupTcp: "5.2",
+		asm.FnJiffies64:      "5.5", // 5576b991e9c1; inlined by the verifier (the flow events' hot slots)
 		asm.FnGetNetnsCookie: "5.7", // cgroup sock_addr only; sock_ops 5.15 (features.go)
 		asm.FnRingbufReserve: "5.8", asm.FnRingbufSubmit: "5.8",
 		// 5.10 with the nexthop parameters: ba452c9e996d reached the bpf

@@ -179,29 +179,40 @@ func TestFlowEvents(t *testing.T) {
 
 // BenchmarkEventsCost times cni_from_container on the pod-to-pod fast path
 // with events off, drop events on (nothing to send: the packet is handed
-// on), and flow events on (a flow table lookup per packet, first packet
-// announced once).
+// on), and flow events on (first packet announced once; the others hit
+// their CPU's hot slot): node-wide, for the one pod asking (per pod), and
+// node-wide with 64 flows taking turns (more than a CPU's 16 slots: every
+// packet misses its slot and looks the flow table up).
 // go test -run - -bench EventsCost -benchtime 20000x ./pkg/datapath/
 func BenchmarkEventsCost(b *testing.B) {
 	for _, c := range []struct {
-		name string
-		s    maps.EventSettings
+		name  string
+		s     maps.EventSettings
+		flows int
 	}{
-		{"off", maps.EventSettings{}},
-		{"drops", maps.EventSettings{Drops: true}},
-		{"flows", maps.EventSettings{Drops: true, Flows: maps.FlowsNode}},
+		{"off", maps.EventSettings{}, 1},
+		{"drops", maps.EventSettings{Drops: true}, 1},
+		{"flows", maps.EventSettings{Drops: true, Flows: maps.FlowsNode}, 1},
+		{"flows-pod", maps.EventSettings{Drops: true, Flows: maps.FlowsPods}, 1},
+		{"flows-64", maps.EventSettings{Drops: true, Flows: maps.FlowsNode}, 64},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			dp := testDatapath(b)
 			must(b, dp.Maps.Events().SetSettings(c.s))
+			if c.s.Flows == maps.FlowsPods {
+				must(b, dp.Maps.Events().SetFlows(loIfindex, true))
+			}
 			r, err := ringbuf.NewReader(dp.Maps.Events().Ring())
 			must(b, err)
 			defer r.Close()
-			frame := packet(podMAC, protoTCP, podIP, dstIP, 40000, 80, ackFlag)
+			frames := make([][]byte, c.flows)
+			for i := range frames {
+				frames[i] = packet(podMAC, protoTCP, podIP, dstIP, uint16(40000+i), 80, ackFlag)
+			}
 			var total time.Duration
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				ret, d, err := dp.FromContainer.Benchmark(frame, 1, nil)
+				ret, d, err := dp.FromContainer.Benchmark(frames[i%c.flows], 1, nil)
 				if err != nil {
 					b.Fatal(err)
 				}

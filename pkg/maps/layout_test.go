@@ -21,7 +21,7 @@ var layouts = map[int]string{
 	2: "b84671b938a29b9c", // NAT (flow timers and state in cni_ct/cni_snat, cni_masq_config, cni_masq_share, IPv6 masquerade, ICMP error counters), bandwidth (bw_state.queue_ns, mark_ns; netns_info.rcv_wnd), node resources (sizes from maxPods, cni_stats not preallocated, cni_cidr_refs)
 	3: "095634a0ecb41662", // datapath events (cni_events ring buffer, cni_ev_config, cni_ev_cpu, cni_ev_pods, cni_ev_flows), per-pod stack-flow tables (cni_stack_flow_parts), NetworkPolicy (cni_pol_*, the flows in per-interface tables cni_pol_ct_parts, fragments in cni_pol_frag_parts); no existing map changed; maps of maps' tables fingerprinted too
 	4: "189d5f1bfa258806", // the node tunnel (cni_tun_nodes, cni_tun_cidrs) and its two drop reasons (cni_stats sized for them); no existing struct changed
-	5: "a20201bd4e407453", // drop_tunnel_mac (issue 24: a tunnel datagram from a MAC that is not the next hop toward its claimed node) and three drop reasons (the masquerade's port exhaustion and pod limit, a hostPort reply with no route: issue 25), cni_stats sized for them; ev_config.pad is trace_until_s (the per-pod trace's end); no size changed
+	5: "3f985f856761e2f3", // drop_tunnel_mac (issue 24: a tunnel datagram from a MAC that is not the next hop toward its claimed node) and three drop reasons (the masquerade's port exhaustion and pod limit, a hostPort reply with no route: issue 25), cni_stats sized for them; ev_config.pad is trace_until_s (the per-pod trace's end); ev_cpu.hot, each CPU's last flows (issue 25: flow events' per-packet cost; layout 5 unreleased, re-recorded; cni_ev_cpu is not copied by a migration)
 }
 
 // optionalLayouts holds the fingerprint of the maps each LayoutVersion

@@ -304,7 +304,7 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: nameClusterCIDRs, Type: ebpf.LPMTrie, KeySize: 24, ValueSize: 4, MaxEntries: 256, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: nameCT, Type: ebpf.LRUHash, KeySize: 40, ValueSize: 80},
 		{Name: nameEvConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 1},
-		{Name: nameEvCPU, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 112, MaxEntries: 1},
+		{Name: nameEvCPU, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 880, MaxEntries: 1},
 		{Name: nameEvFlows, Type: ebpf.LRUHash, KeySize: 44, ValueSize: 24},
 		{Name: nameEvPods, Type: ebpf.Hash, KeySize: 4, ValueSize: 4, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: nameEvents, Type: ebpf.RingBuf, MaxEntries: 1 << 18},

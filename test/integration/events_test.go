@@ -320,8 +320,25 @@ func TestEventsEachDropReason(t *testing.T) {
 	t.Logf("ingress: %d drops, %d events, %d of them the datagrams sent", dropsIn, n, udpIn)
 
 	// Filters: --verdict, --protocol, --pod.
-	if recs := observeJSON(t, e, "--last", "1000", "--pod", "shop/web-1", "--protocol", "icmp"); len(recs) != 2 {
-		t.Errorf("--pod shop/web-1 --protocol icmp: %d events, want the redirect and the IPv6 one: %+v", len(recs), recs)
+	// The pod's own kernel may have sent ICMPv6 of its own while its link
+	// entry was gone (a neighbour solicitation of its DAD, an MLD report:
+	// once a third event here, 12:43 at load 28): the filter keeps every
+	// ICMP event of the pod and only those, the two frames sent among them.
+	recs := observeJSON(t, e, "--last", "1000", "--pod", "shop/web-1", "--protocol", "icmp")
+	sent := 0
+	for _, r := range recs {
+		if r.Pod != "shop/web-1" || (r.Protocol != "icmp" && r.Protocol != "icmpv6") {
+			t.Errorf("--pod shop/web-1 --protocol icmp let through %+v", r)
+		}
+		switch {
+		case r.Reason == "drop_router_msg" && r.Src == v4.String(), r.Reason == "drop_unknown_endpoint" && r.Src == "fe80::42":
+			sent++
+		case r.Reason != "drop_unknown_endpoint":
+			t.Errorf("--pod shop/web-1 --protocol icmp: an event the test did not provoke nor the pod's kernel could: %+v", r)
+		}
+	}
+	if sent != 2 {
+		t.Errorf("--pod shop/web-1 --protocol icmp: %d of the redirect and the IPv6 frame sent, want both: %+v", sent, recs)
 	}
 	if recs := observeJSON(t, e, "--last", "1000", "--verdict", "forwarded"); len(recs) != 0 {
 		t.Errorf("--verdict forwarded with flow events off: %+v", recs)
