@@ -161,6 +161,11 @@ type mapsObjEvCpu struct {
 	Key      mapsObjEvFlowKey
 	Pad      uint32
 	Val      mapsObjEvFlowVal
+	Hot      [16]struct {
+		_      structs.HostLayout
+		Key    mapsObjEvFlowKey
+		StampJ uint32
+	}
 }
 
 type mapsObjEvFlowKey struct {
