@@ -97,7 +97,7 @@ unit-test:
 
 # The race detector over the packages whose tests need no root (no BPF, no
 # namespaces): they run anywhere, CI included.
-RACE_PKGS := ./pkg/cni/... ./pkg/endpoint/... ./pkg/state/... ./pkg/maps/... ./pkg/agent/... ./pkg/policy/... ./pkg/events/... ./deploy/...
+RACE_PKGS := ./pkg/cni/... ./pkg/endpoint/... ./pkg/state/... ./pkg/maps/... ./pkg/agent/... ./pkg/policy/... ./pkg/kubewatch/... ./pkg/events/... ./deploy/...
 race:
 	$(GO) test -race -count=1 $(RACE_PKGS)
 

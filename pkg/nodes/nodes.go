@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/kubewatch"
 )
 
 // Node is what the agent reads of a Node object.
@@ -123,6 +125,9 @@ func Follow(ctx context.Context, cfg *rest.Config, self string, settle time.Dura
 	if err != nil {
 		return err
 	}
+	lw = kubewatch.Bounded(lw, kubewatch.DefaultIdle, func(what string, d time.Duration) {
+		logf("nodes: watch: no %s in %s; watching again", what, d)
+	})
 	inf := cache.NewSharedIndexInformer(lw, &corev1.Node{}, 0, cache.Indexers{})
 	if err := inf.SetTransform(slim); err != nil {
 		return err

@@ -372,8 +372,9 @@ func (c *cluster) down() {
 	}
 }
 
-// collectLogs copies the pods' container logs out of the node before it
-// goes (kubelet's /var/log/pods is in the node's overlay).
+// collectLogs copies the kube-system pods' container logs (the agents',
+// CoreDNS') out of the node before it goes (kubelet's /var/log/pods is in
+// the node's overlay; its directories are <namespace>_<pod>_<uid>).
 func (c *cluster) collectLogs() {
 	for _, n := range c.nodes {
 		if n.holder == nil || n.holder.exited() {
@@ -381,7 +382,7 @@ func (c *cluster) collectLogs() {
 		}
 		dst := filepath.Join(c.logs, n.name+"-pods")
 		os.MkdirAll(dst, 0o755)
-		in(n.holder, true, "/bin/sh", "-c", fmt.Sprintf("cp -rL /var/log/pods/*_kube-system_* %s/ 2>/dev/null; true", dst))
+		in(n.holder, true, "/bin/sh", "-c", fmt.Sprintf("cp -rL /var/log/pods/kube-system_* %s/ 2>/dev/null; true", dst))
 	}
 }
 

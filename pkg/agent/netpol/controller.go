@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/kubewatch"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy/compile"
 	"github.com/ebpf-cni/ebpf-cni/pkg/safedir"
@@ -49,6 +50,11 @@ type Config struct {
 	// netlink).
 	ListWatch func(resource string) (cache.ListerWatcher, error)
 	LinkName  func(ifindex int) (string, bool)
+
+	// WatchIdle ends a watch on which nothing (no event, no bookmark)
+	// arrived for this long, or whose request got no answer: the
+	// informer then watches again (kubewatch). 0: kubewatch.DefaultIdle.
+	WatchIdle time.Duration
 }
 
 // Controller programs the local pod interfaces' NetworkPolicy.
@@ -84,6 +90,9 @@ func New(cfg Config) *Controller {
 	}
 	if cfg.ListWatch == nil {
 		cfg.ListWatch = func(resource string) (cache.ListerWatcher, error) { return apiListWatch(cfg.Kube, resource) }
+	}
+	if cfg.WatchIdle == 0 {
+		cfg.WatchIdle = kubewatch.DefaultIdle
 	}
 	if cfg.LinkName == nil {
 		cfg.LinkName = func(idx int) (string, bool) {
@@ -139,7 +148,16 @@ func (c *Controller) Run(ctx context.Context) error {
 	}
 	f := &feed{snap: c.snap, changed: c.changed, logf: c.cfg.Logf}
 	start := time.Now()
-	synced, err := startInformers(ctx, c.cfg.ListWatch, f)
+	lw := func(resource string) (cache.ListerWatcher, error) {
+		inner, err := c.cfg.ListWatch(resource)
+		if err != nil {
+			return nil, err
+		}
+		return kubewatch.Bounded(inner, c.cfg.WatchIdle, func(what string, d time.Duration) {
+			c.cfg.Logf("policy: watch %s: no %s in %s; watching again", resource, what, d)
+		}), nil
+	}
+	synced, err := startInformers(ctx, lw, f)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -83,10 +84,36 @@ type lab struct {
 	links map[int]string
 	c     *Controller
 	hold  chan struct{} // closed: the lists may complete
+	// stuck: how many of a resource's next watches hang, and how
+	// (stuckSilent, stuckUnanswered).
+	stuck map[string][]stuckHow
 }
 
-func newLab(t *testing.T, objs ...runtime.Object) *lab {
-	l := &lab{t: t, cs: fake.NewSimpleClientset(objs...), w: newFakeWriter(), dir: t.TempDir(), links: map[int]string{}, hold: make(chan struct{})}
+type stuckHow int
+
+const (
+	// stuckSilent: the watch is answered, then nothing ever arrives on it
+	// (a stream that stopped, its connection busy with other streams).
+	stuckSilent stuckHow = iota
+	// stuckUnanswered: the request gets no answer (the server holds it).
+	stuckUnanswered
+)
+
+// silentWatch is answered and then delivers nothing until stopped.
+type silentWatch struct {
+	ch   chan watch.Event
+	once sync.Once
+}
+
+func (w *silentWatch) Stop()                          { w.once.Do(func() { close(w.ch) }) }
+func (w *silentWatch) ResultChan() <-chan watch.Event { return w.ch }
+
+func newLab(t *testing.T, objs ...runtime.Object) *lab { return newLabWith(t, nil, objs...) }
+
+// newLabWith lets the test change the controller's Config before it runs.
+func newLabWith(t *testing.T, tweak func(*Config), objs ...runtime.Object) *lab {
+	l := &lab{t: t, cs: fake.NewSimpleClientset(objs...), w: newFakeWriter(), dir: t.TempDir(), links: map[int]string{}, hold: make(chan struct{}),
+		stuck: map[string][]stuckHow{}}
 	ctx := context.Background()
 	lw := func(resource string) (cache.ListerWatcher, error) {
 		list := func(o metav1.ListOptions) (runtime.Object, error) {
@@ -99,7 +126,20 @@ func newLab(t *testing.T, objs ...runtime.Object) *lab {
 			}
 			return l.cs.NetworkingV1().NetworkPolicies("").List(ctx, o)
 		}
-		w := func(o metav1.ListOptions) (watch.Interface, error) {
+		w := func(wctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			l.mu.Lock()
+			var how []stuckHow
+			if hs := l.stuck[resource]; len(hs) > 0 {
+				how, l.stuck[resource] = hs[:1], hs[1:]
+			}
+			l.mu.Unlock()
+			if len(how) > 0 {
+				if how[0] == stuckUnanswered {
+					<-wctx.Done()
+					return nil, wctx.Err()
+				}
+				return &silentWatch{ch: make(chan watch.Event)}, nil
+			}
 			switch resource {
 			case "pods":
 				return l.cs.CoreV1().Pods("").Watch(ctx, o)
@@ -108,14 +148,18 @@ func newLab(t *testing.T, objs ...runtime.Object) *lab {
 			}
 			return l.cs.NetworkingV1().NetworkPolicies("").Watch(ctx, o)
 		}
-		return &cache.ListWatch{ListFunc: list, WatchFunc: w}, nil
+		return &cache.ListWatch{ListFunc: list, WatchFuncWithContext: w}, nil
 	}
 	lg := log.New(io.Discard, "", 0)
 	if testing.Verbose() {
 		lg = log.New(os.Stderr, "agent: ", log.Lmicroseconds)
 	}
-	l.c = New(Config{StateDir: filepath.Join(l.dir, "state"), StatusDir: filepath.Join(l.dir, "status"), Writer: l.w,
-		Logf: lg.Printf, Resync: time.Hour, ListWatch: lw, LinkName: l.linkName})
+	cfg := Config{StateDir: filepath.Join(l.dir, "state"), StatusDir: filepath.Join(l.dir, "status"), Writer: l.w,
+		Logf: lg.Printf, Resync: time.Hour, ListWatch: lw, LinkName: l.linkName}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	l.c = New(cfg)
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -350,5 +394,57 @@ func TestControllerRetries(t *testing.T) {
 	defer l.w.mu.Unlock()
 	if l.w.fail != 0 {
 		t.Errorf("%d failures left", l.w.fail)
+	}
+}
+
+// TestControllerStuckWatch: a watch that stops delivering (answered, then
+// silent), or whose request is never answered, is given up after
+// WatchIdle and made again, so a policy created meanwhile is programmed.
+// Before kubewatch bounded the watches, the informer waited on such a
+// watch until the server's timeout (5 to 10 minutes; here, forever) and no
+// policy was programmed: the k8s -netpol run's "expected blocked, was
+// allowed" with both agents silent for minutes.
+func TestControllerStuckWatch(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		how  []stuckHow
+	}{
+		{"silent", []stuckHow{stuckSilent, stuckSilent}},
+		{"unanswered", []stuckHow{stuckUnanswered}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var said []string
+			l := newLabWith(t, func(c *Config) {
+				c.WatchIdle = 300 * time.Millisecond
+				logf := c.Logf
+				c.Logf = func(f string, a ...any) {
+					mu.Lock()
+					said = append(said, fmt.Sprintf(f, a...))
+					mu.Unlock()
+					logf(f, a...)
+				}
+			}, namespace("ns"), pod("ns", "server", "10.0.0.2", map[string]string{"app": "server"}))
+			l.mu.Lock()
+			l.stuck["networkpolicies"] = tc.how
+			l.mu.Unlock()
+			l.attach(7, "ns", "server")
+			close(l.hold)
+			l.waitFor("the server programmed open", func() bool { _, ok, _ := l.w.get(7); return ok })
+			if _, err := l.cs.NetworkingV1().NetworkPolicies("ns").Create(context.Background(), serverPolicy("p", false), metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			l.waitFor("the server isolated by the policy created during the stuck watch", func() bool {
+				ep, _, _ := l.w.get(7)
+				return ep.Ingress.Isolated
+			})
+			t.Logf("policy created to programmed: %s", time.Since(start).Round(time.Millisecond))
+			mu.Lock()
+			defer mu.Unlock()
+			if !slices.ContainsFunc(said, func(s string) bool { return strings.Contains(s, "watch networkpolicies: no") }) {
+				t.Errorf("the stuck watch was not logged; said %q", said)
+			}
+		})
 	}
 }
