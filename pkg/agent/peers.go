@@ -180,6 +180,9 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 		if err := EnsureTunnelHops(addrs); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("tunnel next hops: %w", err))
 		}
+		if rt.Ifindex != 0 {
+			errs = errors.Join(errs, syncTunnelAddrs(rt.Ifindex, tunnelSources(pl, rt.Ifindex)))
+		}
 	}
 	if !tunnel && rt.Maps != nil {
 		errs = errors.Join(errs, rt.Maps.SyncTunnel(nil))

@@ -124,9 +124,12 @@ func discoverNode(attempts int) (*nodeView, error) {
 		v4  bool
 	}
 	firstOf := map[fam]net.IP{}
+	// The tunnel device holds copies of the uplinks' addresses (the
+	// agent's syncTunnelAddrs, for the masquerade's source): no uplink.
+	tunnel := TunnelIfindex()
 	for _, a := range addrs {
 		ip := a.IP
-		if ip == nil || ip.IsLoopback() || ip.IsMulticast() || ip.IsUnspecified() {
+		if ip == nil || ip.IsLoopback() || ip.IsMulticast() || ip.IsUnspecified() || (tunnel != 0 && a.LinkIndex == tunnel) {
 			continue
 		}
 		if ip.IsLinkLocalUnicast() {
