@@ -106,6 +106,15 @@ func TestTunnelServicesAcross(t *testing.T) {
 	t.Run("nodeport-local", func(t *testing.T) {
 		mustAsk(t, lab.strang, "tcp", hp(tunNode[0], 30081), 0, "s1", tunStrang)
 	})
+	// A pod to another node's address (its hostNetwork server), as
+	// upstream's "KubeProxy should set TCP CLOSE_WAIT timeout" does: node
+	// addresses are cluster CIDRs (above), so the pod keeps its address.
+	t.Run("pod-to-node-across", func(t *testing.T) {
+		serve(t, n3.Node, 8081, "node3")
+		for _, proto := range []string{"tcp", "udp"} {
+			mustAsk(t, p1, proto, hp(tunNode[2], 8081), 0, "node3", a1)
+		}
+	})
 	// The answers above crossed the tunnel: node 1 routes pod 3's ranges
 	// into ebpf-tun only (the lab's router has no route to them); its
 	// transmit counter proves the device carried them.
