@@ -129,7 +129,9 @@ e2e-short:
 # node, nothing leaves the machine). CNI=ebpf-cni (deploy/ applied with kubectl)
 # or CNI=reference (ptp + portmap + bandwidth). Builds Kubernetes v1.34 & co.
 # into $(K8S_CACHE) the first time; results in results/k8s-e2e-<cni>-<time>/.
-# K8S_E2E_ARGS passes more flags (e.g. -focus RE, -procs N; see -h).
+# K8S_E2E_ARGS passes more flags (e.g. -focus RE, -procs N; see -h);
+# K8S_E2E_ARGS=-subnets: the nodes on two subnets behind a router that knows
+# no pod CIDR, the agent tunnelling (vxlan; docs/k8s-e2e.md, issue 24).
 CNI       ?= ebpf-cni
 K8S_CACHE ?= /var/cache/ebpf-cni-k8s
 .PHONY: k8s-e2e k8s-e2e-quick

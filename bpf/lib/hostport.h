@@ -34,6 +34,7 @@
 #include "stackflow.h"
 #include "flowlife.h"
 #include "icmp.h"
+#include "tunnel.h"
 
 static __always_inline void hp_count(__u32 what)
 {
@@ -295,6 +296,15 @@ static __always_inline int fib_redirect(struct __sk_buff *skb, __u32 ifindex)
 	}
 	/* tot_len 0: the helper checks the skb (GSO aware) against the MTU. */
 	rc = bpf_fib_lookup(skb, &p, sizeof(p), 0);
+#ifndef EBPF_CNI_COMPAT
+	/* A route into the tunnel device (another node's pod CIDR). */
+	if (rc == BPF_FIB_LKUP_RET_UNSUPP_LWT) {
+		rc = tun_redirect(skb, &p);
+		if (rc >= 0)
+			return rc;
+		goto no_route;
+	}
+#endif
 	if (rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH)
 		goto no_route;
 

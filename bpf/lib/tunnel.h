@@ -27,6 +27,67 @@ static __always_inline struct tun_peer *tun_cidr_of(const void *addr, __u8 famil
 	return bpf_map_lookup_elem(&cni_tun_cidrs, &k);
 }
 
+#ifndef EBPF_CNI_COMPAT
+/* tun_redirect's search of cni_after_links for the tunnel device. */
+struct tun_dev_search {
+	__u32 ifindex;
+};
+
+static __attribute__((unused)) long tun_dev_cb(void *map, __u32 *ifindex, __u32 *what, struct tun_dev_search *s)
+{
+	if (*what & AFTER_LINK_TUNNEL) {
+		s->ifindex = *ifindex;
+		return 1;
+	}
+	return 0;
+}
+
+/*
+ * Sends a packet a program translated (a hostPort reply, whose source is
+ * now a node address: the stack would drop it as martian from a veth)
+ * into the tunnel toward the node whose pod CIDR holds its destination, with the
+ * tunnel key the route into the device carries: bpf_fib_lookup does not
+ * resolve such a route (BPF_FIB_LKUP_RET_UNSUPP_LWT; fib is its query).
+ * Returns the redirect, or -1 when the destination is no other node's pod
+ * or there is no tunnel device.
+ * Only this rare path (a pod of another node dialling a hostPort) pays the
+ * search of cni_after_links (the uplinks and the device: a few entries).
+ */
+static __noinline __attribute__((unused)) int tun_redirect(struct __sk_buff *skb, struct bpf_fib_lookup *fib)
+{
+	struct tun_dev_search s = {};
+	struct bpf_tunnel_key k = {};
+	__u64 flags = BPF_F_DONT_FRAGMENT;
+	__u8 dst[16] = {};
+	struct tun_peer *p;
+
+	if (fib->family == AF_INET)
+		__builtin_memcpy(dst, &fib->ipv4_dst, 4);
+	else
+		__builtin_memcpy(dst, fib->ipv6_dst, 16);
+	p = tun_cidr_of(dst, fib->family);
+	if (!p)
+		return -1;
+	bpf_for_each_map_elem(&cni_after_links, tun_dev_cb, &s, 0);
+	if (!s.ifindex)
+		return -1;
+	if (p->family == AF_INET) {
+		__u32 a;
+
+		__builtin_memcpy(&a, p->addr, 4);
+		k.remote_ipv4 = bpf_ntohl(a);
+	} else {
+		__builtin_memcpy(k.remote_ipv6, p->addr, 16);
+		flags |= BPF_F_TUNINFO_IPV6;
+	}
+	k.tunnel_id = TUN_VNI;
+	k.tunnel_ttl = 64;
+	if (!pkt_forward(skb, fib->family) || bpf_skb_set_tunnel_key(skb, &k, sizeof(k), flags))
+		return -1;
+	return bpf_redirect(s.ifindex, 0);
+}
+#endif
+
 /* The id of the node that has addr, 0 when none. */
 static __always_inline __u32 tun_node_of(const void *addr, __u8 family)
 {

@@ -124,9 +124,13 @@ func discoverNode(attempts int) (*nodeView, error) {
 		v4  bool
 	}
 	firstOf := map[fam]net.IP{}
+	// The tunnel device holds an address for the masquerade's source
+	// into it (the agent's syncTunnelAddrs: its pod CIDR's network
+	// address, or a copy of the node's): no uplink.
+	tunnel := TunnelIfindex()
 	for _, a := range addrs {
 		ip := a.IP
-		if ip == nil || ip.IsLoopback() || ip.IsMulticast() || ip.IsUnspecified() {
+		if ip == nil || ip.IsLoopback() || ip.IsMulticast() || ip.IsUnspecified() || (tunnel != 0 && a.LinkIndex == tunnel) {
 			continue
 		}
 		if ip.IsLinkLocalUnicast() {

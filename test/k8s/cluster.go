@@ -21,6 +21,9 @@ import (
 // sees them: the namespaces have no link to the host's.
 const (
 	fabricPrefix = "10.255.0" // the bridge in the control-plane namespace: .1, nodes .11, .12
+	// -subnets: node i is on 10.255.(i-1).0/24 (bridge br<i-1>), the
+	// control plane .1 on each, the router .254 on each (subnets.go).
+	fabricNet    = "10.255"
 	clusterCIDR  = "10.244.0.0/16"
 	serviceCIDR  = "10.96.0.0/16"
 	apiServiceIP = "10.96.0.1"
@@ -28,7 +31,8 @@ const (
 	numNodes     = 2
 
 	// Dual-stack mode (-dual-stack) adds an IPv6 family to each.
-	fabricPrefix6 = "fd00:255::" // bridge ::1, nodes ::11, ::12
+	fabricPrefix6 = "fd00:255::"  // bridge ::1, nodes ::11, ::12
+	fabricNet6    = "fd00:255:0:" // -subnets: fd00:255:0:<i-1>::/64
 	clusterCIDR6  = "fd00:10:244::/56"
 	serviceCIDR6  = "fd00:10:96::/112"
 )
@@ -44,6 +48,7 @@ type node struct {
 	name     string
 	ip       string
 	ip6      string // dual-stack mode only
+	subnet   int    // index of its subnet (bridge br<subnet>): 0 but with -subnets
 	dir      string
 	holder   *proc    // sleeps in the node's network and mount namespaces
 	podCIDRs []string // as the controller manager allocated them
@@ -87,6 +92,7 @@ type cluster struct {
 	logs      string // daemon logs (kept in the results)
 	cgName    string // cgroup directory name, in every hierarchy
 	cp        *proc  // holder of the control-plane network namespace
+	router    *proc  // -subnets: holder of the router's network namespace
 	cpIP      string
 	nodes     []*node
 	procs     []*proc
@@ -106,9 +112,13 @@ func newCluster(o options, a *artifacts) *cluster {
 	c := &cluster{o: o, a: a, id: id, work: "/tmp/k8se-" + id, logs: filepath.Join(o.out, "logs"),
 		cgName: "k8se-" + id, cpIP: fabricPrefix + ".1"}
 	for i := 1; i <= numNodes; i++ {
-		n := &node{name: fmt.Sprintf("node%d", i), ip: fmt.Sprintf("%s.%d", fabricPrefix, 10+i)}
+		n := &node{name: fmt.Sprintf("node%d", i)}
+		if o.subnets {
+			n.subnet = i - 1
+		}
+		n.ip = fmt.Sprintf("%s.%d", subnetPrefix(n.subnet), 10+i)
 		if o.dualStack {
-			n.ip6 = fmt.Sprintf("%s%d", fabricPrefix6, 10+i)
+			n.ip6 = fmt.Sprintf("%s%d", subnetPrefix6(n.subnet), 10+i)
 		}
 		n.dir = filepath.Join(c.work, n.name)
 		c.nodes = append(c.nodes, n)
@@ -326,11 +336,13 @@ func (c *cluster) network() error {
 			return err
 		}
 	}
-	// unshare execs sleep once the namespaces exist: wait for that.
-	holders := []*proc{c.cp}
-	for _, n := range c.nodes {
-		holders = append(holders, n.holder)
+	if c.o.subnets {
+		if c.router, err = c.start("netns-router", nil, false, "router", "unshare", "--net", "--", "sleep", "infinity"); err != nil {
+			return err
+		}
 	}
+	// unshare execs sleep once the namespaces exist: wait for that.
+	holders := c.holders()
 	self, _ := os.Readlink("/proc/self/ns/net")
 	for _, h := range holders {
 		ok := false
@@ -348,17 +360,27 @@ func (c *cluster) network() error {
 			return fmt.Errorf("%s: no new network namespace", h.name)
 		}
 	}
-	steps := [][]string{
-		{"ip", "link", "set", "lo", "up"},
-		{"ip", "link", "add", "br0", "type", "bridge"},
-		{"ip", "addr", "add", c.cpIP + "/24", "dev", "br0"},
-		{"ip", "link", "set", "br0", "up"},
+	if _, err := in(c.cp, false, "ip", "link", "set", "lo", "up"); err != nil {
+		return err
 	}
-	if c.o.dualStack {
-		steps = append(steps, []string{"ip", "addr", "add", fabricPrefix6 + "1/64", "dev", "br0", "nodad"})
+	for sn := 0; sn < c.numSubnets(); sn++ {
+		br := fmt.Sprintf("br%d", sn)
+		steps := [][]string{
+			{"ip", "link", "add", br, "type", "bridge"},
+			{"ip", "addr", "add", subnetPrefix(sn) + ".1/24", "dev", br},
+			{"ip", "link", "set", br, "up"},
+		}
+		if c.o.dualStack {
+			steps = append(steps, []string{"ip", "addr", "add", subnetPrefix6(sn) + "1/64", "dev", br, "nodad"})
+		}
+		for _, s := range steps {
+			if _, err := in(c.cp, false, s...); err != nil {
+				return err
+			}
+		}
 	}
-	for _, s := range steps {
-		if _, err := in(c.cp, false, s...); err != nil {
+	if c.o.subnets {
+		if err := c.routerNetwork(); err != nil {
 			return err
 		}
 	}
@@ -366,7 +388,7 @@ func (c *cluster) network() error {
 		pid := strconv.Itoa(n.holder.cmd.Process.Pid)
 		for _, s := range [][]string{
 			{"ip", "link", "add", "v-" + n.name, "type", "veth", "peer", "name", "eth0", "netns", pid},
-			{"ip", "link", "set", "v-" + n.name, "master", "br0", "up"},
+			{"ip", "link", "set", "v-" + n.name, "master", fmt.Sprintf("br%d", n.subnet), "up"},
 		} {
 			if _, err := in(c.cp, false, s...); err != nil {
 				return err
@@ -391,6 +413,7 @@ func (c *cluster) network() error {
 				[]string{"ip", "-6", "route", "add", serviceCIDR6, "dev", "eth0"},
 				[]string{"sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"})
 		}
+		steps = append(steps, c.subnetRoutes(n)...)
 		for _, s := range steps {
 			if _, err := in(n.holder, false, s...); err != nil {
 				return err

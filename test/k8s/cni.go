@@ -44,6 +44,9 @@ func (c *cluster) installCNI(ctx context.Context) error {
 			return err
 		}
 	}
+	if manifest, err = c.tunnelArgs(manifest); err != nil {
+		return err
+	}
 	if c.o.helm {
 		if c.o.rollout != "" {
 			return fmt.Errorf("-helm and -rollout: use one (the rollout starts from a release's manifest)")
@@ -141,7 +144,7 @@ func (c *cluster) checkAgentRoutes(ctx context.Context) error {
 				continue
 			}
 			for _, cidr := range m.podCIDRs {
-				want = append(want, cidr+" via "+m.via(cidr))
+				want = append(want, c.wantPeerRoute(n, m, cidr))
 			}
 		}
 		if err := c.waitFor(ctx, n.name+": the agent's routes to the other nodes' pods", time.Minute, func() error {
@@ -152,8 +155,8 @@ func (c *cluster) checkAgentRoutes(ctx context.Context) error {
 					return err
 				}
 				for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
-					if f := strings.Fields(l); len(f) >= 3 && f[1] == "via" {
-						have = append(have, strings.Join(f[:3], " "))
+					if r := peerRoute(l); r != "" {
+						have = append(have, r)
 					}
 				}
 			}
@@ -356,4 +359,68 @@ spec:
   - {name: dns-tcp, port: 53, protocol: TCP}
   - {name: metrics, port: 9153, protocol: TCP}
 `, corednsImage, dnsServiceIP)
+}
+
+// tunnelArgs adds the -tunnel mode's flags to the agent's arguments in
+// deploy/ebpf-cni.yaml (with -helm, helmInstall sets the chart's values).
+func (c *cluster) tunnelArgs(manifest string) (string, error) {
+	if c.o.tunnel == "" || c.o.helm {
+		return manifest, nil
+	}
+	const anchor = "            - --network-policy\n"
+	if strings.Count(manifest, anchor) != 1 {
+		return "", fmt.Errorf("deploy/ebpf-cni.yaml: the agent's %q argument, after which -tunnel adds its flags, is not there once", strings.TrimSpace(anchor))
+	}
+	mode, extra := c.o.tunnel, ""
+	if mode == "hybrid" {
+		mode, extra = "vxlan", "            - --tunnel-hybrid\n"
+	}
+	return strings.Replace(manifest, anchor, anchor+"            - --tunnel="+mode+"\n"+extra, 1), nil
+}
+
+// helmTunnelValues: helm install's --set for the -tunnel mode.
+func (c *cluster) helmTunnelValues() []string {
+	switch c.o.tunnel {
+	case "":
+		return nil
+	case "hybrid":
+		return []string{"--set", "tunnel.mode=vxlan", "--set", "tunnel.hybrid=true"}
+	}
+	return []string{"--set", "tunnel.mode=" + c.o.tunnel}
+}
+
+// wantPeerRoute: the agent's route on n to m's pod CIDR, as peerRoute
+// writes it: host-gw via m's address of the CIDR's family, or into the
+// tunnel device toward m's first address (every family: an IPv6 pod CIDR
+// rides an IPv4 underlay). Hybrid keeps host-gw within a subnet.
+func (c *cluster) wantPeerRoute(n, m *node, cidr string) string {
+	if c.o.tunnel == "" || (c.o.tunnel == "hybrid" && n.subnet == m.subnet) {
+		return cidr + " via " + m.via(cidr)
+	}
+	return cidr + " tunnel " + datapath.TunnelDevice + " to " + m.ip
+}
+
+// peerRoute normalises a line of `ip route show proto 199`: "CIDR via GW"
+// for a host-gw route, "CIDR tunnel DEV to DST" for one carrying a tunnel
+// key; "" for anything else.
+func peerRoute(l string) string {
+	f := strings.Fields(l)
+	if len(f) >= 3 && f[1] == "via" {
+		return strings.Join(f[:3], " ")
+	}
+	if len(f) < 2 || f[1] != "encap" {
+		return ""
+	}
+	var dst, dev string
+	for i := 1; i+1 < len(f); i++ {
+		switch f[i] {
+		case "dst":
+			if dst == "" {
+				dst = f[i+1]
+			}
+		case "dev":
+			dev = f[i+1]
+		}
+	}
+	return f[0] + " tunnel " + dev + " to " + dst
 }

@@ -220,6 +220,7 @@ func (r *results) write(o options, c *cluster, total time.Duration) error {
 	p, f, s := r.counts()
 	var md strings.Builder
 	fmt.Fprintf(&md, "# sig-network e2e: %s on Kubernetes %s, %d nodes\n\n", r.cni, r.k8s, numNodes)
+	fmt.Fprintf(&md, "topology: %s\n\n", o.topology())
 	fmt.Fprintf(&md, "%d passed, %d failed, %d skipped; whole run %s (%s).\n\n", p, f, s, total.Round(time.Second), time.Now().Format(time.RFC3339))
 	fmt.Fprintf(&md, "focus `%s`\n\nskip `%s`\n\n", r.focus, r.skip)
 	md.WriteString("| spec | result | seconds |\n|---|---|---|\n")
@@ -241,6 +242,7 @@ func (r *results) write(o options, c *cluster, total time.Duration) error {
 	}
 	js, err := json.MarshalIndent(map[string]any{
 		"cni": r.cni, "kubernetes": r.k8s, "nodes": numNodes, "focus": r.focus, "skip": r.skip,
+		"topology": o.topology(), "dualStack": o.dualStack,
 		"passed": p, "failed": f, "skipped": s, "seconds": int(total.Seconds()),
 		"specs": r.specs, "leaks": r.leaks,
 	}, "", "  ")

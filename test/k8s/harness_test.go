@@ -83,3 +83,49 @@ func TestDefaultSkipCoversTheBrief(t *testing.T) {
 		}
 	}
 }
+
+// The agent's routes as checkAgentRoutes reads them (ip route show proto
+// 199 lines of both kinds) and as it expects them per -tunnel mode.
+func TestPeerRoutes(t *testing.T) {
+	for line, want := range map[string]string{
+		"10.244.1.0/24 via 10.255.0.12 dev eth0": "10.244.1.0/24 via 10.255.0.12",
+		"10.244.1.0/24 encap ip id 1 dst 10.255.1.12 ttl 64 dev ebpf-tun scope link src 10.255.0.11 mtu lock 1430": "10.244.1.0/24 tunnel ebpf-tun to 10.255.1.12",
+		"fd00:10:244:1::/64 encap ip id 1 dst 10.255.1.12 ttl 64 dev ebpf-tun metric 1024 pref medium":             "fd00:10:244:1::/64 tunnel ebpf-tun to 10.255.1.12",
+		"blackhole 10.244.0.0/24": "",
+	} {
+		if got := peerRoute(line); got != want {
+			t.Errorf("peerRoute(%q) = %q, want %q", line, got, want)
+		}
+	}
+	n1 := &node{name: "node1", ip: "10.255.0.11", ip6: "fd00:255::11"}
+	n2 := &node{name: "node2", ip: "10.255.1.12", ip6: "fd00:255:0:1::12", subnet: 1}
+	for _, tc := range []struct {
+		o          options
+		cidr, want string
+	}{
+		{options{}, "fd00:10:244:1::/64", "fd00:10:244:1::/64 via fd00:255:0:1::12"},
+		{options{subnets: true, tunnel: "vxlan"}, "fd00:10:244:1::/64", "fd00:10:244:1::/64 tunnel ebpf-tun to 10.255.1.12"},
+		{options{subnets: true, tunnel: "hybrid"}, "10.244.1.0/24", "10.244.1.0/24 tunnel ebpf-tun to 10.255.1.12"},
+	} {
+		c := &cluster{o: tc.o}
+		if got := c.wantPeerRoute(n1, n2, tc.cidr); got != tc.want {
+			t.Errorf("%+v: wantPeerRoute = %q, want %q", tc.o, got, tc.want)
+		}
+	}
+}
+
+// -tunnel's flags land in the agent's arguments of deploy/ebpf-cni.yaml.
+func TestTunnelArgs(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/ebpf-cni.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{o: options{tunnel: "hybrid"}}
+	m, err := c.tunnelArgs(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(m, "            - --network-policy\n            - --tunnel=vxlan\n            - --tunnel-hybrid\n") {
+		t.Fatalf("no --tunnel=vxlan --tunnel-hybrid after --network-policy in the rendered manifest")
+	}
+}

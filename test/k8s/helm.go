@@ -39,6 +39,7 @@ func (c *cluster) helmInstall() error {
 		"env", "HELM_CACHE_HOME=" + home + "/cache", "HELM_CONFIG_HOME=" + home + "/config", "HELM_DATA_HOME=" + home + "/data",
 		c.a.path("helm"), "install", "ebpf-cni", filepath.Join(c.o.repo, "deploy/helm/ebpf-cni"),
 		"--namespace", "kube-system", "--kubeconfig", c.admin}
+	args = append(args, c.helmTunnelValues()...)
 	out, err := sh(args...)
 	if err != nil {
 		return fmt.Errorf("helm install: %w", err)

@@ -392,10 +392,7 @@ func (c *cluster) collectLogs() {
 // resolv.conf is empty, and CoreDNS has no upstream. Route lookups only: no
 // packet is sent.
 func (c *cluster) checkOffline() error {
-	holders := []*proc{c.cp}
-	for _, n := range c.nodes {
-		holders = append(holders, n.holder)
-	}
+	holders := c.holders()
 	// Addresses that must be unreachable: public ones and the host's own.
 	targets := []string{"1.1.1.1", "8.8.8.8", "192.0.2.1", "172.16.0.1", "192.168.0.1", "2001:4860:4860::8888", "2606:4700::1111"}
 	if out, err := sh("ip", "-o", "addr", "show", "scope", "global"); err == nil {
@@ -431,7 +428,13 @@ func (c *cluster) checkOffline() error {
 	if err != nil {
 		return err
 	}
-	want := map[string]bool{"lo": true, "br0": true}
+	want := map[string]bool{"lo": true}
+	for sn := 0; sn < c.numSubnets(); sn++ {
+		want[fmt.Sprintf("br%d", sn)] = true
+		if c.o.subnets {
+			want[fmt.Sprintf("v-router%d", sn)] = true
+		}
+	}
 	for _, n := range c.nodes {
 		want["v-"+n.name] = true
 	}
@@ -444,6 +447,9 @@ func (c *cluster) checkOffline() error {
 		if !want[name] {
 			return fmt.Errorf("unexpected link %s in the control-plane namespace", name)
 		}
+	}
+	if err := c.checkSubnets(); err != nil {
+		return err
 	}
 	if b, _ := os.ReadFile(filepath.Join(c.nodes[0].dir, "resolv.conf")); len(strings.TrimSpace(string(b))) != 0 {
 		return fmt.Errorf("kubelet resolv.conf is not empty")

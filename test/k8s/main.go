@@ -2,7 +2,7 @@
 // real 2-node cluster on this machine, with the CNI under test
 // (make k8s-e2e, make k8s-e2e CNI=reference):
 //
-//	go run ./test/k8s [-cni ebpf-cni|reference] [-focus RE] [-skip RE] [-quick|-netpol]
+//	go run ./test/k8s [-cni ebpf-cni|reference] [-focus RE] [-skip RE] [-quick|-netpol] [-subnets]
 //
 // Everything comes from the Go module proxy and Debian's apt: Kubernetes
 // v1.34 (test/k8s/tools pins it), etcd, CoreDNS, e2e.test, agnhost and
@@ -18,6 +18,8 @@
 // own mount namespace (overlays on /etc, /opt, /run, /var/lib, /var/log and
 // a private bpffs, so the node's /etc/cni, /opt/cni/bin, /var/lib/cni and
 // pins are its own) running containerd, kubelet and kube-proxy (iptables).
+// With -subnets, each node has its own subnet (a bridge each) and a router
+// namespace joins them; the agent tunnels (subnets.go).
 // None of these namespaces has a link to the host's network namespace, a
 // default route or an upstream resolver: nothing can leave the machine, and
 // that is checked before the suite starts.
@@ -118,6 +120,12 @@ type options struct {
 	// helm installs deploy/helm/ebpf-cni with helm instead of applying
 	// deploy/ebpf-cni.yaml.
 	helm bool
+	// subnets puts each node on its own subnet behind a router namespace
+	// (subnets.go); tunnel is the agent's tunnel mode (vxlan, geneve, or
+	// hybrid: vxlan with host-gw within a subnet), vxlan by default with
+	// subnets.
+	subnets bool
+	tunnel  string
 }
 
 func main() {
@@ -139,6 +147,8 @@ func main() {
 	flag.BoolVar(&o.uninstall, "uninstall", false, "after the suite: delete the DaemonSet with uninstall-on-stop=force and check both nodes have nothing of ebpf-cni left")
 	flag.StringVar(&o.rollout, "rollout", "", "start the DaemonSet at this commit's release and roll it to this tree, back, and forward with an agent killed, under traffic on every path (rollout.md; with -cni reference: the same traffic, steady, as the baseline)")
 	flag.BoolVar(&o.helm, "helm", false, "install ebpf-cni with helm install of deploy/helm/ebpf-cni (a helm built from test/helm/tools) instead of kubectl apply -f deploy/ebpf-cni.yaml")
+	flag.BoolVar(&o.subnets, "subnets", false, "each node on its own subnet behind a router namespace that has no route to any pod CIDR (ebpf-cni only; the agent tunnels, -tunnel)")
+	flag.StringVar(&o.tunnel, "tunnel", "", "the agent's tunnel mode: vxlan, geneve or hybrid (vxlan, host-gw within a subnet); default off, vxlan with -subnets")
 	flag.BoolVar(&o.noE2E, "no-e2e", false, "bring the cluster up (and run -connectivity), skip the e2e suite")
 	cmp := flag.String("compare", "", "comma-separated results.json files: print one markdown table of them and exit")
 	flag.Parse()
@@ -175,6 +185,20 @@ func main() {
 	}
 	if o.cni != "ebpf-cni" && o.cni != "reference" {
 		fatalf("-cni %q: want ebpf-cni or reference", o.cni)
+	}
+	if o.subnets && o.tunnel == "" {
+		o.tunnel = "vxlan"
+	}
+	switch o.tunnel {
+	case "", "vxlan", "geneve", "hybrid":
+	default:
+		fatalf("-tunnel %q: want vxlan, geneve or hybrid", o.tunnel)
+	}
+	if o.tunnel != "" && o.cni != "ebpf-cni" {
+		fatalf("-subnets and -tunnel need -cni ebpf-cni (the reference plugins route host-gw only)")
+	}
+	if o.tunnel != "" && o.rollout != "" {
+		fatalf("-rollout starts from a release's manifest: it does not combine with -subnets or -tunnel")
 	}
 	if os.Geteuid() != 0 {
 		fatalf("run as root (network namespaces, containerd, kubelet)")
