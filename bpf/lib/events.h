@@ -263,13 +263,17 @@ static __always_inline void ev_flow(struct __sk_buff *skb, const struct ev_confi
 	k->dir = dir;
 	if (!ev_flow_tuple(skb, k, &flags))
 		return;
-	struct ev_flow_hot *hot = &c->hot[ev_hot_slot(k)];
+	__u32 zero = 0;
+	struct ev_hot *hs = bpf_map_lookup_elem(&cni_ev_hot, &zero);
+	struct ev_flow_hot *hot = hs ? &hs->slot[ev_hot_slot(k)] : NULL;
 	/* Inlined by the verifier (a load of jiffies): no helper call. */
 	__u32 now_j = bpf_jiffies64();
+	int fresh = 0, mine = 0;
 
-	int fresh = now_j - hot->stamp_j < EV_HOT_JIFFIES;
-	int mine = fresh && ev_key_eq(&hot->key, k);
-
+	if (hot) {
+		fresh = now_j - hot->stamp_j < EV_HOT_JIFFIES;
+		mine = fresh && ev_key_eq(&hot->key, k);
+	}
 	if (mine && !(flags & (TCP_FL_SYN | TCP_FL_FIN | TCP_FL_RST)))
 		return;
 	/* Whatever follows leaves the flow in the table, open or closed, but
@@ -278,7 +282,7 @@ static __always_inline void ev_flow(struct __sk_buff *skb, const struct ev_confi
 	 * shares it only pays the table lookup, as without slots, rather than
 	 * both missing by turns. Written before the helper calls: the slot
 	 * and the time need not outlive them (a smaller frame). */
-	if (!fresh || mine) {
+	if (hot && (!fresh || mine)) {
 		__builtin_memcpy(&hot->key, k, sizeof(*k));
 		hot->stamp_j = now_j;
 	}
@@ -299,10 +303,10 @@ static __always_inline void ev_flow(struct __sk_buff *skb, const struct ev_confi
 		if (bpf_map_update_elem(&cni_ev_flows, k, nv, BPF_NOEXIST)) {
 			/* Inserted by another CPU meanwhile, or not at all (no
 			 * memory): the next packet looks again. */
-			struct ev_flow_hot *h = &c->hot[ev_hot_slot(k)];
+			struct ev_hot *hh = bpf_map_lookup_elem(&cni_ev_hot, &zero);
 
-			if (ev_key_eq(&h->key, k))
-				h->key.ifindex = 0;
+			if (hh && ev_key_eq(&hh->slot[ev_hot_slot(k)].key, k))
+				hh->slot[ev_hot_slot(k)].key.ifindex = 0;
 			return;
 		}
 		type = EV_FLOW_START;

@@ -276,6 +276,14 @@ struct {
 	__type(value, struct ev_cpu);
 } cni_ev_cpu SEC(".maps");
 
+/* Each CPU's hot flow slots (struct ev_hot, lib/events.h ev_flow). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ev_hot);
+} cni_ev_hot SEC(".maps");
+
 /* Endpoints (host veth ifindex) with flow events (EV_POD_FLOWS, sent while
  * EV_CFG_FLOWS_PODS) or trace events (EV_POD_TRACE, while EV_CFG_TRACE) on. */
 struct {

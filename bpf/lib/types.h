@@ -508,7 +508,7 @@ struct ev_flow_val {
 	__u32 pad2;
 };
 
-/* One slot of ev_cpu.hot: a flow this CPU found in cni_ev_flows (open or
+/* One slot of cni_ev_hot: a flow this CPU found in cni_ev_flows (open or
  * closed), and when (the low 32 bits of jiffies). A packet of it within
  * EV_HOT_JIFFIES, neither SYN, FIN nor RST, cannot send an event: it skips
  * the table (lib/events.h ev_flow). ifindex 0: an empty slot. */
@@ -520,10 +520,17 @@ struct ev_flow_hot {
 #define EV_HOT_BITS 4 /* the slot is the top bits of a hash of the key */
 #define EV_HOT_SLOTS (1 << EV_HOT_BITS)
 
+/* Value of cni_ev_hot[0]: the flows this CPU saw last. A map of its own,
+ * not a field of ev_cpu, so that cni_ev_cpu keeps the shape layout 5
+ * first had (a node set up by that build keeps its pins: the map is
+ * optional, made when missing). */
+struct ev_hot {
+	struct ev_flow_hot slot[EV_HOT_SLOTS];
+};
+
 /* Value of cni_ev_cpu[0]: each CPU's token bucket, what it sent and lost,
- * the flow path's scratch (the events code runs as a subprogram of
- * programs with a large stack of their own: both share 512 bytes), and
- * the flows this CPU saw last. */
+ * and the flow path's scratch (the events code runs as a subprogram of
+ * programs with a large stack of their own: both share 512 bytes). */
 struct ev_cpu {
 	__u64 tokens_ns;
 	__u64 last_ns;
@@ -533,7 +540,6 @@ struct ev_cpu {
 	struct ev_flow_key key;
 	__u32 pad;
 	struct ev_flow_val val;
-	struct ev_flow_hot hot[EV_HOT_SLOTS];
 };
 
 /* --------------------------------------------------------- NetworkPolicy */

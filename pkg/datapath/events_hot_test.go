@@ -9,7 +9,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
-// The flow events' hot slots (ev_cpu.hot, lib/events.h ev_flow): each CPU
+// The flow events' hot slots (cni_ev_hot, lib/events.h ev_flow): each CPU
 // remembers the flows it found in cni_ev_flows lately, and their packets
 // skip the table. A slot may only ever save work, never an event: these
 // tests send what would be wrong if a slot hid a flow's start, end or

@@ -25,6 +25,7 @@ const (
 	fromContainerMapCniEvConfig       = "cni_ev_config"
 	fromContainerMapCniEvCpu          = "cni_ev_cpu"
 	fromContainerMapCniEvFlows        = "cni_ev_flows"
+	fromContainerMapCniEvHot          = "cni_ev_hot"
 	fromContainerMapCniEvPods         = "cni_ev_pods"
 	fromContainerMapCniEvents         = "cni_events"
 	fromContainerMapCniHostports      = "cni_hostports"
@@ -118,6 +119,7 @@ type fromContainerMapSpecs struct {
 	CniEvConfig       *ebpf.MapSpec `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.MapSpec `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.MapSpec `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.MapSpec `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.MapSpec `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
@@ -187,6 +189,7 @@ type fromContainerMaps struct {
 	CniEvConfig       *ebpf.Map `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.Map `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.Map `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.Map `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.Map `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
@@ -232,6 +235,7 @@ func (m *fromContainerMaps) Close() error {
 		m.CniEvConfig,
 		m.CniEvCpu,
 		m.CniEvFlows,
+		m.CniEvHot,
 		m.CniEvPods,
 		m.CniEvents,
 		m.CniHostports,

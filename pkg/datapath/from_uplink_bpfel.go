@@ -25,6 +25,7 @@ const (
 	fromUplinkMapCniEvConfig       = "cni_ev_config"
 	fromUplinkMapCniEvCpu          = "cni_ev_cpu"
 	fromUplinkMapCniEvFlows        = "cni_ev_flows"
+	fromUplinkMapCniEvHot          = "cni_ev_hot"
 	fromUplinkMapCniEvPods         = "cni_ev_pods"
 	fromUplinkMapCniEvents         = "cni_events"
 	fromUplinkMapCniHostports      = "cni_hostports"
@@ -118,6 +119,7 @@ type fromUplinkMapSpecs struct {
 	CniEvConfig       *ebpf.MapSpec `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.MapSpec `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.MapSpec `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.MapSpec `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.MapSpec `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
@@ -187,6 +189,7 @@ type fromUplinkMaps struct {
 	CniEvConfig       *ebpf.Map `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.Map `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.Map `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.Map `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.Map `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
@@ -232,6 +235,7 @@ func (m *fromUplinkMaps) Close() error {
 		m.CniEvConfig,
 		m.CniEvCpu,
 		m.CniEvFlows,
+		m.CniEvHot,
 		m.CniEvPods,
 		m.CniEvents,
 		m.CniHostports,

@@ -25,6 +25,7 @@ const (
 	fromUplinkCompatMapCniEvConfig       = "cni_ev_config"
 	fromUplinkCompatMapCniEvCpu          = "cni_ev_cpu"
 	fromUplinkCompatMapCniEvFlows        = "cni_ev_flows"
+	fromUplinkCompatMapCniEvHot          = "cni_ev_hot"
 	fromUplinkCompatMapCniEvPods         = "cni_ev_pods"
 	fromUplinkCompatMapCniEvents         = "cni_events"
 	fromUplinkCompatMapCniHostports      = "cni_hostports"
@@ -118,6 +119,7 @@ type fromUplinkCompatMapSpecs struct {
 	CniEvConfig       *ebpf.MapSpec `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.MapSpec `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.MapSpec `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.MapSpec `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.MapSpec `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
@@ -187,6 +189,7 @@ type fromUplinkCompatMaps struct {
 	CniEvConfig       *ebpf.Map `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.Map `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.Map `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.Map `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.Map `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
@@ -232,6 +235,7 @@ func (m *fromUplinkCompatMaps) Close() error {
 		m.CniEvConfig,
 		m.CniEvCpu,
 		m.CniEvFlows,
+		m.CniEvHot,
 		m.CniEvPods,
 		m.CniEvents,
 		m.CniHostports,

@@ -25,6 +25,7 @@ const (
 	sockMapCniEvConfig       = "cni_ev_config"
 	sockMapCniEvCpu          = "cni_ev_cpu"
 	sockMapCniEvFlows        = "cni_ev_flows"
+	sockMapCniEvHot          = "cni_ev_hot"
 	sockMapCniEvPods         = "cni_ev_pods"
 	sockMapCniEvents         = "cni_events"
 	sockMapCniHostports      = "cni_hostports"
@@ -132,6 +133,7 @@ type sockMapSpecs struct {
 	CniEvConfig       *ebpf.MapSpec `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.MapSpec `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.MapSpec `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.MapSpec `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.MapSpec `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
@@ -201,6 +203,7 @@ type sockMaps struct {
 	CniEvConfig       *ebpf.Map `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.Map `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.Map `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.Map `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.Map `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
@@ -246,6 +249,7 @@ func (m *sockMaps) Close() error {
 		m.CniEvConfig,
 		m.CniEvCpu,
 		m.CniEvFlows,
+		m.CniEvHot,
 		m.CniEvPods,
 		m.CniEvents,
 		m.CniHostports,

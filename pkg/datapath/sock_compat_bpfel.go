@@ -25,6 +25,7 @@ const (
 	sockCompatMapCniEvConfig       = "cni_ev_config"
 	sockCompatMapCniEvCpu          = "cni_ev_cpu"
 	sockCompatMapCniEvFlows        = "cni_ev_flows"
+	sockCompatMapCniEvHot          = "cni_ev_hot"
 	sockCompatMapCniEvPods         = "cni_ev_pods"
 	sockCompatMapCniEvents         = "cni_events"
 	sockCompatMapCniHostports      = "cni_hostports"
@@ -132,6 +133,7 @@ type sockCompatMapSpecs struct {
 	CniEvConfig       *ebpf.MapSpec `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.MapSpec `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.MapSpec `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.MapSpec `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.MapSpec `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
@@ -201,6 +203,7 @@ type sockCompatMaps struct {
 	CniEvConfig       *ebpf.Map `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.Map `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.Map `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.Map `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.Map `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
@@ -246,6 +249,7 @@ func (m *sockCompatMaps) Close() error {
 		m.CniEvConfig,
 		m.CniEvCpu,
 		m.CniEvFlows,
+		m.CniEvHot,
 		m.CniEvPods,
 		m.CniEvents,
 		m.CniHostports,

@@ -25,6 +25,7 @@ const (
 	toContainerCompatMapCniEvConfig       = "cni_ev_config"
 	toContainerCompatMapCniEvCpu          = "cni_ev_cpu"
 	toContainerCompatMapCniEvFlows        = "cni_ev_flows"
+	toContainerCompatMapCniEvHot          = "cni_ev_hot"
 	toContainerCompatMapCniEvPods         = "cni_ev_pods"
 	toContainerCompatMapCniEvents         = "cni_events"
 	toContainerCompatMapCniHostports      = "cni_hostports"
@@ -118,6 +119,7 @@ type toContainerCompatMapSpecs struct {
 	CniEvConfig       *ebpf.MapSpec `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.MapSpec `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.MapSpec `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.MapSpec `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.MapSpec `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
@@ -187,6 +189,7 @@ type toContainerCompatMaps struct {
 	CniEvConfig       *ebpf.Map `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.Map `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.Map `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.Map `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.Map `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
@@ -232,6 +235,7 @@ func (m *toContainerCompatMaps) Close() error {
 		m.CniEvConfig,
 		m.CniEvCpu,
 		m.CniEvFlows,
+		m.CniEvHot,
 		m.CniEvPods,
 		m.CniEvents,
 		m.CniHostports,

@@ -25,6 +25,7 @@ const (
 	toUplinkMapCniEvConfig       = "cni_ev_config"
 	toUplinkMapCniEvCpu          = "cni_ev_cpu"
 	toUplinkMapCniEvFlows        = "cni_ev_flows"
+	toUplinkMapCniEvHot          = "cni_ev_hot"
 	toUplinkMapCniEvPods         = "cni_ev_pods"
 	toUplinkMapCniEvents         = "cni_events"
 	toUplinkMapCniHostports      = "cni_hostports"
@@ -118,6 +119,7 @@ type toUplinkMapSpecs struct {
 	CniEvConfig       *ebpf.MapSpec `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.MapSpec `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.MapSpec `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.MapSpec `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.MapSpec `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
@@ -187,6 +189,7 @@ type toUplinkMaps struct {
 	CniEvConfig       *ebpf.Map `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.Map `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.Map `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.Map `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.Map `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
@@ -232,6 +235,7 @@ func (m *toUplinkMaps) Close() error {
 		m.CniEvConfig,
 		m.CniEvCpu,
 		m.CniEvFlows,
+		m.CniEvHot,
 		m.CniEvPods,
 		m.CniEvents,
 		m.CniHostports,

@@ -25,6 +25,7 @@ const (
 	tunnelMapCniEvConfig       = "cni_ev_config"
 	tunnelMapCniEvCpu          = "cni_ev_cpu"
 	tunnelMapCniEvFlows        = "cni_ev_flows"
+	tunnelMapCniEvHot          = "cni_ev_hot"
 	tunnelMapCniEvPods         = "cni_ev_pods"
 	tunnelMapCniEvents         = "cni_events"
 	tunnelMapCniHostports      = "cni_hostports"
@@ -120,6 +121,7 @@ type tunnelMapSpecs struct {
 	CniEvConfig       *ebpf.MapSpec `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.MapSpec `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.MapSpec `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.MapSpec `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.MapSpec `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
@@ -189,6 +191,7 @@ type tunnelMaps struct {
 	CniEvConfig       *ebpf.Map `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.Map `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.Map `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.Map `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.Map `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
@@ -234,6 +237,7 @@ func (m *tunnelMaps) Close() error {
 		m.CniEvConfig,
 		m.CniEvCpu,
 		m.CniEvFlows,
+		m.CniEvHot,
 		m.CniEvPods,
 		m.CniEvents,
 		m.CniHostports,

@@ -62,6 +62,9 @@ var (
 	nameEvCPU    = mapName(&specNames.CniEvCpu)
 	nameEvPods   = mapName(&specNames.CniEvPods)
 	nameEvFlows  = mapName(&specNames.CniEvFlows)
+	// cni_ev_hot: each CPU's hot flow slots (struct ev_hot), an optional
+	// map of layout 5 (masqquota.go's optionalMaps).
+	nameEvHot = mapName(&specNames.CniEvHot)
 )
 
 const (

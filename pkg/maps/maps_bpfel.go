@@ -161,11 +161,6 @@ type mapsObjEvCpu struct {
 	Key      mapsObjEvFlowKey
 	Pad      uint32
 	Val      mapsObjEvFlowVal
-	Hot      [16]struct {
-		_      structs.HostLayout
-		Key    mapsObjEvFlowKey
-		StampJ uint32
-	}
 }
 
 type mapsObjEvFlowKey struct {
@@ -189,6 +184,15 @@ type mapsObjEvFlowVal struct {
 	Flags   uint8
 	Pad     uint16
 	Pad2    uint32
+}
+
+type mapsObjEvHot struct {
+	_    structs.HostLayout
+	Slot [16]struct {
+		_      structs.HostLayout
+		Key    mapsObjEvFlowKey
+		StampJ uint32
+	}
 }
 
 type mapsObjEvProg uint32
@@ -494,6 +498,7 @@ const (
 	mapsObjMapCniEvConfig       = "cni_ev_config"
 	mapsObjMapCniEvCpu          = "cni_ev_cpu"
 	mapsObjMapCniEvFlows        = "cni_ev_flows"
+	mapsObjMapCniEvHot          = "cni_ev_hot"
 	mapsObjMapCniEvPods         = "cni_ev_pods"
 	mapsObjMapCniEvents         = "cni_events"
 	mapsObjMapCniHostports      = "cni_hostports"
@@ -595,6 +600,7 @@ type mapsObjMapSpecs struct {
 	CniEvConfig       *ebpf.MapSpec `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.MapSpec `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.MapSpec `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.MapSpec `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.MapSpec `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
@@ -674,6 +680,7 @@ type mapsObjMaps struct {
 	CniEvConfig       *ebpf.Map `ebpf:"cni_ev_config"`
 	CniEvCpu          *ebpf.Map `ebpf:"cni_ev_cpu"`
 	CniEvFlows        *ebpf.Map `ebpf:"cni_ev_flows"`
+	CniEvHot          *ebpf.Map `ebpf:"cni_ev_hot"`
 	CniEvPods         *ebpf.Map `ebpf:"cni_ev_pods"`
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
@@ -719,6 +726,7 @@ func (m *mapsObjMaps) Close() error {
 		m.CniEvConfig,
 		m.CniEvCpu,
 		m.CniEvFlows,
+		m.CniEvHot,
 		m.CniEvPods,
 		m.CniEvents,
 		m.CniHostports,

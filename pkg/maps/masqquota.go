@@ -26,10 +26,10 @@ var (
 // set without them (an older build of the layout set it up, and this
 // build's DEL still tears its pods down). No older program reads them.
 // cni_after_links (afterlinks.go) and cni_node_ips_gone (nodeipsgone.go)
-// were added to layout 4 so, cni_sf_pool, cni_sf_slots (sfpool.go)
-// and cni_tun_self (tunnel.go) to layout 5.
+// were added to layout 4 so, cni_sf_pool, cni_sf_slots (sfpool.go),
+// cni_tun_self (tunnel.go) and cni_ev_hot (events.go) to layout 5.
 var optionalMaps = map[string]bool{nameMasqPods: true, nameMasqQuota: true, nameMasqKeys: true, nameAfterLinks: true,
-	nameNodeIPsGone: true, nameTunSelf: true, nameSFPool: true, nameSFSlots: true}
+	nameNodeIPsGone: true, nameTunSelf: true, nameSFPool: true, nameSFSlots: true, nameEvHot: true}
 
 // lruSpareFlows is how many flows cni_snat keeps free so that its LRU
 // never evicts: the kernel's LRU hash moves free entries to each CPU in

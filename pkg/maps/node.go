@@ -180,19 +180,14 @@ func (c NodeConfig) FibNoSrc() bool { return c.Flags&hpConfigFibNoSrc != 0 }
 // Enable records the node's netns cookie and the build of its hooks, and
 // turns the paths of the node hooks on (hostPort, masquerade, policy).
 // fibNoSrc: masquerade picks its source without BPF_FIB_LOOKUP_SRC. The
-// tunnel's bits (Tunnel().SetMode, Tunnel().SyncSelf) are kept.
+// tunnel's bits (Tunnel().SetMode, Tunnel().SyncSelf) are kept, under the
+// maps directory's lock that their writers take too.
 func (n Node) Enable(netnsCookie uint64, hooksID uint32, fibNoSrc bool) error {
-	c := NodeConfig{NetnsCookie: netnsCookie, Flags: hpConfigEnabled, HooksId: hooksID}
-	if fibNoSrc {
-		c.Flags |= hpConfigFibNoSrc
-	}
-	zero := uint32(0)
-	var old NodeConfig
-	if err := n.m.byName[nameHPConfig].Lookup(&zero, &old); err == nil {
-		c.Flags |= old.Flags & (hpConfigTunnel | hpConfigTunSelf | hpConfigTunNoMAC)
-	}
-	if err := n.m.byName[nameHPConfig].Put(&zero, &c); err != nil {
-		return fmt.Errorf("write %s: %w", nameHPConfig, err)
-	}
-	return nil
+	return n.m.updateNodeConfig(func(c *NodeConfig) {
+		keep := c.Flags & (hpConfigTunnel | hpConfigTunSelf | hpConfigTunNoMAC)
+		*c = NodeConfig{NetnsCookie: netnsCookie, Flags: hpConfigEnabled | keep, HooksId: hooksID}
+		if fibNoSrc {
+			c.Flags |= hpConfigFibNoSrc
+		}
+	})
 }

@@ -163,22 +163,38 @@ func (c NodeConfig) Tunnel() (on, self, macCheck bool) {
 }
 
 // setConfigFlags sets (on) or clears bits of cni_hp_config's flags, the
-// rest of the value as it is.
+// rest of the value as it is, under the maps directory's lock: the node
+// hooks' Enable (an ADD's) rewrites the same value, and a write made from
+// a stale read undid the other's (the hooks turned off, or the tunnel's
+// bits lost).
 func (m *Maps) setConfigFlags(bits uint32, on bool) error {
+	return m.updateNodeConfig(func(c *NodeConfig) {
+		c.Flags &^= bits
+		if on {
+			c.Flags |= bits
+		}
+	})
+}
+
+// updateNodeConfig reads cni_hp_config, lets f change it and writes it back
+// when it changed, under the maps directory's lock.
+func (m *Maps) updateNodeConfig(f func(*NodeConfig)) error {
+	unlock, err := m.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	mp := m.byName[nameHPConfig]
 	zero := uint32(0)
-	var c NodeConfig
-	if err := mp.Lookup(&zero, &c); err != nil {
+	var old NodeConfig
+	if err := mp.Lookup(&zero, &old); err != nil {
 		return fmt.Errorf("read %s: %w", nameHPConfig, err)
 	}
-	f := c.Flags &^ bits
-	if on {
-		f |= bits
-	}
-	if f == c.Flags {
+	c := old
+	f(&c)
+	if c == old {
 		return nil
 	}
-	c.Flags = f
 	if err := mp.Put(&zero, &c); err != nil {
 		return fmt.Errorf("write %s: %w", nameHPConfig, err)
 	}
@@ -216,15 +232,13 @@ func (t Tunnel) SyncSelf(addrs []netip.Addr) error {
 		}
 	}
 	want := map[EndpointKey]bool{}
-	var errs error
 	for _, a := range addrs {
-		k := addrEndpointKey(a)
-		want[k] = true
-		v := uint32(1)
-		if err := mp.Update(&k, &v, ebpf.UpdateAny); err != nil {
-			errs = errors.Join(errs, writeErr(mp, nameTunSelf, "this node's address "+a.String(), err))
-		}
+		want[addrEndpointKey(a)] = true
 	}
+	// The stale ones go first: with the map full (MAX_TUN_SELF), a new
+	// address written before them was refused and took the check out of
+	// force.
+	var errs error
 	var stale []EndpointKey
 	if err := scan(mp, func(k *EndpointKey, _ *uint32) {
 		if !want[*k] {
@@ -236,6 +250,13 @@ func (t Tunnel) SyncSelf(addrs []netip.Addr) error {
 	for _, k := range stale {
 		if err := mp.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			errs = errors.Join(errs, fmt.Errorf("delete from %s: %w", nameTunSelf, err))
+		}
+	}
+	for _, a := range addrs {
+		k := addrEndpointKey(a)
+		v := uint32(1)
+		if err := mp.Update(&k, &v, ebpf.UpdateAny); err != nil {
+			errs = errors.Join(errs, writeErr(mp, nameTunSelf, "this node's address "+a.String(), err))
 		}
 	}
 	if errs != nil {
