@@ -121,13 +121,24 @@ func ListHandedOff(pinDir string) ([]HandedOff, error) {
 // records). Idempotent.
 func Reap(pinDir string, m *maps.Maps, h HandedOff) error {
 	var errs error
+	// The veth and its pins go under the links lock, which the orphan
+	// sweeps (GC, the agent's reconcile) hold from their look to their
+	// removal: none of them sees the pins between the two, and a reap
+	// killed in between leaves them for the next one to find whole
+	// (TestAgentKilledMidWorkIsRecovered).
+	unlock, err := datapath.LockLinksIfPresent(pinDir)
+	if err != nil {
+		return err
+	}
 	if h.Link != nil {
 		if err := netlink.LinkDel(h.Link); err != nil && !isGone(err) {
+			unlock()
 			return fmt.Errorf("delete handed-off veth %s: %w", h.Name, err)
 		}
 		Crashpoint("reap-veth-deleted")
 	}
 	errs = errors.Join(errs, datapath.RemoveLinkPins(pinDir, h.Name))
+	unlock()
 	if m != nil {
 		// The pod's stack-flow table and records too: DEL leaves them here.
 		_, sfErr := m.StackFlows().DeleteOf(h.Ifindex)
