@@ -587,16 +587,9 @@ type Endpoint struct {
 
 // List returns every entry of the endpoints map.
 func (e Endpoints) List() ([]Endpoint, error) {
-	var (
-		out []Endpoint
-		k   EndpointKey
-		v   EndpointInfo
-	)
-	it := e.m.endpoints.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, Endpoint{IP: k.IP(), Info: v})
-	}
-	return out, it.Err()
+	var out []Endpoint
+	err := scan(e.m.endpoints, func(k *EndpointKey, v *EndpointInfo) { out = append(out, Endpoint{IP: k.IP(), Info: *v}) })
+	return out, err
 }
 
 // Links is the family of the host veths (cni_links): the pod MAC and host
@@ -634,16 +627,9 @@ func (l Links) Delete(ifindex int) error {
 
 // Ifindexes lists the host veths that have an entry.
 func (l Links) Ifindexes() ([]uint32, error) {
-	var (
-		out []uint32
-		k   uint32
-		v   LinkInfo
-	)
-	it := l.m.links.Iterate()
-	for it.Next(&k, &v) {
-		out = append(out, k)
-	}
-	return out, it.Err()
+	var out []uint32
+	err := scan(l.m.links, func(k *uint32, _ *LinkInfo) { out = append(out, *k) })
+	return out, err
 }
 
 // Stats is the family of the per-veth counters (cni_stats), by direction
