@@ -69,7 +69,7 @@ func ProtoName(p uint8) string {
 		return "udp"
 	case ProtoICMP:
 		return "icmp"
-	case 58:
+	case ProtoICMPv6:
 		return "icmpv6"
 	case 132:
 		return "sctp"

@@ -384,9 +384,6 @@ func fromSet(dir string, s map[string]*ebpf.Map) *Maps {
 	return &Maps{endpoints: s[nameEndpoints], links: s[nameLinks], stats: s[nameStats], byName: s, dir: dir}
 }
 
-// Dir is the directory the maps are pinned in.
-func (m *Maps) Dir() string { return m.dir }
-
 // lock takes an exclusive flock on the map directory, for read-modify-write
 // sequences several processes may run at once (cluster CIDR users). It is
 // not the pin directory's lock (datapath.Ensure's), so neither waits on the

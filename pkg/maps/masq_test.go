@@ -108,7 +108,7 @@ func TestClusterCIDRUsersConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	for w := 0; w < 4; w++ {
-		mw, err := Open(m.Dir())
+		mw, err := Open(m.dir)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -28,7 +28,6 @@ type (
 	// PolicyCTPartKey names one flow table of an interface (cni_pol_ct_parts).
 	PolicyCTPartKey = mapsObjPolCtPartKey
 	PolicyConfig    = mapsObjPolConfig
-	PolicyFragKey   = mapsObjPolFragKey
 )
 
 // Names of the NetworkPolicy maps, as bpf/lib/maps.h declares them.

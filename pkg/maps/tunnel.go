@@ -269,15 +269,3 @@ func (t Tunnel) SyncSelf(addrs []netip.Addr) error {
 	}
 	return m.setConfigFlags(hpConfigTunSelf, true)
 }
-
-// Self lists cni_tun_self.
-func (t Tunnel) Self() ([]net.IP, error) {
-	m := t.m
-	var out []net.IP
-	mp := m.byName[nameTunSelf]
-	if mp == nil {
-		return nil, nil
-	}
-	err := scan(mp, func(k *EndpointKey, _ *uint32) { out = append(out, k.IP()) })
-	return out, err
-}
