@@ -103,7 +103,9 @@ func Run(ctx context.Context, o Options) error {
 	defer dp.Close()
 	// From here on the verbs leave their slow kernel work to this agent
 	// (background.go): take the agent lock, then start the worker.
-	if err := datapath.HoldAgent(ctx, o.PinRoot, func() { lg.Printf("another agent runs on %s; waiting for it to end", o.PinRoot) }); err != nil {
+	// The lock is held until the process ends (its release is never called):
+	// a verb must not see the node agentless while this agent winds down.
+	if _, err := datapath.HoldAgent(ctx, o.PinRoot, func() { lg.Printf("another agent runs on %s; waiting for it to end", o.PinRoot) }); err != nil {
 		return fmt.Errorf("agent lock: %w", err)
 	}
 	links := newLinkWatcher(ctx, lg)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -81,23 +82,24 @@ func AgentAlive(pinRoot string) bool {
 	return errors.Is(unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB), unix.EWOULDBLOCK)
 }
 
-// HoldAgent takes the agent lock for the life of the process; waiting is
-// called once if another agent holds it, and HoldAgent then waits for it
-// (or ctx) to end.
-func HoldAgent(ctx context.Context, pinRoot string, waiting func()) error {
+// HoldAgent takes the agent lock until release (the agent: for the life of
+// the process, the lock going with it); waiting is called once if another
+// agent holds it, and HoldAgent then waits for it (or ctx) to end.
+func HoldAgent(ctx context.Context, pinRoot string, waiting func()) (release func(), err error) {
 	fd, err := openLock(pinRoot, lockAgent, true)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	told := false
 	for {
 		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
-			return nil // the fd stays open: the lock is released at exit
+			var once sync.Once
+			return func() { once.Do(func() { unix.Close(fd) }) }, nil
 		}
 		if !errors.Is(err, unix.EWOULDBLOCK) {
 			unix.Close(fd)
-			return fmt.Errorf("lock %s: %w", lockPath(pinRoot, lockAgent), err)
+			return nil, fmt.Errorf("lock %s: %w", lockPath(pinRoot, lockAgent), err)
 		}
 		if !told && waiting != nil {
 			waiting()
@@ -106,7 +108,7 @@ func HoldAgent(ctx context.Context, pinRoot string, waiting func()) error {
 		select {
 		case <-ctx.Done():
 			unix.Close(fd)
-			return ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

@@ -20,7 +20,7 @@ func TestLocks(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := HoldAgent(ctx, pin, nil); err != nil {
+	if _, err := HoldAgent(ctx, pin, nil); err != nil {
 		t.Fatal(err)
 	}
 	if !AgentAlive(pin) {
@@ -30,7 +30,7 @@ func TestLocks(t *testing.T) {
 	told := 0
 	wctx, wcancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer wcancel()
-	if err := HoldAgent(wctx, pin, func() { told++ }); err == nil || told != 1 {
+	if _, err := HoldAgent(wctx, pin, func() { told++ }); err == nil || told != 1 {
 		t.Fatalf("second agent: %v, told %d times; want to wait (told once) until its context ends", err, told)
 	}
 

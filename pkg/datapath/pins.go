@@ -42,9 +42,6 @@ const (
 // lockPath is the file of one of the locks of locks.go.
 func lockPath(pinRoot, name string) string { return filepath.Join(pinRoot, locksDir, name) }
 
-// AgentLockPath is the lock a running agent holds (locks.go).
-func AgentLockPath(pinRoot string) string { return lockPath(pinRoot, lockAgent) }
-
 // MapsDir is where the maps of this build's layout are pinned.
 func MapsDir(pinRoot string) string { return LayoutMapsDir(pinRoot, maps.LayoutVersion) }
 

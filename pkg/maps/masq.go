@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"sort"
 	"strings"
@@ -459,19 +458,6 @@ func (ms Masq) ListSNAT() ([]SNATFlow, error) {
 		}
 	}
 	return out, nil
-}
-
-// CountSNATOfIP counts cni_snat entries (both directions) of a pod address.
-func (ms Masq) CountSNATOfIP(ip net.IP) (int, error) {
-	want := [16]uint8{}
-	putAddr(&want, ip)
-	n := 0
-	err := scan(ms.m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) {
-		if (k.Dir == snatDirFwd && k.Addr == want) || (k.Dir == snatDirRev && v.Addr == want) {
-			n++
-		}
-	})
-	return n, err
 }
 
 // DeleteSNATOf removes every cni_snat entry (both directions) made for the

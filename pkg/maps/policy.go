@@ -331,7 +331,6 @@ type ProgrammedPolicy struct {
 	Ifindex         int
 	Mode            [2]string // "open", "isolated", "pending", indexed by policy.Direction
 	Ingress, Egress policy.Rules
-	Policies        []string // the names the writer was given (only a PolicyWriter knows them)
 }
 
 // PolicyWriter programs compiled NetworkPolicy into the maps: it implements
@@ -767,18 +766,6 @@ func sameRules(a, b policy.Endpoint) bool {
 		})
 	}
 	return eq(a.Ingress, b.Ingress) && eq(a.Egress, b.Egress)
-}
-
-// Programmed reads back what the maps hold for the interface: its modes and
-// rules (ports merged back into ranges), with the policy names this writer
-// was given. ok false: the interface has no state.
-func (w *PolicyWriter) Programmed(ifindex uint32) (ProgrammedPolicy, bool, error) {
-	w.mu.Lock()
-	names := w.applied[ifindex].Policies
-	w.mu.Unlock()
-	p, ok, err := w.m.Policy().Read(int(ifindex))
-	p.Policies = names
-	return p, ok, err
 }
 
 // Read reads back what the maps hold for one interface (scans of the

@@ -71,13 +71,16 @@ func TestPolicyWriter(t *testing.T) {
 		t.Fatalf("pending: %+v %v %v", p, ok, err)
 	}
 	must(t, w.Apply(7, ep))
-	got, ok, err := w.Programmed(7)
+	got, ok, err := m.Policy().Read(7)
 	if err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	want := ProgrammedPolicy{Ifindex: 7, Mode: [2]string{"isolated", "isolated"}, Ingress: ep.Ingress, Egress: ep.Egress, Policies: ep.Policies}
+	want := ProgrammedPolicy{Ifindex: 7, Mode: [2]string{"isolated", "isolated"}, Ingress: ep.Ingress, Egress: ep.Egress}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("read back\n%+v\nwant\n%+v", got, want)
+	}
+	if names := w.applied[7].Policies; !reflect.DeepEqual(names, ep.Policies) {
+		t.Fatalf("policy names the writer keeps: %v, want %v", names, ep.Policies)
 	}
 	addrs, ports := trieLen(t, m, namePolAddrs), trieLen(t, m, namePolPorts)
 	// Ports: 80; 8000-8100 as 8000/10, 8064/11, 8096/14, 8100/16; UDP 53.

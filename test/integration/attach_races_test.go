@@ -15,7 +15,6 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -29,20 +28,13 @@ func holdAgentLock(t *testing.T, e *testenv.Env) (release func()) {
 	t.Helper()
 	// The agent creates the lock files; stopped, it leaves them.
 	e.StartAgent(e.WriteConfDir(), "--metrics-addr", "").Stop()
-	fd, err := unix.Open(datapath.AgentLockPath(e.PinDir), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	// The agent's own lock taker; free since the agent stopped, so a wait
+	// is a failure.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	release, err := datapath.HoldAgent(ctx, e.PinDir, func() { t.Error("the agent lock is held by another process") })
 	if err != nil {
-		t.Fatalf("open the agent lock: %v", err)
-	}
-	if err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		unix.Close(fd)
 		t.Fatalf("take the agent lock: %v", err)
-	}
-	done := false
-	release = func() {
-		if !done {
-			done = true
-			unix.Close(fd)
-		}
 	}
 	t.Cleanup(release)
 	if !datapath.AgentAlive(e.PinDir) {

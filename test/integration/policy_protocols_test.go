@@ -172,7 +172,7 @@ func TestPolicyAttackProtocols(t *testing.T) {
 			reach(t, p.a, "tcp", ip("b", fam), 8080, "b")
 			blocked(t, p.h, "tcp", ip("b", fam), 8080)
 		}
-		pp, ok, err := p.w.Programmed(p.idx["b"])
+		pp, ok, err := p.m.Policy().Read(int(p.idx["b"]))
 		if err != nil || !ok || len(pp.Ingress.Allows) != len(allows) {
 			t.Errorf("programmed: %d allows, %v, %v; want %d", len(pp.Ingress.Allows), ok, err, len(allows))
 		}

@@ -420,7 +420,7 @@ func TestPolicy(t *testing.T) {
 	})
 
 	// Read back what is programmed.
-	pp, ok, err := p.w.Programmed(p.idx["a"])
+	pp, ok, err := p.m.Policy().Read(int(p.idx["a"]))
 	if err != nil || !ok || pp.Mode[policy.Ingress] != "isolated" || pp.Mode[policy.Egress] != "open" || len(pp.Ingress.Allows) != 0 {
 		t.Errorf("programmed policy of a: %+v, %v, %v", pp, ok, err)
 	}
