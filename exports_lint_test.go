@@ -25,16 +25,9 @@ import (
 // gets a product user, or the tests read the same state through the API the
 // product uses, or it moves to a test helper package (pkg/maps/mapstest).
 var testOnlyExports = map[string]bool{
-	"github.com/ebpf-cni/ebpf-cni/pkg/datapath.AgentLockPath":        true,
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps.Maps.Map":                 true,
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps.Masq.ClusterCIDRUsers":    true,
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps.Masq.PutClusterCIDR":      true,
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps.Masq.DeleteClusterCIDR":   true,
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps.Masq.CountSNATOfIP":       true,
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps.Node.UplinkSources":       true,
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps.PolicyCTSnat":             true,
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps.Policy.ListFlows":         true,
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps.PolicyWriter.Programmed":  true,
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps.StackFlows.ListSlot":      true,
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps.SlotOfFlags":              true,
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps.StackFlows.PutSlotRecord": true,

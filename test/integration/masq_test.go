@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -403,6 +404,18 @@ func TestMasq(t *testing.T) {
 		}
 		if d.Counters["snat"] == 0 || d.Counters["reverse"] == 0 || d.Counters["new"] == 0 {
 			t.Errorf("counters %v", d.Counters)
+		}
+		// Both pods' ADDs hold the cluster CIDR; the node's uplink keeps
+		// its address as the source for kernels without BPF_FIB_LOOKUP_SRC.
+		if d.ClusterCIDRUsers[labCluster] < 2 {
+			t.Errorf("dump nat -o json: %s has users %v, want the two pods' attachments", labCluster, d.ClusterCIDRUsers)
+		}
+		src := false
+		for _, u := range d.UplinkSources {
+			src = src || slices.Contains(u.Sources, labNodeA.String())
+		}
+		if !src {
+			t.Errorf("dump nat -o json: no uplink keeps %s as its masquerade source: %+v", labNodeA, d.UplinkSources)
 		}
 		t.Logf("dump nat:\n%s", tab)
 	})

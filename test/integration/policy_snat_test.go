@@ -1,14 +1,17 @@
 package integration
 
 import (
+	"encoding/json"
 	"net"
 	"net/netip"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 )
@@ -108,6 +111,22 @@ func TestPolicyMasqueradedServiceAllowed(t *testing.T) {
 	}
 	if snat == 0 || assured == 0 {
 		t.Errorf("b's flow table has %d masqueraded entries, %d of them assured TCP: want some of each\n%+v", snat, assured, flows)
+	}
+	// The operator's view of them: dump ct's policy rows of b, marked snat.
+	out, err := p.AgentCmd("dump", "ct", "-o", "json", "--pin-dir", p.PinDir, "--state-dir", p.StateDir)
+	if err != nil {
+		t.Fatalf("dump ct: %v\n%s", err, out)
+	}
+	var d inspect.CTDump
+	must(t, json.Unmarshal([]byte(out), &d))
+	rows := 0
+	for _, r := range d.Flows {
+		if strings.HasPrefix(r.Kind, "policy/") && r.Ifindex == int(p.idx["b"]) && r.SNAT && r.Interface != "" {
+			rows++
+		}
+	}
+	if rows == 0 {
+		t.Errorf("dump ct -o json has no masqueraded policy flow of b:\n%s", out)
 	}
 }
 

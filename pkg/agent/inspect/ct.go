@@ -10,13 +10,18 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
-// CTRow is one translated flow (cni_ct), node socket (cni_sock_rnat), or
-// flow the kernel stack delivered to a pod (cni_stack_flows).
+// CTRow is one translated flow (cni_ct), node socket (cni_sock_rnat),
+// flow the kernel stack delivered to a pod (cni_stack_flows), or flow a
+// pod's NetworkPolicy allowed (cni_pol_ct_parts).
 type CTRow struct {
 	// "nat": packets translated; "socket": a node socket's destination
 	// rewritten; "stack/pod", "stack/node", "stack/inbound": replies go
 	// back through the stack (the peer is a pod of the node or a node
-	// address; "inbound" rows come from programs before issue 28 only).
+	// address; "inbound" rows come from programs before issue 28 only);
+	// "policy/egress", "policy/ingress": the pod opened the flow, or the
+	// peer did, and its policy allowed it, so its packets pass until the
+	// entry expires even if the policy changed ("/deferred": judged after
+	// the stack's translation, only replies pass by it).
 	Kind      string  `json:"kind"`
 	Protocol  string  `json:"protocol,omitempty"`
 	Client    string  `json:"client,omitempty"` // who connected (nat)
@@ -82,6 +87,13 @@ func ReadCT(src Source) (*CTDump, error) {
 			IdleSecs: f.Idle.Round(time.Millisecond).Seconds(),
 		})
 	}
+	pflows, err := m.Policy().ListFlows()
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range pflows {
+		d.Flows = append(d.Flows, policyFlowRow(f, names))
+	}
 	for _, s := range socks {
 		d.Flows = append(d.Flows, CTRow{
 			Kind: "socket", Cookie: s.Cookie, Dialled: s.Dialled.String(), Pod: s.Pod.String(),
@@ -99,6 +111,21 @@ func ReadCT(src Source) (*CTDump, error) {
 		return a.Client < b.Client
 	})
 	return d, nil
+}
+
+// policyFlowRow is a policy flow as a row; SNAT: the peer reached the pod
+// masqueraded, so its packets are judged each time (PodSees is the node).
+func policyFlowRow(f maps.PolicyFlow, names *Names) CTRow {
+	r := CTRow{Kind: "policy/ingress", Protocol: maps.ProtoName(f.Proto), Client: f.Peer.String(), Dialled: f.Pod.String(),
+		Pod: f.Pod.String(), PodSees: f.Peer.String(), SNAT: f.Flags&maps.PolicyCTSnat != 0,
+		Ifindex: f.Ifindex, Interface: names.Interface(f.Ifindex)}
+	if f.Egress {
+		r.Kind, r.Client, r.Dialled = "policy/egress", f.Pod.String(), f.Peer.String()
+	}
+	if f.Defer {
+		r.Kind += "/deferred"
+	}
+	return r
 }
 
 func (d *CTDump) Tables() []Table {

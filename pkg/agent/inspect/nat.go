@@ -40,17 +40,30 @@ type ShareRow struct {
 	Ports       int    `json:"ports"`
 }
 
+// UplinkSourceRow is the source masquerade takes on one uplink when the
+// kernel lacks BPF_FIB_LOOKUP_SRC (cni_node_ips' uplink entries).
+type UplinkSourceRow struct {
+	Ifindex   int      `json:"ifindex"`
+	Interface string   `json:"interface,omitempty"`
+	Sources   []string `json:"sources"` // one per family
+}
+
 // NATDump is `dump nat`: masqueraded flows, the cluster CIDRs (never
-// masqueraded), the ports and the pod limit, each pod's ports per
-// destination, and the masquerade counters.
+// masqueraded) with their users, the ports and the pod limit, each pod's
+// ports per destination, the masquerade counters and the uplinks' sources.
 type NATDump struct {
-	Flows        []NATRow          `json:"flows"`
-	ClusterCIDRs []string          `json:"clusterCIDRs"`
-	Ports        string            `json:"ports"`    // ranges; "" until an ipMasq ADD configured them
-	PodLimit     uint32            `json:"podLimit"` // most ports a pod holds per destination
-	Shares       []ShareRow        `json:"shares"`
-	Counters     map[string]uint64 `json:"counters"`
-	Quota        QuotaDump         `json:"quota"`
+	Flows        []NATRow `json:"flows"`
+	ClusterCIDRs []string `json:"clusterCIDRs"`
+	// ClusterCIDRUsers: the attachments and agent holding each cluster
+	// CIDR (cni_cidr_refs); a CIDR goes with its last user. 0: only an
+	// older build's pins hold it, kept while any of their interfaces is.
+	ClusterCIDRUsers map[string]int    `json:"clusterCIDRUsers"`
+	UplinkSources    []UplinkSourceRow `json:"uplinkSources"`
+	Ports            string            `json:"ports"`    // ranges; "" until an ipMasq ADD configured them
+	PodLimit         uint32            `json:"podLimit"` // most ports a pod holds per destination
+	Shares           []ShareRow        `json:"shares"`
+	Counters         map[string]uint64 `json:"counters"`
+	Quota            QuotaDump         `json:"quota"`
 }
 
 // QuotaDump is the pods' quota of cni_snat (zero: none, pins of an older
@@ -94,12 +107,26 @@ func ReadNAT(src Source) (*NATDump, error) {
 		d.ClusterCIDRs = append(d.ClusterCIDRs, c.String())
 	}
 	sort.Strings(d.ClusterCIDRs)
+	users, err := m.Masq().ClusterCIDRUsers()
+	if err != nil {
+		return nil, err
+	}
+	d.ClusterCIDRUsers = map[string]int{}
+	for _, c := range d.ClusterCIDRs {
+		d.ClusterCIDRUsers[c] = 0
+	}
+	for c, n := range users {
+		d.ClusterCIDRUsers[c.String()] = n
+	}
+	names := NewNames(src.StateDir)
+	if d.UplinkSources, err = readUplinkSources(m, names); err != nil {
+		return nil, err
+	}
 	cfg, err := m.Masq().Config()
 	if err != nil {
 		return nil, err
 	}
 	d.Ports, d.PodLimit = cfg.String(), cfg.PodLimit
-	names := NewNames(src.StateDir)
 	for _, f := range flows {
 		left := max(0, maps.FlowTimeout(f.Proto, f.Flags)-f.Idle)
 		d.Flows = append(d.Flows, NATRow{
@@ -146,6 +173,25 @@ func ReadNAT(src Source) (*NATDump, error) {
 	return d, nil
 }
 
+// readUplinkSources lists the source kept per uplink, by ifindex.
+func readUplinkSources(m *maps.Maps, names *Names) ([]UplinkSourceRow, error) {
+	srcs, err := m.Node().UplinkSources()
+	if err != nil {
+		return nil, fmt.Errorf("read uplink sources: %w", err)
+	}
+	out := []UplinkSourceRow{}
+	for idx, ips := range srcs {
+		r := UplinkSourceRow{Ifindex: idx, Interface: names.Interface(idx), Sources: []string{}}
+		for _, ip := range ips {
+			r.Sources = append(r.Sources, ip.String())
+		}
+		sort.Strings(r.Sources)
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Ifindex < out[j].Ifindex })
+	return out, nil
+}
+
 func (d *NATDump) Tables() []Table {
 	t := Table{Header: []string{"PROTO", "POD", "NODE (PEER SEES)", "PEER", "IFINDEX", "INTERFACE", "STATE", "AGE", "IDLE", "EXPIRES"}}
 	for _, r := range d.Flows {
@@ -156,8 +202,12 @@ func (d *NATDump) Tables() []Table {
 		t.Rows = append(t.Rows, []string{r.Protocol, r.Pod, node, r.Peer, itoa(r.Ifindex), dash(r.Interface), r.State,
 			secs(r.AgeSecs), secs(r.IdleSecs), secs(r.ExpiresSecs)})
 	}
+	cidrs := make([]string, 0, len(d.ClusterCIDRs))
+	for _, c := range d.ClusterCIDRs {
+		cidrs = append(cidrs, fmt.Sprintf("%s (%d users)", c, d.ClusterCIDRUsers[c]))
+	}
 	t.Footer = fmt.Sprintf("%d flows; cluster CIDRs (not masqueraded): %s; ports %s, at most %d per pod and destination; counters: %s",
-		len(d.Flows), dash(strings.Join(d.ClusterCIDRs, ",")), dash(d.Ports), d.PodLimit, counters(d.Counters, " "))
+		len(d.Flows), dash(strings.Join(cidrs, ",")), dash(d.Ports), d.PodLimit, counters(d.Counters, " "))
 	s := Table{Header: []string{"PROTO", "DESTINATION", "IFINDEX", "INTERFACE", "PORTS HELD"}}
 	for _, r := range d.Shares {
 		s.Rows = append(s.Rows, []string{r.Protocol, r.Destination, itoa(r.Ifindex), dash(r.Interface), itoa(r.Ports)})
@@ -169,5 +219,10 @@ func (d *NATDump) Tables() []Table {
 	}
 	q.Footer = fmt.Sprintf("%d flows held; quota: %d flows a pod always may open, at most %d a pod, %d in all past which only pods under %d open more",
 		d.Quota.Total, d.Quota.Reserve, d.Quota.PodMax, d.Quota.Pool, d.Quota.Reserve)
-	return []Table{t, s, q}
+	u := Table{Header: []string{"UPLINK IFINDEX", "UPLINK", "SOURCES"}}
+	for _, r := range d.UplinkSources {
+		u.Rows = append(u.Rows, []string{itoa(r.Ifindex), dash(r.Interface), dash(strings.Join(r.Sources, ","))})
+	}
+	u.Footer = "the source masquerade takes per uplink on kernels without BPF_FIB_LOOKUP_SRC (status: fallbacks); with it, the FIB's"
+	return []Table{t, s, q, u}
 }
