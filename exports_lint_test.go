@@ -24,14 +24,7 @@ import (
 // export only tests use is product API nobody maintains for a user, so it
 // gets a product user, or the tests read the same state through the API the
 // product uses, or it moves to a test helper package (pkg/maps/mapstest).
-var testOnlyExports = map[string]bool{
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps.Maps.Map":                 true,
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps.Masq.PutClusterCIDR":      true,
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps.Masq.DeleteClusterCIDR":   true,
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps.StackFlows.ListSlot":      true,
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps.SlotOfFlags":              true,
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps.StackFlows.PutSlotRecord": true,
-}
+var testOnlyExports = map[string]bool{}
 
 // ifaceMethods are the method names a type may export to satisfy an
 // interface of the standard library or a dependency (fmt.Stringer, error,
@@ -99,6 +92,9 @@ func exportsWithoutProductUse() ([]unusedExport, error) {
 		}
 		export[f[0]] = f[1]
 		if strings.HasPrefix(f[2], module) && (f[0] == module || strings.HasPrefix(f[0], module+"/")) {
+			if isTestHelper(f[0]) {
+				continue // its uses are tests' uses; its exports are for tests
+			}
 			own = append(own, goPkg{path: f[0], dir: f[3], files: strings.Fields(f[4])})
 		}
 	}
@@ -123,8 +119,14 @@ func exportsWithoutProductUse() ([]unusedExport, error) {
 		}
 		info := &types.Info{Uses: map[*ast.Ident]types.Object{}, Defs: map[*ast.Ident]types.Object{}}
 		conf := types.Config{Importer: imp.(types.ImporterFrom)}
-		if _, err := conf.Check(p.path, fset, files, info); err != nil {
+		pkg, err := conf.Check(p.path, fset, files, info)
+		if err != nil {
 			return nil, fmt.Errorf("type-check %s: %w", p.path, err)
+		}
+		for _, imp := range pkg.Imports() {
+			if isTestHelper(imp.Path()) {
+				return nil, fmt.Errorf("%s imports %s, a package for tests only", p.path, imp.Path())
+			}
 		}
 		for _, obj := range info.Uses {
 			if k := objKey(obj); k != "" {
@@ -168,6 +170,12 @@ func exportsWithoutProductUse() ([]unusedExport, error) {
 	}
 	sort.Slice(res, func(i, j int) bool { return res[i].pos < res[j].pos })
 	return res, nil
+}
+
+// isTestHelper: a package for tests only by convention (pkg/maps/mapstest):
+// its last element ends in "test".
+func isTestHelper(path string) bool {
+	return strings.HasSuffix(path[strings.LastIndexByte(path, '/')+1:], "test")
 }
 
 // objKey names a package-level object "path.Name" and a method of a named

@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 )
 
 // Unit tests of the hostPort NAT in cni_from_uplink and cni_from_container
@@ -265,7 +266,7 @@ func TestUplinkLeavesOthersAlone(t *testing.T) {
 	}
 	// Switched off (no hostPorts on the node): nothing is translated.
 	zero := uint32(0)
-	must(t, dp.Maps.Map("cni_hp_config").Put(&zero, &maps.NodeConfig{}))
+	must(t, mapstest.Map(dp.Maps, "cni_hp_config").Put(&zero, &maps.NodeConfig{}))
 	if ret, _ := run(t, up, packet(remoteMAC, protoTCP, clientIP, nodeIP, 40002, 8080, synFlag)); ret != actNext {
 		t.Fatalf("hostPorts disabled: verdict %d, want TCX_NEXT", ret)
 	}
@@ -361,7 +362,7 @@ func TestFromContainerStaleFlow(t *testing.T) {
 		t.Fatalf("verdict %d src %s:%d, want untranslated", ret, p.src, p.sport)
 	}
 	var got maps.CTVal
-	if err := dp.Maps.Map("cni_ct").Lookup(&k, &got); !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := mapstest.Map(dp.Maps, "cni_ct").Lookup(&k, &got); !errors.Is(err, ebpf.ErrKeyNotExist) {
 		t.Fatalf("stale entry still there (%v)", err)
 	}
 	// DeleteCTOf removes exactly one pod's entries.

@@ -9,6 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 )
 
 // TestMasqNodeIPsGone: a masquerade mapping keeps its node address while
@@ -24,7 +25,7 @@ func TestMasqNodeIPsGone(t *testing.T) {
 	must(t, err)
 	defer closePrograms(progs)
 	out := progs["cni_to_uplink"]
-	gone := dp.Maps.Map("cni_node_ips_gone")
+	gone := mapstest.Map(dp.Maps, "cni_node_ips_gone")
 	zero := uint32(0)
 	var mark uint64
 	must(t, gone.Lookup(&zero, &mark))
@@ -57,7 +58,7 @@ func TestMasqNodeIPsGone(t *testing.T) {
 	// made after the mark is not checked against it.
 	k, err := maps.KeyFor(nodeIP)
 	must(t, err)
-	must(t, dp.Maps.Map("cni_node_ips").Delete(&k))
+	must(t, mapstest.Map(dp.Maps, "cni_node_ips").Delete(&k))
 	check("address gone behind the node hooks' back", nodeIP, 61030)
 
 	// The node hooks remove it: marked first, a second ahead.
@@ -89,7 +90,7 @@ func putSNATFwd(t *testing.T, dp *Datapath, proto byte, pod net.IP, podPort uint
 	copy(v.Addr[:], node.To4())
 	k.Port, k.PeerPort, k.Proto, k.Family, k.Dir = htons(podPort), htons(peerPort), proto, 2, 0
 	v.Port, v.Ifindex, v.CreatedNs, v.SeenNs = htons(port), loIfindex, monoNow(), monoNow()
-	must(t, dp.Maps.Map("cni_snat").Put(&k, &v))
+	must(t, mapstest.Map(dp.Maps, "cni_snat").Put(&k, &v))
 }
 
 // runFromFrame is runFrame with the skb's ingress_ifindex set (the link

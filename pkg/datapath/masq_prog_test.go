@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 )
 
 // The masquerade's egress in cni_to_uplink on hand-made frames
@@ -89,7 +90,7 @@ func TestToUplinkMasquerade(t *testing.T) {
 	mq := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagMasq)
 	must(t, putEndpoint(dp.Maps, podIP, mq))
 	must(t, putEndpoint(dp.Maps, podIP6, mq))
-	must(t, dp.Maps.Masq().PutClusterCIDR(netip.MustParsePrefix("10.9.0.0/16")))
+	must(t, mapstest.PutClusterCIDR(dp.Maps, netip.MustParsePrefix("10.9.0.0/16")))
 
 	for _, c := range []struct {
 		name         string

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 )
 
 // ICMP errors about translated flows, on hand-made frames: every field and
@@ -47,7 +48,7 @@ func putSNAT(t *testing.T, dp *Datapath, proto byte, node net.IP, port uint16, p
 	put(&v.Addr, pod)
 	k.Port, k.PeerPort, k.Proto, k.Family, k.Dir = htons(port), htons(peerPort), proto, fam, 1
 	v.Port, v.Ifindex, v.CreatedNs, v.SeenNs = htons(podPort), loIfindex, monoNow(), monoNow()
-	must(t, dp.Maps.Map("cni_snat").Put(&k, &v))
+	must(t, mapstest.Map(dp.Maps, "cni_snat").Put(&k, &v))
 }
 
 // ipPacket is an IP header (no options) and a payload.

@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 )
 
 // These tests run the compiled programs on hand-made frames with
@@ -450,7 +451,7 @@ func TestLeanOpenRefusesForeignLayout(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dp := testDatapath(t)
-			spec := c.foreign(dp.Maps.Map("cni_endpoints"))
+			spec := c.foreign(mapstest.Map(dp.Maps, "cni_endpoints"))
 			p := filepath.Join(MapsDir(dp.PinRoot), "cni_endpoints")
 			must(t, os.Remove(p))
 			m, err := ebpf.NewMap(spec)
@@ -485,7 +486,7 @@ func TestLeanOpenRefusesForeignLayout(t *testing.T) {
 func TestMissingMapPinReadopted(t *testing.T) {
 	dp := testDatapath(t)
 	p := filepath.Join(MapsDir(dp.PinRoot), "cni_links")
-	info, err := dp.Maps.Map("cni_links").Info()
+	info, err := mapstest.Map(dp.Maps, "cni_links").Info()
 	must(t, err)
 	want, _ := info.ID()
 	must(t, os.Remove(p))
@@ -500,7 +501,7 @@ func TestMissingMapPinReadopted(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", v.verb, err)
 		}
-		info, err := again.Maps.Map("cni_links").Info()
+		info, err := mapstest.Map(again.Maps, "cni_links").Info()
 		must(t, err)
 		if got, _ := info.ID(); got != want {
 			t.Errorf("%s: cni_links pinned anew (map %d); the programs use map %d", v.verb, got, want)

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 )
 
 // TestReadoptNamesUnique: readoptMaps finds a map by the kernel's name of
@@ -37,7 +38,7 @@ func TestReadoptOwnPinDirOnly(t *testing.T) {
 	ids := func(dp *Datapath) map[string]ebpf.MapID {
 		out := map[string]ebpf.MapID{}
 		for _, n := range maps.PinnedNames() {
-			info, err := dp.Maps.Map(n).Info()
+			info, err := mapstest.Map(dp.Maps, n).Info()
 			must(t, err)
 			out[n], _ = info.ID()
 		}
@@ -95,7 +96,7 @@ func secondDatapath(t *testing.T) *Datapath {
 // by EnsureLean's sizing check, naming the map.
 func TestLeanWrongSizeRefused(t *testing.T) {
 	dp := testDatapath(t)
-	ours := dp.Maps.Map("cni_ct")
+	ours := mapstest.Map(dp.Maps, "cni_ct")
 	p := filepath.Join(MapsDir(dp.PinRoot), "cni_ct")
 	must(t, os.Remove(p))
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ours.Type(), KeySize: ours.KeySize(), ValueSize: ours.ValueSize(),

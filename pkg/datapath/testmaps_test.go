@@ -6,6 +6,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 )
 
 // Map writes only tests make (kept out of pkg/maps' API): the programs'
@@ -18,7 +19,7 @@ func putEndpoint(m *maps.Maps, ip net.IP, info maps.EndpointInfo) error {
 	if err != nil {
 		return err
 	}
-	return m.Map("cni_endpoints").Put(&k, &info)
+	return mapstest.Map(m, "cni_endpoints").Put(&k, &info)
 }
 
 // putCT writes a hostPort flow entry (the programs create them). One
@@ -35,5 +36,5 @@ func putCT(m *maps.Maps, k maps.CTKey, v maps.CTVal) error {
 	if v.CreatedNs == 0 {
 		v.CreatedNs = v.SeenNs
 	}
-	return m.Map("cni_ct").Put(&k, &v)
+	return mapstest.Map(m, "cni_ct").Put(&k, &v)
 }

@@ -410,9 +410,6 @@ func (m *Maps) Names() []string {
 	return out
 }
 
-// Map returns an open map by its C name, or nil.
-func (m *Maps) Map(name string) *ebpf.Map { return m.byName[name] }
-
 func closeAll(s map[string]*ebpf.Map) {
 	for _, m := range s {
 		m.Close()

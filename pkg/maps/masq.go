@@ -369,21 +369,6 @@ func (ms Masq) ClusterCIDRUsers() (map[netip.Prefix]int, error) {
 	return out, err
 }
 
-// PutClusterCIDR inserts one prefix with no user (tools and tests).
-func (ms Masq) PutClusterCIDR(p netip.Prefix) error {
-	k, one := cidrKey(p), uint32(1)
-	if err := ms.m.byName[nameClusterCIDRs].Put(&k, &one); err != nil {
-		return writeErr(ms.m.byName[nameClusterCIDRs], nameClusterCIDRs, p.String(), err)
-	}
-	return nil
-}
-
-// DeleteClusterCIDR removes one prefix (tools and tests).
-func (ms Masq) DeleteClusterCIDR(p netip.Prefix) error {
-	k := cidrKey(p)
-	return ms.m.byName[nameClusterCIDRs].Delete(&k)
-}
-
 // ClusterCIDRs lists cni_cluster_cidrs.
 func (ms Masq) ClusterCIDRs() ([]netip.Prefix, error) {
 	var (

@@ -81,7 +81,7 @@ func TestClusterCIDRUsers(t *testing.T) {
 
 	// Inherited CIDRs stay while an interface is left, then go.
 	must(m.refs().Put(&CIDRRefKey{Cidr: cidrKey(netip.MustParsePrefix("100.64.0.0/10")), Owner: 0}, uint32(1)))
-	must(m.Masq().PutClusterCIDR(netip.MustParsePrefix("100.64.0.0/10")))
+	must(m.byName[nameClusterCIDRs].Put(cidrKey(netip.MustParsePrefix("100.64.0.0/10")), uint32(1)))
 	must(m.Links().Put(7, NewLinkInfo(nil, nil)))
 	if dropped, err := m.Masq().ReleaseInheritedClusterCIDRs(0); err != nil || dropped {
 		t.Fatalf("inherited CIDRs dropped with an interface left: %v %v", dropped, err)

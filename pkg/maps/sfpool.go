@@ -32,9 +32,6 @@ const sfSlotShift = 16
 // EndpointFlagsOfSlot is what an address entry's flags carry for slot.
 func EndpointFlagsOfSlot(slot uint32) uint32 { return slot << sfSlotShift }
 
-// SlotOfFlags is the slot an address entry's flags carry (0: none).
-func SlotOfFlags(flags uint32) uint32 { return flags >> sfSlotShift }
-
 // poolSlots is how many slots the pool has (0 when this node's maps were
 // pinned by a build before it: those ADDs make tables one at a time).
 func (m *Maps) poolSlots() uint32 {
@@ -348,39 +345,4 @@ func (m *Maps) eachTakenTable(fn func(slot uint32, t *ebpf.Map) error) error {
 		}
 	}
 	return nil
-}
-
-// ListSlot returns the records in the table of slot (what the pod holding
-// it sent through the stack).
-func (s StackFlows) ListSlot(slot uint32) ([]StackFlow, error) {
-	if !s.m.validSlot(slot) {
-		return nil, fmt.Errorf("no slot %d in %s (%d slots)", slot, nameSFPool, s.m.poolSlots())
-	}
-	pool, idx := s.m.byName[nameSFPool], slot-1
-	var id uint32
-	if err := pool.Lookup(&idx, &id); err != nil {
-		return nil, fmt.Errorf("read slot %d of %s: %w", slot, nameSFPool, err)
-	}
-	t, err := openInner(s.m.dir, pool, nameSFPool, keyBytes(idx), ebpf.MapID(id))
-	if err != nil {
-		return nil, err
-	}
-	defer t.Close()
-	return listStackFlows(t, nameSFPool)
-}
-
-// PutSlotRecord writes one record into the table of slot, as a program
-// would (tests: a record left by a pod killed mid-DEL).
-func (s StackFlows) PutSlotRecord(slot uint32, k StackFlowKey, v StackFlowVal) error {
-	unlock, err := poolLock(s.m.dir)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	t, err := s.m.poolTable(slot)
-	if err != nil {
-		return err
-	}
-	defer t.Close()
-	return t.Update(&k, &v, ebpf.UpdateAny)
 }

@@ -1,7 +1,10 @@
 package maps
 
 import (
+	"fmt"
 	"os"
+
+	"github.com/cilium/ebpf"
 	"testing"
 )
 
@@ -39,11 +42,11 @@ func TestSFPool(t *testing.T) {
 		t.Helper()
 		k := StackFlowKey{Family: 2, Proto: 6, Port: 1000}
 		k.Addr[0] = b
-		must(sf.PutSlotRecord(slot, k, StackFlowVal{Ifindex: 99, Flags: StackFlowPeerPod}))
+		must(sf.putSlotRecord(slot, k, StackFlowVal{Ifindex: 99, Flags: StackFlowPeerPod}))
 	}
 	count := func(slot uint32) int {
 		t.Helper()
-		fs, err := sf.ListSlot(slot)
+		fs, err := sf.listSlot(slot)
 		must(err)
 		return len(fs)
 	}
@@ -90,7 +93,7 @@ func TestSFPool(t *testing.T) {
 	if s11 != s9 || m.byName[nameSFPool].Lookup(&idx, &id) != nil {
 		t.Fatalf("take of an emptied slot: got %d, want %d with its table put again", s11, s9)
 	}
-	if _, err := sf.ListSlot(s11); err != nil {
+	if _, err := sf.listSlot(s11); err != nil {
 		t.Fatal(err)
 	}
 	parts, err := sf.Parts()
@@ -149,4 +152,39 @@ func TestSFPoolRacingTakes(t *testing.T) {
 	if err != nil || len(held) != n {
 		t.Errorf("%d slots held after %d takes (%v)", len(held), n, err)
 	}
+}
+
+// listSlot returns the records in the table of slot (what the pod holding
+// it sent through the stack).
+func (s StackFlows) listSlot(slot uint32) ([]StackFlow, error) {
+	if !s.m.validSlot(slot) {
+		return nil, fmt.Errorf("no slot %d in %s (%d slots)", slot, nameSFPool, s.m.poolSlots())
+	}
+	pool, idx := s.m.byName[nameSFPool], slot-1
+	var id uint32
+	if err := pool.Lookup(&idx, &id); err != nil {
+		return nil, fmt.Errorf("read slot %d of %s: %w", slot, nameSFPool, err)
+	}
+	t, err := openInner(s.m.dir, pool, nameSFPool, keyBytes(idx), ebpf.MapID(id))
+	if err != nil {
+		return nil, err
+	}
+	defer t.Close()
+	return listStackFlows(t, nameSFPool)
+}
+
+// putSlotRecord writes one record into the table of slot, as a program
+// would, under the pool's lock.
+func (s StackFlows) putSlotRecord(slot uint32, k StackFlowKey, v StackFlowVal) error {
+	unlock, err := poolLock(s.m.dir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	t, err := s.m.poolTable(slot)
+	if err != nil {
+		return err
+	}
+	defer t.Close()
+	return t.Update(&k, &v, ebpf.UpdateAny)
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
@@ -409,19 +410,19 @@ func TestIntegrityErrors(t *testing.T) {
 		first := e.AddAttachment(e.NewPod(), "first") // sets up the datapath
 		e.MustDel(first.Pod, "first")
 		m := e.Maps()
-		n := int(m.Map("cni_endpoints").MaxEntries())
+		n := int(mapstest.Map(m, "cni_endpoints").MaxEntries())
 		keys := make([]maps.EndpointKey, n)
 		vals := make([]maps.EndpointInfo, n)
 		for i := range keys {
 			k, _ := maps.KeyFor(net.IPv4(100, byte(i>>16), byte(i>>8), byte(i)))
 			keys[i], vals[i] = k, maps.NewEndpointInfo(1<<30, nil, nil)
 		}
-		if _, err := m.Map("cni_endpoints").BatchUpdate(keys, vals, nil); err != nil {
+		if _, err := mapstest.Map(m, "cni_endpoints").BatchUpdate(keys, vals, nil); err != nil {
 			t.Fatalf("fill cni_endpoints: %v", err)
 		}
 		out, err := add(e, "no-room")
 		wantPluginError(t, "ADD with cni_endpoints full", out, err, types.ErrTryAgainLater, "cni_endpoints", "full", fmt.Sprint(n))
-		if _, err := m.Map("cni_endpoints").BatchDelete(keys, nil); err != nil {
+		if _, err := mapstest.Map(m, "cni_endpoints").BatchDelete(keys, nil); err != nil {
 			t.Fatalf("empty cni_endpoints: %v", err)
 		}
 		if out, err := e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), pluginEnv("DEL", "no-room", nil, "eth0"), e.StdinConf(nil)); err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
@@ -150,7 +151,7 @@ func TestIntegrityAddressOwner(t *testing.T) {
 		mac := podMACOf(t, p.Pod, "eth0")
 		// The slot of the pool of stack-flow tables the ADD took rides in
 		// the flags' top bits (maps.SlotOfFlags); no other flag may stay.
-		if err != nil || ep.Flags != maps.EndpointFlagsOfSlot(maps.SlotOfFlags(ep.Flags)) || net.HardwareAddr(ep.Mac[:]).String() != mac.String() {
+		if err != nil || ep.Flags != maps.EndpointFlagsOfSlot(mapstest.SlotOfFlags(ep.Flags)) || net.HardwareAddr(ep.Mac[:]).String() != mac.String() {
 			t.Errorf("entry of %s: %+v (%v), want the new pod's MAC %s and no flags", p.IPs[0], ep, err, mac)
 		}
 		p.ID = "third"

@@ -24,6 +24,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -478,13 +479,13 @@ func TestMasqCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	sub := netip.MustParsePrefix(testenv.PodSubnet4)
-	if err := m.Masq().DeleteClusterCIDR(sub); err != nil {
+	if err := mapstest.DeleteClusterCIDR(m, sub); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Check(p, "m", "eth0"); err == nil || !strings.Contains(err.Error(), "cni_cluster_cidrs lacks "+testenv.PodSubnet4) {
 		t.Errorf("CHECK with the pod's subnet gone from the cluster CIDRs: %v, want an error naming it", err)
 	}
-	if err := m.Masq().PutClusterCIDR(sub); err != nil {
+	if err := mapstest.PutClusterCIDR(m, sub); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Check(p, "m", "eth0"); err != nil {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -82,7 +83,7 @@ func TestResourcesHostPortLimit(t *testing.T) {
 		defer e.MustDel(p, id)
 	}
 	m := e.Maps()
-	if got := m.Map("cni_hostports").MaxEntries(); got != 2*3*2 {
+	if got := mapstest.Map(m, "cni_hostports").MaxEntries(); got != 2*3*2 {
 		t.Fatalf("cni_hostports holds %d entries, want maxPods x maxHostPortsPerPod x 2 families = 12", got)
 	}
 	hps, err := m.HostPorts().List()

@@ -19,6 +19,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -121,7 +122,7 @@ func (l *poolLab) slot(t *testing.T, idx int) uint32 {
 	for _, ep := range eps {
 		if int(ep.Info.Ifindex) == idx {
 			n++
-			if got := maps.SlotOfFlags(ep.Info.Flags); got != s {
+			if got := mapstest.SlotOfFlags(ep.Info.Flags); got != s {
 				t.Errorf("address entry %s of ifindex %d carries slot %d, the pool says %d", ep.IP, idx, got, s)
 			}
 		}
@@ -134,7 +135,7 @@ func (l *poolLab) slot(t *testing.T, idx int) uint32 {
 
 func (l *poolLab) records(t *testing.T, slot uint32) []maps.StackFlow {
 	t.Helper()
-	fs, err := l.m.StackFlows().ListSlot(slot)
+	fs, err := mapstest.SlotRecords(l.m, slot)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +185,7 @@ func TestStackFlowPoolReuse(t *testing.T) {
 	// holds it, and a packet in flight wrote a record of a's.
 	const gone = 999999
 	k, v := uint32(gone), sa
-	if err := l.m.Map("cni_sf_slots").Update(&k, &v, 0); err != nil {
+	if err := mapstest.Map(l.m, "cni_sf_slots").Update(&k, &v, 0); err != nil {
 		t.Fatal(err)
 	}
 	putRecord(t, l.m, sa, *aFlow)
@@ -292,7 +293,7 @@ func putRecord(t *testing.T, m *maps.Maps, slot uint32, f maps.StackFlow) {
 		copy(k.PeerAddr[:], peer[:])
 	}
 	k.Port, k.PeerPort = htons(f.Pod.Port()), htons(f.Peer.Port())
-	if err := m.StackFlows().PutSlotRecord(slot, k, maps.StackFlowVal{Ifindex: uint32(f.Ifindex), Flags: f.Flags}); err != nil {
+	if err := mapstest.PutSlotRecord(m, slot, k, maps.StackFlowVal{Ifindex: uint32(f.Ifindex), Flags: f.Flags}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"net"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 )
 
 // Map access only tests need (kept out of pkg/maps' API).
@@ -15,13 +16,13 @@ func PutEndpoint(m *maps.Maps, ip net.IP, info maps.EndpointInfo) error {
 	if err != nil {
 		return err
 	}
-	return m.Map("cni_endpoints").Put(&k, &info)
+	return mapstest.Map(m, "cni_endpoints").Put(&k, &info)
 }
 
 // LookupNetns returns the cni_netns entry of a netns (by cookie); the
 // error wraps ebpf.ErrKeyNotExist when it has none.
 func LookupNetns(m *maps.Maps, cookie uint64) (maps.NetnsInfo, error) {
 	var v maps.NetnsInfo
-	err := m.Map("cni_netns").Lookup(&cookie, &v)
+	err := mapstest.Map(m, "cni_netns").Lookup(&cookie, &v)
 	return v, err
 }

@@ -99,24 +99,8 @@ func ReadNAT(src Source) (*NATDump, error) {
 	if d.Counters, err = m.Masq().Stats(); err != nil {
 		return nil, err
 	}
-	cidrs, err := m.Masq().ClusterCIDRs()
-	if err != nil {
+	if d.ClusterCIDRs, d.ClusterCIDRUsers, err = readClusterCIDRs(m); err != nil {
 		return nil, err
-	}
-	for _, c := range cidrs {
-		d.ClusterCIDRs = append(d.ClusterCIDRs, c.String())
-	}
-	sort.Strings(d.ClusterCIDRs)
-	users, err := m.Masq().ClusterCIDRUsers()
-	if err != nil {
-		return nil, err
-	}
-	d.ClusterCIDRUsers = map[string]int{}
-	for _, c := range d.ClusterCIDRs {
-		d.ClusterCIDRUsers[c] = 0
-	}
-	for c, n := range users {
-		d.ClusterCIDRUsers[c.String()] = n
 	}
 	names := NewNames(src.StateDir)
 	if d.UplinkSources, err = readUplinkSources(m, names); err != nil {
@@ -171,6 +155,25 @@ func ReadNAT(src Source) (*NATDump, error) {
 		return a.Peer < b.Peer
 	})
 	return d, nil
+}
+
+// readClusterCIDRs lists the cluster CIDRs, sorted, and each one's users.
+func readClusterCIDRs(m *maps.Maps) ([]string, map[string]int, error) {
+	cidrs, err := m.Masq().ClusterCIDRs()
+	if err != nil {
+		return nil, nil, err
+	}
+	users, err := m.Masq().ClusterCIDRUsers()
+	if err != nil {
+		return nil, nil, err
+	}
+	list, byCIDR := []string{}, map[string]int{}
+	for _, c := range cidrs {
+		list = append(list, c.String())
+		byCIDR[c.String()] = users[c]
+	}
+	sort.Strings(list)
+	return list, byCIDR, nil
 }
 
 // readUplinkSources lists the source kept per uplink, by ifindex.
