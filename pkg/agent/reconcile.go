@@ -134,24 +134,44 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		return nil, err
 	}
 	defer dp.Close()
-	m := dp.Maps
-	var (
-		out  []Stale
-		errs error
-	)
-	act := func(kind, what string, f func() error) {
-		out = append(out, Stale{kind, what})
-		if !dryRun {
-			errs = errors.Join(errs, f())
-		}
-	}
+	w := &mapSweep{m: dp.Maps, dryRun: dryRun}
+	w.podEntries()
+	w.masq()
+	w.stackFlows()
+	w.policyTables(stateDir)
+	w.netns(stateDir)
+	w.linkPins(pinRoot)
+	return w.out, w.errs
+}
 
+// mapSweep is one ReconcileMaps pass: what it found stale, and the errors
+// of reading and (unless dryRun) removing it.
+type mapSweep struct {
+	m      *maps.Maps
+	dryRun bool
+	out    []Stale
+	errs   error
+}
+
+func (w *mapSweep) act(kind, what string, f func() error) {
+	w.out = append(w.out, Stale{kind, what})
+	if !w.dryRun {
+		w.errs = errors.Join(w.errs, f())
+	}
+}
+
+func (w *mapSweep) join(err error) { w.errs = errors.Join(w.errs, err) }
+
+// podEntries: address entries, link entries, limits and counters of gone
+// veths.
+func (w *mapSweep) podEntries() {
+	m := w.m
 	eps, err := m.Endpoints().List()
-	errs = errors.Join(errs, err)
+	w.join(err)
 	for _, e := range eps {
 		if !linkExists(e.Info.Ifindex) {
 			ip, idx := e.IP, int(e.Info.Ifindex)
-			act("endpoint", fmt.Sprintf("%s -> ifindex %d", ip, idx), func() error { return m.Endpoints().Delete(ip, idx) })
+			w.act("endpoint", fmt.Sprintf("%s -> ifindex %d", ip, idx), func() error { return m.Endpoints().Delete(ip, idx) })
 		}
 	}
 	var goneLinks []uint32
@@ -161,32 +181,36 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 			goneLinks = append(goneLinks, k)
 		}
 	}
-	errs = errors.Join(errs, err)
+	w.join(err)
 	for _, idx := range goneLinks {
 		idx := int(idx)
-		act("link-entry", fmt.Sprintf("ifindex %d", idx), func() error { return m.Links().Delete(idx) })
+		w.act("link-entry", fmt.Sprintf("ifindex %d", idx), func() error { return m.Links().Delete(idx) })
 	}
 	lims, err := m.Bandwidth().ListLimits()
-	errs = errors.Join(errs, err)
+	w.join(err)
 	for _, l := range lims {
 		if !linkExists(l.Ifindex) {
 			idx := int(l.Ifindex)
-			act("limit", fmt.Sprintf("%s of ifindex %d", l.Dir, idx), func() error { return m.Bandwidth().DeleteLimits(idx) })
+			w.act("limit", fmt.Sprintf("%s of ifindex %d", l.Dir, idx), func() error { return m.Bandwidth().DeleteLimits(idx) })
 		}
 	}
 	all, err := m.Stats().All()
-	errs = errors.Join(errs, err)
+	w.join(err)
 	for idx := range all {
 		if !linkExists(idx) {
 			idx := int(idx)
-			act("counters", fmt.Sprintf("ifindex %d", idx), func() error { return m.Stats().Reset(idx) })
+			w.act("counters", fmt.Sprintf("ifindex %d", idx), func() error { return m.Stats().Reset(idx) })
 		}
 	}
+}
 
+// masq: masqueraded flows and flow counts of gone veths.
+func (w *mapSweep) masq() {
+	m := w.m
 	// Masquerade entries of gone veths (DEL removes them; this catches pods
 	// that vanished without one). The programs ignore them anyway.
 	snat, err := m.Masq().ListSNAT()
-	errs = errors.Join(errs, err)
+	w.join(err)
 	goneNAT := map[int]int{}
 	for _, f := range snat {
 		if !linkExists(uint32(f.Ifindex)) {
@@ -195,7 +219,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	}
 	// A gone veth's count of flows (its quota) goes with them, flows or not.
 	counts, err := m.Masq().ListPods()
-	errs = errors.Join(errs, err)
+	w.join(err)
 	for _, c := range counts {
 		if _, ok := goneNAT[c.Ifindex]; !ok && c.Ifindex != 0 && !linkExists(uint32(c.Ifindex)) {
 			goneNAT[c.Ifindex] = 0
@@ -203,12 +227,16 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	}
 	for idx, n := range goneNAT {
 		idx := idx
-		act("nat", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.Masq().DeleteSNATOf(idx); return err })
+		w.act("nat", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.Masq().DeleteSNATOf(idx); return err })
 	}
+}
 
+// stackFlows: stack-flow records and tables of gone veths.
+func (w *mapSweep) stackFlows() {
+	m := w.m
 	// Stack flows of gone veths, likewise.
 	sflows, err := m.StackFlows().List()
-	errs = errors.Join(errs, err)
+	w.join(err)
 	goneSF := map[int]int{}
 	for _, f := range sflows {
 		if !linkExists(uint32(f.Ifindex)) {
@@ -217,7 +245,7 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	}
 	// A gone veth's own table of stack-flow records goes with them.
 	parts, err := m.StackFlows().Parts()
-	errs = errors.Join(errs, err)
+	w.join(err)
 	for _, idx := range parts {
 		if _, ok := goneSF[idx]; !ok && !linkExists(uint32(idx)) {
 			goneSF[idx] = 0
@@ -225,27 +253,32 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	}
 	for idx, n := range goneSF {
 		idx := idx
-		act("stack-flows", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.StackFlows().DeleteOf(idx); return err })
+		w.act("stack-flows", fmt.Sprintf("%d flows of ifindex %d", n, idx), func() error { _, err := m.StackFlows().DeleteOf(idx); return err })
 	}
+}
 
+// policyTables: pins of tables no outer map holds, and the policy flow
+// tables of gone veths and of live ones without them.
+func (w *mapSweep) policyTables(stateDir string) {
+	m := w.m
 	// Pins of tables no outer map holds (a verb killed between the two):
 	// each keeps its table's memory.
 	stale, err := m.StaleTablePins()
-	errs = errors.Join(errs, err)
+	w.join(err)
 	for _, p := range stale {
 		p := p
-		act("table-pins", p, func() error { return m.RemoveStaleTablePin(p) })
+		w.act("table-pins", p, func() error { return m.RemoveStaleTablePin(p) })
 	}
 
 	// A gone veth's NetworkPolicy flow tables (its DEL never ran).
 	polTables, err := m.Policy().FlowTables()
-	errs = errors.Join(errs, err)
+	w.join(err)
 	hasTables := map[int]bool{}
 	for _, idx := range polTables {
 		hasTables[idx] = true
 		if !linkExists(uint32(idx)) {
 			idx := idx
-			act("policy-flows", fmt.Sprintf("flow tables of ifindex %d", idx), func() error { return m.Policy().DeleteFlowTables(idx) })
+			w.act("policy-flows", fmt.Sprintf("flow tables of ifindex %d", idx), func() error { return m.Policy().DeleteFlowTables(idx) })
 		}
 	}
 	// A live policy interface without them (attached by a build that kept
@@ -256,19 +289,23 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 		for _, r := range recs {
 			if r.Policy && !r.Provisional && r.HostIfindex > 0 && !hasTables[r.HostIfindex] && linkExists(uint32(r.HostIfindex)) {
 				idx := r.HostIfindex
-				act("policy-flows", fmt.Sprintf("flow tables for ifindex %d", idx), func() error { return m.Policy().AddFlowTables(idx) })
+				w.act("policy-flows", fmt.Sprintf("flow tables for ifindex %d", idx), func() error { return m.Policy().AddFlowTables(idx) })
 			}
 		}
 	} else {
-		errs = errors.Join(errs, err)
+		w.join(err)
 	}
+}
 
+// netns: netns entries no record names.
+func (w *mapSweep) netns(stateDir string) {
+	m := w.m
 	// netns entries: the node's stays; a pod's stays while a record names it.
 	// The entries are listed before the records: an ADD writes its record
 	// (with the cookie) before the entry, so an entry listed here has its
 	// record on disk by the time the records are read.
 	nss, err := m.Bandwidth().ListNetns()
-	errs = errors.Join(errs, err)
+	w.join(err)
 	known := make(map[uint64]bool)
 	recs, _ := state.ListAll(stateDir)
 	for _, r := range recs {
@@ -279,19 +316,21 @@ func ReconcileMaps(pinRoot, stateDir string, dryRun bool) ([]Stale, error) {
 	for cookie, v := range nss {
 		if v.Flags&maps.FlagNetnsNode == 0 && !known[cookie] {
 			c := cookie
-			act("netns", fmt.Sprintf("cookie %d", c), func() error { return m.Bandwidth().DeleteNetns(c) })
+			w.act("netns", fmt.Sprintf("cookie %d", c), func() error { return m.Bandwidth().DeleteNetns(c) })
 		}
 	}
+}
 
+// linkPins: link pins of gone host veths.
+func (w *mapSweep) linkPins(pinRoot string) {
 	// Link pins of host veths that are gone.
 	// Looked at and removed under one hold of the links lock (see
 	// datapath.ForOrphanVethLinkPins).
-	errs = errors.Join(errs, datapath.ForOrphanVethLinkPins(pinRoot, func(p datapath.VethLinkPin) error {
+	w.join(datapath.ForOrphanVethLinkPins(pinRoot, func(p datapath.VethLinkPin) error {
 		path := p.Path
-		act("link-pin", filepath.Base(path), func() error { return os.Remove(path) })
+		w.act("link-pin", filepath.Base(path), func() error { return os.Remove(path) })
 		return nil
 	}))
-	return out, errs
 }
 
 // ReconcileAll reconciles attachments of every ebpf-cni network in the CNI
