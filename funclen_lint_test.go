@@ -24,7 +24,6 @@ var longFuncs = map[string]bool{
 	"pkg/agent/netpol/controller.go:Controller.sync":     true,
 	"pkg/policy/compile/flatten.go:flatten":              true,
 	"pkg/maps/migrate.go:Maps.MigrateFrom":               true,
-	"pkg/maps/policy.go:Policy.Read":                     true,
 	"pkg/datapath/nodehooks.go:Datapath.EnsureNodeHooks": true,
 }
 

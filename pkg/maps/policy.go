@@ -768,6 +768,31 @@ func sameRules(a, b policy.Endpoint) bool {
 	return eq(a.Ingress, b.Ingress) && eq(a.Egress, b.Egress)
 }
 
+// readPortSets fills each port set of sets (by id) with the ranges its
+// trie entries cover (one range per prefix; Read merges them).
+func (pl Policy) readPortSets(sets map[uint32][]policy.PortRange) error {
+	if len(sets) == 0 {
+		return nil
+	}
+	var (
+		pk PolicyPortKey
+		pv uint32
+	)
+	it := pl.m.byName[namePolPorts].Iterate()
+	for it.Next(&pk, &pv) {
+		if _, ok := sets[pk.Set]; !ok {
+			continue
+		}
+		first := ntohs(pk.Port)
+		n := uint32(1) << (16 - (pk.Prefixlen - polPortKeyBits))
+		sets[pk.Set] = append(sets[pk.Set], policy.PortRange{Proto: pk.Proto, First: first, Last: uint16(uint32(first) + n - 1)})
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("scan %s: %w", namePolPorts, err)
+	}
+	return nil
+}
+
 // Read reads back what the maps hold for one interface (scans of the
 // tries: for dumps, not for a packet's path).
 func (pl Policy) Read(ifindex int) (ProgrammedPolicy, bool, error) {
@@ -823,23 +848,8 @@ func (pl Policy) Read(ifindex int) (ProgrammedPolicy, bool, error) {
 			ports[e.ports] = nil
 		}
 	}
-	if len(ports) > 0 {
-		var (
-			pk PolicyPortKey
-			pv uint32
-		)
-		it := pl.m.byName[namePolPorts].Iterate()
-		for it.Next(&pk, &pv) {
-			if _, ok := ports[pk.Set]; !ok {
-				continue
-			}
-			first := ntohs(pk.Port)
-			n := uint32(1) << (16 - (pk.Prefixlen - polPortKeyBits))
-			ports[pk.Set] = append(ports[pk.Set], policy.PortRange{Proto: pk.Proto, First: first, Last: uint16(uint32(first) + n - 1)})
-		}
-		if err := it.Err(); err != nil {
-			return out, true, fmt.Errorf("scan %s: %w", namePolPorts, err)
-		}
+	if err := pl.readPortSets(ports); err != nil {
+		return out, true, err
 	}
 	for _, e := range entries {
 		if !e.allow.AllPorts {
