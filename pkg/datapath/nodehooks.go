@@ -193,32 +193,11 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 	if rootErr != nil {
 		rootErr = fmt.Errorf("hostPort socket hooks for node-local clients not attached: %w", rootErr)
 	}
-	cookie, err := NetnsCookie()
+	cookie, cfg, err := dp.nodeHookCookie(rootErr != nil)
 	if err != nil {
-		if rootErr == nil || NetnsCookieCheap() {
-			return nil, err
-		}
-		// No SO_NETNS_COOKIE and no cgroup2 for the program that stands in:
-		// the cookie keys only the socket hooks, which cannot be attached
-		// either. 0 is no netns' cookie (they start at 1).
-		cookie = 0
+		return nil, err
 	}
-	cfg, err := dp.Maps.Node().Config()
-	if err != nil {
-		return nil, fmt.Errorf("read hostPort config: %w", err)
-	}
-	if cookie == 0 && cfg.Enabled() {
-		cookie = cfg.NetnsCookie // not knowable here: the hooks' own, unchecked
-	}
-	// 0: set up by a process that could not learn it (above); re-keyed below.
-	if cfg.Enabled() && cfg.NetnsCookie != cookie && cfg.NetnsCookie != 0 {
-		return nil, fmt.Errorf("pin directory %s serves another network namespace (cookie %d, this one is %d): each node needs its own pinDir",
-			dp.PinRoot, cfg.NetnsCookie, cookie)
-	}
-	// Whether BPF_FIB_LOOKUP_SRC is used is decided (probed) when the hooks
-	// are set up; a fallback forced since makes them be set up again.
-	ready := cfg.Enabled() && cfg.NetnsCookie == cookie && cfg.HooksId == hooksID(dp.PinRoot) && dp.cgroupHooksLive(rootErr == nil) &&
-		(!isForced(FeatFibSrc) || cfg.FibNoSrc())
+	ready := dp.nodeHooksSet(cfg, cookie, rootErr == nil)
 	attempts := 20
 	if ready && !opts.MustRefresh {
 		attempts = 3
@@ -243,45 +222,87 @@ func (dp *Datapath) EnsureNodeHooks(opts NodeHookOptions) (*NodeHooks, error) {
 		}
 		return hooks, rootErr
 	}
-
-	unlock, err := lockDir(dp.PinRoot)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if err := dp.syncNodeIPs(view); err != nil {
-		return nil, err
-	}
-	// Whoever held the lock before may have done it all.
-	if cfg, err = dp.Maps.Node().Config(); err == nil && cfg.Enabled() && cfg.NetnsCookie == cookie &&
-		cfg.HooksId == hooksID(dp.PinRoot) && dp.cgroupHooksLive(rootErr == nil) && dp.uplinkHooksLive(view) &&
-		(!isForced(FeatFibSrc) || cfg.FibNoSrc()) {
-		return hooks, rootErr
-	}
-	progs, err := loadPrograms(dp.PinRoot, dp.Maps, nodeHookPrograms(), loadMissing)
-	if err != nil {
-		return nil, err
-	}
-	defer closePrograms(progs)
-	if err := syncUplinks(dp.PinRoot, progs, view.uplinks); err != nil {
-		return nil, err
-	}
-	if err := dp.syncAfterUplinks(view); err != nil {
-		return nil, err
-	}
-	crashpoint("nodehooks-uplinks") // a half-done install: uplinks attached, socket hooks not
-	for _, p := range socketPrograms() {
-		if rootErr != nil {
-			break
-		}
-		if err := ensureCgroupHook(dp.PinRoot, root, p, progs[p.Name]); err != nil {
-			return nil, err
-		}
-	}
-	if err := dp.Maps.Node().Enable(cookie, hooksID(dp.PinRoot), !FeatureByName(FeatFibSrc).InUse()); err != nil {
+	if err := dp.installNodeHooks(view, cookie, root, rootErr == nil); err != nil {
 		return nil, err
 	}
 	return hooks, rootErr
+}
+
+// nodeHookCookie is this network namespace's cookie and the node config;
+// an error when the pin directory serves another namespace. noCgroup: no
+// cgroup2 mount, so a cookie that cannot be learnt keys nothing.
+func (dp *Datapath) nodeHookCookie(noCgroup bool) (uint64, maps.NodeConfig, error) {
+	cookie, err := NetnsCookie()
+	if err != nil {
+		if !noCgroup || NetnsCookieCheap() {
+			return 0, maps.NodeConfig{}, err
+		}
+		// No SO_NETNS_COOKIE and no cgroup2 for the program that stands in:
+		// the cookie keys only the socket hooks, which cannot be attached
+		// either. 0 is no netns' cookie (they start at 1).
+		cookie = 0
+	}
+	cfg, err := dp.Maps.Node().Config()
+	if err != nil {
+		return 0, cfg, fmt.Errorf("read hostPort config: %w", err)
+	}
+	if cookie == 0 && cfg.Enabled() {
+		cookie = cfg.NetnsCookie // not knowable here: the hooks' own, unchecked
+	}
+	// 0: set up by a process that could not learn it (above); re-keyed below.
+	if cfg.Enabled() && cfg.NetnsCookie != cookie && cfg.NetnsCookie != 0 {
+		return 0, cfg, fmt.Errorf("pin directory %s serves another network namespace (cookie %d, this one is %d): each node needs its own pinDir",
+			dp.PinRoot, cfg.NetnsCookie, cookie)
+	}
+	return cookie, cfg, nil
+}
+
+// nodeHooksSet: cfg says this build set the hooks up for cookie, and the
+// socket hooks are live (when cgroups). Whether BPF_FIB_LOOKUP_SRC is used
+// is decided (probed) when the hooks are set up; a fallback forced since
+// makes them be set up again.
+func (dp *Datapath) nodeHooksSet(cfg maps.NodeConfig, cookie uint64, cgroups bool) bool {
+	return cfg.Enabled() && cfg.NetnsCookie == cookie && cfg.HooksId == hooksID(dp.PinRoot) && dp.cgroupHooksLive(cgroups) &&
+		(!isForced(FeatFibSrc) || cfg.FibNoSrc())
+}
+
+// installNodeHooks sets the node hooks up under the pin directory's lock:
+// addresses, uplink programs, socket hooks (when cgroups), then the config
+// that says it is done.
+func (dp *Datapath) installNodeHooks(view *nodeView, cookie uint64, root string, cgroups bool) error {
+	unlock, err := lockDir(dp.PinRoot)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := dp.syncNodeIPs(view); err != nil {
+		return err
+	}
+	// Whoever held the lock before may have done it all.
+	if cfg, err := dp.Maps.Node().Config(); err == nil && dp.nodeHooksSet(cfg, cookie, cgroups) && dp.uplinkHooksLive(view) {
+		return nil
+	}
+	progs, err := loadPrograms(dp.PinRoot, dp.Maps, nodeHookPrograms(), loadMissing)
+	if err != nil {
+		return err
+	}
+	defer closePrograms(progs)
+	if err := syncUplinks(dp.PinRoot, progs, view.uplinks); err != nil {
+		return err
+	}
+	if err := dp.syncAfterUplinks(view); err != nil {
+		return err
+	}
+	crashpoint("nodehooks-uplinks") // a half-done install: uplinks attached, socket hooks not
+	for _, p := range socketPrograms() {
+		if !cgroups {
+			break
+		}
+		if err := ensureCgroupHook(dp.PinRoot, root, p, progs[p.Name]); err != nil {
+			return err
+		}
+	}
+	return dp.Maps.Node().Enable(cookie, hooksID(dp.PinRoot), !FeatureByName(FeatFibSrc).InUse())
 }
 
 // syncNodeIPs writes the node's addresses and the uplinks' masquerade
