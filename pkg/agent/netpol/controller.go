@@ -240,9 +240,17 @@ func (c *Controller) sync() error {
 		}
 		c.records = recs
 	}
-	var errs error
-	seen := map[uint32]bool{}
-	wrote := 0
+	seen, wrote, errs := c.applyRecords(recs, dirty)
+	forgot, err := c.forgetGone(seen)
+	c.report(since, wrote, forgot)
+	return errors.Join(errs, err)
+}
+
+// applyRecords programs the policy interfaces of recs that dirty (nil:
+// all) may have changed and whose rules differ from the applied ones; seen
+// are the interfaces the records still hold.
+func (c *Controller) applyRecords(recs []*state.Record, dirty map[string]bool) (seen map[uint32]bool, wrote int, errs error) {
+	seen = map[uint32]bool{}
 	for _, r := range recs {
 		if r.Provisional || r.HostIfindex <= 0 || !r.Policy {
 			// Its ADD has not finished (the interface is pending until
@@ -278,7 +286,11 @@ func (c *Controller) sync() error {
 		c.applied[idx] = want
 		wrote++
 	}
-	forgot := 0
+	return seen, wrote, errs
+}
+
+// forgetGone forgets the applied interfaces the records no longer hold.
+func (c *Controller) forgetGone(seen map[uint32]bool) (forgot int, errs error) {
 	for idx := range c.applied {
 		if seen[idx] {
 			continue
@@ -295,6 +307,12 @@ func (c *Controller) sync() error {
 		delete(c.applied, idx)
 		forgot++
 	}
+	return forgot, errs
+}
+
+// report logs the latency of a change that wrote interfaces and writes the
+// status file dumps read, once a pass changed anything.
+func (c *Controller) report(since time.Time, wrote, forgot int) {
 	if wrote > 0 && !since.IsZero() {
 		d := time.Since(since)
 		c.lat.add(d)
@@ -312,7 +330,6 @@ func (c *Controller) sync() error {
 			c.once("status", "policy: status for dump: %v", err)
 		}
 	}
-	return errs
 }
 
 // endpoint is the compiled policy of a record's pod. An attachment of no
