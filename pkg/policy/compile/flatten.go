@@ -53,29 +53,7 @@ func flatten(atoms []atom) []policy.Allow {
 	if len(atoms) == 0 {
 		return nil
 	}
-	// Every prefix that matters, with the atom it carries (-1: a hole only),
-	// sorted by address then length: each prefix comes after the prefixes
-	// enclosing it, so a stack holds the chain of enclosing prefixes.
-	type item struct {
-		prefix netip.Prefix
-		atom   int
-	}
-	items := make([]item, 0, len(atoms))
-	for i, a := range atoms {
-		if a.ports.empty() {
-			continue
-		}
-		items = append(items, item{a.prefix, i})
-		for _, e := range a.except {
-			items = append(items, item{e, -1})
-		}
-	}
-	slices.SortFunc(items, func(x, y item) int {
-		if c := comparePrefix(x.prefix, y.prefix); c != 0 {
-			return c
-		}
-		return x.atom - y.atom
-	})
+	items := flatItems(atoms)
 
 	type frame struct {
 		prefix netip.Prefix
@@ -126,23 +104,7 @@ func flatten(atoms []atom) []policy.Allow {
 		} else {
 			f.cum = plain
 		}
-		f.value = f.cum
-		for _, ai := range chain {
-			if f.value.all {
-				break
-			}
-			a := atoms[ai]
-			holed := false
-			for _, e := range a.except {
-				if prefixCovers(e, p) {
-					holed = true
-					break
-				}
-			}
-			if !holed {
-				f.value = union(f.value, a.ports)
-			}
-		}
+		f.value = withUnholed(atoms, chain, p, f.cum)
 		stack = append(stack, f)
 		if f.value.equal(parent) {
 			continue
@@ -150,6 +112,58 @@ func flatten(atoms []atom) []policy.Allow {
 		out = append(out, policy.Allow{Prefix: p, AllPorts: f.value.all, Ports: slices.Clone(f.value.ranges)})
 	}
 	return aggregate(out)
+}
+
+// flatItem is a prefix that matters to flatten, with the atom it carries
+// (-1: a hole only).
+type flatItem struct {
+	prefix netip.Prefix
+	atom   int
+}
+
+// flatItems lists every prefix that matters, sorted by address then
+// length: each prefix comes after the prefixes enclosing it, so a stack
+// holds the chain of enclosing prefixes.
+func flatItems(atoms []atom) []flatItem {
+	items := make([]flatItem, 0, len(atoms))
+	for i, a := range atoms {
+		if a.ports.empty() {
+			continue
+		}
+		items = append(items, flatItem{a.prefix, i})
+		for _, e := range a.except {
+			items = append(items, flatItem{e, -1})
+		}
+	}
+	slices.SortFunc(items, func(x, y flatItem) int {
+		if c := comparePrefix(x.prefix, y.prefix); c != 0 {
+			return c
+		}
+		return x.atom - y.atom
+	})
+	return items
+}
+
+// withUnholed is v with the ports of each atom of chain none of whose holes
+// covers p.
+func withUnholed(atoms []atom, chain []int, p netip.Prefix, v portSet) portSet {
+	for _, ai := range chain {
+		if v.all {
+			break
+		}
+		a := atoms[ai]
+		holed := false
+		for _, e := range a.except {
+			if prefixCovers(e, p) {
+				holed = true
+				break
+			}
+		}
+		if !holed {
+			v = union(v, a.ports)
+		}
+	}
+	return v
 }
 
 func allowValue(a policy.Allow) portSet { return portSet{all: a.AllPorts, ranges: a.Ports} }
