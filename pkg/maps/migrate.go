@@ -151,105 +151,133 @@ func copyConverted[K, O, N any](from, to *ebpf.Map, name string, conv func(K, O)
 // for the old entries is an error wrapping ErrFull that names it and its
 // size. It returns how many entries it copied per map.
 func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
-	type copier struct {
-		name      string
-		copy      func(from, to *ebpf.Map, name string) (int, error)
-		valueSize uint32 // of the older layout, where it differs from this one's
-	}
-	var table []copier
+	var table []migrateCopier
 	switch version {
 	case 1:
-		table = []copier{
-			{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
-			{nameLinks, copyHash[uint32, LinkInfo], 0},
-			{nameStats, copyHash[StatsKey, []StatsVal], 0},
-			{nameBandwidth, copyBandwidthV1, uint32(binary.Size(bwStateV1{}))},
-			{nameNetns, copyHash[uint64, NetnsInfo], 0},
-			{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
-			{nameCT, copyCTV1, uint32(binary.Size(ctValV1{}))},
-			{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
-			{nameHPConfig, copyArray[NodeConfig], 0},
-			{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
-			{nameHPStats, copyPerCPUArray, 0},
-			{nameSNAT, copySNATV1, uint32(binary.Size(snatValV1{}))},
-			{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
-			{nameMasqStats, copyPerCPUArray, 0},
-			{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
-		}
+		table = migrateV1()
 	case 2:
-		// v3 only added the event maps: every v2 map keeps its layout.
-		// (A flow's timer is not copied, the kernel never copies one;
-		// ExpireCT and ExpireSNAT end such flows.)
-		table = []copier{
-			{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
-			{nameLinks, copyHash[uint32, LinkInfo], 0},
-			{nameStats, copyHash[StatsKey, []StatsVal], 0},
-			{nameBandwidth, copyHash[BandwidthKey, BandwidthState], 0},
-			{nameNetns, copyHash[uint64, NetnsInfo], 0},
-			{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
-			{nameCT, copyHash[CTKey, CTVal], 0},
-			{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
-			{nameHPConfig, copyArray[NodeConfig], 0},
-			{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
-			{nameHPStats, copyPerCPUArray, 0},
-			{nameSNAT, copyHash[SNATKey, SNATVal], 0},
-			{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
-			{nameClusterRefs, copyHash[CIDRRefKey, uint32], 0},
-			{nameMasqStats, copyPerCPUArray, 0},
-			{nameMasqConfig, copyArray[MasqConfig], 0},
-			{nameMasqShare, copyHash[MasqShareKey, uint32], 0},
-			{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
-		}
+		table = migrateV2()
 	case 3, 4:
-		// v4 added the tunnel maps (cni_tun_nodes, cni_tun_cidrs) and two
-		// drop reasons, v5 three more drop reasons: each resized cni_stats,
-		// every other map keeps its layout. The ring buffer, the events' rate
-		// state and the flows seen start anew (a flow is announced again).
-		// From v4 the tunnel's peers and the links judging deferred egress
-		// are copied too, so the trust rule knows the nodes before the agent
-		// writes them again.
-		table = []copier{
-			{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
-			{nameLinks, copyHash[uint32, LinkInfo], 0},
-			{nameStats, copyHash[StatsKey, []StatsVal], 0},
-			{nameBandwidth, copyHash[BandwidthKey, BandwidthState], 0},
-			{nameNetns, copyHash[uint64, NetnsInfo], 0},
-			{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
-			{nameCT, copyHash[CTKey, CTVal], 0},
-			{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
-			{nameHPConfig, copyArray[NodeConfig], 0},
-			{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
-			{nameHPStats, copyPerCPUArray, 0},
-			{nameSNAT, copyHash[SNATKey, SNATVal], 0},
-			{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
-			{nameClusterRefs, copyHash[CIDRRefKey, uint32], 0},
-			{nameMasqStats, copyPerCPUArray, 0},
-			{nameMasqConfig, copyArray[MasqConfig], 0},
-			{nameMasqShare, copyHash[MasqShareKey, uint32], 0},
-			{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
-			{nameStackFlowParts, m.innerCopier(dir), 0},
-			{nameEvConfig, copyArray[EventConfig], 0},
-			{nameEvPods, copyHash[uint32, uint32], 0},
-			{namePolState, copyHash[uint32, PolicyState], 0},
-			{namePolAddrs, copyHash[PolicyAddrKey, PolicyAddrVal], 0},
-			{namePolPorts, copyHash[PolicyPortKey, uint32], 0},
-			{namePolCTParts, m.innerCopier(dir), 0},
-			{namePolFragParts, m.innerCopier(dir), 0},
-			// The pods' shares of cni_snat go with its flows (the quota
-			// itself is derived from the sizing at Create).
-			{nameMasqPods, copyHash[uint32, MasqPodVal], 0},
-			{nameMasqKeys, copyArray[MasqKeysVal], 0},
-			{namePolConfig, copyArray[PolicyConfig], 0},
-		}
-		if version == 4 {
-			table = append(table,
-				copier{nameTunNodes, copyHash[EndpointKey, uint32], 0},
-				copier{nameTunCIDRs, copyHash[CIDRKey, TunnelPeer], 0},
-				copier{nameAfterLinks, copyHash[uint32, uint32], 0})
-		}
+		table = m.migrateV3(dir, version == 4)
 	default:
 		return nil, fmt.Errorf("migrate maps of layout v%d at %s: this build (layout v%d) knows how to migrate layouts v1 to v4 only", version, dir, LayoutVersion)
 	}
+	out, errs := m.copyMaps(dir, version, table)
+	if version == 1 {
+		errs = errors.Join(errs, m.ownV1ClusterCIDRs())
+	}
+	return out, errs
+}
+
+// migrateCopier copies one map of an older layout into this one's.
+type migrateCopier struct {
+	name      string
+	copy      func(from, to *ebpf.Map, name string) (int, error)
+	valueSize uint32 // of the older layout, where it differs from this one's
+}
+
+// migrateV1 are the maps of layout v1 and how they are copied.
+func migrateV1() []migrateCopier {
+	return []migrateCopier{
+		{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
+		{nameLinks, copyHash[uint32, LinkInfo], 0},
+		{nameStats, copyHash[StatsKey, []StatsVal], 0},
+		{nameBandwidth, copyBandwidthV1, uint32(binary.Size(bwStateV1{}))},
+		{nameNetns, copyHash[uint64, NetnsInfo], 0},
+		{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
+		{nameCT, copyCTV1, uint32(binary.Size(ctValV1{}))},
+		{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
+		{nameHPConfig, copyArray[NodeConfig], 0},
+		{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
+		{nameHPStats, copyPerCPUArray, 0},
+		{nameSNAT, copySNATV1, uint32(binary.Size(snatValV1{}))},
+		{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
+		{nameMasqStats, copyPerCPUArray, 0},
+		{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
+	}
+}
+
+// migrateV2 are the maps of layout v2 and how they are copied.
+func migrateV2() []migrateCopier {
+	// v3 only added the event maps: every v2 map keeps its layout.
+	// (A flow's timer is not copied, the kernel never copies one;
+	// ExpireCT and ExpireSNAT end such flows.)
+	return []migrateCopier{
+		{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
+		{nameLinks, copyHash[uint32, LinkInfo], 0},
+		{nameStats, copyHash[StatsKey, []StatsVal], 0},
+		{nameBandwidth, copyHash[BandwidthKey, BandwidthState], 0},
+		{nameNetns, copyHash[uint64, NetnsInfo], 0},
+		{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
+		{nameCT, copyHash[CTKey, CTVal], 0},
+		{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
+		{nameHPConfig, copyArray[NodeConfig], 0},
+		{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
+		{nameHPStats, copyPerCPUArray, 0},
+		{nameSNAT, copyHash[SNATKey, SNATVal], 0},
+		{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
+		{nameClusterRefs, copyHash[CIDRRefKey, uint32], 0},
+		{nameMasqStats, copyPerCPUArray, 0},
+		{nameMasqConfig, copyArray[MasqConfig], 0},
+		{nameMasqShare, copyHash[MasqShareKey, uint32], 0},
+		{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
+	}
+}
+
+// migrateV3 are the maps of layouts v3 and v4 and how they are copied.
+func (m *Maps) migrateV3(dir string, v4 bool) []migrateCopier {
+	// v4 added the tunnel maps (cni_tun_nodes, cni_tun_cidrs) and two
+	// drop reasons, v5 three more drop reasons: each resized cni_stats,
+	// every other map keeps its layout. The ring buffer, the events' rate
+	// state and the flows seen start anew (a flow is announced again).
+	// From v4 the tunnel's peers and the links judging deferred egress
+	// are copied too, so the trust rule knows the nodes before the agent
+	// writes them again.
+	table := []migrateCopier{
+		{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
+		{nameLinks, copyHash[uint32, LinkInfo], 0},
+		{nameStats, copyHash[StatsKey, []StatsVal], 0},
+		{nameBandwidth, copyHash[BandwidthKey, BandwidthState], 0},
+		{nameNetns, copyHash[uint64, NetnsInfo], 0},
+		{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
+		{nameCT, copyHash[CTKey, CTVal], 0},
+		{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
+		{nameHPConfig, copyArray[NodeConfig], 0},
+		{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
+		{nameHPStats, copyPerCPUArray, 0},
+		{nameSNAT, copyHash[SNATKey, SNATVal], 0},
+		{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
+		{nameClusterRefs, copyHash[CIDRRefKey, uint32], 0},
+		{nameMasqStats, copyPerCPUArray, 0},
+		{nameMasqConfig, copyArray[MasqConfig], 0},
+		{nameMasqShare, copyHash[MasqShareKey, uint32], 0},
+		{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
+		{nameStackFlowParts, m.innerCopier(dir), 0},
+		{nameEvConfig, copyArray[EventConfig], 0},
+		{nameEvPods, copyHash[uint32, uint32], 0},
+		{namePolState, copyHash[uint32, PolicyState], 0},
+		{namePolAddrs, copyHash[PolicyAddrKey, PolicyAddrVal], 0},
+		{namePolPorts, copyHash[PolicyPortKey, uint32], 0},
+		{namePolCTParts, m.innerCopier(dir), 0},
+		{namePolFragParts, m.innerCopier(dir), 0},
+		// The pods' shares of cni_snat go with its flows (the quota
+		// itself is derived from the sizing at Create).
+		{nameMasqPods, copyHash[uint32, MasqPodVal], 0},
+		{nameMasqKeys, copyArray[MasqKeysVal], 0},
+		{namePolConfig, copyArray[PolicyConfig], 0},
+	}
+	if v4 {
+		table = append(table,
+			migrateCopier{nameTunNodes, copyHash[EndpointKey, uint32], 0},
+			migrateCopier{nameTunCIDRs, copyHash[CIDRKey, TunnelPeer], 0},
+			migrateCopier{nameAfterLinks, copyHash[uint32, uint32], 0})
+	}
+	return table
+}
+
+// copyMaps copies each map of table pinned in dir (a map the older layout
+// lacks is skipped) into this one's, counting the entries by name.
+func (m *Maps) copyMaps(dir string, version int, table []migrateCopier) (map[string]int, error) {
 	out := map[string]int{}
 	var errs error
 	for _, c := range table {
@@ -278,10 +306,13 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 		out[c.name] = n
 		errs = errors.Join(errs, err)
 	}
-	if version != 1 {
-		return out, errs
-	}
-	// The v1 layout's cluster CIDRs: nobody's in particular.
+	return out, errs
+}
+
+// ownV1ClusterCIDRs gives the v1 layout's cluster CIDRs their user:
+// nobody's in particular.
+func (m *Maps) ownV1ClusterCIDRs() error {
+	var errs error
 	cidrs, err := m.Masq().ClusterCIDRs()
 	errs = errors.Join(errs, err)
 	refs := m.byName[nameClusterRefs]
@@ -292,7 +323,7 @@ func (m *Maps) MigrateFrom(dir string, version int) (map[string]int, error) {
 			errs = errors.Join(errs, writeErr(refs, nameClusterRefs, "user of "+p.String(), err))
 		}
 	}
-	return out, errs
+	return errs
 }
 
 // copyHash copies every entry of a hash map (or LPM trie) the target lacks.
