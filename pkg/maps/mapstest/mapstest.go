@@ -96,7 +96,9 @@ func SlotRecords(m *maps.Maps, slot uint32) ([]maps.StackFlow, error) {
 }
 
 // PutSlotRecord writes one record into the table of slot as a program would
-// (a record left by a pod killed mid-DEL). The slot must hold a table.
+// (a record left by a pod killed mid-DEL). The slot must hold a table. It
+// takes no pool lock (the product's layout of it is not a test's business):
+// call it while no verb takes or fills slots.
 func PutSlotRecord(m *maps.Maps, slot uint32, k maps.StackFlowKey, v maps.StackFlowVal) error {
 	t, err := slotTable(m, slot)
 	if err != nil {
