@@ -190,6 +190,11 @@ func TestPolicyTablesDaemonSetCaps(t *testing.T) {
 		innerMemlock(t, out, "cni_pol_ct_parts") == 0 || innerMemlock(t, out, "cni_pol_frag_parts") == 0 {
 		t.Errorf("status with the DaemonSet's capabilities did not sum the policy flow and fragment tables (%v):\n%s", err, out)
 	}
+	// dump ct lists the policy flows: it reads the same tables, by pin.
+	out, err = daemonSetAgentCmd(t, e, "dump", "ct", "-o", "json", "--pin-dir", e.PinDir, "--state-dir", e.StateDir)
+	if err != nil || strings.Contains(out, "not permitted") || strings.Contains(out, "CAP_SYS_ADMIN") {
+		t.Errorf("dump ct with the DaemonSet's capabilities and policy flow tables: %v\n%s", err, out)
+	}
 	out, err = daemonSetAgentCmd(t, e, append([]string{"reconcile"}, e.AgentArgs(e.WriteConfDir())...)...)
 	if err != nil {
 		t.Errorf("reconcile with the DaemonSet's capabilities: %v\n%s", err, out)
