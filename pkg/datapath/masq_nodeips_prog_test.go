@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"encoding/binary"
 	"net"
 	"testing"
 	"time"
@@ -97,13 +96,6 @@ func putSNATFwd(t *testing.T, dp *Datapath, proto byte, pod net.IP, podPort uint
 // the stack forwarded the packet from).
 func runFromFrame(t *testing.T, p *ebpf.Program, frame []byte, ingress uint32) (uint32, parsed) {
 	t.Helper()
-	out := make([]byte, len(frame)+64)
-	ctx := make([]byte, 192) // struct __sk_buff
-	binary.LittleEndian.PutUint32(ctx[36:], ingress)
-	binary.LittleEndian.PutUint32(ctx[40:], loIfindex)
-	ret, err := p.Run(&ebpf.RunOptions{Data: frame, DataOut: out, Context: ctx})
-	if err != nil {
-		t.Fatalf("test run: %v", err)
-	}
-	return ret, parse(t, out[:len(frame)])
+	ret, out := testRunOut(t, p, frame, ingress)
+	return ret, parse(t, out)
 }
