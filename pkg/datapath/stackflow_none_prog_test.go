@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"encoding/binary"
 	"net"
 	"testing"
 
@@ -14,14 +13,7 @@ import (
 // stack forwarded the packet from (to_container's sender).
 func runFrom(t *testing.T, p *ebpf.Program, frame []byte, ingress uint32) uint32 {
 	t.Helper()
-	out := make([]byte, len(frame)+64)
-	ctx := make([]byte, 192) // struct __sk_buff
-	binary.LittleEndian.PutUint32(ctx[36:], ingress)
-	binary.LittleEndian.PutUint32(ctx[40:], loIfindex)
-	ret, err := p.Run(&ebpf.RunOptions{Data: frame, DataOut: out, Context: ctx})
-	if err != nil {
-		t.Fatalf("test run: %v", err)
-	}
+	ret, _ := testRunOut(t, p, frame, ingress)
 	return ret
 }
 
