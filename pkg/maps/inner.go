@@ -143,7 +143,7 @@ func innerLock(dir string, create bool) (func(), error) {
 
 // loadInnerPin opens the pin at p if it holds table id.
 func loadInnerPin(p string, id ebpf.MapID) (*ebpf.Map, bool, error) {
-	t, err := ebpf.LoadPinnedMap(p, nil)
+	t, err := loadPinnedMap(p)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, false, nil
 	}
