@@ -29,3 +29,6 @@ package ebpfcni
 //go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem from_uplink_compat -target bpfel -no-global-types fromUplinkCompat bpf/from_uplink.c -- -DEBPF_CNI_COMPAT
 //go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem to_uplink_compat -target bpfel -no-global-types toUplinkCompat bpf/to_uplink.c -- -DEBPF_CNI_COMPAT
 //go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem sock_compat -target bpfel -no-global-types sockCompat bpf/sock.c -- -DEBPF_CNI_COMPAT
+
+// The pin-name hash of each object above (pkg/datapath/objhash_bpfel.go): after them.
+//go:generate go run ./pkg/datapath/internal/objhashgen

@@ -3,7 +3,6 @@ package cni
 import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-	"github.com/containernetworking/plugins/pkg/ipam"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
@@ -52,8 +51,8 @@ func add(args *skel.CmdArgs) (err error) {
 
 	// IPAM runs in its own process and is the longest step: start it now,
 	// and open the datapath and create and attach the veth meanwhile.
-	a.StartIPAM(func() (types.Result, error) { return ipam.ExecAdd(conf.IPAM.Type, args.StdinData) },
-		func() error { return ipam.ExecDel(conf.IPAM.Type, args.StdinData) })
+	a.StartIPAM(func() (types.Result, error) { return ipamAdd(conf.IPAM.Type, args.StdinData) },
+		func() error { return ipamDel(conf.IPAM.Type, args.StdinData) })
 	if err := a.OpenDatapath(); err != nil {
 		return err
 	}

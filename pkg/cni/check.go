@@ -2,7 +2,6 @@ package cni
 
 import (
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/plugins/pkg/ipam"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 )
@@ -25,7 +24,7 @@ func check(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := ipam.ExecCheck(conf.IPAM.Type, args.StdinData); err != nil {
+	if err := ipamCheck(conf.IPAM.Type, args.StdinData); err != nil {
 		return endpoint.IPAMError(conf.IPAM.Type, err)
 	}
 	id := endpoint.ID{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns, Args: args.Args}

@@ -2,7 +2,6 @@ package cni
 
 import (
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/plugins/pkg/ipam"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 )
@@ -22,7 +21,7 @@ func del(args *skel.CmdArgs) error {
 	var release func() error
 	if conf.IPAM.Type != "" {
 		release = func() error {
-			if err := ipam.ExecDel(conf.IPAM.Type, args.StdinData); err != nil {
+			if err := ipamDel(conf.IPAM.Type, args.StdinData); err != nil {
 				return endpoint.IPAMError(conf.IPAM.Type, err)
 			}
 			return nil

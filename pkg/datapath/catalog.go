@@ -3,6 +3,7 @@ package datapath
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"sync"
 
 	"github.com/cilium/ebpf"
 
@@ -19,22 +20,25 @@ type object struct {
 	// without bpf_timer or bpf_loop (features.go: CompatBuild); nil when
 	// the object uses neither.
 	compat *object
+
+	hashOnce sync.Once // hash
+	hashHex  string
 }
 
 var (
-	objFromContainer = &object{"from_container", loadFromContainer, _FromContainerBytes,
-		&object{"from_container_compat", loadFromContainerCompat, _FromContainerCompatBytes, nil}}
-	objToContainer = &object{"to_container", loadToContainer, _ToContainerBytes,
-		&object{"to_container_compat", loadToContainerCompat, _ToContainerCompatBytes, nil}}
-	objSockOps    = &object{"sock_ops", loadSockOps, _SockOpsBytes, nil}
-	objFromUplink = &object{"from_uplink", loadFromUplink, _FromUplinkBytes,
-		&object{"from_uplink_compat", loadFromUplinkCompat, _FromUplinkCompatBytes, nil}}
-	objToUplink = &object{"to_uplink", loadToUplink, _ToUplinkBytes,
-		&object{"to_uplink_compat", loadToUplinkCompat, _ToUplinkCompatBytes, nil}}
-	objSock = &object{"sock", loadSock, _SockBytes,
-		&object{"sock_compat", loadSockCompat, _SockCompatBytes, nil}}
+	objFromContainer = &object{name: "from_container", load: loadFromContainer, bytes: _FromContainerBytes,
+		compat: &object{name: "from_container_compat", load: loadFromContainerCompat, bytes: _FromContainerCompatBytes}}
+	objToContainer = &object{name: "to_container", load: loadToContainer, bytes: _ToContainerBytes,
+		compat: &object{name: "to_container_compat", load: loadToContainerCompat, bytes: _ToContainerCompatBytes}}
+	objSockOps    = &object{name: "sock_ops", load: loadSockOps, bytes: _SockOpsBytes}
+	objFromUplink = &object{name: "from_uplink", load: loadFromUplink, bytes: _FromUplinkBytes,
+		compat: &object{name: "from_uplink_compat", load: loadFromUplinkCompat, bytes: _FromUplinkCompatBytes}}
+	objToUplink = &object{name: "to_uplink", load: loadToUplink, bytes: _ToUplinkBytes,
+		compat: &object{name: "to_uplink_compat", load: loadToUplinkCompat, bytes: _ToUplinkCompatBytes}}
+	objSock = &object{name: "sock", load: loadSock, bytes: _SockBytes,
+		compat: &object{name: "sock_compat", load: loadSockCompat, bytes: _SockCompatBytes}}
 	// The tunnel programs use neither bpf_timer nor bpf_loop: one build.
-	objTunnel = &object{"tunnel", loadTunnel, _TunnelBytes, nil}
+	objTunnel = &object{name: "tunnel", load: loadTunnel, bytes: _TunnelBytes}
 )
 
 // in is the build of o the node at pinRoot runs: the compat one where

@@ -1,7 +1,10 @@
 package datapath
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
 	"testing"
@@ -84,5 +87,35 @@ func TestPacingPinMovesToNode(t *testing.T) {
 				t.Errorf("node hooks %v lack the pacing link", NodeHookPins(dp.PinRoot))
 			}
 		})
+	}
+}
+
+// TestObjHashesCurrent: objhash_bpfel.go names every embedded object with
+// its size, CRC-32C and SHA-256 prefix (stale after bpf/ changes until
+// make generate: pins would still be named right, at the SHA-256's cost),
+// and an object whose bytes differ from the table's is hashed, not named
+// from it.
+func TestObjHashesCurrent(t *testing.T) {
+	for _, root := range []*object{objFromContainer, objToContainer, objSockOps, objFromUplink, objToUplink, objSock, objTunnel} {
+		for _, o := range []*object{root, root.compat} {
+			if o == nil {
+				continue
+			}
+			sum := sha256.Sum256(o.bytes)
+			want := hex.EncodeToString(sum[:6])
+			k, ok := objHashes[o.name]
+			if !ok || k.sha != want || k.size != len(o.bytes) || k.crc != crc32.Checksum(o.bytes, castagnoli) {
+				t.Errorf("objHashes[%q] = %+v, the object's SHA-256 starts %s: run make generate", o.name, k, want)
+			}
+			if got := (&object{name: o.name, bytes: o.bytes}).hash(); got != want {
+				t.Errorf("%s: hash %s, want %s", o.name, got, want)
+			}
+		}
+	}
+	changed := append([]byte(nil), objToContainer.bytes...)
+	changed[len(changed)/2] ^= 1
+	sum := sha256.Sum256(changed)
+	if got, want := (&object{name: objToContainer.name, bytes: changed}).hash(), hex.EncodeToString(sum[:6]); got != want || got == objHashes[objToContainer.name].sha {
+		t.Fatalf("changed object: hash %s, want its own %s", got, want)
 	}
 }

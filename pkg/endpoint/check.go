@@ -3,8 +3,8 @@ package endpoint
 import (
 	"net"
 
+	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/plugins/pkg/ip"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -136,13 +136,43 @@ func (a *Attachment) checkPod(podIf *current.Interface, host netlink.Link, mapMA
 	if err := checkPodAddrs(l, prev.IPs); err != nil {
 		return err
 	}
-	if err := ip.ValidateExpectedRoute(prev.Routes); err != nil {
-		return checkError("%w", err)
+	if err := checkPodRoutes(prev.Routes); err != nil {
+		return err
 	}
 	if rec != nil && rec.PodTable == 0 {
 		return nil // added by a build before per-interface tables
 	}
 	return checkPodTable(id.IfName, at.Index, prev.IPs)
+}
+
+// checkPodRoutes: every route of prevResult is in the pod's main table
+// (through its gateway when it names one). Ours, not plugins' pkg/ip: that
+// package pulls iptables and nftables helpers into the plugin, whose
+// package initialisation every ADD and DEL paid for (issue 30).
+func checkPodRoutes(routes []*types.Route) error {
+	for _, r := range routes {
+		family := netlink.FAMILY_V4
+		if r.Dst.IP.To4() == nil {
+			if len(r.Dst.IP) != net.IPv6len {
+				return checkError("prevResult route %v has no valid destination", r)
+			}
+			family = netlink.FAMILY_V6
+		}
+		find, filter := &netlink.Route{Dst: &r.Dst, Gw: r.GW}, netlink.RT_FILTER_DST
+		if ones, _ := r.Dst.Mask.Size(); ones == 0 {
+			find = &netlink.Route{} // the kernel reports a default route without a destination
+		} else if r.GW != nil {
+			filter |= netlink.RT_FILTER_GW
+		}
+		found, err := netlinksafe.RouteListFiltered(family, find, filter)
+		if err != nil {
+			return checkError("list routes for %s: %w", r.Dst.String(), err)
+		}
+		if len(found) == 0 {
+			return checkError("route %s via %v from prevResult not found in the pod's routing table", r.Dst.String(), r.GW)
+		}
+	}
+	return nil
 }
 
 // checkPodAddrs: every address of prevResult is on the pod's interface. Not

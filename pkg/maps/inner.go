@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -141,20 +143,37 @@ func innerLock(dir string, create bool) (func(), error) {
 
 // loadInnerPin opens the pin at p if it holds table id.
 func loadInnerPin(p string, id ebpf.MapID) (*ebpf.Map, bool, error) {
-	t, err := ebpf.LoadPinnedMap(p, nil)
+	t, err := loadPinnedMap(p)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, false, nil
 	}
 	if err != nil {
 		return nil, false, fmt.Errorf("open the table pin %s: %w", p, err)
 	}
-	if info, ierr := t.Info(); ierr == nil {
-		if got, ok := info.ID(); ok && got == id {
-			return t, true, nil
-		}
+	if got, ierr := mapID(t); ierr == nil && got == id {
+		return t, true, nil
 	}
 	t.Close()
 	return nil, false, nil
+}
+
+// mapID is m's ID from BPF_OBJ_GET_INFO_BY_FD alone (the kernel fills as
+// much of bpf_map_info as info_len asks for): Map.Info also reads and parses
+// /proc/self/fdinfo, and a DEL opens every taken stack-flow table (issue 30).
+func mapID(m *ebpf.Map) (ebpf.MapID, error) {
+	var info struct{ typ, id uint32 }
+	attr := struct {
+		fd      uint32
+		infoLen uint32
+		info    uint64
+	}{fd: uint32(m.FD()), infoLen: uint32(unsafe.Sizeof(info)), info: uint64(uintptr(unsafe.Pointer(&info)))}
+	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_OBJ_GET_INFO_BY_FD, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
+	runtime.KeepAlive(&info)
+	runtime.KeepAlive(m)
+	if errno != 0 {
+		return 0, fmt.Errorf("map info: %w", errno)
+	}
+	return ebpf.MapID(info.id), nil
 }
 
 // openInner opens the table the outer map outerName lists at key with id:

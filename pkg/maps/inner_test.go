@@ -77,3 +77,40 @@ func TestTablePins(t *testing.T) {
 		t.Errorf("pins after the policy tables were dropped: %v", got)
 	}
 }
+
+// TestMapID: the short info read gives the ID Map.Info does, for each of
+// two maps (so not a constant), and a closed map's fd is an error.
+func TestMapID(t *testing.T) {
+	var ids []ebpf.MapID
+	for range 2 {
+		mp, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mp.Close()
+		info, err := mp.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, ok := info.ID()
+		if !ok {
+			t.Fatal("Map.Info has no ID")
+		}
+		got, err := mapID(mp)
+		if err != nil || got != want {
+			t.Fatalf("mapID = %d, %v; Map.Info says %d", got, err, want)
+		}
+		ids = append(ids, got)
+	}
+	if ids[0] == ids[1] {
+		t.Fatalf("two maps, one ID %d", ids[0])
+	}
+	mp, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp.Close()
+	if _, err := mapID(mp); err == nil {
+		t.Fatal("mapID of a closed map: no error")
+	}
+}

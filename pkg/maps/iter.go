@@ -9,7 +9,13 @@ import (
 // scan calls fn for every entry of a hash map, in batches where the kernel
 // supports them (one syscall per 4096 entries rather than two per entry).
 func scan[K, V any](m *ebpf.Map, fn func(*K, *V)) error {
-	const chunk = 4096
+	// No bigger than the map: a DEL scans every pod's 256-entry stack-flow
+	// table, and 4096-entry buffers for each were most of its allocations
+	// (issue 30). A batch never needs more room than the map holds.
+	chunk := 4096
+	if n := int(m.MaxEntries()); n > 0 && n < chunk {
+		chunk = n
+	}
 	var cursor ebpf.MapBatchCursor
 	keys := make([]K, chunk)
 	vals := make([]V, chunk)

@@ -264,7 +264,7 @@ func openPins(dir string, specs map[string]*ebpf.MapSpec) (*Maps, error) {
 	open := make(map[string]*ebpf.Map, len(specs))
 	for name, s := range specs {
 		p := filepath.Join(dir, name)
-		m, err := ebpf.LoadPinnedMap(p, nil)
+		m, err := loadPinnedMap(p)
 		if err != nil && optionalMaps[name] && errors.Is(err, os.ErrNotExist) {
 			continue // pinned by an older build of the layout
 		}

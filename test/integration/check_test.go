@@ -53,6 +53,29 @@ func TestLifecycleCheck(t *testing.T) {
 			want: func(*testenv.Attachment) []string { return []string{"route", "0.0.0.0", "not found"} },
 		},
 		{
+			// CHECK compares the routes itself (not plugins' pkg/ip): the
+			// IPv6 default route is found without a destination too.
+			name: "IPv6 default route removed in pod",
+			damage: func(t *testing.T, p *testenv.Attachment) {
+				err := p.Pod.Do(func(ns.NetNS) error {
+					routes, err := netlink.RouteList(nil, netlink.FAMILY_V6)
+					if err != nil {
+						return err
+					}
+					for _, r := range routes {
+						if ones, _ := maskOnes(r.Dst); r.Dst == nil || ones == 0 {
+							return netlink.RouteDel(&r)
+						}
+					}
+					return errors.New("pod has no IPv6 default route")
+				})
+				if err != nil {
+					t.Fatalf("delete IPv6 default route: %v", err)
+				}
+			},
+			want: func(*testenv.Attachment) []string { return []string{"route", "::/0", "not found"} },
+		},
+		{
 			name: "ingress program detached",
 			damage: func(t *testing.T, p *testenv.Attachment) {
 				// A tcx link where the pod has one (an agent moved it),
