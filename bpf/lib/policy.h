@@ -18,9 +18,10 @@
  *     later fragments (no ports) pass too; a table per pod interface.
  *
  * A packet costs at most: the state (one hash lookup), the flow (a table
- * and an entry lookup; a reply two of each), and
- * for a new flow of an isolated pod one lookup in each trie: nothing grows
- * with the number of policies or peers. Pods of a network without
+ * and an entry lookup, two of each when pol_ct_first guesses its opener
+ * wrong or the flow is new), and for a new flow of an isolated pod its
+ * source among the node's addresses and one lookup in each trie: nothing
+ * grows with the number of policies or peers. Pods of a network without
  * networkPolicy carry no EP_F_POLICY and cost nothing here.
  *
  * Where packets are judged:
