@@ -18,9 +18,10 @@
  *     later fragments (no ports) pass too; a table per pod interface.
  *
  * A packet costs at most: the state (one hash lookup), the flow (a table
- * and an entry lookup; a reply two of each), and
- * for a new flow of an isolated pod one lookup in each trie: nothing grows
- * with the number of policies or peers. Pods of a network without
+ * and an entry lookup, two of each when pol_ct_first guesses its opener
+ * wrong or the flow is new), and for a new flow of an isolated pod its
+ * source among the node's addresses and one lookup in each trie: nothing
+ * grows with the number of policies or peers. Pods of a network without
  * networkPolicy carry no EP_F_POLICY and cost nothing here.
  *
  * Where packets are judged:
@@ -149,6 +150,17 @@ static __noinline int pol_node_source(struct __sk_buff *skb, struct pol_work *w,
 		return 1;
 	w->link = skb->ifindex;
 	return bpf_map_lookup_elem(&cni_links, &w->link) != NULL;
+}
+
+/* Whether the peer of the packet in w is the node: POL_J_NODE, or (a
+ * packet entering the pod) a node source (pol_node_source). Asked only
+ * when a verdict needs it, after the flow lookup: a packet of a known flow
+ * (most) pays no cni_node_ips lookup. */
+static __always_inline int pol_peer_is_node(struct __sk_buff *skb, struct pol_work *w, __u8 family, __u32 how)
+{
+	if (how & POL_J_NODE)
+		return 1;
+	return !(how & POL_J_EGRESS) && pol_node_source(skb, w, family, how);
 }
 
 /* The fragment key of the datagram in w (w->frag_id) at the pod behind ifindex. */
@@ -405,16 +417,34 @@ static __always_inline void *pol_ct_table(struct pol_work *w, __u32 ifindex, __u
 }
 
 /*
+ * The table pol_ct_find looks in first for flow k: the one its opener
+ * likely is, so that most packets, either way, cost one table and one
+ * entry lookup. The end with the lower port is taken for the server (a
+ * client's port is ephemeral, 32768 and up; an echo's requester has the
+ * id, its responder 0), so the other end opened it; equal ports: the
+ * packet's direction. A wrong guess costs a miss, never a verdict: both
+ * tables are looked at. Before, the packet's direction alone chose, and
+ * every reply missed first (issue 23's request/response cost).
+ */
+static __always_inline __u32 pol_ct_first(const struct pol_ct_key *k, int egress)
+{
+	__u16 pod = bpf_ntohs(k->pod_port), peer = bpf_ntohs(k->peer_port);
+
+	if (pod == peer)
+		return egress ? DIR_EGRESS : DIR_INGRESS;
+	return peer < pod ? DIR_EGRESS : DIR_INGRESS;
+}
+
+/*
  * The live entry of flow k in its pod's tables, NULL when none: first in
- * the table of the flows opened in the packet's direction (egress: the
- * pod's), so a packet going the way its flow was opened costs one lookup,
- * then in the other. An entry expired at w->now is as good as absent.
- * w->ct_opener names the table it was found in. Not inlined: policy_judge's
- * frame (and this one has none: it takes its time from w).
+ * the table pol_ct_first guesses, then in the other. An entry expired at
+ * w->now is as good as absent. w->ct_opener names the table it was found
+ * in. Not inlined: policy_judge's frame (and this one has none: it takes
+ * its time from w).
  */
 static __noinline struct pol_ct_val *pol_ct_find(struct pol_work *w, const struct pol_ct_key *k, int egress)
 {
-	__u32 first = egress ? DIR_EGRESS : DIR_INGRESS;
+	__u32 first = pol_ct_first(k, egress);
 
 #pragma unroll
 	for (__u32 i = 0; i < 2; i++) {
@@ -622,7 +652,6 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 	/* No state: pending (fail closed). */
 	struct pol_state *st = bpf_map_lookup_elem(&cni_pol_state, &ifindex);
 	int egress = !!(how & POL_J_EGRESS);
-	int node_peer = !!(how & POL_J_NODE);
 	__u8 mode = POL_PENDING, other = POL_PENDING;
 	__u32 set = 0;
 
@@ -656,10 +685,8 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 		return mode == POL_OPEN ? POL_ALLOW : POL_DENY;
 	if (w->frag == POL_FRAG_LATER)
 		return mode == POL_OPEN || pol_frag_known(w, ifindex) ? POL_ALLOW : POL_DENY;
-	if (!egress && !node_peer)
-		node_peer = pol_node_source(skb, w, family, how);
 	if (kind == POL_PKT_ERROR) {
-		if (mode == POL_OPEN || node_peer || pol_error_related(skb, w))
+		if (mode == POL_OPEN || pol_peer_is_node(skb, w, family, how) || pol_error_related(skb, w))
 			goto allow;
 		/* Not about a flow of the pod: an ICMP packet like any other. */
 	}
@@ -688,7 +715,7 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 		 * which another sender gets once the conntrack entry is gone: the
 		 * entry alone proves nothing about who sends now. */
 	}
-	int allow = mode == POL_OPEN || pol_allows(skb, w, set, node_peer);
+	int allow = mode == POL_OPEN || pol_allows(skb, w, set, pol_peer_is_node(skb, w, family, how));
 	__u32 flags = egress ? POL_CT_F_EGRESS : 0;
 	if (!allow) {
 		if (how & POL_J_AFTER) {

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -79,19 +80,68 @@ func (pl Policy) AddFlowTables(ifindex int) error {
 		return writeErr(pl.m.byName[namePolFragParts], namePolFragParts, fmt.Sprintf("the fragment table of ifindex %d", ifindex), err)
 	}
 	outer := pl.m.byName[namePolCTParts]
+	var (
+		keys   []PolicyCTPartKey
+		tables []*ebpf.Map
+	)
+	defer func() {
+		for _, t := range tables {
+			t.Close() // the outer map and the pins hold them from here
+		}
+	}()
 	for _, o := range polCTOpeners {
 		inner, err := ebpf.NewMap(&polCTPartSpec)
 		if err != nil {
 			return fmt.Errorf("create a policy flow table of ifindex %d: %w", ifindex, err)
 		}
-		k := PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: o}
-		err = pl.m.putInner(namePolCTParts, k, inner, ebpf.UpdateAny)
-		inner.Close() // the outer map and the pin hold it from here
-		if err != nil {
-			return writeErr(outer, namePolCTParts, fmt.Sprintf("a flow table of ifindex %d", ifindex), err)
-		}
+		tables = append(tables, inner)
+		keys = append(keys, PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: o})
+	}
+	if err := pl.m.putInners(namePolCTParts, keys, tables); err != nil {
+		return writeErr(outer, namePolCTParts, fmt.Sprintf("the flow tables of ifindex %d", ifindex), err)
 	}
 	return nil
+}
+
+// putInners is putInner (ebpf.UpdateAny) for the two flow tables of an
+// interface at once: pinned, then put in one batched update, which waits
+// out one RCU grace period where two updates wait out two (ADD's cost,
+// BenchmarkPolicyFlowTables). A kernel without batches for maps of maps
+// gets one update each. When the update fails, the pins go again.
+func (m *Maps) putInners(outerName string, keys []PolicyCTPartKey, inners []*ebpf.Map) error {
+	unlock, err := innerLock(m.dir, true)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := os.MkdirAll(innerDir(m.dir, outerName), 0o700); err != nil {
+		return fmt.Errorf("create the pin directory of %s's tables: %w", outerName, err)
+	}
+	pins := make([]string, len(keys))
+	fds := make([]uint32, len(keys))
+	for i := range keys {
+		pins[i] = innerPin(m.dir, outerName, keyBytes(keys[i]))
+		if err := replacePin(inners[i], pins[i]); err != nil {
+			return err
+		}
+		fds[i] = uint32(inners[i].FD())
+	}
+	outer := m.byName[outerName]
+	_, err = outer.BatchUpdate(keys, fds, nil)
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		err = nil
+		for i := range keys {
+			if err = outer.Update(&keys[i], inners[i], ebpf.UpdateAny); err != nil {
+				break
+			}
+		}
+	}
+	if err != nil {
+		for _, p := range pins {
+			os.Remove(p)
+		}
+	}
+	return err
 }
 
 // FlowTables lists the ifindexes that have flow or fragment tables.
@@ -124,13 +174,30 @@ func (pl Policy) DeleteFlowTables(ifindex int) error {
 	} else {
 		errs = pl.m.unpinInner(namePolFragParts, fk)
 	}
+	// The tables there, deleted in one batch: one RCU grace period where a
+	// delete each waits out one each (DEL's cost, BenchmarkPolicyFlowTables).
+	var keys []PolicyCTPartKey
 	for _, o := range polCTOpeners {
 		k := PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: o}
-		if err := outer.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			errs = errors.Join(errs, fmt.Errorf("delete a flow table of ifindex %d from %s: %w", ifindex, namePolCTParts, err))
-			continue
+		var id uint32
+		if err := outer.Lookup(&k, &id); err == nil {
+			keys = append(keys, k)
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			errs = errors.Join(errs, fmt.Errorf("read a flow table of ifindex %d from %s: %w", ifindex, namePolCTParts, err))
 		}
-		errs = errors.Join(errs, pl.m.unpinInner(namePolCTParts, k))
+	}
+	if len(keys) > 0 {
+		if _, err := outer.BatchDelete(keys, nil); err != nil {
+			// No batch here, or a table gone meanwhile: one at a time.
+			for i := range keys {
+				if err := outer.Delete(&keys[i]); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+					errs = errors.Join(errs, fmt.Errorf("delete a flow table of ifindex %d from %s: %w", ifindex, namePolCTParts, err))
+				}
+			}
+		}
+	}
+	for _, o := range polCTOpeners {
+		errs = errors.Join(errs, pl.m.unpinInner(namePolCTParts, PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: o}))
 	}
 	return errs
 }

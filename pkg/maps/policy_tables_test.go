@@ -1,0 +1,93 @@
+package maps
+
+import (
+	"os"
+	"testing"
+)
+
+// BenchmarkPolicyFlowTables: a networkPolicy pod's ADD step (SetPending:
+// its two flow tables and its fragment table put into maps of maps, then
+// the pending state) and its DEL step (DeleteOf: the tables taken out).
+// Each put or delete of a map of maps' entry waits out an RCU grace period
+// (the kernel's maybe_wait_bpf_programs); a batched one waits once.
+func BenchmarkPolicyFlowTables(b *testing.B) {
+	m := testMaps(b, DefaultSizing)
+	b.Run("ADD", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			idx := 1000 + i%100
+			if err := m.Policy().SetPending(idx); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			if err := m.Policy().DeleteOf(idx); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+	})
+	b.Run("DEL", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			idx := 1000 + i%100
+			b.StopTimer()
+			if err := m.Policy().SetPending(idx); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			if err := m.Policy().DeleteOf(idx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// TestPolicyFlowTablesBatched: the two flow tables go in and out in one
+// batch each. A retried ADD replaces both (new tables, pins current); a DEL
+// that finds one of them already gone (a DEL killed half-way) drops the
+// other and leaves no pin.
+func TestPolicyFlowTablesBatched(t *testing.T) {
+	m := testMaps(t, DefaultSizing)
+	const idx = 9
+	outer := m.byName[namePolCTParts]
+	ids := func() map[uint32]uint32 {
+		out := map[uint32]uint32{}
+		for _, o := range polCTOpeners {
+			var id uint32
+			k := PolicyCTPartKey{Ifindex: idx, Opener: o}
+			if err := outer.Lookup(&k, &id); err == nil {
+				out[o] = id
+			}
+		}
+		return out
+	}
+	if err := m.Policy().AddFlowTables(idx); err != nil {
+		t.Fatal(err)
+	}
+	first := ids()
+	if err := m.Policy().AddFlowTables(idx); err != nil {
+		t.Fatal(err)
+	}
+	second := ids()
+	if len(first) != 2 || len(second) != 2 || first[0] == second[0] || first[1] == second[1] {
+		t.Fatalf("tables after ADD %v, after the retry %v: want two, both replaced", first, second)
+	}
+	if stale, err := m.StaleTablePins(); err != nil || len(stale) != 0 {
+		t.Fatalf("stale pins after the retried ADD: %v %v", stale, err)
+	}
+	k := PolicyCTPartKey{Ifindex: idx, Opener: polCTOpeners[0]}
+	if err := outer.Delete(&k); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Policy().DeleteFlowTables(idx); err != nil {
+		t.Fatalf("DEL with one table already gone: %v", err)
+	}
+	if got := ids(); len(got) != 0 {
+		t.Fatalf("tables left after DEL: %v", got)
+	}
+	ents, err := os.ReadDir(innerDir(m.dir, namePolCTParts))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if len(ents) != 0 {
+		t.Fatalf("pins left after DEL: %v", ents)
+	}
+}
