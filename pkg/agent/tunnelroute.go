@@ -39,7 +39,7 @@ const (
 	// derived from the inner's (local checksum offload). IPv4 may go
 	// without (RFC 768), which saves even that.
 	tunnelCsum = 0x0001
-	tunnelVNI          = 1 // bpf/lib/tunnel.h TUN_VNI
+	tunnelVNI  = 1 // bpf/lib/tunnel.h TUN_VNI
 )
 
 func (e *tunnelEncap) Type() int {
