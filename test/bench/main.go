@@ -438,9 +438,11 @@ func inner(opts *options) int {
 			cleanup()
 		}
 		if opts.parts[partTunnel] {
+			// Last, and it may fail alone (a test of its own): the
+			// other parts' table is written first.
 			rows, err := runTunnel(ctx, opts)
 			if err != nil {
-				return err
+				return errors.Join(err, c.write(opts.outDir))
 			}
 			c.add(rows)
 		}
