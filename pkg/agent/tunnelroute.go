@@ -32,7 +32,14 @@ const (
 	// DF on the outer IPv4 header, so a smaller link answers with
 	// "fragmentation needed" rather than fragmenting every packet.
 	tunnelDontFragment = 0x0100
-	tunnelVNI          = 1 // bpf/lib/tunnel.h TUN_VNI
+	// tunnelCsum is TUNNEL_CSUM: a checksum in the outer UDP header.
+	// Asked for over IPv6 only: a VXLAN socket (udp6zerocsumrx off, as
+	// IPv6 requires of UDP, and so do middleboxes) drops IPv6 datagrams
+	// without one as Udp6InCsumErrors. It costs little: the outer sum is
+	// derived from the inner's (local checksum offload). IPv4 may go
+	// without (RFC 768), which saves even that.
+	tunnelCsum = 0x0001
+	tunnelVNI  = 1 // bpf/lib/tunnel.h TUN_VNI
 )
 
 func (e *tunnelEncap) Type() int {
@@ -55,7 +62,11 @@ func (e *tunnelEncap) Encode() ([]byte, error) {
 	id := make([]byte, 8)
 	binary.BigEndian.PutUint64(id, tunnelVNI)
 	flags := make([]byte, 2)
-	binary.BigEndian.PutUint16(flags, tunnelDontFragment)
+	f := uint16(tunnelDontFragment)
+	if len(dst) == net.IPv6len {
+		f |= tunnelCsum
+	}
+	binary.BigEndian.PutUint16(flags, f)
 	var out []byte
 	for _, a := range []*nl.RtAttr{
 		nl.NewRtAttr(lwtIPID, id),

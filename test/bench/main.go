@@ -36,6 +36,10 @@
 //     an allowed policy, policy change to enforcement and memory at 1000
 //     pods x 500 policies (test/bench/netpol).
 //
+//   - tunnel: cross-node pod-to-pod throughput and 1-byte request/response,
+//     the VXLAN tunnel against host-gw, in the integration tests' tunnel lab
+//     (runs TestTunnelBench, tag tunnelbench; make bench-tunnel alone).
+//
 // Every part's figures also go to one combined table, bench-<date>.md and
 // .json, each with its spread and its ratio to the reference measured in
 // the same run (make bench: all parts, full under 15 minutes on 2 cores).
@@ -142,9 +146,10 @@ const (
 	partEvents     = "events"
 	partPacket     = "packet"
 	partNetpol     = "netpol"
+	partTunnel     = "tunnel"
 )
 
-var allParts = []string{partPacket, partLatency, partScale, partHostPort, partThroughput, partMemory, partBurst, partColdStart, partBandwidth, partEvents, partNetpol}
+var allParts = []string{partPacket, partLatency, partScale, partHostPort, partThroughput, partMemory, partBurst, partColdStart, partBandwidth, partEvents, partNetpol, partTunnel}
 
 func parseFlags(args []string) (*options, error) {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -432,6 +437,15 @@ func inner(opts *options) int {
 			c.add(np.Rows())
 			cleanup()
 		}
+		if opts.parts[partTunnel] {
+			// Last, and it may fail alone (a test of its own): the
+			// other parts' table is written first.
+			rows, err := runTunnel(ctx, opts)
+			if err != nil {
+				return errors.Join(err, c.write(opts.outDir))
+			}
+			c.add(rows)
+		}
 		return c.write(opts.outDir)
 	}, cleanup)
 }
@@ -439,7 +453,7 @@ func inner(opts *options) int {
 // cniParts tells whether a part measured by bench.run was asked for.
 func (o *options) cniParts() bool {
 	for p := range o.parts {
-		if p != partBandwidth && p != partEvents && p != partPacket && p != partNetpol {
+		if p != partBandwidth && p != partEvents && p != partPacket && p != partNetpol && p != partTunnel {
 			return true
 		}
 	}
