@@ -164,3 +164,101 @@ func sniffed(fd int, m [][]byte, d time.Duration) (bool, bool) {
 	}
 	return saw[0], saw[1]
 }
+
+// TestAttack5ForgedRSTStallsAllowedFlow: a's ingress is isolated (allows
+// nothing), its egress open; it holds a TCP connection to a server off the
+// node, which pushes data now and then (a watch, a subscription). Any host
+// on the wire sends a an RST posing as that server, with a sequence number
+// nowhere near the window: a's kernel ignores it (RFC 5961; conntrack
+// ignores it too), but flow_next marks the flow entry closing on any RST
+// (bpf/lib/flowlife.h), whose timeout is 10 s idle. After 10 s of quiet
+// the entry is gone; the server's next segment is a new flow to the rules,
+// which deny it: the connection is dead for a while a's kernel still
+// holds it open, and stays dead until a sends first. The same connection
+// without the forged RST (control) gets its data.
+func TestAttack5ForgedRSTStallsAllowedFlow(t *testing.T) {
+	t.Parallel()
+	h := newHPEnv(t)
+	h.Extra["networkPolicy"] = true
+	for _, fam := range []int{4, 6} {
+		routeVia(t, h.Node, "", remoteIP[fam])
+		routeVia(t, h.remote, cluster[fam], uplinkIP[fam])
+	}
+	a := h.NewPod()
+	h.CleanupDel(a, "a")
+	a4, a6 := resultIPs(h.Add(a, "a"))
+	aIP := map[int]net.IP{4: a4, 6: a6}
+	_, idx := h.HostVeth("a")
+	if err := h.Maps().Policy().Writer().Apply(uint32(idx), policy.Endpoint{Ingress: isolated()}); err != nil {
+		t.Fatal(err)
+	}
+	const port = 7100
+	accepted := make(chan net.Conn, 8)
+	for _, fam := range []int{4, 6} {
+		var ln net.Listener
+		must(t, h.remote.Do(func(ns.NetNS) error {
+			var err error
+			ln, err = net.Listen(fmt.Sprintf("tcp%d", fam), hp(remoteIP[fam], port))
+			return err
+		}))
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				t.Cleanup(func() { c.Close() })
+				accepted <- c
+			}
+		}()
+	}
+	type pair struct {
+		name        string
+		fam         int
+		client, srv net.Conn
+	}
+	var pairs []pair
+	for _, fam := range []int{4, 6} {
+		for _, name := range []string{"control", "forged-rst"} {
+			var c net.Conn
+			must(t, a.Do(func(ns.NetNS) error {
+				var err error
+				c, err = net.DialTimeout("tcp", hp(remoteIP[fam], port), 2*time.Second)
+				return err
+			}))
+			t.Cleanup(func() { c.Close() })
+			var s net.Conn
+			select {
+			case s = <-accepted:
+			case <-time.After(3 * time.Second):
+				t.Fatal("the server accepted nothing")
+			}
+			pairs = append(pairs, pair{name, fam, c, s})
+		}
+	}
+	src, dst := linkMAC(t, h.remote, "eth0"), linkMAC(t, h.Node, "uplink0")
+	for _, p := range pairs {
+		if p.name != "forged-rst" {
+			continue
+		}
+		aport := p.client.LocalAddr().(*net.TCPAddr).Port
+		sendFrames(t, h.remote, "eth0", [][]byte{
+			tcpFrame(src, dst, remoteIP[p.fam], port, aIP[p.fam], aport, 0x0badf00d, 0, 0x04, 0),
+		})
+	}
+	time.Sleep(11 * time.Second) // past the closing timeout (10 s idle)
+	for _, p := range pairs {
+		if _, err := p.srv.Write([]byte("pushed")); err != nil {
+			t.Fatalf("%s v%d: server write: %v", p.name, p.fam, err)
+		}
+	}
+	for _, p := range pairs {
+		buf := make([]byte, 16)
+		p.client.SetReadDeadline(time.Now().Add(3 * time.Second))
+		n, err := p.client.Read(buf)
+		if err != nil || string(buf[:n]) != "pushed" {
+			t.Errorf("IPv%d %s: a's read of the server's push: %q, %v; want it delivered (a's kernel ignored the out-of-window RST, so must its policy)", p.fam, p.name, buf[:n], err)
+		}
+	}
+}
