@@ -262,3 +262,100 @@ func TestAttack5ForgedRSTStallsAllowedFlow(t *testing.T) {
 		}
 	}
 }
+
+// TestAttack5IngressIsolationCutsRepliesOfOpenPodsFlows: a pod open both
+// ways holds a TCP connection it opened to a server off the node, which
+// pushes data now and then. Then a policy isolates its ingress (a
+// namespace's default-deny-ingress): its egress stays open, so the replies
+// of its own connections must still pass (NetworkPolicy allows the replies
+// of allowed flows; docs/networkpolicy.md: "A flow outlives a policy
+// change", "Established flows are not cut"). But while a pod is open both
+// ways policy_judge records no flow (it returns at once), so after the
+// change the server's segments find no entry and the ingress rules deny
+// them: the connection stalls until the pod happens to send first. A
+// connection opened after the change (control) gets its data.
+func TestAttack5IngressIsolationCutsRepliesOfOpenPodsFlows(t *testing.T) {
+	t.Parallel()
+	h := newHPEnv(t)
+	h.Extra["networkPolicy"] = true
+	for _, fam := range []int{4, 6} {
+		routeVia(t, h.Node, "", remoteIP[fam])
+		routeVia(t, h.remote, cluster[fam], uplinkIP[fam])
+	}
+	a := h.NewPod()
+	h.CleanupDel(a, "a")
+	h.Add(a, "a")
+	_, idx := h.HostVeth("a")
+	w := h.Maps().Policy().Writer()
+	if err := w.Apply(uint32(idx), policy.Endpoint{}); err != nil {
+		t.Fatal(err)
+	}
+	const port = 7101
+	accepted := make(chan net.Conn, 8)
+	for _, fam := range []int{4, 6} {
+		var ln net.Listener
+		must(t, h.remote.Do(func(ns.NetNS) error {
+			var err error
+			ln, err = net.Listen(fmt.Sprintf("tcp%d", fam), hp(remoteIP[fam], port))
+			return err
+		}))
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				t.Cleanup(func() { c.Close() })
+				accepted <- c
+			}
+		}()
+	}
+	type pair struct {
+		name        string
+		fam         int
+		client, srv net.Conn
+	}
+	dial := func(name string, fam int) pair {
+		var c net.Conn
+		must(t, a.Do(func(ns.NetNS) error {
+			var err error
+			c, err = net.DialTimeout("tcp", hp(remoteIP[fam], port), 2*time.Second)
+			return err
+		}))
+		t.Cleanup(func() { c.Close() })
+		select {
+		case s := <-accepted:
+			return pair{name, fam, c, s}
+		case <-time.After(3 * time.Second):
+			t.Fatal("the server accepted nothing")
+		}
+		return pair{}
+	}
+	push := func(p pair, msg string) {
+		if _, err := p.srv.Write([]byte(msg)); err != nil {
+			t.Fatalf("%s v%d: server write: %v", p.name, p.fam, err)
+		}
+		buf := make([]byte, 32)
+		p.client.SetReadDeadline(time.Now().Add(3 * time.Second))
+		n, err := p.client.Read(buf)
+		if err != nil || string(buf[:n]) != msg {
+			t.Errorf("IPv%d %s: a's read of the server's %q: %q, %v; want it delivered", p.fam, p.name, msg, buf[:n], err)
+		}
+	}
+	var before []pair
+	for _, fam := range []int{4, 6} {
+		p := dial("opened-while-open", fam)
+		push(p, "before")
+		before = append(before, p)
+	}
+	if err := w.Apply(uint32(idx), policy.Endpoint{Ingress: isolated()}); err != nil {
+		t.Fatal(err)
+	}
+	for _, fam := range []int{4, 6} {
+		push(dial("opened-after-isolation", fam), "control")
+	}
+	for _, p := range before {
+		push(p, "after")
+	}
+}
