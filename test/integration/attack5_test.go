@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // svcToNode is a ClusterIP no other test uses whose endpoint is the node
@@ -357,5 +358,90 @@ func TestAttack5IngressIsolationCutsRepliesOfOpenPodsFlows(t *testing.T) {
 	}
 	for _, p := range before {
 		push(p, "after")
+	}
+}
+
+// TestAttack5ForgedRSTKillsHostPortFlow: a client off the node holds a TCP
+// connection to a pod's hostPort, quiet for a while. A blind host on the
+// wire sends the node an RST posing as that client, its sequence number
+// nowhere near the window. The masquerade checks an RST against the window
+// (tcpseq.h, TestMasqForgedRSTs); hostPort's cni_ct does not: ct_track
+// marks the flow closing on any RST (flow_next), its timer deletes it 10 s
+// later, and the client's next segment is not translated (a non-SYN
+// segment of no known flow): the connection is dead while both ends hold
+// it open. The same connection without the RST (control) carries on.
+func TestAttack5ForgedRSTKillsHostPortFlow(t *testing.T) {
+	t.Parallel()
+	h := newHPEnv(t)
+	p := h.NewPod()
+	h.CleanupDel(p, "web")
+	const hostPort = 8090
+	h.MustAddHP(p, "web", testenv.PM{HostPort: hostPort, ContainerPort: 80, Protocol: "tcp"})
+	accepted := make(chan net.Conn, 8)
+	for _, fam := range []int{4, 6} {
+		var ln net.Listener
+		must(t, p.Do(func(ns.NetNS) error {
+			var err error
+			ln, err = net.Listen(fmt.Sprintf("tcp%d", fam), ":80")
+			return err
+		}))
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				t.Cleanup(func() { c.Close() })
+				accepted <- c
+			}
+		}()
+	}
+	type pair struct {
+		name        string
+		fam         int
+		client, srv net.Conn
+	}
+	var pairs []pair
+	for _, fam := range []int{4, 6} {
+		for _, name := range []string{"control", "forged-rst"} {
+			var c net.Conn
+			must(t, h.remote.Do(func(ns.NetNS) error {
+				var err error
+				c, err = net.DialTimeout("tcp", hp(uplinkIP[fam], hostPort), 2*time.Second)
+				return err
+			}))
+			t.Cleanup(func() { c.Close() })
+			var s net.Conn
+			select {
+			case s = <-accepted:
+			case <-time.After(3 * time.Second):
+				t.Fatal("the pod accepted nothing")
+			}
+			pairs = append(pairs, pair{name, fam, c, s})
+		}
+	}
+	src, dst := linkMAC(t, h.remote, "eth0"), linkMAC(t, h.Node, "uplink0")
+	for _, q := range pairs {
+		if q.name != "forged-rst" {
+			continue
+		}
+		cport := q.client.LocalAddr().(*net.TCPAddr).Port
+		sendFrames(t, h.remote, "eth0", [][]byte{
+			tcpFrame(src, dst, remoteIP[q.fam], cport, uplinkIP[q.fam], hostPort, 0x0badf00d, 0, 0x04, 0),
+		})
+	}
+	time.Sleep(11 * time.Second) // past the closing timeout (10 s)
+	for _, q := range pairs {
+		if _, err := q.client.Write([]byte("later")); err != nil {
+			t.Errorf("IPv%d %s: client write: %v", q.fam, q.name, err)
+			continue
+		}
+		buf := make([]byte, 16)
+		q.srv.SetReadDeadline(time.Now().Add(3 * time.Second))
+		n, err := q.srv.Read(buf)
+		if err != nil || string(buf[:n]) != "later" {
+			t.Errorf("IPv%d %s: the pod's read of the client's segment: %q, %v; want it delivered (the RST was out of the window: the pod's TCP ignored it)", q.fam, q.name, buf[:n], err)
+		}
 	}
 }
