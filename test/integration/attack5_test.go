@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -444,4 +445,78 @@ func TestAttack5ForgedRSTKillsHostPortFlow(t *testing.T) {
 			t.Errorf("IPv%d %s: the pod's read of the client's segment: %q, %v; want it delivered (the RST was out of the window: the pod's TCP ignored it)", q.fam, q.name, buf[:n], err)
 		}
 	}
+}
+
+// TestAttack5EgressDeniedReachesUnjudgedLinkThroughService: a pod whose
+// egress allows nothing reaches nothing behind a link no program of ours
+// judges (a WireGuard or IPIP link, one without a node address:
+// TestPolicyEgressLeavingByNonUplink), because from_container's FIB lookup
+// names the link and denies at once. But the lookup is of the address the
+// pod dialled: a ClusterIP (routed out of the uplink here, as by a default
+// route) whose endpoint is behind such a link is deferred, kube-proxy
+// DNATs it onto that link, and nothing judges it again.
+func TestAttack5EgressDeniedReachesUnjudgedLinkThroughService(t *testing.T) {
+	t.Parallel()
+	h := newHPEnv(t)
+	h.Extra["networkPolicy"] = true
+	routeVia(t, h.Node, "", remoteIP[4])
+	a := h.NewPod()
+	h.CleanupDel(a, "a")
+	h.Add(a, "a")
+	_, idx := h.HostVeth("a")
+	far := testenv.NewNS(t)
+	farIP := net.ParseIP("203.0.113.2").To4()
+	must(t, h.InNode(func() error {
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "side0"}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(far.Fd()))}
+		if err := netlink.LinkAdd(veth); err != nil {
+			return err
+		}
+		l, err := netlink.LinkByName("side0")
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+		if err := os.WriteFile("/proc/sys/net/ipv4/conf/side0/proxy_arp", []byte("1"), 0o644); err != nil {
+			return err
+		}
+		_, dst, _ := net.ParseCIDR("203.0.113.0/24")
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst})
+	}))
+	must(t, far.Do(func(ns.NetNS) error {
+		for _, n := range []string{"lo", "eth0"} {
+			l, err := netlink.LinkByName(n)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+		}
+		l, _ := netlink.LinkByName("eth0")
+		ad, _ := netlink.ParseAddr(farIP.String() + "/24")
+		if err := netlink.AddrAdd(l, ad); err != nil {
+			return err
+		}
+		_, dst, _ := net.ParseCIDR(testenv.PodSubnet4)
+		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst})
+	}))
+	serve(t, far, 7000, "far")
+	svc := net.ParseIP("10.96.0.78").To4()
+	var svcs []svcPort
+	for _, p := range []string{"tcp", "udp"} {
+		svcs = append(svcs, svcPort{name: "far-" + p, proto: p, clusterIP: svc, port: 80, backend: farIP, target: 7000})
+	}
+	proxyModes[0].install(t, h.Node, 4, cluster[4], []net.IP{uplinkIP[4], nodeIP[4]}, svcs)
+	if err := h.Maps().Policy().Writer().Apply(uint32(idx), policy.Endpoint{}); err != nil {
+		t.Fatal(err)
+	}
+	reach(t, a, "tcp", svc, 80, "far") // open: the Service path works
+	if err := h.Maps().Policy().Writer().Apply(uint32(idx), policy.Endpoint{Egress: isolated()}); err != nil {
+		t.Fatal(err)
+	}
+	blocked(t, a, "tcp", farIP, 7000) // dialled directly: denied at once
+	blocked(t, a, "tcp", svc, 80)
+	blocked(t, a, "udp", svc, 80)
 }
