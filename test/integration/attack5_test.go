@@ -520,3 +520,84 @@ func TestAttack5EgressDeniedReachesUnjudgedLinkThroughService(t *testing.T) {
 	blocked(t, a, "tcp", svc, 80)
 	blocked(t, a, "udp", svc, 80)
 }
+
+// TestAttack5DeferredEntryOpensIngressWhenStackDrops: a denies all
+// ingress and all egress. Its UDP datagram to a host off the node is
+// deferred by from_container (the denial is to be judged again after the
+// stack), with a flow entry that "only lets replies in"; to_uplink's
+// second judgement deletes that entry. But a datagram the stack drops
+// before to_uplink (here: a TTL or hop limit of 1, which the node does not
+// forward) never meets the second judgement, and its entry stays (30 s
+// for UDP): the host can now send into a on that port, ingress isolation
+// notwithstanding. A pod shut off both ways opens itself a channel from
+// any host, a packet every 30 s.
+func TestAttack5DeferredEntryOpensIngressWhenStackDrops(t *testing.T) {
+	t.Parallel()
+	h := newHPEnv(t)
+	h.Extra["networkPolicy"] = true
+	for _, fam := range []int{4, 6} {
+		routeVia(t, h.Node, "", remoteIP[fam])
+		routeVia(t, h.remote, cluster[fam], uplinkIP[fam])
+	}
+	a := h.NewPod()
+	h.CleanupDel(a, "a")
+	a4, a6 := resultIPs(h.Add(a, "a"))
+	aIP := map[int]net.IP{4: a4, 6: a6}
+	_, idx := h.HostVeth("a")
+	if err := h.Maps().Policy().Writer().Apply(uint32(idx), policy.Endpoint{Ingress: isolated(), Egress: isolated()}); err != nil {
+		t.Fatal(err)
+	}
+	const peerPort = 7002
+	for _, fam := range []int{4, 6} {
+		ln := udpSocket(t, a, aIP[fam])
+		port := ln.LocalAddr().(*net.UDPAddr).Port
+		fromPeer := func(msg string) {
+			must(t, h.remote.Do(func(ns.NetNS) error {
+				c, err := net.DialUDP("udp", &net.UDPAddr{IP: remoteIP[fam], Port: peerPort}, &net.UDPAddr{IP: aIP[fam], Port: port})
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				_, err = c.Write([]byte(msg))
+				return err
+			}))
+		}
+		// Control: the peer's datagram is denied.
+		fromPeer(fmt.Sprintf("before-v%d", fam))
+		if bigReceived(ln, fmt.Sprintf("before-v%d", fam), time.Second) {
+			t.Fatalf("IPv%d: the peer reached a before anything: ingress not isolated at all", fam)
+		}
+		// Control: a datagram the node forwards meets to_uplink's second
+		// judgement, which drops it and deletes the deferred entry.
+		if _, err := ln.WriteToUDP([]byte("knock"), &net.UDPAddr{IP: remoteIP[fam], Port: peerPort}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		fromPeer(fmt.Sprintf("after-a-forwarded-knock-v%d", fam))
+		if bigReceived(ln, fmt.Sprintf("after-a-forwarded-knock-v%d", fam), time.Second) {
+			t.Errorf("IPv%d: the peer reached a after a's forwarded (denied) datagram: the deferred entry outlived to_uplink's denial", fam)
+		}
+		// a sends the peer one datagram the node will not forward.
+		rc, err := ln.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		must(t, rc.Control(func(fd uintptr) {
+			if fam == 4 {
+				err = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_TTL, 1)
+			} else {
+				err = unix.SetsockoptInt(int(fd), unix.IPPROTO_IPV6, unix.IPV6_UNICAST_HOPS, 1)
+			}
+		}))
+		must(t, err)
+		if _, err := ln.WriteToUDP([]byte("knock"), &net.UDPAddr{IP: remoteIP[fam], Port: peerPort}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		msg := fmt.Sprintf("through-the-deferred-entry-v%d", fam)
+		fromPeer(msg)
+		if bigReceived(ln, msg, time.Second) {
+			t.Errorf("IPv%d: the peer's datagram reached a, whose ingress and egress deny everything, on the entry of a datagram the stack dropped", fam)
+		}
+	}
+}
