@@ -31,7 +31,9 @@
  *     stack translated it: in to_container.c (a pod of this node) and
  *     to_uplink.c (leaving the node), with the destination the stack
  *     chose. Its flow entry (POL_CT_F_DEFER) then only lets replies in,
- *     which the stack translates back to the address the pod dialled;
+ *     which the stack translates back to the address the pod dialled,
+ *     and only once that judgement confirmed it (POL_CT_F_PENDING,
+ *     pol_confirm_deferred): one that never comes opens nothing;
  *   - ingress, wherever a packet enters a pod: redirect_to_endpoint (same
  *     node pod to pod, hostPort from the uplink or hairpin) and
  *     to_container.c (whatever the stack delivers: other nodes, Services,
