@@ -103,7 +103,7 @@ int cni_to_uplink(struct __sk_buff *skb)
 	}
 	if (ep->ifindex != from)
 		return TCX_NEXT;
-	if ((ep->flags & EP_F_POLICY) && policy_judge(skb, family, from, POL_J_EGRESS | POL_J_AFTER) == POL_DENY) {
+	if ((ep->flags & EP_F_POLICY) && policy_judge_after(skb, family, from, POL_J_EGRESS) == POL_DENY) {
 		count(from, DIR_EGRESS, REASON_DROP_POLICY, skb->len);
 		return TC_ACT_SHOT;
 	}

@@ -46,6 +46,10 @@ struct nf_conntrack_man___nfct {
 
 struct nf_conntrack_tuple___nfct {
 	struct nf_conntrack_man___nfct src;
+	struct {
+		union nf_inet_addr___nfct u3;
+		union nf_conntrack_man_proto___nfct u;
+	} dst;
 } __attribute__((preserve_access_index));
 
 struct nf_conntrack_tuple_hash___nfct {
@@ -61,8 +65,24 @@ struct nf_conn___nfct {
 #define NFCT_ESTABLISHED 0       /* IP_CT_ESTABLISHED */
 #define NFCT_NEW 2               /* IP_CT_NEW; 1 is RELATED, 3 and up replies, 7 untracked */
 #define NFCT_IPS_SRC_NAT 0x10UL  /* IPS_SRC_NAT */
+#define NFCT_IPS_DST_NAT 0x20UL  /* IPS_DST_NAT */
 #define NFCT_FIELD_EXISTS 2      /* BPF_FIELD_EXISTS of __builtin_preserve_field_info */
 #define NFCT_TYPE_EXISTS 0       /* BPF_TYPE_EXISTS of __builtin_preserve_type_info */
+
+/* Whether the conntrack entry can be read at all (a constant once CO-RE
+ * relocated the programs): not in the compat build, nor on a kernel
+ * without conntrack in its BTF. */
+static __always_inline int nfct_readable(void)
+{
+#ifdef EBPF_CNI_COMPAT
+	return 0;
+#else
+	struct sk_buff___nfct *kskb = 0;
+
+	return __builtin_preserve_field_info(kskb->_nfct, NFCT_FIELD_EXISTS) &&
+	       __builtin_preserve_type_info(*(struct nf_conn___nfct *)0, NFCT_TYPE_EXISTS);
+#endif
+}
 
 /* Where nfct_snat_source works: in the caller's scratch. */
 struct nfct_work {
@@ -71,6 +91,16 @@ struct nfct_work {
 	__u8 addr[16]; /* the source before the SNAT */
 	__be16 port;   /* its port (ICMP echo: the id) */
 	__u16 pad;
+};
+
+/* Where nfct_dnat_original works: in the caller's scratch. */
+struct nfct_orig {
+	__u64 nfct;
+	__u64 status;
+	__u8 saddr[16]; /* the ORIGINAL tuple: as the sender sent its first packet */
+	__u8 daddr[16];
+	__be16 sport;
+	__be16 dport; /* ICMP: type and code, not a port */
 };
 
 /*
@@ -103,6 +133,43 @@ static __noinline int nfct_snat_source(struct __sk_buff *skb, struct nfct_work *
 		return 0;
 	if (bpf_probe_read_kernel(n->addr, sizeof(n->addr), __builtin_preserve_access_index(&ct->tuplehash[0].tuple.src.u3)) ||
 	    bpf_probe_read_kernel(&n->port, sizeof(n->port), __builtin_preserve_access_index(&ct->tuplehash[0].tuple.src.u.all)))
+		return 0;
+	return 1;
+#endif
+}
+
+/*
+ * Whether the packet goes the way its connection was opened and netfilter
+ * translated its destination (kube-proxy's Service DNAT); then o holds the
+ * connection's ORIGINAL tuple, the packet as its sender sent it. 0 where
+ * nfct_snat_source is 0. Six reads of kernel memory: policy_judge asks
+ * once per deferred flow (pol_confirm_deferred).
+ */
+static __noinline int nfct_dnat_original(struct __sk_buff *skb, struct nfct_orig *o)
+{
+#ifdef EBPF_CNI_COMPAT
+	return 0;
+#else
+	struct sk_buff___nfct *kskb = (void *)skb;
+	struct nf_conn___nfct *ct;
+
+	if (!__builtin_preserve_field_info(kskb->_nfct, NFCT_FIELD_EXISTS) ||
+	    !__builtin_preserve_type_info(*(struct nf_conn___nfct *)0, NFCT_TYPE_EXISTS))
+		return 0;
+	if (bpf_probe_read_kernel(&o->nfct, sizeof(o->nfct), __builtin_preserve_access_index(&kskb->_nfct)))
+		return 0;
+	if ((o->nfct & NFCT_INFOMASK) != NFCT_NEW && (o->nfct & NFCT_INFOMASK) != NFCT_ESTABLISHED)
+		return 0;
+	ct = (void *)(o->nfct & ~NFCT_INFOMASK);
+	if (!ct)
+		return 0;
+	if (bpf_probe_read_kernel(&o->status, sizeof(o->status), __builtin_preserve_access_index(&ct->status)) ||
+	    !(o->status & NFCT_IPS_DST_NAT))
+		return 0;
+	if (bpf_probe_read_kernel(o->saddr, sizeof(o->saddr), __builtin_preserve_access_index(&ct->tuplehash[0].tuple.src.u3)) ||
+	    bpf_probe_read_kernel(&o->sport, sizeof(o->sport), __builtin_preserve_access_index(&ct->tuplehash[0].tuple.src.u.all)) ||
+	    bpf_probe_read_kernel(o->daddr, sizeof(o->daddr), __builtin_preserve_access_index(&ct->tuplehash[0].tuple.dst.u3)) ||
+	    bpf_probe_read_kernel(&o->dport, sizeof(o->dport), __builtin_preserve_access_index(&ct->tuplehash[0].tuple.dst.u.all)))
 		return 0;
 	return 1;
 #endif

@@ -32,7 +32,9 @@
  *     stack translated it: in to_container.c (a pod of this node) and
  *     to_uplink.c (leaving the node), with the destination the stack
  *     chose. Its flow entry (POL_CT_F_DEFER) then only lets replies in,
- *     which the stack translates back to the address the pod dialled;
+ *     which the stack translates back to the address the pod dialled,
+ *     and only once that judgement confirmed it (POL_CT_F_PENDING,
+ *     pol_confirm_deferred): one that never comes opens nothing;
  *   - ingress, wherever a packet enters a pod: redirect_to_endpoint (same
  *     node pod to pod, hostPort from the uplink or hairpin) and
  *     to_container.c (whatever the stack delivers: other nodes, Services,
@@ -64,6 +66,7 @@
 
 #define POL_ALLOW 0
 #define POL_DENY 1
+#define POL_ALLOW_NEW 2 /* policy_judge, after the stack: allowed, a new flow recorded (policy_judge_after confirms its deferral) */
 
 #define POL_EXT_HEADERS 4 /* IPv6 extension headers read to the transport header; more: denied */
 
@@ -78,6 +81,13 @@
 #define POL_PKT_ERROR 1 /* an ICMP error: allowed with the flow it quotes */
 #define POL_PKT_LOCAL 2 /* link scope (ND, ICMPv6 to a group): never judged */
 #define POL_PKT_BAD 3   /* headers do not fit */
+
+/* A new deferral's entry waits for the judgement after the stack to
+ * confirm it (pol_confirm_deferred), which reads conntrack: where that
+ * cannot be read (the compat build, a kernel without conntrack in its BTF)
+ * the entry lets replies in at once, as it did before
+ * (docs/networkpolicy.md). A constant once relocated. */
+#define POL_CT_F_DEFER_NEW (nfct_readable() ? POL_CT_F_PENDING : 0)
 
 /* How a packet is judged (policy_judge's how). */
 #define POL_J_DEFER 1  /* from_container, to the stack: a denial is judged again after the stack's translation */
@@ -105,6 +115,7 @@ struct pol_work {
 		};
 		struct bpf_fib_lookup fib; /* pol_unjudged_after's, after any use of q and ek */
 		struct nfct_work nf;       /* POL_J_FWD's conntrack read, after any use of q and ek */
+		struct nfct_orig no;       /* pol_confirm_deferred's conntrack read, after any use of the others */
 	};
 	struct pol_ct_val nv;
 	struct pol_ct_part_key tk; /* a cni_pol_ct_parts key */
@@ -121,7 +132,9 @@ struct pol_work {
 	__u32 frag_id; /* the fragment's datagram: IPv4 identification or IPv6 fragment header id */
 	__u8 frag;     /* POL_FRAG_* */
 	__u8 snat;     /* POL_SNAT_*: what pol_fwd found */
-	__u8 fwd;      /* POL_J_FWD, for pol_allows */
+	__u8 fwd;      /* how & (POL_J_FWD | POL_J_AFTER): for pol_allows, and POL_ALLOW_NEW */
+	__u8 deferred; /* the packet's denial is deferred: its fragments' note says so (pol_frag_note) */
+	__u8 recorded; /* after the stack, a new flow was recorded: POL_ALLOW_NEW */
 };
 _Static_assert(sizeof(struct pol_work) <= sizeof(struct pol_scratch), "struct pol_scratch is too small for struct pol_work");
 
@@ -178,8 +191,14 @@ static __always_inline struct pol_frag_key *pol_frag_key_of(struct pol_work *w, 
 	return k;
 }
 
-/* Records that the first fragment of w's datagram passed, so the later
- * ones (which carry no ports) pass too. Not inlined: policy_judge's frame. */
+/* The low bit of a cni_pol_frag_parts value: the first fragment's denial
+ * was deferred (w->deferred), not allowed. A nanosecond less of the time
+ * costs nothing; a bit of the value keeps its layout. */
+#define POL_FRAG_DEFERRED 1ULL
+
+/* Records that the first fragment of w's datagram passed, allowed or
+ * deferred (w->deferred), so the later ones (which carry no ports) follow
+ * it. Not inlined: policy_judge's frame. */
 static __noinline void pol_frag_note(struct pol_work *w, __u32 ifindex)
 {
 	struct pol_frag_key *k = pol_frag_key_of(w, ifindex);
@@ -187,18 +206,24 @@ static __noinline void pol_frag_note(struct pol_work *w, __u32 ifindex)
 
 	if (!t)
 		return; /* no table: its later fragments are denied (closed) */
-	w->frag_seen = bpf_ktime_get_ns();
+	w->frag_seen = (bpf_ktime_get_ns() & ~POL_FRAG_DEFERRED) | (w->deferred ? POL_FRAG_DEFERRED : 0);
 	bpf_map_update_elem(t, k, &w->frag_seen, BPF_ANY);
 }
 
-/* Whether the first fragment of w's datagram passed lately. */
-static __noinline int pol_frag_known(struct pol_work *w, __u32 ifindex)
+/* Whether the first fragment of w's datagram passed lately: allowed, or,
+ * when deferred counts (from_container, to the stack), deferred. A later
+ * fragment of a deferred datagram goes to the stack as its first did, and
+ * the judgement after the stack passes it only if that judgement allowed
+ * the first (which notes the datagram allowed): never on the deferral. */
+static __noinline int pol_frag_known(struct pol_work *w, __u32 ifindex, int deferred_counts)
 {
 	struct pol_frag_key *k = pol_frag_key_of(w, ifindex);
 	void *t = bpf_map_lookup_elem(&cni_pol_frag_parts, &k->ifindex);
 	__u64 *seen = t ? bpf_map_lookup_elem(t, k) : NULL;
 
-	return seen && bpf_ktime_get_ns() - *seen < POL_FRAG_TIMEOUT;
+	if (!seen || ((*seen & POL_FRAG_DEFERRED) && !deferred_counts))
+		return 0;
+	return bpf_ktime_get_ns() - *seen < POL_FRAG_TIMEOUT;
 }
 
 /*
@@ -482,6 +507,43 @@ static __noinline void pol_ct_forget(struct pol_work *w, __u32 ifindex)
 		bpf_map_delete_elem(t, &w->k);
 }
 
+/*
+ * The judgement after the stack allowed and recorded the pod's new flow:
+ * if the stack DNATed it (a Service), the flow's entry as the pod sent it
+ * (ORIGINAL tuple) is the deferred one its replies meet, the stack
+ * translating them back: confirmed, it now lets them in. Once per flow:
+ * the conntrack read and a flow lookup. Reads what policy_judge left in
+ * its scratch (w->f, w->ifindex) and clobbers w->k (recorded already).
+ * Called by policy_judge_after, not policy_judge: from_container's stack
+ * has no room for one more frame under policy_judge's.
+ */
+static __noinline void pol_confirm_deferred(struct __sk_buff *skb)
+{
+	__u32 zero = 0;
+	struct pol_work *w = bpf_map_lookup_elem(&cni_pol_scratch, &zero);
+	if (!w || !w->egress)
+		return;
+	struct nfct_orig *o = &w->no;
+	struct pol_ct_key *k = &w->k;
+	__u32 ifindex = w->ifindex;
+
+	if (!nfct_dnat_original(skb, o))
+		return;
+	__builtin_memset(k, 0, sizeof(*k));
+	k->ifindex = ifindex;
+	k->family = w->f.family;
+	k->proto = w->f.proto;
+	addr_copy(k->pod_addr, o->saddr, w->f.family);
+	addr_copy(k->peer_addr, o->daddr, w->f.family);
+	k->pod_port = o->sport;
+	/* ICMP echo: the id is the source's (pol_ct_key_of); dst is type and code. */
+	if (k->proto != IPPROTO_ICMP && k->proto != IPPROTO_ICMPV6)
+		k->peer_port = o->dport;
+	struct pol_ct_val *ct = pol_ct_find(w, k, 1);
+	if (ct && (ct->flags & POL_CT_F_PENDING))
+		ct->flags &= ~POL_CT_F_PENDING;
+}
+
 /* Whether the rule set allows peer (destination for egress, source for
  * ingress) with f's protocol and destination port. */
 static __noinline int pol_rules_allow(struct pol_work *w, __u32 set, int egress)
@@ -572,7 +634,7 @@ static __noinline int pol_fwd(struct __sk_buff *skb, struct pol_work *w, int nod
  */
 static __noinline int pol_allows(struct __sk_buff *skb, struct pol_work *w, __u32 set, int node_peer)
 {
-	if (w->fwd) {
+	if (w->fwd & POL_J_FWD) {
 		node_peer = pol_fwd(skb, w, node_peer);
 		if (node_peer < 0) {
 			w->snat = POL_SNAT_NOT_OURS;
@@ -633,7 +695,9 @@ static __noinline int pol_error_related(struct __sk_buff *skb, struct pol_work *
 	}
 	pol_ct_key_of(&w->ek, w->ifindex, q, !w->egress);
 	w->now = bpf_ktime_get_ns();
-	return pol_ct_find(w, &w->ek, !w->egress) != NULL;
+	struct pol_ct_val *ct = pol_ct_find(w, &w->ek, !w->egress);
+	/* Nor about a deferred flow not confirmed yet (policy_judge). */
+	return ct && !(ct->flags & POL_CT_F_PENDING);
 }
 
 
@@ -677,14 +741,16 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 	w->snat = POL_SNAT_NONE;
 	w->ifindex = ifindex;
 	w->egress = egress;
-	w->fwd = !!(how & POL_J_FWD);
+	w->fwd = how & (POL_J_FWD | POL_J_AFTER);
+	w->deferred = 0;
+	w->recorded = 0;
 	int kind = pol_parse(skb, family, w);
 	if (kind == POL_PKT_LOCAL)
 		return POL_ALLOW;
 	if (kind == POL_PKT_BAD)
 		return mode == POL_OPEN ? POL_ALLOW : POL_DENY;
 	if (w->frag == POL_FRAG_LATER)
-		return mode == POL_OPEN || pol_frag_known(w, ifindex) ? POL_ALLOW : POL_DENY;
+		return mode == POL_OPEN || pol_frag_known(w, ifindex, how & POL_J_DEFER) ? POL_ALLOW : POL_DENY;
 	if (kind == POL_PKT_ERROR) {
 		if (mode == POL_OPEN || pol_peer_is_node(skb, w, family, how) || pol_error_related(skb, w))
 			goto allow;
@@ -700,6 +766,13 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 		int reply = !(ct->flags & POL_CT_F_EGRESS) != !egress;
 
 		if (reply || !(ct->flags & (POL_CT_F_DEFER | POL_CT_F_SNAT))) {
+			/* A reply of a deferred flow the judgement after the
+			 * stack has not confirmed (it may never come: the stack
+			 * dropped the packet, or delivered it where no program
+			 * judges): nothing enters by it. Only a deferral sets the
+			 * bit, so the pod's own packets never meet this. */
+			if (ct->flags & POL_CT_F_PENDING)
+				return POL_DENY;
 			__u32 n = flow_next(ct->flags, f, reply, ct->created_ns, now);
 
 			if (n != ct->flags || now - ct->seen_ns > NSEC) {
@@ -727,11 +800,14 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 		/* To the node itself nothing translates it: judged now. */
 		if (!(how & POL_J_DEFER) || pol_is_node(w, f->daddr, family))
 			return POL_DENY;
-		if (ct)
+		if (ct) {
+			w->deferred = 1;
 			goto allow; /* deferred already */
+		}
 		if (pol_unjudged_after(w, skb, ifindex))
 			return POL_DENY;
-		flags |= POL_CT_F_DEFER;
+		flags |= POL_CT_F_DEFER | POL_CT_F_DEFER_NEW;
+		w->deferred = 1;
 	}
 	if (kind == POL_PKT_ERROR || w->snat == POL_SNAT_NOT_OURS || (ct && (ct->flags & POL_CT_F_SNAT)))
 		goto allow; /* errors open no flow, nor what pol_fwd leaves alone; a masqueraded flow's stays */
@@ -741,10 +817,25 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 	nv->created_ns = now;
 	nv->seen_ns = now;
 	pol_ct_record(w, ifindex, egress);
+	w->recorded = w->fwd & POL_J_AFTER;
 allow:
 	if (w->frag == POL_FRAG_FIRST)
 		pol_frag_note(w, ifindex);
-	return POL_ALLOW;
+	return w->recorded ? POL_ALLOW_NEW : POL_ALLOW;
+}
+
+/* policy_judge after the stack's translation (POL_J_AFTER): a new flow it
+ * allowed confirms the deferred entry of the flow as the pod sent it
+ * (pol_confirm_deferred). POL_ALLOW or POL_DENY. */
+static __always_inline int policy_judge_after(struct __sk_buff *skb, __u8 family, __u32 from, __u32 how)
+{
+	int v = policy_judge(skb, family, from, how | POL_J_AFTER);
+
+	if (v == POL_ALLOW_NEW) {
+		pol_confirm_deferred(skb);
+		v = POL_ALLOW;
+	}
+	return v;
 }
 
 /* The verdict on a packet entering the pod behind ifindex, delivered
@@ -779,7 +870,7 @@ static __always_inline int policy_after_snat(struct __sk_buff *skb, __u8 family,
 
 	if (!li || !(li->flags & EP_F_POLICY))
 		return POL_ALLOW;
-	return policy_judge(skb, family, from, POL_J_EGRESS | POL_J_AFTER | POL_J_FWD);
+	return policy_judge_after(skb, family, from, POL_J_EGRESS | POL_J_FWD);
 }
 
 /*
@@ -811,5 +902,5 @@ static __always_inline int policy_after_stack(struct __sk_buff *skb, __u8 family
 		return policy_after_snat(skb, family, from);
 	if (src->ifindex != from || !(src->flags & EP_F_POLICY))
 		return POL_ALLOW;
-	return policy_judge(skb, family, from, POL_J_EGRESS | POL_J_AFTER);
+	return policy_judge_after(skb, family, from, POL_J_EGRESS);
 }

@@ -609,8 +609,9 @@ struct pol_ct_part_key {
 };
 
 #define POL_CT_F_EGRESS (1U << 8)  /* the pod opened the flow (else the peer did) */
-#define POL_CT_F_DEFER (1U << 9)   /* egress judged after the stack's translation: the entry only lets replies in */
+#define POL_CT_F_DEFER (1U << 9)   /* egress judged after the stack's translation: the entry only lets replies in, once confirmed (POL_CT_F_PENDING) */
 #define POL_CT_F_SNAT (1U << 10)   /* the peer reached the pod masqueraded (lib/nfct.h): the entry lets the pod's replies out; each packet of the peer's is judged again */
+#define POL_CT_F_PENDING (1U << 11) /* a deferred entry the judgement after the stack has not confirmed yet: it lets nothing in */
 
 /* Value of a cni_pol_ct_parts table: an allowed flow, whose packets either way pass
  * without a rule. */

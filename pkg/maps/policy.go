@@ -227,11 +227,12 @@ const (
 
 // Flags of the other NetworkPolicy structs.
 const (
-	polAllPorts    = 1       // POL_F_ALL_PORTS
-	polCfgOn       = 1       // POL_CFG_ON
-	PolicyCTEgress = 1 << 8  // POL_CT_F_EGRESS: the pod opened the flow
-	PolicyCTDefer  = 1 << 9  // POL_CT_F_DEFER: judged after the stack's translation
-	PolicyCTSnat   = 1 << 10 // POL_CT_F_SNAT: the peer reached the pod masqueraded; its packets are judged each time
+	polAllPorts     = 1       // POL_F_ALL_PORTS
+	polCfgOn        = 1       // POL_CFG_ON
+	PolicyCTEgress  = 1 << 8  // POL_CT_F_EGRESS: the pod opened the flow
+	PolicyCTDefer   = 1 << 9  // POL_CT_F_DEFER: judged after the stack's translation
+	PolicyCTSnat    = 1 << 10 // POL_CT_F_SNAT: the peer reached the pod masqueraded; its packets are judged each time
+	PolicyCTPending = 1 << 11 // POL_CT_F_PENDING: deferred, not confirmed after the stack yet: nothing enters by it
 )
 
 // Bits of an LPM key ahead of the address or port.
