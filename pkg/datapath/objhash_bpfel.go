@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 445408, crc: 0xbc7bd675, sha: "1ac04f6a5cef"},
-	"from_container_compat": {size: 428680, crc: 0xc5aa8d5e, sha: "19f1bbb7cc10"},
-	"from_uplink":           {size: 292192, crc: 0xda432187, sha: "e940c5ee3178"},
-	"from_uplink_compat":    {size: 274456, crc: 0xfa89da39, sha: "bfb581fbae00"},
-	"sock":                  {size: 142640, crc: 0xdbcfc566, sha: "56f871ee7d50"},
-	"sock_compat":           {size: 137296, crc: 0x08502c0d, sha: "558623bb4d99"},
-	"sock_ops":              {size: 125528, crc: 0x5090e548, sha: "b57401073032"},
-	"to_container":          {size: 151240, crc: 0x886c90c6, sha: "c0ed5e6ff078"},
-	"to_container_compat":   {size: 145896, crc: 0x6315010a, sha: "03380cdd6907"},
-	"to_uplink":             {size: 252728, crc: 0xc4247c3f, sha: "fc189be7b061"},
-	"to_uplink_compat":      {size: 232672, crc: 0x9479d961, sha: "4290704f3068"},
-	"tunnel":                {size: 130608, crc: 0x43250c05, sha: "46b28f259917"},
+	"from_container":        {size: 448128, crc: 0x2dacf731, sha: "edb0a8a5f045"},
+	"from_container_compat": {size: 431016, crc: 0x21ddc8e9, sha: "19c80d7d9cad"},
+	"from_uplink":           {size: 294896, crc: 0x52223213, sha: "c3b1244b5430"},
+	"from_uplink_compat":    {size: 276792, crc: 0x03e69afb, sha: "0c348a10e18e"},
+	"sock":                  {size: 145352, crc: 0x279bf9cc, sha: "329bae99e1f7"},
+	"sock_compat":           {size: 139624, crc: 0x41cdeef8, sha: "d02d7bf7e587"},
+	"sock_ops":              {size: 128232, crc: 0xa6fef56a, sha: "4327b0c58068"},
+	"to_container":          {size: 160096, crc: 0x69d7f473, sha: "1952e3a7c59a"},
+	"to_container_compat":   {size: 148920, crc: 0x3c1b19aa, sha: "d7caff054a47"},
+	"to_uplink":             {size: 261488, crc: 0x24c3091a, sha: "93a9feaf75c5"},
+	"to_uplink_compat":      {size: 235592, crc: 0xd1c27e1c, sha: "29907d9b91f9"},
+	"tunnel":                {size: 139392, crc: 0x0b99ed43, sha: "e6c6bf7e4c46"},
 }
