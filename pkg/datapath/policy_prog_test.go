@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 )
 
@@ -229,7 +230,7 @@ func putPolicyFlow(t testing.TB, dp *Datapath, ifindex int, opener maps.Dir, pod
 	t.Helper()
 	var id uint32
 	pk := maps.PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: uint32(opener)}
-	must(t, dp.Maps.Map("cni_pol_ct_parts").Lookup(&pk, &id))
+	must(t, mapstest.Map(dp.Maps, "cni_pol_ct_parts").Lookup(&pk, &id))
 	tbl, err := ebpf.NewMapFromID(ebpf.MapID(id))
 	must(t, err)
 	defer tbl.Close()

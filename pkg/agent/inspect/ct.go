@@ -21,7 +21,8 @@ type CTRow struct {
 	// "policy/egress", "policy/ingress": the pod opened the flow, or the
 	// peer did, and its policy allowed it, so its packets pass until the
 	// entry expires even if the policy changed ("/deferred": judged after
-	// the stack's translation, only replies pass by it).
+	// the stack's translation, only replies pass by it; "/pending": not
+	// confirmed by that judgement yet, nothing enters by it).
 	Kind      string  `json:"kind"`
 	Protocol  string  `json:"protocol,omitempty"`
 	Client    string  `json:"client,omitempty"` // who connected (nat)
@@ -124,6 +125,9 @@ func policyFlowRow(f maps.PolicyFlow, names *Names) CTRow {
 	}
 	if f.Defer {
 		r.Kind += "/deferred"
+	}
+	if f.Flags&maps.PolicyCTPending != 0 {
+		r.Kind += "/pending"
 	}
 	return r
 }
