@@ -8,12 +8,53 @@
  */
 #define CNI_PROG EV_PROG_TUNNEL
 #include "lib/tunnel.h"
+#include "lib/hostport.h"
 #include "lib/policy.h"
+
+/*
+ * A hostPort dialled at this node's address by a pod of another node
+ * comes out of the tunnel (pods' packets to node addresses are routed into
+ * it: pkg/agent/tunnelnodes.go), not off an uplink: DNATed here as
+ * from_uplink does (lib/hostport.h), after the trust rule. Only TCP and UDP
+ * with TTL left pay the parse and the mapping lookup.
+ */
+static __always_inline int tun_hostport(struct __sk_buff *skb, __u8 family)
+{
+	struct flow f = {};
+	__u8 ttl;
+
+	if (family == AF_INET) {
+		struct iphdr *ip = pkt_ip4(skb);
+
+		if (!ip || (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP))
+			return TCX_NEXT;
+		ttl = ip->ttl;
+	} else {
+		struct ipv6hdr *ip6 = pkt_ip6(skb);
+
+		if (!ip6 || (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP))
+			return TCX_NEXT;
+		ttl = ip6->hop_limit;
+	}
+	if (ttl <= 1 || !node_hooks_enabled() || flow_parse(skb, family, &f, 0))
+		return TCX_NEXT;
+	return hostport_from_uplink(skb, &f);
+}
 
 SEC("tc")
 int cni_from_tunnel(struct __sk_buff *skb)
 {
-	return tun_from(skb);
+	int rc = tun_from(skb);
+
+	if (rc != TC_ACT_OK)
+		return rc;
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		rc = tun_hostport(skb, AF_INET);
+	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		rc = tun_hostport(skb, AF_INET6);
+	else
+		rc = TCX_NEXT;
+	return rc == TCX_NEXT ? TC_ACT_OK : rc;
 }
 
 /*

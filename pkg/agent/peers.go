@@ -185,6 +185,8 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 			if err := syncTunnelAddrs(rt.Ifindex, tunnelAddrs(self, cidrs, pl.local)); err != nil {
 				errs = errors.Join(errs, err)
 			}
+			// The pods' packets to other nodes' addresses: tunnelnodes.go.
+			errs = errors.Join(errs, syncTunnelNodeRules(cidrs), SyncTunnelNodeRoutes(rt.Maps, rt.Ifindex, rt.DeviceMTU, true))
 		}
 	}
 	if tunnel {
@@ -200,7 +202,7 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 	}
 	if !tunnel && rt.Maps != nil {
 		// No tunnel: none of the managed next hops the tunnel made stays.
-		errs = errors.Join(errs, rt.Maps.Tunnel().Sync(nil))
+		errs = errors.Join(errs, rt.Maps.Tunnel().Sync(nil), RemoveTunnelNodeRouting())
 		if err := SyncTunnelHops(nil); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("tunnel next hops: %w", err))
 		}

@@ -160,6 +160,20 @@ func (tn Tunnel) Routes() ([]TunnelRoute, error) {
 	return out, it.Err()
 }
 
+// Nodes lists cni_tun_nodes: every other node's address, with its id.
+func (tn Tunnel) Nodes() (map[netip.Addr]uint32, error) {
+	out := map[netip.Addr]uint32{}
+	err := scan(tn.m.byName[nameTunNodes], func(k *EndpointKey, v *uint32) {
+		if a, ok := netip.AddrFromSlice(k.IP()); ok {
+			out[a.Unmap()] = *v
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", nameTunNodes, err)
+	}
+	return out, nil
+}
+
 // NodeAddrs lists the node addresses of cni_tun_nodes (every address
 // another node may send encapsulated packets from).
 func (tn Tunnel) NodeAddrs() ([]net.IP, error) {
