@@ -5,9 +5,12 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -111,4 +114,98 @@ func TestTunnelPodToNodeSourceChecked(t *testing.T) {
 	if c := counter(t, n3.Maps(), uplinkIndex(t, n3), maps.DirIngress, maps.ReasonDropTunSrc); c.Packets != 0 {
 		t.Errorf("node 3's uplink dropped %d packets as drop_tunnel_source", c.Packets)
 	}
+}
+
+// tunNodeRules is node e's `ip rule` lines (both families) that consult
+// table 199.
+func tunNodeRules(t *testing.T, e *testenv.Env) []string {
+	t.Helper()
+	var out []string
+	must(t, e.InNode(func() error {
+		for _, fam := range []string{"-4", "-6"} {
+			b, _ := exec.Command("ip", fam, "rule", "show").CombinedOutput()
+			for _, l := range strings.Split(string(b), "\n") {
+				if strings.Contains(l, fmt.Sprintf("lookup %d", agent.TunnelNodeTable)) {
+					out = append(out, strings.TrimSpace(l))
+				}
+			}
+		}
+		return nil
+	}))
+	return out
+}
+
+// TestTunnelPodToNodeLifecycle: hybrid mode. Node 1's table 199 holds node
+// 3's address (tunnelled) and not node 2's (direct: its pods and its
+// address are reached in the clear), and its rules name node 1's two pod
+// CIDRs; pod 1 reaches both nodes' hostNetwork servers with its own
+// address. Node 3 leaves the peer list: its route goes, and its pod CIDR
+// leaves cni_tun_cidrs; back, both return. `ebpf-agent uninstall` (agent
+// stopped) leaves no rule and no route of table 199.
+func TestTunnelPodToNodeLifecycle(t *testing.T) {
+	lab := newTunLab(t)
+	n1, n2, n3 := lab.nodes[0], lab.nodes[1], lab.nodes[2]
+	for _, e := range lab.nodes {
+		e.Extra["clusterCIDRs"] = []string{tunCluster, tunCluster6, tunNode[0].String() + "/32", tunNode[1].String() + "/32", tunNode[2].String() + "/32"}
+	}
+	agents := startTunAgents(t, lab, "--tunnel-hybrid", "--reconcile-interval", "1s")
+	p1, r1 := n1.RunPod("lc1")
+	a1, _ := testenv.PodIPs(t, r1)
+	table := tunNodeTable(t, n1, 1)
+	if !strings.Contains(table, tunNode[2].String()+" ") || strings.Contains(table, tunNode[1].String()+" ") {
+		t.Errorf("node 1's table %d: want node 3's address only (node 2 is direct):\n%s", agent.TunnelNodeTable, table)
+	}
+	p4, p6 := tunPods(0)
+	rules := strings.Join(tunNodeRules(t, n1), "\n")
+	for _, c := range []string{p4, p6} {
+		if !strings.Contains(rules, "from "+c+" lookup") {
+			t.Errorf("node 1 has no rule from %s to table %d:\n%s", c, agent.TunnelNodeTable, rules)
+		}
+	}
+	serve(t, n2.Node, 8082, "node2")
+	serve(t, n3.Node, 8082, "node3")
+	for _, proto := range []string{"tcp", "udp"} {
+		mustAsk(t, p1, proto, hp(tunNode[1], 8082), 0, "node2", a1)
+		mustAsk(t, p1, proto, hp(tunNode[2], 8082), 0, "node3", a1)
+	}
+
+	hasCIDR3 := func() bool {
+		rs, err := n1.Maps().Tunnel().Routes()
+		must(t, err)
+		for _, r := range rs {
+			if r.PodCIDR.String() == "10.78.3.0/24" {
+				return true
+			}
+		}
+		return false
+	}
+	all, err := os.ReadFile(lab.peers)
+	must(t, err)
+	var peers []agent.Peer
+	for i := range tunNode[:2] {
+		p4, p6 := tunPods(i)
+		peers = append(peers, agent.Peer{NodeIP: tunNode[i].String(), PodCIDRs: []string{p4, p6}})
+	}
+	pj, _ := json.Marshal(peers)
+	must(t, os.WriteFile(lab.peers, pj, 0o600))
+	tunNodeTable(t, n1, 0)
+	if hasCIDR3() {
+		t.Errorf("node 3 left, but node 1's cni_tun_cidrs still holds its pod CIDR")
+	}
+	must(t, os.WriteFile(lab.peers, all, 0o600))
+	tunNodeTable(t, n1, 1)
+	if !hasCIDR3() {
+		t.Errorf("node 3 is back, but node 1's cni_tun_cidrs lacks its pod CIDR")
+	}
+
+	n1.MustDel(p1, "lc1")
+	agents[0].Stop()
+	out, err := n1.AgentCmd(append([]string{"uninstall"}, n1.AgentArgs(filepath.Join(t.TempDir(), "conf"))...)...)
+	if err != nil {
+		t.Fatalf("uninstall: %v\n%s", err, out)
+	}
+	if rules := tunNodeRules(t, n1); len(rules) != 0 {
+		t.Errorf("after uninstall, node 1 keeps rules to table %d: %q", agent.TunnelNodeTable, rules)
+	}
+	tunNodeTable(t, n1, 0)
 }
