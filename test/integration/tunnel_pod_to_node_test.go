@@ -50,7 +50,8 @@ func tunNodeTable(t *testing.T, e *testenv.Env, want int) string {
 // rp_filter=1, IPv6 rpfilter in ip6tables) and knows no pod CIDR. A pod of
 // node 1 reaches, keeping its address (node addresses are cluster CIDRs,
 // as the agent following Nodes makes them), node 3's hostNetwork server at
-// its IPv4 and IPv6 address, node 3's hostPort, and a ClusterIP whose
+// its IPv4 and IPv6 address, node 3's hostPort at both (the IPv6 reply
+// into the tunnel by tun_redirect), and a ClusterIP whose
 // endpoint is node 3's address (the API server's case; kube-proxy's DNAT
 // on node 1), TCP and UDP; node 3's uplink drops none of it as a forged
 // pod source. Before the pods' packets to node addresses were routed into
@@ -106,10 +107,11 @@ func TestTunnelPodToNodeSourceChecked(t *testing.T) {
 		mustAsk(t, p1, proto, hp(tunNode[2], 8081), 0, "node3", a1)
 		mustAsk(t, p1, proto, hp(tunNode6[2], 8081), 0, "node3", a16)
 		mustAsk(t, p1, proto, hp(tunNode[2], 11303), 0, "hpn3", a1)
+		mustAsk(t, p1, proto, hp(tunNode6[2], 11303), 0, "hpn3", a16)
 		mustAsk(t, p1, proto, hp(cip, 443), 0, "node3", a1)
 	}
-	if _, _, tx := tunDevice(t, n1); tx-tx0 < 8 {
-		t.Errorf("node 1's ebpf-tun sent %d packets, want the 8 exchanges' requests", tx-tx0)
+	if _, _, tx := tunDevice(t, n1); tx-tx0 < 10 {
+		t.Errorf("node 1's ebpf-tun sent %d packets, want the 10 exchanges' requests", tx-tx0)
 	}
 	if c := counter(t, n3.Maps(), uplinkIndex(t, n3), maps.DirIngress, maps.ReasonDropTunSrc); c.Packets != 0 {
 		t.Errorf("node 3's uplink dropped %d packets as drop_tunnel_source", c.Packets)
