@@ -74,13 +74,25 @@ int cni_to_tunnel(struct __sk_buff *skb)
 	__u32 from = skb->ingress_ifindex;
 	__u8 family;
 
-	if (!from || !policy_on_node())
+	if (!from)
 		return TCX_NEXT;
 	if (skb->protocol == bpf_htons(ETH_P_IP))
 		family = AF_INET;
 	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
 		family = AF_INET6;
 	else
+		return TCX_NEXT;
+	/* A pod's tunnel datagram to a node's address, which the stack's DNAT
+	 * may have made of it, now that pods' packets to node addresses go
+	 * into the tunnel (pkg/agent/tunnelnodes.go): dropped here as
+	 * to_uplink drops it on an uplink (check 3, lib/tunnel.h). A forwarded
+	 * packet pays a header test for it (a datagram to a tunnel port, a
+	 * lookup of its destination). */
+	if (tun_from_pod_forwarded(skb, family, from) == TUN_FWD_NODE) {
+		count(from, DIR_EGRESS, REASON_DROP_TUN_SRC, skb->len);
+		return TC_ACT_SHOT;
+	}
+	if (!policy_on_node())
 		return TCX_NEXT;
 	if (policy_after_stack(skb, family, from) == POL_DENY) {
 		count(from, DIR_EGRESS, REASON_DROP_POLICY, skb->len);
