@@ -23,6 +23,9 @@
  * (drop_tunnel_mac, counted on the uplink; lib/tunnel.h); a genuine one
  * goes on to the stack untouched (a hostPort on the tunnel port never
  * takes it).
+ * In tunnel mode, any other packet claiming a pod address of a node
+ * reached through the tunnel is dropped next (drop_tunnel_source): those
+ * pods' packets arrive only decapsulated.
  *
  * Everything else goes on untouched to the next tcx program of the link (the
  * stack when there is none): TCX_NEXT, never TC_ACT_OK, which would end the
@@ -152,7 +155,22 @@ int cni_from_uplink(struct __sk_buff *skb)
 	}
 	if (rc == TUN_HOP_OK)
 		return TCX_NEXT;
-	if (!node_hooks_enabled())
+	/* One read of the node config for the tunnel and the hooks. */
+	struct hp_config *c = node_config();
+	__u32 flags = c ? c->flags : 0;
+
+	/* A tunnelled node's pod source in the clear (lib/tunnel.h). */
+	if (flags & HP_CFG_TUNNEL) {
+		if (skb->protocol == bpf_htons(ETH_P_IP))
+			rc = tun_clear_peer_source(skb, AF_INET);
+		else if (skb->protocol == bpf_htons(ETH_P_IPV6))
+			rc = tun_clear_peer_source(skb, AF_INET6);
+		else
+			rc = 0;
+		if (rc)
+			return drop_dir(skb->ifindex, DIR_INGRESS, REASON_DROP_TUN_SRC);
+	}
+	if (!(flags & HP_CFG_ENABLED))
 		return TCX_NEXT;
 	/* A forged node source going on to the stack is dropped like the
 	 * kernel's IPv4 martians. Constant families: each call inlines one

@@ -8,12 +8,53 @@
  */
 #define CNI_PROG EV_PROG_TUNNEL
 #include "lib/tunnel.h"
+#include "lib/hostport.h"
 #include "lib/policy.h"
+
+/*
+ * A hostPort dialled at this node's address by a pod of another node
+ * comes out of the tunnel (pods' packets to node addresses are routed into
+ * it: pkg/agent/tunnelnodes.go), not off an uplink: DNATed here as
+ * from_uplink does (lib/hostport.h), after the trust rule. Only TCP and UDP
+ * with TTL left pay the parse and the mapping lookup.
+ */
+static __always_inline int tun_hostport(struct __sk_buff *skb, __u8 family)
+{
+	struct flow f = {};
+	__u8 ttl;
+
+	if (family == AF_INET) {
+		struct iphdr *ip = pkt_ip4(skb);
+
+		if (!ip || (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP))
+			return TCX_NEXT;
+		ttl = ip->ttl;
+	} else {
+		struct ipv6hdr *ip6 = pkt_ip6(skb);
+
+		if (!ip6 || (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP))
+			return TCX_NEXT;
+		ttl = ip6->hop_limit;
+	}
+	if (ttl <= 1 || !node_hooks_enabled() || flow_parse(skb, family, &f, 0))
+		return TCX_NEXT;
+	return hostport_from_uplink(skb, &f);
+}
 
 SEC("tc")
 int cni_from_tunnel(struct __sk_buff *skb)
 {
-	return tun_from(skb);
+	int rc = tun_from(skb);
+
+	if (rc != TC_ACT_OK)
+		return rc;
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		rc = tun_hostport(skb, AF_INET);
+	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		rc = tun_hostport(skb, AF_INET6);
+	else
+		rc = TCX_NEXT;
+	return rc == TCX_NEXT ? TC_ACT_OK : rc;
 }
 
 /*
@@ -33,13 +74,25 @@ int cni_to_tunnel(struct __sk_buff *skb)
 	__u32 from = skb->ingress_ifindex;
 	__u8 family;
 
-	if (!from || !policy_on_node())
+	if (!from)
 		return TCX_NEXT;
 	if (skb->protocol == bpf_htons(ETH_P_IP))
 		family = AF_INET;
 	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
 		family = AF_INET6;
 	else
+		return TCX_NEXT;
+	/* A pod's tunnel datagram to a node's address, which the stack's DNAT
+	 * may have made of it, now that pods' packets to node addresses go
+	 * into the tunnel (pkg/agent/tunnelnodes.go): dropped here as
+	 * to_uplink drops it on an uplink (check 3, lib/tunnel.h). A forwarded
+	 * packet pays a header test for it (a datagram to a tunnel port, a
+	 * lookup of its destination). */
+	if (tun_from_pod_forwarded(skb, family, from) == TUN_FWD_NODE) {
+		count(from, DIR_EGRESS, REASON_DROP_TUN_SRC, skb->len);
+		return TC_ACT_SHOT;
+	}
+	if (!policy_on_node())
 		return TCX_NEXT;
 	if (policy_after_stack(skb, family, from) == POL_DENY) {
 		count(from, DIR_EGRESS, REASON_DROP_POLICY, skb->len);

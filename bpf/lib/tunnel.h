@@ -355,3 +355,37 @@ TUN_SUBPROG int tun_hop_check(struct __sk_buff *skb, __u8 family)
 	__builtin_memcpy(hop, p.dmac, 6);
 	return mac_equal(smac, hop) ? TUN_HOP_OK : TUN_HOP_BAD;
 }
+
+/*
+ * Whether a packet off the wire that is no genuine node's tunnel datagram
+ * claims a source in a pod CIDR the agent routes into the tunnel
+ * (TUN_PEER_ENCAP): that node's pods reach this one only decapsulated, on
+ * the tunnel device, where the trust rule judges them (their traffic to a
+ * node address too: pkg/agent/tunnelnodes.go). A plain packet with such a
+ * source is a host on the link forging it, which IPv6 (no reverse-path
+ * check) and IPv4's loose rp_filter (the source is routed, into the
+ * tunnel) would forward to a pod, and a NetworkPolicy admitting that pod
+ * would admit. A direct node's pod CIDR (hybrid mode) passes, as
+ * host-gw's do. Called in tunnel mode only: one LPM lookup per packet.
+ */
+TUN_SUBPROG int tun_clear_peer_source(struct __sk_buff *skb, __u8 family)
+{
+	__u8 src[16] = {};
+	struct tun_peer *p;
+
+	if (family == AF_INET) {
+		struct iphdr *ip = pkt_ip4(skb);
+
+		if (!ip)
+			return 0;
+		__builtin_memcpy(src, &ip->saddr, 4);
+	} else {
+		struct ipv6hdr *ip6 = pkt_ip6(skb);
+
+		if (!ip6)
+			return 0;
+		__builtin_memcpy(src, &ip6->saddr, 16);
+	}
+	p = tun_cidr_of(src, family);
+	return p && (p->flags & TUN_PEER_ENCAP);
+}

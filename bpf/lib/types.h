@@ -68,7 +68,7 @@ enum cni_reason {
 	REASON_DROP_ROUTER_MSG = 9,/* a router advertisement or redirect (ICMPv6 134, 137; ICMP 5): pods do not configure the node */
 	REASON_DROP_POLICY = 10,  /* denied by the pod's NetworkPolicy in this direction (lib/policy.h) */
 	REASON_DROP_TUN_NODE = 11,/* decapsulated off the tunnel device, but its outer source is no known node (lib/tunnel.h) */
-	REASON_DROP_TUN_SRC = 12, /* decapsulated from a node, but the inner source is neither in that node's pod CIDRs nor its address; or a pod's own tunnel datagram to a node (at its host veth, or after the stack's DNAT at the uplink) */
+	REASON_DROP_TUN_SRC = 12, /* decapsulated from a node, but the inner source is neither in that node's pod CIDRs nor its address; or a pod's own tunnel datagram to a node (at its host veth, or after the stack's DNAT at the uplink); or, off an uplink in the clear, a pod source of a node reached through the tunnel */
 	REASON_DROP_TUN_MAC = 13, /* a tunnel datagram off an uplink claiming a node's address, from a MAC that is not the next hop toward that node (lib/tunnel.h) */
 	REASON_DROP_NAT_EXHAUSTED = 14, /* masquerade: no free node port among the candidates (MASQ_STAT_EXHAUSTED) */
 	REASON_DROP_NAT_POD_LIMIT = 15, /* masquerade: the pod at its port limit towards the destination or at its flow quota (MASQ_STAT_POD_LIMIT) */
@@ -656,6 +656,13 @@ struct pol_config {
 struct tun_peer {
 	__u32 node;    /* the node's id, as cni_tun_nodes has it; never 0 */
 	__u8 family;   /* of addr */
-	__u8 pad[3];
+	__u8 flags;    /* TUN_PEER_* */
+	__u8 pad[2];
 	__u8 addr[16]; /* IPv4 in the first 4 bytes */
 };
+
+/* The agent routes this CIDR into the tunnel (not directly, as hybrid mode
+ * does a node of this node's subnet): its addresses arrive only
+ * decapsulated, and from_uplink drops one in the clear. Set, not a
+ * "direct" bit, so entries an older agent wrote (0) drop nothing. */
+#define TUN_PEER_ENCAP 1

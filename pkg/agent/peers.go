@@ -185,6 +185,8 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 			if err := syncTunnelAddrs(rt.Ifindex, tunnelAddrs(self, cidrs, pl.local)); err != nil {
 				errs = errors.Join(errs, err)
 			}
+			// The pods' packets to other nodes' addresses: tunnelnodes.go.
+			errs = errors.Join(errs, syncTunnelNodeRules(cidrs), SyncTunnelNodeRoutes(rt.Maps, rt.Ifindex, rt.DeviceMTU, true))
 		}
 	}
 	if tunnel {
@@ -200,7 +202,7 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 	}
 	if !tunnel && rt.Maps != nil {
 		// No tunnel: none of the managed next hops the tunnel made stays.
-		errs = errors.Join(errs, rt.Maps.Tunnel().Sync(nil))
+		errs = errors.Join(errs, rt.Maps.Tunnel().Sync(nil), RemoveTunnelNodeRouting())
 		if err := SyncTunnelHops(nil); err != nil {
 			errs = errors.Join(errs, fmt.Errorf("tunnel next hops: %w", err))
 		}
@@ -305,8 +307,16 @@ func (pl *peerRoutePlan) addPeer(p Peer, rt Routing, tunnel bool, local map[stri
 		}
 		tn.Endpoint = tn.Addrs[0]
 		for _, c := range p.PodCIDRs {
-			if pr, err := netip.ParsePrefix(c); err == nil {
-				tn.PodCIDRs = append(tn.PodCIDRs, pr.Masked())
+			pr, err := netip.ParsePrefix(c)
+			if err != nil {
+				continue
+			}
+			pr = pr.Masked()
+			tn.PodCIDRs = append(tn.PodCIDRs, pr)
+			// As addPodCIDR routes it: directly when the peer is direct
+			// and has an address of the CIDR's family.
+			if direct && hasFamily(gws, pr.Addr().Is4()) {
+				tn.Direct = append(tn.Direct, pr)
 			}
 		}
 		pl.tunNodes = append(pl.tunNodes, tn)
@@ -314,6 +324,16 @@ func (pl *peerRoutePlan) addPeer(p Peer, rt Routing, tunnel bool, local map[stri
 	for _, c := range p.PodCIDRs {
 		pl.addPodCIDR(p, c, gws, rt, tunnel, direct)
 	}
+}
+
+// hasFamily tells whether ips has an address of IPv4 (v4) or IPv6.
+func hasFamily(ips []net.IP, v4 bool) bool {
+	for _, ip := range ips {
+		if (ip.To4() != nil) == v4 {
+			return true
+		}
+	}
+	return false
 }
 
 // addPodCIDR plans the route to one pod CIDR of a peer.

@@ -187,7 +187,9 @@ func RefreshTunnelMTU(m *maps.Maps, lg *log.Logger) error {
 	for _, r := range trs {
 		endpoint[r.PodCIDR.String()] = net.IP(r.Endpoint.AsSlice())
 	}
-	var errs error
+	// The pods' routes to other nodes' addresses follow the cluster CIDRs
+	// ADD writes, and take the same path MTU (tunnelnodes.go).
+	errs := SyncTunnelNodeRoutes(m, idx, devMTU, false)
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		rs, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Protocol: RouteProtocol, LinkIndex: idx},
 			netlink.RT_FILTER_PROTOCOL|netlink.RT_FILTER_OIF)

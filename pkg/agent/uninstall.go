@@ -289,6 +289,10 @@ func (x *uninstaller) detachHooks() {
 		x.add("route", r)
 	}
 	x.errs = errors.Join(x.errs, err)
+	// The pods' rules and routes to other nodes' addresses (tunnelnodes.go).
+	if err := RemoveTunnelNodeRouting(); err != nil {
+		x.errs = errors.Join(x.errs, err)
+	}
 	// The tunnel device (its routes went with the peer routes).
 	if datapath.TunnelIfindex() != 0 {
 		if err := datapath.RemoveTunnel(x.o.PinRoot); err != nil {

@@ -481,7 +481,8 @@ type mapsObjTunPeer struct {
 	_      structs.HostLayout
 	Node   uint32
 	Family uint8
-	Pad    [3]uint8
+	Flags  uint8
+	Pad    [2]uint8
 	Addr   [16]uint8
 }
 

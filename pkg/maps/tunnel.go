@@ -28,13 +28,20 @@ func (m *Maps) Tunnel() Tunnel { return Tunnel{m} }
 // TunnelPeer is the generated twin of struct tun_peer.
 type TunnelPeer = mapsObjTunPeer
 
+// tunPeerEncap is TUN_PEER_ENCAP: the CIDR is routed into the tunnel, so
+// from_uplink drops its addresses as sources in the clear.
+const tunPeerEncap = 1
+
 // TunnelNode is another node as the tunnel sees it: its addresses (each
 // may send encapsulated packets), the address its pods' traffic is
-// encapsulated to, and its pod CIDRs.
+// encapsulated to, and its pod CIDRs, of which Direct are routed to it
+// directly (hybrid mode: its pods' packets arrive in the clear); the
+// others only ever arrive through the tunnel.
 type TunnelNode struct {
 	Addrs    []netip.Addr
 	Endpoint netip.Addr
 	PodCIDRs []netip.Prefix
+	Direct   []netip.Prefix
 }
 
 func addrEndpointKey(a netip.Addr) EndpointKey {
@@ -69,8 +76,16 @@ func (tn Tunnel) Sync(nodes []TunnelNode) error {
 			b := ep.As4()
 			copy(v.Addr[:], b[:])
 		}
+		direct := map[netip.Prefix]bool{}
+		for _, c := range n.Direct {
+			direct[c.Masked()] = true
+		}
 		for _, c := range n.PodCIDRs {
-			wantCIDRs[cidrKey(c)] = v
+			cv := v
+			if !direct[c.Masked()] {
+				cv.Flags |= tunPeerEncap
+			}
+			wantCIDRs[cidrKey(c)] = cv
 		}
 	}
 	for k, v := range wantNodes {
@@ -124,6 +139,7 @@ type TunnelRoute struct {
 	PodCIDR  netip.Prefix
 	Node     uint32
 	Endpoint netip.Addr
+	Direct   bool // routed directly (hybrid), not into the tunnel
 }
 
 // Routes lists cni_tun_cidrs.
@@ -139,9 +155,23 @@ func (tn Tunnel) Routes() ([]TunnelRoute, error) {
 		if v.Family == afInet {
 			ep = netip.AddrFrom4([4]byte(v.Addr[:4]))
 		}
-		out = append(out, TunnelRoute{PodCIDR: k.prefix(), Node: v.Node, Endpoint: ep})
+		out = append(out, TunnelRoute{PodCIDR: k.prefix(), Node: v.Node, Endpoint: ep, Direct: v.Flags&tunPeerEncap == 0})
 	}
 	return out, it.Err()
+}
+
+// Nodes lists cni_tun_nodes: every other node's address, with its id.
+func (tn Tunnel) Nodes() (map[netip.Addr]uint32, error) {
+	out := map[netip.Addr]uint32{}
+	err := scan(tn.m.byName[nameTunNodes], func(k *EndpointKey, v *uint32) {
+		if a, ok := netip.AddrFromSlice(k.IP()); ok {
+			out[a.Unmap()] = *v
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", nameTunNodes, err)
+	}
+	return out, nil
 }
 
 // NodeAddrs lists the node addresses of cni_tun_nodes (every address

@@ -132,7 +132,7 @@ func TestChartValues(t *testing.T) {
 		"image.repository=registry.example/ebpf-cni", "image.tag=v9",
 		"cni.ipMasq=false", "cni.maxPods=250", "cni.mtu=1450", "cni.maxHostPortsPerPod=8",
 		"cni.hostPorts=false", "agent.clusterCIDRs={10.0.0.0/8,fd00::/48}", "agent.metricsAddr=",
-		"tunnel.mode=vxlan", "tunnel.hybrid=true",
+		"tunnel.mode=vxlan", "tunnel.hybrid=true", "tunnel.macCheck=false",
 	)
 	plugin := conflistOf(t, m)["plugins"].([]any)[0].(map[string]any)
 	for k, want := range map[string]any{"ipMasq": false, "maxPods": 250.0, "mtu": 1450.0, "maxHostPortsPerPod": 8.0} {
@@ -150,7 +150,7 @@ func TestChartValues(t *testing.T) {
 		}
 	}
 	args := strings.Join(container(t, spec.Containers, "agent").Args, " ")
-	for _, want := range []string{"--cluster-cidrs=10.0.0.0/8,fd00::/48", "--metrics-addr=", "--tunnel=vxlan", "--tunnel-hybrid"} {
+	for _, want := range []string{"--cluster-cidrs=10.0.0.0/8,fd00::/48", "--metrics-addr=", "--tunnel=vxlan", "--tunnel-hybrid", "--tunnel-mac-check=false"} {
 		if !strings.Contains(args, want) {
 			t.Errorf("agent args %q lack %q", args, want)
 		}
@@ -163,6 +163,12 @@ func TestChartValues(t *testing.T) {
 	}
 	if args := strings.Join(container(t, def.daemonSet.Spec.Template.Spec.Containers, "agent").Args, " "); strings.Contains(args, "--tunnel") {
 		t.Errorf("default agent args %q name a tunnel", args)
+	}
+	// The MAC check is on unless turned off, and only a tunnel has one.
+	for _, vals := range [][]string{{"tunnel.mode=vxlan"}, {"tunnel.macCheck=false"}} {
+		if args := strings.Join(container(t, render(t, vals...).daemonSet.Spec.Template.Spec.Containers, "agent").Args, " "); strings.Contains(args, "--tunnel-mac-check") {
+			t.Errorf("agent args %q with %v name the MAC check", args, vals)
+		}
 	}
 	// A changed conflist changes the checksum, so the DaemonSet rolls.
 	if a, b := m.daemonSet.Spec.Template.Annotations["checksum/config"], render(t).daemonSet.Spec.Template.Annotations["checksum/config"]; a == b {
