@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 448128, crc: 0x2dacf731, sha: "edb0a8a5f045"},
-	"from_container_compat": {size: 431016, crc: 0x21ddc8e9, sha: "19c80d7d9cad"},
-	"from_uplink":           {size: 294896, crc: 0x52223213, sha: "c3b1244b5430"},
-	"from_uplink_compat":    {size: 276792, crc: 0x03e69afb, sha: "0c348a10e18e"},
-	"sock":                  {size: 145352, crc: 0x279bf9cc, sha: "329bae99e1f7"},
-	"sock_compat":           {size: 139624, crc: 0x41cdeef8, sha: "d02d7bf7e587"},
-	"sock_ops":              {size: 128232, crc: 0xa6fef56a, sha: "4327b0c58068"},
-	"to_container":          {size: 160096, crc: 0x69d7f473, sha: "1952e3a7c59a"},
-	"to_container_compat":   {size: 148920, crc: 0x3c1b19aa, sha: "d7caff054a47"},
-	"to_uplink":             {size: 261488, crc: 0x24c3091a, sha: "93a9feaf75c5"},
-	"to_uplink_compat":      {size: 235592, crc: 0xd1c27e1c, sha: "29907d9b91f9"},
-	"tunnel":                {size: 139392, crc: 0x0b99ed43, sha: "e6c6bf7e4c46"},
+	"from_container":        {size: 448136, crc: 0x9bd28431, sha: "0351a765a204"},
+	"from_container_compat": {size: 431024, crc: 0xdb8e5e5a, sha: "a629b1815465"},
+	"from_uplink":           {size: 297200, crc: 0x755de2f4, sha: "8efcb6f9a9a1"},
+	"from_uplink_compat":    {size: 277736, crc: 0x86cc532b, sha: "36b62cd2e30e"},
+	"sock":                  {size: 145360, crc: 0x551c4d3e, sha: "f1768d49c484"},
+	"sock_compat":           {size: 139640, crc: 0xb2230000, sha: "4787a4e6cd30"},
+	"sock_ops":              {size: 128240, crc: 0x8af9b4d7, sha: "0e555d75482c"},
+	"to_container":          {size: 160104, crc: 0xbae74f24, sha: "7d1804f0ec16"},
+	"to_container_compat":   {size: 148928, crc: 0x50370439, sha: "8379540e9b58"},
+	"to_uplink":             {size: 261496, crc: 0xb0cc2afd, sha: "a148a9785d1c"},
+	"to_uplink_compat":      {size: 235600, crc: 0xf345f95d, sha: "c1b92fb6889a"},
+	"tunnel":                {size: 217584, crc: 0xed704d9d, sha: "b434267a8ea4"},
 }
