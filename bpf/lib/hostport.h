@@ -35,6 +35,7 @@
 #include "flowlife.h"
 #include "icmp.h"
 #include "tunnel.h"
+#include "tcpseq.h"
 
 static __always_inline void hp_count(__u32 what)
 {
@@ -137,10 +138,26 @@ static __always_inline void ct_arm(struct ct_val *v, __u64 ns)
 static __always_inline void ct_arm(struct ct_val *v, __u64 ns) {}
 #endif
 
-/* Records packet f (reply: the pod's) in its flow's entry: the state, the
- * last use at most once a second; a flow that closes expires in seconds. */
-static __always_inline void ct_track(struct ct_val *v, const struct flow *f, int reply, __u64 now)
+/* A TCP entry's sequence tracking (tcpseq.h: the client's RSTs must hit
+ * its next sequence number) lives in created_ns, as the masquerade's. */
+#define CT_SEQ_BASE 8 /* its bits in ct_val.flags: above CT_F_SNAT and FLOW_F_* */
+#define CT_F_SEQ (TSEQ_F_SEQ << CT_SEQ_BASE)
+
+static __always_inline struct snat_seq *ct_seq_of(struct ct_val *v)
 {
+	return (struct snat_seq *)&v->created_ns;
+}
+
+/* Records packet f (reply: the pod's) in its flow's entry: the state, the
+ * last use at most once a second; a flow that closes expires in seconds.
+ * A client's TCP segment moves the tracking first: an RST outside the
+ * pod's window changes nothing (the pod's TCP ignores it too, RFC 5961);
+ * the pod's segments raise the window when the entry is written anyway. */
+static __always_inline void ct_track(struct __sk_buff *skb, struct ct_val *v, const struct flow *f, int reply,
+				     __u64 now)
+{
+	if (f->proto == IPPROTO_TCP && !reply && !tcp_seq_remote(skb, f, ct_seq_of(v), &v->flags, CT_SEQ_BASE, tcp_seg_scratch()))
+		return;
 	__u32 cur = v->flags;
 	__u32 n = flow_next(cur, f, reply, v->created_ns, now);
 
@@ -148,6 +165,8 @@ static __always_inline void ct_track(struct ct_val *v, const struct flow *f, int
 		return;
 	v->flags = n;
 	v->seen_ns = now;
+	if (f->proto == IPPROTO_TCP && reply)
+		tcp_seq_local(skb, f, ct_seq_of(v), &v->flags, CT_SEQ_BASE, tcp_seg_scratch());
 	if ((n & FLOW_F_CLOSING) && !(cur & FLOW_F_CLOSING))
 		ct_arm(v, FLOW_TIMEOUT_CLOSING);
 }
@@ -189,7 +208,7 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
 	    (cur->flags & CT_F_SNAT) == nv.flags && addr_equal(cur->orig_addr, nv.orig_addr, f->family) &&
 	    addr_equal(cur->client_addr, nv.client_addr, f->family) &&
 	    !flow_expired(cur->flags, f->proto, cur->seen_ns, now)) {
-		ct_track(cur, f, 0, now);
+		ct_track(skb, cur, f, 0, now);
 	} else if (f->proto == IPPROTO_TCP && !f->syn_only) {
 		hp_count(HP_STAT_NO_FLOW);
 		return 1;
@@ -200,6 +219,8 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
 		nv.created_ns = now;
 		nv.seen_ns = now;
 		nv.flags |= flow_next(0, f, 0, now, now);
+		if (f->proto == IPPROTO_TCP)
+			tcp_seq_remote(skb, f, ct_seq_of(&nv), &nv.flags, CT_SEQ_BASE, tcp_seg_scratch()); /* the client's SYN */
 		if (bpf_map_update_elem(&cni_ct, &k, &nv, BPF_ANY))
 			return -1;
 		cur = bpf_map_lookup_elem(&cni_ct, &k);
@@ -238,7 +259,7 @@ static __always_inline int hostport_reverse(struct __sk_buff *skb, struct flow *
 	__u64 now = bpf_ktime_get_ns();
 	if (flow_expired(ct->flags, f->proto, ct->seen_ns, now))
 		return 0;
-	ct_track(ct, f, 1, now);
+	ct_track(skb, ct, f, 1, now);
 	/* Copy before rewriting: the entry may be evicted meanwhile. */
 	__u8 orig[16], client[16];
 	__be16 orig_port = ct->orig_port, client_port = ct->client_port;

@@ -63,6 +63,7 @@
 #include "flowlife.h"
 #include "icmp.h" /* icmp_is_error */
 #include "nfct.h"
+#include "tcpseq.h"
 
 #define POL_ALLOW 0
 #define POL_DENY 1
@@ -116,6 +117,7 @@ struct pol_work {
 		struct bpf_fib_lookup fib; /* pol_unjudged_after's, after any use of q and ek */
 		struct nfct_work nf;       /* POL_J_FWD's conntrack read, after any use of q and ek */
 		struct nfct_orig no;       /* pol_confirm_deferred's conntrack read, after any use of the others */
+		struct tcp_seg seg;        /* tcp_seg_scratch (lib/tcpseq.h), after any use of the others */
 	};
 	struct pol_ct_val nv;
 	struct pol_ct_part_key tk; /* a cni_pol_ct_parts key */
@@ -137,6 +139,8 @@ struct pol_work {
 	__u8 recorded; /* after the stack, a new flow was recorded: POL_ALLOW_NEW */
 };
 _Static_assert(sizeof(struct pol_work) <= sizeof(struct pol_scratch), "struct pol_scratch is too small for struct pol_work");
+_Static_assert(__builtin_offsetof(struct pol_work, seg) == TCP_SEG_SCRATCH_OFF,
+	       "tcp_seg_scratch (lib/tcpseq.h) is not pol_work.seg");
 
 /* is_node_ip, its key in the scratch. */
 static __always_inline int pol_is_node(struct pol_work *w, const __u8 *addr, __u8 family)
@@ -485,17 +489,42 @@ static __noinline struct pol_ct_val *pol_ct_find(struct pol_work *w, const struc
 	return NULL;
 }
 
+/* A TCP flow's sequence tracking (tcpseq.h: a peer's RST must hit its
+ * next sequence number to close the flow) lives in created_ns, which TCP
+ * entries use for nothing else, and its bits at POL_CT_SEQ_BASE of flags
+ * (where the pod's window scale is not read: tcp_seq_local). */
+#define POL_CT_SEQ_BASE TSEQ_BASE_NOSCALE
+
+/* Moves the tracking of v (its flags at *fl) with the packet in w: the
+ * pod's segments (egress) give its window, the peer's its next sequence
+ * number. Returns 0 for a peer's RST outside the pod's window: the pod's
+ * TCP ignores it (RFC 5961), and so must the flow's state. */
+static __always_inline int pol_ct_seq(struct __sk_buff *skb, struct pol_work *w, struct pol_ct_val *v, __u32 *fl)
+{
+	struct snat_seq *q = (struct snat_seq *)&v->created_ns;
+
+	if (w->f.proto != IPPROTO_TCP)
+		return 1;
+	if (w->egress) {
+		tcp_seq_local(skb, &w->f, q, fl, POL_CT_SEQ_BASE, &w->seg);
+		return 1;
+	}
+	return tcp_seq_remote(skb, &w->f, q, fl, POL_CT_SEQ_BASE, &w->seg);
+}
+
 /* Records w->nv for flow w->k in the table of its opener (egress: the
  * pod). An expired entry of the flow in the other table stays until that
  * table's LRU reuses it: lookups skip it. No table: not recorded, so the
  * flow's replies are judged by the rules (closed, never open). Not
  * inlined, as those below: policy_judge's frame. */
-static __noinline void pol_ct_record(struct pol_work *w, __u32 ifindex, int egress)
+static __noinline void pol_ct_record(struct __sk_buff *skb, struct pol_work *w, __u32 ifindex, int egress)
 {
 	void *t = pol_ct_table(w, ifindex, egress ? DIR_EGRESS : DIR_INGRESS);
 
-	if (t)
-		bpf_map_update_elem(t, &w->k, &w->nv, BPF_ANY);
+	if (!t)
+		return;
+	pol_ct_seq(skb, w, &w->nv, &w->nv.flags); /* a SYN starts the tracking */
+	bpf_map_update_elem(t, &w->k, &w->nv, BPF_ANY);
 }
 
 /* Deletes flow w->k from the table pol_ct_find found it in. */
@@ -542,6 +571,32 @@ static __noinline void pol_confirm_deferred(struct __sk_buff *skb)
 	struct pol_ct_val *ct = pol_ct_find(w, k, 1);
 	if (ct && (ct->flags & POL_CT_F_PENDING))
 		ct->flags &= ~POL_CT_F_PENDING;
+}
+
+/* Packet w->f (reply: it goes the way the flow's replies go) of the allowed
+ * flow ct: its state and time, kept at most once a second but at each
+ * change. The peer's TCP segments move the sequence tracking each time
+ * (an RST it does not admit changes nothing), the pod's when the entry is
+ * written anyway. Not inlined: policy_judge's frame. */
+static __noinline void pol_ct_note(struct __sk_buff *skb, struct pol_work *w, struct pol_ct_val *ct, int reply)
+{
+	__u32 n = flow_next(ct->flags, &w->f, reply, ct->created_ns, w->now);
+
+	if (w->egress) {
+		if (n == ct->flags && w->now - ct->seen_ns <= NSEC)
+			return;
+		ct->flags = n;
+		ct->seen_ns = w->now;
+	}
+	/* One call site (its frame is at the verifier's limit under
+	 * from_container): the pod's segment, or the peer's first. */
+	if (!pol_ct_seq(skb, w, ct, &ct->flags) || w->egress)
+		return;
+	n = flow_next(ct->flags, &w->f, reply, ct->created_ns, w->now);
+	if (n != ct->flags || w->now - ct->seen_ns > NSEC) {
+		ct->flags = n;
+		ct->seen_ns = w->now;
+	}
 }
 
 /* Whether the rule set allows peer (destination for egress, source for
@@ -704,8 +759,8 @@ static __noinline int pol_error_related(struct __sk_buff *skb, struct pol_work *
 /*
  * Judges the packet (IP header at ETH_HLEN) for the pod behind ifindex, in
  * the direction and way how says (POL_J_*). Returns POL_ALLOW or POL_DENY;
- * an allowed flow is recorded unless both directions are open, so its
- * replies pass. A global function: the verifier checks it once, not at
+ * an allowed flow is recorded, even with both directions open, so its
+ * replies pass, also once a policy isolates the pod. A global function: the verifier checks it once, not at
  * each call site in each state (static, it took from_container from 41k
  * to 182k processed instructions and its load from 0.3 to 1.6 s, which
  * widened the window of a layout migration: TestUpgradeFromLayout1); and
@@ -716,17 +771,16 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 	/* No state: pending (fail closed). */
 	struct pol_state *st = bpf_map_lookup_elem(&cni_pol_state, &ifindex);
 	int egress = !!(how & POL_J_EGRESS);
-	__u8 mode = POL_PENDING, other = POL_PENDING;
+	__u8 mode = POL_PENDING;
 	__u32 set = 0;
 
 	if (st) {
 		mode = egress ? st->mode[DIR_EGRESS] : st->mode[DIR_INGRESS];
-		other = egress ? st->mode[DIR_INGRESS] : st->mode[DIR_EGRESS];
 		set = egress ? st->rules[DIR_EGRESS] : st->rules[DIR_INGRESS];
 	}
 
-	if (mode == POL_OPEN && other == POL_OPEN)
-		return POL_ALLOW;
+	/* A pod open both ways records its flows too: a policy that isolates
+	 * it later must not cut them (replies pass by their entry). */
 	/* A masqueraded packet of a pod whose egress is open (policy_after_snat):
 	 * nothing to judge, and its flow is recorded where it left the pod. */
 	if ((how & POL_J_FWD) && egress && mode == POL_OPEN)
@@ -773,12 +827,7 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 			 * bit, so the pod's own packets never meet this. */
 			if (ct->flags & POL_CT_F_PENDING)
 				return POL_DENY;
-			__u32 n = flow_next(ct->flags, f, reply, ct->created_ns, now);
-
-			if (n != ct->flags || now - ct->seen_ns > NSEC) {
-				ct->flags = n;
-				ct->seen_ns = now;
-			}
+			pol_ct_note(skb, w, ct, reply);
 			goto allow;
 		}
 		/* The pod's own packet of a deferred flow, or the peer's of a
@@ -816,7 +865,7 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 	nv->pad = 0;
 	nv->created_ns = now;
 	nv->seen_ns = now;
-	pol_ct_record(w, ifindex, egress);
+	pol_ct_record(skb, w, ifindex, egress);
 	w->recorded = w->fwd & POL_J_AFTER;
 allow:
 	if (w->frag == POL_FRAG_FIRST)

@@ -33,6 +33,7 @@
 #pragma once
 
 #include "pkt.h"
+#include "maps.h"
 
 struct snat_seq {
 	__u32 end;
@@ -48,7 +49,10 @@ struct snat_seq {
 
 #define SEQ_WIN_FLOOR 65535U
 
-/* A TCP segment's numbers; end = seq + its length (SYN and FIN count one). */
+/* A TCP segment's numbers; end = seq + its length (SYN and FIN count one).
+ * It lives in the programs' per-CPU scratch (tcp_seg_scratch), with the
+ * header bytes read: the tracking runs under callers whose stacks are near
+ * the verifier's 512 bytes (from_container, and policy_judge under it). */
 struct tcp_seg {
 	__u32 seq;
 	__u32 ack;
@@ -56,7 +60,22 @@ struct tcp_seg {
 	__u32 win;
 	__u32 doff;
 	__u8 flags;
+	__u8 base;  /* where the caller's flag word has the TSEQ_* bits */
+	__be16 len; /* the IP header's length field */
+	__u8 h[12]; /* the TCP header from its ack */
 };
+
+/* In cni_pol_scratch, where policy_judge's pol_work has a union of what it
+ * is done with when it tracks a flow (policy.h asserts the offset): a tc
+ * program runs to its end on its CPU. */
+#define TCP_SEG_SCRATCH_OFF 104 /* offsetof(struct pol_work, seg) */
+static __always_inline struct tcp_seg *tcp_seg_scratch(void)
+{
+	__u32 zero = 0;
+	struct pol_scratch *p = bpf_map_lookup_elem(&cni_pol_scratch, &zero);
+
+	return p ? (struct tcp_seg *)(p->data + TCP_SEG_SCRATCH_OFF) : NULL;
+}
 
 static __always_inline struct snat_seq *snat_seq_of(struct snat_val *v)
 {
@@ -68,19 +87,19 @@ static __always_inline struct snat_seq *snat_seq_of(struct snat_val *v)
  * (length 0). Returns 0 or -1. */
 static __always_inline int tcp_seg_load(struct __sk_buff *skb, const struct flow *f, struct tcp_seg *s)
 {
-	__u8 h[12];
-	__be16 len = 0;
+	__u8 *h = s->h;
 
-	if (bpf_skb_load_bytes(skb, f->l4off + 4, h, sizeof(h)))
+	if (bpf_skb_load_bytes(skb, f->l4off + 4, h, sizeof(s->h)))
 		return -1;
 	s->seq = bpf_ntohl(*(__be32 *)&h[0]);
 	s->ack = bpf_ntohl(*(__be32 *)&h[4]);
 	s->doff = (h[8] >> 4) * 4;
 	s->flags = h[9];
 	s->win = bpf_ntohs(*(__be16 *)&h[10]);
-	if (bpf_skb_load_bytes(skb, ETH_HLEN + (f->family == AF_INET ? 2 : 4), &len, sizeof(len)))
+	s->len = 0;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + (f->family == AF_INET ? 2 : 4), &s->len, sizeof(s->len)))
 		return -1;
-	__u32 iplen = bpf_ntohs(len);
+	__u32 iplen = bpf_ntohs(s->len);
 	if (iplen && f->family == AF_INET6)
 		iplen += sizeof(struct ipv6hdr);
 	if (!iplen)
@@ -94,10 +113,10 @@ static __always_inline int tcp_seg_load(struct __sk_buff *skb, const struct flow
  * compat build has no bpf_loop and walks them all). */
 struct wscale_ctx {
 	struct __sk_buff *skb;
-	__u32 off; /* the next option */
-	__u32 end; /* the end of the options */
+	__u16 off; /* the next option */
+	__u16 end; /* the end of the options */
 	int ws;    /* the result; -1: none */
-};
+}; /* 16 bytes: its frame is at the bottom of policy_judge's deepest chain */
 
 /* One option: returns 1 (stop) at the end, at the window scale, or at
  * garbage. */
@@ -148,90 +167,206 @@ WSCALE_LINKAGE __noinline int tcp_syn_wscale(struct __sk_buff *skb, __u32 l4off,
 	return c.ws;
 }
 
-/* The pod's segment f of the flow whose reverse entry is rv: its SYN starts
- * the tracking, its later segments raise the window seen. */
-static __noinline void snat_seq_pod(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
+/*
+ * The tracking above, for any flow table whose entries have 8 bytes for a
+ * struct snat_seq and 8 flag bits free at base (TSEQ_* << base): masquerade
+ * (cni_snat reverse entries, base 8: the SNAT_F_* bits), hostPort (cni_ct,
+ * base 8) and policy (cni_pol_ct_parts, base 16). "local" is the pod, whose
+ * TCP the RSTs reach, "remote" the peer whose RSTs are judged; either may
+ * have opened the flow: the tracking starts with the pod's SYN (it knows
+ * the peer's end once the SYN-ACK comes) or the peer's (its end is known at
+ * once; the pod's SYN-ACK gives the window and its scale).
+ */
+#define TSEQ_F_SEQ 1U      /* the entry's snat_seq is live */
+#define TSEQ_F_PEER_END 2U /* snat_seq.end is the remote's next sequence number */
+#define TSEQ_WS_SHIFT 4    /* bits 4-7 (above base): the pod's window scale */
+#define TSEQ_WS_MASK (0xfU << TSEQ_WS_SHIFT)
+#define TSEQ_BASE_NOSCALE 16 /* bits at base 16 (policy): the pod's window scale is not read, 14 assumed */
+_Static_assert(SNAT_F_SEQ == TSEQ_F_SEQ << 8 && SNAT_F_PEER_END == TSEQ_F_PEER_END << 8 &&
+		       SNAT_WS_MASK == TSEQ_WS_MASK << 8,
+	       "the masquerade's tcpseq bits are TSEQ_* at base 8");
+
+/* The pod's segment f of a flow whose tracking is q, with its bits in *fl
+ * at base: its SYN starts the tracking, its SYN-ACK (the peer opened the
+ * flow) gives the window, its later segments raise the window seen.
+ * Returns the SYN's header length when its window scale is to be read
+ * (tcp_seq_local does, out of this frame: the callers' stacks are near
+ * the verifier's limit), else 0. */
+static __noinline int tcp_seq_local_(struct __sk_buff *skb, const struct flow *f, struct snat_seq *q, __u32 *fl,
+				   struct tcp_seg *sp)
 {
-	struct snat_seq *q = snat_seq_of(rv);
-	struct tcp_seg s;
 
-	if (tcp_seg_load(skb, f, &s))
-		return;
-	if ((s.flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
-		int ws = tcp_syn_wscale(skb, f->l4off, s.doff);
-
-		q->end = s.seq + 1;
-		q->win = s.win; /* a SYN's window is never scaled */
-		rv->flags = (rv->flags & ~(SNAT_F_PEER_END | SNAT_WS_MASK)) | SNAT_F_SEQ |
-			    ((ws > 0 ? ws : 0) << SNAT_WS_SHIFT);
-		return;
+	if (tcp_seg_load(skb, f, sp))
+		return 0;
+	/* Read after the load: fewer values live across its calls (the
+	 * frame must stay small, see tcp_seq_local). */
+	__u32 base = sp->base;
+	__u32 seq = TSEQ_F_SEQ << base, peer_end = TSEQ_F_PEER_END << base, wsm = TSEQ_WS_MASK << base;
+	__u32 v = *fl;
+	if ((sp->flags & (TCP_FLAG_SYN | TCP_FLAG_ACK)) == TCP_FLAG_SYN) {
+		q->end = sp->seq + 1;
+		q->win = sp->win; /* a SYN's window is never scaled */
+		*fl = (v & ~(peer_end | wsm)) | seq;
+		return sp->doff;
 	}
-	if (!(rv->flags & SNAT_F_SEQ) || (s.flags & TCP_FLAG_SYN))
-		return;
-	__u32 w = s.win << ((rv->flags & SNAT_WS_MASK) >> SNAT_WS_SHIFT);
+	if (!(v & seq))
+		return 0;
+	if (sp->flags & TCP_FLAG_SYN) {
+		/* The pod answers the peer's SYN: it offers a scale only when
+		 * the peer did (RFC 7323), so its offer is the one in use. */
+		if ((sp->flags & TCP_FLAG_ACK) && (v & peer_end) && sp->ack == q->end) {
+			q->win = sp->win;
+			*fl = v & ~wsm;
+			return sp->doff;
+		}
+		return 0;
+	}
+	__u32 w = sp->win << ((v & wsm) >> (TSEQ_WS_SHIFT + base));
 	if (w > q->win)
 		q->win = w;
 	/* What the pod acknowledged, it received: end catches up with data
 	 * that reached it out of order (the peer's segments move end only in
 	 * order). The pod's TCP accepts nothing whose ack it did not send for. */
-	if ((rv->flags & SNAT_F_PEER_END) && (s.flags & TCP_FLAG_ACK)) {
-		__s32 d = (__s32)(s.ack - q->end);
+	if ((v & peer_end) && (sp->flags & TCP_FLAG_ACK)) {
+		__s32 d = (__s32)(sp->ack - q->end);
 
 		if (d > 0 && (__u32)d <= (q->win > SEQ_WIN_FLOOR ? q->win : SEQ_WIN_FLOOR) << 2)
-			q->end = s.ack;
+			q->end = sp->ack;
 	}
+	return 0;
 }
 
 /*
- * The peer's segment f of the flow whose reverse entry is rv: 1 when it may
- * change the flow's state, 0 for an RST outside the pod's window. Its
+ * The peer's segment f of a flow tracked in q and *fl (at base): nonzero
+ * when it may change the flow's state (its header length for a SYN-ACK
+ * whose window scale is to be read), 0 for an RST outside the pod's window
+ * (or a FIN out of order). Its SYN opening the flow starts the tracking; its
  * SYN-ACK (acking the pod's SYN) and its later segments move end forward
  * (by at most four windows at once: a forged segment far ahead cannot
  * carry it off).
  */
-static __noinline int snat_seq_peer(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
+static __noinline int tcp_seq_remote_(struct __sk_buff *skb, const struct flow *f, struct snat_seq *q, __u32 *fl,
+				    struct tcp_seg *sp)
 {
-	struct snat_seq *q = snat_seq_of(rv);
-	struct tcp_seg s;
 
-	if (!(rv->flags & SNAT_F_SEQ) || tcp_seg_load(skb, f, &s))
+	if (tcp_seg_load(skb, f, sp))
 		return 1;
+	/* Read after the load: fewer values live across its calls (the
+	 * frame must stay small, see tcp_seq_local). */
+	__u32 base = sp->base;
+	__u32 seq = TSEQ_F_SEQ << base, peer_end = TSEQ_F_PEER_END << base, wsm = TSEQ_WS_MASK << base;
+	__u32 v = *fl;
+	/* The peer opens the flow, or again once it closed (its port reused):
+	 * its end is known from its SYN; the pod's window until its SYN-ACK
+	 * says more: the floor. A SYN on a live tracked flow moves nothing
+	 * (else a forged one would set end for a forged RST to hit). */
+	if (!(v & seq) || (v & FLOW_F_CLOSING)) {
+		if ((sp->flags & (TCP_FLAG_SYN | TCP_FLAG_ACK | TCP_FLAG_RST)) == TCP_FLAG_SYN) {
+			q->end = sp->end;
+			q->win = 0;
+			*fl = (v & ~wsm) | seq | peer_end;
+			return 1;
+		}
+		if (!(v & seq))
+			return 1;
+	}
 	__u32 w = q->win > SEQ_WIN_FLOOR ? q->win : SEQ_WIN_FLOOR;
 	if (w > (1U << 29))
 		w = 1U << 29;
-	if (s.flags & TCP_FLAG_RST) {
-		if (!(rv->flags & SNAT_F_PEER_END))
-			return (s.flags & TCP_FLAG_ACK) && s.ack == q->end;
+	if (sp->flags & TCP_FLAG_RST) {
+		if (!(v & peer_end))
+			return (sp->flags & TCP_FLAG_ACK) && sp->ack == q->end;
 		/* Exactly the peer's next sequence number, as conntrack (Linux
 		 * 6.2 on) closes a flow: an RST merely inside the window let a
 		 * blind spray of 2^32 / 2w RSTs (32769 at the floor) hit one.
 		 * The pod's TCP answers an inexact one with a challenge ACK,
 		 * which a real peer answers with an exact RST. */
-		return s.seq == q->end;
+		return sp->seq == q->end;
 	}
-	if (s.flags & TCP_FLAG_SYN) {
-		if ((s.flags & TCP_FLAG_ACK) && !(rv->flags & SNAT_F_PEER_END) && s.ack == q->end) {
-			if (tcp_syn_wscale(skb, f->l4off, s.doff) < 0)
-				rv->flags &= ~SNAT_WS_MASK; /* no scaling unless both offer it */
-			q->end = s.end;
-			rv->flags |= SNAT_F_PEER_END;
+	if (sp->flags & TCP_FLAG_SYN) {
+		if ((sp->flags & TCP_FLAG_ACK) && !(v & peer_end) && sp->ack == q->end) {
+			q->end = sp->end;
+			*fl = v | peer_end;
+			return sp->doff; /* tcp_seq_remote reads its scale */
 		}
 		return 1;
 	}
-	if (rv->flags & SNAT_F_PEER_END) {
-		__s32 d = (__s32)(s.end - q->end);
+	if (v & peer_end) {
+		__s32 d = (__s32)(sp->end - q->end);
 
 		/* A FIN closes the flow with the pod's: only the peer's own, in
 		 * order (covering end), counts; a blind one anywhere else would
 		 * kill a half-closed connection ten seconds later. */
-		if ((s.flags & TCP_FLAG_FIN) && ((__s32)(s.seq - q->end) > 0 || d < 0))
+		if ((sp->flags & TCP_FLAG_FIN) && ((__s32)(sp->seq - q->end) > 0 || d < 0))
 			return 0;
 
 		/* Only a segment that covers end carries it: one anywhere ahead
 		 * let a blind attacker set end where it liked (a one-byte
 		 * segment every 4w) and then match it with an RST. */
-		if ((__s32)(s.seq - q->end) <= 0 && d > 0 && (__u32)d <= w << 2)
-			q->end = s.end;
+		if ((__s32)(sp->seq - q->end) <= 0 && d > 0 && (__u32)d <= w << 2)
+			q->end = sp->end;
 	}
 	return 1;
+}
+
+/* tcp_seq_local_ with the SYN's window scale read: the pod's segment f. */
+static __always_inline void tcp_seq_local(struct __sk_buff *skb, const struct flow *f, struct snat_seq *q, __u32 *fl,
+					  __u32 base, struct tcp_seg *sp)
+{
+	if (!sp)
+		return;
+	sp->base = base;
+	int doff = tcp_seq_local_(skb, f, q, fl, sp);
+
+	if (doff > 0) {
+		/* No room to read the options (policy_judge's chain, below
+		 * from_container's frame): the largest scale. The window only
+		 * bounds how far the pod's own acks move end; the peer's
+		 * segments move it only when they cover it. */
+		int ws = base == TSEQ_BASE_NOSCALE ? 14 : tcp_syn_wscale(skb, f->l4off, doff);
+
+		*fl |= (__u32)(ws > 0 ? ws : 0) << (TSEQ_WS_SHIFT + base);
+	}
+}
+
+/* tcp_seq_remote_ with the SYN-ACK's window scale read: the peer's segment
+ * f; 0 for an RST outside the pod's window. */
+static __always_inline int tcp_seq_remote(struct __sk_buff *skb, const struct flow *f, struct snat_seq *q, __u32 *fl,
+					  __u32 base, struct tcp_seg *sp)
+{
+	if (!sp)
+		return 1;
+	sp->base = base;
+	int r = tcp_seq_remote_(skb, f, q, fl, sp);
+
+	if (r > 1) {
+		if (base != TSEQ_BASE_NOSCALE && tcp_syn_wscale(skb, f->l4off, r) < 0)
+			*fl &= ~(TSEQ_WS_MASK << base); /* no scaling unless both offer it */
+		r = 1;
+	}
+	return r;
+}
+
+/* The masquerade's: the pod's segment f of the flow whose reverse entry is rv. */
+static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
+{
+	__u32 fl = rv->flags;
+
+	tcp_seq_local(skb, f, snat_seq_of(rv), &fl, 8, tcp_seg_scratch());
+	rv->flags = fl;
+}
+
+/* The masquerade's: the peer's segment f of the flow whose reverse entry is
+ * rv; 0 for an RST outside the pod's window. A reverse entry's tracking
+ * starts with the pod's SYN only (the masquerade opens no flow for a peer). */
+static __always_inline int snat_seq_peer(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
+{
+	__u32 fl = rv->flags;
+	int r;
+
+	if (!(fl & SNAT_F_SEQ))
+		return 1;
+	r = tcp_seq_remote(skb, f, snat_seq_of(rv), &fl, 8, tcp_seg_scratch());
+	rv->flags = fl;
+	return r;
 }

@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 448136, crc: 0x9bd28431, sha: "0351a765a204"},
-	"from_container_compat": {size: 431024, crc: 0xdb8e5e5a, sha: "a629b1815465"},
-	"from_uplink":           {size: 297200, crc: 0x755de2f4, sha: "8efcb6f9a9a1"},
-	"from_uplink_compat":    {size: 277736, crc: 0x86cc532b, sha: "36b62cd2e30e"},
-	"sock":                  {size: 145360, crc: 0x551c4d3e, sha: "f1768d49c484"},
-	"sock_compat":           {size: 139640, crc: 0xb2230000, sha: "4787a4e6cd30"},
-	"sock_ops":              {size: 128240, crc: 0x8af9b4d7, sha: "0e555d75482c"},
-	"to_container":          {size: 160104, crc: 0xbae74f24, sha: "7d1804f0ec16"},
-	"to_container_compat":   {size: 148928, crc: 0x50370439, sha: "8379540e9b58"},
-	"to_uplink":             {size: 261496, crc: 0xb0cc2afd, sha: "a148a9785d1c"},
-	"to_uplink_compat":      {size: 235600, crc: 0xf345f95d, sha: "c1b92fb6889a"},
-	"tunnel":                {size: 217584, crc: 0xed704d9d, sha: "b434267a8ea4"},
+	"from_container":        {size: 474824, crc: 0x7942a09a, sha: "3834320323e0"},
+	"from_container_compat": {size: 457208, crc: 0x23bc779e, sha: "665ffb305b69"},
+	"from_uplink":           {size: 315912, crc: 0x28921aca, sha: "1a1e03d773a0"},
+	"from_uplink_compat":    {size: 296632, crc: 0x0d3abd01, sha: "24cdf666d8b0"},
+	"sock":                  {size: 162944, crc: 0x0e98d76e, sha: "2e7826d87493"},
+	"sock_compat":           {size: 159056, crc: 0x7db1a501, sha: "e0c86f58dbc3"},
+	"sock_ops":              {size: 145816, crc: 0x08db674a, sha: "d60202baddd0"},
+	"to_container":          {size: 177696, crc: 0x92526752, sha: "eb99288cad06"},
+	"to_container_compat":   {size: 168344, crc: 0xf2b6bb2d, sha: "c1a8e18465cd"},
+	"to_uplink":             {size: 277496, crc: 0x801a14cd, sha: "626278a1e332"},
+	"to_uplink_compat":      {size: 251592, crc: 0xa1a7ba80, sha: "13fc396bb80b"},
+	"tunnel":                {size: 242400, crc: 0x569a64b4, sha: "1b6f6371d4a5"},
 }

@@ -45,13 +45,14 @@ const (
 	// EndpointFlagHostPort is EP_F_HOSTPORT in ep_info.flags: the pod has
 	// mappings, so from_container looks its replies up in cni_ct.
 	EndpointFlagHostPort = 1 << 2
-	ctFlagSNAT           = 1    // CT_F_SNAT
-	hpConfigEnabled      = 1    // HP_CFG_ENABLED
-	hpConfigFibNoSrc     = 2    // HP_CFG_FIB_NO_SRC
-	hpConfigTunnel       = 4    // HP_CFG_TUNNEL
-	hpConfigTunSelf      = 8    // HP_CFG_TUN_SELF
-	hpConfigTunNoMAC     = 16   // HP_CFG_TUN_NO_MAC
-	nodeIPUplinkSrc      = 0x80 // NODE_IP_UPLINK_SRC
+	ctFlagSNAT           = 1      // CT_F_SNAT
+	ctFlagSeq            = 1 << 8 // CT_F_SEQ (bpf/lib/hostport.h): created_ns holds TCP sequence tracking
+	hpConfigEnabled      = 1      // HP_CFG_ENABLED
+	hpConfigFibNoSrc     = 2      // HP_CFG_FIB_NO_SRC
+	hpConfigTunnel       = 4      // HP_CFG_TUNNEL
+	hpConfigTunSelf      = 8      // HP_CFG_TUN_SELF
+	hpConfigTunNoMAC     = 16     // HP_CFG_TUN_NO_MAC
+	nodeIPUplinkSrc      = 0x80   // NODE_IP_UPLINK_SRC
 )
 
 // Protocols a mapping may use (IPPROTO_*).
@@ -278,6 +279,9 @@ func decodeFlow(k CTKey, v CTVal, now uint64) Flow {
 		Idle:    sinceNs(now, v.SeenNs),
 		State:   FlowState(k.Proto, v.Flags),
 		Flags:   v.Flags,
+	}
+	if k.Proto == ProtoTCP && v.Flags&ctFlagSeq != 0 {
+		f.Age = 0 // unknown: created_ns holds sequence numbers
 	}
 	return f
 }

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"testing"
 	"time"
@@ -304,7 +305,8 @@ func TestAttack5IngressIsolationCutsRepliesOfOpenPodsFlows(t *testing.T) {
 	}
 	a := h.NewPod()
 	h.CleanupDel(a, "a")
-	h.Add(a, "a")
+	a4, a6 := resultIPs(h.Add(a, "a"))
+	aIP := map[int]net.IP{4: a4, 6: a6}
 	_, idx := h.HostVeth("a")
 	w := h.Maps().Policy().Writer()
 	if err := w.Apply(uint32(idx), policy.Endpoint{}); err != nil {
@@ -377,6 +379,89 @@ func TestAttack5IngressIsolationCutsRepliesOfOpenPodsFlows(t *testing.T) {
 	}
 	for _, p := range before {
 		push(p, "after")
+	}
+
+	// The mirror case: a serves a connection the remote host opened while
+	// a's egress was open; a policy then isolates a's egress (ingress stays
+	// isolated, allowing the remote). a's answers are replies of an
+	// allowed flow: they must pass. A connection opened after the change
+	// (control) gets its answers too.
+	const sport = 7102
+	served := make(chan net.Conn, 8)
+	for _, fam := range []int{4, 6} {
+		var ln net.Listener
+		must(t, a.Do(func(ns.NetNS) error {
+			var err error
+			ln, err = net.Listen(fmt.Sprintf("tcp%d", fam), hp(aIP[fam], sport))
+			return err
+		}))
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				t.Cleanup(func() { c.Close() })
+				served <- c
+			}
+		}()
+	}
+	allowRemote := func(fam int) policy.Allow {
+		bits := 32
+		if fam == 6 {
+			bits = 128
+		}
+		addr, _ := netip.AddrFromSlice(remoteIP[fam])
+		return policy.Allow{Prefix: netip.PrefixFrom(addr.Unmap(), bits), AllPorts: true}
+	}
+	ingress := isolated(allowRemote(4), allowRemote(6))
+	if err := w.Apply(uint32(idx), policy.Endpoint{Ingress: ingress}); err != nil {
+		t.Fatal(err)
+	}
+	dialIn := func(name string, fam int) pair {
+		var c net.Conn
+		must(t, h.remote.Do(func(ns.NetNS) error {
+			var err error
+			c, err = net.DialTimeout("tcp", hp(aIP[fam], sport), 2*time.Second)
+			return err
+		}))
+		t.Cleanup(func() { c.Close() })
+		select {
+		case s := <-served:
+			// client: a's side (it reads what the remote pushes back),
+			// srv: the remote's; answer has a write.
+			return pair{name, fam, s, c}
+		case <-time.After(3 * time.Second):
+			t.Fatal("a accepted nothing")
+		}
+		return pair{}
+	}
+	answer := func(p pair, msg string) {
+		if _, err := p.client.Write([]byte(msg)); err != nil {
+			t.Fatalf("%s v%d: a's write: %v", p.name, p.fam, err)
+		}
+		buf := make([]byte, 32)
+		p.srv.SetReadDeadline(time.Now().Add(3 * time.Second))
+		n, err := p.srv.Read(buf)
+		if err != nil || string(buf[:n]) != msg {
+			t.Errorf("IPv%d %s: the remote's read of a's %q: %q, %v; want it delivered", p.fam, p.name, msg, buf[:n], err)
+		}
+	}
+	var served0 []pair
+	for _, fam := range []int{4, 6} {
+		p := dialIn("served-while-egress-open", fam)
+		answer(p, "before")
+		served0 = append(served0, p)
+	}
+	if err := w.Apply(uint32(idx), policy.Endpoint{Ingress: ingress, Egress: isolated()}); err != nil {
+		t.Fatal(err)
+	}
+	for _, fam := range []int{4, 6} {
+		answer(dialIn("served-after-egress-isolation", fam), "control")
+	}
+	for _, p := range served0 {
+		answer(p, "after")
 	}
 }
 
