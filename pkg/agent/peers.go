@@ -186,7 +186,8 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 				errs = errors.Join(errs, err)
 			}
 			// The pods' packets to other nodes' addresses: tunnelnodes.go.
-			errs = errors.Join(errs, syncTunnelNodeRules(cidrs), SyncTunnelNodeRoutes(rt.Maps, rt.Ifindex, rt.DeviceMTU, true))
+			_, err := syncTunnelNodeRules(cidrs)
+			errs = errors.Join(errs, err, SyncTunnelNodeRoutes(rt.Maps, rt.Ifindex, rt.DeviceMTU, true))
 		}
 	}
 	if tunnel {

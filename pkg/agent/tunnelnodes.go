@@ -32,14 +32,18 @@ const (
 	tunnelNodeRulePref = 32000
 )
 
-// syncTunnelNodeRules makes the rules sending this node's pod CIDRs
-// (sources) to TunnelNodeTable exactly those of cidrs; none removes them.
-func syncTunnelNodeRules(cidrs []netip.Prefix) error {
-	want := map[string]netip.Prefix{}
-	for _, c := range cidrs {
-		want[c.Masked().String()] = c.Masked()
-	}
-	var errs error
+// Table 199 may be another tool's too: the agent's rules carry
+// FRA_PROTOCOL RouteProtocol (kernel 4.17 and later) and its routes
+// RouteProtocol, as the peer routes do, and only what carries that tag is
+// ever changed or removed.
+
+// ourTunnelNodeRules is this node's rules consulting TunnelNodeTable that
+// carry the agent's protocol, by family.
+func ourTunnelNodeRules() ([]netlink.Rule, error) {
+	var (
+		out  []netlink.Rule
+		errs error
+	)
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 		have, err := netlinksafe.RuleListFiltered(fam, &netlink.Rule{Table: TunnelNodeTable}, netlink.RT_FILTER_TABLE)
 		if err != nil {
@@ -47,16 +51,33 @@ func syncTunnelNodeRules(cidrs []netip.Prefix) error {
 			continue
 		}
 		for _, r := range have {
-			if r.Src != nil && r.Priority == tunnelNodeRulePref {
-				if _, ok := want[r.Src.String()]; ok {
-					delete(want, r.Src.String())
-					continue
-				}
+			if r.Protocol == uint8(RouteProtocol) {
+				out = append(out, r)
 			}
-			r := r
-			if err := netlink.RuleDel(&r); err != nil && !errors.Is(err, unix.ENOENT) {
-				errs = errors.Join(errs, fmt.Errorf("remove rule from %v lookup %d: %w", r.Src, TunnelNodeTable, err))
+		}
+	}
+	return out, errs
+}
+
+// syncTunnelNodeRules makes the agent's rules sending this node's pod CIDRs
+// (sources) to TunnelNodeTable exactly those of cidrs; none removes them.
+// Returns whether any rule of the agent's was there.
+func syncTunnelNodeRules(cidrs []netip.Prefix) (bool, error) {
+	want := map[string]netip.Prefix{}
+	for _, c := range cidrs {
+		want[c.Masked().String()] = c.Masked()
+	}
+	have, errs := ourTunnelNodeRules()
+	for _, r := range have {
+		if r.Src != nil && r.Priority == tunnelNodeRulePref {
+			if _, ok := want[r.Src.String()]; ok {
+				delete(want, r.Src.String())
+				continue
 			}
+		}
+		r := r
+		if err := netlink.RuleDel(&r); err != nil && !errors.Is(err, unix.ENOENT) {
+			errs = errors.Join(errs, fmt.Errorf("remove rule from %v lookup %d: %w", r.Src, TunnelNodeTable, err))
 		}
 	}
 	for _, c := range want {
@@ -71,7 +92,7 @@ func syncTunnelNodeRules(cidrs []netip.Prefix) error {
 			errs = errors.Join(errs, fmt.Errorf("rule from %s lookup %d: %w", c, TunnelNodeTable, err))
 		}
 	}
-	return errs
+	return len(have) != 0, errs
 }
 
 // tunnelNodeRoutes are the routes TunnelNodeTable wants, from the tunnel
@@ -152,7 +173,8 @@ func SyncTunnelNodeRoutes(m *maps.Maps, ifindex, devMTU int, force bool) error {
 		want = w
 	}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		have, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Table: TunnelNodeTable}, netlink.RT_FILTER_TABLE)
+		have, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Table: TunnelNodeTable, Protocol: RouteProtocol},
+			netlink.RT_FILTER_TABLE|netlink.RT_FILTER_PROTOCOL)
 		if err != nil {
 			errs = errors.Join(errs, err)
 			continue
@@ -183,8 +205,22 @@ func SyncTunnelNodeRoutes(m *maps.Maps, ifindex, devMTU int, force bool) error {
 	return errs
 }
 
-// RemoveTunnelNodeRouting removes the rules and routes of TunnelNodeTable
-// (tunnel off, uninstall).
+// RemoveTunnelNodeRouting removes the agent's rules and routes of
+// TunnelNodeTable, and nothing of another tool's (tunnel off, at every
+// peer sync): one rule dump per family when none of the agent's rules is
+// left. Its routes lead into the tunnel device and went with it; a route
+// is looked for only after a rule was found.
 func RemoveTunnelNodeRouting() error {
-	return errors.Join(syncTunnelNodeRules(nil), SyncTunnelNodeRoutes(nil, 0, 0, false))
+	had, err := syncTunnelNodeRules(nil)
+	if !had {
+		return err
+	}
+	return errors.Join(err, SyncTunnelNodeRoutes(nil, 0, 0, false))
+}
+
+// PurgeTunnelNodeRouting removes every rule and route of the agent's in
+// TunnelNodeTable, whether a rule is left or not (uninstall).
+func PurgeTunnelNodeRouting() error {
+	_, err := syncTunnelNodeRules(nil)
+	return errors.Join(err, SyncTunnelNodeRoutes(nil, 0, 0, false))
 }

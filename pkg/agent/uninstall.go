@@ -290,7 +290,7 @@ func (x *uninstaller) detachHooks() {
 	}
 	x.errs = errors.Join(x.errs, err)
 	// The pods' rules and routes to other nodes' addresses (tunnelnodes.go).
-	if err := RemoveTunnelNodeRouting(); err != nil {
+	if err := PurgeTunnelNodeRouting(); err != nil {
 		x.errs = errors.Join(x.errs, err)
 	}
 	// The tunnel device (its routes went with the peer routes).
