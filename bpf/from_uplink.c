@@ -25,7 +25,9 @@
  * takes it).
  * In tunnel mode, any other packet claiming a pod address of a node
  * reached through the tunnel is dropped next (drop_tunnel_source): those
- * pods' packets arrive only decapsulated.
+ * pods' packets arrive only decapsulated. Except to an address of this node
+ * that no hostPort maps: the previous build's nodes send those in the
+ * clear, and they reach no pod (lib/tunnel.h).
  *
  * Everything else goes on untouched to the next tcx program of the link (the
  * stack when there is none): TCX_NEXT, never TC_ACT_OK, which would end the
@@ -78,6 +80,21 @@ static __noinline int forged_pod_source(struct __sk_buff *skb, __u8 family)
 	struct ipv6hdr *ip6 = data + ETH_HLEN;
 
 	return (void *)(ip6 + 1) <= data_end && ep_lookup6(&ip6->saddr) != NULL;
+}
+
+/*
+ * Whether a packet to a node address maps to a hostPort (which from_uplink
+ * would translate and deliver into the pod): a tunnelled node's pod source
+ * in the clear must not reach a pod that way either (tun_clear_peer_source).
+ * Only such packets are looked up.
+ */
+static __noinline int clear_source_to_hostport(struct __sk_buff *skb, __u8 family)
+{
+	struct flow f = {};
+
+	if (flow_parse(skb, family, &f, 0) || (f.proto != IPPROTO_TCP && f.proto != IPPROTO_UDP))
+		return 0;
+	return hostport_lookup(f.daddr, family, f.proto, f.dport, 0) != NULL;
 }
 
 static __always_inline int from_uplink(struct __sk_buff *skb, __u8 family)
@@ -159,15 +176,19 @@ int cni_from_uplink(struct __sk_buff *skb)
 	struct hp_config *c = node_config();
 	__u32 flags = c ? c->flags : 0;
 
-	/* A tunnelled node's pod source in the clear (lib/tunnel.h). */
+	/* A tunnelled node's pod source in the clear (lib/tunnel.h): to a
+	 * node address of this node with no hostPort, on to the stack as the
+	 * host's own traffic (nothing below applies to it); else dropped. */
 	if (flags & HP_CFG_TUNNEL) {
-		if (skb->protocol == bpf_htons(ETH_P_IP))
-			rc = tun_clear_peer_source(skb, AF_INET);
-		else if (skb->protocol == bpf_htons(ETH_P_IPV6))
-			rc = tun_clear_peer_source(skb, AF_INET6);
+		__u8 fam = skb->protocol == bpf_htons(ETH_P_IP) ? AF_INET : AF_INET6;
+
+		if (skb->protocol == bpf_htons(ETH_P_IP) || skb->protocol == bpf_htons(ETH_P_IPV6))
+			rc = tun_clear_peer_source(skb, fam);
 		else
-			rc = 0;
-		if (rc)
+			rc = TUN_CLEAR_NONE;
+		if (rc == TUN_CLEAR_NODE && !((flags & HP_CFG_ENABLED) && clear_source_to_hostport(skb, fam)))
+			return TCX_NEXT;
+		if (rc != TUN_CLEAR_NONE)
 			return drop_dir(skb->ifindex, DIR_INGRESS, REASON_DROP_TUN_SRC);
 	}
 	if (!(flags & HP_CFG_ENABLED))

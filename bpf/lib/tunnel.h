@@ -357,35 +357,49 @@ TUN_SUBPROG int tun_hop_check(struct __sk_buff *skb, __u8 family)
 }
 
 /*
- * Whether a packet off the wire that is no genuine node's tunnel datagram
- * claims a source in a pod CIDR the agent routes into the tunnel
- * (TUN_PEER_ENCAP): that node's pods reach this one only decapsulated, on
- * the tunnel device, where the trust rule judges them (their traffic to a
- * node address too: pkg/agent/tunnelnodes.go). A plain packet with such a
- * source is a host on the link forging it, which IPv6 (no reverse-path
- * check) and IPv4's loose rp_filter (the source is routed, into the
- * tunnel) would forward to a pod, and a NetworkPolicy admitting that pod
- * would admit. A direct node's pod CIDR (hybrid mode) passes, as
- * host-gw's do. Called in tunnel mode only: one LPM lookup per packet.
+ * A packet off the wire that is no genuine node's tunnel datagram, claiming
+ * a source in a pod CIDR the agent routes into the tunnel (TUN_PEER_ENCAP):
+ * this build's nodes send those pods' packets only encapsulated, where the
+ * trust rule on the tunnel device judges them (their traffic to a node
+ * address too: pkg/agent/tunnelnodes.go). To a pod, or anywhere but this
+ * node's own addresses, it is a host on the link forging it, which IPv6
+ * (no reverse-path check) and IPv4's loose rp_filter (the source is routed,
+ * into the tunnel) would forward, and a NetworkPolicy admitting that node's
+ * pod would admit: TUN_CLEAR_DROP. To an address of this node it is what a
+ * node of the previous build sends (its pods' packets to other nodes'
+ * addresses in the clear), which reaches no pod and no policy unless a
+ * hostPort translates it (the caller drops those): TUN_CLEAR_NODE, as
+ * host-gw mode lets it pass, so a rolling upgrade loses none of it
+ * (docs/tunnel.md). A direct node's pod CIDR (hybrid mode) passes, as
+ * host-gw's do. Called in tunnel mode only: one LPM lookup per packet, a
+ * hash lookup for a tunnelled source.
  */
+#define TUN_CLEAR_NONE 0
+#define TUN_CLEAR_NODE 1
+#define TUN_CLEAR_DROP 2
+
 TUN_SUBPROG int tun_clear_peer_source(struct __sk_buff *skb, __u8 family)
 {
-	__u8 src[16] = {};
+	__u8 src[16] = {}, dst[16] = {};
 	struct tun_peer *p;
 
 	if (family == AF_INET) {
 		struct iphdr *ip = pkt_ip4(skb);
 
 		if (!ip)
-			return 0;
+			return TUN_CLEAR_NONE;
 		__builtin_memcpy(src, &ip->saddr, 4);
+		__builtin_memcpy(dst, &ip->daddr, 4);
 	} else {
 		struct ipv6hdr *ip6 = pkt_ip6(skb);
 
 		if (!ip6)
-			return 0;
+			return TUN_CLEAR_NONE;
 		__builtin_memcpy(src, &ip6->saddr, 16);
+		__builtin_memcpy(dst, &ip6->daddr, 16);
 	}
 	p = tun_cidr_of(src, family);
-	return p && (p->flags & TUN_PEER_ENCAP);
+	if (!p || !(p->flags & TUN_PEER_ENCAP))
+		return TUN_CLEAR_NONE;
+	return is_node_ip(dst, family) ? TUN_CLEAR_NODE : TUN_CLEAR_DROP;
 }

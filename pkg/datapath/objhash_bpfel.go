@@ -6,8 +6,8 @@ package datapath
 var objHashes = map[string]objHash{
 	"from_container":        {size: 474824, crc: 0x7942a09a, sha: "3834320323e0"},
 	"from_container_compat": {size: 457208, crc: 0x23bc779e, sha: "665ffb305b69"},
-	"from_uplink":           {size: 315912, crc: 0x28921aca, sha: "1a1e03d773a0"},
-	"from_uplink_compat":    {size: 296632, crc: 0x0d3abd01, sha: "24cdf666d8b0"},
+	"from_uplink":           {size: 322608, crc: 0x2315a4b5, sha: "832b0bd54f45"},
+	"from_uplink_compat":    {size: 303336, crc: 0xa2be11c9, sha: "f469278a9676"},
 	"sock":                  {size: 162944, crc: 0x0e98d76e, sha: "2e7826d87493"},
 	"sock_compat":           {size: 159056, crc: 0x7db1a501, sha: "e0c86f58dbc3"},
 	"sock_ops":              {size: 145816, crc: 0x08db674a, sha: "d60202baddd0"},

@@ -6,8 +6,10 @@
 package integration
 
 import (
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -193,5 +195,97 @@ func listenUDP6(t *testing.T, pod ns.NetNS, port int) func(wait time.Duration) [
 			}
 			out = append(out, string(buf[:n])+" from "+from.String())
 		}
+	}
+}
+
+// TestTunnelClearPeerPodSourceToNode: a rolling upgrade (docs/tunnel.md,
+// check 5). Node 3 plays a node of the previous build, which has no table
+// 199: its agent stopped, its rules `from <its pod CIDRs> lookup 199`
+// removed, so its pod's packets to node 1's addresses cross the router in
+// the clear with the pod's source (node addresses are cluster CIDRs: no
+// masquerade). Node 1 (rp_filter=2) lets them reach its hostNetwork server,
+// TCP and UDP, IPv4 and IPv6, the server seeing the pod's address, and
+// drops none as drop_tunnel_source. Still dropped: the stranger's TCP SYN
+// and UDP datagram claiming node 3's pod to node 1's hostPort, which
+// cni_from_uplink would DNAT into the hostPort pod (its stack counts
+// none; four drop_tunnel_source). Red before check 5 told a node address
+// apart: the four exchanges with the server timed out.
+func TestTunnelClearPeerPodSourceToNode(t *testing.T) {
+	lab := newTunLab6(t)
+	n1, n3 := lab.nodes[0], lab.nodes[2]
+	must(t, n1.InNode(func() error {
+		for _, k := range []string{"net.ipv4.conf.all.rp_filter", "net.ipv4.conf.uplink0.rp_filter"} {
+			if err := tunSysctl(k, "2"); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+	cluster := []string{tunCluster, tunCluster6}
+	for i := range tunNode {
+		cluster = append(cluster, tunNode[i].String()+"/32", tunNode6[i].String()+"/128")
+	}
+	for _, e := range lab.nodes {
+		e.Extra["clusterCIDRs"] = cluster
+	}
+	agents := startTunAgents(t, lab)
+	p3, r3 := n3.RunPod("old3")
+	a3, a36 := testenv.PodIPs(t, r3)
+	hp1 := n1.NewPod()
+	n1.MustAddHP(hp1, "hpo1", testenv.PM{HostPort: 11311, ContainerPort: 8080, Protocol: "tcp"},
+		testenv.PM{HostPort: 11311, ContainerPort: 8080, Protocol: "udp"})
+	serve(t, hp1, 8080, "hpo1")
+	serve(t, n1.Node, 8083, "node1")
+	testenv.WaitIPv6Ready(t, p3)
+	// This build's node 3: through the tunnel (table 199: nodes 1 and 2,
+	// two addresses each).
+	tunNodeTable(t, n3, 4)
+	mustAsk(t, p3, "tcp", hp(tunNode[0], 8083), 0, "node1", a3)
+
+	// The previous build's node 3: no table 199 consulted.
+	agents[2].Stop()
+	p4, p6 := tunPods(2)
+	must(t, n3.InNode(func() error {
+		for _, c := range [][]string{{"-4", "rule", "del", "from", p4, "lookup", "199"}, {"-6", "rule", "del", "from", p6, "lookup", "199"}} {
+			if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
+				return fmt.Errorf("ip %s: %v: %s", strings.Join(c, " "), err, out)
+			}
+		}
+		return nil
+	}))
+	if rules := tunNodeRules(t, n3); len(rules) != 0 {
+		t.Fatalf("node 3 still has rules to table 199: %q", rules)
+	}
+	up1 := uplinkIndex(t, n1)
+	m1 := n1.Maps()
+	drops0 := counter(t, m1, up1, maps.DirIngress, maps.ReasonDropTunSrc).Packets
+	_, _, tx0 := tunDevice(t, n3)
+	for _, proto := range []string{"tcp", "udp"} {
+		mustAsk(t, p3, proto, hp(tunNode[0], 8083), 0, "node1", a3)
+		mustAsk(t, p3, proto, hp(tunNode6[0], 8083), 0, "node1", a36)
+	}
+	if _, _, tx := tunDevice(t, n3); tx-tx0 > 1 {
+		t.Errorf("node 3's ebpf-tun sent %d packets: the requests were to cross in the clear", tx-tx0)
+	}
+	if n := counter(t, m1, up1, maps.DirIngress, maps.ReasonDropTunSrc).Packets - drops0; n != 0 {
+		t.Errorf("node 1's uplink dropped %d packets of node 3's pod in the clear to its address", n)
+	}
+
+	// Forged to node 1's hostPort: dropped before the DNAT into the pod.
+	strMAC, n1MAC := linkMAC(t, lab.strang, "uplink0"), linkMAC(t, n1.Node, "uplink0")
+	before := podSNMP(t, hp1)
+	var frames [][]byte
+	for _, s := range []struct{ src, dst net.IP }{{a3, tunNode[0]}, {a36, tunNode6[0]}} {
+		frames = append(frames,
+			tcpFrame(strMAC, n1MAC, s.src, 40011, s.dst, 11311, 1000, 0, tcpSYN, 64240),
+			udpFrame(strMAC, n1MAC, s.src, 40012, s.dst, 11311, []byte("forged-hostport")))
+	}
+	sendFrames(t, lab.strang, "uplink0", frames)
+	time.Sleep(time.Second)
+	if d := podReceived(before, podSNMP(t, hp1)); len(d) != 0 {
+		t.Errorf("node 1's hostPort pod received forged packets claiming node 3's pod %s / %s: %v", a3, a36, d)
+	}
+	if n := counter(t, m1, up1, maps.DirIngress, maps.ReasonDropTunSrc).Packets - drops0; n != 4 {
+		t.Errorf("node 1's uplink counted %d drop_tunnel_source, want the 4 forgeries to its hostPort", n)
 	}
 }
