@@ -174,3 +174,42 @@ static __noinline int nfct_dnat_original(struct __sk_buff *skb, struct nfct_orig
 	return 1;
 #endif
 }
+
+#define NFCT_ESTABLISHED_REPLY 3 /* IP_CT_ESTABLISHED_REPLY */
+
+/*
+ * Whether the packet is a reply of a connection whose destination netfilter
+ * translated (kube-proxy's Service DNAT); then o->daddr and o->dport hold
+ * the REPLY tuple's source: the address and port the stack delivered the
+ * connection's packets to, before translating the reply back (o's other
+ * fields are not written). 0 where nfct_snat_source is 0. Four reads of
+ * kernel memory: policy_judge asks once per pending flow a node socket
+ * answers (pol_pending_local).
+ */
+static __noinline int nfct_dnat_reply(struct __sk_buff *skb, struct nfct_orig *o)
+{
+#ifdef EBPF_CNI_COMPAT
+	return 0;
+#else
+	struct sk_buff___nfct *kskb = (void *)skb;
+	struct nf_conn___nfct *ct;
+
+	if (!__builtin_preserve_field_info(kskb->_nfct, NFCT_FIELD_EXISTS) ||
+	    !__builtin_preserve_type_info(*(struct nf_conn___nfct *)0, NFCT_TYPE_EXISTS))
+		return 0;
+	if (bpf_probe_read_kernel(&o->nfct, sizeof(o->nfct), __builtin_preserve_access_index(&kskb->_nfct)))
+		return 0;
+	if ((o->nfct & NFCT_INFOMASK) != NFCT_ESTABLISHED_REPLY)
+		return 0;
+	ct = (void *)(o->nfct & ~NFCT_INFOMASK);
+	if (!ct)
+		return 0;
+	if (bpf_probe_read_kernel(&o->status, sizeof(o->status), __builtin_preserve_access_index(&ct->status)) ||
+	    !(o->status & NFCT_IPS_DST_NAT))
+		return 0;
+	if (bpf_probe_read_kernel(o->daddr, sizeof(o->daddr), __builtin_preserve_access_index(&ct->tuplehash[1].tuple.src.u3)) ||
+	    bpf_probe_read_kernel(&o->dport, sizeof(o->dport), __builtin_preserve_access_index(&ct->tuplehash[1].tuple.src.u.all)))
+		return 0;
+	return 1;
+#endif
+}

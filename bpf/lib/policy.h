@@ -34,7 +34,9 @@
  *     chose. Its flow entry (POL_CT_F_DEFER) then only lets replies in,
  *     which the stack translates back to the address the pod dialled,
  *     and only once that judgement confirmed it (POL_CT_F_PENDING,
- *     pol_confirm_deferred): one that never comes opens nothing;
+ *     pol_confirm_deferred): one that never comes opens nothing, but
+ *     for a request the stack delivered to a socket of the node, whose
+ *     answer is judged (pol_pending_local);
  *   - ingress, wherever a packet enters a pod: redirect_to_endpoint (same
  *     node pod to pod, hostPort from the uplink or hairpin) and
  *     to_container.c (whatever the stack delivers: other nodes, Services,
@@ -137,6 +139,17 @@ struct pol_work {
 	__u8 fwd;      /* how & (POL_J_FWD | POL_J_AFTER): for pol_allows, and POL_ALLOW_NEW */
 	__u8 deferred; /* the packet's denial is deferred: its fragments' note says so (pol_frag_note) */
 	__u8 recorded; /* after the stack, a new flow was recorded: POL_ALLOW_NEW */
+	/* The pod (host veth) whose packet from_container last deferred to a
+	 * pending entry, on this CPU: the stack forwards it on the CPU it
+	 * came in on, so the judgement after the stack confirms the entry
+	 * (pol_confirm_deferred) even when it finds the translated flow known
+	 * already: that entry may outlive the pending one (evicted, or
+	 * expired while the peer was silent), which the pod's next packet
+	 * makes again. Set only while the entry is pending, so confirmed flows
+	 * pay no conntrack read; a stale hint costs one read, never a verdict
+	 * (the confirmation needs the stack's DNAT of the allowed packet).
+	 * policy_judge never resets it. */
+	__u32 pending_hint;
 };
 _Static_assert(sizeof(struct pol_work) <= sizeof(struct pol_scratch), "struct pol_scratch is too small for struct pol_work");
 _Static_assert(__builtin_offsetof(struct pol_work, seg) == TCP_SEG_SCRATCH_OFF,
@@ -630,6 +643,48 @@ static __noinline int pol_rules_allow(struct pol_work *w, __u32 set, int egress)
 }
 
 /*
+ * A reply meeting the pending entry of the pod behind w->ifindex (its
+ * packet in w, the entry w->k) that a socket of the node sent (skb->sk;
+ * a forwarded packet has none, nor does one the node sends for no socket):
+ * the answer of a request the stack DNATed to an address of the node
+ * (a hostNetwork backend of a Service) and delivered there, where no
+ * judgement after the stack runs to confirm the entry. Judged now, as
+ * from_container judges a pod's packet to a node address: the pod's
+ * egress toward the address and port the stack delivered the request to
+ * (the conntrack entry's REPLY source, whose port is the socket's: its
+ * address may be a wildcard), with the flow's protocol. Returns whether
+ * that egress is allowed (policy_judge then confirms the entry). Once per
+ * pending flow a node socket answers: the conntrack read, a state lookup,
+ * the rules.
+ * Leaves w->f as it found it. Not inlined: policy_judge's frame.
+ */
+static __noinline int pol_pending_local(struct __sk_buff *skb, struct pol_work *w)
+{
+	struct flow *f = &w->f;
+	struct nfct_orig *o = &w->no;
+	struct bpf_sock *sk = skb->sk;
+
+	if (!sk || !nfct_dnat_reply(skb, o))
+		return 0;
+	/* The socket answers from the port the request was delivered to. */
+	if ((f->proto == IPPROTO_TCP || f->proto == IPPROTO_UDP) && sk->src_port != bpf_ntohs(o->dport))
+		return 0;
+	struct pol_state *st = bpf_map_lookup_elem(&cni_pol_state, &w->ifindex);
+	if (!st || st->mode[DIR_EGRESS] == POL_PENDING)
+		return 0;
+	if (st->mode[DIR_EGRESS] == POL_OPEN)
+		return 1;
+	__u32 set = st->rules[DIR_EGRESS];
+	addr_copy(f->daddr, o->daddr, f->family);
+	/* ICMP echo: the requester's packet has no destination port (pol_parse). */
+	f->dport = f->proto == IPPROTO_ICMP || f->proto == IPPROTO_ICMPV6 ? 0 : o->dport;
+	int allow = pol_rules_allow(w, set, 1);
+	addr_copy(f->daddr, w->k.pod_addr, f->family);
+	f->dport = w->k.pod_port;
+	return allow;
+}
+
+/*
  * The peer's packet of a masqueraded flow (POL_CT_F_SNAT), allowed again:
  * its entry's state and time kept as any flow's packet keeps them (the
  * entry is looked up again: policy_judge's frame has no room to keep it).
@@ -825,9 +880,20 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 			 * dropped the packet, or delivered it where no program
 			 * judges): nothing enters by it. Only a deferral sets the
 			 * bit, so the pod's own packets never meet this. */
-			if (ct->flags & POL_CT_F_PENDING)
-				return POL_DENY;
+			if (ct->flags & POL_CT_F_PENDING) {
+				/* Unless a node socket answers: the stack delivered
+				 * the request to the node (pol_pending_local). */
+				if (!(how & POL_J_NODE) || !pol_pending_local(skb, w))
+					return POL_DENY;
+				ct->flags &= ~POL_CT_F_PENDING;
+			}
 			pol_ct_note(skb, w, ct, reply);
+			/* A known translated flow of a packet deferred to a
+			 * pending entry: confirm it too (pending_hint). */
+			if ((w->fwd & POL_J_AFTER) && w->pending_hint == ifindex) {
+				w->pending_hint = 0;
+				w->recorded = POL_J_AFTER;
+			}
 			goto allow;
 		}
 		/* The pod's own packet of a deferred flow, or the peer's of a
@@ -851,11 +917,15 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 			return POL_DENY;
 		if (ct) {
 			w->deferred = 1;
+			if (ct->flags & POL_CT_F_PENDING)
+				w->pending_hint = ifindex;
 			goto allow; /* deferred already */
 		}
 		if (pol_unjudged_after(w, skb, ifindex))
 			return POL_DENY;
 		flags |= POL_CT_F_DEFER | POL_CT_F_DEFER_NEW;
+		if (POL_CT_F_DEFER_NEW)
+			w->pending_hint = ifindex;
 		w->deferred = 1;
 	}
 	if (kind == POL_PKT_ERROR || w->snat == POL_SNAT_NOT_OURS || (ct && (ct->flags & POL_CT_F_SNAT)))
@@ -874,8 +944,10 @@ allow:
 }
 
 /* policy_judge after the stack's translation (POL_J_AFTER): a new flow it
- * allowed confirms the deferred entry of the flow as the pod sent it
- * (pol_confirm_deferred). POL_ALLOW or POL_DENY. */
+ * allowed, or a known one of a packet from_container deferred to a pending
+ * entry (pol_work.pending_hint), confirms the deferred entry of
+ * the flow as the pod sent it (pol_confirm_deferred). POL_ALLOW or
+ * POL_DENY. */
 static __always_inline int policy_judge_after(struct __sk_buff *skb, __u8 family, __u32 from, __u32 how)
 {
 	int v = policy_judge(skb, family, from, how | POL_J_AFTER);
