@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 474824, crc: 0x7942a09a, sha: "3834320323e0"},
-	"from_container_compat": {size: 457208, crc: 0x23bc779e, sha: "665ffb305b69"},
-	"from_uplink":           {size: 322608, crc: 0x2315a4b5, sha: "832b0bd54f45"},
-	"from_uplink_compat":    {size: 303336, crc: 0xa2be11c9, sha: "f469278a9676"},
-	"sock":                  {size: 162944, crc: 0x0e98d76e, sha: "2e7826d87493"},
-	"sock_compat":           {size: 159056, crc: 0x7db1a501, sha: "e0c86f58dbc3"},
-	"sock_ops":              {size: 145816, crc: 0x08db674a, sha: "d60202baddd0"},
-	"to_container":          {size: 177696, crc: 0x92526752, sha: "eb99288cad06"},
-	"to_container_compat":   {size: 168344, crc: 0xf2b6bb2d, sha: "c1a8e18465cd"},
-	"to_uplink":             {size: 277496, crc: 0x801a14cd, sha: "626278a1e332"},
-	"to_uplink_compat":      {size: 251592, crc: 0xa1a7ba80, sha: "13fc396bb80b"},
-	"tunnel":                {size: 242400, crc: 0x569a64b4, sha: "1b6f6371d4a5"},
+	"from_container":        {size: 481768, crc: 0x3c11f3f1, sha: "55facc5f9e23"},
+	"from_container_compat": {size: 457960, crc: 0xcd16708e, sha: "649f534293b6"},
+	"from_uplink":           {size: 329560, crc: 0x7af07951, sha: "430fb9ed1c43"},
+	"from_uplink_compat":    {size: 304088, crc: 0x60d469de, sha: "89b372a7ce31"},
+	"sock":                  {size: 169880, crc: 0xfc40c632, sha: "b966f2b50ea2"},
+	"sock_compat":           {size: 159808, crc: 0xdf103dbc, sha: "de6a819c8714"},
+	"sock_ops":              {size: 152768, crc: 0xa67cb5e4, sha: "82df1ff2410e"},
+	"to_container":          {size: 184304, crc: 0xf89422a8, sha: "e472d4fdc112"},
+	"to_container_compat":   {size: 169096, crc: 0x9b50aba0, sha: "b07a031c838a"},
+	"to_uplink":             {size: 284112, crc: 0x09142825, sha: "e6d76faf5001"},
+	"to_uplink_compat":      {size: 252344, crc: 0x55e412cf, sha: "4b39d71acff7"},
+	"tunnel":                {size: 249016, crc: 0x92a6f7eb, sha: "29362b267997"},
 }
