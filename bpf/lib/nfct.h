@@ -103,13 +103,17 @@ struct nfct_orig {
 	__be16 dport; /* ICMP: type and code, not a port */
 };
 
+#define NFCT_ESTABLISHED_REPLY 3 /* IP_CT_ESTABLISHED_REPLY */
+
 /*
- * Whether the packet goes the way its connection was opened and netfilter
- * translated its source; then n->addr and n->port hold the source before
- * the translation. 0 in the compat build, on a kernel without conntrack, and
- * for untracked packets. Three reads of kernel memory.
+ * The conntrack entry of the packet, when it goes the way its connection
+ * was opened (ctinfo NEW or ESTABLISHED) or, with reply, is a reply
+ * (ESTABLISHED_REPLY), and the entry's status has flag; NULL otherwise,
+ * and in the compat build, on a kernel without conntrack, for untracked
+ * packets. Two reads of kernel memory, into the caller's *nfct and *status.
  */
-static __noinline int nfct_snat_source(struct __sk_buff *skb, struct nfct_work *n)
+static __always_inline struct nf_conn___nfct *nfct_entry(struct __sk_buff *skb, __u64 *nfct, __u64 *status,
+							  int reply, __u64 flag)
 {
 #ifdef EBPF_CNI_COMPAT
 	return 0;
@@ -117,54 +121,53 @@ static __noinline int nfct_snat_source(struct __sk_buff *skb, struct nfct_work *
 	struct sk_buff___nfct *kskb = (void *)skb;
 	struct nf_conn___nfct *ct;
 
-	if (!__builtin_preserve_field_info(kskb->_nfct, NFCT_FIELD_EXISTS) ||
-	    !__builtin_preserve_type_info(*(struct nf_conn___nfct *)0, NFCT_TYPE_EXISTS))
+	if (!nfct_readable())
 		return 0;
 	/* The context is the kernel's sk_buff: __sk_buff only renames it. */
-	if (bpf_probe_read_kernel(&n->nfct, sizeof(n->nfct), __builtin_preserve_access_index(&kskb->_nfct)))
+	if (bpf_probe_read_kernel(nfct, sizeof(*nfct), __builtin_preserve_access_index(&kskb->_nfct)))
 		return 0;
-	if ((n->nfct & NFCT_INFOMASK) != NFCT_NEW && (n->nfct & NFCT_INFOMASK) != NFCT_ESTABLISHED)
+	if (reply ? (*nfct & NFCT_INFOMASK) != NFCT_ESTABLISHED_REPLY :
+		    (*nfct & NFCT_INFOMASK) != NFCT_NEW && (*nfct & NFCT_INFOMASK) != NFCT_ESTABLISHED)
 		return 0;
-	ct = (void *)(n->nfct & ~NFCT_INFOMASK);
+	ct = (void *)(*nfct & ~NFCT_INFOMASK);
 	if (!ct)
 		return 0;
-	if (bpf_probe_read_kernel(&n->status, sizeof(n->status), __builtin_preserve_access_index(&ct->status)) ||
-	    !(n->status & NFCT_IPS_SRC_NAT))
+	if (bpf_probe_read_kernel(status, sizeof(*status), __builtin_preserve_access_index(&ct->status)) ||
+	    !(*status & flag))
+		return 0;
+	return ct;
+#endif
+}
+
+/*
+ * Whether the packet goes the way its connection was opened and netfilter
+ * translated its source; then n->addr and n->port hold the source before
+ * the translation. 0 where nfct_entry is NULL. Four reads of kernel memory.
+ */
+static __noinline int nfct_snat_source(struct __sk_buff *skb, struct nfct_work *n)
+{
+	struct nf_conn___nfct *ct = nfct_entry(skb, &n->nfct, &n->status, 0, NFCT_IPS_SRC_NAT);
+
+	if (!ct)
 		return 0;
 	if (bpf_probe_read_kernel(n->addr, sizeof(n->addr), __builtin_preserve_access_index(&ct->tuplehash[0].tuple.src.u3)) ||
 	    bpf_probe_read_kernel(&n->port, sizeof(n->port), __builtin_preserve_access_index(&ct->tuplehash[0].tuple.src.u.all)))
 		return 0;
 	return 1;
-#endif
 }
 
 /*
  * Whether the packet goes the way its connection was opened and netfilter
  * translated its destination (kube-proxy's Service DNAT); then o holds the
  * connection's ORIGINAL tuple, the packet as its sender sent it. 0 where
- * nfct_snat_source is 0. Six reads of kernel memory: policy_judge asks
+ * nfct_entry is NULL. Six reads of kernel memory: policy_judge asks
  * once per deferred flow (pol_confirm_deferred).
  */
 static __noinline int nfct_dnat_original(struct __sk_buff *skb, struct nfct_orig *o)
 {
-#ifdef EBPF_CNI_COMPAT
-	return 0;
-#else
-	struct sk_buff___nfct *kskb = (void *)skb;
-	struct nf_conn___nfct *ct;
+	struct nf_conn___nfct *ct = nfct_entry(skb, &o->nfct, &o->status, 0, NFCT_IPS_DST_NAT);
 
-	if (!__builtin_preserve_field_info(kskb->_nfct, NFCT_FIELD_EXISTS) ||
-	    !__builtin_preserve_type_info(*(struct nf_conn___nfct *)0, NFCT_TYPE_EXISTS))
-		return 0;
-	if (bpf_probe_read_kernel(&o->nfct, sizeof(o->nfct), __builtin_preserve_access_index(&kskb->_nfct)))
-		return 0;
-	if ((o->nfct & NFCT_INFOMASK) != NFCT_NEW && (o->nfct & NFCT_INFOMASK) != NFCT_ESTABLISHED)
-		return 0;
-	ct = (void *)(o->nfct & ~NFCT_INFOMASK);
 	if (!ct)
-		return 0;
-	if (bpf_probe_read_kernel(&o->status, sizeof(o->status), __builtin_preserve_access_index(&ct->status)) ||
-	    !(o->status & NFCT_IPS_DST_NAT))
 		return 0;
 	if (bpf_probe_read_kernel(o->saddr, sizeof(o->saddr), __builtin_preserve_access_index(&ct->tuplehash[0].tuple.src.u3)) ||
 	    bpf_probe_read_kernel(&o->sport, sizeof(o->sport), __builtin_preserve_access_index(&ct->tuplehash[0].tuple.src.u.all)) ||
@@ -172,44 +175,25 @@ static __noinline int nfct_dnat_original(struct __sk_buff *skb, struct nfct_orig
 	    bpf_probe_read_kernel(&o->dport, sizeof(o->dport), __builtin_preserve_access_index(&ct->tuplehash[0].tuple.dst.u.all)))
 		return 0;
 	return 1;
-#endif
 }
-
-#define NFCT_ESTABLISHED_REPLY 3 /* IP_CT_ESTABLISHED_REPLY */
 
 /*
  * Whether the packet is a reply of a connection whose destination netfilter
  * translated (kube-proxy's Service DNAT); then o->daddr and o->dport hold
  * the REPLY tuple's source: the address and port the stack delivered the
  * connection's packets to, before translating the reply back (o's other
- * fields are not written). 0 where nfct_snat_source is 0. Four reads of
+ * fields are not written). 0 where nfct_entry is NULL. Four reads of
  * kernel memory: policy_judge asks once per pending flow a node socket
  * answers (pol_pending_local).
  */
 static __noinline int nfct_dnat_reply(struct __sk_buff *skb, struct nfct_orig *o)
 {
-#ifdef EBPF_CNI_COMPAT
-	return 0;
-#else
-	struct sk_buff___nfct *kskb = (void *)skb;
-	struct nf_conn___nfct *ct;
+	struct nf_conn___nfct *ct = nfct_entry(skb, &o->nfct, &o->status, 1, NFCT_IPS_DST_NAT);
 
-	if (!__builtin_preserve_field_info(kskb->_nfct, NFCT_FIELD_EXISTS) ||
-	    !__builtin_preserve_type_info(*(struct nf_conn___nfct *)0, NFCT_TYPE_EXISTS))
-		return 0;
-	if (bpf_probe_read_kernel(&o->nfct, sizeof(o->nfct), __builtin_preserve_access_index(&kskb->_nfct)))
-		return 0;
-	if ((o->nfct & NFCT_INFOMASK) != NFCT_ESTABLISHED_REPLY)
-		return 0;
-	ct = (void *)(o->nfct & ~NFCT_INFOMASK);
 	if (!ct)
-		return 0;
-	if (bpf_probe_read_kernel(&o->status, sizeof(o->status), __builtin_preserve_access_index(&ct->status)) ||
-	    !(o->status & NFCT_IPS_DST_NAT))
 		return 0;
 	if (bpf_probe_read_kernel(o->daddr, sizeof(o->daddr), __builtin_preserve_access_index(&ct->tuplehash[1].tuple.src.u3)) ||
 	    bpf_probe_read_kernel(&o->dport, sizeof(o->dport), __builtin_preserve_access_index(&ct->tuplehash[1].tuple.src.u.all)))
 		return 0;
 	return 1;
-#endif
 }

@@ -232,40 +232,21 @@ func (m *Maps) migrateV3(dir string, v4 bool) []migrateCopier {
 	// state and the flows seen start anew (a flow is announced again).
 	// From v4 the tunnel's peers and the links judging deferred egress
 	// are copied too, so the trust rule knows the nodes before the agent
-	// writes them again.
-	table := []migrateCopier{
-		{nameEndpoints, copyHash[EndpointKey, EndpointInfo], 0},
-		{nameLinks, copyHash[uint32, LinkInfo], 0},
-		{nameStats, copyHash[StatsKey, []StatsVal], 0},
-		{nameBandwidth, copyHash[BandwidthKey, BandwidthState], 0},
-		{nameNetns, copyHash[uint64, NetnsInfo], 0},
-		{nameHostPorts, copyHash[HostPortKey, HostPortVal], 0},
-		{nameCT, copyHash[CTKey, CTVal], 0},
-		{nameNodeIPs, copyHash[EndpointKey, uint32], 0},
-		{nameHPConfig, copyArray[NodeConfig], 0},
-		{nameSockRNAT, copyHash[SockRNATKey, SockRNATVal], 0},
-		{nameHPStats, copyPerCPUArray, 0},
-		{nameSNAT, copyHash[SNATKey, SNATVal], 0},
-		{nameClusterCIDRs, copyHash[CIDRKey, uint32], 0},
-		{nameClusterRefs, copyHash[CIDRRefKey, uint32], 0},
-		{nameMasqStats, copyPerCPUArray, 0},
-		{nameMasqConfig, copyArray[MasqConfig], 0},
-		{nameMasqShare, copyHash[MasqShareKey, uint32], 0},
-		{nameStackFlows, copyHash[StackFlowKey, StackFlowVal], 0},
-		{nameStackFlowParts, m.innerCopier(dir), 0},
-		{nameEvConfig, copyArray[EventConfig], 0},
-		{nameEvPods, copyHash[uint32, uint32], 0},
-		{namePolState, copyHash[uint32, PolicyState], 0},
-		{namePolAddrs, copyHash[PolicyAddrKey, PolicyAddrVal], 0},
-		{namePolPorts, copyHash[PolicyPortKey, uint32], 0},
-		{namePolCTParts, m.innerCopier(dir), 0},
-		{namePolFragParts, m.innerCopier(dir), 0},
+	// writes them again. So: v2's copiers, then v3's own maps.
+	table := append(migrateV2(),
+		migrateCopier{nameStackFlowParts, m.innerCopier(dir), 0},
+		migrateCopier{nameEvConfig, copyArray[EventConfig], 0},
+		migrateCopier{nameEvPods, copyHash[uint32, uint32], 0},
+		migrateCopier{namePolState, copyHash[uint32, PolicyState], 0},
+		migrateCopier{namePolAddrs, copyHash[PolicyAddrKey, PolicyAddrVal], 0},
+		migrateCopier{namePolPorts, copyHash[PolicyPortKey, uint32], 0},
+		migrateCopier{namePolCTParts, m.innerCopier(dir), 0},
+		migrateCopier{namePolFragParts, m.innerCopier(dir), 0},
 		// The pods' shares of cni_snat go with its flows (the quota
 		// itself is derived from the sizing at Create).
-		{nameMasqPods, copyHash[uint32, MasqPodVal], 0},
-		{nameMasqKeys, copyArray[MasqKeysVal], 0},
-		{namePolConfig, copyArray[PolicyConfig], 0},
-	}
+		migrateCopier{nameMasqPods, copyHash[uint32, MasqPodVal], 0},
+		migrateCopier{nameMasqKeys, copyArray[MasqKeysVal], 0},
+		migrateCopier{namePolConfig, copyArray[PolicyConfig], 0})
 	if v4 {
 		table = append(table,
 			migrateCopier{nameTunNodes, copyHash[EndpointKey, uint32], 0},

@@ -6,10 +6,8 @@
 package integration
 
 import (
-	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -99,14 +97,7 @@ func forgedToPod(from, to net.HardwareAddr, src, dst net.IP) [][]byte {
 func TestTunnelClearForgedPeerPodSource(t *testing.T) {
 	lab := newTunLab(t)
 	n1, n2, n3 := lab.nodes[0], lab.nodes[1], lab.nodes[2]
-	must(t, n1.InNode(func() error {
-		for _, k := range []string{"net.ipv4.conf.all.rp_filter", "net.ipv4.conf.uplink0.rp_filter"} {
-			if err := tunSysctl(k, "2"); err != nil {
-				return err
-			}
-		}
-		return nil
-	}))
+	looseRPFilter(t, n1)
 	startTunAgents(t, lab, "--tunnel-hybrid")
 	p1, r1 := n1.RunPod("f1")
 	p2, r2 := n2.RunPod("f2")
@@ -213,21 +204,8 @@ func listenUDP6(t *testing.T, pod ns.NetNS, port int) func(wait time.Duration) [
 func TestTunnelClearPeerPodSourceToNode(t *testing.T) {
 	lab := newTunLab6(t)
 	n1, n3 := lab.nodes[0], lab.nodes[2]
-	must(t, n1.InNode(func() error {
-		for _, k := range []string{"net.ipv4.conf.all.rp_filter", "net.ipv4.conf.uplink0.rp_filter"} {
-			if err := tunSysctl(k, "2"); err != nil {
-				return err
-			}
-		}
-		return nil
-	}))
-	cluster := []string{tunCluster, tunCluster6}
-	for i := range tunNode {
-		cluster = append(cluster, tunNode[i].String()+"/32", tunNode6[i].String()+"/128")
-	}
-	for _, e := range lab.nodes {
-		e.Extra["clusterCIDRs"] = cluster
-	}
+	looseRPFilter(t, n1)
+	lab.nodesInCluster(true)
 	agents := startTunAgents(t, lab)
 	p3, r3 := n3.RunPod("old3")
 	a3, a36 := testenv.PodIPs(t, r3)
@@ -246,12 +224,7 @@ func TestTunnelClearPeerPodSourceToNode(t *testing.T) {
 	agents[2].Stop()
 	p4, p6 := tunPods(2)
 	must(t, n3.InNode(func() error {
-		for _, c := range [][]string{{"-4", "rule", "del", "from", p4, "lookup", "199"}, {"-6", "rule", "del", "from", p6, "lookup", "199"}} {
-			if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
-				return fmt.Errorf("ip %s: %v: %s", strings.Join(c, " "), err, out)
-			}
-		}
-		return nil
+		return ipCmds([]string{"-4", "rule", "del", "from", p4, "lookup", "199"}, []string{"-6", "rule", "del", "from", p6, "lookup", "199"})
 	}))
 	if rules := tunNodeRules(t, n3); len(rules) != 0 {
 		t.Fatalf("node 3 still has rules to table 199: %q", rules)

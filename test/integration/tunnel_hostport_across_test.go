@@ -24,9 +24,7 @@ import (
 func TestTunnelHostPortFromPodAcross(t *testing.T) {
 	lab := newTunLab(t)
 	n1, n3 := lab.nodes[0], lab.nodes[2]
-	for _, e := range lab.nodes {
-		e.Extra["clusterCIDRs"] = []string{tunCluster, tunCluster6, tunNode[0].String() + "/32", tunNode[1].String() + "/32", tunNode[2].String() + "/32"}
-	}
+	lab.nodesInCluster(false)
 	startTunAgents(t, lab)
 	p1, r1 := n1.RunPod("c1")
 	a1, _ := testenv.PodIPs(t, r1)

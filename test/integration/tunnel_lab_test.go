@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -162,6 +163,46 @@ func newTunLab(t *testing.T) *tunLab {
 		t.Fatal(err)
 	}
 	return lab
+}
+
+// nodesInCluster makes the nodes' addresses cluster CIDRs on every node,
+// as the agent following Nodes does (nodeClusterCIDRs): the IPv4 ones, and
+// with six the IPv6 underlay's too (newTunLab6).
+func (lab *tunLab) nodesInCluster(six bool) {
+	cluster := []string{tunCluster, tunCluster6}
+	for i := range tunNode {
+		cluster = append(cluster, tunNode[i].String()+"/32")
+		if six {
+			cluster = append(cluster, tunNode6[i].String()+"/128")
+		}
+	}
+	for _, e := range lab.nodes {
+		e.Extra["clusterCIDRs"] = cluster
+	}
+}
+
+// looseRPFilter sets node e's IPv4 reverse-path filter loose (2): a source
+// routable by any link passes, as a pod CIDR of a tunnelled node does.
+func looseRPFilter(t *testing.T, e *testenv.Env) {
+	t.Helper()
+	must(t, e.InNode(func() error {
+		for _, k := range []string{"net.ipv4.conf.all.rp_filter", "net.ipv4.conf.uplink0.rp_filter"} {
+			if err := tunSysctl(k, "2"); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
+}
+
+// ipCmds runs `ip` with each argument list in the current netns.
+func ipCmds(cmds ...[]string) error {
+	for _, c := range cmds {
+		if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(c, " "), err, out)
+		}
+	}
+	return nil
 }
 
 // tunIfindex is the tunnel device of a node, with its MTU.

@@ -69,13 +69,7 @@ func TestTunnelPodToNodeSourceChecked(t *testing.T) {
 		}
 		return nil
 	}))
-	cluster := []string{tunCluster, tunCluster6}
-	for i := range tunNode {
-		cluster = append(cluster, tunNode[i].String()+"/32", tunNode6[i].String()+"/128")
-	}
-	for _, e := range lab.nodes {
-		e.Extra["clusterCIDRs"] = cluster
-	}
+	lab.nodesInCluster(true)
 	startTunAgents(t, lab)
 	p1, r1 := n1.RunPod("pn1")
 	a1, a16 := testenv.PodIPs(t, r1)
@@ -147,9 +141,7 @@ func tunNodeRules(t *testing.T, e *testenv.Env) []string {
 func TestTunnelPodToNodeLifecycle(t *testing.T) {
 	lab := newTunLab(t)
 	n1, n2, n3 := lab.nodes[0], lab.nodes[1], lab.nodes[2]
-	for _, e := range lab.nodes {
-		e.Extra["clusterCIDRs"] = []string{tunCluster, tunCluster6, tunNode[0].String() + "/32", tunNode[1].String() + "/32", tunNode[2].String() + "/32"}
-	}
+	lab.nodesInCluster(false)
 	agents := startTunAgents(t, lab, "--tunnel-hybrid", "--reconcile-interval", "1s")
 	p1, r1 := n1.RunPod("lc1")
 	a1, _ := testenv.PodIPs(t, r1)

@@ -33,9 +33,7 @@ func TestTunnelServicesAcross(t *testing.T) {
 	// Nodes makes them (nodeClusterCIDRs): pod 3's UDP reply to node 1's
 	// address (kube-proxy's masquerade of the NodePort client) is then not
 	// masqueraded again by node 3.
-	for _, e := range lab.nodes {
-		e.Extra["clusterCIDRs"] = []string{tunCluster, tunCluster6, tunNode[0].String() + "/32", tunNode[1].String() + "/32", tunNode[2].String() + "/32"}
-	}
+	lab.nodesInCluster(false)
 	startTunAgents(t, lab)
 	p1, r1 := n1.RunPod("s1")
 	p3, r3 := n3.RunPod("s3")

@@ -5,7 +5,6 @@
 package integration
 
 import (
-	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -73,21 +72,8 @@ func waitPeerSyncs(t *testing.T, a *testenv.AgentProc, n int) {
 func TestTunnelRoutingLeavesForeignTable199(t *testing.T) {
 	lab := newTunLab(t)
 	n1 := lab.nodes[0]
-	cluster := []string{tunCluster, tunCluster6}
-	for i := range tunNode {
-		cluster = append(cluster, tunNode[i].String()+"/32")
-	}
-	for _, e := range lab.nodes {
-		e.Extra["clusterCIDRs"] = cluster
-	}
-	must(t, n1.InNode(func() error {
-		for _, c := range foreign199 {
-			if out, err := exec.Command("ip", c...).CombinedOutput(); err != nil {
-				return fmt.Errorf("ip %s: %v: %s", strings.Join(c, " "), err, out)
-			}
-		}
-		return nil
-	}))
+	lab.nodesInCluster(false)
+	must(t, n1.InNode(func() error { return ipCmds(foreign199...) }))
 	startOff := func() *testenv.AgentProc {
 		a := n1.StartAgent(n1.WriteConfDir(), "--peers", lab.peers, "--metrics-addr", "", "--reconcile-interval", "1s")
 		waitPeerSyncs(t, a, 2)
