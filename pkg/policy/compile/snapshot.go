@@ -35,18 +35,35 @@ type Snapshot struct {
 	policies   map[string]map[string]*policyEntry // namespace, name
 	endpoints  map[PodKey]policy.Endpoint         // the cache
 	dirty      map[PodKey]struct{}                // changed since TakeDirty
+	// groups: the answers compiled since the last change, by groupKey
+	// (pods with equal keys have equal answers); emptied by every change.
+	groups map[string]policy.Endpoint
+	// sameRules: the policies by rulesKey. Equal rules in one namespace
+	// resolve alike and every change invalidates them alike (feeds,
+	// selectorFlips and nsSelectorsFlip read only the rules), so one's
+	// resolution serves all (resolve).
+	sameRules map[string]map[*policyEntry]struct{}
 }
 
 type policyEntry struct {
 	*parsedPolicy
 	spec networkingv1.NetworkPolicySpec // as given, to tell a resync from a change
 	res  *resolved                      // nil: the peers changed since it was computed
+	// selected: the names of the pods of its namespace podSel matches,
+	// kept as pods come, go and change labels, so marking them costs
+	// them, not a scan of the namespace.
+	selected map[string]struct{}
 }
 
 // resolved is a policy's rules with their peers turned into addresses, for
 // whichever pod it selects; only ingress named ports wait for the pod.
 type resolved struct {
 	in, eg []resolvedRule
+	// The flattened contributions (share.go), computed when first needed:
+	// ingress per resolution of its named ports on the selected pod.
+	inFlat map[string][]policy.Allow
+	egFlat []policy.Allow
+	egDone bool
 }
 
 type resolvedRule struct {
@@ -65,6 +82,8 @@ func New() *Snapshot {
 		policies:   map[string]map[string]*policyEntry{},
 		endpoints:  map[PodKey]policy.Endpoint{},
 		dirty:      map[PodKey]struct{}{},
+		groups:     map[string]policy.Endpoint{},
+		sameRules:  map[string]map[*policyEntry]struct{}{},
 	}
 }
 
@@ -91,6 +110,17 @@ func (s *Snapshot) UpsertPod(p Pod) {
 	if old != nil && samePod(old, &p) {
 		return // a status update or a resync: nothing the compiler reads
 	}
+	clear(s.groups)
+	if old == nil || !maps.Equal(old.Labels, p.Labels) {
+		lbls := labels.Set(p.Labels)
+		for _, pe := range s.policies[p.Namespace] {
+			if pe.podSel.Matches(lbls) {
+				pe.selected[p.Name] = struct{}{}
+			} else {
+				delete(pe.selected, p.Name)
+			}
+		}
+	}
 	s.podChanged(old, &p)
 }
 
@@ -110,6 +140,10 @@ func (s *Snapshot) DeletePod(namespace, name string) {
 	delete(s.pods[namespace], name)
 	if len(s.pods[namespace]) == 0 {
 		delete(s.pods, namespace)
+	}
+	clear(s.groups)
+	for _, pe := range s.policies[namespace] {
+		delete(pe.selected, name)
 	}
 	s.podChanged(old, nil)
 }
@@ -228,6 +262,7 @@ func (s *Snapshot) UpsertNamespace(name string, lbls map[string]string) {
 	defer s.mu.Unlock()
 	old := s.nsLabels(name)
 	s.namespaces[name] = l
+	clear(s.groups)
 	s.nsChanged(old, l)
 }
 
@@ -241,6 +276,7 @@ func (s *Snapshot) DeleteNamespace(name string) {
 		return
 	}
 	delete(s.namespaces, name)
+	clear(s.groups)
 	s.nsChanged(old, s.nsLabels(name))
 }
 
@@ -283,12 +319,30 @@ func (s *Snapshot) UpsertPolicy(np *networkingv1.NetworkPolicy) error {
 	if old != nil && apiequality.Semantic.DeepEqual(old.spec, np.Spec) {
 		return err // a resync or a metadata change: same rules
 	}
-	if old != nil {
-		s.markSelected(old.parsedPolicy)
+	clear(s.groups)
+	pe := &policyEntry{parsedPolicy: p, spec: *np.Spec.DeepCopy(), selected: map[string]struct{}{}}
+	for name, pod := range s.pods[np.Namespace] {
+		if p.podSel.Matches(labels.Set(pod.Labels)) {
+			pe.selected[name] = struct{}{}
+		}
 	}
-	pe := &policyEntry{parsedPolicy: p, spec: *np.Spec.DeepCopy()}
+	if old != nil {
+		s.markSelected(old)
+		s.forgetRules(old)
+		if p.rulesKey != "" && old.rulesKey == p.rulesKey {
+			pe.res = old.res // its selector changed, not its peers
+		}
+	}
 	byName[np.Name] = pe
-	s.markSelected(p)
+	if p.rulesKey != "" {
+		set := s.sameRules[p.rulesKey]
+		if set == nil {
+			set = map[*policyEntry]struct{}{}
+			s.sameRules[p.rulesKey] = set
+		}
+		set[pe] = struct{}{}
+	}
+	s.markSelected(pe)
 	return err
 }
 
@@ -304,19 +358,28 @@ func (s *Snapshot) DeletePolicy(namespace, name string) {
 	if len(s.policies[namespace]) == 0 {
 		delete(s.policies, namespace)
 	}
-	s.markSelected(old.parsedPolicy)
+	clear(s.groups)
+	s.forgetRules(old)
+	s.markSelected(old)
+}
+
+func (s *Snapshot) forgetRules(pe *policyEntry) {
+	if set := s.sameRules[pe.rulesKey]; set != nil {
+		delete(set, pe)
+		if len(set) == 0 {
+			delete(s.sameRules, pe.rulesKey)
+		}
+	}
 }
 
 func (s *Snapshot) invalidate(pe *policyEntry) {
 	pe.res = nil
-	s.markSelected(pe.parsedPolicy)
+	s.markSelected(pe)
 }
 
-func (s *Snapshot) markSelected(p *parsedPolicy) {
-	for name, pod := range s.pods[p.key.Namespace] {
-		if p.podSel.Matches(labels.Set(pod.Labels)) {
-			s.markDirty(PodKey{p.key.Namespace, name})
-		}
+func (s *Snapshot) markSelected(pe *policyEntry) {
+	for name := range pe.selected {
+		s.markDirty(PodKey{pe.key.Namespace, name})
 	}
 }
 
@@ -358,7 +421,7 @@ func comparePodKey(a, b PodKey) int {
 // Endpoint is the compiled policy of a pod; false when the snapshot does not
 // know the pod (the agent then keeps the interface closed). A host-network
 // pod is never isolated. The result is shared with the cache: read it, do
-// not modify it.
+// not modify it (pods compiled alike share it too).
 func (s *Snapshot) Endpoint(namespace, name string) (policy.Endpoint, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -373,48 +436,6 @@ func (s *Snapshot) Endpoint(namespace, name string) (policy.Endpoint, bool) {
 	ep := s.compile(pod)
 	s.endpoints[k] = ep
 	return ep, true
-}
-
-func (s *Snapshot) compile(pod *Pod) policy.Endpoint {
-	var ep policy.Endpoint
-	if pod.HostNetwork {
-		return ep
-	}
-	var in, eg []atom
-	for name, pe := range s.policies[pod.Namespace] {
-		if !pe.podSel.Matches(labels.Set(pod.Labels)) {
-			continue
-		}
-		ep.Policies = append(ep.Policies, pod.Namespace+"/"+name)
-		res := s.resolve(pe)
-		if pe.ingress {
-			ep.Ingress.Isolated = true
-			for _, rr := range res.in {
-				in = append(in, rr.atoms...)
-				if len(rr.named) == 0 {
-					continue
-				}
-				own := namedOn(pod, rr.named)
-				if own.empty() {
-					continue
-				}
-				for _, a := range rr.peers {
-					a.ports = own
-					in = append(in, a)
-				}
-			}
-		}
-		if pe.egress {
-			ep.Egress.Isolated = true
-			for _, rr := range res.eg {
-				eg = append(eg, rr.atoms...)
-			}
-		}
-	}
-	slices.Sort(ep.Policies)
-	ep.Ingress.Allows = flatten(in)
-	ep.Egress.Allows = flatten(eg)
-	return ep
 }
 
 // namedOn resolves named ports on a pod's container ports (name and
@@ -443,6 +464,12 @@ var everywhere = []atom{
 func (s *Snapshot) resolve(pe *policyEntry) *resolved {
 	if pe.res != nil {
 		return pe.res
+	}
+	for o := range s.sameRules[pe.rulesKey] {
+		if o.res != nil {
+			pe.res = o.res
+			return o.res
+		}
 	}
 	res := &resolved{}
 	for _, r := range pe.inRules {
