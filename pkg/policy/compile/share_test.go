@@ -465,3 +465,24 @@ func TestEqualRulesShareResolution(t *testing.T) {
 		t.Fatalf("w no longer selected: %+v", ep)
 	}
 }
+
+// TestDeletedPodLeavesSelection: a deleted pod leaves the policies'
+// selected sets: a later change of the policy that selected it marks only
+// the pods still there (and the sets do not grow with pod churn).
+func TestDeletedPodLeavesSelection(t *testing.T) {
+	lbl := map[string]string{"app": "web"}
+	a := Pod{Namespace: "x", Name: "a", Labels: lbl, IPs: addrs("10.0.0.1")}
+	b := Pod{Namespace: "x", Name: "b", Labels: lbl, IPs: addrs("10.0.0.2")}
+	s := snap(t, []Pod{a, b}, namedIngressPolicy("p", lbl, "http"))
+	s.DeletePod("x", "b")
+	s.TakeDirty()
+	if err := s.UpsertPolicy(namedIngressPolicy("p", lbl, "https")); err != nil {
+		t.Fatal(err)
+	}
+	if d := s.TakeDirty(); !reflect.DeepEqual(d, []PodKey{{"x", "a"}}) {
+		t.Fatalf("dirty after the change: %v, want only x/a", d)
+	}
+	if sel := s.policies["x"]["p"].selected; len(sel) != 1 {
+		t.Fatalf("selected %v", sel)
+	}
+}
