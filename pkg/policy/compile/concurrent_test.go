@@ -99,7 +99,7 @@ func TestConcurrentUse(t *testing.T) {
 		fe := &policyEntry{parsedPolicy: pe.parsedPolicy, selected: map[string]struct{}{}}
 		for name, pod := range final.pods[pe.key.Namespace] {
 			if pe.podSel.Matches(labels.Set(pod.Labels)) {
-				fe.selected[name] = struct{}{}
+				final.setSelected(fe, name, true)
 			}
 		}
 		byName[pe.key.Name] = fe

@@ -57,11 +57,10 @@ func (s *Snapshot) compile(pod *Pod) policy.Endpoint {
 
 // selecting returns the policies selecting pod, by name.
 func (s *Snapshot) selecting(pod *Pod) []*policyEntry {
-	var sel []*policyEntry
-	for _, pe := range s.policies[pod.Namespace] {
-		if _, ok := pe.selected[pod.Name]; ok {
-			sel = append(sel, pe)
-		}
+	by := s.selectedBy[PodKey{pod.Namespace, pod.Name}]
+	sel := make([]*policyEntry, 0, len(by))
+	for pe := range by {
+		sel = append(sel, pe)
 	}
 	slices.SortFunc(sel, func(a, b *policyEntry) int { return strings.Compare(a.key.Name, b.key.Name) })
 	return sel

@@ -485,4 +485,7 @@ func TestDeletedPodLeavesSelection(t *testing.T) {
 	if sel := s.policies["x"]["p"].selected; len(sel) != 1 {
 		t.Fatalf("selected %v", sel)
 	}
+	if by, ok := s.selectedBy[PodKey{"x", "b"}]; ok {
+		t.Fatalf("x/b still selected by %v", by)
+	}
 }

@@ -43,6 +43,9 @@ type Snapshot struct {
 	// selectorFlips and nsSelectorsFlip read only the rules), so one's
 	// resolution serves all (resolve).
 	sameRules map[string]map[*policyEntry]struct{}
+	// selectedBy is the policies selecting each pod: policyEntry.selected
+	// the other way round (setSelected keeps both).
+	selectedBy map[PodKey]map[*policyEntry]struct{}
 }
 
 type policyEntry struct {
@@ -84,6 +87,7 @@ func New() *Snapshot {
 		dirty:      map[PodKey]struct{}{},
 		groups:     map[string]policy.Endpoint{},
 		sameRules:  map[string]map[*policyEntry]struct{}{},
+		selectedBy: map[PodKey]map[*policyEntry]struct{}{},
 	}
 }
 
@@ -114,11 +118,7 @@ func (s *Snapshot) UpsertPod(p Pod) {
 	if old == nil || !maps.Equal(old.Labels, p.Labels) {
 		lbls := labels.Set(p.Labels)
 		for _, pe := range s.policies[p.Namespace] {
-			if pe.podSel.Matches(lbls) {
-				pe.selected[p.Name] = struct{}{}
-			} else {
-				delete(pe.selected, p.Name)
-			}
+			s.setSelected(pe, p.Name, pe.podSel.Matches(lbls))
 		}
 	}
 	s.podChanged(old, &p)
@@ -143,7 +143,7 @@ func (s *Snapshot) DeletePod(namespace, name string) {
 	}
 	clear(s.groups)
 	for _, pe := range s.policies[namespace] {
-		delete(pe.selected, name)
+		s.setSelected(pe, name, false)
 	}
 	s.podChanged(old, nil)
 }
@@ -321,19 +321,20 @@ func (s *Snapshot) UpsertPolicy(np *networkingv1.NetworkPolicy) error {
 	}
 	clear(s.groups)
 	pe := &policyEntry{parsedPolicy: p, spec: *np.Spec.DeepCopy(), selected: map[string]struct{}{}}
-	for name, pod := range s.pods[np.Namespace] {
-		if p.podSel.Matches(labels.Set(pod.Labels)) {
-			pe.selected[name] = struct{}{}
-		}
-	}
 	if old != nil {
 		s.markSelected(old)
+		s.unselectAll(old)
 		s.forgetRules(old)
 		if p.rulesKey != "" && old.rulesKey == p.rulesKey {
 			pe.res = old.res // its selector changed, not its peers
 		}
 	}
 	byName[np.Name] = pe
+	for name, pod := range s.pods[np.Namespace] {
+		if p.podSel.Matches(labels.Set(pod.Labels)) {
+			s.setSelected(pe, name, true)
+		}
+	}
 	if p.rulesKey != "" {
 		set := s.sameRules[p.rulesKey]
 		if set == nil {
@@ -361,6 +362,36 @@ func (s *Snapshot) DeletePolicy(namespace, name string) {
 	clear(s.groups)
 	s.forgetRules(old)
 	s.markSelected(old)
+	s.unselectAll(old)
+}
+
+// setSelected records whether pe selects the pod name of its namespace,
+// in both indexes.
+func (s *Snapshot) setSelected(pe *policyEntry, name string, on bool) {
+	k := PodKey{pe.key.Namespace, name}
+	if on {
+		pe.selected[name] = struct{}{}
+		by := s.selectedBy[k]
+		if by == nil {
+			by = map[*policyEntry]struct{}{}
+			s.selectedBy[k] = by
+		}
+		by[pe] = struct{}{}
+		return
+	}
+	delete(pe.selected, name)
+	if by := s.selectedBy[k]; by != nil {
+		delete(by, pe)
+		if len(by) == 0 {
+			delete(s.selectedBy, k)
+		}
+	}
+}
+
+func (s *Snapshot) unselectAll(pe *policyEntry) {
+	for name := range pe.selected {
+		s.setSelected(pe, name, false)
+	}
 }
 
 func (s *Snapshot) forgetRules(pe *policyEntry) {
