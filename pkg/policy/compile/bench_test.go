@@ -222,7 +222,10 @@ func BenchmarkCompilePolicyUpdate(b *testing.B) {
 	for b.Loop() {
 		gen++
 		np := benchPolicy(gen%benchNamespaces, gen%benchPolsPerNS)
-		np.Labels = map[string]string{"gen": fmt.Sprint(gen)}
+		// A change of its rules (an equal spec would be a resync: nothing
+		// to do): one more ingress port, another at each op.
+		v := intstr.FromInt32(int32(1000 + gen%2))
+		np.Spec.Ingress = append(np.Spec.Ingress, networkingv1.NetworkPolicyIngressRule{Ports: []networkingv1.NetworkPolicyPort{{Port: &v}}})
 		if err := s.UpsertPolicy(np); err != nil {
 			b.Fatal(err)
 		}
@@ -289,8 +292,14 @@ func BenchmarkCompileWidePeer(b *testing.B) {
 			b.ReportAllocs()
 			entries := 0
 			start := cpuTime(b)
+			gen := 0
 			for b.Loop() {
-				s.UpsertPod(spread(benchPod(0, 0, 0))) // dirties ns0/pod0 only
+				// A label no selector reads, another at each op: dirties
+				// ns0/pod0 only (an equal pod would be a resync).
+				gen++
+				p := spread(benchPod(0, 0, 0))
+				p.Labels["gen"] = fmt.Sprint(gen % 2)
+				s.UpsertPod(p)
 				ep, _ := s.Endpoint("ns0", "pod0")
 				entries = len(ep.Ingress.Allows)
 			}
