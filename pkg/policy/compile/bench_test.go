@@ -316,36 +316,71 @@ func BenchmarkCompileWidePeer(b *testing.B) {
 // port; one op: "local" moves its port and the 110 local pods recompile.
 // "shared" is Snapshot.Endpoint; "per-pod" compiles each pod on its own
 // from all its atoms, as before the pods shared work.
-func BenchmarkCompileNodeChange(b *testing.B) {
-	const (
-		pods, local, policies = 1000, 110, 500
-	)
-	pol := func(name string, sel map[string]string, port int32) *networkingv1.NetworkPolicy {
-		np := &networkingv1.NetworkPolicy{}
-		np.Namespace, np.Name = "bench", name
-		np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: sel}
-		v := intstr.FromInt32(port)
-		np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
-			From: []networkingv1.NetworkPolicyPeer{
-				{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "peer"}}},
-				{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "local"}}},
-			},
-			Ports: []networkingv1.NetworkPolicyPort{{Port: &v}},
-		}}
-		return np
+const nodePods, nodeLocal, nodePolicies = 1000, 110, 500
+
+// nodePolicy is a policy of BenchmarkCompileNodeChange's namespace.
+func nodePolicy(name string, sel map[string]string, port int32) *networkingv1.NetworkPolicy {
+	np := &networkingv1.NetworkPolicy{}
+	np.Namespace, np.Name = "bench", name
+	np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: sel}
+	v := intstr.FromInt32(port)
+	np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+		From: []networkingv1.NetworkPolicyPeer{
+			{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "peer"}}},
+			{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "local"}}},
+		},
+		Ports: []networkingv1.NetworkPolicyPort{{Port: &v}},
+	}}
+	return np
+}
+
+// nodePod is pod i of BenchmarkCompileNodeChange's namespace (the first
+// nodeLocal are the node's).
+func nodePod(i int) Pod {
+	role := "peer"
+	if i < nodeLocal {
+		role = "local"
 	}
+	return Pod{Namespace: "bench", Name: fmt.Sprintf("p%04d", i),
+		Labels: map[string]string{"app": fmt.Sprintf("a%d", i%nodePolicies), "role": role},
+		IPs:    []netip.Addr{netip.AddrFrom4([4]byte{10, 245, byte(i / 256), byte(i % 256)})}}
+}
+
+// BenchmarkCompileFirstList: an agent's first list at the scale of
+// BenchmarkCompileNodeChange, the policies delivered before the pods (each
+// new pod is a peer of all 500), then the 110 local pods compiled.
+func BenchmarkCompileFirstList(b *testing.B) {
+	b.ReportAllocs()
+	start := cpuTime(b)
+	for b.Loop() {
+		s := New()
+		for i := range nodePolicies - 1 {
+			if err := s.UpsertPolicy(nodePolicy(fmt.Sprintf("p%03d", i), map[string]string{"app": fmt.Sprintf("a%d", i)}, 80)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := s.UpsertPolicy(nodePolicy("local", map[string]string{"role": "local"}, 6000)); err != nil {
+			b.Fatal(err)
+		}
+		for i := range nodePods {
+			s.UpsertPod(nodePod(i))
+		}
+		for i := range nodeLocal {
+			s.Endpoint("bench", nodePod(i).Name)
+		}
+	}
+	reportCPU(b, start)
+}
+
+func BenchmarkCompileNodeChange(b *testing.B) {
+	const pods, local, policies = nodePods, nodeLocal, nodePolicies
+	pol := nodePolicy
 	for _, mode := range []string{"shared", "per-pod"} {
 		b.Run(mode, func(b *testing.B) {
 			s := New()
 			var locals []PodKey
 			for i := range pods {
-				role := "peer"
-				if i < local {
-					role = "local"
-				}
-				p := Pod{Namespace: "bench", Name: fmt.Sprintf("p%04d", i),
-					Labels: map[string]string{"app": fmt.Sprintf("a%d", i%policies), "role": role},
-					IPs:    []netip.Addr{netip.AddrFrom4([4]byte{10, 245, byte(i / 256), byte(i % 256)})}}
+				p := nodePod(i)
 				s.UpsertPod(p)
 				if i < local {
 					locals = append(locals, PodKey{p.Namespace, p.Name})

@@ -42,16 +42,20 @@ type Snapshot struct {
 	// resolve alike and every change invalidates them alike (feeds,
 	// selectorFlips and nsSelectorsFlip read only the rules), so one's
 	// resolution serves all (resolve).
-	sameRules map[string]map[*policyEntry]struct{}
+	sameRules map[string]*ruleGroup
 	// selectedBy is the policies selecting each pod: policyEntry.selected
 	// the other way round (setSelected keeps both).
 	selectedBy map[PodKey]map[*policyEntry]struct{}
 }
 
+// ruleGroup is the policies of a namespace with equal rules (sameRules).
+type ruleGroup struct{ members map[*policyEntry]struct{} }
+
 type policyEntry struct {
 	*parsedPolicy
-	spec networkingv1.NetworkPolicySpec // as given, to tell a resync from a change
-	res  *resolved                      // nil: the peers changed since it was computed
+	spec  networkingv1.NetworkPolicySpec // as given, to tell a resync from a change
+	res   *resolved                      // nil: the peers changed since it was computed
+	group *ruleGroup                     // the policies with its rules; nil: shares nothing
 	// selected: the names of the pods of its namespace podSel matches,
 	// kept as pods come, go and change labels, so marking them costs
 	// them, not a scan of the namespace.
@@ -86,7 +90,7 @@ func New() *Snapshot {
 		endpoints:  map[PodKey]policy.Endpoint{},
 		dirty:      map[PodKey]struct{}{},
 		groups:     map[string]policy.Endpoint{},
-		sameRules:  map[string]map[*policyEntry]struct{}{},
+		sameRules:  map[string]*ruleGroup{},
 		selectedBy: map[PodKey]map[*policyEntry]struct{}{},
 	}
 }
@@ -162,13 +166,18 @@ func (s *Snapshot) podChanged(old, cur *Pod) {
 	// peers change only where one of its selectors flips on the pod.
 	relabel := old != nil && cur != nil && old.HostNetwork == cur.HostNetwork &&
 		slices.Equal(old.IPs, cur.IPs) && slices.Equal(old.Ports, cur.Ports)
+	// Policies with equal rules get the same answer: asked once.
+	byRules := map[*ruleGroup]bool{}
 	for _, byName := range s.policies {
 		for _, pe := range byName {
-			var changed bool
-			if relabel {
-				changed = s.selectorFlips(pe.parsedPolicy, old, cur)
-			} else {
-				changed = (old != nil && s.feeds(pe.parsedPolicy, old)) || (cur != nil && s.feeds(pe.parsedPolicy, cur))
+			changed, ok := byRules[pe.group]
+			if !ok || pe.group == nil {
+				if relabel {
+					changed = s.selectorFlips(pe.parsedPolicy, old, cur)
+				} else {
+					changed = (old != nil && s.feeds(pe.parsedPolicy, old)) || (cur != nil && s.feeds(pe.parsedPolicy, cur))
+				}
+				byRules[pe.group] = changed
 			}
 			if changed {
 				s.invalidate(pe)
@@ -336,12 +345,13 @@ func (s *Snapshot) UpsertPolicy(np *networkingv1.NetworkPolicy) error {
 		}
 	}
 	if p.rulesKey != "" {
-		set := s.sameRules[p.rulesKey]
-		if set == nil {
-			set = map[*policyEntry]struct{}{}
-			s.sameRules[p.rulesKey] = set
+		g := s.sameRules[p.rulesKey]
+		if g == nil {
+			g = &ruleGroup{members: map[*policyEntry]struct{}{}}
+			s.sameRules[p.rulesKey] = g
 		}
-		set[pe] = struct{}{}
+		g.members[pe] = struct{}{}
+		pe.group = g
 	}
 	s.markSelected(pe)
 	return err
@@ -395,9 +405,9 @@ func (s *Snapshot) unselectAll(pe *policyEntry) {
 }
 
 func (s *Snapshot) forgetRules(pe *policyEntry) {
-	if set := s.sameRules[pe.rulesKey]; set != nil {
-		delete(set, pe)
-		if len(set) == 0 {
+	if g := pe.group; g != nil {
+		delete(g.members, pe)
+		if len(g.members) == 0 {
 			delete(s.sameRules, pe.rulesKey)
 		}
 	}
@@ -496,7 +506,11 @@ func (s *Snapshot) resolve(pe *policyEntry) *resolved {
 	if pe.res != nil {
 		return pe.res
 	}
-	for o := range s.sameRules[pe.rulesKey] {
+	var others map[*policyEntry]struct{}
+	if pe.group != nil {
+		others = pe.group.members
+	}
+	for o := range others {
 		if o.res != nil {
 			pe.res = o.res
 			return o.res
