@@ -222,7 +222,10 @@ func BenchmarkCompilePolicyUpdate(b *testing.B) {
 	for b.Loop() {
 		gen++
 		np := benchPolicy(gen%benchNamespaces, gen%benchPolsPerNS)
-		np.Labels = map[string]string{"gen": fmt.Sprint(gen)}
+		// A change of its rules (an equal spec would be a resync: nothing
+		// to do): one more ingress port, another at each op.
+		v := intstr.FromInt32(int32(1000 + gen%2))
+		np.Spec.Ingress = append(np.Spec.Ingress, networkingv1.NetworkPolicyIngressRule{Ports: []networkingv1.NetworkPolicyPort{{Port: &v}}})
 		if err := s.UpsertPolicy(np); err != nil {
 			b.Fatal(err)
 		}
@@ -289,13 +292,137 @@ func BenchmarkCompileWidePeer(b *testing.B) {
 			b.ReportAllocs()
 			entries := 0
 			start := cpuTime(b)
+			gen := 0
 			for b.Loop() {
-				s.UpsertPod(spread(benchPod(0, 0, 0))) // dirties ns0/pod0 only
+				// A label no selector reads, another at each op: dirties
+				// ns0/pod0 only (an equal pod would be a resync).
+				gen++
+				p := spread(benchPod(0, 0, 0))
+				p.Labels["gen"] = fmt.Sprint(gen % 2)
+				s.UpsertPod(p)
 				ep, _ := s.Endpoint("ns0", "pod0")
 				entries = len(ep.Ingress.Allows)
 			}
 			reportCPU(b, start)
 			b.ReportMetric(float64(entries), "ingress-entries")
+		})
+	}
+}
+
+// BenchmarkCompileNodeChange is test/bench/netpol's "policy change to
+// enforcement" without the writer: 1000 pods of one namespace, 500
+// policies, the node's 110 local pods each selected by a policy of its own
+// (app=a<i>) and by "local" (role=local), both admitting all 1000 pods on a
+// port; one op: "local" moves its port and the 110 local pods recompile.
+// "shared" is Snapshot.Endpoint; "per-pod" compiles each pod on its own
+// from all its atoms, as before the pods shared work.
+const nodePods, nodeLocal, nodePolicies = 1000, 110, 500
+
+// nodePolicy is a policy of BenchmarkCompileNodeChange's namespace.
+func nodePolicy(name string, sel map[string]string, port int32) *networkingv1.NetworkPolicy {
+	np := &networkingv1.NetworkPolicy{}
+	np.Namespace, np.Name = "bench", name
+	np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: sel}
+	v := intstr.FromInt32(port)
+	np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+		From: []networkingv1.NetworkPolicyPeer{
+			{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "peer"}}},
+			{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "local"}}},
+		},
+		Ports: []networkingv1.NetworkPolicyPort{{Port: &v}},
+	}}
+	return np
+}
+
+// nodePod is pod i of BenchmarkCompileNodeChange's namespace (the first
+// nodeLocal are the node's).
+func nodePod(i int) Pod {
+	role := "peer"
+	if i < nodeLocal {
+		role = "local"
+	}
+	return Pod{Namespace: "bench", Name: fmt.Sprintf("p%04d", i),
+		Labels: map[string]string{"app": fmt.Sprintf("a%d", i%nodePolicies), "role": role},
+		IPs:    []netip.Addr{netip.AddrFrom4([4]byte{10, 245, byte(i / 256), byte(i % 256)})}}
+}
+
+// BenchmarkCompileFirstList: an agent's first list at the scale of
+// BenchmarkCompileNodeChange, the policies delivered before the pods (each
+// new pod is a peer of all 500), then the 110 local pods compiled.
+func BenchmarkCompileFirstList(b *testing.B) {
+	b.ReportAllocs()
+	start := cpuTime(b)
+	for b.Loop() {
+		s := New()
+		for i := range nodePolicies - 1 {
+			if err := s.UpsertPolicy(nodePolicy(fmt.Sprintf("p%03d", i), map[string]string{"app": fmt.Sprintf("a%d", i)}, 80)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := s.UpsertPolicy(nodePolicy("local", map[string]string{"role": "local"}, 6000)); err != nil {
+			b.Fatal(err)
+		}
+		for i := range nodePods {
+			s.UpsertPod(nodePod(i))
+		}
+		for i := range nodeLocal {
+			s.Endpoint("bench", nodePod(i).Name)
+		}
+	}
+	reportCPU(b, start)
+}
+
+func BenchmarkCompileNodeChange(b *testing.B) {
+	const pods, local, policies = nodePods, nodeLocal, nodePolicies
+	pol := nodePolicy
+	for _, mode := range []string{"shared", "per-pod"} {
+		b.Run(mode, func(b *testing.B) {
+			s := New()
+			var locals []PodKey
+			for i := range pods {
+				p := nodePod(i)
+				s.UpsertPod(p)
+				if i < local {
+					locals = append(locals, PodKey{p.Namespace, p.Name})
+				}
+			}
+			for i := range policies - 1 {
+				if err := s.UpsertPolicy(pol(fmt.Sprintf("p%03d", i), map[string]string{"app": fmt.Sprintf("a%d", i)}, 80)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			isLocal := map[PodKey]bool{}
+			for _, k := range locals {
+				isLocal[k] = true
+			}
+			endpoint := s.Endpoint
+			if mode == "per-pod" {
+				endpoint = s.endpointPerPod
+			}
+			port := int32(6000)
+			change := func() int {
+				port++
+				if err := s.UpsertPolicy(pol("local", map[string]string{"role": "local"}, port)); err != nil {
+					b.Fatal(err)
+				}
+				entries := 0
+				for _, k := range s.TakeDirty() {
+					if isLocal[k] {
+						ep, _ := endpoint(k.Namespace, k.Name)
+						entries += len(ep.Ingress.Allows)
+					}
+				}
+				return entries
+			}
+			change() // the first pass: every policy resolved
+			b.ReportAllocs()
+			entries := 0
+			start := cpuTime(b)
+			for b.Loop() {
+				entries = change()
+			}
+			reportCPU(b, start)
+			b.ReportMetric(float64(entries)/local, "entries/pod")
 		})
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // TestConcurrentUse: informer handlers upsert and delete while the agent's
@@ -94,7 +96,13 @@ func TestConcurrentUse(t *testing.T) {
 			byName = map[string]*policyEntry{}
 			final.policies[pe.key.Namespace] = byName
 		}
-		byName[pe.key.Name] = &policyEntry{parsedPolicy: pe.parsedPolicy}
+		fe := &policyEntry{parsedPolicy: pe.parsedPolicy, selected: map[string]struct{}{}}
+		for name, pod := range final.pods[pe.key.Namespace] {
+			if pe.podSel.Matches(labels.Set(pod.Labels)) {
+				final.setSelected(fe, name, true)
+			}
+		}
+		byName[pe.key.Name] = fe
 		final.mu.Unlock()
 	}
 	for _, ns := range rNS {

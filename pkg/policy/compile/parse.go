@@ -1,6 +1,7 @@
 package compile
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -20,6 +21,9 @@ type parsedPolicy struct {
 	podSel           labels.Selector
 	ingress, egress  bool // the policy types: the directions it isolates
 	inRules, egRules []parsedRule
+	// rulesKey is the namespace and the rules as parsed from: policies
+	// with equal keys resolve to equal peers (see Snapshot.resolve).
+	rulesKey string
 }
 
 type parsedRule struct {
@@ -94,15 +98,37 @@ func parsePolicy(np *networkingv1.NetworkPolicy) (*parsedPolicy, error) {
 			}))
 		}
 	}
+	in, eg := np.Spec.Ingress, np.Spec.Egress
+	if !p.ingress {
+		in = nil
+	}
+	if !p.egress {
+		eg = nil
+	}
 	if badSel {
 		// Whom it selects is unknown: isolate the whole namespace, allow
 		// nothing through this policy.
 		p.inRules, p.egRules = nil, nil
+		in, eg = nil, nil
 	}
+	p.rulesKey = rulesKey(np.Namespace, in, eg)
 	if len(errs) > 0 {
 		return p, fmt.Errorf("networkpolicy %s: %w", p.key, errors.Join(errs...))
 	}
 	return p, nil
+}
+
+// rulesKey is namespace and the rules in a form equal for equal rules
+// (JSON: struct fields in order, map keys sorted).
+func rulesKey(namespace string, in []networkingv1.NetworkPolicyIngressRule, eg []networkingv1.NetworkPolicyEgressRule) string {
+	b, err := json.Marshal(struct {
+		In []networkingv1.NetworkPolicyIngressRule
+		Eg []networkingv1.NetworkPolicyEgressRule
+	}{in, eg})
+	if err != nil {
+		return "" // never for these types; "" shares nothing
+	}
+	return namespace + "\x00" + string(b)
 }
 
 func parseRule(peers []networkingv1.NetworkPolicyPeer, ports []networkingv1.NetworkPolicyPort, bad func(string, ...any)) parsedRule {

@@ -35,18 +35,42 @@ type Snapshot struct {
 	policies   map[string]map[string]*policyEntry // namespace, name
 	endpoints  map[PodKey]policy.Endpoint         // the cache
 	dirty      map[PodKey]struct{}                // changed since TakeDirty
+	// groups: the answers compiled since the last change, by groupKey
+	// (pods with equal keys have equal answers); emptied by every change.
+	groups map[string]policy.Endpoint
+	// sameRules: the policies by rulesKey. Equal rules in one namespace
+	// resolve alike and every change invalidates them alike (feeds,
+	// selectorFlips and nsSelectorsFlip read only the rules), so one's
+	// resolution serves all (resolve).
+	sameRules map[string]*ruleGroup
+	// selectedBy is the policies selecting each pod: policyEntry.selected
+	// the other way round (setSelected keeps both).
+	selectedBy map[PodKey]map[*policyEntry]struct{}
 }
+
+// ruleGroup is the policies of a namespace with equal rules (sameRules).
+type ruleGroup struct{ members map[*policyEntry]struct{} }
 
 type policyEntry struct {
 	*parsedPolicy
-	spec networkingv1.NetworkPolicySpec // as given, to tell a resync from a change
-	res  *resolved                      // nil: the peers changed since it was computed
+	spec  networkingv1.NetworkPolicySpec // as given, to tell a resync from a change
+	res   *resolved                      // nil: the peers changed since it was computed
+	group *ruleGroup                     // the policies with its rules; nil: shares nothing
+	// selected: the names of the pods of its namespace podSel matches,
+	// kept as pods come, go and change labels, so marking them costs
+	// them, not a scan of the namespace.
+	selected map[string]struct{}
 }
 
 // resolved is a policy's rules with their peers turned into addresses, for
 // whichever pod it selects; only ingress named ports wait for the pod.
 type resolved struct {
 	in, eg []resolvedRule
+	// The flattened contributions (share.go), computed when first needed:
+	// ingress per resolution of its named ports on the selected pod.
+	inFlat map[string][]policy.Allow
+	egFlat []policy.Allow
+	egDone bool
 }
 
 type resolvedRule struct {
@@ -65,6 +89,9 @@ func New() *Snapshot {
 		policies:   map[string]map[string]*policyEntry{},
 		endpoints:  map[PodKey]policy.Endpoint{},
 		dirty:      map[PodKey]struct{}{},
+		groups:     map[string]policy.Endpoint{},
+		sameRules:  map[string]*ruleGroup{},
+		selectedBy: map[PodKey]map[*policyEntry]struct{}{},
 	}
 }
 
@@ -91,6 +118,13 @@ func (s *Snapshot) UpsertPod(p Pod) {
 	if old != nil && samePod(old, &p) {
 		return // a status update or a resync: nothing the compiler reads
 	}
+	clear(s.groups)
+	if old == nil || !maps.Equal(old.Labels, p.Labels) {
+		lbls := labels.Set(p.Labels)
+		for _, pe := range s.policies[p.Namespace] {
+			s.setSelected(pe, p.Name, pe.podSel.Matches(lbls))
+		}
+	}
 	s.podChanged(old, &p)
 }
 
@@ -111,6 +145,10 @@ func (s *Snapshot) DeletePod(namespace, name string) {
 	if len(s.pods[namespace]) == 0 {
 		delete(s.pods, namespace)
 	}
+	clear(s.groups)
+	for _, pe := range s.policies[namespace] {
+		s.setSelected(pe, name, false)
+	}
 	s.podChanged(old, nil)
 }
 
@@ -128,13 +166,18 @@ func (s *Snapshot) podChanged(old, cur *Pod) {
 	// peers change only where one of its selectors flips on the pod.
 	relabel := old != nil && cur != nil && old.HostNetwork == cur.HostNetwork &&
 		slices.Equal(old.IPs, cur.IPs) && slices.Equal(old.Ports, cur.Ports)
+	// Policies with equal rules get the same answer: asked once.
+	byRules := map[*ruleGroup]bool{}
 	for _, byName := range s.policies {
 		for _, pe := range byName {
-			var changed bool
-			if relabel {
-				changed = s.selectorFlips(pe.parsedPolicy, old, cur)
-			} else {
-				changed = (old != nil && s.feeds(pe.parsedPolicy, old)) || (cur != nil && s.feeds(pe.parsedPolicy, cur))
+			changed, ok := byRules[pe.group]
+			if !ok || pe.group == nil {
+				if relabel {
+					changed = s.selectorFlips(pe.parsedPolicy, old, cur)
+				} else {
+					changed = (old != nil && s.feeds(pe.parsedPolicy, old)) || (cur != nil && s.feeds(pe.parsedPolicy, cur))
+				}
+				byRules[pe.group] = changed
 			}
 			if changed {
 				s.invalidate(pe)
@@ -228,6 +271,7 @@ func (s *Snapshot) UpsertNamespace(name string, lbls map[string]string) {
 	defer s.mu.Unlock()
 	old := s.nsLabels(name)
 	s.namespaces[name] = l
+	clear(s.groups)
 	s.nsChanged(old, l)
 }
 
@@ -241,6 +285,7 @@ func (s *Snapshot) DeleteNamespace(name string) {
 		return
 	}
 	delete(s.namespaces, name)
+	clear(s.groups)
 	s.nsChanged(old, s.nsLabels(name))
 }
 
@@ -283,12 +328,32 @@ func (s *Snapshot) UpsertPolicy(np *networkingv1.NetworkPolicy) error {
 	if old != nil && apiequality.Semantic.DeepEqual(old.spec, np.Spec) {
 		return err // a resync or a metadata change: same rules
 	}
+	clear(s.groups)
+	pe := &policyEntry{parsedPolicy: p, spec: *np.Spec.DeepCopy(), selected: map[string]struct{}{}}
 	if old != nil {
-		s.markSelected(old.parsedPolicy)
+		s.markSelected(old)
+		s.unselectAll(old)
+		s.forgetRules(old)
+		if p.rulesKey != "" && old.rulesKey == p.rulesKey {
+			pe.res = old.res // its selector changed, not its peers
+		}
 	}
-	pe := &policyEntry{parsedPolicy: p, spec: *np.Spec.DeepCopy()}
 	byName[np.Name] = pe
-	s.markSelected(p)
+	for name, pod := range s.pods[np.Namespace] {
+		if p.podSel.Matches(labels.Set(pod.Labels)) {
+			s.setSelected(pe, name, true)
+		}
+	}
+	if p.rulesKey != "" {
+		g := s.sameRules[p.rulesKey]
+		if g == nil {
+			g = &ruleGroup{members: map[*policyEntry]struct{}{}}
+			s.sameRules[p.rulesKey] = g
+		}
+		g.members[pe] = struct{}{}
+		pe.group = g
+	}
+	s.markSelected(pe)
 	return err
 }
 
@@ -304,19 +369,58 @@ func (s *Snapshot) DeletePolicy(namespace, name string) {
 	if len(s.policies[namespace]) == 0 {
 		delete(s.policies, namespace)
 	}
-	s.markSelected(old.parsedPolicy)
+	clear(s.groups)
+	s.forgetRules(old)
+	s.markSelected(old)
+	s.unselectAll(old)
+}
+
+// setSelected records whether pe selects the pod name of its namespace,
+// in both indexes.
+func (s *Snapshot) setSelected(pe *policyEntry, name string, on bool) {
+	k := PodKey{pe.key.Namespace, name}
+	if on {
+		pe.selected[name] = struct{}{}
+		by := s.selectedBy[k]
+		if by == nil {
+			by = map[*policyEntry]struct{}{}
+			s.selectedBy[k] = by
+		}
+		by[pe] = struct{}{}
+		return
+	}
+	delete(pe.selected, name)
+	if by := s.selectedBy[k]; by != nil {
+		delete(by, pe)
+		if len(by) == 0 {
+			delete(s.selectedBy, k)
+		}
+	}
+}
+
+func (s *Snapshot) unselectAll(pe *policyEntry) {
+	for name := range pe.selected {
+		s.setSelected(pe, name, false)
+	}
+}
+
+func (s *Snapshot) forgetRules(pe *policyEntry) {
+	if g := pe.group; g != nil {
+		delete(g.members, pe)
+		if len(g.members) == 0 {
+			delete(s.sameRules, pe.rulesKey)
+		}
+	}
 }
 
 func (s *Snapshot) invalidate(pe *policyEntry) {
 	pe.res = nil
-	s.markSelected(pe.parsedPolicy)
+	s.markSelected(pe)
 }
 
-func (s *Snapshot) markSelected(p *parsedPolicy) {
-	for name, pod := range s.pods[p.key.Namespace] {
-		if p.podSel.Matches(labels.Set(pod.Labels)) {
-			s.markDirty(PodKey{p.key.Namespace, name})
-		}
+func (s *Snapshot) markSelected(pe *policyEntry) {
+	for name := range pe.selected {
+		s.markDirty(PodKey{pe.key.Namespace, name})
 	}
 }
 
@@ -358,7 +462,7 @@ func comparePodKey(a, b PodKey) int {
 // Endpoint is the compiled policy of a pod; false when the snapshot does not
 // know the pod (the agent then keeps the interface closed). A host-network
 // pod is never isolated. The result is shared with the cache: read it, do
-// not modify it.
+// not modify it (pods compiled alike share it too).
 func (s *Snapshot) Endpoint(namespace, name string) (policy.Endpoint, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -373,48 +477,6 @@ func (s *Snapshot) Endpoint(namespace, name string) (policy.Endpoint, bool) {
 	ep := s.compile(pod)
 	s.endpoints[k] = ep
 	return ep, true
-}
-
-func (s *Snapshot) compile(pod *Pod) policy.Endpoint {
-	var ep policy.Endpoint
-	if pod.HostNetwork {
-		return ep
-	}
-	var in, eg []atom
-	for name, pe := range s.policies[pod.Namespace] {
-		if !pe.podSel.Matches(labels.Set(pod.Labels)) {
-			continue
-		}
-		ep.Policies = append(ep.Policies, pod.Namespace+"/"+name)
-		res := s.resolve(pe)
-		if pe.ingress {
-			ep.Ingress.Isolated = true
-			for _, rr := range res.in {
-				in = append(in, rr.atoms...)
-				if len(rr.named) == 0 {
-					continue
-				}
-				own := namedOn(pod, rr.named)
-				if own.empty() {
-					continue
-				}
-				for _, a := range rr.peers {
-					a.ports = own
-					in = append(in, a)
-				}
-			}
-		}
-		if pe.egress {
-			ep.Egress.Isolated = true
-			for _, rr := range res.eg {
-				eg = append(eg, rr.atoms...)
-			}
-		}
-	}
-	slices.Sort(ep.Policies)
-	ep.Ingress.Allows = flatten(in)
-	ep.Egress.Allows = flatten(eg)
-	return ep
 }
 
 // namedOn resolves named ports on a pod's container ports (name and
@@ -443,6 +505,16 @@ var everywhere = []atom{
 func (s *Snapshot) resolve(pe *policyEntry) *resolved {
 	if pe.res != nil {
 		return pe.res
+	}
+	var others map[*policyEntry]struct{}
+	if pe.group != nil {
+		others = pe.group.members
+	}
+	for o := range others {
+		if o.res != nil {
+			pe.res = o.res
+			return o.res
+		}
 	}
 	res := &resolved{}
 	for _, r := range pe.inRules {
