@@ -489,3 +489,37 @@ func TestDeletedPodLeavesSelection(t *testing.T) {
 		t.Fatalf("x/b still selected by %v", by)
 	}
 }
+
+// TestUnchangedAnswerStaysEqual: a change that leaves a pod's answer alone
+// (b is also selected by a policy allowing everything) gives an Endpoint
+// equal to the one before, entry for entry, so the agent, which compares
+// them, does not rewrite b; a, whose answer changed, differs.
+func TestUnchangedAnswerStaysEqual(t *testing.T) {
+	web := map[string]string{"app": "web"}
+	a := Pod{Namespace: "x", Name: "a", Labels: web, IPs: addrs("10.0.0.1", "fd00::1")}
+	b := Pod{Namespace: "x", Name: "b", Labels: map[string]string{"app": "web", "open": "yes"}, IPs: addrs("10.0.0.2", "fd00::2")}
+	port := func(n int32) *networkingv1.NetworkPolicy {
+		p := namedIngressPolicy("p", web, "")
+		v := intstr.FromInt32(n)
+		p.Spec.Ingress[0].Ports[0].Port = &v
+		return p
+	}
+	open := &networkingv1.NetworkPolicy{}
+	open.Namespace, open.Name = "x", "open"
+	open.Spec.PodSelector = metav1.LabelSelector{MatchLabels: map[string]string{"open": "yes"}}
+	open.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{}}
+	s := snap(t, []Pod{a, b}, port(80), open)
+	ea, eb := mustEndpoint(t, s, "x", "a"), mustEndpoint(t, s, "x", "b")
+	if err := s.UpsertPolicy(port(81)); err != nil {
+		t.Fatal(err)
+	}
+	if d := s.TakeDirty(); len(d) != 2 {
+		t.Fatalf("dirty %v, want a and b", d)
+	}
+	if got := mustEndpoint(t, s, "x", "b"); !reflect.DeepEqual(got, eb) {
+		t.Fatalf("b's answer did not change but its Endpoint did:\n%+v\n%+v", eb, got)
+	}
+	if got := mustEndpoint(t, s, "x", "a"); reflect.DeepEqual(got, ea) {
+		t.Fatal("a's answer changed but its Endpoint did not")
+	}
+}
