@@ -91,7 +91,7 @@ func TestPacingPinMovesToNode(t *testing.T) {
 }
 
 // TestObjHashesCurrent: objhash_bpfel.go names every embedded object with
-// its size, CRC-32C and SHA-256 prefix (stale after bpf/ changes until
+// its size, CRC-32 and SHA-256 prefix (stale after bpf/ changes until
 // make generate: pins would still be named right, at the SHA-256's cost),
 // and an object whose bytes differ from the table's is hashed, not named
 // from it.
@@ -104,7 +104,7 @@ func TestObjHashesCurrent(t *testing.T) {
 			sum := sha256.Sum256(o.bytes)
 			want := hex.EncodeToString(sum[:6])
 			k, ok := objHashes[o.name]
-			if !ok || k.sha != want || k.size != len(o.bytes) || k.crc != crc32.Checksum(o.bytes, castagnoli) {
+			if !ok || k.sha != want || k.size != len(o.bytes) || k.crc != crc32.ChecksumIEEE(o.bytes) {
 				t.Errorf("objHashes[%q] = %+v, the object's SHA-256 starts %s: run make generate", o.name, k, want)
 			}
 			if got := (&object{name: o.name, bytes: o.bytes}).hash(); got != want {

@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
 
@@ -365,12 +366,19 @@ func linkAlive(ifindex int) bool {
 // before the addresses are known, while IPAM runs (the programs attached
 // drop what the maps do not know yet, and with the pod's end down it has
 // no carrier).
+//
+// One RTM_SETLINK carries both (the alias and IFF_UP): each request takes
+// RTNL, which every ADD and DEL of the node queues for (issue 30: 100 ADDs
+// at once); the kernel applies the alias, then the flags, in the one hold.
 func readyHost(hostIf string, host netlink.Link, alias string) error {
-	if err := netlink.LinkSetAlias(host, alias); err != nil {
-		return fmt.Errorf("set alias of %s: %w", hostIf, err)
-	}
-	if err := netlink.LinkSetUp(host); err != nil {
-		return fmt.Errorf("set %s up: %w", hostIf, err)
+	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(host.Attrs().Index)
+	msg.Flags, msg.Change = unix.IFF_UP, unix.IFF_UP
+	req.AddData(msg)
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFALIAS, []byte(alias)))
+	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
+		return fmt.Errorf("set alias of %s and bring it up: %w", hostIf, err)
 	}
 	return nil
 }

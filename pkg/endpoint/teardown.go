@@ -162,7 +162,11 @@ func (t *Teardown) runBefore() error {
 	// (Reap): dropping the pod's table waits out an RCU grace period, and
 	// the ifindex stays the veth's until then.
 	if !t.handOff {
-		t.WithVeth(t.dropStackFlows)
+		// Looked at before the entries go (removeEndpoints runs beside the
+		// veth's steps): a pod never delivered a flow through the stack
+		// has records in no other pod's table and none in the shared one.
+		own := t.DP.Maps.StackFlows().NeverDelivered(t.Ifindex, t.recordedIPs())
+		t.WithVeth(func() error { return t.dropStackFlows(own) })
 	}
 	for _, f := range AllFeatures() {
 		f.Teardown(t)
@@ -174,10 +178,28 @@ func (t *Teardown) runBefore() error {
 	return errs
 }
 
-// dropStackFlows drops the pod's flows the stack delivered to it.
-func (t *Teardown) dropStackFlows() error {
+// dropStackFlows drops the pod's flows the stack delivered to it; own:
+// it was never delivered one, only its own table goes.
+func (t *Teardown) dropStackFlows(own bool) error {
+	if own {
+		return t.DP.Maps.StackFlows().DeleteOwn(t.Ifindex)
+	}
 	_, err := t.DP.Maps.StackFlows().DeleteOf(t.Ifindex)
 	return err
+}
+
+// recordedIPs are the addresses of the attachment's complete record (none
+// without one).
+func (t *Teardown) recordedIPs() []net.IP {
+	var ips []net.IP
+	if t.Complete != nil {
+		for _, s := range t.Complete.IPs {
+			if ip := net.ParseIP(s); ip != nil {
+				ips = append(ips, ip)
+			}
+		}
+	}
+	return ips
 }
 
 // startWithVeth runs the WithVeth steps in the background; nil when there
@@ -235,7 +257,7 @@ func (t *Teardown) removeVeth() error {
 			// Not handed off: delete it here after all.
 			errs = errors.Join(deleteLink(t.hostIf), datapath.RemoveLinkPins(t.Net.PinDir, state.HandedOffName(t.Ifindex)))
 			if t.DP != nil {
-				errs = errors.Join(errs, t.dropStackFlows())
+				errs = errors.Join(errs, t.dropStackFlows(false)) // the entries are gone: no look
 			}
 		}
 		t.tr.Mark("hand-off")
@@ -275,11 +297,7 @@ func (t *Teardown) removeEndpoints() error {
 		errs error
 	)
 	if t.Complete != nil {
-		for _, s := range t.Complete.IPs {
-			if ip := net.ParseIP(s); ip != nil {
-				ips = append(ips, ip)
-			}
-		}
+		ips = t.recordedIPs()
 	} else {
 		eps, err := t.DP.Maps.Endpoints().List()
 		errs = errors.Join(errs, err)

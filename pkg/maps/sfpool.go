@@ -129,6 +129,25 @@ func (s StackFlows) FillPool() error {
 // maps, or every slot is a live pod's; the caller makes a table of its
 // own (StackFlows.AddPart), as before the pool.
 func (s StackFlows) TakeSlot(ifindex int, alive func(ifindex int) bool) (uint32, error) {
+	slot, err := s.pickSlot(ifindex, alive)
+	if err != nil || slot == 0 {
+		return 0, err
+	}
+	// Emptied before any entry names it: a pod never sees another's
+	// records. Outside the pool's lock (issue 30: 100 ADDs at once queued
+	// behind each other's scan and deletes there): the slot is this
+	// ifindex's from the update on, and nothing else takes it while the
+	// veth lives (a DEL killed before the clear leaves it to the next take,
+	// which clears it).
+	if err := s.m.clearSlot(slot); err != nil {
+		return 0, err
+	}
+	return slot, nil
+}
+
+// pickSlot finds the slot for ifindex and records it in cni_sf_slots,
+// under the pool's lock: a lookup, a batched scan and an update.
+func (s StackFlows) pickSlot(ifindex int, alive func(ifindex int) bool) (uint32, error) {
 	n := s.m.poolSlots()
 	if n == 0 {
 		return 0, nil
@@ -142,7 +161,7 @@ func (s StackFlows) TakeSlot(ifindex int, alive func(ifindex int) bool) (uint32,
 	k := uint32(ifindex)
 	var slot uint32
 	if err := slots.Lookup(&k, &slot); err == nil && s.m.validSlot(slot) {
-		return slot, s.m.clearSlot(slot)
+		return slot, nil
 	}
 	owner := make(map[uint32]uint32) // slot → ifindex
 	if err := scan(slots, func(k, v *uint32) { owner[*v] = *k }); err != nil {
@@ -170,10 +189,6 @@ func (s StackFlows) TakeSlot(ifindex int, alive func(ifindex int) bool) (uint32,
 	}
 	if slot == 0 {
 		return 0, nil
-	}
-	// Emptied before any entry names it: a pod never sees another's records.
-	if err := s.m.clearSlot(slot); err != nil {
-		return 0, err
 	}
 	if err := slots.Update(&k, &slot, ebpf.UpdateAny); err != nil {
 		return 0, writeErr(slots, nameSFSlots, fmt.Sprintf("the slot of ifindex %d", ifindex), err)
@@ -204,8 +219,8 @@ func poolLock(dir string) (func(), error) {
 // poolTable opens the table of slot by its pin, filling the pool first
 // when the slot is empty (a fill cut short), and pinning it again when its
 // pin is gone (an agent's reconcile took a fill's pin for stale between
-// the pin and the update): by ID, which the plugin, as root, may. Under
-// the pool's lock.
+// the pin and the update): by ID, which the plugin, as root, may. By the
+// slot's holder or under the pool's lock (see clearSlot).
 func (m *Maps) poolTable(slot uint32) (*ebpf.Map, error) {
 	pool := m.byName[nameSFPool]
 	var id uint32
@@ -245,7 +260,8 @@ func (m *Maps) poolTable(slot uint32) (*ebpf.Map, error) {
 	return t, nil
 }
 
-// clearSlot deletes every record of slot's table. Under the pool's lock.
+// clearSlot deletes every record of slot's table: by the slot's holder
+// (TakeSlot, once the slot is recorded as its), or under the pool's lock.
 func (m *Maps) clearSlot(slot uint32) error {
 	t, err := m.poolTable(slot)
 	if err != nil {

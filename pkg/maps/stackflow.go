@@ -3,6 +3,7 @@ package maps
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"time"
@@ -233,6 +234,38 @@ func (s StackFlows) DeleteOf(ifindex int) (int, error) {
 		return n, err
 	}
 	return n, s.m.freeSlot(ifindex)
+}
+
+// NeverDelivered tells whether no stack flow was ever recorded for the pod
+// behind ifindex with addresses ips: every address's entry is still this
+// ifindex's and still carries EP_F_SF_NONE, which to_container clears
+// before it records the first flow the stack delivered to it. Anything
+// else (an entry gone, another's, without the bit: an older build's, a
+// rewritten one, an upgrade's ClearNone) is false. DEL looks before it
+// removes the entries; a flow the stack delivers after the look, while the
+// veth still lives, is recorded as one after DeleteOf's scans would be.
+func (s StackFlows) NeverDelivered(ifindex int, ips []net.IP) bool {
+	if len(ips) == 0 {
+		return false
+	}
+	for _, ip := range ips {
+		e, err := s.m.Endpoints().Lookup(ip)
+		if err != nil || int(e.Ifindex) != ifindex || e.Flags&EndpointFlagStackFlowsNone == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// DeleteOwn drops what the pod behind ifindex has of its own (its table, or
+// its pool slot, emptied and freed) and scans no other table: DeleteOf for
+// a pod NeverDelivered (issue 30: DEL scanned every pod's table, a cost
+// that grew with the pods of the node).
+func (s StackFlows) DeleteOwn(ifindex int) error {
+	if err := s.m.deleteStackFlowPart(ifindex); err != nil {
+		return err
+	}
+	return s.m.freeSlot(ifindex)
 }
 
 // deleteStackFlowsIn removes the records of table mp made for ifindex.

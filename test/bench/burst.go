@@ -41,6 +41,10 @@ type burstPoint struct {
 	DelWallMs float64   `json:"delWallMs"`
 	AddMs     []float64 `json:"addMs"` // each pod's cnitool wall time
 	DelMs     []float64 `json:"delMs"`
+	// AddCPUMs, DelCPUMs: the CPU time of the round's verbs, summed
+	// (cnitool and the plugins it waited for; not the agent's).
+	AddCPUMs float64 `json:"addCpuMs"`
+	DelCPUMs float64 `json:"delCpuMs"`
 	// AddBgMs, DelBgMs: the agent's background work after the last ADD
 	// (moving the pods to tcx) and DEL (deleting the veths) ended.
 	AddBgMs float64 `json:"addBackgroundMs,omitempty"`
@@ -140,12 +144,20 @@ func (b *bench) burstRound(c *config, n int) (burstPoint, error) {
 		pods[i] = p
 	}
 	outs := make([][]byte, n)
+	cpu := make([]time.Duration, n)
+	sum := func() (ms float64) {
+		for _, d := range cpu {
+			ms += float64(d.Microseconds()) / 1000
+		}
+		return ms
+	}
 	var err error
 	pt.AddMs, pt.AddWallMs, err = atOnce(n, func(i int) (time.Duration, error) {
-		d, out, _, err := b.cnitool(c, "add", pods[i])
-		outs[i] = out
-		return d, err
+		r, err := b.cnitoolRun(c, "add", pods[i], c.capArgs)
+		outs[i], cpu[i] = r.stdout, r.cpu
+		return r.wall, err
 	})
+	pt.AddCPUMs = sum()
 	if err != nil {
 		return pt, err
 	}
@@ -168,9 +180,11 @@ func (b *bench) burstRound(c *config, n int) (burstPoint, error) {
 		}
 	}
 	pt.DelMs, pt.DelWallMs, err = atOnce(n, func(i int) (time.Duration, error) {
-		d, _, _, err := b.cnitool(c, "del", pods[i])
-		return d, err
+		r, err := b.cnitoolRun(c, "del", pods[i], c.capArgs)
+		cpu[i] = r.cpu
+		return r.wall, err
 	})
+	pt.DelCPUMs = sum()
 	if err != nil {
 		return pt, err
 	}
@@ -310,7 +324,7 @@ func (r *results) burstRows() []testenv.Row {
 	}
 	var rows []testenv.Row
 	if len(br.Points) > 0 {
-		walls := map[string]map[string][]float64{"ADD": {}, "DEL": {}, opAddBg: {}, opDelBg: {}}
+		walls := map[string]map[string][]float64{"ADD": {}, "DEL": {}, opAddBg: {}, opDelBg: {}, opAddCPU: {}, opDelCPU: {}}
 		var order []string
 		var load []float64
 		for _, p := range br.Points {
@@ -320,6 +334,10 @@ func (r *results) burstRows() []testenv.Row {
 			}
 			walls["ADD"][p.Config] = append(walls["ADD"][p.Config], p.AddWallMs)
 			walls["DEL"][p.Config] = append(walls["DEL"][p.Config], p.DelWallMs)
+			if p.AddCPUMs > 0 {
+				walls[opAddCPU][p.Config] = append(walls[opAddCPU][p.Config], p.AddCPUMs)
+				walls[opDelCPU][p.Config] = append(walls[opDelCPU][p.Config], p.DelCPUMs)
+			}
 		}
 		for _, p := range br.Points {
 			if p.AddBgMs > 0 || p.DelBgMs > 0 {
@@ -327,9 +345,20 @@ func (r *results) burstRows() []testenv.Row {
 				walls[opDelBg][p.Config] = append(walls[opDelBg][p.Config], p.DelBgMs)
 			}
 		}
-		for _, op := range []string{"ADD", "DEL", opAddBg, opDelBg} {
+		for _, op := range []string{"ADD", "DEL", opAddCPU, opDelCPU, opAddBg, opDelBg} {
 			for _, cfg := range order {
 				if len(walls[op][cfg]) == 0 {
+					continue
+				}
+				if op == opAddCPU || op == opDelCPU {
+					verb := strings.Fields(op)[0]
+					row := testenv.NewRow(fmt.Sprintf("%d pods at once", br.Pods), r.labels[cfg], op,
+						fmt.Sprintf("the %d %ss' CPU time summed (cnitool, the plugins, IPAM; not the agent's)", br.Pods, verb), "ms", walls[op][cfg])
+					if cfg != "burst-ptp" && len(walls[op]["burst-ptp"]) > 0 {
+						row.Against("ptp", testenv.Median(walls[op]["burst-ptp"]))
+					}
+					row.Load = loadStr(testenv.Median(load))
+					rows = append(rows, row)
 					continue
 				}
 				if op == opAddBg || op == opDelBg {

@@ -299,3 +299,63 @@ func putRecord(t *testing.T, m *maps.Maps, slot uint32, f maps.StackFlow) {
 }
 
 func htons(p uint16) uint16 { return p<<8 | p>>8 }
+
+// TestStackFlowDelOfDeliveredPod: DEL scans the other pods' tables and the
+// shared one only for a pod the stack delivered a flow to (issue 30: that
+// scan grew with the pods of the node). Pod a reaches b through a
+// ClusterIP: b's address entries lose EP_F_SF_NONE, a's keep it, and a's
+// table and the shared one hold records for b. b's DEL removes them from
+// both; a's DEL, which scans nothing of b's, frees and empties its slot.
+// IPv4 and IPv6.
+func TestStackFlowDelOfDeliveredPod(t *testing.T) {
+	t.Parallel()
+	l := newPoolLab(t)
+	e := l.e
+	a := e.NewPod()
+	e.CleanupDel(a, "a")
+	a4, a6 := testenv.PodIPs(t, e.Add(a, "a"))
+	_, aIdx := e.HostVeth("a")
+	sa := l.slot(t, aIdx)
+	for _, fam := range []int{4, 6} {
+		l.exchange(t, a, fam)
+	}
+	sf := l.m.StackFlows()
+	if !sf.NeverDelivered(aIdx, []net.IP{a4, a6}) || sf.NeverDelivered(l.bIdx, []net.IP{l.bAddrs[4], l.bAddrs[6]}) {
+		t.Fatalf("never delivered a flow: a %v (want true), b %v (want false)",
+			sf.NeverDelivered(aIdx, []net.IP{a4, a6}), sf.NeverDelivered(l.bIdx, []net.IP{l.bAddrs[4], l.bAddrs[6]}))
+	}
+	ofB := func() (inA, all int) {
+		t.Helper()
+		for _, f := range l.records(t, sa) {
+			if f.Ifindex == l.bIdx {
+				inA++
+			}
+		}
+		fs, err := sf.List()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range fs {
+			if f.Ifindex == l.bIdx {
+				all++
+			}
+		}
+		return
+	}
+	if inA, all := ofB(); inA < 2 || all < 2 {
+		t.Fatalf("records for b after a's Service flows: %d in a's slot, %d in the shared table; want both families in each", inA, all)
+	}
+	if err := e.Del(l.b, "b", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if inA, all := ofB(); inA != 0 || all != 0 {
+		t.Fatalf("after b's DEL: %d records for b left in a's slot, %d in the shared table", inA, all)
+	}
+	if err := e.Del(a, "a", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := sf.SlotOf(aIdx); s != 0 || len(l.records(t, sa)) != 0 {
+		t.Fatalf("after a's DEL: ifindex %d holds slot %d, slot %d keeps %v", aIdx, s, sa, l.records(t, sa))
+	}
+	e.AssertClean()
+}

@@ -1,6 +1,6 @@
 // Command objhashgen writes pkg/datapath/objhash_bpfel.go, the pin-name
 // hash of every committed BPF object of pkg/datapath with its size and
-// CRC-32C, so that a verb need not hash 0.1-0.4 MB objects with SHA-256
+// CRC-32 (IEEE), so that a verb need not hash 0.1-0.4 MB objects with SHA-256
 // (issue 30). Run from the module root by `make generate` after bpf2go.
 package main
 
@@ -39,7 +39,7 @@ func main() {
 		name := strings.TrimSuffix(filepath.Base(f), "_bpfel.o")
 		sum := sha256.Sum256(data)
 		fmt.Fprintf(&b, "\t%q: {size: %d, crc: %#08x, sha: %q},\n", name, len(data),
-			crc32.Checksum(data, crc32.MakeTable(crc32.Castagnoli)), hex.EncodeToString(sum[:6]))
+			crc32.ChecksumIEEE(data), hex.EncodeToString(sum[:6]))
 	}
 	b.WriteString("}\n")
 	src, err := format.Source(b.Bytes())
