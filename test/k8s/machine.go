@@ -445,7 +445,7 @@ func (c *cluster) checkOffline() error {
 		}
 		name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
 		if !want[name] {
-			return fmt.Errorf("unexpected link %s in the control-plane namespace", name)
+			return fmt.Errorf("unexpected link %s in the control-plane namespace (line %q of %q)", name, l, links)
 		}
 	}
 	if err := c.checkSubnets(); err != nil {
