@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 481768, crc: 0x3c11f3f1, sha: "55facc5f9e23"},
-	"from_container_compat": {size: 457960, crc: 0xcd16708e, sha: "649f534293b6"},
-	"from_uplink":           {size: 329560, crc: 0x7af07951, sha: "430fb9ed1c43"},
-	"from_uplink_compat":    {size: 304088, crc: 0x60d469de, sha: "89b372a7ce31"},
-	"sock":                  {size: 169880, crc: 0xfc40c632, sha: "b966f2b50ea2"},
-	"sock_compat":           {size: 159808, crc: 0xdf103dbc, sha: "de6a819c8714"},
-	"sock_ops":              {size: 152768, crc: 0xa67cb5e4, sha: "82df1ff2410e"},
-	"to_container":          {size: 184304, crc: 0xf89422a8, sha: "e472d4fdc112"},
-	"to_container_compat":   {size: 169096, crc: 0x9b50aba0, sha: "b07a031c838a"},
-	"to_uplink":             {size: 284112, crc: 0x09142825, sha: "e6d76faf5001"},
-	"to_uplink_compat":      {size: 252344, crc: 0x55e412cf, sha: "4b39d71acff7"},
-	"tunnel":                {size: 249016, crc: 0x92a6f7eb, sha: "29362b267997"},
+	"from_container":        {size: 482800, crc: 0xe09c4e03, sha: "0a16631c42d4"},
+	"from_container_compat": {size: 458984, crc: 0x9a2efa0c, sha: "b6e6a60e20c7"},
+	"from_uplink":           {size: 330360, crc: 0x098fa5bd, sha: "5f3a7b2cc68b"},
+	"from_uplink_compat":    {size: 304888, crc: 0xd3fa07d6, sha: "fea14837ee12"},
+	"sock":                  {size: 170640, crc: 0x1af21900, sha: "2a81b7bcc8ae"},
+	"sock_compat":           {size: 160560, crc: 0xe3e1e3ef, sha: "e686758ee61e"},
+	"sock_ops":              {size: 153520, crc: 0xb3c492a5, sha: "8904187dc55c"},
+	"to_container":          {size: 185064, crc: 0x020bc5b8, sha: "0041d1554196"},
+	"to_container_compat":   {size: 169848, crc: 0x1390164b, sha: "3cf4b594f72c"},
+	"to_uplink":             {size: 285008, crc: 0xe56ed5fe, sha: "6fad1e98c8d3"},
+	"to_uplink_compat":      {size: 253240, crc: 0x3cb9a310, sha: "0813e864f801"},
+	"tunnel":                {size: 249816, crc: 0xc05f4b27, sha: "e1f7a643763b"},
 }
