@@ -311,8 +311,9 @@ static __noinline int tcp_seq_remote_(struct __sk_buff *skb, const struct flow *
 		 * pod's TCP answers a real client's new connection on the
 		 * tuple with a SYN-ACK, which re-seeds the tracking
 		 * (tcp_seq_local), or, its socket live, with a challenge ACK
-		 * that the client answers with an RST at end. */
-		return 0;
+		 * that the client answers with an RST at end. A SYN-ACK
+		 * moves no state but the reply seen (flow_next), as before. */
+		return !!(sp->flags & TCP_FLAG_ACK);
 	}
 	if (v & peer_end) {
 		__s32 d = (__s32)(sp->end - q->end);

@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 482800, crc: 0xe09c4e03, sha: "0a16631c42d4"},
-	"from_container_compat": {size: 458984, crc: 0x9a2efa0c, sha: "b6e6a60e20c7"},
-	"from_uplink":           {size: 330360, crc: 0x098fa5bd, sha: "5f3a7b2cc68b"},
-	"from_uplink_compat":    {size: 304888, crc: 0xd3fa07d6, sha: "fea14837ee12"},
-	"sock":                  {size: 170640, crc: 0x1af21900, sha: "2a81b7bcc8ae"},
-	"sock_compat":           {size: 160560, crc: 0xe3e1e3ef, sha: "e686758ee61e"},
-	"sock_ops":              {size: 153520, crc: 0xb3c492a5, sha: "8904187dc55c"},
-	"to_container":          {size: 185064, crc: 0x020bc5b8, sha: "0041d1554196"},
-	"to_container_compat":   {size: 169848, crc: 0x1390164b, sha: "3cf4b594f72c"},
-	"to_uplink":             {size: 285008, crc: 0xe56ed5fe, sha: "6fad1e98c8d3"},
-	"to_uplink_compat":      {size: 253240, crc: 0x3cb9a310, sha: "0813e864f801"},
-	"tunnel":                {size: 249816, crc: 0xc05f4b27, sha: "e1f7a643763b"},
+	"from_container":        {size: 482984, crc: 0xa8a7ec6f, sha: "ed93cf58f3a8"},
+	"from_container_compat": {size: 459168, crc: 0xa0103e62, sha: "8c66acf1657a"},
+	"from_uplink":           {size: 330544, crc: 0x2c1da8dc, sha: "360afcb23b48"},
+	"from_uplink_compat":    {size: 305072, crc: 0x1eca7c09, sha: "1e20c0ffc96a"},
+	"sock":                  {size: 170832, crc: 0xadb2d5f0, sha: "8e7b596538e4"},
+	"sock_compat":           {size: 160744, crc: 0x534cfac1, sha: "9919cd260043"},
+	"sock_ops":              {size: 153704, crc: 0x92eaa24c, sha: "ad773be3ca6a"},
+	"to_container":          {size: 185248, crc: 0xba3448a9, sha: "a26a45586c56"},
+	"to_container_compat":   {size: 170032, crc: 0x4e4d44dd, sha: "07a2a7d77825"},
+	"to_uplink":             {size: 285200, crc: 0xf36b80d2, sha: "c21a386e4066"},
+	"to_uplink_compat":      {size: 253424, crc: 0x0a05b598, sha: "877147136beb"},
+	"tunnel":                {size: 250000, crc: 0xf433a6fe, sha: "8dcd9a7254de"},
 }
