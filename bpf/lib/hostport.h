@@ -161,7 +161,9 @@ static __always_inline void ct_track(struct __sk_buff *skb, struct ct_val *v, co
 	__u32 cur = v->flags;
 	__u32 n = flow_next(cur, f, reply, v->created_ns, now);
 
-	if (n == cur && now - v->seen_ns < NSEC)
+	/* The pod's SYN-ACK always reaches the tracking: it re-seeds a
+	 * tuple the client reused with a new ISN (tcpseq.h). */
+	if (n == cur && now - v->seen_ns < NSEC && !(reply && (f->tcp_flags & TCP_FLAG_SYN)))
 		return;
 	v->flags = n;
 	v->seen_ns = now;

@@ -646,7 +646,9 @@ static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __
 
 	addr_copy(node, fv->addr, f->family);
 	*port = fv->port;
-	if (fl != fv->flags || now - fv->seen_ns > NSEC) {
+	/* The pod's SYN always reaches the tracking: it re-seeds the flow
+	 * (tcpseq.h), even within a second of the last write. */
+	if (fl != fv->flags || now - fv->seen_ns > NSEC || (f->tcp_flags & TCP_FLAG_SYN)) {
 		snat_note(fv, fl, now, 0);
 		snat_key_of(&k, SNAT_DIR_REV, node, *port, f->daddr, f->dport, f->family, f->proto);
 		struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);

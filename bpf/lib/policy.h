@@ -480,24 +480,37 @@ static __always_inline __u32 pol_ct_first(const struct pol_ct_key *k, int egress
 /*
  * The live entry of flow k in its pod's tables, NULL when none: first in
  * the table pol_ct_first guesses, then in the other. An entry expired at
- * w->now is as good as absent. w->ct_opener names the table it was found
- * in. Not inlined: policy_judge's frame (and this one has none: it takes
+ * w->now is as good as absent, and so is a closed one that a SYN meets
+ * (expired by it). w->ct_opener names the table it was found in. Not inlined: policy_judge's frame (and this one has none: it takes
  * its time from w).
  */
 static __noinline struct pol_ct_val *pol_ct_find(struct pol_work *w, const struct pol_ct_key *k, int egress)
 {
-	__u32 first = pol_ct_first(k, egress);
+	/* The table tried, kept in w rather than a register: this frame
+	 * stays empty. */
+	w->ct_opener = pol_ct_first(k, egress);
 
 #pragma unroll
 	for (__u32 i = 0; i < 2; i++) {
-		void *t = pol_ct_table(w, k->ifindex, first ^ i);
+		if (i)
+			w->ct_opener ^= 1;
+		void *t = pol_ct_table(w, k->ifindex, w->ct_opener);
 		if (!t)
 			continue;
 		struct pol_ct_val *ct = bpf_map_lookup_elem(t, k);
-		if (ct && !flow_expired(ct->flags, k->proto, ct->seen_ns, w->now)) {
-			w->ct_opener = first ^ i;
-			return ct;
+		if (!ct || flow_expired(ct->flags, k->proto, ct->seen_ns, w->now))
+			continue;
+		/* A SYN (w->f) on a closed flow's tuple opens a new connection:
+		 * the closed entry expires now (the LRU reuses it) and the rules
+		 * judge the SYN as a new flow, as conntrack kills a closed entry
+		 * a SYN meets; else a new connection got in by it, whatever the
+		 * rules now say. A store, not a delete: this frame stays empty
+		 * (policy_judge's chain is at the verifier's limit). */
+		if (w->f.syn_only && (ct->flags & FLOW_F_CLOSING)) {
+			ct->seen_ns = 0;
+			continue;
 		}
+		return ct;
 	}
 	return NULL;
 }
@@ -596,7 +609,9 @@ static __noinline void pol_ct_note(struct __sk_buff *skb, struct pol_work *w, st
 	__u32 n = flow_next(ct->flags, &w->f, reply, ct->created_ns, w->now);
 
 	if (w->egress) {
-		if (n == ct->flags && w->now - ct->seen_ns <= NSEC)
+		/* The pod's SYN or SYN-ACK always reaches the tracking: it
+		 * re-seeds a tuple reused with a new ISN (tcpseq.h). */
+		if (n == ct->flags && w->now - ct->seen_ns <= NSEC && !(w->f.tcp_flags & TCP_FLAG_SYN))
 			return;
 		ct->flags = n;
 		ct->seen_ns = w->now;

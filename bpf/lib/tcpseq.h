@@ -8,8 +8,10 @@
  * it closing, and a blind spray killed idle connections ten seconds later.
  *
  * Per flow, in its reverse cni_snat entry (SNAT_F_SEQ set):
- *   end  the peer's next sequence number (the end of its in-order segments,
- *        or what the pod acknowledged when that is further),
+ *   end  the peer's next sequence number (the end of its segments that
+ *        start exactly at end, or what the pod acknowledged when that is
+ *        further: never a segment that merely covers end, which a blind
+ *        attacker's data could, rst8),
  *        once its SYN-ACK (acking the pod's SYN) was seen: SNAT_F_PEER_END;
  *        before that, the pod's SYN's seq + 1, which an RST refusing the
  *        connection must acknowledge;
@@ -25,6 +27,9 @@
  * TCP ignores it (RFC 5961); the flow's state does not change. The pod's
  * own RSTs always count. Flows opened by older programs carry no tracking
  * (no SNAT_F_SEQ) and keep the old rule.
+ * A SYN of the peer's on a live flow changes nothing, as an RST that does
+ * not count; the pod's SYN-ACK acknowledging a new ISN on the tuple (the
+ * peer reconnected from the same port) re-seeds the tracking (rst8).
  *
  * The tracking lives in the reverse entry's created_ns, which a TCP reverse
  * entry uses for nothing else (UDP's stream test reads it, the dump shows
@@ -34,6 +39,7 @@
 
 #include "pkt.h"
 #include "maps.h"
+#include "flowlife.h"
 
 struct snat_seq {
 	__u32 end;
@@ -213,8 +219,18 @@ static __noinline int tcp_seq_local_(struct __sk_buff *skb, const struct flow *f
 		return 0;
 	if (sp->flags & TCP_FLAG_SYN) {
 		/* The pod answers the peer's SYN: it offers a scale only when
-		 * the peer did (RFC 7323), so its offer is the one in use. */
-		if ((sp->flags & TCP_FLAG_ACK) && (v & peer_end) && sp->ack == q->end) {
+		 * the peer did (RFC 7323), so its offer is the one in use. Its
+		 * ack is the peer's ISN + 1: when that is not end, the peer
+		 * reused the tuple with a new ISN and the pod took it (a live
+		 * socket answers a SYN with a challenge ACK, RFC 5961 4.2, not
+		 * a SYN-ACK): the tracking follows the new connection, its
+		 * state is a handshake's (as conntrack re-syncs on a SYN-ACK
+		 * acknowledging a SYN it ignored). The pod's packets are its
+		 * own (anti-spoofing): nothing from outside moves this. */
+		if ((sp->flags & TCP_FLAG_ACK) && (v & peer_end)) {
+			if (sp->ack != q->end)
+				v = (v & ~FLOW_STATE_MASK) | FLOW_F_REPLIED;
+			q->end = sp->ack;
 			q->win = sp->win;
 			*fl = v & ~wsm;
 			return sp->doff;
@@ -289,21 +305,34 @@ static __noinline int tcp_seq_remote_(struct __sk_buff *skb, const struct flow *
 			*fl = v | peer_end;
 			return sp->doff; /* tcp_seq_remote reads its scale */
 		}
-		return 1;
+		/* Any other SYN on a live flow changes nothing, its state
+		 * neither: a forged one would set end for a forged RST to hit,
+		 * or reset an established flow to a handshake's 120 s. The
+		 * pod's TCP answers a real client's new connection on the
+		 * tuple with a SYN-ACK, which re-seeds the tracking
+		 * (tcp_seq_local), or, its socket live, with a challenge ACK
+		 * that the client answers with an RST at end. A SYN-ACK
+		 * moves no state but the reply seen (flow_next), as before. */
+		return !!(sp->flags & TCP_FLAG_ACK);
 	}
 	if (v & peer_end) {
 		__s32 d = (__s32)(sp->end - q->end);
 
 		/* A FIN closes the flow with the pod's: only the peer's own, in
-		 * order (covering end), counts; a blind one anywhere else would
-		 * kill a half-closed connection ten seconds later. */
-		if ((sp->flags & TCP_FLAG_FIN) && ((__s32)(sp->seq - q->end) > 0 || d < 0))
+		 * order (at end, or the one that moved end there), counts; a
+		 * blind one anywhere else would kill a half-closed connection
+		 * ten seconds later. */
+		if ((sp->flags & TCP_FLAG_FIN) && sp->seq != q->end && d != 0)
 			return 0;
 
-		/* Only a segment that covers end carries it: one anywhere ahead
-		 * let a blind attacker set end where it liked (a one-byte
-		 * segment every 4w) and then match it with an RST. */
-		if ((__s32)(sp->seq - q->end) <= 0 && d > 0 && (__u32)d <= w << 2)
+		/* Only a segment exactly in order carries end: one merely
+		 * covering it let a blind attacker move end with a data
+		 * segment anywhere in L bytes before it, then match it with an
+		 * RST (2^32 / L pairs, not 2^32 RSTs); one anywhere ahead let
+		 * it set end where it liked. Data that reached the pod out of
+		 * order moves end once the pod acknowledges it
+		 * (tcp_seq_local). */
+		if (sp->seq == q->end && d > 0 && (__u32)d <= w << 2)
 			q->end = sp->end;
 	}
 	return 1;

@@ -98,6 +98,14 @@ func (pl Policy) AddFlowTables(ifindex int) error {
 		keys = append(keys, PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: o})
 	}
 	if err := pl.m.putInners(namePolCTParts, keys, tables); err != nil {
+		// Nothing of the interface stays: its fragment table goes too
+		// (a retry puts it again).
+		fk := uint32(ifindex)
+		if derr := pl.m.byName[namePolFragParts].Delete(&fk); derr == nil || errors.Is(derr, ebpf.ErrKeyNotExist) {
+			err = errors.Join(err, pl.m.unpinInner(namePolFragParts, fk))
+		} else {
+			err = errors.Join(err, fmt.Errorf("take the fragment table of ifindex %d out of %s again: %w", ifindex, namePolFragParts, derr))
+		}
 		return writeErr(outer, namePolCTParts, fmt.Sprintf("the flow tables of ifindex %d", ifindex), err)
 	}
 	return nil
@@ -107,8 +115,12 @@ func (pl Policy) AddFlowTables(ifindex int) error {
 // interface at once: pinned, then put in one batched update, which waits
 // out one RCU grace period where two updates wait out two (ADD's cost,
 // BenchmarkPolicyFlowTables). A kernel without batches for maps of maps
-// gets one update each. When the update fails, the pins go again.
-func (m *Maps) putInners(outerName string, keys []PolicyCTPartKey, inners []*ebpf.Map) error {
+// gets one update each. When anything fails, nothing of keys stays: the
+// pins go, and so does each of their keys from the outer map (a batch, or the
+// updates one by one, may have put the first table before the second
+// failed: left there, it was a table no pin names; an earlier interface's
+// table at a key was replaced by ours or its pin by our pin already).
+func (m *Maps) putInners(outerName string, keys []PolicyCTPartKey, inners []*ebpf.Map) (err error) {
 	unlock, err := innerLock(m.dir, true)
 	if err != nil {
 		return err
@@ -117,7 +129,22 @@ func (m *Maps) putInners(outerName string, keys []PolicyCTPartKey, inners []*ebp
 	if err := os.MkdirAll(innerDir(m.dir, outerName), 0o700); err != nil {
 		return fmt.Errorf("create the pin directory of %s's tables: %w", outerName, err)
 	}
+	outer := m.byName[outerName]
 	pins := make([]string, len(keys))
+	defer func() {
+		if err == nil {
+			return
+		}
+		for i := range keys {
+			if pins[i] == "" {
+				continue // not reached: what was there stays
+			}
+			if derr := outer.Delete(&keys[i]); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
+				err = errors.Join(err, fmt.Errorf("take %x out of %s again: %w", keyBytes(keys[i]), outerName, derr))
+			}
+			os.Remove(pins[i])
+		}
+	}()
 	fds := make([]uint32, len(keys))
 	for i := range keys {
 		pins[i] = innerPin(m.dir, outerName, keyBytes(keys[i]))
@@ -126,7 +153,6 @@ func (m *Maps) putInners(outerName string, keys []PolicyCTPartKey, inners []*ebp
 		}
 		fds[i] = uint32(inners[i].FD())
 	}
-	outer := m.byName[outerName]
 	_, err = outer.BatchUpdate(keys, fds, nil)
 	if errors.Is(err, ebpf.ErrNotSupported) {
 		err = nil
@@ -134,11 +160,6 @@ func (m *Maps) putInners(outerName string, keys []PolicyCTPartKey, inners []*ebp
 			if err = outer.Update(&keys[i], inners[i], ebpf.UpdateAny); err != nil {
 				break
 			}
-		}
-	}
-	if err != nil {
-		for _, p := range pins {
-			os.Remove(p)
 		}
 	}
 	return err

@@ -1,8 +1,12 @@
 package maps
 
 import (
+	"fmt"
 	"os"
+	"strings"
 	"testing"
+
+	"github.com/cilium/ebpf"
 )
 
 // BenchmarkPolicyFlowTables: a networkPolicy pod's ADD step (SetPending:
@@ -89,5 +93,78 @@ func TestPolicyFlowTablesBatched(t *testing.T) {
 	}
 	if len(ents) != 0 {
 		t.Fatalf("pins left after DEL: %v", ents)
+	}
+}
+
+// TestPolicyFlowTablesFullOuter: ADD's flow tables meet a cni_pol_ct_parts
+// with one free slot (issue 23, rst8 item 4). The batch puts the first
+// table and fails on the second; the ADD fails, and must leave nothing of
+// the interface: neither table in the outer map (the first one there,
+// unpinned, is a table no DEL scan of the pins finds), nor its fragment
+// table, nor a pin. Once two slots are free, the retried ADD puts both
+// tables and their pins.
+func TestPolicyFlowTablesFullOuter(t *testing.T) {
+	m := testMaps(t, Sizing{MaxPods: 2, HostPortsPerPod: 1})
+	outer := m.byName[namePolCTParts]
+	filler, err := ebpf.NewMap(&polCTPartSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer filler.Close()
+	var fill []PolicyCTPartKey
+	for i := 0; i < int(outer.MaxEntries())-1; i++ {
+		k := PolicyCTPartKey{Ifindex: uint32(50000 + i), Opener: polCTOpeners[0]}
+		if err := outer.Update(&k, filler, ebpf.UpdateAny); err != nil {
+			t.Fatalf("fill slot %d of %d: %v", i, outer.MaxEntries(), err)
+		}
+		fill = append(fill, k)
+	}
+	const idx = 9
+	left := func() []string {
+		var out []string
+		for _, o := range polCTOpeners {
+			k := PolicyCTPartKey{Ifindex: idx, Opener: o}
+			var id uint32
+			if err := outer.Lookup(&k, &id); err == nil {
+				out = append(out, fmt.Sprintf("flow table %d", o))
+			}
+			if _, err := os.Stat(innerPin(m.dir, namePolCTParts, keyBytes(k))); err == nil {
+				out = append(out, fmt.Sprintf("flow table %d's pin", o))
+			}
+		}
+		fk := uint32(idx)
+		var id uint32
+		if err := m.byName[namePolFragParts].Lookup(&fk, &id); err == nil {
+			out = append(out, "fragment table")
+		}
+		if _, err := os.Stat(innerPin(m.dir, namePolFragParts, keyBytes(fk))); err == nil {
+			out = append(out, "fragment table's pin")
+		}
+		return out
+	}
+	if err := m.Policy().SetPending(idx); err == nil {
+		t.Fatal("ADD with one free slot for two tables: no error")
+	} else if !strings.Contains(err.Error(), namePolCTParts) {
+		t.Errorf("ADD's error %q does not name %s", err, namePolCTParts)
+	}
+	if got := left(); len(got) != 0 {
+		t.Fatalf("the failed ADD left %v", got)
+	}
+	if _, ok, err := m.Policy().StateOf(idx); err != nil || ok {
+		t.Fatalf("the failed ADD left a state (%v, %v)", ok, err)
+	}
+	for _, k := range fill[:2] {
+		if err := outer.Delete(&k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := m.Policy().SetPending(idx); err != nil {
+		t.Fatalf("the retried ADD with two free slots: %v", err)
+	}
+	if got := left(); len(got) != 6 {
+		t.Fatalf("after the retried ADD: %v, want both flow tables, the fragment table and their pins", got)
+	}
+	if stale, err := m.StaleTablePins(); err != nil || len(stale) != 0 {
+		t.Fatalf("stale pins after the retried ADD: %v %v", stale, err)
 	}
 }
