@@ -158,7 +158,7 @@ func forgedPair(src, dst net.HardwareAddr, c *rst8Conn, dip net.IP, dport int) [
 	}
 }
 
-// TestRst8MasqueradedPolicyFlowRST: a is isolated both ways, its egress
+// TestPolicyMasqueradedFlowForgedRST: a is isolated both ways, its egress
 // allowing the remote server, and masquerades (ipMasq): its connection
 // leaves with the node's address and a port of the masquerade's. A host on
 // the wire sends the node, posing as the server, an RST far from the
@@ -167,7 +167,7 @@ func forgedPair(src, dst net.HardwareAddr, c *rst8Conn, dip net.IP, dport int) [
 // (cni_snat) or in a's policy (cni_pol_ct_parts): after longer than a
 // closed flow lives, the server's push still reaches a. An RST at exactly
 // the server's next number still closes both ("exact"). IPv4 and IPv6.
-func TestRst8MasqueradedPolicyFlowRST(t *testing.T) {
+func TestPolicyMasqueradedFlowForgedRST(t *testing.T) {
 	t.Parallel()
 	l := newRst8Lab(t, true)
 	var allows []policy.Allow
@@ -219,7 +219,7 @@ func TestRst8MasqueradedPolicyFlowRST(t *testing.T) {
 	}
 }
 
-// TestRst8ForgedDataThenRST: a's ingress is isolated, its egress open; it
+// TestTCPTrackingForgedDataThenRST: a's ingress is isolated, its egress open; it
 // holds a connection to a server off the node (not masqueraded). A blind
 // attacker sends data segments then an RST at each one's end: if a data
 // segment covering the server's next sequence number moves the tracked
@@ -228,7 +228,7 @@ func TestRst8MasqueradedPolicyFlowRST(t *testing.T) {
 // (its segment covers the number; its acknowledgement is far off, so a's
 // TCP discards it) must not close a's policy flow: after longer than a
 // closed flow lives, the server's push still reaches a. IPv4 and IPv6.
-func TestRst8ForgedDataThenRST(t *testing.T) {
+func TestTCPTrackingForgedDataThenRST(t *testing.T) {
 	t.Parallel()
 	l := newRst8Lab(t, false)
 	if err := l.Maps().Policy().Writer().Apply(uint32(l.idx), policy.Endpoint{Ingress: isolated()}); err != nil {
@@ -280,7 +280,7 @@ func blockTCP(t *testing.T, netns ns.NetNS, fam int, dir string, port int) func(
 	return func() { nsCmd(t, netns, append([]string{cmd, "-D"}, rule...)...) }
 }
 
-// TestRst8TupleReusedWithNewISN: the remote host dials a server in a pod
+// TestTCPTrackingTupleReusedWithNewISN: the remote host dials a server in a pod
 // from a fixed port: a's, whose ingress is isolated but for it ("reuse",
 // "forged-syn": its policy flow), or web's through its hostPort
 // ("reuse-hostport": its cni_ct flow).
@@ -297,7 +297,7 @@ func blockTCP(t *testing.T, netns ns.NetNS, fam int, dir string, port int) func(
 // challenge ACK (RFC 5961 4.2); the flow must stay as it was: established
 // (not reset to a handshake's 120 s), its tracking on the real client,
 // whose RST still closes it. IPv4 and IPv6.
-func TestRst8TupleReusedWithNewISN(t *testing.T) {
+func TestTCPTrackingTupleReusedWithNewISN(t *testing.T) {
 	t.Parallel()
 	l := newRst8Lab(t, false)
 	var allows []policy.Allow
@@ -448,14 +448,14 @@ func setUserTimeout(c *net.TCPConn, d time.Duration) error {
 	return serr
 }
 
-// TestRst8ClosedFlowNotReopened: the remote host's connection to a's server
+// TestPolicyClosedFlowNotReopened: the remote host's connection to a's server
 // was allowed when it opened; since, a's policy lets nothing in (the flow
 // lives on: established flows are not cut). The client closes it with an
 // RST, which closes a's flow entry, and dials again from the same port: a
 // new connection, which the rules deny. The closed entry (10 s left) must
 // not let its SYN in, as conntrack kills a closed entry a SYN meets and
 // the rules judge the SYN as new. IPv4 and IPv6.
-func TestRst8ClosedFlowNotReopened(t *testing.T) {
+func TestPolicyClosedFlowNotReopened(t *testing.T) {
 	t.Parallel()
 	l := newRst8Lab(t, false)
 	var allows []policy.Allow
