@@ -1,5 +1,5 @@
-// The TCP RST tracking of bpf/lib/tcpseq.h under attack (issues 23/24
-// round 8, branch rst8): masqueraded policy flows, data-then-RST pairs, a
+// The TCP RST tracking of bpf/lib/tcpseq.h under attack (issues 23 and
+// 24): masqueraded policy flows, data-then-RST pairs, a
 // tuple reused with a new ISN. Each test was red before its fix.
 
 package integration
@@ -20,16 +20,16 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
-// rst8Lab is a node with networkPolicy (ipMasq when masq), a remote host
+// tcpTrackLab is a node with networkPolicy (ipMasq when masq), a remote host
 // on its uplink, and pod a.
-type rst8Lab struct {
+type tcpTrackLab struct {
 	*hpEnv
 	a   ns.NetNS
 	aIP map[int]net.IP
 	idx int
 }
 
-func newRst8Lab(t *testing.T, masq bool) *rst8Lab {
+func newTCPTrackLab(t *testing.T, masq bool) *tcpTrackLab {
 	t.Helper()
 	h := newHPEnv(t)
 	h.Extra["networkPolicy"] = true
@@ -45,12 +45,12 @@ func newRst8Lab(t *testing.T, masq bool) *rst8Lab {
 	h.CleanupDel(a, "a")
 	a4, a6 := resultIPs(h.Add(a, "a"))
 	_, idx := h.HostVeth("a")
-	return &rst8Lab{hpEnv: h, a: a, aIP: map[int]net.IP{4: a4, 6: a6}, idx: idx}
+	return &tcpTrackLab{hpEnv: h, a: a, aIP: map[int]net.IP{4: a4, 6: a6}, idx: idx}
 }
 
 // polFlow is pod a's policy flow of TCP ports podPort and peerPort in
 // family fam, if any.
-func (l *rst8Lab) polFlow(t *testing.T, fam, podPort, peerPort int) (maps.PolicyFlow, bool) {
+func (l *tcpTrackLab) polFlow(t *testing.T, fam, podPort, peerPort int) (maps.PolicyFlow, bool) {
 	t.Helper()
 	flows, err := l.Maps().Policy().ListFlows()
 	if err != nil {
@@ -65,7 +65,7 @@ func (l *rst8Lab) polFlow(t *testing.T, fam, podPort, peerPort int) (maps.Policy
 	return maps.PolicyFlow{}, false
 }
 
-func (l *rst8Lab) polState(t *testing.T, fam, podPort, peerPort int) string {
+func (l *tcpTrackLab) polState(t *testing.T, fam, podPort, peerPort int) string {
 	t.Helper()
 	f, ok := l.polFlow(t, fam, podPort, peerPort)
 	if !ok {
@@ -74,9 +74,9 @@ func (l *rst8Lab) polState(t *testing.T, fam, podPort, peerPort int) string {
 	return maps.FlowState(6, f.Flags)
 }
 
-// rst8Conn is a connection from pod a to the remote server on port, with
+// tcpTrackConn is a connection from pod a to the remote server on port, with
 // the server's next sequence number (it sent nothing yet).
-type rst8Conn struct {
+type tcpTrackConn struct {
 	fam      int
 	port     int
 	cli, srv net.Conn
@@ -87,7 +87,7 @@ type rst8Conn struct {
 	name     string
 }
 
-func (l *rst8Lab) dial(t *testing.T, fam, port int, name string) *rst8Conn {
+func (l *tcpTrackLab) dial(t *testing.T, fam, port int, name string) *tcpTrackConn {
 	t.Helper()
 	var ln net.Listener
 	must(t, l.remote.Do(func(ns.NetNS) (err error) {
@@ -102,7 +102,7 @@ func (l *rst8Lab) dial(t *testing.T, fam, port int, name string) *rst8Conn {
 			accepted <- s
 		}
 	}()
-	c := &rst8Conn{fam: fam, port: port, name: name}
+	c := &tcpTrackConn{fam: fam, port: port, name: name}
 	must(t, l.a.Do(func(ns.NetNS) (err error) {
 		c.cli, err = net.DialTimeout("tcp", hp(remoteIP[fam], port), 3*time.Second)
 		return
@@ -127,7 +127,7 @@ func (l *rst8Lab) dial(t *testing.T, fam, port int, name string) *rst8Conn {
 }
 
 // pushed wants the server's push to reach a.
-func (c *rst8Conn) pushed(t *testing.T, why string) {
+func (c *tcpTrackConn) pushed(t *testing.T, why string) {
 	t.Helper()
 	if _, err := c.srv.Write([]byte("pushed")); err != nil {
 		t.Errorf("%s v%d: server write: %v", c.name, c.fam, err)
@@ -146,7 +146,7 @@ func (c *rst8Conn) pushed(t *testing.T, why string) {
 // an acknowledgement far from anything a sent (the pod's TCP discards it,
 // RFC 5961 5.2), then an RST at the segment's end. One such pair in 2^32/L
 // lands when the tracking follows unacknowledged data.
-func forgedPair(src, dst net.HardwareAddr, c *rst8Conn, dip net.IP, dport int) [][]byte {
+func forgedPair(src, dst net.HardwareAddr, c *tcpTrackConn, dip net.IP, dport int) [][]byte {
 	seq := c.srvNext - 100
 	payload := make([]byte, 200)
 	for i := range payload {
@@ -169,7 +169,7 @@ func forgedPair(src, dst net.HardwareAddr, c *rst8Conn, dip net.IP, dport int) [
 // the server's next number still closes both ("exact"). IPv4 and IPv6.
 func TestPolicyMasqueradedFlowForgedRST(t *testing.T) {
 	t.Parallel()
-	l := newRst8Lab(t, true)
+	l := newTCPTrackLab(t, true)
 	var allows []policy.Allow
 	for _, fam := range []int{4, 6} {
 		allows = append(allows, policy.Allow{Prefix: host(remoteIP[fam]), Ports: []policy.PortRange{{Proto: 6, First: 7300, Last: 7399}}})
@@ -178,7 +178,7 @@ func TestPolicyMasqueradedFlowForgedRST(t *testing.T) {
 		t.Fatal(err)
 	}
 	src, dst := linkMAC(t, l.remote, "eth0"), linkMAC(t, l.Node, "uplink0")
-	var conns []*rst8Conn
+	var conns []*tcpTrackConn
 	for _, fam := range []int{4, 6} {
 		for i, name := range []string{"control", "rst", "pair", "exact"} {
 			c := l.dial(t, fam, 7300+10*fam+i, name)
@@ -230,12 +230,12 @@ func TestPolicyMasqueradedFlowForgedRST(t *testing.T) {
 // closed flow lives, the server's push still reaches a. IPv4 and IPv6.
 func TestTCPTrackingForgedDataThenRST(t *testing.T) {
 	t.Parallel()
-	l := newRst8Lab(t, false)
+	l := newTCPTrackLab(t, false)
 	if err := l.Maps().Policy().Writer().Apply(uint32(l.idx), policy.Endpoint{Ingress: isolated()}); err != nil {
 		t.Fatal(err)
 	}
 	src, dst := linkMAC(t, l.remote, "eth0"), linkMAC(t, l.Node, "uplink0")
-	var conns []*rst8Conn
+	var conns []*tcpTrackConn
 	for _, fam := range []int{4, 6} {
 		for i, name := range []string{"control", "pair"} {
 			conns = append(conns, l.dial(t, fam, 7400+10*fam+i, name))
@@ -299,7 +299,7 @@ func blockTCP(t *testing.T, netns ns.NetNS, fam int, dir string, port int) func(
 // whose RST still closes it. IPv4 and IPv6.
 func TestTCPTrackingTupleReusedWithNewISN(t *testing.T) {
 	t.Parallel()
-	l := newRst8Lab(t, false)
+	l := newTCPTrackLab(t, false)
 	var allows []policy.Allow
 	for _, fam := range []int{4, 6} {
 		allows = append(allows, policy.Allow{Prefix: host(remoteIP[fam]), Ports: []policy.PortRange{{Proto: 6, First: 7500, Last: 7599}}})
@@ -403,7 +403,7 @@ func TestTCPTrackingTupleReusedWithNewISN(t *testing.T) {
 
 // ctState is the state of the hostPort flow (cni_ct) from the remote
 // host's port cport in family fam, "absent" when there is none.
-func (l *rst8Lab) ctState(t *testing.T, fam, cport int) string {
+func (l *tcpTrackLab) ctState(t *testing.T, fam, cport int) string {
 	t.Helper()
 	flows, err := l.Maps().HostPorts().ListCT()
 	if err != nil {
@@ -457,7 +457,7 @@ func setUserTimeout(c *net.TCPConn, d time.Duration) error {
 // the rules judge the SYN as new. IPv4 and IPv6.
 func TestPolicyClosedFlowNotReopened(t *testing.T) {
 	t.Parallel()
-	l := newRst8Lab(t, false)
+	l := newTCPTrackLab(t, false)
 	var allows []policy.Allow
 	for _, fam := range []int{4, 6} {
 		allows = append(allows, policy.Allow{Prefix: host(remoteIP[fam]), Ports: []policy.PortRange{{Proto: 6, First: 7600, Last: 7699}}})
