@@ -12,6 +12,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -186,5 +187,105 @@ func TestAttack8TunnelClearForgedSourceThroughStackDNAT(t *testing.T) {
 	if d := podReceived(before, podSNMP(t, p1)); len(d) != 0 || len(g) != 0 {
 		t.Errorf("pod 1 received the stranger's forgeries claiming node 3's pod %s through node 1's DNAT: %v, datagrams %q (node 1's uplink drop_tunnel_source: %d)",
 			a3, d, g, counter(t, m1, up1, maps.DirIngress, maps.ReasonDropTunSrc).Packets-drops0)
+	}
+}
+
+// TestAttack8TunnelHostPortIntoIsolatedPod: a pod of node 3 dials node 1's
+// address and a hostPort; node addresses are cluster CIDRs, so it keeps its
+// address and the request comes out of the tunnel, where cni_from_tunnel
+// DNATs it into the hostPort pod (docs/tunnel.md, "Pods to other nodes'
+// addresses"). docs/networkpolicy.md: a hostPort into an isolated pod is
+// judged by the receiver's ingress, on the pod's address and containerPort.
+// The hostPort pod isolated for ingress and admitting nobody must not
+// answer pod 3, through the hostPort as on its own address.
+func TestAttack8TunnelHostPortIntoIsolatedPod(t *testing.T) {
+	lab := newTunLab(t)
+	n1, n3 := lab.nodes[0], lab.nodes[2]
+	n1.Extra["networkPolicy"] = true
+	for _, e := range lab.nodes {
+		e.Extra["clusterCIDRs"] = []string{tunCluster, tunCluster6, tunNode[0].String() + "/32", tunNode[1].String() + "/32", tunNode[2].String() + "/32"}
+	}
+	startTunAgents(t, lab)
+	p3, _ := n3.RunPod("c3")
+	h1 := n1.NewPod()
+	n1.CleanupDel(h1, "h1")
+	r := n1.MustAddHP(h1, "h1", testenv.PM{HostPort: 11355, ContainerPort: 8080, Protocol: "tcp"},
+		testenv.PM{HostPort: 11355, ContainerPort: 8080, Protocol: "udp"})
+	a1, _ := testenv.PodIPs(t, r)
+	serve(t, h1, 8080, "h1")
+	_, idx := n1.HostVeth("h1")
+	pw := n1.Maps().Policy().Writer()
+
+	// Open: pod 3 reaches the hostPort pod both ways (the path works).
+	if err := pw.Apply(uint32(idx), policy.Endpoint{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, proto := range []string{"tcp", "udp"} {
+		if a, err := askFrom(p3, proto, hp(tunNode[0], 11355), 0); err != nil || a.server != "h1" {
+			t.Fatalf("control: %s from pod 3 to node 1's hostPort with h1 open: %+v %v", proto, a, err)
+		}
+		reach(t, p3, proto, a1, 8080, "h1")
+	}
+
+	// Isolated for ingress, nobody admitted.
+	if err := pw.Apply(uint32(idx), policy.Endpoint{Ingress: isolated()}); err != nil {
+		t.Fatal(err)
+	}
+	for _, proto := range []string{"tcp", "udp"} {
+		blocked(t, p3, proto, a1, 8080)
+		blocked(t, p3, proto, tunNode[0], 11355)
+	}
+	if d := counter(t, n1.Maps(), idx, maps.DirIngress, maps.ReasonDropPolicy).Packets; d == 0 {
+		t.Errorf("h1 counted no drop_policy ingress")
+	}
+}
+
+// TestAttack8TunnelHostPortIngressLimit: docs/bandwidth.md and
+// TestBandwidthHostPortIngress: a pod's ingress limit holds for what
+// reaches it through its hostPort (the uplink program hands such packets to
+// the host veth's queue). Through the tunnel, cni_from_tunnel DNATs a pod
+// of another node's request at this node's address into the hostPort pod
+// (docs/tunnel.md, "Pods to other nodes' addresses"): its stream must meet
+// the same limit (at most 1.05x) and pass the same queue. The control, the
+// same pod streaming to the pod's own address through the tunnel, does.
+func TestAttack8TunnelHostPortIngressLimit(t *testing.T) {
+	lab := newTunLab(t)
+	n1, n3 := lab.nodes[0], lab.nodes[2]
+	for _, e := range lab.nodes {
+		e.Extra["clusterCIDRs"] = []string{tunCluster, tunCluster6, tunNode[0].String() + "/32", tunNode[1].String() + "/32", tunNode[2].String() + "/32"}
+	}
+	n1.Extra["capabilities"] = map[string]bool{"portMappings": true, "bandwidth": true}
+	startTunAgents(t, lab)
+	p3, _ := n3.RunPod("c3")
+	h1 := n1.NewPod()
+	n1.CleanupDel(h1, "h1")
+	const rate = 20e6
+	rt := n1.RuntimeConfHP(h1, "h1", []testenv.PM{{HostPort: 11356, ContainerPort: 80, Protocol: "tcp"}})
+	rt.CapabilityArgs["bandwidth"] = bandwidthArgs(rate, 0)
+	r, err := n1.AddList(n1.ConfList("1.0.0"), rt)
+	if err != nil {
+		t.Fatalf("ADD with a hostPort and an ingress limit: %v", err)
+	}
+	a1, _ := testenv.PodIPs(t, r)
+	_, idx := n1.HostVeth("h1")
+	for _, c := range []struct{ what, listen, dial string }{
+		{"pod 3 to the pod's address (control)", hp(a1, 81), ""},
+		{"pod 3 to node 1's hostPort", hp(a1, 80), hp(tunNode[0], 11356)},
+	} {
+		before := queueBytes(t, n1, idx)
+		s := tcpStreamVia(t, p3, h1, c.listen, c.dial, 4*time.Second)
+		queued := queueBytes(t, n1, idx) - before
+		var got float64
+		for _, bps := range s.intervals {
+			got += bps / 8
+		}
+		t.Logf("%s at a %.0f Mbit/s ingress limit: mean %.3fx, %d retransmitted, %.2f MB of %.2f MB through the queue",
+			c.what, rate/1e6, s.mean/rate, s.retrans, float64(queued)/1e6, got/1e6)
+		if s.mean > 1.05*rate {
+			t.Errorf("%s: mean %.1f Mbit/s over a %.0f Mbit/s ingress limit", c.what, s.mean/1e6, rate/1e6)
+		}
+		if float64(queued) < 0.9*got {
+			t.Errorf("%s: %.2f MB passed the ingress queue of %.2f MB received: the stream went around it", c.what, float64(queued)/1e6, got/1e6)
+		}
 	}
 }
