@@ -64,6 +64,8 @@ func dialFromPortRST(netns ns.NetNS, addr string, lport int, timeout time.Durati
 func TestAttack8ReusedTupleAfterRSTSeesNewPolicy(t *testing.T) {
 	t.Parallel()
 	p := newPolLab(t, false)
+	// Every interface starts pending: b open both ways.
+	p.apply(t, "b", policy.Endpoint{})
 	for i, fam := range []int{4, 6} {
 		bAddr := p.ip["b"][fam]
 		aAddr := p.ip["a"][fam]
