@@ -1,4 +1,5 @@
-// Hostile review 8, the tunnel: path MTU for a hostPort's replies.
+// Hostile review 8, the tunnel: path MTU of UDP beyond the path, and a
+// forged tunnelled source through a stack DNAT.
 
 package integration
 
@@ -12,7 +13,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
-	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -77,21 +77,24 @@ func bigUDPAnswered(netns ns.NetNS, addr string, want, tries int) (sent int, err
 	return sent, err
 }
 
-// TestAttack8TunnelHostPortReplyPMTU: a hostPort pod of node 1 (1500-byte
-// link, pods' MTU 1450) answers a pod of node 3 (behind the router's
-// 1400-byte link) with 1400-byte UDP datagrams, which fit the pod's MTU but
-// not the path once encapsulated (1478 bytes). docs/tunnel.md promises
-// PMTU through the tunnel: the router's "fragmentation needed" reaches node
-// 1, the agent locks the path MTU on the routes, and the pod is told. The
-// control, pod 3 to the hostPort pod's own address, works that way. The
-// same server through node 1's hostPort (the client's address kept: node
-// addresses are cluster CIDRs) must be answered too, after the same few
-// retries; its replies go into the tunnel by tun_redirect, which sets the
-// tunnel key itself ("the path MTU the device learns is not recorded on
-// its route", docs/tunnel.md "Not done"): nobody tells the pod, every
-// reply is lost, and a UDP service (DNS over a hostPort, a game server)
-// is dead for every pod behind a smaller link.
-func TestAttack8TunnelHostPortReplyPMTU(t *testing.T) {
+// TestAttack8TunnelUDPBeyondPathMTU: a pod of node 1 (1500-byte link,
+// pods' MTU 1450) answers a pod of node 3 (behind the router's 1400-byte
+// link) with 1400-byte UDP datagrams, which fit the pod's MTU but not the
+// path once encapsulated (1478 bytes). docs/tunnel.md (MTU) promises: the
+// router's "fragmentation needed" gives node 1 the path MTU, the agent
+// locks it on the routes (1350), "and the stack then answers the pod with
+// fragmentation needed"; "until the agent's next tick, oversized packets
+// are lost". A UDP socket (IP_PMTUDISC_WANT, the default) that is told
+// fragments its next datagrams, so after a few retries the answers must
+// arrive: on the pod's own address, and through node 1's hostPort (the
+// client's address kept: node addresses are cluster CIDRs), whose replies
+// tun_redirect puts into the tunnel with its own key (docs/tunnel.md "Not
+// done": "a reply larger than the 1400-byte link is untested"). In one run
+// neither answered in 20 s: the pod is sent "fragmentation needed (mtu =
+// 1350)" again and again (ping -M want shows it) but never records the
+// path MTU (`ip route show cache` in the pod: empty), so DNS over UDP with
+// large answers, or any UDP service, is dead between such pods.
+func TestAttack8TunnelUDPBeyondPathMTU(t *testing.T) {
 	lab := newTunLab(t)
 	n1, n3 := lab.nodes[0], lab.nodes[2]
 	for _, e := range lab.nodes {
@@ -105,23 +108,17 @@ func TestAttack8TunnelHostPortReplyPMTU(t *testing.T) {
 	a1, _ := testenv.PodIPs(t, r)
 	const size = 1400
 	serveBigUDP(t, hp1, 5353, size)
-
-	// The hostPort first: the control below teaches the pod the path MTU
-	// toward pod 3, after which its replies would fit whatever path.
-	hostPortErr := error(nil)
-	if n, err := bigUDPAnswered(p3, hp(tunNode[0], 11353), size, 15); err != nil {
-		hostPortErr = err
-	} else {
-		t.Logf("hostPort answered after %d requests", n)
-	}
-	// Control: the plain path learns the path MTU within a few retries.
-	if n, err := bigUDPAnswered(p3, hp(a1, 5353), size, 20); err != nil {
-		t.Fatalf("control: pod 3 to the hostPort pod's own address %s: %v", a1, err)
-	} else {
-		t.Logf("control: pod 3 to %s answered after %d requests", a1, n)
-	}
-	if hostPortErr != nil {
-		t.Errorf("pod 3 to node 1's hostPort %s: %v (the same server answered on its own address)", hp(tunNode[0], 11353), hostPortErr)
+	// The hostPort first: were the pod taught the path MTU toward pod 3 by
+	// the direct exchange, its replies would fit whatever path.
+	for _, c := range []struct{ what, addr string }{
+		{"node 1's hostPort", hp(tunNode[0], 11353)},
+		{"the pod's own address", hp(a1, 5353)},
+	} {
+		if n, err := bigUDPAnswered(p3, c.addr, size, 20); err != nil {
+			t.Errorf("pod 3 to %s %s, %d-byte answers: %v", c.what, c.addr, size, err)
+		} else {
+			t.Logf("pod 3 to %s: answered after %d requests", c.what, n)
+		}
 	}
 }
 
@@ -187,151 +184,5 @@ func TestAttack8TunnelClearForgedSourceThroughStackDNAT(t *testing.T) {
 	if d := podReceived(before, podSNMP(t, p1)); len(d) != 0 || len(g) != 0 {
 		t.Errorf("pod 1 received the stranger's forgeries claiming node 3's pod %s through node 1's DNAT: %v, datagrams %q (node 1's uplink drop_tunnel_source: %d)",
 			a3, d, g, counter(t, m1, up1, maps.DirIngress, maps.ReasonDropTunSrc).Packets-drops0)
-	}
-}
-
-// TestAttack8TunnelHostPortIntoIsolatedPod: a pod of node 3 dials node 1's
-// address and a hostPort; node addresses are cluster CIDRs, so it keeps its
-// address and the request comes out of the tunnel, where cni_from_tunnel
-// DNATs it into the hostPort pod (docs/tunnel.md, "Pods to other nodes'
-// addresses"). docs/networkpolicy.md: a hostPort into an isolated pod is
-// judged by the receiver's ingress, on the pod's address and containerPort.
-// The hostPort pod isolated for ingress and admitting nobody must not
-// answer pod 3, through the hostPort as on its own address.
-func TestAttack8TunnelHostPortIntoIsolatedPod(t *testing.T) {
-	lab := newTunLab(t)
-	n1, n3 := lab.nodes[0], lab.nodes[2]
-	n1.Extra["networkPolicy"] = true
-	for _, e := range lab.nodes {
-		e.Extra["clusterCIDRs"] = []string{tunCluster, tunCluster6, tunNode[0].String() + "/32", tunNode[1].String() + "/32", tunNode[2].String() + "/32"}
-	}
-	startTunAgents(t, lab)
-	p3, _ := n3.RunPod("c3")
-	h1 := n1.NewPod()
-	n1.CleanupDel(h1, "h1")
-	r := n1.MustAddHP(h1, "h1", testenv.PM{HostPort: 11355, ContainerPort: 8080, Protocol: "tcp"},
-		testenv.PM{HostPort: 11355, ContainerPort: 8080, Protocol: "udp"})
-	a1, _ := testenv.PodIPs(t, r)
-	serve(t, h1, 8080, "h1")
-	_, idx := n1.HostVeth("h1")
-	pw := n1.Maps().Policy().Writer()
-
-	// Open: pod 3 reaches the hostPort pod both ways (the path works).
-	if err := pw.Apply(uint32(idx), policy.Endpoint{}); err != nil {
-		t.Fatal(err)
-	}
-	for _, proto := range []string{"tcp", "udp"} {
-		if a, err := askFrom(p3, proto, hp(tunNode[0], 11355), 0); err != nil || a.server != "h1" {
-			t.Fatalf("control: %s from pod 3 to node 1's hostPort with h1 open: %+v %v", proto, a, err)
-		}
-		reach(t, p3, proto, a1, 8080, "h1")
-	}
-
-	// Isolated for ingress, nobody admitted.
-	if err := pw.Apply(uint32(idx), policy.Endpoint{Ingress: isolated()}); err != nil {
-		t.Fatal(err)
-	}
-	for _, proto := range []string{"tcp", "udp"} {
-		blocked(t, p3, proto, a1, 8080)
-		blocked(t, p3, proto, tunNode[0], 11355)
-	}
-	if d := counter(t, n1.Maps(), idx, maps.DirIngress, maps.ReasonDropPolicy).Packets; d == 0 {
-		t.Errorf("h1 counted no drop_policy ingress")
-	}
-}
-
-// TestAttack8TunnelHostPortIngressLimit: docs/bandwidth.md and
-// TestBandwidthHostPortIngress: a pod's ingress limit holds for what
-// reaches it through its hostPort (the uplink program hands such packets to
-// the host veth's queue). Through the tunnel, cni_from_tunnel DNATs a pod
-// of another node's request at this node's address into the hostPort pod
-// (docs/tunnel.md, "Pods to other nodes' addresses"): its stream must meet
-// the same limit (at most 1.05x) and pass the same queue. The control, the
-// same pod streaming to the pod's own address through the tunnel, does.
-func TestAttack8TunnelHostPortIngressLimit(t *testing.T) {
-	lab := newTunLab(t)
-	n1, n3 := lab.nodes[0], lab.nodes[2]
-	for _, e := range lab.nodes {
-		e.Extra["clusterCIDRs"] = []string{tunCluster, tunCluster6, tunNode[0].String() + "/32", tunNode[1].String() + "/32", tunNode[2].String() + "/32"}
-	}
-	n1.Extra["capabilities"] = map[string]bool{"portMappings": true, "bandwidth": true}
-	startTunAgents(t, lab)
-	p3, _ := n3.RunPod("c3")
-	h1 := n1.NewPod()
-	n1.CleanupDel(h1, "h1")
-	const rate = 20e6
-	rt := n1.RuntimeConfHP(h1, "h1", []testenv.PM{{HostPort: 11356, ContainerPort: 80, Protocol: "tcp"}})
-	rt.CapabilityArgs["bandwidth"] = bandwidthArgs(rate, 0)
-	r, err := n1.AddList(n1.ConfList("1.0.0"), rt)
-	if err != nil {
-		t.Fatalf("ADD with a hostPort and an ingress limit: %v", err)
-	}
-	a1, _ := testenv.PodIPs(t, r)
-	_, idx := n1.HostVeth("h1")
-	for _, c := range []struct{ what, listen, dial string }{
-		{"pod 3 to the pod's address (control)", hp(a1, 81), ""},
-		{"pod 3 to node 1's hostPort", hp(a1, 80), hp(tunNode[0], 11356)},
-	} {
-		before := queueBytes(t, n1, idx)
-		s := tcpStreamVia(t, p3, h1, c.listen, c.dial, 4*time.Second)
-		queued := queueBytes(t, n1, idx) - before
-		var got float64
-		for _, bps := range s.intervals {
-			got += bps / 8
-		}
-		t.Logf("%s at a %.0f Mbit/s ingress limit: mean %.3fx, %d retransmitted, %.2f MB of %.2f MB through the queue",
-			c.what, rate/1e6, s.mean/rate, s.retrans, float64(queued)/1e6, got/1e6)
-		if s.mean > 1.05*rate {
-			t.Errorf("%s: mean %.1f Mbit/s over a %.0f Mbit/s ingress limit", c.what, s.mean/1e6, rate/1e6)
-		}
-		if float64(queued) < 0.9*got {
-			t.Errorf("%s: %.2f MB passed the ingress queue of %.2f MB received: the stream went around it", c.what, float64(queued)/1e6, got/1e6)
-		}
-	}
-}
-
-// TestAttack8TunnelMasqueradedServiceAcross: kube-proxy with
-// masqueradeAll (or any SNAT at POSTROUTING) masquerades a pod's ClusterIP
-// connection; when the endpoint is a pod of another node, the translated
-// packet goes into the tunnel. docs/networkpolicy.md admits "such a packet
-// did not get through the tunnel here even with no policy: not
-// investigated". A user expects a Service to answer whatever kube-proxy's
-// masquerade setting: the same ClusterIP answers without the masquerade
-// (the control), and must with it, TCP and UDP.
-func TestAttack8TunnelMasqueradedServiceAcross(t *testing.T) {
-	lab := newTunLab(t)
-	n1, n3 := lab.nodes[0], lab.nodes[2]
-	startTunAgents(t, lab)
-	p1, _ := n1.RunPod("c1")
-	p3, r3 := n3.RunPod("c3")
-	a3, _ := testenv.PodIPs(t, r3)
-	serve(t, p3, 7001, "c3")
-	proxyModes[0].install(t, n1.Node, 4, tunCluster, []net.IP{tunNode[0]}, []svcPort{
-		{name: "m8t", proto: "tcp", clusterIP: svcWeb[4], port: 80, backend: a3, target: 7001},
-		{name: "m8u", proto: "udp", clusterIP: svcWeb[4], port: 80, backend: a3, target: 7001},
-	})
-	for _, proto := range []string{"tcp", "udp"} {
-		reach(t, p1, proto, svcWeb[4], 80, "c3")
-	}
-	if t.Failed() {
-		t.Fatalf("control: the ClusterIP without masquerade did not answer")
-	}
-	must(t, n1.InNode(func() error {
-		for _, chain := range []string{"KUBE-SVC-M8T", "KUBE-SVC-M8U"} {
-			if out, err := exec.Command("iptables-nft", "-t", "nat", "-I", chain, "1", "-j", "KUBE-MARK-MASQ").CombinedOutput(); err != nil {
-				return fmt.Errorf("%s: %v: %s", chain, err, out)
-			}
-		}
-		return nil
-	}))
-	for _, proto := range []string{"tcp", "udp"} {
-		a, err := askFrom(p1, proto, hp(svcWeb[4], 80), 0)
-		if err != nil || a.server != "c3" {
-			idx, _, _ := tunDevice(t, n1)
-			t.Errorf("%s to the ClusterIP masqueraded by kube-proxy, endpoint pod 3 across the tunnel: %+v %v; node 1's ebpf-tun: %s",
-				proto, a, err, dumpCounters(n1.Maps(), idx))
-		} else {
-			t.Logf("%s: pod 3 saw the client as %s", proto, a.peer)
-		}
 	}
 }
