@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 481280, crc: 0x9ae03ba3, sha: "efae2fa2afc8"},
-	"from_container_compat": {size: 457960, crc: 0xcd16708e, sha: "649f534293b6"},
-	"from_uplink":           {size: 329064, crc: 0x6e130c7a, sha: "a6da5cbf391f"},
-	"from_uplink_compat":    {size: 304088, crc: 0x60d469de, sha: "89b372a7ce31"},
-	"sock":                  {size: 169392, crc: 0xc5a04771, sha: "be77b91b573f"},
-	"sock_compat":           {size: 159808, crc: 0xdf103dbc, sha: "de6a819c8714"},
-	"sock_ops":              {size: 152280, crc: 0x35e7cb99, sha: "9746a46ba08c"},
-	"to_container":          {size: 183656, crc: 0x033c48d6, sha: "3589d925bc1b"},
-	"to_container_compat":   {size: 169096, crc: 0x9b50aba0, sha: "b07a031c838a"},
-	"to_uplink":             {size: 283464, crc: 0x48ecdafe, sha: "1cfaf130f78d"},
-	"to_uplink_compat":      {size: 252344, crc: 0x55e412cf, sha: "4b39d71acff7"},
-	"tunnel":                {size: 248368, crc: 0x7449b02e, sha: "5327531f3da4"},
+	"from_container":        {size: 482496, crc: 0xb047b2e0, sha: "f7ab3211de2f"},
+	"from_container_compat": {size: 459168, crc: 0xe2b19587, sha: "8c66acf1657a"},
+	"from_uplink":           {size: 330056, crc: 0x8ee06fd8, sha: "4d8d88a12f90"},
+	"from_uplink_compat":    {size: 305072, crc: 0x8060d006, sha: "1e20c0ffc96a"},
+	"sock":                  {size: 170344, crc: 0x8741ad8d, sha: "1a130d1e3752"},
+	"sock_compat":           {size: 160744, crc: 0x45fbec0b, sha: "9919cd260043"},
+	"sock_ops":              {size: 153216, crc: 0x4e6efc45, sha: "cd50e7109ea9"},
+	"to_container":          {size: 184600, crc: 0xd0690e03, sha: "0e3d98dec40f"},
+	"to_container_compat":   {size: 170032, crc: 0xb9ca705e, sha: "07a2a7d77825"},
+	"to_uplink":             {size: 284552, crc: 0xf7ede20f, sha: "90c393474dd2"},
+	"to_uplink_compat":      {size: 253424, crc: 0xfc72b5b8, sha: "877147136beb"},
+	"tunnel":                {size: 249352, crc: 0xbc3a8012, sha: "b4e8d1261042"},
 }
