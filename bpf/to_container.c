@@ -53,14 +53,19 @@ static __always_inline int to_container_policy(struct __sk_buff *skb, const stru
  * upgrade's), which no pod sees unless a stack DNAT carries it here
  * (kube-proxy's NodePort with externalTrafficPolicy Local, the portmap
  * plugin's hostPorts): a host on the link forging that node's pod. Called
- * in tunnel mode only, for a forwarded packet: an LPM lookup of the
- * source, and a hash lookup for a tunnelled one.
+ * in tunnel mode only, for a forwarded packet: a hash lookup of the
+ * ingress link, and an LPM lookup of the source unless it is the tunnel.
  */
 static __noinline int tun_clear_to_pod(struct __sk_buff *skb, __u32 from)
 {
 	__u8 src[16] = {};
 	__u8 family;
+	/* The tunnel device first: in tunnel mode most pod traffic the stack
+	 * delivers comes out of it, and then the LPM lookup is spared. */
+	__u32 *what = bpf_map_lookup_elem(&cni_after_links, &from);
 
+	if (what && (*what & AFTER_LINK_TUNNEL))
+		return 0;
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = pkt_ip4(skb);
 
@@ -79,10 +84,7 @@ static __noinline int tun_clear_to_pod(struct __sk_buff *skb, __u32 from)
 		return 0;
 	}
 	struct tun_peer *p = tun_cidr_of(src, family);
-	if (!p || !(p->flags & TUN_PEER_ENCAP))
-		return 0;
-	__u32 *what = bpf_map_lookup_elem(&cni_after_links, &from);
-	return !what || !(*what & AFTER_LINK_TUNNEL);
+	return p && (p->flags & TUN_PEER_ENCAP);
 }
 
 SEC("tc")
