@@ -14,6 +14,7 @@
  */
 #define CNI_PROG EV_PROG_TO_CONTAINER
 #include "lib/stackflow.h"
+#include "lib/tunnel.h"
 
 /* Both policies a packet the stack delivers meets: the pod's ingress (its
  * link entry carries EP_F_POLICY), and the sender's egress when the stack
@@ -43,6 +44,49 @@ static __always_inline int to_container_policy(struct __sk_buff *skb, const stru
 	return TC_ACT_OK;
 }
 
+/*
+ * Whether a packet the stack delivers to a pod claims a source in the pod
+ * CIDR of a node reached through the tunnel (TUN_PEER_ENCAP) without having
+ * come out of the tunnel device (from, its ingress interface), where the
+ * trust rule judged it. Off the wire in the clear such a source passes
+ * from_uplink only to a node address (TUN_CLEAR_NODE, the rolling
+ * upgrade's), which no pod sees unless a stack DNAT carries it here
+ * (kube-proxy's NodePort with externalTrafficPolicy Local, the portmap
+ * plugin's hostPorts): a host on the link forging that node's pod. Called
+ * in tunnel mode only, for a forwarded packet: a hash lookup of the
+ * ingress link, and an LPM lookup of the source unless it is the tunnel.
+ */
+static __noinline int tun_clear_to_pod(struct __sk_buff *skb, __u32 from)
+{
+	__u8 src[16] = {};
+	__u8 family;
+	/* The tunnel device first: in tunnel mode most pod traffic the stack
+	 * delivers comes out of it, and then the LPM lookup is spared. */
+	__u32 *what = bpf_map_lookup_elem(&cni_after_links, &from);
+
+	if (what && (*what & AFTER_LINK_TUNNEL))
+		return 0;
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = pkt_ip4(skb);
+
+		if (!ip)
+			return 0;
+		__builtin_memcpy(src, &ip->saddr, 4);
+		family = AF_INET;
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = pkt_ip6(skb);
+
+		if (!ip6)
+			return 0;
+		__builtin_memcpy(src, &ip6->saddr, 16);
+		family = AF_INET6;
+	} else {
+		return 0;
+	}
+	struct tun_peer *p = tun_cidr_of(src, family);
+	return p && (p->flags & TUN_PEER_ENCAP);
+}
+
 SEC("tc")
 int cni_to_container(struct __sk_buff *skb)
 {
@@ -52,7 +96,15 @@ int cni_to_container(struct __sk_buff *skb)
 	__u32 ifindex = skb->ifindex;
 
 	struct link_info *li = bpf_map_lookup_elem(&cni_links, &ifindex);
+	__u32 from = skb->ingress_ifindex;
 
+	/* Counted on the link it came in by, as from_uplink counts the same
+	 * forgery to a pod's own address. A node hook's delivery (the queue
+	 * bit) was judged there. */
+	if (from && !(skb->tc_index & TC_INDEX_QUEUED) && node_tunnel_on() && tun_clear_to_pod(skb, from)) {
+		count(from, DIR_INGRESS, REASON_DROP_TUN_SRC, skb->len);
+		return TC_ACT_SHOT;
+	}
 	if (to_container_policy(skb, li) == TC_ACT_SHOT)
 		return TC_ACT_SHOT;
 	/* The node addresses the pod with the MAC its neighbour entry had at ADD
