@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 481768, crc: 0x3c11f3f1, sha: "55facc5f9e23"},
-	"from_container_compat": {size: 457960, crc: 0xcd16708e, sha: "649f534293b6"},
-	"from_uplink":           {size: 329560, crc: 0x7af07951, sha: "430fb9ed1c43"},
-	"from_uplink_compat":    {size: 304088, crc: 0x60d469de, sha: "89b372a7ce31"},
-	"sock":                  {size: 169880, crc: 0xfc40c632, sha: "b966f2b50ea2"},
-	"sock_compat":           {size: 159808, crc: 0xdf103dbc, sha: "de6a819c8714"},
+	"from_container":        {size: 487976, crc: 0xa3febe81, sha: "c1970cebfa0e"},
+	"from_container_compat": {size: 457960, crc: 0x90edec26, sha: "5e19666a4261"},
+	"from_uplink":           {size: 329560, crc: 0x614f2834, sha: "bff6d0f5815f"},
+	"from_uplink_compat":    {size: 304088, crc: 0xf14b1363, sha: "ac982b8a141b"},
+	"sock":                  {size: 169880, crc: 0x612a01fe, sha: "7072887a5789"},
+	"sock_compat":           {size: 159808, crc: 0x7b7aec35, sha: "8e5b5621fc4a"},
 	"sock_ops":              {size: 152768, crc: 0xa67cb5e4, sha: "82df1ff2410e"},
 	"to_container":          {size: 184304, crc: 0xf89422a8, sha: "e472d4fdc112"},
 	"to_container_compat":   {size: 169096, crc: 0x9b50aba0, sha: "b07a031c838a"},
-	"to_uplink":             {size: 284112, crc: 0x09142825, sha: "e6d76faf5001"},
-	"to_uplink_compat":      {size: 252344, crc: 0x55e412cf, sha: "4b39d71acff7"},
-	"tunnel":                {size: 249016, crc: 0x92a6f7eb, sha: "29362b267997"},
+	"to_uplink":             {size: 284112, crc: 0xc86e7041, sha: "beefaf682120"},
+	"to_uplink_compat":      {size: 252344, crc: 0x6e1fda67, sha: "ee916e72f146"},
+	"tunnel":                {size: 249016, crc: 0xd5325e96, sha: "9a1213be8b22"},
 }
