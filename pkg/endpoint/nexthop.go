@@ -2,6 +2,7 @@ package endpoint
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 
@@ -72,11 +73,12 @@ func podNexthops(table int, routes []*netlinkRoute) (map[string]uint32, []net.IP
 	return ids, gws, nil
 }
 
-// addNexthop creates (or replaces: an ADD retried on the same interface)
-// nexthop id via gw on ifindex, on-link as the pod's gateway is, in the
-// calling thread's netns.
+// addNexthop creates nexthop id via gw on ifindex, on-link as the pod's
+// gateway is, in the calling thread's netns. The interface is new (ADD
+// makes the veth; a nexthop goes with its device), so an id taken is
+// another tool's: refused, never replaced (that would move its routes).
 func addNexthop(id uint32, ifindex int, gw net.IP) error {
-	req := nl.NewNetlinkRequest(unix.RTM_NEWNEXTHOP, unix.NLM_F_CREATE|unix.NLM_F_REPLACE|unix.NLM_F_ACK)
+	req := nl.NewNetlinkRequest(unix.RTM_NEWNEXTHOP, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
 	m := &nhMsg{family: unix.AF_INET6, flags: unix.RTNH_F_ONLINK}
 	if g4 := gw.To4(); g4 != nil {
 		m.family, gw = unix.AF_INET, g4
@@ -86,6 +88,9 @@ func addNexthop(id uint32, ifindex int, gw net.IP) error {
 	req.AddData(nl.NewRtAttr(nhaOIF, nl.Uint32Attr(uint32(ifindex))))
 	req.AddData(nl.NewRtAttr(nhaGateway, []byte(gw)))
 	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return &conflictError{fmt.Sprintf("nexthop id %d (via %s): the pod already has a nexthop object with that id, not ours; it is never replaced", id, gw)}
+		}
 		return fmt.Errorf("add nexthop %d via %s: %w", id, gw, err)
 	}
 	return nil
