@@ -241,8 +241,11 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
 /*
  * A packet from the pod behind ifindex: if it is the reply of a translated
  * flow, rewrite it back to what the client dialled. Returns 1 when
- * translated, 0 when not a translated flow, -1 on error.
+ * translated, 0 when not a translated flow, HP_REV_TOO_BIG when a reply
+ * into the tunnel exceeds its path (untouched, for the stack to answer),
+ * -1 on error.
  */
+#define HP_REV_TOO_BIG 2
 static __always_inline int hostport_reverse(struct __sk_buff *skb, struct flow *f, __u32 ifindex)
 {
 	struct ct_key k = { .family = f->family, .proto = f->proto, .pod_port = f->sport, .peer_port = f->dport };
@@ -261,6 +264,12 @@ static __always_inline int hostport_reverse(struct __sk_buff *skb, struct flow *
 	__u64 now = bpf_ktime_get_ns();
 	if (flow_expired(ct->flags, f->proto, ct->seen_ns, now))
 		return 0;
+#ifndef EBPF_CNI_COMPAT
+	/* Too large for the tunnel's path: the stack tells the pod (before
+	 * ct_track, which this packet never reaches the client to update). */
+	if (!(ct->flags & CT_F_SNAT) && tun_reply_too_big(skb, f))
+		return HP_REV_TOO_BIG;
+#endif
 	ct_track(skb, ct, f, 1, now);
 	/* Copy before rewriting: the entry may be evicted meanwhile. */
 	__u8 orig[16], client[16];
@@ -454,6 +463,8 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 		rc = hostport_reverse(skb, &f, ifindex);
 		if (rc < 0)
 			goto error;
+		if (rc == HP_REV_TOO_BIG)
+			return HP_CONTINUE;
 		if (rc)
 			hp_count(HP_STAT_REPLY);
 	}

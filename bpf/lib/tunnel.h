@@ -86,6 +86,72 @@ static __noinline __attribute__((unused)) int tun_redirect(struct __sk_buff *skb
 		return -1;
 	return bpf_redirect(s.ifindex, 0);
 }
+
+/*
+ * Whether a hostPort reply, before its translation (f: as the pod sent it),
+ * toward a pod CIDR routed into the tunnel is larger than that route's MTU:
+ * the path MTU the agent learned and locked on it (docs/tunnel.md, MTU).
+ * tun_redirect sends past the route, and the router's "fragmentation
+ * needed" about the outer datagram reaches only the node, so nothing else
+ * would tell the pod: its large replies were lost for good. Such a reply
+ * goes to the stack untranslated instead, whose forwarding answers the pod
+ * with "fragmentation needed" / "packet too big" about its own flow, and
+ * drops it. IPv4 only with DF: the stack would fragment the rest, with the
+ * pod's address. A GSO packet is judged by its segments' size. With
+ * tot_len set, bpf_fib_lookup checks the route's MTU before it refuses the
+ * tunnel route (FRAG_NEEDED before UNSUPP_LWT). Only replies toward a
+ * tunnelled pod CIDR pay the lookup, in tunnel mode.
+ */
+static __noinline __attribute__((unused)) int tun_reply_too_big(struct __sk_buff *skb, struct flow *f)
+{
+	struct hp_config *c = node_config();
+	struct bpf_fib_lookup p = {};
+	struct tun_peer *t;
+	__u32 len;
+
+	if (!c || !(c->flags & HP_CFG_TUNNEL))
+		return 0;
+	t = tun_cidr_of(f->daddr, f->family);
+	if (!t || !(t->flags & TUN_PEER_ENCAP))
+		return 0;
+	p.family = f->family;
+	p.ifindex = skb->ifindex;
+	p.l4_protocol = f->proto;
+	p.sport = f->sport;
+	p.dport = f->dport;
+	if (f->family == AF_INET) {
+		struct iphdr *ip = pkt_ip4(skb);
+
+		if (!ip || !(ip->frag_off & bpf_htons(0x4000)))
+			return 0;
+		len = bpf_ntohs(ip->tot_len);
+		p.tos = ip->tos;
+		p.ipv4_src = ip->saddr;
+		p.ipv4_dst = ip->daddr;
+	} else {
+		struct ipv6hdr *ip6 = pkt_ip6(skb);
+
+		if (!ip6)
+			return 0;
+		len = sizeof(*ip6) + bpf_ntohs(ip6->payload_len);
+		__builtin_memcpy(p.ipv6_src, &ip6->saddr, 16);
+		__builtin_memcpy(p.ipv6_dst, &ip6->daddr, 16);
+	}
+	if (skb->gso_size) {
+		__u32 hl = 8; /* UDP */
+
+		if (f->proto == IPPROTO_TCP) {
+			__u8 doff;
+
+			if (bpf_skb_load_bytes(skb, f->l4off + 12, &doff, 1))
+				return 0;
+			hl = (doff >> 4) * 4;
+		}
+		len = f->l4off - ETH_HLEN + hl + skb->gso_size;
+	}
+	p.tot_len = len;
+	return bpf_fib_lookup(skb, &p, sizeof(p), 0) == BPF_FIB_LKUP_RET_FRAG_NEEDED;
+}
 #endif
 
 /* The id of the node that has addr, 0 when none. */

@@ -148,6 +148,17 @@ func ensureTunnelDevice(mode TunnelMode, mtu int) (netlink.Link, error) {
 			return nil, fmt.Errorf("tunnel device %s: arp off: %w", TunnelDevice, err)
 		}
 	}
+	// Loose reverse-path filtering on the device: what comes out of it with
+	// a node's address as source (that node's own packets to this node's
+	// pods, its pods' replies to this node as a NodePort client, which
+	// conntrack gives back the node's address) has its route on the
+	// uplink, and a node with strict rp_filter (=1; the kernel takes the
+	// larger of "all" and the device's) dropped it. The trust rule on the
+	// device (cni_from_tunnel: the outer source a node, the inner one that
+	// node's) is the stronger check. Once per device, not per pod.
+	if err := setTunnelRPFilter(); err != nil {
+		return nil, err
+	}
 	if err := netlink.LinkSetUp(l); err != nil {
 		return nil, fmt.Errorf("tunnel device %s: up: %w", TunnelDevice, err)
 	}
@@ -191,4 +202,21 @@ func RemoveTunnel(pinRoot string) error {
 		}
 	}
 	return errs
+}
+
+// tunnelRPFilter is the device's reverse-path setting: 2, loose.
+const tunnelRPFilter = "2"
+
+// setTunnelRPFilter makes the device's reverse-path check loose (see
+// ensureTunnelDevice), writing only when it is not (the kernel offers no
+// netlink attribute the vishvananda package sets; the node's netns, once).
+func setTunnelRPFilter() error {
+	p := "/proc/sys/net/ipv4/conf/" + TunnelDevice + "/rp_filter"
+	if b, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(b)) == tunnelRPFilter {
+		return nil
+	}
+	if err := os.WriteFile(p, []byte(tunnelRPFilter), 0o644); err != nil {
+		return fmt.Errorf("tunnel device %s: loose reverse-path filter (rp_filter 2): %w", TunnelDevice, err)
+	}
+	return nil
 }

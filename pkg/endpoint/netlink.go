@@ -205,17 +205,27 @@ func configurePod(p *plan, netns ns.NetNS) error {
 		if err != nil {
 			return err
 		}
+		// A nexthop object per gateway, shared by a route's two copies (see
+		// nexthop.go: the path MTU the pod learns must be where it looks).
+		nhs, gws, err := podNexthops(p.table, p.routes)
+		if err != nil {
+			return fmt.Errorf("routes of %s: %w", p.ifname, err)
+		}
+		for _, gw := range gws {
+			if err := addNexthop(nhs[gw.String()], idx, gw); err != nil {
+				return fmt.Errorf("%s: %w", p.ifname, err)
+			}
+		}
 		for _, rt := range p.routes {
-			r := &netlink.Route{LinkIndex: idx, Dst: rt.dst, Gw: rt.gw, Flags: int(netlink.FLAG_ONLINK), Table: p.table}
-			if err := netlink.RouteAdd(r); err != nil && !errors.Is(err, unix.EEXIST) {
+			id := nhs[rt.gw.String()]
+			if err := addNexthopRoute(rt.dst, id, p.table); err != nil && !errors.Is(err, unix.EEXIST) {
 				return fmt.Errorf("add route %s via %s on %s to table %d: %w", rt.dst, rt.gw, p.ifname, p.table, err)
 			}
 			v4 := isV4(rt.dst.IP)
 			if isDefault(rt.dst) && hasDefault[v4] != "" {
 				continue // the pod's default route is another interface's
 			}
-			r.Table = 0
-			if err := netlink.RouteAdd(r); err != nil {
+			if err := addNexthopRoute(rt.dst, id, 0); err != nil {
 				if errors.Is(err, unix.EEXIST) && isDefault(rt.dst) {
 					// Another interface's ADD, running beside ours, took the
 					// default route after we looked: it keeps it.

@@ -16,9 +16,9 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
-// serveBigUDP answers every datagram to port (IPv4) in netns with size
+// serveUDPAnswers answers every datagram to port (IPv4) in netns with size
 // bytes, until the test ends.
-func serveBigUDP(t *testing.T, netns ns.NetNS, port, size int) {
+func serveUDPAnswers(t *testing.T, netns ns.NetNS, port, size int) {
 	t.Helper()
 	var pc net.PacketConn
 	err := netns.Do(func(ns.NetNS) error {
@@ -107,7 +107,7 @@ func TestAttack8TunnelUDPBeyondPathMTU(t *testing.T) {
 	r := n1.MustAddHP(hp1, "hp1", testenv.PM{HostPort: 11353, ContainerPort: 5353, Protocol: "udp"})
 	a1, _ := testenv.PodIPs(t, r)
 	const size = 1400
-	serveBigUDP(t, hp1, 5353, size)
+	serveUDPAnswers(t, hp1, 5353, size)
 	// The hostPort first: were the pod taught the path MTU toward pod 3 by
 	// the direct exchange, its replies would fit whatever path.
 	for _, c := range []struct{ what, addr string }{

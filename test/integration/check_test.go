@@ -40,6 +40,10 @@ func TestLifecycleCheck(t *testing.T) {
 					for _, r := range routes {
 						if r.Dst == nil || r.Dst.IP.Equal(net.IPv4zero) {
 							if ones, _ := maskOnes(r.Dst); ones == 0 {
+								// By destination, as "ip route del default": the
+								// route's next hop is a nexthop object, which a
+								// delete naming a device and gateway does not match.
+								r.LinkIndex, r.Gw, r.Flags = 0, nil, 0
 								return netlink.RouteDel(&r)
 							}
 						}
@@ -64,6 +68,7 @@ func TestLifecycleCheck(t *testing.T) {
 					}
 					for _, r := range routes {
 						if ones, _ := maskOnes(r.Dst); r.Dst == nil || ones == 0 {
+							r.LinkIndex, r.Gw, r.Flags = 0, nil, 0 // see above
 							return netlink.RouteDel(&r)
 						}
 					}
