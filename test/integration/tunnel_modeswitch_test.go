@@ -210,9 +210,10 @@ func TestTunnelModeSwitchKeepsTraffic(t *testing.T) {
 		}
 	}
 
-	// `ebpf-agent peers`, as make bench switches.
+	// `ebpf-agent peers`, as make bench switches; each twice (a retry
+	// changes nothing).
 	for _, mode := range []string{"vxlan", "off", "vxlan", "hybrid", "off"} {
-		for _, e := range nodes {
+		for _, e := range append(nodes, nodes...) {
 			if _, err := e.MasqAgent(append([]string{"peers", "--peers", pf, "--cni-conf-dir", t.TempDir()}, modeArgs(mode)...)...); err != nil {
 				t.Fatalf("%s: %v", mode, err)
 			}
