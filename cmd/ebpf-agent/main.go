@@ -382,7 +382,21 @@ func peers(o *opts) error {
 		return fmt.Errorf("peers: %w", err)
 	}
 	if t.Mode == datapath.TunnelOff {
-		rs, err := agent.SyncPeerRoutes(ps)
+		// A node that had a tunnel keeps its maps: off must take the
+		// tunnel's state out of them too (its device, HP_CFG_TUNNEL, the
+		// peers marked encapsulated, whose pods' packets in the clear the
+		// uplinks would drop) and its table 199 rules and next hops. A
+		// node never set up has none of that.
+		dp, err := datapath.OpenMapsLean(o.pinDir)
+		if errors.Is(err, os.ErrNotExist) {
+			rs, err := agent.SyncPeerRoutes(ps)
+			return report(o, rs, err)
+		}
+		if err != nil {
+			return fmt.Errorf("peers: datapath at %s: %w", o.pinDir, err)
+		}
+		defer dp.Close()
+		rs, err := agent.SyncTunnelPeers(dp, t, ps)
 		return report(o, rs, err)
 	}
 	// The tunnel's device and maps: the datapath, set up if no ADD or
