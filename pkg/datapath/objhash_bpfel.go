@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 482496, crc: 0xb047b2e0, sha: "f7ab3211de2f"},
-	"from_container_compat": {size: 459168, crc: 0xe2b19587, sha: "8c66acf1657a"},
-	"from_uplink":           {size: 330056, crc: 0x8ee06fd8, sha: "4d8d88a12f90"},
-	"from_uplink_compat":    {size: 305072, crc: 0x8060d006, sha: "1e20c0ffc96a"},
-	"sock":                  {size: 170344, crc: 0x8741ad8d, sha: "1a130d1e3752"},
-	"sock_compat":           {size: 160744, crc: 0x45fbec0b, sha: "9919cd260043"},
+	"from_container":        {size: 488704, crc: 0x9abc4b75, sha: "ffd2b3048dd5"},
+	"from_container_compat": {size: 459168, crc: 0x7a025c50, sha: "03c6fb954019"},
+	"from_uplink":           {size: 330056, crc: 0x5f3472a8, sha: "389d83698d5e"},
+	"from_uplink_compat":    {size: 305072, crc: 0x50d99d1a, sha: "7ee117dfc223"},
+	"sock":                  {size: 170344, crc: 0x5b2b8667, sha: "9440688a4be6"},
+	"sock_compat":           {size: 160744, crc: 0x3589e5a9, sha: "762106fa7298"},
 	"sock_ops":              {size: 153216, crc: 0x4e6efc45, sha: "cd50e7109ea9"},
-	"to_container":          {size: 184600, crc: 0xd0690e03, sha: "0e3d98dec40f"},
-	"to_container_compat":   {size: 170032, crc: 0xb9ca705e, sha: "07a2a7d77825"},
-	"to_uplink":             {size: 284552, crc: 0xf7ede20f, sha: "90c393474dd2"},
-	"to_uplink_compat":      {size: 253424, crc: 0xfc72b5b8, sha: "877147136beb"},
-	"tunnel":                {size: 249352, crc: 0xbc3a8012, sha: "b4e8d1261042"},
+	"to_container":          {size: 189248, crc: 0xd92ffd08, sha: "70c407f0cc63"},
+	"to_container_compat":   {size: 174672, crc: 0xc24b0d36, sha: "6b59c6de8661"},
+	"to_uplink":             {size: 284552, crc: 0xf1c57f14, sha: "40c5b6d78411"},
+	"to_uplink_compat":      {size: 253424, crc: 0x02239e7b, sha: "100db2e93f8e"},
+	"tunnel":                {size: 249352, crc: 0x822ba8ea, sha: "0a731ccbe52c"},
 }
