@@ -201,46 +201,8 @@ func configurePod(p *plan, netns ns.NetNS) error {
 				return fmt.Errorf("add neighbour %s on %s: %w", gw, p.ifname, err)
 			}
 		}
-		hasDefault, err := defaultRoutes()
-		if err != nil {
+		if err := addPodRoutes(p, idx); err != nil {
 			return err
-		}
-		// A nexthop object per gateway, shared by a route's two copies (see
-		// nexthop.go: the path MTU the pod learns must be where it looks).
-		nhs, gws, err := podNexthops(p.table, p.routes)
-		if err != nil {
-			return fmt.Errorf("routes of %s: %w", p.ifname, err)
-		}
-		for _, gw := range gws {
-			if err := addNexthop(nhs[gw.String()], idx, gw); err != nil {
-				return fmt.Errorf("%s: %w", p.ifname, err)
-			}
-		}
-		for _, rt := range p.routes {
-			id := nhs[rt.gw.String()]
-			if err := addNexthopRoute(rt.dst, id, p.table); err != nil && !errors.Is(err, unix.EEXIST) {
-				return fmt.Errorf("add route %s via %s on %s to table %d: %w", rt.dst, rt.gw, p.ifname, p.table, err)
-			}
-			v4 := isV4(rt.dst.IP)
-			if isDefault(rt.dst) && hasDefault[v4] != "" {
-				continue // the pod's default route is another interface's
-			}
-			if err := addNexthopRoute(rt.dst, id, 0); err != nil {
-				if errors.Is(err, unix.EEXIST) && isDefault(rt.dst) {
-					// Another interface's ADD, running beside ours, took the
-					// default route after we looked: it keeps it.
-					continue
-				}
-				if errors.Is(err, unix.EEXIST) {
-					return &conflictError{fmt.Sprintf("route %s via %s on %s: the pod already routes %s via %s; a route of another interface is never replaced",
-						rt.dst, rt.gw, p.ifname, rt.dst, routeHolder(rt.dst))}
-				}
-				return fmt.Errorf("add route %s via %s on %s: %w", rt.dst, rt.gw, p.ifname, err)
-			}
-			p.mainRoutes = append(p.mainRoutes, rt)
-			if isDefault(rt.dst) {
-				hasDefault[v4] = p.ifname
-			}
 		}
 		var ips []net.IP
 		for _, ipc := range p.ips {
@@ -252,6 +214,54 @@ func configurePod(p *plan, netns ns.NetNS) error {
 		// Last: the kernel's work for the addresses ran beside the rest.
 		return settleLocalRoutes(ips, localRouteWait)
 	})
+}
+
+// addPodRoutes adds the interface's routes to its own table and, unless
+// another interface holds them, to main, through one nexthop object per
+// gateway.
+func addPodRoutes(p *plan, idx int) error {
+	hasDefault, err := defaultRoutes()
+	if err != nil {
+		return err
+	}
+	// A nexthop object per gateway, shared by a route's two copies (see
+	// nexthop.go: the path MTU the pod learns must be where it looks).
+	nhs, gws, err := podNexthops(p.table, p.routes)
+	if err != nil {
+		return fmt.Errorf("routes of %s: %w", p.ifname, err)
+	}
+	for _, gw := range gws {
+		if err := addNexthop(nhs[gw.String()], idx, gw); err != nil {
+			return fmt.Errorf("%s: %w", p.ifname, err)
+		}
+	}
+	for _, rt := range p.routes {
+		id := nhs[rt.gw.String()]
+		if err := addNexthopRoute(rt.dst, id, p.table); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("add route %s via %s on %s to table %d: %w", rt.dst, rt.gw, p.ifname, p.table, err)
+		}
+		v4 := isV4(rt.dst.IP)
+		if isDefault(rt.dst) && hasDefault[v4] != "" {
+			continue // the pod's default route is another interface's
+		}
+		if err := addNexthopRoute(rt.dst, id, 0); err != nil {
+			if errors.Is(err, unix.EEXIST) && isDefault(rt.dst) {
+				// Another interface's ADD, running beside ours, took the
+				// default route after we looked: it keeps it.
+				continue
+			}
+			if errors.Is(err, unix.EEXIST) {
+				return &conflictError{fmt.Sprintf("route %s via %s on %s: the pod already routes %s via %s; a route of another interface is never replaced",
+					rt.dst, rt.gw, p.ifname, rt.dst, routeHolder(rt.dst))}
+			}
+			return fmt.Errorf("add route %s via %s on %s: %w", rt.dst, rt.gw, p.ifname, err)
+		}
+		p.mainRoutes = append(p.mainRoutes, rt)
+		if isDefault(rt.dst) {
+			hasDefault[v4] = p.ifname
+		}
+	}
+	return nil
 }
 
 func podRule(ip net.IP, table int) *netlink.Rule {
