@@ -19,7 +19,7 @@ import (
 // sends it to the interface's table. An unbound socket's next datagrams look
 // up with no source, in the main table. With a next hop of its own per route
 // the exception sat where the pod's sends never looked and every oversized
-// datagram was lost for good (TestAttack8TunnelUDPBeyondPathMTU, v4 and v6);
+// datagram was lost for good (TestTunnelUDPBeyondPathMTUHostPortAndPod, v4 and v6);
 // a shared nexthop object holds one exception that both lookups see.
 
 // Kernel uapi (linux/nexthop.h, linux/rtnetlink.h) that x/sys does not name.

@@ -16,7 +16,7 @@ import (
 )
 
 // TestTunnelClearForgedSourceThroughStackDNATBoth: the IPv4 and IPv6 twin
-// of TestAttack8TunnelClearForgedSourceThroughStackDNAT, with the genuine
+// of TestTunnelClearForgedSourceThroughStackDNAT, with the genuine
 // traffic that must keep passing the same DNAT. Hybrid VXLAN on the lab
 // with the IPv6 underlay; node 1 (rp_filter=2) DNATs port 30080 of its
 // addresses (10.77.1.1, fd77:1::1) to its pod's 8080, TCP and UDP, as

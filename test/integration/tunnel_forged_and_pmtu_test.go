@@ -77,7 +77,7 @@ func bigUDPAnswered(netns ns.NetNS, addr string, want, tries int) (sent int, err
 	return sent, err
 }
 
-// TestAttack8TunnelUDPBeyondPathMTU: a pod of node 1 (1500-byte link,
+// TestTunnelUDPBeyondPathMTUHostPortAndPod: a pod of node 1 (1500-byte link,
 // pods' MTU 1450) answers a pod of node 3 (behind the router's 1400-byte
 // link) with 1400-byte UDP datagrams, which fit the pod's MTU but not the
 // path once encapsulated (1478 bytes). docs/tunnel.md (MTU) promises: the
@@ -94,7 +94,7 @@ func bigUDPAnswered(netns ns.NetNS, addr string, want, tries int) (sent int, err
 // 1350)" again and again (ping -M want shows it) but never records the
 // path MTU (`ip route show cache` in the pod: empty), so DNS over UDP with
 // large answers, or any UDP service, is dead between such pods.
-func TestAttack8TunnelUDPBeyondPathMTU(t *testing.T) {
+func TestTunnelUDPBeyondPathMTUHostPortAndPod(t *testing.T) {
 	lab := newTunLab(t)
 	n1, n3 := lab.nodes[0], lab.nodes[2]
 	for _, e := range lab.nodes {
@@ -122,7 +122,7 @@ func TestAttack8TunnelUDPBeyondPathMTU(t *testing.T) {
 	}
 }
 
-// TestAttack8TunnelClearForgedSourceThroughStackDNAT: check 5 of
+// TestTunnelClearForgedSourceThroughStackDNAT: check 5 of
 // docs/tunnel.md drops, off the wire in the clear, a source in a pod CIDR
 // that is routed into the tunnel "when the packet could reach a pod": a
 // host on the link (the stranger) claiming node 3's pod. To a hostPort it
@@ -137,7 +137,7 @@ func TestAttack8TunnelUDPBeyondPathMTU(t *testing.T) {
 // admits them; its replies go into the tunnel to the real pod). Expected:
 // dropped like the same forgery to a hostPort. The control, the stranger's
 // own address to the same port, reaches the pod.
-func TestAttack8TunnelClearForgedSourceThroughStackDNAT(t *testing.T) {
+func TestTunnelClearForgedSourceThroughStackDNAT(t *testing.T) {
 	lab := newTunLab(t)
 	n1, n3 := lab.nodes[0], lab.nodes[2]
 	must(t, n1.InNode(func() error {

@@ -51,7 +51,7 @@ func dialFromPortRST(netns ns.NetNS, addr string, lport int, timeout time.Durati
 	return line, err
 }
 
-// TestAttack8ReusedTupleAfterRSTSeesNewPolicy: docs/networkpolicy.md
+// TestPolicyReusedTupleAfterRSTSeesNewPolicy: docs/networkpolicy.md
 // promises "A flow outlives a policy change ...; new flows see the new
 // rules". Pod a is isolated for ingress and admits b on TCP 8080; b
 // connects from a fixed port, sends data and aborts (RST). a's policy then
@@ -61,7 +61,7 @@ func dialFromPortRST(netns ns.NetNS, addr string, lport int, timeout time.Durati
 // is; a flow entry left closing by the RST must not carry the old verdict
 // over to a new connection (Linux conntrack starts a new entry for a SYN in
 // CLOSE; Calico's and Cilium's policy then judge it anew).
-func TestAttack8ReusedTupleAfterRSTSeesNewPolicy(t *testing.T) {
+func TestPolicyReusedTupleAfterRSTSeesNewPolicy(t *testing.T) {
 	t.Parallel()
 	p := newPolLab(t, false)
 	// Every interface starts pending: b open both ways.
