@@ -9,6 +9,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
@@ -156,7 +158,7 @@ func ensureTunnelDevice(mode TunnelMode, mtu int) (netlink.Link, error) {
 	// larger of "all" and the device's) dropped it. The trust rule on the
 	// device (cni_from_tunnel: the outer source a node, the inner one that
 	// node's) is the stronger check. Once per device, not per pod.
-	if err := setTunnelRPFilter(); err != nil {
+	if err := setTunnelRPFilter(l.Attrs().Index); err != nil {
 		return nil, err
 	}
 	if err := netlink.LinkSetUp(l); err != nil {
@@ -204,18 +206,22 @@ func RemoveTunnel(pinRoot string) error {
 	return errs
 }
 
-// tunnelRPFilter is the device's reverse-path setting: 2, loose.
-const tunnelRPFilter = "2"
+// ipv4DevconfRPFilter is IPV4_DEVCONF_RP_FILTER (linux/ip.h); 2 is loose.
+const ipv4DevconfRPFilter = 8
 
 // setTunnelRPFilter makes the device's reverse-path check loose (see
-// ensureTunnelDevice), writing only when it is not (the kernel offers no
-// netlink attribute the vishvananda package sets; the node's netns, once).
-func setTunnelRPFilter() error {
-	p := "/proc/sys/net/ipv4/conf/" + TunnelDevice + "/rp_filter"
-	if b, err := os.ReadFile(p); err == nil && strings.TrimSpace(string(b)) == tunnelRPFilter {
-		return nil
-	}
-	if err := os.WriteFile(p, []byte(tunnelRPFilter), 0o644); err != nil {
+// ensureTunnelDevice) by netlink (RTM_SETLINK, IFLA_INET_CONF): the agent's
+// container has /proc/sys read-only (the Kubernetes run failed so).
+func setTunnelRPFilter(ifindex int) error {
+	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(ifindex)
+	req.AddData(msg)
+	spec := nl.NewRtAttr(unix.IFLA_AF_SPEC, nil)
+	conf := spec.AddRtAttr(unix.AF_INET, nil).AddRtAttr(unix.IFLA_INET_CONF, nil)
+	conf.AddRtAttr(ipv4DevconfRPFilter, nl.Uint32Attr(2))
+	req.AddData(spec)
+	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
 		return fmt.Errorf("tunnel device %s: loose reverse-path filter (rp_filter 2): %w", TunnelDevice, err)
 	}
 	return nil

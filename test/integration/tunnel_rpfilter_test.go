@@ -44,7 +44,8 @@ func rpFilterDrops(t *testing.T, e *testenv.Env) string {
 // takes table 199 (pod sources to tunnelled nodes' addresses) into the
 // tunnel, and kube-proxy's conntrack gives it back node 1's address:port.
 // It leaves ebpf-tun on node 3 with node 1's address as source, whose
-// route is the uplink: strict rp_filter dropped it (IPReversePathFilter),
+// route is the uplink: strict rp_filter dropped it (IPReversePathFilter did
+// not count it: locally delivered; the fix alone turns it green),
 // and the connection timed out, TCP and UDP. The same holds for node 1's
 // own packets to node 3's pods (their routes' src is node 1's address).
 // The agent now makes the device's reverse-path check loose: the trust
