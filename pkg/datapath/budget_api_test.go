@@ -3,7 +3,9 @@
 package datapath
 
 import (
+	"fmt"
 	"net"
+	"net/netip"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
@@ -23,3 +25,20 @@ func (b budgetMaps) PutEndpoint(ip net.IP, info maps.EndpointInfo) error {
 }
 
 func (b budgetMaps) PutLink(ifindex int, li maps.LinkInfo) error { return b.m.Links().Put(ifindex, li) }
+
+// TunnelNodes puts n nodes' pod CIDRs (IPv4 and IPv6) into the tunnel maps
+// and turns tunnel mode on; a reference tree without the tunnel says false.
+func (b budgetMaps) TunnelNodes(n int) (bool, error) {
+	var nodes []maps.TunnelNode
+	for i := 0; i < n; i++ {
+		a := netip.AddrFrom4([4]byte{10, 250, byte(i), 1})
+		nodes = append(nodes, maps.TunnelNode{Addrs: []netip.Addr{a}, Endpoint: a, PodCIDRs: []netip.Prefix{
+			netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 128, byte(i), 0}), 24),
+			netip.MustParsePrefix(fmt.Sprintf("fd00:128:%x::/64", i)),
+		}})
+	}
+	if err := b.m.Tunnel().Sync(nodes); err != nil {
+		return false, err
+	}
+	return true, b.m.Tunnel().SetMode(true, true)
+}

@@ -157,6 +157,8 @@ func (b budgetMaps) PutEndpoint(ip net.IP, info maps.EndpointInfo) error { retur
 func (b budgetMaps) PutLink(ifindex int, li maps.LinkInfo) error { return b.m.PutLink(ifindex, li) }
 
 func (b budgetMaps) SyncNodeIPs(want map[string]int) error { return b.m.SyncNodeIPs(want) }
+
+func (b budgetMaps) TunnelNodes(int) (bool, error) { return false, nil }
 `
 
 // loadRange is the range of the 1-minute load averages seen at each run's start.
