@@ -35,8 +35,12 @@ var (
 )
 
 const (
-	tunCluster  = "10.78.0.0/16"
-	tunCluster6 = "fd00:78::/48"
+	tunCluster = "10.78.0.0/16"
+	// A /32: the pods' /64s are fd00:78:N:: (N in the third group), and
+	// the /48 this was held none of them, so their IPv6 traffic to other
+	// nodes' pods over direct routes was masqueraded
+	// (TestTunnelLabHostGWPodsNotMasqueraded).
+	tunCluster6 = "fd00:78::/32"
 	tunPMTU     = 1400
 )
 

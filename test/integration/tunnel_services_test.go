@@ -81,9 +81,7 @@ func TestTunnelServicesAcross(t *testing.T) {
 	})
 	mode := proxyModes[0]
 	mode.install(t, n1.Node, 4, tunCluster, []net.IP{tunNode[0]}, svcs)
-	// The lab's tunCluster6 (a /48) does not hold its pods' /64s (fd00:78:N::):
-	// kube-proxy's cluster CIDR here must, or pod 1 would be masqueraded.
-	mode.install(t, n1.Node, 6, "fd00:78::/32", nil, svcs6)
+	mode.install(t, n1.Node, 6, tunCluster6, nil, svcs6)
 	// The host that is no node reaches NodePorts at node 1's address; its
 	// replies come back the same way (it has a route only to its subnet).
 
