@@ -9,9 +9,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netlink/nl"
-	"golang.org/x/sys/unix"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/linkconf"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
@@ -206,22 +205,11 @@ func RemoveTunnel(pinRoot string) error {
 	return errs
 }
 
-// ipv4DevconfRPFilter is IPV4_DEVCONF_RP_FILTER (linux/ip.h); 2 is loose.
-const ipv4DevconfRPFilter = 8
-
 // setTunnelRPFilter makes the device's reverse-path check loose (see
-// ensureTunnelDevice) by netlink (RTM_SETLINK, IFLA_INET_CONF): the agent's
-// container has /proc/sys read-only (the Kubernetes run failed so).
+// ensureTunnelDevice), by netlink: the agent's container has /proc/sys
+// read-only (the Kubernetes run failed so).
 func setTunnelRPFilter(ifindex int) error {
-	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
-	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
-	msg.Index = int32(ifindex)
-	req.AddData(msg)
-	spec := nl.NewRtAttr(unix.IFLA_AF_SPEC, nil)
-	conf := spec.AddRtAttr(unix.AF_INET, nil).AddRtAttr(unix.IFLA_INET_CONF, nil)
-	conf.AddRtAttr(ipv4DevconfRPFilter, nl.Uint32Attr(2))
-	req.AddData(spec)
-	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
+	if err := linkconf.SetIPv4(ifindex, linkconf.RPFilter, 2); err != nil {
 		return fmt.Errorf("tunnel device %s: loose reverse-path filter (rp_filter 2): %w", TunnelDevice, err)
 	}
 	return nil

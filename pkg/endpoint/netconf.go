@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/linkconf"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
@@ -21,10 +22,9 @@ import (
 
 // Values of linux/netconf.h and linux/ip.h that x/sys/unix lacks.
 const (
-	netconfaIfindex      = 1  // NETCONFA_IFINDEX
-	netconfaForwarding   = 2  // NETCONFA_FORWARDING
-	netconfaIfindexAll   = -1 // NETCONFA_IFINDEX_ALL: the "all" settings
-	ipv4DevconfArpNotify = 22 // IPV4_DEVCONF_ARP_NOTIFY
+	netconfaIfindex    = 1  // NETCONFA_IFINDEX
+	netconfaForwarding = 2  // NETCONFA_FORWARDING
+	netconfaIfindexAll = -1 // NETCONFA_IFINDEX_ALL: the "all" settings
 )
 
 // netconfMsg is struct netconfmsg, padded to the netlink alignment.
@@ -96,15 +96,7 @@ func announceMACChanges(ifindex int, ifname string, hasV4 bool) error {
 		_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+ifname+"/ndisc_notify", []byte("1"), 0o644)
 		return nil
 	}
-	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
-	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
-	msg.Index = int32(ifindex)
-	req.AddData(msg)
-	spec := nl.NewRtAttr(unix.IFLA_AF_SPEC, nil)
-	conf := spec.AddRtAttr(unix.AF_INET, nil).AddRtAttr(unix.IFLA_INET_CONF, nil)
-	conf.AddRtAttr(ipv4DevconfArpNotify, nl.Uint32Attr(1))
-	req.AddData(spec)
-	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
+	if err := linkconf.SetIPv4(ifindex, linkconf.ARPNotify, 1); err != nil {
 		return fmt.Errorf("set arp_notify on %s: %w", ifname, err)
 	}
 	return nil
