@@ -26,20 +26,7 @@ func (s *Snapshot) compilePerPod(pod *Pod) policy.Endpoint {
 		res := s.resolve(pe)
 		if pe.ingress {
 			ep.Ingress.Isolated = true
-			for _, rr := range res.in {
-				in = append(in, rr.atoms...)
-				if len(rr.named) == 0 {
-					continue
-				}
-				own := namedOn(pod, rr.named)
-				if own.empty() {
-					continue
-				}
-				for _, a := range rr.peers {
-					a.ports = own
-					in = append(in, a)
-				}
-			}
+			in = append(in, res.ingressAtoms(pod)...)
 		}
 		if pe.egress {
 			ep.Egress.Isolated = true

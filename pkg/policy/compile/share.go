@@ -103,14 +103,10 @@ func (res *resolved) appendNamedSig(b []byte, pod *Pod) []byte {
 	return b
 }
 
-// ingressFor is the policy's ingress contribution for pod: the numeric
-// rules' atoms and, for the named ports, the peers with the ports they
-// resolve to on pod; flattened once per distinct resolution.
-func (res *resolved) ingressFor(pod *Pod) []policy.Allow {
-	sig := string(res.appendNamedSig(nil, pod))
-	if flat, ok := res.inFlat[sig]; ok {
-		return flat
-	}
+// ingressAtoms is the policy's ingress for pod before flattening: the
+// numeric rules' atoms and the named-port rules' peers with the ports the
+// names resolve to on pod.
+func (res *resolved) ingressAtoms(pod *Pod) []atom {
 	var atoms []atom
 	for _, rr := range res.in {
 		atoms = append(atoms, rr.atoms...)
@@ -126,7 +122,18 @@ func (res *resolved) ingressFor(pod *Pod) []policy.Allow {
 			atoms = append(atoms, a)
 		}
 	}
-	flat := flatten(atoms)
+	return atoms
+}
+
+// ingressFor is the policy's ingress contribution for pod: the numeric
+// rules' atoms and, for the named ports, the peers with the ports they
+// resolve to on pod; flattened once per distinct resolution.
+func (res *resolved) ingressFor(pod *Pod) []policy.Allow {
+	sig := string(res.appendNamedSig(nil, pod))
+	if flat, ok := res.inFlat[sig]; ok {
+		return flat
+	}
+	flat := flatten(res.ingressAtoms(pod))
 	if res.inFlat == nil {
 		res.inFlat = map[string][]policy.Allow{}
 	}
