@@ -58,33 +58,17 @@ static __always_inline int to_container_policy(struct __sk_buff *skb, const stru
  */
 static __noinline int tun_clear_to_pod(struct __sk_buff *skb, __u32 from)
 {
-	__u8 src[16] = {};
-	__u8 family;
 	/* The tunnel device first: in tunnel mode most pod traffic the stack
 	 * delivers comes out of it, and then the LPM lookup is spared. */
 	__u32 *what = bpf_map_lookup_elem(&cni_after_links, &from);
 
 	if (what && (*what & AFTER_LINK_TUNNEL))
 		return 0;
-	if (skb->protocol == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip = pkt_ip4(skb);
-
-		if (!ip)
-			return 0;
-		__builtin_memcpy(src, &ip->saddr, 4);
-		family = AF_INET;
-	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
-		struct ipv6hdr *ip6 = pkt_ip6(skb);
-
-		if (!ip6)
-			return 0;
-		__builtin_memcpy(src, &ip6->saddr, 16);
-		family = AF_INET6;
-	} else {
-		return 0;
-	}
-	struct tun_peer *p = tun_cidr_of(src, family);
-	return p && (p->flags & TUN_PEER_ENCAP);
+	if (skb->protocol == bpf_htons(ETH_P_IP))
+		return tun_encap_source(skb, AF_INET, NULL);
+	if (skb->protocol == bpf_htons(ETH_P_IPV6))
+		return tun_encap_source(skb, AF_INET6, NULL);
+	return 0;
 }
 
 SEC("tc")

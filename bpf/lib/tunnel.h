@@ -27,6 +27,40 @@ static __always_inline struct tun_peer *tun_cidr_of(const void *addr, __u8 famil
 	return bpf_map_lookup_elem(&cni_tun_cidrs, &k);
 }
 
+/*
+ * Whether the packet's source lies in the pod CIDR of a node the agent
+ * routes into the tunnel (TUN_PEER_ENCAP): those pods' packets arrive only
+ * encapsulated. dst, when given, gets the destination address (16 bytes).
+ * 0 for a packet too short or of another family.
+ */
+static __always_inline int tun_encap_source(struct __sk_buff *skb, __u8 family, __u8 *dst)
+{
+	__u8 src[16] = {};
+
+	if (family == AF_INET) {
+		struct iphdr *ip = pkt_ip4(skb);
+
+		if (!ip)
+			return 0;
+		__builtin_memcpy(src, &ip->saddr, 4);
+		if (dst)
+			__builtin_memcpy(dst, &ip->daddr, 4);
+	} else if (family == AF_INET6) {
+		struct ipv6hdr *ip6 = pkt_ip6(skb);
+
+		if (!ip6)
+			return 0;
+		__builtin_memcpy(src, &ip6->saddr, 16);
+		if (dst)
+			__builtin_memcpy(dst, &ip6->daddr, 16);
+	} else {
+		return 0;
+	}
+	struct tun_peer *p = tun_cidr_of(src, family);
+
+	return p && (p->flags & TUN_PEER_ENCAP);
+}
+
 #ifndef EBPF_CNI_COMPAT
 /* tun_redirect's search of cni_after_links for the tunnel device. */
 struct tun_dev_search {
@@ -446,26 +480,9 @@ TUN_SUBPROG int tun_hop_check(struct __sk_buff *skb, __u8 family)
 
 TUN_SUBPROG int tun_clear_peer_source(struct __sk_buff *skb, __u8 family)
 {
-	__u8 src[16] = {}, dst[16] = {};
-	struct tun_peer *p;
+	__u8 dst[16] = {};
 
-	if (family == AF_INET) {
-		struct iphdr *ip = pkt_ip4(skb);
-
-		if (!ip)
-			return TUN_CLEAR_NONE;
-		__builtin_memcpy(src, &ip->saddr, 4);
-		__builtin_memcpy(dst, &ip->daddr, 4);
-	} else {
-		struct ipv6hdr *ip6 = pkt_ip6(skb);
-
-		if (!ip6)
-			return TUN_CLEAR_NONE;
-		__builtin_memcpy(src, &ip6->saddr, 16);
-		__builtin_memcpy(dst, &ip6->daddr, 16);
-	}
-	p = tun_cidr_of(src, family);
-	if (!p || !(p->flags & TUN_PEER_ENCAP))
+	if (!tun_encap_source(skb, family, dst))
 		return TUN_CLEAR_NONE;
 	return is_node_ip(dst, family) ? TUN_CLEAR_NODE : TUN_CLEAR_DROP;
 }

@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 488704, crc: 0x9abc4b75, sha: "ffd2b3048dd5"},
-	"from_container_compat": {size: 459168, crc: 0x7a025c50, sha: "03c6fb954019"},
-	"from_uplink":           {size: 330056, crc: 0x5f3472a8, sha: "389d83698d5e"},
-	"from_uplink_compat":    {size: 305072, crc: 0x50d99d1a, sha: "7ee117dfc223"},
+	"from_container":        {size: 488704, crc: 0xab967eb9, sha: "4ec884ae6169"},
+	"from_container_compat": {size: 459168, crc: 0xcbf33f83, sha: "0b85f5a136eb"},
+	"from_uplink":           {size: 330544, crc: 0xe7e37a3f, sha: "d542e27eb1a9"},
+	"from_uplink_compat":    {size: 305568, crc: 0x936bdbe3, sha: "54fa257fb4af"},
 	"sock":                  {size: 170344, crc: 0x5b2b8667, sha: "9440688a4be6"},
 	"sock_compat":           {size: 160744, crc: 0x3589e5a9, sha: "762106fa7298"},
 	"sock_ops":              {size: 153216, crc: 0x4e6efc45, sha: "cd50e7109ea9"},
-	"to_container":          {size: 189248, crc: 0xd92ffd08, sha: "70c407f0cc63"},
-	"to_container_compat":   {size: 174672, crc: 0xc24b0d36, sha: "6b59c6de8661"},
-	"to_uplink":             {size: 284552, crc: 0xf1c57f14, sha: "40c5b6d78411"},
-	"to_uplink_compat":      {size: 253424, crc: 0x02239e7b, sha: "100db2e93f8e"},
-	"tunnel":                {size: 249352, crc: 0x822ba8ea, sha: "0a731ccbe52c"},
+	"to_container":          {size: 189408, crc: 0xe8b022b5, sha: "46aaeb7ba4f2"},
+	"to_container_compat":   {size: 174824, crc: 0xafc1293f, sha: "98f8ccb5f1af"},
+	"to_uplink":             {size: 284552, crc: 0x942183ae, sha: "8a5342e214da"},
+	"to_uplink_compat":      {size: 253424, crc: 0xe807d467, sha: "49549f20bf81"},
+	"tunnel":                {size: 249352, crc: 0x193821d3, sha: "666e9c1ad6a9"},
 }
