@@ -180,12 +180,10 @@ int cni_from_uplink(struct __sk_buff *skb)
 	 * node address of this node with no hostPort, on to the stack as the
 	 * host's own traffic (nothing below applies to it); else dropped. */
 	if (flags & HP_CFG_TUNNEL) {
-		__u8 fam = skb->protocol == bpf_htons(ETH_P_IP) ? AF_INET : AF_INET6;
+		__u8 fam = skb->protocol == bpf_htons(ETH_P_IP) ? AF_INET :
+			   skb->protocol == bpf_htons(ETH_P_IPV6) ? AF_INET6 : 0;
 
-		if (skb->protocol == bpf_htons(ETH_P_IP) || skb->protocol == bpf_htons(ETH_P_IPV6))
-			rc = tun_clear_peer_source(skb, fam);
-		else
-			rc = TUN_CLEAR_NONE;
+		rc = tun_clear_peer_source(skb, fam); /* TUN_CLEAR_NONE for neither */
 		if (rc == TUN_CLEAR_NODE && !((flags & HP_CFG_ENABLED) && clear_source_to_hostport(skb, fam)))
 			return TCX_NEXT;
 		if (rc != TUN_CLEAR_NONE)

@@ -267,7 +267,7 @@ static __always_inline int hostport_reverse(struct __sk_buff *skb, struct flow *
 #ifndef EBPF_CNI_COMPAT
 	/* Too large for the tunnel's path: the stack tells the pod (before
 	 * ct_track, which this packet never reaches the client to update). */
-	if (!(ct->flags & CT_F_SNAT) && tun_reply_too_big(skb, f))
+	if (!(ct->flags & CT_F_SNAT) && node_tunnel_on() && tun_reply_too_big(skb, f))
 		return HP_REV_TOO_BIG;
 #endif
 	ct_track(skb, ct, f, 1, now);

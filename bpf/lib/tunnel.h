@@ -134,17 +134,15 @@ static __noinline __attribute__((unused)) int tun_redirect(struct __sk_buff *skb
  * pod's address. A GSO packet is judged by its segments' size. With
  * tot_len set, bpf_fib_lookup checks the route's MTU before it refuses the
  * tunnel route (FRAG_NEEDED before UNSUPP_LWT). Only replies toward a
- * tunnelled pod CIDR pay the lookup, in tunnel mode.
+ * tunnelled pod CIDR pay the lookup; the caller calls it in tunnel mode
+ * only (node_tunnel_on).
  */
 static __noinline __attribute__((unused)) int tun_reply_too_big(struct __sk_buff *skb, struct flow *f)
 {
-	struct hp_config *c = node_config();
 	struct bpf_fib_lookup p = {};
 	struct tun_peer *t;
 	__u32 len;
 
-	if (!c || !(c->flags & HP_CFG_TUNNEL))
-		return 0;
 	t = tun_cidr_of(f->daddr, f->family);
 	if (!t || !(t->flags & TUN_PEER_ENCAP))
 		return 0;

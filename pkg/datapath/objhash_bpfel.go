@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 488704, crc: 0xab967eb9, sha: "4ec884ae6169"},
-	"from_container_compat": {size: 459168, crc: 0xcbf33f83, sha: "0b85f5a136eb"},
-	"from_uplink":           {size: 330544, crc: 0xe7e37a3f, sha: "d542e27eb1a9"},
-	"from_uplink_compat":    {size: 305568, crc: 0x936bdbe3, sha: "54fa257fb4af"},
+	"from_container":        {size: 489000, crc: 0x14cb9ad9, sha: "d989fbbd4c28"},
+	"from_container_compat": {size: 459168, crc: 0xd96ce889, sha: "432ba8761ede"},
+	"from_uplink":           {size: 330504, crc: 0x3e57adcb, sha: "d23e3d3a3b21"},
+	"from_uplink_compat":    {size: 305456, crc: 0xda3ef59f, sha: "beaa02a1cc95"},
 	"sock":                  {size: 170344, crc: 0x5b2b8667, sha: "9440688a4be6"},
 	"sock_compat":           {size: 160744, crc: 0x3589e5a9, sha: "762106fa7298"},
 	"sock_ops":              {size: 153216, crc: 0x4e6efc45, sha: "cd50e7109ea9"},
 	"to_container":          {size: 189408, crc: 0xe8b022b5, sha: "46aaeb7ba4f2"},
 	"to_container_compat":   {size: 174824, crc: 0xafc1293f, sha: "98f8ccb5f1af"},
-	"to_uplink":             {size: 284552, crc: 0x942183ae, sha: "8a5342e214da"},
-	"to_uplink_compat":      {size: 253424, crc: 0xe807d467, sha: "49549f20bf81"},
-	"tunnel":                {size: 249352, crc: 0x193821d3, sha: "666e9c1ad6a9"},
+	"to_uplink":             {size: 284552, crc: 0x19fcb527, sha: "cba993b8fcc9"},
+	"to_uplink_compat":      {size: 253424, crc: 0x1ffec0ee, sha: "ebc3304a6142"},
+	"tunnel":                {size: 249352, crc: 0x21ce7016, sha: "a34ad4004f59"},
 }
