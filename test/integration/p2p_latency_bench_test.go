@@ -47,18 +47,7 @@ func TestP2PLatencyBench(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	acceptEach(ln, func(c net.Conn) { io.Copy(c, c) })
 	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 	if err != nil {
 		t.Fatalf("enable BPF statistics: %v", err)

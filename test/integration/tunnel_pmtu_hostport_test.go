@@ -92,19 +92,10 @@ func serveBulk(t *testing.T, pod ns.NetNS, port, n int) {
 	})
 	buf := make([]byte, n)
 	for _, ln := range lns {
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					c.SetDeadline(time.Now().Add(60 * time.Second))
-					c.Write(buf)
-				}()
-			}
-		}()
+		acceptEach(ln, func(c net.Conn) {
+			c.SetDeadline(time.Now().Add(60 * time.Second))
+			c.Write(buf)
+		})
 	}
 }
 
@@ -271,22 +262,14 @@ func TestTunnelHostPortReplyPMTU(t *testing.T) {
 	lab := newTunLab6(t)
 	tunMidPath(t, lab)
 	n1, n3 := lab.nodes[0], lab.nodes[2]
-	cluster := []string{tunCluster, tunCluster6}
-	for i := range tunNode {
-		cluster = append(cluster, tunNode[i].String()+"/32", tunNode6[i].String()+"/128")
-	}
-	for _, e := range lab.nodes {
-		e.Extra["clusterCIDRs"] = cluster
-	}
+	lab.nodesInCluster(true)
 	startTunAgents(t, lab)
 	for i, e := range lab.nodes {
 		if _, mtu, _ := tunDevice(t, e); mtu != 1450 {
 			t.Fatalf("node %d: tunnel device MTU %d, want 1450 (every uplink is 1500)", i+1, mtu)
 		}
 	}
-	hp1 := n1.NewPod()
-	n1.MustAddHP(hp1, "hpmtu1", testenv.PM{HostPort: 11304, ContainerPort: 8080, Protocol: "tcp"},
-		testenv.PM{HostPort: 11304, ContainerPort: 8080, Protocol: "udp"})
+	hp1 := hostPortPod(n1, "hpmtu1", 11304)
 	p3, _ := n3.RunPod("cmtu3")
 	testenv.WaitIPv6Ready(t, hp1)
 	testenv.WaitIPv6Ready(t, p3)
