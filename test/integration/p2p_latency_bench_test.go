@@ -102,7 +102,7 @@ func TestP2PLatencyBench(t *testing.T) {
 			float64(rt1-rt0)/float64(n1-n0), n1-n0)
 	}
 	if err := a.Do(func(ns.NetNS) error {
-		out, err := execOut("Ping", "-q", "-c", fmt.Sprint(rounds/4), "-i", "0", bIP.String())
+		out, err := execOut("ping", "-q", "-c", fmt.Sprint(rounds/4), "-i", "0", bIP.String())
 		t.Logf("Ping: %s", lastLine(out))
 		return err
 	}); err != nil {
