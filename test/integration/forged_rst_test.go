@@ -10,9 +10,39 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
+
+// controlAndForged dials, per family, a "control" and a "forged-rst"
+// connection from client to addr(fam), each accepted in srv at listen(fam).
+func controlAndForged(t *testing.T, srv ns.NetNS, listen func(fam int) string, client ns.NetNS, addr func(fam int) string) []connPair {
+	t.Helper()
+	var pairs []connPair
+	for _, fam := range []int{4, 6} {
+		accepted := acceptTCP(t, srv, fam, listen(fam))
+		for _, name := range []string{"control", "forged-rst"} {
+			pairs = append(pairs, dialPair(t, client, addr(fam), accepted, name, fam))
+		}
+	}
+	return pairs
+}
+
+// blindRSTs sends, from remote's eth0 to node's uplink0, an RST whose
+// sequence number is nowhere near the window for each "forged-rst" pair,
+// between the addresses and ports ends gives it.
+func blindRSTs(t *testing.T, remote, node ns.NetNS, pairs []connPair, ends func(connPair) (src net.IP, sport int, dst net.IP, dport int)) {
+	t.Helper()
+	from, to := linkMAC(t, remote, "eth0"), linkMAC(t, node, "uplink0")
+	for _, p := range pairs {
+		if p.name != "forged-rst" {
+			continue
+		}
+		src, sport, dst, dport := ends(p)
+		sendFrames(t, remote, "eth0", [][]byte{tcpFrame(from, to, src, sport, dst, dport, 0x0badf00d, 0, 0x04, 0)})
+	}
+}
 
 // TestPolicyForgedRSTLeavesAllowedFlow: a's ingress is isolated (allows
 // nothing), its egress open; it holds a TCP connection to a server off the
@@ -30,23 +60,11 @@ func TestPolicyForgedRSTLeavesAllowedFlow(t *testing.T) {
 	l := newPodPolLab(t)
 	l.apply(t, policy.Endpoint{Ingress: isolated()})
 	const port = 7100
-	var pairs []connPair
-	for _, fam := range []int{4, 6} {
-		accepted := acceptTCP(t, l.remote, fam, hp(remoteIP[fam], port))
-		for _, name := range []string{"control", "forged-rst"} {
-			pairs = append(pairs, dialPair(t, l.a, hp(remoteIP[fam], port), accepted, name, fam))
-		}
-	}
-	src, dst := linkMAC(t, l.remote, "eth0"), linkMAC(t, l.Node, "uplink0")
-	for _, p := range pairs {
-		if p.name != "forged-rst" {
-			continue
-		}
-		aport := p.client.LocalAddr().(*net.TCPAddr).Port
-		sendFrames(t, l.remote, "eth0", [][]byte{
-			tcpFrame(src, dst, remoteIP[p.fam], port, l.aIP[p.fam], aport, 0x0badf00d, 0, 0x04, 0),
-		})
-	}
+	srv := func(fam int) string { return hp(remoteIP[fam], port) }
+	pairs := controlAndForged(t, l.remote, srv, l.a, srv)
+	blindRSTs(t, l.remote, l.Node, pairs, func(p connPair) (net.IP, int, net.IP, int) {
+		return remoteIP[p.fam], port, l.aIP[p.fam], p.client.LocalAddr().(*net.TCPAddr).Port
+	})
 	time.Sleep(11 * time.Second) // past the closing timeout (10 s idle)
 	for _, p := range pairs {
 		if _, err := p.srv.Write([]byte("pushed")); err != nil {
@@ -79,23 +97,11 @@ func TestHostPortForgedRSTLeavesFlow(t *testing.T) {
 	h.CleanupDel(p, "web")
 	const hostPort = 8090
 	h.MustAddHP(p, "web", testenv.PM{HostPort: hostPort, ContainerPort: 80, Protocol: "tcp"})
-	var pairs []connPair
-	for _, fam := range []int{4, 6} {
-		accepted := acceptTCP(t, p, fam, ":80")
-		for _, name := range []string{"control", "forged-rst"} {
-			pairs = append(pairs, dialPair(t, h.remote, hp(uplinkIP[fam], hostPort), accepted, name, fam))
-		}
-	}
-	src, dst := linkMAC(t, h.remote, "eth0"), linkMAC(t, h.Node, "uplink0")
-	for _, q := range pairs {
-		if q.name != "forged-rst" {
-			continue
-		}
-		cport := q.client.LocalAddr().(*net.TCPAddr).Port
-		sendFrames(t, h.remote, "eth0", [][]byte{
-			tcpFrame(src, dst, remoteIP[q.fam], cport, uplinkIP[q.fam], hostPort, 0x0badf00d, 0, 0x04, 0),
-		})
-	}
+	pairs := controlAndForged(t, p, func(int) string { return ":80" }, h.remote,
+		func(fam int) string { return hp(uplinkIP[fam], hostPort) })
+	blindRSTs(t, h.remote, h.Node, pairs, func(q connPair) (net.IP, int, net.IP, int) {
+		return remoteIP[q.fam], q.client.LocalAddr().(*net.TCPAddr).Port, uplinkIP[q.fam], hostPort
+	})
 	time.Sleep(11 * time.Second) // past the closing timeout (10 s)
 	for _, q := range pairs {
 		if _, err := q.client.Write([]byte("later")); err != nil {

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // serve runs TCP and UDP servers on port in netns (IPv4 and IPv6) until the
@@ -64,22 +65,13 @@ func serve(t *testing.T, netns ns.NetNS, port int, name string) {
 		t.Fatalf("serve %s on port %d: %v", name, port, err)
 	}
 	for _, ln := range lns {
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					c.SetDeadline(time.Now().Add(10 * time.Second))
-					fmt.Fprintf(c, "%s %s\n", name, c.RemoteAddr())
-					// Stay until the client is done, so its reads see our close.
-					buf := make([]byte, 64)
-					c.Read(buf)
-				}()
-			}
-		}()
+		acceptEach(ln, func(c net.Conn) {
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			fmt.Fprintf(c, "%s %s\n", name, c.RemoteAddr())
+			// Stay until the client is done, so its reads see our close.
+			buf := make([]byte, 64)
+			c.Read(buf)
+		})
 	}
 	for _, pc := range pcs {
 		go func() {
@@ -94,6 +86,33 @@ func serve(t *testing.T, netns ns.NetNS, port int, name string) {
 			}
 		}()
 	}
+}
+
+// acceptEach hands every connection ln accepts to handle, each in its own
+// goroutine, and closes it when handle returns; it stops when ln closes.
+func acceptEach(ln net.Listener, handle func(net.Conn)) {
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+}
+
+// servedPod runs pod name on node e with serve's servers on port, answering
+// as name, and returns it with its IPv4 and IPv6 addresses.
+func servedPod(t *testing.T, e *testenv.Env, name string, port int) (ns.NetNS, net.IP, net.IP) {
+	t.Helper()
+	p, r := e.RunPod(name)
+	a4, a6 := testenv.PodIPs(t, r)
+	serve(t, p, port, name)
+	return p, a4, a6
 }
 
 // answer is what a server said: its name and the peer it saw.

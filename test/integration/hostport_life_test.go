@@ -37,33 +37,24 @@ func lineServer(t *testing.T, netns ns.NetNS, port int) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	go func() {
+	acceptEach(ln, func(c net.Conn) {
+		r := bufio.NewReader(c)
+		first, err := r.ReadString('\n')
+		if err != nil {
+			return
+		}
+		if first != "long\n" {
+			c.Write([]byte("ok\n"))
+			return
+		}
 		for {
-			c, err := ln.Accept()
+			line, err := r.ReadString('\n')
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				first, err := r.ReadString('\n')
-				if err != nil {
-					return
-				}
-				if first != "long\n" {
-					c.Write([]byte("ok\n"))
-					return
-				}
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					c.Write([]byte(line))
-				}
-			}()
+			c.Write([]byte(line))
 		}
-	}()
+	})
 }
 
 // TestHostPortFlowLifeCycle: 100000 short connections through a hostPort

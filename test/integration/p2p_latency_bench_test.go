@@ -47,18 +47,7 @@ func TestP2PLatencyBench(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	acceptEach(ln, func(c net.Conn) { io.Copy(c, c) })
 	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 	if err != nil {
 		t.Fatalf("enable BPF statistics: %v", err)
@@ -113,7 +102,7 @@ func TestP2PLatencyBench(t *testing.T) {
 			float64(rt1-rt0)/float64(n1-n0), n1-n0)
 	}
 	if err := a.Do(func(ns.NetNS) error {
-		out, err := execOut("Ping", "-q", "-c", fmt.Sprint(rounds/4), "-i", "0", bIP.String())
+		out, err := execOut("ping", "-q", "-c", fmt.Sprint(rounds/4), "-i", "0", bIP.String())
 		t.Logf("Ping: %s", lastLine(out))
 		return err
 	}); err != nil {

@@ -29,15 +29,24 @@ type podPolLab struct {
 
 func newPodPolLab(t *testing.T) *podPolLab {
 	t.Helper()
+	return newPodPolLabWith(t, nil)
+}
+
+// newPodPolLabWith is newPodPolLab with extra set in the network
+// configuration before a's ADD.
+func newPodPolLabWith(t *testing.T, extra map[string]any) *podPolLab {
+	t.Helper()
 	h := newHPEnv(t)
 	h.Extra["networkPolicy"] = true
+	for k, v := range extra {
+		h.Extra[k] = v
+	}
 	for _, fam := range []int{4, 6} {
 		routeVia(t, h.Node, "", remoteIP[fam])
 		routeVia(t, h.remote, cluster[fam], uplinkIP[fam])
 	}
-	a := h.NewPod()
-	h.CleanupDel(a, "a")
-	a4, a6 := resultIPs(h.Add(a, "a"))
+	a, r := h.RunPod("a")
+	a4, a6 := resultIPs(r)
 	_, idx := h.HostVeth("a")
 	m := h.Maps()
 	return &podPolLab{hpEnv: h, a: a, aIP: map[int]net.IP{4: a4, 6: a6}, idx: idx, m: m, w: m.Policy().Writer()}

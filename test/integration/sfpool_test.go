@@ -58,26 +58,17 @@ func newPoolLab(t *testing.T) *poolLab {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { ln.Close() })
-		go func() {
+		acceptEach(ln, func(c net.Conn) {
+			r := bufio.NewReader(c)
 			for {
-				c, err := ln.Accept()
-				if err != nil {
+				if _, err := r.ReadString('\n'); err != nil {
 					return
 				}
-				go func() {
-					defer c.Close()
-					r := bufio.NewReader(c)
-					for {
-						if _, err := r.ReadString('\n'); err != nil {
-							return
-						}
-						if _, err := c.Write([]byte("pong\n")); err != nil {
-							return
-						}
-					}
-				}()
+				if _, err := c.Write([]byte("pong\n")); err != nil {
+					return
+				}
 			}
-		}()
+		})
 	}
 	return l
 }
@@ -104,6 +95,25 @@ func (l *poolLab) exchange(t *testing.T, p ns.NetNS, fam int) {
 			t.Fatalf("IPv%d: answer %d through the ClusterIP: %q, %v", fam, i, got, err)
 		}
 	}
+}
+
+// exchangeBoth is exchange in IPv4 and then IPv6.
+func (l *poolLab) exchangeBoth(t *testing.T, p ns.NetNS) {
+	t.Helper()
+	for _, fam := range []int{4, 6} {
+		l.exchange(t, p, fam)
+	}
+}
+
+// addPod runs pod name on the lab's node (DEL when the test ends) and
+// returns it with its addresses, its host veth's ifindex and the pool slot
+// that holds (checked as slot does).
+func (l *poolLab) addPod(t *testing.T, name string) (p ns.NetNS, a4, a6 net.IP, idx int, slot uint32) {
+	t.Helper()
+	p, r := l.e.RunPod(name)
+	a4, a6 = testenv.PodIPs(t, r)
+	_, idx = l.e.HostVeth(name)
+	return p, a4, a6, idx, l.slot(t, idx)
 }
 
 // slot is the pool slot ifindex holds, and every address entry of it
@@ -153,17 +163,11 @@ func TestStackFlowPoolReuse(t *testing.T) {
 	t.Parallel()
 	l := newPoolLab(t)
 	e := l.e
-	a := e.NewPod()
-	e.CleanupDel(a, "a")
-	a4, a6 := testenv.PodIPs(t, e.Add(a, "a"))
-	_, aIdx := e.HostVeth("a")
-	sa := l.slot(t, aIdx)
+	a, a4, a6, aIdx, sa := l.addPod(t, "a")
 	if sb := l.slot(t, l.bIdx); sa == 0 || sb == 0 || sa == sb {
 		t.Fatalf("slots: a %d, b %d; want two distinct slots", sa, sb)
 	}
-	for _, fam := range []int{4, 6} {
-		l.exchange(t, a, fam)
-	}
+	l.exchangeBoth(t, a)
 	var aFlow *maps.StackFlow
 	for _, f := range l.records(t, sa) {
 		// Keyed as b's replies look: b is the pod, a the peer.
@@ -193,11 +197,8 @@ func TestStackFlowPoolReuse(t *testing.T) {
 		t.Fatalf("the forged leftover is not in slot %d", sa)
 	}
 
-	c := e.NewPod()
-	e.CleanupDel(c, "c")
-	c4, c6 := testenv.PodIPs(t, e.Add(c, "c"))
-	_, cIdx := e.HostVeth("c")
-	if sc := l.slot(t, cIdx); sc != sa {
+	c, c4, c6, _, sc := l.addPod(t, "c")
+	if sc != sa {
 		t.Fatalf("c took slot %d on a full pool, want %d (the gone veth's)", sc, sa)
 	}
 	if fs := l.records(t, sa); len(fs) != 0 {
@@ -206,9 +207,7 @@ func TestStackFlowPoolReuse(t *testing.T) {
 	if s, _ := l.m.StackFlows().SlotOf(gone); s != 0 {
 		t.Errorf("the gone veth still holds slot %d", s)
 	}
-	for _, fam := range []int{4, 6} {
-		l.exchange(t, c, fam)
-	}
+	l.exchangeBoth(t, c)
 	fs := l.records(t, sa)
 	if len(fs) == 0 {
 		t.Fatal("c's Service flows left no record in its slot")
@@ -257,16 +256,11 @@ func TestStackFlowPoolKilledAdd(t *testing.T) {
 			t.Errorf("after DEL of the killed ADD: %s", s)
 		}
 	}
-	c := e.NewPod()
-	e.CleanupDel(c, "c")
-	e.Add(c, "c")
-	_, cIdx := e.HostVeth("c")
-	if s := l.slot(t, cIdx); s == 0 {
+	c, _, _, _, s := l.addPod(t, "c")
+	if s == 0 {
 		t.Fatal("c got no slot after the killed ADD's DEL")
 	}
-	for _, fam := range []int{4, 6} {
-		l.exchange(t, c, fam)
-	}
+	l.exchangeBoth(t, c)
 }
 
 func mustAddr(ip net.IP) netip.Addr {
@@ -311,14 +305,8 @@ func TestStackFlowDelOfDeliveredPod(t *testing.T) {
 	t.Parallel()
 	l := newPoolLab(t)
 	e := l.e
-	a := e.NewPod()
-	e.CleanupDel(a, "a")
-	a4, a6 := testenv.PodIPs(t, e.Add(a, "a"))
-	_, aIdx := e.HostVeth("a")
-	sa := l.slot(t, aIdx)
-	for _, fam := range []int{4, 6} {
-		l.exchange(t, a, fam)
-	}
+	a, a4, a6, aIdx, sa := l.addPod(t, "a")
+	l.exchangeBoth(t, a)
 	sf := l.m.StackFlows()
 	if !sf.NeverDelivered(aIdx, []net.IP{a4, a6}) || sf.NeverDelivered(l.bIdx, []net.IP{l.bAddrs[4], l.bAddrs[6]}) {
 		t.Fatalf("never delivered a flow: a %v (want true), b %v (want false)",

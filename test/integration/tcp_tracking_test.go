@@ -20,32 +20,18 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
-// tcpTrackLab is a node with networkPolicy (ipMasq when masq), a remote host
-// on its uplink, and pod a.
+// tcpTrackLab is the policy lab (podPolLab) with ipMasq when masq.
 type tcpTrackLab struct {
-	*hpEnv
-	a   ns.NetNS
-	aIP map[int]net.IP
-	idx int
+	*podPolLab
 }
 
 func newTCPTrackLab(t *testing.T, masq bool) *tcpTrackLab {
 	t.Helper()
-	h := newHPEnv(t)
-	h.Extra["networkPolicy"] = true
+	var extra map[string]any
 	if masq {
-		h.Extra["ipMasq"] = true
-		h.Extra["clusterCIDRs"] = []string{cluster[4], cluster[6]}
+		extra = map[string]any{"ipMasq": true, "clusterCIDRs": []string{cluster[4], cluster[6]}}
 	}
-	for _, fam := range []int{4, 6} {
-		routeVia(t, h.Node, "", remoteIP[fam])
-		routeVia(t, h.remote, cluster[fam], uplinkIP[fam])
-	}
-	a := h.NewPod()
-	h.CleanupDel(a, "a")
-	a4, a6 := resultIPs(h.Add(a, "a"))
-	_, idx := h.HostVeth("a")
-	return &tcpTrackLab{hpEnv: h, a: a, aIP: map[int]net.IP{4: a4, 6: a6}, idx: idx}
+	return &tcpTrackLab{newPodPolLabWith(t, extra)}
 }
 
 // polFlow is pod a's policy flow of TCP ports podPort and peerPort in

@@ -83,6 +83,16 @@ func forgedToPod(from, to net.HardwareAddr, src, dst net.IP) [][]byte {
 	}
 }
 
+// forgedToPort is a TCP SYN from sport and a UDP datagram (payload) from
+// sport+1, src to dst's dport (one family), in frames from the attacker's
+// MAC to the node's.
+func forgedToPort(from, to net.HardwareAddr, src, dst net.IP, sport, dport int, payload string) [][]byte {
+	return [][]byte{
+		tcpFrame(from, to, src, sport, dst, dport, 1000, 0, tcpSYN, 64240),
+		udpFrame(from, to, src, sport+1, dst, dport, []byte(payload)),
+	}
+}
+
 // TestTunnelClearForgedPeerPodSource: on hybrid VXLAN, the stranger on node
 // 1's subnet sends plain (not encapsulated) TCP SYN, UDP and ICMP echo
 // packets claiming a pod address of node 3 (reached through the tunnel) to
@@ -96,18 +106,13 @@ func forgedToPod(from, to net.HardwareAddr, src, dst net.IP) [][]byte {
 // forgeries were delivered.
 func TestTunnelClearForgedPeerPodSource(t *testing.T) {
 	lab := newTunLab(t)
-	n1, n2, n3 := lab.nodes[0], lab.nodes[1], lab.nodes[2]
+	n1 := lab.nodes[0]
 	looseRPFilter(t, n1)
 	startTunAgents(t, lab, "--tunnel-hybrid")
-	p1, r1 := n1.RunPod("f1")
-	p2, r2 := n2.RunPod("f2")
-	p3, r3 := n3.RunPod("f3")
-	a1, a16 := testenv.PodIPs(t, r1)
-	a2, a26 := testenv.PodIPs(t, r2)
-	a3, a36 := testenv.PodIPs(t, r3)
-	for _, p := range []ns.NetNS{p1, p2, p3, lab.strang} {
-		testenv.WaitIPv6Ready(t, p)
-	}
+	pods, v4, v6 := lab.podPerNode(t, "f")
+	p1, p2, p3 := pods[0], pods[1], pods[2]
+	a1, a2, a3 := v4[0], v4[1], v4[2]
+	a16, a26, a36 := v6[0], v6[1], v6[2]
 	up1 := uplinkIndex(t, n1)
 	m1 := n1.Maps()
 
@@ -119,15 +124,9 @@ func TestTunnelClearForgedPeerPodSource(t *testing.T) {
 	sendUDPFrom(t, p3, a16, 9990, []byte("pod3-tunnel6"))
 	sendUDPFrom(t, p2, a16, 9990, []byte("pod2-direct6"))
 	arrived := append(got4(3*time.Second), got6(time.Second)...)
-	for _, want := range []string{"pod3-tunnel from " + a3.String(), "pod2-direct from " + a2.String(),
-		"pod3-tunnel6 from [" + a36.String() + "]", "pod2-direct6 from [" + a26.String() + "]"} {
-		found := false
-		for _, a := range arrived {
-			found = found || strings.HasPrefix(a, want)
-		}
-		if !found {
-			t.Errorf("pod 1 did not receive %q (got %q)", want, arrived)
-		}
+	for _, want := range missing(arrived, []string{"pod3-tunnel from " + a3.String(), "pod2-direct from " + a2.String(),
+		"pod3-tunnel6 from [" + a36.String() + "]", "pod2-direct6 from [" + a26.String() + "]"}) {
+		t.Errorf("pod 1 did not receive %q (got %q)", want, arrived)
 	}
 	if n := counter(t, m1, up1, maps.DirIngress, maps.ReasonDropTunSrc).Packets; n != 0 {
 		t.Errorf("%d drop_tunnel_source on node 1's uplink of genuine traffic", n)
@@ -209,9 +208,7 @@ func TestTunnelClearPeerPodSourceToNode(t *testing.T) {
 	agents := startTunAgents(t, lab)
 	p3, r3 := n3.RunPod("old3")
 	a3, a36 := testenv.PodIPs(t, r3)
-	hp1 := n1.NewPod()
-	n1.MustAddHP(hp1, "hpo1", testenv.PM{HostPort: 11311, ContainerPort: 8080, Protocol: "tcp"},
-		testenv.PM{HostPort: 11311, ContainerPort: 8080, Protocol: "udp"})
+	hp1 := hostPortPod(n1, "hpo1", 11311)
 	serve(t, hp1, 8080, "hpo1")
 	serve(t, n1.Node, 8083, "node1")
 	testenv.WaitIPv6Ready(t, p3)
@@ -247,13 +244,8 @@ func TestTunnelClearPeerPodSourceToNode(t *testing.T) {
 	// Forged to node 1's hostPort: dropped before the DNAT into the pod.
 	strMAC, n1MAC := linkMAC(t, lab.strang, "uplink0"), linkMAC(t, n1.Node, "uplink0")
 	before := podSNMP(t, hp1)
-	var frames [][]byte
-	for _, s := range []struct{ src, dst net.IP }{{a3, tunNode[0]}, {a36, tunNode6[0]}} {
-		frames = append(frames,
-			tcpFrame(strMAC, n1MAC, s.src, 40011, s.dst, 11311, 1000, 0, tcpSYN, 64240),
-			udpFrame(strMAC, n1MAC, s.src, 40012, s.dst, 11311, []byte("forged-hostport")))
-	}
-	sendFrames(t, lab.strang, "uplink0", frames)
+	sendFrames(t, lab.strang, "uplink0", append(forgedToPort(strMAC, n1MAC, a3, tunNode[0], 40011, 11311, "forged-hostport"),
+		forgedToPort(strMAC, n1MAC, a36, tunNode6[0], 40011, 11311, "forged-hostport")...))
 	time.Sleep(time.Second)
 	if d := podReceived(before, podSNMP(t, hp1)); len(d) != 0 {
 		t.Errorf("node 1's hostPort pod received forged packets claiming node 3's pod %s / %s: %v", a3, a36, d)

@@ -28,9 +28,7 @@ func TestTunnelHostPortFromPodAcross(t *testing.T) {
 	startTunAgents(t, lab)
 	p1, r1 := n1.RunPod("c1")
 	a1, _ := testenv.PodIPs(t, r1)
-	hp3 := n3.NewPod()
-	n3.MustAddHP(hp3, "hp3", testenv.PM{HostPort: 11302, ContainerPort: 8080, Protocol: "tcp"},
-		testenv.PM{HostPort: 11302, ContainerPort: 8080, Protocol: "udp"})
+	hp3 := hostPortPod(n3, "hp3", 11302)
 	serve(t, hp3, 8080, "hp3")
 	_, hostIf := n3.HostVeth("hp3")
 	for _, proto := range []string{"tcp", "udp"} {

@@ -55,12 +55,8 @@ func TestTunnelHybridAsymmetric(t *testing.T) {
 	if !strings.Contains(r1, "10.78.2.0/24 via "+tunNode[1].String()) || !strings.Contains(r2, "10.78.1.0/24  encap ip") {
 		t.Fatalf("want node 1 direct to node 2 and node 2 tunnelling to node 1:\nnode 1:\n%snode 2:\n%s", r1, r2)
 	}
-	p1, res1 := n1.RunPod("asym1")
-	p2, res2 := n2.RunPod("asym2")
-	a1, _ := testenv.PodIPs(t, res1)
-	a2, _ := testenv.PodIPs(t, res2)
-	serve(t, p1, 8080, "asym1")
-	serve(t, p2, 8080, "asym2")
+	p1, a1, _ := servedPod(t, n1, "asym1", 8080)
+	p2, a2, _ := servedPod(t, n2, "asym2", 8080)
 	up1, up2 := uplinkIndex(t, n1), uplinkIndex(t, n2)
 	for _, proto := range []string{"tcp", "udp"} {
 		if a, err := askFrom(p1, proto, hp(a2, 8080), 0); err == nil && a.server == "asym2" {

@@ -185,6 +185,31 @@ func (lab *tunLab) nodesInCluster(six bool) {
 	}
 }
 
+// podPerNode runs a pod named prefix<N> on node N (1 to 3) and waits until
+// their and the stranger's IPv6 addresses are usable; it returns the pods
+// and their IPv4 and IPv6 addresses, in node order.
+func (lab *tunLab) podPerNode(t *testing.T, prefix string) (pods []ns.NetNS, a4, a6 []net.IP) {
+	t.Helper()
+	for i, e := range lab.nodes {
+		p, r := e.RunPod(fmt.Sprintf("%s%d", prefix, i+1))
+		v4, v6 := testenv.PodIPs(t, r)
+		pods, a4, a6 = append(pods, p), append(a4, v4), append(a6, v6)
+	}
+	for _, p := range append(pods, lab.strang) {
+		testenv.WaitIPv6Ready(t, p)
+	}
+	return pods, a4, a6
+}
+
+// hostPortPod adds a pod named name on node e whose port 8080 is e's
+// hostPort port, TCP and UDP.
+func hostPortPod(e *testenv.Env, name string, port int) ns.NetNS {
+	p := e.NewPod()
+	e.MustAddHP(p, name, testenv.PM{HostPort: port, ContainerPort: 8080, Protocol: "tcp"},
+		testenv.PM{HostPort: port, ContainerPort: 8080, Protocol: "udp"})
+	return p
+}
+
 // looseRPFilter sets node e's IPv4 reverse-path filter loose (2): a source
 // routable by any link passes, as a pod CIDR of a tunnelled node does.
 func looseRPFilter(t *testing.T, e *testenv.Env) {
@@ -272,6 +297,22 @@ func sendVXLAN(t *testing.T, from ns.NetNS, node net.IP, frame []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// missing is what of want no arrival (a listener's "<payload> from <addr>")
+// starts with.
+func missing(arrived, want []string) []string {
+	var out []string
+	for _, w := range want {
+		found := false
+		for _, a := range arrived {
+			found = found || strings.HasPrefix(a, w)
+		}
+		if !found {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // listenUDP4 listens in a pod; got returns what arrived within wait.

@@ -164,13 +164,8 @@ func TestTunnelModeSwitchKeepsTraffic(t *testing.T) {
 		}
 		e.Extra["mtu"] = 1450 // the tunnel's: the pods keep it in every mode
 	}
-	p1, p2 := n1.NewPod(), n2.NewPod()
-	n1.CleanupDel(p1, "w1")
-	n2.CleanupDel(p2, "w2")
-	a1, a16 := testenv.PodIPs(t, n1.Add(p1, "w1"))
-	a2, a26 := testenv.PodIPs(t, n2.Add(p2, "w2"))
-	serve(t, p1, 7001, "w1")
-	serve(t, p2, 7001, "w2")
+	p1, a1, a16 := servedPod(t, n1, "w1", 7001)
+	p2, a2, a26 := servedPod(t, n2, "w2", 7001)
 	traffic := func(mode string) {
 		t.Helper()
 		t.Logf("traffic in mode %s", mode)

@@ -77,13 +77,7 @@ func askConnectedUDP(netns ns.NetNS, addr string, tries int) (sent, n int, err e
 func TestTunnelUDPBeyondPathMTU(t *testing.T) {
 	lab := newTunLab6(t)
 	n1, n3 := lab.nodes[0], lab.nodes[2]
-	cluster := []string{tunCluster, tunCluster6}
-	for i := range tunNode {
-		cluster = append(cluster, tunNode[i].String()+"/32", tunNode6[i].String()+"/128")
-	}
-	for _, e := range lab.nodes {
-		e.Extra["clusterCIDRs"] = cluster
-	}
+	lab.nodesInCluster(true)
 	startTunAgents(t, lab)
 	p3, _ := n3.RunPod("udpmtu3")
 	p1, r := n1.RunPod("udpmtu1")

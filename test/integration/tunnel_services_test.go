@@ -35,12 +35,8 @@ func TestTunnelServicesAcross(t *testing.T) {
 	// masqueraded again by node 3.
 	lab.nodesInCluster(false)
 	startTunAgents(t, lab)
-	p1, r1 := n1.RunPod("s1")
-	p3, r3 := n3.RunPod("s3")
-	a1, a16 := testenv.PodIPs(t, r1)
-	a3, a36 := testenv.PodIPs(t, r3)
-	serve(t, p1, 8080, "s1")
-	serve(t, p3, 8080, "s3")
+	p1, a1, a16 := servedPod(t, n1, "s1", 8080)
+	_, a3, a36 := servedPod(t, n3, "s3", 8080)
 
 	cip := net.ParseIP("10.96.24.10").To4()
 	cipNode := net.ParseIP("10.96.24.11").To4()

@@ -48,13 +48,8 @@ func TestTunnelUnderlay6(t *testing.T) {
 		// The lab's tightest link (1400) less the IPv6 overhead (70).
 		e.Extra["mtu"] = tunPMTU - 70
 	}
-	p1, p3 := n1.NewPod(), n3.NewPod()
-	n1.CleanupDel(p1, "u1")
-	n3.CleanupDel(p3, "u3")
-	a1, a16 := testenv.PodIPs(t, n1.Add(p1, "u1"))
-	a3, a36 := testenv.PodIPs(t, n3.Add(p3, "u3"))
-	serve(t, p1, 7001, "u1")
-	serve(t, p3, 7001, "u3")
+	p1, a1, a16 := servedPod(t, n1, "u1", 7001)
+	p3, a3, a36 := servedPod(t, n3, "u3", 7001)
 	for _, c := range []struct {
 		from       ns.NetNS
 		to, src    net.IP

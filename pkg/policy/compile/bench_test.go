@@ -320,18 +320,7 @@ const nodePods, nodeLocal, nodePolicies = 1000, 110, 500
 
 // nodePolicy is a policy of BenchmarkCompileNodeChange's namespace.
 func nodePolicy(name string, sel map[string]string, port int32) *networkingv1.NetworkPolicy {
-	np := &networkingv1.NetworkPolicy{}
-	np.Namespace, np.Name = "bench", name
-	np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: sel}
-	v := intstr.FromInt32(port)
-	np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
-		From: []networkingv1.NetworkPolicyPeer{
-			{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "peer"}}},
-			{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "local"}}},
-		},
-		Ports: []networkingv1.NetworkPolicyPort{{Port: &v}},
-	}}
-	return np
+	return ingressPolicy("bench", name, sel, intstr.FromInt32(port), map[string]string{"role": "peer"}, map[string]string{"role": "local"})
 }
 
 // nodePod is pod i of BenchmarkCompileNodeChange's namespace (the first

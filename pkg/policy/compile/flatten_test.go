@@ -196,6 +196,31 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	return a
 }
 
+// randomAtom is an allowed prefix of base's family: everything of the
+// family, a pod, or a random prefix (sometimes with holes), with random
+// ports.
+func randomAtom(r *rand.Rand, base netip.Prefix) atom {
+	var a atom
+	switch r.IntN(10) {
+	case 0:
+		a.prefix = netip.PrefixFrom(base.Addr(), 0).Masked() // everything of the family
+	case 1, 2, 3:
+		a.prefix = netip.PrefixFrom(randomAddr(r, base), base.Addr().BitLen()) // a pod
+	default:
+		a.prefix = randomPrefix(r, base)
+	}
+	if a.prefix.Bits() < a.prefix.Addr().BitLen() && r.IntN(2) == 0 {
+		for range 1 + r.IntN(3) {
+			e := randomPrefix(r, base)
+			if e.Bits() > a.prefix.Bits() && a.prefix.Contains(e.Addr()) {
+				a.except = append(a.except, e)
+			}
+		}
+	}
+	a.ports = randomPorts(r)
+	return a
+}
+
 // TestFlattenProperty: for random overlapping rules (ipBlocks with holes,
 // pod addresses, both families) the longest-prefix answer of the flattened
 // entries equals the brute-force answer of the rules, for random addresses,
@@ -212,24 +237,7 @@ func TestFlattenProperty(t *testing.T) {
 		var atoms []atom
 		for range 1 + r.IntN(8) {
 			base := bases[r.IntN(2)]
-			var a atom
-			switch r.IntN(10) {
-			case 0:
-				a.prefix = netip.PrefixFrom(base.Addr(), 0).Masked() // everything of the family
-			case 1, 2, 3:
-				a.prefix = netip.PrefixFrom(randomAddr(r, base), base.Addr().BitLen()) // a pod
-			default:
-				a.prefix = randomPrefix(r, base)
-			}
-			if a.prefix.Bits() < a.prefix.Addr().BitLen() && r.IntN(2) == 0 {
-				for range 1 + r.IntN(3) {
-					e := randomPrefix(r, base)
-					if e.Bits() > a.prefix.Bits() && a.prefix.Contains(e.Addr()) {
-						a.except = append(a.except, e)
-					}
-				}
-			}
-			a.ports = randomPorts(r)
+			a := randomAtom(r, base)
 			atoms = append(atoms, a)
 			// Sometimes a run of neighbouring pods allowed alike, the
 			// case aggregation merges.

@@ -129,23 +129,7 @@ func TestMergeAllowsProperty(t *testing.T) {
 		var all []atom
 		for range 1 + r.IntN(12) {
 			base := bases[r.IntN(2)]
-			var a atom
-			switch r.IntN(10) {
-			case 0:
-				a.prefix = netip.PrefixFrom(base.Addr(), 0).Masked()
-			case 1, 2, 3:
-				a.prefix = netip.PrefixFrom(randomAddr(r, base), base.Addr().BitLen())
-			default:
-				a.prefix = randomPrefix(r, base)
-			}
-			if a.prefix.Bits() < a.prefix.Addr().BitLen() && r.IntN(2) == 0 {
-				for range 1 + r.IntN(3) {
-					if e := randomPrefix(r, base); e.Bits() > a.prefix.Bits() && a.prefix.Contains(e.Addr()) {
-						a.except = append(a.except, e)
-					}
-				}
-			}
-			a.ports = randomPorts(r)
+			a := randomAtom(r, base)
 			g := r.IntN(k)
 			groups[g] = append(groups[g], a)
 			all = append(all, a)
@@ -337,13 +321,22 @@ func TestSharedMatchesPerPod(t *testing.T) {
 }
 
 func namedIngressPolicy(name string, sel map[string]string, port string) *networkingv1.NetworkPolicy {
+	return ingressPolicy("x", name, sel, intstr.FromString(port), sel)
+}
+
+// ingressPolicy selects sel in namespace ns and admits, on port, the pods
+// of ns that one of from selects.
+func ingressPolicy(ns, name string, sel map[string]string, port intstr.IntOrString, from ...map[string]string) *networkingv1.NetworkPolicy {
 	np := &networkingv1.NetworkPolicy{}
-	np.Namespace, np.Name = "x", name
+	np.Namespace, np.Name = ns, name
 	np.Spec.PodSelector = metav1.LabelSelector{MatchLabels: sel}
-	v := intstr.FromString(port)
+	var peers []networkingv1.NetworkPolicyPeer
+	for _, f := range from {
+		peers = append(peers, networkingv1.NetworkPolicyPeer{PodSelector: &metav1.LabelSelector{MatchLabels: f}})
+	}
 	np.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
-		From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: sel}}},
-		Ports: []networkingv1.NetworkPolicyPort{{Port: &v}},
+		From:  peers,
+		Ports: []networkingv1.NetworkPolicyPort{{Port: &port}},
 	}}
 	return np
 }
