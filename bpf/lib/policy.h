@@ -897,8 +897,15 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 			 * bit, so the pod's own packets never meet this. */
 			if (ct->flags & POL_CT_F_PENDING) {
 				/* Unless a node socket answers: the stack delivered
-				 * the request to the node (pol_pending_local). */
-				if (!(how & POL_J_NODE) || !pol_pending_local(skb, w))
+				 * the request to the node (pol_pending_local); or the
+				 * pod's egress, which deferred it, is open now (a policy
+				 * change since): the flow is allowed. Its state read
+				 * again here, on this rare path, rather than kept live
+				 * across the calls above (the stack's limit). */
+				struct pol_state *cur = bpf_map_lookup_elem(&cni_pol_state, &w->ifindex);
+
+				if (!(cur && cur->mode[DIR_EGRESS] == POL_OPEN) &&
+				    (!(how & POL_J_NODE) || !pol_pending_local(skb, w)))
 					return POL_DENY;
 				ct->flags &= ~POL_CT_F_PENDING;
 			}

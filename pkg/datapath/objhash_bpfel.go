@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 489000, crc: 0x14cb9ad9, sha: "d989fbbd4c28"},
-	"from_container_compat": {size: 459168, crc: 0xd96ce889, sha: "432ba8761ede"},
-	"from_uplink":           {size: 330504, crc: 0x3e57adcb, sha: "d23e3d3a3b21"},
-	"from_uplink_compat":    {size: 305456, crc: 0xda3ef59f, sha: "beaa02a1cc95"},
-	"sock":                  {size: 170344, crc: 0x5b2b8667, sha: "9440688a4be6"},
-	"sock_compat":           {size: 160744, crc: 0x3589e5a9, sha: "762106fa7298"},
-	"sock_ops":              {size: 153216, crc: 0x4e6efc45, sha: "cd50e7109ea9"},
-	"to_container":          {size: 189408, crc: 0xe8b022b5, sha: "46aaeb7ba4f2"},
-	"to_container_compat":   {size: 174824, crc: 0xafc1293f, sha: "98f8ccb5f1af"},
-	"to_uplink":             {size: 284552, crc: 0x19fcb527, sha: "cba993b8fcc9"},
-	"to_uplink_compat":      {size: 253424, crc: 0x1ffec0ee, sha: "ebc3304a6142"},
-	"tunnel":                {size: 249352, crc: 0x21ce7016, sha: "a34ad4004f59"},
+	"from_container":        {size: 489432, crc: 0x3c7eca4f, sha: "c6dbd61aa788"},
+	"from_container_compat": {size: 459728, crc: 0x3ef1e07a, sha: "41e713aeed45"},
+	"from_uplink":           {size: 330936, crc: 0x0d887211, sha: "15c54d386c2b"},
+	"from_uplink_compat":    {size: 306008, crc: 0x63fe20f6, sha: "6e5b5cc8b6ac"},
+	"sock":                  {size: 170776, crc: 0xa38c3ee9, sha: "6a789c25997e"},
+	"sock_compat":           {size: 161296, crc: 0x64de4cfc, sha: "e6ed9f6a9f17"},
+	"sock_ops":              {size: 153648, crc: 0xb4b64074, sha: "b2c8c77514b2"},
+	"to_container":          {size: 189832, crc: 0xedd4f450, sha: "a4957517c16e"},
+	"to_container_compat":   {size: 175376, crc: 0xfb46a487, sha: "d58e63661e72"},
+	"to_uplink":             {size: 284984, crc: 0xec5a5d8f, sha: "f65232ffdb2f"},
+	"to_uplink_compat":      {size: 253976, crc: 0x8fa451fd, sha: "82c82e1573f3"},
+	"tunnel":                {size: 249784, crc: 0x978b9026, sha: "d1509ba761ee"},
 }

@@ -246,9 +246,9 @@ func TestPolicyDeferredEntryOfDroppedDatagramOpensNoIngress(t *testing.T) {
 	for _, fam := range []int{4, 6} {
 		ln := udpSocket(t, l.a, l.aIP[fam])
 		port := ln.LocalAddr().(*net.UDPAddr).Port
-		fromPeer := func(msg string) {
+		fromPort := func(from int, msg string) {
 			must(t, l.remote.Do(func(ns.NetNS) error {
-				c, err := net.DialUDP("udp", &net.UDPAddr{IP: remoteIP[fam], Port: peerPort}, &net.UDPAddr{IP: l.aIP[fam], Port: port})
+				c, err := net.DialUDP("udp", &net.UDPAddr{IP: remoteIP[fam], Port: from}, &net.UDPAddr{IP: l.aIP[fam], Port: port})
 				if err != nil {
 					return err
 				}
@@ -257,6 +257,7 @@ func TestPolicyDeferredEntryOfDroppedDatagramOpensNoIngress(t *testing.T) {
 				return err
 			}))
 		}
+		fromPeer := func(msg string) { fromPort(peerPort, msg) }
 		// Control: the peer's datagram is denied.
 		fromPeer(fmt.Sprintf("before-v%d", fam))
 		if bigReceived(ln, fmt.Sprintf("before-v%d", fam), time.Second) {
@@ -283,6 +284,23 @@ func TestPolicyDeferredEntryOfDroppedDatagramOpensNoIngress(t *testing.T) {
 		if bigReceived(ln, msg, time.Second) {
 			t.Errorf("IPv%d: the peer's datagram reached a, whose ingress and egress deny everything, on the entry of a datagram the stack dropped", fam)
 		}
+		// Control: with a open, the peer's datagram from another port
+		// (a flow of its own) arrives: the lab carries it, so the misses
+		// above are the policy's.
+		l.apply(t, policy.Endpoint{})
+		msg = fmt.Sprintf("open-v%d", fam)
+		fromPort(peerPort+1, msg)
+		if !bigReceived(ln, msg, time.Second) {
+			t.Errorf("IPv%d: the peer's datagram did not reach a with a open: the lab does not carry it", fam)
+		}
+		// And on the tuple of a's unconfirmed (pending) datagram: an open
+		// pod admits what comes, pending entry or not.
+		msg = fmt.Sprintf("open-pending-tuple-v%d", fam)
+		fromPeer(msg)
+		if !bigReceived(ln, msg, time.Second) {
+			t.Errorf("IPv%d: with a open, the peer's datagram on the tuple of a's unconfirmed datagram was dropped: a pending entry outlived the policy that made it", fam)
+		}
+		l.apply(t, policy.Endpoint{Ingress: isolated(), Egress: isolated()})
 	}
 }
 
