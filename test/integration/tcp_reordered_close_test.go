@@ -225,3 +225,124 @@ func reuseDialer(ip net.IP, port int) *net.Dialer {
 			return serr
 		}}
 }
+
+// TestPolicyReorderedCloseEgressNotReopened: as
+// TestPolicyReorderedCloseNotReopened, the other way: a dials the remote
+// server (its egress admits it when it opens), the server's last two
+// segments arrive reordered and its RST passes the node before a's
+// acknowledgement. a's TCP accepts the RST; a's flow must close, and since
+// a's policy now lets nothing out, a's new connection from the same port
+// must not get out. "in-order" is the control. IPv4 and IPv6.
+func TestPolicyReorderedCloseEgressNotReopened(t *testing.T) {
+	t.Parallel()
+	l := newTCPTrackLab(t, false)
+	var allows []policy.Allow
+	for _, fam := range []int{4, 6} {
+		allows = append(allows, policy.Allow{Prefix: host(remoteIP[fam]), Ports: []policy.PortRange{{Proto: 6, First: 7950, Last: 7999}}})
+	}
+	w := l.Maps().Policy().Writer()
+	if err := w.Apply(uint32(l.idx), policy.Endpoint{Egress: isolated(allows...)}); err != nil {
+		t.Fatal(err)
+	}
+	src, dst := linkMAC(t, l.remote, "eth0"), linkMAC(t, l.Node, "uplink0")
+	type conn struct {
+		fam, port, aport int
+		name             string
+		cli              net.Conn
+		sNext, aNext     uint32
+		unblock          func()
+	}
+	var conns []*conn
+	for _, fam := range []int{4, 6} {
+		for i, name := range []string{"reordered", "in-order"} {
+			c := &conn{fam: fam, port: 7950 + 10*i + fam, aport: 42950 + 10*i + fam, name: name}
+			var ln net.Listener
+			must(t, l.remote.Do(func(ns.NetNS) (err error) {
+				ln, err = net.Listen(fmt.Sprintf("tcp%d", fam), hp(remoteIP[fam], c.port))
+				return
+			}))
+			t.Cleanup(func() { ln.Close() })
+			acc := make(chan net.Conn, 1)
+			go func() {
+				if s, err := ln.Accept(); err == nil {
+					acc <- s
+				}
+			}()
+			seqs := sniffSynAckSeqs(t, l.remote, "eth0", c.port)
+			must(t, l.a.Do(func(ns.NetNS) (err error) {
+				c.cli, err = reuseDialer(l.aIP[fam], c.aport).Dial("tcp", hp(remoteIP[fam], c.port))
+				return
+			}))
+			t.Cleanup(func() { c.cli.Close() })
+			var srv net.Conn
+			select {
+			case srv = <-acc:
+				t.Cleanup(func() { srv.Close() })
+			case <-time.After(3 * time.Second):
+				t.Fatalf("v%d: the server accepted nothing", fam)
+			}
+			var s [2]uint32
+			select {
+			case s = <-seqs:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("v%d: no SYN-ACK seen", fam)
+			}
+			echo(t, c.cli, srv, fmt.Sprintf("v%d", fam))
+			c.sNext, c.aNext = s[0]+1+1, s[1]+1
+			// The server's host goes quiet; the frames below are its segments.
+			c.unblock = blockTCP(t, l.remote, fam, "--sport", c.port)
+			srv.(*net.TCPConn).SetLinger(0)
+			srv.Close()
+			conns = append(conns, c)
+		}
+	}
+	if err := w.Apply(uint32(l.idx), policy.Endpoint{Egress: isolated()}); err != nil {
+		t.Fatal(err)
+	}
+	payload := make([]byte, 100)
+	for _, c := range conns {
+		release := blockTCP(t, l.a, c.fam, "--dport", c.port)
+		first := tcpDataFrame(src, dst, remoteIP[c.fam], c.port, l.aIP[c.fam], c.aport, c.sNext, c.aNext, tcpACK|tcpPSH, payload)
+		second := tcpDataFrame(src, dst, remoteIP[c.fam], c.port, l.aIP[c.fam], c.aport, c.sNext+100, c.aNext, tcpACK|tcpPSH, payload)
+		rst := tcpFrame(src, dst, remoteIP[c.fam], c.port, l.aIP[c.fam], c.aport, c.sNext+200, c.aNext, tcpRST|tcpACK, 0)
+		frames := [][]byte{first, second, rst}
+		if c.name == "reordered" {
+			frames = [][]byte{second, first, rst}
+		}
+		sendFrames(t, l.remote, "eth0", frames)
+		got, buf := 0, make([]byte, 512)
+		var rerr error
+		c.cli.SetReadDeadline(time.Now().Add(3 * time.Second))
+		for rerr == nil {
+			var n int
+			n, rerr = c.cli.Read(buf)
+			got += n
+		}
+		if !strings.Contains(rerr.Error(), "reset") {
+			t.Fatalf("v%d %s: a read %d bytes then %v; want the server's RST accepted (connection reset)", c.fam, c.name, got, rerr)
+		}
+		release()
+	}
+	time.Sleep(200 * time.Millisecond)
+	for _, c := range conns {
+		if st := l.polState(t, c.fam, c.aport, c.port); st != "closing" {
+			t.Errorf("v%d %s: after the server's RST, which a's TCP accepted, a's flow is %s, want closing", c.fam, c.name, st)
+		}
+	}
+	for _, c := range conns {
+		c.unblock()
+		err := l.a.Do(func(ns.NetNS) error {
+			d := reuseDialer(l.aIP[c.fam], c.aport)
+			d.Timeout = 2 * time.Second
+			cc, err := d.Dial("tcp", hp(remoteIP[c.fam], c.port))
+			if err == nil {
+				cc.Close()
+			}
+			return err
+		})
+		if err == nil {
+			t.Errorf("v%d %s: a's new connection from the closed flow's port got out, though a's policy lets nothing out (flow %s)",
+				c.fam, c.name, l.polState(t, c.fam, c.aport, c.port))
+		}
+	}
+}
