@@ -8,6 +8,7 @@ package integration
 import (
 	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"syscall"
@@ -197,6 +198,143 @@ func TestPolicyReorderedCloseNotReopened(t *testing.T) {
 		st := l.polState(t, c.fam, c.port, c.cport)
 		if st != "closing" {
 			t.Errorf("v%d %s: after the client's RST, which a's TCP accepted, a's flow is %s, want closing", c.fam, c.name, st)
+		}
+	}
+	for _, c := range conns {
+		c.unblock()
+		d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: remoteIP[c.fam], Port: c.cport}}
+		err := l.remote.Do(func(ns.NetNS) error {
+			cc, err := d.Dial("tcp", hp(l.aIP[c.fam], c.port))
+			if err == nil {
+				cc.Close()
+			}
+			return err
+		})
+		if err == nil {
+			t.Errorf("v%d %s: a new connection from the closed flow's port reached a, whose policy lets nothing in (flow %s)",
+				c.fam, c.name, l.polState(t, c.fam, c.port, c.cport))
+		}
+	}
+}
+
+// TestPolicyReorderedFINCloseNotReopened: as
+// TestPolicyReorderedCloseNotReopened, the client ending with a FIN instead
+// of an RST (every ordinary close): its last two segments reordered, its FIN
+// passing the node before a's acknowledgement. a's TCP takes the data and
+// the FIN, a closes its side, the client acknowledges. Both FINs were seen
+// by their receivers: a's flow must be closing, and the client's new
+// connection from the same port, which the rules now deny, must not get in.
+// "in-order" is the control. IPv4 and IPv6.
+func TestPolicyReorderedFINCloseNotReopened(t *testing.T) {
+	t.Parallel()
+	l := newTCPTrackLab(t, false)
+	var allows []policy.Allow
+	for _, fam := range []int{4, 6} {
+		allows = append(allows, policy.Allow{Prefix: host(remoteIP[fam]), Ports: []policy.PortRange{{Proto: 6, First: 7900, Last: 7999}}})
+	}
+	w := l.Maps().Policy().Writer()
+	if err := w.Apply(uint32(l.idx), policy.Endpoint{Ingress: isolated(allows...)}); err != nil {
+		t.Fatal(err)
+	}
+	src, dst := linkMAC(t, l.remote, "eth0"), linkMAC(t, l.Node, "uplink0")
+	type conn struct {
+		fam, port, cport int
+		name             string
+		srv              net.Conn
+		cNext, pNext     uint32
+		unblock          func()
+	}
+	var conns []*conn
+	for _, fam := range []int{4, 6} {
+		for i, name := range []string{"reordered", "in-order"} {
+			c := &conn{fam: fam, port: 7940 + 10*i + fam, cport: 41940 + 10*i + fam, name: name}
+			var ln net.Listener
+			must(t, l.a.Do(func(ns.NetNS) (err error) {
+				ln, err = net.Listen(fmt.Sprintf("tcp%d", fam), hp(l.aIP[fam], c.port))
+				return
+			}))
+			t.Cleanup(func() { ln.Close() })
+			acc := make(chan net.Conn, 1)
+			go func() {
+				if s, err := ln.Accept(); err == nil {
+					acc <- s
+				}
+			}()
+			seqs := sniffSynAckSeqs(t, l.remote, "eth0", c.port)
+			var cli net.Conn
+			must(t, l.remote.Do(func(ns.NetNS) (err error) {
+				cli, err = reuseDialer(remoteIP[fam], c.cport).Dial("tcp", hp(l.aIP[fam], c.port))
+				return
+			}))
+			t.Cleanup(func() { cli.Close() })
+			select {
+			case c.srv = <-acc:
+				t.Cleanup(func() { c.srv.Close() })
+			case <-time.After(3 * time.Second):
+				t.Fatalf("v%d: a accepted nothing", fam)
+			}
+			var s [2]uint32
+			select {
+			case s = <-seqs:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("v%d: no SYN-ACK seen", fam)
+			}
+			echo(t, cli, c.srv, fmt.Sprintf("v%d", fam))
+			c.pNext, c.cNext = s[0]+1+1, s[1]+1 // one byte each way
+			// The client's host goes quiet (its socket's own packets never
+			// leave from here on); the frames below are its segments.
+			unblock := blockTCP(t, l.remote, fam, "--sport", c.cport)
+			cli.(*net.TCPConn).SetLinger(0)
+			cli.Close()
+			c.unblock = unblock
+			conns = append(conns, c)
+		}
+	}
+	if err := w.Apply(uint32(l.idx), policy.Endpoint{Ingress: isolated()}); err != nil {
+		t.Fatal(err)
+	}
+	payload := make([]byte, 100)
+	for i := range payload {
+		payload[i] = 'r'
+	}
+	for _, c := range conns {
+		// a's acknowledgements are held in a until the RST has passed.
+		release := blockTCP(t, l.a, c.fam, "--sport", c.port)
+		first := tcpDataFrame(src, dst, remoteIP[c.fam], c.cport, l.aIP[c.fam], c.port, c.cNext, c.pNext, tcpACK|tcpPSH, payload)
+		second := tcpDataFrame(src, dst, remoteIP[c.fam], c.cport, l.aIP[c.fam], c.port, c.cNext+100, c.pNext, tcpACK|tcpPSH, payload)
+		rst := tcpFrame(src, dst, remoteIP[c.fam], c.cport, l.aIP[c.fam], c.port, c.cNext+200, c.pNext, tcpFIN|tcpACK, 512)
+		frames := [][]byte{first, second, rst}
+		if c.name == "reordered" {
+			frames = [][]byte{second, first, rst}
+		}
+		sendFrames(t, l.remote, "eth0", frames)
+		// a's TCP took all 200 bytes and the RST.
+		got, buf := 0, make([]byte, 512)
+		var rerr error
+		c.srv.SetReadDeadline(time.Now().Add(3 * time.Second))
+		for rerr == nil {
+			var n int
+			n, rerr = c.srv.Read(buf)
+			got += n
+		}
+		if rerr != io.EOF || got != 200 {
+			t.Fatalf("v%d %s: a's server read %d bytes then %v; want 200 and the client's FIN (EOF)", c.fam, c.name, got, rerr)
+		}
+		release()
+		t.Logf("v%d %s: a's flow after the client's FIN: %s", c.fam, c.name, l.polState(t, c.fam, c.port, c.cport))
+		// a closes its side; the client acknowledges a's FIN.
+		c.srv.Close()
+		time.Sleep(100 * time.Millisecond)
+		t.Logf("v%d %s: a's flow after a's FIN: %s", c.fam, c.name, l.polState(t, c.fam, c.port, c.cport))
+		sendFrames(t, l.remote, "eth0", [][]byte{
+			tcpFrame(src, dst, remoteIP[c.fam], c.cport, l.aIP[c.fam], c.port, c.cNext+201, c.pNext+1, tcpACK, 512),
+		})
+	}
+	time.Sleep(200 * time.Millisecond)
+	for _, c := range conns {
+		st := l.polState(t, c.fam, c.port, c.cport)
+		if st != "closing" {
+			t.Errorf("v%d %s: after both FINs, each accepted by its receiver, a's flow is %s, want closing", c.fam, c.name, st)
 		}
 	}
 	for _, c := range conns {
