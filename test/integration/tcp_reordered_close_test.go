@@ -224,7 +224,8 @@ func TestPolicyReorderedCloseNotReopened(t *testing.T) {
 // the FIN, a closes its side, the client acknowledges. Both FINs were seen
 // by their receivers: a's flow must be closing, and the client's new
 // connection from the same port, which the rules now deny, must not get in.
-// "in-order" is the control. IPv4 and IPv6.
+// "in-order" is the control; "data+fin" sends the FIN on the last data
+// segment, in order. IPv4 and IPv6.
 func TestPolicyReorderedFINCloseNotReopened(t *testing.T) {
 	t.Parallel()
 	l := newTCPTrackLab(t, false)
@@ -246,7 +247,7 @@ func TestPolicyReorderedFINCloseNotReopened(t *testing.T) {
 	}
 	var conns []*conn
 	for _, fam := range []int{4, 6} {
-		for i, name := range []string{"reordered", "in-order"} {
+		for i, name := range []string{"reordered", "in-order", "data+fin"} {
 			c := &conn{fam: fam, port: 7940 + 10*i + fam, cport: 41940 + 10*i + fam, name: name}
 			var ln net.Listener
 			must(t, l.a.Do(func(ns.NetNS) (err error) {
@@ -304,8 +305,11 @@ func TestPolicyReorderedFINCloseNotReopened(t *testing.T) {
 		second := tcpDataFrame(src, dst, remoteIP[c.fam], c.cport, l.aIP[c.fam], c.port, c.cNext+100, c.pNext, tcpACK|tcpPSH, payload)
 		rst := tcpFrame(src, dst, remoteIP[c.fam], c.cport, l.aIP[c.fam], c.port, c.cNext+200, c.pNext, tcpFIN|tcpACK, 512)
 		frames := [][]byte{first, second, rst}
-		if c.name == "reordered" {
+		switch c.name {
+		case "reordered":
 			frames = [][]byte{second, first, rst}
+		case "data+fin": // the FIN on the last data segment, in order
+			frames = [][]byte{first, tcpDataFrame(src, dst, remoteIP[c.fam], c.cport, l.aIP[c.fam], c.port, c.cNext+100, c.pNext, tcpACK|tcpPSH|tcpFIN, payload)}
 		}
 		sendFrames(t, l.remote, "eth0", frames)
 		// a's TCP took all 200 bytes and the RST.
