@@ -19,6 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // sniffSynAckSeqs reports, from link name in netns, the sequence and
@@ -485,6 +486,100 @@ func TestPolicyReorderedCloseEgressNotReopened(t *testing.T) {
 		if err == nil {
 			t.Errorf("v%d %s: a's new connection from the closed flow's port got out, though a's policy lets nothing out (flow %s)",
 				c.fam, c.name, l.polState(t, c.fam, c.aport, c.port))
+		}
+	}
+}
+
+// TestHostPortReorderedCloseCloses: the remote host's connection to web's
+// server through its hostPort ends with the client's RST after its last
+// two segments arrived reordered, the RST passing the node before web's
+// acknowledgement. web's TCP accepts the RST (it has every byte); the
+// hostPort's flow (cni_ct) must close with it, as it does when the same
+// segments come in order (docs/networkpolicy.md: hostPort's cni_ct tracks
+// the peer's RST as the policy flows do; TestTCPTrackingTupleReusedWithNewISN
+// wants "closing" after the client's RST). IPv4 and IPv6.
+func TestHostPortReorderedCloseCloses(t *testing.T) {
+	t.Parallel()
+	l := newTCPTrackLab(t, false)
+	web := l.NewPod()
+	const hostPort = 8097
+	l.MustAddHP(web, "web", testenv.PM{HostPort: hostPort, ContainerPort: 80, Protocol: "tcp"})
+	_, webIdx := l.HostVeth("web")
+	if err := l.Maps().Policy().Writer().Apply(uint32(webIdx), policy.Endpoint{}); err != nil { // open: no policy selects it
+		t.Fatal(err)
+	}
+	src, dst := linkMAC(t, l.remote, "eth0"), linkMAC(t, l.Node, "uplink0")
+	payload := make([]byte, 100)
+	for _, fam := range []int{4, 6} {
+		var ln net.Listener
+		listen := hp(net.IPv6zero, 80)
+		if fam == 4 {
+			listen = hp(net.IPv4zero, 80)
+		}
+		must(t, web.Do(func(ns.NetNS) (err error) {
+			ln, err = net.Listen(fmt.Sprintf("tcp%d", fam), listen)
+			return
+		}))
+		t.Cleanup(func() { ln.Close() })
+		for i, name := range []string{"reordered", "in-order"} {
+			cport := 43900 + 10*i + fam
+			acc := make(chan net.Conn, 1)
+			go func() {
+				if s, err := ln.Accept(); err == nil {
+					acc <- s
+				}
+			}()
+			seqs := sniffSynAckSeqs(t, l.remote, "eth0", hostPort)
+			var cli net.Conn
+			must(t, l.remote.Do(func(ns.NetNS) (err error) {
+				cli, err = reuseDialer(remoteIP[fam], cport).Dial("tcp", hp(uplinkIP[fam], hostPort))
+				return
+			}))
+			t.Cleanup(func() { cli.Close() })
+			var srv net.Conn
+			select {
+			case srv = <-acc:
+				t.Cleanup(func() { srv.Close() })
+			case <-time.After(3 * time.Second):
+				t.Fatalf("v%d %s: web accepted nothing", fam, name)
+			}
+			var s [2]uint32
+			select {
+			case s = <-seqs:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("v%d %s: no SYN-ACK seen", fam, name)
+			}
+			echo(t, cli, srv, fmt.Sprintf("v%d %s", fam, name))
+			pNext, cNext := s[0]+2, s[1]+1
+			unblock := blockTCP(t, l.remote, fam, "--sport", cport)
+			cli.(*net.TCPConn).SetLinger(0)
+			cli.Close()
+			release := blockTCP(t, web, fam, "--sport", 80)
+			first := tcpDataFrame(src, dst, remoteIP[fam], cport, uplinkIP[fam], hostPort, cNext, pNext, tcpACK|tcpPSH, payload)
+			second := tcpDataFrame(src, dst, remoteIP[fam], cport, uplinkIP[fam], hostPort, cNext+100, pNext, tcpACK|tcpPSH, payload)
+			rst := tcpFrame(src, dst, remoteIP[fam], cport, uplinkIP[fam], hostPort, cNext+200, pNext, tcpRST|tcpACK, 512)
+			frames := [][]byte{first, second, rst}
+			if name == "reordered" {
+				frames = [][]byte{second, first, rst}
+			}
+			sendFrames(t, l.remote, "eth0", frames)
+			got, buf := 0, make([]byte, 512)
+			var rerr error
+			srv.SetReadDeadline(time.Now().Add(3 * time.Second))
+			for rerr == nil {
+				var n int
+				n, rerr = srv.Read(buf)
+				got += n
+			}
+			if !strings.Contains(rerr.Error(), "reset") {
+				t.Fatalf("v%d %s: web read %d bytes then %v; want the client's RST accepted", fam, name, got, rerr)
+			}
+			release()
+			unblock()
+			time.Sleep(200 * time.Millisecond)
+			if st := l.ctState(t, fam, cport); st != "closing" {
+				t.Errorf("v%d %s: after the client's RST, which web's TCP accepted, the hostPort flow is %s, want closing", fam, name, st)
+			}
 		}
 	}
 }
