@@ -583,3 +583,106 @@ func TestHostPortReorderedCloseCloses(t *testing.T) {
 		}
 	}
 }
+
+// TestMasqReorderedCloseCloses: a, masqueraded (ipMasq), dials the remote
+// server; the server's last two segments arrive reordered and its RST
+// passes the node before a's acknowledgement. a's TCP accepts the RST; the
+// masquerade's flow (cni_snat) must close with it (its port freed 10 s
+// later, not an hour), as it does when the segments come in order
+// (docs/masquerade.md: the peer's RST closes the flow at its next
+// sequence number). IPv4 and IPv6.
+func TestMasqReorderedCloseCloses(t *testing.T) {
+	t.Parallel()
+	l := newTCPTrackLab(t, true)
+	if err := l.Maps().Policy().Writer().Apply(uint32(l.idx), policy.Endpoint{}); err != nil {
+		t.Fatal(err)
+	}
+	src, dst := linkMAC(t, l.remote, "eth0"), linkMAC(t, l.Node, "uplink0")
+	payload := make([]byte, 100)
+	for _, fam := range []int{4, 6} {
+		for i, name := range []string{"reordered", "in-order"} {
+			port := 7970 + 10*i + fam
+			var ln net.Listener
+			must(t, l.remote.Do(func(ns.NetNS) (err error) {
+				ln, err = net.Listen(fmt.Sprintf("tcp%d", fam), hp(remoteIP[fam], port))
+				return
+			}))
+			t.Cleanup(func() { ln.Close() })
+			acc := make(chan net.Conn, 1)
+			go func() {
+				if s, err := ln.Accept(); err == nil {
+					acc <- s
+				}
+			}()
+			seqs := sniffSynAckSeqs(t, l.remote, "eth0", port)
+			var cli net.Conn
+			must(t, l.a.Do(func(ns.NetNS) (err error) {
+				cli, err = net.DialTimeout("tcp", hp(remoteIP[fam], port), 3*time.Second)
+				return
+			}))
+			t.Cleanup(func() { cli.Close() })
+			var srv net.Conn
+			select {
+			case srv = <-acc:
+				t.Cleanup(func() { srv.Close() })
+			case <-time.After(3 * time.Second):
+				t.Fatalf("v%d %s: the server accepted nothing", fam, name)
+			}
+			var s [2]uint32
+			select {
+			case s = <-seqs:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("v%d %s: no SYN-ACK seen", fam, name)
+			}
+			echo(t, cli, srv, fmt.Sprintf("v%d %s", fam, name))
+			sNext, aNext := s[0]+2, s[1]+1
+			aPort := cli.LocalAddr().(*net.TCPAddr).Port
+			wire := srv.RemoteAddr().(*net.TCPAddr)
+			if !wire.IP.Equal(uplinkIP[fam]) {
+				t.Fatalf("v%d %s: the server saw %s, want the node's address (masqueraded)", fam, name, wire.IP)
+			}
+			unblock := blockTCP(t, l.remote, fam, "--sport", port)
+			srv.(*net.TCPConn).SetLinger(0)
+			srv.Close()
+			release := blockTCP(t, l.a, fam, "--dport", port)
+			first := tcpDataFrame(src, dst, remoteIP[fam], port, wire.IP, wire.Port, sNext, aNext, tcpACK|tcpPSH, payload)
+			second := tcpDataFrame(src, dst, remoteIP[fam], port, wire.IP, wire.Port, sNext+100, aNext, tcpACK|tcpPSH, payload)
+			rst := tcpFrame(src, dst, remoteIP[fam], port, wire.IP, wire.Port, sNext+200, aNext, tcpRST|tcpACK, 512)
+			frames := [][]byte{first, second, rst}
+			if name == "reordered" {
+				frames = [][]byte{second, first, rst}
+			}
+			sendFrames(t, l.remote, "eth0", frames)
+			got, buf := 0, make([]byte, 512)
+			var rerr error
+			cli.SetReadDeadline(time.Now().Add(3 * time.Second))
+			for rerr == nil {
+				var n int
+				n, rerr = cli.Read(buf)
+				got += n
+			}
+			if !strings.Contains(rerr.Error(), "reset") {
+				t.Fatalf("v%d %s: a read %d bytes then %v; want the server's RST accepted", fam, name, got, rerr)
+			}
+			release()
+			unblock()
+			time.Sleep(200 * time.Millisecond)
+			flows, err := l.Maps().Masq().ListSNAT()
+			if err != nil {
+				t.Fatal(err)
+			}
+			found := false
+			for _, f := range flows {
+				if f.Proto == 6 && int(f.Pod.Port()) == aPort && int(f.Peer.Port()) == port && f.Pod.Addr().Is4() == (fam == 4) {
+					found = true
+					if !f.Closing {
+						t.Errorf("v%d %s: after the server's RST, which a's TCP accepted, the masqueraded flow is %s (not closing), want closing", fam, name, f.State)
+					}
+				}
+			}
+			if !found {
+				t.Errorf("v%d %s: no masqueraded flow of a's port %d", fam, name, aPort)
+			}
+		}
+	}
+}
