@@ -481,7 +481,7 @@ static __always_inline __u32 pol_ct_first(const struct pol_ct_key *k, int egress
  * The live entry of flow k in its pod's tables, NULL when none: first in
  * the table pol_ct_first guesses, then in the other. An entry expired at
  * w->now is as good as absent, and so is a closed one that a SYN meets
- * (expired by it). w->ct_opener names the table it was found in. Not inlined: policy_judge's frame (and this one has none: it takes
+ * (expired by it) or a replied one (kept). w->ct_opener names the table it was found in. Not inlined: policy_judge's frame (and this one has none: it takes
  * its time from w).
  */
 static __noinline struct pol_ct_val *pol_ct_find(struct pol_work *w, const struct pol_ct_key *k, int egress)
@@ -510,6 +510,13 @@ static __noinline struct pol_ct_val *pol_ct_find(struct pol_work *w, const struc
 			ct->seen_ns = 0;
 			continue;
 		}
+		/* So is a SYN on a flow past its handshake (replied): its
+		 * close may have gone unseen (reordered data before the RST or
+		 * FIN: tcpseq.h moves only in order), and the SYN is a new
+		 * connection the rules judge (recorded anew when they allow
+		 * it). The entry stays: a forged SYN cuts no live flow. */
+		if (w->f.syn_only && (ct->flags & FLOW_F_REPLIED))
+			continue;
 		return ct;
 	}
 	return NULL;

@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 489432, crc: 0x3c7eca4f, sha: "c6dbd61aa788"},
-	"from_container_compat": {size: 459728, crc: 0x3ef1e07a, sha: "41e713aeed45"},
-	"from_uplink":           {size: 330936, crc: 0x0d887211, sha: "15c54d386c2b"},
-	"from_uplink_compat":    {size: 306008, crc: 0x63fe20f6, sha: "6e5b5cc8b6ac"},
-	"sock":                  {size: 170776, crc: 0xa38c3ee9, sha: "6a789c25997e"},
-	"sock_compat":           {size: 161296, crc: 0x64de4cfc, sha: "e6ed9f6a9f17"},
-	"sock_ops":              {size: 153648, crc: 0xb4b64074, sha: "b2c8c77514b2"},
-	"to_container":          {size: 189832, crc: 0xedd4f450, sha: "a4957517c16e"},
-	"to_container_compat":   {size: 175376, crc: 0xfb46a487, sha: "d58e63661e72"},
-	"to_uplink":             {size: 284984, crc: 0xec5a5d8f, sha: "f65232ffdb2f"},
-	"to_uplink_compat":      {size: 253976, crc: 0x8fa451fd, sha: "82c82e1573f3"},
-	"tunnel":                {size: 249784, crc: 0x978b9026, sha: "d1509ba761ee"},
+	"from_container":        {size: 489824, crc: 0x39cf3229, sha: "e4f7466ce3ec"},
+	"from_container_compat": {size: 460128, crc: 0xa1a9e72c, sha: "40598f74ecab"},
+	"from_uplink":           {size: 331336, crc: 0x27e14663, sha: "5f03c1c91118"},
+	"from_uplink_compat":    {size: 306408, crc: 0x48a49e80, sha: "ad149063d68a"},
+	"sock":                  {size: 171168, crc: 0xdc2cf6fa, sha: "1e4421d82db8"},
+	"sock_compat":           {size: 161696, crc: 0x771b6bda, sha: "6682819ba5ae"},
+	"sock_ops":              {size: 154048, crc: 0xb1bb7b9a, sha: "ad0f407a221b"},
+	"to_container":          {size: 190232, crc: 0x434b704a, sha: "0a0421b1b779"},
+	"to_container_compat":   {size: 175776, crc: 0xc269828e, sha: "12ef01222bd1"},
+	"to_uplink":             {size: 285384, crc: 0xa3364763, sha: "0a81943b4d24"},
+	"to_uplink_compat":      {size: 254376, crc: 0xbc420c1e, sha: "c174b03a262f"},
+	"tunnel":                {size: 250176, crc: 0x4272f6ce, sha: "8e65720b8ebc"},
 }
