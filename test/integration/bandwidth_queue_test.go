@@ -388,6 +388,25 @@ func acceptedFrom(t *testing.T, src, dst ns.NetNS, ip net.IP) (net.Conn, net.Con
 	return s, c
 }
 
+// sndWnd: the send window of c, in bytes: the last window its peer
+// advertised.
+func sndWnd(t *testing.T, c net.Conn) uint32 {
+	t.Helper()
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info *unix.TCPInfo
+	var gerr error
+	if err := raw.Control(func(fd uintptr) { info, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
+		t.Fatal(err)
+	}
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	return info.Snd_wnd
+}
+
 // TestBandwidthPodReceiveWindow: the TCP sockets of a pod with an ingress
 // limit get their receive window clamped to about 2 ms of the rate towards
 // peers the node does not pace (here the node's address stands for them),
@@ -435,22 +454,16 @@ func TestBandwidthPodReceiveWindow(t *testing.T) {
 	// before any data: no larger than the clamp either (rounded up to the
 	// window scale's unit, at most 1 KiB here).
 	for what, c := range map[string]net.Conn{"SYN-ACK to the node": nodeEnd, "SYN to the node": nodeAccepted} {
-		var info *unix.TCPInfo
-		raw, err := c.(*net.TCPConn).SyscallConn()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var gerr error
-		raw.Control(func(fd uintptr) { info, gerr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) })
-		if gerr != nil {
-			t.Fatal(gerr)
-		}
-		if info.Snd_wnd == 0 || info.Snd_wnd > wnd+1024 {
-			t.Errorf("limited pod, window of its %s: %d, want at most %d", what, info.Snd_wnd, wnd+1024)
+		if got := sndWnd(t, c); got == 0 || got > wnd+1024 {
+			t.Errorf("limited pod, window of its %s: %d, want at most %d", what, got, wnd+1024)
 		}
 	}
 	// 4 MB through the accepted connection: the kernel lifts the clamp on
-	// the first full segment and as the buffer grows.
+	// the first full segment and, in the reader's recvmsg, as it grows the
+	// buffer; the hook puts it back before the window of each segment the
+	// pod sends is filled in. So what holds is the window advertised, not
+	// the socket's clamp between two segments (CI once read it right after
+	// the last read had lifted it: 204965).
 	go func() {
 		buf := make([]byte, 64<<10)
 		for i := 0; i < 64; i++ {
@@ -458,14 +471,25 @@ func TestBandwidthPodReceiveWindow(t *testing.T) {
 				return
 			}
 		}
-		nodeEnd.Close()
+		nodeEnd.(*net.TCPConn).CloseWrite()
 	}()
 	fromNode.SetReadDeadline(time.Now().Add(20 * time.Second))
 	if n, err := io.Copy(io.Discard, fromNode); err != nil || n != 4<<20 {
 		t.Fatalf("transfer into the limited pod: %d bytes, %v", n, err)
 	}
+	if got := sndWnd(t, nodeEnd); got == 0 || got > wnd+1024 {
+		t.Errorf("limited pod, last window advertised after 4 MB from the node: %d, want at most %d", got, wnd+1024)
+	}
+	// One segment from the pod after its last read: the clamp is back.
+	nodeEnd.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fromNode.Write([]byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(nodeEnd, make([]byte, 1)); err != nil {
+		t.Fatalf("a byte from the limited pod to the node: %v", err)
+	}
 	if got := clamp(fromNode); got != wnd {
-		t.Errorf("limited pod, after 4 MB from the node: TCP_WINDOW_CLAMP %d, want %d", got, wnd)
+		t.Errorf("limited pod, after 4 MB from the node and a segment of its own: TCP_WINDOW_CLAMP %d, want %d", got, wnd)
 	}
 	if got := sockOpt(t, fromNode, unix.SOL_SOCKET, unix.SO_RCVBUF); got < 64<<10 {
 		t.Errorf("limited pod, after 4 MB from the node: SO_RCVBUF %d: the buffer is the kernel's to size", got)
