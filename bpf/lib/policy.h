@@ -139,6 +139,7 @@ struct pol_work {
 	__u8 fwd;      /* how & (POL_J_FWD | POL_J_AFTER): for pol_allows, and POL_ALLOW_NEW */
 	__u8 deferred; /* the packet's denial is deferred: its fragments' note says so (pol_frag_note) */
 	__u8 recorded; /* after the stack, a new flow was recorded: POL_ALLOW_NEW */
+	__u8 kept;     /* pol_ct_find passed over a replied entry for a SYN */
 	/* The pod (host veth) whose packet from_container last deferred to a
 	 * pending entry, on this CPU: the stack forwards it on the CPU it
 	 * came in on, so the judgement after the stack confirms the entry
@@ -481,7 +482,7 @@ static __always_inline __u32 pol_ct_first(const struct pol_ct_key *k, int egress
  * The live entry of flow k in its pod's tables, NULL when none: first in
  * the table pol_ct_first guesses, then in the other. An entry expired at
  * w->now is as good as absent, and so is a closed one that a SYN meets
- * (expired by it) or a replied one (kept). w->ct_opener names the table it was found in. Not inlined: policy_judge's frame (and this one has none: it takes
+ * (expired by it) or a replied one (left as it is: w->kept). w->ct_opener names the table it was found in. Not inlined: policy_judge's frame (and this one has none: it takes
  * its time from w).
  */
 static __noinline struct pol_ct_val *pol_ct_find(struct pol_work *w, const struct pol_ct_key *k, int egress)
@@ -489,6 +490,7 @@ static __noinline struct pol_ct_val *pol_ct_find(struct pol_work *w, const struc
 	/* The table tried, kept in w rather than a register: this frame
 	 * stays empty. */
 	w->ct_opener = pol_ct_first(k, egress);
+	w->kept = 0;
 
 #pragma unroll
 	for (__u32 i = 0; i < 2; i++) {
@@ -513,10 +515,13 @@ static __noinline struct pol_ct_val *pol_ct_find(struct pol_work *w, const struc
 		/* So is a SYN on a flow past its handshake (replied): its
 		 * close may have gone unseen (reordered data before the RST or
 		 * FIN: tcpseq.h moves only in order), and the SYN is a new
-		 * connection the rules judge (recorded anew when they allow
-		 * it). The entry stays: a forged SYN cuts no live flow. */
-		if (w->f.syn_only && (ct->flags & FLOW_F_REPLIED))
+		 * connection the rules judge. The entry stays as it is when
+		 * they allow it (w->kept): a forged SYN cuts no live flow, and
+		 * a real new connection's SYN-ACK re-seeds its tracking. */
+		if (w->f.syn_only && (ct->flags & FLOW_F_REPLIED)) {
+			w->kept = 1;
 			continue;
+		}
 		return ct;
 	}
 	return NULL;
@@ -933,6 +938,8 @@ __noinline int policy_judge(struct __sk_buff *skb, __u8 family, __u32 ifindex, _
 		 * entry alone proves nothing about who sends now. */
 	}
 	int allow = mode == POL_OPEN || pol_allows(skb, w, set, pol_peer_is_node(skb, w, family, how));
+	if (allow && w->kept)
+		goto allow; /* a SYN the rules allow on a live flow: the entry stays */
 	__u32 flags = egress ? POL_CT_F_EGRESS : 0;
 	if (!allow) {
 		if (how & POL_J_AFTER) {

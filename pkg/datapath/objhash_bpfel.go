@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 489824, crc: 0x39cf3229, sha: "e4f7466ce3ec"},
-	"from_container_compat": {size: 460128, crc: 0xa1a9e72c, sha: "40598f74ecab"},
-	"from_uplink":           {size: 331336, crc: 0x27e14663, sha: "5f03c1c91118"},
-	"from_uplink_compat":    {size: 306408, crc: 0x48a49e80, sha: "ad149063d68a"},
-	"sock":                  {size: 171168, crc: 0xdc2cf6fa, sha: "1e4421d82db8"},
-	"sock_compat":           {size: 161696, crc: 0x771b6bda, sha: "6682819ba5ae"},
-	"sock_ops":              {size: 154048, crc: 0xb1bb7b9a, sha: "ad0f407a221b"},
-	"to_container":          {size: 190232, crc: 0x434b704a, sha: "0a0421b1b779"},
-	"to_container_compat":   {size: 175776, crc: 0xc269828e, sha: "12ef01222bd1"},
-	"to_uplink":             {size: 285384, crc: 0xa3364763, sha: "0a81943b4d24"},
-	"to_uplink_compat":      {size: 254376, crc: 0xbc420c1e, sha: "c174b03a262f"},
-	"tunnel":                {size: 250176, crc: 0x4272f6ce, sha: "8e65720b8ebc"},
+	"from_container":        {size: 490088, crc: 0xde7bbda0, sha: "3f9e13afffe1"},
+	"from_container_compat": {size: 460392, crc: 0xe55bf23f, sha: "700ce6172a5c"},
+	"from_uplink":           {size: 331600, crc: 0xb0a3b669, sha: "5ddc541c4143"},
+	"from_uplink_compat":    {size: 306672, crc: 0x57a57238, sha: "ab1dc962b596"},
+	"sock":                  {size: 171432, crc: 0x75b4ec9b, sha: "1cd25d28ea98"},
+	"sock_compat":           {size: 161960, crc: 0xce2630a9, sha: "627cbb77d082"},
+	"sock_ops":              {size: 154312, crc: 0x87cb51a7, sha: "1114f54b89e1"},
+	"to_container":          {size: 190496, crc: 0x452d0bdc, sha: "534a1ff10785"},
+	"to_container_compat":   {size: 176040, crc: 0x90f47d7e, sha: "9273166f4fca"},
+	"to_uplink":             {size: 285648, crc: 0xd66b340a, sha: "8e1c9fac4f8d"},
+	"to_uplink_compat":      {size: 254640, crc: 0x3b75695d, sha: "0bf561aec2c4"},
+	"tunnel":                {size: 250448, crc: 0x3d2bc8d4, sha: "018f610c6a35"},
 }
