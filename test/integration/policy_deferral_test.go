@@ -454,3 +454,79 @@ func sniffed(fd int, m [][]byte, d time.Duration) (bool, bool) {
 	}
 	return saw[0], saw[1]
 }
+
+// TestPolicyServiceReusedPortAfterUnseenClose: a's egress allows one port of
+// a host off the node, which a dials through a ClusterIP from a fixed port.
+// Both ends then lose the connection without a word reaching the node, so
+// a's entries of it stay established; a dials again from the same port.
+// Its SYN meets the replied entry as dialled: the rules judge it (denied
+// before the DNAT, so deferred), and after the DNAT it must be allowed and
+// the connection come up. A case of the reordered-close fix (a SYN on a
+// replied entry is judged as new) through kube-proxy, written in the
+// hostile review of that fix; it passed at once. IPv4 and IPv6.
+func TestPolicyServiceReusedPortAfterUnseenClose(t *testing.T) {
+	t.Parallel()
+	l := newPodPolLab(t)
+	svc := map[int]net.IP{4: net.ParseIP("10.96.0.83").To4(), 6: net.ParseIP("fd00:96::83")}
+	const target = 7006
+	var allows []policy.Allow
+	for _, fam := range []int{4, 6} {
+		svcs := []svcPort{{name: "reuse-tcp", proto: "tcp", clusterIP: svc[fam], port: 80, backend: remoteIP[fam], target: target}}
+		proxyModes[0].install(t, l.Node, fam, cluster[fam], []net.IP{uplinkIP[fam], nodeIP[fam]}, svcs)
+		allows = append(allows, allowPorts(host(remoteIP[fam]), unix.IPPROTO_TCP, target, target))
+	}
+	l.apply(t, policy.Endpoint{Egress: isolated(allows...)})
+	for _, fam := range []int{4, 6} {
+		var ln net.Listener
+		must(t, l.remote.Do(func(ns.NetNS) (err error) {
+			ln, err = net.Listen(fmt.Sprintf("tcp%d", fam), hp(remoteIP[fam], target))
+			return
+		}))
+		t.Cleanup(func() { ln.Close() })
+		cport := 41600 + fam
+		connect := func(what string) (cli, srv *net.TCPConn) {
+			t.Helper()
+			accepted := make(chan net.Conn, 1)
+			go func() {
+				if s, err := ln.Accept(); err == nil {
+					accepted <- s
+				}
+			}()
+			d := net.Dialer{Timeout: 3 * time.Second, LocalAddr: &net.TCPAddr{IP: l.aIP[fam], Port: cport}}
+			var c net.Conn
+			if err := l.a.Do(func(ns.NetNS) (err error) {
+				c, err = d.Dial("tcp", hp(svc[fam], 80))
+				return
+			}); err != nil {
+				t.Fatalf("v%d, %s: a dialled the ClusterIP: %v", fam, what, err)
+			}
+			t.Cleanup(func() { c.Close() })
+			select {
+			case s := <-accepted:
+				t.Cleanup(func() { s.Close() })
+				return c.(*net.TCPConn), s.(*net.TCPConn)
+			case <-time.After(5 * time.Second):
+				t.Fatalf("v%d, %s: the host accepted nothing", fam, what)
+			}
+			return nil, nil
+		}
+		cli, srv := connect("first connection")
+		echo(t, cli, srv, fmt.Sprintf("v%d, first connection", fam))
+		// a forgets the connection: its RST never leaves.
+		unblock := blockTCP(t, l.a, fam, "--sport", cport)
+		cli.SetLinger(0)
+		cli.Close()
+		// The host's socket times out on the silence: nothing of it leaves.
+		unblockHost := blockTCP(t, l.remote, fam, "--sport", target)
+		must(t, setUserTimeout(srv, 300*time.Millisecond))
+		srv.Write([]byte("lost"))
+		srv.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := srv.Read(make([]byte, 8)); err == nil {
+			t.Fatalf("v%d: the host's socket read on after the silence", fam)
+		}
+		unblock()
+		unblockHost()
+		cli, srv = connect("second connection from the same port")
+		echo(t, cli, srv, fmt.Sprintf("v%d, second connection", fam))
+	}
+}
