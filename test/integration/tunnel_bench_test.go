@@ -169,10 +169,16 @@ func newTunBench(t *testing.T) *tunBench {
 
 // iperf is one iperf3 TCP stream of secs from c to to, in Gbit/s received.
 func (b *tunBench) iperf(c ns.NetNS, to net.IP, secs int) float64 {
+	return b.iperfJSON(c, to, secs).End.SumReceived.BitsPerSecond / 1e9
+}
+
+// iperfJSON runs the stream with extra iperf3 arguments, returning its report.
+func (b *tunBench) iperfJSON(c ns.NetNS, to net.IP, secs int, extra ...string) *testenv.IperfJSON {
 	var out []byte
 	err := c.Do(func(ns.NetNS) error {
 		var err error
-		out, err = exec.Command("iperf3", "-c", to.String(), "-p", "5201", "-t", strconv.Itoa(secs), "-J").Output()
+		args := append([]string{"-c", to.String(), "-p", "5201", "-t", strconv.Itoa(secs), "-J"}, extra...)
+		out, err = exec.Command("iperf3", args...).Output()
 		return err
 	})
 	if err != nil {
@@ -182,13 +188,14 @@ func (b *tunBench) iperf(c ns.NetNS, to net.IP, secs int) float64 {
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	return j.End.SumReceived.BitsPerSecond / 1e9
+	return j
 }
 
 // TestTunnelProfile (go test -tags tunnelbench -run TestTunnelProfile): the
 // benchmark's lab held while one iperf3 stream (MTU 1450 pods) runs
 // TUNNEL_PROFILE_SECS (10) in each mode, host-gw then VXLAN
-// (TUNNEL_PROFILE_ROUNDS times), and TUNNEL_PROFILE_CMD runs by sh -c
+// (TUNNEL_PROFILE_ROUNDS times; TUNNEL_PROFILE_IPERF_ARGS adds iperf3
+// client arguments, e.g. "-A 0,1"), and TUNNEL_PROFILE_CMD runs by sh -c
 // beside it, from the host's netns, with TUNNEL_MODE (host-gw or vxlan) and
 // TUNNEL_PROFILE_SECS in its environment, and the netns paths
 // TUNNEL_NODE1_NS, TUNNEL_NODE2_NS (sender's, receiver's node),
@@ -218,13 +225,21 @@ func TestTunnelProfile(t *testing.T) {
 					t.Fatalf("TUNNEL_PROFILE_CMD: %v", err)
 				}
 			}
-			g := b.iperf(b.p1, b.a2, secs)
+			j := b.iperfJSON(b.p1, b.a2, secs, strings.Fields(os.Getenv("TUNNEL_PROFILE_IPERF_ARGS"))...)
 			if cmd != nil {
 				if err := cmd.Wait(); err != nil {
 					t.Errorf("TUNNEL_PROFILE_CMD (%s): %v", name, err)
 				}
 			}
-			t.Logf("%s: %.2f Gbit/s (load %s)\n%s", name, g, testenv.Loadavg(), out.String())
+			var retr int64
+			if r := j.End.SumSent.Retransmits; r != nil {
+				retr = *r
+			}
+			g, cpu := j.End.SumReceived.BitsPerSecond/1e9, j.End.CPUUtilization
+			// The two processes' CPU (with the softirq work done in their
+			// context) per Gbit: the path's cost, whatever else runs.
+			t.Logf("%s: %.2f Gbit/s, CPU client %.0f%% server %.0f%%, %.1f ms CPU per Gbit, %d retransmits (load %s)\n%s",
+				name, g, cpu.HostTotal, cpu.RemoteTotal, 10*(cpu.HostTotal+cpu.RemoteTotal)/g, retr, testenv.Loadavg(), out.String())
 		}
 	}
 }
