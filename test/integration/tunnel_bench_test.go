@@ -235,6 +235,9 @@ func TestTunnelProfile(t *testing.T) {
 			if r := j.End.SumSent.Retransmits; r != nil {
 				retr = *r
 			}
+			if j.End.SumReceived.Bytes == 0 {
+				t.Fatalf("%s: the stream moved nothing", name)
+			}
 			g, cpu := j.End.SumReceived.BitsPerSecond/1e9, j.End.CPUUtilization
 			// The two processes' CPU (with the softirq work done in their
 			// context) per Gbit: the path's cost, whatever else runs.
