@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,76 +42,10 @@ func benchEnvInt(name string, def int) int {
 // the overhead takes. TUNNEL_BENCH_ROUNDS (7) and TUNNEL_BENCH_SECS (3)
 // size it; TUNNEL_BENCH_OUT names a JSON file for the rows (test/bench).
 func TestTunnelBench(t *testing.T) {
-	if _, err := exec.LookPath("iperf3"); err != nil {
-		t.Fatal("iperf3 not installed")
-	}
 	rounds, secs := benchEnvInt("TUNNEL_BENCH_ROUNDS", 7), benchEnvInt("TUNNEL_BENCH_SECS", 3)
-	lab := newTunLab(t)
-	n1, n2 := lab.nodes[0], lab.nodes[1]
-	// IPv4 only: host-gw has no IPv6 node address to route via.
-	var peers []agent.Peer
-	for i, e := range []*testenv.Env{n1, n2} {
-		p4, _ := tunPods(i)
-		e.IPAM["ranges"] = [][]map[string]string{{{"subnet": p4}}}
-		peers = append(peers, agent.Peer{NodeIP: tunNode[i].String(), PodCIDRs: []string{p4}})
-	}
-	pf := filepath.Join(t.TempDir(), "peers4.json")
-	pj, _ := json.Marshal(peers)
-	if err := os.WriteFile(pf, pj, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	mode := func(tunnel bool) {
-		m := "off"
-		if tunnel {
-			m = "vxlan"
-		}
-		for _, e := range []*testenv.Env{n1, n2} {
-			if _, err := e.MasqAgent("peers", "--peers", pf, "--cni-conf-dir", t.TempDir(), "--tunnel", m); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	mode(true)
-	pair := func(mtu int, name string) (ns.NetNS, ns.NetNS, net.IP) {
-		for _, e := range []*testenv.Env{n1, n2} {
-			e.Extra["mtu"] = mtu
-		}
-		c, s := n1.NewPod(), n2.NewPod()
-		n1.CleanupDel(c, name+"c")
-		n2.CleanupDel(s, name+"s")
-		n1.Add(c, name+"c")
-		a := v4Of(t, n2.Add(s, name+"s"))
-		if err := s.Do(func(ns.NetNS) error {
-			srv := exec.Command("iperf3", "-s", "-p", "5201")
-			if err := srv.Start(); err != nil {
-				return err
-			}
-			t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return c, s, a
-	}
-	p1, p2, a2 := pair(1450, "b")
-	q1, _, b2 := pair(1500, "m")
-	time.Sleep(300 * time.Millisecond)
-	iperf := func(c ns.NetNS, to net.IP) float64 {
-		var out []byte
-		err := c.Do(func(ns.NetNS) error {
-			var err error
-			out, err = exec.Command("iperf3", "-c", to.String(), "-p", "5201", "-t", strconv.Itoa(secs), "-J").Output()
-			return err
-		})
-		if err != nil {
-			t.Fatalf("iperf3: %v\n%s", err, out)
-		}
-		j, err := testenv.ParseIperf(out, "iperf3")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return j.End.SumReceived.BitsPerSecond / 1e9
-	}
+	b := newTunBench(t)
+	mode, p1, p2, a2, q1, b2 := b.mode, b.p1, b.p2, b.a2, b.q1, b.b2
+	iperf := func(c ns.NetNS, to net.IP) float64 { return b.iperf(c, to, secs) }
 	rr := func() float64 {
 		us, err := testenv.RRMedian(p1, p2, a2, 5301, 5000)
 		if err != nil {
@@ -158,6 +93,156 @@ func TestTunnelBench(t *testing.T) {
 		js, _ := json.Marshal(rows)
 		if err := os.WriteFile(f, js, 0o644); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// tunBench is the benchmark's lab: nodes 1 and 2 of the tunnel lab on
+// IPv4 host-gw or VXLAN (mode), a pod pair at MTU 1450 (p1 to p2 at a2) and
+// one at 1500 (q1 to b2), an iperf3 server in each server pod.
+type tunBench struct {
+	t          *testing.T
+	mode       func(tunnel bool)
+	p1, p2, q1 ns.NetNS
+	n1, n2     ns.NetNS // the nodes
+	a2, b2     net.IP
+}
+
+func newTunBench(t *testing.T) *tunBench {
+	t.Helper()
+	if _, err := exec.LookPath("iperf3"); err != nil {
+		t.Fatal("iperf3 not installed")
+	}
+	lab := newTunLab(t)
+	n1, n2 := lab.nodes[0], lab.nodes[1]
+	// IPv4 only: host-gw has no IPv6 node address to route via.
+	var peers []agent.Peer
+	for i, e := range []*testenv.Env{n1, n2} {
+		p4, _ := tunPods(i)
+		e.IPAM["ranges"] = [][]map[string]string{{{"subnet": p4}}}
+		peers = append(peers, agent.Peer{NodeIP: tunNode[i].String(), PodCIDRs: []string{p4}})
+	}
+	pf := filepath.Join(t.TempDir(), "peers4.json")
+	pj, _ := json.Marshal(peers)
+	if err := os.WriteFile(pf, pj, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := &tunBench{t: t, n1: n1.Node, n2: n2.Node}
+	b.mode = func(tunnel bool) {
+		m := "off"
+		if tunnel {
+			m = "vxlan"
+		}
+		for _, e := range []*testenv.Env{n1, n2} {
+			if _, err := e.MasqAgent("peers", "--peers", pf, "--cni-conf-dir", t.TempDir(), "--tunnel", m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	b.mode(true)
+	pair := func(mtu int, name string) (ns.NetNS, ns.NetNS, net.IP) {
+		for _, e := range []*testenv.Env{n1, n2} {
+			e.Extra["mtu"] = mtu
+		}
+		c, s := n1.NewPod(), n2.NewPod()
+		n1.CleanupDel(c, name+"c")
+		n2.CleanupDel(s, name+"s")
+		n1.Add(c, name+"c")
+		a := v4Of(t, n2.Add(s, name+"s"))
+		if err := s.Do(func(ns.NetNS) error {
+			srv := exec.Command("iperf3", "-s", "-p", "5201")
+			if err := srv.Start(); err != nil {
+				return err
+			}
+			t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return c, s, a
+	}
+	b.p1, b.p2, b.a2 = pair(1450, "b")
+	b.q1, _, b.b2 = pair(1500, "m")
+	time.Sleep(300 * time.Millisecond)
+	return b
+}
+
+// iperf is one iperf3 TCP stream of secs from c to to, in Gbit/s received.
+func (b *tunBench) iperf(c ns.NetNS, to net.IP, secs int) float64 {
+	return b.iperfJSON(c, to, secs).End.SumReceived.BitsPerSecond / 1e9
+}
+
+// iperfJSON runs the stream with extra iperf3 arguments, returning its report.
+func (b *tunBench) iperfJSON(c ns.NetNS, to net.IP, secs int, extra ...string) *testenv.IperfJSON {
+	var out []byte
+	err := c.Do(func(ns.NetNS) error {
+		var err error
+		args := append([]string{"-c", to.String(), "-p", "5201", "-t", strconv.Itoa(secs), "-J"}, extra...)
+		out, err = exec.Command("iperf3", args...).Output()
+		return err
+	})
+	if err != nil {
+		b.t.Fatalf("iperf3: %v\n%s", err, out)
+	}
+	j, err := testenv.ParseIperf(out, "iperf3")
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	return j
+}
+
+// TestTunnelProfile (go test -tags tunnelbench -run TestTunnelProfile): the
+// benchmark's lab held while one iperf3 stream (MTU 1450 pods) runs
+// TUNNEL_PROFILE_SECS (10) in each mode, host-gw then VXLAN
+// (TUNNEL_PROFILE_ROUNDS times; TUNNEL_PROFILE_IPERF_ARGS adds iperf3
+// client arguments, e.g. "-A 0,1"), and TUNNEL_PROFILE_CMD runs by sh -c
+// beside it, from the host's netns, with TUNNEL_MODE (host-gw or vxlan) and
+// TUNNEL_PROFILE_SECS in its environment, and the netns paths
+// TUNNEL_NODE1_NS, TUNNEL_NODE2_NS (sender's, receiver's node),
+// TUNNEL_CLIENT_NS, TUNNEL_SERVER_NS (nsenter --net=): a perf record or a
+// bpftrace count of where the time goes (docs/performance.md#tunnel). Its
+// output is logged with the stream's throughput.
+func TestTunnelProfile(t *testing.T) {
+	secs, rounds := benchEnvInt("TUNNEL_PROFILE_SECS", 10), benchEnvInt("TUNNEL_PROFILE_ROUNDS", 1)
+	probe := os.Getenv("TUNNEL_PROFILE_CMD")
+	b := newTunBench(t)
+	for r := 0; r < rounds; r++ {
+		for _, tunnel := range []bool{false, true} {
+			b.mode(tunnel)
+			name := "host-gw"
+			if tunnel {
+				name = "vxlan"
+			}
+			var cmd *exec.Cmd
+			var out strings.Builder
+			if probe != "" {
+				cmd = exec.Command("sh", "-c", probe)
+				cmd.Env = append(os.Environ(), "TUNNEL_MODE="+name, "TUNNEL_PROFILE_SECS="+strconv.Itoa(secs),
+					"TUNNEL_NODE1_NS="+b.n1.Path(), "TUNNEL_NODE2_NS="+b.n2.Path(),
+					"TUNNEL_CLIENT_NS="+b.p1.Path(), "TUNNEL_SERVER_NS="+b.p2.Path())
+				cmd.Stdout, cmd.Stderr = &out, &out
+				if err := cmd.Start(); err != nil {
+					t.Fatalf("TUNNEL_PROFILE_CMD: %v", err)
+				}
+			}
+			j := b.iperfJSON(b.p1, b.a2, secs, strings.Fields(os.Getenv("TUNNEL_PROFILE_IPERF_ARGS"))...)
+			if cmd != nil {
+				if err := cmd.Wait(); err != nil {
+					t.Errorf("TUNNEL_PROFILE_CMD (%s): %v", name, err)
+				}
+			}
+			var retr int64
+			if r := j.End.SumSent.Retransmits; r != nil {
+				retr = *r
+			}
+			if j.End.SumReceived.Bytes == 0 {
+				t.Fatalf("%s: the stream moved nothing", name)
+			}
+			g, cpu := j.End.SumReceived.BitsPerSecond/1e9, j.End.CPUUtilization
+			// The two processes' CPU (with the softirq work done in their
+			// context) per Gbit: the path's cost, whatever else runs.
+			t.Logf("%s: %.2f Gbit/s, CPU client %.0f%% server %.0f%%, %.1f ms CPU per Gbit, %d retransmits (load %s)\n%s",
+				name, g, cpu.HostTotal, cpu.RemoteTotal, 10*(cpu.HostTotal+cpu.RemoteTotal)/g, retr, testenv.Loadavg(), out.String())
 		}
 	}
 }
