@@ -36,8 +36,9 @@ const (
 
 // nhMsg is struct nhmsg.
 type nhMsg struct {
-	family uint8
-	flags  uint32
+	family   uint8
+	protocol uint8 // RTPROT_BOOT on create; 0 on delete (the kernel refuses any other)
+	flags    uint32
 }
 
 func (m *nhMsg) Len() int { return 8 }
@@ -45,7 +46,7 @@ func (m *nhMsg) Len() int { return 8 }
 func (m *nhMsg) Serialize() []byte {
 	b := make([]byte, 8)
 	b[0] = m.family
-	b[2] = unix.RTPROT_BOOT
+	b[2] = m.protocol
 	binary.NativeEndian.PutUint32(b[4:], m.flags)
 	return b
 }
@@ -79,7 +80,7 @@ func podNexthops(table int, routes []*netlinkRoute) (map[string]uint32, []net.IP
 // another tool's: refused, never replaced (that would move its routes).
 func addNexthop(id uint32, ifindex int, gw net.IP) error {
 	req := nl.NewNetlinkRequest(unix.RTM_NEWNEXTHOP, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
-	m := &nhMsg{family: unix.AF_INET6, flags: unix.RTNH_F_ONLINK}
+	m := &nhMsg{family: unix.AF_INET6, protocol: unix.RTPROT_BOOT, flags: unix.RTNH_F_ONLINK}
 	if g4 := gw.To4(); g4 != nil {
 		m.family, gw = unix.AF_INET, g4
 	}
@@ -120,4 +121,30 @@ func addNexthopRoute(dst *net.IPNet, id uint32, table int) error {
 	req.AddData(nl.NewRtAttr(rtaNhID, nl.Uint32Attr(id)))
 	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
 	return err
+}
+
+// deleteNexthops removes the nexthop objects of the interface whose table
+// is table, in the calling thread's netns (their routes go with them), and
+// says how many. DEL calls it before the veth goes (issue 30): a nexthop
+// object the veth's unregistering removes holds the device until an RCU
+// callback frees it, and the unregistering waited for that reference
+// (rcu_barrier, then sleeps), which ptp's plain routes do not make it do.
+// Ids are given in order from the table's first (podNexthops): the first
+// missing one ends the run.
+func deleteNexthops(table int) int {
+	n := 0
+	for i := 1; i <= nexthopsPerTable; i++ {
+		id := uint64(table)*nexthopsPerTable + uint64(i)
+		if id > 1<<32-1 {
+			break
+		}
+		req := nl.NewNetlinkRequest(unix.RTM_DELNEXTHOP, unix.NLM_F_ACK)
+		req.AddData(&nhMsg{family: unix.AF_UNSPEC})
+		req.AddData(nl.NewRtAttr(nhaID, nl.Uint32Attr(uint32(id))))
+		if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
+			break
+		}
+		n++
+	}
+	return n
 }

@@ -57,6 +57,11 @@ func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int,
 		}
 		if table != 0 {
 			deleteRules(table)
+			if !handOff {
+				// Before the veth goes (see deleteNexthops). Handed off,
+				// the agent deletes the veth, off the verb's clock.
+				deleteNexthops(table)
+			}
 		}
 		deleteCookie = cookie
 		for _, l := range links {
