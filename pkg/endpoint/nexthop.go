@@ -43,6 +43,8 @@ type nhMsg struct {
 
 func (m *nhMsg) Len() int { return 8 }
 
+var native = binary.NativeEndian
+
 func (m *nhMsg) Serialize() []byte {
 	b := make([]byte, 8)
 	b[0] = m.family
@@ -123,28 +125,51 @@ func addNexthopRoute(dst *net.IPNet, id uint32, table int) error {
 	return err
 }
 
-// deleteNexthops removes the nexthop objects of the interface whose table
-// is table, in the calling thread's netns (their routes go with them), and
-// says how many. DEL calls it before the veth goes (issue 30): a nexthop
-// object the veth's unregistering removes holds the device until an RCU
-// callback frees it, and the unregistering waited for that reference
-// (rcu_barrier, then sleeps), which ptp's plain routes do not make it do.
-// Ids are given in order from the table's first (podNexthops): the first
-// missing one ends the run.
-func deleteNexthops(table int) int {
+// deleteNexthopsOn removes the nexthop objects on the pod interface with
+// that ifindex, in the calling thread's netns (their routes go with them),
+// and says how many. DEL calls it before the veth goes (issue 30): a
+// nexthop object the veth's unregistering removes holds the device until
+// an RCU callback frees it, and the unregistering waited for that
+// reference, which ptp's plain routes do not make it do. Only objects the
+// kernel would remove with the device anyway: those whose device it is.
+func deleteNexthopsOn(ifindex int) int {
+	req := nl.NewNetlinkRequest(unix.RTM_GETNEXTHOP, unix.NLM_F_DUMP)
+	req.AddData(&nhMsg{family: unix.AF_UNSPEC})
+	req.AddData(nl.NewRtAttr(nhaOIF, nl.Uint32Attr(uint32(ifindex))))
+	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWNEXTHOP)
+	if err != nil {
+		return 0 // the veth's deletion removes them, only slower
+	}
 	n := 0
-	for i := 1; i <= nexthopsPerTable; i++ {
-		id := uint64(table)*nexthopsPerTable + uint64(i)
-		if id > 1<<32-1 {
-			break
+	for _, m := range msgs {
+		if len(m) < 8 {
+			continue
 		}
-		req := nl.NewNetlinkRequest(unix.RTM_DELNEXTHOP, unix.NLM_F_ACK)
-		req.AddData(&nhMsg{family: unix.AF_UNSPEC})
-		req.AddData(nl.NewRtAttr(nhaID, nl.Uint32Attr(uint32(id))))
-		if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
-			break
+		attrs, err := nl.ParseRouteAttr(m[8:])
+		if err != nil {
+			continue
 		}
-		n++
+		var id, oif uint32
+		for _, a := range attrs {
+			if len(a.Value) < 4 {
+				continue
+			}
+			switch a.Attr.Type {
+			case nhaID:
+				id = native.Uint32(a.Value)
+			case nhaOIF:
+				oif = native.Uint32(a.Value)
+			}
+		}
+		if id == 0 || oif != uint32(ifindex) {
+			continue // a filter the kernel did not apply
+		}
+		del := nl.NewNetlinkRequest(unix.RTM_DELNEXTHOP, unix.NLM_F_ACK)
+		del.AddData(&nhMsg{family: unix.AF_UNSPEC})
+		del.AddData(nl.NewRtAttr(nhaID, nl.Uint32Attr(id)))
+		if _, err := del.Execute(unix.NETLINK_ROUTE, 0); err == nil {
+			n++
+		}
 	}
 	return n
 }

@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"fmt"
 	"net"
 	"os"
 	"testing"
@@ -10,10 +11,9 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// TestDeleteNexthops: DEL's deleteNexthops removes the nexthop objects of
-// one interface's table (ids from the table's first, as ADD gives them),
-// and their routes with them, and nothing of another interface's table.
-// In a fresh netns.
+// TestDeleteNexthops: DEL's deleteNexthopsOn removes the nexthop objects
+// on one interface, and their routes with them, and nothing on another
+// interface. In a fresh netns.
 func TestDeleteNexthops(t *testing.T) {
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
@@ -30,34 +30,38 @@ func TestDeleteNexthops(t *testing.T) {
 		testutils.UnmountNS(netns)
 	}()
 	err = netns.Do(func(ns.NetNS) error {
-		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "nh0"}, PeerName: "nh1"}); err != nil {
-			return err
-		}
-		l, err := netlink.LinkByName("nh0")
-		if err != nil {
-			return err
-		}
-		for _, name := range []string{"nh1", "nh0"} { // a veth has carrier once both ends are up
-			if err := netlink.LinkSetUp(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil {
-				return err
-			}
-		}
-		idx := l.Attrs().Index
-		// As in a pod: an address of its own, then routes via the gateway.
-		a, _ := netlink.ParseAddr("10.1.1.2/32")
-		if err := netlink.AddrAdd(l, a); err != nil {
-			return err
-		}
-		mine, other := podTable(idx), podTable(idx+1)
+		// Two pod interfaces (veths, their peers in the same netns), each
+		// with an address, its table's nexthop objects (one per gateway)
+		// and a route in its table, as ADD makes them.
 		_, dst, _ := net.ParseCIDR("10.0.0.0/8")
 		routes := []*netlinkRoute{{dst: dst, gw: net.ParseIP("169.254.1.1")}, {dst: dst, gw: net.ParseIP("fe80::1")}}
-		for _, table := range []int{mine, other} {
+		idx := map[string]int{}
+		for i, name := range []string{"nh0", "nh2"} {
+			peer := fmt.Sprintf("nh%d", 2*i+1)
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+				return err
+			}
+			for _, n := range []string{peer, name} { // carrier once both ends are up
+				if err := netlink.LinkSetUp(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: n}}); err != nil {
+					return err
+				}
+			}
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			idx[name] = l.Attrs().Index
+			a, _ := netlink.ParseAddr(fmt.Sprintf("10.1.1.%d/32", i+2))
+			if err := netlink.AddrAdd(l, a); err != nil {
+				return err
+			}
+			table := podTable(idx[name])
 			ids, gws, err := podNexthops(table, routes)
 			if err != nil {
 				return err
 			}
 			for _, gw := range gws {
-				if err := addNexthop(ids[gw.String()], idx, gw); err != nil {
+				if err := addNexthop(ids[gw.String()], idx[name], gw); err != nil {
 					return err
 				}
 			}
@@ -65,24 +69,24 @@ func TestDeleteNexthops(t *testing.T) {
 				return err
 			}
 		}
-		if n := deleteNexthops(mine); n != 2 {
-			t.Errorf("deleteNexthops(%d) = %d, want 2", mine, n)
+		if n := deleteNexthopsOn(idx["nh0"]); n != 2 {
+			t.Errorf("deleteNexthopsOn(nh0) = %d, want 2", n)
 		}
-		if n := deleteNexthops(mine); n != 0 {
-			t.Errorf("deleteNexthops(%d) again = %d, want 0", mine, n)
+		if n := deleteNexthopsOn(idx["nh0"]); n != 0 {
+			t.Errorf("deleteNexthopsOn(nh0) again = %d, want 0", n)
 		}
-		for table, want := range map[int]int{mine: 0, other: 1} {
-			rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: table}, netlink.RT_FILTER_TABLE)
+		for name, want := range map[string]int{"nh0": 0, "nh2": 1} {
+			rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: podTable(idx[name])}, netlink.RT_FILTER_TABLE)
 			if err != nil {
 				return err
 			}
 			if len(rs) != want {
-				t.Errorf("table %d: %d routes left, want %d", table, len(rs), want)
+				t.Errorf("%s's table: %d routes left, want %d", name, len(rs), want)
 			}
 		}
-		// The other table's objects stay: its routes still resolve.
-		if n := deleteNexthops(other); n != 2 {
-			t.Errorf("deleteNexthops(%d) = %d, want 2 (the other table's objects were touched)", other, n)
+		// The other interface's objects stayed.
+		if n := deleteNexthopsOn(idx["nh2"]); n != 2 {
+			t.Errorf("deleteNexthopsOn(nh2) = %d, want 2 (the other interface's objects were touched)", n)
 		}
 		return nil
 	})

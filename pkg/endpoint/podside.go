@@ -51,17 +51,17 @@ func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int,
 					}
 					if handOff {
 						handOffPod(l, hostIfindex)
+					} else {
+						// Before the veth goes (see deleteNexthopsOn).
+						// Handed off, the agent deletes the veth, off
+						// the verb's clock.
+						deleteNexthopsOn(l.Attrs().Index)
 					}
 				}
 			}
 		}
 		if table != 0 {
 			deleteRules(table)
-			if !handOff {
-				// Before the veth goes (see deleteNexthops). Handed off,
-				// the agent deletes the veth, off the verb's clock.
-				deleteNexthops(table)
-			}
 		}
 		deleteCookie = cookie
 		for _, l := range links {
