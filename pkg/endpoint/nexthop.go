@@ -43,8 +43,6 @@ type nhMsg struct {
 
 func (m *nhMsg) Len() int { return 8 }
 
-var native = binary.NativeEndian
-
 func (m *nhMsg) Serialize() []byte {
 	b := make([]byte, 8)
 	b[0] = m.family
@@ -156,9 +154,9 @@ func deleteNexthopsOn(ifindex int) int {
 			}
 			switch a.Attr.Type {
 			case nhaID:
-				id = native.Uint32(a.Value)
+				id = binary.NativeEndian.Uint32(a.Value)
 			case nhaOIF:
-				oif = native.Uint32(a.Value)
+				oif = binary.NativeEndian.Uint32(a.Value)
 			}
 		}
 		if id == 0 || oif != uint32(ifindex) {
