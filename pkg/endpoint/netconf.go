@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/linkconf"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/linkconf"
 )
 
 // The per-ADD settings below go through netlink, not /proc/sys, wherever
@@ -83,21 +85,28 @@ func enableForwarding(v4, v6 bool) error {
 	return nil
 }
 
-// announceMACChanges makes the pod's kernel tell the host veth when the
-// interface's MAC changes (a chained tuning plugin, the workload), so the
+// upAnnouncing brings the pod's interface up, made to tell the host veth
+// when its MAC changes (a chained tuning plugin, the workload), so the
 // datapath learns the new MAC at once instead of at the pod's next packet.
-// It runs in the pod's netns. With an IPv4 address that is arp_notify, set
-// by netlink: the gratuitous ARP teaches the link's MAC for both families.
-// Without one, ndisc_notify (unsolicited neighbour advertisements), which
-// the kernel lets be set through /proc/sys only.
-func announceMACChanges(ifindex int, ifname string, hasV4 bool) error {
-	if !hasV4 {
-		// Absent with IPv6 disabled in the pod: nothing to announce then.
-		_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+ifname+"/ndisc_notify", []byte("1"), 0o644)
+// It runs in the pod's netns, before the addresses are added. With an IPv4
+// address that is arp_notify, set by netlink in the same RTM_SETLINK as
+// IFF_UP (issue 30: each request takes RTNL, which every verb of the node
+// queues for; the kernel sets the flags first, and with no address yet
+// there is nothing to announce at up): the gratuitous ARP teaches the
+// link's MAC for both families. Without one, ndisc_notify (unsolicited
+// neighbour advertisements), which the kernel lets be set through
+// /proc/sys only.
+func upAnnouncing(l netlink.Link, ifname string, hasV4 bool) error {
+	if hasV4 {
+		if err := linkconf.SetIPv4Up(l.Attrs().Index, linkconf.ARPNotify, 1); err != nil {
+			return fmt.Errorf("set arp_notify on %s and bring it up: %w", ifname, err)
+		}
 		return nil
 	}
-	if err := linkconf.SetIPv4(ifindex, linkconf.ARPNotify, 1); err != nil {
-		return fmt.Errorf("set arp_notify on %s: %w", ifname, err)
+	// Absent with IPv6 disabled in the pod: nothing to announce then.
+	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+ifname+"/ndisc_notify", []byte("1"), 0o644)
+	if err := netlink.LinkSetUp(l); err != nil {
+		return fmt.Errorf("set %s up: %w", ifname, err)
 	}
 	return nil
 }

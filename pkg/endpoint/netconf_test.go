@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -12,8 +13,8 @@ import (
 )
 
 // TestNetconf: forwarding reads what /proc/sys says, per family, and
-// enableForwarding turns it on; announceMACChanges sets arp_notify by
-// netlink. In a fresh netns, where forwarding starts off.
+// enableForwarding turns it on; upAnnouncing sets arp_notify and brings
+// the link up in one netlink request. In a fresh netns, where forwarding starts off.
 func TestNetconf(t *testing.T) {
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
@@ -78,11 +79,24 @@ func TestNetconf(t *testing.T) {
 		if got := read("/proc/sys/net/ipv4/conf/nc0/arp_notify"); got != "0" {
 			t.Fatalf("arp_notify of a new veth: %s", got)
 		}
-		if err := announceMACChanges(l.Attrs().Index, "nc0", true); err != nil {
+		if err := upAnnouncing(l, "nc0", true); err != nil {
 			return err
 		}
 		if got := read("/proc/sys/net/ipv4/conf/nc0/arp_notify"); got != "1" {
-			t.Errorf("arp_notify after announceMACChanges: %s, want 1", got)
+			t.Errorf("arp_notify after upAnnouncing: %s, want 1", got)
+		}
+		// One request set both (issue 30): the link is up too.
+		if l, err = netlink.LinkByName("nc0"); err != nil {
+			return err
+		}
+		if l.Attrs().Flags&net.FlagUp == 0 {
+			t.Errorf("nc0 not up after upAnnouncing: %v", l.Attrs().Flags)
+		}
+		if l, err = netlink.LinkByName("nc1"); err != nil {
+			return err
+		}
+		if l.Attrs().Flags&net.FlagUp != 0 {
+			t.Errorf("the other end nc1 up after upAnnouncing nc0: %v", l.Attrs().Flags)
 		}
 		if got := read("/proc/sys/net/ipv4/conf/nc1/arp_notify"); got != "0" {
 			t.Errorf("arp_notify of the other end: %s, want 0", got)

@@ -176,7 +176,7 @@ func configurePod(p *plan, netns ns.NetNS) error {
 		for _, ipc := range p.ips {
 			hasV4 = hasV4 || isV4(ipc.Address.IP)
 		}
-		if err := announceMACChanges(idx, p.ifname, hasV4); err != nil {
+		if err := upAnnouncing(l, p.ifname, hasV4); err != nil {
 			return err
 		}
 		for _, ipc := range p.ips {
@@ -190,9 +190,6 @@ func configurePod(p *plan, netns ns.NetNS) error {
 			if err := netlink.AddrAdd(l, a); err != nil {
 				return fmt.Errorf("add address %s to %s: %w", ipc.Address.String(), p.ifname, err)
 			}
-		}
-		if err := netlink.LinkSetUp(l); err != nil {
-			return fmt.Errorf("set %s up: %w", p.ifname, err)
 		}
 		for _, gw := range p.gws {
 			// Static neighbour: the pod never ARPs/NDs for its gateway.

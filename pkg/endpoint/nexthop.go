@@ -36,8 +36,9 @@ const (
 
 // nhMsg is struct nhmsg.
 type nhMsg struct {
-	family uint8
-	flags  uint32
+	family   uint8
+	protocol uint8 // RTPROT_BOOT on create; 0 on delete (the kernel refuses any other)
+	flags    uint32
 }
 
 func (m *nhMsg) Len() int { return 8 }
@@ -45,7 +46,7 @@ func (m *nhMsg) Len() int { return 8 }
 func (m *nhMsg) Serialize() []byte {
 	b := make([]byte, 8)
 	b[0] = m.family
-	b[2] = unix.RTPROT_BOOT
+	b[2] = m.protocol
 	binary.NativeEndian.PutUint32(b[4:], m.flags)
 	return b
 }
@@ -79,7 +80,7 @@ func podNexthops(table int, routes []*netlinkRoute) (map[string]uint32, []net.IP
 // another tool's: refused, never replaced (that would move its routes).
 func addNexthop(id uint32, ifindex int, gw net.IP) error {
 	req := nl.NewNetlinkRequest(unix.RTM_NEWNEXTHOP, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
-	m := &nhMsg{family: unix.AF_INET6, flags: unix.RTNH_F_ONLINK}
+	m := &nhMsg{family: unix.AF_INET6, protocol: unix.RTPROT_BOOT, flags: unix.RTNH_F_ONLINK}
 	if g4 := gw.To4(); g4 != nil {
 		m.family, gw = unix.AF_INET, g4
 	}
@@ -120,4 +121,53 @@ func addNexthopRoute(dst *net.IPNet, id uint32, table int) error {
 	req.AddData(nl.NewRtAttr(rtaNhID, nl.Uint32Attr(id)))
 	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
 	return err
+}
+
+// deleteNexthopsOn removes the nexthop objects on the pod interface with
+// that ifindex, in the calling thread's netns (their routes go with them),
+// and says how many. DEL calls it before the veth goes (issue 30): a
+// nexthop object the veth's unregistering removes holds the device until
+// an RCU callback frees it, and the unregistering waited for that
+// reference, which ptp's plain routes do not make it do. Only objects the
+// kernel would remove with the device anyway: those whose device it is.
+func deleteNexthopsOn(ifindex int) int {
+	req := nl.NewNetlinkRequest(unix.RTM_GETNEXTHOP, unix.NLM_F_DUMP)
+	req.AddData(&nhMsg{family: unix.AF_UNSPEC})
+	req.AddData(nl.NewRtAttr(nhaOIF, nl.Uint32Attr(uint32(ifindex))))
+	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWNEXTHOP)
+	if err != nil {
+		return 0 // the veth's deletion removes them, only slower
+	}
+	n := 0
+	for _, m := range msgs {
+		if len(m) < 8 {
+			continue
+		}
+		attrs, err := nl.ParseRouteAttr(m[8:])
+		if err != nil {
+			continue
+		}
+		var id, oif uint32
+		for _, a := range attrs {
+			if len(a.Value) < 4 {
+				continue
+			}
+			switch a.Attr.Type {
+			case nhaID:
+				id = binary.NativeEndian.Uint32(a.Value)
+			case nhaOIF:
+				oif = binary.NativeEndian.Uint32(a.Value)
+			}
+		}
+		if id == 0 || oif != uint32(ifindex) {
+			continue // a filter the kernel did not apply
+		}
+		del := nl.NewNetlinkRequest(unix.RTM_DELNEXTHOP, unix.NLM_F_ACK)
+		del.AddData(&nhMsg{family: unix.AF_UNSPEC})
+		del.AddData(nl.NewRtAttr(nhaID, nl.Uint32Attr(id)))
+		if _, err := del.Execute(unix.NETLINK_ROUTE, 0); err == nil {
+			n++
+		}
+	}
+	return n
 }

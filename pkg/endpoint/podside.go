@@ -51,6 +51,11 @@ func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int,
 					}
 					if handOff {
 						handOffPod(l, hostIfindex)
+					} else {
+						// Before the veth goes (see deleteNexthopsOn).
+						// Handed off, the agent deletes the veth, off
+						// the verb's clock.
+						deleteNexthopsOn(l.Attrs().Index)
 					}
 				}
 			}

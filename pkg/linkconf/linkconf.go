@@ -19,9 +19,23 @@ const (
 // (RTM_SETLINK, IFLA_AF_SPEC / AF_INET / IFLA_INET_CONF), in the calling
 // thread's netns.
 func SetIPv4(ifindex int, key int, value uint32) error {
+	return setIPv4(ifindex, key, value, false)
+}
+
+// SetIPv4Up is SetIPv4 that also brings the link up, in the same request:
+// the kernel applies the flags, then the value, in one hold of RTNL, which
+// every link change of the node queues for.
+func SetIPv4Up(ifindex int, key int, value uint32) error {
+	return setIPv4(ifindex, key, value, true)
+}
+
+func setIPv4(ifindex int, key int, value uint32, up bool) error {
 	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
 	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
 	msg.Index = int32(ifindex)
+	if up {
+		msg.Flags, msg.Change = unix.IFF_UP, unix.IFF_UP
+	}
 	req.AddData(msg)
 	spec := nl.NewRtAttr(unix.IFLA_AF_SPEC, nil)
 	conf := spec.AddRtAttr(unix.AF_INET, nil).AddRtAttr(unix.IFLA_INET_CONF, nil)

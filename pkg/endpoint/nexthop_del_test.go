@@ -1,0 +1,96 @@
+package endpoint
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/containernetworking/plugins/pkg/testutils"
+	"github.com/vishvananda/netlink"
+)
+
+// TestDeleteNexthops: DEL's deleteNexthopsOn removes the nexthop objects
+// on one interface, and their routes with them, and nothing on another
+// interface. In a fresh netns.
+func TestDeleteNexthops(t *testing.T) {
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("needs root; CI runs as root")
+		}
+		t.Skip("needs root (a netns)")
+	}
+	netns, err := testutils.NewNS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		netns.Close()
+		testutils.UnmountNS(netns)
+	}()
+	err = netns.Do(func(ns.NetNS) error {
+		// Two pod interfaces (veths, their peers in the same netns), each
+		// with an address, its table's nexthop objects (one per gateway)
+		// and a route in its table, as ADD makes them.
+		_, dst, _ := net.ParseCIDR("10.0.0.0/8")
+		routes := []*netlinkRoute{{dst: dst, gw: net.ParseIP("169.254.1.1")}, {dst: dst, gw: net.ParseIP("fe80::1")}}
+		idx := map[string]int{}
+		for i, name := range []string{"nh0", "nh2"} {
+			peer := fmt.Sprintf("nh%d", 2*i+1)
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peer}); err != nil {
+				return err
+			}
+			for _, n := range []string{peer, name} { // carrier once both ends are up
+				if err := netlink.LinkSetUp(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: n}}); err != nil {
+					return err
+				}
+			}
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			idx[name] = l.Attrs().Index
+			a, _ := netlink.ParseAddr(fmt.Sprintf("10.1.1.%d/32", i+2))
+			if err := netlink.AddrAdd(l, a); err != nil {
+				return err
+			}
+			table := podTable(idx[name])
+			ids, gws, err := podNexthops(table, routes)
+			if err != nil {
+				return err
+			}
+			for _, gw := range gws {
+				if err := addNexthop(ids[gw.String()], idx[name], gw); err != nil {
+					return err
+				}
+			}
+			if err := addNexthopRoute(dst, ids["169.254.1.1"], table); err != nil {
+				return err
+			}
+		}
+		if n := deleteNexthopsOn(idx["nh0"]); n != 2 {
+			t.Errorf("deleteNexthopsOn(nh0) = %d, want 2", n)
+		}
+		if n := deleteNexthopsOn(idx["nh0"]); n != 0 {
+			t.Errorf("deleteNexthopsOn(nh0) again = %d, want 0", n)
+		}
+		for name, want := range map[string]int{"nh0": 0, "nh2": 1} {
+			rs, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: podTable(idx[name])}, netlink.RT_FILTER_TABLE)
+			if err != nil {
+				return err
+			}
+			if len(rs) != want {
+				t.Errorf("%s's table: %d routes left, want %d", name, len(rs), want)
+			}
+		}
+		// The other interface's objects stayed.
+		if n := deleteNexthopsOn(idx["nh2"]); n != 2 {
+			t.Errorf("deleteNexthopsOn(nh2) = %d, want 2 (the other interface's objects were touched)", n)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
