@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 489824, crc: 0x39cf3229, sha: "e4f7466ce3ec"},
-	"from_container_compat": {size: 460128, crc: 0xa1a9e72c, sha: "40598f74ecab"},
-	"from_uplink":           {size: 331336, crc: 0x27e14663, sha: "5f03c1c91118"},
-	"from_uplink_compat":    {size: 306408, crc: 0x48a49e80, sha: "ad149063d68a"},
-	"sock":                  {size: 171168, crc: 0xdc2cf6fa, sha: "1e4421d82db8"},
-	"sock_compat":           {size: 161696, crc: 0x771b6bda, sha: "6682819ba5ae"},
-	"sock_ops":              {size: 154048, crc: 0xb1bb7b9a, sha: "ad0f407a221b"},
-	"to_container":          {size: 190232, crc: 0x434b704a, sha: "0a0421b1b779"},
-	"to_container_compat":   {size: 175776, crc: 0xc269828e, sha: "12ef01222bd1"},
-	"to_uplink":             {size: 285384, crc: 0xa3364763, sha: "0a81943b4d24"},
-	"to_uplink_compat":      {size: 254376, crc: 0xbc420c1e, sha: "c174b03a262f"},
-	"tunnel":                {size: 250176, crc: 0x4272f6ce, sha: "8e65720b8ebc"},
+	"from_container":        {size: 510080, crc: 0xd7db65ed, sha: "74bca555a4b2"},
+	"from_container_compat": {size: 480368, crc: 0x0ef40028, sha: "b27f8ab3d39a"},
+	"from_uplink":           {size: 346584, crc: 0xfad237ad, sha: "936a1552e321"},
+	"from_uplink_compat":    {size: 321520, crc: 0xe8bbd7e3, sha: "62b1057d70ad"},
+	"sock":                  {size: 171632, crc: 0x43cceaff, sha: "dbfb6e147c6a"},
+	"sock_compat":           {size: 162160, crc: 0x7b41ad5f, sha: "a27299a4db35"},
+	"sock_ops":              {size: 154512, crc: 0x1e1f3b60, sha: "c51ad66e2c70"},
+	"to_container":          {size: 190696, crc: 0x13ee57e4, sha: "2f5d5b5efe51"},
+	"to_container_compat":   {size: 176240, crc: 0xd9e814bb, sha: "ae04adaa4757"},
+	"to_uplink":             {size: 286680, crc: 0x52c56e06, sha: "4a31de6c9a70"},
+	"to_uplink_compat":      {size: 255672, crc: 0x4dc1b40b, sha: "05d48f3efec1"},
+	"tunnel":                {size: 299840, crc: 0xbcdc994f, sha: "863d4be60658"},
 }

@@ -28,6 +28,8 @@ type (
 	SockRNATKey  = mapsObjSockRnatKey
 	SockRNATVal  = mapsObjSockRnatVal
 	HostPortStat = mapsObjHpStat
+	HPFragKey    = mapsObjHpFragKey
+	HPFragVal    = mapsObjHpFragVal
 )
 
 // Names of the hostPort maps, as bpf/lib/maps.h declares them.
@@ -38,6 +40,7 @@ var (
 	nameHPConfig  = mapName(&specNames.CniHpConfig)
 	nameSockRNAT  = mapName(&specNames.CniSockRnat)
 	nameHPStats   = mapName(&specNames.CniHpStats)
+	nameHPFrags   = mapName(&specNames.CniHpFrags) // optional within layout 5
 )
 
 // Flag values shared with the C side (#defines there, so not in BTF).
