@@ -1,16 +1,13 @@
-// hostPort UDP datagrams that cross in fragments (lib/hostport.h
+// hostPort UDP datagrams that cross the tunnel in fragments (lib/hostport.h
 // hp_frag_flow): a reply the hostPort pod fragments once it learned a
-// smaller path, a client's request larger than its MTU, both through the
-// tunnel and off the wire, IPv4 and IPv6; and fragments nobody's first
-// fragment opened.
+// smaller path, a client's request larger than its MTU, IPv4 and IPv6
+// (hostport_frag_test.go: off the wire, hairpin, forged fragments).
 
 package integration
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net"
-	"strings"
 	"testing"
 	"time"
 
@@ -159,119 +156,6 @@ func TestTunnelHostPortUDPFragmented(t *testing.T) {
 				continue
 			}
 			t.Logf("%s to %s: %d bytes echoed after %d requests", c.who, addr, size, sent)
-		}
-	}
-}
-
-// fragFrame is an IPv4 or IPv6 fragment (by sip's family) of a UDP
-// datagram: id, the offset in 8-byte units, more fragments to come or
-// not, and data, the bytes of the datagram at that offset (at offset 0, the
-// UDP header first).
-func fragFrame(src, dst net.HardwareAddr, sip, dip net.IP, id uint32, off int, more bool, data []byte) []byte {
-	mf := 0
-	if more {
-		mf = 1
-	}
-	if sip.To4() != nil {
-		h := make([]byte, 20)
-		h[0], h[8], h[9] = 0x45, 64, 17
-		binary.BigEndian.PutUint16(h[2:], uint16(20+len(data)))
-		binary.BigEndian.PutUint16(h[4:], uint16(id))
-		binary.BigEndian.PutUint16(h[6:], uint16(mf<<13|off))
-		copy(h[12:], sip.To4())
-		copy(h[16:], dip.To4())
-		binary.BigEndian.PutUint16(h[10:], csumFold(csumAdd(0, h)))
-		return append(append(ethHeader(src, dst, 0x0800), h...), data...)
-	}
-	h := make([]byte, 48)
-	h[0] = 0x60
-	binary.BigEndian.PutUint16(h[4:], uint16(8+len(data)))
-	h[6], h[7] = 44, 64
-	copy(h[8:], sip.To16())
-	copy(h[24:], dip.To16())
-	h[40] = 17
-	binary.BigEndian.PutUint16(h[42:], uint16(off<<3|mf))
-	binary.BigEndian.PutUint32(h[44:], id)
-	return append(append(ethHeader(src, dst, 0x86dd), h...), data...)
-}
-
-// udpDatagram is a UDP header and payload sip:sport -> dip:dport with its
-// checksum, as a datagram to be cut into fragments.
-func udpDatagram(sip net.IP, sport int, dip net.IP, dport int, payload []byte) []byte {
-	u := make([]byte, 8, 8+len(payload))
-	binary.BigEndian.PutUint16(u[0:], uint16(sport))
-	binary.BigEndian.PutUint16(u[2:], uint16(dport))
-	binary.BigEndian.PutUint16(u[4:], uint16(8+len(payload)))
-	u = append(u, payload...)
-	var ps []byte
-	if sip.To4() != nil {
-		ps = append(append(append([]byte{}, sip.To4()...), dip.To4()...), 0, 17, byte(len(u)>>8), byte(len(u)))
-	} else {
-		ps = append(append(append([]byte{}, sip.To16()...), dip.To16()...), 0, 0, byte(len(u)>>8), byte(len(u)), 0, 0, 0, 17)
-	}
-	c := csumFold(csumAdd(csumAdd(0, ps), u))
-	if c == 0 {
-		c = 0xffff
-	}
-	binary.BigEndian.PutUint16(u[6:], c)
-	return u
-}
-
-// TestHostPortForgedFragments: fragments the stranger forges to node 1's
-// hostPort, IPv4 and IPv6. Its own datagram in two fragments reaches the
-// pod's socket (the control: what hp_frag_flow translates). A later
-// fragment alone (an identification no first fragment opened) and a later
-// fragment of that datagram sent again after its first fragment was
-// refused (a first fragment to a port no hostPort maps: nothing noted)
-// never reach the pod: its stack counts no fragment (IpReasmReqds,
-// Ip6ReasmReqds), no datagram.
-func TestHostPortForgedFragments(t *testing.T) {
-	lab := newTunLab6(t)
-	n1 := lab.nodes[0]
-	startTunAgents(t, lab)
-	hp1 := n1.NewPod()
-	n1.CleanupDel(hp1, "forgefrag1")
-	n1.MustAddHP(hp1, "forgefrag1", testenv.PM{HostPort: 11357, ContainerPort: 5357, Protocol: "udp"})
-	testenv.WaitIPv6Ready(t, hp1)
-	got4 := listenUDP4(t, hp1, 5357)
-	got6 := listenUDP6(t, hp1, 5357)
-	strMAC, n1MAC := linkMAC(t, lab.strang, "uplink0"), linkMAC(t, n1.Node, "uplink0")
-	payload := make([]byte, 48)
-	for i := range payload {
-		payload[i] = 'a' + byte(i%26)
-	}
-	for _, c := range []struct {
-		src, dst net.IP
-		got      func(time.Duration) []string
-		reasm    string
-	}{
-		{tunStrang, tunNode[0], got4, "IpReasmReqds"},
-		{tunStrang6, tunNode6[0], got6, "Ip6ReasmReqds"},
-	} {
-		d := udpDatagram(c.src, 40100, c.dst, 11357, payload)
-		// Control: the datagram in two fragments (24 bytes, then the rest).
-		sendFrames(t, lab.strang, "uplink0", [][]byte{
-			fragFrame(strMAC, n1MAC, c.src, c.dst, 0x4242, 0, true, d[:24]),
-			fragFrame(strMAC, n1MAC, c.src, c.dst, 0x4242, 3, false, d[24:]),
-		})
-		if g := c.got(2 * time.Second); len(g) != 1 || !strings.HasPrefix(g[0], string(payload)+" from ") {
-			t.Errorf("%s: the stranger's datagram in two fragments to hostPort %s: the pod got %q, want it", c.src, hp(c.dst, 11357), g)
-		}
-		before := podSNMP(t, hp1)
-		d2 := udpDatagram(c.src, 40101, c.dst, 11358, payload)
-		sendFrames(t, lab.strang, "uplink0", [][]byte{
-			// A later fragment no first fragment opened.
-			fragFrame(strMAC, n1MAC, c.src, c.dst, 0x5151, 3, false, d[24:]),
-			// A first fragment to a port no hostPort maps, then its later
-			// fragment: nothing was noted for it.
-			fragFrame(strMAC, n1MAC, c.src, c.dst, 0x6161, 0, true, d2[:24]),
-			fragFrame(strMAC, n1MAC, c.src, c.dst, 0x6161, 3, false, d2[24:]),
-		})
-		g := c.got(2 * time.Second)
-		after := podSNMP(t, hp1)
-		if r := after[c.reasm] - before[c.reasm]; r != 0 || len(g) != 0 || len(podReceived(before, after)) != 0 {
-			t.Errorf("%s: forged fragments to node 1 reached the hostPort pod: %s %d, datagrams %q, %v",
-				c.src, c.reasm, r, g, podReceived(before, after))
 		}
 	}
 }
