@@ -9,9 +9,12 @@ import (
 	"encoding/binary"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -157,4 +160,51 @@ func TestHostPortForgedFragments(t *testing.T) {
 	}
 	e.MustDel(p, "frag")
 	e.AssertNoHostPorts()
+}
+
+// TestPolicyHostPortFragments: NetworkPolicy over a hostPort datagram that
+// arrives in fragments (the remote host's, hand-made: 24 bytes, then the
+// rest), IPv4 and IPv6. Pod h isolated for ingress with no peer allowed:
+// the first fragment, translated, is denied where it enters h, and its
+// later fragment, translated from the ports noted for it, is denied too
+// (its first did not pass): h's stack counts no fragment, and the drops
+// are counted. Allowed the remote host's UDP to port 80, the same
+// datagram reaches h's stack whole (the control).
+func TestPolicyHostPortFragments(t *testing.T) {
+	p := newPolLab(t, false)
+	remMAC, upMAC := linkMAC(t, p.remote, "eth0"), linkMAC(t, p.Node, "uplink0")
+	payload := make([]byte, 48)
+	for i := range payload {
+		payload[i] = 'a' + byte(i%26)
+	}
+	id := uint32(0x7100)
+	send := func(src, dst net.IP) {
+		id++
+		d := udpDatagram(src, 40200, dst, hostPortH, payload)
+		sendFrames(t, p.remote, "eth0", [][]byte{
+			fragFrame(remMAC, upMAC, src, dst, id, 0, true, d[:24]),
+			fragFrame(remMAC, upMAC, src, dst, id, 3, false, d[24:]),
+		})
+		time.Sleep(300 * time.Millisecond)
+	}
+	for _, fam := range []int{4, 6} {
+		reasm := map[int]string{4: "Ip", 6: "Ip6"}[fam]
+		p.apply(t, "h", policy.Endpoint{Ingress: isolated()})
+		before, drops := podSNMP(t, p.h), p.drops(t, "h", maps.DirIngress)
+		send(remoteIP[fam], uplinkIP[fam])
+		after := podSNMP(t, p.h)
+		if r := after[reasm+"ReasmReqds"] - before[reasm+"ReasmReqds"]; r != 0 || len(podReceived(before, after)) != 0 {
+			t.Errorf("IPv%d: a fragmented datagram to denying h's hostPort reached its stack: %d fragments, %v", fam, r, podReceived(before, after))
+		}
+		if d := p.drops(t, "h", maps.DirIngress) - drops; d != 2 {
+			t.Errorf("IPv%d: %d policy drops at h, want both fragments", fam, d)
+		}
+		p.apply(t, "h", policy.Endpoint{Ingress: isolated(allowPorts(host(remoteIP[fam]), syscall.IPPROTO_UDP, 80, 80))})
+		before = podSNMP(t, p.h)
+		send(remoteIP[fam], uplinkIP[fam])
+		after = podSNMP(t, p.h)
+		if ok := after[reasm+"ReasmOKs"] - before[reasm+"ReasmOKs"]; ok != 1 {
+			t.Errorf("IPv%d: allowed, the fragmented datagram was reassembled %d times in h, want once (%v)", fam, ok, podReceived(before, after))
+		}
+	}
 }
