@@ -28,8 +28,6 @@ type (
 	SockRNATKey  = mapsObjSockRnatKey
 	SockRNATVal  = mapsObjSockRnatVal
 	HostPortStat = mapsObjHpStat
-	HPFragKey    = mapsObjHpFragKey
-	HPFragVal    = mapsObjHpFragVal
 )
 
 // Names of the hostPort maps, as bpf/lib/maps.h declares them.
