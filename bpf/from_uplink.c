@@ -143,7 +143,12 @@ static __always_inline int from_uplink(struct __sk_buff *skb, __u8 family)
 		rc = hostport_icmp_error_in(skb, &e);
 		return rc == HP_CONTINUE ? TCX_NEXT : rc;
 	}
-	if (ttl <= 1 || !parsed || (f.proto != IPPROTO_TCP && f.proto != IPPROTO_UDP))
+	if (ttl <= 1)
+		return TCX_NEXT;
+	/* A fragment of a hostPort's UDP datagram (lib/hostport.h). */
+	if (!parsed && hp_frag_flow(skb, family, &f))
+		return TCX_NEXT;
+	if (f.proto != IPPROTO_TCP && f.proto != IPPROTO_UDP)
 		return TCX_NEXT;
 	return hostport_from_uplink(skb, &f);
 }

@@ -15,28 +15,48 @@
  * A hostPort dialled at this node's address by a pod of another node
  * comes out of the tunnel (pods' packets to node addresses are routed into
  * it: pkg/agent/tunnelnodes.go), not off an uplink: DNATed here as
- * from_uplink does (lib/hostport.h), after the trust rule. Only TCP and UDP
- * with TTL left pay the parse and the mapping lookup.
+ * from_uplink does (lib/hostport.h), after the trust rule, a fragment of
+ * its UDP datagram too. So does an ICMP error about the hostPort pod's
+ * reply to such a pod (that pod's port unreachable, its node's or a
+ * router's "fragmentation needed"): translated into the hostPort pod, as
+ * from_uplink translates one off the wire; before, it went to the node's
+ * stack, for which it meant nothing. Only TCP, UDP, IPv6 fragments and
+ * ICMP with TTL left pay the parse and the mapping lookup.
  */
 static __always_inline int tun_hostport(struct __sk_buff *skb, __u8 family)
 {
 	struct flow f = {};
-	__u8 ttl;
+	__u8 ttl, proto;
 
 	if (family == AF_INET) {
 		struct iphdr *ip = pkt_ip4(skb);
 
-		if (!ip || (ip->protocol != IPPROTO_TCP && ip->protocol != IPPROTO_UDP))
+		if (!ip)
 			return TCX_NEXT;
+		proto = ip->protocol;
 		ttl = ip->ttl;
 	} else {
 		struct ipv6hdr *ip6 = pkt_ip6(skb);
 
-		if (!ip6 || (ip6->nexthdr != IPPROTO_TCP && ip6->nexthdr != IPPROTO_UDP))
+		if (!ip6)
 			return TCX_NEXT;
+		proto = ip6->nexthdr;
 		ttl = ip6->hop_limit;
 	}
-	if (ttl <= 1 || !node_hooks_enabled() || flow_parse(skb, family, &f, 0))
+	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_FRAGMENT && proto != IPPROTO_ICMP &&
+	    proto != IPPROTO_ICMPV6)
+		return TCX_NEXT;
+	if (ttl <= 1 || !node_hooks_enabled())
+		return TCX_NEXT;
+	if (proto == IPPROTO_ICMP || proto == IPPROTO_ICMPV6) {
+		struct icmp_err e = {};
+
+		if (icmp_err_parse(skb, family, &e))
+			return TCX_NEXT;
+		int rc = hostport_icmp_error_in(skb, &e);
+		return rc == HP_CONTINUE ? TCX_NEXT : rc;
+	}
+	if (flow_parse(skb, family, &f, 0) && hp_frag_flow(skb, family, &f))
 		return TCX_NEXT;
 	return hostport_from_uplink(skb, &f);
 }

@@ -69,6 +69,111 @@ static __always_inline struct hostport_val *hostport_lookup(const void *addr, __
 	return v;
 }
 
+/* ------------------------------------------------------------ fragments
+ *
+ * A UDP datagram larger than the path leaves its sender in fragments: the
+ * hostPort pod's reply once it learned a smaller path MTU, a client's
+ * large request. Only the first fragment carries the ports a flow is known
+ * by. When it is translated, its ports are noted in cni_hp_frags under
+ * what every fragment of the datagram carries (addresses, protocol, IP
+ * identification) and the link it came in by; each later fragment finds
+ * them there and gets the same translation, of its addresses only. The
+ * flow itself is still looked up (cni_ct, the mapping) as for any packet:
+ * a later fragment opens nothing (hostport_dnat), and one whose first
+ * fragment was never translated, or forged with a guessed identification
+ * on another link, goes on untouched. The kernel's reassembly would come
+ * too late: a hostPort is translated at tc, before netfilter's defrag, and
+ * a node address's fragments are reassembled only for the node's sockets.
+ * Subprograms: from_container's frame is at the 512-byte limit. Only UDP:
+ * TCP segments fit the path (its MSS and PMTU discovery).
+ */
+#define HP_FRAG_TIMEOUT (30 * NSEC) /* as the kernel's reassembly (ipfrag_time) */
+#define HP_SUBPROG static __noinline __attribute__((unused))
+
+/*
+ * f for a UDP fragment that flow_parse refused: a first fragment (offset
+ * 0, more to come) with its ports, FLOW_FRAG_FIRST; a later one with the
+ * ports of its datagram's translated first fragment, FLOW_FRAG_LATER and
+ * no L4 header (l4off 0). An IPv6 fragment header is read right after the
+ * fixed header only (where Linux puts it for UDP). Returns 0, or -1 when
+ * the packet is none of these: it goes on untouched.
+ */
+HP_SUBPROG int hp_frag_flow(struct __sk_buff *skb, __u8 family, struct flow *f)
+{
+	__u32 id;
+	int later, more;
+
+	if (family == AF_INET) {
+		struct iphdr *ip = pkt_ip4(skb);
+
+		if (!ip || ip->protocol != IPPROTO_UDP || ip->ihl < 5 || !(ip->frag_off & bpf_htons(0x3fff)))
+			return -1;
+		later = (ip->frag_off & bpf_htons(0x1fff)) != 0;
+		more = 1;
+		id = ip->id;
+		f->l4off = ETH_HLEN + ip->ihl * 4;
+		*(__be32 *)f->saddr = ip->saddr;
+		*(__be32 *)f->daddr = ip->daddr;
+	} else {
+		struct ipv6hdr *ip6 = pkt_ip6(skb);
+		__u8 h[8]; /* next header, reserved, offset and M, identification */
+
+		if (!ip6 || ip6->nexthdr != IPPROTO_FRAGMENT)
+			return -1;
+		__builtin_memcpy(f->saddr, &ip6->saddr, 16);
+		__builtin_memcpy(f->daddr, &ip6->daddr, 16);
+		if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(*ip6), h, 8) || h[0] != IPPROTO_UDP)
+			return -1;
+		later = (h[2] << 5 | h[3] >> 3) != 0;
+		more = h[3] & 1; /* an atomic fragment (offset 0, no more) is the whole datagram */
+		__builtin_memcpy(&id, &h[4], 4);
+		f->l4off = ETH_HLEN + sizeof(*ip6) + 8;
+	}
+	f->family = family;
+	f->proto = IPPROTO_UDP;
+	if (!later) {
+		if (flow_load_l4(skb, f, FLOW_NO_ECHO))
+			return -1;
+		f->frag = more ? FLOW_FRAG_FIRST : FLOW_FRAG_NONE;
+		return 0;
+	}
+
+	struct hp_frag_key k = { .ifindex = skb->ifindex, .id = id, .family = family, .proto = IPPROTO_UDP };
+	addr_copy(k.saddr, f->saddr, family);
+	addr_copy(k.daddr, f->daddr, family);
+	struct hp_frag_val *v = bpf_map_lookup_elem(&cni_hp_frags, &k);
+	if (!v || bpf_ktime_get_ns() - v->seen_ns >= HP_FRAG_TIMEOUT)
+		return -1;
+	f->sport = v->sport;
+	f->dport = v->dport;
+	f->syn_only = 0;
+	f->frag = FLOW_FRAG_LATER;
+	f->l4off = 0;
+	return 0;
+}
+
+/* Notes the ports of the first fragment in f, about to be translated, for
+ * its datagram's later fragments (hp_frag_flow). The packet is untouched
+ * yet: its identification is read from it. */
+HP_SUBPROG void hp_frag_note(struct __sk_buff *skb, const struct flow *f)
+{
+	struct hp_frag_key k = { .ifindex = skb->ifindex, .family = f->family, .proto = f->proto };
+	struct hp_frag_val v = { .sport = f->sport, .dport = f->dport, .seen_ns = bpf_ktime_get_ns() };
+
+	if (f->family == AF_INET) {
+		struct iphdr *ip = pkt_ip4(skb);
+
+		if (!ip)
+			return;
+		k.id = ip->id;
+	} else if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr) + 4, &k.id, 4)) {
+		return;
+	}
+	addr_copy(k.saddr, f->saddr, f->family);
+	addr_copy(k.daddr, f->daddr, f->family);
+	bpf_map_update_elem(&cni_hp_frags, &k, &v, BPF_ANY);
+}
+
 /* -------------------------------------------------------- packet NAT */
 
 #ifndef BPF_TCP_ESTABLISHED
@@ -211,7 +316,7 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
 	    addr_equal(cur->client_addr, nv.client_addr, f->family) &&
 	    !flow_expired(cur->flags, f->proto, cur->seen_ns, now)) {
 		ct_track(skb, cur, f, 0, now);
-	} else if (f->proto == IPPROTO_TCP && !f->syn_only) {
+	} else if ((f->proto == IPPROTO_TCP && !f->syn_only) || flow_frag(f) == FLOW_FRAG_LATER) {
 		hp_count(HP_STAT_NO_FLOW);
 		return 1;
 	} else if (f->proto == IPPROTO_UDP && node_owns_udp_flow(skb, f)) {
@@ -231,6 +336,8 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
 		hp_count(HP_STAT_CT_NEW);
 	}
 
+	if (flow_frag(f) == FLOW_FRAG_FIRST)
+		hp_frag_note(skb, f);
 	if (pkt_rewrite(skb, f, 0, v->pod_addr, v->pod_port))
 		return -1;
 	if (snat_to_dialled && pkt_rewrite(skb, f, 1, dialled, f->sport))
@@ -271,6 +378,8 @@ static __always_inline int hostport_reverse(struct __sk_buff *skb, struct flow *
 		return HP_REV_TOO_BIG;
 #endif
 	ct_track(skb, ct, f, 1, now);
+	if (flow_frag(f) == FLOW_FRAG_FIRST)
+		hp_frag_note(skb, f);
 	/* Copy before rewriting: the entry may be evicted meanwhile. */
 	__u8 orig[16], client[16];
 	__be16 orig_port = ct->orig_port, client_port = ct->client_port;
@@ -446,7 +555,7 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 			return HP_CONTINUE;
 		if (ip->protocol == IPPROTO_ICMP)
 			return (src_flags & EP_F_HOSTPORT) ? hostport_icmp_error_out(skb, AF_INET, ifindex) : HP_CONTINUE;
-		if (flow_parse4(skb, ip, &f, FLOW_NO_ECHO))
+		if (flow_parse4(skb, ip, &f, FLOW_NO_ECHO) && hp_frag_flow(skb, AF_INET, &f))
 			return HP_CONTINUE;
 	} else {
 		struct ipv6hdr *ip6 = pkt_ip6(skb);
@@ -455,7 +564,7 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 			return HP_CONTINUE;
 		if (ip6->nexthdr == IPPROTO_ICMPV6)
 			return (src_flags & EP_F_HOSTPORT) ? hostport_icmp_error_out(skb, AF_INET6, ifindex) : HP_CONTINUE;
-		if (flow_parse6(skb, ip6, &f, FLOW_NO_ECHO))
+		if (flow_parse6(skb, ip6, &f, FLOW_NO_ECHO) && hp_frag_flow(skb, AF_INET6, &f))
 			return HP_CONTINUE;
 	}
 

@@ -18,6 +18,7 @@
 #define MAX_TUN_NODES 4096 /* node addresses (one per family of each node) */
 #define MAX_TUN_CIDRS 4096 /* pod CIDRs of other nodes */
 #define MAX_TUN_SELF 16 /* this node's listed addresses */
+#define MAX_HP_FRAGS 2048 /* hostPort datagrams in fragments at once (cni_hp_frags) */
 #define MAX_AFTER_LINKS 256 /* uplinks and the tunnel device (cni_after_links) */
 #define AFTER_LINK_UPLINK 1 /* to_uplink runs on its egress */
 #define AFTER_LINK_TUNNEL 2 /* the tunnel device: cni_to_tunnel */
@@ -79,6 +80,18 @@ struct {
 	__type(key, struct ct_key);
 	__type(value, struct ct_val);
 } cni_ct SEC(".maps");
+
+/* Fragmented UDP datagrams of hostPort flows whose first fragment was
+ * translated: its ports, for the later fragments (lib/hostport.h). An
+ * entry is needed only until the datagram's last fragment passed (the
+ * kernel's reassembly gives up after 30 s): an LRU of fixed size, whose
+ * eviction costs at most a datagram's later fragments. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_HP_FRAGS);
+	__type(key, struct hp_frag_key);
+	__type(value, struct hp_frag_val);
+} cni_hp_frags SEC(".maps");
 
 /* The node's own addresses (key as cni_endpoints'); value: ifindex holding it. */
 struct {

@@ -203,9 +203,25 @@ struct flow {
 	__u8 family;
 	__u8 proto;
 	__u8 syn_only; /* TCP SYN without ACK: a new connection */
-	__u8 tcp_flags;
+	union {
+		__u8 tcp_flags;
+		/* UDP, which has no flags: which fragment of a datagram this is
+		 * (FLOW_FRAG_*, hostport.h hp_frag_flow). A union, not a field:
+		 * from_container's frame has no byte to spare. */
+		__u8 frag;
+	};
 	__u32 l4off;   /* offset of the L4 header from skb->data */
 };
+
+/* Which fragment of a UDP datagram a flow's packet is (flow.frag). */
+#define FLOW_FRAG_NONE 0
+#define FLOW_FRAG_FIRST 1 /* offset 0, more to come: it has the ports */
+#define FLOW_FRAG_LATER 2 /* no L4 header: its ports are its first fragment's */
+
+static __always_inline int flow_frag(const struct flow *f)
+{
+	return f->proto == IPPROTO_UDP ? f->frag : FLOW_FRAG_NONE;
+}
 
 #define ICMP_ECHOREPLY_T 0
 #define ICMP_ECHO_T 8
@@ -351,7 +367,10 @@ static __always_inline int flow_parse(struct __sk_buff *skb, __u8 family, struct
  * UDP or ICMP(v6) echo packet described by f to addr:port (an echo's id
  * stands for the port of either side), fixing the IPv4 header checksum and
  * the L4 checksum (pseudo-header included, which ICMPv4 has none of), and
- * updates f to match. Invalidates packet pointers.
+ * updates f to match. A later fragment (FLOW_FRAG_LATER) has no L4 header:
+ * only its address changes (and, over IPv6, which has no header checksum
+ * to balance it, a received checksum the device computed). Invalidates
+ * packet pointers.
  */
 static __always_inline int pkt_rewrite(struct __sk_buff *skb, struct flow *f, int is_src, const __u8 *addr,
 				       __be16 port)
@@ -362,10 +381,13 @@ static __always_inline int pkt_rewrite(struct __sk_buff *skb, struct flow *f, in
 	__u8 *cur = is_src ? f->saddr : f->daddr;
 	__be16 *cur_port = is_src ? &f->sport : &f->dport;
 
+	int l4 = 1;
+
 	if (f->proto == IPPROTO_UDP) {
 		csum_off = f->l4off + UDP_CSUM_OFF;
 		/* A UDP/IPv4 checksum of 0 means none: keep it so. */
 		mangled = BPF_F_MARK_MANGLED_0;
+		l4 = f->frag != FLOW_FRAG_LATER;
 	} else if (f->proto == IPPROTO_ICMP || f->proto == IPPROTO_ICMPV6) {
 		csum_off = f->l4off + 2;
 		port_off = f->l4off + 4;
@@ -378,7 +400,7 @@ static __always_inline int pkt_rewrite(struct __sk_buff *skb, struct flow *f, in
 		__u32 off = ETH_HLEN + (is_src ? offsetof(struct iphdr, saddr) : offsetof(struct iphdr, daddr));
 
 		if (from != to) {
-			if (pseudo && bpf_l4_csum_replace(skb, csum_off, from, to, mangled | pseudo | sizeof(to)))
+			if (l4 && pseudo && bpf_l4_csum_replace(skb, csum_off, from, to, mangled | pseudo | sizeof(to)))
 				return -1;
 			if (bpf_l3_csum_replace(skb, ETH_HLEN + offsetof(struct iphdr, check), from, to, sizeof(to)))
 				return -1;
@@ -392,7 +414,9 @@ static __always_inline int pkt_rewrite(struct __sk_buff *skb, struct flow *f, in
 		if (!addr_equal(cur, addr, AF_INET6)) {
 			__s64 diff = bpf_csum_diff((__be32 *)cur, 16, (__be32 *)addr, 16, 0);
 
-			if (bpf_l4_csum_replace(skb, csum_off, 0, diff, mangled | BPF_F_PSEUDO_HDR))
+			if (!l4)
+				bpf_csum_update(skb, diff); /* CHECKSUM_COMPLETE only */
+			else if (bpf_l4_csum_replace(skb, csum_off, 0, diff, mangled | BPF_F_PSEUDO_HDR))
 				return -1;
 			if (bpf_skb_store_bytes(skb, off, addr, 16, 0))
 				return -1;
@@ -400,6 +424,10 @@ static __always_inline int pkt_rewrite(struct __sk_buff *skb, struct flow *f, in
 		}
 	}
 	if (*cur_port != port) {
+		if (!l4) {
+			*cur_port = port;
+			return 0;
+		}
 		if (bpf_l4_csum_replace(skb, csum_off, *cur_port, port, mangled | sizeof(port)))
 			return -1;
 		if (bpf_skb_store_bytes(skb, port_off, &port, sizeof(port), 0))

@@ -230,6 +230,29 @@ struct ct_val {
 	struct bpf_timer timer; /* deletes the entry once it expired (flowlife.h) */
 };
 
+/* Key of cni_hp_frags: a UDP datagram of a hostPort flow that arrives in
+ * fragments, as its fragments carry it before any translation, and the
+ * link they came in by (the pod's host veth, an uplink, the tunnel device):
+ * a later fragment must follow its first one's way. */
+struct hp_frag_key {
+	__u32 ifindex;
+	__u32 id; /* IPv4 identification (network order, in the low 16 bits) or the IPv6 fragment header's */
+	__u8 family;
+	__u8 proto;
+	__u16 pad;
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+/* Value of cni_hp_frags: the ports of the datagram's first fragment, which
+ * was translated; the later ones carry none (lib/hostport.h hp_frag_flow). */
+struct hp_frag_val {
+	__be16 sport;
+	__be16 dport;
+	__u32 pad;
+	__u64 seen_ns; /* bpf_ktime_get_ns() of the first fragment */
+};
+
 /* Value of cni_hp_config[0]: the node hooks (hostPort and masquerade). */
 struct hp_config {
 	__u64 netns_cookie; /* the node's netns: socket hooks act only there */

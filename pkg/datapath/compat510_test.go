@@ -23,7 +23,8 @@ var (
 		asm.FnKtimeGetNs: "4.1", asm.FnL3CsumReplace: "4.1", asm.FnL4CsumReplace: "4.1",
 		asm.FnSkbStoreBytes: "4.1", asm.FnRedirect: "4.4", asm.FnSkbLoadBytes: "4.5",
 		asm.FnCsumDiff: "4.6", asm.FnSkbChangeTail: "4.9", asm.FnGetSocketCookie: "4.12",
-		asm.FnFibLookup: "4.18", asm.FnSkLookupUdp: "4.20", asm.FnSkRelease: "4.20", asm.FnSpinLock: "5.1",
+		asm.FnCsumUpdate: "4.9", // 36bbef52c7eb (a hostPort later IPv6 fragment, lib/pkt.h pkt_rewrite)
+		asm.FnFibLookup:  "4.18", asm.FnSkLookupUdp: "4.20", asm.FnSkRelease: "4.20", asm.FnSpinLock: "5.1",
 		asm.FnSpinUnlock: "5.1", asm.FnSkbEcnSetCe: "5.1", asm.FnSkcLookupTcp: "5.2",
 		asm.FnJiffies64:      "5.5", // 5576b991e9c1; inlined by the verifier (the flow events' hot slots)
 		asm.FnGetNetnsCookie: "5.7", // cgroup sock_addr only; sock_ops 5.15 (features.go)

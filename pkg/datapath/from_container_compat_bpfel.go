@@ -30,6 +30,7 @@ const (
 	fromContainerCompatMapCniEvents         = "cni_events"
 	fromContainerCompatMapCniHostports      = "cni_hostports"
 	fromContainerCompatMapCniHpConfig       = "cni_hp_config"
+	fromContainerCompatMapCniHpFrags        = "cni_hp_frags"
 	fromContainerCompatMapCniHpStats        = "cni_hp_stats"
 	fromContainerCompatMapCniLinks          = "cni_links"
 	fromContainerCompatMapCniMasqConfig     = "cni_masq_config"
@@ -124,6 +125,7 @@ type fromContainerCompatMapSpecs struct {
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpFrags        *ebpf.MapSpec `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
@@ -194,6 +196,7 @@ type fromContainerCompatMaps struct {
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpFrags        *ebpf.Map `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
@@ -240,6 +243,7 @@ func (m *fromContainerCompatMaps) Close() error {
 		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
+		m.CniHpFrags,
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,

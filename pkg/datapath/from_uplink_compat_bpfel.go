@@ -30,6 +30,7 @@ const (
 	fromUplinkCompatMapCniEvents         = "cni_events"
 	fromUplinkCompatMapCniHostports      = "cni_hostports"
 	fromUplinkCompatMapCniHpConfig       = "cni_hp_config"
+	fromUplinkCompatMapCniHpFrags        = "cni_hp_frags"
 	fromUplinkCompatMapCniHpStats        = "cni_hp_stats"
 	fromUplinkCompatMapCniLinks          = "cni_links"
 	fromUplinkCompatMapCniMasqConfig     = "cni_masq_config"
@@ -124,6 +125,7 @@ type fromUplinkCompatMapSpecs struct {
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpFrags        *ebpf.MapSpec `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
@@ -194,6 +196,7 @@ type fromUplinkCompatMaps struct {
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpFrags        *ebpf.Map `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
@@ -240,6 +243,7 @@ func (m *fromUplinkCompatMaps) Close() error {
 		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
+		m.CniHpFrags,
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,

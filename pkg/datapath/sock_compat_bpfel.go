@@ -30,6 +30,7 @@ const (
 	sockCompatMapCniEvents         = "cni_events"
 	sockCompatMapCniHostports      = "cni_hostports"
 	sockCompatMapCniHpConfig       = "cni_hp_config"
+	sockCompatMapCniHpFrags        = "cni_hp_frags"
 	sockCompatMapCniHpStats        = "cni_hp_stats"
 	sockCompatMapCniLinks          = "cni_links"
 	sockCompatMapCniMasqConfig     = "cni_masq_config"
@@ -138,6 +139,7 @@ type sockCompatMapSpecs struct {
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpFrags        *ebpf.MapSpec `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
@@ -208,6 +210,7 @@ type sockCompatMaps struct {
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpFrags        *ebpf.Map `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
@@ -254,6 +257,7 @@ func (m *sockCompatMaps) Close() error {
 		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
+		m.CniHpFrags,
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,

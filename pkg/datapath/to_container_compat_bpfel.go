@@ -30,6 +30,7 @@ const (
 	toContainerCompatMapCniEvents         = "cni_events"
 	toContainerCompatMapCniHostports      = "cni_hostports"
 	toContainerCompatMapCniHpConfig       = "cni_hp_config"
+	toContainerCompatMapCniHpFrags        = "cni_hp_frags"
 	toContainerCompatMapCniHpStats        = "cni_hp_stats"
 	toContainerCompatMapCniLinks          = "cni_links"
 	toContainerCompatMapCniMasqConfig     = "cni_masq_config"
@@ -124,6 +125,7 @@ type toContainerCompatMapSpecs struct {
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpFrags        *ebpf.MapSpec `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
@@ -194,6 +196,7 @@ type toContainerCompatMaps struct {
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpFrags        *ebpf.Map `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
@@ -240,6 +243,7 @@ func (m *toContainerCompatMaps) Close() error {
 		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
+		m.CniHpFrags,
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,

@@ -30,6 +30,7 @@ const (
 	toUplinkCompatMapCniEvents         = "cni_events"
 	toUplinkCompatMapCniHostports      = "cni_hostports"
 	toUplinkCompatMapCniHpConfig       = "cni_hp_config"
+	toUplinkCompatMapCniHpFrags        = "cni_hp_frags"
 	toUplinkCompatMapCniHpStats        = "cni_hp_stats"
 	toUplinkCompatMapCniLinks          = "cni_links"
 	toUplinkCompatMapCniMasqConfig     = "cni_masq_config"
@@ -124,6 +125,7 @@ type toUplinkCompatMapSpecs struct {
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpFrags        *ebpf.MapSpec `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
@@ -194,6 +196,7 @@ type toUplinkCompatMaps struct {
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpFrags        *ebpf.Map `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
@@ -240,6 +243,7 @@ func (m *toUplinkCompatMaps) Close() error {
 		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
+		m.CniHpFrags,
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,

@@ -30,6 +30,7 @@ const (
 	tunnelMapCniEvents         = "cni_events"
 	tunnelMapCniHostports      = "cni_hostports"
 	tunnelMapCniHpConfig       = "cni_hp_config"
+	tunnelMapCniHpFrags        = "cni_hp_frags"
 	tunnelMapCniHpStats        = "cni_hp_stats"
 	tunnelMapCniLinks          = "cni_links"
 	tunnelMapCniMasqConfig     = "cni_masq_config"
@@ -126,6 +127,7 @@ type tunnelMapSpecs struct {
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpFrags        *ebpf.MapSpec `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
@@ -196,6 +198,7 @@ type tunnelMaps struct {
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpFrags        *ebpf.Map `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
@@ -242,6 +245,7 @@ func (m *tunnelMaps) Close() error {
 		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
+		m.CniHpFrags,
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,

@@ -38,6 +38,7 @@ var (
 	nameHPConfig  = mapName(&specNames.CniHpConfig)
 	nameSockRNAT  = mapName(&specNames.CniSockRnat)
 	nameHPStats   = mapName(&specNames.CniHpStats)
+	nameHPFrags   = mapName(&specNames.CniHpFrags) // optional within layout 5
 )
 
 // Flag values shared with the C side (#defines there, so not in BTF).

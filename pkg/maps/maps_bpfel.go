@@ -238,6 +238,25 @@ type mapsObjHpConfig struct {
 	HooksId     uint32
 }
 
+type mapsObjHpFragKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Id      uint32
+	Family  uint8
+	Proto   uint8
+	Pad     uint16
+	Saddr   [16]uint8
+	Daddr   [16]uint8
+}
+
+type mapsObjHpFragVal struct {
+	_      structs.HostLayout
+	Sport  uint16
+	Dport  uint16
+	Pad    uint32
+	SeenNs uint64
+}
+
 type mapsObjHpStat uint32
 
 const (
@@ -504,6 +523,7 @@ const (
 	mapsObjMapCniEvents         = "cni_events"
 	mapsObjMapCniHostports      = "cni_hostports"
 	mapsObjMapCniHpConfig       = "cni_hp_config"
+	mapsObjMapCniHpFrags        = "cni_hp_frags"
 	mapsObjMapCniHpStats        = "cni_hp_stats"
 	mapsObjMapCniLinks          = "cni_links"
 	mapsObjMapCniMasqConfig     = "cni_masq_config"
@@ -606,6 +626,7 @@ type mapsObjMapSpecs struct {
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpFrags        *ebpf.MapSpec `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.MapSpec `ebpf:"cni_masq_config"`
@@ -686,6 +707,7 @@ type mapsObjMaps struct {
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpFrags        *ebpf.Map `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
 	CniMasqConfig     *ebpf.Map `ebpf:"cni_masq_config"`
@@ -732,6 +754,7 @@ func (m *mapsObjMaps) Close() error {
 		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
+		m.CniHpFrags,
 		m.CniHpStats,
 		m.CniLinks,
 		m.CniMasqConfig,
