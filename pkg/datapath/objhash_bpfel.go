@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 490088, crc: 0xde7bbda0, sha: "3f9e13afffe1"},
-	"from_container_compat": {size: 460392, crc: 0xe55bf23f, sha: "700ce6172a5c"},
-	"from_uplink":           {size: 331600, crc: 0xb0a3b669, sha: "5ddc541c4143"},
-	"from_uplink_compat":    {size: 306672, crc: 0x57a57238, sha: "ab1dc962b596"},
-	"sock":                  {size: 171432, crc: 0x75b4ec9b, sha: "1cd25d28ea98"},
-	"sock_compat":           {size: 161960, crc: 0xce2630a9, sha: "627cbb77d082"},
-	"sock_ops":              {size: 154312, crc: 0x87cb51a7, sha: "1114f54b89e1"},
-	"to_container":          {size: 190496, crc: 0x452d0bdc, sha: "534a1ff10785"},
-	"to_container_compat":   {size: 176040, crc: 0x90f47d7e, sha: "9273166f4fca"},
-	"to_uplink":             {size: 285648, crc: 0xd66b340a, sha: "8e1c9fac4f8d"},
-	"to_uplink_compat":      {size: 254640, crc: 0x3b75695d, sha: "0bf561aec2c4"},
-	"tunnel":                {size: 250448, crc: 0x3d2bc8d4, sha: "018f610c6a35"},
+	"from_container":        {size: 510344, crc: 0x146d5847, sha: "0f473dfde132"},
+	"from_container_compat": {size: 480632, crc: 0xaf3a8eec, sha: "92b42dc40117"},
+	"from_uplink":           {size: 346848, crc: 0x8af8cf08, sha: "27028ed134bc"},
+	"from_uplink_compat":    {size: 321784, crc: 0x516afc8c, sha: "2d05a290f5ad"},
+	"sock":                  {size: 171904, crc: 0x48ccd0fa, sha: "0ae96dc4e65a"},
+	"sock_compat":           {size: 162424, crc: 0x35f7b238, sha: "2ff2c05cdb0a"},
+	"sock_ops":              {size: 154776, crc: 0xe9da4f2c, sha: "7da8c2332c5c"},
+	"to_container":          {size: 190960, crc: 0xbc552a08, sha: "55e5127dd8ef"},
+	"to_container_compat":   {size: 176504, crc: 0x3c44d738, sha: "374d78d85887"},
+	"to_uplink":             {size: 286944, crc: 0x691f9635, sha: "42c922d94f29"},
+	"to_uplink_compat":      {size: 255936, crc: 0x8f6c4c76, sha: "19f7d6829e30"},
+	"tunnel":                {size: 300104, crc: 0xe59f721c, sha: "6e786a3f0766"},
 }
