@@ -30,8 +30,10 @@ import (
 // address dialled; a node's UDP to the other node's pod gets its reply
 // from the pod (node addresses are cluster CIDRs: the pod's reply to a
 // node address is not masqueraded); neither node's masquerade opens a
-// flow. Then the peers file changes (node B's pod CIDRs renumbered) and
-// node A's agent follows it: the old range released, the new one held.
+// flow. Node A's agent killed (-9): what it held stays, traffic keeps its
+// addresses, a new agent holds the same. Then the peers file changes (node
+// B's pod CIDRs renumbered) and node A's agent follows it: the old range
+// released, the new one held.
 // Red before: the agent held only --cluster-cidrs, so on host-gw routes
 // node A masqueraded its pod's traffic to node B's pods (the server saw
 // 203.0.113.1), and in either mode a pod's UDP reply to the other node's
@@ -133,6 +135,21 @@ func testMasqPeers(t *testing.T, mode string) {
 		labNodeB.String() + "/32", labNodeB6.String() + "/128"}
 	if got := agentCIDRs(t, a); !slices.Equal(got, sortedPrefixes(want)) {
 		t.Errorf("node A's agent holds %v, want %v", got, sortedPrefixes(want))
+	}
+
+	// kill -9: what the agent held stays pinned, and a new agent holds the
+	// same; meanwhile the pods still reach each other as themselves.
+	agents[a].Cmd.Process.Kill()
+	agents[a].Exited(5 * time.Second)
+	if got := agentCIDRs(t, a); !slices.Equal(got, sortedPrefixes(want)) {
+		t.Errorf("after node A's agent was killed: %v held, want %v", got, sortedPrefixes(want))
+	}
+	for _, proto := range []string{"tcp", "udp"} {
+		mustAsk(t, pa, proto, hp(b4, 7001), 0, "pb", a4)
+	}
+	agents[a] = a.StartAgent(a.WriteConfDir(), "--peers", pf, "--tunnel", mode, "--metrics-addr", "", "--reconcile-interval", "1s")
+	if got := agentCIDRs(t, a); !slices.Equal(got, sortedPrefixes(want)) {
+		t.Errorf("after node A's agent restarted: %v held, want %v", got, sortedPrefixes(want))
 	}
 
 	// The file changes: node B's pods renumbered. Node A's agent releases
