@@ -219,7 +219,7 @@ func (o *opts) tunnelOptions() (agent.TunnelOptions, error) {
 
 func runFlags(fs *flag.FlagSet, o *opts) {
 	tunnelFlags(fs, o)
-	fs.StringVar(&o.peersFile, "peers", "", "JSON file [{nodeIP, podCIDRs}] of the other nodes: routes to their pod CIDRs via their node IPs (host-gw)")
+	fs.StringVar(&o.peersFile, "peers", "", "JSON file [{nodeIP, nodeIPs, podCIDRs}] of the nodes: routes to their pod CIDRs via their node IPs (host-gw), their pod CIDRs and addresses held as cluster CIDRs")
 	fs.StringVar(&o.metrics, "metrics-addr", "127.0.0.1:9964", "Prometheus metrics listener; empty disables it")
 	fs.DurationVar(&o.interval, "reconcile-interval", time.Minute, "how often to look for stale state")
 	fs.BoolVar(&o.hostPorts, "hostports", true, "own the node hooks hostPort and ipMasq need (uplinks, cgroup socket hooks, node addresses)")
@@ -230,7 +230,7 @@ func runFlags(fs *flag.FlagSet, o *opts) {
 	fs.StringVar(&o.confTemplate, "cni-conf-template", "", "conflist to write into --cni-conf-dir and keep current; its \"__PODCIDR__\" ranges become this node's spec.podCIDRs")
 	fs.BoolVar(&o.networkPolicy, "network-policy", false, "program every local pod's NetworkPolicy from the API server's pods, namespaces and policies (needs --node-name); networks with \"networkPolicy\": true keep new pods closed until then")
 	fs.StringVar(&o.policyStatusDir, "policy-status-dir", netpol.DefaultStatusDir, "where the agent records what it programmed per pod interface (dump policy reads it)")
-	fs.StringVar(&o.clusterCIDRs, "cluster-cidrs", "", "comma-separated CIDRs ipMasq never masquerades (default with --node-name: every node's pod CIDRs)")
+	fs.StringVar(&o.clusterCIDRs, "cluster-cidrs", "", "comma-separated CIDRs ipMasq never masquerades (default with --node-name or --peers: every node's pod CIDRs and addresses)")
 	fs.StringVar(&o.uninstallOnStop, "uninstall-on-stop", "", "file read when the agent stops: \"true\" uninstalls the node as `uninstall` does (refused while pods use it), \"force\" as `uninstall --force`; anything else, or no file, leaves the datapath in place")
 	fs.BoolVar(&o.dropEvents, "drop-events", true, "an event per dropped packet (ebpf-agent observe)")
 	fs.StringVar(&o.flowEvents, "flow-events", "off", "flow events: off, node (every pod) or pods (those turned on with `ebpf-agent events --flows-pod`)")

@@ -17,7 +17,8 @@ const firstListWait = 10 * time.Second
 // firstCIDRs returns what the follower's first view puts in the cluster
 // CIDRs, for prepare to write into this build's maps before any link runs
 // this build's programs (datapath.EnsureSeeded); nil when there is nothing
-// to write or the API server did not answer in time.
+// to write or the API server did not answer in time. A peers file is read
+// here for the same reason.
 //
 // This build's programs masquerade a pod's UDP datagram to any address
 // outside the cluster CIDRs, replies included, and hold the nodes'
@@ -32,6 +33,13 @@ func firstCIDRs(ctx context.Context, o Options, kubeCfg *rest.Config) func(*maps
 	switch {
 	case len(o.ClusterCIDRs) > 0:
 		return func(m *maps.Maps) { f.m = m; f.clusterCIDRs(o.ClusterCIDRs) }
+	case o.PeersFile != "":
+		ps, err := LoadPeers(o.PeersFile)
+		if err != nil {
+			o.Logger.Printf("peer routes: %v (no cluster CIDRs from it before the upgrade)", err)
+			return nil
+		}
+		return func(m *maps.Maps) { f.m = m; f.nodeClusterCIDRs(peersView(ps)) }
 	case kubeCfg == nil:
 		return nil
 	}

@@ -29,8 +29,9 @@ import (
 //   - every other node's pod CIDRs become host-gw routes via its InternalIP
 //     of the same family (RouteProtocol), added, changed and removed as
 //     nodes come, change and go;
-//   - without Options.ClusterCIDRs, every node's pod CIDRs are the cluster
-//     CIDRs ipMasq never masquerades.
+//   - without Options.ClusterCIDRs, every node's pod CIDRs and addresses
+//     are the cluster CIDRs ipMasq never masquerades (as every listed
+//     node's are with Options.PeersFile: peers.go).
 //
 // Nothing is done before the first complete list, and nothing is undone
 // while the API server is unreachable: routes, conflist and cluster CIDRs
@@ -106,11 +107,16 @@ func (f *follower) once(key, format string, args ...any) {
 	}
 }
 
-// static is the configuration without Kubernetes: the cluster CIDRs given
-// (none: the agent releases those an earlier run of it held) and a
-// template without placeholder. Run calls it at start and on every tick.
+// static is the configuration without Kubernetes: the peers file (peers),
+// else the cluster CIDRs given (none: the agent releases those an earlier
+// run of it held), and a template without placeholder. Run calls it at
+// start and on every tick.
 func (f *follower) static() {
-	f.clusterCIDRs(f.o.ClusterCIDRs)
+	if f.o.PeersFile != "" {
+		f.peers()
+	} else {
+		f.clusterCIDRs(f.o.ClusterCIDRs)
+	}
 	if f.o.ConfTemplate != "" {
 		f.conflist(nil)
 	}

@@ -1,17 +1,14 @@
 package agent
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log"
 	"net"
 	"net/netip"
 	"os"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
@@ -20,6 +17,7 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/nodes"
 )
 
 // RouteProtocol marks the routes the agent installs to other nodes' pod
@@ -450,46 +448,55 @@ func removeStalePeerRoutes(want map[string]netlink.Route) error {
 	return errs
 }
 
-// peerRoutes keeps the routes of Options.PeersFile: at start and every
-// Options.ReconcileInterval (the file is re-read each time).
-type peerRoutes struct {
-	file     string
-	interval time.Duration
-	lg       *log.Logger
-	tunnel   TunnelOptions
-	dp       *datapath.Datapath
+// peersView is a peers file as the view of the cluster the Kubernetes path
+// has (every node, this one's entry included, with its addresses and pod
+// CIDRs), for the cluster CIDRs (follower.nodeClusterCIDRs).
+func peersView(peers []Peer) nodes.View {
+	var v nodes.View
+	for _, p := range peers {
+		var n nodes.Node
+		for _, a := range p.ips() {
+			if ip, err := netip.ParseAddr(a); err == nil {
+				n.InternalIPs = append(n.InternalIPs, ip.Unmap())
+			}
+		}
+		for _, c := range p.PodCIDRs {
+			if pr, err := netip.ParsePrefix(c); err == nil {
+				n.PodCIDRs = append(n.PodCIDRs, pr.Masked())
+			}
+		}
+		v.Nodes = append(v.Nodes, n)
+	}
+	return v
 }
 
-func (p *peerRoutes) sync() {
-	ps, err := LoadPeers(p.file)
+// peers applies Options.PeersFile, re-read each time, as apply does a
+// view: the cluster CIDRs first (--cluster-cidrs, else every listed
+// node's pod CIDRs and addresses), so that no pod reaching a new peer's
+// pods is masqueraded, then the routes. A file that cannot be read
+// changes nothing: routes and cluster CIDRs stay as they are.
+func (f *follower) peers() {
+	ps, err := LoadPeers(f.o.PeersFile)
 	if err == nil {
-		var rt Routing
-		// The device again at every sync: one deleted by hand comes back.
-		rt, err = p.tunnel.ensure(p.dp, p.lg)
+		if want := f.o.ClusterCIDRs; len(want) > 0 {
+			f.clusterCIDRs(want)
+		} else {
+			f.nodeClusterCIDRs(peersView(ps))
+		}
+		rt := Routing{Mode: datapath.TunnelOff}
+		if f.dp != nil {
+			// The device again at every sync: one deleted by hand comes back.
+			rt, err = f.o.Tunnel.ensure(f.dp, f.o.Logger)
+		}
 		if err == nil {
 			var rs []PeerRoute
 			rs, err = SyncPeerRoutesWith(ps, rt)
 			if err == nil {
-				p.lg.Printf("peer routes (tunnel %s): %s", rt.Mode, routeList(rs))
+				f.logf("peer routes (tunnel %s): %s", rt.Mode, routeList(rs))
 			}
 		}
 	}
 	if err != nil {
-		p.lg.Printf("peer routes: %v", err)
-	}
-}
-
-// Run returns when ctx ends.
-func (p *peerRoutes) Run(ctx context.Context) error {
-	p.sync()
-	tick := time.NewTicker(p.interval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-tick.C:
-			p.sync()
-		}
+		f.logf("peer routes: %v", err)
 	}
 }

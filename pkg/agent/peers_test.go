@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -38,5 +39,23 @@ func TestLoadPeers(t *testing.T) {
 		if _, err := LoadPeers(write(in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: err %v, want it to say %q", in, err, want)
 		}
+	}
+}
+
+// TestPeersView: a peers file is the cluster as the Node objects give it
+// (follower.nodeClusterCIDRs): every entry, this node's included, with its
+// addresses (nodeIP then nodeIPs, IPv4-mapped ones unmapped) and its pod
+// CIDRs masked.
+func TestPeersView(t *testing.T) {
+	v := peersView([]Peer{
+		{NodeIP: "10.0.0.1", NodeIPs: []string{"fd00::1"}, PodCIDRs: []string{"10.244.0.0/24", "fd00:10:244::/64"}},
+		{NodeIPs: []string{"::ffff:10.0.0.2"}, PodCIDRs: []string{"10.244.1.7/24"}},
+	})
+	if len(v.Nodes) != 2 || v.Self != nil {
+		t.Fatalf("view %+v, want two nodes and no self", v)
+	}
+	got := fmt.Sprint(v.Nodes[0].InternalIPs, v.Nodes[0].PodCIDRs, v.Nodes[1].InternalIPs, v.Nodes[1].PodCIDRs)
+	if want := "[10.0.0.1 fd00::1] [10.244.0.0/24 fd00:10:244::/64] [10.0.0.2] [10.244.1.0/24]"; got != want {
+		t.Errorf("view %s, want %s", got, want)
 	}
 }

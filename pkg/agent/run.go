@@ -36,7 +36,9 @@ type Options struct {
 	HostPorts         bool   // own the node hooks (uplinks, socket hooks, node addresses) hostPort and ipMasq need
 	CgroupRoot        string // cgroup2 mount for the socket hooks; "" finds it
 	// PeersFile lists the other nodes and their pod CIDRs (host-gw routes,
-	// see SyncPeerRoutes); re-read at every reconcile. "" installs none.
+	// see SyncPeerRoutes), whose pod CIDRs and addresses are then the
+	// cluster CIDRs (without ClusterCIDRs); re-read at every reconcile by
+	// the follower (follower.peers). "" installs none.
 	PeersFile string
 	// Tunnel is how pods reach other nodes' pods: host-gw routes (off), or
 	// a VXLAN/Geneve tunnel device (tunnel.go), for all of them or, hybrid,
@@ -51,8 +53,8 @@ type Options struct {
 	// pod CIDRs, which needs Kube. "" writes none.
 	ConfTemplate string
 	// ClusterCIDRs are never masqueraded by ipMasq (cni_cluster_cidrs,
-	// with the agent as their user, agentCIDROwner); none with Kube: every
-	// node's pod CIDRs.
+	// with the agent as their user, agentCIDROwner); none with Kube or
+	// PeersFile: every node's pod CIDRs and addresses.
 	ClusterCIDRs []netip.Prefix
 	// Sizing is what the node's maps are sized for (see ResolveSizing).
 	Sizing maps.Sizing
@@ -80,8 +82,8 @@ type controller interface {
 // Run ensures bpffs and the pinned datapath, moves every attachment to this
 // build's programs in place, then runs the controllers until ctx ends:
 // background work the verbs leave (background.go), reconciliation of stale
-// state (reconciler.go), routes to peers (peers.go) or Node-following
-// (follow.go), node hooks (nodehooks.go), NetworkPolicy (policy.go) and
+// state (reconciler.go), routes to peers and cluster CIDRs (follow.go,
+// from the Node objects or the peers file: peers.go), node hooks (nodehooks.go), NetworkPolicy (policy.go) and
 // metrics, fed by one link watcher (links.go). Pins outlive it: stopping, killing or restarting the
 // agent leaves pods alone, and the next agent finishes what it left.
 func Run(ctx context.Context, o Options) error {
@@ -142,9 +144,6 @@ func Run(ctx context.Context, o Options) error {
 		}
 		lg.Printf("metrics on http://%s/metrics", ms.ln.Addr())
 		run["metrics"] = ms
-	}
-	if o.PeersFile != "" {
-		run["peer routes"] = &peerRoutes{file: o.PeersFile, interval: o.ReconcileInterval, lg: lg, tunnel: o.Tunnel, dp: dp}
 	}
 	if o.Tunnel.Mode != "" && o.Tunnel.Mode != datapath.TunnelOff {
 		run["tunnel path MTU"] = &pmtuWatch{m: dp.Maps, every: 2 * time.Second, lg: lg}

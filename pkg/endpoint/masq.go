@@ -98,6 +98,7 @@ func (m *masq) Install(a *Attachment) error {
 		return mapError(err)
 	}
 	a.OnUndo(func() error { _, err := a.DP.Maps.Masq().ReleaseClusterCIDRs(owner); return err })
+	m.warnOutside(a)
 	a.Flags |= maps.EndpointFlagMasq
 	a.Record.Masq = true
 	a.Trace.Mark("masq")
@@ -216,6 +217,46 @@ func (m *masq) coversFamilies(a *Attachment) error {
 		}
 	}
 	return nil
+}
+
+// warnOutside warns of each pod address outside every cluster CIDR of the
+// node: the configured clusterCIDRs miss the pod's own range (a /48 given
+// for /64s of another /48), so its traffic to other nodes' pods, whose
+// ranges are as far out, is masqueraded. The CNI spec lets a network say
+// so, hence a warning, not an error. Nothing to do by default (the pod's
+// subnets are its cluster CIDRs); the node's other cluster CIDRs (the
+// agent's, other networks') are read only for an address outside the
+// configured ones.
+func (m *masq) warnOutside(a *Attachment) {
+	if len(m.clusterCIDRs) == 0 {
+		return
+	}
+	var node []netip.Prefix
+	read := false
+	for _, ip := range a.PodIPs() {
+		addr, ok := netip.AddrFromSlice(ip)
+		if addr = addr.Unmap(); !ok || containsAddr(m.clusterCIDRs, addr) {
+			continue
+		}
+		if !read {
+			node, _ = a.DP.Maps.Masq().ClusterCIDRs()
+			read = true
+		}
+		if containsAddr(node, addr) {
+			continue
+		}
+		warnf("ipMasq: CNI_CONTAINERID %q, CNI_IFNAME %q: the pod's address %s is outside every cluster CIDR (clusterCIDRs %v; none of the node's at %s holds it either): its traffic to other nodes' pods will be masqueraded; list the cluster's pod range in clusterCIDRs",
+			a.ID.ContainerID, a.ID.IfName, addr, m.clusterCIDRs, a.Net.PinDir)
+	}
+}
+
+func containsAddr(ps []netip.Prefix, a netip.Addr) bool {
+	for _, p := range ps {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }
 
 // cidrs are the configured clusterCIDRs, else the subnets of the pod's

@@ -48,7 +48,7 @@ const (
 	labCluster  = "10.250.0.0/16"
 	labPodsA    = "10.250.0.0/24" // = podSubnet4, the default IPAM range
 	labPodsB    = "10.250.1.0/24"
-	labCluster6 = "fd00:250::/48"
+	labCluster6 = "fd00:250::/32" // holds both nodes' /64s (a /48 held only A's: fd00:250:1:: is outside fd00:250::/48)
 	labPodsA6   = "fd00:250::/64" // = podSubnet6
 	labPodsB6   = "fd00:250:1::/64"
 	masqSrcPort = 62000 // in the SNAT range: the first pod keeps it, the second collides
@@ -292,11 +292,18 @@ func TestMasq(t *testing.T) {
 	a, b := lab.a, lab.b
 	rulesA, rulesB := rulesets(t, a.Node), rulesets(t, b.Node)
 
+	// The lab's pod CIDRs are inside its cluster CIDRs.
+	for _, c := range [][2]string{{labCluster, labPodsA}, {labCluster, labPodsB}, {labCluster6, labPodsA6}, {labCluster6, labPodsB6}} {
+		cl, p := netip.MustParsePrefix(c[0]), netip.MustParsePrefix(c[1])
+		if !cl.Contains(p.Addr()) || cl.Bits() > p.Bits() {
+			t.Errorf("the lab's cluster CIDR %s does not hold its pod CIDR %s", cl, p)
+		}
+	}
 	// host-gw: each node gets the list of both; a node skips itself.
 	peers := filepath.Join(t.TempDir(), "peers.json")
 	pj, _ := json.Marshal([]agent.Peer{
-		{NodeIP: labNodeA.String(), PodCIDRs: []string{labPodsA}},
-		{NodeIP: labNodeB.String(), PodCIDRs: []string{labPodsB}},
+		{NodeIP: labNodeA.String(), NodeIPs: []string{labNodeA6.String()}, PodCIDRs: []string{labPodsA, labPodsA6}},
+		{NodeIP: labNodeB.String(), NodeIPs: []string{labNodeB6.String()}, PodCIDRs: []string{labPodsB, labPodsB6}},
 	})
 	if err := os.WriteFile(peers, pj, 0o600); err != nil {
 		t.Fatal(err)
@@ -306,8 +313,8 @@ func TestMasq(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n := strings.Count(strings.TrimSpace(string(out)), "\n") + 1; n != 1 {
-			t.Fatalf("peers installed %d routes, want 1 (the other node):\n%s", n, out)
+		if n := strings.Count(strings.TrimSpace(string(out)), "\n") + 1; n != 2 {
+			t.Fatalf("peers installed %d routes, want 2 (the other node's, each family):\n%s", n, out)
 		}
 	}
 
@@ -318,6 +325,8 @@ func TestMasq(t *testing.T) {
 	b.CleanupDel(pb1, "b1")
 	rb1 := b.Add(pb1, "b1")
 	a1, a2, b1 := v4Of(t, ra1), v4Of(t, ra2), v4Of(t, rb1)
+	_, a16 := testenv.PodIPs(t, ra1)
+	_, b16 := testenv.PodIPs(t, rb1)
 
 	serve(t, lab.out, 7000, "outside")
 	serve(t, pb1, 7001, "b1")
@@ -361,6 +370,19 @@ func TestMasq(t *testing.T) {
 			t.Fatal(err)
 		}
 		if err := testenv.TCPTransfer(pa1, pb1, b1, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		// IPv6 too: the pods' /64s are inside the lab's IPv6 cluster CIDR.
+		for _, n := range []ns.NetNS{pa1, pb1} {
+			testenv.WaitIPv6Ready(t, n)
+		}
+		for _, proto := range []string{"tcp", "udp"} {
+			mustAsk(t, pa1, proto, hp(b16, 7001), 0, "b1", a16)
+		}
+		if err := testenv.Ping(pa1, b16, 2); err != nil {
+			t.Fatal(err)
+		}
+		if err := testenv.Ping(pb1, a16, 2); err != nil {
 			t.Fatal(err)
 		}
 	})

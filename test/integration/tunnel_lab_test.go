@@ -169,6 +169,22 @@ func newTunLab(t *testing.T) *tunLab {
 	return lab
 }
 
+// clusterFlag is the agent's --cluster-cidrs on a lab node: the cluster
+// CIDRs its conflist gives. Without it an agent run with --peers holds
+// every listed node's pod CIDRs and addresses (follower.peers), as one
+// following Nodes does; the lab's tests choose whether node addresses
+// are cluster CIDRs (nodesInCluster), so its agents hold the conflist's.
+func clusterFlag(e *testenv.Env) []string {
+	cs, _ := e.Extra["clusterCIDRs"].([]string)
+	return []string{"--cluster-cidrs", strings.Join(cs, ",")}
+}
+
+// agentArgs are the flags of an agent on a lab node: the peers file and
+// the node's cluster CIDRs (clusterFlag).
+func (lab *tunLab) agentArgs(e *testenv.Env) []string {
+	return append([]string{"--peers", lab.peers}, clusterFlag(e)...)
+}
+
 // nodesInCluster makes the nodes' addresses cluster CIDRs on every node,
 // as the agent following Nodes does (nodeClusterCIDRs): the IPv4 ones, and
 // with six the IPv6 underlay's too (newTunLab6).

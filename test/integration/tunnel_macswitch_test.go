@@ -51,7 +51,7 @@ func TestTunnelMACCheckOff(t *testing.T) {
 
 	// Back on: node 1's agent restarted without the flag.
 	agents[0].Stop()
-	n1.StartAgent(n1.WriteConfDir(), "--peers", lab.peers, "--tunnel", "vxlan", "--metrics-addr", "")
+	n1.StartAgent(n1.WriteConfDir(), append(lab.agentArgs(n1), "--tunnel", "vxlan", "--metrics-addr", "")...)
 	for end := time.Now().Add(15 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
 		if c, err := n1.Maps().Node().Config(); err == nil {
 			if _, _, on := c.Tunnel(); on {

@@ -218,7 +218,7 @@ func TestTunnelModeSwitchKeepsTraffic(t *testing.T) {
 		}
 		agents = agents[:0]
 		for _, e := range nodes {
-			agents = append(agents, e.StartAgent(e.WriteConfDir(), append([]string{"--peers", pf, "--metrics-addr", ""}, modeArgs(mode)...)...))
+			agents = append(agents, e.StartAgent(e.WriteConfDir(), append(append([]string{"--peers", pf, "--metrics-addr", ""}, clusterFlag(e)...), modeArgs(mode)...)...))
 		}
 		wantState(mode, 20*time.Second)
 		traffic(mode)

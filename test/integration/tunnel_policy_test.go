@@ -24,7 +24,7 @@ func startTunAgents(t *testing.T, lab *tunLab, args ...string) []*testenv.AgentP
 	var procs []*testenv.AgentProc
 	for i, e := range lab.nodes {
 		dir := e.WriteConfDir()
-		procs = append(procs, e.StartAgent(dir, append([]string{"--peers", lab.peers, "--tunnel", "vxlan", "--metrics-addr", ""}, args...)...))
+		procs = append(procs, e.StartAgent(dir, append(append(lab.agentArgs(e), "--tunnel", "vxlan", "--metrics-addr", ""), args...)...))
 		var out string
 		for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
 			e.InNode(func() error {

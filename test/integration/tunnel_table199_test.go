@@ -75,7 +75,7 @@ func TestTunnelRoutingLeavesForeignTable199(t *testing.T) {
 	lab.nodesInCluster(false)
 	must(t, n1.InNode(func() error { return ipCmds(foreign199...) }))
 	startOff := func() *testenv.AgentProc {
-		a := n1.StartAgent(n1.WriteConfDir(), "--peers", lab.peers, "--metrics-addr", "", "--reconcile-interval", "1s")
+		a := n1.StartAgent(n1.WriteConfDir(), append(lab.agentArgs(n1), "--metrics-addr", "", "--reconcile-interval", "1s")...)
 		waitPeerSyncs(t, a, 2)
 		return a
 	}

@@ -52,8 +52,8 @@ func TestTunnel(t *testing.T) {
 		if err := os.WriteFile(tmpl, raw, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		agents[i] = e.StartAgent(confDirs[i], "--peers", lab.peers, "--tunnel", "vxlan", "--tunnel-hybrid", "--metrics-addr", "",
-			"--cni-conf-template", tmpl)
+		agents[i] = e.StartAgent(confDirs[i], append(lab.agentArgs(e), "--tunnel", "vxlan", "--tunnel-hybrid", "--metrics-addr", "",
+			"--cni-conf-template", tmpl)...)
 		var out string
 		deadline := time.Now().Add(30 * time.Second)
 		for {
@@ -303,7 +303,7 @@ func TestTunnel(t *testing.T) {
 		if err := testenv.Ping(p1, a3, 2); err != nil {
 			t.Fatalf("with node 1's agent killed: %v", err)
 		}
-		n1.StartAgent(confDirs[0], "--peers", lab.peers, "--tunnel", "vxlan", "--tunnel-hybrid", "--metrics-addr", "")
+		n1.StartAgent(confDirs[0], append(lab.agentArgs(n1), "--tunnel", "vxlan", "--tunnel-hybrid", "--metrics-addr", "")...)
 		if err := testenv.Ping(p1, a3, 2); err != nil {
 			t.Fatalf("after the agent restarted: %v", err)
 		}

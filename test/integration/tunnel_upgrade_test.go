@@ -25,7 +25,7 @@ import (
 func TestTunnelUpgradeUnderTraffic(t *testing.T) {
 	lab := newTunLab(t)
 	n1, n3 := lab.nodes[0], lab.nodes[2]
-	args := []string{"--peers", lab.peers, "--tunnel", "vxlan", "--metrics-addr", ""}
+	args := append(lab.agentArgs(n1), "--tunnel", "vxlan", "--metrics-addr", "")
 	dirs := make([]string, len(lab.nodes))
 	agents := make([]*testenv.AgentProc, len(lab.nodes))
 	for i, e := range lab.nodes {

@@ -85,7 +85,10 @@ func newUninstallLab(t *testing.T) *uninstallLab {
 		t.Fatal(err)
 	}
 	l.peersFile = filepath.Join(t.TempDir(), "peers.json")
-	b, _ := json.Marshal([]map[string]any{{"nodeIP": remoteIP4.String(), "podCIDRs": []string{"10.99.0.0/24"}}})
+	// A peer on the uplink's subnet that is not the remote host: the agent
+	// holds a listed node's address as a cluster CIDR (never masqueraded),
+	// and the lab's remote host must stay outside the cluster.
+	b, _ := json.Marshal([]map[string]any{{"nodeIP": "198.51.100.77", "podCIDRs": []string{"10.99.0.0/24"}}})
 	if err := os.WriteFile(l.peersFile, b, 0o600); err != nil {
 		t.Fatal(err)
 	}

@@ -67,13 +67,24 @@ func (e *Env) Leftovers() []string {
 		for _, l := range lims {
 			out = append(out, fmt.Sprintf("%s limit of ifindex %d", l.Dir, l.Ifindex))
 		}
+		// The agent's cluster CIDRs are its own (--cluster-cidrs, every
+		// node's from the Node objects or --peers), not a pod's: only
+		// the attachments' uses are leftovers of DEL.
+		users, _ := m.Masq().ClusterCIDRUsers()
+		agents, _ := m.Masq().ClusterCIDRsOf(datapath.AgentCIDROwner)
 		cidrs, _ := m.Masq().ClusterCIDRs()
 		for _, c := range cidrs {
-			out = append(out, "cluster CIDR "+c.String())
+			if !agents[c] || users[c] > 1 {
+				out = append(out, "cluster CIDR "+c.String())
+			}
 		}
-		users, _ := m.Masq().ClusterCIDRUsers()
 		for c, n := range users {
-			out = append(out, fmt.Sprintf("%d users of cluster CIDR %s", n, c))
+			if agents[c] {
+				n--
+			}
+			if n > 0 {
+				out = append(out, fmt.Sprintf("%d users of cluster CIDR %s", n, c))
+			}
 		}
 		parts, _ := m.StackFlows().Parts()
 		for _, idx := range parts {
