@@ -156,7 +156,7 @@ static __always_inline struct snat_seq *ct_seq_of(struct ct_val *v)
 static __always_inline void ct_track(struct __sk_buff *skb, struct ct_val *v, const struct flow *f, int reply,
 				     __u64 now)
 {
-	if (f->proto == IPPROTO_TCP && !reply && !tcp_seq_remote(skb, f, ct_seq_of(v), &v->flags, CT_SEQ_BASE, tcp_seg_scratch()))
+	if (f->proto == IPPROTO_TCP && !reply && !tcp_seq_remote(skb, f, ct_seq_of(v), &v->flags, CT_SEQ_BASE, NULL))
 		return;
 	__u32 cur = v->flags;
 	__u32 n = flow_next(cur, f, reply, v->created_ns, now);
@@ -222,7 +222,7 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
 		nv.seen_ns = now;
 		nv.flags |= flow_next(0, f, 0, now, now);
 		if (f->proto == IPPROTO_TCP)
-			tcp_seq_remote(skb, f, ct_seq_of(&nv), &nv.flags, CT_SEQ_BASE, tcp_seg_scratch()); /* the client's SYN */
+			tcp_seq_remote(skb, f, ct_seq_of(&nv), &nv.flags, CT_SEQ_BASE, NULL); /* the client's SYN */
 		if (bpf_map_update_elem(&cni_ct, &k, &nv, BPF_ANY))
 			return -1;
 		cur = bpf_map_lookup_elem(&cni_ct, &k);

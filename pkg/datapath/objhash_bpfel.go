@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 489824, crc: 0x39cf3229, sha: "e4f7466ce3ec"},
-	"from_container_compat": {size: 460128, crc: 0xa1a9e72c, sha: "40598f74ecab"},
-	"from_uplink":           {size: 331336, crc: 0x27e14663, sha: "5f03c1c91118"},
-	"from_uplink_compat":    {size: 306408, crc: 0x48a49e80, sha: "ad149063d68a"},
-	"sock":                  {size: 171168, crc: 0xdc2cf6fa, sha: "1e4421d82db8"},
-	"sock_compat":           {size: 161696, crc: 0x771b6bda, sha: "6682819ba5ae"},
-	"sock_ops":              {size: 154048, crc: 0xb1bb7b9a, sha: "ad0f407a221b"},
-	"to_container":          {size: 190232, crc: 0x434b704a, sha: "0a0421b1b779"},
-	"to_container_compat":   {size: 175776, crc: 0xc269828e, sha: "12ef01222bd1"},
-	"to_uplink":             {size: 285384, crc: 0xa3364763, sha: "0a81943b4d24"},
-	"to_uplink_compat":      {size: 254376, crc: 0xbc420c1e, sha: "c174b03a262f"},
-	"tunnel":                {size: 250176, crc: 0x4272f6ce, sha: "8e65720b8ebc"},
+	"from_container":        {size: 503272, crc: 0x86f57ae4, sha: "90e27641b7d4"},
+	"from_container_compat": {size: 473560, crc: 0x145acd6c, sha: "4376c95c0356"},
+	"from_uplink":           {size: 346936, crc: 0x8650b9f2, sha: "9065a031cb50"},
+	"from_uplink_compat":    {size: 322056, crc: 0xfd700086, sha: "07efa7cdb9a7"},
+	"sock":                  {size: 171232, crc: 0xfefd2441, sha: "f222d7c78f28"},
+	"sock_compat":           {size: 161752, crc: 0xc8c9be77, sha: "f75716fe2e41"},
+	"sock_ops":              {size: 154104, crc: 0xcc4aa85a, sha: "6219e0a15041"},
+	"to_container":          {size: 190296, crc: 0xf05867b7, sha: "bec39f7afd59"},
+	"to_container_compat":   {size: 175832, crc: 0x7ed7e807, sha: "09686965bd49"},
+	"to_uplink":             {size: 285440, crc: 0xa8f13a02, sha: "9f2046c284e9"},
+	"to_uplink_compat":      {size: 254432, crc: 0x269df659, sha: "52a6ea0d5d79"},
+	"tunnel":                {size: 263472, crc: 0x40e80b85, sha: "b532162bb729"},
 }
