@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 503272, crc: 0x86f57ae4, sha: "90e27641b7d4"},
-	"from_container_compat": {size: 473560, crc: 0x145acd6c, sha: "4376c95c0356"},
-	"from_uplink":           {size: 346936, crc: 0x8650b9f2, sha: "9065a031cb50"},
-	"from_uplink_compat":    {size: 322056, crc: 0xfd700086, sha: "07efa7cdb9a7"},
-	"sock":                  {size: 171232, crc: 0xfefd2441, sha: "f222d7c78f28"},
-	"sock_compat":           {size: 161752, crc: 0xc8c9be77, sha: "f75716fe2e41"},
+	"from_container":        {size: 503888, crc: 0x98d93e7c, sha: "7205506df6f1"},
+	"from_container_compat": {size: 474248, crc: 0xe40bb136, sha: "2ea80f513bb7"},
+	"from_uplink":           {size: 347120, crc: 0xa9f5c189, sha: "e9c0685b38b8"},
+	"from_uplink_compat":    {size: 322176, crc: 0x13597122, sha: "d2ff58fa98eb"},
+	"sock":                  {size: 171232, crc: 0xd5b2ec93, sha: "8a9ee3f4a5d9"},
+	"sock_compat":           {size: 161752, crc: 0x350252c6, sha: "1b113a6258de"},
 	"sock_ops":              {size: 154104, crc: 0xcc4aa85a, sha: "6219e0a15041"},
 	"to_container":          {size: 190296, crc: 0xf05867b7, sha: "bec39f7afd59"},
 	"to_container_compat":   {size: 175832, crc: 0x7ed7e807, sha: "09686965bd49"},
 	"to_uplink":             {size: 285440, crc: 0xa8f13a02, sha: "9f2046c284e9"},
 	"to_uplink_compat":      {size: 254432, crc: 0x269df659, sha: "52a6ea0d5d79"},
-	"tunnel":                {size: 263472, crc: 0x40e80b85, sha: "b532162bb729"},
+	"tunnel":                {size: 263472, crc: 0xa249f5c9, sha: "0985bae0fdc1"},
 }
