@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 503888, crc: 0x98d93e7c, sha: "7205506df6f1"},
-	"from_container_compat": {size: 474248, crc: 0xe40bb136, sha: "2ea80f513bb7"},
-	"from_uplink":           {size: 347120, crc: 0xa9f5c189, sha: "e9c0685b38b8"},
-	"from_uplink_compat":    {size: 322176, crc: 0x13597122, sha: "d2ff58fa98eb"},
+	"from_container":        {size: 504272, crc: 0x356b78b0, sha: "77ebb17f8f5b"},
+	"from_container_compat": {size: 474576, crc: 0x601d814a, sha: "7faf7f2e2e38"},
+	"from_uplink":           {size: 347888, crc: 0x58e3e088, sha: "01625e39753c"},
+	"from_uplink_compat":    {size: 323056, crc: 0x0cd586e8, sha: "073503780609"},
 	"sock":                  {size: 171232, crc: 0xd5b2ec93, sha: "8a9ee3f4a5d9"},
 	"sock_compat":           {size: 161752, crc: 0x350252c6, sha: "1b113a6258de"},
 	"sock_ops":              {size: 154104, crc: 0xcc4aa85a, sha: "6219e0a15041"},
 	"to_container":          {size: 190296, crc: 0xf05867b7, sha: "bec39f7afd59"},
 	"to_container_compat":   {size: 175832, crc: 0x7ed7e807, sha: "09686965bd49"},
-	"to_uplink":             {size: 285440, crc: 0xa8f13a02, sha: "9f2046c284e9"},
-	"to_uplink_compat":      {size: 254432, crc: 0x269df659, sha: "52a6ea0d5d79"},
+	"to_uplink":             {size: 286128, crc: 0x05060da1, sha: "35276c43f661"},
+	"to_uplink_compat":      {size: 255120, crc: 0x7956e1f9, sha: "929116ee9d17"},
 	"tunnel":                {size: 263472, crc: 0xa249f5c9, sha: "0985bae0fdc1"},
 }
