@@ -96,7 +96,9 @@ static __always_inline void *tseq_data(const struct __sk_buff *skb)
 {
 	void *p;
 
-	asm volatile("%[p] = *(u32 *)(%[skb] + %[off])" : [p] "=r"(p) : [skb] "r"(skb), [off] "i"(offsetof(struct __sk_buff, data)));
+	asm volatile("%[p] = *(u32 *)(%[skb] + %[off])"
+		     : [p] "=r"(p)
+		     : [skb] "r"(skb), [off] "i"(offsetof(struct __sk_buff, data)));
 	return p;
 }
 
@@ -104,7 +106,9 @@ static __always_inline void *tseq_data_end(const struct __sk_buff *skb)
 {
 	void *p;
 
-	asm volatile("%[p] = *(u32 *)(%[skb] + %[off])" : [p] "=r"(p) : [skb] "r"(skb), [off] "i"(offsetof(struct __sk_buff, data_end)));
+	asm volatile("%[p] = *(u32 *)(%[skb] + %[off])"
+		     : [p] "=r"(p)
+		     : [skb] "r"(skb), [off] "i"(offsetof(struct __sk_buff, data_end)));
 	return p;
 }
 

@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 504272, crc: 0x356b78b0, sha: "77ebb17f8f5b"},
-	"from_container_compat": {size: 474576, crc: 0x601d814a, sha: "7faf7f2e2e38"},
-	"from_uplink":           {size: 347888, crc: 0x58e3e088, sha: "01625e39753c"},
-	"from_uplink_compat":    {size: 323056, crc: 0x0cd586e8, sha: "073503780609"},
-	"sock":                  {size: 171232, crc: 0xd5b2ec93, sha: "8a9ee3f4a5d9"},
-	"sock_compat":           {size: 161752, crc: 0x350252c6, sha: "1b113a6258de"},
-	"sock_ops":              {size: 154104, crc: 0xcc4aa85a, sha: "6219e0a15041"},
-	"to_container":          {size: 190296, crc: 0xf05867b7, sha: "bec39f7afd59"},
-	"to_container_compat":   {size: 175832, crc: 0x7ed7e807, sha: "09686965bd49"},
-	"to_uplink":             {size: 286128, crc: 0x05060da1, sha: "35276c43f661"},
-	"to_uplink_compat":      {size: 255120, crc: 0x7956e1f9, sha: "929116ee9d17"},
-	"tunnel":                {size: 263472, crc: 0xa249f5c9, sha: "0985bae0fdc1"},
+	"from_container":        {size: 504064, crc: 0x877d166e, sha: "8d1b78672fea"},
+	"from_container_compat": {size: 474368, crc: 0x01c82bd1, sha: "bdadcf370806"},
+	"from_uplink":           {size: 347672, crc: 0x60903c4d, sha: "cbf379fe30ec"},
+	"from_uplink_compat":    {size: 322848, crc: 0x2cce94b2, sha: "b74305447eb8"},
+	"sock":                  {size: 171232, crc: 0x79d2864f, sha: "8f7d65f34f6c"},
+	"sock_compat":           {size: 161752, crc: 0xdbfd65e7, sha: "7a27726cabf3"},
+	"sock_ops":              {size: 154104, crc: 0x2005e5df, sha: "fc76ef37cc2b"},
+	"to_container":          {size: 190296, crc: 0xc5abba5f, sha: "fdeb6eeadaa1"},
+	"to_container_compat":   {size: 175832, crc: 0xfe6944d5, sha: "c20c6e286843"},
+	"to_uplink":             {size: 286128, crc: 0x5c8373b2, sha: "c924a1aaeba9"},
+	"to_uplink_compat":      {size: 255120, crc: 0x046425ab, sha: "8fae7f4f2c3c"},
+	"tunnel":                {size: 263264, crc: 0x61dd0745, sha: "02627bd0ba0b"},
 }
