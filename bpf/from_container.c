@@ -36,7 +36,8 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 		return drop(ifindex, REASON_DROP_BANDWIDTH, skb->len);
 
 	struct ep_info *dst = ep_lookup4(ip->daddr);
-	if (!dst && tun_from_pod(skb, AF_INET))
+	/* Only UDP can be a tunnel datagram: TCP, the bulk, skips the call. */
+	if (!dst && ip->protocol == IPPROTO_UDP && tun_from_pod(skb, AF_INET))
 		return drop(ifindex, REASON_DROP_TUN_SRC, skb->len);
 	if ((src->flags & EP_F_POLICY) && policy_egress(skb, AF_INET, ifindex, dst != NULL) == POL_DENY)
 		return drop(ifindex, REASON_DROP_POLICY, skb->len);
@@ -110,7 +111,9 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 	}
 
 	struct ep_info *dst = ep_lookup6(&ip6->daddr);
-	if (!dst && tun_from_pod(skb, AF_INET6))
+	/* TCP is no tunnel datagram (other protocols may hide UDP behind
+	 * extension headers): it skips the call. */
+	if (!dst && ip6->nexthdr != IPPROTO_TCP && tun_from_pod(skb, AF_INET6))
 		return drop(ifindex, REASON_DROP_TUN_SRC, skb->len);
 	if ((src->flags & EP_F_POLICY) && policy_egress(skb, AF_INET6, ifindex, dst != NULL) == POL_DENY)
 		return drop(ifindex, REASON_DROP_POLICY, skb->len);

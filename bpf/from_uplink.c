@@ -164,13 +164,21 @@ int cni_from_uplink(struct __sk_buff *skb)
 
 	/* Before anything else, hooks or not: the tunnel's outer source,
 	 * which the trust rule on the tunnel device cannot see; a genuine
-	 * node's datagram goes to the stack untouched (lib/tunnel.h). */
-	if (skb->protocol == bpf_htons(ETH_P_IP))
-		rc = tun_hop_check(skb, AF_INET);
-	else if (skb->protocol == bpf_htons(ETH_P_IPV6))
-		rc = tun_hop_check(skb, AF_INET6);
-	else
-		rc = TUN_HOP_NONE;
+	 * node's datagram goes to the stack untouched (lib/tunnel.h). Only
+	 * UDP can be one (tun_dgram): TCP, the bulk, skips the call; a header
+	 * out of the linear data does not. */
+	rc = TUN_HOP_NONE;
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = pkt_ip4(skb);
+
+		if (!ip || ip->protocol == IPPROTO_UDP)
+			rc = tun_hop_check(skb, AF_INET);
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = pkt_ip6(skb);
+
+		if (!ip6 || ip6->nexthdr != IPPROTO_TCP)
+			rc = tun_hop_check(skb, AF_INET6);
+	}
 	if (rc == TUN_HOP_BAD) {
 		count(skb->ifindex, DIR_INGRESS, REASON_DROP_TUN_MAC, skb->len);
 		return TC_ACT_SHOT;

@@ -51,6 +51,7 @@ int cni_to_uplink(struct __sk_buff *skb)
 	__u32 from = skb->ingress_ifindex;
 	struct ep_info *ep;
 	__u8 family;
+	int udp; /* may be a tunnel datagram (tun_dgram): TCP, the bulk, is none */
 
 	if (skb->protocol == bpf_htons(ETH_P_IP)) {
 		struct iphdr *ip = pkt_ip4(skb);
@@ -64,6 +65,7 @@ int cni_to_uplink(struct __sk_buff *skb)
 			return TCX_NEXT;
 		}
 		family = AF_INET;
+		udp = ip->protocol == IPPROTO_UDP;
 		ep = ep_lookup4(ip->saddr);
 	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
 		struct ipv6hdr *ip6 = pkt_ip6(skb);
@@ -77,13 +79,14 @@ int cni_to_uplink(struct __sk_buff *skb)
 			return TCX_NEXT;
 		}
 		family = AF_INET6;
+		udp = ip6->nexthdr != IPPROTO_TCP; /* UDP may follow extension headers */
 		ep = ep_lookup6(&ip6->saddr);
 	} else {
 		return TCX_NEXT;
 	}
 	/* A pod's tunnel datagram to another node, as the stack's DNAT and
 	 * masquerade left it, or to any address with a node's (lib/tunnel.h). */
-	int tun = tun_from_pod_forwarded(skb, family, from);
+	int tun = udp ? tun_from_pod_forwarded(skb, family, from) : TUN_FWD_NONE;
 	if (tun == TUN_FWD_NODE || (tun == TUN_FWD_OTHER && tun_leaves_as_node(skb, family, ep, from))) {
 		count(from, DIR_EGRESS, REASON_DROP_TUN_SRC, skb->len);
 		return TC_ACT_SHOT;

@@ -261,7 +261,7 @@ static __always_inline struct snat_seq *ct_seq_of(struct ct_val *v)
 static __always_inline void ct_track(struct __sk_buff *skb, struct ct_val *v, const struct flow *f, int reply,
 				     __u64 now)
 {
-	if (f->proto == IPPROTO_TCP && !reply && !tcp_seq_remote(skb, f, ct_seq_of(v), &v->flags, CT_SEQ_BASE, tcp_seg_scratch()))
+	if (f->proto == IPPROTO_TCP && !reply && !tcp_seq_remote(skb, f, ct_seq_of(v), &v->flags, CT_SEQ_BASE, NULL))
 		return;
 	__u32 cur = v->flags;
 	__u32 n = flow_next(cur, f, reply, v->created_ns, now);
@@ -327,7 +327,7 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
 		nv.seen_ns = now;
 		nv.flags |= flow_next(0, f, 0, now, now);
 		if (f->proto == IPPROTO_TCP)
-			tcp_seq_remote(skb, f, ct_seq_of(&nv), &nv.flags, CT_SEQ_BASE, tcp_seg_scratch()); /* the client's SYN */
+			tcp_seq_remote(skb, f, ct_seq_of(&nv), &nv.flags, CT_SEQ_BASE, NULL); /* the client's SYN */
 		if (bpf_map_update_elem(&cni_ct, &k, &nv, BPF_ANY))
 			return -1;
 		cur = bpf_map_lookup_elem(&cni_ct, &k);
@@ -348,11 +348,14 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
 /*
  * A packet from the pod behind ifindex: if it is the reply of a translated
  * flow, rewrite it back to what the client dialled. Returns 1 when
- * translated, 0 when not a translated flow, HP_REV_TOO_BIG when a reply
+ * translated (its destination untouched), HP_REV_SNAT when translated with
+ * its destination set back to the client (a pod that reached its own
+ * hostPort), 0 when not a translated flow, HP_REV_TOO_BIG when a reply
  * into the tunnel exceeds its path (untouched, for the stack to answer),
  * -1 on error.
  */
 #define HP_REV_TOO_BIG 2
+#define HP_REV_SNAT 3
 static __always_inline int hostport_reverse(struct __sk_buff *skb, struct flow *f, __u32 ifindex)
 {
 	struct ct_key k = { .family = f->family, .proto = f->proto, .pod_port = f->sport, .peer_port = f->dport };
@@ -388,9 +391,11 @@ static __always_inline int hostport_reverse(struct __sk_buff *skb, struct flow *
 	__builtin_memcpy(client, ct->client_addr, 16);
 	if (pkt_rewrite(skb, f, 1, orig, orig_port))
 		return -1;
-	if ((flags & CT_F_SNAT) && pkt_rewrite(skb, f, 0, client, client_port))
+	if (!(flags & CT_F_SNAT))
+		return 1;
+	if (pkt_rewrite(skb, f, 0, client, client_port))
 		return -1;
-	return 1;
+	return HP_REV_SNAT;
 }
 
 /*
@@ -476,11 +481,14 @@ no_route:
  * Delivers a packet the hostPort path translated, from the pod behind
  * ifindex, to daddr: a pod of this node gets it directly; anything else
  * leaves through the FIB's device (its source is a node address now, which
- * the stack would take for a martian coming in from a veth).
+ * the stack would take for a martian coming in from a veth). not_pod: the
+ * caller knows daddr is no pod's (from_container looked it up), so it is
+ * not looked up again.
  */
-static __always_inline int hostport_deliver(struct __sk_buff *skb, __u8 family, const __u8 *daddr, __u32 ifindex)
+static __always_inline int hostport_deliver(struct __sk_buff *skb, __u8 family, const __u8 *daddr, __u32 ifindex,
+					    int not_pod)
 {
-	struct ep_info *dst = ep_lookup_addr(daddr, family);
+	struct ep_info *dst = not_pod ? NULL : ep_lookup_addr(daddr, family);
 
 	if (!dst) {
 		__u32 len = skb->len;
@@ -531,7 +539,7 @@ static __always_inline int hostport_icmp_error_out(struct __sk_buff *skb, __u8 f
 	}
 	hp_count(HP_STAT_ICMP_ERR_OUT);
 	/* An error goes back to the quoted packet's sender. */
-	return hostport_deliver(skb, family, e.q.saddr, ifindex);
+	return hostport_deliver(skb, family, e.q.saddr, ifindex, 0);
 }
 
 /*
@@ -602,7 +610,9 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 			return HP_CONTINUE;
 		hp_count(HP_STAT_DNAT_HAIRPIN);
 	}
-	return hostport_deliver(skb, family, f.daddr, ifindex);
+	/* A reply whose destination stayed the one from_container found no
+	 * pod at (dst_is_pod) goes out without a second lookup (issue 30). */
+	return hostport_deliver(skb, family, f.daddr, ifindex, rc == 1 && !dst_is_pod);
 error:
 	hp_count(HP_STAT_ERROR);
 	return drop(ifindex, REASON_DROP_MALFORMED, skb->len);

@@ -748,14 +748,14 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 {
 	/* fp: the packet parsed with FLOW_ECHO_REPLY, by the caller, which
 	 * hands the same flow to hostPort: one parse per packet (issue 30).
-	 * Left untouched when it returns MASQ_CONTINUE. */
-	struct flow f = *fp;
-
+	 * Left untouched when it returns MASQ_CONTINUE; copied (the rewrite
+	 * updates it) only for a reply of ours. */
 	struct snat_key rk;
-	snat_key_of(&rk, SNAT_DIR_REV, f.daddr, f.dport, f.saddr, f.sport, family, f.proto);
+	snat_key_of(&rk, SNAT_DIR_REV, fp->daddr, fp->dport, fp->saddr, fp->sport, family, fp->proto);
 	struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &rk);
 	if (!rv)
 		return MASQ_CONTINUE;
+	struct flow f = *fp;
 	__u64 now = bpf_ktime_get_ns();
 	if (flow_expired(rv->flags, f.proto, rv->seen_ns, now))
 		return MASQ_CONTINUE;

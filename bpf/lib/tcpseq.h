@@ -88,23 +88,45 @@ static __always_inline struct snat_seq *snat_seq_of(struct snat_val *v)
 	return (struct snat_seq *)&v->created_ns;
 }
 
-/* Loads the TCP header of f. The length comes from the IP header (a frame
- * arriving may carry Ethernet padding), or the skb's for a BIG TCP packet
- * (length 0). Returns 0 or -1. */
-static __always_inline int tcp_seg_load(struct __sk_buff *skb, const struct flow *f, struct tcp_seg *s)
+/* skb->data and skb->data_end, each read by one instruction clang cannot
+ * fold with the callers' reads: inlined into from_container's long body,
+ * plain reads let it keep &skb->data_end in a register across the calls
+ * (a modified ctx pointer, which the verifier refuses). */
+static __always_inline void *tseq_data(const struct __sk_buff *skb)
+{
+	void *p;
+
+	asm volatile("%[p] = *(u32 *)(%[skb] + %[off])"
+		     : [p] "=r"(p)
+		     : [skb] "r"(skb), [off] "i"(offsetof(struct __sk_buff, data)));
+	return p;
+}
+
+static __always_inline void *tseq_data_end(const struct __sk_buff *skb)
+{
+	void *p;
+
+	asm volatile("%[p] = *(u32 *)(%[skb] + %[off])"
+		     : [p] "=r"(p)
+		     : [skb] "r"(skb), [off] "i"(offsetof(struct __sk_buff, data_end)));
+	return p;
+}
+
+/* tcp_seg_load's fields of the header bytes in s->h. */
+static __always_inline void tcp_seg_fields(struct tcp_seg *s)
 {
 	__u8 *h = s->h;
 
-	if (bpf_skb_load_bytes(skb, f->l4off + 4, h, sizeof(s->h)))
-		return -1;
 	s->seq = bpf_ntohl(*(__be32 *)&h[0]);
 	s->ack = bpf_ntohl(*(__be32 *)&h[4]);
 	s->doff = (h[8] >> 4) * 4;
 	s->flags = h[9];
 	s->win = bpf_ntohs(*(__be16 *)&h[10]);
-	s->len = 0;
-	if (bpf_skb_load_bytes(skb, ETH_HLEN + (f->family == AF_INET ? 2 : 4), &s->len, sizeof(s->len)))
-		return -1;
+}
+
+/* tcp_seg_load's end, from s->len and the fields. */
+static __always_inline int tcp_seg_end(struct __sk_buff *skb, const struct flow *f, struct tcp_seg *s)
+{
 	__u32 iplen = bpf_ntohs(s->len);
 	if (iplen && f->family == AF_INET6)
 		iplen += sizeof(struct ipv6hdr);
@@ -113,6 +135,41 @@ static __always_inline int tcp_seg_load(struct __sk_buff *skb, const struct flow
 	__u32 hdr = f->l4off - ETH_HLEN + s->doff;
 	s->end = s->seq + (iplen > hdr ? iplen - hdr : 0) + !!(s->flags & TCP_FLAG_SYN) + !!(s->flags & TCP_FLAG_FIN);
 	return 0;
+}
+
+/* Loads the TCP header of f. The length comes from the IP header (a frame
+ * arriving may carry Ethernet padding), or the skb's for a BIG TCP packet
+ * (length 0). Returns 0 or -1. */
+static __always_inline int tcp_seg_load(struct __sk_buff *skb, const struct flow *f, struct tcp_seg *s)
+{
+	if (bpf_skb_load_bytes(skb, f->l4off + 4, s->h, sizeof(s->h)))
+		return -1;
+	tcp_seg_fields(s);
+	s->len = 0;
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + (f->family == AF_INET ? 2 : 4), &s->len, sizeof(s->len)))
+		return -1;
+	return tcp_seg_end(skb, f, s);
+}
+
+/* tcp_seg_load read in place when the headers are in the linear data (the
+ * common case: no helper calls, issue 30), else copied out. The NAT
+ * tables' peer segments only, every one of which is tracked: in the pod's
+ * (tracked once a second) and policy's, the frame would grow past what
+ * policy_judge's chain leaves. */
+static __always_inline int tcp_seg_load_in_place(struct __sk_buff *skb, const struct flow *f, struct tcp_seg *s)
+{
+	void *data = tseq_data(skb);
+	void *data_end = tseq_data_end(skb);
+	__u32 off = f->l4off;
+	__u8 *t = data + (off & 0xff); /* bounded for the verifier, as flow_l4 */
+	__u8 *l = data + ETH_HLEN + (f->family == AF_INET ? 2 : 4);
+
+	if (off > 0xff || (void *)(t + 4 + sizeof(s->h)) > data_end || (void *)(l + 2) > data_end)
+		return tcp_seg_load(skb, f, s);
+	__builtin_memcpy(s->h, t + 4, sizeof(s->h));
+	tcp_seg_fields(s);
+	s->len = *(__be16 *)l;
+	return tcp_seg_end(skb, f, s);
 }
 
 /* What tcp_syn_wscale's steps share (bpf_loop: the verifier walks one; the
@@ -261,11 +318,10 @@ static __noinline int tcp_seq_local_(struct __sk_buff *skb, const struct flow *f
  * (by at most four windows at once: a forged segment far ahead cannot
  * carry it off).
  */
-static __noinline int tcp_seq_remote_(struct __sk_buff *skb, const struct flow *f, struct snat_seq *q, __u32 *fl,
-				    struct tcp_seg *sp)
+static __always_inline int tcp_seq_remote_body(struct __sk_buff *skb, const struct flow *f, struct snat_seq *q,
+					       __u32 *fl, struct tcp_seg *sp, int in_place)
 {
-
-	if (tcp_seg_load(skb, f, sp))
+	if (in_place ? tcp_seg_load_in_place(skb, f, sp) : tcp_seg_load(skb, f, sp))
 		return 1;
 	/* Read after the load: fewer values live across its calls (the
 	 * frame must stay small, see tcp_seq_local). */
@@ -338,6 +394,21 @@ static __noinline int tcp_seq_remote_(struct __sk_buff *skb, const struct flow *
 	return 1;
 }
 
+/* The body apart for policy (headers copied out: its chain under
+ * policy_judge is at the verifier's 512 bytes) and for the NAT tables
+ * (cni_ct, cni_snat: read in place, every peer segment of every flow). */
+static __noinline int tcp_seq_remote_(struct __sk_buff *skb, const struct flow *f, struct snat_seq *q, __u32 *fl,
+				    struct tcp_seg *sp)
+{
+	return tcp_seq_remote_body(skb, f, q, fl, sp, 0);
+}
+
+static __noinline int tcp_seq_remote_nat_(struct __sk_buff *skb, const struct flow *f, struct snat_seq *q, __u32 *fl,
+					struct tcp_seg *sp)
+{
+	return tcp_seq_remote_body(skb, f, q, fl, sp, 1);
+}
+
 /* tcp_seq_local_ with the SYN's window scale read: the pod's segment f. */
 static __always_inline void tcp_seq_local(struct __sk_buff *skb, const struct flow *f, struct snat_seq *q, __u32 *fl,
 					  __u32 base, struct tcp_seg *sp)
@@ -358,15 +429,63 @@ static __always_inline void tcp_seq_local(struct __sk_buff *skb, const struct fl
 	}
 }
 
+/*
+ * Whether the peer's segment f can move nothing in tcp_seq_remote_: no
+ * SYN, FIN or RST, and no payload (seq == end: a pure ACK, half the
+ * peer's segments of a download). Such a segment leaves the tracking as it
+ * is and counts (returns 1) whatever the tracking holds, so it skips the
+ * call, the scratch and the header loads (issue 30: the hostPort and
+ * masquerade replies' per-packet cost). Read in place from the linear
+ * data; anything else (headers out of it, BIG TCP's length 0) takes the
+ * full path.
+ */
+static __always_inline int tcp_seg_quiet(struct __sk_buff *skb, const struct flow *f)
+{
+	void *data = tseq_data(skb);
+	void *data_end = tseq_data_end(skb);
+	__u32 off = f->l4off, iplen;
+
+	if ((f->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST)) || off > 0xff)
+		return 0;
+	__u8 *t = data + (off & 0xff); /* bounded for the verifier, as flow_l4 */
+	if ((void *)(t + 13) > data_end)
+		return 0;
+	if (f->family == AF_INET) {
+		struct iphdr *ip = data + ETH_HLEN;
+
+		if ((void *)(ip + 1) > data_end)
+			return 0;
+		iplen = bpf_ntohs(ip->tot_len);
+	} else {
+		struct ipv6hdr *ip6 = data + ETH_HLEN;
+
+		if ((void *)(ip6 + 1) > data_end || !ip6->payload_len)
+			return 0;
+		iplen = bpf_ntohs(ip6->payload_len) + sizeof(struct ipv6hdr);
+	}
+	/* tcp_seg_load's end - seq: the length past the headers, 0 when the
+	 * IP length does not exceed them. */
+	return iplen && iplen <= off - ETH_HLEN + (t[12] >> 4) * 4;
+}
+
 /* tcp_seq_remote_ with the SYN-ACK's window scale read: the peer's segment
- * f; 0 for an RST outside the pod's window. */
+ * f; 0 for an RST outside the pod's window. sp NULL: the programs' scratch.
+ * The NAT tables' (base 8) skip a quiet segment before the scratch and the
+ * call, and read the headers in place; policy's (TSEQ_BASE_NOSCALE) as
+ * before: its chain has no room for either. */
 static __always_inline int tcp_seq_remote(struct __sk_buff *skb, const struct flow *f, struct snat_seq *q, __u32 *fl,
 					  __u32 base, struct tcp_seg *sp)
 {
+	int nat = base != TSEQ_BASE_NOSCALE;
+
+	if (nat && tcp_seg_quiet(skb, f))
+		return 1;
+	if (!sp)
+		sp = tcp_seg_scratch();
 	if (!sp)
 		return 1;
 	sp->base = base;
-	int r = tcp_seq_remote_(skb, f, q, fl, sp);
+	int r = nat ? tcp_seq_remote_nat_(skb, f, q, fl, sp) : tcp_seq_remote_(skb, f, q, fl, sp);
 
 	if (r > 1) {
 		if (base != TSEQ_BASE_NOSCALE && tcp_syn_wscale(skb, f->l4off, r) < 0)
@@ -395,7 +514,7 @@ static __always_inline int snat_seq_peer(struct __sk_buff *skb, const struct flo
 
 	if (!(fl & SNAT_F_SEQ))
 		return 1;
-	r = tcp_seq_remote(skb, f, snat_seq_of(rv), &fl, 8, tcp_seg_scratch());
+	r = tcp_seq_remote(skb, f, snat_seq_of(rv), &fl, 8, NULL);
 	rv->flags = fl;
 	return r;
 }

@@ -394,8 +394,10 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 		logf("  hostPort %-24s %4d pods: %7.0f conn/s (raw %7.0f, %.2fx, %d failed), ADD %.1f ms, DEL %.1f ms (%s)",
 			c.label, p, rate, rawRate, pt.VsRaw, failed, pt.AddMedianMs, pt.DelMedianMs, time.Since(start).Round(time.Second))
 	}
-	srv.close()
-	srv = nil
+	if srv != nil { // nil when no point was measured (-hostport-ref-scale "")
+		srv.close()
+		srv = nil
+	}
 	logf("hostPort %s: deleting %d pods", c.label, len(present))
 	err := parallel(len(present), func(i int) error {
 		m := present[i]

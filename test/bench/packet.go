@@ -11,7 +11,9 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -129,7 +131,14 @@ func buildRef(ctx context.Context, mod, root, ref, out string) error {
 			return err
 		}
 	}
-	if err := os.WriteFile(filepath.Join(wt, "pkg/datapath/budget_api_test.go"), []byte(refBudgetAPI), 0o644); err != nil {
+	// A reference with pkg/maps' families has its own budget_api_test.go,
+	// in its API; only older ones get refBudgetAPI.
+	api := filepath.Join(wt, "pkg/datapath/budget_api_test.go")
+	if _, err := os.Stat(api); errors.Is(err, fs.ErrNotExist) {
+		if err := os.WriteFile(api, []byte(refBudgetAPI), 0o644); err != nil {
+			return err
+		}
+	} else if err != nil {
 		return err
 	}
 	return goTestC(ctx, wt, out)
