@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 510344, crc: 0x146d5847, sha: "0f473dfde132"},
-	"from_container_compat": {size: 480632, crc: 0xaf3a8eec, sha: "92b42dc40117"},
-	"from_uplink":           {size: 346848, crc: 0x8af8cf08, sha: "27028ed134bc"},
-	"from_uplink_compat":    {size: 321784, crc: 0x516afc8c, sha: "2d05a290f5ad"},
-	"sock":                  {size: 171904, crc: 0x48ccd0fa, sha: "0ae96dc4e65a"},
-	"sock_compat":           {size: 162424, crc: 0x35f7b238, sha: "2ff2c05cdb0a"},
-	"sock_ops":              {size: 154776, crc: 0xe9da4f2c, sha: "7da8c2332c5c"},
-	"to_container":          {size: 190960, crc: 0xbc552a08, sha: "55e5127dd8ef"},
-	"to_container_compat":   {size: 176504, crc: 0x3c44d738, sha: "374d78d85887"},
-	"to_uplink":             {size: 286944, crc: 0x691f9635, sha: "42c922d94f29"},
-	"to_uplink_compat":      {size: 255936, crc: 0x8f6c4c76, sha: "19f7d6829e30"},
-	"tunnel":                {size: 300104, crc: 0xe59f721c, sha: "6e786a3f0766"},
+	"from_container":        {size: 524840, crc: 0x114f3c9c, sha: "fd783060ee9b"},
+	"from_container_compat": {size: 494528, crc: 0x96682d69, sha: "351e096b961e"},
+	"from_uplink":           {size: 363176, crc: 0x0db8b8ec, sha: "442b9cd2a5b4"},
+	"from_uplink_compat":    {size: 338088, crc: 0x8afb2529, sha: "24176c2cb5ea"},
+	"sock":                  {size: 171960, crc: 0x50331441, sha: "ecb2f8f43796"},
+	"sock_compat":           {size: 162488, crc: 0x19ef91a9, sha: "c79ea309de46"},
+	"sock_ops":              {size: 154832, crc: 0x0c9f56ad, sha: "f2aa93506e32"},
+	"to_container":          {size: 191024, crc: 0x192e5f7e, sha: "660c3552eebd"},
+	"to_container_compat":   {size: 176568, crc: 0x731c1f54, sha: "516edb1777e4"},
+	"to_uplink":             {size: 287912, crc: 0x811f692c, sha: "852face88299"},
+	"to_uplink_compat":      {size: 256904, crc: 0xe6015efe, sha: "7011a381f758"},
+	"tunnel":                {size: 313400, crc: 0xaf3ed917, sha: "b28b109ddfa0"},
 }
