@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -16,20 +15,7 @@ import (
 // enableForwarding turns it on; upAnnouncing sets arp_notify and brings
 // the link up in one netlink request. In a fresh netns, where forwarding starts off.
 func TestNetconf(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root; CI runs as root")
-		}
-		t.Skip("needs root (a netns)")
-	}
-	netns, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		netns.Close()
-		testutils.UnmountNS(netns)
-	}()
+	netns := freshNetns(t)
 	read := func(path string) string {
 		b, err := os.ReadFile(path)
 		if err != nil {
@@ -37,7 +23,7 @@ func TestNetconf(t *testing.T) {
 		}
 		return strings.TrimSpace(string(b))
 	}
-	err = netns.Do(func(ns.NetNS) error {
+	err := netns.Do(func(ns.NetNS) error {
 		for _, f := range []struct {
 			family uint8
 			path   string

@@ -3,11 +3,9 @@ package endpoint
 import (
 	"fmt"
 	"net"
-	"os"
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 )
 
@@ -15,21 +13,8 @@ import (
 // on one interface, and their routes with them, and nothing on another
 // interface. In a fresh netns.
 func TestDeleteNexthops(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root; CI runs as root")
-		}
-		t.Skip("needs root (a netns)")
-	}
-	netns, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		netns.Close()
-		testutils.UnmountNS(netns)
-	}()
-	err = netns.Do(func(ns.NetNS) error {
+	netns := freshNetns(t)
+	err := netns.Do(func(ns.NetNS) error {
 		// Two pod interfaces (veths, their peers in the same netns), each
 		// with an address, its table's nexthop objects (one per gateway)
 		// and a route in its table, as ADD makes them.

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"github.com/containernetworking/plugins/pkg/testutils"
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -18,20 +17,7 @@ import (
 // look at that record is not taken for one that died part way: its pod is
 // alive (the agent's timer once tore down 59 pods of a burst of ADDs so).
 func TestReconcileAddEndsAfterList(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("needs root; CI runs as root")
-		}
-		t.Skip("needs root (a netns and a veth)")
-	}
-	node, err := testutils.NewNS()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		node.Close()
-		testutils.UnmountNS(node)
-	}()
+	node := freshNetns(t)
 	dir := t.TempDir()
 	conf := []byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"recon","type":"ebpf-cni","pinDir":%q,"stateDir":%q}`,
 		filepath.Join(dir, "pins"), filepath.Join(dir, "state")))
