@@ -75,7 +75,40 @@ func LoadPeers(path string) ([]Peer, error) {
 			}
 		}
 	}
+	if err := checkPodCIDRs(ps); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
 	return ps, nil
+}
+
+// checkPodCIDRs refuses pod CIDRs that cannot be one node's: a default
+// route (0.0.0.0/0, ::/0: every destination would be a cluster address, so
+// pods' traffic to the outside would stop being masqueraded and be routed
+// to that node), and two entries' CIDRs that overlap (which node holds an
+// address in both is a guess). The whole file is refused, as one that does
+// not parse: what the agent installed from the last good one stays.
+func checkPodCIDRs(ps []Peer) error {
+	type owned struct {
+		p    netip.Prefix
+		i, j int
+	}
+	var seen []owned
+	for i, p := range ps {
+		for j, c := range p.PodCIDRs {
+			pr := netip.MustParsePrefix(c).Masked() // LoadPeers parsed it
+			if pr.Bits() == 0 {
+				return fmt.Errorf("[%d].podCIDRs[%d]: %q is a default route, not a node's pod CIDR", i, j, c)
+			}
+			for _, o := range seen {
+				if o.i != i && o.p.Overlaps(pr) {
+					return fmt.Errorf("[%d].podCIDRs[%d]: %q overlaps [%d].podCIDRs[%d] %q: a pod address would belong to two nodes",
+						i, j, c, o.i, o.j, o.p)
+				}
+			}
+			seen = append(seen, owned{pr, i, j})
+		}
+	}
+	return nil
 }
 
 // PeerRoute is one route to another node's pod CIDR.

@@ -30,11 +30,14 @@ func TestLoadPeers(t *testing.T) {
 		t.Fatalf("ips of the IPv6 peer: %v", got)
 	}
 	for in, want := range map[string]string{
-		`[{"podCIDRs": ["10.244.1.0/24"]}]`:                          "[0]: nodeIP missing",
-		`[{"nodeIP": "x", "podCIDRs": []}]`:                          `[0].nodeIP: "x" is not an IP address`,
-		`[{"nodeIP": "10.0.0.2", "nodeIPs": ["y"], "podCIDRs": []}]`: `[0].nodeIPs[0]: "y" is not an IP address`,
-		`[{"nodeIP": "10.0.0.2", "podCIDRs": ["10.244.1.0/33"]}]`:    `[0].podCIDRs[0]: "10.244.1.0/33" is not a CIDR`,
-		`{"nodeIP": "10.0.0.2"}`:                                     "cannot unmarshal",
+		`[{"podCIDRs": ["10.244.1.0/24"]}]`:                             "[0]: nodeIP missing",
+		`[{"nodeIP": "x", "podCIDRs": []}]`:                             `[0].nodeIP: "x" is not an IP address`,
+		`[{"nodeIP": "10.0.0.2", "nodeIPs": ["y"], "podCIDRs": []}]`:    `[0].nodeIPs[0]: "y" is not an IP address`,
+		`[{"nodeIP": "10.0.0.2", "podCIDRs": ["10.244.1.0/33"]}]`:       `[0].podCIDRs[0]: "10.244.1.0/33" is not a CIDR`,
+		`{"nodeIP": "10.0.0.2"}`:                                        "cannot unmarshal",
+		`[{"nodeIP": "10.0.0.2", "podCIDRs": ["0.0.0.0/0"]}]`:           `[0].podCIDRs[0]: "0.0.0.0/0" is a default route`,
+		`[{"nodeIP": "10.0.0.2", "podCIDRs": ["10.1.0.0/16", "::/0"]}]`: `[0].podCIDRs[1]: "::/0" is a default route`,
+		`[{"nodeIP": "10.0.0.2", "podCIDRs": ["10.244.0.0/16"]}, {"nodeIP": "10.0.0.3", "podCIDRs": ["fd00::/64", "10.244.3.0/24"]}]`: `[1].podCIDRs[1]: "10.244.3.0/24" overlaps [0].podCIDRs[0] "10.244.0.0/16"`,
 	} {
 		if _, err := LoadPeers(write(in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: err %v, want it to say %q", in, err, want)

@@ -97,6 +97,12 @@ func fromObject(n *corev1.Node, logf func(string, ...any)) Node {
 			logf("node %s: spec.podCIDRs: %q is not a CIDR; ignored", n.Name, c)
 			continue
 		}
+		if p.Bits() == 0 {
+			// Every destination would be this node's pods: no traffic
+			// to the outside would be masqueraded (agent.checkPodCIDRs).
+			logf("node %s: spec.podCIDRs: %q is a default route, not a node's pod CIDR; ignored", n.Name, c)
+			continue
+		}
 		out.PodCIDRs = append(out.PodCIDRs, p.Masked())
 	}
 	for _, a := range n.Status.Addresses {

@@ -5,11 +5,13 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -236,4 +238,59 @@ func sortedPrefixes(ss []string) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
+}
+
+// TestMasqPeersDefaultRouteCIDR: a peers file that gives a node the pod
+// CIDR 0.0.0.0/0 (or ::/0) is refused as a whole, and the agent keeps what
+// the last good file installed: pods still reach the outside masqueraded
+// (as node A), the agent holds the same cluster CIDRs, node B's routes
+// stay, and the agent's log names the field.
+// Red before: the agent held 0.0.0.0/0 and ::/0 as cluster CIDRs, so pod
+// A's traffic to the outside left unmasqueraded and got no answer.
+func TestMasqPeersDefaultRouteCIDR(t *testing.T) {
+	lab := newMasqLab(t)
+	a := lab.a
+	delete(a.Extra, "clusterCIDRs")
+	pf := filepath.Join(t.TempDir(), "peers.json")
+	writePeers := func(podsB ...string) {
+		pj, _ := json.Marshal([]agent.Peer{
+			{NodeIP: labNodeA.String(), NodeIPs: []string{labNodeA6.String()}, PodCIDRs: []string{labPodsA, labPodsA6}},
+			{NodeIP: labNodeB.String(), NodeIPs: []string{labNodeB6.String()}, PodCIDRs: podsB},
+		})
+		tmp := pf + ".tmp"
+		must(t, os.WriteFile(tmp, pj, 0o600))
+		must(t, os.Rename(tmp, pf))
+	}
+	writePeers(labPodsB, labPodsB6)
+	ag := a.StartAgent(a.WriteConfDir(), "--peers", pf, "--metrics-addr", "", "--reconcile-interval", "1s")
+	waitPeerRoutes(t, a, 2)
+	pa := a.NewPod()
+	a.CleanupDel(pa, "pa")
+	a.Add(pa, "pa")
+	serve(t, lab.out, 7000, "outside")
+	out, out6 := hp(outsideIP, 7000), hp(outsideIP6, 7000)
+	for _, proto := range []string{"tcp", "udp"} {
+		mustAsk(t, pa, proto, out, 0, "outside", labNodeA)
+		mustAsk(t, pa, proto, out6, 0, "outside", labNodeA6)
+	}
+	held := agentCIDRs(t, a)
+
+	for _, bad := range [][]string{{"0.0.0.0/0", labPodsB6}, {labPodsB, "::/0"}} {
+		writePeers(bad...)
+		time.Sleep(3 * time.Second) // three syncs of the agent
+		for _, proto := range []string{"tcp", "udp"} {
+			mustAsk(t, pa, proto, out, 0, "outside", labNodeA)
+			mustAsk(t, pa, proto, out6, 0, "outside", labNodeA6)
+		}
+		if got := agentCIDRs(t, a); !slices.Equal(got, held) {
+			t.Errorf("peers file with %v: the agent holds %v, want %v as before", bad, got, held)
+		}
+		said := fmt.Sprintf("%q is a default route", slices.DeleteFunc(slices.Clone(bad), func(c string) bool { return c == labPodsB || c == labPodsB6 })[0])
+		for end := time.Now().Add(15 * time.Second); !strings.Contains(ag.Logs(), said); time.Sleep(200 * time.Millisecond) {
+			if time.Now().After(end) {
+				t.Fatalf("peers file with %v: the agent never said it refused it; log:\n%s", bad, ag.Logs())
+			}
+		}
+		waitPeerRoutes(t, a, 2)
+	}
 }
