@@ -10,6 +10,7 @@
 enum cni_dir __dir_unused __attribute__((unused));
 enum cni_reason __reason_unused __attribute__((unused));
 enum hp_stat __hp_stat_unused __attribute__((unused));
+enum hp_frag_stat __hp_frag_stat_unused __attribute__((unused));
 enum masq_stat __masq_stat_unused __attribute__((unused));
 enum ev_type __ev_type_unused __attribute__((unused));
 enum ev_prog __ev_prog_unused __attribute__((unused));

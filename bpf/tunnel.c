@@ -43,8 +43,9 @@ static __always_inline int tun_hostport(struct __sk_buff *skb, __u8 family)
 		proto = ip6->nexthdr;
 		ttl = ip6->hop_limit;
 	}
+	/* UDP may follow IPv6 extension headers (lib/hostport.h hp_ip6_chain). */
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP && proto != IPPROTO_FRAGMENT && proto != IPPROTO_ICMP &&
-	    proto != IPPROTO_ICMPV6)
+	    proto != IPPROTO_ICMPV6 && proto != IPPROTO_HOPOPTS && proto != IPPROTO_ROUTING && proto != IPPROTO_DSTOPTS)
 		return TCX_NEXT;
 	if (ttl <= 1 || !node_hooks_enabled())
 		return TCX_NEXT;

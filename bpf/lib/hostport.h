@@ -90,17 +90,75 @@ static __always_inline struct hostport_val *hostport_lookup(const void *addr, __
 #define HP_FRAG_TIMEOUT (30 * NSEC) /* as the kernel's reassembly (ipfrag_time) */
 #define HP_SUBPROG static __noinline __attribute__((unused))
 
+static __always_inline void hp_frag_count(__u32 what)
+{
+	__u64 *c = bpf_map_lookup_elem(&cni_hp_frag_stats, &what);
+
+	if (c)
+		*c += 1;
+}
+
 /*
- * f for a UDP fragment that flow_parse refused: a first fragment (offset
- * 0, more to come) with its ports, FLOW_FRAG_FIRST; a later one with the
+ * An IPv6 packet's headers as hostPort fragments need them: hop-by-hop,
+ * routing and destination options headers, before a fragment header (where
+ * other stacks and middleboxes put them, and Linux its hop-by-hop) or after
+ * it (Linux's destination options, IPV6_DSTOPTS), up to HP_IP6_EXT headers
+ * in all. The fragment header's identification and place in the datagram,
+ * and for a first fragment or a whole datagram the header after the chain
+ * (its offset, its protocol). Returns -1 for a truncated chain, one too
+ * long, or two fragment headers.
+ */
+#define HP_IP6_EXT 4
+#define HP6_L4OFF(c) ((__u32)(c) & 0xffff) /* the header after the chain; 0 in a later fragment */
+#define HP6_PROTO(c) ((__u8)((c) >> 16))   /* its protocol */
+#define HP6_FRAG(c) (((c) >> 24) & 3)      /* FLOW_FRAG_*, NONE for no (or an atomic) fragment header */
+#define HP6_SEEN (1 << 26)                 /* a fragment header was read: its identification is in *id */
+
+/* Packed in a return value, the identification written to *id (the
+ * caller's key): from_container's frame is at its limit, and this runs in
+ * subprograms whose frames add to it. */
+static __always_inline long hp_ip6_chain(struct __sk_buff *skb, __u8 nexthdr, __u32 *id)
+{
+	/* One variable in the packing of the result: fewer spills. */
+	long c = (long)nexthdr << 16 | (ETH_HLEN + sizeof(struct ipv6hdr));
+	__u8 h[4]; /* next header, length; a fragment header's next header, reserved, offset and M */
+
+#pragma unroll
+	for (int i = 0; i < HP_IP6_EXT; i++) {
+		__u8 nh = HP6_PROTO(c);
+
+		if (nh == IPPROTO_HOPOPTS || nh == IPPROTO_ROUTING || nh == IPPROTO_DSTOPTS) {
+			if (bpf_skb_load_bytes(skb, HP6_L4OFF(c), h, 2))
+				return -1;
+			c = (c & ~0xffffffL) | (long)h[0] << 16 | (HP6_L4OFF(c) + ((__u32)h[1] + 1) * 8);
+		} else if (nh == IPPROTO_FRAGMENT) {
+			if ((c & HP6_SEEN) || bpf_skb_load_bytes(skb, HP6_L4OFF(c), h, 4) ||
+			    bpf_skb_load_bytes(skb, HP6_L4OFF(c) + 4, id, 4))
+				return -1;
+			if ((h[2] << 5 | h[3] >> 3) != 0) /* what follows is the datagram's middle */
+				return HP6_SEEN | (long)FLOW_FRAG_LATER << 24;
+			/* an atomic fragment (offset 0, no more) is the whole datagram */
+			c = HP6_SEEN | (long)((h[3] & 1) ? FLOW_FRAG_FIRST : FLOW_FRAG_NONE) << 24 | (long)h[0] << 16 |
+			    (HP6_L4OFF(c) + 8);
+		} else {
+			break;
+		}
+	}
+	/* The offset fits its 16 bits: 54 + HP_IP6_EXT x 2048 at most. */
+	return c;
+}
+
+/*
+ * f for a UDP packet that flow_parse refused: a first fragment (offset 0,
+ * more to come) with its ports, FLOW_FRAG_FIRST; a later one with the
  * ports of its datagram's translated first fragment, FLOW_FRAG_LATER and
- * no L4 header (l4off 0). An IPv6 fragment header is read right after the
- * fixed header only (where Linux puts it for UDP). Returns 0, or -1 when
- * the packet is none of these: it goes on untouched.
+ * no L4 header (l4off 0); over IPv6, a whole datagram behind extension
+ * headers (FLOW_FRAG_NONE), which flow_parse6 does not walk (hp_ip6_chain).
+ * Returns 0, or -1 when the packet is none of these: it goes on untouched.
  */
 HP_SUBPROG int hp_frag_flow(struct __sk_buff *skb, __u8 family, struct flow *f)
 {
-	__u32 id;
+	struct hp_frag_key k = { .ifindex = skb->ifindex, .family = family, .proto = IPPROTO_UDP };
 	int later, more;
 
 	if (family == AF_INET) {
@@ -110,24 +168,25 @@ HP_SUBPROG int hp_frag_flow(struct __sk_buff *skb, __u8 family, struct flow *f)
 			return -1;
 		later = (ip->frag_off & bpf_htons(0x1fff)) != 0;
 		more = 1;
-		id = ip->id;
+		k.id = ip->id;
 		f->l4off = ETH_HLEN + ip->ihl * 4;
 		*(__be32 *)f->saddr = ip->saddr;
 		*(__be32 *)f->daddr = ip->daddr;
 	} else {
 		struct ipv6hdr *ip6 = pkt_ip6(skb);
-		__u8 h[8]; /* next header, reserved, offset and M, identification */
 
-		if (!ip6 || ip6->nexthdr != IPPROTO_FRAGMENT)
+		if (!ip6)
 			return -1;
 		__builtin_memcpy(f->saddr, &ip6->saddr, 16);
 		__builtin_memcpy(f->daddr, &ip6->daddr, 16);
-		if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(*ip6), h, 8) || h[0] != IPPROTO_UDP)
+		long c = hp_ip6_chain(skb, ip6->nexthdr, &k.id);
+		if (c < 0)
 			return -1;
-		later = (h[2] << 5 | h[3] >> 3) != 0;
-		more = h[3] & 1; /* an atomic fragment (offset 0, no more) is the whole datagram */
-		__builtin_memcpy(&id, &h[4], 4);
-		f->l4off = ETH_HLEN + sizeof(*ip6) + 8;
+		later = HP6_FRAG(c) == FLOW_FRAG_LATER;
+		if (!later && HP6_PROTO(c) != IPPROTO_UDP)
+			return -1;
+		more = HP6_FRAG(c) == FLOW_FRAG_FIRST;
+		f->l4off = HP6_L4OFF(c);
 	}
 	f->family = family;
 	f->proto = IPPROTO_UDP;
@@ -138,17 +197,22 @@ HP_SUBPROG int hp_frag_flow(struct __sk_buff *skb, __u8 family, struct flow *f)
 		return 0;
 	}
 
-	struct hp_frag_key k = { .ifindex = skb->ifindex, .id = id, .family = family, .proto = IPPROTO_UDP };
 	addr_copy(k.saddr, f->saddr, family);
 	addr_copy(k.daddr, f->daddr, family);
-	struct hp_frag_val *v = bpf_map_lookup_elem(&cni_hp_frags, &k);
-	if (!v || bpf_ktime_get_ns() - v->seen_ns >= HP_FRAG_TIMEOUT)
+	struct hp_frag_val *v = bpf_map_lookup_elem(&cni_hp_frag_notes, &k);
+	if (!v || bpf_ktime_get_ns() - v->seen_ns >= HP_FRAG_TIMEOUT) {
+		/* Overtaken, evicted, or no hostPort's: made visible, to a node
+		 * address only (a pod's fragments to elsewhere are no concern). */
+		if (is_node_ip(f->daddr, family))
+			hp_frag_count(HP_FRAG_NO_NOTE);
 		return -1;
+	}
 	f->sport = v->sport;
 	f->dport = v->dport;
 	f->syn_only = 0;
 	f->frag = FLOW_FRAG_LATER;
 	f->l4off = 0;
+	hp_frag_count(HP_FRAG_LATER);
 	return 0;
 }
 
@@ -166,12 +230,17 @@ HP_SUBPROG void hp_frag_note(struct __sk_buff *skb, const struct flow *f)
 		if (!ip)
 			return;
 		k.id = ip->id;
-	} else if (bpf_skb_load_bytes(skb, ETH_HLEN + sizeof(struct ipv6hdr) + 4, &k.id, 4)) {
-		return;
+	} else {
+		struct ipv6hdr *ip6 = pkt_ip6(skb);
+		long c = ip6 ? hp_ip6_chain(skb, ip6->nexthdr, &k.id) : -1;
+
+		if (c < 0 || !(c & HP6_SEEN))
+			return;
 	}
 	addr_copy(k.saddr, f->saddr, f->family);
 	addr_copy(k.daddr, f->daddr, f->family);
-	bpf_map_update_elem(&cni_hp_frags, &k, &v, BPF_ANY);
+	if (!bpf_map_update_elem(&cni_hp_frag_notes, &k, &v, BPF_ANY))
+		hp_frag_count(HP_FRAG_NOTED);
 }
 
 /* -------------------------------------------------------- packet NAT */

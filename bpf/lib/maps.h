@@ -18,7 +18,12 @@
 #define MAX_TUN_NODES 4096 /* node addresses (one per family of each node) */
 #define MAX_TUN_CIDRS 4096 /* pod CIDRs of other nodes */
 #define MAX_TUN_SELF 16 /* this node's listed addresses */
-#define MAX_HP_FRAGS 2048 /* hostPort datagrams in fragments at once (cni_hp_frags) */
+#define MAX_HP_FRAGS 2048 /* cni_hp_frags, which only the build before reads */
+/* hostPort datagrams in fragments at once (cni_hp_frag_notes): what the
+ * kernel's own reassembly can hold at its default ipfrag_high_thresh (4 MiB
+ * for IPv4 and as much for IPv6) of fragments no smaller than an skb's
+ * overhead (~550 bytes: 2 x 4 MiB / 550 = 15252), about 1.8 MiB of notes. */
+#define MAX_HP_FRAG_NOTES 16384
 #define MAX_AFTER_LINKS 256 /* uplinks and the tunnel device (cni_after_links) */
 #define AFTER_LINK_UPLINK 1 /* to_uplink runs on its egress */
 #define AFTER_LINK_TUNNEL 2 /* the tunnel device: cni_to_tunnel */
@@ -81,17 +86,39 @@ struct {
 	__type(value, struct ct_val);
 } cni_ct SEC(".maps");
 
-/* Fragmented UDP datagrams of hostPort flows whose first fragment was
- * translated: its ports, for the later fragments (lib/hostport.h). An
- * entry is needed only until the datagram's last fragment passed (the
- * kernel's reassembly gives up after 30 s): an LRU of fixed size, whose
- * eviction costs at most a datagram's later fragments. */
+/* The notes of the build before cni_hp_frag_notes (2048 entries): no
+ * program of this build reads it; it stays in the pin set for a rollback
+ * to that build, whose pins are checked for it (its shape never changes). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MAX_HP_FRAGS);
 	__type(key, struct hp_frag_key);
 	__type(value, struct hp_frag_val);
 } cni_hp_frags SEC(".maps");
+
+/* Fragmented UDP datagrams of hostPort flows whose first fragment was
+ * translated: its ports, for the later fragments (lib/hostport.h). An
+ * entry is needed only until the datagram's last fragment passed (the
+ * kernel's reassembly gives up after 30 s): an LRU, whose eviction costs
+ * at most a datagram's later fragments. Sized so that evicting a note in
+ * flight takes a flood that would fill the kernel's own reassembly memory
+ * too (MAX_HP_FRAG_NOTES); a map of its own, not cni_hp_frags resized: a
+ * pinned map keeps its shape within a layout (issue 24). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_HP_FRAG_NOTES);
+	__type(key, struct hp_frag_key);
+	__type(value, struct hp_frag_val);
+} cni_hp_frag_notes SEC(".maps");
+
+/* What happened to hostPort fragments, per CPU (enum hp_frag_stat): a map
+ * of its own because cni_hp_stats keeps the shape builds of layout 5 pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, __HP_FRAG_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} cni_hp_frag_stats SEC(".maps");
 
 /* The node's own addresses (key as cni_endpoints'); value: ifindex holding it. */
 struct {

@@ -306,6 +306,14 @@ enum hp_stat {
 	__HP_STAT_MAX,
 };
 
+/* Index of cni_hp_frag_stats: hostPort UDP fragments (lib/hostport.h). */
+enum hp_frag_stat {
+	HP_FRAG_NOTED = 0,    /* a first fragment translated: its ports noted for the later ones */
+	HP_FRAG_LATER = 1,    /* a later fragment that found its first fragment's ports (translated unless its flow went) */
+	HP_FRAG_NO_NOTE = 2,  /* a later UDP fragment to a node address that found no note (its first one not seen yet: overtaken; evicted; or never a hostPort's): on to the stack untranslated */
+	__HP_FRAG_STAT_MAX,
+};
+
 /* ------------------------------------------------------------ masquerade */
 
 /* Key of cni_cluster_cidrs (LPM trie): prefixlen counts the family byte and

@@ -30,6 +30,8 @@ const (
 	fromUplinkMapCniEvents         = "cni_events"
 	fromUplinkMapCniHostports      = "cni_hostports"
 	fromUplinkMapCniHpConfig       = "cni_hp_config"
+	fromUplinkMapCniHpFragNotes    = "cni_hp_frag_notes"
+	fromUplinkMapCniHpFragStats    = "cni_hp_frag_stats"
 	fromUplinkMapCniHpFrags        = "cni_hp_frags"
 	fromUplinkMapCniHpStats        = "cni_hp_stats"
 	fromUplinkMapCniLinks          = "cni_links"
@@ -125,6 +127,8 @@ type fromUplinkMapSpecs struct {
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpFragNotes    *ebpf.MapSpec `ebpf:"cni_hp_frag_notes"`
+	CniHpFragStats    *ebpf.MapSpec `ebpf:"cni_hp_frag_stats"`
 	CniHpFrags        *ebpf.MapSpec `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
@@ -196,6 +200,8 @@ type fromUplinkMaps struct {
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpFragNotes    *ebpf.Map `ebpf:"cni_hp_frag_notes"`
+	CniHpFragStats    *ebpf.Map `ebpf:"cni_hp_frag_stats"`
 	CniHpFrags        *ebpf.Map `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
@@ -243,6 +249,8 @@ func (m *fromUplinkMaps) Close() error {
 		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
+		m.CniHpFragNotes,
+		m.CniHpFragStats,
 		m.CniHpFrags,
 		m.CniHpStats,
 		m.CniLinks,

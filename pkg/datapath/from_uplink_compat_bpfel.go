@@ -30,6 +30,8 @@ const (
 	fromUplinkCompatMapCniEvents         = "cni_events"
 	fromUplinkCompatMapCniHostports      = "cni_hostports"
 	fromUplinkCompatMapCniHpConfig       = "cni_hp_config"
+	fromUplinkCompatMapCniHpFragNotes    = "cni_hp_frag_notes"
+	fromUplinkCompatMapCniHpFragStats    = "cni_hp_frag_stats"
 	fromUplinkCompatMapCniHpFrags        = "cni_hp_frags"
 	fromUplinkCompatMapCniHpStats        = "cni_hp_stats"
 	fromUplinkCompatMapCniLinks          = "cni_links"
@@ -125,6 +127,8 @@ type fromUplinkCompatMapSpecs struct {
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpFragNotes    *ebpf.MapSpec `ebpf:"cni_hp_frag_notes"`
+	CniHpFragStats    *ebpf.MapSpec `ebpf:"cni_hp_frag_stats"`
 	CniHpFrags        *ebpf.MapSpec `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
@@ -196,6 +200,8 @@ type fromUplinkCompatMaps struct {
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpFragNotes    *ebpf.Map `ebpf:"cni_hp_frag_notes"`
+	CniHpFragStats    *ebpf.Map `ebpf:"cni_hp_frag_stats"`
 	CniHpFrags        *ebpf.Map `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
@@ -243,6 +249,8 @@ func (m *fromUplinkCompatMaps) Close() error {
 		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
+		m.CniHpFragNotes,
+		m.CniHpFragStats,
 		m.CniHpFrags,
 		m.CniHpStats,
 		m.CniLinks,

@@ -3,6 +3,7 @@
 package datapath
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sort"
 	"testing"
@@ -30,7 +31,9 @@ func TestFragmentBudget(t *testing.T) {
 	must(t, putCT(dp.Maps, k, v))
 	payload := make([]byte, 32)
 
+	must(t, dp.Maps.HostPorts().Insert(maps.HostPort{IPv6: true, Proto: protoUDP, HostPort: 8080, PodIP: dstIP6, PodPort: 80, Ifindex: dstIfindex}))
 	in := udpSeg(clientIP, nodeIP, 40000, 8080, payload)
+	in6 := udpSeg(clientIP6, nodeIP6, 40000, 8080, payload)
 	out := udpSeg(podIP, dstIP, 70, 5555, payload)
 	type row struct {
 		name  string
@@ -45,6 +48,12 @@ func TestFragmentBudget(t *testing.T) {
 		{"hostPort reply, UDP datagram", dp.FromContainer, packet(podMAC, protoUDP, podIP, dstIP, 70, 5555, 0), actRedirect},
 		{"hostPort reply, UDP first fragment", dp.FromContainer, fragment(podMAC, podIP, dstIP, 9, 0, true, out[:16]), actRedirect},
 		{"hostPort reply, UDP later fragment", dp.FromContainer, fragment(podMAC, podIP, dstIP, 9, 2, false, out[16:]), actRedirect},
+		// IPv6, whose fragment header hp_ip6_chain finds (issue 24's
+		// hardening: behind other extension headers too).
+		{"hostPort in, IPv6 UDP first fragment", up, fragment(remoteMAC, clientIP6, nodeIP6, 7, 0, true, in6[:16]), actRedirect},
+		{"hostPort in, IPv6 UDP later fragment", up, fragment(remoteMAC, clientIP6, nodeIP6, 7, 2, false, in6[16:]), actRedirect},
+		{"hostPort in, IPv6 UDP first fragment behind a hop-by-hop header", up, withHopByHop(fragment(remoteMAC, clientIP6, nodeIP6, 8, 0, true, in6[:16])), actRedirect},
+		{"hostPort in, IPv6 UDP later fragment behind a hop-by-hop header", up, withHopByHop(fragment(remoteMAC, clientIP6, nodeIP6, 8, 2, false, in6[16:])), actRedirect},
 		// A later fragment of no translated datagram: the pod's own, to
 		// the stack as before, after its lookup.
 		{"pod's own later fragment (no hostPort flow)", dp.FromContainer, fragment(podMAC, podIP, dstIP, 11, 2, false, out[16:]), actOK},
@@ -73,4 +82,15 @@ func TestFragmentBudget(t *testing.T) {
 		sort.Float64s(means)
 		fmt.Printf("| %s | %.0f | %.0f | %.0f | %d x %d |\n", r.name, means[len(means)/2], means[0], means[len(means)-1], rounds, runs)
 	}
+}
+
+// withHopByHop puts a hop-by-hop options header (one PadN option) between
+// an IPv6 frame's fixed header and what followed it.
+func withHopByHop(f []byte) []byte {
+	const l3 = 14
+	out := append([]byte(nil), f[:l3+40]...)
+	hbh := []byte{out[l3+6], 0, 1, 4, 0, 0, 0, 0}
+	out[l3+6] = 0
+	binary.BigEndian.PutUint16(out[l3+4:], binary.BigEndian.Uint16(out[l3+4:])+8)
+	return append(append(out, hbh...), f[l3+40:]...)
 }

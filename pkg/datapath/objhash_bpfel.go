@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 524840, crc: 0x114f3c9c, sha: "fd783060ee9b"},
-	"from_container_compat": {size: 494528, crc: 0x96682d69, sha: "351e096b961e"},
-	"from_uplink":           {size: 363176, crc: 0x0db8b8ec, sha: "442b9cd2a5b4"},
-	"from_uplink_compat":    {size: 338088, crc: 0x8afb2529, sha: "24176c2cb5ea"},
-	"sock":                  {size: 171960, crc: 0x50331441, sha: "ecb2f8f43796"},
-	"sock_compat":           {size: 162488, crc: 0x19ef91a9, sha: "c79ea309de46"},
-	"sock_ops":              {size: 154832, crc: 0x0c9f56ad, sha: "f2aa93506e32"},
-	"to_container":          {size: 191024, crc: 0x192e5f7e, sha: "660c3552eebd"},
-	"to_container_compat":   {size: 176568, crc: 0x731c1f54, sha: "516edb1777e4"},
-	"to_uplink":             {size: 287912, crc: 0x811f692c, sha: "852face88299"},
-	"to_uplink_compat":      {size: 256904, crc: 0xe6015efe, sha: "7011a381f758"},
-	"tunnel":                {size: 313400, crc: 0xaf3ed917, sha: "b28b109ddfa0"},
+	"from_container":        {size: 539224, crc: 0x4c37a8e2, sha: "84cd37fb0d9e"},
+	"from_container_compat": {size: 508896, crc: 0xa584208a, sha: "f016e1aec979"},
+	"from_uplink":           {size: 377528, crc: 0x3815daf1, sha: "409899377c9e"},
+	"from_uplink_compat":    {size: 352440, crc: 0x41d6626d, sha: "e776265e1b51"},
+	"sock":                  {size: 172432, crc: 0xcde5ef82, sha: "9946c3145693"},
+	"sock_compat":           {size: 162952, crc: 0x1b7095f9, sha: "5580794a9a7b"},
+	"sock_ops":              {size: 155304, crc: 0x19feb6cc, sha: "eff029a7682f"},
+	"to_container":          {size: 191488, crc: 0xfc457dcf, sha: "791f22a49cbe"},
+	"to_container_compat":   {size: 177032, crc: 0x37aa18a5, sha: "b6171a6dc6da"},
+	"to_uplink":             {size: 288376, crc: 0xd3ac13ed, sha: "2272d75d2d54"},
+	"to_uplink_compat":      {size: 257368, crc: 0x60043847, sha: "2636716b1fb2"},
+	"tunnel":                {size: 327776, crc: 0xb1ba3621, sha: "035e1a9a470c"},
 }

@@ -30,6 +30,8 @@ const (
 	sockMapCniEvents         = "cni_events"
 	sockMapCniHostports      = "cni_hostports"
 	sockMapCniHpConfig       = "cni_hp_config"
+	sockMapCniHpFragNotes    = "cni_hp_frag_notes"
+	sockMapCniHpFragStats    = "cni_hp_frag_stats"
 	sockMapCniHpFrags        = "cni_hp_frags"
 	sockMapCniHpStats        = "cni_hp_stats"
 	sockMapCniLinks          = "cni_links"
@@ -139,6 +141,8 @@ type sockMapSpecs struct {
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpFragNotes    *ebpf.MapSpec `ebpf:"cni_hp_frag_notes"`
+	CniHpFragStats    *ebpf.MapSpec `ebpf:"cni_hp_frag_stats"`
 	CniHpFrags        *ebpf.MapSpec `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
@@ -210,6 +214,8 @@ type sockMaps struct {
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpFragNotes    *ebpf.Map `ebpf:"cni_hp_frag_notes"`
+	CniHpFragStats    *ebpf.Map `ebpf:"cni_hp_frag_stats"`
 	CniHpFrags        *ebpf.Map `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
@@ -257,6 +263,8 @@ func (m *sockMaps) Close() error {
 		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
+		m.CniHpFragNotes,
+		m.CniHpFragStats,
 		m.CniHpFrags,
 		m.CniHpStats,
 		m.CniLinks,

@@ -30,6 +30,8 @@ const (
 	toContainerMapCniEvents         = "cni_events"
 	toContainerMapCniHostports      = "cni_hostports"
 	toContainerMapCniHpConfig       = "cni_hp_config"
+	toContainerMapCniHpFragNotes    = "cni_hp_frag_notes"
+	toContainerMapCniHpFragStats    = "cni_hp_frag_stats"
 	toContainerMapCniHpFrags        = "cni_hp_frags"
 	toContainerMapCniHpStats        = "cni_hp_stats"
 	toContainerMapCniLinks          = "cni_links"
@@ -125,6 +127,8 @@ type toContainerMapSpecs struct {
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpFragNotes    *ebpf.MapSpec `ebpf:"cni_hp_frag_notes"`
+	CniHpFragStats    *ebpf.MapSpec `ebpf:"cni_hp_frag_stats"`
 	CniHpFrags        *ebpf.MapSpec `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
@@ -196,6 +200,8 @@ type toContainerMaps struct {
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpFragNotes    *ebpf.Map `ebpf:"cni_hp_frag_notes"`
+	CniHpFragStats    *ebpf.Map `ebpf:"cni_hp_frag_stats"`
 	CniHpFrags        *ebpf.Map `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
@@ -243,6 +249,8 @@ func (m *toContainerMaps) Close() error {
 		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
+		m.CniHpFragNotes,
+		m.CniHpFragStats,
 		m.CniHpFrags,
 		m.CniHpStats,
 		m.CniLinks,

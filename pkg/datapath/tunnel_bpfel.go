@@ -30,6 +30,8 @@ const (
 	tunnelMapCniEvents         = "cni_events"
 	tunnelMapCniHostports      = "cni_hostports"
 	tunnelMapCniHpConfig       = "cni_hp_config"
+	tunnelMapCniHpFragNotes    = "cni_hp_frag_notes"
+	tunnelMapCniHpFragStats    = "cni_hp_frag_stats"
 	tunnelMapCniHpFrags        = "cni_hp_frags"
 	tunnelMapCniHpStats        = "cni_hp_stats"
 	tunnelMapCniLinks          = "cni_links"
@@ -127,6 +129,8 @@ type tunnelMapSpecs struct {
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpFragNotes    *ebpf.MapSpec `ebpf:"cni_hp_frag_notes"`
+	CniHpFragStats    *ebpf.MapSpec `ebpf:"cni_hp_frag_stats"`
 	CniHpFrags        *ebpf.MapSpec `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
@@ -198,6 +202,8 @@ type tunnelMaps struct {
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpFragNotes    *ebpf.Map `ebpf:"cni_hp_frag_notes"`
+	CniHpFragStats    *ebpf.Map `ebpf:"cni_hp_frag_stats"`
 	CniHpFrags        *ebpf.Map `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
@@ -245,6 +251,8 @@ func (m *tunnelMaps) Close() error {
 		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
+		m.CniHpFragNotes,
+		m.CniHpFragStats,
 		m.CniHpFrags,
 		m.CniHpStats,
 		m.CniLinks,

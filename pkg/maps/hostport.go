@@ -38,7 +38,11 @@ var (
 	nameHPConfig  = mapName(&specNames.CniHpConfig)
 	nameSockRNAT  = mapName(&specNames.CniSockRnat)
 	nameHPStats   = mapName(&specNames.CniHpStats)
-	nameHPFrags   = mapName(&specNames.CniHpFrags) // optional within layout 5
+	nameHPFrags   = mapName(&specNames.CniHpFrags) // optional within layout 5; read by no program of this build
+	// The fragments' notes and counters, optional within layout 5: maps of
+	// their own so cni_hp_frags and cni_hp_stats keep the shape pinned.
+	nameHPFragNotes = mapName(&specNames.CniHpFragNotes)
+	nameHPFragStats = mapName(&specNames.CniHpFragStats)
 )
 
 // Flag values shared with the C side (#defines there, so not in BTF).
@@ -108,6 +112,13 @@ func (s HostPortStat) String() string {
 }
 
 const numHPStats = int(mapsObjHpStatHP_STAT_MAX)
+
+// hpFragStatNames name cni_hp_frag_stats' counters (enum hp_frag_stat) in Stats.
+var hpFragStatNames = map[mapsObjHpFragStat]string{
+	mapsObjHpFragStatHP_FRAG_NOTED:   "frag_noted",
+	mapsObjHpFragStatHP_FRAG_LATER:   "frag_later",
+	mapsObjHpFragStatHP_FRAG_NO_NOTE: "frag_no_note",
+}
 
 // HostPort is one entry of cni_hostports, decoded.
 type HostPort struct {
@@ -378,7 +389,29 @@ func (hp HostPorts) Stats() (map[string]uint64, error) {
 		}
 		out[HostPortStat(i).String()] = sum
 	}
-	return out, nil
+	return out, hp.fragStats(out)
+}
+
+// fragStats adds cni_hp_frag_stats' counters to out (none where an older
+// build of the layout pinned the maps without it).
+func (hp HostPorts) fragStats(out map[string]uint64) error {
+	m := hp.m.byName[nameHPFragStats]
+	if m == nil {
+		return nil
+	}
+	for k, name := range hpFragStatNames {
+		i := uint32(k)
+		var per []uint64
+		if err := m.Lookup(&i, &per); err != nil {
+			return fmt.Errorf("read %s: %w", nameHPFragStats, err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		out[name] = sum
+	}
+	return nil
 }
 
 // Prune removes the mappings, flows and socket entries of pods

@@ -313,6 +313,8 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: nameHostPorts, Type: ebpf.Hash, KeySize: 20, ValueSize: 24},
 		{Name: nameHPConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1},
 		{Name: nameHPFrags, Type: ebpf.LRUHash, KeySize: 44, ValueSize: 16, MaxEntries: 2048},
+		{Name: nameHPFragNotes, Type: ebpf.LRUHash, KeySize: 44, ValueSize: 16, MaxEntries: 16384},
+		{Name: nameHPFragStats, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 3},
 		{Name: nameHPStats, Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 11},
 		{Name: nameLinks, Type: ebpf.Hash, KeySize: 4, ValueSize: 16},
 		{Name: nameMasqConfig, Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 1},

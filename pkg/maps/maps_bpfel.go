@@ -249,6 +249,15 @@ type mapsObjHpFragKey struct {
 	Daddr   [16]uint8
 }
 
+type mapsObjHpFragStat uint32
+
+const (
+	mapsObjHpFragStatHP_FRAG_NOTED    mapsObjHpFragStat = 0
+	mapsObjHpFragStatHP_FRAG_LATER    mapsObjHpFragStat = 1
+	mapsObjHpFragStatHP_FRAG_NO_NOTE  mapsObjHpFragStat = 2
+	mapsObjHpFragStatHP_FRAG_STAT_MAX mapsObjHpFragStat = 3
+)
+
 type mapsObjHpFragVal struct {
 	_      structs.HostLayout
 	Sport  uint16
@@ -523,6 +532,8 @@ const (
 	mapsObjMapCniEvents         = "cni_events"
 	mapsObjMapCniHostports      = "cni_hostports"
 	mapsObjMapCniHpConfig       = "cni_hp_config"
+	mapsObjMapCniHpFragNotes    = "cni_hp_frag_notes"
+	mapsObjMapCniHpFragStats    = "cni_hp_frag_stats"
 	mapsObjMapCniHpFrags        = "cni_hp_frags"
 	mapsObjMapCniHpStats        = "cni_hp_stats"
 	mapsObjMapCniLinks          = "cni_links"
@@ -556,6 +567,7 @@ const (
 	mapsObjVarEvProgUnused      = "__ev_prog_unused"
 	mapsObjVarEvTypeUnused      = "__ev_type_unused"
 	mapsObjVarEventUnused       = "__event_unused"
+	mapsObjVarHpFragStatUnused  = "__hp_frag_stat_unused"
 	mapsObjVarHpStatUnused      = "__hp_stat_unused"
 	mapsObjVarMasqStatUnused    = "__masq_stat_unused"
 	mapsObjVarPolCtKeyUnused    = "__pol_ct_key_unused"
@@ -626,6 +638,8 @@ type mapsObjMapSpecs struct {
 	CniEvents         *ebpf.MapSpec `ebpf:"cni_events"`
 	CniHostports      *ebpf.MapSpec `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.MapSpec `ebpf:"cni_hp_config"`
+	CniHpFragNotes    *ebpf.MapSpec `ebpf:"cni_hp_frag_notes"`
+	CniHpFragStats    *ebpf.MapSpec `ebpf:"cni_hp_frag_stats"`
 	CniHpFrags        *ebpf.MapSpec `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.MapSpec `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.MapSpec `ebpf:"cni_links"`
@@ -665,6 +679,7 @@ type mapsObjVariableSpecs struct {
 	EvProgUnused     *ebpf.VariableSpec `ebpf:"__ev_prog_unused"`
 	EvTypeUnused     *ebpf.VariableSpec `ebpf:"__ev_type_unused"`
 	EventUnused      *ebpf.VariableSpec `ebpf:"__event_unused"`
+	HpFragStatUnused *ebpf.VariableSpec `ebpf:"__hp_frag_stat_unused"`
 	HpStatUnused     *ebpf.VariableSpec `ebpf:"__hp_stat_unused"`
 	MasqStatUnused   *ebpf.VariableSpec `ebpf:"__masq_stat_unused"`
 	PolCtKeyUnused   *ebpf.VariableSpec `ebpf:"__pol_ct_key_unused"`
@@ -707,6 +722,8 @@ type mapsObjMaps struct {
 	CniEvents         *ebpf.Map `ebpf:"cni_events"`
 	CniHostports      *ebpf.Map `ebpf:"cni_hostports"`
 	CniHpConfig       *ebpf.Map `ebpf:"cni_hp_config"`
+	CniHpFragNotes    *ebpf.Map `ebpf:"cni_hp_frag_notes"`
+	CniHpFragStats    *ebpf.Map `ebpf:"cni_hp_frag_stats"`
 	CniHpFrags        *ebpf.Map `ebpf:"cni_hp_frags"`
 	CniHpStats        *ebpf.Map `ebpf:"cni_hp_stats"`
 	CniLinks          *ebpf.Map `ebpf:"cni_links"`
@@ -754,6 +771,8 @@ func (m *mapsObjMaps) Close() error {
 		m.CniEvents,
 		m.CniHostports,
 		m.CniHpConfig,
+		m.CniHpFragNotes,
+		m.CniHpFragStats,
 		m.CniHpFrags,
 		m.CniHpStats,
 		m.CniLinks,
@@ -794,6 +813,7 @@ type mapsObjVariables struct {
 	EvProgUnused     *ebpf.Variable `ebpf:"__ev_prog_unused"`
 	EvTypeUnused     *ebpf.Variable `ebpf:"__ev_type_unused"`
 	EventUnused      *ebpf.Variable `ebpf:"__event_unused"`
+	HpFragStatUnused *ebpf.Variable `ebpf:"__hp_frag_stat_unused"`
 	HpStatUnused     *ebpf.Variable `ebpf:"__hp_stat_unused"`
 	MasqStatUnused   *ebpf.Variable `ebpf:"__masq_stat_unused"`
 	PolCtKeyUnused   *ebpf.Variable `ebpf:"__pol_ct_key_unused"`

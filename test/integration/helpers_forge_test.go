@@ -12,6 +12,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // TCP flags of forged segments.
@@ -98,7 +99,27 @@ func linkMAC(t *testing.T, netns ns.NetNS, name string) net.HardwareAddr {
 // with a raw socket on that link can.
 func sendFrames(t *testing.T, netns ns.NetNS, name string, frames [][]byte) {
 	t.Helper()
+	sendFramesCPU(t, netns, name, frames, -1)
+}
+
+// sendFramesCPU is sendFrames from a thread on cpu (-1: any), so that the
+// node's programs handle them all on that CPU (a veth delivers to its peer
+// on the sender's CPU): what per-CPU state (an LRU's local lists) makes of
+// packets can then be tested.
+func sendFramesCPU(t *testing.T, netns ns.NetNS, name string, frames [][]byte, cpu int) {
+	t.Helper()
 	err := netns.Do(func(ns.NetNS) error {
+		if cpu >= 0 {
+			var was, set unix.CPUSet
+			if err := unix.SchedGetaffinity(0, &was); err != nil {
+				return err
+			}
+			set.Set(cpu)
+			if err := unix.SchedSetaffinity(0, &set); err != nil {
+				return err
+			}
+			defer unix.SchedSetaffinity(0, &was)
+		}
 		l, err := netlink.LinkByName(name)
 		if err != nil {
 			return err

@@ -159,3 +159,43 @@ func TestTunnelHostPortUDPFragmented(t *testing.T) {
 		}
 	}
 }
+
+// TestTunnelHostPortUDP6ExtensionHeaders: as TestTunnelHostPortUDPFragmented,
+// IPv6, pod 3's datagrams (100 and 4000 bytes) carrying a hop-by-hop and a
+// destination options header to node 1's hostPort through the tunnel, and
+// the answers of a hostPort pod whose socket puts both on them. Before,
+// cni_from_tunnel let only TCP, UDP, a fragment header and ICMP reach the
+// hostPort code (and hp_frag_flow walked no extension header): none was
+// echoed.
+func TestTunnelHostPortUDP6ExtensionHeaders(t *testing.T) {
+	lab := newTunLab6(t)
+	n1, n3 := lab.nodes[0], lab.nodes[2]
+	lab.nodesInCluster(true)
+	startTunAgents(t, lab)
+	p3, _ := n3.RunPod("ext3")
+	hp1, hq1 := n1.NewPod(), n1.NewPod()
+	n1.CleanupDel(hp1, "ext1")
+	n1.CleanupDel(hq1, "extq1")
+	n1.MustAddHP(hp1, "ext1", testenv.PM{HostPort: 11357, ContainerPort: 5357, Protocol: "udp"})
+	n1.MustAddHP(hq1, "extq1", testenv.PM{HostPort: 11358, ContainerPort: 5358, Protocol: "udp"})
+	testenv.WaitIPv6Ready(t, hp1)
+	testenv.WaitIPv6Ready(t, hq1)
+	testenv.WaitIPv6Ready(t, p3)
+	serveUDPEcho(t, hp1, 5357)
+	serveUDP6EchoOpts(t, hq1, 5358, ip6OptsSock(true, true))
+	for _, size := range []int{100, 4000} {
+		for _, c := range []struct {
+			what   string
+			port   int
+			client func(int) error
+		}{
+			{"both headers", 11357, ip6OptsSock(true, true)},
+			{"answered with both headers", 11358, func(int) error { return nil }},
+		} {
+			addr := hp(tunNode6[0], c.port)
+			if err := echoUDP6Opts(p3, addr, size, 10, c.client); err != nil {
+				t.Errorf("pod 3, %d bytes, %s, to hostPort %s through the tunnel: %v", size, c.what, addr, err)
+			}
+		}
+	}
+}
