@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 524840, crc: 0x114f3c9c, sha: "fd783060ee9b"},
-	"from_container_compat": {size: 494528, crc: 0x96682d69, sha: "351e096b961e"},
-	"from_uplink":           {size: 363176, crc: 0x0db8b8ec, sha: "442b9cd2a5b4"},
-	"from_uplink_compat":    {size: 338088, crc: 0x8afb2529, sha: "24176c2cb5ea"},
-	"sock":                  {size: 171960, crc: 0x50331441, sha: "ecb2f8f43796"},
-	"sock_compat":           {size: 162488, crc: 0x19ef91a9, sha: "c79ea309de46"},
-	"sock_ops":              {size: 154832, crc: 0x0c9f56ad, sha: "f2aa93506e32"},
-	"to_container":          {size: 191024, crc: 0x192e5f7e, sha: "660c3552eebd"},
-	"to_container_compat":   {size: 176568, crc: 0x731c1f54, sha: "516edb1777e4"},
-	"to_uplink":             {size: 287912, crc: 0x811f692c, sha: "852face88299"},
-	"to_uplink_compat":      {size: 256904, crc: 0xe6015efe, sha: "7011a381f758"},
-	"tunnel":                {size: 313400, crc: 0xaf3ed917, sha: "b28b109ddfa0"},
+	"from_container":        {size: 525200, crc: 0x1fb5ff54, sha: "a65b20ba3ca2"},
+	"from_container_compat": {size: 494872, crc: 0xdc6c857e, sha: "111afc08d720"},
+	"from_uplink":           {size: 364936, crc: 0xdc997511, sha: "a90615aebcf6"},
+	"from_uplink_compat":    {size: 339856, crc: 0xed0bcc7b, sha: "383bff608564"},
+	"sock":                  {size: 172320, crc: 0x1d7d7285, sha: "8caeb5d886af"},
+	"sock_compat":           {size: 162840, crc: 0xfa0293a9, sha: "e416f2618cb0"},
+	"sock_ops":              {size: 155192, crc: 0x1548110b, sha: "9350b4c9a2e8"},
+	"to_container":          {size: 191376, crc: 0xbd42b62a, sha: "771139933eac"},
+	"to_container_compat":   {size: 176920, crc: 0xd0d40fca, sha: "3499e16d7729"},
+	"to_uplink":             {size: 288272, crc: 0x5de0f586, sha: "1e1802411b7c"},
+	"to_uplink_compat":      {size: 257264, crc: 0xc9f24632, sha: "a5e9c8a44e8b"},
+	"tunnel":                {size: 313760, crc: 0x3d73f4a6, sha: "78aeaf7acc32"},
 }

@@ -57,6 +57,7 @@ const (
 	tunnelMapCniStackFlows     = "cni_stack_flows"
 	tunnelMapCniStats          = "cni_stats"
 	tunnelMapCniTunCidrs       = "cni_tun_cidrs"
+	tunnelMapCniTunHops        = "cni_tun_hops"
 	tunnelMapCniTunNodes       = "cni_tun_nodes"
 	tunnelMapCniTunSelf        = "cni_tun_self"
 	tunnelProgCniFromTunnel    = "cni_from_tunnel"
@@ -154,6 +155,7 @@ type tunnelMapSpecs struct {
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.MapSpec `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
@@ -225,6 +227,7 @@ type tunnelMaps struct {
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.Map `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
@@ -272,6 +275,7 @@ func (m *tunnelMaps) Close() error {
 		m.CniStackFlows,
 		m.CniStats,
 		m.CniTunCidrs,
+		m.CniTunHops,
 		m.CniTunNodes,
 		m.CniTunSelf,
 	)

@@ -27,10 +27,11 @@ var (
 // build's DEL still tears its pods down). No older program reads them.
 // cni_after_links (afterlinks.go) and cni_node_ips_gone (nodeipsgone.go)
 // were added to layout 4 so, cni_sf_pool, cni_sf_slots (sfpool.go),
-// cni_tun_self (tunnel.go), cni_ev_hot (events.go) and cni_hp_frags
-// (hostport.go) to layout 5.
+// cni_tun_self (tunnel.go), cni_ev_hot (events.go), cni_hp_frags
+// (hostport.go) and cni_tun_hops (tunnel.go) to layout 5.
 var optionalMaps = map[string]bool{nameMasqPods: true, nameMasqQuota: true, nameMasqKeys: true, nameAfterLinks: true,
-	nameNodeIPsGone: true, nameTunSelf: true, nameSFPool: true, nameSFSlots: true, nameEvHot: true, nameHPFrags: true}
+	nameNodeIPsGone: true, nameTunSelf: true, nameSFPool: true, nameSFSlots: true, nameEvHot: true, nameHPFrags: true,
+	nameTunHops: true}
 
 // lruSpareFlows is how many flows cni_snat keeps free so that its LRU
 // never evicts: the kernel's LRU hash moves free entries to each CPU in
