@@ -6,7 +6,7 @@
 package ebpfcni
 
 // Map specs of bpf/lib/maps.h and Go twins of the C structs in bpf/lib/types.h.
-//go:generate go tool bpf2go -go-package maps -output-dir pkg/maps -output-stem maps -target bpfel -type ep_key -type ep_info -type link_info -type stats_key -type stats_val -type bw_key -type bw_state -type netns_info -type hostport_key -type hostport_val -type ct_key -type ct_val -type hp_config -type sock_rnat_key -type sock_rnat_val -type cidr_key -type cidr_ref_key -type snat_key -type snat_val -type masq_config -type masq_share_key -type masq_pod_val -type masq_quota -type masq_keys -type sf_key -type sf_val -type ev_config -type ev_cpu -type ev_flow_key -type ev_flow_val -type tun_peer -type hp_frag_key -type hp_frag_val mapsObj bpf/maps.c
+//go:generate go tool bpf2go -go-package maps -output-dir pkg/maps -output-stem maps -target bpfel -type ep_key -type ep_info -type link_info -type stats_key -type stats_val -type bw_key -type bw_state -type netns_info -type hostport_key -type hostport_val -type ct_key -type ct_val -type hp_config -type sock_rnat_key -type sock_rnat_val -type cidr_key -type cidr_ref_key -type snat_key -type snat_val -type masq_config -type masq_share_key -type masq_pod_val -type masq_quota -type masq_keys -type sf_key -type sf_val -type ev_config -type ev_cpu -type ev_flow_key -type ev_flow_val -type tun_peer -type hp_frag_key -type hp_frag_val -type tun_hop_key -type tun_hop_val mapsObj bpf/maps.c
 
 // One object per attach point.
 //go:generate go tool bpf2go -go-package datapath -output-dir pkg/datapath -output-stem from_container -target bpfel -no-global-types fromContainer bpf/from_container.c

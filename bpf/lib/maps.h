@@ -18,6 +18,7 @@
 #define MAX_TUN_NODES 4096 /* node addresses (one per family of each node) */
 #define MAX_TUN_CIDRS 4096 /* pod CIDRs of other nodes */
 #define MAX_TUN_SELF 16 /* this node's listed addresses */
+#define MAX_TUN_HOPS 1024 /* remembered next hops toward nodes (cni_tun_hops) */
 #define MAX_HP_FRAGS 2048 /* cni_hp_frags, which only the build before reads */
 /* hostPort datagrams in fragments at once (cni_hp_frag_notes): what the
  * kernel's own reassembly can hold at its default ipfrag_high_thresh (4 MiB
@@ -457,6 +458,17 @@ struct {
 	__type(key, struct ep_key);
 	__type(value, __u32);
 } cni_tun_self SEC(".maps");
+
+/* The outer-MAC check's recent answers (lib/tunnel.h, tun_hop_check): the
+ * MAC bpf_fib_lookup found as next hop toward a node, by the uplink and
+ * the addresses asked, kept TUN_HOP_TTL_NS. Written by the programs; an
+ * LRU of fixed size (an eviction costs one FIB lookup). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_TUN_HOPS);
+	__type(key, struct tun_hop_key);
+	__type(value, struct tun_hop_val);
+} cni_tun_hops SEC(".maps");
 
 /* ------------------------------------------------- judged after the stack */
 

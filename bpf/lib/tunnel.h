@@ -410,26 +410,70 @@ TUN_SUBPROG int tun_from_pod_forwarded(struct __sk_buff *skb, __u8 family, __u32
  * been sent by the next hop toward that node: its Ethernet source must be
  * the MAC this node would send to that address through (the node's own on
  * a shared subnet, the gateway's for a routed one), as bpf_fib_lookup
- * finds it now, on the link it came in by. A host on the link forging a
+ * finds it, on the link it came in by. A host on the link forging a
  * node's address from its own MAC is TUN_HOP_BAD; so are no route, a next
  * hop not resolved (the agent keeps it resolved: pkg/agent/tunnelhops.go)
- * and another link. One FIB lookup per tunnel datagram from a node, the
- * lookup rp_filter makes for every packet; nothing is cached that a
- * neighbour change would make stale. TUN_HOP_OK: a genuine node's, which
- * goes straight to the stack's tunnel socket (no hostPort mapping of the
- * tunnel port takes it).
+ * and another link. TUN_HOP_OK: a genuine node's, which goes straight to
+ * the stack's tunnel socket (no hostPort mapping of the tunnel port takes
+ * it).
+ *
+ * The FIB lookup (with the node's rules: the agent's table 199 rule makes
+ * it walk them) cost as much as the rest of from_uplink, for every
+ * datagram, ACKs included; its answer for a node changes only with a
+ * route or a neighbour. So a MAC it found is remembered (cni_tun_hops, by
+ * link and addresses) for TUN_HOP_TTL_NS, and a datagram from that MAC
+ * within it passes without asking again. Only a match is taken from there:
+ * any other MAC is asked of the FIB, as before, so nothing is refused
+ * that the FIB would accept, and what the FIB would refuse passes only
+ * from the MAC it gave up to TUN_HOP_TTL_NS after a route or neighbour
+ * changed (the kernel's own neighbour entry is trusted for seconds).
  */
 #define TUN_HOP_NONE 0 /* no tunnel datagram claiming a node */
 #define TUN_HOP_OK 1
 #define TUN_HOP_BAD 2
+#define TUN_HOP_TTL_NS 100000000ULL /* 100 ms */
+
+/* Whether smac is the next hop toward the node at k->saddr as the FIB
+ * says it (and remember the answer), or as it said less than
+ * TUN_HOP_TTL_NS ago. from_uplink is near the verifier's 512-byte stack:
+ * the lookup's parameters are the new entry's buffer afterwards. */
+static __always_inline int tun_hop_mac_ok(struct __sk_buff *skb, const struct tun_hop_key *k, const __u8 *smac)
+{
+	__u8 hop[8] __attribute__((aligned(4))); /* mac_equal reads words */
+	struct bpf_fib_lookup p __attribute__((aligned(8))) = {};
+	__u64 now = bpf_ktime_get_ns();
+
+	struct tun_hop_val *v = bpf_map_lookup_elem(&cni_tun_hops, k);
+	if (v && now - v->seen_ns < TUN_HOP_TTL_NS && mac_equal(smac, v->mac))
+		return 1;
+	p.family = k->family;
+	p.ifindex = skb->ifindex;
+	if (k->family == AF_INET) {
+		__builtin_memcpy(&p.ipv4_src, k->daddr, 4);
+		__builtin_memcpy(&p.ipv4_dst, k->saddr, 4);
+	} else {
+		__builtin_memcpy(p.ipv6_src, k->daddr, 16);
+		__builtin_memcpy(p.ipv6_dst, k->saddr, 16);
+	}
+	if (bpf_fib_lookup(skb, &p, sizeof(p), 0) != BPF_FIB_LKUP_RET_SUCCESS || p.ifindex != skb->ifindex)
+		return 0;
+	__builtin_memcpy(hop, p.dmac, 6);
+	if (!mac_equal(smac, hop))
+		return 0;
+	struct tun_hop_val *nv = (struct tun_hop_val *)&p;
+	nv->seen_ns = now;
+	__builtin_memcpy(nv->mac, hop, 6);
+	nv->pad[0] = nv->pad[1] = 0;
+	bpf_map_update_elem(&cni_tun_hops, k, nv, BPF_ANY);
+	return 1;
+}
 
 TUN_SUBPROG int tun_hop_check(struct __sk_buff *skb, __u8 family)
 {
-	__u8 saddr[16] = {}, daddr[16] = {};
-	__u8 smac[8] __attribute__((aligned(4))), hop[8] __attribute__((aligned(4))); /* mac_equal reads words */
-	struct bpf_fib_lookup p = {};
+	struct tun_hop_key k = { .ifindex = skb->ifindex, .family = family };
+	__u8 smac[8] __attribute__((aligned(4))); /* mac_equal reads words */
 
-	if (!tun_dgram(skb, family, saddr, daddr) || !tun_node_of(saddr, family))
+	if (!tun_dgram(skb, family, k.saddr, k.daddr) || !tun_node_of(k.saddr, family))
 		return TUN_HOP_NONE;
 	/* Turned off for underlays whose genuine datagrams come from another
 	 * MAC than the next hop's (docs/tunnel.md): weaker, any host on the
@@ -437,21 +481,9 @@ TUN_SUBPROG int tun_hop_check(struct __sk_buff *skb, __u8 family)
 	struct hp_config *c = node_config();
 	if (c && (c->flags & HP_CFG_TUN_NO_MAC))
 		return TUN_HOP_OK;
-	p.family = family;
-	p.ifindex = skb->ifindex;
-	if (family == AF_INET) {
-		__builtin_memcpy(&p.ipv4_src, daddr, 4);
-		__builtin_memcpy(&p.ipv4_dst, saddr, 4);
-	} else {
-		__builtin_memcpy(p.ipv6_src, daddr, 16);
-		__builtin_memcpy(p.ipv6_dst, saddr, 16);
-	}
-	if (bpf_fib_lookup(skb, &p, sizeof(p), 0) != BPF_FIB_LKUP_RET_SUCCESS || p.ifindex != skb->ifindex)
-		return TUN_HOP_BAD;
 	if (bpf_skb_load_bytes(skb, offsetof(struct ethhdr, h_source), smac, 6))
 		return TUN_HOP_BAD;
-	__builtin_memcpy(hop, p.dmac, 6);
-	return mac_equal(smac, hop) ? TUN_HOP_OK : TUN_HOP_BAD;
+	return tun_hop_mac_ok(skb, &k, smac) ? TUN_HOP_OK : TUN_HOP_BAD;
 }
 
 /*

@@ -692,6 +692,23 @@ struct tun_peer {
 	__u8 addr[16]; /* IPv4 in the first 4 bytes */
 };
 
+/* A FIB answer of the outer-MAC check (cni_tun_hops): the next hop's MAC
+ * toward saddr (a node) from daddr (this node's address the datagram was
+ * sent to), on ifindex, and when it was found. */
+struct tun_hop_key {
+	__u32 ifindex;
+	__u8 family;
+	__u8 pad[3];
+	__u8 saddr[16];
+	__u8 daddr[16];
+};
+
+struct tun_hop_val {
+	__u64 seen_ns;
+	__u8 mac[6];
+	__u8 pad[2];
+};
+
 /* The agent routes this CIDR into the tunnel (not directly, as hybrid mode
  * does a node of this node's subnet): its addresses arrive only
  * decapsulated, and from_uplink drops one in the clear. Set, not a

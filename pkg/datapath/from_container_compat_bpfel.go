@@ -59,6 +59,7 @@ const (
 	fromContainerCompatMapCniStackFlows     = "cni_stack_flows"
 	fromContainerCompatMapCniStats          = "cni_stats"
 	fromContainerCompatMapCniTunCidrs       = "cni_tun_cidrs"
+	fromContainerCompatMapCniTunHops        = "cni_tun_hops"
 	fromContainerCompatMapCniTunNodes       = "cni_tun_nodes"
 	fromContainerCompatMapCniTunSelf        = "cni_tun_self"
 	fromContainerCompatProgCniFromContainer = "cni_from_container"
@@ -156,6 +157,7 @@ type fromContainerCompatMapSpecs struct {
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.MapSpec `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
@@ -229,6 +231,7 @@ type fromContainerCompatMaps struct {
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.Map `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
@@ -278,6 +281,7 @@ func (m *fromContainerCompatMaps) Close() error {
 		m.CniStackFlows,
 		m.CniStats,
 		m.CniTunCidrs,
+		m.CniTunHops,
 		m.CniTunNodes,
 		m.CniTunSelf,
 	)

@@ -59,6 +59,7 @@ const (
 	fromUplinkMapCniStackFlows     = "cni_stack_flows"
 	fromUplinkMapCniStats          = "cni_stats"
 	fromUplinkMapCniTunCidrs       = "cni_tun_cidrs"
+	fromUplinkMapCniTunHops        = "cni_tun_hops"
 	fromUplinkMapCniTunNodes       = "cni_tun_nodes"
 	fromUplinkMapCniTunSelf        = "cni_tun_self"
 	fromUplinkProgCniFromUplink    = "cni_from_uplink"
@@ -156,6 +157,7 @@ type fromUplinkMapSpecs struct {
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.MapSpec `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
@@ -229,6 +231,7 @@ type fromUplinkMaps struct {
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.Map `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
@@ -278,6 +281,7 @@ func (m *fromUplinkMaps) Close() error {
 		m.CniStackFlows,
 		m.CniStats,
 		m.CniTunCidrs,
+		m.CniTunHops,
 		m.CniTunNodes,
 		m.CniTunSelf,
 	)

@@ -59,6 +59,7 @@ const (
 	fromUplinkCompatMapCniStackFlows     = "cni_stack_flows"
 	fromUplinkCompatMapCniStats          = "cni_stats"
 	fromUplinkCompatMapCniTunCidrs       = "cni_tun_cidrs"
+	fromUplinkCompatMapCniTunHops        = "cni_tun_hops"
 	fromUplinkCompatMapCniTunNodes       = "cni_tun_nodes"
 	fromUplinkCompatMapCniTunSelf        = "cni_tun_self"
 	fromUplinkCompatProgCniFromUplink    = "cni_from_uplink"
@@ -156,6 +157,7 @@ type fromUplinkCompatMapSpecs struct {
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.MapSpec `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
@@ -229,6 +231,7 @@ type fromUplinkCompatMaps struct {
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.Map `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
@@ -278,6 +281,7 @@ func (m *fromUplinkCompatMaps) Close() error {
 		m.CniStackFlows,
 		m.CniStats,
 		m.CniTunCidrs,
+		m.CniTunHops,
 		m.CniTunNodes,
 		m.CniTunSelf,
 	)

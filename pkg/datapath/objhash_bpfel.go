@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 539224, crc: 0x4c37a8e2, sha: "84cd37fb0d9e"},
-	"from_container_compat": {size: 508896, crc: 0xa584208a, sha: "f016e1aec979"},
-	"from_uplink":           {size: 377528, crc: 0x3815daf1, sha: "409899377c9e"},
-	"from_uplink_compat":    {size: 352440, crc: 0x41d6626d, sha: "e776265e1b51"},
-	"sock":                  {size: 172432, crc: 0xcde5ef82, sha: "9946c3145693"},
-	"sock_compat":           {size: 162952, crc: 0x1b7095f9, sha: "5580794a9a7b"},
-	"sock_ops":              {size: 155304, crc: 0x19feb6cc, sha: "eff029a7682f"},
-	"to_container":          {size: 191488, crc: 0xfc457dcf, sha: "791f22a49cbe"},
-	"to_container_compat":   {size: 177032, crc: 0x37aa18a5, sha: "b6171a6dc6da"},
-	"to_uplink":             {size: 288376, crc: 0xd3ac13ed, sha: "2272d75d2d54"},
-	"to_uplink_compat":      {size: 257368, crc: 0x60043847, sha: "2636716b1fb2"},
-	"tunnel":                {size: 327776, crc: 0xb1ba3621, sha: "035e1a9a470c"},
+	"from_container":        {size: 539576, crc: 0x680d4a76, sha: "49d9f8db5b09"},
+	"from_container_compat": {size: 509256, crc: 0x2b60a5ab, sha: "c39b04e7eab5"},
+	"from_uplink":           {size: 379280, crc: 0xe63e55ed, sha: "60ddd97dc94d"},
+	"from_uplink_compat":    {size: 354200, crc: 0xf2d3682e, sha: "53a6663a3ec6"},
+	"sock":                  {size: 172784, crc: 0x34af25d8, sha: "c3d3a7694d13"},
+	"sock_compat":           {size: 163312, crc: 0x63b02160, sha: "0b19df2205f5"},
+	"sock_ops":              {size: 155664, crc: 0x7c31c7ed, sha: "a3cc4163d51c"},
+	"to_container":          {size: 191848, crc: 0x73e725f8, sha: "530eaee561b5"},
+	"to_container_compat":   {size: 177392, crc: 0xeb0b6f75, sha: "411e68bdd3a9"},
+	"to_uplink":             {size: 288736, crc: 0x0bcc7a07, sha: "399f18e7d469"},
+	"to_uplink_compat":      {size: 257728, crc: 0x8f1608de, sha: "ba18c1b929dc"},
+	"tunnel":                {size: 328128, crc: 0x83577ad7, sha: "35809e14567c"},
 }

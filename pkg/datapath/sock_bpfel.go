@@ -59,6 +59,7 @@ const (
 	sockMapCniStackFlows     = "cni_stack_flows"
 	sockMapCniStats          = "cni_stats"
 	sockMapCniTunCidrs       = "cni_tun_cidrs"
+	sockMapCniTunHops        = "cni_tun_hops"
 	sockMapCniTunNodes       = "cni_tun_nodes"
 	sockMapCniTunSelf        = "cni_tun_self"
 	sockProgCniSockConnect4  = "cni_sock_connect4"
@@ -170,6 +171,7 @@ type sockMapSpecs struct {
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.MapSpec `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
@@ -243,6 +245,7 @@ type sockMaps struct {
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.Map `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
@@ -292,6 +295,7 @@ func (m *sockMaps) Close() error {
 		m.CniStackFlows,
 		m.CniStats,
 		m.CniTunCidrs,
+		m.CniTunHops,
 		m.CniTunNodes,
 		m.CniTunSelf,
 	)

@@ -59,6 +59,7 @@ const (
 	sockCompatMapCniStackFlows     = "cni_stack_flows"
 	sockCompatMapCniStats          = "cni_stats"
 	sockCompatMapCniTunCidrs       = "cni_tun_cidrs"
+	sockCompatMapCniTunHops        = "cni_tun_hops"
 	sockCompatMapCniTunNodes       = "cni_tun_nodes"
 	sockCompatMapCniTunSelf        = "cni_tun_self"
 	sockCompatProgCniSockConnect4  = "cni_sock_connect4"
@@ -170,6 +171,7 @@ type sockCompatMapSpecs struct {
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.MapSpec `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
@@ -243,6 +245,7 @@ type sockCompatMaps struct {
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.Map `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
@@ -292,6 +295,7 @@ func (m *sockCompatMaps) Close() error {
 		m.CniStackFlows,
 		m.CniStats,
 		m.CniTunCidrs,
+		m.CniTunHops,
 		m.CniTunNodes,
 		m.CniTunSelf,
 	)

@@ -59,6 +59,7 @@ const (
 	sockOpsMapCniStackFlows     = "cni_stack_flows"
 	sockOpsMapCniStats          = "cni_stats"
 	sockOpsMapCniTunCidrs       = "cni_tun_cidrs"
+	sockOpsMapCniTunHops        = "cni_tun_hops"
 	sockOpsMapCniTunNodes       = "cni_tun_nodes"
 	sockOpsMapCniTunSelf        = "cni_tun_self"
 	sockOpsProgCniSockOps       = "cni_sock_ops"
@@ -156,6 +157,7 @@ type sockOpsMapSpecs struct {
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.MapSpec `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
@@ -229,6 +231,7 @@ type sockOpsMaps struct {
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.Map `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
@@ -278,6 +281,7 @@ func (m *sockOpsMaps) Close() error {
 		m.CniStackFlows,
 		m.CniStats,
 		m.CniTunCidrs,
+		m.CniTunHops,
 		m.CniTunNodes,
 		m.CniTunSelf,
 	)

@@ -59,6 +59,7 @@ const (
 	toContainerMapCniStackFlows     = "cni_stack_flows"
 	toContainerMapCniStats          = "cni_stats"
 	toContainerMapCniTunCidrs       = "cni_tun_cidrs"
+	toContainerMapCniTunHops        = "cni_tun_hops"
 	toContainerMapCniTunNodes       = "cni_tun_nodes"
 	toContainerMapCniTunSelf        = "cni_tun_self"
 	toContainerProgCniToContainer   = "cni_to_container"
@@ -156,6 +157,7 @@ type toContainerMapSpecs struct {
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.MapSpec `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
@@ -229,6 +231,7 @@ type toContainerMaps struct {
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.Map `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
@@ -278,6 +281,7 @@ func (m *toContainerMaps) Close() error {
 		m.CniStackFlows,
 		m.CniStats,
 		m.CniTunCidrs,
+		m.CniTunHops,
 		m.CniTunNodes,
 		m.CniTunSelf,
 	)

@@ -59,6 +59,7 @@ const (
 	toContainerCompatMapCniStackFlows     = "cni_stack_flows"
 	toContainerCompatMapCniStats          = "cni_stats"
 	toContainerCompatMapCniTunCidrs       = "cni_tun_cidrs"
+	toContainerCompatMapCniTunHops        = "cni_tun_hops"
 	toContainerCompatMapCniTunNodes       = "cni_tun_nodes"
 	toContainerCompatMapCniTunSelf        = "cni_tun_self"
 	toContainerCompatProgCniToContainer   = "cni_to_container"
@@ -156,6 +157,7 @@ type toContainerCompatMapSpecs struct {
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.MapSpec `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
@@ -229,6 +231,7 @@ type toContainerCompatMaps struct {
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.Map `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
@@ -278,6 +281,7 @@ func (m *toContainerCompatMaps) Close() error {
 		m.CniStackFlows,
 		m.CniStats,
 		m.CniTunCidrs,
+		m.CniTunHops,
 		m.CniTunNodes,
 		m.CniTunSelf,
 	)

@@ -59,6 +59,7 @@ const (
 	toUplinkMapCniStackFlows     = "cni_stack_flows"
 	toUplinkMapCniStats          = "cni_stats"
 	toUplinkMapCniTunCidrs       = "cni_tun_cidrs"
+	toUplinkMapCniTunHops        = "cni_tun_hops"
 	toUplinkMapCniTunNodes       = "cni_tun_nodes"
 	toUplinkMapCniTunSelf        = "cni_tun_self"
 	toUplinkProgCniToUplink      = "cni_to_uplink"
@@ -156,6 +157,7 @@ type toUplinkMapSpecs struct {
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.MapSpec `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
@@ -229,6 +231,7 @@ type toUplinkMaps struct {
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.Map `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
@@ -278,6 +281,7 @@ func (m *toUplinkMaps) Close() error {
 		m.CniStackFlows,
 		m.CniStats,
 		m.CniTunCidrs,
+		m.CniTunHops,
 		m.CniTunNodes,
 		m.CniTunSelf,
 	)

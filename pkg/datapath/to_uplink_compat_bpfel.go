@@ -59,6 +59,7 @@ const (
 	toUplinkCompatMapCniStackFlows     = "cni_stack_flows"
 	toUplinkCompatMapCniStats          = "cni_stats"
 	toUplinkCompatMapCniTunCidrs       = "cni_tun_cidrs"
+	toUplinkCompatMapCniTunHops        = "cni_tun_hops"
 	toUplinkCompatMapCniTunNodes       = "cni_tun_nodes"
 	toUplinkCompatMapCniTunSelf        = "cni_tun_self"
 	toUplinkCompatProgCniToUplink      = "cni_to_uplink"
@@ -156,6 +157,7 @@ type toUplinkCompatMapSpecs struct {
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.MapSpec `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
@@ -229,6 +231,7 @@ type toUplinkCompatMaps struct {
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.Map `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
@@ -278,6 +281,7 @@ func (m *toUplinkCompatMaps) Close() error {
 		m.CniStackFlows,
 		m.CniStats,
 		m.CniTunCidrs,
+		m.CniTunHops,
 		m.CniTunNodes,
 		m.CniTunSelf,
 	)

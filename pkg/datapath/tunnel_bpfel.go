@@ -59,6 +59,7 @@ const (
 	tunnelMapCniStackFlows     = "cni_stack_flows"
 	tunnelMapCniStats          = "cni_stats"
 	tunnelMapCniTunCidrs       = "cni_tun_cidrs"
+	tunnelMapCniTunHops        = "cni_tun_hops"
 	tunnelMapCniTunNodes       = "cni_tun_nodes"
 	tunnelMapCniTunSelf        = "cni_tun_self"
 	tunnelProgCniFromTunnel    = "cni_from_tunnel"
@@ -158,6 +159,7 @@ type tunnelMapSpecs struct {
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.MapSpec `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
@@ -231,6 +233,7 @@ type tunnelMaps struct {
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.Map `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
@@ -280,6 +283,7 @@ func (m *tunnelMaps) Close() error {
 		m.CniStackFlows,
 		m.CniStats,
 		m.CniTunCidrs,
+		m.CniTunHops,
 		m.CniTunNodes,
 		m.CniTunSelf,
 	)

@@ -31,7 +31,7 @@ var layouts = map[int]string{
 var optionalLayouts = map[int]string{
 	3: "dad4985bdee29790", // cni_masq_pods, cni_masq_quota (issue 28: the pods' quota of cni_snat), cni_masq_keys (which network decided cni_masq_config)
 	4: "d8bb50807b8651f6", // the same maps as in 3 (pinned where a pin set of layout 3 lacks them), and cni_after_links (the links judging deferred egress policy)
-	5: "00e9d6e15a4270a9", // the same as in 4, cni_node_ips_gone (since when masquerade mappings are checked against the node's addresses, issue 30), cni_sf_pool and cni_sf_slots (the node's pool of stack-flow tables, issue 30), cni_tun_self (the addresses the tunnel accepts datagrams to, issue 24), cni_ev_hot (each CPU's hot flow slots, issue 25), cni_hp_frags (the ports of hostPort datagrams' translated first fragments, issue 24), cni_hp_frag_notes and cni_hp_frag_stats (those notes 8 times as many, and the fragments' counters: issue 24's hardening; new maps, cni_hp_frags and cni_hp_stats keep their shape)
+	5: "ca5dd0a73770859d", // the same as in 4, cni_node_ips_gone (since when masquerade mappings are checked against the node's addresses, issue 30), cni_sf_pool and cni_sf_slots (the node's pool of stack-flow tables, issue 30), cni_tun_self (the addresses the tunnel accepts datagrams to, issue 24), cni_ev_hot (each CPU's hot flow slots, issue 25), cni_hp_frags (the ports of hostPort datagrams' translated first fragments, issue 24), cni_hp_frag_notes and cni_hp_frag_stats (those notes 8 times as many, and the fragments' counters: issue 24's hardening; new maps, cni_hp_frags and cni_hp_stats keep their shape), cni_tun_hops (the outer-MAC check's recent FIB answers, issue 24)
 }
 
 func TestLayoutVersion(t *testing.T) {

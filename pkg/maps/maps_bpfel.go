@@ -505,6 +505,22 @@ type mapsObjStatsVal struct {
 	Bytes   uint64
 }
 
+type mapsObjTunHopKey struct {
+	_       structs.HostLayout
+	Ifindex uint32
+	Family  uint8
+	Pad     [3]uint8
+	Saddr   [16]uint8
+	Daddr   [16]uint8
+}
+
+type mapsObjTunHopVal struct {
+	_      structs.HostLayout
+	SeenNs uint64
+	Mac    [6]uint8
+	Pad    [2]uint8
+}
+
 type mapsObjTunPeer struct {
 	_      structs.HostLayout
 	Node   uint32
@@ -561,6 +577,7 @@ const (
 	mapsObjMapCniStackFlows     = "cni_stack_flows"
 	mapsObjMapCniStats          = "cni_stats"
 	mapsObjMapCniTunCidrs       = "cni_tun_cidrs"
+	mapsObjMapCniTunHops        = "cni_tun_hops"
 	mapsObjMapCniTunNodes       = "cni_tun_nodes"
 	mapsObjMapCniTunSelf        = "cni_tun_self"
 	mapsObjVarDirUnused         = "__dir_unused"
@@ -667,6 +684,7 @@ type mapsObjMapSpecs struct {
 	CniStackFlows     *ebpf.MapSpec `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.MapSpec `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.MapSpec `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.MapSpec `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.MapSpec `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.MapSpec `ebpf:"cni_tun_self"`
 }
@@ -751,6 +769,7 @@ type mapsObjMaps struct {
 	CniStackFlows     *ebpf.Map `ebpf:"cni_stack_flows"`
 	CniStats          *ebpf.Map `ebpf:"cni_stats"`
 	CniTunCidrs       *ebpf.Map `ebpf:"cni_tun_cidrs"`
+	CniTunHops        *ebpf.Map `ebpf:"cni_tun_hops"`
 	CniTunNodes       *ebpf.Map `ebpf:"cni_tun_nodes"`
 	CniTunSelf        *ebpf.Map `ebpf:"cni_tun_self"`
 }
@@ -800,6 +819,7 @@ func (m *mapsObjMaps) Close() error {
 		m.CniStackFlows,
 		m.CniStats,
 		m.CniTunCidrs,
+		m.CniTunHops,
 		m.CniTunNodes,
 		m.CniTunSelf,
 	)

@@ -15,6 +15,7 @@ var (
 	nameTunNodes = mapName(&specNames.CniTunNodes)
 	nameTunCIDRs = mapName(&specNames.CniTunCidrs)
 	nameTunSelf  = mapName(&specNames.CniTunSelf)
+	nameTunHops  = mapName(&specNames.CniTunHops) // optional within layout 5; the programs' own (bpf/lib/tunnel.h)
 )
 
 // Tunnel is the tunnel family of the maps: the nodes that may send through

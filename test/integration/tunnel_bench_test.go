@@ -103,6 +103,7 @@ func TestTunnelBench(t *testing.T) {
 type tunBench struct {
 	t          *testing.T
 	mode       func(tunnel bool)
+	modeArgs   func(tunnel, variant bool, extra []string) // mode with more `peers` arguments (TestTunnelBenchAB's B)
 	p1, p2, q1 ns.NetNS
 	n1, n2     ns.NetNS // the nodes
 	a2, b2     net.IP
@@ -128,17 +129,22 @@ func newTunBench(t *testing.T) *tunBench {
 		t.Fatal(err)
 	}
 	b := &tunBench{t: t, n1: n1.Node, n2: n2.Node}
-	b.mode = func(tunnel bool) {
+	b.modeArgs = func(tunnel, variant bool, extra []string) {
 		m := "off"
 		if tunnel {
 			m = "vxlan"
 		}
+		args := []string{"peers", "--peers", pf, "--cni-conf-dir", t.TempDir(), "--tunnel", m}
+		if variant {
+			args = append(args, extra...)
+		}
 		for _, e := range []*testenv.Env{n1, n2} {
-			if _, err := e.MasqAgent("peers", "--peers", pf, "--cni-conf-dir", t.TempDir(), "--tunnel", m); err != nil {
+			if _, err := e.MasqAgent(args...); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
+	b.mode = func(tunnel bool) { b.modeArgs(tunnel, false, nil) }
 	b.mode(true)
 	pair := func(mtu int, name string) (ns.NetNS, ns.NetNS, net.IP) {
 		for _, e := range []*testenv.Env{n1, n2} {
