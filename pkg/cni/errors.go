@@ -8,6 +8,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 // errPluginNotAvailable is the spec's code 50, which the types package does
@@ -27,9 +28,11 @@ var codes = map[error]uint{
 
 // Add, Del, Check, GC and Status are the CNI verbs as skel calls them:
 // their errors are CNI errors (cniError).
-func Add(args *skel.CmdArgs) error    { return cniError(add(args)) }
-func Del(args *skel.CmdArgs) error    { return cniError(del(args)) }
-func Check(args *skel.CmdArgs) error  { return cniError(check(args)) }
+func Add(args *skel.CmdArgs) error { return cniError(add(args)) }
+func Del(args *skel.CmdArgs) error { return cniError(maps.Guard(func() error { return del(args) })) }
+func Check(args *skel.CmdArgs) error {
+	return cniError(maps.Guard(func() error { return check(args) }))
+}
 func GC(args *skel.CmdArgs) error     { return cniError(gc(args)) }
 func Status(args *skel.CmdArgs) error { return cniError(status(args)) }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
@@ -212,7 +213,7 @@ func (t *Teardown) startWithVeth() chan error {
 	go func() {
 		var err error
 		for _, f := range t.with {
-			err = errors.Join(err, f())
+			err = errors.Join(err, maps.Guard(f))
 		}
 		with <- err
 	}()
