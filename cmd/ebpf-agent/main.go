@@ -396,7 +396,8 @@ func peers(o *opts) error {
 			return fmt.Errorf("peers: datapath at %s: %w", o.pinDir, err)
 		}
 		defer dp.Close()
-		rs, err := agent.SyncTunnelPeers(dp, t, ps)
+		var rs agent.PeerRoutes
+		err = maps.Guard(func() (err error) { rs, err = agent.SyncTunnelPeers(dp, t, ps); return err }) // lean: maps opened at first use
 		return report(o, rs, err)
 	}
 	// The tunnel's device and maps: the datapath, set up if no ADD or

@@ -6,6 +6,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 // add is the CNI ADD verb: once the attachment is claimed, IPAM runs in its
@@ -48,6 +49,7 @@ func add(args *skel.CmdArgs) (err error) {
 			a.Abort()
 		}
 	}()
+	defer maps.RecoverPin(&err) // a bad pin found at first use: undone as any failure
 
 	// IPAM runs in its own process and is the longest step: start it now,
 	// and open the datapath and create and attach the veth meanwhile.

@@ -8,6 +8,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 // errPluginNotAvailable is the spec's code 50, which the types package does
@@ -27,11 +28,25 @@ var codes = map[error]uint{
 
 // Add, Del, Check, GC and Status are the CNI verbs as skel calls them:
 // their errors are CNI errors (cniError).
-func Add(args *skel.CmdArgs) error    { return cniError(add(args)) }
-func Del(args *skel.CmdArgs) error    { return cniError(del(args)) }
-func Check(args *skel.CmdArgs) error  { return cniError(check(args)) }
+func Add(args *skel.CmdArgs) error { return cniError(guarded(func() error { return add(args) })) }
+func Del(args *skel.CmdArgs) error { return cniError(guarded(func() error { return del(args) })) }
+func Check(args *skel.CmdArgs) error {
+	return cniError(guarded(func() error { return check(args) }))
+}
 func GC(args *skel.CmdArgs) error     { return cniError(gc(args)) }
 func Status(args *skel.CmdArgs) error { return cniError(status(args)) }
+
+// guarded runs a verb whose maps open at first use (maps.OpenPinned): a
+// pin found wrong then is the datapath unavailable (50), as when the open
+// found it.
+func guarded(verb func() error) error {
+	err := maps.Guard(verb)
+	var pe *maps.PinError
+	if errors.As(err, &pe) && !errors.Is(err, endpoint.ErrUnavailable) {
+		return &endpoint.Error{Kind: endpoint.ErrUnavailable, Err: err}
+	}
+	return err
+}
 
 // cniError is where the verbs' errors become the CNI errors the runtime
 // sees, the one place that knows the codes. An error of a kind

@@ -92,8 +92,11 @@ func secondDatapath(t *testing.T) *Datapath {
 
 // TestLeanWrongSizeRefused: a sized map (MaxEntries 0 in pkg/maps' table:
 // OpenPinned takes the pin's) pinned in our place with our shape but
-// another size is opened by OpenLean (DEL works on any sizing) and refused
-// by EnsureLean's sizing check, naming the map.
+// another size is opened by neither OpenLean nor EnsureLean, which open
+// the maps a verb uses when it first uses them: its first use fails
+// naming the map (a *maps.PinError the verbs return), never writes to it.
+// A configuration of another sizing is refused by EnsureLean
+// (cni_links and cni_hostports carry it).
 func TestLeanWrongSizeRefused(t *testing.T) {
 	dp := testDatapath(t)
 	ours := mapstest.Map(dp.Maps, "cni_ct")
@@ -104,18 +107,21 @@ func TestLeanWrongSizeRefused(t *testing.T) {
 	must(t, err)
 	must(t, m.Pin(p))
 	m.Close()
-	lean, err := OpenLean(dp.PinRoot)
-	if err != nil {
-		t.Fatalf("OpenLean of a node with cni_ct of another size: %v", err)
-	}
-	lean.Close()
 	got, err := EnsureLean(dp.PinRoot, maps.DefaultSizing)
-	if err == nil {
-		got.Close()
-		t.Fatal("EnsureLean opened a cni_ct of half the sizing's entries")
+	if err != nil {
+		t.Fatalf("EnsureLean of a node with cni_ct of another size: %v", err)
 	}
-	var se *maps.SizingError
-	if !errors.As(err, &se) || !strings.Contains(err.Error(), "cni_ct") {
-		t.Errorf("EnsureLean: %v; want a *maps.SizingError naming cni_ct", err)
+	defer got.Close()
+	err = maps.Guard(func() error { mapstest.Map(got.Maps, "cni_ct"); return nil })
+	var pe *maps.PinError
+	if !errors.As(err, &pe) || !strings.Contains(err.Error(), "cni_ct") {
+		t.Errorf("first use of cni_ct: %v; want a *maps.PinError naming cni_ct", err)
+	}
+	other := maps.Sizing{MaxPods: maps.DefaultMaxPods + 1, HostPortsPerPod: maps.DefaultHostPortsPerPod}
+	if got, err := EnsureLean(dp.PinRoot, other); err == nil {
+		got.Close()
+		t.Fatal("EnsureLean opened a node sized otherwise")
+	} else if !maps.IsSizingError(err) {
+		t.Errorf("EnsureLean with maxPods %d: %v; want a *maps.SizingError", other.MaxPods, err)
 	}
 }

@@ -211,7 +211,8 @@ func (a *Attachment) startNodeHooks() {
 	}
 	a.hooksCh = make(chan error, 1)
 	go func() {
-		h, err := a.DP.EnsureNodeHooks(a.Net.nodeHookOptions())
+		var h *datapath.NodeHooks
+		err := maps.Guard(func() (err error) { h, err = a.DP.EnsureNodeHooks(a.Net.nodeHookOptions()); return err })
 		// Set before the error is sent: the uplink programs are attached
 		// even when the error only concerns the socket hooks (no cgroup2
 		// visible), which masquerade does not need.
@@ -370,7 +371,7 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 	a.Trace.Mark("stack-flow-slot")
 	if slot == 0 && !a.agent {
 		a.sfPart = make(chan error, 1)
-		go func() { a.sfPart <- a.DP.Maps.StackFlows().AddPart(idx) }()
+		go func() { a.sfPart <- maps.Guard(func() error { return a.DP.Maps.StackFlows().AddPart(idx) }) }()
 	}
 	_, err = a.DP.Attach(idx, a.HostIf, a.Net.attachMode, a.deferTCX)
 	a.Trace.Mark("attach")

@@ -10,6 +10,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
@@ -56,6 +57,12 @@ func (t *Teardown) WithVeth(f func() error) { t.with = append(t.with, f) }
 // record itself (forget). id.Netns "" takes the record's. Every feature's
 // teardown runs: it does not depend on how the attachment was configured.
 func tearDown(n *Network, id ID, rec *state.Record, tr *Tracer) error {
+	// The maps are opened at first use: a bad pin found then ends the
+	// teardown with its error (DEL's, or the sweep's in GC and the agent).
+	return maps.Guard(func() error { return tearDownAll(n, id, rec, tr) })
+}
+
+func tearDownAll(n *Network, id ID, rec *state.Record, tr *Tracer) error {
 	t := newTeardown(n, id, rec, tr)
 	errs := t.openMaps()
 	if t.DP != nil {
@@ -212,7 +219,7 @@ func (t *Teardown) startWithVeth() chan error {
 	go func() {
 		var err error
 		for _, f := range t.with {
-			err = errors.Join(err, f())
+			err = errors.Join(err, maps.Guard(f))
 		}
 		with <- err
 	}()

@@ -28,7 +28,7 @@ const (
 // written (its programs do not read it). A full map is an error wrapping
 // ErrFull naming it.
 func (pl Policy) SyncAfterLinks(kind AfterLink, ifindexes []int) error {
-	mp := pl.m.byName[nameAfterLinks]
+	mp := pl.m.get(nameAfterLinks)
 	if mp == nil {
 		return nil
 	}

@@ -67,7 +67,7 @@ type Bandwidth struct{ m *Maps }
 // Bandwidth returns the bandwidth family of m.
 func (m *Maps) Bandwidth() Bandwidth { return Bandwidth{m} }
 
-func (m *Maps) bandwidth() *ebpf.Map { return m.byName[nameBandwidth] }
+func (m *Maps) bandwidth() *ebpf.Map { return m.get(nameBandwidth) }
 
 // PutLimit installs a full token bucket for one direction of a host veth.
 func (b Bandwidth) PutLimit(ifindex int, dir Dir, l Limit) error {
@@ -144,8 +144,8 @@ const FlagNetnsNode uint32 = 1 << 0
 // in bits per second (0: none), or FlagNetnsNode for the node itself.
 func (b Bandwidth) PutNetns(cookie uint64, egressRateBps uint64, flags uint32) error {
 	v := NetnsInfo{EgressRate: egressRateBps / 8, Flags: flags}
-	if err := b.m.byName[nameNetns].Put(&cookie, &v); err != nil {
-		return writeErr(b.m.byName[nameNetns], nameNetns, fmt.Sprintf("netns %d", cookie), err)
+	if err := b.m.get(nameNetns).Put(&cookie, &v); err != nil {
+		return writeErr(b.m.get(nameNetns), nameNetns, fmt.Sprintf("netns %d", cookie), err)
 	}
 	return nil
 }
@@ -157,7 +157,7 @@ func (b Bandwidth) PutNetns(cookie uint64, egressRateBps uint64, flags uint32) e
 // the node does not pace (0: none). created tells whether this call made the
 // entry (an ADD that fails removes only what it made).
 func (b Bandwidth) EnsureNetns(cookie uint64, egressRateBps uint64, rcvWnd uint32) (created bool, err error) {
-	mp := b.m.byName[nameNetns]
+	mp := b.m.get(nameNetns)
 	for try := 0; ; try++ {
 		var cur NetnsInfo
 		err := mp.Lookup(&cookie, &cur)
@@ -194,7 +194,7 @@ func (b Bandwidth) EnsureNetns(cookie uint64, egressRateBps uint64, rcvWnd uint3
 
 // DeleteNetns forgets a netns; absent is fine.
 func (b Bandwidth) DeleteNetns(cookie uint64) error {
-	if err := b.m.byName[nameNetns].Delete(&cookie); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := b.m.get(nameNetns).Delete(&cookie); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete netns %d from %s: %w", cookie, nameNetns, err)
 	}
 	return nil
@@ -207,7 +207,7 @@ func (b Bandwidth) ListNetns() (map[uint64]NetnsInfo, error) {
 		k uint64
 		v NetnsInfo
 	)
-	it := b.m.byName[nameNetns].Iterate()
+	it := b.m.get(nameNetns).Iterate()
 	for it.Next(&k, &v) {
 		out[k] = v
 	}

@@ -202,14 +202,14 @@ type Events struct{ m *Maps }
 func (m *Maps) Events() Events { return Events{m} }
 
 // Ring is the ring buffer map, for a reader.
-func (ev Events) Ring() *ebpf.Map { return ev.m.byName[nameEvents] }
+func (ev Events) Ring() *ebpf.Map { return ev.m.get(nameEvents) }
 
 // Settings reads the configuration; a node where nobody configured
 // events reads as all off.
 func (ev Events) Settings() (EventSettings, error) {
 	var c EventConfig
 	zero := uint32(0)
-	if err := ev.m.byName[nameEvConfig].Lookup(&zero, &c); err != nil {
+	if err := ev.m.get(nameEvConfig).Lookup(&zero, &c); err != nil {
 		return EventSettings{}, fmt.Errorf("read %s: %w", nameEvConfig, err)
 	}
 	s := EventSettings{Drops: c.Flags&evCfgDrops != 0, Flows: FlowsOff}
@@ -261,8 +261,8 @@ func (ev Events) SetSettings(s EventSettings) error {
 		return fmt.Errorf("flow events %q: want %s, %s or %s", s.Flows, FlowsOff, FlowsNode, FlowsPods)
 	}
 	zero := uint32(0)
-	if err := ev.m.byName[nameEvConfig].Put(&zero, &c); err != nil {
-		return writeErr(ev.m.byName[nameEvConfig], nameEvConfig, "event settings", err)
+	if err := ev.m.get(nameEvConfig).Put(&zero, &c); err != nil {
+		return writeErr(ev.m.get(nameEvConfig), nameEvConfig, "event settings", err)
 	}
 	return nil
 }
@@ -283,7 +283,7 @@ func (ev Events) SetTrace(ifindex uint32, until time.Time) error {
 // ForgetEndpoint turns every event switch of an endpoint off (its
 // veth is gone).
 func (ev Events) ForgetEndpoint(ifindex uint32) error {
-	if err := ev.m.byName[nameEvPods].Delete(&ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := ev.m.get(nameEvPods).Delete(&ifindex); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete interface %d from %s: %w", ifindex, nameEvPods, err)
 	}
 	return nil
@@ -302,7 +302,7 @@ func (m *Maps) setPodEvents(ifindex, bit uint32, on bool) error {
 // updatePodEvents rewrites an endpoint's cni_ev_pods value with f; the
 // entry goes when nothing is left on.
 func (m *Maps) updatePodEvents(ifindex uint32, f func(uint32) uint32) error {
-	mp := m.byName[nameEvPods]
+	mp := m.get(nameEvPods)
 	var v uint32
 	if err := mp.Lookup(&ifindex, &v); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("read interface %d of %s: %w", ifindex, nameEvPods, err)
@@ -322,7 +322,7 @@ func (m *Maps) updatePodEvents(ifindex uint32, f func(uint32) uint32) error {
 // FlowEndpoints lists the endpoints with flow events on.
 func (ev Events) FlowEndpoints() ([]uint32, error) {
 	var out []uint32
-	err := scan(ev.m.byName[nameEvPods], func(k *uint32, v *uint32) {
+	err := scan(ev.m.get(nameEvPods), func(k *uint32, v *uint32) {
 		if *v&evPodFlows != 0 {
 			out = append(out, *k)
 		}
@@ -335,7 +335,7 @@ func (ev Events) FlowEndpoints() ([]uint32, error) {
 func (ev Events) TraceEndpoints() (map[uint32]time.Time, error) {
 	out := map[uint32]time.Time{}
 	now := monoSeconds()
-	err := scan(ev.m.byName[nameEvPods], func(k *uint32, v *uint32) {
+	err := scan(ev.m.get(nameEvPods), func(k *uint32, v *uint32) {
 		if until := *v >> 1; uint64(until) > now {
 			out[*k] = monoTime(until)
 		}
@@ -415,7 +415,7 @@ func (ev Events) EndTraces() error {
 	now := monoSeconds()
 	var ended []uint32
 	live := 0
-	if err := scan(ev.m.byName[nameEvPods], func(k *uint32, v *uint32) {
+	if err := scan(ev.m.get(nameEvPods), func(k *uint32, v *uint32) {
 		switch until := *v >> 1; {
 		case until != 0 && uint64(until) <= now:
 			ended = append(ended, *k)
@@ -431,7 +431,7 @@ func (ev Events) EndTraces() error {
 	}
 	var c EventConfig
 	zero := uint32(0)
-	cfg := ev.m.byName[nameEvConfig]
+	cfg := ev.m.get(nameEvConfig)
 	if err := cfg.Lookup(&zero, &c); err != nil {
 		return errors.Join(errs, fmt.Errorf("read %s: %w", nameEvConfig, err))
 	}
@@ -457,7 +457,7 @@ type EventCounters struct {
 func (ev Events) Counters() (EventCounters, error) {
 	var per []EventCPU
 	zero := uint32(0)
-	if err := ev.m.byName[nameEvCPU].Lookup(&zero, &per); err != nil {
+	if err := ev.m.get(nameEvCPU).Lookup(&zero, &per); err != nil {
 		return EventCounters{}, fmt.Errorf("read %s: %w", nameEvCPU, err)
 	}
 	var c EventCounters
@@ -476,7 +476,7 @@ func (ev Events) EndIdleFlows(idle time.Duration) ([]Event, error) {
 	now := monotonicNow()
 	var keys []EventFlowKey
 	var out []Event
-	err := scan(ev.m.byName[nameEvFlows], func(k *EventFlowKey, v *EventFlowVal) {
+	err := scan(ev.m.get(nameEvFlows), func(k *EventFlowKey, v *EventFlowVal) {
 		if now < v.SeenNs || now-v.SeenNs < uint64(idle) {
 			return
 		}
@@ -491,7 +491,7 @@ func (ev Events) EndIdleFlows(idle time.Duration) ([]Event, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scan %s: %w", nameEvFlows, err)
 	}
-	return out, deleteKeys(ev.m.byName[nameEvFlows], keys)
+	return out, deleteKeys(ev.m.get(nameEvFlows), keys)
 }
 
 func etherTypeOf(family uint8) uint16 {

@@ -156,7 +156,7 @@ func (m *Maps) Usage() ([]Usage, error) {
 		errs error
 	)
 	for _, name := range m.Names() {
-		u, err := usageOf(m.dir, name, m.byName[name], cpus)
+		u, err := usageOf(m.dir, name, m.get(name), cpus)
 		if err != nil {
 			errs = errors.Join(errs, err)
 			continue

@@ -192,7 +192,7 @@ func (e *HostPortTakenError) Error() string {
 // Insert adds a mapping only if its key is free (BPF_NOEXIST, so of
 // two concurrent ADDs exactly one wins). A taken key is a *HostPortTakenError.
 func (hp HostPorts) Insert(h HostPort) error {
-	mp := hp.m.byName[nameHostPorts]
+	mp := hp.m.get(nameHostPorts)
 	k, v := h.Key(), h.Val()
 	err := mp.Update(&k, &v, ebpf.UpdateNoExist)
 	if err == nil {
@@ -213,7 +213,7 @@ func (hp HostPorts) Insert(h HostPort) error {
 func (hp HostPorts) Lookup(h HostPort) (HostPort, error) {
 	k := h.Key()
 	var v HostPortVal
-	if err := hp.m.byName[nameHostPorts].Lookup(&k, &v); err != nil {
+	if err := hp.m.get(nameHostPorts).Lookup(&k, &v); err != nil {
 		return HostPort{}, err
 	}
 	return decodeHostPort(k, v), nil
@@ -222,7 +222,7 @@ func (hp HostPorts) Lookup(h HostPort) (HostPort, error) {
 // Delete removes h's key if it still leads to h's pod (same pod IP
 // and host veth): another pod may own the key by now.
 func (hp HostPorts) Delete(h HostPort) error {
-	mp := hp.m.byName[nameHostPorts]
+	mp := hp.m.get(nameHostPorts)
 	k := h.Key()
 	var cur HostPortVal
 	if err := mp.Lookup(&k, &cur); err != nil {
@@ -244,7 +244,7 @@ func (hp HostPorts) Delete(h HostPort) error {
 // List returns every mapping of the node.
 func (hp HostPorts) List() ([]HostPort, error) {
 	var out []HostPort
-	err := scan(hp.m.byName[nameHostPorts], func(k *HostPortKey, v *HostPortVal) {
+	err := scan(hp.m.get(nameHostPorts), func(k *HostPortKey, v *HostPortVal) {
 		out = append(out, decodeHostPort(*k, *v))
 	})
 	return out, err
@@ -302,7 +302,7 @@ func decodeFlow(k CTKey, v CTVal, now uint64) Flow {
 func (hp HostPorts) ListCT() ([]Flow, error) {
 	now := monotonicNow()
 	var out []Flow
-	err := scan(hp.m.byName[nameCT], func(k *CTKey, v *CTVal) {
+	err := scan(hp.m.get(nameCT), func(k *CTKey, v *CTVal) {
 		out = append(out, decodeFlow(*k, *v, now))
 	})
 	return out, err
@@ -316,7 +316,7 @@ func (hp HostPorts) ListCT() ([]Flow, error) {
 // so a new pod given the same IP cannot use an entry this scan missed.
 func (hp HostPorts) DeleteCTOf(ifindex int) (int, error) {
 	var keys []CTKey
-	err := scan(hp.m.byName[nameCT], func(k *CTKey, v *CTVal) {
+	err := scan(hp.m.get(nameCT), func(k *CTKey, v *CTVal) {
 		if int(v.Ifindex) == ifindex {
 			keys = append(keys, *k)
 		}
@@ -324,7 +324,7 @@ func (hp HostPorts) DeleteCTOf(ifindex int) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("scan %s: %w", nameCT, err)
 	}
-	return len(keys), deleteKeys(hp.m.byName[nameCT], keys)
+	return len(keys), deleteKeys(hp.m.get(nameCT), keys)
 }
 
 // SockFlow is one entry of cni_sock_rnat: a node socket sent to a pod through a hostPort.
@@ -343,7 +343,7 @@ func (hp HostPorts) DeleteSockRNATOf(ifindex int) ([]SockFlow, error) {
 		keys []SockRNATKey
 		out  []SockFlow
 	)
-	err := scan(hp.m.byName[nameSockRNAT], func(k *SockRNATKey, v *SockRNATVal) {
+	err := scan(hp.m.get(nameSockRNAT), func(k *SockRNATKey, v *SockRNATVal) {
 		if int(v.Ifindex) == ifindex {
 			keys = append(keys, *k)
 			out = append(out, decodeSockFlow(*k, *v))
@@ -352,7 +352,7 @@ func (hp HostPorts) DeleteSockRNATOf(ifindex int) ([]SockFlow, error) {
 	if err != nil {
 		return nil, fmt.Errorf("scan %s: %w", nameSockRNAT, err)
 	}
-	return out, deleteKeys(hp.m.byName[nameSockRNAT], keys)
+	return out, deleteKeys(hp.m.get(nameSockRNAT), keys)
 }
 
 func decodeSockFlow(k SockRNATKey, v SockRNATVal) SockFlow {
@@ -368,7 +368,7 @@ func decodeSockFlow(k SockRNATKey, v SockRNATVal) SockFlow {
 // ListSockRNAT returns every socket entry.
 func (hp HostPorts) ListSockRNAT() ([]SockFlow, error) {
 	var out []SockFlow
-	err := scan(hp.m.byName[nameSockRNAT], func(k *SockRNATKey, v *SockRNATVal) {
+	err := scan(hp.m.get(nameSockRNAT), func(k *SockRNATKey, v *SockRNATVal) {
 		out = append(out, decodeSockFlow(*k, *v))
 	})
 	return out, err
@@ -380,7 +380,7 @@ func (hp HostPorts) Stats() (map[string]uint64, error) {
 	for i := 0; i < numHPStats; i++ {
 		k := uint32(i)
 		var per []uint64
-		if err := hp.m.byName[nameHPStats].Lookup(&k, &per); err != nil {
+		if err := hp.m.get(nameHPStats).Lookup(&k, &per); err != nil {
 			return nil, fmt.Errorf("read %s: %w", nameHPStats, err)
 		}
 		var sum uint64
@@ -420,34 +420,34 @@ func (hp HostPorts) fragStats(out map[string]uint64) error {
 func (hp HostPorts) Prune(live func(ifindex int) bool) (int, error) {
 	n := 0
 	var hpKeys []HostPortKey
-	err := scan(hp.m.byName[nameHostPorts], func(k *HostPortKey, v *HostPortVal) {
+	err := scan(hp.m.get(nameHostPorts), func(k *HostPortKey, v *HostPortVal) {
 		if !live(int(v.Ifindex)) {
 			hpKeys = append(hpKeys, *k)
 		}
 	})
 	if err == nil {
-		err = deleteKeys(hp.m.byName[nameHostPorts], hpKeys)
+		err = deleteKeys(hp.m.get(nameHostPorts), hpKeys)
 		n += len(hpKeys)
 	}
 	var ctKeys []CTKey
-	if serr := scan(hp.m.byName[nameCT], func(k *CTKey, v *CTVal) {
+	if serr := scan(hp.m.get(nameCT), func(k *CTKey, v *CTVal) {
 		if !live(int(v.Ifindex)) {
 			ctKeys = append(ctKeys, *k)
 		}
 	}); serr != nil {
 		return n, errors.Join(err, serr)
 	}
-	err = errors.Join(err, deleteKeys(hp.m.byName[nameCT], ctKeys))
+	err = errors.Join(err, deleteKeys(hp.m.get(nameCT), ctKeys))
 	n += len(ctKeys)
 	var sKeys []SockRNATKey
-	if serr := scan(hp.m.byName[nameSockRNAT], func(k *SockRNATKey, v *SockRNATVal) {
+	if serr := scan(hp.m.get(nameSockRNAT), func(k *SockRNATKey, v *SockRNATVal) {
 		if !live(int(v.Ifindex)) {
 			sKeys = append(sKeys, *k)
 		}
 	}); serr != nil {
 		return n, errors.Join(err, serr)
 	}
-	err = errors.Join(err, deleteKeys(hp.m.byName[nameSockRNAT], sKeys))
+	err = errors.Join(err, deleteKeys(hp.m.get(nameSockRNAT), sKeys))
 	return n + len(sKeys), err
 }
 
@@ -460,7 +460,7 @@ func (hp HostPorts) Prune(live func(ifindex int) bool) (int, error) {
 // as absent; this frees their slots. An entry is re-read just before its
 // delete and kept if a packet renewed it meanwhile.
 func (hp HostPorts) ExpireCT() (int, error) {
-	mp := hp.m.byName[nameCT]
+	mp := hp.m.get(nameCT)
 	now := monotonicNow()
 	type stale struct {
 		k    CTKey

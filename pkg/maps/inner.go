@@ -56,7 +56,7 @@ func (m *Maps) putInner(outerName string, key any, inner *ebpf.Map, flags ebpf.M
 		return err
 	}
 	defer unlock()
-	outer := m.byName[outerName]
+	outer := m.get(outerName)
 	if flags == ebpf.UpdateNoExist {
 		// Someone else's table may be in place and pinned: pin only ours.
 		if err := outer.Update(kb, inner, flags); err != nil {
@@ -105,7 +105,7 @@ func (m *Maps) unpinInner(outerName string, key any) error {
 	}
 	defer unlock()
 	var id uint32
-	if err := m.byName[outerName].Lookup(kb, &id); err == nil {
+	if err := m.get(outerName).Lookup(kb, &id); err == nil {
 		return nil // a new table at key since (a re-ADD): its pin stays
 	}
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -236,12 +236,12 @@ func innerEntries(outer *ebpf.Map, name string) ([]innerEntry, error) {
 // after fn); tables dropped meanwhile are skipped, any other failure to
 // open one is an error (never a silent skip).
 func (m *Maps) eachInner(outerName string, fn func(key []byte, t *ebpf.Map) error) error {
-	es, err := innerEntries(m.byName[outerName], outerName)
+	es, err := innerEntries(m.get(outerName), outerName)
 	if err != nil {
 		return err
 	}
 	for _, e := range es {
-		t, err := openInner(m.dir, m.byName[outerName], outerName, e.key, e.id)
+		t, err := openInner(m.dir, m.get(outerName), outerName, e.key, e.id)
 		if errors.Is(err, os.ErrNotExist) {
 			continue // dropped meanwhile
 		}
@@ -272,7 +272,7 @@ func (m *Maps) StaleTablePins() ([]string, error) {
 		}
 		for _, e := range ents {
 			kb, err := hex.DecodeString(e.Name())
-			if err != nil || len(kb) != int(m.byName[outerName].KeySize()) || !m.pinCurrent(outerName, kb) {
+			if err != nil || len(kb) != int(m.get(outerName).KeySize()) || !m.pinCurrent(outerName, kb) {
 				out = append(out, filepath.Join(innerDir(m.dir, outerName), e.Name()))
 			}
 		}
@@ -284,7 +284,7 @@ func (m *Maps) StaleTablePins() ([]string, error) {
 // map has there.
 func (m *Maps) pinCurrent(outerName string, key []byte) bool {
 	var id uint32
-	if err := m.byName[outerName].Lookup(key, &id); err != nil {
+	if err := m.get(outerName).Lookup(key, &id); err != nil {
 		return false
 	}
 	t, ok, _ := loadInnerPin(innerPin(m.dir, outerName, key), ebpf.MapID(id))
@@ -304,8 +304,8 @@ func (m *Maps) RemoveStaleTablePin(p string) error {
 	}
 	defer unlock()
 	outerName := filepath.Base(filepath.Dir(p))
-	if kb, err := hex.DecodeString(filepath.Base(p)); err == nil && m.byName[outerName] != nil &&
-		len(kb) == int(m.byName[outerName].KeySize()) && m.pinCurrent(outerName, kb) {
+	if kb, err := hex.DecodeString(filepath.Base(p)); err == nil && m.get(outerName) != nil &&
+		len(kb) == int(m.get(outerName).KeySize()) && m.pinCurrent(outerName, kb) {
 		return nil
 	}
 	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -141,14 +142,73 @@ var (
 	nameStats     = mapName(&specNames.CniStats)
 )
 
-// Maps holds open handles on every pinned map.
+// Maps holds open handles on the pinned maps: every one (Create, Open), or,
+// from OpenPinned, the few every verb needs with the rest opened at first
+// use (get).
 type Maps struct {
 	endpoints *ebpf.Map
 	links     *ebpf.Map
 	stats     *ebpf.Map
 
+	mu     sync.Mutex // guards byName and lazy while lazy is non-nil
 	byName map[string]*ebpf.Map
-	dir    string
+	// lazy: pinned maps not opened yet, each with the shape and size its
+	// pin must have (OpenPinned). nil: byName is every map there is.
+	lazy map[string]*ebpf.MapSpec
+	dir  string
+}
+
+// get is the open map of that name; nil for an optional map not pinned. A
+// lazily opened pin that is not what its name says (another layout or
+// size: only a process writing the pin directory under a running verb can
+// make one, its presence was checked at OpenPinned) panics with a
+// *PinError, which the verbs recover into their error (RecoverPin): it is
+// never written to.
+func (m *Maps) get(name string) *ebpf.Map {
+	if m.lazy == nil {
+		return m.byName[name]
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if mp, ok := m.byName[name]; ok {
+		return mp
+	}
+	s, ok := m.lazy[name]
+	if !ok {
+		return nil
+	}
+	mp, err := openPin(m.dir, name, s)
+	if err != nil {
+		panic(&PinError{err})
+	}
+	delete(m.lazy, name)
+	m.byName[name] = mp
+	return mp
+}
+
+// PinError is a pin found wrong when a verb first used it (see get).
+type PinError struct{ Err error }
+
+func (e *PinError) Error() string { return e.Err.Error() }
+func (e *PinError) Unwrap() error { return e.Err }
+
+// RecoverPin, deferred by a verb, turns a *PinError panic of this
+// goroutine into *err; any other panic goes on.
+func RecoverPin(err *error) {
+	if r := recover(); r != nil {
+		pe, ok := r.(*PinError)
+		if !ok {
+			panic(r)
+		}
+		*err = pe
+	}
+}
+
+// Guard runs f, its *PinError panic its error (see get): for the verbs'
+// goroutines and entry points.
+func Guard(f func() error) (err error) {
+	defer RecoverPin(&err)
+	return f()
 }
 
 // specs returns the spec of every map in the embedded object (not the
@@ -256,31 +316,107 @@ func Open(dir string) (*Maps, error) {
 // version stands for the key and value structs (TestLayoutVersion keeps a
 // changed layout from keeping its version); whoever sets up or migrates
 // the node, the agent and the inspection commands open with Open.
-func OpenPinned(dir string) (*Maps, error) { return openPins(dir, pinnedShapes) }
+//
+// It opens only eagerMaps; the others are opened when first used (get),
+// each checked then against its shape and the sizing cni_links and
+// cni_hostports give (a verb uses a dozen of the 40-odd maps, and each
+// open is two bpf(2) calls: 5% of an agent-less DEL's CPU, issue 30). That
+// every map is pinned is checked here, from one listing of the directory.
+func OpenPinned(dir string) (*Maps, error) {
+	names, err := pinnedIn(dir)
+	if err != nil {
+		return nil, err
+	}
+	lazy := map[string]*ebpf.MapSpec{}
+	eager := map[string]*ebpf.MapSpec{}
+	for name, s := range pinnedShapes {
+		switch {
+		case !names[name] && optionalMaps[name]:
+			// pinned by an older build of the layout
+		case !names[name]:
+			return nil, fmt.Errorf("open pinned map %s: %w", filepath.Join(dir, name), os.ErrNotExist)
+		case eagerMaps[name]:
+			eager[name] = s
+		default:
+			lazy[name] = s
+		}
+	}
+	m, err := openPins(dir, eager)
+	if err != nil {
+		return nil, err
+	}
+	sizes := SizingOf(m).entries()
+	for name, s := range lazy {
+		if n, ok := sizes[name]; ok {
+			s = s.Copy()
+			s.MaxEntries = n
+			lazy[name] = s
+		}
+	}
+	m.lazy = lazy
+	return m, nil
+}
+
+// eagerMaps are the maps OpenPinned opens at once: those every verb uses,
+// and those SizingOf reads.
+var eagerMaps = map[string]bool{nameEndpoints: true, nameLinks: true, nameStats: true, nameHostPorts: true}
+
+// pinnedIn lists the names in a pin directory; the error wraps
+// os.ErrNotExist when there is none.
+func pinnedIn(dir string) (map[string]bool, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("open pinned maps %s: %w", dir, err)
+	}
+	defer f.Close()
+	ns, err := f.Readdirnames(-1)
+	if err != nil {
+		return nil, fmt.Errorf("list pinned maps %s: %w", dir, err)
+	}
+	out := make(map[string]bool, len(ns))
+	for _, n := range ns {
+		out[n] = true
+	}
+	return out, nil
+}
 
 // openPins opens the pin of each map of specs under dir and checks it
 // against its spec (see compatible).
 func openPins(dir string, specs map[string]*ebpf.MapSpec) (*Maps, error) {
 	open := make(map[string]*ebpf.Map, len(specs))
 	for name, s := range specs {
-		p := filepath.Join(dir, name)
-		m, err := loadPinnedMap(p)
+		m, err := openPin(dir, name, s)
 		if err != nil && optionalMaps[name] && errors.Is(err, os.ErrNotExist) {
 			continue // pinned by an older build of the layout
 		}
 		if err != nil {
 			closeAll(open)
-			return nil, fmt.Errorf("open pinned map %s: %w", p, err)
-		}
-		if err := compatible(s, m); err != nil {
-			m.Close()
-			closeAll(open)
-			return nil, fmt.Errorf("pinned map %s has another layout than this binary expects (layout v%d): %w",
-				p, LayoutVersion, err)
+			return nil, err
 		}
 		open[name] = m
 	}
 	return fromSet(dir, open), nil
+}
+
+// openPin opens one pin and checks it against its spec (see compatible;
+// a sized map's size too when s gives one).
+func openPin(dir, name string, s *ebpf.MapSpec) (*ebpf.Map, error) {
+	p := filepath.Join(dir, name)
+	m, err := loadPinnedMap(p)
+	if err != nil {
+		return nil, fmt.Errorf("open pinned map %s: %w", p, err)
+	}
+	if s.MaxEntries != 0 && sizedMaps[name] && m.MaxEntries() != s.MaxEntries {
+		err = fmt.Errorf("holds %d entries, cni_links and cni_hostports say %d", m.MaxEntries(), s.MaxEntries)
+	} else {
+		err = compatible(s, m)
+	}
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("pinned map %s has another layout than this binary expects (layout v%d): %w",
+			p, LayoutVersion, err)
+	}
+	return m, nil
 }
 
 // PinnedNames are the names of the maps pinned per layout directory.
@@ -371,17 +507,30 @@ var sizedMaps = func() map[string]bool {
 }()
 
 // checkSized fails with a *SizingError unless every sized map has the size s gives it.
+// A map not opened yet (OpenPinned) is checked when it is, against the
+// sizing of cni_links and cni_hostports, which are checked here.
 func (m *Maps) checkSized(s Sizing) error {
 	for name, want := range s.entries() {
-		if m.byName[name] == nil {
-			continue // an optional map an older build of the layout did not pin
+		got, ok := m.openSize(name)
+		if !ok {
+			continue // an optional map an older build of the layout did not pin, or one not opened yet
 		}
-		if got := m.byName[name].MaxEntries(); got != want {
+		if got != want {
 			return &SizingError{Dir: m.dir, Pinned: SizingOf(m), Asked: s,
 				Detail: fmt.Sprintf("%s holds %d entries, %s needs %d", name, got, s, want)}
 		}
 	}
 	return nil
+}
+
+// openSize is the size of a map if it is open.
+func (m *Maps) openSize(name string) (uint32, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if mp := m.byName[name]; mp != nil {
+		return mp.MaxEntries(), true
+	}
+	return 0, false
 }
 
 func fromSet(dir string, s map[string]*ebpf.Map) *Maps {
@@ -406,8 +555,13 @@ func (m *Maps) lock() (func(), error) {
 
 // Names lists the maps by C name, sorted.
 func (m *Maps) Names() []string {
-	out := make([]string, 0, len(m.byName))
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]string, 0, len(m.byName)+len(m.lazy))
 	for n := range m.byName {
+		out = append(out, n)
+	}
+	for n := range m.lazy {
 		out = append(out, n)
 	}
 	sort.Strings(out)
@@ -422,12 +576,19 @@ func closeAll(s map[string]*ebpf.Map) {
 
 // Close releases the handles; the pins stay.
 func (m *Maps) Close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	closeAll(m.byName)
 }
 
 // Replacements maps C map names to the open maps, for loading programs that
 // share them (ebpf.CollectionOptions.MapReplacements).
 func (m *Maps) Replacements() map[string]*ebpf.Map {
+	for _, n := range m.Names() {
+		m.get(n) // opens what OpenPinned left
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	out := make(map[string]*ebpf.Map, len(m.byName))
 	for k, v := range m.byName {
 		out[k] = v

@@ -143,7 +143,7 @@ func (ms Masq) AcquireClusterCIDRs(owner uint64, prefixes []netip.Prefix) error 
 
 // acquire is AcquireClusterCIDRs with the lock held.
 func (m *Maps) acquire(owner uint64, prefixes []netip.Prefix) (err error) {
-	trie, refs := m.byName[nameClusterCIDRs], m.byName[nameClusterRefs]
+	trie, refs := m.get(nameClusterCIDRs), m.get(nameClusterRefs)
 	have, err := m.Masq().ClusterCIDRs()
 	if err != nil {
 		return fmt.Errorf("read %s: %w", nameClusterCIDRs, err)
@@ -316,7 +316,7 @@ func (ms Masq) ReleaseInheritedClusterCIDRs(exceptIfindex int) (bool, error) {
 // refsOf lists owner's entries of cni_cidr_refs.
 func (m *Maps) refsOf(owner uint64) ([]CIDRRefKey, error) {
 	var out []CIDRRefKey
-	err := scan(m.byName[nameClusterRefs], func(k *CIDRRefKey, _ *uint32) {
+	err := scan(m.get(nameClusterRefs), func(k *CIDRRefKey, _ *uint32) {
 		if k.Owner == owner {
 			out = append(out, *k)
 		}
@@ -333,9 +333,9 @@ func (m *Maps) dropRefs(refs []CIDRRefKey) error {
 	if len(refs) == 0 {
 		return nil
 	}
-	err := deleteKeys(m.byName[nameClusterRefs], refs)
+	err := deleteKeys(m.get(nameClusterRefs), refs)
 	used := map[CIDRKey]bool{}
-	if serr := scan(m.byName[nameClusterRefs], func(k *CIDRRefKey, _ *uint32) { used[k.Cidr] = true }); serr != nil {
+	if serr := scan(m.get(nameClusterRefs), func(k *CIDRRefKey, _ *uint32) { used[k.Cidr] = true }); serr != nil {
 		return errors.Join(err, fmt.Errorf("scan %s: %w", nameClusterRefs, serr))
 	}
 	for _, r := range refs {
@@ -343,7 +343,7 @@ func (m *Maps) dropRefs(refs []CIDRRefKey) error {
 			continue
 		}
 		k := r.Cidr
-		if derr := m.byName[nameClusterCIDRs].Delete(&k); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
+		if derr := m.get(nameClusterCIDRs).Delete(&k); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
 			err = errors.Join(err, fmt.Errorf("delete %s from %s: %w", k.prefix(), nameClusterCIDRs, derr))
 		}
 		used[r.Cidr] = true // once
@@ -365,7 +365,7 @@ func (ms Masq) ClusterCIDRsOf(owner uint64) (map[netip.Prefix]bool, error) {
 // from an older layout counts as one).
 func (ms Masq) ClusterCIDRUsers() (map[netip.Prefix]int, error) {
 	out := map[netip.Prefix]int{}
-	err := scan(ms.m.byName[nameClusterRefs], func(k *CIDRRefKey, _ *uint32) { out[k.Cidr.prefix()]++ })
+	err := scan(ms.m.get(nameClusterRefs), func(k *CIDRRefKey, _ *uint32) { out[k.Cidr.prefix()]++ })
 	return out, err
 }
 
@@ -376,7 +376,7 @@ func (ms Masq) ClusterCIDRs() ([]netip.Prefix, error) {
 		k   CIDRKey
 		v   uint32
 	)
-	it := ms.m.byName[nameClusterCIDRs].Iterate()
+	it := ms.m.get(nameClusterCIDRs).Iterate()
 	for it.Next(&k, &v) {
 		out = append(out, k.prefix())
 	}
@@ -407,7 +407,7 @@ func (ms Masq) ListSNAT() ([]SNATFlow, error) {
 		v SNATVal
 	}
 	var all []ent
-	err := scan(ms.m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) { all = append(all, ent{*k, *v}) })
+	err := scan(ms.m.get(nameSNAT), func(k *SNATKey, v *SNATVal) { all = append(all, ent{*k, *v}) })
 	if err != nil {
 		return nil, err
 	}
@@ -457,7 +457,7 @@ func (ms Masq) DeleteSNATOf(ifindex int) (int, error) {
 		return 0, err
 	}
 	var keys []SNATKey
-	err := scan(ms.m.byName[nameSNAT], func(k *SNATKey, v *SNATVal) {
+	err := scan(ms.m.get(nameSNAT), func(k *SNATKey, v *SNATVal) {
 		if int(v.Ifindex) == ifindex {
 			keys = append(keys, *k)
 		}
@@ -465,11 +465,11 @@ func (ms Masq) DeleteSNATOf(ifindex int) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("scan %s: %w", nameSNAT, err)
 	}
-	if err := deleteKeys(ms.m.byName[nameSNAT], keys); err != nil {
+	if err := deleteKeys(ms.m.get(nameSNAT), keys); err != nil {
 		return 0, fmt.Errorf("delete from %s: %w", nameSNAT, err)
 	}
 	var shares []MasqShareKey
-	err = scan(ms.m.byName[nameMasqShare], func(k *MasqShareKey, v *uint32) {
+	err = scan(ms.m.get(nameMasqShare), func(k *MasqShareKey, v *uint32) {
 		if int(k.Ifindex) == ifindex {
 			shares = append(shares, *k)
 		}
@@ -477,7 +477,7 @@ func (ms Masq) DeleteSNATOf(ifindex int) (int, error) {
 	if err != nil {
 		return len(keys), fmt.Errorf("scan %s: %w", nameMasqShare, err)
 	}
-	return len(keys), deleteKeys(ms.m.byName[nameMasqShare], shares)
+	return len(keys), deleteKeys(ms.m.get(nameMasqShare), shares)
 }
 
 // MasqPorts is cni_masq_config: the node ports masquerade allocates from
@@ -530,7 +530,7 @@ func (p MasqPorts) value() (MasqConfig, error) {
 func (ms Masq) Config() (MasqPorts, error) {
 	var c MasqConfig
 	zero := uint32(0)
-	if err := ms.m.byName[nameMasqConfig].Lookup(&zero, &c); err != nil {
+	if err := ms.m.get(nameMasqConfig).Lookup(&zero, &c); err != nil {
 		return MasqPorts{}, fmt.Errorf("read %s: %w", nameMasqConfig, err)
 	}
 	p := MasqPorts{PodLimit: c.PodLimit}
@@ -550,7 +550,7 @@ func (ms Masq) SetConfig(p MasqPorts) error {
 	}
 	var cur MasqConfig
 	zero := uint32(0)
-	mp := ms.m.byName[nameMasqConfig]
+	mp := ms.m.get(nameMasqConfig)
 	if err := mp.Lookup(&zero, &cur); err == nil && cur == want {
 		return nil
 	}
@@ -571,7 +571,7 @@ type MasqShare struct {
 // ListShares returns the non-zero counts of cni_masq_share.
 func (ms Masq) ListShares() ([]MasqShare, error) {
 	var out []MasqShare
-	err := scan(ms.m.byName[nameMasqShare], func(k *MasqShareKey, v *uint32) {
+	err := scan(ms.m.get(nameMasqShare), func(k *MasqShareKey, v *uint32) {
 		if n := int32(*v); n > 0 {
 			out = append(out, MasqShare{Proto: k.Proto, Destination: addrPort(k.PeerAddr, k.Family, k.PeerPort), Ifindex: int(k.Ifindex), Ports: int(n)})
 		}
@@ -588,7 +588,7 @@ func (ms Masq) Stats() (map[string]uint64, error) {
 	for i := 0; i < int(mapsObjMasqStatMASQ_STAT_MAX); i++ {
 		k := uint32(i)
 		var per []uint64
-		if err := ms.m.byName[nameMasqStats].Lookup(&k, &per); err != nil {
+		if err := ms.m.get(nameMasqStats).Lookup(&k, &per); err != nil {
 			return nil, fmt.Errorf("read %s: %w", nameMasqStats, err)
 		}
 		var sum uint64

@@ -50,7 +50,7 @@ func (e *MasqKeysConflict) Error() string {
 // over. Pins of an older build of the layout (no cni_masq_keys): written
 // as before.
 func (ms Masq) ClaimConfig(k MasqKeys, p MasqPorts, self []net.IP) error {
-	mk := ms.m.byName[nameMasqKeys]
+	mk := ms.m.get(nameMasqKeys)
 	if mk == nil {
 		return ms.SetConfig(p)
 	}

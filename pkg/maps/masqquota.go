@@ -69,7 +69,7 @@ func QuotaFor(snatEntries, maxPods, cpus int) MasqQuota {
 // initMasqQuota writes cni_masq_quota once, when it was never written
 // (the maps were just pinned, or pinned by a build without the quota).
 func (m *Maps) initMasqQuota(s Sizing) error {
-	mp := m.byName[nameMasqQuota]
+	mp := m.get(nameMasqQuota)
 	zero := uint32(0)
 	var cur MasqQuota
 	if err := mp.Lookup(&zero, &cur); err != nil {
@@ -82,7 +82,7 @@ func (m *Maps) initMasqQuota(s Sizing) error {
 	if err != nil {
 		return fmt.Errorf("count the CPUs for %s: %w", nameMasqQuota, err)
 	}
-	q := QuotaFor(int(m.byName[nameSNAT].MaxEntries()), s.MaxPods, cpus)
+	q := QuotaFor(int(m.get(nameSNAT).MaxEntries()), s.MaxPods, cpus)
 	if err := mp.Put(&zero, &q); err != nil {
 		return fmt.Errorf("write %s: %w", nameMasqQuota, err)
 	}
@@ -92,7 +92,7 @@ func (m *Maps) initMasqQuota(s Sizing) error {
 // Quota reads cni_masq_quota (zero: no quota, pins of an older build).
 func (ms Masq) Quota() (MasqQuota, error) {
 	var q MasqQuota
-	mp := ms.m.byName[nameMasqQuota]
+	mp := ms.m.get(nameMasqQuota)
 	if mp == nil {
 		return q, nil
 	}
@@ -113,7 +113,7 @@ type MasqPodFlows struct {
 
 // ListPods returns cni_masq_pods.
 func (ms Masq) ListPods() ([]MasqPodFlows, error) {
-	mp := ms.m.byName[nameMasqPods]
+	mp := ms.m.get(nameMasqPods)
 	if mp == nil {
 		return nil, nil
 	}
@@ -132,7 +132,7 @@ func (ms Masq) ListPods() ([]MasqPodFlows, error) {
 // meanwhile takes it off too: the total can end a few low, which loosens
 // the bound by as many flows, never below 0.
 func (m *Maps) forgetMasqPod(ifindex int) error {
-	mp := m.byName[nameMasqPods]
+	mp := m.get(nameMasqPods)
 	if mp == nil || ifindex == 0 {
 		return nil
 	}

@@ -271,7 +271,7 @@ func (m *Maps) copyMaps(dir string, version int, table []migrateCopier) (map[str
 			errs = errors.Join(errs, fmt.Errorf("open %s: %w", p, err))
 			continue
 		}
-		to := m.byName[c.name]
+		to := m.get(c.name)
 		wantValue := to.ValueSize()
 		if c.valueSize != 0 {
 			wantValue = c.valueSize
@@ -296,7 +296,7 @@ func (m *Maps) ownV1ClusterCIDRs() error {
 	var errs error
 	cidrs, err := m.Masq().ClusterCIDRs()
 	errs = errors.Join(errs, err)
-	refs := m.byName[nameClusterRefs]
+	refs := m.get(nameClusterRefs)
 	one := uint32(1)
 	for _, p := range cidrs {
 		k := CIDRRefKey{Cidr: cidrKey(p), Owner: 0}

@@ -25,7 +25,7 @@ type NodeConfig = mapsObjHpConfig
 // IPs returns the addresses the programs take for the node's own.
 func (n Node) IPs() (map[string]int, error) {
 	out := make(map[string]int)
-	err := scan(n.m.byName[nameNodeIPs], func(k *EndpointKey, v *uint32) {
+	err := scan(n.m.get(nameNodeIPs), func(k *EndpointKey, v *uint32) {
 		if k.Family&nodeIPUplinkSrc == 0 {
 			out[k.IP().String()] = int(*v)
 		}
@@ -62,7 +62,7 @@ func (n Node) UplinkSources() (map[int][]net.IP, error) {
 }
 
 func (n Node) scanUplinkSources(into map[EndpointKey]uint32) error {
-	return scan(n.m.byName[nameNodeIPs], func(k *EndpointKey, v *uint32) {
+	return scan(n.m.get(nameNodeIPs), func(k *EndpointKey, v *uint32) {
 		if k.Family&nodeIPUplinkSrc != 0 {
 			into[*k] = *v
 		}
@@ -74,7 +74,7 @@ func (n Node) scanUplinkSources(into map[EndpointKey]uint32) error {
 // BPF_FIB_LOOKUP_SRC is missing. Kept on every node (a few entries), so a
 // node moved to the fallback needs no refresh first.
 func (n Node) SyncUplinkSources(want map[int][]net.IP) error {
-	mp := n.m.byName[nameNodeIPs]
+	mp := n.m.get(nameNodeIPs)
 	wantW := map[EndpointKey]uint32{}
 	for idx, ips := range want {
 		for _, ip := range ips {
@@ -119,7 +119,7 @@ func (n Node) SyncUplinkSources(want map[int][]net.IP) error {
 
 // SyncIPs makes cni_node_ips hold exactly want (address -> ifindex).
 func (n Node) SyncIPs(want map[string]int) error {
-	mp := n.m.byName[nameNodeIPs]
+	mp := n.m.get(nameNodeIPs)
 	have, err := n.IPs()
 	if err != nil {
 		return fmt.Errorf("read %s: %w", nameNodeIPs, err)
@@ -166,7 +166,7 @@ func (n Node) SyncIPs(want map[string]int) error {
 func (n Node) Config() (NodeConfig, error) {
 	var c NodeConfig
 	zero := uint32(0)
-	err := n.m.byName[nameHPConfig].Lookup(&zero, &c)
+	err := n.m.get(nameHPConfig).Lookup(&zero, &c)
 	return c, err
 }
 

@@ -23,7 +23,7 @@ const nodeIPsGoneMargin = time.Second
 // in between. A pin set without the map (an older build of the layout)
 // has no program that reads it: nothing to write.
 func (m *Maps) markNodeIPsGone() error {
-	mp := m.byName[nameNodeIPsGone]
+	mp := m.get(nameNodeIPsGone)
 	if mp == nil {
 		return nil
 	}
@@ -43,7 +43,7 @@ func (m *Maps) markNodeIPsGone() error {
 // mapping. Beside an older build's cni_snat, whose mappings were checked at
 // every packet: marked, so they still are.
 func (m *Maps) initNodeIPsGone(freshSNAT bool) error {
-	mp := m.byName[nameNodeIPsGone]
+	mp := m.get(nameNodeIPsGone)
 	if mp == nil {
 		return nil
 	}

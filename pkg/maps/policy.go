@@ -77,9 +77,9 @@ func (pl Policy) AddFlowTables(ifindex int) error {
 	err = pl.m.putInner(namePolFragParts, uint32(ifindex), frags, ebpf.UpdateAny)
 	frags.Close()
 	if err != nil {
-		return writeErr(pl.m.byName[namePolFragParts], namePolFragParts, fmt.Sprintf("the fragment table of ifindex %d", ifindex), err)
+		return writeErr(pl.m.get(namePolFragParts), namePolFragParts, fmt.Sprintf("the fragment table of ifindex %d", ifindex), err)
 	}
-	outer := pl.m.byName[namePolCTParts]
+	outer := pl.m.get(namePolCTParts)
 	var (
 		keys   []PolicyCTPartKey
 		tables []*ebpf.Map
@@ -101,7 +101,7 @@ func (pl Policy) AddFlowTables(ifindex int) error {
 		// Nothing of the interface stays: its fragment table goes too
 		// (a retry puts it again).
 		fk := uint32(ifindex)
-		if derr := pl.m.byName[namePolFragParts].Delete(&fk); derr == nil || errors.Is(derr, ebpf.ErrKeyNotExist) {
+		if derr := pl.m.get(namePolFragParts).Delete(&fk); derr == nil || errors.Is(derr, ebpf.ErrKeyNotExist) {
 			err = errors.Join(err, pl.m.unpinInner(namePolFragParts, fk))
 		} else {
 			err = errors.Join(err, fmt.Errorf("take the fragment table of ifindex %d out of %s again: %w", ifindex, namePolFragParts, derr))
@@ -129,7 +129,7 @@ func (m *Maps) putInners(outerName string, keys []PolicyCTPartKey, inners []*ebp
 	if err := os.MkdirAll(innerDir(m.dir, outerName), 0o700); err != nil {
 		return fmt.Errorf("create the pin directory of %s's tables: %w", outerName, err)
 	}
-	outer := m.byName[outerName]
+	outer := m.get(outerName)
 	pins := make([]string, len(keys))
 	defer func() {
 		if err == nil {
@@ -175,10 +175,10 @@ func (pl Policy) FlowTables() ([]int, error) {
 			out = append(out, int(idx))
 		}
 	}
-	if err := scan(pl.m.byName[namePolCTParts], func(k *PolicyCTPartKey, _ *uint32) { add(k.Ifindex) }); err != nil {
+	if err := scan(pl.m.get(namePolCTParts), func(k *PolicyCTPartKey, _ *uint32) { add(k.Ifindex) }); err != nil {
 		return nil, fmt.Errorf("scan %s: %w", namePolCTParts, err)
 	}
-	if err := scan(pl.m.byName[namePolFragParts], func(k *uint32, _ *uint32) { add(*k) }); err != nil {
+	if err := scan(pl.m.get(namePolFragParts), func(k *uint32, _ *uint32) { add(*k) }); err != nil {
 		return nil, fmt.Errorf("scan %s: %w", namePolFragParts, err)
 	}
 	return out, nil
@@ -187,10 +187,10 @@ func (pl Policy) FlowTables() ([]int, error) {
 // DeleteFlowTables drops the flow and fragment tables of ifindex,
 // if any (DEL; the agent's reconcile, for a veth gone without a DEL).
 func (pl Policy) DeleteFlowTables(ifindex int) error {
-	outer := pl.m.byName[namePolCTParts]
+	outer := pl.m.get(namePolCTParts)
 	var errs error
 	fk := uint32(ifindex)
-	if err := pl.m.byName[namePolFragParts].Delete(&fk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := pl.m.get(namePolFragParts).Delete(&fk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = fmt.Errorf("delete the fragment table of ifindex %d from %s: %w", ifindex, namePolFragParts, err)
 	} else {
 		errs = pl.m.unpinInner(namePolFragParts, fk)
@@ -284,7 +284,7 @@ func ModeName(m uint8) string {
 // (POL_CFG_ON): from then on the stack path looks at each forwarded
 // packet's sender. Idempotent.
 func (pl Policy) Enable() error {
-	cm := pl.m.byName[namePolConfig]
+	cm := pl.m.get(namePolConfig)
 	zero := uint32(0)
 	var c PolicyConfig
 	if err := cm.Lookup(&zero, &c); err != nil {
@@ -304,7 +304,7 @@ func (pl Policy) Enable() error {
 func (pl Policy) Enabled() (bool, error) {
 	zero := uint32(0)
 	var c PolicyConfig
-	if err := pl.m.byName[namePolConfig].Lookup(&zero, &c); err != nil {
+	if err := pl.m.get(namePolConfig).Lookup(&zero, &c); err != nil {
 		return false, fmt.Errorf("read %s: %w", namePolConfig, err)
 	}
 	return c.Flags&polCfgOn != 0, nil
@@ -320,8 +320,8 @@ func (pl Policy) SetPending(ifindex int) error {
 	}
 	k := uint32(ifindex)
 	st := PolicyState{Mode: [2]uint8{PolicyPending, PolicyPending}}
-	if err := pl.m.byName[namePolState].Put(&k, &st); err != nil {
-		return writeErr(pl.m.byName[namePolState], namePolState, fmt.Sprintf("pending state of ifindex %d", ifindex), err)
+	if err := pl.m.get(namePolState).Put(&k, &st); err != nil {
+		return writeErr(pl.m.get(namePolState), namePolState, fmt.Sprintf("pending state of ifindex %d", ifindex), err)
 	}
 	return nil
 }
@@ -329,7 +329,7 @@ func (pl Policy) SetPending(ifindex int) error {
 // StateOf returns the state of an interface; ok false when it has none.
 func (pl Policy) StateOf(ifindex int) (st PolicyState, ok bool, err error) {
 	k := uint32(ifindex)
-	err = pl.m.byName[namePolState].Lookup(&k, &st)
+	err = pl.m.get(namePolState).Lookup(&k, &st)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
 		return st, false, nil
 	}
@@ -347,7 +347,7 @@ func (pl Policy) StateOf(ifindex int) (st PolicyState, ok bool, err error) {
 func (pl Policy) DeleteOf(ifindex int, peers ...netip.Addr) error {
 	k := uint32(ifindex)
 	var errs error
-	if err := pl.m.byName[namePolState].Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := pl.m.get(namePolState).Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		errs = fmt.Errorf("delete %s[%d]: %w", namePolState, ifindex, err)
 	}
 	_, err := pl.DeleteFlowsOf(ifindex, peers...)
@@ -470,7 +470,7 @@ func (w *PolicyWriter) load() error {
 		pk PolicyPortKey
 		pv uint32
 	)
-	it := w.m.byName[namePolAddrs].Iterate()
+	it := w.m.get(namePolAddrs).Iterate()
 	for it.Next(&ak, &av) {
 		w.addrKeys[ak.Set] = append(w.addrKeys[ak.Set], ak)
 		if av.Flags&polAllPorts == 0 && av.Ports != 0 && !slices.Contains(w.portsOf[ak.Set], av.Ports) {
@@ -480,7 +480,7 @@ func (w *PolicyWriter) load() error {
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("scan %s: %w", namePolAddrs, err)
 	}
-	it = w.m.byName[namePolPorts].Iterate()
+	it = w.m.get(namePolPorts).Iterate()
 	for it.Next(&pk, &pv) {
 		w.portKeys[pk.Set] = append(w.portKeys[pk.Set], pk)
 	}
@@ -559,9 +559,9 @@ func (w *PolicyWriter) Apply(ifindex uint32, ep policy.Endpoint) error {
 		st.Rules[dirIndex(policy.Direction(d))] = set
 	}
 	k := ifindex
-	if err := w.m.byName[namePolState].Put(&k, &st); err != nil {
+	if err := w.m.get(namePolState).Put(&k, &st); err != nil {
 		undo()
-		return writeErr(w.m.byName[namePolState], namePolState, fmt.Sprintf("state of ifindex %d", ifindex), err)
+		return writeErr(w.m.get(namePolState), namePolState, fmt.Sprintf("state of ifindex %d", ifindex), err)
 	}
 	w.applied[ifindex] = ep
 	if hasOld {
@@ -589,8 +589,8 @@ func (w *PolicyWriter) failClosed(ifindex uint32, ep policy.Endpoint, old Policy
 	delete(w.applied, ifindex) // the next Apply writes, whatever it is given
 	st := PolicyState{Mode: modes(ep)}
 	k := ifindex
-	if err := w.m.byName[namePolState].Put(&k, &st); err != nil {
-		return errors.Join(cause, writeErr(w.m.byName[namePolState], namePolState, fmt.Sprintf("state of ifindex %d", ifindex), err))
+	if err := w.m.get(namePolState).Put(&k, &st); err != nil {
+		return errors.Join(cause, writeErr(w.m.get(namePolState), namePolState, fmt.Sprintf("state of ifindex %d", ifindex), err))
 	}
 	if hasOld {
 		w.retire(old)
@@ -645,7 +645,7 @@ func (w *PolicyWriter) sweep() (int, error) {
 		k  uint32
 		st PolicyState
 	)
-	it := w.m.byName[namePolState].Iterate()
+	it := w.m.get(namePolState).Iterate()
 	for it.Next(&k, &st) {
 		used[st.Rules[0]], used[st.Rules[1]] = true, true
 	}
@@ -671,7 +671,7 @@ func (w *PolicyWriter) sweep() (int, error) {
 	}
 	for p, keys := range w.portKeys {
 		if !owned[p] {
-			_ = deleteKeys(w.m.byName[namePolPorts], keys)
+			_ = deleteKeys(w.m.get(namePolPorts), keys)
 			delete(w.portKeys, p)
 			n++
 		}
@@ -706,11 +706,11 @@ func (w *PolicyWriter) collect(all bool) {
 // a set left behind is referenced by nothing, and Sweep retries it).
 func (w *PolicyWriter) deleteSet(set uint32) {
 	if keys, ok := w.addrKeys[set]; ok {
-		_ = deleteKeys(w.m.byName[namePolAddrs], keys)
+		_ = deleteKeys(w.m.get(namePolAddrs), keys)
 		delete(w.addrKeys, set)
 	}
 	for _, p := range w.portsOf[set] {
-		_ = deleteKeys(w.m.byName[namePolPorts], w.portKeys[p])
+		_ = deleteKeys(w.m.get(namePolPorts), w.portKeys[p])
 		delete(w.portKeys, p)
 	}
 	delete(w.portsOf, set)
@@ -726,7 +726,7 @@ func (w *PolicyWriter) writeSet(r policy.Rules) (uint32, error) {
 	}
 	w.addrKeys[set] = nil // reserve the id
 	portSets := map[string]uint32{}
-	am, pm := w.m.byName[namePolAddrs], w.m.byName[namePolPorts]
+	am, pm := w.m.get(namePolAddrs), w.m.get(namePolPorts)
 	for _, a := range r.Allows {
 		var v PolicyAddrVal
 		if a.AllPorts {
@@ -867,7 +867,7 @@ func (pl Policy) readPortSets(sets map[uint32][]policy.PortRange) error {
 		pk PolicyPortKey
 		pv uint32
 	)
-	it := pl.m.byName[namePolPorts].Iterate()
+	it := pl.m.get(namePolPorts).Iterate()
 	for it.Next(&pk, &pv) {
 		if _, ok := sets[pk.Set]; !ok {
 			continue
@@ -914,7 +914,7 @@ func (pl Policy) Read(ifindex int) (ProgrammedPolicy, bool, error) {
 		ak PolicyAddrKey
 		av PolicyAddrVal
 	)
-	it := pl.m.byName[namePolAddrs].Iterate()
+	it := pl.m.get(namePolAddrs).Iterate()
 	for it.Next(&ak, &av) {
 		r, ok := sets[ak.Set]
 		if !ok {
@@ -983,7 +983,7 @@ func (pl Policy) States() (map[int]PolicyState, error) {
 		k  uint32
 		st PolicyState
 	)
-	it := pl.m.byName[namePolState].Iterate()
+	it := pl.m.get(namePolState).Iterate()
 	for it.Next(&k, &st) {
 		out[int(k)] = st
 	}

@@ -35,7 +35,7 @@ func EndpointFlagsOfSlot(slot uint32) uint32 { return slot << sfSlotShift }
 // poolSlots is how many slots the pool has (0 when this node's maps were
 // pinned by a build before it: those ADDs make tables one at a time).
 func (m *Maps) poolSlots() uint32 {
-	p, s := m.byName[nameSFPool], m.byName[nameSFSlots]
+	p, s := m.get(nameSFPool), m.get(nameSFSlots)
 	if p == nil || s == nil {
 		return 0
 	}
@@ -56,7 +56,7 @@ func (m *Maps) fillSFPool() error {
 	if n == 0 {
 		return nil
 	}
-	pool := m.byName[nameSFPool]
+	pool := m.get(nameSFPool)
 	var (
 		keys   []uint32
 		fds    []uint32
@@ -152,7 +152,7 @@ func (s StackFlows) pickSlot(ifindex int, alive func(ifindex int) bool) (uint32,
 	if n == 0 {
 		return 0, nil
 	}
-	slots := s.m.byName[nameSFSlots]
+	slots := s.m.get(nameSFSlots)
 	unlock, err := poolLock(s.m.dir)
 	if err != nil {
 		return 0, err
@@ -222,7 +222,7 @@ func poolLock(dir string) (func(), error) {
 // the pin and the update): by ID, which the plugin, as root, may. By the
 // slot's holder or under the pool's lock (see clearSlot).
 func (m *Maps) poolTable(slot uint32) (*ebpf.Map, error) {
-	pool := m.byName[nameSFPool]
+	pool := m.get(nameSFPool)
 	var id uint32
 	idx := slot - 1
 	err := pool.Lookup(&idx, &id)
@@ -285,7 +285,7 @@ func (m *Maps) freeSlot(ifindex int) error {
 	if m.poolSlots() == 0 {
 		return nil
 	}
-	slots := m.byName[nameSFSlots]
+	slots := m.get(nameSFSlots)
 	unlock, err := poolLock(m.dir)
 	if err != nil {
 		return err
@@ -315,7 +315,7 @@ func (s StackFlows) SlotOf(ifindex int) (uint32, error) {
 		return 0, nil
 	}
 	k, slot := uint32(ifindex), uint32(0)
-	if err := s.m.byName[nameSFSlots].Lookup(&k, &slot); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := s.m.get(nameSFSlots).Lookup(&k, &slot); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return 0, fmt.Errorf("read the slot of ifindex %d from %s: %w", ifindex, nameSFSlots, err)
 	}
 	return slot, nil
@@ -327,7 +327,7 @@ func (s StackFlows) Slots() (map[int]uint32, error) {
 	if s.m.poolSlots() == 0 {
 		return out, nil
 	}
-	if err := scan(s.m.byName[nameSFSlots], func(k, v *uint32) { out[int(*k)] = *v }); err != nil {
+	if err := scan(s.m.get(nameSFSlots), func(k, v *uint32) { out[int(*k)] = *v }); err != nil {
 		return nil, fmt.Errorf("scan %s: %w", nameSFSlots, err)
 	}
 	return out, nil
@@ -340,7 +340,7 @@ func (m *Maps) eachTakenTable(fn func(slot uint32, t *ebpf.Map) error) error {
 	if err != nil {
 		return err
 	}
-	pool := m.byName[nameSFPool]
+	pool := m.get(nameSFPool)
 	for _, slot := range taken {
 		var id uint32
 		idx := slot - 1

@@ -156,10 +156,10 @@ const sizedPlaceholder = 0
 // SizingOf reads the sizing back from pinned maps: maxPods from
 // cni_links, maxHostPortsPerPod from cni_hostports.
 func SizingOf(m *Maps) Sizing {
-	pods := int(m.byName[nameLinks].MaxEntries()) / attachmentsPerPod
+	pods := int(m.get(nameLinks).MaxEntries()) / attachmentsPerPod
 	s := Sizing{MaxPods: pods}
 	if pods > 0 {
-		s.HostPortsPerPod = int(m.byName[nameHostPorts].MaxEntries()) / (pods * 2)
+		s.HostPortsPerPod = int(m.get(nameHostPorts).MaxEntries()) / (pods * 2)
 	}
 	return s
 }

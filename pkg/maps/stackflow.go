@@ -48,7 +48,7 @@ func (s StackFlows) AddPart(ifindex int) error {
 	}
 	defer inner.Close() // the outer map and the pin hold it from here
 	if err := s.m.putInner(nameStackFlowParts, uint32(ifindex), inner, ebpf.UpdateAny); err != nil {
-		return writeErr(s.m.byName[nameStackFlowParts], nameStackFlowParts, fmt.Sprintf("the table of ifindex %d", ifindex), err)
+		return writeErr(s.m.get(nameStackFlowParts), nameStackFlowParts, fmt.Sprintf("the table of ifindex %d", ifindex), err)
 	}
 	return nil
 }
@@ -58,7 +58,7 @@ func (s StackFlows) AddPart(ifindex int) error {
 // that left it to it): an existing table and its records are kept.
 func (s StackFlows) EnsurePart(ifindex int) error {
 	k := uint32(ifindex)
-	outer := s.m.byName[nameStackFlowParts]
+	outer := s.m.get(nameStackFlowParts)
 	var id uint32
 	if err := outer.Lookup(&k, &id); err == nil {
 		return nil // the common case: no table made to be thrown away
@@ -81,7 +81,7 @@ func (s StackFlows) EnsurePart(ifindex int) error {
 // them, or a slot of the pool (the agent's reconcile frees a gone veth's).
 func (s StackFlows) Parts() ([]int, error) {
 	var out []int
-	err := scan(s.m.byName[nameStackFlowParts], func(k *uint32, _ *uint32) { out = append(out, int(*k)) })
+	err := scan(s.m.get(nameStackFlowParts), func(k *uint32, _ *uint32) { out = append(out, int(*k)) })
 	if err != nil {
 		return nil, fmt.Errorf("scan %s: %w", nameStackFlowParts, err)
 	}
@@ -100,7 +100,7 @@ func (s StackFlows) Parts() ([]int, error) {
 // deleteStackFlowPart drops the table of ifindex, if any.
 func (m *Maps) deleteStackFlowPart(ifindex int) error {
 	k := uint32(ifindex)
-	if err := m.byName[nameStackFlowParts].Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	if err := m.get(nameStackFlowParts).Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete the table of ifindex %d from %s: %w", ifindex, nameStackFlowParts, err)
 	}
 	return m.unpinInner(nameStackFlowParts, k)
@@ -152,7 +152,7 @@ func (f StackFlow) Kind() string {
 // List returns every stack-flow record: cni_stack_flows' and
 // those of every pod's table.
 func (s StackFlows) List() ([]StackFlow, error) {
-	out, err := listStackFlows(s.m.byName[nameStackFlows], nameStackFlows)
+	out, err := listStackFlows(s.m.get(nameStackFlows), nameStackFlows)
 	if err != nil {
 		return nil, err
 	}
@@ -204,7 +204,7 @@ func (s StackFlows) DeleteOf(ifindex int) (int, error) {
 	if err := s.m.deleteStackFlowPart(ifindex); err != nil {
 		return 0, err
 	}
-	n, err := deleteStackFlowsIn(s.m.byName[nameStackFlows], nameStackFlows, ifindex)
+	n, err := deleteStackFlowsIn(s.m.get(nameStackFlows), nameStackFlows, ifindex)
 	if err != nil {
 		return n, err
 	}

@@ -55,7 +55,7 @@ func addrEndpointKey(a netip.Addr) EndpointKey {
 // a node that stays is never missing in between. A full map is an error
 // wrapping ErrFull naming it.
 func (tn Tunnel) Sync(nodes []TunnelNode) error {
-	nodesMap, cidrsMap := tn.m.byName[nameTunNodes], tn.m.byName[nameTunCIDRs]
+	nodesMap, cidrsMap := tn.m.get(nameTunNodes), tn.m.get(nameTunCIDRs)
 	if nodesMap == nil || cidrsMap == nil {
 		return fmt.Errorf("the pinned maps lack %s or %s (an older layout)", nameTunNodes, nameTunCIDRs)
 	}
@@ -150,7 +150,7 @@ func (tn Tunnel) Routes() ([]TunnelRoute, error) {
 		v   TunnelPeer
 		out []TunnelRoute
 	)
-	it := tn.m.byName[nameTunCIDRs].Iterate()
+	it := tn.m.get(nameTunCIDRs).Iterate()
 	for it.Next(&k, &v) {
 		ep := netip.AddrFrom16(v.Addr)
 		if v.Family == afInet {
@@ -164,7 +164,7 @@ func (tn Tunnel) Routes() ([]TunnelRoute, error) {
 // Nodes lists cni_tun_nodes: every other node's address, with its id.
 func (tn Tunnel) Nodes() (map[netip.Addr]uint32, error) {
 	out := map[netip.Addr]uint32{}
-	err := scan(tn.m.byName[nameTunNodes], func(k *EndpointKey, v *uint32) {
+	err := scan(tn.m.get(nameTunNodes), func(k *EndpointKey, v *uint32) {
 		if a, ok := netip.AddrFromSlice(k.IP()); ok {
 			out[a.Unmap()] = *v
 		}
@@ -179,7 +179,7 @@ func (tn Tunnel) Nodes() (map[netip.Addr]uint32, error) {
 // another node may send encapsulated packets from).
 func (tn Tunnel) NodeAddrs() ([]net.IP, error) {
 	var out []net.IP
-	err := scan(tn.m.byName[nameTunNodes], func(k *EndpointKey, _ *uint32) { out = append(out, k.IP()) })
+	err := scan(tn.m.get(nameTunNodes), func(k *EndpointKey, _ *uint32) { out = append(out, k.IP()) })
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", nameTunNodes, err)
 	}
@@ -215,7 +215,7 @@ func (m *Maps) updateNodeConfig(f func(*NodeConfig)) error {
 		return err
 	}
 	defer unlock()
-	mp := m.byName[nameHPConfig]
+	mp := m.get(nameHPConfig)
 	zero := uint32(0)
 	var old NodeConfig
 	if err := mp.Lookup(&zero, &old); err != nil {
@@ -253,7 +253,7 @@ func (t Tunnel) SetMode(on, macCheck bool) error {
 // pin set without the map (an older build of the layout) is left alone.
 func (t Tunnel) SyncSelf(addrs []netip.Addr) error {
 	m := t.m
-	mp := m.byName[nameTunSelf]
+	mp := m.get(nameTunSelf)
 	if mp == nil {
 		return nil
 	}

@@ -1,5 +1,6 @@
 // The node's pinned maps tampered with: a map's pin removed before DEL, a
-// foreign map pinned in place of one of ours refused by ADD.
+// foreign map pinned in place of one of ours refused by ADD (one opened at
+// once, one opened at first use).
 
 package integration
 
@@ -86,4 +87,51 @@ func TestForeignMapRefusedByAdd(t *testing.T) {
 		t.Fatalf("ADD with a foreign %s pinned: %v (%v); want error 50 naming it", p, res, err)
 	}
 	e.AssertNothingOf("fm-pod")
+}
+
+// TestForeignLazyMapRefusedByAdd: as TestForeignMapRefusedByAdd for a map
+// the verbs open only when they first use it (cni_netns: every ADD writes
+// the pod's netns there; maps.OpenPinned lists it, opens it later). The
+// ADD is still a CNI error 50 naming the pin, nothing written to it, and
+// everything the ADD made before that use is undone.
+func TestForeignLazyMapRefusedByAdd(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	pod := e.NewPod()
+	e.Add(pod, "flm-setup") // the node's datapath, pinned
+	if err := e.Del(pod, "flm-setup", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(datapath.MapsDir(e.PinDir), "cni_netns")
+	ours, err := ebpf.LoadPinnedMap(p, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := &ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: ours.KeySize(), ValueSize: ours.ValueSize(), MaxEntries: ours.MaxEntries()}
+	ours.Close()
+	foreign, err := ebpf.NewMap(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer foreign.Close()
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	if err := foreign.Pin(p); err != nil {
+		t.Fatal(err)
+	}
+	pod2 := e.NewPod()
+	res, err := e.AddV("1.1.0", pod2, "flm-pod", "eth0")
+	var te *types.Error
+	if !errors.As(err, &te) || te.Code != codePluginNotAvailable || !strings.Contains(te.Msg, p) || !strings.Contains(te.Msg, "another layout") {
+		if err == nil {
+			e.Del(pod2, "flm-pod", "eth0")
+		}
+		t.Fatalf("ADD with a foreign %s pinned: %v (%v); want error 50 naming it", p, res, err)
+	}
+	k, v := make([]byte, spec.KeySize), make([]byte, spec.ValueSize)
+	if foreign.Iterate().Next(k, v) {
+		t.Errorf("the ADD wrote into the foreign %s", p)
+	}
+	e.AssertNothingOf("flm-pod")
 }
