@@ -395,7 +395,7 @@ func (hp HostPorts) Stats() (map[string]uint64, error) {
 // fragStats adds cni_hp_frag_stats' counters to out (none where an older
 // build of the layout pinned the maps without it).
 func (hp HostPorts) fragStats(out map[string]uint64) error {
-	m := hp.m.byName[nameHPFragStats]
+	m := hp.m.get(nameHPFragStats)
 	if m == nil {
 		return nil
 	}
