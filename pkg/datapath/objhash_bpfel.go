@@ -4,15 +4,15 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 524840, crc: 0x114f3c9c, sha: "fd783060ee9b"},
-	"from_container_compat": {size: 494528, crc: 0x96682d69, sha: "351e096b961e"},
+	"from_container":        {size: 529248, crc: 0xb7197596, sha: "b9c889446da1"},
+	"from_container_compat": {size: 499408, crc: 0x495900e3, sha: "e687cae110fa"},
 	"from_uplink":           {size: 363176, crc: 0x0db8b8ec, sha: "442b9cd2a5b4"},
 	"from_uplink_compat":    {size: 338088, crc: 0x8afb2529, sha: "24176c2cb5ea"},
 	"sock":                  {size: 171960, crc: 0x50331441, sha: "ecb2f8f43796"},
 	"sock_compat":           {size: 162488, crc: 0x19ef91a9, sha: "c79ea309de46"},
 	"sock_ops":              {size: 154832, crc: 0x0c9f56ad, sha: "f2aa93506e32"},
-	"to_container":          {size: 191024, crc: 0x192e5f7e, sha: "660c3552eebd"},
-	"to_container_compat":   {size: 176568, crc: 0x731c1f54, sha: "516edb1777e4"},
+	"to_container":          {size: 192544, crc: 0xae4e393d, sha: "2232fa10c996"},
+	"to_container_compat":   {size: 178088, crc: 0xffdf0a2e, sha: "244ec739b968"},
 	"to_uplink":             {size: 287912, crc: 0x811f692c, sha: "852face88299"},
 	"to_uplink_compat":      {size: 256904, crc: 0xe6015efe, sha: "7011a381f758"},
 	"tunnel":                {size: 313400, crc: 0xaf3ed917, sha: "b28b109ddfa0"},
