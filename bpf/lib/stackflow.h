@@ -197,6 +197,11 @@ static __always_inline void *sf_table(const struct ep_info *sender)
 		slot--; /* 0 stands for none: slot n is the pool's index n-1 */
 		return bpf_map_lookup_elem(&cni_sf_pool, &slot);
 	}
+	/* No pod has a table there (an array read, inlined): a pod of a
+	 * build before issue 28's tables, whose lookup would only fail. */
+	struct hp_config *c = node_config();
+	if (c && (c->flags & HP_CFG_SF_NO_PARTS))
+		return NULL;
 	__u32 idx = sender->ifindex;
 	return bpf_map_lookup_elem(&cni_stack_flow_parts, &idx);
 }

@@ -265,6 +265,12 @@ struct hp_config {
 #define HP_CFG_TUNNEL 4 /* the node tunnel is on: no pod's tunnel datagram leaves with a node address (lib/tunnel.h) */
 #define HP_CFG_TUN_SELF 8 /* cni_tun_self holds the addresses this node is known by: the tunnel accepts only datagrams to them */
 #define HP_CFG_TUN_NO_MAC 16 /* the tunnel's outer-MAC check is off (ECMP/VRRP underlays, --tunnel-mac-check=false) */
+/* cni_stack_flow_parts holds no table: a pod without a pool slot has no
+ * table of its own, and its flows' lookups skip that map (issue 30). Set
+ * only under the tables' lock after a scan found the map empty; cleared
+ * under that lock before any table is put there (pkg/maps/stackflow.go).
+ * A build before it never sets it: its nodes look up as before. */
+#define HP_CFG_SF_NO_PARTS 32
 
 /* cni_node_ips also holds, per uplink and family, the address masquerade
  * takes where BPF_FIB_LOOKUP_SRC is missing: key family | NODE_IP_UPLINK_SRC,

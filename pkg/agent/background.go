@@ -214,6 +214,11 @@ func (b *background) migrate(ctx context.Context, full bool, fresh map[int]strin
 	} else {
 		defer m.Close()
 	}
+	if full && m != nil {
+		// A table an older build's verb put meanwhile (it leaves the
+		// flag alone), or the last one gone: the flag follows.
+		errs = m.StackFlows().SyncNoParts()
+	}
 	for idx, name := range fresh {
 		// Each look is two filter dumps under RTNL: one veth at a time,
 		// in quiet moments only.

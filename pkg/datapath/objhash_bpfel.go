@@ -4,15 +4,15 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 539576, crc: 0x680d4a76, sha: "49d9f8db5b09"},
-	"from_container_compat": {size: 509256, crc: 0x2b60a5ab, sha: "c39b04e7eab5"},
+	"from_container":        {size: 543992, crc: 0x5914b2e2, sha: "33b8c0be9068"},
+	"from_container_compat": {size: 514136, crc: 0xbddbbaa9, sha: "0af73ba3fce2"},
 	"from_uplink":           {size: 379280, crc: 0xe63e55ed, sha: "60ddd97dc94d"},
 	"from_uplink_compat":    {size: 354200, crc: 0xf2d3682e, sha: "53a6663a3ec6"},
 	"sock":                  {size: 172784, crc: 0x34af25d8, sha: "c3d3a7694d13"},
 	"sock_compat":           {size: 163312, crc: 0x63b02160, sha: "0b19df2205f5"},
 	"sock_ops":              {size: 155664, crc: 0x7c31c7ed, sha: "a3cc4163d51c"},
-	"to_container":          {size: 191848, crc: 0x73e725f8, sha: "530eaee561b5"},
-	"to_container_compat":   {size: 177392, crc: 0xeb0b6f75, sha: "411e68bdd3a9"},
+	"to_container":          {size: 193368, crc: 0xf1d48782, sha: "40a4c2743a8d"},
+	"to_container_compat":   {size: 178912, crc: 0x816c099f, sha: "69ef4af41339"},
 	"to_uplink":             {size: 288736, crc: 0x0bcc7a07, sha: "399f18e7d469"},
 	"to_uplink_compat":      {size: 257728, crc: 0x8f1608de, sha: "ba18c1b929dc"},
 	"tunnel":                {size: 328128, crc: 0x83577ad7, sha: "35809e14567c"},

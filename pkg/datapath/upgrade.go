@@ -195,15 +195,22 @@ func (dp *Datapath) upgradeLocked(force bool, beforeSwap func() error) (UpgradeR
 }
 
 // readyToSwap runs beforeSwap (if any), then clears EP_F_SF_NONE where
-// another build's programs are pinned: after the copy, which brings the
-// older build's address entries.
+// another build's programs are pinned and says whether any pod has a
+// table in cni_stack_flow_parts: after the copy, which brings the older
+// build's address entries and tables.
 func (dp *Datapath) readyToSwap(beforeSwap func() error) error {
 	if beforeSwap != nil {
 		if err := beforeSwap(); err != nil {
 			return err
 		}
 	}
-	return clearStackFlowsNoneFromOtherBuild(dp)
+	if err := clearStackFlowsNoneFromOtherBuild(dp); err != nil {
+		return err
+	}
+	// An older build's tables (copied in by a migration, or put by its
+	// verbs) count before this build's programs run: with none, theirs
+	// skip the map (HP_CFG_SF_NO_PARTS).
+	return dp.Maps.StackFlows().SyncNoParts()
 }
 
 // clearStackFlowsNoneFromOtherBuild takes EP_F_SF_NONE off every address

@@ -57,6 +57,13 @@ func (m *Maps) putInner(outerName string, key any, inner *ebpf.Map, flags ebpf.M
 	}
 	defer unlock()
 	outer := m.get(outerName)
+	if outerName == nameStackFlowParts {
+		// Before the table is there: the programs look the map up
+		// again (SyncNoParts sets the flag only under this lock).
+		if err := m.setConfigFlags(hpConfigSFNoParts, false); err != nil {
+			return err
+		}
+	}
 	if flags == ebpf.UpdateNoExist {
 		// Someone else's table may be in place and pinned: pin only ours.
 		if err := outer.Update(kb, inner, flags); err != nil {

@@ -292,6 +292,11 @@ func Create(dir string, s Sizing) (*Maps, error) {
 		out.Close()
 		return nil, err
 	}
+	// Fresh maps hold no per-pod table: the programs skip the map.
+	if err := out.StackFlows().SyncNoParts(); err != nil {
+		out.Close()
+		return nil, err
+	}
 	return out, nil
 }
 

@@ -181,10 +181,11 @@ func (c NodeConfig) FibNoSrc() bool { return c.Flags&hpConfigFibNoSrc != 0 }
 // turns the paths of the node hooks on (hostPort, masquerade, policy).
 // fibNoSrc: masquerade picks its source without BPF_FIB_LOOKUP_SRC. The
 // tunnel's bits (Tunnel().SetMode, Tunnel().SyncSelf) are kept, under the
-// maps directory's lock that their writers take too.
+// maps directory's lock that their writers take too, and so is
+// HP_CFG_SF_NO_PARTS (SyncNoParts).
 func (n Node) Enable(netnsCookie uint64, hooksID uint32, fibNoSrc bool) error {
 	return n.m.updateNodeConfig(func(c *NodeConfig) {
-		keep := c.Flags & (hpConfigTunnel | hpConfigTunSelf | hpConfigTunNoMAC)
+		keep := c.Flags & (hpConfigTunnel | hpConfigTunSelf | hpConfigTunNoMAC | hpConfigSFNoParts)
 		*c = NodeConfig{NetnsCookie: netnsCookie, Flags: hpConfigEnabled | keep, HooksId: hooksID}
 		if fibNoSrc {
 			c.Flags |= hpConfigFibNoSrc

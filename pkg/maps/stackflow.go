@@ -97,13 +97,50 @@ func (s StackFlows) Parts() ([]int, error) {
 	return out, nil
 }
 
-// deleteStackFlowPart drops the table of ifindex, if any.
+// deleteStackFlowPart drops the table of ifindex, if any; the last one
+// gone, the programs stop looking the map up (SyncNoParts).
 func (m *Maps) deleteStackFlowPart(ifindex int) error {
 	k := uint32(ifindex)
-	if err := m.get(nameStackFlowParts).Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	err := m.get(nameStackFlowParts).Delete(&k)
+	if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete the table of ifindex %d from %s: %w", ifindex, nameStackFlowParts, err)
 	}
-	return m.unpinInner(nameStackFlowParts, k)
+	if uerr := m.unpinInner(nameStackFlowParts, k); uerr != nil || err != nil {
+		return uerr // no table was there: the flag stands as it is
+	}
+	return m.StackFlows().SyncNoParts()
+}
+
+// hpConfigSFNoParts is HP_CFG_SF_NO_PARTS in cni_hp_config's flags:
+// cni_stack_flow_parts holds no table, so the programs skip its lookup
+// for a pod without a pool slot (a pod of a build before issue 28's
+// tables: the lookup could only fail; issue 30).
+const hpConfigSFNoParts = 32
+
+// SyncNoParts sets HP_CFG_SF_NO_PARTS when cni_stack_flow_parts holds no
+// table and clears it otherwise. Under the tables' lock, which putInner
+// takes too (and clears the flag under, before a table goes in): a table
+// put meanwhile is never left unlooked-up. Run where this build takes
+// over a node (Create, an upgrade's swap), by the agent's full passes
+// (a table an older build's verb put in meanwhile clears it again), and
+// by a DEL that dropped a table.
+func (s StackFlows) SyncNoParts() error {
+	outer := s.m.get(nameStackFlowParts)
+	if outer == nil {
+		return nil
+	}
+	unlock, err := innerLock(s.m.dir, true)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	var k uint32
+	err = outer.NextKey(nil, &k)
+	empty := errors.Is(err, ebpf.ErrKeyNotExist)
+	if err != nil && !empty {
+		return fmt.Errorf("scan %s: %w", nameStackFlowParts, err)
+	}
+	return s.m.setConfigFlags(hpConfigSFNoParts, empty)
 }
 
 // EndpointFlagStackFlowsNone is EP_F_SF_NONE in ep_info.flags: set by

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -99,6 +100,7 @@ func upgradeFromLayout(t *testing.T, commit string, version int) {
 		}
 	}
 	m := e.Maps()
+	wantPartsLookedUp(t, m)
 	for _, dir := range []maps.Dir{maps.DirEgress, maps.DirIngress} {
 		if l, ok, err := m.Bandwidth().LookupLimit(idxB, dir); err != nil || !ok || l.RateBps != 50e6 {
 			t.Errorf("b's %s limit in the new maps: %+v %v %v", dir, l, ok, err)
@@ -132,4 +134,24 @@ func upgradeFromLayout(t *testing.T, commit string, version int) {
 	e.MustDel(b, "b2")
 	e.AssertNoHostPorts()
 	e.AssertClean()
+}
+
+// wantPartsLookedUp: tables an older build put in cni_stack_flow_parts (and
+// the migration copied) are looked up: HP_CFG_SF_NO_PARTS is clear while any
+// is there, set when none is.
+func wantPartsLookedUp(t *testing.T, m *maps.Maps) {
+	t.Helper()
+	var k, v uint32
+	n := 0
+	for it := mapstest.Map(m, "cni_stack_flow_parts").Iterate(); it.Next(&k, &v); {
+		n++
+	}
+	set, err := mapstest.NoPartsFlag(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if set == (n > 0) {
+		t.Errorf("%d tables in cni_stack_flow_parts after the upgrade, HP_CFG_SF_NO_PARTS %v", n, set)
+	}
+	t.Logf("%d tables in cni_stack_flow_parts after the upgrade, HP_CFG_SF_NO_PARTS %v", n, set)
 }

@@ -82,6 +82,33 @@ func SlotRecords(m *maps.Maps, slot uint32) ([]maps.StackFlow, error) {
 		return nil, err
 	}
 	defer t.Close()
+	return tableRecords(t)
+}
+
+// PartRecords lists the records in the table of its own the pod behind the
+// host veth ifindex has in cni_stack_flow_parts (no pool slot); Idle is
+// left zero.
+func PartRecords(m *maps.Maps, ifindex int) ([]maps.StackFlow, error) {
+	k, id := uint32(ifindex), uint32(0)
+	if err := Map(m, "cni_stack_flow_parts").Lookup(&k, &id); err != nil {
+		return nil, fmt.Errorf("read the table of ifindex %d in cni_stack_flow_parts: %w", ifindex, err)
+	}
+	t, err := ebpf.NewMapFromID(ebpf.MapID(id))
+	if err != nil {
+		return nil, err
+	}
+	defer t.Close()
+	return tableRecords(t)
+}
+
+// NoPartsFlag reads HP_CFG_SF_NO_PARTS (32, bpf/lib/types.h) of
+// cni_hp_config: the programs skip cni_stack_flow_parts.
+func NoPartsFlag(m *maps.Maps) (bool, error) {
+	c, err := m.Node().Config()
+	return c.Flags&32 != 0, err
+}
+
+func tableRecords(t *ebpf.Map) ([]maps.StackFlow, error) {
 	var (
 		out []maps.StackFlow
 		k   maps.StackFlowKey
