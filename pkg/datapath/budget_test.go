@@ -8,6 +8,7 @@ import (
 	"os"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -33,6 +34,10 @@ import (
 // EBPF_CNI_BUDGET_JSON=<file> also writes the rows as JSON;
 // EBPF_CNI_BUDGET_ROUNDS and EBPF_CNI_BUDGET_RUNS change R (15) and N (400).
 func TestPacketBudget(t *testing.T) {
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_forward"); err != nil || strings.TrimSpace(string(b)) != "1" {
+		t.Fatal("net.ipv4.ip_forward is off in this network namespace: the forwarding paths (bpf_fib_lookup) cannot be timed; " +
+			"run it through `go run ./test/bench -parts packet`, which gives it a namespace of its own")
+	}
 	rounds, runs := envInt(t, "EBPF_CNI_BUDGET_ROUNDS", 15), envInt(t, "EBPF_CNI_BUDGET_RUNS", 400)
 	var rows []budgetRow
 	add := func(path, prog string, p *ebpf.Program, frame []byte, ingress uint32, check func(ret uint32, out []byte) error) {

@@ -62,7 +62,7 @@ func runPacket(ctx context.Context, o *options, root string) ([]testenv.Row, err
 		for _, b := range builds {
 			pb.load = append(pb.load, testenv.Loadavg())
 			js := filepath.Join(root, fmt.Sprintf("budget-%d.json", i))
-			cmd := exec.CommandContext(ctx, bins[b], "-test.run", "^TestPacketBudget$", "-test.count", "1")
+			cmd := exec.CommandContext(ctx, "unshare", "-n", "sh", "-c", budgetNetns, "sh", bins[b], "-test.run", "^TestPacketBudget$", "-test.count", "1")
 			cmd.Env = append(os.Environ(), "EBPF_CNI_BUDGET_JSON="+js)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				return nil, fmt.Errorf("TestPacketBudget of %s: %v\n%s", b, err, testenv.Tail(string(out)))
@@ -147,6 +147,23 @@ func buildRef(ctx context.Context, mod, root, ref, out string) error {
 // refBudgetAPI is pkg/datapath/budget_api_test.go for a reference tree from
 // before pkg/maps' families (41b58f6, de8c97a): the same writes as
 // methods of Maps.
+// budgetNetns runs "$@" in a network namespace of its own shaped like a
+// node's (an uplink with addresses and a default route each family,
+// forwarding on, as ADD leaves a node): the budget's paths ask
+// bpf_fib_lookup, which answers "forwarding disabled" in a root namespace
+// that has it off (a fresh machine), and the hostPort reply row failed so.
+const budgetNetns = `set -e
+ip link set lo up
+ip link add eth0 type veth peer name eth0p
+ip link set eth0p up
+ip link set eth0 up
+ip addr add 192.0.2.2/24 dev eth0
+ip -6 addr add fd00::2/64 dev eth0 nodad
+ip route add default via 192.0.2.1 dev eth0
+ip -6 route add default via fd00::1 dev eth0
+sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
+exec "$@"`
+
 const refBudgetAPI = `//go:build pktbudget
 
 package datapath
