@@ -5,9 +5,12 @@
 package integration
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
+	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -78,5 +81,114 @@ func TestHostPortUDP6ExtHeaderPortUnreachable(t *testing.T) {
 		}
 	}
 	e.MustDel(p, "extunreach")
+	e.AssertNoHostPorts()
+}
+
+// askUDP6From sends one datagram from [::]:lport to addr and waits for its
+// echo.
+func askUDP6From(netns ns.NetNS, lport int, addr string) error {
+	return netns.Do(func(ns.NetNS) error {
+		raddr, err := net.ResolveUDPAddr("udp6", addr)
+		if err != nil {
+			return err
+		}
+		c, err := net.DialUDP("udp6", &net.UDPAddr{Port: lport}, raddr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		buf := make([]byte, 64)
+		for try := 0; try < 3; try++ {
+			c.Write([]byte("hello"))
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			if _, err := c.Read(buf); err == nil {
+				return nil
+			}
+		}
+		return fmt.Errorf("no echo from %s", addr)
+	})
+}
+
+// ptb6Frame is an ICMPv6 packet too big (mtu) from the remote host to the
+// node, quoting the hostPort pod's translated reply uplinkIP6:hport ->
+// remoteIP6:cport, with a destination options header before its UDP
+// header when dstopts.
+func ptb6Frame(src, dst net.HardwareAddr, hport, cport int, mtu uint32, dstopts bool) []byte {
+	u := make([]byte, 8)
+	binary.BigEndian.PutUint16(u[0:], uint16(hport))
+	binary.BigEndian.PutUint16(u[2:], uint16(cport))
+	binary.BigEndian.PutUint16(u[4:], 1300)
+	chain, next := []byte{}, byte(17)
+	if dstopts {
+		chain, next = padOpts(17), 60
+	}
+	q := make([]byte, 40)
+	q[0] = 0x60
+	binary.BigEndian.PutUint16(q[4:], uint16(len(chain)+1300))
+	q[6], q[7] = next, 64
+	copy(q[8:], uplinkIP6.To16())
+	copy(q[24:], remoteIP6.To16())
+	quoted := append(append(append(q, chain...), u...), make([]byte, 1200)...)
+	m := make([]byte, 8)
+	m[0] = 2 // packet too big
+	binary.BigEndian.PutUint32(m[4:], mtu)
+	return l4Frame(src, dst, remoteIP6, uplinkIP6, 58, append(m, quoted...), 2)
+}
+
+// TestHostPortUDP6ExtHeaderPacketTooBig: a hostPort pod's UDP replies to a
+// remote client leave through the node translated (source uplinkIP6:port);
+// a router's packet too big about one comes back to the node, which
+// translates it into the pod (hostport_icmp_error_in), and the pod's
+// kernel lowers its path MTU to the client: how a pod learns to fragment,
+// the case hostPort fragments are translated for. Replies whose socket
+// puts a destination options header on them (translated since
+// hp_ip6_chain) get no such translation: icmp_err_parse refuses the
+// quoted packet's extension header, the error goes to the node's stack,
+// and the pod never learns the path MTU (its large replies keep being
+// dropped on the path). Red at int11 (12270a8) for the pod answering with
+// the header, the plain pod green. Right: the error translated into the
+// pod, the quoted chain walked as hp_ip6_chain walks it.
+func TestHostPortUDP6ExtHeaderPacketTooBig(t *testing.T) {
+	e := newHPEnv(t)
+	plain, ext := e.NewPod(), e.NewPod()
+	e.MustAddHP(plain, "ptbplain", testenv.PM{HostPort: 8103, ContainerPort: 103, Protocol: "udp"})
+	e.MustAddHP(ext, "ptbext", testenv.PM{HostPort: 8104, ContainerPort: 104, Protocol: "udp"})
+	for _, n := range []ns.NetNS{plain, ext} {
+		testenv.WaitIPv6Ready(t, n)
+	}
+	serveUDP6EchoOpts(t, plain, 103, func(int) error { return nil })
+	serveUDP6EchoOpts(t, ext, 104, ip6OptsSock(false, true))
+	remMAC, upMAC := linkMAC(t, e.remote, "eth0"), linkMAC(t, e.Node, "uplink0")
+	for _, c := range []struct {
+		what         string
+		pod          ns.NetNS
+		hport, cport int
+		dstopts      bool
+	}{
+		{"without extension headers", plain, 8103, 40103, false},
+		{"behind a destination options header", ext, 8104, 40104, true},
+	} {
+		if err := askUDP6From(e.remote, c.cport, hp(uplinkIP6, c.hport)); err != nil {
+			t.Fatalf("hostPort %d: %v", c.hport, err)
+		}
+		sendFrames(t, e.remote, "eth0", [][]byte{ptb6Frame(remMAC, upMAC, c.hport, c.cport, 1400, c.dstopts)})
+		var out []byte
+		for end := time.Now().Add(2 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			must(t, c.pod.Do(func(ns.NetNS) error {
+				var err error
+				out, err = exec.Command("ip", "-6", "route", "get", remoteIP6.String()).CombinedOutput()
+				return err
+			}))
+			if strings.Contains(string(out), "mtu 1400") || time.Now().After(end) {
+				break
+			}
+		}
+		if !strings.Contains(string(out), "mtu 1400") {
+			t.Errorf("packet too big (mtu 1400) about the pod's reply %s to the client: the pod's route to %s is %q, want mtu 1400",
+				c.what, remoteIP6, strings.TrimSpace(string(out)))
+		}
+	}
+	e.MustDel(plain, "ptbplain")
+	e.MustDel(ext, "ptbext")
 	e.AssertNoHostPorts()
 }
