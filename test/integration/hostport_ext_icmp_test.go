@@ -111,17 +111,15 @@ func askUDP6From(netns ns.NetNS, lport int, addr string) error {
 
 // ptb6Frame is an ICMPv6 packet too big (mtu) from the remote host to the
 // node, quoting the hostPort pod's translated reply uplinkIP6:hport ->
-// remoteIP6:cport, with a destination options header before its UDP
-// header when dstopts.
-func ptb6Frame(src, dst net.HardwareAddr, hport, cport int, mtu uint32, dstopts bool) []byte {
+// remoteIP6:cport, with the extension headers chain (the first of type
+// first; 17 and none: UDP right after the fixed header) before its UDP
+// header.
+func ptb6Frame(src, dst net.HardwareAddr, hport, cport int, mtu uint32, first byte, chain []byte) []byte {
 	u := make([]byte, 8)
 	binary.BigEndian.PutUint16(u[0:], uint16(hport))
 	binary.BigEndian.PutUint16(u[2:], uint16(cport))
 	binary.BigEndian.PutUint16(u[4:], 1300)
-	chain, next := []byte{}, byte(17)
-	if dstopts {
-		chain, next = padOpts(17), 60
-	}
+	next := first
 	q := make([]byte, 40)
 	q[0] = 0x60
 	binary.BigEndian.PutUint16(q[4:], uint16(len(chain)+1300))
@@ -145,33 +143,43 @@ func ptb6Frame(src, dst net.HardwareAddr, hport, cport int, mtu uint32, dstopts 
 // hp_ip6_chain) get no such translation: icmp_err_parse refuses the
 // quoted packet's extension header, the error goes to the node's stack,
 // and the pod never learns the path MTU (its large replies keep being
-// dropped on the path). Red at int11 (12270a8) for the pod answering with
-// the header, the plain pod green. Right: the error translated into the
+// dropped on the path). Nor does a packet too big about a plain socket's
+// fragmented reply (the router quotes the first fragment, whose fragment
+// header icmp_err_parse refuses alike): the IPv6 path MTU of a hostPort
+// pod's large UDP replies, what hostPort fragments exist for, is never
+// learned. Red at int11 (12270a8) for the pod answering with the header
+// and for the fragmented reply, the plain pod green. Right: the error translated into the
 // pod, the quoted chain walked as hp_ip6_chain walks it.
 func TestHostPortUDP6ExtHeaderPacketTooBig(t *testing.T) {
 	e := newHPEnv(t)
-	plain, ext := e.NewPod(), e.NewPod()
+	plain, ext, frag := e.NewPod(), e.NewPod(), e.NewPod()
 	e.MustAddHP(plain, "ptbplain", testenv.PM{HostPort: 8103, ContainerPort: 103, Protocol: "udp"})
 	e.MustAddHP(ext, "ptbext", testenv.PM{HostPort: 8104, ContainerPort: 104, Protocol: "udp"})
-	for _, n := range []ns.NetNS{plain, ext} {
+	e.MustAddHP(frag, "ptbfrag", testenv.PM{HostPort: 8106, ContainerPort: 106, Protocol: "udp"})
+	for _, n := range []ns.NetNS{plain, ext, frag} {
 		testenv.WaitIPv6Ready(t, n)
 	}
 	serveUDP6EchoOpts(t, plain, 103, func(int) error { return nil })
 	serveUDP6EchoOpts(t, ext, 104, ip6OptsSock(false, true))
+	serveUDP6EchoOpts(t, frag, 106, func(int) error { return nil })
 	remMAC, upMAC := linkMAC(t, e.remote, "eth0"), linkMAC(t, e.Node, "uplink0")
 	for _, c := range []struct {
 		what         string
 		pod          ns.NetNS
 		hport, cport int
-		dstopts      bool
+		first        byte
+		chain        []byte
 	}{
-		{"without extension headers", plain, 8103, 40103, false},
-		{"behind a destination options header", ext, 8104, 40104, true},
+		{"without extension headers", plain, 8103, 40103, 17, nil},
+		{"behind a destination options header", ext, 8104, 40104, 60, padOpts(17)},
+		// A plain socket's reply larger than the link: the router quotes
+		// its first fragment, fragment header and all.
+		{"in fragments (its first fragment quoted)", frag, 8106, 40106, 44, fragHdr(17, 0, true, 0x51a7)},
 	} {
 		if err := askUDP6From(e.remote, c.cport, hp(uplinkIP6, c.hport)); err != nil {
 			t.Fatalf("hostPort %d: %v", c.hport, err)
 		}
-		sendFrames(t, e.remote, "eth0", [][]byte{ptb6Frame(remMAC, upMAC, c.hport, c.cport, 1400, c.dstopts)})
+		sendFrames(t, e.remote, "eth0", [][]byte{ptb6Frame(remMAC, upMAC, c.hport, c.cport, 1400, c.first, c.chain)})
 		var out []byte
 		for end := time.Now().Add(2 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 			must(t, c.pod.Do(func(ns.NetNS) error {
@@ -190,5 +198,6 @@ func TestHostPortUDP6ExtHeaderPacketTooBig(t *testing.T) {
 	}
 	e.MustDel(plain, "ptbplain")
 	e.MustDel(ext, "ptbext")
+	e.MustDel(frag, "ptbfrag")
 	e.AssertNoHostPorts()
 }
