@@ -98,54 +98,12 @@ static __always_inline void hp_frag_count(__u32 what)
 		*c += 1;
 }
 
-/*
- * An IPv6 packet's headers as hostPort fragments need them: hop-by-hop,
- * routing and destination options headers, before a fragment header (where
- * other stacks and middleboxes put them, and Linux its hop-by-hop) or after
- * it (Linux's destination options, IPV6_DSTOPTS), up to HP_IP6_EXT headers
- * in all. The fragment header's identification and place in the datagram,
- * and for a first fragment or a whole datagram the header after the chain
- * (its offset, its protocol). Returns -1 for a truncated chain, one too
- * long, or two fragment headers.
- */
-#define HP_IP6_EXT 4
-#define HP6_L4OFF(c) ((__u32)(c) & 0xffff) /* the header after the chain; 0 in a later fragment */
-#define HP6_PROTO(c) ((__u8)((c) >> 16))   /* its protocol */
-#define HP6_FRAG(c) (((c) >> 24) & 3)      /* FLOW_FRAG_*, NONE for no (or an atomic) fragment header */
-#define HP6_SEEN (1 << 26)                 /* a fragment header was read: its identification is in *id */
-
-/* Packed in a return value, the identification written to *id (the
- * caller's key): from_container's frame is at its limit, and this runs in
- * subprograms whose frames add to it. */
+/* An IPv6 packet's extension headers as hostPort needs them: the shared
+ * walk (pkt.h ip6_ext_chain, which an ICMPv6 error's quote walks too) from
+ * the packet's own first extension header. */
 static __always_inline long hp_ip6_chain(struct __sk_buff *skb, __u8 nexthdr, __u32 *id)
 {
-	/* One variable in the packing of the result: fewer spills. */
-	long c = (long)nexthdr << 16 | (ETH_HLEN + sizeof(struct ipv6hdr));
-	__u8 h[4]; /* next header, length; a fragment header's next header, reserved, offset and M */
-
-#pragma unroll
-	for (int i = 0; i < HP_IP6_EXT; i++) {
-		__u8 nh = HP6_PROTO(c);
-
-		if (nh == IPPROTO_HOPOPTS || nh == IPPROTO_ROUTING || nh == IPPROTO_DSTOPTS) {
-			if (bpf_skb_load_bytes(skb, HP6_L4OFF(c), h, 2))
-				return -1;
-			c = (c & ~0xffffffL) | (long)h[0] << 16 | (HP6_L4OFF(c) + ((__u32)h[1] + 1) * 8);
-		} else if (nh == IPPROTO_FRAGMENT) {
-			if ((c & HP6_SEEN) || bpf_skb_load_bytes(skb, HP6_L4OFF(c), h, 4) ||
-			    bpf_skb_load_bytes(skb, HP6_L4OFF(c) + 4, id, 4))
-				return -1;
-			if ((h[2] << 5 | h[3] >> 3) != 0) /* what follows is the datagram's middle */
-				return HP6_SEEN | (long)FLOW_FRAG_LATER << 24;
-			/* an atomic fragment (offset 0, no more) is the whole datagram */
-			c = HP6_SEEN | (long)((h[3] & 1) ? FLOW_FRAG_FIRST : FLOW_FRAG_NONE) << 24 | (long)h[0] << 16 |
-			    (HP6_L4OFF(c) + 8);
-		} else {
-			break;
-		}
-	}
-	/* The offset fits its 16 bits: 54 + HP_IP6_EXT x 2048 at most. */
-	return c;
+	return ip6_ext_chain(skb, nexthdr, ETH_HLEN + sizeof(struct ipv6hdr), id);
 }
 
 /*
@@ -182,11 +140,11 @@ HP_SUBPROG int hp_frag_flow(struct __sk_buff *skb, __u8 family, struct flow *f)
 		long c = hp_ip6_chain(skb, ip6->nexthdr, &k.id);
 		if (c < 0)
 			return -1;
-		later = HP6_FRAG(c) == FLOW_FRAG_LATER;
-		if (!later && HP6_PROTO(c) != IPPROTO_UDP)
+		later = IP6X_FRAG(c) == FLOW_FRAG_LATER;
+		if (!later && IP6X_PROTO(c) != IPPROTO_UDP)
 			return -1;
-		more = HP6_FRAG(c) == FLOW_FRAG_FIRST;
-		f->l4off = HP6_L4OFF(c);
+		more = IP6X_FRAG(c) == FLOW_FRAG_FIRST;
+		f->l4off = IP6X_L4OFF(c);
 	}
 	f->family = family;
 	f->proto = IPPROTO_UDP;
@@ -234,7 +192,7 @@ HP_SUBPROG void hp_frag_note(struct __sk_buff *skb, const struct flow *f)
 		struct ipv6hdr *ip6 = pkt_ip6(skb);
 		long c = ip6 ? hp_ip6_chain(skb, ip6->nexthdr, &k.id) : -1;
 
-		if (c < 0 || !(c & HP6_SEEN))
+		if (c < 0 || !(c & IP6X_SEEN))
 			return;
 	}
 	addr_copy(k.saddr, f->saddr, f->family);

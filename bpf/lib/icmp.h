@@ -40,8 +40,10 @@ static __always_inline int icmp_is_error(__u8 family, __u8 type)
 /*
  * Parses the packet (IP header at ETH_HLEN) as an ICMP(v6) error quoting a
  * TCP, UDP or ICMP(v6) echo request packet of family. Returns 0, or -1 when
- * it is none (or an outer IPv4 fragment, or an IPv6 extension header on
- * either level: not translated).
+ * it is none (or an outer IPv4 fragment, an outer IPv6 extension header,
+ * or a quoted later fragment, which has no ports: not translated). The
+ * quote's IPv6 extension headers are walked (ip6_ext_chain), so its L4
+ * header (q.l4off) may lie past them.
  */
 static __always_inline int icmp_err_parse(struct __sk_buff *skb, __u8 family, struct icmp_err *e)
 {
@@ -84,10 +86,16 @@ static __always_inline int icmp_err_parse(struct __sk_buff *skb, __u8 family, st
 
 		if (bpf_skb_load_bytes(skb, e->q_off, &q, sizeof(q)))
 			return -1;
-		e->q.proto = q.nexthdr;
+		/* The quote's extension headers, walked as the packet's own
+		 * (a hostPort's datagrams carry them): a quoted first fragment
+		 * has its ports after the fragment header, a later one none. */
+		long c = ip6_ext_chain(skb, q.nexthdr, e->q_off + sizeof(q), NULL);
+		if (c < 0 || IP6X_FRAG(c) == FLOW_FRAG_LATER)
+			return -1;
+		e->q.proto = IP6X_PROTO(c);
 		__builtin_memcpy(e->q.saddr, &q.saddr, 16);
 		__builtin_memcpy(e->q.daddr, &q.daddr, 16);
-		e->q.l4off = e->q_off + sizeof(q);
+		e->q.l4off = IP6X_L4OFF(c);
 	}
 	/* Every error quotes at least 8 bytes of the L4 header (RFC 792). */
 	if (bpf_skb_load_bytes(skb, e->q.l4off, h, 8))

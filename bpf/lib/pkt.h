@@ -488,3 +488,57 @@ static __always_inline __sum16 csum_fold32(__u32 sum)
 	sum = (sum & 0xffff) + (sum >> 16);
 	return (__sum16)~sum;
 }
+
+/*
+ * An IPv6 packet's extension headers from off, where the header nexthdr
+ * names begins: the packet's own (hostPort's datagrams and fragments,
+ * hostport.h) or those of the packet an ICMPv6 error quotes (icmp.h).
+ * Hop-by-hop, routing and destination options headers, before a fragment
+ * header (where other stacks and middleboxes put them, and Linux its
+ * hop-by-hop) or after it (Linux's destination options, IPV6_DSTOPTS), up
+ * to IP6_EXT_MAX headers in all. The fragment header's identification
+ * (into *id, unless id is NULL) and place in the datagram, and for a first
+ * fragment or a whole datagram the header after the chain (its offset, its
+ * protocol). Returns -1 for a truncated chain, one too long, or two
+ * fragment headers.
+ */
+#define IP6_EXT_MAX 4
+#define IP6X_L4OFF(c) ((__u32)(c) & 0xffff) /* the header after the chain; 0 in a later fragment */
+#define IP6X_PROTO(c) ((__u8)((c) >> 16))   /* its protocol */
+#define IP6X_FRAG(c) (((c) >> 24) & 3)      /* FLOW_FRAG_*, NONE for no (or an atomic) fragment header */
+#define IP6X_SEEN (1 << 26)                 /* a fragment header was read: its identification is in *id */
+
+/* Packed in a return value, the identification written to *id (the
+ * caller's key): from_container's frame is at its limit, and this runs in
+ * subprograms whose frames add to it. */
+static __always_inline long ip6_ext_chain(struct __sk_buff *skb, __u8 nexthdr, __u32 off, __u32 *id)
+{
+	/* One variable in the packing of the result: fewer spills. */
+	long c = (long)nexthdr << 16 | off;
+	__u8 h[4]; /* next header, length; a fragment header's next header, reserved, offset and M */
+
+#pragma unroll
+	for (int i = 0; i < IP6_EXT_MAX; i++) {
+		__u8 nh = IP6X_PROTO(c);
+
+		if (nh == IPPROTO_HOPOPTS || nh == IPPROTO_ROUTING || nh == IPPROTO_DSTOPTS) {
+			if (bpf_skb_load_bytes(skb, IP6X_L4OFF(c), h, 2))
+				return -1;
+			c = (c & ~0xffffffL) | (long)h[0] << 16 | (IP6X_L4OFF(c) + ((__u32)h[1] + 1) * 8);
+		} else if (nh == IPPROTO_FRAGMENT) {
+			if ((c & IP6X_SEEN) || bpf_skb_load_bytes(skb, IP6X_L4OFF(c), h, 4) ||
+			    (id && bpf_skb_load_bytes(skb, IP6X_L4OFF(c) + 4, id, 4)))
+				return -1;
+			if ((h[2] << 5 | h[3] >> 3) != 0) /* what follows is the datagram's middle */
+				return IP6X_SEEN | (long)FLOW_FRAG_LATER << 24;
+			/* an atomic fragment (offset 0, no more) is the whole datagram */
+			c = IP6X_SEEN | (long)((h[3] & 1) ? FLOW_FRAG_FIRST : FLOW_FRAG_NONE) << 24 | (long)h[0] << 16 |
+			    (IP6X_L4OFF(c) + 8);
+		} else {
+			break;
+		}
+	}
+	/* The offset fits its 16 bits: a quote's chain starts at 102 (error,
+	 * quoted header), + IP6_EXT_MAX x 2048 at most. */
+	return c;
+}

@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 543992, crc: 0x5914b2e2, sha: "33b8c0be9068"},
-	"from_container_compat": {size: 514136, crc: 0xbddbbaa9, sha: "0af73ba3fce2"},
-	"from_uplink":           {size: 379280, crc: 0xe63e55ed, sha: "60ddd97dc94d"},
-	"from_uplink_compat":    {size: 354200, crc: 0xf2d3682e, sha: "53a6663a3ec6"},
-	"sock":                  {size: 172784, crc: 0x34af25d8, sha: "c3d3a7694d13"},
-	"sock_compat":           {size: 163312, crc: 0x63b02160, sha: "0b19df2205f5"},
+	"from_container":        {size: 550320, crc: 0xa0a0fc6e, sha: "aaa60a6b0bfb"},
+	"from_container_compat": {size: 520472, crc: 0x7f656d32, sha: "07efbce4cd12"},
+	"from_uplink":           {size: 385624, crc: 0xfdb8b1d9, sha: "be4868bd63eb"},
+	"from_uplink_compat":    {size: 360512, crc: 0x9c8205d0, sha: "8dfc8c687b1f"},
+	"sock":                  {size: 172784, crc: 0xe0c58068, sha: "efd7c3ff6856"},
+	"sock_compat":           {size: 163312, crc: 0xae787013, sha: "00624ebe2769"},
 	"sock_ops":              {size: 155664, crc: 0x7c31c7ed, sha: "a3cc4163d51c"},
 	"to_container":          {size: 193368, crc: 0xf1d48782, sha: "40a4c2743a8d"},
 	"to_container_compat":   {size: 178912, crc: 0x816c099f, sha: "69ef4af41339"},
-	"to_uplink":             {size: 288736, crc: 0x0bcc7a07, sha: "399f18e7d469"},
-	"to_uplink_compat":      {size: 257728, crc: 0x8f1608de, sha: "ba18c1b929dc"},
-	"tunnel":                {size: 328128, crc: 0x83577ad7, sha: "35809e14567c"},
+	"to_uplink":             {size: 295464, crc: 0x4795f54c, sha: "0f439c3d3b14"},
+	"to_uplink_compat":      {size: 264456, crc: 0xd8a0d721, sha: "ef1f69daea7c"},
+	"tunnel":                {size: 334104, crc: 0x6a6e9a15, sha: "e19a54378307"},
 }
