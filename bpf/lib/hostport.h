@@ -106,7 +106,7 @@ static __always_inline void hp_frag_count(__u32 what)
  * in all. The fragment header's identification and place in the datagram,
  * and for a first fragment or a whole datagram the header after the chain
  * (its offset, its protocol). Returns -1 for a truncated chain, one too
- * long, or two fragment headers.
+ * long, two fragment headers, or a routing header with segments left.
  */
 #define HP_IP6_EXT 4
 #define HP6_L4OFF(c) ((__u32)(c) & 0xffff) /* the header after the chain; 0 in a later fragment */
@@ -128,7 +128,10 @@ static __always_inline long hp_ip6_chain(struct __sk_buff *skb, __u8 nexthdr, __
 		__u8 nh = HP6_PROTO(c);
 
 		if (nh == IPPROTO_HOPOPTS || nh == IPPROTO_ROUTING || nh == IPPROTO_DSTOPTS) {
-			if (bpf_skb_load_bytes(skb, HP6_L4OFF(c), h, 2))
+			/* A routing header with segments left: this node is a
+			 * waypoint, the packet not its own (RFC 8200 4.4); the
+			 * stack answers it as for any port. */
+			if (bpf_skb_load_bytes(skb, HP6_L4OFF(c), h, 4) || (nh == IPPROTO_ROUTING && h[3]))
 				return -1;
 			c = (c & ~0xffffffL) | (long)h[0] << 16 | (HP6_L4OFF(c) + ((__u32)h[1] + 1) * 8);
 		} else if (nh == IPPROTO_FRAGMENT) {

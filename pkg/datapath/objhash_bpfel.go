@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 543992, crc: 0x5914b2e2, sha: "33b8c0be9068"},
-	"from_container_compat": {size: 514136, crc: 0xbddbbaa9, sha: "0af73ba3fce2"},
-	"from_uplink":           {size: 379280, crc: 0xe63e55ed, sha: "60ddd97dc94d"},
-	"from_uplink_compat":    {size: 354200, crc: 0xf2d3682e, sha: "53a6663a3ec6"},
-	"sock":                  {size: 172784, crc: 0x34af25d8, sha: "c3d3a7694d13"},
-	"sock_compat":           {size: 163312, crc: 0x63b02160, sha: "0b19df2205f5"},
+	"from_container":        {size: 545032, crc: 0xe17c22fc, sha: "5bac2affa8bc"},
+	"from_container_compat": {size: 515192, crc: 0xfc48b32b, sha: "3ff09ca4b114"},
+	"from_uplink":           {size: 380320, crc: 0x4a4818bd, sha: "f723b8adb5fb"},
+	"from_uplink_compat":    {size: 355240, crc: 0x5bc0f954, sha: "581f7be70a68"},
+	"sock":                  {size: 172784, crc: 0x3c614666, sha: "9abf0021c248"},
+	"sock_compat":           {size: 163312, crc: 0xc1745bdf, sha: "1c53c13dc786"},
 	"sock_ops":              {size: 155664, crc: 0x7c31c7ed, sha: "a3cc4163d51c"},
 	"to_container":          {size: 193368, crc: 0xf1d48782, sha: "40a4c2743a8d"},
 	"to_container_compat":   {size: 178912, crc: 0x816c099f, sha: "69ef4af41339"},
 	"to_uplink":             {size: 288736, crc: 0x0bcc7a07, sha: "399f18e7d469"},
 	"to_uplink_compat":      {size: 257728, crc: 0x8f1608de, sha: "ba18c1b929dc"},
-	"tunnel":                {size: 328128, crc: 0x83577ad7, sha: "35809e14567c"},
+	"tunnel":                {size: 329176, crc: 0xbe456dfb, sha: "27fd7e1fee0a"},
 }
