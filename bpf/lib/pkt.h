@@ -499,8 +499,8 @@ static __always_inline __sum16 csum_fold32(__u32 sum)
  * to IP6_EXT_MAX headers in all. The fragment header's identification
  * (into *id, unless id is NULL) and place in the datagram, and for a first
  * fragment or a whole datagram the header after the chain (its offset, its
- * protocol). Returns -1 for a truncated chain, one too long, or two
- * fragment headers.
+ * protocol). Returns -1 for a truncated chain, one too long, two fragment
+ * headers, or a routing header with segments left.
  */
 #define IP6_EXT_MAX 4
 #define IP6X_L4OFF(c) ((__u32)(c) & 0xffff) /* the header after the chain; 0 in a later fragment */
@@ -522,7 +522,10 @@ static __always_inline long ip6_ext_chain(struct __sk_buff *skb, __u8 nexthdr, _
 		__u8 nh = IP6X_PROTO(c);
 
 		if (nh == IPPROTO_HOPOPTS || nh == IPPROTO_ROUTING || nh == IPPROTO_DSTOPTS) {
-			if (bpf_skb_load_bytes(skb, IP6X_L4OFF(c), h, 2))
+			/* A routing header with segments left: this node is a
+			 * waypoint, the packet not its own (RFC 8200 4.4); the
+			 * stack answers it as for any port. */
+			if (bpf_skb_load_bytes(skb, IP6X_L4OFF(c), h, 4) || (nh == IPPROTO_ROUTING && h[3]))
 				return -1;
 			c = (c & ~0xffffffL) | (long)h[0] << 16 | (IP6X_L4OFF(c) + ((__u32)h[1] + 1) * 8);
 		} else if (nh == IPPROTO_FRAGMENT) {

@@ -81,12 +81,17 @@ func LoadPeers(path string) ([]Peer, error) {
 	return ps, nil
 }
 
-// checkPodCIDRs refuses pod CIDRs that cannot be one node's: a default
-// route (0.0.0.0/0, ::/0: every destination would be a cluster address, so
-// pods' traffic to the outside would stop being masqueraded and be routed
-// to that node), and two entries' CIDRs that overlap (which node holds an
+// checkPodCIDRs refuses pod CIDRs that cannot be one node's, so that a
+// mistaken file does not turn the world into cluster addresses (held as
+// such, pods' traffic to them is neither masqueraded nor routed out, but
+// to that node): a default route (0.0.0.0/0, ::/0), an IPv4-mapped IPv6
+// prefix (routed as neither family), one holding a listed node's address
+// (a pod CIDR that wide covers the underlay: 128.0.0.0/1 and its
+// siblings), and two entries' CIDRs that overlap (which node holds an
 // address in both is a guess). The whole file is refused, as one that does
-// not parse: what the agent installed from the last good one stays.
+// not parse: what the agent installed from the last good one stays. The
+// file is the node's configuration, written by its admin: these catch
+// mistakes, not a writer who means harm.
 func checkPodCIDRs(ps []Peer) error {
 	type owned struct {
 		p    netip.Prefix
@@ -96,8 +101,15 @@ func checkPodCIDRs(ps []Peer) error {
 	for i, p := range ps {
 		for j, c := range p.PodCIDRs {
 			pr := netip.MustParsePrefix(c).Masked() // LoadPeers parsed it
-			if pr.Bits() == 0 {
+			switch {
+			case pr.Bits() == 0:
 				return fmt.Errorf("[%d].podCIDRs[%d]: %q is a default route, not a node's pod CIDR", i, j, c)
+			case pr.Addr().Is4In6():
+				return fmt.Errorf("[%d].podCIDRs[%d]: %q is an IPv4-mapped IPv6 prefix: write IPv4 pod CIDRs as IPv4", i, j, c)
+			}
+			if k, a := nodeAddrIn(ps, pr); a.IsValid() {
+				return fmt.Errorf("[%d].podCIDRs[%d]: %q holds node address %s of [%d]: a pod CIDR names one node's pods, not the underlay",
+					i, j, c, a, k)
 			}
 			for _, o := range seen {
 				if o.i != i && o.p.Overlaps(pr) {
@@ -109,6 +121,18 @@ func checkPodCIDRs(ps []Peer) error {
 		}
 	}
 	return nil
+}
+
+// nodeAddrIn is the first listed node address in pr, and its entry.
+func nodeAddrIn(ps []Peer, pr netip.Prefix) (int, netip.Addr) {
+	for k, p := range ps {
+		for _, s := range p.ips() {
+			if a, err := netip.ParseAddr(s); err == nil && pr.Contains(a.Unmap()) {
+				return k, a
+			}
+		}
+	}
+	return 0, netip.Addr{}
 }
 
 // PeerRoute is one route to another node's pod CIDR.

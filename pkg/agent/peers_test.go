@@ -37,7 +37,11 @@ func TestLoadPeers(t *testing.T) {
 		`{"nodeIP": "10.0.0.2"}`:                                        "cannot unmarshal",
 		`[{"nodeIP": "10.0.0.2", "podCIDRs": ["0.0.0.0/0"]}]`:           `[0].podCIDRs[0]: "0.0.0.0/0" is a default route`,
 		`[{"nodeIP": "10.0.0.2", "podCIDRs": ["10.1.0.0/16", "::/0"]}]`: `[0].podCIDRs[1]: "::/0" is a default route`,
-		`[{"nodeIP": "10.0.0.2", "podCIDRs": ["10.244.0.0/16"]}, {"nodeIP": "10.0.0.3", "podCIDRs": ["fd00::/64", "10.244.3.0/24"]}]`: `[1].podCIDRs[1]: "10.244.3.0/24" overlaps [0].podCIDRs[0] "10.244.0.0/16"`,
+		`[{"nodeIP": "10.0.0.2", "podCIDRs": ["10.244.0.0/16"]}, {"nodeIP": "10.0.0.3", "podCIDRs": ["fd00::/64", "10.244.3.0/24"]}]`:  `[1].podCIDRs[1]: "10.244.3.0/24" overlaps [0].podCIDRs[0] "10.244.0.0/16"`,
+		`[{"nodeIP": "10.0.0.2", "podCIDRs": ["10.244.2.0/24"]}, {"nodeIP": "203.0.113.3", "podCIDRs": ["0.0.0.0/1", "128.0.0.0/1"]}]`: `[1].podCIDRs[0]: "0.0.0.0/1" holds node address 10.0.0.2 of [0]`,
+		`[{"nodeIP": "10.0.0.2", "podCIDRs": ["10.0.0.0/8"]}]`:                                                                         `[0].podCIDRs[0]: "10.0.0.0/8" holds node address 10.0.0.2 of [0]`,
+		`[{"nodeIP": "10.0.0.2", "nodeIPs": ["fd00::2"], "podCIDRs": ["fd00::/16"]}]`:                                                  `"fd00::/16" holds node address fd00::2`,
+		`[{"nodeIP": "10.0.0.2", "podCIDRs": ["::ffff:0.0.0.0/96"]}]`:                                                                  `"::ffff:0.0.0.0/96" is an IPv4-mapped IPv6 prefix`,
 	} {
 		if _, err := LoadPeers(write(in)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: err %v, want it to say %q", in, err, want)

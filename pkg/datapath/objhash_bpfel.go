@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 550320, crc: 0xa0a0fc6e, sha: "aaa60a6b0bfb"},
-	"from_container_compat": {size: 520472, crc: 0x7f656d32, sha: "07efbce4cd12"},
-	"from_uplink":           {size: 385624, crc: 0xfdb8b1d9, sha: "be4868bd63eb"},
-	"from_uplink_compat":    {size: 360512, crc: 0x9c8205d0, sha: "8dfc8c687b1f"},
+	"from_container":        {size: 551840, crc: 0x7943fec7, sha: "d5fa238bc980"},
+	"from_container_compat": {size: 521992, crc: 0x69b2ad72, sha: "2b0277c49409"},
+	"from_uplink":           {size: 387064, crc: 0xc301b74e, sha: "a9bf3408d4c8"},
+	"from_uplink_compat":    {size: 361960, crc: 0x0c17303f, sha: "086402951363"},
 	"sock":                  {size: 172784, crc: 0xe0c58068, sha: "efd7c3ff6856"},
 	"sock_compat":           {size: 163312, crc: 0xae787013, sha: "00624ebe2769"},
 	"sock_ops":              {size: 155664, crc: 0x7c31c7ed, sha: "a3cc4163d51c"},
 	"to_container":          {size: 193368, crc: 0xf1d48782, sha: "40a4c2743a8d"},
 	"to_container_compat":   {size: 178912, crc: 0x816c099f, sha: "69ef4af41339"},
-	"to_uplink":             {size: 295464, crc: 0x4795f54c, sha: "0f439c3d3b14"},
-	"to_uplink_compat":      {size: 264456, crc: 0xd8a0d721, sha: "ef1f69daea7c"},
-	"tunnel":                {size: 334104, crc: 0x6a6e9a15, sha: "e19a54378307"},
+	"to_uplink":             {size: 296048, crc: 0x4b6e4825, sha: "06e4288b335b"},
+	"to_uplink_compat":      {size: 265040, crc: 0x6428f988, sha: "6928beba28f3"},
+	"tunnel":                {size: 335640, crc: 0xf8e6e761, sha: "613c16bed8d0"},
 }
