@@ -131,6 +131,12 @@ func ensure(pinRoot string, s maps.Sizing, seed func(*maps.Maps)) (*Datapath, er
 	if err != nil {
 		return nil, err
 	}
+	// Fresh maps hold no per-pod table: the programs skip the map (a
+	// migration's maps are synced after the copy: readyToSwap).
+	if err := m.StackFlows().SyncNoParts(); err != nil {
+		m.Close()
+		return nil, err
+	}
 	dp, err := withPrograms(pinRoot, m, loadMissing)
 	if err != nil {
 		// The first load on the node: a kernel too old says so here.

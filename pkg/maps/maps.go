@@ -292,11 +292,11 @@ func Create(dir string, s Sizing) (*Maps, error) {
 		out.Close()
 		return nil, err
 	}
-	// Fresh maps hold no per-pod table: the programs skip the map.
-	if err := out.StackFlows().SyncNoParts(); err != nil {
-		out.Close()
-		return nil, err
-	}
+	// Not HP_CFG_SF_NO_PARTS here: a layout migration copies the older
+	// node config only into a slot still zero (copyArray), and a flag
+	// written now kept the hooks' config out (hostPort and masquerade off
+	// from the swap until the hooks' next setup: TestUpgradeUnderTraffic).
+	// The caller syncs it once the maps hold what they will (datapath).
 	return out, nil
 }
 
