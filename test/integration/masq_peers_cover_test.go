@@ -5,15 +5,10 @@
 package integration
 
 import (
-	"encoding/json"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
 )
 
 // complementOf is the prefixes that cover all of p's family but p: the
@@ -48,26 +43,7 @@ func complementOf(p netip.Prefix) []string {
 // halves 0.0.0.0/1 + 128.0.0.0/1 pass the same way when no node lists an
 // IPv4 pod CIDR inside them.
 func TestMasqPeersCoverAllButOwnCIDR(t *testing.T) {
-	lab := newMasqLab(t)
-	a := lab.a
-	delete(a.Extra, "clusterCIDRs")
-	pf := filepath.Join(t.TempDir(), "peers.json")
-	writePeers := func(podsB ...string) {
-		pj, _ := json.Marshal([]agent.Peer{
-			{NodeIP: labNodeA.String(), NodeIPs: []string{labNodeA6.String()}, PodCIDRs: []string{labPodsA, labPodsA6}},
-			{NodeIP: labNodeB.String(), NodeIPs: []string{labNodeB6.String()}, PodCIDRs: podsB},
-		})
-		tmp := pf + ".tmp"
-		must(t, os.WriteFile(tmp, pj, 0o600))
-		must(t, os.Rename(tmp, pf))
-	}
-	writePeers(labPodsB, labPodsB6)
-	a.StartAgent(a.WriteConfDir(), "--peers", pf, "--metrics-addr", "", "--reconcile-interval", "1s")
-	waitPeerRoutes(t, a, 2)
-	pa := a.NewPod()
-	a.CleanupDel(pa, "pa")
-	a.Add(pa, "pa")
-	serve(t, lab.out, 7000, "outside")
+	a, pa, _, writePeers := peersAgentLab(t)
 	out := hp(outsideIP, 7000)
 	mustAsk(t, pa, "udp", out, 0, "outside", labNodeA)
 

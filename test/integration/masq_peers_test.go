@@ -248,26 +248,7 @@ func sortedPrefixes(ss []string) []string {
 // Red before: the agent held 0.0.0.0/0 and ::/0 as cluster CIDRs, so pod
 // A's traffic to the outside left unmasqueraded and got no answer.
 func TestMasqPeersDefaultRouteCIDR(t *testing.T) {
-	lab := newMasqLab(t)
-	a := lab.a
-	delete(a.Extra, "clusterCIDRs")
-	pf := filepath.Join(t.TempDir(), "peers.json")
-	writePeers := func(podsB ...string) {
-		pj, _ := json.Marshal([]agent.Peer{
-			{NodeIP: labNodeA.String(), NodeIPs: []string{labNodeA6.String()}, PodCIDRs: []string{labPodsA, labPodsA6}},
-			{NodeIP: labNodeB.String(), NodeIPs: []string{labNodeB6.String()}, PodCIDRs: podsB},
-		})
-		tmp := pf + ".tmp"
-		must(t, os.WriteFile(tmp, pj, 0o600))
-		must(t, os.Rename(tmp, pf))
-	}
-	writePeers(labPodsB, labPodsB6)
-	ag := a.StartAgent(a.WriteConfDir(), "--peers", pf, "--metrics-addr", "", "--reconcile-interval", "1s")
-	waitPeerRoutes(t, a, 2)
-	pa := a.NewPod()
-	a.CleanupDel(pa, "pa")
-	a.Add(pa, "pa")
-	serve(t, lab.out, 7000, "outside")
+	a, pa, ag, writePeers := peersAgentLab(t)
 	out, out6 := hp(outsideIP, 7000), hp(outsideIP6, 7000)
 	for _, proto := range []string{"tcp", "udp"} {
 		mustAsk(t, pa, proto, out, 0, "outside", labNodeA)
@@ -293,4 +274,33 @@ func TestMasqPeersDefaultRouteCIDR(t *testing.T) {
 		}
 		waitPeerRoutes(t, a, 2)
 	}
+}
+
+// peersAgentLab is the masquerade lab's node A with no clusterCIDRs in its
+// conflist, `ebpf-agent run --peers` on a file listing both nodes (1 s
+// syncs), a pod on A and the outside server on port 7000; writePeers
+// rewrites the file (through a rename, as a config manager does) with
+// node B's pod CIDRs podsB.
+func peersAgentLab(t *testing.T) (a *testenv.Env, pa ns.NetNS, ag *testenv.AgentProc, writePeers func(podsB ...string)) {
+	lab := newMasqLab(t)
+	a = lab.a
+	delete(a.Extra, "clusterCIDRs")
+	pf := filepath.Join(t.TempDir(), "peers.json")
+	writePeers = func(podsB ...string) {
+		pj, _ := json.Marshal([]agent.Peer{
+			{NodeIP: labNodeA.String(), NodeIPs: []string{labNodeA6.String()}, PodCIDRs: []string{labPodsA, labPodsA6}},
+			{NodeIP: labNodeB.String(), NodeIPs: []string{labNodeB6.String()}, PodCIDRs: podsB},
+		})
+		tmp := pf + ".tmp"
+		must(t, os.WriteFile(tmp, pj, 0o600))
+		must(t, os.Rename(tmp, pf))
+	}
+	writePeers(labPodsB, labPodsB6)
+	ag = a.StartAgent(a.WriteConfDir(), "--peers", pf, "--metrics-addr", "", "--reconcile-interval", "1s")
+	waitPeerRoutes(t, a, 2)
+	pa = a.NewPod()
+	a.CleanupDel(pa, "pa")
+	a.Add(pa, "pa")
+	serve(t, lab.out, 7000, "outside")
+	return a, pa, ag, writePeers
 }
