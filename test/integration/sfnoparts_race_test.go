@@ -1,0 +1,189 @@
+// attack13: the "no per-pod tables" flag against concurrent ADDs and DELs
+// on a full pool, with the agent's full pass (SyncNoParts) racing them.
+
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// TestStackFlowNoPartsRace: both pool slots held (b and lo), so every ADD
+// makes a table of its own. Four workers ADD and DEL their own pods in a
+// loop (DEL of the last table racing another's ADD) while a fifth runs
+// SyncNoParts as the agent's full pass does. Whenever the loops stop, the
+// flag must say exactly whether cni_stack_flow_parts holds a table; then a
+// pod left with a table must get its Service replies through it.
+func TestStackFlowNoPartsRace(t *testing.T) {
+	t.Parallel()
+	l := newPoolLabN(t, 5)
+	fillPool(t, l)
+	stop := make(chan struct{})
+	var syncWG sync.WaitGroup
+	syncWG.Add(1)
+	go func() {
+		defer syncWG.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if err := l.m.StackFlows().SyncNoParts(); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		p := l.e.NewPod()
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < 6; i++ {
+				id := fmt.Sprintf("r%d-%d", w, i)
+				if _, err := l.e.AddV("1.1.0", p, id, "eth0"); err != nil {
+					t.Errorf("ADD %s: %v", id, err)
+					return
+				}
+				if err := l.e.Del(p, id, "eth0"); err != nil {
+					t.Errorf("DEL %s: %v", id, err)
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(stop)
+	syncWG.Wait()
+	parts := tablesOf(t, l)
+	l.wantNoParts(t, len(parts) == 0, fmt.Sprintf("after the race (tables of %v)", parts))
+
+	// One pod left with a table, ADDed while the full pass runs.
+	stop2 := make(chan struct{})
+	syncWG.Add(1)
+	go func() {
+		defer syncWG.Done()
+		for {
+			select {
+			case <-stop2:
+				return
+			default:
+			}
+			l.m.StackFlows().SyncNoParts()
+		}
+	}()
+	a, _ := l.e.RunPod("a")
+	close(stop2)
+	syncWG.Wait()
+	_, aIdx := l.e.HostVeth("a")
+	l.wantNoParts(t, false, "with a's own table")
+	l.exchangeBoth(t, a)
+	rs, err := mapstest.PartRecords(l.m, aIdx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) < 2 {
+		t.Errorf("a's Service flows left %d records in its own table, want one per family", len(rs))
+	}
+}
+
+// newPoolLabN is newPoolLab on a node sized for maxPods+1 attachments.
+func newPoolLabN(t *testing.T, maxPods int) *poolLab {
+	e := testenv.New(t)
+	e.Extra = map[string]any{"maxPods": maxPods}
+	l := &poolLab{e: e, b: e.NewPod()}
+	e.CleanupDel(l.b, "b")
+	b4, b6 := testenv.PodIPs(t, e.Add(l.b, "b"))
+	l.bAddrs = map[int]net.IP{4: b4, 6: b6}
+	_, l.bIdx = e.HostVeth("b")
+	l.m = e.Maps()
+	for fam, bip := range l.bAddrs {
+		subnet, node := testenv.PodSubnet4, testenv.NodeIP4
+		if fam == 6 {
+			subnet, node = testenv.PodSubnet6, testenv.NodeIP6
+		}
+		restore(t, e.Node, "nft", nftRules(fam, subnet, []net.IP{node}, []svcPort{
+			{name: "web", proto: "tcp", clusterIP: svcWeb[fam], port: 80, backend: bip, target: 8080},
+		}), "-f", "-")
+	}
+	for _, fam := range []string{"tcp4", "tcp6"} {
+		var ln net.Listener
+		if err := l.b.Do(func(ns.NetNS) (err error) { ln, err = net.Listen(fam, ":8080"); return }); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		acceptEach(ln, func(c net.Conn) {
+			r := bufio.NewReader(c)
+			for {
+				if _, err := r.ReadString('\n'); err != nil {
+					return
+				}
+				if _, err := c.Write([]byte("pong\n")); err != nil {
+					return
+				}
+			}
+		})
+	}
+	return l
+}
+
+// fillPool gives every pool slot but b's to a live veth of the
+// node: every ADD from here makes a table of its own.
+func fillPool(t *testing.T, l *poolLab) {
+	t.Helper()
+	slots := mapstest.Map(l.m, "cni_sf_slots")
+	pool := mapstest.Map(l.m, "cni_sf_pool")
+	bSlot := l.slot(t, l.bIdx)
+	for s := uint32(1); s <= pool.MaxEntries(); s++ {
+		if s == bSlot {
+			continue
+		}
+		var idx int
+		err := l.e.Node.Do(func(ns.NetNS) error {
+			name := fmt.Sprintf("fill%d", s)
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: name + "p"}); err != nil {
+				return err
+			}
+			lk, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			idx = lk.Attrs().Index
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, v := uint32(idx), s
+		if err := slots.Update(&k, &v, 0); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { slots.Delete(&k) })
+	}
+}
+
+// tablesOf lists the keys of cni_stack_flow_parts (tables only, no slots).
+func tablesOf(t *testing.T, l *poolLab) []uint32 {
+	t.Helper()
+	var out []uint32
+	var k, v uint32
+	it := mapstest.Map(l.m, "cni_stack_flow_parts").Iterate()
+	for it.Next(&k, &v) {
+		out = append(out, k)
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
