@@ -7,8 +7,11 @@ import (
 	"bufio"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -186,4 +189,56 @@ func tablesOf(t *testing.T, l *poolLab) []uint32 {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// TestStackFlowNoPartsAgentRestart: with an agent, an ADD on a full pool
+// leaves the pod's table to it. Pod a is ADDed, the agent killed (SIGKILL)
+// and started again while a's Service flows run; pod c is ADDed with no
+// agent (its ADD makes the table), then DELed. Each time the flag must
+// match the tables, and a's Service replies must keep reaching it.
+func TestStackFlowNoPartsAgentRestart(t *testing.T) {
+	t.Parallel()
+	l := newPoolLabN(t, 5)
+	fillPool(t, l)
+	conf := l.e.WriteConfDir()
+	ag := l.e.StartAgent(conf, "--metrics-addr", "")
+	a, _ := l.e.RunPod("a")
+	_, aIdx := l.e.HostVeth("a")
+	l.exchangeBoth(t, a)
+	deadline := time.Now().Add(20 * time.Second)
+	for !slices.Contains(tablesOf(t, l), uint32(aIdx)) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent gave a (ifindex %d) no table: tables %v", aIdx, tablesOf(t, l))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	l.wantNoParts(t, false, "with a's table made by the agent")
+	l.exchangeBoth(t, a)
+	ag.Cmd.Process.Signal(syscall.SIGKILL)
+	ag.Exited(10 * time.Second)
+	l.exchangeBoth(t, a)
+	c, _ := l.e.RunPod("c")
+	_, cIdx := l.e.HostVeth("c")
+	l.exchangeBoth(t, c)
+	ag = l.e.StartAgent(conf, "--metrics-addr", "")
+	time.Sleep(2 * time.Second)
+	l.wantNoParts(t, false, fmt.Sprintf("after the agent's restart (tables %v, a %d, c %d)", tablesOf(t, l), aIdx, cIdx))
+	l.exchangeBoth(t, a)
+	if err := l.e.Del(c, "c", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	l.wantNoParts(t, false, "after c's DEL (a's table stands)")
+	l.exchangeBoth(t, a)
+	rs, err := mapstest.PartRecords(l.m, aIdx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) < 2 {
+		t.Errorf("a's Service flows left %d records in its own table, want one per family", len(rs))
+	}
+	if err := l.e.Del(a, "a", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	l.wantNoParts(t, len(tablesOf(t, l)) == 0, fmt.Sprintf("after a's DEL (tables %v)", tablesOf(t, l)))
+	ag.Stop()
 }
