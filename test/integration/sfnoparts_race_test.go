@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
@@ -241,4 +242,54 @@ func TestStackFlowNoPartsAgentRestart(t *testing.T) {
 	}
 	l.wantNoParts(t, len(tablesOf(t, l)) == 0, fmt.Sprintf("after a's DEL (tables %v)", tablesOf(t, l)))
 	ag.Stop()
+}
+
+// TestStackFlowNoPartsOlderBuildTable: the window upgrade.md admits: an
+// older build's ADD (round 10, per-pod tables, no flag) puts pod a's table
+// in while the flag says "no tables". a's Service replies must still reach
+// it (its records go to the shared table while the flag stands), through
+// the agent's full pass (SyncNoParts) that clears the flag, and after it.
+func TestStackFlowNoPartsOlderBuildTable(t *testing.T) {
+	t.Parallel()
+	l := newPoolLabN(t, 5)
+	fillPool(t, l)
+	a, _ := l.e.RunPod("a")
+	_, aIdx := l.e.HostVeth("a")
+	// As the older build left it: a's own table gone, the flag set, then
+	// its table put in without clearing it.
+	if err := l.m.StackFlows().SyncNoParts(); err != nil {
+		t.Fatal(err)
+	}
+	outer := mapstest.Map(l.m, "cni_stack_flow_parts")
+	k := uint32(aIdx)
+	if err := outer.Delete(&k); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.m.StackFlows().SyncNoParts(); err != nil {
+		t.Fatal(err)
+	}
+	l.wantNoParts(t, true, "with a's table taken out")
+	inner, err := ebpf.NewMap(&ebpf.MapSpec{Name: "cni_sf_part", Type: ebpf.LRUHash, KeySize: 40, ValueSize: 16, MaxEntries: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer inner.Close()
+	if err := outer.Update(&k, inner, 0); err != nil {
+		t.Fatal(err)
+	}
+	l.wantNoParts(t, true, "the older build's put (the window)")
+	l.exchangeBoth(t, a)
+	if err := l.m.StackFlows().SyncNoParts(); err != nil {
+		t.Fatal(err)
+	}
+	l.wantNoParts(t, false, "after the agent's full pass")
+	l.exchangeBoth(t, a)
+	rs, err := mapstest.PartRecords(l.m, aIdx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) < 2 {
+		t.Errorf("after the full pass a's Service flows left %d records in its own table, want one per family", len(rs))
+	}
+	outer.Delete(&k)
 }
