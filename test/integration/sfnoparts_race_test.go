@@ -5,8 +5,10 @@ package integration
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"net"
+	"os/exec"
 	"slices"
 	"sync"
 	"syscall"
@@ -292,4 +294,50 @@ func TestStackFlowNoPartsOlderBuildTable(t *testing.T) {
 		t.Errorf("after the full pass a's Service flows left %d records in its own table, want one per family", len(rs))
 	}
 	outer.Delete(&k)
+}
+
+// TestStackFlowNoPartsKilledAdd: on a full pool, agent-less ADDs killed by
+// SIGKILL at each step after the table's making began (its goroutine runs
+// beside the ADD: killed before, between or after the clear and the put):
+// the flag never says "no tables" while one is there, the runtime's DEL
+// leaves it matching the tables, and a pod ADDed after gets its Service
+// replies through its own table.
+func TestStackFlowNoPartsKilledAdd(t *testing.T) {
+	t.Parallel()
+	bin := crashBinary(t)
+	l := newPoolLabN(t, 5)
+	fillPool(t, l)
+	e := l.e
+	for i, step := range []string{"endpoints", "host", "pod", "recorded", "endpoints", "host"} {
+		pod := e.NewPod()
+		id := fmt.Sprintf("crash%d", i)
+		envv := pluginEnv("ADD", id, pod, "eth0")
+		envv["EBPF_CNI_CRASH_AT"] = step
+		out, err := e.RunPlugin(bin, envv, e.StdinConf(nil))
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+			t.Fatalf("ADD with EBPF_CNI_CRASH_AT=%s: %v, want killed by SIGKILL; stdout %s", step, err, out)
+		}
+		tabs := tablesOf(t, l)
+		t.Logf("killed at %s: tables %v", step, tabs)
+		if flag, err := mapstest.NoPartsFlag(l.m); err != nil {
+			t.Fatal(err)
+		} else if flag && len(tabs) > 0 {
+			t.Errorf("killed at %s: HP_CFG_SF_NO_PARTS set with tables %v", step, tabs)
+		}
+		e.CleanupBy(t, "DEL", id, pod, testenv.BinDir)
+		tabs = tablesOf(t, l)
+		l.wantNoParts(t, len(tabs) == 0, fmt.Sprintf("after the DEL of the ADD killed at %s (tables %v)", step, tabs))
+	}
+	a, _ := l.e.RunPod("a")
+	_, aIdx := l.e.HostVeth("a")
+	l.wantNoParts(t, false, "with a's table")
+	l.exchangeBoth(t, a)
+	rs, err := mapstest.PartRecords(l.m, aIdx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) < 2 {
+		t.Errorf("a's Service flows left %d records in its own table, want one per family", len(rs))
+	}
 }
