@@ -341,3 +341,88 @@ func TestStackFlowNoPartsKilledAdd(t *testing.T) {
 		t.Errorf("a's Service flows left %d records in its own table, want one per family", len(rs))
 	}
 }
+
+// TestStackFlowNoPartsStaysClear: pod s keeps a table of its own on a full
+// pool while three workers ADD and DEL pods with tables (each DEL drops a
+// table and runs SyncNoParts) and the full pass runs beside them: the
+// flag must never be seen set (s's table is always there), and s's
+// Service flows, run throughout, are answered and recorded in its table.
+func TestStackFlowNoPartsStaysClear(t *testing.T) {
+	t.Parallel()
+	l := newPoolLabN(t, 5)
+	fillPool(t, l)
+	s, _ := l.e.RunPod("s")
+	_, sIdx := l.e.HostVeth("s")
+	stop := make(chan struct{})
+	var bg sync.WaitGroup
+	seen := 0
+	bg.Add(2)
+	go func() {
+		defer bg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			l.m.StackFlows().SyncNoParts()
+		}
+	}()
+	go func() {
+		defer bg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if set, err := mapstest.NoPartsFlag(l.m); err == nil && set {
+				seen++
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := 0; w < 3; w++ {
+		p := l.e.NewPod()
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < 6; i++ {
+				id := fmt.Sprintf("q%d-%d", w, i)
+				if _, err := l.e.AddV("1.1.0", p, id, "eth0"); err != nil {
+					t.Errorf("ADD %s: %v", id, err)
+					return
+				}
+				if err := l.e.Del(p, id, "eth0"); err != nil {
+					t.Errorf("DEL %s: %v", id, err)
+					return
+				}
+			}
+		}(w)
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	rounds := 0
+	for loop := true; loop; {
+		select {
+		case <-done:
+			loop = false
+		default:
+			l.exchangeBoth(t, s)
+			rounds++
+		}
+	}
+	close(stop)
+	bg.Wait()
+	if seen > 0 {
+		t.Errorf("HP_CFG_SF_NO_PARTS seen set %d times while s's table stood", seen)
+	}
+	t.Logf("%d rounds of s's Service flows during the churn", rounds)
+	rs, err := mapstest.PartRecords(l.m, sIdx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs) < 2 {
+		t.Errorf("s's Service flows left %d records in its own table", len(rs))
+	}
+}
