@@ -59,6 +59,15 @@ func TestUpgradeUnderTraffic(t *testing.T) {
 	}
 }
 
+// TestUpgradeUnderTrafficNoParts (attack13): TestUpgradeUnderTraffic from
+// 41b58f6 (no per-pod tables, no flag), both orders, with
+// HP_CFG_SF_NO_PARTS checked against cni_stack_flow_parts at the end.
+func TestUpgradeUnderTrafficNoParts(t *testing.T) {
+	for _, order := range []string{"plugin-first", "agent-first"} {
+		t.Run(order, func(t *testing.T) { upgradeUnderTraffic(t, testenv.PreIssue28Commit, order) })
+	}
+}
+
 func upgradeUnderTraffic(t *testing.T, commit, order string) {
 	oldBin := testenv.BuildAt(t, commit)
 	lab := newMasqLab(t)
@@ -298,6 +307,10 @@ func upgradeUnderTraffic(t *testing.T, commit, order string) {
 		diag = append(diag, fmt.Sprintf("--- dump stats (%v)\n%s", err, stats))
 		t.Errorf("across the upgrade from %s (%s):\n  %s\nagent log:\n%s\n%s", commit[:7], order, strings.Join(failed, "\n  "), agent.Logs(), strings.Join(diag, "\n"))
 	}
+
+	// attack13: the "no per-pod tables" flag follows the tables the
+	// upgrade left, with the new pod's and the old ones' traffic run.
+	wantPartsLookedUp(t, e.Maps())
 
 	// This build tears it all down.
 	agent.Stop()
