@@ -14,23 +14,25 @@ import (
 
 // results is everything a run measured, as written to the JSON file.
 type results struct {
-	Date      string         `json:"date"`
-	Kernel    string         `json:"kernel"`
-	Go        string         `json:"go"`
-	Commit    string         `json:"commit"`
-	Command   string         `json:"command"`
-	CPUs      int            `json:"cpus"`
-	N         int            `json:"n"`
-	Scale     []int          `json:"scale"`
-	ScaleReps int            `json:"scaleReps"`
-	Elapsed   string         `json:"elapsed"`
-	LoadStart string         `json:"loadavgStart"`
-	LoadEnd   string         `json:"loadavgEnd"`
-	Phases    bool           `json:"ebpfCniTrace"`
-	Configs   []configInfo   `json:"configs"`
-	Warmup    []warmupSample `json:"warmup"`
-	Series    []*series      `json:"series"`
-	HostPort  *hpResults     `json:"hostPort,omitempty"`
+	Date      string `json:"date"`
+	Kernel    string `json:"kernel"`
+	Go        string `json:"go"`
+	Commit    string `json:"commit"`
+	Command   string `json:"command"`
+	CPUs      int    `json:"cpus"`
+	N         int    `json:"n"`
+	Scale     []int  `json:"scale"`
+	ScaleReps int    `json:"scaleReps"`
+	Elapsed   string `json:"elapsed"`
+	LoadStart string `json:"loadavgStart"`
+	LoadEnd   string `json:"loadavgEnd"`
+	Phases    bool   `json:"ebpfCniTrace"`
+	// Agent: ebpf-agent ran on the ebpf-cni nodes (-agent); the goals differ.
+	Agent    bool           `json:"agent"`
+	Configs  []configInfo   `json:"configs"`
+	Warmup   []warmupSample `json:"warmup"`
+	Series   []*series      `json:"series"`
+	HostPort *hpResults     `json:"hostPort,omitempty"`
 	// Throughput, Memory: throughput.go, memory.go.
 	Throughput *tputResults  `json:"throughput,omitempty"`
 	Memory     *memResults   `json:"memory,omitempty"`
@@ -103,6 +105,7 @@ func newResults(o *options) *results {
 		started:   now,
 		LoadStart: testenv.Loadavg(),
 		Phases:    o.phases,
+		Agent:     o.agent,
 		Iperf3:    testenv.IperfVersion(),
 		labels:    map[string]string{},
 	}
