@@ -6,14 +6,14 @@ package datapath
 var objHashes = map[string]objHash{
 	"from_container":        {size: 559200, crc: 0x7a96b389, sha: "72aec771bfbc"},
 	"from_container_compat": {size: 529360, crc: 0x48ba0829, sha: "bf9b99f2c991"},
-	"from_uplink":           {size: 405296, crc: 0x47c4fad5, sha: "1a3330671088"},
-	"from_uplink_compat":    {size: 380144, crc: 0xbe13877e, sha: "a77d27c0e254"},
+	"from_uplink":           {size: 405296, crc: 0xd880d25e, sha: "05c0409a458f"},
+	"from_uplink_compat":    {size: 380144, crc: 0x8e6a933a, sha: "086f4f5299ee"},
 	"sock":                  {size: 180800, crc: 0x393a8f06, sha: "400a37687152"},
 	"sock_compat":           {size: 171328, crc: 0x50301995, sha: "05b9f0a592d2"},
 	"sock_ops":              {size: 163672, crc: 0x4ab4fa28, sha: "2cc0d2d58097"},
 	"to_container":          {size: 201384, crc: 0x8c0dae25, sha: "9c9b1c5bb189"},
 	"to_container_compat":   {size: 186928, crc: 0xbbb85ea0, sha: "887b02b1a25a"},
-	"to_uplink":             {size: 303416, crc: 0x6712fbbb, sha: "3ed00d2ffced"},
-	"to_uplink_compat":      {size: 272408, crc: 0xfcde0df7, sha: "05a479d1c8a0"},
+	"to_uplink":             {size: 314864, crc: 0xc378a445, sha: "c66765e98006"},
+	"to_uplink_compat":      {size: 283800, crc: 0xe23a3ebd, sha: "64b0fc4b0f4b"},
 	"tunnel":                {size: 343008, crc: 0x722decc1, sha: "1221325b49ef"},
 }
