@@ -107,8 +107,11 @@ static __always_inline int from_uplink(struct __sk_buff *skb, __u8 family)
 	int parsed = !flow_parse(skb, family, &f, FLOW_ECHO_REPLY);
 
 	/* Replies of masqueraded flows first: their ports were allocated
-	 * around the node's hostPorts. */
-	if (parsed) {
+	 * around the node's hostPorts. Over IPv6 also behind extension
+	 * headers, which a peer's reply may carry (a destination options
+	 * header): untranslated, it would go to the node's stack. hostPort's
+	 * walk stays its own (hp_frag_flow fills f afresh). */
+	if (parsed || (family == AF_INET6 && !flow_parse6_ext(skb, &f, FLOW_ECHO_REPLY))) {
 		rc = masq_reverse(skb, &f, family);
 		if (rc != MASQ_CONTINUE)
 			return rc;

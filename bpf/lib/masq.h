@@ -695,7 +695,10 @@ static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_in
 	__u8 node[16] = {};
 	__be16 port;
 
-	if (flow_parse(skb, family, &f, FLOW_ECHO_REQUEST)) {
+	/* Over IPv6 also behind extension headers (flow_parse6_ext): else the
+	 * pod's packet would leave with its own address. */
+	if (flow_parse(skb, family, &f, FLOW_ECHO_REQUEST) &&
+	    (family != AF_INET6 || flow_parse6_ext(skb, &f, FLOW_ECHO_REQUEST))) {
 		__u8 proto = 0;
 
 		bpf_skb_load_bytes(skb, ETH_HLEN + (family == AF_INET ? offsetof(struct iphdr, protocol)

@@ -510,12 +510,13 @@ static __always_inline __sum16 csum_fold32(__u32 sum)
 
 /* Packed in a return value, the identification written to *id (the
  * caller's key): from_container's frame is at its limit, and this runs in
- * subprograms whose frames add to it. */
-static __always_inline long ip6_ext_chain(struct __sk_buff *skb, __u8 nexthdr, __u32 off, __u32 *id)
+ * subprograms whose frames add to it. h: 4 bytes for the headers' fields
+ * (next header, length; a fragment header's next header, reserved, offset
+ * and M), the caller's scratch where its frame has no room (policy.h). */
+static __always_inline long ip6_ext_chain_in(struct __sk_buff *skb, __u8 nexthdr, __u32 off, __u32 *id, __u8 *h)
 {
 	/* One variable in the packing of the result: fewer spills. */
 	long c = (long)nexthdr << 16 | off;
-	__u8 h[4]; /* next header, length; a fragment header's next header, reserved, offset and M */
 
 #pragma unroll
 	for (int i = 0; i < IP6_EXT_MAX; i++) {
@@ -544,4 +545,37 @@ static __always_inline long ip6_ext_chain(struct __sk_buff *skb, __u8 nexthdr, _
 	/* The offset fits its 16 bits: a quote's chain starts at 102 (error,
 	 * quoted header), + IP6_EXT_MAX x 2048 at most. */
 	return c;
+}
+
+static __always_inline long ip6_ext_chain(struct __sk_buff *skb, __u8 nexthdr, __u32 off, __u32 *id)
+{
+	__u8 h[4];
+
+	return ip6_ext_chain_in(skb, nexthdr, off, id, h);
+}
+
+/*
+ * flow_parse6 of a whole IPv6 datagram whose transport header lies behind
+ * extension headers (the ip6_ext_chain walk), which flow_parse6 refuses: a
+ * peer's reply to a masqueraded flow may carry a destination options or
+ * hop-by-hop header (masq.h masq_reverse). No fragment (an atomic one is
+ * whole). Returns 0, or -1 (also for a packet without extension headers:
+ * flow_parse6's answer stands). Out of line: its walk's stack is not on the
+ * caller's.
+ */
+static __noinline __attribute__((unused)) int flow_parse6_ext(struct __sk_buff *skb, struct flow *f, int echo)
+{
+	__u8 nh = 0;
+
+	if (bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, nexthdr), &nh, 1) ||
+	    bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, saddr), f->saddr, 16) ||
+	    bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), f->daddr, 16))
+		return -1;
+	long c = ip6_ext_chain(skb, nh, ETH_HLEN + sizeof(struct ipv6hdr), NULL);
+	if (c < 0 || IP6X_FRAG(c) != FLOW_FRAG_NONE || IP6X_L4OFF(c) == ETH_HLEN + sizeof(struct ipv6hdr))
+		return -1;
+	f->family = AF_INET6;
+	f->proto = IP6X_PROTO(c);
+	f->l4off = IP6X_L4OFF(c);
+	return flow_load_l4(skb, f, echo);
 }

@@ -811,7 +811,15 @@ static __noinline int pol_error_related(struct __sk_buff *skb, struct pol_work *
 		if (bpf_skb_load_bytes(skb, off + 6, &q->proto, 1) || bpf_skb_load_bytes(skb, off + 8, q->saddr, 16) ||
 		    bpf_skb_load_bytes(skb, off + 24, q->daddr, 16))
 			return 0;
-		off += 40;
+		/* The quote's extension headers (the pod's own datagrams carry
+		 * them, pol_parse judged them behind): the flow is the L4
+		 * header's, as icmp_err_parse walks it (with the scratch: no
+		 * room in the frame). A later fragment has no ports. */
+		long c = ip6_ext_chain_in(skb, q->proto, off + 40, NULL, h);
+		if (c < 0 || IP6X_FRAG(c) == FLOW_FRAG_LATER)
+			return 0;
+		q->proto = IP6X_PROTO(c);
+		off = IP6X_L4OFF(c);
 	}
 	/* An error goes back to the sender of the packet it quotes (so does
 	 * Linux conntrack's check of a related error): one to anyone else

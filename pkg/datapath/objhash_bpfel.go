@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 551840, crc: 0x7943fec7, sha: "d5fa238bc980"},
-	"from_container_compat": {size: 521992, crc: 0x69b2ad72, sha: "2b0277c49409"},
-	"from_uplink":           {size: 387064, crc: 0xc301b74e, sha: "a9bf3408d4c8"},
-	"from_uplink_compat":    {size: 361960, crc: 0x0c17303f, sha: "086402951363"},
-	"sock":                  {size: 172784, crc: 0xe0c58068, sha: "efd7c3ff6856"},
-	"sock_compat":           {size: 163312, crc: 0xae787013, sha: "00624ebe2769"},
-	"sock_ops":              {size: 155664, crc: 0x7c31c7ed, sha: "a3cc4163d51c"},
-	"to_container":          {size: 193368, crc: 0xf1d48782, sha: "40a4c2743a8d"},
-	"to_container_compat":   {size: 178912, crc: 0x816c099f, sha: "69ef4af41339"},
-	"to_uplink":             {size: 296048, crc: 0x4b6e4825, sha: "06e4288b335b"},
-	"to_uplink_compat":      {size: 265040, crc: 0x6428f988, sha: "6928beba28f3"},
-	"tunnel":                {size: 335640, crc: 0xf8e6e761, sha: "613c16bed8d0"},
+	"from_container":        {size: 559200, crc: 0x7a96b389, sha: "72aec771bfbc"},
+	"from_container_compat": {size: 529360, crc: 0x48ba0829, sha: "bf9b99f2c991"},
+	"from_uplink":           {size: 405296, crc: 0xd880d25e, sha: "05c0409a458f"},
+	"from_uplink_compat":    {size: 380144, crc: 0x8e6a933a, sha: "086f4f5299ee"},
+	"sock":                  {size: 180800, crc: 0x393a8f06, sha: "400a37687152"},
+	"sock_compat":           {size: 171328, crc: 0x50301995, sha: "05b9f0a592d2"},
+	"sock_ops":              {size: 163672, crc: 0x4ab4fa28, sha: "2cc0d2d58097"},
+	"to_container":          {size: 201384, crc: 0x8c0dae25, sha: "9c9b1c5bb189"},
+	"to_container_compat":   {size: 186928, crc: 0xbbb85ea0, sha: "887b02b1a25a"},
+	"to_uplink":             {size: 314864, crc: 0xc378a445, sha: "c66765e98006"},
+	"to_uplink_compat":      {size: 283800, crc: 0xe23a3ebd, sha: "64b0fc4b0f4b"},
+	"tunnel":                {size: 343008, crc: 0x722decc1, sha: "1221325b49ef"},
 }

@@ -57,9 +57,21 @@ func (t *Teardown) WithVeth(f func() error) { t.with = append(t.with, f) }
 // record itself (forget). id.Netns "" takes the record's. Every feature's
 // teardown runs: it does not depend on how the attachment was configured.
 func tearDown(n *Network, id ID, rec *state.Record, tr *Tracer) error {
-	// The maps are opened at first use: a bad pin found then ends the
-	// teardown with its error (DEL's, or the sweep's in GC and the agent).
+	// The maps are opened at first use: a bad pin found then ends the step
+	// that met it with its error (DEL's, or the sweep's in GC and the
+	// agent), and every other step still runs (guarded). The outer guard
+	// is a backstop for a step not guarded on its own.
 	return maps.Guard(func() error { return tearDownAll(n, id, rec, tr) })
+}
+
+// guarded runs each step under its own maps.Guard and joins their errors:
+// a foreign pin one step meets does not keep the others from running.
+func guarded(steps ...func() error) error {
+	var errs error
+	for _, f := range steps {
+		errs = errors.Join(errs, maps.Guard(f))
+	}
+	return errs
 }
 
 func tearDownAll(n *Network, id ID, rec *state.Record, tr *Tracer) error {
@@ -71,9 +83,9 @@ func tearDownAll(n *Network, id ID, rec *state.Record, tr *Tracer) error {
 	errs = errors.Join(errs, t.runBefore())
 	with := t.startWithVeth()
 	tr.Mark("before-endpoints")
-	errs = errors.Join(errs, t.removeEndpoints(), t.removePodSide())
+	errs = errors.Join(errs, guarded(t.removeEndpoints, t.removePodSide))
 	tr.Mark("endpoints")
-	errs = errors.Join(errs, t.removeVeth())
+	errs = errors.Join(errs, guarded(t.removeVeth))
 	if with != nil {
 		errs = errors.Join(errs, <-with)
 		tr.Mark("with-veth")
@@ -178,11 +190,7 @@ func (t *Teardown) runBefore() error {
 	for _, f := range AllFeatures() {
 		f.Teardown(t)
 	}
-	var errs error
-	for _, f := range t.before {
-		errs = errors.Join(errs, f())
-	}
-	return errs
+	return guarded(t.before...)
 }
 
 // dropStackFlows drops the pod's flows the stack delivered to it; own:
@@ -216,13 +224,7 @@ func (t *Teardown) startWithVeth() chan error {
 		return nil
 	}
 	with := make(chan error, 1)
-	go func() {
-		var err error
-		for _, f := range t.with {
-			err = errors.Join(err, maps.Guard(f))
-		}
-		with <- err
-	}()
+	go func() { with <- guarded(t.with...) }()
 	return with
 }
 
@@ -283,8 +285,10 @@ func (t *Teardown) removeLinkState() error {
 	if t.DP != nil && t.Ifindex != 0 {
 		// The flow and trace switches go too: the next pod given this
 		// ifindex has not asked for them. (Its flows age out: LRU, idle sweep.)
-		errs = errors.Join(t.DP.Maps.Links().Delete(t.Ifindex), t.DP.Maps.Stats().Reset(t.Ifindex),
-			t.DP.Maps.Events().ForgetEndpoint(uint32(t.Ifindex)))
+		idx := t.Ifindex
+		errs = guarded(func() error { return t.DP.Maps.Links().Delete(idx) },
+			func() error { return t.DP.Maps.Stats().Reset(idx) },
+			func() error { return t.DP.Maps.Events().ForgetEndpoint(uint32(idx)) })
 	}
 	if !t.foreign {
 		errs = errors.Join(errs, datapath.RemoveLinkPins(t.Net.PinDir, t.hostIf))

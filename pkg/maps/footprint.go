@@ -178,7 +178,10 @@ func usageOf(dir, name string, mp *ebpf.Map, cpus int) (Usage, error) {
 	u := Usage{Name: name, Type: mp.Type().String(), KeySize: mp.KeySize(), ValueSize: mp.ValueSize(),
 		MaxEntries: mp.MaxEntries(), Flags: mp.Flags(), Memlock: mem, CPUs: cpus, typ: mp.Type(), Entries: -1}
 	switch mp.Type() {
-	case ebpf.Array, ebpf.PerCPUArray, ebpf.RingBuf: // no keys to count
+	// No keys to count. An array of maps too: its every slot exists (the
+	// pool's, cni_sf_pool, each holds a table from setup on; cni_sf_slots
+	// counts the taken ones), so counted keys read as a full map.
+	case ebpf.Array, ebpf.PerCPUArray, ebpf.RingBuf, ebpf.ArrayOfMaps:
 	default:
 		if u.Entries, err = countKeys(mp); err != nil {
 			return Usage{}, fmt.Errorf("count entries of %s: %w", name, err)

@@ -6,6 +6,7 @@ package integration
 
 import (
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -112,4 +113,66 @@ func TestForeignLazyMapGC(t *testing.T) {
 		t.Errorf("GC again with cni_netns pinned back: %v", err)
 	}
 	e.AssertNothingOf("flg-pod")
+}
+
+// TestForeignPinDelTearsDownTheRest: a pod's DEL meeting a foreign pin
+// (another map type, swapPin) of a map its teardown opens at first use,
+// and the pin left there (nobody puts ours back): the DEL answers error 50
+// naming the pin, and still removes everything else of the pod: its host
+// veth (and the routes to it), link pins, endpoint entries, IPAM
+// reservations; only its record stays, for the retry that finishes once
+// the pin is ours again. One map at each stage of the teardown: before the
+// endpoint entries (cni_cidr_refs, masquerade's cluster CIDRs), in the
+// pod's side (cni_netns), with the link state (cni_ev_pods, the last
+// step). Red before (mend12, 7aa7159): the pin error ended the whole
+// teardown where it was met (one maps.Guard around it): the veth and its
+// routes left for cni_cidr_refs and cni_netns, the endpoint entries too
+// for cni_cidr_refs (and still there after the retry with the pin back,
+// in the later rounds' checks); cni_ev_pods green (only the link pins came
+// after it, and a pod without the agent has none: cls_bpf).
+func TestForeignPinDelTearsDownTheRest(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	for _, name := range []string{"cni_cidr_refs", "cni_netns", "cni_ev_pods"} {
+		pod := e.NewPod()
+		id := "fpd-" + strings.ReplaceAll(name, "_", "")
+		r := e.Add(pod, id)
+		ip4, ip6 := testenv.PodIPs(t, r)
+		hostIf, _ := e.HostVeth(id)
+		back := swapPin(t, e, name)
+		p := filepath.Join(datapath.MapsDir(e.PinDir), name)
+		err := e.Del(pod, id, "eth0")
+		var te *types.Error
+		if err != nil && (!errors.As(err, &te) || te.Code != codePluginNotAvailable || !strings.Contains(te.Msg, p)) {
+			t.Errorf("DEL with a foreign %s pinned: %v (%T), want error 50 naming %s, or success", name, err, err, p)
+		}
+		t.Logf("DEL with a foreign %s: %v", name, err)
+		if e.NodeLinkExists(hostIf) {
+			t.Errorf("foreign %s: the DEL left the host veth %s", name, hostIf)
+		}
+		for _, ip := range []net.IP{ip4, ip6} {
+			if rs := e.HostRoutesTo(ip); len(rs) > 0 {
+				t.Errorf("foreign %s: the DEL left the node's routes to %s: %v", name, ip, rs)
+			}
+		}
+		for _, dir := range []string{"ingress", "egress"} {
+			if _, serr := os.Stat(datapath.LinkPinPath(e.PinDir, hostIf, dir)); serr == nil {
+				t.Errorf("foreign %s: the DEL left the %s link pin of %s", name, dir, hostIf)
+			}
+		}
+		if res := e.ReservationsOf(id); len(res) > 0 {
+			t.Errorf("foreign %s: the DEL left the IPAM reservations %v", name, res)
+		}
+		if m, merr := datapath.OpenMapsLean(e.PinDir); merr == nil {
+			if eps, _ := m.Maps.Endpoints().List(); len(eps) > 0 {
+				t.Errorf("foreign %s: the DEL left endpoint entries %+v", name, eps)
+			}
+			m.Close()
+		}
+		back()
+		if err := e.Del(pod, id, "eth0"); err != nil {
+			t.Errorf("DEL again with %s pinned back: %v", name, err)
+		}
+		e.AssertNothingOf(id)
+	}
 }
