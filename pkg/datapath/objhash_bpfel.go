@@ -4,15 +4,15 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 551840, crc: 0x7943fec7, sha: "d5fa238bc980"},
-	"from_container_compat": {size: 521992, crc: 0x69b2ad72, sha: "2b0277c49409"},
-	"from_uplink":           {size: 387064, crc: 0xc301b74e, sha: "a9bf3408d4c8"},
-	"from_uplink_compat":    {size: 361960, crc: 0x0c17303f, sha: "086402951363"},
+	"from_container":        {size: 557520, crc: 0xf0139603, sha: "0718e4d7c16b"},
+	"from_container_compat": {size: 527800, crc: 0xc3e6600a, sha: "4e9264514b5e"},
+	"from_uplink":           {size: 387048, crc: 0x3a094ccc, sha: "72a9f485ffad"},
+	"from_uplink_compat":    {size: 361936, crc: 0xbd714b15, sha: "0f416af762c0"},
 	"sock":                  {size: 172784, crc: 0xe0c58068, sha: "efd7c3ff6856"},
 	"sock_compat":           {size: 163312, crc: 0xae787013, sha: "00624ebe2769"},
 	"sock_ops":              {size: 155664, crc: 0x7c31c7ed, sha: "a3cc4163d51c"},
-	"to_container":          {size: 193368, crc: 0xf1d48782, sha: "40a4c2743a8d"},
-	"to_container_compat":   {size: 178912, crc: 0x816c099f, sha: "69ef4af41339"},
+	"to_container":          {size: 193368, crc: 0x8b454055, sha: "64f0a248c81f"},
+	"to_container_compat":   {size: 178912, crc: 0x8e4381f3, sha: "879e88d6c634"},
 	"to_uplink":             {size: 296048, crc: 0x4b6e4825, sha: "06e4288b335b"},
 	"to_uplink_compat":      {size: 265040, crc: 0x6428f988, sha: "6928beba28f3"},
 	"tunnel":                {size: 335640, crc: 0xf8e6e761, sha: "613c16bed8d0"},
