@@ -4,8 +4,8 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 557520, crc: 0xf0139603, sha: "0718e4d7c16b"},
-	"from_container_compat": {size: 527800, crc: 0xc3e6600a, sha: "4e9264514b5e"},
+	"from_container":        {size: 558328, crc: 0x607bab6f, sha: "21018403e3b6"},
+	"from_container_compat": {size: 528160, crc: 0x9987061f, sha: "8e39af7587d2"},
 	"from_uplink":           {size: 387048, crc: 0x3a094ccc, sha: "72a9f485ffad"},
 	"from_uplink_compat":    {size: 361936, crc: 0xbd714b15, sha: "0f416af762c0"},
 	"sock":                  {size: 172784, crc: 0xe0c58068, sha: "efd7c3ff6856"},
