@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 558328, crc: 0x607bab6f, sha: "21018403e3b6"},
-	"from_container_compat": {size: 528160, crc: 0x9987061f, sha: "8e39af7587d2"},
-	"from_uplink":           {size: 387048, crc: 0x3a094ccc, sha: "72a9f485ffad"},
-	"from_uplink_compat":    {size: 361936, crc: 0xbd714b15, sha: "0f416af762c0"},
-	"sock":                  {size: 172784, crc: 0xe0c58068, sha: "efd7c3ff6856"},
-	"sock_compat":           {size: 163312, crc: 0xae787013, sha: "00624ebe2769"},
+	"from_container":        {size: 551432, crc: 0x9e6cd02b, sha: "e868c1a42666"},
+	"from_container_compat": {size: 521576, crc: 0x7074d19c, sha: "18a22fce8796"},
+	"from_uplink":           {size: 380368, crc: 0xb3bc1065, sha: "5c42f461e953"},
+	"from_uplink_compat":    {size: 355280, crc: 0xcf86abdd, sha: "c497ba029884"},
+	"sock":                  {size: 172784, crc: 0x3af2cdb4, sha: "0d60c74ad14d"},
+	"sock_compat":           {size: 163312, crc: 0x7489f2b8, sha: "aa4a925d84b7"},
 	"sock_ops":              {size: 155664, crc: 0x7c31c7ed, sha: "a3cc4163d51c"},
 	"to_container":          {size: 193368, crc: 0x8b454055, sha: "64f0a248c81f"},
 	"to_container_compat":   {size: 178912, crc: 0x8e4381f3, sha: "879e88d6c634"},
 	"to_uplink":             {size: 296048, crc: 0x4b6e4825, sha: "06e4288b335b"},
 	"to_uplink_compat":      {size: 265040, crc: 0x6428f988, sha: "6928beba28f3"},
-	"tunnel":                {size: 335640, crc: 0xf8e6e761, sha: "613c16bed8d0"},
+	"tunnel":                {size: 329096, crc: 0x5b2ce73e, sha: "1e2caa83f654"},
 }
