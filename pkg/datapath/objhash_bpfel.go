@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 551432, crc: 0x9e6cd02b, sha: "e868c1a42666"},
-	"from_container_compat": {size: 521576, crc: 0x7074d19c, sha: "18a22fce8796"},
-	"from_uplink":           {size: 380368, crc: 0xb3bc1065, sha: "5c42f461e953"},
-	"from_uplink_compat":    {size: 355280, crc: 0xcf86abdd, sha: "c497ba029884"},
+	"from_container":        {size: 549608, crc: 0x0914304f, sha: "51467c4452fb"},
+	"from_container_compat": {size: 519960, crc: 0x426ea869, sha: "572e8a147246"},
+	"from_uplink":           {size: 379640, crc: 0x090d1cc4, sha: "8a3b3f8be33f"},
+	"from_uplink_compat":    {size: 354552, crc: 0x6bb296c2, sha: "b4b9d4dd8983"},
 	"sock":                  {size: 172784, crc: 0x3af2cdb4, sha: "0d60c74ad14d"},
 	"sock_compat":           {size: 163312, crc: 0x7489f2b8, sha: "aa4a925d84b7"},
 	"sock_ops":              {size: 155664, crc: 0x7c31c7ed, sha: "a3cc4163d51c"},
-	"to_container":          {size: 193368, crc: 0x8b454055, sha: "64f0a248c81f"},
-	"to_container_compat":   {size: 178912, crc: 0x8e4381f3, sha: "879e88d6c634"},
-	"to_uplink":             {size: 296048, crc: 0x4b6e4825, sha: "06e4288b335b"},
-	"to_uplink_compat":      {size: 265040, crc: 0x6428f988, sha: "6928beba28f3"},
-	"tunnel":                {size: 329096, crc: 0x5b2ce73e, sha: "1e2caa83f654"},
+	"to_container":          {size: 193416, crc: 0x8df2e5a3, sha: "c7b0cd6a3f05"},
+	"to_container_compat":   {size: 178960, crc: 0x7aab50c0, sha: "944b454e9fc9"},
+	"to_uplink":             {size: 295032, crc: 0x511cfb50, sha: "92fdbc7faf3d"},
+	"to_uplink_compat":      {size: 264000, crc: 0x1dbb0eb2, sha: "36ece5e1db25"},
+	"tunnel":                {size: 329112, crc: 0x39054b0a, sha: "e8236c4aa587"},
 }
