@@ -41,7 +41,9 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 		return drop(ifindex, REASON_DROP_TUN_SRC, skb->len);
 	if ((src->flags & EP_F_POLICY) && policy_egress(skb, AF_INET, ifindex, dst != NULL) == POL_DENY)
 		return drop(ifindex, REASON_DROP_POLICY, skb->len);
-	if (node_hooks_enabled() && ((src->flags & EP_F_HOSTPORT) || !dst)) {
+	/* ADD's flag and the destination first: same-node traffic of a pod
+	 * without hostPorts, the bulk, skips the node config's read. */
+	if (((src->flags & EP_F_HOSTPORT) || !dst) && node_hooks_enabled()) {
 		int rc = hostport_from_pod(skb, AF_INET, src->flags, dst != NULL);
 
 		if (rc != HP_CONTINUE)
@@ -117,7 +119,7 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 		return drop(ifindex, REASON_DROP_TUN_SRC, skb->len);
 	if ((src->flags & EP_F_POLICY) && policy_egress(skb, AF_INET6, ifindex, dst != NULL) == POL_DENY)
 		return drop(ifindex, REASON_DROP_POLICY, skb->len);
-	if (node_hooks_enabled() && ((src->flags & EP_F_HOSTPORT) || !dst)) {
+	if (((src->flags & EP_F_HOSTPORT) || !dst) && node_hooks_enabled()) {
 		int rc = hostport_from_pod(skb, AF_INET6, src->flags, dst != NULL);
 
 		if (rc != HP_CONTINUE)

@@ -149,11 +149,12 @@ static __always_inline int from_uplink(struct __sk_buff *skb, __u8 family)
 	if (ttl <= 1)
 		return TCX_NEXT;
 	/* A fragment of a hostPort's UDP datagram (lib/hostport.h). */
-	if (!parsed && hp_frag_flow(skb, family, &f))
+	long frag_id = 0;
+	if (!parsed && (frag_id = hp_frag_flow(skb, family, &f)) < 0)
 		return TCX_NEXT;
 	if (f.proto != IPPROTO_TCP && f.proto != IPPROTO_UDP)
 		return TCX_NEXT;
-	return hostport_from_uplink(skb, &f);
+	return hostport_from_uplink(skb, &f, frag_id);
 }
 
 /* A forged source off the wire: counted on the uplink (cni_stats keyed by

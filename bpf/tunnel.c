@@ -57,9 +57,10 @@ static __always_inline int tun_hostport(struct __sk_buff *skb, __u8 family)
 		int rc = hostport_icmp_error_in(skb, &e);
 		return rc == HP_CONTINUE ? TCX_NEXT : rc;
 	}
-	if (flow_parse(skb, family, &f, 0) && hp_frag_flow(skb, family, &f))
+	long frag_id = 0;
+	if (flow_parse(skb, family, &f, 0) && (frag_id = hp_frag_flow(skb, family, &f)) < 0)
 		return TCX_NEXT;
-	return hostport_from_uplink(skb, &f);
+	return hostport_from_uplink(skb, &f, frag_id);
 }
 
 SEC("tc")

@@ -106,17 +106,33 @@ static __always_inline long hp_ip6_chain(struct __sk_buff *skb, __u8 nexthdr, __
 	return ip6_ext_chain(skb, nexthdr, ETH_HLEN + sizeof(struct ipv6hdr), id);
 }
 
+/* The notes' key of a fragment's flow as hp_frag_flow filled it in (its
+ * addresses as the fragment came in, before any translation) with its
+ * identification id: one builder for the note and its lookup. */
+static __always_inline void hp_frag_key_of(struct hp_frag_key *k, __u32 ifindex, const struct flow *f, __u32 id)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->ifindex = ifindex;
+	k->id = id;
+	k->family = f->family;
+	k->proto = IPPROTO_UDP;
+	addr_copy(k->saddr, f->saddr, f->family);
+	addr_copy(k->daddr, f->daddr, f->family);
+}
+
 /*
  * f for a UDP packet that flow_parse refused: a first fragment (offset 0,
  * more to come) with its ports, FLOW_FRAG_FIRST; a later one with the
  * ports of its datagram's translated first fragment, FLOW_FRAG_LATER and
  * no L4 header (l4off 0); over IPv6, a whole datagram behind extension
  * headers (FLOW_FRAG_NONE), which flow_parse6 does not walk (hp_ip6_chain).
- * Returns 0, or -1 when the packet is none of these: it goes on untouched.
+ * Returns the datagram's identification (what hp_frag_note keys the note
+ * by: returned, so that the note reads nothing again), or -1 when the
+ * packet is none of these: it goes on untouched.
  */
-HP_SUBPROG int hp_frag_flow(struct __sk_buff *skb, __u8 family, struct flow *f)
+HP_SUBPROG long hp_frag_flow(struct __sk_buff *skb, __u8 family, struct flow *f)
 {
-	struct hp_frag_key k = { .ifindex = skb->ifindex, .family = family, .proto = IPPROTO_UDP };
+	__u32 id = 0;
 	int later, more;
 
 	if (family == AF_INET) {
@@ -126,7 +142,7 @@ HP_SUBPROG int hp_frag_flow(struct __sk_buff *skb, __u8 family, struct flow *f)
 			return -1;
 		later = (ip->frag_off & bpf_htons(0x1fff)) != 0;
 		more = 1;
-		k.id = ip->id;
+		id = ip->id;
 		f->l4off = ETH_HLEN + ip->ihl * 4;
 		*(__be32 *)f->saddr = ip->saddr;
 		*(__be32 *)f->daddr = ip->daddr;
@@ -137,7 +153,7 @@ HP_SUBPROG int hp_frag_flow(struct __sk_buff *skb, __u8 family, struct flow *f)
 			return -1;
 		__builtin_memcpy(f->saddr, &ip6->saddr, 16);
 		__builtin_memcpy(f->daddr, &ip6->daddr, 16);
-		long c = hp_ip6_chain(skb, ip6->nexthdr, &k.id);
+		long c = hp_ip6_chain(skb, ip6->nexthdr, &id);
 		if (c < 0)
 			return -1;
 		later = IP6X_FRAG(c) == FLOW_FRAG_LATER;
@@ -152,11 +168,12 @@ HP_SUBPROG int hp_frag_flow(struct __sk_buff *skb, __u8 family, struct flow *f)
 		if (flow_load_l4(skb, f, FLOW_NO_ECHO))
 			return -1;
 		f->frag = more ? FLOW_FRAG_FIRST : FLOW_FRAG_NONE;
-		return 0;
+		return id;
 	}
 
-	addr_copy(k.saddr, f->saddr, family);
-	addr_copy(k.daddr, f->daddr, family);
+	struct hp_frag_key k;
+
+	hp_frag_key_of(&k, skb->ifindex, f, id);
 	struct hp_frag_val *v = bpf_map_lookup_elem(&cni_hp_frag_notes, &k);
 	if (!v || bpf_ktime_get_ns() - v->seen_ns >= HP_FRAG_TIMEOUT) {
 		/* Overtaken, evicted, or no hostPort's: made visible, to a node
@@ -171,32 +188,19 @@ HP_SUBPROG int hp_frag_flow(struct __sk_buff *skb, __u8 family, struct flow *f)
 	f->frag = FLOW_FRAG_LATER;
 	f->l4off = 0;
 	hp_frag_count(HP_FRAG_LATER);
-	return 0;
+	return id;
 }
 
 /* Notes the ports of the first fragment in f, about to be translated, for
- * its datagram's later fragments (hp_frag_flow). The packet is untouched
- * yet: its identification is read from it. */
-HP_SUBPROG void hp_frag_note(struct __sk_buff *skb, const struct flow *f)
+ * its datagram's later fragments (hp_frag_flow). Its identification id is
+ * the one hp_frag_flow returned: the packet is not read again (over IPv6,
+ * its header chain not walked again). */
+HP_SUBPROG void hp_frag_note(struct __sk_buff *skb, const struct flow *f, __u32 id)
 {
-	struct hp_frag_key k = { .ifindex = skb->ifindex, .family = f->family, .proto = f->proto };
+	struct hp_frag_key k;
 	struct hp_frag_val v = { .sport = f->sport, .dport = f->dport, .seen_ns = bpf_ktime_get_ns() };
 
-	if (f->family == AF_INET) {
-		struct iphdr *ip = pkt_ip4(skb);
-
-		if (!ip)
-			return;
-		k.id = ip->id;
-	} else {
-		struct ipv6hdr *ip6 = pkt_ip6(skb);
-		long c = ip6 ? hp_ip6_chain(skb, ip6->nexthdr, &k.id) : -1;
-
-		if (c < 0 || !(c & IP6X_SEEN))
-			return;
-	}
-	addr_copy(k.saddr, f->saddr, f->family);
-	addr_copy(k.daddr, f->daddr, f->family);
+	hp_frag_key_of(&k, skb->ifindex, f, id);
 	if (!bpf_map_update_elem(&cni_hp_frag_notes, &k, &v, BPF_ANY))
 		hp_frag_count(HP_FRAG_NOTED);
 }
@@ -317,7 +321,7 @@ static __always_inline void ct_track(struct __sk_buff *skb, struct ct_val *v, co
  * error.
  */
 static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, const struct hostport_val *v,
-					 int snat_to_dialled)
+					 int snat_to_dialled, __u32 frag_id)
 {
 	struct ct_key k = { .family = f->family, .proto = f->proto, .pod_port = v->pod_port };
 	struct ct_val nv = { .orig_port = f->dport, .client_port = f->sport, .ifindex = v->ifindex };
@@ -364,7 +368,7 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
 	}
 
 	if (flow_frag(f) == FLOW_FRAG_FIRST)
-		hp_frag_note(skb, f);
+		hp_frag_note(skb, f, frag_id);
 	if (pkt_rewrite(skb, f, 0, v->pod_addr, v->pod_port))
 		return -1;
 	if (snat_to_dialled && pkt_rewrite(skb, f, 1, dialled, f->sport))
@@ -383,7 +387,7 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
  */
 #define HP_REV_TOO_BIG 2
 #define HP_REV_SNAT 3
-static __always_inline int hostport_reverse(struct __sk_buff *skb, struct flow *f, __u32 ifindex)
+static __always_inline int hostport_reverse(struct __sk_buff *skb, struct flow *f, __u32 ifindex, __u32 frag_id)
 {
 	struct ct_key k = { .family = f->family, .proto = f->proto, .pod_port = f->sport, .peer_port = f->dport };
 	struct ct_val *ct;
@@ -409,7 +413,7 @@ static __always_inline int hostport_reverse(struct __sk_buff *skb, struct flow *
 #endif
 	ct_track(skb, ct, f, 1, now);
 	if (flow_frag(f) == FLOW_FRAG_FIRST)
-		hp_frag_note(skb, f);
+		hp_frag_note(skb, f, frag_id);
 	/* Copy before rewriting: the entry may be evicted meanwhile. */
 	__u8 orig[16], client[16];
 	__be16 orig_port = ct->orig_port, client_port = ct->client_port;
@@ -581,6 +585,7 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 {
 	__u32 ifindex = skb->ifindex;
 	struct flow f = {};
+	long frag_id = 0; /* a fragment's identification (hp_frag_flow) */
 	int rc = 0;
 
 	if (family == AF_INET) {
@@ -590,7 +595,7 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 			return HP_CONTINUE;
 		if (ip->protocol == IPPROTO_ICMP)
 			return (src_flags & EP_F_HOSTPORT) ? hostport_icmp_error_out(skb, AF_INET, ifindex) : HP_CONTINUE;
-		if (flow_parse4(skb, ip, &f, FLOW_NO_ECHO) && hp_frag_flow(skb, AF_INET, &f))
+		if (flow_parse4(skb, ip, &f, FLOW_NO_ECHO) && (frag_id = hp_frag_flow(skb, AF_INET, &f)) < 0)
 			return HP_CONTINUE;
 	} else {
 		struct ipv6hdr *ip6 = pkt_ip6(skb);
@@ -599,12 +604,12 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 			return HP_CONTINUE;
 		if (ip6->nexthdr == IPPROTO_ICMPV6)
 			return (src_flags & EP_F_HOSTPORT) ? hostport_icmp_error_out(skb, AF_INET6, ifindex) : HP_CONTINUE;
-		if (flow_parse6(skb, ip6, &f, FLOW_NO_ECHO) && hp_frag_flow(skb, AF_INET6, &f))
+		if (flow_parse6(skb, ip6, &f, FLOW_NO_ECHO) && (frag_id = hp_frag_flow(skb, AF_INET6, &f)) < 0)
 			return HP_CONTINUE;
 	}
 
 	if (src_flags & EP_F_HOSTPORT) {
-		rc = hostport_reverse(skb, &f, ifindex);
+		rc = hostport_reverse(skb, &f, ifindex, frag_id);
 		if (rc < 0)
 			goto error;
 		if (rc == HP_REV_TOO_BIG)
@@ -630,7 +635,7 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 		}
 		/* Reaching its own hostPort, the pod must not see its own address
 		 * as the source: SNAT to the dialled address. */
-		rc = hostport_dnat(skb, &f, v, v->ifindex == ifindex);
+		rc = hostport_dnat(skb, &f, v, v->ifindex == ifindex, frag_id);
 		if (rc < 0)
 			goto error;
 		if (rc)
@@ -650,7 +655,7 @@ error:
  * the pod when it dials a hostPort, and delivered into the pod. Returns the
  * verdict; TCX_NEXT when it is not a hostPort's (the caller checked TTL).
  */
-static __always_inline int hostport_from_uplink(struct __sk_buff *skb, struct flow *f)
+static __always_inline int hostport_from_uplink(struct __sk_buff *skb, struct flow *f, __u32 frag_id)
 {
 	struct hostport_val *v = hostport_lookup(f->daddr, f->family, f->proto, f->dport, 0);
 	if (!v)
@@ -659,7 +664,7 @@ static __always_inline int hostport_from_uplink(struct __sk_buff *skb, struct fl
 	if (!ep || ep->ifindex != v->ifindex)
 		return TCX_NEXT; /* the pod is going away */
 
-	int rc = hostport_dnat(skb, f, v, 0);
+	int rc = hostport_dnat(skb, f, v, 0, frag_id);
 	if (rc < 0) {
 		hp_count(HP_STAT_ERROR);
 		return drop_dir(ep->ifindex, DIR_INGRESS, REASON_DROP_MALFORMED);

@@ -440,12 +440,15 @@ TUN_SUBPROG int tun_from_pod_forwarded(struct __sk_buff *skb, __u8 family, __u32
 static __always_inline int tun_hop_mac_ok(struct __sk_buff *skb, const struct tun_hop_key *k, const __u8 *smac)
 {
 	__u8 hop[8] __attribute__((aligned(4))); /* mac_equal reads words */
-	struct bpf_fib_lookup p __attribute__((aligned(8))) = {};
+	struct bpf_fib_lookup p __attribute__((aligned(8)));
 	__u64 now = bpf_ktime_get_ns();
 
 	struct tun_hop_val *v = bpf_map_lookup_elem(&cni_tun_hops, k);
 	if (v && now - v->seen_ns < TUN_HOP_TTL_NS && mac_equal(smac, v->mac))
 		return 1;
+	/* Zeroed on a miss only: a hit (every datagram but one a TTL) never
+	 * reads the 64 bytes. */
+	__builtin_memset(&p, 0, sizeof(p));
 	p.family = k->family;
 	p.ifindex = skb->ifindex;
 	if (k->family == AF_INET) {
