@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 559200, crc: 0x7a96b389, sha: "72aec771bfbc"},
-	"from_container_compat": {size: 529360, crc: 0x48ba0829, sha: "bf9b99f2c991"},
-	"from_uplink":           {size: 405296, crc: 0xd880d25e, sha: "05c0409a458f"},
-	"from_uplink_compat":    {size: 380144, crc: 0x8e6a933a, sha: "086f4f5299ee"},
-	"sock":                  {size: 180800, crc: 0x393a8f06, sha: "400a37687152"},
-	"sock_compat":           {size: 171328, crc: 0x50301995, sha: "05b9f0a592d2"},
+	"from_container":        {size: 556976, crc: 0x854e8050, sha: "9a62f31faafc"},
+	"from_container_compat": {size: 527328, crc: 0x8976caa4, sha: "e8bb1004932d"},
+	"from_uplink":           {size: 397880, crc: 0x34d86eaa, sha: "75c8d3c1afae"},
+	"from_uplink_compat":    {size: 372744, crc: 0x66834e10, sha: "bc5ae1e86d8e"},
+	"sock":                  {size: 180800, crc: 0x07ef4229, sha: "b850f598e1a1"},
+	"sock_compat":           {size: 171328, crc: 0xabc36dd1, sha: "7199e2ab6080"},
 	"sock_ops":              {size: 163672, crc: 0x4ab4fa28, sha: "2cc0d2d58097"},
-	"to_container":          {size: 201384, crc: 0x8c0dae25, sha: "9c9b1c5bb189"},
-	"to_container_compat":   {size: 186928, crc: 0xbbb85ea0, sha: "887b02b1a25a"},
-	"to_uplink":             {size: 314864, crc: 0xc378a445, sha: "c66765e98006"},
-	"to_uplink_compat":      {size: 283800, crc: 0xe23a3ebd, sha: "64b0fc4b0f4b"},
-	"tunnel":                {size: 343008, crc: 0x722decc1, sha: "1221325b49ef"},
+	"to_container":          {size: 201432, crc: 0x3e928410, sha: "8cd9445aa3fa"},
+	"to_container_compat":   {size: 186976, crc: 0x3259ebf1, sha: "1aa69c7a5bef"},
+	"to_uplink":             {size: 314200, crc: 0xbe428822, sha: "5a4aca2269b7"},
+	"to_uplink_compat":      {size: 283200, crc: 0x15005da6, sha: "9c031a46c597"},
+	"tunnel":                {size: 336472, crc: 0x96ef41bf, sha: "8dbd8a9317dc"},
 }
