@@ -115,14 +115,10 @@ func newPlan(res *current.Result, veth *plan) (*plan, error) {
 }
 
 // createVeth creates the pair in the host netns with the peer born inside the
-// pod's netns under its final name: no rename, no move. Both ends are born
-// with the one queue a veth uses (the kernel would make one per possible
-// CPU, then cut them to one in the same request, and cutting waits out an
-// expedited RCU grace period per end, under RTNL: issue 30, round 12).
+// pod's netns under its final name: no rename, no move.
 func createVeth(p *plan, netns ns.NetNS) (netlink.Link, error) {
 	veth := &netlink.Veth{
-		LinkAttrs: netlink.LinkAttrs{Name: p.hostIf, HardwareAddr: p.hostMAC, MTU: p.mtu,
-			NumTxQueues: 1, NumRxQueues: 1},
+		LinkAttrs:        netlink.LinkAttrs{Name: p.hostIf, HardwareAddr: p.hostMAC, MTU: p.mtu},
 		PeerName:         p.ifname,
 		PeerHardwareAddr: p.podMAC,
 		PeerNamespace:    netlink.NsFd(int(netns.Fd())),
