@@ -240,7 +240,8 @@ static __always_inline void snat_forget(const struct snat_key *rk, const __u8 *p
 	if (fv && fv->port == rk->port && addr_equal(fv->addr, rk->addr, rk->family))
 		bpf_map_delete_elem(&cni_snat, &fk);
 	if (bpf_map_delete_elem(&cni_snat, rk) == 0) {
-		share_release(rk, ifindex);
+		if (!(flags & SNAT_F_UNSHARED))
+			share_release(rk, ifindex);
 		if (flags & SNAT_F_COUNTED)
 			masq_pod_release(ifindex);
 	}
@@ -292,6 +293,34 @@ static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now,
 	v->seen_ns = now;
 	if (rev && (next & FLOW_F_CLOSING) && !(cur & FLOW_F_CLOSING))
 		snat_arm(v, FLOW_TIMEOUT_CLOSING);
+}
+
+/*
+ * After a state change of the reverse entry rv (key rk): a closed flow holds
+ * no share of its pod's ports towards the destination (cni_masq_share),
+ * and a SYN that opens the tuple again takes it back. Quiet for
+ * MASQ_REUSE_CLOSED a closed flow's port is anyone's (alloc_probe); counted
+ * until its entry went (10 s), the closed flows of a pod opening thousands
+ * of short connections a second to one server put it "at its limit", where
+ * each new flow took back a port another of its tuples had just closed, and
+ * the server, still in TIME_WAIT for that tuple, dropped the SYN if its
+ * timestamps did not follow (PAWS; a second's retransmit; issue 30).
+ * Two CPUs closing one flow at once can both release it: the count then
+ * runs low by one, never below 0.
+ */
+static __always_inline void snat_share_note(struct snat_val *rv, const struct snat_key *rk, __u32 ifindex)
+{
+	__u16 fl = rv->flags;
+
+	if ((fl & FLOW_F_CLOSING) && !(fl & SNAT_F_UNSHARED)) {
+		rv->flags = fl | SNAT_F_UNSHARED;
+		share_release(rk, ifindex);
+	} else if (!(fl & FLOW_F_CLOSING) && (fl & SNAT_F_UNSHARED)) {
+		rv->flags = fl & ~SNAT_F_UNSHARED;
+		__u32 *n = share_of(rk, ifindex);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+	}
 }
 
 /* ------------------------------------------------------------ allocation */
@@ -453,7 +482,18 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 	c.stride = c.cfg.total % 2053 ? 2053 : 2063; /* primes: one of them is coprime with the count */
 	__u32 a = ((const __u32 *)f->saddr)[0] ^ ((const __u32 *)f->saddr)[3];
 	__u32 b = ((const __u32 *)f->daddr)[0] ^ ((const __u32 *)f->daddr)[3];
-	c.h = mix32(a ^ mix32(b) ^ (((__u32)f->sport << 16) | f->dport) ^ f->proto);
+	/* The candidates follow the pod's port: an offset per pod and
+	 * destination, plus the port. One pod's ports towards one destination
+	 * then map one to one onto ours (its ephemeral range is no wider than
+	 * the default range), and a port the pod uses again gets the node port
+	 * it had. A peer that closed first keeps TIME_WAIT for the translated
+	 * tuple and takes a new SYN on it only if its timestamps follow the
+	 * last ones (PAWS), which holds for the pod's own tuple, not for
+	 * another's (the kernel's timestamp offset is per tuple): a hash of the
+	 * whole flow gave two of the pod's ports one node port, and the peer
+	 * dropped one in 5 of the pod's SYNs at 5000 connections/s (a second's
+	 * retransmit each; issue 30). */
+	c.h = mix32(a ^ mix32(b) ^ f->dport ^ f->proto) % c.cfg.total + bpf_ntohs(f->sport);
 	/* The pod's own port first when it is one of ours (as MASQUERADE keeps
 	 * ports where it can); an echo's id likewise. */
 	if (masq_port_ours(&c.cfg, bpf_ntohs(f->sport)))
@@ -654,6 +694,7 @@ static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __
 		struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
 		if (rv) {
 			snat_note(rv, fl, now, 1);
+			snat_share_note(rv, &k, ifindex);
 			if (f->proto == IPPROTO_TCP)
 				snat_seq_pod(skb, f, rv);
 		}
@@ -772,6 +813,7 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 	__u16 fl = flow_next(rv->flags, &f, 1, rv->created_ns, now);
 	if (counts && (fl != rv->flags || now - rv->seen_ns > NSEC)) {
 		snat_note(rv, fl, now, 1);
+		snat_share_note(rv, &rk, ifindex);
 		struct snat_key fk;
 		snat_key_of(&fk, SNAT_DIR_FWD, pod, pod_port, f.saddr, f.sport, family, f.proto);
 		struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);

@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 551840, crc: 0x7943fec7, sha: "d5fa238bc980"},
-	"from_container_compat": {size: 521992, crc: 0x69b2ad72, sha: "2b0277c49409"},
-	"from_uplink":           {size: 387064, crc: 0xc301b74e, sha: "a9bf3408d4c8"},
-	"from_uplink_compat":    {size: 361960, crc: 0x0c17303f, sha: "086402951363"},
-	"sock":                  {size: 172784, crc: 0xe0c58068, sha: "efd7c3ff6856"},
-	"sock_compat":           {size: 163312, crc: 0xae787013, sha: "00624ebe2769"},
-	"sock_ops":              {size: 155664, crc: 0x7c31c7ed, sha: "a3cc4163d51c"},
-	"to_container":          {size: 193368, crc: 0xf1d48782, sha: "40a4c2743a8d"},
-	"to_container_compat":   {size: 178912, crc: 0x816c099f, sha: "69ef4af41339"},
-	"to_uplink":             {size: 296048, crc: 0x4b6e4825, sha: "06e4288b335b"},
-	"to_uplink_compat":      {size: 265040, crc: 0x6428f988, sha: "6928beba28f3"},
-	"tunnel":                {size: 335640, crc: 0xf8e6e761, sha: "613c16bed8d0"},
+	"from_container":        {size: 551840, crc: 0xcacd8758, sha: "7b0b4fdcbefa"},
+	"from_container_compat": {size: 521992, crc: 0x602d1d13, sha: "9f33312ae2ae"},
+	"from_uplink":           {size: 392752, crc: 0x15e4037e, sha: "fa5c9d3ac673"},
+	"from_uplink_compat":    {size: 367640, crc: 0xc2f8d53d, sha: "c977eb16a150"},
+	"sock":                  {size: 172784, crc: 0x6aea3100, sha: "8b538c31eee8"},
+	"sock_compat":           {size: 163312, crc: 0xa8174128, sha: "acde688fc65c"},
+	"sock_ops":              {size: 155664, crc: 0xfcebac91, sha: "c8d5afba4ebc"},
+	"to_container":          {size: 193368, crc: 0x10ec74b0, sha: "b9453a946ab9"},
+	"to_container_compat":   {size: 178912, crc: 0xf5aec42f, sha: "84a2170b617e"},
+	"to_uplink":             {size: 299312, crc: 0x184689be, sha: "d2ed807afdb1"},
+	"to_uplink_compat":      {size: 267992, crc: 0x4fef4afd, sha: "e3d93cdaf95e"},
+	"tunnel":                {size: 335640, crc: 0xb13213f3, sha: "0d067fb8c537"},
 }
