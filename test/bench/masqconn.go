@@ -11,11 +11,18 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
@@ -31,6 +38,38 @@ type masqPoint struct {
 	ConnSamples   []float64 `json:"connsPerSecSamples"`
 	RoutedSamples []float64 `json:"routedConnsPerSecSamples"`
 	Load1         float64   `json:"load1"`
+	// SynRetrans: SYNs the pod retransmitted during the point's runs;
+	// PAWS: SYNs the server refused in TIME_WAIT meanwhile (PAWSTimewait),
+	// each a second lost (TestMasqServerTimeWait).
+	SynRetrans uint64 `json:"podSynRetrans"`
+	PAWS       uint64 `json:"serverPAWSTimewait"`
+	// Counters: ebpf-cni's masquerade counters after the point
+	// (ebpf-agent dump nat; cumulative over the node's points).
+	Counters map[string]uint64 `json:"counters,omitempty"`
+}
+
+// masqCounters reads ebpf-cni's masquerade counters of the node (nil on
+// error: logged, not fatal).
+func (b *bench) masqCounters() map[string]uint64 {
+	var out []byte
+	err := b.node.Do(func(ns.NetNS) error {
+		cmd := exec.Command(filepath.Join(b.binDir, "ebpf-agent"), "dump", "nat", "-o", "json", "--pin-dir", b.pinDir, "--state-dir", b.state)
+		var err error
+		out, err = cmd.Output()
+		return err
+	})
+	var d struct {
+		Counters map[string]uint64 `json:"counters"`
+	}
+	if err == nil {
+		err = json.Unmarshal(out, &d)
+	}
+	if err != nil {
+		logf("  masquerade counters: %v", err)
+		return nil
+	}
+	logf("  masquerade counters: %v", d.Counters)
+	return d.Counters
 }
 
 // masqConfigs are ptp with ipMasq and ebpf-cni with ipMasq, in that order.
@@ -72,16 +111,21 @@ func (b *bench) masqScale(ctx context.Context, c *config, base hpBase, d time.Du
 			}
 			return rate, f, err
 		}
+		syn0, paws0 := tcpExt(pod, "TCPSynRetrans")[0], tcpExt(b.hp.remote, "PAWSTimewait")[0]
 		rates, bases, failed, err := alternate(measure, base.routedOut)
 		if err != nil {
 			return err
 		}
+		syn, paws := tcpExt(pod, "TCPSynRetrans")[0]-syn0, tcpExt(b.hp.remote, "PAWSTimewait")[0]-paws0
 		rate, routed := testenv.Median(rates), testenv.Median(bases[0])
 		pt := masqPoint{Config: c.key, Pods: p, ConnsPerSec: rate, ConnErrors: failed, RoutedPerSec: routed, VsRouted: rate / routed,
-			ConnSamples: rates, RoutedSamples: bases[0], Load1: testenv.Load1()}
+			ConnSamples: rates, RoutedSamples: bases[0], Load1: testenv.Load1(), SynRetrans: syn, PAWS: paws}
+		if c.isEBPF() {
+			pt.Counters = b.masqCounters()
+		}
 		b.res.HostPort.Masq = append(b.res.HostPort.Masq, pt)
-		logf("  masquerade %-22s %4d pods: %7.0f conn/s (routed, no masquerade %7.0f, %.2fx, %d failed), load %.2f (%s)",
-			c.label, p, rate, routed, pt.VsRouted, failed, pt.Load1, time.Since(start).Round(time.Second))
+		logf("  masquerade %-22s %4d pods: %7.0f conn/s (routed, no masquerade %7.0f, %.2fx, %d failed, %d SYNs retransmitted, %d refused by PAWS), load %.2f (%s)",
+			c.label, p, rate, routed, pt.VsRouted, failed, syn, paws, pt.Load1, time.Since(start).Round(time.Second))
 	}
 	return pop.removeAll()
 }
@@ -120,11 +164,37 @@ func (r *results) masqMarkdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n## New connections through masquerade\n\n")
 	fmt.Fprintf(&b, "New TCP connections per second from the newest pod of the node to a server outside it (%s:80 on the remote netns, over the node's uplink; dial, read 1 byte until the server's close, close; %d client goroutines, %d runs of %.0f s alternating with the routed baseline: a pod on a node netns of its own with no programs, dialling the same server by plain routing with no masquerade; medians).\n\n", outside4, h.Workers, connRounds, h.ConnSecs)
-	fmt.Fprintf(&b, "| config | pods on the node | conn/s | routed conn/s | × routed | failed | load |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| config | pods on the node | conn/s | routed conn/s | × routed | failed | SYNs retransmitted | SYNs refused by PAWS | load |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	pts := append([]masqPoint(nil), h.Masq...)
 	sort.SliceStable(pts, func(i, j int) bool { return pts[i].Pods < pts[j].Pods })
 	for _, p := range pts {
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.2f× | %d | %.1f |\n", r.labels[p.Config], p.Pods, p.ConnsPerSec, p.RoutedPerSec, p.VsRouted, p.ConnErrors, p.Load1)
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.2f× | %d | %d | %d | %.1f |\n", r.labels[p.Config], p.Pods, p.ConnsPerSec, p.RoutedPerSec, p.VsRouted, p.ConnErrors, p.SynRetrans, p.PAWS, p.Load1)
 	}
 	return b.String()
+}
+
+// tcpExt reads TcpExt counters of a netns (/proc/net/netstat).
+func tcpExt(n ns.NetNS, names ...string) []uint64 {
+	var data []byte
+	_ = n.Do(func(ns.NetNS) error {
+		var err error
+		data, err = os.ReadFile("/proc/thread-self/net/netstat") // the thread's netns, not the process's
+		return err
+	})
+	out := make([]uint64, len(names))
+	lines := strings.Split(string(data), "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		if !strings.HasPrefix(lines[i], "TcpExt:") || !strings.HasPrefix(lines[i+1], "TcpExt:") {
+			continue
+		}
+		keys, vals := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		for j := 1; j < len(keys) && j < len(vals); j++ {
+			for k, name := range names {
+				if keys[j] == name {
+					out[k], _ = strconv.ParseUint(vals[j], 10, 64)
+				}
+			}
+		}
+	}
+	return out
 }
