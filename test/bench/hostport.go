@@ -26,6 +26,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -184,8 +185,28 @@ func (b *bench) setupRouted(h *hpEnv) error {
 		}
 	}
 	return h.routedNode.Do(func(ns.NetNS) error {
+		if b.opts.routedCT {
+			// A nat rule that matches nothing: the netns's NAT hooks, and
+			// with them conntrack, are on.
+			if out, err := exec.Command("iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "lo", "-j", "RETURN").CombinedOutput(); err != nil {
+				return fmt.Errorf("routed node conntrack: %v: %s", err, out)
+			}
+		}
 		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
 	})
+}
+
+// ctCount is the conntrack entries of a netns (-1: no conntrack there).
+func ctCount(n ns.NetNS) int {
+	c := -1
+	_ = n.Do(func(ns.NetNS) error {
+		data, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_count")
+		if err == nil {
+			fmt.Sscan(string(data), &c)
+		}
+		return nil
+	})
+	return c
 }
 
 func (b *bench) hpCapArgs(port int) string {
@@ -530,7 +551,8 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d tim
 		b.res.HostPort.Points = append(b.res.HostPort.Points, pt)
 		logf("  hostPort %-24s %4d pods: %7.0f conn/s (raw %7.0f, %.2fx, %d failed), ADD %.1f ms, DEL %.1f ms (%s)",
 			c.label, p, rate, rawRate, pt.VsRaw, failed, pt.AddMedianMs, pt.DelMedianMs, time.Since(start).Round(time.Second))
-		logf("  hostPort %-24s %4d pods: routed, no programs %7.0f conn/s, hostPort %.2fx of it, load %.2f", c.label, p, routedRate, pt.VsRouted, pt.Load1)
+		logf("  hostPort %-24s %4d pods: routed, no programs %7.0f conn/s, hostPort %.2fx of it, load %.2f; conntrack entries: node %d, routed node %d",
+			c.label, p, routedRate, pt.VsRouted, pt.Load1, ctCount(b.node), ctCount(b.hp.routedNode))
 	}
 	if srv != nil { // nil when no point was measured (-hostport-ref-scale "")
 		srv.close()

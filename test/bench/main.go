@@ -102,8 +102,11 @@ type options struct {
 	// masqScale: pods present at which new connections/s through
 	// masquerade are measured (masqconn.go, inside the hostport part).
 	masqScale []int
-	connSecs  float64
-	workers   int
+	// routedCT: the routed baseline's node tracks connections (conntrack),
+	// as a node with iptables NAT rules (portmap's, ptp's, kube-proxy's) does.
+	routedCT bool
+	connSecs float64
+	workers  int
 
 	// throughput benchmark (throughput.go)
 	tputSecs        int
@@ -173,6 +176,7 @@ func parseFlags(args []string) (*options, error) {
 	hpScale := fs.String("hostport-scale", "1,200,1000", "pods with hostPorts at which to measure ADD latency and connections/s through a hostPort, ebpf-cni beside ptp+portmap (\"\" to skip)")
 	hpRefScale := fs.String("hostport-ref-scale", "1,200", "the -hostport-scale points at which ptp+portmap is measured too (portmap's ADD and DEL rewrite the whole iptables ruleset: 1000 of them take minutes)")
 	masqScale := fs.String("masq-scale", "1,200,1000", "hostport part: pods present at which to measure new connections/s from a pod to a server outside the node through masquerade, ebpf-cni ipMasq beside ptp ipMasq and plain routing (\"\" to skip)")
+	routedCT := fs.Bool("routed-conntrack", false, "hostport part: give the routed baseline's node conntrack (an iptables nat rule), as the measured node has from portmap's and ptp's rules")
 	hpOnly := fs.Bool("hostport-only", false, "run only the hostPort benchmark")
 	connSecs := fs.Float64("conn-seconds", 3, "seconds of connections per measurement of the hostPort benchmark")
 	workers := fs.Int("conn-workers", 4, "parallel client connections of the hostPort benchmark")
@@ -286,6 +290,7 @@ func parseFlags(args []string) (*options, error) {
 	if o.masqScale, err = parseScale(*masqScale, "-masq-scale"); err != nil {
 		return nil, err
 	}
+	o.routedCT = *routedCT
 	ref, err := parseScale(*hpRefScale, "-hostport-ref-scale")
 	if err != nil {
 		return nil, err
