@@ -124,6 +124,7 @@ type bench struct {
 	configs              []*config
 	hpCfgs               []*config // the hostPort benchmark's
 	hp                   *hpEnv
+	masqSeq              int // the masquerade points' server ports (masqconn.go)
 	res                  *results
 }
 

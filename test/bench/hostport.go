@@ -217,11 +217,14 @@ func (b *bench) hpCapArgs(port int) string {
 // server accepts on :80 in netns, writes one byte and closes each connection.
 type server struct{ ln net.Listener }
 
-func startServer(netns ns.NetNS) (*server, error) {
+func startServer(netns ns.NetNS) (*server, error) { return startServerOn(netns, 80) }
+
+// startServerOn is startServer on another port.
+func startServerOn(netns ns.NetNS, port int) (*server, error) {
 	var ln net.Listener
 	err := netns.Do(func(ns.NetNS) error {
 		var err error
-		ln, err = net.Listen("tcp4", ":80")
+		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
 		return err
 	})
 	if err != nil {
@@ -330,7 +333,9 @@ func (b *bench) hpConfigs() []*config {
 
 // hpBase is the baselines every connection measurement alternates with.
 type hpBase struct {
-	raw, routed, routedOut func() (float64, error)
+	raw, routed func() (float64, error)
+	// routedOut: the routed pod to outside4:port.
+	routedOut func(port int) (float64, error)
 }
 
 // runHostPort measures every configuration at every scale point.
@@ -361,11 +366,14 @@ func (b *bench) runHostPort(ctx context.Context, start time.Time) error {
 		}
 	}
 	base := hpBase{
-		raw:       rate(b.hp.rawClient, rawServer4),
-		routed:    rate(b.hp.remote, routedPod4),
-		routedOut: rate(b.hp.routedPod, outside4),
+		raw:    rate(b.hp.rawClient, rawServer4),
+		routed: rate(b.hp.remote, routedPod4),
+		routedOut: func(port int) (float64, error) {
+			r, _, err := connRate(ctx, b.hp.routedPod, net.JoinHostPort(outside4.String(), fmt.Sprint(port)), o.workers, d)
+			return r, err
+		},
 	}
-	for _, f := range []func() (float64, error){base.raw, base.routed, base.routedOut} { // warm-up
+	for _, f := range []func() (float64, error){base.raw, base.routed, rate(b.hp.routedPod, outside4)} { // warm-up
 		if _, err := f(); err != nil {
 			return err
 		}
