@@ -375,6 +375,7 @@ struct alloc_ctx {
 	__be16 port; /* the port got */
 	__be16 take; /* at the limit: the pod's own quietest port seen */
 	__u8 over;   /* 1: the pod is at its limit towards this destination; 2: at its quota */
+	__be16 first; /* at the limit: the first candidate, found free, where a port given back goes */
 };
 
 static __always_inline __u16 masq_port_at(const struct masq_config *c, __u32 idx)
@@ -395,6 +396,36 @@ static __always_inline int masq_port_ours(const struct masq_config *c, __u16 por
 		if (port >= c->lo[r] && port - c->lo[r] < c->len[r])
 			return 1;
 	}
+	return 0;
+}
+
+/* Whether c->rk.port is free of the node's hostPorts and sockets. */
+static __always_inline int alloc_port_free(struct alloc_ctx *c)
+{
+	return c->rk.proto == IPPROTO_ICMP || c->rk.proto == IPPROTO_ICMPV6 ||
+	       !(hostport_lookup(c->rk.addr, c->rk.family, c->rk.proto, c->rk.port, 0) || node_port_taken(c->skb, &c->rk));
+}
+
+/*
+ * At its limit (or quota) a pod gives back one of its own ports for a new
+ * flow. The flow then goes to its first candidate when that was free (the
+ * node port its own tuple maps to), not to the port given back: that one
+ * was another of the pod's tuples', which the server may still hold in
+ * TIME_WAIT, refusing the SYN (PAWS, see snat_alloc). Returns 1 when
+ * c->port got the first candidate; c->rk.port is left as it was otherwise.
+ */
+static __always_inline int alloc_first(struct alloc_ctx *c)
+{
+	__be16 given = c->rk.port;
+
+	if (!c->first)
+		return 0;
+	c->rk.port = c->first;
+	if (!bpf_map_update_elem(&cni_snat, &c->rk, &c->rv, BPF_NOEXIST)) {
+		c->port = c->first;
+		return 1;
+	}
+	c->rk.port = given;
 	return 0;
 }
 
@@ -425,13 +456,19 @@ static __noinline long alloc_probe(__u32 i, struct alloc_ctx *c)
 			return 0;
 		}
 		snat_forget(&c->rk, cur->addr, cur->port, owner, cur->flags);
-		if (c->over && owner != c->ifindex)
+		if (c->over && owner != c->ifindex) {
+			if (i == 0 && alloc_port_free(c))
+				c->first = c->rk.port;
 			return 0; /* freed for the others, not for a pod at its limit */
+		}
+		if (c->over && alloc_first(c))
+			return 1; /* one of its own given back */
 	} else if (c->over) {
+		if (i == 0 && alloc_port_free(c))
+			c->first = c->rk.port;
 		return 0;
 	}
-	if (c->rk.proto != IPPROTO_ICMP && c->rk.proto != IPPROTO_ICMPV6 &&
-	    (hostport_lookup(c->rk.addr, c->rk.family, c->rk.proto, c->rk.port, 0) || node_port_taken(c->skb, &c->rk)))
+	if (!alloc_port_free(c))
 		return 0;
 	/* The insert is what makes the port ours: of two CPUs, one wins. */
 	if (bpf_map_update_elem(&cni_snat, &c->rk, &c->rv, BPF_NOEXIST))
@@ -519,8 +556,9 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 		struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &c.rk);
 		if (cur && cur->ifindex == ifindex) {
 			snat_forget(&c.rk, cur->addr, cur->port, ifindex, cur->flags);
-			if (!bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_NOEXIST)) {
-				c.port = c.take;
+			if (alloc_first(&c) || !bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_NOEXIST)) {
+				if (!c.port)
+					c.port = c.take;
 				masq_count(MASQ_STAT_RECYCLED);
 			}
 		}

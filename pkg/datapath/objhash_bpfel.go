@@ -6,14 +6,14 @@ package datapath
 var objHashes = map[string]objHash{
 	"from_container":        {size: 551840, crc: 0xcacd8758, sha: "7b0b4fdcbefa"},
 	"from_container_compat": {size: 521992, crc: 0x602d1d13, sha: "9f33312ae2ae"},
-	"from_uplink":           {size: 392752, crc: 0x15e4037e, sha: "fa5c9d3ac673"},
-	"from_uplink_compat":    {size: 367640, crc: 0xc2f8d53d, sha: "c977eb16a150"},
+	"from_uplink":           {size: 392752, crc: 0x9f7ab481, sha: "3dba708408cf"},
+	"from_uplink_compat":    {size: 367640, crc: 0xca34f702, sha: "fd4ef3725cbf"},
 	"sock":                  {size: 172784, crc: 0x6aea3100, sha: "8b538c31eee8"},
 	"sock_compat":           {size: 163312, crc: 0xa8174128, sha: "acde688fc65c"},
 	"sock_ops":              {size: 155664, crc: 0xfcebac91, sha: "c8d5afba4ebc"},
 	"to_container":          {size: 193368, crc: 0x10ec74b0, sha: "b9453a946ab9"},
 	"to_container_compat":   {size: 178912, crc: 0xf5aec42f, sha: "84a2170b617e"},
-	"to_uplink":             {size: 299312, crc: 0x184689be, sha: "d2ed807afdb1"},
-	"to_uplink_compat":      {size: 267992, crc: 0x4fef4afd, sha: "e3d93cdaf95e"},
+	"to_uplink":             {size: 308576, crc: 0x63188b1f, sha: "034f29a9dde0"},
+	"to_uplink_compat":      {size: 277248, crc: 0xe210ec10, sha: "2944c47c74e8"},
 	"tunnel":                {size: 335640, crc: 0xb13213f3, sha: "0d067fb8c537"},
 }

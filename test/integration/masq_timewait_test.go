@@ -59,7 +59,26 @@ func tcpExt(t *testing.T, n ns.NetNS, name string) uint64 {
 // another of its tuples had used: hundreds of SYNs refused, each costing a
 // second (new connections/s fell to a tenth of plain routing's).
 func TestMasqServerTimeWait(t *testing.T) {
+	masqTimeWait(t, 0)
+}
+
+// TestMasqServerTimeWaitAtQuota: the same on a node sized for 40 pods,
+// where the pod's quota of flows (3743: its reserve and half the pool) is
+// below the 6000 flows it opens, closed ones included (their entries live
+// 10 s), so its last flows each take back one of its own ports. The port
+// given back was another of its tuples'; the new flow must go to the node
+// port its own tuple maps to, when free (before: PAWS refusals again).
+func TestMasqServerTimeWaitAtQuota(t *testing.T) {
+	masqTimeWait(t, 40)
+}
+
+// masqTimeWait runs the connections of TestMasqServerTimeWait on a node
+// whose maxPods is maxPods (0: the default).
+func masqTimeWait(t *testing.T, maxPods int) {
 	lab := newMasqLab(t)
+	if maxPods > 0 {
+		lab.a.Extra["maxPods"] = maxPods
+	}
 	pod := lab.a.NewPod()
 	lab.a.CleanupDel(pod, "timewait")
 	lab.a.Add(pod, "timewait")
