@@ -344,6 +344,17 @@ func (b *bench) runHostPort(ctx context.Context, start time.Time) error {
 	b.res.HostPort = &hpResults{Scale: o.hpScale, RefScale: o.hpRefScale, ConnSecs: o.connSecs, Workers: o.workers, Reps: o.scaleReps,
 		MasqScale: o.masqScale}
 	d := time.Duration(o.connSecs * float64(time.Second))
+	if o.bpfStats {
+		const knob = "/proc/sys/kernel/bpf_stats_enabled"
+		old, err := os.ReadFile(knob)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(knob, []byte("1"), 0o644); err != nil {
+			return err
+		}
+		defer os.WriteFile(knob, old, 0o644)
+	}
 	// The raw pair's server, the routed pod's, and the outside one (on the
 	// remote) the masquerade part's pods dial.
 	var srvs []*server

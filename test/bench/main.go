@@ -105,6 +105,9 @@ type options struct {
 	// routedCT: the routed baseline's node tracks connections (conntrack),
 	// as a node with iptables NAT rules (portmap's, ptp's, kube-proxy's) does.
 	routedCT bool
+	// bpfStats: kernel.bpf_stats_enabled during the run, and the
+	// programs' run counts and times logged at each ebpf-cni masquerade point.
+	bpfStats bool
 	connSecs float64
 	workers  int
 
@@ -177,6 +180,7 @@ func parseFlags(args []string) (*options, error) {
 	hpRefScale := fs.String("hostport-ref-scale", "1,200", "the -hostport-scale points at which ptp+portmap is measured too (portmap's ADD and DEL rewrite the whole iptables ruleset: 1000 of them take minutes)")
 	masqScale := fs.String("masq-scale", "1,200,1000", "hostport part: pods present at which to measure new connections/s from a pod to a server outside the node through masquerade, ebpf-cni ipMasq beside ptp ipMasq and plain routing (\"\" to skip)")
 	routedCT := fs.Bool("routed-conntrack", false, "hostport part: give the routed baseline's node conntrack (an iptables nat rule), as the measured node has from portmap's and ptp's rules")
+	bpfStats := fs.Bool("bpf-stats", false, "hostport part: set kernel.bpf_stats_enabled for the run and log each program's runs and ns per run at ebpf-cni's masquerade points (costs every BPF program of the machine a little)")
 	hpOnly := fs.Bool("hostport-only", false, "run only the hostPort benchmark")
 	connSecs := fs.Float64("conn-seconds", 3, "seconds of connections per measurement of the hostPort benchmark")
 	workers := fs.Int("conn-workers", 4, "parallel client connections of the hostPort benchmark")
@@ -290,7 +294,7 @@ func parseFlags(args []string) (*options, error) {
 	if o.masqScale, err = parseScale(*masqScale, "-masq-scale"); err != nil {
 		return nil, err
 	}
-	o.routedCT = *routedCT
+	o.routedCT, o.bpfStats = *routedCT, *bpfStats
 	ref, err := parseScale(*hpRefScale, "-hostport-ref-scale")
 	if err != nil {
 		return nil, err

@@ -123,7 +123,9 @@ func (b *bench) masqScale(ctx context.Context, c *config, base hpBase, d time.Du
 			return rate, f, err
 		}
 		syn0, paws0 := tcpExt(pod, "TCPSynRetrans")[0], tcpExt(b.hp.remote, "PAWSTimewait")[0]
+		stats0 := b.progStats(c)
 		rates, bases, failed, err := alternate(measure, func() (float64, error) { return base.routedOut(port) })
+		b.logProgStats(c, p, stats0)
 		srv.close()
 		if err != nil {
 			return err
@@ -209,4 +211,51 @@ func tcpExt(n ns.NetNS, names ...string) []uint64 {
 		}
 	}
 	return out
+}
+
+// masqProgStat is one program's kernel.bpf_stats_enabled counters.
+type masqProgStat struct{ cnt, ns uint64 }
+
+// progStats reads the run counters of every BPF program by name, with
+// -bpf-stats on an ebpf-cni configuration (nil otherwise). Node-wide: the
+// routed baseline runs no program, so what moves is the measured path's.
+func (b *bench) progStats(c *config) map[string]masqProgStat {
+	if !b.opts.bpfStats || !c.isEBPF() {
+		return nil
+	}
+	out, err := exec.Command("bpftool", "prog", "show", "-j").Output()
+	var progs []struct {
+		Name string `json:"name"`
+		Cnt  uint64 `json:"run_cnt"`
+		Ns   uint64 `json:"run_time_ns"`
+	}
+	if err == nil {
+		err = json.Unmarshal(out, &progs)
+	}
+	if err != nil {
+		logf("  bpf stats: %v", err)
+		return nil
+	}
+	m := map[string]masqProgStat{}
+	for _, p := range progs {
+		s := m[p.Name]
+		m[p.Name] = masqProgStat{s.cnt + p.Cnt, s.ns + p.Ns}
+	}
+	return m
+}
+
+// logProgStats logs what each program ran since before (runs, ns per run).
+func (b *bench) logProgStats(c *config, pods int, before map[string]masqProgStat) {
+	if before == nil {
+		return
+	}
+	var parts []string
+	for name, s := range b.progStats(c) {
+		d := masqProgStat{s.cnt - before[name].cnt, s.ns - before[name].ns}
+		if d.cnt > 0 && strings.HasPrefix(name, "cni_") {
+			parts = append(parts, fmt.Sprintf("%s %d runs %d ns", name, d.cnt, d.ns/d.cnt))
+		}
+	}
+	sort.Strings(parts)
+	logf("  bpf stats, %s %d pods (all runs of the point): %s", c.label, pods, strings.Join(parts, "; "))
 }
