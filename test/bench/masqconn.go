@@ -138,8 +138,8 @@ func (b *bench) masqScale(ctx context.Context, c *config, base hpBase, d time.Du
 			pt.Counters = b.masqCounters()
 		}
 		b.res.HostPort.Masq = append(b.res.HostPort.Masq, pt)
-		logf("  masquerade %-22s %4d pods: %7.0f conn/s (routed, no masquerade %7.0f, %.2fx, %d failed, %d SYNs retransmitted, %d refused by PAWS), load %.2f (%s)",
-			c.label, p, rate, routed, pt.VsRouted, failed, syn, paws, pt.Load1, time.Since(start).Round(time.Second))
+		logf("  masquerade %-22s %4d pods: %7.0f conn/s (routed, no masquerade %7.0f, %.2fx, %d failed, %d SYNs retransmitted, %d refused by PAWS), load %.2f; conntrack entries: node %d, routed node %d (%s)",
+			c.label, p, rate, routed, pt.VsRouted, failed, syn, paws, pt.Load1, ctCount(b.node), ctCount(b.hp.routedNode), time.Since(start).Round(time.Second))
 	}
 	return pop.removeAll()
 }
