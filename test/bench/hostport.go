@@ -186,9 +186,9 @@ func (b *bench) setupRouted(h *hpEnv) error {
 	}
 	return h.routedNode.Do(func(ns.NetNS) error {
 		if b.opts.routedCT {
-			// A nat rule that matches nothing: the netns's NAT hooks, and
-			// with them conntrack, are on.
-			if out, err := exec.Command("iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "lo", "-j", "RETURN").CombinedOutput(); err != nil {
+			// kube-proxy's rule: a conntrack match turns conntrack on in
+			// the netns (an empty nft nat chain does not).
+			if out, err := exec.Command("iptables", "-A", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP").CombinedOutput(); err != nil {
 				return fmt.Errorf("routed node conntrack: %v: %s", err, out)
 			}
 		}

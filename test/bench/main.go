@@ -179,7 +179,7 @@ func parseFlags(args []string) (*options, error) {
 	hpScale := fs.String("hostport-scale", "1,200,1000", "pods with hostPorts at which to measure ADD latency and connections/s through a hostPort, ebpf-cni beside ptp+portmap (\"\" to skip)")
 	hpRefScale := fs.String("hostport-ref-scale", "1,200", "the -hostport-scale points at which ptp+portmap is measured too (portmap's ADD and DEL rewrite the whole iptables ruleset: 1000 of them take minutes)")
 	masqScale := fs.String("masq-scale", "1,200,1000", "hostport part: pods present at which to measure new connections/s from a pod to a server outside the node through masquerade, ebpf-cni ipMasq beside ptp ipMasq and plain routing (\"\" to skip)")
-	routedCT := fs.Bool("routed-conntrack", false, "hostport part: give the routed baseline's node conntrack (an iptables nat rule), as the measured node has from portmap's and ptp's rules")
+	routedCT := fs.Bool("routed-conntrack", false, "hostport part: give the routed baseline's node conntrack (kube-proxy's FORWARD rule dropping INVALID), as the measured node has it from portmap's and ptp's rules")
 	bpfStats := fs.Bool("bpf-stats", false, "hostport part: set kernel.bpf_stats_enabled for the run and log each program's runs and ns per run at ebpf-cni's masquerade points (costs every BPF program of the machine a little)")
 	hpOnly := fs.Bool("hostport-only", false, "run only the hostPort benchmark")
 	connSecs := fs.Float64("conn-seconds", 3, "seconds of connections per measurement of the hostPort benchmark")
