@@ -240,7 +240,8 @@ static __always_inline void snat_forget(const struct snat_key *rk, const __u8 *p
 	if (fv && fv->port == rk->port && addr_equal(fv->addr, rk->addr, rk->family))
 		bpf_map_delete_elem(&cni_snat, &fk);
 	if (bpf_map_delete_elem(&cni_snat, rk) == 0) {
-		share_release(rk, ifindex);
+		if (!(flags & SNAT_F_UNSHARED))
+			share_release(rk, ifindex);
 		if (flags & SNAT_F_COUNTED)
 			masq_pod_release(ifindex);
 	}
@@ -292,6 +293,34 @@ static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now,
 	v->seen_ns = now;
 	if (rev && (next & FLOW_F_CLOSING) && !(cur & FLOW_F_CLOSING))
 		snat_arm(v, FLOW_TIMEOUT_CLOSING);
+}
+
+/*
+ * After a state change of the reverse entry rv (key rk): a closed flow holds
+ * no share of its pod's ports towards the destination (cni_masq_share),
+ * and a SYN that opens the tuple again takes it back. Quiet for
+ * MASQ_REUSE_CLOSED a closed flow's port is anyone's (alloc_probe); counted
+ * until its entry went (10 s), the closed flows of a pod opening thousands
+ * of short connections a second to one server put it "at its limit", where
+ * each new flow took back a port another of its tuples had just closed, and
+ * the server, still in TIME_WAIT for that tuple, dropped the SYN if its
+ * timestamps did not follow (PAWS; a second's retransmit; issue 30).
+ * Two CPUs closing one flow at once can both release it: the count then
+ * runs low by one, never below 0.
+ */
+static __always_inline void snat_share_note(struct snat_val *rv, const struct snat_key *rk, __u32 ifindex)
+{
+	__u16 fl = rv->flags;
+
+	if ((fl & FLOW_F_CLOSING) && !(fl & SNAT_F_UNSHARED)) {
+		rv->flags = fl | SNAT_F_UNSHARED;
+		share_release(rk, ifindex);
+	} else if (!(fl & FLOW_F_CLOSING) && (fl & SNAT_F_UNSHARED)) {
+		rv->flags = fl & ~SNAT_F_UNSHARED;
+		__u32 *n = share_of(rk, ifindex);
+		if (n)
+			__sync_fetch_and_add(n, 1);
+	}
 }
 
 /* ------------------------------------------------------------ allocation */
@@ -346,6 +375,7 @@ struct alloc_ctx {
 	__be16 port; /* the port got */
 	__be16 take; /* at the limit: the pod's own quietest port seen */
 	__u8 over;   /* 1: the pod is at its limit towards this destination; 2: at its quota */
+	__be16 first; /* at the limit: the first candidate, found free, where a port given back goes */
 };
 
 static __always_inline __u16 masq_port_at(const struct masq_config *c, __u32 idx)
@@ -366,6 +396,36 @@ static __always_inline int masq_port_ours(const struct masq_config *c, __u16 por
 		if (port >= c->lo[r] && port - c->lo[r] < c->len[r])
 			return 1;
 	}
+	return 0;
+}
+
+/* Whether c->rk.port is free of the node's hostPorts and sockets. */
+static __always_inline int alloc_port_free(struct alloc_ctx *c)
+{
+	return c->rk.proto == IPPROTO_ICMP || c->rk.proto == IPPROTO_ICMPV6 ||
+	       !(hostport_lookup(c->rk.addr, c->rk.family, c->rk.proto, c->rk.port, 0) || node_port_taken(c->skb, &c->rk));
+}
+
+/*
+ * At its limit (or quota) a pod gives back one of its own ports for a new
+ * flow. The flow then goes to its first candidate when that was free (the
+ * node port its own tuple maps to), not to the port given back: that one
+ * was another of the pod's tuples', which the server may still hold in
+ * TIME_WAIT, refusing the SYN (PAWS, see snat_alloc). Returns 1 when
+ * c->port got the first candidate; c->rk.port is left as it was otherwise.
+ */
+static __always_inline int alloc_first(struct alloc_ctx *c)
+{
+	__be16 given = c->rk.port;
+
+	if (!c->first)
+		return 0;
+	c->rk.port = c->first;
+	if (!bpf_map_update_elem(&cni_snat, &c->rk, &c->rv, BPF_NOEXIST)) {
+		c->port = c->first;
+		return 1;
+	}
+	c->rk.port = given;
 	return 0;
 }
 
@@ -396,13 +456,19 @@ static __noinline long alloc_probe(__u32 i, struct alloc_ctx *c)
 			return 0;
 		}
 		snat_forget(&c->rk, cur->addr, cur->port, owner, cur->flags);
-		if (c->over && owner != c->ifindex)
+		if (c->over && owner != c->ifindex) {
+			if (i == 0 && alloc_port_free(c))
+				c->first = c->rk.port;
 			return 0; /* freed for the others, not for a pod at its limit */
+		}
+		if (c->over && alloc_first(c))
+			return 1; /* one of its own given back */
 	} else if (c->over) {
+		if (i == 0 && alloc_port_free(c))
+			c->first = c->rk.port;
 		return 0;
 	}
-	if (c->rk.proto != IPPROTO_ICMP && c->rk.proto != IPPROTO_ICMPV6 &&
-	    (hostport_lookup(c->rk.addr, c->rk.family, c->rk.proto, c->rk.port, 0) || node_port_taken(c->skb, &c->rk)))
+	if (!alloc_port_free(c))
 		return 0;
 	/* The insert is what makes the port ours: of two CPUs, one wins. */
 	if (bpf_map_update_elem(&cni_snat, &c->rk, &c->rv, BPF_NOEXIST))
@@ -453,7 +519,18 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 	c.stride = c.cfg.total % 2053 ? 2053 : 2063; /* primes: one of them is coprime with the count */
 	__u32 a = ((const __u32 *)f->saddr)[0] ^ ((const __u32 *)f->saddr)[3];
 	__u32 b = ((const __u32 *)f->daddr)[0] ^ ((const __u32 *)f->daddr)[3];
-	c.h = mix32(a ^ mix32(b) ^ (((__u32)f->sport << 16) | f->dport) ^ f->proto);
+	/* The candidates follow the pod's port: an offset per pod and
+	 * destination, plus the port. One pod's ports towards one destination
+	 * then map one to one onto ours (its ephemeral range is no wider than
+	 * the default range), and a port the pod uses again gets the node port
+	 * it had. A peer that closed first keeps TIME_WAIT for the translated
+	 * tuple and takes a new SYN on it only if its timestamps follow the
+	 * last ones (PAWS), which holds for the pod's own tuple, not for
+	 * another's (the kernel's timestamp offset is per tuple): a hash of the
+	 * whole flow gave two of the pod's ports one node port, and the peer
+	 * dropped one in 5 of the pod's SYNs at 5000 connections/s (a second's
+	 * retransmit each; issue 30). */
+	c.h = mix32(a ^ mix32(b) ^ f->dport ^ f->proto) % c.cfg.total + bpf_ntohs(f->sport);
 	/* The pod's own port first when it is one of ours (as MASQUERADE keeps
 	 * ports where it can); an echo's id likewise. */
 	if (masq_port_ours(&c.cfg, bpf_ntohs(f->sport)))
@@ -479,8 +556,9 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 		struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &c.rk);
 		if (cur && cur->ifindex == ifindex) {
 			snat_forget(&c.rk, cur->addr, cur->port, ifindex, cur->flags);
-			if (!bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_NOEXIST)) {
-				c.port = c.take;
+			if (alloc_first(&c) || !bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_NOEXIST)) {
+				if (!c.port)
+					c.port = c.take;
 				masq_count(MASQ_STAT_RECYCLED);
 			}
 		}
@@ -654,6 +732,7 @@ static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __
 		struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
 		if (rv) {
 			snat_note(rv, fl, now, 1);
+			snat_share_note(rv, &k, ifindex);
 			if (f->proto == IPPROTO_TCP)
 				snat_seq_pod(skb, f, rv);
 		}
@@ -775,6 +854,7 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 	__u16 fl = flow_next(rv->flags, &f, 1, rv->created_ns, now);
 	if (counts && (fl != rv->flags || now - rv->seen_ns > NSEC)) {
 		snat_note(rv, fl, now, 1);
+		snat_share_note(rv, &rk, ifindex);
 		struct snat_key fk;
 		snat_key_of(&fk, SNAT_DIR_FWD, pod, pod_port, f.saddr, f.sport, family, f.proto);
 		struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);

@@ -50,6 +50,7 @@ struct snat_seq {
 #define SNAT_F_SEQ (1U << 8)      /* created_ns holds a struct snat_seq */
 #define SNAT_F_PEER_END (1U << 9) /* snat_seq.end is the peer's (its SYN-ACK was seen) */
 #define SNAT_F_COUNTED (1U << 10) /* any reverse entry: counted in cni_masq_pods (masq.h; older builds' are not) */
+#define SNAT_F_UNSHARED (1U << 11) /* a closed flow's reverse entry: its port no longer counted in cni_masq_share (masq.h) */
 #define SNAT_WS_SHIFT 12          /* bits 12-15: the pod's window scale */
 #define SNAT_WS_MASK (0xfU << SNAT_WS_SHIFT)
 

@@ -124,6 +124,7 @@ type bench struct {
 	configs              []*config
 	hpCfgs               []*config // the hostPort benchmark's
 	hp                   *hpEnv
+	masqSeq              int // the masquerade points' server ports (masqconn.go)
 	res                  *results
 }
 
@@ -224,7 +225,7 @@ func (b *bench) newNode(name string) (ns.NetNS, error) {
 // timed on top of it, and room for the latency rounds' leftovers.
 func (b *bench) maxPods() int {
 	n := 0
-	for _, p := range append(slices.Clone(b.opts.scale), b.opts.hpScale...) {
+	for _, p := range slices.Concat(b.opts.scale, b.opts.hpScale, b.opts.masqScale) {
 		n = max(n, p)
 	}
 	return max(110, n+b.opts.scaleReps+64)

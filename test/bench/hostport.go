@@ -3,15 +3,20 @@ package main
 // The hostPort scale benchmark: ADD latency and the rate
 // of new TCP connections through a hostPort, from a remote host, with 1, 200
 // and 1000 pods holding hostPorts, for ebpf-cni and for the reference
-// ptp+portmap chain in the same run, beside a raw veth pair.
+// ptp+portmap chain in the same run, beside two baselines.
 //
 // Topology: a "remote" netns is routed to the node netns over a veth (the
 // node's uplink, 198.51.100.1/24). Every pod of a configuration maps its
-// own hostPort (hostPortBase + n) to port 80; the first pod serves. The
-// baseline is a separate pair of namespaces joined by a bare veth, the
+// own hostPort (hostPortBase + n) to port 80; the newest pod serves. The
+// raw baseline is a separate pair of namespaces joined by a bare veth, the
 // client dialling the server's address directly: no CNI, no NAT, no
-// forwarding. A connection is dial, read the server's one byte until EOF
-// (the server closes first, so the client side keeps no TIME_WAIT), close.
+// forwarding. The routed baseline has the hostPort path's hops without its
+// translation: the same remote netns, over a second veth (eth1) into a node
+// netns of its own with no programs, forwarded by plain routing to a pod
+// namespace's own address over a veth pair (what ptp sets up, without NAT):
+// the floor of a path through a node. A connection is dial, read the
+// server's one byte until EOF (the server closes first, so the client side
+// keeps no TIME_WAIT), close.
 
 import (
 	"context"
@@ -21,6 +26,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -29,6 +35,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
@@ -43,6 +50,16 @@ var (
 	benchRemote4 = net.ParseIP("198.51.100.2").To4()
 	rawClient4   = net.ParseIP("203.0.113.1").To4()
 	rawServer4   = net.ParseIP("203.0.113.2").To4()
+	// The routed baseline: the remote's eth1, the routed node's uplink, its
+	// pod veth and the pod (routedNet is routed to the node by the remote).
+	routedRemote4 = net.ParseIP("198.51.101.2").To4()
+	routedUplink4 = net.ParseIP("198.51.101.1").To4()
+	routedGW4     = net.ParseIP("10.234.0.1").To4()
+	routedPod4    = net.ParseIP("10.234.0.2").To4()
+	routedNet     = mustCIDR("10.234.0.0/24")
+	// outside4 is the masquerade part's server, on the remote's lo: outside
+	// every node, reached over each node's uplink.
+	outside4 = net.ParseIP("198.18.0.80").To4()
 )
 
 // hpResults is the hostPort part of the JSON results.
@@ -53,6 +70,9 @@ type hpResults struct {
 	Workers  int       `json:"workers"`
 	Reps     int       `json:"timedRepsPerPoint"`
 	Points   []hpPoint `json:"points"`
+	// Masq: new connections/s from a pod through masquerade (masqconn.go).
+	MasqScale []int       `json:"masqScale,omitempty"`
+	Masq      []masqPoint `json:"masq,omitempty"`
 }
 
 type hpPoint struct {
@@ -67,8 +87,13 @@ type hpPoint struct {
 	VsRaw       float64   `json:"vsRaw"`
 	ConnSamples []float64 `json:"connsPerSecSamples"`
 	RawSamples  []float64 `json:"rawConnsPerSecSamples"`
-	AddSamples  []float64 `json:"addSamplesMs"`
-	DelSamples  []float64 `json:"delSamplesMs"`
+	// The routed baseline (same client, a node with no programs, the pod's
+	// own address), measured in the same rounds.
+	RoutedPerSec  float64   `json:"routedConnsPerSec"`
+	VsRouted      float64   `json:"vsRouted"`
+	RoutedSamples []float64 `json:"routedConnsPerSecSamples"`
+	AddSamples    []float64 `json:"addSamplesMs"`
+	DelSamples    []float64 `json:"delSamplesMs"`
 	// Load1 is the 1-minute load average when the point was measured.
 	Load1 float64 `json:"load1"`
 	// ebpf-cni's own phase timings (EBPF_CNI_TRACE), medians.
@@ -82,6 +107,8 @@ const connRounds = 3
 // hpEnv is the hostPort benchmark's extra topology.
 type hpEnv struct {
 	remote, rawClient, rawServer ns.NetNS
+	// routedNode and routedPod: the routed baseline, no programs anywhere.
+	routedNode, routedPod ns.NetNS
 }
 
 // setupHostPort creates the remote netns, the node's uplink and the raw pair.
@@ -105,7 +132,81 @@ func (b *bench) setupHostPort() error {
 		return fmt.Errorf("raw veth pair: %w", err)
 	}
 	// The remote reaches every node address via the uplink.
-	return testenv.RouteVia(h.remote, "eth0", benchUplink4)
+	if err := testenv.RouteVia(h.remote, "eth0", benchUplink4); err != nil {
+		return err
+	}
+	return b.setupRouted(h)
+}
+
+// setupRouted builds the routed baseline and the outside server's address.
+func (b *bench) setupRouted(h *hpEnv) error {
+	var err error
+	if h.routedNode, err = b.newNetNS("routed-node"); err != nil {
+		return err
+	}
+	if h.routedPod, err = b.newNetNS("routed-pod"); err != nil {
+		return err
+	}
+	if err := testenv.VethBetween(h.remote, "eth1", routedRemote4, h.routedNode, "uplink0", routedUplink4); err != nil {
+		return fmt.Errorf("routed node uplink: %w", err)
+	}
+	if err := testenv.VethBetween(h.routedNode, "pod0", routedGW4, h.routedPod, "eth0", routedPod4); err != nil {
+		return fmt.Errorf("routed pod veth: %w", err)
+	}
+	if err := testenv.RouteVia(h.routedPod, "eth0", routedGW4); err != nil {
+		return err
+	}
+	host := &net.IPNet{IP: outside4, Mask: net.CIDRMask(32, 32)}
+	routes := []struct {
+		n    ns.NetNS
+		dev  string
+		dst  *net.IPNet
+		via  net.IP
+		addr bool // put dst on lo instead
+	}{
+		{h.remote, "eth1", routedNet, routedUplink4, false},
+		{h.remote, "lo", host, nil, true},
+		{h.routedNode, "uplink0", host, routedRemote4, false},
+		{b.node, "uplink0", host, benchRemote4, false},
+	}
+	for _, r := range routes {
+		err := r.n.Do(func(ns.NetNS) error {
+			l, err := netlink.LinkByName(r.dev)
+			if err != nil {
+				return err
+			}
+			if r.addr {
+				return netlink.AddrAdd(l, &netlink.Addr{IPNet: r.dst})
+			}
+			return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: r.dst, Gw: r.via})
+		})
+		if err != nil {
+			return fmt.Errorf("routed baseline: %s %s: %w", r.dev, r.dst, err)
+		}
+	}
+	return h.routedNode.Do(func(ns.NetNS) error {
+		if b.opts.routedCT {
+			// kube-proxy's rule: a conntrack match turns conntrack on in
+			// the netns (an empty nft nat chain does not).
+			if out, err := exec.Command("iptables", "-A", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP").CombinedOutput(); err != nil {
+				return fmt.Errorf("routed node conntrack: %v: %s", err, out)
+			}
+		}
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+	})
+}
+
+// ctCount is the conntrack entries of a netns (-1: no conntrack there).
+func ctCount(n ns.NetNS) int {
+	c := -1
+	_ = n.Do(func(ns.NetNS) error {
+		data, err := os.ReadFile("/proc/sys/net/netfilter/nf_conntrack_count")
+		if err == nil {
+			fmt.Sscan(string(data), &c)
+		}
+		return nil
+	})
+	return c
 }
 
 func (b *bench) hpCapArgs(port int) string {
@@ -116,11 +217,14 @@ func (b *bench) hpCapArgs(port int) string {
 // server accepts on :80 in netns, writes one byte and closes each connection.
 type server struct{ ln net.Listener }
 
-func startServer(netns ns.NetNS) (*server, error) {
+func startServer(netns ns.NetNS) (*server, error) { return startServerOn(netns, 80) }
+
+// startServerOn is startServer on another port.
+func startServerOn(netns ns.NetNS, port int) (*server, error) {
 	var ln net.Listener
 	err := netns.Do(func(ns.NetNS) error {
 		var err error
-		ln, err = net.Listen("tcp4", ":80")
+		ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
 		return err
 	})
 	if err != nil {
@@ -197,11 +301,14 @@ func connRate(ctx context.Context, netns ns.NetNS, addr string, workers int, d t
 	return float64(ok.Load()) / el, failed.Load(), nil
 }
 
-// hpConfigs are the two configurations the hostPort benchmark compares.
+// hpConfigs are the configurations the hostPort part compares: the two of
+// the hostPort benchmark, and with -masq-scale the two of the masquerade
+// one (masqconn.go). The references go first: ebpf-cni's node hooks stay
+// attached on the uplink once set up, and would then see their packets too.
 func (b *bench) hpConfigs() []*config {
 	ebpfNet := mustCIDR("10.248.0.0/16")
 	pmNet := mustCIDR("10.249.0.0/16")
-	return []*config{
+	cfgs := []*config{
 		{
 			key: "ptp-portmap", label: "ptp+portmap", netName: "bench-ptp-portmap", subnet: pmNet, hostPorts: true,
 			list: map[string]any{"plugins": []any{
@@ -217,105 +324,218 @@ func (b *bench) hpConfigs() []*config {
 			}}},
 		},
 	}
+	if len(b.opts.masqScale) == 0 {
+		return cfgs
+	}
+	m := b.masqConfigs()
+	return []*config{cfgs[0], m[0], cfgs[1], m[1]}
 }
 
-// runHostPort measures every configuration at every scale point. portmap
-// goes first: ebpf-cni's node hooks stay attached once set up, and its
-// uplink program would then see portmap's packets too.
+// hpBase is the baselines every connection measurement alternates with.
+type hpBase struct {
+	raw, routed func() (float64, error)
+	// routedOut: the routed pod to outside4:port.
+	routedOut func(port int) (float64, error)
+}
+
+// runHostPort measures every configuration at every scale point.
 func (b *bench) runHostPort(ctx context.Context, start time.Time) error {
 	o := b.opts
-	b.res.HostPort = &hpResults{Scale: o.hpScale, RefScale: o.hpRefScale, ConnSecs: o.connSecs, Workers: o.workers, Reps: o.scaleReps}
+	b.res.HostPort = &hpResults{Scale: o.hpScale, RefScale: o.hpRefScale, ConnSecs: o.connSecs, Workers: o.workers, Reps: o.scaleReps,
+		MasqScale: o.masqScale}
 	d := time.Duration(o.connSecs * float64(time.Second))
-	rawSrv, err := startServer(b.hp.rawServer)
-	if err != nil {
-		return fmt.Errorf("raw server: %w", err)
+	if o.bpfStats {
+		const knob = "/proc/sys/kernel/bpf_stats_enabled"
+		old, err := os.ReadFile(knob)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(knob, []byte("1"), 0o644); err != nil {
+			return err
+		}
+		defer os.WriteFile(knob, old, 0o644)
 	}
-	defer rawSrv.close()
-	raw := func() (float64, error) {
-		r, _, err := connRate(ctx, b.hp.rawClient, net.JoinHostPort(rawServer4.String(), "80"), o.workers, d)
-		return r, err
+	// The raw pair's server, the routed pod's, and the outside one (on the
+	// remote) the masquerade part's pods dial.
+	var srvs []*server
+	defer func() {
+		for _, s := range srvs {
+			s.close()
+		}
+	}()
+	for _, n := range []ns.NetNS{b.hp.rawServer, b.hp.routedPod, b.hp.remote} {
+		s, err := startServer(n)
+		if err != nil {
+			return fmt.Errorf("baseline server: %w", err)
+		}
+		srvs = append(srvs, s)
 	}
-	if _, err := raw(); err != nil { // warm-up
-		return err
+	rate := func(n ns.NetNS, ip net.IP) func() (float64, error) {
+		return func() (float64, error) {
+			r, _, err := connRate(ctx, n, net.JoinHostPort(ip.String(), "80"), o.workers, d)
+			return r, err
+		}
+	}
+	base := hpBase{
+		raw:    rate(b.hp.rawClient, rawServer4),
+		routed: rate(b.hp.remote, routedPod4),
+		routedOut: func(port int) (float64, error) {
+			r, _, err := connRate(ctx, b.hp.routedPod, net.JoinHostPort(outside4.String(), fmt.Sprint(port)), o.workers, d)
+			return r, err
+		},
+	}
+	for _, f := range []func() (float64, error){base.raw, base.routed, rate(b.hp.routedPod, outside4)} { // warm-up
+		if _, err := f(); err != nil {
+			return err
+		}
 	}
 	for _, c := range b.hpCfgs {
-		if err := b.hostPortScale(ctx, c, raw, d, start); err != nil {
+		var err error
+		if isMasqConfig(c) {
+			err = b.masqScale(ctx, c, base, d, start)
+		} else {
+			err = b.hostPortScale(ctx, c, base, d, start)
+		}
+		if err != nil {
 			return fmt.Errorf("%s: %w", c.label, err)
 		}
 	}
 	return nil
 }
 
-func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float64, error), d time.Duration, start time.Time) error {
-	o := b.opts
-	type member struct {
-		pod  ns.NetNS
-		port int
+// member is a pod of a population and its hostPort (0: none).
+type member struct {
+	pod  ns.NetNS
+	port int
+}
+
+// population is one configuration's pods at the scale points: grown 4 ADDs
+// at a time (untimed), all deleted at the end.
+type population struct {
+	b       *bench
+	c       *config
+	ctx     context.Context
+	mu      sync.Mutex // b.newPod and b.removePod
+	present []member
+	// caps is the CAP_ARGS of the pod with hostPort port ("" for none).
+	caps func(port int) string
+}
+
+func (p *population) parallel(n int, f func(i int) error) error {
+	sem := make(chan struct{}, 4)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		if p.ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func(i int) {
+			defer wg.Done()
+			defer func() { <-sem }()
+			errs <- f(i)
+		}(i)
 	}
-	var (
-		present []member
-		srv     *server
-	)
+	wg.Wait()
+	close(errs)
+	var all error
+	for e := range errs {
+		all = errors.Join(all, e)
+	}
+	return errors.Join(all, p.ctx.Err())
+}
+
+// grow adds pods until there are n.
+func (p *population) grow(n int) error {
+	if len(p.present) >= n {
+		return nil
+	}
+	logf("%s: adding pods %d..%d", p.c.label, len(p.present)+1, n)
+	from := len(p.present)
+	grown := make([]member, n-from)
+	err := p.parallel(n-from, func(i int) error {
+		p.mu.Lock()
+		pod, err := p.b.newPod()
+		p.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		port := hostPortBase + from + i
+		grown[i] = member{pod, port}
+		_, out, _, err := p.b.cnitoolCap(p.c, "add", pod, p.caps(port))
+		if err != nil {
+			return err
+		}
+		return p.b.checkAdd(p.c, pod, out)
+	})
+	p.present = append(p.present, grown...)
+	if err != nil {
+		return fmt.Errorf("growing to %d pods: %w", n, err)
+	}
+	return nil
+}
+
+// newest is the most recently added pod.
+func (p *population) newest() member { return p.present[len(p.present)-1] }
+
+// removeAll deletes every pod and checks the configuration left nothing.
+func (p *population) removeAll() error {
+	logf("%s: deleting %d pods", p.c.label, len(p.present))
+	err := p.parallel(len(p.present), func(i int) error {
+		m := p.present[i]
+		if _, _, _, err := p.b.cnitoolCap(p.c, "del", m.pod, p.caps(m.port)); err != nil {
+			return err
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.b.removePod(m.pod)
+	})
+	if err != nil {
+		return err
+	}
+	return p.b.assertClean(p.c)
+}
+
+// alternate alternates the measured path with its baselines connRounds
+// times, so drift and background load hit all alike.
+func alternate(measure func() (float64, int64, error), bases ...func() (float64, error)) (rates []float64, baseRates [][]float64, failed int64, err error) {
+	baseRates = make([][]float64, len(bases))
+	for r := 0; r < connRounds; r++ {
+		rate, f, err := measure()
+		if err != nil {
+			return nil, nil, 0, err
+		}
+		failed += f
+		rates = append(rates, rate)
+		for i, base := range bases {
+			br, err := base()
+			if err != nil {
+				return nil, nil, 0, err
+			}
+			baseRates[i] = append(baseRates[i], br)
+		}
+	}
+	return rates, baseRates, failed, nil
+}
+
+func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d time.Duration, start time.Time) error {
+	o := b.opts
+	pop := &population{b: b, c: c, ctx: ctx, caps: b.hpCapArgs}
+	var srv *server
 	defer func() {
 		if srv != nil {
 			srv.close()
 		}
 	}()
-	// Untimed population changes run 4 at a time.
-	parallel := func(n int, f func(i int) error) error {
-		sem := make(chan struct{}, 4)
-		errs := make(chan error, n)
-		var wg sync.WaitGroup
-		for i := 0; i < n; i++ {
-			if ctx.Err() != nil {
-				break
-			}
-			wg.Add(1)
-			sem <- struct{}{}
-			go func(i int) {
-				defer wg.Done()
-				defer func() { <-sem }()
-				errs <- f(i)
-			}(i)
-		}
-		wg.Wait()
-		close(errs)
-		var all error
-		for e := range errs {
-			all = errors.Join(all, e)
-		}
-		return errors.Join(all, ctx.Err())
-	}
-	var mu sync.Mutex
 	seq := 0
 	points := o.hpScale
 	if c.key == "ptp-portmap" {
 		points = o.hpRefScale
 	}
 	for _, p := range points {
-		if len(present) < p {
-			logf("hostPort %s: adding pods %d..%d", c.label, len(present)+1, p)
-		}
-		from := len(present)
-		grown := make([]member, p-from)
-		err := parallel(p-from, func(i int) error {
-			mu.Lock()
-			pod, err := b.newPod()
-			mu.Unlock()
-			if err != nil {
-				return err
-			}
-			port := hostPortBase + from + i
-			grown[i] = member{pod, port}
-			_, out, _, err := b.cnitoolCap(c, "add", pod, b.hpCapArgs(port))
-			if err != nil {
-				return err
-			}
-			return b.checkAdd(c, pod, out)
-		})
-		present = append(present, grown...)
-		if err != nil {
-			return fmt.Errorf("growing to %d pods: %w", p, err)
+		if err := pop.grow(p); err != nil {
+			return err
 		}
 		// The newest pod serves: its rule is the last of portmap's chain, the
 		// worst case of a linear rule list (the average is half of it).
@@ -323,95 +543,87 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, raw func() (float6
 		if srv != nil {
 			srv.close()
 		}
-		newest := present[len(present)-1]
+		newest := pop.newest()
+		var err error
 		if srv, err = startServer(newest.pod); err != nil {
 			return err
 		}
-		// Alternate hostPort and raw measurements so drift and background
-		// load hit both alike; report the medians.
 		target := net.JoinHostPort(benchUplink4.String(), fmt.Sprint(newest.port))
-		var rates, raws []float64
-		var failed int64
-		for r := 0; r < connRounds; r++ {
+		measure := func() (float64, int64, error) {
 			rate, f, err := connRate(ctx, b.hp.remote, target, o.workers, d)
-			if err != nil {
-				return err
+			if err == nil && rate == 0 {
+				err = fmt.Errorf("no connection through hostPort %s succeeded (%d failed)", target, f)
 			}
-			if rate == 0 {
-				return fmt.Errorf("no connection through hostPort %s succeeded (%d failed)", target, f)
-			}
-			failed += f
-			rawRate, err := raw()
-			if err != nil {
-				return err
-			}
-			rates, raws = append(rates, rate), append(raws, rawRate)
+			return rate, f, err
 		}
-		rate, rawRate := testenv.Median(rates), testenv.Median(raws)
+		rates, bases, failed, err := alternate(measure, base.raw, base.routed)
+		if err != nil {
+			return err
+		}
+		raws, routeds := bases[0], bases[1]
+		rate, rawRate, routedRate := testenv.Median(rates), testenv.Median(raws), testenv.Median(routeds)
 		pt := hpPoint{Config: c.key, Pods: p, ConnsPerSec: rate, ConnErrors: failed, RawPerSec: rawRate, VsRaw: rate / rawRate,
-			ConnSamples: rates, RawSamples: raws}
-
-		var adds, dels []float64
-		var addPh, delPh [][]phase
-		for i := 0; i < o.scaleReps; i++ {
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			mu.Lock()
-			pod, err := b.newPod()
-			mu.Unlock()
-			if err != nil {
-				return err
-			}
-			capArgs := b.hpCapArgs(hostPortTimed + seq)
-			seq++
-			add, out, addErr, err := b.cnitoolCap(c, "add", pod, capArgs)
-			if err != nil {
-				return err
-			}
-			if err := b.checkAdd(c, pod, out); err != nil {
-				return err
-			}
-			del, _, delErr, err := b.cnitoolCap(c, "del", pod, capArgs)
-			if err != nil {
-				return err
-			}
-			if ph := parsePhases(addErr, "ADD"); ph != nil {
-				addPh = append(addPh, ph)
-			}
-			if ph := parsePhases(delErr, "DEL"); ph != nil {
-				delPh = append(delPh, ph)
-			}
-			if err := b.removePod(pod); err != nil {
-				return err
-			}
-			adds, dels = append(adds, ms(add)), append(dels, ms(del))
+			ConnSamples: rates, RawSamples: raws, RoutedPerSec: routedRate, VsRouted: rate / routedRate, RoutedSamples: routeds}
+		if err := b.timedHostPortCycles(ctx, pop, &pt, &seq); err != nil {
+			return err
 		}
-		pt.AddMedianMs, pt.AddP90Ms, pt.DelMedianMs = testenv.Median(adds), testenv.P90(adds), testenv.Median(dels)
-		pt.AddSamples, pt.DelSamples, pt.Load1 = adds, dels, testenv.Load1()
-		pt.AddPhases, pt.DelPhases = phaseMedians(addPh), phaseMedians(delPh)
 		b.res.HostPort.Points = append(b.res.HostPort.Points, pt)
 		logf("  hostPort %-24s %4d pods: %7.0f conn/s (raw %7.0f, %.2fx, %d failed), ADD %.1f ms, DEL %.1f ms (%s)",
 			c.label, p, rate, rawRate, pt.VsRaw, failed, pt.AddMedianMs, pt.DelMedianMs, time.Since(start).Round(time.Second))
+		logf("  hostPort %-24s %4d pods: routed, no programs %7.0f conn/s, hostPort %.2fx of it, load %.2f; conntrack entries: node %d, routed node %d",
+			c.label, p, routedRate, pt.VsRouted, pt.Load1, ctCount(b.node), ctCount(b.hp.routedNode))
 	}
 	if srv != nil { // nil when no point was measured (-hostport-ref-scale "")
 		srv.close()
 		srv = nil
 	}
-	logf("hostPort %s: deleting %d pods", c.label, len(present))
-	err := parallel(len(present), func(i int) error {
-		m := present[i]
-		if _, _, _, err := b.cnitoolCap(c, "del", m.pod, b.hpCapArgs(m.port)); err != nil {
+	return pop.removeAll()
+}
+
+// timedHostPortCycles times o.scaleReps ADD+DEL of one more pod with a
+// hostPort on top of pop, into pt.
+func (b *bench) timedHostPortCycles(ctx context.Context, pop *population, pt *hpPoint, seq *int) error {
+	c := pop.c
+	var adds, dels []float64
+	var addPh, delPh [][]phase
+	for i := 0; i < b.opts.scaleReps; i++ {
+		if err := ctx.Err(); err != nil {
 			return err
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		return b.removePod(m.pod)
-	})
-	if err != nil {
-		return err
+		pop.mu.Lock()
+		pod, err := b.newPod()
+		pop.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		capArgs := b.hpCapArgs(hostPortTimed + *seq)
+		*seq++
+		add, out, addErr, err := b.cnitoolCap(c, "add", pod, capArgs)
+		if err != nil {
+			return err
+		}
+		if err := b.checkAdd(c, pod, out); err != nil {
+			return err
+		}
+		del, _, delErr, err := b.cnitoolCap(c, "del", pod, capArgs)
+		if err != nil {
+			return err
+		}
+		if ph := parsePhases(addErr, "ADD"); ph != nil {
+			addPh = append(addPh, ph)
+		}
+		if ph := parsePhases(delErr, "DEL"); ph != nil {
+			delPh = append(delPh, ph)
+		}
+		if err := b.removePod(pod); err != nil {
+			return err
+		}
+		adds, dels = append(adds, ms(add)), append(dels, ms(del))
 	}
-	return b.assertClean(c)
+	pt.AddMedianMs, pt.AddP90Ms, pt.DelMedianMs = testenv.Median(adds), testenv.P90(adds), testenv.Median(dels)
+	pt.AddSamples, pt.DelSamples, pt.Load1 = adds, dels, testenv.Load1()
+	pt.AddPhases, pt.DelPhases = phaseMedians(addPh), phaseMedians(delPh)
+	return nil
 }
 
 // hostPortMarkdown renders the hostPort section of the report.
@@ -422,9 +634,9 @@ func (r *results) hostPortMarkdown() string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n## hostPort at scale\n\n")
-	fmt.Fprintf(&b, "New TCP connections per second from a remote netns to node-uplink-address:hostPort of the most recently added pod (the last rule of portmap's chain; dial, read 1 byte until the server's close, close; %d client goroutines, %d runs of %.0f s alternating with the same client against a raw veth pair: no CNI, no NAT, no forwarding; medians), every pod holding its own hostPort. ADD/DEL: %d timed cycles of one more pod with a hostPort at each point (cnitool wall time, medians).\n\n", h.Workers, connRounds, h.ConnSecs, h.Reps)
-	fmt.Fprintf(&b, "| config | pods with hostPorts | ADD median ms | ADD p90 ms | DEL median ms | conn/s via hostPort | raw veth conn/s | × raw | failed |\n")
-	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "New TCP connections per second from a remote netns to node-uplink-address:hostPort of the most recently added pod (the last rule of portmap's chain; dial, read 1 byte until the server's close, close; %d client goroutines, %d runs of %.0f s alternating with the same client against a raw veth pair: no CNI, no NAT, no forwarding, and against the routed baseline: the same client over a second veth into a node netns with no programs, routed to a pod netns's own address, the hostPort path's hops without its translation; medians), every pod holding its own hostPort. ADD/DEL: %d timed cycles of one more pod with a hostPort at each point (cnitool wall time, medians).\n\n", h.Workers, connRounds, h.ConnSecs, h.Reps)
+	fmt.Fprintf(&b, "| config | pods with hostPorts | ADD median ms | ADD p90 ms | DEL median ms | conn/s via hostPort | raw veth conn/s | × raw | failed | routed conn/s | × routed |\n")
+	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	pts := append([]hpPoint(nil), h.Points...)
 	sort.SliceStable(pts, func(i, j int) bool {
 		if pts[i].Pods != pts[j].Pods {
@@ -433,8 +645,8 @@ func (r *results) hostPortMarkdown() string {
 		return pts[i].Config < pts[j].Config
 	})
 	for _, p := range pts {
-		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f | %.0f | %.0f | %.2f× | %d |\n",
-			r.labels[p.Config], p.Pods, p.AddMedianMs, p.AddP90Ms, p.DelMedianMs, p.ConnsPerSec, p.RawPerSec, p.VsRaw, p.ConnErrors)
+		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f | %.0f | %.0f | %.2f× | %d | %.0f | %.2f× |\n",
+			r.labels[p.Config], p.Pods, p.AddMedianMs, p.AddP90Ms, p.DelMedianMs, p.ConnsPerSec, p.RawPerSec, p.VsRaw, p.ConnErrors, p.RoutedPerSec, p.VsRouted)
 	}
 	var phased []string
 	for _, p := range pts {

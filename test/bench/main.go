@@ -9,7 +9,9 @@
 //   - scale: ADD and DEL with 1, 200 pods of the same configuration present;
 //
 //   - hostport: ADD/DEL with 1, 200, 1000 pods holding hostPorts, and new TCP
-//     connections/s through a hostPort beside a raw veth pair (hostport.go);
+//     connections/s through a hostPort beside a raw veth pair and plain
+//     routing through a node (hostport.go); new connections/s from a pod
+//     through masquerade at 1, 200, 1000 pods (masqconn.go);
 //
 //   - throughput: iperf3, 1 and 4 streams, pod to pod and remote to hostPort,
 //     beside ptp(+portmap), as ratios to a raw veth pair (throughput.go);
@@ -97,8 +99,17 @@ type options struct {
 	hpScale []int
 	// hpRefScale: the points at which ptp+portmap is measured too.
 	hpRefScale []int
-	connSecs   float64
-	workers    int
+	// masqScale: pods present at which new connections/s through
+	// masquerade are measured (masqconn.go, inside the hostport part).
+	masqScale []int
+	// routedCT: the routed baseline's node tracks connections (conntrack),
+	// as a node with iptables NAT rules (portmap's, ptp's, kube-proxy's) does.
+	routedCT bool
+	// bpfStats: kernel.bpf_stats_enabled during the run, and the
+	// programs' run counts and times logged at each ebpf-cni masquerade point.
+	bpfStats bool
+	connSecs float64
+	workers  int
 
 	// throughput benchmark (throughput.go)
 	tputSecs        int
@@ -167,6 +178,9 @@ func parseFlags(args []string) (*options, error) {
 	attachTC := fs.Bool("attach-tc", false, "also measure ebpf-cni with attachMode tc (clsact + cls_bpf instead of tcx links), without the at-scale runs")
 	hpScale := fs.String("hostport-scale", "1,200,1000", "pods with hostPorts at which to measure ADD latency and connections/s through a hostPort, ebpf-cni beside ptp+portmap (\"\" to skip)")
 	hpRefScale := fs.String("hostport-ref-scale", "1,200", "the -hostport-scale points at which ptp+portmap is measured too (portmap's ADD and DEL rewrite the whole iptables ruleset: 1000 of them take minutes)")
+	masqScale := fs.String("masq-scale", "1,200,1000", "hostport part: pods present at which to measure new connections/s from a pod to a server outside the node through masquerade, ebpf-cni ipMasq beside ptp ipMasq and plain routing (\"\" to skip)")
+	routedCT := fs.Bool("routed-conntrack", false, "hostport part: give the routed baseline's node conntrack (kube-proxy's FORWARD rule dropping INVALID), as the measured node has it from portmap's and ptp's rules")
+	bpfStats := fs.Bool("bpf-stats", false, "hostport part: set kernel.bpf_stats_enabled for the run and log each program's runs and ns per run at ebpf-cni's masquerade points (costs every BPF program of the machine a little)")
 	hpOnly := fs.Bool("hostport-only", false, "run only the hostPort benchmark")
 	connSecs := fs.Float64("conn-seconds", 3, "seconds of connections per measurement of the hostPort benchmark")
 	workers := fs.Int("conn-workers", 4, "parallel client connections of the hostPort benchmark")
@@ -210,6 +224,9 @@ func parseFlags(args []string) (*options, error) {
 		}
 		if !set["hostport-ref-scale"] {
 			*hpRefScale = "1,100"
+		}
+		if !set["masq-scale"] {
+			*masqScale = "1,100"
 		}
 		if !set["conn-seconds"] {
 			o.connSecs = 2
@@ -274,6 +291,10 @@ func parseFlags(args []string) (*options, error) {
 	if len(o.hpScale) == 0 {
 		delete(o.parts, partHostPort)
 	}
+	if o.masqScale, err = parseScale(*masqScale, "-masq-scale"); err != nil {
+		return nil, err
+	}
+	o.routedCT, o.bpfStats = *routedCT, *bpfStats
 	ref, err := parseScale(*hpRefScale, "-hostport-ref-scale")
 	if err != nil {
 		return nil, err

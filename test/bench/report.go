@@ -293,7 +293,7 @@ func (r *results) write(dir string) error {
 	}
 	r.sortSeries()
 	r.Rows = r.rows()
-	md := r.markdown() + r.hostPortMarkdown() + r.throughputMarkdown() + r.memoryMarkdown()
+	md := r.markdown() + r.hostPortMarkdown() + r.masqMarkdown() + r.throughputMarkdown() + r.memoryMarkdown()
 	base, err := testenv.WriteReport(dir, "cni", r.started, md, r)
 	if err != nil {
 		return err

@@ -19,6 +19,10 @@ const (
 	targetTput            = 0.97 // pod-to-pod and hostPort single stream >= 0.97x raw veth
 	targetConns           = 0.85 // hostPort connections >= 0.85x raw at 200 pods
 	targetConnsPods       = 200
+	// targetConnsRouted: new connections through a hostPort or masquerade
+	// >= 0.95x the routed baseline (the same hops, no translation, no
+	// programs) at every pod count (issue 30).
+	targetConnsRouted = 0.95
 )
 
 func loadStr(l float64) string {
@@ -34,6 +38,8 @@ func (r *results) rows() []testenv.Row {
 	rows = append(rows, r.latencyRows()...)
 	rows = append(rows, r.scaleRows()...)
 	rows = append(rows, r.hostPortRows()...)
+	rows = append(rows, r.hostPortRoutedRows()...)
+	rows = append(rows, r.masqRows()...)
 	rows = append(rows, r.throughputRows()...)
 	rows = append(rows, r.memoryRows()...)
 	rows = append(rows, r.burstRows()...)
@@ -240,6 +246,32 @@ func (r *results) hostPortRows() []testenv.Row {
 			row.Load = loadStr(pt.Load1)
 			if cfg == "ebpf-hostport" && p == targetConnsPods {
 				row.Goal(fmt.Sprintf("≥ %.2f× raw at %d pods", targetConns, targetConnsPods), row.Ratio >= targetConns)
+			}
+			rows = append(rows, row)
+		}
+	}
+	return rows
+}
+
+// hostPortRoutedRows are the hostPort connection rows against the routed
+// baseline, beside hostPortRows' against the raw pair.
+func (r *results) hostPortRoutedRows() []testenv.Row {
+	h := r.HostPort
+	if h == nil {
+		return nil
+	}
+	var rows []testenv.Row
+	for _, cfg := range []string{"ebpf-hostport", "ptp-portmap"} {
+		for _, pt := range h.Points {
+			if pt.Config != cfg || len(pt.RoutedSamples) == 0 {
+				continue
+			}
+			row := testenv.NewRow("new connections/s via hostPort vs routing", r.labels[cfg], "conn/s",
+				fmt.Sprintf("%s with hostPorts, %d clients, %.0f s", plural(pt.Pods, "pod"), h.Workers, h.ConnSecs), "conn/s", pt.ConnSamples)
+			row.Against("routed, no programs", testenv.Median(pt.RoutedSamples))
+			row.Load = loadStr(pt.Load1)
+			if cfg == "ebpf-hostport" {
+				row.Goal(fmt.Sprintf("≥ %.2f× routed", targetConnsRouted), row.Ratio >= targetConnsRouted)
 			}
 			rows = append(rows, row)
 		}

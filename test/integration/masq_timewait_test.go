@@ -1,0 +1,160 @@
+package integration
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+)
+
+// tcpExt reads one TcpExt counter of a network namespace.
+func tcpExt(t *testing.T, n ns.NetNS, name string) uint64 {
+	t.Helper()
+	var data []byte
+	err := n.Do(func(ns.NetNS) error {
+		var err error
+		data, err = os.ReadFile("/proc/thread-self/net/netstat") // this thread's netns, not the process's
+		return err
+	})
+	if err != nil {
+		t.Fatalf("netstat: %v", err)
+	}
+	lines := strings.Split(string(data), "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		if !strings.HasPrefix(lines[i], "TcpExt:") || !strings.HasPrefix(lines[i+1], "TcpExt:") {
+			continue
+		}
+		names, vals := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+		for j := 1; j < len(names) && j < len(vals); j++ {
+			if names[j] == name {
+				v, err := strconv.ParseUint(vals[j], 10, 64)
+				if err != nil {
+					t.Fatalf("netstat %s: %v", name, err)
+				}
+				return v
+			}
+		}
+	}
+	t.Fatalf("netstat: no TcpExt %s", name)
+	return 0
+}
+
+// TestMasqServerTimeWait: a masquerading pod opens 6000 short TCP
+// connections to one outside server that closes first, so the server holds
+// TIME_WAIT for every translated tuple, and takes a new SYN on one only if
+// its timestamps follow the last ones there (PAWS; Linux's timestamp offset
+// is per tuple). Every SYN must be taken at once: no PAWS refusal at the
+// server, no SYN retransmitted by the pod. Before issue 30's fix two of the
+// pod's ports hashed to one node port, and past the pod's 4189 ports towards
+// the server (closed flows counted for 10 s) each new flow took back a port
+// another of its tuples had used: hundreds of SYNs refused, each costing a
+// second (new connections/s fell to a tenth of plain routing's).
+func TestMasqServerTimeWait(t *testing.T) {
+	masqTimeWait(t, 0)
+}
+
+// TestMasqServerTimeWaitAtQuota: the same on a node sized for 40 pods,
+// where the pod's quota of flows (3743: its reserve and half the pool) is
+// below the 6000 flows it opens, closed ones included (their entries live
+// 10 s), so its last flows each take back one of its own ports. The port
+// given back was another of its tuples'; the new flow must go to the node
+// port its own tuple maps to, when free (before: PAWS refusals again).
+func TestMasqServerTimeWaitAtQuota(t *testing.T) {
+	masqTimeWait(t, 40)
+}
+
+// masqTimeWait runs the connections of TestMasqServerTimeWait on a node
+// whose maxPods is maxPods (0: the default).
+func masqTimeWait(t *testing.T, maxPods int) {
+	lab := newMasqLab(t)
+	if maxPods > 0 {
+		lab.a.Extra["maxPods"] = maxPods
+	}
+	pod := lab.a.NewPod()
+	lab.a.CleanupDel(pod, "timewait")
+	lab.a.Add(pod, "timewait")
+
+	const port = 7300
+	var ln net.Listener
+	err := lab.out.Do(func(ns.NetNS) error {
+		var err error
+		ln, err = net.Listen("tcp4", net.JoinHostPort(outsideIP.String(), fmt.Sprint(port)))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				if errors.Is(err, net.ErrClosed) {
+					return
+				}
+				continue
+			}
+			c.Write([]byte{'x'})
+			c.Close() // the server closes first: TIME_WAIT is its
+		}
+	}()
+
+	paws, synRetrans := tcpExt(t, lab.out, "PAWSTimewait"), tcpExt(t, pod, "TCPSynRetrans")
+	const workers, total = 4, 6000
+	var next, slow atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	start := time.Now()
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- pod.Do(func(ns.NetNS) error {
+				buf := make([]byte, 2)
+				for next.Add(1) <= total {
+					t0 := time.Now()
+					c, err := net.DialTimeout("tcp4", net.JoinHostPort(outsideIP.String(), fmt.Sprint(port)), 5*time.Second)
+					if err != nil {
+						return err
+					}
+					c.SetDeadline(time.Now().Add(5 * time.Second))
+					n, err := io.ReadFull(c, buf[:1])
+					if err == nil {
+						_, err = c.Read(buf)
+					}
+					c.Close()
+					if n != 1 || !errors.Is(err, io.EOF) {
+						return fmt.Errorf("answer: %d bytes, %v", n, err)
+					}
+					if time.Since(t0) > 500*time.Millisecond {
+						slow.Add(1)
+					}
+				}
+				return nil
+			})
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("connection: %v", err)
+		}
+	}
+	el := time.Since(start)
+	dPAWS, dSyn := tcpExt(t, lab.out, "PAWSTimewait")-paws, tcpExt(t, pod, "TCPSynRetrans")-synRetrans
+	t.Logf("%d connections in %v (%.0f/s): %d over 500 ms, %d SYNs refused by PAWS, %d SYNs retransmitted",
+		total, el.Round(time.Millisecond), total/el.Seconds(), slow.Load(), dPAWS, dSyn)
+	if dPAWS != 0 || dSyn != 0 {
+		t.Errorf("the server refused %d of the pod's SYNs in TIME_WAIT (PAWS) and the pod retransmitted %d: a node port went to another of the pod's tuples while the server still held the last one's", dPAWS, dSyn)
+	}
+}
