@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 556976, crc: 0x854e8050, sha: "9a62f31faafc"},
-	"from_container_compat": {size: 527328, crc: 0x8976caa4, sha: "e8bb1004932d"},
-	"from_uplink":           {size: 397880, crc: 0x34d86eaa, sha: "75c8d3c1afae"},
-	"from_uplink_compat":    {size: 372744, crc: 0x66834e10, sha: "bc5ae1e86d8e"},
-	"sock":                  {size: 180800, crc: 0x07ef4229, sha: "b850f598e1a1"},
-	"sock_compat":           {size: 171328, crc: 0xabc36dd1, sha: "7199e2ab6080"},
-	"sock_ops":              {size: 163672, crc: 0x4ab4fa28, sha: "2cc0d2d58097"},
-	"to_container":          {size: 201432, crc: 0x3e928410, sha: "8cd9445aa3fa"},
-	"to_container_compat":   {size: 186976, crc: 0x3259ebf1, sha: "1aa69c7a5bef"},
-	"to_uplink":             {size: 314200, crc: 0xbe428822, sha: "5a4aca2269b7"},
-	"to_uplink_compat":      {size: 283200, crc: 0x15005da6, sha: "9c031a46c597"},
-	"tunnel":                {size: 336472, crc: 0x96ef41bf, sha: "8dbd8a9317dc"},
+	"from_container":        {size: 556976, crc: 0x6cf153d5, sha: "b5866664d692"},
+	"from_container_compat": {size: 527328, crc: 0x95085033, sha: "48a892e0b23c"},
+	"from_uplink":           {size: 403504, crc: 0x821cb422, sha: "7597c461ad12"},
+	"from_uplink_compat":    {size: 378712, crc: 0xb0910fcf, sha: "de50f66560d4"},
+	"sock":                  {size: 180800, crc: 0x70ba53f2, sha: "2ca17a45d475"},
+	"sock_compat":           {size: 171328, crc: 0x6f98174a, sha: "9e971c147381"},
+	"sock_ops":              {size: 163672, crc: 0x2f963570, sha: "17360a9b652c"},
+	"to_container":          {size: 201432, crc: 0x1c449c2a, sha: "dd6bbe27ee8c"},
+	"to_container_compat":   {size: 186976, crc: 0x0f922686, sha: "7682abde4229"},
+	"to_uplink":             {size: 326728, crc: 0x158f550a, sha: "6063017526d8"},
+	"to_uplink_compat":      {size: 295408, crc: 0x3c808465, sha: "b727f701d125"},
+	"tunnel":                {size: 336472, crc: 0x2d77e75f, sha: "7abc6d42d762"},
 }
