@@ -6,14 +6,14 @@ package datapath
 var objHashes = map[string]objHash{
 	"from_container":        {size: 551840, crc: 0xcacd8758, sha: "7b0b4fdcbefa"},
 	"from_container_compat": {size: 521992, crc: 0x602d1d13, sha: "9f33312ae2ae"},
-	"from_uplink":           {size: 392752, crc: 0x9f7ab481, sha: "3dba708408cf"},
-	"from_uplink_compat":    {size: 367640, crc: 0xca34f702, sha: "fd4ef3725cbf"},
+	"from_uplink":           {size: 396896, crc: 0xc63a5119, sha: "6e4d022ab9d2"},
+	"from_uplink_compat":    {size: 371256, crc: 0x1a382fd1, sha: "36a583a65095"},
 	"sock":                  {size: 172784, crc: 0x6aea3100, sha: "8b538c31eee8"},
 	"sock_compat":           {size: 163312, crc: 0xa8174128, sha: "acde688fc65c"},
 	"sock_ops":              {size: 155664, crc: 0xfcebac91, sha: "c8d5afba4ebc"},
 	"to_container":          {size: 193368, crc: 0x10ec74b0, sha: "b9453a946ab9"},
 	"to_container_compat":   {size: 178912, crc: 0xf5aec42f, sha: "84a2170b617e"},
-	"to_uplink":             {size: 308576, crc: 0x63188b1f, sha: "034f29a9dde0"},
-	"to_uplink_compat":      {size: 277248, crc: 0xe210ec10, sha: "2944c47c74e8"},
+	"to_uplink":             {size: 311360, crc: 0x26fb0f4d, sha: "5e3b2b3a1221"},
+	"to_uplink_compat":      {size: 279696, crc: 0x8e4b9a33, sha: "81cbc3948fa1"},
 	"tunnel":                {size: 335640, crc: 0xb13213f3, sha: "0d067fb8c537"},
 }
