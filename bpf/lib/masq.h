@@ -37,8 +37,8 @@
  * outside making a pod answer datagrams, evicts another pod's flow.
  *
  * Entries carry the flow's state and the reverse one a timer (flowlife.h):
- * a flow idle past its timeout (10 s once closed, 30 s for UDP that is no
- * stream) is deleted, and treated as absent meanwhile. DEL scans cni_snat
+ * a flow idle past its timeout (10 s once closed, 60 s when the peer closed
+ * first, 30 s for UDP that is no stream) is deleted, and treated as absent meanwhile. DEL scans cni_snat
  * for the pod's host veth.
  */
 #pragma once
