@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -132,5 +133,75 @@ func a14TimeWaitRounds(t *testing.T, lab *masqLab, x, y ns.NetNS, srvIP net.IP, 
 	}
 	if sy != 0 || slowOther != 0 || paws != 0 {
 		t.Errorf("another pod from the same port after the first pod's flow closed: %d SYNs retransmitted, %d of 8 connections over 500 ms, %d PAWS refusals at the server: the node port went to another pod while the server held TIME_WAIT for it", sy, slowOther, paws)
+	}
+}
+
+// TestMasqPodClosedFirstPortReused: the other half of the rule above. When
+// the pod closes first the pod holds TIME_WAIT, not the server, and the
+// node port stays anyone's once quiet for half a second: pod y connecting
+// from pod x's port 700 ms after x's flow closed gets x's node port (the
+// one its own port maps to), with no SYN lost (IPv4 and IPv6).
+func TestMasqPodClosedFirstPortReused(t *testing.T) {
+	lab := newMasqLab(t)
+	const port = 7415
+	for _, srvIP := range []net.IP{outsideIP, outsideIP6} {
+		var ln net.Listener
+		must(t, lab.out.Do(func(ns.NetNS) error {
+			var err error
+			ln, err = net.Listen("tcp", hp(srvIP, port))
+			return err
+		}))
+		t.Cleanup(func() { ln.Close() })
+		acceptEach(ln, func(c net.Conn) {
+			// Answers with the peer it sees, then waits for the pod's close.
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			fmt.Fprintf(c, "%s\n", c.RemoteAddr())
+			io.Copy(io.Discard, c)
+		})
+	}
+	x, _ := lab.a.RunPod("px")
+	y, _ := lab.a.RunPod("py")
+	testenv.WaitIPv6Ready(t, x)
+	testenv.WaitIPv6Ready(t, y)
+	once := func(pod ns.NetNS, srvIP net.IP, lport int) (string, error) {
+		var peer string
+		err := pod.Do(func(ns.NetNS) error {
+			d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{Port: lport}}
+			c, err := d.Dial("tcp", hp(srvIP, port))
+			if err != nil {
+				return err
+			}
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			b := make([]byte, 128)
+			n, err := c.Read(b)
+			peer = strings.TrimSpace(string(b[:n]))
+			c.Close() // the pod closes first: TIME_WAIT is its
+			return err
+		})
+		return peer, err
+	}
+	for k, srvIP := range []net.IP{outsideIP, outsideIP6} {
+		t.Run([]string{"ipv4", "ipv6"}[k], func(t *testing.T) {
+			sy0 := tcpExt(t, y, "TCPSynRetrans")
+			for i := 0; i < 4; i++ {
+				lport := 62400 + 10*k + i
+				px, err := once(x, srvIP, lport)
+				if err != nil {
+					t.Fatalf("x from %d: %v", lport, err)
+				}
+				time.Sleep(700 * time.Millisecond)
+				py, err := once(y, srvIP, lport)
+				if err != nil {
+					t.Fatalf("y from %d: %v", lport, err)
+				}
+				t.Logf("port %d: x %s, y %s", lport, px, py)
+				if px != py {
+					t.Errorf("port %d: y got %s, not x's closed %s: a flow the pod closed first held its node port", lport, py, px)
+				}
+			}
+			if sy := tcpExt(t, y, "TCPSynRetrans") - sy0; sy != 0 {
+				t.Errorf("pod y retransmitted %d SYNs", sy)
+			}
+		})
 	}
 }
