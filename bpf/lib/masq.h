@@ -38,8 +38,8 @@
  *
  * Entries carry the flow's state and the reverse one a timer (flowlife.h):
  * a flow idle past its timeout (10 s once closed, 60 s when the peer closed
- * first, 30 s for UDP that is no stream) is deleted, and treated as absent meanwhile. DEL scans cni_snat
- * for the pod's host veth.
+ * first, 30 s for UDP that is no stream) is deleted, and treated as absent
+ * meanwhile. DEL scans cni_snat for the pod's host veth.
  */
 #pragma once
 
