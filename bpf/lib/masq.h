@@ -37,9 +37,9 @@
  * outside making a pod answer datagrams, evicts another pod's flow.
  *
  * Entries carry the flow's state and the reverse one a timer (flowlife.h):
- * a flow idle past its timeout (10 s once closed, 30 s for UDP that is no
- * stream) is deleted, and treated as absent meanwhile. DEL scans cni_snat
- * for the pod's host veth.
+ * a flow idle past its timeout (10 s once closed, 60 s when the peer closed
+ * first, 30 s for UDP that is no stream) is deleted, and treated as absent
+ * meanwhile. DEL scans cni_snat for the pod's host veth.
  */
 #pragma once
 
@@ -59,6 +59,56 @@
 #define MASQ_PROBES 4
 #endif
 #define MASQ_REUSE_CLOSED (NSEC / 2) /* a closed flow quiet this long gives its port up */
+/* A flow the peer closed first: the peer holds TIME_WAIT for the translated
+ * tuple this long (Linux's TCP_TIMEWAIT_LEN), and refuses by PAWS a SYN on
+ * it whose timestamps do not follow its last ones (another tuple's). */
+#define MASQ_TIME_WAIT (60 * NSEC)
+#define SNAT_STATE_MASK (FLOW_STATE_MASK | FLOW_F_PEER_FIRST)
+
+/* flowlife.h's timeouts, but a flow the peer closed first lives
+ * MASQ_TIME_WAIT, so that its node port goes to no other tuple meanwhile. */
+static __always_inline __u64 snat_timeout(__u32 flags, __u8 proto)
+{
+	if ((flags & FLOW_F_CLOSING) && (flags & FLOW_F_PEER_FIRST))
+		return MASQ_TIME_WAIT;
+	return flow_timeout(flags, proto);
+}
+
+static __always_inline int snat_expired(__u32 flags, __u8 proto, __u64 seen_ns, __u64 now)
+{
+	return now > seen_ns && now - seen_ns > snat_timeout(flags, proto);
+}
+
+static __always_inline __u64 snat_time_left(__u32 flags, __u8 proto, __u64 seen_ns, __u64 now)
+{
+	__u64 to = snat_timeout(flags, proto);
+
+	if (now < seen_ns)
+		return to;
+	if (now - seen_ns >= to)
+		return 0;
+	return seen_ns + to - now;
+}
+
+/*
+ * flow_next, plus who closed first: FLOW_F_PEER_FIRST when the peer's FIN
+ * came before the pod's (the peer then holds TIME_WAIT); cleared by an RST
+ * before the close (no TIME_WAIT follows one) and whenever no FIN is seen
+ * (a SYN reopening the tuple).
+ */
+static __always_inline __u16 snat_next(__u16 cur, const struct flow *f, int reply, __u64 created_ns, __u64 now)
+{
+	__u32 n = flow_next(cur, f, reply, created_ns, now);
+	__u8 fl = f->tcp_flags;
+
+	if (f->proto != IPPROTO_TCP)
+		return n;
+	if (reply && (fl & TCP_FLAG_FIN) && !(fl & TCP_FLAG_RST) && !(n & FLOW_F_FIN_ORIG))
+		n |= FLOW_F_PEER_FIRST;
+	if (!(n & (FLOW_F_FIN_ORIG | FLOW_F_FIN_REPLY)) || ((fl & TCP_FLAG_RST) && !(cur & FLOW_F_CLOSING)))
+		n &= ~FLOW_F_PEER_FIRST;
+	return n;
+}
 
 static __always_inline void masq_count(__u32 what)
 {
@@ -252,7 +302,7 @@ static __always_inline void snat_forget(const struct snat_key *rk, const __u8 *p
 static int snat_expire(void *map, struct snat_key *key, struct snat_val *v)
 {
 	struct snat_key rk = *key;
-	__u64 left = flow_time_left(v->flags, rk.proto, v->seen_ns, bpf_ktime_get_ns());
+	__u64 left = snat_time_left(v->flags, rk.proto, v->seen_ns, bpf_ktime_get_ns());
 
 	if (rk.dir != SNAT_DIR_REV)
 		return 0;
@@ -289,10 +339,10 @@ static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now,
 {
 	__u16 cur = v->flags;
 
-	v->flags = (cur & ~FLOW_STATE_MASK) | (next & FLOW_STATE_MASK);
+	v->flags = (cur & ~SNAT_STATE_MASK) | (next & SNAT_STATE_MASK);
 	v->seen_ns = now;
 	if (rev && (next & FLOW_F_CLOSING) && !(cur & FLOW_F_CLOSING))
-		snat_arm(v, FLOW_TIMEOUT_CLOSING);
+		snat_arm(v, (next & FLOW_F_PEER_FIRST) ? MASQ_TIME_WAIT : FLOW_TIMEOUT_CLOSING);
 }
 
 /*
@@ -373,7 +423,7 @@ struct alloc_ctx {
 	__u32 ifindex;
 	__u16 own;   /* the pod's own port, when one of ours: the first candidate */
 	__be16 port; /* the port got */
-	__be16 take; /* at the limit: the pod's own quietest port seen */
+	__be16 take; /* at the limit: the pod's own quietest port seen; else the quietest held for a peer's TIME_WAIT */
 	__u8 over;   /* 1: the pod is at its limit towards this destination; 2: at its quota */
 	__be16 first; /* at the limit: the first candidate, found free, where a port given back goes */
 };
@@ -429,6 +479,28 @@ static __always_inline int alloc_first(struct alloc_ctx *c)
 	return 0;
 }
 
+#define SNAT_PORT_LIVE 0
+#define SNAT_PORT_FREE 1
+#define SNAT_PORT_HELD 2
+
+/*
+ * Whether a candidate's flow (its reverse entry's flags and last use) leaves
+ * the port free: an expired flow, or (as conntrack reuses CLOSE tuples) a
+ * closed TCP flow quiet for MASQ_REUSE_CLOSED, unless the peer closed
+ * first: it holds TIME_WAIT for the tuple and would refuse another tuple's
+ * SYN (PAWS), so the port is held (SNAT_PORT_HELD), as conntrack's
+ * TIME_WAIT entry makes MASQUERADE pick another port. Global: verified once,
+ * not in every state of alloc_probe's loop (to_uplink's 1M instructions).
+ */
+__noinline int snat_port_state(__u32 flags, __u32 proto, __u64 seen, __u64 now)
+{
+	if (snat_expired(flags, proto, seen, now))
+		return SNAT_PORT_FREE;
+	if (!(flags & FLOW_F_CLOSING) || now - seen <= MASQ_REUSE_CLOSED)
+		return SNAT_PORT_LIVE;
+	return (flags & FLOW_F_PEER_FIRST) ? SNAT_PORT_HELD : SNAT_PORT_FREE;
+}
+
 /* One candidate: returns 1 (stop) when c->port got it. A function of its
  * own in the compat build too (its loop calls it). */
 static __noinline long alloc_probe(__u32 i, struct alloc_ctx *c)
@@ -442,14 +514,16 @@ static __noinline long alloc_probe(__u32 i, struct alloc_ctx *c)
 	c->rk.port = bpf_htons(p);
 	struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &c->rk);
 	if (cur) {
-		/* Free: an expired flow, or (as conntrack reuses TIME_WAIT and
-		 * CLOSE tuples) a closed TCP flow quiet for MASQ_REUSE_CLOSED. */
-		__u64 seen = cur->seen_ns, now = c->rv.seen_ns;
-		int dead = flow_expired(cur->flags, c->rk.proto, seen, now) ||
-			   ((cur->flags & FLOW_F_CLOSING) && now - seen > MASQ_REUSE_CLOSED);
+		int st = snat_port_state(cur->flags, c->rk.proto, cur->seen_ns, c->rv.seen_ns);
+		/* The entry read again after the call, not kept in registers
+		 * across it: to_uplink's stack is at the 512-byte limit. */
+		asm volatile("" ::: "memory");
+		__u64 seen = cur->seen_ns;
 		__u32 owner = cur->ifindex;
-		if (!dead) {
-			if (c->over && owner == c->ifindex && (!c->take || seen < c->take_seen)) {
+		if (st != SNAT_PORT_FREE) {
+			/* At the limit: the pod's own quietest; else the quietest
+			 * held for a peer's TIME_WAIT (taken when nothing is free). */
+			if ((c->over ? owner == c->ifindex : st == SNAT_PORT_HELD) && (!c->take || seen < c->take_seen)) {
 				c->take = c->rk.port;
 				c->take_seen = seen;
 			}
@@ -551,15 +625,18 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 #endif
 
 	if (!c.port && c.take) {
-		/* At the limit: the quietest of the pod's own flows gives its port up. */
+		/* At the limit: the quietest of the pod's own flows gives its
+		 * port up. Else no candidate was free: availability over PAWS,
+		 * the quietest port a peer's TIME_WAIT holds is taken. */
 		c.rk.port = c.take;
 		struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &c.rk);
-		if (cur && cur->ifindex == ifindex) {
-			snat_forget(&c.rk, cur->addr, cur->port, ifindex, cur->flags);
-			if (alloc_first(&c) || !bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_NOEXIST)) {
+		if (cur && (c.over ? cur->ifindex == ifindex : (cur->flags & FLOW_F_CLOSING))) {
+			snat_forget(&c.rk, cur->addr, cur->port, cur->ifindex, cur->flags);
+			if ((c.over && alloc_first(&c)) || !bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_NOEXIST)) {
 				if (!c.port)
 					c.port = c.take;
-				masq_count(MASQ_STAT_RECYCLED);
+				if (c.over)
+					masq_count(MASQ_STAT_RECYCLED);
 			}
 		}
 	}
@@ -613,7 +690,7 @@ static __noinline int masq_icmp_error_out(struct __sk_buff *skb, __u8 family, __
 	struct snat_key fk;
 	snat_key_of(&fk, SNAT_DIR_FWD, e.q.daddr, e.q.dport, e.q.saddr, e.q.sport, family, e.q.proto);
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
-	if (!fv || flow_expired(fv->flags, fk.proto, fv->seen_ns, bpf_ktime_get_ns()))
+	if (!fv || snat_expired(fv->flags, fk.proto, fv->seen_ns, bpf_ktime_get_ns()))
 		return MASQ_CONTINUE;
 	__u8 node[16];
 	__be16 port = fv->port;
@@ -717,10 +794,10 @@ static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __
 
 	snat_key_of(&k, SNAT_DIR_FWD, f->saddr, f->sport, f->daddr, f->dport, f->family, f->proto);
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &k);
-	if (!fv || fv->ifindex != ifindex || flow_expired(fv->flags, f->proto, fv->seen_ns, now) ||
+	if (!fv || fv->ifindex != ifindex || snat_expired(fv->flags, f->proto, fv->seen_ns, now) ||
 	    (fv->created_ns <= node_ips_gone() && !is_node_ip(fv->addr, f->family)))
 		return 0;
-	__u16 fl = flow_next(fv->flags, f, 0, fv->created_ns, now);
+	__u16 fl = snat_next(fv->flags, f, 0, fv->created_ns, now);
 
 	addr_copy(node, fv->addr, f->family);
 	*port = fv->port;
@@ -839,7 +916,7 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 		return MASQ_CONTINUE;
 	struct flow f = *fp;
 	__u64 now = bpf_ktime_get_ns();
-	if (flow_expired(rv->flags, f.proto, rv->seen_ns, now))
+	if (snat_expired(rv->flags, f.proto, rv->seen_ns, now))
 		return MASQ_CONTINUE;
 	__u8 pod[16];
 	__be16 pod_port = rv->port;
@@ -851,7 +928,7 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 	/* An RST outside the pod's window (a blind attacker's) changes
 	 * nothing; it still goes to the pod, whose TCP ignores it. */
 	int counts = f.proto != IPPROTO_TCP || snat_seq_peer(skb, &f, rv);
-	__u16 fl = flow_next(rv->flags, &f, 1, rv->created_ns, now);
+	__u16 fl = snat_next(rv->flags, &f, 1, rv->created_ns, now);
 	if (counts && (fl != rv->flags || now - rv->seen_ns > NSEC)) {
 		snat_note(rv, fl, now, 1);
 		snat_share_note(rv, &rk, ifindex);
@@ -887,7 +964,7 @@ static __always_inline int masq_icmp_error_in(struct __sk_buff *skb, struct icmp
 
 	snat_key_of(&rk, SNAT_DIR_REV, e->q.saddr, e->q.sport, e->q.daddr, e->q.dport, family, e->q.proto);
 	struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &rk);
-	if (!rv || flow_expired(rv->flags, rk.proto, rv->seen_ns, bpf_ktime_get_ns()))
+	if (!rv || snat_expired(rv->flags, rk.proto, rv->seen_ns, bpf_ktime_get_ns()))
 		return MASQ_CONTINUE;
 	__u8 pod[16];
 	__be16 pod_port = rv->port;

@@ -176,6 +176,9 @@ struct netns_info {
 #define FLOW_F_FIN_ORIG (1U << 4)  /* TCP FIN from the originator */
 #define FLOW_F_FIN_REPLY (1U << 5) /* TCP FIN from the other side */
 #define FLOW_F_CLOSING (1U << 6)   /* TCP RST, or a FIN each way */
+/* cni_snat only (masq.h's snat_next): the peer's FIN came before the pod's,
+ * so the peer holds TIME_WAIT for the translated tuple. */
+#define FLOW_F_PEER_FIRST (1U << 7)
 
 /* -------------------------------------------------------------- hostPort */
 

@@ -11,6 +11,9 @@ const (
 	flowFinOrig  = 1 << 4 // TCP FIN from the originator
 	flowFinReply = 1 << 5 // TCP FIN from the other side
 	flowClosing  = 1 << 6 // TCP RST, or a FIN each way
+	// cni_snat only: the peer's FIN came before the pod's, so the peer
+	// holds TIME_WAIT for the translated tuple (FLOW_F_PEER_FIRST)
+	flowPeerFirst = 1 << 7
 )
 
 // Timeouts of flowlife.h: an entry idle longer than its state's is deleted.
@@ -21,6 +24,9 @@ const (
 	FlowTimeoutUDPStream  = 120 * time.Second
 	FlowTimeoutICMP       = 30 * time.Second
 	FlowTimeoutClosing    = 10 * time.Second
+	// a masqueraded flow the peer closed first: Linux's TIME_WAIT
+	// (masq.h's MASQ_TIME_WAIT), its node port held from other tuples
+	FlowTimeoutTimeWait = 60 * time.Second
 )
 
 // FlowState names a flow's state as dumps show it: TCP "syn-sent" (no reply
@@ -62,6 +68,15 @@ func FlowTimeout(proto uint8, flags uint32) time.Duration {
 		return FlowTimeoutUDP
 	}
 	return FlowTimeoutICMP
+}
+
+// NATFlowTimeout is FlowTimeout for a cni_snat entry: a flow the peer
+// closed first lives FlowTimeoutTimeWait.
+func NATFlowTimeout(proto uint8, flags uint32) time.Duration {
+	if flags&flowClosing != 0 && flags&flowPeerFirst != 0 {
+		return FlowTimeoutTimeWait
+	}
+	return FlowTimeout(proto, flags)
 }
 
 // sinceNs is the time from a bpf_ktime_get_ns() stamp to now (0 for none).

@@ -112,7 +112,7 @@ func ReadNAT(src Source) (*NATDump, error) {
 	}
 	d.Ports, d.PodLimit = cfg.String(), cfg.PodLimit
 	for _, f := range flows {
-		left := max(0, maps.FlowTimeout(f.Proto, f.Flags)-f.Idle)
+		left := max(0, maps.NATFlowTimeout(f.Proto, f.Flags)-f.Idle)
 		d.Flows = append(d.Flows, NATRow{
 			Protocol: maps.ProtoName(f.Proto), Pod: f.Pod.String(), Node: f.Node.String(), Peer: f.Peer.String(),
 			Ifindex: f.Ifindex, Interface: names.Interface(f.Ifindex), AgeSecs: f.Age.Round(time.Millisecond).Seconds(),
