@@ -6,14 +6,14 @@ package datapath
 var objHashes = map[string]objHash{
 	"from_container":        {size: 556976, crc: 0x6cf153d5, sha: "b5866664d692"},
 	"from_container_compat": {size: 527328, crc: 0x95085033, sha: "48a892e0b23c"},
-	"from_uplink":           {size: 403504, crc: 0x821cb422, sha: "7597c461ad12"},
-	"from_uplink_compat":    {size: 378712, crc: 0xb0910fcf, sha: "de50f66560d4"},
+	"from_uplink":           {size: 407872, crc: 0x9c9129e6, sha: "5f927de08dd1"},
+	"from_uplink_compat":    {size: 382368, crc: 0x54e96d23, sha: "5dc8e4492ee1"},
 	"sock":                  {size: 180800, crc: 0x70ba53f2, sha: "2ca17a45d475"},
 	"sock_compat":           {size: 171328, crc: 0x6f98174a, sha: "9e971c147381"},
 	"sock_ops":              {size: 163672, crc: 0x2f963570, sha: "17360a9b652c"},
 	"to_container":          {size: 201432, crc: 0x1c449c2a, sha: "dd6bbe27ee8c"},
 	"to_container_compat":   {size: 186976, crc: 0x0f922686, sha: "7682abde4229"},
-	"to_uplink":             {size: 326728, crc: 0x158f550a, sha: "6063017526d8"},
-	"to_uplink_compat":      {size: 295408, crc: 0x3c808465, sha: "b727f701d125"},
+	"to_uplink":             {size: 329512, crc: 0x18e5f2bd, sha: "167c5ccd4ce5"},
+	"to_uplink_compat":      {size: 297856, crc: 0x3993e654, sha: "0b4a36ad9438"},
 	"tunnel":                {size: 336472, crc: 0x2d77e75f, sha: "7abc6d42d762"},
 }
