@@ -109,9 +109,10 @@ static __always_inline int from_uplink(struct __sk_buff *skb, __u8 family)
 	/* Replies of masqueraded flows first: their ports were allocated
 	 * around the node's hostPorts. Over IPv6 also behind extension
 	 * headers, which a peer's reply may carry (a destination options
-	 * header): untranslated, it would go to the node's stack. hostPort's
-	 * walk stays its own (hp_frag_flow fills f afresh). */
-	if (parsed || (family == AF_INET6 && !flow_parse6_ext(skb, &f, FLOW_ECHO_REPLY))) {
+	 * header): untranslated, it would go to the node's stack. ext: f holds
+	 * such a whole datagram, walked once for both features. */
+	int ext = !parsed && family == AF_INET6 && !flow_parse6_ext(skb, &f, FLOW_ECHO_REPLY);
+	if (parsed || ext) {
 		rc = masq_reverse(skb, &f, family);
 		if (rc != MASQ_CONTINUE)
 			return rc;
@@ -148,9 +149,13 @@ static __always_inline int from_uplink(struct __sk_buff *skb, __u8 family)
 	}
 	if (ttl <= 1)
 		return TCX_NEXT;
-	/* A fragment of a hostPort's UDP datagram (lib/hostport.h). */
+	/* A fragment of a hostPort's UDP datagram (lib/hostport.h); a whole one
+	 * behind IPv6 extension headers is in f already (ext: hostPort takes
+	 * UDP alone there, as hp_frag_flow does). */
 	long frag_id = 0;
-	if (!parsed && (frag_id = hp_frag_flow(skb, family, &f)) < 0)
+	if (ext && f.proto != IPPROTO_UDP)
+		return TCX_NEXT;
+	if (!parsed && !ext && (frag_id = hp_frag_flow(skb, family, &f)) < 0)
 		return TCX_NEXT;
 	if (f.proto != IPPROTO_TCP && f.proto != IPPROTO_UDP)
 		return TCX_NEXT;

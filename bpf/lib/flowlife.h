@@ -47,9 +47,26 @@ static __always_inline __u64 flow_timeout(__u32 flags, __u8 proto)
 	return FLOW_TIMEOUT_ICMP;
 }
 
+/* Whether an entry last used at seen_ns is past timeout to (a clock read
+ * before seen_ns was written on another CPU is not). */
+static __always_inline int flow_past(__u64 to, __u64 seen_ns, __u64 now)
+{
+	return now > seen_ns && now - seen_ns > to;
+}
+
+/* The time left before an entry last used at seen_ns is past timeout to. */
+static __always_inline __u64 flow_left(__u64 to, __u64 seen_ns, __u64 now)
+{
+	if (now < seen_ns)
+		return to;
+	if (now - seen_ns >= to)
+		return 0;
+	return seen_ns + to - now;
+}
+
 static __always_inline int flow_expired(__u32 flags, __u8 proto, __u64 seen_ns, __u64 now)
 {
-	return now > seen_ns && now - seen_ns > flow_timeout(flags, proto);
+	return flow_past(flow_timeout(flags, proto), seen_ns, now);
 }
 
 /*
@@ -89,11 +106,5 @@ static __always_inline __u32 flow_next(__u32 cur, const struct flow *f, int repl
 /* The time left before an entry in state flags, last used at seen_ns, expires. */
 static __always_inline __u64 flow_time_left(__u32 flags, __u8 proto, __u64 seen_ns, __u64 now)
 {
-	__u64 to = flow_timeout(flags, proto);
-
-	if (now < seen_ns)
-		return to;
-	if (now - seen_ns >= to)
-		return 0;
-	return seen_ns + to - now;
+	return flow_left(flow_timeout(flags, proto), seen_ns, now);
 }

@@ -76,18 +76,12 @@ static __always_inline __u64 snat_timeout(__u32 flags, __u8 proto)
 
 static __always_inline int snat_expired(__u32 flags, __u8 proto, __u64 seen_ns, __u64 now)
 {
-	return now > seen_ns && now - seen_ns > snat_timeout(flags, proto);
+	return flow_past(snat_timeout(flags, proto), seen_ns, now);
 }
 
 static __always_inline __u64 snat_time_left(__u32 flags, __u8 proto, __u64 seen_ns, __u64 now)
 {
-	__u64 to = snat_timeout(flags, proto);
-
-	if (now < seen_ns)
-		return to;
-	if (now - seen_ns >= to)
-		return 0;
-	return seen_ns + to - now;
+	return flow_left(snat_timeout(flags, proto), seen_ns, now);
 }
 
 /*
@@ -332,36 +326,38 @@ static __always_inline void snat_arm(struct snat_val *v, __u64 ns)
 static __always_inline void snat_arm(struct snat_val *v, __u64 ns) {}
 #endif
 
-/* Records a state change or a use in an entry (rev: the reverse one, whose
- * timer shortens when the flow closes). Only the state bits are the flow's:
- * the others are the entry's own (tcpseq.h). */
-static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now, int rev)
+/* Records a state change or a use in an entry. Only the state bits are the
+ * flow's: the others are the entry's own (tcpseq.h). */
+static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now)
 {
-	__u16 cur = v->flags;
-
-	v->flags = (cur & ~SNAT_STATE_MASK) | (next & SNAT_STATE_MASK);
+	v->flags = (v->flags & ~SNAT_STATE_MASK) | (next & SNAT_STATE_MASK);
 	v->seen_ns = now;
-	if (rev && (next & FLOW_F_CLOSING) && !(cur & FLOW_F_CLOSING))
-		snat_arm(v, (next & FLOW_F_PEER_FIRST) ? MASQ_TIME_WAIT : FLOW_TIMEOUT_CLOSING);
 }
 
 /*
- * After a state change of the reverse entry rv (key rk): a closed flow holds
- * no share of its pod's ports towards the destination (cni_masq_share),
- * and a SYN that opens the tuple again takes it back. Quiet for
- * MASQ_REUSE_CLOSED a closed flow's port is anyone's (alloc_probe); counted
- * until its entry went (10 s), the closed flows of a pod opening thousands
- * of short connections a second to one server put it "at its limit", where
- * each new flow took back a port another of its tuples had just closed, and
- * the server, still in TIME_WAIT for that tuple, dropped the SYN if its
- * timestamps did not follow (PAWS; a second's retransmit; issue 30).
- * Two CPUs closing one flow at once can both release it: the count then
- * runs low by one, never below 0.
+ * snat_note of the reverse entry rv (key rk, the pod's host veth ifindex),
+ * which owns the flow's timer and its share: the timer shortens when the
+ * flow closes (to MASQ_TIME_WAIT when the peer closed first), and a closed
+ * flow holds no share of its pod's ports towards the destination
+ * (cni_masq_share) while a SYN that opens the tuple again takes it back.
+ * Quiet for MASQ_REUSE_CLOSED a closed flow's port is anyone's
+ * (alloc_probe); counted until its entry went (10 s), the closed flows of a
+ * pod opening thousands of short connections a second to one server put it
+ * "at its limit", where each new flow took back a port another of its
+ * tuples had just closed, and the server, still in TIME_WAIT for that
+ * tuple, dropped the SYN if its timestamps did not follow (PAWS; a second's
+ * retransmit; issue 30). Two CPUs closing one flow at once can both release
+ * it: the count then runs low by one, never below 0.
  */
-static __always_inline void snat_share_note(struct snat_val *rv, const struct snat_key *rk, __u32 ifindex)
+static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat_key *rk, __u32 ifindex, __u16 next,
+					  __u64 now)
 {
-	__u16 fl = rv->flags;
+	__u16 cur = rv->flags;
 
+	snat_note(rv, next, now);
+	if ((next & FLOW_F_CLOSING) && !(cur & FLOW_F_CLOSING))
+		snat_arm(rv, (next & FLOW_F_PEER_FIRST) ? MASQ_TIME_WAIT : FLOW_TIMEOUT_CLOSING);
+	__u16 fl = rv->flags;
 	if ((fl & FLOW_F_CLOSING) && !(fl & SNAT_F_UNSHARED)) {
 		rv->flags = fl | SNAT_F_UNSHARED;
 		share_release(rk, ifindex);
@@ -804,12 +800,11 @@ static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __
 	/* The pod's SYN always reaches the tracking: it re-seeds the flow
 	 * (tcpseq.h), even within a second of the last write. */
 	if (fl != fv->flags || now - fv->seen_ns > NSEC || (f->tcp_flags & TCP_FLAG_SYN)) {
-		snat_note(fv, fl, now, 0);
+		snat_note(fv, fl, now);
 		snat_key_of(&k, SNAT_DIR_REV, node, *port, f->daddr, f->dport, f->family, f->proto);
 		struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
 		if (rv) {
-			snat_note(rv, fl, now, 1);
-			snat_share_note(rv, &k, ifindex);
+			snat_note_rev(rv, &k, ifindex, fl, now);
 			if (f->proto == IPPROTO_TCP)
 				snat_seq_pod(skb, f, rv);
 		}
@@ -930,13 +925,12 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 	int counts = f.proto != IPPROTO_TCP || snat_seq_peer(skb, &f, rv);
 	__u16 fl = snat_next(rv->flags, &f, 1, rv->created_ns, now);
 	if (counts && (fl != rv->flags || now - rv->seen_ns > NSEC)) {
-		snat_note(rv, fl, now, 1);
-		snat_share_note(rv, &rk, ifindex);
+		snat_note_rev(rv, &rk, ifindex, fl, now);
 		struct snat_key fk;
 		snat_key_of(&fk, SNAT_DIR_FWD, pod, pod_port, f.saddr, f.sport, family, f.proto);
 		struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
 		if (fv)
-			snat_note(fv, fl, now, 0);
+			snat_note(fv, fl, now);
 	}
 
 	if (pkt_rewrite(skb, &f, 0, pod, pod_port)) {

@@ -577,5 +577,6 @@ static __noinline __attribute__((unused)) int flow_parse6_ext(struct __sk_buff *
 	f->family = AF_INET6;
 	f->proto = IP6X_PROTO(c);
 	f->l4off = IP6X_L4OFF(c);
+	f->frag = FLOW_FRAG_NONE; /* whatever flow_parse6 left */
 	return flow_load_l4(skb, f, echo);
 }

@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 556976, crc: 0x6cf153d5, sha: "b5866664d692"},
-	"from_container_compat": {size: 527328, crc: 0x95085033, sha: "48a892e0b23c"},
-	"from_uplink":           {size: 407872, crc: 0x9c9129e6, sha: "5f927de08dd1"},
-	"from_uplink_compat":    {size: 382368, crc: 0x54e96d23, sha: "5dc8e4492ee1"},
-	"sock":                  {size: 180800, crc: 0x70ba53f2, sha: "2ca17a45d475"},
-	"sock_compat":           {size: 171328, crc: 0x6f98174a, sha: "9e971c147381"},
-	"sock_ops":              {size: 163672, crc: 0x2f963570, sha: "17360a9b652c"},
-	"to_container":          {size: 201432, crc: 0x1c449c2a, sha: "dd6bbe27ee8c"},
-	"to_container_compat":   {size: 186976, crc: 0x0f922686, sha: "7682abde4229"},
-	"to_uplink":             {size: 329512, crc: 0x18e5f2bd, sha: "167c5ccd4ce5"},
-	"to_uplink_compat":      {size: 297856, crc: 0x3993e654, sha: "0b4a36ad9438"},
-	"tunnel":                {size: 336472, crc: 0x2d77e75f, sha: "7abc6d42d762"},
+	"from_container":        {size: 557912, crc: 0xea282de4, sha: "720fd1c2fd9c"},
+	"from_container_compat": {size: 528200, crc: 0x19512dd4, sha: "9050ee2a8774"},
+	"from_uplink":           {size: 409856, crc: 0xccac53fa, sha: "f33053134cef"},
+	"from_uplink_compat":    {size: 383696, crc: 0x8da28e5f, sha: "5468581e8a3e"},
+	"sock":                  {size: 180696, crc: 0x0aef7713, sha: "a823f0df1ded"},
+	"sock_compat":           {size: 171224, crc: 0xfb0e64e4, sha: "f2967d0c8ada"},
+	"sock_ops":              {size: 163576, crc: 0xf9e2479e, sha: "a7d6bb42ccdb"},
+	"to_container":          {size: 201336, crc: 0x72c08daa, sha: "8a61796dbfb4"},
+	"to_container_compat":   {size: 186872, crc: 0x574fb34b, sha: "18b803443b50"},
+	"to_uplink":             {size: 329504, crc: 0x1425862e, sha: "7531824a8c11"},
+	"to_uplink_compat":      {size: 297816, crc: 0xa47303db, sha: "fc23e54ef268"},
+	"tunnel":                {size: 337392, crc: 0x1bcd54d8, sha: "bf2a409a2bb4"},
 }
