@@ -4,10 +4,8 @@
 package integration
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"net"
 	"os/exec"
 	"slices"
 	"sync"
@@ -102,46 +100,6 @@ func TestStackFlowNoPartsRace(t *testing.T) {
 	if len(rs) < 2 {
 		t.Errorf("a's Service flows left %d records in its own table, want one per family", len(rs))
 	}
-}
-
-// newPoolLabN is newPoolLab on a node sized for maxPods+1 attachments.
-func newPoolLabN(t *testing.T, maxPods int) *poolLab {
-	e := testenv.New(t)
-	e.Extra = map[string]any{"maxPods": maxPods}
-	l := &poolLab{e: e, b: e.NewPod()}
-	e.CleanupDel(l.b, "b")
-	b4, b6 := testenv.PodIPs(t, e.Add(l.b, "b"))
-	l.bAddrs = map[int]net.IP{4: b4, 6: b6}
-	_, l.bIdx = e.HostVeth("b")
-	l.m = e.Maps()
-	for fam, bip := range l.bAddrs {
-		subnet, node := testenv.PodSubnet4, testenv.NodeIP4
-		if fam == 6 {
-			subnet, node = testenv.PodSubnet6, testenv.NodeIP6
-		}
-		restore(t, e.Node, "nft", nftRules(fam, subnet, []net.IP{node}, []svcPort{
-			{name: "web", proto: "tcp", clusterIP: svcWeb[fam], port: 80, backend: bip, target: 8080},
-		}), "-f", "-")
-	}
-	for _, fam := range []string{"tcp4", "tcp6"} {
-		var ln net.Listener
-		if err := l.b.Do(func(ns.NetNS) (err error) { ln, err = net.Listen(fam, ":8080"); return }); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ln.Close() })
-		acceptEach(ln, func(c net.Conn) {
-			r := bufio.NewReader(c)
-			for {
-				if _, err := r.ReadString('\n'); err != nil {
-					return
-				}
-				if _, err := c.Write([]byte("pong\n")); err != nil {
-					return
-				}
-			}
-		})
-	}
-	return l
 }
 
 // fillPool gives every pool slot but b's to a live veth of the
