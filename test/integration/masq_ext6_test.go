@@ -59,10 +59,7 @@ func controlSetup(setup func(fd int) error) func(_, _ string, c syscall.RawConn)
 func TestMasqIPv6ReplyExtHeaders(t *testing.T) {
 	t.Parallel()
 	lab := newMasqLab(t)
-	a := lab.a
-	pod := a.NewPod()
-	a.CleanupDel(pod, "x1")
-	a.Add(pod, "x1")
+	pod, _ := lab.a.RunPod("x1")
 	cases := []struct {
 		what  string
 		port  int
@@ -117,10 +114,7 @@ func readLineTCP6Opts(netns ns.NetNS, addr string, setup func(fd int) error) (st
 func TestMasqIPv6PodExtHeaders(t *testing.T) {
 	t.Parallel()
 	lab := newMasqLab(t)
-	a := lab.a
-	pod := a.NewPod()
-	a.CleanupDel(pod, "x2")
-	a.Add(pod, "x2")
+	pod, _ := lab.a.RunPod("x2")
 	serveUDP6EchoOpts(t, lab.out, 7110, func(int) error { return nil })
 	serveTCP6Opts(t, lab.out, 7110, func(int) error { return nil }, "tcp-7110")
 	addr := hp(outsideIP6, 7110)

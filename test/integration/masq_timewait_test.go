@@ -130,9 +130,7 @@ func masqTimeWait(t *testing.T, maxPods int) {
 	if maxPods > 0 {
 		lab.a.Extra["maxPods"] = maxPods
 	}
-	pod := lab.a.NewPod()
-	lab.a.CleanupDel(pod, "timewait")
-	lab.a.Add(pod, "timewait")
+	pod, _ := lab.a.RunPod("timewait")
 
 	const port = 7300
 	go serveCloseFirst(listenTCPIn(t, lab.out, "tcp4", net.JoinHostPort(outsideIP.String(), fmt.Sprint(port))), nil)
