@@ -421,29 +421,9 @@ type population struct {
 	caps func(port int) string
 }
 
+// parallel runs f(0..n-1), 4 at a time, until the population's context ends.
 func (p *population) parallel(n int, f func(i int) error) error {
-	sem := make(chan struct{}, 4)
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	for i := 0; i < n; i++ {
-		if p.ctx.Err() != nil {
-			break
-		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func(i int) {
-			defer wg.Done()
-			defer func() { <-sem }()
-			errs <- f(i)
-		}(i)
-	}
-	wg.Wait()
-	close(errs)
-	var all error
-	for e := range errs {
-		all = errors.Join(all, e)
-	}
-	return errors.Join(all, p.ctx.Err())
+	return parallel(p.ctx, n, 4, f)
 }
 
 // grow adds pods until there are n.

@@ -156,14 +156,9 @@ func (r *results) masqRows() []testenv.Row {
 			if pt.Config != cfg {
 				continue
 			}
-			row := testenv.NewRow("new connections/s via masquerade", r.labels[cfg], "conn/s",
-				fmt.Sprintf("pod to outside, %s on the node, %d clients, %.0f s", plural(pt.Pods, "pod"), h.Workers, h.ConnSecs), "conn/s", pt.ConnSamples)
-			row.Against("routed, no masquerade", testenv.Median(pt.RoutedSamples))
-			row.Load = loadStr(pt.Load1)
-			if cfg == "ebpf-masq" {
-				row.Goal(fmt.Sprintf("≥ %.2f× routed", targetConnsRouted), row.Ratio >= targetConnsRouted)
-			}
-			rows = append(rows, row)
+			rows = append(rows, connRowVsRouted("new connections/s via masquerade", r.labels[cfg],
+				fmt.Sprintf("pod to outside, %s on the node, %d clients, %.0f s", plural(pt.Pods, "pod"), h.Workers, h.ConnSecs),
+				pt.ConnSamples, "routed, no masquerade", pt.RoutedSamples, pt.Load1, cfg == "ebpf-masq"))
 		}
 	}
 	return rows

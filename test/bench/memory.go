@@ -191,7 +191,7 @@ func (b *bench) runMemory(ctx context.Context, start time.Time) error {
 
 	pods := make([]ns.NetNS, o.memPods)
 	logf("memory: adding %d ebpf-cni pods with a hostPort and a 100 Mbit/s limit each", o.memPods)
-	err = b.parallel(ctx, o.memPods, 2, func(i int) error {
+	err = parallel(ctx, o.memPods, 2, func(i int) error {
 		pod, err := b.newPod()
 		if err != nil {
 			return err
@@ -223,7 +223,7 @@ func (b *bench) runMemory(ctx context.Context, start time.Time) error {
 	logf("memory: maps %d bytes fixed, %d at %d pods: %.0f bytes per pod (entries: %.0f bytes per pod)",
 		r.FixedBytes, r.TotalBytesN, o.memPods, r.PerPodBytes, r.PerPodEntryBytes)
 
-	err = b.parallel(ctx, o.memPods, 4, func(i int) error {
+	err = parallel(ctx, o.memPods, 4, func(i int) error {
 		if _, _, _, err := b.cnitoolCap(e.ebpf, "del", pods[i], memCapArgs(memPortBase+i)); err != nil {
 			return err
 		}
@@ -270,7 +270,7 @@ func (b *bench) runMemory(ctx context.Context, start time.Time) error {
 }
 
 // parallel runs f(0..n-1), width at a time, and joins the errors.
-func (b *bench) parallel(ctx context.Context, n, width int, f func(i int) error) error {
+func parallel(ctx context.Context, n, width int, f func(i int) error) error {
 	sem := make(chan struct{}, width)
 	errs := make(chan error, n)
 	var wg sync.WaitGroup

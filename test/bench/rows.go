@@ -266,17 +266,24 @@ func (r *results) hostPortRoutedRows() []testenv.Row {
 			if pt.Config != cfg || len(pt.RoutedSamples) == 0 {
 				continue
 			}
-			row := testenv.NewRow("new connections/s via hostPort vs routing", r.labels[cfg], "conn/s",
-				fmt.Sprintf("%s with hostPorts, %d clients, %.0f s", plural(pt.Pods, "pod"), h.Workers, h.ConnSecs), "conn/s", pt.ConnSamples)
-			row.Against("routed, no programs", testenv.Median(pt.RoutedSamples))
-			row.Load = loadStr(pt.Load1)
-			if cfg == "ebpf-hostport" {
-				row.Goal(fmt.Sprintf("≥ %.2f× routed", targetConnsRouted), row.Ratio >= targetConnsRouted)
-			}
-			rows = append(rows, row)
+			rows = append(rows, connRowVsRouted("new connections/s via hostPort vs routing", r.labels[cfg],
+				fmt.Sprintf("%s with hostPorts, %d clients, %.0f s", plural(pt.Pods, "pod"), h.Workers, h.ConnSecs),
+				pt.ConnSamples, "routed, no programs", pt.RoutedSamples, pt.Load1, cfg == "ebpf-hostport"))
 		}
 	}
 	return rows
+}
+
+// connRowVsRouted is a new connections/s row against a routed baseline,
+// with the ≥ targetConnsRouted goal when goal (ebpf-cni's configuration).
+func connRowVsRouted(section, config, condition string, conns []float64, against string, routed []float64, load1 float64, goal bool) testenv.Row {
+	row := testenv.NewRow(section, config, "conn/s", condition, "conn/s", conns)
+	row.Against(against, testenv.Median(routed))
+	row.Load = loadStr(load1)
+	if goal {
+		row.Goal(fmt.Sprintf("≥ %.2f× routed", targetConnsRouted), row.Ratio >= targetConnsRouted)
+	}
+	return row
 }
 
 // tputSamples is the Gbit/s of one path and stream count, and the max load.

@@ -88,10 +88,10 @@ func a14IP6UDP(src, dst net.IP, dport int, payload []byte) []byte {
 	return append(h, udp...)
 }
 
-// a14Send sends one UDP datagram from the current netns of e to node:4789,
-// with the outer IPv4 header's options opts (none: nil) and, with frag,
-// path MTU discovery off so that a datagram larger than the link leaves
-// in fragments.
+// a14Send sends one UDP datagram from netns from to node:4789, with the
+// outer IPv4 header's options opts (none: nil) and, with frag, path MTU
+// discovery off so that a datagram larger than the link leaves in
+// fragments (neither: sendVXLAN).
 func a14Send(t *testing.T, from ns.NetNS, node net.IP, payload, opts []byte, frag bool) {
 	t.Helper()
 	must(t, from.Do(func(ns.NetNS) error {
@@ -100,50 +100,21 @@ func a14Send(t *testing.T, from ns.NetNS, node net.IP, payload, opts []byte, fra
 			return err
 		}
 		defer c.Close()
-		rc, err := c.SyscallConn()
+		err = sockSetup(c, func(fd int) error {
+			if opts != nil {
+				if err := unix.SetsockoptString(fd, unix.IPPROTO_IP, unix.IP_OPTIONS, string(opts)); err != nil {
+					return err
+				}
+			}
+			if frag {
+				return unix.SetsockoptInt(fd, unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DONT)
+			}
+			return nil
+		})
 		if err != nil {
 			return err
-		}
-		var serr error
-		rc.Control(func(fd uintptr) {
-			if opts != nil {
-				serr = unix.SetsockoptString(int(fd), unix.IPPROTO_IP, unix.IP_OPTIONS, string(opts))
-			}
-			if frag && serr == nil {
-				serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_MTU_DISCOVER, unix.IP_PMTUDISC_DONT)
-			}
-		})
-		if serr != nil {
-			return serr
 		}
 		_, err = c.Write(payload)
-		return err
-	}))
-}
-
-// a14SendBadCsum sends payload from src to node:4789 through a raw socket
-// with a wrong (non-zero) UDP checksum.
-func a14SendBadCsum(t *testing.T, from ns.NetNS, src, node net.IP, payload []byte) {
-	t.Helper()
-	udp := make([]byte, 8)
-	binary.BigEndian.PutUint16(udp[0:], 40000)
-	binary.BigEndian.PutUint16(udp[2:], uint16(datapath.VXLANPort))
-	binary.BigEndian.PutUint16(udp[4:], uint16(8+len(payload)))
-	udp = append(udp, payload...)
-	pseudo := append(append(append([]byte{}, src.To4()...), node.To4()...), 0, 17, byte(len(udp)>>8), byte(len(udp)))
-	good := csumFold(csumAdd(csumAdd(0, pseudo), udp))
-	bad := good ^ 0x5a5a
-	if bad == 0 {
-		bad = 1
-	}
-	binary.BigEndian.PutUint16(udp[6:], bad)
-	must(t, from.Do(func(ns.NetNS) error {
-		c, err := net.ListenPacket("ip4:udp", src.String())
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_, err = c.WriteTo(udp, &net.IPAddr{IP: node})
 		return err
 	}))
 }
@@ -257,7 +228,7 @@ func TestAttack14DecapForged(t *testing.T) {
 	junk = append(junk, eth4(long))
 	want++ // its inner source is node 2's pod: the one junk frame the trust rule judges
 	for _, j := range junk {
-		a14Send(t, n3.Node, tunNode[0], j, nil, false)
+		sendVXLAN(t, n3.Node, tunNode[0], j)
 	}
 	// A host that is no node.
 	sendVXLAN(t, lab.strang, tunNode[0], eth4(ip4(a3, a1, 9701, "stranger")))
@@ -294,7 +265,7 @@ func TestAttack14DecapForged(t *testing.T) {
 	// Genuine datagrams of node 3 still arrive: plain, and in outer
 	// fragments (a 1430-byte datagram over node 3's 1400-byte link), as the
 	// tunnel socket took them.
-	a14Send(t, n3.Node, tunNode[0], eth4(ip4(a3, a1, 9701, "genuine")), nil, false)
+	sendVXLAN(t, n3.Node, tunNode[0], eth4(ip4(a3, a1, 9701, "genuine")))
 	a14Send(t, n3.Node, tunNode[0], eth4(ip4(a3, a1, 9701, "genuine-outer-frag"+strings.Repeat("y", 1360))), nil, true)
 	got := pod1(3 * time.Second)
 	if m := missing(got, []string{"genuine from", "genuine-outer-frag"}); len(m) != 0 {
@@ -322,7 +293,7 @@ func TestAttack14DecapBadOuterChecksum(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := listenUDP4(t, p1, 9704)
-	a14SendBadCsum(t, n3.Node, tunNode[2], tunNode[0], vxlanFrame(a3, a1, 9704, []byte("bad-outer-csum")))
+	a14SendRaw(t, n3.Node, tunNode[2], tunNode[0], vxlanFrame(a3, a1, 9704, []byte("bad-outer-csum")), "bad", 0)
 	if arrived := got(2 * time.Second); len(arrived) != 0 {
 		t.Errorf("pod 1 received %q: a datagram whose outer UDP checksum is wrong was decapsulated (the socket refuses it)", arrived)
 	}
@@ -344,11 +315,7 @@ func TestAttack14DecapSpoofedOnOtherLink(t *testing.T) {
 	n1, n3 := lab.nodes[0], lab.nodes[2]
 	side := testenv.NewNS(t)
 	must(t, n1.InNode(func() error {
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "side0"}, PeerName: "side0", PeerNamespace: netlink.NsFd(int(side.Fd()))}
-		if err := netlink.LinkAdd(veth); err != nil {
-			return err
-		}
-		l, err := netlink.LinkByName("side0")
+		l, err := vethTo("side0", "side0", side)
 		if err != nil {
 			return err
 		}
@@ -671,9 +638,10 @@ func TestAttack14DecapIngressPolicy(t *testing.T) {
 	}
 }
 
-// a14Send6 sends payload from node e's address src to dst:4789 over UDP,
-// with an IPv6 destination options header when dstopts.
-func a14Send6(t *testing.T, e *testenv.Env, src, dst net.IP, payload []byte, dstopts bool) {
+// a14Send6DstOpts sends payload from node e's address src to dst:4789
+// over UDP with an IPv6 destination options header (without it:
+// sendTunnelPortAs).
+func a14Send6DstOpts(t *testing.T, e *testenv.Env, src, dst net.IP, payload []byte) {
 	t.Helper()
 	must(t, e.InNode(func() error {
 		c, err := net.DialUDP("udp", &net.UDPAddr{IP: src}, &net.UDPAddr{IP: dst, Port: datapath.VXLANPort})
@@ -681,15 +649,11 @@ func a14Send6(t *testing.T, e *testenv.Env, src, dst net.IP, payload []byte, dst
 			return err
 		}
 		defer c.Close()
-		if dstopts {
-			rc, _ := c.SyscallConn()
-			var serr error
-			rc.Control(func(fd uintptr) {
-				serr = unix.SetsockoptString(int(fd), unix.IPPROTO_IPV6, unix.IPV6_DSTOPTS, string([]byte{0, 0, 1, 4, 0, 0, 0, 0}))
-			})
-			if serr != nil {
-				return serr
-			}
+		err = sockSetup(c, func(fd int) error {
+			return unix.SetsockoptString(fd, unix.IPPROTO_IPV6, unix.IPV6_DSTOPTS, string([]byte{0, 0, 1, 4, 0, 0, 0, 0}))
+		})
+		if err != nil {
+			return err
 		}
 		_, err = c.Write(payload)
 		return err
@@ -706,9 +670,7 @@ func a14Send6(t *testing.T, e *testenv.Env, src, dst net.IP, payload []byte, dst
 func TestAttack14DecapForged6(t *testing.T) {
 	lab := newTunLab6(t)
 	n1, n3 := lab.nodes[0], lab.nodes[2]
-	second, second6 := net.ParseIP("10.77.1.50").To4(), net.ParseIP("fd77:1::50")
-	addUplinkAddr(t, n1, "10.77.1.50/24")
-	addUplinkAddr(t, n1, second6.String()+"/64")
+	second, second6 := addSecondAddrs(t, n1, "10.77.1.50", "fd77:1::50")
 	startTunAgents(t, lab)
 	pods, a4, _ := lab.podPerNode(t, "f6")
 	p1, p3 := pods[0], pods[2]
@@ -719,17 +681,17 @@ func TestAttack14DecapForged6(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Warm up node 1's neighbour entries toward node 3's IPv6 address.
-	a14Send6(t, n3, tunNode6[2], tunNode6[0], vxlanFrame(a3, a1, 9710, []byte("warm")), false)
+	sendTunnelPortAs(t, n3, tunNode6[2], tunNode6[0], datapath.VXLANPort, vxlanFrame(a3, a1, 9710, []byte("warm")))
 	got := listenUDP4(t, p1, 9710)
 	got(time.Second)
 	idxT, _, _ := tunDevice(t, n1)
 	idxU := uplinkIndex(t, n1)
 	before := a14Drops(t, n1, idxT, idxU)
-	a14Send6(t, n3, tunNode6[2], tunNode6[0], vxlanFrame(a2, a1, 9710, []byte("other-node6")), false)
-	a14Send6(t, n3, tunNode6[2], tunNode6[0], vxlanFrame(neighbour(a1), a1, 9710, []byte("own-range6")), false)
-	a14Send6(t, n3, tunNode6[2], tunNode6[0], vxlanFrame(a2, a1, 9710, []byte("other-node6-dstopts")), true)
-	a14Send6(t, n3, tunNode6[2], second6, vxlanFrame(a3, a1, 9710, []byte("unlisted6")), false)
-	a14Send6(t, n3, tunNode[2], second, vxlanFrame(a3, a1, 9710, []byte("unlisted4")), false)
+	sendTunnelPortAs(t, n3, tunNode6[2], tunNode6[0], datapath.VXLANPort, vxlanFrame(a2, a1, 9710, []byte("other-node6")))
+	sendTunnelPortAs(t, n3, tunNode6[2], tunNode6[0], datapath.VXLANPort, vxlanFrame(neighbour(a1), a1, 9710, []byte("own-range6")))
+	a14Send6DstOpts(t, n3, tunNode6[2], tunNode6[0], vxlanFrame(a2, a1, 9710, []byte("other-node6-dstopts")))
+	sendTunnelPortAs(t, n3, tunNode6[2], second6, datapath.VXLANPort, vxlanFrame(a3, a1, 9710, []byte("unlisted6")))
+	sendTunnelPortAs(t, n3, tunNode[2], second, datapath.VXLANPort, vxlanFrame(a3, a1, 9710, []byte("unlisted4")))
 	sendVXLANAs(t, lab.strang, tunStrang6, tunNode6[0], vxlanFrame(a3, a1, 9710, []byte("stranger6")))
 	if arrived := got(3 * time.Second); len(arrived) != 0 {
 		t.Errorf("pod 1 received %q", arrived)
@@ -738,8 +700,8 @@ func TestAttack14DecapForged6(t *testing.T) {
 		t.Errorf("node 1 counted %d tunnel drops for 6 forged datagrams, want 6\ntunnel device: %s\nuplink: %s",
 			d, dumpCounters(n1.Maps(), idxT), dumpCounters(n1.Maps(), idxU))
 	}
-	a14Send6(t, n3, tunNode6[2], tunNode6[0], vxlanFrame(a3, a1, 9710, []byte("genuine6")), false)
-	a14Send6(t, n3, tunNode6[2], tunNode6[0], vxlanFrame(a3, a1, 9710, []byte("genuine6-dstopts")), true)
+	sendTunnelPortAs(t, n3, tunNode6[2], tunNode6[0], datapath.VXLANPort, vxlanFrame(a3, a1, 9710, []byte("genuine6")))
+	a14Send6DstOpts(t, n3, tunNode6[2], tunNode6[0], vxlanFrame(a3, a1, 9710, []byte("genuine6-dstopts")))
 	if arrived := got(3 * time.Second); len(missing(arrived, []string{"genuine6 ", "genuine6-dstopts"})) != 0 {
 		t.Errorf("pod 1 received %q, want node 3's two genuine datagrams", arrived)
 	}
@@ -889,14 +851,14 @@ func TestAttack14DecapInnerVLAN(t *testing.T) {
 	ip4 := func(src net.IP, what string) []byte {
 		return a14IP4UDP(src, a1, 9713, []byte(what), nil, 0x4000, 0)
 	}
-	a14Send(t, n3.Node, tunNode[0], a14Tagged([]uint16{0x8100}, ip4(a2, "forged-vlan0")), nil, false)
-	a14Send(t, n3.Node, tunNode[0], a14Tagged([]uint16{0x88a8, 0x8100}, ip4(a2, "forged-qinq")), nil, false)
+	sendVXLAN(t, n3.Node, tunNode[0], a14Tagged([]uint16{0x8100}, ip4(a2, "forged-vlan0")))
+	sendVXLAN(t, n3.Node, tunNode[0], a14Tagged([]uint16{0x88a8, 0x8100}, ip4(a2, "forged-qinq")))
 	if arrived := got(3 * time.Second); len(arrived) != 0 {
 		t.Errorf("pod 1 received %q: node 3 claimed node 2's pod behind inner VLAN tags", arrived)
 	}
 	t.Logf("after the tagged forgeries: tunnel device %s; uplink %s", dumpCounters(n1.Maps(), idxT), dumpCounters(n1.Maps(), idxU))
 	// Not asserted: whether node 3's own pod gets through behind a tag.
-	a14Send(t, n3.Node, tunNode[0], a14Tagged([]uint16{0x8100}, ip4(a3, "genuine-vlan0")), nil, false)
+	sendVXLAN(t, n3.Node, tunNode[0], a14Tagged([]uint16{0x8100}, ip4(a3, "genuine-vlan0")))
 	t.Logf("node 3's own pod behind a VLAN-0 tag: %q", got(2*time.Second))
 }
 

@@ -87,6 +87,11 @@ func sockSetup(c syscall.Conn, setup func(fd int) error) error {
 	if err != nil {
 		return err
 	}
+	return rawSetup(rc, setup)
+}
+
+// rawSetup applies setup to the socket of rc.
+func rawSetup(rc syscall.RawConn, setup func(fd int) error) error {
 	var serr error
 	if err := rc.Control(func(fd uintptr) { serr = setup(int(fd)) }); err != nil {
 		return err

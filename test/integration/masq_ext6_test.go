@@ -22,13 +22,7 @@ func serveTCP6Opts(t *testing.T, netns ns.NetNS, port int, setup func(fd int) er
 	t.Helper()
 	var ln net.Listener
 	must(t, netns.Do(func(ns.NetNS) error {
-		lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
-			var serr error
-			if err := c.Control(func(fd uintptr) { serr = setup(int(fd)) }); err != nil {
-				return err
-			}
-			return serr
-		}}
+		lc := net.ListenConfig{Control: controlSetup(setup)}
 		var err error
 		ln, err = lc.Listen(context.Background(), "tcp6", fmt.Sprintf("[::]:%d", port))
 		return err
@@ -46,21 +40,10 @@ func serveTCP6Opts(t *testing.T, netns ns.NetNS, port int, setup func(fd int) er
 	}()
 }
 
-// readLineTCP6 dials addr from netns and reads one line.
-func readLineTCP6(netns ns.NetNS, addr string) (string, error) {
-	var line string
-	err := netns.Do(func(ns.NetNS) error {
-		d := net.Dialer{Timeout: 3 * time.Second}
-		c, err := d.Dial("tcp6", addr)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(3 * time.Second))
-		line, err = bufio.NewReader(c).ReadString('\n')
-		return err
-	})
-	return line, err
+// controlSetup is a net.Dialer or net.ListenConfig Control that applies
+// setup to the socket before it connects or listens.
+func controlSetup(setup func(fd int) error) func(_, _ string, c syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error { return rawSetup(c, setup) }
 }
 
 // TestMasqIPv6ReplyExtHeaders: a pod's IPv6 flows to the outside are
@@ -76,10 +59,7 @@ func readLineTCP6(netns ns.NetNS, addr string) (string, error) {
 func TestMasqIPv6ReplyExtHeaders(t *testing.T) {
 	t.Parallel()
 	lab := newMasqLab(t)
-	a := lab.a
-	pod := a.NewPod()
-	a.CleanupDel(pod, "x1")
-	a.Add(pod, "x1")
+	pod, _ := lab.a.RunPod("x1")
 	cases := []struct {
 		what  string
 		port  int
@@ -98,25 +78,20 @@ func TestMasqIPv6ReplyExtHeaders(t *testing.T) {
 		if err := echoUDP6Opts(pod, addr, 100, 3, func(int) error { return nil }); err != nil {
 			t.Errorf("UDP from the pod to %s, whose replies carry %s: %v", addr, c.what, err)
 		}
-		line, err := readLineTCP6(pod, addr)
+		line, err := readLineTCP6Opts(pod, addr, func(int) error { return nil })
 		if want := fmt.Sprintf("tcp-%d\n", c.port); err != nil || line != want {
 			t.Errorf("TCP from the pod to %s, whose segments carry %s: read %q, %v; want %q", addr, c.what, line, err, want)
 		}
 	}
 }
 
-// readLineTCP6Opts is readLineTCP6 from a socket setup prepares before it
-// connects (its segments carry the headers setup puts on them).
+// readLineTCP6Opts dials addr from netns with a socket setup prepares
+// before it connects (its segments carry the headers setup puts on them)
+// and reads one line.
 func readLineTCP6Opts(netns ns.NetNS, addr string, setup func(fd int) error) (string, error) {
 	var line string
 	err := netns.Do(func(ns.NetNS) error {
-		d := net.Dialer{Timeout: 3 * time.Second, Control: func(_, _ string, c syscall.RawConn) error {
-			var serr error
-			if err := c.Control(func(fd uintptr) { serr = setup(int(fd)) }); err != nil {
-				return err
-			}
-			return serr
-		}}
+		d := net.Dialer{Timeout: 3 * time.Second, Control: controlSetup(setup)}
 		c, err := d.Dial("tcp6", addr)
 		if err != nil {
 			return err
@@ -139,10 +114,7 @@ func readLineTCP6Opts(netns ns.NetNS, addr string, setup func(fd int) error) (st
 func TestMasqIPv6PodExtHeaders(t *testing.T) {
 	t.Parallel()
 	lab := newMasqLab(t)
-	a := lab.a
-	pod := a.NewPod()
-	a.CleanupDel(pod, "x2")
-	a.Add(pod, "x2")
+	pod, _ := lab.a.RunPod("x2")
 	serveUDP6EchoOpts(t, lab.out, 7110, func(int) error { return nil })
 	serveTCP6Opts(t, lab.out, 7110, func(int) error { return nil }, "tcp-7110")
 	addr := hp(outsideIP6, 7110)

@@ -8,7 +8,6 @@
 package integration
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -31,14 +30,7 @@ func TestAttack14MasqTimeWaitOtherPod(t *testing.T) {
 	const port = 7414
 	seen := make(chan string, 100)
 	for _, srvIP := range []net.IP{outsideIP, outsideIP6} {
-		var ln net.Listener
-		must(t, lab.out.Do(func(ns.NetNS) error {
-			var err error
-			ln, err = net.Listen("tcp", hp(srvIP, port))
-			return err
-		}))
-		t.Cleanup(func() { ln.Close() })
-		go a14CloseFirst(ln, seen)
+		go serveCloseFirst(listenTCPIn(t, lab.out, "tcp", hp(srvIP, port)), seen)
 	}
 	x, _ := lab.a.RunPod("tx")
 	y, _ := lab.a.RunPod("ty")
@@ -48,23 +40,6 @@ func TestAttack14MasqTimeWaitOtherPod(t *testing.T) {
 		t.Run([]string{"ipv4", "ipv6"}[k], func(t *testing.T) {
 			a14TimeWaitRounds(t, lab, x, y, srvIP, port, seen, 62300+10*k)
 		})
-	}
-}
-
-// a14CloseFirst accepts on ln, reports each peer to seen, writes one
-// byte and closes first (the server holds TIME_WAIT).
-func a14CloseFirst(ln net.Listener, seen chan<- string) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
-				return
-			}
-			continue
-		}
-		seen <- c.RemoteAddr().String()
-		c.Write([]byte{'x'})
-		c.Close()
 	}
 }
 
@@ -80,16 +55,7 @@ func a14TimeWaitRounds(t *testing.T, lab *masqLab, x, y ns.NetNS, srvIP net.IP, 
 				return err
 			}
 			defer c.Close()
-			c.SetDeadline(time.Now().Add(5 * time.Second))
-			b := make([]byte, 2)
-			if n, err := io.ReadFull(c, b[:1]); n != 1 {
-				return err
-			}
-			_, err = c.Read(b)
-			if !errors.Is(err, io.EOF) {
-				return fmt.Errorf("want the server's close: %v", err)
-			}
-			return nil
+			return readCloseFirst(c, make([]byte, 2))
 		})
 		select {
 		case p := <-seen:
@@ -145,14 +111,7 @@ func TestMasqPodClosedFirstPortReused(t *testing.T) {
 	lab := newMasqLab(t)
 	const port = 7415
 	for _, srvIP := range []net.IP{outsideIP, outsideIP6} {
-		var ln net.Listener
-		must(t, lab.out.Do(func(ns.NetNS) error {
-			var err error
-			ln, err = net.Listen("tcp", hp(srvIP, port))
-			return err
-		}))
-		t.Cleanup(func() { ln.Close() })
-		acceptEach(ln, func(c net.Conn) {
+		acceptEach(listenTCPIn(t, lab.out, "tcp", hp(srvIP, port)), func(c net.Conn) {
 			// Answers with the peer it sees, then waits for the pod's close.
 			c.SetDeadline(time.Now().Add(5 * time.Second))
 			fmt.Fprintf(c, "%s\n", c.RemoteAddr())

@@ -48,6 +48,53 @@ func tcpExt(t *testing.T, n ns.NetNS, name string) uint64 {
 	return 0
 }
 
+// listenTCPIn listens on addr in netns, closed at the test's end.
+func listenTCPIn(t *testing.T, netns ns.NetNS, network, addr string) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	must(t, netns.Do(func(ns.NetNS) error {
+		var err error
+		ln, err = net.Listen(network, addr)
+		return err
+	}))
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// serveCloseFirst accepts on ln until it is closed, reports each peer to
+// seen (when not nil), writes one byte and closes first (the server holds
+// TIME_WAIT).
+func serveCloseFirst(ln net.Listener, seen chan<- string) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		if seen != nil {
+			seen <- c.RemoteAddr().String()
+		}
+		c.Write([]byte{'x'})
+		c.Close() // the server closes first: TIME_WAIT is its
+	}
+}
+
+// readCloseFirst reads on c, within 5 s, the one byte of serveCloseFirst
+// and then its close (EOF); buf holds two bytes.
+func readCloseFirst(c net.Conn, buf []byte) error {
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	n, err := io.ReadFull(c, buf[:1])
+	if err == nil {
+		_, err = c.Read(buf)
+	}
+	if n != 1 || !errors.Is(err, io.EOF) {
+		return fmt.Errorf("answer: %d bytes, %v; want one byte, then the server's close", n, err)
+	}
+	return nil
+}
+
 // TestMasqServerTimeWait: a masquerading pod opens 6000 short TCP
 // connections to one outside server that closes first, so the server holds
 // TIME_WAIT for every translated tuple, and takes a new SYN on one only if
@@ -83,34 +130,10 @@ func masqTimeWait(t *testing.T, maxPods int) {
 	if maxPods > 0 {
 		lab.a.Extra["maxPods"] = maxPods
 	}
-	pod := lab.a.NewPod()
-	lab.a.CleanupDel(pod, "timewait")
-	lab.a.Add(pod, "timewait")
+	pod, _ := lab.a.RunPod("timewait")
 
 	const port = 7300
-	var ln net.Listener
-	err := lab.out.Do(func(ns.NetNS) error {
-		var err error
-		ln, err = net.Listen("tcp4", net.JoinHostPort(outsideIP.String(), fmt.Sprint(port)))
-		return err
-	})
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				if errors.Is(err, net.ErrClosed) {
-					return
-				}
-				continue
-			}
-			c.Write([]byte{'x'})
-			c.Close() // the server closes first: TIME_WAIT is its
-		}
-	}()
+	go serveCloseFirst(listenTCPIn(t, lab.out, "tcp4", net.JoinHostPort(outsideIP.String(), fmt.Sprint(port))), nil)
 
 	paws, synRetrans := tcpExt(t, lab.out, "PAWSTimewait"), tcpExt(t, pod, "TCPSynRetrans")
 	listenDrops := tcpExt(t, lab.out, "ListenDrops")
@@ -140,14 +163,10 @@ func masqTimeWait(t *testing.T, maxPods int) {
 					if err != nil {
 						return err
 					}
-					c.SetDeadline(time.Now().Add(5 * time.Second))
-					n, err := io.ReadFull(c, buf[:1])
-					if err == nil {
-						_, err = c.Read(buf)
-					}
+					err = readCloseFirst(c, buf)
 					c.Close()
-					if n != 1 || !errors.Is(err, io.EOF) {
-						return fmt.Errorf("answer: %d bytes, %v", n, err)
+					if err != nil {
+						return err
 					}
 					if time.Since(t0) > 500*time.Millisecond {
 						slow.Add(1)

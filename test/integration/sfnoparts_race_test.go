@@ -4,10 +4,8 @@
 package integration
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"net"
 	"os/exec"
 	"slices"
 	"sync"
@@ -31,33 +29,53 @@ import (
 // pod left with a table must get its Service replies through it.
 func TestStackFlowNoPartsRace(t *testing.T) {
 	t.Parallel()
-	l := newPoolLabN(t, 5)
-	fillPool(t, l)
+	l := newFullPoolLab(t)
 	stop := make(chan struct{})
 	var syncWG sync.WaitGroup
-	syncWG.Add(1)
-	go func() {
-		defer syncWG.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if err := l.m.StackFlows().SyncNoParts(); err != nil {
-				t.Error(err)
-				return
-			}
+	untilStop(stop, &syncWG, func() bool {
+		if err := l.m.StackFlows().SyncNoParts(); err != nil {
+			t.Error(err)
+			return false
 		}
-	}()
+		return true
+	})
+	churn(t, l, 4, "r").Wait()
+	close(stop)
+	syncWG.Wait()
+	parts := tablesOf(t, l)
+	l.wantNoParts(t, len(parts) == 0, fmt.Sprintf("after the race (tables of %v)", parts))
+
+	// One pod left with a table, ADDed while the full pass runs.
+	stop2 := make(chan struct{})
+	untilStop(stop2, &syncWG, func() bool { l.m.StackFlows().SyncNoParts(); return true })
+	a, _ := l.e.RunPod("a")
+	close(stop2)
+	syncWG.Wait()
+	_, aIdx := l.e.HostVeth("a")
+	l.wantNoParts(t, false, "with a's own table")
+	l.exchangeBoth(t, a)
+	l.wantOwnRecords(t, aIdx, "a's Service flows")
+}
+
+// newFullPoolLab is a poolLab on a node of 6 attachments whose pool
+// slots but b's are all held: every ADD from here makes a table of its own.
+func newFullPoolLab(t *testing.T) *poolLab {
+	l := newPoolLabN(t, 5)
+	fillPool(t, l)
+	return l
+}
+
+// churn starts workers that each ADD and DEL a pod of their own six
+// times (ids prefix<worker>-<i>); wait on the group it returns.
+func churn(t *testing.T, l *poolLab, workers int, prefix string) *sync.WaitGroup {
 	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
+	for w := 0; w < workers; w++ {
 		p := l.e.NewPod()
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
 			for i := 0; i < 6; i++ {
-				id := fmt.Sprintf("r%d-%d", w, i)
+				id := fmt.Sprintf("%s%d-%d", prefix, w, i)
 				if _, err := l.e.AddV("1.1.0", p, id, "eth0"); err != nil {
 					t.Errorf("ADD %s: %v", id, err)
 					return
@@ -69,79 +87,46 @@ func TestStackFlowNoPartsRace(t *testing.T) {
 			}
 		}(w)
 	}
-	wg.Wait()
-	close(stop)
-	syncWG.Wait()
-	parts := tablesOf(t, l)
-	l.wantNoParts(t, len(parts) == 0, fmt.Sprintf("after the race (tables of %v)", parts))
+	return &wg
+}
 
-	// One pod left with a table, ADDed while the full pass runs.
-	stop2 := make(chan struct{})
-	syncWG.Add(1)
+// untilStop runs f in a goroutine of wg again and again until stop is
+// closed or f returns false.
+func untilStop(stop <-chan struct{}, wg *sync.WaitGroup, f func() bool) {
+	wg.Add(1)
 	go func() {
-		defer syncWG.Done()
+		defer wg.Done()
 		for {
 			select {
-			case <-stop2:
+			case <-stop:
 				return
 			default:
 			}
-			l.m.StackFlows().SyncNoParts()
+			if !f() {
+				return
+			}
 		}
 	}()
-	a, _ := l.e.RunPod("a")
-	close(stop2)
-	syncWG.Wait()
-	_, aIdx := l.e.HostVeth("a")
-	l.wantNoParts(t, false, "with a's own table")
-	l.exchangeBoth(t, a)
-	rs, err := mapstest.PartRecords(l.m, aIdx)
+}
+
+// runPod runs pod name and returns it with its host veth's ifindex.
+func (l *poolLab) runPod(name string) (ns.NetNS, int) {
+	p, _ := l.e.RunPod(name)
+	_, idx := l.e.HostVeth(name)
+	return p, idx
+}
+
+// wantOwnRecords: the flows of what left one record per family (two at
+// least) in the table of the pod of ifindex idx.
+func (l *poolLab) wantOwnRecords(t *testing.T, idx int, what string) {
+	t.Helper()
+	rs, err := mapstest.PartRecords(l.m, idx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(rs) < 2 {
-		t.Errorf("a's Service flows left %d records in its own table, want one per family", len(rs))
+		t.Errorf("%s left %d records in its own table, want one per family", what, len(rs))
 	}
-}
-
-// newPoolLabN is newPoolLab on a node sized for maxPods+1 attachments.
-func newPoolLabN(t *testing.T, maxPods int) *poolLab {
-	e := testenv.New(t)
-	e.Extra = map[string]any{"maxPods": maxPods}
-	l := &poolLab{e: e, b: e.NewPod()}
-	e.CleanupDel(l.b, "b")
-	b4, b6 := testenv.PodIPs(t, e.Add(l.b, "b"))
-	l.bAddrs = map[int]net.IP{4: b4, 6: b6}
-	_, l.bIdx = e.HostVeth("b")
-	l.m = e.Maps()
-	for fam, bip := range l.bAddrs {
-		subnet, node := testenv.PodSubnet4, testenv.NodeIP4
-		if fam == 6 {
-			subnet, node = testenv.PodSubnet6, testenv.NodeIP6
-		}
-		restore(t, e.Node, "nft", nftRules(fam, subnet, []net.IP{node}, []svcPort{
-			{name: "web", proto: "tcp", clusterIP: svcWeb[fam], port: 80, backend: bip, target: 8080},
-		}), "-f", "-")
-	}
-	for _, fam := range []string{"tcp4", "tcp6"} {
-		var ln net.Listener
-		if err := l.b.Do(func(ns.NetNS) (err error) { ln, err = net.Listen(fam, ":8080"); return }); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { ln.Close() })
-		acceptEach(ln, func(c net.Conn) {
-			r := bufio.NewReader(c)
-			for {
-				if _, err := r.ReadString('\n'); err != nil {
-					return
-				}
-				if _, err := c.Write([]byte("pong\n")); err != nil {
-					return
-				}
-			}
-		})
-	}
-	return l
 }
 
 // fillPool gives every pool slot but b's to a live veth of the
@@ -201,12 +186,10 @@ func tablesOf(t *testing.T, l *poolLab) []uint32 {
 // match the tables, and a's Service replies must keep reaching it.
 func TestStackFlowNoPartsAgentRestart(t *testing.T) {
 	t.Parallel()
-	l := newPoolLabN(t, 5)
-	fillPool(t, l)
+	l := newFullPoolLab(t)
 	conf := l.e.WriteConfDir()
 	ag := l.e.StartAgent(conf, "--metrics-addr", "")
-	a, _ := l.e.RunPod("a")
-	_, aIdx := l.e.HostVeth("a")
+	a, aIdx := l.runPod("a")
 	l.exchangeBoth(t, a)
 	deadline := time.Now().Add(20 * time.Second)
 	for !slices.Contains(tablesOf(t, l), uint32(aIdx)) {
@@ -220,8 +203,7 @@ func TestStackFlowNoPartsAgentRestart(t *testing.T) {
 	ag.Cmd.Process.Signal(syscall.SIGKILL)
 	ag.Exited(10 * time.Second)
 	l.exchangeBoth(t, a)
-	c, _ := l.e.RunPod("c")
-	_, cIdx := l.e.HostVeth("c")
+	c, cIdx := l.runPod("c")
 	l.exchangeBoth(t, c)
 	ag = l.e.StartAgent(conf, "--metrics-addr", "")
 	time.Sleep(2 * time.Second)
@@ -232,13 +214,7 @@ func TestStackFlowNoPartsAgentRestart(t *testing.T) {
 	}
 	l.wantNoParts(t, false, "after c's DEL (a's table stands)")
 	l.exchangeBoth(t, a)
-	rs, err := mapstest.PartRecords(l.m, aIdx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rs) < 2 {
-		t.Errorf("a's Service flows left %d records in its own table, want one per family", len(rs))
-	}
+	l.wantOwnRecords(t, aIdx, "a's Service flows")
 	if err := l.e.Del(a, "a", "eth0"); err != nil {
 		t.Fatal(err)
 	}
@@ -253,10 +229,8 @@ func TestStackFlowNoPartsAgentRestart(t *testing.T) {
 // the agent's full pass (SyncNoParts) that clears the flag, and after it.
 func TestStackFlowNoPartsOlderBuildTable(t *testing.T) {
 	t.Parallel()
-	l := newPoolLabN(t, 5)
-	fillPool(t, l)
-	a, _ := l.e.RunPod("a")
-	_, aIdx := l.e.HostVeth("a")
+	l := newFullPoolLab(t)
+	a, aIdx := l.runPod("a")
 	// As the older build left it: a's own table gone, the flag set, then
 	// its table put in without clearing it.
 	if err := l.m.StackFlows().SyncNoParts(); err != nil {
@@ -286,13 +260,7 @@ func TestStackFlowNoPartsOlderBuildTable(t *testing.T) {
 	}
 	l.wantNoParts(t, false, "after the agent's full pass")
 	l.exchangeBoth(t, a)
-	rs, err := mapstest.PartRecords(l.m, aIdx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rs) < 2 {
-		t.Errorf("after the full pass a's Service flows left %d records in its own table, want one per family", len(rs))
-	}
+	l.wantOwnRecords(t, aIdx, "after the full pass a's Service flows")
 	outer.Delete(&k)
 }
 
@@ -305,8 +273,7 @@ func TestStackFlowNoPartsOlderBuildTable(t *testing.T) {
 func TestStackFlowNoPartsKilledAdd(t *testing.T) {
 	t.Parallel()
 	bin := crashBinary(t)
-	l := newPoolLabN(t, 5)
-	fillPool(t, l)
+	l := newFullPoolLab(t)
 	e := l.e
 	for i, step := range []string{"endpoints", "host", "pod", "recorded", "endpoints", "host"} {
 		pod := e.NewPod()
@@ -329,17 +296,10 @@ func TestStackFlowNoPartsKilledAdd(t *testing.T) {
 		tabs = tablesOf(t, l)
 		l.wantNoParts(t, len(tabs) == 0, fmt.Sprintf("after the DEL of the ADD killed at %s (tables %v)", step, tabs))
 	}
-	a, _ := l.e.RunPod("a")
-	_, aIdx := l.e.HostVeth("a")
+	a, aIdx := l.runPod("a")
 	l.wantNoParts(t, false, "with a's table")
 	l.exchangeBoth(t, a)
-	rs, err := mapstest.PartRecords(l.m, aIdx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rs) < 2 {
-		t.Errorf("a's Service flows left %d records in its own table, want one per family", len(rs))
-	}
+	l.wantOwnRecords(t, aIdx, "a's Service flows")
 }
 
 // TestStackFlowNoPartsStaysClear: pod s keeps a table of its own on a full
@@ -349,57 +309,19 @@ func TestStackFlowNoPartsKilledAdd(t *testing.T) {
 // Service flows, run throughout, are answered and recorded in its table.
 func TestStackFlowNoPartsStaysClear(t *testing.T) {
 	t.Parallel()
-	l := newPoolLabN(t, 5)
-	fillPool(t, l)
-	s, _ := l.e.RunPod("s")
-	_, sIdx := l.e.HostVeth("s")
+	l := newFullPoolLab(t)
+	s, sIdx := l.runPod("s")
 	stop := make(chan struct{})
 	var bg sync.WaitGroup
 	seen := 0
-	bg.Add(2)
-	go func() {
-		defer bg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			l.m.StackFlows().SyncNoParts()
+	untilStop(stop, &bg, func() bool { l.m.StackFlows().SyncNoParts(); return true })
+	untilStop(stop, &bg, func() bool {
+		if set, err := mapstest.NoPartsFlag(l.m); err == nil && set {
+			seen++
 		}
-	}()
-	go func() {
-		defer bg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if set, err := mapstest.NoPartsFlag(l.m); err == nil && set {
-				seen++
-			}
-		}
-	}()
-	var wg sync.WaitGroup
-	for w := 0; w < 3; w++ {
-		p := l.e.NewPod()
-		wg.Add(1)
-		go func(w int) {
-			defer wg.Done()
-			for i := 0; i < 6; i++ {
-				id := fmt.Sprintf("q%d-%d", w, i)
-				if _, err := l.e.AddV("1.1.0", p, id, "eth0"); err != nil {
-					t.Errorf("ADD %s: %v", id, err)
-					return
-				}
-				if err := l.e.Del(p, id, "eth0"); err != nil {
-					t.Errorf("DEL %s: %v", id, err)
-					return
-				}
-			}
-		}(w)
-	}
+		return true
+	})
+	wg := churn(t, l, 3, "q")
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	rounds := 0
@@ -418,11 +340,5 @@ func TestStackFlowNoPartsStaysClear(t *testing.T) {
 		t.Errorf("HP_CFG_SF_NO_PARTS seen set %d times while s's table stood", seen)
 	}
 	t.Logf("%d rounds of s's Service flows during the churn", rounds)
-	rs, err := mapstest.PartRecords(l.m, sIdx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rs) < 2 {
-		t.Errorf("s's Service flows left %d records in its own table", len(rs))
-	}
+	l.wantOwnRecords(t, sIdx, "s's Service flows")
 }

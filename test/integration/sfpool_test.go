@@ -35,8 +35,14 @@ type poolLab struct {
 }
 
 func newPoolLab(t *testing.T) *poolLab {
+	return newPoolLabN(t, 1) // 2 attachments: a pool of 2 slots
+}
+
+// newPoolLabN is a poolLab on a node sized for maxPods+1 attachments
+// (a pool of maxPods+1 slots).
+func newPoolLabN(t *testing.T, maxPods int) *poolLab {
 	e := testenv.New(t)
-	e.Extra = map[string]any{"maxPods": 1} // 2 attachments: a pool of 2 slots
+	e.Extra = map[string]any{"maxPods": maxPods}
 	l := &poolLab{e: e, b: e.NewPod()}
 	e.CleanupDel(l.b, "b")
 	b4, b6 := testenv.PodIPs(t, e.Add(l.b, "b"))

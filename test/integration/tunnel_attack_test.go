@@ -94,6 +94,15 @@ func addUplinkAddr(t *testing.T, e *testenv.Env, cidr string) {
 	}))
 }
 
+// addSecondAddrs gives a node a second IPv4 address v4 (/24) and IPv6
+// address v6 (/64) on its uplink, as addUplinkAddr does, and returns them.
+func addSecondAddrs(t *testing.T, e *testenv.Env, v4, v6 string) (net.IP, net.IP) {
+	t.Helper()
+	addUplinkAddr(t, e, v4+"/24")
+	addUplinkAddr(t, e, v6+"/64")
+	return net.ParseIP(v4).To4(), net.ParseIP(v6)
+}
+
 // TestTunnelPodTunnelPortToUnlistedAddress6: the unlisted address is
 // node 3's second IPv6 one, over the IPv6 underlay, and the port VXLAN's
 // or Geneve's: each datagram from pod p1 of node 1 leaves masqueraded by
@@ -205,9 +214,7 @@ func TestTunnelPodVXLANHybridUnlistedAddress(t *testing.T) {
 func TestTunnelOuterDestination(t *testing.T) {
 	lab := newTunLab6(t)
 	n1, n3 := lab.nodes[0], lab.nodes[2]
-	second, second6 := net.ParseIP("10.77.2.50").To4(), net.ParseIP("fd77:2::50")
-	addUplinkAddr(t, n3, "10.77.2.50/24")
-	addUplinkAddr(t, n3, second6.String()+"/64")
+	second, second6 := addSecondAddrs(t, n3, "10.77.2.50", "fd77:2::50")
 	startTunAgents(t, lab)
 	_, r1 := n1.RunPod("od1")
 	p3, r3 := n3.RunPod("od3")

@@ -129,6 +129,16 @@ func TestTunnelPolicyEgress(t *testing.T) {
 	}
 }
 
+// vethTo adds, in the current netns, the veth name whose peer peerName is
+// in peerNS, and returns name's link.
+func vethTo(name, peerName string, peerNS ns.NetNS) (netlink.Link, error) {
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peerName, PeerNamespace: netlink.NsFd(int(peerNS.Fd()))}
+	if err := netlink.LinkAdd(veth); err != nil {
+		return nil, err
+	}
+	return netlink.LinkByName(name)
+}
+
 // TestPolicyEgressLeavingByNonUplink6: TestPolicyEgressLeavingByNonUplink
 // for IPv6, through a link holding no address but its link-local one (no
 // uplink: to_uplink is not attached there). A pod denied all egress
@@ -148,11 +158,7 @@ func TestPolicyEgressLeavingByNonUplink6(t *testing.T) {
 	}
 	var gw net.IP
 	must(t, h.InNode(func() error {
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "side6"}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(far.Fd()))}
-		if err := netlink.LinkAdd(veth); err != nil {
-			return err
-		}
-		l, err := netlink.LinkByName("side6")
+		l, err := vethTo("side6", "eth0", far)
 		if err != nil {
 			return err
 		}
