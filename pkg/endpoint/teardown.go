@@ -2,7 +2,6 @@ package endpoint
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"os"
 
@@ -165,7 +164,9 @@ func (t *Teardown) openMaps() error {
 	case errors.Is(err, os.ErrNotExist):
 		// never set up: nothing in maps
 	default:
-		errs = errors.Join(errs, fmt.Errorf("open datapath at %s: %w", t.Net.PinDir, err))
+		// As ADD's and CHECK's open (network.go): a pin this build cannot
+		// use is the datapath unavailable (50), naming it.
+		errs = errors.Join(errs, Errorf(ErrUnavailable, "open datapath at %s: %w", t.Net.PinDir, err))
 	}
 	return errs
 }
