@@ -337,9 +337,10 @@ static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now)
 /*
  * snat_note of the reverse entry rv (key rk, the pod's host veth ifindex),
  * which owns the flow's timer and its share: the timer shortens when the
- * flow closes (to MASQ_TIME_WAIT when the peer closed first), and a closed
- * flow holds no share of its pod's ports towards the destination
- * (cni_masq_share) while a SYN that opens the tuple again takes it back.
+ * flow closes (to MASQ_TIME_WAIT when the peer closed first), a flow closed
+ * by a FIN each way holds no share of its pod's ports towards the
+ * destination (cni_masq_share), and a SYN that opens the tuple again takes
+ * it back.
  * Quiet for MASQ_REUSE_CLOSED a closed flow's port is anyone's
  * (alloc_probe); counted until its entry went (10 s), the closed flows of a
  * pod opening thousands of short connections a second to one server put it
@@ -357,8 +358,13 @@ static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat
 	snat_note(rv, next, now);
 	if ((next & FLOW_F_CLOSING) && !(cur & FLOW_F_CLOSING))
 		snat_arm(rv, (next & FLOW_F_PEER_FIRST) ? MASQ_TIME_WAIT : FLOW_TIMEOUT_CLOSING);
+	/* A FIN each way only: the pod's own RST is trusted for the flow's
+	 * state, but a pod could send one the peer ignores and go on using the
+	 * connection, past its share (attack15). A flow an RST closed counts
+	 * until it goes (its port, free of TIME_WAIT, is the pod's to recycle). */
 	__u16 fl = rv->flags;
-	if ((fl & FLOW_F_CLOSING) && !(fl & SNAT_F_UNSHARED)) {
+	__u16 fins = FLOW_F_FIN_ORIG | FLOW_F_FIN_REPLY;
+	if ((fl & FLOW_F_CLOSING) && (fl & fins) == fins && !(fl & SNAT_F_UNSHARED)) {
 		rv->flags = fl | SNAT_F_UNSHARED;
 		share_release(rk, ifindex);
 	} else if (!(fl & FLOW_F_CLOSING) && (fl & SNAT_F_UNSHARED)) {

@@ -1,0 +1,232 @@
+// Attack (round 12 hostile review, attack15) on "a flow the server closed
+// first holds its node port for 60 s" (docs/masquerade.md) when the node
+// does not see the server's FIN first: the server's FIN is lost on the way
+// (the network drops a segment), the pod's FIN passes the node first, and
+// the server still ends in TIME_WAIT (its FIN went first; it retransmits).
+
+package integration
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/sys/unix"
+)
+
+// a15ServeSeen listens on [::]:port in netns; each connection is told the
+// address it came from, then closed by the server (first).
+func a15ServeSeen(t *testing.T, netns ns.NetNS, port int) {
+	t.Helper()
+	var ln net.Listener
+	must(t, netns.Do(func(ns.NetNS) error {
+		var err error
+		ln, err = net.Listen("tcp6", fmt.Sprintf("[::]:%d", port))
+		return err
+	}))
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte(c.RemoteAddr().String() + "\n"))
+			c.Close()
+		}
+	}()
+}
+
+// a15DialSeen connects from netns's lport to addr (SO_REUSEADDR), reads the
+// server's line and closes; it returns the line and how long connect took.
+func a15DialSeen(netns ns.NetNS, lport int, addr string) (seen string, took time.Duration, err error) {
+	err = netns.Do(func(ns.NetNS) error {
+		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{Port: lport},
+			Control: func(_, _ string, c syscall.RawConn) error {
+				return c.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
+			}}
+		start := time.Now()
+		c, err := d.Dial("tcp6", addr)
+		took = time.Since(start)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		seen, err = bufio.NewReader(c).ReadString('\n')
+		seen = strings.TrimSpace(seen)
+		return err
+	})
+	return
+}
+
+// a15TimeWait is the server's socket state (ss) towards peer on port.
+func a15TimeWait(netns ns.NetNS, port int, peer string) string {
+	var st string
+	netns.Do(func(ns.NetNS) error {
+		b, _ := exec.Command("ss", "-Htan", "state", "all", "sport", "=", fmt.Sprint(port)).CombinedOutput()
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, peer) {
+				st = strings.Fields(l)[0]
+			}
+		}
+		return nil
+	})
+	return st
+}
+
+// a15LostFinRounds runs n rounds from ports base on (see
+// TestAttack15MasqLostServerFIN) and returns in how many q's SYN was refused
+// by PAWS and in how many q got p's node port.
+func a15LostFinRounds(t *testing.T, lab *masqLab, p, q ns.NetNS, p6, q6 net.IP, base, n int, addr string) (slow, same int) {
+	t.Helper()
+	const port = 7440
+	for i := 0; i < n; i++ {
+		lport := base + i
+		// The pods take turns first: the kernel's timestamp offset is per
+		// address pair, so whichever pod's clock is behind the other's
+		// is refused in one of the two orders.
+		p, q, p6 := p, q, p6
+		if i%2 == 1 {
+			p, q, p6 = q, p, q6
+		}
+		ps, ptook, err := a15DialSeen(p, lport, addr)
+		if err != nil {
+			t.Fatalf("round %d: p's connection from %d: %v", i, lport, err)
+		}
+		if strings.Contains(ps, p6.String()) {
+			t.Fatalf("round %d: the server saw p as %s: not masqueraded", i, ps)
+		}
+		time.Sleep(1200 * time.Millisecond) // the FIN's retransmit, then past half a second quiet
+		tw := a15TimeWait(lab.out, port, ps)
+		paws0 := a15Paws(t, lab.out)
+		qs, qtook, err := a15DialSeen(q, lport, addr)
+		if err != nil {
+			t.Errorf("round %d: q's connection from %d: %v", i, lport, err)
+			continue
+		}
+		paws := a15Paws(t, lab.out) - paws0
+		t.Logf("round %d: p from %d seen as %s (connect %v; server's state then %q), q seen as %s (connect %v, server's PAWS refusals %d)", i, lport, ps, ptook.Round(time.Millisecond), tw, qs, qtook.Round(time.Millisecond), paws)
+		if qs == ps {
+			same++
+		}
+		if paws > 0 || qtook > 900*time.Millisecond {
+			slow++
+		}
+	}
+	return slow, same
+}
+
+// a15DialSeenRST is a15DialSeen closing with SO_LINGER 0: after the server's
+// line (and FIN) the pod answers with an RST instead of its FIN.
+func a15DialSeenRST(netns ns.NetNS, lport int, addr string) (seen string, err error) {
+	err = netns.Do(func(ns.NetNS) error {
+		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{Port: lport},
+			Control: func(_, _ string, c syscall.RawConn) error {
+				return c.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
+			}}
+		c, err := d.Dial("tcp6", addr)
+		if err != nil {
+			return err
+		}
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		r := bufio.NewReader(c)
+		seen, err = r.ReadString('\n')
+		seen = strings.TrimSpace(seen)
+		r.ReadByte() // the server's FIN
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+		return err
+	})
+	return
+}
+
+// TestAttack15MasqReopenAndRST: (1) a pod reopens the same tuple (same
+// source port, same server) 50 ms after the server closed it first, 6
+// times, with UDP from the same port to the same server port between: each
+// TCP reopening must get the same node port (its SYN finds the forward
+// entry, the server's TIME_WAIT takes it: same tuple, later timestamps) and
+// no SYN may be refused by PAWS; the UDP echo must come back. (2) pods take
+// turns: one answers the server's FIN with an RST (SO_LINGER 0), the other
+// connects from the same port 600 ms later: no PAWS refusal either way.
+func TestAttack15MasqReopenAndRST(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	a := lab.a
+	p, q := a.NewPod(), a.NewPod()
+	a.CleanupDel(p, "a15op")
+	a.CleanupDel(q, "a15oq")
+	a.Add(p, "a15op")
+	a.Add(q, "a15oq")
+	const port = 7450
+	a15ServeSeen(t, lab.out, port)
+	serveUDP6EchoOpts(t, lab.out, port, func(int) error { return nil })
+	addr := hp(outsideIP6, port)
+	paws0 := a15Paws(t, lab.out)
+	var first string
+	for i := 0; i < 6; i++ {
+		seen, took, err := a15DialSeen(p, 62300, addr)
+		if err != nil {
+			t.Fatalf("reopen %d: %v", i, err)
+		}
+		if i == 0 {
+			first = seen
+		} else if seen != first {
+			t.Errorf("reopen %d of the same tuple: the server saw %s, first %s: another node port", i, seen, first)
+		}
+		if took > 500*time.Millisecond {
+			t.Errorf("reopen %d: connect took %v", i, took)
+		}
+		err = p.Do(func(ns.NetNS) error {
+			d := net.Dialer{LocalAddr: &net.UDPAddr{Port: 62300}}
+			c, err := d.Dial("udp6", addr)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			buf := make([]byte, 64)
+			for try := 0; try < 3; try++ {
+				c.Write([]byte("udp-beside"))
+				c.SetReadDeadline(time.Now().Add(time.Second))
+				if n, err := c.Read(buf); err == nil && string(buf[:n]) == "udp-beside" {
+					return nil
+				}
+			}
+			return fmt.Errorf("no echo")
+		})
+		if err != nil {
+			t.Errorf("reopen %d: UDP from the same port to the same server port: %v", i, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if d := a15Paws(t, lab.out) - paws0; d > 0 {
+		t.Errorf("the same tuple reopened within the server's TIME_WAIT: %d SYNs refused by PAWS", d)
+	}
+	paws1 := a15Paws(t, lab.out)
+	for i := 0; i < 6; i++ {
+		x, y := p, q
+		if i%2 == 1 {
+			x, y = q, p
+		}
+		lport := 62310 + i
+		xs, err := a15DialSeenRST(x, lport, addr)
+		if err != nil {
+			t.Fatalf("RST round %d: %v", i, err)
+		}
+		time.Sleep(600 * time.Millisecond)
+		ys, _, err := a15DialSeen(y, lport, addr)
+		if err != nil {
+			t.Errorf("RST round %d: the other pod from %d: %v", i, lport, err)
+		}
+		t.Logf("RST round %d: first pod seen as %s, the other as %s", i, xs, ys)
+	}
+	if d := a15Paws(t, lab.out) - paws1; d > 0 {
+		t.Errorf("after a pod's RST answering the server's FIN, another pod from the same port: %d SYNs refused by PAWS", d)
+	}
+}
