@@ -33,7 +33,7 @@ func Del(args *skel.CmdArgs) error { return cniError(guarded(func() error { retu
 func Check(args *skel.CmdArgs) error {
 	return cniError(guarded(func() error { return check(args) }))
 }
-func GC(args *skel.CmdArgs) error     { return cniError(gc(args)) }
+func GC(args *skel.CmdArgs) error     { return cniError(guarded(func() error { return gc(args) })) }
 func Status(args *skel.CmdArgs) error { return cniError(status(args)) }
 
 // guarded runs a verb whose maps open at first use (maps.OpenPinned): a

@@ -3,6 +3,7 @@ package cni
 import (
 	"context"
 	"errors"
+	"os"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -52,10 +53,12 @@ func gc(args *skel.CmdArgs) error {
 	}
 	_, err = datapath.RemoveOrphanVethLinkPins(n.PinDir)
 	errs = errors.Join(errs, err)
-	if m, err := datapath.OpenMaps(n.PinDir); err == nil { // else never set up
+	if m, err := datapath.OpenMaps(n.PinDir); err == nil {
 		_, perr := endpoint.PruneHostPorts(m)
 		m.Close()
 		errs = errors.Join(errs, perr)
+	} else if !errors.Is(err, os.ErrNotExist) { // not never set up: unusable, as for the other verbs
+		errs = errors.Join(errs, endpoint.Errorf(endpoint.ErrUnavailable, "open datapath at %s: %w", n.PinDir, err))
 	}
 	if conf.IPAM.Type != "" {
 		// The IPAM plugin may hold reservations we have no record of.
@@ -63,8 +66,7 @@ func gc(args *skel.CmdArgs) error {
 			errs = errors.Join(errs, endpoint.IPAMError(conf.IPAM.Type, err))
 		}
 	}
-	if errs != nil {
-		return &endpoint.Error{Kind: endpoint.ErrInternal, Err: errs}
-	}
-	return nil
+	// Joined as they are: cniError answers the code of the first with a
+	// kind (a foreign pin's 50), 999 when none has one.
+	return errs
 }
