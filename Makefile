@@ -73,7 +73,7 @@ lint:
 	@test -z "$$(gofmt -l .)" || (echo "gofmt needed on:"; gofmt -l .; exit 1)
 	$(GO) vet ./...
 	$(GO) vet -tags $(TEST_TAGS) ./...
-	$(GO) test -count=1 -run 'TestNetlinkDumpsAreSafe|TestFunctionsAreShort|TestExportsHaveProductUsers' .
+	$(GO) test -count=1 -run 'TestNetlinkDumpsAreSafe|TestFunctionsAreShort|TestExportsHaveProductUsers|TestDocsCommandsNameThisLayout' .
 
 # Unit and integration tests. Integration tests need root; as root they run
 # the real plugin in network namespaces they create.
