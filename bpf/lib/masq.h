@@ -672,7 +672,11 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 
 /* ---------------------------------------------------------------- packets */
 
-#define MASQ_CONTINUE -1
+/* Not ours: the caller goes on. Not TCX_NEXT (-1), the verdict of a reply
+ * translated and handed to the stack: equal, a masqueraded flow's reply on a
+ * node port that had become a hostPort was translated again by hostPort and
+ * redirected into the wrong pod (attack16). */
+#define MASQ_CONTINUE -2
 
 /*
  * An ICMP error about a reply a masquerading pod got (the quote: peer ->

@@ -6,14 +6,14 @@ package datapath
 var objHashes = map[string]objHash{
 	"from_container":        {size: 557912, crc: 0xea282de4, sha: "720fd1c2fd9c"},
 	"from_container_compat": {size: 528200, crc: 0x19512dd4, sha: "9050ee2a8774"},
-	"from_uplink":           {size: 409920, crc: 0xdb02272d, sha: "1ff504700e59"},
-	"from_uplink_compat":    {size: 383880, crc: 0x120c14fa, sha: "170094929234"},
+	"from_uplink":           {size: 407752, crc: 0x73c7b96e, sha: "ebb46d8bf96e"},
+	"from_uplink_compat":    {size: 382048, crc: 0x1dcb835e, sha: "7e1e3febe947"},
 	"sock":                  {size: 180696, crc: 0x0aef7713, sha: "a823f0df1ded"},
 	"sock_compat":           {size: 171224, crc: 0xfb0e64e4, sha: "f2967d0c8ada"},
 	"sock_ops":              {size: 163576, crc: 0xf9e2479e, sha: "a7d6bb42ccdb"},
 	"to_container":          {size: 201336, crc: 0x72c08daa, sha: "8a61796dbfb4"},
 	"to_container_compat":   {size: 186872, crc: 0x574fb34b, sha: "18b803443b50"},
-	"to_uplink":             {size: 329680, crc: 0x7dc5ab72, sha: "0d7d08512e43"},
-	"to_uplink_compat":      {size: 297992, crc: 0x997175ba, sha: "59790e363b85"},
+	"to_uplink":             {size: 329680, crc: 0xb32178a4, sha: "36fb98d339f4"},
+	"to_uplink_compat":      {size: 297992, crc: 0xa23fe2bd, sha: "a9281670de6a"},
 	"tunnel":                {size: 337392, crc: 0x1bcd54d8, sha: "bf2a409a2bb4"},
 }
