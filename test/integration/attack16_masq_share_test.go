@@ -1,0 +1,391 @@
+// Attack (round 13 hostile review, attack16) on "the share of a pod's ports
+// towards one destination is released only when a FIN went each way; a
+// pod's own RST no longer releases it" (docs/masquerade.md, "No pod starves
+// the others"; ipMasqPodPortLimit).
+
+package integration
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// a16Server runs, in the outside netns on outsideIP:port (TCP), a server
+// that answers each line with "<peer> <line>"; on "bye" it closes first
+// (FIN), on "rst" it resets (SO_LINGER 0). The connections it holds are
+// counted in live.
+func a16Server(t *testing.T, out ns.NetNS, ip net.IP, port int) *sync.Map {
+	t.Helper()
+	live := &sync.Map{}
+	must(t, out.Do(func(ns.NetNS) error {
+		ln, err := net.Listen("tcp", hp(ip, port))
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { ln.Close() })
+		acceptEach(ln, func(c net.Conn) {
+			live.Store(c.RemoteAddr().String(), true)
+			defer live.Delete(c.RemoteAddr().String())
+			c.SetDeadline(time.Now().Add(50 * time.Second))
+			r := bufio.NewReader(c)
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				switch strings.TrimSpace(line) {
+				case "bye":
+					return
+				case "rst":
+					c.(*net.TCPConn).SetLinger(0)
+					return
+				}
+				fmt.Fprintf(c, "%s %s", c.RemoteAddr(), line)
+			}
+		})
+		return nil
+	}))
+	return live
+}
+
+// a16Share is the share column of dump nat for the pod on host interface
+// ifindex towards dest (protocol proto), and the counters.
+func a16Share(t *testing.T, e *testenv.Env, ifindex int, proto, dest string) (int, map[string]uint64) {
+	t.Helper()
+	js, err := e.MasqAgent("dump", "nat", "-o", "json")
+	if err != nil {
+		t.Errorf("dump nat: %v", err)
+		return -1, nil
+	}
+	var d inspect.NATDump
+	if err := json.Unmarshal(js, &d); err != nil {
+		t.Errorf("dump nat: %v", err)
+		return -1, nil
+	}
+	n := 0
+	for _, s := range d.Shares {
+		if s.Ifindex == ifindex && s.Protocol == proto && s.Destination == dest {
+			n += s.Ports
+		}
+	}
+	return n, d.Counters
+}
+
+// a16Open dials n connections from pod (local ports base on) and asks once
+// on each; it returns the flows (nil where the dial failed) and logs dials
+// that took more than 900 ms (a SYN lost and retransmitted).
+func a16Open(t *testing.T, pod ns.NetNS, srv string, ports []int) []*a14Flow {
+	t.Helper()
+	var flows []*a14Flow
+	for _, p := range ports {
+		t0 := time.Now()
+		f, err := a14Dial(pod, "tcp", p, srv)
+		if err != nil {
+			t.Logf("dial from port %d: %v", p, err)
+			flows = append(flows, nil)
+			continue
+		}
+		if d := time.Since(t0); d > 900*time.Millisecond {
+			t.Logf("dial from port %d took %v (a SYN lost)", p, d)
+		}
+		t.Cleanup(func() { f.c.Close() })
+		flows = append(flows, f)
+	}
+	return flows
+}
+
+// a16Alive asks on every flow (at once) and returns the node ports (as the
+// server saw them) that answered.
+func a16Alive(flows []*a14Flow, tag string) map[string]bool {
+	alive := map[string]bool{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for j, f := range flows {
+		if f == nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			msg := fmt.Sprint(tag, j)
+			if p, e, err := f.ask(msg); err == nil && e == msg {
+				mu.Lock()
+				alive[p] = true
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return alive
+}
+
+func a16Ports(base, n int) []int {
+	var ps []int
+	for j := 0; j < n; j++ {
+		ps = append(ps, base+j)
+	}
+	return ps
+}
+
+// a16Close ends each flow: "bye" (the server's FIN first, the pod's after
+// it: a FIN each way) or "rst" (the server resets).
+func a16Close(t *testing.T, flows []*a14Flow, how string) {
+	t.Helper()
+	for _, f := range flows {
+		if f == nil {
+			continue
+		}
+		f.c.SetDeadline(time.Now().Add(3 * time.Second))
+		f.c.Write([]byte(how + "\n"))
+		io.Copy(io.Discard, f.r)
+		f.c.Close()
+	}
+}
+
+// TestAttack16MasqShareReopenAfterFIN: ipMasqPodPortLimit 8 on a 32-port
+// range. Pod x opens 8 TCP connections to one server, the server closes
+// each first and x closes after it (a FIN each way: their share released,
+// as documented). x then opens its 8 tuples again (a SYN reopening a tuple
+// closed by FIN: "counts it again") and 8 connections from new ports. A
+// pod must never hold more than 8 live ports towards one server; dump nat's
+// share must say what is open.
+func TestAttack16MasqShareReopenAfterFIN(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	lab.a.Extra["ipMasqPortRange"] = "62400-62431"
+	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	a16Server(t, lab.out, outsideIP, 7481)
+	srv := hp(outsideIP, 7481)
+	x, _ := lab.a.RunPod("a16fx")
+	ifx := lab.a.HostIfindex(state.HostIfName("a16fx", "eth0"))
+	first := a16Open(t, x, srv, a16Ports(41000, 8))
+	if n := len(a16Alive(first, "a")); n != 8 {
+		t.Fatalf("control: %d of 8 first connections answered", n)
+	}
+	if s, _ := a16Share(t, lab.a, ifx, "tcp", srv); s != 8 {
+		t.Errorf("8 connections open: dump nat's share is %d, want 8", s)
+	}
+	a16Close(t, first, "bye")
+	time.Sleep(700 * time.Millisecond)
+	if s, _ := a16Share(t, lab.a, ifx, "tcp", srv); s != 0 {
+		t.Errorf("8 connections closed by a FIN each way: share %d, want 0", s)
+	}
+	again := a16Open(t, x, srv, a16Ports(41000, 8))
+	more := a16Open(t, x, srv, a16Ports(41100, 8))
+	alive := a16Alive(append(again, more...), "b")
+	s, c := a16Share(t, lab.a, ifx, "tcp", srv)
+	t.Logf("after reopening 8 tuples closed by FIN and opening 8 more: %d live on distinct node ports, share %d, recycled %d, drop_pod_limit %d", len(alive), s, c["recycled"], c["drop_pod_limit"])
+	if len(alive) > 8 {
+		t.Errorf("pod x holds %d live masqueraded connections to one server, over its share of 8: the tuples reopened after a FIN each way were not counted again", len(alive))
+	}
+	if s != len(alive) {
+		t.Errorf("dump nat's share %d, but %d connections are open", s, len(alive))
+	}
+}
+
+// TestAttack16MasqShareRSTReopen: limit 8. Pod x opens 8 connections, resets
+// 4 of them itself (SO_LINGER 0: a genuine RST, the server drops them too)
+// and at once reopens the same 4 tuples. The share counts an RST-closed
+// flow "until its entry goes", and a SYN reopening a tuple "counts it
+// again": counted twice, the pod would be at 12 with 8 open, and its next
+// flows refused or recycled off its live ones. All 8 must answer, the
+// share must say 8; a 9th takes back one of its own (documented) and the
+// share still says what is open.
+func TestAttack16MasqShareRSTReopen(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	lab.a.Extra["ipMasqPortRange"] = "62500-62531"
+	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	a16Server(t, lab.out, outsideIP, 7482)
+	srv := hp(outsideIP, 7482)
+	x, _ := lab.a.RunPod("a16rx")
+	ifx := lab.a.HostIfindex(state.HostIfName("a16rx", "eth0"))
+	flows := a16Open(t, x, srv, a16Ports(42000, 8))
+	if n := len(a16Alive(flows, "a")); n != 8 {
+		t.Fatalf("control: %d of 8 connections answered", n)
+	}
+	for _, f := range flows[:4] {
+		f.c.(*net.TCPConn).SetLinger(0)
+		f.c.Close()
+	}
+	time.Sleep(100 * time.Millisecond)
+	copy(flows, a16Open(t, x, srv, a16Ports(42000, 4)))
+	alive := a16Alive(flows, "b")
+	s, c := a16Share(t, lab.a, ifx, "tcp", srv)
+	t.Logf("4 reset by the pod and reopened: %d of 8 answer, share %d, counters recycled %d drop_pod_limit %d", len(alive), s, c["recycled"], c["drop_pod_limit"])
+	if len(alive) != 8 {
+		t.Errorf("%d of 8 connections answer after 4 were reset and reopened on their tuples, want 8", len(alive))
+	}
+	if s != 8 {
+		t.Errorf("dump nat's share %d with 8 connections open (4 reopened after the pod's RST), want 8", s)
+	}
+	// At the limit a 9th flow takes back the quietest of x's own ports
+	// (documented): one of the 8 may go, but never more than 8 live, and
+	// the share says what is open.
+	all := append(flows, a16Open(t, x, srv, []int{42100})...)
+	after := a16Alive(all, "c")
+	s, c = a16Share(t, lab.a, ifx, "tcp", srv)
+	t.Logf("after a 9th connection: %d of 9 answer, share %d, recycled %d, drop_pod_limit %d", len(after), s, c["recycled"], c["drop_pod_limit"])
+	if len(after) > 8 || len(after) < 7 {
+		t.Errorf("a 9th connection at the share limit: %d of 9 answer, want 8 (one of its own taken back) or 7", len(after))
+	}
+	if s != len(after) {
+		t.Errorf("dump nat's share %d, but %d connections answer", s, len(after))
+	}
+}
+
+// TestAttack16MasqShareServerRSTChurn: limit 8. Pod x, 5 rounds: opens 8
+// connections to one server, the server resets each (a genuine RST from
+// outside), and x at once opens the next 8 from new ports. Its flows closed
+// by the server's RST count until their entries go, so each round x is at
+// its limit and must take back its own ports: every dial must connect
+// without a lost SYN. Pod y holds 8 connections to the same server
+// throughout: none may be taken, and y's share must stay 8.
+func TestAttack16MasqShareServerRSTChurn(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	lab.a.Extra["ipMasqPortRange"] = "62600-62631"
+	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	a16Server(t, lab.out, outsideIP, 7483)
+	srv := hp(outsideIP, 7483)
+	y, _ := lab.a.RunPod("a16cy")
+	ify := lab.a.HostIfindex(state.HostIfName("a16cy", "eth0"))
+	yflows := a16Open(t, y, srv, a16Ports(43500, 8))
+	yports := a16Alive(yflows, "y")
+	if len(yports) != 8 {
+		t.Fatalf("control: %d of y's 8 connections answered", len(yports))
+	}
+	x, _ := lab.a.RunPod("a16cx")
+	ifx := lab.a.HostIfindex(state.HostIfName("a16cx", "eth0"))
+	failed, slow := 0, 0
+	for round := 0; round < 5; round++ {
+		ports := a16Ports(43000+round*10, 8)
+		t0 := time.Now()
+		flows := a16Open(t, x, srv, ports)
+		for _, f := range flows {
+			if f == nil {
+				failed++
+			}
+		}
+		if time.Since(t0) > 8*900*time.Millisecond {
+			slow++
+		}
+		got := a16Alive(flows, fmt.Sprint("r", round, "-"))
+		for p := range got {
+			if yports[p] {
+				t.Errorf("round %d: x's flow answered on node port %s, y's", round, p)
+			}
+		}
+		if len(got) != 8 {
+			failed += 8 - len(got)
+		}
+		a16Close(t, flows, "rst")
+	}
+	s, c := a16Share(t, lab.a, ifx, "tcp", srv)
+	sy, _ := a16Share(t, lab.a, ify, "tcp", srv)
+	yafter := a16Alive(yflows, "y2")
+	t.Logf("5 rounds of 8 reset by the server: %d failed, share x %d, y %d, y answers %d of 8, recycled %d, drop_pod_limit %d", failed, s, sy, len(yafter), c["recycled"], c["drop_pod_limit"])
+	if failed > 0 {
+		t.Errorf("pod x at its limit, its flows reset by the server: %d of 40 connections failed (locked up instead of taking back its own ports)", failed)
+	}
+	if s > 8 {
+		t.Errorf("x's share %d, over its limit 8", s)
+	}
+	if len(yafter) != 8 || sy != 8 {
+		t.Errorf("pod y: %d of its 8 connections answer, share %d: x's churn took y's", len(yafter), sy)
+	}
+}
+
+// TestAttack16MasqHalfClosedKept: a TCP flow closed one way only keeps its
+// translation ("half-closed ones keep theirs") past the 10 s a closed flow
+// lives. Pod x half-closes (its FIN) one connection, the server half-closes
+// another (its FIN); both stay quiet 12 s, then the open direction carries
+// data: the server's to x, x's to the server. Both must arrive, and x's
+// share must count both all along.
+func TestAttack16MasqHalfClosedKept(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	lab.a.Extra["ipMasqPortRange"] = "62700-62731"
+	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	got := make(chan string, 4)
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) })
+	var srvConns sync.Map
+	must(t, lab.out.Do(func(ns.NetNS) error {
+		ln, err := net.Listen("tcp", hp(outsideIP, 7484))
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { ln.Close() })
+		acceptEach(ln, func(c net.Conn) {
+			c.SetDeadline(time.Now().Add(40 * time.Second))
+			r := bufio.NewReader(c)
+			hello, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			srvConns.Store(strings.TrimSpace(hello), c)
+			if strings.TrimSpace(hello) == "serverfin" {
+				c.(*net.TCPConn).CloseWrite()
+			}
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					<-done // the pod's FIN: keep our half open
+					return
+				}
+				got <- strings.TrimSpace(line)
+			}
+		})
+		return nil
+	}))
+	srv := hp(outsideIP, 7484)
+	x, _ := lab.a.RunPod("a16hx")
+	ifx := lab.a.HostIfindex(state.HostIfName("a16hx", "eth0"))
+	fs := a16Open(t, x, srv, []int{44000, 44001})
+	if fs[0] == nil || fs[1] == nil {
+		t.Fatal("control: dial failed")
+	}
+	fs[0].c.Write([]byte("podfin\n"))
+	fs[1].c.Write([]byte("serverfin\n"))
+	time.Sleep(300 * time.Millisecond)
+	fs[0].c.(*net.TCPConn).CloseWrite()
+	time.Sleep(300 * time.Millisecond)
+	if s, _ := a16Share(t, lab.a, ifx, "tcp", srv); s != 2 {
+		t.Errorf("two half-closed connections: share %d, want 2", s)
+	}
+	time.Sleep(12 * time.Second)
+	if s, _ := a16Share(t, lab.a, ifx, "tcp", srv); s != 2 {
+		t.Errorf("two half-closed connections 12 s quiet: share %d, want 2", s)
+	}
+	if c, ok := srvConns.Load("podfin"); ok {
+		c.(net.Conn).Write([]byte("to the pod\n"))
+	}
+	fs[0].c.SetDeadline(time.Now().Add(4 * time.Second))
+	if line, err := fs[0].r.ReadString('\n'); err != nil || line != "to the pod\n" {
+		t.Errorf("the pod half-closed, 12 s quiet: the server's data did not reach it: %q, %v", line, err)
+	}
+	fs[1].c.SetDeadline(time.Now().Add(4 * time.Second))
+	fs[1].c.Write([]byte("to the server\n"))
+	select {
+	case line := <-got:
+		if line != "to the server" {
+			t.Errorf("server got %q", line)
+		}
+	case <-time.After(4 * time.Second):
+		t.Errorf("the server half-closed, 12 s quiet: the pod's data did not reach it")
+	}
+}
