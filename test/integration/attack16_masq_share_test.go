@@ -25,7 +25,8 @@ import (
 
 // a16Server runs, in the outside netns on outsideIP:port (TCP), a server
 // that answers each line with "<peer> <line>"; on "bye" it closes first
-// (FIN), on "rst" it resets (SO_LINGER 0). The connections it holds are
+// (FIN), on "rst" it resets (SO_LINGER 0), after "rsteof" it resets when
+// the client's FIN comes. The connections it holds are
 // counted in live.
 func a16Server(t *testing.T, out ns.NetNS, ip net.IP, port int) *sync.Map {
 	t.Helper()
@@ -41,12 +42,19 @@ func a16Server(t *testing.T, out ns.NetNS, ip net.IP, port int) *sync.Map {
 			defer live.Delete(c.RemoteAddr().String())
 			c.SetDeadline(time.Now().Add(50 * time.Second))
 			r := bufio.NewReader(c)
+			rstEOF := false
 			for {
 				line, err := r.ReadString('\n')
 				if err != nil {
+					if rstEOF {
+						c.(*net.TCPConn).SetLinger(0)
+					}
 					return
 				}
 				switch strings.TrimSpace(line) {
+				case "rsteof":
+					rstEOF = true
+					continue
 				case "bye":
 					return
 				case "rst":
@@ -387,5 +395,211 @@ func TestAttack16MasqHalfClosedKept(t *testing.T) {
 		}
 	case <-time.After(4 * time.Second):
 		t.Errorf("the server half-closed, 12 s quiet: the pod's data did not reach it")
+	}
+}
+
+// TestAttack16MasqShareMixedCloses: limit 8. Pod x closes 8 connections to
+// one server in four ways, two each: its own RST; the server's RST; its FIN
+// then the server's RST; the server's FIN then its RST. Every one saw an
+// RST, so each counts until its entry goes (10 s): 12 s later the share
+// must be 0 (nothing held forever), and 8 new connections must then all
+// connect without a lost SYN, while pod y's UDP flow to the same server
+// address and port (another protocol, its own share) answers throughout.
+func TestAttack16MasqShareMixedCloses(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	lab.a.Extra["ipMasqPortRange"] = "62300-62331"
+	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	a16Server(t, lab.out, outsideIP, 7485)
+	a16UDPEcho(t, lab.out, outsideIP, 7485)
+	srv := hp(outsideIP, 7485)
+	x, _ := lab.a.RunPod("a16mx")
+	ifx := lab.a.HostIfindex(state.HostIfName("a16mx", "eth0"))
+	y, _ := lab.a.RunPod("a16my")
+	u, err := a14Dial(y, "udp", 46000, srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { u.c.Close() })
+	udpOK := func(tag string) {
+		if _, e, err := u.ask(tag); err != nil || e != tag {
+			t.Errorf("pod y's UDP flow to %s (%s): %q %v", srv, tag, e, err)
+		}
+	}
+	udpOK("u0")
+	fs := a16Open(t, x, srv, a16Ports(47000, 8))
+	if n := len(a16Alive(fs, "a")); n != 8 {
+		t.Fatalf("control: %d of 8 answered", n)
+	}
+	rst := func(f *a14Flow) { f.c.(*net.TCPConn).SetLinger(0); f.c.Close() }
+	rst(fs[0])
+	rst(fs[1])
+	a16Close(t, fs[2:4], "rst")
+	for _, f := range fs[4:6] { // x's FIN, the server's RST
+		f.c.Write([]byte("rsteof\n"))
+		f.c.(*net.TCPConn).CloseWrite()
+		f.c.SetDeadline(time.Now().Add(3 * time.Second))
+		io.Copy(io.Discard, f.r)
+		f.c.Close()
+	}
+	for _, f := range fs[6:8] { // the server's FIN, x's RST
+		f.c.Write([]byte("bye\n"))
+		f.c.SetDeadline(time.Now().Add(3 * time.Second))
+		io.Copy(io.Discard, f.r)
+		rst(f)
+	}
+	time.Sleep(300 * time.Millisecond)
+	s0, _ := a16Share(t, lab.a, ifx, "tcp", srv)
+	su, _ := a16Share(t, lab.a, lab.a.HostIfindex(state.HostIfName("a16my", "eth0")), "udp", srv)
+	t.Logf("right after the closes: x's tcp share %d, y's udp share %d", s0, su)
+	for i := 0; i < 6; i++ {
+		time.Sleep(2 * time.Second)
+		udpOK(fmt.Sprint("u", i+1))
+	}
+	s, c := a16Share(t, lab.a, ifx, "tcp", srv)
+	t.Logf("12 s after: x's tcp share %d (recycled %d, drop_pod_limit %d)", s, c["recycled"], c["drop_pod_limit"])
+	if s != 0 {
+		t.Errorf("12 s after 8 connections each closed with an RST, x's share towards %s is still %d, want 0", srv, s)
+	}
+	t0 := time.Now()
+	nf := a16Open(t, x, srv, a16Ports(47100, 8))
+	if n := len(a16Alive(nf, "n")); n != 8 || time.Since(t0) > 8*time.Second {
+		t.Errorf("8 new connections after: %d answer, %v", n, time.Since(t0))
+	}
+	udpOK("u9")
+}
+
+// a16UDPEcho answers each datagram to ip:port in netns with "<peer> <payload>".
+func a16UDPEcho(t *testing.T, netns ns.NetNS, ip net.IP, port int) {
+	t.Helper()
+	var pc net.PacketConn
+	must(t, netns.Do(func(ns.NetNS) error {
+		var err error
+		pc, err = net.ListenPacket("udp", hp(ip, port))
+		return err
+	}))
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo([]byte(fmt.Sprintf("%s %s", from, buf[:n])), from)
+		}
+	}()
+}
+
+// a16TCP4 is an IPv4 TCP segment src:sport -> dst:dport with sequence seq
+// and flags (no payload, no ack number).
+func a16TCP4(src net.IP, sport int, dst net.IP, dport int, seq uint32, flags byte) []byte {
+	p := a15RST4(src, sport, dst, dport, seq)
+	tcp := p[20:]
+	tcp[13] = flags
+	tcp[16], tcp[17] = 0, 0
+	ph := make([]byte, 12)
+	copy(ph[0:], src.To4())
+	copy(ph[4:], dst.To4())
+	ph[9] = 6
+	ph[11] = 20
+	sum := csum16(append(ph, tcp...))
+	tcp[16], tcp[17] = byte(sum>>8), byte(sum)
+	return p
+}
+
+// TestAttack16MasqShareBogusFIN: limit 8 on a 32-port range. The server
+// answers a client's first line and then half-closes (its FIN), reading on
+// (a server that sends its answer and shuts down writing, as HTTP/1.0 or a
+// streaming sink does). Pod x opens 8 connections, reads each answer and
+// the server's FIN, then sends on each, from a raw socket, a FIN whose
+// sequence number is far outside the server's window: the server ignores
+// it, the connections stay open x -> server. A FIN went each way as the
+// datapath may count them, so the share may be released. A second later x
+// opens 8 more the same way, then sends a line on all 16: more than 8
+// node ports delivering it means x holds more live flows towards one
+// destination than its share, by a FIN the server never took.
+func TestAttack16MasqShareBogusFIN(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	lab.a.Extra["ipMasqPortRange"] = "62200-62231"
+	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	var mu sync.Mutex
+	got := map[string]bool{}
+	must(t, lab.out.Do(func(ns.NetNS) error {
+		ln, err := net.Listen("tcp", hp(outsideIP, 7486))
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { ln.Close() })
+		acceptEach(ln, func(c net.Conn) {
+			c.SetDeadline(time.Now().Add(40 * time.Second))
+			r := bufio.NewReader(c)
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "%s %s", c.RemoteAddr(), line)
+			c.(*net.TCPConn).CloseWrite()
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				if strings.HasPrefix(line, "again") {
+					mu.Lock()
+					got[c.RemoteAddr().String()] = true
+					mu.Unlock()
+				}
+			}
+		})
+		return nil
+	}))
+	srv := hp(outsideIP, 7486)
+	run := func(id string, base int, fin bool) int {
+		x, r := lab.a.RunPod(id)
+		x4, _ := testenv.PodIPs(t, r)
+		var conns []net.Conn
+		open := func(from int) {
+			for j := from; j < from+8; j++ {
+				f, err := a14Dial(x, "tcp", base+j, srv)
+				if err != nil {
+					t.Logf("%s: dial %d: %v", id, j, err)
+					continue
+				}
+				t.Cleanup(func() { f.c.Close() })
+				f.c.SetDeadline(time.Now().Add(4 * time.Second))
+				f.c.Write([]byte("hello\n"))
+				f.r.ReadString('\n')
+				io.Copy(io.Discard, f.r) // the server's FIN
+				conns = append(conns, f.c)
+				if fin {
+					must(t, a15SendRaw4(x, outsideIP, a16TCP4(x4, base+j, outsideIP, 7486, 0x5a5a5a5a+uint32(j)<<20, 0x01)))
+				}
+			}
+		}
+		open(0)
+		time.Sleep(1200 * time.Millisecond)
+		open(8)
+		mu.Lock()
+		clear(got)
+		mu.Unlock()
+		for _, c := range conns {
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			c.Write([]byte("again\n"))
+		}
+		time.Sleep(1500 * time.Millisecond)
+		mu.Lock()
+		defer mu.Unlock()
+		ifx := lab.a.HostIfindex(state.HostIfName(id, "eth0"))
+		s, c := a16Share(t, lab.a, ifx, "tcp", srv)
+		t.Logf("%s (bogus FINs %v): %d of %d connections delivered at the end, share %d, recycled %d", id, fin, len(got), len(conns), s, c["recycled"])
+		return len(got)
+	}
+	if n := run("a16ny", 48000, false); n > 8 {
+		t.Errorf("control: pod y, no bogus FIN, has %d live flows to one server, over its share of 8", n)
+	}
+	if n := run("a16nx", 49000, true); n > 8 {
+		t.Errorf("pod x holds %d live masqueraded connections to one server, over its share of 8: its FINs out of the server's window (ignored by the server) counted as its close, releasing the share of flows it still uses", n)
 	}
 }
