@@ -603,3 +603,40 @@ func TestAttack16MasqShareBogusFIN(t *testing.T) {
 		t.Errorf("pod x holds %d live masqueraded connections to one server, over its share of 8: its FINs out of the server's window (ignored by the server) counted as its close, releasing the share of flows it still uses", n)
 	}
 }
+
+// TestAttack16MasqShareServerRSTReopen: limit 8. Pod x opens 8 connections;
+// the server resets 4 (a genuine RST from outside: the flow counts until
+// its entry goes) and x at once reopens those 4 tuples (a SYN reopening a
+// tuple closed by RST counts it again). Counted twice, x would stand at 12
+// with 8 open. The share must say 8 and all 8 answer; a 9th takes back one
+// of x's own and the share still says what is open.
+func TestAttack16MasqShareServerRSTReopen(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	lab.a.Extra["ipMasqPortRange"] = "62100-62131"
+	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	a16Server(t, lab.out, outsideIP, 7487)
+	srv := hp(outsideIP, 7487)
+	x, _ := lab.a.RunPod("a16sx")
+	ifx := lab.a.HostIfindex(state.HostIfName("a16sx", "eth0"))
+	flows := a16Open(t, x, srv, a16Ports(50000, 8))
+	if n := len(a16Alive(flows, "a")); n != 8 {
+		t.Fatalf("control: %d of 8 connections answered", n)
+	}
+	a16Close(t, flows[:4], "rst")
+	time.Sleep(100 * time.Millisecond)
+	copy(flows, a16Open(t, x, srv, a16Ports(50000, 4)))
+	alive := a16Alive(flows, "b")
+	s, c := a16Share(t, lab.a, ifx, "tcp", srv)
+	t.Logf("4 reset by the server and reopened: %d of 8 answer, share %d, recycled %d, drop_pod_limit %d", len(alive), s, c["recycled"], c["drop_pod_limit"])
+	if len(alive) != 8 || s != 8 {
+		t.Errorf("4 connections reset by the server and reopened on their tuples: %d of 8 answer, share %d; want 8 and 8", len(alive), s)
+	}
+	all := append(flows, a16Open(t, x, srv, []int{50100})...)
+	after := a16Alive(all, "c")
+	s, _ = a16Share(t, lab.a, ifx, "tcp", srv)
+	t.Logf("after a 9th: %d of 9 answer, share %d", len(after), s)
+	if len(after) > 8 || len(after) < 7 || s != len(after) {
+		t.Errorf("a 9th connection at the limit: %d of 9 answer, share %d; want 8 (or 7) and the share equal", len(after), s)
+	}
+}
