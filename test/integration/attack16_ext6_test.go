@@ -314,3 +314,57 @@ func TestAttack16HostPortNodeSocketExt6(t *testing.T) {
 		}
 	}
 }
+
+// TestAttack16MasqReplyRoutingSegmentsLeft: pod x's UDP flow to the outside
+// (IPv6) on node port P. The outside sends to node:P, from the server's
+// address and port, a datagram behind a type 0 routing header with
+// segments left 1: the node is a waypoint, not the destination (RFC 8200
+// 4.4; Linux answers a parameter problem), so it is no reply of x's flow.
+// As for a hostPort (TestHostPortUDP6RoutingHeaderSegmentsLeft), x must not
+// get it and the outside's parameter problem must come from the node, not
+// from x's address.
+func TestAttack16MasqReplyRoutingSegmentsLeft(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	rec := a15Record(t, lab.out, 7497)
+	x, _ := lab.a.RunPod("a16rhx")
+	var c *net.UDPConn
+	must(t, x.Do(func(ns.NetNS) error {
+		cc, err := net.DialUDP("udp6", nil, &net.UDPAddr{IP: outsideIP6, Port: 7497})
+		c = cc
+		return err
+	}))
+	t.Cleanup(func() { c.Close() })
+	c.Write([]byte("open"))
+	ua, err := net.ResolveUDPAddr("udp6", rec.from("open", 2*time.Second))
+	if err != nil || !ua.IP.Equal(labNodeA6) {
+		t.Fatalf("the outside saw x's flow from %v, want the node", ua)
+	}
+	pp := paramProblems(t, lab.out)
+	via := net.ParseIP("fd00:99::9")
+	rh := make([]byte, 24)
+	rh[0], rh[1], rh[2], rh[3] = 17, 2, 0, 1
+	copy(rh[8:], via.To16())
+	d := udpDatagram(outsideIP6, 7497, via, ua.Port, []byte("waypoint"))
+	h := make([]byte, 40)
+	h[0] = 0x60
+	h[4], h[5] = byte((len(rh)+len(d))>>8), byte(len(rh)+len(d))
+	h[6], h[7] = 43, 64
+	copy(h[8:], outsideIP6.To16())
+	copy(h[24:], labNodeA6.To16())
+	must(t, a15SendRaw6(lab.out, labNodeA6, append(append(h, rh...), d...), 1))
+	gotX := a16Read(c, "waypoint", time.Second)
+	from := pp(time.Second)
+	t.Logf("a datagram to node:%d behind a routing header with segments left 1: x got it %v; parameter problems from %v", ua.Port, gotX, from)
+	if gotX {
+		t.Errorf("x's socket got a datagram for which the node was only a waypoint")
+	}
+	for _, f := range from {
+		if f != labNodeA6.String() {
+			t.Errorf("a parameter problem about it came from %s, not the node %s", f, labNodeA6)
+		}
+	}
+	if len(from) == 0 {
+		t.Logf("no parameter problem came back (the node's answer, if any, lost)")
+	}
+}
