@@ -647,3 +647,55 @@ func TestAttack16MasqShareServerRSTReopen(t *testing.T) {
 		t.Errorf("a 9th connection at the limit: %d of 9 answer, share %d; want 8 (or 7) and the share equal", len(after), s)
 	}
 }
+
+// TestAttack16MasqShareUDPBesideTCP: limit 8. Pod x holds 8 TCP connections
+// to the server's address and port, then opens 8 UDP flows to the same
+// address and port (the share is per protocol): all 16 must answer, on
+// distinct node ports, the shares 8 and 8; then 8 more UDP flows take back
+// x's own UDP ports, never its TCP ones: the 8 TCP connections still answer.
+func TestAttack16MasqShareUDPBesideTCP(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	lab.a.Extra["ipMasqPortRange"] = "61900-61931"
+	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	a16Server(t, lab.out, outsideIP, 7489)
+	a16UDPEcho(t, lab.out, outsideIP, 7489)
+	srv := hp(outsideIP, 7489)
+	x, _ := lab.a.RunPod("a16ux")
+	ifx := lab.a.HostIfindex(state.HostIfName("a16ux", "eth0"))
+	tcp := a16Open(t, x, srv, a16Ports(52000, 8))
+	var udp []*a14Flow
+	for _, p := range a16Ports(52000, 8) {
+		f, err := a14Dial(x, "udp", p, srv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.c.Close() })
+		udp = append(udp, f)
+	}
+	at, au := a16Alive(tcp, "t"), a16Alive(udp, "u")
+	st, _ := a16Share(t, lab.a, ifx, "tcp", srv)
+	su, _ := a16Share(t, lab.a, ifx, "udp", srv)
+	t.Logf("8 TCP and 8 UDP: %d and %d answer, shares %d and %d", len(at), len(au), st, su)
+	if len(at) != 8 || len(au) != 8 || st != 8 || su != 8 {
+		t.Errorf("8 TCP and 8 UDP flows to one address and port: %d and %d answer, shares %d and %d; want 8 each", len(at), len(au), st, su)
+	}
+	var more []*a14Flow
+	for _, p := range a16Ports(52100, 8) {
+		f, err := a14Dial(x, "udp", p, srv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.c.Close() })
+		more = append(more, f)
+	}
+	am := a16Alive(more, "m")
+	at2 := a16Alive(tcp, "t2")
+	t.Logf("8 more UDP: %d answer; TCP still %d", len(am), len(at2))
+	if len(at2) != 8 {
+		t.Errorf("8 more UDP flows at the UDP limit broke %d of x's TCP connections", 8-len(at2))
+	}
+	if len(am) != 8 {
+		t.Errorf("8 more UDP flows at the limit: %d answer, want 8 (taking back x's own UDP ports)", len(am))
+	}
+}
