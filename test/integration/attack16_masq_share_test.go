@@ -699,3 +699,87 @@ func TestAttack16MasqShareUDPBesideTCP(t *testing.T) {
 		t.Errorf("8 more UDP flows at the limit: %d answer, want 8 (taking back x's own UDP ports)", len(am))
 	}
 }
+
+// a16Flow is dump nat's row of the pod's flow from podAddr.
+func a16Flow(t *testing.T, e *testenv.Env, podAddr string) (inspect.NATRow, bool) {
+	t.Helper()
+	js, err := e.MasqAgent("dump", "nat", "-o", "json")
+	if err != nil {
+		t.Errorf("dump nat: %v", err)
+		return inspect.NATRow{}, false
+	}
+	var d inspect.NATDump
+	if err := json.Unmarshal(js, &d); err != nil {
+		t.Errorf("dump nat: %v", err)
+		return inspect.NATRow{}, false
+	}
+	for _, f := range d.Flows {
+		if f.Pod == podAddr && !f.ReverseOnly {
+			return f, true
+		}
+	}
+	return inspect.NATRow{}, false
+}
+
+// TestAttack16MasqServerHalfClosedKept: the server half-closes a connection
+// first (its FIN) and reads on; the pod keeps sending. The flow is not
+// closed (a FIN one way): it must live as an established one (1 h idle),
+// not the 60 s of a flow the server closed first. dump nat's expiry is
+// read; if it says a minute or less, the test waits it out and the pod's
+// next line must still reach the server.
+func TestAttack16MasqServerHalfClosedKept(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	got := make(chan string, 4)
+	must(t, lab.out.Do(func(ns.NetNS) error {
+		ln, err := net.Listen("tcp", hp(outsideIP, 7479))
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { ln.Close() })
+		acceptEach(ln, func(c net.Conn) {
+			c.SetDeadline(time.Now().Add(90 * time.Second))
+			c.(*net.TCPConn).CloseWrite()
+			r := bufio.NewReader(c)
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				got <- strings.TrimSpace(line)
+			}
+		})
+		return nil
+	}))
+	x, r := lab.a.RunPod("a16hsx")
+	x4, _ := testenv.PodIPs(t, r)
+	f, err := a14Dial(x, "tcp", 44100, hp(outsideIP, 7479))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.c.Close() })
+	f.c.SetDeadline(time.Now().Add(90 * time.Second))
+	io.Copy(io.Discard, f.r) // the server's FIN
+	f.c.Write([]byte("first\n"))
+	if l := <-got; l != "first" {
+		t.Fatalf("server got %q", l)
+	}
+	time.Sleep(700 * time.Millisecond)
+	row, ok := a16Flow(t, lab.a, hp(x4, 44100))
+	t.Logf("the server half-closed: flow %+v", row)
+	if !ok {
+		t.Fatalf("no flow of %s in dump nat", hp(x4, 44100))
+	}
+	if row.ExpiresSecs > 120 {
+		return
+	}
+	t.Errorf("a connection the server half-closed (the pod still sending) expires in %.0f s, as a closed one", row.ExpiresSecs)
+	time.Sleep(time.Duration(row.ExpiresSecs+2) * time.Second)
+	f.c.Write([]byte("later\n"))
+	select {
+	case l := <-got:
+		t.Logf("after %.0f s idle the server got %q", row.ExpiresSecs+2, l)
+	case <-time.After(4 * time.Second):
+		t.Errorf("after %.0f s idle the pod's line did not reach the server (the flow's translation gone)", row.ExpiresSecs+2)
+	}
+}
