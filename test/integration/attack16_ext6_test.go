@@ -368,3 +368,94 @@ func TestAttack16MasqReplyRoutingSegmentsLeft(t *testing.T) {
 		t.Logf("no parameter problem came back (the node's answer, if any, lost)")
 	}
 }
+
+// a16Frag6 is a UDP datagram src:sport -> dst:dport in two fragments, the
+// headers pre (hbh, dst, rt) before each fragment header and, if post, a
+// destination options header after it in the first fragment (Linux's
+// layout for IPV6_DSTOPTS).
+func a16Frag6(src net.IP, sport int, dst net.IP, dport int, pre []string, post bool, id uint32, payload []byte) [][]byte {
+	code := map[string]byte{"hbh": 0, "dst": 60, "rt": 43}
+	udp := a15UDP6(src, sport, dst, dport, nil, payload)[40:]
+	fnext, part := byte(17), append([]byte{}, udp[:8]...)
+	if post {
+		fnext, part = 60, append(padOpts(17), udp[:8]...)
+	}
+	chain := func(f []byte) (byte, []byte) {
+		var c []byte
+		for i, k := range pre {
+			next := byte(44)
+			if i+1 < len(pre) {
+				next = code[pre[i+1]]
+			}
+			if k == "rt" {
+				c = append(c, next, 0, 0, 0, 0, 0, 0, 0)
+			} else {
+				c = append(c, padOpts(next)...)
+			}
+		}
+		first := byte(44)
+		if len(pre) > 0 {
+			first = code[pre[0]]
+		}
+		return first, append(c, f...)
+	}
+	pkt := func(f, data []byte) []byte {
+		first, c := chain(f)
+		h := make([]byte, 40)
+		h[0], h[6], h[7] = 0x60, first, 64
+		h[4], h[5] = byte((len(c)+len(data))>>8), byte(len(c)+len(data))
+		copy(h[8:], src.To16())
+		copy(h[24:], dst.To16())
+		return append(append(h, c...), data...)
+	}
+	return [][]byte{
+		pkt(fragHdr(fnext, 0, true, id), part),
+		pkt(fragHdr(fnext, len(part)/8, false, id), udp[8:]),
+	}
+}
+
+// TestAttack16HostPortUDP6FourHeaders: the walk's bound is 4 extension
+// headers (docs/hostport.md). A datagram to a UDP hostPort over IPv6 in two
+// fragments behind exactly four (hop-by-hop, destination options, routing,
+// fragment; hop-by-hop, destination options, fragment, destination options)
+// and whole behind four (hop-by-hop, destination options, routing,
+// destination options) must reach the pod, intact; behind five (one more
+// before the fragment header) it may not be translated, but nothing may
+// reach the pod other than the datagram as sent.
+func TestAttack16HostPortUDP6FourHeaders(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	w := lab.a.NewPod()
+	lab.a.MustAddHP(w, "a16fw", testenv.PM{HostPort: 8096, ContainerPort: 96, Protocol: "udp"})
+	toW := listenUDP6(t, w, 96)
+	payload := strings.Repeat("four headers ", 4)
+	for i, c := range []struct {
+		what  string
+		pkts  [][]byte
+		reach bool
+	}{
+		{"hbh, dst, rt, frag", a16Frag6(outsideIP6, 7600, labNodeA6, 8096, []string{"hbh", "dst", "rt"}, false, 0xa1600, []byte(payload)), true},
+		{"hbh, dst, frag, dst", a16Frag6(outsideIP6, 7601, labNodeA6, 8096, []string{"hbh", "dst"}, true, 0xa1601, []byte(payload)), true},
+		{"whole, hbh, dst, rt, dst", [][]byte{a15UDP6(outsideIP6, 7602, labNodeA6, 8096, []string{"hbh", "dst", "rt", "dst"}, []byte(payload))}, true},
+		{"hbh, dst, rt, dst, frag", a16Frag6(outsideIP6, 7603, labNodeA6, 8096, []string{"hbh", "dst", "rt", "dst"}, false, 0xa1603, []byte(payload)), false},
+		{"hbh, dst, rt, frag, dst", a16Frag6(outsideIP6, 7604, labNodeA6, 8096, []string{"hbh", "dst", "rt"}, true, 0xa1604, []byte(payload)), false},
+	} {
+		for _, p := range c.pkts {
+			must(t, a15SendRaw6(lab.out, labNodeA6, p, 1))
+		}
+		g := toW(time.Second)
+		want := payload + " from " + hp(outsideIP6, 7600+i)
+		t.Logf("%s: the pod got %q", c.what, g)
+		if c.reach && (len(g) != 1 || g[0] != want) {
+			t.Errorf("a datagram to hostPort 8096 behind %s: the pod got %q, want %q", c.what, g, want)
+		}
+		for _, x := range g {
+			if x != want {
+				t.Errorf("a datagram to hostPort 8096 behind %s: the pod got %q, not what was sent", c.what, x)
+			}
+		}
+	}
+	if n := a16Snmp(t, w, "snmp6", "Udp6InCsumErrors"); n > 0 {
+		t.Errorf("pod w's stack counted %d UDP checksum errors", n)
+	}
+}
