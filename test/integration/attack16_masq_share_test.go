@@ -783,3 +783,81 @@ func TestAttack16MasqServerHalfClosedKept(t *testing.T) {
 		t.Errorf("after %.0f s idle the pod's line did not reach the server (the flow's translation gone)", row.ExpiresSecs+2)
 	}
 }
+
+// TestAttack16MasqForgedServerFIN: pod x half-closes a connection (its FIN)
+// from its port 62010, in the masquerade range (so the node port is 62010),
+// and the server keeps sending. A host outside forges the server's FIN
+// with a sequence number far from the server's ("a FIN from the peer counts
+// only in order"). Counted, the flow would be closed by a FIN each way:
+// its port anyone's after half a second. Pod y then connects from its port
+// 62010 to the same server: it must connect, and x must keep receiving the
+// server's data.
+func TestAttack16MasqForgedServerFIN(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	lab.a.Extra["ipMasqPortRange"] = "62000-62031"
+	must(t, lab.out.Do(func(ns.NetNS) error {
+		ln, err := net.Listen("tcp", hp(outsideIP, 7478))
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { ln.Close() })
+		acceptEach(ln, func(c net.Conn) {
+			for i := 0; i < 40; i++ {
+				c.SetWriteDeadline(time.Now().Add(time.Second))
+				if _, err := fmt.Fprintf(c, "tick %d\n", i); err != nil {
+					return
+				}
+				time.Sleep(250 * time.Millisecond)
+			}
+		})
+		return nil
+	}))
+	srv := hp(outsideIP, 7478)
+	x, rx := lab.a.RunPod("a16ffx")
+	x4, _ := testenv.PodIPs(t, rx)
+	f, err := a14Dial(x, "tcp", 62010, srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.c.Close() })
+	f.c.(*net.TCPConn).CloseWrite()
+	f.c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := f.r.ReadString('\n'); err != nil {
+		t.Fatalf("control: x got no tick: %v", err)
+	}
+	for k := 0; k < 4; k++ {
+		must(t, a15SendRaw4(lab.out, labNodeA, a16TCP4(outsideIP, 7478, labNodeA, 62010, 0x5a5a5a5a+uint32(k)<<24, 0x11)))
+	}
+	time.Sleep(700 * time.Millisecond)
+	if row, ok := a16Flow(t, lab.a, hp(x4, 62010)); ok {
+		t.Logf("x's flow after the forged FINs: node %s, state %s, expires in %.0f s", row.Node, row.State, row.ExpiresSecs)
+	}
+	y, ry := lab.a.RunPod("a16ffy")
+	y4, _ := testenv.PodIPs(t, ry)
+	g, err := a14Dial(y, "tcp", 62010, srv)
+	if err != nil {
+		t.Errorf("pod y from its port 62010 to the server: %v", err)
+	} else {
+		t.Cleanup(func() { g.c.Close() })
+		g.c.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := g.r.ReadString('\n'); err != nil {
+			t.Errorf("pod y's connection got no tick: %v", err)
+		}
+	}
+	if row, ok := a16Flow(t, lab.a, hp(y4, 62010)); ok {
+		t.Logf("y's flow: node %s", row.Node)
+	}
+	f.c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	for n := 0; n < 4; n++ {
+		if _, err := f.r.ReadString('\n'); err != nil {
+			break
+		}
+	}
+	f.c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, err = f.r.ReadString('\n')
+	t.Logf("after the forged FINs and y's connection: x reads on: %v", err)
+	if err != nil {
+		t.Errorf("x's half-closed connection stopped receiving the server's data after forged FINs and y's connection from the same port: %v", err)
+	}
+}
