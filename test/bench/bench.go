@@ -70,6 +70,18 @@ type config struct {
 	cniPath string
 	// confDir, when set, also receives the conflist (the agent's view).
 	confDir string
+
+	// The tunnel pod start configurations (tunstart.go): tmpl is the
+	// template the node's agent renders into b.confDir (the bench writes
+	// no conflist there itself), agentArgs the agent's extra flags,
+	// podMTU the MTU every pod must get, tunnel whether ebpf-tun is the
+	// node's, tunRoutes and tunDirect the agent's routes to other nodes
+	// and how many of them are host-gw.
+	tmpl                 string
+	agentArgs            []string
+	podMTU               int
+	tunnel               bool
+	tunRoutes, tunDirect int
 }
 
 // isEBPF is true for ebpf-cni configurations.
@@ -369,6 +381,13 @@ func (b *bench) writeConfigs() error {
 	if !b.opts.attachTC {
 		b.configs = append(b.configs[:2], b.configs[3:]...)
 	}
+	if b.opts.parts[partLatency] && b.opts.tunnelStart && b.opts.agent {
+		tc, err := b.tunStartConfigs()
+		if err != nil {
+			return err
+		}
+		b.configs = append(b.configs, tc...)
+	}
 	switch {
 	case b.opts.parts[partLatency]:
 	case b.opts.parts[partScale]:
@@ -403,7 +422,12 @@ func (b *bench) register(c *config) error {
 	if err != nil {
 		return err
 	}
-	for _, dir := range []string{b.confDir, c.confDir} {
+	dirs := []string{b.confDir, c.confDir}
+	if c.tmpl != "" {
+		// The node's agent renders it into b.confDir (tunstart.go).
+		dirs = []string{filepath.Dir(c.tmpl)}
+	}
+	for _, dir := range dirs {
 		if dir == "" {
 			continue
 		}
@@ -588,6 +612,9 @@ func (b *bench) checkAdd(c *config, pod ns.NetNS, out []byte) error {
 			return fail("%v", err)
 		}
 	}
+	if err := checkMTU(c, pod); err != nil {
+		return fail("%v", err)
+	}
 	return nil
 }
 
@@ -676,7 +703,7 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 			return err
 		}
 		for _, l := range links {
-			if n := l.Attrs().Name; n != "lo" && n != "uplink0" {
+			if n := l.Attrs().Name; n != "lo" && n != "uplink0" && (!c.tunnel || n != datapath.TunnelDevice) {
 				out = append(out, fmt.Sprintf("link %s (%s)", l.Attrs().Name, l.Type()))
 			}
 		}
@@ -950,15 +977,20 @@ func (b *bench) run(ctx context.Context) error {
 func (b *bench) runLatency(ctx context.Context, start time.Time) error {
 	if b.opts.agent {
 		// An agent per node with ebpf-cni pods, as a node would have it.
-		nodes := map[string]ns.NetNS{}
+		nodes := map[string]*config{}
 		for _, c := range b.configs {
-			if c.isEBPF() {
-				nodes[b.pinOf(c)] = b.nodeOf(c)
+			if c.isEBPF() && nodes[b.pinOf(c)] == nil {
+				nodes[b.pinOf(c)] = c
 			}
 		}
-		for pin, node := range nodes {
-			if _, _, err := b.startAgent(ctx, node, pin, b.confDir, true); err != nil {
+		for pin, c := range nodes {
+			if _, _, err := b.startAgent(ctx, b.nodeOf(c), pin, b.confDir, true, c.agentArgs...); err != nil {
 				return err
+			}
+			if c.tmpl != "" {
+				if err := b.tunStartReady(ctx, c); err != nil {
+					return err
+				}
 			}
 		}
 	}
