@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -137,20 +138,26 @@ func (b *bench) tunStartConfig(m tunStartMode) (*config, error) {
 // nodes (into ebpf-tun or host-gw, as the mode wants), and logs them.
 func (b *bench) tunStartReady(ctx context.Context, c *config) error {
 	conf := filepath.Join(b.confDir, filepath.Base(c.tmpl))
+	wantMTU := fmt.Sprintf(`"mtu": %d`, c.podMTU)
 	var last string
 	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		raw, _ := os.ReadFile(conf)
-		routes, tunneled, direct, err := b.peerRoutes(c)
+		tunneled, direct, err := b.peerRoutes(c)
 		if err != nil {
 			return err
 		}
-		last = fmt.Sprintf("conflist %s: %s; routes proto %d: %d into %s, %d direct:\n%s", conf, strings.TrimSpace(string(raw)),
-			agent.RouteProtocol, tunneled, datapath.TunnelDevice, direct, routes)
-		if strings.Contains(string(raw), fmt.Sprintf(`"mtu": %d`, c.podMTU)) && direct == c.tunDirect && tunneled == c.tunRoutes-c.tunDirect {
-			logf("%s: agent ready; %s", c.label, last)
+		last = fmt.Sprintf("conflist %s has %s: %v; %d routes into %s, %d direct", conf, wantMTU, strings.Contains(string(raw), wantMTU),
+			tunneled, datapath.TunnelDevice, direct)
+		if strings.Contains(string(raw), wantMTU) && direct == c.tunDirect && tunneled == c.tunRoutes-c.tunDirect {
+			var out []byte
+			c.node.Do(func(ns.NetNS) error {
+				out, _ = exec.Command("ip", "-d", "route", "show", "proto", fmt.Sprint(agent.RouteProtocol)).CombinedOutput()
+				return nil
+			})
+			logf("%s: agent ready; %s:\n%s", c.label, last, strings.TrimRight(string(out), "\n"))
 			return nil
 		}
 		if time.Since(start) > 30*time.Second {
@@ -159,9 +166,9 @@ func (b *bench) tunStartReady(ctx context.Context, c *config) error {
 	}
 }
 
-// peerRoutes lists the agent's routes to other nodes' pod CIDRs in c's
-// node, and counts those into the tunnel device and the others.
-func (b *bench) peerRoutes(c *config) (list string, tunneled, direct int, err error) {
+// peerRoutes counts the agent's routes to other nodes' pod CIDRs in c's
+// node: those into the tunnel device, and the host-gw ones.
+func (b *bench) peerRoutes(c *config) (tunneled, direct int, err error) {
 	err = c.node.Do(func(ns.NetNS) error {
 		tun := 0
 		if l, err := netlink.LinkByName(datapath.TunnelDevice); err == nil {
@@ -172,7 +179,6 @@ func (b *bench) peerRoutes(c *config) (list string, tunneled, direct int, err er
 			return err
 		}
 		for _, r := range rs {
-			list += "  " + r.String() + "\n"
 			if tun != 0 && r.LinkIndex == tun {
 				tunneled++
 			} else if r.Gw != nil {
@@ -181,7 +187,7 @@ func (b *bench) peerRoutes(c *config) (list string, tunneled, direct int, err er
 		}
 		return nil
 	})
-	return list, tunneled, direct, err
+	return tunneled, direct, err
 }
 
 // checkMTU proves a pod of a tunnel configuration got its mode's MTU.
