@@ -1032,6 +1032,7 @@ func (b *bench) runRounds(ctx context.Context, start time.Time) error {
 	// Configurations interleaved, order rotated each round, so drift and
 	// background work (async netns teardown) hit all of them alike.
 	logf("latency: %d rounds of ADD+DEL over %d configurations", b.opts.n, len(b.configs))
+	roundsStart, ticks := time.Now(), b.agentTicks()
 	for i := 0; i < b.opts.n; i++ {
 		for j := range b.configs {
 			c := b.configs[(i+j)%len(b.configs)]
@@ -1046,6 +1047,7 @@ func (b *bench) runRounds(ctx context.Context, start time.Time) error {
 			logf("  round %d/%d (%s)", i+1, b.opts.n, time.Since(start).Round(time.Second))
 		}
 	}
+	b.logAgentCPU(ticks, time.Since(roundsStart))
 	for _, c := range b.configs {
 		if err := b.assertClean(c); err != nil {
 			return err

@@ -11,6 +11,7 @@ package main
 // would have them; checkAdd proves it on every pod.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -205,4 +207,35 @@ func checkMTU(c *config, pod ns.NetNS) error {
 		}
 		return nil
 	})
+}
+
+// agentTicks is every agent's CPU time so far (utime+stime, clock ticks),
+// by pin directory.
+func (b *bench) agentTicks() map[string]float64 {
+	out := map[string]float64{}
+	for pin, p := range b.agents {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid()))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
+		u, _ := strconv.ParseFloat(f[11], 64)
+		s, _ := strconv.ParseFloat(f[12], 64)
+		out[pin] = u + s
+	}
+	return out
+}
+
+// logAgentCPU says how much CPU each agent took during the rounds: the
+// tunnel nodes' agents run beside every configuration's verbs, so what
+// they take is load the other rows share.
+func (b *bench) logAgentCPU(before map[string]float64, d time.Duration) {
+	after, said := b.agentTicks(), map[string]bool{}
+	for _, c := range b.configs {
+		if t, ok := after[b.pinOf(c)]; ok && c.isEBPF() && !said[b.pinOf(c)] {
+			said[b.pinOf(c)] = true
+			ms := (t - before[b.pinOf(c)]) * 10 // USER_HZ 100
+			logf("  agent of %s: %.0f ms CPU in the %s of rounds (%.1f%% of one CPU; its pods' background work included)", c.label, ms, d.Round(time.Second), ms/float64(d.Milliseconds())*100)
+		}
+	}
 }
