@@ -126,11 +126,13 @@ type bench struct {
 	procs   *testenv.Procs
 	agents  map[string]*testenv.Proc // ebpf-agent run, by pin directory (agent.go)
 	verbEnd time.Time                // when the last cnitool ended (podMu)
-	// lastHostIf is the host veth of the last addPod's pod.
-	lastHostIf string
-	pods       map[string]ns.NetNS // live pod namespaces by path
-	podSeq     int
-	podMu      sync.Mutex // pods and podSeq, for parallel ADDs
+	// lastHostIf is the host veth of the last addPod's pod; lastAddCPU
+	// and lastDelCPU the CPU time of the last addPod's and delPod's verb.
+	lastHostIf             string
+	lastAddCPU, lastDelCPU time.Duration
+	pods                   map[string]ns.NetNS // live pod namespaces by path
+	podSeq                 int
+	podMu                  sync.Mutex // pods and podSeq, for parallel ADDs
 	// ebpf-cni's EBPF_CNI_TRACE phase timings of the last ADD and DEL.
 	addPhases, delPhases []phase
 	configs              []*config
@@ -802,10 +804,12 @@ func (b *bench) addPod(c *config) (ns.NetNS, time.Duration, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	d, out, stderr, err := b.cnitool(c, "add", pod)
+	r, err := b.cnitoolRun(c, "add", pod, c.capArgs)
+	d, out, stderr := r.wall, r.stdout, r.stderr
 	if err != nil {
 		return pod, 0, fmt.Errorf("ADD failed: %w", err)
 	}
+	b.lastAddCPU = r.cpu
 	if err := b.checkAdd(c, pod, out); err != nil {
 		return pod, 0, err
 	}
@@ -842,10 +846,12 @@ func (b *bench) ifindexOf(c *config, name string) int {
 
 // delPod runs a checked DEL and removes the pod netns; it returns the DEL time.
 func (b *bench) delPod(c *config, pod ns.NetNS) (time.Duration, error) {
-	d, _, stderr, err := b.cnitool(c, "del", pod)
+	r, err := b.cnitoolRun(c, "del", pod, c.capArgs)
+	d, stderr := r.wall, r.stderr
 	if err != nil {
 		return 0, fmt.Errorf("DEL failed: %w", err)
 	}
+	b.lastDelCPU = r.cpu
 	b.delPhases = parsePhases(stderr, "DEL")
 	if err := b.checkDel(c, pod); err != nil {
 		return 0, err
@@ -865,7 +871,7 @@ func (b *bench) cycle(c *config, pods int) (add, del time.Duration, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	host := b.lastHostIf
+	host, addCPU := b.lastHostIf, b.lastAddCPU
 	addBg, err := b.settle(c, bgWork{hostIfs: []string{host}})
 	if err != nil {
 		return 0, 0, err
@@ -885,6 +891,12 @@ func (b *bench) cycle(c *config, pods int) (add, del time.Duration, err error) {
 		if b.hasAgent(c) {
 			b.res.record(c, opAddBg, pods, addBg, nil)
 			b.res.record(c, opDelBg, pods, delBg, nil)
+		}
+		if c.podMTU != 0 {
+			// The tunnel comparison (tunstart.go): what the verbs cost the
+			// CPUs moves far less than their wall time on a loaded machine.
+			b.res.record(c, opAddCPU, pods, addCPU, nil)
+			b.res.record(c, opDelCPU, pods, b.lastDelCPU, nil)
 		}
 	}
 	return add, del, nil

@@ -76,7 +76,30 @@ func (r *results) latencyRows() []testenv.Row {
 			rows = append(rows, row)
 		}
 	}
+	rows = append(rows, r.tunStartCPURows(sec)...)
 	return append(rows, r.backgroundRows(sec, 0)...)
+}
+
+// tunStartCPURows: the CPU time (cnitool and the plugins it waited for) of
+// the tunnel configurations' verbs, against the tunnel off (tunstart.go).
+func (r *results) tunStartCPURows(sec string) []testenv.Row {
+	var rows []testenv.Row
+	for _, op := range []string{opAddCPU, opDelCPU} {
+		ref := r.find(tunStartRef, op, 0)
+		for _, c := range r.Configs {
+			s := r.find(c.Key, op, 0)
+			if s == nil {
+				continue
+			}
+			row := testenv.NewRow(sec, c.Label, op, "0 pods present; user+system of cnitool and the plugins", "ms", s.Samples)
+			if ref != nil && c.Key != tunStartRef {
+				row.Against(r.labels[tunStartRef], ref.Median)
+				row.Goal(fmt.Sprintf("≤ %.2f× the tunnel off (unaffected)", targetTunStart), row.Ratio <= targetTunStart)
+			}
+			rows = append(rows, row)
+		}
+	}
+	return rows
 }
 
 // ptpGoal sets the goals of plain ebpf-cni against ptp on a row.
