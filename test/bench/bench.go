@@ -1046,8 +1046,7 @@ func (b *bench) runRounds(ctx context.Context, start time.Time) error {
 	logf("latency: %d rounds of ADD+DEL over %d configurations", b.opts.n, len(b.configs))
 	roundsStart, ticks := time.Now(), b.agentTicks()
 	for i := 0; i < b.opts.n; i++ {
-		for j := range b.configs {
-			c := b.configs[(i+j)%len(b.configs)]
+		for _, c := range b.roundOrder(i) {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
