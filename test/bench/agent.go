@@ -30,10 +30,11 @@ import (
 // startAgent runs `ebpf-agent run` for a pin directory in a node netns and
 // waits until it reports the datapath ready; it returns how long that took.
 // The agent is killed at cleanup (b.procs) or by the caller.
-func (b *bench) startAgent(ctx context.Context, node ns.NetNS, pinDir, confDir string, hostPorts bool) (*testenv.Proc, time.Duration, error) {
+func (b *bench) startAgent(ctx context.Context, node ns.NetNS, pinDir, confDir string, hostPorts bool, extra ...string) (*testenv.Proc, time.Duration, error) {
 	t := time.Now()
-	p, err := b.procs.Start(ctx, node, filepath.Join(b.binDir, "ebpf-agent"), "run", "--metrics-addr", "", fmt.Sprintf("--hostports=%v", hostPorts),
-		"--pin-dir", pinDir, "--state-dir", b.stateFor(pinDir), "--cni-conf-dir", confDir, "--cni-bin-dir", b.binDir)
+	args := append([]string{"run", "--metrics-addr", "", fmt.Sprintf("--hostports=%v", hostPorts),
+		"--pin-dir", pinDir, "--state-dir", b.stateFor(pinDir), "--cni-conf-dir", confDir, "--cni-bin-dir", b.binDir}, extra...)
+	p, err := b.procs.Start(ctx, node, filepath.Join(b.binDir, "ebpf-agent"), args...)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -70,6 +70,18 @@ type config struct {
 	cniPath string
 	// confDir, when set, also receives the conflist (the agent's view).
 	confDir string
+
+	// The tunnel pod start configurations (tunstart.go): tmpl is the
+	// template the node's agent renders into b.confDir (the bench writes
+	// no conflist there itself), agentArgs the agent's extra flags,
+	// podMTU the MTU every pod must get, tunnel whether ebpf-tun is the
+	// node's, tunRoutes and tunDirect the agent's routes to other nodes
+	// and how many of them are host-gw.
+	tmpl                 string
+	agentArgs            []string
+	podMTU               int
+	tunnel               bool
+	tunRoutes, tunDirect int
 }
 
 // isEBPF is true for ebpf-cni configurations.
@@ -114,11 +126,13 @@ type bench struct {
 	procs   *testenv.Procs
 	agents  map[string]*testenv.Proc // ebpf-agent run, by pin directory (agent.go)
 	verbEnd time.Time                // when the last cnitool ended (podMu)
-	// lastHostIf is the host veth of the last addPod's pod.
-	lastHostIf string
-	pods       map[string]ns.NetNS // live pod namespaces by path
-	podSeq     int
-	podMu      sync.Mutex // pods and podSeq, for parallel ADDs
+	// lastHostIf is the host veth of the last addPod's pod; lastAddCPU
+	// and lastDelCPU the CPU time of the last addPod's and delPod's verb.
+	lastHostIf             string
+	lastAddCPU, lastDelCPU time.Duration
+	pods                   map[string]ns.NetNS // live pod namespaces by path
+	podSeq                 int
+	podMu                  sync.Mutex // pods and podSeq, for parallel ADDs
 	// ebpf-cni's EBPF_CNI_TRACE phase timings of the last ADD and DEL.
 	addPhases, delPhases []phase
 	configs              []*config
@@ -369,6 +383,13 @@ func (b *bench) writeConfigs() error {
 	if !b.opts.attachTC {
 		b.configs = append(b.configs[:2], b.configs[3:]...)
 	}
+	if b.opts.parts[partLatency] && b.opts.tunnelStart && b.opts.agent {
+		tc, err := b.tunStartConfigs()
+		if err != nil {
+			return err
+		}
+		b.configs = append(b.configs, tc...)
+	}
 	switch {
 	case b.opts.parts[partLatency]:
 	case b.opts.parts[partScale]:
@@ -403,7 +424,12 @@ func (b *bench) register(c *config) error {
 	if err != nil {
 		return err
 	}
-	for _, dir := range []string{b.confDir, c.confDir} {
+	dirs := []string{b.confDir, c.confDir}
+	if c.tmpl != "" {
+		// The node's agent renders it into b.confDir (tunstart.go).
+		dirs = []string{filepath.Dir(c.tmpl)}
+	}
+	for _, dir := range dirs {
 		if dir == "" {
 			continue
 		}
@@ -588,6 +614,9 @@ func (b *bench) checkAdd(c *config, pod ns.NetNS, out []byte) error {
 			return fail("%v", err)
 		}
 	}
+	if err := checkMTU(c, pod); err != nil {
+		return fail("%v", err)
+	}
 	return nil
 }
 
@@ -676,7 +705,7 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 			return err
 		}
 		for _, l := range links {
-			if n := l.Attrs().Name; n != "lo" && n != "uplink0" {
+			if n := l.Attrs().Name; n != "lo" && n != "uplink0" && (!c.tunnel || n != datapath.TunnelDevice) {
 				out = append(out, fmt.Sprintf("link %s (%s)", l.Attrs().Name, l.Type()))
 			}
 		}
@@ -775,10 +804,12 @@ func (b *bench) addPod(c *config) (ns.NetNS, time.Duration, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	d, out, stderr, err := b.cnitool(c, "add", pod)
+	r, err := b.cnitoolRun(c, "add", pod, c.capArgs)
+	d, out, stderr := r.wall, r.stdout, r.stderr
 	if err != nil {
 		return pod, 0, fmt.Errorf("ADD failed: %w", err)
 	}
+	b.lastAddCPU = r.cpu
 	if err := b.checkAdd(c, pod, out); err != nil {
 		return pod, 0, err
 	}
@@ -815,10 +846,12 @@ func (b *bench) ifindexOf(c *config, name string) int {
 
 // delPod runs a checked DEL and removes the pod netns; it returns the DEL time.
 func (b *bench) delPod(c *config, pod ns.NetNS) (time.Duration, error) {
-	d, _, stderr, err := b.cnitool(c, "del", pod)
+	r, err := b.cnitoolRun(c, "del", pod, c.capArgs)
+	d, stderr := r.wall, r.stderr
 	if err != nil {
 		return 0, fmt.Errorf("DEL failed: %w", err)
 	}
+	b.lastDelCPU = r.cpu
 	b.delPhases = parsePhases(stderr, "DEL")
 	if err := b.checkDel(c, pod); err != nil {
 		return 0, err
@@ -838,7 +871,7 @@ func (b *bench) cycle(c *config, pods int) (add, del time.Duration, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	host := b.lastHostIf
+	host, addCPU := b.lastHostIf, b.lastAddCPU
 	addBg, err := b.settle(c, bgWork{hostIfs: []string{host}})
 	if err != nil {
 		return 0, 0, err
@@ -858,6 +891,12 @@ func (b *bench) cycle(c *config, pods int) (add, del time.Duration, err error) {
 		if b.hasAgent(c) {
 			b.res.record(c, opAddBg, pods, addBg, nil)
 			b.res.record(c, opDelBg, pods, delBg, nil)
+		}
+		if c.podMTU != 0 {
+			// The tunnel comparison (tunstart.go): what the verbs cost the
+			// CPUs moves far less than their wall time on a loaded machine.
+			b.res.record(c, opAddCPU, pods, addCPU, nil)
+			b.res.record(c, opDelCPU, pods, b.lastDelCPU, nil)
 		}
 	}
 	return add, del, nil
@@ -950,15 +989,20 @@ func (b *bench) run(ctx context.Context) error {
 func (b *bench) runLatency(ctx context.Context, start time.Time) error {
 	if b.opts.agent {
 		// An agent per node with ebpf-cni pods, as a node would have it.
-		nodes := map[string]ns.NetNS{}
+		nodes := map[string]*config{}
 		for _, c := range b.configs {
-			if c.isEBPF() {
-				nodes[b.pinOf(c)] = b.nodeOf(c)
+			if c.isEBPF() && nodes[b.pinOf(c)] == nil {
+				nodes[b.pinOf(c)] = c
 			}
 		}
-		for pin, node := range nodes {
-			if _, _, err := b.startAgent(ctx, node, pin, b.confDir, true); err != nil {
+		for pin, c := range nodes {
+			if _, _, err := b.startAgent(ctx, b.nodeOf(c), pin, b.confDir, true, c.agentArgs...); err != nil {
 				return err
+			}
+			if c.tmpl != "" {
+				if err := b.tunStartReady(ctx, c); err != nil {
+					return err
+				}
 			}
 		}
 	}
@@ -1000,9 +1044,9 @@ func (b *bench) runRounds(ctx context.Context, start time.Time) error {
 	// Configurations interleaved, order rotated each round, so drift and
 	// background work (async netns teardown) hit all of them alike.
 	logf("latency: %d rounds of ADD+DEL over %d configurations", b.opts.n, len(b.configs))
+	roundsStart, ticks := time.Now(), b.agentTicks()
 	for i := 0; i < b.opts.n; i++ {
-		for j := range b.configs {
-			c := b.configs[(i+j)%len(b.configs)]
+		for _, c := range b.roundOrder(i) {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
@@ -1014,6 +1058,7 @@ func (b *bench) runRounds(ctx context.Context, start time.Time) error {
 			logf("  round %d/%d (%s)", i+1, b.opts.n, time.Since(start).Round(time.Second))
 		}
 	}
+	b.logAgentCPU(ticks, time.Since(roundsStart))
 	for _, c := range b.configs {
 		if err := b.assertClean(c); err != nil {
 			return err

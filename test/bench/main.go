@@ -5,6 +5,8 @@
 //
 //   - latency: ADD and DEL of one pod, ebpf-cni with hostPort + bandwidth
 //     beside ptp+portmap+bandwidth, plain ebpf-cni beside ptp, a loopback floor;
+//     ebpf-cni on nodes whose agent runs the VXLAN tunnel (and hybrid) beside
+//     one whose agent runs it off (tunstart.go, -tunnel-start);
 //
 //   - scale: ADD and DEL with 1, 200 pods of the same configuration present;
 //
@@ -124,6 +126,9 @@ type options struct {
 	// agent: ebpf-agent run on the ebpf-cni nodes of the latency, scale
 	// and burst parts (agent.go)
 	agent bool
+	// tunnelStart: the latency rounds also time ADD and DEL on nodes
+	// whose agent runs with the tunnel off, vxlan and hybrid (tunstart.go).
+	tunnelStart bool
 
 	// burst and coldstart (burst.go)
 	burstPods   int
@@ -189,6 +194,7 @@ func parseFlags(args []string) (*options, error) {
 	coldRounds := fs.Int("cold-rounds", 5, "rounds of the coldstart part (each a first ADD without and one with the agent)")
 	bwRates := fs.String("bw-rates", "", "bandwidth part: comma-separated rates in Mbit/s (default 10,100,1000; -quick 10,100)")
 	bwSecs := fs.Int("bw-seconds", 0, "bandwidth part: seconds per iperf3 run (default 10; -quick 5)")
+	tunnelStart := fs.Bool("tunnel-start", true, "latency part, with -agent: also ebpf-cni on nodes whose agent runs --tunnel off, vxlan and vxlan --tunnel-hybrid with a peers file (a node on another subnet), the pods at the mode's MTU: pod start with the tunnel against without (issue 24)")
 	withAgent := fs.Bool("agent", true, "run ebpf-agent on the ebpf-cni nodes of the latency, scale and burst parts, as a node would have it (ADD then attaches cls_bpf and DEL hands the veth off; the agent's background work is timed apart)")
 	packetRef := fs.String("packet-ref", "41b58f6", "packet part: the commit whose programs each path is compared with (\"\" for none)")
 	packetRuns := fs.Int("packet-runs", 3, "packet part: runs of each build, alternating (each 15 rounds of 400 runs per path)")
@@ -207,7 +213,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	o := &options{n: *n, quick: *quick, outDir: *out, phases: *phases, attachTC: *attachTC, scaleReps: 10,
 		connSecs: *connSecs, workers: *workers, tputSecs: *tputSecs, tputRounds: *tputRounds, tputRoundsMulti: *tputRoundsMulti, tputReruns: *tputReruns,
-		memPods: *memPods, agentSecs: *agentSecs, burstPods: *burstPods, burstRounds: *burstRounds, coldRounds: *coldRounds, agent: *withAgent,
+		memPods: *memPods, agentSecs: *agentSecs, burstPods: *burstPods, burstRounds: *burstRounds, coldRounds: *coldRounds, agent: *withAgent, tunnelStart: *tunnelStart,
 		packetRef: *packetRef, packetRuns: *packetRuns, parts: map[string]bool{}}
 	if o.quick {
 		if !set["packet-runs"] {

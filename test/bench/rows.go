@@ -23,6 +23,9 @@ const (
 	// >= 0.95x the routed baseline (the same hops, no translation, no
 	// programs) at every pod count (issue 30).
 	targetConnsRouted = 0.95
+	// targetTunStart: ADD and DEL with the agent's tunnel on <= 1.05x the
+	// tunnel off ("pod start unaffected", issue 24; 5% for this machine's noise).
+	targetTunStart = 1.05
 )
 
 func loadStr(l float64) string {
@@ -48,7 +51,8 @@ func (r *results) rows() []testenv.Row {
 
 func (r *results) latencyRows() []testenv.Row {
 	const sec = "latency, 1 pod"
-	ref := map[string]string{"ebpf-full": "chain", "ebpf": "ptp", "ebpf-tc": "ptp", "ptp": "chain", "loopback": "chain"}
+	ref := map[string]string{"ebpf-full": "chain", "ebpf": "ptp", "ebpf-tc": "ptp", "ptp": "chain", "loopback": "chain",
+		"ebpf-vxlan": tunStartRef, "ebpf-hybrid": tunStartRef}
 	var rows []testenv.Row
 	for _, op := range []string{"ADD", "DEL"} {
 		for _, c := range r.Configs {
@@ -66,10 +70,36 @@ func (r *results) latencyRows() []testenv.Row {
 				row.Goal(fmt.Sprintf("≤ %.2f× chain", targetAddVsChain), row.Ratio <= targetAddVsChain)
 			}
 			ptpGoal(&row, c.Key, op, r.Agent)
+			if ref[c.Key] == tunStartRef && row.Reference != "" {
+				row.Goal(fmt.Sprintf("≤ %.2f× the tunnel off (unaffected)", targetTunStart), row.Ratio <= targetTunStart)
+			}
 			rows = append(rows, row)
 		}
 	}
+	rows = append(rows, r.tunStartCPURows(sec)...)
 	return append(rows, r.backgroundRows(sec, 0)...)
+}
+
+// tunStartCPURows: the CPU time (cnitool and the plugins it waited for) of
+// the tunnel configurations' verbs, against the tunnel off (tunstart.go).
+func (r *results) tunStartCPURows(sec string) []testenv.Row {
+	var rows []testenv.Row
+	for _, op := range []string{opAddCPU, opDelCPU} {
+		ref := r.find(tunStartRef, op, 0)
+		for _, c := range r.Configs {
+			s := r.find(c.Key, op, 0)
+			if s == nil {
+				continue
+			}
+			row := testenv.NewRow(sec, c.Label, op, "0 pods present; user+system of cnitool and the plugins", "ms", s.Samples)
+			if ref != nil && c.Key != tunStartRef {
+				row.Against(r.labels[tunStartRef], ref.Median)
+				row.Goal(fmt.Sprintf("≤ %.2f× the tunnel off (unaffected)", targetTunStart), row.Ratio <= targetTunStart)
+			}
+			rows = append(rows, row)
+		}
+	}
+	return rows
 }
 
 // ptpGoal sets the goals of plain ebpf-cni against ptp on a row.
