@@ -230,3 +230,10 @@ func TestAttack15MasqReopenAndRST(t *testing.T) {
 		t.Errorf("after a pod's RST answering the server's FIN, another pod from the same port: %d SYNs refused by PAWS", d)
 	}
 }
+
+// a15Paws is what netns's TCP refused by PAWS: SYNs on a TIME_WAIT
+// (PAWSTimewait) and segments of established connections (PAWSEstab).
+func a15Paws(t *testing.T, netns ns.NetNS) int64 {
+	t.Helper()
+	return int64(tcpExt(t, netns, "PAWSTimewait") + tcpExt(t, netns, "PAWSEstab"))
+}
