@@ -163,8 +163,14 @@ func (s StackFlows) pickSlot(ifindex int, alive func(ifindex int) bool) (uint32,
 	if err := slots.Lookup(&k, &slot); err == nil && s.m.validSlot(slot) {
 		return slot, nil
 	}
-	owner := make(map[uint32]uint32) // slot → ifindex
-	if err := scan(slots, func(k, v *uint32) { owner[*v] = *k }); err != nil {
+	// slot → ifindex, a slice: no hash map built of every live pod's entry
+	// at each ADD (issue 30, round 13). Values out of range are no slot.
+	owner := make([]uint32, n+1)
+	if err := scan(slots, func(k, v *uint32) {
+		if *v >= 1 && *v <= n {
+			owner[*v] = *k
+		}
+	}); err != nil {
 		return 0, fmt.Errorf("scan %s: %w", nameSFSlots, err)
 	}
 	slot = 0
@@ -177,12 +183,12 @@ func (s StackFlows) pickSlot(ifindex int, alive func(ifindex int) bool) (uint32,
 	}
 	if slot == 0 {
 		for c, idx := range owner {
-			if int(idx) != ifindex && !alive(int(idx)) && s.m.validSlot(c) {
+			if idx != 0 && int(idx) != ifindex && !alive(int(idx)) && s.m.validSlot(uint32(c)) {
 				stale := idx
 				if err := slots.Delete(&stale); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 					return 0, fmt.Errorf("take back slot %d of gone ifindex %d from %s: %w", c, idx, nameSFSlots, err)
 				}
-				slot = c
+				slot = uint32(c)
 				break
 			}
 		}

@@ -99,6 +99,8 @@ type hpPoint struct {
 	// ebpf-cni's own phase timings (EBPF_CNI_TRACE), medians.
 	AddPhases []phase `json:"addPhaseMediansMs,omitempty"`
 	DelPhases []phase `json:"delPhaseMediansMs,omitempty"`
+	// AddPhaseSamples: each ADD's phases (the own-work row, rows.go).
+	AddPhaseSamples [][]phase `json:"addPhasesMs,omitempty"`
 }
 
 // connRounds is how many times each point alternates hostPort and raw runs.
@@ -602,7 +604,7 @@ func (b *bench) timedHostPortCycles(ctx context.Context, pop *population, pt *hp
 	}
 	pt.AddMedianMs, pt.AddP90Ms, pt.DelMedianMs = testenv.Median(adds), testenv.P90(adds), testenv.Median(dels)
 	pt.AddSamples, pt.DelSamples, pt.Load1 = adds, dels, testenv.Load1()
-	pt.AddPhases, pt.DelPhases = phaseMedians(addPh), phaseMedians(delPh)
+	pt.AddPhases, pt.DelPhases, pt.AddPhaseSamples = phaseMedians(addPh), phaseMedians(delPh), addPh
 	return nil
 }
 
