@@ -105,8 +105,11 @@ type tunBench struct {
 	mode       func(tunnel bool)
 	modeArgs   func(tunnel, variant bool, extra []string) // mode with more `peers` arguments (TestTunnelBenchAB's B)
 	p1, p2, q1 ns.NetNS
+	q2         ns.NetNS
 	n1, n2     ns.NetNS // the nodes
+	router     ns.NetNS
 	a2, b2     net.IP
+	iperfArgs  []string // every stream's (the node-CPU switch's affinity)
 }
 
 func newTunBench(t *testing.T) *tunBench {
@@ -128,7 +131,7 @@ func newTunBench(t *testing.T) *tunBench {
 	if err := os.WriteFile(pf, pj, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b := &tunBench{t: t, n1: n1.Node, n2: n2.Node}
+	b := &tunBench{t: t, n1: n1.Node, n2: n2.Node, router: lab.router}
 	b.modeArgs = func(tunnel, variant bool, extra []string) {
 		m := "off"
 		if tunnel {
@@ -168,7 +171,10 @@ func newTunBench(t *testing.T) *tunBench {
 		return c, s, a
 	}
 	b.p1, b.p2, b.a2 = pair(1450, "b")
-	b.q1, _, b.b2 = pair(1500, "m")
+	b.q1, b.q2, b.b2 = pair(1500, "m")
+	if tunBenchNodeCPUs() {
+		b.pinNodes()
+	}
 	time.Sleep(300 * time.Millisecond)
 	return b
 }
@@ -183,7 +189,8 @@ func (b *tunBench) iperfJSON(c ns.NetNS, to net.IP, secs int, extra ...string) *
 	var out []byte
 	err := c.Do(func(ns.NetNS) error {
 		var err error
-		args := append([]string{"-c", to.String(), "-p", "5201", "-t", strconv.Itoa(secs), "-J"}, extra...)
+		args := append([]string{"-c", to.String(), "-p", "5201", "-t", strconv.Itoa(secs), "-J"}, b.iperfArgs...)
+		args = append(args, extra...)
 		out, err = exec.Command("iperf3", args...).Output()
 		return err
 	})
