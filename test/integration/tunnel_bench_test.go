@@ -40,7 +40,8 @@ func benchEnvInt(name string, def int) int {
 // pair of pods at MTU 1500, what a node without the tunnel gives its pods,
 // is measured in the host-gw runs: the tunnel against it includes the MTU
 // the overhead takes. TUNNEL_BENCH_ROUNDS (7) and TUNNEL_BENCH_SECS (3)
-// size it; TUNNEL_BENCH_OUT names a JSON file for the rows (test/bench).
+// size it; TUNNEL_BENCH_OUT names a JSON file for the rows (test/bench);
+// TUNNEL_BENCH_NODE_CPUS=1 gives each node a CPU of its own (pinNodes).
 func TestTunnelBench(t *testing.T) {
 	rounds, secs := benchEnvInt("TUNNEL_BENCH_ROUNDS", 7), benchEnvInt("TUNNEL_BENCH_SECS", 3)
 	b := newTunBench(t)
@@ -69,8 +70,12 @@ func TestTunnelBench(t *testing.T) {
 			r+1, testenv.Loadavg(), gw[r], gwRR[r], gw1500[r], tun[r], tunRR[r])
 	}
 	load += " to " + testenv.Loadavg()
-	tput := fmt.Sprintf("cross-node pod-to-pod TCP throughput (iperf3, 1 stream, %d s)", secs)
-	const rrm = "cross-node request/response RTT median (1 byte over TCP, 5000 exchanges)"
+	lab := "both nodes on both CPUs"
+	if tunBenchNodeCPUs() {
+		lab = "each node on its own CPU"
+	}
+	tput := fmt.Sprintf("cross-node pod-to-pod TCP throughput (iperf3, 1 stream, %d s; %s)", secs, lab)
+	rrm := "cross-node request/response RTT median (1 byte over TCP, 5000 exchanges; " + lab + ")"
 	rows := []testenv.Row{
 		testenv.NewRow("tunnel", "host-gw (pod MTU 1450)", tput, "", "Gbit/s", gw),
 		testenv.NewRow("tunnel", "vxlan tunnel (pod MTU 1450)", tput, "", "Gbit/s", tun),
@@ -87,8 +92,8 @@ func TestTunnelBench(t *testing.T) {
 		rows[i].Load = load
 	}
 	fmt.Print(testenv.RowsMarkdown(rows))
-	fmt.Printf("cross-node pod-to-pod, medians of %d interleaved rounds: throughput host-gw %.2f Gbit/s, vxlan %.2f Gbit/s, ratio %.2fx (goal %.2fx); RTT host-gw %.1f µs, vxlan %.1f µs (as speed %.2fx)\n",
-		rounds, rows[0].Median, rows[1].Median, rows[1].Ratio, tunBenchGoal, rows[4].Median, rows[5].Median, rows[4].Median/rows[5].Median)
+	fmt.Printf("cross-node pod-to-pod (%s), medians of %d interleaved rounds: throughput host-gw %.2f Gbit/s, vxlan %.2f Gbit/s, ratio %.2fx (goal %.2fx); RTT host-gw %.1f µs, vxlan %.1f µs (as speed %.2fx)\n",
+		lab, rounds, rows[0].Median, rows[1].Median, rows[1].Ratio, tunBenchGoal, rows[4].Median, rows[5].Median, rows[4].Median/rows[5].Median)
 	if f := os.Getenv("TUNNEL_BENCH_OUT"); f != "" {
 		js, _ := json.Marshal(rows)
 		if err := os.WriteFile(f, js, 0o644); err != nil {
