@@ -184,8 +184,10 @@ bench-masq: deps-bench
 
 # Cross-node pod-to-pod throughput, host-gw routes vs the VXLAN tunnel, in
 # the tunnel lab (docs/tunnel.md).
+# NODE_CPUS=1: each node's receive and its pod's iperf3 on a CPU of its own
+# (docs/performance.md, round 13).
 bench-tunnel: deps-bench
-	$(GO) test -tags tunnelbench -count=1 -run TestTunnelBench -v ./test/integration/
+	TUNNEL_BENCH_NODE_CPUS=$(NODE_CPUS) $(GO) test -tags tunnelbench -count=1 -run '^TestTunnelBench$$' -v ./test/integration/
 
 clean:
 	rm -rf $(BIN)

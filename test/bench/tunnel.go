@@ -39,6 +39,9 @@ func runTunnel(ctx context.Context, o *options) ([]testenv.Row, error) {
 		}
 	}
 	cmd.Env = append(cmd.Env, "TUNNEL_BENCH_OUT="+out.Name(), "TUNNEL_BENCH_ROUNDS="+rounds)
+	if o.tunnelNodeCPUs {
+		cmd.Env = append(cmd.Env, "TUNNEL_BENCH_NODE_CPUS=1")
+	}
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	logf("tunnel: %s (%s rounds)", strings.Join(cmd.Args, " "), rounds)
 	if err := cmd.Run(); err != nil {

@@ -40,7 +40,8 @@ func benchEnvInt(name string, def int) int {
 // pair of pods at MTU 1500, what a node without the tunnel gives its pods,
 // is measured in the host-gw runs: the tunnel against it includes the MTU
 // the overhead takes. TUNNEL_BENCH_ROUNDS (7) and TUNNEL_BENCH_SECS (3)
-// size it; TUNNEL_BENCH_OUT names a JSON file for the rows (test/bench).
+// size it; TUNNEL_BENCH_OUT names a JSON file for the rows (test/bench);
+// TUNNEL_BENCH_NODE_CPUS=1 gives each node a CPU of its own (pinNodes).
 func TestTunnelBench(t *testing.T) {
 	rounds, secs := benchEnvInt("TUNNEL_BENCH_ROUNDS", 7), benchEnvInt("TUNNEL_BENCH_SECS", 3)
 	b := newTunBench(t)
@@ -69,8 +70,12 @@ func TestTunnelBench(t *testing.T) {
 			r+1, testenv.Loadavg(), gw[r], gwRR[r], gw1500[r], tun[r], tunRR[r])
 	}
 	load += " to " + testenv.Loadavg()
-	tput := fmt.Sprintf("cross-node pod-to-pod TCP throughput (iperf3, 1 stream, %d s)", secs)
-	const rrm = "cross-node request/response RTT median (1 byte over TCP, 5000 exchanges)"
+	lab := "both nodes on both CPUs"
+	if tunBenchNodeCPUs() {
+		lab = "each node on its own CPU"
+	}
+	tput := fmt.Sprintf("cross-node pod-to-pod TCP throughput (iperf3, 1 stream, %d s; %s)", secs, lab)
+	rrm := "cross-node request/response RTT median (1 byte over TCP, 5000 exchanges; " + lab + ")"
 	rows := []testenv.Row{
 		testenv.NewRow("tunnel", "host-gw (pod MTU 1450)", tput, "", "Gbit/s", gw),
 		testenv.NewRow("tunnel", "vxlan tunnel (pod MTU 1450)", tput, "", "Gbit/s", tun),
@@ -87,8 +92,8 @@ func TestTunnelBench(t *testing.T) {
 		rows[i].Load = load
 	}
 	fmt.Print(testenv.RowsMarkdown(rows))
-	fmt.Printf("cross-node pod-to-pod, medians of %d interleaved rounds: throughput host-gw %.2f Gbit/s, vxlan %.2f Gbit/s, ratio %.2fx (goal %.2fx); RTT host-gw %.1f µs, vxlan %.1f µs (as speed %.2fx)\n",
-		rounds, rows[0].Median, rows[1].Median, rows[1].Ratio, tunBenchGoal, rows[4].Median, rows[5].Median, rows[4].Median/rows[5].Median)
+	fmt.Printf("cross-node pod-to-pod (%s), medians of %d interleaved rounds: throughput host-gw %.2f Gbit/s, vxlan %.2f Gbit/s, ratio %.2fx (goal %.2fx); RTT host-gw %.1f µs, vxlan %.1f µs (as speed %.2fx)\n",
+		lab, rounds, rows[0].Median, rows[1].Median, rows[1].Ratio, tunBenchGoal, rows[4].Median, rows[5].Median, rows[4].Median/rows[5].Median)
 	if f := os.Getenv("TUNNEL_BENCH_OUT"); f != "" {
 		js, _ := json.Marshal(rows)
 		if err := os.WriteFile(f, js, 0o644); err != nil {
@@ -105,8 +110,11 @@ type tunBench struct {
 	mode       func(tunnel bool)
 	modeArgs   func(tunnel, variant bool, extra []string) // mode with more `peers` arguments (TestTunnelBenchAB's B)
 	p1, p2, q1 ns.NetNS
+	q2         ns.NetNS
 	n1, n2     ns.NetNS // the nodes
+	router     ns.NetNS
 	a2, b2     net.IP
+	iperfArgs  []string // every stream's (the node-CPU switch's affinity)
 }
 
 func newTunBench(t *testing.T) *tunBench {
@@ -128,7 +136,7 @@ func newTunBench(t *testing.T) *tunBench {
 	if err := os.WriteFile(pf, pj, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b := &tunBench{t: t, n1: n1.Node, n2: n2.Node}
+	b := &tunBench{t: t, n1: n1.Node, n2: n2.Node, router: lab.router}
 	b.modeArgs = func(tunnel, variant bool, extra []string) {
 		m := "off"
 		if tunnel {
@@ -168,7 +176,10 @@ func newTunBench(t *testing.T) *tunBench {
 		return c, s, a
 	}
 	b.p1, b.p2, b.a2 = pair(1450, "b")
-	b.q1, _, b.b2 = pair(1500, "m")
+	b.q1, b.q2, b.b2 = pair(1500, "m")
+	if tunBenchNodeCPUs() {
+		b.pinNodes()
+	}
 	time.Sleep(300 * time.Millisecond)
 	return b
 }
@@ -183,7 +194,8 @@ func (b *tunBench) iperfJSON(c ns.NetNS, to net.IP, secs int, extra ...string) *
 	var out []byte
 	err := c.Do(func(ns.NetNS) error {
 		var err error
-		args := append([]string{"-c", to.String(), "-p", "5201", "-t", strconv.Itoa(secs), "-J"}, extra...)
+		args := append([]string{"-c", to.String(), "-p", "5201", "-t", strconv.Itoa(secs), "-J"}, b.iperfArgs...)
+		args = append(args, extra...)
 		out, err = exec.Command("iperf3", args...).Output()
 		return err
 	})
