@@ -200,7 +200,7 @@ func parseFlags(args []string) (*options, error) {
 	withAgent := fs.Bool("agent", true, "run ebpf-agent on the ebpf-cni nodes of the latency, scale and burst parts, as a node would have it (ADD then attaches cls_bpf and DEL hands the veth off; the agent's background work is timed apart)")
 	packetRef := fs.String("packet-ref", "41b58f6", "packet part: the commit whose programs each path is compared with (\"\" for none)")
 	packetRuns := fs.Int("packet-runs", 3, "packet part: runs of each build, alternating (each 15 rounds of 400 runs per path)")
-	tunNodeCPUs := fs.Bool("tunnel-node-cpus", false, "tunnel part: each lab node's receive and its pod's iperf3 on a CPU of its own (TUNNEL_BENCH_NODE_CPUS=1, docs/performance.md round 13)")
+	tunNodeCPUs := fs.Bool("tunnel-node-cpus", true, "tunnel part: after the lab whose nodes share both CPUs, also the one that gives each lab node's receive and its pod's iperf3 a CPU of its own (TUNNEL_BENCH_NODE_CPUS=1, docs/performance.md round 13)")
 	phases := fs.Bool("phases", true, "set EBPF_CNI_TRACE=1 for ebpf-cni and report its own phase timings (costs a few time.Now calls and one stderr line)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: go run ./test/bench [flags]   (as root, from the repository root)\n")
