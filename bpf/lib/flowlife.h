@@ -94,7 +94,7 @@ static __always_inline __u32 flow_next(__u32 cur, const struct flow *f, int repl
 			if (!reply && (n & FLOW_F_REPLIED) && !(fl & TCP_FLAG_SYN))
 				n |= FLOW_F_ASSURED;
 		}
-		if ((n & FLOW_F_FIN_ORIG) && (n & FLOW_F_FIN_REPLY))
+		if ((n & FLOW_F_FIN_BOTH) == FLOW_F_FIN_BOTH)
 			n |= FLOW_F_CLOSING;
 	} else if (f->proto == IPPROTO_UDP) {
 		if ((n & FLOW_F_REPLIED) && now - created_ns > FLOW_STREAM_AFTER)

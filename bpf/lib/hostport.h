@@ -506,7 +506,7 @@ no_route:
 	return drop_dir(skb->ifindex, DIR_EGRESS, REASON_DROP_NO_ROUTE);
 }
 
-#define HP_CONTINUE -1
+#define HP_CONTINUE FEATURE_CONTINUE
 
 /*
  * Delivers a packet the hostPort path translated, from the pod behind

@@ -363,8 +363,7 @@ static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat
 	 * connection, past its share (attack15). A flow an RST closed counts
 	 * until it goes (its port, free of TIME_WAIT, is the pod's to recycle). */
 	__u16 fl = rv->flags;
-	__u16 fins = FLOW_F_FIN_ORIG | FLOW_F_FIN_REPLY;
-	if ((fl & FLOW_F_CLOSING) && (fl & fins) == fins && !(fl & SNAT_F_UNSHARED)) {
+	if ((fl & FLOW_F_FIN_BOTH) == FLOW_F_FIN_BOTH && !(fl & SNAT_F_UNSHARED)) {
 		rv->flags = fl | SNAT_F_UNSHARED;
 		share_release(rk, ifindex);
 	} else if (!(fl & FLOW_F_CLOSING) && (fl & SNAT_F_UNSHARED)) {
@@ -672,11 +671,7 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 
 /* ---------------------------------------------------------------- packets */
 
-/* Not ours: the caller goes on. Not TCX_NEXT (-1), the verdict of a reply
- * translated and handed to the stack: equal, a masqueraded flow's reply on a
- * node port that had become a hostPort was translated again by hostPort and
- * redirected into the wrong pod (attack16). */
-#define MASQ_CONTINUE -2
+#define MASQ_CONTINUE FEATURE_CONTINUE
 
 /*
  * An ICMP error about a reply a masquerading pod got (the quote: peer ->

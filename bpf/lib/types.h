@@ -41,6 +41,16 @@
 #define TCX_NEXT -1
 #endif
 
+/* A node feature's "not mine, go on" (hostPort's, masquerade's), which its
+ * callers test before returning what it answered. No verdict: equal to
+ * TCX_NEXT, a masquerade reply translated and handed to the stack read as
+ * "not mine" and was translated again by hostPort, into the wrong pod
+ * (attack16). */
+#define FEATURE_CONTINUE -2
+_Static_assert(FEATURE_CONTINUE != TCX_NEXT && FEATURE_CONTINUE != TC_ACT_OK && FEATURE_CONTINUE != TC_ACT_SHOT &&
+		       FEATURE_CONTINUE != TC_ACT_REDIRECT,
+	       "FEATURE_CONTINUE must be no verdict");
+
 #define NSEC 1000000000ULL
 
 /* ------------------------------------------------------------- endpoints */
@@ -176,6 +186,7 @@ struct netns_info {
 #define FLOW_F_FIN_ORIG (1U << 4)  /* TCP FIN from the originator */
 #define FLOW_F_FIN_REPLY (1U << 5) /* TCP FIN from the other side */
 #define FLOW_F_CLOSING (1U << 6)   /* TCP RST, or a FIN each way */
+#define FLOW_F_FIN_BOTH (FLOW_F_FIN_ORIG | FLOW_F_FIN_REPLY)
 /* cni_snat only (masq.h's snat_next): the peer's FIN came before the pod's,
  * so the peer holds TIME_WAIT for the translated tuple. */
 #define FLOW_F_PEER_FIRST (1U << 7)

@@ -3,7 +3,6 @@ package cni
 import (
 	"context"
 	"errors"
-	"os"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/skel"
@@ -57,8 +56,8 @@ func gc(args *skel.CmdArgs) error {
 		_, perr := endpoint.PruneHostPorts(m)
 		m.Close()
 		errs = errors.Join(errs, perr)
-	} else if !errors.Is(err, os.ErrNotExist) { // not never set up: unusable, as for the other verbs
-		errs = errors.Join(errs, endpoint.Errorf(endpoint.ErrUnavailable, "open datapath at %s: %w", n.PinDir, err))
+	} else {
+		errs = errors.Join(errs, endpoint.OpenError(n.PinDir, err))
 	}
 	if conf.IPAM.Type != "" {
 		// The IPAM plugin may hold reservations we have no record of.

@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 557912, crc: 0xea282de4, sha: "720fd1c2fd9c"},
-	"from_container_compat": {size: 528200, crc: 0x19512dd4, sha: "9050ee2a8774"},
-	"from_uplink":           {size: 407752, crc: 0x73c7b96e, sha: "ebb46d8bf96e"},
-	"from_uplink_compat":    {size: 382048, crc: 0x1dcb835e, sha: "7e1e3febe947"},
-	"sock":                  {size: 180696, crc: 0x0aef7713, sha: "a823f0df1ded"},
-	"sock_compat":           {size: 171224, crc: 0xfb0e64e4, sha: "f2967d0c8ada"},
-	"sock_ops":              {size: 163576, crc: 0xf9e2479e, sha: "a7d6bb42ccdb"},
-	"to_container":          {size: 201336, crc: 0x72c08daa, sha: "8a61796dbfb4"},
-	"to_container_compat":   {size: 186872, crc: 0x574fb34b, sha: "18b803443b50"},
-	"to_uplink":             {size: 329680, crc: 0xb32178a4, sha: "36fb98d339f4"},
-	"to_uplink_compat":      {size: 297992, crc: 0xa23fe2bd, sha: "a9281670de6a"},
-	"tunnel":                {size: 337392, crc: 0x1bcd54d8, sha: "bf2a409a2bb4"},
+	"from_container":        {size: 558352, crc: 0x2ca20ef6, sha: "60fb447b49ff"},
+	"from_container_compat": {size: 528640, crc: 0xfb2980d1, sha: "141925c7dc90"},
+	"from_uplink":           {size: 410920, crc: 0x0e445cb1, sha: "f0b2eea80606"},
+	"from_uplink_compat":    {size: 385144, crc: 0x967343af, sha: "1dc8d18c4721"},
+	"sock":                  {size: 180888, crc: 0x6b8aef52, sha: "8df257160c50"},
+	"sock_compat":           {size: 171408, crc: 0x5365be19, sha: "0dde35c42cb6"},
+	"sock_ops":              {size: 163760, crc: 0x97c8915a, sha: "d3d383a05c5f"},
+	"to_container":          {size: 201520, crc: 0xdb653053, sha: "9f0d09977882"},
+	"to_container_compat":   {size: 187056, crc: 0xbc9f89b3, sha: "7c18071b3efd"},
+	"to_uplink":             {size: 329928, crc: 0x268a9241, sha: "823b056a5351"},
+	"to_uplink_compat":      {size: 298240, crc: 0xf64b1099, sha: "3c5f17ea866f"},
+	"tunnel":                {size: 339248, crc: 0x3d04cde0, sha: "9744e0dc2112"},
 }

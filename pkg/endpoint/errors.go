@@ -3,6 +3,7 @@ package endpoint
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -41,6 +42,17 @@ func (e *Error) Unwrap() []error { return []error{e.Kind, e.Err} }
 // Errorf is an error of kind kind; format may use %w.
 func Errorf(kind error, format string, a ...any) error {
 	return &Error{Kind: kind, Err: fmt.Errorf(format, a...)}
+}
+
+// OpenError is what a teardown makes of opening the node's maps at pinDir:
+// nil when they were never set up (nothing of any pod in them), else the
+// datapath unavailable (50), naming the pin this build cannot use, as
+// ADD's and CHECK's opens answer.
+func OpenError(pinDir string, err error) error {
+	if err == nil || errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return Errorf(ErrUnavailable, "open datapath at %s: %w", pinDir, err)
 }
 
 // ConfError is an invalid network configuration (code 7).

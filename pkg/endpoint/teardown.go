@@ -158,17 +158,10 @@ func (t *Teardown) openMaps() error {
 			dp, err = datapath.OpenMapsLean(t.Net.PinDir)
 		}
 	}
-	switch {
-	case err == nil:
+	if err == nil {
 		t.DP = dp
-	case errors.Is(err, os.ErrNotExist):
-		// never set up: nothing in maps
-	default:
-		// As ADD's and CHECK's open (network.go): a pin this build cannot
-		// use is the datapath unavailable (50), naming it.
-		errs = errors.Join(errs, Errorf(ErrUnavailable, "open datapath at %s: %w", t.Net.PinDir, err))
 	}
-	return errs
+	return errors.Join(errs, OpenError(t.Net.PinDir, err))
 }
 
 // runBefore registers every feature's steps and runs those that go before

@@ -164,10 +164,10 @@ func (s StackFlows) pickSlot(ifindex int, alive func(ifindex int) bool) (uint32,
 		return slot, nil
 	}
 	// slot → ifindex, a slice: no hash map built of every live pod's entry
-	// at each ADD (issue 30, round 13). Values out of range are no slot.
+	// at each ADD (issue 30, round 13).
 	owner := make([]uint32, n+1)
 	if err := scan(slots, func(k, v *uint32) {
-		if *v >= 1 && *v <= n {
+		if s.m.validSlot(*v) {
 			owner[*v] = *k
 		}
 	}); err != nil {
@@ -182,13 +182,13 @@ func (s StackFlows) pickSlot(ifindex int, alive func(ifindex int) bool) (uint32,
 		}
 	}
 	if slot == 0 {
-		for c, idx := range owner {
-			if idx != 0 && int(idx) != ifindex && !alive(int(idx)) && s.m.validSlot(uint32(c)) {
+		for c := uint32(1); c <= n; c++ {
+			if idx := owner[c]; idx != 0 && int(idx) != ifindex && !alive(int(idx)) {
 				stale := idx
 				if err := slots.Delete(&stale); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 					return 0, fmt.Errorf("take back slot %d of gone ifindex %d from %s: %w", c, idx, nameSFSlots, err)
 				}
-				slot = uint32(c)
+				slot = c
 				break
 			}
 		}

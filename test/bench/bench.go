@@ -70,18 +70,9 @@ type config struct {
 	cniPath string
 	// confDir, when set, also receives the conflist (the agent's view).
 	confDir string
-
-	// The tunnel pod start configurations (tunstart.go): tmpl is the
-	// template the node's agent renders into b.confDir (the bench writes
-	// no conflist there itself), agentArgs the agent's extra flags,
-	// podMTU the MTU every pod must get, tunnel whether ebpf-tun is the
-	// node's, tunRoutes and tunDirect the agent's routes to other nodes
-	// and how many of them are host-gw.
-	tmpl                 string
-	agentArgs            []string
-	podMTU               int
-	tunnel               bool
-	tunRoutes, tunDirect int
+	// tun: a tunnel pod start configuration's node (tunstart.go); nil
+	// for the others.
+	tun *tunStart
 }
 
 // isEBPF is true for ebpf-cni configurations.
@@ -425,9 +416,9 @@ func (b *bench) register(c *config) error {
 		return err
 	}
 	dirs := []string{b.confDir, c.confDir}
-	if c.tmpl != "" {
+	if c.tun != nil {
 		// The node's agent renders it into b.confDir (tunstart.go).
-		dirs = []string{filepath.Dir(c.tmpl)}
+		dirs = []string{filepath.Dir(c.tun.tmpl)}
 	}
 	for _, dir := range dirs {
 		if dir == "" {
@@ -705,7 +696,7 @@ func (b *bench) leftovers(c *config) ([]string, error) {
 			return err
 		}
 		for _, l := range links {
-			if n := l.Attrs().Name; n != "lo" && n != "uplink0" && (!c.tunnel || n != datapath.TunnelDevice) {
+			if n := l.Attrs().Name; n != "lo" && n != "uplink0" && (!c.tun.tunnelled() || n != datapath.TunnelDevice) {
 				out = append(out, fmt.Sprintf("link %s (%s)", l.Attrs().Name, l.Type()))
 			}
 		}
@@ -892,7 +883,7 @@ func (b *bench) cycle(c *config, pods int) (add, del time.Duration, err error) {
 			b.res.record(c, opAddBg, pods, addBg, nil)
 			b.res.record(c, opDelBg, pods, delBg, nil)
 		}
-		if c.podMTU != 0 {
+		if c.tun != nil {
 			// The tunnel comparison (tunstart.go): what the verbs cost the
 			// CPUs moves far less than their wall time on a loaded machine.
 			b.res.record(c, opAddCPU, pods, addCPU, nil)
@@ -996,10 +987,10 @@ func (b *bench) runLatency(ctx context.Context, start time.Time) error {
 			}
 		}
 		for pin, c := range nodes {
-			if _, _, err := b.startAgent(ctx, b.nodeOf(c), pin, b.confDir, true, c.agentArgs...); err != nil {
+			if _, _, err := b.startAgent(ctx, b.nodeOf(c), pin, b.confDir, true, c.tun.agentFlags()...); err != nil {
 				return err
 			}
-			if c.tmpl != "" {
+			if c.tun != nil {
 				if err := b.tunStartReady(ctx, c); err != nil {
 					return err
 				}

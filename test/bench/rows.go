@@ -172,13 +172,7 @@ func (r *results) scaleRows() []testenv.Row {
 						flat.Goal("≤ ptp's growth", flat.Ratio <= 1)
 					}
 					rows = append(rows, flat)
-					own, span := serialWork(s)
-					ownOne, spanOne := serialWork(one)
-					if own > 0 && ownOne > 0 {
-						g := own / ownOne
-						ow := testenv.NewRow(sec, c.Label, "ADD serial own work growth", fmt.Sprintf("%s present vs %s; trace total less the IPAM span: %.2f vs %.2f ms (IPAM span %.2f vs %.2f ms)",
-							plural(p, "pod"), plural(r.Scale[0], "pod"), own, ownOne, span, spanOne), "×", []float64{g})
-						ow.Goal(fmt.Sprintf("flat: ≤ %.2f×", targetFlat), g <= targetFlat)
+					if ow, ok := ownWorkRow(sec, c.Label, plural(p, "pod")+" present vs "+plural(r.Scale[0], "pod"), s.Phases, one.Phases); ok {
 						rows = append(rows, ow)
 					}
 				}
@@ -197,13 +191,10 @@ func (r *results) scaleRows() []testenv.Row {
 // them.)
 var ipamSpan = map[string]bool{"datapath": true, "veth": true, "stack-flow-slot": true, "attach": true, "host-up": true, "ipam-wait": true}
 
-// serialWork is the median over a series' samples of ebpf-cni's own serial
-// time in the verb (its trace's total less the IPAM plugin's span), and the
-// median of that span; 0 without traces.
-func serialWork(s *series) (own, span float64) { return serialWorkOf(s.Phases) }
-
-// serialWorkOf is serialWork over the phases of each sample.
-func serialWorkOf(phases [][]phase) (own, span float64) {
+// serialWork is the median over samples (each one's phases) of
+// ebpf-cni's own serial time in the verb (its trace's total less the IPAM
+// plugin's span), and the median of that span; 0 without traces.
+func serialWork(phases [][]phase) (own, span float64) {
 	var ov, sv []float64
 	for _, ph := range phases {
 		total, sp, ok := 0.0, 0.0, false
@@ -261,17 +252,24 @@ func (r *results) hostPortRows() []testenv.Row {
 						}
 						row.Against(r.labels["ptp-portmap"], testenv.Median(rs))
 					}
-					if one := find(cfg, h.Scale[0]); one != nil && op == "ADD" && p != h.Scale[0] {
-						f := row.Median / testenv.Median(one.AddSamples)
-						row.Goal(fmt.Sprintf("flat: %.2f× of %s, ≤ %.2f×", f, plural(h.Scale[0], "pod"), targetFlat), f <= targetFlat)
-						rows = append(rows, row)
-						row = hpOwnWorkRow(pt, one)
-						if row.Unit == "" {
-							continue
-						}
-					}
+				}
+				one := find(cfg, h.Scale[0])
+				grown := cfg == "ebpf-hostport" && one != nil && op == "ADD" && p != h.Scale[0]
+				if grown {
+					f := row.Median / testenv.Median(one.AddSamples)
+					row.Goal(fmt.Sprintf("flat: %.2f× of %s, ≤ %.2f×", f, plural(h.Scale[0], "pod"), targetFlat), f <= targetFlat)
 				}
 				rows = append(rows, row)
+				if grown {
+					// host-local reads every reservation file at each ADD
+					// (disk.Store.GetByID), which the wall time carries (issue
+					// 30, round 13: the whole of its growth).
+					vs := plural(p, "pod") + " with hostPorts vs " + plural(one.Pods, "pod")
+					if ow, ok := ownWorkRow("hostPort latency at scale", r.labels[cfg], vs, pt.AddPhaseSamples, one.AddPhaseSamples); ok {
+						ow.Load = loadStr(pt.Load1)
+						rows = append(rows, ow)
+					}
+				}
 			}
 		}
 	}
@@ -516,22 +514,19 @@ func plural(n int, what string) string {
 	return fmt.Sprintf("%d %ss", n, what)
 }
 
-// hpOwnWorkRow is the growth of ebpf-cni's own serial work in a hostPort
-// pod's ADD from pt.Pods' point to one's, as the scale part judges it:
-// host-local reads every reservation file at each ADD (disk.Store.GetByID),
-// which the wall time above carries (issue 30, round 13: the whole of its
-// growth). A zero Row without traces.
-func hpOwnWorkRow(pt, one *hpPoint) testenv.Row {
-	own, span := serialWorkOf(pt.AddPhaseSamples)
-	ownOne, spanOne := serialWorkOf(one.AddPhaseSamples)
+// ownWorkRow is the growth of ebpf-cni's own serial work in an ADD (its
+// trace's total less the IPAM plugin's span, serialWork) from phasesOne's
+// point to phases', held to flat; ok false without traces. vs says which
+// two points.
+func ownWorkRow(sec, label, vs string, phases, phasesOne [][]phase) (testenv.Row, bool) {
+	own, span := serialWork(phases)
+	ownOne, spanOne := serialWork(phasesOne)
 	if own <= 0 || ownOne <= 0 {
-		return testenv.Row{}
+		return testenv.Row{}, false
 	}
 	g := own / ownOne
-	row := testenv.NewRow("hostPort latency at scale", "ebpf-cni (portMappings)", "ADD serial own work growth",
-		fmt.Sprintf("%s with hostPorts vs %s; trace total less the IPAM span: %.2f vs %.2f ms (IPAM span %.2f vs %.2f ms)",
-			plural(pt.Pods, "pod"), plural(one.Pods, "pod"), own, ownOne, span, spanOne), "×", []float64{g})
-	row.Load = loadStr(pt.Load1)
+	row := testenv.NewRow(sec, label, "ADD serial own work growth",
+		fmt.Sprintf("%s; trace total less the IPAM span: %.2f vs %.2f ms (IPAM span %.2f vs %.2f ms)", vs, own, ownOne, span, spanOne), "×", []float64{g})
 	row.Goal(fmt.Sprintf("flat: ≤ %.2f×", targetFlat), g <= targetFlat)
-	return row
+	return row, true
 }

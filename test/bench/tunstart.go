@@ -55,6 +55,26 @@ type tunStartMode struct {
 
 const tunStartRef = "ebpf-tunoff"
 
+// tunStart is the node of a tunnel pod start configuration: its mode, the
+// conflist template its agent renders into b.confDir (the bench writes no
+// conflist there itself), and the agent's flags beyond startAgent's.
+type tunStart struct {
+	mode      tunStartMode
+	tmpl      string
+	agentArgs []string
+}
+
+// tunnelled: the node's agent runs the tunnel (ebpf-tun is the node's).
+func (t *tunStart) tunnelled() bool { return t != nil && t.mode.key != tunStartRef }
+
+// agentFlags are the agent's extra flags (none for other configurations).
+func (t *tunStart) agentFlags() []string {
+	if t == nil {
+		return nil
+	}
+	return t.agentArgs
+}
+
 var tunStartModes = []tunStartMode{
 	{key: tunStartRef, label: "ebpf-cni, agent --tunnel off", args: []string{"--tunnel", "off"},
 		// host-gw reaches only nodes of its own subnet.
@@ -129,8 +149,8 @@ func (b *bench) tunStartConfig(m tunStartMode) (*config, error) {
 	tmpl := filepath.Join(tmplDir, netName+".conflist")
 	pin := b.newPinDir(strings.TrimPrefix(m.key, "ebpf-"))
 	c := &config{key: m.key, label: fmt.Sprintf("%s (pod MTU %d)", m.label, m.podMTU), netName: netName, subnet: tunPodNet,
-		node: node, pinDir: pin, tmpl: tmpl, podMTU: m.podMTU, tunnel: m.key != tunStartRef,
-		agentArgs: append([]string{"--peers", pf, "--cni-conf-template", tmpl}, m.args...), tunDirect: m.direct, tunRoutes: len(m.peers)}
+		node: node, pinDir: pin,
+		tun: &tunStart{mode: m, tmpl: tmpl, agentArgs: append([]string{"--peers", pf, "--cni-conf-template", tmpl}, m.args...)}}
 	c.list = map[string]any{"plugins": []any{b.ebpfPlugin(tunPodNet, pin, b.stateFor(pin))}}
 	return c, nil
 }
@@ -139,8 +159,9 @@ func (b *bench) tunStartConfig(m tunStartMode) (*config, error) {
 // written its conflist (with the pods' MTU) and its routes to the other
 // nodes (into ebpf-tun or host-gw, as the mode wants), and logs them.
 func (b *bench) tunStartReady(ctx context.Context, c *config) error {
-	conf := filepath.Join(b.confDir, filepath.Base(c.tmpl))
-	wantMTU := fmt.Sprintf(`"mtu": %d`, c.podMTU)
+	m := c.tun.mode
+	conf := filepath.Join(b.confDir, filepath.Base(c.tun.tmpl))
+	wantMTU := fmt.Sprintf(`"mtu": %d`, m.podMTU)
 	var last string
 	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
 		if err := ctx.Err(); err != nil {
@@ -153,7 +174,7 @@ func (b *bench) tunStartReady(ctx context.Context, c *config) error {
 		}
 		last = fmt.Sprintf("conflist %s has %s: %v; %d routes into %s, %d direct", conf, wantMTU, strings.Contains(string(raw), wantMTU),
 			tunneled, datapath.TunnelDevice, direct)
-		if strings.Contains(string(raw), wantMTU) && direct == c.tunDirect && tunneled == c.tunRoutes-c.tunDirect {
+		if strings.Contains(string(raw), wantMTU) && direct == m.direct && tunneled == len(m.peers)-m.direct {
 			var out []byte
 			c.node.Do(func(ns.NetNS) error {
 				out, _ = exec.Command("ip", "-d", "route", "show", "proto", fmt.Sprint(agent.RouteProtocol)).CombinedOutput()
@@ -194,7 +215,7 @@ func (b *bench) peerRoutes(c *config) (tunneled, direct int, err error) {
 
 // checkMTU proves a pod of a tunnel configuration got its mode's MTU.
 func checkMTU(c *config, pod ns.NetNS) error {
-	if c.podMTU == 0 {
+	if c.tun == nil {
 		return nil
 	}
 	return pod.Do(func(ns.NetNS) error {
@@ -202,8 +223,8 @@ func checkMTU(c *config, pod ns.NetNS) error {
 		if err != nil {
 			return err
 		}
-		if got := l.Attrs().MTU; got != c.podMTU {
-			return fmt.Errorf("%s in the pod has MTU %d, want %d (the agent's conflist)", ifName, got, c.podMTU)
+		if got := l.Attrs().MTU; got != c.tun.mode.podMTU {
+			return fmt.Errorf("%s in the pod has MTU %d, want %d (the agent's conflist)", ifName, got, c.tun.mode.podMTU)
 		}
 		return nil
 	})
@@ -257,7 +278,7 @@ func (b *bench) roundOrder(i int) []*config {
 	var tun []*config
 	for j := range n {
 		c := b.configs[(i+j)%n]
-		if c.podMTU != 0 {
+		if c.tun != nil {
 			places, tun = append(places, j), append(tun, c)
 		}
 		out = append(out, c)

@@ -44,24 +44,34 @@ func a14Echo(t *testing.T, out ns.NetNS, port int) {
 					fmt.Fprintf(c, "%s %s", c.RemoteAddr(), line)
 				}
 			})
-			pc, err := net.ListenPacket("udp", hp(a, port))
-			if err != nil {
-				return err
-			}
-			t.Cleanup(func() { pc.Close() })
-			go func() {
-				buf := make([]byte, 2048)
-				for {
-					n, from, err := pc.ReadFrom(buf)
-					if err != nil {
-						return
-					}
-					pc.WriteTo([]byte(fmt.Sprintf("%s %s", from, buf[:n])), from)
-				}
-			}()
 		}
 		return nil
 	}))
+	for _, a := range []net.IP{outsideIP, outsideIP6} {
+		udpPeerEcho(t, out, a, port)
+	}
+}
+
+// udpPeerEcho answers each datagram to ip:port in netns with "<peer> <payload>".
+func udpPeerEcho(t *testing.T, netns ns.NetNS, ip net.IP, port int) {
+	t.Helper()
+	var pc net.PacketConn
+	must(t, netns.Do(func(ns.NetNS) error {
+		var err error
+		pc, err = net.ListenPacket("udp", hp(ip, port))
+		return err
+	}))
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo([]byte(fmt.Sprintf("%s %s", from, buf[:n])), from)
+		}
+	}()
 }
 
 // a14Flow is one flow of a pod from a fixed local port to the echo server:
@@ -241,9 +251,7 @@ func TestAttack14MasqHeldPorts(t *testing.T) {
 // excess is refused and counted (drop_exhausted or drop_pod_limit), and the
 // flows that got ports keep working after the exhaustion.
 func TestAttack14MasqExhausted(t *testing.T) {
-	lab := newMasqLab(t)
-	lab.a.Extra["ipMasqPortRange"] = "62400-62415"
-	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	lab := newShareLab(t, "62400-62415")
 	a14Echo(t, lab.out, 7415)
 	srv := hp(outsideIP, 7415)
 	type flow struct {

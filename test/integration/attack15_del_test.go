@@ -6,73 +6,21 @@
 package integration
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
-	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
-
-// a15SwapPin is swapPin for any map type: the foreign map is a hash (an
-// LRU hash for a hash) of the same key and value sizes; ok false when the
-// kernel takes no such map (key or value size 0: ring buffers).
-func a15SwapPin(t *testing.T, p string) (back func(), ok bool) {
-	t.Helper()
-	ours, err := ebpf.LoadPinnedMap(p, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	typ := ebpf.Hash
-	if ours.Type() == ebpf.Hash {
-		typ = ebpf.LRUHash
-	}
-	ks, vs := ours.KeySize(), ours.ValueSize()
-	foreign, err := ebpf.NewMap(&ebpf.MapSpec{Type: typ, KeySize: max(ks, 1), ValueSize: max(vs, 1), MaxEntries: max(ours.MaxEntries(), 1)})
-	if err != nil {
-		ours.Close()
-		return nil, false
-	}
-	must(t, os.Remove(p))
-	must(t, foreign.Pin(p))
-	foreign.Close()
-	restored := false
-	back = func() {
-		if restored {
-			return
-		}
-		restored = true
-		os.Remove(p)
-		// A map loaded from p believes itself pinned there (Pin is then a
-		// no-op, as in swapPin): pin a clone, which has no pin path.
-		c, err := ours.Clone()
-		if err == nil {
-			err = c.Pin(p)
-			c.Close()
-		}
-		if err != nil {
-			t.Errorf("pin %s back: %v", p, err)
-		}
-		ours.Close()
-	}
-	t.Cleanup(back)
-	return back, true
-}
 
 // a15MasqFlows opens a UDP flow of each family from pod to the outside
 // echo server on port (masqueraded: the outside has no route to pods).
@@ -132,93 +80,39 @@ func TestAttack15DelEveryForeignPin(t *testing.T) {
 	lab := newMasqLab(t)
 	a := lab.a
 	echoUDP(t, lab.out, 7415)
-	// A first pod makes every map the node uses pinned.
-	warm := a.NewPod()
-	a.CleanupDel(warm, "a15w")
-	a.Add(warm, "a15w")
-	must(t, a15MasqFlows(warm, 7415))
-	dir := datapath.MapsDir(a.PinDir)
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(50 * time.Second)
-	for i, en := range ents {
-		if time.Now().After(deadline) {
-			t.Logf("time's up after %d of %d pins", i, len(ents))
-			break
-		}
-		name := en.Name()
-		if en.IsDir() {
-			continue
-		}
-		a15DelWithForeign(t, a, name, filepath.Join(dir, name), i)
-	}
+	addMasqPod(t, a, "a15w", 7415) // makes every map the node uses pinned
+	forEachMapPin(t, datapath.MapsDir(a.PinDir), 50*time.Second, func(_ int, name, p string) {
+		a15DelWithForeign(t, a, name, p)
+	})
 }
 
-func a15DelWithForeign(t *testing.T, a *testenv.Env, name, p string, i int) {
+func a15DelWithForeign(t *testing.T, a *testenv.Env, name, p string) {
 	t.Helper()
-	pod := a.NewPod()
 	id := "a15d" + strings.ReplaceAll(name, "_", "")
 	if len(id) > 40 {
 		id = id[:40]
 	}
-	a.CleanupDel(pod, id)
-	r := a.Add(pod, id)
-	ip4, ip6 := testenv.PodIPs(t, r)
-	hostIf, ifindex := a.HostVeth(id)
-	if err := a15MasqFlows(pod, 7415); err != nil {
-		t.Errorf("%s: the pod's flows before the DEL: %v", name, err)
-	}
-	back, ok := a15SwapPin(t, p)
+	x := addMasqPod(t, a, id, 7415)
+	back, ok := swapForeignPin(t, p)
 	if !ok {
 		t.Logf("%s: no foreign map of its sizes, skipped", name)
-		a.Del(pod, id, "eth0")
+		a.Del(x.pod, id, "eth0")
 		return
 	}
-	err := a.Del(pod, id, "eth0")
-	var te *types.Error
-	if err != nil && (!errors.As(err, &te) || te.Code != codePluginNotAvailable || !strings.Contains(te.Msg, p)) {
+	err := a.Del(x.pod, id, "eth0")
+	if err != nil && !is50Naming(err, p) {
 		t.Errorf("DEL with a foreign %s pinned: %v, (code %d), want error 50 naming %s, or success", name, err, testenv.ErrCode(err), p)
 	}
 	t.Logf("DEL with a foreign %s: code %d: %v", name, testenv.ErrCode(err), err)
-	if a.NodeLinkExists(hostIf) {
-		t.Errorf("foreign %s: the DEL left the host veth %s", name, hostIf)
-	}
-	for _, ip := range []net.IP{ip4, ip6} {
-		if rs := a.HostRoutesTo(ip); len(rs) > 0 {
-			t.Errorf("foreign %s: the DEL left the node's routes to %s", name, ip)
-		}
-	}
-	for _, d := range []string{"ingress", "egress"} {
-		if _, serr := os.Stat(datapath.LinkPinPath(a.PinDir, hostIf, d)); serr == nil {
-			t.Errorf("foreign %s: the DEL left the %s link pin of %s", name, d, hostIf)
-		}
-	}
-	if res := a.ReservationsOf(id); len(res) > 0 {
-		t.Errorf("foreign %s: the DEL left the IPAM reservations %v", name, res)
+	if left := attachmentLeft(t, a, id, x.hif, x.ifindex, x.ips, false); len(left) > 0 {
+		t.Errorf("foreign %s: the DEL left %v", name, left)
 	}
 	back()
-	if err := a.Del(pod, id, "eth0"); err != nil {
+	if err := a.Del(x.pod, id, "eth0"); err != nil {
 		t.Errorf("foreign %s: DEL again with the pin back: %v", name, err)
 	}
-	if _, serr := os.Stat(a.RecordPath(id, "eth0")); serr == nil {
-		t.Errorf("foreign %s: the retried DEL left the record", name)
-	}
-	if res := a.ReservationsOf(id); len(res) > 0 {
-		t.Errorf("foreign %s: the retried DEL left the IPAM reservations %v", name, res)
-	}
-	if m, merr := datapath.OpenMapsLean(a.PinDir); merr == nil {
-		eps, _ := m.Maps.Endpoints().List()
-		for _, ep := range eps {
-			if ep.IP.Equal(ip4) || ep.IP.Equal(ip6) {
-				t.Errorf("foreign %s: the retried DEL left the endpoint entry of %s", name, ep.IP)
-			}
-		}
-		m.Close()
-	}
-	if left := a15NatOf(t, a, ifindex); len(left) > 0 {
-		t.Errorf("foreign %s: after the retried DEL dump nat still shows of ifindex %d: %v", name, ifindex, left)
+	if left := attachmentLeft(t, a, id, x.hif, x.ifindex, x.ips, true); len(left) > 0 {
+		t.Errorf("foreign %s: the retried DEL left %v", name, left)
 	}
 }
 
@@ -240,19 +134,14 @@ func TestAttack15DelKilledWithForeignPin(t *testing.T) {
 	a.Add(warm, "a15kw")
 	p := filepath.Join(datapath.MapsDir(a.PinDir), "cni_snat")
 	bin := filepath.Join(testenv.BinDir, "ebpf-cni")
+	killed := 0
 	for i, delay := range []time.Duration{0, 2, 5, 8, 11, 14, 17, 20, 24, 28, 32, 40} {
 		delay *= time.Millisecond
-		pod, other := a.NewPod(), a.NewPod()
 		id, oid := fmt.Sprintf("a15k%d", i), fmt.Sprintf("a15ko%d", i)
-		a.CleanupDel(pod, id)
+		x := addMasqPod(t, a, id, 7416)
+		other := a.NewPod()
 		a.CleanupDel(other, oid)
-		r := a.Add(pod, id)
-		ip4, ip6 := testenv.PodIPs(t, r)
-		hostIf, ifindex := a.HostVeth(id)
-		if err := a15MasqFlows(pod, 7416); err != nil {
-			t.Errorf("delay %v: the pod's flows: %v", delay, err)
-		}
-		back, ok := a15SwapPin(t, p)
+		back, ok := swapForeignPin(t, p)
 		if !ok {
 			t.Fatal("no foreign cni_snat")
 		}
@@ -263,56 +152,18 @@ func TestAttack15DelKilledWithForeignPin(t *testing.T) {
 			defer wg.Done()
 			_, addErr = a.AddV("1.1.0", other, oid, "eth0")
 		}()
-		var killed string
-		must(t, a.InNode(func() error {
-			cmd := exec.Command(bin)
-			for k, v := range pluginEnv("DEL", id, pod, "eth0") {
-				cmd.Env = append(cmd.Env, k+"="+v)
-			}
-			cmd.Stdin = bytes.NewReader(a.StdinConf(nil))
-			if err := cmd.Start(); err != nil {
-				return err
-			}
-			time.Sleep(delay)
-			cmd.Process.Signal(syscall.SIGKILL)
-			if err := cmd.Wait(); err != nil {
-				killed = err.Error()
-			} else {
-				killed = "exit 0"
-			}
-			return nil
-		}))
+		werr := a.KillPluginAfter(bin, pluginEnv("DEL", id, x.pod, "eth0"), a.StdinConf(nil), delay)
+		if testenv.Killed(werr) {
+			killed++
+		}
 		wg.Wait()
 		back()
-		t.Logf("delay %v: the DEL ended: %s; the other pod's ADD: %v", delay, killed, addErr)
-		if err := a.Del(pod, id, "eth0"); err != nil {
+		t.Logf("delay %v: the DEL ended: %v; the other pod's ADD: %v", delay, werr, addErr)
+		if err := a.Del(x.pod, id, "eth0"); err != nil {
 			t.Errorf("delay %v: the retried DEL with the pin back: %v", delay, err)
 		}
-		if a.NodeLinkExists(hostIf) {
-			t.Errorf("delay %v: the host veth %s left", delay, hostIf)
-		}
-		for _, ip := range []net.IP{ip4, ip6} {
-			if rs := a.HostRoutesTo(ip); len(rs) > 0 {
-				t.Errorf("delay %v: the node's routes to %s left", delay, ip)
-			}
-		}
-		if _, serr := os.Stat(a.RecordPath(id, "eth0")); serr == nil {
-			t.Errorf("delay %v: the record left", delay)
-		}
-		if res := a.ReservationsOf(id); len(res) > 0 {
-			t.Errorf("delay %v: IPAM reservations left %v", delay, res)
-		}
-		if m, merr := datapath.OpenMapsLean(a.PinDir); merr == nil {
-			eps, _ := m.Maps.Endpoints().List()
-			for _, ep := range eps {
-				if ep.IP.Equal(ip4) || ep.IP.Equal(ip6) {
-					t.Errorf("delay %v: the endpoint entry of %s left", delay, ep.IP)
-				}
-			}
-			m.Close()
-		}
-		if left := a15NatOf(t, a, ifindex); len(left) > 0 {
-			t.Errorf("delay %v: dump nat still shows of ifindex %d: %v", delay, ifindex, left)
+		if left := attachmentLeft(t, a, id, x.hif, x.ifindex, x.ips, true); len(left) > 0 {
+			t.Errorf("delay %v: the retried DEL left %v", delay, left)
 		}
 		if addErr == nil {
 			if err := a15MasqFlows(other, 7416); err != nil {
@@ -325,5 +176,8 @@ func TestAttack15DelKilledWithForeignPin(t *testing.T) {
 			a.Del(other, oid, "eth0")
 		}
 		a.AssertNothingOfPod(oid, 2) // the warm pod's two addresses
+	}
+	if killed == 0 {
+		t.Error("no SIGKILL landed before the DEL finished: nothing was interrupted")
 	}
 }

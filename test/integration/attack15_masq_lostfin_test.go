@@ -12,12 +12,10 @@ import (
 	"net"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
-	"golang.org/x/sys/unix"
 )
 
 // a15ServeSeen listens on [::]:port in netns; each connection is told the
@@ -43,14 +41,14 @@ func a15ServeSeen(t *testing.T, netns ns.NetNS, port int) {
 	}()
 }
 
-// a15DialSeen connects from netns's lport to addr (SO_REUSEADDR), reads the
-// server's line and closes; it returns the line and how long connect took.
-func a15DialSeen(netns ns.NetNS, lport int, addr string) (seen string, took time.Duration, err error) {
+// a15DialSeen connects from netns's src:lport (src nil: any; SO_REUSEADDR)
+// to addr, reads the server's line (a15ServeSeen) and closes, with its FIN,
+// or with rst after the server's FIN an RST (SO_LINGER 0) instead; it
+// returns the line and how long connect took.
+func a15DialSeen(netns ns.NetNS, src net.IP, lport int, addr string, rst bool) (seen string, took time.Duration, err error) {
 	err = netns.Do(func(ns.NetNS) error {
-		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{Port: lport},
-			Control: func(_, _ string, c syscall.RawConn) error {
-				return c.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
-			}}
+		d := reuseDialer(src, lport)
+		d.Timeout = 5 * time.Second
 		start := time.Now()
 		c, err := d.Dial("tcp6", addr)
 		took = time.Since(start)
@@ -59,8 +57,13 @@ func a15DialSeen(netns ns.NetNS, lport int, addr string) (seen string, took time
 		}
 		defer c.Close()
 		c.SetDeadline(time.Now().Add(3 * time.Second))
-		seen, err = bufio.NewReader(c).ReadString('\n')
+		r := bufio.NewReader(c)
+		seen, err = r.ReadString('\n')
 		seen = strings.TrimSpace(seen)
+		if rst {
+			r.ReadByte() // the server's FIN
+			c.(*net.TCPConn).SetLinger(0)
+		}
 		return err
 	})
 	return
@@ -96,7 +99,7 @@ func a15LostFinRounds(t *testing.T, lab *masqLab, p, q ns.NetNS, p6, q6 net.IP, 
 		if i%2 == 1 {
 			p, q, p6 = q, p, q6
 		}
-		ps, ptook, err := a15DialSeen(p, lport, addr)
+		ps, ptook, err := a15DialSeen(p, nil, lport, addr, false)
 		if err != nil {
 			t.Fatalf("round %d: p's connection from %d: %v", i, lport, err)
 		}
@@ -106,7 +109,7 @@ func a15LostFinRounds(t *testing.T, lab *masqLab, p, q ns.NetNS, p6, q6 net.IP, 
 		time.Sleep(1200 * time.Millisecond) // the FIN's retransmit, then past half a second quiet
 		tw := a15TimeWait(lab.out, port, ps)
 		paws0 := a15Paws(t, lab.out)
-		qs, qtook, err := a15DialSeen(q, lport, addr)
+		qs, qtook, err := a15DialSeen(q, nil, lport, addr, false)
 		if err != nil {
 			t.Errorf("round %d: q's connection from %d: %v", i, lport, err)
 			continue
@@ -121,30 +124,6 @@ func a15LostFinRounds(t *testing.T, lab *masqLab, p, q ns.NetNS, p6, q6 net.IP, 
 		}
 	}
 	return slow, same
-}
-
-// a15DialSeenRST is a15DialSeen closing with SO_LINGER 0: after the server's
-// line (and FIN) the pod answers with an RST instead of its FIN.
-func a15DialSeenRST(netns ns.NetNS, lport int, addr string) (seen string, err error) {
-	err = netns.Do(func(ns.NetNS) error {
-		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{Port: lport},
-			Control: func(_, _ string, c syscall.RawConn) error {
-				return c.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
-			}}
-		c, err := d.Dial("tcp6", addr)
-		if err != nil {
-			return err
-		}
-		c.SetDeadline(time.Now().Add(3 * time.Second))
-		r := bufio.NewReader(c)
-		seen, err = r.ReadString('\n')
-		seen = strings.TrimSpace(seen)
-		r.ReadByte() // the server's FIN
-		c.(*net.TCPConn).SetLinger(0)
-		c.Close()
-		return err
-	})
-	return
 }
 
 // TestAttack15MasqReopenAndRST: (1) a pod reopens the same tuple (same
@@ -171,7 +150,7 @@ func TestAttack15MasqReopenAndRST(t *testing.T) {
 	paws0 := a15Paws(t, lab.out)
 	var first string
 	for i := 0; i < 6; i++ {
-		seen, took, err := a15DialSeen(p, 62300, addr)
+		seen, took, err := a15DialSeen(p, nil, 62300, addr, false)
 		if err != nil {
 			t.Fatalf("reopen %d: %v", i, err)
 		}
@@ -215,12 +194,12 @@ func TestAttack15MasqReopenAndRST(t *testing.T) {
 			x, y = q, p
 		}
 		lport := 62310 + i
-		xs, err := a15DialSeenRST(x, lport, addr)
+		xs, _, err := a15DialSeen(x, nil, lport, addr, true)
 		if err != nil {
 			t.Fatalf("RST round %d: %v", i, err)
 		}
 		time.Sleep(600 * time.Millisecond)
-		ys, _, err := a15DialSeen(y, lport, addr)
+		ys, _, err := a15DialSeen(y, nil, lport, addr, false)
 		if err != nil {
 			t.Errorf("RST round %d: the other pod from %d: %v", i, lport, err)
 		}

@@ -61,9 +61,7 @@ func a15SendRaw4(netns ns.NetNS, dst net.IP, pkt []byte) error {
 // told, and the others' ports with it.
 func TestAttack15MasqShareBogusRST(t *testing.T) {
 	t.Parallel()
-	lab := newMasqLab(t)
-	lab.a.Extra["ipMasqPortRange"] = "62400-62431"
-	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	lab := newShareLab(t, "62400-62431")
 	a14Echo(t, lab.out, 7480)
 	srv := hp(outsideIP, 7480)
 	y, _ := lab.a.RunPod("a15sy")

@@ -8,13 +8,11 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/ns"
-	"golang.org/x/sys/unix"
 )
 
 // TestAttack15MasqTwoInterfaces: pod with eth0 and net1 (two ADDs, two
@@ -74,7 +72,7 @@ func TestAttack15MasqTwoInterfaces(t *testing.T) {
 	firsts := map[string]string{}
 	for i := 0; i < 5; i++ {
 		for _, src := range []net.IP{e6, n6} {
-			seen, took, err := a15DialSeenFrom(pod, src, 62400, addr)
+			seen, took, err := a15DialSeen(pod, src, 62400, addr, false)
 			if err != nil {
 				var ss []byte
 				pod.Do(func(ns.NetNS) error { ss, _ = exec.Command("ss", "-tanoi").CombinedOutput(); return nil })
@@ -103,30 +101,4 @@ func TestAttack15MasqTwoInterfaces(t *testing.T) {
 	if d := a15Paws(t, lab.out) - paws0; d > 0 {
 		t.Errorf("the server refused %d SYNs by PAWS", d)
 	}
-}
-
-// a15DialSeenFrom is a15DialSeen from the address src.
-func a15DialSeenFrom(netns ns.NetNS, src net.IP, lport int, addr string) (seen string, took time.Duration, err error) {
-	err = netns.Do(func(ns.NetNS) error {
-		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: src, Port: lport},
-			Control: func(_, _ string, c syscall.RawConn) error {
-				return c.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
-			}}
-		start := time.Now()
-		c, err := d.Dial("tcp6", addr)
-		took = time.Since(start)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(3 * time.Second))
-		buf := make([]byte, 128)
-		n, err := c.Read(buf)
-		seen = string(buf[:n])
-		if len(seen) > 0 && seen[len(seen)-1] == '\n' {
-			seen = seen[:len(seen)-1]
-		}
-		return err
-	})
-	return
 }

@@ -49,12 +49,11 @@ func TestAttack16MasqReplyOnHostPort6(t *testing.T) {
 	lab.a.Extra["ipMasqPortRange"] = "62800-62831"
 	rec := a15Record(t, lab.out, 7490)
 	x, _ := lab.a.RunPod("a16bx")
-	var c *net.UDPConn
-	must(t, x.Do(func(ns.NetNS) error {
-		cc, err := net.DialUDP("udp6", &net.UDPAddr{Port: 45000}, &net.UDPAddr{IP: outsideIP6, Port: 7490})
-		c = cc
-		return err
-	}))
+	f, err := a14Dial(x, "udp", 45000, hp(outsideIP6, 7490))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := f.c
 	t.Cleanup(func() { c.Close() })
 	c.Write([]byte("open"))
 	ua, err := net.ResolveUDPAddr("udp6", rec.from("open", 2*time.Second))
@@ -111,12 +110,11 @@ func TestAttack16MasqReplyOnHostPort4(t *testing.T) {
 	}))
 	t.Cleanup(func() { srv.Close() })
 	x, _ := lab.a.RunPod("a16b4x")
-	var c *net.UDPConn
-	must(t, x.Do(func(ns.NetNS) error {
-		cc, err := net.DialUDP("udp4", &net.UDPAddr{Port: 45002}, &net.UDPAddr{IP: outsideIP, Port: 7493})
-		c = cc
-		return err
-	}))
+	f, err := a14Dial(x, "udp", 45002, hp(outsideIP, 7493))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := f.c
 	t.Cleanup(func() { c.Close() })
 	c.Write([]byte("open"))
 	srv.SetReadDeadline(time.Now().Add(2 * time.Second))
@@ -130,21 +128,7 @@ func TestAttack16MasqReplyOnHostPort4(t *testing.T) {
 	}
 	y := lab.a.NewPod()
 	lab.a.MustAddHP(y, "a16b4y", testenv.PM{HostPort: ua.Port, ContainerPort: 90, Protocol: "udp"})
-	var ly net.PacketConn
-	must(t, y.Do(func(ns.NetNS) error {
-		var err error
-		ly, err = net.ListenPacket("udp4", ":90")
-		return err
-	}))
-	t.Cleanup(func() { ly.Close() })
-	toY := func(d time.Duration) []string {
-		buf := make([]byte, 256)
-		ly.SetReadDeadline(time.Now().Add(d))
-		if n, from, err := ly.ReadFrom(buf); err == nil {
-			return []string{string(buf[:n]) + " from " + from.String()}
-		}
-		return nil
-	}
+	toY := listenUDP(t, y, "udp4", 90)
 	srv.WriteTo([]byte("a16-both4"), ua)
 	gotX := a16Read(c, "a16-both4", time.Second)
 	gotY := toY(300 * time.Millisecond)
@@ -328,12 +312,11 @@ func TestAttack16MasqReplyRoutingSegmentsLeft(t *testing.T) {
 	lab := newMasqLab(t)
 	rec := a15Record(t, lab.out, 7497)
 	x, _ := lab.a.RunPod("a16rhx")
-	var c *net.UDPConn
-	must(t, x.Do(func(ns.NetNS) error {
-		cc, err := net.DialUDP("udp6", nil, &net.UDPAddr{IP: outsideIP6, Port: 7497})
-		c = cc
-		return err
-	}))
+	f, err := a14Dial(x, "udp", 0, hp(outsideIP6, 7497))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := f.c
 	t.Cleanup(func() { c.Close() })
 	c.Write([]byte("open"))
 	ua, err := net.ResolveUDPAddr("udp6", rec.from("open", 2*time.Second))

@@ -19,7 +19,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent/inspect"
-	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -67,6 +66,16 @@ func a16Server(t *testing.T, out ns.NetNS, ip net.IP, port int) *sync.Map {
 		return nil
 	}))
 	return live
+}
+
+// a16ServedPod starts a16Server on outsideIP:port and runs pod id; it
+// returns the pod, its host veth's ifindex and the server's address.
+func a16ServedPod(t *testing.T, lab *masqLab, port int, id string) (ns.NetNS, int, string) {
+	t.Helper()
+	a16Server(t, lab.out, outsideIP, port)
+	x, _ := lab.a.RunPod(id)
+	_, ifx := lab.a.HostVeth(id)
+	return x, ifx, hp(outsideIP, port)
 }
 
 // a16Share is the share column of dump nat for the pod on host interface
@@ -172,13 +181,8 @@ func a16Close(t *testing.T, flows []*a14Flow, how string) {
 // share must say what is open.
 func TestAttack16MasqShareReopenAfterFIN(t *testing.T) {
 	t.Parallel()
-	lab := newMasqLab(t)
-	lab.a.Extra["ipMasqPortRange"] = "62400-62431"
-	lab.a.Extra["ipMasqPodPortLimit"] = 8
-	a16Server(t, lab.out, outsideIP, 7481)
-	srv := hp(outsideIP, 7481)
-	x, _ := lab.a.RunPod("a16fx")
-	ifx := lab.a.HostIfindex(state.HostIfName("a16fx", "eth0"))
+	lab := newShareLab(t, "62400-62431")
+	x, ifx, srv := a16ServedPod(t, lab, 7481, "a16fx")
 	first := a16Open(t, x, srv, a16Ports(41000, 8))
 	if n := len(a16Alive(first, "a")); n != 8 {
 		t.Fatalf("control: %d of 8 first connections answered", n)
@@ -214,13 +218,8 @@ func TestAttack16MasqShareReopenAfterFIN(t *testing.T) {
 // share still says what is open.
 func TestAttack16MasqShareRSTReopen(t *testing.T) {
 	t.Parallel()
-	lab := newMasqLab(t)
-	lab.a.Extra["ipMasqPortRange"] = "62500-62531"
-	lab.a.Extra["ipMasqPodPortLimit"] = 8
-	a16Server(t, lab.out, outsideIP, 7482)
-	srv := hp(outsideIP, 7482)
-	x, _ := lab.a.RunPod("a16rx")
-	ifx := lab.a.HostIfindex(state.HostIfName("a16rx", "eth0"))
+	lab := newShareLab(t, "62500-62531")
+	x, ifx, srv := a16ServedPod(t, lab, 7482, "a16rx")
 	flows := a16Open(t, x, srv, a16Ports(42000, 8))
 	if n := len(a16Alive(flows, "a")); n != 8 {
 		t.Fatalf("control: %d of 8 connections answered", n)
@@ -283,20 +282,18 @@ func TestAttack16MasqSharePodRSTChurn(t *testing.T) {
 }
 
 func a16Churn(t *testing.T, ports string, sport int, id string, base int, closeAll func([]*a14Flow)) {
-	lab := newMasqLab(t)
-	lab.a.Extra["ipMasqPortRange"] = ports
-	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	lab := newShareLab(t, ports)
 	a16Server(t, lab.out, outsideIP, sport)
 	srv := hp(outsideIP, sport)
 	y, _ := lab.a.RunPod(id + "y")
-	ify := lab.a.HostIfindex(state.HostIfName(id+"y", "eth0"))
+	_, ify := lab.a.HostVeth(id + "y")
 	yflows := a16Open(t, y, srv, a16Ports(base+500, 8))
 	yports := a16Alive(yflows, "y")
 	if len(yports) != 8 {
 		t.Fatalf("control: %d of y's 8 connections answered", len(yports))
 	}
 	x, _ := lab.a.RunPod(id + "x")
-	ifx := lab.a.HostIfindex(state.HostIfName(id+"x", "eth0"))
+	_, ifx := lab.a.HostVeth(id + "x")
 	failed := 0
 	for round := 0; round < 5; round++ {
 		flows := a16Open(t, x, srv, a16Ports(base+round*10, 8))
@@ -332,9 +329,7 @@ func a16Churn(t *testing.T, ports string, sport int, id string, base int, closeA
 // share must count both all along.
 func TestAttack16MasqHalfClosedKept(t *testing.T) {
 	t.Parallel()
-	lab := newMasqLab(t)
-	lab.a.Extra["ipMasqPortRange"] = "62700-62731"
-	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	lab := newShareLab(t, "62700-62731")
 	got := make(chan string, 4)
 	done := make(chan struct{})
 	t.Cleanup(func() { close(done) })
@@ -369,7 +364,7 @@ func TestAttack16MasqHalfClosedKept(t *testing.T) {
 	}))
 	srv := hp(outsideIP, 7484)
 	x, _ := lab.a.RunPod("a16hx")
-	ifx := lab.a.HostIfindex(state.HostIfName("a16hx", "eth0"))
+	_, ifx := lab.a.HostVeth("a16hx")
 	fs := a16Open(t, x, srv, []int{44000, 44001})
 	if fs[0] == nil || fs[1] == nil {
 		t.Fatal("control: dial failed")
@@ -414,14 +409,9 @@ func TestAttack16MasqHalfClosedKept(t *testing.T) {
 // address and port (another protocol, its own share) answers throughout.
 func TestAttack16MasqShareMixedCloses(t *testing.T) {
 	t.Parallel()
-	lab := newMasqLab(t)
-	lab.a.Extra["ipMasqPortRange"] = "62300-62331"
-	lab.a.Extra["ipMasqPodPortLimit"] = 8
-	a16Server(t, lab.out, outsideIP, 7485)
-	a16UDPEcho(t, lab.out, outsideIP, 7485)
-	srv := hp(outsideIP, 7485)
-	x, _ := lab.a.RunPod("a16mx")
-	ifx := lab.a.HostIfindex(state.HostIfName("a16mx", "eth0"))
+	lab := newShareLab(t, "62300-62331")
+	udpPeerEcho(t, lab.out, outsideIP, 7485)
+	x, ifx, srv := a16ServedPod(t, lab, 7485, "a16mx")
 	y, _ := lab.a.RunPod("a16my")
 	u, err := a14Dial(y, "udp", 46000, srv)
 	if err != nil {
@@ -457,7 +447,8 @@ func TestAttack16MasqShareMixedCloses(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	s0, _ := a16Share(t, lab.a, ifx, "tcp", srv)
-	su, _ := a16Share(t, lab.a, lab.a.HostIfindex(state.HostIfName("a16my", "eth0")), "udp", srv)
+	_, ify := lab.a.HostVeth("a16my")
+	su, _ := a16Share(t, lab.a, ify, "udp", srv)
 	t.Logf("right after the closes: x's tcp share %d, y's udp share %d", s0, su)
 	for i := 0; i < 6; i++ {
 		time.Sleep(2 * time.Second)
@@ -474,28 +465,6 @@ func TestAttack16MasqShareMixedCloses(t *testing.T) {
 		t.Errorf("8 new connections after: %d answer, %v", n, time.Since(t0))
 	}
 	udpOK("u9")
-}
-
-// a16UDPEcho answers each datagram to ip:port in netns with "<peer> <payload>".
-func a16UDPEcho(t *testing.T, netns ns.NetNS, ip net.IP, port int) {
-	t.Helper()
-	var pc net.PacketConn
-	must(t, netns.Do(func(ns.NetNS) error {
-		var err error
-		pc, err = net.ListenPacket("udp", hp(ip, port))
-		return err
-	}))
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 2048)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			pc.WriteTo([]byte(fmt.Sprintf("%s %s", from, buf[:n])), from)
-		}
-	}()
 }
 
 // a16TCP4 is an IPv4 TCP segment src:sport -> dst:dport with sequence seq
@@ -523,13 +492,8 @@ func a16TCP4(src net.IP, sport int, dst net.IP, dport int, seq uint32, flags byt
 // of x's own and the share still says what is open.
 func TestAttack16MasqShareServerRSTReopen(t *testing.T) {
 	t.Parallel()
-	lab := newMasqLab(t)
-	lab.a.Extra["ipMasqPortRange"] = "62100-62131"
-	lab.a.Extra["ipMasqPodPortLimit"] = 8
-	a16Server(t, lab.out, outsideIP, 7487)
-	srv := hp(outsideIP, 7487)
-	x, _ := lab.a.RunPod("a16sx")
-	ifx := lab.a.HostIfindex(state.HostIfName("a16sx", "eth0"))
+	lab := newShareLab(t, "62100-62131")
+	x, ifx, srv := a16ServedPod(t, lab, 7487, "a16sx")
 	flows := a16Open(t, x, srv, a16Ports(50000, 8))
 	if n := len(a16Alive(flows, "a")); n != 8 {
 		t.Fatalf("control: %d of 8 connections answered", n)
@@ -559,14 +523,9 @@ func TestAttack16MasqShareServerRSTReopen(t *testing.T) {
 // x's own UDP ports, never its TCP ones: the 8 TCP connections still answer.
 func TestAttack16MasqShareUDPBesideTCP(t *testing.T) {
 	t.Parallel()
-	lab := newMasqLab(t)
-	lab.a.Extra["ipMasqPortRange"] = "61900-61931"
-	lab.a.Extra["ipMasqPodPortLimit"] = 8
-	a16Server(t, lab.out, outsideIP, 7489)
-	a16UDPEcho(t, lab.out, outsideIP, 7489)
-	srv := hp(outsideIP, 7489)
-	x, _ := lab.a.RunPod("a16ux")
-	ifx := lab.a.HostIfindex(state.HostIfName("a16ux", "eth0"))
+	lab := newShareLab(t, "61900-61931")
+	udpPeerEcho(t, lab.out, outsideIP, 7489)
+	x, ifx, srv := a16ServedPod(t, lab, 7489, "a16ux")
 	tcp := a16Open(t, x, srv, a16Ports(52000, 8))
 	var udp []*a14Flow
 	for _, p := range a16Ports(52000, 8) {

@@ -102,7 +102,7 @@ exec %q
 // that has one: 50, the datapath's, as ADD and CHECK answer a foreign pin
 // (the teardown runs before the IPAM release; it was 7, the IPAM plugin's,
 // while the teardown's open error had no kind). DEL used to report the IPAM
-// error alone. Once the map is back (a clone pinned: a15SwapPin), DEL
+// error alone. Once the map is back (a clone pinned: swapForeignPin), DEL
 // removes everything.
 func TestDelReportsEveryError(t *testing.T) {
 	t.Parallel()
@@ -113,7 +113,7 @@ func TestDelReportsEveryError(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := filepath.Join(datapath.MapsDir(e.PinDir), "cni_links")
-	restore, ok := a15SwapPin(t, p)
+	restore, ok := swapForeignPin(t, p)
 	if !ok {
 		t.Fatalf("no map of another type with %s's sizes could be made", p)
 	}

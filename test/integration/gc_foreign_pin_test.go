@@ -1,9 +1,7 @@
 package integration
 
 import (
-	"errors"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -24,7 +22,7 @@ func TestGCForeignPin(t *testing.T) {
 	e.CleanupDel(pod, "gcforeign")
 	e.Add(pod, "gcforeign")
 	p := filepath.Join(datapath.MapsDir(e.PinDir), "cni_endpoints")
-	back, ok := a15SwapPin(t, p)
+	back, ok := swapForeignPin(t, p)
 	if !ok {
 		t.Fatalf("no map of another type with %s's sizes could be made", p)
 	}
@@ -36,9 +34,7 @@ func TestGCForeignPin(t *testing.T) {
 		{"the pod valid", []types.GCAttachment{{ContainerID: "gcforeign", IfName: "eth0"}}},
 		{"nothing valid", nil},
 	} {
-		err := e.GC(c.valid...)
-		var te *types.Error
-		if !errors.As(err, &te) || te.Code != codePluginNotAvailable || !strings.Contains(te.Msg, p) {
+		if err := e.GC(c.valid...); !is50Naming(err, p) {
 			t.Errorf("GC with %s and a foreign %s pinned: %v (code %d), want error 50 naming the pin", c.name, p, err, testenv.ErrCode(err))
 		}
 	}

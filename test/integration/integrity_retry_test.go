@@ -368,22 +368,8 @@ func TestReviewKilledFirstAdd(t *testing.T) {
 		e := testenv.New(t)
 		pod := e.NewPod()
 		e.CleanupDel(pod, "killed")
-		var cmd *exec.Cmd
-		err := e.InNode(func() error {
-			cmd = exec.Command(filepath.Join(testenv.BinDir, "ebpf-cni"))
-			for k, v := range pluginEnv("ADD", "killed", pod, "eth0") {
-				cmd.Env = append(cmd.Env, k+"="+v)
-			}
-			cmd.Stdin = bytes.NewReader(e.StdinConf(nil))
-			return cmd.Start()
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(d)
-		cmd.Process.Signal(syscall.SIGKILL)
-		werr := cmd.Wait()
-		if wasKilled(werr) {
+		werr := e.KillPluginAfter(filepath.Join(testenv.BinDir, "ebpf-cni"), pluginEnv("ADD", "killed", pod, "eth0"), e.StdinConf(nil), d)
+		if testenv.Killed(werr) {
 			killed++
 		}
 		pins, _ := os.ReadDir(e.PinDir)
@@ -420,22 +406,8 @@ func TestReviewKilledDel(t *testing.T) {
 		e.CleanupDel(pod, "victim")
 		e.CleanupDel(next, "next")
 		v := e.AddAttachment(pod, "victim")
-		var cmd *exec.Cmd
-		err := e.InNode(func() error {
-			cmd = exec.Command(filepath.Join(testenv.BinDir, "ebpf-cni"))
-			for k, val := range pluginEnv("DEL", "victim", pod, "eth0") {
-				cmd.Env = append(cmd.Env, k+"="+val)
-			}
-			cmd.Stdin = bytes.NewReader(e.StdinConf(nil))
-			return cmd.Start()
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(d)
-		cmd.Process.Signal(syscall.SIGKILL)
-		werr := cmd.Wait()
-		if wasKilled(werr) {
+		werr := e.KillPluginAfter(filepath.Join(testenv.BinDir, "ebpf-cni"), pluginEnv("DEL", "victim", pod, "eth0"), e.StdinConf(nil), d)
+		if testenv.Killed(werr) {
 			killed++
 		}
 		left := e.Traces(v)
@@ -463,15 +435,4 @@ func TestReviewKilledDel(t *testing.T) {
 	if killed == 0 {
 		t.Error("no SIGKILL landed before the DEL finished: nothing was interrupted")
 	}
-}
-
-// wasKilled tells whether a plugin process ended by a signal (the test's
-// SIGKILL landed before it finished).
-func wasKilled(err error) bool {
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
-		return false
-	}
-	ws, ok := ee.Sys().(syscall.WaitStatus)
-	return ok && ws.Signaled()
 }

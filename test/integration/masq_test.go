@@ -68,6 +68,16 @@ func labAddr(l netlink.Link, cidr string) error {
 	return netlink.AddrAdd(l, a)
 }
 
+// newShareLab is newMasqLab with node ports from portRange ("first-last")
+// and ipMasqPodPortLimit 8: the lab of the tests of a pod's share of ports
+// towards one destination.
+func newShareLab(t *testing.T, portRange string) *masqLab {
+	lab := newMasqLab(t)
+	lab.a.Extra["ipMasqPortRange"] = portRange
+	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	return lab
+}
+
 func newMasqLab(t *testing.T) *masqLab {
 	t.Helper()
 	out := testenv.NewNS(t)

@@ -19,13 +19,25 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
-// swapPin replaces the pin of map name under e's maps with a map of the
-// same key and value sizes but another type (a foreign one, as a hostile
-// or buggy process could pin) and returns the function that puts ours
-// back.
+// swapPin replaces the pin of map name under e's maps with a foreign map
+// (swapForeignPin) and returns the function that puts ours back.
 func swapPin(t *testing.T, e *testenv.Env, name string) func() {
 	t.Helper()
 	p := filepath.Join(datapath.MapsDir(e.PinDir), name)
+	back, ok := swapForeignPin(t, p)
+	if !ok {
+		t.Fatalf("no map of another type with %s's sizes could be made", p)
+	}
+	return back
+}
+
+// swapForeignPin replaces the map pinned at p with a map of the same key
+// and value sizes but another type, a hash (an LRU hash for a hash), as a
+// hostile or buggy process could pin, and returns the function that puts
+// ours back (also at cleanup); ok false when the kernel takes no such map
+// (key or value size 0: ring buffers).
+func swapForeignPin(t *testing.T, p string) (back func(), ok bool) {
+	t.Helper()
 	ours, err := ebpf.LoadPinnedMap(p, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -34,16 +46,17 @@ func swapPin(t *testing.T, e *testenv.Env, name string) func() {
 	if ours.Type() == ebpf.Hash {
 		typ = ebpf.LRUHash
 	}
-	foreign, err := ebpf.NewMap(&ebpf.MapSpec{Type: typ, KeySize: ours.KeySize(), ValueSize: ours.ValueSize(), MaxEntries: ours.MaxEntries()})
+	ks, vs := ours.KeySize(), ours.ValueSize()
+	foreign, err := ebpf.NewMap(&ebpf.MapSpec{Type: typ, KeySize: max(ks, 1), ValueSize: max(vs, 1), MaxEntries: max(ours.MaxEntries(), 1)})
 	if err != nil {
 		ours.Close()
-		t.Fatal(err)
+		return nil, false
 	}
 	must(t, os.Remove(p))
 	must(t, foreign.Pin(p))
 	foreign.Close()
 	restored := false
-	back := func() {
+	back = func() {
 		if restored {
 			return
 		}
@@ -63,7 +76,7 @@ func swapPin(t *testing.T, e *testenv.Env, name string) func() {
 		ours.Close()
 	}
 	t.Cleanup(back)
-	return back
+	return back, true
 }
 
 // TestForeignLazyMapDel: a pod's DEL while a map the teardown opens at

@@ -167,10 +167,16 @@ func TestTunnelClearForgedPeerPodSource(t *testing.T) {
 // listenUDP6 is listenUDP4 for IPv6.
 func listenUDP6(t *testing.T, pod ns.NetNS, port int) func(wait time.Duration) []string {
 	t.Helper()
+	return listenUDP(t, pod, "udp6", port)
+}
+
+// listenUDP is listenUDP6 for network "udp4" or "udp6".
+func listenUDP(t *testing.T, pod ns.NetNS, network string, port int) func(wait time.Duration) []string {
+	t.Helper()
 	var pc net.PacketConn
 	must(t, pod.Do(func(ns.NetNS) error {
 		var err error
-		pc, err = net.ListenPacket("udp6", "[::]:"+strconv.Itoa(port))
+		pc, err = net.ListenPacket(network, ":"+strconv.Itoa(port))
 		return err
 	}))
 	t.Cleanup(func() { pc.Close() })

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os/exec"
+	"syscall"
 	"testing"
+	"time"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 
@@ -157,11 +160,7 @@ func (e *Env) StdinConf(edit func(c map[string]any)) []byte {
 func (e *Env) RunPlugin(bin string, envv map[string]string, stdin []byte) ([]byte, error) {
 	var out []byte
 	err := e.InNode(func() error {
-		cmd := exec.Command(bin)
-		for k, v := range envv {
-			cmd.Env = append(cmd.Env, k+"="+v)
-		}
-		cmd.Stdin = bytes.NewReader(stdin)
+		cmd := pluginCmd(bin, envv, stdin)
 		var b bytes.Buffer
 		cmd.Stdout = &b
 		err := cmd.Run()
@@ -169,6 +168,47 @@ func (e *Env) RunPlugin(bin string, envv map[string]string, stdin []byte) ([]byt
 		return err
 	})
 	return out, err
+}
+
+// KillPluginAfter starts a plugin binary in the node netns, sends it
+// SIGKILL after d (wherever it is), and returns how it ended: Wait's error,
+// nil when it finished first (Killed tells which).
+func (e *Env) KillPluginAfter(bin string, envv map[string]string, stdin []byte, d time.Duration) error {
+	var werr error
+	err := e.InNode(func() error {
+		cmd := pluginCmd(bin, envv, stdin)
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		time.Sleep(d)
+		cmd.Process.Signal(syscall.SIGKILL)
+		werr = cmd.Wait()
+		return nil
+	})
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	return werr
+}
+
+// Killed tells whether a plugin process ended by a signal (a SIGKILL that
+// landed before it finished).
+func Killed(err error) bool {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled()
+}
+
+func pluginCmd(bin string, envv map[string]string, stdin []byte) *exec.Cmd {
+	cmd := exec.Command(bin)
+	for k, v := range envv {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Stdin = bytes.NewReader(stdin)
+	return cmd
 }
 
 // NetList is the conflist of another network on the env's node.
