@@ -54,22 +54,23 @@ type Attachment struct {
 	RcvWnd        uint32        // the pod's receive window clamp (ingress limit): its netns entry
 	Record        *state.Record // the record being written; features add their part
 
-	features []Feature
-	netns    ns.NetNS
-	cookie   uint64 // the pod netns'
-	claim    *os.File
-	busy     func()     // releases the busy lock (datapath.MarkBusy)
-	agent    bool       // an agent is alive on the node (see Claim)
-	deferTCX bool       // attach cls_bpf marked for tcx: an agent moves it (see Claim)
-	sfPart   chan error // the pod's stack-flow table being made (CreateVeth)
-	sfErr    error
-	sfSlot   uint32 // the pod's slot in the node's pool of stack-flow tables (0: none)
-	ipam     chan ipamOut
-	ipamOut  *ipamOut
-	undo     []func() error
-	hostLink netlink.Link
-	plan     *plan
-	res      *current.Result
+	features  []Feature
+	netns     ns.NetNS
+	cookie    uint64 // the pod netns'
+	claim     *os.File
+	busy      func()     // releases the busy lock (datapath.MarkBusy)
+	agent     bool       // an agent is alive on the node (see Claim)
+	deferTCX  bool       // attach cls_bpf marked for tcx: an agent moves it (see Claim)
+	sfPart    chan error // the pod's stack-flow table being made (CreateVeth)
+	sfErr     error
+	sfSlot    uint32 // the pod's slot in the node's pool of stack-flow tables (0: none)
+	sfTouched bool   // TakeSlot ran: the undo drops what the pod may own there
+	ipam      chan ipamOut
+	ipamOut   *ipamOut
+	undo      []func() error
+	hostLink  netlink.Link
+	plan      *plan
+	res       *current.Result
 
 	hooksOnce  sync.Once
 	hooksCh    chan error
@@ -244,7 +245,9 @@ func (a *Attachment) Abort() {
 	}
 	var errs error
 	for i := len(a.undo) - 1; i >= 0; i-- {
-		errs = errors.Join(errs, a.undo[i]())
+		// Each step guarded: a foreign pin met by one (a *PinError panic)
+		// must not skip the others, the IPAM release among them (attack17).
+		errs = errors.Join(errs, maps.Guard(a.undo[i]))
 	}
 	if errs == nil && a.claim != nil {
 		_ = a.Net.Store().Remove(a.ID.ContainerID, a.ID.IfName)
@@ -344,10 +347,14 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 	idx := a.hostLink.Attrs().Index
 	a.Ifindex = idx
 	a.OnUndo(func() error {
+		errs := errors.Join(deleteLink(a.HostIf), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
+			a.DP.Maps.Links().Delete(idx), a.DP.Maps.Stats().Reset(idx))
+		if !a.sfTouched {
+			return errs // the stack-flow maps were never opened (attack17: a foreign pin there)
+		}
 		a.waitStackFlowPart() // its table is put before it is dropped
 		_, sfErr := a.DP.Maps.StackFlows().DeleteOf(idx)
-		return errors.Join(deleteLink(a.HostIf), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
-			a.DP.Maps.Links().Delete(idx), a.DP.Maps.Stats().Reset(idx), sfErr)
+		return errors.Join(errs, sfErr)
 	})
 	if a.Net.IPv4Only {
 		// Saves the node work only: a /proc/sys that refuses the write
@@ -363,7 +370,8 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 	// an agent alive the agent makes it after the ADD (background.go) and
 	// the pod's records go to the shared table meanwhile; without one,
 	// the wait runs beside the rest of the ADD and Publish joins it.
-	slot, err := a.DP.Maps.StackFlows().TakeSlot(idx, linkAlive)
+	slot, err := a.DP.Maps.StackFlows().TakeSlot(idx, linkAlive) // a foreign pin panics here, before any change
+	a.sfTouched = true
 	if err != nil {
 		return mapError(err)
 	}
