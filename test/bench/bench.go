@@ -1032,7 +1032,7 @@ func (b *bench) runRounds(ctx context.Context, start time.Time) error {
 		return fmt.Errorf("ebpf-cni warm-up ADD did not pin the datapath in %s", b.pinDir)
 	}
 
-	// Configurations interleaved, order rotated each round, so drift and
+	// Configurations interleaved, order balanced (roundOrder), so drift and
 	// background work (async netns teardown) hit all of them alike.
 	logf("latency: %d rounds of ADD+DEL over %d configurations", b.opts.n, len(b.configs))
 	roundsStart, ticks := time.Now(), b.agentTicks()

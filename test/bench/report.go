@@ -219,7 +219,7 @@ func (r *results) markdown() string {
 		}
 		scale = fmt.Sprintf("%d ADD+DEL each with %s pods of the same configuration present", r.ScaleReps, strings.Join(ps, ", "))
 	}
-	fmt.Fprintf(&b, "- runs: n=%d per configuration (interleaved, order rotated each round, after one uncounted warm-up); at scale: %s; total %s\n", r.N, scale, r.Elapsed)
+	fmt.Fprintf(&b, "- runs: n=%d per configuration (interleaved, each round's order a row of a Williams design: every configuration in every place and right after each other one alike, after one uncounted warm-up); at scale: %s; total %s\n", r.N, scale, r.Elapsed)
 	fmt.Fprintf(&b, "- method: wall time of `cnitool add|del NET NETNS` run in a private node netns (CNI %s, IPv4 host-local), i.e. cnitool + libcni + every plugin exec, as a runtime sees it; fresh pod netns per sample (not timed); pods present = other pods of the same configuration attached while timing; ratios compare medians at the same op and pods present; p90 is nearest-rank\n\n", cniVersion)
 
 	fmt.Fprintf(&b, "| config | op | pods present | runs | median ms | min ms | p90 ms | max ms | × ptp+portmap+bandwidth | × ptp |\n")
