@@ -89,13 +89,15 @@ func startRaceRound(t *testing.T, variant string, extra ...string) {
 		a := e.StartAgent(confDir, args...)
 		addAll(t, e, pods[:1], ids[:1])
 		waitAllTCX(t, e, variant, ids[:1], a)
-	case "tunnel": // as the bench: one pod at ready, one a second later
+	case "tunnel": // as the bench's cycles: ADD, on tcx, DEL, reaped, again
 		a := e.StartAgent(confDir, args...)
-		addAll(t, e, pods[:1], ids[:1])
-		waitAllTCX(t, e, variant, ids[:1], a)
-		time.Sleep(time.Second)
-		addAll(t, e, pods[1:2], ids[1:2])
-		waitAllTCX(t, e, variant, ids[1:2], a)
+		for i := range 3 {
+			addAll(t, e, pods[i:i+1], ids[i:i+1])
+			waitAllTCX(t, e, variant, ids[i:i+1], a)
+			if err := e.Del(pods[i], ids[i], "eth0"); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+		}
 	case "several": // three at once, right at ready
 		a := e.StartAgent(confDir, args...)
 		addAll(t, e, pods, ids)
