@@ -115,8 +115,8 @@ func (b *bench) settle(c *config, w bgWork) (time.Duration, error) {
 			break
 		}
 		if time.Since(start) > settleTimeout {
-			return 0, fmt.Errorf("the agent of %s has not done its background work after %s: %s\n%s", pinDir, settleTimeout,
-				strings.Join(left, ", "), testenv.Tail(b.agents[pinDir].Stderr.String()))
+			return 0, fmt.Errorf("the agent of %s has not done its background work after %s: %s; attachments: %s\n%s", pinDir, settleTimeout,
+				strings.Join(left, ", "), b.attachStates(c, w.hostIfs), testenv.Tail(b.agents[pinDir].Stderr.String()))
 		}
 	}
 	took := time.Since(verbEnd)
@@ -144,6 +144,26 @@ func (b *bench) settle(c *config, w bgWork) (time.Duration, error) {
 		return 0, fmt.Errorf("after the agent's background work: %s", strings.Join(errs, "; "))
 	}
 	return took, nil
+}
+
+// attachStates names each host veth's attachment (datapath.AttachmentOf),
+// for a settle that timed out: a pod the agent missed ("tc, tcx pending")
+// is told from one its ADD put on plain tc ("tc", which the agent leaves
+// there) and from a veth gone ("none"). Only then: each look is two
+// filter dumps, which settle's polling would add to the agent's work.
+func (b *bench) attachStates(c *config, hostIfs []string) string {
+	var out []string
+	b.nodeOf(c).Do(func(ns.NetNS) error {
+		for _, h := range hostIfs {
+			st := datapath.StateNone
+			if l, err := netlink.LinkByName(h); err == nil {
+				st = datapath.AttachmentOf(b.pinOf(c), l.Attrs().Index, h)
+			}
+			out = append(out, fmt.Sprintf("%s %q", h, st))
+		}
+		return nil
+	})
+	return strings.Join(out, ", ")
 }
 
 // settleAll waits until no handed-off veth of c's node is left (a part's
