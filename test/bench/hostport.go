@@ -611,7 +611,9 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d tim
 			}
 			return rate, f, err
 		}
+		stats0 := b.progStats(c)
 		rates, bases, failed, err := alternate(measure, base.raw, base.routed)
+		b.logProgStats(c, p, stats0)
 		if err != nil {
 			return err
 		}
