@@ -5,8 +5,15 @@ package main
 // and 1000 pods holding hostPorts, for ebpf-cni and for the reference
 // ptp+portmap chain in the same run, beside two baselines.
 //
-// Topology: a "remote" netns is routed to the node netns over a veth (the
-// node's uplink, 198.51.100.1/24). Every pod of a configuration maps its
+// Topology: a "remote" netns is routed to each plugin's node netns over a
+// veth of its own (the node's uplink: ebpf-cni's 198.51.100.1/24, the
+// reference plugins' 198.51.102.1/24). Each plugin has a fresh node netns
+// of its own, so no plugin's netfilter hooks (portmap's and ptp's nat
+// rules turn conntrack on in their netns, and DEL leaves the chains) tax
+// another's packets, and ebpf-cni's uplink hooks see no reference traffic:
+// the routed floor, ebpf-cni and the reference chain each run on a node
+// with only their own rules (-node-conntrack: and kube-proxy's, in all
+// three). Every pod of a configuration maps its
 // own hostPort (hostPortBase + n) to port 80; the newest pod serves. The
 // raw baseline is a separate pair of namespaces joined by a bare veth, the
 // client dialling the server's address directly: no CNI, no NAT, no
@@ -28,6 +35,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -57,6 +65,9 @@ var (
 	routedGW4     = net.ParseIP("10.234.0.1").To4()
 	routedPod4    = net.ParseIP("10.234.0.2").To4()
 	routedNet     = mustCIDR("10.234.0.0/24")
+	// The reference plugins' node's uplink and the remote's end of it.
+	refUplink4 = net.ParseIP("198.51.102.1").To4()
+	refRemote4 = net.ParseIP("198.51.102.2").To4()
 	// outside4 is the masquerade part's server, on the remote's lo: outside
 	// every node, reached over each node's uplink.
 	outside4 = net.ParseIP("198.18.0.80").To4()
@@ -111,6 +122,18 @@ type hpEnv struct {
 	remote, rawClient, rawServer ns.NetNS
 	// routedNode and routedPod: the routed baseline, no programs anywhere.
 	routedNode, routedPod ns.NetNS
+	// ebpfNode (pin directory ebpfPin) and refNode: the node netns of
+	// ebpf-cni's configurations and of the reference plugins'.
+	ebpfNode, refNode ns.NetNS
+	ebpfPin           string
+}
+
+// uplinkOf is the address a remote dials for a configuration's hostPorts.
+func (h *hpEnv) uplinkOf(c *config) net.IP {
+	if c.node == h.refNode {
+		return refUplink4
+	}
+	return benchUplink4
 }
 
 // setupHostPort creates the remote netns, the node's uplink and the raw pair.
@@ -127,8 +150,18 @@ func (b *bench) setupHostPort() error {
 	if h.rawServer, err = testenv.NewNetNS(filepath.Join(b.nsDir, "raw-server")); err != nil {
 		return err
 	}
-	if err := testenv.VethBetween(b.node, "uplink0", benchUplink4, h.remote, "eth0", benchRemote4); err != nil {
+	if h.ebpfNode, err = b.newNode("node-hp-ebpf"); err != nil {
+		return err
+	}
+	if h.refNode, err = b.newNode("node-hp-ref"); err != nil {
+		return err
+	}
+	h.ebpfPin = b.newPinDir("hp")
+	if err := testenv.VethBetween(h.ebpfNode, "uplink0", benchUplink4, h.remote, "eth0", benchRemote4); err != nil {
 		return fmt.Errorf("node uplink: %w", err)
+	}
+	if err := testenv.VethBetween(h.refNode, "uplink0", refUplink4, h.remote, "eth2", refRemote4); err != nil {
+		return fmt.Errorf("reference node uplink: %w", err)
 	}
 	if err := testenv.VethBetween(h.rawClient, "eth0", rawClient4, h.rawServer, "eth0", rawServer4); err != nil {
 		return fmt.Errorf("raw veth pair: %w", err)
@@ -169,7 +202,8 @@ func (b *bench) setupRouted(h *hpEnv) error {
 		{h.remote, "eth1", routedNet, routedUplink4, false},
 		{h.remote, "lo", host, nil, true},
 		{h.routedNode, "uplink0", host, routedRemote4, false},
-		{b.node, "uplink0", host, benchRemote4, false},
+		{h.ebpfNode, "uplink0", host, benchRemote4, false},
+		{h.refNode, "uplink0", host, refRemote4, false},
 	}
 	for _, r := range routes {
 		err := r.n.Do(func(ns.NetNS) error {
@@ -186,16 +220,54 @@ func (b *bench) setupRouted(h *hpEnv) error {
 			return fmt.Errorf("routed baseline: %s %s: %w", r.dev, r.dst, err)
 		}
 	}
-	return h.routedNode.Do(func(ns.NetNS) error {
-		if b.opts.routedCT {
+	if err := h.routedNode.Do(func(ns.NetNS) error {
+		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+	}); err != nil {
+		return err
+	}
+	if !b.opts.nodeCT {
+		return nil
+	}
+	for _, n := range []ns.NetNS{h.routedNode, h.ebpfNode, h.refNode} {
+		err := n.Do(func(ns.NetNS) error {
 			// kube-proxy's rule: a conntrack match turns conntrack on in
 			// the netns (an empty nft nat chain does not).
 			if out, err := exec.Command("iptables", "-A", "FORWARD", "-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP").CombinedOutput(); err != nil {
-				return fmt.Errorf("routed node conntrack: %v: %s", err, out)
+				return fmt.Errorf("node conntrack: %v: %s", err, out)
 			}
+			return nil
+		})
+		if err != nil {
+			return err
 		}
-		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
+	}
+	return nil
+}
+
+// nfState says what netfilter does in a netns: its base chains (nft's
+// hooks, iptables-nft's included) and its conntrack entries (none while
+// no rule needs conntrack there).
+func nfState(n ns.NetNS) string {
+	var out []byte
+	_ = n.Do(func(ns.NetNS) error {
+		out, _ = exec.Command("nft", "list", "ruleset").Output()
+		return nil
 	})
+	var hooks []string
+	table := ""
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		if len(f) >= 3 && f[0] == "table" {
+			table = f[2]
+		}
+		if i := slices.Index(f, "hook"); i >= 0 && i+1 < len(f) {
+			hooks = append(hooks, table+"/"+f[i+1])
+		}
+	}
+	if len(hooks) == 0 {
+		hooks = []string{"none"}
+	}
+	return fmt.Sprintf("nf hooks %s, %d conntrack entries", strings.Join(hooks, ","), ctCount(n))
 }
 
 // ctCount is the conntrack entries of a netns (-1: no conntrack there).
@@ -305,14 +377,14 @@ func connRate(ctx context.Context, netns ns.NetNS, addr string, workers int, d t
 
 // hpConfigs are the configurations the hostPort part compares: the two of
 // the hostPort benchmark, and with -masq-scale the two of the masquerade
-// one (masqconn.go). The references go first: ebpf-cni's node hooks stay
-// attached on the uplink once set up, and would then see their packets too.
+// one (masqconn.go), each plugin's in its node (setupHostPort).
 func (b *bench) hpConfigs() []*config {
 	ebpfNet := mustCIDR("10.248.0.0/16")
 	pmNet := mustCIDR("10.249.0.0/16")
+	h := b.hp
 	cfgs := []*config{
 		{
-			key: "ptp-portmap", label: "ptp+portmap", netName: "bench-ptp-portmap", subnet: pmNet, hostPorts: true,
+			key: "ptp-portmap", label: "ptp+portmap", netName: "bench-ptp-portmap", subnet: pmNet, hostPorts: true, node: h.refNode,
 			list: map[string]any{"plugins": []any{
 				map[string]any{"type": "ptp", "ipMasq": false, "ipam": b.hostLocal(pmNet)},
 				map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}},
@@ -320,8 +392,9 @@ func (b *bench) hpConfigs() []*config {
 		},
 		{
 			key: "ebpf-hostport", label: "ebpf-cni (portMappings)", netName: "bench-ebpf-hostport", subnet: ebpfNet, hostPorts: true,
+			node: h.ebpfNode, pinDir: h.ebpfPin,
 			list: map[string]any{"plugins": []any{map[string]any{
-				"type": "ebpf-cni", "pinDir": b.pinDir, "stateDir": b.state, "ipam": b.hostLocal(ebpfNet), "maxPods": b.maxPods(),
+				"type": "ebpf-cni", "pinDir": h.ebpfPin, "stateDir": b.stateFor(h.ebpfPin), "ipam": b.hostLocal(ebpfNet), "maxPods": b.maxPods(),
 				"capabilities": map[string]bool{"portMappings": true},
 			}}},
 		},
@@ -530,7 +603,7 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d tim
 		if srv, err = startServer(newest.pod); err != nil {
 			return err
 		}
-		target := net.JoinHostPort(benchUplink4.String(), fmt.Sprint(newest.port))
+		target := net.JoinHostPort(b.hp.uplinkOf(c).String(), fmt.Sprint(newest.port))
 		measure := func() (float64, int64, error) {
 			rate, f, err := connRate(ctx, b.hp.remote, target, o.workers, d)
 			if err == nil && rate == 0 {
@@ -538,7 +611,9 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d tim
 			}
 			return rate, f, err
 		}
+		stats0 := b.progStats(c)
 		rates, bases, failed, err := alternate(measure, base.raw, base.routed)
+		b.logProgStats(c, p, stats0)
 		if err != nil {
 			return err
 		}
@@ -552,8 +627,8 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d tim
 		b.res.HostPort.Points = append(b.res.HostPort.Points, pt)
 		logf("  hostPort %-24s %4d pods: %7.0f conn/s (raw %7.0f, %.2fx, %d failed), ADD %.1f ms, DEL %.1f ms (%s)",
 			c.label, p, rate, rawRate, pt.VsRaw, failed, pt.AddMedianMs, pt.DelMedianMs, time.Since(start).Round(time.Second))
-		logf("  hostPort %-24s %4d pods: routed, no programs %7.0f conn/s, hostPort %.2fx of it, load %.2f; conntrack entries: node %d, routed node %d",
-			c.label, p, routedRate, pt.VsRouted, pt.Load1, ctCount(b.node), ctCount(b.hp.routedNode))
+		logf("  hostPort %-24s %4d pods: routed, no programs %7.0f conn/s, hostPort %.2fx of it, load %.2f; node: %s; routed node: %s",
+			c.label, p, routedRate, pt.VsRouted, pt.Load1, nfState(b.nodeOf(c)), nfState(b.hp.routedNode))
 	}
 	if srv != nil { // nil when no point was measured (-hostport-ref-scale "")
 		srv.close()

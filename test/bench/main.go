@@ -106,11 +106,12 @@ type options struct {
 	// masqScale: pods present at which new connections/s through
 	// masquerade are measured (masqconn.go, inside the hostport part).
 	masqScale []int
-	// routedCT: the routed baseline's node tracks connections (conntrack),
-	// as a node with iptables NAT rules (portmap's, ptp's, kube-proxy's) does.
-	routedCT bool
+	// nodeCT: every node netns of the hostport part tracks connections
+	// (conntrack), as a node running kube-proxy does; off, each has only
+	// what its own plugin's rules turn on (hostport.go).
+	nodeCT bool
 	// bpfStats: kernel.bpf_stats_enabled during the run, and the
-	// programs' run counts and times logged at each ebpf-cni masquerade point.
+	// programs' run counts and times logged at each ebpf-cni hostPort and masquerade point.
 	bpfStats bool
 	connSecs float64
 	workers  int
@@ -186,8 +187,8 @@ func parseFlags(args []string) (*options, error) {
 	hpScale := fs.String("hostport-scale", "1,200,1000", "pods with hostPorts at which to measure ADD latency and connections/s through a hostPort, ebpf-cni beside ptp+portmap (\"\" to skip)")
 	hpRefScale := fs.String("hostport-ref-scale", "1,200", "the -hostport-scale points at which ptp+portmap is measured too (portmap's ADD and DEL rewrite the whole iptables ruleset: 1000 of them take minutes)")
 	masqScale := fs.String("masq-scale", "1,200,1000", "hostport part: pods present at which to measure new connections/s from a pod to a server outside the node through masquerade, ebpf-cni ipMasq beside ptp ipMasq and plain routing (\"\" to skip)")
-	routedCT := fs.Bool("routed-conntrack", false, "hostport part: give the routed baseline's node conntrack (kube-proxy's FORWARD rule dropping INVALID), as the measured node has it from portmap's and ptp's rules")
-	bpfStats := fs.Bool("bpf-stats", false, "hostport part: set kernel.bpf_stats_enabled for the run and log each program's runs and ns per run at ebpf-cni's masquerade points (costs every BPF program of the machine a little)")
+	nodeCT := fs.Bool("node-conntrack", false, "hostport part: give every node netns of the part (the routed floor's, ebpf-cni's, the reference plugins') kube-proxy's FORWARD rule dropping INVALID, so conntrack is on in all of them, as on a node running kube-proxy (default: off in all but what a plugin's own rules turn on)")
+	bpfStats := fs.Bool("bpf-stats", false, "hostport part: set kernel.bpf_stats_enabled for the run and log each program's runs and ns per run at ebpf-cni's hostPort and masquerade points (costs every BPF program of the machine a little)")
 	hpOnly := fs.Bool("hostport-only", false, "run only the hostPort benchmark")
 	connSecs := fs.Float64("conn-seconds", 3, "seconds of connections per measurement of the hostPort benchmark")
 	workers := fs.Int("conn-workers", 4, "parallel client connections of the hostPort benchmark")
@@ -303,7 +304,7 @@ func parseFlags(args []string) (*options, error) {
 	if o.masqScale, err = parseScale(*masqScale, "-masq-scale"); err != nil {
 		return nil, err
 	}
-	o.routedCT, o.bpfStats = *routedCT, *bpfStats
+	o.nodeCT, o.bpfStats = *nodeCT, *bpfStats
 	ref, err := parseScale(*hpRefScale, "-hostport-ref-scale")
 	if err != nil {
 		return nil, err

@@ -50,10 +50,10 @@ type masqPoint struct {
 
 // masqCounters reads ebpf-cni's masquerade counters of the node (nil on
 // error: logged, not fatal).
-func (b *bench) masqCounters() map[string]uint64 {
+func (b *bench) masqCounters(c *config) map[string]uint64 {
 	var out []byte
-	err := b.node.Do(func(ns.NetNS) error {
-		cmd := exec.Command(filepath.Join(b.binDir, "ebpf-agent"), "dump", "nat", "-o", "json", "--pin-dir", b.pinDir, "--state-dir", b.state)
+	err := b.nodeOf(c).Do(func(ns.NetNS) error {
+		cmd := exec.Command(filepath.Join(b.binDir, "ebpf-agent"), "dump", "nat", "-o", "json", "--pin-dir", b.pinOf(c), "--state-dir", b.stateOf(c))
 		var err error
 		out, err = cmd.Output()
 		return err
@@ -78,13 +78,14 @@ func (b *bench) masqConfigs() []*config {
 	ptpNet := mustCIDR("10.235.0.0/16")
 	return []*config{
 		{
-			key: "ptp-masq", label: "ptp ipMasq (iptables)", netName: "bench-ptp-masq", subnet: ptpNet, hostPorts: true,
+			key: "ptp-masq", label: "ptp ipMasq (iptables)", netName: "bench-ptp-masq", subnet: ptpNet, hostPorts: true, node: b.hp.refNode,
 			list: map[string]any{"plugins": []any{map[string]any{"type": "ptp", "ipMasq": true, "ipam": b.hostLocal(ptpNet)}}},
 		},
 		{
 			key: "ebpf-masq", label: "ebpf-cni ipMasq", netName: "bench-ebpf-masq", subnet: ebpfNet, hostPorts: true,
+			node: b.hp.ebpfNode, pinDir: b.hp.ebpfPin,
 			list: map[string]any{"plugins": []any{map[string]any{
-				"type": "ebpf-cni", "pinDir": b.pinDir, "stateDir": b.state, "ipam": b.hostLocal(ebpfNet), "maxPods": b.maxPods(),
+				"type": "ebpf-cni", "pinDir": b.hp.ebpfPin, "stateDir": b.stateFor(b.hp.ebpfPin), "ipam": b.hostLocal(ebpfNet), "maxPods": b.maxPods(),
 				"ipMasq": true, "clusterCIDRs": []string{ebpfNet.String()},
 			}}},
 		},
@@ -135,11 +136,11 @@ func (b *bench) masqScale(ctx context.Context, c *config, base hpBase, d time.Du
 		pt := masqPoint{Config: c.key, Pods: p, ConnsPerSec: rate, ConnErrors: failed, RoutedPerSec: routed, VsRouted: rate / routed,
 			ConnSamples: rates, RoutedSamples: bases[0], Load1: testenv.Load1(), SynRetrans: syn, PAWS: paws}
 		if c.isEBPF() {
-			pt.Counters = b.masqCounters()
+			pt.Counters = b.masqCounters(c)
 		}
 		b.res.HostPort.Masq = append(b.res.HostPort.Masq, pt)
-		logf("  masquerade %-22s %4d pods: %7.0f conn/s (routed, no masquerade %7.0f, %.2fx, %d failed, %d SYNs retransmitted, %d refused by PAWS), load %.2f; conntrack entries: node %d, routed node %d (%s)",
-			c.label, p, rate, routed, pt.VsRouted, failed, syn, paws, pt.Load1, ctCount(b.node), ctCount(b.hp.routedNode), time.Since(start).Round(time.Second))
+		logf("  masquerade %-22s %4d pods: %7.0f conn/s (routed, no masquerade %7.0f, %.2fx, %d failed, %d SYNs retransmitted, %d refused by PAWS), load %.2f; node: %s; routed node: %s (%s)",
+			c.label, p, rate, routed, pt.VsRouted, failed, syn, paws, pt.Load1, nfState(b.nodeOf(c)), nfState(b.hp.routedNode), time.Since(start).Round(time.Second))
 	}
 	return pop.removeAll()
 }
