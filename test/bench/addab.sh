@@ -43,6 +43,7 @@ for r in $(seq 0 $R); do # round 0 loads the datapaths: not printed
 	for b in a b ptp; do
 		pod=addab-$b-$r-$$
 		ip netns add $pod
+		ip -n $pod link set lo up # as runtimes do (loopback plugin); DEL parks nexthops on it
 		read -r a ac < <(run $b ADD $pod c$r)
 		read -r d dc < <(run $b DEL $pod c$r)
 		ip netns del $pod
