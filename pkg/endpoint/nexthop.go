@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
@@ -24,14 +25,20 @@ import (
 
 // Kernel uapi (linux/nexthop.h, linux/rtnetlink.h) that x/sys does not name.
 const (
-	nhaID      = 1  // NHA_ID
-	nhaOIF     = 5  // NHA_OIF
-	nhaGateway = 6  // NHA_GATEWAY
-	rtaNhID    = 30 // RTA_NH_ID
+	nhaID        = 1  // NHA_ID
+	nhaOIF       = 5  // NHA_OIF
+	nhaGateway   = 6  // NHA_GATEWAY
+	rtaNhID      = 30 // RTA_NH_ID
+	nhaBlackhole = 4  // NHA_BLACKHOLE (a flag)
 
 	// nexthopsPerTable bounds the gateways an interface's routes use: its
 	// nexthop ids are table*nexthopsPerTable + i.
 	nexthopsPerTable = 64
+
+	// parkedProtocol marks a nexthop object parkNexthopsOn made a
+	// blackhole: ebpf-cni's rtnetlink protocol number, as on the agent's
+	// routes (datapath.PeerRouteProtocol).
+	parkedProtocol = 199
 )
 
 // nhMsg is struct nhmsg.
@@ -123,22 +130,27 @@ func addNexthopRoute(dst *net.IPNet, id uint32, table int) error {
 	return err
 }
 
-// deleteNexthopsOn removes the nexthop objects on the pod interface with
-// that ifindex, in the calling thread's netns (their routes go with them),
-// and says how many. DEL calls it before the veth goes (issue 30): a
-// nexthop object the veth's unregistering removes holds the device until
-// an RCU callback frees it, and the unregistering waited for that
-// reference, which ptp's plain routes do not make it do. Only objects the
-// kernel would remove with the device anyway: those whose device it is.
-func deleteNexthopsOn(ifindex int) int {
+// podNexthop is a nexthop object of the pod netns as a dump gives it.
+type podNexthop struct {
+	id, oif          uint32
+	family, protocol uint8
+	blackhole        bool
+}
+
+// parked says that nh is one parkNexthopsOn made a blackhole: a blackhole
+// of its protocol (another tool's have their own, and are never touched).
+func (nh podNexthop) parked() bool { return nh.blackhole && nh.protocol == parkedProtocol }
+
+// listNexthops dumps the nexthop objects of the calling thread's netns
+// (a pod's: a few).
+func listNexthops() ([]podNexthop, error) {
 	req := nl.NewNetlinkRequest(unix.RTM_GETNEXTHOP, unix.NLM_F_DUMP)
 	req.AddData(&nhMsg{family: unix.AF_UNSPEC})
-	req.AddData(nl.NewRtAttr(nhaOIF, nl.Uint32Attr(uint32(ifindex))))
 	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWNEXTHOP)
 	if err != nil {
-		return 0 // the veth's deletion removes them, only slower
+		return nil, err
 	}
-	n := 0
+	var nhs []podNexthop
 	for _, m := range msgs {
 		if len(m) < 8 {
 			continue
@@ -147,27 +159,130 @@ func deleteNexthopsOn(ifindex int) int {
 		if err != nil {
 			continue
 		}
-		var id, oif uint32
+		nh := podNexthop{family: m[0], protocol: m[2]} // struct nhmsg: family, scope, protocol
 		for _, a := range attrs {
-			if len(a.Value) < 4 {
-				continue
-			}
-			switch a.Attr.Type {
-			case nhaID:
-				id = binary.NativeEndian.Uint32(a.Value)
-			case nhaOIF:
-				oif = binary.NativeEndian.Uint32(a.Value)
+			switch {
+			case a.Attr.Type == nhaBlackhole:
+				nh.blackhole = true
+			case len(a.Value) < 4:
+			case a.Attr.Type == nhaID:
+				nh.id = binary.NativeEndian.Uint32(a.Value)
+			case a.Attr.Type == nhaOIF:
+				nh.oif = binary.NativeEndian.Uint32(a.Value)
 			}
 		}
-		if id == 0 || oif != uint32(ifindex) {
-			continue // a filter the kernel did not apply
+		if nh.id != 0 {
+			nhs = append(nhs, nh)
 		}
-		del := nl.NewNetlinkRequest(unix.RTM_DELNEXTHOP, unix.NLM_F_ACK)
-		del.AddData(&nhMsg{family: unix.AF_UNSPEC})
-		del.AddData(nl.NewRtAttr(nhaID, nl.Uint32Attr(id)))
-		if _, err := del.Execute(unix.NETLINK_ROUTE, 0); err == nil {
+	}
+	return nhs, nil
+}
+
+// deleteNexthop removes nexthop object id (its routes go with it).
+func deleteNexthop(id uint32) error {
+	del := nl.NewNetlinkRequest(unix.RTM_DELNEXTHOP, unix.NLM_F_ACK)
+	del.AddData(&nhMsg{family: unix.AF_UNSPEC})
+	del.AddData(nl.NewRtAttr(nhaID, nl.Uint32Attr(id)))
+	_, err := del.Execute(unix.NETLINK_ROUTE, 0)
+	return err
+}
+
+// deleteNexthopsOn removes the nexthop objects on the pod interface with
+// that ifindex, in the calling thread's netns (their routes go with them),
+// and says how many. DEL calls it before the veth goes when it cannot park
+// them (parkNexthopsOn; issue 30): a nexthop object the veth's
+// unregistering removes holds the device until an RCU callback frees it,
+// and the unregistering waited for that reference, which ptp's plain
+// routes do not make it do. Only objects the kernel would remove with the
+// device anyway: those whose device it is.
+func deleteNexthopsOn(ifindex int) int {
+	nhs, err := listNexthops()
+	if err != nil {
+		return 0 // the veth's deletion removes them, only slower
+	}
+	n := 0
+	for _, nh := range nhs {
+		if nh.oif == uint32(ifindex) && deleteNexthop(nh.id) == nil {
 			n++
 		}
 	}
 	return n
+}
+
+// parkNexthopsOn is DEL's step before the veth goes when the pod's lo is
+// up (loUp): each nexthop object on the interface ifindex becomes a
+// blackhole one of the same id (NLM_F_REPLACE), its routes now through lo.
+// The replace queues the release of the old next hop's hold on the veth as
+// one RCU callback at once, which the veth's unregistering waits for with
+// the barrier it makes anyway. Deleted instead, an object's routes free
+// their fib_info in one callback, which then queues the one that drops the
+// veth: the unregistering waited for a second rcu_barrier (issue 30,
+// docs/performance.md round 14). The kernel binds a blackhole to lo and
+// refuses it while lo is down: then, or when a replace fails, the object
+// is deleted as before. Says whether objects of the interface's table are
+// blackholes now (parked here, or by a DEL killed before it swept them):
+// sweepParked removes them once the veth is gone.
+func parkNexthopsOn(ifindex int, loUp bool) (parked bool) {
+	if !loUp {
+		deleteNexthopsOn(ifindex)
+		return false
+	}
+	nhs, err := listNexthops()
+	if err != nil {
+		return false // the veth's deletion removes them, only slower
+	}
+	for _, nh := range nhs {
+		switch {
+		case nh.oif == uint32(ifindex) && replaceByBlackhole(nh) == nil:
+			parked = true
+		case nh.oif == uint32(ifindex):
+			_ = deleteNexthop(nh.id)
+		case nh.parked() && nexthopTable(nh.id) == podTable(ifindex):
+			parked = true
+		}
+	}
+	return parked
+}
+
+// replaceByBlackhole makes nexthop object nh a blackhole of its family.
+func replaceByBlackhole(nh podNexthop) error {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWNEXTHOP, unix.NLM_F_CREATE|unix.NLM_F_REPLACE|unix.NLM_F_ACK)
+	req.AddData(&nhMsg{family: nh.family, protocol: parkedProtocol})
+	req.AddData(nl.NewRtAttr(nhaID, nl.Uint32Attr(nh.id)))
+	req.AddData(nl.NewRtAttr(nhaBlackhole, nil))
+	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
+	return err
+}
+
+// nexthopTable is the pod table whose range (podNexthops) holds id.
+func nexthopTable(id uint32) int { return int((uint64(id) - 1) / nexthopsPerTable) }
+
+// sweepParked deletes, in the calling thread's netns, the parked nexthop
+// objects (and their routes) of pod tables whose interface is gone
+// (parkNexthopsOn's, once the veth went; an interface still there is
+// another DEL's to sweep). Left, they would blackhole the pod's routes in
+// a netns that outlives the interface (a second network's DEL, podman's
+// network disconnect), and a later ADD's nexthop id could meet them.
+func sweepParked() error {
+	nhs, err := listNexthops()
+	if err != nil {
+		return fmt.Errorf("list the pod's nexthop objects: %w", err)
+	}
+	links, err := netlinksafe.LinkList()
+	if err != nil {
+		return fmt.Errorf("list the pod's links: %w", err)
+	}
+	present := map[int]bool{}
+	for _, l := range links {
+		present[podTable(l.Attrs().Index)] = true
+	}
+	var errs error
+	for _, nh := range nhs {
+		if t := nexthopTable(nh.id); nh.parked() && t > podTableBase && !present[t] {
+			if err := deleteNexthop(nh.id); err != nil && !errors.Is(err, unix.ENOENT) {
+				errs = errors.Join(errs, fmt.Errorf("delete blackhole nexthop %d: %w", nh.id, err))
+			}
+		}
+	}
+	return errs
 }

@@ -1,8 +1,11 @@
 package endpoint
 
 import (
+	"net"
+
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
@@ -13,17 +16,20 @@ import (
 // pod keeps another interface on this node's datapath (isOurs(peer ifindex)),
 // since the entry is the pod's, not the interface's. handOff takes the
 // interface out of service for the agent to delete (handoff.go).
-func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool, handOff bool) (deleteCookie uint64) {
+//
+// sweep says that the pod's nexthop objects were parked (parkNexthopsOn):
+// sweepParkedIn must remove them once the veth is gone.
+func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool, handOff bool) (deleteCookie uint64, sweep bool) {
 	if netnsPath == "" {
-		return recCookie
+		return recCookie, false
 	}
 	netns, err := ns.GetNS(netnsPath)
 	if err != nil {
-		return recCookie // the netns is gone, and with it whoever used the entry
+		return recCookie, false // the netns is gone, and with it whoever used the entry
 	}
 	defer netns.Close()
 	if isOwnNetns(int(netns.Fd())) {
-		return recCookie // a DEL naming the node's netns: no pod's rules there
+		return recCookie, false // a DEL naming the node's netns: no pod's rules there
 	}
 	_ = netns.Do(func(ns.NetNS) error {
 		// An ADD that recorded no cookie (no pacing, no SO_NETNS_COOKIE)
@@ -43,22 +49,12 @@ func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int,
 			return nil
 		}
 		links, _ := netlinksafe.LinkList()
-		if hostIfindex != 0 {
-			for _, l := range links {
-				if l.Attrs().Name == ifname && l.Attrs().ParentIndex == hostIfindex {
-					if table == 0 {
-						table = podTable(l.Attrs().Index)
-					}
-					if handOff {
-						handOffPod(l, hostIfindex)
-					} else {
-						// Before the veth goes (see deleteNexthopsOn).
-						// Handed off, the agent deletes the veth, off
-						// the verb's clock.
-						deleteNexthopsOn(l.Attrs().Index)
-					}
-				}
-			}
+		var found bool
+		found, sweep = podSideLink(links, ifname, hostIfindex, &table, handOff)
+		if !found && !handOff {
+			// The veth is gone (a retry): what a DEL killed before its
+			// sweep parked goes now.
+			sweep = sweepParked() != nil // failed: teardown tries again, and says why
 		}
 		if table != 0 {
 			deleteRules(table)
@@ -76,5 +72,47 @@ func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int,
 		}
 		return nil
 	})
-	return deleteCookie
+	return deleteCookie, sweep
+}
+
+// podSideLink finds the pod end of the host veth hostIfindex among links,
+// sets *table from it when unknown, and hands it off or parks its nexthop
+// objects (sweep: parked).
+func podSideLink(links []netlink.Link, ifname string, hostIfindex int, table *int, handOff bool) (found, sweep bool) {
+	if hostIfindex == 0 {
+		return false, false
+	}
+	loUp := false
+	for _, l := range links {
+		if l.Attrs().Name == "lo" {
+			loUp = l.Attrs().Flags&net.FlagUp != 0
+		}
+	}
+	for _, l := range links {
+		if l.Attrs().Name != ifname || l.Attrs().ParentIndex != hostIfindex {
+			continue
+		}
+		found = true
+		if *table == 0 {
+			*table = podTable(l.Attrs().Index)
+		}
+		if handOff {
+			handOffPod(l, hostIfindex)
+		} else {
+			// Before the veth goes (see parkNexthopsOn). Handed off,
+			// the agent deletes the veth, off the verb's clock.
+			sweep = parkNexthopsOn(l.Attrs().Index, loUp) || sweep
+		}
+	}
+	return found, sweep
+}
+
+// sweepParkedIn runs sweepParked in the pod's netns, once the veth is gone.
+func sweepParkedIn(netnsPath string) error {
+	netns, err := ns.GetNS(netnsPath)
+	if err != nil {
+		return nil // gone, and the parked objects with it
+	}
+	defer netns.Close()
+	return netns.Do(func(ns.NetNS) error { return sweepParked() })
 }

@@ -42,6 +42,7 @@ type Teardown struct {
 	netns        string // the pod's netns path; "" when unknown, or not ours to touch
 	foreign      bool   // the host veth is another network's attachment's
 	handOff      bool   // the agent is alive: it deletes the veth (handoff.go)
+	sweep        bool   // the pod's nexthop objects were parked: sweep them after the veth (parkNexthopsOn)
 	tr           *Tracer
 }
 
@@ -84,7 +85,15 @@ func tearDownAll(n *Network, id ID, rec *state.Record, tr *Tracer) error {
 	tr.Mark("before-endpoints")
 	errs = errors.Join(errs, guarded(t.removeEndpoints, t.removePodSide))
 	tr.Mark("endpoints")
+	if t.sweep {
+		Crashpoint("del-parked")
+	}
 	errs = errors.Join(errs, guarded(t.removeVeth))
+	if t.sweep {
+		Crashpoint("del-veth")
+		errs = errors.Join(errs, sweepParkedIn(t.netns))
+		tr.Mark("sweep")
+	}
 	if with != nil {
 		errs = errors.Join(errs, <-with)
 		tr.Mark("with-veth")
@@ -239,7 +248,9 @@ func (t *Teardown) removePodSide() error {
 		_, err := t.DP.Maps.Links().Lookup(idx)
 		return err == nil
 	}
-	if cookie := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff); cookie != 0 && t.DP != nil {
+	cookie, sweep := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff)
+	t.sweep = sweep
+	if cookie != 0 && t.DP != nil {
 		return t.DP.Maps.Bandwidth().DeleteNetns(cookie)
 	}
 	return nil

@@ -5,8 +5,9 @@
 #   test/bench/addab.sh DIR_A DIR_B CNI_BIN_DIR [ROUNDS] > rounds.txt
 # DIR_A and DIR_B each hold an ebpf-cni binary; CNI_BIN_DIR holds ptp and
 # host-local. Everything runs in a node netns made here (addab-node, entered
-# with nsenter so /sys keeps bpffs), each pod in a netns of its own; no
-# packet is sent. Prints "round build add_us=N del_us=N" and, with perf
+# with nsenter so /sys keeps bpffs), each pod in a netns of its own with lo
+# up, as runtimes leave it; no packet is sent. Prints "round build
+# add_us=N del_us=N" and, with perf
 # installed, add_cpu_us=N del_cpu_us=N: the CPU time of the verb's process
 # and the IPAM plugin it execs (perf stat task-clock), which a loaded
 # 2-core machine shifts far less than wall time; then the medians, quartiles
@@ -43,6 +44,7 @@ for r in $(seq 0 $R); do # round 0 loads the datapaths: not printed
 	for b in a b ptp; do
 		pod=addab-$b-$r-$$
 		ip netns add $pod
+		ip -n $pod link set lo up # as runtimes do (loopback plugin); DEL parks nexthops on it
 		read -r a ac < <(run $b ADD $pod c$r)
 		read -r d dc < <(run $b DEL $pod c$r)
 		ip netns del $pod

@@ -442,6 +442,15 @@ func (b *bench) newPod() (ns.NetNS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create pod netns: %w", err)
 	}
+	// lo up, as runtimes bring it up before the pod's network (containerd
+	// and podman with the loopback plugin, CRI-O itself): ebpf-cni's DEL
+	// parks the pod's nexthop objects on lo (issue 30, round 14).
+	if err := p.Do(func(ns.NetNS) error {
+		return netlink.LinkSetUp(&netlink.Device{LinkAttrs: netlink.LinkAttrs{Name: "lo"}})
+	}); err != nil {
+		testenv.RemoveNetNS(p)
+		return nil, fmt.Errorf("pod netns: lo up: %w", err)
+	}
 	b.podMu.Lock()
 	b.pods[p.Path()] = p
 	b.podMu.Unlock()
