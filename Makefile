@@ -79,7 +79,7 @@ lint:
 # the real plugin in network namespaces they create.
 # No apt-get here: `make deps` (which .ci/run calls) installs what tests exec.
 test: lint
-	$(GO) test -count=1 -timeout 40m ./...
+	$(GO) test -count=1 -timeout 55m ./...
 
 # The paths of older kernels, on this one (docs/compat.md): the datapath,
 # hostPort, masquerade, chain and upgrade tests again with every fallback
