@@ -25,9 +25,37 @@ type Procs struct {
 type Proc struct {
 	Desc           string
 	Cmd            *exec.Cmd
-	Stdout, Stderr bytes.Buffer
+	Stdout, Stderr SyncBuffer
 	done           chan struct{}
 	err            error
+}
+
+// SyncBuffer collects a process's output: read (String, Bytes) while the
+// process still writes it, as a bench polling the agent's log for "ready"
+// does; a bare bytes.Buffer there is a data race.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+// String is what was written so far.
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Bytes is a copy of what was written so far.
+func (s *SyncBuffer) Bytes() []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return bytes.Clone(s.b.Bytes())
 }
 
 func NewProcs() *Procs { return &Procs{m: map[*Proc]struct{}{}} }
