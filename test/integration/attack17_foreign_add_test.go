@@ -35,25 +35,12 @@ func TestAttack17ForeignPinAddRetried(t *testing.T) {
 	a := lab.a
 	echoUDP(t, lab.out, 7551)
 	warm := addMasqPod(t, a, "a17rw", 7551)
-	dir := datapath.MapsDir(a.PinDir)
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(40 * time.Second)
-	for i, en := range ents {
-		if time.Now().After(deadline) {
-			t.Logf("time's up after %d of %d pins", i, len(ents))
-			break
-		}
-		if en.IsDir() {
-			continue
-		}
-		a17NewWhileForeign(t, a, filepath.Join(dir, en.Name()), fmt.Sprintf("a17r%d", i))
+	forEachMapPin(t, datapath.MapsDir(a.PinDir), 40*time.Second, func(i int, name, p string) {
+		a17NewWhileForeign(t, a, p, fmt.Sprintf("a17r%d", i))
 		if err := a15MasqFlows(warm.pod, 7551); err != nil {
-			t.Errorf("foreign %s: the warm pod's flows: %v", en.Name(), err)
+			t.Errorf("foreign %s: the warm pod's flows: %v", name, err)
 		}
-	}
+	})
 }
 
 func a17NewWhileForeign(t *testing.T, a *testenv.Env, p, id string) {
@@ -61,7 +48,11 @@ func a17NewWhileForeign(t *testing.T, a *testenv.Env, p, id string) {
 	name := filepath.Base(p)
 	pod := a.NewPod()
 	a.CleanupDel(pod, id)
-	back, _ := swapForeignPin(t, p)
+	back, ok := swapForeignPin(t, p)
+	if !ok {
+		t.Logf("%s: the kernel takes no foreign map of its sizes", name)
+		return
+	}
 	var r types.Result
 	var err error
 	for try := 0; try < 2 && (try == 0 || err != nil); try++ {

@@ -103,21 +103,7 @@ func a17Echo(t *testing.T, netns ns.NetNS, fam string, port int) {
 // dst:dport: "unreach" (port unreachable) or "big" (fragmentation needed /
 // packet too big, MTU 1280). The ICMPv6 checksum is the kernel's.
 func a17ICMPErr(kind string, src net.IP, sport int, dst net.IP, dport int) []byte {
-	var q []byte
-	if src.To4() != nil {
-		q = make([]byte, 28)
-		q[0], q[8], q[9] = 0x45, 64, syscall.IPPROTO_UDP
-		binary.BigEndian.PutUint16(q[2:], 28)
-		copy(q[12:16], src.To4())
-		copy(q[16:20], dst.To4())
-		binary.BigEndian.PutUint16(q[10:], csum16(q[:20]))
-	} else {
-		q = make([]byte, 48)
-		q[0], q[6], q[7] = 0x60, syscall.IPPROTO_UDP, 64
-		binary.BigEndian.PutUint16(q[4:], 8)
-		copy(q[8:24], src.To16())
-		copy(q[24:40], dst.To16())
-	}
+	q := quotedPacket(src, dst, syscall.IPPROTO_UDP, 8)
 	udp := q[len(q)-8:]
 	binary.BigEndian.PutUint16(udp[0:], uint16(sport))
 	binary.BigEndian.PutUint16(udp[2:], uint16(dport))

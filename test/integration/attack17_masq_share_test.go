@@ -50,9 +50,7 @@ func a17Ipt(t *testing.T, netns ns.NetNS, cmd string, args ...string) {
 // than 8 live connections to the server.
 func TestAttack17MasqShareRetransmits(t *testing.T) {
 	t.Parallel()
-	lab := newMasqLab(t)
-	lab.a.Extra["ipMasqPortRange"] = "63100-63131"
-	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	lab := newShareLab(t, "63100-63131")
 	a16Server(t, lab.out, outsideIP, 7540)
 	a17Ipt(t, lab.out, "iptables", "-A", "INPUT", "-p", "tcp", "--syn", "--dport", "7540",
 		"-m", "statistic", "--mode", "nth", "--every", "2", "--packet", "0", "-j", "DROP")
@@ -107,9 +105,7 @@ func TestAttack17MasqShareRetransmits(t *testing.T) {
 // answer at once, the share saying 8.
 func TestAttack17MasqShareSimultaneousClose(t *testing.T) {
 	t.Parallel()
-	lab := newMasqLab(t)
-	lab.a.Extra["ipMasqPortRange"] = "63140-63171"
-	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	lab := newShareLab(t, "63140-63171")
 	a16Server(t, lab.out, outsideIP, 7541)
 	srv := hp(outsideIP, 7541)
 	x, _ := lab.a.RunPod("a17sx")

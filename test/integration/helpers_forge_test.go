@@ -165,25 +165,32 @@ func csum16(b []byte) uint16 {
 	return ^uint16(s)
 }
 
+// quotedPacket is the IP(v6) header of a packet src -> dst of protocol proto
+// followed by l4len zero bytes (its transport header): what an ICMP error
+// quotes.
+func quotedPacket(src, dst net.IP, proto uint8, l4len int) []byte {
+	if src.To4() != nil {
+		q := make([]byte, 20+l4len)
+		q[0], q[8], q[9] = 0x45, 64, proto
+		binary.BigEndian.PutUint16(q[2:], uint16(len(q)))
+		copy(q[12:16], src.To4())
+		copy(q[16:20], dst.To4())
+		binary.BigEndian.PutUint16(q[10:], csum16(q[:20]))
+		return q
+	}
+	q := make([]byte, 40+l4len)
+	q[0], q[6], q[7] = 0x60, proto, 64
+	binary.BigEndian.PutUint16(q[4:], uint16(l4len))
+	copy(q[8:24], src.To16())
+	copy(q[24:40], dst.To16())
+	return q
+}
+
 // forgedUnreach is an ICMP(v6) destination unreachable quoting a TCP segment
 // src:sport -> dst:dport that its sender never received. The ICMPv6
 // checksum is the kernel's (raw ICMPv6 sockets compute it).
 func forgedUnreach(src net.IP, sport int, dst net.IP, dport int) []byte {
-	var q []byte
-	if src.To4() != nil {
-		q = make([]byte, 40)
-		q[0], q[8], q[9] = 0x45, 64, syscall.IPPROTO_TCP
-		binary.BigEndian.PutUint16(q[2:], 40)
-		copy(q[12:16], src.To4())
-		copy(q[16:20], dst.To4())
-		binary.BigEndian.PutUint16(q[10:], csum16(q[:20]))
-	} else {
-		q = make([]byte, 60)
-		q[0], q[6], q[7] = 0x60, syscall.IPPROTO_TCP, 64
-		binary.BigEndian.PutUint16(q[4:], 20)
-		copy(q[8:24], src.To16())
-		copy(q[24:40], dst.To16())
-	}
+	q := quotedPacket(src, dst, syscall.IPPROTO_TCP, 20)
 	tcp := q[len(q)-20:]
 	binary.BigEndian.PutUint16(tcp[0:], uint16(sport))
 	binary.BigEndian.PutUint16(tcp[2:], uint16(dport))
