@@ -187,28 +187,6 @@ func deleteNexthop(id uint32) error {
 	return err
 }
 
-// deleteNexthopsOn removes the nexthop objects on the pod interface with
-// that ifindex, in the calling thread's netns (their routes go with them),
-// and says how many. DEL calls it before the veth goes when it cannot park
-// them (parkNexthopsOn; issue 30): a nexthop object the veth's
-// unregistering removes holds the device until an RCU callback frees it,
-// and the unregistering waited for that reference, which ptp's plain
-// routes do not make it do. Only objects the kernel would remove with the
-// device anyway: those whose device it is.
-func deleteNexthopsOn(ifindex int) int {
-	nhs, err := listNexthops()
-	if err != nil {
-		return 0 // the veth's deletion removes them, only slower
-	}
-	n := 0
-	for _, nh := range nhs {
-		if nh.oif == uint32(ifindex) && deleteNexthop(nh.id) == nil {
-			n++
-		}
-	}
-	return n
-}
-
 // parkNexthopsOn is DEL's step before the veth goes when the pod's lo is
 // up (loUp): each nexthop object on the interface ifindex becomes a
 // blackhole one of the same id (NLM_F_REPLACE), its routes now through lo.
@@ -223,21 +201,19 @@ func deleteNexthopsOn(ifindex int) int {
 // blackholes now (parked here, or by a DEL killed before it swept them):
 // sweepParked removes them once the veth is gone.
 func parkNexthopsOn(ifindex int, loUp bool) (parked bool) {
-	if !loUp {
-		deleteNexthopsOn(ifindex)
-		return false
-	}
 	nhs, err := listNexthops()
 	if err != nil {
 		return false // the veth's deletion removes them, only slower
 	}
 	for _, nh := range nhs {
 		switch {
-		case nh.oif == uint32(ifindex) && replaceByBlackhole(nh) == nil:
+		case nh.oif == uint32(ifindex) && loUp && replaceByBlackhole(nh) == nil:
 			parked = true
 		case nh.oif == uint32(ifindex):
 			_ = deleteNexthop(nh.id)
 		case nh.parked() && nexthopTable(nh.id) == podTable(ifindex):
+			// Parked by a DEL killed before its sweep, whatever lo is
+			// now (the pod may have brought it down since: attack18).
 			parked = true
 		}
 	}

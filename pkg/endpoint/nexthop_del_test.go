@@ -9,7 +9,7 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// TestDeleteNexthops: DEL's deleteNexthopsOn removes the nexthop objects
+// TestDeleteNexthops: DEL with lo down (parkNexthopsOn) removes the nexthop objects
 // on one interface, and their routes with them, and nothing on another
 // interface. In a fresh netns.
 func TestDeleteNexthops(t *testing.T) {
@@ -54,10 +54,10 @@ func TestDeleteNexthops(t *testing.T) {
 				return err
 			}
 		}
-		if n := deleteNexthopsOn(idx["nh0"]); n != 2 {
+		if n := deleteNexthopsOn(t, idx["nh0"]); n != 2 {
 			t.Errorf("deleteNexthopsOn(nh0) = %d, want 2", n)
 		}
-		if n := deleteNexthopsOn(idx["nh0"]); n != 0 {
+		if n := deleteNexthopsOn(t, idx["nh0"]); n != 0 {
 			t.Errorf("deleteNexthopsOn(nh0) again = %d, want 0", n)
 		}
 		for name, want := range map[string]int{"nh0": 0, "nh2": 1} {
@@ -70,7 +70,7 @@ func TestDeleteNexthops(t *testing.T) {
 			}
 		}
 		// The other interface's objects stayed.
-		if n := deleteNexthopsOn(idx["nh2"]); n != 2 {
+		if n := deleteNexthopsOn(t, idx["nh2"]); n != 2 {
 			t.Errorf("deleteNexthopsOn(nh2) = %d, want 2 (the other interface's objects were touched)", n)
 		}
 		return nil
@@ -78,4 +78,28 @@ func TestDeleteNexthops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// deleteNexthopsOn is DEL's step with the pod's lo down (parkNexthopsOn, no
+// blackhole possible): it says how many objects on ifindex went.
+func deleteNexthopsOn(t *testing.T, ifindex int) int {
+	t.Helper()
+	on := func() int {
+		nhs, err := listNexthops()
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, nh := range nhs {
+			if nh.oif == uint32(ifindex) {
+				n++
+			}
+		}
+		return n
+	}
+	before := on()
+	if parkNexthopsOn(ifindex, false) {
+		t.Errorf("parkNexthopsOn(%d, lo down) says it parked", ifindex)
+	}
+	return before - on()
 }
