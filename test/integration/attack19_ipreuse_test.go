@@ -1,0 +1,132 @@
+// attack19: IP reuse. The kubelet tears a pod's sandbox down (CNI DEL,
+// the address back to IPAM) before the API server deletes the pod object:
+// between the two the object still says Running with that address. A new
+// pod of other labels ADDed on the node meanwhile gets the address
+// (host-local hands it out again). Does it inherit the old pod's access?
+
+package integration
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// clientEgressTo: pods app=client may send TCP 8080 to pods app=<to> only.
+func clientEgressTo(to string) *networkingv1.NetworkPolicy {
+	tcp := corev1.ProtocolTCP
+	port := intstr.FromInt32(8080)
+	return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "client-egress"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "client"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress: []networkingv1.NetworkPolicyEgressRule{{
+				To:    []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": to}}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
+			}},
+		}}
+}
+
+// tornDown is the kubelet's teardown of pod name: CNI DEL, then the object
+// marked for deletion (still Running, its addresses still in its status).
+func (l *a19Lab) tornDown(t *testing.T, netns ns.NetNS, name string) {
+	t.Helper()
+	must(t, l.Del(netns, name, "eth0"))
+	ctx := context.Background()
+	p, err := l.cs.CoreV1().Pods("ns").Get(ctx, name, metav1.GetOptions{})
+	must(t, err)
+	now := metav1.Now()
+	p.DeletionTimestamp = &now
+	_, err = l.cs.CoreV1().Pods("ns").Update(ctx, p, metav1.UpdateOptions{})
+	must(t, err)
+}
+
+// leakFor probes from netns to each address on port for d and returns how
+// many of the probes connected.
+func leakFor(from ns.NetNS, ips []net.IP, port int, d time.Duration) (ok, tries int) {
+	for end := time.Now().Add(d); time.Now().Before(end); {
+		for _, ip := range ips {
+			tries++
+			if dialOK(from, ip, port) {
+				ok++
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return ok, tries
+}
+
+// TestAttack19IPReuse: three addresses per family, so host-local hands a
+// torn-down pod's address to the next ADD. server (app=server) admits TCP
+// 8080 from app=client only; client and client2 (app=client) may send only
+// to app=server.
+//   - inherit-ingress: client torn down, intruder (app=intruder, selected by
+//     no policy) gets its addresses: it must not reach server while the old
+//     object lingers, nor after it is gone.
+//   - inherit-peer: server torn down, web (app=web, open) gets its
+//     addresses and serves 8080: client2's egress names app=server only, so
+//     client2 must not reach web.
+func TestAttack19IPReuse(t *testing.T) {
+	l := newA19Lab(t, map[string]any{"type": "host-local", "ranges": [][]map[string]string{
+		{{"subnet": "10.250.0.0/24", "rangeStart": "10.250.0.10", "rangeEnd": "10.250.0.12"}},
+		{{"subnet": "fd00:250::/64", "rangeStart": "fd00:250::10", "rangeEnd": "fd00:250::12"}},
+	}})
+	ctx := context.Background()
+	for _, np := range []*networkingv1.NetworkPolicy{serverIngressFrom("client"), clientEgressTo("server")} {
+		_, err := l.cs.NetworkingV1().NetworkPolicies("ns").Create(ctx, np, metav1.CreateOptions{})
+		must(t, err)
+	}
+	server, sIP := l.pod(t, "server", map[string]string{"app": "server"})
+	client, cIP := l.pod(t, "client", map[string]string{"app": "client"})
+	client2, _ := l.pod(t, "client2", map[string]string{"app": "client"})
+	serve(t, server, 8080, "server")
+	srv := []net.IP{sIP[4], sIP[6]}
+	for _, fam := range []int{4, 6} {
+		reach(t, client, "tcp", sIP[fam], 8080, "server")
+		reach(t, client2, "tcp", sIP[fam], 8080, "server")
+	}
+
+	t.Run("inherit-ingress", func(t *testing.T) {
+		l.tornDown(t, client, "client")
+		intruder, iIP := l.pod(t, "intruder", map[string]string{"app": "intruder"})
+		if !iIP[4].Equal(cIP[4]) || !iIP[6].Equal(cIP[6]) {
+			t.Fatalf("intruder got %v, want the torn-down client's %v (IPAM did not reuse)", iIP, cIP)
+		}
+		if ok, n := leakFor(intruder, srv, 8080, 2*time.Second); ok > 0 {
+			t.Errorf("intruder (app=intruder) on the torn-down client's addresses %s, %s connected to server %d times of %d in 2 s while the old object lingered", iIP[4], iIP[6], ok, n)
+		}
+		must(t, l.cs.CoreV1().Pods("ns").Delete(ctx, "client", metav1.DeleteOptions{}))
+		settle()
+		if ok, n := leakFor(intruder, srv, 8080, time.Second); ok > 0 {
+			t.Errorf("intruder connected to server %d times of %d after the old object was deleted", ok, n)
+		}
+	})
+
+	t.Run("inherit-peer", func(t *testing.T) {
+		l.tornDown(t, server, "server")
+		web, wIP := l.pod(t, "web", map[string]string{"app": "web"})
+		if !wIP[4].Equal(sIP[4]) || !wIP[6].Equal(sIP[6]) {
+			t.Fatalf("web got %v, want the torn-down server's %v (IPAM did not reuse)", wIP, sIP)
+		}
+		serve(t, web, 8080, "web")
+		for _, fam := range []int{4, 6} {
+			reach(t, l.Node, "tcp", wIP[fam], 8080, "web")
+		}
+		if ok, n := leakFor(client2, []net.IP{wIP[4], wIP[6]}, 8080, 2*time.Second); ok > 0 {
+			t.Errorf("client2 (egress to app=server only) connected to web (app=web) on the torn-down server's addresses %d times of %d in 2 s while the old object lingered", ok, n)
+		}
+		must(t, l.cs.CoreV1().Pods("ns").Delete(ctx, "server", metav1.DeleteOptions{}))
+		settle()
+		if ok, n := leakFor(client2, []net.IP{wIP[4], wIP[6]}, 8080, time.Second); ok > 0 {
+			t.Errorf("client2 connected to web %d times of %d after the old object was deleted", ok, n)
+		}
+	})
+}
