@@ -23,8 +23,8 @@ import (
 )
 
 var (
-	sideFarIP  = map[int]net.IP{4: net.ParseIP("203.0.113.2").To4(), 6: net.ParseIP("fd00:203::2")}
-	sideLL = map[string]net.IP{"node": net.ParseIP("fe80::1"), "far": net.ParseIP("fe80::2")}
+	sideFarIP = map[int]net.IP{4: net.ParseIP("203.0.113.2").To4(), 6: net.ParseIP("fd00:203::2")}
+	sideLL    = map[string]net.IP{"node": net.ParseIP("fe80::1"), "far": net.ParseIP("fe80::2")}
 )
 
 // plugSideLink links the node (side0: no address but fe80::1) to a new
