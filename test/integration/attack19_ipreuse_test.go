@@ -71,9 +71,13 @@ func leakFor(from ns.NetNS, ips []net.IP, port int, d time.Duration) (ok, tries 
 //   - inherit-ingress: client torn down, intruder (app=intruder, selected by
 //     no policy) gets its addresses: it must not reach server while the old
 //     object lingers, nor after it is gone.
-//   - inherit-peer: server torn down, web (app=web, open) gets its
-//     addresses and serves 8080: client2's egress names app=server only, so
-//     client2 must not reach web.
+//   - inherit-across-namespaces: client2 torn down, spy (namespace ns2,
+//     app=client: a podSelector peer means the policy's namespace only) gets
+//     its addresses: it must not reach server;
+//   - inherit-peer: the intruder gone, client3 (app=client) takes its
+//     addresses; server torn down, web (app=web, open) gets server's
+//     addresses and serves 8080: client3's egress names app=server only, so
+//     client3 must not reach web.
 func TestAttack19IPReuse(t *testing.T) {
 	l := newA19Lab(t, map[string]any{"type": "host-local", "ranges": [][]map[string]string{
 		{{"subnet": "10.250.0.0/24", "rangeStart": "10.250.0.10", "rangeEnd": "10.250.0.12"}},
@@ -86,7 +90,7 @@ func TestAttack19IPReuse(t *testing.T) {
 	}
 	server, sIP := l.pod(t, "server", map[string]string{"app": "server"})
 	client, cIP := l.pod(t, "client", map[string]string{"app": "client"})
-	client2, _ := l.pod(t, "client2", map[string]string{"app": "client"})
+	client2, c2IP := l.pod(t, "client2", map[string]string{"app": "client"})
 	serve(t, server, 8080, "server")
 	srv := []net.IP{sIP[4], sIP[6]}
 	for _, fam := range []int{4, 6} {
@@ -94,9 +98,11 @@ func TestAttack19IPReuse(t *testing.T) {
 		reach(t, client2, "tcp", sIP[fam], 8080, "server")
 	}
 
+	var intruderNS ns.NetNS
 	t.Run("inherit-ingress", func(t *testing.T) {
 		l.tornDown(t, client, "client")
 		intruder, iIP := l.pod(t, "intruder", map[string]string{"app": "intruder"})
+		intruderNS = intruder
 		if !iIP[4].Equal(cIP[4]) || !iIP[6].Equal(cIP[6]) {
 			t.Fatalf("intruder got %v, want the torn-down client's %v (IPAM did not reuse)", iIP, cIP)
 		}
@@ -110,7 +116,28 @@ func TestAttack19IPReuse(t *testing.T) {
 		}
 	})
 
+	t.Run("inherit-across-namespaces", func(t *testing.T) {
+		l.tornDown(t, client2, "client2")
+		spy, pIP := l.podIn(t, "ns2", "spy", map[string]string{"app": "client"})
+		if !pIP[4].Equal(c2IP[4]) || !pIP[6].Equal(c2IP[6]) {
+			t.Fatalf("spy got %v, want the torn-down client2's %v (IPAM did not reuse)", pIP, c2IP)
+		}
+		if ok, n := leakFor(spy, srv, 8080, 2*time.Second); ok > 0 {
+			t.Errorf("spy (ns2, app=client: no peer of ns's podSelector) on the torn-down client2's addresses %s, %s connected to server %d times of %d in 2 s while the old object lingered", pIP[4], pIP[6], ok, n)
+		}
+		must(t, l.cs.CoreV1().Pods("ns").Delete(ctx, "client2", metav1.DeleteOptions{}))
+		settle()
+		if ok, n := leakFor(spy, srv, 8080, time.Second); ok > 0 {
+			t.Errorf("spy connected to server %d times of %d after the old object was deleted", ok, n)
+		}
+	})
+
 	t.Run("inherit-peer", func(t *testing.T) {
+		// client3 (app=client) takes the address the intruder frees.
+		l.tornDown(t, intruderNS, "intruder")
+		must(t, l.cs.CoreV1().Pods("ns").Delete(ctx, "intruder", metav1.DeleteOptions{}))
+		client3, _ := l.pod(t, "client3", map[string]string{"app": "client"})
+		wantTCP(t, "client3 to server", client3, sIP, 8080, true)
 		l.tornDown(t, server, "server")
 		web, wIP := l.pod(t, "web", map[string]string{"app": "web"})
 		if !wIP[4].Equal(sIP[4]) || !wIP[6].Equal(sIP[6]) {
@@ -120,13 +147,13 @@ func TestAttack19IPReuse(t *testing.T) {
 		for _, fam := range []int{4, 6} {
 			reach(t, l.Node, "tcp", wIP[fam], 8080, "web")
 		}
-		if ok, n := leakFor(client2, []net.IP{wIP[4], wIP[6]}, 8080, 2*time.Second); ok > 0 {
-			t.Errorf("client2 (egress to app=server only) connected to web (app=web) on the torn-down server's addresses %d times of %d in 2 s while the old object lingered", ok, n)
+		if ok, n := leakFor(client3, []net.IP{wIP[4], wIP[6]}, 8080, 2*time.Second); ok > 0 {
+			t.Errorf("client3 (egress to app=server only) connected to web (app=web) on the torn-down server's addresses %d times of %d in 2 s while the old object lingered", ok, n)
 		}
 		must(t, l.cs.CoreV1().Pods("ns").Delete(ctx, "server", metav1.DeleteOptions{}))
 		settle()
-		if ok, n := leakFor(client2, []net.IP{wIP[4], wIP[6]}, 8080, time.Second); ok > 0 {
-			t.Errorf("client2 connected to web %d times of %d after the old object was deleted", ok, n)
+		if ok, n := leakFor(client3, []net.IP{wIP[4], wIP[6]}, 8080, time.Second); ok > 0 {
+			t.Errorf("client3 connected to web %d times of %d after the old object was deleted", ok, n)
 		}
 	})
 }
