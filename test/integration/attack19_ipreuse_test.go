@@ -109,6 +109,17 @@ func TestAttack19IPReuse(t *testing.T) {
 		if ok, n := leakFor(intruder, srv, 8080, 2*time.Second); ok > 0 {
 			t.Errorf("intruder (app=intruder) on the torn-down client's addresses %s, %s connected to server %d times of %d in 2 s while the old object lingered", iIP[4], iIP[6], ok, n)
 		}
+		// The kubelet's status sync: the old pod's phase turns terminal
+		// (its addresses no longer count, docs/networkpolicy.md).
+		old, err := l.cs.CoreV1().Pods("ns").Get(ctx, "client", metav1.GetOptions{})
+		must(t, err)
+		old.Status.Phase = corev1.PodFailed
+		_, err = l.cs.CoreV1().Pods("ns").UpdateStatus(ctx, old, metav1.UpdateOptions{})
+		must(t, err)
+		settle()
+		if ok, n := leakFor(intruder, srv, 8080, time.Second); ok > 0 {
+			t.Errorf("intruder connected to server %d times of %d after the old pod's phase turned Failed", ok, n)
+		}
 		must(t, l.cs.CoreV1().Pods("ns").Delete(ctx, "client", metav1.DeleteOptions{}))
 		settle()
 		if ok, n := leakFor(intruder, srv, 8080, time.Second); ok > 0 {
