@@ -105,7 +105,8 @@ func plugSideLink(t *testing.T, h *hpEnv) ns.NetNS {
 // datagrams with its own source (control: denied), with a's address and
 // with the node's address as source, IPv4 and IPv6. b's server answers
 // whoever the source says: a listener there on the forged port tells
-// whether b took the datagram. None may.
+// whether b took the datagram. None may. The node's IPv4 rp_filter is
+// loose (2).
 func TestAttack19ForgedSourceFromSideLink(t *testing.T) {
 	t.Parallel()
 	p := newPolLab(t, false)
@@ -115,6 +116,16 @@ func TestAttack19ForgedSourceFromSideLink(t *testing.T) {
 	p.apply(t, "b", policy.Endpoint{Ingress: isolated(allowAll(host(ip("a", 4))), allowAll(host(ip("a", 6))))})
 	far := plugSideLink(t, p.hpEnv)
 	const port = 5555
+	// IPv4's reverse-path filter, loose as most distributions set it (a new
+	// netns has it off; strict mode would drop the forged pod address).
+	must(t, p.InNode(func() error {
+		for _, c := range []string{"all", "side0"} {
+			if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+c+"/rp_filter", []byte("2"), 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	}))
 	for _, fam := range []int{4, 6} {
 		reach(t, far, "udp", ip("h", fam), 80, "h") // the path works
 		blocked(t, far, "udp", ip("b", fam), 8080)  // far's own address: denied
