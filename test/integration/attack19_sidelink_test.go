@@ -116,8 +116,9 @@ func TestAttack19ForgedSourceFromSideLink(t *testing.T) {
 	p.apply(t, "b", policy.Endpoint{Ingress: isolated(allowAll(host(ip("a", 4))), allowAll(host(ip("a", 6))))})
 	far := plugSideLink(t, p.hpEnv)
 	const port = 5555
-	// IPv4's reverse-path filter, loose as most distributions set it (a new
-	// netns has it off; strict mode would drop the forged pod address).
+	// IPv4's reverse-path filter, loose as most distributions set it: it
+	// stops the IPv4 forgeries here. A new netns has it off, and then the
+	// datagram forged as pod a got into b over IPv4 too. IPv6 has none.
 	must(t, p.InNode(func() error {
 		for _, c := range []string{"all", "side0"} {
 			if err := os.WriteFile("/proc/sys/net/ipv4/conf/"+c+"/rp_filter", []byte("2"), 0o644); err != nil {
