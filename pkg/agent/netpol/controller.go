@@ -38,8 +38,8 @@ type Config struct {
 	// NodeName is this node's: a pod of it has the addresses of its
 	// records only (podAddrs). "": pods with records are known as local.
 	NodeName string
-	Writer    policy.Writer
-	Logf      func(string, ...any)
+	Writer   policy.Writer
+	Logf     func(string, ...any)
 	// Resync re-reads every record and re-checks every interface (a
 	// backstop for missed events); 0: a minute.
 	Resync time.Duration
@@ -65,7 +65,7 @@ type Controller struct {
 	cfg   Config
 	snap  *compile.Snapshot
 	addrs *podAddrs
-	kick chan struct{}
+	kick  chan struct{}
 
 	mu      sync.Mutex
 	since   time.Time // when the oldest change not yet programmed arrived
