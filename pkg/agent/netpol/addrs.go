@@ -157,16 +157,12 @@ func recordAddrs(recs []*state.Record) (map[compile.PodKey][]netip.Addr, map[net
 	local := map[compile.PodKey][]netip.Addr{}
 	owner := map[netip.Addr]compile.PodKey{}
 	for _, r := range newest {
-		if len(r.IPs) == 0 {
+		ips := recordIPs(r)
+		if len(ips) == 0 {
 			continue // provisional: ADD has no address yet
 		}
 		k := compile.PodKey{Namespace: r.PodNamespace, Name: r.PodName}
-		for _, s := range r.IPs {
-			ip, err := netip.ParseAddr(s)
-			if err != nil {
-				continue
-			}
-			ip = ip.Unmap()
+		for _, ip := range ips {
 			if o, taken := owner[ip]; taken && o != k {
 				continue
 			}
@@ -183,4 +179,22 @@ func recordAddrs(recs []*state.Record) (map[compile.PodKey][]netip.Addr, map[net
 		slices.SortFunc(ips, netip.Addr.Compare)
 	}
 	return local, owner
+}
+
+// recordIPs are a record's addresses (ADD writes them bare; a prefix is
+// taken for its address).
+func recordIPs(r *state.Record) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range r.IPs {
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			pfx, perr := netip.ParsePrefix(s)
+			if perr != nil {
+				continue
+			}
+			ip = pfx.Addr()
+		}
+		out = append(out, ip.Unmap())
+	}
+	return out
 }

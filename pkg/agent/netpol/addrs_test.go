@@ -86,14 +86,15 @@ func TestControllerRecordsDecideAddresses(t *testing.T) {
 }
 
 // TestRecordAddrs: the newest ADD's pod owns an address; a record of no
-// pod takes its address from every pod; a provisional record gives none.
+// pod takes its address from every pod (written as a prefix here, as
+// test/k8s writes them); a provisional record gives none.
 func TestRecordAddrs(t *testing.T) {
 	t0 := time.Now()
 	a := netip.MustParseAddr
 	local, owner := recordAddrs([]*state.Record{
 		{PodNamespace: "ns", PodName: "a", IPs: []string{"fd00::1", "10.0.0.1"}, Created: t0},
 		{PodNamespace: "ns", PodName: "b", IPs: []string{"10.0.0.1"}, Created: t0.Add(time.Second)},
-		{IPs: []string{"10.0.0.9"}, Created: t0},
+		{IPs: []string{"10.0.0.9/32"}, Created: t0},
 		{PodNamespace: "ns", PodName: "c", Provisional: true, Created: t0.Add(2 * time.Second)},
 	})
 	if got := local[compileKey("ns", "a")]; !slices.Equal(got, []netip.Addr{a("fd00::1")}) {
