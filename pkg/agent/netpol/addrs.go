@@ -19,7 +19,9 @@ import (
 // finishing). host-local hands a freed address to the next ADD meanwhile:
 // read from the API, the new pod would inherit the old one's identity as a
 // peer (TestAttack19IPReuse). So:
-//   - a pod with a record of this node has the addresses of its records;
+//   - a pod with a record of this node has the addresses of its records
+//     (unless its object names another node: the record is of a previous
+//     pod of that name, force-deleted here and not yet torn down);
 //   - a pod of this node (spec.nodeName, NodeName set) without one has none;
 //   - any other pod has its API addresses but those a record of this node
 //     gives to someone else: a local record wins over any API status.
@@ -38,8 +40,8 @@ type podAddrs struct {
 
 // apiPod is a pod as the API reports it.
 type apiPod struct {
-	pod    compile.Pod
-	onNode bool
+	pod  compile.Pod
+	node string // spec.nodeName
 }
 
 func newPodAddrs(snap *compile.Snapshot, nodeName string) *podAddrs {
@@ -55,7 +57,7 @@ func (a *podAddrs) upsert(p *corev1.Pod) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.index(k, false)
-	a.api[k] = apiPod{pod: cp, onNode: a.nodeName != "" && p.Spec.NodeName == a.nodeName}
+	a.api[k] = apiPod{pod: cp, node: p.Spec.NodeName}
 	a.index(k, true)
 	a.snap.UpsertPod(a.effective(k))
 }
@@ -99,12 +101,14 @@ func (a *podAddrs) effective(k compile.PodKey) compile.Pod {
 	if p.HostNetwork {
 		return p
 	}
-	if ips, ok := a.local[k]; ok {
+	here := a.nodeName != "" && ap.node == a.nodeName
+	elsewhere := a.nodeName != "" && ap.node != "" && !here
+	if ips, ok := a.local[k]; ok && !elsewhere {
 		p.IPs = ips
 		return p
 	}
 	var keep []netip.Addr
-	if !ap.onNode {
+	if !here {
 		for _, ip := range p.IPs {
 			if o, taken := a.owner[ip]; !taken || o == k {
 				keep = append(keep, ip)

@@ -1,6 +1,7 @@
 package netpol
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy/compile"
@@ -83,6 +85,14 @@ func TestControllerRecordsDecideAddresses(t *testing.T) {
 	want("old's address (with client's, one /31)", "10.0.0.6/31")
 	l.attachAt(11, "ns", "newer", t0.Add(4*time.Second), "10.0.0.7")
 	want("old's address gone to the newer ADD", "10.0.0.6/32")
+	// moved runs on node-b (10.0.0.8) while a record of its name lingers
+	// here (force-deleted, not yet torn down): its object's address counts.
+	l.attachAt(12, "ns", "moved", t0.Add(5*time.Second), "10.0.0.9")
+	ctx := context.Background()
+	if _, err := l.cs.CoreV1().Pods("ns").Create(ctx, onNode(pod("ns", "moved", "10.0.0.8", client), "node-b"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	want("moved's address on node-b", "10.0.0.6/32", "10.0.0.8/32")
 }
 
 // TestRecordAddrs: the newest ADD's pod owns an address; a record of no
