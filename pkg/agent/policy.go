@@ -15,8 +15,12 @@ func newPolicy(o Options, dp *datapath.Datapath, kubeCfg *rest.Config, w *linkWa
 		dir = netpol.DefaultStatusDir
 	}
 	pw := dp.Maps.Policy().Writer()
-	c := netpol.New(netpol.Config{Kube: kubeCfg, StateDir: o.StateDir, StatusDir: dir, Writer: pw, Sweep: pw.Sweep, Logf: o.Logger.Printf,
-		Resync: o.ReconcileInterval})
+	node := ""
+	if o.Kube != nil {
+		node = o.Kube.NodeName
+	}
+	c := netpol.New(netpol.Config{Kube: kubeCfg, StateDir: o.StateDir, StatusDir: dir, NodeName: node, Writer: pw, Sweep: pw.Sweep,
+		Logf: o.Logger.Printf, Resync: o.ReconcileInterval})
 	w.handle(linkHandler{update: c.LinkEvent, lost: c.LinksLost})
 	return c
 }

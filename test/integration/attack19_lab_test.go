@@ -10,6 +10,7 @@ import (
 	"log"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,6 +30,7 @@ type a19Lab struct {
 	cs        *fake.Clientset
 	m         *maps.Maps
 	statusDir string
+	stop      func() // the running controller's (start)
 }
 
 // newA19Lab is a networkPolicy node (ipam as given, nil: the default) whose
@@ -84,7 +86,9 @@ func (l *a19Lab) start(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	t.Cleanup(func() { cancel(); <-done; nh.Close(); nodeNS.Close() })
+	var once sync.Once
+	l.stop = func() { once.Do(func() { cancel(); <-done; nh.Close(); nodeNS.Close() }) }
+	t.Cleanup(l.stop)
 }
 
 // pod ADDs a pod named name (container id = name), publishes it in the API

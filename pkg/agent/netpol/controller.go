@@ -35,8 +35,11 @@ type Config struct {
 	Kube      *rest.Config
 	StateDir  string // the plugin's attachment records
 	StatusDir string // what was programmed per interface, for `ebpf-agent dump policy`
-	Writer    policy.Writer
-	Logf      func(string, ...any)
+	// NodeName is this node's: a pod of it has the addresses of its
+	// records only (podAddrs). "": pods with records are known as local.
+	NodeName string
+	Writer   policy.Writer
+	Logf     func(string, ...any)
 	// Resync re-reads every record and re-checks every interface (a
 	// backstop for missed events); 0: a minute.
 	Resync time.Duration
@@ -59,9 +62,10 @@ type Config struct {
 
 // Controller programs the local pod interfaces' NetworkPolicy.
 type Controller struct {
-	cfg  Config
-	snap *compile.Snapshot
-	kick chan struct{}
+	cfg   Config
+	snap  *compile.Snapshot
+	addrs *podAddrs
+	kick  chan struct{}
 
 	mu      sync.Mutex
 	since   time.Time // when the oldest change not yet programmed arrived
@@ -103,7 +107,8 @@ func New(cfg Config) *Controller {
 			return l.Attrs().Name, true
 		}
 	}
-	return &Controller{cfg: cfg, snap: compile.New(), kick: make(chan struct{}, 1),
+	snap := compile.New()
+	return &Controller{cfg: cfg, snap: snap, addrs: newPodAddrs(snap, cfg.NodeName), kick: make(chan struct{}, 1),
 		applied: map[uint32]applied{}, said: map[string]string{}, lat: newLatencies(1024)}
 }
 
@@ -146,7 +151,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	if c.cfg.Writer == nil {
 		return errors.New("this build's datapath cannot enforce NetworkPolicy")
 	}
-	f := &feed{snap: c.snap, changed: c.changed, logf: c.cfg.Logf}
+	f := &feed{snap: c.snap, addrs: c.addrs, changed: c.changed, logf: c.cfg.Logf}
 	start := time.Now()
 	lw := func(resource string) (cache.ListerWatcher, error) {
 		inner, err := c.cfg.ListWatch(resource)
@@ -217,6 +222,20 @@ func (c *Controller) sync() error {
 	c.since, c.reread = time.Time{}, false
 	c.mu.Unlock()
 
+	recs := c.records
+	if reread {
+		var err error
+		if recs, err = readRecords(c.cfg.StateDir); err != nil {
+			c.mu.Lock()
+			c.reread = true
+			c.mu.Unlock()
+			return err
+		}
+		c.records = recs
+		// Before the compile: the records decide the node's pods'
+		// addresses (podAddrs), and may take some from other pods.
+		c.addrs.setRecords(recs)
+	}
 	// Only the pods a change may have affected need a look, unless the
 	// attachments changed (taking them also keeps the set from growing).
 	var dirty map[string]bool
@@ -226,24 +245,26 @@ func (c *Controller) sync() error {
 			dirty[k.String()] = true
 		}
 	}
-	recs := c.records
-	if reread {
-		var err error
-		if recs, err = state.ListAll(c.cfg.StateDir); err != nil {
-			c.mu.Lock()
-			c.reread = true
-			c.mu.Unlock()
-			return fmt.Errorf("attachment records: %w", err)
-		}
-		if recs == nil {
-			recs = []*state.Record{}
-		}
-		c.records = recs
-	}
 	seen, wrote, errs := c.applyRecords(recs, dirty)
 	forgot, err := c.forgetGone(seen)
 	c.report(since, wrote, forgot)
 	return errors.Join(errs, err)
+}
+
+// readRecords lists the node's attachment records, the oldest ADD first:
+// interfaces are written in that order, so a new pod on an address freed
+// by another is opened after the interfaces that lose that address as a
+// peer are written, not before.
+func readRecords(dir string) ([]*state.Record, error) {
+	recs, err := state.ListAll(dir)
+	if err != nil {
+		return nil, fmt.Errorf("attachment records: %w", err)
+	}
+	if recs == nil {
+		recs = []*state.Record{}
+	}
+	slices.SortStableFunc(recs, func(x, y *state.Record) int { return x.Created.Compare(y.Created) })
+	return recs, nil
 }
 
 // applyRecords programs the policy interfaces of recs that dirty (nil:

@@ -81,6 +81,7 @@ func slimPolicy(obj any) (any, error) {
 // then changed is called with the time the event arrived.
 type feed struct {
 	snap    *compile.Snapshot
+	addrs   *podAddrs // pods go through it
 	changed func(at time.Time)
 	logf    func(string, ...any)
 }
@@ -99,9 +100,9 @@ func (f *feed) pod(obj any, deleted bool) {
 		return
 	}
 	if deleted {
-		f.snap.DeletePod(p.Namespace, p.Name)
+		f.addrs.remove(p.Namespace, p.Name)
 	} else {
-		f.snap.UpsertPod(compile.PodFromAPI(p))
+		f.addrs.upsert(p)
 	}
 	f.changed(time.Now())
 }
