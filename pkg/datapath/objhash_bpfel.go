@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 558352, crc: 0x2ca20ef6, sha: "60fb447b49ff"},
-	"from_container_compat": {size: 528640, crc: 0xfb2980d1, sha: "141925c7dc90"},
-	"from_uplink":           {size: 410920, crc: 0x0e445cb1, sha: "f0b2eea80606"},
-	"from_uplink_compat":    {size: 385144, crc: 0x967343af, sha: "1dc8d18c4721"},
-	"sock":                  {size: 180888, crc: 0x6b8aef52, sha: "8df257160c50"},
-	"sock_compat":           {size: 171408, crc: 0x5365be19, sha: "0dde35c42cb6"},
-	"sock_ops":              {size: 163760, crc: 0x97c8915a, sha: "d3d383a05c5f"},
-	"to_container":          {size: 201520, crc: 0xdb653053, sha: "9f0d09977882"},
-	"to_container_compat":   {size: 187056, crc: 0xbc9f89b3, sha: "7c18071b3efd"},
-	"to_uplink":             {size: 329928, crc: 0x268a9241, sha: "823b056a5351"},
-	"to_uplink_compat":      {size: 298240, crc: 0xf64b1099, sha: "3c5f17ea866f"},
-	"tunnel":                {size: 339248, crc: 0x3d04cde0, sha: "9744e0dc2112"},
+	"from_container":        {size: 558352, crc: 0xbb6ee3cc, sha: "ff8215f795ac"},
+	"from_container_compat": {size: 528640, crc: 0xbc152cf9, sha: "85ade772debc"},
+	"from_uplink":           {size: 414056, crc: 0x5153eedf, sha: "42fef0d14890"},
+	"from_uplink_compat":    {size: 388272, crc: 0x0b1fc874, sha: "1a00ce1c5439"},
+	"sock":                  {size: 180888, crc: 0x4b6782db, sha: "a413879bd0b2"},
+	"sock_compat":           {size: 171408, crc: 0x60179f91, sha: "5658dd8efa6f"},
+	"sock_ops":              {size: 163760, crc: 0x83d151e4, sha: "6e638221336a"},
+	"to_container":          {size: 201520, crc: 0x283c2235, sha: "729e709509c3"},
+	"to_container_compat":   {size: 187056, crc: 0x87327ff1, sha: "8c02b84b735c"},
+	"to_uplink":             {size: 334664, crc: 0x0d4d6742, sha: "8a80a7f32c20"},
+	"to_uplink_compat":      {size: 302992, crc: 0x625850ed, sha: "ef77e265097e"},
+	"tunnel":                {size: 339248, crc: 0x6fb6a311, sha: "0fe22ad64d92"},
 }
