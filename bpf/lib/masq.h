@@ -920,8 +920,9 @@ static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __
 
 /*
  * A new flow of the pod behind ifindex that got no port (*why from
- * snat_alloc): counted in cni_masq_stats, in the pod's refusals when at its
- * quota, and as the pod's drop with its event. Out of line: to_uplink's
+ * snat_alloc), or a packet it cannot translate (MASQ_STAT_ERROR): counted
+ * in cni_masq_stats, in the pod's refusals when at its quota, and as the
+ * pod's drop with its event. Out of line: to_uplink's
  * frame has no room for it (policy_judge sits on it at the 512-byte limit).
  */
 static __noinline int masq_alloc_failed(struct __sk_buff *skb, __u32 ifindex, __u32 why, int quota)
@@ -954,9 +955,17 @@ static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_in
 
 	/* Over IPv6 also behind extension headers (flow_parse6_ext): else the
 	 * pod's packet would leave with its own address. */
+	int ext = 0;
 	if (flow_parse(skb, family, &f, FLOW_ECHO_REQUEST) &&
-	    (family != AF_INET6 || flow_parse6_ext(skb, &f, FLOW_ECHO_REQUEST))) {
+	    (family != AF_INET6 || (ext = flow_parse6_ext(skb, &f, FLOW_ECHO_REQUEST)))) {
 		__u8 proto = 0;
+
+		/* A chain the bounded walk cannot see the end of (more than
+		 * IP6_EXT_MAX headers, attack15): no translation, and no leak
+		 * of the pod's address either. Dropped, counted as the
+		 * masquerade's error and the pod's malformed drop. */
+		if (ext == FLOW_EXT_UNWALKED && !in_cluster(f.daddr, family))
+			return masq_alloc_failed(skb, ep->ifindex, MASQ_STAT_ERROR, 1);
 
 		bpf_skb_load_bytes(skb, ETH_HLEN + (family == AF_INET ? offsetof(struct iphdr, protocol)
 								       : offsetof(struct ipv6hdr, nexthdr)), &proto, 1);

@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 558352, crc: 0xbb6ee3cc, sha: "ff8215f795ac"},
-	"from_container_compat": {size: 528640, crc: 0xbc152cf9, sha: "85ade772debc"},
-	"from_uplink":           {size: 414056, crc: 0x5153eedf, sha: "42fef0d14890"},
-	"from_uplink_compat":    {size: 388272, crc: 0x0b1fc874, sha: "1a00ce1c5439"},
-	"sock":                  {size: 180888, crc: 0x4b6782db, sha: "a413879bd0b2"},
-	"sock_compat":           {size: 171408, crc: 0x60179f91, sha: "5658dd8efa6f"},
-	"sock_ops":              {size: 163760, crc: 0x83d151e4, sha: "6e638221336a"},
-	"to_container":          {size: 201520, crc: 0x283c2235, sha: "729e709509c3"},
-	"to_container_compat":   {size: 187056, crc: 0x87327ff1, sha: "8c02b84b735c"},
-	"to_uplink":             {size: 334664, crc: 0x0d4d6742, sha: "8a80a7f32c20"},
-	"to_uplink_compat":      {size: 302992, crc: 0x625850ed, sha: "ef77e265097e"},
-	"tunnel":                {size: 339248, crc: 0x6fb6a311, sha: "0fe22ad64d92"},
+	"from_container":        {size: 558352, crc: 0xeee3978f, sha: "8d5fa3087837"},
+	"from_container_compat": {size: 528640, crc: 0x4dd3e6a7, sha: "c3c5bb1dfce5"},
+	"from_uplink":           {size: 414656, crc: 0x28211e3f, sha: "ef81365ec817"},
+	"from_uplink_compat":    {size: 388880, crc: 0x031340bc, sha: "e70de17fd056"},
+	"sock":                  {size: 180888, crc: 0xa2793e76, sha: "b15bdd95a597"},
+	"sock_compat":           {size: 171408, crc: 0xac0edd36, sha: "90cc490a2d44"},
+	"sock_ops":              {size: 163760, crc: 0x739734e9, sha: "246f73ad99fa"},
+	"to_container":          {size: 201520, crc: 0xfa6b4ddd, sha: "4b2d21206940"},
+	"to_container_compat":   {size: 187056, crc: 0xda37b4bb, sha: "098ca80d4c1d"},
+	"to_uplink":             {size: 336088, crc: 0xb7a6636a, sha: "0d14bb89433c"},
+	"to_uplink_compat":      {size: 304400, crc: 0x8ed1a4e7, sha: "8b7b1179e5fa"},
+	"tunnel":                {size: 339248, crc: 0x6fa900d7, sha: "0276706c74a3"},
 }
