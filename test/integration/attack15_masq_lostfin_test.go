@@ -81,6 +81,10 @@ func a15DialSeen(netns ns.NetNS, src net.IP, lport int, addr string, rst bool) (
 // answers the server's ACK with an RST that ends the TIME_WAIT and sends
 // its SYN again within milliseconds, other stacks a second later), or, if
 // it is, its SYN must not be refused: 8 rounds, each on its own port.
+// Before fin15, q took p's node port in 8 of 8 rounds, refused by PAWS in
+// 3: the datapath took p's FIN, seen first, for p closing first. Now the
+// server's ACK of p's FIN, one past the last sequence number the node saw
+// of it, tells that its FIN went first (masq.h snat_seq_peer_fin).
 func TestAttack15MasqLostServerFIN(t *testing.T) {
 	t.Parallel()
 	lab := newMasqLab(t)

@@ -741,11 +741,13 @@ func TestAttack16MasqForgedServerFIN(t *testing.T) {
 // streaming sink does). Pod x opens 8 connections, reads each answer and
 // the server's FIN, then sends on each, from a raw socket, a FIN whose
 // sequence number is far outside the server's window: the server ignores
-// it, the connections stay open x -> server. A FIN went each way as the
-// datapath may count them, so the share may be released. A second later x
-// opens 8 more the same way, then sends a line on all 16: more than 8
-// node ports delivering it means x holds more live flows towards one
-// destination than its share, by a FIN the server never took.
+// it, the connections stay open x -> server. A second later x opens 8
+// more the same way, then sends a line on all 16: more than 8 node ports
+// delivering it means x holds more live flows towards one destination than
+// its share, by a FIN the server never took. Before fin15 the datapath
+// counted any FIN of the pod's (a FIN each way: the share released; 16 of
+// 16 delivered); now the pod's FIN counts once the server acknowledged it
+// (masq.h snat_fin_pod, snat_seq_peer_fin).
 func TestAttack16MasqShareBogusFIN(t *testing.T) {
 	t.Parallel()
 	lab := newMasqLab(t)
