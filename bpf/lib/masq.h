@@ -84,6 +84,104 @@ static __always_inline __u64 snat_time_left(__u32 flags, __u8 proto, __u64 seen_
 	return flow_left(snat_timeout(flags, proto), seen_ns, now);
 }
 
+/* ------------------------------------------------- sequence tracking */
+
+/* The masquerade's: the pod's segment f of the flow whose reverse entry is
+ * rv. While its FIN waits for the peer's ack, win holds the FIN's end: the
+ * pod's segments neither raise it nor move end (a SYN reopening the tuple
+ * starts afresh). */
+static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
+{
+	__u32 fl = rv->flags;
+
+	if (f->syn_only)
+		fl &= ~SNAT_F_FIN_WAIT;
+	else if (fl & SNAT_F_FIN_WAIT)
+		return;
+	tcp_seq_local(skb, f, snat_seq_of(rv), &fl, 8, tcp_seg_scratch());
+	rv->flags = fl;
+}
+
+/*
+ * The pod's FIN counts only once the peer acknowledged it, as the peer's
+ * TCP takes it (conntrack's tcp_in_window, in the small): a FIN the peer
+ * ignores (out of its window, attack16) closed the flow as the datapath saw
+ * it and released the pod's share of ports towards the peer while the
+ * connection went on. Its next state fl (flow_next's, cur before) of a
+ * tracked flow whose reverse entry is rv: the pod's first FIN's end goes to
+ * snat_seq.win (SNAT_F_FIN_WAIT), FLOW_F_FIN_ORIG waits for the peer's ack
+ * of it (snat_seq_peer). A FIN again while waiting (a retransmit, or the
+ * real one after a forged one) takes its place. Returns fl without the FIN.
+ */
+static __noinline __u32 snat_fin_pod(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv, __u32 cur,
+				     __u32 fl)
+{
+	struct tcp_seg *sp = tcp_seg_scratch();
+
+	if (!(f->tcp_flags & TCP_FLAG_FIN) || (f->tcp_flags & TCP_FLAG_RST) || (rv->flags & FLOW_F_FIN_ORIG) ||
+	    !(rv->flags & SNAT_F_SEQ) || !sp || tcp_seg_load(skb, f, sp))
+		return fl;
+	snat_seq_of(rv)->win = sp->end;
+	rv->flags |= SNAT_F_FIN_WAIT;
+	return (fl & ~(FLOW_F_FIN_ORIG | FLOW_F_CLOSING)) | (cur & FLOW_F_CLOSING);
+}
+
+/*
+ * snat_seq_peer while the pod's FIN waits: every segment is read (a pure
+ * ACK may be the one), with the window's floor for how far it moves end
+ * (win is the FIN's). An ACK of exactly the FIN's end, in order, makes the
+ * pod's FIN count (FLOW_F_FIN_ORIG; win back to the floor, raised again by
+ * the pod's segments). One whose sequence number is end + 1 with no FIN of
+ * the peer's seen comes after a FIN the node did not see (lost on the way,
+ * retransmitted later): the peer sent its FIN before it had the pod's, it
+ * holds TIME_WAIT (FLOW_F_PEER_FIRST; a FIN of the peer's before the ack
+ * gets it in snat_next). Else a lost FIN looked like the pod closing first,
+ * and its node port went to another pod after half a second (attack15).
+ */
+static __noinline int snat_seq_peer_fin(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
+{
+	struct tcp_seg *sp = tcp_seg_scratch();
+	struct snat_seq *q = snat_seq_of(rv);
+	struct snat_seq t = { .end = q->end };
+	__u32 fl = rv->flags;
+
+	if (!sp)
+		return 1;
+	sp->base = 8;
+	sp->flags = 0;
+	int r = tcp_seq_remote_nat_(skb, f, &t, &fl, sp);
+	__u32 ahead = sp->seq - q->end;
+
+	t.win = q->win;
+	if (r && (sp->flags & (TCP_FLAG_ACK | TCP_FLAG_RST | TCP_FLAG_SYN)) == TCP_FLAG_ACK && sp->ack == q->win &&
+	    ahead <= 1) {
+		if (ahead && !(fl & FLOW_F_FIN_REPLY))
+			fl |= FLOW_F_PEER_FIRST;
+		fl = (fl | FLOW_F_FIN_ORIG) & ~SNAT_F_FIN_WAIT;
+		t.win = 0;
+	}
+	*q = t;
+	rv->flags = fl;
+	return r ? 1 : 0;
+}
+
+/* The masquerade's: the peer's segment f of the flow whose reverse entry is
+ * rv; 0 for an RST outside the pod's window. A reverse entry's tracking
+ * starts with the pod's SYN only (the masquerade opens no flow for a peer). */
+static __always_inline int snat_seq_peer(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
+{
+	__u32 fl = rv->flags;
+	int r;
+
+	if (!(fl & SNAT_F_SEQ))
+		return 1;
+	if (fl & SNAT_F_FIN_WAIT)
+		return snat_seq_peer_fin(skb, f, rv);
+	r = tcp_seq_remote(skb, f, snat_seq_of(rv), &fl, 8, NULL);
+	rv->flags = fl;
+	return r;
+}
+
 /*
  * flow_next, plus who closed first: FLOW_F_PEER_FIRST when the peer's FIN
  * came before the pod's (the peer then holds TIME_WAIT); cleared by an RST
@@ -805,9 +903,12 @@ static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __
 	/* The pod's SYN always reaches the tracking: it re-seeds the flow
 	 * (tcpseq.h), even within a second of the last write. */
 	if (fl != fv->flags || now - fv->seen_ns > NSEC || (f->tcp_flags & TCP_FLAG_SYN)) {
-		snat_note(fv, fl, now);
 		snat_key_of(&k, SNAT_DIR_REV, node, *port, f->daddr, f->dport, f->family, f->proto);
 		struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
+		/* The pod's FIN waits for the peer's ack (both entries). */
+		if (rv && f->proto == IPPROTO_TCP && (f->tcp_flags & TCP_FLAG_FIN))
+			fl = snat_fin_pod(skb, f, rv, fv->flags, fl);
+		snat_note(fv, fl, now);
 		if (rv) {
 			snat_note_rev(rv, &k, ifindex, fl, now);
 			if (f->proto == IPPROTO_TCP)
@@ -819,8 +920,9 @@ static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __
 
 /*
  * A new flow of the pod behind ifindex that got no port (*why from
- * snat_alloc): counted in cni_masq_stats, in the pod's refusals when at its
- * quota, and as the pod's drop with its event. Out of line: to_uplink's
+ * snat_alloc), or a packet it cannot translate (MASQ_STAT_ERROR): counted
+ * in cni_masq_stats, in the pod's refusals when at its quota, and as the
+ * pod's drop with its event. Out of line: to_uplink's
  * frame has no room for it (policy_judge sits on it at the 512-byte limit).
  */
 static __noinline int masq_alloc_failed(struct __sk_buff *skb, __u32 ifindex, __u32 why, int quota)
@@ -853,9 +955,17 @@ static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_in
 
 	/* Over IPv6 also behind extension headers (flow_parse6_ext): else the
 	 * pod's packet would leave with its own address. */
+	int ext = 0;
 	if (flow_parse(skb, family, &f, FLOW_ECHO_REQUEST) &&
-	    (family != AF_INET6 || flow_parse6_ext(skb, &f, FLOW_ECHO_REQUEST))) {
+	    (family != AF_INET6 || (ext = flow_parse6_ext(skb, &f, FLOW_ECHO_REQUEST)))) {
 		__u8 proto = 0;
+
+		/* A chain the bounded walk cannot see the end of (more than
+		 * IP6_EXT_MAX headers, attack15): no translation, and no leak
+		 * of the pod's address either. Dropped, counted as the
+		 * masquerade's error and the pod's malformed drop. */
+		if (ext == FLOW_EXT_UNWALKED && !in_cluster(f.daddr, family))
+			return masq_alloc_failed(skb, ep->ifindex, MASQ_STAT_ERROR, 1);
 
 		bpf_skb_load_bytes(skb, ETH_HLEN + (family == AF_INET ? offsetof(struct iphdr, protocol)
 								       : offsetof(struct ipv6hdr, nexthdr)), &proto, 1);
@@ -927,9 +1037,12 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 		return MASQ_CONTINUE; /* the pod is gone */
 	/* An RST outside the pod's window (a blind attacker's) changes
 	 * nothing; it still goes to the pod, whose TCP ignores it. */
+	/* The tracking may count the pod's FIN (its ack): compared with the
+	 * state before, so that both entries take it. */
+	__u16 cur = rv->flags;
 	int counts = f.proto != IPPROTO_TCP || snat_seq_peer(skb, &f, rv);
 	__u16 fl = snat_next(rv->flags, &f, 1, rv->created_ns, now);
-	if (counts && (fl != rv->flags || now - rv->seen_ns > NSEC)) {
+	if (counts && (fl != cur || now - rv->seen_ns > NSEC)) {
 		snat_note_rev(rv, &rk, ifindex, fl, now);
 		struct snat_key fk;
 		snat_key_of(&fk, SNAT_DIR_FWD, pod, pod_port, f.saddr, f.sport, family, f.proto);

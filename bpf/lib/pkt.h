@@ -560,9 +560,12 @@ static __always_inline long ip6_ext_chain(struct __sk_buff *skb, __u8 nexthdr, _
  * peer's reply to a masqueraded flow may carry a destination options or
  * hop-by-hop header (masq.h masq_reverse). No fragment (an atomic one is
  * whole). Returns 0, or -1 (also for a packet without extension headers:
- * flow_parse6's answer stands). Out of line: its walk's stack is not on the
+ * flow_parse6's answer stands), or FLOW_EXT_UNWALKED when the walk did not
+ * reach the chain's end (more than IP6_EXT_MAX headers, truncated, a
+ * routing header with segments left): its transport is unknown. Out of line: its walk's stack is not on the
  * caller's.
  */
+#define FLOW_EXT_UNWALKED (-2)
 static __noinline __attribute__((unused)) int flow_parse6_ext(struct __sk_buff *skb, struct flow *f, int echo)
 {
 	__u8 nh = 0;
@@ -572,7 +575,10 @@ static __noinline __attribute__((unused)) int flow_parse6_ext(struct __sk_buff *
 	    bpf_skb_load_bytes(skb, ETH_HLEN + offsetof(struct ipv6hdr, daddr), f->daddr, 16))
 		return -1;
 	long c = ip6_ext_chain(skb, nh, ETH_HLEN + sizeof(struct ipv6hdr), NULL);
-	if (c < 0 || IP6X_FRAG(c) != FLOW_FRAG_NONE || IP6X_L4OFF(c) == ETH_HLEN + sizeof(struct ipv6hdr))
+	__u8 p = IP6X_PROTO(c);
+	if (c < 0 || p == IPPROTO_HOPOPTS || p == IPPROTO_ROUTING || p == IPPROTO_DSTOPTS || p == IPPROTO_FRAGMENT)
+		return FLOW_EXT_UNWALKED;
+	if (IP6X_FRAG(c) != FLOW_FRAG_NONE || IP6X_L4OFF(c) == ETH_HLEN + sizeof(struct ipv6hdr))
 		return -1;
 	f->family = AF_INET6;
 	f->proto = IP6X_PROTO(c);

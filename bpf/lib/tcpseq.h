@@ -19,7 +19,10 @@
  *        shift it offered in its SYN when the peer's SYN-ACK offered one
  *        too (bits SNAT_WS_*); raised from the pod's segments whenever the
  *        entry is written anyway (state changes, once a second), so it may
- *        lag: it is never taken below SEQ_WIN_FLOOR.
+ *        lag: it is never taken below SEQ_WIN_FLOOR. The masquerade
+ *        keeps there the end of the pod's FIN until the peer
+ *        acknowledges it (SNAT_F_FIN_WAIT, masq.h); the floor bounds
+ *        meanwhile.
  * An RST from the peer counts when its seq is end (once the peer's end is
  * known), or when it acknowledges the pod's SYN (before). win bounds how
  * far one segment or ack moves end.
@@ -46,6 +49,10 @@ struct snat_seq {
 	__u32 win;
 };
 
+/* snat_val.flags bit 0, free below the FLOW_F_* state (reverse TCP entries
+ * with SNAT_F_SEQ): the pod sent a FIN the peer has not acknowledged yet,
+ * snat_seq.win holds its end (snat_fin_pod). */
+#define SNAT_F_FIN_WAIT (1U << 0)
 /* snat_val.flags bits above the FLOW_F_* state (reverse TCP entries). */
 #define SNAT_F_SEQ (1U << 8)      /* created_ns holds a struct snat_seq */
 #define SNAT_F_PEER_END (1U << 9) /* snat_seq.end is the peer's (its SYN-ACK was seen) */
@@ -496,26 +503,5 @@ static __always_inline int tcp_seq_remote(struct __sk_buff *skb, const struct fl
 	return r;
 }
 
-/* The masquerade's: the pod's segment f of the flow whose reverse entry is rv. */
-static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
-{
-	__u32 fl = rv->flags;
-
-	tcp_seq_local(skb, f, snat_seq_of(rv), &fl, 8, tcp_seg_scratch());
-	rv->flags = fl;
-}
-
-/* The masquerade's: the peer's segment f of the flow whose reverse entry is
- * rv; 0 for an RST outside the pod's window. A reverse entry's tracking
- * starts with the pod's SYN only (the masquerade opens no flow for a peer). */
-static __always_inline int snat_seq_peer(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
-{
-	__u32 fl = rv->flags;
-	int r;
-
-	if (!(fl & SNAT_F_SEQ))
-		return 1;
-	r = tcp_seq_remote(skb, f, snat_seq_of(rv), &fl, 8, NULL);
-	rv->flags = fl;
-	return r;
-}
+/* The masquerade's wrappers (snat_seq_pod, snat_seq_peer, and its FIN
+ * rule) are in masq.h, its only user. */

@@ -372,7 +372,7 @@ struct snat_key {
 struct snat_val {
 	__u8 addr[16]; /* forward: node address; reverse: pod address */
 	__be16 port;   /* forward: allocated port; reverse: pod's port */
-	__u16 flags;   /* FLOW_F_* (the pod is the originator); bits 8-15: tcpseq.h's */
+	__u16 flags;   /* FLOW_F_* (the pod is the originator); bit 0 and bits 8-15: masq.h's and tcpseq.h's */
 	__u32 ifindex;    /* host veth of the pod */
 	__u64 created_ns; /* bpf_ktime_get_ns(); a reverse TCP entry with SNAT_F_SEQ: its sequence tracking (tcpseq.h) */
 	__u64 seen_ns;    /* last use, refreshed at most once a second and at every state change */

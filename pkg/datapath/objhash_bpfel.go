@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 558352, crc: 0x2ca20ef6, sha: "60fb447b49ff"},
-	"from_container_compat": {size: 528640, crc: 0xfb2980d1, sha: "141925c7dc90"},
-	"from_uplink":           {size: 410920, crc: 0x0e445cb1, sha: "f0b2eea80606"},
-	"from_uplink_compat":    {size: 385144, crc: 0x967343af, sha: "1dc8d18c4721"},
-	"sock":                  {size: 180888, crc: 0x6b8aef52, sha: "8df257160c50"},
-	"sock_compat":           {size: 171408, crc: 0x5365be19, sha: "0dde35c42cb6"},
-	"sock_ops":              {size: 163760, crc: 0x97c8915a, sha: "d3d383a05c5f"},
-	"to_container":          {size: 201520, crc: 0xdb653053, sha: "9f0d09977882"},
-	"to_container_compat":   {size: 187056, crc: 0xbc9f89b3, sha: "7c18071b3efd"},
-	"to_uplink":             {size: 329928, crc: 0x268a9241, sha: "823b056a5351"},
-	"to_uplink_compat":      {size: 298240, crc: 0xf64b1099, sha: "3c5f17ea866f"},
-	"tunnel":                {size: 339248, crc: 0x3d04cde0, sha: "9744e0dc2112"},
+	"from_container":        {size: 558352, crc: 0xeee3978f, sha: "8d5fa3087837"},
+	"from_container_compat": {size: 528640, crc: 0x4dd3e6a7, sha: "c3c5bb1dfce5"},
+	"from_uplink":           {size: 414656, crc: 0x28211e3f, sha: "ef81365ec817"},
+	"from_uplink_compat":    {size: 388880, crc: 0x031340bc, sha: "e70de17fd056"},
+	"sock":                  {size: 180888, crc: 0xa2793e76, sha: "b15bdd95a597"},
+	"sock_compat":           {size: 171408, crc: 0xac0edd36, sha: "90cc490a2d44"},
+	"sock_ops":              {size: 163760, crc: 0x739734e9, sha: "246f73ad99fa"},
+	"to_container":          {size: 201520, crc: 0xfa6b4ddd, sha: "4b2d21206940"},
+	"to_container_compat":   {size: 187056, crc: 0xda37b4bb, sha: "098ca80d4c1d"},
+	"to_uplink":             {size: 336088, crc: 0xb7a6636a, sha: "0d14bb89433c"},
+	"to_uplink_compat":      {size: 304400, crc: 0x8ed1a4e7, sha: "8b7b1179e5fa"},
+	"tunnel":                {size: 339248, crc: 0x6fa900d7, sha: "0276706c74a3"},
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -210,6 +211,49 @@ func TestAttack15MasqICMP6ErrorQuotingChains(t *testing.T) {
 		t.Logf("packet too big quoting node:%d -> server:%d behind %v: reached the pod %v", ua.Port, c.dport, c.kinds, got)
 		if got != c.enter {
 			t.Errorf("a packet too big quoting node:%d -> server:%d behind %v: reached the pod %v, want %v", ua.Port, c.dport, c.kinds, got, c.enter)
+		}
+	}
+}
+
+// TestAttack15MasqPodChains: the pod sends UDP datagrams (hand-made, raw
+// socket) to the outside server behind longer chains than the round-12
+// tests tried: hop-by-hop and destination options together, a routing
+// header with segments left 0 (alone and among others), four, five and ten
+// headers. None may reach the outside with the pod's private address (the
+// outside has no route back: a flow that leaks is a flow that fails, and
+// the cluster's address plan leaks with it). Up to four headers
+// (IP6_EXT_MAX) the walk reaches the UDP header: masqueraded, from the
+// node's address. Five it cannot walk: dropped at the uplink and counted
+// in dump nat's drop_error (before the fix it left with the pod's own
+// address). Ten never reach the uplink (before the fix neither).
+func TestAttack15MasqPodChains(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	a := lab.a
+	pod := a.NewPod()
+	a.CleanupDel(pod, "a15c")
+	_, pod6 := resultIPs(a.Add(pod, "a15c"))
+	rec := a15Record(t, lab.out, 7420)
+	dropErr := func() uint64 { // dump nat's counters
+		_, c := a16Share(t, a, 0, "", "")
+		return c["drop_error"]
+	}
+	for i, kinds := range a15Chains {
+		payload := fmt.Sprintf("a15-chain-%d", i)
+		d0 := dropErr()
+		must(t, a15SendRaw6(pod, outsideIP6, a15UDP6(pod6, 41000+i, outsideIP6, 7420, kinds, []byte(payload)), 1))
+		from := rec.from(payload, 700*time.Millisecond)
+		d := dropErr() - d0
+		t.Logf("pod's UDP behind %v: the outside saw it from %q; drop_error +%d", kinds, from, d)
+		if from != "" && strings.Contains(from, pod6.String()) {
+			t.Errorf("the pod's UDP behind %v reached the outside with the pod's own address (%s): not masqueraded", kinds, from)
+		}
+		walked := len(kinds) <= 4
+		if walked && !strings.Contains(from, labNodeA6.String()) {
+			t.Errorf("the pod's UDP behind %v: the outside saw it from %q, want the node's %s", kinds, from, labNodeA6)
+		}
+		if !walked && (from != "" || (len(kinds) == 5 && d == 0)) {
+			t.Errorf("the pod's UDP behind %v (more than the walk's 4 headers): the outside saw it from %q, drop_error +%d; want dropped and counted", kinds, from, d)
 		}
 	}
 }

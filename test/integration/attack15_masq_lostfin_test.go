@@ -69,6 +69,83 @@ func a15DialSeen(netns ns.NetNS, src net.IP, lport int, addr string, rst bool) (
 	return
 }
 
+// TestAttack15MasqLostServerFIN: pods p and q of one node connect from the
+// same source port (in the masquerade range, so both first try that node
+// port) to one server, which answers and closes first. The outside drops the
+// server's first FIN of each connection of p's (nft in the outside netns;
+// its retransmit passes 200 ms later): p's FIN reaches the node first, the
+// server goes FIN_WAIT_1 -> CLOSING -> TIME_WAIT on the node's tuple. A
+// second later q connects from the same port (the pods take turns as p and q). q must not be given p's node
+// port while the server holds TIME_WAIT on it (PAWS refuses q's SYN in one of
+// the two orders: the server's TcpExt PAWSTimewait+PAWSEstab counts it; Linux's client
+// answers the server's ACK with an RST that ends the TIME_WAIT and sends
+// its SYN again within milliseconds, other stacks a second later), or, if
+// it is, its SYN must not be refused: 8 rounds, each on its own port.
+// Before fin15, q took p's node port in 8 of 8 rounds, refused by PAWS in
+// 3: the datapath took p's FIN, seen first, for p closing first. Now the
+// server's ACK of p's FIN, one past the last sequence number the node saw
+// of it, tells that its FIN went first (masq.h snat_seq_peer_fin).
+func TestAttack15MasqLostServerFIN(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	a := lab.a
+	p, q := a.NewPod(), a.NewPod()
+	a.CleanupDel(p, "a15fp")
+	a.CleanupDel(q, "a15fq")
+	_, p6 := resultIPs(a.Add(p, "a15fp"))
+	_, q6 := resultIPs(a.Add(q, "a15fq"))
+	const port = 7440
+	a15ServeSeen(t, lab.out, port)
+	// The first FIN the server sends to a node port is dropped (p's
+	// connections are the first on each port); a retransmit within 2 s
+	// passes. Dropped on the wire, as a network loses it: by the outside's
+	// bridge (its output hook, after the server's TCP sent the FIN). In
+	// the inet output hook (attack15's first version) the drop is a send
+	// failure the server's TCP sees: the FIN stays unsent in its queue
+	// (snd_nxt not past it), its ACK of the pod's FIN carries the FIN's
+	// sequence number and the FIN follows at once, on the wire the same as
+	// a server closing right after the pod's FIN (CLOSE_WAIT, LAST_ACK, no
+	// TIME_WAIT): no datapath can tell them apart (docs/masquerade.md).
+	rules := fmt.Sprintf(`table bridge a15fin {
+  set seen { type ipv6_addr . inet_service; flags dynamic, timeout; timeout 2s; }
+  chain out { type filter hook output priority 0; policy accept;
+    tcp sport %d tcp dport 62100-62199 tcp flags & fin == fin ip6 daddr . tcp dport @seen accept
+    tcp sport %d tcp dport 62100-62199 tcp flags & fin == fin add @seen { ip6 daddr . tcp dport } counter drop
+  }
+}`, port, port)
+	must(t, lab.out.Do(func(ns.NetNS) error {
+		cmd := exec.Command("nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(rules)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("nft: %v: %s", err, out)
+		}
+		return nil
+	}))
+	addr := hp(outsideIP6, port)
+	// The control: no FIN lost (ports 62200 on), the server's FIN passes the
+	// node first and q must get another node port, never refused.
+	cs, csame := a15LostFinRounds(t, lab, p, q, p6, q6, 62200, 4, addr)
+	if cs > 0 || csame > 0 {
+		t.Errorf("control, no FIN lost: q took p's node port in %d of 4 rounds, refused by PAWS in %d", csame, cs)
+	}
+	slow, same := a15LostFinRounds(t, lab, p, q, p6, q6, 62100, 8, addr)
+	var counters string
+	lab.out.Do(func(ns.NetNS) error {
+		b, _ := exec.Command("nft", "list", "table", "bridge", "a15fin").CombinedOutput()
+		counters = string(b)
+		b, _ = exec.Command("ss", "-tanoe", "sport", "=", fmt.Sprint(port)).CombinedOutput()
+		counters += "\n" + string(b)
+		b, _ = exec.Command("sysctl", "net.ipv4.tcp_timestamps").CombinedOutput()
+		counters += string(b)
+		return nil
+	})
+	t.Logf("outside's FIN drops:\n%s", counters)
+	t.Logf("q took p's node port in %d of 8 rounds, its SYN refused in %d", same, slow)
+	if slow > 0 {
+		t.Errorf("q's SYN was refused by PAWS (the server's TcpExt PAWSTimewait+PAWSEstab) in %d of 8 rounds: the server held TIME_WAIT on the node port the masquerade gave q (p's; it took p's FIN, seen first at the node, for p closing first)", slow)
+	}
+}
+
 // a15TimeWait is the server's socket state (ss) towards peer on port.
 func a15TimeWait(netns ns.NetNS, port int, peer string) string {
 	var st string

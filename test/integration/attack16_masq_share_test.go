@@ -734,3 +734,101 @@ func TestAttack16MasqForgedServerFIN(t *testing.T) {
 		t.Errorf("x's half-closed connection stopped receiving the server's data after forged FINs and y's connection from the same port: %v", err)
 	}
 }
+
+// TestAttack16MasqShareBogusFIN: limit 8 on a 32-port range. The server
+// answers a client's first line and then half-closes (its FIN), reading on
+// (a server that sends its answer and shuts down writing, as HTTP/1.0 or a
+// streaming sink does). Pod x opens 8 connections, reads each answer and
+// the server's FIN, then sends on each, from a raw socket, a FIN whose
+// sequence number is far outside the server's window: the server ignores
+// it, the connections stay open x -> server. A second later x opens 8
+// more the same way, then sends a line on all 16: more than 8 node ports
+// delivering it means x holds more live flows towards one destination than
+// its share, by a FIN the server never took. Before fin15 the datapath
+// counted any FIN of the pod's (a FIN each way: the share released; 16 of
+// 16 delivered); now the pod's FIN counts once the server acknowledged it
+// (masq.h snat_fin_pod, snat_seq_peer_fin).
+func TestAttack16MasqShareBogusFIN(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	lab.a.Extra["ipMasqPortRange"] = "62200-62231"
+	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	var mu sync.Mutex
+	got := map[string]bool{}
+	must(t, lab.out.Do(func(ns.NetNS) error {
+		ln, err := net.Listen("tcp", hp(outsideIP, 7486))
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { ln.Close() })
+		acceptEach(ln, func(c net.Conn) {
+			c.SetDeadline(time.Now().Add(40 * time.Second))
+			r := bufio.NewReader(c)
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "%s %s", c.RemoteAddr(), line)
+			c.(*net.TCPConn).CloseWrite()
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				if strings.HasPrefix(line, "again") {
+					mu.Lock()
+					got[c.RemoteAddr().String()] = true
+					mu.Unlock()
+				}
+			}
+		})
+		return nil
+	}))
+	srv := hp(outsideIP, 7486)
+	run := func(id string, base int, fin bool) int {
+		x, r := lab.a.RunPod(id)
+		x4, _ := testenv.PodIPs(t, r)
+		var conns []net.Conn
+		open := func(from int) {
+			for j := from; j < from+8; j++ {
+				f, err := a14Dial(x, "tcp", base+j, srv)
+				if err != nil {
+					t.Logf("%s: dial %d: %v", id, j, err)
+					continue
+				}
+				t.Cleanup(func() { f.c.Close() })
+				f.c.SetDeadline(time.Now().Add(4 * time.Second))
+				f.c.Write([]byte("hello\n"))
+				f.r.ReadString('\n')
+				io.Copy(io.Discard, f.r) // the server's FIN
+				conns = append(conns, f.c)
+				if fin {
+					must(t, a15SendRaw4(x, outsideIP, a16TCP4(x4, base+j, outsideIP, 7486, 0x5a5a5a5a+uint32(j)<<20, 0x01)))
+				}
+			}
+		}
+		open(0)
+		time.Sleep(1200 * time.Millisecond)
+		open(8)
+		mu.Lock()
+		clear(got)
+		mu.Unlock()
+		for _, c := range conns {
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			c.Write([]byte("again\n"))
+		}
+		time.Sleep(1500 * time.Millisecond)
+		mu.Lock()
+		defer mu.Unlock()
+		_, ifx := lab.a.HostVeth(id)
+		s, c := a16Share(t, lab.a, ifx, "tcp", srv)
+		t.Logf("%s (bogus FINs %v): %d of %d connections delivered at the end, share %d, recycled %d", id, fin, len(got), len(conns), s, c["recycled"])
+		return len(got)
+	}
+	if n := run("a16ny", 48000, false); n > 8 {
+		t.Errorf("control: pod y, no bogus FIN, has %d live flows to one server, over its share of 8", n)
+	}
+	if n := run("a16nx", 49000, true); n > 8 {
+		t.Errorf("pod x holds %d live masqueraded connections to one server, over its share of 8: its FINs out of the server's window (ignored by the server) counted as its close, releasing the share of flows it still uses", n)
+	}
+}
