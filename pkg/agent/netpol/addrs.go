@@ -19,12 +19,18 @@ import (
 // finishing). host-local hands a freed address to the next ADD meanwhile:
 // read from the API, the new pod would inherit the old one's identity as a
 // peer (TestAttack19IPReuse). So:
-//   - a pod with a record of this node has the addresses of its records
+//   - an address a record of this node gives to a pod is never another
+//     pod's, whatever its object says: a local record wins over any API
+//     status (the torn-down pod's address is taken from it the moment an
+//     ADD reuses it, before the new pod's interface opens);
+//   - a pod with a record of this node also has the addresses of its
+//     records, before the API reports them or after a sandbox restart
 //     (unless its object names another node: the record is of a previous
-//     pod of that name, force-deleted here and not yet torn down);
-//   - a pod of this node (spec.nodeName, NodeName set) without one has none;
-//   - any other pod has its API addresses but those a record of this node
-//     gives to someone else: a local record wins over any API status.
+//     pod of that name, force-deleted here and not yet torn down).
+//
+// A pod of this node without a record keeps its API addresses no record
+// claims: a pod another CNI attached (a migration between CNIs, ebpf-cni
+// as a Multus secondary network) is still a peer.
 //
 // Host-network pods keep theirs (the node's: no record holds them).
 type podAddrs struct {
@@ -101,20 +107,17 @@ func (a *podAddrs) effective(k compile.PodKey) compile.Pod {
 	if p.HostNetwork {
 		return p
 	}
-	here := a.nodeName != "" && ap.node == a.nodeName
-	elsewhere := a.nodeName != "" && ap.node != "" && !here
-	if ips, ok := a.local[k]; ok && !elsewhere {
-		p.IPs = ips
-		return p
-	}
+	elsewhere := a.nodeName != "" && ap.node != "" && ap.node != a.nodeName
 	var keep []netip.Addr
-	if !here {
-		for _, ip := range p.IPs {
-			if o, taken := a.owner[ip]; !taken || o == k {
-				keep = append(keep, ip)
-			}
+	if ips, ok := a.local[k]; ok && !elsewhere {
+		keep = slices.Clone(ips)
+	}
+	for _, ip := range p.IPs {
+		if o, taken := a.owner[ip]; (!taken || o == k) && !slices.Contains(keep, ip) {
+			keep = append(keep, ip)
 		}
 	}
+	slices.SortFunc(keep, netip.Addr.Compare)
 	p.IPs = keep
 	return p
 }

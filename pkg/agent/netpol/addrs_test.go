@@ -72,14 +72,18 @@ func TestControllerRecordsDecideAddresses(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	// client is of this node and has no record (torn down): no address.
-	want("far's address only", "10.0.0.5/32")
+	// client is of this node without a record (torn down, or another
+	// CNI's): its API address counts until a record gives it away.
+	want("client's and far's addresses", "10.0.0.3/32", "10.0.0.5/32")
 	// A record of this node gives far's address to newer: never far's.
 	l.attachAt(9, "ns", "newer", t0.Add(time.Second), "10.0.0.5")
-	want("nothing: far's address is newer's")
-	// client ADDed again on another address: the record's counts.
+	want("far's address is newer's", "10.0.0.3/32")
+	// client ADDed again on another address: the record's counts too.
 	l.attachAt(8, "ns", "client", t0.Add(2*time.Second), "10.0.0.6")
-	want("client's new address", "10.0.0.6/32")
+	want("client's new address beside its API one", "10.0.0.3/32", "10.0.0.6/32")
+	// client's old address reused by an ADD of newer: never client's.
+	l.attachAt(13, "ns", "newer", t0.Add(2500*time.Millisecond), "10.0.0.3")
+	want("client's old address gone to newer", "10.0.0.6/32")
 	// Two records give 10.0.0.7 (old's stale one, then newer's): newer's.
 	l.attachAt(10, "ns", "old", t0.Add(3*time.Second), "10.0.0.7")
 	want("old's address (with client's, one /31)", "10.0.0.6/31")
