@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 558352, crc: 0x2ca20ef6, sha: "60fb447b49ff"},
-	"from_container_compat": {size: 528640, crc: 0xfb2980d1, sha: "141925c7dc90"},
-	"from_uplink":           {size: 410920, crc: 0x0e445cb1, sha: "f0b2eea80606"},
-	"from_uplink_compat":    {size: 385144, crc: 0x967343af, sha: "1dc8d18c4721"},
-	"sock":                  {size: 180888, crc: 0x6b8aef52, sha: "8df257160c50"},
-	"sock_compat":           {size: 171408, crc: 0x5365be19, sha: "0dde35c42cb6"},
-	"sock_ops":              {size: 163760, crc: 0x97c8915a, sha: "d3d383a05c5f"},
-	"to_container":          {size: 201520, crc: 0xdb653053, sha: "9f0d09977882"},
-	"to_container_compat":   {size: 187056, crc: 0xbc9f89b3, sha: "7c18071b3efd"},
-	"to_uplink":             {size: 329928, crc: 0x268a9241, sha: "823b056a5351"},
-	"to_uplink_compat":      {size: 298240, crc: 0xf64b1099, sha: "3c5f17ea866f"},
-	"tunnel":                {size: 339248, crc: 0x3d04cde0, sha: "9744e0dc2112"},
+	"from_container":        {size: 562616, crc: 0x96c12c46, sha: "30551a4e7a32"},
+	"from_container_compat": {size: 532000, crc: 0xa0469695, sha: "216a3e68f9f7"},
+	"from_uplink":           {size: 412024, crc: 0xc8404019, sha: "543cb37847d4"},
+	"from_uplink_compat":    {size: 385352, crc: 0xafec459f, sha: "d97971829706"},
+	"sock":                  {size: 181984, crc: 0xd7bf2ffe, sha: "f145742fea60"},
+	"sock_compat":           {size: 171616, crc: 0x2cfb96db, sha: "5c8c475234af"},
+	"sock_ops":              {size: 164856, crc: 0xff402dac, sha: "abe0188bdc40"},
+	"to_container":          {size: 203600, crc: 0x739de547, sha: "c4d85de39ced"},
+	"to_container_compat":   {size: 188248, crc: 0xbd242ff7, sha: "8a3d8e6078a8"},
+	"to_uplink":             {size: 331024, crc: 0x5be6b8f6, sha: "23841dd0cd78"},
+	"to_uplink_compat":      {size: 298448, crc: 0xe7f4d112, sha: "a3cca2b3eb7a"},
+	"tunnel":                {size: 340320, crc: 0xaafd9a71, sha: "b382dac18e40"},
 }
