@@ -48,8 +48,10 @@
  *
  * The node's own traffic to a pod (kubelet's probes) always passes: a
  * packet the node sends (no ingress interface) or whose source is a node
- * address (cni_node_ips; on the redirect paths only when it came from a
- * pod's host veth: off the wire such a source is forged). Neighbour
+ * address (cni_node_ips; on the redirect paths and forwarded by the stack
+ * only when it came from a pod's host veth: off a wire such a source is
+ * forged, pol_node_link; to_container.c drops a local pod's source that
+ * did not come in by its host veth). Neighbour
  * discovery and ICMPv6 to multicast groups never leave the link and are not
  * judged; other IPv6 multicast and link-local IPv6 are (the node's passes
  * as the node's, see above). A pod's packet the node delivers to itself

@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 562616, crc: 0x96c12c46, sha: "30551a4e7a32"},
-	"from_container_compat": {size: 532000, crc: 0xa0469695, sha: "216a3e68f9f7"},
-	"from_uplink":           {size: 412024, crc: 0xc8404019, sha: "543cb37847d4"},
-	"from_uplink_compat":    {size: 385352, crc: 0xafec459f, sha: "d97971829706"},
-	"sock":                  {size: 181984, crc: 0xd7bf2ffe, sha: "f145742fea60"},
-	"sock_compat":           {size: 171616, crc: 0x2cfb96db, sha: "5c8c475234af"},
-	"sock_ops":              {size: 164856, crc: 0xff402dac, sha: "abe0188bdc40"},
-	"to_container":          {size: 203600, crc: 0x739de547, sha: "c4d85de39ced"},
-	"to_container_compat":   {size: 188248, crc: 0xbd242ff7, sha: "8a3d8e6078a8"},
-	"to_uplink":             {size: 331024, crc: 0x5be6b8f6, sha: "23841dd0cd78"},
-	"to_uplink_compat":      {size: 298448, crc: 0xe7f4d112, sha: "a3cca2b3eb7a"},
-	"tunnel":                {size: 340320, crc: 0xaafd9a71, sha: "b382dac18e40"},
+	"from_container":        {size: 562616, crc: 0x7a3f7076, sha: "f5a119bec7a7"},
+	"from_container_compat": {size: 532000, crc: 0xb355025f, sha: "7a3720ffb455"},
+	"from_uplink":           {size: 412024, crc: 0x4a5b4afa, sha: "fabde99f0628"},
+	"from_uplink_compat":    {size: 385352, crc: 0xf9f35911, sha: "8c4b8c3c30be"},
+	"sock":                  {size: 181984, crc: 0xfc071ee4, sha: "18b3c4c7c9d1"},
+	"sock_compat":           {size: 171616, crc: 0xc1284f29, sha: "cfb93102299c"},
+	"sock_ops":              {size: 164856, crc: 0xba27d8e2, sha: "467d9d429f1e"},
+	"to_container":          {size: 203600, crc: 0x1e83659d, sha: "d0fd8ab392bd"},
+	"to_container_compat":   {size: 188248, crc: 0xd6ae22b7, sha: "cadfcb322005"},
+	"to_uplink":             {size: 331024, crc: 0xa4e4339b, sha: "4bc6b4d866c6"},
+	"to_uplink_compat":      {size: 298448, crc: 0x75bab0e5, sha: "7449d718dba8"},
+	"tunnel":                {size: 340320, crc: 0xe9e2db0d, sha: "7857b90d9b5d"},
 }
