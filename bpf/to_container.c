@@ -18,10 +18,19 @@
 
 /* Both policies a packet the stack delivers meets: the pod's ingress (its
  * link entry carries EP_F_POLICY), and the sender's egress when the stack
- * forwarded it from a pod's host veth (after its translation). */
+ * forwarded it from a pod's host veth (after its translation). First, on
+ * nodes with networkPolicy, a forwarded packet claiming the address of a
+ * pod of this node must have come in by that pod's host veth: from any
+ * other link (one without a node address, where from_uplink, which drops
+ * such packets, is not attached) it is forged, and the pod's peers' rules
+ * trust that address. The sender's lookup is the one its egress judgement
+ * needs anyway: no cost for the others. A node source is checked likewise,
+ * where it is asked (pol_node_link), and a source before kube-proxy's SNAT
+ * too (pol_fwd). */
 static __always_inline int to_container_policy(struct __sk_buff *skb, const struct link_info *li)
 {
 	__u32 ifindex = skb->ifindex, from = skb->ingress_ifindex;
+	const struct ep_info *src = NULL;
 	__u8 family;
 
 	if (skb->protocol == bpf_htons(ETH_P_IP))
@@ -30,6 +39,15 @@ static __always_inline int to_container_policy(struct __sk_buff *skb, const stru
 		family = AF_INET6;
 	else
 		return TC_ACT_OK;
+	int pol = from && policy_on_node();
+	if (pol) {
+		src = policy_source_ep(skb, family);
+		/* Counted on the link it came in by, as from_uplink counts it. */
+		if (src && src->ifindex != from) {
+			count(from, DIR_INGRESS, REASON_DROP_SPOOF_IP, skb->len);
+			return TC_ACT_SHOT;
+		}
+	}
 	/* Sent by the node itself (no ingress interface): kubelet's probes.
 	 * Forwarded: judged by its sender before any masquerade (lib/nfct.h). */
 	if (li && (li->flags & EP_F_POLICY) &&
@@ -37,7 +55,7 @@ static __always_inline int to_container_policy(struct __sk_buff *skb, const stru
 		count(ifindex, DIR_INGRESS, REASON_DROP_POLICY, skb->len);
 		return TC_ACT_SHOT;
 	}
-	if (from && policy_on_node() && policy_after_stack(skb, family, from) == POL_DENY) {
+	if (pol && policy_after_stack_src(skb, family, from, src) == POL_DENY) {
 		count(from, DIR_EGRESS, REASON_DROP_POLICY, skb->len);
 		return TC_ACT_SHOT;
 	}

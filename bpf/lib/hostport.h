@@ -376,6 +376,18 @@ static __always_inline int hostport_dnat(struct __sk_buff *skb, struct flow *f, 
 	return 0;
 }
 
+/* Forgets the translated flow of packet f (as rewritten: client -> pod)
+ * that its sender's egress denied after the DNAT: its replies must not
+ * come back as the node's. Out of line: from_container's frame. */
+HP_SUBPROG void hp_ct_forget(const struct flow *f)
+{
+	struct ct_key k = { .family = f->family, .proto = f->proto, .pod_port = f->dport, .peer_port = f->sport };
+
+	addr_copy(k.pod_addr, f->daddr, f->family);
+	addr_copy(k.peer_addr, f->saddr, f->family);
+	bpf_map_delete_elem(&cni_ct, &k);
+}
+
 /*
  * A packet from the pod behind ifindex: if it is the reply of a translated
  * flow, rewrite it back to what the client dialled. Returns 1 when
@@ -635,12 +647,24 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 		}
 		/* Reaching its own hostPort, the pod must not see its own address
 		 * as the source: SNAT to the dialled address. */
-		rc = hostport_dnat(skb, &f, v, v->ifindex == ifindex, frag_id);
+		int self = v->ifindex == ifindex;
+
+		rc = hostport_dnat(skb, &f, v, self, frag_id);
 		if (rc < 0)
 			goto error;
 		if (rc)
 			return HP_CONTINUE;
 		hp_count(HP_STAT_DNAT_HAIRPIN);
+		/* from_container judged the sender's egress as sent, to the node
+		 * address; judged again on the backend (the pod and its
+		 * containerPort, the packet as now rewritten), as Services are
+		 * after kube-proxy's DNAT: an except hole or a rule on the pod
+		 * is no way around by its hostPort. A pod reaching itself is
+		 * not judged (upstream ignores a pod's traffic to itself). */
+		if ((src_flags & EP_F_POLICY) && !self && policy_judge(skb, family, ifindex, POL_J_EGRESS) == POL_DENY) {
+			hp_ct_forget(&f);
+			return drop_dir(ifindex, DIR_EGRESS, REASON_DROP_POLICY);
+		}
 	}
 	/* A reply whose destination stayed the one from_container found no
 	 * pod at (dst_is_pod) goes out without a second lookup (issue 30). */

@@ -48,8 +48,10 @@
  *
  * The node's own traffic to a pod (kubelet's probes) always passes: a
  * packet the node sends (no ingress interface) or whose source is a node
- * address (cni_node_ips; on the redirect paths only when it came from a
- * pod's host veth: off the wire such a source is forged). Neighbour
+ * address (cni_node_ips; on the redirect paths and forwarded by the stack
+ * only when it came from a pod's host veth: off a wire such a source is
+ * forged, pol_node_link; to_container.c drops a local pod's source that
+ * did not come in by its host veth). Neighbour
  * discovery and ICMPv6 to multicast groups never leave the link and are not
  * judged; other IPv6 multicast and link-local IPv6 are (the node's passes
  * as the node's, see above). A pod's packet the node delivers to itself
@@ -166,21 +168,42 @@ static __always_inline int pol_is_node(struct pol_work *w, const __u8 *addr, __u
 }
 
 /*
+ * Whether a node source address on the packet is the node's: it came from
+ * a pod's host veth (a pod hairpinned to its own hostPort, a hostPort's
+ * translated reply), not off a wire. POL_J_WIRE (the redirect paths):
+ * the link is skb->ifindex, where the packet came in; forwarded by the
+ * stack (POL_J_FWD, called with an ingress interface): its ingress
+ * interface. Any other link (an uplink, whose from_uplink drops such a
+ * packet anyway, or one no program of ours sees: a link without a node
+ * address, the tunnel) brings only forgeries; the stack's IPv4 martian
+ * check may drop them, IPv6 has none. A source the stack masqueraded to
+ * a node address is judged by the one before (pol_fwd).
+ */
+static __always_inline int pol_node_link(struct __sk_buff *skb, struct pol_work *w, __u32 how)
+{
+	__u32 at = skb->ifindex, in = skb->ingress_ifindex;
+
+	/* Both read: the verifier refuses a context offset chosen at run time. */
+	asm volatile("" : "+r"(at), "+r"(in));
+	w->link = (how & POL_J_WIRE) ? at : in;
+	return bpf_map_lookup_elem(&cni_links, &w->link) != NULL;
+}
+
+/*
  * Whether the packet in w->f comes from the node: its source is a node
  * address. Nothing but the node itself, or a pod hairpinned to its own
- * hostPort, has one; off the wire (POL_J_WIRE: it arrived on an uplink,
- * not a pod's host veth) it is forged: the stack would drop it as a
- * martian, bpf_redirect_peer does not. Not inlined: policy_judge's frame
- * is what from_container's leaves of the stack.
+ * hostPort, has one; off a wire (POL_J_WIRE, POL_J_FWD: see
+ * pol_node_link) it is forged, and the rules judge it as any peer. Not
+ * inlined: policy_judge's frame is what from_container's leaves of the
+ * stack.
  */
 static __noinline int pol_node_source(struct __sk_buff *skb, struct pol_work *w, __u8 family, __u32 how)
 {
 	if (!pol_is_node(w, w->f.saddr, family))
 		return 0;
-	if (!(how & POL_J_WIRE))
+	if (!(how & (POL_J_WIRE | POL_J_FWD)))
 		return 1;
-	w->link = skb->ifindex;
-	return bpf_map_lookup_elem(&cni_links, &w->link) != NULL;
+	return pol_node_link(skb, w, how);
 }
 
 /* Whether the peer of the packet in w is the node: POL_J_NODE, or (a
@@ -731,12 +754,17 @@ static __noinline void pol_ct_keep(struct pol_work *w)
 	}
 }
 
+/* pol_fwd: the sender before the stack's SNAT claims an address of the
+ * node or of a local pod it cannot have come in with: denied. */
+#define POL_FWD_FORGED (-2)
+
 /*
  * A packet the stack forwarded (POL_J_FWD) to or from the pod behind
  * w->ifindex that found no flow of the pod: whether the stack translated
  * its source (lib/nfct.h). Ingress: the source before that is the peer the
  * rules judge (w->snat), not the node address the packet now carries;
- * returns whether that peer is the node (else node_peer, unchanged).
+ * returns whether that peer is the node (else node_peer, unchanged), or
+ * POL_FWD_FORGED.
  * Egress: returns -1 unless the packet is the pod's own (its source before
  * the SNAT is an address of the pod's): a reply the stack translated back
  * was judged when it left the pod. Not inlined: policy_judge's frame.
@@ -749,7 +777,14 @@ static __noinline int pol_fwd(struct __sk_buff *skb, struct pol_work *w, int nod
 		if (!snat)
 			return node_peer;
 		w->snat = POL_SNAT_PEER;
-		return pol_is_node(w, w->nf.addr, w->f.family);
+		/* The sender before the SNAT came in by the packet's ingress
+		 * interface too: a node's or a local pod's address is forged
+		 * unless that is ours (pol_node_link) or the pod's host veth
+		 * (to_container checks the packet's own source alike). */
+		if (pol_is_node(w, w->nf.addr, w->f.family))
+			return pol_node_link(skb, w, POL_J_FWD) ? 1 : POL_FWD_FORGED;
+		struct ep_info *ep = bpf_map_lookup_elem(&cni_endpoints, &w->nk);
+		return ep && ep->ifindex != skb->ingress_ifindex ? POL_FWD_FORGED : 0;
 	}
 	if (!snat)
 		return -1;
@@ -773,6 +808,8 @@ static __noinline int pol_allows(struct __sk_buff *skb, struct pol_work *w, __u3
 {
 	if (w->fwd & POL_J_FWD) {
 		node_peer = pol_fwd(skb, w, node_peer);
+		if (node_peer == POL_FWD_FORGED)
+			return 0;
 		if (node_peer < 0) {
 			w->snat = POL_SNAT_NOT_OURS;
 			return 1;
@@ -1038,14 +1075,9 @@ static __always_inline int policy_after_snat(struct __sk_buff *skb, __u8 family,
 	return policy_judge_after(skb, family, from, POL_J_EGRESS | POL_J_FWD);
 }
 
-/*
- * A packet the stack forwards from a pod's host veth (from, its ingress
- * interface), seen on its way out (to_container.c, to_uplink.c), after the
- * stack's translation: the sender's egress, when the source is still the
- * pod's (a reply the stack translated back, or masqueraded, was judged
- * before). Returns the verdict; POL_ALLOW for pods without policy.
- */
-static __always_inline int policy_after_stack(struct __sk_buff *skb, __u8 family, __u32 from)
+/* The endpoint whose address the packet's source is (NULL: no pod of
+ * this node's). */
+static __always_inline struct ep_info *policy_source_ep(struct __sk_buff *skb, __u8 family)
 {
 	struct ep_key k = { .family = family };
 
@@ -1053,19 +1085,37 @@ static __always_inline int policy_after_stack(struct __sk_buff *skb, __u8 family
 		struct iphdr *ip = pkt_ip4(skb);
 
 		if (!ip)
-			return POL_ALLOW;
+			return NULL;
 		*(__be32 *)k.addr = ip->saddr;
 	} else {
 		struct ipv6hdr *ip6 = pkt_ip6(skb);
 
 		if (!ip6)
-			return POL_ALLOW;
+			return NULL;
 		__builtin_memcpy(k.addr, &ip6->saddr, 16);
 	}
-	struct ep_info *src = bpf_map_lookup_elem(&cni_endpoints, &k);
+	return bpf_map_lookup_elem(&cni_endpoints, &k);
+}
+
+/*
+ * A packet the stack forwards from a pod's host veth (from, its ingress
+ * interface), seen on its way out (to_container.c, tunnel.c), after the
+ * stack's translation: the sender's egress, when the source is still the
+ * pod's (a reply the stack translated back, or masqueraded, was judged
+ * before). src: policy_source_ep's. Returns the verdict; POL_ALLOW for
+ * pods without policy.
+ */
+static __always_inline int policy_after_stack_src(struct __sk_buff *skb, __u8 family, __u32 from,
+						  const struct ep_info *src)
+{
 	if (!src)
 		return policy_after_snat(skb, family, from);
 	if (src->ifindex != from || !(src->flags & EP_F_POLICY))
 		return POL_ALLOW;
 	return policy_judge_after(skb, family, from, POL_J_EGRESS);
+}
+
+static __always_inline int policy_after_stack(struct __sk_buff *skb, __u8 family, __u32 from)
+{
+	return policy_after_stack_src(skb, family, from, policy_source_ep(skb, family));
 }
