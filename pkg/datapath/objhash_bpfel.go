@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 558352, crc: 0xeee3978f, sha: "8d5fa3087837"},
-	"from_container_compat": {size: 528640, crc: 0x4dd3e6a7, sha: "c3c5bb1dfce5"},
-	"from_uplink":           {size: 414656, crc: 0x28211e3f, sha: "ef81365ec817"},
-	"from_uplink_compat":    {size: 388880, crc: 0x031340bc, sha: "e70de17fd056"},
-	"sock":                  {size: 180888, crc: 0xa2793e76, sha: "b15bdd95a597"},
-	"sock_compat":           {size: 171408, crc: 0xac0edd36, sha: "90cc490a2d44"},
-	"sock_ops":              {size: 163760, crc: 0x739734e9, sha: "246f73ad99fa"},
-	"to_container":          {size: 201520, crc: 0xfa6b4ddd, sha: "4b2d21206940"},
-	"to_container_compat":   {size: 187056, crc: 0xda37b4bb, sha: "098ca80d4c1d"},
-	"to_uplink":             {size: 336088, crc: 0xb7a6636a, sha: "0d14bb89433c"},
-	"to_uplink_compat":      {size: 304400, crc: 0x8ed1a4e7, sha: "8b7b1179e5fa"},
-	"tunnel":                {size: 339248, crc: 0x6fa900d7, sha: "0276706c74a3"},
+	"from_container":        {size: 562616, crc: 0x495dc996, sha: "eaf2e1bb849f"},
+	"from_container_compat": {size: 532000, crc: 0x089ab0a0, sha: "6e7e69270d4d"},
+	"from_uplink":           {size: 415768, crc: 0xf1cfbc17, sha: "651d445a16b0"},
+	"from_uplink_compat":    {size: 389088, crc: 0xfacef67f, sha: "616c0bffadd8"},
+	"sock":                  {size: 181984, crc: 0xfc045d7b, sha: "2731052ab72b"},
+	"sock_compat":           {size: 171616, crc: 0x6330a587, sha: "2bd48b571cd6"},
+	"sock_ops":              {size: 164856, crc: 0x2e482e15, sha: "dd0a5a63dae1"},
+	"to_container":          {size: 203600, crc: 0x0a945cc9, sha: "9efa83505386"},
+	"to_container_compat":   {size: 188248, crc: 0x5a75142c, sha: "8634344e340e"},
+	"to_uplink":             {size: 337184, crc: 0x7554d8d2, sha: "57e0adef8d81"},
+	"to_uplink_compat":      {size: 304608, crc: 0x99ee1d1e, sha: "bf8544de17e8"},
+	"tunnel":                {size: 340320, crc: 0x54407634, sha: "2e44bec3cdcb"},
 }
