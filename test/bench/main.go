@@ -113,6 +113,10 @@ type options struct {
 	// bpfStats: kernel.bpf_stats_enabled during the run, and the
 	// programs' run counts and times logged at each ebpf-cni hostPort and masquerade point.
 	bpfStats bool
+	// masqHold: a file; while it exists, each ebpf-cni masquerade point
+	// waits before its measurement, its namespaces logged (experiments by
+	// hand on the bench's own topology, docs/performance.md round 15).
+	masqHold string
 	connSecs float64
 	workers  int
 
@@ -188,6 +192,7 @@ func parseFlags(args []string) (*options, error) {
 	hpRefScale := fs.String("hostport-ref-scale", "1,200", "the -hostport-scale points at which ptp+portmap is measured too (portmap's ADD and DEL rewrite the whole iptables ruleset: 1000 of them take minutes)")
 	masqScale := fs.String("masq-scale", "1,200,1000", "hostport part: pods present at which to measure new connections/s from a pod to a server outside the node through masquerade, ebpf-cni ipMasq beside ptp ipMasq and plain routing (\"\" to skip)")
 	nodeCT := fs.Bool("node-conntrack", false, "hostport part: give every node netns of the part (the routed floor's, ebpf-cni's, the reference plugins') kube-proxy's FORWARD rule dropping INVALID, so conntrack is on in all of them, as on a node running kube-proxy (default: off in all but what a plugin's own rules turn on)")
+	masqHold := fs.String("masq-hold", "", "hostport part: a file; while it exists each ebpf-cni masquerade point logs its namespaces and waits before its measurement (for experiments by hand on the bench's topology; the lock stays held meanwhile)")
 	bpfStats := fs.Bool("bpf-stats", false, "hostport part: set kernel.bpf_stats_enabled for the run and log each program's runs and ns per run at ebpf-cni's hostPort and masquerade points (costs every BPF program of the machine a little)")
 	hpOnly := fs.Bool("hostport-only", false, "run only the hostPort benchmark")
 	connSecs := fs.Float64("conn-seconds", 3, "seconds of connections per measurement of the hostPort benchmark")
@@ -304,7 +309,7 @@ func parseFlags(args []string) (*options, error) {
 	if o.masqScale, err = parseScale(*masqScale, "-masq-scale"); err != nil {
 		return nil, err
 	}
-	o.nodeCT, o.bpfStats = *nodeCT, *bpfStats
+	o.nodeCT, o.bpfStats, o.masqHold = *nodeCT, *bpfStats, *masqHold
 	ref, err := parseScale(*hpRefScale, "-hostport-ref-scale")
 	if err != nil {
 		return nil, err

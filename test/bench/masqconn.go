@@ -20,6 +20,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
@@ -43,6 +44,13 @@ type masqPoint struct {
 	// each a second lost (TestMasqServerTimeWait).
 	SynRetrans uint64 `json:"podSynRetrans"`
 	PAWS       uint64 `json:"serverPAWSTimewait"`
+	// CPUPerConn and RoutedCPUPerConn: this process's CPU time (user and
+	// system: the clients and the server, and the softirq work of their
+	// packets, which runs in their context) per connection, medians of the
+	// runs. On a machine other work loads, conn/s moves with the CPU left
+	// to the bench; this moves with what a connection costs (round 15).
+	CPUPerConn       float64 `json:"cpuUsPerConn"`
+	RoutedCPUPerConn float64 `json:"routedCpuUsPerConn"`
 	// Counters: ebpf-cni's masquerade counters after the point
 	// (ebpf-agent dump nat; cumulative over the node's points).
 	Counters map[string]uint64 `json:"counters,omitempty"`
@@ -116,33 +124,80 @@ func (b *bench) masqScale(ctx context.Context, c *config, base hpBase, d time.Du
 		target := net.JoinHostPort(outside4.String(), fmt.Sprint(port))
 		// The newest pod dials: ptp's rule for it is the last of POSTROUTING.
 		pod := pop.newest().pod
+		var cpu, routedCPU []float64
 		measure := func() (float64, int64, error) {
+			c0 := procCPU()
 			rate, f, err := connRate(ctx, pod, target, o.workers, d)
 			if err == nil && rate == 0 {
 				err = fmt.Errorf("no connection from %s to %s succeeded (%d failed)", pod.Path(), target, f)
 			}
+			cpu = append(cpu, cpuPerConn(c0, rate, d))
 			return rate, f, err
+		}
+		routed := func() (float64, error) {
+			c0 := procCPU()
+			rate, err := base.routedOut(port)
+			routedCPU = append(routedCPU, cpuPerConn(c0, rate, d))
+			return rate, err
+		}
+		if c.isEBPF() {
+			b.masqWait(ctx, c, pod, target)
 		}
 		syn0, paws0 := tcpExt(pod, "TCPSynRetrans")[0], tcpExt(b.hp.remote, "PAWSTimewait")[0]
 		stats0 := b.progStats(c)
-		rates, bases, failed, err := alternate(measure, func() (float64, error) { return base.routedOut(port) })
+		rates, bases, failed, err := alternate(measure, routed)
 		b.logProgStats(c, p, stats0)
 		srv.close()
 		if err != nil {
 			return err
 		}
 		syn, paws := tcpExt(pod, "TCPSynRetrans")[0]-syn0, tcpExt(b.hp.remote, "PAWSTimewait")[0]-paws0
-		rate, routed := testenv.Median(rates), testenv.Median(bases[0])
-		pt := masqPoint{Config: c.key, Pods: p, ConnsPerSec: rate, ConnErrors: failed, RoutedPerSec: routed, VsRouted: rate / routed,
-			ConnSamples: rates, RoutedSamples: bases[0], Load1: testenv.Load1(), SynRetrans: syn, PAWS: paws}
+		rate, routedRate := testenv.Median(rates), testenv.Median(bases[0])
+		pt := masqPoint{Config: c.key, Pods: p, ConnsPerSec: rate, ConnErrors: failed, RoutedPerSec: routedRate, VsRouted: rate / routedRate,
+			ConnSamples: rates, RoutedSamples: bases[0], Load1: testenv.Load1(), SynRetrans: syn, PAWS: paws,
+			CPUPerConn: testenv.Median(cpu), RoutedCPUPerConn: testenv.Median(routedCPU)}
 		if c.isEBPF() {
 			pt.Counters = b.masqCounters(c)
 		}
 		b.res.HostPort.Masq = append(b.res.HostPort.Masq, pt)
-		logf("  masquerade %-22s %4d pods: %7.0f conn/s (routed, no masquerade %7.0f, %.2fx, %d failed, %d SYNs retransmitted, %d refused by PAWS), load %.2f; node: %s; routed node: %s (%s)",
-			c.label, p, rate, routed, pt.VsRouted, failed, syn, paws, pt.Load1, nfState(b.nodeOf(c)), nfState(b.hp.routedNode), time.Since(start).Round(time.Second))
+		logf("  masquerade %-22s %4d pods: %7.0f conn/s (routed, no masquerade %7.0f, %.2fx, %d failed, %d SYNs retransmitted, %d refused by PAWS), CPU %.1f us/conn (routed %.1f, %.2fx), load %.2f; node: %s; routed node: %s (%s)",
+			c.label, p, rate, routedRate, pt.VsRouted, failed, syn, paws, pt.CPUPerConn, pt.RoutedCPUPerConn, pt.CPUPerConn/pt.RoutedCPUPerConn,
+			pt.Load1, nfState(b.nodeOf(c)), nfState(b.hp.routedNode), time.Since(start).Round(time.Second))
 	}
 	return pop.removeAll()
+}
+
+// procCPU is this process's CPU time so far (user and system).
+func procCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// cpuPerConn is the CPU time since c0 per connection of a run of d at rate, in us.
+func cpuPerConn(c0 time.Duration, rate float64, d time.Duration) float64 {
+	if rate == 0 {
+		return 0
+	}
+	return float64(procCPU()-c0) / float64(time.Microsecond) / (rate * d.Seconds())
+}
+
+// masqWait logs the point's namespaces and waits while -masq-hold's file
+// exists (nothing without it).
+func (b *bench) masqWait(ctx context.Context, c *config, pod ns.NetNS, target string) {
+	if b.opts.masqHold == "" {
+		return
+	}
+	logf("  masq-hold: pod %s, node %s, remote %s, routed pod %s, target %s, pin dir %s; waiting while %s exists",
+		pod.Path(), b.nodeOf(c).Path(), b.hp.remote.Path(), b.hp.routedPod.Path(), target, b.pinOf(c), b.opts.masqHold)
+	for {
+		if _, err := os.Stat(b.opts.masqHold); err != nil || ctx.Err() != nil {
+			return
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // masqRows are the summary rows of the masquerade measurements.
@@ -174,11 +229,12 @@ func (r *results) masqMarkdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n## New connections through masquerade\n\n")
 	fmt.Fprintf(&b, "New TCP connections per second from the newest pod of the node to a server outside it (%s, a port of each point's own, on the remote netns, over the node's uplink; dial, read 1 byte until the server's close, close; %d client goroutines, %d runs of %.0f s alternating with the routed baseline: a pod on a node netns of its own with no programs, dialling the same server by plain routing with no masquerade; medians).\n\n", outside4, h.Workers, connRounds, h.ConnSecs)
-	fmt.Fprintf(&b, "| config | pods on the node | conn/s | routed conn/s | × routed | failed | SYNs retransmitted | SYNs refused by PAWS | load |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| config | pods on the node | conn/s | routed conn/s | × routed | CPU µs/conn | routed CPU µs/conn | failed | SYNs retransmitted | SYNs refused by PAWS | load |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	pts := append([]masqPoint(nil), h.Masq...)
 	sort.SliceStable(pts, func(i, j int) bool { return pts[i].Pods < pts[j].Pods })
 	for _, p := range pts {
-		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.2f× | %d | %d | %d | %.1f |\n", r.labels[p.Config], p.Pods, p.ConnsPerSec, p.RoutedPerSec, p.VsRouted, p.ConnErrors, p.SynRetrans, p.PAWS, p.Load1)
+		fmt.Fprintf(&b, "| %s | %d | %.0f | %.0f | %.2f× | %.1f | %.1f | %d | %d | %d | %.1f |\n", r.labels[p.Config], p.Pods, p.ConnsPerSec, p.RoutedPerSec, p.VsRouted,
+			p.CPUPerConn, p.RoutedCPUPerConn, p.ConnErrors, p.SynRetrans, p.PAWS, p.Load1)
 	}
 	return b.String()
 }
