@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"unsafe"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -16,19 +15,16 @@ import (
 )
 
 // randomMAC returns a unicast, locally administered MAC.
-// The getrandom system call itself: crypto/rand and unix.Getrandom go
-// through the vDSO generator, whose first call in a process sets up its
-// per-thread state (issue 30, round 15).
+// getrandom(2) itself, not crypto/rand, whose first Read in a process
+// sets up the vDSO generator's per-thread state (issue 30, round 15).
 func randomMAC() (net.HardwareAddr, error) {
 	m := make(net.HardwareAddr, 6)
 	for b := m[:]; len(b) > 0; {
-		n, _, errno := unix.Syscall(unix.SYS_GETRANDOM, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), 0)
-		if errno != 0 && errno != unix.EINTR {
-			return nil, fmt.Errorf("getrandom: %w", errno)
+		n, err := unix.Getrandom(b, 0)
+		if err != nil && err != unix.EINTR {
+			return nil, fmt.Errorf("getrandom: %w", err)
 		}
-		if errno == 0 {
-			b = b[n:]
-		}
+		b = b[max(n, 0):]
 	}
 	m[0] = (m[0] | 0x02) &^ 0x01
 	return m, nil

@@ -15,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -132,19 +131,18 @@ func tempName(name string) string {
 	return "." + name + "." + hex.EncodeToString(b) + ".tmp"
 }
 
-// randomBytes fills b from the getrandom system call. Neither crypto/rand
-// nor unix.Getrandom: both go through the vDSO generator, whose first call
-// in a process sets up its per-thread state (an mmap and its page faults),
-// crypto/rand a timer too: about 35 us of every ADD's claim, ahead of the
-// IPAM plugin's start (issue 30, round 15), for 8 bytes once. O_EXCL makes
-// the name safe whatever the bytes.
+// randomBytes fills b from getrandom(2) itself. Not crypto/rand: its first
+// Read in a process sets up the vDSO generator's per-thread state (an mmap
+// and its page faults), about 35 us of every ADD's claim, ahead of the
+// IPAM plugin's start (issue 30, round 15); a temp name needs 8 bytes once.
+// O_EXCL makes the name safe whatever the bytes.
 func randomBytes(b []byte) {
 	for len(b) > 0 {
-		n, _, errno := unix.Syscall(unix.SYS_GETRANDOM, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)), 0)
-		if errno != 0 && errno != unix.EINTR {
+		n, err := unix.Getrandom(b, 0)
+		if err != nil && err != unix.EINTR {
 			return
 		}
-		if errno == 0 {
+		if n > 0 {
 			b = b[n:]
 		}
 	}
