@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -15,16 +16,10 @@ import (
 )
 
 // randomMAC returns a unicast, locally administered MAC.
-// getrandom(2) itself, not crypto/rand, whose first Read in a process
-// sets up the vDSO generator's per-thread state (issue 30, round 15).
 func randomMAC() (net.HardwareAddr, error) {
 	m := make(net.HardwareAddr, 6)
-	for b := m[:]; len(b) > 0; {
-		n, err := unix.Getrandom(b, 0)
-		if err != nil && err != unix.EINTR {
-			return nil, fmt.Errorf("getrandom: %w", err)
-		}
-		b = b[max(n, 0):]
+	if _, err := rand.Read(m); err != nil {
+		return nil, err
 	}
 	m[0] = (m[0] | 0x02) &^ 0x01
 	return m, nil

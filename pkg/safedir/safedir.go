@@ -8,6 +8,7 @@
 package safedir
 
 import (
+	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -127,25 +128,8 @@ func MkdirAll(dir string) error {
 
 func tempName(name string) string {
 	b := make([]byte, 8)
-	randomBytes(b)
+	rand.Read(b)
 	return "." + name + "." + hex.EncodeToString(b) + ".tmp"
-}
-
-// randomBytes fills b from getrandom(2) itself. Not crypto/rand: its first
-// Read in a process sets up the vDSO generator's per-thread state (an mmap
-// and its page faults), about 35 us of every ADD's claim, ahead of the
-// IPAM plugin's start (issue 30, round 15); a temp name needs 8 bytes once.
-// O_EXCL makes the name safe whatever the bytes.
-func randomBytes(b []byte) {
-	for len(b) > 0 {
-		n, err := unix.Getrandom(b, 0)
-		if err != nil && err != unix.EINTR {
-			return
-		}
-		if n > 0 {
-			b = b[n:]
-		}
-	}
 }
 
 // createTemp creates a fresh temp file in dir with O_EXCL|O_NOFOLLOW, so it is
