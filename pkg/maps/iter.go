@@ -2,12 +2,8 @@ package maps
 
 import (
 	"errors"
-	"fmt"
-	"runtime"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 )
 
 // scan calls fn for every entry of a hash map, in batches where the kernel
@@ -65,26 +61,4 @@ func deleteKeys[K any](m *ebpf.Map, keys []K) error {
 		}
 	}
 	return errs
-}
-
-// deleteIfPresent deletes *k from m with BPF_MAP_DELETE_ELEM itself; a key
-// that is not there is no error. K must have the kernel's layout
-// (structs.HostLayout, padding spelled out). Stats.Reset deletes 34 keys
-// per ADD and DEL, nearly all absent: through ebpf.Map.Delete each absent
-// key cost a marshalled key and a formatted, wrapped error, about half of
-// the 60-70 us the reset took (issue 30, round 15).
-func deleteIfPresent[K any](m *ebpf.Map, k *K) error {
-	attr := struct {
-		mapFD uint32
-		_     uint32
-		key   uint64
-		value uint64
-		flags uint64
-	}{mapFD: uint32(m.FD()), key: uint64(uintptr(unsafe.Pointer(k)))}
-	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_MAP_DELETE_ELEM, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
-	runtime.KeepAlive(k)
-	if errno != 0 && errno != unix.ENOENT {
-		return fmt.Errorf("delete: %w", errno)
-	}
-	return nil
 }

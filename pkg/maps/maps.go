@@ -809,7 +809,7 @@ func (s Stats) Reset(ifindex int) error {
 	for d := 0; d < numDirs; d++ {
 		for r := 0; r < numReasons; r++ {
 			k := StatsKey{Ifindex: uint32(ifindex), Dir: uint8(d), Reason: uint8(r)}
-			if err := deleteIfPresent(s.m.stats, &k); err != nil {
+			if err := s.m.stats.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return fmt.Errorf("delete counters of ifindex %d from %s: %w", ifindex, nameStats, err)
 			}
 		}
