@@ -7,7 +7,7 @@ import (
 )
 
 // TestStatsReset: Reset deletes every counter of one host veth, those
-// present and absent alike (deleteIfPresent: an absent key is no error),
+// present and absent alike (an absent key is no error),
 // and leaves another veth's.
 func TestStatsReset(t *testing.T) {
 	m := testMaps(t, Sizing{MaxPods: 1, HostPortsPerPod: 1})
