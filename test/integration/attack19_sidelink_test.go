@@ -70,14 +70,8 @@ func plugSideLink(t *testing.T, h *hpEnv) ns.NetNS {
 		return nil
 	}))
 	must(t, far.Do(func(ns.NetNS) error {
-		for _, n := range []string{"lo", "eth0"} {
-			l, err := netlink.LinkByName(n)
-			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
+		if err := linksUp("lo", "eth0"); err != nil {
+			return err
 		}
 		l, _ := netlink.LinkByName("eth0")
 		for _, a := range []string{sideFarIP[4].String() + "/24", sideFarIP[6].String() + "/64"} {

@@ -464,3 +464,18 @@ func waitRoutedToPod(t *testing.T, pod ns.NetNS, ips ...net.IP) {
 		return nil
 	}))
 }
+
+// linksUp sets the named links of the calling thread's netns up (a lab
+// host's lo and eth0).
+func linksUp(names ...string) error {
+	for _, n := range names {
+		l, err := netlink.LinkByName(n)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkSetUp(l); err != nil {
+			return err
+		}
+	}
+	return nil
+}

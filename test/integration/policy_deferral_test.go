@@ -104,14 +104,8 @@ func TestPolicyEgressDeniedThroughServiceToUnjudgedLinkGetsNoReply(t *testing.T)
 		return netlink.RouteAdd(&netlink.Route{LinkIndex: side.Attrs().Index, Dst: dst})
 	}))
 	must(t, far.Do(func(ns.NetNS) error {
-		for _, n := range []string{"lo", "eth0"} {
-			lk, err := netlink.LinkByName(n)
-			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetUp(lk); err != nil {
-				return err
-			}
+		if err := linksUp("lo", "eth0"); err != nil {
+			return err
 		}
 		eth, _ := netlink.LinkByName("eth0")
 		ad, _ := netlink.ParseAddr(farIP.String() + "/24")

@@ -49,14 +49,8 @@ func TestPolicyEgressLeavingByNonUplink(t *testing.T) {
 		return netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst})
 	}))
 	must(t, far.Do(func(ns.NetNS) error {
-		for _, n := range []string{"lo", "eth0"} {
-			l, err := netlink.LinkByName(n)
-			if err != nil {
-				return err
-			}
-			if err := netlink.LinkSetUp(l); err != nil {
-				return err
-			}
+		if err := linksUp("lo", "eth0"); err != nil {
+			return err
 		}
 		l, _ := netlink.LinkByName("eth0")
 		ad, _ := netlink.ParseAddr(farIP.String() + "/24")

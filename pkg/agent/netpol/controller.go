@@ -35,8 +35,8 @@ type Config struct {
 	Kube      *rest.Config
 	StateDir  string // the plugin's attachment records
 	StatusDir string // what was programmed per interface, for `ebpf-agent dump policy`
-	// NodeName is this node's: a pod of it has the addresses of its
-	// records only (podAddrs). "": pods with records are known as local.
+	// NodeName is this node's: a record of it does not add its
+	// addresses to a pod whose object names another node (podAddrs).
 	NodeName string
 	Writer   policy.Writer
 	Logf     func(string, ...any)
