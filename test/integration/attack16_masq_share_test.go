@@ -750,9 +750,7 @@ func TestAttack16MasqForgedServerFIN(t *testing.T) {
 // (masq.h snat_fin_pod, snat_seq_peer_fin).
 func TestAttack16MasqShareBogusFIN(t *testing.T) {
 	t.Parallel()
-	lab := newMasqLab(t)
-	lab.a.Extra["ipMasqPortRange"] = "62200-62231"
-	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	lab := newShareLab(t, "62200-62231")
 	var mu sync.Mutex
 	got := map[string]bool{}
 	must(t, lab.out.Do(func(ns.NetNS) error {
