@@ -47,12 +47,27 @@ func a20ReuseLab(t *testing.T) (*a19Lab, map[int]net.IP, map[int]net.IP, map[int
 // server while the client's object lingers.
 func TestAttack20IPReuseSecondNetwork(t *testing.T) {
 	t.Parallel()
+	a20SecondNetwork(t, false)
+}
+
+// TestAttack20IPReuseSecondNetworkOwnStateDir: the same, the second
+// network with its own stateDir (as TestAttack19SecondNetwork configures it),
+// with networkPolicy as the first.
+func TestAttack20IPReuseSecondNetworkOwnStateDir(t *testing.T) {
+	t.Parallel()
+	a20SecondNetwork(t, true)
+}
+
+func a20SecondNetwork(t *testing.T, ownState bool) {
 	l, sIP, cIP, wIP := a20ReuseLab(t)
 	conf := maps.Clone(l.PluginConf())
 	conf["ipam"] = map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{
 		{{"subnet": "10.250.0.0/24", "rangeStart": cIP[4].String(), "rangeEnd": cIP[4].String()}},
 		{{"subnet": "fd00:250::/64", "rangeStart": cIP[6].String(), "rangeEnd": cIP[6].String()}},
 	}}
+	if ownState {
+		conf["stateDir"] = t.TempDir()
+	}
 	netB := l.NetList(testenv.RandName("netb"), conf)
 	x := l.NewPod()
 	rt := &libcni.RuntimeConf{ContainerID: "intruder", NetNS: x.Path(), IfName: "eth0",
@@ -71,6 +86,12 @@ func TestAttack20IPReuseSecondNetwork(t *testing.T) {
 	settle()
 	if ok, n := leakFor(x, []net.IP{sIP[4], sIP[6]}, 8080, 2*time.Second); ok > 0 {
 		t.Errorf("intruder (app=intruder, second network) on the torn-down client's addresses connected to server %d times of %d in 2 s", ok, n)
+	}
+	if ownState {
+		// The agent reads its own stateDir only: the intruder's
+		// interface stays pending (everything dropped), failing closed.
+		t.Logf("own stateDir: the intruder reaches web (open): %v", dialOK(x, wIP[4], 9090))
+		return
 	}
 	wantTCP(t, "control: the intruder to web (open)", x, wIP, 9090, true)
 }
