@@ -190,3 +190,55 @@ func TestAttack20MasqShareFINBelowNext(t *testing.T) {
 		t.Errorf("pod x holds %d live masqueraded connections to one server, over its share of 8: its FINs one below its next sequence number (ignored by the server, answered by a duplicate ACK naming their end) counted as its close", n)
 	}
 }
+
+// TestAttack20MasqShareFINWithData: the server of
+// TestAttack20MasqShareFINBelowNext; pod x opens 8 connections, reads each
+// answer and the server's FIN, then closes 4 by a FIN carrying its last
+// line ("bye", as a TCP sends its last data and its FIN together) and 4 by
+// a bare FIN, both from a raw socket at its next sequence number: the
+// server takes each (its ACK covers the FIN). A FIN each way: x's share
+// must fall to 0.
+func TestAttack20MasqShareFINWithData(t *testing.T) {
+	t.Parallel()
+	lab := newMasqLab(t)
+	lab.a.Extra["ipMasqPortRange"] = "62400-62431"
+	lab.a.Extra["ipMasqPodPortLimit"] = 8
+	a20HalfCloseServer(t, lab, 7491)
+	srv := hp(outsideIP, 7491)
+	x, r := lab.a.RunPod("a20dx")
+	x4, _ := testenv.PodIPs(t, r)
+	var conns []net.Conn
+	for j := 0; j < 8; j++ {
+		f, err := a14Dial(x, "tcp", 52000+j, srv)
+		if err != nil {
+			t.Fatalf("dial %d: %v", j, err)
+		}
+		t.Cleanup(func() { f.c.Close() })
+		f.c.SetDeadline(time.Now().Add(4 * time.Second))
+		f.c.Write([]byte("hello\n"))
+		f.r.ReadString('\n')
+		io.Copy(io.Discard, f.r)
+		conns = append(conns, f.c)
+	}
+	_, ifx := lab.a.HostVeth("a20dx")
+	if s0, _ := a16Share(t, lab.a, ifx, "tcp", srv); s0 != 8 {
+		t.Fatalf("control: x's share with 8 half-closed connections is %d, want 8", s0)
+	}
+	for j, c := range conns {
+		snd, rcv := a20Seqs(t, c)
+		var data []byte
+		if j < 4 {
+			data = []byte("bye\n")
+		}
+		must(t, a15SendRaw4(x, outsideIP, a20TCP4(x4, 52000+j, outsideIP, 7491, snd, rcv, 0x19, data)))
+	}
+	var s int
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(300 * time.Millisecond) {
+		if s, _ = a16Share(t, lab.a, ifx, "tcp", srv); s == 0 {
+			break
+		}
+	}
+	if s != 0 {
+		t.Errorf("x closed its 8 connections by FINs the server took (4 of them carrying data): share %d, want 0", s)
+	}
+}
