@@ -120,3 +120,31 @@ func TestAttack20IPReuseNoPodArgs(t *testing.T) {
 	}
 	wantTCP(t, "control: the intruder to web (open)", x, wIP, 9090, true)
 }
+
+// TestAttack20IPReuseAddDelAdd: the torn-down client's addresses go to
+// intruder (ADD), which is at once torn down (DEL: the address back to
+// IPAM, its record gone, the client's object still lingering) and given
+// to intruder2 (ADD) at once, all faster than the agent's passes, with no
+// API object for either yet (the record comes first). intruder2 must not
+// reach server, neither before its object appears nor after.
+func TestAttack20IPReuseAddDelAdd(t *testing.T) {
+	t.Parallel()
+	l, sIP, cIP, wIP := a20ReuseLab(t)
+	i1, i2 := l.NewPod(), l.NewPod()
+	v4, _ := resultIPs(addPod(t, l.hpEnv, i1, "intruder", "intruder"))
+	must(t, l.Del(i1, "intruder", "eth0"))
+	w4, w6 := resultIPs(addPod(t, l.hpEnv, i2, "intruder2", "intruder2"))
+	if !v4.Equal(cIP[4]) || !w4.Equal(cIP[4]) || !w6.Equal(cIP[6]) {
+		t.Fatalf("intruder got %s, intruder2 %s %s, want the client's %v", v4, w4, w6, cIP)
+	}
+	if ok, n := leakFor(i2, []net.IP{sIP[4], sIP[6]}, 8080, 2*time.Second); ok > 0 {
+		t.Errorf("intruder2 (no object yet) on the torn-down client's addresses connected to server %d times of %d in 2 s", ok, n)
+	}
+	_, err := l.cs.CoreV1().Pods("ns").Create(context.Background(), k8sPod("intruder2", map[string]string{"app": "intruder"}, w4, w6), metav1.CreateOptions{})
+	must(t, err)
+	l.waitProgrammed(t, "intruder2")
+	if ok, n := leakFor(i2, []net.IP{sIP[4], sIP[6]}, 8080, 2*time.Second); ok > 0 {
+		t.Errorf("intruder2 (app=intruder) on the torn-down client's addresses connected to server %d times of %d in 2 s", ok, n)
+	}
+	wantTCP(t, "control: intruder2 to web (open)", i2, wIP, 9090, true)
+}
