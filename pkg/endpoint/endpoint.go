@@ -16,7 +16,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
@@ -69,6 +68,8 @@ type Attachment struct {
 	ipamOut   *ipamOut
 	undo      []func() error
 	hostLink  netlink.Link
+	nodeNL    *rtnl // the node netns's netlink sockets, kept for the ADD (rtnl.go)
+	podNL     *rtnl // the pod netns's
 	plan      *plan
 	res       *current.Result
 
@@ -109,7 +110,16 @@ func Claim(n *Network, id ID, features []Feature, tr *Tracer) (_ *Attachment, er
 	a.busy = datapath.MarkBusy(n.PinDir)
 	a.agent = datapath.AgentAlive(n.PinDir)
 	a.deferTCX = n.attachMode != datapath.AttachTCX || a.agent
-	if err := a.netns.Do(func(ns.NetNS) (e error) { a.cookie, e = datapath.PodNetnsCookie(n.PinDir); return e }); err != nil {
+	if a.nodeNL, err = openRTNL(); err != nil {
+		return nil, netlinkError(err)
+	}
+	if err := a.netns.Do(func(ns.NetNS) (e error) {
+		if a.podNL, e = openRTNL(); e != nil {
+			return e
+		}
+		a.cookie, e = datapath.PodNetnsCookie(n.PinDir)
+		return e
+	}); err != nil {
 		return nil, internal("CNI_NETNS %q: %w", id.Netns, err)
 	}
 	tr.Mark("parse")
@@ -126,7 +136,7 @@ func Claim(n *Network, id ID, features []Feature, tr *Tracer) (_ *Attachment, er
 	Crashpoint("claimed")
 	// The veth without our record: this network's record was lost, or
 	// another network attached the same container ID and interface name.
-	if l, lerr := netlinksafe.LinkByName(a.HostIf); lerr == nil {
+	if l, lerr := a.nodeNL.LinkByName(a.HostIf); lerr == nil {
 		// The provisional record just written goes too: GC and the agent
 		// would take it for a killed ADD and tear down that veth.
 		_ = n.Store().Remove(id.ContainerID, id.IfName)
@@ -269,6 +279,8 @@ func (a *Attachment) Close() {
 	if a.netns != nil {
 		a.netns.Close()
 	}
+	a.nodeNL.Close()
+	a.podNL.Close()
 	a.waitStackFlowPart() // it uses a.DP
 	if a.DP != nil {
 		a.DP.Close()
@@ -338,7 +350,7 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 		return internalErr(err)
 	}
 	a.plan = p
-	a.hostLink, err = createVeth(p, a.netns)
+	a.hostLink, err = createVeth(a.nodeNL, p, a.netns)
 	if err != nil {
 		return internalErr(err)
 	}
@@ -388,7 +400,7 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 	}
 	// Attached while down (a qdisc added to a live device would wait out
 	// a grace period); up from here.
-	if err := readyHost(a.HostIf, a.hostLink, ownerAlias(a.Net.Name, a.ID.ContainerID, a.ID.IfName)); err != nil {
+	if err := readyHost(a.nodeNL, a.HostIf, a.hostLink, ownerAlias(a.Net.Name, a.ID.ContainerID, a.ID.IfName)); err != nil {
 		return netlinkError(err)
 	}
 	a.Trace.Mark("host-up")
@@ -427,7 +439,7 @@ func (a *Attachment) Plan(ipamType string, r types.Result) error {
 		// The configuration promised IPv4 only (see disableIPv6).
 		return internal("ipam plugin %q gave an IPv6 address though its configuration has IPv4 subnets only", ipamType)
 	}
-	if err := enableForwarding(v4, v6); err != nil {
+	if err := enableForwarding(a.nodeNL, v4, v6); err != nil {
 		return internalErr(err)
 	}
 	return nil
@@ -502,8 +514,8 @@ func (a *Attachment) Publish() error {
 	// The pod's side in its netns (a thread of its own) while the node's
 	// side is routed here: neither needs the other.
 	podErr := make(chan error, 1)
-	go func() { podErr <- configurePod(p, a.netns) }()
-	hostErr := routeHost(p, a.hostLink)
+	go func() { podErr <- configurePod(a.podNL, p, a.netns) }()
+	hostErr := routeHost(a.nodeNL, p, a.hostLink)
 	Crashpoint("host")
 	if err := errors.Join(hostErr, <-podErr); err != nil {
 		return netlinkError(err)

@@ -35,10 +35,10 @@ type netconfMsg struct{ family uint8 }
 func (m netconfMsg) Len() int          { return 4 }
 func (m netconfMsg) Serialize() []byte { return []byte{m.family, 0, 0, 0} }
 
-// forwarding reads the "all" forwarding setting of the calling thread's
-// netns for family (unix.AF_INET or unix.AF_INET6).
-func forwarding(family uint8) (bool, error) {
-	req := nl.NewNetlinkRequest(unix.RTM_GETNETCONF, 0)
+// forwarding reads the "all" forwarding setting of r's netns (nil: the
+// calling thread's) for family (unix.AF_INET or unix.AF_INET6).
+func forwarding(r *rtnl, family uint8) (bool, error) {
+	req := r.request(unix.RTM_GETNETCONF, 0)
 	req.AddData(netconfMsg{family})
 	all := int32(netconfaIfindexAll)
 	req.AddData(nl.NewRtAttr(netconfaIfindex, nl.Uint32Attr(uint32(all))))
@@ -66,7 +66,7 @@ func forwarding(family uint8) (bool, error) {
 // enableForwarding turns on IP forwarding for pods to leave the node, as ptp
 // does. It reads by netlink (see above); only a node with forwarding off
 // pays a write through /proc/sys.
-func enableForwarding(v4, v6 bool) error {
+func enableForwarding(r *rtnl, v4, v6 bool) error {
 	for _, f := range []struct {
 		on     bool
 		family uint8
@@ -75,7 +75,7 @@ func enableForwarding(v4, v6 bool) error {
 		if !f.on {
 			continue
 		}
-		if on, err := forwarding(f.family); err == nil && on {
+		if on, err := forwarding(r, f.family); err == nil && on {
 			continue
 		}
 		if err := os.WriteFile(f.path, []byte("1"), 0o644); err != nil {
@@ -96,16 +96,16 @@ func enableForwarding(v4, v6 bool) error {
 // link's MAC for both families. Without one, ndisc_notify (unsolicited
 // neighbour advertisements), which the kernel lets be set through
 // /proc/sys only.
-func upAnnouncing(l netlink.Link, ifname string, hasV4 bool) error {
+func upAnnouncing(r *rtnl, l netlink.Link, ifname string, hasV4 bool) error {
 	if hasV4 {
-		if err := linkconf.SetIPv4Up(l.Attrs().Index, linkconf.ARPNotify, 1); err != nil {
+		if err := linkconf.SetIPv4UpOn(r.sockets(), l.Attrs().Index, linkconf.ARPNotify, 1); err != nil {
 			return fmt.Errorf("set arp_notify on %s and bring it up: %w", ifname, err)
 		}
 		return nil
 	}
 	// Absent with IPv6 disabled in the pod: nothing to announce then.
 	_ = os.WriteFile("/proc/sys/net/ipv6/conf/"+ifname+"/ndisc_notify", []byte("1"), 0o644)
-	if err := netlink.LinkSetUp(l); err != nil {
+	if err := r.LinkSetUp(l); err != nil {
 		return fmt.Errorf("set %s up: %w", ifname, err)
 	}
 	return nil

@@ -32,7 +32,7 @@ func TestNetconf(t *testing.T) {
 				if err := os.WriteFile(f.path, []byte(want), 0o644); err != nil {
 					return err
 				}
-				on, err := forwarding(f.family)
+				on, err := forwarding(nil, f.family)
 				if err != nil {
 					t.Fatalf("forwarding(%d): %v", f.family, err)
 				}
@@ -41,14 +41,14 @@ func TestNetconf(t *testing.T) {
 				}
 			}
 		}
-		if err := enableForwarding(true, false); err != nil {
+		if err := enableForwarding(nil, true, false); err != nil {
 			return err
 		}
 		if read("/proc/sys/net/ipv4/ip_forward") != "1" || read("/proc/sys/net/ipv6/conf/all/forwarding") != "0" {
 			t.Errorf("enableForwarding(v4 only): ip_forward %s, ipv6 forwarding %s; want 1, 0",
 				read("/proc/sys/net/ipv4/ip_forward"), read("/proc/sys/net/ipv6/conf/all/forwarding"))
 		}
-		if err := enableForwarding(true, true); err != nil {
+		if err := enableForwarding(nil, true, true); err != nil {
 			return err
 		}
 		if read("/proc/sys/net/ipv6/conf/all/forwarding") != "1" {
@@ -65,7 +65,12 @@ func TestNetconf(t *testing.T) {
 		if got := read("/proc/sys/net/ipv4/conf/nc0/arp_notify"); got != "0" {
 			t.Fatalf("arp_notify of a new veth: %s", got)
 		}
-		if err := upAnnouncing(l, "nc0", true); err != nil {
+		r, err := openRTNL() // as ADD does: a kept socket of the pod's netns
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		if err := upAnnouncing(r, l, "nc0", true); err != nil {
 			return err
 		}
 		if got := read("/proc/sys/net/ipv4/conf/nc0/arp_notify"); got != "1" {

@@ -116,7 +116,7 @@ func newPlan(res *current.Result, veth *plan) (*plan, error) {
 
 // createVeth creates the pair in the host netns with the peer born inside the
 // pod's netns under its final name: no rename, no move.
-func createVeth(p *plan, netns ns.NetNS) (netlink.Link, error) {
+func createVeth(r *rtnl, p *plan, netns ns.NetNS) (netlink.Link, error) {
 	veth := &netlink.Veth{
 		LinkAttrs:        netlink.LinkAttrs{Name: p.hostIf, HardwareAddr: p.hostMAC, MTU: p.mtu},
 		PeerName:         p.ifname,
@@ -126,13 +126,13 @@ func createVeth(p *plan, netns ns.NetNS) (netlink.Link, error) {
 	if p.mtu > 0 {
 		veth.PeerMTU = uint32(p.mtu)
 	}
-	if err := netlink.LinkAdd(veth); err != nil {
+	if err := r.LinkAdd(veth); err != nil {
 		if errors.Is(err, unix.EEXIST) {
 			return nil, fmt.Errorf("create veth %s/%s: an interface of that name already exists (host %s, or %s in the pod)", p.hostIf, p.ifname, p.hostIf, p.ifname)
 		}
 		return nil, fmt.Errorf("create veth %s (pod end %s): %w", p.hostIf, p.ifname, err)
 	}
-	l, err := netlinksafe.LinkByName(p.hostIf)
+	l, err := r.LinkByName(p.hostIf)
 	if err != nil {
 		return nil, fmt.Errorf("find new veth %s: %w", p.hostIf, err)
 	}
@@ -163,10 +163,11 @@ func isDefault(dst *net.IPNet) bool {
 	return ones == 0
 }
 
-// configurePod sets addresses, neighbours, routes and rules inside the pod netns.
-func configurePod(p *plan, netns ns.NetNS) error {
+// configurePod sets addresses, neighbours, routes and rules inside the pod
+// netns, through r, the pod's sockets.
+func configurePod(r *rtnl, p *plan, netns ns.NetNS) error {
 	return netns.Do(func(ns.NetNS) error {
-		l, err := netlinksafe.LinkByName(p.ifname)
+		l, err := r.LinkByName(p.ifname)
 		if err != nil {
 			return fmt.Errorf("find %s in pod: %w", p.ifname, err)
 		}
@@ -176,7 +177,7 @@ func configurePod(p *plan, netns ns.NetNS) error {
 		for _, ipc := range p.ips {
 			hasV4 = hasV4 || isV4(ipc.Address.IP)
 		}
-		if err := upAnnouncing(l, p.ifname, hasV4); err != nil {
+		if err := upAnnouncing(r, l, p.ifname, hasV4); err != nil {
 			return err
 		}
 		for _, ipc := range p.ips {
@@ -187,37 +188,37 @@ func configurePod(p *plan, netns ns.NetNS) error {
 			if !isV4(ipc.Address.IP) {
 				a.Flags |= unix.IFA_F_NODAD
 			}
-			if err := netlink.AddrAdd(l, a); err != nil {
+			if err := r.AddrAdd(l, a); err != nil {
 				return fmt.Errorf("add address %s to %s: %w", ipc.Address.String(), p.ifname, err)
 			}
 		}
 		for _, gw := range p.gws {
 			// Static neighbour: the pod never ARPs/NDs for its gateway.
 			n := &netlink.Neigh{LinkIndex: idx, IP: gw, HardwareAddr: p.hostMAC, State: netlink.NUD_PERMANENT, Family: family(gw)}
-			if err := netlink.NeighSet(n); err != nil {
+			if err := r.NeighSet(n); err != nil {
 				return fmt.Errorf("add neighbour %s on %s: %w", gw, p.ifname, err)
 			}
 		}
-		if err := addPodRoutes(p, idx); err != nil {
+		if err := addPodRoutes(r, p, idx); err != nil {
 			return err
 		}
 		var ips []net.IP
 		for _, ipc := range p.ips {
-			if err := netlink.RuleAdd(podRule(ipc.Address.IP, p.table)); err != nil && !errors.Is(err, unix.EEXIST) {
+			if err := r.RuleAdd(podRule(ipc.Address.IP, p.table)); err != nil && !errors.Is(err, unix.EEXIST) {
 				return fmt.Errorf("add rule from %s lookup %d: %w", ipc.Address.IP, p.table, err)
 			}
 			ips = append(ips, ipc.Address.IP)
 		}
 		// Last: the kernel's work for the addresses ran beside the rest.
-		return settleLocalRoutes(ips, localRouteWait)
+		return settleLocalRoutes(r, ips, localRouteWait)
 	})
 }
 
 // addPodRoutes adds the interface's routes to its own table and, unless
 // another interface holds them, to main, through one nexthop object per
 // gateway.
-func addPodRoutes(p *plan, idx int) error {
-	hasDefault, err := defaultRoutes()
+func addPodRoutes(r *rtnl, p *plan, idx int) error {
+	hasDefault, err := defaultRoutes(r, p.routes)
 	if err != nil {
 		return err
 	}
@@ -228,20 +229,20 @@ func addPodRoutes(p *plan, idx int) error {
 		return fmt.Errorf("routes of %s: %w", p.ifname, err)
 	}
 	for _, gw := range gws {
-		if err := addNexthop(nhs[gw.String()], idx, gw); err != nil {
+		if err := addNexthop(r, nhs[gw.String()], idx, gw); err != nil {
 			return fmt.Errorf("%s: %w", p.ifname, err)
 		}
 	}
 	for _, rt := range p.routes {
 		id := nhs[rt.gw.String()]
-		if err := addNexthopRoute(rt.dst, id, p.table); err != nil && !errors.Is(err, unix.EEXIST) {
+		if err := addNexthopRoute(r, rt.dst, id, p.table); err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("add route %s via %s on %s to table %d: %w", rt.dst, rt.gw, p.ifname, p.table, err)
 		}
 		v4 := isV4(rt.dst.IP)
 		if isDefault(rt.dst) && hasDefault[v4] != "" {
 			continue // the pod's default route is another interface's
 		}
-		if err := addNexthopRoute(rt.dst, id, 0); err != nil {
+		if err := addNexthopRoute(r, rt.dst, id, 0); err != nil {
 			if errors.Is(err, unix.EEXIST) && isDefault(rt.dst) {
 				// Another interface's ADD, running beside ours, took the
 				// default route after we looked: it keeps it.
@@ -290,11 +291,21 @@ func deleteRules(table int) {
 }
 
 // defaultRoutes names, per family (true: IPv4), the interface holding the
-// default route of the calling thread's netns, "" when there is none.
-func defaultRoutes() (map[bool]string, error) {
+// default route of r's netns, "" when there is none. Only the families
+// of the default routes among routes are dumped: no other is asked for.
+func defaultRoutes(r *rtnl, routes []*netlinkRoute) (map[bool]string, error) {
 	out := map[bool]string{}
+	want := map[int]bool{}
+	for _, rt := range routes {
+		if isDefault(rt.dst) {
+			want[family(rt.dst.IP)] = true
+		}
+	}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := netlinksafe.RouteList(nil, fam)
+		if !want[fam] {
+			continue
+		}
+		routes, err := r.RouteList(nil, fam)
 		if err != nil {
 			return nil, fmt.Errorf("list routes: %w", err)
 		}
@@ -387,8 +398,8 @@ func linkAlive(ifindex int) bool {
 // One RTM_SETLINK carries both (the alias and IFF_UP): each request takes
 // RTNL, which every ADD and DEL of the node queues for (issue 30: 100 ADDs
 // at once); the kernel applies the alias, then the flags, in the one hold.
-func readyHost(hostIf string, host netlink.Link, alias string) error {
-	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
+func readyHost(r *rtnl, hostIf string, host netlink.Link, alias string) error {
+	req := r.request(unix.RTM_SETLINK, unix.NLM_F_ACK)
 	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
 	msg.Index = int32(host.Attrs().Index)
 	msg.Flags, msg.Change = unix.IFF_UP, unix.IFF_UP
@@ -403,12 +414,12 @@ func readyHost(hostIf string, host netlink.Link, alias string) error {
 // routeHost routes the pod's IPs to the host veth, with static neighbours
 // so the node never resolves a pod it created. A route to a pod IP that
 // exists already is another interface's: refused, not replaced.
-func routeHost(p *plan, host netlink.Link) error {
+func routeHost(r *rtnl, p *plan, host netlink.Link) error {
 	idx := host.Attrs().Index
 	for _, ipc := range p.ips {
 		ip := ipc.Address.IP
 		n := &netlink.Neigh{LinkIndex: idx, IP: ip, HardwareAddr: p.podMAC, State: netlink.NUD_PERMANENT, Family: family(ip)}
-		if err := netlink.NeighSet(n); err != nil {
+		if err := r.NeighSet(n); err != nil {
 			return fmt.Errorf("add neighbour %s on %s: %w", ip, p.hostIf, err)
 		}
 		bits := 32
@@ -416,8 +427,8 @@ func routeHost(p *plan, host netlink.Link) error {
 			bits = 128
 		}
 		dst := &net.IPNet{IP: ip, Mask: net.CIDRMask(bits, bits)}
-		r := &netlink.Route{LinkIndex: idx, Dst: dst, Scope: netlink.SCOPE_LINK}
-		if err := netlink.RouteAdd(r); err != nil {
+		rt := &netlink.Route{LinkIndex: idx, Dst: dst, Scope: netlink.SCOPE_LINK}
+		if err := r.RouteAdd(rt); err != nil {
 			if errors.Is(err, unix.EEXIST) {
 				return &conflictError{fmt.Sprintf("pod address %s: the node already routes %s to %s; an address has one owner (overlapping ranges of two networks?)",
 					ip, dst, nodeRouteHolder(dst))}

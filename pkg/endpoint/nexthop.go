@@ -85,8 +85,8 @@ func podNexthops(table int, routes []*netlinkRoute) (map[string]uint32, []net.IP
 // gateway is, in the calling thread's netns. The interface is new (ADD
 // makes the veth; a nexthop goes with its device), so an id taken is
 // another tool's: refused, never replaced (that would move its routes).
-func addNexthop(id uint32, ifindex int, gw net.IP) error {
-	req := nl.NewNetlinkRequest(unix.RTM_NEWNEXTHOP, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+func addNexthop(r *rtnl, id uint32, ifindex int, gw net.IP) error {
+	req := r.request(unix.RTM_NEWNEXTHOP, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
 	m := &nhMsg{family: unix.AF_INET6, protocol: unix.RTPROT_BOOT, flags: unix.RTNH_F_ONLINK}
 	if g4 := gw.To4(); g4 != nil {
 		m.family, gw = unix.AF_INET, g4
@@ -106,8 +106,8 @@ func addNexthop(id uint32, ifindex int, gw net.IP) error {
 
 // addNexthopRoute adds dst through nexthop id to table (0: main), failing
 // with EEXIST when table has a route to dst.
-func addNexthopRoute(dst *net.IPNet, id uint32, table int) error {
-	req := nl.NewNetlinkRequest(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+func addNexthopRoute(r *rtnl, dst *net.IPNet, id uint32, table int) error {
+	req := r.request(unix.RTM_NEWROUTE, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
 	m := nl.NewRtMsg()
 	ones, _ := dst.Mask.Size()
 	ip := dst.IP.To4()

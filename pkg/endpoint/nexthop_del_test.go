@@ -46,11 +46,11 @@ func TestDeleteNexthops(t *testing.T) {
 				return err
 			}
 			for _, gw := range gws {
-				if err := addNexthop(ids[gw.String()], idx[name], gw); err != nil {
+				if err := addNexthop(nil, ids[gw.String()], idx[name], gw); err != nil {
 					return err
 				}
 			}
-			if err := addNexthopRoute(dst, ids["169.254.1.1"], table); err != nil {
+			if err := addNexthopRoute(nil, dst, ids["169.254.1.1"], table); err != nil {
 				return err
 			}
 		}

@@ -109,11 +109,11 @@ func twoPodInterfaces(t *testing.T) map[string]int {
 			t.Fatal(err)
 		}
 		for _, gw := range gws {
-			if err := addNexthop(ids[gw.String()], idx[name], gw); err != nil {
+			if err := addNexthop(nil, ids[gw.String()], idx[name], gw); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := addNexthopRoute(dst, ids["169.254.1.1"], table); err != nil {
+		if err := addNexthopRoute(nil, dst, ids["169.254.1.1"], table); err != nil {
 			t.Fatal(err)
 		}
 	}

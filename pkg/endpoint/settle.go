@@ -5,7 +5,6 @@ import (
 	"net"
 	"time"
 
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -21,14 +20,14 @@ const localRouteWait = 10 * time.Second
 // seconds, and a pod's first IPv6 datagram through a Service, sent after
 // its ADD had returned, was lost (TestFirstIPv6DatagramAfterAdd). IPv4's
 // local routes are inserted with the address: nothing to wait for.
-func settleLocalRoutes(ips []net.IP, within time.Duration) error {
+func settleLocalRoutes(r *rtnl, ips []net.IP, within time.Duration) error {
 	deadline := time.Now().Add(within)
 	for _, ip := range ips {
 		if isV4(ip) {
 			continue
 		}
 		for delay := 100 * time.Microsecond; ; {
-			rs, err := netlink.RouteGet(ip)
+			rs, err := r.RouteGet(ip)
 			if err == nil && len(rs) > 0 && rs[0].Type == unix.RTN_LOCAL {
 				break
 			}

@@ -19,18 +19,20 @@ const (
 // (RTM_SETLINK, IFLA_AF_SPEC / AF_INET / IFLA_INET_CONF), in the calling
 // thread's netns.
 func SetIPv4(ifindex int, key int, value uint32) error {
-	return setIPv4(ifindex, key, value, false)
+	return setIPv4(nil, ifindex, key, value, false)
 }
 
-// SetIPv4Up is SetIPv4 that also brings the link up, in the same request:
+// SetIPv4UpOn is SetIPv4 that also brings the link up, in the same request:
 // the kernel applies the flags, then the value, in one hold of RTNL, which
-// every link change of the node queues for.
-func SetIPv4Up(ifindex int, key int, value uint32) error {
-	return setIPv4(ifindex, key, value, true)
+// every link change of the node queues for. sockets, when not nil, are kept
+// netlink sockets to send it on (their netns's link, not the thread's).
+func SetIPv4UpOn(sockets map[int]*nl.SocketHandle, ifindex int, key int, value uint32) error {
+	return setIPv4(sockets, ifindex, key, value, true)
 }
 
-func setIPv4(ifindex int, key int, value uint32, up bool) error {
+func setIPv4(sockets map[int]*nl.SocketHandle, ifindex int, key int, value uint32, up bool) error {
 	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
+	req.Sockets = sockets
 	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
 	msg.Index = int32(ifindex)
 	if up {

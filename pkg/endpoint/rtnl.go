@@ -1,0 +1,65 @@
+package endpoint
+
+import (
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink/nl"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// rtnl is one netns's rtnetlink sockets, opened once and kept for an ADD's
+// requests there. Through the library's package functions each request
+// opens, binds and closes a socket of its own (16 µs more a request than
+// on a kept socket, `go test -bench`, docs/performance.md round 16), and an
+// ADD makes about twenty. Its dumps retry as netlinksafe's do; raw carries
+// the requests the library has no call for (nexthop objects, routes by
+// nexthop id, a link's alias and flags in one message). A request on a
+// shared socket holds its lock: goroutines may share an rtnl.
+type rtnl struct {
+	netlinksafe.Handle
+	raw map[int]*nl.SocketHandle
+}
+
+// openRTNL opens the sockets in the calling thread's netns; they act there
+// whichever thread uses them later.
+func openRTNL() (*rtnl, error) {
+	h, err := netlinksafe.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, err
+	}
+	s, err := nl.GetNetlinkSocketAt(netns.None(), netns.None(), unix.NETLINK_ROUTE)
+	if err != nil {
+		h.Close()
+		return nil, err
+	}
+	return &rtnl{Handle: h, raw: map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: s}}}, nil
+}
+
+// Close closes the sockets; nil is fine.
+func (r *rtnl) Close() {
+	if r == nil {
+		return
+	}
+	r.Handle.Close()
+	for _, s := range r.raw {
+		s.Close()
+	}
+}
+
+// request is nl.NewNetlinkRequest on r's raw socket; r nil: on a socket of
+// its own in the calling thread's netns.
+func (r *rtnl) request(proto, flags int) *nl.NetlinkRequest {
+	req := nl.NewNetlinkRequest(proto, flags)
+	if r != nil {
+		req.Sockets = r.raw
+	}
+	return req
+}
+
+// sockets are r's raw sockets for a request built elsewhere (nil: its own).
+func (r *rtnl) sockets() map[int]*nl.SocketHandle {
+	if r == nil {
+		return nil
+	}
+	return r.raw
+}
