@@ -143,7 +143,7 @@ func (dp *Datapath) attachTC(ifindex int, pending bool) error {
 		QdiscAttrs: netlink.QdiscAttrs{LinkIndex: ifindex, Handle: netlink.MakeHandle(0xffff, 0), Parent: netlink.HANDLE_CLSACT},
 		QdiscType:  "clsact",
 	}
-	if err := netlink.QdiscReplace(qdisc); err != nil {
+	if err := dp.nl().QdiscReplace(qdisc); err != nil {
 		return fmt.Errorf("add clsact qdisc to ifindex %d: %w", ifindex, err)
 	}
 	for _, p := range hostVethPrograms {
@@ -151,7 +151,7 @@ func (dp *Datapath) attachTC(ifindex int, pending bool) error {
 		if err != nil {
 			return err
 		}
-		if err := replaceFilter(ifindex, p, fd, tcFilterName(p, pending)); err != nil {
+		if err := replaceFilter(dp.nl(), ifindex, p, fd, tcFilterName(p, pending)); err != nil {
 			return err
 		}
 	}
@@ -161,7 +161,7 @@ func (dp *Datapath) attachTC(ifindex int, pending bool) error {
 // replaceFilter puts prog on hook p of a host veth as its cls_bpf filter
 // (handle 1, priority 1): added, or swapped in place for the one there
 // (the kernel replaces a filter's program atomically).
-func replaceFilter(ifindex int, p Program, progFD int, name string) error {
+func replaceFilter(h *netlink.Handle, ifindex int, p Program, progFD int, name string) error {
 	f := &netlink.BpfFilter{
 		FilterAttrs: netlink.FilterAttrs{
 			LinkIndex: ifindex, Parent: tcParent(p), Handle: 1,
@@ -169,7 +169,7 @@ func replaceFilter(ifindex int, p Program, progFD int, name string) error {
 		},
 		Fd: progFD, Name: name, DirectAction: true,
 	}
-	if err := netlink.FilterReplace(f); err != nil {
+	if err := h.FilterReplace(f); err != nil {
 		return fmt.Errorf("attach tc %s filter to ifindex %d: %w", p.Link, ifindex, err)
 	}
 	return nil

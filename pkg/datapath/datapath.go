@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
@@ -33,6 +34,19 @@ type Datapath struct {
 	fds map[string]int
 
 	seeded bool // EnsureSeeded's seed ran (a migration runs it before its swap)
+
+	// Netlink, when set, is a kept socket of the node's netns that Attach's
+	// tc requests go through (an ADD's, see endpoint's rtnl); nil: a socket
+	// per request, in the calling thread's netns.
+	Netlink *netlink.Handle
+}
+
+// nl is the handle Attach's requests go through.
+func (dp *Datapath) nl() *netlink.Handle {
+	if dp.Netlink != nil {
+		return dp.Netlink
+	}
+	return &netlink.Handle{} // no sockets: the library opens one per request
 }
 
 // setCore fills the program fields from loadPrograms' result.

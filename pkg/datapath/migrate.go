@@ -299,7 +299,7 @@ func upgradeFilters(loaded map[string]*ebpf.Program) (seen, swapped int, errs er
 			if want == f.ProgID {
 				continue
 			}
-			if err := replaceFilter(v.Ifindex, f.Prog, next.FD(), f.Name); err != nil {
+			if err := replaceFilter(&netlink.Handle{}, v.Ifindex, f.Prog, next.FD(), f.Name); err != nil {
 				errs = errors.Join(errs, fmt.Errorf("%s: %w", v.Name, err))
 				continue
 			}

@@ -201,6 +201,7 @@ func (a *Attachment) OpenDatapath() (err error) {
 	if a.DP, err = a.Net.ensureDatapath(); err != nil {
 		return err
 	}
+	a.DP.Netlink = a.nodeNL.Handle.Handle
 	a.Trace.Mark("datapath")
 	a.startNodeHooks()
 	return nil
