@@ -1,6 +1,8 @@
 package endpoint
 
 import (
+	"time"
+
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
@@ -32,6 +34,11 @@ func openRTNL() (*rtnl, error) {
 		h.Close()
 		return nil, err
 	}
+	// The deadlines a socket per request gets (nl.SocketTimeoutTv): a
+	// request the kernel never answers fails rather than hangs the verb.
+	_ = h.SetSocketTimeout(time.Duration(nl.SocketTimeoutTv.Nano()))
+	_ = s.SetSendTimeout(&nl.SocketTimeoutTv)
+	_ = s.SetReceiveTimeout(&nl.SocketTimeoutTv)
 	return &rtnl{Handle: h, raw: map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: s}}}, nil
 }
 
