@@ -153,6 +153,11 @@ func TestPacketBudget(t *testing.T) {
 	}
 	add("masquerade out, TCP (flow open)", "cni_to_uplink", progs["cni_to_uplink"], packet(podMAC, protoTCP, podIP, farIP, 40020, 443, ackFlag), loIfindex,
 		rewrite(actNext, masqOut))
+	// The same segment on the host veth before it (round 16): the pod's
+	// packets to outside pass the hostPort hairpin check on their way to
+	// the stack.
+	add("masquerade out, TCP: host veth", "cni_from_container", hp.FromContainer,
+		packet(podMAC, protoTCP, podIP, farIP, 40020, 443, ackFlag), 0, verdict(actOK))
 
 	// Tunnel mode (issue 24): a plain packet off an uplink is looked up in
 	// cni_tun_cidrs (a tunnelled node's pod source is forged). The first
