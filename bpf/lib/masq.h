@@ -176,7 +176,9 @@ static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flo
  * tracked flow whose reverse entry is rv: the pod's first FIN's end goes to
  * snat_seq.win (SNAT_F_FIN_WAIT), FLOW_F_FIN_ORIG waits for the peer's ack
  * of it (snat_seq_peer). A FIN again while waiting (a retransmit, or the
- * real one after a forged one) takes its place. Returns fl without the FIN.
+ * real one after a forged one) takes its place. In a flow with
+ * SNAT_POD_END only a FIN past the pod's highest end waits (or the waiting
+ * one again). Returns fl without the FIN.
  */
 static __noinline __u32 snat_fin_pod(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv, __u32 cur,
 				     __u32 fl)
@@ -204,8 +206,9 @@ static __noinline __u32 snat_fin_pod(struct __sk_buff *skb, const struct flow *f
  * snat_seq_peer while the pod's FIN waits: every segment is read (a pure
  * ACK may be the one), with the window's floor for how far it moves end
  * (win is the FIN's). An ACK of exactly the FIN's end, in order, makes the
- * pod's FIN count (FLOW_F_FIN_ORIG; win back to the floor, raised again by
- * the pod's segments). One whose sequence number is end + 1 with no FIN of
+ * pod's FIN count (FLOW_F_FIN_ORIG; in an older build's flow win back to
+ * the floor, raised again by the pod's segments; else it stays the pod's
+ * end). One whose sequence number is end + 1 with no FIN of
  * the peer's seen comes after a FIN the node did not see (lost on the way,
  * retransmitted later): the peer sent its FIN before it had the pod's, it
  * holds TIME_WAIT (FLOW_F_PEER_FIRST; a FIN of the peer's before the ack

@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 562616, crc: 0x495dc996, sha: "eaf2e1bb849f"},
-	"from_container_compat": {size: 532000, crc: 0x089ab0a0, sha: "6e7e69270d4d"},
-	"from_uplink":           {size: 423600, crc: 0x11c03d3a, sha: "011a320f9220"},
-	"from_uplink_compat":    {size: 396960, crc: 0x4f59aac4, sha: "836d36bfb73a"},
-	"sock":                  {size: 181984, crc: 0xfc045d7b, sha: "2731052ab72b"},
-	"sock_compat":           {size: 171616, crc: 0x6330a587, sha: "2bd48b571cd6"},
-	"sock_ops":              {size: 164856, crc: 0x2e482e15, sha: "dd0a5a63dae1"},
-	"to_container":          {size: 203600, crc: 0x0a945cc9, sha: "9efa83505386"},
-	"to_container_compat":   {size: 188248, crc: 0x5a75142c, sha: "8634344e340e"},
-	"to_uplink":             {size: 349008, crc: 0x2bd82ada, sha: "3468b88a051e"},
-	"to_uplink_compat":      {size: 316488, crc: 0x29581799, sha: "679aedcdeb24"},
-	"tunnel":                {size: 340320, crc: 0x54407634, sha: "2e44bec3cdcb"},
+	"from_container":        {size: 562616, crc: 0x81e90e42, sha: "6bfa0f0bf1cf"},
+	"from_container_compat": {size: 532000, crc: 0x7778b772, sha: "6d55343933ab"},
+	"from_uplink":           {size: 423600, crc: 0xaddc849e, sha: "37b955af57b8"},
+	"from_uplink_compat":    {size: 396960, crc: 0x206a72db, sha: "910279852132"},
+	"sock":                  {size: 181984, crc: 0x4e337651, sha: "cf710e5285d3"},
+	"sock_compat":           {size: 171616, crc: 0x3b8fcb6d, sha: "cc2623fd3d58"},
+	"sock_ops":              {size: 164856, crc: 0x2a96a0ee, sha: "7b0bed6c3d61"},
+	"to_container":          {size: 203600, crc: 0x1ad67578, sha: "ba6174ab6a5c"},
+	"to_container_compat":   {size: 188248, crc: 0xa2653e64, sha: "14544bf3f911"},
+	"to_uplink":             {size: 349008, crc: 0xf0719ef5, sha: "962bf9b250e8"},
+	"to_uplink_compat":      {size: 316488, crc: 0x11b23355, sha: "c80ed002ae67"},
+	"tunnel":                {size: 340320, crc: 0x2430186f, sha: "411274162351"},
 }
