@@ -231,8 +231,11 @@ static __noinline int snat_seq_peer_fin(struct __sk_buff *skb, const struct flow
 	__u32 ahead = sp->seq - q->end;
 
 	t.win = q->win;
+	/* Only once the peer's end is known (its SYN-ACK): else end is the
+	 * pod's SYN's, in the pod's numbers, which a pod re-seeding its live
+	 * flow with a raw SYN can line up with the peer's (fin20). */
 	if (r && (sp->flags & (TCP_FLAG_ACK | TCP_FLAG_RST | TCP_FLAG_SYN)) == TCP_FLAG_ACK && sp->ack == q->win &&
-	    ahead <= 1) {
+	    ahead <= 1 && (fl & SNAT_F_PEER_END)) {
 		if (ahead && !(fl & FLOW_F_FIN_REPLY))
 			fl |= FLOW_F_PEER_FIRST;
 		fl = (fl | FLOW_F_FIN_ORIG) & ~SNAT_F_FIN_WAIT;

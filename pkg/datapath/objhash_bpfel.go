@@ -6,14 +6,14 @@ package datapath
 var objHashes = map[string]objHash{
 	"from_container":        {size: 562616, crc: 0x81e90e42, sha: "6bfa0f0bf1cf"},
 	"from_container_compat": {size: 532000, crc: 0x7778b772, sha: "6d55343933ab"},
-	"from_uplink":           {size: 423600, crc: 0xaddc849e, sha: "37b955af57b8"},
-	"from_uplink_compat":    {size: 396960, crc: 0x206a72db, sha: "910279852132"},
+	"from_uplink":           {size: 423736, crc: 0xaffd27e3, sha: "e5487467a419"},
+	"from_uplink_compat":    {size: 397096, crc: 0x6d9fdd5a, sha: "39053ea06c59"},
 	"sock":                  {size: 181984, crc: 0x4e337651, sha: "cf710e5285d3"},
 	"sock_compat":           {size: 171616, crc: 0x3b8fcb6d, sha: "cc2623fd3d58"},
 	"sock_ops":              {size: 164856, crc: 0x2a96a0ee, sha: "7b0bed6c3d61"},
 	"to_container":          {size: 203600, crc: 0x1ad67578, sha: "ba6174ab6a5c"},
 	"to_container_compat":   {size: 188248, crc: 0xa2653e64, sha: "14544bf3f911"},
-	"to_uplink":             {size: 349008, crc: 0xf0719ef5, sha: "962bf9b250e8"},
-	"to_uplink_compat":      {size: 316488, crc: 0x11b23355, sha: "c80ed002ae67"},
+	"to_uplink":             {size: 349008, crc: 0xb676c495, sha: "bcec28cc8d9f"},
+	"to_uplink_compat":      {size: 316488, crc: 0x97d0606a, sha: "02d1a963d894"},
 	"tunnel":                {size: 340320, crc: 0x2430186f, sha: "411274162351"},
 }

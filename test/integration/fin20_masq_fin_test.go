@@ -7,8 +7,11 @@ package integration
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -216,5 +219,106 @@ func TestAttack20MasqShareFINWrap(t *testing.T) {
 	}
 	if s != 0 {
 		t.Errorf("w closed its 8 connections by FINs at its next sequence number, past the wrap: share %d, want 0", s)
+	}
+}
+
+// f20DelayedCloseServer serves on outsideIP:port: it answers a client's
+// first line, half-closes 600 ms later and reads on, recording in got the
+// clients whose "again" lines arrive.
+func f20DelayedCloseServer(t *testing.T, lab *masqLab, port int) (map[string]bool, *sync.Mutex) {
+	var mu sync.Mutex
+	got := map[string]bool{}
+	must(t, lab.out.Do(func(ns.NetNS) error {
+		ln, err := net.Listen("tcp", hp(outsideIP, port))
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { ln.Close() })
+		acceptEach(ln, func(c net.Conn) {
+			c.SetDeadline(time.Now().Add(40 * time.Second))
+			r := bufio.NewReader(c)
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "%s %s", c.RemoteAddr(), line)
+			time.Sleep(600 * time.Millisecond)
+			c.(*net.TCPConn).CloseWrite()
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				if strings.HasPrefix(line, "again") {
+					mu.Lock()
+					got[c.RemoteAddr().String()] = true
+					mu.Unlock()
+				}
+			}
+		})
+		return nil
+	}))
+	return got, &mu
+}
+
+// TestAttack20MasqShareFINAfterSYN: the pod re-seeds its flow's tracking
+// with a raw SYN on the live tuple (the masquerade takes a pod's SYN as the
+// port reused: its end then is the SYN's), its sequence number one below
+// the server's next (so the tracking's end, from the SYN, matches the
+// server's), after its last data and before the server's FIN (the server
+// answers a SYN on an established connection with a challenge ACK and
+// changes nothing). Then, where its next sequence number is past the SYN's
+// (half of the connections), a FIN one below it: past the re-seeded end,
+// and the server's duplicate ACK of it lines up with the re-seeded end.
+func TestAttack20MasqShareFINAfterSYN(t *testing.T) {
+	t.Parallel()
+	lab := f20Lab(t, "62900-62931")
+	got, mu := f20DelayedCloseServer(t, lab, 7497)
+	srv := hp(outsideIP, 7497)
+	x, r := lab.a.RunPod("f20sy")
+	x4, _ := testenv.PodIPs(t, r)
+	var conns []net.Conn
+	sent := 0
+	for j := 0; j < 16; j++ {
+		f, err := a14Dial(x, "tcp", 58000+j, srv)
+		if err != nil {
+			t.Logf("dial %d: %v", j, err)
+			continue
+		}
+		t.Cleanup(func() { f.c.Close() })
+		f.c.SetDeadline(time.Now().Add(4 * time.Second))
+		f.c.Write([]byte("hello\n"))
+		f.r.ReadString('\n')
+		conns = append(conns, f.c)
+		if j >= 8 {
+			continue
+		}
+		snd, rcv := a20Seqs(t, f.c)
+		f20Raw(t, x, x4, 58000+j, 7497, rcv-1, 0, 0x02, nil)
+		io.Copy(io.Discard, f.r) // the server's FIN
+		if int32(snd-rcv) > 0 {
+			f20Raw(t, x, x4, 58000+j, 7497, snd-1, rcv+1, 0x11, nil)
+			sent++
+		}
+		if j == 7 {
+			time.Sleep(1200 * time.Millisecond)
+		}
+	}
+	mu.Lock()
+	clear(got)
+	mu.Unlock()
+	for _, c := range conns {
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		c.Write([]byte("again\n"))
+	}
+	time.Sleep(1500 * time.Millisecond)
+	mu.Lock()
+	n := len(got)
+	mu.Unlock()
+	_, ifx := lab.a.HostVeth("f20sy")
+	s, c := a16Share(t, lab.a, ifx, "tcp", srv)
+	t.Logf("FINs after a SYN on %d of the first 8; at the end %d of %d connections delivered, share %d, recycled %d", sent, n, len(conns), s, c["recycled"])
+	if n > 8 {
+		t.Errorf("pod holds %d live connections to one server, over its share of 8: FINs below next after a SYN re-seeding the tracking counted", n)
 	}
 }
