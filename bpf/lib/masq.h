@@ -204,8 +204,8 @@ static __noinline __u32 snat_fin_pod(struct __sk_buff *skb, const struct flow *f
 
 /*
  * snat_seq_peer while the pod's FIN waits: every segment is read (a pure
- * ACK may be the one), with the window's floor for how far it moves end
- * (win is the FIN's). An ACK of exactly the FIN's end, in order, makes the
+ * ACK may be the one), with SNAT_SEQ_BOUND (an older build's flow: the
+ * window's floor) for how far it moves end (win is the FIN's). An ACK of exactly the FIN's end, in order, makes the
  * pod's FIN count (FLOW_F_FIN_ORIG; in an older build's flow win back to
  * the floor, raised again by the pod's segments; else it stays the pod's
  * end). One whose sequence number is end + 1 with no FIN of
