@@ -86,20 +86,85 @@ static __always_inline __u64 snat_time_left(__u32 flags, __u8 proto, __u64 seen_
 
 /* ------------------------------------------------- sequence tracking */
 
+/*
+ * What the pod already sent (attack20): an acknowledgement of a FIN's end
+ * proves the peer took the FIN only if that end is sequence space the pod
+ * had not used before, as conntrack's tcp_in_window keeps each side's end.
+ * A FIN one below the pod's next sequence number is an old retransmission
+ * to the peer, which drops it and answers with a duplicate ACK of exactly
+ * its end. So a flow this build opened keeps in snat_seq.win the pod's
+ * highest end (its segments' seq + length, SYN and FIN one), where an older
+ * build kept the pod's largest window: SNAT_POD_END in the flags, the four
+ * window scale bits all set (a scale no TCP offers: at most 14). Such a
+ * flow's moves of end are bounded by SNAT_SEQ_BOUND, the largest window a
+ * TCP may offer, instead of the pod's (the peer's segments move end only
+ * in order, and the pod's acks are its own). While the pod's FIN waits
+ * for the peer's ack, win is its end, the highest.
+ */
+#define SNAT_POD_END SNAT_WS_MASK
+#define SNAT_SEQ_BOUND (1U << 29)
+
+static __always_inline int snat_has_pod_end(__u32 fl)
+{
+	return (fl & SNAT_POD_END) == SNAT_POD_END;
+}
+
+/*
+ * The pod's segment f (not a SYN) of a flow with SNAT_POD_END: win follows
+ * its highest end. While its FIN waits, a segment without a FIN whose data
+ * reaches the FIN's end used the FIN's place for data: the FIN was not the
+ * pod's TCP's (a raw one sent ahead of data, which the peer drops once the
+ * data fills the hole): it no longer waits. Read in place (every segment
+ * carrying data comes here).
+ */
+static __noinline void snat_pod_end(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
+{
+	struct tcp_seg *sp = tcp_seg_scratch();
+	struct snat_seq *q = snat_seq_of(rv);
+
+	if (!sp || !snat_has_pod_end(rv->flags) || tcp_seg_load_in_place(skb, f, sp) || sp->end == sp->seq)
+		return;
+	__s32 d = (__s32)(sp->end - q->win);
+
+	if ((rv->flags & SNAT_F_FIN_WAIT) && !(sp->flags & TCP_FLAG_FIN) && d >= 0)
+		rv->flags &= ~SNAT_F_FIN_WAIT;
+	if (d > 0)
+		q->win = sp->end;
+}
+
 /* The masquerade's: the pod's segment f of the flow whose reverse entry is
- * rv. While its FIN waits for the peer's ack, win holds the FIN's end: the
- * pod's segments neither raise it nor move end (a SYN reopening the tuple
- * starts afresh). */
+ * rv. While its FIN waits for the peer's ack, the pod's segments move end
+ * no more (a SYN reopening the tuple starts afresh), nor, in an older
+ * build's flow (no SNAT_POD_END), the window in win (the FIN's end). */
 static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
 {
 	__u32 fl = rv->flags;
+	struct snat_seq *q = snat_seq_of(rv);
 
-	if (f->syn_only)
+	if (f->syn_only) {
 		fl &= ~SNAT_F_FIN_WAIT;
-	else if (fl & SNAT_F_FIN_WAIT)
+	} else if (snat_has_pod_end(fl)) {
+		if (!(fl & SNAT_F_FIN_WAIT)) {
+			__u32 p = q->win;
+
+			q->win = SNAT_SEQ_BOUND;
+			tcp_seq_local(skb, f, q, &fl, 8, tcp_seg_scratch());
+			q->win = p;
+			rv->flags = fl | SNAT_POD_END;
+		}
+		snat_pod_end(skb, f, rv);
 		return;
-	tcp_seq_local(skb, f, snat_seq_of(rv), &fl, 8, tcp_seg_scratch());
+	} else if (fl & SNAT_F_FIN_WAIT) {
+		return;
+	}
+	tcp_seq_local(skb, f, q, &fl, 8, tcp_seg_scratch());
 	rv->flags = fl;
+	if (f->syn_only && (fl & SNAT_F_SEQ)) {
+		/* The pod's SYN (re)opens the flow: its end is the SYN's. */
+		rv->flags = fl | SNAT_POD_END;
+		q->win = q->end;
+		snat_pod_end(skb, f, rv);
+	}
 }
 
 /*
@@ -111,7 +176,9 @@ static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flo
  * tracked flow whose reverse entry is rv: the pod's first FIN's end goes to
  * snat_seq.win (SNAT_F_FIN_WAIT), FLOW_F_FIN_ORIG waits for the peer's ack
  * of it (snat_seq_peer). A FIN again while waiting (a retransmit, or the
- * real one after a forged one) takes its place. Returns fl without the FIN.
+ * real one after a forged one) takes its place. In a flow with
+ * SNAT_POD_END only a FIN past the pod's highest end waits (or the waiting
+ * one again). Returns fl without the FIN.
  */
 static __noinline __u32 snat_fin_pod(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv, __u32 cur,
 				     __u32 fl)
@@ -121,17 +188,27 @@ static __noinline __u32 snat_fin_pod(struct __sk_buff *skb, const struct flow *f
 	if (!(f->tcp_flags & TCP_FLAG_FIN) || (f->tcp_flags & TCP_FLAG_RST) || (rv->flags & FLOW_F_FIN_ORIG) ||
 	    !(rv->flags & SNAT_F_SEQ) || !sp || tcp_seg_load(skb, f, sp))
 		return fl;
-	snat_seq_of(rv)->win = sp->end;
-	rv->flags |= SNAT_F_FIN_WAIT;
+	struct snat_seq *q = snat_seq_of(rv);
+	__u32 v = rv->flags;
+	__s32 d = (__s32)(sp->end - q->win);
+
+	/* A FIN over sequence space the pod had used (its end not past the
+	 * pod's highest, unless it is the waiting FIN again) is an old
+	 * segment to the peer: ignored, its ack proves nothing (attack20). */
+	if (!snat_has_pod_end(v) || d > 0 || (d == 0 && (v & SNAT_F_FIN_WAIT))) {
+		q->win = sp->end;
+		rv->flags = v | SNAT_F_FIN_WAIT;
+	}
 	return (fl & ~(FLOW_F_FIN_ORIG | FLOW_F_CLOSING)) | (cur & FLOW_F_CLOSING);
 }
 
 /*
  * snat_seq_peer while the pod's FIN waits: every segment is read (a pure
- * ACK may be the one), with the window's floor for how far it moves end
- * (win is the FIN's). An ACK of exactly the FIN's end, in order, makes the
- * pod's FIN count (FLOW_F_FIN_ORIG; win back to the floor, raised again by
- * the pod's segments). One whose sequence number is end + 1 with no FIN of
+ * ACK may be the one), with SNAT_SEQ_BOUND (an older build's flow: the
+ * window's floor) for how far it moves end (win is the FIN's). An ACK of exactly the FIN's end, in order, makes the
+ * pod's FIN count (FLOW_F_FIN_ORIG; in an older build's flow win back to
+ * the floor, raised again by the pod's segments; else it stays the pod's
+ * end). One whose sequence number is end + 1 with no FIN of
  * the peer's seen comes after a FIN the node did not see (lost on the way,
  * retransmitted later): the peer sent its FIN before it had the pod's, it
  * holds TIME_WAIT (FLOW_F_PEER_FIRST; a FIN of the peer's before the ack
@@ -142,8 +219,9 @@ static __noinline int snat_seq_peer_fin(struct __sk_buff *skb, const struct flow
 {
 	struct tcp_seg *sp = tcp_seg_scratch();
 	struct snat_seq *q = snat_seq_of(rv);
-	struct snat_seq t = { .end = q->end };
 	__u32 fl = rv->flags;
+	__u32 pe = fl & SNAT_POD_END;
+	struct snat_seq t = { .end = q->end, .win = snat_has_pod_end(fl) ? SNAT_SEQ_BOUND : 0 };
 
 	if (!sp)
 		return 1;
@@ -153,15 +231,19 @@ static __noinline int snat_seq_peer_fin(struct __sk_buff *skb, const struct flow
 	__u32 ahead = sp->seq - q->end;
 
 	t.win = q->win;
+	/* Only once the peer's end is known (its SYN-ACK): else end is the
+	 * pod's SYN's, in the pod's numbers, which a pod re-seeding its live
+	 * flow with a raw SYN can line up with the peer's (fin20). */
 	if (r && (sp->flags & (TCP_FLAG_ACK | TCP_FLAG_RST | TCP_FLAG_SYN)) == TCP_FLAG_ACK && sp->ack == q->win &&
-	    ahead <= 1) {
+	    ahead <= 1 && (fl & SNAT_F_PEER_END)) {
 		if (ahead && !(fl & FLOW_F_FIN_REPLY))
 			fl |= FLOW_F_PEER_FIRST;
 		fl = (fl | FLOW_F_FIN_ORIG) & ~SNAT_F_FIN_WAIT;
-		t.win = 0;
+		if (pe != SNAT_POD_END)
+			t.win = 0; /* an older build's flow: the window again */
 	}
 	*q = t;
-	rv->flags = fl;
+	rv->flags = pe == SNAT_POD_END ? fl | SNAT_POD_END : fl;
 	return r ? 1 : 0;
 }
 
@@ -177,6 +259,19 @@ static __always_inline int snat_seq_peer(struct __sk_buff *skb, const struct flo
 		return 1;
 	if (fl & SNAT_F_FIN_WAIT)
 		return snat_seq_peer_fin(skb, f, rv);
+	if (snat_has_pod_end(fl)) {
+		/* win holds the pod's end: the bound in its place meanwhile. */
+		struct snat_seq *q = snat_seq_of(rv);
+		__u32 p = q->win;
+
+		if (tcp_seg_quiet(skb, f))
+			return 1;
+		q->win = SNAT_SEQ_BOUND;
+		r = tcp_seq_remote(skb, f, q, &fl, 8, NULL);
+		q->win = p;
+		rv->flags = fl | SNAT_POD_END;
+		return r;
+	}
 	r = tcp_seq_remote(skb, f, snat_seq_of(rv), &fl, 8, NULL);
 	rv->flags = fl;
 	return r;
@@ -902,17 +997,26 @@ static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __
 	*port = fv->port;
 	/* The pod's SYN always reaches the tracking: it re-seeds the flow
 	 * (tcpseq.h), even within a second of the last write. */
-	if (fl != fv->flags || now - fv->seen_ns > NSEC || (f->tcp_flags & TCP_FLAG_SYN)) {
+	int note = fl != fv->flags || now - fv->seen_ns > NSEC || (f->tcp_flags & TCP_FLAG_SYN);
+	/* Each TCP segment carrying data reaches the tracking: the pod's
+	 * highest end decides which of its FINs count (snat_pod_end). */
+	int seg = f->proto == IPPROTO_TCP && !tcp_seg_quiet(skb, f);
+
+	if (note || seg) {
 		snat_key_of(&k, SNAT_DIR_REV, node, *port, f->daddr, f->dport, f->family, f->proto);
 		struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
 		/* The pod's FIN waits for the peer's ack (both entries). */
 		if (rv && f->proto == IPPROTO_TCP && (f->tcp_flags & TCP_FLAG_FIN))
 			fl = snat_fin_pod(skb, f, rv, fv->flags, fl);
-		snat_note(fv, fl, now);
+		if (note)
+			snat_note(fv, fl, now);
 		if (rv) {
-			snat_note_rev(rv, &k, ifindex, fl, now);
-			if (f->proto == IPPROTO_TCP)
+			if (note)
+				snat_note_rev(rv, &k, ifindex, fl, now);
+			if (f->proto == IPPROTO_TCP && note)
 				snat_seq_pod(skb, f, rv);
+			else if (f->proto == IPPROTO_TCP)
+				snat_pod_end(skb, f, rv);
 		}
 	}
 	return 1;

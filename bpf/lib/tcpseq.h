@@ -20,9 +20,11 @@
  *        too (bits SNAT_WS_*); raised from the pod's segments whenever the
  *        entry is written anyway (state changes, once a second), so it may
  *        lag: it is never taken below SEQ_WIN_FLOOR. The masquerade
- *        keeps there the end of the pod's FIN until the peer
- *        acknowledges it (SNAT_F_FIN_WAIT, masq.h); the floor bounds
- *        meanwhile.
+ *        keeps there the pod's highest end instead in the flows it
+ *        opens (SNAT_POD_END, masq.h: its wrappers pass a bound in its
+ *        place), and in an older build's flows the end of the pod's FIN
+ *        until the peer acknowledges it (SNAT_F_FIN_WAIT; the floor
+ *        bounds meanwhile).
  * An RST from the peer counts when its seq is end (once the peer's end is
  * known), or when it acknowledges the pod's SYN (before). win bounds how
  * far one segment or ack moves end.

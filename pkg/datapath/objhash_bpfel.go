@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 562616, crc: 0x495dc996, sha: "eaf2e1bb849f"},
-	"from_container_compat": {size: 532000, crc: 0x089ab0a0, sha: "6e7e69270d4d"},
-	"from_uplink":           {size: 415768, crc: 0xf1cfbc17, sha: "651d445a16b0"},
-	"from_uplink_compat":    {size: 389088, crc: 0xfacef67f, sha: "616c0bffadd8"},
-	"sock":                  {size: 181984, crc: 0xfc045d7b, sha: "2731052ab72b"},
-	"sock_compat":           {size: 171616, crc: 0x6330a587, sha: "2bd48b571cd6"},
-	"sock_ops":              {size: 164856, crc: 0x2e482e15, sha: "dd0a5a63dae1"},
-	"to_container":          {size: 203600, crc: 0x0a945cc9, sha: "9efa83505386"},
-	"to_container_compat":   {size: 188248, crc: 0x5a75142c, sha: "8634344e340e"},
-	"to_uplink":             {size: 337184, crc: 0x7554d8d2, sha: "57e0adef8d81"},
-	"to_uplink_compat":      {size: 304608, crc: 0x99ee1d1e, sha: "bf8544de17e8"},
-	"tunnel":                {size: 340320, crc: 0x54407634, sha: "2e44bec3cdcb"},
+	"from_container":        {size: 562616, crc: 0x81e90e42, sha: "6bfa0f0bf1cf"},
+	"from_container_compat": {size: 532000, crc: 0x7778b772, sha: "6d55343933ab"},
+	"from_uplink":           {size: 423736, crc: 0xaffd27e3, sha: "e5487467a419"},
+	"from_uplink_compat":    {size: 397096, crc: 0x6d9fdd5a, sha: "39053ea06c59"},
+	"sock":                  {size: 181984, crc: 0x4e337651, sha: "cf710e5285d3"},
+	"sock_compat":           {size: 171616, crc: 0x3b8fcb6d, sha: "cc2623fd3d58"},
+	"sock_ops":              {size: 164856, crc: 0x2a96a0ee, sha: "7b0bed6c3d61"},
+	"to_container":          {size: 203600, crc: 0x1ad67578, sha: "ba6174ab6a5c"},
+	"to_container_compat":   {size: 188248, crc: 0xa2653e64, sha: "14544bf3f911"},
+	"to_uplink":             {size: 349008, crc: 0xb676c495, sha: "bcec28cc8d9f"},
+	"to_uplink_compat":      {size: 316488, crc: 0x97d0606a, sha: "02d1a963d894"},
+	"tunnel":                {size: 340320, crc: 0x2430186f, sha: "411274162351"},
 }
