@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 562616, crc: 0x495dc996, sha: "eaf2e1bb849f"},
-	"from_container_compat": {size: 532000, crc: 0x089ab0a0, sha: "6e7e69270d4d"},
-	"from_uplink":           {size: 415768, crc: 0xf1cfbc17, sha: "651d445a16b0"},
-	"from_uplink_compat":    {size: 389088, crc: 0xfacef67f, sha: "616c0bffadd8"},
-	"sock":                  {size: 181984, crc: 0xfc045d7b, sha: "2731052ab72b"},
-	"sock_compat":           {size: 171616, crc: 0x6330a587, sha: "2bd48b571cd6"},
+	"from_container":        {size: 566040, crc: 0x415319ff, sha: "4afb735f776f"},
+	"from_container_compat": {size: 535368, crc: 0xa59899f7, sha: "f2600a5d51a2"},
+	"from_uplink":           {size: 415768, crc: 0x3fbe913a, sha: "2942cc895283"},
+	"from_uplink_compat":    {size: 389088, crc: 0x02ca5c61, sha: "68180a68c203"},
+	"sock":                  {size: 181984, crc: 0x7c5217b7, sha: "d746e01ff7c1"},
+	"sock_compat":           {size: 171616, crc: 0x651f3163, sha: "3823b3f15572"},
 	"sock_ops":              {size: 164856, crc: 0x2e482e15, sha: "dd0a5a63dae1"},
 	"to_container":          {size: 203600, crc: 0x0a945cc9, sha: "9efa83505386"},
 	"to_container_compat":   {size: 188248, crc: 0x5a75142c, sha: "8634344e340e"},
 	"to_uplink":             {size: 337184, crc: 0x7554d8d2, sha: "57e0adef8d81"},
 	"to_uplink_compat":      {size: 304608, crc: 0x99ee1d1e, sha: "bf8544de17e8"},
-	"tunnel":                {size: 340320, crc: 0x54407634, sha: "2e44bec3cdcb"},
+	"tunnel":                {size: 340320, crc: 0x12d8bcb2, sha: "ef5a44b2f9b3"},
 }
