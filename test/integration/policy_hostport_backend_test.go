@@ -8,6 +8,7 @@ package integration
 import (
 	"net"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
@@ -60,6 +61,14 @@ func TestPolicyHostPortJudgedOnBackend(t *testing.T) {
 			p.blockedCounted(t, "a", "a", maps.DirEgress, proto, nodeIP[fam], hostPortH)
 			p.blockedCounted(t, "a", "a", maps.DirEgress, proto, uplinkIP[fam], hostPortH)
 		}
+		// A datagram in fragments: its later fragments carry no ports.
+		before := p.drops(t, "a", maps.DirEgress)
+		if err := bigUDP(p.a, nodeIP[fam], hostPortH, 3000); err == nil {
+			t.Errorf("v%d: a's fragmented datagram reached h by its hostPort, a's egress allowing b only", fam)
+		}
+		if after := p.drops(t, "a", maps.DirEgress); after < before+2 {
+			t.Errorf("v%d fragments: a's egress drop_policy counter went from %d to %d only", fam, before, after)
+		}
 	}
 
 	// (2) The node address allowed, the backend not.
@@ -83,8 +92,12 @@ func TestPolicyHostPortJudgedOnBackend(t *testing.T) {
 			reach(t, p.a, proto, nodeIP[fam], hostPortH, "h")
 			reach(t, p.a, proto, uplinkIP[fam], hostPortH, "h")
 		}
+		if err := bigUDP(p.a, nodeIP[fam], hostPortH, 3000); err != nil {
+			t.Errorf("v%d fragments by the hostPort: %v", fam, err)
+		}
 		p.blockedCounted(t, "a", "a", maps.DirEgress, "tcp", nodeIP[fam], 9091)
 		p.blockedCounted(t, "a", "a", maps.DirEgress, "udp", nodeIP[fam], 9091)
+		p.untranslatedToNode(t, fam)
 		before := p.drops(t, "a", maps.DirEgress)
 		if tx, rx, out, err := pingStats(p.a, nodeIP[fam], 2, "0.2"); err != nil || tx == 0 || rx != 0 {
 			t.Errorf("v%d ping node from a (egress to h only): tx %d rx %d, %v: %s", fam, tx, rx, err, out)
@@ -108,5 +121,67 @@ func TestPolicyHostPortJudgedOnBackend(t *testing.T) {
 			p.blockedCounted(t, "h", "h", maps.DirEgress, proto, nodeIP[fam], 9091)
 		}
 		p.blockedCounted(t, "h", "h", maps.DirEgress, "tcp", ip("b", fam), 8080)
+	}
+}
+
+// untranslatedToNode: packets of a (egress to h only) to the node address
+// and h's hostPort that the hostPort path leaves alone reach the node's
+// stack, where nothing would judge them again: they must stay denied,
+// counted. TCP segments of no translated flow (no SYN: the hairpin opens
+// nothing), and a UDP datagram whose exact flow a connected node socket
+// owns (bound to the node address and the hostPort number). That socket's
+// own datagram to a is answered: a's reply passes (replies unchanged).
+func (p *polLab) untranslatedToNode(t *testing.T, fam int) {
+	t.Helper()
+	aIP, sport := p.ip["a"][fam], 40000+fam
+	hostVeth, _ := p.HostVeth("a")
+	src, dst := linkMAC(t, p.a, "eth0"), linkMAC(t, p.Node, hostVeth)
+	var frames [][]byte
+	for i := 0; i < 5; i++ {
+		frames = append(frames, tcpFrame(src, dst, aIP, sport, nodeIP[fam], hostPortH, 1000+uint32(i), 1, tcpACK, 512))
+	}
+	before := p.drops(t, "a", maps.DirEgress)
+	sendFrames(t, p.a, "eth0", frames)
+	if after := p.drops(t, "a", maps.DirEgress); after < before+5 {
+		t.Errorf("v%d: 5 ACKs of no flow to the hostPort: a's egress drop_policy counter went from %d to %d", fam, before, after)
+	}
+
+	var node *net.UDPConn
+	err := p.Node.Do(func(ns.NetNS) (err error) {
+		node, err = net.DialUDP("udp", &net.UDPAddr{IP: nodeIP[fam], Port: hostPortH}, &net.UDPAddr{IP: aIP, Port: sport})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("v%d node socket: %v", fam, err)
+	}
+	defer node.Close()
+	var pod *net.UDPConn
+	err = p.a.Do(func(ns.NetNS) (err error) {
+		pod, err = net.DialUDP("udp", &net.UDPAddr{IP: aIP, Port: sport}, &net.UDPAddr{IP: nodeIP[fam], Port: hostPortH})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("v%d pod socket: %v", fam, err)
+	}
+	defer pod.Close()
+	buf := make([]byte, 64)
+	before = p.drops(t, "a", maps.DirEgress)
+	pod.Write([]byte("unasked"))
+	node.SetReadDeadline(time.Now().Add(time.Second))
+	if n, err := node.Read(buf); err == nil {
+		t.Errorf("v%d: the node socket owning the flow got a's unasked datagram %q", fam, buf[:n])
+	}
+	if after := p.drops(t, "a", maps.DirEgress); after <= before {
+		t.Errorf("v%d: a's unasked datagram to the node socket: a's egress drop_policy counter stayed at %d", fam, after)
+	}
+	node.Write([]byte("asked"))
+	pod.SetReadDeadline(time.Now().Add(time.Second))
+	if _, err := pod.Read(buf); err != nil {
+		t.Fatalf("v%d: the node's datagram did not reach a: %v", fam, err)
+	}
+	pod.Write([]byte("reply"))
+	node.SetReadDeadline(time.Now().Add(time.Second))
+	if n, err := node.Read(buf); err != nil || string(buf[:n]) != "reply" {
+		t.Errorf("v%d: a's reply to the node socket: %q, %v", fam, buf[:n], err)
 	}
 }
