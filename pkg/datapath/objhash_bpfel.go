@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 566040, crc: 0x415319ff, sha: "4afb735f776f"},
-	"from_container_compat": {size: 535368, crc: 0xa59899f7, sha: "f2600a5d51a2"},
-	"from_uplink":           {size: 415768, crc: 0x3fbe913a, sha: "2942cc895283"},
-	"from_uplink_compat":    {size: 389088, crc: 0x02ca5c61, sha: "68180a68c203"},
-	"sock":                  {size: 181984, crc: 0x7c5217b7, sha: "d746e01ff7c1"},
-	"sock_compat":           {size: 171616, crc: 0x651f3163, sha: "3823b3f15572"},
-	"sock_ops":              {size: 164856, crc: 0x2e482e15, sha: "dd0a5a63dae1"},
-	"to_container":          {size: 203600, crc: 0x0a945cc9, sha: "9efa83505386"},
-	"to_container_compat":   {size: 188248, crc: 0x5a75142c, sha: "8634344e340e"},
-	"to_uplink":             {size: 337184, crc: 0x7554d8d2, sha: "57e0adef8d81"},
-	"to_uplink_compat":      {size: 304608, crc: 0x99ee1d1e, sha: "bf8544de17e8"},
-	"tunnel":                {size: 340320, crc: 0x12d8bcb2, sha: "ef5a44b2f9b3"},
+	"from_container":        {size: 566040, crc: 0xdcb57a8f, sha: "bf28bc19f0cc"},
+	"from_container_compat": {size: 535368, crc: 0x949227e3, sha: "356a8344eeff"},
+	"from_uplink":           {size: 415768, crc: 0x5d8cc077, sha: "d8c58776680d"},
+	"from_uplink_compat":    {size: 389088, crc: 0x5a6749bc, sha: "4674e746e16c"},
+	"sock":                  {size: 181984, crc: 0x6b1f1e8c, sha: "069d84f72756"},
+	"sock_compat":           {size: 171616, crc: 0x035d62d8, sha: "4130e192b24d"},
+	"sock_ops":              {size: 164856, crc: 0x32cb36a9, sha: "65401ace3ed0"},
+	"to_container":          {size: 203600, crc: 0x38233516, sha: "05f05de5edc2"},
+	"to_container_compat":   {size: 188248, crc: 0x9d545b82, sha: "3c8d53998cb5"},
+	"to_uplink":             {size: 337184, crc: 0x93393c7a, sha: "f300f3170167"},
+	"to_uplink_compat":      {size: 304608, crc: 0x157b0b98, sha: "50d1d7e73a78"},
+	"tunnel":                {size: 340320, crc: 0xad4e08fa, sha: "012d87898654"},
 }
