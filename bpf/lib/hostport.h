@@ -524,8 +524,9 @@ no_route:
  * the packet as sent (to a node address), which stands unless the packet is
  * a hairpin to a hostPort, judged on its backend instead (as Calico and
  * Cilium judge after their translation). Only that DNAT may deliver it: a
- * reply, an ICMP error, a packet left untouched go on HP_CONTINUE, which
- * from_container drops. */
+ * reply, an ICMP error, a packet left untouched is dropped as the egress
+ * drop it was (hp_untranslated), never handed on to the node's stack. A
+ * flag bit, not a variable: from_container's frame is at the limit. */
 #define HP_F_DEFER (1U << 31)
 
 /* hostport_from_pod leaves the packet alone: the normal path's, unless its
@@ -604,7 +605,8 @@ static __always_inline int hostport_icmp_error_out(struct __sk_buff *skb, __u8 f
  * the client dialled, as does an ICMP error about one of its flows; a packet
  * to a node address:hostPort (hairpin; dst_is_pod rules that out) is DNATed
  * to the mapping's pod. Returns the verdict of a translated packet, or
- * HP_CONTINUE, the packet untouched, for the normal path.
+ * HP_CONTINUE, the packet untouched, for the normal path (with HP_F_DEFER:
+ * the drop).
  */
 static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family, __u32 src_flags, int dst_is_pod)
 {

@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 566040, crc: 0xdcb57a8f, sha: "bf28bc19f0cc"},
-	"from_container_compat": {size: 535368, crc: 0x949227e3, sha: "356a8344eeff"},
-	"from_uplink":           {size: 415768, crc: 0x5d8cc077, sha: "d8c58776680d"},
-	"from_uplink_compat":    {size: 389088, crc: 0x5a6749bc, sha: "4674e746e16c"},
-	"sock":                  {size: 181984, crc: 0x6b1f1e8c, sha: "069d84f72756"},
-	"sock_compat":           {size: 171616, crc: 0x035d62d8, sha: "4130e192b24d"},
+	"from_container":        {size: 566040, crc: 0xdf8ed95d, sha: "cca0c9024f8a"},
+	"from_container_compat": {size: 535368, crc: 0x9535cf54, sha: "81cc03c4db87"},
+	"from_uplink":           {size: 415768, crc: 0x4e3cb9ee, sha: "b281d95d4d37"},
+	"from_uplink_compat":    {size: 389088, crc: 0x79088cf3, sha: "d007bb6812cb"},
+	"sock":                  {size: 181984, crc: 0x96a3246d, sha: "98db67bdaf5d"},
+	"sock_compat":           {size: 171616, crc: 0x0fa0682d, sha: "ff45ebf2dd61"},
 	"sock_ops":              {size: 164856, crc: 0x32cb36a9, sha: "65401ace3ed0"},
 	"to_container":          {size: 203600, crc: 0x38233516, sha: "05f05de5edc2"},
 	"to_container_compat":   {size: 188248, crc: 0x9d545b82, sha: "3c8d53998cb5"},
 	"to_uplink":             {size: 337184, crc: 0x93393c7a, sha: "f300f3170167"},
 	"to_uplink_compat":      {size: 304608, crc: 0x157b0b98, sha: "50d1d7e73a78"},
-	"tunnel":                {size: 340320, crc: 0xad4e08fa, sha: "012d87898654"},
+	"tunnel":                {size: 340320, crc: 0x68accd93, sha: "be050e405cf9"},
 }
