@@ -39,12 +39,21 @@ static __always_inline int handle_ipv4(struct __sk_buff *skb, struct ethhdr *eth
 	/* Only UDP can be a tunnel datagram: TCP, the bulk, skips the call. */
 	if (!dst && ip->protocol == IPPROTO_UDP && tun_from_pod(skb, AF_INET))
 		return drop(ifindex, REASON_DROP_TUN_SRC, skb->len);
-	if ((src->flags & EP_F_POLICY) && policy_egress(skb, AF_INET, ifindex, dst != NULL) == POL_DENY)
-		return drop(ifindex, REASON_DROP_POLICY, skb->len);
+	__u32 hp_flags;
+	if ((src->flags & EP_F_POLICY) && policy_egress(skb, AF_INET, ifindex, dst != NULL) == POL_DENY) {
+		/* Final, but for a hostPort on a node address: judged on its
+		 * backend only (hostport_from_pod, HP_F_DEFER). */
+		if (dst || !node_hooks_enabled())
+			return drop(ifindex, REASON_DROP_POLICY, skb->len);
+		hp_flags = src->flags | HP_F_DEFER;
+		goto hostport;
+	}
 	/* ADD's flag and the destination first: same-node traffic of a pod
 	 * without hostPorts, the bulk, skips the node config's read. */
 	if (((src->flags & EP_F_HOSTPORT) || !dst) && node_hooks_enabled()) {
-		int rc = hostport_from_pod(skb, AF_INET, src->flags, dst != NULL);
+		hp_flags = src->flags;
+hostport:;
+		int rc = hostport_from_pod(skb, AF_INET, hp_flags, dst != NULL);
 
 		if (rc != HP_CONTINUE)
 			return rc;
@@ -117,10 +126,19 @@ static __always_inline int handle_ipv6(struct __sk_buff *skb, struct ethhdr *eth
 	 * extension headers): it skips the call. */
 	if (!dst && ip6->nexthdr != IPPROTO_TCP && tun_from_pod(skb, AF_INET6))
 		return drop(ifindex, REASON_DROP_TUN_SRC, skb->len);
-	if ((src->flags & EP_F_POLICY) && policy_egress(skb, AF_INET6, ifindex, dst != NULL) == POL_DENY)
-		return drop(ifindex, REASON_DROP_POLICY, skb->len);
+	__u32 hp_flags;
+	if ((src->flags & EP_F_POLICY) && policy_egress(skb, AF_INET6, ifindex, dst != NULL) == POL_DENY) {
+		/* Final, but for a hostPort on a node address: judged on its
+		 * backend only (hostport_from_pod, HP_F_DEFER). */
+		if (dst || !node_hooks_enabled())
+			return drop(ifindex, REASON_DROP_POLICY, skb->len);
+		hp_flags = src->flags | HP_F_DEFER;
+		goto hostport;
+	}
 	if (((src->flags & EP_F_HOSTPORT) || !dst) && node_hooks_enabled()) {
-		int rc = hostport_from_pod(skb, AF_INET6, src->flags, dst != NULL);
+		hp_flags = src->flags;
+hostport:;
+		int rc = hostport_from_pod(skb, AF_INET6, hp_flags, dst != NULL);
 
 		if (rc != HP_CONTINUE)
 			return rc;

@@ -520,6 +520,20 @@ no_route:
 
 #define HP_CONTINUE FEATURE_CONTINUE
 
+/* hostport_from_pod's src_flags, beside the pod's EP_F_*: its egress denied
+ * the packet as sent (to a node address), which stands unless the packet is
+ * a hairpin to a hostPort, judged on its backend instead (as Calico and
+ * Cilium judge after their translation). Only that DNAT may deliver it: a
+ * reply, an ICMP error, a packet left untouched is dropped as the egress
+ * drop it was (hp_untranslated), never handed on to the node's stack. A
+ * flag bit, not a variable: from_container's frame is at the limit. */
+#define HP_F_DEFER (1U << 31)
+
+/* hostport_from_pod leaves the packet alone: the normal path's, unless its
+ * denial stands (HP_F_DEFER). */
+#define hp_untranslated(src_flags, ifindex)                                                            \
+	(((src_flags) & HP_F_DEFER) ? drop_dir(ifindex, DIR_EGRESS, REASON_DROP_POLICY) : HP_CONTINUE)
+
 /*
  * Delivers a packet the hostPort path translated, from the pod behind
  * ifindex, to daddr: a pod of this node gets it directly; anything else
@@ -591,7 +605,8 @@ static __always_inline int hostport_icmp_error_out(struct __sk_buff *skb, __u8 f
  * the client dialled, as does an ICMP error about one of its flows; a packet
  * to a node address:hostPort (hairpin; dst_is_pod rules that out) is DNATed
  * to the mapping's pod. Returns the verdict of a translated packet, or
- * HP_CONTINUE, the packet untouched, for the normal path.
+ * HP_CONTINUE, the packet untouched, for the normal path (with HP_F_DEFER:
+ * the drop).
  */
 static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family, __u32 src_flags, int dst_is_pod)
 {
@@ -604,37 +619,41 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 		struct iphdr *ip = pkt_ip4(skb);
 
 		if (!ip)
-			return HP_CONTINUE;
+			return hp_untranslated(src_flags, ifindex);
 		if (ip->protocol == IPPROTO_ICMP)
-			return (src_flags & EP_F_HOSTPORT) ? hostport_icmp_error_out(skb, AF_INET, ifindex) : HP_CONTINUE;
+			return (src_flags & (EP_F_HOSTPORT | HP_F_DEFER)) == EP_F_HOSTPORT ?
+				       hostport_icmp_error_out(skb, AF_INET, ifindex) :
+				       hp_untranslated(src_flags, ifindex);
 		if (flow_parse4(skb, ip, &f, FLOW_NO_ECHO) && (frag_id = hp_frag_flow(skb, AF_INET, &f)) < 0)
-			return HP_CONTINUE;
+			return hp_untranslated(src_flags, ifindex);
 	} else {
 		struct ipv6hdr *ip6 = pkt_ip6(skb);
 
 		if (!ip6)
-			return HP_CONTINUE;
+			return hp_untranslated(src_flags, ifindex);
 		if (ip6->nexthdr == IPPROTO_ICMPV6)
-			return (src_flags & EP_F_HOSTPORT) ? hostport_icmp_error_out(skb, AF_INET6, ifindex) : HP_CONTINUE;
+			return (src_flags & (EP_F_HOSTPORT | HP_F_DEFER)) == EP_F_HOSTPORT ?
+				       hostport_icmp_error_out(skb, AF_INET6, ifindex) :
+				       hp_untranslated(src_flags, ifindex);
 		if (flow_parse6(skb, ip6, &f, FLOW_NO_ECHO) && (frag_id = hp_frag_flow(skb, AF_INET6, &f)) < 0)
-			return HP_CONTINUE;
+			return hp_untranslated(src_flags, ifindex);
 	}
 
-	if (src_flags & EP_F_HOSTPORT) {
+	if ((src_flags & (EP_F_HOSTPORT | HP_F_DEFER)) == EP_F_HOSTPORT) {
 		rc = hostport_reverse(skb, &f, ifindex, frag_id);
 		if (rc < 0)
 			goto error;
 		if (rc == HP_REV_TOO_BIG)
-			return HP_CONTINUE;
+			return hp_untranslated(src_flags, ifindex);
 		if (rc)
 			hp_count(HP_STAT_REPLY);
 	}
 	if (!rc) {
 		if (dst_is_pod)
-			return HP_CONTINUE;
+			return hp_untranslated(src_flags, ifindex);
 		struct hostport_val *v = hostport_lookup(f.daddr, f.family, f.proto, f.dport, 0);
 		if (!v)
-			return HP_CONTINUE;
+			return hp_untranslated(src_flags, ifindex);
 		if (f.proto == IPPROTO_UDP) {
 			/* The pod answering a node address whose flow the stack
 			 * delivered (a node socket, a masqueraded client) on a port
@@ -643,7 +662,7 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 
 			sf_key_sent(&k, &f);
 			if (sf_lookup(&k, ifindex, NULL)) /* the node's flows: the shared table */
-				return HP_CONTINUE;
+				return hp_untranslated(src_flags, ifindex);
 		}
 		/* Reaching its own hostPort, the pod must not see its own address
 		 * as the source: SNAT to the dialled address. */
@@ -653,13 +672,14 @@ static __always_inline int hostport_from_pod(struct __sk_buff *skb, __u8 family,
 		if (rc < 0)
 			goto error;
 		if (rc)
-			return HP_CONTINUE;
+			return hp_untranslated(src_flags, ifindex);
 		hp_count(HP_STAT_DNAT_HAIRPIN);
-		/* from_container judged the sender's egress as sent, to the node
-		 * address; judged again on the backend (the pod and its
+		/* The sender's egress is judged on the backend (the pod and its
 		 * containerPort, the packet as now rewritten), as Services are
 		 * after kube-proxy's DNAT: an except hole or a rule on the pod
-		 * is no way around by its hostPort. A pod reaching itself is
+		 * is no way around by its hostPort, and a rule that allows the
+		 * pod reaches it by its hostPort too, whatever the node
+		 * address's verdict was (HP_F_DEFER). A pod reaching itself is
 		 * not judged (upstream ignores a pod's traffic to itself). */
 		if ((src_flags & EP_F_POLICY) && !self && policy_judge(skb, family, ifindex, POL_J_EGRESS) == POL_DENY) {
 			hp_ct_forget(&f);

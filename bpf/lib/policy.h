@@ -36,7 +36,10 @@
  *     and only once that judgement confirmed it (POL_CT_F_PENDING,
  *     pol_confirm_deferred): one that never comes opens nothing, but
  *     for a request the stack delivered to a socket of the node, whose
- *     answer is judged (pol_pending_local);
+ *     answer is judged (pol_pending_local). A hostPort on a node address
+ *     is judged on its backend only, after our own DNAT: a denial as sent
+ *     goes to hostport_from_pod (HP_F_DEFER), which delivers nothing but
+ *     that DNAT's packet once its backend is allowed (lib/hostport.h);
  *   - ingress, wherever a packet enters a pod: redirect_to_endpoint (same
  *     node pod to pod, hostPort from the uplink or hairpin) and
  *     to_container.c (whatever the stack delivers: other nodes, Services,

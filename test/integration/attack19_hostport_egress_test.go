@@ -56,3 +56,39 @@ func TestAttack19EgressExceptByTranslation(t *testing.T) {
 		}
 	}
 }
+
+// TestAttack19EgressToHostPortByDestination is the other side of
+// TestAttack19EgressExceptByTranslation: a's egress allows pod h only
+// (every port); h's hostPort on a node address is h. Judged after the
+// translation, as the ClusterIP to h is, a reaches h by both; the node
+// address itself (no hostPort: port 9091) stays shut. h's NodePort on a
+// node address stays shut too, counted as a's egress drop: kube-proxy's
+// DNAT happens in the node's stack, after from_container, and a denied
+// packet to a node address is never deferred (what the stack delivers to
+// the node meets no second judgement: docs/networkpolicy.md, "Not done
+// here"). An over-denial, kept and pinned here so that any change to it is
+// a decision.
+func TestAttack19EgressToHostPortByDestination(t *testing.T) {
+	t.Parallel()
+	p := newPolLab(t, false)
+	ip := func(pod string, fam int) net.IP { return p.ip[pod][fam] }
+	for _, pod := range []string{"b", "h"} {
+		p.apply(t, pod, policy.Endpoint{})
+	}
+	p.apply(t, "a", policy.Endpoint{Egress: isolated(allowAll(host(ip("h", 4))), allowAll(host(ip("h", 6))))})
+	serve(t, p.Node, 9091, "node")
+	for _, fam := range []int{4, 6} {
+		blocked(t, p.a, "tcp", nodeIP[fam], 9091)
+		blocked(t, p.a, "tcp", ip("b", fam), 8080)
+		for _, proto := range []string{"tcp", "udp"} {
+			reach(t, p.a, proto, ip("h", fam), 80, "h")
+			reach(t, p.a, proto, svcHP[fam], 80, "h")
+			reach(t, p.a, proto, nodeIP[fam], hostPortH, "h")
+			before := p.drops(t, "a", maps.DirEgress)
+			blocked(t, p.a, proto, nodeIP[fam], npHP)
+			if after := p.drops(t, "a", maps.DirEgress); after <= before {
+				t.Errorf("v%d %s NodePort %s: a's egress drop_policy counter stayed at %d", fam, proto, hp(nodeIP[fam], npHP), after)
+			}
+		}
+	}
+}
