@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 562616, crc: 0x81e90e42, sha: "6bfa0f0bf1cf"},
-	"from_container_compat": {size: 532000, crc: 0x7778b772, sha: "6d55343933ab"},
-	"from_uplink":           {size: 423736, crc: 0xaffd27e3, sha: "e5487467a419"},
-	"from_uplink_compat":    {size: 397096, crc: 0x6d9fdd5a, sha: "39053ea06c59"},
-	"sock":                  {size: 181984, crc: 0x4e337651, sha: "cf710e5285d3"},
-	"sock_compat":           {size: 171616, crc: 0x3b8fcb6d, sha: "cc2623fd3d58"},
-	"sock_ops":              {size: 164856, crc: 0x2a96a0ee, sha: "7b0bed6c3d61"},
-	"to_container":          {size: 203600, crc: 0x1ad67578, sha: "ba6174ab6a5c"},
-	"to_container_compat":   {size: 188248, crc: 0xa2653e64, sha: "14544bf3f911"},
-	"to_uplink":             {size: 349008, crc: 0xb676c495, sha: "bcec28cc8d9f"},
-	"to_uplink_compat":      {size: 316488, crc: 0x97d0606a, sha: "02d1a963d894"},
-	"tunnel":                {size: 340320, crc: 0x2430186f, sha: "411274162351"},
+	"from_container":        {size: 566040, crc: 0xe0a905e8, sha: "b6fa70a93639"},
+	"from_container_compat": {size: 535368, crc: 0xbdd251be, sha: "8b21a4628a28"},
+	"from_uplink":           {size: 423736, crc: 0xace9aa5a, sha: "1a8d16f302a7"},
+	"from_uplink_compat":    {size: 397096, crc: 0x1f4af2a0, sha: "35b93669e3ab"},
+	"sock":                  {size: 181984, crc: 0x24940f47, sha: "4e100d2d9c72"},
+	"sock_compat":           {size: 171616, crc: 0x571f06c7, sha: "73c091d011be"},
+	"sock_ops":              {size: 164856, crc: 0x3615b852, sha: "577cd9a78a39"},
+	"to_container":          {size: 203600, crc: 0x28611ca7, sha: "574e7ead6d68"},
+	"to_container_compat":   {size: 188248, crc: 0x654471ca, sha: "2a1918e1a9cc"},
+	"to_uplink":             {size: 349008, crc: 0xd8deb196, sha: "37ee690d5222"},
+	"to_uplink_compat":      {size: 316488, crc: 0x2da8938e, sha: "51a5815114d1"},
+	"tunnel":                {size: 340320, crc: 0x18dca3c8, sha: "44abca3df689"},
 }
