@@ -751,37 +751,7 @@ func TestAttack16MasqForgedServerFIN(t *testing.T) {
 func TestAttack16MasqShareBogusFIN(t *testing.T) {
 	t.Parallel()
 	lab := newShareLab(t, "62200-62231")
-	var mu sync.Mutex
-	got := map[string]bool{}
-	must(t, lab.out.Do(func(ns.NetNS) error {
-		ln, err := net.Listen("tcp", hp(outsideIP, 7486))
-		if err != nil {
-			return err
-		}
-		t.Cleanup(func() { ln.Close() })
-		acceptEach(ln, func(c net.Conn) {
-			c.SetDeadline(time.Now().Add(40 * time.Second))
-			r := bufio.NewReader(c)
-			line, err := r.ReadString('\n')
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "%s %s", c.RemoteAddr(), line)
-			c.(*net.TCPConn).CloseWrite()
-			for {
-				line, err := r.ReadString('\n')
-				if err != nil {
-					return
-				}
-				if strings.HasPrefix(line, "again") {
-					mu.Lock()
-					got[c.RemoteAddr().String()] = true
-					mu.Unlock()
-				}
-			}
-		})
-		return nil
-	}))
+	got, mu := a20HalfCloseServer(t, lab, 7486)
 	srv := hp(outsideIP, 7486)
 	run := func(id string, base int, fin bool) int {
 		x, r := lab.a.RunPod(id)

@@ -88,6 +88,12 @@ func a20Seqs(t *testing.T, c net.Conn) (snd, rcv uint32) {
 // line, half-closes (its FIN) and reads on, recording in got the clients
 // whose "again" lines arrive.
 func a20HalfCloseServer(t *testing.T, lab *masqLab, port int) (map[string]bool, *sync.Mutex) {
+	return halfCloseServer(t, lab, port, 0)
+}
+
+// halfCloseServer is a20HalfCloseServer's server, half-closing delay after
+// its answer (0: at once).
+func halfCloseServer(t *testing.T, lab *masqLab, port int, delay time.Duration) (map[string]bool, *sync.Mutex) {
 	var mu sync.Mutex
 	got := map[string]bool{}
 	must(t, lab.out.Do(func(ns.NetNS) error {
@@ -104,6 +110,7 @@ func a20HalfCloseServer(t *testing.T, lab *masqLab, port int) (map[string]bool, 
 				return
 			}
 			fmt.Fprintf(c, "%s %s", c.RemoteAddr(), line)
+			time.Sleep(delay)
 			c.(*net.TCPConn).CloseWrite()
 			for {
 				line, err := r.ReadString('\n')

@@ -7,10 +7,8 @@ package integration
 
 import (
 	"bufio"
-	"fmt"
 	"io"
 	"net"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -226,39 +224,7 @@ func TestAttack20MasqShareFINWrap(t *testing.T) {
 // first line, half-closes 600 ms later and reads on, recording in got the
 // clients whose "again" lines arrive.
 func f20DelayedCloseServer(t *testing.T, lab *masqLab, port int) (map[string]bool, *sync.Mutex) {
-	var mu sync.Mutex
-	got := map[string]bool{}
-	must(t, lab.out.Do(func(ns.NetNS) error {
-		ln, err := net.Listen("tcp", hp(outsideIP, port))
-		if err != nil {
-			return err
-		}
-		t.Cleanup(func() { ln.Close() })
-		acceptEach(ln, func(c net.Conn) {
-			c.SetDeadline(time.Now().Add(40 * time.Second))
-			r := bufio.NewReader(c)
-			line, err := r.ReadString('\n')
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "%s %s", c.RemoteAddr(), line)
-			time.Sleep(600 * time.Millisecond)
-			c.(*net.TCPConn).CloseWrite()
-			for {
-				line, err := r.ReadString('\n')
-				if err != nil {
-					return
-				}
-				if strings.HasPrefix(line, "again") {
-					mu.Lock()
-					got[c.RemoteAddr().String()] = true
-					mu.Unlock()
-				}
-			}
-		})
-		return nil
-	}))
-	return got, &mu
+	return halfCloseServer(t, lab, port, 600*time.Millisecond)
 }
 
 // TestAttack20MasqShareFINAfterSYN: the pod re-seeds its flow's tracking
