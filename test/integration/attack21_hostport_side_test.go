@@ -28,7 +28,8 @@ const (
 // reaches t by 8093/tcp on the node address (control); every other
 // combination must stay denied, counted as a's egress drop: 8093/udp,
 // 8093 on the uplink address and on IPv6, 8094 on the node addresses.
-// Then t is deleted (CNI DEL) and 8093 on the node address must be denied
+// t itself (egress isolated) reaches its own hostPort but none of the
+// node's sockets beside it. Then t is deleted (CNI DEL) and 8093 on the node address must be denied
 // too (the node's socket answers otherwise).
 func TestAttack21HostPortNodeSocketSideDoors(t *testing.T) {
 	t.Parallel()
@@ -64,6 +65,27 @@ func TestAttack21HostPortNodeSocketSideDoors(t *testing.T) {
 		{"tcp", nodeIP[6], a21HPOther},
 	} {
 		p.blockedCounted(t, "a", "a", maps.DirEgress, c.proto, c.dst, c.port)
+	}
+
+	// t itself, egress isolated: its own hostPort is its backend (let in
+	// whatever its egress), the node's sockets beside it are not.
+	p.apply(t, "t", policy.Endpoint{Egress: isolated()})
+	reach(t, pod, "tcp", nodeIP[4], a21HPNode, "t")
+	for _, c := range []struct {
+		proto string
+		dst   net.IP
+		port  int
+	}{
+		{"udp", nodeIP[4], a21HPNode},
+		{"tcp", uplinkIP[4], a21HPNode},
+		{"tcp", nodeIP[6], a21HPNode},
+		{"tcp", nodeIP[4], a21HPOther},
+	} {
+		before := p.drops(t, "t", maps.DirEgress)
+		blocked(t, pod, c.proto, c.dst, c.port)
+		if after := p.drops(t, "t", maps.DirEgress); after <= before {
+			t.Errorf("%s %s from t (its own hostPort's number): t's egress drop_policy counter stayed at %d", c.proto, hp(c.dst, c.port), after)
+		}
 	}
 
 	if err := p.Del(pod, "t", "eth0"); err != nil {
