@@ -128,7 +128,7 @@ func createVeth(r *rtnl, p *plan, netns ns.NetNS) (netlink.Link, error) {
 	}
 	if err := r.LinkAdd(veth); err != nil {
 		if errors.Is(err, unix.EEXIST) {
-			return nil, fmt.Errorf("create veth %s/%s: an interface of that name already exists (host %s, or %s in the pod)", p.hostIf, p.ifname, p.hostIf, p.ifname)
+			return nil, takenName(r, p)
 		}
 		return nil, fmt.Errorf("create veth %s (pod end %s): %w", p.hostIf, p.ifname, err)
 	}
@@ -137,6 +137,26 @@ func createVeth(r *rtnl, p *plan, netns ns.NetNS) (netlink.Link, error) {
 		return nil, fmt.Errorf("find new veth %s: %w", p.hostIf, err)
 	}
 	return l, nil
+}
+
+// takenName is createVeth's EEXIST: the runtime's CNI_IFNAME is taken in the
+// pod, or (a leftover no record names) the host end's name on the node.
+// Either is the environment's (4), named, not an internal error.
+func takenName(r *rtnl, p *plan) error {
+	if _, err := r.LinkByName(p.hostIf); err == nil {
+		return Errorf(ErrEnv, "create veth %s: the node has an interface of that name already (not one of this plugin's attachments: remove it)", p.hostIf)
+	}
+	return Errorf(ErrEnv, "CNI_IFNAME %s: the pod's network namespace has an interface of that name already", p.ifname)
+}
+
+// addrAddError names the cause the kernel gives only as EACCES: IPv6 is
+// disabled on the pod's interface (its netns' net.ipv6.conf.default or all
+// disable_ipv6), and IPAM gave it an IPv6 address.
+func addrAddError(err error, a *net.IPNet, ifname string) error {
+	if errors.Is(err, unix.EACCES) && a.IP.To4() == nil {
+		return fmt.Errorf("add address %s to %s: IPv6 is disabled in the pod's network namespace (net.ipv6.conf.%s.disable_ipv6), and IPAM gave it an IPv6 address: %w", a, ifname, ifname, err)
+	}
+	return fmt.Errorf("add address %s to %s: %w", a, ifname, err)
 }
 
 // A pod may have several interfaces (eth0 from one network, net1 from
@@ -189,7 +209,7 @@ func configurePod(r *rtnl, p *plan, netns ns.NetNS) error {
 				a.Flags |= unix.IFA_F_NODAD
 			}
 			if err := r.AddrAdd(l, a); err != nil {
-				return fmt.Errorf("add address %s to %s: %w", ipc.Address.String(), p.ifname, err)
+				return addrAddError(err, &ipc.Address, p.ifname)
 			}
 		}
 		for _, gw := range p.gws {

@@ -43,6 +43,10 @@ func TestAttack22RetryIPv6Off(t *testing.T) {
 			}
 			continue
 		}
+		// The kernel says only EACCES: the error names the cause.
+		if !strings.Contains(err.Error(), "IPv6 is disabled") {
+			t.Errorf("round %d: ADD's error %q does not say IPv6 is disabled in the pod", round, err)
+		}
 		e.AssertNothingOf(id)
 		if l := podLeftovers(t, pod); len(l) > 0 {
 			t.Errorf("round %d: the pod after the failed ADD:\n  %s", round, strings.Join(l, "\n  "))
