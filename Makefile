@@ -80,8 +80,11 @@ lint:
 # No apt-get here: `make deps` (which .ci/run calls) installs what tests exec.
 # The integration package takes about 46 minutes here (round 16's CI run: 2762 s):
 # the timeout leaves room for a slower machine rather than fail a green suite.
+# As a plain `go test` prints, plus the 25 slowest tests at the end (test2json
+# read by test/internal/testlog): CI runs near its time budget.
 test: lint
-	$(GO) test -count=1 -timeout 70m ./...
+	$(GO) build -o $(BIN)/testlog ./test/internal/testlog
+	bash -c 'set -o pipefail; $(GO) test -count=1 -timeout 70m -json ./... | $(BIN)/testlog'
 
 # The paths of older kernels, on this one (docs/compat.md): the datapath,
 # hostPort, masquerade, chain and upgrade tests again with every fallback
