@@ -360,7 +360,7 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 	idx := a.hostLink.Attrs().Index
 	a.Ifindex = idx
 	a.OnUndo(func() error {
-		errs := errors.Join(deleteLink(a.HostIf), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
+		errs := errors.Join(deleteLink(a.nodeNL, a.HostIf), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
 			a.DP.Maps.Links().Delete(idx), a.DP.Maps.Stats().Reset(idx))
 		if !a.sfTouched {
 			return errs // the stack-flow maps were never opened (attack17: a foreign pin there)
@@ -507,7 +507,7 @@ func (a *Attachment) Publish() error {
 	a.OnUndo(func() error {
 		return a.netns.Do(func(ns.NetNS) error {
 			if p.table != 0 {
-				deleteRules(p.table)
+				deleteRules(a.podNL, p.table)
 			}
 			return nil
 		})

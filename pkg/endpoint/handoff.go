@@ -30,13 +30,14 @@ import (
 // handOffHost hands off the host end of a veth (see above). The links lock
 // keeps the agent from pinning a tcx link under the old name meanwhile.
 // A veth already gone is fine.
-func handOffHost(pinDir, hostIf string, ifindex int) error {
+func handOffHost(r *rtnl, pinDir, hostIf string, ifindex int) error {
+	r = r.orEach()
 	unlock, err := datapath.LockLinks(pinDir)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	l, err := netlink.LinkByIndex(ifindex)
+	l, err := r.LinkByIndex(ifindex)
 	if err != nil || l.Attrs().Name != hostIf {
 		return nil
 	}
@@ -44,20 +45,21 @@ func handOffHost(pinDir, hostIf string, ifindex int) error {
 	if err := datapath.MoveLinkPins(pinDir, hostIf, to); err != nil {
 		return err
 	}
-	if err := netlink.LinkSetDown(l); err != nil {
+	if err := r.LinkSetDown(l); err != nil {
 		return fmt.Errorf("hand off %s: set down: %w", hostIf, err)
 	}
-	if err := netlink.LinkSetName(l, to); err != nil {
+	if err := r.LinkSetName(l, to); err != nil {
 		return fmt.Errorf("hand off %s: rename to %s: %w", hostIf, to, err)
 	}
 	return nil
 }
 
 // handOffPod takes the pod end of a handed-off veth out of service, in the
-// calling thread's netns (the pod's).
-func handOffPod(l netlink.Link, hostIfindex int) {
-	_ = netlink.LinkSetDown(l)
-	_ = netlink.LinkSetName(l, state.HandedOffName(hostIfindex))
+// pod's netns, through r (nil: the calling thread's netns, the pod's).
+func handOffPod(r *rtnl, l netlink.Link, hostIfindex int) {
+	r = r.orEach()
+	_ = r.LinkSetDown(l)
+	_ = r.LinkSetName(l, state.HandedOffName(hostIfindex))
 }
 
 // HandedOff is a veth DEL handed off: the host end (Link, nil when the pod's

@@ -296,16 +296,17 @@ func podRule(ip net.IP, table int) *netlink.Rule {
 	return r
 }
 
-// deleteRules removes the rules of the calling thread's netns that point at
-// a table (the rules of a pod interface outlive it).
-func deleteRules(table int) {
+// deleteRules removes the rules of r's netns (nil: the calling thread's)
+// that point at a table (the rules of a pod interface outlive it).
+func deleteRules(r *rtnl, table int) {
+	r = r.orEach()
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		rules, err := netlinksafe.RuleListFiltered(fam, &netlink.Rule{Table: table}, netlink.RT_FILTER_TABLE)
+		rules, err := r.RuleListFiltered(fam, &netlink.Rule{Table: table}, netlink.RT_FILTER_TABLE)
 		if err != nil {
 			continue
 		}
 		for i := range rules {
-			_ = netlink.RuleDel(&rules[i])
+			_ = r.RuleDel(&rules[i])
 		}
 	}
 }
@@ -475,17 +476,16 @@ func nodeRouteHolder(dst *net.IPNet) string {
 	return "another route"
 }
 
-// deleteLink removes a host veth (its peer and routes go with it); absent is fine.
-func deleteLink(name string) error {
-	l, err := netlinksafe.LinkByName(name)
-	if err != nil {
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
-			return nil
-		}
-		return fmt.Errorf("find %s: %w", name, err)
-	}
-	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+// deleteLink removes a host veth (its peer and routes go with it) of r's
+// netns (nil: the calling thread's); absent is fine. One RTM_DELLINK that
+// names the link (ifindex 0, IFLA_IFNAME): the kernel finds it by name,
+// as the lookup that went before it did, and answers ENODEV when there is
+// none, which spares a request (round 17).
+func deleteLink(r *rtnl, name string) error {
+	req := r.request(unix.RTM_DELLINK, unix.NLM_F_ACK)
+	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(name)))
+	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil && !errors.Is(err, unix.ENODEV) {
 		return fmt.Errorf("delete %s: %w", name, err)
 	}
 	return nil

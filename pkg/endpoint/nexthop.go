@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
@@ -141,10 +140,10 @@ type podNexthop struct {
 // of its protocol (another tool's have their own, and are never touched).
 func (nh podNexthop) parked() bool { return nh.blackhole && nh.protocol == parkedProtocol }
 
-// listNexthops dumps the nexthop objects of the calling thread's netns
-// (a pod's: a few).
-func listNexthops() ([]podNexthop, error) {
-	req := nl.NewNetlinkRequest(unix.RTM_GETNEXTHOP, unix.NLM_F_DUMP)
+// listNexthops dumps the nexthop objects of r's netns (nil: the calling
+// thread's; a pod's: a few).
+func listNexthops(r *rtnl) ([]podNexthop, error) {
+	req := r.request(unix.RTM_GETNEXTHOP, unix.NLM_F_DUMP)
 	req.AddData(&nhMsg{family: unix.AF_UNSPEC})
 	msgs, err := req.Execute(unix.NETLINK_ROUTE, unix.RTM_NEWNEXTHOP)
 	if err != nil {
@@ -179,8 +178,8 @@ func listNexthops() ([]podNexthop, error) {
 }
 
 // deleteNexthop removes nexthop object id (its routes go with it).
-func deleteNexthop(id uint32) error {
-	del := nl.NewNetlinkRequest(unix.RTM_DELNEXTHOP, unix.NLM_F_ACK)
+func deleteNexthop(r *rtnl, id uint32) error {
+	del := r.request(unix.RTM_DELNEXTHOP, unix.NLM_F_ACK)
 	del.AddData(&nhMsg{family: unix.AF_UNSPEC})
 	del.AddData(nl.NewRtAttr(nhaID, nl.Uint32Attr(id)))
 	_, err := del.Execute(unix.NETLINK_ROUTE, 0)
@@ -200,17 +199,17 @@ func deleteNexthop(id uint32) error {
 // is deleted as before. Says whether objects of the interface's table are
 // blackholes now (parked here, or by a DEL killed before it swept them):
 // sweepParked removes them once the veth is gone.
-func parkNexthopsOn(ifindex int, loUp bool) (parked bool) {
-	nhs, err := listNexthops()
+func parkNexthopsOn(r *rtnl, ifindex int, loUp bool) (parked bool) {
+	nhs, err := listNexthops(r)
 	if err != nil {
 		return false // the veth's deletion removes them, only slower
 	}
 	for _, nh := range nhs {
 		switch {
-		case nh.oif == uint32(ifindex) && loUp && replaceByBlackhole(nh) == nil:
+		case nh.oif == uint32(ifindex) && loUp && replaceByBlackhole(r, nh) == nil:
 			parked = true
 		case nh.oif == uint32(ifindex):
-			_ = deleteNexthop(nh.id)
+			_ = deleteNexthop(r, nh.id)
 		case nh.parked() && nexthopTable(nh.id) == podTable(ifindex):
 			// Parked by a DEL killed before its sweep, whatever lo is
 			// now (the pod may have brought it down since: attack18).
@@ -221,8 +220,8 @@ func parkNexthopsOn(ifindex int, loUp bool) (parked bool) {
 }
 
 // replaceByBlackhole makes nexthop object nh a blackhole of its family.
-func replaceByBlackhole(nh podNexthop) error {
-	req := nl.NewNetlinkRequest(unix.RTM_NEWNEXTHOP, unix.NLM_F_CREATE|unix.NLM_F_REPLACE|unix.NLM_F_ACK)
+func replaceByBlackhole(r *rtnl, nh podNexthop) error {
+	req := r.request(unix.RTM_NEWNEXTHOP, unix.NLM_F_CREATE|unix.NLM_F_REPLACE|unix.NLM_F_ACK)
 	req.AddData(&nhMsg{family: nh.family, protocol: parkedProtocol})
 	req.AddData(nl.NewRtAttr(nhaID, nl.Uint32Attr(nh.id)))
 	req.AddData(nl.NewRtAttr(nhaBlackhole, nil))
@@ -233,18 +232,18 @@ func replaceByBlackhole(nh podNexthop) error {
 // nexthopTable is the pod table whose range (podNexthops) holds id.
 func nexthopTable(id uint32) int { return int((uint64(id) - 1) / nexthopsPerTable) }
 
-// sweepParked deletes, in the calling thread's netns, the parked nexthop
+// sweepParked deletes, in r's netns (nil: the calling thread's), the parked nexthop
 // objects (and their routes) of pod tables whose interface is gone
 // (parkNexthopsOn's, once the veth went; an interface still there is
 // another DEL's to sweep). Left, they would blackhole the pod's routes in
 // a netns that outlives the interface (a second network's DEL, podman's
 // network disconnect), and a later ADD's nexthop id could meet them.
-func sweepParked() error {
-	nhs, err := listNexthops()
+func sweepParked(r *rtnl) error {
+	nhs, err := listNexthops(r)
 	if err != nil {
 		return fmt.Errorf("list the pod's nexthop objects: %w", err)
 	}
-	links, err := netlinksafe.LinkList()
+	links, err := r.orEach().LinkList()
 	if err != nil {
 		return fmt.Errorf("list the pod's links: %w", err)
 	}
@@ -255,7 +254,7 @@ func sweepParked() error {
 	var errs error
 	for _, nh := range nhs {
 		if t := nexthopTable(nh.id); nh.parked() && t > podTableBase && !present[t] {
-			if err := deleteNexthop(nh.id); err != nil && !errors.Is(err, unix.ENOENT) {
+			if err := deleteNexthop(r, nh.id); err != nil && !errors.Is(err, unix.ENOENT) {
 				errs = errors.Join(errs, fmt.Errorf("delete blackhole nexthop %d: %w", nh.id, err))
 			}
 		}

@@ -85,7 +85,7 @@ func TestDeleteNexthops(t *testing.T) {
 func deleteNexthopsOn(t *testing.T, ifindex int) int {
 	t.Helper()
 	on := func() int {
-		nhs, err := listNexthops()
+		nhs, err := listNexthops(nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +98,7 @@ func deleteNexthopsOn(t *testing.T, ifindex int) int {
 		return n
 	}
 	before := on()
-	if parkNexthopsOn(ifindex, false) {
+	if parkNexthopsOn(nil, ifindex, false) {
 		t.Errorf("parkNexthopsOn(%d, lo down) says it parked", ifindex)
 	}
 	return before - on()

@@ -30,15 +30,15 @@ func TestParkNexthops(t *testing.T) {
 		if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
 			return err
 		}
-		if !parkNexthopsOn(idx["nh0"], true) {
+		if !parkNexthopsOn(nil, idx["nh0"], true) {
 			t.Error("parkNexthopsOn(nh0) parked nothing")
 		}
-		if !parkNexthopsOn(idx["nh0"], true) {
+		if !parkNexthopsOn(nil, idx["nh0"], true) {
 			t.Error("parkNexthopsOn(nh0) again: the parked objects not reported (a retry would not sweep them)")
 		}
 		count := func(when string, want map[string]int) {
 			t.Helper()
-			nhs, err := listNexthops()
+			nhs, err := listNexthops(nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -62,14 +62,14 @@ func TestParkNexthops(t *testing.T) {
 			}
 		}
 		count("parked", map[string]int{"foreign": 1, "parked": 2, "nh2": 2, "other": 0})
-		if err := sweepParked(); err != nil {
+		if err := sweepParked(nil); err != nil {
 			return err
 		}
 		count("swept with nh0 there", map[string]int{"foreign": 1, "parked": 2, "nh2": 2})
 		if err := netlink.LinkDel(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "nh0"}}); err != nil {
 			return err
 		}
-		if err := sweepParked(); err != nil {
+		if err := sweepParked(nil); err != nil {
 			return err
 		}
 		count("swept with nh0 gone", map[string]int{"foreign": 1, "parked": 0, "nh2": 2})

@@ -3,7 +3,6 @@ package endpoint
 import (
 	"net"
 
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
@@ -18,20 +17,25 @@ import (
 // interface out of service for the agent to delete (handoff.go).
 //
 // sweep says that the pod's nexthop objects were parked (parkNexthopsOn):
-// sweepParkedIn must remove them once the veth is gone.
-func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool, handOff bool) (deleteCookie uint64, sweep bool) {
+// sweepPod must remove them once the veth is gone. Its requests go through
+// one rtnetlink socket pair opened in the pod's netns (rtnl.go), returned
+// in podNL (nil when the netns was not entered) for the sweep, which the
+// caller closes: a socket acts in the netns it was made in, so the sweep
+// needs no second netns switch.
+func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool, handOff bool) (deleteCookie uint64, sweep bool, podNL *rtnl) {
 	if netnsPath == "" {
-		return recCookie, false
+		return recCookie, false, nil
 	}
 	netns, err := ns.GetNS(netnsPath)
 	if err != nil {
-		return recCookie, false // the netns is gone, and with it whoever used the entry
+		return recCookie, false, nil // the netns is gone, and with it whoever used the entry
 	}
 	defer netns.Close()
 	if isOwnNetns(int(netns.Fd())) {
-		return recCookie, false // a DEL naming the node's netns: no pod's rules there
+		return recCookie, false, nil // a DEL naming the node's netns: no pod's rules there
 	}
 	_ = netns.Do(func(ns.NetNS) error {
+		podNL = openRTNLOrEach()
 		// An ADD that recorded no cookie (no pacing, no SO_NETNS_COOKIE)
 		// registered no cni_netns entry: nothing to compare or delete.
 		var cookie uint64
@@ -48,16 +52,16 @@ func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int,
 			deleteCookie = recCookie
 			return nil
 		}
-		links, _ := netlinksafe.LinkList()
+		links, _ := podNL.LinkList()
 		var found bool
-		found, sweep = podSideLink(links, ifname, hostIfindex, &table, handOff)
+		found, sweep = podSideLink(podNL, links, ifname, hostIfindex, &table, handOff)
 		if !found && !handOff {
 			// The veth is gone (a retry): what a DEL killed before its
 			// sweep parked goes now.
-			sweep = sweepParked() != nil // failed: teardown tries again, and says why
+			sweep = sweepParked(podNL) != nil // failed: teardown tries again, and says why
 		}
 		if table != 0 {
-			deleteRules(table)
+			deleteRules(podNL, table)
 		}
 		deleteCookie = cookie
 		for _, l := range links {
@@ -72,13 +76,13 @@ func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int,
 		}
 		return nil
 	})
-	return deleteCookie, sweep
+	return deleteCookie, sweep, podNL
 }
 
 // podSideLink finds the pod end of the host veth hostIfindex among links,
 // sets *table from it when unknown, and hands it off or parks its nexthop
-// objects (sweep: parked).
-func podSideLink(links []netlink.Link, ifname string, hostIfindex int, table *int, handOff bool) (found, sweep bool) {
+// objects (sweep: parked), through r, the pod's sockets.
+func podSideLink(r *rtnl, links []netlink.Link, ifname string, hostIfindex int, table *int, handOff bool) (found, sweep bool) {
 	if hostIfindex == 0 {
 		return false, false
 	}
@@ -97,22 +101,27 @@ func podSideLink(links []netlink.Link, ifname string, hostIfindex int, table *in
 			*table = podTable(l.Attrs().Index)
 		}
 		if handOff {
-			handOffPod(l, hostIfindex)
+			handOffPod(r, l, hostIfindex)
 		} else {
 			// Before the veth goes (see parkNexthopsOn). Handed off,
 			// the agent deletes the veth, off the verb's clock.
-			sweep = parkNexthopsOn(l.Attrs().Index, loUp) || sweep
+			sweep = parkNexthopsOn(r, l.Attrs().Index, loUp) || sweep
 		}
 	}
 	return found, sweep
 }
 
-// sweepParkedIn runs sweepParked in the pod's netns, once the veth is gone.
-func sweepParkedIn(netnsPath string) error {
+// sweepPod runs sweepParked in the pod's netns, once the veth is gone:
+// through podNL when its sockets were made there (podSide), else inside
+// the netns, entered again.
+func sweepPod(podNL *rtnl, netnsPath string) error {
+	if podNL.kept() {
+		return sweepParked(podNL)
+	}
 	netns, err := ns.GetNS(netnsPath)
 	if err != nil {
 		return nil // gone, and the parked objects with it
 	}
 	defer netns.Close()
-	return netns.Do(func(ns.NetNS) error { return sweepParked() })
+	return netns.Do(func(ns.NetNS) error { return sweepParked(nil) })
 }

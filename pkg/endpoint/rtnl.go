@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -42,6 +43,30 @@ func openRTNL() (*rtnl, error) {
 	return &rtnl{Handle: h, raw: map[int]*nl.SocketHandle{unix.NETLINK_ROUTE: {Socket: s}}}, nil
 }
 
+// openRTNLOrEach is openRTNL for the verbs that go on without it (DEL, GC
+// and the agent's sweep are best effort): when the sockets cannot be
+// opened, each request opens its own in the calling thread's netns, as the
+// library's package functions do.
+func openRTNLOrEach() *rtnl {
+	if r, err := openRTNL(); err == nil {
+		return r
+	}
+	return (*rtnl)(nil).orEach()
+}
+
+// orEach is r, or for nil an rtnl whose every request opens a socket of
+// its own in the calling thread's netns (the library's pkgHandle).
+func (r *rtnl) orEach() *rtnl {
+	if r != nil {
+		return r
+	}
+	return &rtnl{Handle: netlinksafe.Handle{Handle: &netlink.Handle{}}}
+}
+
+// kept says that r's sockets are its own, made in one netns, rather than
+// one per request in whichever netns the calling thread is in.
+func (r *rtnl) kept() bool { return r != nil && r.raw != nil }
+
 // Close closes the sockets; nil is fine.
 func (r *rtnl) Close() {
 	if r == nil {
@@ -57,7 +82,7 @@ func (r *rtnl) Close() {
 // its own in the calling thread's netns.
 func (r *rtnl) request(proto, flags int) *nl.NetlinkRequest {
 	req := nl.NewNetlinkRequest(proto, flags)
-	if r != nil {
+	if r.kept() {
 		req.Sockets = r.raw
 	}
 	return req
@@ -65,7 +90,7 @@ func (r *rtnl) request(proto, flags int) *nl.NetlinkRequest {
 
 // sockets are r's raw sockets for a request built elsewhere (nil: its own).
 func (r *rtnl) sockets() map[int]*nl.SocketHandle {
-	if r == nil {
+	if !r.kept() {
 		return nil
 	}
 	return r.raw

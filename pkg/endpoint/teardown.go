@@ -5,9 +5,6 @@ import (
 	"net"
 	"os"
 
-	"github.com/containernetworking/plugins/pkg/netlinksafe"
-	"github.com/vishvananda/netlink"
-
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -43,6 +40,8 @@ type Teardown struct {
 	foreign      bool   // the host veth is another network's attachment's
 	handOff      bool   // the agent is alive: it deletes the veth (handoff.go)
 	sweep        bool   // the pod's nexthop objects were parked: sweep them after the veth (parkNexthopsOn)
+	nodeNL       *rtnl  // the node netns's netlink sockets, kept for the teardown (rtnl.go)
+	podNL        *rtnl  // the pod netns's, opened by removePodSide; nil until then
 	tr           *Tracer
 }
 
@@ -76,6 +75,7 @@ func guarded(steps ...func() error) error {
 
 func tearDownAll(n *Network, id ID, rec *state.Record, tr *Tracer) error {
 	t := newTeardown(n, id, rec, tr)
+	defer func() { t.nodeNL.Close(); t.podNL.Close() }()
 	errs := t.openMaps()
 	if t.DP != nil {
 		defer t.DP.Close()
@@ -91,7 +91,7 @@ func tearDownAll(n *Network, id ID, rec *state.Record, tr *Tracer) error {
 	errs = errors.Join(errs, guarded(t.removeVeth))
 	if t.sweep {
 		Crashpoint("del-veth")
-		errs = errors.Join(errs, sweepParkedIn(t.netns))
+		errs = errors.Join(errs, sweepPod(t.podNL, t.netns))
 		tr.Mark("sweep")
 	}
 	if with != nil {
@@ -116,7 +116,7 @@ func forget(n *Network, id ID, errs error) error {
 // another network's, whether the agent takes it over.
 func newTeardown(n *Network, id ID, rec *state.Record, tr *Tracer) *Teardown {
 	t := &Teardown{Net: n, ContainerID: id.ContainerID, IfName: id.IfName, Record: rec, Complete: rec,
-		hostIf: state.HostIfName(id.ContainerID, id.IfName), netns: id.Netns, tr: tr}
+		hostIf: state.HostIfName(id.ContainerID, id.IfName), netns: id.Netns, nodeNL: openRTNLOrEach(), tr: tr}
 	if rec != nil && rec.Provisional {
 		t.Complete = nil
 	}
@@ -126,7 +126,7 @@ func newTeardown(n *Network, id ID, rec *state.Record, tr *Tracer) *Teardown {
 	// The veth of another network's attachment of the same container and
 	// interface name (its ADD refused ours, and the runtime DELs ours):
 	// neither it, nor its pins, entries or pod rules are ours to remove.
-	if l, err := netlinksafe.LinkByName(t.hostIf); err == nil {
+	if l, err := t.nodeNL.LinkByName(t.hostIf); err == nil {
 		t.foreign = foreignLink(l, n.Name, id.ContainerID, id.IfName)
 		if !t.foreign {
 			t.Ifindex = l.Attrs().Index
@@ -135,7 +135,7 @@ func newTeardown(n *Network, id ID, rec *state.Record, tr *Tracer) *Teardown {
 		}
 	} else if rec != nil && rec.HostIfindex != 0 {
 		// The veth is gone; its old index is ours unless a new link took it.
-		if l, err := netlink.LinkByIndex(rec.HostIfindex); err != nil || l.Attrs().Name == t.hostIf {
+		if l, err := t.nodeNL.LinkByIndex(rec.HostIfindex); err != nil || l.Attrs().Name == t.hostIf {
 			t.Ifindex = rec.HostIfindex
 		}
 	}
@@ -248,8 +248,8 @@ func (t *Teardown) removePodSide() error {
 		_, err := t.DP.Maps.Links().Lookup(idx)
 		return err == nil
 	}
-	cookie, sweep := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff)
-	t.sweep = sweep
+	cookie, sweep, podNL := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff)
+	t.sweep, t.podNL = sweep, podNL
 	if cookie != 0 && t.DP != nil {
 		return t.DP.Maps.Bandwidth().DeleteNetns(cookie)
 	}
@@ -267,9 +267,9 @@ func (t *Teardown) removeVeth() error {
 		return nil
 	case t.handOff:
 		var errs error
-		if err := handOffHost(t.Net.PinDir, t.hostIf, t.Ifindex); err != nil {
+		if err := handOffHost(t.nodeNL, t.Net.PinDir, t.hostIf, t.Ifindex); err != nil {
 			// Not handed off: delete it here after all.
-			errs = errors.Join(deleteLink(t.hostIf), datapath.RemoveLinkPins(t.Net.PinDir, state.HandedOffName(t.Ifindex)))
+			errs = errors.Join(deleteLink(t.nodeNL, t.hostIf), datapath.RemoveLinkPins(t.Net.PinDir, state.HandedOffName(t.Ifindex)))
 			if t.DP != nil {
 				errs = errors.Join(errs, t.dropStackFlows(false)) // the entries are gone: no look
 			}
@@ -277,7 +277,7 @@ func (t *Teardown) removeVeth() error {
 		t.tr.Mark("hand-off")
 		return errs
 	default:
-		err := deleteLink(t.hostIf)
+		err := deleteLink(t.nodeNL, t.hostIf)
 		t.tr.Mark("veth")
 		return err
 	}
