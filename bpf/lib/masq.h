@@ -92,51 +92,172 @@ static __always_inline __u64 snat_time_left(__u32 flags, __u8 proto, __u64 seen_
  * had not used before, as conntrack's tcp_in_window keeps each side's end.
  * A FIN one below the pod's next sequence number is an old retransmission
  * to the peer, which drops it and answers with a duplicate ACK of exactly
- * its end. So a flow this build opened keeps in snat_seq.win the pod's
- * highest end (its segments' seq + length, SYN and FIN one), where an older
- * build kept the pod's largest window: SNAT_POD_END in the flags, the four
- * window scale bits all set (a scale no TCP offers: at most 14). Such a
- * flow's moves of end are bounded by SNAT_SEQ_BOUND, the largest window a
- * TCP may offer, instead of the pod's (the peer's segments move end only
- * in order, and the pod's acks are its own). While the pod's FIN waits
- * for the peer's ack, win is its end, the highest.
+ * its end. So fin20's flows keep in snat_seq.win the pod's highest end H
+ * (its segments' seq + length, SYN and FIN one), where an older build kept
+ * the pod's largest window: SNAT_POD_END in the flags, the four window
+ * scale bits all set (a scale no TCP offers: at most 14). Such a flow's
+ * moves of end are bounded by SNAT_SEQ_BOUND, the largest window a TCP may
+ * offer, instead of the pod's (the peer's segments move end only in order,
+ * and the pod's acks are its own). While the pod's FIN waits for the
+ * peer's ack, H's place holds its end E, the highest.
+ *
+ * H moved on the pod's word alone (attack21): five data segments the peer
+ * drops, each about 2^32/5 past the last, carried it round the sequence
+ * space to one below the pod's next, and a FIN there was past it again. So
+ * flows this build opens (SNAT_F_ACKED: FLOW_F_STREAM, which means
+ * something for UDP only, on a TCP reverse entry with SNAT_POD_END) bound H
+ * as conntrack's td_maxend bounds each side: by the other side's ack plus
+ * its window. snat_seq.win holds A, the peer's highest ack of the pod's
+ * data, moved only by the peer's segments at exactly its next sequence
+ * number (a blind attacker outside must know it), by at most
+ * SNAT_ACK_BOUND (snat_ack_move); H moves only to ends in
+ * (H, A + SNAT_ACK_BOUND], and never lies behind A (then it is A). H (or E
+ * while the FIN waits) is the low word of the forward entry's created_ns,
+ * whose high word stays a time a little early (snat_stamp): the pod's path
+ * has both entries in hand, the peer's looks the forward one up only while
+ * the FIN waits (snat_fin_end).
  */
 #define SNAT_POD_END SNAT_WS_MASK
 #define SNAT_SEQ_BOUND (1U << 29)
+#define SNAT_ACK_BOUND (1U << 30) /* past the largest window a TCP may offer, 65535 << 14 */
+#define SNAT_F_ACKED FLOW_F_STREAM
+#define SNAT_LOW_WORD 0xffffffffULL
 
 static __always_inline int snat_has_pod_end(__u32 fl)
 {
 	return (fl & SNAT_POD_END) == SNAT_POD_END;
 }
 
+static __always_inline int snat_has_ack(__u32 fl)
+{
+	return snat_has_pod_end(fl) && (fl & SNAT_F_ACKED);
+}
+
 /*
- * The pod's segment f (not a SYN) of a flow with SNAT_POD_END: win follows
- * its highest end. While its FIN waits, a segment without a FIN whose data
- * reaches the FIN's end used the FIN's place for data: the FIN was not the
- * pod's TCP's (a raw one sent ahead of data, which the peer drops once the
- * data fills the hole): it no longer waits. Read in place (every segment
+ * A forward entry's created_ns holding h in its low word: its high word
+ * is t's (real: t is a time, so one 2^32 ns less), so the whole is never
+ * later than the flow's creation (by at most 8.6 s earlier): a build that
+ * reads it as a time (node_ips_gone, masq_known) checks the node address of
+ * a few more flows, never fewer. This build reads only the high word.
+ */
+static __always_inline __u64 snat_stamp(__u64 t, int real, __u32 h)
+{
+	__u64 hi = t & ~SNAT_LOW_WORD;
+
+	if (real)
+		hi = hi >= (1ULL << 32) ? hi - (1ULL << 32) : 0;
+	return hi | h;
+}
+
+/* When the forward entry fv of a flow (proto) was made, or a little
+ * earlier: a fin21 TCP flow's (SNAT_F_ACKED on it too) stamp's high word,
+ * its time at most 4.3 s early. */
+static __always_inline __u64 snat_born(const struct snat_val *fv, __u8 proto)
+{
+	__u64 hi = fv->created_ns & ~SNAT_LOW_WORD;
+
+	if (proto != IPPROTO_TCP || !(fv->flags & SNAT_F_ACKED))
+		return fv->created_ns;
+	return hi ? hi + (1ULL << 32) : 0;
+}
+
+/*
+ * A fin21 flow's: the peer's segment f moves A (snat_seq.win) to its ack
+ * when it starts exactly at the peer's next sequence number (end) and
+ * acknowledges at most SNAT_ACK_BOUND past A. Read in place (every segment,
+ * pure ACKs too: an upload's are all pure); headers out of the linear data
+ * leave A behind, which only bounds H lower.
+ */
+static __always_inline void snat_ack_move(struct __sk_buff *skb, const struct flow *f, struct snat_seq *q)
+{
+	void *data = tseq_data(skb);
+	void *data_end = tseq_data_end(skb);
+	__u32 off = f->l4off;
+	__u8 *t = data + (off & 0xff); /* bounded for the verifier, as flow_l4 */
+
+	if ((f->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST | TCP_FLAG_ACK)) != TCP_FLAG_ACK || off > 0xff ||
+	    (void *)(t + 12) > data_end)
+		return;
+	__u32 a = bpf_ntohl(*(__be32 *)(t + 8));
+
+	if (bpf_ntohl(*(__be32 *)(t + 4)) == q->end && a - q->win - 1 < SNAT_ACK_BOUND)
+		q->win = a;
+}
+
+/* A fin21 flow's H after a segment of the pod's ending at end, A being a:
+ * only within (H, a + SNAT_ACK_BOUND], and never behind a. */
+static __always_inline __u32 snat_end_move(__u32 h, __u32 a, __u32 end)
+{
+	__u32 o = end - a;
+
+	if (h - a > SNAT_ACK_BOUND)
+		h = a;
+	return o <= SNAT_ACK_BOUND && o > h - a ? end : h;
+}
+
+/*
+ * The pod's segment f (not a SYN) of a flow with SNAT_POD_END: H follows
+ * its highest end (fin20's flows: in win; fin21's: in *created, bounded
+ * by A). While its FIN waits, a segment without a FIN whose data reaches
+ * the FIN's end used the FIN's place for data: the FIN was not the pod's
+ * TCP's (a raw one sent ahead of data, which the peer drops once the data
+ * fills the hole): it no longer waits. Read in place (every segment
  * carrying data comes here).
  */
-static __noinline void snat_pod_end(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
+static __noinline void snat_pod_end(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv,
+				   struct snat_val *fv)
 {
 	struct tcp_seg *sp = tcp_seg_scratch();
 	struct snat_seq *q = snat_seq_of(rv);
 
 	if (!sp || !snat_has_pod_end(rv->flags) || tcp_seg_load_in_place(skb, f, sp) || sp->end == sp->seq)
 		return;
-	__s32 d = (__s32)(sp->end - q->win);
+	__u32 fl = rv->flags;
+	__u64 c = fv->created_ns;
+	__u32 h = snat_has_ack(fl) ? (__u32)c : q->win;
+	__s32 d = (__s32)(sp->end - h);
 
-	if ((rv->flags & SNAT_F_FIN_WAIT) && !(sp->flags & TCP_FLAG_FIN) && d >= 0)
-		rv->flags &= ~SNAT_F_FIN_WAIT;
-	if (d > 0)
-		q->win = sp->end;
+	if ((fl & SNAT_F_FIN_WAIT) && !(sp->flags & TCP_FLAG_FIN) && d >= 0)
+		rv->flags = fl &= ~SNAT_F_FIN_WAIT;
+	if (!snat_has_ack(fl)) {
+		if (d > 0)
+			q->win = sp->end;
+	} else if (!(fl & SNAT_F_FIN_WAIT)) {
+		__u32 n = snat_end_move(h, q->win, sp->end);
+
+		if (n != h)
+			fv->created_ns = (c & ~SNAT_LOW_WORD) | n;
+	}
+}
+
+/* snat_seq_pod's SYN, tracked (its state fl): the flow is fin21's. Out of
+ * line: snat_alloc's frame is at the bottom of to_uplink's deepest chain. */
+static __noinline void snat_seq_syn(struct snat_val *rv, __u32 fl, struct snat_val *fv)
+{
+	struct tcp_seg *sp = tcp_seg_scratch();
+
+	rv->flags = fl;
+	if (!sp)
+		return;
+	rv->flags = fl | SNAT_POD_END | SNAT_F_ACKED;
+	snat_seq_of(rv)->win = sp->end;
+	if (fv) {
+		fv->created_ns = snat_stamp(fv->created_ns, !(fv->flags & SNAT_F_ACKED), sp->end);
+		fv->flags |= SNAT_F_ACKED;
+	}
 }
 
 /* The masquerade's: the pod's segment f of the flow whose reverse entry is
- * rv. While its FIN waits for the peer's ack, the pod's segments move end
- * no more (a SYN reopening the tuple starts afresh), nor, in an older
- * build's flow (no SNAT_POD_END), the window in win (the FIN's end). */
-static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
+ * rv (*created: its forward entry's created_ns). While its FIN waits for
+ * the peer's ack, the pod's segments move end no more (a SYN reopening the
+ * tuple starts afresh), nor, in a flow before fin20's (no SNAT_POD_END),
+ * the window in win (the FIN's end). The pod's SYN (re)opens the flow as
+ * fin21's: A and H its end (what its SYN-ACK acknowledges, or less when
+ * the peer refuses the data of a fast open: A ahead of the peer's acks
+ * moves no more until they pass it, and H is the pod's end anyway). In
+ * snat_alloc (created NULL) the forward entry is made after. */
+static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv,
+					 struct snat_val *fv)
 {
 	__u32 fl = rv->flags;
 	struct snat_seq *q = snat_seq_of(rv);
@@ -152,19 +273,16 @@ static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flo
 			q->win = p;
 			rv->flags = fl | SNAT_POD_END;
 		}
-		snat_pod_end(skb, f, rv);
+		snat_pod_end(skb, f, rv, fv);
 		return;
 	} else if (fl & SNAT_F_FIN_WAIT) {
 		return;
 	}
 	tcp_seq_local(skb, f, q, &fl, 8, tcp_seg_scratch());
-	rv->flags = fl;
-	if (f->syn_only && (fl & SNAT_F_SEQ)) {
-		/* The pod's SYN (re)opens the flow: its end is the SYN's. */
-		rv->flags = fl | SNAT_POD_END;
-		q->win = q->end;
-		snat_pod_end(skb, f, rv);
-	}
+	if (f->syn_only && (fl & SNAT_F_SEQ))
+		snat_seq_syn(rv, fl, fv);
+	else
+		rv->flags = fl;
 }
 
 /*
@@ -172,18 +290,20 @@ static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flo
  * TCP takes it (conntrack's tcp_in_window, in the small): a FIN the peer
  * ignores (out of its window, attack16) closed the flow as the datapath saw
  * it and released the pod's share of ports towards the peer while the
- * connection went on. Its next state fl (flow_next's, cur before) of a
- * tracked flow whose reverse entry is rv: the pod's first FIN's end goes to
- * snat_seq.win (SNAT_F_FIN_WAIT), FLOW_F_FIN_ORIG waits for the peer's ack
- * of it (snat_seq_peer). A FIN again while waiting (a retransmit, or the
- * real one after a forged one) takes its place. In a flow with
+ * connection went on. Its next state fl (flow_next's, fv->flags before) of a
+ * tracked flow whose entries are rv and fv: the pod's first FIN's end E
+ * goes to H's place (SNAT_F_FIN_WAIT), FLOW_F_FIN_ORIG waits for the peer's
+ * ack of it (snat_seq_peer). A FIN again while waiting (a retransmit, or
+ * the real one after a forged one) takes its place. In a flow with
  * SNAT_POD_END only a FIN past the pod's highest end waits (or the waiting
- * one again). Returns fl without the FIN.
+ * one again), in fin21's within A + SNAT_ACK_BOUND too. Returns fl without
+ * the FIN.
  */
-static __noinline __u32 snat_fin_pod(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv, __u32 cur,
-				     __u32 fl)
+static __noinline __u32 snat_fin_pod(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv,
+				     struct snat_val *fv, __u32 fl)
 {
 	struct tcp_seg *sp = tcp_seg_scratch();
+	__u32 cur = fv->flags;
 
 	if (!(f->tcp_flags & TCP_FLAG_FIN) || (f->tcp_flags & TCP_FLAG_RST) || (rv->flags & FLOW_F_FIN_ORIG) ||
 	    !(rv->flags & SNAT_F_SEQ) || !sp || tcp_seg_load(skb, f, sp))
@@ -195,25 +315,41 @@ static __noinline __u32 snat_fin_pod(struct __sk_buff *skb, const struct flow *f
 	/* A FIN over sequence space the pod had used (its end not past the
 	 * pod's highest, unless it is the waiting FIN again) is an old
 	 * segment to the peer: ignored, its ack proves nothing (attack20). */
-	if (!snat_has_pod_end(v) || d > 0 || (d == 0 && (v & SNAT_F_FIN_WAIT))) {
+	if (snat_has_ack(v)) {
+		__u64 c = fv->created_ns;
+		__u32 h = (__u32)c, a = q->win, o = sp->end - a;
+
+		if (!(v & SNAT_F_FIN_WAIT) && h - a > SNAT_ACK_BOUND)
+			h = a;
+		if (o <= SNAT_ACK_BOUND && (o > h - a || (o == h - a && (v & SNAT_F_FIN_WAIT)))) {
+			fv->created_ns = (c & ~SNAT_LOW_WORD) | sp->end;
+			rv->flags = v | SNAT_F_FIN_WAIT;
+		}
+	} else if (!snat_has_pod_end(v) || d > 0 || (d == 0 && (v & SNAT_F_FIN_WAIT))) {
 		q->win = sp->end;
 		rv->flags = v | SNAT_F_FIN_WAIT;
 	}
 	return (fl & ~(FLOW_F_FIN_ORIG | FLOW_F_CLOSING)) | (cur & FLOW_F_CLOSING);
 }
 
+/* The waiting FIN's end of a fin21 flow (reverse entry rv, the peer's
+ * segment f): its forward entry's low word; -1 without one. */
+static __noinline __s64 snat_fin_end(const struct snat_val *rv, const struct flow *f);
+
 /*
  * snat_seq_peer while the pod's FIN waits: every segment is read (a pure
- * ACK may be the one), with SNAT_SEQ_BOUND (an older build's flow: the
- * window's floor) for how far it moves end (win is the FIN's). An ACK of exactly the FIN's end, in order, makes the
- * pod's FIN count (FLOW_F_FIN_ORIG; in an older build's flow win back to
- * the floor, raised again by the pod's segments; else it stays the pod's
- * end). One whose sequence number is end + 1 with no FIN of
- * the peer's seen comes after a FIN the node did not see (lost on the way,
- * retransmitted later): the peer sent its FIN before it had the pod's, it
- * holds TIME_WAIT (FLOW_F_PEER_FIRST; a FIN of the peer's before the ack
- * gets it in snat_next). Else a lost FIN looked like the pod closing first,
- * and its node port went to another pod after half a second (attack15).
+ * ACK may be the one), with SNAT_SEQ_BOUND (a flow before fin20's: the
+ * window's floor) for how far it moves end. An ACK of exactly the FIN's
+ * end (fin21's flows: in the forward entry, A in win; fin20's: in win), in
+ * order, makes the pod's FIN count (FLOW_F_FIN_ORIG; A the FIN's end; in a
+ * flow before fin20's win back to the floor, raised again by the pod's
+ * segments; in fin20's it stays the pod's end). One whose sequence number
+ * is end + 1 with no FIN of the peer's seen comes after a FIN the node did
+ * not see (lost on the way, retransmitted later): the peer sent its FIN
+ * before it had the pod's, it holds TIME_WAIT (FLOW_F_PEER_FIRST; a FIN of
+ * the peer's before the ack gets it in snat_next). Else a lost FIN looked
+ * like the pod closing first, and its node port went to another pod after
+ * half a second (attack15).
  */
 static __noinline int snat_seq_peer_fin(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
 {
@@ -221,6 +357,7 @@ static __noinline int snat_seq_peer_fin(struct __sk_buff *skb, const struct flow
 	struct snat_seq *q = snat_seq_of(rv);
 	__u32 fl = rv->flags;
 	__u32 pe = fl & SNAT_POD_END;
+	int acked = snat_has_ack(fl);
 	struct snat_seq t = { .end = q->end, .win = snat_has_pod_end(fl) ? SNAT_SEQ_BOUND : 0 };
 
 	if (!sp)
@@ -229,18 +366,21 @@ static __noinline int snat_seq_peer_fin(struct __sk_buff *skb, const struct flow
 	sp->flags = 0;
 	int r = tcp_seq_remote_nat_(skb, f, &t, &fl, sp);
 	__u32 ahead = sp->seq - q->end;
+	__s64 e = acked ? snat_fin_end(rv, f) : q->win;
 
 	t.win = q->win;
 	/* Only once the peer's end is known (its SYN-ACK): else end is the
 	 * pod's SYN's, in the pod's numbers, which a pod re-seeding its live
 	 * flow with a raw SYN can line up with the peer's (fin20). */
-	if (r && (sp->flags & (TCP_FLAG_ACK | TCP_FLAG_RST | TCP_FLAG_SYN)) == TCP_FLAG_ACK && sp->ack == q->win &&
+	if (r && (sp->flags & (TCP_FLAG_ACK | TCP_FLAG_RST | TCP_FLAG_SYN)) == TCP_FLAG_ACK && sp->ack == e &&
 	    ahead <= 1 && (fl & SNAT_F_PEER_END)) {
 		if (ahead && !(fl & FLOW_F_FIN_REPLY))
 			fl |= FLOW_F_PEER_FIRST;
 		fl = (fl | FLOW_F_FIN_ORIG) & ~SNAT_F_FIN_WAIT;
-		if (pe != SNAT_POD_END)
-			t.win = 0; /* an older build's flow: the window again */
+		if (acked)
+			t.win = sp->ack; /* A: the peer acknowledged the FIN */
+		else if (pe != SNAT_POD_END)
+			t.win = 0; /* a flow before fin20's: the window again */
 	}
 	*q = t;
 	rv->flags = pe == SNAT_POD_END ? fl | SNAT_POD_END : fl;
@@ -257,10 +397,12 @@ static __always_inline int snat_seq_peer(struct __sk_buff *skb, const struct flo
 
 	if (!(fl & SNAT_F_SEQ))
 		return 1;
+	if (snat_has_ack(fl) && (fl & SNAT_F_PEER_END))
+		snat_ack_move(skb, f, snat_seq_of(rv));
 	if (fl & SNAT_F_FIN_WAIT)
 		return snat_seq_peer_fin(skb, f, rv);
 	if (snat_has_pod_end(fl)) {
-		/* win holds the pod's end: the bound in its place meanwhile. */
+		/* win holds the pod's end, or A: the bound in its place meanwhile. */
 		struct snat_seq *q = snat_seq_of(rv);
 		__u32 p = q->win;
 
@@ -334,6 +476,16 @@ static __always_inline void snat_key_of(struct snat_key *k, __u8 dir, const __u8
 	k->peer_port = peer_port;
 	addr_copy(k->addr, addr, family);
 	addr_copy(k->peer_addr, peer, family);
+}
+
+static __noinline __s64 snat_fin_end(const struct snat_val *rv, const struct flow *f)
+{
+	struct snat_key k;
+
+	snat_key_of(&k, SNAT_DIR_FWD, rv->addr, rv->port, f->saddr, f->sport, f->family, f->proto);
+	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &k);
+
+	return fv ? (__s64)(__u32)fv->created_ns : -1;
 }
 
 /* -------------------------------------------------- shares and life cycle */
@@ -520,10 +672,14 @@ static __always_inline void snat_arm(struct snat_val *v, __u64 ns) {}
 #endif
 
 /* Records a state change or a use in an entry. Only the state bits are the
- * flow's: the others are the entry's own (tcpseq.h). */
-static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now)
+ * flow's: the others are the entry's own (tcpseq.h), and so is a TCP
+ * entry's FLOW_F_STREAM (SNAT_F_ACKED on a reverse one; a SYN's flow_next
+ * clears it, a forward entry has none). */
+static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now, __u8 proto)
 {
-	v->flags = (v->flags & ~SNAT_STATE_MASK) | (next & SNAT_STATE_MASK);
+	__u16 m = proto == IPPROTO_TCP ? SNAT_STATE_MASK & ~FLOW_F_STREAM : SNAT_STATE_MASK;
+
+	v->flags = (v->flags & ~m) | (next & m);
 	v->seen_ns = now;
 }
 
@@ -548,7 +704,7 @@ static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat
 {
 	__u16 cur = rv->flags;
 
-	snat_note(rv, next, now);
+	snat_note(rv, next, now, rk->proto);
 	if ((next & FLOW_F_CLOSING) && !(cur & FLOW_F_CLOSING))
 		snat_arm(rv, (next & FLOW_F_PEER_FIRST) ? MASQ_TIME_WAIT : FLOW_TIMEOUT_CLOSING);
 	/* A FIN each way only: the pod's own RST is trusted for the flow's
@@ -781,9 +937,10 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 	c.skb = skb;
 	c.ifindex = ifindex;
 	/* A TCP flow opens with the pod's SYN: the reverse entry tracks
-	 * sequence numbers from it (tcpseq.h). */
+	 * sequence numbers from it (tcpseq.h), the forward one the pod's
+	 * highest end (snat_stamp). */
 	if (f->proto == IPPROTO_TCP)
-		snat_seq_pod(skb, f, &c.rv);
+		snat_seq_pod(skb, f, &c.rv, NULL);
 	c.stride = c.cfg.total % 2053 ? 2053 : 2063; /* primes: one of them is coprime with the count */
 	__u32 a = ((const __u32 *)f->saddr)[0] ^ ((const __u32 *)f->saddr)[3];
 	__u32 b = ((const __u32 *)f->daddr)[0] ^ ((const __u32 *)f->daddr)[3];
@@ -849,8 +1006,13 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 	snat_key_of(&c.rk, SNAT_DIR_FWD, f->saddr, f->sport, f->daddr, f->dport, f->family, f->proto);
 	addr_copy(c.rv.addr, node, f->family);
 	c.rv.port = c.port;
-	c.rv.flags = 0;
-	c.rv.created_ns = now;
+	if (snat_has_ack(c.rv.flags)) {
+		c.rv.created_ns = snat_stamp(now, 1, snat_seq_of(&c.rv)->win);
+		c.rv.flags = SNAT_F_ACKED; /* the pod's end in created_ns */
+	} else {
+		c.rv.created_ns = now;
+		c.rv.flags = 0;
+	}
 	if (bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_ANY)) {
 		/* Not counted in cni_masq_pods yet: the caller counts a flow got. */
 		snat_key_of(&c.rk, SNAT_DIR_REV, node, c.port, f->daddr, f->dport, f->family, f->proto);
@@ -973,6 +1135,23 @@ static __noinline int masq_source(struct __sk_buff *skb, const struct flow *f, _
 	return 0;
 }
 
+/* What a known flow's packet leaves with (masq_known). */
+struct masq_to {
+	__u8 addr[16];
+	__be16 port;
+};
+
+/* masq_known is a global function (verified once, on its own) but in the
+ * compat build, whose kernels (5.10) take no pointer arguments of a global
+ * one: verified inline at each state of to_uplink's walk that reaches it,
+ * fin21's tracking took to_uplink past the verifier's million instructions
+ * (996503 before it). */
+#ifdef EBPF_CNI_COMPAT
+#define MASQ_KNOWN_LINKAGE static
+#else
+#define MASQ_KNOWN_LINKAGE
+#endif
+
 /*
  * The pod's packet f of a flow it has: *node and *port get what it leaves
  * with, its entries the packet's state. Returns 1, or 0 for a new flow. A
@@ -980,21 +1159,24 @@ static __noinline int masq_source(struct __sk_buff *skb, const struct flow *f, _
  * for flows made before the node last lost one (node_ips_gone). Not inlined:
  * its stack is not on top of snat_alloc's.
  */
-static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __u32 ifindex, __u8 *node,
-				 __be16 *port)
+MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __u32 ifindex,
+					     struct masq_to *to)
 {
 	__u64 now = bpf_ktime_get_ns();
 	struct snat_key k;
 
+	if (!f || !to)
+		return 0;
+
 	snat_key_of(&k, SNAT_DIR_FWD, f->saddr, f->sport, f->daddr, f->dport, f->family, f->proto);
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &k);
 	if (!fv || fv->ifindex != ifindex || snat_expired(fv->flags, f->proto, fv->seen_ns, now) ||
-	    (fv->created_ns <= node_ips_gone() && !is_node_ip(fv->addr, f->family)))
+	    (snat_born(fv, f->proto) <= node_ips_gone() && !is_node_ip(fv->addr, f->family)))
 		return 0;
 	__u16 fl = snat_next(fv->flags, f, 0, fv->created_ns, now);
 
-	addr_copy(node, fv->addr, f->family);
-	*port = fv->port;
+	addr_copy(to->addr, fv->addr, f->family);
+	to->port = fv->port;
 	/* The pod's SYN always reaches the tracking: it re-seeds the flow
 	 * (tcpseq.h), even within a second of the last write. */
 	int note = fl != fv->flags || now - fv->seen_ns > NSEC || (f->tcp_flags & TCP_FLAG_SYN);
@@ -1003,20 +1185,20 @@ static __noinline int masq_known(struct __sk_buff *skb, const struct flow *f, __
 	int seg = f->proto == IPPROTO_TCP && !tcp_seg_quiet(skb, f);
 
 	if (note || seg) {
-		snat_key_of(&k, SNAT_DIR_REV, node, *port, f->daddr, f->dport, f->family, f->proto);
+		snat_key_of(&k, SNAT_DIR_REV, to->addr, to->port, f->daddr, f->dport, f->family, f->proto);
 		struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
 		/* The pod's FIN waits for the peer's ack (both entries). */
 		if (rv && f->proto == IPPROTO_TCP && (f->tcp_flags & TCP_FLAG_FIN))
-			fl = snat_fin_pod(skb, f, rv, fv->flags, fl);
+			fl = snat_fin_pod(skb, f, rv, fv, fl);
 		if (note)
-			snat_note(fv, fl, now);
+			snat_note(fv, fl, now, f->proto);
 		if (rv) {
 			if (note)
 				snat_note_rev(rv, &k, ifindex, fl, now);
 			if (f->proto == IPPROTO_TCP && note)
-				snat_seq_pod(skb, f, rv);
+				snat_seq_pod(skb, f, rv, fv);
 			else if (f->proto == IPPROTO_TCP)
-				snat_pod_end(skb, f, rv);
+				snat_pod_end(skb, f, rv, fv);
 		}
 	}
 	return 1;
@@ -1054,8 +1236,7 @@ static __noinline int masq_alloc_failed(struct __sk_buff *skb, __u32 ifindex, __
 static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_info *ep, __u8 family)
 {
 	struct flow f = {};
-	__u8 node[16] = {};
-	__be16 port;
+	struct masq_to to = {};
 
 	/* Over IPv6 also behind extension headers (flow_parse6_ext): else the
 	 * pod's packet would leave with its own address. */
@@ -1080,7 +1261,7 @@ static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_in
 	if (in_cluster(f.daddr, family))
 		return MASQ_CONTINUE;
 
-	if (!masq_known(skb, &f, ep->ifindex, node, &port)) {
+	if (!masq_known(skb, &f, ep->ifindex, &to)) {
 		/* Only what opens a flow allocates: a TCP segment of no known flow
 		 * (the pod answering a client that reached it directly over routes
 		 * to the pod) is not rewritten. What decides is the pod's packet
@@ -1091,19 +1272,19 @@ static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_in
 			masq_count(MASQ_STAT_NOT_NEW);
 			return MASQ_CONTINUE;
 		}
-		if (masq_source(skb, &f, ep->ifindex, node))
+		if (masq_source(skb, &f, ep->ifindex, to.addr))
 			return MASQ_CONTINUE;
 		/* At its quota the pod opens no flow with a port of its own. */
 		int quota = masq_quota_allows(ep->ifindex);
 		__u32 why = quota ? MASQ_STAT_EXHAUSTED : MASQ_STAT_POD_LIMIT;
-		port = snat_alloc(skb, &f, node, ep->ifindex, &why);
-		if (!port)
+		to.port = snat_alloc(skb, &f, to.addr, ep->ifindex, &why);
+		if (!to.port)
 			return masq_alloc_failed(skb, ep->ifindex, why, quota);
 		masq_pod_add(ep->ifindex); /* here: snat_alloc's stack is full */
 		masq_count(MASQ_STAT_NEW);
 	}
 
-	if (pkt_rewrite(skb, &f, 1, node, port)) {
+	if (pkt_rewrite(skb, &f, 1, to.addr, to.port)) {
 		masq_count(MASQ_STAT_ERROR);
 		/* ep->ifindex, which the caller checked: not kept live for this */
 		return drop_dir(skb->ingress_ifindex, DIR_EGRESS, REASON_DROP_MALFORMED);
@@ -1152,7 +1333,7 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 		snat_key_of(&fk, SNAT_DIR_FWD, pod, pod_port, f.saddr, f.sport, family, f.proto);
 		struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
 		if (fv)
-			snat_note(fv, fl, now);
+			snat_note(fv, fl, now, f.proto);
 	}
 
 	if (pkt_rewrite(skb, &f, 0, pod, pod_port)) {

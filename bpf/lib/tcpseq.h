@@ -20,11 +20,12 @@
  *        too (bits SNAT_WS_*); raised from the pod's segments whenever the
  *        entry is written anyway (state changes, once a second), so it may
  *        lag: it is never taken below SEQ_WIN_FLOOR. The masquerade
- *        keeps there the pod's highest end instead in the flows it
- *        opens (SNAT_POD_END, masq.h: its wrappers pass a bound in its
- *        place), and in an older build's flows the end of the pod's FIN
- *        until the peer acknowledges it (SNAT_F_FIN_WAIT; the floor
- *        bounds meanwhile).
+ *        keeps there the peer's highest ack of the pod's data instead in
+ *        the flows it opens (fin21: SNAT_POD_END and SNAT_F_ACKED; fin20's
+ *        flows the pod's highest end; masq.h: its wrappers pass a bound
+ *        in its place), and in an older build's flows the end of the
+ *        pod's FIN until the peer acknowledges it (SNAT_F_FIN_WAIT; the
+ *        floor bounds meanwhile).
  * An RST from the peer counts when its seq is end (once the peer's end is
  * known), or when it acknowledges the pod's SYN (before). win bounds how
  * far one segment or ack moves end.
@@ -53,7 +54,8 @@ struct snat_seq {
 
 /* snat_val.flags bit 0, free below the FLOW_F_* state (reverse TCP entries
  * with SNAT_F_SEQ): the pod sent a FIN the peer has not acknowledged yet,
- * snat_seq.win holds its end (snat_fin_pod). */
+ * snat_seq.win holds its end (snat_fin_pod; fin21's flows: the forward
+ * entry's created_ns low word). */
 #define SNAT_F_FIN_WAIT (1U << 0)
 /* snat_val.flags bits above the FLOW_F_* state (reverse TCP entries). */
 #define SNAT_F_SEQ (1U << 8)      /* created_ns holds a struct snat_seq */

@@ -153,6 +153,10 @@ func TestPacketBudget(t *testing.T) {
 	}
 	add("masquerade out, TCP (flow open)", "cni_to_uplink", progs["cni_to_uplink"], packet(podMAC, protoTCP, podIP, farIP, 40020, 443, ackFlag), loIfindex,
 		rewrite(actNext, masqOut))
+	// Its reply: the flow's sequence tracking reads each of the server's
+	// segments (fin21: its ack, for the bound on the pod's end).
+	add("masquerade reply in, TCP (flow open)", "cni_from_uplink", up, packet(remoteMAC, protoTCP, farIP, snat.src, 443, snat.sport, ackFlag), 0,
+		rewrite(anyVerdict, func(p parsed) bool { return p.dst.Equal(podIP) && p.dport == 40020 }))
 	// The same segment on the host veth before it (round 16): the pod's
 	// packets to outside pass the hostPort hairpin check on their way to
 	// the stack.

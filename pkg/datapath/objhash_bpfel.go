@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 566040, crc: 0xe0a905e8, sha: "b6fa70a93639"},
-	"from_container_compat": {size: 535368, crc: 0xbdd251be, sha: "8b21a4628a28"},
-	"from_uplink":           {size: 423736, crc: 0xace9aa5a, sha: "1a8d16f302a7"},
-	"from_uplink_compat":    {size: 397096, crc: 0x1f4af2a0, sha: "35b93669e3ab"},
-	"sock":                  {size: 181984, crc: 0x24940f47, sha: "4e100d2d9c72"},
-	"sock_compat":           {size: 171616, crc: 0x571f06c7, sha: "73c091d011be"},
-	"sock_ops":              {size: 164856, crc: 0x3615b852, sha: "577cd9a78a39"},
-	"to_container":          {size: 203600, crc: 0x28611ca7, sha: "574e7ead6d68"},
-	"to_container_compat":   {size: 188248, crc: 0x654471ca, sha: "2a1918e1a9cc"},
-	"to_uplink":             {size: 349008, crc: 0xd8deb196, sha: "37ee690d5222"},
-	"to_uplink_compat":      {size: 316488, crc: 0x2da8938e, sha: "51a5815114d1"},
-	"tunnel":                {size: 340320, crc: 0x18dca3c8, sha: "44abca3df689"},
+	"from_container":        {size: 566040, crc: 0x905adbb3, sha: "8e3a5de77bd3"},
+	"from_container_compat": {size: 535368, crc: 0xf61e46fa, sha: "af8cb16adb77"},
+	"from_uplink":           {size: 463792, crc: 0x25fc9b52, sha: "ec9b3d60b45a"},
+	"from_uplink_compat":    {size: 402344, crc: 0xdb0d1ad1, sha: "cfad478a1bd3"},
+	"sock":                  {size: 181984, crc: 0x54d51f41, sha: "bd231eb0eaaa"},
+	"sock_compat":           {size: 171616, crc: 0x8e31a923, sha: "241ce9b8b5f2"},
+	"sock_ops":              {size: 164856, crc: 0xa0a77c9f, sha: "bad06924821f"},
+	"to_container":          {size: 203600, crc: 0xdc2af51c, sha: "db56c10099a3"},
+	"to_container_compat":   {size: 188248, crc: 0xe9b6ea0d, sha: "b8d9b4df4982"},
+	"to_uplink":             {size: 354272, crc: 0x72abb105, sha: "aefce23ef1df"},
+	"to_uplink_compat":      {size: 321688, crc: 0x59cf082e, sha: "482278a93bf7"},
+	"tunnel":                {size: 340320, crc: 0xb7a9308a, sha: "91bc73725ca7"},
 }

@@ -398,6 +398,20 @@ type SNATFlow struct {
 	Flags   uint32
 }
 
+// snatBorn is when a forward entry was made: its created_ns, but for a TCP
+// flow opened since fin21 (FLOW_F_STREAM, SNAT_F_ACKED in masq.h), whose low
+// word holds the pod's highest end, its high word one 2^32 ns early
+// (snat_stamp, snat_born): to within 4.3 s.
+func snatBorn(proto uint8, v SNATVal) uint64 {
+	if proto != ProtoTCP || v.Flags&flowStream == 0 {
+		return v.CreatedNs
+	}
+	if hi := v.CreatedNs &^ 0xffffffff; hi != 0 {
+		return hi + 1<<32
+	}
+	return 0
+}
+
 // ListSNAT returns the masqueraded flows (forward entries, plus reverse
 // entries without one).
 func (ms Masq) ListSNAT() ([]SNATFlow, error) {
@@ -420,7 +434,7 @@ func (ms Masq) ListSNAT() ([]SNATFlow, error) {
 		}
 		f := SNATFlow{
 			Proto: e.k.Proto, Pod: addrPort(e.k.Addr, e.k.Family, e.k.Port), Peer: addrPort(e.k.PeerAddr, e.k.Family, e.k.PeerPort),
-			Node: addrPort(e.v.Addr, e.k.Family, e.v.Port), Ifindex: int(e.v.Ifindex), Age: age(e.v.CreatedNs), Idle: age(e.v.SeenNs),
+			Node: addrPort(e.v.Addr, e.k.Family, e.v.Port), Ifindex: int(e.v.Ifindex), Age: age(snatBorn(e.k.Proto, e.v)), Idle: age(e.v.SeenNs),
 			Closing: e.v.Flags&flowClosing != 0, State: FlowState(e.k.Proto, uint32(e.v.Flags)), Flags: uint32(e.v.Flags),
 		}
 		fwd[[3]netip.AddrPort{f.Node, f.Peer, f.Pod}] = true
