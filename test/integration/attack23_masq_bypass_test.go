@@ -10,8 +10,10 @@
 package integration
 
 import (
+	"encoding/binary"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -62,6 +64,7 @@ type a23Conn struct {
 	sport, dport, nport int
 	snd, rcv            uint32
 	x4                  net.IP
+	x                   ns.NetNS
 	pod, out            *a23Raw
 }
 
@@ -104,13 +107,16 @@ func a23Round(t *testing.T, lab *masqLab, port int, delay time.Duration, id stri
 			f.c.Write([]byte("hello\n"))
 			answer, _ := f.r.ReadString('\n')
 			conns = append(conns, f.c)
-			a := &a23Conn{c: f.c, sport: base + j, dport: port, x4: x4, pod: pod, out: out}
+			a := &a23Conn{c: f.c, sport: base + j, dport: port, x4: x4, x: x, pod: pod, out: out}
 			if fs := strings.Fields(answer); len(fs) > 0 {
 				if _, p, err := net.SplitHostPort(fs[0]); err == nil {
 					a.nport, _ = strconv.Atoi(p)
 				}
 			}
 			doCheat := first && j < ncheat && cheat != nil
+			if doCheat && a.nport == 0 {
+				t.Errorf("%s: no node port in the server's answer %q", id, answer)
+			}
 			if doCheat && beforeFIN {
 				a.snd, a.rcv = a20Seqs(t, f.c)
 				cheat(t, a)
@@ -139,7 +145,7 @@ func a23Round(t *testing.T, lab *masqLab, port int, delay time.Duration, id stri
 	n := len(got)
 	mu.Unlock()
 	s, c := a16Share(t, lab.a, ifx, "tcp", srv)
-	t.Logf("%s: share after the first 8: %d; at the end %d of %d connections delivered, share %d, recycled %d", id, s0, n, len(conns), s, c["recycled"])
+	t.Logf("%s: share after the first 8: %d; at the end %d of %d connections delivered, share %d, recycled %d, icmp_error_in %d", id, s0, n, len(conns), s, c["recycled"], c["icmp_error_in"])
 	return n
 }
 
@@ -231,4 +237,89 @@ func TestAttack23MasqShareFINWithDataDropped(t *testing.T) {
 	if n > 8 {
 		t.Errorf("attack23: RED pod holds %d live connections to one server, over its share of 8: a FIN carrying data the server dropped (zero window) counted when the socket's data reached its end", n)
 	}
+}
+
+// TestAttack23MasqShareForgedServerRST: the accomplice outside sprays
+// forged "server" RSTs on the node's masqueraded tuple, blind sequence
+// numbers every 32 KiB over the space (131072 segments: some land in the
+// pod's window, which its TCP answers with a challenge ACK and survives,
+// RFC 5961; the server never sees them). The pod's connection lives on; an
+// RST only the masquerade saw must not release its share.
+func TestAttack23MasqShareForgedServerRST(t *testing.T) {
+	t.Parallel()
+	lab := f20Lab(t, "64000-64031")
+	n := a23Round(t, lab, 7560, 0, "a23rs", 47200, 2, false, func(t *testing.T, a *a23Conn) {
+		c0 := a23Challenges(a.x)
+		for k := uint32(0); k < 1<<17; k++ {
+			if s := k<<15 + 7777; s != a.rcv {
+				a.srvSeg(t, s, 0, 0x04)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+		t.Logf("port %d: the pod's challenge ACKs (TcpExtTCPChallengeACK) %d -> %d", a.sport, c0, a23Challenges(a.x))
+	})
+	if n > 8 {
+		t.Errorf("attack23: RED pod holds %d live connections to one server, over its share of 8: forged server RSTs from outside (blind sequence numbers, the pod's TCP survived them) released it", n)
+	}
+}
+
+// a23ICMP4 is an ICMPv4 error (type, code) from src to dst quoting the
+// first 8 bytes of a TCP segment of ours (qsrc:qsport -> qdst:qdport, seq).
+func a23ICMP4(src, dst net.IP, typ, code byte, qsrc net.IP, qsport int, qdst net.IP, qdport int, seq uint32) []byte {
+	q := a20TCP4(qsrc, qsport, qdst, qdport, seq, 0, 0x10, nil)[:28]
+	icmp := append([]byte{typ, code, 0, 0, 0, 0, 0, 0}, q...)
+	if typ == 3 && code == 4 {
+		icmp[6], icmp[7] = 0x02, 0x30 // next-hop MTU 560
+	}
+	binary.BigEndian.PutUint16(icmp[2:], csum16(icmp))
+	ip := make([]byte, 20)
+	ip[0], ip[8], ip[9] = 0x45, 64, 1
+	binary.BigEndian.PutUint16(ip[2:], uint16(20+len(icmp)))
+	copy(ip[12:], src.To4())
+	copy(ip[16:], dst.To4())
+	binary.BigEndian.PutUint16(ip[10:], csum16(ip))
+	return append(ip, icmp...)
+}
+
+// TestAttack23MasqShareForgedICMPErrors: the accomplice outside sends, on
+// each of the pod's first 8 connections, ICMP errors quoting the node's
+// masqueraded segment (host and port unreachable, administratively
+// prohibited: soft errors an established TCP survives, RFC 1122), from the
+// server's address and from the gateway. The connection lives on; an ICMP
+// error must not release its share.
+func TestAttack23MasqShareForgedICMPErrors(t *testing.T) {
+	t.Parallel()
+	lab := f20Lab(t, "64100-64131")
+	n := a23Round(t, lab, 7561, 0, "a23ic", 47300, 8, false, func(t *testing.T, a *a23Conn) {
+		for _, from := range []net.IP{outsideIP, labGW} {
+			for _, code := range []byte{1, 3, 13} {
+				must(t, a.out.send(a23ICMP4(from, labNodeA, 3, code, labNodeA, a.nport, outsideIP, a.dport, a.snd)))
+			}
+		}
+	})
+	if n > 8 {
+		t.Errorf("attack23: RED pod holds %d live connections to one server, over its share of 8: forged ICMP errors from outside (soft errors its TCP survived) released it", n)
+	}
+}
+
+// a23Challenges is the pod's count of challenge ACKs sent (RFC 5961).
+func a23Challenges(x ns.NetNS) int {
+	n := -1
+	x.Do(func(ns.NetNS) error {
+		b, err := os.ReadFile("/proc/net/netstat")
+		if err != nil {
+			return err
+		}
+		ls := strings.Split(string(b), "\n")
+		for i := 0; i+1 < len(ls); i += 2 {
+			ks, vs := strings.Fields(ls[i]), strings.Fields(ls[i+1])
+			for j := range ks {
+				if ks[j] == "TCPChallengeACK" && j < len(vs) {
+					n, _ = strconv.Atoi(vs[j])
+				}
+			}
+		}
+		return nil
+	})
+	return n
 }

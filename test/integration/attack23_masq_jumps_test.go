@@ -59,9 +59,6 @@ func TestAttack23MasqShareForgedAcksThenJumps(t *testing.T) {
 	t.Parallel()
 	lab := f20Lab(t, "63100-63131")
 	n := a23Round(t, lab, 7531, 0, "a23fa", 42000, 8, false, func(t *testing.T, a *a23Conn) {
-		if a.nport == 0 {
-			t.Errorf("no node port in the server's answer")
-		}
 		a23Jumps(t, a, a.snd, true)
 		a.podSeg(t, a.snd-1, a.rcv, 0x11, nil)
 	})
