@@ -27,27 +27,40 @@ import (
 
 // a23Raw is a raw IPv4 socket (IP_HDRINCL) made in one netns, kept open so
 // that thousands of segments go out fast.
-type a23Raw struct{ fd int }
+type a23Raw struct{ fd, fd6 int }
 
 func a23OpenRaw(t *testing.T, netns ns.NetNS) *a23Raw {
 	t.Helper()
-	r := &a23Raw{fd: -1}
+	r := &a23Raw{fd: -1, fd6: -1}
 	must(t, netns.Do(func(ns.NetNS) error {
 		fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_RAW)
 		r.fd = fd
+		if err != nil {
+			return err
+		}
+		r.fd6, err = syscall.Socket(syscall.AF_INET6, syscall.SOCK_RAW, syscall.IPPROTO_RAW)
 		return err
 	}))
-	t.Cleanup(func() { syscall.Close(r.fd) })
+	t.Cleanup(func() { syscall.Close(r.fd); syscall.Close(r.fd6) })
 	return r
 }
 
-// send sends pkt to its own destination address; ENOBUFS (a full qdisc
-// under a burst) is retried.
+// send sends the IPv4 or IPv6 packet pkt to its own destination address;
+// ENOBUFS (a full qdisc under a burst) is retried.
 func (r *a23Raw) send(pkt []byte) error {
-	sa := &syscall.SockaddrInet4{}
-	copy(sa.Addr[:], pkt[16:20])
+	var sa syscall.Sockaddr
+	fd := r.fd
+	if pkt[0]>>4 == 6 {
+		sa6 := &syscall.SockaddrInet6{}
+		copy(sa6.Addr[:], pkt[24:40])
+		sa, fd = sa6, r.fd6
+	} else {
+		sa4 := &syscall.SockaddrInet4{}
+		copy(sa4.Addr[:], pkt[16:20])
+		sa = sa4
+	}
 	for {
-		err := syscall.Sendto(r.fd, pkt, 0, sa)
+		err := syscall.Sendto(fd, pkt, 0, sa)
 		if err != syscall.ENOBUFS {
 			return err
 		}
@@ -64,19 +77,46 @@ type a23Conn struct {
 	sport, dport, nport int
 	snd, rcv            uint32
 	x4                  net.IP
+	v6                  net.IP // the pod's IPv6 address on an IPv6 connection
 	x                   ns.NetNS
 	pod, out            *a23Raw
 }
 
 // podSeg sends a segment from the pod (raw, its own address and port).
 func (a *a23Conn) podSeg(t *testing.T, seq, ack uint32, flags byte, data []byte) {
+	if a.v6 != nil {
+		must(t, a.pod.send(a23TCP6(a.v6, a.sport, outsideIP6, a.dport, seq, ack, flags, data)))
+		return
+	}
 	must(t, a.pod.send(a20TCP4(a.x4, a.sport, outsideIP, a.dport, seq, ack, flags, data)))
 }
 
 // srvSeg sends, from the outside netns, a segment forged as the server's to
 // the node's masqueraded tuple.
 func (a *a23Conn) srvSeg(t *testing.T, seq, ack uint32, flags byte) {
+	if a.v6 != nil {
+		must(t, a.out.send(a23TCP6(outsideIP6, a.dport, labNodeA6, a.nport, seq, ack, flags, nil)))
+		return
+	}
 	must(t, a.out.send(a20TCP4(outsideIP, a.dport, labNodeA, a.nport, seq, ack, flags, nil)))
+}
+
+// a23TCP6 is a20TCP4's segment in IPv6.
+func a23TCP6(src net.IP, sport int, dst net.IP, dport int, seq, ack uint32, flags byte, payload []byte) []byte {
+	tcp := a20TCP4(net.IPv4zero, sport, net.IPv4zero, dport, seq, ack, flags, payload)[20:]
+	tcp[16], tcp[17] = 0, 0
+	ph := make([]byte, 40)
+	copy(ph[0:], src.To16())
+	copy(ph[16:], dst.To16())
+	binary.BigEndian.PutUint32(ph[32:], uint32(len(tcp)))
+	ph[39] = 6
+	binary.BigEndian.PutUint16(tcp[16:], csum16(append(ph, tcp...)))
+	h := make([]byte, 40)
+	h[0], h[6], h[7] = 0x60, 6, 64
+	binary.BigEndian.PutUint16(h[4:], uint16(len(tcp)))
+	copy(h[8:], src.To16())
+	copy(h[24:], dst.To16())
+	return append(h, tcp...)
 }
 
 // a23Cheat acts on one of the pod's first connections; beforeFIN cheats
@@ -89,10 +129,19 @@ type a23Cheat func(t *testing.T, a *a23Conn)
 // ncheat, opens 8 more and sends "again" on all 16. It returns how many
 // delivered it.
 func a23Round(t *testing.T, lab *masqLab, port int, delay time.Duration, id string, base, ncheat int, beforeFIN bool, cheat a23Cheat) int {
-	got, mu := halfCloseServer(t, lab, port, delay)
-	srv := hp(outsideIP, port)
+	return a23RoundAt(t, lab, outsideIP, port, delay, id, base, ncheat, beforeFIN, cheat)
+}
+
+// a23RoundAt is a23Round against the server on sip (outsideIP or
+// outsideIP6).
+func a23RoundAt(t *testing.T, lab *masqLab, sip net.IP, port int, delay time.Duration, id string, base, ncheat int, beforeFIN bool, cheat a23Cheat) int {
+	got, mu := a23HalfCloseServer(t, lab, sip, port, delay)
+	srv := hp(sip, port)
 	x, r := lab.a.RunPod(id)
-	x4, _ := testenv.PodIPs(t, r)
+	x4, x6 := testenv.PodIPs(t, r)
+	if sip.To4() != nil {
+		x6 = nil
+	}
 	pod, out := a23OpenRaw(t, x), a23OpenRaw(t, lab.out)
 	var conns []net.Conn
 	open := func(from int, first bool) {
@@ -107,7 +156,7 @@ func a23Round(t *testing.T, lab *masqLab, port int, delay time.Duration, id stri
 			f.c.Write([]byte("hello\n"))
 			answer, _ := f.r.ReadString('\n')
 			conns = append(conns, f.c)
-			a := &a23Conn{c: f.c, sport: base + j, dport: port, x4: x4, x: x, pod: pod, out: out}
+			a := &a23Conn{c: f.c, sport: base + j, dport: port, x4: x4, v6: x6, x: x, pod: pod, out: out}
 			if fs := strings.Fields(answer); len(fs) > 0 {
 				if _, p, err := net.SplitHostPort(fs[0]); err == nil {
 					a.nport, _ = strconv.Atoi(p)
