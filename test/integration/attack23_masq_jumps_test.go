@@ -66,3 +66,18 @@ func TestAttack23MasqShareForgedAcksThenJumps(t *testing.T) {
 		t.Errorf("attack23: RED pod holds %d live connections to one server, over its share of 8: forged server ACKs from outside (blind sequence numbers) acknowledging far ahead, attack21's jumps, then a FIN one below its next, counted", n)
 	}
 }
+
+// TestAttack23MasqShareIPv6Jumps (RED on land18: attack21's open defect,
+// IPv6 too): attack21's jumps round the sequence space, then a FIN one
+// below the pod's next, over IPv6.
+func TestAttack23MasqShareIPv6Jumps(t *testing.T) {
+	t.Parallel()
+	lab := f20Lab(t, "64300-64331")
+	n := a23RoundAt(t, lab, outsideIP6, 7580, 0, "a23v6j", 49000, 8, false, func(t *testing.T, a *a23Conn) {
+		a23Jumps(t, a, a.snd, false)
+		a.podSeg(t, a.snd-1, a.rcv, 0x11, nil)
+	})
+	if n > 8 {
+		t.Errorf("attack23: RED pod holds %d live IPv6 connections to one server, over its share of 8: attack21's jumps round the sequence space, then a FIN one below its next, counted (attack21's open defect, over IPv6)", n)
+	}
+}
