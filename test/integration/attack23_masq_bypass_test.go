@@ -372,3 +372,24 @@ func a23Challenges(x ns.NetNS) int {
 	})
 	return n
 }
+
+// TestAttack23MasqShareOddFlags: pod by pod, a raw segment one below the
+// pod's next with SYN and FIN (the server answers a SYN on an established
+// connection with a challenge ACK of the pod's next: exactly the FIN's
+// end), with SYN, FIN and ACK, with FIN and RST (an RST out of the
+// server's window, ignored), and with FIN and URG.
+func TestAttack23MasqShareOddFlags(t *testing.T) {
+	t.Parallel()
+	lab := f20Lab(t, "64500-64595")
+	for i, c := range []struct {
+		id    string
+		flags byte
+	}{{"a23o03", 0x03}, {"a23o13", 0x13}, {"a23o05", 0x05}, {"a23o31", 0x31}} {
+		n := a23Round(t, lab, 7591+i, 0, c.id, 49200+100*i, 8, false, func(t *testing.T, a *a23Conn) {
+			a.podSeg(t, a.snd-1, a.rcv, c.flags, nil)
+		})
+		if n > 8 {
+			t.Errorf("attack23: RED pod %s holds %d live connections to one server, over its share of 8: a segment one below its next with flags %#02x counted as its close", c.id, n, c.flags)
+		}
+	}
+}
