@@ -1,0 +1,44 @@
+// attack23: a pod's SYN on its own live tuple re-seeds the flow's tracking
+// (taken for the port reused, docs/masquerade.md, "No pod starves the
+// others"), and "the ack counts only once the server's end is known (its
+// SYN-ACK seen)". An accomplice outside can supply that SYN-ACK, and odd
+// flag combinations may take the SYN path and the FIN path at once.
+
+package integration
+
+import (
+	"testing"
+	"time"
+)
+
+// TestAttack23MasqShareForgedSynAck (RED on land18, a defect of its own,
+// not attack21's: no jump, no wrap): on each of its first 8 connections
+// (the server's FIN read) the pod sends a raw SYN at a sequence number of
+// its choosing S (the server answers with a challenge ACK and changes
+// nothing); the accomplice outside answers it with a forged SYN-ACK (its
+// own sequence number Q, ack S+1) on the node's tuple; the pod sends a FIN
+// at S+1 (out of the server's window: dropped) and the accomplice
+// "acknowledges" it with a FIN-ACK at Q+1, which the pod acknowledges. No
+// sequence number of the real server is used. On land18 2 or 3 of the 8
+// stop counting (3 runs): 10-11 of 16 live at a limit of 8. Right: 8; the
+// SYN-ACK that makes the server's end known must be the server's (e.g. a
+// SYN on a live tuple not re-seeding it, or a re-seeded flow keeping its
+// share until the server's own SYN-ACK answers a SYN it took).
+func TestAttack23MasqShareForgedSynAck(t *testing.T) {
+	t.Parallel()
+	lab := f20Lab(t, "64400-64431")
+	n := a23Round(t, lab, 7590, 0, "a23sa", 49100, 8, false, func(t *testing.T, a *a23Conn) {
+		s, q := a.snd+1<<30, uint32(0x12345678)
+		a.podSeg(t, s, 0, 0x02, nil)
+		time.Sleep(2 * time.Millisecond)
+		a.srvSeg(t, q, s+1, 0x12)
+		time.Sleep(2 * time.Millisecond)
+		a.podSeg(t, s+1, q+1, 0x11, nil)
+		time.Sleep(2 * time.Millisecond)
+		a.srvSeg(t, q+1, s+2, 0x11)
+		a.podSeg(t, s+2, q+2, 0x10, nil)
+	})
+	if n > 8 {
+		t.Errorf("attack23: RED pod holds %d live connections to one server, over its share of 8: its raw SYN on its live tuple, a SYN-ACK and FIN-ACK forged from outside (no sequence number of the server's), counted as the flow's close", n)
+	}
+}
