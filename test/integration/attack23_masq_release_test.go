@@ -199,3 +199,48 @@ func a23LogSockets(t *testing.T, lab *masqLab, port int) {
 		return nil
 	})
 }
+
+// TestAttack23MasqShareReopenedTuple: the pod reopens one tuple (same
+// local port) 6 times in a row, each connection closed by the server
+// first ("bye": its TIME_WAIT takes the new SYN, timestamps rising), then
+// by the pod; the odd ones uploading 1 MiB first. Each new connection's
+// ISN (set through TCP_REPAIR: Linux's own grow with time on one tuple) is
+// behind the last one's end, by 1 MiB or by 2^31 + 2^28 (ahead by the
+// numbers, behind in the sequence space's order): whatever the flow's entry
+// kept of the last connection must not hold the new one's FIN, so the
+// share is 0 after each close.
+func TestAttack23MasqShareReopenedTuple(t *testing.T) {
+	t.Parallel()
+	lab := newShareLab(t, "64600-64631")
+	x, ifx, srv := a16ServedPod(t, lab, 7600, "a23ro")
+	var isn uint32
+	for i := 0; i < 6; i++ {
+		f, err := f20Dial(x, 47600, srv, isn)
+		if err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+		if i%2 == 1 {
+			f.c.SetDeadline(time.Now().Add(5 * time.Second))
+			f.c.Write(a23Lines(1 << 20))
+		}
+		if _, _, err := f.ask(fmt.Sprint("hi", i)); err != nil {
+			t.Errorf("connection %d: %v", i, err)
+		}
+		snd, _ := a20Seqs(t, f.c)
+		a16Close(t, []*a14Flow{f}, "bye")
+		isn = snd - 1<<20
+		if i%2 == 1 {
+			isn = snd + 1<<31 + 1<<28
+		}
+		var s int
+		for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+			if s, _ = a16Share(t, lab.a, ifx, "tcp", srv); s == 0 {
+				break
+			}
+		}
+		t.Logf("connection %d: the pod's next sequence number %#x; share %d after its close", i, snd, s)
+		if s != 0 {
+			t.Errorf("attack23: RED the pod's connection %d on its reopened tuple, closed by a FIN each way: share %d, want 0", i, s)
+		}
+	}
+}
