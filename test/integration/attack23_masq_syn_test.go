@@ -28,18 +28,34 @@ import (
 func TestAttack23MasqShareForgedSynAck(t *testing.T) {
 	t.Parallel()
 	lab := f20Lab(t, "64400-64431")
-	n := a23Round(t, lab, 7590, 0, "a23sa", 49100, 8, false, func(t *testing.T, a *a23Conn) {
-		s, q := a.snd+1<<30, uint32(0x12345678)
-		a.podSeg(t, s, 0, 0x02, nil)
-		time.Sleep(50 * time.Millisecond)
-		a.srvSeg(t, q, s+1, 0x12)
-		time.Sleep(50 * time.Millisecond)
-		a.podSeg(t, s+1, q+1, 0x11, nil)
-		time.Sleep(50 * time.Millisecond)
-		a.srvSeg(t, q+1, s+2, 0x11)
-		a.podSeg(t, s+2, q+2, 0x10, nil)
-	})
+	n := a23Round(t, lab, 7590, 0, "a23sa", 49100, 8, false, a23SynAckCheat)
 	if n > 8 {
 		t.Errorf("attack23: RED pod holds %d live connections to one server, over its share of 8: its raw SYN on its live tuple, a SYN-ACK and FIN-ACK forged from outside (no sequence number of the server's), counted as the flow's close", n)
 	}
+}
+
+// TestAttack23MasqShareForgedSynAckIPv6 (RED on land18, as
+// TestAttack23MasqShareForgedSynAck): the same over IPv6.
+func TestAttack23MasqShareForgedSynAckIPv6(t *testing.T) {
+	t.Parallel()
+	lab := f20Lab(t, "64900-64931")
+	n := a23RoundAt(t, lab, outsideIP6, 7592, 0, "a23s6", 49900, 8, false, a23SynAckCheat)
+	if n > 8 {
+		t.Errorf("attack23: RED pod holds %d live IPv6 connections to one server, over its share of 8: its raw SYN on its live tuple, a SYN-ACK and FIN-ACK forged from outside, counted as the flow's close", n)
+	}
+}
+
+// a23SynAckCheat: the pod's SYN at S on its live tuple, the accomplice's
+// SYN-ACK (Q, S+1), the pod's FIN at S+1, the accomplice's FIN-ACK (Q+1,
+// S+2), the pod's ACK; 50 ms apart.
+func a23SynAckCheat(t *testing.T, a *a23Conn) {
+	s, q := a.snd+1<<30, uint32(0x12345678)
+	a.podSeg(t, s, 0, 0x02, nil)
+	time.Sleep(50 * time.Millisecond)
+	a.srvSeg(t, q, s+1, 0x12)
+	time.Sleep(50 * time.Millisecond)
+	a.podSeg(t, s+1, q+1, 0x11, nil)
+	time.Sleep(50 * time.Millisecond)
+	a.srvSeg(t, q+1, s+2, 0x11)
+	a.podSeg(t, s+2, q+2, 0x10, nil)
 }
