@@ -144,9 +144,9 @@ func createVeth(r *rtnl, p *plan, netns ns.NetNS) (netlink.Link, error) {
 // Either is the environment's (4), named, not an internal error.
 func takenName(r *rtnl, p *plan) error {
 	if _, err := r.LinkByName(p.hostIf); err == nil {
-		return Errorf(ErrEnv, "create veth %s: the node has an interface of that name already (not one of this plugin's attachments: remove it)", p.hostIf)
+		return Errorf(ErrEnv, "create veth %s: an interface of that name exists already on the node (not one of this plugin's attachments: remove it)", p.hostIf)
 	}
-	return Errorf(ErrEnv, "CNI_IFNAME %s: the pod's network namespace has an interface of that name already", p.ifname)
+	return Errorf(ErrEnv, "CNI_IFNAME %s: an interface of that name exists already in the pod's network namespace", p.ifname)
 }
 
 // addrAddError names the cause the kernel gives only as EACCES: IPv6 is
