@@ -98,7 +98,7 @@ type cluster struct {
 	procs     []*proc
 	pki       *pki
 	sysctls   map[string]string // machine-wide values kubelet may change, as found
-	netnsIDs  []string          // inode ids of the run's namespaces (leak check)
+	netnsIDs  map[string]uint64 // the run's namespaces: inode id -> netns cookie (leak check)
 	admin     string            // admin kubeconfig
 	apiserver *proc
 
@@ -350,7 +350,14 @@ func (c *cluster) network() error {
 			ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/net", h.cmd.Process.Pid))
 			exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", h.cmd.Process.Pid))
 			if ns != "" && ns != self && strings.HasSuffix(exe, "/sleep") {
-				c.netnsIDs = append(c.netnsIDs, ns)
+				cookie, err := netnsCookie(h.cmd.Process.Pid)
+				if err != nil {
+					return fmt.Errorf("%s: %w", h.name, err)
+				}
+				if c.netnsIDs == nil {
+					c.netnsIDs = map[string]uint64{}
+				}
+				c.netnsIDs[ns] = cookie
 				ok = true
 			} else {
 				time.Sleep(20 * time.Millisecond)

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // preflight installs what is missing from apt: containerd and runc (the
@@ -272,31 +274,57 @@ func (c *cluster) ourPids() []int {
 	return pids
 }
 
-// liveNetns: the run's network namespaces that some process or mount still
-// holds.
+// liveNetns: the run's network namespaces that some process still holds,
+// with the processes. The inode number alone does not say: the kernel
+// reuses a freed one at once, and the integration tests, which go test
+// runs next to these, make namespaces all the time (CI saw one of theirs
+// named as this run's). The netns cookie is never reused.
 func (c *cluster) liveNetns() []string {
-	want := map[string]bool{}
-	for _, ns := range c.netnsIDs {
-		want[ns] = true
-	}
-	found := map[string]bool{}
-	if len(want) == 0 {
+	if len(c.netnsIDs) == 0 {
 		return nil
 	}
+	found := map[string][]string{}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
 			continue
 		}
-		if ns, _ := os.Readlink("/proc/" + e.Name() + "/ns/net"); want[ns] {
-			found[ns] = true
+		ns, _ := os.Readlink("/proc/" + e.Name() + "/ns/net")
+		want, ours := c.netnsIDs[ns]
+		if !ours {
+			continue
 		}
+		if cookie, err := netnsCookie(pid); err != nil || cookie != want {
+			continue // gone meanwhile, or another namespace with the number
+		}
+		found[ns] = append(found[ns], fmt.Sprintf("process %d: %s", pid, cmdline(pid)))
 	}
 	var out []string
-	for ns := range found {
-		out = append(out, ns)
+	for ns, procs := range found {
+		out = append(out, ns+" ("+strings.Join(procs, "; ")+")")
 	}
+	sort.Strings(out)
 	return out
+}
+
+// netnsCookie: the cookie of pid's network namespace (SO_NETNS_COOKIE,
+// Linux 5.14), unique for the boot.
+func netnsCookie(pid int) (uint64, error) {
+	var cookie uint64
+	err := inNetns(pid, func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("netns cookie of process %d: %w", pid, err)
+	}
+	return cookie, nil
 }
 
 // down kills everything the run started (the cluster has no state worth a
