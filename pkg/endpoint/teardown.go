@@ -5,6 +5,8 @@ import (
 	"net"
 	"os"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -36,13 +38,14 @@ type Teardown struct {
 
 	before, with []func() error
 	hostIf       string
-	netns        string // the pod's netns path; "" when unknown, or not ours to touch
-	foreign      bool   // the link under the host veth's name is another network's attachment's
-	replaced     bool   // the link under that name is another tool's, made since the veth went (replacedLink)
-	handOff      bool   // the agent is alive: it deletes the veth (handoff.go)
-	sweep        bool   // the pod's nexthop objects were parked: sweep them after the veth (parkNexthopsOn)
-	nodeNL       *rtnl  // the node netns's netlink sockets, kept for the teardown (rtnl.go)
-	podNL        *rtnl  // the pod netns's, opened by removePodSide; nil until then
+	netns        string   // the pod's netns path; "" when unknown, or not ours to touch
+	foreign      bool     // the link under the host veth's name is another network's attachment's
+	replaced     bool     // the link under that name is another tool's, made since the veth went (replacedLink)
+	handOff      bool     // the agent is alive: it deletes the veth (handoff.go)
+	sweep        bool     // the pod's nexthop objects were parked: sweep them after the veth (parkNexthopsOn)
+	nodeNL       *rtnl    // the node netns's netlink sockets, kept for the teardown (rtnl.go)
+	podNL        *rtnl    // the pod netns's, opened by removePodSide; nil until then
+	podLock      ns.NetNS // the pod's netns, locked by removePodSide until the veth is gone (lockNetns)
 	tr           *Tracer
 }
 
@@ -76,7 +79,7 @@ func guarded(steps ...func() error) error {
 
 func tearDownAll(n *Network, id ID, rec *state.Record, tr *Tracer) error {
 	t := newTeardown(n, id, rec, tr)
-	defer func() { t.nodeNL.Close(); t.podNL.Close() }()
+	defer func() { t.nodeNL.Close(); t.podNL.Close(); t.unlockNetns() }()
 	errs := t.openMaps()
 	if t.DP != nil {
 		defer t.DP.Close()
@@ -90,6 +93,7 @@ func tearDownAll(n *Network, id ID, rec *state.Record, tr *Tracer) error {
 		Crashpoint("del-parked")
 	}
 	errs = errors.Join(errs, guarded(t.removeVeth))
+	t.unlockNetns() // the veth is gone (or handed off): another interface's teardown may look
 	if t.sweep {
 		Crashpoint("del-veth")
 		errs = errors.Join(errs, sweepPod(t.podNL, t.netns))
@@ -255,12 +259,20 @@ func (t *Teardown) removePodSide() error {
 		_, err := t.DP.Maps.Links().Lookup(idx)
 		return err == nil
 	}
-	cookie, sweep, podNL := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff)
-	t.sweep, t.podNL = sweep, podNL
+	cookie, sweep, podNL, held := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff)
+	t.sweep, t.podNL, t.podLock = sweep, podNL, held
 	if cookie != 0 && t.DP != nil {
 		return t.DP.Maps.Bandwidth().DeleteNetns(cookie)
 	}
 	return nil
+}
+
+// unlockNetns releases the lock of the pod's netns (removePodSide).
+func (t *Teardown) unlockNetns() {
+	if t.podLock != nil {
+		t.podLock.Close()
+		t.podLock = nil
+	}
 }
 
 // removeVeth deletes the host veth, or hands it off to the agent. Deleting
