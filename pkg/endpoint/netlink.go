@@ -13,6 +13,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // randomMAC returns a unicast, locally administered MAC.
@@ -388,6 +390,21 @@ func foreignLink(l netlink.Link, network, containerID, ifname string) bool {
 	return strings.HasPrefix(alias, aliasPrefix) && alias != ownerAlias(network, containerID, ifname)
 }
 
+// replacedLink tells whether a node link under an attachment's host veth
+// name is another tool's that took the name after the attachment's veth
+// went (an operator's `ip link del`, the pod's netns gone): it lacks the
+// attachment's alias, and either its record names another ifindex or no
+// record is left (rec nil). Sound because ADD writes the record
+// (provisional, ifindex 0) before it makes the veth, and DEL forgets the
+// record only once the veth is gone: a veth of ours that an ADD killed
+// before setting the alias still has its record.
+func replacedLink(l netlink.Link, rec *state.Record, network, containerID, ifname string) bool {
+	if l.Attrs().Alias == ownerAlias(network, containerID, ifname) {
+		return false
+	}
+	return rec == nil || (rec.HostIfindex != 0 && rec.HostIfindex != l.Attrs().Index)
+}
+
 // holderOf names what holds a node link: the attachment its alias names,
 // else the link itself.
 func holderOf(ifindex int) string {
@@ -476,17 +493,20 @@ func nodeRouteHolder(dst *net.IPNet) string {
 	return "another route"
 }
 
-// deleteLink removes a host veth (its peer and routes go with it) of r's
-// netns (nil: the calling thread's); absent is fine. One RTM_DELLINK that
-// names the link (ifindex 0, IFLA_IFNAME): the kernel finds it by name,
-// as the lookup that went before it did, and answers ENODEV when there is
-// none, which spares a request (round 17).
-func deleteLink(r *rtnl, name string) error {
+// deleteLinkIndex removes the host veth with that ifindex (its peer and
+// routes go with it) of r's netns (nil: the calling thread's); absent is
+// fine. By ifindex, not by name: a teardown deletes the veth it
+// identified, never a link another tool made under the same name since.
+func deleteLinkIndex(r *rtnl, ifindex int) error {
+	if ifindex <= 0 {
+		return nil
+	}
 	req := r.request(unix.RTM_DELLINK, unix.NLM_F_ACK)
-	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
-	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(name)))
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(ifindex)
+	req.AddData(msg)
 	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil && !errors.Is(err, unix.ENODEV) {
-		return fmt.Errorf("delete %s: %w", name, err)
+		return fmt.Errorf("delete ifindex %d: %w", ifindex, err)
 	}
 	return nil
 }

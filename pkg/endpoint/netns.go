@@ -1,7 +1,9 @@
 package endpoint
 
 import (
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
@@ -39,4 +41,32 @@ func isOwnNetns(fd int) bool {
 	var pod, self unix.Stat_t
 	return unix.Fstat(fd, &pod) == nil && unix.Stat("/proc/self/ns/net", &self) == nil &&
 		pod.Dev == self.Dev && pod.Ino == self.Ino
+}
+
+// netnsLockWait is how long a teardown waits for the lock of its pod's
+// netns (lockNetns): the other holder is a teardown of another interface
+// of the pod, which holds it for tens of milliseconds.
+const netnsLockWait = 5 * time.Second
+
+// lockNetns takes the lock of a pod's netns: an exclusive flock on its
+// nsfs file, which every path of the netns (a bind mount, /proc/<pid>/ns/net)
+// opens as the one inode, and so the one lock. A teardown holds it from its
+// look at the pod's other interfaces until its own veth is gone, so that of
+// two DELs of a pod's two interfaces side by side, the second sees the
+// first's veth gone and removes the pod's netns entry (each saw the other's
+// and kept it). The lock goes with the fd (netns.Close). Not had within
+// netnsLockWait (a holder that is not ours), the teardown goes on without it.
+func lockNetns(netns ns.NetNS) bool {
+	fd := int(netns.Fd())
+	deadline := time.Now().Add(netnsLockWait)
+	for {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return true
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) || time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

@@ -22,18 +22,25 @@ import (
 // in podNL (nil when the netns was not entered) for the sweep, which the
 // caller closes: a socket acts in the netns it was made in, so the sweep
 // needs no second netns switch.
-func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool, handOff bool) (deleteCookie uint64, sweep bool, podNL *rtnl) {
+//
+// The look at the pod's other interfaces is under the netns's lock
+// (lockNetns), returned in held (nil when the netns was not opened): the
+// caller closes it once its veth is gone, so that a teardown of another
+// interface of the pod looks either before it or after its veth went.
+func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool, handOff bool) (deleteCookie uint64, sweep bool, podNL *rtnl, held ns.NetNS) {
 	if netnsPath == "" {
-		return recCookie, false, nil
+		return recCookie, false, nil, nil
 	}
 	netns, err := ns.GetNS(netnsPath)
 	if err != nil {
-		return recCookie, false, nil // the netns is gone, and with it whoever used the entry
+		return recCookie, false, nil, nil // the netns is gone, and with it whoever used the entry
 	}
-	defer netns.Close()
 	if isOwnNetns(int(netns.Fd())) {
-		return recCookie, false, nil // a DEL naming the node's netns: no pod's rules there
+		netns.Close()
+		return recCookie, false, nil, nil // a DEL naming the node's netns: no pod's rules there
 	}
+	lockNetns(netns)
+	held = netns
 	_ = netns.Do(func(ns.NetNS) error {
 		podNL = openRTNLOrEach()
 		// An ADD that recorded no cookie (no pacing, no SO_NETNS_COOKIE)
@@ -76,7 +83,7 @@ func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int,
 		}
 		return nil
 	})
-	return deleteCookie, sweep, podNL
+	return deleteCookie, sweep, podNL, held
 }
 
 // podSideLink finds the pod end of the host veth hostIfindex among links,

@@ -8,11 +8,12 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-// TestDeleteLinkByName: deleteLink's one RTM_DELLINK naming the link
-// removes that link only, and a second call (the link gone: a DEL's retry)
-// is no error. Through a kept socket (DEL's) and through a socket per
-// request (nil), in a fresh netns.
-func TestDeleteLinkByName(t *testing.T) {
+// TestDeleteLinkByIndex: deleteLinkIndex's one RTM_DELLINK naming the
+// ifindex removes that link only, and a second call (the link gone: a
+// DEL's retry) is no error, even when another link has taken the name
+// since: that link stays. Through a kept socket (DEL's) and through a
+// socket per request (nil), in a fresh netns.
+func TestDeleteLinkByIndex(t *testing.T) {
 	netns := freshNetns(t)
 	err := netns.Do(func(ns.NetNS) error {
 		r, err := openRTNL()
@@ -20,22 +21,40 @@ func TestDeleteLinkByName(t *testing.T) {
 			return err
 		}
 		defer r.Close()
-		for _, n := range []string{"dl0", "dl1"} {
-			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: n}, PeerName: n + "p"}); err != nil {
-				return err
-			}
-		}
 		for _, via := range []*rtnl{r, nil} {
-			if err := deleteLink(via, "dl0"); err != nil {
-				t.Errorf("deleteLink(dl0) (kept socket %v): %v", via.kept(), err)
+			idx := map[string]int{}
+			for _, n := range []string{"dl0", "dl1"} {
+				if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: n}, PeerName: n + "p"}); err != nil {
+					return err
+				}
+				l, err := netlink.LinkByName(n)
+				if err != nil {
+					return err
+				}
+				idx[n] = l.Attrs().Index
+			}
+			if err := deleteLinkIndex(via, idx["dl0"]); err != nil {
+				t.Errorf("deleteLinkIndex(dl0) (kept socket %v): %v", via.kept(), err)
 			}
 			var nf netlink.LinkNotFoundError
 			if _, err := netlink.LinkByName("dl0"); !errors.As(err, &nf) {
-				t.Errorf("dl0 after deleteLink (kept socket %v): %v", via.kept(), err)
+				t.Errorf("dl0 after deleteLinkIndex (kept socket %v): %v", via.kept(), err)
 			}
-		}
-		if _, err := netlink.LinkByName("dl1"); err != nil {
-			t.Errorf("dl1, not named, is gone too: %v", err)
+			// Another link takes the name; the retry leaves it.
+			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "dl0"}, PeerName: "dl0q"}); err != nil {
+				return err
+			}
+			if err := deleteLinkIndex(via, idx["dl0"]); err != nil {
+				t.Errorf("deleteLinkIndex(dl0) again (kept socket %v): %v", via.kept(), err)
+			}
+			for _, n := range []string{"dl0", "dl1"} {
+				l, err := netlink.LinkByName(n)
+				if err != nil {
+					t.Errorf("%s, not the ifindex deleted, is gone too (kept socket %v): %v", n, via.kept(), err)
+					continue
+				}
+				_ = netlink.LinkDel(l)
+			}
 		}
 		return nil
 	})

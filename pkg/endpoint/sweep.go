@@ -157,18 +157,21 @@ func Reconcile(n *Network, conf []byte, cniPath string, dryRun bool) ([]string, 
 
 // reconcileSweep is Reconcile's Sweep.
 func reconcileSweep(n *Network, conf []byte, cniPath string, dryRun bool) *Sweep {
-	return &Sweep{Net: n, Conf: conf, CNIPath: cniPath, DryRun: dryRun, Gone: vethGone}
+	return &Sweep{Net: n, Conf: conf, CNIPath: cniPath, DryRun: dryRun,
+		Gone: func(r *state.Record, st state.Status) (bool, error) { return vethGone(n.Name, r, st) }}
 }
 
 // vethGone: an abandoned claim is gone; a complete attachment (or one
-// whose ADD ended after the listing) only when its host veth is.
-func vethGone(r *state.Record, st state.Status) (bool, error) {
+// whose ADD ended after the listing) only when its host veth is: no link
+// has its name, or the one that has is another tool's, made since
+// (replacedLink).
+func vethGone(network string, r *state.Record, st state.Status) (bool, error) {
 	if st == state.Abandoned {
 		return true, nil
 	}
-	_, err := netlinksafe.LinkByName(state.HostIfName(r.ContainerID, r.IfName))
+	l, err := netlinksafe.LinkByName(state.HostIfName(r.ContainerID, r.IfName))
 	if err == nil {
-		return false, nil
+		return replacedLink(l, r, network, r.ContainerID, r.IfName), nil
 	}
 	var nf netlink.LinkNotFoundError
 	if !errors.As(err, &nf) {

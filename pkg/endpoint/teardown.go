@@ -5,6 +5,8 @@ import (
 	"net"
 	"os"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
@@ -36,12 +38,14 @@ type Teardown struct {
 
 	before, with []func() error
 	hostIf       string
-	netns        string // the pod's netns path; "" when unknown, or not ours to touch
-	foreign      bool   // the host veth is another network's attachment's
-	handOff      bool   // the agent is alive: it deletes the veth (handoff.go)
-	sweep        bool   // the pod's nexthop objects were parked: sweep them after the veth (parkNexthopsOn)
-	nodeNL       *rtnl  // the node netns's netlink sockets, kept for the teardown (rtnl.go)
-	podNL        *rtnl  // the pod netns's, opened by removePodSide; nil until then
+	netns        string   // the pod's netns path; "" when unknown, or not ours to touch
+	foreign      bool     // the link under the host veth's name is another network's attachment's
+	replaced     bool     // the link under that name is another tool's, made since the veth went (replacedLink)
+	handOff      bool     // the agent is alive: it deletes the veth (handoff.go)
+	sweep        bool     // the pod's nexthop objects were parked: sweep them after the veth (parkNexthopsOn)
+	nodeNL       *rtnl    // the node netns's netlink sockets, kept for the teardown (rtnl.go)
+	podNL        *rtnl    // the pod netns's, opened by removePodSide; nil until then
+	podLock      ns.NetNS // the pod's netns, locked by removePodSide until the veth is gone (lockNetns)
 	tr           *Tracer
 }
 
@@ -75,7 +79,7 @@ func guarded(steps ...func() error) error {
 
 func tearDownAll(n *Network, id ID, rec *state.Record, tr *Tracer) error {
 	t := newTeardown(n, id, rec, tr)
-	defer func() { t.nodeNL.Close(); t.podNL.Close() }()
+	defer func() { t.nodeNL.Close(); t.podNL.Close(); t.unlockNetns() }()
 	errs := t.openMaps()
 	if t.DP != nil {
 		defer t.DP.Close()
@@ -89,6 +93,7 @@ func tearDownAll(n *Network, id ID, rec *state.Record, tr *Tracer) error {
 		Crashpoint("del-parked")
 	}
 	errs = errors.Join(errs, guarded(t.removeVeth))
+	t.unlockNetns() // the veth is gone (or handed off): another interface's teardown may look
 	if t.sweep {
 		Crashpoint("del-veth")
 		errs = errors.Join(errs, sweepPod(t.podNL, t.netns))
@@ -126,14 +131,20 @@ func newTeardown(n *Network, id ID, rec *state.Record, tr *Tracer) *Teardown {
 	// The veth of another network's attachment of the same container and
 	// interface name (its ADD refused ours, and the runtime DELs ours):
 	// neither it, nor its pins, entries or pod rules are ours to remove.
-	if l, err := t.nodeNL.LinkByName(t.hostIf); err == nil {
+	// Nor is a link another tool made under the name once the veth went
+	// (replacedLink): the veth's own state is found by the record's
+	// ifindex.
+	l, err := t.nodeNL.LinkByName(t.hostIf)
+	if err == nil {
 		t.foreign = foreignLink(l, n.Name, id.ContainerID, id.IfName)
-		if !t.foreign {
+		t.replaced = replacedLink(l, rec, n.Name, id.ContainerID, id.IfName)
+		if !t.foreign && !t.replaced {
 			t.Ifindex = l.Attrs().Index
 			// With the agent alive the veth is handed off to it (handoff.go).
 			t.handOff = datapath.AgentAlive(n.PinDir)
 		}
-	} else if rec != nil && rec.HostIfindex != 0 {
+	}
+	if t.Ifindex == 0 && rec != nil && rec.HostIfindex != 0 && (err != nil || rec.HostIfindex != l.Attrs().Index) {
 		// The veth is gone; its old index is ours unless a new link took it.
 		if l, err := t.nodeNL.LinkByIndex(rec.HostIfindex); err != nil || l.Attrs().Name == t.hostIf {
 			t.Ifindex = rec.HostIfindex
@@ -248,12 +259,20 @@ func (t *Teardown) removePodSide() error {
 		_, err := t.DP.Maps.Links().Lookup(idx)
 		return err == nil
 	}
-	cookie, sweep, podNL := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff)
-	t.sweep, t.podNL = sweep, podNL
+	cookie, sweep, podNL, held := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff)
+	t.sweep, t.podNL, t.podLock = sweep, podNL, held
 	if cookie != 0 && t.DP != nil {
 		return t.DP.Maps.Bandwidth().DeleteNetns(cookie)
 	}
 	return nil
+}
+
+// unlockNetns releases the lock of the pod's netns (removePodSide).
+func (t *Teardown) unlockNetns() {
+	if t.podLock != nil {
+		t.podLock.Close()
+		t.podLock = nil
+	}
 }
 
 // removeVeth deletes the host veth, or hands it off to the agent. Deleting
@@ -263,13 +282,13 @@ func (t *Teardown) removePodSide() error {
 // period per hook.
 func (t *Teardown) removeVeth() error {
 	switch {
-	case t.foreign:
-		return nil
+	case t.foreign || t.replaced:
+		return nil // not ours: our veth is gone already
 	case t.handOff:
 		var errs error
 		if err := handOffHost(t.nodeNL, t.Net.PinDir, t.hostIf, t.Ifindex); err != nil {
 			// Not handed off: delete it here after all.
-			errs = errors.Join(deleteLink(t.nodeNL, t.hostIf), datapath.RemoveLinkPins(t.Net.PinDir, state.HandedOffName(t.Ifindex)))
+			errs = errors.Join(deleteLinkIndex(t.nodeNL, t.Ifindex), datapath.RemoveLinkPins(t.Net.PinDir, state.HandedOffName(t.Ifindex)))
 			if t.DP != nil {
 				errs = errors.Join(errs, t.dropStackFlows(false)) // the entries are gone: no look
 			}
@@ -277,7 +296,9 @@ func (t *Teardown) removeVeth() error {
 		t.tr.Mark("hand-off")
 		return errs
 	default:
-		err := deleteLink(t.nodeNL, t.hostIf)
+		// The veth identified by newTeardown, by its ifindex: another
+		// tool's link made under its name since is not touched.
+		err := deleteLinkIndex(t.nodeNL, t.Ifindex)
 		t.tr.Mark("veth")
 		return err
 	}
