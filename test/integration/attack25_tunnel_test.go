@@ -26,6 +26,8 @@ import (
 //     the trust rule (not node 3's), counted drop_tunnel_source;
 //   - node 2's pod, the one peer pod 1 admits: the trust rule again.
 //
+// Before any policy is written pod 1 is pending ("only the node's traffic
+// passes"): node 1 reaches it, node 3's own sources do not.
 // Controls: node 2's pod reaches pod 1; once pod 1 also admits node 3's
 // two addresses, the same datagrams with those sources arrive (the path
 // delivers; the denial above was the policy's).
@@ -40,16 +42,7 @@ func TestAttack25TunnelNodeSourcesJudged(t *testing.T) {
 	_, idx1 := n1.HostVeth("t25n1")
 	idxT, _, _ := tunDevice(t, n1)
 	w := m1.Policy().Writer()
-	must(t, w.Apply(uint32(idx1), policy.Endpoint{Ingress: isolated(allowAll(host(a4[1])), allowAll(host(a6[1])))}))
-
 	const port = 9725
-	got4, got6 := listenUDP4(t, p1, port), listenUDP6(t, p1, port)
-	sendUDPFrom(t, p2, a4[0], port, []byte("pod2-v4"))
-	sendUDPFrom(t, p2, a6[0], port, []byte("pod2-v6"))
-	if arrived := append(got4(2*time.Second), got6(200*time.Millisecond)...); len(missing(arrived, []string{"pod2-v4", "pod2-v6"})) != 0 {
-		t.Fatalf("node 2's pod, admitted, did not reach pod 1 through the tunnel: got %q", arrived)
-	}
-
 	// The network address of node i's pod CIDR: its tunnel device's address.
 	tunAddr := func(i, fam int) net.IP {
 		p4, p6 := tunPods(i)
@@ -66,6 +59,33 @@ func TestAttack25TunnelNodeSourcesJudged(t *testing.T) {
 		}
 		return a14VXLAN(1, a14InnerDst, 0x86dd, a14IP6UDP(src, dst6, port, []byte(what)))
 	}
+	got4, got6 := listenUDP4(t, p1, port), listenUDP6(t, p1, port)
+
+	// Pending (no policy programmed yet: "only the node's traffic passes"):
+	// node 1 itself reaches pod 1; node 3's own sources through the tunnel
+	// are another node's, not this one's, and must not.
+	st, ok, err := m1.Policy().StateOf(idx1)
+	must(t, err)
+	if !ok || st.Mode[0] != maps.PolicyPending || st.Mode[1] != maps.PolicyPending {
+		t.Fatalf("pod 1 is not pending before its policy is written: %+v (found %v)", st, ok)
+	}
+	sendUDPFrom(t, n1.Node, a4[0], port, []byte("pending-node1"))
+	pendingSrcs := []net.IP{tunNode[2], tunAddr(2, 4), tunAddr(2, 6)}
+	for _, src := range pendingSrcs {
+		sendVXLAN(t, n3.Node, tunNode[0], frame(src, a4[0], a6[0], "pending-node3-"+src.String()))
+	}
+	arrived := append(got4(2*time.Second), got6(200*time.Millisecond)...)
+	if len(arrived) != 1 || missing(arrived, []string{"pending-node1"}) != nil {
+		t.Errorf("pending pod 1 received %q, want node 1's datagram only (node 3's own sources are no traffic of pod 1's node)", arrived)
+	}
+
+	must(t, w.Apply(uint32(idx1), policy.Endpoint{Ingress: isolated(allowAll(host(a4[1])), allowAll(host(a6[1])))}))
+	sendUDPFrom(t, p2, a4[0], port, []byte("pod2-v4"))
+	sendUDPFrom(t, p2, a6[0], port, []byte("pod2-v6"))
+	if arrived := append(got4(2*time.Second), got6(200*time.Millisecond)...); len(missing(arrived, []string{"pod2-v4", "pod2-v6"})) != 0 {
+		t.Fatalf("node 2's pod, admitted, did not reach pod 1 through the tunnel: got %q", arrived)
+	}
+
 	drops := func(idx int, r maps.Reason) uint64 { return counter(t, m1, idx, maps.DirIngress, r).Packets }
 
 	type forged struct {
@@ -107,7 +127,7 @@ func TestAttack25TunnelNodeSourcesJudged(t *testing.T) {
 	must(t, w.Apply(uint32(idx1), policy.Endpoint{Ingress: isolated(allowAll(host(a4[1])), allowAll(host(a6[1])),
 		allowAll(host(tunNode[2])), allowAll(host(tunAddr(2, 4))), allowAll(host(tunAddr(2, 6))))}))
 	send(byPolicy, "admitted")
-	arrived := append(got4(2*time.Second), got6(500*time.Millisecond)...)
+	arrived = append(got4(2*time.Second), got6(500*time.Millisecond)...)
 	want := []string{}
 	for _, f := range byPolicy {
 		want = append(want, "admitted-"+f.name)
