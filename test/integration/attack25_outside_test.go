@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
@@ -77,4 +79,81 @@ func udpSocketPort(t *testing.T, netns ns.NetNS, ip net.IP, port int) *net.UDPCo
 	}))
 	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// a25PodGateways is the gateway of pod's default route in each family.
+func a25PodGateways(t *testing.T, pod ns.NetNS) map[int]net.IP {
+	t.Helper()
+	gw := map[int]net.IP{}
+	must(t, pod.Do(func(ns.NetNS) error {
+		for fam, f := range map[int]int{4: netlink.FAMILY_V4, 6: netlink.FAMILY_V6} {
+			rs, err := netlink.RouteListFiltered(f, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+			if err != nil {
+				return err
+			}
+			for _, r := range rs {
+				if r.Gw == nil {
+					continue
+				}
+				if ones, _ := maskOnesOf(r.Dst); ones == 0 && !r.Gw.IsLinkLocalUnicast() {
+					gw[fam] = r.Gw
+				}
+			}
+		}
+		return nil
+	}))
+	if gw[4] == nil || gw[6] == nil {
+		t.Fatalf("pod's default gateways: %v", gw)
+	}
+	return gw
+}
+
+// maskOnesOf is the prefix length of dst (nil: a default route, 0).
+func maskOnesOf(dst *net.IPNet) (int, int) {
+	if dst == nil {
+		return 0, 0
+	}
+	return dst.Mask.Size()
+}
+
+// TestAttack25OutsideGatewaySourceToIsolatedPod: the pods' gateway address
+// (the IPAM gateway, onlink: no interface of the node holds it) is what a
+// pod's traffic from the node might be taken for. The remote host forges
+// it, and an unassigned address of the pod subnet, towards pod a, whose
+// ingress admits nobody: neither is the node's traffic (the node sends from
+// its own addresses), so a's rules judge them and a gets nothing, each
+// counted as drop_policy ingress on a's host veth. Control: the node itself
+// reaches a.
+func TestAttack25OutsideGatewaySourceToIsolatedPod(t *testing.T) {
+	t.Parallel()
+	l := newPodPolLab(t)
+	gw := a25PodGateways(t, l.a)
+	t.Logf("a's gateways: %s, %s", gw[4], gw[6])
+	l.apply(t, policy.Endpoint{Ingress: isolated()})
+	unassigned := map[int]net.IP{4: net.ParseIP("10.250.0.201").To4(), 6: net.ParseIP("fd00:250::201")}
+	const port = 9826
+	for _, fam := range []int{4, 6} {
+		ln := udpSocketPort(t, l.a, l.aIP[fam], port)
+		ctl := fmt.Sprintf("node-v%d", fam)
+		sendUDPFrom(t, l.Node, l.aIP[fam], port, []byte(ctl))
+		if !bigReceived(ln, ctl, 2*time.Second) {
+			t.Fatalf("IPv%d: the node's own datagram did not reach a", fam)
+		}
+		for _, src := range []struct {
+			name string
+			ip   net.IP
+		}{{"gateway", gw[fam]}, {"unassigned", unassigned[fam]}} {
+			marker := fmt.Sprintf("outside-as-%s-v%d", src.name, fam)
+			before := counter(t, l.m, l.idx, maps.DirIngress, maps.ReasonDropPolicy).Packets
+			for i := 0; i < 3; i++ {
+				sendForged(t, l.remote, &net.UDPAddr{IP: src.ip, Port: 5002}, &net.UDPAddr{IP: l.aIP[fam], Port: port}, marker)
+			}
+			if bigReceived(ln, marker, time.Second) {
+				t.Errorf("IPv%d: the remote host forging the %s address %s reached a, whose ingress admits nobody", fam, src.name, src.ip)
+			}
+			if d := counter(t, l.m, l.idx, maps.DirIngress, maps.ReasonDropPolicy).Packets - before; d != 3 {
+				t.Errorf("IPv%d: forged from the %s address: a's drop_policy ingress moved by %d, want 3", fam, src.name, d)
+			}
+		}
+	}
 }
