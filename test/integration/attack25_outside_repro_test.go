@@ -5,6 +5,12 @@ package integration
 import (
 	"net"
 	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
 // TestAttack25OutsideSourceUnassignedInPodSubnet is red: a defect found by
@@ -32,4 +38,43 @@ func TestAttack25OutsideSourceUnassignedInPodSubnet(t *testing.T) {
 		}
 		return net.ParseIP("fd00:250::200")
 	})
+}
+
+// TestAttack25OutsideUnassignedPodSubnetTCP is red, the same defect two
+// ways: the remote host holds 10.250.0.200 and fd00:250::200 on its
+// loopback and dials pod a, which admits the node's pod subnet by ipBlock,
+// from them. The node's default route (via the remote host, as a node's
+// default route goes to its gateway) carries a's answers back, so the host
+// outside gets whole TCP connections as an address of this node's pod range
+// (a answers "a <peer>" with the peer it saw).
+// `go test -tags integration,review_repro -count=1 -run TestAttack25OutsideUnassignedPodSubnetTCP -v ./test/integration/`
+func TestAttack25OutsideUnassignedPodSubnetTCP(t *testing.T) {
+	t.Parallel()
+	l := newPodPolLab(t)
+	l.apply(t, policy.Endpoint{Ingress: isolated(allowAll(prefix(testenv.PodSubnet4)), allowAll(prefix(testenv.PodSubnet6)))})
+	serve(t, l.a, 8080, "a")
+	src := map[int]net.IP{4: net.ParseIP("10.250.0.200").To4(), 6: net.ParseIP("fd00:250::200")}
+	must(t, l.remote.Do(func(ns.NetNS) error {
+		return ipCmds([]string{"addr", "add", "10.250.0.200/32", "dev", "lo"},
+			[]string{"-6", "addr", "add", "fd00:250::200/128", "dev", "lo", "nodad"})
+	}))
+	for _, fam := range []int{4, 6} {
+		var got string
+		err := l.remote.Do(func(ns.NetNS) error {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: src[fam]}, Timeout: 2 * time.Second}
+			c, err := d.Dial("tcp", hp(l.aIP[fam], 8080))
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			buf := make([]byte, 256)
+			n, err := c.Read(buf)
+			got = string(buf[:n])
+			return err
+		})
+		if err == nil {
+			t.Errorf("IPv%d: the remote host, as %s of this node's pod subnet, had a TCP connection with a: %q", fam, src[fam], got)
+		}
+	}
 }
