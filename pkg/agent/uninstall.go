@@ -422,7 +422,8 @@ func othersConf(f, pinRoot string) bool {
 
 // judgeAttachments sorts the records of every network of ours under the
 // state directories into attachments of live pods (their host veth exists,
-// or an ADD of them runs) and stale ones (veth gone, or half made by a
+// a link under its name that another tool made since the veth went being
+// none, or an ADD of them runs) and stale ones (veth gone, or half made by a
 // killed ADD). A network of the state directory with no conflist at all is
 // taken for ours (its conflist went first); one whose conflist names
 // another pin directory is not. Nothing is changed.
@@ -476,7 +477,11 @@ func judgeAttachments(o UninstallOptions, sc *scope) (live, stale []livePod, err
 				case st == state.Abandoned:
 					stale = append(stale, p)
 				default:
-					if _, err := netlinksafe.LinkByName(state.HostIfName(now.ContainerID, now.IfName)); err == nil {
+					// Live while its veth is there: the link under its name,
+					// unless another tool's made since the veth went
+					// (endpoint.ReplacedHostVeth, the teardown's rule).
+					l, err := netlinksafe.LinkByName(state.HostIfName(now.ContainerID, now.IfName))
+					if err == nil && !endpoint.ReplacedHostVeth(l, now, nc.Net.Name) {
 						live = append(live, p)
 					} else {
 						stale = append(stale, p)
@@ -512,8 +517,10 @@ func (sc *scope) recordsOfOurs(dir, network string) bool {
 			sc.foreign[network] = true
 			return false
 		}
+		// Only the record's own veth tells: not a link another tool made
+		// under its name since (endpoint.ReplacedHostVeth).
 		l, err := netlinksafe.LinkByName(state.HostIfName(r.ContainerID, r.IfName))
-		if err == nil && sc.runsForeign(l) && !sc.runsOurs(l) {
+		if err == nil && !endpoint.ReplacedHostVeth(l, r, network) && sc.runsForeign(l) && !sc.runsOurs(l) {
 			sc.foreign[network] = true
 			return false
 		}

@@ -209,7 +209,8 @@ func VethLinkPins(pinRoot string) []VethLinkPin {
 
 // ForOrphanVethLinkPins calls fn for each host veth link pin whose veth no
 // longer exists in this netns (a pod gone without DEL, a DEL that failed
-// part way), with the links lock held from the look to the last fn. The
+// part way; its name may be another tool's link now: the pin's link is
+// attached to no device then, see pinnedOnLink), with the links lock held from the look to the last fn. The
 // look is under it as a DEL's hand-off renames the pins, then the veth,
 // and a look between the two took the live veth's pins for orphans
 // (TestHandOffSeenWhole); fn is under it too, as an ADD
@@ -224,9 +225,9 @@ func ForOrphanVethLinkPins(pinRoot string, fn func(VethLinkPin) error) error {
 	defer unlock()
 	var orphans []VethLinkPin
 	for _, p := range VethLinkPins(pinRoot) {
-		_, err := netlinksafe.LinkByName(p.HostIf)
+		l, err := netlinksafe.LinkByName(p.HostIf)
 		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) {
+		if errors.As(err, &nf) || (err == nil && !pinnedOnLink(p.Path, l.Attrs().Index)) {
 			orphans = append(orphans, p)
 		}
 	}
@@ -236,6 +237,20 @@ func ForOrphanVethLinkPins(pinRoot string, fn func(VethLinkPin) error) error {
 		errs = errors.Join(errs, fn(p))
 	}
 	return errs
+}
+
+// pinnedOnLink tells whether a link pin's tcx link is attached to ifindex.
+// A pin whose device went (ifindex 0) is not, though a link of its name
+// exists: another tool's, made under the name since (the pod's host veth is
+// identified by the device, never by the name alone). A pin that cannot be
+// read is taken for attached: kept.
+func pinnedOnLink(path string, ifindex int) bool {
+	info, err := pinnedLinkInfo(path)
+	if err != nil {
+		return true
+	}
+	t := info.TCX()
+	return t == nil || int(t.Ifindex) == ifindex
 }
 
 // RemoveOrphanVethLinkPins removes the orphaned host veth link pins (see

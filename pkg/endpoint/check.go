@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"fmt"
 	"net"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -39,7 +40,7 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 	defer datapath.MarkBusy(n.PinDir)() // the agent's background work waits
 	rec, _ := n.Store().Read(id.ContainerID, id.IfName)
 	a := &Attachment{Net: n, ID: id, HostIf: state.HostIfName(id.ContainerID, id.IfName), IPs: prev.IPs, features: features}
-	host, err := a.checkHost()
+	host, err := a.checkHost(rec)
 	if err != nil {
 		return err
 	}
@@ -62,11 +63,22 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 }
 
 // checkHost checks the host veth (up, its MTU) and the node's routes to
-// the pod's addresses; it sets a.Ifindex.
-func (a *Attachment) checkHost() (netlink.Link, error) {
+// the pod's addresses; it sets a.Ifindex. The link under the host veth's
+// name is the attachment's veth only by the teardown's rule
+// (replacedLink): another tool's link made under the name once the veth
+// went is a veth gone, not a veth to judge.
+func (a *Attachment) checkHost(rec *state.Record) (netlink.Link, error) {
 	host, err := netlinksafe.LinkByName(a.HostIf)
 	if err != nil {
 		return nil, checkError("host veth %s: %w", a.HostIf, err)
+	}
+	if replacedLink(host, rec, a.Net.Name, a.ID.ContainerID, a.ID.IfName) {
+		was := "no record is left"
+		if rec != nil {
+			was = fmt.Sprintf("the record's is ifindex %d", rec.HostIfindex)
+		}
+		return nil, checkError("host veth %s is gone: the link under its name (ifindex %d, alias %q) is not the attachment's (%s)",
+			a.HostIf, host.Attrs().Index, host.Attrs().Alias, was)
 	}
 	a.Ifindex = host.Attrs().Index
 	if host.Attrs().Flags&net.FlagUp == 0 {

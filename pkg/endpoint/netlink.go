@@ -405,6 +405,14 @@ func replacedLink(l netlink.Link, rec *state.Record, network, containerID, ifnam
 	return rec == nil || (rec.HostIfindex != 0 && rec.HostIfindex != l.Attrs().Index)
 }
 
+// ReplacedHostVeth is replacedLink for callers outside the package (the
+// uninstall's judgement): whether l, the node link under rec's host veth
+// name, is another tool's that took the name after the veth of network's
+// attachment rec went.
+func ReplacedHostVeth(l netlink.Link, rec *state.Record, network string) bool {
+	return replacedLink(l, rec, network, rec.ContainerID, rec.IfName)
+}
+
 // holderOf names what holds a node link: the attachment its alias names,
 // else the link itself.
 func holderOf(ifindex int) string {
