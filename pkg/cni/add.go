@@ -18,6 +18,7 @@ import (
 func add(args *skel.CmdArgs) (err error) {
 	tr := endpoint.NewTracer()
 	defer tr.Done("ADD")
+	warmExec() // before the IPAM plugin's exec
 	conf, err := parseConf(args.StdinData)
 	if err != nil {
 		return err
