@@ -22,7 +22,7 @@ import (
 func add(args *skel.CmdArgs) (err error) {
 	tr := endpoint.NewTracer()
 	defer tr.Done("ADD")
-	warmExec() // before the IPAM plugin's exec
+	defer warmExec()() // started before the IPAM plugin's exec
 	warmJSON()
 	conf, err := parseConf(args.StdinData)
 	if err != nil {

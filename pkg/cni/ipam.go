@@ -32,10 +32,15 @@ func ipamCheck(plugin string, conf []byte) error {
 // the IPAM plugin is exec'd, where it lay on the verb's critical path
 // (issue 30). os.FindProcess makes the same check; the process handle it
 // returns is released. A verb that execs nothing wasted one short clone.
-func warmExec() {
+// The verb defers the returned wait: it never exits with that child
+// unreaped (a verb failing at once, on a bad configuration).
+func warmExec() (wait func()) {
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		if p, err := os.FindProcess(os.Getpid()); err == nil {
 			_ = p.Release()
 		}
 	}()
+	return func() { <-done }
 }
