@@ -14,6 +14,7 @@ import (
 func del(args *skel.CmdArgs) error {
 	tr := endpoint.NewTracer()
 	defer tr.Done("DEL")
+	defer warmExec()() // started before the IPAM plugin's exec
 	conf, err := parseConf(args.StdinData)
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package cni
 
 import (
 	"context"
+	"os"
 
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
@@ -22,4 +23,24 @@ func ipamDel(plugin string, conf []byte) error {
 
 func ipamCheck(plugin string, conf []byte) error {
 	return invoke.DelegateCheck(context.TODO(), plugin, conf, nil)
+}
+
+// warmExec runs, in the background, the check that the os package makes
+// once per process before its first child (pidfd_open, waitid and
+// pidfd_send_signal on itself, then a clone(CLONE_PIDFD) of a child that
+// exits at once): called at the start of a verb, it is done by the time
+// the IPAM plugin is exec'd, where it lay on the verb's critical path
+// (issue 30). os.FindProcess makes the same check; the process handle it
+// returns is released. A verb that execs nothing wasted one short clone.
+// The verb defers the returned wait: it never exits with that child
+// unreaped (a verb failing at once, on a bad configuration).
+func warmExec() (wait func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if p, err := os.FindProcess(os.Getpid()); err == nil {
+			_ = p.Release()
+		}
+	}()
+	return func() { <-done }
 }

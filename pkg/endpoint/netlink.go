@@ -45,6 +45,10 @@ type plan struct {
 	gws     []net.IP        // one next hop per family present
 	routes  []*netlinkRoute // the interface's: all in its own table
 	table   int             // that table, set by configurePod
+	// podIndex is the pod end's ifindex in the pod's netns, read off the
+	// host end createVeth looked up (0: unknown, configurePod looks the
+	// pod end up by name).
+	podIndex int
 
 	mainRoutes []*netlinkRoute // those configurePod put in the main table too
 }
@@ -60,7 +64,7 @@ func isV4(ip net.IP) bool { return ip.To4() != nil }
 // with gateways and routes from the IPAM result: a default route per family
 // the pod has an address in, plus IPAM's routes, all via the gateway.
 func newPlan(res *current.Result, veth *plan) (*plan, error) {
-	p := &plan{hostIf: veth.hostIf, ifname: veth.ifname, mtu: veth.mtu, hostMAC: veth.hostMAC, podMAC: veth.podMAC, ips: res.IPs}
+	p := &plan{hostIf: veth.hostIf, ifname: veth.ifname, mtu: veth.mtu, hostMAC: veth.hostMAC, podMAC: veth.podMAC, podIndex: veth.podIndex, ips: res.IPs}
 	var gw4, gw6 net.IP
 	for _, ipc := range res.IPs {
 		v4 := isV4(ipc.Address.IP)
@@ -138,6 +142,12 @@ func createVeth(r *rtnl, p *plan, netns ns.NetNS) (netlink.Link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("find new veth %s: %w", p.hostIf, err)
 	}
+	// A veth's IFLA_LINK is its peer's ifindex, and IFLA_LINK_NETNSID is
+	// there when the peer is in another netns: the pod's, where it was just
+	// made. configurePod needs no lookup of it then, after IPAM (issue 30).
+	if a := l.Attrs(); a.NetNsID >= 0 && a.ParentIndex > 0 {
+		p.podIndex = a.ParentIndex
+	}
 	return l, nil
 }
 
@@ -185,11 +195,23 @@ func isDefault(dst *net.IPNet) bool {
 	return ones == 0
 }
 
+// podEnd is the pod's end of the veth: by the ifindex createVeth learned
+// (every request below names the link by its index alone), else looked up
+// by name.
+func podEnd(r *rtnl, p *plan) (netlink.Link, error) {
+	if p.podIndex > 0 {
+		la := netlink.NewLinkAttrs()
+		la.Index, la.Name = p.podIndex, p.ifname
+		return &netlink.Veth{LinkAttrs: la}, nil
+	}
+	return r.LinkByName(p.ifname)
+}
+
 // configurePod sets addresses, neighbours, routes and rules inside the pod
 // netns, through r, the pod's sockets.
 func configurePod(r *rtnl, p *plan, netns ns.NetNS) error {
 	return netns.Do(func(ns.NetNS) error {
-		l, err := r.LinkByName(p.ifname)
+		l, err := podEnd(r, p)
 		if err != nil {
 			return fmt.Errorf("find %s in pod: %w", p.ifname, err)
 		}
