@@ -157,19 +157,61 @@ func openDir(dir string) (int, error) {
 	return fd, nil
 }
 
-// WriteFile replaces dir/name with data atomically: a new temp file, renamed
-// over the old name (rename replaces a symlink, never follows it).
+// createAnon creates an unnamed file in dir (O_TMPFILE) holding data: a
+// process killed before it is linked leaves nothing behind, where a named
+// temp file stays until GC (StaleTempAge). ok false where the filesystem
+// or kernel has no O_TMPFILE: the caller uses a named temp file.
+func createAnon(dirfd int, dir string, data []byte) (f *os.File, ok bool, err error) {
+	fd, err := unix.Openat(dirfd, ".", unix.O_WRONLY|unix.O_TMPFILE|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EISDIR) || errors.Is(err, unix.EINVAL) {
+			return nil, false, nil
+		}
+		return nil, false, fmt.Errorf("create a file in %s: %w", dir, err)
+	}
+	f = os.NewFile(uintptr(fd), dir)
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return nil, false, fmt.Errorf("write a file in %s: %w", dir, err)
+	}
+	return f, true, nil
+}
+
+// linkAnon gives f, made by createAnon, the name name in dirfd; like
+// link(2) it fails on any existing name. Through /proc/self/fd, which
+// needs no capability (AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH).
+func linkAnon(f *os.File, dirfd int, name string) error {
+	return unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", f.Fd()), dirfd, name, unix.AT_SYMLINK_FOLLOW)
+}
+
+// WriteFile replaces dir/name with data atomically: a new file, renamed
+// over the old name (rename replaces a symlink, never follows it). The new
+// file is unnamed until the step before the rename (createAnon), so a kill
+// leaves a temp file only between those two calls.
 func WriteFile(dir, name string, data []byte) error {
 	dirfd, err := openDir(dir)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(dirfd)
-	f, tmp, err := createTemp(dirfd, dir, name, data)
+	var tmp string
+	f, ok, err := createAnon(dirfd, dir, data)
 	if err != nil {
 		return err
 	}
-	f.Close()
+	if ok {
+		tmp = tempName(name)
+		err = linkAnon(f, dirfd, tmp)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("create %s: %w", filepath.Join(dir, tmp), err)
+		}
+	} else {
+		if f, tmp, err = createTemp(dirfd, dir, name, data); err != nil {
+			return err
+		}
+		f.Close()
+	}
 	if err := unix.Renameat(dirfd, tmp, dirfd, name); err != nil {
 		unix.Unlinkat(dirfd, tmp, 0)
 		return fmt.Errorf("rename %s to %s: %w", tmp, filepath.Join(dir, name), err)
@@ -180,26 +222,41 @@ func WriteFile(dir, name string, data []byte) error {
 // Claim creates dir/name with data only if nothing of that name exists
 // (ErrExist otherwise), and returns it open with an exclusive flock held:
 // whoever finds the file can tell, with Locked, whether its creator is still
-// at work. The lock goes when the file is closed or the process dies.
+// at work. The lock goes when the file is closed or the process dies. The
+// file has no other name at any time (createAnon): a claim killed before
+// it is linked leaves nothing (TestReviewKilledFirstAdd's 5 ms kill found
+// a named temp file left there).
 func Claim(dir, name string, data []byte) (*os.File, error) {
 	dirfd, err := openDir(dir)
 	if err != nil {
 		return nil, err
 	}
 	defer unix.Close(dirfd)
-	f, tmp, err := createTemp(dirfd, dir, name, data)
+	f, ok, err := createAnon(dirfd, dir, data)
 	if err != nil {
 		return nil, err
+	}
+	tmp := ""
+	if !ok {
+		if f, tmp, err = createTemp(dirfd, dir, name, data); err != nil {
+			return nil, err
+		}
 	}
 	// Locked before it is visible under its name: nobody sees it unlocked.
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
 		f.Close()
-		unix.Unlinkat(dirfd, tmp, 0)
-		return nil, fmt.Errorf("lock %s: %w", f.Name(), err)
+		if tmp != "" {
+			unix.Unlinkat(dirfd, tmp, 0)
+		}
+		return nil, fmt.Errorf("lock %s: %w", filepath.Join(dir, name), err)
 	}
 	// link(2) fails on any existing name, a symlink included.
-	err = unix.Linkat(dirfd, tmp, dirfd, name, 0)
-	unix.Unlinkat(dirfd, tmp, 0)
+	if tmp != "" {
+		err = unix.Linkat(dirfd, tmp, dirfd, name, 0)
+		unix.Unlinkat(dirfd, tmp, 0)
+	} else {
+		err = linkAnon(f, dirfd, name)
+	}
 	if err != nil {
 		f.Close()
 		if errors.Is(err, unix.EEXIST) {
