@@ -2,7 +2,8 @@
 
 // Attack26, the attacks that work (red): a teardown that goes by the name
 // (and the alias) of the host veth rather than by the attachment's record
-// and ifindex. Helpers and the guards: attack26_links_test.go. Run:
+// and ifindex. Helpers and the guards: attack26_links_test.go,
+// attack26_verbs_test.go. Run:
 //
 //	go test -count=1 -tags integration,review_repro -run 'TestAttack26' -v ./test/integration/
 
@@ -118,4 +119,13 @@ func TestAttack26IfindexReuseOtherName(t *testing.T) {
 // DEFECT: the same endpoint entries left.
 func TestAttack26IfindexReuseForged(t *testing.T) {
 	a26Replaced(t, "a26if", "a26reuse1", true, true)
+}
+
+// TestAttack26IfindexReuseUninstallForce: as TestAttack26IfindexReuseOurName
+// with `ebpf-agent uninstall --force`.
+//
+// DEFECT: uninstall --force deletes the third party's link (our name, our
+// old ifindex, no alias), taking it for the pod's veth.
+func TestAttack26IfindexReuseUninstallForce(t *testing.T) {
+	a26ReplacedUninstall(t, "a26iuf", false, true)
 }
