@@ -13,6 +13,9 @@ import (
 	"os"
 	"testing"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -128,4 +131,61 @@ func TestAttack26IfindexReuseForged(t *testing.T) {
 // old ifindex, no alias), taking it for the pod's veth.
 func TestAttack26IfindexReuseUninstallForce(t *testing.T) {
 	a26ReplacedUninstall(t, "a26iuf", false, true)
+}
+
+// TestAttack26RenamedDelAddressReused: what TestAttack26RenamedDel's
+// leftovers cost: after the DEL, the next pod gets the released addresses
+// (a one-address range); the node must route them, and map them, to the
+// new pod's veth alone.
+//
+// DEFECT: the next pod's ADD is refused ("pod address 10.250.0.2 ... is
+// already container a26reu ... (host veth a26op0)'s"): the DEL that
+// released the lease left the veth holding the address, which nothing
+// frees: a second DEL of the old pod does not either.
+func TestAttack26RenamedDelAddressReused(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	e.IPAM = map[string]any{ // one address per family: the next pod gets the released one
+		"type": "host-local", "dataDir": e.DataDir,
+		"ranges": [][]map[string]string{
+			{{"subnet": testenv.PodSubnet4, "rangeStart": "10.250.0.2", "rangeEnd": "10.250.0.2"}},
+			{{"subnet": testenv.PodSubnet6, "rangeStart": "fd00:250::2", "rangeEnd": "fd00:250::2"}},
+		},
+	}
+	p := a26Add(t, e, "a26reu")
+	a26Rename(t, e, p, "a26op0")
+	a26Foreign(t, e, p.name, 0, "")
+	a26Teardown(t, e, p, "del")
+	pod := e.NewPod()
+	e.CleanupDel(pod, "a26reu-next")
+	b, err := a26TryAdd(e, pod, "a26reu-next")
+	if err != nil {
+		t.Errorf("ADD of the next pod: %v", err)
+		// does the runtime's repeated DEL of the old pod free the address?
+		a26Teardown(t, e, p, "del")
+		if b, err = a26TryAdd(e, pod, "a26reu-next"); err != nil {
+			t.Fatalf("ADD of the next pod after a second DEL of the old one: %v", err)
+		}
+		t.Logf("a second DEL of the old pod freed the address")
+	}
+	for _, ip := range b.IPs {
+		for _, old := range p.ips {
+			if ip.Equal(old) {
+				t.Logf("the next pod got the released %s", ip)
+			}
+		}
+	}
+	e.AssertOwns(t, b)
+}
+
+// a26TryAdd adds a pod and returns its attachment, or the ADD's error.
+func a26TryAdd(e *testenv.Env, pod ns.NetNS, id string) (*testenv.Attachment, error) {
+	res, err := e.AddV("1.1.0", pod, id, "eth0")
+	if err != nil {
+		return nil, err
+	}
+	a := &testenv.Attachment{Pod: pod, ID: id, IfName: "eth0", HostIf: state.HostIfName(id, "eth0")}
+	a.Ifindex = e.HostIfindex(a.HostIf)
+	a.IPs = a26ResultIPs(e.T, res)
+	return a, nil
 }
