@@ -8,6 +8,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -179,6 +180,27 @@ func TestAttack26DelKilled(t *testing.T) {
 		a26AssertNothing(t, e, a, round)
 	}
 	t.Logf("%d of %d DELs killed before they finished", killed, len(ds))
+	a26AgentSeesNothing(t, e)
+}
+
+// a26AgentSeesNothing fails unless `ebpf-agent dump endpoints` and `dump
+// attachments` list nothing on the node (every pod of the test DELed).
+func a26AgentSeesNothing(t *testing.T, e *testenv.Env) {
+	t.Helper()
+	confDir := e.WriteConfDir()
+	for _, what := range []string{"endpoints", "attachments"} {
+		out, err := e.AgentCmd(append([]string{"dump", what, "-o", "json"}, e.AgentArgs(confDir)...)...)
+		if err != nil {
+			t.Errorf("dump %s: %v\n%s", what, err, out)
+			continue
+		}
+		var rows []json.RawMessage
+		if err := json.Unmarshal([]byte(out), &rows); err != nil {
+			t.Errorf("dump %s: bad JSON: %v\n%s", what, err, out)
+		} else if len(rows) > 0 {
+			t.Errorf("dump %s lists %d rows after every pod was DELed:\n%s", what, len(rows), out)
+		}
+	}
 }
 
 // a26ResultIPs are the addresses of an ADD's result.
