@@ -189,3 +189,21 @@ func a26TryAdd(e *testenv.Env, pod ns.NetNS, id string) (*testenv.Attachment, er
 	a.IPs = a26ResultIPs(e.T, res)
 	return a, nil
 }
+
+// TestAttack26RenamedAgentReconcile: the agent running (--reconcile-interval
+// 2s), an operator renames a live pod's host veth (`ip link set NAME name
+// a26op0`), nothing else (a26AgentAfterRename, attack26_verbs_test.go).
+//
+// DEFECT: the agent's periodic reconcile takes the live pod for gone (no
+// link under its veth's name) and releases its record and lease, leaving
+// its veth, address and entries: the address goes to the next pod while
+// this one still uses it. (The 2 s reconcile "after an ebpf* veth
+// disappears" does not fire on a rename: without the short interval the
+// pod is still whole 5 s after; it is the next periodic run that does it.)
+func TestAttack26RenamedAgentReconcile(t *testing.T) { a26AgentAfterRename(t, "a26ren-ag", false) }
+
+// TestAttack26RenamedAgentReconcileTaken: the same, a third party's link
+// also made under the old name right after the rename.
+//
+// DEFECT: the same half teardown (record and lease released, veth left).
+func TestAttack26RenamedAgentReconcileTaken(t *testing.T) { a26AgentAfterRename(t, "a26ren-agt", true) }

@@ -1,12 +1,16 @@
 // Attack26 (black box), more verbs against a renamed or replaced host
 // veth: DEL with the agent alive (DEL hands veths off to it), CHECK,
-// uninstall after a third party took our veth's name and old ifindex.
+// uninstall after a third party took our veth's name and old ifindex, the
+// agent's periodic reconcile after a rename (a26AgentAfterRename; its tests
+// are red: attack26_links_repro_test.go).
 // Helpers: attack26_links_test.go.
 
 package integration
 
 import (
+	"os"
 	"testing"
+	"time"
 
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
@@ -76,4 +80,33 @@ func a26ReplacedUninstall(t *testing.T, id string, forge, force bool) {
 // TestAttack26IfindexReuseUninstallForce, review_repro.)
 func TestAttack26IfindexReuseUninstall(t *testing.T) {
 	a26ReplacedUninstall(t, "a26iu", false, false)
+}
+
+// a26AgentAfterRename: the agent running, an operator renames a live pod's
+// host veth (and a third party makes a link under the old name when
+// taken); the agent (--reconcile-interval 2s) reconciles meanwhile. The pod is live (netns, veth, address): 5 s later it is
+// whole (record, lease) or gone whole, never its lease released with its
+// veth left; the third party's link is as made.
+func a26AgentAfterRename(t *testing.T, id string, taken bool) {
+	t.Parallel()
+	e := testenv.New(t)
+	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "", "--reconcile-interval", "2s")
+	defer ag.Stop()
+	p := a26Add(t, e, id)
+	a26Rename(t, e, p, "a26op0")
+	fidx := 0
+	if taken {
+		fidx = a26Foreign(t, e, p.name, 0, "")
+	}
+	time.Sleep(5 * time.Second) // two reconcile intervals and margin
+	if taken {
+		a26AssertForeign(t, e, fidx, p.name, "", "the agent's reconcile")
+	}
+	ours := a26Link(t, e, p.idx) != nil
+	_, recErr := os.Stat(e.RecordPath(p.id, "eth0"))
+	lease := len(e.ReservationsOf(p.id)) > 0
+	t.Logf("5 s after the rename: veth %v, record %v, lease %v", ours, recErr == nil, lease)
+	if ours && (recErr != nil || !lease) {
+		t.Errorf("the agent half tore down the live pod: veth %v, record %v, lease %v", ours, recErr == nil, lease)
+	}
 }
