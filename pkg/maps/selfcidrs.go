@@ -32,9 +32,11 @@ func (m *Maps) SyncSelfCIDRs(cidrs []netip.Prefix) error {
 		if !p.IsValid() {
 			continue
 		}
-		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits())
-		if p.Addr().Is4() && p.Bits() > 32 {
-			p = netip.PrefixFrom(p.Addr(), p.Bits()-96)
+		if a := p.Addr(); a.Is4In6() {
+			if p.Bits() < 96 {
+				continue // not an IPv4 range
+			}
+			p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
 		}
 		want[cidrKey(p)] = p.Masked()
 	}
@@ -62,15 +64,4 @@ func (m *Maps) SyncSelfCIDRs(cidrs []netip.Prefix) error {
 		}
 	}
 	return errs
-}
-
-// SelfCIDRs is what cni_self_cidrs holds (nil without the map).
-func (m *Maps) SelfCIDRs() ([]netip.Prefix, error) {
-	mp := m.get(nameSelfCIDRs)
-	if mp == nil {
-		return nil, nil
-	}
-	var out []netip.Prefix
-	err := scan(mp, func(k *CIDRKey, _ *uint32) { out = append(out, k.prefix()) })
-	return out, err
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/agent"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
@@ -52,7 +53,7 @@ func a25SelfPeers(t *testing.T, l *podPolLab, selfCIDRs ...string) {
 // a25WantSelfCIDRs wants cni_self_cidrs to hold exactly want.
 func a25WantSelfCIDRs(t *testing.T, l *podPolLab, want ...string) {
 	t.Helper()
-	got, err := l.m.SelfCIDRs()
+	got, err := mapstest.SelfCIDRs(l.m)
 	must(t, err)
 	var g []string
 	for _, p := range got {
