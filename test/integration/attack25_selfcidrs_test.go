@@ -195,3 +195,69 @@ func TestSelfCIDRsAgentless(t *testing.T) {
 		}
 	}
 }
+
+// TestSelfCIDRsAgentRunPeers: the running agent (`run --peers`) writes the
+// node's pod CIDRs from its entry of the peer list into cni_self_cidrs and
+// keeps them in sync at every reconcile: a CIDR the entry no longer lists
+// leaves the map, a new one comes. While the lab's subnets are there, a
+// forged unassigned address of them off the wire is dropped at the uplink.
+func TestSelfCIDRsAgentRunPeers(t *testing.T) {
+	t.Parallel()
+	l := newPodPolLab(t)
+	l.apply(t, policy.Endpoint{Ingress: isolated(allowAll(prefix(testenv.PodSubnet4)), allowAll(prefix(testenv.PodSubnet6)))})
+	file := filepath.Join(t.TempDir(), "peers.json")
+	write := func(self ...string) {
+		pj, _ := json.Marshal([]agent.Peer{
+			{NodeIP: uplinkIP4.String(), NodeIPs: []string{uplinkIP6.String()}, PodCIDRs: self},
+			{NodeIP: remoteIP4.String(), NodeIPs: []string{remoteIP6.String()}, PodCIDRs: []string{a25PeerPods4, a25PeerPods6}},
+		})
+		must(t, os.WriteFile(file+".tmp", pj, 0o600))
+		must(t, os.Rename(file+".tmp", file))
+	}
+	expect := func(when string, want ...string) {
+		t.Helper()
+		var w []string
+		for _, s := range want {
+			w = append(w, netip.MustParsePrefix(s).String())
+		}
+		sort.Strings(w)
+		var got []string
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			ps, err := mapstest.SelfCIDRs(l.m)
+			must(t, err)
+			got = got[:0]
+			for _, p := range ps {
+				got = append(got, p.String())
+			}
+			sort.Strings(got)
+			if fmt.Sprint(got) == fmt.Sprint(w) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: cni_self_cidrs holds %v, want %v", when, got, w)
+			}
+		}
+	}
+	write(testenv.PodSubnet4, testenv.PodSubnet6)
+	ag := l.StartAgent(l.WriteConfDir(), "--metrics-addr", "", "--peers", file, "--reconcile-interval", "1s")
+	defer ag.Stop()
+	expect("agent started", testenv.PodSubnet4, testenv.PodSubnet6)
+	const port = 9828
+	unassigned := map[int]net.IP{4: net.ParseIP("10.250.0.200").To4(), 6: net.ParseIP("fd00:250::200")}
+	for _, fam := range []int{4, 6} {
+		ln := udpSocketPort(t, l.a, l.aIP[fam], port)
+		before := a25UplinkSpoofDrops(t, l)
+		marker := fmt.Sprintf("agent-run-v%d", fam)
+		sendForged(t, l.remote, &net.UDPAddr{IP: unassigned[fam], Port: 5005}, &net.UDPAddr{IP: l.aIP[fam], Port: port}, marker)
+		if bigReceived(ln, marker, time.Second) {
+			t.Errorf("IPv%d: with the agent running, %s of this node's pod CIDRs reached a", fam, unassigned[fam])
+		}
+		if d := a25UplinkSpoofDrops(t, l) - before; d != 1 {
+			t.Errorf("IPv%d: with the agent running: drop_spoof_ip on the uplink moved by %d, want 1", fam, d)
+		}
+	}
+	write("10.252.0.0/24", testenv.PodSubnet6)
+	expect("the node's entry changed", "10.252.0.0/24", testenv.PodSubnet6)
+	write()
+	expect("the node's entry lists none")
+}
