@@ -60,8 +60,9 @@ static __noinline int forged_node_source(struct __sk_buff *skb, __u8 family)
 }
 
 /*
- * Whether a packet off the wire claims the address of a pod of this node as
- * its source: only the pod's host veth brings that, and the pod's peers'
+ * Whether a packet off the wire claims the address of a pod of this node, or
+ * any address of this node's own pod CIDRs (cni_self_cidrs), as its
+ * source: only the pod's host veth brings that, and the pod's peers'
  * NetworkPolicy trusts it (a hostPort's DNAT redirects straight into the
  * pod, and IPv6 has no reverse-path filter, IPv4's is loose or off). Called
  * only on nodes with networkPolicy; before anything else, so neither the
@@ -71,15 +72,28 @@ static __noinline int forged_pod_source(struct __sk_buff *skb, __u8 family)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
+	struct cidr_key k = { .prefixlen = family == AF_INET ? 64 : 160, .family = family };
 
 	if (family == AF_INET) {
 		struct iphdr *ip = data + ETH_HLEN;
 
-		return (void *)(ip + 1) <= data_end && ep_lookup4(ip->saddr) != NULL;
-	}
-	struct ipv6hdr *ip6 = data + ETH_HLEN;
+		if ((void *)(ip + 1) > data_end)
+			return 0;
+		if (ep_lookup4(ip->saddr) != NULL)
+			return 1;
+		addr_copy(k.addr, &ip->saddr, AF_INET);
+	} else {
+		struct ipv6hdr *ip6 = data + ETH_HLEN;
 
-	return (void *)(ip6 + 1) <= data_end && ep_lookup6(&ip6->saddr) != NULL;
+		if ((void *)(ip6 + 1) > data_end)
+			return 0;
+		if (ep_lookup6(&ip6->saddr) != NULL)
+			return 1;
+		addr_copy(k.addr, &ip6->saddr, AF_INET6);
+	}
+	/* An address of this node's own pod CIDRs IPAM has not handed out
+	 * (cni_self_cidrs, which only the agent fills). */
+	return bpf_map_lookup_elem(&cni_self_cidrs, &k) != NULL;
 }
 
 /*

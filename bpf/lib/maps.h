@@ -19,6 +19,7 @@
 #define MAX_TUN_CIDRS 4096 /* pod CIDRs of other nodes */
 #define MAX_TUN_SELF 16 /* this node's listed addresses */
 #define MAX_TUN_HOPS 1024 /* remembered next hops toward nodes (cni_tun_hops) */
+#define MAX_SELF_CIDRS 16 /* this node's own pod CIDRs (cni_self_cidrs) */
 #define MAX_HP_FRAGS 2048 /* cni_hp_frags, which only the build before reads */
 /* hostPort datagrams in fragments at once (cni_hp_frag_notes): what the
  * kernel's own reassembly can hold at its default ipfrag_high_thresh (4 MiB
@@ -469,6 +470,19 @@ struct {
 	__type(key, struct tun_hop_key);
 	__type(value, struct tun_hop_val);
 } cni_tun_hops SEC(".maps");
+
+/* This node's own pod CIDRs (its Node object's spec.podCIDRs, or its entry
+ * of the peer list; value unused): no packet off the wire may claim an
+ * address of them (from_uplink's forged_pod_source). Written by the agent
+ * alone, which knows them; empty without it, as the conflist's IPAM range
+ * may span nodes. An optional map of layout 5. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, MAX_SELF_CIDRS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct cidr_key);
+	__type(value, __u32);
+} cni_self_cidrs SEC(".maps");
 
 /* ------------------------------------------------- judged after the stack */
 

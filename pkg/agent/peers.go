@@ -216,7 +216,9 @@ func srcFor(ip net.IP, tunnel int) net.IP {
 // of the CIDR's family; the node IP must be on a link of this node), or
 // with a tunnel "podCIDR dev ebpf-tun src <this node's address>" and the
 // peer in the tunnel maps. Peers one of whose node IPs is an address of
-// this node are this node itself and skipped. Returns the routes wanted.
+// this node are this node itself and skipped; with rt.Maps, their pod
+// CIDRs and rt.SelfPodCIDRs become cni_self_cidrs (maps.SyncSelfCIDRs).
+// Returns the routes wanted.
 func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 	tunnel := rt.Mode != datapath.TunnelOff && rt.Mode != ""
 	pl := planPeerRoutes(peers, rt, tunnel)
@@ -230,6 +232,16 @@ func SyncPeerRoutesWith(peers []Peer, rt Routing) (PeerRoutes, error) {
 	}
 	out, err := applyPeerRoutes(pl)
 	errs = errors.Join(errs, err, removeStalePeerRoutes(pl.want))
+	if rt.Maps != nil {
+		// This node's own pod CIDRs, which no packet off the wire may
+		// claim as source (from_uplink, nodes with networkPolicy): its
+		// Node object's and its peer list entry's, every sync (those gone
+		// leave the map). None known: the map is emptied.
+		self := append(append([]netip.Prefix{}, rt.SelfPodCIDRs...), pl.selfCIDRs...)
+		if err := rt.Maps.SyncSelfCIDRs(self); err != nil {
+			errs = errors.Join(errs, fmt.Errorf("this node's pod CIDRs: %w", err))
+		}
+	}
 	if tunnel && rt.Maps != nil {
 		self := pl.selfAddrs(rt)
 		if err := rt.Maps.Tunnel().SyncSelf(self); err != nil {

@@ -42,3 +42,13 @@ func (b budgetMaps) TunnelNodes(n int) (bool, error) {
 	}
 	return true, b.m.Tunnel().SetMode(true, true)
 }
+
+// PolicyOn turns networkPolicy on for the node (from_uplink's forged-source
+// checks run); a reference tree without policy says false.
+func (b budgetMaps) PolicyOn() (bool, error) { return true, b.m.Policy().Enable() }
+
+// SelfCIDRs makes cidrs this node's own pod CIDRs (cni_self_cidrs); a
+// reference tree without the map says false.
+func (b budgetMaps) SelfCIDRs(cidrs []netip.Prefix) (bool, error) {
+	return true, b.m.SyncSelfCIDRs(cidrs)
+}

@@ -5,6 +5,7 @@ package datapath
 import (
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"os"
 	"sort"
 	"strconv"
@@ -173,6 +174,23 @@ func TestPacketBudget(t *testing.T) {
 		t.Fatal(err)
 	} else if tunnel {
 		add("remote to pod, TCP: uplink, tunnel mode (100 nodes)", "cni_from_uplink", up, remote, 0, verdict(actNext))
+	}
+
+	// networkPolicy on the node: from_uplink asks whether the source is a
+	// node address or a pod of this node (forged_node_source,
+	// forged_pod_source); then with this node's own pod CIDRs known
+	// (cni_self_cidrs, attack25), which the remote source misses too: one
+	// LPM lookup more. The last rows: the node keeps the tunnel's state.
+	if on, err := (budgetMaps{hp.Maps}).PolicyOn(); err != nil {
+		t.Fatal(err)
+	} else if on {
+		add("remote to pod, TCP: uplink, networkPolicy", "cni_from_uplink", up, remote, 0, verdict(actNext))
+		if self, err := (budgetMaps{hp.Maps}).SelfCIDRs([]netip.Prefix{netip.MustParsePrefix("10.9.0.0/24"),
+			netip.MustParsePrefix("fd00:9::/64")}); err != nil {
+			t.Fatal(err)
+		} else if self {
+			add("remote to pod, TCP: uplink, networkPolicy, own pod CIDRs", "cni_from_uplink", up, remote, 0, verdict(actNext))
+		}
 	}
 
 	fmt.Printf("\n| path | program | median ns/run | min | max | rounds x runs |\n|---|---|---:|---:|---:|---|\n")

@@ -4,16 +4,16 @@ package datapath
 
 // objHashes are the pin-name hashes of the embedded objects (object.hash).
 var objHashes = map[string]objHash{
-	"from_container":        {size: 566040, crc: 0x905adbb3, sha: "8e3a5de77bd3"},
-	"from_container_compat": {size: 535368, crc: 0xf61e46fa, sha: "af8cb16adb77"},
-	"from_uplink":           {size: 463792, crc: 0x25fc9b52, sha: "ec9b3d60b45a"},
-	"from_uplink_compat":    {size: 402344, crc: 0xdb0d1ad1, sha: "cfad478a1bd3"},
-	"sock":                  {size: 181984, crc: 0x54d51f41, sha: "bd231eb0eaaa"},
-	"sock_compat":           {size: 171616, crc: 0x8e31a923, sha: "241ce9b8b5f2"},
-	"sock_ops":              {size: 164856, crc: 0xa0a77c9f, sha: "bad06924821f"},
-	"to_container":          {size: 203600, crc: 0xdc2af51c, sha: "db56c10099a3"},
-	"to_container_compat":   {size: 188248, crc: 0xe9b6ea0d, sha: "b8d9b4df4982"},
-	"to_uplink":             {size: 354272, crc: 0x72abb105, sha: "aefce23ef1df"},
-	"to_uplink_compat":      {size: 321688, crc: 0x59cf082e, sha: "482278a93bf7"},
-	"tunnel":                {size: 340320, crc: 0xb7a9308a, sha: "91bc73725ca7"},
+	"from_container":        {size: 566248, crc: 0x6f837c2a, sha: "0fbe3481ae79"},
+	"from_container_compat": {size: 535576, crc: 0xeb5781f6, sha: "008a2f18c240"},
+	"from_uplink":           {size: 464832, crc: 0x856339f3, sha: "7bfab5d71218"},
+	"from_uplink_compat":    {size: 403384, crc: 0x7ba782c8, sha: "0ba0a648d66f"},
+	"sock":                  {size: 182192, crc: 0x29dadfcd, sha: "735ddd79559d"},
+	"sock_compat":           {size: 171824, crc: 0x7e011edc, sha: "df205e2dabbe"},
+	"sock_ops":              {size: 165072, crc: 0xb99e9478, sha: "7aaa6be03cc3"},
+	"to_container":          {size: 203808, crc: 0x8e02fb7b, sha: "8be73083a182"},
+	"to_container_compat":   {size: 188456, crc: 0x36c708d6, sha: "5e456cdca277"},
+	"to_uplink":             {size: 354488, crc: 0x8db4f9e6, sha: "b7efff97f645"},
+	"to_uplink_compat":      {size: 321904, crc: 0xeb82bbc2, sha: "0f2e6e6eb064"},
+	"tunnel":                {size: 340536, crc: 0x3cce5bc4, sha: "d1602b74a273"},
 }

@@ -51,6 +51,7 @@ const (
 	sockMapCniPolPorts       = "cni_pol_ports"
 	sockMapCniPolScratch     = "cni_pol_scratch"
 	sockMapCniPolState       = "cni_pol_state"
+	sockMapCniSelfCidrs      = "cni_self_cidrs"
 	sockMapCniSfPool         = "cni_sf_pool"
 	sockMapCniSfSlots        = "cni_sf_slots"
 	sockMapCniSnat           = "cni_snat"
@@ -163,6 +164,7 @@ type sockMapSpecs struct {
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
+	CniSelfCidrs      *ebpf.MapSpec `ebpf:"cni_self_cidrs"`
 	CniSfPool         *ebpf.MapSpec `ebpf:"cni_sf_pool"`
 	CniSfSlots        *ebpf.MapSpec `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
@@ -237,6 +239,7 @@ type sockMaps struct {
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
+	CniSelfCidrs      *ebpf.Map `ebpf:"cni_self_cidrs"`
 	CniSfPool         *ebpf.Map `ebpf:"cni_sf_pool"`
 	CniSfSlots        *ebpf.Map `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
@@ -287,6 +290,7 @@ func (m *sockMaps) Close() error {
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,
+		m.CniSelfCidrs,
 		m.CniSfPool,
 		m.CniSfSlots,
 		m.CniSnat,

@@ -51,6 +51,7 @@ const (
 	sockCompatMapCniPolPorts       = "cni_pol_ports"
 	sockCompatMapCniPolScratch     = "cni_pol_scratch"
 	sockCompatMapCniPolState       = "cni_pol_state"
+	sockCompatMapCniSelfCidrs      = "cni_self_cidrs"
 	sockCompatMapCniSfPool         = "cni_sf_pool"
 	sockCompatMapCniSfSlots        = "cni_sf_slots"
 	sockCompatMapCniSnat           = "cni_snat"
@@ -163,6 +164,7 @@ type sockCompatMapSpecs struct {
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
+	CniSelfCidrs      *ebpf.MapSpec `ebpf:"cni_self_cidrs"`
 	CniSfPool         *ebpf.MapSpec `ebpf:"cni_sf_pool"`
 	CniSfSlots        *ebpf.MapSpec `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
@@ -237,6 +239,7 @@ type sockCompatMaps struct {
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
+	CniSelfCidrs      *ebpf.Map `ebpf:"cni_self_cidrs"`
 	CniSfPool         *ebpf.Map `ebpf:"cni_sf_pool"`
 	CniSfSlots        *ebpf.Map `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
@@ -287,6 +290,7 @@ func (m *sockCompatMaps) Close() error {
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,
+		m.CniSelfCidrs,
 		m.CniSfPool,
 		m.CniSfSlots,
 		m.CniSnat,

@@ -51,6 +51,7 @@ const (
 	toContainerMapCniPolPorts       = "cni_pol_ports"
 	toContainerMapCniPolScratch     = "cni_pol_scratch"
 	toContainerMapCniPolState       = "cni_pol_state"
+	toContainerMapCniSelfCidrs      = "cni_self_cidrs"
 	toContainerMapCniSfPool         = "cni_sf_pool"
 	toContainerMapCniSfSlots        = "cni_sf_slots"
 	toContainerMapCniSnat           = "cni_snat"
@@ -149,6 +150,7 @@ type toContainerMapSpecs struct {
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
+	CniSelfCidrs      *ebpf.MapSpec `ebpf:"cni_self_cidrs"`
 	CniSfPool         *ebpf.MapSpec `ebpf:"cni_sf_pool"`
 	CniSfSlots        *ebpf.MapSpec `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
@@ -223,6 +225,7 @@ type toContainerMaps struct {
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
+	CniSelfCidrs      *ebpf.Map `ebpf:"cni_self_cidrs"`
 	CniSfPool         *ebpf.Map `ebpf:"cni_sf_pool"`
 	CniSfSlots        *ebpf.Map `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
@@ -273,6 +276,7 @@ func (m *toContainerMaps) Close() error {
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,
+		m.CniSelfCidrs,
 		m.CniSfPool,
 		m.CniSfSlots,
 		m.CniSnat,

@@ -51,6 +51,7 @@ const (
 	tunnelMapCniPolPorts       = "cni_pol_ports"
 	tunnelMapCniPolScratch     = "cni_pol_scratch"
 	tunnelMapCniPolState       = "cni_pol_state"
+	tunnelMapCniSelfCidrs      = "cni_self_cidrs"
 	tunnelMapCniSfPool         = "cni_sf_pool"
 	tunnelMapCniSfSlots        = "cni_sf_slots"
 	tunnelMapCniSnat           = "cni_snat"
@@ -151,6 +152,7 @@ type tunnelMapSpecs struct {
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
+	CniSelfCidrs      *ebpf.MapSpec `ebpf:"cni_self_cidrs"`
 	CniSfPool         *ebpf.MapSpec `ebpf:"cni_sf_pool"`
 	CniSfSlots        *ebpf.MapSpec `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
@@ -225,6 +227,7 @@ type tunnelMaps struct {
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
+	CniSelfCidrs      *ebpf.Map `ebpf:"cni_self_cidrs"`
 	CniSfPool         *ebpf.Map `ebpf:"cni_sf_pool"`
 	CniSfSlots        *ebpf.Map `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
@@ -275,6 +278,7 @@ func (m *tunnelMaps) Close() error {
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,
+		m.CniSelfCidrs,
 		m.CniSfPool,
 		m.CniSfSlots,
 		m.CniSnat,

@@ -486,6 +486,7 @@ var pinnedShapes = func() map[string]*ebpf.MapSpec {
 		{Name: nameTunCIDRs, Type: ebpf.LPMTrie, KeySize: 24, ValueSize: 24, MaxEntries: 4096, Flags: unix.BPF_F_NO_PREALLOC},
 		{Name: nameTunSelf, Type: ebpf.Hash, KeySize: 20, ValueSize: 4, MaxEntries: 16},
 		{Name: nameTunHops, Type: ebpf.LRUHash, KeySize: 40, ValueSize: 16, MaxEntries: 1024},
+		{Name: nameSelfCIDRs, Type: ebpf.LPMTrie, KeySize: 24, ValueSize: 4, MaxEntries: 16, Flags: unix.BPF_F_NO_PREALLOC},
 	} {
 		out[s.Name] = &s
 	}

@@ -569,6 +569,7 @@ const (
 	mapsObjMapCniPolPorts       = "cni_pol_ports"
 	mapsObjMapCniPolScratch     = "cni_pol_scratch"
 	mapsObjMapCniPolState       = "cni_pol_state"
+	mapsObjMapCniSelfCidrs      = "cni_self_cidrs"
 	mapsObjMapCniSfPool         = "cni_sf_pool"
 	mapsObjMapCniSfSlots        = "cni_sf_slots"
 	mapsObjMapCniSnat           = "cni_snat"
@@ -676,6 +677,7 @@ type mapsObjMapSpecs struct {
 	CniPolPorts       *ebpf.MapSpec `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.MapSpec `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.MapSpec `ebpf:"cni_pol_state"`
+	CniSelfCidrs      *ebpf.MapSpec `ebpf:"cni_self_cidrs"`
 	CniSfPool         *ebpf.MapSpec `ebpf:"cni_sf_pool"`
 	CniSfSlots        *ebpf.MapSpec `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.MapSpec `ebpf:"cni_snat"`
@@ -761,6 +763,7 @@ type mapsObjMaps struct {
 	CniPolPorts       *ebpf.Map `ebpf:"cni_pol_ports"`
 	CniPolScratch     *ebpf.Map `ebpf:"cni_pol_scratch"`
 	CniPolState       *ebpf.Map `ebpf:"cni_pol_state"`
+	CniSelfCidrs      *ebpf.Map `ebpf:"cni_self_cidrs"`
 	CniSfPool         *ebpf.Map `ebpf:"cni_sf_pool"`
 	CniSfSlots        *ebpf.Map `ebpf:"cni_sf_slots"`
 	CniSnat           *ebpf.Map `ebpf:"cni_snat"`
@@ -811,6 +814,7 @@ func (m *mapsObjMaps) Close() error {
 		m.CniPolPorts,
 		m.CniPolScratch,
 		m.CniPolState,
+		m.CniSelfCidrs,
 		m.CniSfPool,
 		m.CniSfSlots,
 		m.CniSnat,

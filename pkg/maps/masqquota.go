@@ -29,10 +29,10 @@ var (
 // were added to layout 4 so, cni_sf_pool, cni_sf_slots (sfpool.go),
 // cni_tun_self (tunnel.go), cni_ev_hot (events.go), cni_hp_frags,
 // cni_hp_frag_notes and cni_hp_frag_stats (hostport.go) and cni_tun_hops
-// (tunnel.go) to layout 5.
+// (tunnel.go) and cni_self_cidrs (selfcidrs.go) to layout 5.
 var optionalMaps = map[string]bool{nameMasqPods: true, nameMasqQuota: true, nameMasqKeys: true, nameAfterLinks: true,
 	nameNodeIPsGone: true, nameTunSelf: true, nameSFPool: true, nameSFSlots: true, nameEvHot: true, nameHPFrags: true,
-	nameHPFragNotes: true, nameHPFragStats: true, nameTunHops: true}
+	nameHPFragNotes: true, nameHPFragStats: true, nameTunHops: true, nameSelfCIDRs: true}
 
 // lruSpareFlows is how many flows cni_snat keeps free so that its LRU
 // never evicts: the kernel's LRU hash moves free entries to each CPU in

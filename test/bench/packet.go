@@ -170,6 +170,7 @@ package datapath
 
 import (
 	"net"
+	"net/netip"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
@@ -185,6 +186,10 @@ func (b budgetMaps) PutLink(ifindex int, li maps.LinkInfo) error { return b.m.Pu
 func (b budgetMaps) SyncNodeIPs(want map[string]int) error { return b.m.SyncNodeIPs(want) }
 
 func (b budgetMaps) TunnelNodes(int) (bool, error) { return false, nil }
+
+func (b budgetMaps) PolicyOn() (bool, error) { return false, nil }
+
+func (b budgetMaps) SelfCIDRs([]netip.Prefix) (bool, error) { return false, nil }
 `
 
 // loadRange is the range of the 1-minute load averages seen at each run's start.

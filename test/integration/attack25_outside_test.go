@@ -30,7 +30,11 @@ func a25UplinkSpoofDrops(t *testing.T, l *podPolLab) uint64 {
 // drop_spoof_ip, ingress, on the uplink"). Control: pod b's own datagram
 // arrives.
 func a25OutsideAsPodSubnet(t *testing.T, name string, src func(fam int, b map[int]net.IP) net.IP) {
-	l := newPodPolLab(t)
+	a25OutsideAsPodSubnetIn(t, newPodPolLab(t), name, src)
+}
+
+// a25OutsideAsPodSubnetIn is a25OutsideAsPodSubnet in the lab l.
+func a25OutsideAsPodSubnetIn(t *testing.T, l *podPolLab, name string, src func(fam int, b map[int]net.IP) net.IP) {
 	b, rb := l.RunPod("b")
 	b4, b6 := resultIPs(rb)
 	bIP := map[int]net.IP{4: b4, 6: b6}

@@ -145,3 +145,30 @@ func addrPort(a [16]uint8, family uint8, port uint16) netip.AddrPort {
 	binary.NativeEndian.PutUint16(p[:], port)
 	return netip.AddrPortFrom(ip, binary.BigEndian.Uint16(p[:]))
 }
+
+// SelfCIDRs is what cni_self_cidrs holds (this node's own pod CIDRs, as the
+// agent wrote them); nil without the map.
+func SelfCIDRs(m *maps.Maps) ([]netip.Prefix, error) {
+	mp := Map(m, "cni_self_cidrs")
+	if mp == nil {
+		return nil, nil
+	}
+	var out []netip.Prefix
+	var k [24]byte
+	var v uint32
+	it := mp.Iterate()
+	for it.Next(&k, &v) {
+		n := int(binary.LittleEndian.Uint32(k[0:4])) - 32
+		var a netip.Addr
+		switch k[4] {
+		case afInet:
+			a = netip.AddrFrom4([4]byte(k[8:12]))
+		case afInet6:
+			a = netip.AddrFrom16([16]byte(k[8:24]))
+		default:
+			return out, fmt.Errorf("cni_self_cidrs: family %d", k[4])
+		}
+		out = append(out, netip.PrefixFrom(a, n))
+	}
+	return out, it.Err()
+}
