@@ -699,6 +699,21 @@ static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now,
  * retransmit; issue 30). Two CPUs closing one flow at once can both release
  * it: the count then runs low by one, never below 0.
  */
+#define SNAT_F_KEPT (1U << 8) /* forward TCP entries: the flow took its share back after its release (snat_share_back) */
+
+/* Whether the flow whose reverse entry is rv (key rk) took its share back
+ * after its release (SNAT_F_KEPT on its forward entry): it stays counted.
+ * Looked up only when a FIN each way would release the share: once per
+ * flow, but for a kept one. Out of line: the callers' frames are full. */
+static __noinline int snat_kept(const struct snat_val *rv, const struct snat_key *rk)
+{
+	struct snat_key fk;
+
+	snat_key_of(&fk, SNAT_DIR_FWD, rv->addr, rv->port, rk->peer_addr, rk->peer_port, rk->family, rk->proto);
+	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
+	return fv && (fv->flags & SNAT_F_KEPT);
+}
+
 static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat_key *rk, __u32 ifindex, __u16 next,
 					  __u64 now)
 {
@@ -712,7 +727,7 @@ static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat
 	 * connection, past its share (attack15). A flow an RST closed counts
 	 * until it goes (its port, free of TIME_WAIT, is the pod's to recycle). */
 	__u16 fl = rv->flags;
-	if ((fl & FLOW_F_FIN_BOTH) == FLOW_F_FIN_BOTH && !(fl & SNAT_F_UNSHARED)) {
+	if ((fl & FLOW_F_FIN_BOTH) == FLOW_F_FIN_BOTH && !(fl & SNAT_F_UNSHARED) && !snat_kept(rv, rk)) {
 		rv->flags = fl | SNAT_F_UNSHARED;
 		share_release(rk, ifindex);
 	} else if (!(fl & FLOW_F_CLOSING) && (fl & SNAT_F_UNSHARED)) {
@@ -721,6 +736,73 @@ static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat
 		if (n)
 			__sync_fetch_and_add(n, 1);
 	}
+}
+
+/*
+ * The backstop of the share (share25): whatever the tracking believes, a
+ * flow whose share was released (SNAT_F_UNSHARED: a FIN each way seen) is
+ * done with. The tracking can be fooled by an accomplice outside forging
+ * the peer's address: the pod's raw SYN on its live tuple re-seeds it, the
+ * accomplice answers with a SYN-ACK and later acknowledges the pod's raw
+ * FIN with a FIN-ACK, and no number of the real peer's is used
+ * (TestAttack23MasqShareForgedSynAck: 16 of 16 live at a limit of 8). So
+ * payload either way on a released flow takes the share back, or, the pod
+ * at its limit, is dropped and counted (drop_pod_limit, REASON_DROP_NAT_POD_LIMIT
+ * in the direction of the packet). No allowance for retransmissions on
+ * either side: one below a recorded end let an attacker place that end
+ * just past the real one (share24's first build, TestShare25MasqAligned*).
+ * The price: a pod at its limit whose closed connection needs a
+ * retransmission of data after both FINs loses it (pure ACKs and FINs
+ * pass). A flow taken back stays counted until its entry goes
+ * (SNAT_F_KEPT on its forward entry: snat_note_rev releases it no more).
+ * The pod's SYN reopening a released tuple is judged against the limit as
+ * a new flow: below it snat_note_rev counts it again; at it the released
+ * flow goes (its port, uncounted, given back) and the SYN takes the path
+ * of a new flow (snat_alloc: one of the pod's own counted flows recycled,
+ * or dropped): returns 2. Returns 1 when the packet is to be dropped
+ * (the caller counts it: here a call deeper, the stack would pass 512
+ * bytes under from_uplink), else 0.
+ */
+static __noinline int snat_share_back(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv,
+				      const struct snat_key *rk, int reply)
+{
+	__u32 zero = 0, ifindex = rv->ifindex;
+	struct masq_config *cfg = bpf_map_lookup_elem(&cni_masq_config, &zero);
+	struct tcp_seg *sp = tcp_seg_scratch();
+	int syn = !reply && f->syn_only;
+
+	if (!(rv->flags & SNAT_F_UNSHARED))
+		return 0;
+	if (!syn) {
+		if (!sp || tcp_seg_load(skb, f, sp))
+			return 0;
+		if (sp->end - sp->seq == !!(sp->flags & TCP_FLAG_SYN) + !!(sp->flags & TCP_FLAG_FIN))
+			return 0; /* no payload: an ACK, a FIN again */
+	}
+	__u32 limit = cfg && cfg->total ? cfg->pod_limit : 0;
+	__u32 *share = share_of(rk, ifindex);
+	if (share && limit && *share >= limit) {
+		if (syn) {
+			__u8 pod[16];
+			__be16 pod_port = rv->port;
+
+			__builtin_memcpy(pod, rv->addr, 16);
+			snat_forget(rk, pod, pod_port, ifindex, rv->flags);
+			return 2;
+		}
+		return 1;
+	}
+	if (syn)
+		return 0; /* a new flow: snat_note_rev counts it (its state cleared) */
+	if (share)
+		__sync_fetch_and_add(share, 1);
+	rv->flags &= ~SNAT_F_UNSHARED;
+	struct snat_key fk;
+	snat_key_of(&fk, SNAT_DIR_FWD, rv->addr, rv->port, rk->peer_addr, rk->peer_port, rk->family, rk->proto);
+	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
+	if (fv)
+		fv->flags |= SNAT_F_KEPT;
+	return 0;
 }
 
 /* ------------------------------------------------------------ allocation */
@@ -775,6 +857,7 @@ struct alloc_ctx {
 	__be16 port; /* the port got */
 	__be16 take; /* at the limit: the pod's own quietest port seen; else the quietest held for a peer's TIME_WAIT */
 	__u8 over;   /* 1: the pod is at its limit towards this destination; 2: at its quota */
+	__u8 mine;   /* the candidate is a flow the pod may take back (alloc_probe; here, not on its stack: in the padding) */
 	__be16 first; /* at the limit: the first candidate, found free, where a port given back goes */
 };
 
@@ -870,17 +953,21 @@ static __noinline long alloc_probe(__u32 i, struct alloc_ctx *c)
 		asm volatile("" ::: "memory");
 		__u64 seen = cur->seen_ns;
 		__u32 owner = cur->ifindex;
+		/* At its limit towards the destination the pod takes back only
+		 * a flow that counts: one whose share was released, taken, put
+		 * it one past its limit (share25). */
+		c->mine = owner == c->ifindex && !((c->over & 1) && (cur->flags & SNAT_F_UNSHARED));
 		if (st != SNAT_PORT_FREE) {
 			/* At the limit: the pod's own quietest; else the quietest
 			 * held for a peer's TIME_WAIT (taken when nothing is free). */
-			if ((c->over ? owner == c->ifindex : st == SNAT_PORT_HELD) && (!c->take || seen < c->take_seen)) {
+			if ((c->over ? c->mine : st == SNAT_PORT_HELD) && (!c->take || seen < c->take_seen)) {
 				c->take = c->rk.port;
 				c->take_seen = seen;
 			}
 			return 0;
 		}
 		snat_forget(&c->rk, cur->addr, cur->port, owner, cur->flags);
-		if (c->over && owner != c->ifindex) {
+		if (c->over && !c->mine) {
 			if (i == 0 && alloc_port_free(c))
 				c->first = c->rk.port;
 			return 0; /* freed for the others, not for a pod at its limit */
@@ -981,7 +1068,8 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 		 * the quietest port a peer's TIME_WAIT holds is taken. */
 		c.rk.port = c.take;
 		struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &c.rk);
-		if (cur && (c.over ? cur->ifindex == ifindex : (cur->flags & FLOW_F_CLOSING))) {
+		if (cur && (c.over ? cur->ifindex == ifindex && !((c.over & 1) && (cur->flags & SNAT_F_UNSHARED))
+				   : (cur->flags & FLOW_F_CLOSING))) {
 			snat_forget(&c.rk, cur->addr, cur->port, cur->ifindex, cur->flags);
 			if ((c.over && alloc_first(&c)) || !bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_NOEXIST)) {
 				if (!c.port)
@@ -1154,8 +1242,9 @@ struct masq_to {
 
 /*
  * The pod's packet f of a flow it has: *node and *port get what it leaves
- * with, its entries the packet's state. Returns 1, or 0 for a new flow. A
- * known flow keeps its node address while the node has it: looked up only
+ * with, its entries the packet's state. Returns 1, 0 for a new flow (or
+ * a SYN reopening a released tuple at the pod's limit, its entries gone),
+ * or 2 for a packet to drop (snat_share_back). A known flow keeps its node address while the node has it: looked up only
  * for flows made before the node last lost one (node_ips_gone). Not inlined:
  * its stack is not on top of snat_alloc's.
  */
@@ -1187,14 +1276,28 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 	if (note || seg) {
 		snat_key_of(&k, SNAT_DIR_REV, to->addr, to->port, f->daddr, f->dport, f->family, f->proto);
 		struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
+		/* A released flow: its payload takes the share back or is
+		 * dropped, its SYN is judged as a new flow's (share25); its
+		 * tracking stays as it is but for a SYN (a new flow). */
+		int frozen = 0;
+		if (rv && f->proto == IPPROTO_TCP && (rv->flags & SNAT_F_UNSHARED)) {
+			int b = snat_share_back(skb, f, rv, &k, 0);
+			if (b)
+				return b == 1 ? 2 : 0; /* 2: a new flow's SYN (the entries gone) */
+			frozen = (rv->flags & SNAT_F_UNSHARED) && !f->syn_only;
+		}
+		if (f->syn_only)
+			fv->flags &= ~SNAT_F_KEPT; /* a new flow on the tuple */
 		/* The pod's FIN waits for the peer's ack (both entries). */
-		if (rv && f->proto == IPPROTO_TCP && (f->tcp_flags & TCP_FLAG_FIN))
+		if (rv && !frozen && f->proto == IPPROTO_TCP && (f->tcp_flags & TCP_FLAG_FIN))
 			fl = snat_fin_pod(skb, f, rv, fv, fl);
 		if (note)
 			snat_note(fv, fl, now, f->proto);
 		if (rv) {
 			if (note)
 				snat_note_rev(rv, &k, ifindex, fl, now);
+			if (frozen)
+				return 1;
 			if (f->proto == IPPROTO_TCP && note)
 				snat_seq_pod(skb, f, rv, fv);
 			else if (f->proto == IPPROTO_TCP)
@@ -1206,7 +1309,8 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 
 /*
  * A new flow of the pod behind ifindex that got no port (*why from
- * snat_alloc), or a packet it cannot translate (MASQ_STAT_ERROR): counted
+ * snat_alloc; or a released flow's payload at its limit, snat_share_back), or
+ * a packet it cannot translate (MASQ_STAT_ERROR): counted
  * in cni_masq_stats, in the pod's refusals when at its quota, and as the
  * pod's drop with its event. Out of line: to_uplink's
  * frame has no room for it (policy_judge sits on it at the 512-byte limit).
@@ -1261,7 +1365,10 @@ static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_in
 	if (in_cluster(f.daddr, family))
 		return MASQ_CONTINUE;
 
-	if (!masq_known(skb, &f, ep->ifindex, &to)) {
+	int known = masq_known(skb, &f, ep->ifindex, &to);
+	if (known == 2)
+		return masq_alloc_failed(skb, ep->ifindex, MASQ_STAT_POD_LIMIT, 1); /* a released flow's payload at the pod's limit */
+	if (!known) {
 		/* Only what opens a flow allocates: a TCP segment of no known flow
 		 * (the pod answering a client that reached it directly over routes
 		 * to the pod) is not rewritten. What decides is the pod's packet
@@ -1325,7 +1432,17 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 	/* The tracking may count the pod's FIN (its ack): compared with the
 	 * state before, so that both entries take it. */
 	__u16 cur = rv->flags;
-	int counts = f.proto != IPPROTO_TCP || snat_seq_peer(skb, &f, rv);
+	/* A released flow (share25): the peer's payload takes the share
+	 * back or is dropped at the pod's limit; the tracking stays as it is. */
+	int counts = 1;
+	if (f.proto == IPPROTO_TCP && (cur & SNAT_F_UNSHARED)) {
+		if (snat_share_back(skb, &f, rv, &rk, 1)) {
+			masq_count(MASQ_STAT_POD_LIMIT);
+			return drop_dir(ifindex, DIR_INGRESS, REASON_DROP_NAT_POD_LIMIT);
+		}
+	} else if (f.proto == IPPROTO_TCP) {
+		counts = snat_seq_peer(skb, &f, rv);
+	}
 	__u16 fl = snat_next(rv->flags, &f, 1, rv->created_ns, now);
 	if (counts && (fl != cur || now - rv->seen_ns > NSEC)) {
 		snat_note_rev(rv, &rk, ifindex, fl, now);
