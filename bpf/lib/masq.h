@@ -701,13 +701,39 @@ static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now,
  */
 #define SNAT_F_KEPT (1U << 8) /* forward TCP entries: the flow took its share back after its release (snat_share_back) */
 
+/* snat_kept and snat_share_back are global functions (verified once, on
+ * their own, not at each of their callers' states) but in the compat
+ * build, whose kernels take no pointer arguments of a global one (as
+ * masq_known). */
+#ifdef EBPF_CNI_COMPAT
+#define SHARE_LINKAGE static
+#else
+#define SHARE_LINKAGE
+#endif
+
+/* What they read of a reverse entry: its head, without the bpf_timer a
+ * global function may not be handed (the verifier checks the whole type). */
+struct snat_val_head {
+	__u8 addr[16];
+	__be16 port;
+	__u16 flags;
+	__u32 ifindex;
+};
+_Static_assert(offsetof(struct snat_val_head, ifindex) == offsetof(struct snat_val, ifindex) &&
+		       offsetof(struct snat_val_head, flags) == offsetof(struct snat_val, flags),
+	       "snat_val_head is snat_val's head");
+#define SNAT_HEAD(v) ((struct snat_val_head *)(v))
+
 /* Whether the flow whose reverse entry is rv (key rk) took its share back
  * after its release (SNAT_F_KEPT on its forward entry): it stays counted.
  * Looked up only when a FIN each way would release the share: once per
  * flow, but for a kept one. Out of line: the callers' frames are full. */
-static __noinline int snat_kept(const struct snat_val *rv, const struct snat_key *rk)
+SHARE_LINKAGE __noinline int snat_kept(const struct snat_val_head *rv, const struct snat_key *rk)
 {
 	struct snat_key fk;
+
+	if (!rv || !rk)
+		return 0;
 
 	snat_key_of(&fk, SNAT_DIR_FWD, rv->addr, rv->port, rk->peer_addr, rk->peer_port, rk->family, rk->proto);
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
@@ -727,7 +753,7 @@ static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat
 	 * connection, past its share (attack15). A flow an RST closed counts
 	 * until it goes (its port, free of TIME_WAIT, is the pod's to recycle). */
 	__u16 fl = rv->flags;
-	if ((fl & FLOW_F_FIN_BOTH) == FLOW_F_FIN_BOTH && !(fl & SNAT_F_UNSHARED) && !snat_kept(rv, rk)) {
+	if ((fl & FLOW_F_FIN_BOTH) == FLOW_F_FIN_BOTH && !(fl & SNAT_F_UNSHARED) && !snat_kept(SNAT_HEAD(rv), rk)) {
 		rv->flags = fl | SNAT_F_UNSHARED;
 		share_release(rk, ifindex);
 	} else if (!(fl & FLOW_F_CLOSING) && (fl & SNAT_F_UNSHARED)) {
@@ -763,16 +789,18 @@ static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat
  * (the caller counts it: here a call deeper, the stack would pass 512
  * bytes under from_uplink), else 0.
  */
-static __noinline int snat_share_back(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv,
-				      const struct snat_key *rk, int reply)
+SHARE_LINKAGE __noinline int snat_share_back(struct __sk_buff *skb, const struct flow *f, struct snat_val_head *rv,
+					     const struct snat_key *rk, int reply)
 {
-	__u32 zero = 0, ifindex = rv->ifindex;
+	__u32 zero = 0;
+
+	if (!f || !rv || !rk || !(rv->flags & SNAT_F_UNSHARED))
+		return 0;
+	__u32 ifindex = rv->ifindex;
 	struct masq_config *cfg = bpf_map_lookup_elem(&cni_masq_config, &zero);
 	struct tcp_seg *sp = tcp_seg_scratch();
 	int syn = !reply && f->syn_only;
 
-	if (!(rv->flags & SNAT_F_UNSHARED))
-		return 0;
 	if (!syn) {
 		if (!sp || tcp_seg_load(skb, f, sp))
 			return 0;
@@ -857,7 +885,6 @@ struct alloc_ctx {
 	__be16 port; /* the port got */
 	__be16 take; /* at the limit: the pod's own quietest port seen; else the quietest held for a peer's TIME_WAIT */
 	__u8 over;   /* 1: the pod is at its limit towards this destination; 2: at its quota */
-	__u8 mine;   /* the candidate is a flow the pod may take back (alloc_probe; here, not on its stack: in the padding) */
 	__be16 first; /* at the limit: the first candidate, found free, where a port given back goes */
 };
 
@@ -953,21 +980,17 @@ static __noinline long alloc_probe(__u32 i, struct alloc_ctx *c)
 		asm volatile("" ::: "memory");
 		__u64 seen = cur->seen_ns;
 		__u32 owner = cur->ifindex;
-		/* At its limit towards the destination the pod takes back only
-		 * a flow that counts: one whose share was released, taken, put
-		 * it one past its limit (share25). */
-		c->mine = owner == c->ifindex && !((c->over & 1) && (cur->flags & SNAT_F_UNSHARED));
 		if (st != SNAT_PORT_FREE) {
 			/* At the limit: the pod's own quietest; else the quietest
 			 * held for a peer's TIME_WAIT (taken when nothing is free). */
-			if ((c->over ? c->mine : st == SNAT_PORT_HELD) && (!c->take || seen < c->take_seen)) {
+			if ((c->over ? owner == c->ifindex : st == SNAT_PORT_HELD) && (!c->take || seen < c->take_seen)) {
 				c->take = c->rk.port;
 				c->take_seen = seen;
 			}
 			return 0;
 		}
 		snat_forget(&c->rk, cur->addr, cur->port, owner, cur->flags);
-		if (c->over && !c->mine) {
+		if (c->over && owner != c->ifindex) {
 			if (i == 0 && alloc_port_free(c))
 				c->first = c->rk.port;
 			return 0; /* freed for the others, not for a pod at its limit */
@@ -1068,8 +1091,7 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 		 * the quietest port a peer's TIME_WAIT holds is taken. */
 		c.rk.port = c.take;
 		struct snat_val *cur = bpf_map_lookup_elem(&cni_snat, &c.rk);
-		if (cur && (c.over ? cur->ifindex == ifindex && !((c.over & 1) && (cur->flags & SNAT_F_UNSHARED))
-				   : (cur->flags & FLOW_F_CLOSING))) {
+		if (cur && (c.over ? cur->ifindex == ifindex : (cur->flags & FLOW_F_CLOSING))) {
 			snat_forget(&c.rk, cur->addr, cur->port, cur->ifindex, cur->flags);
 			if ((c.over && alloc_first(&c)) || !bpf_map_update_elem(&cni_snat, &c.rk, &c.rv, BPF_NOEXIST)) {
 				if (!c.port)
@@ -1078,6 +1100,17 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 					masq_count(MASQ_STAT_RECYCLED);
 			}
 		}
+	}
+	/* At its limit the flow given back may be one whose share was
+	 * released (SNAT_F_UNSHARED, share25): taken, it put the pod one past
+	 * its limit; the port goes back. Checked here, not in alloc_probe: a
+	 * test of the candidate's flags there took to_uplink from 303286
+	 * verified instructions to 469k (the bpf_loop callback's states). */
+	share = c.over & 1 ? share_of(&c.rk, ifindex) : NULL;
+	if (c.port && share && *share >= c.cfg.pod_limit) {
+		c.rk.port = c.port;
+		bpf_map_delete_elem(&cni_snat, &c.rk);
+		c.port = 0;
 	}
 	if (!c.port) {
 		*why = c.over ? MASQ_STAT_POD_LIMIT : MASQ_STAT_EXHAUSTED;
@@ -1279,25 +1312,31 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 		/* A released flow: its payload takes the share back or is
 		 * dropped, its SYN is judged as a new flow's (share25); its
 		 * tracking stays as it is but for a SYN (a new flow). */
-		int frozen = 0;
 		if (rv && f->proto == IPPROTO_TCP && (rv->flags & SNAT_F_UNSHARED)) {
-			int b = snat_share_back(skb, f, rv, &k, 0);
+			int b = snat_share_back(skb, f, SNAT_HEAD(rv), &k, 0);
 			if (b)
 				return b == 1 ? 2 : 0; /* 2: a new flow's SYN (the entries gone) */
-			frozen = (rv->flags & SNAT_F_UNSHARED) && !f->syn_only;
+			if ((rv->flags & SNAT_F_UNSHARED) && !f->syn_only) {
+				/* Still released: the state noted, the tracking
+				 * left as it is (a branch of its own: the verifier's
+				 * walk of what follows is not doubled). */
+				if (note) {
+					snat_note(fv, fl, now, f->proto);
+					snat_note_rev(rv, &k, ifindex, fl, now);
+				}
+				return 1;
+			}
 		}
-		if (f->syn_only)
-			fv->flags &= ~SNAT_F_KEPT; /* a new flow on the tuple */
+		/* A SYN: a new flow on the tuple, kept no more (no branch). */
+		fv->flags &= ~(SNAT_F_KEPT * f->syn_only);
 		/* The pod's FIN waits for the peer's ack (both entries). */
-		if (rv && !frozen && f->proto == IPPROTO_TCP && (f->tcp_flags & TCP_FLAG_FIN))
+		if (rv && f->proto == IPPROTO_TCP && (f->tcp_flags & TCP_FLAG_FIN))
 			fl = snat_fin_pod(skb, f, rv, fv, fl);
 		if (note)
 			snat_note(fv, fl, now, f->proto);
 		if (rv) {
 			if (note)
 				snat_note_rev(rv, &k, ifindex, fl, now);
-			if (frozen)
-				return 1;
 			if (f->proto == IPPROTO_TCP && note)
 				snat_seq_pod(skb, f, rv, fv);
 			else if (f->proto == IPPROTO_TCP)
@@ -1436,7 +1475,7 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 	 * back or is dropped at the pod's limit; the tracking stays as it is. */
 	int counts = 1;
 	if (f.proto == IPPROTO_TCP && (cur & SNAT_F_UNSHARED)) {
-		if (snat_share_back(skb, &f, rv, &rk, 1)) {
+		if (snat_share_back(skb, &f, SNAT_HEAD(rv), &rk, 1)) {
 			masq_count(MASQ_STAT_POD_LIMIT);
 			return drop_dir(ifindex, DIR_INGRESS, REASON_DROP_NAT_POD_LIMIT);
 		}

@@ -6,14 +6,14 @@ package datapath
 var objHashes = map[string]objHash{
 	"from_container":        {size: 566040, crc: 0x905adbb3, sha: "8e3a5de77bd3"},
 	"from_container_compat": {size: 535368, crc: 0xf61e46fa, sha: "af8cb16adb77"},
-	"from_uplink":           {size: 482440, crc: 0x2b1bbbda, sha: "eb005c63902e"},
-	"from_uplink_compat":    {size: 413920, crc: 0xd074d1f1, sha: "e95b8fbb498c"},
+	"from_uplink":           {size: 486848, crc: 0x0ca9ab80, sha: "144438cdd10a"},
+	"from_uplink_compat":    {size: 414360, crc: 0x64b5080a, sha: "a12c58b8a554"},
 	"sock":                  {size: 181984, crc: 0x54d51f41, sha: "bd231eb0eaaa"},
 	"sock_compat":           {size: 171616, crc: 0x8e31a923, sha: "241ce9b8b5f2"},
 	"sock_ops":              {size: 164856, crc: 0xa0a77c9f, sha: "bad06924821f"},
 	"to_container":          {size: 203600, crc: 0xdc2af51c, sha: "db56c10099a3"},
 	"to_container_compat":   {size: 188248, crc: 0xe9b6ea0d, sha: "b8d9b4df4982"},
-	"to_uplink":             {size: 372000, crc: 0x5c111e1d, sha: "758a05bcce21"},
-	"to_uplink_compat":      {size: 338720, crc: 0x1607bc95, sha: "faf7c582cf27"},
+	"to_uplink":             {size: 377872, crc: 0xdc714cf3, sha: "85450b168ced"},
+	"to_uplink_compat":      {size: 343824, crc: 0x011f930b, sha: "eb5364e62872"},
 	"tunnel":                {size: 340320, crc: 0xb7a9308a, sha: "91bc73725ca7"},
 }
