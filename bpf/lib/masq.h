@@ -699,6 +699,47 @@ static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now,
  * retransmit; issue 30). Two CPUs closing one flow at once can both release
  * it: the count then runs low by one, never below 0.
  */
+#define SNAT_F_KEPT (1U << 8) /* forward TCP entries: the flow took its share back after its release (snat_share_back) */
+
+/* snat_kept and snat_share_back are global functions (verified once, on
+ * their own, not at each of their callers' states) but in the compat
+ * build, whose kernels take no pointer arguments of a global one (as
+ * masq_known). */
+#ifdef EBPF_CNI_COMPAT
+#define SHARE_LINKAGE static
+#else
+#define SHARE_LINKAGE
+#endif
+
+/* What they read of a reverse entry: its head, without the bpf_timer a
+ * global function may not be handed (the verifier checks the whole type). */
+struct snat_val_head {
+	__u8 addr[16];
+	__be16 port;
+	__u16 flags;
+	__u32 ifindex;
+};
+_Static_assert(offsetof(struct snat_val_head, ifindex) == offsetof(struct snat_val, ifindex) &&
+		       offsetof(struct snat_val_head, flags) == offsetof(struct snat_val, flags),
+	       "snat_val_head is snat_val's head");
+#define SNAT_HEAD(v) ((struct snat_val_head *)(v))
+
+/* Whether the flow whose reverse entry is rv (key rk) took its share back
+ * after its release (SNAT_F_KEPT on its forward entry): it stays counted.
+ * Looked up only when a FIN each way would release the share: once per
+ * flow, but for a kept one. Out of line: the callers' frames are full. */
+SHARE_LINKAGE __noinline int snat_kept(const struct snat_val_head *rv, const struct snat_key *rk)
+{
+	struct snat_key fk;
+
+	if (!rv || !rk)
+		return 0;
+
+	snat_key_of(&fk, SNAT_DIR_FWD, rv->addr, rv->port, rk->peer_addr, rk->peer_port, rk->family, rk->proto);
+	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
+	return fv && (fv->flags & SNAT_F_KEPT);
+}
+
 static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat_key *rk, __u32 ifindex, __u16 next,
 					  __u64 now)
 {
@@ -712,7 +753,7 @@ static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat
 	 * connection, past its share (attack15). A flow an RST closed counts
 	 * until it goes (its port, free of TIME_WAIT, is the pod's to recycle). */
 	__u16 fl = rv->flags;
-	if ((fl & FLOW_F_FIN_BOTH) == FLOW_F_FIN_BOTH && !(fl & SNAT_F_UNSHARED)) {
+	if ((fl & FLOW_F_FIN_BOTH) == FLOW_F_FIN_BOTH && !(fl & SNAT_F_UNSHARED) && !snat_kept(SNAT_HEAD(rv), rk)) {
 		rv->flags = fl | SNAT_F_UNSHARED;
 		share_release(rk, ifindex);
 	} else if (!(fl & FLOW_F_CLOSING) && (fl & SNAT_F_UNSHARED)) {
@@ -721,6 +762,75 @@ static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat
 		if (n)
 			__sync_fetch_and_add(n, 1);
 	}
+}
+
+/*
+ * The backstop of the share (share25): whatever the tracking believes, a
+ * flow whose share was released (SNAT_F_UNSHARED: a FIN each way seen) is
+ * done with. The tracking can be fooled by an accomplice outside forging
+ * the peer's address: the pod's raw SYN on its live tuple re-seeds it, the
+ * accomplice answers with a SYN-ACK and later acknowledges the pod's raw
+ * FIN with a FIN-ACK, and no number of the real peer's is used
+ * (TestAttack23MasqShareForgedSynAck: 16 of 16 live at a limit of 8). So
+ * payload either way on a released flow takes the share back, or, the pod
+ * at its limit, is dropped and counted (drop_pod_limit, REASON_DROP_NAT_POD_LIMIT
+ * in the direction of the packet). No allowance for retransmissions on
+ * either side: one below a recorded end let an attacker place that end
+ * just past the real one (share24's first build, TestShare25MasqAligned*).
+ * The price: a pod at its limit whose closed connection needs a
+ * retransmission of data after both FINs loses it (pure ACKs and FINs
+ * pass). A flow taken back stays counted until its entry goes
+ * (SNAT_F_KEPT on its forward entry: snat_note_rev releases it no more).
+ * The pod's SYN reopening a released tuple is judged against the limit as
+ * a new flow: below it snat_note_rev counts it again; at it the released
+ * flow goes (its port, uncounted, given back) and the SYN takes the path
+ * of a new flow (snat_alloc: one of the pod's own counted flows recycled,
+ * or dropped): returns 2. Returns 1 when the packet is to be dropped
+ * (the caller counts it: here a call deeper, the stack would pass 512
+ * bytes under from_uplink), else 0.
+ */
+SHARE_LINKAGE __noinline int snat_share_back(struct __sk_buff *skb, const struct flow *f, struct snat_val_head *rv,
+					     const struct snat_key *rk, int reply)
+{
+	__u32 zero = 0;
+
+	if (!f || !rv || !rk || !(rv->flags & SNAT_F_UNSHARED))
+		return 0;
+	__u32 ifindex = rv->ifindex;
+	struct masq_config *cfg = bpf_map_lookup_elem(&cni_masq_config, &zero);
+	struct tcp_seg *sp = tcp_seg_scratch();
+	int syn = !reply && f->syn_only;
+
+	if (!syn) {
+		if (!sp || tcp_seg_load(skb, f, sp))
+			return 0;
+		if (sp->end - sp->seq == !!(sp->flags & TCP_FLAG_SYN) + !!(sp->flags & TCP_FLAG_FIN))
+			return 0; /* no payload: an ACK, a FIN again */
+	}
+	__u32 limit = cfg && cfg->total ? cfg->pod_limit : 0;
+	__u32 *share = share_of(rk, ifindex);
+	if (share && limit && *share >= limit) {
+		if (syn) {
+			__u8 pod[16];
+			__be16 pod_port = rv->port;
+
+			__builtin_memcpy(pod, rv->addr, 16);
+			snat_forget(rk, pod, pod_port, ifindex, rv->flags);
+			return 2;
+		}
+		return 1;
+	}
+	if (syn)
+		return 0; /* a new flow: snat_note_rev counts it (its state cleared) */
+	if (share)
+		__sync_fetch_and_add(share, 1);
+	rv->flags &= ~SNAT_F_UNSHARED;
+	struct snat_key fk;
+	snat_key_of(&fk, SNAT_DIR_FWD, rv->addr, rv->port, rk->peer_addr, rk->peer_port, rk->family, rk->proto);
+	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
+	if (fv)
+		fv->flags |= SNAT_F_KEPT;
+	return 0;
 }
 
 /* ------------------------------------------------------------ allocation */
@@ -991,6 +1101,17 @@ static __noinline __be16 snat_alloc(struct __sk_buff *skb, const struct flow *f,
 			}
 		}
 	}
+	/* At its limit the flow given back may be one whose share was
+	 * released (SNAT_F_UNSHARED, share25): taken, it put the pod one past
+	 * its limit; the port goes back. Checked here, not in alloc_probe: a
+	 * test of the candidate's flags there took to_uplink from 303286
+	 * verified instructions to 469k (the bpf_loop callback's states). */
+	share = c.over & 1 ? share_of(&c.rk, ifindex) : NULL;
+	if (c.port && share && *share >= c.cfg.pod_limit) {
+		c.rk.port = c.port;
+		bpf_map_delete_elem(&cni_snat, &c.rk);
+		c.port = 0;
+	}
 	if (!c.port) {
 		*why = c.over ? MASQ_STAT_POD_LIMIT : MASQ_STAT_EXHAUSTED;
 		return 0;
@@ -1154,8 +1275,9 @@ struct masq_to {
 
 /*
  * The pod's packet f of a flow it has: *node and *port get what it leaves
- * with, its entries the packet's state. Returns 1, or 0 for a new flow. A
- * known flow keeps its node address while the node has it: looked up only
+ * with, its entries the packet's state. Returns 1, 0 for a new flow (or
+ * a SYN reopening a released tuple at the pod's limit, its entries gone),
+ * or 2 for a packet to drop (snat_share_back). A known flow keeps its node address while the node has it: looked up only
  * for flows made before the node last lost one (node_ips_gone). Not inlined:
  * its stack is not on top of snat_alloc's.
  */
@@ -1187,6 +1309,26 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 	if (note || seg) {
 		snat_key_of(&k, SNAT_DIR_REV, to->addr, to->port, f->daddr, f->dport, f->family, f->proto);
 		struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
+		/* A released flow: its payload takes the share back or is
+		 * dropped, its SYN is judged as a new flow's (share25); its
+		 * tracking stays as it is but for a SYN (a new flow). */
+		if (rv && f->proto == IPPROTO_TCP && (rv->flags & SNAT_F_UNSHARED)) {
+			int b = snat_share_back(skb, f, SNAT_HEAD(rv), &k, 0);
+			if (b)
+				return b == 1 ? 2 : 0; /* 2: a new flow's SYN (the entries gone) */
+			if ((rv->flags & SNAT_F_UNSHARED) && !f->syn_only) {
+				/* Still released: the state noted, the tracking
+				 * left as it is (a branch of its own: the verifier's
+				 * walk of what follows is not doubled). */
+				if (note) {
+					snat_note(fv, fl, now, f->proto);
+					snat_note_rev(rv, &k, ifindex, fl, now);
+				}
+				return 1;
+			}
+		}
+		/* A SYN: a new flow on the tuple, kept no more (no branch). */
+		fv->flags &= ~(SNAT_F_KEPT * f->syn_only);
 		/* The pod's FIN waits for the peer's ack (both entries). */
 		if (rv && f->proto == IPPROTO_TCP && (f->tcp_flags & TCP_FLAG_FIN))
 			fl = snat_fin_pod(skb, f, rv, fv, fl);
@@ -1206,7 +1348,8 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 
 /*
  * A new flow of the pod behind ifindex that got no port (*why from
- * snat_alloc), or a packet it cannot translate (MASQ_STAT_ERROR): counted
+ * snat_alloc; or a released flow's payload at its limit, snat_share_back), or
+ * a packet it cannot translate (MASQ_STAT_ERROR): counted
  * in cni_masq_stats, in the pod's refusals when at its quota, and as the
  * pod's drop with its event. Out of line: to_uplink's
  * frame has no room for it (policy_judge sits on it at the 512-byte limit).
@@ -1261,7 +1404,10 @@ static __always_inline int masq_egress(struct __sk_buff *skb, const struct ep_in
 	if (in_cluster(f.daddr, family))
 		return MASQ_CONTINUE;
 
-	if (!masq_known(skb, &f, ep->ifindex, &to)) {
+	int known = masq_known(skb, &f, ep->ifindex, &to);
+	if (known == 2)
+		return masq_alloc_failed(skb, ep->ifindex, MASQ_STAT_POD_LIMIT, 1); /* a released flow's payload at the pod's limit */
+	if (!known) {
 		/* Only what opens a flow allocates: a TCP segment of no known flow
 		 * (the pod answering a client that reached it directly over routes
 		 * to the pod) is not rewritten. What decides is the pod's packet
@@ -1325,7 +1471,17 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 	/* The tracking may count the pod's FIN (its ack): compared with the
 	 * state before, so that both entries take it. */
 	__u16 cur = rv->flags;
-	int counts = f.proto != IPPROTO_TCP || snat_seq_peer(skb, &f, rv);
+	/* A released flow (share25): the peer's payload takes the share
+	 * back or is dropped at the pod's limit; the tracking stays as it is. */
+	int counts = 1;
+	if (f.proto == IPPROTO_TCP && (cur & SNAT_F_UNSHARED)) {
+		if (snat_share_back(skb, &f, SNAT_HEAD(rv), &rk, 1)) {
+			masq_count(MASQ_STAT_POD_LIMIT);
+			return drop_dir(ifindex, DIR_INGRESS, REASON_DROP_NAT_POD_LIMIT);
+		}
+	} else if (f.proto == IPPROTO_TCP) {
+		counts = snat_seq_peer(skb, &f, rv);
+	}
 	__u16 fl = snat_next(rv->flags, &f, 1, rv->created_ns, now);
 	if (counts && (fl != cur || now - rv->seen_ns > NSEC)) {
 		snat_note_rev(rv, &rk, ifindex, fl, now);

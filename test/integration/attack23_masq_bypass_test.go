@@ -135,6 +135,19 @@ func a23Round(t *testing.T, lab *masqLab, port int, delay time.Duration, id stri
 // a23RoundAt is a23Round against the server on sip (outsideIP or
 // outsideIP6).
 func a23RoundAt(t *testing.T, lab *masqLab, sip net.IP, port int, delay time.Duration, id string, base, ncheat int, beforeFIN bool, cheat a23Cheat) int {
+	return a23RoundFull(t, lab, sip, port, delay, id, base, ncheat, beforeFIN, cheat).n
+}
+
+// a23Result is what a23RoundFull saw: n connections of the 16 delivered
+// "again", the pod's share towards the server after the first 8 (share0)
+// and at the end (share), and the masquerade's counters at the end.
+type a23Result struct {
+	n, share0, share int
+	counters         map[string]uint64
+}
+
+// a23RoundFull is a23RoundAt with the shares and counters.
+func a23RoundFull(t *testing.T, lab *masqLab, sip net.IP, port int, delay time.Duration, id string, base, ncheat int, beforeFIN bool, cheat a23Cheat) a23Result {
 	got, mu := a23HalfCloseServer(t, lab, sip, port, delay)
 	srv := hp(sip, port)
 	x, r := lab.a.RunPod(id)
@@ -194,8 +207,8 @@ func a23RoundAt(t *testing.T, lab *masqLab, sip net.IP, port int, delay time.Dur
 	n := len(got)
 	mu.Unlock()
 	s, c := a16Share(t, lab.a, ifx, "tcp", srv)
-	t.Logf("%s: share after the first 8: %d; at the end %d of %d connections delivered, share %d, recycled %d, icmp_error_in %d", id, s0, n, len(conns), s, c["recycled"], c["icmp_error_in"])
-	return n
+	t.Logf("%s: share after the first 8: %d; at the end %d of %d connections delivered, share %d, recycled %d, icmp_error_in %d, drop_pod_limit %d", id, s0, n, len(conns), s, c["recycled"], c["icmp_error_in"], c["drop_pod_limit"])
+	return a23Result{n: n, share0: s0, share: s, counters: c}
 }
 
 // a23Lines is n bytes of 63-byte lines of 'x' (each ending "\n").
