@@ -53,7 +53,7 @@ func TestGCReAddedAfterList(t *testing.T) {
 	veth := func() (int, error) {
 		idx := 0
 		err := node.Do(func(ns.NetNS) error {
-			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostIf}, PeerName: "gcpeer"}); err != nil {
+			if err := addPodVeth(t, hostIf, "gcpeer"); err != nil {
 				return err
 			}
 			l, err := netlink.LinkByName(hostIf)

@@ -50,8 +50,7 @@ func TestGCAddEndsAfterList(t *testing.T) {
 	all := []*state.Record{racing, adding, died, stale, validRec}
 	err = node.Do(func(ns.NetNS) error {
 		for i, r := range all {
-			veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: r.HostIf}, PeerName: fmt.Sprintf("gcpeer%d", i)}
-			if err := netlink.LinkAdd(veth); err != nil {
+			if err := addPodVeth(t, r.HostIf, fmt.Sprintf("gcpeer%d", i)); err != nil {
 				return err
 			}
 		}
@@ -116,7 +115,7 @@ func TestGCAbandonedReclaimed(t *testing.T) {
 	}
 	veth := func() error {
 		return node.Do(func(ns.NetNS) error {
-			return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostIf}, PeerName: "gcpeer"})
+			return addPodVeth(t, hostIf, "gcpeer")
 		})
 	}
 	if err := veth(); err != nil {
@@ -222,4 +221,21 @@ func attachmentLeft(t *testing.T, node ns.NetNS, store state.Store, containerID,
 		return nil
 	})
 	return now, linkErr
+}
+
+// addPodVeth makes, in the calling thread's netns, a host veth whose peer
+// is in a pod netns of its own, as ADD makes them (a veth with its peer
+// beside it is another tool's to the teardown: replacedLink).
+func addPodVeth(t *testing.T, hostIf, peer string) error {
+	t.Helper()
+	pod, err := testutils.NewNS()
+	if err != nil {
+		return err
+	}
+	t.Cleanup(func() {
+		pod.Close()
+		testutils.UnmountNS(pod)
+	})
+	return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostIf}, PeerName: peer,
+		PeerNamespace: netlink.NsFd(int(pod.Fd()))})
 }

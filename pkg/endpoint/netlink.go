@@ -420,11 +420,27 @@ func foreignLink(l netlink.Link, network, containerID, ifname string) bool {
 // (provisional, ifindex 0) before it makes the veth, and DEL forgets the
 // record only once the veth is gone: a veth of ours that an ADD killed
 // before setting the alias still has its record.
+//
+// Whatever its name, alias or ifindex, a link that is not a veth with its
+// peer in another netns is not an attachment's host veth: ADD makes the
+// pair with the peer in the pod, and the pair dies with the pod's netns
+// (attack26: links made under our name at our old ifindex, or with our
+// alias copied, were deleted).
 func replacedLink(l netlink.Link, rec *state.Record, network, containerID, ifname string) bool {
+	if !podVeth(l) {
+		return true
+	}
 	if l.Attrs().Alias == ownerAlias(network, containerID, ifname) {
 		return false
 	}
 	return rec == nil || (rec.HostIfindex != 0 && rec.HostIfindex != l.Attrs().Index)
+}
+
+// podVeth tells whether l is a veth whose peer is in another netns, as
+// every host veth of ours is from its creation on.
+func podVeth(l netlink.Link) bool {
+	_, veth := l.(*netlink.Veth)
+	return veth && l.Attrs().NetNsID >= 0
 }
 
 // ReplacedHostVeth is replacedLink for callers outside the package (the
@@ -433,6 +449,16 @@ func replacedLink(l netlink.Link, rec *state.Record, network, containerID, ifnam
 // attachment rec went.
 func ReplacedHostVeth(l netlink.Link, rec *state.Record, network string) bool {
 	return replacedLink(l, rec, network, rec.ContainerID, rec.IfName)
+}
+
+// renamedVeth tells whether l, the link at an attachment's recorded
+// ifindex under another name than its host veth's, is that veth renamed
+// (an operator's `ip link set NAME name ...`): it carries the attachment's
+// alias and is a veth whose peer is in another netns, as ADD made it (a
+// link another tool made at the index, even with the alias copied, has its
+// peer beside it).
+func renamedVeth(l netlink.Link, network, containerID, ifname string) bool {
+	return podVeth(l) && l.Attrs().Alias == ownerAlias(network, containerID, ifname)
 }
 
 // holderOf names what holds a node link: the attachment its alias names,

@@ -170,12 +170,19 @@ func vethGone(network string, r *state.Record, st state.Status) (bool, error) {
 		return true, nil
 	}
 	l, err := netlinksafe.LinkByName(state.HostIfName(r.ContainerID, r.IfName))
-	if err == nil {
-		return replacedLink(l, r, network, r.ContainerID, r.IfName), nil
+	if err == nil && !replacedLink(l, r, network, r.ContainerID, r.IfName) {
+		return false, nil
 	}
 	var nf netlink.LinkNotFoundError
-	if !errors.As(err, &nf) {
+	if err != nil && !errors.As(err, &nf) {
 		return false, err
+	}
+	// Not under its name: an operator may have renamed it (the pod lives
+	// on; attack26 saw a live pod's record and lease released).
+	if r.HostIfindex != 0 {
+		if l, err := netlink.LinkByIndex(r.HostIfindex); err == nil && renamedVeth(l, network, r.ContainerID, r.IfName) {
+			return false, nil
+		}
 	}
 	return true, nil
 }

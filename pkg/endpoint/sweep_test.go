@@ -17,7 +17,7 @@ import (
 // look at that record is not taken for one that died part way: its pod is
 // alive (the agent's timer once tore down 59 pods of a burst of ADDs so).
 func TestReconcileAddEndsAfterList(t *testing.T) {
-	node := freshNetns(t)
+	node, pod := freshNetns(t), freshNetns(t)
 	dir := t.TempDir()
 	conf := []byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"recon","type":"ebpf-cni","pinDir":%q,"stateDir":%q}`,
 		filepath.Join(dir, "pins"), filepath.Join(dir, "state")))
@@ -38,7 +38,10 @@ func TestReconcileAddEndsAfterList(t *testing.T) {
 	}
 	defer claim.Close()
 	err = node.Do(func(ns.NetNS) error {
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: rec.HostIf}, PeerName: "peer-c1"}
+		// Its peer in a pod netns, as ADD makes it (a host veth with its
+		// peer beside it is another tool's: replacedLink).
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: rec.HostIf}, PeerName: "peer-c1",
+			PeerNamespace: netlink.NsFd(int(pod.Fd()))}
 		return netlink.LinkAdd(veth)
 	})
 	if err != nil {

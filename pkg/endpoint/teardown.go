@@ -41,6 +41,7 @@ type Teardown struct {
 	netns        string   // the pod's netns path; "" when unknown, or not ours to touch
 	foreign      bool     // the link under the host veth's name is another network's attachment's
 	replaced     bool     // the link under that name is another tool's, made since the veth went (replacedLink)
+	epIfindex    int      // the veth gone and its ifindex another link's: the recorded addresses' entries still pointing at it go
 	handOff      bool     // the agent is alive: it deletes the veth (handoff.go)
 	sweep        bool     // the pod's nexthop objects were parked: sweep them after the veth (parkNexthopsOn)
 	nodeNL       *rtnl    // the node netns's netlink sockets, kept for the teardown (rtnl.go)
@@ -144,10 +145,19 @@ func newTeardown(n *Network, id ID, rec *state.Record, tr *Tracer) *Teardown {
 			t.handOff = datapath.AgentAlive(n.PinDir)
 		}
 	}
-	if t.Ifindex == 0 && rec != nil && rec.HostIfindex != 0 && (err != nil || rec.HostIfindex != l.Attrs().Index) {
-		// The veth is gone; its old index is ours unless a new link took it.
-		if l, err := t.nodeNL.LinkByIndex(rec.HostIfindex); err != nil || l.Attrs().Name == t.hostIf {
+	if t.Ifindex == 0 && rec != nil && rec.HostIfindex != 0 && err == nil && rec.HostIfindex == l.Attrs().Index && t.replaced {
+		// Another tool's link under the name took the veth's old index.
+		t.epIfindex = rec.HostIfindex
+	} else if t.Ifindex == 0 && rec != nil && rec.HostIfindex != 0 && (err != nil || rec.HostIfindex != l.Attrs().Index) {
+		// The veth is gone, or renamed (renamedVeth: deleted by its index,
+		// not handed off); its old index is ours unless a new link took it,
+		// whose state keyed by the index is left: only the recorded
+		// addresses' entries still pointing at it go (removeEndpoints).
+		switch l, err := t.nodeNL.LinkByIndex(rec.HostIfindex); {
+		case err != nil || l.Attrs().Name == t.hostIf || renamedVeth(l, n.Name, id.ContainerID, id.IfName):
 			t.Ifindex = rec.HostIfindex
+		default:
+			t.epIfindex = rec.HostIfindex
 		}
 	}
 	if t.foreign {
@@ -282,8 +292,14 @@ func (t *Teardown) unlockNetns() {
 // period per hook.
 func (t *Teardown) removeVeth() error {
 	switch {
-	case t.foreign || t.replaced:
-		return nil // not ours: our veth is gone already
+	case t.foreign:
+		return nil // not ours
+	case t.replaced:
+		// Another tool's link has the name: ours, if still there, was
+		// renamed (newTeardown), and goes by its index.
+		err := deleteLinkIndex(t.nodeNL, t.Ifindex)
+		t.tr.Mark("veth")
+		return err
 	case t.handOff:
 		var errs error
 		if err := handOffHost(t.nodeNL, t.Net.PinDir, t.hostIf, t.Ifindex); err != nil {
@@ -326,6 +342,13 @@ func (t *Teardown) removeLinkState() error {
 // addresses, or (no complete record: ADD died before writing it) the
 // entries pointing at its host veth.
 func (t *Teardown) removeEndpoints() error {
+	if t.DP != nil && t.Ifindex == 0 && t.epIfindex != 0 && t.Complete != nil {
+		var errs error
+		for _, ip := range t.recordedIPs() {
+			errs = errors.Join(errs, t.DP.Maps.Endpoints().Delete(ip, t.epIfindex))
+		}
+		return errs
+	}
 	if t.DP == nil || t.Ifindex == 0 {
 		return nil
 	}

