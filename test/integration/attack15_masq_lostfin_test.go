@@ -41,11 +41,20 @@ func a15ServeSeen(t *testing.T, netns ns.NetNS, port int) {
 	}()
 }
 
+// How a15DialSeen closes: with its FIN at once; with an RST (SO_LINGER 0)
+// after the server's FIN; with its FIN after the server's (the server
+// closes first whatever the scheduler does: its goroutine may run its
+// Close after the pod's FIN went, as CI saw in the control rounds).
+const (
+	a15CloseNow = iota
+	a15CloseRST
+	a15CloseAfterFIN
+)
+
 // a15DialSeen connects from netns's src:lport (src nil: any; SO_REUSEADDR)
-// to addr, reads the server's line (a15ServeSeen) and closes, with its FIN,
-// or with rst after the server's FIN an RST (SO_LINGER 0) instead; it
-// returns the line and how long connect took.
-func a15DialSeen(netns ns.NetNS, src net.IP, lport int, addr string, rst bool) (seen string, took time.Duration, err error) {
+// to addr, reads the server's line (a15ServeSeen) and closes as how says;
+// it returns the line and how long connect took.
+func a15DialSeen(netns ns.NetNS, src net.IP, lport int, addr string, how int) (seen string, took time.Duration, err error) {
 	err = netns.Do(func(ns.NetNS) error {
 		d := reuseDialer(src, lport)
 		d.Timeout = 5 * time.Second
@@ -60,8 +69,10 @@ func a15DialSeen(netns ns.NetNS, src net.IP, lport int, addr string, rst bool) (
 		r := bufio.NewReader(c)
 		seen, err = r.ReadString('\n')
 		seen = strings.TrimSpace(seen)
-		if rst {
+		if how != a15CloseNow {
 			r.ReadByte() // the server's FIN
+		}
+		if how == a15CloseRST {
 			c.(*net.TCPConn).SetLinger(0)
 		}
 		return err
@@ -124,11 +135,11 @@ func TestAttack15MasqLostServerFIN(t *testing.T) {
 	addr := hp(outsideIP6, port)
 	// The control: no FIN lost (ports 62200 on), the server's FIN passes the
 	// node first and q must get another node port, never refused.
-	cs, csame := a15LostFinRounds(t, lab, p, q, p6, q6, 62200, 4, addr)
+	cs, csame := a15LostFinRounds(t, lab, p, q, p6, q6, 62200, 4, addr, a15CloseAfterFIN)
 	if cs > 0 || csame > 0 {
 		t.Errorf("control, no FIN lost: q took p's node port in %d of 4 rounds, refused by PAWS in %d", csame, cs)
 	}
-	slow, same := a15LostFinRounds(t, lab, p, q, p6, q6, 62100, 8, addr)
+	slow, same := a15LostFinRounds(t, lab, p, q, p6, q6, 62100, 8, addr, a15CloseNow)
 	var counters string
 	lab.out.Do(func(ns.NetNS) error {
 		b, _ := exec.Command("nft", "list", "table", "bridge", "a15fin").CombinedOutput()
@@ -164,7 +175,7 @@ func a15TimeWait(netns ns.NetNS, port int, peer string) string {
 // a15LostFinRounds runs n rounds from ports base on (see
 // TestAttack15MasqLostServerFIN) and returns in how many q's SYN was refused
 // by PAWS and in how many q got p's node port.
-func a15LostFinRounds(t *testing.T, lab *masqLab, p, q ns.NetNS, p6, q6 net.IP, base, n int, addr string) (slow, same int) {
+func a15LostFinRounds(t *testing.T, lab *masqLab, p, q ns.NetNS, p6, q6 net.IP, base, n int, addr string, pClose int) (slow, same int) {
 	t.Helper()
 	const port = 7440
 	for i := 0; i < n; i++ {
@@ -176,7 +187,7 @@ func a15LostFinRounds(t *testing.T, lab *masqLab, p, q ns.NetNS, p6, q6 net.IP, 
 		if i%2 == 1 {
 			p, q, p6 = q, p, q6
 		}
-		ps, ptook, err := a15DialSeen(p, nil, lport, addr, false)
+		ps, ptook, err := a15DialSeen(p, nil, lport, addr, pClose)
 		if err != nil {
 			t.Fatalf("round %d: p's connection from %d: %v", i, lport, err)
 		}
@@ -186,7 +197,7 @@ func a15LostFinRounds(t *testing.T, lab *masqLab, p, q ns.NetNS, p6, q6 net.IP, 
 		time.Sleep(1200 * time.Millisecond) // the FIN's retransmit, then past half a second quiet
 		tw := a15TimeWait(lab.out, port, ps)
 		paws0 := a15Paws(t, lab.out)
-		qs, qtook, err := a15DialSeen(q, nil, lport, addr, false)
+		qs, qtook, err := a15DialSeen(q, nil, lport, addr, a15CloseNow)
 		if err != nil {
 			t.Errorf("round %d: q's connection from %d: %v", i, lport, err)
 			continue
@@ -227,7 +238,7 @@ func TestAttack15MasqReopenAndRST(t *testing.T) {
 	paws0 := a15Paws(t, lab.out)
 	var first string
 	for i := 0; i < 6; i++ {
-		seen, took, err := a15DialSeen(p, nil, 62300, addr, false)
+		seen, took, err := a15DialSeen(p, nil, 62300, addr, a15CloseNow)
 		if err != nil {
 			t.Fatalf("reopen %d: %v", i, err)
 		}
@@ -271,12 +282,12 @@ func TestAttack15MasqReopenAndRST(t *testing.T) {
 			x, y = q, p
 		}
 		lport := 62310 + i
-		xs, _, err := a15DialSeen(x, nil, lport, addr, true)
+		xs, _, err := a15DialSeen(x, nil, lport, addr, a15CloseRST)
 		if err != nil {
 			t.Fatalf("RST round %d: %v", i, err)
 		}
 		time.Sleep(600 * time.Millisecond)
-		ys, _, err := a15DialSeen(y, nil, lport, addr, false)
+		ys, _, err := a15DialSeen(y, nil, lport, addr, a15CloseNow)
 		if err != nil {
 			t.Errorf("RST round %d: the other pod from %d: %v", i, lport, err)
 		}

@@ -72,7 +72,7 @@ func TestAttack15MasqTwoInterfaces(t *testing.T) {
 	firsts := map[string]string{}
 	for i := 0; i < 5; i++ {
 		for _, src := range []net.IP{e6, n6} {
-			seen, took, err := a15DialSeen(pod, src, 62400, addr, false)
+			seen, took, err := a15DialSeen(pod, src, 62400, addr, a15CloseNow)
 			if err != nil {
 				var ss []byte
 				pod.Do(func(ns.NetNS) error { ss, _ = exec.Command("ss", "-tanoi").CombinedOutput(); return nil })
