@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
@@ -145,26 +146,40 @@ func newTeardown(n *Network, id ID, rec *state.Record, tr *Tracer) *Teardown {
 			t.handOff = datapath.AgentAlive(n.PinDir)
 		}
 	}
-	if t.Ifindex == 0 && rec != nil && rec.HostIfindex != 0 && err == nil && rec.HostIfindex == l.Attrs().Index && t.replaced {
-		// Another tool's link under the name took the veth's old index.
-		t.epIfindex = rec.HostIfindex
-	} else if t.Ifindex == 0 && rec != nil && rec.HostIfindex != 0 && (err != nil || rec.HostIfindex != l.Attrs().Index) {
-		// The veth is gone, or renamed (renamedVeth: deleted by its index,
-		// not handed off); its old index is ours unless a new link took it,
-		// whose state keyed by the index is left: only the recorded
-		// addresses' entries still pointing at it go (removeEndpoints).
-		switch l, err := t.nodeNL.LinkByIndex(rec.HostIfindex); {
-		case err != nil || l.Attrs().Name == t.hostIf || renamedVeth(l, n.Name, id.ContainerID, id.IfName):
-			t.Ifindex = rec.HostIfindex
-		default:
-			t.epIfindex = rec.HostIfindex
+	if t.Ifindex == 0 && rec != nil && rec.HostIfindex != 0 {
+		var named netlink.Link
+		if err == nil {
+			named = l
 		}
+		t.findByRecord(named, n.Name, id)
 	}
 	if t.foreign {
 		t.netns = "" // the pod's interface of that name is the other network's
 	}
 	tr.Mark("lookup")
 	return t
+}
+
+// findByRecord looks for the veth at the record's ifindex when it is not
+// under its name (gone, or renamed: renamedVeth, deleted by its index and
+// not handed off) or the link under its name is not ours (named). The old
+// index is ours unless another link took it, whose state keyed by the index
+// is left: only the recorded addresses' entries still pointing at it go
+// (epIfindex, removeEndpoints).
+func (t *Teardown) findByRecord(named netlink.Link, network string, id ID) {
+	idx := t.Record.HostIfindex
+	if named != nil && named.Attrs().Index == idx {
+		if t.replaced { // another tool's link under the name took the index
+			t.epIfindex = idx
+		}
+		return
+	}
+	switch l, err := t.nodeNL.LinkByIndex(idx); {
+	case err != nil || l.Attrs().Name == t.hostIf || renamedVeth(l, network, id.ContainerID, id.IfName):
+		t.Ifindex = idx
+	default:
+		t.epIfindex = idx
+	}
 }
 
 // openMaps opens the node's maps into t.DP (left nil when the datapath was
@@ -294,12 +309,6 @@ func (t *Teardown) removeVeth() error {
 	switch {
 	case t.foreign:
 		return nil // not ours
-	case t.replaced:
-		// Another tool's link has the name: ours, if still there, was
-		// renamed (newTeardown), and goes by its index.
-		err := deleteLinkIndex(t.nodeNL, t.Ifindex)
-		t.tr.Mark("veth")
-		return err
 	case t.handOff:
 		var errs error
 		if err := handOffHost(t.nodeNL, t.Net.PinDir, t.hostIf, t.Ifindex); err != nil {
@@ -312,8 +321,9 @@ func (t *Teardown) removeVeth() error {
 		t.tr.Mark("hand-off")
 		return errs
 	default:
-		// The veth identified by newTeardown, by its ifindex: another
-		// tool's link made under its name since is not touched.
+		// The veth identified by newTeardown, by its ifindex (renamed, or
+		// not under its name any more: findByRecord): another tool's link
+		// made under its name since is not touched.
 		err := deleteLinkIndex(t.nodeNL, t.Ifindex)
 		t.tr.Mark("veth")
 		return err
