@@ -130,3 +130,52 @@ func TestAttack27RenamedReconcileThenDel(t *testing.T) {
 	a26AssertRecordLease(t, e, p, "DEL")
 	a26AssertEntries(t, e, p, "DEL")
 }
+
+// GUARD. TestAttack27RenamedPeerMovedDel: our veth renamed, its peer moved
+// from the pod into a third netns (still a veth with a remote peer, our
+// alias and ifindex); DEL deletes ours by index and forgets the pod.
+func TestAttack27RenamedPeerMovedDel(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	p := a26Add(t, e, "a27pm")
+	a26Rename(t, e, p, "a27op2")
+	third := e.NewPod()
+	err := p.pod.Do(func(_ ns.NetNS) error {
+		l, err := netlink.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		return netlink.LinkSetNsFd(l, int(third.Fd()))
+	})
+	if err != nil {
+		t.Fatalf("move peer to a third netns: %v", err)
+	}
+	a26Teardown(t, e, p, "del")
+	a26AssertOursGone(t, e, p, "DEL")
+	a26AssertRecordLease(t, e, p, "DEL")
+	a26AssertEntries(t, e, p, "DEL")
+}
+
+// GUARD. TestAttack27RenameDuringDel: our veth renamed while DEL runs
+// concurrently; whichever wins, the veth, record, lease and entries go.
+func TestAttack27RenameDuringDel(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	p := a26Add(t, e, "a27rd")
+	done := make(chan error, 1)
+	go func() { done <- e.Del(p.pod, p.id, "eth0") }()
+	_ = e.InNode(func() error {
+		l, err := netlink.LinkByIndex(p.idx)
+		if err != nil {
+			return nil
+		}
+		_ = netlink.LinkSetName(l, "a27op3")
+		return nil
+	})
+	if err := <-done; err != nil {
+		t.Fatalf("DEL racing a rename: %v", err)
+	}
+	a26AssertOursGone(t, e, p, "DEL")
+	a26AssertRecordLease(t, e, p, "DEL")
+	a26AssertEntries(t, e, p, "DEL")
+}
