@@ -1,4 +1,4 @@
-//go:build integration && review_repro
+//go:build review_repro
 
 // Red at times (CI of round 18, e37647b: direct-v6's TCP segment dropped
 // after the change). The likely cause (not proven): the direct flows' entries can be evicted from b's
@@ -7,7 +7,7 @@
 // 128: docs/networkpolicy.md, "Fewer than 128 when several CPUs record",
 // not fixed). An evicted flow's next packet is judged by the narrowed rules
 // and dropped, so "a flow outlives a policy change" does not hold for it.
-// Run: go test -tags integration,review_repro -count=5 -run TestAttack25NarrowedPolicyLiveFlows ./test/integration/
+// Run: go test -tags review_repro -count=5 -run TestAttack25NarrowedPolicyLiveFlows ./test/integration/
 
 package integration
 

@@ -1,10 +1,10 @@
-//go:build integration && review_repro
+//go:build review_repro
 
 // Attack26's attack that still works (red): an alias naming another
 // attachment, set on our veth by someone with CAP_NET_ADMIN on the node,
 // makes it that attachment's to the teardown. Run:
 //
-//	go test -count=1 -tags integration,review_repro -run 'TestAttack26AliasChangedDel' -v ./test/integration/
+//	go test -count=1 -tags review_repro -run 'TestAttack26AliasChangedDel' -v ./test/integration/
 
 package integration
 

@@ -1,11 +1,9 @@
-//go:build integration
-
 // Attack26, the attacks that worked (red until the fix of round 18): a teardown that goes by the name
 // (and the alias) of the host veth rather than by the attachment's record
 // and ifindex. Helpers and the guards: attack26_links_test.go,
 // attack26_verbs_test.go. Run:
 //
-//	go test -count=1 -tags integration -run 'TestAttack26' -v ./test/integration/
+//	go test -count=1 -run 'TestAttack26' -v ./test/integration/
 
 package integration
 

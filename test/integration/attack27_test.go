@@ -1,5 +1,3 @@
-//go:build integration && review_repro
-
 // Attack27 (black box): design.md, "A name is not an owner". Our host veth
 // renamed (and its peer changed inside the pod), renamed to another pod's
 // old host-veth name, and a foreign veth with its peer in a third netns
