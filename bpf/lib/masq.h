@@ -266,11 +266,17 @@ static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flo
 		fl &= ~SNAT_F_FIN_WAIT;
 	} else if (snat_has_pod_end(fl)) {
 		if (!(fl & SNAT_F_FIN_WAIT)) {
-			__u32 p = q->win;
+			/* The bound in win's place in a copy, never in the
+			 * entry: the peer's path on another CPU reads win (A)
+			 * meanwhile, and the bound there once made it take the
+			 * pod's FIN for old data and move H to the bound (the
+			 * flow never closed: TestAttack23MasqShareReopenedTuple). */
+			__u32 e = q->end;
+			struct snat_seq t = { .end = e, .win = SNAT_SEQ_BOUND };
 
-			q->win = SNAT_SEQ_BOUND;
-			tcp_seq_local(skb, f, q, &fl, 8, tcp_seg_scratch());
-			q->win = p;
+			tcp_seq_local(skb, f, &t, &fl, 8, tcp_seg_scratch());
+			if (t.end != e)
+				q->end = t.end;
 			rv->flags = fl | SNAT_POD_END;
 		}
 		snat_pod_end(skb, f, rv, fv);
@@ -402,15 +408,18 @@ static __always_inline int snat_seq_peer(struct __sk_buff *skb, const struct flo
 	if (fl & SNAT_F_FIN_WAIT)
 		return snat_seq_peer_fin(skb, f, rv);
 	if (snat_has_pod_end(fl)) {
-		/* win holds the pod's end, or A: the bound in its place meanwhile. */
+		/* win holds the pod's end, or A; the tracking reads the bound in its place. */
 		struct snat_seq *q = snat_seq_of(rv);
-		__u32 p = q->win;
 
 		if (tcp_seg_quiet(skb, f))
 			return 1;
-		q->win = SNAT_SEQ_BOUND;
-		r = tcp_seq_remote(skb, f, q, &fl, 8, NULL);
-		q->win = p;
+		/* In a copy, as snat_seq_pod: the pod's path reads win. */
+		__u32 e = q->end;
+		struct snat_seq t = { .end = e, .win = SNAT_SEQ_BOUND };
+
+		r = tcp_seq_remote(skb, f, &t, &fl, 8, NULL);
+		if (t.end != e)
+			q->end = t.end;
 		rv->flags = fl | SNAT_POD_END;
 		return r;
 	}

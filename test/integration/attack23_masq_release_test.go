@@ -209,10 +209,32 @@ func a23LogSockets(t *testing.T, lab *masqLab, port int) {
 // numbers, behind in the sequence space's order): whatever the flow's entry
 // kept of the last connection must not hold the new one's FIN, so the
 // share is 0 after each close.
+// The upload is quiet (no answers): the server's echo of it, 1.3 MiB sent
+// as the pod's ACKs clock it, from softirq on either CPU, crossed the
+// lab's veths on both CPUs at once, and a segment taken out of order left
+// the tracking's end behind until the pod's next noted segment; the
+// server's FIN then did not count (masquerade.md, "reordered"; that case:
+// TestAttack23MasqShareReopenedTupleEcho, review_repro).
 func TestAttack23MasqShareReopenedTuple(t *testing.T) {
 	t.Parallel()
-	lab := newShareLab(t, "64600-64631")
-	x, ifx, srv := a16ServedPod(t, lab, 7600, "a23ro")
+	a23ReopenedTuple(t, "64600-64631", 7600, "a23ro", a23QuietLines(1<<20))
+}
+
+// a23QuietLines is a23Lines(n) with each line starting with '#', which
+// a16Server does not answer.
+func a23QuietLines(n int) []byte {
+	b := a23Lines(n)
+	for i := 0; i < len(b); i += 64 {
+		b[i] = '#'
+	}
+	return b
+}
+
+// a23ReopenedTuple is TestAttack23MasqShareReopenedTuple's body: the odd
+// connections send upload first.
+func a23ReopenedTuple(t *testing.T, ports string, port int, id string, upload []byte) {
+	lab := newShareLab(t, ports)
+	x, ifx, srv := a16ServedPod(t, lab, port, id)
 	var isn uint32
 	for i := 0; i < 6; i++ {
 		f, err := f20Dial(x, 47600, srv, isn)
@@ -221,7 +243,7 @@ func TestAttack23MasqShareReopenedTuple(t *testing.T) {
 		}
 		if i%2 == 1 {
 			f.c.SetDeadline(time.Now().Add(5 * time.Second))
-			f.c.Write(a23Lines(1 << 20))
+			f.c.Write(upload)
 		}
 		if _, _, err := f.ask(fmt.Sprint("hi", i)); err != nil {
 			t.Errorf("connection %d: %v", i, err)
@@ -240,7 +262,8 @@ func TestAttack23MasqShareReopenedTuple(t *testing.T) {
 		}
 		t.Logf("connection %d: the pod's next sequence number %#x; share %d after its close", i, snd, s)
 		if s != 0 {
-			t.Errorf("attack23: RED the pod's connection %d on its reopened tuple, closed by a FIN each way: share %d, want 0", i, s)
+			js, _ := lab.a.MasqAgent("dump", "nat")
+			t.Errorf("attack23: RED the pod's connection %d on its reopened tuple, closed by a FIN each way: share %d, want 0; dump nat:\n%s", i, s, js)
 		}
 	}
 }
