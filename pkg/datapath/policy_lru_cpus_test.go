@@ -5,8 +5,11 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 )
 
@@ -82,5 +85,33 @@ func TestPolicyFlowTableKeepsLiveFlowsAcrossCPUs(t *testing.T) {
 				t.Errorf("the pod's egress table kept %d of its %d live flows (recorded on CPU 0 and 1 in turn: %v)", kept, sent, c.blocks)
 			}
 		})
+	}
+}
+
+// TestPolicyFlowTableOfAnOlderBuild: a pod whose flow table an older build
+// made (128 entries, the object's template; ADD's are larger now) keeps
+// recording its flows in it after the upgrade: the programs take an inner
+// table of any size.
+func TestPolicyFlowTableOfAnOlderBuild(t *testing.T) {
+	dp, w := policyDatapath(t)
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.LRUHash, KeySize: 44, ValueSize: 24, MaxEntries: 128})
+	must(t, err)
+	defer old.Close()
+	k := maps.PolicyCTPartKey{Ifindex: loIfindex, Opener: uint32(maps.DirEgress)}
+	must(t, mapstest.Map(dp.Maps, "cni_pol_ct_parts").Update(&k, old, ebpf.UpdateAny))
+	must(t, w.Apply(loIfindex, policy.Endpoint{}))
+	for port := uint16(20000); port < 20010; port++ {
+		if ret, _, _ := testRun(t, dp.FromContainer, packet(podMAC, protoUDP, podIP, farIP, port, 53, 0), 0); ret == actShot {
+			t.Fatalf("flow from port %d dropped", port)
+		}
+	}
+	n := 0
+	var key [44]byte
+	var val [24]byte
+	for it := old.Iterate(); it.Next(&key, &val); {
+		n++
+	}
+	if n != 10 {
+		t.Errorf("the older build's table holds %d of the pod's 10 flows", n)
 	}
 }

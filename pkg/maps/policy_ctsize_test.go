@@ -1,6 +1,11 @@
 package maps
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+
+	"github.com/cilium/ebpf"
+)
 
 // TestPolicyCTTableEntries: the flow tables' size leaves the kernel's LRU
 // batches room for 127 live flows (polCTTableEntries): t*cpus + 127 <=
@@ -28,5 +33,41 @@ func TestPolicyCTTableEntries(t *testing.T) {
 		if got := kernelAtLeast(c.rel, 6, 16); got != c.want {
 			t.Errorf("kernelAtLeast(%q, 6, 16) = %v, want %v", c.rel, got, c.want)
 		}
+	}
+}
+
+// TestPolicyFlowTablesSized: ADD's tables are of polCTTableEntries on this
+// node, beside a table of 128 an older build put in the same outer map
+// (the object's template: the previous release's size), which stays.
+func TestPolicyFlowTablesSized(t *testing.T) {
+	m := testMaps(t, DefaultSizing)
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := ebpf.NewMap(&polCTPartSpec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	oldKey := PolicyCTPartKey{Ifindex: 7, Opener: uint32(DirEgress)}
+	if err := m.putInners(namePolCTParts, []PolicyCTPartKey{oldKey}, []*ebpf.Map{old}); err != nil {
+		t.Fatalf("an older build's table of 128: %v", err)
+	}
+	if err := m.Policy().AddFlowTables(8); err != nil {
+		t.Fatal(err)
+	}
+	want := map[PolicyCTPartKey]uint32{oldKey: 128,
+		{Ifindex: 8, Opener: uint32(DirEgress)}:  polCTTableEntries(cpus, lruBatchClamped()),
+		{Ifindex: 8, Opener: uint32(DirIngress)}: polCTTableEntries(cpus, lruBatchClamped())}
+	got := map[PolicyCTPartKey]uint32{}
+	if err := m.eachPolicyFlowTable(func(k PolicyCTPartKey, tb *ebpf.Map) error {
+		got[k] = tb.MaxEntries()
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("tables by key and size: %v, want %v", got, want)
 	}
 }
