@@ -56,7 +56,8 @@ func (m *Maps) Policy() Policy { return Policy{m} }
 // that ADD creates one without parsing the embedded object. Its 128 is the
 // outer map's template and the flows a pod is sure to keep; ADD's tables
 // are larger (polCTTableSpec), which a hash of maps takes (only an array's
-// size is part of the inner map's shape, since Linux 5.10).
+// size is part of the inner map's shape since Linux 5.10: commit 134fede4eecf,
+// "bpf: Relax max_entries check for most of the inner map types").
 var polCTPartSpec = ebpf.MapSpec{Name: "cni_pol_ct_part", Type: ebpf.LRUHash, KeySize: 44, ValueSize: 24, MaxEntries: 128}
 
 // polCTTableEntries is the size of a flow table on a node of cpus possible
@@ -128,6 +129,11 @@ var polCTOpeners = [2]uint32{uint32(DirEgress), uint32(DirIngress)}
 // peers' (bpf/lib/maps.h). ADD, before the interface is flagged for policy
 // (SetPending).
 func (pl Policy) AddFlowTables(ifindex int) error {
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("count the possible CPUs for the flow tables of ifindex %d: %w", ifindex, err)
+	}
+	spec := polCTTableSpec(cpus)
 	frags, err := ebpf.NewMap(&polFragPartSpec)
 	if err != nil {
 		return fmt.Errorf("create the fragment table of ifindex %d: %w", ifindex, err)
@@ -147,11 +153,6 @@ func (pl Policy) AddFlowTables(ifindex int) error {
 			t.Close() // the outer map and the pins hold them from here
 		}
 	}()
-	cpus, err := ebpf.PossibleCPU()
-	if err != nil {
-		return fmt.Errorf("count the possible CPUs for the flow tables of ifindex %d: %w", ifindex, err)
-	}
-	spec := polCTTableSpec(cpus)
 	for _, o := range polCTOpeners {
 		inner, err := ebpf.NewMap(spec)
 		if err != nil {
