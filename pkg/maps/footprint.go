@@ -71,7 +71,9 @@ func (u Usage) innerAt(cpus int) uint64 {
 		return 0
 	}
 	in := Usage{KeySize: u.inner.KeySize, ValueSize: u.inner.ValueSize, MaxEntries: u.inner.MaxEntries, typ: u.inner.Type}
-	return uint64(int64(u.innerEach) - int64(in.model(u.CPUs, 0)) + int64(in.model(cpus, 0)))
+	at := in
+	at.MaxEntries = innerSpecAt(u.Name, cpus).MaxEntries // the flow tables grow with the CPUs
+	return uint64(int64(u.innerEach) - int64(in.model(u.CPUs, 0)) + int64(at.model(cpus, 0)))
 }
 
 // Kernel accounting constants (x86_64/arm64) the model needs; the test
@@ -187,8 +189,8 @@ func usageOf(dir, name string, mp *ebpf.Map, cpus int) (Usage, error) {
 			return Usage{}, fmt.Errorf("count entries of %s: %w", name, err)
 		}
 	}
-	if spec, ok := innerSpecs[name]; ok {
-		u.inner = spec
+	if _, ok := innerSpecs[name]; ok {
+		u.inner = innerSpecAt(name, cpus)
 		if err := u.addInner(dir, mp); err != nil {
 			return Usage{}, fmt.Errorf("tables of %s: %w", name, err)
 		}
@@ -196,7 +198,19 @@ func usageOf(dir, name string, mp *ebpf.Map, cpus int) (Usage, error) {
 	return u, nil
 }
 
-// innerSpecs are the tables of each map of maps, as the verbs create them.
+// innerSpecAt is the spec of the tables the verbs put in map of maps name
+// on a node of cpus possible CPUs: innerSpecs', but for the policy flow
+// tables' size (polCTTableSpec).
+func innerSpecAt(name string, cpus int) *ebpf.MapSpec {
+	if name == namePolCTParts {
+		return polCTTableSpec(cpus)
+	}
+	return innerSpecs[name]
+}
+
+// innerSpecs are the tables of each map of maps, as the object declares
+// them and the verbs create them (the policy flow tables larger:
+// innerSpecAt).
 var innerSpecs = map[string]*ebpf.MapSpec{nameStackFlowParts: &stackFlowPartSpec, namePolCTParts: &polCTPartSpec, namePolFragParts: &polFragPartSpec,
 	nameSFPool: &stackFlowPartSpec}
 

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 )
@@ -51,9 +52,67 @@ type Policy struct{ m *Maps }
 func (m *Maps) Policy() Policy { return Policy{m} }
 
 // polCTPartSpec is one flow table of a pod interface: struct pol_ct_part
-// in bpf/lib/maps.h (TestPolicyCTPartSpec holds them equal), kept here so
-// that ADD creates one without parsing the embedded object.
+// in bpf/lib/maps.h (TestInnerSpecs holds them equal), kept here so
+// that ADD creates one without parsing the embedded object. Its 128 is the
+// outer map's template and the flows a pod is sure to keep; ADD's tables
+// are larger (polCTTableSpec), which a hash of maps takes (only an array's
+// size is part of the inner map's shape since Linux 5.10: commit 134fede4eecf,
+// "bpf: Relax max_entries check for most of the inner map types").
 var polCTPartSpec = ebpf.MapSpec{Name: "cni_pol_ct_part", Type: ebpf.LRUHash, KeySize: 44, ValueSize: 24, MaxEntries: 128}
+
+// polCTTableEntries is the size of a flow table on a node of cpus possible
+// CPUs that never evicts while fewer than polCTPartSpec.MaxEntries (128)
+// flows live in it, whichever CPUs record them. The kernel's common LRU
+// moves free entries to a CPU in batches of t (kernel/bpf/bpf_lru_list.c)
+// and, when a CPU's batch runs out and the shared free list holds fewer
+// than t, evicts up to t entries at once; each other CPU may hold up to t
+// free or just taken. So with l live flows the refill evicts nothing when
+// entries - l - (cpus-1)t >= t: entries >= 127 + cpus*t. Since Linux 6.16
+// t is clamp(entries/cpus/2, 1, 128) (commit "bpf: Adjust free target to
+// avoid global starvation of LRU map"): cpus*t <= entries/2, so 256
+// entries do up to 128 CPUs and 128+cpus above. Before, t is 128 whatever
+// the size: 128*(cpus+1) entries would do, 8320 on 64 CPUs (1.2 MiB a
+// table), so those kernels get at most polCTTableOldMax: there a table
+// keeps every flow of fewer than 128 while at most 7 CPUs record into it
+// (docs/networkpolicy.md, "Flow tables").
+func polCTTableEntries(cpus int, clampedBatch bool) uint32 {
+	if clampedBatch {
+		return uint32(max(256, 128+cpus))
+	}
+	return uint32(min(128*(cpus+1), polCTTableOldMax))
+}
+
+// polCTTableOldMax bounds a flow table on kernels before 6.16.
+const polCTTableOldMax = 1024
+
+// lruBatchClamped tells whether the running kernel sizes the LRU's
+// batches by the table (6.16 and later; an older kernel with the change
+// backported gets the larger tables, which also hold).
+var lruBatchClamped = sync.OnceValue(func() bool {
+	var uts unix.Utsname
+	if unix.Uname(&uts) != nil {
+		return false
+	}
+	return kernelAtLeast(unix.ByteSliceToString(uts.Release[:]), 6, 16)
+})
+
+// kernelAtLeast tells whether release (uname -r: "6.18.44-fc") is
+// major.minor or later; false when it does not parse.
+func kernelAtLeast(release string, major, minor int) bool {
+	var a, b int
+	if n, _ := fmt.Sscanf(release, "%d.%d", &a, &b); n != 2 {
+		return false
+	}
+	return a > major || a == major && b >= minor
+}
+
+// polCTTableSpec is the spec of the flow tables ADD creates on a node of
+// cpus possible CPUs, on this kernel.
+func polCTTableSpec(cpus int) *ebpf.MapSpec {
+	s := polCTPartSpec
+	s.MaxEntries = polCTTableEntries(cpus, lruBatchClamped())
+	return &s
+}
 
 // polFragPartSpec is a pod interface's table of fragmented datagrams: struct
 // pol_frag_part in bpf/lib/maps.h (TestInnerSpecs).
@@ -70,6 +129,11 @@ var polCTOpeners = [2]uint32{uint32(DirEgress), uint32(DirIngress)}
 // peers' (bpf/lib/maps.h). ADD, before the interface is flagged for policy
 // (SetPending).
 func (pl Policy) AddFlowTables(ifindex int) error {
+	cpus, err := ebpf.PossibleCPU()
+	if err != nil {
+		return fmt.Errorf("count the possible CPUs for the flow tables of ifindex %d: %w", ifindex, err)
+	}
+	spec := polCTTableSpec(cpus)
 	frags, err := ebpf.NewMap(&polFragPartSpec)
 	if err != nil {
 		return fmt.Errorf("create the fragment table of ifindex %d: %w", ifindex, err)
@@ -90,7 +154,7 @@ func (pl Policy) AddFlowTables(ifindex int) error {
 		}
 	}()
 	for _, o := range polCTOpeners {
-		inner, err := ebpf.NewMap(&polCTPartSpec)
+		inner, err := ebpf.NewMap(spec)
 		if err != nil {
 			return fmt.Errorf("create a policy flow table of ifindex %d: %w", ifindex, err)
 		}
