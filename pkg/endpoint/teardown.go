@@ -138,7 +138,10 @@ func newTeardown(n *Network, id ID, rec *state.Record, tr *Tracer) *Teardown {
 	// ifindex.
 	l, err := t.nodeNL.LinkByName(t.hostIf)
 	if err == nil {
-		t.foreign = foreignLink(l, n.Name, id.ContainerID, id.IfName)
+		// An alias naming another attachment on the veth our record names
+		// (its ifindex, its peer in the pod's netns) was set by someone
+		// else: the record decides (recordedVeth).
+		t.foreign = foreignLink(l, n.Name, id.ContainerID, id.IfName) && !recordedVeth(t.nodeNL, l, rec)
 		t.replaced = replacedLink(l, rec, n.Name, id.ContainerID, id.IfName)
 		if !t.foreign && !t.replaced {
 			t.Ifindex = l.Attrs().Index
