@@ -525,9 +525,20 @@ func (a *Attachment) Publish() error {
 	// TCP towards rate-limited pods (and clamp its window, with an ingress
 	// limit).
 	// (Not where the cookie was not learned: no pacing program reads it.)
+	// Under the pod's netns lock (lockNetns): a teardown of another
+	// interface of the pod deletes the entry when its look, under the
+	// lock, found no other interface of ours; this one's veth and link
+	// entry exist by now, so that look either comes after this and sees
+	// them, or came before and its deletion is done when this ensures the
+	// entry (an ADD of net1 beside a DEL of eth0 lost it:
+	// TestAddBesideDelNetnsEntry).
 	created, err := false, error(nil)
 	if a.cookie != 0 {
+		locked := lockNetns(a.netns)
 		created, err = m.Bandwidth().EnsureNetns(a.cookie, a.EgressRateBps, a.RcvWnd)
+		if locked {
+			unlockNetnsFile(a.netns)
+		}
 	}
 	if err != nil {
 		return mapError(err)

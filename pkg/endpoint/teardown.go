@@ -289,6 +289,7 @@ func (t *Teardown) removePodSide() error {
 	}
 	cookie, sweep, podNL, held := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff)
 	t.sweep, t.podNL, t.podLock = sweep, podNL, held
+	Crashpoint("del-look") // looked at the pod's other interfaces, under the netns lock
 	if cookie != 0 && t.DP != nil {
 		return t.DP.Maps.Bandwidth().DeleteNetns(cookie)
 	}
