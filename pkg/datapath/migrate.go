@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -242,9 +241,14 @@ const (
 	StateNone      = "none"
 )
 
-// AttachmentOf says how a host veth's hooks are attached: tcx links pinned
-// under its name, our cls_bpf filters (waiting for tcx or not), both while
-// the agent moves it, or none.
+// AttachmentOf says how the hooks of the host veth at ifindex are
+// attached: tcx links pinned under hostIf (the attachment's host veth
+// name) that are attached to that device, our cls_bpf filters (waiting
+// for tcx or not), both while the agent moves it, or none. A pin under the
+// name whose link is attached to another device, or to none (the veth
+// went; another tool's link took the name since), is not this link's: the
+// link is identified by its device, as the teardown does, never by the
+// name alone.
 func AttachmentOf(pinRoot string, ifindex int, hostIf string) string {
 	l, err := netlink.LinkByIndex(ifindex)
 	if err != nil {
@@ -252,7 +256,7 @@ func AttachmentOf(pinRoot string, ifindex int, hostIf string) string {
 	}
 	var tcx, tc, pending int
 	for _, p := range hostVethPrograms {
-		if _, err := os.Stat(LinkPinPath(pinRoot, hostIf, p.Link)); err == nil {
+		if tcxPinnedOn(pinRoot, hostIf, p, ifindex) {
 			tcx++
 		}
 		if f, ok := ourFilter(l, p); ok {

@@ -210,7 +210,7 @@ func VethLinkPins(pinRoot string) []VethLinkPin {
 // ForOrphanVethLinkPins calls fn for each host veth link pin whose veth no
 // longer exists in this netns (a pod gone without DEL, a DEL that failed
 // part way; its name may be another tool's link now: the pin's link is
-// attached to no device then, see pinnedOnLink), with the links lock held from the look to the last fn. The
+// attached to no device then; a veth renamed keeps its pins: orphanPin), with the links lock held from the look to the last fn. The
 // look is under it as a DEL's hand-off renames the pins, then the veth,
 // and a look between the two took the live veth's pins for orphans
 // (TestHandOffSeenWhole); fn is under it too, as an ADD
@@ -225,9 +225,7 @@ func ForOrphanVethLinkPins(pinRoot string, fn func(VethLinkPin) error) error {
 	defer unlock()
 	var orphans []VethLinkPin
 	for _, p := range VethLinkPins(pinRoot) {
-		l, err := netlinksafe.LinkByName(p.HostIf)
-		var nf netlink.LinkNotFoundError
-		if errors.As(err, &nf) || (err == nil && !pinnedOnLink(p.Path, l.Attrs().Index)) {
+		if orphanPin(p) {
 			orphans = append(orphans, p)
 		}
 	}
@@ -237,6 +235,22 @@ func ForOrphanVethLinkPins(pinRoot string, fn func(VethLinkPin) error) error {
 		errs = errors.Join(errs, fn(p))
 	}
 	return errs
+}
+
+// orphanPin tells whether a host veth's link pin is an orphan: its tcx
+// link is attached to no device (the veth went, whatever link has its name
+// now), or, a pin that is no readable tcx link, no link has its name. A
+// tcx link attached to a device is that device's whatever its name: the
+// pod's host veth an operator renamed (`ip link set NAME name ...`) keeps
+// its pins under the attachment's host veth name, and removing them would
+// detach its programs (TestOrphanPinsRenamedVethKept).
+func orphanPin(p VethLinkPin) bool {
+	if info, err := pinnedLinkInfo(p.Path); err == nil && info.TCX() != nil {
+		return info.TCX().Ifindex == 0
+	}
+	l, err := netlinksafe.LinkByName(p.HostIf)
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf) || (err == nil && !pinnedOnLink(p.Path, l.Attrs().Index))
 }
 
 // pinnedOnLink tells whether a link pin's tcx link is attached to ifindex.

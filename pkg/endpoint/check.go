@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"errors"
 	"fmt"
 	"net"
 
@@ -57,9 +58,18 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 			return err
 		}
 	}
-	return netns.Do(func(ns.NetNS) error {
+	err = netns.Do(func(ns.NetNS) error {
 		return a.checkPod(podIf, host, mapMAC, prev, rec)
 	})
+	if name := host.Attrs().Name; err == nil && name != a.HostIf {
+		// Everything else is as ADD left it (the datapath goes by the
+		// ifindex): the pod's traffic flows; the name does not match
+		// ADD's result, and what goes by the name (the link pins, the
+		// agent's status) is ours to find under it.
+		return checkError("host veth %s was renamed to %s (ifindex %d, still the pod's: its routes, map entries and programs are in place and its traffic flows; DEL removes it): rename it back (ip link set %s name %s)",
+			a.HostIf, name, a.Ifindex, name, a.HostIf)
+	}
+	return err
 }
 
 // checkHost checks the host veth (up, its MTU) and the node's routes to
@@ -69,6 +79,9 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 // went is a veth gone, not a veth to judge.
 func (a *Attachment) checkHost(rec *state.Record) (netlink.Link, error) {
 	host, err := netlinksafe.LinkByName(a.HostIf)
+	if renamed := a.renamedHost(host, err, rec); renamed != nil {
+		host, err = renamed, nil // judged as the veth; Check names the rename last
+	}
 	if err != nil {
 		return nil, checkError("host veth %s: %w", a.HostIf, err)
 	}
@@ -93,6 +106,33 @@ func (a *Attachment) checkHost(rec *state.Record) (netlink.Link, error) {
 		}
 	}
 	return host, nil
+}
+
+// renamedHost is the attachment's host veth under another name (an
+// operator's `ip link set NAME name ...`), as the teardown finds it
+// (findByRecord): not under its name (named, err: the look by name), and
+// the link at the record's ifindex is the veth renamed (renamedVeth) or
+// the one the record names (recordedVeth: the alias changed too). nil
+// otherwise.
+func (a *Attachment) renamedHost(named netlink.Link, err error, rec *state.Record) netlink.Link {
+	if rec == nil || rec.HostIfindex == 0 {
+		return nil
+	}
+	var nf netlink.LinkNotFoundError
+	switch {
+	case err != nil && !errors.As(err, &nf):
+		return nil
+	case err == nil && (named.Attrs().Index == rec.HostIfindex || !replacedLink(named, rec, a.Net.Name, a.ID.ContainerID, a.ID.IfName)):
+		return nil
+	}
+	l, lerr := netlink.LinkByIndex(rec.HostIfindex)
+	if lerr != nil || l.Attrs().Name == a.HostIf {
+		return nil
+	}
+	if renamedVeth(l, a.Net.Name, a.ID.ContainerID, a.ID.IfName) || recordedVeth(nil, l, rec) {
+		return l
+	}
+	return nil
 }
 
 // checkMaps checks the maps' sizes, the programs attached, the link entry

@@ -521,19 +521,8 @@ func (a *Attachment) Publish() error {
 	if err := errors.Join(hostErr, <-podErr); err != nil {
 		return netlinkError(err)
 	}
-	// Every pod's netns is registered, so the sock_ops hook can pace its
-	// TCP towards rate-limited pods (and clamp its window, with an ingress
-	// limit).
-	// (Not where the cookie was not learned: no pacing program reads it.)
-	created, err := false, error(nil)
-	if a.cookie != 0 {
-		created, err = m.Bandwidth().EnsureNetns(a.cookie, a.EgressRateBps, a.RcvWnd)
-	}
-	if err != nil {
-		return mapError(err)
-	}
-	if created {
-		a.OnUndo(func() error { return m.Bandwidth().DeleteNetns(a.cookie) })
+	if err := a.ensureNetns(m); err != nil {
+		return err
 	}
 	Crashpoint("pod")
 	a.Trace.Mark("netlink")
@@ -545,6 +534,35 @@ func (a *Attachment) Publish() error {
 		return mapError(err)
 	}
 	a.Trace.Mark("stack-flow-table")
+	return nil
+}
+
+// ensureNetns registers the pod's netns (by cookie) in cni_netns, so the
+// sock_ops hook can pace its TCP towards rate-limited pods (and clamp its
+// window, with an ingress limit). Not where the cookie was not learned: no
+// pacing program reads it.
+//
+// Under the pod's netns lock (lockNetns): a teardown of another interface
+// of the pod deletes the entry when its look, under the lock, found no
+// other interface of ours; this one's veth and link entry exist by now, so
+// that look either comes after this and sees them, or came before and its
+// deletion is done when this ensures the entry (an ADD of net1 beside a
+// DEL of eth0 lost it: TestAddBesideDelNetnsEntry).
+func (a *Attachment) ensureNetns(m *maps.Maps) error {
+	if a.cookie == 0 {
+		return nil
+	}
+	locked := lockNetns(a.netns)
+	created, err := m.Bandwidth().EnsureNetns(a.cookie, a.EgressRateBps, a.RcvWnd)
+	if locked {
+		unlockNetnsFile(a.netns)
+	}
+	if err != nil {
+		return mapError(err)
+	}
+	if created {
+		a.OnUndo(func() error { return m.Bandwidth().DeleteNetns(a.cookie) })
+	}
 	return nil
 }
 

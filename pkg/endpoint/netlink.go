@@ -451,6 +451,27 @@ func ReplacedHostVeth(l netlink.Link, rec *state.Record, network string) bool {
 	return replacedLink(l, rec, network, rec.ContainerID, rec.IfName)
 }
 
+// recordedVeth tells whether l is the host veth rec names, whatever its
+// alias says: at the record's ifindex, a veth whose peer is in the
+// record's netns (the node's netns id of that netns is the link's peer
+// netns id). The alias is anyone's to set (`ip link set alias`); the
+// ifindex and the peer's netns are ADD's, and the pair dies with the pod's
+// netns. A link of another attachment sharing our name (another network's
+// veth of the same container and interface, which refused our ADD) is not
+// at the ifindex our record holds: that ADD recorded none.
+func recordedVeth(r *rtnl, l netlink.Link, rec *state.Record) bool {
+	if rec == nil || rec.HostIfindex == 0 || rec.HostIfindex != l.Attrs().Index || rec.Netns == "" || !podVeth(l) {
+		return false
+	}
+	pod, err := ns.GetNS(rec.Netns)
+	if err != nil {
+		return false
+	}
+	defer pod.Close()
+	id, err := r.orEach().GetNetNsIdByFd(int(pod.Fd()))
+	return err == nil && id >= 0 && id == l.Attrs().NetNsID
+}
+
 // renamedVeth tells whether l, the link at an attachment's recorded
 // ifindex under another name than its host veth's, is that veth renamed
 // (an operator's `ip link set NAME name ...`): it carries the attachment's

@@ -54,7 +54,10 @@ const netnsLockWait = 5 * time.Second
 // look at the pod's other interfaces until its own veth is gone, so that of
 // two DELs of a pod's two interfaces side by side, the second sees the
 // first's veth gone and removes the pod's netns entry (each saw the other's
-// and kept it). The lock goes with the fd (netns.Close). Not had within
+// and kept it). An ADD holds it while it ensures the pod's netns entry
+// (Publish), so that a DEL of another interface beside it does not delete
+// the entry after the ADD found it there. The lock goes with the fd
+// (netns.Close, or unlockNetnsFile). Not had within
 // netnsLockWait (a holder that is not ours), the teardown goes on without it.
 func lockNetns(netns ns.NetNS) bool {
 	fd := int(netns.Fd())
@@ -69,4 +72,9 @@ func lockNetns(netns ns.NetNS) bool {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// unlockNetnsFile releases the lock lockNetns took, keeping the netns open.
+func unlockNetnsFile(netns ns.NetNS) {
+	_ = unix.Flock(int(netns.Fd()), unix.LOCK_UN)
 }

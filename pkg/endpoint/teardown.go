@@ -138,7 +138,10 @@ func newTeardown(n *Network, id ID, rec *state.Record, tr *Tracer) *Teardown {
 	// ifindex.
 	l, err := t.nodeNL.LinkByName(t.hostIf)
 	if err == nil {
-		t.foreign = foreignLink(l, n.Name, id.ContainerID, id.IfName)
+		// An alias naming another attachment on the veth our record names
+		// (its ifindex, its peer in the pod's netns) was set by someone
+		// else: the record decides (recordedVeth).
+		t.foreign = foreignLink(l, n.Name, id.ContainerID, id.IfName) && !recordedVeth(t.nodeNL, l, rec)
 		t.replaced = replacedLink(l, rec, n.Name, id.ContainerID, id.IfName)
 		if !t.foreign && !t.replaced {
 			t.Ifindex = l.Attrs().Index
@@ -286,6 +289,7 @@ func (t *Teardown) removePodSide() error {
 	}
 	cookie, sweep, podNL, held := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff)
 	t.sweep, t.podNL, t.podLock = sweep, podNL, held
+	Crashpoint("del-look") // looked at the pod's other interfaces, under the netns lock
 	if cookie != 0 && t.DP != nil {
 		return t.DP.Maps.Bandwidth().DeleteNetns(cookie)
 	}

@@ -187,3 +187,27 @@ func TestAttack26RenamedAgentReconcile(t *testing.T) { a26AgentAfterRename(t, "a
 //
 // Was a DEFECT, fixed in round 18 (the record's ifindex, the alias, a veth with its peer in another netns): the same half teardown (record and lease released, veth left).
 func TestAttack26RenamedAgentReconcileTaken(t *testing.T) { a26AgentAfterRename(t, "a26ren-agt", true) }
+
+// TestAttack26AliasChangedDel: someone gives our veth (its name, the
+// record's ifindex) the alias of an attachment that does not exist
+// (`ebpf-cni:<net>/someone-else/eth0`); DEL must delete it all. Red until
+// byname26: the alias alone made the veth another attachment's, and DEL
+// released record and lease but left the veth, its endpoint entries and
+// links entry. The record decides now: its ifindex, with the veth's peer
+// in its netns.
+func TestAttack26AliasChangedDel(t *testing.T) { a26AliasChanged(t, "a26chg", "del") }
+
+// TestAttack26AliasChangedGC: the same, torn down by GC (the pod gone from
+// the runtime's list).
+func TestAttack26AliasChangedGC(t *testing.T) { a26AliasChanged(t, "a26chg-gc", "gc") }
+
+func a26AliasChanged(t *testing.T, id, verb string) {
+	t.Parallel()
+	e := testenv.New(t)
+	p := a26Add(t, e, id)
+	a26SetAlias(t, e, p.idx, "ebpf-cni:"+e.Name+"/someone-else/eth0")
+	a26Teardown(t, e, p, verb)
+	a26AssertOursGone(t, e, p, verb)
+	a26AssertRecordLease(t, e, p, verb)
+	a26AssertEntries(t, e, p, verb)
+}

@@ -17,8 +17,9 @@ import (
 
 // TestAttack26RenamedCheck: our veth renamed, a third party's link under
 // the old name: CHECK (whatever it answers) leaves that link as made, and
-// our renamed veth. (It fails "host veth ... is gone: the link under its
-// name ... is not the attachment's": the veth is there, renamed.)
+// our renamed veth. (It failed "host veth ... is gone: the link under its
+// name ... is not the attachment's" though the veth is there, renamed;
+// since byname26 it names the rename: TestCheckRenamedHostVeth.)
 func TestAttack26RenamedCheck(t *testing.T) {
 	t.Parallel()
 	e := testenv.New(t)

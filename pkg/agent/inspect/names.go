@@ -28,12 +28,17 @@ func NewNames(stateDir string) *Names {
 }
 
 // Attach is how the hooks of the host veth with that ifindex are attached
-// (datapath.AttachmentOf).
+// (datapath.AttachmentOf): its link pins are under the record's host veth
+// name, whatever the link's name now (an operator may have renamed it).
 func (n *Names) Attach(pinDir string, idx int) string {
 	if a, ok := n.attachs[idx]; ok {
 		return a
 	}
-	a := datapath.AttachmentOf(pinDir, idx, n.Interface(idx))
+	name := n.Interface(idx)
+	if r := n.recs[idx]; r != nil {
+		name = state.HostIfName(r.ContainerID, r.IfName)
+	}
+	a := datapath.AttachmentOf(pinDir, idx, name)
 	n.attachs[idx] = a
 	return a
 }

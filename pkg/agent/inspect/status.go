@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
@@ -159,7 +160,7 @@ func Status(src Source, version string) *StatusReport {
 	}
 	r.programsStatus(pinRoot)
 	r.nodeHooksStatus(pinRoot, dp)
-	r.attachmentsStatus(pinRoot)
+	r.attachmentsStatus(pinRoot, src.StateDir)
 	if _, err := datapath.Forced(); err != nil {
 		r.problem("%v", err)
 	}
@@ -259,7 +260,9 @@ func (r *StatusReport) nodeHooksStatus(pinRoot string, dp *datapath.Datapath) {
 
 // attachmentsStatus: the host veths' link pins and states, the handed-off
 // veths, the agent; a problem for work no one is left to do.
-func (r *StatusReport) attachmentsStatus(pinRoot string) {
+func (r *StatusReport) attachmentsStatus(pinRoot, stateDir string) {
+	all, _ := state.ListAll(stateDir) // none readable: the links' names alone
+	recs := state.ByHostIfindex(all)
 	for _, p := range datapath.VethLinkPins(pinRoot) {
 		r.Attachments.HostVethLinks++
 		if l, err := link.LoadPinnedLink(p.Path, &ebpf.LoadPinOptions{ReadOnly: true}); err == nil {
@@ -275,8 +278,8 @@ func (r *StatusReport) attachmentsStatus(pinRoot string) {
 	r.Attachments.HostVeths = map[string]int{}
 	if links, err := netlinksafe.LinkList(); err == nil {
 		for _, l := range links {
-			if a := l.Attrs(); strings.HasPrefix(a.Name, state.HostIfPrefix) && l.Type() == "veth" {
-				r.Attachments.HostVeths[datapath.AttachmentOf(pinRoot, a.Index, a.Name)]++
+			if name, ok := hostVethOf(l, recs); ok {
+				r.Attachments.HostVeths[datapath.AttachmentOf(pinRoot, l.Attrs().Index, name)]++
 			}
 		}
 	}
@@ -411,4 +414,21 @@ func masqPortStatus(m *maps.Maps) (*MasqPortStatus, string) {
 	return s, fmt.Sprintf("masquerade ports %s overlap the node's ip_local_port_range %s in %d ports not in ip_local_reserved_ports: "+
 		"the node's own connections may take a masqueraded flow's port and collide with it; narrow ip_local_port_range or reserve the ports",
 		s.Ports, s.Ephemeral, s.Overlap)
+}
+
+// hostVethOf tells whether node link l is a pod's host veth, as the
+// teardown identifies one: a veth whose peer is in another netns (ADD makes
+// the pair with the peer in the pod), at the ifindex a record names (under
+// whatever name: an operator may have renamed it) or under a host veth
+// name; and it returns the attachment's host veth name, under which its
+// link pins are (the record's, else the link's).
+func hostVethOf(l netlink.Link, recs map[int]*state.Record) (string, bool) {
+	a := l.Attrs()
+	if l.Type() != "veth" || a.NetNsID < 0 {
+		return "", false
+	}
+	if rec := recs[a.Index]; rec != nil {
+		return state.HostIfName(rec.ContainerID, rec.IfName), true
+	}
+	return a.Name, strings.HasPrefix(a.Name, state.HostIfPrefix)
 }
