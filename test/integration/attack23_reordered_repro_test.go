@@ -1,6 +1,6 @@
 //go:build review_repro
 
-// Red at times (about 1 run in 40 on this 2-CPU machine): the server's
+// Red at times (2 runs in 92 on this 2-CPU machine): the server's
 // echo of the pod's 1 MiB upload, sent as the pod's ACKs clock it from
 // softirq on either CPU, crosses the lab's veths on both CPUs at once; a
 // segment of the server's taken out of order leaves the masquerade's
