@@ -178,9 +178,12 @@ func vethGone(network string, r *state.Record, st state.Status) (bool, error) {
 		return false, err
 	}
 	// Not under its name: an operator may have renamed it (the pod lives
-	// on; attack26 saw a live pod's record and lease released).
+	// on; attack26 saw a live pod's record and lease released), and
+	// changed its alias too (recordedVeth, as CHECK and DEL judge it;
+	// attack28: reconcile released a live pod's record, lease and entries).
 	if r.HostIfindex != 0 {
-		if l, err := netlink.LinkByIndex(r.HostIfindex); err == nil && renamedVeth(l, network, r.ContainerID, r.IfName) {
+		if l, err := netlink.LinkByIndex(r.HostIfindex); err == nil &&
+			(renamedVeth(l, network, r.ContainerID, r.IfName) || recordedVeth(nil, l, r)) {
 			return false, nil
 		}
 	}

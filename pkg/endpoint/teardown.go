@@ -164,11 +164,11 @@ func newTeardown(n *Network, id ID, rec *state.Record, tr *Tracer) *Teardown {
 }
 
 // findByRecord looks for the veth at the record's ifindex when it is not
-// under its name (gone, or renamed: renamedVeth, deleted by its index and
-// not handed off) or the link under its name is not ours (named). The old
-// index is ours unless another link took it, whose state keyed by the index
-// is left: only the recorded addresses' entries still pointing at it go
-// (epIfindex, removeEndpoints).
+// under its name (gone, or renamed: renamedVeth, or recordedVeth when its
+// alias changed too; deleted by its index and not handed off) or the link
+// under its name is not ours (named). The old index is ours unless another
+// link took it, whose state keyed by the index is left: only the recorded
+// addresses' entries still pointing at it go (epIfindex, removeEndpoints).
 func (t *Teardown) findByRecord(named netlink.Link, network string, id ID) {
 	idx := t.Record.HostIfindex
 	if named != nil && named.Attrs().Index == idx {
@@ -178,7 +178,10 @@ func (t *Teardown) findByRecord(named netlink.Link, network string, id ID) {
 		return
 	}
 	switch l, err := t.nodeNL.LinkByIndex(idx); {
-	case err != nil || l.Attrs().Name == t.hostIf || renamedVeth(l, network, id.ContainerID, id.IfName):
+	case err != nil || l.Attrs().Name == t.hostIf || renamedVeth(l, network, id.ContainerID, id.IfName) ||
+		recordedVeth(t.nodeNL, l, t.Record):
+		// renamed, and maybe re-aliased too: the record decides, as
+		// CHECK judges it (renamedHost)
 		t.Ifindex = idx
 	default:
 		t.epIfindex = idx

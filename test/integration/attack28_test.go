@@ -1,0 +1,92 @@
+// Attack28 (black box, round byname26): the host veth renamed by an
+// operator AND its alias changed. CHECK takes that link for the pod's veth
+// (renamedHost: renamedVeth or recordedVeth, TestCheckRenamedHostVeth
+// "alias"); the teardown and the liveness judgement must agree with it:
+// DEL deletes it whole, and reconcile / GC never take the live pod for
+// gone while its veth (the record's ifindex, its peer in the record's
+// netns) is there under another name. Helpers: attack26_links_test.go.
+// Run:
+//
+//	go test -count=1 -run 'TestAttack28' -parallel 2 -v ./test/integration/
+
+package integration
+
+import (
+	"os"
+	"testing"
+
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// a28RenamedReAliased adds a pod, renames its host veth to to and gives
+// it the alias of an attachment that does not exist (someone else's).
+func a28RenamedReAliased(t *testing.T, e *testenv.Env, id, to string) *a26Pod {
+	t.Helper()
+	p := a26Add(t, e, id)
+	a26Rename(t, e, p, to)
+	a26SetAlias(t, e, p.idx, "ebpf-cni:"+e.Name+"/someone-else/eth0")
+	return p
+}
+
+// a28Whole fails when the live pod is half torn down: its veth left with
+// its record or lease released (the address would go to the next pod).
+// It returns whether the veth is still there.
+func a28Whole(t *testing.T, e *testenv.Env, p *a26Pod, after string) bool {
+	t.Helper()
+	ours := a26Link(t, e, p.idx) != nil
+	_, recErr := os.Stat(e.RecordPath(p.id, "eth0"))
+	lease := len(e.ReservationsOf(p.id)) > 0
+	var eps int
+	for _, ip := range p.ips {
+		if _, err := e.Maps().Endpoints().Lookup(ip); err == nil {
+			eps++
+		}
+	}
+	t.Logf("after %s: veth %v, record %v, lease %v, endpoint entries %d of %d", after, ours, recErr == nil, lease, eps, len(p.ips))
+	whole := ours && recErr == nil && lease && eps == len(p.ips)
+	gone := !ours && recErr != nil && !lease && eps == 0
+	if !whole && !gone {
+		t.Errorf("after %s: the live pod is half torn down: veth %v, record %v, lease %v, endpoint entries %d of %d",
+			after, ours, recErr == nil, lease, eps, len(p.ips))
+	}
+	return ours
+}
+
+// TestAttack28RenamedReAliasedDel: DEL of a pod whose host veth was
+// renamed and re-aliased must delete the veth (CHECK names it the pod's),
+// its entries, record and lease.
+func TestAttack28RenamedReAliasedDel(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	p := a28RenamedReAliased(t, e, "a28ra-del", "a28op0")
+	a26Teardown(t, e, p, "del")
+	a26AssertOursGone(t, e, p, "DEL")
+	a26AssertRecordLease(t, e, p, "DEL")
+	a26AssertEntries(t, e, p, "DEL")
+}
+
+// TestAttack28RenamedReAliasedReconcile: `ebpf-agent reconcile` with the
+// pod live (netns and veth there, renamed and re-aliased): the pod stays
+// whole or goes whole.
+func TestAttack28RenamedReAliasedReconcile(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	p := a28RenamedReAliased(t, e, "a28ra-rc", "a28op1")
+	a26Teardown(t, e, p, "reconcile")
+	a28Whole(t, e, p, "reconcile")
+}
+
+// TestAttack28RenamedReAliasedGCValid: the plugin's GC with the pod in the
+// runtime's valid attachments: the pod must stay whole, and CHECK must
+// still find it (naming the rename).
+func TestAttack28RenamedReAliasedGCValid(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	p := a28RenamedReAliased(t, e, "a28ra-gcv", "a28op2")
+	if err := a16GC(t, e, p.id); err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if !a28Whole(t, e, p, "GC (pod valid)") {
+		t.Errorf("GC deleted the veth of a valid attachment")
+	}
+}
