@@ -456,12 +456,18 @@ func ReplacedHostVeth(l netlink.Link, rec *state.Record, network string) bool {
 // record's netns (the node's netns id of that netns is the link's peer
 // netns id). The alias is anyone's to set (`ip link set alias`); the
 // ifindex and the peer's netns are ADD's, and the pair dies with the pod's
-// netns. A link of another attachment sharing our name (another network's
-// veth of the same container and interface, which refused our ADD) is not
-// at the ifindex our record holds: that ADD recorded none.
+// netns. The veth's MAC is the record's too: another plugin's veth made at
+// the old index once ours went, its peer put in the pod, is not ours
+// (attack28: DEL deleted it). A link of another attachment sharing our
+// name (another network's veth of the same container and interface, which
+// refused our ADD) is not at the ifindex our record holds: that ADD
+// recorded none.
 func recordedVeth(r *rtnl, l netlink.Link, rec *state.Record) bool {
 	if rec == nil || rec.HostIfindex == 0 || rec.HostIfindex != l.Attrs().Index || rec.Netns == "" || !podVeth(l) {
 		return false
+	}
+	if rec.HostMAC != "" && l.Attrs().HardwareAddr.String() != rec.HostMAC {
+		return false // another veth made at the index into the pod (attack28)
 	}
 	pod, err := ns.GetNS(rec.Netns)
 	if err != nil {

@@ -172,7 +172,11 @@ func newTeardown(n *Network, id ID, rec *state.Record, tr *Tracer) *Teardown {
 func (t *Teardown) findByRecord(named netlink.Link, network string, id ID) {
 	idx := t.Record.HostIfindex
 	if named != nil && named.Attrs().Index == idx {
-		if t.replaced { // another tool's link under the name took the index
+		// Another tool's link under the name took the index, or one with
+		// an alias naming another attachment that is not the veth the
+		// record names (recordedVeth: its MAC, its peer's netns; attack28):
+		// our addresses' entries still pointing at the index go.
+		if t.replaced || t.foreign {
 			t.epIfindex = idx
 		}
 		return

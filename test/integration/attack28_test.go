@@ -15,6 +15,8 @@ import (
 	"os"
 	"testing"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
 
@@ -88,5 +90,80 @@ func TestAttack28RenamedReAliasedGCValid(t *testing.T) {
 	}
 	if !a28Whole(t, e, p, "GC (pod valid)") {
 		t.Errorf("GC deleted the veth of a valid attachment")
+	}
+}
+
+// a28ForeignIntoPod: our host veth deleted (`ip link del`, the pod's netns
+// lives on); a third party (another plugin adding an interface to the same
+// pod) makes a veth at our veth's old ifindex, named name, its peer
+// "net9" moved into the pod's netns, with alias alias. It returns the
+// link's ifindex.
+func a28ForeignIntoPod(t *testing.T, e *testenv.Env, p *a26Pod, name, alias string) int {
+	t.Helper()
+	err := e.InNode(func() error {
+		l, err := netlink.LinkByIndex(p.idx)
+		if err != nil {
+			return err
+		}
+		if err := netlink.LinkDel(l); err != nil {
+			return err
+		}
+		v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name, Index: p.idx}, PeerName: "net9",
+			PeerNamespace: netlink.NsFd(int(p.pod.Fd()))}
+		if err := netlink.LinkAdd(v); err != nil {
+			return err
+		}
+		if l, err = netlink.LinkByName(name); err != nil {
+			return err
+		}
+		if alias != "" {
+			if err := netlink.LinkSetAlias(l, alias); err != nil {
+				return err
+			}
+		}
+		return netlink.LinkSetUp(l)
+	})
+	if err != nil {
+		t.Fatalf("the third party's veth %s at ifindex %d into the pod: %v", name, p.idx, err)
+	}
+	l := a26Link(t, e, p.idx)
+	if l == nil || l.Attrs().Name != name {
+		t.Fatalf("the third party's veth %s did not get ifindex %d", name, p.idx)
+	}
+	return p.idx
+}
+
+// TestAttack28ForeignIntoPodDel: our veth deleted, a third party's veth at
+// its old ifindex with its peer in the pod's netns (what recordedVeth
+// takes for ours: the record's ifindex, a peer in the record's netns).
+// DEL must leave that veth, and release the pod's record, lease and
+// entries. "other": under another name, no alias; "named": under our
+// veth's name with an alias naming another attachment of the network.
+func TestAttack28ForeignIntoPodDel(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ name, link, alias string }{
+		{"other", "a28tp0", ""},
+		{"named", "", "x"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := testenv.New(t)
+			p := a26Add(t, e, "a28fp-"+c.name)
+			link, alias := c.link, c.alias
+			if link == "" {
+				link = p.name
+			}
+			if alias != "" {
+				alias = "ebpf-cni:" + e.Name + "/someone-else/eth0"
+			}
+			p.foreignIdx = a28ForeignIntoPod(t, e, p, link, alias)
+			a26Teardown(t, e, p, "del")
+			a26AssertForeign(t, e, p.foreignIdx, link, alias, "DEL")
+			a26AssertRecordLease(t, e, p, "DEL")
+			for _, ip := range p.ips {
+				if ep, err := e.Maps().Endpoints().Lookup(ip); err == nil {
+					t.Errorf("after DEL: endpoint entry of %s left: %+v", ip, ep)
+				}
+			}
+		})
 	}
 }
