@@ -466,7 +466,7 @@ func recordedVeth(r *rtnl, l netlink.Link, rec *state.Record) bool {
 	if rec == nil || rec.HostIfindex == 0 || rec.HostIfindex != l.Attrs().Index || rec.Netns == "" || !podVeth(l) {
 		return false
 	}
-	if rec.HostMAC != "" && l.Attrs().HardwareAddr.String() != rec.HostMAC {
+	if !recordedMAC(l, rec) {
 		return false // another veth made at the index into the pod (attack28)
 	}
 	pod, err := ns.GetNS(rec.Netns)
@@ -483,9 +483,16 @@ func recordedVeth(r *rtnl, l netlink.Link, rec *state.Record) bool {
 // (an operator's `ip link set NAME name ...`): it carries the attachment's
 // alias and is a veth whose peer is in another netns, as ADD made it (a
 // link another tool made at the index, even with the alias copied, has its
-// peer beside it).
-func renamedVeth(l netlink.Link, network, containerID, ifname string) bool {
-	return podVeth(l) && l.Attrs().Alias == ownerAlias(network, containerID, ifname)
+// peer beside it, and one made with its peer put in the pod has another
+// MAC than the record's: attack28).
+func renamedVeth(l netlink.Link, rec *state.Record, network, containerID, ifname string) bool {
+	return podVeth(l) && l.Attrs().Alias == ownerAlias(network, containerID, ifname) && recordedMAC(l, rec)
+}
+
+// recordedMAC tells whether l has the host veth's MAC rec holds (any
+// when rec holds none).
+func recordedMAC(l netlink.Link, rec *state.Record) bool {
+	return rec == nil || rec.HostMAC == "" || l.Attrs().HardwareAddr.String() == rec.HostMAC
 }
 
 // holderOf names what holds a node link: the attachment its alias names,

@@ -138,12 +138,14 @@ func a28ForeignIntoPod(t *testing.T, e *testenv.Env, p *a26Pod, name, alias stri
 // takes for ours: the record's ifindex, a peer in the record's netns).
 // DEL must leave that veth, and release the pod's record, lease and
 // entries. "other": under another name, no alias; "named": under our
-// veth's name with an alias naming another attachment of the network.
+// veth's name with an alias naming another attachment of the network;
+// "forged": under another name with our veth's alias copied.
 func TestAttack28ForeignIntoPodDel(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct{ name, link, alias string }{
 		{"other", "a28tp0", ""},
 		{"named", "", "x"},
+		{"forged", "a28tp1", "ours"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := testenv.New(t)
@@ -152,8 +154,11 @@ func TestAttack28ForeignIntoPodDel(t *testing.T) {
 			if link == "" {
 				link = p.name
 			}
-			if alias != "" {
+			switch alias {
+			case "x":
 				alias = "ebpf-cni:" + e.Name + "/someone-else/eth0"
+			case "ours":
+				alias = p.alias // copied
 			}
 			p.foreignIdx = a28ForeignIntoPod(t, e, p, link, alias)
 			a26Teardown(t, e, p, "del")
