@@ -4,7 +4,12 @@
 // "alias"); the teardown and the liveness judgement must agree with it:
 // DEL deletes it whole, and reconcile / GC never take the live pod for
 // gone while its veth (the record's ifindex, its peer in the record's
-// netns) is there under another name. Helpers: attack26_links_test.go.
+// netns) is there under another name. And the converse: another plugin's
+// veth made at our veth's old ifindex with its peer in the pod (what that
+// judgement would take for ours but for the record's host MAC) is left by
+// DEL. All green since attack28's fixes (red on main: RenamedReAliasedDel,
+// RenamedReAliasedReconcile, ForeignIntoPodDel/named; /forged red after
+// the first fix too). Helpers: attack26_links_test.go.
 // Run:
 //
 //	go test -count=1 -run 'TestAttack28' -parallel 2 -v ./test/integration/
