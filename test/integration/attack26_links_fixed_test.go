@@ -207,7 +207,5 @@ func a26AliasChanged(t *testing.T, id, verb string) {
 	p := a26Add(t, e, id)
 	a26SetAlias(t, e, p.idx, "ebpf-cni:"+e.Name+"/someone-else/eth0")
 	a26Teardown(t, e, p, verb)
-	a26AssertOursGone(t, e, p, verb)
-	a26AssertRecordLease(t, e, p, verb)
-	a26AssertEntries(t, e, p, verb)
+	a26AssertTornDown(t, e, p, verb)
 }

@@ -114,6 +114,15 @@ func a26AssertForeign(t *testing.T, e *testenv.Env, idx int, name, alias, after 
 	}
 }
 
+// a26AssertTornDown: after a teardown the pod's veth is gone, with its
+// record and lease and its endpoint entries.
+func a26AssertTornDown(t *testing.T, e *testenv.Env, p *a26Pod, after string) {
+	t.Helper()
+	a26AssertOursGone(t, e, p, after)
+	a26AssertRecordLease(t, e, p, after)
+	a26AssertEntries(t, e, p, after)
+}
+
 // a26AssertOursGone fails unless our veth (ifindex p.idx) is gone.
 func a26AssertOursGone(t *testing.T, e *testenv.Env, p *a26Pod, after string) {
 	t.Helper()
@@ -216,9 +225,7 @@ func TestAttack26AliasClearedDel(t *testing.T) {
 	p := a26Add(t, e, "a26clr")
 	a26SetAlias(t, e, p.idx, "")
 	a26Teardown(t, e, p, "del")
-	a26AssertOursGone(t, e, p, "DEL")
-	a26AssertRecordLease(t, e, p, "DEL")
-	a26AssertEntries(t, e, p, "DEL")
+	a26AssertTornDown(t, e, p, "DEL")
 }
 
 func a26SetAlias(t *testing.T, e *testenv.Env, idx int, alias string) {
@@ -247,9 +254,7 @@ func TestAttack26ForgedAliasOtherName(t *testing.T) {
 	fidx := a26Foreign(t, e, "a26forged0", 0, p.alias)
 	a26Teardown(t, e, p, "del")
 	a26AssertForeign(t, e, fidx, "a26forged0", p.alias, "DEL")
-	a26AssertOursGone(t, e, p, "DEL")
-	a26AssertRecordLease(t, e, p, "DEL")
-	a26AssertEntries(t, e, p, "DEL")
+	a26AssertTornDown(t, e, p, "DEL")
 	if err := e.Del(p.pod, p.id, "eth0"); err != nil {
 		t.Fatalf("DEL again: %v", err)
 	}

@@ -36,9 +36,7 @@ func TestAttack27RenamedPeerRenamedDel(t *testing.T) {
 		t.Fatalf("rename peer in pod: %v", err)
 	}
 	a26Teardown(t, e, p, "del")
-	a26AssertOursGone(t, e, p, "DEL")
-	a26AssertRecordLease(t, e, p, "DEL")
-	a26AssertEntries(t, e, p, "DEL")
+	a26AssertTornDown(t, e, p, "DEL")
 }
 
 // GUARD. TestAttack27RenamedToOtherPodsName: pod B is deleted, then pod A's host
@@ -65,9 +63,7 @@ func TestAttack27RenamedToOtherPodsName(t *testing.T) {
 		}
 	}
 	a26Teardown(t, e, a, "del")
-	a26AssertOursGone(t, e, a, "DEL A")
-	a26AssertRecordLease(t, e, a, "DEL A")
-	a26AssertEntries(t, e, a, "DEL A")
+	a26AssertTornDown(t, e, a, "DEL A")
 }
 
 // GUARD. TestAttack27ForeignThirdNetnsDel: our veth deleted (ip link del), a third
@@ -124,9 +120,7 @@ func TestAttack27RenamedReconcileThenDel(t *testing.T) {
 		t.Errorf("reconcile released the lease of the live, renamed pod")
 	}
 	a26Teardown(t, e, p, "del")
-	a26AssertOursGone(t, e, p, "DEL")
-	a26AssertRecordLease(t, e, p, "DEL")
-	a26AssertEntries(t, e, p, "DEL")
+	a26AssertTornDown(t, e, p, "DEL")
 }
 
 // GUARD. TestAttack27RenamedPeerMovedDel: our veth renamed, its peer moved
@@ -149,9 +143,7 @@ func TestAttack27RenamedPeerMovedDel(t *testing.T) {
 		t.Fatalf("move peer to a third netns: %v", err)
 	}
 	a26Teardown(t, e, p, "del")
-	a26AssertOursGone(t, e, p, "DEL")
-	a26AssertRecordLease(t, e, p, "DEL")
-	a26AssertEntries(t, e, p, "DEL")
+	a26AssertTornDown(t, e, p, "DEL")
 }
 
 // GUARD. TestAttack27RenameDuringDel: our veth renamed while DEL runs
@@ -173,7 +165,5 @@ func TestAttack27RenameDuringDel(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("DEL racing a rename: %v", err)
 	}
-	a26AssertOursGone(t, e, p, "DEL")
-	a26AssertRecordLease(t, e, p, "DEL")
-	a26AssertEntries(t, e, p, "DEL")
+	a26AssertTornDown(t, e, p, "DEL")
 }

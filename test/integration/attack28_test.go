@@ -67,9 +67,7 @@ func TestAttack28RenamedReAliasedDel(t *testing.T) {
 	e := testenv.New(t)
 	p := a28RenamedReAliased(t, e, "a28ra-del", "a28op0")
 	a26Teardown(t, e, p, "del")
-	a26AssertOursGone(t, e, p, "DEL")
-	a26AssertRecordLease(t, e, p, "DEL")
-	a26AssertEntries(t, e, p, "DEL")
+	a26AssertTornDown(t, e, p, "DEL")
 }
 
 // TestAttack28RenamedReAliasedReconcile: `ebpf-agent reconcile` with the
