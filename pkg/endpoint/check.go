@@ -129,7 +129,7 @@ func (a *Attachment) renamedHost(named netlink.Link, err error, rec *state.Recor
 	if lerr != nil || l.Attrs().Name == a.HostIf {
 		return nil
 	}
-	if renamedVeth(l, rec, a.Net.Name, a.ID.ContainerID, a.ID.IfName) || recordedVeth(nil, l, rec) {
+	if renamedHostVeth(nil, l, rec, a.Net.Name) {
 		return l
 	}
 	return nil

@@ -489,6 +489,37 @@ func renamedVeth(l netlink.Link, rec *state.Record, network, containerID, ifname
 	return podVeth(l) && l.Attrs().Alias == ownerAlias(network, containerID, ifname) && recordedMAC(l, rec)
 }
 
+// renamedHostVeth is the rule CHECK (renamedHost), DEL (findByRecord),
+// GC and reconcile (vethGone) and the agent's status (RecordedHostVeth)
+// share for l, the link at the record's ifindex under another name than
+// its host veth's: that veth renamed (renamedVeth), or renamed and
+// re-aliased (recordedVeth).
+func renamedHostVeth(r *rtnl, l netlink.Link, rec *state.Record, network string) bool {
+	return renamedVeth(l, rec, network, rec.ContainerID, rec.IfName) || recordedVeth(r, l, rec)
+}
+
+// RecordedHostVeth tells whether l, a node link, is the host veth of
+// network's attachment rec, as the teardown finds it (newTeardown,
+// findByRecord): at the record's ifindex, and under its host veth name
+// neither another tool's (replacedLink) nor another attachment's
+// (foreignLink, unless recordedVeth), under another name the veth renamed
+// (renamedHostVeth). Another plugin's veth made at the ifindex once ours
+// went, even with its peer in the pod or our alias copied, is not (its MAC
+// is not the record's: attack28). The agent's status and dumps count and
+// name host veths by it.
+func RecordedHostVeth(l netlink.Link, rec *state.Record, network string) bool {
+	if rec == nil || rec.HostIfindex == 0 || l.Attrs().Index != rec.HostIfindex {
+		return false
+	}
+	if l.Attrs().Name != state.HostIfName(rec.ContainerID, rec.IfName) {
+		return renamedHostVeth(nil, l, rec, network)
+	}
+	if replacedLink(l, rec, network, rec.ContainerID, rec.IfName) {
+		return false
+	}
+	return !foreignLink(l, network, rec.ContainerID, rec.IfName) || recordedVeth(nil, l, rec)
+}
+
 // recordedMAC tells whether l has the host veth's MAC rec holds (any
 // when rec holds none).
 func recordedMAC(l netlink.Link, rec *state.Record) bool {

@@ -183,7 +183,7 @@ func vethGone(network string, r *state.Record, st state.Status) (bool, error) {
 	// attack28: reconcile released a live pod's record, lease and entries).
 	if r.HostIfindex != 0 {
 		if l, err := netlink.LinkByIndex(r.HostIfindex); err == nil &&
-			(renamedVeth(l, r, network, r.ContainerID, r.IfName) || recordedVeth(nil, l, r)) {
+			renamedHostVeth(nil, l, r, network) {
 			return false, nil
 		}
 	}

@@ -182,8 +182,7 @@ func (t *Teardown) findByRecord(named netlink.Link, network string, id ID) {
 		return
 	}
 	switch l, err := t.nodeNL.LinkByIndex(idx); {
-	case err != nil || l.Attrs().Name == t.hostIf || renamedVeth(l, t.Record, network, id.ContainerID, id.IfName) ||
-		recordedVeth(t.nodeNL, l, t.Record):
+	case err != nil || l.Attrs().Name == t.hostIf || renamedHostVeth(t.nodeNL, l, t.Record, network):
 		// renamed, and maybe re-aliased too: the record decides, as
 		// CHECK judges it (renamedHost)
 		t.Ifindex = idx

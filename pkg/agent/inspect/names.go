@@ -9,34 +9,60 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // Names resolves what the maps know by a host veth's ifindex: the veth's
 // name in this netns and the pod of the attachment's record.
 type Names struct {
-	recs    map[int]*state.Record
+	recs    map[int]netRecord
 	ifs     map[int]string
 	attachs map[int]string
+}
+
+// netRecord is an attachment's record and its network (the alias a host
+// veth carries names the network).
+type netRecord struct {
+	*state.Record
+	network string
+}
+
+// recordsByHostIfindex reads the records of every network under stateDir,
+// indexed by their host veth's ifindex (as state.ByHostIfindex); a missing
+// or unreadable directory, or network, just means fewer records.
+func recordsByHostIfindex(stateDir string) map[int]netRecord {
+	out := map[int]netRecord{}
+	nets, _ := state.Networks(stateDir)
+	for _, n := range nets {
+		rs, _ := state.Store{Root: stateDir, Network: n}.List()
+		for idx, r := range state.ByHostIfindex(rs) {
+			out[idx] = netRecord{r, n}
+		}
+	}
+	return out
 }
 
 // NewNames reads the records of every network under stateDir; a missing or
 // unreadable directory just means no pod names.
 func NewNames(stateDir string) *Names {
-	recs, _ := state.ListAll(stateDir)
-	return &Names{recs: state.ByHostIfindex(recs), ifs: map[int]string{}, attachs: map[int]string{}}
+	return &Names{recs: recordsByHostIfindex(stateDir), ifs: map[int]string{}, attachs: map[int]string{}}
 }
 
 // Attach is how the hooks of the host veth with that ifindex are attached
-// (datapath.AttachmentOf): its link pins are under the record's host veth
-// name, whatever the link's name now (an operator may have renamed it).
+// (datapath.AttachmentOf): the link pins of the veth a record names
+// (endpoint.RecordedHostVeth) are under the record's host veth name,
+// whatever the link's name now (an operator may have renamed it); any
+// other link's, under its own name.
 func (n *Names) Attach(pinDir string, idx int) string {
 	if a, ok := n.attachs[idx]; ok {
 		return a
 	}
 	name := n.Interface(idx)
-	if r := n.recs[idx]; r != nil {
-		name = state.HostIfName(r.ContainerID, r.IfName)
+	if r, ok := n.recs[idx]; ok {
+		if l, err := netlink.LinkByIndex(idx); err == nil && endpoint.RecordedHostVeth(l, r.Record, r.network) {
+			name = state.HostIfName(r.ContainerID, r.IfName)
+		}
 	}
 	a := datapath.AttachmentOf(pinDir, idx, name)
 	n.attachs[idx] = a
@@ -59,7 +85,7 @@ func (n *Names) Interface(idx int) string {
 // Pod is the container ID and "namespace/name" (when the runtime passed
 // K8S_POD_*) of the attachment behind a host veth.
 func (n *Names) Pod(idx int) (container, pod string) {
-	if r := n.recs[idx]; r != nil {
+	if r, ok := n.recs[idx]; ok {
 		return r.ContainerID, r.PodLabel()
 	}
 	return "", ""

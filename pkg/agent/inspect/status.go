@@ -261,8 +261,7 @@ func (r *StatusReport) nodeHooksStatus(pinRoot string, dp *datapath.Datapath) {
 // attachmentsStatus: the host veths' link pins and states, the handed-off
 // veths, the agent; a problem for work no one is left to do.
 func (r *StatusReport) attachmentsStatus(pinRoot, stateDir string) {
-	all, _ := state.ListAll(stateDir) // none readable: the links' names alone
-	recs := state.ByHostIfindex(all)
+	recs := recordsByHostIfindex(stateDir) // none readable: the links' names alone
 	for _, p := range datapath.VethLinkPins(pinRoot) {
 		r.Attachments.HostVethLinks++
 		if l, err := link.LoadPinnedLink(p.Path, &ebpf.LoadPinOptions{ReadOnly: true}); err == nil {
@@ -417,17 +416,19 @@ func masqPortStatus(m *maps.Maps) (*MasqPortStatus, string) {
 }
 
 // hostVethOf tells whether node link l is a pod's host veth, as the
-// teardown identifies one: a veth whose peer is in another netns (ADD makes
-// the pair with the peer in the pod), at the ifindex a record names (under
-// whatever name: an operator may have renamed it) or under a host veth
-// name; and it returns the attachment's host veth name, under which its
-// link pins are (the record's, else the link's).
-func hostVethOf(l netlink.Link, recs map[int]*state.Record) (string, bool) {
+// teardown identifies one: the veth a record names (endpoint.
+// RecordedHostVeth: at its ifindex, under whatever name, an operator may
+// have renamed it; another plugin's veth made at the ifindex once ours
+// went is not), else a veth whose peer is in another netns (ADD makes the
+// pair with the peer in the pod) under a host veth name; and it returns
+// the attachment's host veth name, under which its link pins are (the
+// record's, else the link's).
+func hostVethOf(l netlink.Link, recs map[int]netRecord) (string, bool) {
 	a := l.Attrs()
 	if l.Type() != "veth" || a.NetNsID < 0 {
 		return "", false
 	}
-	if rec := recs[a.Index]; rec != nil {
+	if rec, ok := recs[a.Index]; ok && endpoint.RecordedHostVeth(l, rec.Record, rec.network) {
 		return state.HostIfName(rec.ContainerID, rec.IfName), true
 	}
 	return a.Name, strings.HasPrefix(a.Name, state.HostIfPrefix)
