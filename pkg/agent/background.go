@@ -30,6 +30,7 @@ import (
 // node of 1000 pods costs a pass no more than one of 10.
 type background struct {
 	pinRoot   string
+	stateDir  string // the records: a host veth's link pins are under its record's name
 	lg        *log.Logger
 	idle      *datapath.Idle
 	kick      chan struct{}
@@ -45,12 +46,12 @@ type background struct {
 // newBackground readies the worker on the agent's link events (w
 // subscribed before the agent reports ready, so no ADD or DEL after that
 // goes unseen).
-func newBackground(pinRoot string, politeWait time.Duration, lg *log.Logger, w *linkWatcher) (*background, error) {
+func newBackground(pinRoot, stateDir string, politeWait time.Duration, lg *log.Logger, w *linkWatcher) (*background, error) {
 	idle, err := datapath.OpenIdle(pinRoot, politeWait)
 	if err != nil {
 		return nil, err
 	}
-	b := &background{pinRoot: pinRoot, lg: lg, idle: idle, kick: make(chan struct{}, 1), fullEvery: time.Minute,
+	b := &background{pinRoot: pinRoot, stateDir: stateDir, lg: lg, idle: idle, kick: make(chan struct{}, 1), fullEvery: time.Minute,
 		full: true, fresh: map[int]string{}, gone: map[int]string{}, settled: map[int]string{}}
 	w.handle(linkHandler{update: b.linkEvent, lost: func() {
 		// Events were lost: look at everything.
@@ -233,7 +234,16 @@ func (b *background) migrate(ctx context.Context, full bool, fresh map[int]strin
 				errs = errors.Join(errs, m.StackFlows().EnsurePart(idx))
 			}
 		}
+		// The veth's link pins are under its record's host veth name,
+		// whatever its name now (an operator may have renamed it), where
+		// the verbs and status look for them: the move pins there, and the
+		// veth is done by what is pinned there.
+		pins := name
+		if l, err := netlink.LinkByIndex(idx); err == nil && l.Attrs().Name == name {
+			pins = endpoint.PinNameOf(b.stateDir, l)
+		}
 		v, ok := datapath.TCVethOf(idx, name)
+		v.Pins = pins
 		if ok && v.Pending() {
 			if err := datapath.Migrate(ctx, b.pinRoot, v, b.before); err != nil {
 				errs = errors.Join(errs, err)
@@ -243,7 +253,7 @@ func (b *background) migrate(ctx context.Context, full bool, fresh map[int]strin
 		}
 		// Done for good only on tcx, or on tc by configuration; a veth
 		// caught before its ADD attached anything is looked at again.
-		st := datapath.AttachmentOf(b.pinRoot, idx, name)
+		st := datapath.AttachmentOf(b.pinRoot, idx, pins)
 		b.mu.Lock()
 		if _, changed := b.fresh[idx]; !changed && (st == datapath.StateTCX || st == datapath.StateTC) {
 			b.settled[idx] = name

@@ -111,7 +111,7 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("agent lock: %w", err)
 	}
 	links := newLinkWatcher(ctx, lg)
-	bg, err := newBackground(o.PinRoot, o.PoliteWait, lg, links)
+	bg, err := newBackground(o.PinRoot, o.StateDir, o.PoliteWait, lg, links)
 	if err != nil {
 		return err
 	}

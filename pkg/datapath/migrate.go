@@ -26,6 +26,19 @@ type TCVeth struct {
 	Ifindex int
 	Name    string
 	Filters []TCFilter
+	// Pins is the host veth name the attachment's link pins are under,
+	// where Migrate pins the tcx links ("": Name). An operator may have
+	// renamed the veth: its pins stay under the record's name, where every
+	// verb looks for them (endpoint.PinNameOf).
+	Pins string
+}
+
+// pinName is the name the veth's link pins are under.
+func (v TCVeth) pinName() string {
+	if v.Pins != "" {
+		return v.Pins
+	}
+	return v.Name
 }
 
 // Pending tells whether the veth's filters wait to be moved to tcx.
@@ -148,7 +161,7 @@ func Migrate(ctx context.Context, pinRoot string, v TCVeth, before func(ctx cont
 	}
 	_, err := underLinksLock(pinRoot, v, func(netlink.Link) error {
 		for _, p := range hostVethPrograms {
-			if !tcxPinnedOn(pinRoot, v.Name, p, v.Ifindex) {
+			if !tcxPinnedOn(pinRoot, v.pinName(), p, v.Ifindex) {
 				return fmt.Errorf("%s: tcx %s link missing after the move; filters kept", v.Name, p.Link)
 			}
 		}
@@ -198,7 +211,7 @@ func underLinksLock(pinRoot string, v TCVeth, step func(l netlink.Link) error) (
 // the tcx link made here with the program seen then (the pod kept the old
 // programs; TestUpgradeDuringMoveToTCX).
 func migrateHook(pinRoot string, l netlink.Link, v TCVeth, f TCFilter) error {
-	if tcxPinnedOn(pinRoot, v.Name, f.Prog, v.Ifindex) {
+	if tcxPinnedOn(pinRoot, v.pinName(), f.Prog, v.Ifindex) {
 		return nil
 	}
 	cur, ok := ourFilter(l, f.Prog)
@@ -210,10 +223,10 @@ func migrateHook(pinRoot string, l netlink.Link, v TCVeth, f TCFilter) error {
 		return fmt.Errorf("%s: program %d of the %s filter: %w", v.Name, cur.ProgID, f.Prog.Link, err)
 	}
 	defer prog.Close()
-	if err := mkdirFor(LinkPinPath(pinRoot, v.Name, f.Prog.Link)); err != nil {
+	if err := mkdirFor(LinkPinPath(pinRoot, v.pinName(), f.Prog.Link)); err != nil {
 		return err
 	}
-	return attachTCXProg(pinRoot, v.Ifindex, v.Name, f.Prog, prog)
+	return attachTCXProg(pinRoot, v.Ifindex, v.pinName(), f.Prog, prog)
 }
 
 // tcxPinnedOn tells whether hostIf's link pin of hook p is a tcx link

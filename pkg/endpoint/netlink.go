@@ -520,6 +520,31 @@ func RecordedHostVeth(l netlink.Link, rec *state.Record, network string) bool {
 	return !foreignLink(l, network, rec.ContainerID, rec.IfName) || recordedVeth(nil, l, rec)
 }
 
+// PinNameOf is the host veth name the link pins of node link l are under:
+// the record's (under stateDir, any network) when l is the host veth it
+// names (RecordedHostVeth: an operator may have renamed it), else l's own.
+// A link under the host veth name its alias names is under its own: no
+// record is read (the agent asks on every link event of a host veth).
+func PinNameOf(stateDir string, l netlink.Link) string {
+	a := l.Attrs()
+	if rest, ok := strings.CutPrefix(a.Alias, aliasPrefix); ok {
+		if parts := strings.SplitN(rest, "/", 3); len(parts) == 3 && !strings.HasSuffix(parts[1], "...") &&
+			state.HostIfName(parts[1], parts[2]) == a.Name {
+			return a.Name
+		}
+	}
+	nets, _ := state.Networks(stateDir)
+	for _, n := range nets {
+		recs, _ := state.Store{Root: stateDir, Network: n}.List()
+		for _, rec := range recs {
+			if rec.HostIfindex == a.Index && RecordedHostVeth(l, rec, n) {
+				return state.HostIfName(rec.ContainerID, rec.IfName)
+			}
+		}
+	}
+	return a.Name
+}
+
 // recordedMAC tells whether l has the host veth's MAC rec holds (any
 // when rec holds none).
 func recordedMAC(l netlink.Link, rec *state.Record) bool {

@@ -14,6 +14,7 @@ package integration
 import (
 	"maps"
 	"testing"
+	"time"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
@@ -47,4 +48,50 @@ func TestIdent30StatusForeignAtRecordedIndex(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestIdent30MoveRenamedToTCX: a pod's ADD attached cls_bpf waiting for
+// tcx (the agent lock held), then an operator renamed its host veth (to
+// another name the agent watches, ebpf...). The agent started since moves
+// it to tcx with its link pins where every verb looks for them: under the
+// record's host veth name (endpoint.RecordedHostVeth), not the link's
+// name now. Status counts it on tcx; renamed back, CHECK passes; DEL
+// leaves nothing.
+//
+// Red before ident30: the agent pinned the tcx links under the link's
+// current name (and judged the veth done by the same name): status said
+// {none: 1}, CHECK after the rename back failed on the missing pins, and
+// DEL left them.
+func TestIdent30MoveRenamedToTCX(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	release := holdAgentLock(t, e)
+	p := a26Add(t, e, "i30mv")
+	if st := e.AttachState(p.name); st != datapath.StateTCPending {
+		t.Fatalf("%s is %q with the agent lock held, want %q", p.name, st, datapath.StateTCPending)
+	}
+	const renamed = "ebpfi30mv0"
+	a26Rename(t, e, p, renamed)
+	release()
+	e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var pending bool
+		e.InNode(func() error { _, pending = datapath.TCVethOf(p.idx, renamed); return nil })
+		if !pending {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the agent did not move the renamed %s off cls_bpf in 10s", renamed)
+		}
+	}
+	if got, want := statusHostVeths(t, e), map[string]int{datapath.StateTCX: 1}; !maps.Equal(got, want) {
+		t.Errorf("status host veths after the agent moved the renamed veth: %v, want %v", got, want)
+	}
+	a26Rename(t, e, p, p.name)
+	if err := e.Check(p.pod, p.id, "eth0"); err != nil {
+		t.Errorf("CHECK after the rename back: %v", err)
+	}
+	a26Teardown(t, e, p, "del")
+	a26AssertRecordLease(t, e, p, "DEL")
+	e.AssertClean()
 }
