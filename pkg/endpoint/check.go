@@ -66,10 +66,24 @@ func Check(n *Network, id ID, prev *current.Result, features []Feature) error {
 		// ifindex): the pod's traffic flows; the name does not match
 		// ADD's result, and what goes by the name (the link pins, the
 		// agent's status) is ours to find under it.
-		return checkError("host veth %s was renamed to %s (ifindex %d, still the pod's: its routes, map entries and programs are in place and its traffic flows; DEL removes it): rename it back (ip link set %s name %s)",
-			a.HostIf, name, a.Ifindex, name, a.HostIf)
+		return a.renamedError(name)
 	}
 	return err
+}
+
+// renamedError is CHECK's failure for the host veth renamed to name. Its
+// advice, the rename back, works only with the old name free: when another
+// link holds it (another tool's, made since), `ip link set` fails (File
+// exists), so the message names that link.
+func (a *Attachment) renamedError(name string) error {
+	what := fmt.Sprintf("host veth %s was renamed to %s (ifindex %d, still the pod's: its routes, map entries and programs are in place and its traffic flows; DEL removes it)",
+		a.HostIf, name, a.Ifindex)
+	back := fmt.Sprintf("ip link set %s name %s", name, a.HostIf)
+	if l, err := netlinksafe.LinkByName(a.HostIf); err == nil && l.Attrs().Index != a.Ifindex {
+		return checkError("%s: its name is held by %s now: rename it back (%s) once that link no longer holds the name",
+			what, holderOf(l.Attrs().Index), back)
+	}
+	return checkError("%s: rename it back (%s)", what, back)
 }
 
 // checkHost checks the host veth (up, its MTU) and the node's routes to

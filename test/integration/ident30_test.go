@@ -12,9 +12,15 @@
 package integration
 
 import (
+	"errors"
+	"fmt"
 	"maps"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
@@ -94,4 +100,52 @@ func TestIdent30MoveRenamedToTCX(t *testing.T) {
 	a26Teardown(t, e, p, "del")
 	a26AssertRecordLease(t, e, p, "DEL")
 	e.AssertClean()
+}
+
+// TestIdent30CheckRenamedNameTaken: a pod's host veth renamed, and a third
+// party's link made under its old name since. CHECK's advice, the rename
+// back, fails then (File exists): the message must name the link that
+// holds the name. Done as it says (that link gone, the veth renamed back),
+// CHECK passes.
+//
+// Red before ident30: CHECK advised "rename it back (ip link set ...)"
+// alone, naming no holder.
+func TestIdent30CheckRenamedNameTaken(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	p := a26Add(t, e, "i30chk")
+	const renamed = "i30chk0"
+	a26Rename(t, e, p, renamed)
+	holder := a26Foreign(t, e, p.name, 0, "")
+	err := e.Check(p.pod, p.id, "eth0")
+	if err == nil {
+		t.Fatal("CHECK passed with the host veth renamed")
+	}
+	t.Logf("CHECK: %v", err)
+	msg := err.Error()
+	if !strings.Contains(msg, "renamed to "+renamed) || !strings.Contains(msg, fmt.Sprintf("link %s (ifindex %d)", p.name, holder)) {
+		t.Errorf("CHECK: %q, want it to name %s renamed to %s and the link holding the name (ifindex %d)", msg, p.name, renamed, holder)
+	}
+	// The plain rename back fails while the name is held.
+	rename := func() error {
+		return e.InNode(func() error {
+			l, err := netlink.LinkByIndex(p.idx)
+			if err != nil {
+				return err
+			}
+			return netlink.LinkSetName(l, p.name)
+		})
+	}
+	if err := rename(); !errors.Is(err, unix.EEXIST) {
+		t.Fatalf("rename back with the name held: %v, want EEXIST", err)
+	}
+	if err := e.InNode(func() error { return deleteHostLink(p.name) }); err != nil {
+		t.Fatalf("delete the holder %s: %v", p.name, err)
+	}
+	if err := rename(); err != nil {
+		t.Fatalf("rename back once the name is free: %v", err)
+	}
+	if err := e.Check(p.pod, p.id, "eth0"); err != nil {
+		t.Errorf("CHECK after freeing the name and renaming back: %v", err)
+	}
 }
