@@ -552,10 +552,10 @@ func (a *Attachment) ensureNetns(m *maps.Maps) error {
 	if a.cookie == 0 {
 		return nil
 	}
-	locked := lockNetns(a.netns)
+	release := lockNetns(a.Net.PinDir, a.netns)
 	created, err := m.Bandwidth().EnsureNetns(a.cookie, a.EgressRateBps, a.RcvWnd)
-	if locked {
-		unlockNetnsFile(a.netns)
+	if release != nil {
+		release()
 	}
 	if err != nil {
 		return mapError(err)

@@ -24,10 +24,10 @@ import (
 // needs no second netns switch.
 //
 // The look at the pod's other interfaces is under the netns's lock
-// (lockNetns), returned in held (nil when the netns was not opened): the
-// caller closes it once its veth is gone, so that a teardown of another
+// (lockNetns, among pinDir's locks), returned in held with the netns (nil
+// when the netns was not opened): the caller closes it once its veth is gone, so that a teardown of another
 // interface of the pod looks either before it or after its veth went.
-func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool, handOff bool) (deleteCookie uint64, sweep bool, podNL *rtnl, held ns.NetNS) {
+func podSide(pinDir, netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool, handOff bool) (deleteCookie uint64, sweep bool, podNL *rtnl, held *netnsHold) {
 	if netnsPath == "" {
 		return recCookie, false, nil, nil
 	}
@@ -39,8 +39,7 @@ func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int,
 		netns.Close()
 		return recCookie, false, nil, nil // a DEL naming the node's netns: no pod's rules there
 	}
-	lockNetns(netns)
-	held = netns
+	held = &netnsHold{netns: netns, release: lockNetns(pinDir, netns)}
 	_ = netns.Do(func(ns.NetNS) error {
 		podNL = openRTNLOrEach()
 		// An ADD that recorded no cookie (no pacing, no SO_NETNS_COOKIE)

@@ -1,7 +1,3 @@
-//go:build review_repro
-
-// Red on main (review_repro until fixed): go test -tags review_repro -count=1 -run TestAttack30PodNetnsLockAddBesideDel -v ./test/integration/
-//
 // attack30: the pod's netns lock (lockNetns) against the pod itself. The
 // lock was an flock on the netns's nsfs inode, which every open of the
 // netns shares: a process inside the pod opens /proc/self/ns/net (no
@@ -9,7 +5,8 @@
 // made every DEL and every ADD's ensureNetns of that pod wait out
 // netnsLockWait (5 s) and then go on without it: the serialization that
 // round 19 added (TestAddBesideDelNetnsEntry) and the one between two DELs
-// of a pod's interfaces were the pod's to switch off.
+// of a pod's interfaces were the pod's to switch off. Now the lock is a
+// directory under <pinDir>/locks/netns (datapath.LockNetns), the node's.
 
 package integration
 
