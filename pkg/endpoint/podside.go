@@ -70,19 +70,42 @@ func podSide(pinDir, netnsPath, ifname string, recCookie uint64, hostIfindex, ta
 			deleteRules(podNL, table)
 		}
 		deleteCookie = cookie
-		for _, l := range links {
-			p := l.Attrs().ParentIndex // a veth's peer, in the node's netns
-			if l.Type() != "veth" || p == 0 || (hostIfindex != 0 && p == hostIfindex) {
-				continue // not a veth, or the interface being deleted
-			}
-			if isOurs(p) {
-				deleteCookie = 0 // another attachment of the pod still uses it
-				break
-			}
+		if otherAttachment(links, ifname, hostIfindex, isOurs) {
+			deleteCookie = 0 // another attachment of the pod still uses it
 		}
 		return nil
 	})
 	return deleteCookie, sweep, podNL, held
+}
+
+// otherAttachment tells whether the pod's links hold another attachment of
+// the node's datapath than ifname's (its host veth hostIfindex): a veth
+// whose peer is in the node's netns (the netns of ifname's peer when found,
+// else any other than the pod's) at an ifindex of ours (isOurs). A veth
+// pair the pod made inside its own netns has its peer's index there, which
+// may be any node ifindex of ours (attack30: its peer at another pod's host
+// veth index kept the pod's netns entry past its last DEL).
+func otherAttachment(links []netlink.Link, ifname string, hostIfindex int, isOurs func(int) bool) bool {
+	node := -1 // the node's netns id in the pod's
+	for _, l := range links {
+		if a := l.Attrs(); hostIfindex != 0 && a.Name == ifname && a.ParentIndex == hostIfindex {
+			node = a.NetNsID
+		}
+	}
+	for _, l := range links {
+		a := l.Attrs()
+		p := a.ParentIndex // a veth's peer
+		if l.Type() != "veth" || p == 0 || (hostIfindex != 0 && p == hostIfindex) {
+			continue // not a veth, or the interface being deleted
+		}
+		if a.NetNsID < 0 || (node >= 0 && a.NetNsID != node) {
+			continue // its peer is not in the node's netns
+		}
+		if isOurs(p) {
+			return true
+		}
+	}
+	return false
 }
 
 // podSideLink finds the pod end of the host veth hostIfindex among links,
