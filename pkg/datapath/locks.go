@@ -305,10 +305,15 @@ const netnsLockStripes = 1024
 // pod waited 5 s, then went on without the lock); this directory is the
 // node's root's only.
 func LockNetns(pinRoot string, ino uint64, wait time.Duration) (release func()) {
-	if _, err := os.Stat(filepath.Join(pinRoot, locksDir)); err != nil {
-		return nil
+	path := lockPath(pinRoot, fmt.Sprintf("netns/%03x", ino%netnsLockStripes))
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		// Made here, below an existing locks directory only: a DEL
+		// after (or beside) an uninstall makes no pin directory again.
+		_ = os.Mkdir(filepath.Dir(path), 0o700)
+		_ = os.Mkdir(path, 0o700)
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	}
-	fd, err := openLock(pinRoot, fmt.Sprintf("netns/%03x", ino%netnsLockStripes), true)
 	if err != nil {
 		return nil
 	}
