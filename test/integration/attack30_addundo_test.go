@@ -45,11 +45,39 @@ func stoppedAdd(t *testing.T, e *testenv.Env, pod ns.NetNS, id, ifname, step str
 	}
 }
 
+// a30BreakStore puts a file where the network's record directory is (the
+// directory moved aside): the record of an ADD under way cannot be written
+// (its Commit fails, on any filesystem). restore puts the directory back.
+func a30BreakStore(t *testing.T, dir string) (restore func()) {
+	t.Helper()
+	if err := os.Rename(dir, dir+".aside"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := false
+	restore = func() {
+		if done {
+			return
+		}
+		done = true
+		if err := os.Remove(dir); err != nil {
+			t.Error(err)
+		}
+		if err := os.Rename(dir+".aside", dir); err != nil {
+			t.Error(err)
+		}
+	}
+	t.Cleanup(restore)
+	return restore
+}
+
 // TestAttack30FailedAddKeepsSiblingNetnsEntry: ADD net1 of a pod with no
 // interface yet registers the pod's netns entry and stops right after
 // (crashpoint "pod"); ADD eth0 of the pod runs meanwhile and succeeds (it
 // finds the entry); then net1's ADD goes on and fails (its record cannot
-// be written: the network's state directory made immutable). Its undo
+// be written: a file where the network's record directory was). Its undo
 // must leave the entry that the live eth0 uses (the sock_ops hook paces
 // the pod's TCP by it), and the pod's last DEL must remove it. Alone in
 // its pod, a failed ADD still removes the entry it made.
@@ -62,7 +90,6 @@ func TestAttack30FailedAddKeepsSiblingNetnsEntry(t *testing.T) {
 	pod := podWithLoUp(t, e)
 	id := "a30undo"
 	dir := e.Store().Dir()
-	t.Cleanup(func() { _ = exec.Command("chattr", "-i", dir).Run() })
 	for _, ifn := range []string{"eth0", "net1"} {
 		t.Cleanup(func() { _ = e.Del(pod, id, ifn) })
 	}
@@ -75,16 +102,12 @@ func TestAttack30FailedAddKeepsSiblingNetnsEntry(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ADD eth0: %v", err)
 	}
-	if b, err := exec.Command("chattr", "+i", dir).CombinedOutput(); err != nil {
-		t.Fatalf("chattr +i %s: %v: %s", dir, err, b)
-	}
+	restore := a30BreakStore(t, dir)
 	add.Process.Signal(syscall.SIGCONT)
 	err = add.Wait()
-	if b, cerr := exec.Command("chattr", "-i", dir).CombinedOutput(); cerr != nil {
-		t.Fatalf("chattr -i %s: %v: %s", dir, cerr, b)
-	}
+	restore()
 	if err == nil {
-		t.Fatalf("ADD net1 succeeded with its state directory immutable:\n%s", out)
+		t.Fatalf("ADD net1 succeeded with no record directory:\n%s", out)
 	}
 	t.Logf("ADD net1 failed, as meant: %v: %s", err, strings.TrimSpace(out.String()))
 	v4, v6 := testenv.PodIPs(t, res0)
@@ -110,16 +133,12 @@ func TestAttack30FailedAddKeepsSiblingNetnsEntry(t *testing.T) {
 	t.Cleanup(func() { _ = e.Del(alone, id+"b", "eth0") })
 	cookie = e.NetnsCookieOf(alone)
 	add, out = stoppedAdd(t, e, alone, id+"b", "eth0", "pod")
-	if b, err := exec.Command("chattr", "+i", dir).CombinedOutput(); err != nil {
-		t.Fatalf("chattr +i %s: %v: %s", dir, err, b)
-	}
+	restore = a30BreakStore(t, dir)
 	add.Process.Signal(syscall.SIGCONT)
 	err = add.Wait()
-	if b, cerr := exec.Command("chattr", "-i", dir).CombinedOutput(); cerr != nil {
-		t.Fatalf("chattr -i %s: %v: %s", dir, cerr, b)
-	}
+	restore()
 	if err == nil {
-		t.Fatalf("ADD of a lone eth0 succeeded with its state directory immutable:\n%s", out)
+		t.Fatalf("ADD of a lone eth0 succeeded with no record directory:\n%s", out)
 	}
 	if v, err := testenv.LookupNetns(e.Maps(), cookie); err == nil {
 		t.Errorf("a failed ADD, the pod's only interface, left the netns entry it made: %+v", v)
