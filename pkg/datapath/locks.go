@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -33,6 +34,8 @@ import (
 //     (HoldUninstall). An ADD that has claimed its attachment refuses when
 //     it finds it held (Uninstalling); one that claimed before is found by
 //     the uninstall's look at the records. A second uninstall is refused.
+//   - netns/<stripe>: a pod netns's (LockNetns): a DEL's look at the pod's
+//     other interfaces until its veth is gone, an ADD's netns entry.
 const (
 	lockAgent     = "agent"
 	lockBusy      = "busy"
@@ -285,4 +288,45 @@ func Uninstalling(pinRoot string) bool {
 	}
 	defer unix.Close(fd)
 	return errors.Is(unix.Flock(fd, unix.LOCK_SH|unix.LOCK_NB), unix.EWOULDBLOCK)
+}
+
+// netnsLockStripes is how many locks the pods' netns share (LockNetns):
+// two pods' verbs meet on one only when their nsfs inodes agree modulo it
+// (consecutive netns have consecutive inodes), and then wait tens of
+// milliseconds, never for each other's work.
+const netnsLockStripes = 1024
+
+// LockNetns takes the lock of the pod netns whose nsfs inode is ino: an
+// exclusive flock on <pinDir>/locks/netns/<ino mod netnsLockStripes>,
+// waiting at most wait; release drops it (nil when not had: no datapath
+// set up, so no netns entry to guard, or a holder past wait). The pod's
+// own nsfs inode is not the lock: any process in the pod opens
+// /proc/self/ns/net and could hold that flock (attack30: every verb of the
+// pod waited 5 s, then went on without the lock); this directory is the
+// node's root's only.
+func LockNetns(pinRoot string, ino uint64, wait time.Duration) (release func()) {
+	path := lockPath(pinRoot, fmt.Sprintf("netns/%03x", ino%netnsLockStripes))
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		// Made here, below an existing locks directory only: a DEL
+		// after (or beside) an uninstall makes no pin directory again.
+		_ = os.Mkdir(filepath.Dir(path), 0o700)
+		_ = os.Mkdir(path, 0o700)
+		fd, err = unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		return nil
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { unix.Close(fd) }
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) || time.Now().After(deadline) {
+			unix.Close(fd)
+			return nil
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 )
@@ -102,4 +103,39 @@ func TestLocks(t *testing.T) {
 	}
 	unlock()
 	<-got
+}
+
+// TestLockNetns: a pod netns's lock (LockNetns) is exclusive per stripe,
+// waits at most its bound, and a verb with no lock directory (no datapath,
+// or an uninstall removing it) makes none.
+func TestLockNetns(t *testing.T) {
+	pin := t.TempDir()
+	if r := LockNetns(pin, 7, time.Second); r != nil {
+		t.Fatal("netns lock taken with no lock directory")
+	}
+	if _, err := os.Stat(lockPath(pin, "")); !os.IsNotExist(err) {
+		t.Fatalf("LockNetns made the lock directory: %v", err)
+	}
+	if err := ensureLocks(pin); err != nil {
+		t.Fatal(err)
+	}
+	first := LockNetns(pin, 7, time.Second)
+	if first == nil {
+		t.Fatal("netns lock not taken")
+	}
+	t0 := time.Now()
+	if r := LockNetns(pin, 7+netnsLockStripes, 100*time.Millisecond); r != nil || time.Since(t0) < 100*time.Millisecond {
+		t.Fatalf("same stripe while held: got the lock %v after %v; want none after the bound", r != nil, time.Since(t0))
+	}
+	other := LockNetns(pin, 8, 0)
+	if other == nil {
+		t.Fatal("another stripe's lock not taken beside the first")
+	}
+	other()
+	first()
+	if r := LockNetns(pin, 7, 0); r == nil {
+		t.Fatal("netns lock not taken once released")
+	} else {
+		r()
+	}
 }

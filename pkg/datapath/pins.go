@@ -29,6 +29,7 @@ import (
 //	<pinDir>/links/<host veth>_<ingress|egress> tcx links of pods' host veths
 //	<pinDir>/node/<hook>                       node-wide hook links (catalog: Program.Link)
 //	<pinDir>/locks/<agent|busy|links>          flocked directories (locks.go)
+//	<pinDir>/locks/netns/<stripe>              a pod netns's lock, by its nsfs inode (LockNetns)
 //
 // links/ holds nothing but host veth links, so anything there whose veth is
 // gone is an orphan; a handed-off veth's pins are renamed with it

@@ -552,18 +552,39 @@ func (a *Attachment) ensureNetns(m *maps.Maps) error {
 	if a.cookie == 0 {
 		return nil
 	}
-	locked := lockNetns(a.netns)
+	release := lockNetns(a.Net.PinDir, a.netns)
 	created, err := m.Bandwidth().EnsureNetns(a.cookie, a.EgressRateBps, a.RcvWnd)
-	if locked {
-		unlockNetnsFile(a.netns)
+	if release != nil {
+		release()
 	}
 	if err != nil {
 		return mapError(err)
 	}
 	if created {
-		a.OnUndo(func() error { return m.Bandwidth().DeleteNetns(a.cookie) })
+		a.OnUndo(func() error { return a.undoNetns(m) })
 	}
 	return nil
+}
+
+// undoNetns deletes the pod's netns entry that this failed ADD created,
+// unless another interface of the pod uses it by now: the look of a DEL
+// (podSide), under the same lock. An ADD of eth0 beside this one found the
+// entry there and created nothing (attack30: this undo took it from the
+// live eth0). When the look fails the entry stays: the runtime's DEL of
+// this interface, or the agent's sweep, removes it if it is nobody's.
+func (a *Attachment) undoNetns(m *maps.Maps) error {
+	if release := lockNetns(a.Net.PinDir, a.netns); release != nil {
+		defer release()
+	}
+	links, err := a.podNL.LinkList()
+	if err != nil {
+		return nil
+	}
+	isOurs := func(idx int) bool { _, err := m.Links().Lookup(idx); return err == nil }
+	if otherAttachment(links, a.ID.IfName, a.Ifindex, isOurs) {
+		return nil
+	}
+	return m.Bandwidth().DeleteNetns(a.cookie)
 }
 
 // waitStackFlowPart waits for the pod's stack-flow table CreateVeth

@@ -452,22 +452,29 @@ func ReplacedHostVeth(l netlink.Link, rec *state.Record, network string) bool {
 }
 
 // recordedVeth tells whether l is the host veth rec names, whatever its
-// alias says: at the record's ifindex, a veth whose peer is in the
-// record's netns (the node's netns id of that netns is the link's peer
-// netns id). The alias is anyone's to set (`ip link set alias`); the
-// ifindex and the peer's netns are ADD's, and the pair dies with the pod's
-// netns. The veth's MAC is the record's too: another plugin's veth made at
-// the old index once ours went, its peer put in the pod, is not ours
-// (attack28: DEL deleted it). A link of another attachment sharing our
-// name (another network's veth of the same container and interface, which
+// alias says: at the record's ifindex, a veth whose peer is in another
+// netns, with the record's host MAC. The alias is anyone's to set (`ip
+// link set alias`); the ifindex and the MAC (random) are ADD's, and the
+// pair dies with the pod's netns. Another plugin's veth made at the old
+// index once ours went, its peer put in the pod, has another MAC: not ours
+// (attack28: DEL deleted it). Where the peer is now does not count: the
+// pod may move its end into a netns of its own making (attack30: DEL left
+// the veth, reconcile released the live pod's record, lease and entries).
+// A record with no host MAC (an older build's) names the veth whose peer
+// is in the record's netns (the node's netns id of that netns is the
+// link's peer netns id). A link of another attachment sharing our name
+// (another network's veth of the same container and interface, which
 // refused our ADD) is not at the ifindex our record holds: that ADD
 // recorded none.
 func recordedVeth(r *rtnl, l netlink.Link, rec *state.Record) bool {
-	if rec == nil || rec.HostIfindex == 0 || rec.HostIfindex != l.Attrs().Index || rec.Netns == "" || !podVeth(l) {
+	if rec == nil || rec.HostIfindex == 0 || rec.HostIfindex != l.Attrs().Index || !podVeth(l) {
 		return false
 	}
-	if !recordedMAC(l, rec) {
-		return false // another veth made at the index into the pod (attack28)
+	if rec.HostMAC != "" {
+		return recordedMAC(l, rec)
+	}
+	if rec.Netns == "" {
+		return false
 	}
 	pod, err := ns.GetNS(rec.Netns)
 	if err != nil {

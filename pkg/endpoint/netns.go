@@ -1,12 +1,13 @@
 package endpoint
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"golang.org/x/sys/unix"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 )
 
 // nsGetNstype is NS_GET_NSTYPE from linux/nsfs.h: _IO(0xb7, 0x3).
@@ -44,37 +45,42 @@ func isOwnNetns(fd int) bool {
 }
 
 // netnsLockWait is how long a teardown waits for the lock of its pod's
-// netns (lockNetns): the other holder is a teardown of another interface
-// of the pod, which holds it for tens of milliseconds.
+// netns (lockNetns): the other holder is a verb of another interface of
+// the pod (or, rarely, of a pod sharing the lock's stripe), which holds it
+// for tens of milliseconds.
 const netnsLockWait = 5 * time.Second
 
-// lockNetns takes the lock of a pod's netns: an exclusive flock on its
-// nsfs file, which every path of the netns (a bind mount, /proc/<pid>/ns/net)
-// opens as the one inode, and so the one lock. A teardown holds it from its
-// look at the pod's other interfaces until its own veth is gone, so that of
-// two DELs of a pod's two interfaces side by side, the second sees the
-// first's veth gone and removes the pod's netns entry (each saw the other's
-// and kept it). An ADD holds it while it ensures the pod's netns entry
-// (Publish), so that a DEL of another interface beside it does not delete
-// the entry after the ADD found it there. The lock goes with the fd
-// (netns.Close, or unlockNetnsFile). Not had within
-// netnsLockWait (a holder that is not ours), the teardown goes on without it.
-func lockNetns(netns ns.NetNS) bool {
-	fd := int(netns.Fd())
-	deadline := time.Now().Add(netnsLockWait)
-	for {
-		err := unix.Flock(fd, unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return true
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) || time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(time.Millisecond)
+// lockNetns takes the lock of a pod's netns, named by its nsfs inode (which
+// every path of the netns, a bind mount or /proc/<pid>/ns/net, opens) among
+// pinDir's locks (datapath.LockNetns): a directory of the node's, not the
+// nsfs inode itself, whose flock any process of the pod could take and
+// hold (attack30: each verb of the pod then waited netnsLockWait and went
+// on without the lock). A teardown holds it from its look at the pod's
+// other interfaces until its own veth is gone, so that of two DELs of a
+// pod's two interfaces side by side, the second sees the first's veth gone
+// and removes the pod's netns entry (each saw the other's and kept it). An
+// ADD holds it while it ensures the pod's netns entry (Publish), so that a
+// DEL of another interface beside it does not delete the entry after the
+// ADD found it there. release drops it; nil when not had (no datapath set
+// up; a holder past netnsLockWait: the verb goes on without it).
+func lockNetns(pinDir string, netns ns.NetNS) (release func()) {
+	var st unix.Stat_t
+	if unix.Fstat(int(netns.Fd()), &st) != nil {
+		return nil
 	}
+	return datapath.LockNetns(pinDir, st.Ino, netnsLockWait)
 }
 
-// unlockNetnsFile releases the lock lockNetns took, keeping the netns open.
-func unlockNetnsFile(netns ns.NetNS) {
-	_ = unix.Flock(int(netns.Fd()), unix.LOCK_UN)
+// netnsHold is a pod's netns held open and locked (lockNetns) by a
+// teardown; Close unlocks it and closes the netns.
+type netnsHold struct {
+	netns   ns.NetNS
+	release func()
+}
+
+func (h *netnsHold) Close() {
+	if h.release != nil {
+		h.release()
+	}
+	h.netns.Close()
 }

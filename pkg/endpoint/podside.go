@@ -24,10 +24,10 @@ import (
 // needs no second netns switch.
 //
 // The look at the pod's other interfaces is under the netns's lock
-// (lockNetns), returned in held (nil when the netns was not opened): the
-// caller closes it once its veth is gone, so that a teardown of another
+// (lockNetns, among pinDir's locks), returned in held with the netns (nil
+// when the netns was not opened): the caller closes it once its veth is gone, so that a teardown of another
 // interface of the pod looks either before it or after its veth went.
-func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool, handOff bool) (deleteCookie uint64, sweep bool, podNL *rtnl, held ns.NetNS) {
+func podSide(pinDir, netnsPath, ifname string, recCookie uint64, hostIfindex, table int, isOurs func(int) bool, handOff bool) (deleteCookie uint64, sweep bool, podNL *rtnl, held *netnsHold) {
 	if netnsPath == "" {
 		return recCookie, false, nil, nil
 	}
@@ -39,8 +39,7 @@ func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int,
 		netns.Close()
 		return recCookie, false, nil, nil // a DEL naming the node's netns: no pod's rules there
 	}
-	lockNetns(netns)
-	held = netns
+	held = &netnsHold{netns: netns, release: lockNetns(pinDir, netns)}
 	_ = netns.Do(func(ns.NetNS) error {
 		podNL = openRTNLOrEach()
 		// An ADD that recorded no cookie (no pacing, no SO_NETNS_COOKIE)
@@ -71,19 +70,42 @@ func podSide(netnsPath, ifname string, recCookie uint64, hostIfindex, table int,
 			deleteRules(podNL, table)
 		}
 		deleteCookie = cookie
-		for _, l := range links {
-			p := l.Attrs().ParentIndex // a veth's peer, in the node's netns
-			if l.Type() != "veth" || p == 0 || (hostIfindex != 0 && p == hostIfindex) {
-				continue // not a veth, or the interface being deleted
-			}
-			if isOurs(p) {
-				deleteCookie = 0 // another attachment of the pod still uses it
-				break
-			}
+		if otherAttachment(links, ifname, hostIfindex, isOurs) {
+			deleteCookie = 0 // another attachment of the pod still uses it
 		}
 		return nil
 	})
 	return deleteCookie, sweep, podNL, held
+}
+
+// otherAttachment tells whether the pod's links hold another attachment of
+// the node's datapath than ifname's (its host veth hostIfindex): a veth
+// whose peer is in the node's netns (the netns of ifname's peer when found,
+// else any other than the pod's) at an ifindex of ours (isOurs). A veth
+// pair the pod made inside its own netns has its peer's index there, which
+// may be any node ifindex of ours (attack30: its peer at another pod's host
+// veth index kept the pod's netns entry past its last DEL).
+func otherAttachment(links []netlink.Link, ifname string, hostIfindex int, isOurs func(int) bool) bool {
+	node := -1 // the node's netns id in the pod's
+	for _, l := range links {
+		if a := l.Attrs(); hostIfindex != 0 && a.Name == ifname && a.ParentIndex == hostIfindex {
+			node = a.NetNsID
+		}
+	}
+	for _, l := range links {
+		a := l.Attrs()
+		p := a.ParentIndex // a veth's peer
+		if l.Type() != "veth" || p == 0 || (hostIfindex != 0 && p == hostIfindex) {
+			continue // not a veth, or the interface being deleted
+		}
+		if a.NetNsID < 0 || (node >= 0 && a.NetNsID != node) {
+			continue // its peer is not in the node's netns
+		}
+		if isOurs(p) {
+			return true
+		}
+	}
+	return false
 }
 
 // podSideLink finds the pod end of the host veth hostIfindex among links,

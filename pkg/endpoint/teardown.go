@@ -5,7 +5,6 @@ import (
 	"net"
 	"os"
 
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
@@ -39,15 +38,15 @@ type Teardown struct {
 
 	before, with []func() error
 	hostIf       string
-	netns        string   // the pod's netns path; "" when unknown, or not ours to touch
-	foreign      bool     // the link under the host veth's name is another network's attachment's
-	replaced     bool     // the link under that name is another tool's, made since the veth went (replacedLink)
-	epIfindex    int      // the veth gone and its ifindex another link's: the recorded addresses' entries still pointing at it go
-	handOff      bool     // the agent is alive: it deletes the veth (handoff.go)
-	sweep        bool     // the pod's nexthop objects were parked: sweep them after the veth (parkNexthopsOn)
-	nodeNL       *rtnl    // the node netns's netlink sockets, kept for the teardown (rtnl.go)
-	podNL        *rtnl    // the pod netns's, opened by removePodSide; nil until then
-	podLock      ns.NetNS // the pod's netns, locked by removePodSide until the veth is gone (lockNetns)
+	netns        string     // the pod's netns path; "" when unknown, or not ours to touch
+	foreign      bool       // the link under the host veth's name is another network's attachment's
+	replaced     bool       // the link under that name is another tool's, made since the veth went (replacedLink)
+	epIfindex    int        // the veth gone and its ifindex another link's: the recorded addresses' entries still pointing at it go
+	handOff      bool       // the agent is alive: it deletes the veth (handoff.go)
+	sweep        bool       // the pod's nexthop objects were parked: sweep them after the veth (parkNexthopsOn)
+	nodeNL       *rtnl      // the node netns's netlink sockets, kept for the teardown (rtnl.go)
+	podNL        *rtnl      // the pod netns's, opened by removePodSide; nil until then
+	podLock      *netnsHold // the pod's netns, locked by removePodSide until the veth is gone (lockNetns)
 	tr           *Tracer
 }
 
@@ -293,7 +292,7 @@ func (t *Teardown) removePodSide() error {
 		_, err := t.DP.Maps.Links().Lookup(idx)
 		return err == nil
 	}
-	cookie, sweep, podNL, held := podSide(t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff)
+	cookie, sweep, podNL, held := podSide(t.Net.PinDir, t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff)
 	t.sweep, t.podNL, t.podLock = sweep, podNL, held
 	Crashpoint("del-look") // looked at the pod's other interfaces, under the netns lock
 	if cookie != 0 && t.DP != nil {
