@@ -433,6 +433,13 @@ func (pl Policy) SetPending(ifindex int) error {
 	if err := pl.AddFlowTables(ifindex); err != nil {
 		return err
 	}
+	return pl.MarkPending(ifindex)
+}
+
+// MarkPending makes the interface pending in both directions, once
+// AddFlowTables gave it its tables (SetPending's second step: ADD makes the
+// tables while IPAM runs, and marks the interface after).
+func (pl Policy) MarkPending(ifindex int) error {
 	k := uint32(ifindex)
 	st := PolicyState{Mode: [2]uint8{PolicyPending, PolicyPending}}
 	if err := pl.m.get(namePolState).Put(&k, &st); err != nil {
