@@ -127,7 +127,7 @@ var polCTOpeners = [2]uint32{uint32(DirEgress), uint32(DirIngress)}
 // fragmented datagrams, replacing any an earlier interface of that ifindex
 // left: no pod's flows are evicted by another's, nor the pod's own by its
 // peers' (bpf/lib/maps.h). ADD, before the interface is flagged for policy
-// (SetPending). The three go in under one hold of the tables' lock, the
+// (before MarkPending). The three go in under one hold of the tables' lock, the
 // fragment table beside the flow tables' batch (putInners): one RCU grace
 // period where one after the other waited out two. When anything fails,
 // nothing of the interface stays (a retry puts them again).
@@ -425,20 +425,11 @@ func (pl Policy) Enabled() (bool, error) {
 	return c.Flags&polCfgOn != 0, nil
 }
 
-// SetPending gives the interface its flow tables and makes it
-// pending in both directions (ADD, before the pod can send or receive
-// anything): only the node's traffic passes until the agent programs it.
-// It replaces any state and tables an earlier link of this ifindex left.
-func (pl Policy) SetPending(ifindex int) error {
-	if err := pl.AddFlowTables(ifindex); err != nil {
-		return err
-	}
-	return pl.MarkPending(ifindex)
-}
-
-// MarkPending makes the interface pending in both directions, once
-// AddFlowTables gave it its tables (SetPending's second step: ADD makes the
-// tables while IPAM runs, and marks the interface after).
+// MarkPending makes the interface pending in both directions (ADD, before
+// the pod can send or receive anything, once AddFlowTables gave it its
+// tables: ADD makes them while IPAM runs): only the node's traffic passes
+// until the agent programs it. It replaces any state an earlier link of
+// this ifindex left.
 func (pl Policy) MarkPending(ifindex int) error {
 	k := uint32(ifindex)
 	st := PolicyState{Mode: [2]uint8{PolicyPending, PolicyPending}}
@@ -550,7 +541,7 @@ type ProgrammedPolicy struct {
 // interface's state switches both directions to them, and the old sets are
 // deleted only after retireAfter, so a packet never meets a half-written or
 // half-deleted set. One writer per node (the agent); the plugin only marks
-// interfaces pending and forgets them (SetPending, DeleteOf).
+// interfaces pending and forgets them (AddFlowTables and MarkPending, DeleteOf).
 type PolicyWriter struct {
 	m  *Maps
 	mu sync.Mutex

@@ -9,7 +9,7 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-// BenchmarkPolicyFlowTables: a networkPolicy pod's ADD step (SetPending:
+// BenchmarkPolicyFlowTables: a networkPolicy pod's ADD step (setPending:
 // its two flow tables and its fragment table put into maps of maps, then
 // the pending state) and its DEL step (DeleteOf: the tables taken out).
 // Each put or delete of a map of maps' entry waits out an RCU grace period
@@ -19,7 +19,7 @@ func BenchmarkPolicyFlowTables(b *testing.B) {
 	b.Run("ADD", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			idx := 1000 + i%100
-			if err := m.Policy().SetPending(idx); err != nil {
+			if err := setPending(m.Policy(), idx); err != nil {
 				b.Fatal(err)
 			}
 			b.StopTimer()
@@ -33,7 +33,7 @@ func BenchmarkPolicyFlowTables(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			idx := 1000 + i%100
 			b.StopTimer()
-			if err := m.Policy().SetPending(idx); err != nil {
+			if err := setPending(m.Policy(), idx); err != nil {
 				b.Fatal(err)
 			}
 			b.StartTimer()
@@ -121,7 +121,7 @@ func TestPolicyFlowTablesFullOuter(t *testing.T) {
 	}
 	const idx = 9
 	left := func() []string { return policyTablesLeft(m, idx) }
-	if err := m.Policy().SetPending(idx); err == nil {
+	if err := setPending(m.Policy(), idx); err == nil {
 		t.Fatal("ADD with one free slot for two tables: no error")
 	} else if !strings.Contains(err.Error(), namePolCTParts) {
 		t.Errorf("ADD's error %q does not name %s", err, namePolCTParts)
@@ -137,7 +137,7 @@ func TestPolicyFlowTablesFullOuter(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := m.Policy().SetPending(idx); err != nil {
+	if err := setPending(m.Policy(), idx); err != nil {
 		t.Fatalf("the retried ADD with two free slots: %v", err)
 	}
 	if got := left(); len(got) != 6 {
@@ -196,7 +196,7 @@ func TestPolicyFlowTablesFullFragOuter(t *testing.T) {
 		fill = append(fill, k)
 	}
 	const idx = 9
-	if err := m.Policy().SetPending(idx); err == nil {
+	if err := setPending(m.Policy(), idx); err == nil {
 		t.Fatal("ADD with no free slot for its fragment table: no error")
 	} else if !strings.Contains(err.Error(), namePolFragParts) {
 		t.Errorf("ADD's error %q does not name %s", err, namePolFragParts)
@@ -210,7 +210,7 @@ func TestPolicyFlowTablesFullFragOuter(t *testing.T) {
 	if err := outer.Delete(&fill[0]); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.Policy().SetPending(idx); err != nil {
+	if err := setPending(m.Policy(), idx); err != nil {
 		t.Fatalf("the retried ADD with a free slot: %v", err)
 	}
 	if got := policyTablesLeft(m, idx); len(got) != 6 {
@@ -219,4 +219,13 @@ func TestPolicyFlowTablesFullFragOuter(t *testing.T) {
 	if stale, err := m.StaleTablePins(); err != nil || len(stale) != 0 {
 		t.Fatalf("stale pins after the retried ADD: %v %v", stale, err)
 	}
+}
+
+// setPending is a networkPolicy ADD's step in the maps: the interface's
+// tables (made while IPAM runs), then its pending state.
+func setPending(pl Policy, ifindex int) error {
+	if err := pl.AddFlowTables(ifindex); err != nil {
+		return err
+	}
+	return pl.MarkPending(ifindex)
 }
