@@ -21,8 +21,10 @@ func policyDatapath(t testing.TB) (*Datapath, *maps.PolicyWriter) {
 	must(t, putEndpoint(dp.Maps, podIP, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagPolicy)))
 	must(t, putEndpoint(dp.Maps, dstIP, maps.NewEndpointInfo(dstIfindex, dstMAC, dstHost, maps.EndpointFlagPolicy)))
 	must(t, dp.Maps.Policy().Enable())
-	must(t, dp.Maps.Policy().SetPending(loIfindex))
-	must(t, dp.Maps.Policy().SetPending(dstIfindex))
+	for _, idx := range []int{loIfindex, dstIfindex} {
+		must(t, dp.Maps.Policy().AddFlowTables(idx))
+		must(t, dp.Maps.Policy().MarkPending(idx))
+	}
 	return dp, dp.Maps.Policy().Writer()
 }
 

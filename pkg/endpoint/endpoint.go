@@ -369,6 +369,11 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 		_, sfErr := a.DP.Maps.StackFlows().DeleteOf(idx)
 		return errors.Join(errs, sfErr)
 	})
+	for _, f := range a.features {
+		if s, ok := f.(vethStarter); ok {
+			s.startWithVeth(a)
+		}
+	}
 	if a.Net.IPv4Only {
 		// Saves the node work only: a /proc/sys that refuses the write
 		// (mounted read-only) costs speed, not the pod.

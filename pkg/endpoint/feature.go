@@ -33,6 +33,13 @@ type nodeHooksUser interface {
 	NeedsNodeHooks() bool
 }
 
+// vethStarter is a feature with work that needs only the host veth (its
+// ifindex) and the datapath: CreateVeth starts it as soon as the veth
+// exists, to run while IPAM does; the feature's Install waits for it.
+type vethStarter interface {
+	startWithVeth(a *Attachment)
+}
+
 // Capabilities is how an attachment is configured beyond the core: the
 // network's keys (ipMasq, clusterCIDRs) and what the runtime passed in
 // runtimeConfig. The zero value configures nothing, which is what teardown

@@ -1,6 +1,7 @@
 package endpoint
 
 import (
+	"errors"
 	"net/netip"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
@@ -12,7 +13,43 @@ import (
 // passes, both ways) before the pod can send or receive anything: fail
 // closed until the agent's first write (maps.PolicyWriter).
 type netPolicy struct {
-	on bool
+	on        bool
+	tables    chan error // the interface's flow tables being made (startWithVeth)
+	tablesErr error
+}
+
+// startWithVeth makes the interface's flow and fragment tables in the
+// background as soon as its host veth exists, while IPAM runs: putting
+// them into their maps of maps waits out an RCU grace period (5-15 ms),
+// which ran after IPAM when Install made them. Nothing reads them before
+// Install marks the interface pending and Publish flags it. A failed ADD's
+// undo waits for them and drops them with the state (DeleteOf), as it
+// dropped Install's; tables that failed left nothing (AddFlowTables), a
+// foreign pin met there included (it opens its maps before any change),
+// and their undo does nothing, as none was pushed when Install failed so.
+func (p *netPolicy) startWithVeth(a *Attachment) {
+	if !p.on {
+		return
+	}
+	m, idx := a.DP.Maps, a.Ifindex
+	p.tables = make(chan error, 1)
+	go func() { p.tables <- maps.Guard(func() error { return m.Policy().AddFlowTables(idx) }) }()
+	a.OnUndo(func() error {
+		if p.waitTables() != nil {
+			return nil
+		}
+		return m.Policy().DeleteOf(idx)
+	})
+}
+
+// waitTables waits for the tables startWithVeth started, if any, and
+// returns its error.
+func (p *netPolicy) waitTables() error {
+	if p.tables != nil {
+		p.tablesErr = <-p.tables
+		p.tables = nil
+	}
+	return p.tablesErr
 }
 
 // NeedsNodeHooks: a pod's packet the stack may translate (a Service) is
@@ -36,11 +73,16 @@ func (p *netPolicy) Install(a *Attachment) error {
 	if err := m.Policy().Enable(); err != nil {
 		return mapError(err)
 	}
-	if err := m.Policy().SetPending(a.Ifindex); err != nil {
+	if err := p.waitTables(); err != nil {
+		var pe *maps.PinError
+		if errors.As(err, &pe) {
+			return pe // as the verb's own recovery returns it (maps.RecoverPin)
+		}
 		return mapError(err)
 	}
-	idx := a.Ifindex
-	a.OnUndo(func() error { return m.Policy().DeleteOf(idx) })
+	if err := m.Policy().MarkPending(a.Ifindex); err != nil {
+		return mapError(err)
+	}
 	a.Flags |= maps.EndpointFlagPolicy
 	a.Record.Policy = true
 	a.Trace.Mark("policy")

@@ -127,32 +127,28 @@ var polCTOpeners = [2]uint32{uint32(DirEgress), uint32(DirIngress)}
 // fragmented datagrams, replacing any an earlier interface of that ifindex
 // left: no pod's flows are evicted by another's, nor the pod's own by its
 // peers' (bpf/lib/maps.h). ADD, before the interface is flagged for policy
-// (SetPending).
+// (before MarkPending). The three go in under one hold of the tables' lock, the
+// fragment table beside the flow tables' batch (putInners): one RCU grace
+// period where one after the other waited out two. When anything fails,
+// nothing of the interface stays (a retry puts them again).
 func (pl Policy) AddFlowTables(ifindex int) error {
 	cpus, err := ebpf.PossibleCPU()
 	if err != nil {
 		return fmt.Errorf("count the possible CPUs for the flow tables of ifindex %d: %w", ifindex, err)
 	}
 	spec := polCTTableSpec(cpus)
+	var tables []*ebpf.Map
+	defer func() {
+		for _, t := range tables {
+			t.Close() // the outer maps and the pins hold them from here
+		}
+	}()
 	frags, err := ebpf.NewMap(&polFragPartSpec)
 	if err != nil {
 		return fmt.Errorf("create the fragment table of ifindex %d: %w", ifindex, err)
 	}
-	err = pl.m.putInner(namePolFragParts, uint32(ifindex), frags, ebpf.UpdateAny)
-	frags.Close()
-	if err != nil {
-		return writeErr(pl.m.get(namePolFragParts), namePolFragParts, fmt.Sprintf("the fragment table of ifindex %d", ifindex), err)
-	}
-	outer := pl.m.get(namePolCTParts)
-	var (
-		keys   []PolicyCTPartKey
-		tables []*ebpf.Map
-	)
-	defer func() {
-		for _, t := range tables {
-			t.Close() // the outer map and the pins hold them from here
-		}
-	}()
+	tables = append(tables, frags)
+	var keys []PolicyCTPartKey
 	for _, o := range polCTOpeners {
 		inner, err := ebpf.NewMap(spec)
 		if err != nil {
@@ -161,67 +157,117 @@ func (pl Policy) AddFlowTables(ifindex int) error {
 		tables = append(tables, inner)
 		keys = append(keys, PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: o})
 	}
-	if err := pl.m.putInners(namePolCTParts, keys, tables); err != nil {
-		// Nothing of the interface stays: its fragment table goes too
-		// (a retry puts it again).
-		fk := uint32(ifindex)
-		if derr := pl.m.get(namePolFragParts).Delete(&fk); derr == nil || errors.Is(derr, ebpf.ErrKeyNotExist) {
-			err = errors.Join(err, pl.m.unpinInner(namePolFragParts, fk))
-		} else {
-			err = errors.Join(err, fmt.Errorf("take the fragment table of ifindex %d out of %s again: %w", ifindex, namePolFragParts, derr))
+	errs := pl.m.putInners(
+		innerSet(namePolCTParts, keys, tables[1:]),
+		innerSet(namePolFragParts, []uint32{uint32(ifindex)}, tables[:1]))
+	if errs[0] != nil || errs[1] != nil {
+		// Which one failed names the map; the other's error, if any, too.
+		if errs[0] != nil {
+			return writeErr(pl.m.get(namePolCTParts), namePolCTParts, fmt.Sprintf("the flow tables of ifindex %d", ifindex), errors.Join(errs...))
 		}
-		return writeErr(outer, namePolCTParts, fmt.Sprintf("the flow tables of ifindex %d", ifindex), err)
+		return writeErr(pl.m.get(namePolFragParts), namePolFragParts, fmt.Sprintf("the fragment table of ifindex %d", ifindex), errs[1])
 	}
 	return nil
 }
 
-// putInners is putInner (ebpf.UpdateAny) for the two flow tables of an
-// interface at once: pinned, then put in one batched update, which waits
-// out one RCU grace period where two updates wait out two (ADD's cost,
-// BenchmarkPolicyFlowTables). A kernel without batches for maps of maps
-// gets one update each. When anything fails, nothing of keys stays: the
-// pins go, and so does each of their keys from the outer map (a batch, or the
+// innerTables are tables to put into one map of maps: keys is a slice of
+// its key type, inners the tables in the same order.
+type innerTables struct {
+	outer  string
+	keys   any
+	kbs    [][]byte // each key's bytes: its pin's name, the one-by-one update's key
+	inners []*ebpf.Map
+}
+
+// innerSet makes the innerTables of outer's keys and tables.
+func innerSet[K any](outer string, keys []K, inners []*ebpf.Map) innerTables {
+	s := innerTables{outer: outer, keys: keys, inners: inners}
+	for i := range keys {
+		s.kbs = append(s.kbs, keyBytes(keys[i]))
+	}
+	return s
+}
+
+// putInners is putInner (ebpf.UpdateAny) for the tables of an interface
+// at once, under one hold of the tables' lock: each set pinned, then put
+// in one batched update, which waits out one RCU grace period where an
+// update each waits out one each, and the sets' updates side by side
+// (each its own goroutine), whose grace periods the kernel serves
+// together (ADD's cost, BenchmarkPolicyFlowTables). A kernel without
+// batches for maps of maps gets one update each. It returns each set's
+// error in order. When any set fails, nothing of any set stays: the pins
+// go, and so does each of their keys from its outer map (a batch, or the
 // updates one by one, may have put the first table before the second
 // failed: left there, it was a table no pin names; an earlier interface's
 // table at a key was replaced by ours or its pin by our pin already).
-func (m *Maps) putInners(outerName string, keys []PolicyCTPartKey, inners []*ebpf.Map) (err error) {
+func (m *Maps) putInners(sets ...innerTables) (errs []error) {
+	errs = make([]error, len(sets))
 	unlock, err := innerLock(m.dir, true)
 	if err != nil {
-		return err
+		errs[0] = err
+		return errs
 	}
 	defer unlock()
-	if err := os.MkdirAll(innerDir(m.dir, outerName), 0o700); err != nil {
-		return fmt.Errorf("create the pin directory of %s's tables: %w", outerName, err)
+	// Opened here, before any change: a foreign pin panics in this
+	// goroutine, where the verb recovers it (maps.RecoverPin), not in one
+	// of the updates'.
+	outers := make([]*ebpf.Map, len(sets))
+	for si, s := range sets {
+		outers[si] = m.get(s.outer)
 	}
-	outer := m.get(outerName)
-	pins := make([]string, len(keys))
+	pins := make([][]string, len(sets))
 	defer func() {
-		if err == nil {
+		if errors.Join(errs...) == nil {
 			return
 		}
-		for i := range keys {
-			if pins[i] == "" {
-				continue // not reached: what was there stays
+		for si, s := range sets {
+			outer := outers[si]
+			for i, p := range pins[si] {
+				if p == "" {
+					continue // not reached: what was there stays
+				}
+				if derr := outer.Delete(s.kbs[i]); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
+					errs[si] = errors.Join(errs[si], fmt.Errorf("take %x out of %s again: %w", s.kbs[i], s.outer, derr))
+				}
+				os.Remove(p)
 			}
-			if derr := outer.Delete(&keys[i]); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
-				err = errors.Join(err, fmt.Errorf("take %x out of %s again: %w", keyBytes(keys[i]), outerName, derr))
-			}
-			os.Remove(pins[i])
 		}
 	}()
-	fds := make([]uint32, len(keys))
-	for i := range keys {
-		pins[i] = innerPin(m.dir, outerName, keyBytes(keys[i]))
-		if err := replacePin(inners[i], pins[i]); err != nil {
-			return err
+	for si, s := range sets {
+		if err := os.MkdirAll(innerDir(m.dir, s.outer), 0o700); err != nil {
+			errs[si] = fmt.Errorf("create the pin directory of %s's tables: %w", s.outer, err)
+			return errs
 		}
-		fds[i] = uint32(inners[i].FD())
+		pins[si] = make([]string, len(s.kbs))
+		for i := range s.kbs {
+			p := innerPin(m.dir, s.outer, s.kbs[i])
+			if err := replacePin(s.inners[i], p); err != nil {
+				errs[si] = err
+				return errs
+			}
+			pins[si][i] = p
+		}
 	}
-	_, err = outer.BatchUpdate(keys, fds, nil)
+	var wg sync.WaitGroup
+	for si := 1; si < len(sets); si++ {
+		wg.Go(func() { errs[si] = updateInners(outers[si], sets[si]) })
+	}
+	errs[0] = updateInners(outers[0], sets[0])
+	wg.Wait()
+	return errs
+}
+
+// updateInners puts s's tables, pinned, into outer, its outer map.
+func updateInners(outer *ebpf.Map, s innerTables) error {
+	fds := make([]uint32, len(s.inners))
+	for i, t := range s.inners {
+		fds[i] = uint32(t.FD())
+	}
+	_, err := outer.BatchUpdate(s.keys, fds, nil)
 	if errors.Is(err, ebpf.ErrNotSupported) {
 		err = nil
-		for i := range keys {
-			if err = outer.Update(&keys[i], inners[i], ebpf.UpdateAny); err != nil {
+		for i := range s.kbs {
+			if err = outer.Update(s.kbs[i], s.inners[i], ebpf.UpdateAny); err != nil {
 				break
 			}
 		}
@@ -251,14 +297,19 @@ func (pl Policy) FlowTables() ([]int, error) {
 // DeleteFlowTables drops the flow and fragment tables of ifindex,
 // if any (DEL; the agent's reconcile, for a veth gone without a DEL).
 func (pl Policy) DeleteFlowTables(ifindex int) error {
-	outer := pl.m.get(namePolCTParts)
+	outer, fragOuter := pl.m.get(namePolCTParts), pl.m.get(namePolFragParts) // a foreign pin panics here, in the verb's goroutine
+	// The fragment table's delete beside the flow tables': each waits out
+	// an RCU grace period, which the kernel serves to both together.
+	fragErr := make(chan error, 1)
+	go func() {
+		fk := uint32(ifindex)
+		if err := fragOuter.Delete(&fk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			fragErr <- fmt.Errorf("delete the fragment table of ifindex %d from %s: %w", ifindex, namePolFragParts, err)
+			return
+		}
+		fragErr <- pl.m.unpinInner(namePolFragParts, fk)
+	}()
 	var errs error
-	fk := uint32(ifindex)
-	if err := pl.m.get(namePolFragParts).Delete(&fk); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		errs = fmt.Errorf("delete the fragment table of ifindex %d from %s: %w", ifindex, namePolFragParts, err)
-	} else {
-		errs = pl.m.unpinInner(namePolFragParts, fk)
-	}
 	// The tables there, deleted in one batch: one RCU grace period where a
 	// delete each waits out one each (DEL's cost, BenchmarkPolicyFlowTables).
 	var keys []PolicyCTPartKey
@@ -284,7 +335,7 @@ func (pl Policy) DeleteFlowTables(ifindex int) error {
 	for _, o := range polCTOpeners {
 		errs = errors.Join(errs, pl.m.unpinInner(namePolCTParts, PolicyCTPartKey{Ifindex: uint32(ifindex), Opener: o}))
 	}
-	return errs
+	return errors.Join(<-fragErr, errs)
 }
 
 // eachPolicyFlowTable calls fn with every flow table (opened by its pin,
@@ -374,14 +425,12 @@ func (pl Policy) Enabled() (bool, error) {
 	return c.Flags&polCfgOn != 0, nil
 }
 
-// SetPending gives the interface its flow tables and makes it
-// pending in both directions (ADD, before the pod can send or receive
-// anything): only the node's traffic passes until the agent programs it.
-// It replaces any state and tables an earlier link of this ifindex left.
-func (pl Policy) SetPending(ifindex int) error {
-	if err := pl.AddFlowTables(ifindex); err != nil {
-		return err
-	}
+// MarkPending makes the interface pending in both directions (ADD, before
+// the pod can send or receive anything, once AddFlowTables gave it its
+// tables: ADD makes them while IPAM runs): only the node's traffic passes
+// until the agent programs it. It replaces any state an earlier link of
+// this ifindex left.
+func (pl Policy) MarkPending(ifindex int) error {
 	k := uint32(ifindex)
 	st := PolicyState{Mode: [2]uint8{PolicyPending, PolicyPending}}
 	if err := pl.m.get(namePolState).Put(&k, &st); err != nil {
@@ -492,7 +541,7 @@ type ProgrammedPolicy struct {
 // interface's state switches both directions to them, and the old sets are
 // deleted only after retireAfter, so a packet never meets a half-written or
 // half-deleted set. One writer per node (the agent); the plugin only marks
-// interfaces pending and forgets them (SetPending, DeleteOf).
+// interfaces pending and forgets them (AddFlowTables and MarkPending, DeleteOf).
 type PolicyWriter struct {
 	m  *Maps
 	mu sync.Mutex

@@ -51,7 +51,7 @@ func TestPolicyFlowTablesSized(t *testing.T) {
 	}
 	defer old.Close()
 	oldKey := PolicyCTPartKey{Ifindex: 7, Opener: uint32(DirEgress)}
-	if err := m.putInners(namePolCTParts, []PolicyCTPartKey{oldKey}, []*ebpf.Map{old}); err != nil {
+	if err := m.putInners(innerSet(namePolCTParts, []PolicyCTPartKey{oldKey}, []*ebpf.Map{old}))[0]; err != nil {
 		t.Fatalf("an older build's table of 128: %v", err)
 	}
 	if err := m.Policy().AddFlowTables(8); err != nil {

@@ -66,7 +66,7 @@ func TestPolicyWriter(t *testing.T) {
 		Egress:   policy.Rules{Isolated: true},
 		Policies: []string{"ns/a", "ns/b"},
 	}
-	must(t, m.Policy().SetPending(7))
+	must(t, setPending(m.Policy(), 7))
 	if p, ok, err := m.Policy().Read(7); err != nil || !ok || p.Mode != [2]string{"pending", "pending"} {
 		t.Fatalf("pending: %+v %v %v", p, ok, err)
 	}

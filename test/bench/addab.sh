@@ -12,7 +12,9 @@
 # and the IPAM plugin it execs (perf stat task-clock), which a loaded
 # 2-core machine shifts far less than wall time; then the medians, quartiles
 # and ratios to ptp of each. EBPF_CNI_TRACE lines go to trace-a.log and
-# trace-b.log in $WORK (default a temp dir).
+# trace-b.log in $WORK (default a temp dir). NETCONF adds keys to both
+# ebpf-cni builds' configuration, e.g. NETCONF='"networkPolicy":true'
+# (ptp's stays plain).
 set -u
 A=$1 B=$2 CNIBIN=$3 R=${4:-20}
 W=${WORK:-$(mktemp -d)}
@@ -25,7 +27,7 @@ run() { # build verb pod id
 	local b=$1 type=ebpf-cni extra
 	[ $b = ptp ] && type=ptp
 	extra=""
-	[ $type = ebpf-cni ] && extra="\"pinDir\":\"/sys/fs/bpf/addab-$b-$$\",\"stateDir\":\"$W/state-$b\","
+	[ $type = ebpf-cni ] && extra="\"pinDir\":\"/sys/fs/bpf/addab-$b-$$\",\"stateDir\":\"$W/state-$b\",${NETCONF:+$NETCONF,}"
 	local conf="{\"cniVersion\":\"1.0.0\",\"name\":\"addab-$b\",\"type\":\"$type\",$extra\"ipam\":{\"type\":\"host-local\",\"dataDir\":\"$W/ipam-$b\",\"ranges\":[[{\"subnet\":\"${SUB[$b]}\"}]]}}"
 	local t0 t1 cpu=()
 	[ -n "$PERF" ] && cpu=($PERF stat -x, -e task-clock -o $W/cpu.txt)

@@ -646,7 +646,10 @@ func (b *Bench) scale(ctx context.Context) error {
 	}
 	for _, idx := range local {
 		if idx >= 1_000_000 {
-			if err := b.m.Policy().SetPending(int(idx)); err != nil {
+			if err := b.m.Policy().AddFlowTables(int(idx)); err != nil {
+				return err
+			}
+			if err := b.m.Policy().MarkPending(int(idx)); err != nil {
 				return err
 			}
 		}
