@@ -586,7 +586,11 @@ func (a *Attachment) undoNetns(m *maps.Maps) error {
 		return nil
 	}
 	isOurs := func(idx int) bool { _, err := m.Links().Lookup(idx); return err == nil }
-	if otherAttachment(links, a.ID.IfName, a.Ifindex, isOurs) {
+	nodeNS := openNodeNetns()
+	if nodeNS != nil {
+		defer nodeNS.Close()
+	}
+	if otherAttachment(a.podNL, nodeNS, links, a.ID.IfName, a.Ifindex, isOurs) {
 		return nil
 	}
 	return m.Bandwidth().DeleteNetns(a.cookie)

@@ -530,14 +530,22 @@ func RecordedHostVeth(l netlink.Link, rec *state.Record, network string) bool {
 // PinNameOf is the host veth name the link pins of node link l are under:
 // the record's (under stateDir, any network) when l is the host veth it
 // names (RecordedHostVeth: an operator may have renamed it), else l's own.
-// A link under the host veth name its alias names is under its own: no
-// record is read (the agent asks on every link event of a host veth).
+// A link under the host veth name its alias names is under its own when
+// the record the alias names says it is that veth: that record alone is
+// read (the agent asks on every link event of a host veth). The alias is
+// anyone's to set: an operator who renamed pod 2's veth away and pod 1's to
+// pod 2's old name, with pod 2's alias, had pod 1's links pinned under pod
+// 2's name, where pod 2's move then replaced them and detached pod 1's
+// programs (attack30b, TestAttack30bMoveAliasSpoofSharesPins).
 func PinNameOf(stateDir string, l netlink.Link) string {
 	a := l.Attrs()
 	if rest, ok := strings.CutPrefix(a.Alias, aliasPrefix); ok {
 		if parts := strings.SplitN(rest, "/", 3); len(parts) == 3 && !strings.HasSuffix(parts[1], "...") &&
-			state.HostIfName(parts[1], parts[2]) == a.Name {
-			return a.Name
+			parts[0] != "" && parts[0] != "." && parts[0] != ".." && state.HostIfName(parts[1], parts[2]) == a.Name {
+			rec, err := state.Store{Root: stateDir, Network: parts[0]}.Read(parts[1], parts[2])
+			if err == nil && rec != nil && RecordedHostVeth(l, rec, parts[0]) {
+				return a.Name
+			}
 		}
 	}
 	nets, _ := state.Networks(stateDir)

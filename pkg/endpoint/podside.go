@@ -2,6 +2,8 @@ package endpoint
 
 import (
 	"net"
+	"os"
+	"runtime"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -40,6 +42,12 @@ func podSide(pinDir, netnsPath, ifname string, recCookie uint64, hostIfindex, ta
 		return recCookie, false, nil, nil // a DEL naming the node's netns: no pod's rules there
 	}
 	held = &netnsHold{netns: netns, release: lockNetns(pinDir, netns)}
+	nodeNS := openNodeNetns() // before entering the pod's
+	defer func() {
+		if nodeNS != nil {
+			nodeNS.Close()
+		}
+	}()
 	_ = netns.Do(func(ns.NetNS) error {
 		podNL = openRTNLOrEach()
 		// An ADD that recorded no cookie (no pacing, no SO_NETNS_COOKIE)
@@ -70,7 +78,7 @@ func podSide(pinDir, netnsPath, ifname string, recCookie uint64, hostIfindex, ta
 			deleteRules(podNL, table)
 		}
 		deleteCookie = cookie
-		if otherAttachment(links, ifname, hostIfindex, isOurs) {
+		if otherAttachment(podNL, nodeNS, links, ifname, hostIfindex, isOurs) {
 			deleteCookie = 0 // another attachment of the pod still uses it
 		}
 		return nil
@@ -80,17 +88,28 @@ func podSide(pinDir, netnsPath, ifname string, recCookie uint64, hostIfindex, ta
 
 // otherAttachment tells whether the pod's links hold another attachment of
 // the node's datapath than ifname's (its host veth hostIfindex): a veth
-// whose peer is in the node's netns (the netns of ifname's peer when found,
-// else any other than the pod's) at an ifindex of ours (isOurs). A veth
+// whose peer is in the node's netns at an ifindex of ours (isOurs). A veth
 // pair the pod made inside its own netns has its peer's index there, which
 // may be any node ifindex of ours (attack30: its peer at another pod's host
-// veth index kept the pod's netns entry past its last DEL).
-func otherAttachment(links []netlink.Link, ifname string, hostIfindex int, isOurs func(int) bool) bool {
-	node := -1 // the node's netns id in the pod's
-	for _, l := range links {
-		if a := l.Attrs(); hostIfindex != 0 && a.Name == ifname && a.ParentIndex == hostIfindex {
-			node = a.NetNsID
+// veth index kept the pod's netns entry past its last DEL). The node's
+// netns is known by the id the pod's netns gives it (nodeNetnsID, asked
+// through r, the pod's sockets, after the links were listed), not by the
+// interface being deleted, whose name and place are the pod's to change:
+// a pod that renamed its eth0 and put a veth's peer into a netns of its own
+// at another pod's host veth index kept its entry (attack30b). Only when
+// that id is unknown does the interface being deleted tell it (the netns
+// of its peer, else any other than the pod's).
+func otherAttachment(r *rtnl, nodeNS *os.File, links []netlink.Link, ifname string, hostIfindex int, isOurs func(int) bool) bool {
+	node, err := nodeNetnsID(r, nodeNS)
+	if err != nil {
+		node = -1
+		for _, l := range links {
+			if a := l.Attrs(); hostIfindex != 0 && a.Name == ifname && a.ParentIndex == hostIfindex {
+				node = a.NetNsID
+			}
 		}
+	} else if node < 0 {
+		return false // no link of the pod has its peer in the node's netns
 	}
 	for _, l := range links {
 		a := l.Attrs()
@@ -106,6 +125,32 @@ func otherAttachment(links []netlink.Link, ifname string, hostIfindex int, isOur
 		}
 	}
 	return false
+}
+
+// nodeNetnsID is the id the pod's netns (r's sockets) gives the node's
+// netns, node (openNodeNetns): -1 when it gives none, and then no link of
+// the pod has its peer there (listing the links gives one to each netns a
+// peer is in). No pod can set it: the id is set once, by a holder of the
+// node's netns.
+func nodeNetnsID(r *rtnl, node *os.File) (int, error) {
+	if node == nil {
+		return 0, os.ErrInvalid
+	}
+	return r.GetNetNsIdByFd(int(node.Fd()))
+}
+
+// openNodeNetns opens the plugin's own netns, the node's, from a thread
+// of its own (ns.Do moves only the thread it locks into a pod's netns, and
+// that may be the process's first, which /proc/self names). Called outside
+// any ns.Do; nil when it cannot be opened.
+func openNodeNetns() *os.File {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	f, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return nil
+	}
+	return f
 }
 
 // podSideLink finds the pod end of the host veth hostIfindex among links,
