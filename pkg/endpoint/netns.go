@@ -38,9 +38,12 @@ func OpenNetns(path string) (ns.NetNS, error) {
 }
 
 // isOwnNetns tells whether a netns fd is the plugin's own netns (the node's).
+// The calling thread's, not /proc/self's: that is the main thread's, which
+// may be the one another goroutine's ns.Do holds in a pod's netns. A
+// goroutine not locked to its thread runs on one in the node's netns.
 func isOwnNetns(fd int) bool {
 	var pod, self unix.Stat_t
-	return unix.Fstat(fd, &pod) == nil && unix.Stat("/proc/self/ns/net", &self) == nil &&
+	return unix.Fstat(fd, &pod) == nil && unix.Stat("/proc/thread-self/ns/net", &self) == nil &&
 		pod.Dev == self.Dev && pod.Ino == self.Ino
 }
 
