@@ -123,6 +123,36 @@ static __always_inline __u64 snat_time_left(__u32 flags, __u8 proto, __u64 seen_
 #define SNAT_F_ACKED FLOW_F_STREAM
 #define SNAT_LOW_WORD 0xffffffffULL
 
+/*
+ * A FIN of the peer's out of order (reordered): the tracking's end moves
+ * only with segments exactly in order, so a FIN arriving while a segment
+ * taken out of order left end behind did not count, and the flow kept its
+ * share of ports for its hour (masqrace30). Such a FIN, past end by at
+ * most SNAT_ACK_BOUND, waits on the forward entry (SNAT_F_PEER_FIN) with
+ * its end F in the low word of seen_ns (the high word stays the time:
+ * snat_fwd_seen reads it as late as it may be, so the entry never expires
+ * earlier; the reverse entry, which owns the timer, keeps its time). It
+ * counts when the pod acknowledges exactly F: the pod's TCP acknowledges F
+ * only once it received everything up to and with the FIN (a forged FIN at
+ * another number is answered with the pod's own next number, never F), and
+ * the pod cannot make a FIN of the peer's wait (its packets never reach
+ * the peer's path). SNAT_F_PEER_FIN_ACKS: that FIN also acknowledged
+ * exactly the end of the pod's waiting FIN (SNAT_F_FIN_WAIT), which then
+ * counts with it. A later such FIN takes the place of the waiting one; a
+ * SYN reopening the tuple forgets it. Forward TCP entries only: bits 9
+ * and 10 are free there (a reverse entry's are SNAT_F_PEER_END and
+ * SNAT_F_COUNTED).
+ */
+#define SNAT_F_PEER_FIN (1U << 9)
+#define SNAT_F_PEER_FIN_ACKS (1U << 10)
+
+/* The forward entry's last use for its expiry: while a FIN of the peer's
+ * waits, the latest time its seen_ns may stand for. */
+static __always_inline __u64 snat_fwd_seen(const struct snat_val *fv)
+{
+	return (fv->flags & SNAT_F_PEER_FIN) ? fv->seen_ns | SNAT_LOW_WORD : fv->seen_ns;
+}
+
 static __always_inline int snat_has_pod_end(__u32 fl)
 {
 	return (fl & SNAT_POD_END) == SNAT_POD_END;
@@ -497,6 +527,84 @@ static __noinline __s64 snat_fin_end(const struct snat_val *rv, const struct flo
 	return fv ? (__s64)(__u32)fv->created_ns : -1;
 }
 
+/*
+ * The peer's FIN f that the tracking did not count (snat_seq_peer: not in
+ * order) of the flow whose reverse entry is rv: when its end F (in the
+ * programs' scratch, which the tracking loaded) is past the peer's end by
+ * at most SNAT_ACK_BOUND (a segment taken out of order left end behind),
+ * it waits on the forward entry for the pod's ack of exactly F
+ * (SNAT_F_PEER_FIN, F in the low word of its seen_ns; snat_peer_fin_acked).
+ * Rare (a FIN out of order): the forward entry is looked up only then.
+ */
+static __noinline void snat_peer_fin_wait(const struct flow *f, struct snat_val *rv)
+{
+	struct tcp_seg *sp = tcp_seg_scratch();
+	__u32 fl = rv->flags;
+	struct snat_key k;
+
+	if (!sp || !(sp->flags & TCP_FLAG_FIN) || (sp->flags & (TCP_FLAG_RST | TCP_FLAG_SYN)) ||
+	    (fl & (SNAT_F_SEQ | SNAT_F_PEER_END)) != (SNAT_F_SEQ | SNAT_F_PEER_END) ||
+	    (fl & (FLOW_F_FIN_REPLY | FLOW_F_CLOSING | SNAT_F_UNSHARED)))
+		return;
+	__u32 e = sp->end;
+	if (e - snat_seq_of(rv)->end - 1 >= SNAT_ACK_BOUND)
+		return; /* not ahead of end, or too far */
+	snat_key_of(&k, SNAT_DIR_FWD, rv->addr, rv->port, f->saddr, f->sport, f->family, f->proto);
+	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &k);
+	if (!fv)
+		return;
+	/* It acknowledges the pod's waiting FIN (fin21's flows: its end is
+	 * the forward entry's low word). */
+	__u32 acks = (fl & SNAT_F_FIN_WAIT) && snat_has_ack(fl) && (sp->flags & TCP_FLAG_ACK) &&
+		     sp->ack == (__u32)fv->created_ns;
+	fv->seen_ns = (fv->seen_ns & ~SNAT_LOW_WORD) | e;
+	fv->flags = (fv->flags & ~SNAT_F_PEER_FIN_ACKS) | SNAT_F_PEER_FIN | (acks ? SNAT_F_PEER_FIN_ACKS : 0);
+}
+
+/*
+ * The pod's segment f of a flow whose forward entry fv holds a waiting FIN
+ * of the peer's (SNAT_F_PEER_FIN), fl its next state: an ACK of exactly
+ * the FIN's end counts the FIN (FLOW_F_FIN_REPLY, and FLOW_F_PEER_FIRST
+ * when the pod's FIN has not counted; with SNAT_F_PEER_FIN_ACKS the pod's
+ * waiting FIN too, A its end), and the peer's end is the FIN's (what the
+ * pod acknowledged it received). Any other segment leaves it waiting.
+ * Returns the state.
+ */
+static __noinline __u16 snat_peer_fin_acked(struct __sk_buff *skb, const struct flow *f, struct snat_val *fv, __u16 fl)
+{
+	void *data = tseq_data(skb);
+	void *data_end = tseq_data_end(skb);
+	__u32 off = f->l4off;
+	__u8 *t = data + (off & 0xff); /* bounded for the verifier, as flow_l4 */
+	__u32 pf = fv->flags, e = (__u32)fv->seen_ns;
+	struct snat_key k;
+
+	if ((f->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST | TCP_FLAG_ACK)) != TCP_FLAG_ACK || off > 0xff ||
+	    (void *)(t + 12) > data_end || bpf_ntohl(*(__be32 *)(t + 8)) != e)
+		return fl;
+	fv->flags = pf & ~(SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS);
+	snat_key_of(&k, SNAT_DIR_REV, fv->addr, fv->port, f->daddr, f->dport, f->family, f->proto);
+	struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
+	if (!rv || !(rv->flags & SNAT_F_SEQ) || (rv->flags & (SNAT_F_UNSHARED | FLOW_F_FIN_REPLY | FLOW_F_CLOSING)))
+		return fl;
+	struct snat_seq *q = snat_seq_of(rv);
+	__u32 rfl = rv->flags;
+
+	if (e - q->end - 1 < SNAT_ACK_BOUND)
+		q->end = e;
+	if ((pf & SNAT_F_PEER_FIN_ACKS) && (rfl & SNAT_F_FIN_WAIT) && snat_has_ack(rfl)) {
+		q->win = (__u32)fv->created_ns; /* A: the peer acknowledged the pod's FIN */
+		rv->flags = rfl & ~SNAT_F_FIN_WAIT;
+		fl |= FLOW_F_FIN_ORIG;
+	}
+	if (!(fl & FLOW_F_FIN_ORIG))
+		fl |= FLOW_F_PEER_FIRST;
+	fl |= FLOW_F_FIN_REPLY;
+	if ((fl & FLOW_F_FIN_BOTH) == FLOW_F_FIN_BOTH)
+		fl |= FLOW_F_CLOSING;
+	return fl;
+}
+
 /* -------------------------------------------------- shares and life cycle */
 
 static __always_inline void share_key_of(struct masq_share_key *k, const struct snat_key *rk, __u32 ifindex)
@@ -690,6 +798,17 @@ static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now,
 
 	v->flags = (v->flags & ~m) | (next & m);
 	v->seen_ns = now;
+}
+
+/* snat_note of a forward entry: a waiting FIN's end (SNAT_F_PEER_FIN)
+ * stays in the low word of seen_ns. */
+static __always_inline void snat_note_fwd(struct snat_val *v, __u16 next, __u64 now, __u8 proto)
+{
+	__u32 f = (__u32)v->seen_ns;
+
+	snat_note(v, next, now, proto);
+	if (v->flags & SNAT_F_PEER_FIN)
+		v->seen_ns = (now & ~SNAT_LOW_WORD) | f;
 }
 
 /*
@@ -1176,7 +1295,7 @@ static __noinline int masq_icmp_error_out(struct __sk_buff *skb, __u8 family, __
 	struct snat_key fk;
 	snat_key_of(&fk, SNAT_DIR_FWD, e.q.daddr, e.q.dport, e.q.saddr, e.q.sport, family, e.q.proto);
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
-	if (!fv || snat_expired(fv->flags, fk.proto, fv->seen_ns, bpf_ktime_get_ns()))
+	if (!fv || snat_expired(fv->flags, fk.proto, snat_fwd_seen(fv), bpf_ktime_get_ns()))
 		return MASQ_CONTINUE;
 	__u8 node[16];
 	__be16 port = fv->port;
@@ -1301,11 +1420,14 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 
 	snat_key_of(&k, SNAT_DIR_FWD, f->saddr, f->sport, f->daddr, f->dport, f->family, f->proto);
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &k);
-	if (!fv || fv->ifindex != ifindex || snat_expired(fv->flags, f->proto, fv->seen_ns, now) ||
+	if (!fv || fv->ifindex != ifindex || snat_expired(fv->flags, f->proto, snat_fwd_seen(fv), now) ||
 	    (snat_born(fv, f->proto) <= node_ips_gone() && !is_node_ip(fv->addr, f->family)))
 		return 0;
 	__u16 fl = snat_next(fv->flags, f, 0, fv->created_ns, now);
 
+	/* A FIN of the peer's waits for the pod's ack of its end. */
+	if (f->proto == IPPROTO_TCP && (fv->flags & SNAT_F_PEER_FIN))
+		fl = snat_peer_fin_acked(skb, f, fv, fl);
 	addr_copy(to->addr, fv->addr, f->family);
 	to->port = fv->port;
 	/* The pod's SYN always reaches the tracking: it re-seeds the flow
@@ -1330,19 +1452,19 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 				 * left as it is (a branch of its own: the verifier's
 				 * walk of what follows is not doubled). */
 				if (note) {
-					snat_note(fv, fl, now, f->proto);
+					snat_note_fwd(fv, fl, now, f->proto);
 					snat_note_rev(rv, &k, ifindex, fl, now);
 				}
 				return 1;
 			}
 		}
 		/* A SYN: a new flow on the tuple, kept no more (no branch). */
-		fv->flags &= ~(SNAT_F_KEPT * f->syn_only);
+		fv->flags &= ~((SNAT_F_KEPT | SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS) * f->syn_only);
 		/* The pod's FIN waits for the peer's ack (both entries). */
 		if (rv && f->proto == IPPROTO_TCP && (f->tcp_flags & TCP_FLAG_FIN))
 			fl = snat_fin_pod(skb, f, rv, fv, fl);
 		if (note)
-			snat_note(fv, fl, now, f->proto);
+			snat_note_fwd(fv, fl, now, f->proto);
 		if (rv) {
 			if (note)
 				snat_note_rev(rv, &k, ifindex, fl, now);
@@ -1490,6 +1612,9 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 		}
 	} else if (f.proto == IPPROTO_TCP) {
 		counts = snat_seq_peer(skb, &f, rv);
+		/* A FIN out of order waits for the pod's ack of its end. */
+		if (!counts && (f.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) == TCP_FLAG_FIN)
+			snat_peer_fin_wait(&f, rv);
 	}
 	__u16 fl = snat_next(rv->flags, &f, 1, rv->created_ns, now);
 	if (counts && (fl != cur || now - rv->seen_ns > NSEC)) {
@@ -1498,7 +1623,7 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 		snat_key_of(&fk, SNAT_DIR_FWD, pod, pod_port, f.saddr, f.sport, family, f.proto);
 		struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
 		if (fv)
-			snat_note(fv, fl, now, f.proto);
+			snat_note_fwd(fv, fl, now, f.proto);
 	}
 
 	if (pkt_rewrite(skb, &f, 0, pod, pod_port)) {
