@@ -124,6 +124,45 @@ static __always_inline __u64 snat_time_left(__u32 flags, __u8 proto, __u64 seen_
 #define SNAT_LOW_WORD 0xffffffffULL
 
 /*
+ * Flags written from both CPUs (masqrace30): the pod's path and the peer's
+ * read an entry's flags, work (the tracking reads the packet), and wrote
+ * back a copy, which lost a bit the other CPU set meanwhile (the pod's
+ * SNAT_F_FIN_WAIT under the peer's tracking: its FIN never counted and the
+ * flow kept its share; TestMasqFlagsTwoCPUs, tag review_repro). Each writer
+ * now applies only what it changed: the bits set, the bits cleared. In the
+ * full build (bpf_timer: 5.15) with BPF atomic or/and (5.12) on the 8
+ * bytes at offset 16 (port, flags, ifindex: only flags change after the
+ * insert; the 64-bit form, which clang emits at the objects' default
+ * -mcpu); the compat build (5.10: no atomic or/and) with one read and
+ * write of the current flags, a window of a few instructions instead of
+ * the tracking's. v is the entry (struct snat_val or its head).
+ */
+_Static_assert(offsetof(struct snat_val, port) == 16 && offsetof(struct snat_val, flags) == 18 &&
+		       offsetof(struct snat_val, ifindex) == 20,
+	       "port, flags and ifindex share the 8 bytes at offset 16");
+static __always_inline void snat_flags_apply(void *v, __u16 set, __u16 clr)
+{
+#ifndef EBPF_CNI_COMPAT
+	__u64 *w = (__u64 *)((char *)v + 16);
+
+	if (set)
+		__sync_fetch_and_or(w, (__u64)set << 16);
+	if (clr)
+		__sync_fetch_and_and(w, ~((__u64)clr << 16));
+#else
+	__u16 *fl = (__u16 *)((char *)v + 18);
+
+	*fl = (*fl | set) & ~clr;
+#endif
+}
+
+/* snat_flags_apply of the change from before (what the caller read) to after. */
+static __always_inline void snat_flags_write(void *v, __u16 before, __u16 after)
+{
+	snat_flags_apply(v, after & ~before, before & ~after);
+}
+
+/*
  * A FIN of the peer's out of order (reordered): the tracking's end moves
  * only with segments exactly in order, so a FIN arriving while a segment
  * taken out of order left end behind did not count, and the flow kept its
@@ -248,7 +287,10 @@ static __noinline void snat_pod_end(struct __sk_buff *skb, const struct flow *f,
 	__s32 d = (__s32)(sp->end - h);
 
 	if ((fl & SNAT_F_FIN_WAIT) && !(sp->flags & TCP_FLAG_FIN) && d >= 0)
-		rv->flags = fl &= ~SNAT_F_FIN_WAIT;
+	{
+		fl &= ~SNAT_F_FIN_WAIT;
+		snat_flags_apply(rv, 0, SNAT_F_FIN_WAIT);
+	}
 	if (!snat_has_ack(fl)) {
 		if (d > 0)
 			q->win = sp->end;
@@ -262,18 +304,19 @@ static __noinline void snat_pod_end(struct __sk_buff *skb, const struct flow *f,
 
 /* snat_seq_pod's SYN, tracked (its state fl): the flow is fin21's. Out of
  * line: snat_alloc's frame is at the bottom of to_uplink's deepest chain. */
-static __noinline void snat_seq_syn(struct snat_val *rv, __u32 fl, struct snat_val *fv)
+static __noinline void snat_seq_syn(struct snat_val *rv, __u32 b, __u32 fl, struct snat_val *fv)
 {
 	struct tcp_seg *sp = tcp_seg_scratch();
 
-	rv->flags = fl;
-	if (!sp)
+	if (!sp) {
+		snat_flags_write(rv, b, fl);
 		return;
-	rv->flags = fl | SNAT_POD_END | SNAT_F_ACKED;
+	}
+	snat_flags_write(rv, b, fl | SNAT_POD_END | SNAT_F_ACKED);
 	snat_seq_of(rv)->win = sp->end;
 	if (fv) {
 		fv->created_ns = snat_stamp(fv->created_ns, !(fv->flags & SNAT_F_ACKED), sp->end);
-		fv->flags |= SNAT_F_ACKED;
+		snat_flags_apply(fv, SNAT_F_ACKED, 0);
 	}
 }
 
@@ -289,7 +332,7 @@ static __noinline void snat_seq_syn(struct snat_val *rv, __u32 fl, struct snat_v
 static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv,
 					 struct snat_val *fv)
 {
-	__u32 fl = rv->flags;
+	__u32 fl = rv->flags, b = fl;
 	struct snat_seq *q = snat_seq_of(rv);
 
 	if (f->syn_only) {
@@ -307,7 +350,7 @@ static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flo
 			tcp_seq_local(skb, f, &t, &fl, 8, tcp_seg_scratch());
 			if (t.end != e)
 				q->end = t.end;
-			rv->flags = fl | SNAT_POD_END;
+			snat_flags_write(rv, b, fl | SNAT_POD_END);
 		}
 		snat_pod_end(skb, f, rv, fv);
 		return;
@@ -316,9 +359,9 @@ static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flo
 	}
 	tcp_seq_local(skb, f, q, &fl, 8, tcp_seg_scratch());
 	if (f->syn_only && (fl & SNAT_F_SEQ))
-		snat_seq_syn(rv, fl, fv);
+		snat_seq_syn(rv, b, fl, fv);
 	else
-		rv->flags = fl;
+		snat_flags_write(rv, b, fl);
 }
 
 /*
@@ -359,11 +402,11 @@ static __noinline __u32 snat_fin_pod(struct __sk_buff *skb, const struct flow *f
 			h = a;
 		if (o <= SNAT_ACK_BOUND && (o > h - a || (o == h - a && (v & SNAT_F_FIN_WAIT)))) {
 			fv->created_ns = (c & ~SNAT_LOW_WORD) | sp->end;
-			rv->flags = v | SNAT_F_FIN_WAIT;
+			snat_flags_apply(rv, SNAT_F_FIN_WAIT, 0);
 		}
 	} else if (!snat_has_pod_end(v) || d > 0 || (d == 0 && (v & SNAT_F_FIN_WAIT))) {
 		q->win = sp->end;
-		rv->flags = v | SNAT_F_FIN_WAIT;
+		snat_flags_apply(rv, SNAT_F_FIN_WAIT, 0);
 	}
 	return (fl & ~(FLOW_F_FIN_ORIG | FLOW_F_CLOSING)) | (cur & FLOW_F_CLOSING);
 }
@@ -391,7 +434,7 @@ static __noinline int snat_seq_peer_fin(struct __sk_buff *skb, const struct flow
 {
 	struct tcp_seg *sp = tcp_seg_scratch();
 	struct snat_seq *q = snat_seq_of(rv);
-	__u32 fl = rv->flags;
+	__u32 fl = rv->flags, b = fl;
 	__u32 pe = fl & SNAT_POD_END;
 	int acked = snat_has_ack(fl);
 	struct snat_seq t = { .end = q->end, .win = snat_has_pod_end(fl) ? SNAT_SEQ_BOUND : 0 };
@@ -419,7 +462,7 @@ static __noinline int snat_seq_peer_fin(struct __sk_buff *skb, const struct flow
 			t.win = 0; /* a flow before fin20's: the window again */
 	}
 	*q = t;
-	rv->flags = pe == SNAT_POD_END ? fl | SNAT_POD_END : fl;
+	snat_flags_write(rv, b, pe == SNAT_POD_END ? fl | SNAT_POD_END : fl);
 	return r ? 1 : 0;
 }
 
@@ -428,7 +471,7 @@ static __noinline int snat_seq_peer_fin(struct __sk_buff *skb, const struct flow
  * starts with the pod's SYN only (the masquerade opens no flow for a peer). */
 static __always_inline int snat_seq_peer(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
 {
-	__u32 fl = rv->flags;
+	__u32 fl = rv->flags, b = fl;
 	int r;
 
 	if (!(fl & SNAT_F_SEQ))
@@ -450,11 +493,11 @@ static __always_inline int snat_seq_peer(struct __sk_buff *skb, const struct flo
 		r = tcp_seq_remote(skb, f, &t, &fl, 8, NULL);
 		if (t.end != e)
 			q->end = t.end;
-		rv->flags = fl | SNAT_POD_END;
+		snat_flags_write(rv, b, fl | SNAT_POD_END);
 		return r;
 	}
 	r = tcp_seq_remote(skb, f, snat_seq_of(rv), &fl, 8, NULL);
-	rv->flags = fl;
+	snat_flags_write(rv, b, fl);
 	return r;
 }
 
@@ -558,7 +601,7 @@ static __noinline void snat_peer_fin_wait(const struct flow *f, struct snat_val 
 	__u32 acks = (fl & SNAT_F_FIN_WAIT) && snat_has_ack(fl) && (sp->flags & TCP_FLAG_ACK) &&
 		     sp->ack == (__u32)fv->created_ns;
 	fv->seen_ns = (fv->seen_ns & ~SNAT_LOW_WORD) | e;
-	fv->flags = (fv->flags & ~SNAT_F_PEER_FIN_ACKS) | SNAT_F_PEER_FIN | (acks ? SNAT_F_PEER_FIN_ACKS : 0);
+	snat_flags_apply(fv, SNAT_F_PEER_FIN | (acks ? SNAT_F_PEER_FIN_ACKS : 0), acks ? 0 : SNAT_F_PEER_FIN_ACKS);
 }
 
 /*
@@ -582,7 +625,7 @@ static __noinline __u16 snat_peer_fin_acked(struct __sk_buff *skb, const struct 
 	if ((f->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST | TCP_FLAG_ACK)) != TCP_FLAG_ACK || off > 0xff ||
 	    (void *)(t + 12) > data_end || bpf_ntohl(*(__be32 *)(t + 8)) != e)
 		return fl;
-	fv->flags = pf & ~(SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS);
+	snat_flags_apply(fv, 0, SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS);
 	snat_key_of(&k, SNAT_DIR_REV, fv->addr, fv->port, f->daddr, f->dport, f->family, f->proto);
 	struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
 	if (!rv || !(rv->flags & SNAT_F_SEQ) || (rv->flags & (SNAT_F_UNSHARED | FLOW_F_FIN_REPLY | FLOW_F_CLOSING)))
@@ -594,7 +637,7 @@ static __noinline __u16 snat_peer_fin_acked(struct __sk_buff *skb, const struct 
 		q->end = e;
 	if ((pf & SNAT_F_PEER_FIN_ACKS) && (rfl & SNAT_F_FIN_WAIT) && snat_has_ack(rfl)) {
 		q->win = (__u32)fv->created_ns; /* A: the peer acknowledged the pod's FIN */
-		rv->flags = rfl & ~SNAT_F_FIN_WAIT;
+		snat_flags_apply(rv, 0, SNAT_F_FIN_WAIT);
 		fl |= FLOW_F_FIN_ORIG;
 	}
 	if (!(fl & FLOW_F_FIN_ORIG))
@@ -792,21 +835,23 @@ static __always_inline void snat_arm(struct snat_val *v, __u64 ns) {}
  * flow's: the others are the entry's own (tcpseq.h), and so is a TCP
  * entry's FLOW_F_STREAM (SNAT_F_ACKED on a reverse one; a SYN's flow_next
  * clears it, a forward entry has none). */
-static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now, __u8 proto)
+static __always_inline void snat_note(struct snat_val *v, __u16 base, __u16 next, __u64 now, __u8 proto)
 {
 	__u16 m = proto == IPPROTO_TCP ? SNAT_STATE_MASK & ~FLOW_F_STREAM : SNAT_STATE_MASK;
 
-	v->flags = (v->flags & ~m) | (next & m);
+	/* Only the state bits this packet changed from base, the state the
+	 * caller read (snat_flags_write): another CPU's change meanwhile stays. */
+	snat_flags_write(v, base & m, next & m);
 	v->seen_ns = now;
 }
 
 /* snat_note of a forward entry: a waiting FIN's end (SNAT_F_PEER_FIN)
  * stays in the low word of seen_ns. */
-static __always_inline void snat_note_fwd(struct snat_val *v, __u16 next, __u64 now, __u8 proto)
+static __always_inline void snat_note_fwd(struct snat_val *v, __u16 base, __u16 next, __u64 now, __u8 proto)
 {
 	__u32 f = (__u32)v->seen_ns;
 
-	snat_note(v, next, now, proto);
+	snat_note(v, base, next, now, proto);
 	if (v->flags & SNAT_F_PEER_FIN)
 		v->seen_ns = (now & ~SNAT_LOW_WORD) | f;
 }
@@ -868,12 +913,12 @@ SHARE_LINKAGE __noinline int snat_kept(const struct snat_val_head *rv, const str
 	return fv && (fv->flags & SNAT_F_KEPT);
 }
 
-static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat_key *rk, __u32 ifindex, __u16 next,
-					  __u64 now)
+static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat_key *rk, __u32 ifindex, __u16 base,
+					  __u16 next, __u64 now)
 {
 	__u16 cur = rv->flags;
 
-	snat_note(rv, next, now, rk->proto);
+	snat_note(rv, base, next, now, rk->proto);
 	if ((next & FLOW_F_CLOSING) && !(cur & FLOW_F_CLOSING))
 		snat_arm(rv, (next & FLOW_F_PEER_FIRST) ? MASQ_TIME_WAIT : FLOW_TIMEOUT_CLOSING);
 	/* A FIN each way only: the pod's own RST is trusted for the flow's
@@ -882,10 +927,10 @@ static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat
 	 * until it goes (its port, free of TIME_WAIT, is the pod's to recycle). */
 	__u16 fl = rv->flags;
 	if ((fl & FLOW_F_FIN_BOTH) == FLOW_F_FIN_BOTH && !(fl & SNAT_F_UNSHARED) && !snat_kept(SNAT_HEAD(rv), rk)) {
-		rv->flags = fl | SNAT_F_UNSHARED;
+		snat_flags_apply(rv, SNAT_F_UNSHARED, 0);
 		share_release(rk, ifindex);
 	} else if (!(fl & FLOW_F_CLOSING) && (fl & SNAT_F_UNSHARED)) {
-		rv->flags = fl & ~SNAT_F_UNSHARED;
+		snat_flags_apply(rv, 0, SNAT_F_UNSHARED);
 		__u32 *n = share_of(rk, ifindex);
 		if (n)
 			__sync_fetch_and_add(n, 1);
@@ -952,12 +997,12 @@ SHARE_LINKAGE __noinline int snat_share_back(struct __sk_buff *skb, const struct
 		return 0; /* a new flow: snat_note_rev counts it (its state cleared) */
 	if (share)
 		__sync_fetch_and_add(share, 1);
-	rv->flags &= ~SNAT_F_UNSHARED;
+	snat_flags_apply(rv, 0, SNAT_F_UNSHARED);
 	struct snat_key fk;
 	snat_key_of(&fk, SNAT_DIR_FWD, rv->addr, rv->port, rk->peer_addr, rk->peer_port, rk->family, rk->proto);
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
 	if (fv)
-		fv->flags |= SNAT_F_KEPT;
+		snat_flags_apply(fv, SNAT_F_KEPT, 0);
 	return 0;
 }
 
@@ -1423,7 +1468,8 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 	if (!fv || fv->ifindex != ifindex || snat_expired(fv->flags, f->proto, snat_fwd_seen(fv), now) ||
 	    (snat_born(fv, f->proto) <= node_ips_gone() && !is_node_ip(fv->addr, f->family)))
 		return 0;
-	__u16 fl = snat_next(fv->flags, f, 0, fv->created_ns, now);
+	__u16 fcur = fv->flags;
+	__u16 fl = snat_next(fcur, f, 0, fv->created_ns, now);
 
 	/* A FIN of the peer's waits for the pod's ack of its end. */
 	if (f->proto == IPPROTO_TCP && (fv->flags & SNAT_F_PEER_FIN))
@@ -1440,6 +1486,7 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 	if (note || seg) {
 		snat_key_of(&k, SNAT_DIR_REV, to->addr, to->port, f->daddr, f->dport, f->family, f->proto);
 		struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
+		__u16 rcur = rv ? rv->flags : 0;
 		/* A released flow: its payload takes the share back or is
 		 * dropped, its SYN is judged as a new flow's (share25); its
 		 * tracking stays as it is but for a SYN (a new flow). */
@@ -1452,22 +1499,23 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 				 * left as it is (a branch of its own: the verifier's
 				 * walk of what follows is not doubled). */
 				if (note) {
-					snat_note_fwd(fv, fl, now, f->proto);
-					snat_note_rev(rv, &k, ifindex, fl, now);
+					snat_note_fwd(fv, fcur, fl, now, f->proto);
+					snat_note_rev(rv, &k, ifindex, rcur, fl, now);
 				}
 				return 1;
 			}
 		}
 		/* A SYN: a new flow on the tuple, kept no more (no branch). */
-		fv->flags &= ~((SNAT_F_KEPT | SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS) * f->syn_only);
+		if (f->syn_only)
+			snat_flags_apply(fv, 0, SNAT_F_KEPT | SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS);
 		/* The pod's FIN waits for the peer's ack (both entries). */
 		if (rv && f->proto == IPPROTO_TCP && (f->tcp_flags & TCP_FLAG_FIN))
 			fl = snat_fin_pod(skb, f, rv, fv, fl);
 		if (note)
-			snat_note_fwd(fv, fl, now, f->proto);
+			snat_note_fwd(fv, fcur, fl, now, f->proto);
 		if (rv) {
 			if (note)
-				snat_note_rev(rv, &k, ifindex, fl, now);
+				snat_note_rev(rv, &k, ifindex, rcur, fl, now);
 			if (f->proto == IPPROTO_TCP && note)
 				snat_seq_pod(skb, f, rv, fv);
 			else if (f->proto == IPPROTO_TCP)
@@ -1616,14 +1664,15 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 		if (!counts && (f.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) == TCP_FLAG_FIN)
 			snat_peer_fin_wait(&f, rv);
 	}
-	__u16 fl = snat_next(rv->flags, &f, 1, rv->created_ns, now);
+	__u16 base = rv->flags;
+	__u16 fl = snat_next(base, &f, 1, rv->created_ns, now);
 	if (counts && (fl != cur || now - rv->seen_ns > NSEC)) {
-		snat_note_rev(rv, &rk, ifindex, fl, now);
+		snat_note_rev(rv, &rk, ifindex, base, fl, now);
 		struct snat_key fk;
 		snat_key_of(&fk, SNAT_DIR_FWD, pod, pod_port, f.saddr, f.sport, family, f.proto);
 		struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
 		if (fv)
-			snat_note_fwd(fv, fl, now, f.proto);
+			snat_note_fwd(fv, base, fl, now, f.proto);
 	}
 
 	if (pkt_rewrite(skb, &f, 0, pod, pod_port)) {
