@@ -845,13 +845,16 @@ static __always_inline void snat_note(struct snat_val *v, __u16 base, __u16 next
 	v->seen_ns = now;
 }
 
-/* snat_note of a forward entry: a waiting FIN's end (SNAT_F_PEER_FIN)
- * stays in the low word of seen_ns. */
-static __always_inline void snat_note_fwd(struct snat_val *v, __u16 base, __u16 next, __u64 now, __u8 proto)
+/* snat_note of a forward entry: its state becomes next's (the reverse
+ * entry, which owns the flow, keeps what another CPU changed; this one
+ * mirrors it), its own bits stay (SNAT_F_KEPT, SNAT_F_PEER_FIN: atomics),
+ * and a waiting FIN's end (SNAT_F_PEER_FIN) stays in the low word of
+ * seen_ns. */
+static __always_inline void snat_note_fwd(struct snat_val *v, __u16 next, __u64 now, __u8 proto)
 {
 	__u32 f = (__u32)v->seen_ns;
 
-	snat_note(v, base, next, now, proto);
+	snat_note(v, v->flags, next, now, proto);
 	if (v->flags & SNAT_F_PEER_FIN)
 		v->seen_ns = (now & ~SNAT_LOW_WORD) | f;
 }
@@ -1499,7 +1502,7 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 				 * left as it is (a branch of its own: the verifier's
 				 * walk of what follows is not doubled). */
 				if (note) {
-					snat_note_fwd(fv, fcur, fl, now, f->proto);
+					snat_note_fwd(fv, fl, now, f->proto);
 					snat_note_rev(rv, &k, ifindex, rcur, fl, now);
 				}
 				return 1;
@@ -1512,7 +1515,7 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 		if (rv && f->proto == IPPROTO_TCP && (f->tcp_flags & TCP_FLAG_FIN))
 			fl = snat_fin_pod(skb, f, rv, fv, fl);
 		if (note)
-			snat_note_fwd(fv, fcur, fl, now, f->proto);
+			snat_note_fwd(fv, fl, now, f->proto);
 		if (rv) {
 			if (note)
 				snat_note_rev(rv, &k, ifindex, rcur, fl, now);
@@ -1672,7 +1675,7 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 		snat_key_of(&fk, SNAT_DIR_FWD, pod, pod_port, f.saddr, f.sport, family, f.proto);
 		struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
 		if (fv)
-			snat_note_fwd(fv, base, fl, now, f.proto);
+			snat_note_fwd(fv, fl, now, f.proto);
 	}
 
 	if (pkt_rewrite(skb, &f, 0, pod, pod_port)) {
