@@ -123,6 +123,75 @@ static __always_inline __u64 snat_time_left(__u32 flags, __u8 proto, __u64 seen_
 #define SNAT_F_ACKED FLOW_F_STREAM
 #define SNAT_LOW_WORD 0xffffffffULL
 
+/*
+ * Flags written from both CPUs (masqrace30): the pod's path and the peer's
+ * read an entry's flags, work (the tracking reads the packet), and wrote
+ * back a copy, which lost a bit the other CPU set meanwhile (the pod's
+ * SNAT_F_FIN_WAIT under the peer's tracking: its FIN never counted and the
+ * flow kept its share; TestMasqFlagsTwoCPUs, tag review_repro). Each writer
+ * now applies only what it changed: the bits set, the bits cleared. In the
+ * full build (bpf_timer: 5.15) with BPF atomic or/and (5.12) on the 8
+ * bytes at offset 16 (port, flags, ifindex: only flags change after the
+ * insert; the 64-bit form, which clang emits at the objects' default
+ * -mcpu); the compat build (5.10: no atomic or/and) with one read and
+ * write of the current flags, a window of a few instructions instead of
+ * the tracking's. v is the entry (struct snat_val or its head).
+ */
+_Static_assert(offsetof(struct snat_val, port) == 16 && offsetof(struct snat_val, flags) == 18 &&
+		       offsetof(struct snat_val, ifindex) == 20,
+	       "port, flags and ifindex share the 8 bytes at offset 16");
+static __always_inline void snat_flags_apply(void *v, __u16 set, __u16 clr)
+{
+#ifndef EBPF_CNI_COMPAT
+	__u64 *w = (__u64 *)((char *)v + 16);
+
+	if (set)
+		__sync_fetch_and_or(w, (__u64)set << 16);
+	if (clr)
+		__sync_fetch_and_and(w, ~((__u64)clr << 16));
+#else
+	__u16 *fl = (__u16 *)((char *)v + 18);
+
+	*fl = (*fl | set) & ~clr;
+#endif
+}
+
+/* snat_flags_apply of the change from before (what the caller read) to after. */
+static __always_inline void snat_flags_write(void *v, __u16 before, __u16 after)
+{
+	snat_flags_apply(v, after & ~before, before & ~after);
+}
+
+/*
+ * A FIN of the peer's out of order (reordered): the tracking's end moves
+ * only with segments exactly in order, so a FIN arriving while a segment
+ * taken out of order left end behind did not count, and the flow kept its
+ * share of ports for its hour (masqrace30). Such a FIN, past end by at
+ * most SNAT_ACK_BOUND, waits on the forward entry (SNAT_F_PEER_FIN) with
+ * its end F in the low word of seen_ns (the high word stays the time:
+ * snat_fwd_seen reads it as late as it may be, so the entry never expires
+ * earlier; the reverse entry, which owns the timer, keeps its time). It
+ * counts when the pod acknowledges exactly F: the pod's TCP acknowledges F
+ * only once it received everything up to and with the FIN (a forged FIN at
+ * another number is answered with the pod's own next number, never F), and
+ * the pod cannot make a FIN of the peer's wait (its packets never reach
+ * the peer's path). SNAT_F_PEER_FIN_ACKS: that FIN also acknowledged
+ * exactly the end of the pod's waiting FIN (SNAT_F_FIN_WAIT), which then
+ * counts with it. A later such FIN takes the place of the waiting one; a
+ * SYN reopening the tuple forgets it. Forward TCP entries only: bits 9
+ * and 10 are free there (a reverse entry's are SNAT_F_PEER_END and
+ * SNAT_F_COUNTED).
+ */
+#define SNAT_F_PEER_FIN (1U << 9)
+#define SNAT_F_PEER_FIN_ACKS (1U << 10)
+
+/* The forward entry's last use for its expiry: while a FIN of the peer's
+ * waits, the latest time its seen_ns may stand for. */
+static __always_inline __u64 snat_fwd_seen(const struct snat_val *fv)
+{
+	return (fv->flags & SNAT_F_PEER_FIN) ? fv->seen_ns | SNAT_LOW_WORD : fv->seen_ns;
+}
+
 static __always_inline int snat_has_pod_end(__u32 fl)
 {
 	return (fl & SNAT_POD_END) == SNAT_POD_END;
@@ -218,7 +287,10 @@ static __noinline void snat_pod_end(struct __sk_buff *skb, const struct flow *f,
 	__s32 d = (__s32)(sp->end - h);
 
 	if ((fl & SNAT_F_FIN_WAIT) && !(sp->flags & TCP_FLAG_FIN) && d >= 0)
-		rv->flags = fl &= ~SNAT_F_FIN_WAIT;
+	{
+		fl &= ~SNAT_F_FIN_WAIT;
+		snat_flags_apply(rv, 0, SNAT_F_FIN_WAIT);
+	}
 	if (!snat_has_ack(fl)) {
 		if (d > 0)
 			q->win = sp->end;
@@ -232,18 +304,19 @@ static __noinline void snat_pod_end(struct __sk_buff *skb, const struct flow *f,
 
 /* snat_seq_pod's SYN, tracked (its state fl): the flow is fin21's. Out of
  * line: snat_alloc's frame is at the bottom of to_uplink's deepest chain. */
-static __noinline void snat_seq_syn(struct snat_val *rv, __u32 fl, struct snat_val *fv)
+static __noinline void snat_seq_syn(struct snat_val *rv, __u32 b, __u32 fl, struct snat_val *fv)
 {
 	struct tcp_seg *sp = tcp_seg_scratch();
 
-	rv->flags = fl;
-	if (!sp)
+	if (!sp) {
+		snat_flags_write(rv, b, fl);
 		return;
-	rv->flags = fl | SNAT_POD_END | SNAT_F_ACKED;
+	}
+	snat_flags_write(rv, b, fl | SNAT_POD_END | SNAT_F_ACKED);
 	snat_seq_of(rv)->win = sp->end;
 	if (fv) {
 		fv->created_ns = snat_stamp(fv->created_ns, !(fv->flags & SNAT_F_ACKED), sp->end);
-		fv->flags |= SNAT_F_ACKED;
+		snat_flags_apply(fv, SNAT_F_ACKED, 0);
 	}
 }
 
@@ -259,7 +332,7 @@ static __noinline void snat_seq_syn(struct snat_val *rv, __u32 fl, struct snat_v
 static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv,
 					 struct snat_val *fv)
 {
-	__u32 fl = rv->flags;
+	__u32 fl = rv->flags, b = fl;
 	struct snat_seq *q = snat_seq_of(rv);
 
 	if (f->syn_only) {
@@ -277,7 +350,7 @@ static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flo
 			tcp_seq_local(skb, f, &t, &fl, 8, tcp_seg_scratch());
 			if (t.end != e)
 				q->end = t.end;
-			rv->flags = fl | SNAT_POD_END;
+			snat_flags_write(rv, b, fl | SNAT_POD_END);
 		}
 		snat_pod_end(skb, f, rv, fv);
 		return;
@@ -286,9 +359,9 @@ static __always_inline void snat_seq_pod(struct __sk_buff *skb, const struct flo
 	}
 	tcp_seq_local(skb, f, q, &fl, 8, tcp_seg_scratch());
 	if (f->syn_only && (fl & SNAT_F_SEQ))
-		snat_seq_syn(rv, fl, fv);
+		snat_seq_syn(rv, b, fl, fv);
 	else
-		rv->flags = fl;
+		snat_flags_write(rv, b, fl);
 }
 
 /*
@@ -329,11 +402,11 @@ static __noinline __u32 snat_fin_pod(struct __sk_buff *skb, const struct flow *f
 			h = a;
 		if (o <= SNAT_ACK_BOUND && (o > h - a || (o == h - a && (v & SNAT_F_FIN_WAIT)))) {
 			fv->created_ns = (c & ~SNAT_LOW_WORD) | sp->end;
-			rv->flags = v | SNAT_F_FIN_WAIT;
+			snat_flags_apply(rv, SNAT_F_FIN_WAIT, 0);
 		}
 	} else if (!snat_has_pod_end(v) || d > 0 || (d == 0 && (v & SNAT_F_FIN_WAIT))) {
 		q->win = sp->end;
-		rv->flags = v | SNAT_F_FIN_WAIT;
+		snat_flags_apply(rv, SNAT_F_FIN_WAIT, 0);
 	}
 	return (fl & ~(FLOW_F_FIN_ORIG | FLOW_F_CLOSING)) | (cur & FLOW_F_CLOSING);
 }
@@ -361,7 +434,7 @@ static __noinline int snat_seq_peer_fin(struct __sk_buff *skb, const struct flow
 {
 	struct tcp_seg *sp = tcp_seg_scratch();
 	struct snat_seq *q = snat_seq_of(rv);
-	__u32 fl = rv->flags;
+	__u32 fl = rv->flags, b = fl;
 	__u32 pe = fl & SNAT_POD_END;
 	int acked = snat_has_ack(fl);
 	struct snat_seq t = { .end = q->end, .win = snat_has_pod_end(fl) ? SNAT_SEQ_BOUND : 0 };
@@ -389,7 +462,7 @@ static __noinline int snat_seq_peer_fin(struct __sk_buff *skb, const struct flow
 			t.win = 0; /* a flow before fin20's: the window again */
 	}
 	*q = t;
-	rv->flags = pe == SNAT_POD_END ? fl | SNAT_POD_END : fl;
+	snat_flags_write(rv, b, pe == SNAT_POD_END ? fl | SNAT_POD_END : fl);
 	return r ? 1 : 0;
 }
 
@@ -398,7 +471,7 @@ static __noinline int snat_seq_peer_fin(struct __sk_buff *skb, const struct flow
  * starts with the pod's SYN only (the masquerade opens no flow for a peer). */
 static __always_inline int snat_seq_peer(struct __sk_buff *skb, const struct flow *f, struct snat_val *rv)
 {
-	__u32 fl = rv->flags;
+	__u32 fl = rv->flags, b = fl;
 	int r;
 
 	if (!(fl & SNAT_F_SEQ))
@@ -420,11 +493,11 @@ static __always_inline int snat_seq_peer(struct __sk_buff *skb, const struct flo
 		r = tcp_seq_remote(skb, f, &t, &fl, 8, NULL);
 		if (t.end != e)
 			q->end = t.end;
-		rv->flags = fl | SNAT_POD_END;
+		snat_flags_write(rv, b, fl | SNAT_POD_END);
 		return r;
 	}
 	r = tcp_seq_remote(skb, f, snat_seq_of(rv), &fl, 8, NULL);
-	rv->flags = fl;
+	snat_flags_write(rv, b, fl);
 	return r;
 }
 
@@ -495,6 +568,84 @@ static __noinline __s64 snat_fin_end(const struct snat_val *rv, const struct flo
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &k);
 
 	return fv ? (__s64)(__u32)fv->created_ns : -1;
+}
+
+/*
+ * The peer's FIN f that the tracking did not count (snat_seq_peer: not in
+ * order) of the flow whose reverse entry is rv: when its end F (in the
+ * programs' scratch, which the tracking loaded) is past the peer's end by
+ * at most SNAT_ACK_BOUND (a segment taken out of order left end behind),
+ * it waits on the forward entry for the pod's ack of exactly F
+ * (SNAT_F_PEER_FIN, F in the low word of its seen_ns; snat_peer_fin_acked).
+ * Rare (a FIN out of order): the forward entry is looked up only then.
+ */
+static __noinline void snat_peer_fin_wait(const struct flow *f, struct snat_val *rv)
+{
+	struct tcp_seg *sp = tcp_seg_scratch();
+	__u32 fl = rv->flags;
+	struct snat_key k;
+
+	if (!sp || !(sp->flags & TCP_FLAG_FIN) || (sp->flags & (TCP_FLAG_RST | TCP_FLAG_SYN)) ||
+	    (fl & (SNAT_F_SEQ | SNAT_F_PEER_END)) != (SNAT_F_SEQ | SNAT_F_PEER_END) ||
+	    (fl & (FLOW_F_FIN_REPLY | FLOW_F_CLOSING | SNAT_F_UNSHARED)))
+		return;
+	__u32 e = sp->end;
+	if (e - snat_seq_of(rv)->end - 1 >= SNAT_ACK_BOUND)
+		return; /* not ahead of end, or too far */
+	snat_key_of(&k, SNAT_DIR_FWD, rv->addr, rv->port, f->saddr, f->sport, f->family, f->proto);
+	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &k);
+	if (!fv)
+		return;
+	/* It acknowledges the pod's waiting FIN (fin21's flows: its end is
+	 * the forward entry's low word). */
+	__u32 acks = (fl & SNAT_F_FIN_WAIT) && snat_has_ack(fl) && (sp->flags & TCP_FLAG_ACK) &&
+		     sp->ack == (__u32)fv->created_ns;
+	fv->seen_ns = (fv->seen_ns & ~SNAT_LOW_WORD) | e;
+	snat_flags_apply(fv, SNAT_F_PEER_FIN | (acks ? SNAT_F_PEER_FIN_ACKS : 0), acks ? 0 : SNAT_F_PEER_FIN_ACKS);
+}
+
+/*
+ * The pod's segment f of a flow whose forward entry fv holds a waiting FIN
+ * of the peer's (SNAT_F_PEER_FIN), fl its next state: an ACK of exactly
+ * the FIN's end counts the FIN (FLOW_F_FIN_REPLY, and FLOW_F_PEER_FIRST
+ * when the pod's FIN has not counted; with SNAT_F_PEER_FIN_ACKS the pod's
+ * waiting FIN too, A its end), and the peer's end is the FIN's (what the
+ * pod acknowledged it received). Any other segment leaves it waiting.
+ * Returns the state.
+ */
+static __noinline __u16 snat_peer_fin_acked(struct __sk_buff *skb, const struct flow *f, struct snat_val *fv, __u16 fl)
+{
+	void *data = tseq_data(skb);
+	void *data_end = tseq_data_end(skb);
+	__u32 off = f->l4off;
+	__u8 *t = data + (off & 0xff); /* bounded for the verifier, as flow_l4 */
+	__u32 pf = fv->flags, e = (__u32)fv->seen_ns;
+	struct snat_key k;
+
+	if ((f->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST | TCP_FLAG_ACK)) != TCP_FLAG_ACK || off > 0xff ||
+	    (void *)(t + 12) > data_end || bpf_ntohl(*(__be32 *)(t + 8)) != e)
+		return fl;
+	snat_flags_apply(fv, 0, SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS);
+	snat_key_of(&k, SNAT_DIR_REV, fv->addr, fv->port, f->daddr, f->dport, f->family, f->proto);
+	struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
+	if (!rv || !(rv->flags & SNAT_F_SEQ) || (rv->flags & (SNAT_F_UNSHARED | FLOW_F_FIN_REPLY | FLOW_F_CLOSING)))
+		return fl;
+	struct snat_seq *q = snat_seq_of(rv);
+	__u32 rfl = rv->flags;
+
+	if (e - q->end - 1 < SNAT_ACK_BOUND)
+		q->end = e;
+	if ((pf & SNAT_F_PEER_FIN_ACKS) && (rfl & SNAT_F_FIN_WAIT) && snat_has_ack(rfl)) {
+		q->win = (__u32)fv->created_ns; /* A: the peer acknowledged the pod's FIN */
+		snat_flags_apply(rv, 0, SNAT_F_FIN_WAIT);
+		fl |= FLOW_F_FIN_ORIG;
+	}
+	if (!(fl & FLOW_F_FIN_ORIG))
+		fl |= FLOW_F_PEER_FIRST;
+	fl |= FLOW_F_FIN_REPLY;
+	if ((fl & FLOW_F_FIN_BOTH) == FLOW_F_FIN_BOTH)
+		fl |= FLOW_F_CLOSING;
+	return fl;
 }
 
 /* -------------------------------------------------- shares and life cycle */
@@ -684,12 +835,28 @@ static __always_inline void snat_arm(struct snat_val *v, __u64 ns) {}
  * flow's: the others are the entry's own (tcpseq.h), and so is a TCP
  * entry's FLOW_F_STREAM (SNAT_F_ACKED on a reverse one; a SYN's flow_next
  * clears it, a forward entry has none). */
-static __always_inline void snat_note(struct snat_val *v, __u16 next, __u64 now, __u8 proto)
+static __always_inline void snat_note(struct snat_val *v, __u16 base, __u16 next, __u64 now, __u8 proto)
 {
 	__u16 m = proto == IPPROTO_TCP ? SNAT_STATE_MASK & ~FLOW_F_STREAM : SNAT_STATE_MASK;
 
-	v->flags = (v->flags & ~m) | (next & m);
+	/* Only the state bits this packet changed from base, the state the
+	 * caller read (snat_flags_write): another CPU's change meanwhile stays. */
+	snat_flags_write(v, base & m, next & m);
 	v->seen_ns = now;
+}
+
+/* snat_note of a forward entry: its state becomes next's (the reverse
+ * entry, which owns the flow, keeps what another CPU changed; this one
+ * mirrors it), its own bits stay (SNAT_F_KEPT, SNAT_F_PEER_FIN: atomics),
+ * and a waiting FIN's end (SNAT_F_PEER_FIN) stays in the low word of
+ * seen_ns. */
+static __always_inline void snat_note_fwd(struct snat_val *v, __u16 next, __u64 now, __u8 proto)
+{
+	__u32 f = (__u32)v->seen_ns;
+
+	snat_note(v, v->flags, next, now, proto);
+	if (v->flags & SNAT_F_PEER_FIN)
+		v->seen_ns = (now & ~SNAT_LOW_WORD) | f;
 }
 
 /*
@@ -749,12 +916,12 @@ SHARE_LINKAGE __noinline int snat_kept(const struct snat_val_head *rv, const str
 	return fv && (fv->flags & SNAT_F_KEPT);
 }
 
-static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat_key *rk, __u32 ifindex, __u16 next,
-					  __u64 now)
+static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat_key *rk, __u32 ifindex, __u16 base,
+					  __u16 next, __u64 now)
 {
 	__u16 cur = rv->flags;
 
-	snat_note(rv, next, now, rk->proto);
+	snat_note(rv, base, next, now, rk->proto);
 	if ((next & FLOW_F_CLOSING) && !(cur & FLOW_F_CLOSING))
 		snat_arm(rv, (next & FLOW_F_PEER_FIRST) ? MASQ_TIME_WAIT : FLOW_TIMEOUT_CLOSING);
 	/* A FIN each way only: the pod's own RST is trusted for the flow's
@@ -763,10 +930,10 @@ static __always_inline void snat_note_rev(struct snat_val *rv, const struct snat
 	 * until it goes (its port, free of TIME_WAIT, is the pod's to recycle). */
 	__u16 fl = rv->flags;
 	if ((fl & FLOW_F_FIN_BOTH) == FLOW_F_FIN_BOTH && !(fl & SNAT_F_UNSHARED) && !snat_kept(SNAT_HEAD(rv), rk)) {
-		rv->flags = fl | SNAT_F_UNSHARED;
+		snat_flags_apply(rv, SNAT_F_UNSHARED, 0);
 		share_release(rk, ifindex);
 	} else if (!(fl & FLOW_F_CLOSING) && (fl & SNAT_F_UNSHARED)) {
-		rv->flags = fl & ~SNAT_F_UNSHARED;
+		snat_flags_apply(rv, 0, SNAT_F_UNSHARED);
 		__u32 *n = share_of(rk, ifindex);
 		if (n)
 			__sync_fetch_and_add(n, 1);
@@ -833,12 +1000,12 @@ SHARE_LINKAGE __noinline int snat_share_back(struct __sk_buff *skb, const struct
 		return 0; /* a new flow: snat_note_rev counts it (its state cleared) */
 	if (share)
 		__sync_fetch_and_add(share, 1);
-	rv->flags &= ~SNAT_F_UNSHARED;
+	snat_flags_apply(rv, 0, SNAT_F_UNSHARED);
 	struct snat_key fk;
 	snat_key_of(&fk, SNAT_DIR_FWD, rv->addr, rv->port, rk->peer_addr, rk->peer_port, rk->family, rk->proto);
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
 	if (fv)
-		fv->flags |= SNAT_F_KEPT;
+		snat_flags_apply(fv, SNAT_F_KEPT, 0);
 	return 0;
 }
 
@@ -1176,7 +1343,7 @@ static __noinline int masq_icmp_error_out(struct __sk_buff *skb, __u8 family, __
 	struct snat_key fk;
 	snat_key_of(&fk, SNAT_DIR_FWD, e.q.daddr, e.q.dport, e.q.saddr, e.q.sport, family, e.q.proto);
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
-	if (!fv || snat_expired(fv->flags, fk.proto, fv->seen_ns, bpf_ktime_get_ns()))
+	if (!fv || snat_expired(fv->flags, fk.proto, snat_fwd_seen(fv), bpf_ktime_get_ns()))
 		return MASQ_CONTINUE;
 	__u8 node[16];
 	__be16 port = fv->port;
@@ -1301,11 +1468,15 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 
 	snat_key_of(&k, SNAT_DIR_FWD, f->saddr, f->sport, f->daddr, f->dport, f->family, f->proto);
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &k);
-	if (!fv || fv->ifindex != ifindex || snat_expired(fv->flags, f->proto, fv->seen_ns, now) ||
+	if (!fv || fv->ifindex != ifindex || snat_expired(fv->flags, f->proto, snat_fwd_seen(fv), now) ||
 	    (snat_born(fv, f->proto) <= node_ips_gone() && !is_node_ip(fv->addr, f->family)))
 		return 0;
-	__u16 fl = snat_next(fv->flags, f, 0, fv->created_ns, now);
+	__u16 fcur = fv->flags;
+	__u16 fl = snat_next(fcur, f, 0, fv->created_ns, now);
 
+	/* A FIN of the peer's waits for the pod's ack of its end. */
+	if (f->proto == IPPROTO_TCP && (fv->flags & SNAT_F_PEER_FIN))
+		fl = snat_peer_fin_acked(skb, f, fv, fl);
 	addr_copy(to->addr, fv->addr, f->family);
 	to->port = fv->port;
 	/* The pod's SYN always reaches the tracking: it re-seeds the flow
@@ -1318,6 +1489,7 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 	if (note || seg) {
 		snat_key_of(&k, SNAT_DIR_REV, to->addr, to->port, f->daddr, f->dport, f->family, f->proto);
 		struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
+		__u16 rcur = rv ? rv->flags : 0;
 		/* A released flow: its payload takes the share back or is
 		 * dropped, its SYN is judged as a new flow's (share25); its
 		 * tracking stays as it is but for a SYN (a new flow). */
@@ -1330,22 +1502,23 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 				 * left as it is (a branch of its own: the verifier's
 				 * walk of what follows is not doubled). */
 				if (note) {
-					snat_note(fv, fl, now, f->proto);
-					snat_note_rev(rv, &k, ifindex, fl, now);
+					snat_note_fwd(fv, fl, now, f->proto);
+					snat_note_rev(rv, &k, ifindex, rcur, fl, now);
 				}
 				return 1;
 			}
 		}
 		/* A SYN: a new flow on the tuple, kept no more (no branch). */
-		fv->flags &= ~(SNAT_F_KEPT * f->syn_only);
+		if (f->syn_only)
+			snat_flags_apply(fv, 0, SNAT_F_KEPT | SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS);
 		/* The pod's FIN waits for the peer's ack (both entries). */
 		if (rv && f->proto == IPPROTO_TCP && (f->tcp_flags & TCP_FLAG_FIN))
 			fl = snat_fin_pod(skb, f, rv, fv, fl);
 		if (note)
-			snat_note(fv, fl, now, f->proto);
+			snat_note_fwd(fv, fl, now, f->proto);
 		if (rv) {
 			if (note)
-				snat_note_rev(rv, &k, ifindex, fl, now);
+				snat_note_rev(rv, &k, ifindex, rcur, fl, now);
 			if (f->proto == IPPROTO_TCP && note)
 				snat_seq_pod(skb, f, rv, fv);
 			else if (f->proto == IPPROTO_TCP)
@@ -1490,15 +1663,19 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 		}
 	} else if (f.proto == IPPROTO_TCP) {
 		counts = snat_seq_peer(skb, &f, rv);
+		/* A FIN out of order waits for the pod's ack of its end. */
+		if (!counts && (f.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) == TCP_FLAG_FIN)
+			snat_peer_fin_wait(&f, rv);
 	}
-	__u16 fl = snat_next(rv->flags, &f, 1, rv->created_ns, now);
+	__u16 base = rv->flags;
+	__u16 fl = snat_next(base, &f, 1, rv->created_ns, now);
 	if (counts && (fl != cur || now - rv->seen_ns > NSEC)) {
-		snat_note_rev(rv, &rk, ifindex, fl, now);
+		snat_note_rev(rv, &rk, ifindex, base, fl, now);
 		struct snat_key fk;
 		snat_key_of(&fk, SNAT_DIR_FWD, pod, pod_port, f.saddr, f.sport, family, f.proto);
 		struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &fk);
 		if (fv)
-			snat_note(fv, fl, now, f.proto);
+			snat_note_fwd(fv, fl, now, f.proto);
 	}
 
 	if (pkt_rewrite(skb, &f, 0, pod, pod_port)) {

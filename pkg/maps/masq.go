@@ -43,6 +43,9 @@ const (
 	// SNAT_F_SEQ (bpf/lib/tcpseq.h): a reverse TCP entry whose created_ns
 	// holds the flow's sequence tracking, not a time.
 	snatSeqTracked = 1 << 8
+	// SNAT_F_PEER_FIN (bpf/lib/masq.h): a forward TCP entry whose seen_ns
+	// low word holds the end of a FIN of the peer's waiting for the pod's ack.
+	snatPeerFIN = 1 << 9
 	// ProtoICMP and ProtoICMPv6: masquerade translates echo requests (the id is the port).
 	ProtoICMP   uint8 = 1
 	ProtoICMPv6 uint8 = 58
@@ -412,6 +415,16 @@ func snatBorn(proto uint8, v SNATVal) uint64 {
 	return 0
 }
 
+// snatFwdSeen is a forward entry's last use: its seen_ns, but while a FIN
+// of the peer's waits on a TCP flow (SNAT_F_PEER_FIN), whose end is in its
+// low word, the latest time its high word stands for (snat_fwd_seen).
+func snatFwdSeen(proto uint8, v SNATVal) uint64 {
+	if proto == ProtoTCP && v.Flags&snatPeerFIN != 0 {
+		return v.SeenNs | 0xffffffff
+	}
+	return v.SeenNs
+}
+
 // ListSNAT returns the masqueraded flows (forward entries, plus reverse
 // entries without one).
 func (ms Masq) ListSNAT() ([]SNATFlow, error) {
@@ -434,7 +447,7 @@ func (ms Masq) ListSNAT() ([]SNATFlow, error) {
 		}
 		f := SNATFlow{
 			Proto: e.k.Proto, Pod: addrPort(e.k.Addr, e.k.Family, e.k.Port), Peer: addrPort(e.k.PeerAddr, e.k.Family, e.k.PeerPort),
-			Node: addrPort(e.v.Addr, e.k.Family, e.v.Port), Ifindex: int(e.v.Ifindex), Age: age(snatBorn(e.k.Proto, e.v)), Idle: age(e.v.SeenNs),
+			Node: addrPort(e.v.Addr, e.k.Family, e.v.Port), Ifindex: int(e.v.Ifindex), Age: age(snatBorn(e.k.Proto, e.v)), Idle: age(snatFwdSeen(e.k.Proto, e.v)),
 			Closing: e.v.Flags&flowClosing != 0, State: FlowState(e.k.Proto, uint32(e.v.Flags)), Flags: uint32(e.v.Flags),
 		}
 		fwd[[3]netip.AddrPort{f.Node, f.Peer, f.Pod}] = true
