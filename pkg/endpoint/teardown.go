@@ -372,7 +372,11 @@ func (t *Teardown) removeLinkState() error {
 			func() error { return t.DP.Maps.Events().ForgetEndpoint(uint32(idx)) })
 	}
 	if !t.foreign {
-		errs = errors.Join(errs, datapath.RemoveLinkPins(t.Net.PinDir, t.hostIf))
+		// Not those of a link attached to another live device: a veth
+		// renamed away from the name keeps its pins under it (orphanPin),
+		// and they are its programs' last references (the DEL of another
+		// network's refused ADD of the same name: twodel30).
+		errs = errors.Join(errs, datapath.RemoveLinkPinsOn(t.Net.PinDir, t.hostIf, t.Ifindex))
 	}
 	return errs
 }

@@ -1,0 +1,70 @@
+// A host veth's tcx link pins are its programs' last references; an
+// operator-renamed veth keeps them under its attachment's host veth name
+// (orphanPin). Another attachment's veth made under that name since must
+// neither replace them (attachTCXProg) nor remove them (its undo, its DEL).
+
+package integration
+
+import (
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// TestTCXPinOfRenamedVethKept: attachMode tcx, no agent. Network A's pod
+// (container "pinren", eth0) has its host veth renamed by an operator;
+// network B (same pinDir) then ADDs the same container ID and interface
+// name for another pod, which makes its veth under the name A's pins are
+// under. B's ADD is refused (the pins are another device's), and neither it,
+// its undo nor the runtime's DEL after it detaches A's programs: A's
+// renamed veth runs the same two programs throughout, its pins in place,
+// and CHECK of A passes once the operator renamed it back.
+//
+// Red before twodel30: B's ADD removed A's pins to pin its own links there
+// (A's veth ran 0 programs), and B's DEL would have removed them in any case.
+func TestTCXPinOfRenamedVethKept(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	e.Extra = map[string]any{"attachMode": "tcx"}
+	p := a26Add(t, e, "pinren")
+	a26Rename(t, e, p, "pinren0")
+	before := e.ProgIDs(p.idx)
+	if len(before) != 2 {
+		t.Fatalf("pod A's renamed veth runs %d programs, want 2", len(before))
+	}
+	kept := func(when string) {
+		t.Helper()
+		if after := e.ProgIDs(p.idx); !slices.Equal(after, before) {
+			t.Errorf("%s: pod A's renamed veth runs programs %v, was %v", when, after, before)
+		}
+		for _, d := range []string{datapath.DirIngress, datapath.DirEgress} {
+			if _, err := os.Stat(datapath.LinkPinPath(e.PinDir, p.name, d)); err != nil {
+				t.Errorf("%s: pod A's link pin %s: %v", when, d, err)
+			}
+		}
+	}
+	netB := e.NetList(testenv.RandName("netb"), map[string]any{"type": "ebpf-cni", "pinDir": e.PinDir, "stateDir": t.TempDir(),
+		"attachMode": "tcx",
+		"ipam":       map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}}}})
+	podB := e.NewPod()
+	rt := e.RuntimeConf(podB, p.id, "eth0")
+	_, err := e.AddList(netB, rt)
+	if err == nil {
+		t.Errorf("network B's ADD over pod A's pins succeeded")
+	} else if !strings.Contains(err.Error(), "attached to another device") {
+		t.Errorf("network B's ADD over pod A's pins: %v, want the refusal naming the other device", err)
+	}
+	kept("after network B's ADD")
+	if err := e.DelList(netB, rt); err != nil {
+		t.Errorf("network B's DEL of its refused attachment: %v", err)
+	}
+	kept("after network B's DEL")
+	a26Rename(t, e, p, p.name) // the operator puts the name back
+	if err := e.Check(p.pod, p.id, "eth0"); err != nil {
+		t.Errorf("CHECK of pod A after network B's ADD and DEL, its veth's name back: %v", err)
+	}
+}
