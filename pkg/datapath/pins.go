@@ -346,6 +346,24 @@ func MoveLinkPins(pinRoot, from, to string) error {
 	return errs
 }
 
+// MoveLinkPinsOn is MoveLinkPins for the veth at ifindex only: a pin whose
+// tcx link is attached to another device (a veth renamed away from from
+// keeps its pins under it) stays where it is. A DEL's hand-off calls it:
+// the pins it moves are reaped (removed) with its veth.
+func MoveLinkPinsOn(pinRoot, from, to string, ifindex int) error {
+	var errs error
+	for _, p := range hostVethPrograms {
+		src, dst := LinkPinPath(pinRoot, from, p.Link), LinkPinPath(pinRoot, to, p.Link)
+		if pinnedElsewhere(src, ifindex) != 0 {
+			continue
+		}
+		if err := os.Rename(src, dst); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = errors.Join(errs, fmt.Errorf("move link pin %s to %s: %w", src, dst, err))
+		}
+	}
+	return errs
+}
+
 // NodeHookPin is one pinned node-wide hook link.
 type NodeHookPin struct {
 	Name string // base name under node/: cgroup_<hook>, uplink_<if>, uplink-egress_<if>
