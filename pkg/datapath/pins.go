@@ -334,23 +334,12 @@ func pinnedElsewhere(path string, ifindex int) int {
 
 // MoveLinkPins renames the tcx link pins of host veth from to those of
 // to (a rename keeps the links attached); missing pins are fine. Call it
-// with the links lock held (LockLinks).
-func MoveLinkPins(pinRoot, from, to string) error {
-	var errs error
-	for _, p := range hostVethPrograms {
-		src, dst := LinkPinPath(pinRoot, from, p.Link), LinkPinPath(pinRoot, to, p.Link)
-		if err := os.Rename(src, dst); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = errors.Join(errs, fmt.Errorf("move link pin %s to %s: %w", src, dst, err))
-		}
-	}
-	return errs
-}
-
-// MoveLinkPinsOn is MoveLinkPins for the veth at ifindex only: a pin whose
-// tcx link is attached to another device (a veth renamed away from from
-// keeps its pins under it) stays where it is. A DEL's hand-off calls it:
-// the pins it moves are reaped (removed) with its veth.
-func MoveLinkPinsOn(pinRoot, from, to string, ifindex int) error {
+// with the links lock held (LockLinks). Only those of the veth at ifindex
+// (or of no device): a pin whose tcx link is attached to another device (a
+// veth renamed away from from keeps its pins under it) stays where it is.
+// A DEL's hand-off calls it: the pins it moves are reaped (removed) with
+// its veth.
+func MoveLinkPins(pinRoot, from, to string, ifindex int) error {
 	var errs error
 	for _, p := range hostVethPrograms {
 		src, dst := LinkPinPath(pinRoot, from, p.Link), LinkPinPath(pinRoot, to, p.Link)

@@ -42,7 +42,7 @@ func handOffHost(r *rtnl, pinDir, hostIf string, ifindex int) error {
 		return nil
 	}
 	to := state.HandedOffName(ifindex)
-	if err := datapath.MoveLinkPinsOn(pinDir, hostIf, to, ifindex); err != nil { // not another device's
+	if err := datapath.MoveLinkPins(pinDir, hostIf, to, ifindex); err != nil { // not another device's
 		return err
 	}
 	if err := r.LinkSetDown(l); err != nil {
