@@ -94,7 +94,9 @@ func (dp *Datapath) Attach(ifindex int, hostIf string, mode AttachMode, deferTCX
 		err = errors.Join(err, <-errs)
 	}
 	if err != nil {
-		_ = RemoveLinkPins(dp.PinRoot, hostIf) // this process holds no link fd: the pins are the last references
+		// This process holds no link fd: the pins are the last references.
+		// Only this veth's: a pin refused (attachTCXProg) is another's.
+		_ = RemoveLinkPinsOn(dp.PinRoot, hostIf, ifindex)
 	}
 	return mode, err
 }
@@ -108,14 +110,25 @@ func (dp *Datapath) attachTCX(ifindex int, hostIf string, p Program) error {
 }
 
 // attachTCXProg attaches prog to hook p of a host veth as a tcx link and
-// pins it under the veth's name.
+// pins it under the veth's name. A pin there already is replaced when its
+// link is attached to no device (an earlier veth of this name, gone) or to
+// this one; one attached to another device is refused, not replaced: the
+// pin is that link's last reference, and removing it detached the other
+// device's programs (a host veth an operator renamed keeps its pins under
+// the attachment's name, orphanPin; attack30b's pins shared by two veths).
+// No name is safe to move it to: its own attachment's DEL, the sweeps and
+// the agent's reap find pins by name.
 func attachTCXProg(pinRoot string, ifindex int, hostIf string, p Program, prog *ebpf.Program) error {
+	path := LinkPinPath(pinRoot, hostIf, p.Link)
+	if other := pinnedElsewhere(path, ifindex); other != 0 {
+		return fmt.Errorf("pin tcx link of %s at %s: the link pinned there is attached to another device (ifindex %d), "+
+			"whose programs replacing it would detach: not replaced (delete or rename that device, or move its pins)", hostIf, path, other)
+	}
 	l, err := link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: p.Attach})
 	if err != nil {
 		return fmt.Errorf("attach tcx %s program to %s: %w", p.Link, hostIf, err)
 	}
 	defer l.Close()
-	path := LinkPinPath(pinRoot, hostIf, p.Link)
 	os.Remove(path) // a stale pin of an earlier veth of this name is detached already
 	if err := l.Pin(path); err != nil {
 		return fmt.Errorf("pin tcx link of %s at %s: %w", hostIf, path, err)

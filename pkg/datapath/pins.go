@@ -300,13 +300,52 @@ func RemoveLinkPins(pinRoot, hostIf string) error {
 	return errs
 }
 
+// RemoveLinkPinsOn is RemoveLinkPins for the veth at ifindex only: a pin
+// whose tcx link is attached to another device is that device's (a veth
+// renamed keeps its pins under its attachment's name) and stays; removing
+// it would detach its programs. An ADD undoing its attach calls it.
+func RemoveLinkPinsOn(pinRoot, hostIf string, ifindex int) error {
+	var errs error
+	for _, p := range hostVethPrograms {
+		path := LinkPinPath(pinRoot, hostIf, p.Link)
+		if pinnedElsewhere(path, ifindex) != 0 {
+			continue
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = errors.Join(errs, fmt.Errorf("remove link pin %s: %w", path, err))
+		}
+	}
+	return errs
+}
+
+// pinnedElsewhere is the device a link pin's tcx link is attached to when
+// that is another than ifindex; 0 when it is ifindex, none (its device
+// gone), or the pin is no readable tcx link (or absent).
+func pinnedElsewhere(path string, ifindex int) int {
+	info, err := pinnedLinkInfo(path)
+	if err != nil || info.TCX() == nil {
+		return 0
+	}
+	if idx := int(info.TCX().Ifindex); idx != 0 && idx != ifindex {
+		return idx
+	}
+	return 0
+}
+
 // MoveLinkPins renames the tcx link pins of host veth from to those of
 // to (a rename keeps the links attached); missing pins are fine. Call it
-// with the links lock held (LockLinks).
-func MoveLinkPins(pinRoot, from, to string) error {
+// with the links lock held (LockLinks). Only those of the veth at ifindex
+// (or of no device): a pin whose tcx link is attached to another device (a
+// veth renamed away from from keeps its pins under it) stays where it is.
+// A DEL's hand-off calls it: the pins it moves are reaped (removed) with
+// its veth.
+func MoveLinkPins(pinRoot, from, to string, ifindex int) error {
 	var errs error
 	for _, p := range hostVethPrograms {
 		src, dst := LinkPinPath(pinRoot, from, p.Link), LinkPinPath(pinRoot, to, p.Link)
+		if pinnedElsewhere(src, ifindex) != 0 {
+			continue
+		}
 		if err := os.Rename(src, dst); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = errors.Join(errs, fmt.Errorf("move link pin %s to %s: %w", src, dst, err))
 		}

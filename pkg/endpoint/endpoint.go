@@ -360,7 +360,7 @@ func (a *Attachment) CreateVeth(podMAC net.HardwareAddr) error {
 	idx := a.hostLink.Attrs().Index
 	a.Ifindex = idx
 	a.OnUndo(func() error {
-		errs := errors.Join(deleteLinkIndex(a.nodeNL, idx), datapath.RemoveLinkPins(a.Net.PinDir, a.HostIf),
+		errs := errors.Join(deleteLinkIndex(a.nodeNL, idx), datapath.RemoveLinkPinsOn(a.Net.PinDir, a.HostIf, idx),
 			a.DP.Maps.Links().Delete(idx), a.DP.Maps.Stats().Reset(idx))
 		if !a.sfTouched {
 			return errs // the stack-flow maps were never opened (attack17: a foreign pin there)

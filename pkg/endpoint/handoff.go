@@ -42,7 +42,7 @@ func handOffHost(r *rtnl, pinDir, hostIf string, ifindex int) error {
 		return nil
 	}
 	to := state.HandedOffName(ifindex)
-	if err := datapath.MoveLinkPins(pinDir, hostIf, to); err != nil {
+	if err := datapath.MoveLinkPins(pinDir, hostIf, to, ifindex); err != nil { // not another device's
 		return err
 	}
 	if err := r.LinkSetDown(l); err != nil {

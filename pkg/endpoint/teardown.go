@@ -95,6 +95,7 @@ func tearDownAll(n *Network, id ID, rec *state.Record, tr *Tracer) error {
 	}
 	errs = errors.Join(errs, guarded(t.removeVeth))
 	t.unlockNetns() // the veth is gone (or handed off): another interface's teardown may look
+	Crashpoint("del-unlocked")
 	if t.sweep {
 		Crashpoint("del-veth")
 		errs = errors.Join(errs, sweepPod(t.podNL, t.netns))
@@ -289,8 +290,10 @@ func (t *Teardown) removePodSide() error {
 		if t.DP == nil {
 			return false
 		}
-		_, err := t.DP.Maps.Links().Lookup(idx)
-		return err == nil
+		if _, err := t.DP.Maps.Links().Lookup(idx); err != nil {
+			return false
+		}
+		return !t.handedOff(idx)
 	}
 	cookie, sweep, podNL, held := podSide(t.Net.PinDir, t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff)
 	t.sweep, t.podNL, t.podLock = sweep, podNL, held
@@ -299,6 +302,23 @@ func (t *Teardown) removePodSide() error {
 		return t.DP.Maps.Bandwidth().DeleteNetns(cookie)
 	}
 	return nil
+}
+
+// handedOff tells whether the node's link at ifindex is a host veth a DEL
+// handed off (state.HandedOffName): that attachment is gone, though its
+// link entry stays until its DEL is past the pod's netns lock (its veth
+// gone, removeLinkState) or the agent reaps it. Asked of the node's
+// netns through t.nodeNL, which removePodSide calls from inside the
+// pod's: only when its sockets were made in the node's (kept); else the
+// link counts as ours (the entry stays, for the agent's reconcile). The
+// name is the node's to set, not the pod's: the pod end's name and state
+// are the pod's to fake.
+func (t *Teardown) handedOff(ifindex int) bool {
+	if !t.nodeNL.kept() {
+		return false
+	}
+	l, err := t.nodeNL.LinkByIndex(ifindex)
+	return err == nil && l.Attrs().Name == state.HandedOffName(ifindex)
 }
 
 // unlockNetns releases the lock of the pod's netns (removePodSide).
@@ -352,7 +372,11 @@ func (t *Teardown) removeLinkState() error {
 			func() error { return t.DP.Maps.Events().ForgetEndpoint(uint32(idx)) })
 	}
 	if !t.foreign {
-		errs = errors.Join(errs, datapath.RemoveLinkPins(t.Net.PinDir, t.hostIf))
+		// Not those of a link attached to another live device: a veth
+		// renamed away from the name keeps its pins under it (orphanPin),
+		// and they are its programs' last references (the DEL of another
+		// network's refused ADD of the same name: twodel30).
+		errs = errors.Join(errs, datapath.RemoveLinkPinsOn(t.Net.PinDir, t.hostIf, t.Ifindex))
 	}
 	return errs
 }

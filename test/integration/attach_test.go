@@ -521,7 +521,7 @@ func TestHandOffSeenWhole(t *testing.T) {
 	unlockOnce := func() { once.Do(unlock) }
 	t.Cleanup(unlockOnce)
 	gone := state.HandedOffName(idx)
-	if err := datapath.MoveLinkPins(e.PinDir, hostIf, gone); err != nil {
+	if err := datapath.MoveLinkPins(e.PinDir, hostIf, gone, idx); err != nil {
 		t.Fatal(err)
 	}
 	gcDone := make(chan error, 1)
@@ -545,7 +545,7 @@ func TestHandOffSeenWhole(t *testing.T) {
 		t.Errorf("GC ended (%v) while a hand-off held the links lock", gcErr)
 	case <-window:
 	}
-	if err := datapath.MoveLinkPins(e.PinDir, gone, hostIf); err != nil {
+	if err := datapath.MoveLinkPins(e.PinDir, gone, hostIf, idx); err != nil {
 		t.Fatal(err)
 	}
 	unlockOnce()

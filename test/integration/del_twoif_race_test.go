@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -109,5 +110,55 @@ func TestDelTwoIfHandedOffNetnsEntry(t *testing.T) {
 	}
 	if v, err := testenv.LookupNetns(e.Maps(), cookie); err == nil {
 		t.Errorf("the cni_netns entry of the pod's netns (cookie %d) is left after both DELs, eth0 handed off: %+v", cookie, v)
+	}
+}
+
+// TestDelTwoIfHandOffUnlockedNetnsEntry: with the agent alive, the DEL of
+// the pod's eth0 (the crashpoint build) stopped right after it released the
+// pod's netns lock (EBPF_CNI_STOP_AT=del-unlocked): its veth handed off
+// (both ends down and renamed), but its cni_links entry not yet removed,
+// which it does only once its veth is gone. The DEL of net1 runs then, under
+// the lock; then the DEL of eth0 goes on. net1's DEL is the pod's last: no
+// cni_netns entry of the pod's netns is left.
+//
+// Red before twodel30: net1's DEL counted eth0's handed-off pod end, whose
+// peer's index still had its cni_links entry, as another interface of ours
+// and kept the entry; eth0's DEL had looked before and kept it too; only
+// the agent's periodic reconcile (every minute) removed it. The one round
+// of 30 TestDelTwoIfConcurrentNetnsEntry (agent) left under load.
+func TestDelTwoIfHandOffUnlockedNetnsEntry(t *testing.T) {
+	e := testenv.New(t)
+	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
+	defer ag.Stop()
+	pod := podWithLoUp(t, e)
+	id := testenv.RandName("twoun")
+	for _, ifn := range []string{"eth0", "net1"} {
+		t.Cleanup(func() { _ = e.Del(pod, id, ifn) })
+		if _, err := a22Add(e, pod, id, ifn); err != nil {
+			t.Fatalf("ADD %s: %v", ifn, err)
+		}
+	}
+	cookie := e.NetnsCookieOf(pod)
+	if _, err := testenv.LookupNetns(e.Maps(), cookie); err != nil {
+		t.Fatalf("the pod's netns (cookie %d) has no cni_netns entry after both ADDs: %v", cookie, err)
+	}
+	_, eth0 := e.HostVeth(id)
+	del, out := stoppedDel(t, e, pod, id, "eth0", "del-unlocked")
+	if !e.NodeLinkExists(state.HandedOffName(eth0)) {
+		t.Fatalf("eth0's host veth (ifindex %d) was not handed off before del-unlocked:\n%s", eth0, out)
+	}
+	if _, err := e.Maps().Links().Lookup(eth0); err != nil {
+		t.Logf("eth0's cni_links entry is already gone at del-unlocked (%v): the window this test holds open is not there", err)
+	}
+	delErr := e.Del(pod, id, "net1")
+	del.Process.Signal(syscall.SIGCONT)
+	if err := del.Wait(); err != nil {
+		t.Errorf("DEL eth0: %v\n%s", err, out)
+	}
+	if delErr != nil {
+		t.Fatalf("DEL net1: %v", delErr)
+	}
+	if v, err := testenv.LookupNetns(e.Maps(), cookie); err == nil {
+		t.Errorf("the cni_netns entry of the pod's netns (cookie %d) is left after both DELs (eth0's stopped after its unlock, handed off): %+v", cookie, v)
 	}
 }
