@@ -1,16 +1,13 @@
 package datapath
 
 import (
-	"encoding/binary"
 	"fmt"
 	"net/netip"
 	"runtime"
 	"sync"
 	"testing"
 	"time"
-	"unsafe"
 
-	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
@@ -78,7 +75,7 @@ func TestMasqFlagsTwoCPUs(t *testing.T) {
 		pinned(1, &wg, errs, func() error {
 			close(started)
 			for j := 0; j < 400; j++ {
-				ret, err := testRunIngress(progs["cni_from_uplink"], data, 0)
+				ret, _, _, err := progTestRun(progs["cni_from_uplink"], data, 0)
 				if err != nil {
 					return err
 				}
@@ -91,7 +88,7 @@ func TestMasqFlagsTwoCPUs(t *testing.T) {
 		<-started
 		time.Sleep(time.Duration(100+i%7*50) * time.Microsecond)
 		pinned(0, &wg, errs, func() error {
-			_, err := testRunIngress(progs["cni_to_uplink"], fin, loIfindex)
+			_, _, _, err := progTestRun(progs["cni_to_uplink"], fin, loIfindex)
 			return err
 		})
 		wg.Wait()
@@ -106,33 +103,4 @@ func TestMasqFlagsTwoCPUs(t *testing.T) {
 	if lost > 0 {
 		t.Errorf("the pod's FIN lost its wait (SNAT_F_FIN_WAIT) in %d of %d rounds: the server's path on the other CPU wrote back flags read before it", lost, rounds)
 	}
-}
-
-// testRunIngress is one run of frame with the skb's ingress_ifindex set.
-func testRunIngress(p *ebpf.Program, frame []byte, ingress uint32) (uint32, error) {
-	out := make([]byte, len(frame)+64)
-	ctx := make([]byte, 192)
-	binary.LittleEndian.PutUint32(ctx[36:], ingress)
-	binary.LittleEndian.PutUint32(ctx[40:], loIfindex)
-	attr := struct {
-		progFD, retval, sizeIn, sizeOut uint32
-		dataIn, dataOut                 uint64
-		repeat, duration                uint32
-		ctxSizeIn, ctxSizeOut           uint32
-		ctxIn, ctxOut                   uint64
-		flags, cpu, batch               uint32
-		_                               uint32
-	}{
-		progFD: uint32(p.FD()), sizeIn: uint32(len(frame)), sizeOut: uint32(len(out)),
-		dataIn: uint64(uintptr(unsafe.Pointer(&frame[0]))), dataOut: uint64(uintptr(unsafe.Pointer(&out[0]))),
-		repeat: 1, ctxSizeIn: uint32(len(ctx)), ctxIn: uint64(uintptr(unsafe.Pointer(&ctx[0]))),
-	}
-	_, _, errno := unix.Syscall(unix.SYS_BPF, unix.BPF_PROG_TEST_RUN, uintptr(unsafe.Pointer(&attr)), unsafe.Sizeof(attr))
-	runtime.KeepAlive(frame)
-	runtime.KeepAlive(out)
-	runtime.KeepAlive(ctx)
-	if errno != 0 {
-		return 0, errno
-	}
-	return attr.retval, nil
 }

@@ -22,6 +22,16 @@ import (
 // masquerade and policy paths read ingress_ifindex from it.
 func testRun(t testing.TB, p *ebpf.Program, frame []byte, ingress uint32) (uint32, uint32, []byte) {
 	t.Helper()
+	ret, dur, out, err := progTestRun(p, frame, ingress)
+	if err != nil {
+		t.Fatalf("BPF_PROG_TEST_RUN: %v", err)
+	}
+	return ret, dur, out
+}
+
+// progTestRun is testRun's run, its failure returned (for goroutines, which
+// may not stop the test).
+func progTestRun(p *ebpf.Program, frame []byte, ingress uint32) (uint32, uint32, []byte, error) {
 	// Frames must be at least ETH_HLEN for test runs; pad like the wire does.
 	out := make([]byte, len(frame)+64)
 	ctx := make([]byte, 192) // struct __sk_buff
@@ -45,9 +55,9 @@ func testRun(t testing.TB, p *ebpf.Program, frame []byte, ingress uint32) (uint3
 	runtime.KeepAlive(out)
 	runtime.KeepAlive(ctx)
 	if errno != 0 {
-		t.Fatalf("BPF_PROG_TEST_RUN: %v", errno)
+		return 0, 0, nil, errno
 	}
-	return attr.retval, attr.duration, out[:attr.sizeOut]
+	return attr.retval, attr.duration, out[:attr.sizeOut], nil
 }
 
 // testRunOut is testRun without the run time.
