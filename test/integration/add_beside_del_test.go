@@ -17,6 +17,7 @@ import (
 	"time"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
@@ -38,18 +39,8 @@ import (
 func TestAddBesideDelNetnsEntry(t *testing.T) {
 	t.Parallel()
 	e := testenv.New(t)
-	pod := podWithLoUp(t, e) // the DEL parks eth0's nexthops (lo up) before its look
 	id := "addbeside"
-	for _, ifn := range []string{"eth0", "net1"} {
-		t.Cleanup(func() { _ = e.Del(pod, id, ifn) })
-	}
-	if _, err := a22Add(e, pod, id, "eth0"); err != nil {
-		t.Fatalf("ADD eth0: %v", err)
-	}
-	cookie := e.NetnsCookieOf(pod)
-	if _, err := testenv.LookupNetns(e.Maps(), cookie); err != nil {
-		t.Fatalf("the pod's netns (cookie %d) has no cni_netns entry after ADD: %v", cookie, err)
-	}
+	pod, cookie := podWithEth0Entry(t, e, id)
 	del, out := stoppedDel(t, e, pod, id, "eth0", "del-look")
 	added := make(chan error, 1)
 	var res1 *current.Result
@@ -88,12 +79,39 @@ func TestAddBesideDelNetnsEntry(t *testing.T) {
 	}
 }
 
+// podWithEth0Entry is a pod (lo up: a DEL parks eth0's nexthops before its
+// look) with eth0 of attachment id added, DELs of its eth0 and net1 at the
+// test's end, and its netns's cni_netns entry, whose cookie it returns.
+func podWithEth0Entry(t *testing.T, e *testenv.Env, id string) (ns.NetNS, uint64) {
+	t.Helper()
+	pod := podWithLoUp(t, e)
+	for _, ifn := range []string{"eth0", "net1"} {
+		t.Cleanup(func() { _ = e.Del(pod, id, ifn) })
+	}
+	if _, err := a22Add(e, pod, id, "eth0"); err != nil {
+		t.Fatalf("ADD eth0: %v", err)
+	}
+	cookie := e.NetnsCookieOf(pod)
+	if _, err := testenv.LookupNetns(e.Maps(), cookie); err != nil {
+		t.Fatalf("the pod's netns (cookie %d) has no cni_netns entry after ADD: %v", cookie, err)
+	}
+	return pod, cookie
+}
+
 // stoppedDel starts a DEL of the crashpoint build, which stops itself
 // (SIGSTOP) at step, and returns once it is stopped there, with its output.
 func stoppedDel(t *testing.T, e *testenv.Env, pod interface{ Path() string }, id, ifname, step string) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
-	cmd := exec.Command(crashBinary(t))
-	cmd.Env = []string{"CNI_COMMAND=DEL", "CNI_CONTAINERID=" + id, "CNI_IFNAME=" + ifname, "CNI_PATH=" + testenv.BinDir,
+	return stoppedVerb(t, e, crashBinary(t), "DEL", pod, id, ifname, step)
+}
+
+// stoppedVerb starts verb of the plugin bin (a crashpoint build), which
+// stops itself (SIGSTOP) at step, and returns once it is stopped there,
+// with its output.
+func stoppedVerb(t *testing.T, e *testenv.Env, bin, verb string, pod interface{ Path() string }, id, ifname, step string) (*exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(bin)
+	cmd.Env = []string{"CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + id, "CNI_IFNAME=" + ifname, "CNI_PATH=" + testenv.BinDir,
 		"CNI_NETNS=" + pod.Path(), "EBPF_CNI_STOP_AT=" + step}
 	cmd.Stdin = bytes.NewReader(e.StdinConf(nil))
 	out := &bytes.Buffer{}
@@ -102,13 +120,21 @@ func stoppedDel(t *testing.T, e *testenv.Env, pod interface{ Path() string }, id
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGCONT); cmd.Process.Kill() })
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+	if !stoppedWithin(cmd.Process.Pid, 20*time.Second) {
+		t.Fatalf("the %s did not stop at %s:\n%s", verb, step, out)
+	}
+	return cmd, out
+}
+
+// stoppedWithin tells whether process pid is stopped (state T) within d.
+func stoppedWithin(pid int, d time.Duration) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 		if f := strings.Fields(string(b)); len(f) > 2 && f[2] == "T" {
-			return cmd, out
+			return true
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the DEL did not stop at %s:\n%s", step, out)
+			return false
 		}
 	}
 }

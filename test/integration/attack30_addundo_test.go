@@ -7,13 +7,11 @@ package integration
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
@@ -24,25 +22,7 @@ import (
 // (SIGSTOP) at step, and returns once it is stopped there, with its output.
 func stoppedAdd(t *testing.T, e *testenv.Env, pod ns.NetNS, id, ifname, step string) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
-	cmd := exec.Command(crashBinary(t))
-	cmd.Env = []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=" + id, "CNI_IFNAME=" + ifname, "CNI_PATH=" + testenv.BinDir,
-		"CNI_NETNS=" + pod.Path(), "EBPF_CNI_STOP_AT=" + step}
-	cmd.Stdin = bytes.NewReader(e.StdinConf(nil))
-	out := &bytes.Buffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := e.InNode(cmd.Start); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGCONT); cmd.Process.Kill() })
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
-		if f := strings.Fields(string(b)); len(f) > 2 && f[2] == "T" {
-			return cmd, out
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the ADD did not stop at %s:\n%s", step, out)
-		}
-	}
+	return stoppedVerb(t, e, crashBinary(t), "ADD", pod, id, ifname, step)
 }
 
 // a30BreakStore puts a file where the network's record directory is (the

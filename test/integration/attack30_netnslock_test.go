@@ -66,18 +66,8 @@ func a30PodHoldsNetnsLock(t *testing.T, pod ns.NetNS) {
 func TestAttack30PodNetnsLockAddBesideDel(t *testing.T) {
 	t.Parallel()
 	e := testenv.New(t)
-	pod := podWithLoUp(t, e)
 	id := "a30lockadd"
-	for _, ifn := range []string{"eth0", "net1"} {
-		t.Cleanup(func() { _ = e.Del(pod, id, ifn) })
-	}
-	if _, err := a22Add(e, pod, id, "eth0"); err != nil {
-		t.Fatalf("ADD eth0: %v", err)
-	}
-	cookie := e.NetnsCookieOf(pod)
-	if _, err := testenv.LookupNetns(e.Maps(), cookie); err != nil {
-		t.Fatalf("the pod's netns (cookie %d) has no cni_netns entry after ADD: %v", cookie, err)
-	}
+	pod, cookie := podWithEth0Entry(t, e, id)
 	a30PodHoldsNetnsLock(t, pod)
 
 	start := time.Now()

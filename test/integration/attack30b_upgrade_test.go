@@ -18,7 +18,6 @@
 package integration
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -89,38 +88,10 @@ func TestAttack30bUpgradeOldDelBesideNewAdd(t *testing.T) {
 	t.Parallel()
 	old := a30bOldCrashBinary(t)
 	e := testenv.New(t)
-	pod := podWithLoUp(t, e)
 	id := "a30bupg"
-	for _, ifn := range []string{"eth0", "net1"} {
-		t.Cleanup(func() { _ = e.Del(pod, id, ifn) })
-	}
-	if _, err := a22Add(e, pod, id, "eth0"); err != nil {
-		t.Fatalf("ADD eth0: %v", err)
-	}
-	cookie := e.NetnsCookieOf(pod)
-	if _, err := testenv.LookupNetns(e.Maps(), cookie); err != nil {
-		t.Fatalf("no cni_netns entry after ADD: %v", err)
-	}
+	pod, cookie := podWithEth0Entry(t, e, id)
 
-	del := exec.Command(old)
-	del.Env = []string{"CNI_COMMAND=DEL", "CNI_CONTAINERID=" + id, "CNI_IFNAME=eth0", "CNI_PATH=" + testenv.BinDir,
-		"CNI_NETNS=" + pod.Path(), "EBPF_CNI_STOP_AT=del-look"}
-	del.Stdin = bytes.NewReader(e.StdinConf(nil))
-	out := &bytes.Buffer{}
-	del.Stdout, del.Stderr = out, out
-	if err := e.InNode(del.Start); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { del.Process.Signal(syscall.SIGCONT); del.Process.Kill() })
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", del.Process.Pid))
-		if f := strings.Fields(string(b)); len(f) > 2 && f[2] == "T" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the old DEL did not stop at del-look:\n%s", out)
-		}
-	}
+	del, out := stoppedVerb(t, e, old, "DEL", pod, id, "eth0", "del-look")
 
 	added := make(chan error, 1)
 	var res1 *current.Result
