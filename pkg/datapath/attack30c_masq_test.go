@@ -68,3 +68,28 @@ func TestAttack30cMasqForgedFINFirst(t *testing.T) {
 		t.Errorf("forged RSTs out of order: flags %#x, share %d; want the flow established, share 1", fl, share)
 	}
 }
+
+// TestAttack30cMasqForgedFINReplaces: the server's real FIN arrives out of
+// order and waits for the pod's ack of its end (masqrace30); a FIN forged
+// from outside at another number farther ahead of the tracked end (up to
+// 2^30 ahead: a blind attacker who knows the 4-tuple hits that with a
+// quarter of the sequence space) took the waiting FIN's place, the pod's
+// ACK of the real end counted nothing and the flow kept its share after a
+// FIN each way (red before: flags 0xf71e, share 1). Now a FIN waiting
+// nearer end keeps its place.
+func TestAttack30cMasqForgedFINReplaces(t *testing.T) {
+	flow := masq30cFlows(t, 50)
+	at := nodeIP
+
+	m := flow()
+	m.open(at)
+	m.reordered(at, m.p+1)
+	m.fromServer("real FIN out of order", at, m.s+21, m.p+1, finFlag|ackFlag, nil)
+	m.fromServer("forged FIN ahead", at, m.s+3000, m.p+1, finFlag|ackFlag, nil)
+	m.fromPod("ACK of the real FIN", m.p+1, m.s+22, ackFlag, nil)
+	m.fromPod("FIN", m.p+1, m.s+22, finFlag|ackFlag, nil)
+	m.fromServer("ACK of the pod's FIN", at, m.s+22, m.p+2, ackFlag, nil)
+	if fl, share := m.state(); fl&flowFinBoth != flowFinBoth || fl&flowClosingBit == 0 || share != 0 {
+		t.Errorf("the real FIN waiting, then a forged one: flags %#x, share %d; want a FIN each way, closing, share 0", fl, share)
+	}
+}
