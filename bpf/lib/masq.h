@@ -596,6 +596,15 @@ static __noinline void snat_peer_fin_wait(const struct flow *f, struct snat_val 
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &k);
 	if (!fv)
 		return;
+	/* A FIN already waiting nearer end (still ahead of it) keeps its
+	 * place: the server sends one FIN at one number (its retransmissions
+	 * too), so a farther one is forged; one forged from outside at any
+	 * number ahead took the real one's place, whose ack then counted
+	 * nothing (attack30c). A blind forger now has to land between end
+	 * and the real FIN. */
+	__u32 end = snat_seq_of(rv)->end, w = (__u32)fv->seen_ns;
+	if ((fv->flags & SNAT_F_PEER_FIN) && w - end - 1 < SNAT_ACK_BOUND && e - end > w - end)
+		return;
 	/* It acknowledges the pod's waiting FIN (fin21's flows: its end is
 	 * the forward entry's low word). */
 	__u32 acks = (fl & SNAT_F_FIN_WAIT) && snat_has_ack(fl) && (sp->flags & TCP_FLAG_ACK) &&
