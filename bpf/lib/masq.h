@@ -619,8 +619,13 @@ static __noinline void snat_peer_fin_wait(const struct flow *f, struct snat_val 
  * the FIN's end counts the FIN (FLOW_F_FIN_REPLY, and FLOW_F_PEER_FIRST
  * when the pod's FIN has not counted; with SNAT_F_PEER_FIN_ACKS the pod's
  * waiting FIN too, A its end), and the peer's end is the FIN's (what the
- * pod acknowledged it received). Any other segment leaves it waiting.
- * Returns the state.
+ * pod acknowledged it received), unless the peer's end reached the FIN's
+ * end already: the peer's data, in order, covered the FIN's number, which
+ * a real FIN's never carries (a FIN forged ahead, whose end the pod's ack
+ * of that data matched: attack31). An ACK past the FIN's end (within the
+ * bound) ends the wait too, counting nothing: the pod received past it, so
+ * no FIN was there (left waiting, it came ahead of end again once the
+ * numbers wrapped). Any other segment leaves it waiting. Returns the state.
  */
 static __noinline __u16 snat_peer_fin_acked(struct __sk_buff *skb, const struct flow *f, struct snat_val *fv, __u16 fl)
 {
@@ -632,8 +637,14 @@ static __noinline __u16 snat_peer_fin_acked(struct __sk_buff *skb, const struct 
 	struct snat_key k;
 
 	if ((f->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_RST | TCP_FLAG_ACK)) != TCP_FLAG_ACK || off > 0xff ||
-	    (void *)(t + 12) > data_end || bpf_ntohl(*(__be32 *)(t + 8)) != e)
+	    (void *)(t + 12) > data_end)
 		return fl;
+	__u32 a = bpf_ntohl(*(__be32 *)(t + 8));
+	if (a != e) {
+		if (a - e < SNAT_ACK_BOUND)
+			snat_flags_apply(fv, 0, SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS);
+		return fl;
+	}
 	snat_flags_apply(fv, 0, SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS);
 	snat_key_of(&k, SNAT_DIR_REV, fv->addr, fv->port, f->daddr, f->dport, f->family, f->proto);
 	struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
@@ -642,8 +653,9 @@ static __noinline __u16 snat_peer_fin_acked(struct __sk_buff *skb, const struct 
 	struct snat_seq *q = snat_seq_of(rv);
 	__u32 rfl = rv->flags;
 
-	if (e - q->end - 1 < SNAT_ACK_BOUND)
-		q->end = e;
+	if (e - q->end - 1 >= SNAT_ACK_BOUND)
+		return fl; /* the peer's data reached the FIN's end: no FIN was there */
+	q->end = e;
 	if ((pf & SNAT_F_PEER_FIN_ACKS) && (rfl & SNAT_F_FIN_WAIT) && snat_has_ack(rfl)) {
 		q->win = (__u32)fv->created_ns; /* A: the peer acknowledged the pod's FIN */
 		snat_flags_apply(rv, 0, SNAT_F_FIN_WAIT);

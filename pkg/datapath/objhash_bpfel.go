@@ -6,14 +6,14 @@ package datapath
 var objHashes = map[string]objHash{
 	"from_container":        {size: 566248, crc: 0x6f837c2a, sha: "0fbe3481ae79"},
 	"from_container_compat": {size: 535576, crc: 0xeb5781f6, sha: "008a2f18c240"},
-	"from_uplink":           {size: 506520, crc: 0x6f4e7627, sha: "d328e575b288"},
-	"from_uplink_compat":    {size: 421872, crc: 0x80a1d210, sha: "2806efb2149a"},
+	"from_uplink":           {size: 506680, crc: 0xf67bb823, sha: "c3261eb71e3d"},
+	"from_uplink_compat":    {size: 421872, crc: 0x6a59f182, sha: "c95401fa81b6"},
 	"sock":                  {size: 182192, crc: 0x29dadfcd, sha: "735ddd79559d"},
 	"sock_compat":           {size: 171824, crc: 0x7e011edc, sha: "df205e2dabbe"},
 	"sock_ops":              {size: 165072, crc: 0xb99e9478, sha: "7aaa6be03cc3"},
 	"to_container":          {size: 203808, crc: 0x8e02fb7b, sha: "8be73083a182"},
 	"to_container_compat":   {size: 188456, crc: 0x36c708d6, sha: "5e456cdca277"},
-	"to_uplink":             {size: 387776, crc: 0x8fff308a, sha: "504d34278e85"},
-	"to_uplink_compat":      {size: 350928, crc: 0xa72fd9a3, sha: "f4faf2ad691f"},
+	"to_uplink":             {size: 387944, crc: 0x93d83fa3, sha: "40888c839287"},
+	"to_uplink_compat":      {size: 351128, crc: 0xe61f1fab, sha: "f8f572eaff5e"},
 	"tunnel":                {size: 340536, crc: 0x3cce5bc4, sha: "d1602b74a273"},
 }
