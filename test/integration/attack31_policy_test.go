@@ -11,6 +11,7 @@ package integration
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os/exec"
 	"slices"
 	"sort"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/policy"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
@@ -195,4 +197,48 @@ func TestAttack31PolicyDelBesideStoppedAdd(t *testing.T) {
 		t.Errorf("after every DEL: %v", left)
 	}
 	h.AssertClean()
+}
+
+// TestAttack31PolicyStoppedAddUnreachable: a networkPolicy ADD stopped at
+// each step after its Install (endpoints: the endpoint entries written;
+// host, pod: the routes each side; recorded: everything but the result),
+// then let go: the pod, serving TCP, is never reachable from a pod whose
+// own policy is open, while stopped nor once added (pending until the
+// agent's first write). Control: its policy written open, the same dial
+// reaches it.
+func TestAttack31PolicyStoppedAddUnreachable(t *testing.T) {
+	t.Parallel()
+	p := newPolLab(t, false)
+	p.apply(t, "a", policy.Endpoint{})
+	for i, step := range []string{"endpoints", "host", "pod", "recorded"} {
+		id := fmt.Sprintf("a31pu%d", i)
+		pod := p.NewPod()
+		p.CleanupDel(pod, id)
+		serve(t, pod, 8080, id)
+		add, out := stoppedAdd(t, p.Env, pod, id, "eth0", step)
+		var ips []net.IP
+		for _, s := range p.ReservationsOf(id) {
+			ips = append(ips, net.ParseIP(s))
+		}
+		if len(ips) == 0 {
+			t.Fatalf("%s: no IPAM reservation of the stopped ADD", step)
+		}
+		for _, ip := range ips {
+			blocked(t, p.a, "tcp", ip, 8080)
+		}
+		add.Process.Signal(syscall.SIGCONT)
+		if err := add.Wait(); err != nil {
+			t.Fatalf("%s: the ADD let go: %v\n%s", step, err, out)
+		}
+		for _, ip := range ips {
+			blocked(t, p.a, "tcp", ip, 8080)
+		}
+		_, idx := p.HostVeth(id)
+		p.idx[id] = uint32(idx)
+		p.apply(t, id, policy.Endpoint{})
+		for _, ip := range ips {
+			reach(t, p.a, "tcp", ip, 8080, id)
+		}
+		must(t, p.Del(pod, id, "eth0"))
+	}
 }
