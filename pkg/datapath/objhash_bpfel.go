@@ -6,14 +6,14 @@ package datapath
 var objHashes = map[string]objHash{
 	"from_container":        {size: 566248, crc: 0x6f837c2a, sha: "0fbe3481ae79"},
 	"from_container_compat": {size: 535576, crc: 0xeb5781f6, sha: "008a2f18c240"},
-	"from_uplink":           {size: 506520, crc: 0x6f4e7627, sha: "d328e575b288"},
-	"from_uplink_compat":    {size: 421872, crc: 0x80a1d210, sha: "2806efb2149a"},
+	"from_uplink":           {size: 511704, crc: 0xa3324053, sha: "a8c4e65706b3"},
+	"from_uplink_compat":    {size: 426112, crc: 0xd50d6ccd, sha: "faa780da3c3b"},
 	"sock":                  {size: 182192, crc: 0x29dadfcd, sha: "735ddd79559d"},
 	"sock_compat":           {size: 171824, crc: 0x7e011edc, sha: "df205e2dabbe"},
 	"sock_ops":              {size: 165072, crc: 0xb99e9478, sha: "7aaa6be03cc3"},
 	"to_container":          {size: 203808, crc: 0x8e02fb7b, sha: "8be73083a182"},
 	"to_container_compat":   {size: 188456, crc: 0x36c708d6, sha: "5e456cdca277"},
-	"to_uplink":             {size: 387776, crc: 0x8fff308a, sha: "504d34278e85"},
-	"to_uplink_compat":      {size: 350928, crc: 0xa72fd9a3, sha: "f4faf2ad691f"},
+	"to_uplink":             {size: 388752, crc: 0x891cb995, sha: "d153e53281b0"},
+	"to_uplink_compat":      {size: 352008, crc: 0x3f1bee72, sha: "3876241447b7"},
 	"tunnel":                {size: 340536, crc: 0x3cce5bc4, sha: "d1602b74a273"},
 }
