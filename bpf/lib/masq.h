@@ -184,6 +184,23 @@ static __always_inline void snat_flags_write(void *v, __u16 before, __u16 after)
  */
 #define SNAT_F_PEER_FIN (1U << 9)
 #define SNAT_F_PEER_FIN_ACKS (1U << 10)
+/*
+ * An RST of the peer's that the tracking did not count waits in the same
+ * place (pkt31): SNAT_F_PEER_FIN with SNAT_F_PEER_RST, its sequence number
+ * S in the low word of seen_ns. RFC 5961's rule stays (an RST merely in the
+ * window closes nothing by itself), but the tracking's end can lag behind
+ * the pod's next number (data taken out of order moves it only with the
+ * pod's ACK of it), so an RST exactly at the pod's next number, which the
+ * pod's TCP takes, was inexact here when it overtook that ACK: the flow
+ * stayed established until its idle timeout. The pod's next ACK decides:
+ * exactly S, sent before its TCP took the RST, counts it (FLOW_F_CLOSING);
+ * any other not behind end (the pod's challenge ACK: its next number was
+ * not S) drops it, so a forged RST cannot wait for the pod's data to reach
+ * its number later; one behind end (sent before) leaves it waiting.
+ * Forward TCP entries only: bit 11 is free there (a reverse entry's is
+ * SNAT_F_UNSHARED). A FIN waiting keeps its place.
+ */
+#define SNAT_F_PEER_RST (1U << 11)
 
 /* The forward entry's last use for its expiry: while a FIN of the peer's
  * waits, the latest time its seen_ns may stand for. */
@@ -610,7 +627,42 @@ static __noinline void snat_peer_fin_wait(const struct flow *f, struct snat_val 
 	__u32 acks = (fl & SNAT_F_FIN_WAIT) && snat_has_ack(fl) && (sp->flags & TCP_FLAG_ACK) &&
 		     sp->ack == (__u32)fv->created_ns;
 	fv->seen_ns = (fv->seen_ns & ~SNAT_LOW_WORD) | e;
-	snat_flags_apply(fv, SNAT_F_PEER_FIN | (acks ? SNAT_F_PEER_FIN_ACKS : 0), acks ? 0 : SNAT_F_PEER_FIN_ACKS);
+	snat_flags_apply(fv, SNAT_F_PEER_FIN | (acks ? SNAT_F_PEER_FIN_ACKS : 0),
+			 (acks ? 0 : SNAT_F_PEER_FIN_ACKS) | SNAT_F_PEER_RST);
+}
+
+/*
+ * The peer's RST f that the tracking did not count (not at its end) of the
+ * flow whose reverse entry is rv: when its number S (in the programs'
+ * scratch, which the tracking loaded) is past end by at most
+ * SNAT_ACK_BOUND, it waits on the forward entry for the pod's next ACK
+ * (SNAT_F_PEER_RST; snat_peer_fin_acked). Rare: the forward entry is looked
+ * up only then.
+ */
+static __noinline void snat_peer_rst_wait(const struct flow *f, struct snat_val *rv)
+{
+	struct tcp_seg *sp = tcp_seg_scratch();
+	__u32 fl = rv->flags;
+	struct snat_key k;
+
+	if (!sp || !(sp->flags & TCP_FLAG_RST) || (sp->flags & TCP_FLAG_SYN) ||
+	    (fl & (SNAT_F_SEQ | SNAT_F_PEER_END)) != (SNAT_F_SEQ | SNAT_F_PEER_END) ||
+	    (fl & (FLOW_F_CLOSING | SNAT_F_UNSHARED)))
+		return;
+	__u32 s = sp->seq, end = snat_seq_of(rv)->end;
+	if (s - end - 1 >= SNAT_ACK_BOUND)
+		return; /* not ahead of end, or too far */
+	snat_key_of(&k, SNAT_DIR_FWD, rv->addr, rv->port, f->saddr, f->sport, f->family, f->proto);
+	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &k);
+	if (!fv)
+		return;
+	/* A FIN waiting keeps its place, and so does an RST nearer end. */
+	__u32 pf = fv->flags, w = (__u32)fv->seen_ns;
+	if ((pf & SNAT_F_PEER_FIN) &&
+	    (!(pf & SNAT_F_PEER_RST) || (w - end - 1 < SNAT_ACK_BOUND && s - end > w - end)))
+		return;
+	fv->seen_ns = (fv->seen_ns & ~SNAT_LOW_WORD) | s;
+	snat_flags_apply(fv, SNAT_F_PEER_FIN | SNAT_F_PEER_RST, SNAT_F_PEER_FIN_ACKS);
 }
 
 /*
@@ -625,7 +677,9 @@ static __noinline void snat_peer_fin_wait(const struct flow *f, struct snat_val 
  * of that data matched: attack31). An ACK past the FIN's end (within the
  * bound) ends the wait too, counting nothing: the pod received past it, so
  * no FIN was there (left waiting, it came ahead of end again once the
- * numbers wrapped). Any other segment leaves it waiting. Returns the state.
+ * numbers wrapped). Any other segment leaves it waiting. A waiting RST
+ * (SNAT_F_PEER_RST) counts as FLOW_F_CLOSING at an ACK of exactly its
+ * number, and is dropped at any other not behind end. Returns the state.
  */
 static __noinline __u16 snat_peer_fin_acked(struct __sk_buff *skb, const struct flow *f, struct snat_val *fv, __u16 fl)
 {
@@ -640,19 +694,34 @@ static __noinline __u16 snat_peer_fin_acked(struct __sk_buff *skb, const struct 
 	    (void *)(t + 12) > data_end)
 		return fl;
 	__u32 a = bpf_ntohl(*(__be32 *)(t + 8));
-	if (a != e) {
+	if (a != e && !(pf & SNAT_F_PEER_RST)) {
 		if (a - e < SNAT_ACK_BOUND)
 			snat_flags_apply(fv, 0, SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS);
 		return fl;
 	}
-	snat_flags_apply(fv, 0, SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS);
 	snat_key_of(&k, SNAT_DIR_REV, fv->addr, fv->port, f->daddr, f->dport, f->family, f->proto);
 	struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
-	if (!rv || !(rv->flags & SNAT_F_SEQ) || (rv->flags & (SNAT_F_UNSHARED | FLOW_F_FIN_REPLY | FLOW_F_CLOSING)))
+	if (a != e) {
+		/* A waiting RST: the pod's next number not behind end and
+		 * not S (its challenge ACK): the RST was not taken. One
+		 * behind end was sent before (a duplicate ACK). */
+		if (rv && (__s32)(a - snat_seq_of(rv)->end) >= 0)
+			snat_flags_apply(fv, 0, SNAT_F_PEER_FIN | SNAT_F_PEER_RST);
+		return fl;
+	}
+	snat_flags_apply(fv, 0, SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS | SNAT_F_PEER_RST);
+	if (!rv || !(rv->flags & SNAT_F_SEQ) ||
+	    (rv->flags & (SNAT_F_UNSHARED | FLOW_F_CLOSING | ((pf & SNAT_F_PEER_RST) ? 0 : FLOW_F_FIN_REPLY))))
 		return fl;
 	struct snat_seq *q = snat_seq_of(rv);
 	__u32 rfl = rv->flags;
 
+	/* The RST counts as one at end would have (flow_next, snat_next). */
+	if (pf & SNAT_F_PEER_RST) {
+		if (e - q->end - 1 < SNAT_ACK_BOUND)
+			q->end = e;
+		return (fl | FLOW_F_CLOSING) & ~FLOW_F_PEER_FIRST;
+	}
 	if (e - q->end - 1 >= SNAT_ACK_BOUND)
 		return fl; /* the peer's data reached the FIN's end: no FIN was there */
 	q->end = e;
@@ -1531,7 +1600,7 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 		}
 		/* A SYN: a new flow on the tuple, kept no more (no branch). */
 		if (f->syn_only)
-			snat_flags_apply(fv, 0, SNAT_F_KEPT | SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS);
+			snat_flags_apply(fv, 0, SNAT_F_KEPT | SNAT_F_PEER_FIN | SNAT_F_PEER_FIN_ACKS | SNAT_F_PEER_RST);
 		/* The pod's FIN waits for the peer's ack (both entries). */
 		if (rv && f->proto == IPPROTO_TCP && (f->tcp_flags & TCP_FLAG_FIN))
 			fl = snat_fin_pod(skb, f, rv, fv, fl);
@@ -1687,6 +1756,10 @@ static __always_inline int masq_reverse(struct __sk_buff *skb, const struct flow
 		/* A FIN out of order waits for the pod's ack of its end. */
 		if (!counts && (f.tcp_flags & (TCP_FLAG_FIN | TCP_FLAG_RST)) == TCP_FLAG_FIN)
 			snat_peer_fin_wait(&f, rv);
+		/* One ahead of end waits for the pod's next ACK (RFC 5961's
+		 * challenge ACK shows where the pod's next number is). */
+		else if (!counts && (f.tcp_flags & TCP_FLAG_RST))
+			snat_peer_rst_wait(&f, rv);
 	}
 	__u16 base = rv->flags;
 	__u16 fl = snat_next(base, &f, 1, rv->created_ns, now);
