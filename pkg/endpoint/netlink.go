@@ -593,16 +593,46 @@ func PinNameOf(stateDir string, l netlink.Link) string {
 			return a.Name
 		}
 	}
+	if name, ok := IndexHostVeths(stateDir).PinName(l); ok {
+		return name
+	}
+	return a.Name
+}
+
+// HostVethIndex is the records under a state directory (every network's)
+// by their host veth's ifindex: one read of them for many links.
+type HostVethIndex map[int][]networkRecord
+
+type networkRecord struct {
+	network string
+	rec     *state.Record
+}
+
+// IndexHostVeths reads every record under stateDir once.
+func IndexHostVeths(stateDir string) HostVethIndex {
+	x := HostVethIndex{}
 	nets, _ := state.Networks(stateDir)
 	for _, n := range nets {
 		recs, _ := state.Store{Root: stateDir, Network: n}.List()
 		for _, rec := range recs {
-			if rec.HostIfindex == a.Index && RecordedHostVeth(l, rec, n) {
-				return state.HostIfName(rec.ContainerID, rec.IfName)
+			if rec.HostIfindex != 0 {
+				x[rec.HostIfindex] = append(x[rec.HostIfindex], networkRecord{n, rec})
 			}
 		}
 	}
-	return a.Name
+	return x
+}
+
+// PinName is the host veth name of the record whose host veth node link l
+// is (RecordedHostVeth: its ifindex and MAC, under any name); ok false
+// when l is no record's host veth.
+func (x HostVethIndex) PinName(l netlink.Link) (name string, ok bool) {
+	for _, r := range x[l.Attrs().Index] {
+		if RecordedHostVeth(l, r.rec, r.network) {
+			return state.HostIfName(r.rec.ContainerID, r.rec.IfName), true
+		}
+	}
+	return "", false
 }
 
 // recordedMAC tells whether l has the host veth's MAC rec holds (any
