@@ -198,29 +198,11 @@ func (b *background) reap(ctx context.Context, full bool, gone map[int]string) (
 // migrate moves the pods waiting for tcx: on a full pass every host veth
 // with a clsact qdisc not known to be done, else those the events named. A
 // host veth is one named ebpf… or any link a record names as its host
-// veth (renamed by an operator: endpoint.HostVethIndex). A veth whose move
-// fails is logged once per reason (noteRefusal) and tried again on the
-// next full pass (refused).
+// veth (renamed by an operator: hostVeths). A veth whose move fails is
+// logged once per reason (noteRefusal) and tried again on the next full
+// pass (refused).
 func (b *background) migrate(ctx context.Context, full bool, fresh map[int]string) (moved int, refused bool, errs error) {
-	var index endpoint.HostVethIndex // read at the first link not named ebpf…
-	renamed := map[int]string{}      // such links that are host veths: their record's name
-	recorded := func(idx int, name string) bool {
-		if strings.HasPrefix(name, state.HostIfPrefix) {
-			return true
-		}
-		l, err := netlink.LinkByIndex(idx)
-		if err != nil || l.Attrs().Name != name || l.Type() != "veth" {
-			return false
-		}
-		if index == nil {
-			index = endpoint.IndexHostVeths(b.stateDir)
-		}
-		pins, ok := index.PinName(l)
-		if ok {
-			renamed[idx] = pins
-		}
-		return ok
-	}
+	hv := &hostVeths{stateDir: b.stateDir}
 	if full {
 		hs, err := datapath.ClsactHolders()
 		if err != nil {
@@ -230,7 +212,10 @@ func (b *background) migrate(ctx context.Context, full bool, fresh map[int]strin
 			b.mu.Lock()
 			done := b.settled[h.Ifindex] == h.Name
 			b.mu.Unlock()
-			if !done && recorded(h.Ifindex, h.Name) {
+			if done {
+				continue // skipped before any look: most veths of a node are done
+			}
+			if _, ok := hv.pinsOf(h.Ifindex, h.Name); ok {
 				fresh[h.Ifindex] = h.Name
 			}
 		}
@@ -247,7 +232,8 @@ func (b *background) migrate(ctx context.Context, full bool, fresh map[int]strin
 		errs = m.StackFlows().SyncNoParts()
 	}
 	for idx, name := range fresh {
-		if _, ok := renamed[idx]; !ok && !recorded(idx, name) {
+		pins, ok := hv.pinsOf(idx, name)
+		if !ok {
 			continue // another plugin's veth, or a pod's: not ours
 		}
 		// Each look is two filter dumps under RTNL: one veth at a time,
@@ -263,41 +249,70 @@ func (b *background) migrate(ctx context.Context, full bool, fresh map[int]strin
 				errs = errors.Join(errs, m.StackFlows().EnsurePart(idx))
 			}
 		}
-		// The veth's link pins are under its record's host veth name,
-		// whatever its name now (an operator may have renamed it), where
-		// the verbs and status look for them: the move pins there, and the
-		// veth is done by what is pinned there.
-		pins, ok := renamed[idx]
-		if !ok {
-			pins = name
-			if l, err := netlink.LinkByIndex(idx); err == nil && l.Attrs().Name == name {
-				pins = endpoint.PinNameOf(b.stateDir, l)
-			}
-		}
-		v, ok := datapath.TCVethOf(idx, name)
-		v.Pins = pins
-		if ok && v.Pending() {
-			if err := datapath.Migrate(ctx, b.pinRoot, v, b.before); err != nil {
-				if ctx.Err() != nil {
-					return moved, refused, errors.Join(errs, err)
-				}
-				b.noteRefusal(idx, name, err)
-				refused = true
-				continue
-			}
+		did, err := b.moveOne(ctx, idx, name, pins)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return moved, refused, errors.Join(errs, err)
+		case err != nil:
+			b.noteRefusal(idx, name, err)
+			refused = true
+		case did:
 			moved++
 			b.noteMoved(idx, name, pins)
 		}
-		// Done for good only on tcx, or on tc by configuration; a veth
-		// caught before its ADD attached anything is looked at again.
-		st := datapath.AttachmentOf(b.pinRoot, idx, pins)
-		b.mu.Lock()
-		if _, changed := b.fresh[idx]; !changed && (st == datapath.StateTCX || st == datapath.StateTC) {
-			b.settled[idx] = name
-		}
-		b.mu.Unlock()
 	}
 	return moved, refused, errs
+}
+
+// moveOne moves host veth name (ifindex idx) to tcx if it waits for it,
+// its links pinned under pins, and notes it done for good once it is on
+// tcx, or on tc by configuration (a veth caught before its ADD attached
+// anything is looked at again).
+func (b *background) moveOne(ctx context.Context, idx int, name, pins string) (moved bool, err error) {
+	v, ok := datapath.TCVethOf(idx, name)
+	v.Pins = pins
+	if ok && v.Pending() {
+		if err := datapath.Migrate(ctx, b.pinRoot, v, b.before); err != nil {
+			return false, err
+		}
+		moved = true
+	}
+	st := datapath.AttachmentOf(b.pinRoot, idx, pins)
+	b.mu.Lock()
+	if _, changed := b.fresh[idx]; !changed && (st == datapath.StateTCX || st == datapath.StateTC) {
+		b.settled[idx] = name
+	}
+	b.mu.Unlock()
+	return moved, nil
+}
+
+// hostVeths tells which node links are host veths of ours, and the name
+// their link pins are under: the record's host veth name, whatever the
+// link's name now (an operator may have renamed it), where the verbs and
+// status look for them: the move pins there, and the veth is done by what
+// is pinned there. A link named ebpf… is judged as before (PinNameOf); any
+// other only when a record names it (its ifindex and MAC:
+// RecordedHostVeth), the records read once, at the first such link.
+type hostVeths struct {
+	stateDir string
+	index    endpoint.HostVethIndex
+}
+
+func (h *hostVeths) pinsOf(idx int, name string) (pins string, ok bool) {
+	l, err := netlink.LinkByIndex(idx)
+	if strings.HasPrefix(name, state.HostIfPrefix) {
+		if err == nil && l.Attrs().Name == name {
+			return endpoint.PinNameOf(h.stateDir, l), true
+		}
+		return name, true
+	}
+	if err != nil || l.Attrs().Name != name || l.Type() != "veth" {
+		return "", false
+	}
+	if h.index == nil {
+		h.index = endpoint.IndexHostVeths(h.stateDir)
+	}
+	return h.index.PinName(l)
 }
 
 // noteRefusal logs why a host veth was not moved to tcx, once per veth and
