@@ -1,0 +1,76 @@
+//go:build review_repro
+
+package datapath
+
+import "testing"
+
+// attack31b: hostile review of the merged waiting FIN/RST (attack31's and
+// pkt31's rules in snat_peer_fin_wait, snat_peer_rst_wait and
+// snat_peer_fin_acked), on hand-made segments as TestMasqPeerRSTReordered.
+
+// TestAttack31bMasqRSTOvertakenByData: attack31's FIN, as an RST. An RST
+// forged from outside ahead of the tracked end waits for the pod's next
+// ACK; the pod's challenge ACK (its next number when the RST reached it)
+// comes back behind the tracked end whenever more of the server's data
+// passed the node meanwhile (a bulk stream: the node's end leads the pod's
+// ACKs by what is in flight to the pod), and one behind end leaves it
+// waiting, as do the pod's ACKs of the data after it. The server's data,
+// in order, reaches the RST's number and the pod acknowledges exactly it:
+// that ACK counted the forged RST (FLOW_F_CLOSING: the flow's entries go in
+// 10 s) while the pod's connection lived and the server went on sending.
+// A blind forger needs a number ahead of end at a boundary of the server's
+// segments that the pod acknowledges, not the pod's exact next number.
+//
+//	go test -tags review_repro -count=1 -run 'TestAttack31bMasqRSTOvertakenByData$' ./pkg/datapath/
+func TestAttack31bMasqRSTOvertakenByData(t *testing.T) {
+	flow := masq30cFlows(t, 130)
+	at := nodeIP
+
+	for _, s := range []uint32{5000, 0xfffffff0} {
+		m := flow()
+		m.s = s
+		m.open(at)
+		m.fromServer("forged RST ahead", at, m.s+21, 0, rstFlag, nil)
+		if !m.waiting() {
+			t.Fatalf("s %#x: the forged RST ahead of end does not wait", s)
+		}
+		m.fromServer("data 1", at, m.s+1, m.p+1, ackFlag|0x08, []byte("0123456789"))
+		m.fromPod("challenge ACK (sent before data 1 reached the pod)", m.p+1, m.s+1, ackFlag, nil)
+		m.fromServer("data 2, up to the forged RST's number", at, m.s+11, m.p+1, ackFlag|0x08, []byte("abcdefghij"))
+		m.fromPod("ACK of data 1", m.p+1, m.s+11, ackFlag, nil)
+		m.fromPod("ACK of data 2 (the forged RST's number)", m.p+1, m.s+21, ackFlag, nil)
+		if fl, share := m.state(); fl&flowClosingBit != 0 || share != 1 {
+			t.Errorf("s %#x: a forged RST ahead, the server's data in order up to its number, the pod's ACK of it: flags %#x, share %d; want not closing, share 1", s, fl, share)
+		}
+	}
+}
+
+// TestAttack31bMasqForgedFINBlocksRST: a FIN forged from outside anywhere
+// in the 2^30 ahead of the tracked end (a blind forger: one guess in four)
+// waits and stays (the pod's answer, its next number, is behind it), and
+// "a waiting FIN keeps its place" then turns away the server's real RST
+// that overtook the pod's ACK (pkt31's case): the pod's ACK of the RST's
+// number counts nothing and the flow stays established until its idle
+// timeout (~1 h), holding its share of ports (as every RST ahead of end did
+// before pkt31). The nearer-wins rule that guards a waiting FIN against a
+// farther forged FIN (attack30c) did not apply to an RST meeting a FIN.
+//
+//	go test -tags review_repro -count=1 -run 'TestAttack31bMasqForgedFINBlocksRST$' ./pkg/datapath/
+func TestAttack31bMasqForgedFINBlocksRST(t *testing.T) {
+	flow := masq30cFlows(t, 150)
+	at := nodeIP
+
+	for _, s := range []uint32{5000, 0xfffffff0} {
+		m := flow()
+		m.s = s
+		m.open(at)
+		m.reordered(at, m.p+1)
+		m.fromServer("forged FIN far ahead", at, m.s+70000, m.p+1, finFlag|ackFlag, nil)
+		m.fromPod("the pod's answer (its next number)", m.p+1, m.s+21, ackFlag, nil)
+		m.fromServer("real RST at the pod's next", at, m.s+21, 0, rstFlag, nil)
+		m.fromPod("ACK of the reordered data (sent before the RST)", m.p+1, m.s+21, ackFlag, nil)
+		if fl, _ := m.state(); fl&flowClosingBit == 0 {
+			t.Errorf("s %#x: a FIN forged far ahead, then the real RST at the pod's next and its ACK: flags %#x; want closing", s, fl)
+		}
+	}
+}
