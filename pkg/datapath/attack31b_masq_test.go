@@ -1,5 +1,3 @@
-//go:build review_repro
-
 package datapath
 
 import "testing"
@@ -17,11 +15,11 @@ import "testing"
 // waiting, as do the pod's ACKs of the data after it. The server's data,
 // in order, reaches the RST's number and the pod acknowledges exactly it:
 // that ACK counted the forged RST (FLOW_F_CLOSING: the flow's entries go in
-// 10 s) while the pod's connection lived and the server went on sending.
-// A blind forger needs a number ahead of end at a boundary of the server's
-// segments that the pod acknowledges, not the pod's exact next number.
-//
-//	go test -tags review_repro -count=1 -run 'TestAttack31bMasqRSTOvertakenByData$' ./pkg/datapath/
+// 10 s) while the pod's connection lived and the server went on sending
+// (red before: flags 0xf74e). A blind forger needed a number ahead of end
+// at a boundary of the server's segments that the pod acknowledges, not
+// the pod's exact next number. Now the pod's ACK of the RST's number counts
+// it only while end is still behind it, as attack31's FIN.
 func TestAttack31bMasqRSTOvertakenByData(t *testing.T) {
 	flow := masq30cFlows(t, 130)
 	at := nodeIP
@@ -52,10 +50,12 @@ func TestAttack31bMasqRSTOvertakenByData(t *testing.T) {
 // that overtook the pod's ACK (pkt31's case): the pod's ACK of the RST's
 // number counts nothing and the flow stays established until its idle
 // timeout (~1 h), holding its share of ports (as every RST ahead of end did
-// before pkt31). The nearer-wins rule that guards a waiting FIN against a
-// farther forged FIN (attack30c) did not apply to an RST meeting a FIN.
-//
-//	go test -tags review_repro -count=1 -run 'TestAttack31bMasqForgedFINBlocksRST$' ./pkg/datapath/
+// before pkt31; red before: flags 0xf70e). The nearer-wins rule that
+// guards a waiting FIN against a farther forged FIN (attack30c) did not
+// apply to an RST meeting a FIN; now it does: the real RST, nearer, takes
+// the forged FIN's place. (A blind forger landing between end and a real
+// waiting FIN with an RST now makes that FIN count nothing: the nearer
+// class of TestMasqPeerRSTForgedNearer, review_repro.)
 func TestAttack31bMasqForgedFINBlocksRST(t *testing.T) {
 	flow := masq30cFlows(t, 150)
 	at := nodeIP
