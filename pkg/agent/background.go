@@ -82,7 +82,7 @@ func (b *background) linkEvent(u netlink.LinkUpdate) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch {
-	case strings.HasPrefix(name, state.HandedOffPrefix):
+	case handedOff(name, idx):
 		delete(b.settled, idx)
 		delete(b.fresh, idx)
 		delete(b.refused, idx)
@@ -101,6 +101,18 @@ func (b *background) linkEvent(u netlink.LinkUpdate) {
 		return
 	}
 	b.wake()
+}
+
+// handedOff tells whether a node link is a host veth handed off to the
+// agent by its name: state.HandedOffName of its own ifindex, as the full
+// pass's endpoint.ListHandedOff judges it. Any other name that starts with
+// ebpz (another plugin's link, a pod's host veth an operator renamed, one
+// named after another link's ifindex) is no hand-off: the reap deleted it
+// and the map state at its ifindex (attack31c,
+// TestAttack31cEbpzNamedNotHandedOff).
+func handedOff(name string, idx int) bool {
+	n, ok := state.HandedOffIfindex(name)
+	return ok && n == idx
 }
 
 // Run does passes until ctx ends.
@@ -180,7 +192,7 @@ func (b *background) reap(ctx context.Context, full bool, gone map[int]string) (
 	var errs error
 	for idx, name := range gone {
 		h := endpoint.HandedOff{Name: name, Ifindex: idx}
-		if l, err := netlink.LinkByIndex(idx); err == nil && l.Attrs().Name == name {
+		if l, err := netlink.LinkByIndex(idx); err == nil && l.Attrs().Name == name && l.Type() == "veth" {
 			h.Link = l
 			if err := before(ctx); err != nil {
 				return n, errors.Join(errs, err)

@@ -397,10 +397,22 @@ func family(ip net.IP) int {
 // (a conflicting ADD of any network, sharing this node's pins or not; a human
 // with ip link) learns whose it is.
 func ownerAlias(network, containerID, ifname string) string {
-	if max := 200 - len(network) - len(ifname); len(containerID) > max {
-		containerID = containerID[:max] + "..."
+	if room := aliasIDRoom(network, ifname); len(containerID) > room {
+		containerID = containerID[:room] + "..."
 	}
 	return aliasPrefix + network + "/" + containerID + "/" + ifname
+}
+
+// aliasIDRoom is how many bytes of a container ID ownerAlias keeps whole:
+// the three parts come to at most 200 bytes, but the ID keeps at least one
+// byte, whatever the network's name (a valid one is up to 255 bytes, a
+// directory under stateDir: attack31c, a name of 197 bytes panicked in
+// ADD, one of 196 wrote an alias without an ID). The alias stays within
+// the kernel's 255 bytes for a network and interface name of up to 240
+// bytes together; a longer pair makes ADD's alias fail with the kernel's
+// error.
+func aliasIDRoom(network, ifname string) int {
+	return max(200-len(network)-len(ifname), 1)
 }
 
 const aliasPrefix = "ebpf-cni:"
@@ -431,8 +443,8 @@ func ParseOwnerAlias(alias string) (o AliasOwner, ok bool) {
 	}
 	o = AliasOwner{Network: parts[0], ContainerID: parts[1], IfName: parts[2]}
 	// Cut exactly when ownerAlias cuts: an ID that ends in "..." and fits
-	// is whole (the three parts come to at most 200 bytes then).
-	if cut, found := strings.CutSuffix(o.ContainerID, "..."); found && len(o.Network)+len(cut)+len(o.IfName) == 200 {
+	// is whole (it is at most aliasIDRoom bytes long then).
+	if cut, found := strings.CutSuffix(o.ContainerID, "..."); found && len(cut) == aliasIDRoom(o.Network, o.IfName) {
 		o.ContainerID, o.Truncated = cut, true
 	}
 	if utils.ValidateNetworkName(o.Network) != nil || utils.ValidateContainerID(o.ContainerID) != nil ||

@@ -1,0 +1,159 @@
+package integration
+
+import (
+	"errors"
+	"os/exec"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+	"github.com/ebpf-cni/ebpf-cni/test/testenv"
+)
+
+// TestAttack31cDelKilledVethRemovedOrders (attack31c, on depth31's DEL
+// that removes its veth's cni_links entry before it releases the pod's
+// netns lock): a pod with eth0 and net1, the agent alive (DEL hands its
+// veth off), eth0's DEL killed with SIGKILL at del-veth-removed (its veth
+// renamed ebpz<ifindex>, its cni_links entry still there, the lock
+// released by the kill). TestAttack30cDelKilledAfterHandOff lets the agent
+// reap first; here the verbs are held (the agent waits) while the rest
+// runs in another order, and the agent reaps only after:
+//
+//   - "net1-reap-retry": net1's DEL, the reap, eth0's retried DEL;
+//   - "net1-retry-reap": net1's DEL, eth0's retried DEL, the reap;
+//   - "retry-add-reap": eth0's retried DEL, an ADD of eth0 again (same
+//     container), the reap, then both DELs;
+//   - "add-reap": an ADD of eth0 again over the killed DEL's record (refused:
+//     the attachment is there until a DEL ends; it must change nothing),
+//     the reap, eth0's retried DEL, an ADD of eth0 again, then both DELs.
+//
+// After the reap the handed-off veth, its pins and its link entry are gone
+// while an eth0 ADDed again keeps its own (entry, programs); once every
+// DEL returned the pod's cni_netns entry is gone, nothing is left in the
+// pod or the node (AssertClean: pins, entries, records, leases, veths).
+//
+//	go test -count=1 -run 'TestAttack31cDelKilledVethRemovedOrders$' -v ./test/integration/
+func TestAttack31cDelKilledVethRemovedOrders(t *testing.T) {
+	t.Parallel()
+	for _, order := range []string{"net1-reap-retry", "net1-retry-reap", "retry-add-reap", "add-reap"} {
+		t.Run(order, func(t *testing.T) { a31cDelKilledOrder(t, order) })
+	}
+}
+
+func a31cDelKilledOrder(t *testing.T, order string) {
+	e := testenv.New(t)
+	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
+	defer ag.Stop()
+	pod := podWithLoUp(t, e)
+	id := testenv.RandName("a31ck")
+	for _, ifn := range []string{"eth0", "net1"} {
+		t.Cleanup(func() { _ = e.Del(pod, id, ifn) })
+		if _, err := a22Add(e, pod, id, ifn); err != nil {
+			t.Fatalf("ADD %s: %v", ifn, err)
+		}
+	}
+	cookie := e.NetnsCookieOf(pod)
+	hostIf, eth0 := e.HostVeth(id)
+	hold := e.HoldVerbs() // the agent waits: no reap until released
+	envv := pluginEnv("DEL", id, pod, "eth0")
+	envv["EBPF_CNI_CRASH_AT"] = "del-veth-removed"
+	out, err := e.RunPlugin(crashBinary(t), envv, e.StdinConf(nil))
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("DEL eth0 at del-veth-removed: %v, want SIGKILL; %s", err, out)
+	}
+	handed := state.HandedOffName(eth0)
+	if !e.NodeLinkExists(handed) {
+		t.Fatalf("eth0's host veth (ifindex %d) is not there as %s after the killed DEL, the agent held", eth0, handed)
+	}
+	if _, err := e.Maps().Links().Lookup(eth0); err != nil {
+		t.Fatalf("eth0's cni_links entry (ifindex %d) is gone already at del-veth-removed: %v", eth0, err)
+	}
+	reap := func() {
+		t.Helper()
+		hold()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			_, lerr := e.Maps().Links().Lookup(eth0)
+			if !e.NodeLinkExists(handed) && lerr != nil && !slices.ContainsFunc(datapath.VethLinkPins(e.PinDir),
+				func(p datapath.VethLinkPin) bool { return p.HostIf == handed }) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: 20 s after the verbs were released the agent has not reaped %s: link there %v, cni_links entry of %d: %v, pins %v; agent log:\n%s",
+					order, handed, e.NodeLinkExists(handed), eth0, lerr, datapath.VethLinkPins(e.PinDir), ag.Logs())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	del := func(ifn, what string) {
+		t.Helper()
+		if err := e.Del(pod, id, ifn); err != nil {
+			t.Fatalf("%s: %s: %v", order, what, err)
+		}
+	}
+	readd := func() int {
+		t.Helper()
+		if _, err := a22Add(e, pod, id, "eth0"); err != nil {
+			t.Fatalf("%s: ADD eth0 again: %v", order, err)
+		}
+		idx := e.HostIfindex(hostIf)
+		if idx == eth0 {
+			t.Fatalf("%s: eth0 ADDed again at the handed-off veth's ifindex %d", order, idx)
+		}
+		return idx
+	}
+	var again int // ifindex of eth0's host veth ADDed again, 0 when none
+	switch order {
+	case "net1-reap-retry":
+		del("net1", "DEL net1")
+		reap()
+		del("eth0", "DEL eth0 retry")
+	case "net1-retry-reap":
+		del("net1", "DEL net1")
+		del("eth0", "DEL eth0 retry")
+		reap()
+	case "retry-add-reap":
+		del("eth0", "DEL eth0 retry")
+		again = readd()
+		reap()
+	case "add-reap":
+		if _, err := a22Add(e, pod, id, "eth0"); err == nil || !strings.Contains(err.Error(), "exists already") {
+			t.Fatalf("%s: ADD eth0 over the killed DEL's record: %v, want refused (exists already)", order, err)
+		}
+		if !e.NodeLinkExists(handed) {
+			t.Errorf("%s: the refused ADD removed the handed-off veth %s", order, handed)
+		}
+		reap()
+		del("eth0", "DEL eth0 retry")
+		again = readd()
+	}
+	if again != 0 {
+		// The reap of the old veth must leave the new one alone.
+		if _, err := e.Maps().Links().Lookup(again); err != nil {
+			t.Errorf("%s: eth0 ADDed again (ifindex %d) lost its cni_links entry to the reap of %s: %v", order, again, handed, err)
+		}
+		if ids := e.ProgIDs(again); len(ids) != 2 {
+			t.Errorf("%s: eth0 ADDed again (ifindex %d) runs %d programs after the reap of %s, want 2", order, again, len(ids), handed)
+		}
+		if err := e.Check(pod, id, "eth0"); err != nil {
+			t.Errorf("%s: CHECK eth0 ADDed again, after the reap: %v", order, err)
+		}
+		if _, err := testenv.LookupNetns(e.Maps(), cookie); err != nil {
+			t.Errorf("%s: the pod's cni_netns entry is gone with eth0 and net1 both attached: %v", order, err)
+		}
+		del("eth0", "DEL eth0 (ADDed again)")
+		del("net1", "DEL net1")
+	}
+	if v, err := testenv.LookupNetns(e.Maps(), cookie); err == nil {
+		t.Errorf("%s: the pod's cni_netns entry (cookie %d) is left after every DEL returned: %+v", order, cookie, v)
+	}
+	if l := podLeftovers(t, pod); len(l) > 0 {
+		t.Errorf("%s: the pod after the DELs:\n  %s", order, strings.Join(l, "\n  "))
+	}
+	e.AssertClean()
+}
