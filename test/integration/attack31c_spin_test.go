@@ -43,20 +43,10 @@ func a31cCPU(t *testing.T, pid int) int {
 func TestAttack31cRefusedNoSpin(t *testing.T) {
 	t.Parallel()
 	e := testenv.New(t)
-	e.Extra = map[string]any{"attachMode": "tcx"}
-	p := a26Add(t, e, "a31cspin")
-	a26Rename(t, e, p, "a31csp0")
-	before := e.ProgIDs(p.idx)
-	if len(before) != 2 {
-		t.Fatalf("pod A's renamed veth runs %d programs, want 2", len(before))
-	}
+	p, before := renamedTCXPod(t, e, "a31cspin", "a31csp0")
 	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
 	defer ag.Stop()
-	netB := e.NetList(testenv.RandName("netb"), map[string]any{"type": "ebpf-cni", "pinDir": e.PinDir, "stateDir": t.TempDir(),
-		"attachMode": "tcx",
-		"ipam":       map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}}}})
-	podB := e.NewPod()
-	rt := e.RuntimeConf(podB, p.id, "eth0")
+	netB, rt := netBSameAttachment(t, e, p)
 	if _, err := e.AddList(netB, rt); err != nil {
 		t.Fatalf("network B's ADD: %v", err)
 	}

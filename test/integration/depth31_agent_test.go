@@ -107,20 +107,10 @@ func TestDepth31MoveRenamedAnyName(t *testing.T) {
 // the ADD and the ten changes).
 func TestDepth31RefusalLoggedOnce(t *testing.T) {
 	e := testenv.New(t)
-	e.Extra = map[string]any{"attachMode": "tcx"}
-	p := a26Add(t, e, "d31ref")
-	a26Rename(t, e, p, "d31ref0")
-	before := e.ProgIDs(p.idx)
-	if len(before) != 2 {
-		t.Fatalf("pod A's renamed veth runs %d programs, want 2", len(before))
-	}
+	p, before := renamedTCXPod(t, e, "d31ref", "d31ref0")
 	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
 	defer ag.Stop()
-	netB := e.NetList(testenv.RandName("netb"), map[string]any{"type": "ebpf-cni", "pinDir": e.PinDir, "stateDir": t.TempDir(),
-		"attachMode": "tcx",
-		"ipam":       map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}}}})
-	podB := e.NewPod()
-	rt := e.RuntimeConf(podB, p.id, "eth0")
+	netB, rt := netBSameAttachment(t, e, p)
 	if _, err := e.AddList(netB, rt); err != nil {
 		t.Fatalf("network B's ADD (tc filters, the agent alive): %v", err)
 	}

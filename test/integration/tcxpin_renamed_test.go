@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+	"github.com/containernetworking/cni/libcni"
+
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
@@ -31,13 +34,7 @@ import (
 func TestTCXPinOfRenamedVethKept(t *testing.T) {
 	t.Parallel()
 	e := testenv.New(t)
-	e.Extra = map[string]any{"attachMode": "tcx"}
-	p := a26Add(t, e, "pinren")
-	a26Rename(t, e, p, "pinren0")
-	before := e.ProgIDs(p.idx)
-	if len(before) != 2 {
-		t.Fatalf("pod A's renamed veth runs %d programs, want 2", len(before))
-	}
+	p, before := renamedTCXPod(t, e, "pinren", "pinren0")
 	kept := func(when string) {
 		t.Helper()
 		if after := e.ProgIDs(p.idx); !slices.Equal(after, before) {
@@ -49,11 +46,7 @@ func TestTCXPinOfRenamedVethKept(t *testing.T) {
 			}
 		}
 	}
-	netB := e.NetList(testenv.RandName("netb"), map[string]any{"type": "ebpf-cni", "pinDir": e.PinDir, "stateDir": t.TempDir(),
-		"attachMode": "tcx",
-		"ipam":       map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}}}})
-	podB := e.NewPod()
-	rt := e.RuntimeConf(podB, p.id, "eth0")
+	netB, rt := netBSameAttachment(t, e, p)
 	_, err := e.AddList(netB, rt)
 	if err == nil {
 		t.Errorf("network B's ADD over pod A's pins succeeded")
@@ -82,20 +75,10 @@ func TestTCXPinOfRenamedVethKept(t *testing.T) {
 // pins, which the agent's reap removed, detaching A's programs.
 func TestTCXPinOfRenamedVethKeptAgent(t *testing.T) {
 	e := testenv.New(t)
-	e.Extra = map[string]any{"attachMode": "tcx"}
-	p := a26Add(t, e, "pinrenag")
-	a26Rename(t, e, p, "pinrenag0")
-	before := e.ProgIDs(p.idx)
-	if len(before) != 2 {
-		t.Fatalf("pod A's renamed veth runs %d programs, want 2", len(before))
-	}
+	p, before := renamedTCXPod(t, e, "pinrenag", "pinrenag0")
 	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
 	defer ag.Stop()
-	netB := e.NetList(testenv.RandName("netb"), map[string]any{"type": "ebpf-cni", "pinDir": e.PinDir, "stateDir": t.TempDir(),
-		"attachMode": "tcx",
-		"ipam":       map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}}}})
-	podB := e.NewPod()
-	rt := e.RuntimeConf(podB, p.id, "eth0")
+	netB, rt := netBSameAttachment(t, e, p)
 	if _, err := e.AddList(netB, rt); err != nil {
 		t.Fatalf("network B's ADD (tc filters, the agent alive): %v", err)
 	}
@@ -117,4 +100,31 @@ func TestTCXPinOfRenamedVethKeptAgent(t *testing.T) {
 			t.Errorf("after network B's DEL and the agent's reap: pod A's link pin %s: %v", d, err)
 		}
 	}
+}
+
+// renamedTCXPod: network A's pod (attachMode tcx, container id, eth0),
+// its host veth renamed by an operator to renamed, its links pinned under
+// its old name; before is the two programs its veth runs.
+func renamedTCXPod(t *testing.T, e *testenv.Env, id, renamed string) (p *a26Pod, before []ebpf.ProgramID) {
+	t.Helper()
+	e.Extra = map[string]any{"attachMode": "tcx"}
+	p = a26Add(t, e, id)
+	a26Rename(t, e, p, renamed)
+	before = e.ProgIDs(p.idx)
+	if len(before) != 2 {
+		t.Fatalf("pod A's renamed veth runs %d programs, want 2", len(before))
+	}
+	return p, before
+}
+
+// netBSameAttachment: network B (same pinDir, attachMode tcx, its own
+// state and IPAM) and a runtime config of a new pod with p's container ID
+// and interface name: B's ADD makes its veth under the name p's pins are
+// under.
+func netBSameAttachment(t *testing.T, e *testenv.Env, p *a26Pod) (*libcni.NetworkConfigList, *libcni.RuntimeConf) {
+	t.Helper()
+	netB := e.NetList(testenv.RandName("netb"), map[string]any{"type": "ebpf-cni", "pinDir": e.PinDir, "stateDir": t.TempDir(),
+		"attachMode": "tcx",
+		"ipam":       map[string]any{"type": "host-local", "dataDir": t.TempDir(), "ranges": [][]map[string]string{{{"subnet": "10.251.0.0/24"}}}}})
+	return netB, e.RuntimeConf(e.NewPod(), p.id, "eth0")
 }
