@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/ns"
+
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
@@ -38,42 +40,17 @@ func delKilledAfterHandOff(t *testing.T, step string) {
 	e := testenv.New(t)
 	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
 	defer ag.Stop()
-	pod := podWithLoUp(t, e)
-	id := testenv.RandName("a30ck")
-	for _, ifn := range []string{"eth0", "net1"} {
-		t.Cleanup(func() { _ = e.Del(pod, id, ifn) })
-		if _, err := a22Add(e, pod, id, ifn); err != nil {
-			t.Fatalf("ADD %s: %v", ifn, err)
-		}
-	}
+	pod, id := podWithTwoIfs(t, e, "a30ck")
 	cookie := e.NetnsCookieOf(pod)
 	_, eth0 := e.HostVeth(id)
-	envv := pluginEnv("DEL", id, pod, "eth0")
-	envv["EBPF_CNI_CRASH_AT"] = step
-	out, err := e.RunPlugin(crashBinary(t), envv, e.StdinConf(nil))
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-		t.Fatalf("DEL eth0 at %s: %v, want SIGKILL; %s", step, err, out)
-	}
+	killDelAt(t, e, pod, id, "eth0", step)
 	handed := state.HandedOffName(eth0)
 	if !e.NodeLinkExists(handed) {
 		t.Logf("eth0's host veth (ifindex %d) is not there as %s after the killed DEL (reaped already?)", eth0, handed)
 	}
 	// The agent's reap, with no retry of the DEL: the veth, its pins and
 	// its link entry go.
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		_, lerr := e.Maps().Links().Lookup(eth0)
-		if !e.NodeLinkExists(handed) && lerr != nil && !slices.ContainsFunc(datapath.VethLinkPins(e.PinDir),
-			func(p datapath.VethLinkPin) bool { return p.HostIf == handed }) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("20 s after eth0's DEL was killed at %s the agent has not reaped its handed-off veth: link %s there %v, cni_links entry of %d: %v, pins %v",
-				step, handed, e.NodeLinkExists(handed), eth0, lerr, datapath.VethLinkPins(e.PinDir))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitHandedOffReaped(t, e, eth0, "eth0's DEL was killed at "+step, ag.Logs)
 	if err := e.Del(pod, id, "net1"); err != nil {
 		t.Fatalf("DEL net1: %v", err)
 	}
@@ -96,4 +73,51 @@ func delKilledAfterHandOff(t *testing.T, step string) {
 		t.Fatalf("DEL eth0 after ADD again: %v", err)
 	}
 	e.AssertClean()
+}
+
+// podWithTwoIfs: a pod (lo up) with two interfaces of ours, eth0 and net1,
+// of container prefix-<random>; both DELed at the test's end.
+func podWithTwoIfs(t *testing.T, e *testenv.Env, prefix string) (ns.NetNS, string) {
+	t.Helper()
+	pod := podWithLoUp(t, e)
+	id := testenv.RandName(prefix)
+	for _, ifn := range []string{"eth0", "net1"} {
+		t.Cleanup(func() { _ = e.Del(pod, id, ifn) })
+		if _, err := a22Add(e, pod, id, ifn); err != nil {
+			t.Fatalf("ADD %s: %v", ifn, err)
+		}
+	}
+	return pod, id
+}
+
+// killDelAt runs the crashpoint build's DEL of ifn, killed with SIGKILL at
+// step (EBPF_CNI_CRASH_AT).
+func killDelAt(t *testing.T, e *testenv.Env, pod ns.NetNS, id, ifn, step string) {
+	t.Helper()
+	envv := pluginEnv("DEL", id, pod, ifn)
+	envv["EBPF_CNI_CRASH_AT"] = step
+	out, err := e.RunPlugin(crashBinary(t), envv, e.StdinConf(nil))
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Fatalf("DEL %s at %s: %v, want SIGKILL; %s", ifn, step, err, out)
+	}
+}
+
+// waitHandedOffReaped waits up to 20 s (after what) for the agent to reap
+// the handed-off host veth of ifindex idx: the link, its pins and its
+// cni_links entry gone.
+func waitHandedOffReaped(t *testing.T, e *testenv.Env, idx int, what string, logs func() string) {
+	t.Helper()
+	handed := state.HandedOffName(idx)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		_, lerr := e.Maps().Links().Lookup(idx)
+		if !e.NodeLinkExists(handed) && lerr != nil && !slices.ContainsFunc(datapath.VethLinkPins(e.PinDir),
+			func(p datapath.VethLinkPin) bool { return p.HostIf == handed }) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("20 s after %s the agent has not reaped %s: link there %v, cni_links entry of %d: %v, pins %v; agent log:\n%s",
+				what, handed, e.NodeLinkExists(handed), idx, lerr, datapath.VethLinkPins(e.PinDir), logs())
+		}
+	}
 }

@@ -1,15 +1,9 @@
 package integration
 
 import (
-	"errors"
-	"os/exec"
-	"slices"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
 )
@@ -48,24 +42,11 @@ func a31cDelKilledOrder(t *testing.T, order string) {
 	e := testenv.New(t)
 	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
 	defer ag.Stop()
-	pod := podWithLoUp(t, e)
-	id := testenv.RandName("a31ck")
-	for _, ifn := range []string{"eth0", "net1"} {
-		t.Cleanup(func() { _ = e.Del(pod, id, ifn) })
-		if _, err := a22Add(e, pod, id, ifn); err != nil {
-			t.Fatalf("ADD %s: %v", ifn, err)
-		}
-	}
+	pod, id := podWithTwoIfs(t, e, "a31ck")
 	cookie := e.NetnsCookieOf(pod)
 	hostIf, eth0 := e.HostVeth(id)
 	hold := e.HoldVerbs() // the agent waits: no reap until released
-	envv := pluginEnv("DEL", id, pod, "eth0")
-	envv["EBPF_CNI_CRASH_AT"] = "del-veth-removed"
-	out, err := e.RunPlugin(crashBinary(t), envv, e.StdinConf(nil))
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-		t.Fatalf("DEL eth0 at del-veth-removed: %v, want SIGKILL; %s", err, out)
-	}
+	killDelAt(t, e, pod, id, "eth0", "del-veth-removed")
 	handed := state.HandedOffName(eth0)
 	if !e.NodeLinkExists(handed) {
 		t.Fatalf("eth0's host veth (ifindex %d) is not there as %s after the killed DEL, the agent held", eth0, handed)
@@ -76,19 +57,7 @@ func a31cDelKilledOrder(t *testing.T, order string) {
 	reap := func() {
 		t.Helper()
 		hold()
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			_, lerr := e.Maps().Links().Lookup(eth0)
-			if !e.NodeLinkExists(handed) && lerr != nil && !slices.ContainsFunc(datapath.VethLinkPins(e.PinDir),
-				func(p datapath.VethLinkPin) bool { return p.HostIf == handed }) {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: 20 s after the verbs were released the agent has not reaped %s: link there %v, cni_links entry of %d: %v, pins %v; agent log:\n%s",
-					order, handed, e.NodeLinkExists(handed), eth0, lerr, datapath.VethLinkPins(e.PinDir), ag.Logs())
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		waitHandedOffReaped(t, e, eth0, order+": the verbs were released", ag.Logs)
 	}
 	del := func(ifn, what string) {
 		t.Helper()
