@@ -1,11 +1,7 @@
 package datapath
 
 import (
-	"net/netip"
 	"testing"
-
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 )
 
 // attack30c: hostile review of masqrace30 (a server FIN out of order waits
@@ -17,16 +13,7 @@ import (
 // constructor of flows to farIP (each its own ports, so its own share).
 func masq30cFlows(t *testing.T, base uint16) func() *masqFlow {
 	t.Helper()
-	inNodeNetns(t)
-	dp := hpDatapath(t)
-	progs, err := loadPrograms(dp.PinRoot, dp.Maps, nodeHookPrograms(), loadMissing)
-	must(t, err)
-	t.Cleanup(func() { closePrograms(progs) })
-	out := func(f []byte, in uint32) (uint32, parsed) { return runFromFrame(t, progs["cni_to_uplink"], f, in) }
-	in := func(f []byte, in uint32) (uint32, parsed) { return runFromFrame(t, progs["cni_from_uplink"], f, in) }
-	mq := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagMasq)
-	must(t, putEndpoint(dp.Maps, podIP, mq))
-	must(t, mapstest.PutClusterCIDR(dp.Maps, netip.MustParsePrefix("10.9.0.0/16")))
+	dp, out, in := masqLab(t)
 	n := uint16(0)
 	return func() *masqFlow {
 		n++

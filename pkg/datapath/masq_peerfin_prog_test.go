@@ -122,17 +122,7 @@ func (m *masqFlow) reordered(at net.IP, ack uint32) {
 //     s+22 as if a FIN were at s+21: nothing counts, share 1, and none after
 //     the pod's FIN and the server's ACK of it.
 func TestMasqPeerFINReordered(t *testing.T) {
-	inNodeNetns(t)
-	dp := hpDatapath(t)
-	progs, err := loadPrograms(dp.PinRoot, dp.Maps, nodeHookPrograms(), loadMissing)
-	must(t, err)
-	defer closePrograms(progs)
-	out := func(f []byte, in uint32) (uint32, parsed) { return runFromFrame(t, progs["cni_to_uplink"], f, in) }
-	in := func(f []byte, in uint32) (uint32, parsed) { return runFromFrame(t, progs["cni_from_uplink"], f, in) }
-	mq := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagMasq)
-	must(t, putEndpoint(dp.Maps, podIP, mq))
-	must(t, putEndpoint(dp.Maps, podIP6, mq))
-	must(t, mapstest.PutClusterCIDR(dp.Maps, netip.MustParsePrefix("10.9.0.0/16")))
+	dp, out, in := masqLab(t)
 
 	for fi, fam := range []struct {
 		name          string
@@ -194,4 +184,28 @@ func TestMasqPeerFINReordered(t *testing.T) {
 			t.Errorf("%s the pod acknowledging a FIN never sent: flags %#x, share %d; want no FIN of the server's, share 1", fam.name, fl, share)
 		}
 	}
+}
+
+// frameRun runs a frame through a program (runFromFrame): its verdict and
+// what it sent.
+type frameRun func(f []byte, in uint32) (uint32, parsed)
+
+// masqLab: the node's programs loaded (closed at the test's end) in the
+// test's netns, the pod (podIP, podIP6) behind lo and masqueraded,
+// 10.9.0.0/16 the cluster's; out and in run frames through cni_to_uplink
+// and cni_from_uplink.
+func masqLab(t *testing.T) (*Datapath, frameRun, frameRun) {
+	t.Helper()
+	inNodeNetns(t)
+	dp := hpDatapath(t)
+	progs, err := loadPrograms(dp.PinRoot, dp.Maps, nodeHookPrograms(), loadMissing)
+	must(t, err)
+	t.Cleanup(func() { closePrograms(progs) })
+	out := func(f []byte, in uint32) (uint32, parsed) { return runFromFrame(t, progs["cni_to_uplink"], f, in) }
+	in := func(f []byte, in uint32) (uint32, parsed) { return runFromFrame(t, progs["cni_from_uplink"], f, in) }
+	mq := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagMasq)
+	must(t, putEndpoint(dp.Maps, podIP, mq))
+	must(t, putEndpoint(dp.Maps, podIP6, mq))
+	must(t, mapstest.PutClusterCIDR(dp.Maps, netip.MustParsePrefix("10.9.0.0/16")))
+	return dp, out, in
 }

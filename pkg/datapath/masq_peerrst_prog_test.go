@@ -2,11 +2,7 @@ package datapath
 
 import (
 	"net"
-	"net/netip"
 	"testing"
-
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 )
 
 // An RST of the server's that arrives while the masquerade's tracking lags
@@ -46,17 +42,7 @@ func (m *masqFlow) waiting() bool {
 //     of s+21 drops it (nothing waits), not closing.
 //   - RST at s+11 (the tracking's end, exact): closing at once, as before.
 func TestMasqPeerRSTReordered(t *testing.T) {
-	inNodeNetns(t)
-	dp := hpDatapath(t)
-	progs, err := loadPrograms(dp.PinRoot, dp.Maps, nodeHookPrograms(), loadMissing)
-	must(t, err)
-	defer closePrograms(progs)
-	out := func(f []byte, in uint32) (uint32, parsed) { return runFromFrame(t, progs["cni_to_uplink"], f, in) }
-	in := func(f []byte, in uint32) (uint32, parsed) { return runFromFrame(t, progs["cni_from_uplink"], f, in) }
-	mq := maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagMasq)
-	must(t, putEndpoint(dp.Maps, podIP, mq))
-	must(t, putEndpoint(dp.Maps, podIP6, mq))
-	must(t, mapstest.PutClusterCIDR(dp.Maps, netip.MustParsePrefix("10.9.0.0/16")))
+	dp, out, in := masqLab(t)
 
 	for fi, fam := range []struct {
 		name          string
