@@ -1,0 +1,107 @@
+package datapath
+
+import (
+	"testing"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
+)
+
+// masqout31: the pod's data segment of an open flow moves H (the pod's
+// highest end, the low word of the forward entry's created_ns) without
+// looking the reverse entry up while its end stays in the 2^24-block of
+// sequence numbers H was in at the flow's last lookup, which found room
+// enough (SNAT_F_ROOM, bit 12 of a forward entry's flags).
+
+const (
+	snatRoom      = 1 << 12 // SNAT_F_ROOM, on forward entries
+	snatAckBound  = 1 << 30 // SNAT_ACK_BOUND
+	snatRoomBlock = 1 << 24 // SNAT_ROOM_BLOCK
+)
+
+// fwdEnd is H, the low word of the flow's forward entry's created_ns.
+func (m *masqFlow) fwdEnd() uint32 {
+	m.t.Helper()
+	var k maps.SNATKey
+	var v maps.SNATVal
+	it := mapstest.Map(m.dp.Maps, "cni_snat").Iterate()
+	for it.Next(&k, &v) {
+		if k.Dir == 0 && k.Port == htons(m.podPort) && k.PeerPort == htons(m.srvPort) {
+			return uint32(v.CreatedNs)
+		}
+	}
+	must(m.t, it.Err())
+	m.t.Fatalf("no forward entry of %d -> %d", m.podPort, m.srvPort)
+	return 0
+}
+
+// TestMasqRoomBoundsPodEnd: H follows the pod's data in and out of the
+// cut, and the cut never takes it past A + SNAT_ACK_BOUND (attack21's
+// shape: the pod's segments, each 2^23 past the last, which the server
+// never acknowledges, walk H towards the bound through a block after
+// another); the room comes back once the server acknowledges, and goes
+// with the pod's FIN (its wait is the reverse entry's).
+func TestMasqRoomBoundsPodEnd(t *testing.T) {
+	flow := masq30cFlows(t, 130)
+	at := nodeIP
+
+	for _, p := range []uint32{1000, 0xfff00000} { // the second wraps past 2^32
+		m := flow()
+		m.p = p
+		m.s = 5000
+		m.open(at)
+		a := m.p + 1 // A: the server's SYN-ACK
+		m.fromPod("data", m.p+1, m.s+1, ackFlag|0x08, []byte("0123456789"))
+		if h, fl := m.fwdEnd(), m.fwdFlags(); h != m.p+11 || fl&snatRoom == 0 {
+			t.Fatalf("p %#x: the pod's first data: H %#x, forward flags %#x; want H %#x and the room", p, h, fl, m.p+11)
+		}
+		m.fromPod("more data", m.p+11, m.s+1, ackFlag|0x08, []byte("abcdefghij"))
+		m.fromPod("a retransmit", m.p+1, m.s+1, ackFlag|0x08, []byte("0123456789"))
+		if h := m.fwdEnd(); h != m.p+21 {
+			t.Fatalf("p %#x: more data and a retransmit: H %#x, want %#x", p, h, m.p+21)
+		}
+
+		// Segments 2^23 apart: two a block, the server acknowledging none.
+		var top uint32
+		for i := uint32(1); i <= 300; i++ {
+			seq := m.p + 21 + i<<23
+			m.fromPod("a segment ahead", seq, m.s+1, ackFlag|0x08, []byte("0123456789"))
+			h := m.fwdEnd()
+			if h-a > snatAckBound {
+				t.Fatalf("p %#x: segment %d at %#x: H %#x is %#x past A %#x, past SNAT_ACK_BOUND", p, i, seq, h, h-a, a)
+			}
+			if h-a > top {
+				top = h - a
+			}
+		}
+		if top < snatAckBound-2*snatRoomBlock {
+			t.Errorf("p %#x: H went at most %#x past A; want it near SNAT_ACK_BOUND %#x", p, top, snatAckBound)
+		}
+		if fl := m.fwdFlags(); fl&snatRoom != 0 {
+			t.Errorf("p %#x: H %#x past A at the bound: forward flags %#x; want no room", p, top, fl)
+		}
+
+		// The server acknowledges H: A moves there, the room comes back.
+		h := m.fwdEnd()
+		m.fromServer("ACK of the pod's end", at, m.s+1, h, ackFlag, nil)
+		m.fromPod("data at H", h, m.s+1, ackFlag|0x08, []byte("0123456789"))
+		if h2, fl := m.fwdEnd(), m.fwdFlags(); h2 != h+10 || fl&snatRoom == 0 {
+			t.Errorf("p %#x: after the server's ACK of H %#x, data at H: H %#x, forward flags %#x; want H %#x and the room", p, h, h2, fl, h+10)
+		}
+		m.fromPod("data in the block", h+10, m.s+1, ackFlag|0x08, []byte("0123456789"))
+		if h2 := m.fwdEnd(); h2 != h+20 {
+			t.Errorf("p %#x: data in the block: H %#x, want %#x", p, h2, h+20)
+		}
+
+		// The pod's FIN waits on the reverse entry: no room while it does,
+		// and its data after the FIN's end (not its TCP's) ends the wait.
+		m.fromPod("FIN", h+20, m.s+1, finFlag|ackFlag, nil)
+		if fl := m.fwdFlags(); fl&snatRoom != 0 {
+			t.Errorf("p %#x: the pod's FIN waits: forward flags %#x; want no room", p, fl)
+		}
+		m.fromServer("ACK of the FIN", at, m.s+1, h+21, ackFlag, nil)
+		if fl, share := m.state(); fl&(1<<4) == 0 || share != 1 {
+			t.Errorf("p %#x: the server's ACK of the pod's FIN: flags %#x, share %d; want the pod's FIN, share 1", p, fl, share)
+		}
+	}
+}
