@@ -35,6 +35,23 @@ func (m *masqFlow) fwdEnd() uint32 {
 	return 0
 }
 
+// dropReverse deletes the flow's reverse entry.
+func (m *masqFlow) dropReverse() {
+	m.t.Helper()
+	var k maps.SNATKey
+	var v maps.SNATVal
+	mp := mapstest.Map(m.dp.Maps, "cni_snat")
+	it := mp.Iterate()
+	for it.Next(&k, &v) {
+		if k.Dir == 1 && k.PeerPort == htons(m.srvPort) && v.Port == htons(m.podPort) {
+			must(m.t, mp.Delete(&k))
+			return
+		}
+	}
+	must(m.t, it.Err())
+	m.t.Fatalf("no reverse entry of %d -> %d", m.podPort, m.srvPort)
+}
+
 // TestMasqRoomBoundsPodEnd: H follows the pod's data in and out of the
 // cut, and the cut never takes it past A + SNAT_ACK_BOUND (attack21's
 // shape: the pod's segments, each 2^23 past the last, which the server
@@ -102,6 +119,25 @@ func TestMasqRoomBoundsPodEnd(t *testing.T) {
 		m.fromServer("ACK of the FIN", at, m.s+1, h+21, ackFlag, nil)
 		if fl, share := m.state(); fl&(1<<4) == 0 || share != 1 {
 			t.Errorf("p %#x: the server's ACK of the pod's FIN: flags %#x, share %d; want the pod's FIN, share 1", p, fl, share)
+		}
+
+		// The cut is taken: with the reverse entry gone (as the LRU may
+		// take it), the data in H's block still moves H, which the lookup
+		// (finding none) would not; the next block's does not.
+		m = flow()
+		m.p = p
+		m.s = 5000
+		m.open(at)
+		m.fromPod("data", m.p+1, m.s+1, ackFlag|0x08, []byte("0123456789"))
+		m.dropReverse()
+		m.fromPod("data, no reverse entry", m.p+11, m.s+1, ackFlag|0x08, []byte("abcdefghij"))
+		if h := m.fwdEnd(); h != m.p+21 {
+			t.Errorf("p %#x: data in H's block without the reverse entry: H %#x, want %#x (no lookup)", p, h, m.p+21)
+		}
+		next := (m.p+21)&^(snatRoomBlock-1) + snatRoomBlock
+		m.fromPod("data in the next block, no reverse entry", next, m.s+1, ackFlag|0x08, []byte("0123456789"))
+		if h := m.fwdEnd(); h != m.p+21 {
+			t.Errorf("p %#x: data in the next block without the reverse entry: H %#x, want %#x (the lookup's)", p, h, m.p+21)
 		}
 	}
 }
