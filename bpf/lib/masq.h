@@ -198,7 +198,8 @@ static __always_inline void snat_flags_write(void *v, __u16 before, __u16 after)
  * not S) drops it, so a forged RST cannot wait for the pod's data to reach
  * its number later; one behind end (sent before) leaves it waiting.
  * Forward TCP entries only: bit 11 is free there (a reverse entry's is
- * SNAT_F_UNSHARED). A FIN waiting keeps its place.
+ * SNAT_F_UNSHARED). A FIN or RST waiting nearer end keeps its place; the
+ * ACK of S counts only while end is behind S (attack31b).
  */
 #define SNAT_F_PEER_RST (1U << 11)
 
@@ -677,10 +678,14 @@ static __noinline void snat_peer_rst_wait(const struct flow *f, struct snat_val 
 	struct snat_val *fv = bpf_map_lookup_elem(&cni_snat, &k);
 	if (!fv)
 		return;
-	/* A FIN waiting keeps its place, and so does an RST nearer end. */
-	__u32 pf = fv->flags, w = (__u32)fv->seen_ns;
-	if ((pf & SNAT_F_PEER_FIN) &&
-	    (!(pf & SNAT_F_PEER_RST) || (w - end - 1 < SNAT_ACK_BOUND && s - end > w - end)))
+	/* A FIN or RST waiting nearer end (still ahead of it) keeps its
+	 * place, as snat_peer_fin_wait's: a FIN kept its place wherever it
+	 * was, so one forged anywhere in the bound ahead (a blind forger: one
+	 * guess in four; the pod's answer, behind it, leaves it waiting)
+	 * turned away the real RST, which then counted nothing (attack31b).
+	 * A blind forger now has to land between end and the real one. */
+	__u32 w = (__u32)fv->seen_ns;
+	if ((fv->flags & SNAT_F_PEER_FIN) && w - end - 1 < SNAT_ACK_BOUND && s - end > w - end)
 		return;
 	fv->seen_ns = (fv->seen_ns & ~SNAT_LOW_WORD) | s;
 	snat_flags_apply(fv, SNAT_F_PEER_FIN | SNAT_F_PEER_RST, SNAT_F_PEER_FIN_ACKS);
@@ -700,7 +705,8 @@ static __noinline void snat_peer_rst_wait(const struct flow *f, struct snat_val 
  * no FIN was there (left waiting, it came ahead of end again once the
  * numbers wrapped). Any other segment leaves it waiting. A waiting RST
  * (SNAT_F_PEER_RST) counts as FLOW_F_CLOSING at an ACK of exactly its
- * number, and is dropped at any other not behind end. Returns the state.
+ * number while end is still behind it (attack31b: as the FIN's), and is
+ * dropped at any other not behind end. Returns the state.
  */
 static __noinline __u16 snat_peer_fin_acked(struct __sk_buff *skb, const struct flow *f, struct snat_val *fv, __u16 fl)
 {
@@ -737,15 +743,16 @@ static __noinline __u16 snat_peer_fin_acked(struct __sk_buff *skb, const struct 
 	struct snat_seq *q = snat_seq_of(rv);
 	__u32 rfl = rv->flags;
 
-	/* The RST counts as one at end would have (flow_next, snat_next). */
-	if (pf & SNAT_F_PEER_RST) {
-		if (e - q->end - 1 < SNAT_ACK_BOUND)
-			q->end = e;
-		return (fl | FLOW_F_CLOSING) & ~FLOW_F_PEER_FIRST;
-	}
+	/* Only while end is still behind the FIN's end or the RST's number:
+	 * the peer's data, in order, reached it, so no FIN was there, and the
+	 * pod's ACK of that data is no sign it took an RST there (a forged
+	 * one whose challenge ACK came back behind end: attack31b). */
 	if (e - q->end - 1 >= SNAT_ACK_BOUND)
-		return fl; /* the peer's data reached the FIN's end: no FIN was there */
+		return fl;
 	q->end = e;
+	/* The RST counts as one at end would have (flow_next, snat_next). */
+	if (pf & SNAT_F_PEER_RST)
+		return (fl | FLOW_F_CLOSING) & ~FLOW_F_PEER_FIRST;
 	if ((pf & SNAT_F_PEER_FIN_ACKS) && (rfl & SNAT_F_FIN_WAIT) && snat_has_ack(rfl)) {
 		q->win = (__u32)fv->created_ns; /* A: the peer acknowledged the pod's FIN */
 		snat_flags_apply(rv, 0, SNAT_F_FIN_WAIT);

@@ -41,6 +41,7 @@ type background struct {
 	fresh   map[int]string // host veths new or changed since the last pass
 	gone    map[int]string // handed-off veths (renamed to, or deleted as, state.HandedOffName)
 	settled map[int]string // host veths seen with nothing left to do (full passes skip them)
+	refused map[int]string // host veths whose move to tcx failed, with the reason logged (once per veth and reason)
 }
 
 // newBackground readies the worker on the agent's link events (w
@@ -52,7 +53,7 @@ func newBackground(pinRoot, stateDir string, politeWait time.Duration, lg *log.L
 		return nil, err
 	}
 	b := &background{pinRoot: pinRoot, stateDir: stateDir, lg: lg, idle: idle, kick: make(chan struct{}, 1), fullEvery: time.Minute,
-		full: true, fresh: map[int]string{}, gone: map[int]string{}, settled: map[int]string{}}
+		full: true, fresh: map[int]string{}, gone: map[int]string{}, settled: map[int]string{}, refused: map[int]string{}}
 	w.handle(linkHandler{update: b.linkEvent, lost: func() {
 		// Events were lost: look at everything.
 		b.mu.Lock()
@@ -73,26 +74,29 @@ func (b *background) wake() {
 
 // linkEvent notes a link that may carry work: a new or changed host veth
 // (cls_bpf waiting for tcx), a veth handed off (renamed) or gone with its
-// pod's netns while handed off (its pins).
+// pod's netns while handed off (its pins). A host veth is known by its
+// record, not its name (an operator may rename it to anything): any veth
+// is noted, and the pass asks the records about those not named ebpf….
 func (b *background) linkEvent(u netlink.LinkUpdate) {
 	name, idx := u.Attrs().Name, u.Attrs().Index
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	switch {
-	case strings.HasPrefix(name, state.HostIfPrefix):
-		if u.Header.Type == syscall.RTM_DELLINK {
-			delete(b.settled, idx)
-			delete(b.fresh, idx)
-			return
-		}
+	case strings.HasPrefix(name, state.HandedOffPrefix):
+		delete(b.settled, idx)
+		delete(b.fresh, idx)
+		delete(b.refused, idx)
+		b.gone[idx] = name
+	case u.Header.Type == syscall.RTM_DELLINK:
+		delete(b.settled, idx)
+		delete(b.fresh, idx)
+		delete(b.refused, idx)
+		return
+	case strings.HasPrefix(name, state.HostIfPrefix) || u.Link != nil && u.Link.Type() == "veth":
 		if b.settled[idx] == name {
 			return // attributes changing on a veth already done
 		}
 		b.fresh[idx] = name
-	case strings.HasPrefix(name, state.HandedOffPrefix):
-		delete(b.settled, idx)
-		delete(b.fresh, idx)
-		b.gone[idx] = name
 	default:
 		return
 	}
@@ -145,12 +149,12 @@ func (b *background) pass(ctx context.Context) error {
 	}
 	start := time.Now()
 	reaped, errs := b.reap(ctx, full, gone)
-	moved, err := b.migrate(ctx, full, fresh)
+	moved, refused, err := b.migrate(ctx, full, fresh)
 	errs = errors.Join(errs, err)
 	if reaped > 0 || moved > 0 {
 		b.lg.Printf("background: deleted %d handed-off veths, moved %d pods to tcx in %s", reaped, moved, time.Since(start).Round(time.Millisecond))
 	}
-	if errs != nil && ctx.Err() == nil {
+	if (errs != nil || refused) && ctx.Err() == nil {
 		// Try again at the next full pass rather than at every event.
 		b.mu.Lock()
 		b.full = true
@@ -192,23 +196,30 @@ func (b *background) reap(ctx context.Context, full bool, gone map[int]string) (
 }
 
 // migrate moves the pods waiting for tcx: on a full pass every host veth
-// with a clsact qdisc not known to be done, else those the events named.
-func (b *background) migrate(ctx context.Context, full bool, fresh map[int]string) (int, error) {
+// with a clsact qdisc not known to be done, else those the events named. A
+// host veth is one named ebpf… or any link a record names as its host
+// veth (renamed by an operator: hostVeths). A veth whose move fails is
+// logged once per reason (noteRefusal) and tried again on the next full
+// pass (refused).
+func (b *background) migrate(ctx context.Context, full bool, fresh map[int]string) (moved int, refused bool, errs error) {
+	hv := &hostVeths{stateDir: b.stateDir}
 	if full {
 		hs, err := datapath.ClsactHolders()
 		if err != nil {
-			return 0, err
+			return 0, false, err
 		}
-		b.mu.Lock()
 		for _, h := range hs {
-			if strings.HasPrefix(h.Name, state.HostIfPrefix) && b.settled[h.Ifindex] != h.Name {
+			b.mu.Lock()
+			done := b.settled[h.Ifindex] == h.Name
+			b.mu.Unlock()
+			if done {
+				continue // skipped before any look: most veths of a node are done
+			}
+			if _, ok := hv.pinsOf(h.Ifindex, h.Name); ok {
 				fresh[h.Ifindex] = h.Name
 			}
 		}
-		b.mu.Unlock()
 	}
-	moved := 0
-	var errs error
 	m, err := datapath.OpenMaps(b.pinRoot)
 	if err != nil {
 		m = nil // never set up: no pod of ours to give a table
@@ -221,10 +232,14 @@ func (b *background) migrate(ctx context.Context, full bool, fresh map[int]strin
 		errs = m.StackFlows().SyncNoParts()
 	}
 	for idx, name := range fresh {
+		pins, ok := hv.pinsOf(idx, name)
+		if !ok {
+			continue // another plugin's veth, or a pod's: not ours
+		}
 		// Each look is two filter dumps under RTNL: one veth at a time,
 		// in quiet moments only.
 		if err := b.idle.Wait(ctx); err != nil {
-			return moved, errors.Join(errs, err)
+			return moved, refused, errors.Join(errs, err)
 		}
 		// A pod of ours (its ADD ended: no verb runs) gets its own
 		// stack-flow table, which ADD leaves to the agent: it waits out
@@ -234,31 +249,97 @@ func (b *background) migrate(ctx context.Context, full bool, fresh map[int]strin
 				errs = errors.Join(errs, m.StackFlows().EnsurePart(idx))
 			}
 		}
-		// The veth's link pins are under its record's host veth name,
-		// whatever its name now (an operator may have renamed it), where
-		// the verbs and status look for them: the move pins there, and the
-		// veth is done by what is pinned there.
-		pins := name
-		if l, err := netlink.LinkByIndex(idx); err == nil && l.Attrs().Name == name {
-			pins = endpoint.PinNameOf(b.stateDir, l)
-		}
-		v, ok := datapath.TCVethOf(idx, name)
-		v.Pins = pins
-		if ok && v.Pending() {
-			if err := datapath.Migrate(ctx, b.pinRoot, v, b.before); err != nil {
-				errs = errors.Join(errs, err)
-				continue
-			}
+		did, err := b.moveOne(ctx, idx, name, pins)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return moved, refused, errors.Join(errs, err)
+		case err != nil:
+			b.noteRefusal(idx, name, err)
+			refused = true
+		case did:
 			moved++
+			b.noteMoved(idx, name, pins)
 		}
-		// Done for good only on tcx, or on tc by configuration; a veth
-		// caught before its ADD attached anything is looked at again.
-		st := datapath.AttachmentOf(b.pinRoot, idx, pins)
-		b.mu.Lock()
-		if _, changed := b.fresh[idx]; !changed && (st == datapath.StateTCX || st == datapath.StateTC) {
-			b.settled[idx] = name
-		}
-		b.mu.Unlock()
 	}
-	return moved, errs
+	return moved, refused, errs
+}
+
+// moveOne moves host veth name (ifindex idx) to tcx if it waits for it,
+// its links pinned under pins, and notes it done for good once it is on
+// tcx, or on tc by configuration (a veth caught before its ADD attached
+// anything is looked at again).
+func (b *background) moveOne(ctx context.Context, idx int, name, pins string) (moved bool, err error) {
+	v, ok := datapath.TCVethOf(idx, name)
+	v.Pins = pins
+	if ok && v.Pending() {
+		if err := datapath.Migrate(ctx, b.pinRoot, v, b.before); err != nil {
+			return false, err
+		}
+		moved = true
+	}
+	st := datapath.AttachmentOf(b.pinRoot, idx, pins)
+	b.mu.Lock()
+	if _, changed := b.fresh[idx]; !changed && (st == datapath.StateTCX || st == datapath.StateTC) {
+		b.settled[idx] = name
+	}
+	b.mu.Unlock()
+	return moved, nil
+}
+
+// hostVeths tells which node links are host veths of ours, and the name
+// their link pins are under: the record's host veth name, whatever the
+// link's name now (an operator may have renamed it), where the verbs and
+// status look for them: the move pins there, and the veth is done by what
+// is pinned there. A link named ebpf… is judged as before (PinNameOf); any
+// other only when a record names it (its ifindex and MAC:
+// RecordedHostVeth), the records read once, at the first such link.
+type hostVeths struct {
+	stateDir string
+	index    endpoint.HostVethIndex
+}
+
+func (h *hostVeths) pinsOf(idx int, name string) (pins string, ok bool) {
+	l, err := netlink.LinkByIndex(idx)
+	if strings.HasPrefix(name, state.HostIfPrefix) {
+		if err == nil && l.Attrs().Name == name {
+			return endpoint.PinNameOf(h.stateDir, l), true
+		}
+		return name, true
+	}
+	if err != nil || l.Attrs().Name != name || l.Type() != "veth" {
+		return "", false
+	}
+	if h.index == nil {
+		h.index = endpoint.IndexHostVeths(h.stateDir)
+	}
+	return h.index.PinName(l)
+}
+
+// noteRefusal logs why a host veth was not moved to tcx, once per veth and
+// reason: it is tried again on every full pass (a minute), and a refusal
+// that holds (its pins' name taken by another device's links) would
+// otherwise fill the log.
+func (b *background) noteRefusal(idx int, name string, err error) {
+	b.mu.Lock()
+	said := b.refused[idx] == err.Error()
+	b.refused[idx] = err.Error()
+	b.mu.Unlock()
+	if !said {
+		b.lg.Printf("background: host veth %s (ifindex %d) stays on cls_bpf: %v (tried again every minute; logged again only if the reason changes)", name, idx, err)
+	}
+}
+
+// noteMoved logs a move worth an operator's notice: of a veth whose move
+// was refused before, or of one not under its record's name.
+func (b *background) noteMoved(idx int, name, pins string) {
+	b.mu.Lock()
+	_, wasRefused := b.refused[idx]
+	delete(b.refused, idx)
+	b.mu.Unlock()
+	switch {
+	case wasRefused:
+		b.lg.Printf("background: host veth %s (ifindex %d) moved to tcx after all, its links pinned under %s", name, idx, pins)
+	case name != pins:
+		b.lg.Printf("background: host veth %s (ifindex %d), renamed from %s, moved to tcx, its links pinned under %s", name, idx, pins, pins)
+	}
 }

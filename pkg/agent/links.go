@@ -3,9 +3,13 @@ package agent
 import (
 	"context"
 	"log"
+	"strings"
 	"time"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
+	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // linkWatcher is the agent's one subscription to link events, fanned out
@@ -90,4 +94,24 @@ func (w *linkWatcher) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// ourHostVeth tells whether the link of event u is (or, for RTM_DELLINK,
+// was) one of our host veths: named ebpf…, or a veth whose ifindex has a
+// cni_links entry (only our verbs write one), whatever an operator renamed
+// it to. A DEL removes the entry only after its veth is gone, so the
+// deletion of a veth that is still ours is seen as ours.
+func ourHostVeth(m *maps.Maps, u netlink.LinkUpdate) bool {
+	if u.Link == nil {
+		return false
+	}
+	a := u.Link.Attrs()
+	if strings.HasPrefix(a.Name, state.HostIfPrefix) {
+		return true
+	}
+	if m == nil || u.Link.Type() != "veth" {
+		return false
+	}
+	_, err := m.Links().Lookup(a.Index)
+	return err == nil
 }

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"log"
-	"strings"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -11,7 +10,6 @@ import (
 	"github.com/ebpf-cni/ebpf-cni/pkg/datapath"
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
-	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 )
 
 // nodeHooks is the node hook controller (Options.HostPorts): it sets the
@@ -31,8 +29,8 @@ type nodeHooks struct {
 func newNodeHooks(dp *datapath.Datapath, cgroupRoot string, prune time.Duration, lg *log.Logger, w *linkWatcher) *nodeHooks {
 	h := &nodeHooks{dp: dp, cgroupRoot: cgroupRoot, prune: prune, lg: lg, changed: make(chan struct{}, 1)}
 	w.handle(linkHandler{update: func(u netlink.LinkUpdate) {
-		// Host veths ("ebpf" + hash) come and go with pods; only other links matter.
-		if u.Link == nil || !strings.HasPrefix(u.Link.Attrs().Name, state.HostIfPrefix) {
+		// Host veths come and go with pods; only other links matter.
+		if !ourHostVeth(dp.Maps, u) {
 			h.kick()
 		}
 	}, lost: h.kick})

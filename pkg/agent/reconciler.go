@@ -2,28 +2,27 @@ package agent
 
 import (
 	"context"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/ebpf-cni/ebpf-cni/pkg/state"
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 // reconciler removes the state of pods gone without DEL (ReconcileAll):
 // at start, every Options.ReconcileInterval, and shortly after a host veth
-// disappears (the usual sign of such a pod).
+// disappears, under any name (the usual sign of such a pod).
 type reconciler struct {
 	o       Options
 	col     *collector
 	deleted chan struct{}
 }
 
-func newReconciler(o Options, col *collector, w *linkWatcher) *reconciler {
+func newReconciler(o Options, m *maps.Maps, col *collector, w *linkWatcher) *reconciler {
 	r := &reconciler{o: o, col: col, deleted: make(chan struct{}, 1)}
 	w.handle(linkHandler{update: func(u netlink.LinkUpdate) {
-		if u.Header.Type == syscall.RTM_DELLINK && strings.HasPrefix(u.Attrs().Name, state.HostIfPrefix) {
+		if u.Header.Type == syscall.RTM_DELLINK && ourHostVeth(m, u) {
 			r.kick()
 		}
 	}, lost: r.kick})

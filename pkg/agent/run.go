@@ -132,7 +132,7 @@ func Run(ctx context.Context, o Options) error {
 	run := map[string]controller{
 		"links":         links,
 		"background":    bg,
-		"reconcile":     newReconciler(o, col, links),
+		"reconcile":     newReconciler(o, dp.Maps, col, links),
 		"nodes":         newFollower(o, dp, kubeCfg),
 		"events":        evr,
 		"events socket": controllerFunc(func(ctx context.Context) error { return events.Serve(ctx, evln, evr) }),

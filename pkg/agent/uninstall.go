@@ -577,11 +577,11 @@ func ourVeths(sc *scope, runsOurs func(netlink.Link) bool, groups ...[]livePod) 
 	var out []netlink.Link
 	for _, l := range links {
 		a := l.Attrs()
-		alias, ok := strings.CutPrefix(a.Alias, aliasPrefix)
+		owner, ok := endpoint.ParseOwnerAlias(a.Alias)
 		if l.Type() != "veth" || !strings.HasPrefix(a.Name, state.HostIfPrefix) || !ok || named[a.Name] {
 			continue
 		}
-		network, _, _ := strings.Cut(alias, "/")
+		network := owner.Network
 		if sc.foreign[network] {
 			continue
 		}
@@ -591,9 +591,6 @@ func ourVeths(sc *scope, runsOurs func(netlink.Link) bool, groups ...[]livePod) 
 	}
 	return out
 }
-
-// aliasPrefix starts a host veth's alias (endpoint's ownerAlias).
-const aliasPrefix = "ebpf-cni:"
 
 // removePeerRoutes deletes every route of RouteProtocol (the agent's
 // routes to other nodes' pod CIDRs), in every table.

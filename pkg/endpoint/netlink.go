@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/utils"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
@@ -404,6 +405,51 @@ func ownerAlias(network, containerID, ifname string) string {
 
 const aliasPrefix = "ebpf-cni:"
 
+// AliasOwner is the attachment a host veth's alias names (ownerAlias).
+type AliasOwner struct {
+	Network, ContainerID, IfName string
+	// Truncated: ownerAlias cut the container ID to fit the alias;
+	// ContainerID is only its start then (the alias has it followed by
+	// "...").
+	Truncated bool
+}
+
+// ParseOwnerAlias parses an alias ownerAlias wrote, the one place beside
+// the writer that knows its format: ok is false for any other (no prefix
+// of ours, not three parts, a part that is no valid CNI network name,
+// container ID or interface name: skel refuses every verb whose are not).
+// The alias is anyone's with CAP_NET_ADMIN to set: what it names is a
+// claim to check against the record, never proof.
+func ParseOwnerAlias(alias string) (o AliasOwner, ok bool) {
+	rest, ok := strings.CutPrefix(alias, aliasPrefix)
+	if !ok {
+		return AliasOwner{}, false
+	}
+	parts := strings.Split(rest, "/")
+	if len(parts) != 3 {
+		return AliasOwner{}, false
+	}
+	o = AliasOwner{Network: parts[0], ContainerID: parts[1], IfName: parts[2]}
+	// Cut exactly when ownerAlias cuts: an ID that ends in "..." and fits
+	// is whole (the three parts come to at most 200 bytes then).
+	if cut, found := strings.CutSuffix(o.ContainerID, "..."); found && len(o.Network)+len(cut)+len(o.IfName) == 200 {
+		o.ContainerID, o.Truncated = cut, true
+	}
+	if utils.ValidateNetworkName(o.Network) != nil || utils.ValidateContainerID(o.ContainerID) != nil ||
+		utils.ValidateInterfaceName(o.IfName) != nil {
+		return AliasOwner{}, false
+	}
+	return o, true
+}
+
+// idText is the alias's container ID as written ("..." when cut).
+func (o AliasOwner) idText() string {
+	if o.Truncated {
+		return o.ContainerID + "..."
+	}
+	return o.ContainerID
+}
+
 // foreignLink tells whether a node link's alias names an attachment other
 // than network's containerID/ifname (a link with no alias of ours, say one
 // an ADD killed before it set the alias, is not foreign).
@@ -539,25 +585,54 @@ func RecordedHostVeth(l netlink.Link, rec *state.Record, network string) bool {
 // programs (attack30b, TestAttack30bMoveAliasSpoofSharesPins).
 func PinNameOf(stateDir string, l netlink.Link) string {
 	a := l.Attrs()
-	if rest, ok := strings.CutPrefix(a.Alias, aliasPrefix); ok {
-		if parts := strings.SplitN(rest, "/", 3); len(parts) == 3 && !strings.HasSuffix(parts[1], "...") &&
-			parts[0] != "" && parts[0] != "." && parts[0] != ".." && state.HostIfName(parts[1], parts[2]) == a.Name {
-			rec, err := state.Store{Root: stateDir, Network: parts[0]}.Read(parts[1], parts[2])
-			if err == nil && rec != nil && RecordedHostVeth(l, rec, parts[0]) {
-				return a.Name
-			}
+	// The network is a directory under stateDir: ParseOwnerAlias refuses
+	// any that is no valid network name ("..", "a/b").
+	if o, ok := ParseOwnerAlias(a.Alias); ok && !o.Truncated && state.HostIfName(o.ContainerID, o.IfName) == a.Name {
+		rec, err := state.Store{Root: stateDir, Network: o.Network}.Read(o.ContainerID, o.IfName)
+		if err == nil && rec != nil && RecordedHostVeth(l, rec, o.Network) {
+			return a.Name
 		}
 	}
+	if name, ok := IndexHostVeths(stateDir).PinName(l); ok {
+		return name
+	}
+	return a.Name
+}
+
+// HostVethIndex is the records under a state directory (every network's)
+// by their host veth's ifindex: one read of them for many links.
+type HostVethIndex map[int][]networkRecord
+
+type networkRecord struct {
+	network string
+	rec     *state.Record
+}
+
+// IndexHostVeths reads every record under stateDir once.
+func IndexHostVeths(stateDir string) HostVethIndex {
+	x := HostVethIndex{}
 	nets, _ := state.Networks(stateDir)
 	for _, n := range nets {
 		recs, _ := state.Store{Root: stateDir, Network: n}.List()
 		for _, rec := range recs {
-			if rec.HostIfindex == a.Index && RecordedHostVeth(l, rec, n) {
-				return state.HostIfName(rec.ContainerID, rec.IfName)
+			if rec.HostIfindex != 0 {
+				x[rec.HostIfindex] = append(x[rec.HostIfindex], networkRecord{n, rec})
 			}
 		}
 	}
-	return a.Name
+	return x
+}
+
+// PinName is the host veth name of the record whose host veth node link l
+// is (RecordedHostVeth: its ifindex and MAC, under any name); ok false
+// when l is no record's host veth.
+func (x HostVethIndex) PinName(l netlink.Link) (name string, ok bool) {
+	for _, r := range x[l.Attrs().Index] {
+		if RecordedHostVeth(l, r.rec, r.network) {
+			return state.HostIfName(r.rec.ContainerID, r.rec.IfName), true
+		}
+	}
+	return "", false
 }
 
 // recordedMAC tells whether l has the host veth's MAC rec holds (any
@@ -574,10 +649,8 @@ func holderOf(ifindex int) string {
 		return fmt.Sprintf("ifindex %d", ifindex)
 	}
 	a := l.Attrs()
-	if rest, ok := strings.CutPrefix(a.Alias, aliasPrefix); ok {
-		if parts := strings.SplitN(rest, "/", 3); len(parts) == 3 {
-			return fmt.Sprintf("container %s, interface %s of network %q (host veth %s)", parts[1], parts[2], parts[0], a.Name)
-		}
+	if o, ok := ParseOwnerAlias(a.Alias); ok {
+		return fmt.Sprintf("container %s, interface %s of network %q (host veth %s)", o.idText(), o.IfName, o.Network, a.Name)
 	}
 	return fmt.Sprintf("link %s (ifindex %d)", a.Name, ifindex)
 }

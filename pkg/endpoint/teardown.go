@@ -21,9 +21,11 @@ import (
 // BeforeEndpoints steps: hostPort mappings). 2: the endpoint entries, so no
 // other pod redirects into this one any more. 3: the veth goes, which
 // detaches the programs; once it returns no program runs for this ifindex.
-// 4: only now the link entry and counters, which a packet in flight before
-// 3 would re-create. The features' WithVeth steps (flows and state kept
-// for the pod: scans of their maps) run while the veth is being deleted.
+// 4: the link entry (which no program creates), before the pod's netns
+// lock goes (removeLinkEntry). 5: only now the counters, which a packet in
+// flight before 3 would re-create. The features' WithVeth steps (flows and
+// state kept for the pod: scans of their maps) run while the veth is being
+// deleted.
 type Teardown struct {
 	Net *Network
 	// ContainerID and IfName identify the attachment (CNI_CONTAINERID, CNI_IFNAME).
@@ -94,7 +96,12 @@ func tearDownAll(n *Network, id ID, rec *state.Record, tr *Tracer) error {
 		Crashpoint("del-parked")
 	}
 	errs = errors.Join(errs, guarded(t.removeVeth))
-	t.unlockNetns() // the veth is gone (or handed off): another interface's teardown may look
+	Crashpoint("del-veth-removed")
+	// The link entry goes before the lock: it is what makes the veth's
+	// pod end count as another interface of ours (podSide's isOurs), and a
+	// handed-off veth stays in the pod's netns until the agent reaps it.
+	errs = errors.Join(errs, guarded(t.removeLinkEntry))
+	t.unlockNetns() // the veth is gone (or handed off), and is no attachment: another interface's teardown may look
 	Crashpoint("del-unlocked")
 	if t.sweep {
 		Crashpoint("del-veth")
@@ -290,10 +297,8 @@ func (t *Teardown) removePodSide() error {
 		if t.DP == nil {
 			return false
 		}
-		if _, err := t.DP.Maps.Links().Lookup(idx); err != nil {
-			return false
-		}
-		return !t.handedOff(idx)
+		_, err := t.DP.Maps.Links().Lookup(idx)
+		return err == nil
 	}
 	cookie, sweep, podNL, held := podSide(t.Net.PinDir, t.netns, t.IfName, recCookie, t.Ifindex, table, isOurs, t.handOff)
 	t.sweep, t.podNL, t.podLock = sweep, podNL, held
@@ -302,23 +307,6 @@ func (t *Teardown) removePodSide() error {
 		return t.DP.Maps.Bandwidth().DeleteNetns(cookie)
 	}
 	return nil
-}
-
-// handedOff tells whether the node's link at ifindex is a host veth a DEL
-// handed off (state.HandedOffName): that attachment is gone, though its
-// link entry stays until its DEL is past the pod's netns lock (its veth
-// gone, removeLinkState) or the agent reaps it. Asked of the node's
-// netns through t.nodeNL, which removePodSide calls from inside the
-// pod's: only when its sockets were made in the node's (kept); else the
-// link counts as ours (the entry stays, for the agent's reconcile). The
-// name is the node's to set, not the pod's: the pod end's name and state
-// are the pod's to fake.
-func (t *Teardown) handedOff(ifindex int) bool {
-	if !t.nodeNL.kept() {
-		return false
-	}
-	l, err := t.nodeNL.LinkByIndex(ifindex)
-	return err == nil && l.Attrs().Name == state.HandedOffName(ifindex)
 }
 
 // unlockNetns releases the lock of the pod's netns (removePodSide).
@@ -359,6 +347,21 @@ func (t *Teardown) removeVeth() error {
 	}
 }
 
+// removeLinkEntry removes the veth's cni_links entry once the veth is gone
+// or handed off (down, renamed), before the pod's netns lock is released:
+// the programs only look it up and update it in place, never create it,
+// so nothing brings it back. Left until later, another interface's
+// teardown under the lock saw the handed-off pod end as a live attachment
+// of ours and kept the pod's cni_netns entry (twodel30). A DEL killed
+// before it leaves the entry to its retry or to the agent's reap of the
+// handed-off veth (Reap), as before.
+func (t *Teardown) removeLinkEntry() error {
+	if t.DP == nil || t.Ifindex == 0 {
+		return nil
+	}
+	return t.DP.Maps.Links().Delete(t.Ifindex)
+}
+
 // removeLinkState removes what is keyed by the veth's ifindex, once no
 // program runs for it, and its link pins.
 func (t *Teardown) removeLinkState() error {
@@ -366,9 +369,9 @@ func (t *Teardown) removeLinkState() error {
 	if t.DP != nil && t.Ifindex != 0 {
 		// The flow and trace switches go too: the next pod given this
 		// ifindex has not asked for them. (Its flows age out: LRU, idle sweep.)
+		// The link entry went before the netns unlock (removeLinkEntry).
 		idx := t.Ifindex
-		errs = guarded(func() error { return t.DP.Maps.Links().Delete(idx) },
-			func() error { return t.DP.Maps.Stats().Reset(idx) },
+		errs = guarded(func() error { return t.DP.Maps.Stats().Reset(idx) },
 			func() error { return t.DP.Maps.Events().ForgetEndpoint(uint32(idx)) })
 	}
 	if !t.foreign {

@@ -116,16 +116,20 @@ func TestDelTwoIfHandedOffNetnsEntry(t *testing.T) {
 // TestDelTwoIfHandOffUnlockedNetnsEntry: with the agent alive, the DEL of
 // the pod's eth0 (the crashpoint build) stopped right after it released the
 // pod's netns lock (EBPF_CNI_STOP_AT=del-unlocked): its veth handed off
-// (both ends down and renamed), but its cni_links entry not yet removed,
-// which it does only once its veth is gone. The DEL of net1 runs then, under
-// the lock; then the DEL of eth0 goes on. net1's DEL is the pod's last: no
-// cni_netns entry of the pod's netns is left.
+// (both ends down and renamed, the pod end still in the pod's netns until
+// the agent reaps it) and, since depth31, its cni_links entry removed
+// before the unlock (the test asserts it). The DEL of net1 runs then,
+// under the lock; then the DEL of eth0 goes on. net1's DEL is the pod's
+// last: no cni_netns entry of the pod's netns is left.
 //
-// Red before twodel30: net1's DEL counted eth0's handed-off pod end, whose
-// peer's index still had its cni_links entry, as another interface of ours
+// Red before twodel30: eth0's DEL removed its cni_links entry only at its
+// end, past the unlock, so net1's DEL counted eth0's handed-off pod end,
+// whose peer's index still had its entry, as another interface of ours
 // and kept the entry; eth0's DEL had looked before and kept it too; only
 // the agent's periodic reconcile (every minute) removed it. The one round
-// of 30 TestDelTwoIfConcurrentNetnsEntry (agent) left under load.
+// of 30 TestDelTwoIfConcurrentNetnsEntry (agent) left under load. twodel30
+// made the look skip ebpz… siblings; depth31 removes the entry before the
+// unlock instead and dropped that special case.
 func TestDelTwoIfHandOffUnlockedNetnsEntry(t *testing.T) {
 	e := testenv.New(t)
 	ag := e.StartAgent(e.WriteConfDir(), "--metrics-addr", "")
@@ -147,8 +151,8 @@ func TestDelTwoIfHandOffUnlockedNetnsEntry(t *testing.T) {
 	if !e.NodeLinkExists(state.HandedOffName(eth0)) {
 		t.Fatalf("eth0's host veth (ifindex %d) was not handed off before del-unlocked:\n%s", eth0, out)
 	}
-	if _, err := e.Maps().Links().Lookup(eth0); err != nil {
-		t.Logf("eth0's cni_links entry is already gone at del-unlocked (%v): the window this test holds open is not there", err)
+	if li, err := e.Maps().Links().Lookup(eth0); err == nil {
+		t.Errorf("eth0's cni_links entry (ifindex %d) is still there when its DEL released the pod's netns lock (del-unlocked), its veth handed off: %+v", eth0, li)
 	}
 	delErr := e.Del(pod, id, "net1")
 	del.Process.Signal(syscall.SIGCONT)
