@@ -1,6 +1,8 @@
 package datapath
 
 import (
+	"fmt"
+	"net"
 	"testing"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
@@ -59,14 +61,33 @@ func (m *masqFlow) dropReverse() {
 // another); the room comes back once the server acknowledges, and goes
 // with the pod's FIN (its wait is the reverse entry's).
 func TestMasqRoomBoundsPodEnd(t *testing.T) {
-	flow := masq30cFlows(t, 130)
-	at := nodeIP
-
-	for _, p := range []uint32{1000, 0xfff00000} { // the second wraps past 2^32
+	flow := masq30cFlows(t, 190)
+	// IPv4 with the pod's numbers low and across the wrap, IPv6 and the
+	// compat build across the wrap; each case a flow of its own.
+	cases := []struct {
+		ipv6, compat bool
+		p            uint32
+	}{{false, false, 1000}, {false, false, 0xfff00000}, {true, false, 0xfff00000}, {false, true, 0xfff00000}}
+	setup := func(ipv6, compat bool, p uint32) (*masqFlow, net.IP) {
 		m := flow()
 		m.p = p
 		m.s = 5000
+		at := nodeIP
+		if ipv6 {
+			must(t, putEndpoint(m.dp.Maps, podIP6, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagMasq)))
+			m.pod, m.far, at = podIP6, farIP6, nodeIP6
+		}
+		if compat {
+			m.useObjects(fmt.Sprintf("compat%d", m.podPort), objToUplink.compat, objFromUplink.compat)
+		}
 		m.open(at)
+		return m, at
+	}
+
+	for _, c := range cases {
+		p := c.p
+		m, at := setup(c.ipv6, c.compat, p)
+		t.Logf("p %#x ipv6 %v compat %v", p, c.ipv6, c.compat)
 		a := m.p + 1 // A: the server's SYN-ACK
 		m.fromPod("data", m.p+1, m.s+1, ackFlag|0x08, []byte("0123456789"))
 		if h, fl := m.fwdEnd(), m.fwdFlags(); h != m.p+11 || fl&snatRoom == 0 {
@@ -124,10 +145,7 @@ func TestMasqRoomBoundsPodEnd(t *testing.T) {
 		// The cut is taken: with the reverse entry gone (as the LRU may
 		// take it), the data in H's block still moves H, which the lookup
 		// (finding none) would not; the next block's does not.
-		m = flow()
-		m.p = p
-		m.s = 5000
-		m.open(at)
+		m, at = setup(c.ipv6, c.compat, p)
 		m.fromPod("data", m.p+1, m.s+1, ackFlag|0x08, []byte("0123456789"))
 		m.dropReverse()
 		m.fromPod("data, no reverse entry", m.p+11, m.s+1, ackFlag|0x08, []byte("abcdefghij"))
