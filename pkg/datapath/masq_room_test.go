@@ -159,3 +159,53 @@ func TestMasqRoomBoundsPodEnd(t *testing.T) {
 		}
 	}
 }
+
+// preMasqout31Commit is main before SNAT_F_ROOM (docs/upgrade.md: a
+// same-layout rollback).
+const preMasqout31Commit = "d020e81"
+
+// TestMasqRoomRollback checks what docs/upgrade.md says of SNAT_F_ROOM
+// across a rollback to the build before it (same layout) and forward:
+//   - the older build keeps the bit (it neither reads nor clears it) and
+//     moves H as before;
+//   - rolled forward within the second of the older build's last note, a
+//     stale bit is taken: the pod's FIN the older build put to wait, then
+//     data over the FIN's end (not its TCP's FIN: attack31's raw FIN ahead
+//     of data), moves the FIN's end to the data's instead of ending the
+//     wait, and the server's ACK of the data counts the FIN. Kept here so
+//     that a change of it is seen; with this build throughout, the wait ends.
+func TestMasqRoomRollback(t *testing.T) {
+	flow := masq30cFlows(t, 210)
+	at := nodeIP
+	oldTo, oldFrom := uplinkObjectsAt(t, preMasqout31Commit)
+
+	for _, rolled := range []bool{false, true} {
+		m := flow()
+		m.open(at)
+		m.fromPod("data", m.p+1, m.s+1, ackFlag|0x08, []byte("0123456789"))
+		if fl := m.fwdFlags(); fl&snatRoom == 0 {
+			t.Fatalf("rolled %v: the pod's first data: forward flags %#x, want the room", rolled, fl)
+		}
+		if rolled {
+			m.useObjects(fmt.Sprintf("old%d", m.podPort), oldTo, oldFrom)
+		}
+		m.fromPod("more data", m.p+11, m.s+1, ackFlag|0x08, []byte("abcdefghij"))
+		if h, fl := m.fwdEnd(), m.fwdFlags(); h != m.p+21 || fl&snatRoom == 0 {
+			t.Errorf("rolled %v: more data: H %#x, forward flags %#x; want H %#x, the bit kept", rolled, h, fl, m.p+21)
+		}
+		m.fromPod("raw FIN ahead of data", m.p+31, m.s+1, finFlag|ackFlag, nil)
+		if rolled {
+			m.useObjects(fmt.Sprintf("new%d", m.podPort), objToUplink, objFromUplink)
+		}
+		m.fromPod("data over the FIN's end", m.p+21, m.s+1, ackFlag|0x08, []byte("0123456789abcdefghij"))
+		m.fromServer("ACK of the data", at, m.s+1, m.p+41, ackFlag, nil)
+		fl, share := m.state()
+		t.Logf("rolled %v: the pod's raw FIN, data over its end, the server's ACK of the data: flags %#x, share %d", rolled, fl, share)
+		if !rolled && fl&(1<<4) != 0 {
+			t.Errorf("this build throughout: the pod's raw FIN counted at the server's ACK of the data over it: flags %#x; want the wait ended", fl)
+		}
+		if rolled && fl&(1<<4) == 0 {
+			t.Errorf("rolled back and forward: flags %#x; docs/upgrade.md: the stale bit moves the FIN's end to the data's, the ACK counts it", fl)
+		}
+	}
+}
