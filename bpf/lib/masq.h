@@ -203,6 +203,27 @@ static __always_inline void snat_flags_write(void *v, __u16 before, __u16 after)
  */
 #define SNAT_F_PEER_RST (1U << 11)
 
+/*
+ * The room the last reverse lookup saw (masqout31): the pod's data
+ * segment of an open fin21 flow looked the reverse entry up only for A
+ * (snat_pod_end's bound on H) and its flags, 30-50 ns of the segment's
+ * ~510 (docs/performance.md, round 20). SNAT_F_ROOM on the forward entry
+ * says that at the flow's last lookup the reverse entry had the plain
+ * state (SNAT_POD_END and SNAT_F_ACKED; no SNAT_F_FIN_WAIT, SNAT_F_UNSHARED,
+ * FIN or RST) and H lay at most SNAT_ACK_BOUND - 2 * SNAT_ROOM_BLOCK ahead
+ * of A. A only moves forward, so while H stays in the block of 2^24
+ * sequence numbers it was in then, every end in that block is within
+ * A + SNAT_ACK_BOUND: the pod's segment without SYN, FIN or RST, its end in
+ * H's block, moves H there (snat_room_end) without the lookup. Any other
+ * (another block, a state change, the note once a second, a FIN of the
+ * peer's waiting) takes the lookup, which sets or clears the bit again
+ * (snat_room_note). Forward TCP entries only: bit 12 is free there (a
+ * reverse entry's bits 12-15 are SNAT_POD_END); older builds never set it
+ * and leave it as they find it (their writes change state bits only).
+ */
+#define SNAT_F_ROOM (1U << 12)
+#define SNAT_ROOM_BLOCK (1U << 24)
+
 /* The forward entry's last use for its expiry: while a FIN of the peer's
  * waits, the latest time its seen_ns may stand for. */
 static __always_inline __u64 snat_fwd_seen(const struct snat_val *fv)
@@ -1529,6 +1550,47 @@ static __noinline int masq_source(struct __sk_buff *skb, const struct flow *f, _
 	return 0;
 }
 
+/* SNAT_F_ROOM's cut: the pod's segment f of a flow whose forward entry
+ * fv has the bit (fl: its next flags, the packet's) moves H within its
+ * block. Returns 1 when done, 0 for the lookup. */
+static __noinline int snat_room_end(struct __sk_buff *skb, const struct flow *f, struct snat_val *fv, __u32 fl)
+{
+	struct tcp_seg *sp;
+
+	if (!skb || !f || !fv || (fl & (SNAT_F_ROOM | SNAT_F_ACKED)) != (SNAT_F_ROOM | SNAT_F_ACKED) ||
+	    (fl & (FLOW_F_FIN_BOTH | FLOW_F_CLOSING | SNAT_F_PEER_FIN | SNAT_F_KEPT)) ||
+	    (f->tcp_flags & (TCP_FLAG_SYN | TCP_FLAG_FIN | TCP_FLAG_RST)))
+		return 0;
+	sp = tcp_seg_scratch();
+	if (!sp || tcp_seg_load_in_place(skb, f, sp))
+		return 0;
+	__u64 c = fv->created_ns;
+	__u32 h = (__u32)c;
+
+	if ((sp->end ^ h) >= SNAT_ROOM_BLOCK)
+		return 0;
+	if ((__s32)(sp->end - h) > 0)
+		fv->created_ns = (c & ~SNAT_LOW_WORD) | sp->end;
+	return 1;
+}
+
+/* After the lookup: SNAT_F_ROOM on the forward entry fv as the reverse
+ * entry rv (NULL: none) stands now. */
+static __noinline void snat_room_note(struct snat_val *fv, const struct snat_val *rv)
+{
+	if (!fv)
+		return;
+	__u32 fl = fv->flags;
+	int room = rv && snat_has_ack(rv->flags) &&
+		   !(rv->flags & (SNAT_F_FIN_WAIT | SNAT_F_UNSHARED | FLOW_F_FIN_BOTH | FLOW_F_CLOSING)) &&
+		   (__u32)fv->created_ns - snat_seq_of((struct snat_val *)rv)->win <= SNAT_ACK_BOUND - 2 * SNAT_ROOM_BLOCK;
+
+	if (room && !(fl & SNAT_F_ROOM))
+		snat_flags_apply(fv, SNAT_F_ROOM, 0);
+	else if (!room && (fl & SNAT_F_ROOM))
+		snat_flags_apply(fv, 0, SNAT_F_ROOM);
+}
+
 /* What a known flow's packet leaves with (masq_known). */
 struct masq_to {
 	__u8 addr[16];
@@ -1583,6 +1645,9 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 	 * highest end decides which of its FINs count (snat_pod_end). */
 	int seg = f->proto == IPPROTO_TCP && !tcp_seg_quiet(skb, f);
 
+	/* Within the room the last lookup saw: no lookup (SNAT_F_ROOM). */
+	if (seg && !note && snat_room_end(skb, f, fv, fl))
+		return 1;
 	if (note || seg) {
 		snat_key_of(&k, SNAT_DIR_REV, to->addr, to->port, f->daddr, f->dport, f->family, f->proto);
 		struct snat_val *rv = bpf_map_lookup_elem(&cni_snat, &k);
@@ -1621,6 +1686,8 @@ MASQ_KNOWN_LINKAGE __noinline int masq_known(struct __sk_buff *skb, const struct
 			else if (f->proto == IPPROTO_TCP)
 				snat_pod_end(skb, f, rv, fv);
 		}
+		if (f->proto == IPPROTO_TCP)
+			snat_room_note(fv, rv);
 	}
 	return 1;
 }

@@ -6,14 +6,14 @@ package datapath
 var objHashes = map[string]objHash{
 	"from_container":        {size: 566248, crc: 0x6f837c2a, sha: "0fbe3481ae79"},
 	"from_container_compat": {size: 535576, crc: 0xeb5781f6, sha: "008a2f18c240"},
-	"from_uplink":           {size: 511688, crc: 0xd99fed07, sha: "27ab6778b801"},
-	"from_uplink_compat":    {size: 425944, crc: 0x992e0e48, sha: "b26fb01e61da"},
+	"from_uplink":           {size: 519832, crc: 0x435e846e, sha: "a28d9197a235"},
+	"from_uplink_compat":    {size: 425944, crc: 0xd5bd44d6, sha: "4a7053a1292b"},
 	"sock":                  {size: 182192, crc: 0x29dadfcd, sha: "735ddd79559d"},
 	"sock_compat":           {size: 171824, crc: 0x7e011edc, sha: "df205e2dabbe"},
 	"sock_ops":              {size: 165072, crc: 0xb99e9478, sha: "7aaa6be03cc3"},
 	"to_container":          {size: 203808, crc: 0x8e02fb7b, sha: "8be73083a182"},
 	"to_container_compat":   {size: 188456, crc: 0x36c708d6, sha: "5e456cdca277"},
-	"to_uplink":             {size: 388896, crc: 0x28c43eb0, sha: "6b2fdb282bc3"},
-	"to_uplink_compat":      {size: 352192, crc: 0xd82c9ca1, sha: "6ad8df58e710"},
+	"to_uplink":             {size: 397072, crc: 0x72f639b7, sha: "8739d836f3fb"},
+	"to_uplink_compat":      {size: 360144, crc: 0x9befddbd, sha: "2e98605201dd"},
 	"tunnel":                {size: 340536, crc: 0x3cce5bc4, sha: "d1602b74a273"},
 }
