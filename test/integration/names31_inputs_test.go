@@ -162,3 +162,55 @@ func TestNames31Names(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) { n31Run(t, c) })
 	}
 }
+
+// n31Caps is the config's capabilities, so runtimeConfig is what a runtime
+// passes for them.
+var n31Caps = map[string]any{"capabilities": map[string]bool{"portMappings": true, "bandwidth": true}}
+
+// TestNames31Args (names31): CNI_ARGS and runtimeConfig with odd values.
+// Red before: CNI_ARGS of no KEY=VALUE pairs failed ADD in host-local (999,
+// after the veth was made), and DEL failed likewise on them and on an
+// unknown key without IgnoreUnknown, so no retry ever deleted the
+// attachment.
+//
+//	go test -count=1 -run 'TestNames31Args$' -v ./test/integration/
+func TestNames31Args(t *testing.T) {
+	pm := func(host, ctr int, proto string) map[string]any {
+		return map[string]any{"hostPort": host, "containerPort": ctr, "protocol": proto}
+	}
+	pms := func(p ...map[string]any) map[string]any { return map[string]any{"portMappings": p} }
+	bw := func(kv ...any) map[string]any {
+		m := map[string]any{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i].(string)] = kv[i+1]
+		}
+		return map[string]any{"bandwidth": m}
+	}
+	cases := []n31Case{
+		{name: "k8s-name253", args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=" + strings.Repeat("s", 63) + ";K8S_POD_NAME=" + strings.Repeat("p", 253)},
+		{name: "k8s-name-empty", args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=;K8S_POD_NAME="},
+		{name: "k8s-name-huge", args: "IgnoreUnknown=1;K8S_POD_NAME=" + strings.Repeat("p", 60000)},
+		// host-local refuses an unknown key (999, its own code) before
+		// reserving; DEL failed on it too, every retry (names31).
+		{name: "unknown-key", args: "FOO=bar", code: types.ErrInternal, msg: []string{"ARGS: unknown args", "FOO=bar"}},
+		{name: "unknown-key-ignored", args: "IgnoreUnknown=1;FOO=bar;=x"},
+		{name: "two-equals", args: "IgnoreUnknown=1;a=b=c", code: types.ErrInvalidEnvironmentVariables, msg: []string{"CNI_ARGS", "a=b=c"}},
+		{name: "no-equals", args: "foo", code: types.ErrInvalidEnvironmentVariables, msg: []string{"CNI_ARGS", "\"foo\""}},
+		{name: "empty-pairs", args: ";;IgnoreUnknown=1;;", code: types.ErrInvalidEnvironmentVariables, msg: []string{"CNI_ARGS", "\"\""}},
+		{name: "pm-host0", extra: n31Caps, rc: pms(pm(0, 80, "tcp")), code: types.ErrInvalidNetworkConfig, msg: []string{"portMappings[0].hostPort: 0"}},
+		{name: "pm-ctr0", extra: n31Caps, rc: pms(pm(18080, 0, "tcp")), code: types.ErrInvalidNetworkConfig, msg: []string{"portMappings[0].containerPort: 0"}},
+		{name: "pm-host65536", extra: n31Caps, rc: pms(pm(65536, 80, "tcp")), code: types.ErrInvalidNetworkConfig, msg: []string{"portMappings[0].hostPort: 65536"}},
+		{name: "pm-ctr65536", extra: n31Caps, rc: pms(pm(18081, 65536, "tcp")), code: types.ErrInvalidNetworkConfig, msg: []string{"portMappings[0].containerPort: 65536"}},
+		{name: "pm-negative", extra: n31Caps, rc: pms(pm(-1, 80, "tcp")), code: types.ErrInvalidNetworkConfig, msg: []string{"portMappings[0].hostPort: -1"}},
+		{name: "pm-dup", extra: n31Caps, rc: pms(pm(18082, 80, "tcp"), pm(18082, 80, "tcp"))},
+		{name: "pm-dup-ctr", extra: n31Caps, rc: pms(pm(18083, 80, "tcp"), pm(18083, 81, "tcp")), code: types.ErrInvalidNetworkConfig, msg: []string{"portMappings[1].hostPort: 18083"}},
+		{name: "pm-proto-odd", extra: n31Caps, rc: pms(pm(18084, 80, "icmp")), code: types.ErrInvalidNetworkConfig, msg: []string{"portMappings[0].protocol"}},
+		{name: "bw-zero", extra: n31Caps, rc: bw("ingressRate", 0, "ingressBurst", 0, "egressRate", 0, "egressBurst", 0)},
+		{name: "bw-2^63", extra: n31Caps, rc: bw("ingressRate", json.Number("9223372036854775808"), "ingressBurst", 1000000, "egressRate", json.Number("9223372036854775808"), "egressBurst", 1000000), code: types.ErrInvalidNetworkConfig, msg: []string{"bandwidth.ingressRate: 9223372036854775808"}},
+		{name: "bw-2^63-1", extra: n31Caps, rc: bw("ingressRate", json.Number("9223372036854775807"), "ingressBurst", json.Number("9223372036854775807"), "egressRate", json.Number("9223372036854775807"), "egressBurst", json.Number("9223372036854775807")), code: types.ErrInvalidNetworkConfig, msg: []string{"bandwidth.ingressRate: 9223372036854775807"}},
+		{name: "bw-negative", extra: n31Caps, rc: bw("ingressRate", -1, "ingressBurst", 1000), code: types.ErrInvalidNetworkConfig, msg: []string{"bandwidth.ingressRate: -1"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { n31Run(t, c) })
+	}
+}
