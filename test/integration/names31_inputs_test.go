@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -30,6 +31,7 @@ type n31Case struct {
 	extra   map[string]any
 	ipam    map[string]any
 	rc      map[string]any // runtimeConfig
+	result  string         // an IPAM result a fake host-local (first in CNI_PATH) gives ADD
 	code    uint
 	msg     []string
 }
@@ -85,6 +87,12 @@ func n31Run(t *testing.T, c n31Case) {
 	pod := e.NewPod()
 	envv := pluginEnv("ADD", id, pod, ifname)
 	envv["CNI_ARGS"] = c.args
+	if c.result != "" {
+		dir := t.TempDir()
+		script := "#!/bin/sh\ncat >/dev/null\n[ \"$CNI_COMMAND\" = ADD ] && printf '%s\\n' '" + c.result + "'\nexit 0\n"
+		must(t, os.WriteFile(filepath.Join(dir, "host-local"), []byte(script), 0o755))
+		envv["CNI_PATH"] = dir + ":" + testenv.BinDir
+	}
 	conf := func(prev json.RawMessage) []byte {
 		return e.StdinConf(func(m map[string]any) {
 			if c.rc != nil {
@@ -209,6 +217,49 @@ func TestNames31Args(t *testing.T) {
 		{name: "bw-2^63", extra: n31Caps, rc: bw("ingressRate", json.Number("9223372036854775808"), "ingressBurst", 1000000, "egressRate", json.Number("9223372036854775808"), "egressBurst", 1000000), code: types.ErrInvalidNetworkConfig, msg: []string{"bandwidth.ingressRate: 9223372036854775808"}},
 		{name: "bw-2^63-1", extra: n31Caps, rc: bw("ingressRate", json.Number("9223372036854775807"), "ingressBurst", json.Number("9223372036854775807"), "egressRate", json.Number("9223372036854775807"), "egressBurst", json.Number("9223372036854775807")), code: types.ErrInvalidNetworkConfig, msg: []string{"bandwidth.ingressRate: 9223372036854775807"}},
 		{name: "bw-negative", extra: n31Caps, rc: bw("ingressRate", -1, "ingressBurst", 1000), code: types.ErrInvalidNetworkConfig, msg: []string{"bandwidth.ingressRate: -1"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { n31Run(t, c) })
+	}
+}
+
+// n31V4Only is a host-local IPAM whose ranges are IPv4 only: ebpf-cni
+// plans for IPv4 alone (v4Only).
+func n31V4Only() map[string]any {
+	return map[string]any{"type": "host-local", "ranges": [][]map[string]string{{{"subnet": testenv.PodSubnet4}}}}
+}
+
+// TestNames31IPAM (names31): IPAM results with no addresses, or with
+// addresses of a family the config does not route (a host-local of IPv4
+// ranges answering IPv6: a fake host-local first in CNI_PATH).
+//
+//	go test -count=1 -run 'TestNames31IPAM$' -v ./test/integration/
+func TestNames31IPAM(t *testing.T) {
+	static := func(addrs ...string) map[string]any {
+		as := []map[string]string{}
+		for _, a := range addrs {
+			as = append(as, map[string]string{"address": a})
+		}
+		return map[string]any{"type": "static", "addresses": as}
+	}
+	res := func(ips ...string) string {
+		var parts []string
+		for _, ip := range ips {
+			parts = append(parts, `{"address":"`+ip+`"}`)
+		}
+		return `{"cniVersion":"1.1.0","ips":[` + strings.Join(parts, ",") + `]}`
+	}
+	cases := []n31Case{
+		// A result ebpf-cni cannot use is the IPAM plugin's fault: 999,
+		// naming it, and the reservation released.
+		{name: "static-none", ipam: static(), code: types.ErrInternal, msg: []string{`ipam plugin "static" returned no IP addresses`}},
+		{name: "static-v6", ipam: static("fd00:250::10/64")},
+		{name: "static-two-v4", ipam: static("10.250.0.10/24", "10.250.0.11/24")},
+		{name: "v4only-gives-none", ipam: n31V4Only(), result: res(), code: types.ErrInternal, msg: []string{`ipam plugin "host-local" returned no IP addresses`}},
+		{name: "v4only-gives-v6", ipam: n31V4Only(), result: res("fd00:250::20/64"), code: types.ErrInternal, msg: []string{"IPv6 address though its configuration has IPv4 subnets only"}},
+		{name: "v4only-gives-both", ipam: n31V4Only(), result: res("10.250.0.20/24", "fd00:250::20/64"), code: types.ErrInternal, msg: []string{"IPv6 address though its configuration has IPv4 subnets only"}},
+		{name: "gives-v4-slash0", ipam: n31V4Only(), result: res("10.250.0.21/0")},
+		{name: "gives-bad-interface", ipam: n31V4Only(), result: `{"cniVersion":"1.1.0","interfaces":[{"name":"x"}],"ips":[{"address":"10.250.0.22/24","interface":7}]}`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { n31Run(t, c) })
