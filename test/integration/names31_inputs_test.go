@@ -265,3 +265,69 @@ func TestNames31IPAM(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) { n31Run(t, c) })
 	}
 }
+
+// TestNames31GC (names31): GC of attachments with the longest and oddest
+// names, its cni.dev/valid-attachments holding them and entries no
+// attachment can have (empty, a container ID of 100000 bytes, interface
+// names the library refuses or with a "%"). The listed attachments are
+// kept whole (CHECK passes), then a GC listing none removes them all.
+//
+//	go test -count=1 -run 'TestNames31GC$' -v ./test/integration/
+func TestNames31GC(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	e.Name = strings.Repeat("g", 225)
+	type att struct {
+		id, ifname string
+		res        json.RawMessage
+	}
+	pod := e.NewPod()
+	atts := []*att{
+		{id: strings.Repeat("x", 5000), ifname: "abcdefghijklmno"},
+		{id: "c", ifname: "e.t-h_0@x"},
+		{id: "0_.-" + testenv.RandHex(4), ifname: "#!$&*+=?^~x"},
+	}
+	exec1 := func(cmd string, a *att, conf []byte) ([]byte, error) {
+		envv := pluginEnv(cmd, "", nil, "")
+		if a != nil {
+			envv = pluginEnv(cmd, a.id, pod, a.ifname)
+		}
+		return n31Exec(t, e, envv, conf)
+	}
+	stdin := func(edit func(m map[string]any)) []byte { return e.StdinConf(edit) }
+	for _, a := range atts {
+		a := a
+		t.Cleanup(func() { exec1("DEL", a, stdin(nil)) })
+		out, err := exec1("ADD", a, stdin(nil))
+		if err != nil {
+			t.Fatalf("ADD %d-byte ID, %q: %v: %s", len(a.id), a.ifname, err, out)
+		}
+		a.res = out
+	}
+	valid := []map[string]string{{}, {"containerID": strings.Repeat("y", 100000), "ifname": "eth0"},
+		{"containerID": "c", "ifname": "eth%d"}, {"containerID": "c", "ifname": "a/b"}, {"containerID": "../..", "ifname": ".."}}
+	for _, a := range atts {
+		valid = append(valid, map[string]string{"containerID": a.id, "ifname": a.ifname})
+	}
+	gc := func(valid []map[string]string) {
+		t.Helper()
+		out, err := exec1("GC", nil, stdin(func(m map[string]any) { m["cni.dev/valid-attachments"] = valid }))
+		if err != nil {
+			t.Fatalf("GC with %d valid attachments: %v: %s", len(valid), err, out)
+		}
+	}
+	gc(valid)
+	for _, a := range atts {
+		if out, err := exec1("CHECK", a, stdin(func(m map[string]any) { m["prevResult"] = a.res })); err != nil {
+			t.Errorf("CHECK %d-byte ID, %q after a GC listing it: %v: %s", len(a.id), a.ifname, err, out)
+		}
+	}
+	gc([]map[string]string{})
+	e.AssertClean()
+	for _, a := range atts {
+		if out, err := exec1("DEL", a, stdin(nil)); err != nil {
+			t.Errorf("DEL %d-byte ID, %q after GC: %v: %s", len(a.id), a.ifname, err, out)
+		}
+	}
+	e.AssertClean()
+}
