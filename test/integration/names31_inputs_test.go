@@ -45,6 +45,9 @@ func n31Exec(t *testing.T, e *testenv.Env, envv map[string]string, stdin []byte)
 	t.Helper()
 	var out []byte
 	var runErr error
+	var hung bool
+	var stderr string
+	// InNode runs f on a goroutine of its own: the test fails after it.
 	e.InNode(func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), n31VerbTimeout)
 		defer cancel()
@@ -56,15 +59,15 @@ func n31Exec(t *testing.T, e *testenv.Env, envv map[string]string, stdin []byte)
 		var b, se bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &b, &se
 		runErr = cmd.Run()
-		out = b.Bytes()
-		if ctx.Err() != nil {
-			t.Fatalf("%s: plugin hung past %v (killed)", envv["CNI_COMMAND"], n31VerbTimeout)
-		}
-		if strings.Contains(se.String(), "panic:") || strings.Contains(string(out), "panic") {
-			t.Fatalf("%s: plugin panicked: %s%s", envv["CNI_COMMAND"], out, se.String())
-		}
+		out, stderr, hung = b.Bytes(), se.String(), ctx.Err() != nil
 		return nil
 	})
+	if hung {
+		t.Fatalf("%s: plugin hung past %v (killed)", envv["CNI_COMMAND"], n31VerbTimeout)
+	}
+	if strings.Contains(stderr, "panic:") || strings.Contains(string(out), "panic") {
+		t.Fatalf("%s: plugin panicked: %s%s", envv["CNI_COMMAND"], out, stderr)
+	}
 	return out, runErr
 }
 
