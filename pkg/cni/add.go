@@ -28,6 +28,12 @@ func add(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
+	if err := endpoint.CheckNames(conf.Name, args.IfName); err != nil {
+		return err
+	}
+	if err := endpoint.CheckArgs(args.Args); err != nil {
+		return err
+	}
 	if conf.net.IPv4Only, err = validateIPAM(args.StdinData, conf.IPAM.Type, conf.net.MTU); err != nil {
 		return err
 	}

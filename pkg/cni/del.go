@@ -1,7 +1,11 @@
 package cni
 
 import (
+	"errors"
+	"strings"
+
 	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/endpoint"
 )
@@ -22,7 +26,7 @@ func del(args *skel.CmdArgs) error {
 	var release func() error
 	if conf.IPAM.Type != "" {
 		release = func() error {
-			if err := ipamDel(conf.IPAM.Type, args.StdinData); err != nil {
+			if err := ipamDel(conf.IPAM.Type, args.StdinData); err != nil && !argsRefused(err) {
 				return endpoint.IPAMError(conf.IPAM.Type, err)
 			}
 			return nil
@@ -30,4 +34,14 @@ func del(args *skel.CmdArgs) error {
 	}
 	id := endpoint.ID{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns, Args: args.Args}
 	return endpoint.Delete(conf.net, id, release, tr)
+}
+
+// argsRefused tells whether the IPAM plugin refused DEL's CNI_ARGS as the
+// CNI library's types.LoadArgs does ("ARGS: unknown args", "ARGS: invalid
+// pair"...): it refused the ADD's, the same ones, before reserving
+// anything, so there is nothing to release. DEL failing on it failed every
+// retry, the attachment never deleted (names31).
+func argsRefused(err error) bool {
+	var te *types.Error
+	return errors.As(err, &te) && strings.HasPrefix(te.Msg, "ARGS: ")
 }

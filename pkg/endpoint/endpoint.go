@@ -661,6 +661,22 @@ func cniArg(cniArgs, key string) string {
 	return ""
 }
 
+// CheckArgs refuses a CNI_ARGS that is not ";"-separated KEY=VALUE pairs,
+// as the CNI library's types.LoadArgs reads it (host-local, static...
+// refuse it so, 999, after ADD made the veth): ADD refuses it first
+// (names31). Unknown keys are the IPAM plugin's to judge.
+func CheckArgs(cniArgs string) error {
+	if cniArgs == "" {
+		return nil
+	}
+	for _, kv := range strings.Split(cniArgs, ";") {
+		if len(strings.Split(kv, "=")) != 2 {
+			return Errorf(ErrEnv, "CNI_ARGS: %q is no KEY=VALUE pair (pairs are separated by ';', each with one '=')", kv)
+		}
+	}
+	return nil
+}
+
 // PodIdentity pulls K8S_POD_NAMESPACE and K8S_POD_NAME out of CNI_ARGS.
 func PodIdentity(cniArgs string) (namespace, name string) {
 	return cniArg(cniArgs, "K8S_POD_NAMESPACE"), cniArg(cniArgs, "K8S_POD_NAME")

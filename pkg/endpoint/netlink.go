@@ -408,11 +408,33 @@ func ownerAlias(network, containerID, ifname string) string {
 // byte, whatever the network's name (a valid one is up to 255 bytes, a
 // directory under stateDir: attack31c, a name of 197 bytes panicked in
 // ADD, one of 196 wrote an alias without an ID). The alias stays within
-// the kernel's 255 bytes for a network and interface name of up to 240
-// bytes together; a longer pair makes ADD's alias fail with the kernel's
-// error.
+// the kernel's 255 bytes for a network and interface name of up to
+// aliasNamesMax bytes together; ADD refuses a longer pair (CheckNames).
 func aliasIDRoom(network, ifname string) int {
 	return max(200-len(network)-len(ifname), 1)
+}
+
+// aliasNamesMax is how many bytes of network and interface name together
+// an alias holds with the container ID cut to one byte and "...": the
+// kernel's IFALIASZ (256, with the NUL) less the prefix and the two "/".
+const aliasNamesMax = 255 - len(aliasPrefix) - 2 - len("c...")
+
+// CheckNames refuses, before ADD makes anything, the names the CNI
+// library lets through that no attachment can have (names31): an
+// interface name with a "%" (the kernel takes it for a pattern and picks
+// the name itself, "eth%d" is eth0, or refuses it), and a network and
+// interface name whose host veth alias (ownerAlias) would not fit in the
+// kernel's 255 bytes (ADD failed setting it, 999, "numerical result out
+// of range").
+func CheckNames(network, ifname string) error {
+	if strings.Contains(ifname, "%") {
+		return Errorf(ErrEnv, "CNI_IFNAME %q: an interface name with a %%: the kernel takes it for a pattern (eth%%d is eth0, eth1...) and does not give the interface this name", ifname)
+	}
+	if n := len(network) + len(ifname); n > aliasNamesMax {
+		return Errorf(ErrConfig, "name: a network name of %d bytes with CNI_IFNAME %q (%d bytes): the host veth's alias (%s<name>/<container ID>/<interface>, at most 255 bytes) holds at most %d bytes of both",
+			len(network), ifname, len(ifname), aliasPrefix, aliasNamesMax)
+	}
+	return nil
 }
 
 const aliasPrefix = "ebpf-cni:"
