@@ -26,7 +26,11 @@ func del(args *skel.CmdArgs) error {
 	var release func() error
 	if conf.IPAM.Type != "" {
 		release = func() error {
-			if err := ipamDel(conf.IPAM.Type, args.StdinData); err != nil && !argsRefused(err) {
+			err := ipamDel(conf.IPAM.Type, args.StdinData)
+			if err != nil && argsRefused(err) && ipamDelWithoutArgs(conf.IPAM.Type, args.StdinData, args) == nil {
+				return nil
+			}
+			if err != nil {
 				return endpoint.IPAMError(conf.IPAM.Type, err)
 			}
 			return nil
@@ -38,9 +42,10 @@ func del(args *skel.CmdArgs) error {
 
 // argsRefused tells whether the IPAM plugin refused DEL's CNI_ARGS as the
 // CNI library's types.LoadArgs does ("ARGS: unknown args", "ARGS: invalid
-// pair"...): it refused the ADD's, the same ones, before reserving
-// anything, so there is nothing to release. DEL failing on it failed every
-// retry, the attachment never deleted (names31).
+// pair"...). DEL failing on it failed every retry, the attachment never
+// deleted (names31); DEL then asks again without CNI_ARGS, which releases
+// what an ADD with other, accepted, arguments reserved (and is nothing
+// when the ADD's were the same, refused before reserving anything).
 func argsRefused(err error) bool {
 	var te *types.Error
 	return errors.As(err, &te) && strings.HasPrefix(te.Msg, "ARGS: ")

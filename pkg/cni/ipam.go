@@ -3,8 +3,10 @@ package cni
 import (
 	"context"
 	"os"
+	"path/filepath"
 
 	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 )
 
@@ -19,6 +21,19 @@ func ipamAdd(plugin string, conf []byte) (types.Result, error) {
 
 func ipamDel(plugin string, conf []byte) error {
 	return invoke.DelegateDel(context.TODO(), plugin, conf, nil)
+}
+
+// ipamDelWithoutArgs runs the IPAM plugin's DEL of args' attachment with
+// no CNI_ARGS: for an IPAM plugin that refused DEL's (argsRefused), as
+// host-local releases by container ID and interface name alone.
+func ipamDelWithoutArgs(plugin string, conf []byte, args *skel.CmdArgs) error {
+	path, err := invoke.FindInPath(plugin, filepath.SplitList(args.Path))
+	if err != nil {
+		return err
+	}
+	return invoke.ExecPluginWithoutResult(context.TODO(), path, conf, &invoke.Args{
+		Command: "DEL", ContainerID: args.ContainerID, NetNS: args.Netns, IfName: args.IfName, Path: args.Path,
+	}, nil)
 }
 
 func ipamCheck(plugin string, conf []byte) error {

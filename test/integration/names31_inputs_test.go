@@ -334,3 +334,39 @@ func TestNames31GC(t *testing.T) {
 	}
 	e.AssertClean()
 }
+
+// TestNames31DelArgsDiffer: ADD with CNI_ARGS host-local accepts
+// ("IgnoreUnknown=1;FOO=bar"), then DEL with ones it refuses ("FOO=bar",
+// no IgnoreUnknown): DEL succeeds and releases the ADD's lease (the IPAM
+// DEL asked again without CNI_ARGS), leaving nothing.
+//
+// Red before: names31's first fix took the refusal for "nothing
+// reserved", so the DEL succeeded and the lease stayed.
+func TestNames31DelArgsDiffer(t *testing.T) {
+	t.Parallel()
+	e := testenv.New(t)
+	pod := e.NewPod()
+	id := testenv.RandName("n31args")
+	t.Cleanup(func() { _ = e.Del(pod, id, "eth0") })
+	run := func(cmd, args string) ([]byte, error) {
+		envv := pluginEnv(cmd, id, pod, "eth0")
+		envv["CNI_ARGS"] = args
+		return e.RunPlugin(filepath.Join(testenv.BinDir, "ebpf-cni"), envv, e.StdinConf(nil))
+	}
+	if out, err := run("ADD", "IgnoreUnknown=1;FOO=bar"); err != nil {
+		t.Fatalf("ADD: %v: %s", err, out)
+	}
+	if len(e.ReservationsOf(id)) == 0 {
+		t.Fatalf("ADD reserved nothing for %s", id)
+	}
+	if out, err := run("DEL", "FOO=bar"); err != nil {
+		t.Fatalf("DEL with CNI_ARGS host-local refuses: %v: %s", err, out)
+	}
+	if res := e.ReservationsOf(id); len(res) > 0 {
+		t.Errorf("after DEL: host-local still holds %v for %s", res, id)
+	}
+	if _, err := os.Stat(e.RecordPath(id, "eth0")); err == nil {
+		t.Errorf("after DEL: the record of %s is left", id)
+	}
+	e.AssertClean()
+}
