@@ -1,0 +1,90 @@
+package datapath
+
+import (
+	"fmt"
+	"testing"
+)
+
+// attack31d: hostile review of masqout31's cut (SNAT_F_ROOM: the pod's data
+// segment within the 2^24-block of H moves H from the forward entry alone,
+// no reverse lookup), on hand-made segments through cni_to_uplink and
+// cni_from_uplink, as TestMasqRoomBoundsPodEnd. The cut decides on the
+// forward entry alone, so every change of the flow's state that the
+// reverse lookup would see has to reach the forward entry too.
+
+// TestAttack31dRoomPeerEvents (guard): the room is set (the pod's first
+// data), then an event of either side changes the flow's state; the
+// reverse entry is then deleted (as the LRU may take it) and the pod sends
+// data in H's block: H must stay where it was, which only the lookup
+// (finding no reverse entry) leaves it, i.e. the cut was not taken. The
+// control (no event) shows the cut is taken there: H moves. Events: the
+// server's FIN in order (counted: FLOW_F_FIN_REPLY mirrored on the forward
+// entry), its FIN out of order (waiting on the forward entry,
+// SNAT_F_PEER_FIN), its RST at end (FLOW_F_CLOSING), its RST ahead of end
+// (waiting, SNAT_F_PEER_RST), the pod's FIN the server acknowledged
+// (FLOW_F_FIN_ORIG), and both FINs (the flow released: its payload must
+// reach snat_share_back through the lookup). Full and compat builds.
+func TestAttack31dRoomPeerEvents(t *testing.T) {
+	flow := masq30cFlows(t, 230)
+	at := nodeIP
+	events := []struct {
+		name string
+		do   func(m *masqFlow)
+		cut  bool // the cut is taken (the control)
+	}{
+		{"none", func(m *masqFlow) {}, true},
+		{"server FIN in order", func(m *masqFlow) {
+			m.fromServer("FIN", at, m.s+1, m.p+11, finFlag|ackFlag, nil)
+		}, false},
+		{"server FIN out of order", func(m *masqFlow) {
+			m.fromServer("data out of order", at, m.s+11, m.p+11, ackFlag|0x08, []byte("abcdefghij"))
+			m.fromServer("FIN out of order", at, m.s+21, m.p+11, finFlag|ackFlag, nil)
+		}, false},
+		{"server RST at end", func(m *masqFlow) {
+			m.fromServer("RST", at, m.s+1, 0, rstFlag, nil)
+		}, false},
+		{"server RST ahead of end", func(m *masqFlow) {
+			m.fromServer("data out of order", at, m.s+11, m.p+11, ackFlag|0x08, []byte("abcdefghij"))
+			m.fromServer("RST ahead", at, m.s+21, 0, rstFlag, nil)
+		}, false},
+		{"pod FIN acknowledged", func(m *masqFlow) {
+			m.fromPod("FIN", m.p+11, m.s+1, finFlag|ackFlag, nil)
+			m.fromServer("ACK of the FIN", at, m.s+1, m.p+12, ackFlag, nil)
+		}, false},
+		{"both FINs (released)", func(m *masqFlow) {
+			m.fromPod("FIN", m.p+11, m.s+1, finFlag|ackFlag, nil)
+			m.fromServer("FIN-ACK", at, m.s+1, m.p+12, finFlag|ackFlag, nil)
+			m.fromPod("ACK of the server's FIN", m.p+12, m.s+2, ackFlag, nil)
+		}, false},
+	}
+	for _, compat := range []bool{false, true} {
+		for _, ev := range events {
+			m := flow()
+			if compat {
+				m.useObjects(fmt.Sprintf("compat%d", m.podPort), objToUplink.compat, objFromUplink.compat)
+			}
+			m.open(at)
+			m.fromPod("data", m.p+1, m.s+1, ackFlag|0x08, []byte("0123456789"))
+			if h, fl := m.fwdEnd(), m.fwdFlags(); h != m.p+11 || fl&snatRoom == 0 {
+				t.Fatalf("compat %v, %s: the pod's first data: H %#x, forward flags %#x; want H %#x and the room", compat, ev.name, h, fl, m.p+11)
+			}
+			ev.do(m)
+			h0 := m.fwdEnd()
+			fl0 := m.fwdFlags()
+			rfl, share := m.state()
+			m.dropReverse()
+			// Data in H's block, one block-length's quarter on: within the
+			// room, so the cut moves H there if it is taken.
+			seq := h0 + 0x1000
+			m.fromPod("data in H's block, no reverse entry", seq, m.s+1, ackFlag|0x08, []byte("0123456789"))
+			h := m.fwdEnd()
+			t.Logf("compat %v, %s: reverse flags %#x, share %d, forward flags %#x; H %#x -> %#x", compat, ev.name, rfl, share, fl0, h0, h)
+			if ev.cut && h != seq+10 {
+				t.Errorf("compat %v, %s: H %#x, want %#x: the cut not taken (the harness sees nothing)", compat, ev.name, h, seq+10)
+			}
+			if !ev.cut && h != h0 {
+				t.Errorf("compat %v, %s (reverse flags %#x, forward %#x): H moved %#x -> %#x without the reverse entry: the cut was taken over a state it does not know", compat, ev.name, rfl, fl0, h0, h)
+			}
+		}
+	}
+}
