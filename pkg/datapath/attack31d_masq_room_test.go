@@ -88,3 +88,56 @@ func TestAttack31dRoomPeerEvents(t *testing.T) {
 		}
 	}
 }
+
+// TestAttack31dRoomAckWalk: SNAT_F_ROOM's bound rests on "A only moves
+// forward", which holds modulo 2^32 only: the server's pure ACKs, each at
+// exactly its next number and at most SNAT_ACK_BOUND past A, walk A three
+// times 2^30 forward (acknowledging data the pod never sent: a server in
+// league with the pod), which leaves A 2^30 behind where it was. Within
+// the second the pod's data at the last number of H's block then moves H
+// through the cut to 2^30 + 2^24 past A, past the bound; the older build
+// (the lookup, snat_end_move) reads H past the bound as behind A and
+// leaves it at A. What the tracking does with it next decides: the pod's
+// FIN at that end and the server's ACK of it, then the server's FIN and
+// the pod's ACK, must leave the flow in the same state (reverse flags,
+// share) as with the build before masqout31.
+func TestAttack31dRoomAckWalk(t *testing.T) {
+	flow := masq30cFlows(t, 250)
+	at := nodeIP
+	oldTo, oldFrom := uplinkObjectsAt(t, preMasqout31Commit)
+	type result struct {
+		h, a         uint32
+		flags        uint16
+		share        int
+		finH, finFlg uint16
+	}
+	run := func(old bool) result {
+		m := flow()
+		if old {
+			m.useObjects(fmt.Sprintf("old%d", m.podPort), oldTo, oldFrom)
+		}
+		m.open(at)
+		m.fromPod("data", m.p+1, m.s+1, ackFlag|0x08, []byte("0123456789"))
+		a := m.p + 1
+		for i := 0; i < 3; i++ {
+			a += snatAckBound
+			m.fromServer("ACK of data never sent", at, m.s+1, a, ackFlag, nil)
+		}
+		end := (m.p+11)&^(snatRoomBlock-1) + snatRoomBlock - 1
+		m.fromPod("data at the block's last number", end-10, m.s+1, ackFlag|0x08, []byte("0123456789"))
+		r := result{h: m.fwdEnd(), a: a}
+		m.fromPod("FIN", end, m.s+1, finFlag|ackFlag, nil)
+		m.fromServer("ACK of the FIN", at, m.s+1, end+1, ackFlag, nil)
+		r.finFlg, _ = m.state()
+		m.fromServer("server FIN", at, m.s+1, end+1, finFlag|ackFlag, nil)
+		m.fromPod("ACK of the server's FIN", end+1, m.s+2, ackFlag, nil)
+		r.flags, r.share = m.state()
+		return r
+	}
+	nw, od := run(false), run(true)
+	t.Logf("this build: H %#x (%#x past A %#x), after the pod's FIN acked: flags %#x; after both FINs: flags %#x, share %d", nw.h, nw.h-nw.a, nw.a, nw.finFlg, nw.flags, nw.share)
+	t.Logf("older build %s: H %#x (%#x past A %#x), after the pod's FIN acked: flags %#x; after both FINs: flags %#x, share %d", preMasqout31Commit, od.h, od.h-od.a, od.a, od.finFlg, od.flags, od.share)
+	if nw.finFlg != od.finFlg || nw.flags != od.flags || nw.share != od.share {
+		t.Errorf("the ACK walk then data through the cut: this build's flow ends as flags %#x/%#x share %d, the older build's %#x/%#x share %d", nw.finFlg, nw.flags, nw.share, od.finFlg, od.flags, od.share)
+	}
+}
