@@ -3,6 +3,8 @@ package datapath
 import (
 	"fmt"
 	"testing"
+
+	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
 )
 
 // attack31d: hostile review of masqout31's cut (SNAT_F_ROOM: the pod's data
@@ -139,5 +141,65 @@ func TestAttack31dRoomAckWalk(t *testing.T) {
 	t.Logf("older build %s: H %#x (%#x past A %#x), after the pod's FIN acked: flags %#x; after both FINs: flags %#x, share %d", preMasqout31Commit, od.h, od.h-od.a, od.a, od.finFlg, od.flags, od.share)
 	if nw.finFlg != od.finFlg || nw.flags != od.flags || nw.share != od.share {
 		t.Errorf("the ACK walk then data through the cut: this build's flow ends as flags %#x/%#x share %d, the older build's %#x/%#x share %d", nw.finFlg, nw.flags, nw.share, od.finFlg, od.flags, od.share)
+	}
+}
+
+// TestAttack31dRoomEdgeWalk (guard): attack21's walk at the blocks' edges,
+// the server acknowledging nothing (A stays at the SYN-ACK's): each step
+// the pod's data ends at the last number of H's block (the cut), then at
+// the first of the next block (the lookup), then a retransmission back
+// into the block before (the lookup; H must not move back). After every
+// segment H must be what the rule without the cut gives (snat_end_move:
+// H moves to an end in (H, A + SNAT_ACK_BOUND] only), so never past the
+// bound; low numbers and across the wrap, IPv4 and IPv6.
+func TestAttack31dRoomEdgeWalk(t *testing.T) {
+	flow := masq30cFlows(t, 270)
+	move := func(h, a, end uint32) uint32 { // snat_end_move
+		if h-a > snatAckBound {
+			h = a
+		}
+		if o := end - a; o <= snatAckBound && o > h-a {
+			return end
+		}
+		return h
+	}
+	for _, c := range []struct {
+		ipv6 bool
+		p    uint32
+	}{{false, 1000}, {false, 0xfff00000}, {true, 0xfff00000}} {
+		m := flow()
+		m.p, m.s = c.p, 5000
+		at := nodeIP
+		if c.ipv6 {
+			must(t, putEndpoint(m.dp.Maps, podIP6, maps.NewEndpointInfo(loIfindex, podMAC, hostMAC, maps.EndpointFlagMasq)))
+			m.pod, m.far, at = podIP6, farIP6, nodeIP6
+		}
+		m.open(at)
+		a := m.p + 1
+		h := a
+		seg := func(what string, end uint32) {
+			t.Helper()
+			m.fromPod(what, end-10, m.s+1, ackFlag|0x08, []byte("0123456789"))
+			h = move(h, a, end)
+			if got := m.fwdEnd(); got != h || got-a > snatAckBound {
+				t.Fatalf("p %#x ipv6 %v: %s ending %#x: H %#x (%#x past A %#x), want %#x", c.p, c.ipv6, what, end, got, got-a, a, h)
+			}
+		}
+		seg("data", m.p+11)
+		cut := 0
+		for i := 0; i < 80; i++ {
+			last := h | (snatRoomBlock - 1)
+			room := m.fwdFlags()&snatRoom != 0
+			seg("data at the block's last number", last)
+			if room && h == last {
+				cut++
+			}
+			seg("data at the next block's first number", last+11)
+			seg("retransmission into the block before", last-100)
+		}
+		if h-a < snatAckBound-snatRoomBlock || cut < 50 {
+			t.Errorf("p %#x ipv6 %v: the walk reached %#x past A, %d steps through the cut; want near SNAT_ACK_BOUND and most steps cut", c.p, c.ipv6, h-a, cut)
+		}
+		t.Logf("p %#x ipv6 %v: H %#x past A after the walk, %d steps with the room", c.p, c.ipv6, h-a, cut)
 	}
 }
