@@ -19,7 +19,7 @@ import "testing"
 //
 //	go test -tags review_repro -count=1 -run 'TestAttack31bMasqForgedRSTNearerThanFIN$' ./pkg/datapath/
 func TestAttack31bMasqForgedRSTNearerThanFIN(t *testing.T) {
-	flow := masq30cFlows(t, 190)
+	flow := masq30cFlows(t, 290)
 	at := nodeIP
 
 	m := flow()
