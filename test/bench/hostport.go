@@ -103,8 +103,11 @@ type hpPoint struct {
 	RoutedPerSec  float64   `json:"routedConnsPerSec"`
 	VsRouted      float64   `json:"vsRouted"`
 	RoutedSamples []float64 `json:"routedConnsPerSecSamples"`
-	AddSamples    []float64 `json:"addSamplesMs"`
-	DelSamples    []float64 `json:"delSamplesMs"`
+	// RoutedVeths: the pod veths of the routed floor's node at this point
+	// (1, or the point's pods with -routed-veths).
+	RoutedVeths int       `json:"routedPodVeths"`
+	AddSamples  []float64 `json:"addSamplesMs"`
+	DelSamples  []float64 `json:"delSamplesMs"`
 	// Load1 is the 1-minute load average when the point was measured.
 	Load1 float64 `json:"load1"`
 	// ebpf-cni's own phase timings (EBPF_CNI_TRACE), medians.
@@ -126,6 +129,10 @@ type hpEnv struct {
 	// ebpf-cni's configurations and of the reference plugins'.
 	ebpfNode, refNode ns.NetNS
 	ebpfPin           string
+	// routedPeers holds the peers of the routed node's extra veths
+	// (-routed-veths); routedVeths is how many there are.
+	routedPeers ns.NetNS
+	routedVeths int
 }
 
 // uplinkOf is the address a remote dials for a configuration's hostPorts.
@@ -611,6 +618,11 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d tim
 			}
 			return rate, f, err
 		}
+		if o.routedVeths && c.isEBPF() {
+			if err := b.growRoutedVeths(p); err != nil {
+				return err
+			}
+		}
 		stats0 := b.progStats(c)
 		rates, bases, failed, err := alternate(measure, base.raw, base.routed)
 		b.logProgStats(c, p, stats0)
@@ -627,14 +639,86 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d tim
 		b.res.HostPort.Points = append(b.res.HostPort.Points, pt)
 		logf("  hostPort %-24s %4d pods: %7.0f conn/s (raw %7.0f, %.2fx, %d failed), ADD %.1f ms, DEL %.1f ms (%s)",
 			c.label, p, rate, rawRate, pt.VsRaw, failed, pt.AddMedianMs, pt.DelMedianMs, time.Since(start).Round(time.Second))
-		logf("  hostPort %-24s %4d pods: routed, no programs %7.0f conn/s, hostPort %.2fx of it, load %.2f; node: %s; routed node: %s",
-			c.label, p, routedRate, pt.VsRouted, pt.Load1, nfState(b.nodeOf(c)), nfState(b.hp.routedNode))
+		pt.RoutedVeths = 1 + b.hp.routedVeths
+		logf("  hostPort %-24s %4d pods: routed, no programs %7.0f conn/s (its node %d pod veths), hostPort %.2fx of it, load %.2f; node: %s; routed node: %s",
+			c.label, p, routedRate, pt.RoutedVeths, pt.VsRouted, pt.Load1, nfState(b.nodeOf(c)), nfState(b.hp.routedNode))
 	}
 	if srv != nil { // nil when no point was measured (-hostport-ref-scale "")
 		srv.close()
 		srv = nil
 	}
 	return pop.removeAll()
+}
+
+// growRoutedVeths gives the routed floor's node pods-1 veths besides its
+// pod0, each up with a /32 route to an address of 10.235.0.0/16 of its own
+// and a permanent neighbour for it, as an ebpf-cni node has one host veth,
+// one route and one neighbour per pod; the
+// peers wait, up, in one netns of their own (no pod behind them: nothing
+// dials them). The floor is then measured on a node with as many devices
+// and routes as ebpf-cni's at the point.
+func (b *bench) growRoutedVeths(pods int) error {
+	h := b.hp
+	if h.routedPeers == nil {
+		var err error
+		if h.routedPeers, err = b.newNetNS("routed-peers"); err != nil {
+			return err
+		}
+	}
+	want := pods - 1
+	if h.routedVeths >= want {
+		return nil
+	}
+	logf("routed floor: adding host veths %d..%d to its node", h.routedVeths+1, want)
+	// IPv6 off on the new veths of both ends, as on ebpf-cni's IPv4-only
+	// host veths: no link-local address, DAD or MLD per veth.
+	for _, n := range []ns.NetNS{h.routedNode, h.routedPeers} {
+		if err := n.Do(func(ns.NetNS) error {
+			return os.WriteFile("/proc/sys/net/ipv6/conf/default/disable_ipv6", []byte("1"), 0o644)
+		}); err != nil {
+			return err
+		}
+	}
+	return h.routedNode.Do(func(ns.NetNS) error {
+		for ; h.routedVeths < want; h.routedVeths++ {
+			i := h.routedVeths
+			name := fmt.Sprintf("rv%d", i)
+			v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("rp%d", i),
+				PeerNamespace: netlink.NsFd(int(h.routedPeers.Fd()))}
+			if err := netlink.LinkAdd(v); err != nil {
+				return fmt.Errorf("routed veth %s: %w", name, err)
+			}
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+			dst := &net.IPNet{IP: net.IPv4(10, 235, byte(i/250), byte(i%250+1)).To4(), Mask: net.CIDRMask(32, 32)}
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Scope: netlink.SCOPE_LINK}); err != nil {
+				return fmt.Errorf("routed veth %s route: %w", name, err)
+			}
+			// ebpf-cni's node has a permanent neighbour per pod, too.
+			mac := net.HardwareAddr{0x02, 0xeb, 0, byte(i >> 8), byte(i), 1}
+			if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+				IP: dst.IP, HardwareAddr: mac}); err != nil {
+				return fmt.Errorf("routed veth %s neighbour: %w", name, err)
+			}
+		}
+		return h.routedPeers.Do(func(ns.NetNS) error {
+			links, err := netlink.LinkList()
+			if err != nil {
+				return err
+			}
+			for _, l := range links {
+				if err := netlink.LinkSetUp(l); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	})
 }
 
 // timedHostPortCycles times o.scaleReps ADD+DEL of one more pod with a
