@@ -105,9 +105,17 @@ type hpPoint struct {
 	RoutedSamples []float64 `json:"routedConnsPerSecSamples"`
 	// RoutedVeths: the pod veths of the routed floor's node at this point
 	// (1, or the point's pods with -routed-veths).
-	RoutedVeths int       `json:"routedPodVeths"`
-	AddSamples  []float64 `json:"addSamplesMs"`
-	DelSamples  []float64 `json:"delSamplesMs"`
+	RoutedVeths int `json:"routedPodVeths"`
+	// CPUPerConn and RoutedCPUPerConn: this process's CPU time per
+	// connection through the hostPort and through the routed floor (the
+	// clients, the server and the softirq work of their packets; medians
+	// of the runs), as the masquerade points have it: on a machine other
+	// work loads, conn/s moves with the CPU left to the bench, this with
+	// what a connection costs.
+	CPUPerConn       float64   `json:"cpuUsPerConn"`
+	RoutedCPUPerConn float64   `json:"routedCpuUsPerConn"`
+	AddSamples       []float64 `json:"addSamplesMs"`
+	DelSamples       []float64 `json:"delSamplesMs"`
 	// Load1 is the 1-minute load average when the point was measured.
 	Load1 float64 `json:"load1"`
 	// ebpf-cni's own phase timings (EBPF_CNI_TRACE), medians.
@@ -611,12 +619,21 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d tim
 			return err
 		}
 		target := net.JoinHostPort(b.hp.uplinkOf(c).String(), fmt.Sprint(newest.port))
+		var cpu, routedCPU []float64
 		measure := func() (float64, int64, error) {
+			c0 := procCPU()
 			rate, f, err := connRate(ctx, b.hp.remote, target, o.workers, d)
 			if err == nil && rate == 0 {
 				err = fmt.Errorf("no connection through hostPort %s succeeded (%d failed)", target, f)
 			}
+			cpu = append(cpu, cpuPerConn(c0, rate, d))
 			return rate, f, err
+		}
+		routed := func() (float64, error) {
+			c0 := procCPU()
+			rate, err := base.routed()
+			routedCPU = append(routedCPU, cpuPerConn(c0, rate, d))
+			return rate, err
 		}
 		if o.routedVeths && c.isEBPF() {
 			if err := b.growRoutedVeths(p); err != nil {
@@ -624,7 +641,7 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d tim
 			}
 		}
 		stats0 := b.progStats(c)
-		rates, bases, failed, err := alternate(measure, base.raw, base.routed)
+		rates, bases, failed, err := alternate(measure, base.raw, routed)
 		b.logProgStats(c, p, stats0)
 		if err != nil {
 			return err
@@ -632,7 +649,8 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d tim
 		raws, routeds := bases[0], bases[1]
 		rate, rawRate, routedRate := testenv.Median(rates), testenv.Median(raws), testenv.Median(routeds)
 		pt := hpPoint{Config: c.key, Pods: p, ConnsPerSec: rate, ConnErrors: failed, RawPerSec: rawRate, VsRaw: rate / rawRate,
-			ConnSamples: rates, RawSamples: raws, RoutedPerSec: routedRate, VsRouted: rate / routedRate, RoutedSamples: routeds}
+			ConnSamples: rates, RawSamples: raws, RoutedPerSec: routedRate, VsRouted: rate / routedRate, RoutedSamples: routeds,
+			CPUPerConn: testenv.Median(cpu), RoutedCPUPerConn: testenv.Median(routedCPU)}
 		if err := b.timedHostPortCycles(ctx, pop, &pt, &seq); err != nil {
 			return err
 		}
@@ -640,8 +658,9 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d tim
 		logf("  hostPort %-24s %4d pods: %7.0f conn/s (raw %7.0f, %.2fx, %d failed), ADD %.1f ms, DEL %.1f ms (%s)",
 			c.label, p, rate, rawRate, pt.VsRaw, failed, pt.AddMedianMs, pt.DelMedianMs, time.Since(start).Round(time.Second))
 		pt.RoutedVeths = 1 + b.hp.routedVeths
-		logf("  hostPort %-24s %4d pods: routed, no programs %7.0f conn/s (its node %d pod veths), hostPort %.2fx of it, load %.2f; node: %s; routed node: %s",
-			c.label, p, routedRate, pt.RoutedVeths, pt.VsRouted, pt.Load1, nfState(b.nodeOf(c)), nfState(b.hp.routedNode))
+		logf("  hostPort %-24s %4d pods: routed, no programs %7.0f conn/s (its node %d pod veths), hostPort %.2fx of it; CPU %.1f us/conn (routed %.1f, %.2fx); load %.2f; node: %s; routed node: %s",
+			c.label, p, routedRate, pt.RoutedVeths, pt.VsRouted, pt.CPUPerConn, pt.RoutedCPUPerConn, pt.CPUPerConn/pt.RoutedCPUPerConn, pt.Load1,
+			nfState(b.nodeOf(c)), nfState(b.hp.routedNode))
 	}
 	if srv != nil { // nil when no point was measured (-hostport-ref-scale "")
 		srv.close()
@@ -776,8 +795,8 @@ func (r *results) hostPortMarkdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n## hostPort at scale\n\n")
 	fmt.Fprintf(&b, "New TCP connections per second from a remote netns to node-uplink-address:hostPort of the most recently added pod (the last rule of portmap's chain; dial, read 1 byte until the server's close, close; %d client goroutines, %d runs of %.0f s alternating with the same client against a raw veth pair: no CNI, no NAT, no forwarding, and against the routed baseline: the same client over a second veth into a node netns with no programs, routed to a pod netns's own address, the hostPort path's hops without its translation; medians), every pod holding its own hostPort. ADD/DEL: %d timed cycles of one more pod with a hostPort at each point (cnitool wall time, medians).\n\n", h.Workers, connRounds, h.ConnSecs, h.Reps)
-	fmt.Fprintf(&b, "| config | pods with hostPorts | ADD median ms | ADD p90 ms | DEL median ms | conn/s via hostPort | raw veth conn/s | × raw | failed | routed conn/s | × routed |\n")
-	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| config | pods with hostPorts | ADD median ms | ADD p90 ms | DEL median ms | conn/s via hostPort | raw veth conn/s | × raw | failed | routed conn/s | × routed | CPU µs/conn | routed CPU µs/conn | routed node's pod veths |\n")
+	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	pts := append([]hpPoint(nil), h.Points...)
 	sort.SliceStable(pts, func(i, j int) bool {
 		if pts[i].Pods != pts[j].Pods {
@@ -786,8 +805,9 @@ func (r *results) hostPortMarkdown() string {
 		return pts[i].Config < pts[j].Config
 	})
 	for _, p := range pts {
-		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f | %.0f | %.0f | %.2f× | %d | %.0f | %.2f× |\n",
-			r.labels[p.Config], p.Pods, p.AddMedianMs, p.AddP90Ms, p.DelMedianMs, p.ConnsPerSec, p.RawPerSec, p.VsRaw, p.ConnErrors, p.RoutedPerSec, p.VsRouted)
+		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f | %.0f | %.0f | %.2f× | %d | %.0f | %.2f× | %.1f | %.1f | %d |\n",
+			r.labels[p.Config], p.Pods, p.AddMedianMs, p.AddP90Ms, p.DelMedianMs, p.ConnsPerSec, p.RawPerSec, p.VsRaw, p.ConnErrors, p.RoutedPerSec, p.VsRouted,
+			p.CPUPerConn, p.RoutedCPUPerConn, p.RoutedVeths)
 	}
 	var phased []string
 	for _, p := range pts {
