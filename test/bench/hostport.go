@@ -654,10 +654,10 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d tim
 		if err := b.timedHostPortCycles(ctx, pop, &pt, &seq); err != nil {
 			return err
 		}
+		pt.RoutedVeths = 1 + b.hp.routedVeths
 		b.res.HostPort.Points = append(b.res.HostPort.Points, pt)
 		logf("  hostPort %-24s %4d pods: %7.0f conn/s (raw %7.0f, %.2fx, %d failed), ADD %.1f ms, DEL %.1f ms (%s)",
 			c.label, p, rate, rawRate, pt.VsRaw, failed, pt.AddMedianMs, pt.DelMedianMs, time.Since(start).Round(time.Second))
-		pt.RoutedVeths = 1 + b.hp.routedVeths
 		logf("  hostPort %-24s %4d pods: routed, no programs %7.0f conn/s (its node %d pod veths), hostPort %.2fx of it; CPU %.1f us/conn (routed %.1f, %.2fx); load %.2f; node: %s; routed node: %s",
 			c.label, p, routedRate, pt.RoutedVeths, pt.VsRouted, pt.CPUPerConn, pt.RoutedCPUPerConn, pt.CPUPerConn/pt.RoutedCPUPerConn, pt.Load1,
 			nfState(b.nodeOf(c)), nfState(b.hp.routedNode))
