@@ -103,8 +103,19 @@ type hpPoint struct {
 	RoutedPerSec  float64   `json:"routedConnsPerSec"`
 	VsRouted      float64   `json:"vsRouted"`
 	RoutedSamples []float64 `json:"routedConnsPerSecSamples"`
-	AddSamples    []float64 `json:"addSamplesMs"`
-	DelSamples    []float64 `json:"delSamplesMs"`
+	// RoutedVeths: the pod veths of the routed floor's node at this point
+	// (1, or the point's pods with -routed-veths).
+	RoutedVeths int `json:"routedPodVeths"`
+	// CPUPerConn and RoutedCPUPerConn: this process's CPU time per
+	// connection through the hostPort and through the routed floor (the
+	// clients, the server and the softirq work of their packets; medians
+	// of the runs), as the masquerade points have it: on a machine other
+	// work loads, conn/s moves with the CPU left to the bench, this with
+	// what a connection costs.
+	CPUPerConn       float64   `json:"cpuUsPerConn"`
+	RoutedCPUPerConn float64   `json:"routedCpuUsPerConn"`
+	AddSamples       []float64 `json:"addSamplesMs"`
+	DelSamples       []float64 `json:"delSamplesMs"`
 	// Load1 is the 1-minute load average when the point was measured.
 	Load1 float64 `json:"load1"`
 	// ebpf-cni's own phase timings (EBPF_CNI_TRACE), medians.
@@ -126,6 +137,10 @@ type hpEnv struct {
 	// ebpf-cni's configurations and of the reference plugins'.
 	ebpfNode, refNode ns.NetNS
 	ebpfPin           string
+	// routedPeers holds the peers of the routed node's extra veths
+	// (-routed-veths); routedVeths is how many there are.
+	routedPeers ns.NetNS
+	routedVeths int
 }
 
 // uplinkOf is the address a remote dials for a configuration's hostPorts.
@@ -604,15 +619,37 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d tim
 			return err
 		}
 		target := net.JoinHostPort(b.hp.uplinkOf(c).String(), fmt.Sprint(newest.port))
+		var cpu, routedCPU []float64
 		measure := func() (float64, int64, error) {
+			c0 := procCPU()
 			rate, f, err := connRate(ctx, b.hp.remote, target, o.workers, d)
 			if err == nil && rate == 0 {
 				err = fmt.Errorf("no connection through hostPort %s succeeded (%d failed)", target, f)
 			}
+			cpu = append(cpu, cpuPerConn(c0, rate, d))
 			return rate, f, err
 		}
+		routed := func() (float64, error) {
+			c0 := procCPU()
+			rate, err := base.routed()
+			routedCPU = append(routedCPU, cpuPerConn(c0, rate, d))
+			return rate, err
+		}
+		if o.routedVeths && c.isEBPF() {
+			if err := b.growRoutedVeths(p); err != nil {
+				return err
+			}
+		}
+		// One discarded hostPort run first: the hostPort run opens every
+		// round, and the first one after a population's growth (999 ADDs
+		// at the 1000-pod point) was about 2% slower than the next two in
+		// round 21's runs, the routed floor's not (docs/performance.md).
+		if _, _, err := measure(); err != nil {
+			return err
+		}
+		cpu = cpu[:0]
 		stats0 := b.progStats(c)
-		rates, bases, failed, err := alternate(measure, base.raw, base.routed)
+		rates, bases, failed, err := alternate(measure, base.raw, routed)
 		b.logProgStats(c, p, stats0)
 		if err != nil {
 			return err
@@ -620,21 +657,95 @@ func (b *bench) hostPortScale(ctx context.Context, c *config, base hpBase, d tim
 		raws, routeds := bases[0], bases[1]
 		rate, rawRate, routedRate := testenv.Median(rates), testenv.Median(raws), testenv.Median(routeds)
 		pt := hpPoint{Config: c.key, Pods: p, ConnsPerSec: rate, ConnErrors: failed, RawPerSec: rawRate, VsRaw: rate / rawRate,
-			ConnSamples: rates, RawSamples: raws, RoutedPerSec: routedRate, VsRouted: rate / routedRate, RoutedSamples: routeds}
+			ConnSamples: rates, RawSamples: raws, RoutedPerSec: routedRate, VsRouted: rate / routedRate, RoutedSamples: routeds,
+			CPUPerConn: testenv.Median(cpu), RoutedCPUPerConn: testenv.Median(routedCPU)}
 		if err := b.timedHostPortCycles(ctx, pop, &pt, &seq); err != nil {
 			return err
 		}
+		pt.RoutedVeths = 1 + b.hp.routedVeths
 		b.res.HostPort.Points = append(b.res.HostPort.Points, pt)
 		logf("  hostPort %-24s %4d pods: %7.0f conn/s (raw %7.0f, %.2fx, %d failed), ADD %.1f ms, DEL %.1f ms (%s)",
 			c.label, p, rate, rawRate, pt.VsRaw, failed, pt.AddMedianMs, pt.DelMedianMs, time.Since(start).Round(time.Second))
-		logf("  hostPort %-24s %4d pods: routed, no programs %7.0f conn/s, hostPort %.2fx of it, load %.2f; node: %s; routed node: %s",
-			c.label, p, routedRate, pt.VsRouted, pt.Load1, nfState(b.nodeOf(c)), nfState(b.hp.routedNode))
+		logf("  hostPort %-24s %4d pods: routed, no programs %7.0f conn/s (its node %d pod veths), hostPort %.2fx of it; CPU %.1f us/conn (routed %.1f, %.2fx); load %.2f; node: %s; routed node: %s",
+			c.label, p, routedRate, pt.RoutedVeths, pt.VsRouted, pt.CPUPerConn, pt.RoutedCPUPerConn, pt.CPUPerConn/pt.RoutedCPUPerConn, pt.Load1,
+			nfState(b.nodeOf(c)), nfState(b.hp.routedNode))
 	}
 	if srv != nil { // nil when no point was measured (-hostport-ref-scale "")
 		srv.close()
 		srv = nil
 	}
 	return pop.removeAll()
+}
+
+// growRoutedVeths gives the routed floor's node pods-1 veths besides its
+// pod0, each up with a /32 route to an address of 10.235.0.0/16 of its own
+// and a permanent neighbour for it, as an ebpf-cni node has one host veth,
+// one route and one neighbour per pod; the
+// peers wait, up, in one netns of their own (no pod behind them: nothing
+// dials them). The floor is then measured on a node with as many devices
+// and routes as ebpf-cni's at the point.
+func (b *bench) growRoutedVeths(pods int) error {
+	h := b.hp
+	if h.routedPeers == nil {
+		var err error
+		if h.routedPeers, err = b.newNetNS("routed-peers"); err != nil {
+			return err
+		}
+	}
+	want := pods - 1
+	if h.routedVeths >= want {
+		return nil
+	}
+	logf("routed floor: adding host veths %d..%d to its node", h.routedVeths+1, want)
+	// IPv6 off on the new veths of both ends, as on ebpf-cni's IPv4-only
+	// host veths: no link-local address, DAD or MLD per veth.
+	for _, n := range []ns.NetNS{h.routedNode, h.routedPeers} {
+		if err := n.Do(func(ns.NetNS) error {
+			return os.WriteFile("/proc/sys/net/ipv6/conf/default/disable_ipv6", []byte("1"), 0o644)
+		}); err != nil {
+			return err
+		}
+	}
+	return h.routedNode.Do(func(ns.NetNS) error {
+		for ; h.routedVeths < want; h.routedVeths++ {
+			i := h.routedVeths
+			name := fmt.Sprintf("rv%d", i)
+			v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: fmt.Sprintf("rp%d", i),
+				PeerNamespace: netlink.NsFd(int(h.routedPeers.Fd()))}
+			if err := netlink.LinkAdd(v); err != nil {
+				return fmt.Errorf("routed veth %s: %w", name, err)
+			}
+			l, err := netlink.LinkByName(name)
+			if err != nil {
+				return err
+			}
+			if err := netlink.LinkSetUp(l); err != nil {
+				return err
+			}
+			dst := &net.IPNet{IP: net.IPv4(10, 235, byte(i/250), byte(i%250+1)).To4(), Mask: net.CIDRMask(32, 32)}
+			if err := netlink.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Scope: netlink.SCOPE_LINK}); err != nil {
+				return fmt.Errorf("routed veth %s route: %w", name, err)
+			}
+			// ebpf-cni's node has a permanent neighbour per pod, too.
+			mac := net.HardwareAddr{0x02, 0xeb, 0, byte(i >> 8), byte(i), 1}
+			if err := netlink.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+				IP: dst.IP, HardwareAddr: mac}); err != nil {
+				return fmt.Errorf("routed veth %s neighbour: %w", name, err)
+			}
+		}
+		return h.routedPeers.Do(func(ns.NetNS) error {
+			links, err := netlink.LinkList()
+			if err != nil {
+				return err
+			}
+			for _, l := range links {
+				if err := netlink.LinkSetUp(l); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	})
 }
 
 // timedHostPortCycles times o.scaleReps ADD+DEL of one more pod with a
@@ -692,8 +803,8 @@ func (r *results) hostPortMarkdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n## hostPort at scale\n\n")
 	fmt.Fprintf(&b, "New TCP connections per second from a remote netns to node-uplink-address:hostPort of the most recently added pod (the last rule of portmap's chain; dial, read 1 byte until the server's close, close; %d client goroutines, %d runs of %.0f s alternating with the same client against a raw veth pair: no CNI, no NAT, no forwarding, and against the routed baseline: the same client over a second veth into a node netns with no programs, routed to a pod netns's own address, the hostPort path's hops without its translation; medians), every pod holding its own hostPort. ADD/DEL: %d timed cycles of one more pod with a hostPort at each point (cnitool wall time, medians).\n\n", h.Workers, connRounds, h.ConnSecs, h.Reps)
-	fmt.Fprintf(&b, "| config | pods with hostPorts | ADD median ms | ADD p90 ms | DEL median ms | conn/s via hostPort | raw veth conn/s | × raw | failed | routed conn/s | × routed |\n")
-	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&b, "| config | pods with hostPorts | ADD median ms | ADD p90 ms | DEL median ms | conn/s via hostPort | raw veth conn/s | × raw | failed | routed conn/s | × routed | CPU µs/conn | routed CPU µs/conn | routed node's pod veths |\n")
+	fmt.Fprintf(&b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	pts := append([]hpPoint(nil), h.Points...)
 	sort.SliceStable(pts, func(i, j int) bool {
 		if pts[i].Pods != pts[j].Pods {
@@ -702,8 +813,9 @@ func (r *results) hostPortMarkdown() string {
 		return pts[i].Config < pts[j].Config
 	})
 	for _, p := range pts {
-		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f | %.0f | %.0f | %.2f× | %d | %.0f | %.2f× |\n",
-			r.labels[p.Config], p.Pods, p.AddMedianMs, p.AddP90Ms, p.DelMedianMs, p.ConnsPerSec, p.RawPerSec, p.VsRaw, p.ConnErrors, p.RoutedPerSec, p.VsRouted)
+		fmt.Fprintf(&b, "| %s | %d | %.1f | %.1f | %.1f | %.0f | %.0f | %.2f× | %d | %.0f | %.2f× | %.1f | %.1f | %d |\n",
+			r.labels[p.Config], p.Pods, p.AddMedianMs, p.AddP90Ms, p.DelMedianMs, p.ConnsPerSec, p.RawPerSec, p.VsRaw, p.ConnErrors, p.RoutedPerSec, p.VsRouted,
+			p.CPUPerConn, p.RoutedCPUPerConn, p.RoutedVeths)
 	}
 	var phased []string
 	for _, p := range pts {

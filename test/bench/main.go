@@ -113,6 +113,11 @@ type options struct {
 	// bpfStats: kernel.bpf_stats_enabled during the run, and the
 	// programs' run counts and times logged at each ebpf-cni hostPort and masquerade point.
 	bpfStats bool
+	// routedVeths: at each ebpf-cni hostPort point, the routed floor's
+	// node gets as many host veths (and pod routes) as ebpf-cni's node
+	// has pods, so the floor carries the lab's per-pod devices too
+	// (hostport.go growRoutedVeths).
+	routedVeths bool
 	// masqHold: a file; while it exists, each ebpf-cni masquerade point
 	// waits before its measurement, its namespaces logged (experiments by
 	// hand on the bench's own topology, docs/performance.md round 15).
@@ -194,6 +199,7 @@ func parseFlags(args []string) (*options, error) {
 	nodeCT := fs.Bool("node-conntrack", false, "hostport part: give every node netns of the part (the routed floor's, ebpf-cni's, the reference plugins') kube-proxy's FORWARD rule dropping INVALID, so conntrack is on in all of them, as on a node running kube-proxy (default: off in all but what a plugin's own rules turn on)")
 	masqHold := fs.String("masq-hold", "", "hostport part: a file; while it exists each ebpf-cni masquerade point logs its namespaces and waits before its measurement (for experiments by hand on the bench's topology; the lock stays held meanwhile)")
 	bpfStats := fs.Bool("bpf-stats", false, "hostport part: set kernel.bpf_stats_enabled for the run and log each program's runs and ns per run at ebpf-cni's hostPort and masquerade points (costs every BPF program of the machine a little)")
+	routedVeths := fs.Bool("routed-veths", false, "hostport part: at each ebpf-cni hostPort point, give the routed floor's node as many more host veths, each with a pod route (peers in a netns of their own), as ebpf-cni's node has pods, so the floor at 1000 pods has 1000 veths too (default: the floor's node has its one pod veth at every point)")
 	hpOnly := fs.Bool("hostport-only", false, "run only the hostPort benchmark")
 	connSecs := fs.Float64("conn-seconds", 3, "seconds of connections per measurement of the hostPort benchmark")
 	workers := fs.Int("conn-workers", 4, "parallel client connections of the hostPort benchmark")
@@ -309,7 +315,7 @@ func parseFlags(args []string) (*options, error) {
 	if o.masqScale, err = parseScale(*masqScale, "-masq-scale"); err != nil {
 		return nil, err
 	}
-	o.nodeCT, o.bpfStats, o.masqHold = *nodeCT, *bpfStats, *masqHold
+	o.nodeCT, o.bpfStats, o.masqHold, o.routedVeths = *nodeCT, *bpfStats, *masqHold, *routedVeths
 	ref, err := parseScale(*hpRefScale, "-hostport-ref-scale")
 	if err != nil {
 		return nil, err
