@@ -3,6 +3,7 @@ package integration
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ebpf-cni/ebpf-cni/pkg/state"
 	"github.com/ebpf-cni/ebpf-cni/test/testenv"
@@ -106,8 +107,16 @@ func a31cDelKilledOrder(t *testing.T, order string) {
 		if _, err := e.Maps().Links().Lookup(again); err != nil {
 			t.Errorf("%s: eth0 ADDed again (ifindex %d) lost its cni_links entry to the reap of %s: %v", order, again, handed, err)
 		}
-		if ids := e.ProgIDs(again); len(ids) != 2 {
-			t.Errorf("%s: eth0 ADDed again (ifindex %d) runs %d programs after the reap of %s, want 2", order, again, len(ids), handed)
+		// With the agent free (add-reap) it moves the new veth to tcx
+		// one hook at a time, and ProgIDs counts tcx programs alone once
+		// there is one: wait for the move to end (a program the reap
+		// took stays missing).
+		ids := e.ProgIDs(again)
+		for deadline := time.Now().Add(10 * time.Second); len(ids) != 2 && time.Now().Before(deadline); ids = e.ProgIDs(again) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if len(ids) != 2 {
+			t.Errorf("%s: eth0 ADDed again (ifindex %d) runs %d programs after the reap of %s, want 2 (state %q)", order, again, len(ids), handed, e.AttachState(hostIf))
 		}
 		if err := e.Check(pod, id, "eth0"); err != nil {
 			t.Errorf("%s: CHECK eth0 ADDed again, after the reap: %v", order, err)
