@@ -2,9 +2,6 @@ package datapath
 
 import (
 	"testing"
-
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps"
-	"github.com/ebpf-cni/ebpf-cni/pkg/maps/mapstest"
 )
 
 // attack31: hostile review of the merged masqrace30/attack30c rule (a
@@ -17,17 +14,7 @@ const snatPeerFIN = 1 << 9 // SNAT_F_PEER_FIN, on forward entries
 // fwdFlags is the flow's forward entry's flags.
 func (m *masqFlow) fwdFlags() uint16 {
 	m.t.Helper()
-	var k maps.SNATKey
-	var v maps.SNATVal
-	it := mapstest.Map(m.dp.Maps, "cni_snat").Iterate()
-	for it.Next(&k, &v) {
-		if k.Dir == 0 && k.Port == htons(m.podPort) && k.PeerPort == htons(m.srvPort) {
-			return v.Flags
-		}
-	}
-	must(m.t, it.Err())
-	m.t.Fatalf("no forward entry of %d -> %d", m.podPort, m.srvPort)
-	return 0
+	return m.fwdEntry().Flags
 }
 
 // TestAttack31MasqForgedFINOvertakenByData: the pod half-closed its flow

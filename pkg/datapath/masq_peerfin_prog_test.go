@@ -90,6 +90,22 @@ func (m *masqFlow) state() (flags uint16, share int) {
 	return flags, share
 }
 
+// fwdEntry is the flow's forward entry (pod port to server port).
+func (m *masqFlow) fwdEntry() maps.SNATVal {
+	m.t.Helper()
+	var k maps.SNATKey
+	var v maps.SNATVal
+	it := mapstest.Map(m.dp.Maps, "cni_snat").Iterate()
+	for it.Next(&k, &v) {
+		if k.Dir == 0 && k.Port == htons(m.podPort) && k.PeerPort == htons(m.srvPort) {
+			return v
+		}
+	}
+	must(m.t, it.Err())
+	m.t.Fatalf("no forward entry of %d -> %d", m.podPort, m.srvPort)
+	return v
+}
+
 // open runs the handshake and two 10-byte segments of the server's
 // delivered out of order (the second first): the tracking's end stays at
 // s+11 while the pod has everything up to s+21.

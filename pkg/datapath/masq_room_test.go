@@ -24,17 +24,7 @@ const (
 // fwdEnd is H, the low word of the flow's forward entry's created_ns.
 func (m *masqFlow) fwdEnd() uint32 {
 	m.t.Helper()
-	var k maps.SNATKey
-	var v maps.SNATVal
-	it := mapstest.Map(m.dp.Maps, "cni_snat").Iterate()
-	for it.Next(&k, &v) {
-		if k.Dir == 0 && k.Port == htons(m.podPort) && k.PeerPort == htons(m.srvPort) {
-			return uint32(v.CreatedNs)
-		}
-	}
-	must(m.t, it.Err())
-	m.t.Fatalf("no forward entry of %d -> %d", m.podPort, m.srvPort)
-	return 0
+	return uint32(m.fwdEntry().CreatedNs)
 }
 
 // dropReverse deletes the flow's reverse entry.
