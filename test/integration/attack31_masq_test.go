@@ -47,12 +47,8 @@ func a31RevEntry(t *testing.T, m *maps.Maps, nodePort, port int) (flags uint16, 
 // was closed (a FIN each way) and expired while the server was sending.
 func TestAttack31MasqForgedFINOvertakenByDataTCP(t *testing.T) {
 	t.Parallel()
-	lab := newMasqLab(t)
+	lab, pod, brMAC, upMAC := masqLabPod(t)
 	a := lab.a
-	pod := a.NewPod()
-	a.CleanupDel(pod, "p")
-	a.Add(pod, "p")
-	brMAC, upMAC := linkMAC(t, lab.out, "br0"), linkMAC(t, a.Node, "uplink0")
 	m := a.Maps()
 	const port = 7431
 	cli, sc, nodePort := masqIdleConn(t, lab, pod, outsideIP, labNodeA, port)

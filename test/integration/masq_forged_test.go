@@ -147,12 +147,8 @@ func htons16(v uint16) uint16 { return v<<8 | v>>8 }
 // server's sequence number still does. IPv4 and IPv6.
 func TestMasqForgedRSTs(t *testing.T) {
 	t.Parallel()
-	lab := newMasqLab(t)
+	lab, pod, brMAC, upMAC := masqLabPod(t)
 	a := lab.a
-	pod := a.NewPod()
-	a.CleanupDel(pod, "p")
-	a.Add(pod, "p")
-	brMAC, upMAC := linkMAC(t, lab.out, "br0"), linkMAC(t, a.Node, "uplink0")
 
 	for _, c := range []struct {
 		name      string
@@ -328,12 +324,8 @@ func masqIdleConn(t *testing.T, lab *masqLab, pod ns.NetNS, srv, node net.IP, po
 // sprays close the flow.
 func TestMasqBlindRSTSpray(t *testing.T) {
 	t.Parallel()
-	lab := newMasqLab(t)
+	lab, pod, brMAC, upMAC := masqLabPod(t)
 	a := lab.a
-	pod := a.NewPod()
-	a.CleanupDel(pod, "p")
-	a.Add(pod, "p")
-	brMAC, upMAC := linkMAC(t, lab.out, "br0"), linkMAC(t, a.Node, "uplink0")
 
 	for _, c := range []struct {
 		name      string
@@ -416,12 +408,7 @@ func tcpDataFrame(src, dst net.HardwareAddr, sip net.IP, sport int, dip net.IP, 
 // segment's. IPv4 and IPv6. Fails on nat-hardening 82548ff.
 func TestMasqBlindFIN(t *testing.T) {
 	t.Parallel()
-	lab := newMasqLab(t)
-	a := lab.a
-	pod := a.NewPod()
-	a.CleanupDel(pod, "p")
-	a.Add(pod, "p")
-	brMAC, upMAC := linkMAC(t, lab.out, "br0"), linkMAC(t, a.Node, "uplink0")
+	lab, pod, brMAC, upMAC := masqLabPod(t)
 
 	for _, c := range []struct {
 		name      string
@@ -455,4 +442,16 @@ func TestMasqBlindFIN(t *testing.T) {
 			}
 		})
 	}
+}
+
+// masqLabPod: a masquerade lab (newMasqLab) with pod "p" added on node A
+// (DELed at the end), and the MACs a forger on A's link uses: the outside
+// bridge's and A's uplink's.
+func masqLabPod(t *testing.T) (lab *masqLab, pod ns.NetNS, brMAC, upMAC net.HardwareAddr) {
+	t.Helper()
+	lab = newMasqLab(t)
+	pod = lab.a.NewPod()
+	lab.a.CleanupDel(pod, "p")
+	lab.a.Add(pod, "p")
+	return lab, pod, linkMAC(t, lab.out, "br0"), linkMAC(t, lab.a.Node, "uplink0")
 }
